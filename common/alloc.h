@@ -1,0 +1,20 @@
+/* The one allocation wrapper (after Redis's zmalloc): daemons link jemalloc, which
+ * replaces malloc process-wide (libzmq's message buffers included), and this is
+ * where its tuning and the memory figures for status and metrics live. */
+#pragma once
+#include <stddef.h>
+#include <stdint.h>
+
+void *ps_malloc(size_t n);
+void *ps_calloc(size_t n, size_t size);
+void *ps_realloc(void *p, size_t n);
+/* Cache-line aligned allocation for tensor buffers; free with ps_free. */
+void *ps_malloc_aligned(size_t n);
+char *ps_strdup(const char *s);
+void ps_free(void *p);
+
+/* Bytes the allocator reports as allocated and resident; 0 when unknown
+ * (glibc malloc under sanitizers). */
+int alloc_stats(uint64_t *ret_allocated, uint64_t *ret_resident);
+/* Name of the allocator in use ("jemalloc" or "libc"). */
+const char *alloc_name(void);

@@ -1,0 +1,100 @@
+/* logfmt logger used by every daemon and tool (see log.h for the line format). */
+#include <errno.h>
+#include <stdio.h>
+#include <string.h>
+#include <time.h>
+#include <ctype.h>
+#include "log.h"
+
+static char log_daemon[32] = "psnet";
+static char log_fields[128];
+static int log_level = LOG_INFO;
+
+void log_setup(const char *daemon) {
+        snprintf(log_daemon, sizeof log_daemon, "%s", daemon);
+        const char *e = getenv("PSNET_LOG_LEVEL");
+        if (e && log_level_from_string(e) >= 0)
+                log_level = log_level_from_string(e);
+}
+
+void log_set_fields(const char *fields) { snprintf(log_fields, sizeof log_fields, "%s", fields ? fields : ""); }
+void log_set_level(int level) { log_level = level; }
+int log_get_level(void) { return log_level; }
+
+int log_level_from_string(const char *s) {
+        static const struct { const char *n; int l; } t[] = {
+                { "debug", LOG_DEBUG }, { "info", LOG_INFO }, { "notice", LOG_NOTICE },
+                { "warning", LOG_WARNING }, { "warn", LOG_WARNING }, { "error", LOG_ERR },
+        };
+        for (size_t i = 0; i < ELEMENTSOF(t); i++)
+                if (strcmp(s, t[i].n) == 0)
+                        return t[i].l;
+        return -EINVAL;
+}
+
+static const char *level_name(int l) {
+        switch (l) {
+        case LOG_DEBUG: return "debug";
+        case LOG_INFO: return "info";
+        case LOG_NOTICE: return "notice";
+        case LOG_WARNING: return "warning";
+        default: return "error";
+        }
+}
+
+/* Finds where the key=value tail starts: the first space-separated token that
+ * looks like [a-z_]+=. Returns the length of the text part. */
+static size_t text_len(const char *s) {
+        const char *p = s;
+        while (*p) {
+                const char *tok = p == s ? p : (p[-1] == ' ' ? p : NULL);
+                if (tok) {
+                        const char *q = tok;
+                        while (islower((unsigned char) *q) || *q == '_' || isdigit((unsigned char) *q))
+                                q++;
+                        if (q > tok && *q == '=')
+                                return (size_t) (tok - s);
+                }
+                p++;
+        }
+        return strlen(s);
+}
+
+int log_internal(int level, int err, const char *fmt, ...) {
+        char buf[2048], ts[40];
+        int saved = errno;
+        struct timespec now;
+        struct tm tm;
+        va_list ap;
+
+        if (err < 0)
+                err = -err;
+        errno = err;
+        va_start(ap, fmt);
+        vsnprintf(buf, sizeof buf, fmt, ap);
+        va_end(ap);
+
+        clock_gettime(CLOCK_REALTIME, &now);
+        gmtime_r(&now.tv_sec, &tm);
+        strftime(ts, sizeof ts, "%Y-%m-%dT%H:%M:%S", &tm);
+
+        size_t n = text_len(buf);
+        while (n > 0 && buf[n - 1] == ' ')
+                n--;
+        const char *tail = buf + text_len(buf);
+        char msg[2048];
+        size_t j = 0;
+        for (size_t i = 0; i < n && j + 2 < sizeof msg; i++) {
+                if (buf[i] == '"' || buf[i] == '\\')
+                        msg[j++] = '\\';
+                msg[j++] = buf[i] == '\n' ? ' ' : buf[i];
+        }
+        msg[j] = 0;
+
+        fprintf(stderr, "ts=%s.%03ldZ level=%s daemon=%s%s%s msg=\"%s\"%s%s%s%s\n", ts,
+                now.tv_nsec / 1000000, level_name(level), log_daemon, log_fields[0] ? " " : "",
+                log_fields, msg, *tail ? " " : "", tail, err ? " errno=" : "",
+                err ? strerrorname_np(err) ? strerrorname_np(err) : "?" : "");
+        errno = saved;
+        return -err;
+}

@@ -1,0 +1,37 @@
+/* logfmt logging: one line per event on stderr,
+ *   ts=2026-11-22T22:00:00.123Z level=info daemon=psd shard=2 msg="applied" clock=41
+ * The caller writes "text key=value ..."; the leading words become msg="...",
+ * the key=value tokens follow verbatim. "%m" expands to strerror(err).
+ * The level is checked before the arguments are evaluated. */
+#pragma once
+#include <stdarg.h>
+#include <stdlib.h>
+#include <syslog.h>
+#include "macro.h"
+
+void log_setup(const char *daemon);
+/* Extra fields printed on every line after daemon=, e.g. "shard=2". */
+void log_set_fields(const char *fields);
+void log_set_level(int level);
+int log_get_level(void);
+/* Parses "debug", "info", "warning", "error"; returns -EINVAL otherwise. */
+int log_level_from_string(const char *s);
+
+/* Returns -abs(err) (or 0 when err == 0) so callers can "return log_error_errno(r, ...)". */
+int log_internal(int level, int err, const char *fmt, ...) _printf_(3, 4);
+
+#define log_full_errno(level, err, ...)                                   \
+        ({                                                                \
+                int _l = (level), _e = (err);                             \
+                (log_get_level() >= _l) ? log_internal(_l, _e, __VA_ARGS__) \
+                                        : (_e > 0 ? -_e : _e);            \
+        })
+
+#define log_debug(...) log_full_errno(LOG_DEBUG, 0, __VA_ARGS__)
+#define log_info(...) log_full_errno(LOG_INFO, 0, __VA_ARGS__)
+#define log_notice(...) log_full_errno(LOG_NOTICE, 0, __VA_ARGS__)
+#define log_warning(...) log_full_errno(LOG_WARNING, 0, __VA_ARGS__)
+#define log_error(...) log_full_errno(LOG_ERR, 0, __VA_ARGS__)
+#define log_debug_errno(e, ...) log_full_errno(LOG_DEBUG, e, __VA_ARGS__)
+#define log_warning_errno(e, ...) log_full_errno(LOG_WARNING, e, __VA_ARGS__)
+#define log_error_errno(e, ...) log_full_errno(LOG_ERR, e, __VA_ARGS__)

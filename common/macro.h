@@ -1,0 +1,20 @@
+/* Small helpers shared by every folder: cleanup attributes, array sizes, min/max.
+ * Modelled on systemd's macro.h: locals that own memory are declared with a
+ * _cleanup_ attribute so every early return frees them. */
+#pragma once
+#include <stdlib.h>
+#include <stddef.h>
+
+#define ELEMENTSOF(x) (sizeof(x) / sizeof((x)[0]))
+#define MIN(a, b) ((a) < (b) ? (a) : (b))
+#define MAX(a, b) ((a) > (b) ? (a) : (b))
+#define _unused_ __attribute__((unused))
+#define _printf_(a, b) __attribute__((format(printf, a, b)))
+#define _cleanup_(f) __attribute__((cleanup(f)))
+
+static inline void freep(void *p) { free(*(void **) p); }
+#define _cleanup_free_ _cleanup_(freep)
+
+/* Returns NULL so that "p = mfree(p);" both frees and clears. */
+static inline void *mfree(void *p) { free(p); return NULL; }
+

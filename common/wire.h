@@ -1,0 +1,60 @@
+/* The wire codec: a psnet message is a ZeroMQ multipart message whose first frame
+ * is a protobuf Header and whose other frames are raw f32 tensor bytes, one per
+ * header key. Receiving validates everything structural before the caller sees
+ * it; sending tensor frames is zero-copy (zmq_msg_init_data) where the caller
+ * hands over buffers. */
+#pragma once
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <zmq.h>
+#include "psnet.pb-c.h"
+#include "psnet-config.h"
+
+#define WIRE_VERSION PSNET_PROTO_MAJOR
+#define WIRE_MAX_KEYS 65536
+#define WIRE_MAX_HEADER (1u << 20)
+
+typedef struct WireMsg {
+        zmq_msg_t route;         /* ROUTER peer identity (valid when has_route) */
+        bool has_route;
+        Psnet__Header *hdr;      /* NULL when the header did not decode */
+        zmq_msg_t *frames;       /* payload frames 1..n */
+        size_t nframes;
+        int status;              /* PSNET__STATUS__* describing why decoding failed */
+        char reason[192];        /* human reason when decoding failed */
+} WireMsg;
+
+/* Receives one whole multipart message. With router=true the first frame is the
+ * peer identity. Returns:
+ *   0        decoded and validated: hdr != NULL, frames match hdr->keys;
+ *   -EBADMSG the message reached us but is bad: status and reason say why, and the
+ *            route (if any) is valid so the caller can answer with wire_send_error;
+ *   other negative errno from ZeroMQ (-EAGAIN with ZMQ_DONTWAIT, -EINTR, -ETERM).
+ * In every case call wire_msg_done afterwards. */
+int wire_recv(void *sock, bool router, int flags, WireMsg *msg);
+void wire_msg_done(WireMsg *msg);
+
+/* Structural checks on a decoded header and its frames, as wire_recv does:
+ * version, known type, dtype/codec, key count, frames present exactly for
+ * PUSH and PULL_REP, each frame size == key len * 4, len > 0.
+ * Returns a PSNET__STATUS__* (OK = 0) and fills reason. */
+int wire_validate(const Psnet__Header *hdr, const zmq_msg_t *frames, size_t nframes,
+                  char *reason, size_t reasonlen);
+
+/* Initialises a header with version and type set. */
+void wire_header_init(Psnet__Header *hdr, Psnet__MsgType type);
+
+/* Sends hdr (packed here) followed by nframes payload messages, which are moved
+ * (ownership passes to ZeroMQ; build them with zmq_msg_init_data for zero-copy).
+ * route may be NULL (DEALER side); it is copied, not consumed. Returns 0 or -errno. */
+int wire_send(void *sock, const zmq_msg_t *route, const Psnet__Header *hdr, zmq_msg_t *frames,
+              size_t nframes);
+
+/* Sends MSG_ERROR with status and reason, echoing seq. */
+int wire_send_error(void *sock, const zmq_msg_t *route, int status, uint64_t seq,
+                    const char *reason);
+
+/* Pointer to a frame's data as f32, or NULL if it is not 4-byte aligned
+ * (callers then copy with memcpy). */
+const float *wire_frame_f32(const zmq_msg_t *frame);

@@ -1,0 +1,19 @@
+/* Optimizers that run on the shard, per chunk: SGD (momentum, Nesterov, weight
+ * decay) and Adam. Applied to the mean gradient of a step. */
+#pragma once
+#include <stddef.h>
+#include <stdint.h>
+#include "job.h"
+
+/* Floats of optimizer state kept per parameter value (sgd with momentum 1, plain sgd 0, adam 2). */
+size_t optim_state_per_value(const OptimConf *c);
+
+/* Applies one step to n values. step is the 1-based count of updates this chunk
+ * has had (Adam's bias correction). state has optim_state_per_value(c) * n floats,
+ * zero-initialised before the first step; layout: sgd v[n]; adam m[n] then v[n].
+ *   sgd:  g' = g + wd*w; v = mu*v + g'; w -= lr * (nesterov ? g' + mu*v : v)
+ *         (mu = 0: w -= lr * g')
+ *   adam: g' = g + wd*w; m = b1*m + (1-b1) g'; v = b2*v + (1-b2) g'^2;
+ *         w -= lr * (m / (1-b1^t)) / (sqrt(v / (1-b2^t)) + eps) */
+void optim_apply(const OptimConf *c, uint64_t step, float *w, const float *g, float *state,
+                 size_t n);
