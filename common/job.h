@@ -45,7 +45,7 @@ typedef struct Job {
         uint32_t train_limit, test_limit;
 } Job;
 
-/* Fills *job with defaults (sgd lr 0.05 momentum 0.9, bsp, 1 MiB chunks, seed 42,
+/* Fills *job with defaults (sgd lr 0.02 momentum 0.9, bsp, 1 MiB chunks, seed 42,
  * batch 64, 5 epochs, the Debian Fashion-MNIST directory) and model "mlp:784-256-10". */
 void job_defaults(Job *job);
 

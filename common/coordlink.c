@@ -1,0 +1,183 @@
+/* Control-plane link to pscoord; see coordlink.h. */
+#include <errno.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+#include "alloc.h"
+#include "coordlink.h"
+
+uint64_t now_ms(void) {
+        struct timespec ts;
+        clock_gettime(CLOCK_MONOTONIC, &ts);
+        return (uint64_t) ts.tv_sec * 1000u + (uint64_t) ts.tv_nsec / 1000000u;
+}
+
+int coordlink_open(void *zctx, const char *endpoint, CoordLink **ret) {
+        CoordLink *l = ps_calloc(1, sizeof *l);
+        if (!l)
+                return -ENOMEM;
+        l->endpoint = ps_strdup(endpoint);
+        l->sock = zmq_socket(zctx, ZMQ_DEALER);
+        if (!l->endpoint || !l->sock) {
+                int r = l->sock ? -ENOMEM : -errno;
+                coordlink_free(l);
+                return r;
+        }
+        int zero = 0;
+        (void) zmq_setsockopt(l->sock, ZMQ_LINGER, &zero, sizeof zero);
+        if (zmq_connect(l->sock, endpoint) < 0) {
+                int r = -errno;
+                coordlink_free(l);
+                return r;
+        }
+        *ret = l;
+        return 0;
+}
+
+CoordLink *coordlink_free(CoordLink *l) {
+        if (!l)
+                return NULL;
+        if (l->sock) {
+                /* Let a last DEREGISTER reach a live pscoord, without hanging on a dead one. */
+                int linger = 500;
+                (void) zmq_setsockopt(l->sock, ZMQ_LINGER, &linger, sizeof linger);
+                zmq_close(l->sock);
+        }
+        ps_free(l->endpoint);
+        ps_free(l);
+        return NULL;
+}
+
+int coordlink_send(CoordLink *l, Psnet__MsgType type, Psnet__Control *ctl) {
+        Psnet__Header h;
+        wire_header_init(&h, type);
+        h.has_sender = true;
+        h.sender = l->id;
+        h.has_seq = true;
+        h.seq = ++l->seq;
+        h.ctl = ctl;
+        return wire_send(l->sock, NULL, &h, NULL, 0);
+}
+
+int coordlink_request(CoordLink *l, Psnet__MsgType type, Psnet__Control *ctl, Psnet__MsgType want,
+                      unsigned timeout_ms, void (*on_other)(void *ud, WireMsg *m), void *ud,
+                      WireMsg *ret) {
+        int r = coordlink_send(l, type, ctl);
+        if (r < 0)
+                return r;
+        uint64_t deadline = now_ms() + timeout_ms;
+        for (;;) {
+                uint64_t now = now_ms();
+                if (now >= deadline)
+                        return -ETIMEDOUT;
+                zmq_pollitem_t it = { .socket = l->sock, .events = ZMQ_POLLIN };
+                r = zmq_poll(&it, 1, (long) (deadline - now));
+                if (r < 0) {
+                        if (errno == EINTR)
+                                return -EINTR;
+                        return -errno;
+                }
+                if (r == 0)
+                        continue;
+                WireMsg m;
+                r = wire_recv(l->sock, false, ZMQ_DONTWAIT, &m);
+                if (r == -EAGAIN) {
+                        wire_msg_done(&m);
+                        continue;
+                }
+                if (r < 0 && r != -EBADMSG) {
+                        wire_msg_done(&m);
+                        return r;
+                }
+                if (r == 0 && (m.hdr->type == want || m.hdr->type == PSNET__MSG_TYPE__MSG_ERROR)) {
+                        *ret = m;
+                        return m.hdr->type == want ? 0 : -ECONNREFUSED;
+                }
+                if (r == 0 && on_other)
+                        on_other(ud, &m);
+                wire_msg_done(&m);
+        }
+}
+
+int coordlink_register(CoordLink *l, Psnet__Role role, const char *endpoint, uint32_t want_id,
+                       unsigned timeout_ms, WireMsg *ret) {
+        Psnet__Control ctl = PSNET__CONTROL__INIT;
+        Psnet__Register reg = PSNET__REGISTER__INIT;
+        char host[64] = "";
+        reg.role = role;
+        reg.endpoint = (char *) endpoint;
+        reg.has_want_id = want_id != 0;
+        reg.want_id = want_id;
+        reg.has_pid = true;
+        reg.pid = (uint32_t) getpid();
+        if (gethostname(host, sizeof host - 1) == 0)
+                reg.name = host;
+        ctl.reg = &reg;
+        int r = coordlink_request(l, PSNET__MSG_TYPE__MSG_REGISTER, &ctl,
+                                  PSNET__MSG_TYPE__MSG_REGISTER_REP, timeout_ms, NULL, NULL, ret);
+        if (r < 0)
+                return r;
+        if (!ret->hdr->ctl || !ret->hdr->ctl->has_assigned_id) {
+                wire_msg_done(ret);
+                return -EBADMSG;
+        }
+        l->id = ret->hdr->ctl->assigned_id;
+        l->lease_ms = ret->hdr->ctl->has_lease_ms ? ret->hdr->ctl->lease_ms : 5000;
+        return 0;
+}
+
+#include <sys/stat.h>
+#include <sys/socket.h>
+#include <sys/un.h>
+
+int endpoint_prepare(const char *endpoint) {
+        if (strncmp(endpoint, "ipc://", 6) != 0)
+                return 0;
+        const char *path = endpoint + 6;
+        char dir[108];
+        if (strlen(path) >= sizeof dir)
+                return -ENAMETOOLONG;
+        snprintf(dir, sizeof dir, "%s", path);
+        for (char *p = dir + 1; *p; p++) {
+                if (*p != '/')
+                        continue;
+                *p = 0;
+                if (mkdir(dir, 0755) < 0 && errno != EEXIST)
+                        return -errno;
+                *p = '/';
+        }
+        /* A socket file left by a killed daemon: remove it only if nothing answers. */
+        struct stat st;
+        if (stat(path, &st) == 0 && S_ISSOCK(st.st_mode)) {
+                int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+                if (fd < 0)
+                        return -errno;
+                struct sockaddr_un sa = { .sun_family = AF_UNIX };
+                snprintf(sa.sun_path, sizeof sa.sun_path, "%s", path);
+                int r = connect(fd, (struct sockaddr *) &sa, sizeof sa);
+                close(fd);
+                if (r == 0)
+                        return -EADDRINUSE;
+                (void) unlink(path);
+        }
+        return 0;
+}
+
+int shardmap_from_proto(const Psnet__ShardMap *pm, ShardMap **ret) {
+        if (!pm || pm->n_shards == 0 || pm->n_shards > 4096)
+                return -EINVAL;
+        ShardDesc *d = ps_calloc(pm->n_shards, sizeof *d);
+        if (!d)
+                return -ENOMEM;
+        for (size_t i = 0; i < pm->n_shards; i++) {
+                if (!pm->shards[i]->endpoint || !pm->shards[i]->endpoint[0]) {
+                        ps_free(d);
+                        return -EINVAL;
+                }
+                d[i].id = pm->shards[i]->id;
+                d[i].endpoint = pm->shards[i]->endpoint;
+        }
+        int r = shardmap_new(pm->epoch, pm->vnodes, d, pm->n_shards, ret);
+        ps_free(d);
+        return r;
+}

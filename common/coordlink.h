@@ -1,0 +1,46 @@
+/* The control-plane link every peer (psd, workerd, psctl) keeps to pscoord: a
+ * DEALER socket, registration with a bounded wait, and control messages. */
+#pragma once
+#include <stdint.h>
+#include "wire.h"
+#include "shardmap.h"
+
+typedef struct CoordLink {
+        void *sock;
+        char *endpoint;
+        uint32_t id;          /* assigned at registration (0 before) */
+        uint32_t lease_ms;
+        uint64_t seq;
+} CoordLink;
+
+/* Connects (asynchronously, as ZeroMQ does). Returns -EINVAL for a bad endpoint. */
+int coordlink_open(void *zctx, const char *endpoint, CoordLink **ret);
+CoordLink *coordlink_free(CoordLink *l);
+
+/* Sends a control message (header sender = l->id, seq auto-incremented). ctl may be NULL. */
+int coordlink_send(CoordLink *l, Psnet__MsgType type, Psnet__Control *ctl);
+
+/* Sends type/ctl and waits up to timeout_ms for the reply of type want (or
+ * MSG_ERROR); other messages arriving meanwhile are passed to on_other (may be
+ * NULL: then they are dropped). Returns 0 with *ret filled, -ETIMEDOUT,
+ * -ECONNREFUSED when the reply is MSG_ERROR (ret filled: status/reason), or
+ * another negative errno. */
+int coordlink_request(CoordLink *l, Psnet__MsgType type, Psnet__Control *ctl, Psnet__MsgType want,
+                      unsigned timeout_ms, void (*on_other)(void *ud, WireMsg *m), void *ud,
+                      WireMsg *ret);
+
+/* Registers with the given role; on success l->id and l->lease_ms are set and
+ * *ret holds the reply (its ctl may carry job/map/members). */
+int coordlink_register(CoordLink *l, Psnet__Role role, const char *endpoint, uint32_t want_id,
+                       unsigned timeout_ms, WireMsg *ret);
+
+/* Monotonic milliseconds. */
+uint64_t now_ms(void);
+
+/* Before binding: for ipc:// endpoints, creates the socket's directory (0755)
+ * and removes a stale socket file nobody listens on. Other schemes: no-op. */
+int endpoint_prepare(const char *endpoint);
+
+/* Builds a ShardMap from its wire form (validated: >= 1 shard, distinct ids,
+ * non-empty endpoints). Returns -EINVAL when it does not validate. */
+int shardmap_from_proto(const Psnet__ShardMap *pm, ShardMap **ret);

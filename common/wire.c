@@ -1,0 +1,347 @@
+/* The wire codec (see wire.h and proto/psnet.proto): receives a whole ZeroMQ
+ * multipart message, decodes frame 0 as a protobuf Header and checks the
+ * payload frames against it; sends a header plus zero-copy payload frames.
+ *
+ * Receiving always drains every part of a message, good or bad, so a bad
+ * message can never leave the socket in the middle of the next one.
+ *
+ * REQ peers are not supported: the empty delimiter frame a REQ socket puts
+ * after the identity arrives where the header is expected and is refused as
+ * an empty (malformed) header. psnet's peers are DEALERs. */
+#include <errno.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include "wire.h"
+
+#if __BYTE_ORDER__ != __ORDER_LITTLE_ENDIAN__
+#error "psnet sends f32 tensors raw; big-endian hosts would need byte swapping"
+#endif
+
+static int fail(char *reason, size_t len, int status, const char *fmt, ...)
+        __attribute__((format(printf, 4, 5)));
+static int fail(char *reason, size_t len, int status, const char *fmt, ...) {
+        va_list ap;
+        if (reason && len > 0) {
+                va_start(ap, fmt);
+                vsnprintf(reason, len, fmt, ap);
+                va_end(ap);
+        }
+        return status;
+}
+
+/* Name of a known message type, NULL for an unknown one. */
+static const char *type_name(int t) {
+        switch (t) {
+        case PSNET__MSG_TYPE__MSG_ERROR: return "ERROR";
+        case PSNET__MSG_TYPE__MSG_PULL: return "PULL";
+        case PSNET__MSG_TYPE__MSG_PULL_REP: return "PULL_REP";
+        case PSNET__MSG_TYPE__MSG_PUSH: return "PUSH";
+        case PSNET__MSG_TYPE__MSG_PUSH_ACK: return "PUSH_ACK";
+        case PSNET__MSG_TYPE__MSG_REGISTER: return "REGISTER";
+        case PSNET__MSG_TYPE__MSG_REGISTER_REP: return "REGISTER_REP";
+        case PSNET__MSG_TYPE__MSG_HEARTBEAT: return "HEARTBEAT";
+        case PSNET__MSG_TYPE__MSG_HEARTBEAT_REP: return "HEARTBEAT_REP";
+        case PSNET__MSG_TYPE__MSG_DEREGISTER: return "DEREGISTER";
+        case PSNET__MSG_TYPE__MSG_CONFIG: return "CONFIG";
+        case PSNET__MSG_TYPE__MSG_STATUS: return "STATUS";
+        case PSNET__MSG_TYPE__MSG_STATUS_REP: return "STATUS_REP";
+        case PSNET__MSG_TYPE__MSG_JOB_SUBMIT: return "JOB_SUBMIT";
+        case PSNET__MSG_TYPE__MSG_JOB_STOP: return "JOB_STOP";
+        case PSNET__MSG_TYPE__MSG_JOB_REP: return "JOB_REP";
+        case PSNET__MSG_TYPE__MSG_RESULT: return "RESULT";
+        case PSNET__MSG_TYPE__MSG_DEREGISTER_REP: return "DEREGISTER_REP";
+        }
+        return NULL;
+}
+
+static bool type_has_frames(int t) {
+        return t == PSNET__MSG_TYPE__MSG_PUSH || t == PSNET__MSG_TYPE__MSG_PULL_REP;
+}
+
+int wire_validate(const Psnet__Header *hdr, const zmq_msg_t *frames, size_t nframes,
+                  char *reason, size_t reasonlen) {
+        if (reason && reasonlen > 0)
+                reason[0] = '\0';
+        if (!hdr)
+                return fail(reason, reasonlen, PSNET__STATUS__STATUS_MALFORMED, "no header");
+        if (hdr->version != WIRE_VERSION)
+                return fail(reason, reasonlen, PSNET__STATUS__STATUS_VERSION,
+                            "peer speaks protocol version %u, this one speaks version %u",
+                            hdr->version, (unsigned) WIRE_VERSION);
+        if (!type_name(hdr->type))
+                return fail(reason, reasonlen, PSNET__STATUS__STATUS_UNKNOWN_TYPE,
+                            "unknown message type %d", (int) hdr->type);
+        if (hdr->dtype != PSNET__DTYPE__DTYPE_F32)
+                return fail(reason, reasonlen, PSNET__STATUS__STATUS_DTYPE,
+                            "dtype %d not supported (only f32 = %d)", (int) hdr->dtype,
+                            PSNET__DTYPE__DTYPE_F32);
+        if (hdr->codec != PSNET__CODEC__CODEC_RAW)
+                return fail(reason, reasonlen, PSNET__STATUS__STATUS_DTYPE,
+                            "codec %d not supported (only raw = %d)", (int) hdr->codec,
+                            PSNET__CODEC__CODEC_RAW);
+        if ((unsigned) hdr->status > PSNET__STATUS__STATUS_SHUTTING_DOWN)
+                return fail(reason, reasonlen, PSNET__STATUS__STATUS_MALFORMED,
+                            "unknown status %d", (int) hdr->status);
+        if (hdr->n_keys > WIRE_MAX_KEYS)
+                return fail(reason, reasonlen, PSNET__STATUS__STATUS_MALFORMED,
+                            "%zu keys, at most %u allowed", hdr->n_keys, (unsigned) WIRE_MAX_KEYS);
+        if (hdr->n_keys > 0 && !hdr->keys)
+                return fail(reason, reasonlen, PSNET__STATUS__STATUS_MALFORMED, "key list missing");
+        for (size_t i = 0; i < hdr->n_keys; i++) {
+                const Psnet__Key *k = hdr->keys[i];
+                if (!k)
+                        return fail(reason, reasonlen, PSNET__STATUS__STATUS_MALFORMED, "key %zu missing", i);
+                if (k->len == 0)
+                        return fail(reason, reasonlen, PSNET__STATUS__STATUS_MALFORMED,
+                                    "key %zu (%u,%u) declares 0 floats", i, k->tensor, k->chunk);
+        }
+
+        if (!type_has_frames(hdr->type)) {
+                if (nframes > 0)
+                        return fail(reason, reasonlen, PSNET__STATUS__STATUS_MALFORMED,
+                                    "%s carries %zu payload frame%s; it takes none",
+                                    type_name(hdr->type), nframes, nframes == 1 ? "" : "s");
+                return PSNET__STATUS__STATUS_OK;
+        }
+        if (nframes != hdr->n_keys)
+                return fail(reason, reasonlen, PSNET__STATUS__STATUS_MALFORMED,
+                            "%s declares %zu key%s but carries %zu payload frame%s",
+                            type_name(hdr->type), hdr->n_keys, hdr->n_keys == 1 ? "" : "s",
+                            nframes, nframes == 1 ? "" : "s");
+        for (size_t i = 0; i < nframes; i++) {
+                const Psnet__Key *k = hdr->keys[i];
+                size_t have = zmq_msg_size((zmq_msg_t *) &frames[i]);
+                uint64_t want = (uint64_t) k->len * sizeof(float);
+                if ((uint64_t) have != want)
+                        return fail(reason, reasonlen, PSNET__STATUS__STATUS_SIZE,
+                                    "frame %zu has %zu bytes, key (%u,%u) declares %u floats = %llu bytes",
+                                    i + 1, have, k->tensor, k->chunk, k->len, (unsigned long long) want);
+        }
+        return PSNET__STATUS__STATUS_OK;
+}
+
+/* Receives the next part of the current message (never blocks: ZeroMQ hands a
+ * multipart message over whole). */
+static int recv_more(void *sock, zmq_msg_t *m) {
+        for (;;) {
+                if (zmq_msg_recv(m, sock, 0) >= 0)
+                        return 0;
+                if (errno != EINTR)
+                        return -errno;
+        }
+}
+
+static bool has_more(const zmq_msg_t *m) {
+        return zmq_msg_more((zmq_msg_t *) m) == 1;
+}
+
+int wire_recv(void *sock, bool router, int flags, WireMsg *msg) {
+        zmq_msg_t head;
+        size_t cap = 0, extra = 0;
+        bool more, nomem = false;
+        int r;
+
+        memset(msg, 0, sizeof *msg);
+        msg->status = PSNET__STATUS__STATUS_OK;
+
+        /* First part: the identity (ROUTER) or the header (DEALER). */
+        if (router) {
+                if (zmq_msg_init(&msg->route) < 0)
+                        return -errno;
+                if (zmq_msg_recv(&msg->route, sock, flags) < 0) {
+                        r = -errno;
+                        zmq_msg_close(&msg->route);
+                        return r;
+                }
+                msg->has_route = true;
+                if (!has_more(&msg->route)) {
+                        msg->status = fail(msg->reason, sizeof msg->reason, PSNET__STATUS__STATUS_MALFORMED,
+                                           "message has no header frame");
+                        return -EBADMSG;
+                }
+        }
+        if (zmq_msg_init(&head) < 0)
+                return -errno;
+        r = router ? recv_more(sock, &head) : (zmq_msg_recv(&head, sock, flags) < 0 ? -errno : 0);
+        if (r < 0) {
+                zmq_msg_close(&head);
+                return r;
+        }
+        more = has_more(&head);
+
+        /* Payload parts: keep up to WIRE_MAX_KEYS, drain the rest. */
+        while (more) {
+                zmq_msg_t part;
+                if (zmq_msg_init(&part) < 0) {
+                        r = -errno;
+                        goto fail;
+                }
+                r = recv_more(sock, &part);
+                if (r < 0) {
+                        zmq_msg_close(&part);
+                        goto fail;
+                }
+                more = has_more(&part);
+                if (msg->nframes >= WIRE_MAX_KEYS || nomem) {
+                        extra++;
+                        zmq_msg_close(&part);
+                        continue;
+                }
+                if (msg->nframes == cap) {
+                        size_t n = cap ? cap * 2 : 8;
+                        zmq_msg_t *a = realloc(msg->frames, n * sizeof *a);
+                        if (!a) {
+                                nomem = true;
+                                zmq_msg_close(&part);
+                                continue;
+                        }
+                        msg->frames = a;
+                        cap = n;
+                }
+                /* Moving a received zmq_msg_t by value is what zmq_msg_move does. */
+                msg->frames[msg->nframes++] = part;
+        }
+        if (nomem) {
+                r = -ENOMEM;
+                goto fail;
+        }
+
+        if (zmq_msg_size(&head) == 0)
+                msg->status = fail(msg->reason, sizeof msg->reason, PSNET__STATUS__STATUS_MALFORMED,
+                                   "header frame is empty");
+        else if (zmq_msg_size(&head) > WIRE_MAX_HEADER)
+                msg->status = fail(msg->reason, sizeof msg->reason, PSNET__STATUS__STATUS_MALFORMED,
+                                   "header frame has %zu bytes, at most %u allowed",
+                                   zmq_msg_size(&head), WIRE_MAX_HEADER);
+        else {
+                msg->hdr = psnet__header__unpack(NULL, zmq_msg_size(&head), zmq_msg_data(&head));
+                if (!msg->hdr)
+                        msg->status = fail(msg->reason, sizeof msg->reason, PSNET__STATUS__STATUS_MALFORMED,
+                                           "header frame (%zu bytes) does not decode as psnet.Header",
+                                           zmq_msg_size(&head));
+                else if (extra > 0)
+                        msg->status = fail(msg->reason, sizeof msg->reason, PSNET__STATUS__STATUS_MALFORMED,
+                                           "message has %zu payload frames, at most %u allowed",
+                                           msg->nframes + extra, (unsigned) WIRE_MAX_KEYS);
+                else
+                        msg->status = wire_validate(msg->hdr, msg->frames, msg->nframes, msg->reason,
+                                                    sizeof msg->reason);
+        }
+        zmq_msg_close(&head);
+        return msg->status == PSNET__STATUS__STATUS_OK ? 0 : -EBADMSG;
+
+fail:
+        zmq_msg_close(&head);
+        return r;
+}
+
+void wire_msg_done(WireMsg *msg) {
+        if (!msg)
+                return;
+        if (msg->has_route)
+                zmq_msg_close(&msg->route);
+        msg->has_route = false;
+        if (msg->hdr)
+                psnet__header__free_unpacked(msg->hdr, NULL);
+        msg->hdr = NULL;
+        for (size_t i = 0; i < msg->nframes; i++)
+                zmq_msg_close(&msg->frames[i]);
+        free(msg->frames);
+        msg->frames = NULL;
+        msg->nframes = 0;
+}
+
+void wire_header_init(Psnet__Header *hdr, Psnet__MsgType type) {
+        psnet__header__init(hdr);
+        hdr->version = WIRE_VERSION;
+        hdr->type = type;
+}
+
+/* Sends one part; parts after the first are retried on EINTR because a
+ * multipart message, once started, has to be finished. On failure the
+ * message is still ours (zmq_msg_send only takes it on success). */
+static int send_part(void *sock, zmq_msg_t *m, bool first, bool more) {
+        for (;;) {
+                if (zmq_msg_send(m, sock, more ? ZMQ_SNDMORE : 0) >= 0)
+                        return 0;
+                if (errno != EINTR || first)
+                        return -errno;
+        }
+}
+
+int wire_send(void *sock, const zmq_msg_t *route, const Psnet__Header *hdr, zmq_msg_t *frames,
+              size_t nframes) {
+        zmq_msg_t head, id;
+        size_t size, sent = 0;
+        int r;
+
+        /* Everything that can fail for want of memory happens before the first
+         * part leaves, so a failure never strands half a message in the socket. */
+        size = psnet__header__get_packed_size(hdr);
+        if (size > WIRE_MAX_HEADER) {
+                r = -EMSGSIZE;
+                goto fail;
+        }
+        if (zmq_msg_init_size(&head, size) < 0) {
+                r = -errno;
+                goto fail;
+        }
+        psnet__header__pack(hdr, zmq_msg_data(&head));
+
+        if (route) {
+                if (zmq_msg_init(&id) < 0) {
+                        r = -errno;
+                        goto fail_head;
+                }
+                if (zmq_msg_copy(&id, (zmq_msg_t *) route) < 0) {
+                        r = -errno;
+                        zmq_msg_close(&id);
+                        goto fail_head;
+                }
+                r = send_part(sock, &id, true, true);
+                if (r < 0) {
+                        zmq_msg_close(&id);
+                        goto fail_head;
+                }
+        }
+        r = send_part(sock, &head, !route, nframes > 0);
+        if (r < 0)
+                goto fail_head;
+
+        for (; sent < nframes; sent++) {
+                r = send_part(sock, &frames[sent], false, sent + 1 < nframes);
+                if (r < 0)
+                        goto fail;
+        }
+        return 0;
+
+fail_head:
+        zmq_msg_close(&head);
+fail:
+        /* The frames not handed to ZeroMQ are still ours: release them. */
+        for (; sent < nframes; sent++)
+                zmq_msg_close(&frames[sent]);
+        return r;
+}
+
+int wire_send_error(void *sock, const zmq_msg_t *route, int status, uint64_t seq,
+                    const char *reason) {
+        Psnet__Header hdr;
+
+        wire_header_init(&hdr, PSNET__MSG_TYPE__MSG_ERROR);
+        hdr.has_status = true;
+        hdr.status = (Psnet__Status) status;
+        hdr.has_seq = true;
+        hdr.seq = seq;
+        hdr.reason = (char *) reason;   /* packed, never written */
+        return wire_send(sock, route, &hdr, NULL, 0);
+}
+
+const float *wire_frame_f32(const zmq_msg_t *frame) {
+        const void *p = zmq_msg_data((zmq_msg_t *) frame);
+        if ((uintptr_t) p % _Alignof(float) != 0)
+                return NULL;
+        return p;
+}

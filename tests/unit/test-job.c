@@ -1,0 +1,400 @@
+/* Unit tests for common/job.c: model strings, chunking, deterministic
+ * initialisation and its statistics, proto round trip and refusals. */
+#include <errno.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+#include "job.h"
+#include "tap.h"
+
+static void test_defaults(void) {
+        Job j;
+        char err[128];
+
+        job_defaults(&j);
+        CHECK(strcmp(j.model, "mlp:784-256-10") == 0, "default model");
+        CHECK(strcmp(j.optim.kind, "sgd") == 0 && j.optim.lr == 0.02f && j.optim.momentum == 0.9f &&
+              j.optim.weight_decay == 0.0f, "default optimizer sgd lr 0.02 momentum 0.9");
+        CHECK(j.optim.beta1 == 0.9f && j.optim.beta2 == 0.999f && j.optim.eps == 1e-8f, "adam defaults");
+        CHECK(j.mode == MODE_BSP && j.chunk_floats == JOB_DEFAULT_CHUNK_FLOATS && j.seed == 42 && j.batch == 64 &&
+              j.epochs == 5, "mode, chunk, seed, batch, epochs");
+        CHECK(strcmp(j.dataset, "/usr/share/datasets/fashion-mnist") == 0, "default dataset");
+        CHECK(j.expect_workers == 0 && j.expect_shards == 0 && j.train_limit == 0 && j.test_limit == 0, "zeros");
+        CHECK(job_validate(&j, err, sizeof err) == 0, "defaults validate (%s)", err);
+}
+
+static void test_model(void) {
+        Job j;
+        int r;
+
+        job_defaults(&j);
+        r = job_set_model(&j, "mlp:784-256-128-10");
+        CHECK(r == 0, "3-layer model parses");
+        CHECK(j.nlayers == 4 && j.layers[0] == 784 && j.layers[1] == 256 && j.layers[2] == 128 && j.layers[3] == 10,
+              "layer widths");
+        CHECK(j.ntensors == 6, "6 tensors (%zu)", j.ntensors);
+        CHECK(strcmp(j.tensors[0].name, "W0") == 0 && j.tensors[0].ndim == 2 && j.tensors[0].shape[0] == 256 &&
+              j.tensors[0].shape[1] == 784 && j.tensors[0].numel == 256u * 784u, "W0 is [256 x 784]");
+        CHECK(strcmp(j.tensors[0].init, "he") == 0 && j.tensors[0].fan_in == 784 && j.tensors[0].fan_out == 256,
+              "W0 he init, fan_in 784, fan_out 256");
+        CHECK(strcmp(j.tensors[1].name, "b0") == 0 && j.tensors[1].ndim == 1 && j.tensors[1].shape[0] == 256 &&
+              j.tensors[1].numel == 256 && strcmp(j.tensors[1].init, "zeros") == 0, "b0 is [256], zeros");
+        CHECK(strcmp(j.tensors[4].name, "W2") == 0 && j.tensors[4].shape[0] == 10 && j.tensors[4].shape[1] == 128 &&
+              j.tensors[4].fan_in == 128, "W2 is [10 x 128]");
+        CHECK(strcmp(j.tensors[5].name, "b2") == 0 && j.tensors[5].numel == 10, "b2 is [10]");
+
+        CHECK(job_set_model(&j, "mlp:1-1") == 0 && j.ntensors == 2, "smallest model");
+        CHECK(job_set_model(&j, "mlp:65536-2") == 0 && j.tensors[0].numel == 131072, "widest width accepted");
+        CHECK(job_set_model(&j, "mlp:1-2-3-4-5-6-7-8-9-10-11-12-13-14-15-16") == 0 && j.ntensors == 30,
+              "16 widths accepted");
+
+        static const char *const bad[] = {
+                "", "mlp:", "mlp:784", "cnn:784-10", "mlp:784-", "mlp:-784-10", "mlp:784--10", "mlp:784-0-10",
+                "mlp:65537-10", "mlp:784-a-10", "mlp:784-10 ", "mlp: 784-10", "mlp:+784-10", "MLP:784-10",
+                "mlp:1-2-3-4-5-6-7-8-9-10-11-12-13-14-15-16-17", "mlp:99999999999999999999-1",
+        };
+        job_defaults(&j);
+        for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+                r = job_set_model(&j, bad[i]);
+                CHECK(r == -EINVAL, "model \"%s\" refused (%d)", bad[i], r);
+        }
+        CHECK(strcmp(j.model, "mlp:784-256-10") == 0 && j.ntensors == 4, "refused models leave the job untouched");
+        CHECK(job_set_model(&j, NULL) == -EINVAL, "NULL model refused");
+
+        CHECK(job_set_mode(&j, "asp") == 0 && j.mode == MODE_ASP, "mode asp");
+        CHECK(job_set_mode(&j, "bsp") == 0 && j.mode == MODE_BSP, "mode bsp");
+        CHECK(job_set_mode(&j, "ssp") == -EINVAL && j.mode == MODE_BSP, "unknown mode refused");
+        j.optim.lr = 0.01f;
+        CHECK(job_set_optim(&j, "adam") == 0 && strcmp(j.optim.kind, "adam") == 0 && j.optim.lr == 0.01f,
+              "optimizer adam keeps lr");
+        CHECK(job_set_optim(&j, "rmsprop") == -EINVAL && strcmp(j.optim.kind, "adam") == 0,
+              "unknown optimizer refused");
+}
+
+static void test_chunks(void) {
+        Job j;
+        uint64_t keys = 0, floats = 0;
+
+        job_defaults(&j);
+        j.chunk_floats = 1000;
+        CHECK(job_set_model(&j, "mlp:784-256-10") == 0, "model with 1000-float chunks");
+        /* W0: 200704 = 200 * 1000 + 704; b0: 256; W1: 2560; b1: 10. */
+        CHECK(j.tensors[0].nchunks == 201 && j.tensors[1].nchunks == 1 && j.tensors[2].nchunks == 3 &&
+              j.tensors[3].nchunks == 1, "chunk counts 201, 1, 3, 1");
+        CHECK(job_chunk_len(&j, 0, 0) == 1000 && job_chunk_len(&j, 0, 199) == 1000, "full chunks");
+        CHECK(job_chunk_len(&j, 0, 200) == 704, "last chunk shorter (%u)", job_chunk_len(&j, 0, 200));
+        CHECK(job_chunk_len(&j, 0, 201) == 0, "past the last chunk: 0");
+        CHECK(job_chunk_len(&j, 2, 2) == 560 && job_chunk_len(&j, 3, 0) == 10, "W1 tail 560, b1 10");
+        CHECK(job_chunk_len(&j, 4, 0) == 0, "past the last tensor: 0");
+        for (uint32_t t = 0; t < j.ntensors; t++)
+                for (uint32_t c = 0; c < j.tensors[t].nchunks; c++) {
+                        keys++;
+                        floats += job_chunk_len(&j, t, c);
+                }
+        CHECK(job_nkeys(&j) == 206 && keys == 206, "job_nkeys 206 (%llu)", (unsigned long long) job_nkeys(&j));
+        CHECK(job_nfloats(&j) == 203530 && floats == 203530, "job_nfloats = 784*256+256+256*10+10 = sum of chunks");
+
+        job_defaults(&j);
+        CHECK(job_nkeys(&j) == 4, "1 MiB chunks: one key per tensor of the default model");
+
+        /* Changing chunk_floats without rebuilding the tensors is caught. */
+        {
+                char err[160];
+                j.chunk_floats = 1000;
+                CHECK(job_validate(&j, err, sizeof err) == -EINVAL && strstr(err, "chunks"),
+                      "stale chunk counts refused: %s", err);
+        }
+}
+
+static void test_init(void) {
+        Job j;
+        float *a, *b, *whole;
+        const uint32_t cf = 4096;
+        uint32_t len, nchunks;
+        bool same = true, differs = false, zeros = true, bounded = true;
+        double sum = 0, sum2 = 0;
+        uint64_t n;
+
+        job_defaults(&j);
+        j.chunk_floats = cf;
+        if (job_set_model(&j, "mlp:784-256-10") < 0) {
+                CHECK(false, "model");
+                return;
+        }
+        n = j.tensors[0].numel;
+        nchunks = j.tensors[0].nchunks;
+        a = malloc(cf * sizeof *a);
+        b = malloc(cf * sizeof *b);
+        whole = malloc(n * sizeof *whole);
+        if (!a || !b || !whole) {
+                fprintf(stderr, "out of memory\n");
+                exit(2);
+        }
+
+        /* Same chunk twice, and chunks computed in reverse order. */
+        len = job_chunk_len(&j, 0, 5);
+        job_init_chunk(&j, 0, 5, a);
+        job_init_chunk(&j, 0, 5, b);
+        CHECK(memcmp(a, b, len * sizeof *a) == 0, "same (seed, t, c) gives the same values");
+        for (uint32_t c = nchunks; c-- > 0;)
+                job_init_chunk(&j, 0, c, whole + (uint64_t) c * cf);
+        CHECK(memcmp(whole + 5 * cf, a, len * sizeof *a) == 0, "values do not depend on the order chunks are made in");
+        job_init_chunk(&j, 0, 6, b);
+        CHECK(memcmp(a, b, len * sizeof *a) != 0, "different chunks differ");
+
+        /* Another chunk size gives the same tensor (values keyed by element). */
+        {
+                Job k = j;
+                k.chunk_floats = 1000;
+                if (job_set_model(&k, k.model) == 0) {
+                        float *part = malloc(1000 * sizeof *part);
+                        for (uint32_t c = 0; part && c < k.tensors[0].nchunks; c++) {
+                                uint32_t l = job_chunk_len(&k, 0, c);
+                                job_init_chunk(&k, 0, c, part);
+                                if (memcmp(part, whole + (uint64_t) c * 1000, l * sizeof *part) != 0)
+                                        same = false;
+                        }
+                        free(part);
+                        CHECK(part && same, "the tensor's values do not depend on chunk_floats");
+                }
+        }
+
+        /* Another seed changes them. */
+        {
+                Job k = j;
+                k.seed = 43;
+                job_init_chunk(&k, 0, 5, b);
+                CHECK(memcmp(a, b, len * sizeof *a) != 0, "another seed, other values");
+        }
+
+        /* He: mean 0, std sqrt(2 / fan_in) over 200704 values. */
+        for (uint64_t i = 0; i < n; i++) {
+                sum += whole[i];
+                sum2 += (double) whole[i] * whole[i];
+        }
+        {
+                double mean = sum / (double) n, std = sqrt(sum2 / (double) n - mean * mean);
+                double want = sqrt(2.0 / 784.0);
+                printf("# he: mean %.5f std %.5f (want 0, %.5f)\n", mean, std, want);
+                CHECK(fabs(mean) < 0.01 * want, "he mean ~ 0 (%g, within 1%% of the std)", mean);
+                CHECK_CLOSE(std, want, 0.01, "he std %g ~ sqrt(2/784) = %g (1%%)", std, want);
+        }
+        /* Fraction within one std: 68.3% for a normal. */
+        {
+                double s = sqrt(2.0 / 784.0);
+                uint64_t in = 0;
+                for (uint64_t i = 0; i < n; i++)
+                        in += fabs(whole[i]) < s;
+                CHECK_CLOSE((double) in / (double) n, 0.6827, 0.01, "he values look normal: %.4f within 1 std",
+                            (double) in / (double) n);
+        }
+
+        /* Biases: zeros. */
+        for (uint32_t i = 0; i < 256; i++)
+                b[i] = 1.0f;
+        job_init_chunk(&j, 1, 0, b);
+        for (uint32_t i = 0; i < 256; i++)
+                zeros = zeros && b[i] == 0.0f;
+        CHECK(zeros, "biases start at zero");
+
+        /* Xavier: uniform(-a, a), a = sqrt(6 / (fan_in + fan_out)), variance a^2 / 3. */
+        {
+                double bound = sqrt(6.0 / (784.0 + 256.0)), m2 = 0;
+                snprintf(j.tensors[0].init, sizeof j.tensors[0].init, "xavier");
+                for (uint32_t c = 0; c < nchunks; c++)
+                        job_init_chunk(&j, 0, c, whole + (uint64_t) c * cf);
+                for (uint64_t i = 0; i < n; i++) {
+                        bounded = bounded && fabs(whole[i]) <= bound;
+                        m2 += (double) whole[i] * whole[i];
+                        differs = differs || whole[i] != whole[0];
+                }
+                CHECK(bounded && differs, "xavier values within +-%g", bound);
+                CHECK_CLOSE(sqrt(m2 / (double) n), bound / sqrt(3.0), 0.01, "xavier std ~ a/sqrt(3)");
+        }
+        free(a);
+        free(b);
+        free(whole);
+}
+
+static bool jobs_equal(const Job *x, const Job *y) {
+        if (x->id != y->id || strcmp(x->model, y->model) != 0 || x->ntensors != y->ntensors ||
+            x->nlayers != y->nlayers || memcmp(x->layers, y->layers, sizeof x->layers) != 0)
+                return false;
+        for (size_t i = 0; i < x->ntensors; i++) {
+                const JobTensor *a = &x->tensors[i], *b = &y->tensors[i];
+                if (strcmp(a->name, b->name) != 0 || a->ndim != b->ndim ||
+                    memcmp(a->shape, b->shape, sizeof a->shape) != 0 || a->numel != b->numel ||
+                    strcmp(a->init, b->init) != 0 || a->nchunks != b->nchunks || a->fan_in != b->fan_in ||
+                    a->fan_out != b->fan_out)
+                        return false;
+        }
+        return strcmp(x->optim.kind, y->optim.kind) == 0 && x->optim.lr == y->optim.lr &&
+               x->optim.momentum == y->optim.momentum && x->optim.weight_decay == y->optim.weight_decay &&
+               x->optim.beta1 == y->optim.beta1 && x->optim.beta2 == y->optim.beta2 && x->optim.eps == y->optim.eps &&
+               x->optim.nesterov == y->optim.nesterov && x->mode == y->mode && x->chunk_floats == y->chunk_floats &&
+               x->seed == y->seed && x->batch == y->batch && x->epochs == y->epochs &&
+               strcmp(x->dataset, y->dataset) == 0 && x->expect_workers == y->expect_workers &&
+               x->expect_shards == y->expect_shards && x->train_limit == y->train_limit &&
+               x->test_limit == y->test_limit;
+}
+
+static void test_proto(void) {
+        Job j, back;
+        Psnet__JobSpec *spec = NULL, *unpacked;
+        uint8_t *buf;
+        size_t len;
+        char err[160];
+        int r;
+
+        job_defaults(&j);
+        j.id = 9;
+        j.chunk_floats = 5000;
+        CHECK(job_set_model(&j, "mlp:100-50-20-3") == 0, "model");
+        CHECK(job_set_optim(&j, "adam") == 0 && job_set_mode(&j, "asp") == 0, "adam, asp");
+        j.optim.lr = 0.001f;
+        j.optim.nesterov = true;
+        j.optim.weight_decay = 0.01f;
+        j.optim.beta2 = 0.99f;
+        j.seed = UINT64_C(0xfedcba9876543210);
+        j.batch = 32;
+        j.epochs = 3;
+        snprintf(j.dataset, sizeof j.dataset, "/data/fmnist");
+        j.expect_workers = 4;
+        j.expect_shards = 2;
+        j.train_limit = 1000;
+        j.test_limit = 200;
+        snprintf(j.tensors[2].init, sizeof j.tensors[2].init, "xavier");
+
+        r = job_to_proto(&j, &spec);
+        CHECK(r == 0 && spec, "job_to_proto (%d)", r);
+        if (!spec)
+                return;
+        CHECK(spec->n_tensors == 6 && strcmp(spec->tensors[0]->name, "W0") == 0 && spec->tensors[0]->n_shape == 2 &&
+              spec->tensors[0]->shape[0] == 50 && spec->tensors[0]->shape[1] == 100, "tensor specs");
+        CHECK(strcmp(spec->mode, "asp") == 0 && strcmp(spec->optim->kind, "adam") == 0, "mode and kind strings");
+
+        /* Through bytes, as on the wire. */
+        len = psnet__job_spec__get_packed_size(spec);
+        buf = malloc(len);
+        if (!buf)
+                exit(2);
+        psnet__job_spec__pack(spec, buf);
+        job_proto_free(spec);
+        unpacked = psnet__job_spec__unpack(NULL, len, buf);
+        free(buf);
+        CHECK(unpacked != NULL, "packed spec unpacks");
+        if (!unpacked)
+                return;
+        r = job_from_proto(unpacked, &back, err, sizeof err);
+        CHECK(r == 0, "job_from_proto (%s)", err);
+        CHECK(r == 0 && jobs_equal(&j, &back), "round trip gives the same job");
+
+        /* Refusals: each spoils one field of a good spec. */
+        {
+                Psnet__JobSpec *s = unpacked;
+                Job untouched;
+                memset(&untouched, 0x5a, sizeof untouched);
+#define REFUSE(what, mutate, restore)                                                      \
+        do {                                                                               \
+                mutate;                                                                    \
+                Job out = untouched;                                                       \
+                r = job_from_proto(s, &out, err, sizeof err);                              \
+                CHECK(r == -EINVAL && err[0] && memcmp(&out, &untouched, sizeof out) == 0, \
+                      "refused: %s (%s)", what, err);                                      \
+                restore;                                                                   \
+        } while (0)
+                char *saved_str;
+                uint32_t saved_u;
+                float saved_f;
+                size_t saved_n;
+
+                saved_str = s->model;
+                REFUSE("bad model", s->model = (char *) "mlp:100", s->model = saved_str);
+                REFUSE("model not matching tensors", s->model = (char *) "mlp:100-50-20-4", s->model = saved_str);
+                saved_str = s->mode;
+                REFUSE("mode ssp", s->mode = (char *) "ssp", s->mode = saved_str);
+                saved_str = s->optim->kind;
+                REFUSE("optimizer lion", s->optim->kind = (char *) "lion", s->optim->kind = saved_str);
+                saved_u = s->chunk_floats;
+                REFUSE("chunk_floats 0", s->chunk_floats = 0, s->chunk_floats = saved_u);
+                REFUSE("chunk_floats 64Mi+1", s->chunk_floats = 64u * 1024 * 1024 + 1, s->chunk_floats = saved_u);
+                saved_u = s->batch;
+                REFUSE("batch 0", s->batch = 0, s->batch = saved_u);
+                saved_u = s->epochs;
+                REFUSE("epochs 0", s->epochs = 0, s->epochs = saved_u);
+                saved_f = s->optim->lr;
+                REFUSE("lr 0", s->optim->lr = 0, s->optim->lr = saved_f);
+                REFUSE("lr nan", s->optim->lr = NAN, s->optim->lr = saved_f);
+                saved_f = s->optim->momentum;
+                REFUSE("momentum 1", s->optim->momentum = 1, s->optim->momentum = saved_f);
+                saved_f = s->optim->eps;
+                REFUSE("eps 0", s->optim->eps = 0, s->optim->eps = saved_f);
+                saved_n = s->n_tensors;
+                REFUSE("one tensor missing", s->n_tensors = saved_n - 1, s->n_tensors = saved_n);
+                REFUSE("65 tensors", s->n_tensors = 65, s->n_tensors = saved_n);
+                saved_str = s->tensors[1]->name;
+                REFUSE("tensor renamed", s->tensors[1]->name = (char *) "bias", s->tensors[1]->name = saved_str);
+                saved_u = s->tensors[0]->shape[0];
+                REFUSE("tensor reshaped", s->tensors[0]->shape[0] = 51, s->tensors[0]->shape[0] = saved_u);
+                saved_n = s->tensors[0]->n_shape;
+                REFUSE("tensor rank", s->tensors[0]->n_shape = 1, s->tensors[0]->n_shape = saved_n);
+                saved_str = s->tensors[0]->init;
+                REFUSE("unknown init", s->tensors[0]->init = (char *) "ones", s->tensors[0]->init = saved_str);
+                saved_str = s->dataset;
+                REFUSE("empty dataset", s->dataset = (char *) "", s->dataset = saved_str);
+                {
+                        static char longpath[300];
+                        memset(longpath, 'd', sizeof longpath - 1);
+                        REFUSE("dataset too long", s->dataset = longpath, s->dataset = saved_str);
+                }
+                REFUSE("no dataset", s->dataset = NULL, s->dataset = saved_str);
+                Psnet__OptimSpec *saved_o = s->optim;
+                REFUSE("no optimizer", s->optim = NULL, s->optim = saved_o);
+                CHECK(job_from_proto(NULL, &back, err, sizeof err) == -EINVAL, "NULL spec refused");
+                r = job_from_proto(s, &back, NULL, 0);
+                CHECK(r == 0, "restored spec accepted again, NULL err buffer allowed");
+#undef REFUSE
+        }
+        psnet__job_spec__free_unpacked(unpacked, NULL);
+
+        /* job_to_proto refuses an invalid job. */
+        j.batch = 0;
+        spec = NULL;
+        CHECK(job_to_proto(&j, &spec) == -EINVAL && spec == NULL, "job_to_proto refuses an invalid job");
+        job_proto_free(NULL);
+}
+
+static void test_validate(void) {
+        Job j;
+        char err[160];
+
+        job_defaults(&j);
+        j.optim.weight_decay = -1;
+        CHECK(job_validate(&j, err, sizeof err) == -EINVAL && strstr(err, "weight_decay"), "negative wd: %s", err);
+        job_defaults(&j);
+        j.optim.beta2 = 1.0f;
+        CHECK(job_validate(&j, err, sizeof err) == -EINVAL && strstr(err, "beta2"), "beta2 1: %s", err);
+        job_defaults(&j);
+        j.mode = (ConsistencyMode) 7;
+        CHECK(job_validate(&j, err, sizeof err) == -EINVAL && strstr(err, "mode"), "bad mode: %s", err);
+        job_defaults(&j);
+        j.expect_workers = 1u << 20;
+        CHECK(job_validate(&j, err, sizeof err) == -EINVAL, "absurd expect_workers: %s", err);
+        job_defaults(&j);
+        j.tensors[0].numel++;
+        CHECK(job_validate(&j, err, sizeof err) == -EINVAL && strstr(err, "W0"), "numel not matching shape: %s", err);
+        job_defaults(&j);
+        j.chunk_floats = 0;
+        CHECK(job_validate(&j, err, sizeof err) == -EINVAL && strstr(err, "chunk_floats"), "chunk 0: %s", err);
+        CHECK(job_set_model(&j, "mlp:2-2") == -EINVAL, "job_set_model needs a valid chunk_floats");
+}
+
+int main(void) {
+        test_defaults();
+        test_model();
+        test_chunks();
+        test_init();
+        test_proto();
+        test_validate();
+        return tap_done();
+}

@@ -1,0 +1,570 @@
+/* Unit tests for common/wire.c over a real DEALER <-> ROUTER pair on inproc://:
+ * round trips of data and control messages, refusal of every malformed
+ * message we can build, and no desynchronisation after any of them. */
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+#include "errors.h"
+#include "job.h"
+#include "tap.h"
+#include "wire.h"
+
+static void *ctx, *router, *dealer;
+
+static void die(const char *what) {
+        fprintf(stderr, "%s: %s\n", what, zmq_strerror(errno));
+        exit(2);
+}
+
+static void setup(void) {
+        int timeout = 5000, hwm = 0;
+        ctx = zmq_ctx_new();
+        if (!ctx)
+                die("zmq_ctx_new");
+        router = zmq_socket(ctx, ZMQ_ROUTER);
+        dealer = zmq_socket(ctx, ZMQ_DEALER);
+        if (!router || !dealer)
+                die("zmq_socket");
+        /* A test must fail, not hang, when a message does not arrive. */
+        if (zmq_setsockopt(router, ZMQ_RCVTIMEO, &timeout, sizeof timeout) < 0 ||
+            zmq_setsockopt(dealer, ZMQ_RCVTIMEO, &timeout, sizeof timeout) < 0 ||
+            zmq_setsockopt(router, ZMQ_RCVHWM, &hwm, sizeof hwm) < 0 ||
+            zmq_setsockopt(dealer, ZMQ_SNDHWM, &hwm, sizeof hwm) < 0)
+                die("zmq_setsockopt");
+        if (zmq_bind(router, "inproc://test-wire") < 0 || zmq_connect(dealer, "inproc://test-wire") < 0)
+                die("bind/connect");
+}
+
+static void teardown(void) {
+        int linger = 0;
+        zmq_setsockopt(router, ZMQ_LINGER, &linger, sizeof linger);
+        zmq_setsockopt(dealer, ZMQ_LINGER, &linger, sizeof linger);
+        zmq_close(router);
+        zmq_close(dealer);
+        zmq_ctx_term(ctx);
+}
+
+/* Sends raw parts from the dealer (bypassing wire_send, to build bad messages). */
+static void send_raw(void *sock, const void *const *parts, const size_t *sizes, size_t n) {
+        for (size_t i = 0; i < n; i++)
+                if (zmq_send(sock, parts[i], sizes[i], i + 1 < n ? ZMQ_SNDMORE : 0) < 0)
+                        die("zmq_send");
+}
+
+static uint8_t *pack(const Psnet__Header *h, size_t *ret_len) {
+        size_t n = psnet__header__get_packed_size(h);
+        uint8_t *buf = malloc(n ? n : 1);
+        if (!buf)
+                die("malloc");
+        *ret_len = psnet__header__pack(h, buf);
+        return buf;
+}
+
+/* Sends a header (packed as given, no validation) plus nframes frames of the given sizes. */
+static void send_hdr(const Psnet__Header *h, const size_t *frame_bytes, size_t nframes) {
+        const void *parts[8];
+        size_t sizes[8];
+        static float zeros[4096];
+        uint8_t *buf;
+        size_t len;
+
+        buf = pack(h, &len);
+        parts[0] = buf;
+        sizes[0] = len;
+        for (size_t i = 0; i < nframes; i++) {
+                parts[i + 1] = zeros;
+                sizes[i + 1] = frame_bytes[i];
+        }
+        send_raw(dealer, parts, sizes, nframes + 1);
+        free(buf);
+}
+
+/* A small valid PULL, sent after each bad message to prove the socket is in step. */
+static void send_good(uint64_t seq) {
+        Psnet__Header h;
+        Psnet__Key k = PSNET__KEY__INIT, *keys[1] = { &k };
+        wire_header_init(&h, PSNET__MSG_TYPE__MSG_PULL);
+        h.has_seq = true;
+        h.seq = seq;
+        k.tensor = 1;
+        k.chunk = 2;
+        k.len = 3;
+        h.n_keys = 1;
+        h.keys = keys;
+        if (wire_send(dealer, NULL, &h, NULL, 0) < 0)
+                die("wire_send");
+}
+
+static void expect_good(uint64_t seq, const char *after) {
+        WireMsg m;
+        int r = wire_recv(router, true, 0, &m);
+        CHECK(r == 0 && m.hdr && m.hdr->seq == seq && m.hdr->type == PSNET__MSG_TYPE__MSG_PULL,
+              "after %s the next good message decodes (r=%d)", after, r);
+        wire_msg_done(&m);
+}
+
+/* Receives one message on the router and checks it is refused as expected;
+ * then checks that a good message still gets through. */
+static void expect_bad(int status, const char *reason_part, const char *what) {
+        static uint64_t seq = 1000;
+        WireMsg m;
+        int r = wire_recv(router, true, 0, &m);
+        CHECK(r == -EBADMSG, "%s: refused with -EBADMSG (r=%d)", what, r);
+        CHECK(m.status == status, "%s: status %s (got %s: %s)", what, status_name(status), status_name(m.status),
+              m.reason);
+        CHECK(strstr(m.reason, reason_part) != NULL, "%s: reason \"%s\" contains \"%s\"", what, m.reason,
+              reason_part);
+        CHECK(m.has_route, "%s: route kept for the error reply", what);
+        wire_msg_done(&m);
+        send_good(++seq);
+        expect_good(seq, what);
+}
+
+static int nfreed;
+static void free_cb(void *data, void *hint) {
+        (void) hint;
+        free(data);
+        nfreed++;
+}
+
+static void test_push_roundtrip(void) {
+        Psnet__Header h;
+        Psnet__Key k0 = PSNET__KEY__INIT, k1 = PSNET__KEY__INIT, *keys[2] = { &k0, &k1 };
+        zmq_msg_t frames[2];
+        float *a = malloc(4 * sizeof *a), *b = malloc(2 * sizeof *b);
+        WireMsg m;
+        int r;
+
+        if (!a || !b)
+                die("malloc");
+        for (int i = 0; i < 4; i++)
+                a[i] = 0.5f * (float) i;
+        b[0] = -1.0f;
+        b[1] = 3.25f;
+        wire_header_init(&h, PSNET__MSG_TYPE__MSG_PUSH);
+        h.has_job = h.has_epoch = h.has_sender = h.has_seq = h.has_clock = true;
+        h.job = 7;
+        h.epoch = 3;
+        h.sender = 12;
+        h.seq = 99;
+        h.clock = -5;
+        k0.tensor = 0, k0.chunk = 1, k0.len = 4;
+        k1.tensor = 2, k1.chunk = 0, k1.len = 2;
+        h.n_keys = 2;
+        h.keys = keys;
+        if (zmq_msg_init_data(&frames[0], a, 4 * sizeof *a, free_cb, NULL) < 0 ||
+            zmq_msg_init_data(&frames[1], b, 2 * sizeof *b, free_cb, NULL) < 0)
+                die("zmq_msg_init_data");
+        nfreed = 0;
+        r = wire_send(dealer, NULL, &h, frames, 2);
+        CHECK(r == 0, "wire_send PUSH with 2 zero-copy frames (%d)", r);
+
+        r = wire_recv(router, true, 0, &m);
+        CHECK(r == 0, "wire_recv PUSH (%d: %s)", r, m.reason);
+        CHECK(m.has_route, "router side has the peer's identity");
+        CHECK(m.hdr && m.hdr->version == WIRE_VERSION && m.hdr->type == PSNET__MSG_TYPE__MSG_PUSH,
+              "version and type");
+        CHECK(m.hdr && m.hdr->job == 7 && m.hdr->epoch == 3 && m.hdr->sender == 12 && m.hdr->seq == 99 &&
+              m.hdr->clock == -5, "job, epoch, sender, seq, clock");
+        CHECK(m.hdr && m.hdr->n_keys == 2 && m.hdr->keys[0]->tensor == 0 && m.hdr->keys[0]->chunk == 1 &&
+              m.hdr->keys[0]->len == 4 && m.hdr->keys[1]->tensor == 2 && m.hdr->keys[1]->len == 2, "keys");
+        CHECK(m.nframes == 2 && zmq_msg_size(&m.frames[0]) == 16 && zmq_msg_size(&m.frames[1]) == 8,
+              "frame sizes");
+        if (m.nframes == 2) {
+                const float *fa = wire_frame_f32(&m.frames[0]), *fb = wire_frame_f32(&m.frames[1]);
+                CHECK(fa && fa[0] == 0.0f && fa[1] == 0.5f && fa[3] == 1.5f, "frame 1 values");
+                CHECK(fb && fb[0] == -1.0f && fb[1] == 3.25f, "frame 2 values");
+        }
+
+        /* Reply through the route: a PULL_REP with one frame (a copying one). */
+        {
+                Psnet__Header rep;
+                Psnet__Key rk = PSNET__KEY__INIT, *rkeys[1] = { &rk };
+                zmq_msg_t f;
+                float v[3] = { 1, 2, 3 };
+                WireMsg d;
+
+                wire_header_init(&rep, PSNET__MSG_TYPE__MSG_PULL_REP);
+                rep.has_seq = true;
+                rep.seq = m.hdr ? m.hdr->seq : 0;
+                rk.tensor = 4, rk.chunk = 5, rk.len = 3;
+                rep.n_keys = 1;
+                rep.keys = rkeys;
+                if (zmq_msg_init_size(&f, sizeof v) < 0)
+                        die("zmq_msg_init_size");
+                memcpy(zmq_msg_data(&f), v, sizeof v);
+                r = wire_send(router, &m.route, &rep, &f, 1);
+                CHECK(r == 0, "router replies through the route (%d)", r);
+                r = wire_recv(dealer, false, 0, &d);
+                CHECK(r == 0 && !d.has_route, "dealer receives the reply (%d: %s)", r, d.reason);
+                CHECK(d.hdr && d.hdr->type == PSNET__MSG_TYPE__MSG_PULL_REP && d.hdr->seq == 99 && d.nframes == 1,
+                      "reply type, seq echoed, one frame");
+                if (d.nframes == 1) {
+                        const float *p = wire_frame_f32(&d.frames[0]);
+                        CHECK(p && p[0] == 1 && p[1] == 2 && p[2] == 3, "reply values");
+                }
+                wire_msg_done(&d);
+        }
+        wire_msg_done(&m);
+        CHECK(nfreed == 2, "zero-copy buffers freed once the receiver is done (%d)", nfreed);
+        CHECK(m.hdr == NULL && m.frames == NULL && m.nframes == 0 && !m.has_route, "wire_msg_done clears");
+}
+
+static void test_control_roundtrip(void) {
+        Psnet__Header h;
+        Psnet__Control ctl = PSNET__CONTROL__INIT;
+        Psnet__JobSpec *spec = NULL;
+        Job job, back;
+        WireMsg m;
+        char err[128];
+        int r;
+
+        job_defaults(&job);
+        job.id = 5;
+        job.seed = 1234;
+        r = job_set_model(&job, "mlp:20-30-4");
+        CHECK(r == 0 && job_to_proto(&job, &spec) == 0, "job to proto");
+        wire_header_init(&h, PSNET__MSG_TYPE__MSG_JOB_SUBMIT);
+        ctl.job = spec;
+        h.ctl = &ctl;
+        r = wire_send(dealer, NULL, &h, NULL, 0);
+        CHECK(r == 0, "send JOB_SUBMIT with ctl.job (%d)", r);
+        job_proto_free(spec);
+
+        r = wire_recv(router, true, 0, &m);
+        CHECK(r == 0 && m.hdr && m.hdr->type == PSNET__MSG_TYPE__MSG_JOB_SUBMIT && m.nframes == 0,
+              "JOB_SUBMIT received (%d)", r);
+        CHECK(m.hdr && m.hdr->ctl && m.hdr->ctl->job, "ctl.job present");
+        if (m.hdr && m.hdr->ctl && m.hdr->ctl->job) {
+                r = job_from_proto(m.hdr->ctl->job, &back, err, sizeof err);
+                CHECK(r == 0, "job from proto (%s)", err);
+                CHECK(r == 0 && back.id == 5 && back.seed == 1234 && strcmp(back.model, "mlp:20-30-4") == 0 &&
+                      back.ntensors == 4, "job survives the wire");
+        }
+        wire_msg_done(&m);
+
+        /* A control message from the router side, with a registration. */
+        {
+                Psnet__Header rh;
+                Psnet__Control rc = PSNET__CONTROL__INIT;
+                Psnet__Register reg = PSNET__REGISTER__INIT;
+                WireMsg d;
+                wire_header_init(&rh, PSNET__MSG_TYPE__MSG_REGISTER);
+                reg.role = PSNET__ROLE__ROLE_SERVER;
+                reg.endpoint = (char *) "ipc:///tmp/x";
+                rc.reg = &reg;
+                rh.ctl = &rc;
+                r = wire_send(dealer, NULL, &rh, NULL, 0);
+                CHECK(r == 0, "send REGISTER");
+                r = wire_recv(router, true, 0, &d);
+                CHECK(r == 0 && d.hdr->ctl && d.hdr->ctl->reg && d.hdr->ctl->reg->role == PSNET__ROLE__ROLE_SERVER &&
+                      strcmp(d.hdr->ctl->reg->endpoint, "ipc:///tmp/x") == 0, "REGISTER body survives");
+                wire_msg_done(&d);
+        }
+}
+
+static void test_error_reply(void) {
+        WireMsg m, d;
+        int r;
+
+        send_good(5);
+        r = wire_recv(router, true, 0, &m);
+        CHECK(r == 0, "request to answer with an error");
+        r = wire_send_error(router, &m.route, PSNET__STATUS__STATUS_MOVED, 5, "key (1,2) moved to epoch 9");
+        CHECK(r == 0, "wire_send_error (%d)", r);
+        wire_msg_done(&m);
+        r = wire_recv(dealer, false, 0, &d);
+        CHECK(r == 0 && d.hdr && d.hdr->type == PSNET__MSG_TYPE__MSG_ERROR, "dealer gets MSG_ERROR (%d)", r);
+        CHECK(d.hdr && d.hdr->has_status && d.hdr->status == PSNET__STATUS__STATUS_MOVED, "status travels");
+        CHECK(d.hdr && d.hdr->seq == 5, "seq echoed");
+        CHECK(d.hdr && d.hdr->reason && strcmp(d.hdr->reason, "key (1,2) moved to epoch 9") == 0, "reason travels");
+        wire_msg_done(&d);
+}
+
+static void test_malformed(void) {
+        Psnet__Header h;
+        Psnet__Key k0 = PSNET__KEY__INIT, k1 = PSNET__KEY__INIT, *keys[2] = { &k0, &k1 };
+        size_t fb[4];
+
+        /* Garbage bytes. */
+        {
+                static const uint8_t junk[] = { 0xff, 0xff, 0xff, 0xff, 0x0f, 0x42, 0x99 };
+                const void *p[1] = { junk };
+                size_t s[1] = { sizeof junk };
+                send_raw(dealer, p, s, 1);
+                expect_bad(PSNET__STATUS__STATUS_MALFORMED, "does not decode", "garbage header");
+        }
+        /* Empty message (one empty frame), also what a REQ peer's delimiter looks like. */
+        {
+                const void *p[1] = { "" };
+                size_t s[1] = { 0 };
+                send_raw(dealer, p, s, 1);
+                expect_bad(PSNET__STATUS__STATUS_MALFORMED, "empty", "empty message");
+        }
+        /* Empty header frame followed by a payload frame (REQ-style delimiter). */
+        {
+                float x = 1;
+                const void *p[2] = { "", &x };
+                size_t s[2] = { 0, sizeof x };
+                send_raw(dealer, p, s, 2);
+                expect_bad(PSNET__STATUS__STATUS_MALFORMED, "empty", "empty header + frame");
+        }
+        /* Truncated header: cut inside the last key. */
+        {
+                uint8_t *buf;
+                size_t len;
+                wire_header_init(&h, PSNET__MSG_TYPE__MSG_PULL);
+                k0.tensor = 1, k0.chunk = 2, k0.len = 300;
+                h.n_keys = 1;
+                h.keys = keys;
+                buf = pack(&h, &len);
+                {
+                        const void *p[1] = { buf };
+                        size_t s[1] = { len - 1 };
+                        send_raw(dealer, p, s, 1);
+                }
+                free(buf);
+                expect_bad(PSNET__STATUS__STATUS_MALFORMED, "does not decode", "truncated header");
+        }
+        /* Header with a required field missing (only "type"). */
+        {
+                static const uint8_t only_type[] = { 0x10, 0x01 };
+                const void *p[1] = { only_type };
+                size_t s[1] = { sizeof only_type };
+                send_raw(dealer, p, s, 1);
+                expect_bad(PSNET__STATUS__STATUS_MALFORMED, "does not decode", "missing version");
+        }
+        /* Oversized header frame. */
+        {
+                size_t n = WIRE_MAX_HEADER + 1;
+                uint8_t *big = calloc(1, n);
+                const void *p[1] = { big };
+                size_t s[1] = { n };
+                if (!big)
+                        die("calloc");
+                send_raw(dealer, p, s, 1);
+                free(big);
+                expect_bad(PSNET__STATUS__STATUS_MALFORMED, "header frame has 1048577 bytes", "oversized header");
+        }
+        /* Wrong version. */
+        wire_header_init(&h, PSNET__MSG_TYPE__MSG_PULL);
+        h.version = WIRE_VERSION + 1;
+        send_hdr(&h, NULL, 0);
+        {
+                char want[96];
+                snprintf(want, sizeof want, "version %u, this one speaks version %u", WIRE_VERSION + 1, WIRE_VERSION);
+                expect_bad(PSNET__STATUS__STATUS_VERSION, want, "wrong version");
+        }
+        /* Unknown type. */
+        wire_header_init(&h, (Psnet__MsgType) 99);
+        send_hdr(&h, NULL, 0);
+        expect_bad(PSNET__STATUS__STATUS_UNKNOWN_TYPE, "unknown message type 99", "unknown type");
+        /* Bad dtype, bad codec. */
+        wire_header_init(&h, PSNET__MSG_TYPE__MSG_PULL);
+        h.has_dtype = true;
+        h.dtype = (Psnet__Dtype) 3;
+        send_hdr(&h, NULL, 0);
+        expect_bad(PSNET__STATUS__STATUS_DTYPE, "dtype 3", "bad dtype");
+        wire_header_init(&h, PSNET__MSG_TYPE__MSG_PULL);
+        h.has_codec = true;
+        h.codec = (Psnet__Codec) 1;
+        send_hdr(&h, NULL, 0);
+        expect_bad(PSNET__STATUS__STATUS_DTYPE, "codec 1", "bad codec");
+        /* Unknown status value. */
+        wire_header_init(&h, PSNET__MSG_TYPE__MSG_ERROR);
+        h.has_status = true;
+        h.status = (Psnet__Status) 77;
+        send_hdr(&h, NULL, 0);
+        expect_bad(PSNET__STATUS__STATUS_MALFORMED, "unknown status 77", "unknown status");
+
+        /* PUSH with 2 keys and 1 frame: decoded header kept so seq can be echoed. */
+        wire_header_init(&h, PSNET__MSG_TYPE__MSG_PUSH);
+        h.has_seq = true;
+        h.seq = 4242;
+        k0.tensor = 0, k0.chunk = 0, k0.len = 4;
+        k1.tensor = 0, k1.chunk = 1, k1.len = 2;
+        h.n_keys = 2;
+        h.keys = keys;
+        fb[0] = 16;
+        send_hdr(&h, fb, 1);
+        {
+                WireMsg m;
+                int r = wire_recv(router, true, 0, &m);
+                CHECK(r == -EBADMSG && m.status == PSNET__STATUS__STATUS_MALFORMED &&
+                      strstr(m.reason, "PUSH declares 2 keys but carries 1 payload frame"),
+                      "frames count mismatch (%s)", m.reason);
+                CHECK(m.hdr && m.hdr->seq == 4242, "decoded header kept on a bad message (seq to echo)");
+                CHECK(m.nframes == 1, "the frame that came is held (and freed by wire_msg_done)");
+                wire_msg_done(&m);
+                send_good(1);
+                expect_good(1, "frame count mismatch");
+        }
+        /* PUSH with 2 keys and 3 frames. */
+        fb[0] = 16, fb[1] = 8, fb[2] = 8;
+        send_hdr(&h, fb, 3);
+        expect_bad(PSNET__STATUS__STATUS_MALFORMED, "carries 3 payload frames", "extra frame");
+        /* Frame size mismatch. */
+        k1.tensor = 1, k1.chunk = 0, k1.len = 1024;
+        fb[0] = 16, fb[1] = 8192;
+        send_hdr(&h, fb, 2);
+        expect_bad(PSNET__STATUS__STATUS_SIZE, "frame 2 has 8192 bytes, key (1,0) declares 1024 floats = 4096 bytes",
+                   "frame size mismatch");
+        /* Key with len 0. */
+        k1.len = 0;
+        fb[1] = 0;
+        send_hdr(&h, fb, 2);
+        expect_bad(PSNET__STATUS__STATUS_MALFORMED, "declares 0 floats", "len 0");
+        /* Frames on a PULL. */
+        wire_header_init(&h, PSNET__MSG_TYPE__MSG_PULL);
+        k0.len = 4;
+        h.n_keys = 1;
+        h.keys = keys;
+        fb[0] = 16;
+        send_hdr(&h, fb, 1);
+        expect_bad(PSNET__STATUS__STATUS_MALFORMED, "PULL carries 1 payload frame; it takes none", "frames on PULL");
+        /* Frames on a control message. */
+        wire_header_init(&h, PSNET__MSG_TYPE__MSG_HEARTBEAT);
+        send_hdr(&h, fb, 1);
+        expect_bad(PSNET__STATUS__STATUS_MALFORMED, "HEARTBEAT carries 1 payload frame; it takes none", "frames on HEARTBEAT");
+
+        /* Too many keys. */
+        {
+                size_t n = WIRE_MAX_KEYS + 1;
+                Psnet__Key *ks = calloc(n, sizeof *ks), **kp = calloc(n, sizeof *kp);
+                if (!ks || !kp)
+                        die("calloc");
+                for (size_t i = 0; i < n; i++) {
+                        psnet__key__init(&ks[i]);
+                        ks[i].tensor = 0;
+                        ks[i].chunk = (uint32_t) i;
+                        ks[i].len = 1;
+                        kp[i] = &ks[i];
+                }
+                wire_header_init(&h, PSNET__MSG_TYPE__MSG_PULL);
+                h.n_keys = n;
+                h.keys = kp;
+                send_hdr(&h, NULL, 0);
+                expect_bad(PSNET__STATUS__STATUS_MALFORMED, "65537 keys, at most 65536", "too many keys");
+                free(ks);
+                free(kp);
+        }
+        /* Too many payload frames: the excess is drained, not left in the socket. */
+        {
+                uint8_t *buf;
+                size_t len;
+                float x = 0;
+                int r = 0;
+                wire_header_init(&h, PSNET__MSG_TYPE__MSG_PUSH);
+                k0.len = 1;
+                h.n_keys = 1;
+                h.keys = keys;
+                buf = pack(&h, &len);
+                r |= zmq_send(dealer, buf, len, ZMQ_SNDMORE);
+                for (size_t i = 0; i < WIRE_MAX_KEYS + 2; i++)
+                        r |= zmq_send(dealer, &x, sizeof x, i + 1 < WIRE_MAX_KEYS + 2 ? ZMQ_SNDMORE : 0);
+                free(buf);
+                CHECK(r >= 0, "sent a message with 65538 frames");
+                expect_bad(PSNET__STATUS__STATUS_MALFORMED, "65538 payload frames", "too many frames");
+        }
+
+        /* The DEALER side validates too. */
+        {
+                WireMsg m, d;
+                int r;
+                send_good(8);
+                r = wire_recv(router, true, 0, &m);
+                CHECK(r == 0, "request");
+                {
+                        zmq_msg_t id;
+                        static const uint8_t junk[] = { 0x08 };
+                        zmq_msg_init(&id);
+                        zmq_msg_copy(&id, &m.route);
+                        r = zmq_msg_send(&id, router, ZMQ_SNDMORE) < 0 ||
+                            zmq_send(router, junk, sizeof junk, 0) < 0;
+                        if (r)
+                                zmq_msg_close(&id);
+                }
+                wire_msg_done(&m);
+                r = wire_recv(dealer, false, 0, &d);
+                CHECK(r == -EBADMSG && d.status == PSNET__STATUS__STATUS_MALFORMED && !d.has_route && !d.hdr,
+                      "dealer refuses a truncated header (%d: %s)", r, d.reason);
+                wire_msg_done(&d);
+        }
+}
+
+static void test_misc(void) {
+        WireMsg m;
+        Psnet__Header h;
+        Psnet__Key k = PSNET__KEY__INIT, *keys[1] = { &k };
+        zmq_msg_t f[1];
+        char reason[192];
+        int r, st;
+
+        r = wire_recv(router, true, ZMQ_DONTWAIT, &m);
+        CHECK(r == -EAGAIN, "nothing waiting with ZMQ_DONTWAIT: -EAGAIN (%d)", r);
+        wire_msg_done(&m);
+
+        st = wire_validate(NULL, NULL, 0, reason, sizeof reason);
+        CHECK(st == PSNET__STATUS__STATUS_MALFORMED, "wire_validate(NULL) is malformed");
+
+        wire_header_init(&h, PSNET__MSG_TYPE__MSG_PULL_REP);
+        CHECK(h.version == WIRE_VERSION && h.type == PSNET__MSG_TYPE__MSG_PULL_REP, "wire_header_init");
+        k.tensor = 3, k.chunk = 7, k.len = 2;
+        h.n_keys = 1;
+        h.keys = keys;
+        zmq_msg_init_size(&f[0], 8);
+        st = wire_validate(&h, f, 1, reason, sizeof reason);
+        CHECK(st == PSNET__STATUS__STATUS_OK && reason[0] == '\0', "wire_validate accepts a good PULL_REP");
+        k.len = 3;
+        st = wire_validate(&h, f, 1, reason, sizeof reason);
+        CHECK(st == PSNET__STATUS__STATUS_SIZE &&
+              strcmp(reason, "frame 1 has 8 bytes, key (3,7) declares 3 floats = 12 bytes") == 0,
+              "wire_validate size reason: %s", reason);
+        zmq_msg_close(&f[0]);
+
+        /* wire_send consumes its frames even when it fails. */
+        {
+                Psnet__Header big;
+                Psnet__Key bk = PSNET__KEY__INIT, *bkeys[1] = { &bk };
+                char *reason_big = malloc(WIRE_MAX_HEADER + 16);
+                float *buf = malloc(16);
+                zmq_msg_t fr;
+                if (!reason_big || !buf)
+                        die("malloc");
+                memset(reason_big, 'x', WIRE_MAX_HEADER + 15);
+                reason_big[WIRE_MAX_HEADER + 15] = '\0';
+                wire_header_init(&big, PSNET__MSG_TYPE__MSG_PUSH);
+                bk.len = 4;
+                big.n_keys = 1;
+                big.keys = bkeys;
+                big.reason = reason_big;
+                nfreed = 0;
+                zmq_msg_init_data(&fr, buf, 16, free_cb, NULL);
+                r = wire_send(dealer, NULL, &big, &fr, 1);
+                CHECK(r == -EMSGSIZE, "oversized header refused by wire_send (%d)", r);
+                CHECK(nfreed == 1, "its frame was released");
+                free(reason_big);
+        }
+
+        {
+                _Alignas(8) char raw[16];
+                zmq_msg_t a, b;
+                zmq_msg_init_data(&a, raw + 1, 8, NULL, NULL);
+                zmq_msg_init_data(&b, raw + 4, 8, NULL, NULL);
+                CHECK(wire_frame_f32(&a) == NULL, "wire_frame_f32 refuses misaligned data");
+                CHECK(wire_frame_f32(&b) == (const float *) (raw + 4), "wire_frame_f32 passes aligned data");
+                zmq_msg_close(&a);
+                zmq_msg_close(&b);
+        }
+}
+
+int main(void) {
+        setup();
+        test_push_roundtrip();
+        test_control_roundtrip();
+        test_error_reply();
+        test_malformed();
+        test_misc();
+        teardown();
+        return tap_done();
+}
