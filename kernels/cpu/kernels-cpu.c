@@ -1,0 +1,266 @@
+/* The CPU backend: OpenBLAS for gemm and plain C loops for the rest. It is the
+ * reference every other backend is tested against, so it favours being obviously
+ * right over being fast. Buffers are ordinary host memory (64-byte aligned), so
+ * upload and download are copies and sync has nothing to wait for. */
+#include <cblas.h>
+#include <errno.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include "kernels.h"
+
+/* The number of rows x cols elements, or 0 when either is not positive. */
+static size_t numel(int rows, int cols) {
+        if (rows <= 0 || cols <= 0)
+                return 0;
+        return (size_t) rows * (size_t) cols;
+}
+
+static bool act_valid(KAct act) {
+        return act == KACT_NONE || act == KACT_RELU;
+}
+
+static void cpu_destroy(KBackend *kb) {
+        free(kb);
+}
+
+static int cpu_alloc(KBackend *kb, size_t bytes, void **ret) {
+        void *p = NULL;
+
+        (void) kb;
+        if (!ret)
+                return -EINVAL;
+        /* posix_memalign returns the error number instead of setting errno. */
+        if (posix_memalign(&p, 64, bytes > 0 ? bytes : 64) != 0)
+                return -ENOMEM;
+        *ret = p;
+        return 0;
+}
+
+static void cpu_free(KBackend *kb, void *p) {
+        (void) kb;
+        free(p);
+}
+
+static int cpu_copy(KBackend *kb, void *dst, const void *src, size_t bytes) {
+        (void) kb;
+        if (bytes == 0)
+                return 0;
+        if (!dst || !src)
+                return -EINVAL;
+        memmove(dst, src, bytes);
+        return 0;
+}
+
+static int cpu_sync(KBackend *kb) {
+        (void) kb;
+        return 0;
+}
+
+/* BLAS semantics: m, n or k may be zero; leading dimensions must cover the
+ * stored row length (row-major) and be at least 1. k == 0 leaves C = beta * C. */
+static int cpu_gemm(KBackend *kb, bool trans_a, bool trans_b, int m, int n, int k, float alpha,
+                    const float *a, int lda, const float *b, int ldb, float beta, float *c,
+                    int ldc) {
+        int a_cols = trans_a ? m : k, b_cols = trans_b ? k : n;
+
+        (void) kb;
+        if (m < 0 || n < 0 || k < 0)
+                return -EINVAL;
+        if (lda < 1 || lda < a_cols || ldb < 1 || ldb < b_cols || ldc < 1 || ldc < n)
+                return -EINVAL;
+        if (m == 0 || n == 0)
+                return 0;
+        if (!c || (k > 0 && (!a || !b)))
+                return -EINVAL;
+
+        if (k == 0) {
+                for (int i = 0; i < m; i++)
+                        for (int j = 0; j < n; j++)
+                                c[(size_t) i * ldc + j] =
+                                        beta == 0.0f ? 0.0f : beta * c[(size_t) i * ldc + j];
+                return 0;
+        }
+
+        cblas_sgemm(CblasRowMajor, trans_a ? CblasTrans : CblasNoTrans,
+                    trans_b ? CblasTrans : CblasNoTrans, m, n, k, alpha, a, lda, b, ldb, beta, c,
+                    ldc);
+        return 0;
+}
+
+static int cpu_bias_act(KBackend *kb, float *y, const float *bias, int rows, int cols, KAct act) {
+        size_t total = numel(rows, cols);
+
+        (void) kb;
+        if (rows < 0 || cols < 0 || !act_valid(act))
+                return -EINVAL;
+        if (total == 0)
+                return 0;
+        if (!y)
+                return -EINVAL;
+
+        for (int r = 0; r < rows; r++) {
+                float *row = y + (size_t) r * cols;
+                for (int c = 0; c < cols; c++) {
+                        float v = row[c] + (bias ? bias[c] : 0.0f);
+                        if (act == KACT_RELU && !(v > 0.0f))
+                                v = 0.0f;
+                        row[c] = v;
+                }
+        }
+        return 0;
+}
+
+/* ReLU' is taken as 0 at y == 0 (the output of a clamped unit). */
+static int cpu_act_backward(KBackend *kb, float *dy, const float *y, size_t n, KAct act) {
+        (void) kb;
+        if (!act_valid(act))
+                return -EINVAL;
+        if (n == 0 || act == KACT_NONE)
+                return 0;
+        if (!dy || !y)
+                return -EINVAL;
+
+        for (size_t i = 0; i < n; i++)
+                if (!(y[i] > 0.0f))
+                        dy[i] = 0.0f;
+        return 0;
+}
+
+/* rows == 0 gives zeros (the empty sum). */
+static int cpu_colsum(KBackend *kb, const float *x, int rows, int cols, float *out) {
+        (void) kb;
+        if (rows < 0 || cols < 0)
+                return -EINVAL;
+        if (cols == 0)
+                return 0;
+        if (!out || (rows > 0 && !x))
+                return -EINVAL;
+
+        for (int c = 0; c < cols; c++)
+                out[c] = 0.0f;
+        for (int r = 0; r < rows; r++) {
+                const float *row = x + (size_t) r * cols;
+                for (int c = 0; c < cols; c++)
+                        out[c] += row[c];
+        }
+        return 0;
+}
+
+/* Stable form: with m = max x[c], log softmax[c] = (x[c] - m) - log sum exp(x - m),
+ * so no exp overflows and the loss stays finite even where softmax underflows.
+ * Each row is read before it is written, which is what lets dlogits == logits. */
+static int cpu_softmax_xent(KBackend *kb, const float *logits, const int32_t *labels, int rows,
+                            int cols, float scale, float *dlogits, float *loss) {
+        (void) kb;
+        if (rows < 0 || cols < 0 || (rows > 0 && cols == 0))
+                return -EINVAL;
+        if (rows == 0)
+                return 0;
+        if (!logits || !labels || !dlogits || !loss)
+                return -EINVAL;
+        /* Check every label first so that a bad batch writes nothing. */
+        for (int r = 0; r < rows; r++)
+                if (labels[r] < 0 || labels[r] >= cols)
+                        return -EINVAL;
+
+        for (int r = 0; r < rows; r++) {
+                const float *x = logits + (size_t) r * cols;
+                float *d = dlogits + (size_t) r * cols;
+                int32_t label = labels[r];
+                float mx = x[0], sum = 0.0f, logsum, inv;
+
+                for (int c = 1; c < cols; c++)
+                        if (x[c] > mx)
+                                mx = x[c];
+                for (int c = 0; c < cols; c++)
+                        sum += expf(x[c] - mx);
+                logsum = logf(sum);
+                inv = 1.0f / sum;
+                loss[r] = logsum - (x[label] - mx);
+                for (int c = 0; c < cols; c++) {
+                        float p = expf(x[c] - mx) * inv;
+                        d[c] = (p - (c == label ? 1.0f : 0.0f)) * scale;
+                }
+        }
+        return 0;
+}
+
+/* Ties go to the lowest index. */
+static int cpu_argmax(KBackend *kb, const float *x, int rows, int cols, int32_t *out) {
+        (void) kb;
+        if (rows < 0 || cols < 0 || (rows > 0 && cols == 0))
+                return -EINVAL;
+        if (rows == 0)
+                return 0;
+        if (!x || !out)
+                return -EINVAL;
+
+        for (int r = 0; r < rows; r++) {
+                const float *row = x + (size_t) r * cols;
+                int32_t best = 0;
+                for (int c = 1; c < cols; c++)
+                        if (row[c] > row[best])
+                                best = c;
+                out[r] = best;
+        }
+        return 0;
+}
+
+static int cpu_sgd_step(KBackend *kb, float *w, const float *g, float *v, size_t n, float lr,
+                        float mu) {
+        (void) kb;
+        if (n == 0)
+                return 0;
+        if (!w || !g || !v)
+                return -EINVAL;
+
+        for (size_t i = 0; i < n; i++) {
+                v[i] = mu * v[i] + g[i];
+                w[i] -= lr * v[i];
+        }
+        return 0;
+}
+
+static const KernelsOps cpu_ops = {
+        .name = "cpu",
+        .destroy = cpu_destroy,
+        .alloc = cpu_alloc,
+        .free = cpu_free,
+        .upload = cpu_copy,
+        .download = cpu_copy,
+        .sync = cpu_sync,
+        .gemm = cpu_gemm,
+        .bias_act = cpu_bias_act,
+        .act_backward = cpu_act_backward,
+        .colsum = cpu_colsum,
+        .softmax_xent = cpu_softmax_xent,
+        .argmax = cpu_argmax,
+        .sgd_step = cpu_sgd_step,
+};
+
+int kbackend_cpu_new(int threads, KBackend **ret, char *err, size_t errlen) {
+        KBackend *kb;
+
+        if (!ret || threads < 0) {
+                if (err && errlen > 0)
+                        snprintf(err, errlen, "invalid CPU backend thread count %d", threads);
+                return -EINVAL;
+        }
+
+        kb = calloc(1, sizeof *kb);
+        if (!kb) {
+                if (err && errlen > 0)
+                        snprintf(err, errlen, "out of memory creating the CPU backend");
+                return -ENOMEM;
+        }
+        kb->ops = &cpu_ops;
+        kb->priv = NULL;
+
+        if (threads > 0)
+                openblas_set_num_threads(threads);
+
+        *ret = kb;
+        return 0;
+}

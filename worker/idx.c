@@ -1,0 +1,243 @@
+/* IDX reader and the Fashion-MNIST data set. zlib's gz* functions read both
+ * gzip and raw files, so one code path serves Debian's .gz files and unpacked
+ * copies. Everything read from a file is checked before it sizes an allocation:
+ * a bad or truncated file is -EBADMSG, never a crash. See idx.h. */
+#include <errno.h>
+#include <fcntl.h>
+#include <limits.h>
+#include <stdio.h>
+#include <string.h>
+#include <unistd.h>
+#include <zlib.h>
+#include "alloc.h"
+#include "idx.h"
+#include "macro.h"
+
+#define IDX_MAGIC_LABELS 0x00000801u
+#define IDX_MAGIC_IMAGES 0x00000803u
+/* Far beyond any MNIST-like set (train images are 47M); rejects garbage dims. */
+#define IDX_MAX_ELEMENTS 100000000ull
+
+static void gz_closep(gzFile *f) {
+        if (*f)
+                (void) gzclose(*f);
+}
+
+static uint32_t be32(const uint8_t b[4]) {
+        return (uint32_t) b[0] << 24 | (uint32_t) b[1] << 16 | (uint32_t) b[2] << 8 | b[3];
+}
+
+/* Reads exactly len bytes; a short read (end of file) or a corrupt gzip stream
+ * is -EBADMSG, a failing read(2) its errno. */
+static int gz_read_full(gzFile f, void *buf, size_t len) {
+        uint8_t *p = buf;
+
+        while (len > 0) {
+                unsigned chunk = (unsigned) MIN(len, (size_t) (INT_MAX / 2));
+                int n = gzread(f, p, chunk);
+                if (n < 0) {
+                        int zerr;
+                        (void) gzerror(f, &zerr);
+                        if (zerr == Z_ERRNO)
+                                return errno > 0 ? -errno : -EIO;
+                        if (zerr == Z_MEM_ERROR)
+                                return -ENOMEM;
+                        return -EBADMSG;
+                }
+                if (n == 0)
+                        return -EBADMSG;
+                p += n;
+                len -= (size_t) n;
+        }
+        return 0;
+}
+
+int idx_read(const char *path, uint8_t **ret_data, uint32_t dims[3], unsigned *ret_ndim) {
+        _cleanup_(gz_closep) gzFile f = NULL;
+        _cleanup_free_ uint8_t *data = NULL;
+        uint8_t hdr[4], raw[3][4];
+        uint32_t d[3] = { 0, 0, 0 };
+        unsigned ndim;
+        uint64_t total = 1;
+        int fd, r, zerr;
+
+        if (!path || !ret_data || !dims || !ret_ndim)
+                return -EINVAL;
+
+        fd = open(path, O_RDONLY | O_CLOEXEC);
+        if (fd < 0)
+                return -errno;
+        f = gzdopen(fd, "rb");
+        if (!f) {
+                (void) close(fd);
+                return -ENOMEM;
+        }
+        (void) gzbuffer(f, 1 << 17);
+
+        r = gz_read_full(f, hdr, sizeof hdr);
+        if (r < 0)
+                return r;
+        if (be32(hdr) != IDX_MAGIC_LABELS && be32(hdr) != IDX_MAGIC_IMAGES)
+                return -EBADMSG;
+        ndim = hdr[3];
+
+        r = gz_read_full(f, raw, 4 * ndim);
+        if (r < 0)
+                return r;
+        for (unsigned i = 0; i < ndim; i++) {
+                d[i] = be32(raw[i]);
+                if (d[i] == 0)
+                        return -EBADMSG;
+                total *= d[i];
+                if (total > IDX_MAX_ELEMENTS)
+                        return -EBADMSG;
+        }
+
+        data = ps_malloc((size_t) total);
+        if (!data)
+                return -ENOMEM;
+        r = gz_read_full(f, data, (size_t) total);
+        if (r < 0)
+                return r;
+
+        /* The header sized the payload: anything after it means the header is
+         * wrong. Reading on also makes zlib check the gzip trailer (CRC, size). */
+        if (gzgetc(f) != -1)
+                return -EBADMSG;
+        (void) gzerror(f, &zerr);
+        if (zerr == Z_ERRNO)
+                return errno > 0 ? -errno : -EIO;
+        if (zerr != Z_OK)
+                return -EBADMSG;
+
+        r = gzclose(f);
+        f = NULL;
+        if (r != Z_OK)
+                return r == Z_ERRNO ? -EIO : -EBADMSG;
+
+        for (unsigned i = 0; i < 3; i++)
+                dims[i] = d[i];
+        *ret_ndim = ndim;
+        *ret_data = data;
+        data = NULL;
+        return 0;
+}
+
+/* Reads dir/<set>-<kind>.gz, else dir/<set>-<kind>; on failure explains in err. */
+static int dataset_read_file(const char *dir, const char *set, const char *kind, uint8_t **ret_data,
+                             uint32_t dims[3], unsigned *ret_ndim, char *err, size_t errlen) {
+        char path[PATH_MAX];
+        int r, n;
+
+        n = snprintf(path, sizeof path, "%s/%s-%s.gz", dir, set, kind);
+        if (n < 0 || (size_t) n >= sizeof path) {
+                snprintf(err, errlen, "data directory path too long: %s", dir);
+                return -ENAMETOOLONG;
+        }
+        r = idx_read(path, ret_data, dims, ret_ndim);
+        if (r == -ENOENT) {
+                path[n - 3] = '\0';
+                r = idx_read(path, ret_data, dims, ret_ndim);
+                if (r == -ENOENT) {
+                        snprintf(err, errlen,
+                                 "Fashion-MNIST not found in %s (looked for %s-%s.gz): install it "
+                                 "with 'apt-get install dataset-fashion-mnist' or pass --data DIR",
+                                 dir, set, kind);
+                        return r;
+                }
+        }
+        if (r == -EBADMSG)
+                snprintf(err, errlen, "%s is not a valid IDX file (bad magic, dimensions or truncated)",
+                         path);
+        else if (r < 0)
+                snprintf(err, errlen, "failed to read %s: %s", path, strerror(-r));
+        return r;
+}
+
+int dataset_load(const char *dir, const char *set, uint32_t limit, uint32_t part,
+                 uint32_t nparts, Dataset **ret, char *err, size_t errlen) {
+        _cleanup_free_ uint8_t *images = NULL, *labels = NULL;
+        char dummy[1];
+        uint32_t idims[3], ldims[3], total, count, pixels;
+        unsigned indim, lndim;
+        Dataset *d;
+        int r;
+
+        if (!err || errlen == 0) {
+                err = dummy;
+                errlen = sizeof dummy;
+        }
+        err[0] = '\0';
+        if (!dir || !set || !*set || !ret || nparts == 0 || part >= nparts) {
+                snprintf(err, errlen, "invalid data set request (set %s, part %u of %u)",
+                         set ? set : "(null)", part, nparts);
+                return -EINVAL;
+        }
+
+        r = dataset_read_file(dir, set, "images-idx3-ubyte", &images, idims, &indim, err, errlen);
+        if (r < 0)
+                return r;
+        r = dataset_read_file(dir, set, "labels-idx1-ubyte", &labels, ldims, &lndim, err, errlen);
+        if (r < 0)
+                return r;
+
+        if (indim != 3 || lndim != 1) {
+                snprintf(err, errlen,
+                         "%s/%s: expected 3-d images and 1-d labels, found %u-d and %u-d", dir,
+                         set, indim, lndim);
+                return -EBADMSG;
+        }
+        if (idims[0] != ldims[0]) {
+                snprintf(err, errlen, "%s/%s: %u images but %u labels", dir, set, idims[0],
+                         ldims[0]);
+                return -EBADMSG;
+        }
+
+        total = idims[0];
+        if (limit > 0 && limit < total)
+                total = limit;
+        count = total > part ? (total - part - 1) / nparts + 1 : 0;
+        if (count == 0) {
+                snprintf(err, errlen, "%s/%s: part %u of %u gets none of the %u samples", dir, set,
+                         part, nparts, total);
+                return -EINVAL;
+        }
+        pixels = idims[1] * idims[2]; /* idx_read bounds the product */
+
+        d = ps_calloc(1, sizeof *d);
+        if (!d)
+                goto oom;
+        d->x = ps_malloc((size_t) count * pixels * sizeof(float));
+        d->y = ps_malloc((size_t) count * sizeof(int32_t));
+        if (!d->x || !d->y)
+                goto oom;
+        d->n = count;
+        d->rows = idims[1];
+        d->cols = idims[2];
+
+        for (uint32_t i = 0; i < count; i++) {
+                size_t src = (size_t) part + (size_t) i * nparts;
+                const uint8_t *img = images + src * pixels;
+                float *dst = d->x + (size_t) i * pixels;
+                for (uint32_t p = 0; p < pixels; p++)
+                        dst[p] = (float) img[p] / 255.0f;
+                d->y[i] = labels[src];
+        }
+
+        *ret = d;
+        return 0;
+
+oom:
+        dataset_free(d);
+        snprintf(err, errlen, "out of memory loading %s/%s", dir, set);
+        return -ENOMEM;
+}
+
+Dataset *dataset_free(Dataset *d) {
+        if (!d)
+                return NULL;
+        ps_free(d->x);
+        ps_free(d->y);
+        ps_free(d);
+        return NULL;
+}
