@@ -1,0 +1,324 @@
+/* See zmqraw.h. The receiver is a forked child with its own ZeroMQ context; the
+ * sender is the calling process. Both are plain blocking loops: nothing here
+ * should cost more than ZeroMQ itself.
+ *
+ * Standalone check (prints GB/s for 1 MiB and 16 MiB messages over ipc and tcp):
+ *   gcc -O2 -DZMQRAW_MAIN tests/bench/zmqraw.c -lzmq -o /tmp/zmqraw && /tmp/zmqraw */
+#include <errno.h>
+#include <signal.h>
+#include <stdbool.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/types.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+#include <zmq.h>
+#include "zmqraw.h"
+
+#define ZMQRAW_WINDOW 8           /* messages in flight */
+#define ZMQRAW_POLL_MS 100        /* receive timeout between checks on the peer */
+#define ZMQRAW_DEADLINE_MS 10000  /* silence after which the peer is given up */
+#define ZMQRAW_LINGER_MS 1000
+
+/* The last ZeroMQ error as a negative errno; a receive timeout is -EAGAIN. */
+static int zerr(void) {
+        int e = zmq_errno();
+        return e > 0 ? -e : -EIO;
+}
+
+static int now_ns(int64_t *ret) {
+        struct timespec ts;
+        if (clock_gettime(CLOCK_MONOTONIC, &ts) < 0)
+                return -errno;
+        *ret = (int64_t) ts.tv_sec * 1000000000 + ts.tv_nsec;
+        return 0;
+}
+
+static int sock_set_int(void *sock, int opt, int value) {
+        return zmq_setsockopt(sock, opt, &value, sizeof(value)) < 0 ? zerr() : 0;
+}
+
+/* A context with one I/O thread. */
+static int ctx_new(void **ret) {
+        void *ctx = zmq_ctx_new();
+        if (!ctx)
+                return zerr();
+        if (zmq_ctx_set(ctx, ZMQ_IO_THREADS, 1) < 0) {
+                int r = zerr();
+                (void) zmq_ctx_term(ctx);
+                return r;
+        }
+        *ret = ctx;
+        return 0;
+}
+
+/* Closes sock (if any) and terminates ctx (if any); returns r, or the first
+ * error of the teardown if r was 0. */
+static int zmq_done(void *ctx, void *sock, int r) {
+        if (sock && zmq_close(sock) < 0 && r == 0)
+                r = zerr();
+        while (ctx && zmq_ctx_term(ctx) < 0) {
+                if (zmq_errno() == EINTR)
+                        continue;
+                if (r == 0)
+                        r = zerr();
+                break;
+        }
+        return r;
+}
+
+/* The child: binds a ROUTER, answers the handshake, then receives nmsg
+ * messages (all of msg_bytes but the last, of last_bytes) and acks each. */
+static int receiver_run(const char *endpoint, size_t nmsg, size_t msg_bytes, size_t last_bytes) {
+        void *ctx = NULL, *sock = NULL;
+        uint8_t id[256];
+        size_t idlen = 0;
+        bool bound = false;
+        int r;
+
+        r = ctx_new(&ctx);
+        if (r < 0)
+                return r;
+        sock = zmq_socket(ctx, ZMQ_ROUTER);
+        if (!sock)
+                return zmq_done(ctx, NULL, zerr());
+        r = sock_set_int(sock, ZMQ_RCVTIMEO, ZMQRAW_DEADLINE_MS);
+        if (r >= 0)
+                r = sock_set_int(sock, ZMQ_LINGER, ZMQRAW_LINGER_MS);
+        if (r >= 0) {
+                if (zmq_bind(sock, endpoint) < 0)
+                        r = zerr();
+                else
+                        bound = true;
+        }
+
+        /* Frame 0 of each message is the peer's routing id, frame 1 the body.
+         * Message 0 is the handshake; 1..nmsg are the payload. */
+        for (size_t i = 0; r >= 0 && i <= nmsg; i++) {
+                zmq_msg_t idm, body;
+                size_t want = i == 0 ? 0 : i == nmsg ? last_bytes : msg_bytes;
+                size_t got;
+
+                if (zmq_msg_init(&idm) < 0) {
+                        r = zerr();
+                        break;
+                }
+                if (zmq_msg_recv(&idm, sock, 0) < 0) {
+                        r = zerr();
+                        (void) zmq_msg_close(&idm);
+                        break;
+                }
+                if (!zmq_msg_more(&idm) || zmq_msg_size(&idm) > sizeof(id)) {
+                        r = -EPROTO;
+                        (void) zmq_msg_close(&idm);
+                        break;
+                }
+                if (i == 0) {
+                        idlen = zmq_msg_size(&idm);
+                        memcpy(id, zmq_msg_data(&idm), idlen);
+                }
+                if (zmq_msg_close(&idm) < 0) {
+                        r = zerr();
+                        break;
+                }
+
+                if (zmq_msg_init(&body) < 0) {
+                        r = zerr();
+                        break;
+                }
+                if (zmq_msg_recv(&body, sock, 0) < 0) {
+                        r = zerr();
+                        (void) zmq_msg_close(&body);
+                        break;
+                }
+                got = zmq_msg_size(&body);
+                if (zmq_msg_more(&body))
+                        r = -EPROTO;
+                if (i > 0 && got != want)
+                        r = -EMSGSIZE;
+                if (zmq_msg_close(&body) < 0 && r >= 0)
+                        r = zerr();
+                if (r < 0)
+                        break;
+
+                if (zmq_send(sock, id, idlen, ZMQ_SNDMORE) < 0 || zmq_send(sock, "k", 1, 0) < 0)
+                        r = zerr();
+        }
+        r = zmq_done(ctx, sock, r < 0 ? r : 0);
+        /* libzmq leaves the socket file of an ipc endpoint behind. */
+        if (bound && strncmp(endpoint, "ipc://", 6) == 0 && endpoint[6] != '@' &&
+            unlink(endpoint + 6) < 0 && errno != ENOENT && r == 0)
+                r = -errno;
+        return r;
+}
+
+/* Receives one ack, waiting at most ZMQRAW_DEADLINE_MS and giving up early if
+ * the child is gone (then it is reaped: *reaped and *wstatus are set). */
+static int ack_recv(void *sock, pid_t pid, bool *reaped, int *wstatus) {
+        char buf[16];
+
+        for (int waited = 0; waited < ZMQRAW_DEADLINE_MS; waited += ZMQRAW_POLL_MS) {
+                pid_t p;
+
+                if (zmq_recv(sock, buf, sizeof(buf), 0) >= 0)
+                        return 0;
+                if (zmq_errno() == EINTR)
+                        continue;
+                if (zmq_errno() != EAGAIN)
+                        return zerr();
+                p = waitpid(pid, wstatus, WNOHANG);
+                if (p < 0)
+                        return -errno;
+                if (p == pid) {
+                        *reaped = true;
+                        return -ECHILD;
+                }
+        }
+        return -ETIMEDOUT;
+}
+
+/* The parent: handshake, then nmsg zero-copy sends from buf with a window of
+ * ZMQRAW_WINDOW unacked messages. Returns the time from first send to last ack. */
+static int sender_run(const char *endpoint, pid_t pid, const uint8_t *buf, size_t nmsg,
+                      size_t msg_bytes, size_t last_bytes, bool *reaped, int *wstatus,
+                      int64_t *ret_ns) {
+        void *ctx = NULL, *sock = NULL;
+        int64_t t0 = 0, t1 = 0;
+        size_t sent = 0, acked = 0;
+        int r;
+
+        r = ctx_new(&ctx);
+        if (r < 0)
+                return r;
+        sock = zmq_socket(ctx, ZMQ_DEALER);
+        if (!sock)
+                return zmq_done(ctx, NULL, zerr());
+        r = sock_set_int(sock, ZMQ_RCVTIMEO, ZMQRAW_POLL_MS);
+        if (r >= 0)
+                r = sock_set_int(sock, ZMQ_LINGER, 0);
+        if (r >= 0 && zmq_connect(sock, endpoint) < 0)
+                r = zerr();
+        /* Handshake: an empty message, answered once the child has bound. */
+        if (r >= 0 && zmq_send(sock, "", 0, 0) < 0)
+                r = zerr();
+        if (r >= 0)
+                r = ack_recv(sock, pid, reaped, wstatus);
+        if (r >= 0)
+                r = now_ns(&t0);
+
+        while (r >= 0 && acked < nmsg) {
+                if (sent < nmsg && sent - acked < ZMQRAW_WINDOW) {
+                        zmq_msg_t m;
+                        size_t len = sent + 1 == nmsg ? last_bytes : msg_bytes;
+
+                        /* No free function: buf outlives the context. */
+                        if (zmq_msg_init_data(&m, (void *) buf, len, NULL, NULL) < 0) {
+                                r = zerr();
+                                break;
+                        }
+                        if (zmq_msg_send(&m, sock, 0) < 0) {
+                                r = zerr();
+                                (void) zmq_msg_close(&m);
+                                break;
+                        }
+                        sent++;
+                        continue;
+                }
+                r = ack_recv(sock, pid, reaped, wstatus);
+                if (r >= 0)
+                        acked++;
+        }
+        if (r >= 0)
+                r = now_ns(&t1);
+        r = zmq_done(ctx, sock, r < 0 ? r : 0);
+        if (r < 0)
+                return r;
+        *ret_ns = t1 - t0;
+        return 0;
+}
+
+int zmqraw_measure(const char *endpoint, size_t msg_bytes, size_t total_bytes, double *ret_gbps) {
+        size_t nmsg, last_bytes;
+        uint8_t *buf;
+        int64_t ns = 0;
+        bool reaped = false;
+        int wstatus = 0, r;
+        pid_t pid;
+
+        if (!endpoint || !ret_gbps || msg_bytes == 0 || total_bytes == 0)
+                return -EINVAL;
+        nmsg = total_bytes / msg_bytes + (total_bytes % msg_bytes != 0);
+        last_bytes = total_bytes - (nmsg - 1) * msg_bytes;
+
+        /* Pre-faulted, so that page faults are not part of the measure. */
+        buf = malloc(msg_bytes);
+        if (!buf)
+                return -ENOMEM;
+        memset(buf, 0xa5, msg_bytes);
+
+        pid = fork();
+        if (pid < 0) {
+                r = -errno;
+                free(buf);
+                return r;
+        }
+        if (pid == 0) {
+                r = receiver_run(endpoint, nmsg, msg_bytes, last_bytes);
+                _exit(r < 0 ? (-r > 255 ? 255 : -r) : 0);
+        }
+
+        r = sender_run(endpoint, pid, buf, nmsg, msg_bytes, last_bytes, &reaped, &wstatus, &ns);
+        free(buf);
+        if (r < 0 && !reaped)
+                (void) kill(pid, SIGKILL);
+        while (!reaped) {
+                if (waitpid(pid, &wstatus, 0) == pid)
+                        reaped = true;
+                else if (errno != EINTR)
+                        return r < 0 ? r : -errno;
+        }
+        /* The child's view wins where it has one: it says why the sender failed. */
+        if (WIFEXITED(wstatus) && WEXITSTATUS(wstatus) != 0)
+                return -WEXITSTATUS(wstatus);
+        if (r < 0)
+                return r;
+        if (!WIFEXITED(wstatus))
+                return -ECHILD;
+        if (ns <= 0)
+                ns = 1;
+        *ret_gbps = (double) total_bytes / (double) ns;  /* bytes/ns = GB/s */
+        return 0;
+}
+
+#ifdef ZMQRAW_MAIN
+#include <stdio.h>
+
+int main(void) {
+        const size_t sizes[] = { 1u << 20, 16u << 20 };
+        const size_t total = (size_t) 2 << 30;
+        char ipc[64];
+        const char *endpoints[2] = { ipc, "tcp://127.0.0.1:45599" };
+        int ret = 0, r;
+
+        r = snprintf(ipc, sizeof(ipc), "ipc:///tmp/zmqraw-%d.ipc", (int) getpid());
+        if (r < 0 || (size_t) r >= sizeof(ipc))
+                return 1;
+        for (size_t e = 0; e < 2; e++)
+                for (size_t s = 0; s < 2; s++) {
+                        double gbps;
+
+                        r = zmqraw_measure(endpoints[e], sizes[s], total, &gbps);
+                        if (r < 0) {
+                                fprintf(stderr, "%s %zu MiB: %s\n", endpoints[e], sizes[s] >> 20,
+                                        strerror(-r));
+                                ret = 1;
+                                continue;
+                        }
+                        printf("%-32s msg %2zu MiB  total %zu MiB  %6.2f GB/s\n", endpoints[e],
+                               sizes[s] >> 20, total >> 20, gbps);
+                }
+        return ret;
+}
+#endif
