@@ -1,0 +1,633 @@
+/* pscoord: membership, leases, shard map, job lifecycle, status; see coord.h.
+ * One thread: zmq_poll over the control ROUTER and a signalfd. Every change of
+ * job, map or membership is pushed to the peers as MSG_CONFIG. */
+#include <errno.h>
+#include <signal.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/signalfd.h>
+#include <unistd.h>
+#include "alloc.h"
+#include "coord.h"
+#include "coordlink.h"
+#include "errors.h"
+#include "log.h"
+#include "shardmap.h"
+#include "wire.h"
+
+#define COORD_MAX_PEERS 4096
+
+typedef struct Peer {
+        uint32_t id;
+        Psnet__Role role;
+        zmq_msg_t route;
+        char *endpoint;
+        uint64_t last_seen;
+        uint32_t pid;
+        uint32_t rank;
+        Psnet__ShardInfo shard;     /* last reported stats (endpoint not owned) */
+        Psnet__WorkerInfo worker;
+        bool done;
+} Peer;
+
+typedef struct Coord {
+        const CoordConfig *cfg;
+        void *zctx, *sock;
+        Job job;
+        const char *state;          /* "waiting", "running", "done", "stopped" */
+        Peer *peers;
+        size_t npeers;
+        uint32_t next_worker_id;
+        ShardMap *map;
+        uint64_t map_epoch, members_epoch;
+        float accuracy;
+        bool has_accuracy;
+        uint64_t start_ms, job_start_ms, job_end_ms;
+        uint64_t errors;
+        bool stopping;
+} Coord;
+
+static size_t count_role(const Coord *c, Psnet__Role role) {
+        size_t n = 0;
+        for (size_t i = 0; i < c->npeers; i++)
+                n += c->peers[i].role == role;
+        return n;
+}
+
+static Peer *find_peer(Coord *c, Psnet__Role role, uint32_t id) {
+        for (size_t i = 0; i < c->npeers; i++)
+                if (c->peers[i].role == role && c->peers[i].id == id)
+                        return &c->peers[i];
+        return NULL;
+}
+
+/* The peer that sent a message: matched by its ZeroMQ identity. */
+static Peer *find_route(Coord *c, const zmq_msg_t *route) {
+        size_t n = zmq_msg_size((zmq_msg_t *) route);
+        for (size_t i = 0; i < c->npeers; i++) {
+                zmq_msg_t *r = &c->peers[i].route;
+                if (zmq_msg_size(r) == n && memcmp(zmq_msg_data(r), zmq_msg_data((zmq_msg_t *) route), n) == 0)
+                        return &c->peers[i];
+        }
+        return NULL;
+}
+
+static void peer_done(Peer *p) {
+        zmq_msg_close(&p->route);
+        ps_free(p->endpoint);
+}
+
+static void remove_peer(Coord *c, Peer *p) {
+        size_t i = (size_t) (p - c->peers);
+        peer_done(p);
+        memmove(&c->peers[i], &c->peers[i + 1], (c->npeers - i - 1) * sizeof *p);
+        c->npeers--;
+}
+
+static int reply(Coord *c, const zmq_msg_t *route, Psnet__MsgType type, uint64_t seq,
+                 Psnet__Control *ctl) {
+        Psnet__Header h;
+        wire_header_init(&h, type);
+        h.has_seq = true;
+        h.seq = seq;
+        h.ctl = ctl;
+        h.has_job = true;
+        h.job = c->job.id;
+        return wire_send(c->sock, route, &h, NULL, 0);
+}
+
+static int reply_error(Coord *c, const zmq_msg_t *route, uint64_t seq, int status, const char *reason) {
+        c->errors++;
+        log_warning("refused request reason=\"%s\" status=%s", reason, status_name(status));
+        return wire_send_error(c->sock, route, status, seq, reason);
+}
+
+static int cmp_peer_id(const void *a, const void *b) {
+        const Peer *const *x = a, *const *y = b;
+        return (*x)->id < (*y)->id ? -1 : (*x)->id > (*y)->id;
+}
+
+/* Workers in id order (ranks follow this order). Caller frees. */
+static Peer **sorted_workers(Coord *c, size_t *ret_n) {
+        size_t n = count_role(c, PSNET__ROLE__ROLE_WORKER), j = 0;
+        Peer **v = ps_malloc((n ? n : 1) * sizeof *v);
+        if (!v)
+                return NULL;
+        for (size_t i = 0; i < c->npeers; i++)
+                if (c->peers[i].role == PSNET__ROLE__ROLE_WORKER)
+                        v[j++] = &c->peers[i];
+        qsort(v, n, sizeof *v, cmp_peer_id);
+        *ret_n = n;
+        return v;
+}
+
+/* Sends job, map, membership and state to one peer. */
+static int send_config(Coord *c, Peer *p, Psnet__JobSpec *spec, Psnet__ShardMap *pm,
+                       Psnet__Membership *mem, uint32_t nworkers) {
+        Psnet__Control ctl = PSNET__CONTROL__INIT;
+        ctl.job = spec;
+        ctl.map = pm;
+        ctl.members = mem;
+        ctl.job_state = (char *) c->state;
+        if (p->role == PSNET__ROLE__ROLE_WORKER) {
+                ctl.has_rank = ctl.has_nworkers = true;
+                ctl.rank = p->rank;
+                ctl.nworkers = nworkers;
+        }
+        ctl.has_assigned_id = true;
+        ctl.assigned_id = p->id;
+        return reply(c, &p->route, PSNET__MSG_TYPE__MSG_CONFIG, 0, &ctl);
+}
+
+/* Publishes the current job, map and membership to every shard and worker. */
+static void publish(Coord *c) {
+        Psnet__JobSpec *spec = NULL;
+        size_t nw = 0;
+        _cleanup_free_ Peer **workers = sorted_workers(c, &nw);
+        _cleanup_free_ uint32_t *ids = ps_malloc((nw ? nw : 1) * sizeof *ids);
+        _cleanup_free_ Psnet__ShardInfo *si = NULL;
+        _cleanup_free_ Psnet__ShardInfo **sip = NULL;
+        Psnet__ShardMap pm = PSNET__SHARD_MAP__INIT;
+        Psnet__Membership mem = PSNET__MEMBERSHIP__INIT;
+
+        if (!workers || !ids || job_to_proto(&c->job, &spec) < 0) {
+                log_error("out of memory while publishing the configuration");
+                return;
+        }
+        for (size_t i = 0; i < nw; i++) {
+                ids[i] = workers[i]->id;
+                workers[i]->rank = (uint32_t) i;
+        }
+        mem.epoch = c->members_epoch;
+        mem.n_workers = nw;
+        mem.workers = ids;
+        if (c->map) {
+                size_t n = shardmap_size(c->map);
+                si = ps_calloc(n, sizeof *si);
+                sip = ps_calloc(n, sizeof *sip);
+                if (!si || !sip) {
+                        job_proto_free(spec);
+                        return;
+                }
+                for (size_t i = 0; i < n; i++) {
+                        psnet__shard_info__init(&si[i]);
+                        si[i].id = shardmap_shard(c->map, i)->id;
+                        si[i].endpoint = shardmap_shard(c->map, i)->endpoint;
+                        sip[i] = &si[i];
+                }
+                pm.epoch = shardmap_epoch(c->map);
+                pm.vnodes = shardmap_vnodes(c->map);
+                pm.n_shards = n;
+                pm.shards = sip;
+        }
+        /* Shards first, so a worker's first request finds its shard configured. */
+        for (int pass = 0; pass < 2; pass++)
+                for (size_t i = 0; i < c->npeers; i++) {
+                        Peer *p = &c->peers[i];
+                        if (p->role != (pass == 0 ? PSNET__ROLE__ROLE_SERVER : PSNET__ROLE__ROLE_WORKER))
+                                continue;
+                        int r = send_config(c, p, c->map ? spec : NULL, c->map ? &pm : NULL, &mem,
+                                            (uint32_t) nw);
+                        if (r < 0)
+                                log_warning_errno(r, "Failed to send configuration to peer=%u: %m", p->id);
+                }
+        job_proto_free(spec);
+}
+
+static int build_map(Coord *c) {
+        size_t n = count_role(c, PSNET__ROLE__ROLE_SERVER), j = 0;
+        _cleanup_free_ ShardDesc *d = ps_calloc(n ? n : 1, sizeof *d);
+        if (!d)
+                return -ENOMEM;
+        for (size_t i = 0; i < c->npeers; i++)
+                if (c->peers[i].role == PSNET__ROLE__ROLE_SERVER) {
+                        d[j].id = c->peers[i].id;
+                        d[j].endpoint = c->peers[i].endpoint;
+                        j++;
+                }
+        ShardMap *m;
+        int r = shardmap_new(++c->map_epoch, c->cfg->vnodes, d, n, &m);
+        if (r < 0)
+                return r;
+        shardmap_free(c->map);
+        c->map = m;
+        return 0;
+}
+
+/* Starts the job once the expected shards and workers are there. */
+static void maybe_start(Coord *c) {
+        if (strcmp(c->state, "waiting") != 0)
+                return;
+        size_t ns = count_role(c, PSNET__ROLE__ROLE_SERVER), nw = count_role(c, PSNET__ROLE__ROLE_WORKER);
+        if (ns == 0 || ns < MAX(c->job.expect_shards, 1u) || nw < MAX(c->job.expect_workers, 1u))
+                return;
+        int r = build_map(c);
+        if (r < 0) {
+                log_error_errno(r, "Failed to build the shard map: %m");
+                return;
+        }
+        c->state = "running";
+        c->members_epoch++;
+        c->job_start_ms = now_ms();
+        c->has_accuracy = false;
+        log_info("job started job=%u model=%s mode=%s shards=%zu workers=%zu map_epoch=%lu",
+                 c->job.id, c->job.model, c->job.mode == MODE_BSP ? "bsp" : "asp", ns, nw,
+                 (unsigned long) c->map_epoch);
+        publish(c);
+}
+
+static void membership_changed(Coord *c) {
+        if (strcmp(c->state, "running") != 0) {
+                maybe_start(c);
+                return;
+        }
+        c->members_epoch++;
+        size_t nw = count_role(c, PSNET__ROLE__ROLE_WORKER);
+        bool any_done = false;
+        for (size_t i = 0; i < c->npeers; i++)
+                any_done |= c->peers[i].role == PSNET__ROLE__ROLE_WORKER && c->peers[i].done;
+        if (nw == 0 && c->has_accuracy) {
+                c->state = "done";
+                c->job_end_ms = now_ms();
+                log_info("job done job=%u accuracy=%.4f seconds=%.1f", c->job.id, c->accuracy,
+                         (double) (c->job_end_ms - c->job_start_ms) / 1000.0);
+        }
+        (void) any_done;
+        log_info("membership epoch=%lu workers=%zu", (unsigned long) c->members_epoch, nw);
+        publish(c);
+}
+
+static void handle_register(Coord *c, WireMsg *m) {
+        Psnet__Header *h = m->hdr;
+        const Psnet__Register *reg = h->ctl ? h->ctl->reg : NULL;
+        char reason[160];
+        if (!reg) {
+                reply_error(c, &m->route, h->seq, PSNET__STATUS__STATUS_MALFORMED, "REGISTER needs ctl.reg");
+                return;
+        }
+        if (reg->role != PSNET__ROLE__ROLE_SERVER && reg->role != PSNET__ROLE__ROLE_WORKER) {
+                snprintf(reason, sizeof reason, "role %d cannot register (servers and workers can)", reg->role);
+                reply_error(c, &m->route, h->seq, PSNET__STATUS__STATUS_INVALID, reason);
+                return;
+        }
+        if (reg->role == PSNET__ROLE__ROLE_SERVER &&
+            (!reg->has_want_id || reg->want_id == 0 || !reg->endpoint || !reg->endpoint[0] ||
+             strlen(reg->endpoint) > 255)) {
+                reply_error(c, &m->route, h->seq, PSNET__STATUS__STATUS_INVALID,
+                            "a shard registers with its id (>= 1) and endpoint");
+                return;
+        }
+        if (c->npeers >= COORD_MAX_PEERS) {
+                reply_error(c, &m->route, h->seq, PSNET__STATUS__STATUS_INVALID, "too many peers");
+                return;
+        }
+        Peer *p = find_route(c, &m->route);
+        if (p) /* the same connection registers again: start over */
+                remove_peer(c, p);
+        uint32_t id;
+        if (reg->role == PSNET__ROLE__ROLE_SERVER) {
+                id = reg->want_id;
+                Peer *old = find_peer(c, PSNET__ROLE__ROLE_SERVER, id);
+                if (old) {
+                        log_warning("shard re-registered (restart?) shard_id=%u", id);
+                        remove_peer(c, old);
+                }
+        } else {
+                id = reg->has_want_id && reg->want_id && !find_peer(c, PSNET__ROLE__ROLE_WORKER, reg->want_id)
+                             ? reg->want_id
+                             : ++c->next_worker_id;
+                c->next_worker_id = MAX(c->next_worker_id, id);
+        }
+        Peer *np = ps_realloc(c->peers, (c->npeers + 1) * sizeof *np);
+        if (!np) {
+                reply_error(c, &m->route, h->seq, PSNET__STATUS__STATUS_SHUTTING_DOWN, "out of memory");
+                return;
+        }
+        c->peers = np;
+        p = &c->peers[c->npeers++];
+        memset(p, 0, sizeof *p);
+        p->id = id;
+        p->role = reg->role;
+        zmq_msg_init(&p->route);
+        (void) zmq_msg_copy(&p->route, &m->route);
+        p->endpoint = ps_strdup(reg->endpoint);
+        p->pid = reg->has_pid ? reg->pid : 0;
+        p->last_seen = now_ms();
+        psnet__shard_info__init(&p->shard);
+        psnet__worker_info__init(&p->worker);
+
+        Psnet__Control ctl = PSNET__CONTROL__INIT;
+        ctl.has_assigned_id = ctl.has_lease_ms = true;
+        ctl.assigned_id = id;
+        ctl.lease_ms = c->cfg->lease_ms;
+        ctl.job_state = (char *) c->state;
+        int r = reply(c, &m->route, PSNET__MSG_TYPE__MSG_REGISTER_REP, h->seq, &ctl);
+        if (r < 0)
+                log_warning_errno(r, "Failed to answer registration: %m");
+        log_info("registered role=%s id=%u pid=%u endpoint=%s",
+                 reg->role == PSNET__ROLE__ROLE_SERVER ? "shard" : "worker", id, p->pid,
+                 reg->endpoint ? reg->endpoint : "-");
+        if (reg->role == PSNET__ROLE__ROLE_SERVER && c->map && shardmap_find(c->map, id) >= 0) {
+                /* A shard of the current map came back: give it the job again. */
+                publish(c);
+                return;
+        }
+        membership_changed(c);
+}
+
+static void handle_heartbeat(Coord *c, WireMsg *m, Peer *p) {
+        Psnet__Header *h = m->hdr;
+        p->last_seen = now_ms();
+        if (h->ctl && h->ctl->shard_stats && p->role == PSNET__ROLE__ROLE_SERVER) {
+                const Psnet__ShardInfo *s = h->ctl->shard_stats;
+                p->shard = *s;
+                p->shard.base = (ProtobufCMessage) PROTOBUF_C_MESSAGE_INIT(&psnet__shard_info__descriptor);
+                p->shard.endpoint = NULL;
+        }
+        if (h->ctl && h->ctl->worker_stats && p->role == PSNET__ROLE__ROLE_WORKER) {
+                p->worker = *h->ctl->worker_stats;
+                p->worker.base = (ProtobufCMessage) PROTOBUF_C_MESSAGE_INIT(&psnet__worker_info__descriptor);
+        }
+        int r = reply(c, &m->route, PSNET__MSG_TYPE__MSG_HEARTBEAT_REP, h->seq, NULL);
+        if (r < 0)
+                log_warning_errno(r, "Failed to answer heartbeat: %m");
+}
+
+static void handle_status(Coord *c, WireMsg *m) {
+        size_t ns = count_role(c, PSNET__ROLE__ROLE_SERVER), nw = 0, j = 0;
+        _cleanup_free_ Psnet__ShardInfo *si = ps_calloc(ns ? ns : 1, sizeof *si);
+        _cleanup_free_ Psnet__ShardInfo **sip = ps_calloc(ns ? ns : 1, sizeof *sip);
+        _cleanup_free_ Peer **workers = sorted_workers(c, &nw);
+        _cleanup_free_ Psnet__WorkerInfo *wi = ps_calloc(nw ? nw : 1, sizeof *wi);
+        _cleanup_free_ Psnet__WorkerInfo **wip = ps_calloc(nw ? nw : 1, sizeof *wip);
+        Psnet__JobSpec *spec = NULL;
+        Psnet__ShardMap pm = PSNET__SHARD_MAP__INIT;
+        Psnet__Control ctl = PSNET__CONTROL__INIT;
+
+        if (!si || !sip || !workers || !wi || !wip || job_to_proto(&c->job, &spec) < 0) {
+                reply_error(c, &m->route, m->hdr->seq, PSNET__STATUS__STATUS_SHUTTING_DOWN, "out of memory");
+                return;
+        }
+        for (size_t i = 0; i < c->npeers; i++) {
+                Peer *p = &c->peers[i];
+                if (p->role != PSNET__ROLE__ROLE_SERVER)
+                        continue;
+                si[j] = p->shard;
+                si[j].id = p->id;
+                si[j].endpoint = p->endpoint;
+                sip[j] = &si[j];
+                j++;
+        }
+        for (size_t i = 0; i < nw; i++) {
+                wi[i] = workers[i]->worker;
+                wi[i].id = workers[i]->id;
+                wi[i].has_rank = wi[i].has_pid = wi[i].has_done = true;
+                wi[i].rank = workers[i]->rank;
+                wi[i].pid = workers[i]->pid;
+                wi[i].done = workers[i]->done;
+                wip[i] = &wi[i];
+        }
+        pm.epoch = c->map_epoch;
+        pm.vnodes = c->cfg->vnodes;
+        pm.n_shards = ns;
+        pm.shards = sip;
+        ctl.job = spec;
+        ctl.map = &pm;
+        ctl.n_workers = nw;
+        ctl.workers = wip;
+        ctl.job_state = (char *) c->state;
+        ctl.coord_endpoint = c->cfg->listen;
+        ctl.has_uptime_ms = true;
+        ctl.uptime_ms = now_ms() - c->start_ms;
+        ctl.has_accuracy = c->has_accuracy;
+        ctl.accuracy = c->accuracy;
+        Psnet__Membership mem = PSNET__MEMBERSHIP__INIT;
+        mem.epoch = c->members_epoch;
+        ctl.members = &mem;
+        int r = reply(c, &m->route, PSNET__MSG_TYPE__MSG_STATUS_REP, m->hdr->seq, &ctl);
+        if (r < 0)
+                log_warning_errno(r, "Failed to answer status: %m");
+        job_proto_free(spec);
+}
+
+static void handle_job_submit(Coord *c, WireMsg *m) {
+        char err[192];
+        Job job;
+        if (!m->hdr->ctl || !m->hdr->ctl->job) {
+                reply_error(c, &m->route, m->hdr->seq, PSNET__STATUS__STATUS_MALFORMED, "JOB_SUBMIT needs ctl.job");
+                return;
+        }
+        if (strcmp(c->state, "running") == 0) {
+                reply_error(c, &m->route, m->hdr->seq, PSNET__STATUS__STATUS_INVALID,
+                            "a job is running: stop it first (psctl job stop)");
+                return;
+        }
+        if (job_from_proto(m->hdr->ctl->job, &job, err, sizeof err) < 0) {
+                reply_error(c, &m->route, m->hdr->seq, PSNET__STATUS__STATUS_INVALID, err);
+                return;
+        }
+        job.id = c->job.id + 1;
+        c->job = job;
+        c->state = "waiting";
+        c->has_accuracy = false;
+        log_info("job submitted job=%u model=%s mode=%s", job.id, job.model, job.mode == MODE_BSP ? "bsp" : "asp");
+        Psnet__Control ctl = PSNET__CONTROL__INIT;
+        ctl.job_state = (char *) c->state;
+        (void) reply(c, &m->route, PSNET__MSG_TYPE__MSG_JOB_REP, m->hdr->seq, &ctl);
+        maybe_start(c);
+}
+
+static void handle_job_stop(Coord *c, WireMsg *m) {
+        if (strcmp(c->state, "running") != 0 && strcmp(c->state, "waiting") != 0) {
+                char reason[96];
+                snprintf(reason, sizeof reason, "job %u is not running (it is %s)", c->job.id, c->state);
+                reply_error(c, &m->route, m->hdr->seq, PSNET__STATUS__STATUS_INVALID, reason);
+                return;
+        }
+        c->state = "stopped";
+        c->job_end_ms = now_ms();
+        log_info("job stopped job=%u", c->job.id);
+        Psnet__Control ctl = PSNET__CONTROL__INIT;
+        ctl.job_state = (char *) c->state;
+        (void) reply(c, &m->route, PSNET__MSG_TYPE__MSG_JOB_REP, m->hdr->seq, &ctl);
+        publish(c);
+}
+
+static void handle_result(Coord *c, WireMsg *m, Peer *p) {
+        const Psnet__WorkerInfo *wi = m->hdr->ctl ? m->hdr->ctl->worker_stats : NULL;
+        if (!wi || p->role != PSNET__ROLE__ROLE_WORKER) {
+                reply_error(c, &m->route, m->hdr->seq, PSNET__STATUS__STATUS_MALFORMED,
+                            "RESULT needs ctl.worker_stats from a worker");
+                return;
+        }
+        p->worker = *wi;
+        p->worker.base = (ProtobufCMessage) PROTOBUF_C_MESSAGE_INIT(&psnet__worker_info__descriptor);
+        p->done = true;
+        if (wi->has_accuracy) {
+                c->accuracy = wi->accuracy;
+                c->has_accuracy = true;
+                log_info("result worker=%u accuracy=%.4f", p->id, wi->accuracy);
+        }
+        (void) reply(c, &m->route, PSNET__MSG_TYPE__MSG_HEARTBEAT_REP, m->hdr->seq, NULL);
+}
+
+static void handle_message(Coord *c, WireMsg *m) {
+        Psnet__Header *h = m->hdr;
+        char reason[128];
+        switch (h->type) {
+        case PSNET__MSG_TYPE__MSG_REGISTER:
+                handle_register(c, m);
+                return;
+        case PSNET__MSG_TYPE__MSG_STATUS:
+                handle_status(c, m);
+                return;
+        case PSNET__MSG_TYPE__MSG_JOB_SUBMIT:
+                handle_job_submit(c, m);
+                return;
+        case PSNET__MSG_TYPE__MSG_JOB_STOP:
+                handle_job_stop(c, m);
+                return;
+        case PSNET__MSG_TYPE__MSG_HEARTBEAT:
+        case PSNET__MSG_TYPE__MSG_DEREGISTER:
+        case PSNET__MSG_TYPE__MSG_RESULT:
+                break;
+        default:
+                snprintf(reason, sizeof reason, "pscoord does not serve message type %d", h->type);
+                reply_error(c, &m->route, h->seq, PSNET__STATUS__STATUS_UNKNOWN_TYPE, reason);
+                return;
+        }
+        Peer *p = find_route(c, &m->route);
+        if (!p) {
+                reply_error(c, &m->route, h->seq, PSNET__STATUS__STATUS_UNKNOWN_PEER,
+                            "not registered (or the lease expired): register first");
+                return;
+        }
+        if (h->type == PSNET__MSG_TYPE__MSG_HEARTBEAT)
+                handle_heartbeat(c, m, p);
+        else if (h->type == PSNET__MSG_TYPE__MSG_RESULT)
+                handle_result(c, m, p);
+        else {
+                bool worker = p->role == PSNET__ROLE__ROLE_WORKER;
+                log_info("deregistered role=%s id=%u", worker ? "worker" : "shard", p->id);
+                (void) reply(c, &m->route, PSNET__MSG_TYPE__MSG_DEREGISTER_REP, h->seq, NULL);
+                remove_peer(c, p);
+                if (worker)
+                        membership_changed(c);
+        }
+}
+
+static void expire_leases(Coord *c) {
+        uint64_t now = now_ms();
+        bool changed = false;
+        for (size_t i = 0; i < c->npeers;) {
+                Peer *p = &c->peers[i];
+                if (now - p->last_seen <= c->cfg->lease_ms) {
+                        i++;
+                        continue;
+                }
+                bool worker = p->role == PSNET__ROLE__ROLE_WORKER;
+                log_warning("lease expired role=%s id=%u silent_ms=%lu", worker ? "worker" : "shard", p->id,
+                            (unsigned long) (now - p->last_seen));
+                remove_peer(c, p);
+                changed |= worker;
+        }
+        if (changed)
+                membership_changed(c);
+}
+
+static int open_signalfd(void) {
+        sigset_t mask;
+        sigemptyset(&mask);
+        sigaddset(&mask, SIGTERM);
+        sigaddset(&mask, SIGINT);
+        sigaddset(&mask, SIGHUP);
+        if (sigprocmask(SIG_BLOCK, &mask, NULL) < 0)
+                return -errno;
+        int fd = signalfd(-1, &mask, SFD_CLOEXEC | SFD_NONBLOCK);
+        return fd < 0 ? -errno : fd;
+}
+
+int coord_run(const CoordConfig *cfg) {
+        Coord c = { .cfg = cfg, .job = cfg->job, .state = "waiting" };
+        int r = 0, sfd = -1, zero = 0;
+        int64_t maxmsg = 1 << 20;
+
+        c.start_ms = now_ms();
+        c.zctx = zmq_ctx_new();
+        if (!c.zctx)
+                return log_error_errno(errno, "Failed to create ZeroMQ context: %m");
+        (void) zmq_ctx_set(c.zctx, ZMQ_IO_THREADS, 1);
+        c.sock = zmq_socket(c.zctx, ZMQ_ROUTER);
+        if (!c.sock) {
+                r = log_error_errno(errno, "Failed to create socket: %m");
+                goto finish;
+        }
+        (void) zmq_setsockopt(c.sock, ZMQ_LINGER, &zero, sizeof zero);
+        (void) zmq_setsockopt(c.sock, ZMQ_MAXMSGSIZE, &maxmsg, sizeof maxmsg);
+        r = endpoint_prepare(cfg->listen);
+        if (r < 0) {
+                log_error_errno(r, "Cannot use %s: %m", cfg->listen);
+                goto finish;
+        }
+        if (zmq_bind(c.sock, cfg->listen) < 0) {
+                r = log_error_errno(errno, "Failed to bind %s: %m", cfg->listen);
+                goto finish;
+        }
+        sfd = open_signalfd();
+        if (sfd < 0) {
+                r = log_error_errno(sfd, "Failed to set up signals: %m");
+                goto finish;
+        }
+        log_info("listening endpoint=%s job=%u model=%s mode=%s expect_shards=%u expect_workers=%u",
+                 cfg->listen, c.job.id, c.job.model, c.job.mode == MODE_BSP ? "bsp" : "asp",
+                 c.job.expect_shards, c.job.expect_workers);
+
+        while (!c.stopping) {
+                zmq_pollitem_t items[] = {
+                        { .socket = c.sock, .events = ZMQ_POLLIN },
+                        { .fd = sfd, .events = ZMQ_POLLIN },
+                };
+                r = zmq_poll(items, 2, MAX(cfg->lease_ms / 4, 20u));
+                if (r < 0) {
+                        if (errno == EINTR)
+                                continue;
+                        r = log_error_errno(errno, "zmq_poll failed: %m");
+                        break;
+                }
+                if (items[1].revents & ZMQ_POLLIN) {
+                        struct signalfd_siginfo si;
+                        if (read(sfd, &si, sizeof si) == (ssize_t) sizeof si) {
+                                if (si.ssi_signo == SIGHUP)
+                                        log_info("SIGHUP: nothing to reload");
+                                else {
+                                        log_info("stopping signal=%s", strsignal((int) si.ssi_signo));
+                                        c.stopping = true;
+                                }
+                        }
+                }
+                for (int budget = 256; budget > 0; budget--) {
+                        WireMsg m;
+                        r = wire_recv(c.sock, true, ZMQ_DONTWAIT, &m);
+                        if (r == 0)
+                                handle_message(&c, &m);
+                        else if (r == -EBADMSG && m.has_route)
+                                reply_error(&c, &m.route, m.hdr ? m.hdr->seq : 0, m.status, m.reason);
+                        wire_msg_done(&m);
+                        if (r < 0 && r != -EBADMSG)
+                                break;
+                }
+                r = 0;
+                expire_leases(&c);
+        }
+finish:
+        for (size_t i = 0; i < c.npeers; i++)
+                peer_done(&c.peers[i]);
+        ps_free(c.peers);
+        shardmap_free(c.map);
+        if (sfd >= 0)
+                close(sfd);
+        if (c.sock)
+                zmq_close(c.sock);
+        zmq_ctx_term(c.zctx);
+        return r;
+}

@@ -1,0 +1,16 @@
+/* pscoord's state and logic: membership (shards, workers, leases), the shard
+ * map, the job and its lifecycle, and answers to psctl. The event loop that
+ * feeds it is in coord.c too; pscoord.c holds only main. */
+#pragma once
+#include <stdint.h>
+#include "job.h"
+
+typedef struct CoordConfig {
+        char *listen;
+        unsigned lease_ms;
+        unsigned vnodes;
+        Job job;            /* the job pscoord starts with */
+} CoordConfig;
+
+/* Runs until SIGTERM/SIGINT; 0 after a clean stop, negative errno otherwise. */
+int coord_run(const CoordConfig *cfg);

@@ -1,0 +1,22 @@
+/* The job options shared by pscoord (the job it starts with) and
+ * "psctl job submit": one table, so both speak the same flags. */
+#pragma once
+#include <stddef.h>
+#include "config.h"
+#include "job.h"
+
+#define JOBFLAGS_NOPTS 16
+
+typedef struct JobFlags {
+        char *model, *mode, *optim, *data;
+        float lr, momentum, weight_decay;
+        unsigned epochs, batch, workers, shards, chunk_kb, train_limit, test_limit;
+        uint64_t seed;
+} JobFlags;
+
+/* Defaults from job_defaults(). */
+void jobflags_init(JobFlags *f);
+/* Writes the option table (JOBFLAGS_NOPTS entries) into opts; returns the count. */
+size_t jobflags_options(JobFlags *f, Option *opts);
+/* Builds a validated job; on failure writes why into err and returns -EINVAL. */
+int jobflags_to_job(const JobFlags *f, Job *ret, char *err, size_t errlen);

@@ -1,0 +1,65 @@
+/* pscoord: the coordinator. Owns membership (leases), the shard map and the job;
+ * answers psctl. Logic lives in coord.c. */
+#include <stdio.h>
+#include <stdlib.h>
+#include "config.h"
+#include "coord.h"
+#include "job-flags.h"
+#include "log.h"
+
+int main(int argc, char **argv) {
+        CoordConfig cfg = { .lease_ms = 3000, .vnodes = 64 };
+        JobFlags jf;
+        char *listen = NULL, *log_level = NULL;
+        Option opts[8 + JOBFLAGS_NOPTS] = {
+                { "listen", OPT_STR, &listen, "ENDPOINT", "control endpoint to bind (default ipc:///tmp/psnet/coord.sock)" },
+                { "lease-ms", OPT_UINT, &cfg.lease_ms, "MS", "a peer silent this long has left" },
+                { "vnodes", OPT_UINT, &cfg.vnodes, "N", "virtual nodes per shard in the hash ring" },
+                { "log-level", OPT_STR, &log_level, "LEVEL", "debug, info, warning or error" },
+        };
+        const ProgramInfo prog = {
+                .name = "pscoord", .summary = "psnet coordinator: membership, shard map, job", .usage = "[OPTIONS]",
+                .epilog = "The job options describe the job pscoord starts once the expected shards and\n"
+                          "workers have registered; psctl job submit replaces it later.\n"
+                          "Config file: --config /etc/psnet/pscoord.conf (keys as the long options).",
+        };
+        char err[192];
+        int optind_ = 0, r;
+
+        log_setup("pscoord");
+        jobflags_init(&jf);
+        size_t n = 4 + jobflags_options(&jf, opts + 4);
+        r = config_parse(&prog, opts, n, argc, argv, &optind_);
+        if (r != 0)
+                goto out;
+        if (optind_ < argc) {
+                fprintf(stderr, "pscoord: unexpected argument '%s' (see pscoord --help)\n", argv[optind_]);
+                r = -1;
+                goto out;
+        }
+        if (log_level) {
+                if (log_level_from_string(log_level) < 0) {
+                        fprintf(stderr, "pscoord: unknown log level '%s'\n", log_level);
+                        r = -1;
+                        goto out;
+                }
+                log_set_level(log_level_from_string(log_level));
+        }
+        if (cfg.lease_ms < 100 || cfg.vnodes == 0 || cfg.vnodes > 4096) {
+                fprintf(stderr, "pscoord: --lease-ms must be >= 100 and --vnodes 1..4096\n");
+                r = -1;
+                goto out;
+        }
+        if (jobflags_to_job(&jf, &cfg.job, err, sizeof err) < 0) {
+                fprintf(stderr, "pscoord: %s\n", err);
+                r = -1;
+                goto out;
+        }
+        cfg.listen = listen ? listen : (char *) "ipc:///tmp/psnet/coord.sock";
+        r = coord_run(&cfg);
+out:
+        config_free_strings(opts, n);
+        if (r > 0)
+                return EXIT_SUCCESS;
+        return r == 0 ? EXIT_SUCCESS : (r == -1 || r == -22 ? 2 : EXIT_FAILURE);
+}

@@ -1,0 +1,513 @@
+/* psd's event loop; see psd-server.h. One thread: zmq_poll over the data ROUTER,
+ * the pscoord link and a signalfd. Requests are pipelined: a BSP pull that must
+ * wait is parked and answered when its clock closes, while other requests go on. */
+#include <errno.h>
+#include <signal.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/signalfd.h>
+#include <unistd.h>
+#include "alloc.h"
+#include "coordlink.h"
+#include "errors.h"
+#include "log.h"
+#include "psd-server.h"
+#include "psd-store.h"
+
+typedef struct ParkedPull {
+        zmq_msg_t route;
+        Psnet__Header *hdr;   /* the request, owned */
+} ParkedPull;
+
+typedef struct Psd {
+        const PsdConfig *cfg;
+        void *zctx, *data;
+        CoordLink *coord;
+        Store *store;
+        ParkedPull *parked;
+        size_t nparked, cparked;
+        uint64_t errors;
+        uint64_t last_hb_sent, last_hb_reply;
+        bool stopping;
+} Psd;
+
+static int psd_reply_error(Psd *p, const zmq_msg_t *route, const Psnet__Header *req, int status,
+                           const char *reason) {
+        p->errors++;
+        log_warning("refused request reason=\"%s\" status=%s", reason, status_name(status));
+        Psnet__Header h;
+        wire_header_init(&h, PSNET__MSG_TYPE__MSG_ERROR);
+        h.has_status = true;
+        h.status = status;
+        h.reason = (char *) reason;
+        h.has_sender = true;
+        h.sender = p->cfg->id;
+        if (req && req->has_seq) {
+                h.has_seq = true;
+                h.seq = req->seq;
+        }
+        if (status == PSNET__STATUS__STATUS_MOVED && p->store->map) {
+                h.has_epoch = true;
+                h.epoch = shardmap_epoch(p->store->map);
+        }
+        return wire_send(p->data, route, &h, NULL, 0);
+}
+
+/* StoreAckFn: a PUSH request is settled. */
+static void psd_ack(void *userdata, PushReq *req) {
+        Psd *p = userdata;
+        Psnet__Header h;
+        wire_header_init(&h, PSNET__MSG_TYPE__MSG_PUSH_ACK);
+        h.has_seq = true;
+        h.seq = req->seq;
+        h.has_status = req->status != PSNET__STATUS__STATUS_OK;
+        h.status = req->status;
+        h.has_clock = true;
+        h.clock = req->clock;
+        h.has_sender = true;
+        h.sender = p->cfg->id;
+        if (req->status != PSNET__STATUS__STATUS_OK && req->status != PSNET__STATUS__STATUS_DUPLICATE)
+                log_warning("push refused worker=%u clock=%ld status=%s", req->worker,
+                            (long) req->clock, status_name(req->status));
+        int r = wire_send(p->data, &req->route, &h, NULL, 0);
+        if (r < 0)
+                log_warning_errno(r, "Failed to acknowledge push worker=%u: %m", req->worker);
+}
+
+/* Looks every key of a request up; on failure answers the error and returns false. */
+static bool psd_check_keys(Psd *p, const zmq_msg_t *route, const Psnet__Header *h, Chunk **chunks) {
+        char reason[192];
+        if (h->job != p->store->job.id) {
+                snprintf(reason, sizeof reason, "job %u is not served here (this shard serves job %u)",
+                         h->job, p->store->job.id);
+                psd_reply_error(p, route, h, PSNET__STATUS__STATUS_INVALID, reason);
+                return false;
+        }
+        for (size_t i = 0; i < h->n_keys; i++) {
+                int st;
+                const Psnet__Key *k = h->keys[i];
+                chunks[i] = store_lookup(p->store, k->tensor, k->chunk, k->len, &st);
+                if (chunks[i])
+                        continue;
+                if (st == PSNET__STATUS__STATUS_SIZE)
+                        snprintf(reason, sizeof reason,
+                                 "key (%u,%u) declares %u floats, the job's chunk has %u", k->tensor,
+                                 k->chunk, k->len, job_chunk_len(&p->store->job, k->tensor, k->chunk));
+                else if (st == PSNET__STATUS__STATUS_MOVED)
+                        snprintf(reason, sizeof reason, "key (%u,%u) is owned by another shard",
+                                 k->tensor, k->chunk);
+                else
+                        snprintf(reason, sizeof reason, "key (%u,%u) is not a key of job %u",
+                                 k->tensor, k->chunk, p->store->job.id);
+                psd_reply_error(p, route, h, st, reason);
+                return false;
+        }
+        return true;
+}
+
+static bool pull_ready(Psd *p, const Psnet__Header *h, Chunk **chunks) {
+        if (p->store->job.mode != MODE_BSP)
+                return true;
+        for (size_t i = 0; i < h->n_keys; i++)
+                if (chunks[i]->clock < h->clock)
+                        return false;
+        return true;
+}
+
+static int psd_send_values(Psd *p, const zmq_msg_t *route, const Psnet__Header *req, Chunk **chunks) {
+        size_t n = req->n_keys;
+        zmq_msg_t *frames = ps_malloc((n ? n : 1) * sizeof *frames);
+        if (!frames)
+                return -ENOMEM;
+        int64_t clock = -1;
+        for (size_t i = 0; i < n; i++) {
+                int r = store_value_msg(p->store, chunks[i], &frames[i]);
+                if (r < 0) {
+                        for (size_t j = 0; j < i; j++)
+                                zmq_msg_close(&frames[j]);
+                        ps_free(frames);
+                        return r;
+                }
+                if (clock < 0 || chunks[i]->clock < clock)
+                        clock = chunks[i]->clock;
+        }
+        Psnet__Header h;
+        wire_header_init(&h, PSNET__MSG_TYPE__MSG_PULL_REP);
+        h.has_seq = true;
+        h.seq = req->seq;
+        h.has_clock = true;
+        h.clock = clock < 0 ? 0 : clock;
+        h.has_sender = true;
+        h.sender = p->cfg->id;
+        h.has_job = true;
+        h.job = p->store->job.id;
+        h.n_keys = n;
+        h.keys = req->keys;
+        int r = wire_send(p->data, route, &h, frames, n);
+        ps_free(frames);
+        return r;
+}
+
+static int psd_park(Psd *p, WireMsg *m) {
+        if (p->nparked == p->cparked) {
+                size_t n = p->cparked ? p->cparked * 2 : 8;
+                ParkedPull *q = ps_realloc(p->parked, n * sizeof *q);
+                if (!q)
+                        return -ENOMEM;
+                p->parked = q;
+                p->cparked = n;
+        }
+        ParkedPull *pp = &p->parked[p->nparked++];
+        zmq_msg_init(&pp->route);
+        zmq_msg_move(&pp->route, &m->route);
+        pp->hdr = m->hdr;
+        m->hdr = NULL;
+        return 0;
+}
+
+/* Answers every parked pull whose clock has closed (or that can no longer be served). */
+static void psd_wake_parked(Psd *p) {
+        size_t j = 0;
+        for (size_t i = 0; i < p->nparked; i++) {
+                ParkedPull *pp = &p->parked[i];
+                Psnet__Header *h = pp->hdr;
+                Chunk *stack[64], **chunks = h->n_keys <= 64 ? stack : ps_malloc(h->n_keys * sizeof *chunks);
+                bool done = true;
+                if (!chunks) {
+                        p->parked[j++] = *pp;
+                        continue;
+                }
+                if (!psd_check_keys(p, &pp->route, h, chunks))
+                        done = true; /* answered with an error */
+                else if (pull_ready(p, h, chunks)) {
+                        int r = psd_send_values(p, &pp->route, h, chunks);
+                        if (r < 0)
+                                log_warning_errno(r, "Failed to answer pull: %m");
+                } else
+                        done = false;
+                if (chunks != stack)
+                        ps_free(chunks);
+                if (done) {
+                        zmq_msg_close(&pp->route);
+                        psnet__header__free_unpacked(h, NULL);
+                } else
+                        p->parked[j++] = *pp;
+        }
+        p->nparked = j;
+}
+
+static void psd_handle_data(Psd *p, WireMsg *m) {
+        Psnet__Header *h = m->hdr;
+        char reason[160];
+
+        if (h->type != PSNET__MSG_TYPE__MSG_PULL && h->type != PSNET__MSG_TYPE__MSG_PUSH) {
+                snprintf(reason, sizeof reason, "psd serves PULL and PUSH, not message type %d",
+                         h->type);
+                psd_reply_error(p, &m->route, h, PSNET__STATUS__STATUS_UNKNOWN_TYPE, reason);
+                return;
+        }
+        if (!p->store->has_job) {
+                psd_reply_error(p, &m->route, h, PSNET__STATUS__STATUS_NO_JOB,
+                                "no job is configured on this shard yet");
+                return;
+        }
+        if (h->n_keys == 0 || !h->has_clock || h->clock < 0 || !h->has_sender || !h->has_seq) {
+                psd_reply_error(p, &m->route, h, PSNET__STATUS__STATUS_MALFORMED,
+                                "PULL/PUSH need keys, clock >= 0, sender and seq");
+                return;
+        }
+        _cleanup_free_ Chunk **chunks = ps_malloc(h->n_keys * sizeof *chunks);
+        if (!chunks) {
+                psd_reply_error(p, &m->route, h, PSNET__STATUS__STATUS_SHUTTING_DOWN, "out of memory");
+                return;
+        }
+        if (!psd_check_keys(p, &m->route, h, chunks))
+                return;
+
+        if (h->type == PSNET__MSG_TYPE__MSG_PULL) {
+                if (!pull_ready(p, h, chunks)) {
+                        if (psd_park(p, m) < 0)
+                                psd_reply_error(p, &m->route, h, PSNET__STATUS__STATUS_SHUTTING_DOWN,
+                                                "out of memory");
+                        return;
+                }
+                int r = psd_send_values(p, &m->route, h, chunks);
+                if (r < 0)
+                        log_warning_errno(r, "Failed to answer pull: %m");
+                return;
+        }
+
+        /* PUSH: every key was checked above, so the request is applied whole or not at all. */
+        PushReq *req;
+        int r = pushreq_new(&m->route, h->seq, h->sender, h->clock, &req);
+        if (r < 0) {
+                psd_reply_error(p, &m->route, h, PSNET__STATUS__STATUS_SHUTTING_DOWN, "out of memory");
+                return;
+        }
+        for (size_t i = 0; i < h->n_keys; i++) {
+                r = store_push(p->store, chunks[i], req, &m->frames[i]);
+                if (r < 0) {
+                        log_error_errno(r, "Failed to apply push: %m");
+                        req->status = PSNET__STATUS__STATUS_SHUTTING_DOWN;
+                }
+        }
+        pushreq_settle(p->store, req, PSNET__STATUS__STATUS_OK);
+        psd_wake_parked(p);
+}
+
+static void psd_apply_config(Psd *p, const Psnet__Control *ctl) {
+        char err[192];
+        int r;
+        if (ctl->job && ctl->map) {
+                Job job;
+                ShardMap *map = NULL;
+                r = job_from_proto(ctl->job, &job, err, sizeof err);
+                if (r < 0) {
+                        log_error("pscoord sent a job that does not validate reason=\"%s\"", err);
+                        return;
+                }
+                r = shardmap_from_proto(ctl->map, &map);
+                if (r < 0) {
+                        log_error_errno(r, "pscoord sent a shard map that does not validate: %m");
+                        return;
+                }
+                bool fresh = !p->store->has_job || p->store->job.id != job.id;
+                r = store_configure(p->store, &job, map);
+                shardmap_free(map);
+                if (r < 0) {
+                        log_error_errno(r, "Failed to configure the store: %m");
+                        return;
+                }
+                if (fresh)
+                        log_info("job configured job=%u model=%s mode=%s keys=%lu bytes=%lu map_epoch=%lu",
+                                 job.id, job.model, job.mode == MODE_BSP ? "bsp" : "asp",
+                                 (unsigned long) p->store->nkeys, (unsigned long) p->store->bytes,
+                                 (unsigned long) ctl->map->epoch);
+        }
+        if (ctl->members) {
+                r = store_set_members(p->store, ctl->members->workers, ctl->members->n_workers,
+                                      ctl->members->epoch);
+                if (r < 0)
+                        log_error_errno(r, "Failed to set membership: %m");
+                else
+                        log_info("membership epoch=%lu workers=%zu", (unsigned long) ctl->members->epoch,
+                                 ctl->members->n_workers);
+        }
+        psd_wake_parked(p);
+}
+
+static int psd_register(Psd *p, unsigned timeout_ms) {
+        WireMsg m;
+        const char *adv = p->cfg->advertise ? p->cfg->advertise : p->cfg->listen;
+        int r = coordlink_register(p->coord, PSNET__ROLE__ROLE_SERVER, adv, p->cfg->id, timeout_ms, &m);
+        if (r == -ETIMEDOUT)
+                return log_error_errno(r, "pscoord at %s did not answer within %u s (is it running?)",
+                                       p->cfg->coord, timeout_ms / 1000);
+        if (r == -ECONNREFUSED) {
+                log_error("pscoord refused registration reason=\"%s\"",
+                          m.hdr && m.hdr->reason ? m.hdr->reason : "?");
+                wire_msg_done(&m);
+                return r;
+        }
+        if (r < 0)
+                return log_error_errno(r, "Failed to register with pscoord at %s: %m", p->cfg->coord);
+        log_info("registered coord=%s lease_ms=%u", p->cfg->coord, p->coord->lease_ms);
+        if (m.hdr->ctl)
+                psd_apply_config(p, m.hdr->ctl);
+        wire_msg_done(&m);
+        p->last_hb_reply = now_ms();
+        return 0;
+}
+
+static void psd_handle_coord(Psd *p, WireMsg *m) {
+        Psnet__Header *h = m->hdr;
+        switch (h->type) {
+        case PSNET__MSG_TYPE__MSG_CONFIG:
+                if (h->ctl)
+                        psd_apply_config(p, h->ctl);
+                break;
+        case PSNET__MSG_TYPE__MSG_HEARTBEAT_REP:
+                p->last_hb_reply = now_ms();
+                break;
+        case PSNET__MSG_TYPE__MSG_ERROR:
+                if (h->status == PSNET__STATUS__STATUS_UNKNOWN_PEER) {
+                        log_warning("pscoord does not know this shard (restarted?): registering again");
+                        (void) psd_register(p, 5000);
+                } else
+                        log_warning("pscoord error reason=\"%s\"", h->reason ? h->reason : "");
+                break;
+        default:
+                log_debug("ignoring message from pscoord type=%d", h->type);
+        }
+}
+
+static void psd_heartbeat(Psd *p) {
+        Psnet__Control ctl = PSNET__CONTROL__INIT;
+        Psnet__ShardInfo si = PSNET__SHARD_INFO__INIT;
+        si.id = p->cfg->id;
+        si.endpoint = p->cfg->advertise ? p->cfg->advertise : p->cfg->listen;
+        si.has_keys = si.has_bytes = si.has_clock = si.has_pushes = si.has_pulls = si.has_errors = true;
+        si.keys = p->store->nkeys;
+        si.bytes = p->store->bytes;
+        si.clock = store_clock(p->store);
+        si.pushes = p->store->pushes;
+        si.pulls = p->store->pulls;
+        si.errors = p->errors;
+        ctl.shard_stats = &si;
+        int r = coordlink_send(p->coord, PSNET__MSG_TYPE__MSG_HEARTBEAT, &ctl);
+        if (r < 0)
+                log_warning_errno(r, "Failed to send heartbeat: %m");
+        p->last_hb_sent = now_ms();
+}
+
+static int open_signalfd(void) {
+        sigset_t mask;
+        sigemptyset(&mask);
+        sigaddset(&mask, SIGTERM);
+        sigaddset(&mask, SIGINT);
+        sigaddset(&mask, SIGHUP);
+        if (sigprocmask(SIG_BLOCK, &mask, NULL) < 0)
+                return -errno;
+        int fd = signalfd(-1, &mask, SFD_CLOEXEC | SFD_NONBLOCK);
+        return fd < 0 ? -errno : fd;
+}
+
+static void psd_free_parked(Psd *p) {
+        for (size_t i = 0; i < p->nparked; i++) {
+                zmq_msg_close(&p->parked[i].route);
+                psnet__header__free_unpacked(p->parked[i].hdr, NULL);
+        }
+        p->parked = mfree(p->parked);
+        p->nparked = 0;
+}
+
+int psd_run(const PsdConfig *cfg) {
+        Psd p = { .cfg = cfg };
+        int r, sfd = -1;
+        int zero = 0, one = 1;
+        int64_t maxmsg = (int64_t) cfg->max_msg;
+
+        p.zctx = zmq_ctx_new();
+        if (!p.zctx)
+                return log_error_errno(errno, "Failed to create ZeroMQ context: %m");
+        (void) zmq_ctx_set(p.zctx, ZMQ_IO_THREADS, 1);
+        r = store_new(cfg->id, psd_ack, &p, &p.store);
+        if (r < 0) {
+                log_error_errno(r, "Failed to allocate the store: %m");
+                goto finish;
+        }
+        p.data = zmq_socket(p.zctx, ZMQ_ROUTER);
+        if (!p.data) {
+                r = log_error_errno(errno, "Failed to create socket: %m");
+                goto finish;
+        }
+        (void) zmq_setsockopt(p.data, ZMQ_LINGER, &zero, sizeof zero);
+        (void) zmq_setsockopt(p.data, ZMQ_SNDHWM, &zero, sizeof zero);
+        (void) zmq_setsockopt(p.data, ZMQ_RCVHWM, &zero, sizeof zero);
+        (void) zmq_setsockopt(p.data, ZMQ_MAXMSGSIZE, &maxmsg, sizeof maxmsg);
+        (void) zmq_setsockopt(p.data, ZMQ_ROUTER_HANDOVER, &one, sizeof one);
+        r = endpoint_prepare(cfg->listen);
+        if (r < 0) {
+                log_error_errno(r, "Cannot use %s: %m", cfg->listen);
+                goto finish;
+        }
+        if (zmq_bind(p.data, cfg->listen) < 0) {
+                r = log_error_errno(errno, "Failed to bind %s: %m", cfg->listen);
+                goto finish;
+        }
+        r = coordlink_open(p.zctx, cfg->coord, &p.coord);
+        if (r < 0) {
+                log_error_errno(r, "Bad pscoord endpoint %s: %m", cfg->coord);
+                goto finish;
+        }
+        sfd = open_signalfd();
+        if (sfd < 0) {
+                r = log_error_errno(sfd, "Failed to set up signals: %m");
+                goto finish;
+        }
+        log_info("listening endpoint=%s allocator=%s", cfg->listen, alloc_name());
+        r = psd_register(&p, cfg->connect_timeout * 1000u);
+        if (r < 0)
+                goto finish;
+
+        while (!p.stopping) {
+                uint64_t hb_every = MAX(p.coord->lease_ms / 3, 50u);
+                uint64_t now = now_ms();
+                if (now - p.last_hb_sent >= hb_every)
+                        psd_heartbeat(&p);
+                if (now - p.last_hb_reply > 3ull * p.coord->lease_ms && p.last_hb_reply) {
+                        log_warning("pscoord silent for %lu ms; serving on", (unsigned long) (now - p.last_hb_reply));
+                        p.last_hb_reply = now;
+                }
+                zmq_pollitem_t items[] = {
+                        { .socket = p.data, .events = ZMQ_POLLIN },
+                        { .socket = p.coord->sock, .events = ZMQ_POLLIN },
+                        { .fd = sfd, .events = ZMQ_POLLIN },
+                };
+                r = zmq_poll(items, 3, (long) hb_every);
+                if (r < 0) {
+                        if (errno == EINTR)
+                                continue;
+                        r = log_error_errno(errno, "zmq_poll failed: %m");
+                        break;
+                }
+                if (items[2].revents & ZMQ_POLLIN) {
+                        struct signalfd_siginfo si;
+                        if (read(sfd, &si, sizeof si) == (ssize_t) sizeof si) {
+                                if (si.ssi_signo == SIGHUP)
+                                        log_info("SIGHUP: configuration is reloaded from pscoord; nothing to do");
+                                else {
+                                        log_info("stopping signal=%s", strsignal((int) si.ssi_signo));
+                                        p.stopping = true;
+                                }
+                        }
+                }
+                /* Drain the data socket in a batch, then the control link. */
+                for (int budget = 256; budget > 0 && (items[0].revents & ZMQ_POLLIN); budget--) {
+                        WireMsg m;
+                        r = wire_recv(p.data, true, ZMQ_DONTWAIT, &m);
+                        if (r == -EAGAIN) {
+                                wire_msg_done(&m);
+                                break;
+                        }
+                        if (r == -EBADMSG) {
+                                if (m.has_route)
+                                        psd_reply_error(&p, &m.route, m.hdr, m.status, m.reason);
+                        } else if (r < 0) {
+                                wire_msg_done(&m);
+                                log_warning_errno(r, "Failed to receive: %m");
+                                break;
+                        } else
+                                psd_handle_data(&p, &m);
+                        wire_msg_done(&m);
+                }
+                for (;;) {
+                        WireMsg m;
+                        r = wire_recv(p.coord->sock, false, ZMQ_DONTWAIT, &m);
+                        if (r == 0)
+                                psd_handle_coord(&p, &m);
+                        else if (r == -EBADMSG)
+                                log_warning("bad message from pscoord reason=\"%s\"", m.reason);
+                        wire_msg_done(&m);
+                        if (r < 0 && r != -EBADMSG)
+                                break;
+                }
+                r = 0;
+        }
+        if (p.stopping) {
+                (void) coordlink_send(p.coord, PSNET__MSG_TYPE__MSG_DEREGISTER, NULL);
+                log_info("stopped pushes=%lu pulls=%lu applied=%lu errors=%lu",
+                         (unsigned long) p.store->pushes, (unsigned long) p.store->pulls,
+                         (unsigned long) p.store->applied, (unsigned long) p.errors);
+        }
+finish:
+        psd_free_parked(&p);
+        if (sfd >= 0)
+                close(sfd);
+        p.store = store_free(p.store); /* acks in flight go out before the socket closes */
+        if (p.data)
+                zmq_close(p.data);
+        p.coord = coordlink_free(p.coord);
+        zmq_ctx_term(p.zctx);
+        return r;
+}

@@ -1,0 +1,109 @@
+/* The shard's store: the chunks this shard owns, their optimizer state, and the
+ * consistency gate that decides when a pushed gradient is applied.
+ *
+ * BSP: a push for clock c is parked (its ZeroMQ message kept, no copy) until
+ * every member of the current membership has pushed that chunk for c; then the
+ * gradients are summed in ascending worker-id order (deterministic whatever the
+ * arrival order), averaged, applied once, and the chunk's clock becomes c+1.
+ * The push is acknowledged when it is applied (or refused), never before.
+ * ASP: a push is applied on arrival.
+ * Either way a (worker, chunk, clock) is applied at most once.
+ *
+ * Values live in reference-counted buffers so that pull replies are sent
+ * zero-copy: an update on a buffer that a reply still references copies it
+ * first (copy-on-write), so a reply is always one consistent snapshot. */
+#pragma once
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stdint.h>
+#include <zmq.h>
+#include "job.h"
+#include "shardmap.h"
+
+typedef struct ValBuf {
+        atomic_int refs;
+        uint32_t n;
+        float *data;     /* 64-byte aligned, n floats */
+} ValBuf;
+
+/* One PUSH request: acknowledged once every key it carried is settled. The
+ * status sent is OK unless some key was refused (first refusal wins). */
+typedef struct PushReq {
+        zmq_msg_t route;
+        uint64_t seq;
+        uint32_t worker;
+        int64_t clock;
+        int remaining;      /* keys not yet settled, +1 while the request is being read */
+        int status;
+} PushReq;
+
+typedef struct Pending {
+        PushReq *req;
+        zmq_msg_t grad;     /* the received frame itself, no copy */
+} Pending;
+
+typedef struct Chunk {
+        uint32_t tensor, chunk, len;
+        ValBuf *val;
+        float *state;           /* optimizer state, optim_state_per_value * len */
+        uint64_t steps;         /* updates applied */
+        int64_t clock;          /* BSP: clocks closed; ASP: updates applied */
+        Pending *pending;       /* BSP: pushes parked for clock `clock` */
+        size_t npending, cpending;
+        int64_t *last_clock;    /* per worker id: last clock applied or parked, -1 none */
+        size_t nlast;
+} Chunk;
+
+/* Called once per PUSH request when all its keys are settled; the store frees
+ * the request afterwards. */
+typedef void (*StoreAckFn)(void *userdata, PushReq *req);
+
+typedef struct Store {
+        Job job;
+        bool has_job;
+        uint32_t shard_id;
+        ShardMap *map;
+        Chunk ***chunks;        /* [tensor][chunk]: NULL when not owned */
+        uint64_t nkeys, bytes;
+        uint32_t *members;      /* current membership (ascending worker ids) */
+        size_t nmembers;
+        uint64_t members_epoch;
+        uint64_t pushes, pulls, applied;
+        StoreAckFn ack;
+        void *ack_userdata;
+        float *sum;             /* scratch for BSP aggregation (chunk_floats) */
+} Store;
+
+int store_new(uint32_t shard_id, StoreAckFn ack, void *userdata, Store **ret);
+Store *store_free(Store *s);
+
+/* Installs a job and the map: keeps the chunks this shard owns under map,
+ * initialising new ones deterministically. A different job id drops everything. */
+int store_configure(Store *s, const Job *job, const ShardMap *map);
+
+/* Replaces the membership; under BSP this may close clocks (acks are sent). */
+int store_set_members(Store *s, const uint32_t *workers, size_t n, uint64_t epoch);
+
+/* The chunk for a key or NULL. *ret_status says why not: UNKNOWN_KEY, MOVED, SIZE. */
+Chunk *store_lookup(Store *s, uint32_t tensor, uint32_t chunk, uint32_t len, int *ret_status);
+
+/* A new request (route copied) with remaining = 1 for the reader's hold. */
+int pushreq_new(const zmq_msg_t *route, uint64_t seq, uint32_t worker, int64_t clock,
+                PushReq **ret);
+/* Settles one key (or the reader's hold) of req with status; acks and frees
+ * req when nothing remains. */
+void pushreq_settle(Store *s, PushReq *req, int status);
+
+/* Offers one pushed gradient for chunk c. The frame is moved into the store when
+ * parked. Settles the key in req now (ASP apply, DUPLICATE, STALE) or later
+ * (BSP, when the clock closes). */
+int store_push(Store *s, Chunk *c, PushReq *req, zmq_msg_t *grad);
+
+/* Closes every BSP clock that can close now; acknowledges the pushes applied. */
+int store_settle(Store *s);
+
+/* A zero-copy message over the chunk's current values (takes a reference). */
+int store_value_msg(Store *s, Chunk *c, zmq_msg_t *ret);
+
+/* Smallest clock over owned chunks (0 when none). */
+int64_t store_clock(const Store *s);

@@ -1,0 +1,74 @@
+/* psd: a parameter-server shard. Holds a slice of the job's parameters and
+ * their optimizer state, serves PULL and PUSH from workers, and follows
+ * pscoord's job, shard map and membership. Logic lives in psd-server.c. */
+#include <stdio.h>
+#include <stdlib.h>
+#include "config.h"
+#include "log.h"
+#include "psd-server.h"
+
+int main(int argc, char **argv) {
+        PsdConfig cfg = {
+                .listen = NULL, .coord = NULL, .id = 1, .connect_timeout = 10,
+                .max_msg = 256ull << 20,
+        };
+        const Option opts[] = {
+                { "id", OPT_UINT, &cfg.id, "N", "shard id, unique in the cluster (>= 1)" },
+                { "listen", OPT_STR, &cfg.listen, "ENDPOINT",
+                  "data-plane endpoint to bind (default ipc:///tmp/psnet/psd-ID.sock)" },
+                { "advertise", OPT_STR, &cfg.advertise, "ENDPOINT",
+                  "endpoint workers use to reach this shard (default: --listen)" },
+                { "coord", OPT_STR, &cfg.coord, "ENDPOINT",
+                  "pscoord endpoint (default ipc:///tmp/psnet/coord.sock)" },
+                { "connect-timeout", OPT_UINT, &cfg.connect_timeout, "SECONDS",
+                  "give up when pscoord does not answer within this time" },
+                { "max-msg", OPT_U64, &cfg.max_msg, "BYTES", "largest message accepted" },
+                { "log-level", OPT_STR, &cfg.log_level, "LEVEL", "debug, info, warning or error" },
+        };
+        const ProgramInfo prog = {
+                .name = "psd", .summary = "psnet parameter-server shard", .usage = "[OPTIONS]",
+                .epilog = "Config file: --config /etc/psnet/psd.conf (keys as the long options).\n"
+                          "Signals: SIGTERM/SIGINT leave the cluster and stop.",
+        };
+        int optind_ = 0, r;
+        char listen[128], coord[] = "ipc:///tmp/psnet/coord.sock";
+
+        log_setup("psd");
+        r = config_parse(&prog, opts, ELEMENTSOF(opts), argc, argv, &optind_);
+        if (r != 0) {
+                config_free_strings(opts, ELEMENTSOF(opts));
+                return r > 0 ? EXIT_SUCCESS : 2;
+        }
+        if (optind_ < argc) {
+                fprintf(stderr, "psd: unexpected argument '%s' (see psd --help)\n", argv[optind_]);
+                config_free_strings(opts, ELEMENTSOF(opts));
+                return 2;
+        }
+        if (cfg.log_level) {
+                r = log_level_from_string(cfg.log_level);
+                if (r < 0) {
+                        fprintf(stderr, "psd: unknown log level '%s'\n", cfg.log_level);
+                        config_free_strings(opts, ELEMENTSOF(opts));
+                        return 2;
+                }
+                log_set_level(r);
+        }
+        if (cfg.id == 0) {
+                fprintf(stderr, "psd: --id must be >= 1\n");
+                config_free_strings(opts, ELEMENTSOF(opts));
+                return 2;
+        }
+        snprintf(listen, sizeof listen, "ipc:///tmp/psnet/psd-%u.sock", cfg.id);
+        PsdConfig run = cfg;
+        if (!run.listen)
+                run.listen = listen;
+        if (!run.coord)
+                run.coord = coord;
+        char fields[32];
+        snprintf(fields, sizeof fields, "shard=%u", cfg.id);
+        log_set_fields(fields);
+
+        r = psd_run(&run);
+        config_free_strings(opts, ELEMENTSOF(opts));
+        return r < 0 ? EXIT_FAILURE : EXIT_SUCCESS;
+}

@@ -1,0 +1,461 @@
+/* workerd's training loop; see worker-loop.h. One thread: while it waits for
+ * shards it also serves the pscoord link (config pushes, heartbeats) and
+ * signals, through the client's poll hooks. */
+#include <errno.h>
+#include <signal.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/signalfd.h>
+#include <time.h>
+#include <unistd.h>
+#include "alloc.h"
+#include "client.h"
+#include "coordlink.h"
+#include "idx.h"
+#include "kernels.h"
+#include "log.h"
+#include "model.h"
+#include "worker-loop.h"
+
+typedef struct Worker {
+        const WorkerConfig *cfg;
+        void *zctx;
+        CoordLink *coord;
+        int sfd;
+        Job job;
+        bool has_job;
+        ShardMap *map;
+        char state[16];
+        uint32_t rank, nworkers;
+        bool stop;                  /* signal received or job stopped */
+        bool job_stopped;
+        /* progress */
+        int64_t clock;
+        uint32_t epoch;
+        uint64_t step, samples, last_samples;
+        double loss_sum;
+        uint64_t loss_n;
+        float last_loss, sps, samples_ps;
+        uint64_t last_hb, last_progress;
+} Worker;
+
+static double mono_s(void) {
+        struct timespec ts;
+        clock_gettime(CLOCK_MONOTONIC, &ts);
+        return (double) ts.tv_sec + (double) ts.tv_nsec * 1e-9;
+}
+
+static void worker_apply_config(Worker *w, const Psnet__Control *ctl) {
+        char err[192];
+        if (ctl->job_state)
+                snprintf(w->state, sizeof w->state, "%s", ctl->job_state);
+        if (ctl->has_rank)
+                w->rank = ctl->rank;
+        if (ctl->has_nworkers)
+                w->nworkers = ctl->nworkers;
+        if (ctl->job && ctl->map && !w->has_job) {
+                if (job_from_proto(ctl->job, &w->job, err, sizeof err) < 0) {
+                        log_error("pscoord sent a job that does not validate reason=\"%s\"", err);
+                        return;
+                }
+                ShardMap *m;
+                if (shardmap_from_proto(ctl->map, &m) < 0) {
+                        log_error("pscoord sent a shard map that does not validate");
+                        return;
+                }
+                shardmap_free(w->map);
+                w->map = m;
+                w->has_job = true;
+        } else if (ctl->job && w->has_job && ctl->job->id != w->job.id) {
+                log_warning("pscoord moved to job %u; this worker trains job %u and stops", ctl->job->id, w->job.id);
+                w->stop = w->job_stopped = true;
+        }
+        if (strcmp(w->state, "stopped") == 0 && !w->job_stopped) {
+                log_info("job stopped by the operator");
+                w->stop = w->job_stopped = true;
+        }
+}
+
+static void worker_register(Worker *w, unsigned timeout_ms, int *ret);
+
+static void on_coord(void *ud) {
+        Worker *w = ud;
+        for (;;) {
+                WireMsg m;
+                int r = wire_recv(w->coord->sock, false, ZMQ_DONTWAIT, &m);
+                if (r == 0) {
+                        Psnet__Header *h = m.hdr;
+                        if (h->type == PSNET__MSG_TYPE__MSG_CONFIG && h->ctl)
+                                worker_apply_config(w, h->ctl);
+                        else if (h->type == PSNET__MSG_TYPE__MSG_ERROR &&
+                                 h->status == PSNET__STATUS__STATUS_UNKNOWN_PEER) {
+                                int rr;
+                                log_warning("pscoord lost this worker (lease or restart): registering again");
+                                worker_register(w, 5000, &rr);
+                        }
+                } else if (r == -EBADMSG)
+                        log_warning("bad message from pscoord reason=\"%s\"", m.reason);
+                wire_msg_done(&m);
+                if (r < 0 && r != -EBADMSG)
+                        break;
+        }
+}
+
+static void on_signal(void *ud) {
+        Worker *w = ud;
+        struct signalfd_siginfo si;
+        while (read(w->sfd, &si, sizeof si) == (ssize_t) sizeof si) {
+                if (si.ssi_signo == SIGHUP)
+                        continue;
+                log_info("stopping after this step signal=%s", strsignal((int) si.ssi_signo));
+                w->stop = true;
+        }
+}
+
+static void send_heartbeat(Worker *w) {
+        Psnet__Control ctl = PSNET__CONTROL__INIT;
+        Psnet__WorkerInfo wi = PSNET__WORKER_INFO__INIT;
+        wi.id = w->coord->id;
+        wi.has_rank = wi.has_clock = wi.has_steps_per_s = wi.has_samples_per_s = true;
+        wi.has_loss = wi.has_epoch = wi.has_step = true;
+        wi.rank = w->rank;
+        wi.clock = w->clock;
+        wi.steps_per_s = w->sps;
+        wi.samples_per_s = w->samples_ps;
+        wi.loss = w->last_loss;
+        wi.epoch = w->epoch;
+        wi.step = w->step;
+        ctl.worker_stats = &wi;
+        int r = coordlink_send(w->coord, PSNET__MSG_TYPE__MSG_HEARTBEAT, &ctl);
+        if (r < 0)
+                log_warning_errno(r, "Failed to send heartbeat: %m");
+        w->last_hb = now_ms();
+}
+
+static void on_tick(void *ud) {
+        Worker *w = ud;
+        uint64_t now = now_ms();
+        if (now - w->last_hb >= MAX(w->coord->lease_ms / 3, 50u))
+                send_heartbeat(w);
+}
+
+static bool should_stop(void *ud) {
+        Worker *w = ud;
+        return w->stop;
+}
+
+static void worker_register(Worker *w, unsigned timeout_ms, int *ret) {
+        WireMsg m;
+        uint32_t old = w->coord->id;
+        int r = coordlink_register(w->coord, PSNET__ROLE__ROLE_WORKER, NULL, old, timeout_ms, &m);
+        if (r == -ETIMEDOUT)
+                r = log_error_errno(r, "pscoord at %s did not answer within %u s (is it running?)",
+                                    w->cfg->coord, timeout_ms / 1000);
+        else if (r == -ECONNREFUSED) {
+                log_error("pscoord refused registration reason=\"%s\"", m.hdr->reason ? m.hdr->reason : "");
+                wire_msg_done(&m);
+        } else if (r < 0)
+                log_error_errno(r, "Failed to register with pscoord at %s: %m", w->cfg->coord);
+        else {
+                char f[32];
+                snprintf(f, sizeof f, "worker=%u", w->coord->id);
+                log_set_fields(f);
+                log_info("registered coord=%s lease_ms=%u", w->cfg->coord, w->coord->lease_ms);
+                if (m.hdr->ctl)
+                        worker_apply_config(w, m.hdr->ctl);
+                wire_msg_done(&m);
+        }
+        *ret = r;
+}
+
+/* Waits (serving heartbeats) until pscoord says the job runs. */
+static int wait_for_job(Worker *w) {
+        bool said = false;
+        while (!w->stop) {
+                if (w->has_job && strcmp(w->state, "running") == 0)
+                        return 0;
+                if (!said) {
+                        log_info("waiting for the job to start state=%s", w->state[0] ? w->state : "?");
+                        said = true;
+                }
+                zmq_pollitem_t items[] = {
+                        { .socket = w->coord->sock, .events = ZMQ_POLLIN },
+                        { .fd = w->sfd, .events = ZMQ_POLLIN },
+                };
+                int r = zmq_poll(items, 2, 200);
+                if (r < 0 && errno != EINTR)
+                        return -errno;
+                if (r > 0 && (items[0].revents & ZMQ_POLLIN))
+                        on_coord(w);
+                if (r > 0 && (items[1].revents & ZMQ_POLLIN))
+                        on_signal(w);
+                on_tick(w);
+        }
+        return -ECANCELED;
+}
+
+/* Fisher-Yates with a splitmix64 stream: the same order for the same seed. */
+static void shuffle(uint32_t *perm, uint32_t n, uint64_t seed) {
+        uint64_t x = seed;
+        for (uint32_t i = n; i > 1; i--) {
+                x += 0x9e3779b97f4a7c15ull;
+                uint64_t z = x;
+                z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+                z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+                z ^= z >> 31;
+                uint32_t j = (uint32_t) (z % i);
+                uint32_t t = perm[i - 1];
+                perm[i - 1] = perm[j];
+                perm[j] = t;
+        }
+}
+
+static void progress(Worker *w, double *t_last, bool force) {
+        uint64_t now = now_ms();
+        if (!force && now - w->last_progress < w->cfg->progress_ms)
+                return;
+        double t = mono_s(), dt = t - *t_last;
+        if (dt > 0) {
+                w->samples_ps = (float) ((double) (w->samples - w->last_samples) / dt);
+                w->sps = w->samples_ps / (float) w->job.batch;
+        }
+        if (w->loss_n)
+                w->last_loss = (float) (w->loss_sum / (double) w->loss_n);
+        log_info("progress epoch=%u/%u step=%lu loss=%.4f samples_per_s=%.0f clock=%ld", w->epoch,
+                 w->job.epochs, (unsigned long) w->step, w->last_loss, w->samples_ps, (long) w->clock);
+        w->loss_sum = 0;
+        w->loss_n = 0;
+        w->last_samples = w->samples;
+        *t_last = t;
+        w->last_progress = now;
+}
+
+static int send_result(Worker *w, bool has_acc, float acc) {
+        Psnet__Control ctl = PSNET__CONTROL__INIT;
+        Psnet__WorkerInfo wi = PSNET__WORKER_INFO__INIT;
+        WireMsg m;
+        wi.id = w->coord->id;
+        wi.has_rank = wi.has_clock = wi.has_step = wi.has_done = wi.has_loss = true;
+        wi.rank = w->rank;
+        wi.clock = w->clock;
+        wi.step = w->step;
+        wi.loss = w->last_loss;
+        wi.done = true;
+        wi.has_accuracy = has_acc;
+        wi.accuracy = acc;
+        ctl.worker_stats = &wi;
+        int r = coordlink_request(w->coord, PSNET__MSG_TYPE__MSG_RESULT, &ctl, PSNET__MSG_TYPE__MSG_HEARTBEAT_REP,
+                                  5000, NULL, NULL, &m);
+        if (r == 0 || r == -ECONNREFUSED)
+                wire_msg_done(&m);
+        return r;
+}
+
+static int train(Worker *w) {
+        char err[256];
+        int r;
+        const char *dir = w->cfg->data ? w->cfg->data : w->job.dataset;
+        Dataset *trainset = NULL, *testset = NULL;
+        KBackend *kb = NULL;
+        Model *model = NULL;
+        Client *client = NULL;
+        float *xb = NULL;
+        int32_t *yb = NULL;
+        uint32_t *perm = NULL;
+        float **params = NULL, **grads = NULL;
+        uint32_t batch = w->job.batch;
+
+        r = dataset_load(dir, "train", w->job.train_limit, w->rank, MAX(w->nworkers, 1u), &trainset, err, sizeof err);
+        if (r < 0) {
+                log_error("cannot load training data reason=\"%s\"", err);
+                goto out;
+        }
+        if (w->rank == 0) {
+                r = dataset_load(dir, "t10k", w->job.test_limit, 0, 1, &testset, err, sizeof err);
+                if (r < 0) {
+                        log_error("cannot load test data reason=\"%s\"", err);
+                        goto out;
+                }
+        }
+        uint32_t dim = trainset->rows * trainset->cols;
+        if (dim != w->job.layers[0] || w->job.layers[w->job.nlayers - 1] < 10) {
+                log_error("model %s does not fit the data: %u inputs, 10 classes", w->job.model, dim);
+                r = -EINVAL;
+                goto out;
+        }
+        if (trainset->n < batch) {
+                log_error("this worker's partition has %u images, fewer than one batch of %u", trainset->n, batch);
+                r = -EINVAL;
+                goto out;
+        }
+        r = kbackend_new(w->cfg->backend, (int) w->cfg->threads, &kb, err, sizeof err);
+        if (r < 0) {
+                log_error("cannot start the %s backend reason=\"%s\"", w->cfg->backend, err);
+                goto out;
+        }
+        r = model_new(kb, w->job.layers, w->job.nlayers, (int) batch, &model);
+        if (r < 0) {
+                log_error_errno(r, "Failed to build the model: %m");
+                goto out;
+        }
+        size_t nt = model_ntensors(model);
+        params = ps_calloc(nt, sizeof *params);
+        grads = ps_calloc(nt, sizeof *grads);
+        xb = ps_malloc_aligned((size_t) batch * dim * sizeof(float));
+        yb = ps_malloc((size_t) batch * sizeof(int32_t));
+        perm = ps_malloc((size_t) trainset->n * sizeof(uint32_t));
+        if (!params || !grads || !xb || !yb || !perm) {
+                r = log_error_errno(ENOMEM, "Out of memory");
+                goto out;
+        }
+        for (size_t t = 0; t < nt; t++) {
+                params[t] = model_param_host(model, t);
+                grads[t] = model_grad_host(model, t);
+        }
+        ClientHooks hooks = {
+                .coord_sock = w->coord->sock, .signal_fd = w->sfd, .on_coord = on_coord,
+                .on_signal = on_signal, .on_tick = on_tick, .should_stop = should_stop,
+                .tick_ms = 100, .ud = w,
+        };
+        r = client_new(w->zctx, &w->job, w->map, w->coord->id, &hooks, &client);
+        if (r < 0) {
+                log_error_errno(r, "Failed to connect to the shards: %m");
+                goto out;
+        }
+        client_set_timeout(client, w->cfg->round_timeout * 1000u);
+        bool bsp = w->job.mode == MODE_BSP;
+        int64_t got;
+        r = client_round(client, NULL, 0, params, 0, &got);
+        if (r < 0)
+                goto out;
+        w->clock = bsp ? got : 0;
+        uint32_t steps = trainset->n / batch;
+        log_info("training rank=%u/%u images=%u steps_per_epoch=%u backend=%s clock=%ld", w->rank,
+                 w->nworkers, trainset->n, steps, kb->ops->name, (long) w->clock);
+        for (uint32_t i = 0; i < trainset->n; i++)
+                perm[i] = i;
+        double t0 = mono_s(), t_last = t0;
+        for (uint32_t e = 0; e < w->job.epochs && !w->stop; e++) {
+                w->epoch = e + 1;
+                shuffle(perm, trainset->n, w->job.seed * 1000003u + w->rank * 7919u + e);
+                for (uint32_t s = 0; s < steps && !w->stop; s++) {
+                        for (uint32_t b = 0; b < batch; b++) {
+                                uint32_t i = perm[(size_t) s * batch + b];
+                                memcpy(xb + (size_t) b * dim, trainset->x + (size_t) i * dim, dim * sizeof(float));
+                                yb[b] = trainset->y[i];
+                        }
+                        float loss;
+                        int correct;
+                        r = model_upload_params(model);
+                        if (r >= 0)
+                                r = model_train_step(model, xb, yb, (int) batch, &loss, &correct);
+                        if (r < 0) {
+                                log_error_errno(r, "Training step failed: %m");
+                                goto out;
+                        }
+                        r = client_round(client, (const float *const *) grads, w->clock, params,
+                                         bsp ? w->clock + 1 : 0, &got);
+                        if (r == -ECANCELED)
+                                break;
+                        if (r < 0)
+                                goto out;
+                        w->clock = bsp ? got : w->clock + 1;
+                        w->step++;
+                        w->samples += batch;
+                        w->loss_sum += loss;
+                        w->loss_n++;
+                        progress(w, &t_last, false);
+                        on_tick(w);
+                }
+        }
+        progress(w, &t_last, true);
+        double secs = mono_s() - t0;
+        const ClientStats *cs = client_stats(client);
+        log_info("trained steps=%lu seconds=%.2f samples_per_s=%.0f wait_s=%.2f pushed_mb=%.1f pulled_mb=%.1f",
+                 (unsigned long) w->step, secs, secs > 0 ? (double) w->samples / secs : 0.0, cs->wait_s,
+                 (double) cs->bytes_pushed / 1e6, (double) cs->bytes_pulled / 1e6);
+        r = 0;
+        if (w->job_stopped) {
+                (void) send_result(w, false, 0);
+                goto out;
+        }
+        if (testset) {
+                size_t correct = 0;
+                double loss = 0;
+                r = model_upload_params(model);
+                if (r >= 0)
+                        r = model_evaluate(model, testset->x, testset->y, testset->n, &correct, &loss);
+                if (r < 0) {
+                        log_error_errno(r, "Evaluation failed: %m");
+                        goto out;
+                }
+                float acc = (float) correct / (float) testset->n;
+                log_info("evaluated accuracy=%.4f test_loss=%.4f images=%u", acc, loss, testset->n);
+                r = send_result(w, true, acc);
+        } else
+                r = send_result(w, false, 0);
+        if (r < 0)
+                log_warning_errno(r, "Failed to report the result to pscoord: %m");
+        r = 0;
+out:
+        client_free(client);
+        model_free(model);
+        kbackend_free(kb);
+        dataset_free(trainset);
+        dataset_free(testset);
+        ps_free(xb);
+        ps_free(yb);
+        ps_free(perm);
+        ps_free(params);
+        ps_free(grads);
+        return r;
+}
+
+static int open_signalfd(void) {
+        sigset_t mask;
+        sigemptyset(&mask);
+        sigaddset(&mask, SIGTERM);
+        sigaddset(&mask, SIGINT);
+        sigaddset(&mask, SIGHUP);
+        if (sigprocmask(SIG_BLOCK, &mask, NULL) < 0)
+                return -errno;
+        int fd = signalfd(-1, &mask, SFD_CLOEXEC | SFD_NONBLOCK);
+        return fd < 0 ? -errno : fd;
+}
+
+int worker_run(const WorkerConfig *cfg) {
+        Worker w = { .cfg = cfg, .sfd = -1 };
+        int r;
+
+        w.zctx = zmq_ctx_new();
+        if (!w.zctx)
+                return log_error_errno(errno, "Failed to create ZeroMQ context: %m");
+        (void) zmq_ctx_set(w.zctx, ZMQ_IO_THREADS, 1);
+        w.sfd = open_signalfd();
+        if (w.sfd < 0) {
+                r = log_error_errno(w.sfd, "Failed to set up signals: %m");
+                goto out;
+        }
+        r = coordlink_open(w.zctx, cfg->coord, &w.coord);
+        if (r < 0) {
+                log_error_errno(r, "Bad pscoord endpoint %s: %m", cfg->coord);
+                goto out;
+        }
+        worker_register(&w, cfg->connect_timeout * 1000u, &r);
+        if (r < 0)
+                goto out;
+        r = wait_for_job(&w);
+        if (r == 0)
+                r = train(&w);
+        else if (r == -ECANCELED)
+                r = 0;
+        (void) coordlink_send(w.coord, PSNET__MSG_TYPE__MSG_DEREGISTER, NULL);
+        log_info("left the job");
+out:
+        w.coord = coordlink_free(w.coord);
+        shardmap_free(w.map);
+        if (w.sfd >= 0)
+                close(w.sfd);
+        zmq_ctx_term(w.zctx);
+        return r;
+}

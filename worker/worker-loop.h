@@ -1,0 +1,16 @@
+/* workerd's life: register with pscoord, wait for the job, load its data
+ * partition, run pull -> compute -> push until the epochs are done, evaluate
+ * (rank 0), report and leave. */
+#pragma once
+
+typedef struct WorkerConfig {
+        char *coord;
+        char *backend;             /* cpu, cuda, auto */
+        char *data;                /* overrides the job's dataset directory */
+        unsigned threads;          /* OpenBLAS threads for the cpu backend */
+        unsigned connect_timeout;  /* seconds to wait for pscoord */
+        unsigned round_timeout;    /* seconds a pull/push round may take */
+        unsigned progress_ms;      /* progress log interval */
+} WorkerConfig;
+
+int worker_run(const WorkerConfig *cfg);

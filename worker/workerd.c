@@ -1,0 +1,59 @@
+/* workerd: a training worker. Pulls weights from the shards, computes gradients
+ * on its data partition (CPU backend, or CUDA where built and present), pushes
+ * them back. The loop lives in worker-loop.c. */
+#include <stdio.h>
+#include <stdlib.h>
+#include "config.h"
+#include "log.h"
+#include "worker-loop.h"
+
+int main(int argc, char **argv) {
+        WorkerConfig cfg = { .threads = 1, .connect_timeout = 10, .round_timeout = 120, .progress_ms = 1000 };
+        char *log_level = NULL;
+        const Option opts[] = {
+                { "coord", OPT_STR, &cfg.coord, "ENDPOINT", "pscoord endpoint (default ipc:///tmp/psnet/coord.sock)" },
+                { "backend", OPT_STR, &cfg.backend, "NAME", "compute backend: cpu, cuda or auto (default auto)" },
+                { "data", OPT_STR, &cfg.data, "DIR", "Fashion-MNIST directory (default: the job's)" },
+                { "threads", OPT_UINT, &cfg.threads, "N", "OpenBLAS threads for the cpu backend" },
+                { "connect-timeout", OPT_UINT, &cfg.connect_timeout, "SECONDS", "give up when pscoord does not answer" },
+                { "round-timeout", OPT_UINT, &cfg.round_timeout, "SECONDS", "give up when shards do not answer" },
+                { "progress-ms", OPT_UINT, &cfg.progress_ms, "MS", "interval of progress lines" },
+                { "log-level", OPT_STR, &log_level, "LEVEL", "debug, info, warning or error" },
+        };
+        const ProgramInfo prog = {
+                .name = "workerd", .summary = "psnet training worker", .usage = "[OPTIONS]",
+                .epilog = "Config file: --config /etc/psnet/workerd.conf (keys as the long options).\n"
+                          "Signals: SIGTERM/SIGINT finish the current step, leave the job and stop.",
+        };
+        int optind_ = 0, r;
+
+        log_setup("workerd");
+        r = config_parse(&prog, opts, ELEMENTSOF(opts), argc, argv, &optind_);
+        if (r == 0 && optind_ < argc) {
+                fprintf(stderr, "workerd: unexpected argument '%s' (see workerd --help)\n", argv[optind_]);
+                r = -1;
+        }
+        if (r == 0 && log_level) {
+                if (log_level_from_string(log_level) < 0) {
+                        fprintf(stderr, "workerd: unknown log level '%s'\n", log_level);
+                        r = -1;
+                } else
+                        log_set_level(log_level_from_string(log_level));
+        }
+        if (r == 0 && cfg.round_timeout == 0) {
+                fprintf(stderr, "workerd: --round-timeout must be >= 1\n");
+                r = -1;
+        }
+        if (r != 0) {
+                config_free_strings(opts, ELEMENTSOF(opts));
+                return r > 0 ? EXIT_SUCCESS : 2;
+        }
+        WorkerConfig run = cfg;
+        if (!run.coord)
+                run.coord = (char *) "ipc:///tmp/psnet/coord.sock";
+        if (!run.backend)
+                run.backend = (char *) "auto";
+        r = worker_run(&run);
+        config_free_strings(opts, ELEMENTSOF(opts));
+        return r < 0 ? EXIT_FAILURE : EXIT_SUCCESS;
+}
