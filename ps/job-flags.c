@@ -46,7 +46,9 @@ int jobflags_to_job(const JobFlags *f, Job *job, char *err, size_t errlen) {
                 return -EINVAL;
         }
         job->chunk_floats = f->chunk_kb * 1024u / 4u;
-        if (job_set_model(job, job->model) < 0) {
+        char model[sizeof job->model];
+        snprintf(model, sizeof model, "%s", job->model);
+        if (job_set_model(job, model) < 0) {
                 snprintf(err, errlen, "bad default model '%s'", job->model);
                 return -EINVAL;
         }

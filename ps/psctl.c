@@ -206,14 +206,16 @@ static int cmd_job_wait(Ctl *c, unsigned wait_s) {
                                 printf("state=%s accuracy=%.4f\n", state, s->accuracy);
                         else
                                 printf("state=%s\n", state);
+                        r = strcmp(state, "done") == 0 ? 0 : -ECANCELED;
                         wire_msg_done(&m);
-                        return strcmp(state, "done") == 0 ? 0 : -ECANCELED;
+                        return r;
                 }
-                wire_msg_done(&m);
                 if (wait_s && now_ms() >= deadline) {
                         fprintf(stderr, "psctl: job still %s after %u s\n", state, wait_s);
+                        wire_msg_done(&m);
                         return -ETIMEDOUT;
                 }
+                wire_msg_done(&m);
                 /* Wait for the next poll on the socket itself: nothing else should arrive. */
                 zmq_pollitem_t it = { .socket = c->link->sock, .events = ZMQ_POLLIN };
                 (void) zmq_poll(&it, 1, 250);

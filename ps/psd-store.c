@@ -175,7 +175,12 @@ int store_configure(Store *s, const Job *job, const ShardMap *map) {
         int r = shardmap_copy(map, &copy);
         if (r < 0)
                 return r;
-        if (s->has_job && (s->job.id != job->id || s->job.ntensors != job->ntensors)) {
+        /* Another job, or the same id describing other tensors (a restarted pscoord
+         * numbers jobs from 1 again): start over rather than mix the two. */
+        if (s->has_job && (s->job.id != job->id || s->job.ntensors != job->ntensors ||
+                           s->job.chunk_floats != job->chunk_floats || s->job.seed != job->seed ||
+                           strcmp(s->job.model, job->model) != 0 ||
+                           strcmp(s->job.optim.kind, job->optim.kind) != 0)) {
                 store_drop_chunks(s);
                 s->has_job = false;
         }
@@ -235,7 +240,8 @@ int store_set_members(Store *s, const uint32_t *workers, size_t n, uint64_t epoc
         uint32_t *m = ps_malloc((n ? n : 1) * sizeof *m);
         if (!m)
                 return -ENOMEM;
-        memcpy(m, workers, n * sizeof *m);
+        if (n)
+                memcpy(m, workers, n * sizeof *m);
         qsort(m, n, sizeof *m, cmp_u32);
         ps_free(s->members);
         s->members = m;

@@ -8,6 +8,7 @@
 #include <sys/signalfd.h>
 #include <time.h>
 #include <unistd.h>
+#include <zlib.h>
 #include "alloc.h"
 #include "client.h"
 #include "coordlink.h"
@@ -230,6 +231,17 @@ static void progress(Worker *w, double *t_last, bool force) {
         w->last_progress = now;
 }
 
+/* Logs a CRC-32 over every pulled tensor: under BSP all workers must log the
+ * same value for the same clock. */
+static void trace_pull(Worker *w, Model *m, int64_t clock) {
+        uLong crc = crc32(0L, Z_NULL, 0);
+        for (size_t t = 0; t < model_ntensors(m); t++)
+                crc = crc32(crc, (const Bytef *) model_param_host(m, t),
+                            (uInt) (model_tensor_numel(m, t) * sizeof(float)));
+        log_info("pulled clock=%ld checksum=%08lx", (long) clock, (unsigned long) crc);
+        (void) w;
+}
+
 static int send_result(Worker *w, bool has_acc, float acc) {
         Psnet__Control ctl = PSNET__CONTROL__INIT;
         Psnet__WorkerInfo wi = PSNET__WORKER_INFO__INIT;
@@ -329,6 +341,8 @@ static int train(Worker *w) {
         if (r < 0)
                 goto out;
         w->clock = bsp ? got : 0;
+        if (w->cfg->trace_pulls)
+                trace_pull(w, model, w->clock);
         uint32_t steps = trainset->n / batch;
         log_info("training rank=%u/%u images=%u steps_per_epoch=%u backend=%s clock=%ld", w->rank,
                  w->nworkers, trainset->n, steps, kb->ops->name, (long) w->clock);
@@ -360,6 +374,8 @@ static int train(Worker *w) {
                         if (r < 0)
                                 goto out;
                         w->clock = bsp ? got : w->clock + 1;
+                        if (w->cfg->trace_pulls)
+                                trace_pull(w, model, w->clock);
                         w->step++;
                         w->samples += batch;
                         w->loss_sum += loss;

@@ -11,6 +11,7 @@ typedef struct WorkerConfig {
         unsigned connect_timeout;  /* seconds to wait for pscoord */
         unsigned round_timeout;    /* seconds a pull/push round may take */
         unsigned progress_ms;      /* progress log interval */
+        bool trace_pulls;          /* log a checksum of the weights pulled at each clock */
 } WorkerConfig;
 
 int worker_run(const WorkerConfig *cfg);

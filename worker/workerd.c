@@ -18,6 +18,8 @@ int main(int argc, char **argv) {
                 { "connect-timeout", OPT_UINT, &cfg.connect_timeout, "SECONDS", "give up when pscoord does not answer" },
                 { "round-timeout", OPT_UINT, &cfg.round_timeout, "SECONDS", "give up when shards do not answer" },
                 { "progress-ms", OPT_UINT, &cfg.progress_ms, "MS", "interval of progress lines" },
+                { "trace-pulls", OPT_BOOL, &cfg.trace_pulls, NULL,
+                  "log a CRC-32 of the weights pulled at every clock (consistency checks)" },
                 { "log-level", OPT_STR, &log_level, "LEVEL", "debug, info, warning or error" },
         };
         const ProgramInfo prog = {

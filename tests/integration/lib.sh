@@ -1,0 +1,44 @@
+# Shared by the integration tests: TAP output, a run directory, the daemons'
+# paths, and cleanup that stops everything the test started (sourced).
+set -u
+: "${PSNET_BUILD:?run through meson test (tests/run)}"
+: "${PSNET_SRC:?}"
+source "$PSNET_SRC/deploy/local/cluster.sh"
+PSCOORD=$PSNET_BUILD/ps/pscoord PSD=$PSNET_BUILD/ps/psd PSCTL=$PSNET_BUILD/ps/psctl
+WORKERD=$PSNET_BUILD/worker/workerd PSPOKE=$PSNET_BUILD/tests/pspoke
+RUN=$(mktemp -d /tmp/psnet-test.XXXXXX)
+TAP_N=0 TAP_FAIL=0
+export PSNET_LOG_LEVEL=${PSNET_LOG_LEVEL:-info}
+# A small job sized for CI: ~2 s of training per epoch on two cores.
+SUBSET=(--train-limit 12000 --test-limit 2000)
+
+ok() {  # ok CONDITION-EXIT-CODE DESCRIPTION
+  TAP_N=$((TAP_N + 1))
+  if [ "$1" -eq 0 ]; then echo "ok $TAP_N - $2"; else
+    TAP_FAIL=$((TAP_FAIL + 1)); echo "not ok $TAP_N - $2"; fi
+}
+check() {  # check DESCRIPTION CMD...: one TAP line from CMD's exit status
+  local d=$1; shift
+  "$@" >/dev/null 2>&1; ok $? "$d"
+}
+finish() {
+  psnet_stop_all
+  echo "1..$TAP_N"
+  if [ $TAP_FAIL -ne 0 ]; then
+    echo "# logs kept in $RUN"
+    for f in "$RUN"/*.log; do [ -f "$f" ] && { echo "# --- $f"; tail -n 20 "$f" | sed 's/^/# /'; }; done
+  else
+    rm -rf "$RUN"
+  fi
+  [ $TAP_FAIL -eq 0 ]
+}
+trap 'finish; exit $?' EXIT
+trap 'exit 143' TERM INT
+
+alive() { kill -0 "$1" 2>/dev/null; }
+# job_state: prints the job's state from psctl --json.
+job_state() { "$PSCTL" --coord "$COORD" --json status | sed -n 's/.*"state":"\([a-z]*\)".*/\1/p'; }
+# accuracy_at_least LINE BAR: LINE holds accuracy=X; true when X >= BAR.
+accuracy_at_least() { awk -v bar="$2" '{ if (match($0, /accuracy=[0-9.]+/)) { a = substr($0, RSTART + 9, RLENGTH - 9); exit !(a + 0 >= bar) } exit 1 }' <<<"$1"; }
+# logs_match PATTERN GLOB: some log in $RUN matching GLOB (expanded at each call) matches PATTERN.
+logs_match() { grep -qE -- "$1" "$RUN"/$2 2>/dev/null; }

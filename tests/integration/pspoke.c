@@ -1,0 +1,146 @@
+/* pspoke: sends one hand-made (often deliberately broken) message to a psnet
+ * daemon and prints its answer, for the integration tests:
+ *   pspoke ENDPOINT CASE [JOB]
+ * prints "type=<n> status=<name> reason=<text>" and exits 0 when an answer came
+ * within 5 s, 3 when none came. CASE is one of:
+ *   garbage        random bytes as the header frame
+ *   empty          one empty frame
+ *   truncated      a valid PULL header cut in half
+ *   version        a header with protocol version 99
+ *   unknown-type   a header with message type 77
+ *   oversized      a PUSH whose frame is 8x the size its key declares
+ *   missing-frame  a PUSH declaring 2 keys with 1 frame
+ *   unknown-tensor a PULL of tensor 999
+ *   bad-len        a PULL of key (0,0) declaring 3 floats
+ *   wrong-job      a PULL of key (0,0) for job 4242
+ *   pull           a valid PULL of every chunk of tensor 0 that this shard owns...
+ *                  (here: key (0,0) with the length the default job uses; the
+ *                  answer is PULL_REP or MOVED)
+ *   status         a STATUS request (pscoord)
+ *   register-bad   a REGISTER without a body (pscoord) */
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include "errors.h"
+#include "macro.h"
+#include "wire.h"
+
+static int send_raw(void *s, const void *data, size_t n, int more) {
+        return zmq_send(s, data, n, more ? ZMQ_SNDMORE : 0) < 0 ? -errno : 0;
+}
+
+static int send_header(void *s, Psnet__Header *h, size_t cut, bool more) {
+        size_t n = psnet__header__get_packed_size(h);
+        uint8_t *buf = malloc(n ? n : 1);
+        if (!buf)
+                return -ENOMEM;
+        psnet__header__pack(h, buf);
+        int r = send_raw(s, buf, cut ? MIN(cut, n) : n, more);
+        free(buf);
+        return r;
+}
+
+int main(int argc, char **argv) {
+        if (argc < 3) {
+                fprintf(stderr, "usage: pspoke ENDPOINT CASE [JOB] [CHUNKLEN]\n");
+                return 2;
+        }
+        const char *ep = argv[1], *c = argv[2];
+        uint32_t job = argc > 3 ? (uint32_t) strtoul(argv[3], NULL, 10) : 1;
+        uint32_t len = argc > 4 ? (uint32_t) strtoul(argv[4], NULL, 10) : 200704; /* W0 of mlp:784-256-10 */
+        void *ctx = zmq_ctx_new(), *s = zmq_socket(ctx, ZMQ_DEALER);
+        int zero = 0, r = 0;
+        if (!ctx || !s || zmq_setsockopt(s, ZMQ_LINGER, &zero, sizeof zero) < 0 || zmq_connect(s, ep) < 0) {
+                fprintf(stderr, "pspoke: cannot connect to %s: %s\n", ep, zmq_strerror(errno));
+                return 2;
+        }
+        Psnet__Header h;
+        Psnet__Key k0 = PSNET__KEY__INIT, k1 = PSNET__KEY__INIT, *keys[2] = { &k0, &k1 };
+        wire_header_init(&h, PSNET__MSG_TYPE__MSG_PULL);
+        h.has_job = h.has_seq = h.has_clock = h.has_sender = true;
+        h.job = job;
+        h.seq = 7;
+        h.clock = 0;
+        h.sender = 999;
+        k0.tensor = 0;
+        k0.chunk = 0;
+        k0.len = len;
+        k1 = k0;
+        k1.chunk = 1;
+        h.n_keys = 1;
+        h.keys = keys;
+
+        if (!strcmp(c, "garbage")) {
+                uint8_t junk[64];
+                for (size_t i = 0; i < sizeof junk; i++)
+                        junk[i] = (uint8_t) (i * 37 + 11);
+                r = send_raw(s, junk, sizeof junk, 0);
+        } else if (!strcmp(c, "empty"))
+                r = send_raw(s, "", 0, 0);
+        else if (!strcmp(c, "truncated"))
+                r = send_header(s, &h, psnet__header__get_packed_size(&h) - 1, false); /* inside the last key */
+        else if (!strcmp(c, "version")) {
+                h.version = 99;
+                r = send_header(s, &h, 0, false);
+        } else if (!strcmp(c, "unknown-type")) {
+                h.type = 77;
+                r = send_header(s, &h, 0, false);
+        } else if (!strcmp(c, "oversized") || !strcmp(c, "missing-frame")) {
+                bool over = !strcmp(c, "oversized");
+                h.type = PSNET__MSG_TYPE__MSG_PUSH;
+                h.n_keys = over ? 1 : 2;
+                size_t n = (size_t) len * 4u * (over ? 8u : 1u);
+                char *payload = calloc(1, n);
+                if (!payload)
+                        return 2;
+                r = send_header(s, &h, 0, true);
+                if (r == 0)
+                        r = send_raw(s, payload, n, 0);
+                free(payload);
+        } else if (!strcmp(c, "unknown-tensor")) {
+                k0.tensor = 999;
+                r = send_header(s, &h, 0, false);
+        } else if (!strcmp(c, "bad-len")) {
+                k0.len = 3;
+                r = send_header(s, &h, 0, false);
+        } else if (!strcmp(c, "wrong-job")) {
+                h.job = 4242;
+                r = send_header(s, &h, 0, false);
+        } else if (!strcmp(c, "pull"))
+                r = send_header(s, &h, 0, false);
+        else if (!strcmp(c, "status")) {
+                h.type = PSNET__MSG_TYPE__MSG_STATUS;
+                h.n_keys = 0;
+                r = send_header(s, &h, 0, false);
+        } else if (!strcmp(c, "register-bad")) {
+                h.type = PSNET__MSG_TYPE__MSG_REGISTER;
+                h.n_keys = 0;
+                r = send_header(s, &h, 0, false);
+        } else {
+                fprintf(stderr, "pspoke: unknown case '%s'\n", c);
+                return 2;
+        }
+        if (r < 0) {
+                fprintf(stderr, "pspoke: send failed: %s\n", strerror(-r));
+                return 2;
+        }
+        zmq_pollitem_t it = { .socket = s, .events = ZMQ_POLLIN };
+        if (zmq_poll(&it, 1, 5000) <= 0) {
+                printf("no answer\n");
+                r = 3;
+        } else {
+                WireMsg m;
+                r = wire_recv(s, false, 0, &m);
+                if (r < 0)
+                        printf("undecodable answer reason=%s\n", m.reason);
+                else
+                        printf("type=%d status=%s frames=%zu reason=%s\n", m.hdr->type, status_name(m.hdr->status),
+                               m.nframes, m.hdr->reason ? m.hdr->reason : "");
+                wire_msg_done(&m);
+                r = r < 0 ? 4 : 0;
+        }
+        zmq_close(s);
+        zmq_ctx_term(ctx);
+        return r;
+}

@@ -1,0 +1,82 @@
+#!/usr/bin/env bash
+# Operability of every program: --help, bad flags, config files, unreachable
+# peers (bounded wait, names the address), a missing dataset, psctl status.
+source "$(dirname "$0")/lib.sh"
+
+for b in "$PSCOORD" "$PSD" "$WORKERD" "$PSCTL"; do
+  n=$(basename "$b")
+  out=$("$b" --help 2>&1); rc=$?
+  ok $(( rc != 0 )) "$n --help exits 0"
+  grep -q "Usage: $n" <<<"$out"; ok $? "$n --help prints usage"
+  grep -q -- "--config" <<<"$out"; ok $? "$n --help lists --config"
+  out=$("$b" --no-such-flag 2>&1); rc=$?
+  ok $(( rc != 2 )) "$n rejects an unknown flag with exit 2"
+  grep -q "unknown option '--no-such-flag'" <<<"$out"; ok $? "$n names the unknown flag"
+done
+
+out=$("$PSD" --id 1 --lease-ms 3 2>&1); grep -q "unknown option '--lease-ms'" <<<"$out"; ok $? "psd refuses a pscoord flag"
+out=$("$PSCOORD" --mode fast 2>&1); rc=$?
+ok $(( rc == 0 )) "pscoord refuses --mode fast"; grep -q "bad --mode 'fast'" <<<"$out"; ok $? "pscoord says why"
+out=$("$PSCOORD" --epochs abc 2>&1); ok $(( $? == 0 )) "pscoord refuses a non-number"
+
+printf '[pscoord]\nno_such_key = 1\n' >"$RUN/bad.conf"
+out=$("$PSCOORD" --config "$RUN/bad.conf" 2>&1); rc=$?
+ok $(( rc == 0 )) "a config file with an unknown key is refused"
+grep -q "no_such_key" <<<"$out"; ok $? "the refusal names the key"
+
+# Unreachable peers: a bounded wait, then a message naming the address.
+nowhere="ipc://$RUN/nobody.sock"
+t0=$SECONDS
+out=$("$WORKERD" --coord "$nowhere" --connect-timeout 1 2>&1); rc=$?
+ok $(( rc == 0 )) "workerd fails when pscoord is unreachable"
+grep -q "pscoord at $nowhere did not answer within 1 s" <<<"$out"; ok $? "workerd names the unreachable address"
+out=$("$PSD" --id 1 --listen "ipc://$RUN/p1.sock" --coord "$nowhere" --connect-timeout 1 2>&1); rc=$?
+ok $(( rc == 0 )) "psd fails when pscoord is unreachable"
+grep -q "pscoord at $nowhere did not answer" <<<"$out"; ok $? "psd names the unreachable address"
+out=$("$PSCTL" --coord "$nowhere" --timeout 1 status 2>&1); rc=$?
+ok $(( rc == 0 )) "psctl fails when pscoord is unreachable"
+grep -q "pscoord at $nowhere did not answer within 1 s" <<<"$out"; ok $? "psctl names the unreachable address"
+ok $(( SECONDS - t0 > 20 )) "the three waits were bounded ($((SECONDS - t0)) s)"
+out=$("$PSCTL" 2>&1); ok $(( $? != 2 )) "psctl without a command exits 2"
+
+# A config file sets options, flags override it.
+COORD="ipc://$RUN/coord.sock"
+printf '# pscoord test config\n[pscoord]\nlisten = %s\nworkers = 1\nshards = 1\nepochs = 7\n' "$COORD" >"$RUN/pscoord.conf"
+psnet_start pscoord "$PSCOORD" --config "$RUN/pscoord.conf" --epochs 1 "${SUBSET[@]}" --data "$RUN/no-data"
+printf '[psd]\nid = 3\nlisten = ipc://%s/psd-3.sock\ncoord = %s\n' "$RUN" "$COORD" >"$RUN/psd.conf"
+psnet_start psd-3 "$PSD" --config "$RUN/psd.conf"
+psnet_wait_for 10 "$PSCTL" --coord "$COORD" status; ok $? "pscoord answers on the endpoint from its config file"
+out=$("$PSCTL" --coord "$COORD" --json status)
+grep -q '"epochs":1' <<<"$out"; ok $? "a flag overrides the config file (epochs=1)"
+psnet_wait_for 10 bash -c "'$PSCTL' --coord '$COORD' --json status | grep -q '\"id\":3'"; ok $? "psd registered with the id from its config file"
+
+# A missing dataset: the worker says how to install it and exits non-zero.
+out=$(timeout 60 "$WORKERD" --coord "$COORD" 2>&1); rc=$?
+ok $(( rc == 0 )) "workerd exits non-zero without the dataset"
+grep -q "apt-get install dataset-fashion-mnist" <<<"$out"; ok $? "workerd says how to install the dataset"
+
+# psctl status, table and JSON, on a running job.
+psnet_stop_all
+COORD="ipc://$RUN/coord2.sock"
+psnet_start pscoord2 "$PSCOORD" --listen "$COORD" --workers 1 --shards 2 --epochs 30 "${SUBSET[@]}"
+for i in 1 2; do psnet_start "psd2-$i" "$PSD" --id $i --listen "ipc://$RUN/q$i.sock" --coord "$COORD"; done
+psnet_start workerd2 "$WORKERD" --coord "$COORD" --progress-ms 200
+psnet_wait_for 30 bash -c "'$PSCTL' --coord '$COORD' --json status | grep -q '\"step\":[1-9]'"
+ok $? "a worker reports steps to pscoord"
+out=$("$PSCTL" --coord "$COORD" status)
+grep -q "^SHARD" <<<"$out" && grep -q "^WORKER" <<<"$out"; ok $? "psctl status prints shard and worker tables"
+grep -qE "^1 +ipc://$RUN/q1.sock" <<<"$out"; ok $? "psctl status lists shard 1 with its address"
+json=$("$PSCTL" --coord "$COORD" --json status)
+if command -v jq >/dev/null; then
+  jq -e '.shards | length == 2' <<<"$json" >/dev/null; ok $? "psctl --json is valid JSON with 2 shards"
+  jq -e '[.shards[].keys] | add == 4' <<<"$json" >/dev/null; ok $? "the shards hold the job's 4 keys between them"
+  jq -e '.workers[0].steps_per_s > 0 and .workers[0].loss > 0' <<<"$json" >/dev/null; ok $? "worker steps/s and loss are reported"
+else
+  ok 1 "jq is installed (tests/run installs it)"
+fi
+out=$("$PSCTL" --coord "$COORD" job stop); ok $? "psctl job stop"
+psnet_wait_exit "$PID_workerd2" 20; ok $? "the worker leaves when the job is stopped"
+[ "$(job_state)" = stopped ]; ok $? "the job state is stopped"
+out=$("$PSCTL" --coord "$COORD" job submit --model mlp:784-32-10 --epochs 1 "${SUBSET[@]}"); ok $? "psctl job submit after a stop"
+grep -q "state=waiting" <<<"$out"; ok $? "the new job waits for workers"
+out=$("$PSCTL" --coord "$COORD" job submit --model mlp:784-32-10 --mode fast 2>&1); ok $(( $? == 0 )) "psctl job submit refuses a bad mode"
