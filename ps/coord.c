@@ -251,8 +251,14 @@ static void membership_changed(Coord *c) {
                 c->job_end_ms = now_ms();
                 log_info("job done job=%u accuracy=%.4f seconds=%.1f", c->job.id, c->accuracy,
                          (double) (c->job_end_ms - c->job_start_ms) / 1000.0);
+        } else if (nw == 0) {
+                /* Every worker left and rank 0 never reported an evaluation: the job
+                 * cannot finish by itself (workers failed, were killed, or stopped). */
+                c->state = "failed";
+                c->job_end_ms = now_ms();
+                log_error("job failed: every worker left without a result job=%u finished_workers=%s",
+                          c->job.id, any_done ? "some" : "none");
         }
-        (void) any_done;
         log_info("membership epoch=%lu workers=%zu", (unsigned long) c->members_epoch, nw);
         publish(c);
 }

@@ -199,7 +199,7 @@ static int cmd_job_wait(Ctl *c, unsigned wait_s) {
                         return r;
                 const Psnet__Control *s = m.hdr->ctl;
                 const char *state = s && s->job_state ? s->job_state : "?";
-                if (strcmp(state, "done") == 0 || strcmp(state, "stopped") == 0) {
+                if (strcmp(state, "done") == 0 || strcmp(state, "stopped") == 0 || strcmp(state, "failed") == 0) {
                         if (c->json)
                                 printf("{\"state\":\"%s\",\"accuracy\":%.4f}\n", state, s->has_accuracy ? s->accuracy : 0.0);
                         else if (s->has_accuracy)
@@ -237,7 +237,8 @@ int main(int argc, char **argv) {
                           "  status                 coordinator, shards and workers\n"
                           "  job submit [OPTIONS]   submit a job (psctl job submit --help)\n"
                           "  job stop               stop the running job\n"
-                          "  job wait               wait until the job is done; prints its accuracy",
+                          "  job wait               wait until the job is done; prints its accuracy\n"
+                          "                         (exit 1 when it failed or was stopped)",
         };
         int optind_ = 0, r;
 
