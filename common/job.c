@@ -148,13 +148,29 @@ int job_set_mode(Job *job, const char *mode) {
                 job->mode = MODE_BSP;
         else if (strcmp(mode, "asp") == 0)
                 job->mode = MODE_ASP;
-        else
+        else if (strncmp(mode, "ssp:", 4) == 0) {
+                char *end;
+                errno = 0;
+                if (mode[4] < '0' || mode[4] > '9')
+                        return -EINVAL;
+                unsigned long v = strtoul(mode + 4, &end, 10);
+                if (errno || *end || v > JOB_MAX_STALENESS)
+                        return -EINVAL;
+                job->mode = MODE_SSP;
+                job->staleness = (uint32_t) v;
+                return 0;
+        } else
                 return -EINVAL;
+        job->staleness = 0;
         return 0;
 }
 
-static const char *mode_name(ConsistencyMode m) {
-        return m == MODE_ASP ? "asp" : "bsp";
+const char *job_mode_string(const Job *job, char *buf, size_t n) {
+        if (job->mode == MODE_SSP)
+                snprintf(buf, n, "ssp:%u", job->staleness);
+        else
+                snprintf(buf, n, "%s", job->mode == MODE_ASP ? "asp" : "bsp");
+        return buf;
 }
 
 int job_set_optim(Job *job, const char *kind) {
@@ -227,8 +243,10 @@ int job_validate(const Job *job, char *err, size_t errlen) {
                 return job_err(err, errlen, "beta2 %g must be in [0, 1)", (double) o->beta2);
         if (!isfinite(o->eps) || o->eps <= 0)
                 return job_err(err, errlen, "eps %g must be > 0", (double) o->eps);
-        if (job->mode != MODE_BSP && job->mode != MODE_ASP)
-                return job_err(err, errlen, "mode must be bsp or asp");
+        if (job->mode != MODE_BSP && job->mode != MODE_ASP && job->mode != MODE_SSP)
+                return job_err(err, errlen, "mode must be bsp, asp or ssp:S");
+        if (job->staleness > JOB_MAX_STALENESS)
+                return job_err(err, errlen, "staleness %u out of range 0..%u", job->staleness, JOB_MAX_STALENESS);
         if (job->batch < 1 || job->batch > JOB_MAX_BATCH)
                 return job_err(err, errlen, "batch %u out of range 1..%u", job->batch, JOB_MAX_BATCH);
         if (job->epochs < 1 || job->epochs > JOB_MAX_EPOCHS)
@@ -358,7 +376,10 @@ int job_to_proto(const Job *job, Psnet__JobSpec **ret) {
         psnet__job_spec__init(s);
         s->id = job->id;
         s->model = strdup(job->model);
-        s->mode = strdup(mode_name(job->mode));
+        char mode[32];
+        s->mode = strdup(job_mode_string(job, mode, sizeof mode));
+        s->has_lr_scaling = true;
+        s->lr_scaling = job->lr_scaling;
         s->dataset = strdup(job->dataset);
         s->optim = o = malloc(sizeof *o);
         if (o) {
@@ -471,7 +492,8 @@ int job_from_proto(const Psnet__JobSpec *spec, Job *ret, char *err, size_t errle
         j.optim.beta2 = o->beta2;
         j.optim.eps = o->eps;
         if (job_set_mode(&j, spec->mode) < 0)
-                return job_err(err, errlen, "mode '%.16s' is not bsp or asp", spec->mode);
+                return job_err(err, errlen, "mode '%.16s' is not bsp, asp or ssp:S", spec->mode);
+        j.lr_scaling = spec->has_lr_scaling && spec->lr_scaling;
         j.seed = spec->seed;
         j.batch = spec->batch;
         j.epochs = spec->epochs;

@@ -10,7 +10,9 @@
 #define JOB_MAX_TENSORS 64
 #define JOB_DEFAULT_CHUNK_FLOATS (256u * 1024u) /* 1 MiB of f32 */
 
-typedef enum { MODE_BSP, MODE_ASP } ConsistencyMode;
+typedef enum { MODE_BSP, MODE_ASP, MODE_SSP } ConsistencyMode;
+
+#define JOB_MAX_STALENESS 1000000u
 
 typedef struct OptimConf {
         char kind[8];        /* "sgd" or "adam" */
@@ -37,6 +39,8 @@ typedef struct Job {
         size_t nlayers;
         OptimConf optim;
         ConsistencyMode mode;
+        uint32_t staleness;  /* SSP: a worker at clock c pulls once the slowest reached c - staleness */
+        bool lr_scaling;     /* multiply lr by the number of active workers */
         uint32_t chunk_floats;
         uint64_t seed;
         uint32_t batch, epochs;
@@ -53,7 +57,10 @@ void job_defaults(Job *job);
  * 1..65536): tensors W0 [D1 x D0] (he init), b0 [D1] (zeros), W1, b1, ...
  * Returns -EINVAL for anything else. */
 int job_set_model(Job *job, const char *model);
-int job_set_mode(Job *job, const char *mode);       /* "bsp" | "asp" */
+/* "bsp" | "asp" | "ssp:S" (S = 0..JOB_MAX_STALENESS); -EINVAL otherwise. */
+int job_set_mode(Job *job, const char *mode);
+/* The mode as job_set_mode reads it, e.g. "ssp:3". */
+const char *job_mode_string(const Job *job, char *buf, size_t n);
 int job_set_optim(Job *job, const char *kind);      /* "sgd" | "adam"; keeps lr etc. */
 /* Checks ranges (lr > 0, chunk_floats 1..64Mi, batch >= 1, ...); on failure
  * writes the reason into err and returns -EINVAL. */

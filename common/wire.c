@@ -52,6 +52,10 @@ static const char *type_name(int t) {
         case PSNET__MSG_TYPE__MSG_JOB_REP: return "JOB_REP";
         case PSNET__MSG_TYPE__MSG_RESULT: return "RESULT";
         case PSNET__MSG_TYPE__MSG_DEREGISTER_REP: return "DEREGISTER_REP";
+        case PSNET__MSG_TYPE__MSG_DRAIN: return "DRAIN";
+        case PSNET__MSG_TYPE__MSG_JOB_MODE: return "JOB_MODE";
+        case PSNET__MSG_TYPE__MSG_FENCE: return "FENCE";
+        case PSNET__MSG_TYPE__MSG_FENCE_REP: return "FENCE_REP";
         }
         return NULL;
 }

@@ -28,7 +28,22 @@ typedef struct Peer {
         Psnet__ShardInfo shard;     /* last reported stats (endpoint not owned) */
         Psnet__WorkerInfo worker;
         bool done;
+        bool member;                /* counted by the shards' gates */
+        int64_t start_clock;        /* clock it started at */
+        bool drain;
 } Peer;
+
+/* A change agreed at a clock boundary: pscoord fences the shards, learns their
+ * clocks, picks the boundary and publishes the change with it. */
+typedef struct Fence {
+        bool active;
+        uint64_t seq, deadline, retry_at;
+        size_t replies, expected;
+        int64_t max_clock, max_wclock, min_wclock;
+        bool mode_change;
+        ConsistencyMode mode;
+        uint32_t staleness;
+} Fence;
 
 typedef struct Coord {
         const CoordConfig *cfg;
@@ -40,6 +55,11 @@ typedef struct Coord {
         uint32_t next_worker_id;
         ShardMap *map;
         uint64_t map_epoch, members_epoch;
+        uint32_t *prev_ids;         /* membership before the pending boundary */
+        size_t nprev;
+        int64_t switch_clock;       /* 0: no boundary pending */
+        Fence fence;
+        uint64_t fence_seq;
         float accuracy;
         bool has_accuracy;
         uint64_t start_ms, job_start_ms, job_end_ms;
@@ -79,6 +99,13 @@ static void peer_done(Peer *p) {
 
 static void remove_peer(Coord *c, Peer *p) {
         size_t i = (size_t) (p - c->peers);
+        if (p->role == PSNET__ROLE__ROLE_WORKER)
+                for (size_t j = 0; j < c->nprev; j++)
+                        if (c->prev_ids[j] == p->id) {
+                                memmove(&c->prev_ids[j], &c->prev_ids[j + 1], (c->nprev - j - 1) * sizeof *c->prev_ids);
+                                c->nprev--;
+                                break;
+                        }
         peer_done(p);
         memmove(&c->peers[i], &c->peers[i + 1], (c->npeers - i - 1) * sizeof *p);
         c->npeers--;
@@ -107,32 +134,47 @@ static int cmp_peer_id(const void *a, const void *b) {
         return (*x)->id < (*y)->id ? -1 : (*x)->id > (*y)->id;
 }
 
-/* Workers in id order (ranks follow this order). Caller frees. */
-static Peer **sorted_workers(Coord *c, size_t *ret_n) {
+/* Workers in id order (ranks follow this order); only members when
+ * members_only. Caller frees. */
+static Peer **sorted_workers_sel(Coord *c, bool members_only, size_t *ret_n) {
         size_t n = count_role(c, PSNET__ROLE__ROLE_WORKER), j = 0;
         Peer **v = ps_malloc((n ? n : 1) * sizeof *v);
         if (!v)
                 return NULL;
         for (size_t i = 0; i < c->npeers; i++)
-                if (c->peers[i].role == PSNET__ROLE__ROLE_WORKER)
+                if (c->peers[i].role == PSNET__ROLE__ROLE_WORKER && (!members_only || c->peers[i].member))
                         v[j++] = &c->peers[i];
-        qsort(v, n, sizeof *v, cmp_peer_id);
-        *ret_n = n;
+        qsort(v, j, sizeof *v, cmp_peer_id);
+        *ret_n = j;
         return v;
+}
+
+static Peer **sorted_workers(Coord *c, size_t *ret_n) {
+        return sorted_workers_sel(c, true, ret_n);
 }
 
 /* Sends job, map, membership and state to one peer. */
 static int send_config(Coord *c, Peer *p, Psnet__JobSpec *spec, Psnet__ShardMap *pm,
                        Psnet__Membership *mem, uint32_t nworkers) {
         Psnet__Control ctl = PSNET__CONTROL__INIT;
+        Psnet__Membership prev = PSNET__MEMBERSHIP__INIT;
         ctl.job = spec;
         ctl.map = pm;
         ctl.members = mem;
         ctl.job_state = (char *) c->state;
         if (p->role == PSNET__ROLE__ROLE_WORKER) {
-                ctl.has_rank = ctl.has_nworkers = true;
+                ctl.has_rank = ctl.has_nworkers = ctl.has_start_clock = true;
                 ctl.rank = p->rank;
                 ctl.nworkers = nworkers;
+                ctl.start_clock = p->start_clock;
+                ctl.has_drain = p->drain;
+                ctl.drain = p->drain;
+        }
+        if (c->switch_clock > 0 && p->role == PSNET__ROLE__ROLE_SERVER) {
+                prev.epoch = mem->epoch;
+                prev.n_workers = c->nprev;
+                prev.workers = c->prev_ids;
+                ctl.prev_members = &prev;
         }
         ctl.has_assigned_id = true;
         ctl.assigned_id = p->id;
@@ -145,22 +187,28 @@ static void publish(Coord *c) {
         size_t nw = 0;
         _cleanup_free_ Peer **workers = sorted_workers(c, &nw);
         _cleanup_free_ uint32_t *ids = ps_malloc((nw ? nw : 1) * sizeof *ids);
+        _cleanup_free_ int64_t *starts = ps_malloc((nw ? nw : 1) * sizeof *starts);
         _cleanup_free_ Psnet__ShardInfo *si = NULL;
         _cleanup_free_ Psnet__ShardInfo **sip = NULL;
         Psnet__ShardMap pm = PSNET__SHARD_MAP__INIT;
         Psnet__Membership mem = PSNET__MEMBERSHIP__INIT;
 
-        if (!workers || !ids || job_to_proto(&c->job, &spec) < 0) {
+        if (!workers || !ids || !starts || job_to_proto(&c->job, &spec) < 0) {
                 log_error("out of memory while publishing the configuration");
                 return;
         }
         for (size_t i = 0; i < nw; i++) {
                 ids[i] = workers[i]->id;
+                starts[i] = workers[i]->start_clock;
                 workers[i]->rank = (uint32_t) i;
         }
         mem.epoch = c->members_epoch;
         mem.n_workers = nw;
         mem.workers = ids;
+        mem.n_start_clocks = nw;
+        mem.start_clocks = starts;
+        mem.has_from_clock = true;
+        mem.from_clock = c->switch_clock;
         if (c->map) {
                 size_t n = shardmap_size(c->map);
                 si = ps_calloc(n, sizeof *si);
@@ -186,6 +234,8 @@ static void publish(Coord *c) {
                         Peer *p = &c->peers[i];
                         if (p->role != (pass == 0 ? PSNET__ROLE__ROLE_SERVER : PSNET__ROLE__ROLE_WORKER))
                                 continue;
+                        if (p->role == PSNET__ROLE__ROLE_WORKER && !p->member)
+                                continue; /* joins at the next boundary */
                         int r = send_config(c, p, c->map ? spec : NULL, c->map ? &pm : NULL, &mem,
                                             (uint32_t) nw);
                         if (r < 0)
@@ -228,6 +278,13 @@ static void maybe_start(Coord *c) {
         }
         c->state = "running";
         c->members_epoch++;
+        c->switch_clock = 0;
+        c->nprev = 0;
+        for (size_t i = 0; i < c->npeers; i++)
+                if (c->peers[i].role == PSNET__ROLE__ROLE_WORKER) {
+                        c->peers[i].member = true;
+                        c->peers[i].start_clock = 0;
+                }
         c->job_start_ms = now_ms();
         c->has_accuracy = false;
         log_info("job started job=%u model=%s mode=%s shards=%zu workers=%zu map_epoch=%lu",
@@ -242,18 +299,21 @@ static void membership_changed(Coord *c) {
                 return;
         }
         c->members_epoch++;
-        size_t nw = count_role(c, PSNET__ROLE__ROLE_WORKER);
-        bool any_done = false;
-        for (size_t i = 0; i < c->npeers; i++)
+        size_t nw = 0;
+        _cleanup_free_ Peer **members = sorted_workers(c, &nw);
+        bool any_done = false, joining = false;
+        for (size_t i = 0; i < c->npeers; i++) {
                 any_done |= c->peers[i].role == PSNET__ROLE__ROLE_WORKER && c->peers[i].done;
-        if (nw == 0 && c->has_accuracy) {
+                joining |= c->peers[i].role == PSNET__ROLE__ROLE_WORKER && !c->peers[i].member;
+        }
+        if (nw == 0 && !joining && c->has_accuracy) {
                 c->state = "done";
                 c->job_end_ms = now_ms();
                 log_info("job done job=%u accuracy=%.4f seconds=%.1f", c->job.id, c->accuracy,
                          (double) (c->job_end_ms - c->job_start_ms) / 1000.0);
-        } else if (nw == 0) {
-                /* Every worker left and rank 0 never reported an evaluation: the job
-                 * cannot finish by itself (workers failed, were killed, or stopped). */
+        } else if (nw == 0 && !joining) {
+                /* Every worker left without an evaluation: the job cannot finish by
+                 * itself (workers failed, were killed, or stopped). */
                 c->state = "failed";
                 c->job_end_ms = now_ms();
                 log_error("job failed: every worker left without a result job=%u finished_workers=%s",
@@ -261,6 +321,113 @@ static void membership_changed(Coord *c) {
         }
         log_info("membership epoch=%lu workers=%zu", (unsigned long) c->members_epoch, nw);
         publish(c);
+}
+
+/* Asks every shard of the map for its clocks and to hold still past the next
+ * one; fence_done picks the boundary when all have answered. */
+static void fence_start(Coord *c, bool mode_change, ConsistencyMode mode, uint32_t staleness) {
+        Fence *f = &c->fence;
+        if (f->active) {
+                if (mode_change) {
+                        f->mode_change = true;
+                        f->mode = mode;
+                        f->staleness = staleness;
+                }
+                return;
+        }
+        *f = (Fence) { .active = true, .seq = ++c->fence_seq, .deadline = now_ms() + 2000,
+                       .mode_change = mode_change, .mode = mode, .staleness = staleness, .min_wclock = -1 };
+        for (size_t i = 0; i < c->npeers; i++) {
+                Peer *p = &c->peers[i];
+                if (p->role != PSNET__ROLE__ROLE_SERVER || !c->map || shardmap_find(c->map, p->id) < 0)
+                        continue;
+                int r = reply(c, &p->route, PSNET__MSG_TYPE__MSG_FENCE, f->seq, NULL);
+                if (r < 0)
+                        log_warning_errno(r, "Failed to send a fence to shard=%u: %m", p->id);
+                else
+                        f->expected++;
+        }
+        log_info("fence seq=%lu shards=%zu", (unsigned long) f->seq, f->expected);
+}
+
+/* All shards answered: pick the boundary, admit the joiners, switch the mode. */
+static void fence_commit(Coord *c) {
+        Fence *f = &c->fence;
+        ConsistencyMode old = c->job.mode, next = f->mode_change ? f->mode : c->job.mode;
+        int64_t from;
+        if (old == MODE_BSP)
+                from = f->max_clock + 1;          /* no chunk has passed it (fenced) */
+        else if (next == MODE_BSP)
+                from = f->max_wclock + 2;         /* no worker can push past max+1 (fenced) */
+        else
+                from = 0;                         /* ASP/SSP to ASP/SSP: applies at once */
+        int64_t start = from > 0 ? from : MAX(f->min_wclock, (int64_t) 0);
+
+        size_t nw = 0;
+        _cleanup_free_ Peer **members = sorted_workers(c, &nw);
+        uint32_t *prev = ps_realloc(c->prev_ids, (nw ? nw : 1) * sizeof *prev);
+        if (!prev || !members) {
+                log_error("out of memory at a fence commit");
+                return;
+        }
+        c->prev_ids = prev;
+        c->nprev = nw;
+        for (size_t i = 0; i < nw; i++)
+                prev[i] = members[i]->id;
+        size_t joined = 0;
+        for (size_t i = 0; i < c->npeers; i++) {
+                Peer *p = &c->peers[i];
+                if (p->role == PSNET__ROLE__ROLE_WORKER && !p->member) {
+                        p->member = true;
+                        p->start_clock = start;
+                        joined++;
+                }
+        }
+        if (f->mode_change) {
+                c->job.mode = next;
+                c->job.staleness = f->staleness;
+        }
+        c->switch_clock = from;
+        f->active = false;
+        char mode[32];
+        log_info("boundary from_clock=%ld joined=%zu start_clock=%ld mode=%s", (long) from, joined, (long) start,
+                 job_mode_string(&c->job, mode, sizeof mode));
+        c->members_epoch++;
+        publish(c);
+}
+
+static void handle_fence_rep(Coord *c, WireMsg *m) {
+        Fence *f = &c->fence;
+        const Psnet__ShardInfo *si = m->hdr->ctl ? m->hdr->ctl->shard_stats : NULL;
+        if (!f->active || m->hdr->seq != f->seq || !si)
+                return;
+        f->max_clock = MAX(f->max_clock, si->max_clock);
+        f->max_wclock = MAX(f->max_wclock, si->max_worker_clock);
+        f->min_wclock = MAX(f->min_wclock, si->min_worker_clock);
+        if (++f->replies >= f->expected)
+                fence_commit(c);
+}
+
+/* Called on every loop turn: gives up on a fence a shard did not answer (the
+ * shards are released by republishing) and starts one for waiting joiners. */
+static void fence_tick(Coord *c) {
+        Fence *f = &c->fence;
+        uint64_t now = now_ms();
+        if (f->active && now > f->deadline) {
+                log_warning("fence seq=%lu got %zu of %zu answers; released, will retry", (unsigned long) f->seq,
+                            f->replies, f->expected);
+                f->active = false;
+                f->retry_at = now + 1000;
+                publish(c);
+                return;
+        }
+        if (f->active || now < f->retry_at || strcmp(c->state, "running") != 0)
+                return;
+        for (size_t i = 0; i < c->npeers; i++)
+                if (c->peers[i].role == PSNET__ROLE__ROLE_WORKER && !c->peers[i].member) {
+                        fence_start(c, false, c->job.mode, c->job.staleness);
+                        return;
+                }
 }
 
 static void handle_register(Coord *c, WireMsg *m) {
@@ -336,6 +503,11 @@ static void handle_register(Coord *c, WireMsg *m) {
         if (reg->role == PSNET__ROLE__ROLE_SERVER && c->map && shardmap_find(c->map, id) >= 0) {
                 /* A shard of the current map came back: give it the job again. */
                 publish(c);
+                return;
+        }
+        if (reg->role == PSNET__ROLE__ROLE_WORKER && strcmp(c->state, "running") == 0) {
+                /* Joins at the next clock boundary. */
+                fence_start(c, false, c->job.mode, c->job.staleness);
                 return;
         }
         membership_changed(c);
@@ -477,6 +649,56 @@ static void handle_result(Coord *c, WireMsg *m, Peer *p) {
         (void) reply(c, &m->route, PSNET__MSG_TYPE__MSG_HEARTBEAT_REP, m->hdr->seq, NULL);
 }
 
+static void handle_drain(Coord *c, WireMsg *m) {
+        char reason[96];
+        const Psnet__Control *ctl = m->hdr->ctl;
+        if (!ctl || !ctl->has_assigned_id) {
+                reply_error(c, &m->route, m->hdr->seq, PSNET__STATUS__STATUS_MALFORMED, "DRAIN needs ctl.assigned_id");
+                return;
+        }
+        Peer *p = find_peer(c, PSNET__ROLE__ROLE_WORKER, ctl->assigned_id);
+        if (!p) {
+                snprintf(reason, sizeof reason, "no worker %u", ctl->assigned_id);
+                reply_error(c, &m->route, m->hdr->seq, PSNET__STATUS__STATUS_INVALID, reason);
+                return;
+        }
+        p->drain = true;
+        log_info("draining worker=%u", p->id);
+        Psnet__Control c2 = PSNET__CONTROL__INIT;
+        c2.has_drain = c2.drain = true;
+        c2.has_assigned_id = true;
+        c2.assigned_id = p->id;
+        int r = reply(c, &p->route, PSNET__MSG_TYPE__MSG_CONFIG, 0, &c2);
+        if (r < 0)
+                log_warning_errno(r, "Failed to tell worker=%u to drain: %m", p->id);
+        Psnet__Control ok = PSNET__CONTROL__INIT;
+        ok.job_state = (char *) "draining";
+        (void) reply(c, &m->route, PSNET__MSG_TYPE__MSG_JOB_REP, m->hdr->seq, &ok);
+}
+
+static void handle_job_mode(Coord *c, WireMsg *m) {
+        char reason[128];
+        const Psnet__Control *ctl = m->hdr->ctl;
+        Job j = c->job;
+        if (!ctl || !ctl->mode || job_set_mode(&j, ctl->mode) < 0) {
+                snprintf(reason, sizeof reason, "bad mode '%.32s' (expected bsp, asp or ssp:S)",
+                         ctl && ctl->mode ? ctl->mode : "");
+                reply_error(c, &m->route, m->hdr->seq, PSNET__STATUS__STATUS_INVALID, reason);
+                return;
+        }
+        Psnet__Control ok = PSNET__CONTROL__INIT;
+        if (strcmp(c->state, "running") == 0) {
+                fence_start(c, true, j.mode, j.staleness);
+                ok.job_state = (char *) "switching at the next clock boundary";
+        } else {
+                c->job.mode = j.mode;
+                c->job.staleness = j.staleness;
+                ok.job_state = (char *) c->state;
+        }
+        log_info("mode change requested mode=%s", ctl->mode);
+        (void) reply(c, &m->route, PSNET__MSG_TYPE__MSG_JOB_REP, m->hdr->seq, &ok);
+}
+
 static void handle_message(Coord *c, WireMsg *m) {
         Psnet__Header *h = m->hdr;
         char reason[128];
@@ -492,6 +714,15 @@ static void handle_message(Coord *c, WireMsg *m) {
                 return;
         case PSNET__MSG_TYPE__MSG_JOB_STOP:
                 handle_job_stop(c, m);
+                return;
+        case PSNET__MSG_TYPE__MSG_DRAIN:
+                handle_drain(c, m);
+                return;
+        case PSNET__MSG_TYPE__MSG_JOB_MODE:
+                handle_job_mode(c, m);
+                return;
+        case PSNET__MSG_TYPE__MSG_FENCE_REP:
+                handle_fence_rep(c, m);
                 return;
         case PSNET__MSG_TYPE__MSG_HEARTBEAT:
         case PSNET__MSG_TYPE__MSG_DEREGISTER:
@@ -624,11 +855,13 @@ int coord_run(const CoordConfig *cfg) {
                 }
                 r = 0;
                 expire_leases(&c);
+                fence_tick(&c);
         }
 finish:
         for (size_t i = 0; i < c.npeers; i++)
                 peer_done(&c.peers[i]);
         ps_free(c.peers);
+        ps_free(c.prev_ids);
         shardmap_free(c.map);
         if (sfd >= 0)
                 close(sfd);

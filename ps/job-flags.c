@@ -17,7 +17,7 @@ void jobflags_init(JobFlags *f) {
 size_t jobflags_options(JobFlags *f, Option *o) {
         const Option t[JOBFLAGS_NOPTS] = {
                 { "model", OPT_STR, &f->model, "SPEC", "model, e.g. mlp:784-256-10" },
-                { "mode", OPT_STR, &f->mode, "MODE", "consistency: bsp or asp (default bsp)" },
+                { "mode", OPT_STR, &f->mode, "MODE", "consistency: bsp, asp or ssp:S (default bsp)" },
                 { "optim", OPT_STR, &f->optim, "NAME", "optimizer on the shards: sgd or adam (default sgd)" },
                 { "lr", OPT_FLOAT, &f->lr, "RATE", "learning rate" },
                 { "momentum", OPT_FLOAT, &f->momentum, "MU", "SGD momentum" },
@@ -31,10 +31,10 @@ size_t jobflags_options(JobFlags *f, Option *o) {
                 { "seed", OPT_U64, &f->seed, "N", "seed of the initial weights and shuffling" },
                 { "train-limit", OPT_UINT, &f->train_limit, "N", "use only the first N training images (0: all)" },
                 { "test-limit", OPT_UINT, &f->test_limit, "N", "evaluate on the first N test images (0: all)" },
-                { "job-id", OPT_UINT, NULL, NULL, NULL },
+                { "lr-scaling", OPT_BOOL, &f->lr_scaling, NULL, "multiply lr by the number of active workers" },
         };
         memcpy(o, t, sizeof t);
-        return JOBFLAGS_NOPTS - 1; /* the last entry is a spare terminator */
+        return JOBFLAGS_NOPTS;
 }
 
 int jobflags_to_job(const JobFlags *f, Job *job, char *err, size_t errlen) {
@@ -57,7 +57,7 @@ int jobflags_to_job(const JobFlags *f, Job *job, char *err, size_t errlen) {
                 return -EINVAL;
         }
         if (f->mode && job_set_mode(job, f->mode) < 0) {
-                snprintf(err, errlen, "bad --mode '%s' (expected bsp or asp)", f->mode);
+                snprintf(err, errlen, "bad --mode '%s' (expected bsp, asp or ssp:S)", f->mode);
                 return -EINVAL;
         }
         if (f->optim && job_set_optim(job, f->optim) < 0) {
@@ -74,6 +74,7 @@ int jobflags_to_job(const JobFlags *f, Job *job, char *err, size_t errlen) {
         job->expect_workers = f->workers;
         job->expect_shards = f->shards;
         job->seed = f->seed;
+        job->lr_scaling = f->lr_scaling;
         job->train_limit = f->train_limit;
         job->test_limit = f->test_limit;
         return job_validate(job, err, errlen);

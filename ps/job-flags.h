@@ -12,6 +12,7 @@ typedef struct JobFlags {
         float lr, momentum, weight_decay;
         unsigned epochs, batch, workers, shards, chunk_kb, train_limit, test_limit;
         uint64_t seed;
+        bool lr_scaling;
 } JobFlags;
 
 /* Defaults from job_defaults(). */

@@ -106,12 +106,13 @@ static bool psd_check_keys(Psd *p, const zmq_msg_t *route, const Psnet__Header *
 }
 
 static bool pull_ready(Psd *p, const Psnet__Header *h, Chunk **chunks) {
-        if (p->store->job.mode != MODE_BSP)
-                return true;
-        for (size_t i = 0; i < h->n_keys; i++)
-                if (chunks[i]->clock < h->clock)
-                        return false;
-        return true;
+        int64_t slowest;
+        bool ready = store_pull_ready(p->store, chunks, h->n_keys, h->clock, &slowest);
+        if (ready && store_cfg(p->store, h->clock)->mode == MODE_SSP)
+                /* The SSP bound, observable by the tests: clock - slowest <= staleness. */
+                log_debug("ssp pull worker=%u clock=%ld slowest=%ld staleness=%u", h->sender, (long) h->clock,
+                          (long) slowest, store_cfg(p->store, h->clock)->staleness);
+        return ready;
 }
 
 static int psd_send_values(Psd *p, const zmq_msg_t *route, const Psnet__Header *req, Chunk **chunks) {
@@ -284,14 +285,27 @@ static void psd_apply_config(Psd *p, const Psnet__Control *ctl) {
                                  (unsigned long) p->store->nkeys, (unsigned long) p->store->bytes,
                                  (unsigned long) ctl->map->epoch);
         }
-        if (ctl->members) {
-                r = store_set_members(p->store, ctl->members->workers, ctl->members->n_workers,
-                                      ctl->members->epoch);
+        if (ctl->members && p->store->has_job) {
+                const Psnet__Membership *m = ctl->members, *pm = ctl->prev_members;
+                Job j = p->store->job;
+                if (ctl->job && job_from_proto(ctl->job, &j, err, sizeof err) < 0)
+                        j = p->store->job;
+                if (m->n_start_clocks && m->n_start_clocks != m->n_workers) {
+                        log_error("pscoord sent %zu start clocks for %zu workers", m->n_start_clocks, m->n_workers);
+                        return;
+                }
+                r = store_set_config(p->store, j.mode, j.staleness, m->workers,
+                                     m->n_start_clocks ? m->start_clocks : NULL, m->n_workers,
+                                     pm ? pm->workers : NULL, pm ? pm->n_workers : 0,
+                                     m->has_from_clock ? m->from_clock : 0, m->epoch);
                 if (r < 0)
                         log_error_errno(r, "Failed to set membership: %m");
-                else
-                        log_info("membership epoch=%lu workers=%zu", (unsigned long) ctl->members->epoch,
-                                 ctl->members->n_workers);
+                else {
+                        char mode[32];
+                        log_info("membership epoch=%lu workers=%zu from_clock=%ld mode=%s", (unsigned long) m->epoch,
+                                 m->n_workers, (long) (m->has_from_clock ? m->from_clock : 0),
+                                 job_mode_string(&j, mode, sizeof mode));
+                }
         }
         psd_wake_parked(p);
 }
@@ -329,6 +343,30 @@ static void psd_handle_coord(Psd *p, WireMsg *m) {
         case PSNET__MSG_TYPE__MSG_HEARTBEAT_REP:
                 p->last_hb_reply = now_ms();
                 break;
+        case PSNET__MSG_TYPE__MSG_FENCE: {
+                Psnet__Control ctl = PSNET__CONTROL__INIT;
+                Psnet__ShardInfo si = PSNET__SHARD_INFO__INIT;
+                Psnet__Header r;
+                int64_t slowest, fastest;
+                si.id = p->cfg->id;
+                si.endpoint = p->cfg->advertise ? p->cfg->advertise : p->cfg->listen;
+                si.has_max_clock = si.has_min_worker_clock = si.has_max_worker_clock = true;
+                si.max_clock = store_fence(p->store, &slowest, &fastest);
+                si.min_worker_clock = slowest;
+                si.max_worker_clock = fastest;
+                ctl.shard_stats = &si;
+                wire_header_init(&r, PSNET__MSG_TYPE__MSG_FENCE_REP);
+                r.has_seq = r.has_sender = true;
+                r.seq = h->seq;
+                r.sender = p->cfg->id;
+                r.ctl = &ctl;
+                int e = wire_send(p->coord->sock, NULL, &r, NULL, 0);
+                if (e < 0)
+                        log_warning_errno(e, "Failed to answer fence: %m");
+                log_info("fence max_clock=%ld slowest=%ld fastest=%ld", (long) si.max_clock, (long) slowest,
+                         (long) fastest);
+                break;
+        }
         case PSNET__MSG_TYPE__MSG_ERROR:
                 if (h->status == PSNET__STATUS__STATUS_UNKNOWN_PEER) {
                         log_warning("pscoord does not know this shard (restarted?): registering again");

@@ -152,7 +152,9 @@ Store *store_free(Store *s) {
                 return NULL;
         store_drop_chunks(s);
         shardmap_free(s->map);
-        ps_free(s->members);
+        ps_free(s->prev.members);
+        ps_free(s->cur.members);
+        ps_free(s->wclock);
         ps_free(s->sum);
         ps_free(s);
         return NULL;
@@ -195,7 +197,11 @@ int store_configure(Store *s, const Job *job, const ShardMap *map) {
                 }
                 s->pushes = s->pulls = s->applied = 0;
         }
-        s->job.mode = job->mode; /* switchable between clocks */
+        if (!s->has_job) {
+                s->cur.mode = s->prev.mode = job->mode;
+                s->cur.staleness = s->prev.staleness = job->staleness;
+        }
+        s->job.lr_scaling = job->lr_scaling;
         s->has_job = true;
 
         size_t per = optim_state_per_value(&job->optim);
@@ -236,18 +242,152 @@ static int cmp_u32(const void *a, const void *b) {
         return x < y ? -1 : x > y;
 }
 
-int store_set_members(Store *s, const uint32_t *workers, size_t n, uint64_t epoch) {
+static int64_t *worker_clock(Store *s, uint32_t worker) {
+        if (worker >= s->nwclock) {
+                size_t n = MAX((size_t) worker + 1, s->nwclock * 2);
+                int64_t *p = ps_realloc(s->wclock, n * sizeof *p);
+                if (!p)
+                        return NULL;
+                for (size_t i = s->nwclock; i < n; i++)
+                        p[i] = -1;
+                s->wclock = p;
+                s->nwclock = n;
+        }
+        return &s->wclock[worker];
+}
+
+static int cfg_set(StoreCfg *c, ConsistencyMode mode, uint32_t staleness, const uint32_t *w, size_t n) {
         uint32_t *m = ps_malloc((n ? n : 1) * sizeof *m);
         if (!m)
                 return -ENOMEM;
         if (n)
-                memcpy(m, workers, n * sizeof *m);
+                memcpy(m, w, n * sizeof *m);
         qsort(m, n, sizeof *m, cmp_u32);
-        ps_free(s->members);
-        s->members = m;
-        s->nmembers = n;
+        ps_free(c->members);
+        c->members = m;
+        c->nmembers = n;
+        c->mode = mode;
+        c->staleness = staleness;
+        return 0;
+}
+
+const StoreCfg *store_cfg(const Store *s, int64_t clock) {
+        return clock < s->switch_clock ? &s->prev : &s->cur;
+}
+
+static int chunk_flush_async(Store *s, Chunk *c);
+
+int store_set_config(Store *s, ConsistencyMode mode, uint32_t staleness, const uint32_t *workers,
+                     const int64_t *start, size_t n, const uint32_t *prev, size_t nprev,
+                     int64_t from_clock, uint64_t epoch) {
+        ConsistencyMode old_mode = s->cur.mode;
+        uint32_t old_staleness = s->cur.staleness;
+        int r;
+        if (prev)
+                r = cfg_set(&s->prev, old_mode, old_staleness, prev, nprev);
+        else
+                r = cfg_set(&s->prev, mode, staleness, workers, n);
+        if (r < 0)
+                return r;
+        r = cfg_set(&s->cur, mode, staleness, workers, n);
+        if (r < 0)
+                return r;
+        s->switch_clock = prev ? from_clock : 0;
         s->members_epoch = epoch;
+        s->fenced = false;
+        for (size_t i = 0; start && i < n; i++) {
+                int64_t *wc = worker_clock(s, workers[i]);
+                if (!wc)
+                        return -ENOMEM;
+                if (*wc < start[i])
+                        *wc = start[i];
+        }
+        if (s->has_job && s->chunks) {
+                for (size_t t = 0; t < s->job.ntensors; t++)
+                        for (uint32_t k = 0; s->chunks[t] && k < s->job.tensors[t].nchunks; k++) {
+                                Chunk *c = s->chunks[t][k];
+                                if (!c)
+                                        continue;
+                                /* Entering BSP: chunk clocks count closed clocks from the boundary on. */
+                                if (mode == MODE_BSP && old_mode != MODE_BSP)
+                                        c->clock = from_clock;
+                                /* Leaving BSP: what was parked for a clock now governed otherwise is applied. */
+                                if (store_cfg(s, c->clock)->mode != MODE_BSP && c->npending) {
+                                        r = chunk_flush_async(s, c);
+                                        if (r < 0)
+                                                return r;
+                                }
+                        }
+        }
         return store_settle(s);
+}
+
+int store_set_members(Store *s, const uint32_t *workers, size_t n, uint64_t epoch) {
+        return store_set_config(s, s->cur.mode, s->cur.staleness, workers, NULL, n, NULL, 0, 0, epoch);
+}
+
+int64_t store_fence(Store *s, int64_t *ret_min_worker, int64_t *ret_max_worker) {
+        int64_t maxc = 0;
+        if (s->has_job && s->chunks)
+                for (size_t t = 0; t < s->job.ntensors; t++)
+                        for (uint32_t k = 0; s->chunks[t] && k < s->job.tensors[t].nchunks; k++)
+                                if (s->chunks[t][k] && s->chunks[t][k]->clock > maxc)
+                                        maxc = s->chunks[t][k]->clock;
+        int64_t slowest = -1, fastest = 0;
+        for (size_t i = 0; i < s->cur.nmembers; i++) {
+                uint32_t w = s->cur.members[i];
+                int64_t wc = w < s->nwclock ? s->wclock[w] : -1;
+                if (wc >= 0 && (slowest < 0 || wc < slowest))
+                        slowest = wc;
+                if (wc > fastest)
+                        fastest = wc;
+        }
+        s->fenced = true;
+        s->fence_limit = maxc + 1;
+        s->fence_pull_limit = fastest + 1;
+        *ret_min_worker = slowest < 0 ? 0 : slowest;
+        *ret_max_worker = fastest;
+        return maxc;
+}
+
+/* The slowest member's completed clocks under cfg (members with no push yet count as 0). */
+static int64_t slowest_member(const Store *s, const StoreCfg *cfg) {
+        int64_t slowest = -1;
+        for (size_t i = 0; i < cfg->nmembers; i++) {
+                uint32_t w = cfg->members[i];
+                int64_t wc = w < s->nwclock && s->wclock[w] >= 0 ? s->wclock[w] : 0;
+                if (slowest < 0 || wc < slowest)
+                        slowest = wc;
+        }
+        return slowest;
+}
+
+bool store_pull_ready(Store *s, Chunk *const *chunks, size_t n, int64_t clock, int64_t *ret_slowest) {
+        const StoreCfg *cfg = store_cfg(s, clock);
+        int64_t slowest = slowest_member(s, cfg);
+        if (ret_slowest)
+                *ret_slowest = slowest;
+        if (cfg->mode != MODE_BSP && s->fenced && clock > s->fence_pull_limit)
+                return false;
+        switch (cfg->mode) {
+        case MODE_ASP:
+                return true;
+        case MODE_SSP:
+                return cfg->nmembers == 0 || slowest >= clock - (int64_t) cfg->staleness;
+        case MODE_BSP:
+        default:
+                for (size_t i = 0; i < n; i++)
+                        if (chunks[i]->clock < clock)
+                                return false;
+                /* Also every member of the previous clock pushed it (matters right
+                 * after a switch from ASP/SSP, where pushes are applied on arrival). */
+                if (clock > 0) {
+                        const StoreCfg *pc = store_cfg(s, clock - 1);
+                        if (pc->mode != MODE_BSP && pc->nmembers && slowest_member(s, pc) < clock)
+                                return false;
+                }
+                return true;
+        }
 }
 
 Chunk *store_lookup(Store *s, uint32_t tensor, uint32_t chunk, uint32_t len, int *ret_status) {
@@ -296,17 +436,20 @@ static const float *grad_data(const zmq_msg_t *m, float *scratch, uint32_t len) 
         return scratch;
 }
 
-static int chunk_apply(Store *s, Chunk *c, const float *g) {
+static int chunk_apply(Store *s, Chunk *c, const float *g, size_t nworkers) {
         int r = chunk_make_writable(c);
         if (r < 0)
                 return r;
-        optim_apply(&s->job.optim, ++c->steps, c->val->data, g, c->state, c->len);
+        OptimConf o = s->job.optim;
+        if (s->job.lr_scaling)
+                o.lr *= (float) MAX(nworkers, (size_t) 1);
+        optim_apply(&o, ++c->steps, c->val->data, g, c->state, c->len);
         s->applied++;
         return 0;
 }
 
-static bool is_member(const Store *s, uint32_t worker) {
-        return bsearch(&worker, s->members, s->nmembers, sizeof(uint32_t), cmp_u32) != NULL;
+static bool is_member(const StoreCfg *cfg, uint32_t worker) {
+        return bsearch(&worker, cfg->members, cfg->nmembers, sizeof(uint32_t), cmp_u32) != NULL;
 }
 
 static int cmp_pending(const void *a, const void *b) {
@@ -317,13 +460,16 @@ static int cmp_pending(const void *a, const void *b) {
 /* Closes c's clock if every member has pushed for it. Non-members' gradients
  * parked for the closing clock are refused (STALE), never silently dropped. */
 static int chunk_settle(Store *s, Chunk *c) {
-        if (s->job.mode != MODE_BSP || c->npending == 0 || s->nmembers == 0)
+        const StoreCfg *cfg = store_cfg(s, c->clock);
+        if (cfg->mode != MODE_BSP || c->npending == 0 || cfg->nmembers == 0)
+                return 0;
+        if (s->fenced && c->clock >= s->fence_limit)
                 return 0;
         size_t have = 0;
         for (size_t i = 0; i < c->npending; i++)
-                if (is_member(s, c->pending[i].req->worker))
+                if (is_member(cfg, c->pending[i].req->worker))
                         have++;
-        if (have < s->nmembers)
+        if (have < cfg->nmembers)
                 return 0;
 
         qsort(c->pending, c->npending, sizeof *c->pending, cmp_pending);
@@ -331,7 +477,7 @@ static int chunk_settle(Store *s, Chunk *c) {
         size_t used = 0;
         for (size_t i = 0; i < c->npending; i++) {
                 Pending *p = &c->pending[i];
-                if (!is_member(s, p->req->worker))
+                if (!is_member(cfg, p->req->worker))
                         continue;
                 const float *g = wire_frame_f32(&p->grad);
                 if (!g) {
@@ -352,7 +498,7 @@ static int chunk_settle(Store *s, Chunk *c) {
         float inv = 1.0f / (float) used;
         for (uint32_t j = 0; j < c->len; j++)
                 sum[j] *= inv;
-        int r = chunk_apply(s, c, sum);
+        int r = chunk_apply(s, c, sum, used);
         c->clock++;
 
         /* Take the list before settling: acks may run arbitrary code. */
@@ -362,10 +508,42 @@ static int chunk_settle(Store *s, Chunk *c) {
         c->npending = c->cpending = 0;
         for (size_t i = 0; i < n; i++) {
                 int st = r < 0 ? PSNET__STATUS__STATUS_SHUTTING_DOWN
-                         : is_member(s, list[i].req->worker) ? PSNET__STATUS__STATUS_OK
+                         : is_member(cfg, list[i].req->worker) ? PSNET__STATUS__STATUS_OK
                                                               : PSNET__STATUS__STATUS_STALE;
                 zmq_msg_close(&list[i].grad);
                 pushreq_settle(s, list[i].req, st);
+        }
+        ps_free(list);
+        return r;
+}
+
+/* Applies one worker's gradient on arrival (ASP, SSP), as 1/W of a step. */
+static int chunk_apply_scaled(Store *s, Chunk *c, const zmq_msg_t *grad, const StoreCfg *cfg) {
+        const float *g = grad_data(grad, s->sum, c->len);
+        float scale = 1.0f / (float) MAX(cfg->nmembers, (size_t) 1);
+        for (uint32_t j = 0; j < c->len; j++)
+                s->sum[j] = g[j] * scale;
+        int r = chunk_apply(s, c, s->sum, cfg->nmembers);
+        if (r < 0)
+                return r;
+        c->clock++;
+        return 0;
+}
+
+/* Applies and acknowledges pushes parked under BSP whose clock is now governed by
+ * ASP or SSP (a mode switch at a boundary). */
+static int chunk_flush_async(Store *s, Chunk *c) {
+        Pending *list = c->pending;
+        size_t n = c->npending;
+        int r = 0;
+        c->pending = NULL;
+        c->npending = c->cpending = 0;
+        qsort(list, n, sizeof *list, cmp_pending);
+        for (size_t i = 0; i < n; i++) {
+                if (r == 0)
+                        r = chunk_apply_scaled(s, c, &list[i].grad, store_cfg(s, list[i].req->clock));
+                zmq_msg_close(&list[i].grad);
+                pushreq_settle(s, list[i].req, r < 0 ? PSNET__STATUS__STATUS_SHUTTING_DOWN : PSNET__STATUS__STATUS_OK);
         }
         ps_free(list);
         return r;
@@ -384,19 +562,20 @@ int store_push(Store *s, Chunk *c, PushReq *req, zmq_msg_t *grad) {
                 pushreq_note(req, PSNET__STATUS__STATUS_DUPLICATE);
                 return 0;
         }
+        int64_t *wc = worker_clock(s, req->worker);
+        if (!wc)
+                return -ENOMEM;
+        const StoreCfg *cfg = store_cfg(s, req->clock);
 
-        if (s->job.mode == MODE_ASP) {
+        if (cfg->mode != MODE_BSP) {
                 /* Each push counts as 1/W of a step, so W workers make one step's worth
                  * of progress per round, as under BSP (and the same lr suits both). */
-                const float *g = grad_data(grad, s->sum, c->len);
-                float scale = 1.0f / (float) MAX(s->nmembers, (size_t) 1);
-                for (uint32_t j = 0; j < c->len; j++)
-                        s->sum[j] = g[j] * scale;
-                int r = chunk_apply(s, c, s->sum);
+                int r = chunk_apply_scaled(s, c, grad, cfg);
                 if (r < 0)
                         return r;
-                c->clock++;
                 *last = req->clock;
+                if (*wc < req->clock + 1)
+                        *wc = req->clock + 1;
                 return 0;
         }
 
@@ -420,6 +599,8 @@ int store_push(Store *s, Chunk *c, PushReq *req, zmq_msg_t *grad) {
         zmq_msg_move(&p->grad, grad);
         req->remaining++;
         *last = req->clock;
+        if (*wc < req->clock + 1)
+                *wc = req->clock + 1;
         return chunk_settle(s, c);
 }
 

@@ -58,6 +58,14 @@ typedef struct Chunk {
  * the request afterwards. */
 typedef void (*StoreAckFn)(void *userdata, PushReq *req);
 
+/* Who takes part and how, for a range of clocks. */
+typedef struct StoreCfg {
+        ConsistencyMode mode;
+        uint32_t staleness;
+        uint32_t *members;      /* ascending worker ids */
+        size_t nmembers;
+} StoreCfg;
+
 typedef struct Store {
         Job job;
         bool has_job;
@@ -65,13 +73,20 @@ typedef struct Store {
         ShardMap *map;
         Chunk ***chunks;        /* [tensor][chunk]: NULL when not owned */
         uint64_t nkeys, bytes;
-        uint32_t *members;      /* current membership (ascending worker ids) */
-        size_t nmembers;
+        /* Clocks < switch_clock follow prev, the others cur (a change agreed at a
+         * clock boundary); equal when no change is pending. */
+        StoreCfg prev, cur;
+        int64_t switch_clock;
         uint64_t members_epoch;
+        int64_t *wclock;        /* per worker id: clocks completed (pushed), -1 unknown */
+        size_t nwclock;
+        bool fenced;            /* BSP clocks >= fence_limit do not close; */
+        int64_t fence_limit;    /* ASP/SSP pulls for clocks > fence_pull_limit wait */
+        int64_t fence_pull_limit;
         uint64_t pushes, pulls, applied;
         StoreAckFn ack;
         void *ack_userdata;
-        float *sum;             /* scratch for BSP aggregation (chunk_floats) */
+        float *sum;             /* scratch for aggregation (chunk_floats) */
 } Store;
 
 int store_new(uint32_t shard_id, StoreAckFn ack, void *userdata, Store **ret);
@@ -81,8 +96,30 @@ Store *store_free(Store *s);
  * initialising new ones deterministically. A different job id drops everything. */
 int store_configure(Store *s, const Job *job, const ShardMap *map);
 
-/* Replaces the membership; under BSP this may close clocks (acks are sent). */
+/* Replaces the membership (ids with the clocks they start at; start may be NULL)
+ * for clocks >= from_clock; clocks before it keep prev (NULL: the same set).
+ * mode/staleness likewise. Ends a fence. Under BSP this may close clocks. */
+int store_set_config(Store *s, ConsistencyMode mode, uint32_t staleness, const uint32_t *workers,
+                     const int64_t *start, size_t n, const uint32_t *prev, size_t nprev,
+                     int64_t from_clock, uint64_t epoch);
+/* Shorthand: the same set, mode and staleness for every clock. */
 int store_set_members(Store *s, const uint32_t *workers, size_t n, uint64_t epoch);
+
+/* Starts a fence until the next store_set_config: BSP clocks past the next one
+ * stop closing, and ASP/SSP pulls past the fastest worker's next clock wait, so
+ * that a boundary pscoord picks from the replies is still ahead of everyone.
+ * Returns the highest chunk clock; the members' slowest and fastest completed
+ * clocks go to ret_min_worker and ret_max_worker (0 when unknown). */
+int64_t store_fence(Store *s, int64_t *ret_min_worker, int64_t *ret_max_worker);
+
+/* Whether a pull of these chunks by a worker for clock may be answered now:
+ * BSP waits until the chunks reached clock and every member completed clock-1;
+ * SSP until the slowest member completed clock - staleness; ASP never waits.
+ * ret_slowest (may be NULL) gets the slowest member's completed clocks. */
+bool store_pull_ready(Store *s, Chunk *const *chunks, size_t n, int64_t clock, int64_t *ret_slowest);
+
+/* The configuration that governs a clock. */
+const StoreCfg *store_cfg(const Store *s, int64_t clock);
 
 /* The chunk for a key or NULL. *ret_status says why not: UNKNOWN_KEY, MOVED, SIZE. */
 Chunk *store_lookup(Store *s, uint32_t tensor, uint32_t chunk, uint32_t len, int *ret_status);

@@ -187,7 +187,13 @@ static int handle_reply(Client *c, ShardConn *s, WireMsg *m, float *const *param
                         return 0;
                 log_warning("push not applied shard=%u status=%s clock=%ld", s->id, status_name(h->status),
                             (long) h->clock);
-                return h->status == PSNET__STATUS__STATUS_STALE ? -ESTALE : -EPROTO;
+                if (h->status == PSNET__STATUS__STATUS_STALE) {
+                        /* Its clock closed without it (e.g. this worker was not yet or no
+                         * longer a member): the gradient is dropped, training goes on. */
+                        c->stats.stale_pushes++;
+                        return 0;
+                }
+                return -EPROTO;
         }
         if (h->type == PSNET__MSG_TYPE__MSG_PULL_REP && h->seq == s->pull_seq) {
                 if (h->n_keys != s->nkeys) {

@@ -22,6 +22,7 @@ typedef struct ClientHooks {
 
 typedef struct ClientStats {
         uint64_t bytes_pushed, bytes_pulled, rounds;
+        uint64_t stale_pushes;     /* refused as STALE: dropped, reported, not fatal */
         double wait_s;             /* time spent waiting for shards */
 } ClientStats;
 
@@ -39,8 +40,9 @@ void client_set_timeout(Client *c, unsigned ms);
  * push_clock; then pulls every tensor into params, for clock pull_clock (BSP:
  * the shard answers once that clock has closed). *ret_clock gets the smallest
  * clock the shards reported for the values. Returns 0, -ECANCELED when
- * should_stop said so, -ETIMEDOUT (logged with the shard's address), -ESTALE
- * when a push was refused as stale, or -EPROTO after an error reply (logged). */
+ * should_stop said so, -ETIMEDOUT (logged with the shard's address), or -EPROTO
+ * after an error reply (logged). A push refused as STALE is counted in the
+ * stats and not fatal. */
 int client_round(Client *c, const float *const *grads, int64_t push_clock,
                  float *const *params, int64_t pull_clock, int64_t *ret_clock);
 

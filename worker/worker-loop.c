@@ -2,6 +2,8 @@
  * shards it also serves the pscoord link (config pushes, heartbeats) and
  * signals, through the client's poll hooks. */
 #include <errno.h>
+#include <pthread.h>
+#include <stdatomic.h>
 #include <signal.h>
 #include <stdio.h>
 #include <string.h>
@@ -28,8 +30,10 @@ typedef struct Worker {
         ShardMap *map;
         char state[16];
         uint32_t rank, nworkers;
-        bool stop;                  /* signal received or job stopped */
-        bool job_stopped;
+        bool stop;                  /* signal received, job stopped or drained */
+        bool job_stopped, draining;
+        int64_t start_clock;
+        uint32_t part_rank, part_n; /* the partition loaded */
         /* progress */
         int64_t clock;
         uint32_t epoch;
@@ -46,6 +50,13 @@ static double mono_s(void) {
         return (double) ts.tv_sec + (double) ts.tv_nsec * 1e-9;
 }
 
+static bool is_member(const Worker *w, const Psnet__Membership *m) {
+        for (size_t i = 0; m && i < m->n_workers; i++)
+                if (m->workers[i] == w->coord->id)
+                        return true;
+        return false;
+}
+
 static void worker_apply_config(Worker *w, const Psnet__Control *ctl) {
         char err[192];
         if (ctl->job_state)
@@ -54,7 +65,13 @@ static void worker_apply_config(Worker *w, const Psnet__Control *ctl) {
                 w->rank = ctl->rank;
         if (ctl->has_nworkers)
                 w->nworkers = ctl->nworkers;
-        if (ctl->job && ctl->map && !w->has_job) {
+        if (ctl->has_drain && ctl->drain && !w->draining) {
+                log_info("drain requested: leaving after this step");
+                w->draining = w->stop = true;
+        }
+        /* The job is taken once this worker is a member: a worker that joins a
+         * running job waits for the clock boundary pscoord picks for it. */
+        if (ctl->job && ctl->map && !w->has_job && is_member(w, ctl->members)) {
                 if (job_from_proto(ctl->job, &w->job, err, sizeof err) < 0) {
                         log_error("pscoord sent a job that does not validate reason=\"%s\"", err);
                         return;
@@ -67,6 +84,7 @@ static void worker_apply_config(Worker *w, const Psnet__Control *ctl) {
                 shardmap_free(w->map);
                 w->map = m;
                 w->has_job = true;
+                w->start_clock = ctl->has_start_clock ? ctl->start_clock : 0;
         } else if (ctl->job && w->has_job && ctl->job->id != w->job.id) {
                 log_warning("pscoord moved to job %u; this worker trains job %u and stops", ctl->job->id, w->job.id);
                 w->stop = w->job_stopped = true;
@@ -263,6 +281,55 @@ static int send_result(Worker *w, bool has_acc, float acc) {
         return r;
 }
 
+/* Loads the data sets in a thread, so that the main thread keeps the lease
+ * (heartbeats) and answers signals however long the files take. */
+typedef struct Loader {
+        const char *dir;
+        uint32_t train_limit, test_limit;
+        Dataset *train, *test;
+        char err[256];
+        int r;
+        atomic_bool done;
+} Loader;
+
+static void *loader_main(void *arg) {
+        Loader *l = arg;
+        l->r = dataset_load(l->dir, "train", l->train_limit, 0, 1, &l->train, l->err, sizeof l->err);
+        if (l->r >= 0)
+                l->r = dataset_load(l->dir, "t10k", l->test_limit, 0, 1, &l->test, l->err, sizeof l->err);
+        atomic_store(&l->done, true);
+        return NULL;
+}
+
+static int load_data(Worker *w, Loader *l) {
+        pthread_t t;
+        int r = pthread_create(&t, NULL, loader_main, l);
+        if (r != 0)
+                return log_error_errno(r, "Failed to start the data loader: %m");
+        while (!atomic_load(&l->done)) {
+                zmq_pollitem_t items[] = {
+                        { .socket = w->coord->sock, .events = ZMQ_POLLIN },
+                        { .fd = w->sfd, .events = ZMQ_POLLIN },
+                };
+                int n = zmq_poll(items, 2, 50);
+                if (n > 0 && (items[0].revents & ZMQ_POLLIN))
+                        on_coord(w);
+                if (n > 0 && (items[1].revents & ZMQ_POLLIN))
+                        on_signal(w);
+                on_tick(w);
+        }
+        pthread_join(t, NULL);
+        return l->r;
+}
+
+/* This worker's share of the training set: indices i with i % n == rank, in perm. */
+static uint32_t partition(uint32_t *perm, uint32_t total, uint32_t rank, uint32_t n) {
+        uint32_t k = 0;
+        for (uint32_t i = rank; i < total; i += n)
+                perm[k++] = i;
+        return k;
+}
+
 static int train(Worker *w) {
         char err[256];
         int r;
@@ -277,17 +344,13 @@ static int train(Worker *w) {
         float **params = NULL, **grads = NULL;
         uint32_t batch = w->job.batch;
 
-        r = dataset_load(dir, "train", w->job.train_limit, w->rank, MAX(w->nworkers, 1u), &trainset, err, sizeof err);
+        Loader loader = { .dir = dir, .train_limit = w->job.train_limit, .test_limit = w->job.test_limit };
+        r = load_data(w, &loader);
+        trainset = loader.train;
+        testset = loader.test;
         if (r < 0) {
-                log_error("cannot load training data reason=\"%s\"", err);
+                log_error("cannot load the data reason=\"%s\"", loader.err);
                 goto out;
-        }
-        if (w->rank == 0) {
-                r = dataset_load(dir, "t10k", w->job.test_limit, 0, 1, &testset, err, sizeof err);
-                if (r < 0) {
-                        log_error("cannot load test data reason=\"%s\"", err);
-                        goto out;
-                }
         }
         uint32_t dim = trainset->rows * trainset->cols;
         if (dim != w->job.layers[0] || w->job.layers[w->job.nlayers - 1] < 10) {
@@ -295,8 +358,9 @@ static int train(Worker *w) {
                 r = -EINVAL;
                 goto out;
         }
-        if (trainset->n < batch) {
-                log_error("this worker's partition has %u images, fewer than one batch of %u", trainset->n, batch);
+        if (trainset->n / MAX(w->nworkers, 1u) < batch) {
+                log_error("this worker's partition has %u images, fewer than one batch of %u",
+                          trainset->n / MAX(w->nworkers, 1u), batch);
                 r = -EINVAL;
                 goto out;
         }
@@ -335,23 +399,31 @@ static int train(Worker *w) {
                 goto out;
         }
         client_set_timeout(client, w->cfg->round_timeout * 1000u);
-        bool bsp = w->job.mode == MODE_BSP;
         int64_t got;
-        r = client_round(client, NULL, 0, params, 0, &got);
+        w->clock = w->start_clock;
+        r = client_round(client, NULL, 0, params, w->clock, &got);
         if (r < 0)
                 goto out;
-        w->clock = bsp ? got : 0;
         if (w->cfg->trace_pulls)
                 trace_pull(w, model, w->clock);
-        uint32_t steps = trainset->n / batch;
+        w->part_rank = w->rank;
+        w->part_n = MAX(w->nworkers, 1u);
+        uint32_t nmine = partition(perm, trainset->n, w->part_rank, w->part_n);
+        uint32_t steps = nmine / batch;
         log_info("training rank=%u/%u images=%u steps_per_epoch=%u backend=%s clock=%ld", w->rank,
-                 w->nworkers, trainset->n, steps, kb->ops->name, (long) w->clock);
-        for (uint32_t i = 0; i < trainset->n; i++)
-                perm[i] = i;
+                 w->nworkers, nmine, steps, kb->ops->name, (long) w->clock);
         double t0 = mono_s(), t_last = t0;
         for (uint32_t e = 0; e < w->job.epochs && !w->stop; e++) {
                 w->epoch = e + 1;
-                shuffle(perm, trainset->n, w->job.seed * 1000003u + w->rank * 7919u + e);
+                if (w->rank != w->part_rank || MAX(w->nworkers, 1u) != w->part_n) {
+                        /* The membership changed: take this worker's new share of the data. */
+                        w->part_rank = w->rank;
+                        w->part_n = MAX(w->nworkers, 1u);
+                        nmine = partition(perm, trainset->n, w->part_rank, w->part_n);
+                        steps = nmine / batch;
+                        log_info("partition rank=%u/%u images=%u", w->rank, w->nworkers, nmine);
+                }
+                shuffle(perm, nmine, w->job.seed * 1000003u + w->rank * 7919u + e);
                 for (uint32_t s = 0; s < steps && !w->stop; s++) {
                         for (uint32_t b = 0; b < batch; b++) {
                                 uint32_t i = perm[(size_t) s * batch + b];
@@ -367,13 +439,19 @@ static int train(Worker *w) {
                                 log_error_errno(r, "Training step failed: %m");
                                 goto out;
                         }
-                        r = client_round(client, (const float *const *) grads, w->clock, params,
-                                         bsp ? w->clock + 1 : 0, &got);
+                        if (w->cfg->step_delay_ms) {
+                                /* Test knob: a deliberately slow worker. */
+                                struct timespec d = { w->cfg->step_delay_ms / 1000,
+                                                      (long) (w->cfg->step_delay_ms % 1000) * 1000000L };
+                                nanosleep(&d, NULL);
+                        }
+                        r = client_round(client, (const float *const *) grads, w->clock, params, w->clock + 1,
+                                         &got);
                         if (r == -ECANCELED)
                                 break;
                         if (r < 0)
                                 goto out;
-                        w->clock = bsp ? got : w->clock + 1;
+                        w->clock++;
                         if (w->cfg->trace_pulls)
                                 trace_pull(w, model, w->clock);
                         w->step++;
@@ -391,7 +469,7 @@ static int train(Worker *w) {
                  (unsigned long) w->step, secs, secs > 0 ? (double) w->samples / secs : 0.0, cs->wait_s,
                  (double) cs->bytes_pushed / 1e6, (double) cs->bytes_pulled / 1e6);
         r = 0;
-        if (w->job_stopped) {
+        if (w->job_stopped || w->draining) {
                 (void) send_result(w, false, 0);
                 goto out;
         }

@@ -12,6 +12,7 @@ typedef struct WorkerConfig {
         unsigned round_timeout;    /* seconds a pull/push round may take */
         unsigned progress_ms;      /* progress log interval */
         bool trace_pulls;          /* log a checksum of the weights pulled at each clock */
+        unsigned step_delay_ms;    /* test knob: wait this long before each push */
 } WorkerConfig;
 
 int worker_run(const WorkerConfig *cfg);

@@ -20,6 +20,8 @@ int main(int argc, char **argv) {
                 { "progress-ms", OPT_UINT, &cfg.progress_ms, "MS", "interval of progress lines" },
                 { "trace-pulls", OPT_BOOL, &cfg.trace_pulls, NULL,
                   "log a CRC-32 of the weights pulled at every clock (consistency checks)" },
+                { "step-delay-ms", OPT_UINT, &cfg.step_delay_ms, "MS",
+                  "test knob: wait before each push, to play a slow worker" },
                 { "log-level", OPT_STR, &log_level, "LEVEL", "debug, info, warning or error" },
         };
         const ProgramInfo prog = {
