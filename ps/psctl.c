@@ -189,6 +189,74 @@ static int cmd_job_submit(Ctl *c, int argc, char **argv) {
         return 0;
 }
 
+static int cmd_drain(Ctl *c, const char *id) {
+        char *end;
+        errno = 0;
+        unsigned long v = id ? strtoul(id, &end, 10) : 0;
+        if (!id || errno || *end || v == 0 || v > UINT32_MAX) {
+                fprintf(stderr, "psctl worker drain: expected a worker id, got '%s'\n", id ? id : "");
+                return -EINVAL;
+        }
+        Psnet__Control ctl = PSNET__CONTROL__INIT;
+        ctl.has_assigned_id = true;
+        ctl.assigned_id = (uint32_t) v;
+        WireMsg m;
+        int r = ctl_request(c, PSNET__MSG_TYPE__MSG_DRAIN, &ctl, PSNET__MSG_TYPE__MSG_JOB_REP, &m);
+        if (r < 0)
+                return r;
+        printf(c->json ? "{\"worker\":%lu,\"state\":\"draining\"}\n" : "worker %lu is draining\n", v);
+        wire_msg_done(&m);
+        return 0;
+}
+
+static int cmd_job_mode(Ctl *c, const char *mode) {
+        if (!mode) {
+                fprintf(stderr, "psctl job mode: expected bsp, asp or ssp:S\n");
+                return -EINVAL;
+        }
+        Psnet__Control ctl = PSNET__CONTROL__INIT;
+        ctl.mode = (char *) mode;
+        WireMsg m;
+        int r = ctl_request(c, PSNET__MSG_TYPE__MSG_JOB_MODE, &ctl, PSNET__MSG_TYPE__MSG_JOB_REP, &m);
+        if (r < 0)
+                return r;
+        printf(c->json ? "{\"mode\":\"%s\",\"state\":\"%s\"}\n" : "mode %s: %s\n", mode,
+               m.hdr->ctl && m.hdr->ctl->job_state ? m.hdr->ctl->job_state : "?");
+        wire_msg_done(&m);
+        return 0;
+}
+
+/* Prints one line per worker and interval until the job ends (or Ctrl-C). */
+static int cmd_watch(Ctl *c, unsigned interval_ms) {
+        for (;;) {
+                WireMsg m;
+                int r = ctl_request(c, PSNET__MSG_TYPE__MSG_STATUS, NULL, PSNET__MSG_TYPE__MSG_STATUS_REP, &m);
+                if (r < 0)
+                        return r;
+                const Psnet__Control *s = m.hdr->ctl;
+                const char *state = s && s->job_state ? s->job_state : "?";
+                double up = s ? (double) s->uptime_ms / 1000.0 : 0;
+                printf("t=%.1fs job=%u mode=%s state=%s members_epoch=%lu workers=%zu", up,
+                       s && s->job ? s->job->id : 0, s && s->job ? s->job->mode : "?", state,
+                       (unsigned long) (s && s->members ? s->members->epoch : 0), s ? s->n_workers : 0);
+                if (s && s->has_accuracy)
+                        printf(" accuracy=%.4f", s->accuracy);
+                printf("\n");
+                for (size_t i = 0; s && i < s->n_workers; i++) {
+                        const Psnet__WorkerInfo *w = s->workers[i];
+                        printf("  worker=%u rank=%u epoch=%u clock=%ld samples_per_s=%.0f loss=%.4f\n", w->id,
+                               w->rank, w->epoch, (long) w->clock, w->samples_per_s, w->loss);
+                }
+                fflush(stdout);
+                bool end = strcmp(state, "running") != 0 && strcmp(state, "waiting") != 0;
+                wire_msg_done(&m);
+                if (end)
+                        return 0;
+                zmq_pollitem_t it = { .socket = c->link->sock, .events = ZMQ_POLLIN };
+                (void) zmq_poll(&it, 1, (long) interval_ms);
+        }
+}
+
 /* Polls the status until the job is done or stopped, then prints one result line. */
 static int cmd_job_wait(Ctl *c, unsigned wait_s) {
         uint64_t deadline = now_ms() + (uint64_t) wait_s * 1000u;
@@ -224,18 +292,22 @@ static int cmd_job_wait(Ctl *c, unsigned wait_s) {
 
 int main(int argc, char **argv) {
         Ctl c = { .timeout = 5 };
-        unsigned wait_s = 0;
+        unsigned wait_s = 0, interval_ms = 1000;
         const Option opts[] = {
                 { "coord", OPT_STR, &c.coord, "ENDPOINT", "pscoord endpoint (default ipc:///tmp/psnet/coord.sock)" },
                 { "timeout", OPT_UINT, &c.timeout, "SECONDS", "how long to wait for pscoord's answer" },
                 { "json", OPT_BOOL, &c.json, NULL, "machine-readable output" },
                 { "wait", OPT_UINT, &wait_s, "SECONDS", "job wait: give up after this long (0: never)" },
+                { "interval-ms", OPT_UINT, &interval_ms, "MS", "watch: time between updates" },
         };
         const ProgramInfo prog = {
                 .name = "psctl", .summary = "psnet administration", .usage = "[OPTIONS] COMMAND [ARGS]",
                 .epilog = "Commands:\n"
                           "  status                 coordinator, shards and workers\n"
+                          "  watch                  live progress until the job ends\n"
+                          "  worker drain ID        the worker leaves the job after its current step\n"
                           "  job submit [OPTIONS]   submit a job (psctl job submit --help)\n"
+                          "  job mode MODE          switch to bsp, asp or ssp:S at the next clock boundary\n"
                           "  job stop               stop the running job\n"
                           "  job wait               wait until the job is done; prints its accuracy\n"
                           "                         (exit 1 when it failed or was stopped)",
@@ -251,11 +323,20 @@ int main(int argc, char **argv) {
         }
         const char *cmd = optind_ < argc ? argv[optind_] : NULL;
         const char *sub = optind_ + 1 < argc ? argv[optind_ + 1] : NULL;
-        if (!cmd || (strcmp(cmd, "status") != 0 && strcmp(cmd, "job") != 0) ||
-            (strcmp(cmd, "job") == 0 &&
-             (!sub || (strcmp(sub, "submit") && strcmp(sub, "stop") && strcmp(sub, "wait"))))) {
-                fprintf(stderr, "psctl: %s%s%s (see psctl --help)\n", cmd ? "unknown command '" : "missing command",
-                        cmd ? cmd : "", cmd ? (sub && strcmp(cmd, "job") == 0 ? " ...'" : "'") : "");
+        const char *arg = optind_ + 2 < argc ? argv[optind_ + 2] : NULL;
+        static const char *const known[] = { "status", "watch", "worker drain", "job submit", "job stop",
+                                             "job wait", "job mode" };
+        char full[64];
+        snprintf(full, sizeof full, "%s%s%s", cmd ? cmd : "", sub && cmd && (!strcmp(cmd, "job") || !strcmp(cmd, "worker")) ? " " : "",
+                 sub && cmd && (!strcmp(cmd, "job") || !strcmp(cmd, "worker")) ? sub : "");
+        bool ok = false;
+        for (size_t i = 0; i < ELEMENTSOF(known); i++)
+                ok |= strcmp(full, known[i]) == 0;
+        if (!ok) {
+                if (cmd)
+                        fprintf(stderr, "psctl: unknown command '%s' (see psctl --help)\n", full);
+                else
+                        fprintf(stderr, "psctl: missing command (see psctl --help)\n");
                 config_free_strings(opts, ELEMENTSOF(opts));
                 return 2;
         }
@@ -266,8 +347,14 @@ int main(int argc, char **argv) {
         if (!c.zctx || coordlink_open(c.zctx, endpoint, &c.link) < 0) {
                 fprintf(stderr, "psctl: cannot connect to '%s' (bad endpoint?)\n", endpoint);
                 r = -EINVAL;
-        } else if (strcmp(cmd, "status") == 0)
+        } else if (strcmp(full, "status") == 0)
                 r = cmd_status(&c);
+        else if (strcmp(full, "watch") == 0)
+                r = cmd_watch(&c, interval_ms);
+        else if (strcmp(full, "worker drain") == 0)
+                r = cmd_drain(&c, arg);
+        else if (strcmp(full, "job mode") == 0)
+                r = cmd_job_mode(&c, arg);
         else if (strcmp(sub, "stop") == 0)
                 r = cmd_job_stop(&c);
         else if (strcmp(sub, "wait") == 0)

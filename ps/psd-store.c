@@ -523,11 +523,8 @@ static int chunk_apply_scaled(Store *s, Chunk *c, const zmq_msg_t *grad, const S
         float scale = 1.0f / (float) MAX(cfg->nmembers, (size_t) 1);
         for (uint32_t j = 0; j < c->len; j++)
                 s->sum[j] = g[j] * scale;
-        int r = chunk_apply(s, c, s->sum, cfg->nmembers);
-        if (r < 0)
-                return r;
-        c->clock++;
-        return 0;
+        /* The chunk clock is left alone: it counts BSP clocks only (c->steps counts updates). */
+        return chunk_apply(s, c, s->sum, cfg->nmembers);
 }
 
 /* Applies and acknowledges pushes parked under BSP whose clock is now governed by
@@ -629,9 +626,19 @@ int store_value_msg(Store *s, Chunk *c, zmq_msg_t *ret) {
 }
 
 int64_t store_clock(const Store *s) {
-        int64_t m = -1;
         if (!s->has_job || !s->chunks)
                 return 0;
+        if (s->cur.mode != MODE_BSP) {
+                /* ASP/SSP: the fastest member's progress. */
+                int64_t m = 0;
+                for (size_t i = 0; i < s->cur.nmembers; i++) {
+                        uint32_t w = s->cur.members[i];
+                        if (w < s->nwclock && s->wclock[w] > m)
+                                m = s->wclock[w];
+                }
+                return m;
+        }
+        int64_t m = -1;
         for (size_t t = 0; t < s->job.ntensors; t++)
                 for (uint32_t k = 0; s->chunks[t] && k < s->job.tensors[t].nchunks; k++) {
                         const Chunk *c = s->chunks[t][k];

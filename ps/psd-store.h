@@ -47,7 +47,7 @@ typedef struct Chunk {
         ValBuf *val;
         float *state;           /* optimizer state, optim_state_per_value * len */
         uint64_t steps;         /* updates applied */
-        int64_t clock;          /* BSP: clocks closed; ASP: updates applied */
+        int64_t clock;          /* BSP clocks closed (ASP/SSP updates leave it; steps counts them) */
         Pending *pending;       /* BSP: pushes parked for clock `clock` */
         size_t npending, cpending;
         int64_t *last_clock;    /* per worker id: last clock applied or parked, -1 none */
