@@ -20,6 +20,7 @@ const char *status_name(int status) {
         case PSNET__STATUS__STATUS_INVALID: return "invalid";
         case PSNET__STATUS__STATUS_UNKNOWN_PEER: return "unknown-peer";
         case PSNET__STATUS__STATUS_SHUTTING_DOWN: return "shutting-down";
+        case PSNET__STATUS__STATUS_MIGRATING: return "migrating";
         }
         return "unknown";
 }

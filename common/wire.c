@@ -56,6 +56,10 @@ static const char *type_name(int t) {
         case PSNET__MSG_TYPE__MSG_JOB_MODE: return "JOB_MODE";
         case PSNET__MSG_TYPE__MSG_FENCE: return "FENCE";
         case PSNET__MSG_TYPE__MSG_FENCE_REP: return "FENCE_REP";
+        case PSNET__MSG_TYPE__MSG_CHUNK_STATE: return "CHUNK_STATE";
+        case PSNET__MSG_TYPE__MSG_CHUNK_ACK: return "CHUNK_ACK";
+        case PSNET__MSG_TYPE__MSG_SHARD_ADD: return "SHARD_ADD";
+        case PSNET__MSG_TYPE__MSG_SHARD_REMOVE: return "SHARD_REMOVE";
         }
         return NULL;
 }
@@ -85,7 +89,7 @@ int wire_validate(const Psnet__Header *hdr, const zmq_msg_t *frames, size_t nfra
                 return fail(reason, reasonlen, PSNET__STATUS__STATUS_DTYPE,
                             "codec %d not supported (only raw = %d)", (int) hdr->codec,
                             PSNET__CODEC__CODEC_RAW);
-        if ((unsigned) hdr->status > PSNET__STATUS__STATUS_SHUTTING_DOWN)
+        if ((unsigned) hdr->status > PSNET__STATUS__STATUS_MIGRATING)
                 return fail(reason, reasonlen, PSNET__STATUS__STATUS_MALFORMED,
                             "unknown status %d", (int) hdr->status);
         if (hdr->n_keys > WIRE_MAX_KEYS)
@@ -102,6 +106,20 @@ int wire_validate(const Psnet__Header *hdr, const zmq_msg_t *frames, size_t nfra
                                     "key %zu (%u,%u) declares 0 floats", i, k->tensor, k->chunk);
         }
 
+        if (hdr->type == PSNET__MSG_TYPE__MSG_CHUNK_STATE) {
+                /* One key; frames: its values (len floats) and its optimizer state. */
+                if (hdr->n_keys != 1 || nframes != 2)
+                        return fail(reason, reasonlen, PSNET__STATUS__STATUS_MALFORMED,
+                                    "CHUNK_STATE carries one key and two frames (%zu keys, %zu frames)",
+                                    hdr->n_keys, nframes);
+                uint64_t want = (uint64_t) hdr->keys[0]->len * sizeof(float);
+                size_t have = zmq_msg_size((zmq_msg_t *) &frames[0]), st = zmq_msg_size((zmq_msg_t *) &frames[1]);
+                if ((uint64_t) have != want || st % want != 0)
+                        return fail(reason, reasonlen, PSNET__STATUS__STATUS_SIZE,
+                                    "CHUNK_STATE frames of %zu and %zu bytes for a key of %llu bytes", have, st,
+                                    (unsigned long long) want);
+                return PSNET__STATUS__STATUS_OK;
+        }
         if (!type_has_frames(hdr->type)) {
                 if (nframes > 0)
                         return fail(reason, reasonlen, PSNET__STATUS__STATUS_MALFORMED,

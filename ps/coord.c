@@ -62,7 +62,7 @@ typedef struct Coord {
         uint64_t fence_seq;
         float accuracy;
         bool has_accuracy;
-        uint64_t start_ms, job_start_ms, job_end_ms;
+        uint64_t start_ms, job_start_ms, job_end_ms, migrate_start_ms;
         uint64_t errors;
         bool stopping;
 } Coord;
@@ -262,6 +262,82 @@ static int build_map(Coord *c) {
         shardmap_free(c->map);
         c->map = m;
         return 0;
+}
+
+/* A new map epoch over the current map's shards plus add (0: none) minus
+ * remove (0: none); endpoints come from the registered peers, else the old map. */
+static int remap(Coord *c, uint32_t add, uint32_t remove) {
+        size_t n = c->map ? shardmap_size(c->map) : 0, j = 0;
+        _cleanup_free_ ShardDesc *d = ps_calloc(n + 1, sizeof *d);
+        if (!d)
+                return -ENOMEM;
+        for (size_t i = 0; i < n; i++) {
+                const ShardDesc *sd = shardmap_shard(c->map, i);
+                if (sd->id == remove)
+                        continue;
+                Peer *p = find_peer(c, PSNET__ROLE__ROLE_SERVER, sd->id);
+                d[j].id = sd->id;
+                d[j].endpoint = p ? p->endpoint : sd->endpoint;
+                j++;
+        }
+        if (add) {
+                Peer *p = find_peer(c, PSNET__ROLE__ROLE_SERVER, add);
+                if (!p)
+                        return -ENOENT;
+                d[j].id = add;
+                d[j].endpoint = p->endpoint;
+                j++;
+        }
+        ShardMap *m;
+        int r = shardmap_new(c->map_epoch + 1, c->cfg->vnodes, d, j, &m);
+        if (r < 0)
+                return r;
+        c->map_epoch++;
+        shardmap_free(c->map);
+        c->map = m;
+        return 0;
+}
+
+static void handle_shard_change(Coord *c, WireMsg *m, bool add) {
+        char reason[128];
+        const Psnet__Control *ctl = m->hdr->ctl;
+        if (!ctl || !ctl->has_assigned_id || ctl->assigned_id == 0) {
+                reply_error(c, &m->route, m->hdr->seq, PSNET__STATUS__STATUS_MALFORMED, "needs ctl.assigned_id (a shard id)");
+                return;
+        }
+        uint32_t id = ctl->assigned_id;
+        bool in_map = c->map && shardmap_find(c->map, id) >= 0;
+        const char *why = NULL;
+        if (strcmp(c->state, "running") != 0 && strcmp(c->state, "waiting") != 0)
+                why = "no job is running";
+        else if (!c->map)
+                why = "the job has not started yet (no shard map)";
+        else if (add && in_map)
+                why = "that shard is already in the map";
+        else if (add && !find_peer(c, PSNET__ROLE__ROLE_SERVER, id))
+                why = "no such shard is registered (start psd with that --id first)";
+        else if (!add && !in_map)
+                why = "that shard is not in the map";
+        else if (!add && shardmap_size(c->map) < 2)
+                why = "the last shard of the map cannot be removed";
+        if (why) {
+                snprintf(reason, sizeof reason, "shard %u: %s", id, why);
+                reply_error(c, &m->route, m->hdr->seq, PSNET__STATUS__STATUS_INVALID, reason);
+                return;
+        }
+        int r = remap(c, add ? id : 0, add ? 0 : id);
+        if (r < 0) {
+                snprintf(reason, sizeof reason, "cannot build the new map: %s", strerror(-r));
+                reply_error(c, &m->route, m->hdr->seq, PSNET__STATUS__STATUS_INVALID, reason);
+                return;
+        }
+        c->migrate_start_ms = now_ms();
+        log_info("shard %s shard_id=%u map_epoch=%lu shards=%zu", add ? "added" : "removed", id,
+                 (unsigned long) c->map_epoch, shardmap_size(c->map));
+        publish(c);
+        Psnet__Control ok = PSNET__CONTROL__INIT;
+        ok.job_state = (char *) "migrating";
+        (void) reply(c, &m->route, PSNET__MSG_TYPE__MSG_JOB_REP, m->hdr->seq, &ok);
 }
 
 /* Starts the job once the expected shards and workers are there. */
@@ -553,6 +629,8 @@ static void handle_status(Coord *c, WireMsg *m) {
                 si[j] = p->shard;
                 si[j].id = p->id;
                 si[j].endpoint = p->endpoint;
+                si[j].has_in_map = true;
+                si[j].in_map = c->map && shardmap_find(c->map, p->id) >= 0;
                 sip[j] = &si[j];
                 j++;
         }
@@ -723,6 +801,10 @@ static void handle_message(Coord *c, WireMsg *m) {
                 return;
         case PSNET__MSG_TYPE__MSG_FENCE_REP:
                 handle_fence_rep(c, m);
+                return;
+        case PSNET__MSG_TYPE__MSG_SHARD_ADD:
+        case PSNET__MSG_TYPE__MSG_SHARD_REMOVE:
+                handle_shard_change(c, m, h->type == PSNET__MSG_TYPE__MSG_SHARD_ADD);
                 return;
         case PSNET__MSG_TYPE__MSG_HEARTBEAT:
         case PSNET__MSG_TYPE__MSG_DEREGISTER:

@@ -77,9 +77,11 @@ static void print_status_json(const Psnet__Control *s) {
                 const Psnet__ShardInfo *h = s->map->shards[i];
                 printf("%s{\"id\":%u,\"endpoint\":", i ? "," : "", h->id);
                 json_str(h->endpoint);
-                printf(",\"keys\":%lu,\"bytes\":%lu,\"clock\":%ld,\"pushes\":%lu,\"pulls\":%lu,\"errors\":%lu}",
+                printf(",\"keys\":%lu,\"bytes\":%lu,\"clock\":%ld,\"pushes\":%lu,\"pulls\":%lu,\"errors\":%lu,"
+                       "\"incoming\":%lu,\"in_map\":%s,\"map_epoch\":%lu}",
                        (unsigned long) h->keys, (unsigned long) h->bytes, (long) h->clock, (unsigned long) h->pushes,
-                       (unsigned long) h->pulls, (unsigned long) h->errors);
+                       (unsigned long) h->pulls, (unsigned long) h->errors, (unsigned long) h->incoming,
+                       h->in_map ? "true" : "false", (unsigned long) h->map_epoch);
         }
         printf("],\"workers\":[");
         for (size_t i = 0; i < s->n_workers; i++) {
@@ -103,13 +105,14 @@ static void print_status_table(const Psnet__Control *s) {
                (unsigned long) (s->members ? s->members->epoch : 0));
         if (s->has_accuracy)
                 printf("  accuracy=%.4f", s->accuracy);
-        printf("\n\n%-6s %-36s %6s %10s %8s %8s %8s %6s\n", "SHARD", "ENDPOINT", "KEYS", "BYTES", "CLOCK",
-               "PUSHES", "PULLS", "ERRORS");
+        printf("\n\n%-6s %-36s %6s %10s %8s %8s %8s %6s %8s %s\n", "SHARD", "ENDPOINT", "KEYS", "BYTES", "CLOCK",
+               "PUSHES", "PULLS", "ERRORS", "INCOMING", "MAP");
         for (size_t i = 0; s->map && i < s->map->n_shards; i++) {
                 const Psnet__ShardInfo *h = s->map->shards[i];
-                printf("%-6u %-36s %6lu %10s %8ld %8lu %8lu %6lu\n", h->id, h->endpoint, (unsigned long) h->keys,
+                printf("%-6u %-36s %6lu %10s %8ld %8lu %8lu %6lu %8lu %s\n", h->id, h->endpoint, (unsigned long) h->keys,
                        human_bytes(h->bytes, b, sizeof b), (long) h->clock, (unsigned long) h->pushes,
-                       (unsigned long) h->pulls, (unsigned long) h->errors);
+                       (unsigned long) h->pulls, (unsigned long) h->errors, (unsigned long) h->incoming,
+                       h->in_map ? "in" : "standby");
         }
         printf("\n%-6s %4s %8s %8s %6s %8s %8s %10s %8s\n", "WORKER", "RANK", "PID", "CLOCK", "EPOCH", "STEP",
                "STEPS/S", "SAMPLES/S", "LOSS");
@@ -205,6 +208,29 @@ static int cmd_drain(Ctl *c, const char *id) {
         if (r < 0)
                 return r;
         printf(c->json ? "{\"worker\":%lu,\"state\":\"draining\"}\n" : "worker %lu is draining\n", v);
+        wire_msg_done(&m);
+        return 0;
+}
+
+static int cmd_shard(Ctl *c, bool add, const char *id) {
+        char *end;
+        errno = 0;
+        unsigned long v = id ? strtoul(id, &end, 10) : 0;
+        if (!id || errno || *end || v == 0 || v > UINT32_MAX) {
+                fprintf(stderr, "psctl shard %s: expected a shard id, got '%s'\n", add ? "add" : "remove", id ? id : "");
+                return -EINVAL;
+        }
+        Psnet__Control ctl = PSNET__CONTROL__INIT;
+        ctl.has_assigned_id = true;
+        ctl.assigned_id = (uint32_t) v;
+        WireMsg m;
+        int r = ctl_request(c, add ? PSNET__MSG_TYPE__MSG_SHARD_ADD : PSNET__MSG_TYPE__MSG_SHARD_REMOVE, &ctl,
+                            PSNET__MSG_TYPE__MSG_JOB_REP, &m);
+        if (r < 0)
+                return r;
+        printf(c->json ? "{\"shard\":%lu,\"state\":\"migrating\"}\n"
+                       : "shard %lu %s; chunks are moving (psctl status shows INCOMING)\n",
+               v, add ? "added" : "removed");
         wire_msg_done(&m);
         return 0;
 }
@@ -306,6 +332,8 @@ int main(int argc, char **argv) {
                           "  status                 coordinator, shards and workers\n"
                           "  watch                  live progress until the job ends\n"
                           "  worker drain ID        the worker leaves the job after its current step\n"
+                          "  shard add ID           put a registered (standby) psd into the map; chunks move to it\n"
+                          "  shard remove ID        move a shard's chunks to the others and take it out of the map\n"
                           "  job submit [OPTIONS]   submit a job (psctl job submit --help)\n"
                           "  job mode MODE          switch to bsp, asp or ssp:S at the next clock boundary\n"
                           "  job stop               stop the running job\n"
@@ -325,10 +353,10 @@ int main(int argc, char **argv) {
         const char *sub = optind_ + 1 < argc ? argv[optind_ + 1] : NULL;
         const char *arg = optind_ + 2 < argc ? argv[optind_ + 2] : NULL;
         static const char *const known[] = { "status", "watch", "worker drain", "job submit", "job stop",
-                                             "job wait", "job mode" };
+                                             "job wait", "job mode", "shard add", "shard remove" };
         char full[64];
-        snprintf(full, sizeof full, "%s%s%s", cmd ? cmd : "", sub && cmd && (!strcmp(cmd, "job") || !strcmp(cmd, "worker")) ? " " : "",
-                 sub && cmd && (!strcmp(cmd, "job") || !strcmp(cmd, "worker")) ? sub : "");
+        snprintf(full, sizeof full, "%s%s%s", cmd ? cmd : "", sub && cmd && (!strcmp(cmd, "job") || !strcmp(cmd, "worker") || !strcmp(cmd, "shard")) ? " " : "",
+                 sub && cmd && (!strcmp(cmd, "job") || !strcmp(cmd, "worker") || !strcmp(cmd, "shard")) ? sub : "");
         bool ok = false;
         for (size_t i = 0; i < ELEMENTSOF(known); i++)
                 ok |= strcmp(full, known[i]) == 0;
@@ -355,6 +383,8 @@ int main(int argc, char **argv) {
                 r = cmd_drain(&c, arg);
         else if (strcmp(full, "job mode") == 0)
                 r = cmd_job_mode(&c, arg);
+        else if (strcmp(full, "shard add") == 0 || strcmp(full, "shard remove") == 0)
+                r = cmd_shard(&c, strcmp(full, "shard add") == 0, arg);
         else if (strcmp(sub, "stop") == 0)
                 r = cmd_job_stop(&c);
         else if (strcmp(sub, "wait") == 0)

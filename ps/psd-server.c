@@ -12,6 +12,7 @@
 #include "errors.h"
 #include "log.h"
 #include "psd-server.h"
+#include "psd-optim.h"
 #include "psd-store.h"
 
 typedef struct ParkedPull {
@@ -19,8 +20,19 @@ typedef struct ParkedPull {
         Psnet__Header *hdr;   /* the request, owned */
 } ParkedPull;
 
+/* A DEALER to another shard, for chunks that move there. */
+typedef struct PeerShard {
+        char *endpoint;
+        void *sock;
+} PeerShard;
+
 typedef struct Psd {
         const PsdConfig *cfg;
+        PeerShard *peers;
+        size_t npeers;
+        WireMsg *stash;         /* chunk states that arrived before the map that sends them here */
+        size_t nstash;
+        uint64_t moved_out, moved_in;
         void *zctx, *data;
         CoordLink *coord;
         Store *store;
@@ -33,8 +45,12 @@ typedef struct Psd {
 
 static int psd_reply_error(Psd *p, const zmq_msg_t *route, const Psnet__Header *req, int status,
                            const char *reason) {
-        p->errors++;
-        log_warning("refused request reason=\"%s\" status=%s", reason, status_name(status));
+        if (status == PSNET__STATUS__STATUS_MOVED || status == PSNET__STATUS__STATUS_MIGRATING)
+                log_debug("redirected request reason=\"%s\" status=%s", reason, status_name(status));
+        else {
+                p->errors++;
+                log_warning("refused request reason=\"%s\" status=%s", reason, status_name(status));
+        }
         Psnet__Header h;
         wire_header_init(&h, PSNET__MSG_TYPE__MSG_ERROR);
         h.has_status = true;
@@ -46,7 +62,7 @@ static int psd_reply_error(Psd *p, const zmq_msg_t *route, const Psnet__Header *
                 h.has_seq = true;
                 h.seq = req->seq;
         }
-        if (status == PSNET__STATUS__STATUS_MOVED && p->store->map) {
+        if ((status == PSNET__STATUS__STATUS_MOVED || status == PSNET__STATUS__STATUS_MIGRATING) && p->store->map) {
                 h.has_epoch = true;
                 h.epoch = shardmap_epoch(p->store->map);
         }
@@ -66,7 +82,12 @@ static void psd_ack(void *userdata, PushReq *req) {
         h.clock = req->clock;
         h.has_sender = true;
         h.sender = p->cfg->id;
-        if (req->status != PSNET__STATUS__STATUS_OK && req->status != PSNET__STATUS__STATUS_DUPLICATE)
+        if (p->store->map) {
+                h.has_epoch = true;
+                h.epoch = shardmap_epoch(p->store->map);
+        }
+        if (req->status != PSNET__STATUS__STATUS_OK && req->status != PSNET__STATUS__STATUS_DUPLICATE &&
+            req->status != PSNET__STATUS__STATUS_MOVED)
                 log_warning("push refused worker=%u clock=%ld status=%s", req->worker,
                             (long) req->clock, status_name(req->status));
         int r = wire_send(p->data, &req->route, &h, NULL, 0);
@@ -96,6 +117,8 @@ static bool psd_check_keys(Psd *p, const zmq_msg_t *route, const Psnet__Header *
                 else if (st == PSNET__STATUS__STATUS_MOVED)
                         snprintf(reason, sizeof reason, "key (%u,%u) is owned by another shard",
                                  k->tensor, k->chunk);
+                else if (st == PSNET__STATUS__STATUS_MIGRATING)
+                        snprintf(reason, sizeof reason, "key (%u,%u) is moving here; retry", k->tensor, k->chunk);
                 else
                         snprintf(reason, sizeof reason, "key (%u,%u) is not a key of job %u",
                                  k->tensor, k->chunk, p->store->job.id);
@@ -197,10 +220,160 @@ static void psd_wake_parked(Psd *p) {
         p->nparked = j;
 }
 
+static void *psd_peer_socket(Psd *p, const char *endpoint) {
+        for (size_t i = 0; i < p->npeers; i++)
+                if (strcmp(p->peers[i].endpoint, endpoint) == 0)
+                        return p->peers[i].sock;
+        PeerShard *n = ps_realloc(p->peers, (p->npeers + 1) * sizeof *n);
+        if (!n)
+                return NULL;
+        p->peers = n;
+        void *sock = zmq_socket(p->zctx, ZMQ_DEALER);
+        char *ep = ps_strdup(endpoint);
+        int zero = 0, linger = 5000;
+        if (!sock || !ep) {
+                if (sock)
+                        zmq_close(sock);
+                ps_free(ep);
+                return NULL;
+        }
+        (void) zmq_setsockopt(sock, ZMQ_SNDHWM, &zero, sizeof zero);
+        (void) zmq_setsockopt(sock, ZMQ_LINGER, &linger, sizeof linger);
+        if (zmq_connect(sock, endpoint) < 0) {
+                zmq_close(sock);
+                ps_free(ep);
+                return NULL;
+        }
+        p->peers[p->npeers++] = (PeerShard) { .endpoint = ep, .sock = sock };
+        return sock;
+}
+
+/* StoreMoveFn: sends a chunk that the new map gives to another shard. */
+static void psd_move_chunk(void *userdata, Chunk *c, const ShardDesc *dest) {
+        Psd *p = userdata;
+        size_t per = optim_state_per_value(&p->store->job.optim);
+        zmq_msg_t frames[2];
+        void *sock = psd_peer_socket(p, dest->endpoint);
+        if (!sock) {
+                log_error("cannot reach shard %u at %s: chunk (%u,%u) is lost", dest->id, dest->endpoint, c->tensor,
+                          c->chunk);
+                return;
+        }
+        if (store_value_msg(p->store, c, &frames[0]) < 0)
+                return;
+        if (zmq_msg_init_size(&frames[1], (size_t) c->len * per * sizeof(float)) < 0) {
+                zmq_msg_close(&frames[0]);
+                return;
+        }
+        if (per)
+                memcpy(zmq_msg_data(&frames[1]), c->state, (size_t) c->len * per * sizeof(float));
+        Psnet__Key key = PSNET__KEY__INIT, *keys[1] = { &key };
+        key.tensor = c->tensor;
+        key.chunk = c->chunk;
+        key.len = c->len;
+        Psnet__Control ctl = PSNET__CONTROL__INIT;
+        ctl.has_chunk_steps = true;
+        ctl.chunk_steps = c->steps;
+        ctl.n_last_clocks = c->nlast;
+        ctl.last_clocks = c->last_clock;
+        Psnet__Header h;
+        wire_header_init(&h, PSNET__MSG_TYPE__MSG_CHUNK_STATE);
+        h.has_job = h.has_epoch = h.has_clock = h.has_sender = true;
+        h.job = p->store->job.id;
+        h.epoch = shardmap_epoch(p->store->map);
+        h.clock = c->clock;
+        h.sender = p->cfg->id;
+        h.n_keys = 1;
+        h.keys = keys;
+        h.ctl = &ctl;
+        int r = wire_send(sock, NULL, &h, frames, 2);
+        if (r < 0)
+                log_error_errno(r, "Failed to send chunk (%u,%u) to shard %u: %m", c->tensor, c->chunk, dest->id);
+        else {
+                p->moved_out++;
+                log_debug("chunk moved out key=(%u,%u) to=%u clock=%ld", c->tensor, c->chunk, dest->id, (long) c->clock);
+        }
+}
+
+/* Installs a chunk state; returns a status for the acknowledgement. */
+static int psd_install(Psd *p, WireMsg *m) {
+        const Psnet__Header *h = m->hdr;
+        const Psnet__Key *k = h->keys[0];
+        const Psnet__Control *ctl = h->ctl;
+        _cleanup_free_ float *vals = ps_malloc((size_t) k->len * sizeof(float));
+        size_t sbytes = zmq_msg_size(&m->frames[1]);
+        _cleanup_free_ float *state = ps_malloc(sbytes ? sbytes : 1);
+        if (!vals || !state)
+                return PSNET__STATUS__STATUS_SHUTTING_DOWN;
+        memcpy(vals, zmq_msg_data(&m->frames[0]), (size_t) k->len * sizeof(float));
+        memcpy(state, zmq_msg_data(&m->frames[1]), sbytes);
+        int r = store_install(p->store, k->tensor, k->chunk, vals, k->len, state, sbytes / sizeof(float),
+                              ctl && ctl->has_chunk_steps ? ctl->chunk_steps : 0, h->clock,
+                              ctl ? ctl->last_clocks : NULL, ctl ? ctl->n_last_clocks : 0);
+        if (r == -EEXIST)
+                return PSNET__STATUS__STATUS_DUPLICATE;
+        if (r == -ENOENT)
+                return PSNET__STATUS__STATUS_MOVED;
+        if (r < 0)
+                return PSNET__STATUS__STATUS_INVALID;
+        p->moved_in++;
+        log_debug("chunk moved in key=(%u,%u) clock=%ld", k->tensor, k->chunk, (long) h->clock);
+        return PSNET__STATUS__STATUS_OK;
+}
+
+static void psd_handle_chunk_state(Psd *p, WireMsg *m) {
+        Psnet__Header *h = m->hdr;
+        if (!p->store->has_job || h->job != p->store->job.id || !h->has_clock || h->clock < 0) {
+                psd_reply_error(p, &m->route, h, PSNET__STATUS__STATUS_INVALID, "chunk state for another job");
+                return;
+        }
+        int st = psd_install(p, m);
+        if (st == PSNET__STATUS__STATUS_MOVED && p->store->map && h->epoch > shardmap_epoch(p->store->map)) {
+                /* Sent under a map this shard has not received yet: keep it for then. */
+                WireMsg *n = ps_realloc(p->stash, (p->nstash + 1) * sizeof *n);
+                if (n) {
+                        p->stash = n;
+                        p->stash[p->nstash++] = *m;
+                        memset(m, 0, sizeof *m); /* ownership moved */
+                        zmq_msg_init(&m->route);
+                        return;
+                }
+        }
+        if (st != PSNET__STATUS__STATUS_OK && st != PSNET__STATUS__STATUS_DUPLICATE) {
+                char reason[96];
+                snprintf(reason, sizeof reason, "chunk (%u,%u) not installed", h->keys[0]->tensor, h->keys[0]->chunk);
+                psd_reply_error(p, &m->route, h, st, reason);
+        }
+        psd_wake_parked(p);
+}
+
+static void psd_try_stash(Psd *p) {
+        size_t j = 0;
+        for (size_t i = 0; i < p->nstash; i++) {
+                WireMsg *m = &p->stash[i];
+                int st = psd_install(p, m);
+                if (st == PSNET__STATUS__STATUS_MOVED && p->store->map && m->hdr->epoch > shardmap_epoch(p->store->map))
+                        p->stash[j++] = *m;
+                else {
+                        if (st != PSNET__STATUS__STATUS_OK && st != PSNET__STATUS__STATUS_DUPLICATE)
+                                log_error("stashed chunk (%u,%u) could not be installed status=%s",
+                                          m->hdr->keys[0]->tensor, m->hdr->keys[0]->chunk, status_name(st));
+                        wire_msg_done(m);
+                }
+        }
+        p->nstash = j;
+}
+
 static void psd_handle_data(Psd *p, WireMsg *m) {
         Psnet__Header *h = m->hdr;
         char reason[160];
 
+        if (h->type == PSNET__MSG_TYPE__MSG_CHUNK_STATE) {
+                psd_handle_chunk_state(p, m);
+                return;
+        }
+        if (h->type == PSNET__MSG_TYPE__MSG_CHUNK_ACK || h->type == PSNET__MSG_TYPE__MSG_ERROR)
+                return; /* answers to our chunk states arrive on the peer sockets, not here */
         if (h->type != PSNET__MSG_TYPE__MSG_PULL && h->type != PSNET__MSG_TYPE__MSG_PUSH) {
                 snprintf(reason, sizeof reason, "psd serves PULL and PUSH, not message type %d",
                          h->type);
@@ -279,6 +452,11 @@ static void psd_apply_config(Psd *p, const Psnet__Control *ctl) {
                         log_error_errno(r, "Failed to configure the store: %m");
                         return;
                 }
+                psd_try_stash(p);
+                if (!fresh && ctl->map->epoch != 0)
+                        log_info("map epoch=%lu keys=%lu incoming=%lu moved_out=%lu", (unsigned long) ctl->map->epoch,
+                                 (unsigned long) p->store->nkeys, (unsigned long) store_incoming(p->store),
+                                 (unsigned long) p->moved_out);
                 if (fresh)
                         log_info("job configured job=%u model=%s mode=%s keys=%lu bytes=%lu map_epoch=%lu",
                                  job.id, job.model, job.mode == MODE_BSP ? "bsp" : "asp",
@@ -391,6 +569,9 @@ static void psd_heartbeat(Psd *p) {
         si.pushes = p->store->pushes;
         si.pulls = p->store->pulls;
         si.errors = p->errors;
+        si.has_incoming = si.has_map_epoch = true;
+        si.incoming = store_incoming(p->store);
+        si.map_epoch = p->store->map ? shardmap_epoch(p->store->map) : 0;
         ctl.shard_stats = &si;
         int r = coordlink_send(p->coord, PSNET__MSG_TYPE__MSG_HEARTBEAT, &ctl);
         if (r < 0)
@@ -434,6 +615,7 @@ int psd_run(const PsdConfig *cfg) {
                 log_error_errno(r, "Failed to allocate the store: %m");
                 goto finish;
         }
+        p.store->move = psd_move_chunk;
         p.data = zmq_socket(p.zctx, ZMQ_ROUTER);
         if (!p.data) {
                 r = log_error_errno(errno, "Failed to create socket: %m");
@@ -543,6 +725,14 @@ finish:
         if (sfd >= 0)
                 close(sfd);
         p.store = store_free(p.store); /* acks in flight go out before the socket closes */
+        for (size_t i = 0; i < p.nstash; i++)
+                wire_msg_done(&p.stash[i]);
+        ps_free(p.stash);
+        for (size_t i = 0; i < p.npeers; i++) {
+                zmq_close(p.peers[i].sock);
+                ps_free(p.peers[i].endpoint);
+        }
+        ps_free(p.peers);
         if (p.data)
                 zmq_close(p.data);
         p.coord = coordlink_free(p.coord);

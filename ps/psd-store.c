@@ -172,6 +172,73 @@ static int shardmap_copy(const ShardMap *m, ShardMap **ret) {
         return r;
 }
 
+/* Refuses the pushes parked on c (MOVED: the workers resend them to the new
+ * owner, which de-duplicates), then hands c to the move callback. */
+static void chunk_move_out(Store *s, Chunk *c, const ShardDesc *dest) {
+        Pending *list = c->pending;
+        size_t n = c->npending;
+        c->pending = NULL;
+        c->npending = c->cpending = 0;
+        for (size_t i = 0; i < n; i++) {
+                uint32_t w = list[i].req->worker;
+                if (w < c->nlast && c->last_clock[w] >= c->clock)
+                        c->last_clock[w] = c->clock - 1; /* not applied: may come again */
+                zmq_msg_close(&list[i].grad);
+                pushreq_settle(s, list[i].req, PSNET__STATUS__STATUS_MOVED);
+        }
+        ps_free(list);
+        if (s->move)
+                s->move(s->ack_userdata, c, dest);
+}
+
+int store_install(Store *s, uint32_t tensor, uint32_t chunk, const float *values, uint32_t len,
+                  const float *state, size_t state_floats, uint64_t steps, int64_t clock,
+                  const int64_t *last_clocks, size_t nlast) {
+        if (!s->has_job || !s->map || job_chunk_len(&s->job, tensor, chunk) != len)
+                return -EINVAL;
+        size_t per = optim_state_per_value(&s->job.optim);
+        if (state_floats != per * len || nlast > 65536)
+                return -EINVAL;
+        if (s->chunks[tensor][chunk])
+                return -EEXIST;
+        if (shardmap_shard(s->map, shardmap_lookup(s->map, tensor, chunk))->id != s->shard_id)
+                return -ENOENT;
+        Chunk *c;
+        int r = chunk_new(&s->job, tensor, chunk, &c);
+        if (r < 0)
+                return r;
+        memcpy(c->val->data, values, (size_t) len * sizeof(float));
+        if (per)
+                memcpy(c->state, state, state_floats * sizeof(float));
+        c->steps = steps;
+        c->clock = clock;
+        if (nlast) {
+                c->last_clock = ps_malloc(nlast * sizeof *c->last_clock);
+                if (!c->last_clock) {
+                        chunk_free(s, c);
+                        return -ENOMEM;
+                }
+                memcpy(c->last_clock, last_clocks, nlast * sizeof *c->last_clock);
+                c->nlast = nlast;
+        }
+        s->chunks[tensor][chunk] = c;
+        s->nkeys++;
+        s->bytes += (uint64_t) len * sizeof(float) * (1 + per);
+        return store_settle(s);
+}
+
+uint64_t store_incoming(const Store *s) {
+        uint64_t n = 0;
+        if (!s->has_job || !s->map || !s->chunks)
+                return 0;
+        for (uint32_t t = 0; t < s->job.ntensors; t++)
+                for (uint32_t k = 0; s->chunks[t] && k < s->job.tensors[t].nchunks; k++)
+                        if (!s->chunks[t][k] &&
+                            shardmap_shard(s->map, shardmap_lookup(s->map, t, k))->id == s->shard_id)
+                                n++;
+        return n;
+}
+
 int store_configure(Store *s, const Job *job, const ShardMap *map) {
         ShardMap *copy = NULL;
         int r = shardmap_copy(map, &copy);
@@ -179,6 +246,7 @@ int store_configure(Store *s, const Job *job, const ShardMap *map) {
                 return r;
         /* Another job, or the same id describing other tensors (a restarted pscoord
          * numbers jobs from 1 again): start over rather than mix the two. */
+        bool fresh = false;
         if (s->has_job && (s->job.id != job->id || s->job.ntensors != job->ntensors ||
                            s->job.chunk_floats != job->chunk_floats || s->job.seed != job->seed ||
                            strcmp(s->job.model, job->model) != 0 ||
@@ -187,6 +255,7 @@ int store_configure(Store *s, const Job *job, const ShardMap *map) {
                 s->has_job = false;
         }
         if (!s->has_job) {
+                fresh = true;
                 s->job = *job;
                 s->chunks = ps_calloc(job->ntensors, sizeof *s->chunks);
                 ps_free(s->sum);
@@ -205,6 +274,7 @@ int store_configure(Store *s, const Job *job, const ShardMap *map) {
         s->has_job = true;
 
         size_t per = optim_state_per_value(&job->optim);
+        bool first_map = s->map == NULL || fresh;
         s->nkeys = s->bytes = 0;
         for (uint32_t t = 0; t < job->ntensors; t++) {
                 uint32_t n = job->tensors[t].nchunks;
@@ -218,14 +288,16 @@ int store_configure(Store *s, const Job *job, const ShardMap *map) {
                 for (uint32_t k = 0; k < n; k++) {
                         size_t owner = shardmap_lookup(copy, t, k);
                         bool mine = shardmap_shard(copy, owner)->id == s->shard_id;
-                        if (mine && !s->chunks[t][k]) {
+                        if (mine && !s->chunks[t][k] && first_map) {
                                 r = chunk_new(job, t, k, &s->chunks[t][k]);
                                 if (r < 0) {
                                         shardmap_free(copy);
                                         return r;
                                 }
-                        } else if (!mine && s->chunks[t][k])
+                        } else if (!mine && s->chunks[t][k]) {
+                                chunk_move_out(s, s->chunks[t][k], shardmap_shard(copy, owner));
                                 s->chunks[t][k] = chunk_free(s, s->chunks[t][k]);
+                        }
                         if (s->chunks[t][k]) {
                                 s->nkeys++;
                                 s->bytes += (uint64_t) s->chunks[t][k]->len * sizeof(float) * (1 + per);
@@ -406,7 +478,8 @@ Chunk *store_lookup(Store *s, uint32_t tensor, uint32_t chunk, uint32_t len, int
         }
         Chunk *c = s->chunks[tensor][chunk];
         if (!c) {
-                *ret_status = PSNET__STATUS__STATUS_MOVED;
+                bool mine = s->map && shardmap_shard(s->map, shardmap_lookup(s->map, tensor, chunk))->id == s->shard_id;
+                *ret_status = mine ? PSNET__STATUS__STATUS_MIGRATING : PSNET__STATUS__STATUS_MOVED;
                 return NULL;
         }
         *ret_status = PSNET__STATUS__STATUS_OK;

@@ -58,6 +58,11 @@ typedef struct Chunk {
  * the request afterwards. */
 typedef void (*StoreAckFn)(void *userdata, PushReq *req);
 
+/* A chunk leaves this shard (the map gave it to dest): the callback sends its
+ * state; the store frees it afterwards. Pushes parked on it were refused
+ * (MOVED) before the call, so the workers resend them to dest. */
+typedef void (*StoreMoveFn)(void *userdata, Chunk *c, const ShardDesc *dest);
+
 /* Who takes part and how, for a range of clocks. */
 typedef struct StoreCfg {
         ConsistencyMode mode;
@@ -85,6 +90,7 @@ typedef struct Store {
         int64_t fence_pull_limit;
         uint64_t pushes, pulls, applied;
         StoreAckFn ack;
+        StoreMoveFn move;
         void *ack_userdata;
         float *sum;             /* scratch for aggregation (chunk_floats) */
 } Store;
@@ -92,9 +98,22 @@ typedef struct Store {
 int store_new(uint32_t shard_id, StoreAckFn ack, void *userdata, Store **ret);
 Store *store_free(Store *s);
 
-/* Installs a job and the map: keeps the chunks this shard owns under map,
- * initialising new ones deterministically. A different job id drops everything. */
+/* Installs a job and the map. The first map of a job initialises every chunk
+ * this shard owns (deterministically). A later map moves chunks: those it no
+ * longer owns go to the move callback; those it newly owns are awaited
+ * (store_install) and answered MIGRATING until they arrive. A different job
+ * drops everything. */
 int store_configure(Store *s, const Job *job, const ShardMap *map);
+
+/* Installs the state of a chunk that moved here. -EEXIST when it is already
+ * here, -ENOENT when the map does not give it to this shard, -EINVAL when the
+ * sizes do not match the job. */
+int store_install(Store *s, uint32_t tensor, uint32_t chunk, const float *values, uint32_t len,
+                  const float *state, size_t state_floats, uint64_t steps, int64_t clock,
+                  const int64_t *last_clocks, size_t nlast);
+
+/* Keys the map gives this shard that have not arrived yet. */
+uint64_t store_incoming(const Store *s);
 
 /* Replaces the membership (ids with the clocks they start at; start may be NULL)
  * for clocks >= from_clock; clocks before it keep prev (NULL: the same set).
@@ -121,7 +140,8 @@ bool store_pull_ready(Store *s, Chunk *const *chunks, size_t n, int64_t clock, i
 /* The configuration that governs a clock. */
 const StoreCfg *store_cfg(const Store *s, int64_t clock);
 
-/* The chunk for a key or NULL. *ret_status says why not: UNKNOWN_KEY, MOVED, SIZE. */
+/* The chunk for a key or NULL. *ret_status says why not: UNKNOWN_KEY, SIZE,
+ * MOVED (another shard's), MIGRATING (on its way here). */
 Chunk *store_lookup(Store *s, uint32_t tensor, uint32_t chunk, uint32_t len, int *ret_status);
 
 /* A new request (route copied) with remaining = 1 for the reader's hold. */

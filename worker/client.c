@@ -22,6 +22,8 @@ typedef struct ShardConn {
 } ShardConn;
 
 struct Client {
+        void *zctx;
+        uint64_t map_epoch, need_epoch;
         Job job;
         uint32_t worker_id;
         ClientHooks hooks;
@@ -34,24 +36,27 @@ struct Client {
         ClientStats stats;
 };
 
-int client_new(void *zctx, const Job *job, const ShardMap *map, uint32_t worker_id,
-               const ClientHooks *hooks, Client **ret) {
-        Client *c = ps_calloc(1, sizeof *c);
-        if (!c)
-                return -ENOMEM;
-        c->job = *job;
-        c->worker_id = worker_id;
-        c->timeout_ms = 120000;
-        if (hooks)
-                c->hooks = *hooks;
-        else
-                c->hooks.signal_fd = -1;
-        c->nshards = shardmap_size(map);
-        c->shards = ps_calloc(c->nshards, sizeof *c->shards);
-        if (!c->shards) {
-                client_free(c);
-                return -ENOMEM;
+static void client_disconnect(Client *c) {
+        for (size_t i = 0; c->shards && i < c->nshards; i++) {
+                ShardConn *s = &c->shards[i];
+                if (s->sock)
+                        zmq_close(s->sock);
+                ps_free((char *) s->endpoint);
+                ps_free(s->keys);
+                ps_free(s->keyp);
         }
+        c->shards = mfree(c->shards);
+        c->nshards = 0;
+}
+
+/* Connects to every shard of map and routes every key to its owner. */
+static int client_connect(Client *c, const ShardMap *map) {
+        const Job *job = &c->job;
+        c->nshards = shardmap_size(map);
+        c->map_epoch = shardmap_epoch(map);
+        c->shards = ps_calloc(c->nshards, sizeof *c->shards);
+        if (!c->shards)
+                return -ENOMEM;
         size_t nkeys = job_nkeys(job);
         for (size_t i = 0; i < c->nshards; i++) {
                 ShardConn *s = &c->shards[i];
@@ -59,11 +64,9 @@ int client_new(void *zctx, const Job *job, const ShardMap *map, uint32_t worker_
                 s->endpoint = ps_strdup(shardmap_shard(map, i)->endpoint);
                 s->keys = ps_calloc(nkeys, sizeof *s->keys);
                 s->keyp = ps_calloc(nkeys, sizeof *s->keyp);
-                s->sock = zmq_socket(zctx, ZMQ_DEALER);
-                if (!s->endpoint || !s->keys || !s->keyp || !s->sock) {
-                        client_free(c);
+                s->sock = zmq_socket(c->zctx, ZMQ_DEALER);
+                if (!s->endpoint || !s->keys || !s->keyp || !s->sock)
                         return -ENOMEM;
-                }
                 int zero = 0;
                 (void) zmq_setsockopt(s->sock, ZMQ_LINGER, &zero, sizeof zero);
                 (void) zmq_setsockopt(s->sock, ZMQ_SNDHWM, &zero, sizeof zero);
@@ -71,7 +74,6 @@ int client_new(void *zctx, const Job *job, const ShardMap *map, uint32_t worker_
                 if (zmq_connect(s->sock, s->endpoint) < 0) {
                         int r = -errno;
                         log_error_errno(r, "Bad shard endpoint %s: %m", s->endpoint);
-                        client_free(c);
                         return r;
                 }
         }
@@ -85,22 +87,44 @@ int client_new(void *zctx, const Job *job, const ShardMap *map, uint32_t worker_
                         key->len = job_chunk_len(job, t, k);
                         s->keyp[s->nkeys++] = key;
                 }
+        return 0;
+}
+
+int client_new(void *zctx, const Job *job, const ShardMap *map, uint32_t worker_id,
+               const ClientHooks *hooks, Client **ret) {
+        Client *c = ps_calloc(1, sizeof *c);
+        if (!c)
+                return -ENOMEM;
+        c->zctx = zctx;
+        c->job = *job;
+        c->worker_id = worker_id;
+        c->timeout_ms = 120000;
+        if (hooks)
+                c->hooks = *hooks;
+        else
+                c->hooks.signal_fd = -1;
+        int r = client_connect(c, map);
+        if (r < 0) {
+                client_free(c);
+                return r;
+        }
         *ret = c;
         return 0;
 }
 
+int client_set_map(Client *c, const ShardMap *map) {
+        client_disconnect(c);
+        c->need_epoch = 0;
+        return client_connect(c, map);
+}
+
+uint64_t client_map_epoch(const Client *c) { return c->map_epoch; }
+uint64_t client_need_epoch(const Client *c) { return c->need_epoch; }
+
 Client *client_free(Client *c) {
         if (!c)
                 return NULL;
-        for (size_t i = 0; c->shards && i < c->nshards; i++) {
-                ShardConn *s = &c->shards[i];
-                if (s->sock)
-                        zmq_close(s->sock);
-                ps_free((char *) s->endpoint);
-                ps_free(s->keys);
-                ps_free(s->keyp);
-        }
-        ps_free(c->shards);
+        client_disconnect(c);
         ps_free(c);
         return NULL;
 }
@@ -165,6 +189,25 @@ static int handle_reply(Client *c, ShardConn *s, WireMsg *m, float *const *param
         Psnet__Header *h = m->hdr;
         if (h->seq != s->push_seq && h->seq != s->pull_seq)
                 return 0; /* a reply to a request we gave up on */
+        bool moved = h->status == PSNET__STATUS__STATUS_MOVED &&
+                     (h->type == PSNET__MSG_TYPE__MSG_ERROR || h->type == PSNET__MSG_TYPE__MSG_PUSH_ACK);
+        if (moved && h->has_epoch && h->epoch > c->map_epoch) {
+                /* The shard map changed: finish this round again under the new map
+                 * (pushes already applied come back DUPLICATE, so nothing twice). */
+                c->need_epoch = MAX(c->need_epoch, h->epoch);
+                log_debug("moved shard=%u epoch=%lu: waiting for the new map", s->id, (unsigned long) h->epoch);
+                return -EXDEV;
+        }
+        if (moved || (h->type == PSNET__MSG_TYPE__MSG_ERROR && h->status == PSNET__STATUS__STATUS_MIGRATING)) {
+                /* The shard has not caught up with the map this worker routes by, or
+                 * the key is on its way there: ask again shortly. */
+                if (h->seq == s->push_seq)
+                        s->retry_push = true;
+                else
+                        s->retry_pull = true;
+                s->retry_at = now_ms() + 20;
+                return 0;
+        }
         if (h->type == PSNET__MSG_TYPE__MSG_ERROR) {
                 if (h->status == PSNET__STATUS__STATUS_NO_JOB) {
                         /* The shard has not got the job from pscoord yet: ask again shortly.
@@ -315,6 +358,8 @@ int client_round(Client *c, const float *const *grads, int64_t push_clock,
                                         r = -EPROTO;
                                 }
                                 wire_msg_done(&m);
+                                if (r == -EXDEV)
+                                        return -EAGAIN; /* moved: see client_need_epoch */
                                 if (r == -EAGAIN)
                                         break;
                                 if (r < 0)

@@ -33,6 +33,12 @@ int client_new(void *zctx, const Job *job, const ShardMap *map, uint32_t worker_
                const ClientHooks *hooks, Client **ret);
 Client *client_free(Client *c);
 
+/* Routes by a new shard map (reconnecting). */
+int client_set_map(Client *c, const ShardMap *map);
+uint64_t client_map_epoch(const Client *c);
+/* After client_round returned -EAGAIN: the map epoch a shard said to use. */
+uint64_t client_need_epoch(const Client *c);
+
 /* Give up on a round after this long without completing (default 120 s). */
 void client_set_timeout(Client *c, unsigned ms);
 
@@ -40,7 +46,10 @@ void client_set_timeout(Client *c, unsigned ms);
  * push_clock; then pulls every tensor into params, for clock pull_clock (BSP:
  * the shard answers once that clock has closed). *ret_clock gets the smallest
  * clock the shards reported for the values. Returns 0, -ECANCELED when
- * should_stop said so, -ETIMEDOUT (logged with the shard's address), or -EPROTO
+ * should_stop said so, -EAGAIN when a shard answered MOVED under a newer map
+ * (call again, same arguments, once client_set_map has the map of
+ * client_need_epoch: pushes are de-duplicated), -ETIMEDOUT (logged with the
+ * shard's address), or -EPROTO
  * after an error reply (logged). A push refused as STALE is counted in the
  * stats and not fatal. */
 int client_round(Client *c, const float *const *grads, int64_t push_clock,

@@ -85,6 +85,16 @@ static void worker_apply_config(Worker *w, const Psnet__Control *ctl) {
                 w->map = m;
                 w->has_job = true;
                 w->start_clock = ctl->has_start_clock ? ctl->start_clock : 0;
+        } else if (ctl->map && w->has_job && w->map && ctl->map->epoch > shardmap_epoch(w->map) &&
+                   (!ctl->job || ctl->job->id == w->job.id)) {
+                ShardMap *m;
+                if (shardmap_from_proto(ctl->map, &m) < 0) {
+                        log_error("pscoord sent a shard map that does not validate");
+                        return;
+                }
+                shardmap_free(w->map);
+                w->map = m;
+                log_info("shard map epoch=%lu shards=%zu", (unsigned long) shardmap_epoch(m), shardmap_size(m));
         } else if (ctl->job && w->has_job && ctl->job->id != w->job.id) {
                 log_warning("pscoord moved to job %u; this worker trains job %u and stops", ctl->job->id, w->job.id);
                 w->stop = w->job_stopped = true;
@@ -322,6 +332,40 @@ static int load_data(Worker *w, Loader *l) {
         return l->r;
 }
 
+/* One pull/push round at w->clock; when a shard says the map moved on, waits
+ * for pscoord's new map (serving the link) and does the round again. */
+static int worker_round(Worker *w, Client *client, const float *const *grads, float *const *params, int64_t *got) {
+        for (;;) {
+                if (shardmap_epoch(w->map) > client_map_epoch(client)) {
+                        int r = client_set_map(client, w->map);
+                        if (r < 0)
+                                return log_error_errno(r, "Failed to use the new shard map: %m");
+                }
+                int r = grads ? client_round(client, grads, w->clock, params, w->clock + 1, got)
+                              : client_round(client, NULL, 0, params, w->clock, got);
+                if (r != -EAGAIN)
+                        return r;
+                uint64_t need = client_need_epoch(client), deadline = now_ms() + 30000;
+                while (shardmap_epoch(w->map) < need && !w->stop) {
+                        if (now_ms() > deadline)
+                                return log_error_errno(ETIMEDOUT, "no shard map epoch %lu from pscoord within 30 s",
+                                                       (unsigned long) need);
+                        zmq_pollitem_t items[] = {
+                                { .socket = w->coord->sock, .events = ZMQ_POLLIN },
+                                { .fd = w->sfd, .events = ZMQ_POLLIN },
+                        };
+                        int n = zmq_poll(items, 2, 50);
+                        if (n > 0 && (items[0].revents & ZMQ_POLLIN))
+                                on_coord(w);
+                        if (n > 0 && (items[1].revents & ZMQ_POLLIN))
+                                on_signal(w);
+                        on_tick(w);
+                }
+                if (w->stop)
+                        return -ECANCELED;
+        }
+}
+
 /* This worker's share of the training set: indices i with i % n == rank, in perm. */
 static uint32_t partition(uint32_t *perm, uint32_t total, uint32_t rank, uint32_t n) {
         uint32_t k = 0;
@@ -401,7 +445,7 @@ static int train(Worker *w) {
         client_set_timeout(client, w->cfg->round_timeout * 1000u);
         int64_t got;
         w->clock = w->start_clock;
-        r = client_round(client, NULL, 0, params, w->clock, &got);
+        r = worker_round(w, client, NULL, params, &got);
         if (r < 0)
                 goto out;
         if (w->cfg->trace_pulls)
@@ -445,8 +489,7 @@ static int train(Worker *w) {
                                                       (long) (w->cfg->step_delay_ms % 1000) * 1000000L };
                                 nanosleep(&d, NULL);
                         }
-                        r = client_round(client, (const float *const *) grads, w->clock, params, w->clock + 1,
-                                         &got);
+                        r = worker_round(w, client, (const float *const *) grads, params, &got);
                         if (r == -ECANCELED)
                                 break;
                         if (r < 0)
