@@ -1115,6 +1115,115 @@ out:
         store_free(s);
 }
 
+/* lr_scaling: the step uses lr * W (W = members of the clock). */
+static void test_lr_scaling(void) {
+        uint32_t m12[2] = { 1, 2 };
+        Job job, scaled;
+        Acks acks = { 0 };
+        float g1[MAXLEN], g2[MAXLEN], mean[MAXLEN];
+        make_job(&job, 7, MODE_BSP, "sgd");
+        job.lr_scaling = true;
+        Store *s = open_solo(&job, &acks, m12, 2);
+        Chunk *a = s ? key(s, 0, 0) : NULL;
+        if (!a)
+                goto out;
+        scaled = job;
+        scaled.optim.lr = job.optim.lr * 2.0f;
+        Ref r;
+        ref_init(&r, &scaled, 0, 0);
+        grad_fill(g1, a->len, 1, 0);
+        grad_fill(g2, a->len, 2, 0);
+        for (uint32_t j = 0; j < a->len; j++)
+                mean[j] = (g1[j] + g2[j]) * (1.0f / 2.0f);
+        ref_step(&r, mean);
+        push1(s, a, 1, 0, 1, g1);
+        push1(s, a, 2, 0, 2, g2);
+        CHECK(a->clock == 1 && same(a->val->data, r.w, a->len),
+              "lr_scaling with 2 members: optim_apply with lr * 2 of the mean gradient");
+        ref_done(&r);
+out:
+        store_free(s);
+}
+
+/* SSP(s): a pull for clock c is ready once the slowest member completed c - s. */
+static void test_ssp_gate(void) {
+        uint32_t m12[2] = { 1, 2 };
+        Job job;
+        Acks acks = { 0 };
+        float g[MAXLEN];
+        make_job(&job, 7, MODE_SSP, "sgd");
+        job.staleness = 2;
+        Store *s = open_solo(&job, &acks, m12, 2);
+        Chunk *a = s ? key(s, 0, 0) : NULL;
+        if (!a)
+                goto out;
+        store_set_config(s, MODE_SSP, 2, m12, NULL, 2, NULL, 0, 0, 2);
+        int64_t slowest = -1;
+        CHECK(store_pull_ready(s, &a, 1, 2, &slowest) && slowest == 0,
+              "ssp:2: clock 2 is ready with the slowest at 0 (slowest %ld)", (long) slowest);
+        CHECK(!store_pull_ready(s, &a, 1, 3, NULL), "ssp:2: clock 3 waits for the slowest at 0");
+        for (int64_t c = 0; c < 4; c++) {
+                grad_fill(g, a->len, 1, c);
+                push1(s, a, 1, c, (uint64_t) (10 + c), g);
+        }
+        CHECK(a->steps == 4 && acks.n == 4, "ssp: pushes apply on arrival (%lu steps)", (unsigned long) a->steps);
+        CHECK(!store_pull_ready(s, &a, 1, 5, &slowest) && slowest == 0,
+              "worker 1 at clock 4 cannot pull clock 5 while worker 2 completed 0");
+        grad_fill(g, a->len, 2, 0);
+        push1(s, a, 2, 0, 20, g);
+        grad_fill(g, a->len, 2, 1);
+        push1(s, a, 2, 1, 21, g);
+        CHECK(store_pull_ready(s, &a, 1, 4, &slowest) && slowest == 2 && !store_pull_ready(s, &a, 1, 5, NULL),
+              "with the slowest at 2, clock 4 is ready and clock 5 is not (slowest %ld)", (long) slowest);
+        CHECK(store_clock(s) == 4, "store_clock under SSP is the fastest member's progress (%ld)", (long) store_clock(s));
+out:
+        store_free(s);
+}
+
+/* A fence holds BSP clocks past the next one; a boundary switch keeps the old
+ * membership below from_clock and the new one from it on. */
+static void test_fence_boundary(void) {
+        uint32_t m12[2] = { 1, 2 }, m123[3] = { 1, 2, 3 };
+        int64_t starts[3] = { 0, 0, 2 };
+        Job job;
+        Acks acks = { 0 };
+        float g[MAXLEN];
+        make_job(&job, 7, MODE_BSP, "sgd");
+        Store *s = open_solo(&job, &acks, m12, 2);
+        Chunk *a = s ? key(s, 0, 0) : NULL;
+        if (!a)
+                goto out;
+        int64_t lo = -1, hi = -1;
+        int64_t maxc = store_fence(s, &lo, &hi);
+        CHECK(maxc == 0 && s->fence_limit == 1, "fence at clock 0: clock 0 may still close, clock 1 not");
+        for (uint32_t w = 1; w <= 2; w++) {
+                grad_fill(g, a->len, w, 0);
+                push1(s, a, w, 0, w, g);
+        }
+        CHECK(a->clock == 1, "clock 0 closes under the fence");
+        for (uint32_t w = 1; w <= 2; w++) {
+                grad_fill(g, a->len, w, 1);
+                push1(s, a, w, 1, 10 + w, g);
+        }
+        CHECK(a->clock == 1 && a->npending == 2, "clock 1 does not close while fenced");
+        /* Worker 3 joins from clock 2: clock 1 closes with {1,2}, clock 2 needs {1,2,3}. */
+        store_set_config(s, MODE_BSP, 0, m123, starts, 3, m12, 2, 2, 2);
+        CHECK(a->clock == 2 && !s->fenced, "the boundary ends the fence; clock 1 closes with the old members");
+        CHECK(store_cfg(s, 1)->nmembers == 2 && store_cfg(s, 2)->nmembers == 3,
+              "clocks below 2 keep 2 members, from 2 on 3");
+        CHECK(store_pull_ready(s, &a, 1, 2, NULL), "the joiner's first pull, clock 2, is ready");
+        for (uint32_t w = 1; w <= 2; w++) {
+                grad_fill(g, a->len, w, 2);
+                push1(s, a, w, 2, 20 + w, g);
+        }
+        CHECK(a->clock == 2, "clock 2 waits for the joiner");
+        grad_fill(g, a->len, 3, 2);
+        push1(s, a, 3, 2, 23, g);
+        CHECK(a->clock == 3 && acks_status(&acks, 23) == ST_OK, "and closes with it");
+out:
+        store_free(s);
+}
+
 int main(void) {
         test_configure_two_shards();
         test_lookup();
@@ -1127,5 +1236,8 @@ int main(void) {
         test_copy_on_write();
         test_multi_key();
         test_new_job();
+        test_lr_scaling();
+        test_ssp_gate();
+        test_fence_boundary();
         return tap_done();
 }
