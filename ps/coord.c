@@ -10,6 +10,7 @@
 #include "alloc.h"
 #include "coord.h"
 #include "coordlink.h"
+#include "signals.h"
 #include "errors.h"
 #include "log.h"
 #include "shardmap.h"
@@ -854,18 +855,6 @@ static void expire_leases(Coord *c) {
                 membership_changed(c);
 }
 
-static int open_signalfd(void) {
-        sigset_t mask;
-        sigemptyset(&mask);
-        sigaddset(&mask, SIGTERM);
-        sigaddset(&mask, SIGINT);
-        sigaddset(&mask, SIGHUP);
-        if (sigprocmask(SIG_BLOCK, &mask, NULL) < 0)
-                return -errno;
-        int fd = signalfd(-1, &mask, SFD_CLOEXEC | SFD_NONBLOCK);
-        return fd < 0 ? -errno : fd;
-}
-
 int coord_run(const CoordConfig *cfg) {
         Coord c = { .cfg = cfg, .job = cfg->job, .state = "waiting" };
         int r = 0, sfd = -1, zero = 0;
@@ -892,7 +881,7 @@ int coord_run(const CoordConfig *cfg) {
                 r = log_error_errno(errno, "Failed to bind %s: %m", cfg->listen);
                 goto finish;
         }
-        sfd = open_signalfd();
+        sfd = signals_open();
         if (sfd < 0) {
                 r = log_error_errno(sfd, "Failed to set up signals: %m");
                 goto finish;

@@ -192,14 +192,23 @@ static int cmd_job_submit(Ctl *c, int argc, char **argv) {
         return 0;
 }
 
-static int cmd_drain(Ctl *c, const char *id) {
+/* Parses a worker or shard id (1..2^32-1); complains on stderr otherwise. */
+static int parse_id(const char *cmd, const char *what, const char *id, unsigned long *ret) {
         char *end;
         errno = 0;
         unsigned long v = id ? strtoul(id, &end, 10) : 0;
         if (!id || errno || *end || v == 0 || v > UINT32_MAX) {
-                fprintf(stderr, "psctl worker drain: expected a worker id, got '%s'\n", id ? id : "");
+                fprintf(stderr, "%s: expected a %s id, got '%s'\n", cmd, what, id ? id : "");
                 return -EINVAL;
         }
+        *ret = v;
+        return 0;
+}
+
+static int cmd_drain(Ctl *c, const char *id) {
+        unsigned long v;
+        if (parse_id("psctl worker drain", "worker", id, &v) < 0)
+                return -EINVAL;
         Psnet__Control ctl = PSNET__CONTROL__INIT;
         ctl.has_assigned_id = true;
         ctl.assigned_id = (uint32_t) v;
@@ -213,13 +222,9 @@ static int cmd_drain(Ctl *c, const char *id) {
 }
 
 static int cmd_shard(Ctl *c, bool add, const char *id) {
-        char *end;
-        errno = 0;
-        unsigned long v = id ? strtoul(id, &end, 10) : 0;
-        if (!id || errno || *end || v == 0 || v > UINT32_MAX) {
-                fprintf(stderr, "psctl shard %s: expected a shard id, got '%s'\n", add ? "add" : "remove", id ? id : "");
+        unsigned long v;
+        if (parse_id(add ? "psctl shard add" : "psctl shard remove", "shard", id, &v) < 0)
                 return -EINVAL;
-        }
         Psnet__Control ctl = PSNET__CONTROL__INIT;
         ctl.has_assigned_id = true;
         ctl.assigned_id = (uint32_t) v;

@@ -9,6 +9,7 @@
 #include <unistd.h>
 #include "alloc.h"
 #include "coordlink.h"
+#include "signals.h"
 #include "errors.h"
 #include "log.h"
 #include "psd-server.h"
@@ -579,18 +580,6 @@ static void psd_heartbeat(Psd *p) {
         p->last_hb_sent = now_ms();
 }
 
-static int open_signalfd(void) {
-        sigset_t mask;
-        sigemptyset(&mask);
-        sigaddset(&mask, SIGTERM);
-        sigaddset(&mask, SIGINT);
-        sigaddset(&mask, SIGHUP);
-        if (sigprocmask(SIG_BLOCK, &mask, NULL) < 0)
-                return -errno;
-        int fd = signalfd(-1, &mask, SFD_CLOEXEC | SFD_NONBLOCK);
-        return fd < 0 ? -errno : fd;
-}
-
 static void psd_free_parked(Psd *p) {
         for (size_t i = 0; i < p->nparked; i++) {
                 zmq_msg_close(&p->parked[i].route);
@@ -640,7 +629,7 @@ int psd_run(const PsdConfig *cfg) {
                 log_error_errno(r, "Bad pscoord endpoint %s: %m", cfg->coord);
                 goto finish;
         }
-        sfd = open_signalfd();
+        sfd = signals_open();
         if (sfd < 0) {
                 r = log_error_errno(sfd, "Failed to set up signals: %m");
                 goto finish;

@@ -14,6 +14,7 @@
 #include "alloc.h"
 #include "client.h"
 #include "coordlink.h"
+#include "signals.h"
 #include "idx.h"
 #include "kernels.h"
 #include "log.h"
@@ -197,6 +198,24 @@ static void worker_register(Worker *w, unsigned timeout_ms, int *ret) {
         *ret = r;
 }
 
+/* Waits up to timeout_ms for pscoord or a signal and handles what came; keeps
+ * the lease. */
+static int serve_link(Worker *w, long timeout_ms) {
+        zmq_pollitem_t items[] = {
+                { .socket = w->coord->sock, .events = ZMQ_POLLIN },
+                { .fd = w->sfd, .events = ZMQ_POLLIN },
+        };
+        int n = zmq_poll(items, 2, timeout_ms);
+        if (n < 0 && errno != EINTR)
+                return -errno;
+        if (n > 0 && (items[0].revents & ZMQ_POLLIN))
+                on_coord(w);
+        if (n > 0 && (items[1].revents & ZMQ_POLLIN))
+                on_signal(w);
+        on_tick(w);
+        return 0;
+}
+
 /* Waits (serving heartbeats) until pscoord says the job runs. */
 static int wait_for_job(Worker *w) {
         bool said = false;
@@ -207,18 +226,9 @@ static int wait_for_job(Worker *w) {
                         log_info("waiting for the job to start state=%s", w->state[0] ? w->state : "?");
                         said = true;
                 }
-                zmq_pollitem_t items[] = {
-                        { .socket = w->coord->sock, .events = ZMQ_POLLIN },
-                        { .fd = w->sfd, .events = ZMQ_POLLIN },
-                };
-                int r = zmq_poll(items, 2, 200);
-                if (r < 0 && errno != EINTR)
-                        return -errno;
-                if (r > 0 && (items[0].revents & ZMQ_POLLIN))
-                        on_coord(w);
-                if (r > 0 && (items[1].revents & ZMQ_POLLIN))
-                        on_signal(w);
-                on_tick(w);
+                int r = serve_link(w, 200);
+                if (r < 0)
+                        return r;
         }
         return -ECANCELED;
 }
@@ -316,18 +326,8 @@ static int load_data(Worker *w, Loader *l) {
         int r = pthread_create(&t, NULL, loader_main, l);
         if (r != 0)
                 return log_error_errno(r, "Failed to start the data loader: %m");
-        while (!atomic_load(&l->done)) {
-                zmq_pollitem_t items[] = {
-                        { .socket = w->coord->sock, .events = ZMQ_POLLIN },
-                        { .fd = w->sfd, .events = ZMQ_POLLIN },
-                };
-                int n = zmq_poll(items, 2, 50);
-                if (n > 0 && (items[0].revents & ZMQ_POLLIN))
-                        on_coord(w);
-                if (n > 0 && (items[1].revents & ZMQ_POLLIN))
-                        on_signal(w);
-                on_tick(w);
-        }
+        while (!atomic_load(&l->done))
+                serve_link(w, 50);
         pthread_join(t, NULL);
         return l->r;
 }
@@ -350,16 +350,7 @@ static int worker_round(Worker *w, Client *client, const float *const *grads, fl
                         if (now_ms() > deadline)
                                 return log_error_errno(ETIMEDOUT, "no shard map epoch %lu from pscoord within 30 s",
                                                        (unsigned long) need);
-                        zmq_pollitem_t items[] = {
-                                { .socket = w->coord->sock, .events = ZMQ_POLLIN },
-                                { .fd = w->sfd, .events = ZMQ_POLLIN },
-                        };
-                        int n = zmq_poll(items, 2, 50);
-                        if (n > 0 && (items[0].revents & ZMQ_POLLIN))
-                                on_coord(w);
-                        if (n > 0 && (items[1].revents & ZMQ_POLLIN))
-                                on_signal(w);
-                        on_tick(w);
+                        serve_link(w, 50);
                 }
                 if (w->stop)
                         return -ECANCELED;
@@ -548,18 +539,6 @@ out:
         return r;
 }
 
-static int open_signalfd(void) {
-        sigset_t mask;
-        sigemptyset(&mask);
-        sigaddset(&mask, SIGTERM);
-        sigaddset(&mask, SIGINT);
-        sigaddset(&mask, SIGHUP);
-        if (sigprocmask(SIG_BLOCK, &mask, NULL) < 0)
-                return -errno;
-        int fd = signalfd(-1, &mask, SFD_CLOEXEC | SFD_NONBLOCK);
-        return fd < 0 ? -errno : fd;
-}
-
 int worker_run(const WorkerConfig *cfg) {
         Worker w = { .cfg = cfg, .sfd = -1 };
         int r;
@@ -568,7 +547,7 @@ int worker_run(const WorkerConfig *cfg) {
         if (!w.zctx)
                 return log_error_errno(errno, "Failed to create ZeroMQ context: %m");
         (void) zmq_ctx_set(w.zctx, ZMQ_IO_THREADS, 1);
-        w.sfd = open_signalfd();
+        w.sfd = signals_open();
         if (w.sfd < 0) {
                 r = log_error_errno(w.sfd, "Failed to set up signals: %m");
                 goto out;
