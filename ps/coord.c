@@ -302,11 +302,18 @@ static int remap(Coord *c, uint32_t add, uint32_t remove) {
 static void handle_shard_change(Coord *c, WireMsg *m, bool add) {
         char reason[128];
         const Psnet__Control *ctl = m->hdr->ctl;
-        if (!ctl || !ctl->has_assigned_id || ctl->assigned_id == 0) {
-                reply_error(c, &m->route, m->hdr->seq, PSNET__STATUS__STATUS_MALFORMED, "needs ctl.assigned_id (a shard id)");
+        uint32_t id = ctl && ctl->has_assigned_id ? ctl->assigned_id : 0;
+        if (ctl && ctl->endpoint) /* named by address: the registered shard advertising it */
+                for (size_t i = 0; i < c->npeers; i++)
+                        if (c->peers[i].role == PSNET__ROLE__ROLE_SERVER && c->peers[i].endpoint &&
+                            strcmp(c->peers[i].endpoint, ctl->endpoint) == 0)
+                                id = c->peers[i].id;
+        if (id == 0) {
+                snprintf(reason, sizeof reason, "no registered shard %s%.64s",
+                         ctl && ctl->endpoint ? "at " : "", ctl && ctl->endpoint ? ctl->endpoint : "(give an id or address)");
+                reply_error(c, &m->route, m->hdr->seq, PSNET__STATUS__STATUS_INVALID, reason);
                 return;
         }
-        uint32_t id = ctl->assigned_id;
         bool in_map = c->map && shardmap_find(c->map, id) >= 0;
         const char *why = NULL;
         if (strcmp(c->state, "running") != 0 && strcmp(c->state, "waiting") != 0)

@@ -222,20 +222,24 @@ static int cmd_drain(Ctl *c, const char *id) {
 }
 
 static int cmd_shard(Ctl *c, bool add, const char *id) {
-        unsigned long v;
-        if (parse_id(add ? "psctl shard add" : "psctl shard remove", "shard", id, &v) < 0)
-                return -EINVAL;
+        unsigned long v = 0;
         Psnet__Control ctl = PSNET__CONTROL__INIT;
-        ctl.has_assigned_id = true;
-        ctl.assigned_id = (uint32_t) v;
+        if (id && strstr(id, "://"))
+                ctl.endpoint = (char *) id; /* the shard's advertised address */
+        else if (parse_id(add ? "psctl shard add" : "psctl shard remove", "shard", id, &v) < 0)
+                return -EINVAL;
+        else {
+                ctl.has_assigned_id = true;
+                ctl.assigned_id = (uint32_t) v;
+        }
         WireMsg m;
         int r = ctl_request(c, add ? PSNET__MSG_TYPE__MSG_SHARD_ADD : PSNET__MSG_TYPE__MSG_SHARD_REMOVE, &ctl,
                             PSNET__MSG_TYPE__MSG_JOB_REP, &m);
         if (r < 0)
                 return r;
-        printf(c->json ? "{\"shard\":%lu,\"state\":\"migrating\"}\n"
-                       : "shard %lu %s; chunks are moving (psctl status shows INCOMING)\n",
-               v, add ? "added" : "removed");
+        printf(c->json ? "{\"shard\":\"%s\",\"state\":\"migrating\"}\n"
+                       : "shard %s %s; chunks are moving (psctl status shows INCOMING)\n",
+               id, add ? "added" : "removed");
         wire_msg_done(&m);
         return 0;
 }
@@ -337,8 +341,8 @@ int main(int argc, char **argv) {
                           "  status                 coordinator, shards and workers\n"
                           "  watch                  live progress until the job ends\n"
                           "  worker drain ID        the worker leaves the job after its current step\n"
-                          "  shard add ID           put a registered (standby) psd into the map; chunks move to it\n"
-                          "  shard remove ID        move a shard's chunks to the others and take it out of the map\n"
+                          "  shard add ID|ADDRESS   put a registered (standby) psd into the map; chunks move to it\n"
+                          "  shard remove ID|ADDRESS  move a shard's chunks to the others, take it out of the map\n"
                           "  job submit [OPTIONS]   submit a job (psctl job submit --help)\n"
                           "  job mode MODE          switch to bsp, asp or ssp:S at the next clock boundary\n"
                           "  job stop               stop the running job\n"

@@ -28,7 +28,7 @@ psnet_start psd-3 "$PSD" --id 3 --listen "ipc://$RUN/psd-3.sock" --coord "$COORD
 psnet_wait_for 10 bash -c "'$PSCTL' --coord '$COORD' --json status | jq -e '.shards[] | select(.id == 3) | .in_map == false'"
 ok $? "a psd started during the job waits on standby"
 psnet_wait_for 30 logs_match 'msg="pulled" clock=60 ' 'w1.log'; ok $? "training reached clock 60"
-out=$("$PSCTL" --coord "$COORD" shard add 3 2>&1); ok $? "psctl shard add 3 ($out)"
+out=$("$PSCTL" --coord "$COORD" shard add "ipc://$RUN/psd-3.sock" 2>&1); ok $? "psctl shard add ADDRESS of psd 3 ($out)"
 moved() { "$PSCTL" --coord "$COORD" --json status | jq -e "$1"; }
 psnet_wait_for 20 moved '.shards[] | select(.id == 3) | .keys > 0 and .incoming == 0'; ok $? "shard 3 received its chunks"
 psnet_wait_for 30 logs_match 'msg="pulled" clock=200 ' 'w1.log'; ok $? "training went on to clock 200"
