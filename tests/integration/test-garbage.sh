@@ -5,7 +5,7 @@
 source "$(dirname "$0")/lib.sh"
 
 COORD="ipc://$RUN/coord.sock" SHARD="ipc://$RUN/psd-1.sock"
-psnet_start pscoord "$PSCOORD" --listen "$COORD" --workers 1 --shards 1 --epochs 15 "${SUBSET[@]}"
+psnet_start pscoord "$PSCOORD" --listen "$COORD" --workers 1 --shards 1 --epochs 8 "${SUBSET[@]}"
 psnet_start psd-1 "$PSD" --id 1 --listen "$SHARD" --coord "$COORD"
 psnet_start workerd "$WORKERD" --coord "$COORD"
 psnet_wait_for 30 grep -q 'msg="training"' "$RUN/workerd.log"; ok $? "the job is training"
