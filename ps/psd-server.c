@@ -301,14 +301,10 @@ static int psd_install(Psd *p, WireMsg *m) {
         const Psnet__Header *h = m->hdr;
         const Psnet__Key *k = h->keys[0];
         const Psnet__Control *ctl = h->ctl;
-        _cleanup_free_ float *vals = ps_malloc((size_t) k->len * sizeof(float));
         size_t sbytes = zmq_msg_size(&m->frames[1]);
-        _cleanup_free_ float *state = ps_malloc(sbytes ? sbytes : 1);
-        if (!vals || !state)
-                return PSNET__STATUS__STATUS_SHUTTING_DOWN;
-        memcpy(vals, zmq_msg_data(&m->frames[0]), (size_t) k->len * sizeof(float));
-        memcpy(state, zmq_msg_data(&m->frames[1]), sbytes);
-        int r = store_install(p->store, k->tensor, k->chunk, vals, k->len, state, sbytes / sizeof(float),
+        /* Copied straight from the received frames into the new chunk. */
+        int r = store_install(p->store, k->tensor, k->chunk, zmq_msg_data(&m->frames[0]), k->len,
+                              zmq_msg_data(&m->frames[1]), sbytes / sizeof(float),
                               ctl && ctl->has_chunk_steps ? ctl->chunk_steps : 0, h->clock,
                               ctl ? ctl->last_clocks : NULL, ctl ? ctl->n_last_clocks : 0);
         if (r == -EEXIST)
@@ -558,7 +554,24 @@ static void psd_handle_coord(Psd *p, WireMsg *m) {
         }
 }
 
+/* Reads what other shards answered to our chunk states: only refusals come back. */
+static void psd_drain_peers(Psd *p) {
+        for (size_t i = 0; i < p->npeers; i++)
+                for (;;) {
+                        WireMsg m;
+                        int r = wire_recv(p->peers[i].sock, false, ZMQ_DONTWAIT, &m);
+                        if (r == 0 && m.hdr->type == PSNET__MSG_TYPE__MSG_ERROR)
+                                log_error("shard at %s refused a chunk we sent status=%s reason=\"%s\"",
+                                          p->peers[i].endpoint, status_name(m.hdr->status),
+                                          m.hdr->reason ? m.hdr->reason : "");
+                        wire_msg_done(&m);
+                        if (r < 0 && r != -EBADMSG)
+                                break;
+                }
+}
+
 static void psd_heartbeat(Psd *p) {
+        psd_drain_peers(p);
         Psnet__Control ctl = PSNET__CONTROL__INIT;
         Psnet__ShardInfo si = PSNET__SHARD_INFO__INIT;
         si.id = p->cfg->id;

@@ -65,7 +65,9 @@ static Chunk *chunk_free(Store *s, Chunk *c) {
         return NULL;
 }
 
-static int chunk_new(const Job *job, uint32_t t, uint32_t k, Chunk **ret) {
+/* A chunk of key (t, k); its values are the job's initial ones when init, else
+ * left for the caller to fill (a chunk that moved here). */
+static int chunk_new(const Job *job, uint32_t t, uint32_t k, bool init, Chunk **ret) {
         uint32_t len = job_chunk_len(job, t, k);
         size_t per = optim_state_per_value(&job->optim);
         Chunk *c = ps_calloc(1, sizeof *c);
@@ -82,7 +84,8 @@ static int chunk_new(const Job *job, uint32_t t, uint32_t k, Chunk **ret) {
                 ps_free(c);
                 return -ENOMEM;
         }
-        job_init_chunk(job, t, k, c->val->data);
+        if (init)
+                job_init_chunk(job, t, k, c->val->data);
         *ret = c;
         return 0;
 }
@@ -191,8 +194,8 @@ static void chunk_move_out(Store *s, Chunk *c, const ShardDesc *dest) {
                 s->move(s->ack_userdata, c, dest);
 }
 
-int store_install(Store *s, uint32_t tensor, uint32_t chunk, const float *values, uint32_t len,
-                  const float *state, size_t state_floats, uint64_t steps, int64_t clock,
+int store_install(Store *s, uint32_t tensor, uint32_t chunk, const void *values, uint32_t len,
+                  const void *state, size_t state_floats, uint64_t steps, int64_t clock,
                   const int64_t *last_clocks, size_t nlast) {
         if (!s->has_job || !s->map || job_chunk_len(&s->job, tensor, chunk) != len)
                 return -EINVAL;
@@ -204,7 +207,7 @@ int store_install(Store *s, uint32_t tensor, uint32_t chunk, const float *values
         if (shardmap_shard(s->map, shardmap_lookup(s->map, tensor, chunk))->id != s->shard_id)
                 return -ENOENT;
         Chunk *c;
-        int r = chunk_new(&s->job, tensor, chunk, &c);
+        int r = chunk_new(&s->job, tensor, chunk, false, &c);
         if (r < 0)
                 return r;
         memcpy(c->val->data, values, (size_t) len * sizeof(float));
@@ -275,25 +278,25 @@ int store_configure(Store *s, const Job *job, const ShardMap *map) {
 
         size_t per = optim_state_per_value(&job->optim);
         bool first_map = s->map == NULL || fresh;
+        /* The new map first: chunks that leave are sent under its epoch, which lets
+         * a new owner that has not received the map yet keep them until it does. */
+        shardmap_free(s->map);
+        s->map = copy;
         s->nkeys = s->bytes = 0;
         for (uint32_t t = 0; t < job->ntensors; t++) {
                 uint32_t n = job->tensors[t].nchunks;
                 if (!s->chunks[t]) {
                         s->chunks[t] = ps_calloc(n, sizeof(Chunk *));
-                        if (!s->chunks[t]) {
-                                shardmap_free(copy);
+                        if (!s->chunks[t])
                                 return -ENOMEM;
-                        }
                 }
                 for (uint32_t k = 0; k < n; k++) {
                         size_t owner = shardmap_lookup(copy, t, k);
                         bool mine = shardmap_shard(copy, owner)->id == s->shard_id;
                         if (mine && !s->chunks[t][k] && first_map) {
-                                r = chunk_new(job, t, k, &s->chunks[t][k]);
-                                if (r < 0) {
-                                        shardmap_free(copy);
+                                r = chunk_new(job, t, k, true, &s->chunks[t][k]);
+                                if (r < 0)
                                         return r;
-                                }
                         } else if (!mine && s->chunks[t][k]) {
                                 chunk_move_out(s, s->chunks[t][k], shardmap_shard(copy, owner));
                                 s->chunks[t][k] = chunk_free(s, s->chunks[t][k]);
@@ -304,8 +307,6 @@ int store_configure(Store *s, const Job *job, const ShardMap *map) {
                         }
                 }
         }
-        shardmap_free(s->map);
-        s->map = copy;
         return store_settle(s);
 }
 

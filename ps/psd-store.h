@@ -108,8 +108,8 @@ int store_configure(Store *s, const Job *job, const ShardMap *map);
 /* Installs the state of a chunk that moved here. -EEXIST when it is already
  * here, -ENOENT when the map does not give it to this shard, -EINVAL when the
  * sizes do not match the job. */
-int store_install(Store *s, uint32_t tensor, uint32_t chunk, const float *values, uint32_t len,
-                  const float *state, size_t state_floats, uint64_t steps, int64_t clock,
+int store_install(Store *s, uint32_t tensor, uint32_t chunk, const void *values, uint32_t len,
+                  const void *state, size_t state_floats, uint64_t steps, int64_t clock,
                   const int64_t *last_clocks, size_t nlast);
 
 /* Keys the map gives this shard that have not arrived yet. */
