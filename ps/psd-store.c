@@ -547,32 +547,41 @@ static int chunk_settle(Store *s, Chunk *c) {
                 return 0;
 
         qsort(c->pending, c->npending, sizeof *c->pending, cmp_pending);
+        /* Sum in worker-id order, scaled by 1/W in the same pass as the last term
+         * ((g1 + g2) + g3) * (1/3): the result depends on nothing but the inputs.
+         * A single member's aligned frame is used as it is (x * 1 == x). */
         float *sum = s->sum;
+        const float *mean = sum;
+        float inv = 1.0f / (float) have;
         size_t used = 0;
         for (size_t i = 0; i < c->npending; i++) {
                 Pending *p = &c->pending[i];
                 if (!is_member(cfg, p->req->worker))
                         continue;
                 const float *g = wire_frame_f32(&p->grad);
+                bool last = used + 1 == have;
                 if (!g) {
                         /* Unaligned frame: accumulate through memcpy. */
                         float tmp;
                         const char *raw = zmq_msg_data(&p->grad);
                         for (uint32_t j = 0; j < c->len; j++) {
                                 memcpy(&tmp, raw + (size_t) j * sizeof tmp, sizeof tmp);
-                                sum[j] = used ? sum[j] + tmp : tmp;
+                                float v = used ? sum[j] + tmp : tmp;
+                                sum[j] = last ? v * inv : v;
                         }
-                } else if (used == 0)
+                } else if (used == 0 && last)
+                        mean = g;
+                else if (used == 0)
                         memcpy(sum, g, (size_t) c->len * sizeof(float));
+                else if (last)
+                        for (uint32_t j = 0; j < c->len; j++)
+                                sum[j] = (sum[j] + g[j]) * inv;
                 else
                         for (uint32_t j = 0; j < c->len; j++)
                                 sum[j] += g[j];
                 used++;
         }
-        float inv = 1.0f / (float) used;
-        for (uint32_t j = 0; j < c->len; j++)
-                sum[j] *= inv;
-        int r = chunk_apply(s, c, sum, used);
+        int r = chunk_apply(s, c, mean, used);
         c->clock++;
 
         /* Take the list before settling: acks may run arbitrary code. */
@@ -594,7 +603,9 @@ static int chunk_settle(Store *s, Chunk *c) {
 /* Applies one worker's gradient on arrival (ASP, SSP), as 1/W of a step. */
 static int chunk_apply_scaled(Store *s, Chunk *c, const zmq_msg_t *grad, const StoreCfg *cfg) {
         const float *g = grad_data(grad, s->sum, c->len);
-        float scale = 1.0f / (float) MAX(cfg->nmembers, (size_t) 1);
+        if (cfg->nmembers <= 1) /* g * 1 == g */
+                return chunk_apply(s, c, g, 1);
+        float scale = 1.0f / (float) cfg->nmembers;
         for (uint32_t j = 0; j < c->len; j++)
                 s->sum[j] = g[j] * scale;
         /* The chunk clock is left alone: it counts BSP clocks only (c->steps counts updates). */
