@@ -14,6 +14,12 @@
  * rounds, 3 runs (one before each mode, the rest after, each while this
  * process holds no ZeroMQ context), median. ratio = push+pull median / raw.
  *
+ * Two more figures say how to read the others on a small machine: CPU seconds
+ * per GB moved (this process and the daemons, read from /proc; for raw, both
+ * of its processes), and how much CPU other processes took meanwhile (from
+ * /proc/stat minus our own), since on a shared 2-vCPU VM that often decides
+ * the goodput more than psnet does.
+ *
  * The target (issue: "at least 0.7 of raw ZeroMQ") is printed, never enforced:
  * the exit status says only whether the measurement ran.
  *
@@ -30,6 +36,7 @@
 #include <string.h>
 #include <sys/pidfd.h>
 #include <sys/prctl.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/types.h>
@@ -93,6 +100,7 @@ typedef struct Bench {
 /* Timed rounds of one kind. */
 typedef struct Figures {
         double med_gbps, best_gbps, med_ms;
+        double cpu_s_per_gb;            /* CPU of this process and the daemons per GB moved */
         uint64_t round_bytes;
         size_t n;
 } Figures;
@@ -530,6 +538,59 @@ static int bench_leave(Bench *b) {
 
 /* --- measuring ----------------------------------------------------------------- */
 
+/* CPU seconds (user + system) of this process and its reaped children. */
+static int rusage_s(double *ret) {
+        struct rusage self, kids;
+        if (getrusage(RUSAGE_SELF, &self) < 0 || getrusage(RUSAGE_CHILDREN, &kids) < 0)
+                return -errno;
+        *ret = (double) (self.ru_utime.tv_sec + self.ru_stime.tv_sec + kids.ru_utime.tv_sec + kids.ru_stime.tv_sec) +
+               (double) (self.ru_utime.tv_usec + self.ru_stime.tv_usec + kids.ru_utime.tv_usec + kids.ru_stime.tv_usec) *
+                       1e-6;
+        return 0;
+}
+
+/* CPU seconds (user + system) of a running child, from /proc/PID/stat. */
+static int proc_cpu_s(pid_t pid, double *ret) {
+        char path[64], buf[1024];
+        unsigned long long ut, st;
+        long hz = sysconf(_SC_CLK_TCK);
+        int r = fmt(path, sizeof path, "/proc/%d/stat", (int) pid);
+        if (r < 0)
+                return r;
+        FILE *f = fopen(path, "re");
+        if (!f)
+                return -errno;
+        size_t n = fread(buf, 1, sizeof buf - 1, f);
+        if (fclose(f) != 0 || n == 0 || hz <= 0)
+                return -EIO;
+        buf[n] = '\0';
+        /* Fields after the command name (which may hold spaces): state is field 3, utime 14, stime 15. */
+        const char *p = strrchr(buf, ')');
+        if (!p || sscanf(p + 1, " %*c %*d %*d %*d %*d %*d %*u %*u %*u %*u %*u %llu %llu", &ut, &st) != 2)
+                return -EIO;
+        *ret = (double) (ut + st) / (double) hz;
+        return 0;
+}
+
+/* CPU seconds used so far by this process, its reaped children and the
+ * daemons of cl (NULL: none); 10 ms resolution for the daemons. */
+static int cpu_used_s(const Cluster *cl, double *ret) {
+        double sum;
+        int r = rusage_s(&sum);
+        if (r < 0)
+                return r;
+        for (size_t i = 0; cl && i < BENCH_NDAEMONS; i++) {
+                double d;
+                if (cl->d[i].pid == 0)
+                        continue;
+                if ((r = proc_cpu_s(cl->d[i].pid, &d)) < 0)
+                        return r;
+                sum += d;
+        }
+        *ret = sum;
+        return 0;
+}
+
 static int cmp_double(const void *a, const void *b) {
         double x = *(const double *) a, y = *(const double *) b;
         return x < y ? -1 : x > y;
@@ -541,8 +602,9 @@ static double median(double *v, size_t n) {
         return n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
 }
 
-/* Goodput of each round is bytes[i] / secs[i]; median, best and median time. */
-static int figures_from(const double *secs, const uint64_t *bytes, size_t n, Figures *ret) {
+/* Goodput of each round is bytes[i] / secs[i]; median, best and median time;
+ * cpu_s: CPU seconds all the rounds took. */
+static int figures_from(const double *secs, const uint64_t *bytes, size_t n, double cpu_s, Figures *ret) {
         _cleanup_free_ double *g = calloc(n, sizeof *g);
         _cleanup_free_ double *t = calloc(n, sizeof *t);
         if (!g || !t)
@@ -552,10 +614,14 @@ static int figures_from(const double *secs, const uint64_t *bytes, size_t n, Fig
                 t[i] = secs[i] * 1e3;
         }
         ret->med_gbps = median(g, n);
-        ret->best_gbps = g[n - 1];
+        ret->best_gbps = g[n - 1]; /* median() sorted g */
         ret->med_ms = median(t, n);
         ret->round_bytes = bytes[0];
         ret->n = n;
+        uint64_t total = 0;
+        for (size_t i = 0; i < n; i++)
+                total += bytes[i];
+        ret->cpu_s_per_gb = total ? cpu_s / ((double) total / 1e9) : 0;
         return 0;
 }
 
@@ -578,6 +644,9 @@ static int bench_rounds(Bench *b, Client *c, float *const *params, const float *
         clock = bsp ? got : 0;
         for (int pass = 0; pass < 2; pass++) {
                 unsigned n = pass == 0 ? rounds + 1 : rounds;
+                double cpu0 = 0, cpu1 = 0;
+                if (pass == 1 && (r = cpu_used_s(b->cl, &cpu0)) < 0)
+                        return log_error_errno(r, "Failed to read CPU times: %m");
                 for (unsigned i = 0; i < n; i++) {
                         uint64_t before = st->bytes_pushed + st->bytes_pulled;
                         bool push = pass == 0;
@@ -599,12 +668,18 @@ static int bench_rounds(Bench *b, Client *c, float *const *params, const float *
                         bench_on_tick(b);
                         if (b->failed)
                                 return -ECHILD;
-                        if (push && i == 0)
-                                continue; /* the warm-up push+pull round */
+                        if (push && i == 0) {
+                                /* The warm-up push+pull round: not counted. */
+                                if ((r = cpu_used_s(b->cl, &cpu0)) < 0)
+                                        return log_error_errno(r, "Failed to read CPU times: %m");
+                                continue;
+                        }
                         secs[push ? i - 1 : i] = t1 - t0;
                         bytes[push ? i - 1 : i] = st->bytes_pushed + st->bytes_pulled - before;
                 }
-                r = figures_from(secs, bytes, rounds, pass == 0 ? &ret->pushpull : &ret->pull);
+                if ((r = cpu_used_s(b->cl, &cpu1)) < 0)
+                        return log_error_errno(r, "Failed to read CPU times: %m");
+                r = figures_from(secs, bytes, rounds, cpu1 - cpu0, pass == 0 ? &ret->pushpull : &ret->pull);
                 if (r < 0)
                         return r;
         }
@@ -715,8 +790,10 @@ out:
 }
 
 /* One run of the raw ZeroMQ baseline on the benchmark's transport. */
-static int bench_raw(const Opts *o, const char *dir, size_t msg_bytes, size_t total_bytes, double *ret_gbps) {
+static int bench_raw(const Opts *o, const char *dir, size_t msg_bytes, size_t total_bytes, double *ret_gbps,
+                     double *ret_cpu_s_per_gb) {
         char ep[PATH_MAX + 8];
+        double cpu0, cpu1;
         int r;
         if (strcmp(o->transport, "tcp") == 0) {
                 unsigned port;
@@ -724,23 +801,44 @@ static int bench_raw(const Opts *o, const char *dir, size_t msg_bytes, size_t to
                         return r;
         } else if ((r = fmt(ep, sizeof ep, "ipc://%s/zmqraw.sock", dir)) < 0)
                 return r;
+        /* Both sides: this process sends, a reaped child receives. */
+        if ((r = rusage_s(&cpu0)) < 0)
+                return r;
         r = zmqraw_measure(ep, msg_bytes, total_bytes, ret_gbps);
         if (r < 0)
                 return log_error_errno(r, "Raw ZeroMQ measurement over %s failed: %m", ep);
+        if ((r = rusage_s(&cpu1)) < 0)
+                return r;
+        *ret_cpu_s_per_gb = (cpu1 - cpu0) / ((double) total_bytes / 1e9);
         return 0;
 }
 
-/* The 1-minute load average, -1 if unknown: a busy machine explains odd figures. */
-static double loadavg(void) {
-        double l = -1;
-        FILE *f = fopen("/proc/loadavg", "re");
+/* CPU time spent on the machine, and by this process and its reaped children,
+ * so that the run can say how much of the CPUs other work took meanwhile: on
+ * a shared 2-vCPU machine that, not psnet, often decides the figures. */
+typedef struct CpuMark {
+        double t, busy, steal, ours;   /* seconds: wall, all CPUs busy, stolen by the host, ours */
+} CpuMark;
+
+static int cpu_mark(CpuMark *m) {
+        unsigned long long v[8] = { 0 };
+        long hz = sysconf(_SC_CLK_TCK);
+        int r;
+        FILE *f = fopen("/proc/stat", "re");
         if (!f)
-                return -1;
-        if (fscanf(f, "%lf", &l) != 1)
-                l = -1;
-        if (fclose(f) != 0)
-                l = -1;
-        return l;
+                return -errno;
+        int n = fscanf(f, "cpu %llu %llu %llu %llu %llu %llu %llu %llu", &v[0], &v[1], &v[2], &v[3], &v[4], &v[5],
+                       &v[6], &v[7]);
+        if (fclose(f) != 0 || n != 8 || hz <= 0)
+                return -EIO;
+        if ((r = rusage_s(&m->ours)) < 0)
+                return r;
+        /* user nice system idle iowait irq softirq steal: interrupt time is left
+         * out, as loopback traffic (ours) is partly accounted there. */
+        m->t = mono_s();
+        m->busy = (double) (v[0] + v[1] + v[2]) / (double) hz;
+        m->steal = (double) v[7] / (double) hz;
+        return 0;
 }
 
 /* Removes the daemons' logs and the temp directory (sockets are removed by
@@ -793,8 +891,8 @@ static int default_build(const char *argv0, char **ret) {
 }
 
 static void print_figures(const char *mode, const char *kind, const Figures *f) {
-        printf("%-5s %-10s %6zu %10.1f %10.2f %12.2f %10.2f\n", mode, kind, f->n,
-               (double) f->round_bytes / (1 << 20), f->med_ms, f->med_gbps, f->best_gbps);
+        printf("%-5s %-10s %4zu %9.1f %9.2f %11.2f %9.2f %8.2f\n", mode, kind, f->n, (double) f->round_bytes / (1 << 20),
+               f->med_ms, f->med_gbps, f->best_gbps, f->cpu_s_per_gb);
 }
 
 int main(int argc, char **argv) {
@@ -917,46 +1015,60 @@ int main(int argc, char **argv) {
         size_t msg_bytes = (size_t) o.chunk_kb * 1024u;
         size_t total = (size_t) (2 * model_bytes) * o.rounds;
         double raw_runs[BENCH_RAW_MAX] = { 0 }, raw_sorted[BENCH_RAW_MAX], raw = 0;
-        double load0 = loadavg();
+        double raw_cpu[BENCH_RAW_MAX] = { 0 }, raw_cpu_med = 0;
+        CpuMark m0 = { 0 }, m1 = { 0 };
+        bool marked = cpu_mark(&m0) == 0;
         size_t nraw = 0;
         for (size_t i = 0; i < nmodes; i++) {
-                if (nraw < o.raw_runs && (r = bench_raw(&o, dir, msg_bytes, total, &raw_runs[nraw++])) < 0)
-                        goto out;
+                if (nraw < o.raw_runs) {
+                        if ((r = bench_raw(&o, dir, msg_bytes, total, &raw_runs[nraw], &raw_cpu[nraw])) < 0)
+                                goto out;
+                        nraw++;
+                }
                 r = bench_mode(&o, dir, modes[i], nfloats, &res[i]);
                 if (r < 0)
                         goto out;
         }
-        while (nraw < o.raw_runs)
-                if ((r = bench_raw(&o, dir, msg_bytes, total, &raw_runs[nraw++])) < 0)
+        for (; nraw < o.raw_runs; nraw++)
+                if ((r = bench_raw(&o, dir, msg_bytes, total, &raw_runs[nraw], &raw_cpu[nraw])) < 0)
                         goto out;
         if (nraw > 0) {
                 memcpy(raw_sorted, raw_runs, sizeof raw_runs);
                 raw = median(raw_sorted, nraw);
+                memcpy(raw_sorted, raw_cpu, sizeof raw_cpu);
+                raw_cpu_med = median(raw_sorted, nraw);
         }
 
-        printf("%-5s %-10s %6s %10s %10s %12s %10s\n", "mode", "kind", "n", "MiB/round", "median_ms",
-               "median_GB/s", "best_GB/s");
+        printf("%-5s %-10s %4s %9s %9s %11s %9s %8s\n", "mode", "kind", "n", "MiB/round", "median_ms", "median_GB/s",
+               "best_GB/s", "cpu_s/GB");
         for (size_t i = 0; i < nmodes; i++) {
                 print_figures(res[i].mode, "push+pull", &res[i].pushpull);
                 print_figures(res[i].mode, "pull", &res[i].pull);
         }
         if (nraw > 0) {
-                printf("raw   zmq        %6zu %10.1f %10s %12.2f %10s  (msg %u KiB, DEALER->ROUTER, runs:", nraw,
-                       (double) total / (1 << 20), "-", raw, "-", o.chunk_kb);
+                printf("%-5s %-10s %4zu %9.1f %9s %11.2f %9s %8.2f  (msg %u KiB, DEALER->ROUTER; runs:", "raw", "zmq",
+                       nraw, (double) total / (1 << 20), "-", raw, "-", raw_cpu_med, o.chunk_kb);
                 for (size_t i = 0; i < nraw; i++)
                         printf(" %.2f", raw_runs[i]);
                 printf(")\n");
         }
-        printf("# load average (1 min) before %.2f, after %.2f%s\n", load0, loadavg(),
-               load0 > 0.5 ? ": other work shares the CPUs, figures are noisy" : "");
+        printf("# cpu_s/GB: CPU seconds of all the processes involved per GB moved (2 CPUs here)\n");
+        if (marked && cpu_mark(&m1) == 0 && m1.t > m0.t) {
+                double dt = m1.t - m0.t, others = (m1.busy - m0.busy - (m1.ours - m0.ours)) / dt;
+                double steal = (m1.steal - m0.steal) / dt;
+                printf("# meanwhile other processes used %.2f CPUs and the host stole %.2f (of %ld)%s\n",
+                       others > 0 ? others : 0.0, steal, sysconf(_SC_NPROCESSORS_ONLN),
+                       others + steal > 0.1 ? ": the figures are disturbed, run again on a quiet machine" : "");
+        }
         for (size_t i = 0; i < nmodes; i++) {
+                const Figures *pp = &res[i].pushpull, *pl = &res[i].pull;
                 printf("pushpull transport=%s mode=%s model_mib=%.1f chunk_kib=%u rounds=%u push+pull_gbps=%.2f "
-                       "push+pull_best_gbps=%.2f pull_gbps=%.2f",
-                       o.transport, res[i].mode, model_mib, o.chunk_kb, o.rounds, res[i].pushpull.med_gbps,
-                       res[i].pushpull.best_gbps, res[i].pull.med_gbps);
+                       "push+pull_best_gbps=%.2f pull_gbps=%.2f cpu_s_per_gb=%.3f",
+                       o.transport, res[i].mode, model_mib, o.chunk_kb, o.rounds, pp->med_gbps, pp->best_gbps,
+                       pl->med_gbps, pp->cpu_s_per_gb);
                 if (nraw > 0)
-                        printf(" raw_zmq_gbps=%.2f ratio=%.2f pull_ratio=%.2f target=%.1f", raw,
-                               res[i].pushpull.med_gbps / raw, res[i].pull.med_gbps / raw, BENCH_TARGET);
+                        printf(" raw_zmq_gbps=%.2f raw_cpu_s_per_gb=%.3f ratio=%.2f pull_ratio=%.2f target=%.1f", raw,
+                               raw_cpu_med, pp->med_gbps / raw, pl->med_gbps / raw, BENCH_TARGET);
                 printf("\n");
         }
         if (fflush(stdout) != 0)
