@@ -13,6 +13,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include "hash.h"
 #include "job.h"
 #include "macro.h"
 #include "psnet-config.h"
@@ -290,14 +291,6 @@ uint64_t job_nfloats(const Job *job) {
 
 /* --- initialisation ------------------------------------------------------------ */
 
-static uint64_t mix64(uint64_t x) {
-        x ^= x >> 30;
-        x *= UINT64_C(0xbf58476d1ce4e5b9);
-        x ^= x >> 27;
-        x *= UINT64_C(0x94d049bb133111eb);
-        x ^= x >> 31;
-        return x;
-}
 
 /* 64 random bits for (seed, tensor, element, stream): a counter-based generator. */
 static uint64_t rng_bits(uint64_t seed, uint32_t t, uint64_t i, unsigned stream) {

@@ -11,6 +11,7 @@
 #include <stdbool.h>
 #include <stdlib.h>
 #include <string.h>
+#include "hash.h"
 #include "shardmap.h"
 
 #define SHARDMAP_MAX_VNODES 4096u
@@ -31,15 +32,6 @@ struct ShardMap {
         size_t npoints;
 };
 
-/* splitmix64's finalizer (Stafford's Mix13): a bijection with full avalanche. */
-static uint64_t mix64(uint64_t x) {
-        x ^= x >> 30;
-        x *= UINT64_C(0xbf58476d1ce4e5b9);
-        x ^= x >> 27;
-        x *= UINT64_C(0x94d049bb133111eb);
-        x ^= x >> 31;
-        return x;
-}
 
 uint64_t shardmap_hash(uint64_t a, uint64_t b) {
         return mix64(mix64(a + UINT64_C(0x9e3779b97f4a7c15)) ^ (b + UINT64_C(0x632be59bd9b4e019)));

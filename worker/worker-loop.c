@@ -14,6 +14,7 @@
 #include "alloc.h"
 #include "client.h"
 #include "coordlink.h"
+#include "hash.h"
 #include "signals.h"
 #include "idx.h"
 #include "kernels.h"
@@ -237,12 +238,7 @@ static int wait_for_job(Worker *w) {
 static void shuffle(uint32_t *perm, uint32_t n, uint64_t seed) {
         uint64_t x = seed;
         for (uint32_t i = n; i > 1; i--) {
-                x += 0x9e3779b97f4a7c15ull;
-                uint64_t z = x;
-                z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-                z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-                z ^= z >> 31;
-                uint32_t j = (uint32_t) (z % i);
+                uint32_t j = (uint32_t) (splitmix64_next(&x) % i);
                 uint32_t t = perm[i - 1];
                 perm[i - 1] = perm[j];
                 perm[j] = t;

@@ -9,17 +9,8 @@
 #include <stdlib.h>
 #include <string.h>
 #include "kernels.h"
+#include "kernels-check.h"
 
-/* The number of rows x cols elements, or 0 when either is not positive. */
-static size_t numel(int rows, int cols) {
-        if (rows <= 0 || cols <= 0)
-                return 0;
-        return (size_t) rows * (size_t) cols;
-}
-
-static bool act_valid(KAct act) {
-        return act == KACT_NONE || act == KACT_RELU;
-}
 
 static void cpu_destroy(KBackend *kb) {
         free(kb);

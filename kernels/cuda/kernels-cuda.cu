@@ -30,6 +30,7 @@
 
 extern "C" {
 #include "kernels.h"
+#include "kernels-check.h"
 }
 
 #define BLOCK 256          /* threads per block of the elementwise kernels */
@@ -243,15 +244,6 @@ static unsigned row_blocks(int rows) {
         return (unsigned) ((rows + ROW_WARPS - 1) / ROW_WARPS);
 }
 
-static size_t numel(int rows, int cols) {
-        if (rows <= 0 || cols <= 0)
-                return 0;
-        return (size_t) rows * (size_t) cols;
-}
-
-static bool act_valid(KAct act) {
-        return act == KACT_NONE || act == KACT_RELU;
-}
 
 static void cuda_destroy(KBackend *kb) {
         CudaBackend *cb = priv(kb);
