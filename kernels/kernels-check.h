@@ -1,6 +1,7 @@
 /* Argument checks shared by the backends, so every backend refuses the same
  * shapes the same way. */
 #pragma once
+#include <errno.h>
 #include <stdbool.h>
 #include <stddef.h>
 #include "kernels.h"
@@ -14,4 +15,21 @@ static inline size_t numel(int rows, int cols) {
 
 static inline bool act_valid(KAct act) {
         return act == KACT_NONE || act == KACT_RELU;
+}
+
+/* The checks every gemm applies before computing (see KernelsOps.gemm): returns
+ * -EINVAL for bad shapes or pointers, 1 when there is nothing to compute (m or n
+ * is 0), 0 to go on. */
+static inline int gemm_check(bool trans_a, bool trans_b, int m, int n, int k, const float *a, int lda,
+                             const float *b, int ldb, const float *c, int ldc) {
+        int a_cols = trans_a ? m : k, b_cols = trans_b ? k : n;
+        if (m < 0 || n < 0 || k < 0)
+                return -EINVAL;
+        if (lda < 1 || lda < a_cols || ldb < 1 || ldb < b_cols || ldc < 1 || ldc < n)
+                return -EINVAL;
+        if (m == 0 || n == 0)
+                return 1;
+        if (!c || (k > 0 && (!a || !b)))
+                return -EINVAL;
+        return 0;
 }

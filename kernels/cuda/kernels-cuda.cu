@@ -319,16 +319,9 @@ static int cuda_sync(KBackend *kb) {
 static int cuda_gemm(KBackend *kb, bool trans_a, bool trans_b, int m, int n, int k, float alpha,
                      const float *a, int lda, const float *b, int ldb, float beta, float *c,
                      int ldc) {
-        int a_cols = trans_a ? m : k, b_cols = trans_b ? k : n;
-
-        if (m < 0 || n < 0 || k < 0)
-                return -EINVAL;
-        if (lda < 1 || lda < a_cols || ldb < 1 || ldb < b_cols || ldc < 1 || ldc < n)
-                return -EINVAL;
-        if (m == 0 || n == 0)
-                return 0;
-        if (!c || (k > 0 && (!a || !b)))
-                return -EINVAL;
+        int r = gemm_check(trans_a, trans_b, m, n, k, a, lda, b, ldb, c, ldc);
+        if (r != 0)
+                return r < 0 ? r : 0;
 
         if (k == 0) {
                 scale_kernel<<<blocks_for(numel(m, n)), BLOCK, 0, stream(kb)>>>(c, m, n, ldc, beta);
