@@ -10,6 +10,22 @@
 
 #define STORE_MAX_WORKER_ID 65535u
 
+/* The slot of a per-worker-id clock table, growing it (new slots -1) as needed;
+ * NULL when out of memory. */
+static int64_t *clock_slot(int64_t **tab, size_t *n, uint32_t worker) {
+        if (worker >= *n) {
+                size_t m = MAX((size_t) worker + 1, *n * 2);
+                int64_t *p = ps_realloc(*tab, m * sizeof *p);
+                if (!p)
+                        return NULL;
+                for (size_t i = *n; i < m; i++)
+                        p[i] = -1;
+                *tab = p;
+                *n = m;
+        }
+        return &(*tab)[worker];
+}
+
 static ValBuf *valbuf_new(uint32_t n) {
         ValBuf *v = ps_malloc(sizeof *v);
         if (!v)
@@ -316,17 +332,7 @@ static int cmp_u32(const void *a, const void *b) {
 }
 
 static int64_t *worker_clock(Store *s, uint32_t worker) {
-        if (worker >= s->nwclock) {
-                size_t n = MAX((size_t) worker + 1, s->nwclock * 2);
-                int64_t *p = ps_realloc(s->wclock, n * sizeof *p);
-                if (!p)
-                        return NULL;
-                for (size_t i = s->nwclock; i < n; i++)
-                        p[i] = -1;
-                s->wclock = p;
-                s->nwclock = n;
-        }
-        return &s->wclock[worker];
+        return clock_slot(&s->wclock, &s->nwclock, worker);
 }
 
 static int cfg_set(StoreCfg *c, ConsistencyMode mode, uint32_t staleness, const uint32_t *w, size_t n) {
@@ -488,17 +494,7 @@ Chunk *store_lookup(Store *s, uint32_t tensor, uint32_t chunk, uint32_t len, int
 }
 
 static int64_t *chunk_last_clock(Chunk *c, uint32_t worker) {
-        if (worker >= c->nlast) {
-                size_t n = MAX((size_t) worker + 1, c->nlast * 2);
-                int64_t *p = ps_realloc(c->last_clock, n * sizeof *p);
-                if (!p)
-                        return NULL;
-                for (size_t i = c->nlast; i < n; i++)
-                        p[i] = -1;
-                c->last_clock = p;
-                c->nlast = n;
-        }
-        return &c->last_clock[worker];
+        return clock_slot(&c->last_clock, &c->nlast, worker);
 }
 
 /* Gradient data of a frame as aligned floats (copied into scratch if needed). */

@@ -183,6 +183,17 @@ static int send_pull(Client *c, ShardConn *s, int64_t clock) {
         return r;
 }
 
+/* Resends the request seq answered (push or pull) after delay_ms: used for
+ * answers that applied nothing, so the resend cannot apply anything twice. */
+static int schedule_retry(ShardConn *s, uint64_t seq, unsigned delay_ms) {
+        if (seq == s->push_seq)
+                s->retry_push = true;
+        else
+                s->retry_pull = true;
+        s->retry_at = now_ms() + delay_ms;
+        return 0;
+}
+
 /* Handles one reply from shard s. Returns 0, or a negative errno ending the round. */
 static int handle_reply(Client *c, ShardConn *s, WireMsg *m, float *const *params, int64_t pull_clock,
                         int64_t *min_clock) {
@@ -201,23 +212,13 @@ static int handle_reply(Client *c, ShardConn *s, WireMsg *m, float *const *param
         if (moved || (h->type == PSNET__MSG_TYPE__MSG_ERROR && h->status == PSNET__STATUS__STATUS_MIGRATING)) {
                 /* The shard has not caught up with the map this worker routes by, or
                  * the key is on its way there: ask again shortly. */
-                if (h->seq == s->push_seq)
-                        s->retry_push = true;
-                else
-                        s->retry_pull = true;
-                s->retry_at = now_ms() + 20;
-                return 0;
+                return schedule_retry(s, h->seq, 20);
         }
         if (h->type == PSNET__MSG_TYPE__MSG_ERROR) {
                 if (h->status == PSNET__STATUS__STATUS_NO_JOB) {
                         /* The shard has not got the job from pscoord yet: ask again shortly.
                          * Nothing was applied, so resending cannot apply anything twice. */
-                        if (h->seq == s->push_seq)
-                                s->retry_push = true;
-                        else
-                                s->retry_pull = true;
-                        s->retry_at = now_ms() + 50;
-                        return 0;
+                        return schedule_retry(s, h->seq, 50);
                 }
                 log_error("shard refused request shard=%u endpoint=%s status=%s reason=\"%s\"", s->id,
                           s->endpoint, status_name(h->status), h->reason ? h->reason : "");

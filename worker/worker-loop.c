@@ -59,6 +59,18 @@ static bool is_member(const Worker *w, const Psnet__Membership *m) {
         return false;
 }
 
+/* Replaces w->map with pscoord's; keeps the old one if the new does not validate. */
+static int worker_take_map(Worker *w, const Psnet__ShardMap *pm) {
+        ShardMap *m;
+        if (shardmap_from_proto(pm, &m) < 0) {
+                log_error("pscoord sent a shard map that does not validate");
+                return -EINVAL;
+        }
+        shardmap_free(w->map);
+        w->map = m;
+        return 0;
+}
+
 static void worker_apply_config(Worker *w, const Psnet__Control *ctl) {
         char err[192];
         if (ctl->job_state)
@@ -78,25 +90,15 @@ static void worker_apply_config(Worker *w, const Psnet__Control *ctl) {
                         log_error("pscoord sent a job that does not validate reason=\"%s\"", err);
                         return;
                 }
-                ShardMap *m;
-                if (shardmap_from_proto(ctl->map, &m) < 0) {
-                        log_error("pscoord sent a shard map that does not validate");
+                if (worker_take_map(w, ctl->map) < 0)
                         return;
-                }
-                shardmap_free(w->map);
-                w->map = m;
                 w->has_job = true;
                 w->start_clock = ctl->has_start_clock ? ctl->start_clock : 0;
         } else if (ctl->map && w->has_job && w->map && ctl->map->epoch > shardmap_epoch(w->map) &&
                    (!ctl->job || ctl->job->id == w->job.id)) {
-                ShardMap *m;
-                if (shardmap_from_proto(ctl->map, &m) < 0) {
-                        log_error("pscoord sent a shard map that does not validate");
-                        return;
-                }
-                shardmap_free(w->map);
-                w->map = m;
-                log_info("shard map epoch=%lu shards=%zu", (unsigned long) shardmap_epoch(m), shardmap_size(m));
+                if (worker_take_map(w, ctl->map) == 0)
+                        log_info("shard map epoch=%lu shards=%zu", (unsigned long) shardmap_epoch(w->map),
+                                 shardmap_size(w->map));
         } else if (ctl->job && w->has_job && ctl->job->id != w->job.id) {
                 log_warning("pscoord moved to job %u; this worker trains job %u and stops", ctl->job->id, w->job.id);
                 w->stop = w->job_stopped = true;
