@@ -5,7 +5,6 @@
 #include <signal.h>
 #include <stdio.h>
 #include <string.h>
-#include <sys/signalfd.h>
 #include <unistd.h>
 #include "alloc.h"
 #include "coord.h"
@@ -868,9 +867,16 @@ int coord_run(const CoordConfig *cfg) {
         int64_t maxmsg = 1 << 20;
 
         c.start_ms = now_ms();
+        /* Block the signals before ZeroMQ starts its threads, which inherit the
+         * mask: a signal delivered to one of them would end the process. */
+        sfd = signals_open();
+        if (sfd < 0)
+                return log_error_errno(sfd, "Failed to set up signals: %m");
         c.zctx = zmq_ctx_new();
-        if (!c.zctx)
+        if (!c.zctx) {
+                close(sfd);
                 return log_error_errno(errno, "Failed to create ZeroMQ context: %m");
+        }
         (void) zmq_ctx_set(c.zctx, ZMQ_IO_THREADS, 1);
         c.sock = zmq_socket(c.zctx, ZMQ_ROUTER);
         if (!c.sock) {
@@ -886,11 +892,6 @@ int coord_run(const CoordConfig *cfg) {
         }
         if (zmq_bind(c.sock, cfg->listen) < 0) {
                 r = log_error_errno(errno, "Failed to bind %s: %m", cfg->listen);
-                goto finish;
-        }
-        sfd = signals_open();
-        if (sfd < 0) {
-                r = log_error_errno(sfd, "Failed to set up signals: %m");
                 goto finish;
         }
         log_info("listening endpoint=%s job=%u model=%s mode=%s expect_shards=%u expect_workers=%u",
@@ -910,14 +911,13 @@ int coord_run(const CoordConfig *cfg) {
                         break;
                 }
                 if (items[1].revents & ZMQ_POLLIN) {
-                        struct signalfd_siginfo si;
-                        if (read(sfd, &si, sizeof si) == (ssize_t) sizeof si) {
-                                if (si.ssi_signo == SIGHUP)
-                                        log_info("SIGHUP: nothing to reload");
-                                else {
-                                        log_info("stopping signal=%s", strsignal((int) si.ssi_signo));
-                                        c.stopping = true;
-                                }
+                        bool hup;
+                        int sig = signals_read(sfd, &hup);
+                        if (hup)
+                                log_info("SIGHUP: nothing to reload");
+                        if (sig) {
+                                log_info("stopping signal=%s", strsignal(sig));
+                                c.stopping = true;
                         }
                 }
                 for (int budget = 256; budget > 0; budget--) {

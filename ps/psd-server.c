@@ -5,7 +5,6 @@
 #include <signal.h>
 #include <stdio.h>
 #include <string.h>
-#include <sys/signalfd.h>
 #include <unistd.h>
 #include "alloc.h"
 #include "coordlink.h"
@@ -608,9 +607,16 @@ int psd_run(const PsdConfig *cfg) {
         int zero = 0, one = 1;
         int64_t maxmsg = (int64_t) cfg->max_msg;
 
+        /* Block the signals before ZeroMQ starts its threads, which inherit the
+         * mask: a signal delivered to one of them would end the process. */
+        sfd = signals_open();
+        if (sfd < 0)
+                return log_error_errno(sfd, "Failed to set up signals: %m");
         p.zctx = zmq_ctx_new();
-        if (!p.zctx)
+        if (!p.zctx) {
+                close(sfd);
                 return log_error_errno(errno, "Failed to create ZeroMQ context: %m");
+        }
         (void) zmq_ctx_set(p.zctx, ZMQ_IO_THREADS, 1);
         r = store_new(cfg->id, psd_ack, &p, &p.store);
         if (r < 0) {
@@ -642,11 +648,6 @@ int psd_run(const PsdConfig *cfg) {
                 log_error_errno(r, "Bad pscoord endpoint %s: %m", cfg->coord);
                 goto finish;
         }
-        sfd = signals_open();
-        if (sfd < 0) {
-                r = log_error_errno(sfd, "Failed to set up signals: %m");
-                goto finish;
-        }
         log_info("listening endpoint=%s allocator=%s", cfg->listen, alloc_name());
         r = psd_register(&p, cfg->connect_timeout * 1000u);
         if (r < 0)
@@ -674,14 +675,13 @@ int psd_run(const PsdConfig *cfg) {
                         break;
                 }
                 if (items[2].revents & ZMQ_POLLIN) {
-                        struct signalfd_siginfo si;
-                        if (read(sfd, &si, sizeof si) == (ssize_t) sizeof si) {
-                                if (si.ssi_signo == SIGHUP)
-                                        log_info("SIGHUP: configuration is reloaded from pscoord; nothing to do");
-                                else {
-                                        log_info("stopping signal=%s", strsignal((int) si.ssi_signo));
-                                        p.stopping = true;
-                                }
+                        bool hup;
+                        int sig = signals_read(sfd, &hup);
+                        if (hup)
+                                log_info("SIGHUP: configuration is reloaded from pscoord; nothing to do");
+                        if (sig) {
+                                log_info("stopping signal=%s", strsignal(sig));
+                                p.stopping = true;
                         }
                 }
                 /* Drain the data socket in a batch, then the control link. */

@@ -7,7 +7,6 @@
 #include <signal.h>
 #include <stdio.h>
 #include <string.h>
-#include <sys/signalfd.h>
 #include <time.h>
 #include <unistd.h>
 #include <zlib.h>
@@ -136,11 +135,10 @@ static void on_coord(void *ud) {
 
 static void on_signal(void *ud) {
         Worker *w = ud;
-        struct signalfd_siginfo si;
-        while (read(w->sfd, &si, sizeof si) == (ssize_t) sizeof si) {
-                if (si.ssi_signo == SIGHUP)
-                        continue;
-                log_info("stopping after this step signal=%s", strsignal((int) si.ssi_signo));
+        bool hup;
+        int sig = signals_read(w->sfd, &hup);
+        if (sig) {
+                log_info("stopping after this step signal=%s", strsignal(sig));
                 w->stop = true;
         }
 }
@@ -541,15 +539,17 @@ int worker_run(const WorkerConfig *cfg) {
         Worker w = { .cfg = cfg, .sfd = -1 };
         int r;
 
-        w.zctx = zmq_ctx_new();
-        if (!w.zctx)
-                return log_error_errno(errno, "Failed to create ZeroMQ context: %m");
-        (void) zmq_ctx_set(w.zctx, ZMQ_IO_THREADS, 1);
+        /* Block the signals before ZeroMQ starts its threads, which inherit the
+         * mask: a signal delivered to one of them would end the process. */
         w.sfd = signals_open();
-        if (w.sfd < 0) {
-                r = log_error_errno(w.sfd, "Failed to set up signals: %m");
-                goto out;
+        if (w.sfd < 0)
+                return log_error_errno(w.sfd, "Failed to set up signals: %m");
+        w.zctx = zmq_ctx_new();
+        if (!w.zctx) {
+                close(w.sfd);
+                return log_error_errno(errno, "Failed to create ZeroMQ context: %m");
         }
+        (void) zmq_ctx_set(w.zctx, ZMQ_IO_THREADS, 1);
         r = coordlink_open(w.zctx, cfg->coord, &w.coord);
         if (r < 0) {
                 log_error_errno(r, "Bad pscoord endpoint %s: %m", cfg->coord);
