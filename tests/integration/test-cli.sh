@@ -83,3 +83,15 @@ psnet_wait_exit "$PID_workerd2" 20; ok $? "the worker leaves when the job is sto
 out=$("$PSCTL" --coord "$COORD" job submit --model mlp:784-32-10 --epochs 1 "${SUBSET[@]}"); ok $? "psctl job submit after a stop"
 grep -q "state=waiting" <<<"$out"; ok $? "the new job waits for workers"
 out=$("$PSCTL" --coord "$COORD" job submit --model mlp:784-32-10 --mode fast 2>&1); ok $(( $? == 0 )) "psctl job submit refuses a bad mode"
+
+# SIGHUP is harmless; SIGTERM stops a daemon cleanly (exit 0, logged), whichever
+# of its threads the kernel hands the signal to.
+for d in psd2-1 pscoord2; do
+  pid=$(eval echo "\$PID_${d//-/_}")
+  for _ in 1 2 3 4 5; do kill -HUP "$pid" 2>/dev/null; done
+  alive "$pid"; ok $? "$d survives SIGHUP"
+  kill -TERM "$pid"
+  psnet_wait_exit "$pid" 10; ok $? "$d exits on SIGTERM"
+  wait "$pid"; ok $? "$d exits 0 on SIGTERM"
+  grep -q 'msg="stopping" signal=' "$RUN/$d.log"; ok $? "$d logs that it stops"
+done
