@@ -33,3 +33,13 @@ static inline int gemm_check(bool trans_a, bool trans_b, int m, int n, int k, co
                 return -EINVAL;
         return 0;
 }
+
+/* gemm_ep's checks beyond gemm's: a known epilogue, a vector where it needs one,
+ * and k > 0 where an epilogue reads the product. 1: nothing to compute. */
+static inline int gemm_ep_check(int m, int n, int k, KEpilogue ep, const float *vec) {
+        if (ep != KEPI_NONE && ep != KEPI_BIAS && ep != KEPI_BIAS_RELU && ep != KEPI_BGRAD)
+                return -EINVAL;
+        if (ep != KEPI_NONE && (k <= 0 || !vec))
+                return m > 0 && n > 0 ? -EINVAL : (m < 0 || n < 0 ? -EINVAL : 1);
+        return 0;
+}

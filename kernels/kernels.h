@@ -5,8 +5,10 @@
  *
  * Conventions: matrices are row-major; every pointer passed to an op is a
  * backend buffer from kb_alloc (device memory on CUDA) unless named *_host;
- * ops may be asynchronous until kb_sync or a download; every op returns 0 or a
- * negative errno (-EINVAL for bad shapes, -EIO for a device failure). */
+ * ops may be asynchronous until sync or a download; every op returns 0 or a
+ * negative errno (-EINVAL for bad shapes, -EIO for a device failure). An error
+ * found on the device after an op returned (a CUDA fault, a label out of range
+ * in softmax_xent) is returned by the next sync or download. */
 #pragma once
 #include <stdbool.h>
 #include <stddef.h>
@@ -14,7 +16,14 @@
 
 typedef enum { KACT_NONE = 0, KACT_RELU = 1 } KAct;
 
+/* What gemm_ep fuses after the product (see there). */
+typedef enum { KEPI_NONE = 0, KEPI_BIAS = 1, KEPI_BIAS_RELU = 2, KEPI_BGRAD = 3 } KEpilogue;
+
+/* Slots of download_async / wait_slot. */
+#define KB_SLOTS 64
+
 typedef struct KBackend KBackend;
+typedef struct KGraph KGraph;
 
 typedef struct KernelsOps {
         const char *name;
@@ -35,7 +44,8 @@ typedef struct KernelsOps {
         int (*colsum)(KBackend *kb, const float *x, int rows, int cols, float *out);
         /* Row-wise softmax cross-entropy with integer labels. Writes
          * dlogits = (softmax - onehot) * scale and loss[r] = -log softmax[r][label[r]].
-         * dlogits may alias logits. */
+         * dlogits may alias logits. A label outside [0, cols) writes nothing and gives
+         * -EINVAL, from this call (CPU) or from the next sync or download (CUDA). */
         int (*softmax_xent)(KBackend *kb, const float *logits, const int32_t *labels, int rows,
                             int cols, float scale, float *dlogits, float *loss);
         /* out[r] = index of the largest x[r][c]. */
@@ -43,6 +53,38 @@ typedef struct KernelsOps {
         /* Local SGD step with momentum (edge training): v = mu*v + g; w -= lr*v. */
         int (*sgd_step)(KBackend *kb, float *w, const float *g, float *v, size_t n, float lr,
                         float mu);
+        /* C[M x N] = op(A) op(B) (alpha 1, beta 0) with a fused epilogue:
+         *   KEPI_NONE:      nothing more (vec unused, may be NULL);
+         *   KEPI_BIAS:      C[i][j] += vec[j] (vec: N biases);
+         *   KEPI_BIAS_RELU: C[i][j] = relu(C[i][j] + vec[j]);
+         *   KEPI_BGRAD:     also vec[i] = sum over k of op(A)[i][k] (M floats): the bias
+         *                   gradient of a layer when op(A) is its output gradient transposed.
+         * Shape rules as gemm's; k == 0 is refused (-EINVAL) for the epilogues. */
+        int (*gemm_ep)(KBackend *kb, bool trans_a, bool trans_b, int m, int n, int k, const float *a,
+                       int lda, const float *b, int ldb, float *c, int ldc, KEpilogue ep, float *vec);
+        /* Host memory the backend copies fastest from and to (page-locked on CUDA,
+         * so copies are asynchronous and graph capture may use it); aligned plain
+         * memory on the CPU. Every host buffer of download_async and of a capture
+         * must come from here. */
+        int (*host_alloc)(KBackend *kb, size_t bytes, void **ret);
+        void (*host_free)(KBackend *kb, void *p);
+        /* Queues a download after every op queued so far and returns at once;
+         * wait_slot(slot) (slot < KB_SLOTS) waits for it. It may run while later ops
+         * compute (CUDA: on a second stream), so src must stay unchanged until then. */
+        int (*download_async)(KBackend *kb, void *dst_host, const void *src, size_t bytes,
+                              unsigned slot);
+        int (*wait_slot)(KBackend *kb, unsigned slot);
+        /* Records the ops queued between capture_begin and capture_end into a graph
+         * that graph_run queues again, in one launch, with the same buffers and shapes.
+         * -ENOTSUP from capture_begin: run the ops directly. While capturing no op may
+         * wait (download, sync), and an op's error is returned by capture_end too. */
+        int (*capture_begin)(KBackend *kb);
+        int (*capture_end)(KBackend *kb, KGraph **ret);
+        int (*graph_run)(KBackend *kb, KGraph *g);
+        void (*graph_free)(KBackend *kb, KGraph *g);
+        /* Lets gemm use reduced-precision tensor-core math (TF32: 10-bit mantissa
+         * products, fp32 accumulation). -ENOTSUP where the backend has none. */
+        int (*set_tf32)(KBackend *kb, bool on);
 } KernelsOps;
 
 struct KBackend {

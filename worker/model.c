@@ -9,6 +9,7 @@
  *   loss = mean over the batch of softmax cross-entropy. */
 #include <errno.h>
 #include <limits.h>
+#include <math.h>
 #include <string.h>
 #include "alloc.h"
 #include "macro.h"
@@ -35,6 +36,14 @@ struct Model {
         float *loss_dev;      /* per-sample losses */
         int32_t *pred_host;
         float *loss_host;
+
+        float *x_stage;       /* host_alloc'd batch (max_batch samples) and labels */
+        int32_t *y_stage;
+        bool graphs;          /* capture full-batch training steps */
+        bool transfers;       /* upload the batch, download losses and gradients */
+        bool graph_failed;    /* the backend cannot capture: run ops directly */
+        KGraph *graph;        /* the captured full-batch step */
+        int pending;          /* batch of the step model_step_begin queued (0: none) */
 };
 
 static int dev_alloc(Model *m, size_t bytes, void *ret) {
@@ -46,17 +55,42 @@ static void dev_free(Model *m, void *p) {
                 m->ops->free(m->kb, p);
 }
 
+static int host_alloc(Model *m, size_t bytes, void *ret) {
+        return m->ops->host_alloc(m->kb, bytes, (void **) ret);
+}
+
+static void host_free(Model *m, void *p) {
+        if (p)
+                m->ops->host_free(m->kb, p);
+}
+
 static size_t weight(size_t layer) { return 2 * layer; }
 static size_t bias(size_t layer) { return 2 * layer + 1; }
+
+/* download_async slots: one per tensor, then the losses and the predictions.
+ * Slots are reused modulo KB_SLOTS, which only makes a wait longer. */
+static unsigned grad_slot(size_t t) { return (unsigned) (t % KB_SLOTS); }
+static unsigned loss_slot(const Model *m) { return grad_slot(m->ntensors); }
+static unsigned pred_slot(const Model *m) { return grad_slot(m->ntensors + 1); }
+
+static void drop_graph(Model *m) {
+        if (m->graph)
+                m->ops->graph_free(m->kb, m->graph);
+        m->graph = NULL;
+}
 
 Model *model_free(Model *m) {
         if (!m)
                 return NULL;
+        /* Nothing may still be copying into the host buffers freed below. */
+        if (m->pending)
+                (void) m->ops->sync(m->kb);
+        drop_graph(m);
         for (size_t t = 0; t < m->ntensors; t++) {
                 if (m->param_host)
-                        ps_free(m->param_host[t]);
+                        host_free(m, m->param_host[t]);
                 if (m->grad_host)
-                        ps_free(m->grad_host[t]);
+                        host_free(m, m->grad_host[t]);
                 if (m->param_dev)
                         dev_free(m, m->param_dev[t]);
                 if (m->grad_dev)
@@ -69,8 +103,10 @@ Model *model_free(Model *m) {
         dev_free(m, m->y_dev);
         dev_free(m, m->pred_dev);
         dev_free(m, m->loss_dev);
-        ps_free(m->pred_host);
-        ps_free(m->loss_host);
+        host_free(m, m->pred_host);
+        host_free(m, m->loss_host);
+        host_free(m, m->x_stage);
+        host_free(m, m->y_stage);
         ps_free(m->param_host);
         ps_free(m->grad_host);
         ps_free(m->param_dev);
@@ -103,6 +139,8 @@ int model_new(KBackend *kb, const uint32_t *dims, size_t nd, int max_batch, Mode
         m->nlayers = nd - 1;
         m->ntensors = 2 * m->nlayers;
         m->max_batch = max_batch;
+        m->graphs = true;
+        m->transfers = true;
         mb = (size_t) max_batch;
 
         m->dims = ps_calloc(nd, sizeof *m->dims);
@@ -127,12 +165,12 @@ int model_new(KBackend *kb, const uint32_t *dims, size_t nd, int max_batch, Mode
         }
         for (t = 0; t < m->ntensors; t++) {
                 size_t bytes = m->numel[t] * sizeof(float);
-                m->param_host[t] = ps_malloc_aligned(bytes);
-                m->grad_host[t] = ps_malloc_aligned(bytes);
-                if (!m->param_host[t] || !m->grad_host[t]) {
-                        r = -ENOMEM;
+                r = host_alloc(m, bytes, &m->param_host[t]);
+                if (r < 0)
                         goto fail;
-                }
+                r = host_alloc(m, bytes, &m->grad_host[t]);
+                if (r < 0)
+                        goto fail;
                 memset(m->param_host[t], 0, bytes);
                 memset(m->grad_host[t], 0, bytes);
                 r = dev_alloc(m, bytes, &m->param_dev[t]);
@@ -162,12 +200,17 @@ int model_new(KBackend *kb, const uint32_t *dims, size_t nd, int max_batch, Mode
         r = dev_alloc(m, mb * sizeof(float), &m->loss_dev);
         if (r < 0)
                 goto fail;
-        m->pred_host = ps_malloc(mb * sizeof(int32_t));
-        m->loss_host = ps_malloc(mb * sizeof(float));
-        if (!m->pred_host || !m->loss_host) {
-                r = -ENOMEM;
+        r = host_alloc(m, mb * sizeof(int32_t), &m->pred_host);
+        if (r >= 0)
+                r = host_alloc(m, mb * sizeof(float), &m->loss_host);
+        if (r >= 0)
+                r = host_alloc(m, mb * dims[0] * sizeof(float), &m->x_stage);
+        if (r >= 0)
+                r = host_alloc(m, mb * sizeof(int32_t), &m->y_stage);
+        if (r < 0)
                 goto fail;
-        }
+        memset(m->x_stage, 0, mb * dims[0] * sizeof(float));
+        memset(m->y_stage, 0, mb * sizeof(int32_t));
 
         /* The backend starts from the same (zero) parameters as the host. */
         r = model_upload_params(m);
@@ -196,6 +239,26 @@ float *model_param_host(Model *m, size_t t) {
 
 float *model_grad_host(Model *m, size_t t) {
         return m && t < m->ntensors ? m->grad_host[t] : NULL;
+}
+
+float *model_batch_x(Model *m) {
+        return m ? m->x_stage : NULL;
+}
+
+int32_t *model_batch_y(Model *m) {
+        return m ? m->y_stage : NULL;
+}
+
+void model_set_options(Model *m, bool graphs, bool transfers) {
+        if (!m || (m->graphs == graphs && m->transfers == transfers))
+                return;
+        drop_graph(m);
+        m->graphs = graphs;
+        m->transfers = transfers;
+}
+
+bool model_graph_active(const Model *m) {
+        return m && m->graph;
 }
 
 int model_upload_params(Model *m) {
@@ -239,12 +302,9 @@ static int model_forward(Model *m, int batch) {
                 int in = (int) m->dims[l], out = (int) m->dims[l + 1];
                 KAct act = l + 1 < m->nlayers ? KACT_RELU : KACT_NONE;
 
-                r = m->ops->gemm(m->kb, false, true, batch, out, in, 1.0f, m->act_dev[l], in,
-                                 m->param_dev[weight(l)], in, 0.0f, m->act_dev[l + 1], out);
-                if (r < 0)
-                        return r;
-                r = m->ops->bias_act(m->kb, m->act_dev[l + 1], m->param_dev[bias(l)], batch, out,
-                                     act);
+                r = m->ops->gemm_ep(m->kb, false, true, batch, out, in, m->act_dev[l], in,
+                                    m->param_dev[weight(l)], in, m->act_dev[l + 1], out,
+                                    act == KACT_RELU ? KEPI_BIAS_RELU : KEPI_BIAS, m->param_dev[bias(l)]);
                 if (r < 0)
                         return r;
         }
@@ -282,7 +342,13 @@ static int model_head(Model *m, const int32_t *y_host, int batch, float scale, d
         return 0;
 }
 
-/* From delta_dev[0] = dloss/dlogits, the gradients of every tensor into grad_dev. */
+static int download_tensor(Model *m, size_t t) {
+        return m->ops->download_async(m->kb, m->grad_host[t], m->grad_dev[t], m->numel[t] * sizeof(float),
+                                      grad_slot(t));
+}
+
+/* From delta_dev[0] = dloss/dlogits, the gradients of every tensor into grad_dev,
+ * each downloaded (when transfers are on) as soon as it is computed. */
 static int model_backward(Model *m, int batch) {
         int cur = 0, r;
 
@@ -290,13 +356,14 @@ static int model_backward(Model *m, int batch) {
                 int in = (int) m->dims[l], out = (int) m->dims[l + 1];
                 float *delta = m->delta_dev[cur], *prev = m->delta_dev[1 - cur];
 
-                /* dW_l [out x in] = delta^T [out x B] * act[l] [B x in] */
-                r = m->ops->gemm(m->kb, true, false, out, in, batch, 1.0f, delta, out,
-                                 m->act_dev[l], in, 0.0f, m->grad_dev[weight(l)], in);
+                /* dW_l [out x in] = delta^T [out x B] * act[l] [B x in], and the bias
+                 * gradient db_l = sum over the batch of delta, in the same pass. */
+                r = m->ops->gemm_ep(m->kb, true, false, out, in, batch, delta, out, m->act_dev[l], in,
+                                    m->grad_dev[weight(l)], in, KEPI_BGRAD, m->grad_dev[bias(l)]);
                 if (r < 0)
                         return r;
-                r = m->ops->colsum(m->kb, delta, batch, out, m->grad_dev[bias(l)]);
-                if (r < 0)
+                if (m->transfers && ((r = download_tensor(m, weight(l))) < 0 ||
+                                     (r = download_tensor(m, bias(l))) < 0))
                         return r;
                 if (l == 0)
                         break;
@@ -315,38 +382,131 @@ static int model_backward(Model *m, int batch) {
         return 0;
 }
 
-int model_train_step(Model *m, const float *x_host, const int32_t *y_host, int batch,
-                     float *ret_loss, int *ret_correct) {
-        double loss_sum;
-        int correct, r;
+/* Every op of a training step on the staged batch, queued without waiting. */
+static int model_queue_step(Model *m, int batch) {
+        int r;
 
-        if (!m)
-                return -EINVAL;
-        r = model_load_batch(m, x_host, y_host, batch);
-        if (r < 0)
-                return r;
-        r = model_forward(m, batch);
-        if (r < 0)
-                return r;
-        /* The 1/B of the mean enters once, in the loss gradient. */
-        r = model_head(m, y_host, batch, 1.0f / (float) batch, &loss_sum, &correct);
-        if (r < 0)
-                return r;
-        r = model_backward(m, batch);
-        if (r < 0)
-                return r;
-        for (size_t t = 0; t < m->ntensors; t++) {
-                r = m->ops->download(m->kb, m->grad_host[t], m->grad_dev[t],
-                                     m->numel[t] * sizeof(float));
+        if (m->transfers) {
+                r = m->ops->upload(m->kb, m->act_dev[0], m->x_stage, (size_t) batch * m->dims[0] * sizeof(float));
+                if (r >= 0)
+                        r = m->ops->upload(m->kb, m->y_dev, m->y_stage, (size_t) batch * sizeof(int32_t));
                 if (r < 0)
                         return r;
         }
+        r = model_forward(m, batch);
+        if (r < 0)
+                return r;
+        r = m->ops->argmax(m->kb, m->act_dev[m->nd - 1], batch, (int) m->dims[m->nd - 1], m->pred_dev);
+        if (r < 0)
+                return r;
+        /* The 1/B of the mean enters once, in the loss gradient. */
+        r = m->ops->softmax_xent(m->kb, m->act_dev[m->nd - 1], m->y_dev, batch, (int) m->dims[m->nd - 1],
+                                 1.0f / (float) batch, m->delta_dev[0], m->loss_dev);
+        if (r < 0)
+                return r;
+        if (m->transfers) {
+                r = m->ops->download_async(m->kb, m->loss_host, m->loss_dev, (size_t) batch * sizeof(float),
+                                           loss_slot(m));
+                if (r >= 0)
+                        r = m->ops->download_async(m->kb, m->pred_host, m->pred_dev,
+                                                   (size_t) batch * sizeof(int32_t), pred_slot(m));
+                if (r < 0)
+                        return r;
+        }
+        return model_backward(m, batch);
+}
 
+/* Captures the full-batch step into m->graph. 1: the backend cannot capture. */
+static int model_capture(Model *m) {
+        KGraph *g = NULL;
+        int r = m->ops->capture_begin(m->kb), r2;
+
+        if (r == -ENOTSUP)
+                return 1;
+        if (r < 0)
+                return r;
+        r = model_queue_step(m, m->max_batch);
+        r2 = m->ops->capture_end(m->kb, &g);
+        if (r < 0) {
+                if (r2 == 0)
+                        m->ops->graph_free(m->kb, g);
+                return r;
+        }
+        if (r2 < 0)
+                return 1; /* the ops are fine but do not capture: run them directly */
+        m->graph = g;
+        return 0;
+}
+
+int model_step_begin(Model *m, const float *x_host, const int32_t *y_host, int batch) {
+        int32_t classes;
+        int r;
+
+        if (!m || !x_host || !y_host || batch < 1 || batch > m->max_batch || m->pending)
+                return -EINVAL;
+        /* Labels are checked here so that every backend rejects them the same way, at once. */
+        classes = (int32_t) m->dims[m->nd - 1];
+        for (int i = 0; i < batch; i++)
+                if (y_host[i] < 0 || y_host[i] >= classes)
+                        return -EINVAL;
+        if (x_host != m->x_stage)
+                memcpy(m->x_stage, x_host, (size_t) batch * m->dims[0] * sizeof(float));
+        if (y_host != m->y_stage)
+                memcpy(m->y_stage, y_host, (size_t) batch * sizeof(int32_t));
+
+        if (m->graphs && !m->graph_failed && batch == m->max_batch && !m->graph) {
+                r = model_capture(m);
+                if (r < 0)
+                        return r;
+                m->graph_failed = r > 0;
+        }
+        if (m->graph && batch == m->max_batch)
+                r = m->ops->graph_run(m->kb, m->graph);
+        else
+                r = model_queue_step(m, batch);
+        if (r < 0) {
+                (void) m->ops->sync(m->kb);
+                return r;
+        }
+        m->pending = batch;
+        return 0;
+}
+
+int model_grad_wait(Model *m, size_t t) {
+        if (!m || t >= m->ntensors || !m->pending)
+                return -EINVAL;
+        return m->transfers ? m->ops->wait_slot(m->kb, grad_slot(t)) : 0;
+}
+
+int model_step_end(Model *m, float *ret_loss, int *ret_correct) {
+        double sum = 0;
+        int batch, correct = 0, r;
+
+        if (!m || !m->pending)
+                return -EINVAL;
+        batch = m->pending;
+        m->pending = 0;
+        r = m->ops->sync(m->kb);
+        if (r < 0)
+                return r;
+        if (m->transfers)
+                for (int i = 0; i < batch; i++) {
+                        sum += m->loss_host[i];
+                        correct += m->pred_host[i] == m->y_stage[i];
+                }
         if (ret_loss)
-                *ret_loss = (float) (loss_sum / batch);
+                *ret_loss = m->transfers ? (float) (sum / batch) : NAN;
         if (ret_correct)
                 *ret_correct = correct;
         return 0;
+}
+
+int model_train_step(Model *m, const float *x_host, const int32_t *y_host, int batch,
+                     float *ret_loss, int *ret_correct) {
+        int r = model_step_begin(m, x_host, y_host, batch);
+        if (r < 0)
+                return r;
+        return model_step_end(m, ret_loss, ret_correct);
 }
 
 int model_evaluate(Model *m, const float *x_host, const int32_t *y_host, size_t n,
@@ -355,7 +515,7 @@ int model_evaluate(Model *m, const float *x_host, const int32_t *y_host, size_t 
         size_t correct_total = 0;
         int r;
 
-        if (!m || (n > 0 && (!x_host || !y_host)))
+        if (!m || m->pending || (n > 0 && (!x_host || !y_host)))
                 return -EINVAL;
 
         for (size_t off = 0; off < n; off += (size_t) m->max_batch) {

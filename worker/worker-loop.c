@@ -369,9 +369,10 @@ static int train(Worker *w) {
         KBackend *kb = NULL;
         Model *model = NULL;
         Client *client = NULL;
-        float *xb = NULL;
-        int32_t *yb = NULL;
+        float *xb;
+        int32_t *yb;
         uint32_t *perm = NULL;
+        double t_batch = 0, t_compute = 0, t_exchange = 0;
         float **params = NULL, **grads = NULL;
         uint32_t batch = w->job.batch;
 
@@ -400,18 +401,29 @@ static int train(Worker *w) {
                 log_error("cannot start the %s backend reason=\"%s\"", w->cfg->backend, err);
                 goto out;
         }
+        if (w->cfg->tf32) {
+                r = kb->ops->set_tf32(kb, true);
+                if (r == -ENOTSUP)
+                        log_warning("--tf32 has no effect on the %s backend", kb->ops->name);
+                else if (r < 0) {
+                        log_error_errno(r, "Failed to turn on TF32: %m");
+                        goto out;
+                }
+        }
         r = model_new(kb, w->job.layers, w->job.nlayers, (int) batch, &model);
         if (r < 0) {
                 log_error_errno(r, "Failed to build the model: %m");
                 goto out;
         }
+        model_set_options(model, !w->cfg->no_graphs, true);
         size_t nt = model_ntensors(model);
         params = ps_calloc(nt, sizeof *params);
         grads = ps_calloc(nt, sizeof *grads);
-        xb = ps_malloc_aligned((size_t) batch * dim * sizeof(float));
-        yb = ps_malloc((size_t) batch * sizeof(int32_t));
+        /* Batches are gathered straight into the model's (page-locked) buffers. */
+        xb = model_batch_x(model);
+        yb = model_batch_y(model);
         perm = ps_malloc((size_t) trainset->n * sizeof(uint32_t));
-        if (!params || !grads || !xb || !yb || !perm) {
+        if (!params || !grads || !perm) {
                 r = log_error_errno(ENOMEM, "Out of memory");
                 goto out;
         }
@@ -443,6 +455,7 @@ static int train(Worker *w) {
         uint32_t steps = nmine / batch;
         log_info("training rank=%u/%u images=%u steps_per_epoch=%u backend=%s clock=%ld", w->rank,
                  w->nworkers, nmine, steps, kb->ops->name, (long) w->clock);
+        bool said_graph = false;
         double t0 = mono_s(), t_last = t0;
         for (uint32_t e = 0; e < w->job.epochs && !w->stop; e++) {
                 w->epoch = e + 1;
@@ -456,6 +469,7 @@ static int train(Worker *w) {
                 }
                 shuffle(perm, nmine, w->job.seed * 1000003u + w->rank * 7919u + e);
                 for (uint32_t s = 0; s < steps && !w->stop; s++) {
+                        double ta = mono_s(), tb, tc;
                         for (uint32_t b = 0; b < batch; b++) {
                                 uint32_t i = perm[(size_t) s * batch + b];
                                 memcpy(xb + (size_t) b * dim, trainset->x + (size_t) i * dim, dim * sizeof(float));
@@ -463,6 +477,7 @@ static int train(Worker *w) {
                         }
                         float loss;
                         int correct;
+                        tb = mono_s();
                         r = model_upload_params(model);
                         if (r >= 0)
                                 r = model_train_step(model, xb, yb, (int) batch, &loss, &correct);
@@ -470,6 +485,9 @@ static int train(Worker *w) {
                                 log_error_errno(r, "Training step failed: %m");
                                 goto out;
                         }
+                        tc = mono_s();
+                        t_batch += tb - ta;
+                        t_compute += tc - tb;
                         if (w->cfg->step_delay_ms) {
                                 /* Test knob: a deliberately slow worker. */
                                 struct timespec d = { w->cfg->step_delay_ms / 1000,
@@ -477,6 +495,7 @@ static int train(Worker *w) {
                                 nanosleep(&d, NULL);
                         }
                         r = worker_round(w, client, (const float *const *) grads, params, &got);
+                        t_exchange += mono_s() - tc;
                         if (r == -ECANCELED)
                                 break;
                         if (r < 0)
@@ -484,6 +503,10 @@ static int train(Worker *w) {
                         w->clock++;
                         if (w->cfg->trace_pulls)
                                 trace_pull(w, model, w->clock);
+                        if (!said_graph && model_graph_active(model)) {
+                                log_info("steps run as a captured graph");
+                                said_graph = true;
+                        }
                         w->step++;
                         w->samples += batch;
                         w->loss_sum += loss;
@@ -495,9 +518,13 @@ static int train(Worker *w) {
         progress(w, &t_last, true);
         double secs = mono_s() - t0;
         const ClientStats *cs = client_stats(client);
-        log_info("trained steps=%lu seconds=%.2f samples_per_s=%.0f wait_s=%.2f pushed_mb=%.1f pulled_mb=%.1f",
-                 (unsigned long) w->step, secs, secs > 0 ? (double) w->samples / secs : 0.0, cs->wait_s,
-                 (double) cs->bytes_pushed / 1e6, (double) cs->bytes_pulled / 1e6);
+        /* Where the time went: gathering batches, computing (params upload, step,
+         * gradients download) and the push/pull round (which includes waiting for
+         * the shards to apply and, under BSP, for the other workers). */
+        log_info("trained steps=%lu seconds=%.2f samples_per_s=%.0f batch_s=%.3f compute_s=%.3f exchange_s=%.3f "
+                 "wait_s=%.2f pushed_mb=%.1f pulled_mb=%.1f",
+                 (unsigned long) w->step, secs, secs > 0 ? (double) w->samples / secs : 0.0, t_batch, t_compute,
+                 t_exchange, cs->wait_s, (double) cs->bytes_pushed / 1e6, (double) cs->bytes_pulled / 1e6);
         r = 0;
         if (w->job_stopped || w->draining) {
                 (void) send_result(w, false, 0);
@@ -527,8 +554,6 @@ out:
         kbackend_free(kb);
         dataset_free(trainset);
         dataset_free(testset);
-        ps_free(xb);
-        ps_free(yb);
         ps_free(perm);
         ps_free(params);
         ps_free(grads);

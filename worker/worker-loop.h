@@ -13,6 +13,8 @@ typedef struct WorkerConfig {
         unsigned progress_ms;      /* progress log interval */
         bool trace_pulls;          /* log a checksum of the weights pulled at each clock */
         unsigned step_delay_ms;    /* test knob: wait this long before each push */
+        bool tf32;                 /* allow TF32 tensor-core gemm (cuda) */
+        bool no_graphs;            /* run each step op by op instead of a captured graph */
 } WorkerConfig;
 
 int worker_run(const WorkerConfig *cfg);

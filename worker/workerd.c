@@ -22,6 +22,10 @@ int main(int argc, char **argv) {
                   "log a CRC-32 of the weights pulled at every clock (consistency checks)" },
                 { "step-delay-ms", OPT_UINT, &cfg.step_delay_ms, "MS",
                   "test knob: wait before each push, to play a slow worker" },
+                { "tf32", OPT_BOOL, &cfg.tf32, NULL,
+                  "cuda: let gemm use TF32 tensor cores (10-bit mantissa products, fp32 sums)" },
+                { "no-graphs", OPT_BOOL, &cfg.no_graphs, NULL,
+                  "cuda: launch each op of a step instead of replaying a captured CUDA graph" },
                 { "log-level", OPT_STR, &log_level, "LEVEL", "debug, info, warning or error" },
         };
         const ProgramInfo prog = {

@@ -207,6 +207,76 @@ static int cpu_sgd_step(KBackend *kb, float *w, const float *g, float *v, size_t
         return 0;
 }
 
+static int cpu_gemm_ep(KBackend *kb, bool trans_a, bool trans_b, int m, int n, int k, const float *a,
+                       int lda, const float *b, int ldb, float *c, int ldc, KEpilogue ep, float *vec) {
+        int r = gemm_ep_check(m, n, k, ep, vec);
+        if (r != 0)
+                return r < 0 ? r : 0;
+        r = cpu_gemm(kb, trans_a, trans_b, m, n, k, 1.0f, a, lda, b, ldb, 0.0f, c, ldc);
+        if (r < 0 || ep == KEPI_NONE)
+                return r;
+        if (ep == KEPI_BGRAD) {
+                for (int i = 0; i < m; i++) {
+                        float s = 0.0f;
+                        for (int j = 0; j < k; j++)
+                                s += trans_a ? a[(size_t) j * lda + i] : a[(size_t) i * lda + j];
+                        vec[i] = s;
+                }
+                return 0;
+        }
+        for (int i = 0; i < m; i++) {
+                float *row = c + (size_t) i * ldc;
+                for (int j = 0; j < n; j++) {
+                        float v = row[j] + vec[j];
+                        row[j] = ep == KEPI_BIAS_RELU && !(v > 0.0f) ? 0.0f : v;
+                }
+        }
+        return 0;
+}
+
+static int cpu_host_alloc(KBackend *kb, size_t bytes, void **ret) {
+        return cpu_alloc(kb, bytes, ret);
+}
+
+/* Copies at once: there is nothing to overlap with. */
+static int cpu_download_async(KBackend *kb, void *dst_host, const void *src, size_t bytes, unsigned slot) {
+        if (slot >= KB_SLOTS)
+                return -EINVAL;
+        return cpu_copy(kb, dst_host, src, bytes);
+}
+
+static int cpu_wait_slot(KBackend *kb, unsigned slot) {
+        (void) kb;
+        return slot < KB_SLOTS ? 0 : -EINVAL;
+}
+
+static int cpu_capture_begin(KBackend *kb) {
+        (void) kb;
+        return -ENOTSUP;
+}
+
+static int cpu_capture_end(KBackend *kb, KGraph **ret) {
+        (void) kb;
+        (void) ret;
+        return -ENOTSUP;
+}
+
+static int cpu_graph_run(KBackend *kb, KGraph *g) {
+        (void) kb;
+        (void) g;
+        return -ENOTSUP;
+}
+
+static void cpu_graph_free(KBackend *kb, KGraph *g) {
+        (void) kb;
+        (void) g;
+}
+
+static int cpu_set_tf32(KBackend *kb, bool on) {
+        (void) kb;
+        return on ? -ENOTSUP : 0;
+}
+
 static const KernelsOps cpu_ops = {
         .name = "cpu",
         .destroy = cpu_destroy,
@@ -222,6 +292,16 @@ static const KernelsOps cpu_ops = {
         .softmax_xent = cpu_softmax_xent,
         .argmax = cpu_argmax,
         .sgd_step = cpu_sgd_step,
+        .gemm_ep = cpu_gemm_ep,
+        .host_alloc = cpu_host_alloc,
+        .host_free = cpu_free,
+        .download_async = cpu_download_async,
+        .wait_slot = cpu_wait_slot,
+        .capture_begin = cpu_capture_begin,
+        .capture_end = cpu_capture_end,
+        .graph_run = cpu_graph_run,
+        .graph_free = cpu_graph_free,
+        .set_tf32 = cpu_set_tf32,
 };
 
 int kbackend_cpu_new(int threads, KBackend **ret, char *err, size_t errlen) {

@@ -1,14 +1,18 @@
-/* Micro-benchmark of a compute backend: the time of one model_train_step of the
- * MLP 784-1024-1024-10 at batch 512, as workerd runs it (batch upload, forward,
- * loss, backward, gradient download into the host buffers). Prints the median,
- * min and max over the timed steps, after warm-up steps, and the GFLOP/s of the
- * three GEMMs per layer that dominate a step. Built, never run by the tests.
+/* Benchmark of a compute backend: the time of one training step of an MLP as
+ * workerd runs it (batch upload from page-locked memory, forward, loss, backward,
+ * every gradient downloaded into the host buffers the client pushes), or, with
+ * --compute-only, as a framework benchmark times it (batch and gradients stay on
+ * the device). Prints one line: the median, min and max over the timed steps
+ * after warm-up steps, each step ended by a wait for the device, and TFLOP/s
+ * counted as 6 x batch x sum(in x out), the count PyTorch's reference script
+ * uses (it includes the first layer's input gradient, which neither computes).
  *
- *   bench-kernels [cpu|cuda|auto] [STEPS] [THREADS]
+ *   bench-kernels [--backend cpu|cuda|auto] [--model 784-1024-1024-10]
+ *                 [--batch 512] [--steps 200] [--tf32] [--no-graphs]
+ *                 [--compute-only] [--threads N]
  *
- * STEPS: timed steps (default 50); THREADS: OpenBLAS threads for cpu (default 0:
- * OpenBLAS's own choice). Every step ends with a sync of the backend, so device
- * time is counted in full. */
+ * The CUDA backend reads PSNET_CUDA_LT=0 to use plain cuBLAS and separate
+ * epilogue kernels instead of cuBLASLt's fused epilogues. */
 #include <errno.h>
 #include <math.h>
 #include <stdint.h>
@@ -19,10 +23,8 @@
 #include "kernels.h"
 #include "model.h"
 
-#define BATCH 512
-#define WARMUP 5
-#define NDIMS 4
-static const uint32_t dims[NDIMS] = { 784, 1024, 1024, 10 };
+#define WARMUP 10
+#define MAX_DIMS 16
 
 static uint64_t rng_state = 0x2545f4914f6cdd1dull;
 
@@ -48,38 +50,82 @@ static int cmp_double(const void *a, const void *b) {
         return (x > y) - (x < y);
 }
 
-/* Multiply-adds x 2 of one step: per layer, the forward GEMM and the weight
- * gradient; the input gradient for every layer but the first. */
-static double step_flops(void) {
-        double f = 0;
-        for (int l = 0; l + 1 < NDIMS; l++) {
-                double mnk = 2.0 * BATCH * dims[l] * dims[l + 1];
-                f += (l > 0 ? 3 : 2) * mnk;
+static int parse_dims(const char *s, uint32_t *dims, size_t *nd) {
+        char *end;
+        *nd = 0;
+        for (;;) {
+                unsigned long v = strtoul(s, &end, 10);
+                if (end == s || v == 0 || v > 1u << 20 || *nd == MAX_DIMS)
+                        return -EINVAL;
+                dims[(*nd)++] = (uint32_t) v;
+                if (*end == '\0')
+                        return *nd >= 2 ? 0 : -EINVAL;
+                if (*end != '-')
+                        return -EINVAL;
+                s = end + 1;
         }
-        return f;
+}
+
+static void usage(const char *argv0) {
+        fprintf(stderr,
+                "usage: %s [--backend cpu|cuda|auto] [--model D0-D1-...] [--batch N] [--steps N]\n"
+                "       [--tf32] [--no-graphs] [--compute-only] [--threads N]\n",
+                argv0);
 }
 
 int main(int argc, char **argv) {
-        const char *backend = argc > 1 ? argv[1] : "cpu";
-        int steps = argc > 2 ? atoi(argv[2]) : 50, threads = argc > 3 ? atoi(argv[3]) : 0;
+        const char *backend = "auto", *model_spec = "784-1024-1024-10";
+        int steps = 200, threads = 0, batch = 512;
+        bool tf32 = false, graphs = true, transfers = true;
+        uint32_t dims[MAX_DIMS];
+        size_t nd;
         KBackend *kb = NULL;
         Model *m = NULL;
-        float *x = NULL, loss = 0;
-        int32_t *y = NULL;
-        double *ms = NULL, med;
+        float loss = 0;
+        double *ms = NULL, med, flops = 0;
         char err[256];
         int correct, r, status = 1;
 
-        if (argc > 4 || steps < 1 || threads < 0) {
-                fprintf(stderr, "usage: %s [cpu|cuda|auto] [STEPS >= 1] [THREADS >= 0]\n", argv[0]);
+        for (int i = 1; i < argc; i++) {
+                const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
+                if (strcmp(a, "--tf32") == 0)
+                        tf32 = true;
+                else if (strcmp(a, "--no-graphs") == 0)
+                        graphs = false;
+                else if (strcmp(a, "--compute-only") == 0)
+                        transfers = false;
+                else if (v && strcmp(a, "--backend") == 0)
+                        backend = argv[++i];
+                else if (v && strcmp(a, "--model") == 0)
+                        model_spec = argv[++i];
+                else if (v && strcmp(a, "--batch") == 0)
+                        batch = atoi(argv[++i]);
+                else if (v && strcmp(a, "--steps") == 0)
+                        steps = atoi(argv[++i]);
+                else if (v && strcmp(a, "--threads") == 0)
+                        threads = atoi(argv[++i]);
+                else {
+                        usage(argv[0]);
+                        return strcmp(a, "--help") == 0 ? 0 : 2;
+                }
+        }
+        if (steps < 1 || batch < 1 || threads < 0 || parse_dims(model_spec, dims, &nd) < 0) {
+                usage(argv[0]);
                 return 2;
         }
+        for (size_t l = 0; l + 1 < nd; l++)
+                flops += 6.0 * batch * dims[l] * dims[l + 1];
+
         r = kbackend_new(backend, threads, &kb, err, sizeof err);
         if (r < 0) {
                 fprintf(stderr, "bench-kernels: cannot start the %s backend: %s\n", backend, err);
                 return 1;
         }
-        r = model_new(kb, dims, NDIMS, BATCH, &m);
+        if (tf32 && (r = kb->ops->set_tf32(kb, true)) < 0) {
+                fprintf(stderr, "bench-kernels: --tf32: %s\n", strerror(-r));
+                goto out;
+        }
+        r = model_new(kb, dims, nd, batch, &m);
         if (r < 0) {
                 fprintf(stderr, "bench-kernels: model_new: %s\n", strerror(-r));
                 goto out;
@@ -98,43 +144,43 @@ int main(int argc, char **argv) {
                 fprintf(stderr, "bench-kernels: model_upload_params: %s\n", strerror(-r));
                 goto out;
         }
-
-        x = malloc((size_t) BATCH * dims[0] * sizeof *x);
-        y = malloc(BATCH * sizeof *y);
         ms = malloc((size_t) steps * sizeof *ms);
-        if (!x || !y || !ms) {
+        if (!ms) {
                 fprintf(stderr, "bench-kernels: out of memory\n");
                 goto out;
         }
-        for (size_t i = 0; i < (size_t) BATCH * dims[0]; i++)
-                x[i] = rng_uniform(0, 1);
-        for (int i = 0; i < BATCH; i++)
-                y[i] = (int32_t) (rng_next() % dims[NDIMS - 1]);
+        for (size_t i = 0; i < (size_t) batch * dims[0]; i++)
+                model_batch_x(m)[i] = rng_uniform(0, 1);
+        for (int i = 0; i < batch; i++)
+                model_batch_y(m)[i] = (int32_t) (rng_next() % dims[nd - 1]);
 
-        for (int i = 0; i < WARMUP + steps; i++) {
+        /* One step with transfers puts the batch on the device for --compute-only. */
+        r = model_train_step(m, model_batch_x(m), model_batch_y(m), batch, &loss, &correct);
+        model_set_options(m, graphs, transfers);
+        for (int i = 0; r == 0 && i < WARMUP + steps; i++) {
                 double t0 = now_ms();
-                r = model_train_step(m, x, y, BATCH, &loss, &correct);
-                if (r == 0)
-                        r = kb->ops->sync(kb);
-                if (r < 0) {
-                        fprintf(stderr, "bench-kernels: step %d: %s\n", i, strerror(-r));
-                        goto out;
-                }
+                float l;
+                r = model_train_step(m, model_batch_x(m), model_batch_y(m), batch, &l, &correct);
                 if (i >= WARMUP)
                         ms[i - WARMUP] = now_ms() - t0;
+                if (transfers)
+                        loss = l;
+        }
+        if (r < 0) {
+                fprintf(stderr, "bench-kernels: step: %s\n", strerror(-r));
+                goto out;
         }
 
         qsort(ms, (size_t) steps, sizeof *ms, cmp_double);
         med = steps % 2 ? ms[steps / 2] : (ms[steps / 2 - 1] + ms[steps / 2]) / 2;
-        printf("backend=%s model=%u-%u-%u-%u batch=%d steps=%d ms_per_step=%.3f min=%.3f max=%.3f "
-               "gflops=%.1f loss=%.4f\n",
-               kb->ops->name, dims[0], dims[1], dims[2], dims[3], BATCH, steps, med, ms[0],
-               ms[steps - 1], step_flops() / (med * 1e6), loss);
+        printf("backend=%s model=%s batch=%d tf32=%d graphs=%d transfers=%d lt=%s steps=%d "
+               "ms_per_step=%.4f min=%.4f max=%.4f tflops=%.1f loss=%.4f\n",
+               kb->ops->name, model_spec, batch, tf32, model_graph_active(m), transfers,
+               getenv("PSNET_CUDA_LT") ? getenv("PSNET_CUDA_LT") : "1", steps, med, ms[0],
+               ms[steps - 1], flops / (med * 1e9), loss);
         status = 0;
 
 out:
-        free(x);
-        free(y);
         free(ms);
         model_free(m);
         kbackend_free(kb);

@@ -796,7 +796,7 @@ static int bench_raw(const Opts *o, const char *dir, size_t msg_bytes, size_t to
         double cpu0, cpu1;
         int r;
         if (strcmp(o->transport, "tcp") == 0) {
-                unsigned port;
+                unsigned port = 0;
                 if ((r = free_tcp_ports(1, &port)) < 0 || (r = fmt(ep, sizeof ep, "tcp://127.0.0.1:%u", port)) < 0)
                         return r;
         } else if ((r = fmt(ep, sizeof ep, "ipc://%s/zmqraw.sock", dir)) < 0)

@@ -10,7 +10,10 @@
  * against 2*rows*FLT_EPSILON*sum|x|. Elementwise ops (bias_act, act_backward,
  * sgd_step) do one or two roundings: 4*FLT_EPSILON relative. softmax_xent uses
  * expf/logf (a few ulp each) over <= 16 classes: 1e-5 relative on the loss and
- * 1e-6 absolute on the gradient, whose entries are in [-1, 1]. */
+ * 1e-6 absolute on the gradient, whose entries are in [-1, 1]. gemm_ep: gemm's
+ * bound plus |bias| for the sum, and colsum's bound for its bias gradient. TF32
+ * products keep 10 mantissa bits (relative error up to 2^-10 each), so a TF32
+ * gemm gets 2^-9 sum|a||b| on top of the fp32 bound. */
 #include <errno.h>
 #include <float.h>
 #include <stdint.h>
@@ -361,6 +364,12 @@ static void check_xent(KBackend *kb, const char *what, const float *x, const int
         free(loss);
 }
 
+/* softmax_xent's verdict: from the call, or (CUDA) from the sync after it. */
+static int xent_status(KBackend *kb, const float *x, const int32_t *labels, int rows, int cols, float *d) {
+        int r = kb->ops->softmax_xent(kb, x, labels, rows, cols, 1, d, d);
+        return r < 0 ? r : kb->ops->sync(kb);
+}
+
 static void test_softmax_xent(KBackend *kb) {
         enum { R = 9, C = 10 };
         float x[R * C], big[4 * 16], buf[R * C];
@@ -399,14 +408,21 @@ static void test_softmax_xent(KBackend *kb) {
         dl = dev_from(kb, buf, sizeof buf);
         bad[4] = C;
         dbad = dev_from(kb, bad, sizeof bad);
-        if (dx && dl && dbad)
-                CHECK(kb->ops->softmax_xent(kb, dx, dbad, R, C, 1, dl, dl) == -EINVAL,
+        if (dx && dl && dbad) {
+                float before[R * C], after[R * C];
+                bool same = dev_to(kb, before, dl, sizeof before);
+                CHECK(xent_status(kb, dx, dbad, R, C, dl) == -EINVAL,
                       "%s: softmax_xent label == cols rejected", kb->ops->name);
+                same = same && dev_to(kb, after, dl, sizeof after) && memcmp(before, after, sizeof after) == 0;
+                CHECK(same, "%s: a batch with a bad label writes nothing", kb->ops->name);
+                CHECK(xent_status(kb, dx, dbad, R, C, dl) == -EINVAL &&
+                      kb->ops->sync(kb) == 0, "%s: the error is reported once per bad batch", kb->ops->name);
+        }
         dev_release(kb, dbad);
         bad[4] = -1;
         dbad = dev_from(kb, bad, sizeof bad);
         if (dx && dl && dbad) {
-                CHECK(kb->ops->softmax_xent(kb, dx, dbad, R, C, 1, dl, dl) == -EINVAL,
+                CHECK(xent_status(kb, dx, dbad, R, C, dl) == -EINVAL,
                       "%s: softmax_xent label -1 rejected", kb->ops->name);
                 CHECK(kb->ops->softmax_xent(kb, dx, dbad, R, 0, 1, dl, dl) == -EINVAL,
                       "%s: softmax_xent cols == 0 rejected", kb->ops->name);
@@ -487,6 +503,249 @@ static void test_sgd_step(KBackend *kb) {
         dev_release(kb, dv);
 }
 
+/* One gemm_ep against the double reference (alpha 1, beta 0); tf32 widens the bound. */
+static void check_gemm_ep(KBackend *kb, bool ta, bool tb, int m, int n, int k, int pad, KEpilogue ep,
+                          bool tf32) {
+        static const char *const names[] = { "none", "bias", "bias+relu", "bgrad" };
+        int lda = (ta ? m : k) + pad, ldb = (tb ? k : n) + pad, ldc = n + pad;
+        size_t na = (size_t) (ta ? k : m) * lda, nb = (size_t) (tb ? n : k) * ldb, nc = (size_t) m * ldc;
+        size_t nv = ep == KEPI_BGRAD ? (size_t) m : (size_t) n;
+        float *a = xmalloc(na * sizeof(float)), *b = xmalloc(nb * sizeof(float));
+        float *c0 = xmalloc(nc * sizeof(float)), *c = xmalloc(nc * sizeof(float));
+        float *v0 = xmalloc(nv * sizeof(float)), *v = xmalloc(nv * sizeof(float));
+        float *da, *db, *dc, *dv;
+        double worst = 0.0, extra = tf32 ? 1.0 / 512 : 0.0;
+        bool ok = false;
+
+        fill_uniform(a, na, -1, 1);
+        fill_uniform(b, nb, -1, 1);
+        for (size_t i = 0; i < nc; i++) /* poison: every element must be written */
+                c0[i] = NAN;
+        if (ep == KEPI_BGRAD)
+                for (size_t i = 0; i < nv; i++)
+                        v0[i] = NAN;
+        else
+                fill_uniform(v0, nv, -1, 1);
+        da = dev_from(kb, a, na * sizeof(float));
+        db = dev_from(kb, b, nb * sizeof(float));
+        dc = dev_from(kb, c0, nc * sizeof(float));
+        dv = dev_from(kb, v0, nv * sizeof(float));
+        if (da && db && dc && dv &&
+            kb->ops->gemm_ep(kb, ta, tb, m, n, k, da, lda, db, ldb, dc, ldc, ep, ep == KEPI_NONE ? NULL : dv) == 0 &&
+            dev_to(kb, c, dc, nc * sizeof(float)) && dev_to(kb, v, dv, nv * sizeof(float))) {
+                ok = true;
+                for (int i = 0; i < m; i++) {
+                        double rs = 0, rsabs = 0;
+                        for (int j = 0; j < n; j++) {
+                                double sum = 0, sabs = 0, ref, tol, e;
+                                for (int p = 0; p < k; p++) {
+                                        double av = ta ? a[(size_t) p * lda + i] : a[(size_t) i * lda + p];
+                                        double bv = tb ? b[(size_t) j * ldb + p] : b[(size_t) p * ldb + j];
+                                        sum += av * bv;
+                                        sabs += fabs(av * bv);
+                                }
+                                ref = sum;
+                                tol = (4.0 * (k + 2) * FLT_EPSILON + extra) * sabs;
+                                if (ep == KEPI_BIAS || ep == KEPI_BIAS_RELU) {
+                                        ref += v0[j];
+                                        tol += 4.0 * FLT_EPSILON * fabs(v0[j]);
+                                        if (ep == KEPI_BIAS_RELU && ref < 0)
+                                                ref = 0;
+                                }
+                                e = fabs(c[(size_t) i * ldc + j] - ref);
+                                if (!(e <= tol))
+                                        ok = false;
+                                worst = fmax(worst, e);
+                        }
+                        if (ep != KEPI_BGRAD)
+                                continue;
+                        for (int p = 0; p < k; p++) {
+                                double av = ta ? a[(size_t) p * lda + i] : a[(size_t) i * lda + p];
+                                rs += av;
+                                rsabs += fabs(av);
+                        }
+                        if (!(fabs(v[i] - rs) <= 2.0 * (k + 2) * FLT_EPSILON * rsabs))
+                                ok = false;
+                        worst = fmax(worst, fabs(v[i] - rs));
+                }
+                if (ep != KEPI_BGRAD && memcmp(v, v0, nv * sizeof(float)) != 0)
+                        ok = false; /* the bias is input only */
+        }
+        CHECK(ok, "%s: gemm_ep %s%s ta=%d tb=%d m=%d n=%d k=%d pad=%d (worst error %.2e)", kb->ops->name,
+              names[ep], tf32 ? " tf32" : "", ta, tb, m, n, k, pad, worst);
+        dev_release(kb, da);
+        dev_release(kb, db);
+        dev_release(kb, dc);
+        dev_release(kb, dv);
+        free(a);
+        free(b);
+        free(c0);
+        free(c);
+        free(v0);
+        free(v);
+}
+
+static void test_gemm_ep(KBackend *kb) {
+        float buf[64] = { 0 };
+        float *d = dev_from(kb, buf, sizeof buf);
+
+        for (int ep = KEPI_NONE; ep <= KEPI_BGRAD; ep++)
+                for (int ta = 0; ta < 2; ta++)
+                        for (int tb = 0; tb < 2; tb++) {
+                                check_gemm_ep(kb, ta, tb, 5, 7, 3, 0, (KEpilogue) ep, false);
+                                check_gemm_ep(kb, ta, tb, 33, 17, 65, 3, (KEpilogue) ep, false);
+                        }
+        /* The model's shapes: forward (X W^T + b, ReLU), weight and bias gradient. */
+        check_gemm_ep(kb, false, true, 64, 256, 784, 0, KEPI_BIAS_RELU, false);
+        check_gemm_ep(kb, false, true, 64, 10, 256, 0, KEPI_BIAS, false);
+        check_gemm_ep(kb, true, false, 256, 784, 64, 0, KEPI_BGRAD, false);
+        check_gemm_ep(kb, true, false, 10, 256, 64, 0, KEPI_BGRAD, false);
+        if (kb->ops->set_tf32(kb, true) == 0) {
+                check_gemm_ep(kb, false, true, 128, 256, 512, 0, KEPI_BIAS_RELU, true);
+                check_gemm_ep(kb, true, false, 256, 512, 128, 0, KEPI_BGRAD, true);
+                CHECK(kb->ops->set_tf32(kb, false) == 0, "%s: tf32 off again", kb->ops->name);
+        } else
+                CHECK(kb->ops->set_tf32(kb, true) == -ENOTSUP && kb->ops->set_tf32(kb, false) == 0,
+                      "%s: tf32 refused with -ENOTSUP, off accepted", kb->ops->name);
+
+        if (!d)
+                return;
+        CHECK(kb->ops->gemm_ep(kb, false, false, 2, 2, 2, d, 2, d + 16, 2, d + 32, 2, KEPI_BIAS, NULL) == -EINVAL,
+              "%s: gemm_ep bias without a vector rejected", kb->ops->name);
+        CHECK(kb->ops->gemm_ep(kb, false, false, 2, 2, 0, d, 2, d + 16, 2, d + 32, 2, KEPI_BGRAD, d + 48) == -EINVAL,
+              "%s: gemm_ep k == 0 with an epilogue rejected", kb->ops->name);
+        CHECK(kb->ops->gemm_ep(kb, false, false, 2, 2, 2, d, 2, d + 16, 2, d + 32, 2, (KEpilogue) 9, d + 48) == -EINVAL,
+              "%s: gemm_ep unknown epilogue rejected", kb->ops->name);
+        CHECK(kb->ops->gemm_ep(kb, false, false, 2, 3, 4, d, 3, d + 16, 3, d + 32, 3, KEPI_NONE, NULL) == -EINVAL,
+              "%s: gemm_ep lda < k rejected", kb->ops->name);
+        dev_release(kb, d);
+}
+
+/* download_async into host_alloc'd memory, waited for by slot, while later ops run. */
+static void test_async(KBackend *kb) {
+        enum { N = 4096 };
+        float *h0 = NULL, *h1 = NULL, *x = xmalloc(N * sizeof(float)), *y = xmalloc(N * sizeof(float));
+        float *dx, *dy;
+        bool ok;
+
+        fill_uniform(x, N, -1, 1);
+        fill_uniform(y, N, -1, 1);
+        dx = dev_from(kb, x, N * sizeof(float));
+        dy = dev_from(kb, y, N * sizeof(float));
+        ok = kb->ops->host_alloc(kb, N * sizeof(float), (void **) &h0) == 0 &&
+             kb->ops->host_alloc(kb, N * sizeof(float), (void **) &h1) == 0;
+        CHECK(ok, "%s: host_alloc", kb->ops->name);
+        if (ok && dx && dy) {
+                for (int i = 0; i < N; i++)
+                        h0[i] = h1[i] = NAN;
+                ok = kb->ops->download_async(kb, h0, dx, N * sizeof(float), 3) == 0 &&
+                     kb->ops->act_backward(kb, dy, dx, N, KACT_RELU) == 0 &&
+                     kb->ops->download_async(kb, h1, dy, N * sizeof(float), 4) == 0 &&
+                     kb->ops->wait_slot(kb, 3) == 0 && memcmp(h0, x, N * sizeof(float)) == 0 &&
+                     kb->ops->wait_slot(kb, 4) == 0;
+                for (int i = 0; ok && i < N; i++)
+                        ok = h1[i] == (x[i] > 0 ? y[i] : 0.0f);
+                CHECK(ok, "%s: download_async x2 with an op between, wait_slot each: right bytes, in order",
+                      kb->ops->name);
+                CHECK(kb->ops->download_async(kb, h0, dx, 4, KB_SLOTS) == -EINVAL &&
+                      kb->ops->wait_slot(kb, KB_SLOTS) == -EINVAL, "%s: slot >= KB_SLOTS rejected",
+                      kb->ops->name);
+                CHECK(kb->ops->sync(kb) == 0, "%s: sync after async downloads", kb->ops->name);
+        }
+        if (h0)
+                kb->ops->host_free(kb, h0);
+        if (h1)
+                kb->ops->host_free(kb, h1);
+        dev_release(kb, dx);
+        dev_release(kb, dy);
+        free(x);
+        free(y);
+}
+
+/* A captured sequence (upload, gemm_ep, bias gradient, async download) replays
+ * with fresh inputs and gives what the ops give run directly. */
+static void test_capture(KBackend *kb) {
+        enum { M = 48, N = 40, K = 72 };
+        float *hx = NULL, *hc = NULL, *hv = NULL, *a = xmalloc(M * K * sizeof(float));
+        float *w = xmalloc(N * K * sizeof(float)), *ref = xmalloc(M * N * sizeof(float));
+        float *vref = xmalloc(N * sizeof(float));
+        float *da = NULL, *dw, *dc = NULL, *dv = NULL;
+        KGraph *g = NULL;
+        int r;
+        bool ok = true;
+
+        r = kb->ops->capture_begin(kb);
+        if (r == -ENOTSUP) {
+                CHECK(kb->ops->graph_run(kb, NULL) < 0, "%s: no capture (-ENOTSUP): ops run directly",
+                      kb->ops->name);
+                goto out;
+        }
+        CHECK(r == 0, "%s: capture_begin", kb->ops->name);
+        if (r == 0) { /* an empty capture, to check the error paths around one */
+                CHECK(kb->ops->sync(kb) == -EBUSY && kb->ops->capture_begin(kb) == -EBUSY,
+                      "%s: sync and a second capture_begin refused while capturing", kb->ops->name);
+                r = kb->ops->capture_end(kb, &g);
+                CHECK(r == 0 && g, "%s: an empty capture ends", kb->ops->name);
+                kb->ops->graph_free(kb, g);
+                g = NULL;
+        }
+        fill_uniform(w, N * K, -1, 1);
+        dw = dev_from(kb, w, N * K * sizeof(float));
+        ok = dw && kb->ops->host_alloc(kb, M * K * sizeof(float), (void **) &hx) == 0 &&
+             kb->ops->host_alloc(kb, M * N * sizeof(float), (void **) &hc) == 0 &&
+             kb->ops->host_alloc(kb, N * sizeof(float), (void **) &hv) == 0 &&
+             kb->ops->alloc(kb, M * K * sizeof(float), (void **) &da) == 0 &&
+             kb->ops->alloc(kb, M * N * sizeof(float), (void **) &dc) == 0 &&
+             kb->ops->alloc(kb, N * sizeof(float), (void **) &dv) == 0;
+        /* C = relu(A W^T + 0); v = column sums of C. */
+        ok = ok && kb->ops->capture_begin(kb) == 0;
+        if (ok) {
+                r = kb->ops->upload(kb, da, hx, M * K * sizeof(float));
+                r = r < 0 ? r : kb->ops->gemm_ep(kb, false, true, M, N, K, da, K, dw, K, dc, N, KEPI_NONE, NULL);
+                r = r < 0 ? r : kb->ops->act_backward(kb, dc, dc, (size_t) M * N, KACT_RELU);
+                r = r < 0 ? r : kb->ops->colsum(kb, dc, M, N, dv);
+                r = r < 0 ? r : kb->ops->download_async(kb, hc, dc, M * N * sizeof(float), 0);
+                r = r < 0 ? r : kb->ops->download_async(kb, hv, dv, N * sizeof(float), 1);
+                int r2 = kb->ops->capture_end(kb, &g);
+                ok = r == 0 && r2 == 0 && g;
+                CHECK(ok, "%s: capture of upload, gemm_ep, act_backward, colsum, two async downloads (%d %d)",
+                      kb->ops->name, r, r2);
+        }
+        for (int round = 0; ok && round < 3; round++) {
+                fill_uniform(a, M * K, -1, 1);
+                memcpy(hx, a, M * K * sizeof(float));
+                for (int i = 0; i < M * N; i++)
+                        hc[i] = NAN;
+                ok = kb->ops->graph_run(kb, g) == 0 && kb->ops->wait_slot(kb, 0) == 0 &&
+                     kb->ops->wait_slot(kb, 1) == 0 && kb->ops->sync(kb) == 0;
+                /* The same ops directly, on the same device buffers. */
+                ok = ok && kb->ops->upload(kb, da, a, M * K * sizeof(float)) == 0 &&
+                     kb->ops->gemm_ep(kb, false, true, M, N, K, da, K, dw, K, dc, N, KEPI_NONE, NULL) == 0 &&
+                     kb->ops->act_backward(kb, dc, dc, (size_t) M * N, KACT_RELU) == 0 &&
+                     kb->ops->colsum(kb, dc, M, N, dv) == 0 && dev_to(kb, ref, dc, M * N * sizeof(float)) &&
+                     dev_to(kb, vref, dv, N * sizeof(float));
+                ok = ok && memcmp(hc, ref, M * N * sizeof(float)) == 0 && memcmp(hv, vref, N * sizeof(float)) == 0;
+                CHECK(ok, "%s: graph replay %d with a new batch equals the direct ops bit for bit",
+                      kb->ops->name, round);
+        }
+        kb->ops->graph_free(kb, g);
+        if (hx)
+                kb->ops->host_free(kb, hx);
+        if (hc)
+                kb->ops->host_free(kb, hc);
+        if (hv)
+                kb->ops->host_free(kb, hv);
+        dev_release(kb, da);
+        dev_release(kb, dw);
+        dev_release(kb, dc);
+        dev_release(kb, dv);
+out:
+        free(a);
+        free(w);
+        free(ref);
+        free(vref);
+}
+
 static void test_backend(KBackend *kb) {
         unsigned char in[333], out[333];
         void *d;
@@ -506,6 +765,9 @@ static void test_backend(KBackend *kb) {
         test_softmax_xent(kb);
         test_argmax(kb);
         test_sgd_step(kb);
+        test_gemm_ep(kb);
+        test_async(kb);
+        test_capture(kb);
 }
 
 int main(void) {

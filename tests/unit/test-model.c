@@ -319,10 +319,101 @@ static void test_new_rejects(KBackend *kb) {
         CHECK(model_free(NULL) == NULL, "model_free(NULL) is safe");
 }
 
+/* Relative 2-norm difference of every gradient of a and b. */
+static double grad_diff(Model *a, Model *b) {
+        double num = 0, den = 0;
+        for (size_t t = 0; t < model_ntensors(a); t++)
+                for (size_t i = 0; i < model_tensor_numel(a, t); i++) {
+                        double d = (double) model_grad_host(a, t)[i] - model_grad_host(b, t)[i];
+                        num += d * d;
+                        den += (double) model_grad_host(b, t)[i] * model_grad_host(b, t)[i];
+                }
+        return den > 0 ? sqrt(num / den) : sqrt(num);
+}
+
+/* A model stepped as a captured graph (where the backend captures) against the
+ * same model run op by op: new batches and new params every step must reach the
+ * replayed graph. Both run the same kernels, so they agree to the last bit;
+ * the check allows 1e-6 so that a backend may pick another algorithm per call.
+ * Then the split step (begin, wait per tensor in backward order, end), and TF32
+ * (where the backend has it) within 5e-3 of fp32 (TF32 products round at 2^-11). */
+static void test_graph(KBackend *kb) {
+        static const uint32_t wide[] = { 784, 64, 32, 10 };
+        enum { B = 32 };
+        const char *name = kb->ops->name;
+        Model *g = NULL, *d = NULL;
+        float *x = malloc(B * 784 * sizeof(float)), loss_g = 0, loss_d = 0;
+        int32_t y[B];
+        int cg = 0, cd = 0, r = 0;
+        double worst = 0;
+
+        if (!x || !CHECK(model_new(kb, wide, 4, B, &g) == 0 && model_new(kb, wide, 4, B, &d) == 0,
+                         "%s: two 784-64-32-10 models", name))
+                goto out;
+        model_set_options(d, false, true);
+        for (int step = 0; step < 4 && r == 0; step++) {
+                for (size_t t = 0; t < model_ntensors(g); t++)
+                        for (size_t i = 0; i < model_tensor_numel(g, t); i++)
+                                model_param_host(g, t)[i] = model_param_host(d, t)[i] = rng_uniform(-0.2f, 0.2f);
+                for (int i = 0; i < B * 784; i++)
+                        x[i] = rng_uniform(0, 1);
+                for (int i = 0; i < B; i++)
+                        y[i] = (int32_t) (rng_next() % 10);
+                /* g is fed through its own batch buffers, d from the caller's. */
+                memcpy(model_batch_x(g), x, B * 784 * sizeof(float));
+                memcpy(model_batch_y(g), y, sizeof y);
+                r = model_upload_params(g);
+                r = r < 0 ? r : model_upload_params(d);
+                r = r < 0 ? r : model_train_step(g, model_batch_x(g), model_batch_y(g), B, &loss_g, &cg);
+                r = r < 0 ? r : model_train_step(d, x, y, B, &loss_d, &cd);
+                worst = fmax(worst, grad_diff(g, d));
+                if (r == 0 && (fabs(loss_g - loss_d) > 1e-6 * fabs(loss_d) || cg != cd))
+                        r = -EDOM;
+        }
+        CHECK(r == 0 && worst <= 1e-6, "%s: 4 graph steps (new params, new batch) = direct steps "
+              "(r=%d, loss %.6f/%.6f, worst rel grad diff %.1e)", name, r, loss_g, loss_d, worst);
+        CHECK(model_graph_active(g) == (strcmp(name, "cpu") != 0) && !model_graph_active(d),
+              "%s: graph in use: %d (only where the backend captures), op-by-op model: %d", name,
+              model_graph_active(g), model_graph_active(d));
+
+        /* The split step gives the same gradients, each ready when waited for. */
+        r = model_step_begin(g, x, y, B);
+        CHECK(r == 0 && model_step_begin(g, x, y, B) == -EINVAL, "%s: step_begin, and a second one refused", name);
+        for (size_t t = model_ntensors(g); r == 0 && t-- > 0;)
+                r = model_grad_wait(g, t);
+        r = r < 0 ? r : model_step_end(g, &loss_g, &cg);
+        CHECK(r == 0 && grad_diff(g, d) <= 1e-6 && model_step_end(g, NULL, NULL) == -EINVAL,
+              "%s: step_begin, grad_wait per tensor, step_end: same gradients; end without begin refused", name);
+
+        if (kb->ops->set_tf32(kb, true) == 0) {
+                Model *t = NULL;
+                if (CHECK(model_new(kb, wide, 4, B, &t) == 0, "%s: tf32 model", name)) {
+                        float loss_t = 0;
+                        int ct = 0;
+                        for (size_t k = 0; k < model_ntensors(t); k++)
+                                memcpy(model_param_host(t, k), model_param_host(d, k),
+                                       model_tensor_numel(t, k) * sizeof(float));
+                        r = model_upload_params(t);
+                        r = r < 0 ? r : model_train_step(t, x, y, B, &loss_t, &ct);
+                        double diff = grad_diff(t, d);
+                        CHECK(r == 0 && diff <= 5e-3 && fabs(loss_t - loss_d) <= 5e-3 * fabs(loss_d),
+                              "%s: tf32 step within 5e-3 of fp32 (grad rel diff %.1e, loss %.6f vs %.6f)", name,
+                              diff, loss_t, loss_d);
+                }
+                model_free(t);
+                CHECK(kb->ops->set_tf32(kb, false) == 0, "%s: tf32 off", name);
+        }
+out:
+        model_free(g);
+        model_free(d);
+        free(x);
+}
+
 static void test_backend(KBackend *kb) {
         test_gradients(kb);
         test_evaluate(kb);
         test_sgd(kb);
+        test_graph(kb);
 }
 
 int main(void) {
