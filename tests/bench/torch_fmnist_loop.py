@@ -1,0 +1,69 @@
+"""Baseline of psnet's end-to-end GPU benchmark (tests/bench/e2e-gpu.sh): a plain
+single-process PyTorch training loop of the same MLP, batch, optimizer (SGD with
+momentum) and epochs, over Fashion-MNIST held on the GPU. No per-step host sync
+(the loss is read once per epoch), so this is PyTorch at its plain-loop best.
+Prints one JSON line: samples_per_s over the training loop, seconds, accuracy."""
+import argparse, gzip, json, os, time
+import numpy as np
+import torch
+
+
+def idx(path, header):
+    with gzip.open(path) if path.endswith(".gz") else open(path, "rb") as f:
+        return np.frombuffer(f.read(), dtype=np.uint8, offset=header)
+
+
+def load(d, split):
+    x = idx(os.path.join(d, f"{split}-images-idx3-ubyte.gz"), 16).reshape(-1, 784)
+    y = idx(os.path.join(d, f"{split}-labels-idx1-ubyte.gz"), 8)
+    return (torch.tensor(x, dtype=torch.float32, device="cuda") / 255.0,
+            torch.tensor(y, dtype=torch.int64, device="cuda"))
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--data", default="/usr/share/datasets/fashion-mnist")
+    ap.add_argument("--model", default="784-256-10")
+    ap.add_argument("--batch", type=int, default=64)
+    ap.add_argument("--epochs", type=int, default=5)
+    ap.add_argument("--lr", type=float, default=0.02)
+    ap.add_argument("--momentum", type=float, default=0.9)
+    ap.add_argument("--tf32", action="store_true")
+    a = ap.parse_args()
+    torch.backends.cuda.matmul.allow_tf32 = a.tf32
+    torch.manual_seed(1)
+    dims = [int(v) for v in a.model.split("-")]
+    layers = []
+    for i in range(len(dims) - 1):
+        layers.append(torch.nn.Linear(dims[i], dims[i + 1]))
+        if i < len(dims) - 2:
+            layers.append(torch.nn.ReLU())
+    model = torch.nn.Sequential(*layers).cuda()
+    opt = torch.optim.SGD(model.parameters(), lr=a.lr, momentum=a.momentum)
+    xtr, ytr = load(a.data, "train")
+    xte, yte = load(a.data, "t10k")
+    n, steps = xtr.shape[0], xtr.shape[0] // a.batch
+    lossf = torch.nn.CrossEntropyLoss()
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    for _ in range(a.epochs):
+        perm = torch.randperm(n, device="cuda")
+        for s in range(steps):
+            i = perm[s * a.batch:(s + 1) * a.batch]
+            opt.zero_grad(set_to_none=True)
+            loss = lossf(model(xtr[i]), ytr[i])
+            loss.backward()
+            opt.step()
+        last = loss.item()
+    torch.cuda.synchronize()
+    secs = time.perf_counter() - t0
+    with torch.no_grad():
+        acc = (model(xte).argmax(1) == yte).float().mean().item()
+    print(json.dumps({"gpu": torch.cuda.get_device_name(0), "model": a.model, "batch": a.batch,
+                      "epochs": a.epochs, "steps": steps * a.epochs, "seconds": round(secs, 3),
+                      "samples_per_s": round(steps * a.epochs * a.batch / secs),
+                      "last_loss": round(last, 4), "accuracy": round(acc, 4)}))
+
+
+if __name__ == "__main__":
+    main()
