@@ -27,6 +27,9 @@ typedef struct KGraph KGraph;
 
 typedef struct KernelsOps {
         const char *name;
+        /* Ops return before their work is done (a device backend), so the host
+         * is free while a step computes. */
+        bool async;
         void (*destroy)(KBackend *kb);
         int (*alloc)(KBackend *kb, size_t bytes, void **ret);
         void (*free)(KBackend *kb, void *p);

@@ -33,6 +33,9 @@ struct Client {
         unsigned timeout_ms;
         const float *const *grads;     /* of the round in progress, for resends */
         int64_t push_clock;
+        float *const *pf_params;       /* client_pull_begin's pull, completed by the next round */
+        int64_t pf_clock;
+        bool prefetching;
         ClientStats stats;
 };
 
@@ -115,6 +118,7 @@ int client_new(void *zctx, const Job *job, const ShardMap *map, uint32_t worker_
 int client_set_map(Client *c, const ShardMap *map) {
         client_disconnect(c);
         c->need_epoch = 0;
+        c->prefetching = false; /* its requests went with the old sockets: the round pulls again */
         return client_connect(c, map);
 }
 
@@ -271,11 +275,34 @@ static double mono_s(void) {
         return (double) ts.tv_sec + (double) ts.tv_nsec * 1e-9;
 }
 
+int client_pull_begin(Client *c, float *const *params, int64_t pull_clock) {
+        int r;
+
+        if (!c || !params || c->prefetching)
+                return -EINVAL;
+        for (size_t i = 0; i < c->nshards; i++) {
+                ShardConn *s = &c->shards[i];
+                s->pull_wait = s->retry_pull = false;
+                s->pull_seq = s->retry_at = 0;
+                if (s->nkeys > 0 && (r = send_pull(c, s, pull_clock)) < 0)
+                        return log_error_errno(r, "Failed to pull from shard %u at %s: %m", s->id, s->endpoint);
+        }
+        c->pf_params = params;
+        c->pf_clock = pull_clock;
+        c->prefetching = true;
+        return 0;
+}
+
 int client_round(Client *c, const float *const *grads, int64_t push_clock,
                  float *const *params, int64_t pull_clock, int64_t *ret_clock) {
         int r;
         int64_t min_clock = -1;
         size_t n = c->nshards;
+        /* The pulls of client_pull_begin are in flight: wait for them, do not send again. */
+        bool pulled = c->prefetching;
+        if (pulled && (params != c->pf_params || pull_clock != c->pf_clock))
+                return -EINVAL;
+        c->prefetching = false;
         _cleanup_free_ zmq_pollitem_t *items = ps_calloc(n + 2, sizeof *items);
         if (!items)
                 return -ENOMEM;
@@ -284,13 +311,17 @@ int client_round(Client *c, const float *const *grads, int64_t push_clock,
 
         for (size_t i = 0; i < n; i++) {
                 ShardConn *s = &c->shards[i];
-                s->push_wait = s->pull_wait = s->retry_push = s->retry_pull = false;
-                s->push_seq = s->pull_seq = s->retry_at = 0;
+                s->push_wait = s->retry_push = false;
+                s->push_seq = 0;
+                if (!pulled) {
+                        s->pull_wait = s->retry_pull = false;
+                        s->pull_seq = s->retry_at = 0;
+                }
                 if (s->nkeys == 0)
                         continue;
                 if (grads && (r = send_push(c, s, grads, push_clock)) < 0)
                         return log_error_errno(r, "Failed to push to shard %u at %s: %m", s->id, s->endpoint);
-                if ((r = send_pull(c, s, pull_clock)) < 0)
+                if (!pulled && (r = send_pull(c, s, pull_clock)) < 0)
                         return log_error_errno(r, "Failed to pull from shard %u at %s: %m", s->id, s->endpoint);
         }
         double t0 = mono_s();

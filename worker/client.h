@@ -55,4 +55,12 @@ void client_set_timeout(Client *c, unsigned ms);
 int client_round(Client *c, const float *const *grads, int64_t push_clock,
                  float *const *params, int64_t pull_clock, int64_t *ret_clock);
 
+/* Prefetch: sends the pull of pull_clock into params now, without waiting; the
+ * next client_round, called with the same params and pull_clock, sends its push
+ * and completes both. The push always leaves before anything is awaited, so a
+ * pull the shard can only answer after this worker's push (BSP, SSP at the
+ * bound) costs time but cannot deadlock. A map change (client_set_map) drops
+ * the prefetch; the round then pulls again. */
+int client_pull_begin(Client *c, float *const *params, int64_t pull_clock);
+
 const ClientStats *client_stats(const Client *c);

@@ -261,18 +261,21 @@ bool model_graph_active(const Model *m) {
         return m && m->graph;
 }
 
-int model_upload_params(Model *m) {
+int model_upload_params_from(Model *m, float *const *host) {
         int r;
 
-        if (!m)
+        if (!m || !host)
                 return -EINVAL;
         for (size_t t = 0; t < m->ntensors; t++) {
-                r = m->ops->upload(m->kb, m->param_dev[t], m->param_host[t],
-                                   m->numel[t] * sizeof(float));
+                r = m->ops->upload(m->kb, m->param_dev[t], host[t], m->numel[t] * sizeof(float));
                 if (r < 0)
                         return r;
         }
         return 0;
+}
+
+int model_upload_params(Model *m) {
+        return m ? model_upload_params_from(m, m->param_host) : -EINVAL;
 }
 
 /* Uploads batch samples and their labels; labels are checked here so that every

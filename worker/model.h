@@ -22,6 +22,10 @@ float *model_grad_host(Model *m, size_t t);
 
 /* Copies the host params into the backend. */
 int model_upload_params(Model *m);
+/* The same from other host buffers, one per tensor (from the backend's
+ * host_alloc for an asynchronous copy; they must then stay unchanged until
+ * model_step_end). */
+int model_upload_params_from(Model *m, float *const *host);
 
 /* The model's own batch buffers (max_batch samples and labels, in the backend's
  * fast host memory): a batch written here is not copied again. */

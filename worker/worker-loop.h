@@ -15,6 +15,7 @@ typedef struct WorkerConfig {
         unsigned step_delay_ms;    /* test knob: wait this long before each push */
         bool tf32;                 /* allow TF32 tensor-core gemm (cuda) */
         bool no_graphs;            /* run each step op by op instead of a captured graph */
+        char *prefetch;            /* on: pull the next clock while the step computes; off */
 } WorkerConfig;
 
 int worker_run(const WorkerConfig *cfg);

@@ -3,6 +3,7 @@
  * them back. The loop lives in worker-loop.c. */
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 #include "config.h"
 #include "log.h"
 #include "worker-loop.h"
@@ -26,6 +27,9 @@ int main(int argc, char **argv) {
                   "cuda: let gemm use TF32 tensor cores (10-bit mantissa products, fp32 sums)" },
                 { "no-graphs", OPT_BOOL, &cfg.no_graphs, NULL,
                   "cuda: launch each op of a step instead of replaying a captured CUDA graph" },
+                { "prefetch", OPT_STR, &cfg.prefetch, "WHEN",
+                  "on: send the next clock's pull while the step computes (asp/ssp on a GPU: faster for large "
+                  "models, one clock staler; see docs/benchmarks.md), off (default)" },
                 { "log-level", OPT_STR, &log_level, "LEVEL", "debug, info, warning or error" },
         };
         const ProgramInfo prog = {
@@ -48,6 +52,10 @@ int main(int argc, char **argv) {
                 } else
                         log_set_level(log_level_from_string(log_level));
         }
+        if (r == 0 && cfg.prefetch && strcmp(cfg.prefetch, "on") != 0 && strcmp(cfg.prefetch, "off") != 0) {
+                fprintf(stderr, "workerd: --prefetch is on or off, not '%s'\n", cfg.prefetch);
+                r = -1;
+        }
         if (r == 0 && cfg.round_timeout == 0) {
                 fprintf(stderr, "workerd: --round-timeout must be >= 1\n");
                 r = -1;
@@ -61,6 +69,8 @@ int main(int argc, char **argv) {
                 run.coord = (char *) "ipc:///tmp/psnet/coord.sock";
         if (!run.backend)
                 run.backend = (char *) "auto";
+        if (!run.prefetch)
+                run.prefetch = (char *) "off";
         r = worker_run(&run);
         config_free_strings(opts, ELEMENTSOF(opts));
         return r < 0 ? EXIT_FAILURE : EXIT_SUCCESS;

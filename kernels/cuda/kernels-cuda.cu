@@ -780,6 +780,7 @@ static int cuda_set_tf32(KBackend *kb, bool on) {
 /* In the order of KernelsOps (C++17 has no designated initialisers). */
 static const KernelsOps cuda_ops = {
         /* name */ "cuda",
+        /* async */ true,
         /* destroy */ cuda_destroy,
         /* alloc */ cuda_alloc,
         /* free */ cuda_free,

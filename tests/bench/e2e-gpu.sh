@@ -1,17 +1,17 @@
 #!/usr/bin/env bash
 # End-to-end GPU benchmark: one CUDA workerd with 2 psd shards on this machine
-# (deploy/local/demo: pscoord, ipc sockets, BSP) trains Fashion-MNIST; then a
+# (deploy/local/demo: pscoord, ipc sockets, BSP by default) trains Fashion-MNIST; then a
 # plain single-process PyTorch loop (tests/bench/torch_fmnist_loop.py) trains the
 # same model with the same batch, optimizer and epochs on the same GPU. Prints
 # both lines, where workerd's time went (batch gathering, compute = params
 # upload + step + gradient download, exchange = push/pull round with the
 # shards' optimizer), and the ratio of samples/s. Not pass/fail.
 #   tests/bench/e2e-gpu.sh [--build DIR] [--data DIR] [--model SPEC] [--batch N]
-#                          [--epochs N] [--no-build] [--worker-opt OPT]...
+#                          [--epochs N] [--mode bsp|asp|ssp:S] [--no-build] [--worker-opt OPT]...
 set -uo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 top=$(cd "$here/../.." && pwd)
-build="$top/build" data=/usr/share/datasets/fashion-mnist model=784-256-10 batch=64 epochs=5
+build="$top/build" data=/usr/share/datasets/fashion-mnist model=784-256-10 batch=64 epochs=5 mode=bsp
 demo_opts=() wopts=()
 while [ $# -gt 0 ]; do
   case $1 in
@@ -20,16 +20,17 @@ while [ $# -gt 0 ]; do
     --model) model=$2; shift 2 ;;
     --batch) batch=$2; shift 2 ;;
     --epochs) epochs=$2; shift 2 ;;
+    --mode) mode=$2; shift 2 ;;
     --no-build) demo_opts+=(--no-build); shift ;;
     --worker-opt) wopts+=(--worker-opt "$2"); shift 2 ;;
-    -h|--help) sed -n '2,13p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h|--help) sed -n '2,11p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) echo "e2e-gpu: unknown option '$1' (see --help)" >&2; exit 2 ;;
   esac
 done
 log=$(mktemp)
 trap 'rm -f "$log"' EXIT
 "$top/deploy/local/demo" --build "$build" "${demo_opts[@]}" --backend cuda --workers 1 --shards 2 \
-  --epochs "$epochs" --model "mlp:$model" "${wopts[@]}" -- --data "$data" --batch "$batch" >"$log" 2>&1
+  --mode "$mode" --epochs "$epochs" --model "mlp:$model" "${wopts[@]}" -- --data "$data" --batch "$batch" >"$log" 2>&1
 rc=$?
 run=$(sed -n 's/^demo: logs are in //p' "$log" | tail -1)
 if [ $rc -ne 0 ] || [ -z "$run" ]; then
