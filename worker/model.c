@@ -252,6 +252,8 @@ int32_t *model_batch_y(Model *m) {
 void model_set_options(Model *m, bool graphs, bool transfers) {
         if (!m || (m->graphs == graphs && m->transfers == transfers))
                 return;
+        if (m->pending) /* the graph may be running: let it finish first */
+                (void) m->ops->sync(m->kb);
         drop_graph(m);
         m->graphs = graphs;
         m->transfers = transfers;
