@@ -718,9 +718,10 @@ int psd_run(const PsdConfig *cfg) {
         }
         if (p.stopping) {
                 (void) coordlink_send(p.coord, PSNET__MSG_TYPE__MSG_DEREGISTER, NULL);
-                log_info("stopped pushes=%lu pulls=%lu applied=%lu errors=%lu",
+                log_info("stopped pushes=%lu pulls=%lu applied=%lu copies=%lu errors=%lu",
                          (unsigned long) p.store->pushes, (unsigned long) p.store->pulls,
-                         (unsigned long) p.store->applied, (unsigned long) p.errors);
+                         (unsigned long) p.store->applied, (unsigned long) p.store->copies,
+                         (unsigned long) p.errors);
         }
 finish:
         psd_free_parked(&p);

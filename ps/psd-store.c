@@ -54,12 +54,13 @@ static void valbuf_zmq_free(void *data, void *hint) {
 }
 
 /* Makes c->val safe to write: copies it if a reply in flight still reads it. */
-static int chunk_make_writable(Chunk *c) {
+static int chunk_make_writable(Store *s, Chunk *c) {
         if (atomic_load(&c->val->refs) == 1)
                 return 0;
         ValBuf *n = valbuf_new(c->len);
         if (!n)
                 return -ENOMEM;
+        s->copies++;
         memcpy(n->data, c->val->data, (size_t) c->len * sizeof(float));
         valbuf_unref(c->val);
         c->val = n;
@@ -283,7 +284,7 @@ int store_configure(Store *s, const Job *job, const ShardMap *map) {
                         shardmap_free(copy);
                         return -ENOMEM;
                 }
-                s->pushes = s->pulls = s->applied = 0;
+                s->pushes = s->pulls = s->applied = s->copies = 0;
         }
         if (!s->has_job) {
                 s->cur.mode = s->prev.mode = job->mode;
@@ -507,7 +508,7 @@ static const float *grad_data(const zmq_msg_t *m, float *scratch, uint32_t len) 
 }
 
 static int chunk_apply(Store *s, Chunk *c, const float *g, size_t nworkers) {
-        int r = chunk_make_writable(c);
+        int r = chunk_make_writable(s, c);
         if (r < 0)
                 return r;
         OptimConf o = s->job.optim;

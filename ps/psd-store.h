@@ -89,6 +89,7 @@ typedef struct Store {
         int64_t fence_limit;    /* ASP/SSP pulls for clocks > fence_pull_limit wait */
         int64_t fence_pull_limit;
         uint64_t pushes, pulls, applied;
+        uint64_t copies;        /* values copied before an update because a pull reply still read them */
         StoreAckFn ack;
         StoreMoveFn move;
         void *ack_userdata;
