@@ -7,7 +7,8 @@
 source "$(dirname "$0")/lib.sh"
 
 extract() { cat "$@" | sed -n 's/.*msg="pulled" clock=\([0-9]*\) checksum=\([0-9a-f]*\).*/\1 \2/p' | sort -u; }
-run() {  # run NAME MODE EPOCHS PREFETCH [WORKER-2-OPTS...]
+# Not in a $(...) subshell: the daemons it starts must be known to psnet_stop_all.
+run() {  # run NAME MODE EPOCHS PREFETCH [WORKER-2-OPTS...]; psctl's verdict in $out
   local name=$1 mode=$2 epochs=$3 pf=$4; shift 4
   local coord="ipc://$RUN/$name-coord.sock"
   psnet_start "$name-coord" "$PSCOORD" --listen "$coord" --workers 2 --shards 2 --mode "$mode" --epochs "$epochs" \
@@ -17,11 +18,11 @@ run() {  # run NAME MODE EPOCHS PREFETCH [WORKER-2-OPTS...]
   done
   psnet_start "$name-w1" "$WORKERD" --coord "$coord" --trace-pulls --prefetch "$pf"
   psnet_start "$name-w2" "$WORKERD" --coord "$coord" --trace-pulls --prefetch "$pf" "$@"
-  "$PSCTL" --coord "$coord" --wait 120 job wait
+  out=$("$PSCTL" --coord "$coord" --wait 120 job wait)
 }
 
-out=$(run plain bsp 1 off); ok $? "BSP without prefetch ($out)"
-out=$(run pf bsp 1 on); ok $? "BSP with prefetch finishes: no pull waits forever on its own push ($out)"
+run plain bsp 1 off; ok $? "BSP without prefetch ($out)"
+run pf bsp 1 on; ok $? "BSP with prefetch finishes: no pull waits forever on its own push ($out)"
 grep -q 'prefetch=on' "$RUN"/pf-w1.log; ok $? "the worker says prefetch=on"
 extract "$RUN"/plain-w*.log >"$RUN/plain"; extract "$RUN"/pf-w*.log >"$RUN/pf"
 n=$(wc -l <"$RUN/pf")
@@ -30,7 +31,7 @@ cmp -s "$RUN/plain" "$RUN/pf"; ok $? "BSP weights bit-identical with and without
 psnet_stop_all
 
 S=1
-out=$(run ssp ssp:$S 2 on --step-delay-ms 10); ok $? "SSP($S) with prefetch and a slow worker finishes ($out)"
+run ssp ssp:$S 2 on --step-delay-ms 10; ok $? "SSP($S) with prefetch and a slow worker finishes ($out)"
 # It trains (chance is 0.10); one clock more staleness costs some accuracy
 # (0.72-0.77 seen here on the CPU backend, 0.80-0.81 with --prefetch off).
 accuracy_at_least "$out" 0.65; ok $? "it trains: accuracy >= 0.65 on the subset, 2 epochs"
