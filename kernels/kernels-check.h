@@ -43,3 +43,45 @@ static inline int gemm_ep_check(int m, int n, int k, KEpilogue ep, const float *
                 return m > 0 && n > 0 ? -EINVAL : (m < 0 || n < 0 ? -EINVAL : 1);
         return 0;
 }
+
+/* The checks of the other ops, with gemm_check's convention: -EINVAL for bad
+ * shapes or pointers, 1 when there is nothing to compute, 0 to go on. */
+static inline int bias_act_check(int rows, int cols, KAct act, const float *y) {
+        if (rows < 0 || cols < 0 || !act_valid(act))
+                return -EINVAL;
+        if (numel(rows, cols) == 0)
+                return 1;
+        return y ? 0 : -EINVAL;
+}
+
+static inline int act_backward_check(size_t n, KAct act, const float *dy, const float *y) {
+        if (!act_valid(act))
+                return -EINVAL;
+        if (n == 0 || act == KACT_NONE)
+                return 1;
+        return dy && y ? 0 : -EINVAL;
+}
+
+static inline int colsum_check(int rows, int cols, const float *x, const float *out) {
+        if (rows < 0 || cols < 0)
+                return -EINVAL;
+        if (cols == 0)
+                return 1;
+        return out && (rows == 0 || x) ? 0 : -EINVAL;
+}
+
+/* softmax_xent and argmax: every row needs a column; have_ptrs says whether
+ * every pointer the op takes is set. */
+static inline int rows_check(int rows, int cols, bool have_ptrs) {
+        if (rows < 0 || cols < 0 || (rows > 0 && cols == 0))
+                return -EINVAL;
+        if (rows == 0)
+                return 1;
+        return have_ptrs ? 0 : -EINVAL;
+}
+
+static inline int sgd_step_check(size_t n, const float *w, const float *g, const float *v) {
+        if (n == 0)
+                return 1;
+        return w && g && v ? 0 : -EINVAL;
+}

@@ -74,15 +74,11 @@ static int cpu_gemm(KBackend *kb, bool trans_a, bool trans_b, int m, int n, int 
 }
 
 static int cpu_bias_act(KBackend *kb, float *y, const float *bias, int rows, int cols, KAct act) {
-        size_t total = numel(rows, cols);
+        int rc = bias_act_check(rows, cols, act, y);
 
         (void) kb;
-        if (rows < 0 || cols < 0 || !act_valid(act))
-                return -EINVAL;
-        if (total == 0)
-                return 0;
-        if (!y)
-                return -EINVAL;
+        if (rc != 0)
+                return rc < 0 ? rc : 0;
 
         for (int r = 0; r < rows; r++) {
                 float *row = y + (size_t) r * cols;
@@ -98,13 +94,11 @@ static int cpu_bias_act(KBackend *kb, float *y, const float *bias, int rows, int
 
 /* ReLU' is taken as 0 at y == 0 (the output of a clamped unit). */
 static int cpu_act_backward(KBackend *kb, float *dy, const float *y, size_t n, KAct act) {
+        int rc = act_backward_check(n, act, dy, y);
+
         (void) kb;
-        if (!act_valid(act))
-                return -EINVAL;
-        if (n == 0 || act == KACT_NONE)
-                return 0;
-        if (!dy || !y)
-                return -EINVAL;
+        if (rc != 0)
+                return rc < 0 ? rc : 0;
 
         for (size_t i = 0; i < n; i++)
                 if (!(y[i] > 0.0f))
@@ -114,13 +108,11 @@ static int cpu_act_backward(KBackend *kb, float *dy, const float *y, size_t n, K
 
 /* rows == 0 gives zeros (the empty sum). */
 static int cpu_colsum(KBackend *kb, const float *x, int rows, int cols, float *out) {
+        int rc = colsum_check(rows, cols, x, out);
+
         (void) kb;
-        if (rows < 0 || cols < 0)
-                return -EINVAL;
-        if (cols == 0)
-                return 0;
-        if (!out || (rows > 0 && !x))
-                return -EINVAL;
+        if (rc != 0)
+                return rc < 0 ? rc : 0;
 
         for (int c = 0; c < cols; c++)
                 out[c] = 0.0f;
@@ -137,13 +129,11 @@ static int cpu_colsum(KBackend *kb, const float *x, int rows, int cols, float *o
  * Each row is read before it is written, which is what lets dlogits == logits. */
 static int cpu_softmax_xent(KBackend *kb, const float *logits, const int32_t *labels, int rows,
                             int cols, float scale, float *dlogits, float *loss) {
+        int rc = rows_check(rows, cols, logits && labels && dlogits && loss);
+
         (void) kb;
-        if (rows < 0 || cols < 0 || (rows > 0 && cols == 0))
-                return -EINVAL;
-        if (rows == 0)
-                return 0;
-        if (!logits || !labels || !dlogits || !loss)
-                return -EINVAL;
+        if (rc != 0)
+                return rc < 0 ? rc : 0;
         /* Check every label first so that a bad batch writes nothing. */
         for (int r = 0; r < rows; r++)
                 if (labels[r] < 0 || labels[r] >= cols)
@@ -173,13 +163,11 @@ static int cpu_softmax_xent(KBackend *kb, const float *logits, const int32_t *la
 
 /* Ties go to the lowest index. */
 static int cpu_argmax(KBackend *kb, const float *x, int rows, int cols, int32_t *out) {
+        int rc = rows_check(rows, cols, x && out);
+
         (void) kb;
-        if (rows < 0 || cols < 0 || (rows > 0 && cols == 0))
-                return -EINVAL;
-        if (rows == 0)
-                return 0;
-        if (!x || !out)
-                return -EINVAL;
+        if (rc != 0)
+                return rc < 0 ? rc : 0;
 
         for (int r = 0; r < rows; r++) {
                 const float *row = x + (size_t) r * cols;
@@ -194,11 +182,11 @@ static int cpu_argmax(KBackend *kb, const float *x, int rows, int cols, int32_t 
 
 static int cpu_sgd_step(KBackend *kb, float *w, const float *g, float *v, size_t n, float lr,
                         float mu) {
+        int rc = sgd_step_check(n, w, g, v);
+
         (void) kb;
-        if (n == 0)
-                return 0;
-        if (!w || !g || !v)
-                return -EINVAL;
+        if (rc != 0)
+                return rc < 0 ? rc : 0;
 
         for (size_t i = 0; i < n; i++) {
                 v[i] = mu * v[i] + g[i];

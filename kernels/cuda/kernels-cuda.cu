@@ -424,13 +424,10 @@ static int cuda_gemm(KBackend *kb, bool trans_a, bool trans_b, int m, int n, int
 
 static int cuda_bias_act(KBackend *kb, float *y, const float *bias, int rows, int cols, KAct act) {
         size_t total = numel(rows, cols);
+        int r = bias_act_check(rows, cols, act, y);
 
-        if (rows < 0 || cols < 0 || !act_valid(act))
-                return -EINVAL;
-        if (total == 0)
-                return 0;
-        if (!y)
-                return -EINVAL;
+        if (r != 0)
+                return r < 0 ? r : 0;
         if (!bias && act == KACT_NONE)
                 return 0;
 
@@ -440,24 +437,20 @@ static int cuda_bias_act(KBackend *kb, float *y, const float *bias, int rows, in
 }
 
 static int cuda_act_backward(KBackend *kb, float *dy, const float *y, size_t n, KAct act) {
-        if (!act_valid(act))
-                return -EINVAL;
-        if (n == 0 || act == KACT_NONE)
-                return 0;
-        if (!dy || !y)
-                return -EINVAL;
+        int r = act_backward_check(n, act, dy, y);
+
+        if (r != 0)
+                return r < 0 ? r : 0;
 
         relu_backward_kernel<<<blocks_for(n), BLOCK, 0, stream(kb)>>>(dy, y, n);
         return launched();
 }
 
 static int cuda_colsum(KBackend *kb, const float *x, int rows, int cols, float *out) {
-        if (rows < 0 || cols < 0)
-                return -EINVAL;
-        if (cols == 0)
-                return 0;
-        if (!out || (rows > 0 && !x))
-                return -EINVAL;
+        int r = colsum_check(rows, cols, x, out);
+
+        if (r != 0)
+                return r < 0 ? r : 0;
 
         colsum_kernel<<<(unsigned) ((cols + COLSUM_X - 1) / COLSUM_X), dim3(COLSUM_X, COLSUM_Y), 0,
                         stream(kb)>>>(x, rows, cols, cols, out);
@@ -468,14 +461,10 @@ static int cuda_colsum(KBackend *kb, const float *x, int rows, int cols, float *
 static int cuda_softmax_xent(KBackend *kb, const float *logits, const int32_t *labels, int rows,
                              int cols, float scale, float *dlogits, float *loss) {
         CudaBackend *cb = priv(kb);
-        int r;
+        int r = rows_check(rows, cols, logits && labels && dlogits && loss);
 
-        if (rows < 0 || cols < 0 || (rows > 0 && cols == 0))
-                return -EINVAL;
-        if (rows == 0)
-                return 0;
-        if (!logits || !labels || !dlogits || !loss)
-                return -EINVAL;
+        if (r != 0)
+                return r < 0 ? r : 0;
 
         r = cuda_errno(cudaMemsetAsync(cb->flag_dev, 0, sizeof *cb->flag_dev, cb->stream));
         if (r < 0)
@@ -496,12 +485,10 @@ static int cuda_softmax_xent(KBackend *kb, const float *logits, const int32_t *l
 }
 
 static int cuda_argmax(KBackend *kb, const float *x, int rows, int cols, int32_t *out) {
-        if (rows < 0 || cols < 0 || (rows > 0 && cols == 0))
-                return -EINVAL;
-        if (rows == 0)
-                return 0;
-        if (!x || !out)
-                return -EINVAL;
+        int r = rows_check(rows, cols, x && out);
+
+        if (r != 0)
+                return r < 0 ? r : 0;
 
         argmax_kernel<<<row_blocks(rows), ROW_WARPS * 32, 0, stream(kb)>>>(x, rows, cols, out);
         return launched();
@@ -509,10 +496,10 @@ static int cuda_argmax(KBackend *kb, const float *x, int rows, int cols, int32_t
 
 static int cuda_sgd_step(KBackend *kb, float *w, const float *g, float *v, size_t n, float lr,
                          float mu) {
-        if (n == 0)
-                return 0;
-        if (!w || !g || !v)
-                return -EINVAL;
+        int r = sgd_step_check(n, w, g, v);
+
+        if (r != 0)
+                return r < 0 ? r : 0;
 
         sgd_step_kernel<<<blocks_for(n), BLOCK, 0, stream(kb)>>>(w, g, v, n, lr, mu);
         return launched();
