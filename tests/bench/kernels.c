@@ -26,18 +26,8 @@
 #define WARMUP 10
 #define MAX_DIMS 16
 
-static uint64_t rng_state = 0x2545f4914f6cdd1dull;
-
-static uint64_t rng_next(void) {
-        uint64_t z = (rng_state += 0x9e3779b97f4a7c15ull);
-        z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-        z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-        return z ^ (z >> 31);
-}
-
-static float rng_uniform(float lo, float hi) {
-        return lo + (hi - lo) * (float) ((double) (rng_next() >> 11) / 9007199254740992.0);
-}
+#define RNG_SEED 0x2545f4914f6cdd1dull
+#include "rng.h"
 
 static double now_ms(void) {
         struct timespec ts;

@@ -22,20 +22,8 @@
 #include "kernels.h"
 #include "tap.h"
 
-static uint64_t rng_state = 0x9e3779b97f4a7c15ull;
-
-/* splitmix64: a fixed, platform-independent sequence. */
-static uint64_t rng_next(void) {
-        uint64_t z = (rng_state += 0x9e3779b97f4a7c15ull);
-        z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-        z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-        return z ^ (z >> 31);
-}
-
-/* Uniform in [lo, hi). */
-static float rng_uniform(float lo, float hi) {
-        return lo + (hi - lo) * (float) ((double) (rng_next() >> 11) / 9007199254740992.0);
-}
+#define RNG_SEED 0x9e3779b97f4a7c15ull
+#include "rng.h"
 
 static void fill_uniform(float *x, size_t n, float lo, float hi) {
         for (size_t i = 0; i < n; i++)

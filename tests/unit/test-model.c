@@ -27,18 +27,8 @@
 #define WMAX 7
 static const uint32_t dims[NL + 1] = { 7, 5, 4, 3 };
 
-static uint64_t rng_state = 0x243f6a8885a308d3ull;
-
-static uint64_t rng_next(void) {
-        uint64_t z = (rng_state += 0x9e3779b97f4a7c15ull);
-        z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-        z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-        return z ^ (z >> 31);
-}
-
-static float rng_uniform(float lo, float hi) {
-        return lo + (hi - lo) * (float) ((double) (rng_next() >> 11) / 9007199254740992.0);
-}
+#define RNG_SEED 0x243f6a8885a308d3ull
+#include "rng.h"
 
 static size_t tensor_numel(size_t t) {
         size_t l = t / 2;
