@@ -282,15 +282,22 @@ int model_upload_params(Model *m) {
 
 /* Uploads batch samples and their labels; labels are checked here so that every
  * backend rejects them the same way. */
-static int model_load_batch(Model *m, const float *x_host, const int32_t *y_host, int batch) {
+/* Labels are checked on the host, before anything is queued, so that every
+ * backend rejects a bad one the same way and at once. */
+static bool labels_ok(const Model *m, const int32_t *y_host, int batch) {
         int32_t classes = (int32_t) m->dims[m->nd - 1];
-        int r;
 
-        if (!x_host || !y_host || batch < 1 || batch > m->max_batch)
-                return -EINVAL;
         for (int i = 0; i < batch; i++)
                 if (y_host[i] < 0 || y_host[i] >= classes)
-                        return -EINVAL;
+                        return false;
+        return true;
+}
+
+static int model_load_batch(Model *m, const float *x_host, const int32_t *y_host, int batch) {
+        int r;
+
+        if (!x_host || !y_host || batch < 1 || batch > m->max_batch || !labels_ok(m, y_host, batch))
+                return -EINVAL;
 
         r = m->ops->upload(m->kb, m->act_dev[0], x_host,
                            (size_t) batch * m->dims[0] * sizeof(float));
@@ -317,26 +324,32 @@ static int model_forward(Model *m, int batch) {
 }
 
 /* Argmax and per-sample losses of the logits; leaves the loss gradient scaled by
- * scale in delta_dev[0]. Downloads losses and predictions and sums them up. */
-static int model_head(Model *m, const int32_t *y_host, int batch, float scale, double *ret_loss_sum,
-                      int *ret_correct) {
-        int classes = (int) m->dims[m->nd - 1], correct = 0, r;
+ * scale in delta_dev[0]. With download, the losses and predictions are copied to
+ * the host buffers as well (read after a sync, by model_tally). */
+static int model_queue_head(Model *m, int batch, float scale, bool download) {
+        int classes = (int) m->dims[m->nd - 1], r;
         const float *logits = m->act_dev[m->nd - 1];
-        double sum = 0.0;
 
         r = m->ops->argmax(m->kb, logits, batch, classes, m->pred_dev);
         if (r < 0)
                 return r;
         r = m->ops->softmax_xent(m->kb, logits, m->y_dev, batch, classes, scale, m->delta_dev[0],
                                  m->loss_dev);
+        if (r < 0 || !download)
+                return r;
+        r = m->ops->download_async(m->kb, m->loss_host, m->loss_dev, (size_t) batch * sizeof(float),
+                                   loss_slot(m));
         if (r < 0)
                 return r;
-        r = m->ops->download(m->kb, m->loss_host, m->loss_dev, (size_t) batch * sizeof(float));
-        if (r < 0)
-                return r;
-        r = m->ops->download(m->kb, m->pred_host, m->pred_dev, (size_t) batch * sizeof(int32_t));
-        if (r < 0)
-                return r;
+        return m->ops->download_async(m->kb, m->pred_host, m->pred_dev, (size_t) batch * sizeof(int32_t),
+                                      pred_slot(m));
+}
+
+/* The summed loss and the correct predictions of the head's last download. */
+static void model_tally(const Model *m, const int32_t *y_host, int batch, double *ret_loss_sum,
+                        int *ret_correct) {
+        double sum = 0.0;
+        int correct = 0;
 
         for (int i = 0; i < batch; i++) {
                 sum += m->loss_host[i];
@@ -344,7 +357,6 @@ static int model_head(Model *m, const int32_t *y_host, int batch, float scale, d
         }
         *ret_loss_sum = sum;
         *ret_correct = correct;
-        return 0;
 }
 
 static int download_tensor(Model *m, size_t t) {
@@ -401,23 +413,10 @@ static int model_queue_step(Model *m, int batch) {
         r = model_forward(m, batch);
         if (r < 0)
                 return r;
-        r = m->ops->argmax(m->kb, m->act_dev[m->nd - 1], batch, (int) m->dims[m->nd - 1], m->pred_dev);
-        if (r < 0)
-                return r;
         /* The 1/B of the mean enters once, in the loss gradient. */
-        r = m->ops->softmax_xent(m->kb, m->act_dev[m->nd - 1], m->y_dev, batch, (int) m->dims[m->nd - 1],
-                                 1.0f / (float) batch, m->delta_dev[0], m->loss_dev);
+        r = model_queue_head(m, batch, 1.0f / (float) batch, m->transfers);
         if (r < 0)
                 return r;
-        if (m->transfers) {
-                r = m->ops->download_async(m->kb, m->loss_host, m->loss_dev, (size_t) batch * sizeof(float),
-                                           loss_slot(m));
-                if (r >= 0)
-                        r = m->ops->download_async(m->kb, m->pred_host, m->pred_dev,
-                                                   (size_t) batch * sizeof(int32_t), pred_slot(m));
-                if (r < 0)
-                        return r;
-        }
         return model_backward(m, batch);
 }
 
@@ -444,16 +443,11 @@ static int model_capture(Model *m) {
 }
 
 int model_step_begin(Model *m, const float *x_host, const int32_t *y_host, int batch) {
-        int32_t classes;
         int r;
 
-        if (!m || !x_host || !y_host || batch < 1 || batch > m->max_batch || m->pending)
+        if (!m || !x_host || !y_host || batch < 1 || batch > m->max_batch || m->pending ||
+            !labels_ok(m, y_host, batch))
                 return -EINVAL;
-        /* Labels are checked here so that every backend rejects them the same way, at once. */
-        classes = (int32_t) m->dims[m->nd - 1];
-        for (int i = 0; i < batch; i++)
-                if (y_host[i] < 0 || y_host[i] >= classes)
-                        return -EINVAL;
         if (x_host != m->x_stage)
                 memcpy(m->x_stage, x_host, (size_t) batch * m->dims[0] * sizeof(float));
         if (y_host != m->y_stage)
@@ -495,10 +489,7 @@ int model_step_end(Model *m, float *ret_loss, int *ret_correct) {
         if (r < 0)
                 return r;
         if (m->transfers)
-                for (int i = 0; i < batch; i++) {
-                        sum += m->loss_host[i];
-                        correct += m->pred_host[i] == m->y_stage[i];
-                }
+                model_tally(m, m->y_stage, batch, &sum, &correct);
         if (ret_loss)
                 *ret_loss = m->transfers ? (float) (sum / batch) : NAN;
         if (ret_correct)
@@ -533,9 +524,12 @@ int model_evaluate(Model *m, const float *x_host, const int32_t *y_host, size_t 
                 r = model_forward(m, batch);
                 if (r < 0)
                         return r;
-                r = model_head(m, y_host + off, batch, 1.0f, &loss_sum, &correct);
+                r = model_queue_head(m, batch, 1.0f, true);
+                if (r >= 0)
+                        r = m->ops->sync(m->kb);
                 if (r < 0)
                         return r;
+                model_tally(m, y_host + off, batch, &loss_sum, &correct);
                 loss_total += loss_sum;
                 correct_total += (size_t) correct;
         }
