@@ -98,6 +98,21 @@ static void test_select(void) {
         kb = kbackend_free(kb);
 }
 
+/* Element (i, j) of op(A) op(B) in double, and the sum of |products| (the scale
+ * of its rounding error); stored A is (ta ? k x m : m x k), B (tb ? n x k : k x n). */
+static double ref_dot(const float *a, int lda, bool ta, const float *b, int ldb, bool tb, int i, int j,
+                      int k, double *ret_sabs) {
+        double s = 0, sabs = 0;
+        for (int p = 0; p < k; p++) {
+                double av = ta ? a[(size_t) p * lda + i] : a[(size_t) i * lda + p];
+                double bv = tb ? b[(size_t) j * ldb + p] : b[(size_t) p * ldb + j];
+                s += av * bv;
+                sabs += fabs(av * bv);
+        }
+        *ret_sabs = sabs;
+        return s;
+}
+
 /* One gemm against the double reference; stored A is (ta ? k x m : m x k). */
 static void check_gemm(KBackend *kb, bool ta, bool tb, int m, int n, int k, int pad, float alpha,
                        float beta) {
@@ -125,13 +140,8 @@ static void check_gemm(KBackend *kb, bool ta, bool tb, int m, int n, int k, int 
                 ok = true;
                 for (int i = 0; i < m; i++) {
                         for (int j = 0; j < n; j++) {
-                                double s = 0, sabs = 0, ref, tol, cij = beta == 0.0f ? 0.0 : c0[(size_t) i * ldc + j];
-                                for (int p = 0; p < k; p++) {
-                                        double av = ta ? a[(size_t) p * lda + i] : a[(size_t) i * lda + p];
-                                        double bv = tb ? b[(size_t) j * ldb + p] : b[(size_t) p * ldb + j];
-                                        s += av * bv;
-                                        sabs += fabs(av * bv);
-                                }
+                                double sabs, ref, tol, cij = beta == 0.0f ? 0.0 : c0[(size_t) i * ldc + j];
+                                double s = ref_dot(a, lda, ta, b, ldb, tb, i, j, k, &sabs);
                                 ref = alpha * s + beta * cij;
                                 tol = 4.0 * (k + 2) * FLT_EPSILON *
                                       (fabs(alpha) * sabs + fabs(beta) * fabs(cij));
@@ -525,14 +535,8 @@ static void check_gemm_ep(KBackend *kb, bool ta, bool tb, int m, int n, int k, i
                 for (int i = 0; i < m; i++) {
                         double rs = 0, rsabs = 0;
                         for (int j = 0; j < n; j++) {
-                                double sum = 0, sabs = 0, ref, tol, e;
-                                for (int p = 0; p < k; p++) {
-                                        double av = ta ? a[(size_t) p * lda + i] : a[(size_t) i * lda + p];
-                                        double bv = tb ? b[(size_t) j * ldb + p] : b[(size_t) p * ldb + j];
-                                        sum += av * bv;
-                                        sabs += fabs(av * bv);
-                                }
-                                ref = sum;
+                                double sabs, ref, tol, e;
+                                ref = ref_dot(a, lda, ta, b, ldb, tb, i, j, k, &sabs);
                                 tol = (4.0 * (k + 2) * FLT_EPSILON + extra) * sabs;
                                 if (ep == KEPI_BIAS || ep == KEPI_BIAS_RELU) {
                                         ref += v0[j];
