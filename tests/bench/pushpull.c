@@ -350,7 +350,7 @@ static int cluster_start(Cluster *cl, const Opts *o, const char *mode) {
                 cl->d[i] = (Daemon) { .pidfd = -1 };
         if ((r = cluster_endpoints(cl, o->transport, mode)) < 0)
                 return log_error_errno(r, "Failed to choose endpoints: %m");
-        if ((r = fmt(path, sizeof path, "%s/pscoord", o->build)) < 0 ||
+        if ((r = fmt(path, sizeof path, "%s/ps/pscoord/pscoord", o->build)) < 0 ||
             (r = fmt(chunk, sizeof chunk, "%u", o->chunk_kb)) < 0 ||
             (r = fmt(lease, sizeof lease, "%u", BENCH_LEASE_MS)) < 0 ||
             (r = fmt(name, sizeof name, "pscoord-%s", mode)) < 0)
@@ -361,7 +361,7 @@ static int cluster_start(Cluster *cl, const Opts *o, const char *mode) {
         };
         if ((r = daemon_start(&cl->d[0], name, cl->dir, path, coord_argv)) < 0)
                 return log_error_errno(r, "Failed to start %s: %m", path);
-        if ((r = fmt(path, sizeof path, "%s/psd", o->build)) < 0)
+        if ((r = fmt(path, sizeof path, "%s/ps/psd/psd", o->build)) < 0)
                 return r;
         for (size_t i = 0; i < BENCH_NSHARDS; i++) {
                 if ((r = fmt(id, sizeof id, "%zu", i + 1)) < 0 ||
@@ -867,7 +867,7 @@ static void bench_cleanup(const char *dir, bool keep) {
                 log_warning_errno(errno, "Failed to remove %s: %m", dir);
 }
 
-/* Default --build: the ps/ folder beside this program's tests/ folder. */
+/* Default --build: the build folder that holds this program's tests/ folder. */
 static int default_build(const char *argv0, char **ret) {
         char self[PATH_MAX], path[PATH_MAX + 8];
         int r;
@@ -884,7 +884,7 @@ static int default_build(const char *argv0, char **ret) {
                 return r;
         char *slash = strrchr(self, '/');
         *slash = '\0';
-        if ((r = fmt(path, sizeof path, "%s/../ps", self[0] ? self : "/")) < 0)
+        if ((r = fmt(path, sizeof path, "%s/..", self[0] ? self : "/")) < 0)
                 return r;
         *ret = strdup(path);
         return *ret ? 0 : -ENOMEM;
@@ -900,7 +900,7 @@ int main(int argc, char **argv) {
         char *build = NULL, *transport = NULL, *model = NULL, *mode = NULL;
         _cleanup_free_ char *build_default = NULL;
         const Option opts[] = {
-                { "build", OPT_STR, &build, "DIR", "folder of pscoord and psd (default: ../ps beside this program)" },
+                { "build", OPT_STR, &build, "DIR", "build folder holding ps/pscoord/pscoord and ps/psd/psd (default: the one holding this program)" },
                 { "transport", OPT_STR, &transport, "T", "ipc or tcp (loopback) (default ipc)" },
                 { "rounds", OPT_UINT, &o.rounds, "N", "timed rounds of each kind" },
                 { "chunk-kb", OPT_UINT, &o.chunk_kb, "KIB", "tensor chunk (key) size = raw message size" },
@@ -969,7 +969,7 @@ int main(int argc, char **argv) {
         }
         for (size_t i = 0; i < 2; i++) {
                 char path[PATH_MAX];
-                if ((r = fmt(path, sizeof path, "%s/%s", o.build, i ? "psd" : "pscoord")) < 0)
+                if ((r = fmt(path, sizeof path, "%s/%s", o.build, i ? "ps/psd/psd" : "ps/pscoord/pscoord")) < 0)
                         goto out;
                 if (access(path, X_OK) < 0) {
                         r = log_error_errno(errno, "Cannot run %s: %m (build first, or pass --build)", path);

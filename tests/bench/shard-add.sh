@@ -39,7 +39,7 @@ while [ $# -gt 0 ]; do
 done
 case $transport in ipc|tcp) ;; *) echo "shard-add: --transport is ipc or tcp" >&2; exit 2 ;; esac
 [[ $window =~ ^[1-9][0-9]*$ ]] || { echo "shard-add: --seconds takes a positive number" >&2; exit 2; }
-PSCOORD=$build/ps/pscoord PSD=$build/ps/psd PSCTL=$build/ps/psctl WORKERD=$build/worker/workerd
+PSCOORD=$build/ps/pscoord/pscoord PSD=$build/ps/psd/psd PSCTL=$build/ps/psctl/psctl WORKERD=$build/worker/workerd/workerd
 for b in "$PSCOORD" "$PSD" "$PSCTL" "$WORKERD"; do
   [ -x "$b" ] || { echo "shard-add: $b is missing (ninja -C $build)" >&2; exit 1; }
 done

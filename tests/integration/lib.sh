@@ -4,8 +4,8 @@ set -u
 : "${PSNET_BUILD:?run through meson test (tests/run)}"
 : "${PSNET_SRC:?}"
 source "$PSNET_SRC/deploy/local/cluster.sh"
-PSCOORD=$PSNET_BUILD/ps/pscoord PSD=$PSNET_BUILD/ps/psd PSCTL=$PSNET_BUILD/ps/psctl
-WORKERD=$PSNET_BUILD/worker/workerd PSPOKE=$PSNET_BUILD/tests/pspoke
+PSCOORD=$PSNET_BUILD/ps/pscoord/pscoord PSD=$PSNET_BUILD/ps/psd/psd PSCTL=$PSNET_BUILD/ps/psctl/psctl
+WORKERD=$PSNET_BUILD/worker/workerd/workerd PSPOKE=$PSNET_BUILD/tests/pspoke
 RUN=$(mktemp -d /tmp/psnet-test.XXXXXX)
 TAP_N=0 TAP_FAIL=0
 export PSNET_LOG_LEVEL=${PSNET_LOG_LEVEL:-info}

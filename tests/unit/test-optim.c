@@ -1,4 +1,4 @@
-/* Unit tests for ps/psd-optim.c: each optimizer against values derived by hand
+/* Unit tests for ps/psd/psd-optim.c: each optimizer against values derived by hand
  * in the comments (plain SGD, momentum, Nesterov, weight decay, Adam with its
  * bias correction), the state layout, and optim_state_per_value. Every update
  * runs on N values at once so that both the blocked loop and its scalar tail

@@ -1,4 +1,4 @@
-/* Unit tests for ps/psd-store.c: which keys a shard keeps under a map, how a
+/* Unit tests for ps/psd/psd-store.c: which keys a shard keeps under a map, how a
  * key is looked up, the BSP gate (deterministic aggregation whatever the
  * arrival order, dedupe by (worker, chunk, clock), stale and non-member
  * pushes, membership changes closing clocks), ASP (apply on arrival, scaled by
