@@ -1,21 +1,29 @@
 /* A training job: its tensors (cut into chunks = keys), optimizer, consistency
  * mode and data. Shared by pscoord (which owns it), psd (which stores and
- * updates the chunks) and workerd (which computes on them). */
+ * updates the chunks) and workerd (which computes on them). Its wire form and
+ * the conversions live in common/net/wire-job.h. */
 #pragma once
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
-#include "psnet.pb-c.h"
 
 #define JOB_MAX_TENSORS 64
 #define JOB_DEFAULT_CHUNK_FLOATS (256u * 1024u) /* 1 MiB of f32 */
 
 typedef enum { MODE_BSP, MODE_ASP, MODE_SSP } ConsistencyMode;
+typedef enum { OPTIM_SGD, OPTIM_ADAM } OptimKind;
+typedef enum { INIT_ZEROS, INIT_HE, INIT_XAVIER } TensorInit;
+/* A job's life at pscoord: waiting for its shards and workers, running, then
+ * done (evaluated), stopped (by the operator) or failed (no worker left). */
+typedef enum { JOB_WAITING, JOB_RUNNING, JOB_DONE, JOB_STOPPED, JOB_FAILED } JobState;
 
 #define JOB_MAX_STALENESS 1000000u
+#define JOB_MAX_CHUNK_FLOATS (64u * 1024u * 1024u)
+#define JOB_MAX_WIDTHS 16
+#define JOB_MAX_WIDTH 65536u
 
 typedef struct OptimConf {
-        char kind[8];        /* "sgd" or "adam" */
+        OptimKind kind;
         float lr, momentum, weight_decay, beta1, beta2, eps;
         bool nesterov;
 } OptimConf;
@@ -25,7 +33,7 @@ typedef struct JobTensor {
         uint32_t shape[4];
         unsigned ndim;
         uint64_t numel;
-        char init[12];       /* "zeros", "he", "xavier" */
+        TensorInit init;
         uint32_t nchunks;
         uint32_t fan_in, fan_out;
 } JobTensor;
@@ -41,6 +49,8 @@ typedef struct Job {
         ConsistencyMode mode;
         uint32_t staleness;  /* SSP: a worker at clock c pulls once the slowest reached c - staleness */
         bool lr_scaling;     /* multiply lr by the number of active workers */
+        uint32_t warmup_clocks; /* with lr_scaling: lr ramps from 1x to Wx over these clocks */
+        bool allow_nonfinite;/* accept NaN/Inf gradients (refused by default) */
         uint32_t chunk_floats;
         uint64_t seed;
         uint32_t batch, epochs;
@@ -57,11 +67,20 @@ void job_defaults(Job *job);
  * 1..65536): tensors W0 [D1 x D0] (he init), b0 [D1] (zeros), W1, b1, ...
  * Returns -EINVAL for anything else. */
 int job_set_model(Job *job, const char *model);
-/* "bsp" | "asp" | "ssp:S" (S = 0..JOB_MAX_STALENESS); -EINVAL otherwise. */
+/* "bsp" | "asp" | "ssp:S" (S = 0..JOB_MAX_STALENESS) into a mode and a
+ * staleness; -EINVAL otherwise. */
+int mode_parse(const char *s, ConsistencyMode *ret_mode, uint32_t *ret_staleness);
+/* The mode as mode_parse reads it, e.g. "ssp:3". */
+const char *mode_string(ConsistencyMode mode, uint32_t staleness, char *buf, size_t n);
 int job_set_mode(Job *job, const char *mode);
-/* The mode as job_set_mode reads it, e.g. "ssp:3". */
+/* job_set_mode's input for this job, e.g. "ssp:3". */
 const char *job_mode_string(const Job *job, char *buf, size_t n);
 int job_set_optim(Job *job, const char *kind);      /* "sgd" | "adam"; keeps lr etc. */
+const char *optim_kind_name(OptimKind k);            /* "sgd", "adam" */
+const char *tensor_init_name(TensorInit i);          /* "zeros", "he", "xavier" */
+const char *job_state_name(JobState s);              /* "waiting", "running", ... */
+/* True for the states a job does not leave by itself: done, stopped, failed. */
+bool job_state_final(JobState s);
 /* Checks ranges (lr > 0, chunk_floats 1..64Mi, batch >= 1, ...); on failure
  * writes the reason into err and returns -EINVAL. */
 int job_validate(const Job *job, char *err, size_t errlen);
@@ -77,8 +96,3 @@ uint64_t job_nfloats(const Job *job);
  * job_chunk_len floats. */
 void job_init_chunk(const Job *job, uint32_t t, uint32_t c, float *out);
 
-/* Conversion to and from the wire. job_to_proto allocates with malloc; free with
- * job_proto_free. job_from_proto validates (see job_validate). */
-int job_to_proto(const Job *job, Psnet__JobSpec **ret);
-void job_proto_free(Psnet__JobSpec *spec);
-int job_from_proto(const Psnet__JobSpec *spec, Job *ret, char *err, size_t errlen);

@@ -79,7 +79,8 @@ int shardmap_new(uint64_t epoch, unsigned vnodes, const ShardDesc *shards, size_
         if (!m->shards || !m->ring)
                 goto nomem;
         for (size_t i = 0; i < n; i++) {
-                m->shards[i].id = shards[i].id;
+                m->shards[i] = shards[i];
+                m->shards[i].endpoint = NULL;
                 m->nshards = i + 1;
                 if (shards[i].endpoint) {
                         m->shards[i].endpoint = strdup(shards[i].endpoint);

@@ -7,9 +7,13 @@
 
 #define SHARDMAP_DEFAULT_VNODES 64
 
+#include <stdbool.h>
+
 typedef struct ShardDesc {
         uint32_t id;       /* stable shard id (chosen by the operator or pscoord) */
         char *endpoint;    /* where workers reach it, e.g. "ipc:///run/psnet/psd-0.sock" */
+        uint8_t public_key[32]; /* its CURVE public key, when has_public_key */
+        bool has_public_key;
 } ShardDesc;
 
 typedef struct ShardMap ShardMap;

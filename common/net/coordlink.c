@@ -48,21 +48,24 @@ CoordLink *coordlink_free(CoordLink *l) {
         return NULL;
 }
 
-int coordlink_send(CoordLink *l, Psnet__MsgType type, Psnet__Control *ctl) {
-        Psnet__Header h;
-        wire_header_init(&h, type);
-        h.has_sender = true;
-        h.sender = l->id;
-        h.has_seq = true;
-        h.seq = ++l->seq;
-        h.ctl = ctl;
-        return wire_send(l->sock, NULL, &h, NULL, 0);
+int coordlink_send(CoordLink *l, Psnet__Header *h) {
+        h->has_sender = true;
+        h->sender = l->id;
+        h->has_seq = true;
+        h->seq = ++l->seq;
+        return wire_send(l->sock, NULL, h, NULL, 0);
 }
 
-int coordlink_request(CoordLink *l, Psnet__MsgType type, Psnet__Control *ctl, Psnet__MsgType want,
+int coordlink_send_type(CoordLink *l, Psnet__MsgType type) {
+        Psnet__Header h;
+        wire_header_init(&h, type);
+        return coordlink_send(l, &h);
+}
+
+int coordlink_request(CoordLink *l, Psnet__Header *h, Psnet__MsgType want,
                       unsigned timeout_ms, void (*on_other)(void *ud, WireMsg *m), void *ud,
                       WireMsg *ret) {
-        int r = coordlink_send(l, type, ctl);
+        int r = coordlink_send(l, h);
         if (r < 0)
                 return r;
         uint64_t deadline = now_ms() + timeout_ms;
@@ -101,7 +104,7 @@ int coordlink_request(CoordLink *l, Psnet__MsgType type, Psnet__Control *ctl, Ps
 
 int coordlink_register(CoordLink *l, Psnet__Role role, const char *endpoint, uint32_t want_id,
                        unsigned timeout_ms, WireMsg *ret) {
-        Psnet__Control ctl = PSNET__CONTROL__INIT;
+        Psnet__Header h;
         Psnet__Register reg = PSNET__REGISTER__INIT;
         char host[64] = "";
         reg.role = role;
@@ -112,17 +115,14 @@ int coordlink_register(CoordLink *l, Psnet__Role role, const char *endpoint, uin
         reg.pid = (uint32_t) getpid();
         if (gethostname(host, sizeof host - 1) == 0)
                 reg.name = host;
-        ctl.reg = &reg;
-        int r = coordlink_request(l, PSNET__MSG_TYPE__MSG_REGISTER, &ctl,
-                                  PSNET__MSG_TYPE__MSG_REGISTER_REP, timeout_ms, NULL, NULL, ret);
+        wire_header_init(&h, PSNET__MSG_TYPE__MSG_REGISTER);
+        h.body_case = PSNET__HEADER__BODY_REG;
+        h.reg = &reg;
+        int r = coordlink_request(l, &h, PSNET__MSG_TYPE__MSG_REGISTER_REP, timeout_ms, NULL, NULL, ret);
         if (r < 0)
                 return r;
-        if (!ret->hdr->ctl || !ret->hdr->ctl->has_assigned_id) {
-                wire_msg_done(ret);
-                return -EBADMSG;
-        }
-        l->id = ret->hdr->ctl->assigned_id;
-        l->lease_ms = ret->hdr->ctl->has_lease_ms ? ret->hdr->ctl->lease_ms : 5000;
+        l->id = ret->hdr->reg_rep->assigned_id;
+        l->lease_ms = ret->hdr->reg_rep->lease_ms ? ret->hdr->reg_rep->lease_ms : 5000;
         return 0;
 }
 
@@ -161,23 +161,4 @@ int endpoint_prepare(const char *endpoint) {
                 (void) unlink(path);
         }
         return 0;
-}
-
-int shardmap_from_proto(const Psnet__ShardMap *pm, ShardMap **ret) {
-        if (!pm || pm->n_shards == 0 || pm->n_shards > 4096)
-                return -EINVAL;
-        ShardDesc *d = ps_calloc(pm->n_shards, sizeof *d);
-        if (!d)
-                return -ENOMEM;
-        for (size_t i = 0; i < pm->n_shards; i++) {
-                if (!pm->shards[i]->endpoint || !pm->shards[i]->endpoint[0]) {
-                        ps_free(d);
-                        return -EINVAL;
-                }
-                d[i].id = pm->shards[i]->id;
-                d[i].endpoint = pm->shards[i]->endpoint;
-        }
-        int r = shardmap_new(pm->epoch, pm->vnodes, d, pm->n_shards, ret);
-        ps_free(d);
-        return r;
 }

@@ -17,20 +17,23 @@ typedef struct CoordLink {
 int coordlink_open(void *zctx, const char *endpoint, CoordLink **ret);
 CoordLink *coordlink_free(CoordLink *l);
 
-/* Sends a control message (header sender = l->id, seq auto-incremented). ctl may be NULL. */
-int coordlink_send(CoordLink *l, Psnet__MsgType type, Psnet__Control *ctl);
+/* Sends a control message: h (type and body set by the caller, e.g. with
+ * wire_header_init) gets sender = l->id and the next seq. */
+int coordlink_send(CoordLink *l, Psnet__Header *h);
+/* A message of this type without a body. */
+int coordlink_send_type(CoordLink *l, Psnet__MsgType type);
 
-/* Sends type/ctl and waits up to timeout_ms for the reply of type want (or
+/* Sends h and waits up to timeout_ms for the reply of type want (or
  * MSG_ERROR); other messages arriving meanwhile are passed to on_other (may be
  * NULL: then they are dropped). Returns 0 with *ret filled, -ETIMEDOUT,
  * -ECONNREFUSED when the reply is MSG_ERROR (ret filled: status/reason), or
  * another negative errno. */
-int coordlink_request(CoordLink *l, Psnet__MsgType type, Psnet__Control *ctl, Psnet__MsgType want,
+int coordlink_request(CoordLink *l, Psnet__Header *h, Psnet__MsgType want,
                       unsigned timeout_ms, void (*on_other)(void *ud, WireMsg *m), void *ud,
                       WireMsg *ret);
 
 /* Registers with the given role; on success l->id and l->lease_ms are set and
- * *ret holds the reply (its ctl may carry job/map/members). */
+ * *ret holds the reply. */
 int coordlink_register(CoordLink *l, Psnet__Role role, const char *endpoint, uint32_t want_id,
                        unsigned timeout_ms, WireMsg *ret);
 
@@ -41,6 +44,3 @@ uint64_t now_ms(void);
  * and removes a stale socket file nobody listens on. Other schemes: no-op. */
 int endpoint_prepare(const char *endpoint);
 
-/* Builds a ShardMap from its wire form (validated: >= 1 shard, distinct ids,
- * non-empty endpoints). Returns -EINVAL when it does not validate. */
-int shardmap_from_proto(const Psnet__ShardMap *pm, ShardMap **ret);

@@ -1,66 +1,56 @@
-/* Names of the wire's Status codes and the mapping from our negative-errno
- * convention to the status a daemon sends back in an error reply. */
+/* The table between the wire's Status codes, their names and the errnos
+ * psnet's code returns; see errors.h. Each status has one primary errno (used
+ * both ways) and may have aliases (errno -> status only). */
 #include <errno.h>
 #include <stdlib.h>
 #include "errors.h"
+#include "macro.h"
+
+static const struct {
+        int status;
+        const char *name;
+        int err;            /* primary errno */
+        int alias[2];       /* more errnos that mean this status (0: none) */
+} table[] = {
+        { PSNET__STATUS__STATUS_OK, "ok", 0, { 0, 0 } },
+        { PSNET__STATUS__STATUS_MALFORMED, "malformed", EBADMSG, { EPROTO, 0 } },
+        { PSNET__STATUS__STATUS_VERSION, "version", EPROTONOSUPPORT, { 0, 0 } },
+        { PSNET__STATUS__STATUS_UNKNOWN_KEY, "unknown-key", ENOENT, { 0, 0 } },
+        { PSNET__STATUS__STATUS_MOVED, "moved", EREMCHG, { EXDEV, 0 } },
+        { PSNET__STATUS__STATUS_SIZE, "size", EMSGSIZE, { E2BIG, 0 } },
+        { PSNET__STATUS__STATUS_DTYPE, "dtype", EPROTOTYPE, { EMEDIUMTYPE, 0 } },
+        { PSNET__STATUS__STATUS_NO_JOB, "no-job", ENODATA, { 0, 0 } },
+        { PSNET__STATUS__STATUS_DUPLICATE, "duplicate", EALREADY, { EEXIST, 0 } },
+        { PSNET__STATUS__STATUS_STALE, "stale", ESTALE, { 0, 0 } },
+        { PSNET__STATUS__STATUS_UNKNOWN_TYPE, "unknown-type", EOPNOTSUPP, { 0, 0 } },
+        { PSNET__STATUS__STATUS_INVALID, "invalid", EINVAL, { ERANGE, EDOM } },
+        { PSNET__STATUS__STATUS_UNKNOWN_PEER, "unknown-peer", ESRCH, { 0, 0 } },
+        { PSNET__STATUS__STATUS_SHUTTING_DOWN, "shutting-down", ESHUTDOWN, { ECANCELED, 0 } },
+        { PSNET__STATUS__STATUS_MIGRATING, "migrating", EAGAIN, { 0, 0 } },
+        { PSNET__STATUS__STATUS_INTERNAL, "internal", EIO, { EFAULT, 0 } },
+        { PSNET__STATUS__STATUS_RESOURCE, "resource", ENOMEM, { ENOBUFS, ENOSPC } },
+        { PSNET__STATUS__STATUS_DENIED, "denied", EACCES, { EPERM, 0 } },
+        { PSNET__STATUS__STATUS_NOT_FINITE, "not-finite", EILSEQ, { 0, 0 } },
+};
 
 const char *status_name(int status) {
-        switch (status) {
-        case PSNET__STATUS__STATUS_OK: return "ok";
-        case PSNET__STATUS__STATUS_MALFORMED: return "malformed";
-        case PSNET__STATUS__STATUS_VERSION: return "version";
-        case PSNET__STATUS__STATUS_UNKNOWN_KEY: return "unknown-key";
-        case PSNET__STATUS__STATUS_MOVED: return "moved";
-        case PSNET__STATUS__STATUS_SIZE: return "size";
-        case PSNET__STATUS__STATUS_DTYPE: return "dtype";
-        case PSNET__STATUS__STATUS_NO_JOB: return "no-job";
-        case PSNET__STATUS__STATUS_DUPLICATE: return "duplicate";
-        case PSNET__STATUS__STATUS_STALE: return "stale";
-        case PSNET__STATUS__STATUS_UNKNOWN_TYPE: return "unknown-type";
-        case PSNET__STATUS__STATUS_INVALID: return "invalid";
-        case PSNET__STATUS__STATUS_UNKNOWN_PEER: return "unknown-peer";
-        case PSNET__STATUS__STATUS_SHUTTING_DOWN: return "shutting-down";
-        case PSNET__STATUS__STATUS_MIGRATING: return "migrating";
-        }
+        for (size_t i = 0; i < ELEMENTSOF(table); i++)
+                if (table[i].status == status)
+                        return table[i].name;
         return "unknown";
 }
 
-/* The errnos psnet's code uses for each status:
- *   EBADMSG, EPROTO             malformed message
- *   EPROTONOSUPPORT             other protocol version
- *   ENOENT                      key not in the job
- *   EREMCHG, EXDEV              key moved to another shard
- *   EMSGSIZE, E2BIG             frame size / length mismatch
- *   EPROTOTYPE, EMEDIUMTYPE     dtype or codec not supported
- *   ENODATA                     no job configured yet
- *   EALREADY, EEXIST            duplicate push
- *   ESTALE                      clock already closed
- *   EOPNOTSUPP (= ENOTSUP)      message type not served here
- *   ESRCH                       sender not registered
- *   ESHUTDOWN, ECANCELED        shutting down
- * 0 is OK; anything else (EINVAL, ERANGE, ENOMEM, ...) is INVALID.
- * Positive values are accepted as well. */
 int status_from_errno(int err) {
-        switch (abs(err)) {
-        case 0: return PSNET__STATUS__STATUS_OK;
-        case EBADMSG:
-        case EPROTO: return PSNET__STATUS__STATUS_MALFORMED;
-        case EPROTONOSUPPORT: return PSNET__STATUS__STATUS_VERSION;
-        case ENOENT: return PSNET__STATUS__STATUS_UNKNOWN_KEY;
-        case EREMCHG:
-        case EXDEV: return PSNET__STATUS__STATUS_MOVED;
-        case EMSGSIZE:
-        case E2BIG: return PSNET__STATUS__STATUS_SIZE;
-        case EPROTOTYPE:
-        case EMEDIUMTYPE: return PSNET__STATUS__STATUS_DTYPE;
-        case ENODATA: return PSNET__STATUS__STATUS_NO_JOB;
-        case EALREADY:
-        case EEXIST: return PSNET__STATUS__STATUS_DUPLICATE;
-        case ESTALE: return PSNET__STATUS__STATUS_STALE;
-        case EOPNOTSUPP: return PSNET__STATUS__STATUS_UNKNOWN_TYPE;
-        case ESRCH: return PSNET__STATUS__STATUS_UNKNOWN_PEER;
-        case ESHUTDOWN:
-        case ECANCELED: return PSNET__STATUS__STATUS_SHUTTING_DOWN;
-        }
-        return PSNET__STATUS__STATUS_INVALID;
+        err = abs(err);
+        for (size_t i = 0; i < ELEMENTSOF(table); i++)
+                if (table[i].err == err || (err && (table[i].alias[0] == err || table[i].alias[1] == err)))
+                        return table[i].status;
+        return PSNET__STATUS__STATUS_INTERNAL;
+}
+
+int status_to_errno(int status) {
+        for (size_t i = 0; i < ELEMENTSOF(table); i++)
+                if (table[i].status == status)
+                        return -table[i].err;
+        return -EPROTO;
 }

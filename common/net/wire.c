@@ -31,41 +31,65 @@ static int fail(char *reason, size_t len, int status, const char *fmt, ...) {
         return status;
 }
 
-/* Name of a known message type, NULL for an unknown one. */
-static const char *type_name(int t) {
-        switch (t) {
-        case PSNET__MSG_TYPE__MSG_ERROR: return "ERROR";
-        case PSNET__MSG_TYPE__MSG_PULL: return "PULL";
-        case PSNET__MSG_TYPE__MSG_PULL_REP: return "PULL_REP";
-        case PSNET__MSG_TYPE__MSG_PUSH: return "PUSH";
-        case PSNET__MSG_TYPE__MSG_PUSH_ACK: return "PUSH_ACK";
-        case PSNET__MSG_TYPE__MSG_REGISTER: return "REGISTER";
-        case PSNET__MSG_TYPE__MSG_REGISTER_REP: return "REGISTER_REP";
-        case PSNET__MSG_TYPE__MSG_HEARTBEAT: return "HEARTBEAT";
-        case PSNET__MSG_TYPE__MSG_HEARTBEAT_REP: return "HEARTBEAT_REP";
-        case PSNET__MSG_TYPE__MSG_DEREGISTER: return "DEREGISTER";
-        case PSNET__MSG_TYPE__MSG_CONFIG: return "CONFIG";
-        case PSNET__MSG_TYPE__MSG_STATUS: return "STATUS";
-        case PSNET__MSG_TYPE__MSG_STATUS_REP: return "STATUS_REP";
-        case PSNET__MSG_TYPE__MSG_JOB_SUBMIT: return "JOB_SUBMIT";
-        case PSNET__MSG_TYPE__MSG_JOB_STOP: return "JOB_STOP";
-        case PSNET__MSG_TYPE__MSG_JOB_REP: return "JOB_REP";
-        case PSNET__MSG_TYPE__MSG_RESULT: return "RESULT";
-        case PSNET__MSG_TYPE__MSG_DEREGISTER_REP: return "DEREGISTER_REP";
-        case PSNET__MSG_TYPE__MSG_DRAIN: return "DRAIN";
-        case PSNET__MSG_TYPE__MSG_JOB_MODE: return "JOB_MODE";
-        case PSNET__MSG_TYPE__MSG_FENCE: return "FENCE";
-        case PSNET__MSG_TYPE__MSG_FENCE_REP: return "FENCE_REP";
-        case PSNET__MSG_TYPE__MSG_CHUNK_STATE: return "CHUNK_STATE";
-        case PSNET__MSG_TYPE__MSG_CHUNK_ACK: return "CHUNK_ACK";
-        case PSNET__MSG_TYPE__MSG_SHARD_ADD: return "SHARD_ADD";
-        case PSNET__MSG_TYPE__MSG_SHARD_REMOVE: return "SHARD_REMOVE";
-        }
-        return NULL;
+/* Every message type: its name, whether payload frames follow the header, and
+ * the body it must carry (NOT_SET: none). */
+#define B(x) PSNET__HEADER__BODY_##x
+static const struct {
+        int type;
+        const char *name;
+        bool frames;
+        int body;
+} types[] = {
+        { PSNET__MSG_TYPE__MSG_ERROR, "ERROR", false, B(_NOT_SET) },
+        { PSNET__MSG_TYPE__MSG_PULL, "PULL", false, B(_NOT_SET) },
+        { PSNET__MSG_TYPE__MSG_PULL_REP, "PULL_REP", true, B(_NOT_SET) },
+        { PSNET__MSG_TYPE__MSG_PUSH, "PUSH", true, B(_NOT_SET) },
+        { PSNET__MSG_TYPE__MSG_PUSH_ACK, "PUSH_ACK", false, B(_NOT_SET) },
+        { PSNET__MSG_TYPE__MSG_REGISTER, "REGISTER", false, B(REG) },
+        { PSNET__MSG_TYPE__MSG_REGISTER_REP, "REGISTER_REP", false, B(REG_REP) },
+        { PSNET__MSG_TYPE__MSG_HEARTBEAT, "HEARTBEAT", false, B(HEARTBEAT) },
+        { PSNET__MSG_TYPE__MSG_HEARTBEAT_REP, "HEARTBEAT_REP", false, B(_NOT_SET) },
+        { PSNET__MSG_TYPE__MSG_DEREGISTER, "DEREGISTER", false, B(_NOT_SET) },
+        { PSNET__MSG_TYPE__MSG_CONFIG, "CONFIG", false, B(CONFIG) },
+        { PSNET__MSG_TYPE__MSG_STATUS, "STATUS", false, B(_NOT_SET) },
+        { PSNET__MSG_TYPE__MSG_STATUS_REP, "STATUS_REP", false, B(STATUS_REP) },
+        { PSNET__MSG_TYPE__MSG_JOB_SUBMIT, "JOB_SUBMIT", false, B(SUBMIT) },
+        { PSNET__MSG_TYPE__MSG_JOB_STOP, "JOB_STOP", false, B(_NOT_SET) },
+        { PSNET__MSG_TYPE__MSG_JOB_REP, "JOB_REP", false, B(JOB_REP) },
+        { PSNET__MSG_TYPE__MSG_RESULT, "RESULT", false, B(RESULT) },
+        { PSNET__MSG_TYPE__MSG_DEREGISTER_REP, "DEREGISTER_REP", false, B(_NOT_SET) },
+        { PSNET__MSG_TYPE__MSG_DRAIN, "DRAIN", false, B(WORKER) },
+        { PSNET__MSG_TYPE__MSG_JOB_MODE, "JOB_MODE", false, B(MODE) },
+        { PSNET__MSG_TYPE__MSG_FENCE, "FENCE", false, B(_NOT_SET) },
+        { PSNET__MSG_TYPE__MSG_FENCE_REP, "FENCE_REP", false, B(FENCE_REP) },
+        { PSNET__MSG_TYPE__MSG_CHUNK_STATE, "CHUNK_STATE", true, B(CHUNK_STATE) },
+        { PSNET__MSG_TYPE__MSG_CHUNK_ACK, "CHUNK_ACK", false, B(_NOT_SET) },
+        { PSNET__MSG_TYPE__MSG_SHARD_ADD, "SHARD_ADD", false, B(SHARD) },
+        { PSNET__MSG_TYPE__MSG_SHARD_REMOVE, "SHARD_REMOVE", false, B(SHARD) },
+        { PSNET__MSG_TYPE__MSG_RESULT_REP, "RESULT_REP", false, B(RESULT_REP) },
+};
+#undef B
+
+static int type_index(int t) {
+        for (size_t i = 0; i < sizeof types / sizeof types[0]; i++)
+                if (types[i].type == t)
+                        return (int) i;
+        return -1;
 }
 
-static bool type_has_frames(int t) {
-        return t == PSNET__MSG_TYPE__MSG_PUSH || t == PSNET__MSG_TYPE__MSG_PULL_REP;
+const char *wire_type_name(int type) {
+        int i = type_index(type);
+        return i < 0 ? "?" : types[i].name;
+}
+
+/* The name of a body case, for reasons. */
+static const char *body_name(int body) {
+        if (body == PSNET__HEADER__BODY__NOT_SET)
+                return "no body";
+        for (unsigned i = 0; i < psnet__header__descriptor.n_fields; i++)
+                if ((int) psnet__header__descriptor.fields[i].id == body)
+                        return psnet__header__descriptor.fields[i].name;
+        return "an unknown body";
 }
 
 int wire_validate(const Psnet__Header *hdr, const zmq_msg_t *frames, size_t nframes,
@@ -76,11 +100,16 @@ int wire_validate(const Psnet__Header *hdr, const zmq_msg_t *frames, size_t nfra
                 return fail(reason, reasonlen, PSNET__STATUS__STATUS_MALFORMED, "no header");
         if (hdr->version != WIRE_VERSION)
                 return fail(reason, reasonlen, PSNET__STATUS__STATUS_VERSION,
-                            "peer speaks protocol version %u, this one speaks version %u",
+                            "peer speaks protocol version %u, this one speaks version %u: run the same psnet "
+                            "release everywhere",
                             hdr->version, (unsigned) WIRE_VERSION);
-        if (!type_name(hdr->type))
+        int ti = type_index(hdr->type);
+        if (ti < 0)
                 return fail(reason, reasonlen, PSNET__STATUS__STATUS_UNKNOWN_TYPE,
                             "unknown message type %d", (int) hdr->type);
+        if ((int) hdr->body_case != types[ti].body)
+                return fail(reason, reasonlen, PSNET__STATUS__STATUS_MALFORMED, "%s carries %s, it takes %s",
+                            types[ti].name, body_name(hdr->body_case), body_name(types[ti].body));
         if (hdr->dtype != PSNET__DTYPE__DTYPE_F32)
                 return fail(reason, reasonlen, PSNET__STATUS__STATUS_DTYPE,
                             "dtype %d not supported (only f32 = %d)", (int) hdr->dtype,
@@ -89,7 +118,7 @@ int wire_validate(const Psnet__Header *hdr, const zmq_msg_t *frames, size_t nfra
                 return fail(reason, reasonlen, PSNET__STATUS__STATUS_DTYPE,
                             "codec %d not supported (only raw = %d)", (int) hdr->codec,
                             PSNET__CODEC__CODEC_RAW);
-        if ((unsigned) hdr->status > PSNET__STATUS__STATUS_MIGRATING)
+        if ((unsigned) hdr->status > PSNET__STATUS__STATUS_NOT_FINITE)
                 return fail(reason, reasonlen, PSNET__STATUS__STATUS_MALFORMED,
                             "unknown status %d", (int) hdr->status);
         if (hdr->n_keys > WIRE_MAX_KEYS)
@@ -120,17 +149,17 @@ int wire_validate(const Psnet__Header *hdr, const zmq_msg_t *frames, size_t nfra
                                     (unsigned long long) want);
                 return PSNET__STATUS__STATUS_OK;
         }
-        if (!type_has_frames(hdr->type)) {
+        if (!types[ti].frames) {
                 if (nframes > 0)
                         return fail(reason, reasonlen, PSNET__STATUS__STATUS_MALFORMED,
                                     "%s carries %zu payload frame%s; it takes none",
-                                    type_name(hdr->type), nframes, nframes == 1 ? "" : "s");
+                                    types[ti].name, nframes, nframes == 1 ? "" : "s");
                 return PSNET__STATUS__STATUS_OK;
         }
         if (nframes != hdr->n_keys)
                 return fail(reason, reasonlen, PSNET__STATUS__STATUS_MALFORMED,
                             "%s declares %zu key%s but carries %zu payload frame%s",
-                            type_name(hdr->type), hdr->n_keys, hdr->n_keys == 1 ? "" : "s",
+                            types[ti].name, hdr->n_keys, hdr->n_keys == 1 ? "" : "s",
                             nframes, nframes == 1 ? "" : "s");
         for (size_t i = 0; i < nframes; i++) {
                 const Psnet__Key *k = hdr->keys[i];

@@ -36,11 +36,15 @@ int wire_recv(void *sock, bool router, int flags, WireMsg *msg);
 void wire_msg_done(WireMsg *msg);
 
 /* Structural checks on a decoded header and its frames, as wire_recv does:
- * version, known type, dtype/codec, key count, frames present exactly for
- * PUSH and PULL_REP, each frame size == key len * 4, len > 0.
+ * version, known type, the body its type takes (and no other), dtype/codec,
+ * key count, frames present exactly for PUSH, PULL_REP and CHUNK_STATE, each
+ * frame size == key len * 4, len > 0.
  * Returns a PSNET__STATUS__* (OK = 0) and fills reason. */
 int wire_validate(const Psnet__Header *hdr, const zmq_msg_t *frames, size_t nframes,
                   char *reason, size_t reasonlen);
+
+/* "PUSH", "REGISTER", ... ("?" for an unknown type). */
+const char *wire_type_name(int type);
 
 /* Initialises a header with version and type set. */
 void wire_header_init(Psnet__Header *hdr, Psnet__MsgType type);

@@ -14,6 +14,7 @@
 #include "log.h"
 #include "shardmap.h"
 #include "wire.h"
+#include "wire-job.h"
 
 #define COORD_MAX_PEERS 4096
 
@@ -49,7 +50,7 @@ typedef struct Coord {
         const CoordConfig *cfg;
         void *zctx, *sock;
         Job job;
-        const char *state;          /* "waiting", "running", "done", "stopped" */
+        JobState state;
         Peer *peers;
         size_t npeers;
         uint32_t next_worker_id;
@@ -111,16 +112,32 @@ static void remove_peer(Coord *c, Peer *p) {
         c->npeers--;
 }
 
-static int reply(Coord *c, const zmq_msg_t *route, Psnet__MsgType type, uint64_t seq,
-                 Psnet__Control *ctl) {
+/* Sends h (type and body set by the caller) to route, echoing seq. */
+static int reply_hdr(Coord *c, const zmq_msg_t *route, Psnet__Header *h, uint64_t seq) {
+        h->has_seq = true;
+        h->seq = seq;
+        h->has_job = true;
+        h->job = c->job.id;
+        return wire_send(c->sock, route, h, NULL, 0);
+}
+
+/* A reply of this type without a body. */
+static int reply(Coord *c, const zmq_msg_t *route, Psnet__MsgType type, uint64_t seq) {
         Psnet__Header h;
         wire_header_init(&h, type);
-        h.has_seq = true;
-        h.seq = seq;
-        h.ctl = ctl;
-        h.has_job = true;
-        h.job = c->job.id;
-        return wire_send(c->sock, route, &h, NULL, 0);
+        return reply_hdr(c, route, &h, seq);
+}
+
+/* MSG_JOB_REP with the job's state and, optionally, a message. */
+static int reply_job(Coord *c, const zmq_msg_t *route, uint64_t seq, const char *message) {
+        Psnet__Header h;
+        Psnet__JobRep jr = PSNET__JOB_REP__INIT;
+        jr.job_state = job_state_to_proto(c->state);
+        jr.message = (char *) message;
+        wire_header_init(&h, PSNET__MSG_TYPE__MSG_JOB_REP);
+        h.body_case = PSNET__HEADER__BODY_JOB_REP;
+        h.job_rep = &jr;
+        return reply_hdr(c, route, &h, seq);
 }
 
 static int reply_error(Coord *c, const zmq_msg_t *route, uint64_t seq, int status, const char *reason) {
@@ -156,12 +173,13 @@ static Peer **sorted_workers(Coord *c, size_t *ret_n) {
 /* Sends job, map, membership and state to one peer. */
 static int send_config(Coord *c, Peer *p, Psnet__JobSpec *spec, Psnet__ShardMap *pm,
                        Psnet__Membership *mem, uint32_t nworkers) {
-        Psnet__Control ctl = PSNET__CONTROL__INIT;
+        Psnet__Header h;
+        Psnet__Config ctl = PSNET__CONFIG__INIT;
         Psnet__Membership prev = PSNET__MEMBERSHIP__INIT;
         ctl.job = spec;
         ctl.map = pm;
         ctl.members = mem;
-        ctl.job_state = (char *) c->state;
+        ctl.job_state = job_state_to_proto(c->state);
         if (p->role == PSNET__ROLE__ROLE_WORKER) {
                 ctl.has_rank = ctl.has_nworkers = ctl.has_start_clock = true;
                 ctl.rank = p->rank;
@@ -176,9 +194,10 @@ static int send_config(Coord *c, Peer *p, Psnet__JobSpec *spec, Psnet__ShardMap 
                 prev.workers = c->prev_ids;
                 ctl.prev_members = &prev;
         }
-        ctl.has_assigned_id = true;
-        ctl.assigned_id = p->id;
-        return reply(c, &p->route, PSNET__MSG_TYPE__MSG_CONFIG, 0, &ctl);
+        wire_header_init(&h, PSNET__MSG_TYPE__MSG_CONFIG);
+        h.body_case = PSNET__HEADER__BODY_CONFIG;
+        h.config = &ctl;
+        return reply_hdr(c, &p->route, &h, 0);
 }
 
 /* Publishes the current job, map and membership to every shard and worker. */
@@ -188,9 +207,7 @@ static void publish(Coord *c) {
         _cleanup_free_ Peer **workers = sorted_workers(c, &nw);
         _cleanup_free_ uint32_t *ids = ps_malloc((nw ? nw : 1) * sizeof *ids);
         _cleanup_free_ int64_t *starts = ps_malloc((nw ? nw : 1) * sizeof *starts);
-        _cleanup_free_ Psnet__ShardInfo *si = NULL;
-        _cleanup_free_ Psnet__ShardInfo **sip = NULL;
-        Psnet__ShardMap pm = PSNET__SHARD_MAP__INIT;
+        Psnet__ShardMap *pm = NULL;
         Psnet__Membership mem = PSNET__MEMBERSHIP__INIT;
 
         if (!workers || !ids || !starts || job_to_proto(&c->job, &spec) < 0) {
@@ -209,24 +226,10 @@ static void publish(Coord *c) {
         mem.start_clocks = starts;
         mem.has_from_clock = true;
         mem.from_clock = c->switch_clock;
-        if (c->map) {
-                size_t n = shardmap_size(c->map);
-                si = ps_calloc(n, sizeof *si);
-                sip = ps_calloc(n, sizeof *sip);
-                if (!si || !sip) {
-                        job_proto_free(spec);
-                        return;
-                }
-                for (size_t i = 0; i < n; i++) {
-                        psnet__shard_info__init(&si[i]);
-                        si[i].id = shardmap_shard(c->map, i)->id;
-                        si[i].endpoint = shardmap_shard(c->map, i)->endpoint;
-                        sip[i] = &si[i];
-                }
-                pm.epoch = shardmap_epoch(c->map);
-                pm.vnodes = shardmap_vnodes(c->map);
-                pm.n_shards = n;
-                pm.shards = sip;
+        if (c->map && shardmap_to_proto(c->map, &pm) < 0) {
+                log_error("out of memory while publishing the configuration");
+                job_proto_free(spec);
+                return;
         }
         /* Shards first, so a worker's first request finds its shard configured. */
         for (int pass = 0; pass < 2; pass++)
@@ -236,12 +239,12 @@ static void publish(Coord *c) {
                                 continue;
                         if (p->role == PSNET__ROLE__ROLE_WORKER && !p->member)
                                 continue; /* joins at the next boundary */
-                        int r = send_config(c, p, c->map ? spec : NULL, c->map ? &pm : NULL, &mem,
-                                            (uint32_t) nw);
+                        int r = send_config(c, p, c->map ? spec : NULL, pm, &mem, (uint32_t) nw);
                         if (r < 0)
                                 log_warning_errno(r, "Failed to send configuration to peer=%u: %m", p->id);
                 }
         job_proto_free(spec);
+        shardmap_proto_free(pm);
 }
 
 static int build_map(Coord *c) {
@@ -300,22 +303,22 @@ static int remap(Coord *c, uint32_t add, uint32_t remove) {
 
 static void handle_shard_change(Coord *c, WireMsg *m, bool add) {
         char reason[128];
-        const Psnet__Control *ctl = m->hdr->ctl;
-        uint32_t id = ctl && ctl->has_assigned_id ? ctl->assigned_id : 0;
-        if (ctl && ctl->endpoint) /* named by address: the registered shard advertising it */
+        const Psnet__ShardRef *ctl = m->hdr->shard;
+        uint32_t id = ctl->has_id ? ctl->id : 0;
+        if (ctl->endpoint) /* named by address: the registered shard advertising it */
                 for (size_t i = 0; i < c->npeers; i++)
                         if (c->peers[i].role == PSNET__ROLE__ROLE_SERVER && c->peers[i].endpoint &&
                             strcmp(c->peers[i].endpoint, ctl->endpoint) == 0)
                                 id = c->peers[i].id;
         if (id == 0) {
                 snprintf(reason, sizeof reason, "no registered shard %s%.64s",
-                         ctl && ctl->endpoint ? "at " : "", ctl && ctl->endpoint ? ctl->endpoint : "(give an id or address)");
+                         ctl->endpoint ? "at " : "", ctl->endpoint ? ctl->endpoint : "(give an id or address)");
                 reply_error(c, &m->route, m->hdr->seq, PSNET__STATUS__STATUS_INVALID, reason);
                 return;
         }
         bool in_map = c->map && shardmap_find(c->map, id) >= 0;
         const char *why = NULL;
-        if (strcmp(c->state, "running") != 0 && strcmp(c->state, "waiting") != 0)
+        if (c->state != JOB_RUNNING && c->state != JOB_WAITING)
                 why = "no job is running";
         else if (!c->map)
                 why = "the job has not started yet (no shard map)";
@@ -342,14 +345,13 @@ static void handle_shard_change(Coord *c, WireMsg *m, bool add) {
         log_info("shard %s shard_id=%u map_epoch=%lu shards=%zu", add ? "added" : "removed", id,
                  (unsigned long) c->map_epoch, shardmap_size(c->map));
         publish(c);
-        Psnet__Control ok = PSNET__CONTROL__INIT;
-        ok.job_state = (char *) "migrating";
-        (void) reply(c, &m->route, PSNET__MSG_TYPE__MSG_JOB_REP, m->hdr->seq, &ok);
+        (void) reply_job(c, &m->route, m->hdr->seq, "migrating");
 }
 
 /* Starts the job once the expected shards and workers are there. */
 static void maybe_start(Coord *c) {
-        if (strcmp(c->state, "waiting") != 0)
+        char mode[32];
+        if (c->state != JOB_WAITING)
                 return;
         size_t ns = count_role(c, PSNET__ROLE__ROLE_SERVER), nw = count_role(c, PSNET__ROLE__ROLE_WORKER);
         if (ns == 0 || ns < MAX(c->job.expect_shards, 1u) || nw < MAX(c->job.expect_workers, 1u))
@@ -359,7 +361,7 @@ static void maybe_start(Coord *c) {
                 log_error_errno(r, "Failed to build the shard map: %m");
                 return;
         }
-        c->state = "running";
+        c->state = JOB_RUNNING;
         c->members_epoch++;
         c->switch_clock = 0;
         c->nprev = 0;
@@ -371,13 +373,13 @@ static void maybe_start(Coord *c) {
         c->job_start_ms = now_ms();
         c->has_accuracy = false;
         log_info("job started job=%u model=%s mode=%s shards=%zu workers=%zu map_epoch=%lu",
-                 c->job.id, c->job.model, c->job.mode == MODE_BSP ? "bsp" : "asp", ns, nw,
+                 c->job.id, c->job.model, job_mode_string(&c->job, mode, sizeof mode), ns, nw,
                  (unsigned long) c->map_epoch);
         publish(c);
 }
 
 static void membership_changed(Coord *c) {
-        if (strcmp(c->state, "running") != 0) {
+        if (c->state != JOB_RUNNING) {
                 maybe_start(c);
                 return;
         }
@@ -390,14 +392,14 @@ static void membership_changed(Coord *c) {
                 joining |= c->peers[i].role == PSNET__ROLE__ROLE_WORKER && !c->peers[i].member;
         }
         if (nw == 0 && !joining && c->has_accuracy) {
-                c->state = "done";
+                c->state = JOB_DONE;
                 c->job_end_ms = now_ms();
                 log_info("job done job=%u accuracy=%.4f seconds=%.1f", c->job.id, c->accuracy,
                          (double) (c->job_end_ms - c->job_start_ms) / 1000.0);
         } else if (nw == 0 && !joining) {
                 /* Every worker left without an evaluation: the job cannot finish by
                  * itself (workers failed, were killed, or stopped). */
-                c->state = "failed";
+                c->state = JOB_FAILED;
                 c->job_end_ms = now_ms();
                 log_error("job failed: every worker left without a result job=%u finished_workers=%s",
                           c->job.id, any_done ? "some" : "none");
@@ -424,7 +426,7 @@ static void fence_start(Coord *c, bool mode_change, ConsistencyMode mode, uint32
                 Peer *p = &c->peers[i];
                 if (p->role != PSNET__ROLE__ROLE_SERVER || !c->map || shardmap_find(c->map, p->id) < 0)
                         continue;
-                int r = reply(c, &p->route, PSNET__MSG_TYPE__MSG_FENCE, f->seq, NULL);
+                int r = reply(c, &p->route, PSNET__MSG_TYPE__MSG_FENCE, f->seq);
                 if (r < 0)
                         log_warning_errno(r, "Failed to send a fence to shard=%u: %m", p->id);
                 else
@@ -481,8 +483,8 @@ static void fence_commit(Coord *c) {
 
 static void handle_fence_rep(Coord *c, WireMsg *m) {
         Fence *f = &c->fence;
-        const Psnet__ShardInfo *si = m->hdr->ctl ? m->hdr->ctl->shard_stats : NULL;
-        if (!f->active || m->hdr->seq != f->seq || !si)
+        const Psnet__FenceRep *si = m->hdr->fence_rep;
+        if (!f->active || m->hdr->seq != f->seq)
                 return;
         f->max_clock = MAX(f->max_clock, si->max_clock);
         f->max_wclock = MAX(f->max_wclock, si->max_worker_clock);
@@ -504,7 +506,7 @@ static void fence_tick(Coord *c) {
                 publish(c);
                 return;
         }
-        if (f->active || now < f->retry_at || strcmp(c->state, "running") != 0)
+        if (f->active || now < f->retry_at || c->state != JOB_RUNNING)
                 return;
         for (size_t i = 0; i < c->npeers; i++)
                 if (c->peers[i].role == PSNET__ROLE__ROLE_WORKER && !c->peers[i].member) {
@@ -515,12 +517,8 @@ static void fence_tick(Coord *c) {
 
 static void handle_register(Coord *c, WireMsg *m) {
         Psnet__Header *h = m->hdr;
-        const Psnet__Register *reg = h->ctl ? h->ctl->reg : NULL;
+        const Psnet__Register *reg = h->reg;
         char reason[160];
-        if (!reg) {
-                reply_error(c, &m->route, h->seq, PSNET__STATUS__STATUS_MALFORMED, "REGISTER needs ctl.reg");
-                return;
-        }
         if (reg->role != PSNET__ROLE__ROLE_SERVER && reg->role != PSNET__ROLE__ROLE_WORKER) {
                 snprintf(reason, sizeof reason, "role %d cannot register (servers and workers can)", reg->role);
                 reply_error(c, &m->route, h->seq, PSNET__STATUS__STATUS_INVALID, reason);
@@ -556,7 +554,7 @@ static void handle_register(Coord *c, WireMsg *m) {
         }
         Peer *np = ps_realloc(c->peers, (c->npeers + 1) * sizeof *np);
         if (!np) {
-                reply_error(c, &m->route, h->seq, PSNET__STATUS__STATUS_SHUTTING_DOWN, "out of memory");
+                reply_error(c, &m->route, h->seq, PSNET__STATUS__STATUS_RESOURCE, "out of memory");
                 return;
         }
         c->peers = np;
@@ -572,12 +570,15 @@ static void handle_register(Coord *c, WireMsg *m) {
         psnet__shard_info__init(&p->shard);
         psnet__worker_info__init(&p->worker);
 
-        Psnet__Control ctl = PSNET__CONTROL__INIT;
-        ctl.has_assigned_id = ctl.has_lease_ms = true;
-        ctl.assigned_id = id;
-        ctl.lease_ms = c->cfg->lease_ms;
-        ctl.job_state = (char *) c->state;
-        int r = reply(c, &m->route, PSNET__MSG_TYPE__MSG_REGISTER_REP, h->seq, &ctl);
+        Psnet__Header rh;
+        Psnet__RegisterRep rep = PSNET__REGISTER_REP__INIT;
+        rep.assigned_id = id;
+        rep.lease_ms = c->cfg->lease_ms;
+        rep.job_state = job_state_to_proto(c->state);
+        wire_header_init(&rh, PSNET__MSG_TYPE__MSG_REGISTER_REP);
+        rh.body_case = PSNET__HEADER__BODY_REG_REP;
+        rh.reg_rep = &rep;
+        int r = reply_hdr(c, &m->route, &rh, h->seq);
         if (r < 0)
                 log_warning_errno(r, "Failed to answer registration: %m");
         log_info("registered role=%s id=%u pid=%u endpoint=%s",
@@ -588,7 +589,7 @@ static void handle_register(Coord *c, WireMsg *m) {
                 publish(c);
                 return;
         }
-        if (reg->role == PSNET__ROLE__ROLE_WORKER && strcmp(c->state, "running") == 0) {
+        if (reg->role == PSNET__ROLE__ROLE_WORKER && c->state == JOB_RUNNING) {
                 /* Joins at the next clock boundary. */
                 fence_start(c, false, c->job.mode, c->job.staleness);
                 return;
@@ -599,17 +600,17 @@ static void handle_register(Coord *c, WireMsg *m) {
 static void handle_heartbeat(Coord *c, WireMsg *m, Peer *p) {
         Psnet__Header *h = m->hdr;
         p->last_seen = now_ms();
-        if (h->ctl && h->ctl->shard_stats && p->role == PSNET__ROLE__ROLE_SERVER) {
-                const Psnet__ShardInfo *s = h->ctl->shard_stats;
+        if (h->heartbeat->shard && p->role == PSNET__ROLE__ROLE_SERVER) {
+                const Psnet__ShardInfo *s = h->heartbeat->shard;
                 p->shard = *s;
                 p->shard.base = (ProtobufCMessage) PROTOBUF_C_MESSAGE_INIT(&psnet__shard_info__descriptor);
                 p->shard.endpoint = NULL;
         }
-        if (h->ctl && h->ctl->worker_stats && p->role == PSNET__ROLE__ROLE_WORKER) {
-                p->worker = *h->ctl->worker_stats;
+        if (h->heartbeat->worker && p->role == PSNET__ROLE__ROLE_WORKER) {
+                p->worker = *h->heartbeat->worker;
                 p->worker.base = (ProtobufCMessage) PROTOBUF_C_MESSAGE_INIT(&psnet__worker_info__descriptor);
         }
-        int r = reply(c, &m->route, PSNET__MSG_TYPE__MSG_HEARTBEAT_REP, h->seq, NULL);
+        int r = reply(c, &m->route, PSNET__MSG_TYPE__MSG_HEARTBEAT_REP, h->seq);
         if (r < 0)
                 log_warning_errno(r, "Failed to answer heartbeat: %m");
 }
@@ -622,11 +623,11 @@ static void handle_status(Coord *c, WireMsg *m) {
         _cleanup_free_ Psnet__WorkerInfo *wi = ps_calloc(nw ? nw : 1, sizeof *wi);
         _cleanup_free_ Psnet__WorkerInfo **wip = ps_calloc(nw ? nw : 1, sizeof *wip);
         Psnet__JobSpec *spec = NULL;
-        Psnet__ShardMap pm = PSNET__SHARD_MAP__INIT;
-        Psnet__Control ctl = PSNET__CONTROL__INIT;
+        Psnet__StatusRep ctl = PSNET__STATUS_REP__INIT;
+        Psnet__Header h;
 
         if (!si || !sip || !workers || !wi || !wip || job_to_proto(&c->job, &spec) < 0) {
-                reply_error(c, &m->route, m->hdr->seq, PSNET__STATUS__STATUS_SHUTTING_DOWN, "out of memory");
+                reply_error(c, &m->route, m->hdr->seq, PSNET__STATUS__STATUS_RESOURCE, "out of memory");
                 return;
         }
         for (size_t i = 0; i < c->npeers; i++) {
@@ -650,24 +651,24 @@ static void handle_status(Coord *c, WireMsg *m) {
                 wi[i].done = workers[i]->done;
                 wip[i] = &wi[i];
         }
-        pm.epoch = c->map_epoch;
-        pm.vnodes = c->cfg->vnodes;
-        pm.n_shards = ns;
-        pm.shards = sip;
         ctl.job = spec;
-        ctl.map = &pm;
+        ctl.has_map_epoch = ctl.has_members_epoch = true;
+        ctl.map_epoch = c->map_epoch;
+        ctl.members_epoch = c->members_epoch;
+        ctl.n_shards = j;
+        ctl.shards = sip;
         ctl.n_workers = nw;
         ctl.workers = wip;
-        ctl.job_state = (char *) c->state;
+        ctl.job_state = job_state_to_proto(c->state);
         ctl.coord_endpoint = c->cfg->listen;
         ctl.has_uptime_ms = true;
         ctl.uptime_ms = now_ms() - c->start_ms;
         ctl.has_accuracy = c->has_accuracy;
         ctl.accuracy = c->accuracy;
-        Psnet__Membership mem = PSNET__MEMBERSHIP__INIT;
-        mem.epoch = c->members_epoch;
-        ctl.members = &mem;
-        int r = reply(c, &m->route, PSNET__MSG_TYPE__MSG_STATUS_REP, m->hdr->seq, &ctl);
+        wire_header_init(&h, PSNET__MSG_TYPE__MSG_STATUS_REP);
+        h.body_case = PSNET__HEADER__BODY_STATUS_REP;
+        h.status_rep = &ctl;
+        int r = reply_hdr(c, &m->route, &h, m->hdr->seq);
         if (r < 0)
                 log_warning_errno(r, "Failed to answer status: %m");
         job_proto_free(spec);
@@ -676,51 +677,44 @@ static void handle_status(Coord *c, WireMsg *m) {
 static void handle_job_submit(Coord *c, WireMsg *m) {
         char err[192];
         Job job;
-        if (!m->hdr->ctl || !m->hdr->ctl->job) {
-                reply_error(c, &m->route, m->hdr->seq, PSNET__STATUS__STATUS_MALFORMED, "JOB_SUBMIT needs ctl.job");
-                return;
-        }
-        if (strcmp(c->state, "running") == 0) {
+        if (c->state == JOB_RUNNING) {
                 reply_error(c, &m->route, m->hdr->seq, PSNET__STATUS__STATUS_INVALID,
                             "a job is running: stop it first (psctl job stop)");
                 return;
         }
-        if (job_from_proto(m->hdr->ctl->job, &job, err, sizeof err) < 0) {
+        if (job_from_proto(m->hdr->submit, &job, err, sizeof err) < 0) {
                 reply_error(c, &m->route, m->hdr->seq, PSNET__STATUS__STATUS_INVALID, err);
                 return;
         }
         job.id = c->job.id + 1;
         c->job = job;
-        c->state = "waiting";
+        c->state = JOB_WAITING;
         c->has_accuracy = false;
-        log_info("job submitted job=%u model=%s mode=%s", job.id, job.model, job.mode == MODE_BSP ? "bsp" : "asp");
-        Psnet__Control ctl = PSNET__CONTROL__INIT;
-        ctl.job_state = (char *) c->state;
-        (void) reply(c, &m->route, PSNET__MSG_TYPE__MSG_JOB_REP, m->hdr->seq, &ctl);
+        char mode[32];
+        log_info("job submitted job=%u model=%s mode=%s", job.id, job.model, job_mode_string(&job, mode, sizeof mode));
+        (void) reply_job(c, &m->route, m->hdr->seq, NULL);
         maybe_start(c);
 }
 
 static void handle_job_stop(Coord *c, WireMsg *m) {
-        if (strcmp(c->state, "running") != 0 && strcmp(c->state, "waiting") != 0) {
+        if (c->state != JOB_RUNNING && c->state != JOB_WAITING) {
                 char reason[96];
-                snprintf(reason, sizeof reason, "job %u is not running (it is %s)", c->job.id, c->state);
+                snprintf(reason, sizeof reason, "job %u is not running (it is %s)", c->job.id,
+                         job_state_name(c->state));
                 reply_error(c, &m->route, m->hdr->seq, PSNET__STATUS__STATUS_INVALID, reason);
                 return;
         }
-        c->state = "stopped";
+        c->state = JOB_STOPPED;
         c->job_end_ms = now_ms();
         log_info("job stopped job=%u", c->job.id);
-        Psnet__Control ctl = PSNET__CONTROL__INIT;
-        ctl.job_state = (char *) c->state;
-        (void) reply(c, &m->route, PSNET__MSG_TYPE__MSG_JOB_REP, m->hdr->seq, &ctl);
+        (void) reply_job(c, &m->route, m->hdr->seq, NULL);
         publish(c);
 }
 
 static void handle_result(Coord *c, WireMsg *m, Peer *p) {
-        const Psnet__WorkerInfo *wi = m->hdr->ctl ? m->hdr->ctl->worker_stats : NULL;
-        if (!wi || p->role != PSNET__ROLE__ROLE_WORKER) {
-                reply_error(c, &m->route, m->hdr->seq, PSNET__STATUS__STATUS_MALFORMED,
-                            "RESULT needs ctl.worker_stats from a worker");
+        const Psnet__WorkerInfo *wi = m->hdr->result->worker;
+        if (p->role != PSNET__ROLE__ROLE_WORKER) {
+                reply_error(c, &m->route, m->hdr->seq, PSNET__STATUS__STATUS_INVALID, "RESULT comes from workers only");
                 return;
         }
         p->worker = *wi;
@@ -731,57 +725,58 @@ static void handle_result(Coord *c, WireMsg *m, Peer *p) {
                 c->has_accuracy = true;
                 log_info("result worker=%u accuracy=%.4f", p->id, wi->accuracy);
         }
-        (void) reply(c, &m->route, PSNET__MSG_TYPE__MSG_HEARTBEAT_REP, m->hdr->seq, NULL);
+        Psnet__Header h;
+        Psnet__ResultRep rr = PSNET__RESULT_REP__INIT;
+        wire_header_init(&h, PSNET__MSG_TYPE__MSG_RESULT_REP);
+        h.body_case = PSNET__HEADER__BODY_RESULT_REP;
+        h.result_rep = &rr;
+        (void) reply_hdr(c, &m->route, &h, m->hdr->seq);
 }
 
 static void handle_drain(Coord *c, WireMsg *m) {
         char reason[96];
-        const Psnet__Control *ctl = m->hdr->ctl;
-        if (!ctl || !ctl->has_assigned_id) {
-                reply_error(c, &m->route, m->hdr->seq, PSNET__STATUS__STATUS_MALFORMED, "DRAIN needs ctl.assigned_id");
-                return;
-        }
-        Peer *p = find_peer(c, PSNET__ROLE__ROLE_WORKER, ctl->assigned_id);
+        uint32_t wid = m->hdr->worker->id;
+        Peer *p = find_peer(c, PSNET__ROLE__ROLE_WORKER, wid);
         if (!p) {
-                snprintf(reason, sizeof reason, "no worker %u", ctl->assigned_id);
+                snprintf(reason, sizeof reason, "no worker %u", wid);
                 reply_error(c, &m->route, m->hdr->seq, PSNET__STATUS__STATUS_INVALID, reason);
                 return;
         }
         p->drain = true;
         log_info("draining worker=%u", p->id);
-        Psnet__Control c2 = PSNET__CONTROL__INIT;
+        Psnet__Header h;
+        Psnet__Config c2 = PSNET__CONFIG__INIT;
         c2.has_drain = c2.drain = true;
-        c2.has_assigned_id = true;
-        c2.assigned_id = p->id;
-        int r = reply(c, &p->route, PSNET__MSG_TYPE__MSG_CONFIG, 0, &c2);
+        c2.job_state = job_state_to_proto(c->state);
+        wire_header_init(&h, PSNET__MSG_TYPE__MSG_CONFIG);
+        h.body_case = PSNET__HEADER__BODY_CONFIG;
+        h.config = &c2;
+        int r = reply_hdr(c, &p->route, &h, 0);
         if (r < 0)
                 log_warning_errno(r, "Failed to tell worker=%u to drain: %m", p->id);
-        Psnet__Control ok = PSNET__CONTROL__INIT;
-        ok.job_state = (char *) "draining";
-        (void) reply(c, &m->route, PSNET__MSG_TYPE__MSG_JOB_REP, m->hdr->seq, &ok);
+        (void) reply_job(c, &m->route, m->hdr->seq, "draining");
 }
 
 static void handle_job_mode(Coord *c, WireMsg *m) {
         char reason[128];
-        const Psnet__Control *ctl = m->hdr->ctl;
         Job j = c->job;
-        if (!ctl || !ctl->mode || job_set_mode(&j, ctl->mode) < 0) {
-                snprintf(reason, sizeof reason, "bad mode '%.32s' (expected bsp, asp or ssp:S)",
-                         ctl && ctl->mode ? ctl->mode : "");
+        char mode[32];
+        if (mode_from_proto(m->hdr->mode, &j.mode, &j.staleness) < 0) {
+                snprintf(reason, sizeof reason, "bad mode %d, staleness %u (expected bsp, asp or ssp:0..%u)",
+                         (int) m->hdr->mode->mode, m->hdr->mode->staleness, JOB_MAX_STALENESS);
                 reply_error(c, &m->route, m->hdr->seq, PSNET__STATUS__STATUS_INVALID, reason);
                 return;
         }
-        Psnet__Control ok = PSNET__CONTROL__INIT;
-        if (strcmp(c->state, "running") == 0) {
+        const char *msg = NULL;
+        if (c->state == JOB_RUNNING) {
                 fence_start(c, true, j.mode, j.staleness);
-                ok.job_state = (char *) "switching at the next clock boundary";
+                msg = "switching at the next clock boundary";
         } else {
                 c->job.mode = j.mode;
                 c->job.staleness = j.staleness;
-                ok.job_state = (char *) c->state;
         }
-        log_info("mode change requested mode=%s", ctl->mode);
-        (void) reply(c, &m->route, PSNET__MSG_TYPE__MSG_JOB_REP, m->hdr->seq, &ok);
+        log_info("mode change requested mode=%s", job_mode_string(&j, mode, sizeof mode));
+        (void) reply_job(c, &m->route, m->hdr->seq, msg);
 }
 
 static void handle_message(Coord *c, WireMsg *m) {
@@ -835,7 +830,7 @@ static void handle_message(Coord *c, WireMsg *m) {
         else {
                 bool worker = p->role == PSNET__ROLE__ROLE_WORKER;
                 log_info("deregistered role=%s id=%u", worker ? "worker" : "shard", p->id);
-                (void) reply(c, &m->route, PSNET__MSG_TYPE__MSG_DEREGISTER_REP, h->seq, NULL);
+                (void) reply(c, &m->route, PSNET__MSG_TYPE__MSG_DEREGISTER_REP, h->seq);
                 remove_peer(c, p);
                 if (worker)
                         membership_changed(c);
@@ -862,7 +857,8 @@ static void expire_leases(Coord *c) {
 }
 
 int coord_run(const CoordConfig *cfg) {
-        Coord c = { .cfg = cfg, .job = cfg->job, .state = "waiting" };
+        char mode[32];
+        Coord c = { .cfg = cfg, .job = cfg->job, .state = JOB_WAITING };
         int r = 0, sfd = -1, zero = 0;
         int64_t maxmsg = 1 << 20;
 
@@ -895,7 +891,7 @@ int coord_run(const CoordConfig *cfg) {
                 goto finish;
         }
         log_info("listening endpoint=%s job=%u model=%s mode=%s expect_shards=%u expect_workers=%u",
-                 cfg->listen, c.job.id, c.job.model, c.job.mode == MODE_BSP ? "bsp" : "asp",
+                 cfg->listen, c.job.id, c.job.model, job_mode_string(&c.job, mode, sizeof mode),
                  c.job.expect_shards, c.job.expect_workers);
 
         while (!c.stopping) {

@@ -17,7 +17,7 @@
 #define OPTIM_BLOCK 16
 
 static bool optim_is_adam(const OptimConf *c) {
-        return strcmp(c->kind, "adam") == 0;
+        return c->kind == OPTIM_ADAM;
 }
 
 size_t optim_state_per_value(const OptimConf *c) {

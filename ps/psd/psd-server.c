@@ -8,6 +8,7 @@
 #include <unistd.h>
 #include "alloc.h"
 #include "coordlink.h"
+#include "wire-job.h"
 #include "signals.h"
 #include "errors.h"
 #include "log.h"
@@ -271,11 +272,11 @@ static void psd_move_chunk(void *userdata, Chunk *c, const ShardDesc *dest) {
         key.tensor = c->tensor;
         key.chunk = c->chunk;
         key.len = c->len;
-        Psnet__Control ctl = PSNET__CONTROL__INIT;
-        ctl.has_chunk_steps = true;
-        ctl.chunk_steps = c->steps;
-        ctl.n_last_clocks = c->nlast;
-        ctl.last_clocks = c->last_clock;
+        Psnet__ChunkState cs = PSNET__CHUNK_STATE__INIT;
+        cs.has_steps = true;
+        cs.steps = c->steps;
+        cs.n_last_clocks = c->nlast;
+        cs.last_clocks = c->last_clock;
         Psnet__Header h;
         wire_header_init(&h, PSNET__MSG_TYPE__MSG_CHUNK_STATE);
         h.has_job = h.has_epoch = h.has_clock = h.has_sender = true;
@@ -285,7 +286,8 @@ static void psd_move_chunk(void *userdata, Chunk *c, const ShardDesc *dest) {
         h.sender = p->cfg->id;
         h.n_keys = 1;
         h.keys = keys;
-        h.ctl = &ctl;
+        h.body_case = PSNET__HEADER__BODY_CHUNK_STATE;
+        h.chunk_state = &cs;
         int r = wire_send(sock, NULL, &h, frames, 2);
         if (r < 0)
                 log_error_errno(r, "Failed to send chunk (%u,%u) to shard %u: %m", c->tensor, c->chunk, dest->id);
@@ -299,13 +301,12 @@ static void psd_move_chunk(void *userdata, Chunk *c, const ShardDesc *dest) {
 static int psd_install(Psd *p, WireMsg *m) {
         const Psnet__Header *h = m->hdr;
         const Psnet__Key *k = h->keys[0];
-        const Psnet__Control *ctl = h->ctl;
+        const Psnet__ChunkState *cs = h->chunk_state;
         size_t sbytes = zmq_msg_size(&m->frames[1]);
         /* Copied straight from the received frames into the new chunk. */
         int r = store_install(p->store, k->tensor, k->chunk, zmq_msg_data(&m->frames[0]), k->len,
                               zmq_msg_data(&m->frames[1]), sbytes / sizeof(float),
-                              ctl && ctl->has_chunk_steps ? ctl->chunk_steps : 0, h->clock,
-                              ctl ? ctl->last_clocks : NULL, ctl ? ctl->n_last_clocks : 0);
+                              cs->has_steps ? cs->steps : 0, h->clock, cs->last_clocks, cs->n_last_clocks);
         if (r == -EEXIST)
                 return PSNET__STATUS__STATUS_DUPLICATE;
         if (r == -ENOENT)
@@ -388,7 +389,7 @@ static void psd_handle_data(Psd *p, WireMsg *m) {
         }
         _cleanup_free_ Chunk **chunks = ps_malloc(h->n_keys * sizeof *chunks);
         if (!chunks) {
-                psd_reply_error(p, &m->route, h, PSNET__STATUS__STATUS_SHUTTING_DOWN, "out of memory");
+                psd_reply_error(p, &m->route, h, PSNET__STATUS__STATUS_RESOURCE, "out of memory");
                 return;
         }
         if (!psd_check_keys(p, &m->route, h, chunks))
@@ -397,7 +398,7 @@ static void psd_handle_data(Psd *p, WireMsg *m) {
         if (h->type == PSNET__MSG_TYPE__MSG_PULL) {
                 if (!pull_ready(p, h, chunks)) {
                         if (psd_park(p, m) < 0)
-                                psd_reply_error(p, &m->route, h, PSNET__STATUS__STATUS_SHUTTING_DOWN,
+                                psd_reply_error(p, &m->route, h, PSNET__STATUS__STATUS_RESOURCE,
                                                 "out of memory");
                         return;
                 }
@@ -411,22 +412,22 @@ static void psd_handle_data(Psd *p, WireMsg *m) {
         PushReq *req;
         int r = pushreq_new(&m->route, h->seq, h->sender, h->clock, &req);
         if (r < 0) {
-                psd_reply_error(p, &m->route, h, PSNET__STATUS__STATUS_SHUTTING_DOWN, "out of memory");
+                psd_reply_error(p, &m->route, h, PSNET__STATUS__STATUS_RESOURCE, "out of memory");
                 return;
         }
         for (size_t i = 0; i < h->n_keys; i++) {
                 r = store_push(p->store, chunks[i], req, &m->frames[i]);
                 if (r < 0) {
                         log_error_errno(r, "Failed to apply push: %m");
-                        req->status = PSNET__STATUS__STATUS_SHUTTING_DOWN;
+                        req->status = status_from_errno(r);
                 }
         }
         pushreq_settle(p->store, req, PSNET__STATUS__STATUS_OK);
         psd_wake_parked(p);
 }
 
-static void psd_apply_config(Psd *p, const Psnet__Control *ctl) {
-        char err[192];
+static void psd_apply_config(Psd *p, const Psnet__Config *ctl) {
+        char err[192], mode[32];
         int r;
         if (ctl->job && ctl->map) {
                 Job job;
@@ -455,7 +456,7 @@ static void psd_apply_config(Psd *p, const Psnet__Control *ctl) {
                                  (unsigned long) p->moved_out);
                 if (fresh)
                         log_info("job configured job=%u model=%s mode=%s keys=%lu bytes=%lu map_epoch=%lu",
-                                 job.id, job.model, job.mode == MODE_BSP ? "bsp" : "asp",
+                                 job.id, job.model, job_mode_string(&job, mode, sizeof mode),
                                  (unsigned long) p->store->nkeys, (unsigned long) p->store->bytes,
                                  (unsigned long) ctl->map->epoch);
         }
@@ -475,7 +476,6 @@ static void psd_apply_config(Psd *p, const Psnet__Control *ctl) {
                 if (r < 0)
                         log_error_errno(r, "Failed to set membership: %m");
                 else {
-                        char mode[32];
                         log_info("membership epoch=%lu workers=%zu from_clock=%ld mode=%s", (unsigned long) m->epoch,
                                  m->n_workers, (long) (m->has_from_clock ? m->from_clock : 0),
                                  job_mode_string(&j, mode, sizeof mode));
@@ -500,8 +500,6 @@ static int psd_register(Psd *p, unsigned timeout_ms) {
         if (r < 0)
                 return log_error_errno(r, "Failed to register with pscoord at %s: %m", p->cfg->coord);
         log_info("registered coord=%s lease_ms=%u", p->cfg->coord, p->coord->lease_ms);
-        if (m.hdr->ctl)
-                psd_apply_config(p, m.hdr->ctl);
         wire_msg_done(&m);
         p->last_hb_reply = now_ms();
         return 0;
@@ -511,33 +509,28 @@ static void psd_handle_coord(Psd *p, WireMsg *m) {
         Psnet__Header *h = m->hdr;
         switch (h->type) {
         case PSNET__MSG_TYPE__MSG_CONFIG:
-                if (h->ctl)
-                        psd_apply_config(p, h->ctl);
+                psd_apply_config(p, h->config);
                 break;
         case PSNET__MSG_TYPE__MSG_HEARTBEAT_REP:
                 p->last_hb_reply = now_ms();
                 break;
         case PSNET__MSG_TYPE__MSG_FENCE: {
-                Psnet__Control ctl = PSNET__CONTROL__INIT;
-                Psnet__ShardInfo si = PSNET__SHARD_INFO__INIT;
+                Psnet__FenceRep fr = PSNET__FENCE_REP__INIT;
                 Psnet__Header r;
                 int64_t slowest, fastest;
-                si.id = p->cfg->id;
-                si.endpoint = p->cfg->advertise ? p->cfg->advertise : p->cfg->listen;
-                si.has_max_clock = si.has_min_worker_clock = si.has_max_worker_clock = true;
-                si.max_clock = store_fence(p->store, &slowest, &fastest);
-                si.min_worker_clock = slowest;
-                si.max_worker_clock = fastest;
-                ctl.shard_stats = &si;
+                fr.max_clock = store_fence(p->store, &slowest, &fastest);
+                fr.min_worker_clock = slowest;
+                fr.max_worker_clock = fastest;
                 wire_header_init(&r, PSNET__MSG_TYPE__MSG_FENCE_REP);
                 r.has_seq = r.has_sender = true;
                 r.seq = h->seq;
                 r.sender = p->cfg->id;
-                r.ctl = &ctl;
+                r.body_case = PSNET__HEADER__BODY_FENCE_REP;
+                r.fence_rep = &fr;
                 int e = wire_send(p->coord->sock, NULL, &r, NULL, 0);
                 if (e < 0)
                         log_warning_errno(e, "Failed to answer fence: %m");
-                log_info("fence max_clock=%ld slowest=%ld fastest=%ld", (long) si.max_clock, (long) slowest,
+                log_info("fence max_clock=%ld slowest=%ld fastest=%ld", (long) fr.max_clock, (long) slowest,
                          (long) fastest);
                 break;
         }
@@ -571,7 +564,8 @@ static void psd_drain_peers(Psd *p) {
 
 static void psd_heartbeat(Psd *p) {
         psd_drain_peers(p);
-        Psnet__Control ctl = PSNET__CONTROL__INIT;
+        Psnet__Header h;
+        Psnet__Heartbeat hb = PSNET__HEARTBEAT__INIT;
         Psnet__ShardInfo si = PSNET__SHARD_INFO__INIT;
         si.id = p->cfg->id;
         si.endpoint = p->cfg->advertise ? p->cfg->advertise : p->cfg->listen;
@@ -585,8 +579,11 @@ static void psd_heartbeat(Psd *p) {
         si.has_incoming = si.has_map_epoch = true;
         si.incoming = store_incoming(p->store);
         si.map_epoch = p->store->map ? shardmap_epoch(p->store->map) : 0;
-        ctl.shard_stats = &si;
-        int r = coordlink_send(p->coord, PSNET__MSG_TYPE__MSG_HEARTBEAT, &ctl);
+        hb.shard = &si;
+        wire_header_init(&h, PSNET__MSG_TYPE__MSG_HEARTBEAT);
+        h.body_case = PSNET__HEADER__BODY_HEARTBEAT;
+        h.heartbeat = &hb;
+        int r = coordlink_send(p->coord, &h);
         if (r < 0)
                 log_warning_errno(r, "Failed to send heartbeat: %m");
         p->last_hb_sent = now_ms();
@@ -717,7 +714,7 @@ int psd_run(const PsdConfig *cfg) {
                 r = 0;
         }
         if (p.stopping) {
-                (void) coordlink_send(p.coord, PSNET__MSG_TYPE__MSG_DEREGISTER, NULL);
+                (void) coordlink_send_type(p.coord, PSNET__MSG_TYPE__MSG_DEREGISTER);
                 log_info("stopped pushes=%lu pulls=%lu applied=%lu copies=%lu errors=%lu",
                          (unsigned long) p.store->pushes, (unsigned long) p.store->pulls,
                          (unsigned long) p.store->applied, (unsigned long) p.store->copies,

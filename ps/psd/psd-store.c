@@ -3,6 +3,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include "alloc.h"
+#include "errors.h"
 #include "log.h"
 #include "psd-optim.h"
 #include "psd-store.h"
@@ -270,7 +271,7 @@ int store_configure(Store *s, const Job *job, const ShardMap *map) {
         if (s->has_job && (s->job.id != job->id || s->job.ntensors != job->ntensors ||
                            s->job.chunk_floats != job->chunk_floats || s->job.seed != job->seed ||
                            strcmp(s->job.model, job->model) != 0 ||
-                           strcmp(s->job.optim.kind, job->optim.kind) != 0)) {
+                           s->job.optim.kind != job->optim.kind)) {
                 store_drop_chunks(s);
                 s->has_job = false;
         }
@@ -587,7 +588,7 @@ static int chunk_settle(Store *s, Chunk *c) {
         c->pending = NULL;
         c->npending = c->cpending = 0;
         for (size_t i = 0; i < n; i++) {
-                int st = r < 0 ? PSNET__STATUS__STATUS_SHUTTING_DOWN
+                int st = r < 0 ? status_from_errno(r)
                          : is_member(cfg, list[i].req->worker) ? PSNET__STATUS__STATUS_OK
                                                               : PSNET__STATUS__STATUS_STALE;
                 zmq_msg_close(&list[i].grad);
@@ -622,7 +623,7 @@ static int chunk_flush_async(Store *s, Chunk *c) {
                 if (r == 0)
                         r = chunk_apply_scaled(s, c, &list[i].grad, store_cfg(s, list[i].req->clock));
                 zmq_msg_close(&list[i].grad);
-                pushreq_settle(s, list[i].req, r < 0 ? PSNET__STATUS__STATUS_SHUTTING_DOWN : PSNET__STATUS__STATUS_OK);
+                pushreq_settle(s, list[i].req, r < 0 ? status_from_errno(r) : PSNET__STATUS__STATUS_OK);
         }
         ps_free(list);
         return r;

@@ -18,6 +18,7 @@
 #include <stdint.h>
 #include <zmq.h>
 #include "job.h"
+#include "psnet.pb-c.h"
 #include "shardmap.h"
 
 typedef struct ValBuf {

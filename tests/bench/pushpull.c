@@ -52,6 +52,7 @@
 #include "log.h"
 #include "shardmap.h"
 #include "wire.h"
+#include "wire-job.h"
 #include "zmqraw.h"
 
 #define BENCH_NSHARDS 2
@@ -92,7 +93,7 @@ typedef struct Bench {
         Job job;
         bool has_job;
         ShardMap *map;
-        char state[16];
+        bool running;             /* pscoord says the job runs */
         uint64_t last_hb;
         bool failed;              /* a daemon died or pscoord forgot us */
 } Bench;
@@ -395,10 +396,11 @@ static int cluster_check(Cluster *cl) {
 
 /* --- the worker side: pscoord link ------------------------------------------- */
 
-static void bench_apply_config(Bench *b, const Psnet__Control *ctl) {
+static void bench_apply_config(Bench *b, const Psnet__Config *ctl) {
         char err[192];
-        if (ctl->job_state && fmt(b->state, sizeof b->state, "%s", ctl->job_state) < 0)
-                b->state[0] = '\0';
+        JobState st;
+        if (job_state_from_proto(ctl->job_state, &st) == 0)
+                b->running = st == JOB_RUNNING;
         if (!ctl->job || !ctl->map || b->has_job)
                 return;
         if (job_from_proto(ctl->job, &b->job, err, sizeof err) < 0) {
@@ -426,17 +428,16 @@ static void bench_on_coord(void *ud) {
                 int r = wire_recv(b->coord->sock, false, ZMQ_DONTWAIT, &m);
                 if (r == 0) {
                         const Psnet__Header *h = m.hdr;
-                        if (h->type == PSNET__MSG_TYPE__MSG_CONFIG && h->ctl)
-                                bench_apply_config(b, h->ctl);
+                        if (h->type == PSNET__MSG_TYPE__MSG_CONFIG)
+                                bench_apply_config(b, h->config);
                         else if (h->type == PSNET__MSG_TYPE__MSG_REGISTER_REP && b->coord->id == 0) {
-                                if (!h->ctl || !h->ctl->has_assigned_id || h->ctl->assigned_id == 0) {
+                                if (h->reg_rep->assigned_id == 0) {
                                         log_error("pscoord answered the registration without an id");
                                         b->failed = true;
                                 } else {
                                         /* As coordlink_register does. */
-                                        b->coord->id = h->ctl->assigned_id;
-                                        b->coord->lease_ms = h->ctl->has_lease_ms ? h->ctl->lease_ms : 5000;
-                                        bench_apply_config(b, h->ctl);
+                                        b->coord->id = h->reg_rep->assigned_id;
+                                        b->coord->lease_ms = h->reg_rep->lease_ms ? h->reg_rep->lease_ms : 5000;
                                 }
                         } else if (h->type == PSNET__MSG_TYPE__MSG_ERROR) {
                                 log_error("pscoord error status=%d reason=\"%s\"", h->status,
@@ -461,7 +462,12 @@ static void bench_on_tick(void *ud) {
         Bench *b = ud;
         uint64_t now = now_ms();
         if (b->coord->id != 0 && now - b->last_hb >= MAX(b->coord->lease_ms / 3, 50u)) {
-                int r = coordlink_send(b->coord, PSNET__MSG_TYPE__MSG_HEARTBEAT, NULL);
+                Psnet__Header h;
+                Psnet__Heartbeat hb = PSNET__HEARTBEAT__INIT;
+                wire_header_init(&h, PSNET__MSG_TYPE__MSG_HEARTBEAT);
+                h.body_case = PSNET__HEADER__BODY_HEARTBEAT;
+                h.heartbeat = &hb;
+                int r = coordlink_send(b->coord, &h);
                 if (r < 0) {
                         log_error_errno(r, "Failed to send a heartbeat: %m");
                         b->failed = true;
@@ -482,7 +488,7 @@ static bool bench_should_stop(void *ud) {
  * peer over under a new id) and answered in the same poll loop that watches
  * the daemons, so a daemon that fails to start ends the wait at once. */
 static int bench_join(Bench *b, void *zctx) {
-        Psnet__Control ctl = PSNET__CONTROL__INIT;
+        Psnet__Header h;
         Psnet__Register reg = PSNET__REGISTER__INIT;
         int r = coordlink_open(zctx, b->cl->coord_ep, &b->coord);
         if (r < 0)
@@ -491,13 +497,15 @@ static int bench_join(Bench *b, void *zctx) {
         reg.has_pid = true;
         reg.pid = (uint32_t) getpid();
         reg.name = (char *) "bench-pushpull";
-        ctl.reg = &reg;
-        r = coordlink_send(b->coord, PSNET__MSG_TYPE__MSG_REGISTER, &ctl);
+        wire_header_init(&h, PSNET__MSG_TYPE__MSG_REGISTER);
+        h.body_case = PSNET__HEADER__BODY_REG;
+        h.reg = &reg;
+        r = coordlink_send(b->coord, &h);
         if (r < 0)
                 return log_error_errno(r, "Failed to register with pscoord at %s: %m", b->cl->coord_ep);
 
         uint64_t deadline = now_ms() + BENCH_START_MS;
-        while (!(b->coord->id != 0 && b->has_job && strcmp(b->state, "running") == 0)) {
+        while (!(b->coord->id != 0 && b->has_job && b->running)) {
                 zmq_pollitem_t items[1 + BENCH_NDAEMONS] = { { .socket = b->coord->sock, .events = ZMQ_POLLIN } };
                 int n = 1;
                 for (size_t i = 0; i < BENCH_NDAEMONS; i++)
@@ -506,7 +514,7 @@ static int bench_join(Bench *b, void *zctx) {
                 uint64_t now = now_ms();
                 if (now >= deadline) {
                         log_error("the job did not start within %u s registered=%s state=%s",
-                                  BENCH_START_MS / 1000, b->coord->id ? "yes" : "no", b->state[0] ? b->state : "?");
+                                  BENCH_START_MS / 1000, b->coord->id ? "yes" : "no", b->running ? "running" : "not running");
                         for (size_t i = 0; i < BENCH_NDAEMONS; i++)
                                 daemon_print_log(&b->cl->d[i]);
                         return -ETIMEDOUT;
@@ -527,8 +535,9 @@ static int bench_leave(Bench *b) {
         WireMsg m;
         if (!b->coord || b->coord->id == 0)
                 return 0;
-        int r = coordlink_request(b->coord, PSNET__MSG_TYPE__MSG_DEREGISTER, NULL,
-                                  PSNET__MSG_TYPE__MSG_DEREGISTER_REP, 2000, NULL, NULL, &m);
+        Psnet__Header h;
+        wire_header_init(&h, PSNET__MSG_TYPE__MSG_DEREGISTER);
+        int r = coordlink_request(b->coord, &h, PSNET__MSG_TYPE__MSG_DEREGISTER_REP, 2000, NULL, NULL, &m);
         if (r == 0 || r == -ECONNREFUSED)
                 wire_msg_done(&m);
         if (r < 0)
@@ -1005,7 +1014,7 @@ int main(int argc, char **argv) {
                BENCH_NSHARDS, o.transport, alloc_name(), sysconf(_SC_NPROCESSORS_ONLN));
         printf("# model %s: %llu floats x 4 B = %llu B = %.1f MiB in %llu keys of <= %u KiB; optimizer %s\n",
                o.model, (unsigned long long) nfloats, (unsigned long long) model_bytes, model_mib,
-               (unsigned long long) job_nkeys(&job), o.chunk_kb, job.optim.kind);
+               (unsigned long long) job_nkeys(&job), o.chunk_kb, optim_kind_name(job.optim.kind));
         fflush(stdout);
 
         /* The baseline moves as many bytes as the timed push+pull rounds do, and

@@ -17,7 +17,8 @@
  *                  (here: key (0,0) with the length the default job uses; the
  *                  answer is PULL_REP or MOVED)
  *   status         a STATUS request (pscoord)
- *   register-bad   a REGISTER without a body (pscoord) */
+ *   register-bad   a REGISTER without a body (pscoord)
+ *   v1             a REGISTER as a protocol-version-1 peer sends it */
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -113,6 +114,10 @@ int main(int argc, char **argv) {
                 h.type = PSNET__MSG_TYPE__MSG_STATUS;
                 h.n_keys = 0;
                 r = send_header(s, &h, 0, false);
+        } else if (!strcmp(c, "v1")) {
+                /* version 1, type REGISTER, field 13 (v1's Control) = {reg: {role: server}} */
+                static const uint8_t v1[] = { 0x08, 0x01, 0x10, 0x0a, 0x6a, 0x04, 0x0a, 0x02, 0x08, 0x01 };
+                r = send_raw(s, v1, sizeof v1, 0);
         } else if (!strcmp(c, "register-bad")) {
                 h.type = PSNET__MSG_TYPE__MSG_REGISTER;
                 h.n_keys = 0;

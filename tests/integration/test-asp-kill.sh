@@ -14,7 +14,7 @@ victim=$(basename "$victim" .log); vpid=$(eval echo "\$PID_${victim//-/_}")
 psnet_wait_for 30 grep -q 'msg="progress" epoch=1/4 step=[1-9][0-9]' "$RUN/$victim.log"; ok $? "the victim ($victim) made progress"
 kill -KILL "$vpid"; ok $? "SIGKILL $victim"
 psnet_wait_for 10 grep -q 'msg="lease expired" role=worker' "$RUN/pscoord.log"; ok $? "pscoord expires its lease"
-out=$("$PSCTL" --coord "$COORD" --wait 300 job wait); ok $? "the job finishes without it ($out)"
+out=$("$PSCTL" --coord "$COORD" job wait --wait 300); ok $? "the job finishes without it ($out)"
 accuracy_at_least "$out" 0.75; ok $? "accuracy >= 0.75 on the subset"
 for w in workerd-1 workerd-2 workerd-3; do
   [ "$w" = "$victim" ] && continue

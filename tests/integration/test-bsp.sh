@@ -9,7 +9,7 @@ psnet_start pscoord "$PSCOORD" --listen "$COORD" --workers 2 --shards 2 --mode b
   --chunk-kb 64 "${SUBSET[@]}"
 for i in 1 2; do psnet_start "psd-$i" "$PSD" --id $i --listen "ipc://$RUN/psd-$i.sock" --coord "$COORD"; done
 for i in 1 2; do psnet_start "workerd-$i" "$WORKERD" --coord "$COORD" --trace-pulls; done
-out=$("$PSCTL" --coord "$COORD" --wait 300 job wait); ok $? "the BSP job finishes ($out)"
+out=$("$PSCTL" --coord "$COORD" job wait --wait 300); ok $? "the BSP job finishes ($out)"
 accuracy_at_least "$out" 0.80; ok $? "accuracy >= 0.80 on the 12k-image subset, 3 epochs"
 
 json=$("$PSCTL" --coord "$COORD" --json status)

@@ -54,7 +54,7 @@ psnet_wait_for 10 bash -c "'$PSCTL' --coord '$COORD' --json status | grep -q '\"
 out=$(timeout 60 "$WORKERD" --coord "$COORD" 2>&1); rc=$?
 ok $(( rc == 0 )) "workerd exits non-zero without the dataset"
 grep -q "apt-get install dataset-fashion-mnist" <<<"$out"; ok $? "workerd says how to install the dataset"
-out=$("$PSCTL" --coord "$COORD" --wait 20 job wait 2>&1); rc=$?
+out=$("$PSCTL" --coord "$COORD" job wait --wait 20 2>&1); rc=$?
 ok $(( rc == 0 )) "psctl job wait exits non-zero for a job whose workers all failed"
 grep -q "state=failed" <<<"$out"; ok $? "and says the job failed ($out)"
 

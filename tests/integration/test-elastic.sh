@@ -33,7 +33,7 @@ t_go=$(date +%s%N); waited=$(( (t_go - t_kill) / 1000000 ))
 [ $waited -le $((LEASE + 3000)) ]; ok $? "the barrier waited ${waited} ms for the dead worker (lease ${LEASE} ms)"
 grep -q 'msg="lease expired" role=worker' "$RUN/pscoord.log"; ok $? "pscoord expired its lease"
 
-out=$("$PSCTL" --coord "$COORD" --wait 300 job wait); ok $? "the job finishes ($out)"
+out=$("$PSCTL" --coord "$COORD" job wait --wait 300); ok $? "the job finishes ($out)"
 accuracy_at_least "$out" 0.80; ok $? "accuracy >= 0.80 on the subset"
 
 extract() { sed -n 's/.*msg="pulled" clock=\([0-9]*\) checksum=\([0-9a-f]*\).*/\1 \2/p' "$1" | sort -k1,1; }

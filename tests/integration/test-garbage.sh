@@ -34,11 +34,13 @@ expect "$COORD" truncated 'status=malformed' "pscoord: a truncated header gets a
 expect "$COORD" version 'status=version' "pscoord: another protocol version is refused"
 expect "$COORD" unknown-type 'status=unknown-type' "pscoord: an unknown message type is refused"
 expect "$COORD" pull 'status=unknown-type' "pscoord: a data-plane message is refused"
-expect "$COORD" register-bad 'status=malformed.*ctl.reg' "pscoord: a REGISTER without body is refused"
+expect "$COORD" register-bad 'status=malformed.*REGISTER carries no body, it takes reg' "pscoord: a REGISTER without body is refused"
+expect "$COORD" v1 'status=version.*version 1, this one speaks version 2' "pscoord: a protocol-version-1 peer is told so"
+expect "$SHARD" v1 'status=version.*version 1, this one speaks version 2' "psd: a protocol-version-1 peer is told so"
 expect "$COORD" status 'type=21 status=ok' "pscoord: a valid STATUS is still answered"
 alive "$PID_pscoord"; ok $? "pscoord is still running"
 
-out=$("$PSCTL" --coord "$COORD" --wait 120 job wait); ok $? "the job finishes ($out)"
+out=$("$PSCTL" --coord "$COORD" job wait --wait 120); ok $? "the job finishes ($out)"
 accuracy_at_least "$out" 0.70; ok $? "with a sane accuracy"
 shard_errors() { "$PSCTL" --coord "$COORD" --json status | jq -e '.shards[0].errors >= 11'; }
 psnet_wait_for 10 shard_errors; ok $? "psd counted the 11 refused requests in its status"

@@ -14,7 +14,7 @@ COORD="ipc://$RUN/ref-coord.sock"
 psnet_start ref-coord "$PSCOORD" --listen "$COORD" --shards 2 "${JOB[@]}"
 for i in 1 2; do psnet_start "ref-psd-$i" "$PSD" --id $i --listen "ipc://$RUN/ref-psd-$i.sock" --coord "$COORD"; done
 for i in 1 2; do psnet_start "ref-w$i" "$WORKERD" --coord "$COORD" --trace-pulls; done
-out=$("$PSCTL" --coord "$COORD" --wait 300 job wait); ok $? "reference run ($out)"
+out=$("$PSCTL" --coord "$COORD" job wait --wait 300); ok $? "reference run ($out)"
 psnet_stop_all
 trace "$RUN"/ref-w*.log >"$RUN/ref"
 
@@ -34,7 +34,7 @@ psnet_wait_for 20 moved '.shards[] | select(.id == 3) | .keys > 0 and .incoming 
 psnet_wait_for 30 logs_match 'msg="pulled" clock=200 ' 'w1.log'; ok $? "training went on to clock 200"
 out=$("$PSCTL" --coord "$COORD" shard remove 1 2>&1); ok $? "psctl shard remove 1 ($out)"
 psnet_wait_for 20 moved '.shards[] | select(.id == 1) | .keys == 0 and .in_map == false'; ok $? "shard 1 handed all its chunks over"
-out=$("$PSCTL" --coord "$COORD" --wait 300 job wait); ok $? "the job finishes ($out)"
+out=$("$PSCTL" --coord "$COORD" job wait --wait 300); ok $? "the job finishes ($out)"
 accuracy_at_least "$out" 0.75; ok $? "accuracy >= 0.75 on the subset"
 trace "$RUN"/w*.log >"$RUN/mig"
 

@@ -10,7 +10,7 @@ run_bsp() {  # run_bsp NAME: a short BSP run; traces in $RUN/NAME-w*.log
   psnet_start "$1-coord" "$PSCOORD" --listen "$coord" --workers 2 --shards 2 --epochs 1 --chunk-kb 64 "${SUBSET[@]}"
   for i in 1 2; do psnet_start "$1-psd-$i" "$PSD" --id $i --listen "ipc://$RUN/$1-psd-$i.sock" --coord "$coord"; done
   for i in 1 2; do psnet_start "$1-w$i" "$WORKERD" --coord "$coord" --trace-pulls; done
-  "$PSCTL" --coord "$coord" --wait 120 job wait >/dev/null
+  "$PSCTL" --coord "$coord" job wait --wait 120 >/dev/null
 }
 run_bsp a; ok $? "first BSP run"
 run_bsp b; ok $? "second BSP run, same seed"
@@ -44,7 +44,7 @@ id3=$("$PSCTL" --coord "$COORD" --json status | jq -r '.workers[] | select(.pid 
 out=$("$PSCTL" --coord "$COORD" worker drain "$id3"); ok $? "psctl worker drain $id3 ($out)"
 psnet_wait_exit "$PID_workerd_3" 20; ok $? "the drained worker exits"
 grep -q 'drain requested' "$RUN/workerd-3.log"; ok $? "it logged the drain"
-out=$("$PSCTL" --coord "$COORD" --wait 300 job wait); ok $? "the job finishes with the other two ($out)"
+out=$("$PSCTL" --coord "$COORD" job wait --wait 300); ok $? "the job finishes with the other two ($out)"
 accuracy_at_least "$out" 0.80; ok $? "accuracy >= 0.80 on the subset"
 for w in 1 2; do extract "$RUN/workerd-$w.log" >"$RUN/m$w"; done
 j=$(join "$RUN/m1" "$RUN/m2" | awk -v b="$B" '$1 >= b' | wc -l)

@@ -18,7 +18,7 @@ run() {  # run NAME MODE EPOCHS PREFETCH [WORKER-2-OPTS...]; psctl's verdict in 
   done
   psnet_start "$name-w1" "$WORKERD" --coord "$coord" --trace-pulls --prefetch "$pf"
   psnet_start "$name-w2" "$WORKERD" --coord "$coord" --trace-pulls --prefetch "$pf" "$@"
-  out=$("$PSCTL" --coord "$coord" --wait 120 job wait)
+  out=$("$PSCTL" --coord "$coord" job wait --wait 120)
 }
 
 run plain bsp 1 off; ok $? "BSP without prefetch ($out)"

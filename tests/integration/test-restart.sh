@@ -15,7 +15,7 @@ psnet_start pscoord-2 "$PSCOORD" "${args[@]}"
 psnet_wait_for 20 logs_match 'msg="job started"' 'pscoord-2.log'; ok $? "the new pscoord restarts the job once shards and workers are back"
 grep -q 'registering again' "$RUN/psd-1.log"; ok $? "shard 1 registered again"
 logs_match 'registering again' 'workerd-*.log'; ok $? "the workers registered again"
-out=$("$PSCTL" --coord "$COORD" --wait 300 job wait); ok $? "the job finishes ($out)"
+out=$("$PSCTL" --coord "$COORD" job wait --wait 300); ok $? "the job finishes ($out)"
 accuracy_at_least "$out" 0.80; ok $? "accuracy >= 0.80 on the subset"
 last=$(sed -n 's/.*msg="pulled" clock=\([0-9]*\) .*/\1/p' "$RUN/workerd-1.log" | tail -1)
 [ "$last" -gt "$((c_kill + 100))" ]; ok $? "training went on past the restart (clock $c_kill at the kill, $last at the end)"

@@ -15,7 +15,7 @@ done
 psnet_start workerd-1 "$WORKERD" --coord "$COORD"
 psnet_start workerd-2 "$WORKERD" --coord "$COORD"
 psnet_start workerd-slow "$WORKERD" --coord "$COORD" --step-delay-ms 15
-out=$("$PSCTL" --coord "$COORD" --wait 300 job wait); ok $? "the SSP job finishes ($out)"
+out=$("$PSCTL" --coord "$COORD" job wait --wait 300); ok $? "the SSP job finishes ($out)"
 accuracy_at_least "$out" 0.75; ok $? "accuracy >= 0.75 on the subset"
 
 cat "$RUN"/psd-*.log | sed -n 's/.*msg="ssp pull" worker=\([0-9]*\) clock=\([0-9]*\) slowest=\([0-9]*\) staleness=\([0-9]*\).*/\1 \2 \3 \4/p' >"$RUN/ssp"

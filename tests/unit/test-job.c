@@ -1,11 +1,13 @@
-/* Unit tests for common/job.c: model strings, chunking, deterministic
- * initialisation and its statistics, proto round trip and refusals. */
+/* Unit tests for common/job.c (model strings, chunking, deterministic
+ * initialisation and its statistics, modes) and common/net/wire-job.c (the
+ * job's wire form: round trip and refusals). */
 #include <errno.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
 #include "job.h"
 #include "tap.h"
+#include "wire-job.h"
 
 static void test_defaults(void) {
         Job j;
@@ -13,7 +15,7 @@ static void test_defaults(void) {
 
         job_defaults(&j);
         CHECK(strcmp(j.model, "mlp:784-256-10") == 0, "default model");
-        CHECK(strcmp(j.optim.kind, "sgd") == 0 && j.optim.lr == 0.02f && j.optim.momentum == 0.9f &&
+        CHECK(j.optim.kind == OPTIM_SGD && j.optim.lr == 0.02f && j.optim.momentum == 0.9f &&
               j.optim.weight_decay == 0.0f, "default optimizer sgd lr 0.02 momentum 0.9");
         CHECK(j.optim.beta1 == 0.9f && j.optim.beta2 == 0.999f && j.optim.eps == 1e-8f, "adam defaults");
         CHECK(j.mode == MODE_BSP && j.chunk_floats == JOB_DEFAULT_CHUNK_FLOATS && j.seed == 42 && j.batch == 64 &&
@@ -35,10 +37,10 @@ static void test_model(void) {
         CHECK(j.ntensors == 6, "6 tensors (%zu)", j.ntensors);
         CHECK(strcmp(j.tensors[0].name, "W0") == 0 && j.tensors[0].ndim == 2 && j.tensors[0].shape[0] == 256 &&
               j.tensors[0].shape[1] == 784 && j.tensors[0].numel == 256u * 784u, "W0 is [256 x 784]");
-        CHECK(strcmp(j.tensors[0].init, "he") == 0 && j.tensors[0].fan_in == 784 && j.tensors[0].fan_out == 256,
+        CHECK(j.tensors[0].init == INIT_HE && j.tensors[0].fan_in == 784 && j.tensors[0].fan_out == 256,
               "W0 he init, fan_in 784, fan_out 256");
         CHECK(strcmp(j.tensors[1].name, "b0") == 0 && j.tensors[1].ndim == 1 && j.tensors[1].shape[0] == 256 &&
-              j.tensors[1].numel == 256 && strcmp(j.tensors[1].init, "zeros") == 0, "b0 is [256], zeros");
+              j.tensors[1].numel == 256 && j.tensors[1].init == INIT_ZEROS, "b0 is [256], zeros");
         CHECK(strcmp(j.tensors[4].name, "W2") == 0 && j.tensors[4].shape[0] == 10 && j.tensors[4].shape[1] == 128 &&
               j.tensors[4].fan_in == 128, "W2 is [10 x 128]");
         CHECK(strcmp(j.tensors[5].name, "b2") == 0 && j.tensors[5].numel == 10, "b2 is [10]");
@@ -65,10 +67,19 @@ static void test_model(void) {
         CHECK(job_set_mode(&j, "bsp") == 0 && j.mode == MODE_BSP, "mode bsp");
         CHECK(job_set_mode(&j, "ssp") == -EINVAL && j.mode == MODE_BSP, "unknown mode refused");
         j.optim.lr = 0.01f;
-        CHECK(job_set_optim(&j, "adam") == 0 && strcmp(j.optim.kind, "adam") == 0 && j.optim.lr == 0.01f,
+        CHECK(job_set_optim(&j, "adam") == 0 && j.optim.kind == OPTIM_ADAM && j.optim.lr == 0.01f,
               "optimizer adam keeps lr");
-        CHECK(job_set_optim(&j, "rmsprop") == -EINVAL && strcmp(j.optim.kind, "adam") == 0,
+        CHECK(job_set_optim(&j, "rmsprop") == -EINVAL && j.optim.kind == OPTIM_ADAM,
               "unknown optimizer refused");
+        char buf[32];
+        CHECK(job_set_mode(&j, "ssp:7") == 0 && j.mode == MODE_SSP && j.staleness == 7 &&
+              strcmp(job_mode_string(&j, buf, sizeof buf), "ssp:7") == 0, "mode ssp:7 and its name");
+        CHECK(job_set_mode(&j, "ssp:2x") == -EINVAL && job_set_mode(&j, "ssp:") == -EINVAL &&
+              job_set_mode(&j, "ssp:1000001") == -EINVAL && j.mode == MODE_SSP && j.staleness == 7,
+              "bad staleness refused, mode untouched");
+        CHECK(strcmp(optim_kind_name(OPTIM_ADAM), "adam") == 0 && strcmp(tensor_init_name(INIT_XAVIER), "xavier") == 0 &&
+              strcmp(job_state_name(JOB_FAILED), "failed") == 0 && job_state_final(JOB_STOPPED) &&
+              !job_state_final(JOB_RUNNING), "enum names");
 }
 
 static void test_chunks(void) {
@@ -200,7 +211,7 @@ static void test_init(void) {
         /* Xavier: uniform(-a, a), a = sqrt(6 / (fan_in + fan_out)), variance a^2 / 3. */
         {
                 double bound = sqrt(6.0 / (784.0 + 256.0)), m2 = 0;
-                snprintf(j.tensors[0].init, sizeof j.tensors[0].init, "xavier");
+                j.tensors[0].init = INIT_XAVIER;
                 for (uint32_t c = 0; c < nchunks; c++)
                         job_init_chunk(&j, 0, c, whole + (uint64_t) c * cf);
                 for (uint64_t i = 0; i < n; i++) {
@@ -224,14 +235,16 @@ static bool jobs_equal(const Job *x, const Job *y) {
                 const JobTensor *a = &x->tensors[i], *b = &y->tensors[i];
                 if (strcmp(a->name, b->name) != 0 || a->ndim != b->ndim ||
                     memcmp(a->shape, b->shape, sizeof a->shape) != 0 || a->numel != b->numel ||
-                    strcmp(a->init, b->init) != 0 || a->nchunks != b->nchunks || a->fan_in != b->fan_in ||
+                    a->init != b->init || a->nchunks != b->nchunks || a->fan_in != b->fan_in ||
                     a->fan_out != b->fan_out)
                         return false;
         }
-        return strcmp(x->optim.kind, y->optim.kind) == 0 && x->optim.lr == y->optim.lr &&
+        return x->optim.kind == y->optim.kind && x->optim.lr == y->optim.lr &&
                x->optim.momentum == y->optim.momentum && x->optim.weight_decay == y->optim.weight_decay &&
                x->optim.beta1 == y->optim.beta1 && x->optim.beta2 == y->optim.beta2 && x->optim.eps == y->optim.eps &&
-               x->optim.nesterov == y->optim.nesterov && x->mode == y->mode && x->chunk_floats == y->chunk_floats &&
+               x->optim.nesterov == y->optim.nesterov && x->mode == y->mode && x->staleness == y->staleness &&
+               x->lr_scaling == y->lr_scaling && x->warmup_clocks == y->warmup_clocks &&
+               x->allow_nonfinite == y->allow_nonfinite && x->chunk_floats == y->chunk_floats &&
                x->seed == y->seed && x->batch == y->batch && x->epochs == y->epochs &&
                strcmp(x->dataset, y->dataset) == 0 && x->expect_workers == y->expect_workers &&
                x->expect_shards == y->expect_shards && x->train_limit == y->train_limit &&
@@ -250,7 +263,10 @@ static void test_proto(void) {
         j.id = 9;
         j.chunk_floats = 5000;
         CHECK(job_set_model(&j, "mlp:100-50-20-3") == 0, "model");
-        CHECK(job_set_optim(&j, "adam") == 0 && job_set_mode(&j, "asp") == 0, "adam, asp");
+        CHECK(job_set_optim(&j, "adam") == 0 && job_set_mode(&j, "ssp:4") == 0, "adam, ssp:4");
+        j.lr_scaling = true;
+        j.warmup_clocks = 77;
+        j.allow_nonfinite = true;
         j.optim.lr = 0.001f;
         j.optim.nesterov = true;
         j.optim.weight_decay = 0.01f;
@@ -263,7 +279,7 @@ static void test_proto(void) {
         j.expect_shards = 2;
         j.train_limit = 1000;
         j.test_limit = 200;
-        snprintf(j.tensors[2].init, sizeof j.tensors[2].init, "xavier");
+        j.tensors[2].init = INIT_XAVIER;
 
         r = job_to_proto(&j, &spec);
         CHECK(r == 0 && spec, "job_to_proto (%d)", r);
@@ -271,7 +287,9 @@ static void test_proto(void) {
                 return;
         CHECK(spec->n_tensors == 6 && strcmp(spec->tensors[0]->name, "W0") == 0 && spec->tensors[0]->n_shape == 2 &&
               spec->tensors[0]->shape[0] == 50 && spec->tensors[0]->shape[1] == 100, "tensor specs");
-        CHECK(strcmp(spec->mode, "asp") == 0 && strcmp(spec->optim->kind, "adam") == 0, "mode and kind strings");
+        CHECK(spec->mode->mode == PSNET__MODE__MODE_SSP && spec->mode->staleness == 4 &&
+              spec->optim->kind == PSNET__OPTIM_KIND__OPTIM_ADAM && spec->tensors[2]->init == PSNET__INIT__INIT_XAVIER,
+              "mode, optimizer and init as enums");
 
         /* Through bytes, as on the wire. */
         len = psnet__job_spec__get_packed_size(spec);
@@ -311,10 +329,14 @@ static void test_proto(void) {
                 saved_str = s->model;
                 REFUSE("bad model", s->model = (char *) "mlp:100", s->model = saved_str);
                 REFUSE("model not matching tensors", s->model = (char *) "mlp:100-50-20-4", s->model = saved_str);
-                saved_str = s->mode;
-                REFUSE("mode ssp", s->mode = (char *) "ssp", s->mode = saved_str);
-                saved_str = s->optim->kind;
-                REFUSE("optimizer lion", s->optim->kind = (char *) "lion", s->optim->kind = saved_str);
+                Psnet__Mode saved_m = s->mode->mode;
+                REFUSE("mode 9", s->mode->mode = (Psnet__Mode) 9, s->mode->mode = saved_m);
+                saved_u = s->mode->staleness;
+                REFUSE("staleness 10^7", s->mode->staleness = 10000000, s->mode->staleness = saved_u);
+                Psnet__ModeSpec *saved_ms = s->mode;
+                REFUSE("no mode", s->mode = NULL, s->mode = saved_ms);
+                Psnet__OptimKind saved_k = s->optim->kind;
+                REFUSE("optimizer 7", s->optim->kind = (Psnet__OptimKind) 7, s->optim->kind = saved_k);
                 saved_u = s->chunk_floats;
                 REFUSE("chunk_floats 0", s->chunk_floats = 0, s->chunk_floats = saved_u);
                 REFUSE("chunk_floats 64Mi+1", s->chunk_floats = 64u * 1024 * 1024 + 1, s->chunk_floats = saved_u);
@@ -338,8 +360,8 @@ static void test_proto(void) {
                 REFUSE("tensor reshaped", s->tensors[0]->shape[0] = 51, s->tensors[0]->shape[0] = saved_u);
                 saved_n = s->tensors[0]->n_shape;
                 REFUSE("tensor rank", s->tensors[0]->n_shape = 1, s->tensors[0]->n_shape = saved_n);
-                saved_str = s->tensors[0]->init;
-                REFUSE("unknown init", s->tensors[0]->init = (char *) "ones", s->tensors[0]->init = saved_str);
+                Psnet__Init saved_i = s->tensors[0]->init;
+                REFUSE("unknown init", s->tensors[0]->init = (Psnet__Init) 5, s->tensors[0]->init = saved_i);
                 saved_str = s->dataset;
                 REFUSE("empty dataset", s->dataset = (char *) "", s->dataset = saved_str);
                 {

@@ -12,13 +12,13 @@
 #define TOL 1e-6
 
 static OptimConf sgd_conf(float lr, float mu, float wd, bool nesterov) {
-        OptimConf c = { .kind = "sgd", .lr = lr, .momentum = mu, .weight_decay = wd,
+        OptimConf c = { .kind = OPTIM_SGD, .lr = lr, .momentum = mu, .weight_decay = wd,
                         .nesterov = nesterov };
         return c;
 }
 
 static OptimConf adam_conf(float lr, float wd) {
-        OptimConf c = { .kind = "adam", .lr = lr, .weight_decay = wd, .beta1 = 0.9f,
+        OptimConf c = { .kind = OPTIM_ADAM, .lr = lr, .weight_decay = wd, .beta1 = 0.9f,
                         .beta2 = 0.999f, .eps = 1e-8f };
         return c;
 }

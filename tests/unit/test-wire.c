@@ -1,4 +1,4 @@
-/* Unit tests for common/wire.c over a real DEALER <-> ROUTER pair on inproc://:
+/* Unit tests for common/net/wire.c (and the status table of errors.c) over a real DEALER <-> ROUTER pair on inproc://:
  * round trips of data and control messages, refusal of every malformed
  * message we can build, and no desynchronisation after any of them. */
 #include <errno.h>
@@ -8,6 +8,7 @@
 #include "job.h"
 #include "tap.h"
 #include "wire.h"
+#include "wire-job.h"
 
 static void *ctx, *router, *dealer;
 
@@ -212,7 +213,6 @@ static void test_push_roundtrip(void) {
 
 static void test_control_roundtrip(void) {
         Psnet__Header h;
-        Psnet__Control ctl = PSNET__CONTROL__INIT;
         Psnet__JobSpec *spec = NULL;
         Job job, back;
         WireMsg m;
@@ -222,45 +222,107 @@ static void test_control_roundtrip(void) {
         job_defaults(&job);
         job.id = 5;
         job.seed = 1234;
+        job.mode = MODE_SSP;
+        job.staleness = 3;
+        job.optim.kind = OPTIM_ADAM;
         r = job_set_model(&job, "mlp:20-30-4");
         CHECK(r == 0 && job_to_proto(&job, &spec) == 0, "job to proto");
         wire_header_init(&h, PSNET__MSG_TYPE__MSG_JOB_SUBMIT);
-        ctl.job = spec;
-        h.ctl = &ctl;
+        h.body_case = PSNET__HEADER__BODY_SUBMIT;
+        h.submit = spec;
         r = wire_send(dealer, NULL, &h, NULL, 0);
-        CHECK(r == 0, "send JOB_SUBMIT with ctl.job (%d)", r);
+        CHECK(r == 0, "send JOB_SUBMIT with its job body (%d)", r);
         job_proto_free(spec);
 
         r = wire_recv(router, true, 0, &m);
         CHECK(r == 0 && m.hdr && m.hdr->type == PSNET__MSG_TYPE__MSG_JOB_SUBMIT && m.nframes == 0,
               "JOB_SUBMIT received (%d)", r);
-        CHECK(m.hdr && m.hdr->ctl && m.hdr->ctl->job, "ctl.job present");
-        if (m.hdr && m.hdr->ctl && m.hdr->ctl->job) {
-                r = job_from_proto(m.hdr->ctl->job, &back, err, sizeof err);
+        CHECK(m.hdr && m.hdr->body_case == PSNET__HEADER__BODY_SUBMIT && m.hdr->submit, "submit body present");
+        if (m.hdr && m.hdr->submit) {
+                CHECK(m.hdr->submit->mode->mode == PSNET__MODE__MODE_SSP && m.hdr->submit->mode->staleness == 3 &&
+                      m.hdr->submit->optim->kind == PSNET__OPTIM_KIND__OPTIM_ADAM,
+                      "mode and optimizer travel as enums");
+                r = job_from_proto(m.hdr->submit, &back, err, sizeof err);
                 CHECK(r == 0, "job from proto (%s)", err);
                 CHECK(r == 0 && back.id == 5 && back.seed == 1234 && strcmp(back.model, "mlp:20-30-4") == 0 &&
-                      back.ntensors == 4, "job survives the wire");
+                      back.ntensors == 4 && back.mode == MODE_SSP && back.staleness == 3 &&
+                      back.optim.kind == OPTIM_ADAM, "job survives the wire");
         }
         wire_msg_done(&m);
 
-        /* A control message from the router side, with a registration. */
+        /* A registration. */
         {
                 Psnet__Header rh;
-                Psnet__Control rc = PSNET__CONTROL__INIT;
                 Psnet__Register reg = PSNET__REGISTER__INIT;
                 WireMsg d;
                 wire_header_init(&rh, PSNET__MSG_TYPE__MSG_REGISTER);
                 reg.role = PSNET__ROLE__ROLE_SERVER;
                 reg.endpoint = (char *) "ipc:///tmp/x";
-                rc.reg = &reg;
-                rh.ctl = &rc;
+                rh.body_case = PSNET__HEADER__BODY_REG;
+                rh.reg = &reg;
                 r = wire_send(dealer, NULL, &rh, NULL, 0);
                 CHECK(r == 0, "send REGISTER");
                 r = wire_recv(router, true, 0, &d);
-                CHECK(r == 0 && d.hdr->ctl && d.hdr->ctl->reg && d.hdr->ctl->reg->role == PSNET__ROLE__ROLE_SERVER &&
-                      strcmp(d.hdr->ctl->reg->endpoint, "ipc:///tmp/x") == 0, "REGISTER body survives");
+                CHECK(r == 0 && d.hdr->reg && d.hdr->reg->role == PSNET__ROLE__ROLE_SERVER &&
+                      strcmp(d.hdr->reg->endpoint, "ipc:///tmp/x") == 0, "REGISTER body survives");
                 wire_msg_done(&d);
         }
+}
+
+/* Each message type takes exactly its body; a version-1 peer is told so. */
+static void test_bodies(void) {
+        Psnet__Header h;
+        Psnet__Heartbeat hb = PSNET__HEARTBEAT__INIT;
+        Psnet__Register reg = PSNET__REGISTER__INIT;
+
+        wire_header_init(&h, PSNET__MSG_TYPE__MSG_REGISTER);
+        send_hdr(&h, NULL, 0);
+        expect_bad(PSNET__STATUS__STATUS_MALFORMED, "REGISTER carries no body, it takes reg", "REGISTER without body");
+        wire_header_init(&h, PSNET__MSG_TYPE__MSG_REGISTER);
+        h.body_case = PSNET__HEADER__BODY_HEARTBEAT;
+        h.heartbeat = &hb;
+        send_hdr(&h, NULL, 0);
+        expect_bad(PSNET__STATUS__STATUS_MALFORMED, "REGISTER carries heartbeat, it takes reg",
+                   "REGISTER with another type's body");
+        wire_header_init(&h, PSNET__MSG_TYPE__MSG_STATUS);
+        h.body_case = PSNET__HEADER__BODY_REG;
+        h.reg = &reg;
+        send_hdr(&h, NULL, 0);
+        expect_bad(PSNET__STATUS__STATUS_MALFORMED, "STATUS carries reg, it takes no body", "a body where none belongs");
+
+        /* A version-1 REGISTER as a version-1 peer sends it: field 13 (v1's
+         * Control, here {reg: {role: 1}}) is unknown to version 2. */
+        {
+                static const uint8_t v1[] = { 0x08, 0x01, 0x10, 0x0a, 0x6a, 0x04, 0x0a, 0x02, 0x08, 0x01 };
+                const void *p[1] = { v1 };
+                size_t sz[1] = { sizeof v1 };
+                send_raw(dealer, p, sz, 1);
+                expect_bad(PSNET__STATUS__STATUS_VERSION, "peer speaks protocol version 1, this one speaks version 2",
+                           "a version-1 peer is refused, naming both versions");
+        }
+}
+
+/* One table: every status maps to a distinct errno and back; names are unique. */
+static void test_status_table(void) {
+        bool ok = true;
+        for (int st = PSNET__STATUS__STATUS_OK; st <= PSNET__STATUS__STATUS_NOT_FINITE; st++) {
+                int e = status_to_errno(st);
+                if (status_from_errno(e) != st || strcmp(status_name(st), "unknown") == 0) {
+                        ok = false;
+                        printf("# status %d -> errno %d -> status %d (%s)\n", st, e, status_from_errno(e),
+                               status_name(st));
+                }
+                for (int o = st + 1; o <= PSNET__STATUS__STATUS_NOT_FINITE; o++)
+                        if (strcmp(status_name(st), status_name(o)) == 0)
+                                ok = false;
+        }
+        CHECK(ok, "status -> errno -> status is the identity, names distinct");
+        CHECK(status_from_errno(-ENOMEM) == PSNET__STATUS__STATUS_RESOURCE, "out of memory is RESOURCE, not shutting down");
+        CHECK(status_from_errno(-EIO) == PSNET__STATUS__STATUS_INTERNAL, "EIO is INTERNAL");
+        CHECK(status_from_errno(-ENOTRECOVERABLE) == PSNET__STATUS__STATUS_INTERNAL, "an unlisted errno is INTERNAL");
+        CHECK(status_from_errno(-EXDEV) == PSNET__STATUS__STATUS_MOVED && status_from_errno(EEXIST) ==
+              PSNET__STATUS__STATUS_DUPLICATE, "aliases map to their status");
+        CHECK(status_to_errno(1000) == -EPROTO && strcmp(status_name(1000), "unknown") == 0, "unknown status");
 }
 
 static void test_error_reply(void) {
@@ -423,8 +485,13 @@ static void test_malformed(void) {
         send_hdr(&h, fb, 1);
         expect_bad(PSNET__STATUS__STATUS_MALFORMED, "PULL carries 1 payload frame; it takes none", "frames on PULL");
         /* Frames on a control message. */
-        wire_header_init(&h, PSNET__MSG_TYPE__MSG_HEARTBEAT);
-        send_hdr(&h, fb, 1);
+        {
+                Psnet__Heartbeat hb = PSNET__HEARTBEAT__INIT;
+                wire_header_init(&h, PSNET__MSG_TYPE__MSG_HEARTBEAT);
+                h.body_case = PSNET__HEADER__BODY_HEARTBEAT;
+                h.heartbeat = &hb;
+                send_hdr(&h, fb, 1);
+        }
         expect_bad(PSNET__STATUS__STATUS_MALFORMED, "HEARTBEAT carries 1 payload frame; it takes none", "frames on HEARTBEAT");
 
         /* Too many keys. */
@@ -562,6 +629,8 @@ int main(void) {
         setup();
         test_push_roundtrip();
         test_control_roundtrip();
+        test_bodies();
+        test_status_table();
         test_error_reply();
         test_malformed();
         test_misc();

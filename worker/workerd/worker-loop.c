@@ -19,6 +19,7 @@
 #include "kernels.h"
 #include "log.h"
 #include "model.h"
+#include "wire-job.h"
 #include "worker-loop.h"
 
 typedef struct Worker {
@@ -29,7 +30,8 @@ typedef struct Worker {
         Job job;
         bool has_job;
         ShardMap *map;
-        char state[16];
+        JobState state;
+        bool has_state;
         uint32_t rank, nworkers;
         bool stop;                  /* signal received, job stopped or drained */
         bool job_stopped, draining;
@@ -70,10 +72,10 @@ static int worker_take_map(Worker *w, const Psnet__ShardMap *pm) {
         return 0;
 }
 
-static void worker_apply_config(Worker *w, const Psnet__Control *ctl) {
+static void worker_apply_config(Worker *w, const Psnet__Config *ctl) {
         char err[192];
-        if (ctl->job_state)
-                snprintf(w->state, sizeof w->state, "%s", ctl->job_state);
+        if (job_state_from_proto(ctl->job_state, &w->state) == 0)
+                w->has_state = true;
         if (ctl->has_rank)
                 w->rank = ctl->rank;
         if (ctl->has_nworkers)
@@ -102,7 +104,7 @@ static void worker_apply_config(Worker *w, const Psnet__Control *ctl) {
                 log_warning("pscoord moved to job %u; this worker trains job %u and stops", ctl->job->id, w->job.id);
                 w->stop = w->job_stopped = true;
         }
-        if (strcmp(w->state, "stopped") == 0 && !w->job_stopped) {
+        if (w->has_state && w->state == JOB_STOPPED && !w->job_stopped) {
                 log_info("job stopped by the operator");
                 w->stop = w->job_stopped = true;
         }
@@ -117,8 +119,8 @@ static void on_coord(void *ud) {
                 int r = wire_recv(w->coord->sock, false, ZMQ_DONTWAIT, &m);
                 if (r == 0) {
                         Psnet__Header *h = m.hdr;
-                        if (h->type == PSNET__MSG_TYPE__MSG_CONFIG && h->ctl)
-                                worker_apply_config(w, h->ctl);
+                        if (h->type == PSNET__MSG_TYPE__MSG_CONFIG)
+                                worker_apply_config(w, h->config);
                         else if (h->type == PSNET__MSG_TYPE__MSG_ERROR &&
                                  h->status == PSNET__STATUS__STATUS_UNKNOWN_PEER) {
                                 int rr;
@@ -144,7 +146,8 @@ static void on_signal(void *ud) {
 }
 
 static void send_heartbeat(Worker *w) {
-        Psnet__Control ctl = PSNET__CONTROL__INIT;
+        Psnet__Header h;
+        Psnet__Heartbeat hb = PSNET__HEARTBEAT__INIT;
         Psnet__WorkerInfo wi = PSNET__WORKER_INFO__INIT;
         wi.id = w->coord->id;
         wi.has_rank = wi.has_clock = wi.has_steps_per_s = wi.has_samples_per_s = true;
@@ -156,8 +159,11 @@ static void send_heartbeat(Worker *w) {
         wi.loss = w->last_loss;
         wi.epoch = w->epoch;
         wi.step = w->step;
-        ctl.worker_stats = &wi;
-        int r = coordlink_send(w->coord, PSNET__MSG_TYPE__MSG_HEARTBEAT, &ctl);
+        hb.worker = &wi;
+        wire_header_init(&h, PSNET__MSG_TYPE__MSG_HEARTBEAT);
+        h.body_case = PSNET__HEADER__BODY_HEARTBEAT;
+        h.heartbeat = &hb;
+        int r = coordlink_send(w->coord, &h);
         if (r < 0)
                 log_warning_errno(r, "Failed to send heartbeat: %m");
         w->last_hb = now_ms();
@@ -192,8 +198,6 @@ static void worker_register(Worker *w, unsigned timeout_ms, int *ret) {
                 snprintf(f, sizeof f, "worker=%u", w->coord->id);
                 log_set_fields(f);
                 log_info("registered coord=%s lease_ms=%u", w->cfg->coord, w->coord->lease_ms);
-                if (m.hdr->ctl)
-                        worker_apply_config(w, m.hdr->ctl);
                 wire_msg_done(&m);
         }
         *ret = r;
@@ -221,10 +225,11 @@ static int serve_link(Worker *w, long timeout_ms) {
 static int wait_for_job(Worker *w) {
         bool said = false;
         while (!w->stop) {
-                if (w->has_job && strcmp(w->state, "running") == 0)
+                if (w->has_job && w->has_state && w->state == JOB_RUNNING)
                         return 0;
                 if (!said) {
-                        log_info("waiting for the job to start state=%s", w->state[0] ? w->state : "?");
+                        log_info("waiting for the job to start state=%s",
+                                 w->has_state ? job_state_name(w->state) : "?");
                         said = true;
                 }
                 int r = serve_link(w, 200);
@@ -277,7 +282,8 @@ static void trace_pull(Worker *w, Model *m, float *const *params, int64_t clock)
 }
 
 static int send_result(Worker *w, bool has_acc, float acc) {
-        Psnet__Control ctl = PSNET__CONTROL__INIT;
+        Psnet__Header h;
+        Psnet__Result res = PSNET__RESULT__INIT;
         Psnet__WorkerInfo wi = PSNET__WORKER_INFO__INIT;
         WireMsg m;
         wi.id = w->coord->id;
@@ -289,8 +295,11 @@ static int send_result(Worker *w, bool has_acc, float acc) {
         wi.done = true;
         wi.has_accuracy = has_acc;
         wi.accuracy = acc;
-        ctl.worker_stats = &wi;
-        int r = coordlink_request(w->coord, PSNET__MSG_TYPE__MSG_RESULT, &ctl, PSNET__MSG_TYPE__MSG_HEARTBEAT_REP,
+        res.worker = &wi;
+        wire_header_init(&h, PSNET__MSG_TYPE__MSG_RESULT);
+        h.body_case = PSNET__HEADER__BODY_RESULT;
+        h.result = &res;
+        int r = coordlink_request(w->coord, &h, PSNET__MSG_TYPE__MSG_RESULT_REP,
                                   5000, NULL, NULL, &m);
         if (r == 0 || r == -ECONNREFUSED)
                 wire_msg_done(&m);
@@ -636,7 +645,7 @@ int worker_run(const WorkerConfig *cfg) {
                 r = train(&w);
         else if (r == -ECANCELED)
                 r = 0;
-        (void) coordlink_send(w.coord, PSNET__MSG_TYPE__MSG_DEREGISTER, NULL);
+        (void) coordlink_send_type(w.coord, PSNET__MSG_TYPE__MSG_DEREGISTER);
         log_info("left the job");
 out:
         w.coord = coordlink_free(w.coord);

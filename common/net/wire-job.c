@@ -1,0 +1,335 @@
+/* Conversions between common/'s types and their wire messages; see wire-job.h. */
+#include <errno.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include "macro.h"
+#include "wire-job.h"
+
+static int conv_err(char *err, size_t errlen, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+static int conv_err(char *err, size_t errlen, const char *fmt, ...) {
+        va_list ap;
+        if (err && errlen > 0) {
+                va_start(ap, fmt);
+                vsnprintf(err, errlen, fmt, ap);
+                va_end(ap);
+        }
+        return -EINVAL;
+}
+
+static Psnet__Init init_to_proto(TensorInit i) {
+        switch (i) {
+        case INIT_HE: return PSNET__INIT__INIT_HE;
+        case INIT_XAVIER: return PSNET__INIT__INIT_XAVIER;
+        case INIT_ZEROS: break;
+        }
+        return PSNET__INIT__INIT_ZEROS;
+}
+
+static int init_from_proto(Psnet__Init i, TensorInit *ret) {
+        switch (i) {
+        case PSNET__INIT__INIT_ZEROS: *ret = INIT_ZEROS; return 0;
+        case PSNET__INIT__INIT_HE: *ret = INIT_HE; return 0;
+        case PSNET__INIT__INIT_XAVIER: *ret = INIT_XAVIER; return 0;
+        default: return -EINVAL;
+        }
+}
+
+void mode_to_proto(ConsistencyMode mode, uint32_t staleness, Psnet__ModeSpec *ret) {
+        psnet__mode_spec__init(ret);
+        ret->mode = mode == MODE_SSP ? PSNET__MODE__MODE_SSP
+                    : mode == MODE_ASP ? PSNET__MODE__MODE_ASP : PSNET__MODE__MODE_BSP;
+        ret->has_staleness = mode == MODE_SSP;
+        ret->staleness = mode == MODE_SSP ? staleness : 0;
+}
+
+int mode_from_proto(const Psnet__ModeSpec *m, ConsistencyMode *ret_mode, uint32_t *ret_staleness) {
+        if (!m)
+                return -EINVAL;
+        switch (m->mode) {
+        case PSNET__MODE__MODE_BSP: *ret_mode = MODE_BSP; break;
+        case PSNET__MODE__MODE_ASP: *ret_mode = MODE_ASP; break;
+        case PSNET__MODE__MODE_SSP: *ret_mode = MODE_SSP; break;
+        default: return -EINVAL;
+        }
+        uint32_t s = m->mode == PSNET__MODE__MODE_SSP && m->has_staleness ? m->staleness : 0;
+        if (s > JOB_MAX_STALENESS)
+                return -EINVAL;
+        *ret_staleness = s;
+        return 0;
+}
+
+Psnet__JobState job_state_to_proto(JobState s) {
+        switch (s) {
+        case JOB_RUNNING: return PSNET__JOB_STATE__JOB_RUNNING;
+        case JOB_DONE: return PSNET__JOB_STATE__JOB_DONE;
+        case JOB_STOPPED: return PSNET__JOB_STATE__JOB_STOPPED;
+        case JOB_FAILED: return PSNET__JOB_STATE__JOB_FAILED;
+        case JOB_WAITING: break;
+        }
+        return PSNET__JOB_STATE__JOB_WAITING;
+}
+
+int job_state_from_proto(Psnet__JobState s, JobState *ret) {
+        switch (s) {
+        case PSNET__JOB_STATE__JOB_WAITING: *ret = JOB_WAITING; return 0;
+        case PSNET__JOB_STATE__JOB_RUNNING: *ret = JOB_RUNNING; return 0;
+        case PSNET__JOB_STATE__JOB_DONE: *ret = JOB_DONE; return 0;
+        case PSNET__JOB_STATE__JOB_STOPPED: *ret = JOB_STOPPED; return 0;
+        case PSNET__JOB_STATE__JOB_FAILED: *ret = JOB_FAILED; return 0;
+        default: return -EINVAL;
+        }
+}
+
+/* --- job ------------------------------------------------------------------------ */
+
+void job_proto_free(Psnet__JobSpec *spec) {
+        if (!spec)
+                return;
+        free(spec->model);
+        if (spec->tensors) {
+                for (size_t i = 0; i < spec->n_tensors; i++) {
+                        Psnet__TensorSpec *t = spec->tensors[i];
+                        if (!t)
+                                continue;
+                        free(t->name);
+                        free(t->shape);
+                        free(t);
+                }
+                free(spec->tensors);
+        }
+        free(spec->optim);
+        free(spec->mode);
+        free(spec->dataset);
+        free(spec);
+}
+
+int job_to_proto(const Job *job, Psnet__JobSpec **ret) {
+        Psnet__JobSpec *s;
+        Psnet__OptimSpec *o;
+
+        if (job_validate(job, NULL, 0) < 0)
+                return -EINVAL;
+        s = malloc(sizeof *s);
+        if (!s)
+                return -ENOMEM;
+        psnet__job_spec__init(s);
+        s->id = job->id;
+        s->model = strdup(job->model);
+        s->mode = malloc(sizeof *s->mode);
+        if (s->mode)
+                mode_to_proto(job->mode, job->staleness, s->mode);
+        s->has_lr_scaling = true;
+        s->lr_scaling = job->lr_scaling;
+        s->has_warmup_clocks = true;
+        s->warmup_clocks = job->warmup_clocks;
+        s->has_allow_nonfinite = true;
+        s->allow_nonfinite = job->allow_nonfinite;
+        s->dataset = strdup(job->dataset);
+        s->optim = o = malloc(sizeof *o);
+        if (o) {
+                psnet__optim_spec__init(o);
+                o->kind = job->optim.kind == OPTIM_ADAM ? PSNET__OPTIM_KIND__OPTIM_ADAM : PSNET__OPTIM_KIND__OPTIM_SGD;
+        }
+        s->tensors = calloc(job->ntensors ? job->ntensors : 1, sizeof *s->tensors);
+        if (!s->model || !s->mode || !s->dataset || !o || !s->tensors)
+                goto nomem;
+        s->n_tensors = job->ntensors;
+        for (size_t i = 0; i < job->ntensors; i++) {
+                const JobTensor *jt = &job->tensors[i];
+                Psnet__TensorSpec *t = malloc(sizeof *t);
+                if (!t)
+                        goto nomem;
+                psnet__tensor_spec__init(t);
+                s->tensors[i] = t;
+                t->name = strdup(jt->name);
+                t->init = init_to_proto(jt->init);
+                t->shape = malloc(jt->ndim * sizeof *t->shape);
+                if (!t->name || !t->shape)
+                        goto nomem;
+                t->n_shape = jt->ndim;
+                memcpy(t->shape, jt->shape, jt->ndim * sizeof *t->shape);
+        }
+
+        o->has_lr = o->has_momentum = o->has_nesterov = o->has_weight_decay = true;
+        o->has_beta1 = o->has_beta2 = o->has_eps = true;
+        o->lr = job->optim.lr;
+        o->momentum = job->optim.momentum;
+        o->nesterov = job->optim.nesterov;
+        o->weight_decay = job->optim.weight_decay;
+        o->beta1 = job->optim.beta1;
+        o->beta2 = job->optim.beta2;
+        o->eps = job->optim.eps;
+
+        s->chunk_floats = job->chunk_floats;
+        s->seed = job->seed;
+        s->batch = job->batch;
+        s->epochs = job->epochs;
+        s->has_expect_workers = s->has_expect_shards = true;
+        s->has_train_limit = s->has_test_limit = true;
+        s->expect_workers = job->expect_workers;
+        s->expect_shards = job->expect_shards;
+        s->train_limit = job->train_limit;
+        s->test_limit = job->test_limit;
+        *ret = s;
+        return 0;
+
+nomem:
+        job_proto_free(s);
+        return -ENOMEM;
+}
+
+int job_from_proto(const Psnet__JobSpec *spec, Job *ret, char *err, size_t errlen) {
+        const Psnet__OptimSpec *o;
+        Job j;
+        int r;
+
+        if (err && errlen > 0)
+                err[0] = '\0';
+        if (!spec)
+                return conv_err(err, errlen, "no job spec");
+        if (!spec->model || !spec->mode || !spec->dataset || !spec->optim)
+                return conv_err(err, errlen, "job spec lacks a required field");
+        o = spec->optim;
+
+        job_defaults(&j);
+        j.id = spec->id;
+        if (spec->chunk_floats < 1 || spec->chunk_floats > JOB_MAX_CHUNK_FLOATS)
+                return conv_err(err, errlen, "chunk_floats %u out of range 1..%u", spec->chunk_floats,
+                                JOB_MAX_CHUNK_FLOATS);
+        j.chunk_floats = spec->chunk_floats;
+        r = job_set_model(&j, spec->model);
+        if (r < 0)
+                return conv_err(err, errlen, "bad model '%.64s' (expected mlp:D0-D1-...-Dn, 2..%d widths of 1..%u)",
+                                spec->model, JOB_MAX_WIDTHS, JOB_MAX_WIDTH);
+
+        if (spec->n_tensors > JOB_MAX_TENSORS)
+                return conv_err(err, errlen, "%zu tensors, at most %d", spec->n_tensors, JOB_MAX_TENSORS);
+        if (spec->n_tensors != j.ntensors)
+                return conv_err(err, errlen, "model %s has %zu tensors, spec lists %zu", j.model, j.ntensors,
+                                spec->n_tensors);
+        if (spec->n_tensors > 0 && !spec->tensors)
+                return conv_err(err, errlen, "tensor list missing");
+        for (size_t i = 0; i < spec->n_tensors; i++) {
+                const Psnet__TensorSpec *t = spec->tensors[i];
+                JobTensor *jt = &j.tensors[i];
+                if (!t || !t->name)
+                        return conv_err(err, errlen, "tensor %zu lacks a required field", i);
+                if (strcmp(t->name, jt->name) != 0)
+                        return conv_err(err, errlen, "tensor %zu is named '%.32s', model %s says %s", i, t->name,
+                                        j.model, jt->name);
+                if (t->n_shape != jt->ndim || (t->n_shape > 0 && !t->shape) ||
+                    memcmp(t->shape, jt->shape, jt->ndim * sizeof *t->shape) != 0)
+                        return conv_err(err, errlen, "tensor %s: shape does not match model %s", jt->name, j.model);
+                if (init_from_proto(t->init, &jt->init) < 0)
+                        return conv_err(err, errlen, "tensor %s: unknown init %d (zeros, he, xavier)", jt->name,
+                                        (int) t->init);
+        }
+
+        if (o->kind == PSNET__OPTIM_KIND__OPTIM_SGD)
+                j.optim.kind = OPTIM_SGD;
+        else if (o->kind == PSNET__OPTIM_KIND__OPTIM_ADAM)
+                j.optim.kind = OPTIM_ADAM;
+        else
+                return conv_err(err, errlen, "optimizer %d is not sgd or adam", (int) o->kind);
+        j.optim.lr = o->lr;
+        j.optim.momentum = o->momentum;
+        j.optim.nesterov = o->nesterov;
+        j.optim.weight_decay = o->weight_decay;
+        j.optim.beta1 = o->beta1;
+        j.optim.beta2 = o->beta2;
+        j.optim.eps = o->eps;
+        if (mode_from_proto(spec->mode, &j.mode, &j.staleness) < 0)
+                return conv_err(err, errlen, "mode %d (staleness %u) is not bsp, asp or ssp:0..%u", (int) spec->mode->mode,
+                                spec->mode->staleness, JOB_MAX_STALENESS);
+        j.lr_scaling = spec->has_lr_scaling && spec->lr_scaling;
+        j.warmup_clocks = spec->has_warmup_clocks ? spec->warmup_clocks : 0;
+        j.allow_nonfinite = spec->has_allow_nonfinite && spec->allow_nonfinite;
+        j.seed = spec->seed;
+        j.batch = spec->batch;
+        j.epochs = spec->epochs;
+        if (strlen(spec->dataset) >= sizeof j.dataset)
+                return conv_err(err, errlen, "dataset path longer than %zu bytes", sizeof j.dataset - 1);
+        snprintf(j.dataset, sizeof j.dataset, "%s", spec->dataset);
+        j.expect_workers = spec->has_expect_workers ? spec->expect_workers : 0;
+        j.expect_shards = spec->has_expect_shards ? spec->expect_shards : 0;
+        j.train_limit = spec->has_train_limit ? spec->train_limit : 0;
+        j.test_limit = spec->has_test_limit ? spec->test_limit : 0;
+
+        r = job_validate(&j, err, errlen);
+        if (r < 0)
+                return r;
+        *ret = j;
+        return 0;
+}
+
+/* --- shard map -------------------------------------------------------------------- */
+
+int shardmap_from_proto(const Psnet__ShardMap *pm, ShardMap **ret) {
+        if (!pm || pm->n_shards == 0 || pm->n_shards > 65536)
+                return -EINVAL;
+        ShardDesc *d = calloc(pm->n_shards, sizeof *d);
+        if (!d)
+                return -ENOMEM;
+        for (size_t i = 0; i < pm->n_shards; i++) {
+                const Psnet__ShardRef *s = pm->shards[i];
+                if (!s || !s->has_id || !s->endpoint || !s->endpoint[0] ||
+                    (s->has_public_key && s->public_key.len != 32)) {
+                        free(d);
+                        return -EINVAL;
+                }
+                d[i].id = s->id;
+                d[i].endpoint = s->endpoint;
+                if (s->has_public_key) {
+                        memcpy(d[i].public_key, s->public_key.data, 32);
+                        d[i].has_public_key = true;
+                }
+        }
+        int r = shardmap_new(pm->epoch, pm->vnodes, d, pm->n_shards, ret);
+        free(d);
+        return r;
+}
+
+void shardmap_proto_free(Psnet__ShardMap *pm) {
+        if (!pm)
+                return;
+        if (pm->shards)
+                for (size_t i = 0; i < pm->n_shards; i++)
+                        free(pm->shards[i]);
+        free(pm->shards);
+        free(pm);
+}
+
+int shardmap_to_proto(const ShardMap *m, Psnet__ShardMap **ret) {
+        size_t n = shardmap_size(m);
+        Psnet__ShardMap *pm = malloc(sizeof *pm);
+        if (!pm)
+                return -ENOMEM;
+        psnet__shard_map__init(pm);
+        pm->shards = calloc(n, sizeof *pm->shards);
+        if (!pm->shards) {
+                free(pm);
+                return -ENOMEM;
+        }
+        for (size_t i = 0; i < n; i++) {
+                const ShardDesc *d = shardmap_shard(m, i);
+                Psnet__ShardRef *s = malloc(sizeof *s);
+                if (!s) {
+                        shardmap_proto_free(pm);
+                        return -ENOMEM;
+                }
+                psnet__shard_ref__init(s);
+                s->has_id = true;
+                s->id = d->id;
+                s->endpoint = d->endpoint;  /* borrowed from m */
+                s->has_public_key = d->has_public_key;
+                s->public_key.len = d->has_public_key ? 32 : 0;
+                s->public_key.data = d->has_public_key ? (uint8_t *) d->public_key : NULL;
+                pm->shards[pm->n_shards++] = s;
+        }
+        pm->epoch = shardmap_epoch(m);
+        pm->vnodes = shardmap_vnodes(m);
+        *ret = pm;
+        return 0;
+}

@@ -1,0 +1,161 @@
+/* How psctl prints pscoord's answers: aligned tables for people, one JSON
+ * object per answer for scripts. JSON is built with jansson, so it is always
+ * valid: a number that is not finite (a loss that diverged) is null. */
+#include <errno.h>
+#include <jansson.h>
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include "job.h"
+#include "psctl.h"
+#include "wire-job.h"
+
+static const char *state_of(Psnet__JobState s) {
+        JobState st;
+        return job_state_from_proto(s, &st) < 0 ? "?" : job_state_name(st);
+}
+
+static const char *mode_of(const Psnet__JobSpec *j, char *buf, size_t n) {
+        ConsistencyMode m;
+        uint32_t st;
+        if (!j || mode_from_proto(j->mode, &m, &st) < 0)
+                return "-";
+        return mode_string(m, st, buf, n);
+}
+
+static const char *human_bytes(uint64_t b, char *buf, size_t n) {
+        if (b >= (1ull << 30))
+                snprintf(buf, n, "%.1f GiB", (double) b / (double) (1ull << 30));
+        else if (b >= (1ull << 20))
+                snprintf(buf, n, "%.1f MiB", (double) b / (double) (1ull << 20));
+        else
+                snprintf(buf, n, "%.1f KiB", (double) b / 1024.0);
+        return buf;
+}
+
+void print_status_table(const Psnet__StatusRep *s) {
+        const Psnet__JobSpec *j = s->job;
+        char b[32], mode[32];
+        printf("coordinator  %s  up %.1f s\n", s->coord_endpoint ? s->coord_endpoint : "?",
+               (double) s->uptime_ms / 1000.0);
+        printf("job %u  %s  mode=%s  state=%s  epochs=%u  batch=%u  map_epoch=%lu  members_epoch=%lu",
+               j ? j->id : 0, j ? j->model : "-", mode_of(j, mode, sizeof mode), state_of(s->job_state),
+               j ? j->epochs : 0, j ? j->batch : 0, (unsigned long) s->map_epoch, (unsigned long) s->members_epoch);
+        if (s->has_accuracy)
+                printf("  accuracy=%.4f", s->accuracy);
+        if (s->reason)
+                printf("  reason=\"%s\"", s->reason);
+        printf("\n\n%-6s %-36s %6s %10s %8s %8s %8s %6s %8s %s\n", "SHARD", "ENDPOINT", "KEYS", "BYTES", "CLOCK",
+               "PUSHES", "PULLS", "ERRORS", "INCOMING", "MAP");
+        for (size_t i = 0; i < s->n_shards; i++) {
+                const Psnet__ShardInfo *h = s->shards[i];
+                printf("%-6u %-36s %6lu %10s %8ld %8lu %8lu %6lu %8lu %s\n", h->id, h->endpoint ? h->endpoint : "?",
+                       (unsigned long) h->keys, human_bytes(h->bytes, b, sizeof b), (long) h->clock,
+                       (unsigned long) h->pushes, (unsigned long) h->pulls, (unsigned long) h->errors,
+                       (unsigned long) h->incoming, h->in_map ? "in" : "standby");
+        }
+        printf("\n%-6s %4s %8s %8s %6s %8s %8s %10s %8s\n", "WORKER", "RANK", "PID", "CLOCK", "EPOCH", "STEP",
+               "STEPS/S", "SAMPLES/S", "LOSS");
+        for (size_t i = 0; i < s->n_workers; i++) {
+                const Psnet__WorkerInfo *w = s->workers[i];
+                printf("%-6u %4u %8u %8ld %6u %8lu %8.1f %10.0f %8.4f%s\n", w->id, w->rank, w->pid, (long) w->clock,
+                       w->epoch, (unsigned long) w->step, w->steps_per_s, w->samples_per_s, w->loss,
+                       w->done ? "  done" : "");
+        }
+}
+
+void print_watch(const Psnet__StatusRep *s) {
+        char mode[32];
+        printf("t=%.1fs job=%u mode=%s state=%s members_epoch=%lu workers=%zu", (double) s->uptime_ms / 1000.0,
+               s->job ? s->job->id : 0, mode_of(s->job, mode, sizeof mode), state_of(s->job_state),
+               (unsigned long) s->members_epoch, s->n_workers);
+        if (s->has_accuracy)
+                printf(" accuracy=%.4f", s->accuracy);
+        printf("\n");
+        for (size_t i = 0; i < s->n_workers; i++) {
+                const Psnet__WorkerInfo *w = s->workers[i];
+                printf("  worker=%u rank=%u epoch=%u clock=%ld samples_per_s=%.0f loss=%.4f\n", w->id, w->rank,
+                       w->epoch, (long) w->clock, w->samples_per_s, w->loss);
+        }
+        fflush(stdout);
+}
+
+/* --- JSON ------------------------------------------------------------------------ */
+
+static json_t *jnum(double v) {
+        return isfinite(v) ? json_real(v) : json_null();
+}
+
+static json_t *jstr(const char *s) {
+        return s ? json_string(s) : json_null();
+}
+
+/* Prints o (taking it) on one line; -ENOMEM when it could not be built. */
+static int emit(json_t *o) {
+        if (!o)
+                return -ENOMEM;
+        int r = json_dumpf(o, stdout, JSON_COMPACT | JSON_REAL_PRECISION(6));
+        json_decref(o);
+        if (r < 0)
+                return -EIO;
+        putchar('\n');
+        return 0;
+}
+
+int print_status_json(const Psnet__StatusRep *s) {
+        const Psnet__JobSpec *j = s->job;
+        char mode[32];
+        json_t *shards = json_array(), *workers = json_array();
+        for (size_t i = 0; shards && i < s->n_shards; i++) {
+                const Psnet__ShardInfo *h = s->shards[i];
+                json_array_append_new(shards, json_pack("{s:I,s:o,s:I,s:I,s:I,s:I,s:I,s:I,s:I,s:b,s:I,s:I}",
+                        "id", (json_int_t) h->id, "endpoint", jstr(h->endpoint), "keys", (json_int_t) h->keys,
+                        "bytes", (json_int_t) h->bytes, "clock", (json_int_t) h->clock,
+                        "pushes", (json_int_t) h->pushes, "pulls", (json_int_t) h->pulls,
+                        "errors", (json_int_t) h->errors, "incoming", (json_int_t) h->incoming,
+                        "in_map", (int) h->in_map, "map_epoch", (json_int_t) h->map_epoch,
+                        "parked", (json_int_t) h->parked));
+        }
+        for (size_t i = 0; workers && i < s->n_workers; i++) {
+                const Psnet__WorkerInfo *w = s->workers[i];
+                json_array_append_new(workers, json_pack("{s:I,s:I,s:I,s:I,s:I,s:I,s:o,s:o,s:o,s:b}",
+                        "id", (json_int_t) w->id, "rank", (json_int_t) w->rank, "pid", (json_int_t) w->pid,
+                        "clock", (json_int_t) w->clock, "epoch", (json_int_t) w->epoch,
+                        "step", (json_int_t) w->step, "steps_per_s", jnum(w->steps_per_s),
+                        "samples_per_s", jnum(w->samples_per_s), "loss", jnum(w->loss), "done", (int) w->done));
+        }
+        if (!shards || !workers) {
+                json_decref(shards);
+                json_decref(workers);
+                return -ENOMEM;
+        }
+        json_t *job = json_pack("{s:I,s:o,s:s,s:s,s:I,s:I,s:I,s:I,s:I,s:o,s:o}",
+                "id", (json_int_t) (j ? j->id : 0), "model", jstr(j ? j->model : NULL),
+                "mode", mode_of(j, mode, sizeof mode), "state", state_of(s->job_state),
+                "epochs", (json_int_t) (j ? j->epochs : 0), "batch", (json_int_t) (j ? j->batch : 0),
+                "chunk_floats", (json_int_t) (j ? j->chunk_floats : 0),
+                "map_epoch", (json_int_t) s->map_epoch, "members_epoch", (json_int_t) s->members_epoch,
+                "accuracy", s->has_accuracy ? jnum(s->accuracy) : json_null(), "reason", jstr(s->reason));
+        return emit(json_pack("{s:{s:o,s:I},s:o,s:o,s:o}",
+                "coordinator", "endpoint", jstr(s->coord_endpoint), "uptime_ms", (json_int_t) s->uptime_ms,
+                "job", job, "shards", shards, "workers", workers));
+}
+
+int print_json_strings(const char *key, ...) {
+        json_t *o = json_object();
+        va_list ap;
+        va_start(ap, key);
+        for (const char *k = key; o && k; k = va_arg(ap, const char *)) {
+                const char *v = va_arg(ap, const char *);
+                if (json_object_set_new(o, k, jstr(v)) < 0) {
+                        json_decref(o);
+                        o = NULL;
+                }
+        }
+        va_end(ap);
+        return emit(o);
+}
+
+int print_json_result(const char *state, bool has_accuracy, float accuracy) {
+        return emit(json_pack("{s:s,s:o}", "state", state, "accuracy", has_accuracy ? jnum(accuracy) : json_null()));
+}

@@ -1,0 +1,17 @@
+/* psctl's parts: the verbs (psctl.c) and how their answers are printed
+ * (psctl-print.c): human tables by default, JSON with --json. */
+#pragma once
+#include <stdbool.h>
+#include "psnet.pb-c.h"
+
+/* The whole status as a table (stdout). */
+void print_status_table(const Psnet__StatusRep *s);
+/* The whole status as one JSON object (stdout); 0 or -ENOMEM. */
+int print_status_json(const Psnet__StatusRep *s);
+/* One progress line per worker and one for the job (psctl watch). */
+void print_watch(const Psnet__StatusRep *s);
+/* One JSON object of string members: key, value, ..., NULL (a NULL value
+ * prints null). 0 or -ENOMEM. */
+int print_json_strings(const char *key, ...) __attribute__((sentinel));
+/* {"state":S,"accuracy":A|null} for job wait. */
+int print_json_result(const char *state, bool has_accuracy, float accuracy);
