@@ -5,12 +5,7 @@
 #include <unistd.h>
 #include "alloc.h"
 #include "coordlink.h"
-
-uint64_t now_ms(void) {
-        struct timespec ts;
-        clock_gettime(CLOCK_MONOTONIC, &ts);
-        return (uint64_t) ts.tv_sec * 1000u + (uint64_t) ts.tv_nsec / 1000000u;
-}
+#include "endpoint.h"
 
 int coordlink_open(void *zctx, const char *endpoint, CoordLink **ret) {
         CoordLink *l = ps_calloc(1, sizeof *l);
@@ -126,39 +121,3 @@ int coordlink_register(CoordLink *l, Psnet__Role role, const char *endpoint, uin
         return 0;
 }
 
-#include <sys/stat.h>
-#include <sys/socket.h>
-#include <sys/un.h>
-
-int endpoint_prepare(const char *endpoint) {
-        if (strncmp(endpoint, "ipc://", 6) != 0)
-                return 0;
-        const char *path = endpoint + 6;
-        char dir[108];
-        if (strlen(path) >= sizeof dir)
-                return -ENAMETOOLONG;
-        snprintf(dir, sizeof dir, "%s", path);
-        for (char *p = dir + 1; *p; p++) {
-                if (*p != '/')
-                        continue;
-                *p = 0;
-                if (mkdir(dir, 0755) < 0 && errno != EEXIST)
-                        return -errno;
-                *p = '/';
-        }
-        /* A socket file left by a killed daemon: remove it only if nothing answers. */
-        struct stat st;
-        if (stat(path, &st) == 0 && S_ISSOCK(st.st_mode)) {
-                int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
-                if (fd < 0)
-                        return -errno;
-                struct sockaddr_un sa = { .sun_family = AF_UNIX };
-                snprintf(sa.sun_path, sizeof sa.sun_path, "%s", path);
-                int r = connect(fd, (struct sockaddr *) &sa, sizeof sa);
-                close(fd);
-                if (r == 0)
-                        return -EADDRINUSE;
-                (void) unlink(path);
-        }
-        return 0;
-}

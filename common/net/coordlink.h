@@ -37,10 +37,6 @@ int coordlink_request(CoordLink *l, Psnet__Header *h, Psnet__MsgType want,
 int coordlink_register(CoordLink *l, Psnet__Role role, const char *endpoint, uint32_t want_id,
                        unsigned timeout_ms, WireMsg *ret);
 
-/* Monotonic milliseconds. */
-uint64_t now_ms(void);
+#include "endpoint.h"
 
-/* Before binding: for ipc:// endpoints, creates the socket's directory (0755)
- * and removes a stale socket file nobody listens on. Other schemes: no-op. */
-int endpoint_prepare(const char *endpoint);
 

@@ -310,12 +310,13 @@ void wire_header_init(Psnet__Header *hdr, Psnet__MsgType type) {
         hdr->type = type;
 }
 
-/* Sends one part; parts after the first are retried on EINTR because a
- * multipart message, once started, has to be finished. On failure the
- * message is still ours (zmq_msg_send only takes it on success). */
+/* Sends one part without blocking; parts after the first are retried on
+ * EINTR because a multipart message, once started, has to be finished (on
+ * EAGAIN mid-message, libzmq rolls the message back or drops it whole). On
+ * failure the part is still ours (zmq_msg_send only takes it on success). */
 static int send_part(void *sock, zmq_msg_t *m, bool first, bool more) {
         for (;;) {
-                if (zmq_msg_send(m, sock, more ? ZMQ_SNDMORE : 0) >= 0)
+                if (zmq_msg_send(m, sock, ZMQ_DONTWAIT | (more ? ZMQ_SNDMORE : 0)) >= 0)
                         return 0;
                 if (errno != EINTR || first)
                         return -errno;

@@ -51,7 +51,9 @@ void wire_header_init(Psnet__Header *hdr, Psnet__MsgType type);
 
 /* Sends hdr (packed here) followed by nframes payload messages, which are moved
  * (ownership passes to ZeroMQ; build them with zmq_msg_init_data for zero-copy).
- * route may be NULL (DEALER side); it is copied, not consumed. Returns 0 or -errno. */
+ * route may be NULL (DEALER side); it is copied, not consumed. Never blocks:
+ * -EAGAIN when the peer's queue is full (the message is not sent). Returns 0
+ * or -errno. */
 int wire_send(void *sock, const zmq_msg_t *route, const Psnet__Header *hdr, zmq_msg_t *frames,
               size_t nframes);
 

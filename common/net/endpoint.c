@@ -1,0 +1,81 @@
+/* See endpoint.h. */
+#include <arpa/inet.h>
+#include <errno.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
+#include <time.h>
+#include <unistd.h>
+#include "endpoint.h"
+
+uint64_t now_ms(void) {
+        struct timespec ts;
+        clock_gettime(CLOCK_MONOTONIC, &ts);
+        return (uint64_t) ts.tv_sec * 1000u + (uint64_t) ts.tv_nsec / 1000000u;
+}
+
+int endpoint_prepare(const char *endpoint) {
+        if (strncmp(endpoint, "ipc://", 6) != 0)
+                return 0;
+        const char *path = endpoint + 6;
+        char dir[108];
+        if (strlen(path) >= sizeof dir)
+                return -ENAMETOOLONG;
+        snprintf(dir, sizeof dir, "%s", path);
+        for (char *p = dir + 1; *p; p++) {
+                if (*p != '/')
+                        continue;
+                *p = 0;
+                if (mkdir(dir, 0755) < 0 && errno != EEXIST)
+                        return -errno;
+                *p = '/';
+        }
+        /* A socket file left by a killed daemon: remove it only if nothing answers. */
+        struct stat st;
+        if (stat(path, &st) == 0 && S_ISSOCK(st.st_mode)) {
+                int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+                if (fd < 0)
+                        return -errno;
+                struct sockaddr_un sa = { .sun_family = AF_UNIX };
+                snprintf(sa.sun_path, sizeof sa.sun_path, "%s", path);
+                int r = connect(fd, (struct sockaddr *) &sa, sizeof sa);
+                close(fd);
+                if (r == 0)
+                        return -EADDRINUSE;
+                (void) unlink(path);
+        }
+        return 0;
+}
+
+bool endpoint_is_tcp(const char *endpoint) {
+        return strncmp(endpoint, "tcp://", 6) == 0;
+}
+
+bool endpoint_is_loopback_tcp(const char *endpoint) {
+        if (!endpoint_is_tcp(endpoint))
+                return false;
+        char host[128];
+        const char *h = endpoint + 6, *end;
+        if (*h == '[') { /* [v6]:port */
+                end = strchr(h, ']');
+                if (!end)
+                        return false;
+                h++;
+        } else
+                end = strrchr(h, ':');
+        if (!end || (size_t) (end - h) >= sizeof host)
+                return false;
+        memcpy(host, h, (size_t) (end - h));
+        host[end - h] = '\0';
+        if (strcmp(host, "localhost") == 0)
+                return true;
+        struct in_addr a4;
+        struct in6_addr a6;
+        if (inet_pton(AF_INET, host, &a4) == 1)
+                return (ntohl(a4.s_addr) >> 24) == 127;
+        if (inet_pton(AF_INET6, host, &a6) == 1)
+                return IN6_IS_ADDR_LOOPBACK(&a6);
+        return false;
+}

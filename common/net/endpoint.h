@@ -1,0 +1,18 @@
+/* ZeroMQ endpoints as psnet uses them (tcp://HOST:PORT, ipc://PATH), and the
+ * monotonic clock the network layer's deadlines use. */
+#pragma once
+#include <stdbool.h>
+#include <stdint.h>
+
+/* Monotonic milliseconds. */
+uint64_t now_ms(void);
+
+/* Before binding: for ipc:// endpoints, creates the socket's directory (0755)
+ * and removes a stale socket file nobody listens on (-EADDRINUSE when someone
+ * does). Other schemes: no-op. */
+int endpoint_prepare(const char *endpoint);
+
+/* tcp:// with a host that is a loopback address (127.0.0.0/8, ::1, localhost). */
+bool endpoint_is_loopback_tcp(const char *endpoint);
+/* tcp:// whatever the host. */
+bool endpoint_is_tcp(const char *endpoint);

@@ -1,0 +1,137 @@
+/* See netsock.h. */
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
+#include <unistd.h>
+#include "endpoint.h"
+#include "log.h"
+#include "netsock.h"
+#include "zwatch.h"
+
+struct NetSock {
+        ZWatch *watch;
+        void *sock;
+        bool router;
+        NetRecvFn on_msg;
+        void *ud;
+        char name[32];
+};
+
+static void netsock_readable(ZWatch *w, void *ud) {
+        NetSock *s = ud;
+        WireMsg m;
+        int r = wire_recv(zwatch_socket(w), s->router, ZMQ_DONTWAIT, &m);
+        if (r == 0 || r == -EBADMSG)
+                s->on_msg(s, &m, r, s->ud);
+        else if (r != -EAGAIN && r != -ETERM)
+                log_warning_errno(r, "Failed to receive on the %s socket: %m", s->name);
+        wire_msg_done(&m);
+}
+
+static int setopt_int(void *sock, int opt, int v) {
+        return zmq_setsockopt(sock, opt, &v, sizeof v) < 0 ? -errno : 0;
+}
+
+int netsock_new(uv_loop_t *loop, void *zctx, const NetSockConf *conf, NetRecvFn on_msg, void *ud,
+                NetSock **ret) {
+        NetSock *s = calloc(1, sizeof *s);
+        if (!s)
+                return -ENOMEM;
+        s->router = conf->type == ZMQ_ROUTER;
+        s->on_msg = on_msg;
+        s->ud = ud;
+        snprintf(s->name, sizeof s->name, "%s", conf->name ? conf->name : "?");
+        s->sock = zmq_socket(zctx, conf->type);
+        if (!s->sock) {
+                int r = -errno;
+                free(s);
+                return r;
+        }
+        int64_t max_msg = conf->max_msg > 0 ? conf->max_msg : -1;
+        int r = 0;
+        if (zmq_setsockopt(s->sock, ZMQ_MAXMSGSIZE, &max_msg, sizeof max_msg) < 0)
+                r = -errno;
+        if (r == 0)
+                r = setopt_int(s->sock, ZMQ_LINGER, conf->linger_ms);
+        if (r == 0)
+                r = setopt_int(s->sock, ZMQ_SNDHWM, conf->sndhwm);
+        if (r == 0)
+                r = setopt_int(s->sock, ZMQ_RCVHWM, conf->rcvhwm);
+        if (r == 0 && conf->heartbeat_ms) {
+                r = setopt_int(s->sock, ZMQ_HEARTBEAT_IVL, (int) conf->heartbeat_ms);
+                if (r == 0)
+                        r = setopt_int(s->sock, ZMQ_HEARTBEAT_TIMEOUT, (int) conf->heartbeat_ms * 3);
+                if (r == 0)
+                        r = setopt_int(s->sock, ZMQ_HEARTBEAT_TTL, (int) conf->heartbeat_ms * 3);
+        }
+        if (r == 0 && conf->handover)
+                r = setopt_int(s->sock, ZMQ_ROUTER_HANDOVER, 1);
+        if (r == 0 && conf->immediate)
+                r = setopt_int(s->sock, ZMQ_IMMEDIATE, 1);
+        if (r == 0 && conf->keys) {
+                if (conf->curve_server)
+                        r = setopt_int(s->sock, ZMQ_CURVE_SERVER, 1);
+                if (r == 0 && zmq_setsockopt(s->sock, ZMQ_CURVE_PUBLICKEY, conf->keys->public_key, 32) < 0)
+                        r = -errno;
+                if (r == 0 && zmq_setsockopt(s->sock, ZMQ_CURVE_SECRETKEY, conf->keys->secret_key, 32) < 0)
+                        r = -errno;
+        }
+        if (r == 0 && conf->zap_domain &&
+            zmq_setsockopt(s->sock, ZMQ_ZAP_DOMAIN, conf->zap_domain, strlen(conf->zap_domain)) < 0)
+                r = -errno;
+        if (r == 0)
+                r = zwatch_new(loop, s->sock, netsock_readable, s, &s->watch);
+        if (r < 0) {
+                zmq_close(s->sock);
+                free(s);
+                return r;
+        }
+        *ret = s;
+        return 0;
+}
+
+int netsock_bind(NetSock *s, const char *endpoint) {
+        int r = endpoint_prepare(endpoint);
+        if (r < 0)
+                return r;
+        return zmq_bind(s->sock, endpoint) < 0 ? -errno : 0;
+}
+
+int netsock_connect(NetSock *s, const char *endpoint, const uint8_t *server_key) {
+        if (server_key && zmq_setsockopt(s->sock, ZMQ_CURVE_SERVERKEY, server_key, 32) < 0)
+                return -errno;
+        return zmq_connect(s->sock, endpoint) < 0 ? -errno : 0;
+}
+
+int netsock_send(NetSock *s, const zmq_msg_t *route, const Psnet__Header *h, zmq_msg_t *frames, size_t n) {
+        int r = wire_send(s->sock, route, h, frames, n);
+        /* A send may consume ZMQ_FD's edge: look for incoming messages again. */
+        zwatch_kick(s->watch);
+        return r;
+}
+
+int netsock_send_error(NetSock *s, const zmq_msg_t *route, int status, uint64_t seq, const char *reason) {
+        int r = wire_send_error(s->sock, route, status, seq, reason);
+        zwatch_kick(s->watch);
+        return r;
+}
+
+void *netsock_zmq(NetSock *s) {
+        return s->sock;
+}
+
+const char *netsock_name(const NetSock *s) {
+        return s->name;
+}
+
+NetSock *netsock_close(NetSock *s) {
+        if (!s)
+                return NULL;
+        zwatch_close(s->watch);
+        free(s);
+        return NULL;
+}

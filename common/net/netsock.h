@@ -1,0 +1,51 @@
+/* The one place psnet makes sockets: a ZeroMQ ROUTER or DEALER on a libuv loop
+ * that speaks the wire format (wire.h). netsock_new sets every option a psnet
+ * socket has (linger, high-water marks, the largest frame, ZMTP heartbeats,
+ * CURVE keys); each received message, good or bad, goes to one callback. */
+#pragma once
+#include <stdbool.h>
+#include <stdint.h>
+#include <uv.h>
+#include "wire.h"
+
+/* A CURVE key pair (32-byte binary keys). */
+typedef struct NetKeyPair {
+        uint8_t public_key[32], secret_key[32];
+} NetKeyPair;
+
+typedef struct NetSockConf {
+        int type;                 /* ZMQ_ROUTER or ZMQ_DEALER */
+        const char *name;         /* for logs: "data", "pscoord", ... */
+        int64_t max_msg;          /* largest frame accepted (ZMQ_MAXMSGSIZE); 0: no limit */
+        int sndhwm, rcvhwm;       /* frames queued per peer (0: no limit) */
+        int linger_ms;            /* how long close waits for unsent messages */
+        unsigned heartbeat_ms;    /* ZMTP heartbeats (0: none): a peer silent for 3 of them is dropped */
+        bool handover;            /* ROUTER: a reconnecting peer takes its identity over */
+        bool immediate;           /* DEALER: queue nothing for a peer not connected (send: -EAGAIN) */
+        const NetKeyPair *keys;   /* CURVE with these keys; NULL: plain (NULL mechanism) */
+        bool curve_server;        /* with keys: this socket is the CURVE server (binds) */
+        const char *zap_domain;   /* servers: the ZAP domain (allow-list); NULL: none */
+} NetSockConf;
+
+typedef struct NetSock NetSock;
+
+/* m is valid during the call only (the callback may take m->hdr, m->route or
+ * frames by clearing them). r is 0 for a good message or -EBADMSG for a bad
+ * one (m->status and m->reason say why; m->hdr may be NULL). */
+typedef void (*NetRecvFn)(NetSock *s, WireMsg *m, int r, void *ud);
+
+int netsock_new(uv_loop_t *loop, void *zctx, const NetSockConf *conf, NetRecvFn on_msg, void *ud,
+                NetSock **ret);
+/* Binds; ipc:// directories are created and stale socket files removed. */
+int netsock_bind(NetSock *s, const char *endpoint);
+/* Connects; with CURVE, server_key (32 bytes) is the key the server must have. */
+int netsock_connect(NetSock *s, const char *endpoint, const uint8_t *server_key);
+/* Sends without blocking (wire_send semantics: frames are moved). -EAGAIN when
+ * the peer's queue is full or, for a DEALER, no peer is connected and the
+ * queue is full; the message is then dropped. */
+int netsock_send(NetSock *s, const zmq_msg_t *route, const Psnet__Header *h, zmq_msg_t *frames, size_t n);
+int netsock_send_error(NetSock *s, const zmq_msg_t *route, int status, uint64_t seq, const char *reason);
+void *netsock_zmq(NetSock *s);
+const char *netsock_name(const NetSock *s);
+/* Closes (safe inside the socket's own callback). Returns NULL. */
+NetSock *netsock_close(NetSock *s);
