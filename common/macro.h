@@ -6,8 +6,13 @@
 #include <stddef.h>
 
 #define ELEMENTSOF(x) (sizeof(x) / sizeof((x)[0]))
+/* <sys/param.h> (pulled in by uv.h) defines the same two. */
+#ifndef MIN
 #define MIN(a, b) ((a) < (b) ? (a) : (b))
+#endif
+#ifndef MAX
 #define MAX(a, b) ((a) > (b) ? (a) : (b))
+#endif
 #define _unused_ __attribute__((unused))
 #define _printf_(a, b) __attribute__((format(printf, a, b)))
 #define _cleanup_(f) __attribute__((cleanup(f)))

@@ -1,15 +1,18 @@
 /* pscoord: membership, leases, shard map, job lifecycle, status; see coord.h.
- * One thread: zmq_poll over the control ROUTER and a signalfd. Every change of
+ * One thread, one uv_loop: the control ROUTER, signals and a timer for leases
+ * and fences. Every change of
  * job, map or membership is pushed to the peers as MSG_CONFIG. */
 #include <errno.h>
 #include <signal.h>
 #include <stdio.h>
 #include <string.h>
 #include <unistd.h>
+#include <uv.h>
 #include "alloc.h"
 #include "coord.h"
 #include "coordlink.h"
-#include "signals.h"
+#include "netsock.h"
+#include "service.h"
 #include "errors.h"
 #include "log.h"
 #include "shardmap.h"
@@ -48,7 +51,7 @@ typedef struct Fence {
 
 typedef struct Coord {
         const CoordConfig *cfg;
-        void *zctx, *sock;
+        void *zctx;
         Job job;
         JobState state;
         Peer *peers;
@@ -65,7 +68,10 @@ typedef struct Coord {
         bool has_accuracy;
         uint64_t start_ms, job_start_ms, job_end_ms, migrate_start_ms;
         uint64_t errors;
-        bool stopping;
+        uv_loop_t loop;
+        uv_timer_t tick;
+        NetSock *ctl;
+        Service *service;
 } Coord;
 
 static size_t count_role(const Coord *c, Psnet__Role role) {
@@ -118,7 +124,7 @@ static int reply_hdr(Coord *c, const zmq_msg_t *route, Psnet__Header *h, uint64_
         h->seq = seq;
         h->has_job = true;
         h->job = c->job.id;
-        return wire_send(c->sock, route, h, NULL, 0);
+        return netsock_send(c->ctl, route, h, NULL, 0);
 }
 
 /* A reply of this type without a body. */
@@ -143,7 +149,7 @@ static int reply_job(Coord *c, const zmq_msg_t *route, uint64_t seq, const char 
 static int reply_error(Coord *c, const zmq_msg_t *route, uint64_t seq, int status, const char *reason) {
         c->errors++;
         log_warning("refused request reason=\"%s\" status=%s", reason, status_name(status));
-        return wire_send_error(c->sock, route, status, seq, reason);
+        return netsock_send_error(c->ctl, route, status, seq, reason);
 }
 
 static int cmp_peer_id(const void *a, const void *b) {
@@ -856,91 +862,88 @@ static void expire_leases(Coord *c) {
                 membership_changed(c);
 }
 
+static void coord_on_msg(NetSock *ns, WireMsg *m, int r, void *ud) {
+        Coord *c = ud;
+        (void) ns;
+        if (r == 0)
+                handle_message(c, m);
+        else if (m->has_route)
+                reply_error(c, &m->route, m->hdr ? m->hdr->seq : 0, m->status, m->reason);
+}
+
+static void coord_on_tick(uv_timer_t *t) {
+        Coord *c = t->data;
+        expire_leases(c);
+        fence_tick(c);
+}
+
+static void coord_stop(void *ud, int signo) {
+        Coord *c = ud;
+        (void) signo;
+        uv_stop(&c->loop);
+}
+
 int coord_run(const CoordConfig *cfg) {
-        char mode[32];
         Coord c = { .cfg = cfg, .job = cfg->job, .state = JOB_WAITING };
-        int r = 0, sfd = -1, zero = 0;
-        int64_t maxmsg = 1 << 20;
+        char mode[32];
+        int r;
 
         c.start_ms = now_ms();
-        /* Block the signals before ZeroMQ starts its threads, which inherit the
-         * mask: a signal delivered to one of them would end the process. */
-        sfd = signals_open();
-        if (sfd < 0)
-                return log_error_errno(sfd, "Failed to set up signals: %m");
+        r = uv_loop_init(&c.loop);
+        if (r < 0)
+                return log_error_errno(r, "Failed to start the event loop: %s", uv_strerror(r));
+        const ServiceOps sops = { .stop = coord_stop };
+        r = service_new(&c.loop, "pscoord", &sops, &c, &c.service);
+        if (r < 0) {
+                log_error_errno(r, "Failed to set up signals: %m");
+                goto finish;
+        }
         c.zctx = zmq_ctx_new();
         if (!c.zctx) {
-                close(sfd);
-                return log_error_errno(errno, "Failed to create ZeroMQ context: %m");
+                r = log_error_errno(errno, "Failed to create ZeroMQ context: %m");
+                goto finish;
         }
         (void) zmq_ctx_set(c.zctx, ZMQ_IO_THREADS, 1);
-        c.sock = zmq_socket(c.zctx, ZMQ_ROUTER);
-        if (!c.sock) {
-                r = log_error_errno(errno, "Failed to create socket: %m");
-                goto finish;
-        }
-        (void) zmq_setsockopt(c.sock, ZMQ_LINGER, &zero, sizeof zero);
-        (void) zmq_setsockopt(c.sock, ZMQ_MAXMSGSIZE, &maxmsg, sizeof maxmsg);
-        r = endpoint_prepare(cfg->listen);
+        const NetSockConf nc = { .type = ZMQ_ROUTER, .name = "control", .max_msg = 1 << 20, .sndhwm = 1000,
+                                 .rcvhwm = 1000 };
+        r = netsock_new(&c.loop, c.zctx, &nc, coord_on_msg, &c, &c.ctl);
         if (r < 0) {
-                log_error_errno(r, "Cannot use %s: %m", cfg->listen);
+                log_error_errno(r, "Failed to create the control socket: %m");
                 goto finish;
         }
-        if (zmq_bind(c.sock, cfg->listen) < 0) {
-                r = log_error_errno(errno, "Failed to bind %s: %m", cfg->listen);
+        r = netsock_bind(c.ctl, cfg->listen);
+        if (r < 0) {
+                log_error_errno(r, "Failed to bind %s: %m", cfg->listen);
+                goto finish;
+        }
+        r = uv_timer_init(&c.loop, &c.tick);
+        if (r == 0) {
+                c.tick.data = &c;
+                r = uv_timer_start(&c.tick, coord_on_tick, MAX(cfg->lease_ms / 4, 20u), MAX(cfg->lease_ms / 4, 20u));
+        }
+        if (r < 0) {
+                log_error_errno(r, "Failed to start the lease timer: %m");
                 goto finish;
         }
         log_info("listening endpoint=%s job=%u model=%s mode=%s expect_shards=%u expect_workers=%u",
                  cfg->listen, c.job.id, c.job.model, job_mode_string(&c.job, mode, sizeof mode),
                  c.job.expect_shards, c.job.expect_workers);
-
-        while (!c.stopping) {
-                zmq_pollitem_t items[] = {
-                        { .socket = c.sock, .events = ZMQ_POLLIN },
-                        { .fd = sfd, .events = ZMQ_POLLIN },
-                };
-                r = zmq_poll(items, 2, MAX(cfg->lease_ms / 4, 20u));
-                if (r < 0) {
-                        if (errno == EINTR)
-                                continue;
-                        r = log_error_errno(errno, "zmq_poll failed: %m");
-                        break;
-                }
-                if (items[1].revents & ZMQ_POLLIN) {
-                        bool hup;
-                        int sig = signals_read(sfd, &hup);
-                        if (hup)
-                                log_info("SIGHUP: nothing to reload");
-                        if (sig) {
-                                log_info("stopping signal=%s", strsignal(sig));
-                                c.stopping = true;
-                        }
-                }
-                for (int budget = 256; budget > 0; budget--) {
-                        WireMsg m;
-                        r = wire_recv(c.sock, true, ZMQ_DONTWAIT, &m);
-                        if (r == 0)
-                                handle_message(&c, &m);
-                        else if (r == -EBADMSG && m.has_route)
-                                reply_error(&c, &m.route, m.hdr ? m.hdr->seq : 0, m.status, m.reason);
-                        wire_msg_done(&m);
-                        if (r < 0 && r != -EBADMSG)
-                                break;
-                }
-                r = 0;
-                expire_leases(&c);
-                fence_tick(&c);
-        }
+        r = uv_run(&c.loop, UV_RUN_DEFAULT);
+        r = r < 0 ? r : 0;
 finish:
         for (size_t i = 0; i < c.npeers; i++)
                 peer_done(&c.peers[i]);
         ps_free(c.peers);
         ps_free(c.prev_ids);
         shardmap_free(c.map);
-        if (sfd >= 0)
-                close(sfd);
-        if (c.sock)
-                zmq_close(c.sock);
-        zmq_ctx_term(c.zctx);
+        c.ctl = netsock_close(c.ctl);
+        c.service = service_free(c.service);
+        if (uv_is_active((uv_handle_t *) &c.tick) || c.tick.data)
+                uv_close((uv_handle_t *) &c.tick, NULL);
+        uv_run(&c.loop, UV_RUN_NOWAIT); /* the handles' close callbacks */
+        if (uv_loop_close(&c.loop) < 0)
+                log_debug("event loop closed with handles open");
+        if (c.zctx)
+                zmq_ctx_term(c.zctx);
         return r;
 }
