@@ -97,6 +97,13 @@ int session_send(Session *s, Psnet__Header *h) {
         return netsock_send(s->sock, NULL, h, NULL, 0);
 }
 
+int session_reply(Session *s, Psnet__Header *h, uint64_t seq) {
+        h->has_sender = h->has_seq = true;
+        h->sender = s->id;
+        h->seq = seq;
+        return netsock_send(s->sock, NULL, h, NULL, 0);
+}
+
 /* Queues a request; cb may be NULL (internal requests handle replies inline). */
 static int session_queue(Session *s, Psnet__Header *h, Psnet__MsgType want, unsigned timeout_ms,
                          SessionReplyFn cb, void *ud, uint64_t *ret_seq) {

@@ -52,6 +52,8 @@ int session_new(uv_loop_t *loop, void *zctx, const SessionConf *conf, const Sess
 int session_start(Session *s);
 /* Sends h (type and body set by the caller) with this peer's id and the next seq. */
 int session_send(Session *s, Psnet__Header *h);
+/* Answers a message pscoord sent (e.g. FENCE): h with this peer's id and seq. */
+int session_reply(Session *s, Psnet__Header *h, uint64_t seq);
 /* Sends h and calls cb with the reply of type want (or MSG_ERROR), or
  * -ETIMEDOUT after timeout_ms. While pscoord is not connected the request is
  * sent again every 100 ms until the deadline. */

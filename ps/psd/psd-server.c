@@ -1,16 +1,20 @@
-/* psd's event loop; see psd-server.h. One thread: zmq_poll over the data ROUTER,
- * the pscoord link and a signalfd. Requests are pipelined: a BSP pull that must
- * wait is parked and answered when its clock closes, while other requests go on. */
+/* psd's event loop; see psd-server.h. One thread, one uv_loop: the data ROUTER,
+ * the pscoord session, DEALERs to other shards (moving chunks) and signals.
+ * Requests are pipelined: a BSP pull that must wait is parked and answered
+ * when its clock closes, while other requests go on; while pscoord is away
+ * (restart, registering again) the shard keeps serving. */
 #include <errno.h>
 #include <signal.h>
 #include <stdio.h>
 #include <string.h>
 #include <unistd.h>
 #include "alloc.h"
-#include "coordlink.h"
-#include "wire-job.h"
-#include "signals.h"
+#include "endpoint.h"
 #include "errors.h"
+#include "netsock.h"
+#include "service.h"
+#include "session.h"
+#include "wire-job.h"
 #include "log.h"
 #include "psd-server.h"
 #include "psd-optim.h"
@@ -24,7 +28,7 @@ typedef struct ParkedPull {
 /* A DEALER to another shard, for chunks that move there. */
 typedef struct PeerShard {
         char *endpoint;
-        void *sock;
+        NetSock *sock;
 } PeerShard;
 
 typedef struct Psd {
@@ -34,14 +38,18 @@ typedef struct Psd {
         WireMsg *stash;         /* chunk states that arrived before the map that sends them here */
         size_t nstash;
         uint64_t moved_out, moved_in;
-        void *zctx, *data;
-        CoordLink *coord;
+        uv_loop_t loop;
+        void *zctx;
+        NetSock *data;
+        Session *coord;
+        Service *service;
         Store *store;
         ParkedPull *parked;
         size_t nparked, cparked;
         uint64_t errors;
-        uint64_t last_hb_sent, last_hb_reply;
+        Psnet__ShardInfo hb;    /* the figures of the heartbeat being sent */
         bool stopping;
+        int exit_code;
 } Psd;
 
 static int psd_reply_error(Psd *p, const zmq_msg_t *route, const Psnet__Header *req, int status,
@@ -67,7 +75,7 @@ static int psd_reply_error(Psd *p, const zmq_msg_t *route, const Psnet__Header *
                 h.has_epoch = true;
                 h.epoch = shardmap_epoch(p->store->map);
         }
-        return wire_send(p->data, route, &h, NULL, 0);
+        return netsock_send(p->data, route, &h, NULL, 0);
 }
 
 /* StoreAckFn: a PUSH request is settled. */
@@ -91,7 +99,7 @@ static void psd_ack(void *userdata, PushReq *req) {
             req->status != PSNET__STATUS__STATUS_MOVED)
                 log_warning("push refused worker=%u clock=%ld status=%s", req->worker,
                             (long) req->clock, status_name(req->status));
-        int r = wire_send(p->data, &req->route, &h, NULL, 0);
+        int r = netsock_send(p->data, &req->route, &h, NULL, 0);
         if (r < 0)
                 log_warning_errno(r, "Failed to acknowledge push worker=%u: %m", req->worker);
 }
@@ -168,7 +176,7 @@ static int psd_send_values(Psd *p, const zmq_msg_t *route, const Psnet__Header *
         h.job = p->store->job.id;
         h.n_keys = n;
         h.keys = req->keys;
-        int r = wire_send(p->data, route, &h, frames, n);
+        int r = netsock_send(p->data, route, &h, frames, n);
         ps_free(frames);
         return r;
 }
@@ -221,27 +229,34 @@ static void psd_wake_parked(Psd *p) {
         p->nparked = j;
 }
 
-static void *psd_peer_socket(Psd *p, const char *endpoint) {
+/* Answers from other shards to the chunk states we sent: only refusals come back. */
+static void psd_on_peer_msg(NetSock *ns, WireMsg *m, int r, void *ud) {
+        (void) ud;
+        if (r == 0 && m->hdr->type == PSNET__MSG_TYPE__MSG_ERROR)
+                log_error("shard at %s refused a chunk we sent status=%s reason=\"%s\"", netsock_name(ns),
+                          status_name(m->hdr->status), m->hdr->reason ? m->hdr->reason : "");
+        else if (r < 0)
+                log_warning("bad answer from the shard at %s reason=\"%s\"", netsock_name(ns), m->reason);
+}
+
+static NetSock *psd_peer_socket(Psd *p, const ShardDesc *dest) {
         for (size_t i = 0; i < p->npeers; i++)
-                if (strcmp(p->peers[i].endpoint, endpoint) == 0)
+                if (strcmp(p->peers[i].endpoint, dest->endpoint) == 0)
                         return p->peers[i].sock;
         PeerShard *n = ps_realloc(p->peers, (p->npeers + 1) * sizeof *n);
         if (!n)
                 return NULL;
         p->peers = n;
-        void *sock = zmq_socket(p->zctx, ZMQ_DEALER);
-        char *ep = ps_strdup(endpoint);
-        int zero = 0, linger = 5000;
-        if (!sock || !ep) {
-                if (sock)
-                        zmq_close(sock);
-                ps_free(ep);
-                return NULL;
-        }
-        (void) zmq_setsockopt(sock, ZMQ_SNDHWM, &zero, sizeof zero);
-        (void) zmq_setsockopt(sock, ZMQ_LINGER, &linger, sizeof linger);
-        if (zmq_connect(sock, endpoint) < 0) {
-                zmq_close(sock);
+        char *ep = ps_strdup(dest->endpoint);
+        NetSock *sock = NULL;
+        /* A chunk state is values + optimizer state: unbounded queue, and up to
+         * 5 s at close to deliver what is still queued. */
+        const NetSockConf nc = { .type = ZMQ_DEALER, .name = dest->endpoint, .linger_ms = 5000 };
+        int r = ep ? netsock_new(&p->loop, p->zctx, &nc, psd_on_peer_msg, p, &sock) : -ENOMEM;
+        if (r == 0)
+                r = netsock_connect(sock, dest->endpoint, NULL);
+        if (r < 0) {
+                sock = netsock_close(sock);
                 ps_free(ep);
                 return NULL;
         }
@@ -254,7 +269,7 @@ static void psd_move_chunk(void *userdata, Chunk *c, const ShardDesc *dest) {
         Psd *p = userdata;
         size_t per = optim_state_per_value(&p->store->job.optim);
         zmq_msg_t frames[2];
-        void *sock = psd_peer_socket(p, dest->endpoint);
+        NetSock *sock = psd_peer_socket(p, dest);
         if (!sock) {
                 log_error("cannot reach shard %u at %s: chunk (%u,%u) is lost", dest->id, dest->endpoint, c->tensor,
                           c->chunk);
@@ -288,7 +303,7 @@ static void psd_move_chunk(void *userdata, Chunk *c, const ShardDesc *dest) {
         h.keys = keys;
         h.body_case = PSNET__HEADER__BODY_CHUNK_STATE;
         h.chunk_state = &cs;
-        int r = wire_send(sock, NULL, &h, frames, 2);
+        int r = netsock_send(sock, NULL, &h, frames, 2);
         if (r < 0)
                 log_error_errno(r, "Failed to send chunk (%u,%u) to shard %u: %m", c->tensor, c->chunk, dest->id);
         else {
@@ -484,109 +499,108 @@ static void psd_apply_config(Psd *p, const Psnet__Config *ctl) {
         psd_wake_parked(p);
 }
 
-static int psd_register(Psd *p, unsigned timeout_ms) {
-        WireMsg m;
-        const char *adv = p->cfg->advertise ? p->cfg->advertise : p->cfg->listen;
-        int r = coordlink_register(p->coord, PSNET__ROLE__ROLE_SERVER, adv, p->cfg->id, timeout_ms, &m);
-        if (r == -ETIMEDOUT)
-                return log_error_errno(r, "pscoord at %s did not answer within %u s (is it running?)",
-                                       p->cfg->coord, timeout_ms / 1000);
-        if (r == -ECONNREFUSED) {
-                log_error("pscoord refused registration reason=\"%s\"",
-                          m.hdr && m.hdr->reason ? m.hdr->reason : "?");
-                wire_msg_done(&m);
-                return r;
-        }
-        if (r < 0)
-                return log_error_errno(r, "Failed to register with pscoord at %s: %m", p->cfg->coord);
-        log_info("registered coord=%s lease_ms=%u", p->cfg->coord, p->coord->lease_ms);
-        wire_msg_done(&m);
-        p->last_hb_reply = now_ms();
-        return 0;
+/* --- the pscoord session -------------------------------------------------------- */
+
+static void psd_registered(Session *s, bool again, void *ud) {
+        (void) ud;
+        if (again)
+                log_info("registered again coord=%s lease_ms=%u", session_endpoint(s), session_lease_ms(s));
+        else
+                log_info("registered coord=%s lease_ms=%u", session_endpoint(s), session_lease_ms(s));
 }
 
-static void psd_handle_coord(Psd *p, WireMsg *m) {
-        Psnet__Header *h = m->hdr;
-        switch (h->type) {
+static void psd_registration_failed(Session *s, int err, const char *reason, void *ud) {
+        Psd *p = ud;
+        if (err == -ETIMEDOUT)
+                log_error_errno(err, "pscoord at %s did not answer within %u s (is it running?)", session_endpoint(s),
+                                p->cfg->connect_timeout);
+        else
+                log_error("pscoord refused registration reason=\"%s\"", reason);
+        p->exit_code = err;
+        uv_stop(&p->loop);
+}
+
+static void psd_fence(Psd *p, const Psnet__Header *h) {
+        Psnet__FenceRep fr = PSNET__FENCE_REP__INIT;
+        Psnet__Header r;
+        int64_t slowest, fastest;
+        fr.max_clock = store_fence(p->store, &slowest, &fastest);
+        fr.min_worker_clock = slowest;
+        fr.max_worker_clock = fastest;
+        wire_header_init(&r, PSNET__MSG_TYPE__MSG_FENCE_REP);
+        r.body_case = PSNET__HEADER__BODY_FENCE_REP;
+        r.fence_rep = &fr;
+        int e = session_reply(p->coord, &r, h->seq);
+        if (e < 0)
+                log_warning_errno(e, "Failed to answer fence: %m");
+        log_info("fence max_clock=%ld slowest=%ld fastest=%ld", (long) fr.max_clock, (long) slowest, (long) fastest);
+}
+
+static void psd_on_coord(Session *s, WireMsg *m, void *ud) {
+        Psd *p = ud;
+        (void) s;
+        switch (m->hdr->type) {
         case PSNET__MSG_TYPE__MSG_CONFIG:
-                psd_apply_config(p, h->config);
+                psd_apply_config(p, m->hdr->config);
                 break;
-        case PSNET__MSG_TYPE__MSG_HEARTBEAT_REP:
-                p->last_hb_reply = now_ms();
-                break;
-        case PSNET__MSG_TYPE__MSG_FENCE: {
-                Psnet__FenceRep fr = PSNET__FENCE_REP__INIT;
-                Psnet__Header r;
-                int64_t slowest, fastest;
-                fr.max_clock = store_fence(p->store, &slowest, &fastest);
-                fr.min_worker_clock = slowest;
-                fr.max_worker_clock = fastest;
-                wire_header_init(&r, PSNET__MSG_TYPE__MSG_FENCE_REP);
-                r.has_seq = r.has_sender = true;
-                r.seq = h->seq;
-                r.sender = p->cfg->id;
-                r.body_case = PSNET__HEADER__BODY_FENCE_REP;
-                r.fence_rep = &fr;
-                int e = wire_send(p->coord->sock, NULL, &r, NULL, 0);
-                if (e < 0)
-                        log_warning_errno(e, "Failed to answer fence: %m");
-                log_info("fence max_clock=%ld slowest=%ld fastest=%ld", (long) fr.max_clock, (long) slowest,
-                         (long) fastest);
-                break;
-        }
-        case PSNET__MSG_TYPE__MSG_ERROR:
-                if (h->status == PSNET__STATUS__STATUS_UNKNOWN_PEER) {
-                        log_warning("pscoord does not know this shard (restarted?): registering again");
-                        (void) psd_register(p, 5000);
-                } else
-                        log_warning("pscoord error reason=\"%s\"", h->reason ? h->reason : "");
+        case PSNET__MSG_TYPE__MSG_FENCE:
+                psd_fence(p, m->hdr);
                 break;
         default:
-                log_debug("ignoring message from pscoord type=%d", h->type);
+                log_debug("ignoring message from pscoord type=%s", wire_type_name(m->hdr->type));
         }
 }
 
-/* Reads what other shards answered to our chunk states: only refusals come back. */
-static void psd_drain_peers(Psd *p) {
-        for (size_t i = 0; i < p->npeers; i++)
-                for (;;) {
-                        WireMsg m;
-                        int r = wire_recv(p->peers[i].sock, false, ZMQ_DONTWAIT, &m);
-                        if (r == 0 && m.hdr->type == PSNET__MSG_TYPE__MSG_ERROR)
-                                log_error("shard at %s refused a chunk we sent status=%s reason=\"%s\"",
-                                          p->peers[i].endpoint, status_name(m.hdr->status),
-                                          m.hdr->reason ? m.hdr->reason : "");
-                        wire_msg_done(&m);
-                        if (r < 0 && r != -EBADMSG)
-                                break;
-                }
+/* The figures every heartbeat carries (psctl status shows them). */
+static void psd_heartbeat(Session *s, Psnet__Heartbeat *hb, void *ud) {
+        Psd *p = ud;
+        (void) s;
+        Psnet__ShardInfo *si = &p->hb;
+        psnet__shard_info__init(si);
+        si->id = p->cfg->id;
+        si->endpoint = p->cfg->advertise ? p->cfg->advertise : p->cfg->listen;
+        si->has_keys = si->has_bytes = si->has_clock = si->has_pushes = si->has_pulls = si->has_errors = true;
+        si->keys = p->store->nkeys;
+        si->bytes = p->store->bytes;
+        si->clock = store_clock(p->store);
+        si->pushes = p->store->pushes;
+        si->pulls = p->store->pulls;
+        si->errors = p->errors;
+        si->has_incoming = si->has_map_epoch = si->has_parked = true;
+        si->incoming = store_incoming(p->store);
+        si->map_epoch = p->store->map ? shardmap_epoch(p->store->map) : 0;
+        si->parked = p->nparked;
+        hb->shard = si;
 }
 
-static void psd_heartbeat(Psd *p) {
-        psd_drain_peers(p);
-        Psnet__Header h;
-        Psnet__Heartbeat hb = PSNET__HEARTBEAT__INIT;
-        Psnet__ShardInfo si = PSNET__SHARD_INFO__INIT;
-        si.id = p->cfg->id;
-        si.endpoint = p->cfg->advertise ? p->cfg->advertise : p->cfg->listen;
-        si.has_keys = si.has_bytes = si.has_clock = si.has_pushes = si.has_pulls = si.has_errors = true;
-        si.keys = p->store->nkeys;
-        si.bytes = p->store->bytes;
-        si.clock = store_clock(p->store);
-        si.pushes = p->store->pushes;
-        si.pulls = p->store->pulls;
-        si.errors = p->errors;
-        si.has_incoming = si.has_map_epoch = true;
-        si.incoming = store_incoming(p->store);
-        si.map_epoch = p->store->map ? shardmap_epoch(p->store->map) : 0;
-        hb.shard = &si;
-        wire_header_init(&h, PSNET__MSG_TYPE__MSG_HEARTBEAT);
-        h.body_case = PSNET__HEADER__BODY_HEARTBEAT;
-        h.heartbeat = &hb;
-        int r = coordlink_send(p->coord, &h);
+/* --- the data socket ------------------------------------------------------------- */
+
+static void psd_on_data(NetSock *ns, WireMsg *m, int r, void *ud) {
+        Psd *p = ud;
+        (void) ns;
+        if (r == 0)
+                psd_handle_data(p, m);
+        else if (m->has_route)
+                psd_reply_error(p, &m->route, m->hdr, m->status, m->reason);
+}
+
+static void psd_left(Session *s, int r, WireMsg *m, void *ud) {
+        Psd *p = ud;
+        (void) s, (void) m;
         if (r < 0)
-                log_warning_errno(r, "Failed to send heartbeat: %m");
-        p->last_hb_sent = now_ms();
+                log_debug_errno(r, "pscoord did not answer the deregistration: %m");
+        uv_stop(&p->loop);
+}
+
+static void psd_stop(void *ud, int signo) {
+        Psd *p = ud;
+        (void) signo;
+        if (p->stopping)
+                return;
+        p->stopping = true;
+        /* Leave the cluster, answered or not within half a second; serve meanwhile. */
+        if (session_deregister(p->coord, 500, psd_left, p) < 0)
+                uv_stop(&p->loop);
 }
 
 static void psd_free_parked(Psd *p) {
@@ -600,19 +614,21 @@ static void psd_free_parked(Psd *p) {
 
 int psd_run(const PsdConfig *cfg) {
         Psd p = { .cfg = cfg };
-        int r, sfd = -1;
-        int zero = 0, one = 1;
-        int64_t maxmsg = (int64_t) cfg->max_msg;
+        int r;
 
-        /* Block the signals before ZeroMQ starts its threads, which inherit the
-         * mask: a signal delivered to one of them would end the process. */
-        sfd = signals_open();
-        if (sfd < 0)
-                return log_error_errno(sfd, "Failed to set up signals: %m");
+        r = uv_loop_init(&p.loop);
+        if (r < 0)
+                return log_error_errno(r, "Failed to start the event loop: %s", uv_strerror(r));
+        const ServiceOps sops = { .stop = psd_stop };
+        r = service_new(&p.loop, "psd", &sops, &p, &p.service);
+        if (r < 0) {
+                log_error_errno(r, "Failed to set up signals: %m");
+                goto finish;
+        }
         p.zctx = zmq_ctx_new();
         if (!p.zctx) {
-                close(sfd);
-                return log_error_errno(errno, "Failed to create ZeroMQ context: %m");
+                r = log_error_errno(errno, "Failed to create ZeroMQ context: %m");
+                goto finish;
         }
         (void) zmq_ctx_set(p.zctx, ZMQ_IO_THREADS, 1);
         r = store_new(cfg->id, psd_ack, &p, &p.store);
@@ -621,121 +637,58 @@ int psd_run(const PsdConfig *cfg) {
                 goto finish;
         }
         p.store->move = psd_move_chunk;
-        p.data = zmq_socket(p.zctx, ZMQ_ROUTER);
-        if (!p.data) {
-                r = log_error_errno(errno, "Failed to create socket: %m");
-                goto finish;
-        }
-        (void) zmq_setsockopt(p.data, ZMQ_LINGER, &zero, sizeof zero);
-        (void) zmq_setsockopt(p.data, ZMQ_SNDHWM, &zero, sizeof zero);
-        (void) zmq_setsockopt(p.data, ZMQ_RCVHWM, &zero, sizeof zero);
-        (void) zmq_setsockopt(p.data, ZMQ_MAXMSGSIZE, &maxmsg, sizeof maxmsg);
-        (void) zmq_setsockopt(p.data, ZMQ_ROUTER_HANDOVER, &one, sizeof one);
-        r = endpoint_prepare(cfg->listen);
+        const NetSockConf dc = { .type = ZMQ_ROUTER, .name = "data", .max_msg = (int64_t) cfg->max_msg,
+                                 .handover = true };
+        r = netsock_new(&p.loop, p.zctx, &dc, psd_on_data, &p, &p.data);
         if (r < 0) {
-                log_error_errno(r, "Cannot use %s: %m", cfg->listen);
+                log_error_errno(r, "Failed to create the data socket: %m");
                 goto finish;
         }
-        if (zmq_bind(p.data, cfg->listen) < 0) {
-                r = log_error_errno(errno, "Failed to bind %s: %m", cfg->listen);
+        r = netsock_bind(p.data, cfg->listen);
+        if (r < 0) {
+                log_error_errno(r, "Failed to bind %s: %m", cfg->listen);
                 goto finish;
         }
-        r = coordlink_open(p.zctx, cfg->coord, &p.coord);
+        const SessionConf sc = {
+                .endpoint = cfg->coord, .role = PSNET__ROLE__ROLE_SERVER, .want_id = cfg->id,
+                .advertise = cfg->advertise ? cfg->advertise : cfg->listen,
+                .connect_timeout_ms = cfg->connect_timeout * 1000u,
+        };
+        const SessionOps so = { .registered = psd_registered, .failed = psd_registration_failed,
+                                .message = psd_on_coord, .heartbeat = psd_heartbeat };
+        r = session_new(&p.loop, p.zctx, &sc, &so, &p, &p.coord);
+        if (r == 0)
+                r = session_start(p.coord);
         if (r < 0) {
                 log_error_errno(r, "Bad pscoord endpoint %s: %m", cfg->coord);
                 goto finish;
         }
         log_info("listening endpoint=%s allocator=%s", cfg->listen, alloc_name());
-        r = psd_register(&p, cfg->connect_timeout * 1000u);
-        if (r < 0)
-                goto finish;
-
-        while (!p.stopping) {
-                uint64_t hb_every = MAX(p.coord->lease_ms / 3, 50u);
-                uint64_t now = now_ms();
-                if (now - p.last_hb_sent >= hb_every)
-                        psd_heartbeat(&p);
-                if (now - p.last_hb_reply > 3ull * p.coord->lease_ms && p.last_hb_reply) {
-                        log_warning("pscoord silent for %lu ms; serving on", (unsigned long) (now - p.last_hb_reply));
-                        p.last_hb_reply = now;
-                }
-                zmq_pollitem_t items[] = {
-                        { .socket = p.data, .events = ZMQ_POLLIN },
-                        { .socket = p.coord->sock, .events = ZMQ_POLLIN },
-                        { .fd = sfd, .events = ZMQ_POLLIN },
-                };
-                r = zmq_poll(items, 3, (long) hb_every);
-                if (r < 0) {
-                        if (errno == EINTR)
-                                continue;
-                        r = log_error_errno(errno, "zmq_poll failed: %m");
-                        break;
-                }
-                if (items[2].revents & ZMQ_POLLIN) {
-                        bool hup;
-                        int sig = signals_read(sfd, &hup);
-                        if (hup)
-                                log_info("SIGHUP: configuration is reloaded from pscoord; nothing to do");
-                        if (sig) {
-                                log_info("stopping signal=%s", strsignal(sig));
-                                p.stopping = true;
-                        }
-                }
-                /* Drain the data socket in a batch, then the control link. */
-                for (int budget = 256; budget > 0 && (items[0].revents & ZMQ_POLLIN); budget--) {
-                        WireMsg m;
-                        r = wire_recv(p.data, true, ZMQ_DONTWAIT, &m);
-                        if (r == -EAGAIN) {
-                                wire_msg_done(&m);
-                                break;
-                        }
-                        if (r == -EBADMSG) {
-                                if (m.has_route)
-                                        psd_reply_error(&p, &m.route, m.hdr, m.status, m.reason);
-                        } else if (r < 0) {
-                                wire_msg_done(&m);
-                                log_warning_errno(r, "Failed to receive: %m");
-                                break;
-                        } else
-                                psd_handle_data(&p, &m);
-                        wire_msg_done(&m);
-                }
-                for (;;) {
-                        WireMsg m;
-                        r = wire_recv(p.coord->sock, false, ZMQ_DONTWAIT, &m);
-                        if (r == 0)
-                                psd_handle_coord(&p, &m);
-                        else if (r == -EBADMSG)
-                                log_warning("bad message from pscoord reason=\"%s\"", m.reason);
-                        wire_msg_done(&m);
-                        if (r < 0 && r != -EBADMSG)
-                                break;
-                }
-                r = 0;
-        }
-        if (p.stopping) {
-                (void) coordlink_send_type(p.coord, PSNET__MSG_TYPE__MSG_DEREGISTER);
+        (void) uv_run(&p.loop, UV_RUN_DEFAULT);
+        r = p.exit_code;
+        if (p.stopping)
                 log_info("stopped pushes=%lu pulls=%lu applied=%lu copies=%lu errors=%lu",
                          (unsigned long) p.store->pushes, (unsigned long) p.store->pulls,
                          (unsigned long) p.store->applied, (unsigned long) p.store->copies,
                          (unsigned long) p.errors);
-        }
 finish:
         psd_free_parked(&p);
-        if (sfd >= 0)
-                close(sfd);
         p.store = store_free(p.store); /* acks in flight go out before the socket closes */
         for (size_t i = 0; i < p.nstash; i++)
                 wire_msg_done(&p.stash[i]);
         ps_free(p.stash);
         for (size_t i = 0; i < p.npeers; i++) {
-                zmq_close(p.peers[i].sock);
+                netsock_close(p.peers[i].sock);
                 ps_free(p.peers[i].endpoint);
         }
         ps_free(p.peers);
-        if (p.data)
-                zmq_close(p.data);
-        p.coord = coordlink_free(p.coord);
-        zmq_ctx_term(p.zctx);
+        p.data = netsock_close(p.data);
+        p.coord = session_free(p.coord);
+        p.service = service_free(p.service);
+        uv_run(&p.loop, UV_RUN_NOWAIT); /* the handles' close callbacks */
+        if (uv_loop_close(&p.loop) < 0)
+                log_debug("event loop closed with handles open");
+        if (p.zctx)
+                zmq_ctx_term(p.zctx);
         return r;
 }

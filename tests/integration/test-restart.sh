@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# pscoord killed mid-run and restarted with the same flags: the shards and the
-# workers register again, training goes on from where it was, the job ends.
+# pscoord killed mid-run and restarted with the same flags: while it is away the
+# shards keep serving pushes and pulls (training goes on), then the shards and
+# the workers register again, training goes on from where it was, the job ends.
 source "$(dirname "$0")/lib.sh"
 
 COORD="ipc://$RUN/coord.sock"
@@ -11,6 +12,8 @@ for i in 1 2; do psnet_start "workerd-$i" "$WORKERD" --coord "$COORD" --trace-pu
 psnet_wait_for 30 logs_match 'msg="pulled" clock=100 ' 'workerd-1.log'; ok $? "the job trains"
 kill -KILL "$PID_pscoord"; ok $? "SIGKILL pscoord"
 c_kill=$(sed -n 's/.*msg="pulled" clock=\([0-9]*\) .*/\1/p' "$RUN/workerd-1.log" | tail -1)
+psnet_wait_for 20 logs_match "msg=\"pulled\" clock=$((c_kill + 50)) " 'workerd-1.log'
+ok $? "with pscoord gone the shards serve on: 50 more clocks trained (from $c_kill)"
 psnet_start pscoord-2 "$PSCOORD" "${args[@]}"
 psnet_wait_for 20 logs_match 'msg="job started"' 'pscoord-2.log'; ok $? "the new pscoord restarts the job once shards and workers are back"
 grep -q 'registering again' "$RUN/psd-1.log"; ok $? "shard 1 registered again"
