@@ -14,7 +14,7 @@ char *ps_strdup(const char *s);
 void ps_free(void *p);
 
 /* Bytes the allocator reports as allocated and resident; 0 when unknown
- * (glibc malloc under sanitizers). */
+ * (glibc malloc: sanitizer builds, libpsnet's users). */
 int alloc_stats(uint64_t *ret_allocated, uint64_t *ret_resident);
 /* Name of the allocator in use ("jemalloc" or "libc"). */
 const char *alloc_name(void);

@@ -2,9 +2,9 @@
  * beside what bare ZeroMQ moves between two processes on the same transport.
  *
  * For each consistency mode (asp, then bsp) it starts pscoord and two psd as
- * child processes (logs and ipc sockets in a mkdtemp directory), registers
- * itself with pscoord as the job's one worker, and drives the real client
- * library (worker/client.c): a warm-up, then N rounds that push a gradient for
+ * child processes (logs and ipc sockets in a mkdtemp directory), joins the job
+ * as its one worker through libpsnet's public API (worker/client/psnet.h, as
+ * workerd does): a warm-up, then N rounds that push a gradient for
  * every key and pull every key back, then N pull-only rounds, each timed with
  * CLOCK_MONOTONIC. Goodput is tensor bytes moved (pushed + pulled) per second,
  * headers excluded; the figures are the median and the best round.
@@ -45,9 +45,9 @@
 #include <unistd.h>
 #include <zmq.h>
 #include "alloc.h"
-#include "client.h"
+#include "psnet-internal.h"
 #include "config.h"
-#include "coordlink.h"
+#include "endpoint.h"
 #include "job.h"
 #include "log.h"
 #include "shardmap.h"
@@ -89,13 +89,14 @@ typedef struct Cluster {
 /* This process as the job's worker. */
 typedef struct Bench {
         Cluster *cl;
-        CoordLink *coord;
-        Job job;
-        bool has_job;
-        ShardMap *map;
-        bool running;             /* pscoord says the job runs */
-        uint64_t last_hb;
-        bool failed;              /* a daemon died or pscoord forgot us */
+        uv_loop_t loop;
+        uv_timer_t watch;         /* looks at the daemons every 100 ms */
+        PsnetWorker *w;
+        const Job *job;
+        bool joined, left;
+        bool failed;              /* a daemon died, pscoord refused us, or a deadline passed */
+        bool round_done;
+        int round_r;
 } Bench;
 
 /* Timed rounds of one kind. */
@@ -394,155 +395,105 @@ static int cluster_check(Cluster *cl) {
         return 0;
 }
 
-/* --- the worker side: pscoord link ------------------------------------------- */
+/* --- the worker side: libpsnet ---------------------------------------------------- */
 
-static void bench_apply_config(Bench *b, const Psnet__Config *ctl) {
-        char err[192];
-        JobState st;
-        if (job_state_from_proto(ctl->job_state, &st) == 0)
-                b->running = st == JOB_RUNNING;
-        if (!ctl->job || !ctl->map || b->has_job)
-                return;
-        if (job_from_proto(ctl->job, &b->job, err, sizeof err) < 0) {
-                log_error("pscoord sent a job that does not validate reason=\"%s\"", err);
-                b->failed = true;
-                return;
-        }
-        ShardMap *m;
-        int r = shardmap_from_proto(ctl->map, &m);
-        if (r < 0) {
-                log_error_errno(r, "pscoord sent a shard map that does not validate: %m");
-                b->failed = true;
-                return;
-        }
-        shardmap_free(b->map);
-        b->map = m;
-        b->has_job = true;
+static void bench_on_job(PsnetWorker *w, void *ud) {
+        Bench *b = ud;
+        b->job = psnet_worker_job(w);
+        b->joined = true;
 }
 
-/* ClientHooks.on_coord: drains the pscoord link (configs, heartbeat replies). */
-static void bench_on_coord(void *ud) {
+static void bench_on_stop(PsnetWorker *w, const char *why, void *ud) {
         Bench *b = ud;
-        for (;;) {
-                WireMsg m;
-                int r = wire_recv(b->coord->sock, false, ZMQ_DONTWAIT, &m);
-                if (r == 0) {
-                        const Psnet__Header *h = m.hdr;
-                        if (h->type == PSNET__MSG_TYPE__MSG_CONFIG)
-                                bench_apply_config(b, h->config);
-                        else if (h->type == PSNET__MSG_TYPE__MSG_REGISTER_REP && b->coord->id == 0) {
-                                if (h->reg_rep->assigned_id == 0) {
-                                        log_error("pscoord answered the registration without an id");
-                                        b->failed = true;
-                                } else {
-                                        /* As coordlink_register does. */
-                                        b->coord->id = h->reg_rep->assigned_id;
-                                        b->coord->lease_ms = h->reg_rep->lease_ms ? h->reg_rep->lease_ms : 5000;
-                                }
-                        } else if (h->type == PSNET__MSG_TYPE__MSG_ERROR) {
-                                log_error("pscoord error status=%d reason=\"%s\"", h->status,
-                                          h->reason ? h->reason : "");
-                                b->failed = true;
-                        }
-                } else if (r == -EBADMSG)
-                        log_warning("bad message from pscoord reason=\"%s\"", m.reason);
-                wire_msg_done(&m);
-                if (r < 0 && r != -EBADMSG) {
-                        if (r != -EAGAIN) {
-                                log_error_errno(r, "Failed to receive from pscoord: %m");
-                                b->failed = true;
-                        }
-                        return;
-                }
-        }
+        (void) w;
+        log_error("pscoord stopped this worker reason=\"%s\"", why);
+        b->failed = true;
 }
 
-/* ClientHooks.on_tick: keeps the lease and notices a daemon that died. */
-static void bench_on_tick(void *ud) {
+static void bench_on_failed(PsnetWorker *w, int err, const char *reason, void *ud) {
         Bench *b = ud;
-        uint64_t now = now_ms();
-        if (b->coord->id != 0 && now - b->last_hb >= MAX(b->coord->lease_ms / 3, 50u)) {
-                Psnet__Header h;
-                Psnet__Heartbeat hb = PSNET__HEARTBEAT__INIT;
-                wire_header_init(&h, PSNET__MSG_TYPE__MSG_HEARTBEAT);
-                h.body_case = PSNET__HEADER__BODY_HEARTBEAT;
-                h.heartbeat = &hb;
-                int r = coordlink_send(b->coord, &h);
-                if (r < 0) {
-                        log_error_errno(r, "Failed to send a heartbeat: %m");
-                        b->failed = true;
-                }
-                b->last_hb = now;
-        }
+        (void) w;
+        log_error_errno(err, "Could not join the job: %m reason=\"%s\"", reason);
+        b->failed = true;
+}
+
+static void bench_watch(uv_timer_t *t) {
+        Bench *b = t->data;
         if (cluster_check(b->cl) < 0)
                 b->failed = true;
 }
 
-static bool bench_should_stop(void *ud) {
-        const Bench *b = ud;
-        return b->failed;
-}
-
-/* Registers as a worker and waits, with a deadline, for the running job. The
- * registration is sent once (a second REGISTER would make pscoord start this
- * peer over under a new id) and answered in the same poll loop that watches
- * the daemons, so a daemon that fails to start ends the wait at once. */
-static int bench_join(Bench *b, void *zctx) {
-        Psnet__Header h;
-        Psnet__Register reg = PSNET__REGISTER__INIT;
-        int r = coordlink_open(zctx, b->cl->coord_ep, &b->coord);
-        if (r < 0)
-                return log_error_errno(r, "Bad pscoord endpoint %s: %m", b->cl->coord_ep);
-        reg.role = PSNET__ROLE__ROLE_WORKER;
-        reg.has_pid = true;
-        reg.pid = (uint32_t) getpid();
-        reg.name = (char *) "bench-pushpull";
-        wire_header_init(&h, PSNET__MSG_TYPE__MSG_REGISTER);
-        h.body_case = PSNET__HEADER__BODY_REG;
-        h.reg = &reg;
-        r = coordlink_send(b->coord, &h);
-        if (r < 0)
-                return log_error_errno(r, "Failed to register with pscoord at %s: %m", b->cl->coord_ep);
-
-        uint64_t deadline = now_ms() + BENCH_START_MS;
-        while (!(b->coord->id != 0 && b->has_job && b->running)) {
-                zmq_pollitem_t items[1 + BENCH_NDAEMONS] = { { .socket = b->coord->sock, .events = ZMQ_POLLIN } };
-                int n = 1;
-                for (size_t i = 0; i < BENCH_NDAEMONS; i++)
-                        if (b->cl->d[i].pid)
-                                items[n++] = (zmq_pollitem_t) { .fd = b->cl->d[i].pidfd, .events = ZMQ_POLLIN };
-                uint64_t now = now_ms();
-                if (now >= deadline) {
-                        log_error("the job did not start within %u s registered=%s state=%s",
-                                  BENCH_START_MS / 1000, b->coord->id ? "yes" : "no", b->running ? "running" : "not running");
-                        for (size_t i = 0; i < BENCH_NDAEMONS; i++)
-                                daemon_print_log(&b->cl->d[i]);
-                        return -ETIMEDOUT;
-                }
-                r = zmq_poll(items, n, (long) MIN(deadline - now, 500u));
-                if (r < 0 && errno != EINTR)
-                        return log_error_errno(errno, "zmq_poll failed: %m");
-                if (r > 0 && (items[0].revents & ZMQ_POLLIN))
-                        bench_on_coord(b);
-                bench_on_tick(b);
-                if (b->failed)
-                        return -ECHILD;
+/* Runs the loop until *flag or a failure, for at most ms. */
+static int bench_run_until(Bench *b, const bool *flag, unsigned ms, const char *what) {
+        uint64_t deadline = now_ms() + ms;
+        while (!*flag && !b->failed) {
+                if (now_ms() >= deadline)
+                        return log_error_errno(ETIMEDOUT, "%s did not happen within %u s", what, ms / 1000);
+                uv_run(&b->loop, UV_RUN_ONCE);
         }
-        return 0;
+        return b->failed ? -ECHILD : 0;
 }
 
-static int bench_leave(Bench *b) {
-        WireMsg m;
-        if (!b->coord || b->coord->id == 0)
-                return 0;
-        Psnet__Header h;
-        wire_header_init(&h, PSNET__MSG_TYPE__MSG_DEREGISTER);
-        int r = coordlink_request(b->coord, &h, PSNET__MSG_TYPE__MSG_DEREGISTER_REP, 2000, NULL, NULL, &m);
-        if (r == 0 || r == -ECONNREFUSED)
-                wire_msg_done(&m);
+/* Joins the job as a worker, with a deadline; a daemon that fails to start
+ * ends the wait at once (the watch timer). */
+static int bench_join(Bench *b) {
+        int r = uv_loop_init(&b->loop);
+        if (r == 0)
+                r = uv_timer_init(&b->loop, &b->watch);
         if (r < 0)
-                log_warning_errno(r, "Failed to deregister from pscoord: %m");
+                return log_error_errno(r, "Failed to set up the event loop: %s", uv_strerror(r));
+        b->watch.data = b;
+        (void) uv_timer_start(&b->watch, bench_watch, 100, 100);
+        const PsnetWorkerOptions o = { .coord = b->cl->coord_ep, .connect_timeout_ms = BENCH_START_MS,
+                                       .round_timeout_ms = BENCH_ROUND_MS };
+        const PsnetWorkerEvents ev = { .job = bench_on_job, .stop = bench_on_stop, .failed = bench_on_failed };
+        r = psnet_worker_new(&b->loop, &o, &ev, b, &b->w);
+        if (r < 0)
+                return log_error_errno(r, "Failed to join pscoord at %s: %m", b->cl->coord_ep);
+        r = bench_run_until(b, &b->joined, BENCH_START_MS, "the job's start");
+        if (r < 0)
+                for (size_t i = 0; i < BENCH_NDAEMONS; i++)
+                        daemon_print_log(&b->cl->d[i]);
         return r;
+}
+
+static void bench_round_done(PsnetWorker *w, int r, void *ud) {
+        Bench *b = ud;
+        (void) w;
+        b->round_r = r;
+        b->round_done = true;
+}
+
+/* One round, run to its end; *ret_clock gets the clock of the weights pulled. */
+static int bench_round(Bench *b, const float *const *grads, int64_t push_clock, float *const *params,
+                       int64_t pull_clock, int64_t *ret_clock) {
+        b->round_done = false;
+        int r = psnet_worker_round(b->w, grads, push_clock, params, pull_clock, bench_round_done, b);
+        if (r < 0)
+                return r;
+        r = bench_run_until(b, &b->round_done, BENCH_ROUND_MS + 1000, "a round");
+        if (r < 0)
+                return r;
+        *ret_clock = psnet_worker_round_clock(b->w);
+        return b->round_r;
+}
+
+static void bench_left(PsnetWorker *w, void *ud) {
+        Bench *b = ud;
+        (void) w;
+        b->left = true;
+}
+
+static void bench_leave(Bench *b) {
+        if (!b->watch.data)
+                return; /* never joined */
+        if (b->w && !b->failed && psnet_worker_leave(b->w, bench_left, b) == 0)
+                (void) bench_run_until(b, &b->left, 2000, "leaving the job");
+        b->w = psnet_worker_free(b->w);
+        uv_close((uv_handle_t *) &b->watch, NULL);
+        uv_run(&b->loop, UV_RUN_NOWAIT);
+        if (uv_loop_close(&b->loop) < 0)
+                log_warning("the benchmark's event loop closed with handles open");
 }
 
 /* --- measuring ----------------------------------------------------------------- */
@@ -635,10 +586,11 @@ static int figures_from(const double *secs, const uint64_t *bytes, size_t n, dou
 }
 
 /* Runs the timed rounds: push+pull, then pull only. */
-static int bench_rounds(Bench *b, Client *c, float *const *params, const float *const *grads, unsigned rounds,
+static int bench_rounds(Bench *b, float *const *params, const float *const *grads, unsigned rounds,
                         ModeResult *ret) {
-        bool bsp = b->job.mode == MODE_BSP;
-        const ClientStats *st = client_stats(c);
+        bool bsp = b->job->mode == MODE_BSP;
+        uint64_t pushed, pulled, nrounds;
+        double wait_s;
         _cleanup_free_ double *secs = calloc(rounds, sizeof *secs);
         _cleanup_free_ uint64_t *bytes = calloc(rounds, sizeof *bytes);
         int64_t clock = 0, got = 0;
@@ -648,7 +600,7 @@ static int bench_rounds(Bench *b, Client *c, float *const *params, const float *
 
         /* Warm-up: a pull (as a joining worker does) and one push+pull round, so
          * that every buffer on both sides has been touched once. */
-        if ((r = client_round(c, NULL, 0, params, 0, &got)) < 0)
+        if ((r = bench_round(b, NULL, 0, params, 0, &got)) < 0)
                 return r;
         clock = bsp ? got : 0;
         for (int pass = 0; pass < 2; pass++) {
@@ -657,16 +609,15 @@ static int bench_rounds(Bench *b, Client *c, float *const *params, const float *
                 if (pass == 1 && (r = cpu_used_s(b->cl, &cpu0)) < 0)
                         return log_error_errno(r, "Failed to read CPU times: %m");
                 for (unsigned i = 0; i < n; i++) {
-                        uint64_t before = st->bytes_pushed + st->bytes_pulled;
+                        psnet_worker_traffic(b->w, &pushed, &pulled, &nrounds, &wait_s);
+                        uint64_t before = pushed + pulled;
                         bool push = pass == 0;
                         /* BSP: push for clock c, pull c+1 (it closes with our push).
                          * ASP: push clocks only go up (shards drop repeats); pulls never wait. */
                         int64_t pull_clock = bsp ? (push ? clock + 1 : clock) : 0;
                         double t0 = mono_s();
-                        r = client_round(c, push ? grads : NULL, clock, params, pull_clock, &got);
+                        r = bench_round(b, push ? grads : NULL, clock, params, pull_clock, &got);
                         double t1 = mono_s();
-                        if (r == -ECANCELED)
-                                return -ECHILD; /* b->failed: already said why */
                         if (r < 0)
                                 return r;
                         if (push)
@@ -674,9 +625,6 @@ static int bench_rounds(Bench *b, Client *c, float *const *params, const float *
                         if (bsp && got != pull_clock)
                                 return log_error_errno(EPROTO, "shards answered clock %ld for %ld", (long) got,
                                                        (long) pull_clock);
-                        bench_on_tick(b);
-                        if (b->failed)
-                                return -ECHILD;
                         if (push && i == 0) {
                                 /* The warm-up push+pull round: not counted. */
                                 if ((r = cpu_used_s(b->cl, &cpu0)) < 0)
@@ -684,7 +632,8 @@ static int bench_rounds(Bench *b, Client *c, float *const *params, const float *
                                 continue;
                         }
                         secs[push ? i - 1 : i] = t1 - t0;
-                        bytes[push ? i - 1 : i] = st->bytes_pushed + st->bytes_pulled - before;
+                        psnet_worker_traffic(b->w, &pushed, &pulled, &nrounds, &wait_s);
+                        bytes[push ? i - 1 : i] = pushed + pulled - before;
                 }
                 if ((r = cpu_used_s(b->cl, &cpu1)) < 0)
                         return log_error_errno(r, "Failed to read CPU times: %m");
@@ -694,8 +643,9 @@ static int bench_rounds(Bench *b, Client *c, float *const *params, const float *
         }
         /* A push refused as stale still moved its bytes, but was not applied:
          * that would be a bug in the shards (or here), not a figure. */
-        if (st->stale_pushes > 0)
-                return log_error_errno(EPROTO, "%lu pushes were refused as stale", (unsigned long) st->stale_pushes);
+        uint64_t stale = psnet_worker_stale_pushes(b->w);
+        if (stale > 0)
+                return log_error_errno(EPROTO, "%lu pushes were refused as stale", (unsigned long) stale);
         return 0;
 }
 
@@ -703,8 +653,6 @@ static int bench_rounds(Bench *b, Client *c, float *const *params, const float *
 static int bench_mode(const Opts *o, const char *dir, const char *mode, uint64_t nfloats, ModeResult *ret) {
         Cluster cl = { .dir = dir };
         Bench b = { .cl = &cl };
-        void *zctx = NULL;
-        Client *client = NULL;
         _cleanup_free_ float **params = NULL;
         _cleanup_free_ float **grads = NULL;
         size_t nt = 0;
@@ -715,26 +663,17 @@ static int bench_mode(const Opts *o, const char *dir, const char *mode, uint64_t
         r = cluster_start(&cl, o, mode);
         if (r < 0)
                 goto out;
-        zctx = zmq_ctx_new();
-        if (!zctx) {
-                r = log_error_errno(errno, "Failed to create a ZeroMQ context: %m");
-                goto out;
-        }
-        if (zmq_ctx_set(zctx, ZMQ_IO_THREADS, 1) < 0) {
-                r = log_error_errno(errno, "Failed to set the ZeroMQ I/O threads: %m");
-                goto out;
-        }
-        r = bench_join(&b, zctx);
+        r = bench_join(&b);
         if (r < 0)
                 goto out;
-        if (job_nfloats(&b.job) != nfloats || b.job.mode != (strcmp(mode, "bsp") == 0 ? MODE_BSP : MODE_ASP) ||
-            shardmap_size(b.map) != BENCH_NSHARDS) {
-                r = log_error_errno(EPROTO, "pscoord runs another job than asked (model %s, %zu shards)", b.job.model,
-                                    shardmap_size(b.map));
+        if (job_nfloats(b.job) != nfloats || b.job->mode != (strcmp(mode, "bsp") == 0 ? MODE_BSP : MODE_ASP) ||
+            shardmap_size(psnet_worker_map(b.w)) != BENCH_NSHARDS) {
+                r = log_error_errno(EPROTO, "pscoord runs another job than asked (model %s, %zu shards)", b.job->model,
+                                    shardmap_size(psnet_worker_map(b.w)));
                 goto out;
         }
 
-        nt = b.job.ntensors;
+        nt = b.job->ntensors;
         params = calloc(nt, sizeof *params);
         grads = calloc(nt, sizeof *grads);
         if (!params || !grads) {
@@ -742,7 +681,7 @@ static int bench_mode(const Opts *o, const char *dir, const char *mode, uint64_t
                 goto out;
         }
         for (size_t t = 0; t < nt; t++) {
-                size_t n = b.job.tensors[t].numel;
+                size_t n = b.job->tensors[t].numel;
                 params[t] = ps_malloc_aligned(n * sizeof(float));
                 grads[t] = ps_malloc_aligned(n * sizeof(float));
                 if (!params[t] || !grads[t]) {
@@ -755,36 +694,16 @@ static int bench_mode(const Opts *o, const char *dir, const char *mode, uint64_t
                         grads[t][i] = 1e-4f;
         }
 
-        ClientHooks hooks = {
-                .coord_sock = b.coord->sock, .signal_fd = -1, .on_coord = bench_on_coord,
-                .on_tick = bench_on_tick, .should_stop = bench_should_stop, .tick_ms = 100, .ud = &b,
-        };
-        r = client_new(zctx, &b.job, b.map, b.coord->id, &hooks, &client);
-        if (r < 0) {
-                log_error_errno(r, "Failed to connect to the shards: %m");
-                goto out;
-        }
-        client_set_timeout(client, BENCH_ROUND_MS);
-        r = bench_rounds(&b, client, params, (const float *const *) grads, o->rounds, ret);
+        r = bench_rounds(&b, params, (const float *const *) grads, o->rounds, ret);
         if (r < 0)
                 log_error_errno(r, "Measuring %s failed: %m", mode);
 
 out:
-        client = client_free(client);
-        if (b.coord && !b.failed)
-                (void) bench_leave(&b);
-        b.coord = coordlink_free(b.coord);
-        b.map = shardmap_free(b.map);
+        bench_leave(&b);
         for (size_t t = 0; params && t < nt; t++)
                 ps_free(params[t]);
         for (size_t t = 0; grads && t < nt; t++)
                 ps_free(grads[t]);
-        while (zctx && zmq_ctx_term(zctx) < 0) {
-                if (errno != EINTR) {
-                        log_error_errno(errno, "Failed to end the ZeroMQ context: %m");
-                        break;
-                }
-        }
         rs = daemons_stop(cl.d, BENCH_NDAEMONS);
         if (rs < 0 && r == 0) {
                 /* The figures stand, but a daemon that fails its shutdown is a bug to look at. */

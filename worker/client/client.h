@@ -1,24 +1,16 @@
-/* The worker's client library for the shards: one DEALER per shard, requests
- * pipelined (a round sends every shard its PUSH and PULL before waiting for
- * any reply), replies matched by sequence number. Tensor frames are sent
+/* The shards' data plane, inside libpsnet (internal header): one DEALER per
+ * shard on the caller's libuv loop, requests pipelined (a round sends every
+ * shard its PUSH and PULL before any reply is awaited), replies matched by
+ * sequence number, completion reported by a callback. Tensor frames are sent
  * zero-copy from the caller's gradient buffers, which must stay untouched
- * until the call returns. */
+ * until the round's callback. */
 #pragma once
 #include <stdbool.h>
 #include <stdint.h>
+#include <uv.h>
 #include "job.h"
+#include "netsock.h"
 #include "shardmap.h"
-
-typedef struct ClientHooks {
-        void *coord_sock;          /* polled while waiting; on_coord called when readable */
-        int signal_fd;             /* polled while waiting (-1: none); on_signal when readable */
-        void (*on_coord)(void *ud);
-        void (*on_signal)(void *ud);
-        void (*on_tick)(void *ud); /* about every tick_ms while waiting */
-        bool (*should_stop)(void *ud);
-        unsigned tick_ms;
-        void *ud;
-} ClientHooks;
 
 typedef struct ClientStats {
         uint64_t bytes_pushed, bytes_pulled, rounds;
@@ -28,39 +20,35 @@ typedef struct ClientStats {
 
 typedef struct Client Client;
 
-/* Connects to every shard of map. hooks may be NULL. */
-int client_new(void *zctx, const Job *job, const ShardMap *map, uint32_t worker_id,
-               const ClientHooks *hooks, Client **ret);
+/* A round ended: r = 0 (clock: the smallest clock the shards reported for the
+ * values), -EAGAIN (a shard answered MOVED under a newer map: call
+ * client_set_map with the map of client_need_epoch, then run the round again
+ * with the same arguments; what was applied answers DUPLICATE), -ETIMEDOUT
+ * (logged with the shard's address), -EPROTO after an error reply (logged). */
+typedef void (*ClientRoundFn)(Client *c, int r, int64_t clock, void *ud);
+
+/* Connects to every shard of map. keys: CURVE keys of this worker, NULL for none. */
+int client_new(uv_loop_t *loop, void *zctx, const Job *job, const ShardMap *map, uint32_t worker_id,
+               const NetKeyPair *keys, Client **ret);
 Client *client_free(Client *c);
 
-/* Routes by a new shard map (reconnecting). */
+/* Routes by a new shard map (reconnecting). Drops a prefetch in flight. */
 int client_set_map(Client *c, const ShardMap *map);
 uint64_t client_map_epoch(const Client *c);
-/* After client_round returned -EAGAIN: the map epoch a shard said to use. */
 uint64_t client_need_epoch(const Client *c);
-
-/* Give up on a round after this long without completing (default 120 s). */
+/* Gives up on a round after this long without completing (default 120 s). */
 void client_set_timeout(Client *c, unsigned ms);
 
-/* One round. When grads != NULL, pushes grads (one buffer per job tensor) for
- * push_clock; then pulls every tensor into params, for clock pull_clock (BSP:
- * the shard answers once that clock has closed). *ret_clock gets the smallest
- * clock the shards reported for the values. Returns 0, -ECANCELED when
- * should_stop said so, -EAGAIN when a shard answered MOVED under a newer map
- * (call again, same arguments, once client_set_map has the map of
- * client_need_epoch: pushes are de-duplicated), -ETIMEDOUT (logged with the
- * shard's address), or -EPROTO
- * after an error reply (logged). A push refused as STALE is counted in the
- * stats and not fatal. */
-int client_round(Client *c, const float *const *grads, int64_t push_clock,
-                 float *const *params, int64_t pull_clock, int64_t *ret_clock);
-
-/* Prefetch: sends the pull of pull_clock into params now, without waiting; the
- * next client_round, called with the same params and pull_clock, sends its push
- * and completes both. The push always leaves before anything is awaited, so a
- * pull the shard can only answer after this worker's push (BSP, SSP at the
- * bound) costs time but cannot deadlock. A map change (client_set_map) drops
- * the prefetch; the round then pulls again. */
+/* Starts one round: when grads != NULL, pushes grads (one buffer per job
+ * tensor) for push_clock; pulls every tensor into params for pull_clock (BSP:
+ * the shard answers once that clock has closed). -EBUSY while a round runs. */
+int client_round(Client *c, const float *const *grads, int64_t push_clock, float *const *params,
+                 int64_t pull_clock, ClientRoundFn cb, void *ud);
+/* Prefetch: sends the pull of pull_clock into params now; the next
+ * client_round, called with the same params and pull_clock, sends its push
+ * and completes both. The push always leaves before anything is awaited, so
+ * a pull the shard can only answer after this worker's push cannot deadlock. */
 int client_pull_begin(Client *c, float *const *params, int64_t pull_clock);
+bool client_busy(const Client *c);
 
 const ClientStats *client_stats(const Client *c);

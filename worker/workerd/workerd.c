@@ -1,19 +1,20 @@
 /* workerd: a training worker. Pulls weights from the shards, computes gradients
  * on its data partition (CPU backend, or CUDA where built and present), pushes
- * them back. The loop lives in worker-loop.c. */
+ * them back. Its connection to the cluster is libpsnet (worker/client/), its
+ * training loop trainer.c. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include "config.h"
 #include "log.h"
-#include "worker-loop.h"
+#include "trainer.h"
 
 int main(int argc, char **argv) {
         WorkerConfig cfg = { .threads = 1, .connect_timeout = 10, .round_timeout = 120, .progress_ms = 1000 };
-        char *log_level = NULL;
+        char *log_level = NULL, *backend = NULL, *prefetch = NULL;
         const Option opts[] = {
                 { "coord", OPT_STR, &cfg.coord, "ENDPOINT", "pscoord endpoint (default ipc:///tmp/psnet/coord.sock)" },
-                { "backend", OPT_STR, &cfg.backend, "NAME", "compute backend: cpu, cuda or auto (default auto)" },
+                { "backend", OPT_STR, &backend, "NAME", "compute backend: cpu, cuda or auto (default auto)" },
                 { "data", OPT_STR, &cfg.data, "DIR", "Fashion-MNIST directory (default: the job's)" },
                 { "threads", OPT_UINT, &cfg.threads, "N", "OpenBLAS threads for the cpu backend" },
                 { "connect-timeout", OPT_UINT, &cfg.connect_timeout, "SECONDS", "give up when pscoord does not answer" },
@@ -27,7 +28,7 @@ int main(int argc, char **argv) {
                   "cuda: let gemm use TF32 tensor cores (10-bit mantissa products, fp32 sums)" },
                 { "no-graphs", OPT_BOOL, &cfg.no_graphs, NULL,
                   "cuda: launch each op of a step instead of replaying a captured CUDA graph" },
-                { "prefetch", OPT_STR, &cfg.prefetch, "WHEN",
+                { "prefetch", OPT_STR, &prefetch, "WHEN",
                   "on: send the next clock's pull while the step computes (asp/ssp on a GPU: faster for large "
                   "models, one clock staler; see docs/benchmarks.md), off (default)" },
                 { "log-level", OPT_STR, &log_level, "LEVEL", "debug, info, warning or error" },
@@ -52,26 +53,27 @@ int main(int argc, char **argv) {
                 } else
                         log_set_level(log_level_from_string(log_level));
         }
-        if (r == 0 && cfg.prefetch && strcmp(cfg.prefetch, "on") != 0 && strcmp(cfg.prefetch, "off") != 0) {
-                fprintf(stderr, "workerd: --prefetch is on or off, not '%s'\n", cfg.prefetch);
+        if (r == 0 && backend && strcmp(backend, "cpu") != 0 && strcmp(backend, "cuda") != 0 &&
+            strcmp(backend, "auto") != 0) {
+                fprintf(stderr, "workerd: --backend is cpu, cuda or auto, not '%s'\n", backend);
+                r = -1;
+        }
+        if (r == 0 && prefetch && strcmp(prefetch, "on") != 0 && strcmp(prefetch, "off") != 0) {
+                fprintf(stderr, "workerd: --prefetch is on or off, not '%s'\n", prefetch);
                 r = -1;
         }
         if (r == 0 && cfg.round_timeout == 0) {
                 fprintf(stderr, "workerd: --round-timeout must be >= 1\n");
                 r = -1;
         }
-        if (r != 0) {
-                config_free_strings(opts, ELEMENTSOF(opts));
-                return r > 0 ? EXIT_SUCCESS : 2;
-        }
-        WorkerConfig run = cfg;
-        if (!run.coord)
-                run.coord = (char *) "ipc:///tmp/psnet/coord.sock";
-        if (!run.backend)
-                run.backend = (char *) "auto";
-        if (!run.prefetch)
-                run.prefetch = (char *) "off";
-        r = worker_run(&run);
+        if (r == 0) {
+                WorkerConfig run = cfg;
+                run.coord = cfg.coord ? cfg.coord : (char *) "ipc:///tmp/psnet/coord.sock";
+                run.backend = backend ? backend : (char *) "auto";
+                run.prefetch = prefetch && strcmp(prefetch, "on") == 0;
+                r = trainer_run(&run) < 0 ? EXIT_FAILURE : EXIT_SUCCESS;
+        } else
+                r = r > 0 ? EXIT_SUCCESS : 2;
         config_free_strings(opts, ELEMENTSOF(opts));
-        return r < 0 ? EXIT_FAILURE : EXIT_SUCCESS;
+        return r;
 }

@@ -1,7 +1,10 @@
-/* workerd's life: register with pscoord, wait for the job, load its data
- * partition, run pull -> compute -> push until the epochs are done, evaluate
- * (rank 0), report and leave. */
+/* workerd's trainer: joins the job through libpsnet, loads its partition of
+ * the data, and runs pull -> compute -> push steps until the epochs are done,
+ * then evaluates (when pscoord asks), reports and leaves. One uv_loop: the
+ * steps run on it, the data loading and the evaluation in libuv's thread pool,
+ * the pscoord session and the shards' replies are events on it. */
 #pragma once
+#include <stdbool.h>
 
 typedef struct WorkerConfig {
         char *coord;
@@ -15,7 +18,9 @@ typedef struct WorkerConfig {
         unsigned step_delay_ms;    /* test knob: wait this long before each push */
         bool tf32;                 /* allow TF32 tensor-core gemm (cuda) */
         bool no_graphs;            /* run each step op by op instead of a captured graph */
-        char *prefetch;            /* on: pull the next clock while the step computes; off */
+        bool prefetch;             /* pull the next clock while the step computes */
 } WorkerConfig;
 
-int worker_run(const WorkerConfig *cfg);
+/* Runs until the job is done (or the worker is stopped). 0, or a negative
+ * errno after logging why. */
+int trainer_run(const WorkerConfig *cfg);

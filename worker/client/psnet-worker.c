@@ -1,0 +1,434 @@
+/* libpsnet's worker (see psnet.h): the worker's pscoord session (registration,
+ * heartbeats with its progress, the job, map and membership pushed by
+ * pscoord, drain and stop) joined to the shards' data plane (client.c). When
+ * a shard answers MOVED under a newer map, the round waits here for that map
+ * from pscoord (bounded: 30 s) and runs again; the caller never sees it. */
+#include <errno.h>
+#include <stdio.h>
+#include <string.h>
+#include "alloc.h"
+#include "client.h"
+#include "endpoint.h"
+#include "log.h"
+#include "psnet-internal.h"
+#include "session.h"
+#include "wire-job.h"
+
+#define PSNET_MAP_WAIT_MS 30000
+
+struct PsnetWorker {
+        uv_loop_t *loop;
+        void *zctx;
+        Session *session;
+        Client *client;
+        PsnetWorkerOptions opts;
+        char *coord;
+        PsnetWorkerEvents ev;
+        void *ud;
+        Job job;
+        bool has_job, job_announced, stop_announced;
+        ShardMap *map;
+        JobState state;
+        bool has_state;
+        uint32_t rank, nworkers;
+        int64_t start_clock;
+        PsnetProgress progress;
+        Psnet__WorkerInfo hb;
+        /* the round in progress */
+        const float *const *grads;
+        float *const *params;
+        int64_t push_clock, pull_clock;
+        PsnetRoundFn round_cb;
+        void *round_ud;
+        int64_t round_clock;
+        bool waiting_map;
+        uint64_t map_wait_deadline;
+        uv_timer_t map_timer;
+        bool map_timer_init;
+        /* a result or leave in progress */
+        PsnetResultFn result_cb;
+        PsnetDoneFn leave_cb;
+        void *result_ud, *leave_ud;
+};
+
+static bool is_member(const PsnetWorker *w, const Psnet__Membership *m) {
+        for (size_t i = 0; m && i < m->n_workers; i++)
+                if (m->workers[i] == session_id(w->session))
+                        return true;
+        return false;
+}
+
+static void announce_stop(PsnetWorker *w, const char *why) {
+        if (w->stop_announced)
+                return;
+        w->stop_announced = true;
+        if (w->ev.stop)
+                w->ev.stop(w, why, w->ud);
+}
+
+/* Replaces w->map with pscoord's; keeps the old one if the new does not validate. */
+static int take_map(PsnetWorker *w, const Psnet__ShardMap *pm) {
+        ShardMap *m;
+        if (shardmap_from_proto(pm, &m) < 0) {
+                log_error("pscoord sent a shard map that does not validate");
+                return -EINVAL;
+        }
+        shardmap_free(w->map);
+        w->map = m;
+        return 0;
+}
+
+static void round_resume(PsnetWorker *w);
+
+static void apply_config(PsnetWorker *w, const Psnet__Config *ctl) {
+        char err[192];
+        if (job_state_from_proto(ctl->job_state, &w->state) == 0)
+                w->has_state = true;
+        bool changed = false;
+        if (ctl->has_rank && ctl->rank != w->rank) {
+                w->rank = ctl->rank;
+                changed = true;
+        }
+        if (ctl->has_nworkers && ctl->nworkers != w->nworkers) {
+                w->nworkers = ctl->nworkers;
+                changed = true;
+        }
+        if (ctl->has_drain && ctl->drain) {
+                log_info("drain requested: leaving after this step");
+                announce_stop(w, "drained by the operator");
+        }
+        /* The job is taken once this worker is a member: a worker that joins a
+         * running job waits for the clock boundary pscoord picks for it. */
+        if (ctl->job && ctl->map && !w->has_job && is_member(w, ctl->members)) {
+                if (job_from_proto(ctl->job, &w->job, err, sizeof err) < 0) {
+                        log_error("pscoord sent a job that does not validate reason=\"%s\"", err);
+                        return;
+                }
+                if (take_map(w, ctl->map) < 0)
+                        return;
+                w->has_job = true;
+                w->start_clock = ctl->has_start_clock ? ctl->start_clock : 0;
+        } else if (ctl->map && w->has_job && w->map && ctl->map->epoch > shardmap_epoch(w->map) &&
+                   (!ctl->job || ctl->job->id == w->job.id)) {
+                if (take_map(w, ctl->map) == 0) {
+                        log_info("shard map epoch=%lu shards=%zu", (unsigned long) shardmap_epoch(w->map),
+                                 shardmap_size(w->map));
+                        if (w->waiting_map)
+                                round_resume(w);
+                }
+        } else if (ctl->job && w->has_job && ctl->job->id != w->job.id) {
+                log_warning("pscoord moved to job %u; this worker trains job %u and stops", ctl->job->id, w->job.id);
+                announce_stop(w, "pscoord moved to another job");
+        }
+        if (w->has_state && w->state == JOB_STOPPED) {
+                log_info("job stopped by the operator");
+                announce_stop(w, "the operator stopped the job");
+        }
+        if (w->has_job && w->has_state && w->state == JOB_RUNNING && !w->job_announced) {
+                w->job_announced = true;
+                if (w->ev.job)
+                        w->ev.job(w, w->ud);
+        } else if (changed && w->job_announced && w->ev.membership)
+                w->ev.membership(w, w->ud);
+}
+
+/* --- session ------------------------------------------------------------------- */
+
+static void on_registered(Session *s, bool again, void *ud) {
+        (void) ud;
+        char f[32];
+        snprintf(f, sizeof f, "worker=%u", session_id(s));
+        log_set_fields(f);
+        log_info("registered%s coord=%s lease_ms=%u", again ? " again" : "", session_endpoint(s),
+                 session_lease_ms(s));
+}
+
+static void on_failed(Session *s, int err, const char *reason, void *ud) {
+        PsnetWorker *w = ud;
+        (void) s;
+        if (w->ev.failed)
+                w->ev.failed(w, err, reason, w->ud);
+}
+
+static void on_message(Session *s, WireMsg *m, void *ud) {
+        PsnetWorker *w = ud;
+        (void) s;
+        if (m->hdr->type == PSNET__MSG_TYPE__MSG_CONFIG)
+                apply_config(w, m->hdr->config);
+        else
+                log_debug("ignoring message from pscoord type=%s", wire_type_name(m->hdr->type));
+}
+
+static void on_heartbeat(Session *s, Psnet__Heartbeat *hb, void *ud) {
+        PsnetWorker *w = ud;
+        Psnet__WorkerInfo *wi = &w->hb;
+        psnet__worker_info__init(wi);
+        wi->id = session_id(s);
+        wi->has_rank = wi->has_clock = wi->has_steps_per_s = wi->has_samples_per_s = true;
+        wi->has_loss = wi->has_epoch = wi->has_step = wi->has_samples = true;
+        wi->rank = w->rank;
+        wi->clock = w->progress.clock;
+        wi->steps_per_s = w->progress.steps_per_s;
+        wi->samples_per_s = w->progress.samples_per_s;
+        wi->loss = w->progress.loss;
+        wi->epoch = w->progress.epoch;
+        wi->step = w->progress.step;
+        wi->samples = w->progress.samples;
+        hb->worker = wi;
+}
+
+/* --- life -------------------------------------------------------------------------- */
+
+int psnet_worker_new(uv_loop_t *loop, const PsnetWorkerOptions *opts, const PsnetWorkerEvents *events, void *ud,
+                     PsnetWorker **ret) {
+        if (!loop || !opts || !opts->coord || !events)
+                return -EINVAL;
+        PsnetWorker *w = ps_calloc(1, sizeof *w);
+        if (!w)
+                return -ENOMEM;
+        w->loop = loop;
+        w->opts = *opts;
+        w->ev = *events;
+        w->ud = ud;
+        w->coord = ps_strdup(opts->coord);
+        w->zctx = zmq_ctx_new();
+        int r = !w->coord || !w->zctx ? -ENOMEM : 0;
+        if (r == 0) {
+                (void) zmq_ctx_set(w->zctx, ZMQ_IO_THREADS, 1);
+                r = uv_timer_init(loop, &w->map_timer);
+        }
+        if (r == 0) {
+                w->map_timer.data = w;
+                w->map_timer_init = true;
+                const SessionConf sc = {
+                        .endpoint = w->coord, .role = PSNET__ROLE__ROLE_WORKER,
+                        .connect_timeout_ms = opts->connect_timeout_ms ? opts->connect_timeout_ms : 10000,
+                };
+                const SessionOps so = { .registered = on_registered, .failed = on_failed, .message = on_message,
+                                        .heartbeat = on_heartbeat };
+                r = session_new(loop, w->zctx, &sc, &so, w, &w->session);
+        }
+        if (r == 0)
+                r = session_start(w->session);
+        if (r < 0) {
+                psnet_worker_free(w);
+                return r;
+        }
+        *ret = w;
+        return 0;
+}
+
+static void map_timer_closed(uv_handle_t *h) {
+        ps_free(h->data);
+}
+
+PsnetWorker *psnet_worker_free(PsnetWorker *w) {
+        if (!w)
+                return NULL;
+        if (w->round_cb) {
+                PsnetRoundFn cb = w->round_cb;
+                w->round_cb = NULL;
+                cb(w, -ECANCELED, w->round_ud);
+        }
+        w->client = client_free(w->client);
+        w->session = session_free(w->session);
+        w->map = shardmap_free(w->map);
+        if (w->zctx)
+                zmq_ctx_term(w->zctx);
+        ps_free(w->coord);
+        if (w->map_timer_init)
+                uv_close((uv_handle_t *) &w->map_timer, map_timer_closed);
+        else
+                ps_free(w);
+        return NULL;
+}
+
+/* --- rounds -------------------------------------------------------------------------- */
+
+static void round_done(PsnetWorker *w, int r) {
+        PsnetRoundFn cb = w->round_cb;
+        w->round_cb = NULL;
+        w->waiting_map = false;
+        (void) uv_timer_stop(&w->map_timer);
+        if (cb)
+                cb(w, r, w->round_ud);
+}
+
+static void on_client_round(Client *c, int r, int64_t clock, void *ud);
+
+/* (Re)starts the client's round under the newest map this worker has. */
+static int round_start(PsnetWorker *w) {
+        int r = 0;
+        if (!w->client)
+                r = client_new(w->loop, w->zctx, &w->job, w->map, session_id(w->session), NULL, &w->client);
+        else if (shardmap_epoch(w->map) > client_map_epoch(w->client))
+                r = client_set_map(w->client, w->map);
+        if (r < 0)
+                return log_error_errno(r, "Failed to connect to the shards: %m");
+        client_set_timeout(w->client, w->opts.round_timeout_ms ? w->opts.round_timeout_ms : 120000);
+        return client_round(w->client, w->grads, w->push_clock, w->params, w->pull_clock, on_client_round, w);
+}
+
+static void map_timer_cb(uv_timer_t *t) {
+        PsnetWorker *w = t->data;
+        log_error_errno(ETIMEDOUT, "no shard map epoch %lu from pscoord within %u s",
+                        (unsigned long) client_need_epoch(w->client), PSNET_MAP_WAIT_MS / 1000);
+        round_done(w, -ETIMEDOUT);
+}
+
+/* The map a shard sent us to has arrived (or was here already): run the round again. */
+static void round_resume(PsnetWorker *w) {
+        if (!w->waiting_map || shardmap_epoch(w->map) < client_need_epoch(w->client))
+                return;
+        w->waiting_map = false;
+        (void) uv_timer_stop(&w->map_timer);
+        int r = round_start(w);
+        if (r < 0)
+                round_done(w, r);
+}
+
+static void on_client_round(Client *c, int r, int64_t clock, void *ud) {
+        PsnetWorker *w = ud;
+        if (r == 0)
+                w->round_clock = clock;
+        if (r != -EAGAIN) {
+                round_done(w, r);
+                return;
+        }
+        /* A shard moved on to a newer map: wait for it from pscoord, then again. */
+        w->waiting_map = true;
+        if (shardmap_epoch(w->map) >= client_need_epoch(c)) {
+                round_resume(w);
+                return;
+        }
+        (void) uv_timer_start(&w->map_timer, map_timer_cb, PSNET_MAP_WAIT_MS, 0);
+}
+
+int psnet_worker_round(PsnetWorker *w, const float *const *grads, int64_t push_clock, float *const *params,
+                       int64_t pull_clock, PsnetRoundFn done, void *ud) {
+        if (!w->has_job || !params)
+                return -EINVAL;
+        if (w->round_cb)
+                return -EBUSY;
+        w->grads = grads;
+        w->params = params;
+        w->push_clock = push_clock;
+        w->pull_clock = pull_clock;
+        w->round_cb = done;
+        w->round_ud = ud;
+        int r = round_start(w);
+        if (r < 0)
+                w->round_cb = NULL;
+        return r;
+}
+
+int psnet_worker_prefetch(PsnetWorker *w, float *const *params, int64_t pull_clock) {
+        if (!w->has_job || w->round_cb)
+                return -EINVAL;
+        int r = 0;
+        if (!w->client)
+                r = client_new(w->loop, w->zctx, &w->job, w->map, session_id(w->session), NULL, &w->client);
+        else if (shardmap_epoch(w->map) > client_map_epoch(w->client))
+                r = client_set_map(w->client, w->map);
+        if (r == 0)
+                r = client_pull_begin(w->client, params, pull_clock);
+        return r;
+}
+
+void psnet_worker_traffic(const PsnetWorker *w, uint64_t *pushed, uint64_t *pulled, uint64_t *rounds,
+                          double *wait_s) {
+        const ClientStats *s = w->client ? client_stats(w->client) : NULL;
+        *pushed = s ? s->bytes_pushed : 0;
+        *pulled = s ? s->bytes_pulled : 0;
+        *rounds = s ? s->rounds : 0;
+        *wait_s = s ? s->wait_s : 0;
+}
+
+void psnet_worker_progress(PsnetWorker *w, const PsnetProgress *p) {
+        w->progress = *p;
+}
+
+/* --- the end ------------------------------------------------------------------------ */
+
+static void on_result_rep(Session *s, int r, WireMsg *m, void *ud) {
+        PsnetWorker *w = ud;
+        (void) s;
+        bool evaluate = r == 0 && m->hdr->result_rep->has_evaluate && m->hdr->result_rep->evaluate;
+        PsnetResultFn cb = w->result_cb;
+        w->result_cb = NULL;
+        if (cb)
+                cb(w, r, evaluate, w->result_ud);
+}
+
+int psnet_worker_result(PsnetWorker *w, bool has_accuracy, float accuracy, PsnetResultFn done, void *ud) {
+        Psnet__Header h;
+        Psnet__Result res = PSNET__RESULT__INIT;
+        Psnet__WorkerInfo wi = PSNET__WORKER_INFO__INIT;
+        if (w->result_cb)
+                return -EBUSY;
+        wi.id = session_id(w->session);
+        wi.has_rank = wi.has_clock = wi.has_step = wi.has_done = wi.has_loss = wi.has_samples = true;
+        wi.rank = w->rank;
+        wi.clock = w->progress.clock;
+        wi.step = w->progress.step;
+        wi.samples = w->progress.samples;
+        wi.loss = w->progress.loss;
+        wi.done = true;
+        wi.has_accuracy = has_accuracy;
+        wi.accuracy = accuracy;
+        res.worker = &wi;
+        wire_header_init(&h, PSNET__MSG_TYPE__MSG_RESULT);
+        h.body_case = PSNET__HEADER__BODY_RESULT;
+        h.result = &res;
+        w->result_cb = done;
+        w->result_ud = ud;
+        int r = session_request(w->session, &h, PSNET__MSG_TYPE__MSG_RESULT_REP, 5000, on_result_rep, w);
+        if (r < 0)
+                w->result_cb = NULL;
+        return r;
+}
+
+static void on_left(Session *s, int r, WireMsg *m, void *ud) {
+        PsnetWorker *w = ud;
+        (void) s, (void) m;
+        if (r < 0)
+                log_debug_errno(r, "pscoord did not answer the deregistration: %m");
+        PsnetDoneFn cb = w->leave_cb;
+        w->leave_cb = NULL;
+        if (cb)
+                cb(w, w->leave_ud);
+}
+
+int psnet_worker_leave(PsnetWorker *w, PsnetDoneFn done, void *ud) {
+        w->leave_cb = done;
+        w->leave_ud = ud;
+        log_info("left the job");
+        return session_deregister(w->session, 1000, on_left, w);
+}
+
+/* --- accessors ------------------------------------------------------------------------ */
+
+const Job *psnet_worker_job(const PsnetWorker *w) { return w->has_job ? &w->job : NULL; }
+const ShardMap *psnet_worker_map(const PsnetWorker *w) { return w->map; }
+int64_t psnet_worker_round_clock(const PsnetWorker *w) { return w->round_clock; }
+
+uint64_t psnet_worker_stale_pushes(const PsnetWorker *w) {
+        return w->client ? client_stats(w->client)->stale_pushes : 0;
+}
+uint32_t psnet_worker_id(const PsnetWorker *w) { return session_id(w->session); }
+uint32_t psnet_worker_rank(const PsnetWorker *w) { return w->rank; }
+uint32_t psnet_worker_count(const PsnetWorker *w) { return w->nworkers; }
+int64_t psnet_worker_start_clock(const PsnetWorker *w) { return w->start_clock; }
+const char *psnet_job_model(const PsnetWorker *w) { return w->has_job ? w->job.model : NULL; }
+size_t psnet_job_ntensors(const PsnetWorker *w) { return w->has_job ? w->job.ntensors : 0; }
+uint32_t psnet_job_batch(const PsnetWorker *w) { return w->job.batch; }
+uint32_t psnet_job_epochs(const PsnetWorker *w) { return w->job.epochs; }
+const char *psnet_job_dataset(const PsnetWorker *w) { return w->has_job ? w->job.dataset : NULL; }
+
+const char *psnet_job_tensor_name(const PsnetWorker *w, size_t t) {
+        return w->has_job && t < w->job.ntensors ? w->job.tensors[t].name : NULL;
+}
+
+uint64_t psnet_job_tensor_numel(const PsnetWorker *w, size_t t) {
+        return w->has_job && t < w->job.ntensors ? w->job.tensors[t].numel : 0;
+}

@@ -1,0 +1,110 @@
+/* libpsnet: a training worker's connection to a psnet cluster, on the
+ * caller's libuv loop.
+ *
+ * A PsnetWorker registers with pscoord as a worker, keeps its lease, learns
+ * the job, the shard map and the membership, and runs push/pull rounds against
+ * the shards. Everything is asynchronous: results come back through callbacks
+ * on the loop, nothing in here blocks. A shard map that changes during a round
+ * (shards added or removed) is followed inside the round; the caller sees a
+ * round that took a little longer.
+ *
+ *     psnet_worker_new(loop, &opts, &events, ud, &w);   // registers
+ *     ... events.job(w): psnet_worker_start_clock(w), psnet_job_*(w) ...
+ *     psnet_worker_round(w, grads, c, params, c + 1, done, ud);
+ *     ... done(w, 0, ud): next step ...
+ *     psnet_worker_result(w, ...); psnet_worker_leave(w, left, ud);
+ *
+ * Build with `pkg-config --cflags --libs psnet` (libuv comes with it). All
+ * functions return 0 or a negative errno. The library logs in logfmt on stderr
+ * (PSNET_LOG_LEVEL sets the level). */
+#pragma once
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <uv.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct PsnetWorker PsnetWorker;
+
+typedef struct PsnetWorkerOptions {
+        const char *coord;              /* pscoord endpoint, e.g. tcp://coord:7000 */
+        unsigned connect_timeout_ms;    /* first registration gives up after this (0: 10 s) */
+        unsigned round_timeout_ms;      /* a round gives up after this (0: 120 s) */
+        const char *keys_dir;           /* CURVE: directory of psctl keys gen (NULL: no encryption) */
+        const char *key_name;           /* CURVE: this worker's key in keys_dir (NULL: "worker") */
+} PsnetWorkerOptions;
+
+typedef struct PsnetWorkerEvents {
+        /* This worker is a member of the running job: train from
+         * psnet_worker_start_clock(w). Called once. */
+        void (*job)(PsnetWorker *w, void *ud);
+        /* The membership changed (rank, number of workers). May be NULL. */
+        void (*membership)(PsnetWorker *w, void *ud);
+        /* Stop after the current step: why says who asked (operator, drain,
+         * another job). Called once. */
+        void (*stop)(PsnetWorker *w, const char *why, void *ud);
+        /* Could not join: err -ETIMEDOUT (pscoord did not answer) or
+         * -ECONNREFUSED (refused; reason says why). */
+        void (*failed)(PsnetWorker *w, int err, const char *reason, void *ud);
+} PsnetWorkerEvents;
+
+/* What a worker reports with its heartbeats (psctl status, /metrics). */
+typedef struct PsnetProgress {
+        int64_t clock;
+        uint32_t epoch;
+        uint64_t step, samples;
+        float steps_per_s, samples_per_s, loss;
+} PsnetProgress;
+
+int psnet_worker_new(uv_loop_t *loop, const PsnetWorkerOptions *opts, const PsnetWorkerEvents *events, void *ud,
+                     PsnetWorker **ret);
+/* Closes everything (no deregistration: see psnet_worker_leave). NULL is fine. */
+PsnetWorker *psnet_worker_free(PsnetWorker *w);
+
+uint32_t psnet_worker_id(const PsnetWorker *w);
+uint32_t psnet_worker_rank(const PsnetWorker *w);
+uint32_t psnet_worker_count(const PsnetWorker *w);   /* workers in the job */
+int64_t psnet_worker_start_clock(const PsnetWorker *w);
+
+/* The job, once the job event came. Tensors are float32, dense, row-major. */
+const char *psnet_job_model(const PsnetWorker *w);
+size_t psnet_job_ntensors(const PsnetWorker *w);
+const char *psnet_job_tensor_name(const PsnetWorker *w, size_t t);
+uint64_t psnet_job_tensor_numel(const PsnetWorker *w, size_t t);
+uint32_t psnet_job_batch(const PsnetWorker *w);
+uint32_t psnet_job_epochs(const PsnetWorker *w);
+const char *psnet_job_dataset(const PsnetWorker *w);
+
+/* One round: when grads != NULL, pushes grads (one buffer per tensor, numel
+ * floats each) as this worker's gradient of push_clock, and pulls every tensor
+ * into params for pull_clock (BSP: once that clock has closed). grads must stay
+ * untouched until done is called. -EBUSY while a round runs. r in done: 0, or
+ * -ETIMEDOUT, -EPROTO (a shard refused; logged), -ECANCELED (the worker was
+ * freed). */
+typedef void (*PsnetRoundFn)(PsnetWorker *w, int r, void *ud);
+int psnet_worker_round(PsnetWorker *w, const float *const *grads, int64_t push_clock, float *const *params,
+                       int64_t pull_clock, PsnetRoundFn done, void *ud);
+/* The clock of the weights the last round pulled (the smallest the shards reported). */
+int64_t psnet_worker_round_clock(const PsnetWorker *w);
+/* Sends the pull of pull_clock into params now; the next psnet_worker_round
+ * with the same params and pull_clock pushes and completes both. */
+int psnet_worker_prefetch(PsnetWorker *w, float *const *params, int64_t pull_clock);
+/* Bytes pushed and pulled, rounds done, seconds spent waiting for shards. */
+void psnet_worker_traffic(const PsnetWorker *w, uint64_t *pushed, uint64_t *pulled, uint64_t *rounds, double *wait_s);
+
+void psnet_worker_progress(PsnetWorker *w, const PsnetProgress *p);
+
+/* Reports the end of training (accuracy when has_accuracy). done's evaluate
+ * says whether pscoord asks this worker to evaluate the final weights. */
+typedef void (*PsnetResultFn)(PsnetWorker *w, int r, bool evaluate, void *ud);
+int psnet_worker_result(PsnetWorker *w, bool has_accuracy, float accuracy, PsnetResultFn done, void *ud);
+/* Leaves the job (answered or not within a second), then done (may be NULL). */
+typedef void (*PsnetDoneFn)(PsnetWorker *w, void *ud);
+int psnet_worker_leave(PsnetWorker *w, PsnetDoneFn done, void *ud);
+
+#ifdef __cplusplus
+}
+#endif

@@ -1,0 +1,577 @@
+/* workerd's trainer; see trainer.h. The states, each left by an event:
+ *
+ *   JOINING  --job-->  LOADING  --data loaded-->  PULLING (first weights)
+ *   --round done-->  STEPPING: a uv_idle runs one step (batch, compute), the
+ *   round of that clock leaves (push + pull); its completion schedules the
+ *   next step, or FINISHING once the epochs are done or a stop came:
+ *   the result to pscoord, the evaluation (thread pool) when asked, leave.
+ *
+ * A step computes on the loop's thread (it is work, not waiting); the
+ * pscoord session and the shards' replies are handled between steps. */
+#include <errno.h>
+#include <stdio.h>
+#include <string.h>
+#include <time.h>
+#include <uv.h>
+#include <zlib.h>
+#include "alloc.h"
+#include "endpoint.h"
+#include "hash.h"
+#include "idx.h"
+#include "kernels.h"
+#include "log.h"
+#include "model.h"
+#include "psnet-internal.h"
+#include "service.h"
+#include "trainer.h"
+
+typedef enum { T_JOINING, T_LOADING, T_PULLING, T_STEPPING, T_FINISHING, T_DONE } TrainerState;
+
+typedef struct Trainer {
+        const WorkerConfig *cfg;
+        uv_loop_t loop;
+        Service *service;
+        PsnetWorker *w;
+        const Job *job;
+        TrainerState state;
+        int exit_code;
+        bool stop;                    /* a signal, a drain or the operator: finish after this step */
+        bool stopped_early;           /* training did not run to the end */
+        /* data */
+        uv_work_t load_work;
+        const char *data_dir;
+        Dataset *train, *test;
+        int load_r;
+        char load_err[256];
+        uint32_t *perm, nmine, steps_per_epoch, part_rank, part_n, dim;
+        /* compute */
+        KBackend *kb;
+        Model *model;
+        float **params, **grads, **next;
+        float *xb;
+        int32_t *yb;
+        /* schedule */
+        uint32_t epoch;               /* 0-based epoch in progress */
+        uint32_t step_in_epoch;       /* steps done in it */
+        bool epoch_open;
+        int64_t clock;
+        uint64_t step, samples;
+        float loss;
+        uv_idle_t step_idle;
+        uv_timer_t delay;
+        /* timing and progress */
+        double t0, t_last, t_batch, t_compute, t_exchange, t_round;
+        double loss_sum;
+        uint64_t loss_n, last_samples, last_progress;
+        float last_loss, sps, samples_ps;
+        bool said_graph;
+        /* evaluation */
+        uv_work_t eval_work;
+        int eval_r;
+        size_t eval_correct;
+        double eval_loss;
+} Trainer;
+
+static double mono_s(void) {
+        struct timespec ts;
+        clock_gettime(CLOCK_MONOTONIC, &ts);
+        return (double) ts.tv_sec + (double) ts.tv_nsec * 1e-9;
+}
+
+static void trainer_finish(Trainer *t);
+static void trainer_fail(Trainer *t, int r);
+
+/* --- the end --------------------------------------------------------------------- */
+
+static void on_left(PsnetWorker *w, void *ud) {
+        Trainer *t = ud;
+        (void) w;
+        t->state = T_DONE;
+        uv_stop(&t->loop);
+}
+
+static void trainer_leave(Trainer *t) {
+        t->state = T_FINISHING;
+        if (psnet_worker_leave(t->w, on_left, t) < 0)
+                uv_stop(&t->loop);
+}
+
+static void trainer_fail(Trainer *t, int r) {
+        if (t->exit_code == 0)
+                t->exit_code = r;
+        trainer_leave(t);
+}
+
+static void on_result_sent(PsnetWorker *w, int r, bool evaluate, void *ud) {
+        Trainer *t = ud;
+        (void) w, (void) evaluate;
+        if (r < 0)
+                log_warning_errno(r, "Failed to report the result to pscoord: %m");
+        trainer_leave(t);
+}
+
+static void eval_work(uv_work_t *req) {
+        Trainer *t = req->data;
+        t->eval_r = model_upload_params_from(t->model, t->params);
+        if (t->eval_r >= 0)
+                t->eval_r = model_evaluate(t->model, t->test->x, t->test->y, t->test->n, &t->eval_correct,
+                                           &t->eval_loss);
+}
+
+static void eval_done(uv_work_t *req, int status) {
+        Trainer *t = req->data;
+        if (!t->w)
+                return; /* finishing after the loop stopped: nothing left to report to */
+        if (status < 0 || t->eval_r < 0) {
+                log_error_errno(status < 0 ? status : t->eval_r, "Evaluation failed: %m");
+                trainer_fail(t, status < 0 ? status : t->eval_r);
+                return;
+        }
+        float acc = (float) t->eval_correct / (float) t->test->n;
+        log_info("evaluated accuracy=%.4f test_loss=%.4f images=%u", acc, t->eval_loss, t->test->n);
+        if (psnet_worker_result(t->w, true, acc, on_result_sent, t) < 0)
+                trainer_leave(t);
+}
+
+static void progress(Trainer *t, bool force) {
+        uint64_t now = now_ms();
+        if (!force && now - t->last_progress < t->cfg->progress_ms)
+                return;
+        double tn = mono_s(), dt = tn - t->t_last;
+        if (dt > 0) {
+                t->samples_ps = (float) ((double) (t->samples - t->last_samples) / dt);
+                t->sps = t->samples_ps / (float) t->job->batch;
+        }
+        if (t->loss_n)
+                t->last_loss = (float) (t->loss_sum / (double) t->loss_n);
+        log_info("progress epoch=%u/%u step=%lu loss=%.4f samples_per_s=%.0f clock=%ld", t->epoch + 1,
+                 t->job->epochs, (unsigned long) t->step, t->last_loss, t->samples_ps, (long) t->clock);
+        t->loss_sum = 0;
+        t->loss_n = 0;
+        t->last_samples = t->samples;
+        t->t_last = tn;
+        t->last_progress = now;
+}
+
+static void report_progress(Trainer *t) {
+        PsnetProgress p = {
+                .clock = t->clock, .epoch = t->epoch + 1, .step = t->step, .samples = t->samples,
+                .steps_per_s = t->sps, .samples_per_s = t->samples_ps, .loss = t->last_loss,
+        };
+        psnet_worker_progress(t->w, &p);
+}
+
+/* Training is over (or stopped): the time split, then the result. */
+static void trainer_finish(Trainer *t) {
+        t->state = T_FINISHING;
+        (void) uv_idle_stop(&t->step_idle);
+        progress(t, true);
+        report_progress(t);
+        double secs = mono_s() - t->t0;
+        uint64_t pushed, pulled, rounds;
+        double wait_s;
+        psnet_worker_traffic(t->w, &pushed, &pulled, &rounds, &wait_s);
+        /* Where the time went: gathering batches, computing (params upload, step,
+         * gradients download) and the push/pull round (which includes waiting
+         * for the shards to apply and, under BSP, for the other workers). */
+        log_info("trained steps=%lu seconds=%.2f samples_per_s=%.0f batch_s=%.3f compute_s=%.3f exchange_s=%.3f "
+                 "wait_s=%.2f pushed_mb=%.1f pulled_mb=%.1f",
+                 (unsigned long) t->step, secs, secs > 0 ? (double) t->samples / secs : 0.0, t->t_batch,
+                 t->t_compute, t->t_exchange, wait_s, (double) pushed / 1e6, (double) pulled / 1e6);
+        if (t->stopped_early || !t->test) {
+                if (psnet_worker_result(t->w, false, 0, on_result_sent, t) < 0)
+                        trainer_leave(t);
+                return;
+        }
+        t->eval_work.data = t;
+        int r = uv_queue_work(&t->loop, &t->eval_work, eval_work, eval_done);
+        if (r < 0) {
+                log_error_errno(r, "Failed to start the evaluation: %s", uv_strerror(r));
+                trainer_fail(t, r);
+        }
+}
+
+/* --- steps ------------------------------------------------------------------------ */
+
+/* Logs a CRC-32 over every pulled tensor: under BSP all workers must log the
+ * same value for the same clock. */
+static void trace_pull(Trainer *t) {
+        uLong crc = crc32(0L, Z_NULL, 0);
+        for (size_t i = 0; i < model_ntensors(t->model); i++)
+                crc = crc32(crc, (const Bytef *) t->params[i],
+                            (uInt) (model_tensor_numel(t->model, i) * sizeof(float)));
+        log_info("pulled clock=%ld checksum=%08lx", (long) t->clock, (unsigned long) crc);
+}
+
+/* Fisher-Yates with a splitmix64 stream: the same order for the same seed. */
+static void shuffle(uint32_t *perm, uint32_t n, uint64_t seed) {
+        uint64_t x = seed;
+        for (uint32_t i = n; i > 1; i--) {
+                uint32_t j = (uint32_t) (splitmix64_next(&x) % i);
+                uint32_t tmp = perm[i - 1];
+                perm[i - 1] = perm[j];
+                perm[j] = tmp;
+        }
+}
+
+/* This worker's share of the training set: indices i with i % n == rank. */
+static void partition(Trainer *t) {
+        t->part_rank = psnet_worker_rank(t->w);
+        t->part_n = MAX(psnet_worker_count(t->w), 1u);
+        uint32_t k = 0;
+        for (uint32_t i = t->part_rank; i < t->train->n; i += t->part_n)
+                t->perm[k++] = i;
+        t->nmine = k;
+        t->steps_per_epoch = k / t->job->batch;
+}
+
+static void on_step_done(PsnetWorker *w, int r, void *ud);
+
+static void step_round(Trainer *t) {
+        t->t_round = mono_s();
+        int r = psnet_worker_round(t->w, (const float *const *) t->grads, t->clock,
+                                   t->cfg->prefetch ? t->next : t->params, t->clock + 1, on_step_done, t);
+        if (r < 0) {
+                log_error_errno(r, "Failed to start a round: %m");
+                trainer_fail(t, r);
+        }
+}
+
+static void on_delay(uv_timer_t *h) {
+        step_round(h->data);
+}
+
+/* One step: gather a batch, compute the gradients, send the round. */
+static void step_idle_cb(uv_idle_t *h) {
+        Trainer *t = h->data;
+        (void) uv_idle_stop(h);
+        if (t->stop) {
+                t->stopped_early = true;
+                trainer_finish(t);
+                return;
+        }
+        if (!t->epoch_open) {
+                if (t->epoch >= t->job->epochs) {
+                        trainer_finish(t);
+                        return;
+                }
+                if (psnet_worker_rank(t->w) != t->part_rank || MAX(psnet_worker_count(t->w), 1u) != t->part_n) {
+                        /* The membership changed: take this worker's new share of the data. */
+                        partition(t);
+                        log_info("partition rank=%u/%u images=%u", t->part_rank, t->part_n, t->nmine);
+                }
+                shuffle(t->perm, t->nmine, t->job->seed * 1000003u + t->part_rank * 7919u + t->epoch);
+                t->step_in_epoch = 0;
+                t->epoch_open = true;
+        }
+        uint32_t batch = t->job->batch, s = t->step_in_epoch;
+        double ta = mono_s();
+        for (uint32_t b = 0; b < batch; b++) {
+                uint32_t i = t->perm[(size_t) s * batch + b];
+                memcpy(t->xb + (size_t) b * t->dim, t->train->x + (size_t) i * t->dim, t->dim * sizeof(float));
+                t->yb[b] = t->train->y[i];
+        }
+        double tb = mono_s();
+        int correct, r = model_upload_params_from(t->model, t->params);
+        if (r >= 0)
+                r = model_step_begin(t->model, t->xb, t->yb, (int) batch);
+        if (r >= 0 && t->cfg->prefetch) {
+                r = psnet_worker_prefetch(t->w, t->next, t->clock + 1);
+                if (r < 0) {
+                        (void) model_step_end(t->model, NULL, NULL);
+                        log_error_errno(r, "Failed to prefetch: %m");
+                        trainer_fail(t, r);
+                        return;
+                }
+        }
+        if (r >= 0)
+                r = model_step_end(t->model, &t->loss, &correct);
+        if (r < 0) {
+                log_error_errno(r, "Training step failed: %m");
+                trainer_fail(t, r);
+                return;
+        }
+        double tc = mono_s();
+        t->t_batch += tb - ta;
+        t->t_compute += tc - tb;
+        if (t->cfg->step_delay_ms)
+                /* Test knob: a deliberately slow worker. */
+                (void) uv_timer_start(&t->delay, on_delay, t->cfg->step_delay_ms, 0);
+        else
+                step_round(t);
+}
+
+static void on_step_done(PsnetWorker *w, int r, void *ud) {
+        Trainer *t = ud;
+        (void) w;
+        t->t_exchange += mono_s() - t->t_round;
+        if (r < 0) {
+                if (r != -ECANCELED)
+                        trainer_fail(t, r);
+                return;
+        }
+        if (t->cfg->prefetch) {
+                float **tmp = t->params;
+                t->params = t->next;
+                t->next = tmp;
+        }
+        t->clock++;
+        if (t->cfg->trace_pulls)
+                trace_pull(t);
+        if (!t->said_graph && model_graph_active(t->model)) {
+                log_info("steps run as a captured graph");
+                t->said_graph = true;
+        }
+        t->step++;
+        t->samples += t->job->batch;
+        t->loss_sum += t->loss;
+        t->loss_n++;
+        if (++t->step_in_epoch >= t->steps_per_epoch) {
+                t->epoch_open = false;
+                t->epoch++;
+        }
+        progress(t, false);
+        report_progress(t);
+        (void) uv_idle_start(&t->step_idle, step_idle_cb);
+}
+
+static void on_first_pull(PsnetWorker *w, int r, void *ud) {
+        Trainer *t = ud;
+        (void) w;
+        if (r < 0) {
+                if (r != -ECANCELED)
+                        trainer_fail(t, r);
+                return;
+        }
+        if (t->cfg->trace_pulls)
+                trace_pull(t);
+        partition(t);
+        log_info("training rank=%u/%u images=%u steps_per_epoch=%u backend=%s prefetch=%s clock=%ld", t->part_rank,
+                 psnet_worker_count(t->w), t->nmine, t->steps_per_epoch, t->kb->ops->name,
+                 t->cfg->prefetch ? "on" : "off", (long) t->clock);
+        t->state = T_STEPPING;
+        t->t0 = t->t_last = mono_s();
+        (void) uv_idle_start(&t->step_idle, step_idle_cb);
+}
+
+/* --- the job's data and model ---------------------------------------------------------- */
+
+static void load_work(uv_work_t *req) {
+        Trainer *t = req->data;
+        t->load_r = dataset_load(t->data_dir, "train", t->job->train_limit, 0, 1, &t->train, t->load_err,
+                                 sizeof t->load_err);
+        if (t->load_r >= 0)
+                t->load_r = dataset_load(t->data_dir, "t10k", t->job->test_limit, 0, 1, &t->test, t->load_err,
+                                         sizeof t->load_err);
+}
+
+/* Builds the backend, the model and the buffers for the job. */
+static int trainer_setup(Trainer *t) {
+        char err[256];
+        const Job *job = t->job;
+        uint32_t batch = job->batch;
+        t->dim = t->train->rows * t->train->cols;
+        if (t->dim != job->layers[0] || job->layers[job->nlayers - 1] < 10) {
+                log_error("model %s does not fit the data: %u inputs, 10 classes", job->model, t->dim);
+                return -EINVAL;
+        }
+        uint32_t nw = MAX(psnet_worker_count(t->w), 1u);
+        if (t->train->n / nw < batch) {
+                log_error("this worker's partition has %u images, fewer than one batch of %u", t->train->n / nw,
+                          batch);
+                return -EINVAL;
+        }
+        int r = kbackend_new(t->cfg->backend, (int) t->cfg->threads, &t->kb, err, sizeof err);
+        if (r < 0) {
+                log_error("cannot start the %s backend reason=\"%s\"", t->cfg->backend, err);
+                return r;
+        }
+        if (t->cfg->tf32) {
+                r = t->kb->ops->set_tf32(t->kb, true);
+                if (r == -ENOTSUP)
+                        log_warning("--tf32 has no effect on the %s backend", t->kb->ops->name);
+                else if (r < 0)
+                        return log_error_errno(r, "Failed to turn on TF32: %m");
+        }
+        r = model_new(t->kb, job->layers, job->nlayers, (int) batch, &t->model);
+        if (r < 0)
+                return log_error_errno(r, "Failed to build the model: %m");
+        model_set_options(t->model, !t->cfg->no_graphs, true);
+        size_t nt = model_ntensors(t->model);
+        t->params = ps_calloc(nt, sizeof *t->params);
+        t->grads = ps_calloc(nt, sizeof *t->grads);
+        /* Batches are gathered straight into the model's (page-locked) buffers. */
+        t->xb = model_batch_x(t->model);
+        t->yb = model_batch_y(t->model);
+        t->perm = ps_malloc((size_t) t->train->n * sizeof(uint32_t));
+        if (!t->params || !t->grads || !t->perm)
+                return log_error_errno(ENOMEM, "Out of memory");
+        for (size_t i = 0; i < nt; i++) {
+                t->params[i] = model_param_host(t->model, i);
+                t->grads[i] = model_grad_host(t->model, i);
+        }
+        /* --prefetch on: the next clock's pull is sent while the step computes,
+         * into a second set of (page-locked) buffers; the two sets alternate. The
+         * pulled weights then miss this worker's own last push (one clock staler
+         * under ASP/SSP; under BSP the shard answers only once the clock closed,
+         * so nothing changes but the order of the requests). Off by default: on
+         * the H100 it gave +20-30% samples/s on a 7 MiB model under ASP but cost
+         * accuracy, and slowed the 0.8 MiB demo model (docs/benchmarks.md). It
+         * only overlaps anything where the step runs on a device (ops->async). */
+        if (t->cfg->prefetch && !t->kb->ops->async)
+                log_warning("--prefetch on with the %s backend: the step is done before the pull leaves, "
+                            "nothing overlaps", t->kb->ops->name);
+        if (t->cfg->prefetch) {
+                t->next = ps_calloc(nt, sizeof *t->next);
+                if (!t->next)
+                        return log_error_errno(ENOMEM, "Out of memory");
+                for (size_t i = 0; i < nt; i++) {
+                        r = t->kb->ops->host_alloc(t->kb, model_tensor_numel(t->model, i) * sizeof(float),
+                                                   (void **) &t->next[i]);
+                        if (r < 0)
+                                return log_error_errno(r, "Failed to allocate pull buffers: %m");
+                }
+        }
+        return 0;
+}
+
+static void load_done(uv_work_t *req, int status) {
+        Trainer *t = req->data;
+        if (!t->w)
+                return; /* finishing after the loop stopped */
+        if (status < 0 || t->load_r < 0) {
+                log_error("cannot load the data reason=\"%s\"", status < 0 ? uv_strerror(status) : t->load_err);
+                trainer_fail(t, status < 0 ? status : t->load_r);
+                return;
+        }
+        if (t->stop) {
+                t->stopped_early = true;
+                trainer_leave(t);
+                return;
+        }
+        int r = trainer_setup(t);
+        if (r < 0) {
+                trainer_fail(t, r);
+                return;
+        }
+        t->state = T_PULLING;
+        t->clock = psnet_worker_start_clock(t->w);
+        r = psnet_worker_round(t->w, NULL, 0, t->params, t->clock, on_first_pull, t);
+        if (r < 0) {
+                log_error_errno(r, "Failed to pull the first weights: %m");
+                trainer_fail(t, r);
+        }
+}
+
+/* --- libpsnet's events -------------------------------------------------------------- */
+
+static void on_job(PsnetWorker *w, void *ud) {
+        Trainer *t = ud;
+        t->job = psnet_worker_job(w);
+        if (t->stop) {
+                trainer_leave(t);
+                return;
+        }
+        t->state = T_LOADING;
+        t->data_dir = t->cfg->data ? t->cfg->data : t->job->dataset;
+        /* In the thread pool: the loop keeps the lease and answers signals
+         * however long the files take. */
+        t->load_work.data = t;
+        int r = uv_queue_work(&t->loop, &t->load_work, load_work, load_done);
+        if (r < 0) {
+                log_error("Failed to start the data loader: %s", uv_strerror(r));
+                trainer_fail(t, r);
+        }
+}
+
+static void on_stop(PsnetWorker *w, const char *why, void *ud) {
+        Trainer *t = ud;
+        (void) w;
+        log_info("stopping after this step reason=\"%s\"", why);
+        t->stop = true;
+        if (t->state == T_JOINING)
+                trainer_leave(t);
+}
+
+static void on_failed(PsnetWorker *w, int err, const char *reason, void *ud) {
+        Trainer *t = ud;
+        if (err == -ETIMEDOUT)
+                log_error_errno(err, "pscoord at %s did not answer within %u s (is it running?)", t->cfg->coord,
+                                t->cfg->connect_timeout);
+        else
+                log_error("pscoord refused registration reason=\"%s\"", reason);
+        (void) w;
+        t->exit_code = err;
+        uv_stop(&t->loop);
+}
+
+static void on_signal(void *ud, int signo) {
+        Trainer *t = ud;
+        (void) signo;
+        if (t->state == T_FINISHING || t->state == T_DONE)
+                return;
+        t->stop = true;
+        if (t->state == T_JOINING)
+                trainer_leave(t);
+}
+
+static void trainer_free(Trainer *t) {
+        size_t nt = t->model ? model_ntensors(t->model) : 0;
+        /* The buffer sets may have swapped: free the ones that are not the model's. */
+        for (size_t i = 0; t->next && i < nt; i++) {
+                float *mine = model_param_host(t->model, i), *other = t->params[i] == mine ? t->next[i] : t->params[i];
+                if (other)
+                        t->kb->ops->host_free(t->kb, other);
+        }
+        ps_free(t->next);
+        model_free(t->model);
+        kbackend_free(t->kb);
+        dataset_free(t->train);
+        dataset_free(t->test);
+        ps_free(t->perm);
+        ps_free(t->params);
+        ps_free(t->grads);
+}
+
+int trainer_run(const WorkerConfig *cfg) {
+        Trainer t = { .cfg = cfg, .state = T_JOINING };
+        int r = uv_loop_init(&t.loop);
+        if (r < 0)
+                return log_error_errno(r, "Failed to start the event loop: %s", uv_strerror(r));
+        const ServiceOps sops = { .stop = on_signal };
+        r = service_new(&t.loop, "workerd", &sops, &t, &t.service);
+        if (r == 0)
+                r = uv_idle_init(&t.loop, &t.step_idle);
+        if (r == 0)
+                r = uv_timer_init(&t.loop, &t.delay);
+        if (r < 0) {
+                log_error_errno(r, "Failed to set up the event loop: %s", uv_strerror(r));
+                goto out;
+        }
+        t.step_idle.data = t.delay.data = &t;
+        const PsnetWorkerOptions o = {
+                .coord = cfg->coord, .connect_timeout_ms = cfg->connect_timeout * 1000u,
+                .round_timeout_ms = cfg->round_timeout * 1000u,
+        };
+        const PsnetWorkerEvents ev = { .job = on_job, .stop = on_stop, .failed = on_failed };
+        r = psnet_worker_new(&t.loop, &o, &ev, &t, &t.w);
+        if (r < 0) {
+                log_error_errno(r, "Bad pscoord endpoint %s: %m", cfg->coord);
+                goto out;
+        }
+        (void) uv_run(&t.loop, UV_RUN_DEFAULT);
+        r = t.exit_code;
+out:
+        t.w = psnet_worker_free(t.w);
+        t.service = service_free(t.service);
+        if (t.step_idle.data)
+                uv_close((uv_handle_t *) &t.step_idle, NULL);
+        if (t.delay.data)
+                uv_close((uv_handle_t *) &t.delay, NULL);
+        /* Work in the thread pool (a load or an evaluation) finishes before the loop closes. */
+        uv_run(&t.loop, UV_RUN_DEFAULT);
+        if (uv_loop_close(&t.loop) < 0)
+                log_debug("event loop closed with handles open");
+        trainer_free(&t);
+        return r;
+}
