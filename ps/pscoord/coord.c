@@ -10,7 +10,7 @@
 #include <uv.h>
 #include "alloc.h"
 #include "coord.h"
-#include "coordlink.h"
+#include "endpoint.h"
 #include "netsock.h"
 #include "service.h"
 #include "errors.h"

@@ -7,11 +7,12 @@
 #include <stdlib.h>
 #include <string.h>
 #include "config.h"
-#include "coordlink.h"
+#include "endpoint.h"
 #include "errors.h"
 #include "job-flags.h"
 #include "log.h"
 #include "psctl.h"
+#include "session.h"
 #include "wire-job.h"
 
 #define PSCTL_MAX_OPTS (8 + JOBFLAGS_NOPTS)
@@ -23,7 +24,13 @@ typedef struct Ctl {
         unsigned wait_s, interval_ms;
         JobFlags jf;
         void *zctx;
-        CoordLink *link;
+        uv_loop_t loop;
+        bool loop_init;
+        Session *session;
+        /* the request in flight */
+        bool done;
+        int reply_r;
+        Psnet__Header *reply;    /* taken from the session's message */
 } Ctl;
 
 typedef struct Verb {
@@ -38,46 +45,97 @@ typedef struct Verb {
 /* --- talking to pscoord ------------------------------------------------------------ */
 
 static int ctl_connect(Ctl *c) {
+        int r = uv_loop_init(&c->loop);
+        if (r < 0)
+                return r;
+        c->loop_init = true;
         c->zctx = zmq_ctx_new();
-        if (!c->zctx || coordlink_open(c->zctx, c->coord, &c->link) < 0) {
+        const SessionConf sc = { .endpoint = c->coord, .role = PSNET__ROLE__ROLE_NONE };
+        const SessionOps so = { 0 };
+        if (!c->zctx || session_new(&c->loop, c->zctx, &sc, &so, c, &c->session) < 0 ||
+            session_start(c->session) < 0) {
                 fprintf(stderr, "psctl: cannot connect to '%s' (bad endpoint?)\n", c->coord);
                 return -EINVAL;
         }
         return 0;
 }
 
-/* Sends h and waits for the reply of type want. Says on stderr why not. */
-static int ctl_request(Ctl *c, Psnet__Header *h, Psnet__MsgType want, WireMsg *ret) {
-        int r = c->link ? 0 : ctl_connect(c);
+static void ctl_on_reply(Session *s, int r, WireMsg *m, void *ud) {
+        Ctl *c = ud;
+        (void) s;
+        c->reply_r = r;
+        if (m) {
+                c->reply = m->hdr; /* taken: freed by ctl_request's caller */
+                m->hdr = NULL;
+        }
+        c->done = true;
+}
+
+/* Sends h and waits (running the loop) for the reply of type want, which goes
+ * to *ret (free with psnet__header__free_unpacked). Says on stderr why not. */
+static int ctl_request(Ctl *c, Psnet__Header *h, Psnet__MsgType want, Psnet__Header **ret) {
+        int r = c->session ? 0 : ctl_connect(c);
         if (r < 0)
                 return r;
-        r = coordlink_request(c->link, h, want, c->timeout * 1000u, NULL, NULL, ret);
+        c->done = false;
+        c->reply = NULL;
+        r = session_request(c->session, h, want, c->timeout * 1000u, ctl_on_reply, c);
+        while (r == 0 && !c->done)
+                uv_run(&c->loop, UV_RUN_ONCE);
+        if (r == 0)
+                r = c->reply_r;
         if (r == -ETIMEDOUT)
                 fprintf(stderr, "psctl: pscoord at %s did not answer within %u s (is it running?)\n", c->coord,
                         c->timeout);
-        else if (r == -ECONNREFUSED) {
-                fprintf(stderr, "psctl: pscoord refused: %s (%s)\n", ret->hdr->reason ? ret->hdr->reason : "?",
-                        status_name(ret->hdr->status));
-                wire_msg_done(ret);
-        } else if (r < 0)
+        else if (r == -ECONNREFUSED)
+                fprintf(stderr, "psctl: pscoord refused: %s (%s)\n", c->reply && c->reply->reason ? c->reply->reason : "?",
+                        status_name(c->reply ? (int) c->reply->status : -1));
+        else if (r < 0)
                 fprintf(stderr, "psctl: request to pscoord at %s failed: %s\n", c->coord, strerror(-r));
-        return r;
+        if (r < 0) {
+                if (c->reply)
+                        psnet__header__free_unpacked(c->reply, NULL);
+                c->reply = NULL;
+                return r;
+        }
+        *ret = c->reply;
+        c->reply = NULL;
+        return 0;
 }
 
-static int ctl_request_type(Ctl *c, Psnet__MsgType type, Psnet__MsgType want, WireMsg *ret) {
+static int ctl_request_type(Ctl *c, Psnet__MsgType type, Psnet__MsgType want, Psnet__Header **ret) {
         Psnet__Header h;
         wire_header_init(&h, type);
         return ctl_request(c, &h, want, ret);
 }
 
-static const char *job_rep_state(const WireMsg *m) {
+static void ctl_wake(uv_timer_t *t) {
+        Ctl *c = t->data;
+        c->done = true;
+}
+
+/* Lets ms pass on the loop (the interval between two polls of watch and wait). */
+static void ctl_pause(Ctl *c, unsigned ms) {
+        uv_timer_t t;
+        if (uv_timer_init(&c->loop, &t) < 0)
+                return;
+        t.data = c;
+        c->done = false;
+        if (uv_timer_start(&t, ctl_wake, ms, 0) == 0)
+                while (!c->done)
+                        uv_run(&c->loop, UV_RUN_ONCE);
+        uv_close((uv_handle_t *) &t, NULL);
+        uv_run(&c->loop, UV_RUN_NOWAIT);
+}
+
+static const char *job_rep_state(const Psnet__Header *m) {
         JobState st;
-        return job_state_from_proto(m->hdr->job_rep->job_state, &st) < 0 ? "?" : job_state_name(st);
+        return job_state_from_proto(m->job_rep->job_state, &st) < 0 ? "?" : job_state_name(st);
 }
 
 /* Prints a JOB_REP: "WHAT (state=S[, message])" or JSON. */
-static int print_job_rep(Ctl *c, const WireMsg *m, const char *what) {
-        const char *msg = m->hdr->job_rep->message;
+static int print_job_rep(Ctl *c, const Psnet__Header *m, const char *what) {
+        const char *msg = m->job_rep->message;
         if (c->json)
                 return print_json_strings("state", job_rep_state(m), "message", msg, NULL);
         printf("%s (state=%s%s%s)\n", what, job_rep_state(m), msg ? ", " : "", msg ? msg : "");
@@ -87,15 +145,15 @@ static int print_job_rep(Ctl *c, const WireMsg *m, const char *what) {
 /* --- verbs ---------------------------------------------------------------------- */
 
 static int cmd_status(Ctl *c, char **args _unused_) {
-        WireMsg m;
+        Psnet__Header *m;
         int r = ctl_request_type(c, PSNET__MSG_TYPE__MSG_STATUS, PSNET__MSG_TYPE__MSG_STATUS_REP, &m);
         if (r < 0)
                 return r;
         if (c->json)
-                r = print_status_json(m.hdr->status_rep);
+                r = print_status_json(m->status_rep);
         else
-                print_status_table(m.hdr->status_rep);
-        wire_msg_done(&m);
+                print_status_table(m->status_rep);
+        psnet__header__free_unpacked(m, NULL);
         return r;
 }
 
@@ -107,21 +165,19 @@ static bool state_final(Psnet__JobState s) {
 /* One line per worker and interval until the job ends (or Ctrl-C). */
 static int cmd_watch(Ctl *c, char **args _unused_) {
         for (;;) {
-                WireMsg m;
+                Psnet__Header *m;
                 int r = ctl_request_type(c, PSNET__MSG_TYPE__MSG_STATUS, PSNET__MSG_TYPE__MSG_STATUS_REP, &m);
                 if (r < 0)
                         return r;
                 if (c->json)
-                        r = print_status_json(m.hdr->status_rep);
+                        r = print_status_json(m->status_rep);
                 else
-                        print_watch(m.hdr->status_rep);
-                bool end = state_final(m.hdr->status_rep->job_state);
-                wire_msg_done(&m);
+                        print_watch(m->status_rep);
+                bool end = state_final(m->status_rep->job_state);
+                psnet__header__free_unpacked(m, NULL);
                 if (r < 0 || end)
                         return r;
-                /* Wait on the socket itself: nothing else arrives on it. */
-                zmq_pollitem_t it = { .socket = c->link->sock, .events = ZMQ_POLLIN };
-                (void) zmq_poll(&it, 1, (long) c->interval_ms);
+                ctl_pause(c, c->interval_ms);
         }
 }
 
@@ -129,11 +185,11 @@ static int cmd_watch(Ctl *c, char **args _unused_) {
 static int cmd_job_wait(Ctl *c, char **args _unused_) {
         uint64_t deadline = now_ms() + (uint64_t) c->wait_s * 1000u;
         for (;;) {
-                WireMsg m;
+                Psnet__Header *m;
                 int r = ctl_request_type(c, PSNET__MSG_TYPE__MSG_STATUS, PSNET__MSG_TYPE__MSG_STATUS_REP, &m);
                 if (r < 0)
                         return r;
-                const Psnet__StatusRep *s = m.hdr->status_rep;
+                const Psnet__StatusRep *s = m->status_rep;
                 JobState st = JOB_WAITING;
                 (void) job_state_from_proto(s->job_state, &st);
                 const char *state = job_state_name(st);
@@ -147,26 +203,25 @@ static int cmd_job_wait(Ctl *c, char **args _unused_) {
                                        s->reason ? s->reason : "", s->reason ? "\"" : "");
                         if (r >= 0 && st != JOB_DONE)
                                 r = -ECANCELED;
-                        wire_msg_done(&m);
+                        psnet__header__free_unpacked(m, NULL);
                         return r;
                 }
-                wire_msg_done(&m);
+                psnet__header__free_unpacked(m, NULL);
                 if (c->wait_s && now_ms() >= deadline) {
                         fprintf(stderr, "psctl: job still %s after %u s\n", state, c->wait_s);
                         return -ETIMEDOUT;
                 }
-                zmq_pollitem_t it = { .socket = c->link->sock, .events = ZMQ_POLLIN };
-                (void) zmq_poll(&it, 1, 250);
+                ctl_pause(c, 250);
         }
 }
 
 static int cmd_job_stop(Ctl *c, char **args _unused_) {
-        WireMsg m;
+        Psnet__Header *m;
         int r = ctl_request_type(c, PSNET__MSG_TYPE__MSG_JOB_STOP, PSNET__MSG_TYPE__MSG_JOB_REP, &m);
         if (r < 0)
                 return r;
-        r = print_job_rep(c, &m, "job stopped");
-        wire_msg_done(&m);
+        r = print_job_rep(c, m, "job stopped");
+        psnet__header__free_unpacked(m, NULL);
         return r;
 }
 
@@ -185,13 +240,13 @@ static int cmd_job_submit(Ctl *c, char **args _unused_) {
         wire_header_init(&h, PSNET__MSG_TYPE__MSG_JOB_SUBMIT);
         h.body_case = PSNET__HEADER__BODY_SUBMIT;
         h.submit = spec;
-        WireMsg m;
+        Psnet__Header *m;
         r = ctl_request(c, &h, PSNET__MSG_TYPE__MSG_JOB_REP, &m);
         job_proto_free(spec);
         if (r < 0)
                 return r;
-        r = print_job_rep(c, &m, "job submitted");
-        wire_msg_done(&m);
+        r = print_job_rep(c, m, "job submitted");
+        psnet__header__free_unpacked(m, NULL);
         return r;
 }
 
@@ -208,14 +263,14 @@ static int cmd_job_mode(Ctl *c, char **args) {
         wire_header_init(&h, PSNET__MSG_TYPE__MSG_JOB_MODE);
         h.body_case = PSNET__HEADER__BODY_MODE;
         h.mode = &ms;
-        WireMsg m;
+        Psnet__Header *m;
         int r = ctl_request(c, &h, PSNET__MSG_TYPE__MSG_JOB_REP, &m);
         if (r < 0)
                 return r;
         char what[64];
         snprintf(what, sizeof what, "mode %s", args[0]);
-        r = print_job_rep(c, &m, what);
-        wire_msg_done(&m);
+        r = print_job_rep(c, m, what);
+        psnet__header__free_unpacked(m, NULL);
         return r;
 }
 
@@ -240,14 +295,14 @@ static int cmd_drain(Ctl *c, char **args) {
         wire_header_init(&h, PSNET__MSG_TYPE__MSG_DRAIN);
         h.body_case = PSNET__HEADER__BODY_WORKER;
         h.worker = &w;
-        WireMsg m;
+        Psnet__Header *m;
         int r = ctl_request(c, &h, PSNET__MSG_TYPE__MSG_JOB_REP, &m);
         if (r < 0)
                 return r;
         char what[64];
         snprintf(what, sizeof what, "worker %u is draining", w.id);
-        r = print_job_rep(c, &m, what);
-        wire_msg_done(&m);
+        r = print_job_rep(c, m, what);
+        psnet__header__free_unpacked(m, NULL);
         return r;
 }
 
@@ -263,15 +318,15 @@ static int shard_change(Ctl *c, bool add, const char *arg) {
         wire_header_init(&h, add ? PSNET__MSG_TYPE__MSG_SHARD_ADD : PSNET__MSG_TYPE__MSG_SHARD_REMOVE);
         h.body_case = PSNET__HEADER__BODY_SHARD;
         h.shard = &ref;
-        WireMsg m;
+        Psnet__Header *m;
         int r = ctl_request(c, &h, PSNET__MSG_TYPE__MSG_JOB_REP, &m);
         if (r < 0)
                 return r;
         char what[192];
         snprintf(what, sizeof what, "shard %s %s; chunks are moving (psctl status shows INCOMING)", arg,
                  add ? "added" : "removed");
-        r = print_job_rep(c, &m, what);
-        wire_msg_done(&m);
+        r = print_job_rep(c, m, what);
+        psnet__header__free_unpacked(m, NULL);
         return r;
 }
 
@@ -435,7 +490,11 @@ int main(int argc, char **argv) {
                 r = r < 0 ? (r == -EINVAL ? 2 : EXIT_FAILURE) : EXIT_SUCCESS;
         } else
                 r = r > 0 ? EXIT_SUCCESS : 2;
-        c.link = coordlink_free(c.link);
+        c.session = session_free(c.session);
+        if (c.loop_init) {
+                uv_run(&c.loop, UV_RUN_NOWAIT);
+                (void) uv_loop_close(&c.loop);
+        }
         if (c.zctx)
                 zmq_ctx_term(c.zctx);
         /* Strings set by parsing (the global table and the job flags). */
