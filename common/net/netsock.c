@@ -14,9 +14,13 @@
 
 struct NetSock {
         ZWatch *watch;
+        ZWatch *monitor;          /* PAIR socket reading the monitor's events */
+        void *zctx;
+        uv_loop_t *loop;
         void *sock;
         bool router;
         NetRecvFn on_msg;
+        NetHandshakeFn on_handshake;
         void *ud;
         char name[32];
 };
@@ -42,6 +46,8 @@ int netsock_new(uv_loop_t *loop, void *zctx, const NetSockConf *conf, NetRecvFn 
         if (!s)
                 return -ENOMEM;
         s->router = conf->type == ZMQ_ROUTER;
+        s->zctx = zctx;
+        s->loop = loop;
         s->on_msg = on_msg;
         s->ud = ud;
         snprintf(s->name, sizeof s->name, "%s", conf->name ? conf->name : "?");
@@ -128,9 +134,78 @@ const char *netsock_name(const NetSock *s) {
         return s->name;
 }
 
+/* What a failed handshake means, for the people who read the logs. */
+static const char *handshake_why(int event, int value) {
+        if (event == ZMQ_EVENT_HANDSHAKE_FAILED_AUTH)
+                return value == 400 ? "the peer refused this key (not in its allow-list, or not in a role it serves)"
+                                    : "the peer refused this connection (authentication)";
+        if (event == ZMQ_EVENT_HANDSHAKE_FAILED_PROTOCOL) {
+                if (value == ZMQ_PROTOCOL_ERROR_ZMTP_MECHANISM_MISMATCH)
+                        return "the two ends disagree on encryption: one runs with --keys, the other without";
+                if (value >= ZMQ_PROTOCOL_ERROR_ZMTP_CRYPTOGRAPHIC && value < ZMQ_PROTOCOL_ERROR_ZAP_UNSPECIFIED)
+                        return "the CURVE handshake failed (wrong server key?)";
+                return "the handshake broke the protocol";
+        }
+        return "the handshake failed (wrong server key, or not a psnet peer?)";
+}
+
+static void netsock_monitor_readable(ZWatch *w, void *ud) {
+        NetSock *s = ud;
+        void *m = zwatch_socket(w);
+        zmq_msg_t ev, ep;
+        zmq_msg_init(&ev);
+        zmq_msg_init(&ep);
+        if (zmq_msg_recv(&ev, m, ZMQ_DONTWAIT) < 0) {
+                zmq_msg_close(&ev);
+                zmq_msg_close(&ep);
+                return;
+        }
+        bool more = zmq_msg_more(&ev);
+        if (more)
+                (void) zmq_msg_recv(&ep, m, ZMQ_DONTWAIT);
+        if (zmq_msg_size(&ev) == 6 && s->on_handshake) {
+                const uint8_t *d = zmq_msg_data(&ev);
+                uint16_t event;
+                uint32_t value;
+                memcpy(&event, d, 2);
+                memcpy(&value, d + 2, 4);
+                s->on_handshake(s, event, (int) value, handshake_why(event, (int) value), s->ud);
+        }
+        zmq_msg_close(&ev);
+        zmq_msg_close(&ep);
+}
+
+int netsock_monitor(NetSock *s, NetHandshakeFn cb) {
+        char ep[64];
+        snprintf(ep, sizeof ep, "inproc://psnet-monitor-%p", (void *) s);
+        if (zmq_socket_monitor(s->sock, ep, ZMQ_EVENT_HANDSHAKE_FAILED_NO_DETAIL | ZMQ_EVENT_HANDSHAKE_FAILED_PROTOCOL |
+                                                     ZMQ_EVENT_HANDSHAKE_FAILED_AUTH) < 0)
+                return -errno;
+        void *pair = zmq_socket(s->zctx, ZMQ_PAIR);
+        int zero = 0;
+        if (!pair)
+                return -errno;
+        if (zmq_setsockopt(pair, ZMQ_LINGER, &zero, sizeof zero) < 0 || zmq_connect(pair, ep) < 0) {
+                int r = -errno;
+                zmq_close(pair);
+                return r;
+        }
+        int r = zwatch_new(s->loop, pair, netsock_monitor_readable, s, &s->monitor);
+        if (r < 0) {
+                zmq_close(pair);
+                return r;
+        }
+        s->on_handshake = cb;
+        return 0;
+}
+
 NetSock *netsock_close(NetSock *s) {
         if (!s)
                 return NULL;
+        if (s->monitor) {
+                (void) zmq_socket_monitor(s->sock, NULL, 0);
+                zwatch_close(s->monitor);
+        }
         zwatch_close(s->watch);
         free(s);
         return NULL;

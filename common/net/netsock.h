@@ -29,6 +29,11 @@ typedef struct NetSockConf {
 
 typedef struct NetSock NetSock;
 
+/* A handshake failed (socket monitor): event is ZMQ_EVENT_HANDSHAKE_FAILED_*,
+ * value libzmq's detail (a ZMTP/ZAP protocol error, or the ZAP status code),
+ * why a sentence for people. */
+typedef void (*NetHandshakeFn)(NetSock *s, int event, int value, const char *why, void *ud);
+
 /* m is valid during the call only (the callback may take m->hdr, m->route or
  * frames by clearing them). r is 0 for a good message or -EBADMSG for a bad
  * one (m->status and m->reason say why; m->hdr may be NULL). */
@@ -47,5 +52,7 @@ int netsock_send(NetSock *s, const zmq_msg_t *route, const Psnet__Header *h, zmq
 int netsock_send_error(NetSock *s, const zmq_msg_t *route, int status, uint64_t seq, const char *reason);
 void *netsock_zmq(NetSock *s);
 const char *netsock_name(const NetSock *s);
+/* Watches the socket's handshakes and calls cb when one fails. */
+int netsock_monitor(NetSock *s, NetHandshakeFn cb);
 /* Closes (safe inside the socket's own callback). Returns NULL. */
 NetSock *netsock_close(NetSock *s);

@@ -48,6 +48,7 @@ struct Session {
         Req *reqs;
         NetKeyPair keys;
         uint8_t coord_key[32];
+        char handshake_error[160];
 };
 
 static void session_schedule(Session *s);
@@ -200,7 +201,7 @@ static void session_register_done(Session *s, int r, WireMsg *m) {
             now_ms() - s->started_ms >= s->conf.connect_timeout_ms) {
                 s->state = S_IDLE;
                 if (s->ops.failed)
-                        s->ops.failed(s, -ETIMEDOUT, "no answer", s->ud);
+                        s->ops.failed(s, -ETIMEDOUT, s->handshake_error[0] ? s->handshake_error : "no answer", s->ud);
                 return;
         }
         if (r == -ECONNREFUSED)
@@ -319,6 +320,18 @@ static void session_schedule(Session *s) {
         (void) uv_timer_start(&s->timer, session_tick, next > now ? next - now : 0, 0);
 }
 
+static void session_on_handshake(NetSock *ns, int event, int value, const char *why, void *ud) {
+        Session *s = ud;
+        (void) ns;
+        if (strcmp(s->handshake_error, why) != 0)
+                log_info("handshake with pscoord failed reason=\"%s\" event=%d detail=%d", why, event, value);
+        snprintf(s->handshake_error, sizeof s->handshake_error, "%s", why);
+}
+
+const char *session_handshake_error(const Session *s) {
+        return s->handshake_error;
+}
+
 /* --- life ------------------------------------------------------------------------- */
 
 int session_new(uv_loop_t *loop, void *zctx, const SessionConf *conf, const SessionOps *ops, void *ud,
@@ -356,6 +369,8 @@ int session_new(uv_loop_t *loop, void *zctx, const SessionConf *conf, const Sess
                 .linger_ms = 500, .immediate = true, .keys = s->conf.keys,
         };
         r = netsock_new(loop, zctx, &nc, session_on_msg, s, &s->sock);
+        if (r == 0)
+                r = netsock_monitor(s->sock, session_on_handshake);
         if (r < 0) {
                 session_free(s);
                 return r;

@@ -67,6 +67,9 @@ uint32_t session_id(const Session *s);
 unsigned session_lease_ms(const Session *s);
 bool session_registered(const Session *s);
 const char *session_endpoint(const Session *s);
+/* Why the last handshake with pscoord failed ("" when none did): a refused or
+ * missing key shows here rather than as silence. */
+const char *session_handshake_error(const Session *s);
 /* Milliseconds since pscoord last answered anything (0 before the first). */
 uint64_t session_silent_ms(const Session *s);
 

@@ -173,6 +173,22 @@ int wire_validate(const Psnet__Header *hdr, const zmq_msg_t *frames, size_t nfra
         return PSNET__STATUS__STATUS_OK;
 }
 
+/* The ZAP handler's User-Id, "ROLE FINGERPRINT NAME KEY" (zap.c), into peer. */
+static void peer_from_user_id(const char *uid, WirePeer *peer) {
+        char role[16], z85[48];
+        if (!uid || sscanf(uid, "%15s %16s %63s %47s", role, peer->fingerprint, peer->name, z85) != 4 ||
+            strlen(z85) != 40 || !zmq_z85_decode(peer->key, z85))
+                return;
+        if (strcmp(role, "admin") == 0)
+                peer->role = PSNET__ROLE__ROLE_ADMIN;
+        else if (strcmp(role, "server") == 0)
+                peer->role = PSNET__ROLE__ROLE_SERVER;
+        else if (strcmp(role, "worker") == 0)
+                peer->role = PSNET__ROLE__ROLE_WORKER;
+        else if (strcmp(role, "edge") == 0)
+                peer->role = PSNET__ROLE__ROLE_EDGE;
+}
+
 /* Receives the next part of the current message (never blocks: ZeroMQ hands a
  * multipart message over whole). */
 static int recv_more(void *sock, zmq_msg_t *m) {
@@ -220,6 +236,7 @@ int wire_recv(void *sock, bool router, int flags, WireMsg *msg) {
                 zmq_msg_close(&head);
                 return r;
         }
+        peer_from_user_id(zmq_msg_gets(&head, "User-Id"), &msg->peer);
         more = has_more(&head);
 
         /* Payload parts: keep up to WIRE_MAX_KEYS, drain the rest. */

@@ -15,12 +15,22 @@
 #define WIRE_MAX_KEYS 65536
 #define WIRE_MAX_HEADER (1u << 20)
 
+/* Who sent a message, as the ZAP handler admitted its connection (keys.h,
+ * zap.h); role NONE and empty strings without --keys. */
+typedef struct WirePeer {
+        Psnet__Role role;
+        char fingerprint[17];
+        char name[64];
+        uint8_t key[32];         /* its public key (valid when role != NONE) */
+} WirePeer;
+
 typedef struct WireMsg {
         zmq_msg_t route;         /* ROUTER peer identity (valid when has_route) */
         bool has_route;
         Psnet__Header *hdr;      /* NULL when the header did not decode */
         zmq_msg_t *frames;       /* payload frames 1..n */
         size_t nframes;
+        WirePeer peer;           /* the sender's key, when the socket uses CURVE */
         int status;              /* PSNET__STATUS__* describing why decoding failed */
         char reason[192];        /* human reason when decoding failed */
 } WireMsg;

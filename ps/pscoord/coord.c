@@ -11,6 +11,7 @@
 #include "alloc.h"
 #include "coord.h"
 #include "endpoint.h"
+#include "keys.h"
 #include "netsock.h"
 #include "service.h"
 #include "errors.h"
@@ -18,6 +19,7 @@
 #include "shardmap.h"
 #include "wire.h"
 #include "wire-job.h"
+#include "zap.h"
 
 #define COORD_MAX_PEERS 4096
 
@@ -26,6 +28,8 @@ typedef struct Peer {
         Psnet__Role role;
         zmq_msg_t route;
         char *endpoint;
+        uint8_t public_key[32];     /* shards with --keys: the key workers expect */
+        bool has_key;
         uint64_t last_seen;
         uint32_t pid;
         uint32_t rank;
@@ -72,6 +76,8 @@ typedef struct Coord {
         uv_timer_t tick;
         NetSock *ctl;
         Service *service;
+        NetIdentity id;
+        Zap *zap;
 } Coord;
 
 static size_t count_role(const Coord *c, Psnet__Role role) {
@@ -262,6 +268,8 @@ static int build_map(Coord *c) {
                 if (c->peers[i].role == PSNET__ROLE__ROLE_SERVER) {
                         d[j].id = c->peers[i].id;
                         d[j].endpoint = c->peers[i].endpoint;
+                        memcpy(d[j].public_key, c->peers[i].public_key, 32);
+                        d[j].has_public_key = c->peers[i].has_key;
                         j++;
                 }
         ShardMap *m;
@@ -285,8 +293,12 @@ static int remap(Coord *c, uint32_t add, uint32_t remove) {
                 if (sd->id == remove)
                         continue;
                 Peer *p = find_peer(c, PSNET__ROLE__ROLE_SERVER, sd->id);
-                d[j].id = sd->id;
-                d[j].endpoint = p ? p->endpoint : sd->endpoint;
+                d[j] = *sd;
+                if (p) {
+                        d[j].endpoint = p->endpoint;
+                        memcpy(d[j].public_key, p->public_key, 32);
+                        d[j].has_public_key = p->has_key;
+                }
                 j++;
         }
         if (add) {
@@ -295,6 +307,8 @@ static int remap(Coord *c, uint32_t add, uint32_t remove) {
                         return -ENOENT;
                 d[j].id = add;
                 d[j].endpoint = p->endpoint;
+                memcpy(d[j].public_key, p->public_key, 32);
+                d[j].has_public_key = p->has_key;
                 j++;
         }
         ShardMap *m;
@@ -530,6 +544,15 @@ static void handle_register(Coord *c, WireMsg *m) {
                 reply_error(c, &m->route, h->seq, PSNET__STATUS__STATUS_INVALID, reason);
                 return;
         }
+        if (c->id.enabled && m->peer.role != reg->role) {
+                snprintf(reason, sizeof reason, "a key of role %s cannot register as a %s", role_name(m->peer.role),
+                         reg->role == PSNET__ROLE__ROLE_SERVER ? "shard" : "worker");
+                log_warning("refused registration reason=\"%s\" key=%s name=%s", reason, m->peer.fingerprint,
+                            m->peer.name);
+                c->errors++;
+                (void) netsock_send_error(c->ctl, &m->route, PSNET__STATUS__STATUS_DENIED, h->seq, reason);
+                return;
+        }
         if (reg->role == PSNET__ROLE__ROLE_SERVER &&
             (!reg->has_want_id || reg->want_id == 0 || !reg->endpoint || !reg->endpoint[0] ||
              strlen(reg->endpoint) > 255)) {
@@ -572,6 +595,10 @@ static void handle_register(Coord *c, WireMsg *m) {
         (void) zmq_msg_copy(&p->route, &m->route);
         p->endpoint = ps_strdup(reg->endpoint);
         p->pid = reg->has_pid ? reg->pid : 0;
+        if (c->id.enabled) {
+                memcpy(p->public_key, m->peer.key, 32);
+                p->has_key = true;
+        }
         p->last_seen = now_ms();
         psnet__shard_info__init(&p->shard);
         psnet__worker_info__init(&p->worker);
@@ -788,6 +815,13 @@ static void handle_job_mode(Coord *c, WireMsg *m) {
 static void handle_message(Coord *c, WireMsg *m) {
         Psnet__Header *h = m->hdr;
         char reason[128];
+        if (zap_authorize(&c->id, m, true, reason, sizeof reason) < 0) {
+                c->errors++;
+                log_warning("refused request reason=\"%s\" status=denied key=%s name=%s", reason,
+                            m->peer.fingerprint[0] ? m->peer.fingerprint : "-", m->peer.name[0] ? m->peer.name : "-");
+                (void) netsock_send_error(c->ctl, &m->route, PSNET__STATUS__STATUS_DENIED, h->seq, reason);
+                return;
+        }
         switch (h->type) {
         case PSNET__MSG_TYPE__MSG_REGISTER:
                 handle_register(c, m);
@@ -883,6 +917,20 @@ static void coord_stop(void *ud, int signo) {
         uv_stop(&c->loop);
 }
 
+/* SIGHUP: the allow-list is read again (a key added or withdrawn). */
+static void coord_reload(void *ud) {
+        Coord *c = ud;
+        char err[256];
+        if (!c->zap) {
+                log_info("SIGHUP: nothing to reload (no --keys)");
+                return;
+        }
+        if (zap_reload(c->zap, err, sizeof err) < 0)
+                log_error("SIGHUP: the allow-list did not load; the old one stays reason=\"%s\"", err);
+        else
+                log_info("SIGHUP: allow-list reloaded keys=%zu", zap_keys(c->zap));
+}
+
 int coord_run(const CoordConfig *cfg) {
         Coord c = { .cfg = cfg, .job = cfg->job, .state = JOB_WAITING };
         char mode[32];
@@ -892,7 +940,7 @@ int coord_run(const CoordConfig *cfg) {
         r = uv_loop_init(&c.loop);
         if (r < 0)
                 return log_error_errno(r, "Failed to start the event loop: %s", uv_strerror(r));
-        const ServiceOps sops = { .stop = coord_stop };
+        const ServiceOps sops = { .stop = coord_stop, .reload = coord_reload };
         r = service_new(&c.loop, "pscoord", &sops, &c, &c.service);
         if (r < 0) {
                 log_error_errno(r, "Failed to set up signals: %m");
@@ -904,8 +952,30 @@ int coord_run(const CoordConfig *cfg) {
                 goto finish;
         }
         (void) zmq_ctx_set(c.zctx, ZMQ_IO_THREADS, 1);
+        char err[512];
+        if (cfg->keys) {
+                r = keys_identity_load(&c.id, cfg->keys, cfg->key ? cfg->key : "pscoord", NULL,
+                                       PSNET__ROLE__ROLE_SERVER, err, sizeof err);
+                if (r == 0)
+                        r = zap_new(&c.loop, c.zctx, cfg->keys,
+                                    ROLE_BIT(PSNET__ROLE__ROLE_ADMIN) | ROLE_BIT(PSNET__ROLE__ROLE_SERVER) |
+                                            ROLE_BIT(PSNET__ROLE__ROLE_WORKER) | ROLE_BIT(PSNET__ROLE__ROLE_EDGE),
+                                    &c.zap, err, sizeof err);
+                if (r < 0) {
+                        log_error("cannot use the keys reason=\"%s\"", err);
+                        r = -EINVAL; /* a configuration error: exit status 2 */
+                        goto finish;
+                }
+        }
+        r = keys_check_listen(cfg->listen, &c.id, cfg->insecure, err, sizeof err);
+        if (r < 0) {
+                log_error("%s", err);
+                r = -EINVAL;
+                goto finish;
+        }
         const NetSockConf nc = { .type = ZMQ_ROUTER, .name = "control", .max_msg = 1 << 20, .sndhwm = 1000,
-                                 .rcvhwm = 1000 };
+                                 .rcvhwm = 1000, .keys = c.id.enabled ? &c.id.keys : NULL, .curve_server = true,
+                                 .zap_domain = c.id.enabled ? "psnet" : NULL };
         r = netsock_new(&c.loop, c.zctx, &nc, coord_on_msg, &c, &c.ctl);
         if (r < 0) {
                 log_error_errno(r, "Failed to create the control socket: %m");
@@ -925,9 +995,9 @@ int coord_run(const CoordConfig *cfg) {
                 log_error_errno(r, "Failed to start the lease timer: %m");
                 goto finish;
         }
-        log_info("listening endpoint=%s job=%u model=%s mode=%s expect_shards=%u expect_workers=%u",
+        log_info("listening endpoint=%s job=%u model=%s mode=%s expect_shards=%u expect_workers=%u security=%s",
                  cfg->listen, c.job.id, c.job.model, job_mode_string(&c.job, mode, sizeof mode),
-                 c.job.expect_shards, c.job.expect_workers);
+                 c.job.expect_shards, c.job.expect_workers, c.id.enabled ? "curve" : "none");
         r = uv_run(&c.loop, UV_RUN_DEFAULT);
         r = r < 0 ? r : 0;
 finish:
@@ -937,6 +1007,7 @@ finish:
         ps_free(c.prev_ids);
         shardmap_free(c.map);
         c.ctl = netsock_close(c.ctl);
+        c.zap = zap_free(c.zap);
         c.service = service_free(c.service);
         if (uv_is_active((uv_handle_t *) &c.tick) || c.tick.data)
                 uv_close((uv_handle_t *) &c.tick, NULL);

@@ -3,10 +3,14 @@
  * feeds it is in coord.c too; pscoord.c holds only main. */
 #pragma once
 #include <stdint.h>
+#include <stdbool.h>
 #include "job.h"
 
 typedef struct CoordConfig {
         char *listen;
+        char *keys;         /* --keys DIR: CURVE and the allow-list (NULL: none) */
+        char *key;          /* this daemon's key name in keys (default pscoord) */
+        bool insecure;      /* listen on a non-loopback tcp:// without keys */
         unsigned lease_ms;
         unsigned vnodes;
         Job job;            /* the job pscoord starts with */

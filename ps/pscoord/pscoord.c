@@ -1,5 +1,6 @@
 /* pscoord: the coordinator. Owns membership (leases), the shard map and the job;
  * answers psctl. Logic lives in coord.c. */
+#include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include "config.h"
@@ -11,8 +12,13 @@ int main(int argc, char **argv) {
         CoordConfig cfg = { .lease_ms = 3000, .vnodes = 64 };
         JobFlags jf;
         char *listen = NULL, *log_level = NULL;
-        Option opts[8 + JOBFLAGS_NOPTS] = {
+        Option opts[12 + JOBFLAGS_NOPTS] = {
                 { "listen", OPT_STR, &listen, "ENDPOINT", "control endpoint to bind (default ipc:///tmp/psnet/coord.sock)" },
+                { "keys", OPT_STR, &cfg.keys, "DIR",
+                  "CURVE encryption; admit only the keys of DIR/allow, each in its role (psctl keys gen)" },
+                { "key", OPT_STR, &cfg.key, "NAME", "this daemon's key in --keys (default pscoord)" },
+                { "insecure", OPT_BOOL, &cfg.insecure, NULL,
+                  "allow a non-loopback tcp:// --listen without --keys (anyone who reaches it can join)" },
                 { "lease-ms", OPT_UINT, &cfg.lease_ms, "MS", "a peer silent this long has left" },
                 { "vnodes", OPT_UINT, &cfg.vnodes, "N", "virtual nodes per shard in the hash ring" },
                 { "log-level", OPT_STR, &log_level, "LEVEL", "debug, info, warning or error" },
@@ -28,7 +34,7 @@ int main(int argc, char **argv) {
 
         log_setup("pscoord");
         jobflags_init(&jf);
-        size_t n = 4 + jobflags_options(&jf, opts + 4);
+        size_t n = 7 + jobflags_options(&jf, opts + 7);
         r = config_parse(&prog, opts, n, argc, argv, &optind_);
         if (r != 0)
                 goto out;
@@ -61,5 +67,6 @@ out:
         config_free_strings(opts, n);
         if (r > 0)
                 return EXIT_SUCCESS;
-        return r == 0 ? EXIT_SUCCESS : (r == -1 || r == -22 ? 2 : EXIT_FAILURE);
+        /* Usage and configuration errors (flags, keys, listen address) exit 2. */
+        return r == 0 ? EXIT_SUCCESS : (r == -1 || r == -EINVAL ? 2 : EXIT_FAILURE);
 }

@@ -8,6 +8,7 @@
 #include <string.h>
 #include "config.h"
 #include "endpoint.h"
+#include "keys.h"
 #include "errors.h"
 #include "job-flags.h"
 #include "log.h"
@@ -15,12 +16,15 @@
 #include "session.h"
 #include "wire-job.h"
 
-#define PSCTL_MAX_OPTS (8 + JOBFLAGS_NOPTS)
+#define PSCTL_MAX_OPTS (16 + JOBFLAGS_NOPTS)
 
 typedef struct Ctl {
         char *coord;
         unsigned timeout;
         bool json;
+        char *keys, *key, *coord_key;  /* CURVE */
+        char *role, *dir;              /* keys gen */
+        NetIdentity id;
         unsigned wait_s, interval_ms;
         JobFlags jf;
         void *zctx;
@@ -49,8 +53,17 @@ static int ctl_connect(Ctl *c) {
         if (r < 0)
                 return r;
         c->loop_init = true;
+        char err[512];
+        if (c->keys && keys_identity_load(&c->id, c->keys, c->key ? c->key : "admin",
+                                          c->coord_key ? c->coord_key : "pscoord", PSNET__ROLE__ROLE_NONE, err,
+                                          sizeof err) < 0) {
+                fprintf(stderr, "psctl: %s\n", err);
+                return -EINVAL;
+        }
         c->zctx = zmq_ctx_new();
-        const SessionConf sc = { .endpoint = c->coord, .role = PSNET__ROLE__ROLE_NONE };
+        const SessionConf sc = { .endpoint = c->coord, .role = PSNET__ROLE__ROLE_NONE,
+                                 .keys = c->id.enabled ? &c->id.keys : NULL,
+                                 .coord_key = c->id.enabled ? c->id.coord_key : NULL };
         const SessionOps so = { 0 };
         if (!c->zctx || session_new(&c->loop, c->zctx, &sc, &so, c, &c->session) < 0 ||
             session_start(c->session) < 0) {
@@ -84,7 +97,10 @@ static int ctl_request(Ctl *c, Psnet__Header *h, Psnet__MsgType want, Psnet__Hea
                 uv_run(&c->loop, UV_RUN_ONCE);
         if (r == 0)
                 r = c->reply_r;
-        if (r == -ETIMEDOUT)
+        const char *hs = session_handshake_error(c->session);
+        if (r == -ETIMEDOUT && hs[0])
+                fprintf(stderr, "psctl: cannot talk to pscoord at %s: %s\n", c->coord, hs);
+        else if (r == -ETIMEDOUT)
                 fprintf(stderr, "psctl: pscoord at %s did not answer within %u s (is it running?)\n", c->coord,
                         c->timeout);
         else if (r == -ECONNREFUSED)
@@ -330,6 +346,36 @@ static int shard_change(Ctl *c, bool add, const char *arg) {
         return r;
 }
 
+static int cmd_keys_gen(Ctl *c, char **args) {
+        Psnet__Role role;
+        char err[512];
+        const char *line;
+        if (!c->role || role_from_name(c->role, &role) < 0) {
+                fprintf(stderr, "psctl keys gen: --role is admin, server, worker or edge%s%s%s\n", c->role ? " (not '" : "",
+                        c->role ? c->role : "", c->role ? "')" : "");
+                return -EINVAL;
+        }
+        const char *dir = c->dir ? c->dir : c->keys ? c->keys : "/etc/psnet/keys";
+        int r = keys_generate(dir, args[0], role, &line, err, sizeof err);
+        if (r < 0) {
+                fprintf(stderr, "psctl keys gen: %s\n", err);
+                return r;
+        }
+        NetKeyPair kp;
+        char fp[KEYS_FINGERPRINT_LEN], path[4096];
+        if (keys_load_pair(dir, args[0], &kp, NULL, err, sizeof err) < 0) {
+                fprintf(stderr, "psctl keys gen: %s\n", err);
+                return -EIO;
+        }
+        keys_fingerprint(kp.public_key, fp);
+        snprintf(path, sizeof path, "%s/%s.key", dir, args[0]);
+        if (c->json)
+                return print_json_strings("key", path, "role", role_name(role), "fingerprint", fp, "allow", line, NULL);
+        printf("wrote %s (secret, mode 0600) and %s/%s.pub; fingerprint %s\nallow-list line (added to %s/allow):\n%s",
+               path, dir, args[0], fp, dir, line);
+        return 0;
+}
+
 static int cmd_shard_add(Ctl *c, char **args) { return shard_change(c, true, args[0]); }
 static int cmd_shard_remove(Ctl *c, char **args) { return shard_change(c, false, args[0]); }
 
@@ -340,6 +386,9 @@ static size_t global_options(Ctl *c, Option *o) {
                 { "coord", OPT_STR, &c->coord, "ENDPOINT", "pscoord endpoint (default ipc:///tmp/psnet/coord.sock)" },
                 { "timeout", OPT_UINT, &c->timeout, "SECONDS", "how long to wait for pscoord's answer" },
                 { "json", OPT_BOOL, &c->json, NULL, "machine-readable output (one JSON object per answer)" },
+                { "keys", OPT_STR, &c->keys, "DIR", "CURVE encryption with the keys of psctl keys gen in DIR" },
+                { "key", OPT_STR, &c->key, "NAME", "this tool's key in --keys (default admin)" },
+                { "coord-key", OPT_STR, &c->coord_key, "NAME", "pscoord's key in --keys (default pscoord)" },
         };
         memcpy(o, t, sizeof t);
         return ELEMENTSOF(t);
@@ -359,6 +408,12 @@ static size_t submit_options(Ctl *c, Option *o) {
         return jobflags_options(&c->jf, o);
 }
 
+static size_t keys_options(Ctl *c, Option *o) {
+        o[0] = (Option) { "role", OPT_STR, &c->role, "ROLE", "admin (psctl), server (pscoord, psd), worker or edge" };
+        o[1] = (Option) { "dir", OPT_STR, &c->dir, "DIR", "where to write (default: --keys, else /etc/psnet/keys)" };
+        return 2;
+}
+
 static const Verb verbs[] = {
         { "status", "", 0, cmd_status, NULL, "coordinator, shards and workers" },
         { "watch", "", 0, cmd_watch, watch_options, "live progress until the job ends" },
@@ -370,6 +425,8 @@ static const Verb verbs[] = {
         { "job stop", "", 0, cmd_job_stop, NULL, "stop the running job" },
         { "job wait", "", 0, cmd_job_wait, wait_options,
           "wait until the job ends; prints its accuracy (exit 1 unless it is done)" },
+        { "keys gen", "NAME", 1, cmd_keys_gen, keys_options,
+          "write a CURVE key pair NAME.key and its allow-list line (--role R)" },
 };
 
 /* The verb named by argv[0] (and argv[1] for two-word verbs); *ret_words is 1 or 2. */
@@ -500,6 +557,7 @@ int main(int argc, char **argv) {
         /* Strings set by parsing (the global table and the job flags). */
         size_t nj = global_options(&c, opts);
         nj += submit_options(&c, opts + nj);
+        nj += keys_options(&c, opts + nj);
         config_free_strings(opts, nj);
         free(c.coord);
         return r;

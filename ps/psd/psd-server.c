@@ -11,10 +11,12 @@
 #include "alloc.h"
 #include "endpoint.h"
 #include "errors.h"
+#include "keys.h"
 #include "netsock.h"
 #include "service.h"
 #include "session.h"
 #include "wire-job.h"
+#include "zap.h"
 #include "log.h"
 #include "psd-server.h"
 #include "psd-optim.h"
@@ -48,6 +50,8 @@ typedef struct Psd {
         size_t nparked, cparked;
         uint64_t errors;
         Psnet__ShardInfo hb;    /* the figures of the heartbeat being sent */
+        NetIdentity id;
+        Zap *zap;
         bool stopping;
         int exit_code;
 } Psd;
@@ -251,10 +255,16 @@ static NetSock *psd_peer_socket(Psd *p, const ShardDesc *dest) {
         NetSock *sock = NULL;
         /* A chunk state is values + optimizer state: unbounded queue, and up to
          * 5 s at close to deliver what is still queued. */
-        const NetSockConf nc = { .type = ZMQ_DEALER, .name = dest->endpoint, .linger_ms = 5000 };
+        const NetSockConf nc = { .type = ZMQ_DEALER, .name = dest->endpoint, .linger_ms = 5000,
+                                 .keys = p->id.enabled ? &p->id.keys : NULL };
+        if (p->id.enabled && !dest->has_public_key) {
+                log_error("the map has no key for shard %u at %s", dest->id, dest->endpoint);
+                ps_free(ep);
+                return NULL;
+        }
         int r = ep ? netsock_new(&p->loop, p->zctx, &nc, psd_on_peer_msg, p, &sock) : -ENOMEM;
         if (r == 0)
-                r = netsock_connect(sock, dest->endpoint, NULL);
+                r = netsock_connect(sock, dest->endpoint, p->id.enabled ? dest->public_key : NULL);
         if (r < 0) {
                 sock = netsock_close(sock);
                 ps_free(ep);
@@ -511,7 +521,9 @@ static void psd_registered(Session *s, bool again, void *ud) {
 
 static void psd_registration_failed(Session *s, int err, const char *reason, void *ud) {
         Psd *p = ud;
-        if (err == -ETIMEDOUT)
+        if (err == -ETIMEDOUT && session_handshake_error(s)[0])
+                log_error("cannot talk to pscoord at %s reason=\"%s\"", session_endpoint(s), reason);
+        else if (err == -ETIMEDOUT)
                 log_error_errno(err, "pscoord at %s did not answer within %u s (is it running?)", session_endpoint(s),
                                 p->cfg->connect_timeout);
         else
@@ -577,8 +589,14 @@ static void psd_heartbeat(Session *s, Psnet__Heartbeat *hb, void *ud) {
 
 static void psd_on_data(NetSock *ns, WireMsg *m, int r, void *ud) {
         Psd *p = ud;
+        char reason[128];
         (void) ns;
-        if (r == 0)
+        if (r == 0 && zap_authorize(&p->id, m, false, reason, sizeof reason) < 0) {
+                p->errors++;
+                log_warning("refused request reason=\"%s\" status=denied key=%s name=%s", reason,
+                            m->peer.fingerprint[0] ? m->peer.fingerprint : "-", m->peer.name[0] ? m->peer.name : "-");
+                (void) netsock_send_error(p->data, &m->route, PSNET__STATUS__STATUS_DENIED, m->hdr->seq, reason);
+        } else if (r == 0)
                 psd_handle_data(p, m);
         else if (m->has_route)
                 psd_reply_error(p, &m->route, m->hdr, m->status, m->reason);
@@ -590,6 +608,19 @@ static void psd_left(Session *s, int r, WireMsg *m, void *ud) {
         if (r < 0)
                 log_debug_errno(r, "pscoord did not answer the deregistration: %m");
         uv_stop(&p->loop);
+}
+
+static void psd_reload(void *ud) {
+        Psd *p = ud;
+        char err[256];
+        if (!p->zap) {
+                log_info("SIGHUP: nothing to reload (no --keys; the job comes from pscoord)");
+                return;
+        }
+        if (zap_reload(p->zap, err, sizeof err) < 0)
+                log_error("SIGHUP: the allow-list did not load; the old one stays reason=\"%s\"", err);
+        else
+                log_info("SIGHUP: allow-list reloaded keys=%zu", zap_keys(p->zap));
 }
 
 static void psd_stop(void *ud, int signo) {
@@ -619,7 +650,7 @@ int psd_run(const PsdConfig *cfg) {
         r = uv_loop_init(&p.loop);
         if (r < 0)
                 return log_error_errno(r, "Failed to start the event loop: %s", uv_strerror(r));
-        const ServiceOps sops = { .stop = psd_stop };
+        const ServiceOps sops = { .stop = psd_stop, .reload = psd_reload };
         r = service_new(&p.loop, "psd", &sops, &p, &p.service);
         if (r < 0) {
                 log_error_errno(r, "Failed to set up signals: %m");
@@ -631,6 +662,27 @@ int psd_run(const PsdConfig *cfg) {
                 goto finish;
         }
         (void) zmq_ctx_set(p.zctx, ZMQ_IO_THREADS, 1);
+        char err[512];
+        if (cfg->keys) {
+                r = keys_identity_load(&p.id, cfg->keys, cfg->key ? cfg->key : "psd",
+                                       cfg->coord_key ? cfg->coord_key : "pscoord", PSNET__ROLE__ROLE_SERVER, err,
+                                       sizeof err);
+                if (r == 0)
+                        r = zap_new(&p.loop, p.zctx, cfg->keys,
+                                    ROLE_BIT(PSNET__ROLE__ROLE_SERVER) | ROLE_BIT(PSNET__ROLE__ROLE_WORKER), &p.zap,
+                                    err, sizeof err);
+                if (r < 0) {
+                        log_error("cannot use the keys reason=\"%s\"", err);
+                        r = -EINVAL;
+                        goto finish;
+                }
+        }
+        r = keys_check_listen(cfg->listen, &p.id, cfg->insecure, err, sizeof err);
+        if (r < 0) {
+                log_error("%s", err);
+                r = -EINVAL;
+                goto finish;
+        }
         r = store_new(cfg->id, psd_ack, &p, &p.store);
         if (r < 0) {
                 log_error_errno(r, "Failed to allocate the store: %m");
@@ -638,7 +690,8 @@ int psd_run(const PsdConfig *cfg) {
         }
         p.store->move = psd_move_chunk;
         const NetSockConf dc = { .type = ZMQ_ROUTER, .name = "data", .max_msg = (int64_t) cfg->max_msg,
-                                 .handover = true };
+                                 .handover = true, .keys = p.id.enabled ? &p.id.keys : NULL, .curve_server = true,
+                                 .zap_domain = p.id.enabled ? "psnet" : NULL };
         r = netsock_new(&p.loop, p.zctx, &dc, psd_on_data, &p, &p.data);
         if (r < 0) {
                 log_error_errno(r, "Failed to create the data socket: %m");
@@ -653,6 +706,7 @@ int psd_run(const PsdConfig *cfg) {
                 .endpoint = cfg->coord, .role = PSNET__ROLE__ROLE_SERVER, .want_id = cfg->id,
                 .advertise = cfg->advertise ? cfg->advertise : cfg->listen,
                 .connect_timeout_ms = cfg->connect_timeout * 1000u,
+                .keys = p.id.enabled ? &p.id.keys : NULL, .coord_key = p.id.enabled ? p.id.coord_key : NULL,
         };
         const SessionOps so = { .registered = psd_registered, .failed = psd_registration_failed,
                                 .message = psd_on_coord, .heartbeat = psd_heartbeat };
@@ -663,7 +717,8 @@ int psd_run(const PsdConfig *cfg) {
                 log_error_errno(r, "Bad pscoord endpoint %s: %m", cfg->coord);
                 goto finish;
         }
-        log_info("listening endpoint=%s allocator=%s", cfg->listen, alloc_name());
+        log_info("listening endpoint=%s allocator=%s security=%s", cfg->listen, alloc_name(),
+                 p.id.enabled ? "curve" : "none");
         (void) uv_run(&p.loop, UV_RUN_DEFAULT);
         r = p.exit_code;
         if (p.stopping)
@@ -684,6 +739,7 @@ finish:
         ps_free(p.peers);
         p.data = netsock_close(p.data);
         p.coord = session_free(p.coord);
+        p.zap = zap_free(p.zap);
         p.service = service_free(p.service);
         uv_run(&p.loop, UV_RUN_NOWAIT); /* the handles' close callbacks */
         if (uv_loop_close(&p.loop) < 0)

@@ -1,6 +1,7 @@
 /* psd's event loop: the data-plane ROUTER (PULL/PUSH from workers), the link to
  * pscoord (registration, heartbeats, job/map/membership updates) and signals. */
 #pragma once
+#include <stdbool.h>
 #include <stdint.h>
 
 typedef struct PsdConfig {
@@ -11,6 +12,10 @@ typedef struct PsdConfig {
         unsigned connect_timeout;  /* seconds to wait for pscoord at start */
         uint64_t max_msg;          /* largest message accepted, bytes */
         char *log_level;
+        char *keys;                /* --keys DIR (NULL: no CURVE) */
+        char *key;                 /* this shard's key name (default psd) */
+        char *coord_key;           /* pscoord's key name in keys (default pscoord) */
+        bool insecure;             /* listen on a non-loopback tcp:// without keys */
 } PsdConfig;
 
 /* Runs until SIGTERM/SIGINT. Returns 0 after a clean shutdown, or a negative

@@ -1,6 +1,7 @@
 /* psd: a parameter-server shard. Holds a slice of the job's parameters and
  * their optimizer state, serves PULL and PUSH from workers, and follows
  * pscoord's job, shard map and membership. Logic lives in psd-server.c. */
+#include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include "config.h"
@@ -23,6 +24,12 @@ int main(int argc, char **argv) {
                 { "connect-timeout", OPT_UINT, &cfg.connect_timeout, "SECONDS",
                   "give up when pscoord does not answer within this time" },
                 { "max-msg", OPT_U64, &cfg.max_msg, "BYTES", "largest message accepted" },
+                { "keys", OPT_STR, &cfg.keys, "DIR",
+                  "CURVE encryption; admit only the keys of DIR/allow, each in its role (psctl keys gen)" },
+                { "key", OPT_STR, &cfg.key, "NAME", "this shard's key in --keys (default psd)" },
+                { "coord-key", OPT_STR, &cfg.coord_key, "NAME", "pscoord's key in --keys (default pscoord)" },
+                { "insecure", OPT_BOOL, &cfg.insecure, NULL,
+                  "allow a non-loopback tcp:// --listen without --keys (anyone who reaches it can push)" },
                 { "log-level", OPT_STR, &cfg.log_level, "LEVEL", "debug, info, warning or error" },
         };
         const ProgramInfo prog = {
@@ -70,5 +77,6 @@ int main(int argc, char **argv) {
 
         r = psd_run(&run);
         config_free_strings(opts, ELEMENTSOF(opts));
-        return r < 0 ? EXIT_FAILURE : EXIT_SUCCESS;
+        /* A configuration error (keys, listen address) exits 2: restarting will not help. */
+        return r == -EINVAL ? 2 : r < 0 ? EXIT_FAILURE : EXIT_SUCCESS;
 }

@@ -18,12 +18,19 @@
  *                  answer is PULL_REP or MOVED)
  *   status         a STATUS request (pscoord)
  *   register-bad   a REGISTER without a body (pscoord)
- *   v1             a REGISTER as a protocol-version-1 peer sends it */
+ *   v1             a REGISTER as a protocol-version-1 peer sends it
+ *   register-worker  a REGISTER as a worker (pscoord)
+ *   register-server  a REGISTER as shard 77 at ipc:///nowhere (pscoord)
+ *   chunk-state    a shard-to-shard CHUNK_STATE of key (0,0) (psd)
+ *   job-stop       a JOB_STOP (pscoord)
+ * With PSPOKE_KEYS=DIR it speaks CURVE as the key PSPOKE_KEY (default admin) to
+ * the server whose public key is PSPOKE_SERVER (default pscoord). */
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include "errors.h"
+#include "keys.h"
 #include "macro.h"
 #include "wire.h"
 
@@ -52,6 +59,23 @@ int main(int argc, char **argv) {
         uint32_t len = argc > 4 ? (uint32_t) strtoul(argv[4], NULL, 10) : 200704; /* W0 of mlp:784-256-10 */
         void *ctx = zmq_ctx_new(), *s = zmq_socket(ctx, ZMQ_DEALER);
         int zero = 0, r = 0;
+        const char *kdir = getenv("PSPOKE_KEYS");
+        if (kdir && s) {
+                NetIdentity id;
+                char err[512];
+                const char *srv = getenv("PSPOKE_SERVER");
+                if (keys_identity_load(&id, kdir, getenv("PSPOKE_KEY") ? getenv("PSPOKE_KEY") : "admin",
+                                       srv ? srv : "pscoord", PSNET__ROLE__ROLE_NONE, err, sizeof err) < 0) {
+                        fprintf(stderr, "pspoke: %s\n", err);
+                        return 2;
+                }
+                if (zmq_setsockopt(s, ZMQ_CURVE_PUBLICKEY, id.keys.public_key, 32) < 0 ||
+                    zmq_setsockopt(s, ZMQ_CURVE_SECRETKEY, id.keys.secret_key, 32) < 0 ||
+                    zmq_setsockopt(s, ZMQ_CURVE_SERVERKEY, id.coord_key, 32) < 0) {
+                        fprintf(stderr, "pspoke: CURVE options: %s\n", zmq_strerror(errno));
+                        return 2;
+                }
+        }
         if (!ctx || !s || zmq_setsockopt(s, ZMQ_LINGER, &zero, sizeof zero) < 0 || zmq_connect(s, ep) < 0) {
                 fprintf(stderr, "pspoke: cannot connect to %s: %s\n", ep, zmq_strerror(errno));
                 return 2;
@@ -118,6 +142,37 @@ int main(int argc, char **argv) {
                 /* version 1, type REGISTER, field 13 (v1's Control) = {reg: {role: server}} */
                 static const uint8_t v1[] = { 0x08, 0x01, 0x10, 0x0a, 0x6a, 0x04, 0x0a, 0x02, 0x08, 0x01 };
                 r = send_raw(s, v1, sizeof v1, 0);
+        } else if (!strcmp(c, "register-worker") || !strcmp(c, "register-server")) {
+                Psnet__Register reg = PSNET__REGISTER__INIT;
+                bool server = !strcmp(c, "register-server");
+                reg.role = server ? PSNET__ROLE__ROLE_SERVER : PSNET__ROLE__ROLE_WORKER;
+                reg.has_want_id = server;
+                reg.want_id = 77;
+                reg.endpoint = server ? (char *) "ipc:///nowhere" : NULL;
+                h.type = PSNET__MSG_TYPE__MSG_REGISTER;
+                h.n_keys = 0;
+                h.body_case = PSNET__HEADER__BODY_REG;
+                h.reg = &reg;
+                r = send_header(s, &h, 0, false);
+        } else if (!strcmp(c, "job-stop")) {
+                h.type = PSNET__MSG_TYPE__MSG_JOB_STOP;
+                h.n_keys = 0;
+                r = send_header(s, &h, 0, false);
+        } else if (!strcmp(c, "chunk-state")) {
+                Psnet__ChunkState cs = PSNET__CHUNK_STATE__INIT;
+                size_t n = (size_t) len * 4u;
+                char *v = calloc(1, n);
+                if (!v)
+                        return 2;
+                h.type = PSNET__MSG_TYPE__MSG_CHUNK_STATE;
+                h.body_case = PSNET__HEADER__BODY_CHUNK_STATE;
+                h.chunk_state = &cs;
+                r = send_header(s, &h, 0, true);
+                if (r == 0)
+                        r = send_raw(s, v, n, 1);
+                if (r == 0)
+                        r = send_raw(s, v, n, 0);
+                free(v);
         } else if (!strcmp(c, "register-bad")) {
                 h.type = PSNET__MSG_TYPE__MSG_REGISTER;
                 h.n_keys = 0;

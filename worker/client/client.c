@@ -98,6 +98,8 @@ static int client_connect(Client *c, const ShardMap *map) {
                         return -ENOMEM;
                 /* No queue limits: a round's frames are the caller's own buffers. */
                 const NetSockConf nc = { .type = ZMQ_DEALER, .name = s->endpoint, .keys = c->has_keys ? &c->keys : NULL };
+                if (c->has_keys && !d->has_public_key)
+                        return log_error_errno(EINVAL, "the shard map has no key for shard %u at %s", s->id, s->endpoint);
                 int r = netsock_new(c->loop, c->zctx, &nc, client_on_reply, s, &s->sock);
                 if (r == 0)
                         r = netsock_connect(s->sock, s->endpoint, c->has_keys && d->has_public_key ? d->public_key : NULL);

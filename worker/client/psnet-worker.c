@@ -9,6 +9,7 @@
 #include "alloc.h"
 #include "client.h"
 #include "endpoint.h"
+#include "keys.h"
 #include "log.h"
 #include "psnet-internal.h"
 #include "session.h"
@@ -23,6 +24,7 @@ struct PsnetWorker {
         Client *client;
         PsnetWorkerOptions opts;
         char *coord;
+        NetIdentity id;
         PsnetWorkerEvents ev;
         void *ud;
         Job job;
@@ -193,6 +195,16 @@ int psnet_worker_new(uv_loop_t *loop, const PsnetWorkerOptions *opts, const Psne
         w->coord = ps_strdup(opts->coord);
         w->zctx = zmq_ctx_new();
         int r = !w->coord || !w->zctx ? -ENOMEM : 0;
+        if (r == 0 && opts->keys_dir) {
+                char err[512];
+                r = keys_identity_load(&w->id, opts->keys_dir, opts->key_name ? opts->key_name : "worker",
+                                       opts->coord_key_name ? opts->coord_key_name : "pscoord",
+                                       PSNET__ROLE__ROLE_WORKER, err, sizeof err);
+                if (r < 0) {
+                        log_error("cannot use the keys reason=\"%s\"", err);
+                        r = -EINVAL;
+                }
+        }
         if (r == 0) {
                 (void) zmq_ctx_set(w->zctx, ZMQ_IO_THREADS, 1);
                 r = uv_timer_init(loop, &w->map_timer);
@@ -203,6 +215,7 @@ int psnet_worker_new(uv_loop_t *loop, const PsnetWorkerOptions *opts, const Psne
                 const SessionConf sc = {
                         .endpoint = w->coord, .role = PSNET__ROLE__ROLE_WORKER,
                         .connect_timeout_ms = opts->connect_timeout_ms ? opts->connect_timeout_ms : 10000,
+                        .keys = w->id.enabled ? &w->id.keys : NULL, .coord_key = w->id.enabled ? w->id.coord_key : NULL,
                 };
                 const SessionOps so = { .registered = on_registered, .failed = on_failed, .message = on_message,
                                         .heartbeat = on_heartbeat };
@@ -260,7 +273,8 @@ static void on_client_round(Client *c, int r, int64_t clock, void *ud);
 static int round_start(PsnetWorker *w) {
         int r = 0;
         if (!w->client)
-                r = client_new(w->loop, w->zctx, &w->job, w->map, session_id(w->session), NULL, &w->client);
+                r = client_new(w->loop, w->zctx, &w->job, w->map, session_id(w->session), w->id.enabled ? &w->id.keys : NULL,
+                               &w->client);
         else if (shardmap_epoch(w->map) > client_map_epoch(w->client))
                 r = client_set_map(w->client, w->map);
         if (r < 0)
@@ -327,7 +341,8 @@ int psnet_worker_prefetch(PsnetWorker *w, float *const *params, int64_t pull_clo
                 return -EINVAL;
         int r = 0;
         if (!w->client)
-                r = client_new(w->loop, w->zctx, &w->job, w->map, session_id(w->session), NULL, &w->client);
+                r = client_new(w->loop, w->zctx, &w->job, w->map, session_id(w->session), w->id.enabled ? &w->id.keys : NULL,
+                               &w->client);
         else if (shardmap_epoch(w->map) > client_map_epoch(w->client))
                 r = client_set_map(w->client, w->map);
         if (r == 0)

@@ -35,6 +35,7 @@ typedef struct PsnetWorkerOptions {
         unsigned round_timeout_ms;      /* a round gives up after this (0: 120 s) */
         const char *keys_dir;           /* CURVE: directory of psctl keys gen (NULL: no encryption) */
         const char *key_name;           /* CURVE: this worker's key in keys_dir (NULL: "worker") */
+        const char *coord_key_name;     /* CURVE: pscoord's key in keys_dir (NULL: "pscoord") */
 } PsnetWorkerOptions;
 
 typedef struct PsnetWorkerEvents {
@@ -59,6 +60,7 @@ typedef struct PsnetProgress {
         float steps_per_s, samples_per_s, loss;
 } PsnetProgress;
 
+/* -EINVAL for unusable options or keys (logged with the reason). */
 int psnet_worker_new(uv_loop_t *loop, const PsnetWorkerOptions *opts, const PsnetWorkerEvents *events, void *ud,
                      PsnetWorker **ret);
 /* Closes everything (no deregistration: see psnet_worker_leave). NULL is fine. */

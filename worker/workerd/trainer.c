@@ -495,7 +495,9 @@ static void on_stop(PsnetWorker *w, const char *why, void *ud) {
 
 static void on_failed(PsnetWorker *w, int err, const char *reason, void *ud) {
         Trainer *t = ud;
-        if (err == -ETIMEDOUT)
+        if (err == -ETIMEDOUT && strcmp(reason, "no answer") != 0)
+                log_error("cannot talk to pscoord at %s reason=\"%s\"", t->cfg->coord, reason);
+        else if (err == -ETIMEDOUT)
                 log_error_errno(err, "pscoord at %s did not answer within %u s (is it running?)", t->cfg->coord,
                                 t->cfg->connect_timeout);
         else
@@ -551,12 +553,14 @@ int trainer_run(const WorkerConfig *cfg) {
         t.step_idle.data = t.delay.data = &t;
         const PsnetWorkerOptions o = {
                 .coord = cfg->coord, .connect_timeout_ms = cfg->connect_timeout * 1000u,
-                .round_timeout_ms = cfg->round_timeout * 1000u,
+                .round_timeout_ms = cfg->round_timeout * 1000u, .keys_dir = cfg->keys, .key_name = cfg->key,
+                .coord_key_name = cfg->coord_key,
         };
         const PsnetWorkerEvents ev = { .job = on_job, .stop = on_stop, .failed = on_failed };
         r = psnet_worker_new(&t.loop, &o, &ev, &t, &t.w);
         if (r < 0) {
-                log_error_errno(r, "Bad pscoord endpoint %s: %m", cfg->coord);
+                if (r != -EINVAL)
+                        log_error_errno(r, "Cannot reach pscoord at %s: %m", cfg->coord);
                 goto out;
         }
         (void) uv_run(&t.loop, UV_RUN_DEFAULT);

@@ -19,6 +19,7 @@ typedef struct WorkerConfig {
         bool tf32;                 /* allow TF32 tensor-core gemm (cuda) */
         bool no_graphs;            /* run each step op by op instead of a captured graph */
         bool prefetch;             /* pull the next clock while the step computes */
+        char *keys, *key, *coord_key; /* CURVE: --keys DIR, this worker's key, pscoord's */
 } WorkerConfig;
 
 /* Runs until the job is done (or the worker is stopped). 0, or a negative

@@ -2,6 +2,7 @@
  * on its data partition (CPU backend, or CUDA where built and present), pushes
  * them back. Its connection to the cluster is libpsnet (worker/client/), its
  * training loop trainer.c. */
+#include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -31,6 +32,9 @@ int main(int argc, char **argv) {
                 { "prefetch", OPT_STR, &prefetch, "WHEN",
                   "on: send the next clock's pull while the step computes (asp/ssp on a GPU: faster for large "
                   "models, one clock staler; see docs/benchmarks.md), off (default)" },
+                { "keys", OPT_STR, &cfg.keys, "DIR", "CURVE encryption with the keys of psctl keys gen in DIR" },
+                { "key", OPT_STR, &cfg.key, "NAME", "this worker's key in --keys (default worker)" },
+                { "coord-key", OPT_STR, &cfg.coord_key, "NAME", "pscoord's key in --keys (default pscoord)" },
                 { "log-level", OPT_STR, &log_level, "LEVEL", "debug, info, warning or error" },
         };
         const ProgramInfo prog = {
@@ -71,7 +75,8 @@ int main(int argc, char **argv) {
                 run.coord = cfg.coord ? cfg.coord : (char *) "ipc:///tmp/psnet/coord.sock";
                 run.backend = backend ? backend : (char *) "auto";
                 run.prefetch = prefetch && strcmp(prefetch, "on") == 0;
-                r = trainer_run(&run) < 0 ? EXIT_FAILURE : EXIT_SUCCESS;
+                r = trainer_run(&run);
+                r = r == -EINVAL ? 2 : r < 0 ? EXIT_FAILURE : EXIT_SUCCESS;
         } else
                 r = r > 0 ? EXIT_SUCCESS : 2;
         config_free_strings(opts, ELEMENTSOF(opts));
