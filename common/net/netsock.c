@@ -169,17 +169,21 @@ static void netsock_monitor_readable(ZWatch *w, void *ud) {
                 uint32_t value;
                 memcpy(&event, d, 2);
                 memcpy(&value, d + 2, 4);
-                s->on_handshake(s, event, (int) value, handshake_why(event, (int) value), s->ud);
+                bool hs = event == ZMQ_EVENT_HANDSHAKE_FAILED_NO_DETAIL || event == ZMQ_EVENT_HANDSHAKE_FAILED_PROTOCOL ||
+                          event == ZMQ_EVENT_HANDSHAKE_FAILED_AUTH;
+                s->on_handshake(s, event, (int) value, hs ? handshake_why(event, (int) value) : NULL, s->ud);
         }
         zmq_msg_close(&ev);
         zmq_msg_close(&ep);
 }
 
-int netsock_monitor(NetSock *s, NetHandshakeFn cb) {
+int netsock_monitor(NetSock *s, int events, NetHandshakeFn cb) {
         char ep[64];
         snprintf(ep, sizeof ep, "inproc://psnet-monitor-%p", (void *) s);
-        if (zmq_socket_monitor(s->sock, ep, ZMQ_EVENT_HANDSHAKE_FAILED_NO_DETAIL | ZMQ_EVENT_HANDSHAKE_FAILED_PROTOCOL |
-                                                     ZMQ_EVENT_HANDSHAKE_FAILED_AUTH) < 0)
+        if (!events)
+                events = ZMQ_EVENT_HANDSHAKE_FAILED_NO_DETAIL | ZMQ_EVENT_HANDSHAKE_FAILED_PROTOCOL |
+                         ZMQ_EVENT_HANDSHAKE_FAILED_AUTH;
+        if (zmq_socket_monitor(s->sock, ep, events) < 0)
                 return -errno;
         void *pair = zmq_socket(s->zctx, ZMQ_PAIR);
         int zero = 0;
@@ -197,6 +201,11 @@ int netsock_monitor(NetSock *s, NetHandshakeFn cb) {
         }
         s->on_handshake = cb;
         return 0;
+}
+
+int netsock_set_max_msg(NetSock *s, int64_t bytes) {
+        int64_t v = bytes > 0 ? bytes : -1;
+        return zmq_setsockopt(s->sock, ZMQ_MAXMSGSIZE, &v, sizeof v) < 0 ? -errno : 0;
 }
 
 NetSock *netsock_close(NetSock *s) {

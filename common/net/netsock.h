@@ -29,9 +29,9 @@ typedef struct NetSockConf {
 
 typedef struct NetSock NetSock;
 
-/* A handshake failed (socket monitor): event is ZMQ_EVENT_HANDSHAKE_FAILED_*,
- * value libzmq's detail (a ZMTP/ZAP protocol error, or the ZAP status code),
- * why a sentence for people. */
+/* A monitored event (netsock_monitor): event is ZMQ_EVENT_*, value libzmq's
+ * detail (a ZMTP/ZAP protocol error, the ZAP status code, a descriptor), why
+ * a sentence for people about a failed handshake (NULL for other events). */
 typedef void (*NetHandshakeFn)(NetSock *s, int event, int value, const char *why, void *ud);
 
 /* m is valid during the call only (the callback may take m->hdr, m->route or
@@ -52,7 +52,10 @@ int netsock_send(NetSock *s, const zmq_msg_t *route, const Psnet__Header *h, zmq
 int netsock_send_error(NetSock *s, const zmq_msg_t *route, int status, uint64_t seq, const char *reason);
 void *netsock_zmq(NetSock *s);
 const char *netsock_name(const NetSock *s);
-/* Watches the socket's handshakes and calls cb when one fails. */
-int netsock_monitor(NetSock *s, NetHandshakeFn cb);
+/* Watches the socket's events (ZMQ_EVENT_* mask; 0: failed handshakes) and
+ * calls cb for each. */
+int netsock_monitor(NetSock *s, int events, NetHandshakeFn cb);
+/* The largest frame accepted on connections made from now on. */
+int netsock_set_max_msg(NetSock *s, int64_t bytes);
 /* Closes (safe inside the socket's own callback). Returns NULL. */
 NetSock *netsock_close(NetSock *s);

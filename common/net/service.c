@@ -4,6 +4,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include "log.h"
 #include "macro.h"
 #include "service.h"
@@ -38,6 +39,24 @@ static void service_closed(uv_handle_t *h) {
                 free(s);
 }
 
+/* Every peer connection costs descriptors (a socket, and libzmq's mailbox):
+ * the soft limit goes up to the hard one, so 2,000 connections do not run a
+ * daemon out of descriptors inside libzmq at the common default of 1024. */
+static void service_raise_nofile(void) {
+        struct rlimit rl;
+        if (getrlimit(RLIMIT_NOFILE, &rl) < 0)
+                return;
+        rlim_t want = rl.rlim_max == RLIM_INFINITY ? (rlim_t) 1 << 20 : rl.rlim_max;
+        if (rl.rlim_cur < want) {
+                rl.rlim_cur = want;
+                if (setrlimit(RLIMIT_NOFILE, &rl) < 0)
+                        log_warning_errno(errno, "Cannot raise the open-files limit to %lu: %m", (unsigned long) want);
+        }
+        if (getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur < 4096)
+                log_warning("open-files limit is %lu: raise it (LimitNOFILE=, ulimit -n) for more than a few "
+                            "hundred peers", (unsigned long) rl.rlim_cur);
+}
+
 int service_new(uv_loop_t *loop, const char *name, const ServiceOps *ops, void *ud, Service **ret) {
         Service *s = calloc(1, sizeof *s);
         if (!s)
@@ -47,6 +66,7 @@ int service_new(uv_loop_t *loop, const char *name, const ServiceOps *ops, void *
         snprintf(s->name, sizeof s->name, "%s", name);
         /* A peer that goes away mid-write must be an error, not the end of us. */
         signal(SIGPIPE, SIG_IGN);
+        service_raise_nofile();
         for (size_t i = 0; i < ELEMENTSOF(service_signals); i++) {
                 int r = uv_signal_init(loop, &s->sig[i]);
                 if (r == 0) {

@@ -11,7 +11,8 @@ typedef struct ServiceOps {
         void (*reload)(void *ud);            /* SIGHUP; may be NULL (logged and ignored) */
 } ServiceOps;
 
-/* Installs the signal handlers on loop (and ignores SIGPIPE). name is for logs. */
+/* Installs the signal handlers on loop, ignores SIGPIPE and raises the
+ * open-files limit to its hard maximum. name is for logs. */
 int service_new(uv_loop_t *loop, const char *name, const ServiceOps *ops, void *ud, Service **ret);
 /* Closes its handles; NULL is fine. Returns NULL. */
 Service *service_free(Service *s);

@@ -159,6 +159,8 @@ static int session_register(Session *s) {
         reg.pid = (uint32_t) getpid();
         reg.has_memory_limit = s->conf.memory_limit != 0;
         reg.memory_limit = s->conf.memory_limit;
+        reg.has_max_msg = s->conf.max_msg != 0;
+        reg.max_msg = s->conf.max_msg;
         if (gethostname(host, sizeof host - 1) == 0)
                 reg.name = host;
         wire_header_init(&h, PSNET__MSG_TYPE__MSG_REGISTER);
@@ -370,7 +372,7 @@ int session_new(uv_loop_t *loop, void *zctx, const SessionConf *conf, const Sess
         };
         r = netsock_new(loop, zctx, &nc, session_on_msg, s, &s->sock);
         if (r == 0)
-                r = netsock_monitor(s->sock, session_on_handshake);
+                r = netsock_monitor(s->sock, 0, session_on_handshake);
         if (r < 0) {
                 session_free(s);
                 return r;

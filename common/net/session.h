@@ -24,6 +24,7 @@ typedef struct SessionConf {
         const char *advertise;        /* shards: their data endpoint */
         uint32_t want_id;             /* shards: their id; workers: an id to reclaim (0: any) */
         uint64_t memory_limit;        /* shards: bytes of model state they may hold */
+        uint64_t max_msg;             /* shards: the largest frame they accept */
         unsigned connect_timeout_ms;  /* the first registration gives up after this (0: never) */
         const NetKeyPair *keys;       /* CURVE keys of this peer; NULL: plain */
         const uint8_t *coord_key;     /* with keys: pscoord's public key */

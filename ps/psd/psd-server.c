@@ -1,64 +1,63 @@
-/* psd's event loop; see psd-server.h. One thread, one uv_loop: the data ROUTER,
- * the pscoord session, DEALERs to other shards (moving chunks) and signals.
- * Requests are pipelined: a BSP pull that must wait is parked and answered
- * when its clock closes, while other requests go on; while pscoord is away
- * (restart, registering again) the shard keeps serving. */
+/* psd's event loop; see psd-server.h. One thread, one uv_loop: the data
+ * ROUTER, the pscoord session, DEALERs to other shards (psd-migrate.c),
+ * signals, and a timer that expires parked pulls. Requests are pipelined: a
+ * pull that must wait is parked by the gate and answered when its clock
+ * closes, while other requests go on; while pscoord is away (restart,
+ * registering again) the shard keeps serving. Every message is checked where
+ * it arrives: its sender's role (with --keys), its keys against the job, a
+ * push's membership, key and values (psd-gate.c). */
 #include <errno.h>
-#include <signal.h>
 #include <stdio.h>
 #include <string.h>
-#include <unistd.h>
+#include <uv.h>
 #include "alloc.h"
 #include "endpoint.h"
 #include "errors.h"
 #include "keys.h"
+#include "log.h"
 #include "netsock.h"
+#include "psd-migrate.h"
+#include "psd-optim.h"
+#include "psd-server.h"
+#include "psd-store.h"
 #include "service.h"
 #include "session.h"
 #include "wire-job.h"
 #include "zap.h"
-#include "log.h"
-#include "psd-server.h"
-#include "psd-optim.h"
-#include "psd-store.h"
 
-typedef struct ParkedPull {
-        zmq_msg_t route;
-        Psnet__Header *hdr;   /* the request, owned */
-} ParkedPull;
-
-/* A DEALER to another shard, for chunks that move there. */
-typedef struct PeerShard {
-        char *endpoint;
-        NetSock *sock;
-} PeerShard;
+#define PSD_MAX_STRAGGLERS 64
+#define PSD_DROP_LOG_WINDOW_MS 10000
+#define PSD_DROP_LOG_LINES 10
 
 typedef struct Psd {
         const PsdConfig *cfg;
-        PeerShard *peers;
-        size_t npeers;
-        WireMsg *stash;         /* chunk states that arrived before the map that sends them here */
-        size_t nstash;
-        uint64_t moved_out, moved_in;
         uv_loop_t loop;
+        uv_timer_t tick;
         void *zctx;
         NetSock *data;
         Session *coord;
         Service *service;
         Store *store;
-        ParkedPull *parked;
-        size_t nparked, cparked;
-        uint64_t errors;
-        Psnet__ShardInfo hb;    /* the figures of the heartbeat being sent */
+        Migrate *migrate;
         NetIdentity id;
         Zap *zap;
+        int64_t job_max_msg;    /* the frame limit the job's chunks need */
+        uint64_t memory_limit;
+        uint64_t errors, dropped;
+        uint64_t drop_window, drop_logged;
+        Psnet__ShardInfo hb;    /* the figures of the heartbeat being sent */
+        uint32_t stragglers[PSD_MAX_STRAGGLERS];
         bool stopping;
         int exit_code;
 } Psd;
 
+static bool redirect_status(int status) {
+        return status == PSNET__STATUS__STATUS_MOVED || status == PSNET__STATUS__STATUS_MIGRATING;
+}
+
 static int psd_reply_error(Psd *p, const zmq_msg_t *route, const Psnet__Header *req, int status,
                            const char *reason) {
-        if (status == PSNET__STATUS__STATUS_MOVED || status == PSNET__STATUS__STATUS_MIGRATING)
+        if (redirect_status(status))
                 log_debug("redirected request reason=\"%s\" status=%s", reason, status_name(status));
         else {
                 p->errors++;
@@ -75,14 +74,14 @@ static int psd_reply_error(Psd *p, const zmq_msg_t *route, const Psnet__Header *
                 h.has_seq = true;
                 h.seq = req->seq;
         }
-        if ((status == PSNET__STATUS__STATUS_MOVED || status == PSNET__STATUS__STATUS_MIGRATING) && p->store->map) {
+        if (redirect_status(status) && p->store->map) {
                 h.has_epoch = true;
                 h.epoch = shardmap_epoch(p->store->map);
         }
         return netsock_send(p->data, route, &h, NULL, 0);
 }
 
-/* StoreAckFn: a PUSH request is settled. */
+/* GateAckFn: a PUSH request is settled. */
 static void psd_ack(void *userdata, PushReq *req) {
         Psd *p = userdata;
         Psnet__Header h;
@@ -106,49 +105,6 @@ static void psd_ack(void *userdata, PushReq *req) {
         int r = netsock_send(p->data, &req->route, &h, NULL, 0);
         if (r < 0)
                 log_warning_errno(r, "Failed to acknowledge push worker=%u: %m", req->worker);
-}
-
-/* Looks every key of a request up; on failure answers the error and returns false. */
-static bool psd_check_keys(Psd *p, const zmq_msg_t *route, const Psnet__Header *h, Chunk **chunks) {
-        char reason[192];
-        if (h->job != p->store->job.id) {
-                snprintf(reason, sizeof reason, "job %u is not served here (this shard serves job %u)",
-                         h->job, p->store->job.id);
-                psd_reply_error(p, route, h, PSNET__STATUS__STATUS_INVALID, reason);
-                return false;
-        }
-        for (size_t i = 0; i < h->n_keys; i++) {
-                int st;
-                const Psnet__Key *k = h->keys[i];
-                chunks[i] = store_lookup(p->store, k->tensor, k->chunk, k->len, &st);
-                if (chunks[i])
-                        continue;
-                if (st == PSNET__STATUS__STATUS_SIZE)
-                        snprintf(reason, sizeof reason,
-                                 "key (%u,%u) declares %u floats, the job's chunk has %u", k->tensor,
-                                 k->chunk, k->len, job_chunk_len(&p->store->job, k->tensor, k->chunk));
-                else if (st == PSNET__STATUS__STATUS_MOVED)
-                        snprintf(reason, sizeof reason, "key (%u,%u) is owned by another shard",
-                                 k->tensor, k->chunk);
-                else if (st == PSNET__STATUS__STATUS_MIGRATING)
-                        snprintf(reason, sizeof reason, "key (%u,%u) is moving here; retry", k->tensor, k->chunk);
-                else
-                        snprintf(reason, sizeof reason, "key (%u,%u) is not a key of job %u",
-                                 k->tensor, k->chunk, p->store->job.id);
-                psd_reply_error(p, route, h, st, reason);
-                return false;
-        }
-        return true;
-}
-
-static bool pull_ready(Psd *p, const Psnet__Header *h, Chunk **chunks) {
-        int64_t slowest;
-        bool ready = store_pull_ready(p->store, chunks, h->n_keys, h->clock, &slowest);
-        if (ready && store_cfg(p->store, h->clock)->mode == MODE_SSP)
-                /* The SSP bound, observable by the tests: clock - slowest <= staleness. */
-                log_debug("ssp pull worker=%u clock=%ld slowest=%ld staleness=%u", h->sender, (long) h->clock,
-                          (long) slowest, store_cfg(p->store, h->clock)->staleness);
-        return ready;
 }
 
 static int psd_send_values(Psd *p, const zmq_msg_t *route, const Psnet__Header *req, Chunk **chunks) {
@@ -185,226 +141,73 @@ static int psd_send_values(Psd *p, const zmq_msg_t *route, const Psnet__Header *
         return r;
 }
 
-static int psd_park(Psd *p, WireMsg *m) {
-        if (p->nparked == p->cparked) {
-                size_t n = p->cparked ? p->cparked * 2 : 8;
-                ParkedPull *q = ps_realloc(p->parked, n * sizeof *q);
-                if (!q)
-                        return -ENOMEM;
-                p->parked = q;
-                p->cparked = n;
-        }
-        ParkedPull *pp = &p->parked[p->nparked++];
-        zmq_msg_init(&pp->route);
-        zmq_msg_move(&pp->route, &m->route);
-        pp->hdr = m->hdr;
-        m->hdr = NULL;
-        return 0;
-}
-
-/* Answers every parked pull whose clock has closed (or that can no longer be served). */
-static void psd_wake_parked(Psd *p) {
-        size_t j = 0;
-        for (size_t i = 0; i < p->nparked; i++) {
-                ParkedPull *pp = &p->parked[i];
-                Psnet__Header *h = pp->hdr;
-                Chunk *stack[64], **chunks = h->n_keys <= 64 ? stack : ps_malloc(h->n_keys * sizeof *chunks);
-                bool done = true;
-                if (!chunks) {
-                        p->parked[j++] = *pp;
-                        continue;
-                }
-                if (!psd_check_keys(p, &pp->route, h, chunks))
-                        done = true; /* answered with an error */
-                else if (pull_ready(p, h, chunks)) {
-                        int r = psd_send_values(p, &pp->route, h, chunks);
-                        if (r < 0)
-                                log_warning_errno(r, "Failed to answer pull: %m");
-                } else
-                        done = false;
-                if (chunks != stack)
-                        ps_free(chunks);
-                if (done) {
-                        zmq_msg_close(&pp->route);
-                        psnet__header__free_unpacked(h, NULL);
-                } else
-                        p->parked[j++] = *pp;
-        }
-        p->nparked = j;
-}
-
-/* Answers from other shards to the chunk states we sent: only refusals come back. */
-static void psd_on_peer_msg(NetSock *ns, WireMsg *m, int r, void *ud) {
-        (void) ud;
-        if (r == 0 && m->hdr->type == PSNET__MSG_TYPE__MSG_ERROR)
-                log_error("shard at %s refused a chunk we sent status=%s reason=\"%s\"", netsock_name(ns),
-                          status_name(m->hdr->status), m->hdr->reason ? m->hdr->reason : "");
-        else if (r < 0)
-                log_warning("bad answer from the shard at %s reason=\"%s\"", netsock_name(ns), m->reason);
-}
-
-static NetSock *psd_peer_socket(Psd *p, const ShardDesc *dest) {
-        for (size_t i = 0; i < p->npeers; i++)
-                if (strcmp(p->peers[i].endpoint, dest->endpoint) == 0)
-                        return p->peers[i].sock;
-        PeerShard *n = ps_realloc(p->peers, (p->npeers + 1) * sizeof *n);
-        if (!n)
-                return NULL;
-        p->peers = n;
-        char *ep = ps_strdup(dest->endpoint);
-        NetSock *sock = NULL;
-        /* A chunk state is values + optimizer state: unbounded queue, and up to
-         * 5 s at close to deliver what is still queued. */
-        const NetSockConf nc = { .type = ZMQ_DEALER, .name = dest->endpoint, .linger_ms = 5000,
-                                 .keys = p->id.enabled ? &p->id.keys : NULL };
-        if (p->id.enabled && !dest->has_public_key) {
-                log_error("the map has no key for shard %u at %s", dest->id, dest->endpoint);
-                ps_free(ep);
-                return NULL;
-        }
-        int r = ep ? netsock_new(&p->loop, p->zctx, &nc, psd_on_peer_msg, p, &sock) : -ENOMEM;
-        if (r == 0)
-                r = netsock_connect(sock, dest->endpoint, p->id.enabled ? dest->public_key : NULL);
-        if (r < 0) {
-                sock = netsock_close(sock);
-                ps_free(ep);
-                return NULL;
-        }
-        p->peers[p->npeers++] = (PeerShard) { .endpoint = ep, .sock = sock };
-        return sock;
-}
-
-/* StoreMoveFn: sends a chunk that the new map gives to another shard. */
-static void psd_move_chunk(void *userdata, Chunk *c, const ShardDesc *dest) {
+/* GateAnswerFn: a pull is answered (values) or refused. */
+static void psd_answer(void *userdata, const zmq_msg_t *route, const Psnet__Header *req, Chunk **chunks, int status,
+                       const char *reason) {
         Psd *p = userdata;
-        size_t per = optim_state_per_value(&p->store->job.optim);
-        zmq_msg_t frames[2];
-        NetSock *sock = psd_peer_socket(p, dest);
-        if (!sock) {
-                log_error("cannot reach shard %u at %s: chunk (%u,%u) is lost", dest->id, dest->endpoint, c->tensor,
-                          c->chunk);
+        if (status != PSNET__STATUS__STATUS_OK) {
+                psd_reply_error(p, route, req, status, reason);
                 return;
         }
-        if (store_value_msg(p->store, c, &frames[0]) < 0)
-                return;
-        if (zmq_msg_init_size(&frames[1], (size_t) c->len * per * sizeof(float)) < 0) {
-                zmq_msg_close(&frames[0]);
-                return;
-        }
-        if (per)
-                memcpy(zmq_msg_data(&frames[1]), c->state, (size_t) c->len * per * sizeof(float));
-        Psnet__Key key = PSNET__KEY__INIT, *keys[1] = { &key };
-        key.tensor = c->tensor;
-        key.chunk = c->chunk;
-        key.len = c->len;
-        Psnet__ChunkState cs = PSNET__CHUNK_STATE__INIT;
-        cs.has_steps = true;
-        cs.steps = c->steps;
-        cs.n_last_clocks = c->nlast;
-        cs.last_clocks = c->last_clock;
-        Psnet__Header h;
-        wire_header_init(&h, PSNET__MSG_TYPE__MSG_CHUNK_STATE);
-        h.has_job = h.has_epoch = h.has_clock = h.has_sender = true;
-        h.job = p->store->job.id;
-        h.epoch = shardmap_epoch(p->store->map);
-        h.clock = c->clock;
-        h.sender = p->cfg->id;
-        h.n_keys = 1;
-        h.keys = keys;
-        h.body_case = PSNET__HEADER__BODY_CHUNK_STATE;
-        h.chunk_state = &cs;
-        int r = netsock_send(sock, NULL, &h, frames, 2);
+        int r = psd_send_values(p, route, req, chunks);
         if (r < 0)
-                log_error_errno(r, "Failed to send chunk (%u,%u) to shard %u: %m", c->tensor, c->chunk, dest->id);
-        else {
-                p->moved_out++;
-                log_debug("chunk moved out key=(%u,%u) to=%u clock=%ld", c->tensor, c->chunk, dest->id, (long) c->clock);
-        }
+                log_warning_errno(r, "Failed to answer pull: %m");
 }
 
-/* Installs a chunk state; returns a status for the acknowledgement. */
-static int psd_install(Psd *p, WireMsg *m) {
-        const Psnet__Header *h = m->hdr;
-        const Psnet__Key *k = h->keys[0];
-        const Psnet__ChunkState *cs = h->chunk_state;
-        size_t sbytes = zmq_msg_size(&m->frames[1]);
-        /* Copied straight from the received frames into the new chunk. */
-        int r = store_install(p->store, k->tensor, k->chunk, zmq_msg_data(&m->frames[0]), k->len,
-                              zmq_msg_data(&m->frames[1]), sbytes / sizeof(float),
-                              cs->has_steps ? cs->steps : 0, h->clock, cs->last_clocks, cs->n_last_clocks);
-        if (r == -EEXIST)
-                return PSNET__STATUS__STATUS_DUPLICATE;
-        if (r == -ENOENT)
-                return PSNET__STATUS__STATUS_MOVED;
-        if (r < 0)
-                return PSNET__STATUS__STATUS_INVALID;
-        p->moved_in++;
-        log_debug("chunk moved in key=(%u,%u) clock=%ld", k->tensor, k->chunk, (long) h->clock);
-        return PSNET__STATUS__STATUS_OK;
+/* --- the data plane ------------------------------------------------------------------ */
+
+static void psd_pull(Psd *p, WireMsg *m, Chunk **chunks) {
+        char reason[192];
+        int st = gate_pull(p->store, &m->route, &m->hdr, chunks, now_ms(), reason, sizeof reason);
+        if (st != 0)
+                psd_reply_error(p, &m->route, m->hdr, st, reason);
 }
 
-static void psd_handle_chunk_state(Psd *p, WireMsg *m) {
+static void psd_push(Psd *p, WireMsg *m, Chunk **chunks) {
         Psnet__Header *h = m->hdr;
-        if (!p->store->has_job || h->job != p->store->job.id || !h->has_clock || h->clock < 0) {
-                psd_reply_error(p, &m->route, h, PSNET__STATUS__STATUS_INVALID, "chunk state for another job");
+        char reason[192];
+        /* Admitted whole or not at all: membership, key, finite values. */
+        int st = gate_admit_push(p->store, h, m->frames, p->id.enabled ? m->peer.key : NULL, reason, sizeof reason);
+        if (st != PSNET__STATUS__STATUS_OK) {
+                psd_reply_error(p, &m->route, h, st, reason);
                 return;
         }
-        int st = psd_install(p, m);
-        if (st == PSNET__STATUS__STATUS_MOVED && p->store->map && h->epoch > shardmap_epoch(p->store->map)) {
-                /* Sent under a map this shard has not received yet: keep it for then. */
-                WireMsg *n = ps_realloc(p->stash, (p->nstash + 1) * sizeof *n);
-                if (n) {
-                        p->stash = n;
-                        p->stash[p->nstash++] = *m;
-                        memset(m, 0, sizeof *m); /* ownership moved */
-                        zmq_msg_init(&m->route);
-                        return;
+        PushReq *req;
+        int r = pushreq_new(&m->route, h->seq, h->sender, h->clock, &req);
+        if (r < 0) {
+                psd_reply_error(p, &m->route, h, PSNET__STATUS__STATUS_RESOURCE, "out of memory");
+                return;
+        }
+        for (size_t i = 0; i < h->n_keys; i++) {
+                r = gate_push(p->store, chunks[i], req, &m->frames[i]);
+                if (r < 0) {
+                        log_error_errno(r, "Failed to apply push: %m");
+                        req->status = status_from_errno(r);
                 }
         }
-        if (st != PSNET__STATUS__STATUS_OK && st != PSNET__STATUS__STATUS_DUPLICATE) {
-                char reason[96];
-                snprintf(reason, sizeof reason, "chunk (%u,%u) not installed", h->keys[0]->tensor, h->keys[0]->chunk);
-                psd_reply_error(p, &m->route, h, st, reason);
-        }
-        psd_wake_parked(p);
-}
-
-static void psd_try_stash(Psd *p) {
-        size_t j = 0;
-        for (size_t i = 0; i < p->nstash; i++) {
-                WireMsg *m = &p->stash[i];
-                int st = psd_install(p, m);
-                if (st == PSNET__STATUS__STATUS_MOVED && p->store->map && m->hdr->epoch > shardmap_epoch(p->store->map))
-                        p->stash[j++] = *m;
-                else {
-                        if (st != PSNET__STATUS__STATUS_OK && st != PSNET__STATUS__STATUS_DUPLICATE)
-                                log_error("stashed chunk (%u,%u) could not be installed status=%s",
-                                          m->hdr->keys[0]->tensor, m->hdr->keys[0]->chunk, status_name(st));
-                        wire_msg_done(m);
-                }
-        }
-        p->nstash = j;
+        pushreq_settle(p->store, req, PSNET__STATUS__STATUS_OK);
 }
 
 static void psd_handle_data(Psd *p, WireMsg *m) {
         Psnet__Header *h = m->hdr;
-        char reason[160];
+        char reason[192];
 
         if (h->type == PSNET__MSG_TYPE__MSG_CHUNK_STATE) {
-                psd_handle_chunk_state(p, m);
+                int st = migrate_in(p->migrate, m, reason, sizeof reason);
+                if (st != PSNET__STATUS__STATUS_OK)
+                        psd_reply_error(p, &m->route, h, st, reason);
+                gate_wake(p->store);
                 return;
         }
         if (h->type == PSNET__MSG_TYPE__MSG_CHUNK_ACK || h->type == PSNET__MSG_TYPE__MSG_ERROR)
                 return; /* answers to our chunk states arrive on the peer sockets, not here */
         if (h->type != PSNET__MSG_TYPE__MSG_PULL && h->type != PSNET__MSG_TYPE__MSG_PUSH) {
-                snprintf(reason, sizeof reason, "psd serves PULL and PUSH, not message type %d",
-                         h->type);
+                snprintf(reason, sizeof reason, "psd serves PULL and PUSH, not %s", wire_type_name(h->type));
                 psd_reply_error(p, &m->route, h, PSNET__STATUS__STATUS_UNKNOWN_TYPE, reason);
                 return;
         }
         if (!p->store->has_job) {
-                psd_reply_error(p, &m->route, h, PSNET__STATUS__STATUS_NO_JOB,
-                                "no job is configured on this shard yet");
+                psd_reply_error(p, &m->route, h, PSNET__STATUS__STATUS_NO_JOB, "no job is configured on this shard yet");
                 return;
         }
         if (h->n_keys == 0 || !h->has_clock || h->clock < 0 || !h->has_sender || !h->has_seq) {
@@ -417,38 +220,88 @@ static void psd_handle_data(Psd *p, WireMsg *m) {
                 psd_reply_error(p, &m->route, h, PSNET__STATUS__STATUS_RESOURCE, "out of memory");
                 return;
         }
-        if (!psd_check_keys(p, &m->route, h, chunks))
+        int st = store_lookup_keys(p->store, h, chunks, reason, sizeof reason);
+        if (st != PSNET__STATUS__STATUS_OK) {
+                psd_reply_error(p, &m->route, h, st, reason);
                 return;
+        }
+        if (h->type == PSNET__MSG_TYPE__MSG_PULL)
+                psd_pull(p, m, chunks);
+        else {
+                psd_push(p, m, chunks);
+                gate_wake(p->store);
+        }
+}
 
-        if (h->type == PSNET__MSG_TYPE__MSG_PULL) {
-                if (!pull_ready(p, h, chunks)) {
-                        if (psd_park(p, m) < 0)
-                                psd_reply_error(p, &m->route, h, PSNET__STATUS__STATUS_RESOURCE,
-                                                "out of memory");
-                        return;
-                }
-                int r = psd_send_values(p, &m->route, h, chunks);
-                if (r < 0)
-                        log_warning_errno(r, "Failed to answer pull: %m");
-                return;
-        }
+static void psd_on_data(NetSock *ns, WireMsg *m, int r, void *ud) {
+        Psd *p = ud;
+        char reason[128];
+        (void) ns;
+        if (r == 0 && zap_authorize(&p->id, m, false, reason, sizeof reason) < 0) {
+                p->errors++;
+                log_warning("refused request reason=\"%s\" status=denied key=%s name=%s", reason,
+                            m->peer.fingerprint[0] ? m->peer.fingerprint : "-", m->peer.name[0] ? m->peer.name : "-");
+                (void) netsock_send_error(p->data, &m->route, PSNET__STATUS__STATUS_DENIED, m->hdr->seq, reason);
+        } else if (r == 0)
+                psd_handle_data(p, m);
+        else if (m->has_route)
+                psd_reply_error(p, &m->route, m->hdr, m->status, m->reason);
+}
 
-        /* PUSH: every key was checked above, so the request is applied whole or not at all. */
-        PushReq *req;
-        int r = pushreq_new(&m->route, h->seq, h->sender, h->clock, &req);
-        if (r < 0) {
-                psd_reply_error(p, &m->route, h, PSNET__STATUS__STATUS_RESOURCE, "out of memory");
+/* A connection to the data socket closed. libzmq drops a connection that
+ * sends a frame over the limit the same way a peer leaves, so both are
+ * counted and logged (at most 10 lines per 10 s) with the limit. */
+static void psd_on_data_event(NetSock *ns, int event, int value, const char *why, void *ud) {
+        Psd *p = ud;
+        (void) ns, (void) value;
+        uint64_t now = now_ms();
+        if (now - p->drop_window > PSD_DROP_LOG_WINDOW_MS) {
+                p->drop_window = now;
+                p->drop_logged = 0;
+        }
+        if (why) {
+                if (p->drop_logged++ < PSD_DROP_LOG_LINES)
+                        log_warning("refused a connection reason=\"%s\"", why);
                 return;
         }
-        for (size_t i = 0; i < h->n_keys; i++) {
-                r = store_push(p->store, chunks[i], req, &m->frames[i]);
-                if (r < 0) {
-                        log_error_errno(r, "Failed to apply push: %m");
-                        req->status = status_from_errno(r);
-                }
+        if (event != ZMQ_EVENT_DISCONNECTED)
+                return;
+        p->dropped++;
+        if (p->drop_logged++ < PSD_DROP_LOG_LINES)
+                log_info("connection closed (the peer left, or sent a frame over the limit of %ld bytes)",
+                         (long) (p->job_max_msg ? p->job_max_msg : (int64_t) p->cfg->max_msg));
+}
+
+/* --- the job ---------------------------------------------------------------------------- */
+
+/* The largest frame a job's messages carry: a chunk's values, or its
+ * optimizer state when it moves (up to 2 floats per value), or a header. */
+static int64_t job_max_frame(const Job *job) {
+        size_t per = optim_state_per_value(&job->optim);
+        int64_t chunk = (int64_t) job->chunk_floats * (int64_t) sizeof(float) * (int64_t) MAX(per, (size_t) 1);
+        return MAX(chunk, (int64_t) WIRE_MAX_HEADER);
+}
+
+/* What the job asks of this shard before it is installed: frames within the
+ * limit, this shard's share of the model within its memory. */
+static int psd_check_job(Psd *p, const Job *job, const ShardMap *map, char *reason, size_t n) {
+        int64_t need = job_max_frame(job);
+        if (need > (int64_t) p->cfg->max_msg) {
+                snprintf(reason, n, "the job's chunks need frames of %ld bytes, over --max-msg %lu", (long) need,
+                         (unsigned long) p->cfg->max_msg);
+                return -EMSGSIZE;
         }
-        pushreq_settle(p->store, req, PSNET__STATUS__STATUS_OK);
-        psd_wake_parked(p);
+        uint64_t mine = 0, per = optim_state_per_value(&job->optim);
+        for (uint32_t t = 0; t < job->ntensors; t++)
+                for (uint32_t k = 0; k < job->tensors[t].nchunks; k++)
+                        if (shardmap_shard(map, shardmap_lookup(map, t, k))->id == p->cfg->id)
+                                mine += (uint64_t) job_chunk_len(job, t, k) * sizeof(float) * (1 + per);
+        if (p->memory_limit && mine > p->memory_limit) {
+                snprintf(reason, n, "this shard's share of the model is %lu bytes, over its memory limit of %lu",
+                         (unsigned long) mine, (unsigned long) p->memory_limit);
+                return -ENOMEM;
+        }
+        return 0;
 }
 
 static void psd_apply_config(Psd *p, const Psnet__Config *ctl) {
@@ -467,6 +320,12 @@ static void psd_apply_config(Psd *p, const Psnet__Config *ctl) {
                         log_error_errno(r, "pscoord sent a shard map that does not validate: %m");
                         return;
                 }
+                r = psd_check_job(p, &job, map, err, sizeof err);
+                if (r < 0) {
+                        log_error("cannot serve the job reason=\"%s\"", err);
+                        shardmap_free(map);
+                        return;
+                }
                 bool fresh = !p->store->has_job || p->store->job.id != job.id;
                 r = store_configure(p->store, &job, map);
                 shardmap_free(map);
@@ -474,11 +333,14 @@ static void psd_apply_config(Psd *p, const Psnet__Config *ctl) {
                         log_error_errno(r, "Failed to configure the store: %m");
                         return;
                 }
-                psd_try_stash(p);
+                /* Connections made from now on accept the job's largest frame, no more. */
+                p->job_max_msg = job_max_frame(&job);
+                (void) netsock_set_max_msg(p->data, p->job_max_msg);
+                migrate_retry(p->migrate);
                 if (!fresh && ctl->map->epoch != 0)
                         log_info("map epoch=%lu keys=%lu incoming=%lu moved_out=%lu", (unsigned long) ctl->map->epoch,
                                  (unsigned long) p->store->nkeys, (unsigned long) store_incoming(p->store),
-                                 (unsigned long) p->moved_out);
+                                 (unsigned long) migrate_moved_out(p->migrate));
                 if (fresh)
                         log_info("job configured job=%u model=%s mode=%s keys=%lu bytes=%lu map_epoch=%lu",
                                  job.id, job.model, job_mode_string(&job, mode, sizeof mode),
@@ -494,29 +356,43 @@ static void psd_apply_config(Psd *p, const Psnet__Config *ctl) {
                         log_error("pscoord sent %zu start clocks for %zu workers", m->n_start_clocks, m->n_workers);
                         return;
                 }
-                r = store_set_config(p->store, j.mode, j.staleness, m->workers,
-                                     m->n_start_clocks ? m->start_clocks : NULL, m->n_workers,
-                                     pm ? pm->workers : NULL, pm ? pm->n_workers : 0,
-                                     m->has_from_clock ? m->from_clock : 0, m->epoch);
+                _cleanup_free_ uint8_t (*keys)[32] = NULL;
+                if (m->n_keys) {
+                        keys = ps_malloc(m->n_keys * sizeof *keys);
+                        bool ok = keys && m->n_keys == m->n_workers;
+                        for (size_t i = 0; ok && i < m->n_keys; i++) {
+                                ok = m->keys[i].len == 32;
+                                if (ok)
+                                        memcpy(keys[i], m->keys[i].data, 32);
+                        }
+                        if (!ok) {
+                                log_error("pscoord sent %zu member keys for %zu workers", m->n_keys, m->n_workers);
+                                return;
+                        }
+                }
+                r = gate_set_config(p->store, j.mode, j.staleness, m->workers,
+                                    m->n_start_clocks ? m->start_clocks : NULL, (const uint8_t(*)[32]) keys,
+                                    m->n_workers, pm ? pm->workers : NULL, pm ? pm->n_workers : 0,
+                                    m->has_from_clock ? m->from_clock : 0, m->epoch);
                 if (r < 0)
                         log_error_errno(r, "Failed to set membership: %m");
                 else {
+                        /* Room for every member's pulls, and a little more. */
+                        p->store->gate.limits.max_parked = 64 + GATE_PARKED_PER_WORKER * m->n_workers;
                         log_info("membership epoch=%lu workers=%zu from_clock=%ld mode=%s", (unsigned long) m->epoch,
                                  m->n_workers, (long) (m->has_from_clock ? m->from_clock : 0),
                                  job_mode_string(&j, mode, sizeof mode));
                 }
         }
-        psd_wake_parked(p);
+        gate_wake(p->store);
 }
 
-/* --- the pscoord session -------------------------------------------------------- */
+/* --- the pscoord session -------------------------------------------------------------- */
 
 static void psd_registered(Session *s, bool again, void *ud) {
         (void) ud;
-        if (again)
-                log_info("registered again coord=%s lease_ms=%u", session_endpoint(s), session_lease_ms(s));
-        else
-                log_info("registered coord=%s lease_ms=%u", session_endpoint(s), session_lease_ms(s));
+        log_info("registered%s coord=%s lease_ms=%u", again ? " again" : "", session_endpoint(s),
+                 session_lease_ms(s));
 }
 
 static void psd_registration_failed(Session *s, int err, const char *reason, void *ud) {
@@ -536,7 +412,7 @@ static void psd_fence(Psd *p, const Psnet__Header *h) {
         Psnet__FenceRep fr = PSNET__FENCE_REP__INIT;
         Psnet__Header r;
         int64_t slowest, fastest;
-        fr.max_clock = store_fence(p->store, &slowest, &fastest);
+        fr.max_clock = gate_fence(p->store, &slowest, &fastest);
         fr.min_worker_clock = slowest;
         fr.max_worker_clock = fastest;
         wire_header_init(&r, PSNET__MSG_TYPE__MSG_FENCE_REP);
@@ -563,7 +439,7 @@ static void psd_on_coord(Session *s, WireMsg *m, void *ud) {
         }
 }
 
-/* The figures every heartbeat carries (psctl status shows them). */
+/* The figures every heartbeat carries (psctl status shows them; pscoord acts on stragglers). */
 static void psd_heartbeat(Session *s, Psnet__Heartbeat *hb, void *ud) {
         Psd *p = ud;
         (void) s;
@@ -578,28 +454,24 @@ static void psd_heartbeat(Session *s, Psnet__Heartbeat *hb, void *ud) {
         si->pushes = p->store->pushes;
         si->pulls = p->store->pulls;
         si->errors = p->errors;
-        si->has_incoming = si->has_map_epoch = si->has_parked = true;
+        si->has_incoming = si->has_map_epoch = si->has_parked = si->has_memory_limit = true;
         si->incoming = store_incoming(p->store);
         si->map_epoch = p->store->map ? shardmap_epoch(p->store->map) : 0;
-        si->parked = p->nparked;
+        si->parked = p->store->gate.nparked;
+        si->memory_limit = p->memory_limit;
+        uint64_t ms = 0;
+        si->n_stragglers = gate_stragglers(p->store, now_ms(), p->stragglers, PSD_MAX_STRAGGLERS, &ms);
+        si->stragglers = p->stragglers;
+        si->has_stalled_ms = si->n_stragglers > 0;
+        si->stalled_ms = ms;
         hb->shard = si;
 }
 
-/* --- the data socket ------------------------------------------------------------- */
+/* --- life ------------------------------------------------------------------------------ */
 
-static void psd_on_data(NetSock *ns, WireMsg *m, int r, void *ud) {
-        Psd *p = ud;
-        char reason[128];
-        (void) ns;
-        if (r == 0 && zap_authorize(&p->id, m, false, reason, sizeof reason) < 0) {
-                p->errors++;
-                log_warning("refused request reason=\"%s\" status=denied key=%s name=%s", reason,
-                            m->peer.fingerprint[0] ? m->peer.fingerprint : "-", m->peer.name[0] ? m->peer.name : "-");
-                (void) netsock_send_error(p->data, &m->route, PSNET__STATUS__STATUS_DENIED, m->hdr->seq, reason);
-        } else if (r == 0)
-                psd_handle_data(p, m);
-        else if (m->has_route)
-                psd_reply_error(p, &m->route, m->hdr, m->status, m->reason);
+static void psd_tick(uv_timer_t *t) {
+        Psd *p = t->data;
+        gate_expire(p->store, now_ms());
 }
 
 static void psd_left(Session *s, int r, WireMsg *m, void *ud) {
@@ -608,6 +480,17 @@ static void psd_left(Session *s, int r, WireMsg *m, void *ud) {
         if (r < 0)
                 log_debug_errno(r, "pscoord did not answer the deregistration: %m");
         uv_stop(&p->loop);
+}
+
+static void psd_stop(void *ud, int signo) {
+        Psd *p = ud;
+        (void) signo;
+        if (p->stopping)
+                return;
+        p->stopping = true;
+        /* Leave the cluster, answered or not within half a second; serve meanwhile. */
+        if (session_deregister(p->coord, 500, psd_left, p) < 0)
+                uv_stop(&p->loop);
 }
 
 static void psd_reload(void *ud) {
@@ -623,24 +506,47 @@ static void psd_reload(void *ud) {
                 log_info("SIGHUP: allow-list reloaded keys=%zu", zap_keys(p->zap));
 }
 
-static void psd_stop(void *ud, int signo) {
-        Psd *p = ud;
-        (void) signo;
-        if (p->stopping)
-                return;
-        p->stopping = true;
-        /* Leave the cluster, answered or not within half a second; serve meanwhile. */
-        if (session_deregister(p->coord, 500, psd_left, p) < 0)
-                uv_stop(&p->loop);
+/* Memory available to this process: MemAvailable, or the cgroup's limit when lower. */
+static uint64_t memory_available(void) {
+        uint64_t avail = 0, v;
+        char line[256];
+        FILE *f = fopen("/proc/meminfo", "re");
+        while (f && fgets(line, sizeof line, f))
+                if (sscanf(line, "MemAvailable: %lu kB", &v) == 1)
+                        avail = v * 1024;
+        if (f)
+                fclose(f);
+        f = fopen("/sys/fs/cgroup/memory.max", "re");
+        if (f && fgets(line, sizeof line, f) && sscanf(line, "%lu", &v) == 1 && (!avail || v < avail))
+                avail = v;
+        if (f)
+                fclose(f);
+        return avail;
 }
 
-static void psd_free_parked(Psd *p) {
-        for (size_t i = 0; i < p->nparked; i++) {
-                zmq_msg_close(&p->parked[i].route);
-                psnet__header__free_unpacked(p->parked[i].hdr, NULL);
+/* Keys and ZAP, and whether it may listen where it is told to. */
+static int psd_security(Psd *p) {
+        const PsdConfig *cfg = p->cfg;
+        char err[512];
+        int r = 0;
+        if (cfg->keys) {
+                r = keys_identity_load(&p->id, cfg->keys, cfg->key ? cfg->key : "psd",
+                                       cfg->coord_key ? cfg->coord_key : "pscoord", PSNET__ROLE__ROLE_SERVER, err,
+                                       sizeof err);
+                if (r == 0)
+                        r = zap_new(&p->loop, p->zctx, cfg->keys,
+                                    ROLE_BIT(PSNET__ROLE__ROLE_SERVER) | ROLE_BIT(PSNET__ROLE__ROLE_WORKER), &p->zap,
+                                    err, sizeof err);
+                if (r < 0) {
+                        log_error("cannot use the keys reason=\"%s\"", err);
+                        return -EINVAL;
+                }
         }
-        p->parked = mfree(p->parked);
-        p->nparked = 0;
+        if (keys_check_listen(cfg->listen, &p->id, cfg->insecure, err, sizeof err) < 0) {
+                log_error("%s", err);
+                return -EINVAL;
+        }
+        return 0;
 }
 
 int psd_run(const PsdConfig *cfg) {
@@ -662,37 +568,31 @@ int psd_run(const PsdConfig *cfg) {
                 goto finish;
         }
         (void) zmq_ctx_set(p.zctx, ZMQ_IO_THREADS, 1);
-        char err[512];
-        if (cfg->keys) {
-                r = keys_identity_load(&p.id, cfg->keys, cfg->key ? cfg->key : "psd",
-                                       cfg->coord_key ? cfg->coord_key : "pscoord", PSNET__ROLE__ROLE_SERVER, err,
-                                       sizeof err);
-                if (r == 0)
-                        r = zap_new(&p.loop, p.zctx, cfg->keys,
-                                    ROLE_BIT(PSNET__ROLE__ROLE_SERVER) | ROLE_BIT(PSNET__ROLE__ROLE_WORKER), &p.zap,
-                                    err, sizeof err);
-                if (r < 0) {
-                        log_error("cannot use the keys reason=\"%s\"", err);
-                        r = -EINVAL;
-                        goto finish;
-                }
-        }
-        r = keys_check_listen(cfg->listen, &p.id, cfg->insecure, err, sizeof err);
-        if (r < 0) {
-                log_error("%s", err);
-                r = -EINVAL;
+        r = psd_security(&p);
+        if (r < 0)
                 goto finish;
-        }
-        r = store_new(cfg->id, psd_ack, &p, &p.store);
+        p.memory_limit = cfg->memory_limit ? cfg->memory_limit : memory_available();
+        r = store_new(cfg->id, psd_ack, psd_answer, &p, &p.store);
+        if (r == 0)
+                r = migrate_new(&p.loop, p.zctx, &p.id, p.store, cfg->id, &p.migrate);
         if (r < 0) {
                 log_error_errno(r, "Failed to allocate the store: %m");
                 goto finish;
         }
-        p.store->move = psd_move_chunk;
+        p.store->move = migrate_out;
+        p.store->move_userdata = p.migrate;
+        p.store->gate.limits.park_timeout_ms = (uint64_t) cfg->park_timeout * 1000u;
+        /* Per connection: a worker has a few requests in flight, and no queue
+         * holds more than a few dozen messages. */
         const NetSockConf dc = { .type = ZMQ_ROUTER, .name = "data", .max_msg = (int64_t) cfg->max_msg,
-                                 .handover = true, .keys = p.id.enabled ? &p.id.keys : NULL, .curve_server = true,
+                                 .sndhwm = 64, .rcvhwm = 64, .handover = true,
+                                 .keys = p.id.enabled ? &p.id.keys : NULL, .curve_server = true,
                                  .zap_domain = p.id.enabled ? "psnet" : NULL };
         r = netsock_new(&p.loop, p.zctx, &dc, psd_on_data, &p, &p.data);
+        if (r == 0)
+                r = netsock_monitor(p.data, ZMQ_EVENT_DISCONNECTED | ZMQ_EVENT_HANDSHAKE_FAILED_NO_DETAIL |
+                                                    ZMQ_EVENT_HANDSHAKE_FAILED_PROTOCOL,
+                                    psd_on_data_event);
         if (r < 0) {
                 log_error_errno(r, "Failed to create the data socket: %m");
                 goto finish;
@@ -702,10 +602,20 @@ int psd_run(const PsdConfig *cfg) {
                 log_error_errno(r, "Failed to bind %s: %m", cfg->listen);
                 goto finish;
         }
+        r = uv_timer_init(&p.loop, &p.tick);
+        if (r == 0) {
+                p.tick.data = &p;
+                r = uv_timer_start(&p.tick, psd_tick, 1000, 1000);
+        }
+        if (r < 0) {
+                log_error_errno(r, "Failed to start a timer: %s", uv_strerror(r));
+                goto finish;
+        }
         const SessionConf sc = {
                 .endpoint = cfg->coord, .role = PSNET__ROLE__ROLE_SERVER, .want_id = cfg->id,
                 .advertise = cfg->advertise ? cfg->advertise : cfg->listen,
-                .connect_timeout_ms = cfg->connect_timeout * 1000u,
+                .connect_timeout_ms = cfg->connect_timeout * 1000u, .memory_limit = p.memory_limit,
+                .max_msg = cfg->max_msg,
                 .keys = p.id.enabled ? &p.id.keys : NULL, .coord_key = p.id.enabled ? p.id.coord_key : NULL,
         };
         const SessionOps so = { .registered = psd_registered, .failed = psd_registration_failed,
@@ -717,8 +627,8 @@ int psd_run(const PsdConfig *cfg) {
                 log_error_errno(r, "Bad pscoord endpoint %s: %m", cfg->coord);
                 goto finish;
         }
-        log_info("listening endpoint=%s allocator=%s security=%s", cfg->listen, alloc_name(),
-                 p.id.enabled ? "curve" : "none");
+        log_info("listening endpoint=%s allocator=%s security=%s memory_limit=%lu", cfg->listen, alloc_name(),
+                 p.id.enabled ? "curve" : "none", (unsigned long) p.memory_limit);
         (void) uv_run(&p.loop, UV_RUN_DEFAULT);
         r = p.exit_code;
         if (p.stopping)
@@ -727,20 +637,14 @@ int psd_run(const PsdConfig *cfg) {
                          (unsigned long) p.store->applied, (unsigned long) p.store->copies,
                          (unsigned long) p.errors);
 finish:
-        psd_free_parked(&p);
-        p.store = store_free(p.store); /* acks in flight go out before the socket closes */
-        for (size_t i = 0; i < p.nstash; i++)
-                wire_msg_done(&p.stash[i]);
-        ps_free(p.stash);
-        for (size_t i = 0; i < p.npeers; i++) {
-                netsock_close(p.peers[i].sock);
-                ps_free(p.peers[i].endpoint);
-        }
-        ps_free(p.peers);
+        p.store = store_free(p.store); /* parked pulls and acks in flight are answered before the socket closes */
+        p.migrate = migrate_free(p.migrate);
         p.data = netsock_close(p.data);
         p.coord = session_free(p.coord);
         p.zap = zap_free(p.zap);
         p.service = service_free(p.service);
+        if (p.tick.data)
+                uv_close((uv_handle_t *) &p.tick, NULL);
         uv_run(&p.loop, UV_RUN_NOWAIT); /* the handles' close callbacks */
         if (uv_loop_close(&p.loop) < 0)
                 log_debug("event loop closed with handles open");

@@ -1,5 +1,7 @@
-/* psd's event loop: the data-plane ROUTER (PULL/PUSH from workers), the link to
- * pscoord (registration, heartbeats, job/map/membership updates) and signals. */
+/* psd's event loop: the data-plane ROUTER (PULL/PUSH from workers, chunk
+ * states from other shards), the pscoord session (registration, heartbeats,
+ * job/map/membership updates, fences) and signals. The store (psd-store.h),
+ * the gate (psd-gate.h) and migration (psd-migrate.h) hold the logic. */
 #pragma once
 #include <stdbool.h>
 #include <stdint.h>
@@ -10,7 +12,9 @@ typedef struct PsdConfig {
         char *coord;               /* pscoord endpoint */
         unsigned id;               /* shard id (>= 1) */
         unsigned connect_timeout;  /* seconds to wait for pscoord at start */
-        uint64_t max_msg;          /* largest message accepted, bytes */
+        uint64_t max_msg;          /* largest frame accepted, bytes (a job's own, lower, limit applies once known) */
+        uint64_t memory_limit;     /* bytes of values + optimizer state this shard may hold (0: MemAvailable) */
+        unsigned park_timeout;     /* seconds a pull may wait for its clock */
         char *log_level;
         char *keys;                /* --keys DIR (NULL: no CURVE) */
         char *key;                 /* this shard's key name (default psd) */

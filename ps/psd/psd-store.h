@@ -1,13 +1,8 @@
-/* The shard's store: the chunks this shard owns, their optimizer state, and the
- * consistency gate that decides when a pushed gradient is applied.
- *
- * BSP: a push for clock c is parked (its ZeroMQ message kept, no copy) until
- * every member of the current membership has pushed that chunk for c; then the
- * gradients are summed in ascending worker-id order (deterministic whatever the
- * arrival order), averaged, applied once, and the chunk's clock becomes c+1.
- * The push is acknowledged when it is applied (or refused), never before.
- * ASP: a push is applied on arrival.
- * Either way a (worker, chunk, clock) is applied at most once.
+/* The shard's store: the chunks this shard owns under the current map, their
+ * values and optimizer state, and how an update is applied to them. When
+ * pushes are applied and pulls answered is the gate's business (psd-gate.h,
+ * whose state lives in Store.gate); how a chunk travels to another shard is
+ * psd-migrate.h's.
  *
  * Values live in reference-counted buffers so that pull replies are sent
  * zero-copy: an update on a buffer that a reply still references copies it
@@ -18,6 +13,7 @@
 #include <stdint.h>
 #include <zmq.h>
 #include "job.h"
+#include "psd-gate.h"
 #include "psnet.pb-c.h"
 #include "shardmap.h"
 
@@ -27,50 +23,24 @@ typedef struct ValBuf {
         float *data;     /* 64-byte aligned, n floats */
 } ValBuf;
 
-/* One PUSH request: acknowledged once every key it carried is settled. The
- * status sent is OK unless some key was refused (first refusal wins). */
-typedef struct PushReq {
-        zmq_msg_t route;
-        uint64_t seq;
-        uint32_t worker;
-        int64_t clock;
-        int remaining;      /* keys not yet settled, +1 while the request is being read */
-        int status;
-} PushReq;
-
-typedef struct Pending {
-        PushReq *req;
-        zmq_msg_t grad;     /* the received frame itself, no copy */
-} Pending;
-
 typedef struct Chunk {
         uint32_t tensor, chunk, len;
         ValBuf *val;
         float *state;           /* optimizer state, optim_state_per_value * len */
         uint64_t steps;         /* updates applied */
         int64_t clock;          /* BSP clocks closed (ASP/SSP updates leave it; steps counts them) */
+        /* The gate's, per chunk: */
         Pending *pending;       /* BSP: pushes parked for clock `clock` */
         size_t npending, cpending;
+        uint64_t pending_since; /* ms the first of them arrived */
         int64_t *last_clock;    /* per worker id: last clock applied or parked, -1 none */
         size_t nlast;
 } Chunk;
 
-/* Called once per PUSH request when all its keys are settled; the store frees
- * the request afterwards. */
-typedef void (*StoreAckFn)(void *userdata, PushReq *req);
-
 /* A chunk leaves this shard (the map gave it to dest): the callback sends its
- * state; the store frees it afterwards. Pushes parked on it were refused
- * (MOVED) before the call, so the workers resend them to dest. */
+ * state; the store frees it afterwards. The gate refused the pushes parked on
+ * it (MOVED) before the call, so the workers resend them to dest. */
 typedef void (*StoreMoveFn)(void *userdata, Chunk *c, const ShardDesc *dest);
-
-/* Who takes part and how, for a range of clocks. */
-typedef struct StoreCfg {
-        ConsistencyMode mode;
-        uint32_t staleness;
-        uint32_t *members;      /* ascending worker ids */
-        size_t nmembers;
-} StoreCfg;
 
 typedef struct Store {
         Job job;
@@ -79,25 +49,16 @@ typedef struct Store {
         ShardMap *map;
         Chunk ***chunks;        /* [tensor][chunk]: NULL when not owned */
         uint64_t nkeys, bytes;
-        /* Clocks < switch_clock follow prev, the others cur (a change agreed at a
-         * clock boundary); equal when no change is pending. */
-        StoreCfg prev, cur;
-        int64_t switch_clock;
-        uint64_t members_epoch;
-        int64_t *wclock;        /* per worker id: clocks completed (pushed), -1 unknown */
-        size_t nwclock;
-        bool fenced;            /* BSP clocks >= fence_limit do not close; */
-        int64_t fence_limit;    /* ASP/SSP pulls for clocks > fence_pull_limit wait */
-        int64_t fence_pull_limit;
         uint64_t pushes, pulls, applied;
         uint64_t copies;        /* values copied before an update because a pull reply still read them */
-        StoreAckFn ack;
         StoreMoveFn move;
-        void *ack_userdata;
+        void *move_userdata;
         float *sum;             /* scratch for aggregation (chunk_floats) */
+        Gate gate;
 } Store;
 
-int store_new(uint32_t shard_id, StoreAckFn ack, void *userdata, Store **ret);
+/* ack and answer: the gate's callbacks (psd-gate.h), userdata theirs. */
+int store_new(uint32_t shard_id, GateAckFn ack, GateAnswerFn answer, void *userdata, Store **ret);
 Store *store_free(Store *s);
 
 /* Installs a job and the map. The first map of a job initialises every chunk
@@ -117,52 +78,26 @@ int store_install(Store *s, uint32_t tensor, uint32_t chunk, const void *values,
 /* Keys the map gives this shard that have not arrived yet. */
 uint64_t store_incoming(const Store *s);
 
-/* Replaces the membership (ids with the clocks they start at; start may be NULL)
- * for clocks >= from_clock; clocks before it keep prev (NULL: the same set).
- * mode/staleness likewise. Ends a fence. Under BSP this may close clocks. */
-int store_set_config(Store *s, ConsistencyMode mode, uint32_t staleness, const uint32_t *workers,
-                     const int64_t *start, size_t n, const uint32_t *prev, size_t nprev,
-                     int64_t from_clock, uint64_t epoch);
-/* Shorthand: the same set, mode and staleness for every clock. */
-int store_set_members(Store *s, const uint32_t *workers, size_t n, uint64_t epoch);
-
-/* Starts a fence until the next store_set_config: BSP clocks past the next one
- * stop closing, and ASP/SSP pulls past the fastest worker's next clock wait, so
- * that a boundary pscoord picks from the replies is still ahead of everyone.
- * Returns the highest chunk clock; the members' slowest and fastest completed
- * clocks go to ret_min_worker and ret_max_worker (0 when unknown). */
-int64_t store_fence(Store *s, int64_t *ret_min_worker, int64_t *ret_max_worker);
-
-/* Whether a pull of these chunks by a worker for clock may be answered now:
- * BSP waits until the chunks reached clock and every member completed clock-1;
- * SSP until the slowest member completed clock - staleness; ASP never waits.
- * ret_slowest (may be NULL) gets the slowest member's completed clocks. */
-bool store_pull_ready(Store *s, Chunk *const *chunks, size_t n, int64_t clock, int64_t *ret_slowest);
-
-/* The configuration that governs a clock. */
-const StoreCfg *store_cfg(const Store *s, int64_t clock);
-
-/* The chunk for a key or NULL. *ret_status says why not: UNKNOWN_KEY, SIZE,
- * MOVED (another shard's), MIGRATING (on its way here). */
+/* The chunk for a key or NULL. *ret_status says why not: NO_JOB, UNKNOWN_KEY,
+ * SIZE, MOVED (another shard's), MIGRATING (on its way here). */
 Chunk *store_lookup(Store *s, uint32_t tensor, uint32_t chunk, uint32_t len, int *ret_status);
 
-/* A new request (route copied) with remaining = 1 for the reader's hold. */
-int pushreq_new(const zmq_msg_t *route, uint64_t seq, uint32_t worker, int64_t clock,
-                PushReq **ret);
-/* Settles one key (or the reader's hold) of req with status; acks and frees
- * req when nothing remains. */
-void pushreq_settle(Store *s, PushReq *req, int status);
+/* Looks every key of a PULL or PUSH up (and its job id): OK with chunks
+ * filled, or the status of the first key that is not here, with a reason. */
+int store_lookup_keys(Store *s, const Psnet__Header *h, Chunk **chunks, char *reason, size_t n);
 
-/* Offers one pushed gradient for chunk c. The frame is moved into the store when
- * parked. Settles the key in req now (ASP apply, DUPLICATE, STALE) or later
- * (BSP, when the clock closes). */
-int store_push(Store *s, Chunk *c, PushReq *req, zmq_msg_t *grad);
-
-/* Closes every BSP clock that can close now; acknowledges the pushes applied. */
-int store_settle(Store *s);
+/* One optimizer step on c with gradient g (len floats), lr scaled for
+ * nworkers when the job says so. Copies the values first if a reply reads them. */
+int store_apply(Store *s, Chunk *c, const float *g, size_t nworkers);
 
 /* A zero-copy message over the chunk's current values (takes a reference). */
 int store_value_msg(Store *s, Chunk *c, zmq_msg_t *ret);
 
-/* Smallest clock over owned chunks (0 when none). */
+/* Smallest clock over owned chunks (0 when none); under ASP/SSP the fastest
+ * member's progress. */
 int64_t store_clock(const Store *s);
+/* Highest chunk clock over owned chunks (0 when none). */
+int64_t store_max_clock(const Store *s);
+
+/* Calls fn on every chunk this shard owns. */
+void store_foreach(Store *s, void (*fn)(Store *s, Chunk *c, void *ud), void *ud);

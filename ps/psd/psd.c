@@ -11,7 +11,7 @@
 int main(int argc, char **argv) {
         PsdConfig cfg = {
                 .listen = NULL, .coord = NULL, .id = 1, .connect_timeout = 10,
-                .max_msg = 256ull << 20,
+                .max_msg = 16ull << 20, .park_timeout = 300,
         };
         const Option opts[] = {
                 { "id", OPT_UINT, &cfg.id, "N", "shard id, unique in the cluster (>= 1)" },
@@ -23,7 +23,12 @@ int main(int argc, char **argv) {
                   "pscoord endpoint (default ipc:///tmp/psnet/coord.sock)" },
                 { "connect-timeout", OPT_UINT, &cfg.connect_timeout, "SECONDS",
                   "give up when pscoord does not answer within this time" },
-                { "max-msg", OPT_U64, &cfg.max_msg, "BYTES", "largest message accepted" },
+                { "max-msg", OPT_U64, &cfg.max_msg, "BYTES",
+                  "largest frame accepted; a job's own limit (its largest chunk) applies once known" },
+                { "memory-limit", OPT_U64, &cfg.memory_limit, "BYTES",
+                  "model state (values + optimizer) this shard may hold; pscoord refuses bigger jobs "
+                  "(default: the memory available at start)" },
+                { "park-timeout", OPT_UINT, &cfg.park_timeout, "SECONDS", "how long a pull may wait for its clock" },
                 { "keys", OPT_STR, &cfg.keys, "DIR",
                   "CURVE encryption; admit only the keys of DIR/allow, each in its role (psctl keys gen)" },
                 { "key", OPT_STR, &cfg.key, "NAME", "this shard's key in --keys (default psd)" },

@@ -1,0 +1,719 @@
+/* The consistency gate; see psd-gate.h. Pushes: admission, de-duplication,
+ * BSP parking and the closing of clocks, ASP/SSP application. Pulls: when they
+ * may be answered, and the bounded list of those that wait. */
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include "alloc.h"
+#include "endpoint.h"
+#include "errors.h"
+#include "log.h"
+#include "psd-gate.h"
+#include "psd-store.h"
+#include "wire.h"
+
+#define GATE_MAX_WORKER_ID 65535u
+/* A pull may ask for a clock at most this far past the worker's completed
+ * clocks: its next one (after its push), or the one after (a prefetch). */
+#define GATE_PULL_AHEAD 2
+
+/* The slot of a per-worker-id clock table, growing it (new slots -1) as needed;
+ * NULL when out of memory. */
+static int64_t *clock_slot(int64_t **tab, size_t *n, uint32_t worker) {
+        if (worker >= *n) {
+                size_t m = MAX((size_t) worker + 1, *n * 2);
+                int64_t *p = ps_realloc(*tab, m * sizeof *p);
+                if (!p)
+                        return NULL;
+                for (size_t i = *n; i < m; i++)
+                        p[i] = -1;
+                *tab = p;
+                *n = m;
+        }
+        return &(*tab)[worker];
+}
+
+static int64_t *worker_clock(Gate *g, uint32_t worker) {
+        return clock_slot(&g->wclock, &g->nwclock, worker);
+}
+
+static int64_t *chunk_last_clock(Chunk *c, uint32_t worker) {
+        return clock_slot(&c->last_clock, &c->nlast, worker);
+}
+
+/* --- push requests ------------------------------------------------------------------ */
+
+int pushreq_new(const zmq_msg_t *route, uint64_t seq, uint32_t worker, int64_t clock, PushReq **ret) {
+        PushReq *r = ps_calloc(1, sizeof *r);
+        if (!r)
+                return -ENOMEM;
+        zmq_msg_init(&r->route);
+        if (route && zmq_msg_copy(&r->route, (zmq_msg_t *) route) < 0) {
+                zmq_msg_close(&r->route);
+                ps_free(r);
+                return -errno;
+        }
+        r->seq = seq;
+        r->worker = worker;
+        r->clock = clock;
+        r->remaining = 1;
+        r->status = PSNET__STATUS__STATUS_OK;
+        *ret = r;
+        return 0;
+}
+
+static void pushreq_note(PushReq *req, int status) {
+        if (status != PSNET__STATUS__STATUS_OK && req->status == PSNET__STATUS__STATUS_OK)
+                req->status = status;
+}
+
+void pushreq_settle(Store *s, PushReq *req, int status) {
+        pushreq_note(req, status);
+        if (--req->remaining > 0)
+                return;
+        if (s->gate.ack)
+                s->gate.ack(s->gate.ud, req);
+        zmq_msg_close(&req->route);
+        ps_free(req);
+}
+
+/* --- configurations -------------------------------------------------------------------- */
+
+static int cmp_u32(const void *a, const void *b) {
+        uint32_t x = *(const uint32_t *) a, y = *(const uint32_t *) b;
+        return x < y ? -1 : x > y;
+}
+
+/* Sets c to these members (sorted, with their keys when given). */
+static int cfg_set(GateCfg *c, ConsistencyMode mode, uint32_t staleness, const uint32_t *w, const uint8_t (*keys)[32],
+                   size_t n) {
+        uint32_t *m = ps_malloc((n ? n : 1) * sizeof *m);
+        uint8_t (*k)[32] = keys ? ps_malloc((n ? n : 1) * sizeof *k) : NULL;
+        if (!m || (keys && !k)) {
+                ps_free(m);
+                ps_free(k);
+                return -ENOMEM;
+        }
+        /* Sort ids and keys together: a selection of the smallest each time is
+         * fine for the few dozen members a job has. */
+        bool *used = ps_calloc(n ? n : 1, sizeof *used);
+        if (!used) {
+                ps_free(m);
+                ps_free(k);
+                return -ENOMEM;
+        }
+        for (size_t i = 0; i < n; i++) {
+                size_t best = SIZE_MAX;
+                for (size_t j = 0; j < n; j++)
+                        if (!used[j] && (best == SIZE_MAX || w[j] < w[best]))
+                                best = j;
+                used[best] = true;
+                m[i] = w[best];
+                if (k)
+                        memcpy(k[i], keys[best], 32);
+        }
+        ps_free(used);
+        ps_free(c->members);
+        ps_free(c->keys);
+        c->members = m;
+        c->keys = k;
+        c->nmembers = n;
+        c->mode = mode;
+        c->staleness = staleness;
+        return 0;
+}
+
+static int cfg_copy(GateCfg *dst, const GateCfg *src) {
+        return cfg_set(dst, src->mode, src->staleness, src->members, (const uint8_t(*)[32]) src->keys, src->nmembers);
+}
+
+const GateCfg *gate_cfg(const Store *s, int64_t clock) {
+        return clock < s->gate.switch_clock ? &s->gate.prev : &s->gate.cur;
+}
+
+/* Index of worker in cfg's members, or -1. */
+static ssize_t member_index(const GateCfg *cfg, uint32_t worker) {
+        const uint32_t *p = bsearch(&worker, cfg->members, cfg->nmembers, sizeof(uint32_t), cmp_u32);
+        return p ? p - cfg->members : -1;
+}
+
+static bool is_member(const GateCfg *cfg, uint32_t worker) {
+        return member_index(cfg, worker) >= 0;
+}
+
+static int chunk_flush_async(Store *s, Chunk *c);
+
+int gate_set_config(Store *s, ConsistencyMode mode, uint32_t staleness, const uint32_t *workers,
+                    const int64_t *start, const uint8_t (*keys)[32], size_t n, const uint32_t *prev, size_t nprev,
+                    int64_t from_clock, uint64_t epoch) {
+        Gate *g = &s->gate;
+        ConsistencyMode old_mode = g->cur.mode;
+        int r;
+        if (prev) {
+                /* The old set, with the keys the old configuration knew for them. */
+                GateCfg old = { 0 };
+                r = cfg_copy(&old, &g->cur);
+                if (r == 0) {
+                        uint32_t *ids = ps_malloc((nprev ? nprev : 1) * sizeof *ids);
+                        uint8_t (*k)[32] = old.keys ? ps_calloc(nprev ? nprev : 1, sizeof *k) : NULL;
+                        if (!ids || (old.keys && !k))
+                                r = -ENOMEM;
+                        for (size_t i = 0; r == 0 && i < nprev; i++) {
+                                ids[i] = prev[i];
+                                ssize_t j = member_index(&old, prev[i]);
+                                if (k && j >= 0)
+                                        memcpy(k[i], old.keys[j], 32);
+                        }
+                        if (r == 0)
+                                r = cfg_set(&g->prev, old.mode, old.staleness, ids, (const uint8_t(*)[32]) k, nprev);
+                        ps_free(ids);
+                        ps_free(k);
+                }
+                ps_free(old.members);
+                ps_free(old.keys);
+        } else
+                r = cfg_set(&g->prev, mode, staleness, workers, keys, n);
+        if (r < 0)
+                return r;
+        r = cfg_set(&g->cur, mode, staleness, workers, keys, n);
+        if (r < 0)
+                return r;
+        g->switch_clock = prev ? from_clock : 0;
+        g->members_epoch = epoch;
+        g->fenced = false;
+        for (size_t i = 0; start && i < n; i++) {
+                int64_t *wc = worker_clock(g, workers[i]);
+                if (!wc)
+                        return -ENOMEM;
+                if (*wc < start[i])
+                        *wc = start[i];
+        }
+        if (s->has_job && s->chunks) {
+                for (size_t t = 0; t < s->job.ntensors; t++)
+                        for (uint32_t k = 0; s->chunks[t] && k < s->job.tensors[t].nchunks; k++) {
+                                Chunk *c = s->chunks[t][k];
+                                if (!c)
+                                        continue;
+                                /* Entering BSP: chunk clocks count closed clocks from the boundary on. */
+                                if (mode == MODE_BSP && old_mode != MODE_BSP)
+                                        c->clock = from_clock;
+                                /* Leaving BSP: what was parked for a clock now governed otherwise is applied. */
+                                if (gate_cfg(s, c->clock)->mode != MODE_BSP && c->npending) {
+                                        r = chunk_flush_async(s, c);
+                                        if (r < 0)
+                                                return r;
+                                }
+                        }
+        }
+        return gate_settle(s);
+}
+
+int gate_set_members(Store *s, const uint32_t *workers, size_t n, uint64_t epoch) {
+        return gate_set_config(s, s->gate.cur.mode, s->gate.cur.staleness, workers, NULL, NULL, n, NULL, 0, 0, epoch);
+}
+
+int64_t gate_fence(Store *s, int64_t *ret_min_worker, int64_t *ret_max_worker) {
+        Gate *g = &s->gate;
+        int64_t maxc = store_max_clock(s);
+        int64_t slowest = -1, fastest = 0;
+        for (size_t i = 0; i < g->cur.nmembers; i++) {
+                uint32_t w = g->cur.members[i];
+                int64_t wc = w < g->nwclock ? g->wclock[w] : -1;
+                if (wc >= 0 && (slowest < 0 || wc < slowest))
+                        slowest = wc;
+                if (wc > fastest)
+                        fastest = wc;
+        }
+        g->fenced = true;
+        g->fence_limit = maxc + 1;
+        g->fence_pull_limit = fastest + 1;
+        *ret_min_worker = slowest < 0 ? 0 : slowest;
+        *ret_max_worker = fastest;
+        return maxc;
+}
+
+/* The slowest member's completed clocks under cfg (members with no push yet count as 0). */
+static int64_t slowest_member(const Gate *g, const GateCfg *cfg) {
+        int64_t slowest = -1;
+        for (size_t i = 0; i < cfg->nmembers; i++) {
+                uint32_t w = cfg->members[i];
+                int64_t wc = w < g->nwclock && g->wclock[w] >= 0 ? g->wclock[w] : 0;
+                if (slowest < 0 || wc < slowest)
+                        slowest = wc;
+        }
+        return slowest;
+}
+
+/* --- pushes ------------------------------------------------------------------------ */
+
+/* The index of the first value whose bits are NaN or infinity (exponent all
+ * ones), or n. Blocks of 16 with an OR of flags vectorise; frames may be
+ * unaligned, hence memcpy (which the compiler turns into plain loads). */
+static size_t first_nonfinite(const unsigned char *p, size_t n) {
+        size_t i = 0;
+        for (; i + 16 <= n; i += 16) {
+                uint32_t any = 0;
+                for (size_t k = 0; k < 16; k++) {
+                        uint32_t b;
+                        memcpy(&b, p + 4 * (i + k), 4);
+                        any |= (b & 0x7f800000u) == 0x7f800000u;
+                }
+                if (any)
+                        break;
+        }
+        for (; i < n; i++) {
+                uint32_t b;
+                memcpy(&b, p + 4 * i, 4);
+                if ((b & 0x7f800000u) == 0x7f800000u)
+                        return i;
+        }
+        return n;
+}
+
+int gate_admit_push(Store *s, const Psnet__Header *h, const zmq_msg_t *frames, const uint8_t *sender_key,
+                    char *reason, size_t n) {
+        Gate *g = &s->gate;
+        const GateCfg *cfg = gate_cfg(s, h->clock);
+        ssize_t mi = member_index(cfg, h->sender);
+        if (mi < 0) {
+                g->refused_stale++;
+                snprintf(reason, n, "worker %u is not a member of clock %ld (membership epoch %lu)", h->sender,
+                         (long) h->clock, (unsigned long) g->members_epoch);
+                return PSNET__STATUS__STATUS_STALE;
+        }
+        if (sender_key && cfg->keys && memcmp(cfg->keys[mi], sender_key, 32) != 0) {
+                g->refused_denied++;
+                snprintf(reason, n, "this connection's key is not worker %u's", h->sender);
+                return PSNET__STATUS__STATUS_DENIED;
+        }
+        if (s->job.allow_nonfinite)
+                return PSNET__STATUS__STATUS_OK;
+        for (size_t i = 0; i < h->n_keys; i++) {
+                size_t len = zmq_msg_size((zmq_msg_t *) &frames[i]) / sizeof(float);
+                size_t at = first_nonfinite(zmq_msg_data((zmq_msg_t *) &frames[i]), len);
+                if (at < len) {
+                        g->refused_nonfinite++;
+                        snprintf(reason, n, "the gradient of key (%u,%u) holds NaN or infinity at value %zu (the "
+                                 "job refuses non-finite gradients)", h->keys[i]->tensor, h->keys[i]->chunk, at);
+                        return PSNET__STATUS__STATUS_NOT_FINITE;
+                }
+        }
+        return PSNET__STATUS__STATUS_OK;
+}
+
+/* Gradient data of a frame as aligned floats (copied into scratch if needed). */
+static const float *grad_data(const zmq_msg_t *m, float *scratch, uint32_t len) {
+        const float *g = wire_frame_f32(m);
+        if (g)
+                return g;
+        memcpy(scratch, zmq_msg_data((zmq_msg_t *) m), (size_t) len * sizeof(float));
+        return scratch;
+}
+
+static int cmp_pending(const void *a, const void *b) {
+        const Pending *x = a, *y = b;
+        return x->req->worker < y->req->worker ? -1 : x->req->worker > y->req->worker;
+}
+
+/* Closes c's clock if every member has pushed for it. Non-members' gradients
+ * parked for the closing clock are refused (STALE), never silently dropped. */
+static int chunk_settle(Store *s, Chunk *c) {
+        const GateCfg *cfg = gate_cfg(s, c->clock);
+        if (cfg->mode != MODE_BSP || c->npending == 0 || cfg->nmembers == 0)
+                return 0;
+        if (s->gate.fenced && c->clock >= s->gate.fence_limit)
+                return 0;
+        size_t have = 0;
+        for (size_t i = 0; i < c->npending; i++)
+                if (is_member(cfg, c->pending[i].req->worker))
+                        have++;
+        if (have < cfg->nmembers)
+                return 0;
+
+        qsort(c->pending, c->npending, sizeof *c->pending, cmp_pending);
+        /* Sum in worker-id order, scaled by 1/W in the same pass as the last term
+         * ((g1 + g2) + g3) * (1/3): the result depends on nothing but the inputs.
+         * A single member's aligned frame is used as it is (x * 1 == x). */
+        float *sum = s->sum;
+        const float *mean = sum;
+        float inv = 1.0f / (float) have;
+        size_t used = 0;
+        for (size_t i = 0; i < c->npending; i++) {
+                Pending *p = &c->pending[i];
+                if (!is_member(cfg, p->req->worker))
+                        continue;
+                const float *g = wire_frame_f32(&p->grad);
+                bool last = used + 1 == have;
+                if (!g) {
+                        /* Unaligned frame: accumulate through memcpy. */
+                        float tmp;
+                        const char *raw = zmq_msg_data(&p->grad);
+                        for (uint32_t j = 0; j < c->len; j++) {
+                                memcpy(&tmp, raw + (size_t) j * sizeof tmp, sizeof tmp);
+                                float v = used ? sum[j] + tmp : tmp;
+                                sum[j] = last ? v * inv : v;
+                        }
+                } else if (used == 0 && last)
+                        mean = g;
+                else if (used == 0)
+                        memcpy(sum, g, (size_t) c->len * sizeof(float));
+                else if (last)
+                        for (uint32_t j = 0; j < c->len; j++)
+                                sum[j] = (sum[j] + g[j]) * inv;
+                else
+                        for (uint32_t j = 0; j < c->len; j++)
+                                sum[j] += g[j];
+                used++;
+        }
+        int r = store_apply(s, c, mean, used);
+        c->clock++;
+
+        /* Take the list before settling: acks may run arbitrary code. */
+        Pending *list = c->pending;
+        size_t n = c->npending;
+        c->pending = NULL;
+        c->npending = c->cpending = 0;
+        for (size_t i = 0; i < n; i++) {
+                int st = r < 0 ? status_from_errno(r)
+                         : is_member(cfg, list[i].req->worker) ? PSNET__STATUS__STATUS_OK
+                                                              : PSNET__STATUS__STATUS_STALE;
+                zmq_msg_close(&list[i].grad);
+                pushreq_settle(s, list[i].req, st);
+        }
+        ps_free(list);
+        return r;
+}
+
+/* Applies one worker's gradient on arrival (ASP, SSP), as 1/W of a step. */
+static int chunk_apply_scaled(Store *s, Chunk *c, const zmq_msg_t *grad, const GateCfg *cfg) {
+        const float *g = grad_data(grad, s->sum, c->len);
+        if (cfg->nmembers <= 1) /* g * 1 == g */
+                return store_apply(s, c, g, 1);
+        float scale = 1.0f / (float) cfg->nmembers;
+        for (uint32_t j = 0; j < c->len; j++)
+                s->sum[j] = g[j] * scale;
+        /* The chunk clock is left alone: it counts BSP clocks only (c->steps counts updates). */
+        return store_apply(s, c, s->sum, cfg->nmembers);
+}
+
+/* Applies and acknowledges pushes parked under BSP whose clock is now governed by
+ * ASP or SSP (a mode switch at a boundary). */
+static int chunk_flush_async(Store *s, Chunk *c) {
+        Pending *list = c->pending;
+        size_t n = c->npending;
+        int r = 0;
+        c->pending = NULL;
+        c->npending = c->cpending = 0;
+        qsort(list, n, sizeof *list, cmp_pending);
+        for (size_t i = 0; i < n; i++) {
+                if (r == 0)
+                        r = chunk_apply_scaled(s, c, &list[i].grad, gate_cfg(s, list[i].req->clock));
+                zmq_msg_close(&list[i].grad);
+                pushreq_settle(s, list[i].req, r < 0 ? status_from_errno(r) : PSNET__STATUS__STATUS_OK);
+        }
+        ps_free(list);
+        return r;
+}
+
+int gate_push(Store *s, Chunk *c, PushReq *req, zmq_msg_t *grad) {
+        Gate *g = &s->gate;
+        if (req->worker > GATE_MAX_WORKER_ID || req->clock < 0) {
+                pushreq_note(req, PSNET__STATUS__STATUS_INVALID);
+                return 0;
+        }
+        int64_t *last = chunk_last_clock(c, req->worker);
+        if (!last)
+                return -ENOMEM;
+        s->pushes++;
+        if (req->clock <= *last) {
+                pushreq_note(req, PSNET__STATUS__STATUS_DUPLICATE);
+                return 0;
+        }
+        int64_t *wc = worker_clock(g, req->worker);
+        if (!wc)
+                return -ENOMEM;
+        const GateCfg *cfg = gate_cfg(s, req->clock);
+
+        if (cfg->mode != MODE_BSP) {
+                /* Each push counts as 1/W of a step, so W workers make one step's worth
+                 * of progress per round, as under BSP (and the same lr suits both). */
+                int r = chunk_apply_scaled(s, c, grad, cfg);
+                if (r < 0)
+                        return r;
+                *last = req->clock;
+                if (*wc < req->clock + 1)
+                        *wc = req->clock + 1;
+                return 0;
+        }
+
+        if (req->clock != c->clock) {
+                /* Behind: that clock has closed without it. Ahead: not possible for a
+                 * worker that pulled first; refuse rather than guess. */
+                pushreq_note(req, PSNET__STATUS__STATUS_STALE);
+                return 0;
+        }
+        if (c->npending == c->cpending) {
+                size_t n = c->cpending ? c->cpending * 2 : 4;
+                Pending *p = ps_realloc(c->pending, n * sizeof *p);
+                if (!p)
+                        return -ENOMEM;
+                c->pending = p;
+                c->cpending = n;
+        }
+        if (c->npending == 0)
+                c->pending_since = now_ms(); /* how long the others wait for the rest (gate_stragglers) */
+        Pending *p = &c->pending[c->npending++];
+        p->req = req;
+        zmq_msg_init(&p->grad);
+        zmq_msg_move(&p->grad, grad);
+        req->remaining++;
+        *last = req->clock;
+        if (*wc < req->clock + 1)
+                *wc = req->clock + 1;
+        return chunk_settle(s, c);
+}
+
+int gate_settle(Store *s) {
+        if (!s->has_job || !s->chunks)
+                return 0;
+        for (size_t t = 0; t < s->job.ntensors; t++)
+                for (uint32_t k = 0; s->chunks[t] && k < s->job.tensors[t].nchunks; k++)
+                        if (s->chunks[t][k]) {
+                                int r = chunk_settle(s, s->chunks[t][k]);
+                                if (r < 0)
+                                        return r;
+                        }
+        return 0;
+}
+
+void gate_chunk_leaving(Store *s, Chunk *c) {
+        Pending *list = c->pending;
+        size_t n = c->npending;
+        c->pending = NULL;
+        c->npending = c->cpending = 0;
+        for (size_t i = 0; i < n; i++) {
+                uint32_t w = list[i].req->worker;
+                if (w < c->nlast && c->last_clock[w] >= c->clock)
+                        c->last_clock[w] = c->clock - 1; /* not applied: may come again */
+                zmq_msg_close(&list[i].grad);
+                pushreq_settle(s, list[i].req, PSNET__STATUS__STATUS_MOVED);
+        }
+        ps_free(list);
+}
+
+/* --- pulls ---------------------------------------------------------------------------- */
+
+bool gate_pull_ready(Store *s, Chunk *const *chunks, size_t n, int64_t clock, int64_t *ret_slowest) {
+        const Gate *g = &s->gate;
+        const GateCfg *cfg = gate_cfg(s, clock);
+        int64_t slowest = slowest_member(g, cfg);
+        if (ret_slowest)
+                *ret_slowest = slowest;
+        if (cfg->mode != MODE_BSP && g->fenced && clock > g->fence_pull_limit)
+                return false;
+        switch (cfg->mode) {
+        case MODE_ASP:
+                return true;
+        case MODE_SSP:
+                return cfg->nmembers == 0 || slowest >= clock - (int64_t) cfg->staleness;
+        case MODE_BSP:
+        default:
+                for (size_t i = 0; i < n; i++)
+                        if (chunks[i]->clock < clock)
+                                return false;
+                /* Also every member of the previous clock pushed it (matters right
+                 * after a switch from ASP/SSP, where pushes are applied on arrival). */
+                if (clock > 0) {
+                        const GateCfg *pc = gate_cfg(s, clock - 1);
+                        if (pc->mode != MODE_BSP && pc->nmembers && slowest_member(g, pc) < clock)
+                                return false;
+                }
+                return true;
+        }
+}
+
+static size_t parked_by(const Gate *g, uint32_t worker) {
+        size_t n = 0;
+        for (size_t i = 0; i < g->nparked; i++)
+                n += g->parked[i].hdr->sender == worker;
+        return n;
+}
+
+int gate_pull(Store *s, const zmq_msg_t *route, Psnet__Header **hdr, Chunk **chunks, uint64_t now, char *reason,
+              size_t n) {
+        Gate *g = &s->gate;
+        Psnet__Header *h = *hdr;
+        int64_t slowest;
+        bool ready = gate_pull_ready(s, chunks, h->n_keys, h->clock, &slowest);
+        if (ready) {
+                if (gate_cfg(s, h->clock)->mode == MODE_SSP)
+                        /* The SSP bound, observable by the tests: clock - slowest <= staleness. */
+                        log_debug("ssp pull worker=%u clock=%ld slowest=%ld staleness=%u", h->sender, (long) h->clock,
+                                  (long) slowest, gate_cfg(s, h->clock)->staleness);
+                g->answer(g->ud, route, h, chunks, PSNET__STATUS__STATUS_OK, NULL);
+                return 0;
+        }
+        /* It would wait: only a member may, for a clock it can reach, within bounds. */
+        const GateCfg *cfg = gate_cfg(s, h->clock);
+        if (!is_member(cfg, h->sender) && !is_member(&g->cur, h->sender)) {
+                g->refused_pulls++;
+                snprintf(reason, n, "worker %u is not a member of clock %ld: it may not wait for it", h->sender,
+                         (long) h->clock);
+                return PSNET__STATUS__STATUS_DENIED;
+        }
+        int64_t own = h->sender < g->nwclock && g->wclock[h->sender] >= 0 ? g->wclock[h->sender] : 0;
+        if (h->clock > own + GATE_PULL_AHEAD) {
+                g->refused_pulls++;
+                snprintf(reason, n, "pull for clock %ld is %ld clocks ahead of worker %u's (at most %d)",
+                         (long) h->clock, (long) (h->clock - own), h->sender, GATE_PULL_AHEAD);
+                return PSNET__STATUS__STATUS_INVALID;
+        }
+        if (g->nparked >= g->limits.max_parked || parked_by(g, h->sender) >= g->limits.max_parked_per_worker) {
+                g->refused_pulls++;
+                snprintf(reason, n, "too many pulls waiting (%zu in all, at most %zu; at most %zu per worker)",
+                         g->nparked, g->limits.max_parked, g->limits.max_parked_per_worker);
+                return PSNET__STATUS__STATUS_RESOURCE;
+        }
+        if (g->nparked == g->cparked) {
+                size_t c = g->cparked ? g->cparked * 2 : 8;
+                ParkedPull *q = ps_realloc(g->parked, c * sizeof *q);
+                if (!q) {
+                        snprintf(reason, n, "out of memory");
+                        return PSNET__STATUS__STATUS_RESOURCE;
+                }
+                g->parked = q;
+                g->cparked = c;
+        }
+        ParkedPull *pp = &g->parked[g->nparked++];
+        zmq_msg_init(&pp->route);
+        zmq_msg_copy(&pp->route, (zmq_msg_t *) route);
+        pp->hdr = h;
+        pp->since = now;
+        *hdr = NULL;
+        return 0;
+}
+
+void gate_wake(Store *s) {
+        Gate *g = &s->gate;
+        char reason[192];
+        size_t j = 0;
+        for (size_t i = 0; i < g->nparked; i++) {
+                ParkedPull *pp = &g->parked[i];
+                Psnet__Header *h = pp->hdr;
+                Chunk *stack[64], **chunks = h->n_keys <= 64 ? stack : ps_malloc(h->n_keys * sizeof *chunks);
+                bool done = true;
+                if (!chunks) {
+                        g->parked[j++] = *pp;
+                        continue;
+                }
+                int st = store_lookup_keys(s, h, chunks, reason, sizeof reason);
+                if (st != PSNET__STATUS__STATUS_OK)
+                        g->answer(g->ud, &pp->route, h, NULL, st, reason); /* moved away meanwhile */
+                else if (gate_pull_ready(s, chunks, h->n_keys, h->clock, NULL)) {
+                        if (gate_cfg(s, h->clock)->mode == MODE_SSP) {
+                                int64_t slowest;
+                                (void) gate_pull_ready(s, chunks, h->n_keys, h->clock, &slowest);
+                                log_debug("ssp pull worker=%u clock=%ld slowest=%ld staleness=%u", h->sender,
+                                          (long) h->clock, (long) slowest, gate_cfg(s, h->clock)->staleness);
+                        }
+                        g->answer(g->ud, &pp->route, h, chunks, PSNET__STATUS__STATUS_OK, NULL);
+                } else
+                        done = false;
+                if (chunks != stack)
+                        ps_free(chunks);
+                if (done) {
+                        zmq_msg_close(&pp->route);
+                        psnet__header__free_unpacked(h, NULL);
+                } else
+                        g->parked[j++] = *pp;
+        }
+        g->nparked = j;
+}
+
+void gate_expire(Store *s, uint64_t now) {
+        Gate *g = &s->gate;
+        char reason[128];
+        size_t j = 0;
+        for (size_t i = 0; i < g->nparked; i++) {
+                ParkedPull *pp = &g->parked[i];
+                if (now - pp->since < g->limits.park_timeout_ms) {
+                        g->parked[j++] = *pp;
+                        continue;
+                }
+                g->expired_pulls++;
+                snprintf(reason, sizeof reason, "pull for clock %ld waited %lu s, longer than the shard keeps a pull",
+                         (long) pp->hdr->clock, (unsigned long) ((now - pp->since) / 1000));
+                g->answer(g->ud, &pp->route, pp->hdr, NULL, PSNET__STATUS__STATUS_RESOURCE, reason);
+                zmq_msg_close(&pp->route);
+                psnet__header__free_unpacked(pp->hdr, NULL);
+        }
+        g->nparked = j;
+}
+
+size_t gate_stragglers(Store *s, uint64_t now, uint32_t *ids, size_t max, uint64_t *ret_ms) {
+        Gate *g = &s->gate;
+        size_t n = 0;
+        *ret_ms = 0;
+        if (!s->has_job || !s->chunks)
+                return 0;
+        /* BSP: the open clock with pushes parked longest, and the members missing from it. */
+        Chunk *oldest = NULL;
+        for (size_t t = 0; t < s->job.ntensors; t++)
+                for (uint32_t k = 0; s->chunks[t] && k < s->job.tensors[t].nchunks; k++) {
+                        Chunk *c = s->chunks[t][k];
+                        if (!c || !c->npending)
+                                continue;
+                        if (!oldest || c->pending_since < oldest->pending_since)
+                                oldest = c;
+                }
+        if (oldest) {
+                const GateCfg *cfg = gate_cfg(s, oldest->clock);
+                for (size_t i = 0; i < cfg->nmembers && n < max; i++) {
+                        bool pushed = false;
+                        for (size_t k = 0; k < oldest->npending && !pushed; k++)
+                                pushed = oldest->pending[k].req->worker == cfg->members[i];
+                        if (!pushed)
+                                ids[n++] = cfg->members[i];
+                }
+                *ret_ms = now - oldest->pending_since;
+                return n;
+        }
+        /* SSP: pulls parked on the slowest members. */
+        uint64_t since = 0;
+        for (size_t i = 0; i < g->nparked; i++)
+                if (!since || g->parked[i].since < since)
+                        since = g->parked[i].since;
+        if (!since || g->cur.mode != MODE_SSP)
+                return 0;
+        int64_t slowest = slowest_member(g, &g->cur);
+        for (size_t i = 0; i < g->cur.nmembers && n < max; i++) {
+                uint32_t w = g->cur.members[i];
+                int64_t wc = w < g->nwclock && g->wclock[w] >= 0 ? g->wclock[w] : 0;
+                if (wc == slowest)
+                        ids[n++] = w;
+        }
+        *ret_ms = now - since;
+        return n;
+}
+
+void gate_done(Store *s) {
+        Gate *g = &s->gate;
+        for (size_t i = 0; i < g->nparked; i++) {
+                if (g->answer)
+                        g->answer(g->ud, &g->parked[i].route, g->parked[i].hdr, NULL,
+                                  PSNET__STATUS__STATUS_SHUTTING_DOWN, "the shard is stopping");
+                zmq_msg_close(&g->parked[i].route);
+                psnet__header__free_unpacked(g->parked[i].hdr, NULL);
+        }
+        g->parked = mfree(g->parked);
+        g->nparked = g->cparked = 0;
+        ps_free(g->prev.members);
+        ps_free(g->prev.keys);
+        ps_free(g->cur.members);
+        ps_free(g->cur.keys);
+        ps_free(g->wclock);
+        g->prev = g->cur = (GateCfg) { 0 };
+        g->wclock = NULL;
+        g->nwclock = 0;
+}

@@ -1,0 +1,159 @@
+/* The shard's consistency gate: when a pushed gradient is applied and when a
+ * pull is answered. Pushes and pulls wait here, and only here.
+ *
+ * Admission (every push, before anything of it is applied): the sender must
+ * be a member of the clock's membership (else STALE: not applied), with CURVE
+ * its key must be that member's (else DENIED), and every value must be finite
+ * unless the job allows otherwise (else NOT_FINITE). A push is applied whole
+ * or not at all.
+ *
+ * BSP: a push for clock c is parked (its ZeroMQ frame kept, no copy) until
+ * every member has pushed that chunk for c; the gradients are summed in
+ * ascending worker-id order (deterministic whatever the arrival order),
+ * averaged, applied once, and the chunk's clock becomes c+1. The push is
+ * acknowledged when it is applied (or refused), never before. ASP and SSP
+ * apply a push on arrival as 1/W of a step. A (worker, chunk, clock) is applied
+ * at most once.
+ *
+ * Pulls: BSP answers a pull for c once the chunks reached c; SSP once the
+ * slowest member completed c - s; ASP at once. A pull that must wait is parked
+ * — bounded: at most max_parked_per_worker per worker and max_parked in all, a
+ * clock at most 2 ahead of the worker's own, a member only, and refused after
+ * park_timeout_ms.
+ *
+ * Changes at a clock boundary: two configurations, prev for clocks below
+ * switch_clock and cur from it on (see docs/ARCHITECTURE.md). */
+#pragma once
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <zmq.h>
+#include "job.h"
+#include "psnet.pb-c.h"
+
+typedef struct Store Store;
+typedef struct Chunk Chunk;
+
+/* One PUSH request: acknowledged once every key it carried is settled. The
+ * status sent is OK unless some key was refused (first refusal wins). */
+typedef struct PushReq {
+        zmq_msg_t route;
+        uint64_t seq;
+        uint32_t worker;
+        int64_t clock;
+        int remaining;      /* keys not yet settled, +1 while the request is being read */
+        int status;
+} PushReq;
+
+typedef struct Pending {
+        PushReq *req;
+        zmq_msg_t grad;     /* the received frame itself, no copy */
+} Pending;
+
+/* Who takes part and how, for a range of clocks. */
+typedef struct GateCfg {
+        ConsistencyMode mode;
+        uint32_t staleness;
+        uint32_t *members;      /* ascending worker ids */
+        uint8_t (*keys)[32];    /* with CURVE: each member's public key, parallel (else NULL) */
+        size_t nmembers;
+} GateCfg;
+
+typedef struct ParkedPull {
+        zmq_msg_t route;
+        Psnet__Header *hdr;     /* the request, owned */
+        uint64_t since;         /* ms */
+} ParkedPull;
+
+/* A PUSH request is settled (req->status says how): acknowledge it. */
+typedef void (*GateAckFn)(void *ud, PushReq *req);
+/* A parked pull is answered: status OK with chunks its keys' chunks (answer
+ * with their values), or another status and a reason (answer with an error). */
+typedef void (*GateAnswerFn)(void *ud, const zmq_msg_t *route, const Psnet__Header *req, Chunk **chunks,
+                             int status, const char *reason);
+
+typedef struct GateLimits {
+        size_t max_parked;              /* pulls parked at once, all workers */
+        size_t max_parked_per_worker;
+        uint64_t park_timeout_ms;
+} GateLimits;
+
+typedef struct Gate {
+        GateCfg prev, cur;
+        int64_t switch_clock;
+        uint64_t members_epoch;
+        int64_t *wclock;        /* per worker id: clocks completed (pushed), -1 unknown */
+        size_t nwclock;
+        bool fenced;            /* BSP clocks >= fence_limit do not close; */
+        int64_t fence_limit;    /* ASP/SSP pulls for clocks > fence_pull_limit wait */
+        int64_t fence_pull_limit;
+        ParkedPull *parked;
+        size_t nparked, cparked;
+        GateLimits limits;
+        GateAckFn ack;
+        GateAnswerFn answer;
+        void *ud;
+        uint64_t refused_stale, refused_denied, refused_nonfinite, refused_pulls, expired_pulls;
+} Gate;
+
+#define GATE_DEFAULT_PARK_TIMEOUT_MS 300000u
+#define GATE_PARKED_PER_WORKER 4u
+
+/* A new request (route copied) with remaining = 1 for the reader's hold. */
+int pushreq_new(const zmq_msg_t *route, uint64_t seq, uint32_t worker, int64_t clock, PushReq **ret);
+/* Settles one key (or the reader's hold) of req with status; acknowledges and
+ * frees req when nothing remains. */
+void pushreq_settle(Store *s, PushReq *req, int status);
+
+/* Replaces the membership (ids with the clocks they start at and, with CURVE,
+ * their keys; start and keys may be NULL) for clocks >= from_clock; clocks
+ * before it keep prev (NULL: the same set). mode/staleness likewise. Ends a
+ * fence. Under BSP this may close clocks. */
+int gate_set_config(Store *s, ConsistencyMode mode, uint32_t staleness, const uint32_t *workers,
+                    const int64_t *start, const uint8_t (*keys)[32], size_t n, const uint32_t *prev, size_t nprev,
+                    int64_t from_clock, uint64_t epoch);
+/* Shorthand: the same set, mode and staleness for every clock. */
+int gate_set_members(Store *s, const uint32_t *workers, size_t n, uint64_t epoch);
+/* The configuration that governs a clock. */
+const GateCfg *gate_cfg(const Store *s, int64_t clock);
+
+/* Starts a fence until the next gate_set_config: BSP clocks past the next one
+ * stop closing, and ASP/SSP pulls past the fastest worker's next clock wait, so
+ * that a boundary pscoord picks from the replies is still ahead of everyone.
+ * Returns the highest chunk clock; the members' slowest and fastest completed
+ * clocks go to ret_min_worker and ret_max_worker (0 when unknown). */
+int64_t gate_fence(Store *s, int64_t *ret_min_worker, int64_t *ret_max_worker);
+
+/* Admits a PUSH whose keys were looked up: 0, or a status (STALE, DENIED,
+ * NOT_FINITE) with the reason. sender_key: the sender's CURVE key, or NULL. */
+int gate_admit_push(Store *s, const Psnet__Header *h, const zmq_msg_t *frames, const uint8_t *sender_key,
+                    char *reason, size_t n);
+/* Offers one pushed gradient for chunk c. The frame is moved into the gate
+ * when parked. Settles the key in req now (ASP apply, DUPLICATE, STALE) or
+ * later (BSP, when the clock closes). */
+int gate_push(Store *s, Chunk *c, PushReq *req, zmq_msg_t *grad);
+/* Closes every BSP clock that can close now; acknowledges the pushes applied. */
+int gate_settle(Store *s);
+/* c leaves this shard: refuses the pushes parked on it (MOVED; their dedupe
+ * entries rolled back, so the workers resend them to the new owner). */
+void gate_chunk_leaving(Store *s, Chunk *c);
+
+/* Whether a pull of these chunks for clock may be answered now (see above).
+ * ret_slowest (may be NULL) gets the slowest member's completed clocks. */
+bool gate_pull_ready(Store *s, Chunk *const *chunks, size_t n, int64_t clock, int64_t *ret_slowest);
+/* A PULL whose keys were looked up (chunks): answered at once (through the
+ * answer callback), or parked (*hdr taken, now owned by the gate), or refused:
+ * a status (INVALID: a clock too far ahead; DENIED: not a member; RESOURCE:
+ * too many parked) with the reason, for the caller to answer. */
+int gate_pull(Store *s, const zmq_msg_t *route, Psnet__Header **hdr, Chunk **chunks, uint64_t now, char *reason,
+              size_t n);
+/* Answers the parked pulls that can be answered now (or no longer at all). */
+void gate_wake(Store *s);
+/* Refuses the parked pulls older than the park time-out. */
+void gate_expire(Store *s, uint64_t now);
+/* The members others are waiting on (a BSP clock that cannot close without
+ * them, or SSP pulls parked on the slowest), at most max ids, and since when
+ * (*ret_ms, milliseconds). */
+size_t gate_stragglers(Store *s, uint64_t now, uint32_t *ids, size_t max, uint64_t *ret_ms);
+/* Frees what the gate holds (parked pulls answered SHUTTING_DOWN first). */
+void gate_done(Store *s);
