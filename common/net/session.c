@@ -41,6 +41,7 @@ struct Session {
         SessionState state;
         bool ever_registered;
         uint64_t started_ms, next_heartbeat, last_reply, warned_silent;
+        uint64_t retry_at;           /* register again then (after a RESOURCE refusal); 0: none */
         uint32_t id;
         unsigned lease_ms;
         uint64_t seq;
@@ -193,7 +194,9 @@ static void session_register_done(Session *s, int r, WireMsg *m) {
                 return;
         }
         const char *reason = m && m->hdr && m->hdr->reason ? m->hdr->reason : "";
-        if (!s->ever_registered && r == -ECONNREFUSED) {
+        /* RESOURCE: not now (a shard id still held by a live lease): try again. */
+        bool retry = m && m->hdr && m->hdr->status == PSNET__STATUS__STATUS_RESOURCE;
+        if (!s->ever_registered && r == -ECONNREFUSED && !retry) {
                 s->state = S_IDLE;
                 if (s->ops.failed)
                         s->ops.failed(s, r, reason, s->ud);
@@ -206,9 +209,26 @@ static void session_register_done(Session *s, int r, WireMsg *m) {
                         s->ops.failed(s, -ETIMEDOUT, s->handshake_error[0] ? s->handshake_error : "no answer", s->ud);
                 return;
         }
+        if (r == -ECONNREFUSED && m->hdr->status == PSNET__STATUS__STATUS_DENIED) {
+                /* Refused for who we are (a key's role, an eviction): trying again cannot help. */
+                s->state = S_IDLE;
+                if (s->ops.failed)
+                        s->ops.failed(s, -EACCES, reason, s->ud);
+                return;
+        }
         if (r == -ECONNREFUSED)
                 log_warning("pscoord refused the registration; trying again reason=\"%s\"", reason);
-        if (session_register(s) < 0)
+        if (retry && !s->ever_registered && s->conf.connect_timeout_ms &&
+            now_ms() - s->started_ms + SESSION_REGISTER_RETRY_MS > s->conf.connect_timeout_ms) {
+                s->state = S_IDLE;
+                if (s->ops.failed)
+                        s->ops.failed(s, -ECONNREFUSED, reason, s->ud);
+                return;
+        }
+        if (retry) {
+                s->retry_at = now_ms() + SESSION_REGISTER_RETRY_MS; /* not at once: the lease has to run out */
+                session_schedule(s);
+        } else if (session_register(s) < 0)
                 log_error("out of memory while registering with pscoord");
 }
 
@@ -294,6 +314,11 @@ static void session_tick(uv_timer_t *t) {
                 if (!q->sent && now >= q->resend_at)
                         (void) req_send(s, q);
         }
+        if (s->retry_at && now >= s->retry_at) {
+                s->retry_at = 0;
+                if (session_register(s) < 0)
+                        log_error("out of memory while registering with pscoord");
+        }
         if (s->state == S_REGISTERED && now >= s->next_heartbeat) {
                 session_heartbeat(s);
                 s->next_heartbeat = now + MAX(s->lease_ms / 3, 50u);
@@ -315,6 +340,8 @@ static void session_schedule(Session *s) {
         }
         if (s->state == S_REGISTERED)
                 next = MIN(next, s->next_heartbeat);
+        if (s->retry_at)
+                next = MIN(next, s->retry_at);
         if (next == UINT64_MAX) {
                 (void) uv_timer_stop(&s->timer);
                 return;

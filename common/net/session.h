@@ -34,7 +34,8 @@ typedef struct SessionOps {
         /* Registered (again, when again): session_id and session_lease_ms are set. */
         void (*registered)(Session *s, bool again, void *ud);
         /* The first registration failed: -ETIMEDOUT (no answer within
-         * connect_timeout_ms) or -ECONNREFUSED (refused; reason says why). */
+         * connect_timeout_ms) or -ECONNREFUSED (refused; reason says why); or
+         * any registration was denied for who this peer is (-EACCES). */
         void (*failed)(Session *s, int err, const char *reason, void *ud);
         /* A message pscoord sent by itself (CONFIG, FENCE, ...). May be NULL. */
         void (*message)(Session *s, WireMsg *m, void *ud);

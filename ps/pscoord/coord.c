@@ -22,6 +22,7 @@
 #include "zap.h"
 
 #define COORD_MAX_PEERS 4096
+#define COORD_MAX_STRAGGLERS 64
 
 typedef struct Peer {
         uint32_t id;
@@ -32,8 +33,13 @@ typedef struct Peer {
         bool has_key;
         uint64_t last_seen;
         uint32_t pid;
+        char host[64];              /* the peer's host name, as it registered */
         uint32_t rank;
-        Psnet__ShardInfo shard;     /* last reported stats (endpoint not owned) */
+        Psnet__ShardInfo shard;     /* last reported stats (endpoint and stragglers not owned: NULL) */
+        uint32_t stragglers[COORD_MAX_STRAGGLERS];  /* shards: members the others wait on */
+        size_t nstragglers;
+        uint64_t stalled_ms;
+        uint64_t memory_limit, max_msg; /* shards: from their registration */
         Psnet__WorkerInfo worker;
         bool done;
         bool member;                /* counted by the shards' gates */
@@ -70,6 +76,9 @@ typedef struct Coord {
         uint64_t fence_seq;
         float accuracy;
         bool has_accuracy;
+        char fail_reason[256];      /* why the job failed (state FAILED) */
+        struct { uint32_t pid; char host[64]; } evicted[COORD_MAX_STRAGGLERS]; /* not admitted again this job */
+        size_t nevicted;
         uint64_t start_ms, job_start_ms, job_end_ms, migrate_start_ms;
         uint64_t errors;
         uv_loop_t loop;
@@ -219,16 +228,18 @@ static void publish(Coord *c) {
         _cleanup_free_ Peer **workers = sorted_workers(c, &nw);
         _cleanup_free_ uint32_t *ids = ps_malloc((nw ? nw : 1) * sizeof *ids);
         _cleanup_free_ int64_t *starts = ps_malloc((nw ? nw : 1) * sizeof *starts);
+        _cleanup_free_ ProtobufCBinaryData *keys = ps_calloc(nw ? nw : 1, sizeof *keys);
         Psnet__ShardMap *pm = NULL;
         Psnet__Membership mem = PSNET__MEMBERSHIP__INIT;
 
-        if (!workers || !ids || !starts || job_to_proto(&c->job, &spec) < 0) {
+        if (!workers || !ids || !starts || !keys || job_to_proto(&c->job, &spec) < 0) {
                 log_error("out of memory while publishing the configuration");
                 return;
         }
         for (size_t i = 0; i < nw; i++) {
                 ids[i] = workers[i]->id;
                 starts[i] = workers[i]->start_clock;
+                keys[i] = (ProtobufCBinaryData) { .len = 32, .data = workers[i]->public_key };
                 workers[i]->rank = (uint32_t) i;
         }
         mem.epoch = c->members_epoch;
@@ -236,6 +247,9 @@ static void publish(Coord *c) {
         mem.workers = ids;
         mem.n_start_clocks = nw;
         mem.start_clocks = starts;
+        /* With CURVE the shards check that a push comes from the member's own key. */
+        mem.n_keys = c->id.enabled ? nw : 0;
+        mem.keys = keys;
         mem.has_from_clock = true;
         mem.from_clock = c->switch_clock;
         if (c->map && shardmap_to_proto(c->map, &pm) < 0) {
@@ -369,8 +383,65 @@ static void handle_shard_change(Coord *c, WireMsg *m, bool add) {
 }
 
 /* Starts the job once the expected shards and workers are there. */
+/* The job ends as failed: says why to the log, psctl and every peer. */
+static void job_fail(Coord *c, const char *reason) {
+        c->state = JOB_FAILED;
+        c->job_end_ms = now_ms();
+        snprintf(c->fail_reason, sizeof c->fail_reason, "%s", reason);
+        log_error("job failed job=%u reason=\"%s\"", c->job.id, reason);
+        /* Workers not yet members of anything hear it too (publish reaches members only). */
+        Psnet__Header h;
+        Psnet__Config cfg = PSNET__CONFIG__INIT;
+        cfg.job_state = job_state_to_proto(c->state);
+        wire_header_init(&h, PSNET__MSG_TYPE__MSG_CONFIG);
+        h.body_case = PSNET__HEADER__BODY_CONFIG;
+        h.config = &cfg;
+        for (size_t i = 0; i < c->npeers; i++)
+                if (c->peers[i].role == PSNET__ROLE__ROLE_WORKER && !c->peers[i].member)
+                        (void) reply_hdr(c, &c->peers[i].route, &h, 0);
+}
+
+/* Whether the shards can hold the job under c->map: each shard's share of the
+ * values and optimizer state within its memory, the largest frame within its
+ * limit. On failure writes why into reason. */
+static bool job_fits(Coord *c, char *reason, size_t n) {
+        size_t ns = shardmap_size(c->map);
+        _cleanup_free_ uint64_t *share = ps_calloc(ns, sizeof *share);
+        if (!share) {
+                snprintf(reason, n, "out of memory");
+                return false;
+        }
+        uint64_t per = c->job.optim.kind == OPTIM_ADAM ? 2 : c->job.optim.momentum != 0.0f ? 1 : 0;
+        for (uint32_t t = 0; t < c->job.ntensors; t++)
+                for (uint32_t k = 0; k < c->job.tensors[t].nchunks; k++)
+                        share[shardmap_lookup(c->map, t, k)] += (uint64_t) job_chunk_len(&c->job, t, k) * 4u * (1 + per);
+        uint64_t frame = (uint64_t) c->job.chunk_floats * 4u * MAX(per, (uint64_t) 1);
+        for (size_t i = 0; i < ns; i++) {
+                Peer *p = find_peer(c, PSNET__ROLE__ROLE_SERVER, shardmap_shard(c->map, i)->id);
+                if (!p)
+                        continue;
+                if (p->memory_limit && share[i] > p->memory_limit) {
+                        uint64_t total = 0;
+                        for (size_t j = 0; j < ns; j++)
+                                total += share[j];
+                        snprintf(reason, n, "the model needs %.1f GiB of values and optimizer state; shard %u would "
+                                 "hold %.1f GiB but has %.1f GiB (add shards or use a smaller model)",
+                                 (double) total / (1u << 30), p->id, (double) share[i] / (1u << 30),
+                                 (double) p->memory_limit / (1u << 30));
+                        return false;
+                }
+                if (p->max_msg && frame > p->max_msg) {
+                        snprintf(reason, n, "the job's chunks need frames of %lu bytes; shard %u accepts %lu "
+                                 "(lower --chunk-kb or raise psd --max-msg)", (unsigned long) frame, p->id,
+                                 (unsigned long) p->max_msg);
+                        return false;
+                }
+        }
+        return true;
+}
+
 static void maybe_start(Coord *c) {
-        char mode[32];
+        char mode[32], reason[256];
         if (c->state != JOB_WAITING)
                 return;
         size_t ns = count_role(c, PSNET__ROLE__ROLE_SERVER), nw = count_role(c, PSNET__ROLE__ROLE_WORKER);
@@ -379,6 +450,10 @@ static void maybe_start(Coord *c) {
         int r = build_map(c);
         if (r < 0) {
                 log_error_errno(r, "Failed to build the shard map: %m");
+                return;
+        }
+        if (!job_fits(c, reason, sizeof reason)) {
+                job_fail(c, reason);
                 return;
         }
         c->state = JOB_RUNNING;
@@ -419,10 +494,8 @@ static void membership_changed(Coord *c) {
         } else if (nw == 0 && !joining) {
                 /* Every worker left without an evaluation: the job cannot finish by
                  * itself (workers failed, were killed, or stopped). */
-                c->state = JOB_FAILED;
-                c->job_end_ms = now_ms();
-                log_error("job failed: every worker left without a result job=%u finished_workers=%s",
-                          c->job.id, any_done ? "some" : "none");
+                job_fail(c, any_done ? "every worker left without a result (some finished training)"
+                                     : "every worker left without a result");
         }
         log_info("membership epoch=%lu workers=%zu", (unsigned long) c->members_epoch, nw);
         publish(c);
@@ -538,7 +611,7 @@ static void fence_tick(Coord *c) {
 static void handle_register(Coord *c, WireMsg *m) {
         Psnet__Header *h = m->hdr;
         const Psnet__Register *reg = h->reg;
-        char reason[160];
+        char reason[320];
         if (reg->role != PSNET__ROLE__ROLE_SERVER && reg->role != PSNET__ROLE__ROLE_WORKER) {
                 snprintf(reason, sizeof reason, "role %d cannot register (servers and workers can)", reg->role);
                 reply_error(c, &m->route, h->seq, PSNET__STATUS__STATUS_INVALID, reason);
@@ -564,6 +637,14 @@ static void handle_register(Coord *c, WireMsg *m) {
                 reply_error(c, &m->route, h->seq, PSNET__STATUS__STATUS_INVALID, "too many peers");
                 return;
         }
+        for (size_t i = 0; reg->role == PSNET__ROLE__ROLE_WORKER && i < c->nevicted; i++)
+                if (reg->has_pid && c->evicted[i].pid == reg->pid && strcmp(c->evicted[i].host, reg->name ? reg->name : "") == 0) {
+                        snprintf(reason, sizeof reason, "this worker (pid %u) was evicted from job %u: the others waited "
+                                 "on it too long; a restarted worker may join", reg->pid, c->job.id);
+                        log_warning("refused registration reason=\"%s\"", reason);
+                        (void) netsock_send_error(c->ctl, &m->route, PSNET__STATUS__STATUS_DENIED, h->seq, reason);
+                        return;
+                }
         Peer *p = find_route(c, &m->route);
         if (p) /* the same connection registers again: start over */
                 remove_peer(c, p);
@@ -571,6 +652,20 @@ static void handle_register(Coord *c, WireMsg *m) {
         if (reg->role == PSNET__ROLE__ROLE_SERVER) {
                 id = reg->want_id;
                 Peer *old = find_peer(c, PSNET__ROLE__ROLE_SERVER, id);
+                uint64_t silent = old ? now_ms() - old->last_seen : 0;
+                if (old && silent <= c->cfg->lease_ms) {
+                        /* Another process holds the id and keeps its lease: taking it over
+                         * would make the two flap. A restarted shard gets in once the old
+                         * lease runs out (it registers again meanwhile). */
+                        snprintf(reason, sizeof reason,
+                                 "shard id %u is held by a live shard at %.64s (pid %u, heard %lu ms ago); stop it "
+                                 "or choose another --id", id, old->endpoint ? old->endpoint : "?", old->pid,
+                                 (unsigned long) silent);
+                        log_warning("refused registration reason=\"%s\"", reason);
+                        c->errors++;
+                        (void) netsock_send_error(c->ctl, &m->route, PSNET__STATUS__STATUS_RESOURCE, h->seq, reason);
+                        return;
+                }
                 if (old) {
                         log_warning("shard re-registered (restart?) shard_id=%u", id);
                         remove_peer(c, old);
@@ -595,6 +690,9 @@ static void handle_register(Coord *c, WireMsg *m) {
         (void) zmq_msg_copy(&p->route, &m->route);
         p->endpoint = ps_strdup(reg->endpoint);
         p->pid = reg->has_pid ? reg->pid : 0;
+        snprintf(p->host, sizeof p->host, "%s", reg->name ? reg->name : "");
+        p->memory_limit = reg->has_memory_limit ? reg->memory_limit : 0;
+        p->max_msg = reg->has_max_msg ? reg->max_msg : 0;
         if (c->id.enabled) {
                 memcpy(p->public_key, m->peer.key, 32);
                 p->has_key = true;
@@ -638,6 +736,12 @@ static void handle_heartbeat(Coord *c, WireMsg *m, Peer *p) {
                 p->shard = *s;
                 p->shard.base = (ProtobufCMessage) PROTOBUF_C_MESSAGE_INIT(&psnet__shard_info__descriptor);
                 p->shard.endpoint = NULL;
+                p->shard.n_stragglers = 0;
+                p->shard.stragglers = NULL;
+                p->nstragglers = MIN(s->n_stragglers, (size_t) COORD_MAX_STRAGGLERS);
+                if (p->nstragglers)
+                        memcpy(p->stragglers, s->stragglers, p->nstragglers * sizeof *p->stragglers);
+                p->stalled_ms = s->has_stalled_ms ? s->stalled_ms : 0;
         }
         if (h->heartbeat->worker && p->role == PSNET__ROLE__ROLE_WORKER) {
                 p->worker = *h->heartbeat->worker;
@@ -698,6 +802,7 @@ static void handle_status(Coord *c, WireMsg *m) {
         ctl.uptime_ms = now_ms() - c->start_ms;
         ctl.has_accuracy = c->has_accuracy;
         ctl.accuracy = c->accuracy;
+        ctl.reason = c->state == JOB_FAILED && c->fail_reason[0] ? c->fail_reason : NULL;
         wire_header_init(&h, PSNET__MSG_TYPE__MSG_STATUS_REP);
         h.body_case = PSNET__HEADER__BODY_STATUS_REP;
         h.status_rep = &ctl;
@@ -719,8 +824,25 @@ static void handle_job_submit(Coord *c, WireMsg *m) {
                 reply_error(c, &m->route, m->hdr->seq, PSNET__STATUS__STATUS_INVALID, err);
                 return;
         }
+        /* A model the registered shards cannot hold between them is refused now. */
+        uint64_t limit = 0, per = job.optim.kind == OPTIM_ADAM ? 2 : job.optim.momentum != 0.0f ? 1 : 0;
+        uint64_t need = job_nfloats(&job) * 4u * (1 + per);
+        size_t shards = 0;
+        for (size_t i = 0; i < c->npeers; i++)
+                if (c->peers[i].role == PSNET__ROLE__ROLE_SERVER && c->peers[i].memory_limit) {
+                        limit += c->peers[i].memory_limit;
+                        shards++;
+                }
+        if (shards && shards >= MAX(job.expect_shards, 1u) && need > limit) {
+                snprintf(err, sizeof err, "the model needs %.1f GiB of values and optimizer state; the %zu shards "
+                         "hold %.1f GiB between them", (double) need / (1u << 30), shards, (double) limit / (1u << 30));
+                reply_error(c, &m->route, m->hdr->seq, PSNET__STATUS__STATUS_RESOURCE, err);
+                return;
+        }
         job.id = c->job.id + 1;
         c->job = job;
+        c->fail_reason[0] = '\0';
+        c->nevicted = 0;
         c->state = JOB_WAITING;
         c->has_accuracy = false;
         char mode[32];
@@ -905,9 +1027,49 @@ static void coord_on_msg(NetSock *ns, WireMsg *m, int r, void *ud) {
                 reply_error(c, &m->route, m->hdr ? m->hdr->seq : 0, m->status, m->reason);
 }
 
+/* A member the others have waited on for --stall-timeout leaves the
+ * membership as if its lease had run out: it still heartbeats (a fake or a
+ * stuck worker), but holds the BSP barrier or the SSP bound. */
+static void evict_stragglers(Coord *c) {
+        if (!c->cfg->stall_timeout || c->state != JOB_RUNNING)
+                return;
+        uint32_t evict[COORD_MAX_STRAGGLERS];
+        uint64_t waited[COORD_MAX_STRAGGLERS];
+        size_t n = 0;
+        for (size_t i = 0; i < c->npeers; i++) {
+                Peer *s = &c->peers[i];
+                if (s->role != PSNET__ROLE__ROLE_SERVER || s->stalled_ms < 1000ull * c->cfg->stall_timeout)
+                        continue;
+                for (size_t k = 0; k < s->nstragglers && n < COORD_MAX_STRAGGLERS; k++) {
+                        waited[n] = s->stalled_ms;
+                        evict[n++] = s->stragglers[k];
+                }
+                s->nstragglers = 0;
+                s->stalled_ms = 0;
+        }
+        bool changed = false;
+        for (size_t k = 0; k < n; k++) {
+                Peer *w = find_peer(c, PSNET__ROLE__ROLE_WORKER, evict[k]);
+                if (!w || !w->member)
+                        continue; /* gone already, or reported by two shards */
+                log_warning("evicted a worker the others waited on for %lu s (--stall-timeout %u s) worker=%u",
+                            (unsigned long) (waited[k] / 1000), c->cfg->stall_timeout, w->id);
+                if (c->nevicted < COORD_MAX_STRAGGLERS) {
+                        c->evicted[c->nevicted].pid = w->pid;
+                        snprintf(c->evicted[c->nevicted].host, sizeof c->evicted[0].host, "%s", w->host);
+                        c->nevicted++;
+                }
+                remove_peer(c, w);
+                changed = true;
+        }
+        if (changed)
+                membership_changed(c);
+}
+
 static void coord_on_tick(uv_timer_t *t) {
         Coord *c = t->data;
         expire_leases(c);
+        evict_stragglers(c);
         fence_tick(c);
 }
 
@@ -973,8 +1135,9 @@ int coord_run(const CoordConfig *cfg) {
                 r = -EINVAL;
                 goto finish;
         }
-        const NetSockConf nc = { .type = ZMQ_ROUTER, .name = "control", .max_msg = 1 << 20, .sndhwm = 1000,
-                                 .rcvhwm = 1000, .keys = c.id.enabled ? &c.id.keys : NULL, .curve_server = true,
+        /* Control messages are small (a job spec is a few KiB) and few per peer. */
+        const NetSockConf nc = { .type = ZMQ_ROUTER, .name = "control", .max_msg = 256 << 10, .sndhwm = 64,
+                                 .rcvhwm = 64, .keys = c.id.enabled ? &c.id.keys : NULL, .curve_server = true,
                                  .zap_domain = c.id.enabled ? "psnet" : NULL };
         r = netsock_new(&c.loop, c.zctx, &nc, coord_on_msg, &c, &c.ctl);
         if (r < 0) {

@@ -12,6 +12,7 @@ typedef struct CoordConfig {
         char *key;          /* this daemon's key name in keys (default pscoord) */
         bool insecure;      /* listen on a non-loopback tcp:// without keys */
         unsigned lease_ms;
+        unsigned stall_timeout;  /* s: a member the others wait on this long is evicted (0: never) */
         unsigned vnodes;
         Job job;            /* the job pscoord starts with */
 } CoordConfig;

@@ -9,10 +9,10 @@
 #include "log.h"
 
 int main(int argc, char **argv) {
-        CoordConfig cfg = { .lease_ms = 3000, .vnodes = 64 };
+        CoordConfig cfg = { .lease_ms = 3000, .vnodes = 64, .stall_timeout = 60 };
         JobFlags jf;
         char *listen = NULL, *log_level = NULL;
-        Option opts[12 + JOBFLAGS_NOPTS] = {
+        Option opts[13 + JOBFLAGS_NOPTS] = {
                 { "listen", OPT_STR, &listen, "ENDPOINT", "control endpoint to bind (default ipc:///tmp/psnet/coord.sock)" },
                 { "keys", OPT_STR, &cfg.keys, "DIR",
                   "CURVE encryption; admit only the keys of DIR/allow, each in its role (psctl keys gen)" },
@@ -20,6 +20,8 @@ int main(int argc, char **argv) {
                 { "insecure", OPT_BOOL, &cfg.insecure, NULL,
                   "allow a non-loopback tcp:// --listen without --keys (anyone who reaches it can join)" },
                 { "lease-ms", OPT_UINT, &cfg.lease_ms, "MS", "a peer silent this long has left" },
+                { "stall-timeout", OPT_UINT, &cfg.stall_timeout, "SECONDS",
+                  "a worker the others have waited on this long leaves the membership (0: never)" },
                 { "vnodes", OPT_UINT, &cfg.vnodes, "N", "virtual nodes per shard in the hash ring" },
                 { "log-level", OPT_STR, &log_level, "LEVEL", "debug, info, warning or error" },
         };
@@ -34,7 +36,7 @@ int main(int argc, char **argv) {
 
         log_setup("pscoord");
         jobflags_init(&jf);
-        size_t n = 7 + jobflags_options(&jf, opts + 7);
+        size_t n = 8 + jobflags_options(&jf, opts + 8);
         r = config_parse(&prog, opts, n, argc, argv, &optind_);
         if (r != 0)
                 goto out;

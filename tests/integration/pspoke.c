@@ -23,9 +23,20 @@
  *   register-server  a REGISTER as shard 77 at ipc:///nowhere (pscoord)
  *   chunk-state    a shard-to-shard CHUNK_STATE of key (0,0) (psd)
  *   job-stop       a JOB_STOP (pscoord)
+ *   push-nan       a PUSH of key (0,0) whose values are all NaN, as worker
+ *                  PSPOKE_SENDER (default 999), clock PSPOKE_CLOCK (default 0)
+ *   huge           a PUSH whose frame is 1 GiB (zero pages: nothing is allocated here)
+ *   frames         one PUSH of PSPOKE_COUNT frames of CHUNKLEN floats each
+ *   pull-future    PSPOKE_COUNT PULLs of key (0,0) for clock PSPOKE_CLOCK (default
+ *                  2^40), pipelined; prints how each was answered
+ *   flood          PSPOKE_COUNT more connections held open while a STATUS (or,
+ *                  with CHUNKLEN, a PULL) is sent on a fresh one
  * With PSPOKE_KEYS=DIR it speaks CURVE as the key PSPOKE_KEY (default admin) to
  * the server whose public key is PSPOKE_SERVER (default pscoord). */
 #include <errno.h>
+#include <math.h>
+#include <sys/mman.h>
+#include <sys/resource.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -47,6 +58,24 @@ static int send_header(void *s, Psnet__Header *h, size_t cut, bool more) {
         int r = send_raw(s, buf, cut ? MIN(cut, n) : n, more);
         free(buf);
         return r;
+}
+
+static unsigned long env_num(const char *name, unsigned long dflt) {
+        const char *v = getenv(name);
+        return v ? strtoul(v, NULL, 10) : dflt;
+}
+
+/* Receives one answer within ms; returns its status (or -1 for none). */
+static int answer(void *s, long ms, char *reason, size_t n) {
+        zmq_pollitem_t it = { .socket = s, .events = ZMQ_POLLIN };
+        if (zmq_poll(&it, 1, ms) <= 0)
+                return -1;
+        WireMsg m;
+        int r = wire_recv(s, false, 0, &m), st = r < 0 ? -2 : (int) m.hdr->status;
+        if (reason)
+                snprintf(reason, n, "%s", r == 0 && m.hdr->reason ? m.hdr->reason : "");
+        wire_msg_done(&m);
+        return st;
 }
 
 int main(int argc, char **argv) {
@@ -173,6 +202,117 @@ int main(int argc, char **argv) {
                 if (r == 0)
                         r = send_raw(s, v, n, 0);
                 free(v);
+        } else if (!strcmp(c, "push-nan")) {
+                h.type = PSNET__MSG_TYPE__MSG_PUSH;
+                h.sender = (uint32_t) env_num("PSPOKE_SENDER", 999);
+                h.clock = (int64_t) env_num("PSPOKE_CLOCK", 0);
+                float *v = malloc((size_t) len * sizeof(float));
+                if (!v)
+                        return 2;
+                for (uint32_t i = 0; i < len; i++)
+                        v[i] = NAN;
+                r = send_header(s, &h, 0, true);
+                if (r == 0)
+                        r = send_raw(s, v, (size_t) len * sizeof(float), 0);
+                free(v);
+        } else if (!strcmp(c, "huge")) {
+                size_t n = (size_t) 1 << 30;
+                void *p = mmap(NULL, n, PROT_READ, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+                if (p == MAP_FAILED)
+                        return 2;
+                h.type = PSNET__MSG_TYPE__MSG_PUSH;
+                r = send_header(s, &h, 0, true);
+                if (r == 0)
+                        r = send_raw(s, p, n, 0);
+                zmq_pollitem_t it = { .socket = s, .events = ZMQ_POLLOUT };
+                (void) zmq_poll(&it, 1, 2000);
+                munmap(p, n);
+        } else if (!strcmp(c, "frames")) {
+                /* Zero pages, sent without a copy: the frames cost this process nothing. */
+                unsigned long nf = env_num("PSPOKE_COUNT", 20);
+                size_t n = (size_t) len * sizeof(float);
+                void *v = mmap(NULL, n, PROT_READ, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+                if (v == MAP_FAILED)
+                        return 2;
+                h.type = PSNET__MSG_TYPE__MSG_PUSH;
+                r = send_header(s, &h, 0, true);
+                for (unsigned long i = 0; r == 0 && i < nf; i++) {
+                        zmq_msg_t f;
+                        zmq_msg_init_data(&f, v, n, NULL, NULL);
+                        r = zmq_msg_send(&f, s, i + 1 < nf ? ZMQ_SNDMORE : 0) < 0 ? -errno : 0;
+                }
+                zmq_pollitem_t it = { .socket = s, .events = ZMQ_POLLOUT };
+                (void) zmq_poll(&it, 1, 2000);
+        } else if (!strcmp(c, "pull-future")) {
+                unsigned long n = env_num("PSPOKE_COUNT", 1000), got = 0, counts[32] = { 0 };
+                h.sender = (uint32_t) env_num("PSPOKE_SENDER", 999);
+                h.clock = (int64_t) env_num("PSPOKE_CLOCK", 1ul << 40);
+                char reason[256] = "";
+                /* In batches of 32, each read back before the next: a reader that does
+                 * not read loses answers to the shard's bounded send queue. */
+                for (unsigned long i = 0; r == 0 && i < n;) {
+                        unsigned long b = 0;
+                        for (; b < 32 && i < n && r == 0; b++, i++) {
+                                h.seq = i + 1;
+                                r = send_header(s, &h, 0, false);
+                        }
+                        for (; b > 0; b--) {
+                                int st = answer(s, 5000, reason, sizeof reason);
+                                if (st < 0)
+                                        break;
+                                counts[st < 32 ? st : 31]++;
+                                got++;
+                        }
+                }
+                printf("answered=%lu of %lu", got, n);
+                for (int i = 0; i < 32; i++)
+                        if (counts[i])
+                                printf(" %s=%lu", status_name(i), counts[i]);
+                printf(" last_reason=%s\n", reason);
+                zmq_close(s);
+                zmq_ctx_term(ctx);
+                return got == n ? 0 : 3;
+        } else if (!strcmp(c, "flood")) {
+                unsigned long n = env_num("PSPOKE_COUNT", 2000);
+                struct rlimit rl;
+                if (getrlimit(RLIMIT_NOFILE, &rl) == 0) {
+                        rl.rlim_cur = rl.rlim_max;
+                        (void) setrlimit(RLIMIT_NOFILE, &rl);
+                }
+                /* A context of their own: its socket limit is set before its first socket. */
+                void *fctx = zmq_ctx_new();
+                zmq_ctx_set(fctx, ZMQ_MAX_SOCKETS, (int) n + 16);
+                void **socks = calloc(n, sizeof *socks);
+                unsigned long opened = 0;
+                for (unsigned long i = 0; socks && i < n; i++) {
+                        socks[i] = zmq_socket(fctx, ZMQ_DEALER);
+                        if (!socks[i] || zmq_setsockopt(socks[i], ZMQ_LINGER, &zero, sizeof zero) < 0 ||
+                            zmq_connect(socks[i], ep) < 0)
+                                break;
+                        /* One message each, so every connection is made and kept. */
+                        (void) send_raw(socks[i], "", 0, 0);
+                        opened++;
+                }
+                /* Time for the connections to be accepted: the probe below goes last. */
+                zmq_pollitem_t none = { .socket = socks ? socks[0] : s, .events = 0 };
+                (void) zmq_poll(&none, 1, 2000);
+                if (len && argc > 4)
+                        r = send_header(s, &h, 0, false);
+                else {
+                        h.type = PSNET__MSG_TYPE__MSG_STATUS;
+                        h.n_keys = 0;
+                        r = send_header(s, &h, 0, false);
+                }
+                int st = r == 0 ? answer(s, 10000, NULL, 0) : -1;
+                printf("opened=%lu of %lu, then answered=%s status=%s\n", opened, n, st >= 0 ? "yes" : "no",
+                       st >= 0 ? status_name(st) : "-");
+                for (unsigned long i = 0; i < opened; i++)
+                        zmq_close(socks[i]);
+                free(socks);
+                zmq_ctx_term(fctx);
+                zmq_close(s);
+                zmq_ctx_term(ctx);
+                return st >= 0 && opened == n ? 0 : 3;
         } else if (!strcmp(c, "register-bad")) {
                 h.type = PSNET__MSG_TYPE__MSG_REGISTER;
                 h.n_keys = 0;
@@ -186,7 +326,7 @@ int main(int argc, char **argv) {
                 return 2;
         }
         zmq_pollitem_t it = { .socket = s, .events = ZMQ_POLLIN };
-        if (zmq_poll(&it, 1, 5000) <= 0) {
+        if (zmq_poll(&it, 1, (long) env_num("PSPOKE_WAIT_MS", 5000)) <= 0) {
                 printf("no answer\n");
                 r = 3;
         } else {

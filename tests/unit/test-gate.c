@@ -723,6 +723,29 @@ static void test_admission(void) {
                 CHECK(st == PSNET__STATUS__STATUS_NOT_FINITE && strstr(reason, want),
                       "a gradient with %g at %zu is refused (%s)", (double) bad[b], at, reason);
         }
+        /* A long frame: the scan's blocks of 64 and its tail. */
+        {
+                zmq_msg_t big[1];
+                size_t n = 1000;
+                zmq_msg_init_size(&big[0], n * sizeof(float));
+                float *d = zmq_msg_data(&big[0]);
+                for (size_t i = 0; i < n; i++)
+                        d[i] = (float) i * 0.5f - 100.0f;
+                CHECK(gate_admit_push(s, &h, big, NULL, reason, sizeof reason) == ST_OK, "1000 finite values pass");
+                const size_t at[] = { 0, 63, 64, 777, 959, 960, 999 };
+                bool all = true;
+                for (size_t j = 0; j < sizeof at / sizeof at[0]; j++) {
+                        float keep = d[at[j]];
+                        d[at[j]] = j % 2 ? INFINITY : NAN;
+                        char want[48];
+                        snprintf(want, sizeof want, "at value %zu ", at[j]);
+                        all = all && gate_admit_push(s, &h, big, NULL, reason, sizeof reason) ==
+                                             PSNET__STATUS__STATUS_NOT_FINITE && strstr(reason, want);
+                        d[at[j]] = keep;
+                }
+                CHECK(all, "a bad value is found wherever it is (block start, block end, tail)");
+                zmq_msg_close(&big[0]);
+        }
         s->job.allow_nonfinite = true;
         CHECK(gate_admit_push(s, &h, f, NULL, reason, sizeof reason) == ST_OK, "unless the job allows non-finite");
         s->job.allow_nonfinite = false;

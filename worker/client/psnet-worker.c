@@ -126,6 +126,8 @@ static void apply_config(PsnetWorker *w, const Psnet__Config *ctl) {
                 log_info("job stopped by the operator");
                 announce_stop(w, "the operator stopped the job");
         }
+        if (w->has_state && w->state == JOB_FAILED)
+                announce_stop(w, "the job failed (psctl status says why)");
         if (w->has_job && w->has_state && w->state == JOB_RUNNING && !w->job_announced) {
                 w->job_announced = true;
                 if (w->ev.job)
@@ -432,6 +434,17 @@ uint64_t psnet_worker_stale_pushes(const PsnetWorker *w) {
 }
 uint32_t psnet_worker_id(const PsnetWorker *w) { return session_id(w->session); }
 uint32_t psnet_worker_rank(const PsnetWorker *w) { return w->rank; }
+
+PsnetJobState psnet_worker_job_state(const PsnetWorker *w) {
+        switch (w->has_state ? w->state : JOB_WAITING) {
+        case JOB_RUNNING: return PSNET_JOB_RUNNING;
+        case JOB_DONE: return PSNET_JOB_DONE;
+        case JOB_STOPPED: return PSNET_JOB_STOPPED;
+        case JOB_FAILED: return PSNET_JOB_FAILED;
+        case JOB_WAITING: break;
+        }
+        return PSNET_JOB_WAITING;
+}
 uint32_t psnet_worker_count(const PsnetWorker *w) { return w->nworkers; }
 int64_t psnet_worker_start_clock(const PsnetWorker *w) { return w->start_clock; }
 const char *psnet_job_model(const PsnetWorker *w) { return w->has_job ? w->job.model : NULL; }

@@ -29,6 +29,9 @@ extern "C" {
 
 typedef struct PsnetWorker PsnetWorker;
 
+/* The job's state as pscoord last said it. */
+typedef enum { PSNET_JOB_WAITING, PSNET_JOB_RUNNING, PSNET_JOB_DONE, PSNET_JOB_STOPPED, PSNET_JOB_FAILED } PsnetJobState;
+
 typedef struct PsnetWorkerOptions {
         const char *coord;              /* pscoord endpoint, e.g. tcp://coord:7000 */
         unsigned connect_timeout_ms;    /* first registration gives up after this (0: 10 s) */
@@ -67,6 +70,7 @@ int psnet_worker_new(uv_loop_t *loop, const PsnetWorkerOptions *opts, const Psne
 PsnetWorker *psnet_worker_free(PsnetWorker *w);
 
 uint32_t psnet_worker_id(const PsnetWorker *w);
+PsnetJobState psnet_worker_job_state(const PsnetWorker *w);
 uint32_t psnet_worker_rank(const PsnetWorker *w);
 uint32_t psnet_worker_count(const PsnetWorker *w);   /* workers in the job */
 int64_t psnet_worker_start_clock(const PsnetWorker *w);

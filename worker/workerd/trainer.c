@@ -486,9 +486,10 @@ static void on_job(PsnetWorker *w, void *ud) {
 
 static void on_stop(PsnetWorker *w, const char *why, void *ud) {
         Trainer *t = ud;
-        (void) w;
         log_info("stopping after this step reason=\"%s\"", why);
         t->stop = true;
+        if (psnet_worker_job_state(w) == PSNET_JOB_FAILED && t->exit_code == 0)
+                t->exit_code = -ECANCELED; /* the job failed: this worker's exit says so */
         if (t->state == T_JOINING)
                 trainer_leave(t);
 }

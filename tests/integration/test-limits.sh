@@ -1,0 +1,97 @@
+#!/usr/bin/env bash
+# Limits and membership, checked where messages arrive, probed as an attacker on
+# the same host would: a push of NaNs from a stranger and from a member, a
+# 1 GiB frame, one push of 20 x 100 MiB frames, big frames at pscoord, 20,000
+# pulls for clock 2^40, 2,000 connections at a soft limit of 1024 descriptors,
+# registering under a live shard's id, a worker that heartbeats but never
+# pushes (BSP), and a model bigger than the shards' memory. Each gets a bound
+# and a clear error, the daemons keep serving, and the model is not poisoned.
+source "$(dirname "$0")/lib.sh"
+
+rss_mb() { awk '/VmRSS/ { print int($2 / 1024) }' "/proc/$1/status"; }
+# Under AddressSanitizer freed memory waits in a quarantine (256 MiB by default),
+# which the memory checks below would count: keep it small.
+export ASAN_OPTIONS="${ASAN_OPTIONS:+$ASAN_OPTIONS:}quarantine_size_mb=4"
+# Starts a daemon with a soft limit of 1024 open files, as many systems default to.
+start_low() { local name=$1; shift; psnet_start "$name" bash -c 'ulimit -Sn 1024 && exec "$@"' _ "$@"; }
+
+COORD="ipc://$RUN/coord.sock" SHARD="ipc://$RUN/psd-1.sock"
+start_low pscoord "$PSCOORD" --listen "$COORD" --workers 1 --shards 1 --mode asp --epochs 6 "${SUBSET[@]}"
+start_low psd-1 "$PSD" --id 1 --listen "$SHARD" --coord "$COORD"
+psnet_start workerd "$WORKERD" --coord "$COORD" --progress-ms 100
+psnet_wait_for 30 grep -q 'msg="progress"' "$RUN/workerd.log"; ok $? "an ASP job trains"
+status() { "$PSCTL" --coord "$COORD" --json status; }
+len=$(status | jq '[.job.chunk_floats, 200704] | min')
+wid=$(status | jq '.workers[0].id')
+
+out=$(PSPOKE_SENDER=999 "$PSPOKE" "$SHARD" push-nan 1 "$len")
+grep -q "status=stale .*worker 999 is not a member" <<<"$out"; ok $? "a stranger's push of NaNs is refused, not applied ($out)"
+out=$(PSPOKE_SENDER=$wid "$PSPOKE" "$SHARD" push-nan 1 "$len")
+grep -q "status=not-finite .*holds NaN or infinity" <<<"$out"; ok $? "a member's push of NaNs is refused whole ($out)"
+
+rss0=$(rss_mb "$PID_psd_1")
+out=$(PSPOKE_WAIT_MS=1000 "$PSPOKE" "$SHARD" huge 1 "$len"); ok $(( $? != 3 )) "a 1 GiB frame gets no answer: the connection is dropped"
+psnet_wait_for 5 grep -q 'connection closed (the peer left, or sent a frame over the limit of [0-9]* bytes)' "$RUN/psd-1.log"
+ok $? "psd logs the drop with its frame limit"
+out=$(PSPOKE_WAIT_MS=1000 PSPOKE_COUNT=20 "$PSPOKE" "$SHARD" frames 1 26214400); ok $(( $? != 3 )) "one push of 20 x 100 MiB frames is dropped"
+rss1=$(rss_mb "$PID_psd_1")
+[ $((rss1 - rss0)) -lt 150 ]; ok $? "psd's memory stayed put (${rss0} -> ${rss1} MiB)"
+out=$("$PSPOKE" "$SHARD" pull 1 "$len"); grep -q "type=2 status=ok" <<<"$out"; ok $? "psd still serves a pull"
+
+rss0=$(rss_mb "$PID_pscoord")
+out=$(PSPOKE_WAIT_MS=1000 PSPOKE_COUNT=40 "$PSPOKE" "$COORD" frames 1 76800); ok $(( $? != 3 )) "40 frames of 300 KiB to pscoord: dropped (control messages are small)"
+rss1=$(rss_mb "$PID_pscoord")
+[ $((rss1 - rss0)) -lt 50 ]; ok $? "pscoord's memory stayed put (${rss0} -> ${rss1} MiB)"
+out=$("$PSPOKE" "$COORD" status); grep -q "type=21 status=ok" <<<"$out"; ok $? "pscoord still answers"
+
+
+out=$(PSPOKE_COUNT=2000 "$PSPOKE" "$SHARD" flood 1 "$len"); ok $? "2,000 connections to psd at ulimit -Sn 1024, and it answers ($out)"
+out=$(PSPOKE_COUNT=2000 "$PSPOKE" "$COORD" flood); ok $? "2,000 connections to pscoord, and it answers ($out)"
+alive "$PID_psd_1" && alive "$PID_pscoord"; ok $? "both are still running"
+
+# Another psd taking shard 1's id while shard 1 lives: refused, shard 1 stays.
+out=$("$PSD" --id 1 --listen "ipc://$RUN/impostor.sock" --coord "$COORD" --connect-timeout 3 2>&1); rc=$?
+ok $(( rc == 0 )) "a second psd --id 1 gives up (exit $rc)"
+grep -q "shard id 1 is held by a live shard at $SHARD" <<<"$out"; ok $? "and says which shard holds the id"
+status | jq -e ".shards | length == 1 and .[0].endpoint == \"$SHARD\"" >/dev/null; ok $? "shard 1 kept its place"
+grep -q 'shard re-registered' "$RUN/pscoord.log"; ok $(( $? == 0 )) "shard 1 never flapped"
+
+out=$("$PSCTL" --coord "$COORD" job wait --wait 300); ok $? "the job finishes ($out)"
+accuracy_at_least "$out" 0.70; ok $? "and the model was not poisoned"
+grep -q 'push refused\|refused request' "$RUN/workerd.log"; ok $(( $? == 0 )) "the real worker saw none of it"
+psnet_stop_all
+
+# BSP with a worker that heartbeats but never pushes: evicted after --stall-timeout.
+COORD="ipc://$RUN/coord2.sock"
+psnet_start pscoord2 "$PSCOORD" --listen "$COORD" --workers 2 --shards 1 --mode bsp --epochs 3 --stall-timeout 3 \
+  "${SUBSET[@]}"
+psnet_start psd2 "$PSD" --id 1 --listen "ipc://$RUN/psd2.sock" --coord "$COORD"
+psnet_start good "$WORKERD" --coord "$COORD" --progress-ms 200
+psnet_start stuck "$WORKERD" --coord "$COORD" --step-delay-ms 600000
+psnet_wait_for 30 grep -q 'msg="progress"' "$RUN/good.log"; ok $? "a BSP job with a worker that never pushes"
+status2() { "$PSCTL" --coord "$COORD" --json status; }
+len=$(status2 | jq '[.job.chunk_floats, 200704] | min')
+gid=$(status2 | jq ".workers[] | select(.pid == $PID_good) | .id")
+out=$(PSPOKE_SENDER=$gid PSPOKE_COUNT=20000 "$PSPOKE" "ipc://$RUN/psd2.sock" pull-future 1 "$len")
+grep -q "answered=20000 of 20000 invalid=20000 .*clocks ahead" <<<"$out"; ok $? "20,000 pulls for clock 2^40 are refused, none parked ($out)"
+parked=$(status2 | jq '.shards[0].parked'); [ "$parked" -le 4 ]; ok $? "the shard holds $parked parked pulls"
+psnet_wait_for 30 grep -q 'msg="evicted a worker the others waited on for [0-9]* s (--stall-timeout 3 s)"' \
+  "$RUN/pscoord2.log"; ok $? "pscoord evicts the worker the others wait on, saying why"
+psnet_wait_exit "$PID_stuck" 20; ok $? "the evicted worker is not let back in: it stops"
+grep -q 'was evicted from job 1' "$RUN/stuck.log"; ok $? "and says why"
+out=$("$PSCTL" --coord "$COORD" job wait --wait 300); ok $? "the job goes on and finishes ($out)"
+psnet_stop_all
+
+# A model bigger than the shards' memory: the job fails before it starts, saying why.
+COORD="ipc://$RUN/coord3.sock"
+big=mlp:65536-65536-65536-65536-65536-65536-65536-65536-65536-65536-65536-65536-65536-65536-65536-10
+psnet_start pscoord3 "$PSCOORD" --listen "$COORD" --workers 1 --shards 1 --model "$big"
+psnet_start psd3 "$PSD" --id 1 --listen "ipc://$RUN/psd3.sock" --coord "$COORD" --memory-limit $((1 << 30))
+psnet_start w3 "$WORKERD" --coord "$COORD"
+out=$("$PSCTL" --coord "$COORD" job wait --wait 30); rc=$?
+ok $(( rc == 0 )) "a 224 GiB model on a 1 GiB shard: the job fails ($out)"
+grep -q 'state=failed reason="the model needs .* GiB of values and optimizer state; shard 1 would hold' <<<"$out"; ok $? "psctl says why"
+psnet_wait_exit "$PID_w3" 10; ok $? "the worker leaves"
+wait "$PID_w3"; ok $(( $? == 0 )) "with a non-zero exit"
+out=$("$PSCTL" --coord "$COORD" job submit --model "$big" 2>&1); ok $(( $? == 0 )) "submitting it again is refused at once"
+grep -q "resource" <<<"$out"; ok $? "as a resource error ($out)"
