@@ -3,15 +3,18 @@
  * and fences. Every change of
  * job, map or membership is pushed to the peers as MSG_CONFIG. */
 #include <errno.h>
+#include <math.h>
 #include <signal.h>
 #include <stdio.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
 #include <uv.h>
 #include "alloc.h"
 #include "coord.h"
 #include "endpoint.h"
 #include "keys.h"
+#include "metrics.h"
 #include "netsock.h"
 #include "service.h"
 #include "errors.h"
@@ -79,6 +82,8 @@ typedef struct Coord {
         char fail_reason[256];      /* why the job failed (state FAILED) */
         struct { uint32_t pid; char host[64]; } evicted[COORD_MAX_STRAGGLERS]; /* not admitted again this job */
         size_t nevicted;
+        uint64_t registrations, expiries, evictions, requests, refused;
+        Histogram latency;          /* handling a control request */
         uint64_t start_ms, job_start_ms, job_end_ms, migrate_start_ms;
         uint64_t errors;
         uv_loop_t loop;
@@ -712,6 +717,7 @@ static void handle_register(Coord *c, WireMsg *m) {
         int r = reply_hdr(c, &m->route, &rh, h->seq);
         if (r < 0)
                 log_warning_errno(r, "Failed to answer registration: %m");
+        c->registrations++;
         log_info("registered role=%s id=%u pid=%u endpoint=%s",
                  reg->role == PSNET__ROLE__ROLE_SERVER ? "shard" : "worker", id, p->pid,
                  reg->endpoint ? reg->endpoint : "-");
@@ -1009,6 +1015,7 @@ static void expire_leases(Coord *c) {
                         continue;
                 }
                 bool worker = p->role == PSNET__ROLE__ROLE_WORKER;
+                c->expiries++;
                 log_warning("lease expired role=%s id=%u silent_ms=%lu", worker ? "worker" : "shard", p->id,
                             (unsigned long) (now - p->last_seen));
                 remove_peer(c, p);
@@ -1018,13 +1025,87 @@ static void expire_leases(Coord *c) {
                 membership_changed(c);
 }
 
+static double mono_s(void) {
+        struct timespec ts;
+        clock_gettime(CLOCK_MONOTONIC, &ts);
+        return (double) ts.tv_sec + (double) ts.tv_nsec * 1e-9;
+}
+
 static void coord_on_msg(NetSock *ns, WireMsg *m, int r, void *ud) {
         Coord *c = ud;
         (void) ns;
-        if (r == 0)
+        c->requests++;
+        if (r == 0) {
+                uint64_t errors = c->errors;
+                double t0 = mono_s();
                 handle_message(c, m);
-        else if (m->has_route)
+                histogram_observe(&c->latency, mono_s() - t0);
+                c->refused += c->errors != errors;
+        }
+        else if (m->has_route) {
+                c->refused++;
                 reply_error(c, &m->route, m->hdr ? m->hdr->seq : 0, m->status, m->reason);
+        }
+}
+
+/* --- the service: /metrics, systemd's status line ----------------------------------- */
+
+static void coord_metrics(void *ud, MetricsBuf *b) {
+        Coord *c = ud;
+        char mode[32], id[16];
+        metrics_family(b, "psnet_pscoord_job_state", "gauge", "The job's state (1 for the current one).");
+        static const JobState states[] = { JOB_WAITING, JOB_RUNNING, JOB_DONE, JOB_STOPPED, JOB_FAILED };
+        for (size_t i = 0; i < ELEMENTSOF(states); i++)
+                metrics_sample(b, "psnet_pscoord_job_state", c->state == states[i] ? 1 : 0, "state",
+                               job_state_name(states[i]), NULL);
+        metrics_family(b, "psnet_pscoord_job_info", "gauge", "The job (always 1).");
+        snprintf(id, sizeof id, "%u", c->job.id);
+        metrics_sample(b, "psnet_pscoord_job_info", 1, "job", id, "model", c->job.model, "mode",
+                       job_mode_string(&c->job, mode, sizeof mode), NULL);
+        size_t members = 0, shards_in_map = c->map ? shardmap_size(c->map) : 0;
+        for (size_t i = 0; i < c->npeers; i++)
+                members += c->peers[i].role == PSNET__ROLE__ROLE_WORKER && c->peers[i].member;
+        metrics_one(b, "psnet_pscoord_shards", "gauge", "Shards registered.", (double) count_role(c, PSNET__ROLE__ROLE_SERVER));
+        metrics_one(b, "psnet_pscoord_shards_in_map", "gauge", "Shards in the current map.", (double) shards_in_map);
+        metrics_one(b, "psnet_pscoord_workers", "gauge", "Workers registered.", (double) count_role(c, PSNET__ROLE__ROLE_WORKER));
+        metrics_one(b, "psnet_pscoord_members", "gauge", "Workers in the membership.", (double) members);
+        metrics_one(b, "psnet_pscoord_map_epoch", "gauge", "The shard map's epoch.", (double) c->map_epoch);
+        metrics_one(b, "psnet_pscoord_members_epoch", "gauge", "The membership's epoch.", (double) c->members_epoch);
+        metrics_one(b, "psnet_pscoord_accuracy", "gauge", "The job's test accuracy (NaN before it is known).",
+                    c->has_accuracy ? c->accuracy : NAN);
+        metrics_one(b, "psnet_pscoord_registrations_total", "counter", "Registrations accepted.", (double) c->registrations);
+        metrics_one(b, "psnet_pscoord_lease_expiries_total", "counter", "Peers dropped for silence.", (double) c->expiries);
+        metrics_one(b, "psnet_pscoord_evictions_total", "counter", "Workers evicted for stalling the others.",
+                    (double) c->evictions);
+        metrics_one(b, "psnet_pscoord_requests_total", "counter", "Control messages received.", (double) c->requests);
+        metrics_one(b, "psnet_pscoord_refused_total", "counter", "Control messages refused.", (double) c->refused);
+        metrics_histogram(b, "psnet_pscoord_request_seconds", "Time to handle a control message.", &c->latency);
+        /* Per worker, from its heartbeats. */
+        static const struct { const char *name, *help; } wm[] = {
+                { "psnet_pscoord_worker_clock", "A worker's clock (steps completed)." },
+                { "psnet_pscoord_worker_steps_per_second", "A worker's steps per second." },
+                { "psnet_pscoord_worker_samples_per_second", "A worker's samples per second." },
+                { "psnet_pscoord_worker_loss", "A worker's recent training loss." },
+                { "psnet_pscoord_worker_epoch", "The epoch a worker is in." },
+        };
+        for (size_t k = 0; k < ELEMENTSOF(wm); k++) {
+                metrics_family(b, wm[k].name, "gauge", wm[k].help);
+                for (size_t i = 0; i < c->npeers; i++) {
+                        const Peer *p = &c->peers[i];
+                        if (p->role != PSNET__ROLE__ROLE_WORKER)
+                                continue;
+                        double v = k == 0 ? (double) p->worker.clock : k == 1 ? p->worker.steps_per_s
+                                   : k == 2 ? p->worker.samples_per_s : k == 3 ? p->worker.loss : (double) p->worker.epoch;
+                        snprintf(id, sizeof id, "%u", p->id);
+                        metrics_sample(b, wm[k].name, v, "worker", id, NULL);
+                }
+        }
+}
+
+static void coord_status(void *ud, char *buf, size_t n) {
+        Coord *c = ud;
+        snprintf(buf, n, "job %u %s: %zu shards, %zu workers", c->job.id, job_state_name(c->state),
+                 count_role(c, PSNET__ROLE__ROLE_SERVER), count_role(c, PSNET__ROLE__ROLE_WORKER));
 }
 
 /* A member the others have waited on for --stall-timeout leaves the
@@ -1060,6 +1141,7 @@ static void evict_stragglers(Coord *c) {
                         c->nevicted++;
                 }
                 remove_peer(c, w);
+                c->evictions++;
                 changed = true;
         }
         if (changed)
@@ -1076,6 +1158,7 @@ static void coord_on_tick(uv_timer_t *t) {
 static void coord_stop(void *ud, int signo) {
         Coord *c = ud;
         (void) signo;
+        service_stopping(c->service);
         uv_stop(&c->loop);
 }
 
@@ -1102,7 +1185,8 @@ int coord_run(const CoordConfig *cfg) {
         r = uv_loop_init(&c.loop);
         if (r < 0)
                 return log_error_errno(r, "Failed to start the event loop: %s", uv_strerror(r));
-        const ServiceOps sops = { .stop = coord_stop, .reload = coord_reload };
+        const ServiceOps sops = { .stop = coord_stop, .reload = coord_reload, .metrics = coord_metrics,
+                                  .status = coord_status };
         r = service_new(&c.loop, "pscoord", &sops, &c, &c.service);
         if (r < 0) {
                 log_error_errno(r, "Failed to set up signals: %m");
@@ -1149,6 +1233,11 @@ int coord_run(const CoordConfig *cfg) {
                 log_error_errno(r, "Failed to bind %s: %m", cfg->listen);
                 goto finish;
         }
+        if (cfg->http && (r = service_http(c.service, cfg->http, err, sizeof err)) < 0) {
+                log_error("%s", err);
+                r = -EINVAL;
+                goto finish;
+        }
         r = uv_timer_init(&c.loop, &c.tick);
         if (r == 0) {
                 c.tick.data = &c;
@@ -1158,6 +1247,7 @@ int coord_run(const CoordConfig *cfg) {
                 log_error_errno(r, "Failed to start the lease timer: %m");
                 goto finish;
         }
+        service_ready(c.service);
         log_info("listening endpoint=%s job=%u model=%s mode=%s expect_shards=%u expect_workers=%u security=%s",
                  cfg->listen, c.job.id, c.job.model, job_mode_string(&c.job, mode, sizeof mode),
                  c.job.expect_shards, c.job.expect_workers, c.id.enabled ? "curve" : "none");

@@ -11,6 +11,7 @@ typedef struct CoordConfig {
         char *keys;         /* --keys DIR: CURVE and the allow-list (NULL: none) */
         char *key;          /* this daemon's key name in keys (default pscoord) */
         bool insecure;      /* listen on a non-loopback tcp:// without keys */
+        char *http;         /* --http ADDR:PORT (NULL: none) */
         unsigned lease_ms;
         unsigned stall_timeout;  /* s: a member the others wait on this long is evicted (0: never) */
         unsigned vnodes;

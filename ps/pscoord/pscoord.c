@@ -12,13 +12,15 @@ int main(int argc, char **argv) {
         CoordConfig cfg = { .lease_ms = 3000, .vnodes = 64, .stall_timeout = 60 };
         JobFlags jf;
         char *listen = NULL, *log_level = NULL;
-        Option opts[13 + JOBFLAGS_NOPTS] = {
+        Option opts[14 + JOBFLAGS_NOPTS] = {
                 { "listen", OPT_STR, &listen, "ENDPOINT", "control endpoint to bind (default ipc:///tmp/psnet/coord.sock)" },
                 { "keys", OPT_STR, &cfg.keys, "DIR",
                   "CURVE encryption; admit only the keys of DIR/allow, each in its role (psctl keys gen)" },
                 { "key", OPT_STR, &cfg.key, "NAME", "this daemon's key in --keys (default pscoord)" },
                 { "insecure", OPT_BOOL, &cfg.insecure, NULL,
                   "allow a non-loopback tcp:// --listen without --keys (anyone who reaches it can join)" },
+                { "http", OPT_STR, &cfg.http, "ADDR:PORT",
+                  "serve /metrics, /healthz and /readyz over HTTP (e.g. 127.0.0.1:9100, :9100 for all addresses)" },
                 { "lease-ms", OPT_UINT, &cfg.lease_ms, "MS", "a peer silent this long has left" },
                 { "stall-timeout", OPT_UINT, &cfg.stall_timeout, "SECONDS",
                   "a worker the others have waited on this long leaves the membership (0: never)" },
@@ -36,7 +38,7 @@ int main(int argc, char **argv) {
 
         log_setup("pscoord");
         jobflags_init(&jf);
-        size_t n = 8 + jobflags_options(&jf, opts + 8);
+        size_t n = 9 + jobflags_options(&jf, opts + 9);
         r = config_parse(&prog, opts, n, argc, argv, &optind_);
         if (r != 0)
                 goto out;

@@ -59,6 +59,7 @@ int pushreq_new(const zmq_msg_t *route, uint64_t seq, uint32_t worker, int64_t c
         r->clock = clock;
         r->remaining = 1;
         r->status = PSNET__STATUS__STATUS_OK;
+        r->arrived = now_ms();
         *ret = r;
         return 0;
 }
@@ -553,7 +554,7 @@ int gate_pull(Store *s, const zmq_msg_t *route, Psnet__Header **hdr, Chunk **chu
                         /* The SSP bound, observable by the tests: clock - slowest <= staleness. */
                         log_debug("ssp pull worker=%u clock=%ld slowest=%ld staleness=%u", h->sender, (long) h->clock,
                                   (long) slowest, gate_cfg(s, h->clock)->staleness);
-                g->answer(g->ud, route, h, chunks, PSNET__STATUS__STATUS_OK, NULL);
+                g->answer(g->ud, route, h, chunks, PSNET__STATUS__STATUS_OK, NULL, now);
                 return 0;
         }
         /* It would wait: only a member may, for a clock it can reach, within bounds. */
@@ -611,7 +612,7 @@ void gate_wake(Store *s) {
                 }
                 int st = store_lookup_keys(s, h, chunks, reason, sizeof reason);
                 if (st != PSNET__STATUS__STATUS_OK)
-                        g->answer(g->ud, &pp->route, h, NULL, st, reason); /* moved away meanwhile */
+                        g->answer(g->ud, &pp->route, h, NULL, st, reason, pp->since); /* moved away meanwhile */
                 else if (gate_pull_ready(s, chunks, h->n_keys, h->clock, NULL)) {
                         if (gate_cfg(s, h->clock)->mode == MODE_SSP) {
                                 int64_t slowest;
@@ -619,7 +620,7 @@ void gate_wake(Store *s) {
                                 log_debug("ssp pull worker=%u clock=%ld slowest=%ld staleness=%u", h->sender,
                                           (long) h->clock, (long) slowest, gate_cfg(s, h->clock)->staleness);
                         }
-                        g->answer(g->ud, &pp->route, h, chunks, PSNET__STATUS__STATUS_OK, NULL);
+                        g->answer(g->ud, &pp->route, h, chunks, PSNET__STATUS__STATUS_OK, NULL, pp->since);
                 } else
                         done = false;
                 if (chunks != stack)
@@ -646,7 +647,7 @@ void gate_expire(Store *s, uint64_t now) {
                 g->expired_pulls++;
                 snprintf(reason, sizeof reason, "pull for clock %ld waited %lu s, longer than the shard keeps a pull",
                          (long) pp->hdr->clock, (unsigned long) ((now - pp->since) / 1000));
-                g->answer(g->ud, &pp->route, pp->hdr, NULL, PSNET__STATUS__STATUS_RESOURCE, reason);
+                g->answer(g->ud, &pp->route, pp->hdr, NULL, PSNET__STATUS__STATUS_RESOURCE, reason, pp->since);
                 zmq_msg_close(&pp->route);
                 psnet__header__free_unpacked(pp->hdr, NULL);
         }
@@ -706,7 +707,7 @@ void gate_done(Store *s) {
         for (size_t i = 0; i < g->nparked; i++) {
                 if (g->answer)
                         g->answer(g->ud, &g->parked[i].route, g->parked[i].hdr, NULL,
-                                  PSNET__STATUS__STATUS_SHUTTING_DOWN, "the shard is stopping");
+                                  PSNET__STATUS__STATUS_SHUTTING_DOWN, "the shard is stopping", g->parked[i].since);
                 zmq_msg_close(&g->parked[i].route);
                 psnet__header__free_unpacked(g->parked[i].hdr, NULL);
         }

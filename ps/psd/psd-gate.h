@@ -43,6 +43,7 @@ typedef struct PushReq {
         int64_t clock;
         int remaining;      /* keys not yet settled, +1 while the request is being read */
         int status;
+        uint64_t arrived;   /* ms, for the latency of its acknowledgement */
 } PushReq;
 
 typedef struct Pending {
@@ -67,10 +68,11 @@ typedef struct ParkedPull {
 
 /* A PUSH request is settled (req->status says how): acknowledge it. */
 typedef void (*GateAckFn)(void *ud, PushReq *req);
-/* A parked pull is answered: status OK with chunks its keys' chunks (answer
- * with their values), or another status and a reason (answer with an error). */
+/* A pull is answered: status OK with chunks its keys' chunks (answer with
+ * their values), or another status and a reason (answer with an error).
+ * arrived: when the pull arrived (ms, for its latency). */
 typedef void (*GateAnswerFn)(void *ud, const zmq_msg_t *route, const Psnet__Header *req, Chunk **chunks,
-                             int status, const char *reason);
+                             int status, const char *reason, uint64_t arrived);
 
 typedef struct GateLimits {
         size_t max_parked;              /* pulls parked at once, all workers */

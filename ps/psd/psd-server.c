@@ -14,6 +14,7 @@
 #include "endpoint.h"
 #include "errors.h"
 #include "keys.h"
+#include "metrics.h"
 #include "log.h"
 #include "netsock.h"
 #include "psd-migrate.h"
@@ -44,6 +45,8 @@ typedef struct Psd {
         int64_t job_max_msg;    /* the frame limit the job's chunks need */
         uint64_t memory_limit;
         uint64_t errors, dropped;
+        uint64_t bytes_in, bytes_out;
+        Histogram push_latency, pull_latency;
         uint64_t drop_window, drop_logged;
         Psnet__ShardInfo hb;    /* the figures of the heartbeat being sent */
         uint32_t stragglers[PSD_MAX_STRAGGLERS];
@@ -105,6 +108,7 @@ static void psd_ack(void *userdata, PushReq *req) {
         int r = netsock_send(p->data, &req->route, &h, NULL, 0);
         if (r < 0)
                 log_warning_errno(r, "Failed to acknowledge push worker=%u: %m", req->worker);
+        histogram_observe(&p->push_latency, (double) (now_ms() - req->arrived) / 1e3);
 }
 
 static int psd_send_values(Psd *p, const zmq_msg_t *route, const Psnet__Header *req, Chunk **chunks) {
@@ -123,6 +127,7 @@ static int psd_send_values(Psd *p, const zmq_msg_t *route, const Psnet__Header *
                 }
                 if (clock < 0 || chunks[i]->clock < clock)
                         clock = chunks[i]->clock;
+                p->bytes_out += (uint64_t) chunks[i]->len * sizeof(float);
         }
         Psnet__Header h;
         wire_header_init(&h, PSNET__MSG_TYPE__MSG_PULL_REP);
@@ -143,8 +148,9 @@ static int psd_send_values(Psd *p, const zmq_msg_t *route, const Psnet__Header *
 
 /* GateAnswerFn: a pull is answered (values) or refused. */
 static void psd_answer(void *userdata, const zmq_msg_t *route, const Psnet__Header *req, Chunk **chunks, int status,
-                       const char *reason) {
+                       const char *reason, uint64_t arrived) {
         Psd *p = userdata;
+        histogram_observe(&p->pull_latency, (double) (now_ms() - arrived) / 1e3);
         if (status != PSNET__STATUS__STATUS_OK) {
                 psd_reply_error(p, route, req, status, reason);
                 return;
@@ -172,6 +178,8 @@ static void psd_push(Psd *p, WireMsg *m, Chunk **chunks) {
                 psd_reply_error(p, &m->route, h, st, reason);
                 return;
         }
+        for (size_t i = 0; i < h->n_keys; i++)
+                p->bytes_in += zmq_msg_size(&m->frames[i]);
         PushReq *req;
         int r = pushreq_new(&m->route, h->seq, h->sender, h->clock, &req);
         if (r < 0) {
@@ -390,7 +398,8 @@ static void psd_apply_config(Psd *p, const Psnet__Config *ctl) {
 /* --- the pscoord session -------------------------------------------------------------- */
 
 static void psd_registered(Session *s, bool again, void *ud) {
-        (void) ud;
+        Psd *p = ud;
+        service_ready(p->service);
         log_info("registered%s coord=%s lease_ms=%u", again ? " again" : "", session_endpoint(s),
                  session_lease_ms(s));
 }
@@ -467,6 +476,73 @@ static void psd_heartbeat(Session *s, Psnet__Heartbeat *hb, void *ud) {
         hb->shard = si;
 }
 
+/* --- the service: /metrics, /readyz, systemd's status line ---------------------------- */
+
+static void psd_metrics(void *ud, MetricsBuf *b) {
+        Psd *p = ud;
+        const Store *s = p->store;
+        const Gate *g = &s->gate;
+        metrics_one(b, "psnet_psd_shard_id", "gauge", "This shard's id.", p->cfg->id);
+        metrics_one(b, "psnet_psd_pushes_total", "counter", "Pushed keys received (applied or refused).",
+                    (double) s->pushes);
+        metrics_one(b, "psnet_psd_pulls_total", "counter", "Keys sent in pull replies.", (double) s->pulls);
+        metrics_one(b, "psnet_psd_updates_total", "counter", "Optimizer steps applied to chunks.", (double) s->applied);
+        metrics_one(b, "psnet_psd_copies_total", "counter",
+                    "Chunks copied before an update because a pull reply still read them.", (double) s->copies);
+        metrics_one(b, "psnet_psd_received_bytes_total", "counter", "Gradient bytes received.", (double) p->bytes_in);
+        metrics_one(b, "psnet_psd_sent_bytes_total", "counter", "Value bytes sent in pull replies.",
+                    (double) p->bytes_out);
+        metrics_one(b, "psnet_psd_errors_total", "counter", "Requests answered with an error.", (double) p->errors);
+        metrics_family(b, "psnet_psd_refused_total", "counter", "Pushes and pulls refused, by reason.");
+        metrics_sample(b, "psnet_psd_refused_total", (double) g->refused_stale, "reason", "not_member", NULL);
+        metrics_sample(b, "psnet_psd_refused_total", (double) g->refused_denied, "reason", "key", NULL);
+        metrics_sample(b, "psnet_psd_refused_total", (double) g->refused_nonfinite, "reason", "not_finite", NULL);
+        metrics_sample(b, "psnet_psd_refused_total", (double) g->refused_pulls, "reason", "pull", NULL);
+        metrics_sample(b, "psnet_psd_refused_total", (double) g->expired_pulls, "reason", "pull_expired", NULL);
+        metrics_one(b, "psnet_psd_connections_closed_total", "counter",
+                    "Data connections closed (peers leaving, or frames over the limit).", (double) p->dropped);
+        metrics_one(b, "psnet_psd_keys", "gauge", "Keys (chunks) this shard holds.", (double) s->nkeys);
+        metrics_one(b, "psnet_psd_model_bytes", "gauge", "Bytes of values and optimizer state held.", (double) s->bytes);
+        metrics_one(b, "psnet_psd_memory_limit_bytes", "gauge", "Model state this shard may hold.",
+                    (double) p->memory_limit);
+        metrics_one(b, "psnet_psd_incoming_keys", "gauge", "Keys the map gives this shard that have not arrived.",
+                    (double) store_incoming(s));
+        metrics_one(b, "psnet_psd_clock", "gauge", "The shard's clock (BSP: slowest chunk; ASP/SSP: fastest worker).",
+                    (double) store_clock(s));
+        metrics_one(b, "psnet_psd_parked_pulls", "gauge", "Pulls waiting for their clock.", (double) g->nparked);
+        metrics_one(b, "psnet_psd_members", "gauge", "Workers in the current membership.", (double) g->cur.nmembers);
+        metrics_one(b, "psnet_psd_map_epoch", "gauge", "The shard map epoch this shard acts on.",
+                    s->map ? (double) shardmap_epoch(s->map) : 0);
+        metrics_one(b, "psnet_psd_moved_out_total", "counter", "Chunks sent to other shards.",
+                    (double) migrate_moved_out(p->migrate));
+        metrics_one(b, "psnet_psd_moved_in_total", "counter", "Chunks installed from other shards.",
+                    (double) migrate_moved_in(p->migrate));
+        metrics_histogram(b, "psnet_psd_push_latency_seconds",
+                          "From a push's arrival to its acknowledgement (BSP: includes waiting for the others).",
+                          &p->push_latency);
+        metrics_histogram(b, "psnet_psd_pull_latency_seconds",
+                          "From a pull's arrival to its answer (includes waiting for the clock).", &p->pull_latency);
+}
+
+static bool psd_ready(void *ud, char *why, size_t n) {
+        Psd *p = ud;
+        if (!p->coord || !session_registered(p->coord)) {
+                snprintf(why, n, "registering with pscoord");
+                return false;
+        }
+        return true;
+}
+
+static void psd_status(void *ud, char *buf, size_t n) {
+        Psd *p = ud;
+        if (!p->store->has_job)
+                snprintf(buf, n, "shard %u: %s", p->cfg->id, p->coord && session_registered(p->coord)
+                                                                   ? "waiting for a job" : "registering with pscoord");
+        else
+                snprintf(buf, n, "shard %u: job %u, %lu keys, clock %ld, %zu members", p->cfg->id, p->store->job.id,
+                         (unsigned long) p->store->nkeys, (long) store_clock(p->store), p->store->gate.cur.nmembers);
+}
+
 /* --- life ------------------------------------------------------------------------------ */
 
 static void psd_tick(uv_timer_t *t) {
@@ -488,6 +564,7 @@ static void psd_stop(void *ud, int signo) {
         if (p->stopping)
                 return;
         p->stopping = true;
+        service_stopping(p->service);
         /* Leave the cluster, answered or not within half a second; serve meanwhile. */
         if (session_deregister(p->coord, 500, psd_left, p) < 0)
                 uv_stop(&p->loop);
@@ -556,10 +633,17 @@ int psd_run(const PsdConfig *cfg) {
         r = uv_loop_init(&p.loop);
         if (r < 0)
                 return log_error_errno(r, "Failed to start the event loop: %s", uv_strerror(r));
-        const ServiceOps sops = { .stop = psd_stop, .reload = psd_reload };
+        const ServiceOps sops = { .stop = psd_stop, .reload = psd_reload, .metrics = psd_metrics,
+                                  .ready = psd_ready, .status = psd_status };
         r = service_new(&p.loop, "psd", &sops, &p, &p.service);
         if (r < 0) {
                 log_error_errno(r, "Failed to set up signals: %m");
+                goto finish;
+        }
+        char herr[256];
+        if (cfg->http && (r = service_http(p.service, cfg->http, herr, sizeof herr)) < 0) {
+                log_error("%s", herr);
+                r = -EINVAL;
                 goto finish;
         }
         p.zctx = zmq_ctx_new();
@@ -627,8 +711,8 @@ int psd_run(const PsdConfig *cfg) {
                 log_error_errno(r, "Bad pscoord endpoint %s: %m", cfg->coord);
                 goto finish;
         }
-        log_info("listening endpoint=%s allocator=%s security=%s memory_limit=%lu", cfg->listen, alloc_name(),
-                 p.id.enabled ? "curve" : "none", (unsigned long) p.memory_limit);
+        log_info("listening endpoint=%s allocator=%s security=%s memory_limit=%lu http=%s", cfg->listen, alloc_name(),
+                 p.id.enabled ? "curve" : "none", (unsigned long) p.memory_limit, cfg->http ? cfg->http : "-");
         (void) uv_run(&p.loop, UV_RUN_DEFAULT);
         r = p.exit_code;
         if (p.stopping)

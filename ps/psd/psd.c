@@ -29,6 +29,8 @@ int main(int argc, char **argv) {
                   "model state (values + optimizer) this shard may hold; pscoord refuses bigger jobs "
                   "(default: the memory available at start)" },
                 { "park-timeout", OPT_UINT, &cfg.park_timeout, "SECONDS", "how long a pull may wait for its clock" },
+                { "http", OPT_STR, &cfg.http, "ADDR:PORT",
+                  "serve /metrics, /healthz and /readyz over HTTP (e.g. 127.0.0.1:9101, :9101 for all addresses)" },
                 { "keys", OPT_STR, &cfg.keys, "DIR",
                   "CURVE encryption; admit only the keys of DIR/allow, each in its role (psctl keys gen)" },
                 { "key", OPT_STR, &cfg.key, "NAME", "this shard's key in --keys (default psd)" },

@@ -775,8 +775,8 @@ static struct {
 } answers;
 
 static void on_answer(void *ud, const zmq_msg_t *route, const Psnet__Header *req, Chunk **chunks, int status,
-                      const char *reason) {
-        (void) ud, (void) route, (void) req, (void) chunks;
+                      const char *reason, uint64_t arrived) {
+        (void) ud, (void) route, (void) req, (void) chunks, (void) arrived;
         if (status == ST_OK)
                 answers.ok++;
         else

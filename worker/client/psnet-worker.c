@@ -139,12 +139,14 @@ static void apply_config(PsnetWorker *w, const Psnet__Config *ctl) {
 /* --- session ------------------------------------------------------------------- */
 
 static void on_registered(Session *s, bool again, void *ud) {
-        (void) ud;
+        PsnetWorker *w = ud;
         char f[32];
         snprintf(f, sizeof f, "worker=%u", session_id(s));
         log_set_fields(f);
         log_info("registered%s coord=%s lease_ms=%u", again ? " again" : "", session_endpoint(s),
                  session_lease_ms(s));
+        if (w->ev.registered)
+                w->ev.registered(w, w->ud);
 }
 
 static void on_failed(Session *s, int err, const char *reason, void *ud) {

@@ -42,6 +42,8 @@ typedef struct PsnetWorkerOptions {
 } PsnetWorkerOptions;
 
 typedef struct PsnetWorkerEvents {
+        /* Registered with pscoord (again, after pscoord restarted). May be NULL. */
+        void (*registered)(PsnetWorker *w, void *ud);
         /* This worker is a member of the running job: train from
          * psnet_worker_start_clock(w). Called once. */
         void (*job)(PsnetWorker *w, void *ud);

@@ -20,6 +20,7 @@
 #include "idx.h"
 #include "kernels.h"
 #include "log.h"
+#include "metrics.h"
 #include "model.h"
 #include "psnet-internal.h"
 #include "service.h"
@@ -70,6 +71,7 @@ typedef struct Trainer {
         int eval_r;
         size_t eval_correct;
         double eval_loss;
+        Histogram round_hist, compute_hist;
 } Trainer;
 
 static double mono_s(void) {
@@ -294,6 +296,7 @@ static void step_idle_cb(uv_idle_t *h) {
         double tc = mono_s();
         t->t_batch += tb - ta;
         t->t_compute += tc - tb;
+        histogram_observe(&t->compute_hist, tc - tb);
         if (t->cfg->step_delay_ms)
                 /* Test knob: a deliberately slow worker. */
                 (void) uv_timer_start(&t->delay, on_delay, t->cfg->step_delay_ms, 0);
@@ -305,6 +308,7 @@ static void on_step_done(PsnetWorker *w, int r, void *ud) {
         Trainer *t = ud;
         (void) w;
         t->t_exchange += mono_s() - t->t_round;
+        histogram_observe(&t->round_hist, mono_s() - t->t_round);
         if (r < 0) {
                 if (r != -ECANCELED)
                         trainer_fail(t, r);
@@ -508,9 +512,55 @@ static void on_failed(PsnetWorker *w, int err, const char *reason, void *ud) {
         uv_stop(&t->loop);
 }
 
+static void on_registered(PsnetWorker *w, void *ud) {
+        Trainer *t = ud;
+        (void) w;
+        service_ready(t->service);
+}
+
+static const char *state_name(TrainerState s) {
+        static const char *const names[] = { "joining", "loading", "pulling", "training", "finishing", "done" };
+        return s <= T_DONE ? names[s] : "?";
+}
+
+static void trainer_metrics(void *ud, MetricsBuf *b) {
+        Trainer *t = ud;
+        uint64_t pushed = 0, pulled = 0, rounds = 0;
+        double wait_s = 0;
+        if (t->w)
+                psnet_worker_traffic(t->w, &pushed, &pulled, &rounds, &wait_s);
+        metrics_family(b, "psnet_workerd_state", "gauge", "What the worker does (1 for the current state).");
+        for (TrainerState s = T_JOINING; s <= T_DONE; s++)
+                metrics_sample(b, "psnet_workerd_state", t->state == s ? 1 : 0, "state", state_name(s), NULL);
+        metrics_one(b, "psnet_workerd_steps_total", "counter", "Training steps done.", (double) t->step);
+        metrics_one(b, "psnet_workerd_samples_total", "counter", "Samples trained on.", (double) t->samples);
+        metrics_one(b, "psnet_workerd_clock", "gauge", "The worker's clock.", (double) t->clock);
+        metrics_one(b, "psnet_workerd_epoch", "gauge", "The epoch in progress (1-based).", (double) (t->epoch + 1));
+        metrics_one(b, "psnet_workerd_loss", "gauge", "Mean training loss over the last progress interval.",
+                    t->last_loss);
+        metrics_one(b, "psnet_workerd_samples_per_second", "gauge", "Samples per second over the last interval.",
+                    t->samples_ps);
+        metrics_one(b, "psnet_workerd_pushed_bytes_total", "counter", "Gradient bytes pushed.", (double) pushed);
+        metrics_one(b, "psnet_workerd_pulled_bytes_total", "counter", "Value bytes pulled.", (double) pulled);
+        metrics_one(b, "psnet_workerd_wait_seconds_total", "counter", "Seconds spent waiting for the shards.", wait_s);
+        metrics_histogram(b, "psnet_workerd_round_seconds", "A push/pull round, from its start to its last reply.",
+                          &t->round_hist);
+        metrics_histogram(b, "psnet_workerd_compute_seconds", "A training step's compute.", &t->compute_hist);
+}
+
+static void trainer_status(void *ud, char *buf, size_t n) {
+        Trainer *t = ud;
+        if (t->state == T_STEPPING)
+                snprintf(buf, n, "training epoch %u/%u step %lu loss %.4f", t->epoch + 1, t->job ? t->job->epochs : 0,
+                         (unsigned long) t->step, t->last_loss);
+        else
+                snprintf(buf, n, "%s", state_name(t->state));
+}
+
 static void on_signal(void *ud, int signo) {
         Trainer *t = ud;
         (void) signo;
+        service_stopping(t->service);
         if (t->state == T_FINISHING || t->state == T_DONE)
                 return;
         t->stop = true;
@@ -541,8 +591,14 @@ int trainer_run(const WorkerConfig *cfg) {
         int r = uv_loop_init(&t.loop);
         if (r < 0)
                 return log_error_errno(r, "Failed to start the event loop: %s", uv_strerror(r));
-        const ServiceOps sops = { .stop = on_signal };
+        const ServiceOps sops = { .stop = on_signal, .metrics = trainer_metrics, .status = trainer_status };
         r = service_new(&t.loop, "workerd", &sops, &t, &t.service);
+        char herr[256];
+        if (r == 0 && cfg->http && (r = service_http(t.service, cfg->http, herr, sizeof herr)) < 0) {
+                log_error("%s", herr);
+                r = -EINVAL;
+                goto out;
+        }
         if (r == 0)
                 r = uv_idle_init(&t.loop, &t.step_idle);
         if (r == 0)
@@ -557,7 +613,8 @@ int trainer_run(const WorkerConfig *cfg) {
                 .round_timeout_ms = cfg->round_timeout * 1000u, .keys_dir = cfg->keys, .key_name = cfg->key,
                 .coord_key_name = cfg->coord_key,
         };
-        const PsnetWorkerEvents ev = { .job = on_job, .stop = on_stop, .failed = on_failed };
+        const PsnetWorkerEvents ev = { .registered = on_registered, .job = on_job, .stop = on_stop,
+                                       .failed = on_failed };
         r = psnet_worker_new(&t.loop, &o, &ev, &t, &t.w);
         if (r < 0) {
                 if (r != -EINVAL)

@@ -20,6 +20,7 @@ typedef struct WorkerConfig {
         bool no_graphs;            /* run each step op by op instead of a captured graph */
         bool prefetch;             /* pull the next clock while the step computes */
         char *keys, *key, *coord_key; /* CURVE: --keys DIR, this worker's key, pscoord's */
+        char *http;                /* --http ADDR:PORT (NULL: none) */
 } WorkerConfig;
 
 /* Runs until the job is done (or the worker is stopped). 0, or a negative

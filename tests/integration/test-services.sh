@@ -1,0 +1,83 @@
+#!/usr/bin/env bash
+# The daemons as services: every daemon's /metrics passes promtool check
+# metrics; /healthz answers while the loop runs and /readyz only once the
+# daemon serves; the HTTP endpoint is bounded (methods, header size, number of
+# connections); systemd's notification protocol: READY=1 once ready, STATUS=
+# lines, WATCHDOG=1 at half the watchdog interval, STOPPING=1 on SIGTERM.
+source "$(dirname "$0")/lib.sh"
+
+command -v promtool >/dev/null; ok $? "promtool is installed (Debian's prometheus package)"
+# http_port LOG: the port a daemon's log says it serves HTTP on.
+http_port() { sed -n 's/.*msg="serving http" address=[^ ]* port=\([0-9]*\).*/\1/p' "$RUN/$1.log" | head -1; }
+get() { curl -s -m 5 -o "$RUN/body" -w '%{http_code}' "http://127.0.0.1:$1$2"; }
+
+COORD="ipc://$RUN/coord.sock"
+psnet_start pscoord "$PSCOORD" --listen "$COORD" --workers 1 --shards 1 --epochs 20 "${SUBSET[@]}" \
+  --http 127.0.0.1:0
+psnet_start psd-1 "$PSD" --id 1 --listen "ipc://$RUN/psd-1.sock" --coord "$COORD" --http 127.0.0.1:0
+psnet_start workerd "$WORKERD" --coord "$COORD" --http 127.0.0.1:0 --progress-ms 100
+psnet_wait_for 30 grep -q 'msg="progress"' "$RUN/workerd.log"; ok $? "a job trains with HTTP on every daemon"
+for d in pscoord psd-1 workerd; do
+  port=$(http_port $d)
+  [ -n "$port" ]; ok $? "$d logs its HTTP port ($port)"
+  code=$(get "$port" /metrics); [ "$code" = 200 ]; ok $? "$d: /metrics answers 200"
+  out=$(promtool check metrics <"$RUN/body" 2>&1); ok $? "$d: promtool check metrics passes ${out:+($out)}"
+  grep -q "^psnet_build_info{daemon=\"${d%-1}\"" "$RUN/body"; ok $? "$d: psnet_build_info names the daemon"
+  [ "$(get "$port" /healthz)" = 200 ] && [ "$(get "$port" /readyz)" = 200 ]; ok $? "$d: /healthz and /readyz answer 200"
+done
+pp=$(http_port psd-1) cp=$(http_port pscoord) wp=$(http_port workerd)
+get "$pp" /metrics >/dev/null
+awk '/^psnet_psd_pushes_total / { exit !($2 > 0) }' "$RUN/body"; ok $? "psd counts pushes"
+grep -q '^psnet_psd_push_latency_seconds_bucket{le="+Inf"} [1-9]' "$RUN/body"; ok $? "psd has a push latency histogram"
+# A worker's figures reach pscoord with its heartbeat (one a second).
+coord_has() { get "$cp" /metrics >/dev/null && grep -q "$1" "$RUN/body"; }
+psnet_wait_for 10 coord_has '^psnet_pscoord_worker_samples_per_second{worker="1"} [1-9]'; ok $? "pscoord reports each worker's samples/s"
+grep -q '^psnet_pscoord_job_state{state="running"} 1' "$RUN/body"; ok $? "pscoord reports the job's state"
+get "$wp" /metrics >/dev/null
+grep -q '^psnet_workerd_state{state="training"} 1' "$RUN/body"; ok $? "workerd reports that it trains"
+
+[ "$(get "$pp" /nowhere)" = 404 ]; ok $? "an unknown path is 404"
+code=$(curl -s -m 5 -o /dev/null -w '%{http_code}' -X POST "http://127.0.0.1:$pp/metrics"); [ "$code" = 405 ]; ok $? "POST is 405"
+code=$(curl -s -m 5 -o /dev/null -w '%{http_code}' -H "X-Big: $(head -c 9000 /dev/zero | tr '\0' a)" "http://127.0.0.1:$pp/metrics")
+[ "$code" = 431 ]; ok $? "9 KiB of headers is 431 ($code)"
+# 80 connections held open at once: the server keeps 64, closes the rest at
+# once (well before its 5 s idle timeout) and still answers afterwards.
+/usr/bin/python3 - "$pp" >"$RUN/conns" <<'PY'
+import select, socket, sys, time
+port = int(sys.argv[1]); socks = []
+for _ in range(80):
+    s = socket.create_connection(("127.0.0.1", port)); socks.append(s)
+closed, end = set(), time.monotonic() + 1.0
+while time.monotonic() < end:
+    ready, _, _ = select.select([s for s in socks if s not in closed], [], [], 0.1)
+    for s in ready:
+        if s.recv(1) == b"":
+            closed.add(s)
+print(len(closed))
+PY
+closed=$(cat "$RUN/conns"); [ "${closed:-0}" -eq 16 ]; ok $? "the 16 connections beyond 64 are closed at once ($closed of 80)"
+[ "$(get "$pp" /healthz)" = 200 ]; ok $? "and the endpoint still answers"
+out=$("$PSCTL" --coord "$COORD" job stop); ok $? "stop the job"
+psnet_stop_all
+
+# /readyz before the daemon serves: a psd whose pscoord is not there yet.
+psnet_start lonely "$PSD" --id 5 --listen "ipc://$RUN/lonely.sock" --coord "ipc://$RUN/nobody.sock" \
+  --connect-timeout 60 --http 127.0.0.1:0
+psnet_wait_for 10 bash -c "grep -q 'msg=\"serving http\"' '$RUN/lonely.log'"
+lp=$(http_port lonely)
+[ "$(get "$lp" /healthz)" = 200 ]; ok $? "a psd waiting for pscoord is healthy"
+code=$(get "$lp" /readyz); [ "$code" = 503 ] && grep -q "not ready: registering with pscoord" "$RUN/body"; ok $? "but not ready ($code: $(cat "$RUN/body"))"
+psnet_stop_all
+
+# systemd's notification protocol, with a watchdog of 2 s.
+/usr/bin/python3 "$PSNET_SRC/tests/integration/notify-listen.py" "$RUN/notify.sock" "$RUN/notify" 30 &
+listener=$!
+psnet_wait_for 5 test -S "$RUN/notify.sock"
+COORD="ipc://$RUN/coord2.sock"
+NOTIFY_SOCKET=$RUN/notify.sock WATCHDOG_USEC=2000000 psnet_start pscoord2 "$PSCOORD" --listen "$COORD" --workers 1 --shards 1
+psnet_wait_for 5 grep -q '^READY=1' "$RUN/notify"; ok $? "pscoord says READY=1"
+psnet_wait_for 5 bash -c "test \$(grep -c '^WATCHDOG=1' '$RUN/notify') -ge 3"; ok $? "and pings the watchdog every second"
+psnet_wait_for 10 grep -q '^STATUS=job 1 waiting: 0 shards, 0 workers' "$RUN/notify"; ok $? "and a STATUS line"
+kill -TERM "$PID_pscoord2"
+psnet_wait_for 5 grep -q '^STOPPING=1' "$RUN/notify"; ok $? "SIGTERM: STOPPING=1"
+kill "$listener" 2>/dev/null; wait "$listener" 2>/dev/null
