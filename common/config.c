@@ -480,7 +480,9 @@ static const char *arg_of(const Option *o) {
 }
 
 static void print_default(const Option *o) {
-        if (!o->ptr)
+        /* A help text that states its own default (one computed at start,
+         * say) is not followed by the variable's initial value. */
+        if (!o->ptr || (o->help && strstr(o->help, "(default")))
                 return;
         switch (o->type) {
         case OPT_STR: {

@@ -79,3 +79,19 @@ bool endpoint_is_loopback_tcp(const char *endpoint) {
                 return IN6_IS_ADDR_LOOPBACK(&a6);
         return false;
 }
+
+int hostname_ordinal(const char *host, unsigned *ret) {
+        const char *dash = host ? strrchr(host, '-') : NULL;
+        if (!dash || dash == host || dash[1] == '\0')
+                return -EINVAL;
+        unsigned long n = 0;
+        for (const char *p = dash + 1; *p; p++) {
+                if (*p < '0' || *p > '9' || n > 1000000)
+                        return -EINVAL;
+                n = n * 10 + (unsigned long) (*p - '0');
+        }
+        if (n > 1000000)
+                return -EINVAL;
+        *ret = (unsigned) n;
+        return 0;
+}

@@ -16,3 +16,7 @@ int endpoint_prepare(const char *endpoint);
 bool endpoint_is_loopback_tcp(const char *endpoint);
 /* tcp:// whatever the host. */
 bool endpoint_is_tcp(const char *endpoint);
+
+/* The ordinal N of a StatefulSet pod's hostname NAME-N (psd-0 -> 0); -EINVAL
+ * when host does not end in -DIGITS or N > 1000000. */
+int hostname_ordinal(const char *host, unsigned *ret);

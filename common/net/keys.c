@@ -113,9 +113,11 @@ int keys_load_pair(const char *dir, const char *name, NetKeyPair *ret, Psnet__Ro
         if (stat(path, &st) < 0)
                 return keys_err(err, errlen, -errno, "no key %s (make one: psctl keys gen %s --role ROLE --dir %s)",
                                 path, name, dir);
-        if (st.st_mode & 0077)
+        /* Group-readable is allowed (0640, 0440): Kubernetes mounts a Secret
+         * that way for a pod's fsGroup. Others, or a writing group, are not. */
+        if (st.st_mode & 0037)
                 return keys_err(err, errlen, -EACCES,
-                                "%s is readable by others (mode %03o): its secret key must be 0600 (chmod 600 %s)",
+                                "%s is open to others (mode %03o): a secret key must be 0600 or 0640 (chmod 600 %s)",
                                 path, (unsigned) (st.st_mode & 0777), path);
         int r = keyfile_read(path, &k, err, errlen);
         if (r < 0)
@@ -230,13 +232,29 @@ static int write_file(const char *path, const char *data, mode_t mode, bool excl
         return r;
 }
 
+/* mkdir -p: the parents 0755, dir itself 0700 (a key directory). */
+static int mkdir_parents(const char *dir) {
+        char p[4096];
+        if (snprintf(p, sizeof p, "%s", dir) >= (int) sizeof p) {
+                errno = ENAMETOOLONG;
+                return -1;
+        }
+        for (char *s = strchr(p + 1, '/'); s; s = strchr(s + 1, '/')) {
+                *s = '\0';
+                if (mkdir(p, 0755) < 0 && errno != EEXIST)
+                        return -1;
+                *s = '/';
+        }
+        return mkdir(p, 0700) < 0 && errno != EEXIST ? -1 : 0;
+}
+
 int keys_generate(const char *dir, const char *name, Psnet__Role role, const char **ret_line, char *err,
                   size_t errlen) {
         static char line[160];
         char pub[41], sec[41], path[4096], body[512];
         if (!name[0] || strlen(name) > 60 || strchr(name, '/') || strchr(name, ' ') || name[0] == '.')
                 return keys_err(err, errlen, -EINVAL, "bad key name '%s' (1..60 characters, no '/' or spaces)", name);
-        if (mkdir(dir, 0700) < 0 && errno != EEXIST)
+        if (mkdir_parents(dir) < 0)
                 return keys_err(err, errlen, -errno, "cannot create %s: %s", dir, strerror(errno));
         if (zmq_curve_keypair(pub, sec) < 0)
                 return keys_err(err, errlen, -errno, "cannot make a key pair: %s (libzmq without CURVE?)",

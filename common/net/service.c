@@ -113,6 +113,8 @@ static void service_http_handler(void *ud, const char *path, HttpReply *r) {
 }
 
 int service_http(Service *s, const char *addr, char *err, size_t errlen) {
+        if (!addr || !*addr)
+                return 0; /* --http '' (a unit's empty default): off */
         int r = http_start(s->sig[0].loop, addr, service_http_handler, s, &s->http, err, errlen);
         if (r == 0)
                 log_info("serving http address=%s port=%d paths=/metrics,/healthz,/readyz", addr, http_port(s->http));

@@ -28,7 +28,7 @@ typedef struct ServiceOps {
  * limit to its hard maximum and starts the watchdog when systemd asks for one.
  * name ("psd", ...) is for logs and metrics. */
 int service_new(uv_loop_t *loop, const char *name, const ServiceOps *ops, void *ud, Service **ret);
-/* Serves HTTP on addr; -errno with a reason in err. */
+/* Serves HTTP on addr (NULL or "": nothing); -errno with a reason in err. */
 int service_http(Service *s, const char *addr, char *err, size_t errlen);
 /* The port the HTTP endpoint listens on, or -1. */
 int service_http_port(const Service *s);

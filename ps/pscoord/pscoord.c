@@ -20,7 +20,7 @@ int main(int argc, char **argv) {
                 { "insecure", OPT_BOOL, &cfg.insecure, NULL,
                   "allow a non-loopback tcp:// --listen without --keys (anyone who reaches it can join)" },
                 { "http", OPT_STR, &cfg.http, "ADDR:PORT",
-                  "serve /metrics, /healthz and /readyz over HTTP (e.g. 127.0.0.1:9100, :9100 for all addresses)" },
+                  "serve /metrics, /healthz and /readyz over HTTP (e.g. 127.0.0.1:9100, :9100 for all addresses; empty: off)" },
                 { "lease-ms", OPT_UINT, &cfg.lease_ms, "MS", "a peer silent this long has left" },
                 { "stall-timeout", OPT_UINT, &cfg.stall_timeout, "SECONDS",
                   "a worker the others have waited on this long leaves the membership (0: never)" },

@@ -712,7 +712,8 @@ int psd_run(const PsdConfig *cfg) {
                 goto finish;
         }
         log_info("listening endpoint=%s allocator=%s security=%s memory_limit=%lu http=%s", cfg->listen, alloc_name(),
-                 p.id.enabled ? "curve" : "none", (unsigned long) p.memory_limit, cfg->http ? cfg->http : "-");
+                 p.id.enabled ? "curve" : "none", (unsigned long) p.memory_limit,
+                 cfg->http && *cfg->http ? cfg->http : "-");
         (void) uv_run(&p.loop, UV_RUN_DEFAULT);
         r = p.exit_code;
         if (p.stopping)

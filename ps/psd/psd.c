@@ -4,6 +4,8 @@
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <unistd.h>
+#include "endpoint.h"
 #include "config.h"
 #include "log.h"
 #include "psd-server.h"
@@ -13,8 +15,11 @@ int main(int argc, char **argv) {
                 .listen = NULL, .coord = NULL, .id = 1, .connect_timeout = 10,
                 .max_msg = 16ull << 20, .park_timeout = 300,
         };
+        bool id_from_host = false;
         const Option opts[] = {
                 { "id", OPT_UINT, &cfg.id, "N", "shard id, unique in the cluster (>= 1)" },
+                { "id-from-hostname", OPT_BOOL, &id_from_host, NULL,
+                  "take the id from a StatefulSet pod's hostname NAME-N: N + 1 (psd-0 is shard 1)" },
                 { "listen", OPT_STR, &cfg.listen, "ENDPOINT",
                   "data-plane endpoint to bind (default ipc:///tmp/psnet/psd-ID.sock)" },
                 { "advertise", OPT_STR, &cfg.advertise, "ENDPOINT",
@@ -30,7 +35,7 @@ int main(int argc, char **argv) {
                   "(default: the memory available at start)" },
                 { "park-timeout", OPT_UINT, &cfg.park_timeout, "SECONDS", "how long a pull may wait for its clock" },
                 { "http", OPT_STR, &cfg.http, "ADDR:PORT",
-                  "serve /metrics, /healthz and /readyz over HTTP (e.g. 127.0.0.1:9101, :9101 for all addresses)" },
+                  "serve /metrics, /healthz and /readyz over HTTP (e.g. 127.0.0.1:9101, :9101 for all addresses; empty: off)" },
                 { "keys", OPT_STR, &cfg.keys, "DIR",
                   "CURVE encryption; admit only the keys of DIR/allow, each in its role (psctl keys gen)" },
                 { "key", OPT_STR, &cfg.key, "NAME", "this shard's key in --keys (default psd)" },
@@ -66,6 +71,17 @@ int main(int argc, char **argv) {
                         return 2;
                 }
                 log_set_level(r);
+        }
+        if (id_from_host) {
+                char host[256] = "";
+                unsigned n;
+                if (gethostname(host, sizeof host - 1) < 0 || hostname_ordinal(host, &n) < 0) {
+                        fprintf(stderr, "psd: --id-from-hostname: hostname '%s' does not end in -N "
+                                        "(a StatefulSet pod's name)\n", host);
+                        config_free_strings(opts, ELEMENTSOF(opts));
+                        return 2;
+                }
+                cfg.id = n + 1;
         }
         if (cfg.id == 0) {
                 fprintf(stderr, "psd: --id must be >= 1\n");

@@ -27,6 +27,14 @@ psnet_start workerd "$WORKERD" --coord "$COORD" --keys "$K" --progress-ms 100
 psnet_wait_for 30 grep -q 'msg="progress"' "$RUN/workerd.log"; ok $? "a cluster with --keys trains over tcp"
 out=$("$PSCTL" --coord "$COORD" --keys "$K" --json status); ok $? "the admin key works"
 jq -e '.job.state == "running"' <<<"$out" >/dev/null; ok $? "and gets the status"
+# The secret key file's mode: 0640 (a Kubernetes Secret mounted for a pod's
+# fsGroup) is fine, 0644 is refused with the reason.
+cp -a "$K" "$RUN/kmode"
+chmod 640 "$RUN/kmode/admin.key"
+"$PSCTL" --coord "$COORD" --keys "$RUN/kmode" status >/dev/null 2>&1; ok $? "a group-readable (0640) key file is accepted"
+chmod 644 "$RUN/kmode/admin.key"
+out=$("$PSCTL" --coord "$COORD" --keys "$RUN/kmode" status 2>&1); rc=$?
+[ $rc -ne 0 ] && grep -q "admin.key is open to others (mode 644)" <<<"$out"; ok $? "a world-readable (0644) one is refused ($out)"
 
 out=$("$PSCTL" --coord "$COORD" --timeout 2 status 2>&1); ok $(( $? == 0 )) "no key: refused"
 grep -q "disagree on encryption" <<<"$out"; ok $? "psctl says why ($out)"

@@ -36,7 +36,7 @@ int main(int argc, char **argv) {
                 { "key", OPT_STR, &cfg.key, "NAME", "this worker's key in --keys (default worker)" },
                 { "coord-key", OPT_STR, &cfg.coord_key, "NAME", "pscoord's key in --keys (default pscoord)" },
                 { "http", OPT_STR, &cfg.http, "ADDR:PORT",
-                  "serve /metrics, /healthz and /readyz over HTTP (e.g. 127.0.0.1:9102, :9102 for all addresses)" },
+                  "serve /metrics, /healthz and /readyz over HTTP (e.g. 127.0.0.1:9102, :9102 for all addresses; empty: off)" },
                 { "log-level", OPT_STR, &log_level, "LEVEL", "debug, info, warning or error" },
         };
         const ProgramInfo prog = {
