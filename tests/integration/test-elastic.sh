@@ -3,7 +3,9 @@
 # boundary pscoord picks and contributes from its first clock; a worker killed
 # with SIGKILL stops holding the barrier once its lease expires; every worker
 # pulls bit-identical weights at every clock throughout; the job still meets
-# the accuracy bar.
+# the accuracy bar. Epochs are the job's: the joiner does not run every epoch
+# again, every member stops at the clock the schedule gives for 6 passes over
+# the data by all workers together, and one worker evaluates the final weights.
 source "$(dirname "$0")/lib.sh"
 
 COORD="ipc://$RUN/coord.sock"
@@ -35,6 +37,19 @@ grep -q 'msg="lease expired" role=worker' "$RUN/pscoord.log"; ok $? "pscoord exp
 
 out=$("$PSCTL" --coord "$COORD" job wait --wait 300); ok $? "the job finishes ($out)"
 accuracy_at_least "$out" 0.80; ok $? "accuracy >= 0.80 on the subset"
+
+# The job's schedule: 6 x 12,000 samples; after the last change (the killed
+# worker's share going to the others) each clock trains W x 64 more.
+read -r B S W < <(sed -n 's/.*msg="schedule" base_clock=\([0-9]*\) samples_before=\([0-9]*\) workers=\([0-9]*\).*/\1 \2 \3/p' \
+  "$RUN/pscoord.log" | tail -1)
+[ -n "${W:-}" ]; ok $? "pscoord counts the samples trained when the killed worker's share moves (base ${B:-?})"
+E=$(( B + (6 * 12000 - S + W * 64 - 1) / (W * 64) ))
+ends=$(sed -n 's/.*msg="worker finished training" worker=[0-9]* clock=\([0-9]*\).*/\1/p' "$RUN/pscoord.log" | sort -u)
+[ "$ends" = "$E" ]; ok $? "both members finish at the job's end clock $E (got $(echo $ends))"
+steps3=$(sed -n 's/.*msg="trained" steps=\([0-9]*\) .*/\1/p' "$RUN/workerd-3.log")
+[ "$steps3" = $((E - F)) ]; ok $? "the joiner trains only the clocks from $F to $E (${steps3:-?} steps), not 6 epochs of its own"
+n=$(cat "$RUN"/workerd-*.log | grep -c 'msg="evaluated"')
+[ "$n" = 1 ]; ok $? "one worker evaluates the final weights ($n evaluations)"
 
 extract() { sed -n 's/.*msg="pulled" clock=\([0-9]*\) checksum=\([0-9a-f]*\).*/\1 \2/p' "$1" | sort -k1,1; }
 for w in 1 2 3; do extract "$RUN/workerd-$w.log" >"$RUN/c$w"; done

@@ -12,6 +12,7 @@
 #include "keys.h"
 #include "log.h"
 #include "psnet-internal.h"
+#include "schedule.h"
 #include "session.h"
 #include "wire-job.h"
 
@@ -34,6 +35,7 @@ struct PsnetWorker {
         bool has_state;
         uint32_t rank, nworkers;
         int64_t start_clock;
+        Schedule sched;                 /* the job's epochs in clocks, from the membership */
         PsnetProgress progress;
         Psnet__WorkerInfo hb;
         /* the round in progress */
@@ -95,6 +97,11 @@ static void apply_config(PsnetWorker *w, const Psnet__Config *ctl) {
                 w->nworkers = ctl->nworkers;
                 changed = true;
         }
+        if (ctl->members && ctl->members->has_base_clock && is_member(w, ctl->members)) {
+                w->sched.base_clock = ctl->members->base_clock;
+                w->sched.samples_before = ctl->members->samples_before;
+                w->sched.workers = (uint32_t) ctl->members->n_workers;
+        }
         if (ctl->has_drain && ctl->drain) {
                 log_info("drain requested: leaving after this step");
                 announce_stop(w, "drained by the operator");
@@ -110,6 +117,7 @@ static void apply_config(PsnetWorker *w, const Psnet__Config *ctl) {
                         return;
                 w->has_job = true;
                 w->start_clock = ctl->has_start_clock ? ctl->start_clock : 0;
+                w->sched.batch = w->job.batch;
         } else if (ctl->map && w->has_job && w->map && ctl->map->epoch > shardmap_epoch(w->map) &&
                    (!ctl->job || ctl->job->id == w->job.id)) {
                 if (take_map(w, ctl->map) == 0) {
@@ -128,6 +136,13 @@ static void apply_config(PsnetWorker *w, const Psnet__Config *ctl) {
         }
         if (w->has_state && w->state == JOB_FAILED)
                 announce_stop(w, "the job failed (psctl status says why)");
+        if (w->has_state && w->state == JOB_DONE)
+                announce_stop(w, "the job is done");
+        if (ctl->has_evaluate && ctl->evaluate && w->has_job) {
+                log_info("pscoord asks this worker to evaluate the final weights");
+                if (w->ev.evaluate)
+                        w->ev.evaluate(w, w->ud);
+        }
         if (w->has_job && w->has_state && w->state == JOB_RUNNING && !w->job_announced) {
                 w->job_announced = true;
                 if (w->ev.job)
@@ -172,6 +187,9 @@ static void on_heartbeat(Session *s, Psnet__Heartbeat *hb, void *ud) {
         wi->id = session_id(s);
         wi->has_rank = wi->has_clock = wi->has_steps_per_s = wi->has_samples_per_s = true;
         wi->has_loss = wi->has_epoch = wi->has_step = wi->has_samples = true;
+        wi->has_progress = wi->has_end_clock = true;
+        wi->progress = w->progress.progress;
+        wi->end_clock = w->progress.end_clock;
         wi->rank = w->rank;
         wi->clock = w->progress.clock;
         wi->steps_per_s = w->progress.steps_per_s;
@@ -387,6 +405,10 @@ int psnet_worker_result(PsnetWorker *w, bool has_accuracy, float accuracy, Psnet
                 return -EBUSY;
         wi.id = session_id(w->session);
         wi.has_rank = wi.has_clock = wi.has_step = wi.has_done = wi.has_loss = wi.has_samples = true;
+        wi.has_epoch = wi.has_progress = wi.has_end_clock = true;
+        wi.epoch = w->progress.epoch;
+        wi.progress = w->progress.progress;
+        wi.end_clock = w->progress.end_clock;
         wi.rank = w->rank;
         wi.clock = w->progress.clock;
         wi.step = w->progress.step;
@@ -454,6 +476,8 @@ size_t psnet_job_ntensors(const PsnetWorker *w) { return w->has_job ? w->job.nte
 uint32_t psnet_job_batch(const PsnetWorker *w) { return w->job.batch; }
 uint32_t psnet_job_epochs(const PsnetWorker *w) { return w->job.epochs; }
 const char *psnet_job_dataset(const PsnetWorker *w) { return w->has_job ? w->job.dataset : NULL; }
+uint64_t psnet_job_samples_at(const PsnetWorker *w, int64_t clock) { return schedule_samples_at(&w->sched, clock); }
+int64_t psnet_job_end_clock(const PsnetWorker *w, uint64_t total) { return schedule_end_clock(&w->sched, total); }
 
 const char *psnet_job_tensor_name(const PsnetWorker *w, size_t t) {
         return w->has_job && t < w->job.ntensors ? w->job.tensors[t].name : NULL;

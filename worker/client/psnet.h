@@ -52,6 +52,12 @@ typedef struct PsnetWorkerEvents {
         /* Stop after the current step: why says who asked (operator, drain,
          * another job). Called once. */
         void (*stop)(PsnetWorker *w, const char *why, void *ud);
+        /* Every member has finished training and pscoord asks this worker
+         * (which finished too) to evaluate the final weights: pull them
+         * (psnet_worker_round without grads), evaluate, report the accuracy
+         * with psnet_worker_result. May be NULL if the worker never
+         * evaluates. */
+        void (*evaluate)(PsnetWorker *w, void *ud);
         /* Could not join: err -ETIMEDOUT (pscoord did not answer) or
          * -ECONNREFUSED (refused; reason says why). */
         void (*failed)(PsnetWorker *w, int err, const char *reason, void *ud);
@@ -60,9 +66,11 @@ typedef struct PsnetWorkerEvents {
 /* What a worker reports with its heartbeats (psctl status, /metrics). */
 typedef struct PsnetProgress {
         int64_t clock;
-        uint32_t epoch;
+        uint32_t epoch;                 /* the job's epoch (1-based) */
         uint64_t step, samples;
         float steps_per_s, samples_per_s, loss;
+        float progress;                 /* the job's progress, 0..1 */
+        int64_t end_clock;              /* the clock at which the job ends */
 } PsnetProgress;
 
 /* -EINVAL for unusable options or keys (logged with the reason). */
@@ -86,6 +94,14 @@ uint32_t psnet_job_batch(const PsnetWorker *w);
 uint32_t psnet_job_epochs(const PsnetWorker *w);
 const char *psnet_job_dataset(const PsnetWorker *w);
 
+/* The job's schedule. Epochs are the job's: an epoch is a pass over the
+ * training set by all workers together; a clock of W members trains W x
+ * batch samples. The samples the job has trained before clock, and the first
+ * clock by which it has trained total (epochs x training images): every
+ * member stops there. Both follow the membership pscoord publishes. */
+uint64_t psnet_job_samples_at(const PsnetWorker *w, int64_t clock);
+int64_t psnet_job_end_clock(const PsnetWorker *w, uint64_t total);
+
 /* One round: when grads != NULL, pushes grads (one buffer per tensor, numel
  * floats each) as this worker's gradient of push_clock, and pulls every tensor
  * into params for pull_clock (BSP: once that clock has closed). grads must stay
@@ -105,8 +121,11 @@ void psnet_worker_traffic(const PsnetWorker *w, uint64_t *pushed, uint64_t *pull
 
 void psnet_worker_progress(PsnetWorker *w, const PsnetProgress *p);
 
-/* Reports the end of training (accuracy when has_accuracy). done's evaluate
- * says whether pscoord asks this worker to evaluate the final weights. */
+/* Reports that this worker finished training (reached the job's end clock),
+ * or, when has_accuracy, the accuracy of the final weights it was asked to
+ * evaluate. done's evaluate says whether pscoord asks this worker to evaluate
+ * them now; otherwise the worker waits: for the stop event (the job is done)
+ * or the evaluate event (the evaluating worker failed, this one takes over). */
 typedef void (*PsnetResultFn)(PsnetWorker *w, int r, bool evaluate, void *ud);
 int psnet_worker_result(PsnetWorker *w, bool has_accuracy, float accuracy, PsnetResultFn done, void *ud);
 /* Leaves the job (answered or not within a second), then done (may be NULL). */

@@ -3,8 +3,18 @@
  *   JOINING  --job-->  LOADING  --data loaded-->  PULLING (first weights)
  *   --round done-->  STEPPING: a uv_idle runs one step (batch, compute), the
  *   round of that clock leaves (push + pull); its completion schedules the
- *   next step, or FINISHING once the epochs are done or a stop came:
- *   the result to pscoord, the evaluation (thread pool) when asked, leave.
+ *   next step, or FINISHING at the job's end clock (or a stop): it tells
+ *   pscoord it finished. The last member to finish EVALUATES: it pulls the
+ *   final weights and evaluates them in the thread pool, reports the
+ *   accuracy and leaves; the others are WAITING until the job is done (or
+ *   until pscoord asks one of them to evaluate instead), then leave. A
+ *   worker stopped early (operator, drain, signal) leaves at once.
+ *
+ * Epochs are the job's (common/schedule.h): every member stops at the clock
+ * pscoord's schedule gives for epochs x training images, however many
+ * workers there were and whenever this one joined. Within that, a worker
+ * trains on its share of the data (images i with i % workers == rank) in
+ * shuffled passes.
  *
  * A step computes on the loop's thread (it is work, not waiting); the
  * pscoord session and the shards' replies are handled between steps. */
@@ -23,10 +33,13 @@
 #include "metrics.h"
 #include "model.h"
 #include "psnet-internal.h"
+#include "schedule.h"
 #include "service.h"
 #include "trainer.h"
 
-typedef enum { T_JOINING, T_LOADING, T_PULLING, T_STEPPING, T_FINISHING, T_DONE } TrainerState;
+typedef enum {
+        T_JOINING, T_LOADING, T_PULLING, T_STEPPING, T_FINISHING, T_WAITING, T_EVALUATING, T_DONE
+} TrainerState;
 
 typedef struct Trainer {
         const WorkerConfig *cfg;
@@ -44,7 +57,8 @@ typedef struct Trainer {
         Dataset *train, *test;
         int load_r;
         char load_err[256];
-        uint32_t *perm, nmine, steps_per_epoch, part_rank, part_n, dim;
+        uint32_t *perm, nmine, steps_per_pass, part_rank, part_n, dim;
+        uint64_t total;               /* samples the job trains: epochs x training images */
         /* compute */
         KBackend *kb;
         Model *model;
@@ -52,10 +66,12 @@ typedef struct Trainer {
         float *xb;
         int32_t *yb;
         /* schedule */
-        uint32_t epoch;               /* 0-based epoch in progress */
-        uint32_t step_in_epoch;       /* steps done in it */
-        bool epoch_open;
-        int64_t clock;
+        uint32_t pass;                /* passes over this worker's share (the shuffle's seed) */
+        uint32_t step_in_pass;        /* steps done in the pass */
+        bool pass_open;
+        int64_t clock, end_clock;     /* the job ends at end_clock (the schedule's) */
+        uint32_t job_epoch;           /* the job's epoch at clock (1-based) */
+        float job_progress;           /* the job's progress at clock, 0..1 */
         uint64_t step, samples;
         float loss;
         uv_idle_t step_idle;
@@ -104,11 +120,31 @@ static void trainer_fail(Trainer *t, int r) {
         trainer_leave(t);
 }
 
-static void on_result_sent(PsnetWorker *w, int r, bool evaluate, void *ud) {
+static void evaluate_start(Trainer *t);
+
+/* pscoord heard that this worker finished: it evaluates (the last member to
+ * finish), or waits for the job to be done. */
+static void on_finished_sent(PsnetWorker *w, int r, bool evaluate, void *ud) {
+        Trainer *t = ud;
+        (void) w;
+        if (r < 0) {
+                log_warning_errno(r, "Failed to tell pscoord that training finished: %m");
+                trainer_leave(t);
+        } else if (evaluate)
+                evaluate_start(t);
+        else if (t->stop)
+                trainer_leave(t); /* the job ended meanwhile */
+        else {
+                t->state = T_WAITING;
+                log_info("finished training; waiting for the job to end (the last member to finish evaluates)");
+        }
+}
+
+static void on_accuracy_sent(PsnetWorker *w, int r, bool evaluate, void *ud) {
         Trainer *t = ud;
         (void) w, (void) evaluate;
         if (r < 0)
-                log_warning_errno(r, "Failed to report the result to pscoord: %m");
+                log_warning_errno(r, "Failed to report the accuracy to pscoord: %m");
         trainer_leave(t);
 }
 
@@ -130,9 +166,41 @@ static void eval_done(uv_work_t *req, int status) {
                 return;
         }
         float acc = (float) t->eval_correct / (float) t->test->n;
-        log_info("evaluated accuracy=%.4f test_loss=%.4f images=%u", acc, t->eval_loss, t->test->n);
-        if (psnet_worker_result(t->w, true, acc, on_result_sent, t) < 0)
+        log_info("evaluated accuracy=%.4f test_loss=%.4f images=%u clock=%ld", acc, t->eval_loss, t->test->n,
+                 (long) t->clock);
+        if (psnet_worker_result(t->w, true, acc, on_accuracy_sent, t) < 0)
                 trainer_leave(t);
+}
+
+/* The final weights arrived: evaluate them in the thread pool. */
+static void on_final_pull(PsnetWorker *w, int r, void *ud) {
+        Trainer *t = ud;
+        (void) w;
+        if (r < 0) {
+                if (r != -ECANCELED) {
+                        log_error_errno(r, "Failed to pull the final weights: %m");
+                        trainer_fail(t, r);
+                }
+                return;
+        }
+        t->eval_work.data = t;
+        r = uv_queue_work(&t->loop, &t->eval_work, eval_work, eval_done);
+        if (r < 0) {
+                log_error_errno(r, "Failed to start the evaluation: %s", uv_strerror(r));
+                trainer_fail(t, r);
+        }
+}
+
+/* Every member finished: pull the weights once more (under ASP the others
+ * pushed after this worker's last pull) and evaluate them. */
+static void evaluate_start(Trainer *t) {
+        t->state = T_EVALUATING;
+        log_info("evaluating the final weights clock=%ld", (long) t->clock);
+        int r = psnet_worker_round(t->w, NULL, 0, t->params, t->clock, on_final_pull, t);
+        if (r < 0) {
+                log_error_errno(r, "Failed to pull the final weights: %m");
+                trainer_fail(t, r);
+        }
 }
 
 static void progress(Trainer *t, bool force) {
@@ -146,8 +214,9 @@ static void progress(Trainer *t, bool force) {
         }
         if (t->loss_n)
                 t->last_loss = (float) (t->loss_sum / (double) t->loss_n);
-        log_info("progress epoch=%u/%u step=%lu loss=%.4f samples_per_s=%.0f clock=%ld", t->epoch + 1,
-                 t->job->epochs, (unsigned long) t->step, t->last_loss, t->samples_ps, (long) t->clock);
+        log_info("progress epoch=%u/%u step=%lu loss=%.4f samples_per_s=%.0f clock=%ld end_clock=%ld", t->job_epoch,
+                 t->job->epochs, (unsigned long) t->step, t->last_loss, t->samples_ps, (long) t->clock,
+                 (long) t->end_clock);
         t->loss_sum = 0;
         t->loss_n = 0;
         t->last_samples = t->samples;
@@ -157,8 +226,9 @@ static void progress(Trainer *t, bool force) {
 
 static void report_progress(Trainer *t) {
         PsnetProgress p = {
-                .clock = t->clock, .epoch = t->epoch + 1, .step = t->step, .samples = t->samples,
+                .clock = t->clock, .epoch = t->job_epoch, .step = t->step, .samples = t->samples,
                 .steps_per_s = t->sps, .samples_per_s = t->samples_ps, .loss = t->last_loss,
+                .progress = t->job_progress, .end_clock = t->end_clock,
         };
         psnet_worker_progress(t->w, &p);
 }
@@ -180,17 +250,20 @@ static void trainer_finish(Trainer *t) {
                  "wait_s=%.2f pushed_mb=%.1f pulled_mb=%.1f",
                  (unsigned long) t->step, secs, secs > 0 ? (double) t->samples / secs : 0.0, t->t_batch,
                  t->t_compute, t->t_exchange, wait_s, (double) pushed / 1e6, (double) pulled / 1e6);
-        if (t->stopped_early || !t->test) {
-                if (psnet_worker_result(t->w, false, 0, on_result_sent, t) < 0)
-                        trainer_leave(t);
+        if (t->stopped_early) {
+                trainer_leave(t); /* its share of the epochs goes to the others */
                 return;
         }
-        t->eval_work.data = t;
-        int r = uv_queue_work(&t->loop, &t->eval_work, eval_work, eval_done);
-        if (r < 0) {
-                log_error_errno(r, "Failed to start the evaluation: %s", uv_strerror(r));
-                trainer_fail(t, r);
-        }
+        if (psnet_worker_result(t->w, false, 0, on_finished_sent, t) < 0)
+                trainer_leave(t);
+}
+
+/* Where the job stands at t->clock: its epoch, progress and end clock. */
+static void schedule_update(Trainer *t) {
+        uint64_t done = psnet_job_samples_at(t->w, t->clock);
+        t->end_clock = psnet_job_end_clock(t->w, t->total);
+        t->job_epoch = schedule_epoch(done, t->train->n, t->job->epochs);
+        t->job_progress = t->total ? (float) MIN((double) done / (double) t->total, 1.0) : 1.0f;
 }
 
 /* --- steps ------------------------------------------------------------------------ */
@@ -224,7 +297,7 @@ static void partition(Trainer *t) {
         for (uint32_t i = t->part_rank; i < t->train->n; i += t->part_n)
                 t->perm[k++] = i;
         t->nmine = k;
-        t->steps_per_epoch = k / t->job->batch;
+        t->steps_per_pass = k / t->job->batch;
 }
 
 static void on_step_done(PsnetWorker *w, int r, void *ud);
@@ -252,21 +325,22 @@ static void step_idle_cb(uv_idle_t *h) {
                 trainer_finish(t);
                 return;
         }
-        if (!t->epoch_open) {
-                if (t->epoch >= t->job->epochs) {
-                        trainer_finish(t);
-                        return;
-                }
+        schedule_update(t);
+        if (t->clock >= t->end_clock) {
+                trainer_finish(t);
+                return;
+        }
+        if (!t->pass_open) {
                 if (psnet_worker_rank(t->w) != t->part_rank || MAX(psnet_worker_count(t->w), 1u) != t->part_n) {
                         /* The membership changed: take this worker's new share of the data. */
                         partition(t);
                         log_info("partition rank=%u/%u images=%u", t->part_rank, t->part_n, t->nmine);
                 }
-                shuffle(t->perm, t->nmine, t->job->seed * 1000003u + t->part_rank * 7919u + t->epoch);
-                t->step_in_epoch = 0;
-                t->epoch_open = true;
+                shuffle(t->perm, t->nmine, t->job->seed * 1000003u + t->part_rank * 7919u + t->pass);
+                t->step_in_pass = 0;
+                t->pass_open = true;
         }
-        uint32_t batch = t->job->batch, s = t->step_in_epoch;
+        uint32_t batch = t->job->batch, s = t->step_in_pass;
         double ta = mono_s();
         for (uint32_t b = 0; b < batch; b++) {
                 uint32_t i = t->perm[(size_t) s * batch + b];
@@ -330,10 +404,11 @@ static void on_step_done(PsnetWorker *w, int r, void *ud) {
         t->samples += t->job->batch;
         t->loss_sum += t->loss;
         t->loss_n++;
-        if (++t->step_in_epoch >= t->steps_per_epoch) {
-                t->epoch_open = false;
-                t->epoch++;
+        if (++t->step_in_pass >= t->steps_per_pass) {
+                t->pass_open = false;
+                t->pass++;
         }
+        schedule_update(t);
         progress(t, false);
         report_progress(t);
         (void) uv_idle_start(&t->step_idle, step_idle_cb);
@@ -350,9 +425,11 @@ static void on_first_pull(PsnetWorker *w, int r, void *ud) {
         if (t->cfg->trace_pulls)
                 trace_pull(t);
         partition(t);
-        log_info("training rank=%u/%u images=%u steps_per_epoch=%u backend=%s prefetch=%s clock=%ld", t->part_rank,
-                 psnet_worker_count(t->w), t->nmine, t->steps_per_epoch, t->kb->ops->name,
-                 t->cfg->prefetch ? "on" : "off", (long) t->clock);
+        t->total = (uint64_t) t->job->epochs * t->train->n;
+        schedule_update(t);
+        log_info("training rank=%u/%u images=%u steps_per_pass=%u end_clock=%ld backend=%s prefetch=%s clock=%ld",
+                 t->part_rank, psnet_worker_count(t->w), t->nmine, t->steps_per_pass, (long) t->end_clock,
+                 t->kb->ops->name, t->cfg->prefetch ? "on" : "off", (long) t->clock);
         t->state = T_STEPPING;
         t->t0 = t->t_last = mono_s();
         (void) uv_idle_start(&t->step_idle, step_idle_cb);
@@ -490,12 +567,25 @@ static void on_job(PsnetWorker *w, void *ud) {
 
 static void on_stop(PsnetWorker *w, const char *why, void *ud) {
         Trainer *t = ud;
-        log_info("stopping after this step reason=\"%s\"", why);
         t->stop = true;
         if (psnet_worker_job_state(w) == PSNET_JOB_FAILED && t->exit_code == 0)
                 t->exit_code = -ECANCELED; /* the job failed: this worker's exit says so */
-        if (t->state == T_JOINING)
+        if (t->state == T_EVALUATING || t->state == T_FINISHING || t->state == T_DONE)
+                return;
+        log_info("stopping after this step reason=\"%s\"", why);
+        if (t->state == T_JOINING || t->state == T_WAITING)
                 trainer_leave(t);
+}
+
+/* pscoord asks this worker to evaluate: the one it asked first has gone. */
+static void on_evaluate(PsnetWorker *w, void *ud) {
+        Trainer *t = ud;
+        (void) w;
+        if (t->state == T_WAITING)
+                evaluate_start(t);
+        else
+                log_warning("pscoord asked for an evaluation while %s; ignored",
+                            t->state == T_EVALUATING ? "evaluating already" : "training");
 }
 
 static void on_failed(PsnetWorker *w, int err, const char *reason, void *ud) {
@@ -519,7 +609,8 @@ static void on_registered(PsnetWorker *w, void *ud) {
 }
 
 static const char *state_name(TrainerState s) {
-        static const char *const names[] = { "joining", "loading", "pulling", "training", "finishing", "done" };
+        static const char *const names[] = { "joining", "loading", "pulling", "training", "finishing", "waiting",
+                                             "evaluating", "done" };
         return s <= T_DONE ? names[s] : "?";
 }
 
@@ -535,7 +626,9 @@ static void trainer_metrics(void *ud, MetricsBuf *b) {
         metrics_one(b, "psnet_workerd_steps_total", "counter", "Training steps done.", (double) t->step);
         metrics_one(b, "psnet_workerd_samples_total", "counter", "Samples trained on.", (double) t->samples);
         metrics_one(b, "psnet_workerd_clock", "gauge", "The worker's clock.", (double) t->clock);
-        metrics_one(b, "psnet_workerd_epoch", "gauge", "The epoch in progress (1-based).", (double) (t->epoch + 1));
+        metrics_one(b, "psnet_workerd_epoch", "gauge", "The job's epoch in progress (1-based).", (double) t->job_epoch);
+        metrics_one(b, "psnet_workerd_job_progress", "gauge", "The job's progress (0..1) as this worker sees it.",
+                    t->job_progress);
         metrics_one(b, "psnet_workerd_loss", "gauge", "Mean training loss over the last progress interval.",
                     t->last_loss);
         metrics_one(b, "psnet_workerd_samples_per_second", "gauge", "Samples per second over the last interval.",
@@ -551,8 +644,8 @@ static void trainer_metrics(void *ud, MetricsBuf *b) {
 static void trainer_status(void *ud, char *buf, size_t n) {
         Trainer *t = ud;
         if (t->state == T_STEPPING)
-                snprintf(buf, n, "training epoch %u/%u step %lu loss %.4f", t->epoch + 1, t->job ? t->job->epochs : 0,
-                         (unsigned long) t->step, t->last_loss);
+                snprintf(buf, n, "training epoch %u/%u (%.0f%%) step %lu loss %.4f", t->job_epoch,
+                         t->job ? t->job->epochs : 0, 100.0 * t->job_progress, (unsigned long) t->step, t->last_loss);
         else
                 snprintf(buf, n, "%s", state_name(t->state));
 }
@@ -561,10 +654,10 @@ static void on_signal(void *ud, int signo) {
         Trainer *t = ud;
         (void) signo;
         service_stopping(t->service);
-        if (t->state == T_FINISHING || t->state == T_DONE)
+        if (t->state == T_FINISHING || t->state == T_EVALUATING || t->state == T_DONE)
                 return;
         t->stop = true;
-        if (t->state == T_JOINING)
+        if (t->state == T_JOINING || t->state == T_WAITING)
                 trainer_leave(t);
 }
 
@@ -614,7 +707,7 @@ int trainer_run(const WorkerConfig *cfg) {
                 .coord_key_name = cfg->coord_key,
         };
         const PsnetWorkerEvents ev = { .registered = on_registered, .job = on_job, .stop = on_stop,
-                                       .failed = on_failed };
+                                       .evaluate = on_evaluate, .failed = on_failed };
         r = psnet_worker_new(&t.loop, &o, &ev, &t, &t.w);
         if (r < 0) {
                 if (r != -EINVAL)

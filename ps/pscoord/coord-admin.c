@@ -1,0 +1,259 @@
+/* pscoord's job and operator: starting the job when its shards and workers
+ * are there (and the shards can hold it), failing it with a reason, psctl's
+ * status, submit, stop and mode, and the /metrics text. */
+#include "coord-internal.h"
+
+/* The job's state to every peer: the members with the job and map (publish),
+ * workers not yet members of anything with the state alone. */
+void coord_publish_state(Coord *c) {
+        coord_publish(c);
+        Psnet__Header h;
+        Psnet__Config cfg = PSNET__CONFIG__INIT;
+        cfg.job_state = job_state_to_proto(c->state);
+        wire_header_init(&h, PSNET__MSG_TYPE__MSG_CONFIG);
+        h.body_case = PSNET__HEADER__BODY_CONFIG;
+        h.config = &cfg;
+        for (size_t i = 0; i < c->npeers; i++)
+                if (c->peers[i].role == PSNET__ROLE__ROLE_WORKER && !c->peers[i].member)
+                        (void) coord_reply_hdr(c, &c->peers[i].route, &h, 0);
+}
+
+/* The job ends as failed: says why to the log, psctl and every peer. */
+void coord_job_fail(Coord *c, const char *reason) {
+        c->state = JOB_FAILED;
+        c->job_end_ms = now_ms();
+        snprintf(c->fail_reason, sizeof c->fail_reason, "%s", reason);
+        log_error("job failed job=%u reason=\"%s\"", c->job.id, reason);
+        coord_publish_state(c);
+}
+
+/* Starts the job once the expected shards and workers are there. */
+void coord_maybe_start(Coord *c) {
+        char mode[32], reason[256];
+        if (c->state != JOB_WAITING)
+                return;
+        size_t ns = coord_count_role(c, PSNET__ROLE__ROLE_SERVER), nw = coord_count_role(c, PSNET__ROLE__ROLE_WORKER);
+        if (ns == 0 || ns < MAX(c->job.expect_shards, 1u) || nw < MAX(c->job.expect_workers, 1u))
+                return;
+        int r = coord_build_map(c);
+        if (r < 0) {
+                log_error_errno(r, "Failed to build the shard map: %m");
+                return;
+        }
+        if (!coord_job_fits(c, reason, sizeof reason)) {
+                coord_job_fail(c, reason);
+                return;
+        }
+        c->state = JOB_RUNNING;
+        c->members_epoch++;
+        c->switch_clock = 0;
+        c->nprev = 0;
+        for (size_t i = 0; i < c->npeers; i++)
+                if (c->peers[i].role == PSNET__ROLE__ROLE_WORKER) {
+                        c->peers[i].member = true;
+                        c->peers[i].start_clock = 0;
+                }
+        c->job_start_ms = now_ms();
+        c->has_accuracy = false;
+        c->evaluator = 0;
+        c->sched_lost = false;
+        c->sched = (Schedule) { .workers = (uint32_t) nw, .batch = c->job.batch };
+        log_info("job started job=%u model=%s mode=%s shards=%zu workers=%zu map_epoch=%lu",
+                 c->job.id, c->job.model, job_mode_string(&c->job, mode, sizeof mode), ns, nw,
+                 (unsigned long) c->map_epoch);
+        coord_publish(c);
+}
+
+void coord_handle_status(Coord *c, WireMsg *m) {
+        size_t ns = coord_count_role(c, PSNET__ROLE__ROLE_SERVER), nw = 0, j = 0;
+        _cleanup_free_ Psnet__ShardInfo *si = ps_calloc(ns ? ns : 1, sizeof *si);
+        _cleanup_free_ Psnet__ShardInfo **sip = ps_calloc(ns ? ns : 1, sizeof *sip);
+        _cleanup_free_ Peer **workers = coord_sorted_workers(c, &nw);
+        _cleanup_free_ Psnet__WorkerInfo *wi = ps_calloc(nw ? nw : 1, sizeof *wi);
+        _cleanup_free_ Psnet__WorkerInfo **wip = ps_calloc(nw ? nw : 1, sizeof *wip);
+        Psnet__JobSpec *spec = NULL;
+        Psnet__StatusRep ctl = PSNET__STATUS_REP__INIT;
+        Psnet__Header h;
+
+        if (!si || !sip || !workers || !wi || !wip || job_to_proto(&c->job, &spec) < 0) {
+                coord_reply_error(c, &m->route, m->hdr->seq, PSNET__STATUS__STATUS_RESOURCE, "out of memory");
+                return;
+        }
+        for (size_t i = 0; i < c->npeers; i++) {
+                Peer *p = &c->peers[i];
+                if (p->role != PSNET__ROLE__ROLE_SERVER)
+                        continue;
+                si[j] = p->shard;
+                si[j].id = p->id;
+                si[j].endpoint = p->endpoint;
+                si[j].has_in_map = true;
+                si[j].in_map = c->map && shardmap_find(c->map, p->id) >= 0;
+                sip[j] = &si[j];
+                j++;
+        }
+        for (size_t i = 0; i < nw; i++) {
+                wi[i] = workers[i]->worker;
+                wi[i].id = workers[i]->id;
+                wi[i].has_rank = wi[i].has_pid = wi[i].has_done = true;
+                wi[i].rank = workers[i]->rank;
+                wi[i].pid = workers[i]->pid;
+                wi[i].done = workers[i]->done;
+                wip[i] = &wi[i];
+        }
+        ctl.job = spec;
+        ctl.has_map_epoch = ctl.has_members_epoch = true;
+        ctl.map_epoch = c->map_epoch;
+        ctl.members_epoch = c->members_epoch;
+        ctl.n_shards = j;
+        ctl.shards = sip;
+        ctl.n_workers = nw;
+        ctl.workers = wip;
+        ctl.job_state = job_state_to_proto(c->state);
+        ctl.coord_endpoint = c->cfg->listen;
+        ctl.has_uptime_ms = true;
+        ctl.uptime_ms = now_ms() - c->start_ms;
+        ctl.has_accuracy = c->has_accuracy;
+        ctl.accuracy = c->accuracy;
+        ctl.reason = c->state == JOB_FAILED && c->fail_reason[0] ? c->fail_reason : NULL;
+        wire_header_init(&h, PSNET__MSG_TYPE__MSG_STATUS_REP);
+        h.body_case = PSNET__HEADER__BODY_STATUS_REP;
+        h.status_rep = &ctl;
+        int r = coord_reply_hdr(c, &m->route, &h, m->hdr->seq);
+        if (r < 0)
+                log_warning_errno(r, "Failed to answer status: %m");
+        job_proto_free(spec);
+}
+
+void coord_handle_job_submit(Coord *c, WireMsg *m) {
+        char err[192];
+        Job job;
+        if (c->state == JOB_RUNNING) {
+                coord_reply_error(c, &m->route, m->hdr->seq, PSNET__STATUS__STATUS_INVALID,
+                            "a job is running: stop it first (psctl job stop)");
+                return;
+        }
+        if (job_from_proto(m->hdr->submit, &job, err, sizeof err) < 0) {
+                coord_reply_error(c, &m->route, m->hdr->seq, PSNET__STATUS__STATUS_INVALID, err);
+                return;
+        }
+        /* A model the registered shards cannot hold between them is refused now. */
+        uint64_t limit = 0, per = job.optim.kind == OPTIM_ADAM ? 2 : job.optim.momentum != 0.0f ? 1 : 0;
+        uint64_t need = job_nfloats(&job) * 4u * (1 + per);
+        size_t shards = 0;
+        for (size_t i = 0; i < c->npeers; i++)
+                if (c->peers[i].role == PSNET__ROLE__ROLE_SERVER && c->peers[i].memory_limit) {
+                        limit += c->peers[i].memory_limit;
+                        shards++;
+                }
+        if (shards && shards >= MAX(job.expect_shards, 1u) && need > limit) {
+                snprintf(err, sizeof err, "the model needs %.1f GiB of values and optimizer state; the %zu shards "
+                         "hold %.1f GiB between them", (double) need / (1u << 30), shards, (double) limit / (1u << 30));
+                coord_reply_error(c, &m->route, m->hdr->seq, PSNET__STATUS__STATUS_RESOURCE, err);
+                return;
+        }
+        job.id = c->job.id + 1;
+        c->job = job;
+        c->fail_reason[0] = '\0';
+        c->nevicted = 0;
+        c->state = JOB_WAITING;
+        c->has_accuracy = false;
+        char mode[32];
+        log_info("job submitted job=%u model=%s mode=%s", job.id, job.model, job_mode_string(&job, mode, sizeof mode));
+        (void) coord_reply_job(c, &m->route, m->hdr->seq, NULL);
+        coord_maybe_start(c);
+}
+
+void coord_handle_job_stop(Coord *c, WireMsg *m) {
+        if (c->state != JOB_RUNNING && c->state != JOB_WAITING) {
+                char reason[96];
+                snprintf(reason, sizeof reason, "job %u is not running (it is %s)", c->job.id,
+                         job_state_name(c->state));
+                coord_reply_error(c, &m->route, m->hdr->seq, PSNET__STATUS__STATUS_INVALID, reason);
+                return;
+        }
+        c->state = JOB_STOPPED;
+        c->job_end_ms = now_ms();
+        log_info("job stopped job=%u", c->job.id);
+        (void) coord_reply_job(c, &m->route, m->hdr->seq, NULL);
+        coord_publish(c);
+}
+
+void coord_handle_job_mode(Coord *c, WireMsg *m) {
+        char reason[128];
+        Job j = c->job;
+        char mode[32];
+        if (mode_from_proto(m->hdr->mode, &j.mode, &j.staleness) < 0) {
+                snprintf(reason, sizeof reason, "bad mode %d, staleness %u (expected bsp, asp or ssp:0..%u)",
+                         (int) m->hdr->mode->mode, m->hdr->mode->staleness, JOB_MAX_STALENESS);
+                coord_reply_error(c, &m->route, m->hdr->seq, PSNET__STATUS__STATUS_INVALID, reason);
+                return;
+        }
+        const char *msg = NULL;
+        if (c->state == JOB_RUNNING) {
+                coord_fence_start(c, true, j.mode, j.staleness);
+                msg = "switching at the next clock boundary";
+        } else {
+                c->job.mode = j.mode;
+                c->job.staleness = j.staleness;
+        }
+        log_info("mode change requested mode=%s", job_mode_string(&j, mode, sizeof mode));
+        (void) coord_reply_job(c, &m->route, m->hdr->seq, msg);
+}
+
+void coord_metrics(void *ud, MetricsBuf *b) {
+        Coord *c = ud;
+        char mode[32], id[16];
+        metrics_family(b, "psnet_pscoord_job_state", "gauge", "The job's state (1 for the current one).");
+        static const JobState states[] = { JOB_WAITING, JOB_RUNNING, JOB_DONE, JOB_STOPPED, JOB_FAILED };
+        for (size_t i = 0; i < ELEMENTSOF(states); i++)
+                metrics_sample(b, "psnet_pscoord_job_state", c->state == states[i] ? 1 : 0, "state",
+                               job_state_name(states[i]), NULL);
+        metrics_family(b, "psnet_pscoord_job_info", "gauge", "The job (always 1).");
+        snprintf(id, sizeof id, "%u", c->job.id);
+        metrics_sample(b, "psnet_pscoord_job_info", 1, "job", id, "model", c->job.model, "mode",
+                       job_mode_string(&c->job, mode, sizeof mode), NULL);
+        size_t members = 0, shards_in_map = c->map ? shardmap_size(c->map) : 0;
+        for (size_t i = 0; i < c->npeers; i++)
+                members += c->peers[i].role == PSNET__ROLE__ROLE_WORKER && c->peers[i].member;
+        metrics_one(b, "psnet_pscoord_shards", "gauge", "Shards registered.", (double) coord_count_role(c, PSNET__ROLE__ROLE_SERVER));
+        metrics_one(b, "psnet_pscoord_shards_in_map", "gauge", "Shards in the current map.", (double) shards_in_map);
+        metrics_one(b, "psnet_pscoord_workers", "gauge", "Workers registered.", (double) coord_count_role(c, PSNET__ROLE__ROLE_WORKER));
+        metrics_one(b, "psnet_pscoord_members", "gauge", "Workers in the membership.", (double) members);
+        metrics_one(b, "psnet_pscoord_map_epoch", "gauge", "The shard map's epoch.", (double) c->map_epoch);
+        metrics_one(b, "psnet_pscoord_members_epoch", "gauge", "The membership's epoch.", (double) c->members_epoch);
+        metrics_one(b, "psnet_pscoord_accuracy", "gauge", "The job's test accuracy (NaN before it is known).",
+                    c->has_accuracy ? c->accuracy : NAN);
+        metrics_one(b, "psnet_pscoord_registrations_total", "counter", "Registrations accepted.", (double) c->registrations);
+        metrics_one(b, "psnet_pscoord_lease_expiries_total", "counter", "Peers dropped for silence.", (double) c->expiries);
+        metrics_one(b, "psnet_pscoord_evictions_total", "counter", "Workers evicted for stalling the others.",
+                    (double) c->evictions);
+        metrics_one(b, "psnet_pscoord_requests_total", "counter", "Control messages received.", (double) c->requests);
+        metrics_one(b, "psnet_pscoord_refused_total", "counter", "Control messages refused.", (double) c->refused);
+        metrics_histogram(b, "psnet_pscoord_request_seconds", "Time to handle a control message.", &c->latency);
+        /* Per worker, from its heartbeats. */
+        static const struct { const char *name, *help; } wm[] = {
+                { "psnet_pscoord_worker_clock", "A worker's clock (steps completed)." },
+                { "psnet_pscoord_worker_steps_per_second", "A worker's steps per second." },
+                { "psnet_pscoord_worker_samples_per_second", "A worker's samples per second." },
+                { "psnet_pscoord_worker_loss", "A worker's recent training loss." },
+                { "psnet_pscoord_worker_epoch", "The epoch a worker is in." },
+        };
+        for (size_t k = 0; k < ELEMENTSOF(wm); k++) {
+                metrics_family(b, wm[k].name, "gauge", wm[k].help);
+                for (size_t i = 0; i < c->npeers; i++) {
+                        const Peer *p = &c->peers[i];
+                        if (p->role != PSNET__ROLE__ROLE_WORKER)
+                                continue;
+                        double v = k == 0 ? (double) p->worker.clock : k == 1 ? p->worker.steps_per_s
+                                   : k == 2 ? p->worker.samples_per_s : k == 3 ? p->worker.loss : (double) p->worker.epoch;
+                        snprintf(id, sizeof id, "%u", p->id);
+                        metrics_sample(b, wm[k].name, v, "worker", id, NULL);
+                }
+        }
+}
+
+void coord_status(void *ud, char *buf, size_t n) {
+        Coord *c = ud;
+        snprintf(buf, n, "job %u %s: %zu shards, %zu workers", c->job.id, job_state_name(c->state),
+                 coord_count_role(c, PSNET__ROLE__ROLE_SERVER), coord_count_role(c, PSNET__ROLE__ROLE_WORKER));
+}

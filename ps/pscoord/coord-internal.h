@@ -1,0 +1,151 @@
+/* pscoord's state, shared by its files (not installed, not used outside
+ * ps/pscoord/):
+ *   coord.c           the loop: the control socket, dispatch, ticks, signals
+ *   coord-members.c   peers, leases, registration, heartbeats, results,
+ *                     stragglers; membership changes
+ *   coord-map.c       the shard map: building it, adding and removing
+ *                     shards, publishing job/map/membership to the peers
+ *   coord-boundary.c  fences and the clock boundaries they pick (the
+ *                     arithmetic is boundary.c, unit-tested)
+ *   coord-admin.c     the job's lifecycle and psctl's requests; /metrics */
+#pragma once
+#include <errno.h>
+#include <math.h>
+#include <stdio.h>
+#include <string.h>
+#include <uv.h>
+#include "alloc.h"
+#include "boundary.h"
+#include "coord.h"
+#include "endpoint.h"
+#include "errors.h"
+#include "keys.h"
+#include "log.h"
+#include "metrics.h"
+#include "netsock.h"
+#include "schedule.h"
+#include "service.h"
+#include "shardmap.h"
+#include "wire.h"
+#include "wire-job.h"
+#include "zap.h"
+
+#define COORD_MAX_PEERS 4096
+#define COORD_MAX_STRAGGLERS 64
+
+typedef struct Peer {
+        uint32_t id;
+        Psnet__Role role;
+        zmq_msg_t route;
+        char *endpoint;
+        uint8_t public_key[32];     /* shards with --keys: the key workers expect */
+        bool has_key;
+        uint64_t last_seen;
+        uint32_t pid;
+        char host[64];              /* the peer's host name, as it registered */
+        uint32_t rank;
+        Psnet__ShardInfo shard;     /* last reported stats (endpoint and stragglers not owned: NULL) */
+        uint32_t stragglers[COORD_MAX_STRAGGLERS];  /* shards: members the others wait on */
+        size_t nstragglers;
+        uint64_t stalled_ms;
+        uint64_t memory_limit, max_msg; /* shards: from their registration */
+        Psnet__WorkerInfo worker;
+        bool done;
+        bool member;                /* counted by the shards' gates */
+        int64_t start_clock;        /* clock it started at */
+        bool drain;
+} Peer;
+
+/* A change agreed at a clock boundary: pscoord fences the shards, learns their
+ * clocks, picks the boundary and publishes the change with it. */
+typedef struct Fence {
+        bool active;
+        uint64_t seq, deadline, retry_at;
+        size_t replies, expected;
+        FenceClocks clocks;         /* the shards' answers so far */
+        bool mode_change;
+        ConsistencyMode mode;
+        uint32_t staleness;
+} Fence;
+
+typedef struct Coord {
+        const CoordConfig *cfg;
+        void *zctx;
+        Job job;
+        JobState state;
+        Peer *peers;
+        size_t npeers;
+        uint32_t next_worker_id;
+        ShardMap *map;
+        uint64_t map_epoch, members_epoch;
+        uint32_t *prev_ids;         /* membership before the pending boundary */
+        size_t nprev;
+        int64_t switch_clock;       /* 0: no boundary pending */
+        Fence fence;
+        uint64_t fence_seq;
+        float accuracy;
+        bool has_accuracy;
+        Schedule sched;             /* the job's epochs in clocks (common/schedule.h) */
+        bool sched_lost;            /* a member left before finishing: count again */
+        uint32_t evaluator;         /* the worker evaluating the final weights (0: none) */
+        char fail_reason[256];      /* why the job failed (state FAILED) */
+        struct { uint32_t pid; char host[64]; } evicted[COORD_MAX_STRAGGLERS]; /* not admitted again this job */
+        size_t nevicted;
+        uint64_t registrations, expiries, evictions, requests, refused;
+        Histogram latency;          /* handling a control request */
+        uint64_t start_ms, job_start_ms, job_end_ms, migrate_start_ms;
+        uint64_t errors;
+        uv_loop_t loop;
+        uv_timer_t tick;
+        NetSock *ctl;
+        Service *service;
+        NetIdentity id;
+        Zap *zap;
+} Coord;
+
+/* --- replies (coord.c) */
+int coord_reply_hdr(Coord *c, const zmq_msg_t *route, Psnet__Header *h, uint64_t seq);
+int coord_reply(Coord *c, const zmq_msg_t *route, Psnet__MsgType type, uint64_t seq);
+int coord_reply_job(Coord *c, const zmq_msg_t *route, uint64_t seq, const char *message);
+int coord_reply_error(Coord *c, const zmq_msg_t *route, uint64_t seq, int status, const char *reason);
+
+/* --- membership: peers, leases, registration, results (coord-members.c) */
+size_t coord_count_role(const Coord *c, Psnet__Role role);
+Peer *coord_find_peer(Coord *c, Psnet__Role role, uint32_t id);
+Peer *coord_find_route(Coord *c, const zmq_msg_t *route);
+void coord_peer_done(Peer *p);
+void coord_remove_peer(Coord *c, Peer *p);
+Peer **coord_sorted_workers_sel(Coord *c, bool members_only, size_t *ret_n);
+Peer **coord_sorted_workers(Coord *c, size_t *ret_n);
+void coord_membership_changed(Coord *c);
+bool coord_pick_evaluator(Coord *c, Peer *self);
+void coord_handle_register(Coord *c, WireMsg *m);
+void coord_handle_heartbeat(Coord *c, WireMsg *m, Peer *p);
+void coord_handle_result(Coord *c, WireMsg *m, Peer *p);
+void coord_handle_drain(Coord *c, WireMsg *m);
+void coord_expire_leases(Coord *c);
+void coord_evict_stragglers(Coord *c);
+
+/* --- the shard map and publishing it (coord-map.c) */
+void coord_publish(Coord *c);
+int coord_build_map(Coord *c);
+int coord_remap(Coord *c, uint32_t add, uint32_t remove);
+void coord_handle_shard_change(Coord *c, WireMsg *m, bool add);
+bool coord_job_fits(Coord *c, char *reason, size_t n);
+
+/* --- fences and clock boundaries (coord-boundary.c) */
+void coord_fence_start(Coord *c, bool mode_change, ConsistencyMode mode, uint32_t staleness);
+void coord_fence_commit(Coord *c);
+void coord_handle_fence_rep(Coord *c, WireMsg *m);
+void coord_fence_tick(Coord *c);
+
+/* --- the job and the operator: start, stop, mode, status, metrics (coord-admin.c) */
+void coord_publish_state(Coord *c);
+void coord_job_fail(Coord *c, const char *reason);
+void coord_maybe_start(Coord *c);
+void coord_handle_status(Coord *c, WireMsg *m);
+void coord_handle_job_submit(Coord *c, WireMsg *m);
+void coord_handle_job_stop(Coord *c, WireMsg *m);
+void coord_handle_job_mode(Coord *c, WireMsg *m);
+void coord_metrics(void *ud, MetricsBuf *b);
+void coord_status(void *ud, char *buf, size_t n);

@@ -1,0 +1,236 @@
+/* pscoord's shard map: built when the job starts, changed by psctl shard
+ * add/remove, and published with the job and the membership to every peer. */
+#include "coord-internal.h"
+
+/* Sends job, map, membership and state to one peer. */
+static int send_config(Coord *c, Peer *p, Psnet__JobSpec *spec, Psnet__ShardMap *pm,
+                       Psnet__Membership *mem, uint32_t nworkers) {
+        Psnet__Header h;
+        Psnet__Config ctl = PSNET__CONFIG__INIT;
+        Psnet__Membership prev = PSNET__MEMBERSHIP__INIT;
+        ctl.job = spec;
+        ctl.map = pm;
+        ctl.members = mem;
+        ctl.job_state = job_state_to_proto(c->state);
+        if (p->role == PSNET__ROLE__ROLE_WORKER) {
+                ctl.has_rank = ctl.has_nworkers = ctl.has_start_clock = true;
+                ctl.rank = p->rank;
+                ctl.nworkers = nworkers;
+                ctl.start_clock = p->start_clock;
+                ctl.has_drain = p->drain;
+                ctl.drain = p->drain;
+        }
+        if (c->switch_clock > 0 && p->role == PSNET__ROLE__ROLE_SERVER) {
+                prev.epoch = mem->epoch;
+                prev.n_workers = c->nprev;
+                prev.workers = c->prev_ids;
+                ctl.prev_members = &prev;
+        }
+        wire_header_init(&h, PSNET__MSG_TYPE__MSG_CONFIG);
+        h.body_case = PSNET__HEADER__BODY_CONFIG;
+        h.config = &ctl;
+        return coord_reply_hdr(c, &p->route, &h, 0);
+}
+
+/* Publishes the current job, map and membership to every shard and worker. */
+void coord_publish(Coord *c) {
+        Psnet__JobSpec *spec = NULL;
+        size_t nw = 0;
+        _cleanup_free_ Peer **workers = coord_sorted_workers(c, &nw);
+        _cleanup_free_ uint32_t *ids = ps_malloc((nw ? nw : 1) * sizeof *ids);
+        _cleanup_free_ int64_t *starts = ps_malloc((nw ? nw : 1) * sizeof *starts);
+        _cleanup_free_ ProtobufCBinaryData *keys = ps_calloc(nw ? nw : 1, sizeof *keys);
+        Psnet__ShardMap *pm = NULL;
+        Psnet__Membership mem = PSNET__MEMBERSHIP__INIT;
+
+        if (!workers || !ids || !starts || !keys || job_to_proto(&c->job, &spec) < 0) {
+                log_error("out of memory while publishing the configuration");
+                return;
+        }
+        for (size_t i = 0; i < nw; i++) {
+                ids[i] = workers[i]->id;
+                starts[i] = workers[i]->start_clock;
+                keys[i] = (ProtobufCBinaryData) { .len = 32, .data = workers[i]->public_key };
+                workers[i]->rank = (uint32_t) i;
+        }
+        mem.epoch = c->members_epoch;
+        mem.n_workers = nw;
+        mem.workers = ids;
+        mem.n_start_clocks = nw;
+        mem.start_clocks = starts;
+        /* With CURVE the shards check that a push comes from the member's own key. */
+        mem.n_keys = c->id.enabled ? nw : 0;
+        mem.keys = keys;
+        mem.has_from_clock = true;
+        mem.from_clock = c->switch_clock;
+        mem.has_base_clock = mem.has_samples_before = true;
+        mem.base_clock = c->sched.base_clock;
+        mem.samples_before = c->sched.samples_before;
+        if (c->map && shardmap_to_proto(c->map, &pm) < 0) {
+                log_error("out of memory while publishing the configuration");
+                job_proto_free(spec);
+                return;
+        }
+        /* Shards first, so a worker's first request finds its shard configured. */
+        for (int pass = 0; pass < 2; pass++)
+                for (size_t i = 0; i < c->npeers; i++) {
+                        Peer *p = &c->peers[i];
+                        if (p->role != (pass == 0 ? PSNET__ROLE__ROLE_SERVER : PSNET__ROLE__ROLE_WORKER))
+                                continue;
+                        if (p->role == PSNET__ROLE__ROLE_WORKER && !p->member)
+                                continue; /* joins at the next boundary */
+                        int r = send_config(c, p, c->map ? spec : NULL, pm, &mem, (uint32_t) nw);
+                        if (r < 0)
+                                log_warning_errno(r, "Failed to send configuration to peer=%u: %m", p->id);
+                }
+        job_proto_free(spec);
+        shardmap_proto_free(pm);
+}
+
+int coord_build_map(Coord *c) {
+        size_t n = coord_count_role(c, PSNET__ROLE__ROLE_SERVER), j = 0;
+        _cleanup_free_ ShardDesc *d = ps_calloc(n ? n : 1, sizeof *d);
+        if (!d)
+                return -ENOMEM;
+        for (size_t i = 0; i < c->npeers; i++)
+                if (c->peers[i].role == PSNET__ROLE__ROLE_SERVER) {
+                        d[j].id = c->peers[i].id;
+                        d[j].endpoint = c->peers[i].endpoint;
+                        memcpy(d[j].public_key, c->peers[i].public_key, 32);
+                        d[j].has_public_key = c->peers[i].has_key;
+                        j++;
+                }
+        ShardMap *m;
+        int r = shardmap_new(++c->map_epoch, c->cfg->vnodes, d, n, &m);
+        if (r < 0)
+                return r;
+        shardmap_free(c->map);
+        c->map = m;
+        return 0;
+}
+
+/* A new map epoch over the current map's shards plus add (0: none) minus
+ * remove (0: none); endpoints come from the registered peers, else the old map. */
+int coord_remap(Coord *c, uint32_t add, uint32_t remove) {
+        size_t n = c->map ? shardmap_size(c->map) : 0, j = 0;
+        _cleanup_free_ ShardDesc *d = ps_calloc(n + 1, sizeof *d);
+        if (!d)
+                return -ENOMEM;
+        for (size_t i = 0; i < n; i++) {
+                const ShardDesc *sd = shardmap_shard(c->map, i);
+                if (sd->id == remove)
+                        continue;
+                Peer *p = coord_find_peer(c, PSNET__ROLE__ROLE_SERVER, sd->id);
+                d[j] = *sd;
+                if (p) {
+                        d[j].endpoint = p->endpoint;
+                        memcpy(d[j].public_key, p->public_key, 32);
+                        d[j].has_public_key = p->has_key;
+                }
+                j++;
+        }
+        if (add) {
+                Peer *p = coord_find_peer(c, PSNET__ROLE__ROLE_SERVER, add);
+                if (!p)
+                        return -ENOENT;
+                d[j].id = add;
+                d[j].endpoint = p->endpoint;
+                memcpy(d[j].public_key, p->public_key, 32);
+                d[j].has_public_key = p->has_key;
+                j++;
+        }
+        ShardMap *m;
+        int r = shardmap_new(c->map_epoch + 1, c->cfg->vnodes, d, j, &m);
+        if (r < 0)
+                return r;
+        c->map_epoch++;
+        shardmap_free(c->map);
+        c->map = m;
+        return 0;
+}
+
+void coord_handle_shard_change(Coord *c, WireMsg *m, bool add) {
+        char reason[128];
+        const Psnet__ShardRef *ctl = m->hdr->shard;
+        uint32_t id = ctl->has_id ? ctl->id : 0;
+        if (ctl->endpoint) /* named by address: the registered shard advertising it */
+                for (size_t i = 0; i < c->npeers; i++)
+                        if (c->peers[i].role == PSNET__ROLE__ROLE_SERVER && c->peers[i].endpoint &&
+                            strcmp(c->peers[i].endpoint, ctl->endpoint) == 0)
+                                id = c->peers[i].id;
+        if (id == 0) {
+                snprintf(reason, sizeof reason, "no registered shard %s%.64s",
+                         ctl->endpoint ? "at " : "", ctl->endpoint ? ctl->endpoint : "(give an id or address)");
+                coord_reply_error(c, &m->route, m->hdr->seq, PSNET__STATUS__STATUS_INVALID, reason);
+                return;
+        }
+        bool in_map = c->map && shardmap_find(c->map, id) >= 0;
+        const char *why = NULL;
+        if (c->state != JOB_RUNNING && c->state != JOB_WAITING)
+                why = "no job is running";
+        else if (!c->map)
+                why = "the job has not started yet (no shard map)";
+        else if (add && in_map)
+                why = "that shard is already in the map";
+        else if (add && !coord_find_peer(c, PSNET__ROLE__ROLE_SERVER, id))
+                why = "no such shard is registered (start psd with that --id first)";
+        else if (!add && !in_map)
+                why = "that shard is not in the map";
+        else if (!add && shardmap_size(c->map) < 2)
+                why = "the last shard of the map cannot be removed";
+        if (why) {
+                snprintf(reason, sizeof reason, "shard %u: %s", id, why);
+                coord_reply_error(c, &m->route, m->hdr->seq, PSNET__STATUS__STATUS_INVALID, reason);
+                return;
+        }
+        int r = coord_remap(c, add ? id : 0, add ? 0 : id);
+        if (r < 0) {
+                snprintf(reason, sizeof reason, "cannot build the new map: %s", strerror(-r));
+                coord_reply_error(c, &m->route, m->hdr->seq, PSNET__STATUS__STATUS_INVALID, reason);
+                return;
+        }
+        c->migrate_start_ms = now_ms();
+        log_info("shard %s shard_id=%u map_epoch=%lu shards=%zu", add ? "added" : "removed", id,
+                 (unsigned long) c->map_epoch, shardmap_size(c->map));
+        coord_publish(c);
+        (void) coord_reply_job(c, &m->route, m->hdr->seq, "migrating");
+}
+
+/* Whether the shards can hold the job under c->map: each shard's share of the
+ * values and optimizer state within its memory, the largest frame within its
+ * limit. On failure writes why into reason. */
+bool coord_job_fits(Coord *c, char *reason, size_t n) {
+        size_t ns = shardmap_size(c->map);
+        _cleanup_free_ uint64_t *share = ps_calloc(ns, sizeof *share);
+        if (!share) {
+                snprintf(reason, n, "out of memory");
+                return false;
+        }
+        uint64_t per = c->job.optim.kind == OPTIM_ADAM ? 2 : c->job.optim.momentum != 0.0f ? 1 : 0;
+        for (uint32_t t = 0; t < c->job.ntensors; t++)
+                for (uint32_t k = 0; k < c->job.tensors[t].nchunks; k++)
+                        share[shardmap_lookup(c->map, t, k)] += (uint64_t) job_chunk_len(&c->job, t, k) * 4u * (1 + per);
+        uint64_t frame = (uint64_t) c->job.chunk_floats * 4u * MAX(per, (uint64_t) 1);
+        for (size_t i = 0; i < ns; i++) {
+                Peer *p = coord_find_peer(c, PSNET__ROLE__ROLE_SERVER, shardmap_shard(c->map, i)->id);
+                if (!p)
+                        continue;
+                if (p->memory_limit && share[i] > p->memory_limit) {
+                        uint64_t total = 0;
+                        for (size_t j = 0; j < ns; j++)
+                                total += share[j];
+                        snprintf(reason, n, "the model needs %.1f GiB of values and optimizer state; shard %u would "
+                                 "hold %.1f GiB but has %.1f GiB (add shards or use a smaller model)",
+                                 (double) total / (1u << 30), p->id, (double) share[i] / (1u << 30),
+                                 (double) p->memory_limit / (1u << 30));
+                        return false;
+                }
+                if (p->max_msg && frame > p->max_msg) {
+                        snprintf(reason, n, "the job's chunks need frames of %lu bytes; shard %u accepts %lu "
+                                 "(lower --chunk-kb or raise psd --max-msg)", (unsigned long) frame, p->id,
+                                 (unsigned long) p->max_msg);
+                        return false;
+                }
+        }
+        return true;
+}

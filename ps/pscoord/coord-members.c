@@ -1,0 +1,432 @@
+/* pscoord's membership: peers (shards and workers) by route and id, their
+ * leases, registration, heartbeats, results, drains, and the stragglers the
+ * shards report. A change of the workers ends in coord_membership_changed. */
+#include "coord-internal.h"
+
+size_t coord_count_role(const Coord *c, Psnet__Role role) {
+        size_t n = 0;
+        for (size_t i = 0; i < c->npeers; i++)
+                n += c->peers[i].role == role;
+        return n;
+}
+
+Peer *coord_find_peer(Coord *c, Psnet__Role role, uint32_t id) {
+        for (size_t i = 0; i < c->npeers; i++)
+                if (c->peers[i].role == role && c->peers[i].id == id)
+                        return &c->peers[i];
+        return NULL;
+}
+
+/* The peer that sent a message: matched by its ZeroMQ identity. */
+Peer *coord_find_route(Coord *c, const zmq_msg_t *route) {
+        size_t n = zmq_msg_size((zmq_msg_t *) route);
+        for (size_t i = 0; i < c->npeers; i++) {
+                zmq_msg_t *r = &c->peers[i].route;
+                if (zmq_msg_size(r) == n && memcmp(zmq_msg_data(r), zmq_msg_data((zmq_msg_t *) route), n) == 0)
+                        return &c->peers[i];
+        }
+        return NULL;
+}
+
+void coord_peer_done(Peer *p) {
+        zmq_msg_close(&p->route);
+        ps_free(p->endpoint);
+}
+
+void coord_remove_peer(Coord *c, Peer *p) {
+        size_t i = (size_t) (p - c->peers);
+        if (p->role == PSNET__ROLE__ROLE_WORKER && p->member && !p->done)
+                c->sched_lost = true; /* its share of the epochs goes to the others */
+        if (p->role == PSNET__ROLE__ROLE_WORKER && p->id == c->evaluator)
+                c->evaluator = 0;
+        if (p->role == PSNET__ROLE__ROLE_WORKER)
+                for (size_t j = 0; j < c->nprev; j++)
+                        if (c->prev_ids[j] == p->id) {
+                                memmove(&c->prev_ids[j], &c->prev_ids[j + 1], (c->nprev - j - 1) * sizeof *c->prev_ids);
+                                c->nprev--;
+                                break;
+                        }
+        coord_peer_done(p);
+        memmove(&c->peers[i], &c->peers[i + 1], (c->npeers - i - 1) * sizeof *p);
+        c->npeers--;
+}
+
+static int cmp_peer_id(const void *a, const void *b) {
+        const Peer *const *x = a, *const *y = b;
+        return (*x)->id < (*y)->id ? -1 : (*x)->id > (*y)->id;
+}
+
+/* Workers in id order (ranks follow this order); only members when
+ * members_only. Caller frees. */
+Peer **coord_sorted_workers_sel(Coord *c, bool members_only, size_t *ret_n) {
+        size_t n = coord_count_role(c, PSNET__ROLE__ROLE_WORKER), j = 0;
+        Peer **v = ps_malloc((n ? n : 1) * sizeof *v);
+        if (!v)
+                return NULL;
+        for (size_t i = 0; i < c->npeers; i++)
+                if (c->peers[i].role == PSNET__ROLE__ROLE_WORKER && (!members_only || c->peers[i].member))
+                        v[j++] = &c->peers[i];
+        qsort(v, j, sizeof *v, cmp_peer_id);
+        *ret_n = j;
+        return v;
+}
+
+Peer **coord_sorted_workers(Coord *c, size_t *ret_n) {
+        return coord_sorted_workers_sel(c, true, ret_n);
+}
+
+/* Where the job's clock is now, as the members last reported it: the
+ * furthest under BSP (they move together), the mean under ASP and SSP (the
+ * clocks the members have trained between them). */
+static int64_t current_clock(Coord *c, Peer **members, size_t nw) {
+        int64_t max = 0, sum = 0;
+        size_t n = 0;
+        for (size_t i = 0; i < nw; i++)
+                if (members[i]->worker.has_clock) {
+                        max = MAX(max, members[i]->worker.clock);
+                        sum += members[i]->worker.clock;
+                        n++;
+                }
+        if (!n)
+                return c->sched.base_clock;
+        return c->job.mode == MODE_BSP ? max : sum / (int64_t) n;
+}
+
+/* Every member has finished training and nobody evaluates yet: one of them
+ * (first the one reporting now, else the lowest id) pulls and evaluates the
+ * final weights. Returns true when that is self. */
+bool coord_pick_evaluator(Coord *c, Peer *self) {
+        if (c->state != JOB_RUNNING || c->has_accuracy || c->evaluator)
+                return false;
+        Peer *pick = self;
+        for (size_t i = 0; i < c->npeers; i++) {
+                Peer *p = &c->peers[i];
+                if (p->role != PSNET__ROLE__ROLE_WORKER || !p->member)
+                        continue;
+                if (!p->done)
+                        return false;
+                if (!pick || p->id < pick->id)
+                        pick = p;
+        }
+        if (!pick)
+                return false;
+        c->evaluator = pick->id;
+        log_info("every member finished training: worker %u evaluates the final weights", pick->id);
+        if (pick == self)
+                return true;
+        Psnet__Header h;
+        Psnet__Config cfg = PSNET__CONFIG__INIT;
+        cfg.job_state = job_state_to_proto(c->state);
+        cfg.has_evaluate = cfg.evaluate = true;
+        wire_header_init(&h, PSNET__MSG_TYPE__MSG_CONFIG);
+        h.body_case = PSNET__HEADER__BODY_CONFIG;
+        h.config = &cfg;
+        if (coord_reply_hdr(c, &pick->route, &h, 0) < 0) {
+                log_warning("Failed to ask worker=%u to evaluate", pick->id);
+                c->evaluator = 0;
+        }
+        return false;
+}
+
+void coord_membership_changed(Coord *c) {
+        if (c->state != JOB_RUNNING) {
+                coord_maybe_start(c);
+                return;
+        }
+        c->members_epoch++;
+        size_t nw = 0;
+        _cleanup_free_ Peer **members = coord_sorted_workers(c, &nw);
+        bool any_done = false, joining = false;
+        for (size_t i = 0; i < c->npeers; i++) {
+                any_done |= c->peers[i].role == PSNET__ROLE__ROLE_WORKER && c->peers[i].done;
+                joining |= c->peers[i].role == PSNET__ROLE__ROLE_WORKER && !c->peers[i].member;
+        }
+        if (members && c->sched_lost) {
+                /* A member left before the end: the others train its share. */
+                int64_t at = current_clock(c, members, nw);
+                schedule_rebase(&c->sched, at, (uint32_t) nw);
+                c->sched_lost = false;
+                log_info("schedule base_clock=%ld samples_before=%lu workers=%zu", (long) c->sched.base_clock,
+                         (unsigned long) c->sched.samples_before, nw);
+        }
+        if (nw == 0 && !joining) {
+                /* Every worker left before the final weights were evaluated: the
+                 * job cannot finish by itself (workers failed, were killed, or
+                 * stopped). */
+                coord_job_fail(c, any_done ? "every worker left before the final weights were evaluated "
+                                             "(some finished training)"
+                                           : "every worker left without finishing");
+        }
+        log_info("membership epoch=%lu workers=%zu", (unsigned long) c->members_epoch, nw);
+        coord_publish(c);
+        (void) coord_pick_evaluator(c, NULL);
+}
+
+void coord_handle_register(Coord *c, WireMsg *m) {
+        Psnet__Header *h = m->hdr;
+        const Psnet__Register *reg = h->reg;
+        char reason[320];
+        if (reg->role != PSNET__ROLE__ROLE_SERVER && reg->role != PSNET__ROLE__ROLE_WORKER) {
+                snprintf(reason, sizeof reason, "role %d cannot register (servers and workers can)", reg->role);
+                coord_reply_error(c, &m->route, h->seq, PSNET__STATUS__STATUS_INVALID, reason);
+                return;
+        }
+        if (c->id.enabled && m->peer.role != reg->role) {
+                snprintf(reason, sizeof reason, "a key of role %s cannot register as a %s", role_name(m->peer.role),
+                         reg->role == PSNET__ROLE__ROLE_SERVER ? "shard" : "worker");
+                log_warning("refused registration reason=\"%s\" key=%s name=%s", reason, m->peer.fingerprint,
+                            m->peer.name);
+                c->errors++;
+                (void) netsock_send_error(c->ctl, &m->route, PSNET__STATUS__STATUS_DENIED, h->seq, reason);
+                return;
+        }
+        if (reg->role == PSNET__ROLE__ROLE_SERVER &&
+            (!reg->has_want_id || reg->want_id == 0 || !reg->endpoint || !reg->endpoint[0] ||
+             strlen(reg->endpoint) > 255)) {
+                coord_reply_error(c, &m->route, h->seq, PSNET__STATUS__STATUS_INVALID,
+                            "a shard registers with its id (>= 1) and endpoint");
+                return;
+        }
+        if (c->npeers >= COORD_MAX_PEERS) {
+                coord_reply_error(c, &m->route, h->seq, PSNET__STATUS__STATUS_INVALID, "too many peers");
+                return;
+        }
+        for (size_t i = 0; reg->role == PSNET__ROLE__ROLE_WORKER && i < c->nevicted; i++)
+                if (reg->has_pid && c->evicted[i].pid == reg->pid && strcmp(c->evicted[i].host, reg->name ? reg->name : "") == 0) {
+                        snprintf(reason, sizeof reason, "this worker (pid %u) was evicted from job %u: the others waited "
+                                 "on it too long; a restarted worker may join", reg->pid, c->job.id);
+                        log_warning("refused registration reason=\"%s\"", reason);
+                        (void) netsock_send_error(c->ctl, &m->route, PSNET__STATUS__STATUS_DENIED, h->seq, reason);
+                        return;
+                }
+        Peer *p = coord_find_route(c, &m->route);
+        if (p) /* the same connection registers again: start over */
+                coord_remove_peer(c, p);
+        uint32_t id;
+        if (reg->role == PSNET__ROLE__ROLE_SERVER) {
+                id = reg->want_id;
+                Peer *old = coord_find_peer(c, PSNET__ROLE__ROLE_SERVER, id);
+                uint64_t silent = old ? now_ms() - old->last_seen : 0;
+                if (old && silent <= c->cfg->lease_ms) {
+                        /* Another process holds the id and keeps its lease: taking it over
+                         * would make the two flap. A restarted shard gets in once the old
+                         * lease runs out (it registers again meanwhile). */
+                        snprintf(reason, sizeof reason,
+                                 "shard id %u is held by a live shard at %.64s (pid %u, heard %lu ms ago); stop it "
+                                 "or choose another --id", id, old->endpoint ? old->endpoint : "?", old->pid,
+                                 (unsigned long) silent);
+                        log_warning("refused registration reason=\"%s\"", reason);
+                        c->errors++;
+                        (void) netsock_send_error(c->ctl, &m->route, PSNET__STATUS__STATUS_RESOURCE, h->seq, reason);
+                        return;
+                }
+                if (old) {
+                        log_warning("shard re-registered (restart?) shard_id=%u", id);
+                        coord_remove_peer(c, old);
+                }
+        } else {
+                id = reg->has_want_id && reg->want_id && !coord_find_peer(c, PSNET__ROLE__ROLE_WORKER, reg->want_id)
+                             ? reg->want_id
+                             : ++c->next_worker_id;
+                c->next_worker_id = MAX(c->next_worker_id, id);
+        }
+        Peer *np = ps_realloc(c->peers, (c->npeers + 1) * sizeof *np);
+        if (!np) {
+                coord_reply_error(c, &m->route, h->seq, PSNET__STATUS__STATUS_RESOURCE, "out of memory");
+                return;
+        }
+        c->peers = np;
+        p = &c->peers[c->npeers++];
+        memset(p, 0, sizeof *p);
+        p->id = id;
+        p->role = reg->role;
+        zmq_msg_init(&p->route);
+        (void) zmq_msg_copy(&p->route, &m->route);
+        p->endpoint = ps_strdup(reg->endpoint);
+        p->pid = reg->has_pid ? reg->pid : 0;
+        snprintf(p->host, sizeof p->host, "%s", reg->name ? reg->name : "");
+        p->memory_limit = reg->has_memory_limit ? reg->memory_limit : 0;
+        p->max_msg = reg->has_max_msg ? reg->max_msg : 0;
+        if (c->id.enabled) {
+                memcpy(p->public_key, m->peer.key, 32);
+                p->has_key = true;
+        }
+        p->last_seen = now_ms();
+        psnet__shard_info__init(&p->shard);
+        psnet__worker_info__init(&p->worker);
+
+        Psnet__Header rh;
+        Psnet__RegisterRep rep = PSNET__REGISTER_REP__INIT;
+        rep.assigned_id = id;
+        rep.lease_ms = c->cfg->lease_ms;
+        rep.job_state = job_state_to_proto(c->state);
+        wire_header_init(&rh, PSNET__MSG_TYPE__MSG_REGISTER_REP);
+        rh.body_case = PSNET__HEADER__BODY_REG_REP;
+        rh.reg_rep = &rep;
+        int r = coord_reply_hdr(c, &m->route, &rh, h->seq);
+        if (r < 0)
+                log_warning_errno(r, "Failed to answer registration: %m");
+        c->registrations++;
+        log_info("registered role=%s id=%u pid=%u endpoint=%s",
+                 reg->role == PSNET__ROLE__ROLE_SERVER ? "shard" : "worker", id, p->pid,
+                 reg->endpoint ? reg->endpoint : "-");
+        if (reg->role == PSNET__ROLE__ROLE_SERVER && c->map && shardmap_find(c->map, id) >= 0) {
+                /* A shard of the current map came back: give it the job again. */
+                coord_publish(c);
+                return;
+        }
+        if (reg->role == PSNET__ROLE__ROLE_WORKER && c->state == JOB_RUNNING) {
+                /* Joins at the next clock boundary. */
+                coord_fence_start(c, false, c->job.mode, c->job.staleness);
+                return;
+        }
+        coord_membership_changed(c);
+}
+
+void coord_handle_heartbeat(Coord *c, WireMsg *m, Peer *p) {
+        Psnet__Header *h = m->hdr;
+        p->last_seen = now_ms();
+        if (h->heartbeat->shard && p->role == PSNET__ROLE__ROLE_SERVER) {
+                const Psnet__ShardInfo *s = h->heartbeat->shard;
+                p->shard = *s;
+                p->shard.base = (ProtobufCMessage) PROTOBUF_C_MESSAGE_INIT(&psnet__shard_info__descriptor);
+                p->shard.endpoint = NULL;
+                p->shard.n_stragglers = 0;
+                p->shard.stragglers = NULL;
+                p->nstragglers = MIN(s->n_stragglers, (size_t) COORD_MAX_STRAGGLERS);
+                if (p->nstragglers)
+                        memcpy(p->stragglers, s->stragglers, p->nstragglers * sizeof *p->stragglers);
+                p->stalled_ms = s->has_stalled_ms ? s->stalled_ms : 0;
+        }
+        if (h->heartbeat->worker && p->role == PSNET__ROLE__ROLE_WORKER) {
+                p->worker = *h->heartbeat->worker;
+                p->worker.base = (ProtobufCMessage) PROTOBUF_C_MESSAGE_INIT(&psnet__worker_info__descriptor);
+        }
+        int r = coord_reply(c, &m->route, PSNET__MSG_TYPE__MSG_HEARTBEAT_REP, h->seq);
+        if (r < 0)
+                log_warning_errno(r, "Failed to answer heartbeat: %m");
+}
+
+/* A worker finished training (RESULT without an accuracy): the last member to
+ * finish evaluates the final weights. Or it evaluated them (RESULT with the
+ * accuracy): the job is done, and the members still waiting leave. */
+void coord_handle_result(Coord *c, WireMsg *m, Peer *p) {
+        const Psnet__WorkerInfo *wi = m->hdr->result->worker;
+        if (p->role != PSNET__ROLE__ROLE_WORKER) {
+                coord_reply_error(c, &m->route, m->hdr->seq, PSNET__STATUS__STATUS_INVALID,
+                                  "RESULT comes from workers only");
+                return;
+        }
+        if (wi->has_accuracy && (p->id != c->evaluator || c->state != JOB_RUNNING || !isfinite(wi->accuracy))) {
+                coord_reply_error(c, &m->route, m->hdr->seq, PSNET__STATUS__STATUS_INVALID,
+                                  "an accuracy comes only from the worker asked to evaluate the final weights");
+                return;
+        }
+        p->worker = *wi;
+        p->worker.base = (ProtobufCMessage) PROTOBUF_C_MESSAGE_INIT(&psnet__worker_info__descriptor);
+        p->done = true;
+        Psnet__Header h;
+        Psnet__ResultRep rr = PSNET__RESULT_REP__INIT;
+        if (wi->has_accuracy) {
+                c->accuracy = wi->accuracy;
+                c->has_accuracy = true;
+                c->state = JOB_DONE;
+                c->job_end_ms = now_ms();
+                log_info("job done job=%u accuracy=%.4f seconds=%.1f worker=%u", c->job.id, c->accuracy,
+                         (double) (c->job_end_ms - c->job_start_ms) / 1000.0, p->id);
+        } else {
+                log_info("worker finished training worker=%u clock=%ld", p->id, (long) wi->clock);
+                rr.has_evaluate = true;
+                rr.evaluate = coord_pick_evaluator(c, p);
+        }
+        wire_header_init(&h, PSNET__MSG_TYPE__MSG_RESULT_REP);
+        h.body_case = PSNET__HEADER__BODY_RESULT_REP;
+        h.result_rep = &rr;
+        (void) coord_reply_hdr(c, &m->route, &h, m->hdr->seq);
+        if (c->state == JOB_DONE)
+                coord_publish_state(c); /* the waiting members leave */
+}
+
+void coord_handle_drain(Coord *c, WireMsg *m) {
+        char reason[96];
+        uint32_t wid = m->hdr->worker->id;
+        Peer *p = coord_find_peer(c, PSNET__ROLE__ROLE_WORKER, wid);
+        if (!p) {
+                snprintf(reason, sizeof reason, "no worker %u", wid);
+                coord_reply_error(c, &m->route, m->hdr->seq, PSNET__STATUS__STATUS_INVALID, reason);
+                return;
+        }
+        p->drain = true;
+        log_info("draining worker=%u", p->id);
+        Psnet__Header h;
+        Psnet__Config c2 = PSNET__CONFIG__INIT;
+        c2.has_drain = c2.drain = true;
+        c2.job_state = job_state_to_proto(c->state);
+        wire_header_init(&h, PSNET__MSG_TYPE__MSG_CONFIG);
+        h.body_case = PSNET__HEADER__BODY_CONFIG;
+        h.config = &c2;
+        int r = coord_reply_hdr(c, &p->route, &h, 0);
+        if (r < 0)
+                log_warning_errno(r, "Failed to tell worker=%u to drain: %m", p->id);
+        (void) coord_reply_job(c, &m->route, m->hdr->seq, "draining");
+}
+
+void coord_expire_leases(Coord *c) {
+        uint64_t now = now_ms();
+        bool changed = false;
+        for (size_t i = 0; i < c->npeers;) {
+                Peer *p = &c->peers[i];
+                if (now - p->last_seen <= c->cfg->lease_ms) {
+                        i++;
+                        continue;
+                }
+                bool worker = p->role == PSNET__ROLE__ROLE_WORKER;
+                c->expiries++;
+                log_warning("lease expired role=%s id=%u silent_ms=%lu", worker ? "worker" : "shard", p->id,
+                            (unsigned long) (now - p->last_seen));
+                coord_remove_peer(c, p);
+                changed |= worker;
+        }
+        if (changed)
+                coord_membership_changed(c);
+}
+
+/* A member the others have waited on for --stall-timeout leaves the
+ * membership as if its lease had run out: it still heartbeats (a fake or a
+ * stuck worker), but holds the BSP barrier or the SSP bound. */
+void coord_evict_stragglers(Coord *c) {
+        if (!c->cfg->stall_timeout || c->state != JOB_RUNNING)
+                return;
+        uint32_t evict[COORD_MAX_STRAGGLERS];
+        uint64_t waited[COORD_MAX_STRAGGLERS];
+        size_t n = 0;
+        for (size_t i = 0; i < c->npeers; i++) {
+                Peer *s = &c->peers[i];
+                if (s->role != PSNET__ROLE__ROLE_SERVER || s->stalled_ms < 1000ull * c->cfg->stall_timeout)
+                        continue;
+                for (size_t k = 0; k < s->nstragglers && n < COORD_MAX_STRAGGLERS; k++) {
+                        waited[n] = s->stalled_ms;
+                        evict[n++] = s->stragglers[k];
+                }
+                s->nstragglers = 0;
+                s->stalled_ms = 0;
+        }
+        bool changed = false;
+        for (size_t k = 0; k < n; k++) {
+                Peer *w = coord_find_peer(c, PSNET__ROLE__ROLE_WORKER, evict[k]);
+                if (!w || !w->member)
+                        continue; /* gone already, or reported by two shards */
+                log_warning("evicted a worker the others waited on for %lu s (--stall-timeout %u s) worker=%u",
+                            (unsigned long) (waited[k] / 1000), c->cfg->stall_timeout, w->id);
+                if (c->nevicted < COORD_MAX_STRAGGLERS) {
+                        c->evicted[c->nevicted].pid = w->pid;
+                        snprintf(c->evicted[c->nevicted].host, sizeof c->evicted[0].host, "%s", w->host);
+                        c->nevicted++;
+                }
+                coord_remove_peer(c, w);
+                c->evictions++;
+                changed = true;
+        }
+        if (changed)
+                coord_membership_changed(c);
+}
