@@ -10,7 +10,7 @@ void jobflags_init(JobFlags *f) {
         *f = (JobFlags) {
                 .lr = d.optim.lr, .momentum = d.optim.momentum, .weight_decay = d.optim.weight_decay,
                 .epochs = d.epochs, .batch = d.batch, .workers = 0, .shards = 0,
-                .chunk_kb = d.chunk_floats * 4 / 1024, .seed = d.seed,
+                .chunk_kb = d.chunk_floats * 4 / 1024, .seed = d.seed, .warmup_clocks = d.warmup_clocks,
         };
 }
 
@@ -19,10 +19,10 @@ size_t jobflags_options(JobFlags *f, Option *o) {
                 { "model", OPT_STR, &f->model, "SPEC", "model, e.g. mlp:784-256-10" },
                 { "mode", OPT_STR, &f->mode, "MODE", "consistency: bsp, asp or ssp:S (default bsp)" },
                 { "optim", OPT_STR, &f->optim, "NAME", "optimizer on the shards: sgd or adam (default sgd)" },
-                { "lr", OPT_FLOAT, &f->lr, "RATE", "learning rate" },
+                { "lr", OPT_FLOAT, &f->lr, "RATE", "learning rate for one worker's batch (see --lr-scaling)" },
                 { "momentum", OPT_FLOAT, &f->momentum, "MU", "SGD momentum" },
                 { "weight-decay", OPT_FLOAT, &f->weight_decay, "WD", "L2 weight decay" },
-                { "epochs", OPT_UINT, &f->epochs, "N", "passes over the training data" },
+                { "epochs", OPT_UINT, &f->epochs, "N", "passes over the training data by all workers together" },
                 { "batch", OPT_UINT, &f->batch, "N", "mini-batch per worker" },
                 { "workers", OPT_UINT, &f->workers, "N", "start when this many workers joined (0: 1)" },
                 { "shards", OPT_UINT, &f->shards, "N", "start when this many shards joined (0: 1)" },
@@ -31,7 +31,11 @@ size_t jobflags_options(JobFlags *f, Option *o) {
                 { "seed", OPT_U64, &f->seed, "N", "seed of the initial weights and shuffling" },
                 { "train-limit", OPT_UINT, &f->train_limit, "N", "use only the first N training images (0: all)" },
                 { "test-limit", OPT_UINT, &f->test_limit, "N", "evaluate on the first N test images (0: all)" },
-                { "lr-scaling", OPT_BOOL, &f->lr_scaling, NULL, "multiply lr by the number of active workers" },
+                { "lr-scaling", OPT_STR, &f->lr_scaling, "RULE",
+                  "how lr follows the number of workers W, so that accuracy holds as workers are added: auto "
+                  "(lr x W under BSP, x sqrt(W) under ASP/SSP and for Adam), linear, sqrt or none (default auto)" },
+                { "warmup-clocks", OPT_UINT, &f->warmup_clocks, "N",
+                  "lr ramps up from its 1-worker value over the first N clocks (with --lr-scaling)" },
         };
         memcpy(o, t, sizeof t);
         return JOBFLAGS_NOPTS;
@@ -74,7 +78,11 @@ int jobflags_to_job(const JobFlags *f, Job *job, char *err, size_t errlen) {
         job->expect_workers = f->workers;
         job->expect_shards = f->shards;
         job->seed = f->seed;
-        job->lr_scaling = f->lr_scaling;
+        if (f->lr_scaling && lr_scaling_from_string(f->lr_scaling, &job->lr_scaling) < 0) {
+                snprintf(err, errlen, "bad --lr-scaling '%s' (expected auto, linear, sqrt or none)", f->lr_scaling);
+                return -EINVAL;
+        }
+        job->warmup_clocks = f->warmup_clocks;
         job->train_limit = f->train_limit;
         job->test_limit = f->test_limit;
         return job_validate(job, err, errlen);

@@ -5,14 +5,15 @@
 #include "config.h"
 #include "job.h"
 
-#define JOBFLAGS_NOPTS 16
+#define JOBFLAGS_NOPTS 17
 
 typedef struct JobFlags {
         char *model, *mode, *optim, *data;
         float lr, momentum, weight_decay;
         unsigned epochs, batch, workers, shards, chunk_kb, train_limit, test_limit;
         uint64_t seed;
-        bool lr_scaling;
+        char *lr_scaling;
+        unsigned warmup_clocks;
 } JobFlags;
 
 /* Defaults from job_defaults(). */

@@ -79,6 +79,8 @@ void job_defaults(Job *job) {
         job->seed = 42;
         job->batch = 64;
         job->epochs = 5;
+        job->lr_scaling = LR_SCALING_AUTO;
+        job->warmup_clocks = JOB_DEFAULT_WARMUP_CLOCKS;
         snprintf(job->dataset, sizeof job->dataset, "%s", PSNET_DEFAULT_DATA);
         r = job_set_model(job, "mlp:784-256-10");
         assert(r == 0);
@@ -152,6 +154,26 @@ int job_set_model(Job *job, const char *model) {
         memcpy(job->layers, widths, n * sizeof widths[0]);
         job->nlayers = n;
         return 0;
+}
+
+int job_set_chunk(Job *job, uint32_t chunk_floats) {
+        if (chunk_floats < 1 || chunk_floats > JOB_MAX_CHUNK_FLOATS)
+                return -EINVAL;
+        for (size_t i = 0; i < job->ntensors; i++)
+                if ((job->tensors[i].numel + chunk_floats - 1) / chunk_floats > UINT32_MAX)
+                        return -EINVAL;
+        job->chunk_floats = chunk_floats;
+        for (size_t i = 0; i < job->ntensors; i++)
+                job->tensors[i].nchunks = (uint32_t) ((job->tensors[i].numel + chunk_floats - 1) / chunk_floats);
+        return 0;
+}
+
+uint32_t job_fair_chunk(const Job *job, size_t nshards) {
+        if (nshards <= 1)
+                return job->chunk_floats; /* one shard holds everything whatever the chunks */
+        uint64_t fair = job_nfloats(job) / (10u * MAX(nshards, (size_t) 1));
+        fair = MAX(fair, (uint64_t) JOB_MIN_FAIR_CHUNK_FLOATS);
+        return (uint32_t) MIN(fair, (uint64_t) job->chunk_floats);
 }
 
 int mode_parse(const char *s, ConsistencyMode *ret_mode, uint32_t *ret_staleness) {
@@ -348,4 +370,31 @@ void job_init_chunk(const Job *job, uint32_t t, uint32_t c, float *out) {
                         out[k] = (float) (a * (2.0 * rng_unit(rng_bits(job->seed, t, base + k, 0)) - 1.0));
         } else
                 memset(out, 0, (size_t) len * sizeof *out);
+}
+
+float job_lr_factor(const Job *job, ConsistencyMode mode, uint32_t workers, int64_t clock) {
+        if (job->lr_scaling == LR_SCALING_NONE || workers <= 1)
+                return 1.0f;
+        bool linear = job->lr_scaling == LR_SCALING_LINEAR ||
+                      (job->lr_scaling == LR_SCALING_AUTO && mode == MODE_BSP && job->optim.kind == OPTIM_SGD);
+        float target = linear ? (float) workers : sqrtf((float) workers);
+        if (job->warmup_clocks == 0 || clock + 1 >= (int64_t) job->warmup_clocks)
+                return target;
+        float ramp = clock < 0 ? 0.0f : (float) (clock + 1) / (float) job->warmup_clocks;
+        return 1.0f + (target - 1.0f) * ramp;
+}
+
+static const char *const lr_scaling_names[] = { "none", "auto", "linear", "sqrt" };
+
+int lr_scaling_from_string(const char *s, LrScaling *ret) {
+        for (size_t i = 0; i < ELEMENTSOF(lr_scaling_names); i++)
+                if (strcmp(s, lr_scaling_names[i]) == 0) {
+                        *ret = (LrScaling) i;
+                        return 0;
+                }
+        return -EINVAL;
+}
+
+const char *lr_scaling_name(LrScaling s) {
+        return (size_t) s < ELEMENTSOF(lr_scaling_names) ? lr_scaling_names[s] : "?";
 }

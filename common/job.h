@@ -8,17 +8,21 @@
 #include <stdint.h>
 
 #define JOB_MAX_TENSORS 64
+#define JOB_DEFAULT_WARMUP_CLOCKS 100
 #define JOB_DEFAULT_CHUNK_FLOATS (256u * 1024u) /* 1 MiB of f32 */
 
 typedef enum { MODE_BSP, MODE_ASP, MODE_SSP } ConsistencyMode;
 typedef enum { OPTIM_SGD, OPTIM_ADAM } OptimKind;
 typedef enum { INIT_ZEROS, INIT_HE, INIT_XAVIER } TensorInit;
+/* How the learning rate follows the number of members W (job_lr_factor). */
+typedef enum { LR_SCALING_NONE, LR_SCALING_AUTO, LR_SCALING_LINEAR, LR_SCALING_SQRT } LrScaling;
 /* A job's life at pscoord: waiting for its shards and workers, running, then
  * done (evaluated), stopped (by the operator) or failed (no worker left). */
 typedef enum { JOB_WAITING, JOB_RUNNING, JOB_DONE, JOB_STOPPED, JOB_FAILED } JobState;
 
 #define JOB_MAX_STALENESS 1000000u
 #define JOB_MAX_CHUNK_FLOATS (64u * 1024u * 1024u)
+#define JOB_MIN_FAIR_CHUNK_FLOATS 16u
 #define JOB_MAX_WIDTHS 16
 #define JOB_MAX_WIDTH 65536u
 
@@ -48,8 +52,8 @@ typedef struct Job {
         OptimConf optim;
         ConsistencyMode mode;
         uint32_t staleness;  /* SSP: a worker at clock c pulls once the slowest reached c - staleness */
-        bool lr_scaling;     /* multiply lr by the number of active workers */
-        uint32_t warmup_clocks; /* with lr_scaling: lr ramps from 1x to Wx over these clocks */
+        LrScaling lr_scaling; /* how lr follows the number of members W (job_lr_factor) */
+        uint32_t warmup_clocks; /* with lr_scaling: the factor ramps up from 1 over these clocks */
         bool allow_nonfinite;/* accept NaN/Inf gradients (refused by default) */
         uint32_t chunk_floats;
         uint64_t seed;
@@ -61,12 +65,33 @@ typedef struct Job {
 
 /* Fills *job with defaults (sgd lr 0.02 momentum 0.9, bsp, 1 MiB chunks, seed 42,
  * batch 64, 5 epochs, the Debian Fashion-MNIST directory) and model "mlp:784-256-10". */
+/* The factor on the optimizer's lr for an update of clock under mode with W
+ * members, so that accuracy holds as workers are added: W workers make the
+ * global batch W x batch. LR_SCALING_LINEAR: x W; SQRT: x sqrt(W); AUTO (the
+ * default): linear under BSP (one synchronous step over the global batch),
+ * square root under ASP and SSP (every push is applied as it comes, with
+ * stale gradients: linear diverges there) and for Adam (its steps are
+ * normalized); NONE: 1. The factor ramps up linearly from 1 over the first
+ * warmup_clocks clocks. 1 with one member. */
+float job_lr_factor(const Job *job, ConsistencyMode mode, uint32_t workers, int64_t clock);
+/* "none", "auto", "linear", "sqrt"; -EINVAL for anything else. */
+int lr_scaling_from_string(const char *s, LrScaling *ret);
+const char *lr_scaling_name(LrScaling s);
 void job_defaults(Job *job);
 
 /* Sets job->model and its tensors from "mlp:D0-D1-...-Dn" (2..16 widths, each
  * 1..65536): tensors W0 [D1 x D0] (he init), b0 [D1] (zeros), W1, b1, ...
  * Returns -EINVAL for anything else. */
 int job_set_model(Job *job, const char *model);
+/* Re-cuts the model's tensors into chunks of chunk_floats (the model stays). */
+int job_set_chunk(Job *job, uint32_t chunk_floats);
+/* The chunk size that lets nshards shards each hold a fair share of the
+ * model's bytes, within 10% of 1/nshards: no chunk larger than a tenth of a
+ * share (a placement that gives each key to the least loaded shard is then
+ * within one chunk of even). The job's own chunk_floats when that is small
+ * enough already, or for one shard; never below JOB_MIN_FAIR_CHUNK_FLOATS (a model of fewer
+ * than 10 x that per shard may stay less even). */
+uint32_t job_fair_chunk(const Job *job, size_t nshards);
 /* "bsp" | "asp" | "ssp:S" (S = 0..JOB_MAX_STALENESS) into a mode and a
  * staleness; -EINVAL otherwise. */
 int mode_parse(const char *s, ConsistencyMode *ret_mode, uint32_t *ret_staleness);

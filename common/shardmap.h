@@ -1,13 +1,23 @@
-/* The shard map: which shard owns which key (tensor, chunk). Consistent hashing
- * with virtual nodes, so adding or removing one of N shards moves about 1/N of
- * the keys. Every map carries an epoch; a newer epoch replaces an older one. */
+/* The shard map: which shard owns which key (tensor, chunk) of a job. The
+ * placement is explicit: pscoord computes it (balanced by bytes) and sends
+ * every key's owner with the map, so every process agrees without hashing.
+ *
+ * shardmap_place gives each key, largest first, to the least loaded shard:
+ * every shard ends within one chunk of an even share, so with chunks of at
+ * most a tenth of a share (job_fair_chunk) every shard holds its 1/S of the
+ * bytes within 10%. shardmap_change follows a change of the shard set with
+ * as little movement as it can: the keys of a removed shard go to the least
+ * loaded, then keys move from the most to the least loaded shard only while
+ * a shard is outside 10% of an even share. Every map carries an epoch; a
+ * newer epoch replaces an older one. */
 #pragma once
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+#include "job.h"
 
-#define SHARDMAP_DEFAULT_VNODES 64
-
-#include <stdbool.h>
+#define SHARDMAP_MAX_SHARDS 65536u
+#define SHARDMAP_MAX_KEYS (16u * 1024u * 1024u)
 
 typedef struct ShardDesc {
         uint32_t id;       /* stable shard id (chosen by the operator or pscoord) */
@@ -18,22 +28,42 @@ typedef struct ShardDesc {
 
 typedef struct ShardMap ShardMap;
 
-/* Builds a map over n shards (ids must be distinct; n >= 1; vnodes 1..4096).
- * Copies the descriptors. Returns -EINVAL on bad arguments, -ENOMEM. */
-int shardmap_new(uint64_t epoch, unsigned vnodes, const ShardDesc *shards, size_t n,
-                 ShardMap **ret);
+/* A balanced placement of job's keys over n shards (ids distinct, n >= 1).
+ * Deterministic: the same job and shard ids give the same map whatever the
+ * order of shards. Copies the descriptors. -EINVAL on bad arguments, -ENOMEM. */
+int shardmap_place(uint64_t epoch, const ShardDesc *shards, size_t n, const Job *job, ShardMap **ret);
+/* old's placement over a new set of shards (some added, some removed), moving
+ * as few keys as it can (see above). old must be a map of job's keys. */
+int shardmap_change(const ShardMap *old, uint64_t epoch, const ShardDesc *shards, size_t n, const Job *job,
+                    ShardMap **ret);
+/* A map as it travels: the shards, each tensor's chunk count, and every key's
+ * owner as an index into shards (ascending id), key by key in (tensor, chunk)
+ * order. Checks everything: -EINVAL when anything is out of range. */
+int shardmap_from_owners(uint64_t epoch, const ShardDesc *shards, size_t n, const uint32_t *tensor_chunks,
+                         size_t ntensors, const uint32_t *owners, size_t nkeys, ShardMap **ret);
+/* A copy, or NULL when out of memory. */
+ShardMap *shardmap_dup(const ShardMap *m);
 ShardMap *shardmap_free(ShardMap *m);
 
 uint64_t shardmap_epoch(const ShardMap *m);
-unsigned shardmap_vnodes(const ShardMap *m);
 size_t shardmap_size(const ShardMap *m);
 /* The i-th shard, in ascending id order (0 <= i < shardmap_size). */
 const ShardDesc *shardmap_shard(const ShardMap *m, size_t i);
 /* Index (as for shardmap_shard) of the shard with this id, or -ENOENT. */
 int shardmap_find(const ShardMap *m, uint32_t id);
 
-/* Index of the shard that owns key (tensor, chunk). Always >= 0. */
-size_t shardmap_lookup(const ShardMap *m, uint32_t tensor, uint32_t chunk);
+/* Index of the shard that owns key (tensor, chunk), or -ENOENT for a key the
+ * map does not have. */
+int shardmap_lookup(const ShardMap *m, uint32_t tensor, uint32_t chunk);
+/* The id of the shard that owns key (tensor, chunk); 0 for a key the map does
+ * not have (shard ids are >= 1). */
+uint32_t shardmap_owner_id(const ShardMap *m, uint32_t tensor, uint32_t chunk);
+/* Whether the map's keys are job's (the same tensors and chunks). */
+bool shardmap_fits_job(const ShardMap *m, const Job *job);
 
-/* 64-bit mixing hash used for keys and ring points (exposed for tests). */
-uint64_t shardmap_hash(uint64_t a, uint64_t b);
+/* The layout as it travels (see shardmap_from_owners); owned by m. */
+size_t shardmap_ntensors(const ShardMap *m);
+uint32_t shardmap_tensor_chunks(const ShardMap *m, size_t t);
+const uint32_t *shardmap_tensor_chunks_array(const ShardMap *m);
+size_t shardmap_nkeys(const ShardMap *m);
+const uint32_t *shardmap_owners(const ShardMap *m);

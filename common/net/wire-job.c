@@ -121,7 +121,7 @@ int job_to_proto(const Job *job, Psnet__JobSpec **ret) {
         if (s->mode)
                 mode_to_proto(job->mode, job->staleness, s->mode);
         s->has_lr_scaling = true;
-        s->lr_scaling = job->lr_scaling;
+        s->lr_scaling = (Psnet__LrScaling) job->lr_scaling; /* the same numbering */
         s->has_warmup_clocks = true;
         s->warmup_clocks = job->warmup_clocks;
         s->has_allow_nonfinite = true;
@@ -243,7 +243,10 @@ int job_from_proto(const Psnet__JobSpec *spec, Job *ret, char *err, size_t errle
         if (mode_from_proto(spec->mode, &j.mode, &j.staleness) < 0)
                 return conv_err(err, errlen, "mode %d (staleness %u) is not bsp, asp or ssp:0..%u", (int) spec->mode->mode,
                                 spec->mode->staleness, JOB_MAX_STALENESS);
-        j.lr_scaling = spec->has_lr_scaling && spec->lr_scaling;
+        if (spec->has_lr_scaling && (spec->lr_scaling < PSNET__LR_SCALING__LR_SCALING_NONE ||
+                                     spec->lr_scaling > PSNET__LR_SCALING__LR_SCALING_SQRT))
+                return conv_err(err, errlen, "lr scaling %d is not none, auto, linear or sqrt", (int) spec->lr_scaling);
+        j.lr_scaling = spec->has_lr_scaling ? (LrScaling) spec->lr_scaling : LR_SCALING_NONE;
         j.warmup_clocks = spec->has_warmup_clocks ? spec->warmup_clocks : 0;
         j.allow_nonfinite = spec->has_allow_nonfinite && spec->allow_nonfinite;
         j.seed = spec->seed;
@@ -286,7 +289,8 @@ int shardmap_from_proto(const Psnet__ShardMap *pm, ShardMap **ret) {
                         d[i].has_public_key = true;
                 }
         }
-        int r = shardmap_new(pm->epoch, pm->vnodes, d, pm->n_shards, ret);
+        int r = shardmap_from_owners(pm->epoch, d, pm->n_shards, pm->tensor_chunks, pm->n_tensor_chunks, pm->owners,
+                                     pm->n_owners, ret);
         free(d);
         return r;
 }
@@ -329,7 +333,11 @@ int shardmap_to_proto(const ShardMap *m, Psnet__ShardMap **ret) {
                 pm->shards[pm->n_shards++] = s;
         }
         pm->epoch = shardmap_epoch(m);
-        pm->vnodes = shardmap_vnodes(m);
+        /* Borrowed from m too: uint32_t arrays as protobuf-c wants them. */
+        pm->n_tensor_chunks = shardmap_ntensors(m);
+        pm->tensor_chunks = (uint32_t *) shardmap_tensor_chunks_array(m);
+        pm->n_owners = shardmap_nkeys(m);
+        pm->owners = (uint32_t *) shardmap_owners(m);
         *ret = pm;
         return 0;
 }

@@ -35,6 +35,15 @@ void coord_maybe_start(Coord *c) {
         size_t ns = coord_count_role(c, PSNET__ROLE__ROLE_SERVER), nw = coord_count_role(c, PSNET__ROLE__ROLE_WORKER);
         if (ns == 0 || ns < MAX(c->job.expect_shards, 1u) || nw < MAX(c->job.expect_workers, 1u))
                 return;
+        /* Chunks small enough that every shard gets its fair share of the bytes
+         * (within 10%): a model of a few large tensors is cut finer. */
+        uint32_t fair = job_fair_chunk(&c->job, ns);
+        if (fair < c->job.chunk_floats) {
+                uint32_t was = c->job.chunk_floats;
+                if (job_set_chunk(&c->job, fair) == 0)
+                        log_info("chunks cut for an even placement chunk_floats=%u was=%u keys=%lu shards=%zu", fair,
+                                 was, (unsigned long) job_nkeys(&c->job), ns);
+        }
         int r = coord_build_map(c);
         if (r < 0) {
                 log_error_errno(r, "Failed to build the shard map: %m");

@@ -101,7 +101,7 @@ int coord_build_map(Coord *c) {
                         j++;
                 }
         ShardMap *m;
-        int r = shardmap_new(++c->map_epoch, c->cfg->vnodes, d, n, &m);
+        int r = shardmap_place(++c->map_epoch, d, n, &c->job, &m);
         if (r < 0)
                 return r;
         shardmap_free(c->map);
@@ -140,7 +140,7 @@ int coord_remap(Coord *c, uint32_t add, uint32_t remove) {
                 j++;
         }
         ShardMap *m;
-        int r = shardmap_new(c->map_epoch + 1, c->cfg->vnodes, d, j, &m);
+        int r = shardmap_change(c->map, c->map_epoch + 1, d, j, &c->job, &m);
         if (r < 0)
                 return r;
         c->map_epoch++;
@@ -209,7 +209,8 @@ bool coord_job_fits(Coord *c, char *reason, size_t n) {
         uint64_t per = c->job.optim.kind == OPTIM_ADAM ? 2 : c->job.optim.momentum != 0.0f ? 1 : 0;
         for (uint32_t t = 0; t < c->job.ntensors; t++)
                 for (uint32_t k = 0; k < c->job.tensors[t].nchunks; k++)
-                        share[shardmap_lookup(c->map, t, k)] += (uint64_t) job_chunk_len(&c->job, t, k) * 4u * (1 + per);
+                        share[(size_t) shardmap_lookup(c->map, t, k)] +=
+                                (uint64_t) job_chunk_len(&c->job, t, k) * 4u * (1 + per);
         uint64_t frame = (uint64_t) c->job.chunk_floats * 4u * MAX(per, (uint64_t) 1);
         for (size_t i = 0; i < ns; i++) {
                 Peer *p = coord_find_peer(c, PSNET__ROLE__ROLE_SERVER, shardmap_shard(c->map, i)->id);

@@ -14,7 +14,6 @@ typedef struct CoordConfig {
         char *http;         /* --http ADDR:PORT (NULL: none) */
         unsigned lease_ms;
         unsigned stall_timeout;  /* s: a member the others wait on this long is evicted (0: never) */
-        unsigned vnodes;
         Job job;            /* the job pscoord starts with */
 } CoordConfig;
 

@@ -9,7 +9,7 @@
 #include "log.h"
 
 int main(int argc, char **argv) {
-        CoordConfig cfg = { .lease_ms = 3000, .vnodes = 64, .stall_timeout = 60 };
+        CoordConfig cfg = { .lease_ms = 3000, .stall_timeout = 60 };
         JobFlags jf;
         char *listen = NULL, *log_level = NULL;
         Option opts[14 + JOBFLAGS_NOPTS] = {
@@ -24,7 +24,6 @@ int main(int argc, char **argv) {
                 { "lease-ms", OPT_UINT, &cfg.lease_ms, "MS", "a peer silent this long has left" },
                 { "stall-timeout", OPT_UINT, &cfg.stall_timeout, "SECONDS",
                   "a worker the others have waited on this long leaves the membership (0: never)" },
-                { "vnodes", OPT_UINT, &cfg.vnodes, "N", "virtual nodes per shard in the hash ring" },
                 { "log-level", OPT_STR, &log_level, "LEVEL", "debug, info, warning or error" },
         };
         const ProgramInfo prog = {
@@ -38,7 +37,7 @@ int main(int argc, char **argv) {
 
         log_setup("pscoord");
         jobflags_init(&jf);
-        size_t n = 9 + jobflags_options(&jf, opts + 9);
+        size_t n = 8 + jobflags_options(&jf, opts + 8);
         r = config_parse(&prog, opts, n, argc, argv, &optind_);
         if (r != 0)
                 goto out;
@@ -55,8 +54,8 @@ int main(int argc, char **argv) {
                 }
                 log_set_level(log_level_from_string(log_level));
         }
-        if (cfg.lease_ms < 100 || cfg.vnodes == 0 || cfg.vnodes > 4096) {
-                fprintf(stderr, "pscoord: --lease-ms must be >= 100 and --vnodes 1..4096\n");
+        if (cfg.lease_ms < 100) {
+                fprintf(stderr, "pscoord: --lease-ms must be >= 100\n");
                 r = -1;
                 goto out;
         }

@@ -74,8 +74,9 @@ void print_watch(const Psnet__StatusRep *s) {
         printf("\n");
         for (size_t i = 0; i < s->n_workers; i++) {
                 const Psnet__WorkerInfo *w = s->workers[i];
-                printf("  worker=%u rank=%u epoch=%u clock=%ld samples_per_s=%.0f loss=%.4f\n", w->id, w->rank,
-                       w->epoch, (long) w->clock, w->samples_per_s, w->loss);
+                printf("  worker=%u rank=%u epoch=%u clock=%ld end_clock=%ld progress=%.3f samples_per_s=%.0f "
+                       "loss=%.4f\n", w->id, w->rank, w->epoch, (long) w->clock, (long) w->end_clock, w->progress,
+                       w->samples_per_s, w->loss);
         }
         fflush(stdout);
 }
@@ -102,6 +103,18 @@ static int emit(json_t *o) {
         return 0;
 }
 
+/* The number of keys (chunks) of a job spec. */
+static uint64_t spec_keys(const Psnet__JobSpec *j) {
+        uint64_t n = 0;
+        for (size_t t = 0; j && j->chunk_floats && t < j->n_tensors; t++) {
+                uint64_t numel = 1;
+                for (size_t d = 0; d < j->tensors[t]->n_shape; d++)
+                        numel *= j->tensors[t]->shape[d];
+                n += (numel + j->chunk_floats - 1) / j->chunk_floats;
+        }
+        return n;
+}
+
 int print_status_json(const Psnet__StatusRep *s) {
         const Psnet__JobSpec *j = s->job;
         char mode[32];
@@ -118,22 +131,24 @@ int print_status_json(const Psnet__StatusRep *s) {
         }
         for (size_t i = 0; workers && i < s->n_workers; i++) {
                 const Psnet__WorkerInfo *w = s->workers[i];
-                json_array_append_new(workers, json_pack("{s:I,s:I,s:I,s:I,s:I,s:I,s:o,s:o,s:o,s:b}",
+                json_array_append_new(workers, json_pack("{s:I,s:I,s:I,s:I,s:I,s:I,s:o,s:o,s:o,s:b,s:o,s:o}",
                         "id", (json_int_t) w->id, "rank", (json_int_t) w->rank, "pid", (json_int_t) w->pid,
                         "clock", (json_int_t) w->clock, "epoch", (json_int_t) w->epoch,
                         "step", (json_int_t) w->step, "steps_per_s", jnum(w->steps_per_s),
-                        "samples_per_s", jnum(w->samples_per_s), "loss", jnum(w->loss), "done", (int) w->done));
+                        "samples_per_s", jnum(w->samples_per_s), "loss", jnum(w->loss), "done", (int) w->done,
+                        "progress", w->has_progress ? jnum(w->progress) : json_null(),
+                        "end_clock", w->has_end_clock ? json_integer((json_int_t) w->end_clock) : json_null()));
         }
         if (!shards || !workers) {
                 json_decref(shards);
                 json_decref(workers);
                 return -ENOMEM;
         }
-        json_t *job = json_pack("{s:I,s:o,s:s,s:s,s:I,s:I,s:I,s:I,s:I,s:o,s:o}",
+        json_t *job = json_pack("{s:I,s:o,s:s,s:s,s:I,s:I,s:I,s:I,s:I,s:I,s:o,s:o}",
                 "id", (json_int_t) (j ? j->id : 0), "model", jstr(j ? j->model : NULL),
                 "mode", mode_of(j, mode, sizeof mode), "state", state_of(s->job_state),
                 "epochs", (json_int_t) (j ? j->epochs : 0), "batch", (json_int_t) (j ? j->batch : 0),
-                "chunk_floats", (json_int_t) (j ? j->chunk_floats : 0),
+                "chunk_floats", (json_int_t) (j ? j->chunk_floats : 0), "keys", (json_int_t) spec_keys(j),
                 "map_epoch", (json_int_t) s->map_epoch, "members_epoch", (json_int_t) s->members_epoch,
                 "accuracy", s->has_accuracy ? jnum(s->accuracy) : json_null(), "reason", jstr(s->reason));
         return emit(json_pack("{s:{s:o,s:I},s:o,s:o,s:o}",

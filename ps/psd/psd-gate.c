@@ -369,7 +369,7 @@ static int chunk_settle(Store *s, Chunk *c) {
                                 sum[j] += g[j];
                 used++;
         }
-        int r = store_apply(s, c, mean, used);
+        int r = store_apply(s, c, mean, MODE_BSP, used, c->clock);
         c->clock++;
 
         /* Take the list before settling: acks may run arbitrary code. */
@@ -389,15 +389,15 @@ static int chunk_settle(Store *s, Chunk *c) {
 }
 
 /* Applies one worker's gradient on arrival (ASP, SSP), as 1/W of a step. */
-static int chunk_apply_scaled(Store *s, Chunk *c, const zmq_msg_t *grad, const GateCfg *cfg) {
+static int chunk_apply_scaled(Store *s, Chunk *c, const zmq_msg_t *grad, const GateCfg *cfg, int64_t clock) {
         const float *g = grad_data(grad, s->sum, c->len);
         if (cfg->nmembers <= 1) /* g * 1 == g */
-                return store_apply(s, c, g, 1);
+                return store_apply(s, c, g, cfg->mode, 1, clock);
         float scale = 1.0f / (float) cfg->nmembers;
         for (uint32_t j = 0; j < c->len; j++)
                 s->sum[j] = g[j] * scale;
         /* The chunk clock is left alone: it counts BSP clocks only (c->steps counts updates). */
-        return store_apply(s, c, s->sum, cfg->nmembers);
+        return store_apply(s, c, s->sum, cfg->mode, cfg->nmembers, clock);
 }
 
 /* Applies and acknowledges pushes parked under BSP whose clock is now governed by
@@ -411,7 +411,8 @@ static int chunk_flush_async(Store *s, Chunk *c) {
         qsort(list, n, sizeof *list, cmp_pending);
         for (size_t i = 0; i < n; i++) {
                 if (r == 0)
-                        r = chunk_apply_scaled(s, c, &list[i].grad, gate_cfg(s, list[i].req->clock));
+                        r = chunk_apply_scaled(s, c, &list[i].grad, gate_cfg(s, list[i].req->clock),
+                                               list[i].req->clock);
                 zmq_msg_close(&list[i].grad);
                 pushreq_settle(s, list[i].req, r < 0 ? status_from_errno(r) : PSNET__STATUS__STATUS_OK);
         }
@@ -441,7 +442,7 @@ int gate_push(Store *s, Chunk *c, PushReq *req, zmq_msg_t *grad) {
         if (cfg->mode != MODE_BSP) {
                 /* Each push counts as 1/W of a step, so W workers make one step's worth
                  * of progress per round, as under BSP (and the same lr suits both). */
-                int r = chunk_apply_scaled(s, c, grad, cfg);
+                int r = chunk_apply_scaled(s, c, grad, cfg, req->clock);
                 if (r < 0)
                         return r;
                 *last = req->clock;

@@ -302,7 +302,7 @@ static int psd_check_job(Psd *p, const Job *job, const ShardMap *map, char *reas
         uint64_t mine = 0, per = optim_state_per_value(&job->optim);
         for (uint32_t t = 0; t < job->ntensors; t++)
                 for (uint32_t k = 0; k < job->tensors[t].nchunks; k++)
-                        if (shardmap_shard(map, shardmap_lookup(map, t, k))->id == p->cfg->id)
+                        if (shardmap_owner_id(map, t, k) == p->cfg->id)
                                 mine += (uint64_t) job_chunk_len(job, t, k) * sizeof(float) * (1 + per);
         if (p->memory_limit && mine > p->memory_limit) {
                 snprintf(reason, n, "this shard's share of the model is %lu bytes, over its memory limit of %lu",
@@ -326,6 +326,11 @@ static void psd_apply_config(Psd *p, const Psnet__Config *ctl) {
                 r = shardmap_from_proto(ctl->map, &map);
                 if (r < 0) {
                         log_error_errno(r, "pscoord sent a shard map that does not validate: %m");
+                        return;
+                }
+                if (!shardmap_fits_job(map, &job)) {
+                        log_error("pscoord sent a shard map of other keys than its job's");
+                        shardmap_free(map);
                         return;
                 }
                 r = psd_check_job(p, &job, map, err, sizeof err);

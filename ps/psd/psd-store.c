@@ -137,18 +137,6 @@ Store *store_free(Store *s) {
         return NULL;
 }
 
-static int shardmap_copy(const ShardMap *m, ShardMap **ret) {
-        size_t n = shardmap_size(m);
-        ShardDesc *d = ps_calloc(n, sizeof *d);
-        if (!d)
-                return -ENOMEM;
-        for (size_t i = 0; i < n; i++)
-                d[i] = *shardmap_shard(m, i);
-        int r = shardmap_new(shardmap_epoch(m), shardmap_vnodes(m), d, n, ret);
-        ps_free(d);
-        return r;
-}
-
 int store_install(Store *s, uint32_t tensor, uint32_t chunk, const void *values, uint32_t len,
                   const void *state, size_t state_floats, uint64_t steps, int64_t clock,
                   const int64_t *last_clocks, size_t nlast) {
@@ -159,7 +147,7 @@ int store_install(Store *s, uint32_t tensor, uint32_t chunk, const void *values,
                 return -EINVAL;
         if (s->chunks[tensor][chunk])
                 return -EEXIST;
-        if (shardmap_shard(s->map, shardmap_lookup(s->map, tensor, chunk))->id != s->shard_id)
+        if (shardmap_owner_id(s->map, tensor, chunk) != s->shard_id)
                 return -ENOENT;
         Chunk *c;
         int r = chunk_new(&s->job, tensor, chunk, false, &c);
@@ -192,16 +180,18 @@ uint64_t store_incoming(const Store *s) {
         for (uint32_t t = 0; t < s->job.ntensors; t++)
                 for (uint32_t k = 0; s->chunks[t] && k < s->job.tensors[t].nchunks; k++)
                         if (!s->chunks[t][k] &&
-                            shardmap_shard(s->map, shardmap_lookup(s->map, t, k))->id == s->shard_id)
+                            shardmap_owner_id(s->map, t, k) == s->shard_id)
                                 n++;
         return n;
 }
 
 int store_configure(Store *s, const Job *job, const ShardMap *map) {
-        ShardMap *copy = NULL;
-        int r = shardmap_copy(map, &copy);
-        if (r < 0)
-                return r;
+        if (!shardmap_fits_job(map, job))
+                return -EINVAL; /* a map of another job's keys */
+        ShardMap *copy = shardmap_dup(map);
+        int r;
+        if (!copy)
+                return -ENOMEM;
         /* Another job, or the same id describing other tensors (a restarted pscoord
          * numbers jobs from 1 again): start over rather than mix the two. */
         bool fresh = false;
@@ -245,8 +235,8 @@ int store_configure(Store *s, const Job *job, const ShardMap *map) {
                                 return -ENOMEM;
                 }
                 for (uint32_t k = 0; k < n; k++) {
-                        size_t owner = shardmap_lookup(copy, t, k);
-                        bool mine = shardmap_shard(copy, owner)->id == s->shard_id;
+                        int owner = shardmap_lookup(copy, t, k);
+                        bool mine = shardmap_shard(copy, (size_t) owner)->id == s->shard_id;
                         if (mine && !s->chunks[t][k] && first_map) {
                                 r = chunk_new(job, t, k, true, &s->chunks[t][k]);
                                 if (r < 0)
@@ -254,7 +244,7 @@ int store_configure(Store *s, const Job *job, const ShardMap *map) {
                         } else if (!mine && s->chunks[t][k]) {
                                 gate_chunk_leaving(s, s->chunks[t][k]);
                                 if (s->move)
-                                        s->move(s->move_userdata, s->chunks[t][k], shardmap_shard(copy, owner));
+                                        s->move(s->move_userdata, s->chunks[t][k], shardmap_shard(copy, (size_t) owner));
                                 s->chunks[t][k] = chunk_free(s, s->chunks[t][k]);
                         }
                         if (s->chunks[t][k]) {
@@ -282,7 +272,7 @@ Chunk *store_lookup(Store *s, uint32_t tensor, uint32_t chunk, uint32_t len, int
         }
         Chunk *c = s->chunks[tensor][chunk];
         if (!c) {
-                bool mine = s->map && shardmap_shard(s->map, shardmap_lookup(s->map, tensor, chunk))->id == s->shard_id;
+                bool mine = s->map && shardmap_owner_id(s->map, tensor, chunk) == s->shard_id;
                 *ret_status = mine ? PSNET__STATUS__STATUS_MIGRATING : PSNET__STATUS__STATUS_MOVED;
                 return NULL;
         }
@@ -317,13 +307,12 @@ int store_lookup_keys(Store *s, const Psnet__Header *h, Chunk **chunks, char *re
         return PSNET__STATUS__STATUS_OK;
 }
 
-int store_apply(Store *s, Chunk *c, const float *g, size_t nworkers) {
+int store_apply(Store *s, Chunk *c, const float *g, ConsistencyMode mode, size_t nworkers, int64_t clock) {
         int r = chunk_make_writable(s, c);
         if (r < 0)
                 return r;
         OptimConf o = s->job.optim;
-        if (s->job.lr_scaling)
-                o.lr *= (float) MAX(nworkers, (size_t) 1);
+        o.lr *= job_lr_factor(&s->job, mode, (uint32_t) nworkers, clock);
         optim_apply(&o, ++c->steps, c->val->data, g, c->state, c->len);
         s->applied++;
         return 0;

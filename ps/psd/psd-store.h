@@ -88,7 +88,10 @@ int store_lookup_keys(Store *s, const Psnet__Header *h, Chunk **chunks, char *re
 
 /* One optimizer step on c with gradient g (len floats), lr scaled for
  * nworkers when the job says so. Copies the values first if a reply reads them. */
-int store_apply(Store *s, Chunk *c, const float *g, size_t nworkers);
+/* Applies one update g (the mean over nworkers members' gradients, or one
+ * push's 1/W share) of clock under mode: the job's optimizer with lr times
+ * job_lr_factor. */
+int store_apply(Store *s, Chunk *c, const float *g, ConsistencyMode mode, size_t nworkers, int64_t clock);
 
 /* A zero-copy message over the chunk's current values (takes a reference). */
 int store_value_msg(Store *s, Chunk *c, zmq_msg_t *ret);

@@ -1,19 +1,21 @@
 #!/usr/bin/env bash
 # BSP on a real cluster (2 shards, 2 workers, loopback ipc): the accuracy bar on
-# a CI-sized subset, and every worker pulls bit-identical weights at each clock.
+# a CI-sized subset, every worker pulls bit-identical weights at each clock, and
+# the demo's model (one large tensor, three small) is spread evenly over the
+# two shards.
 source "$(dirname "$0")/lib.sh"
 
 COORD="ipc://$RUN/coord.sock"
-# 64 KiB chunks spread the 784x256 layer over both shards (13 keys).
-psnet_start pscoord "$PSCOORD" --listen "$COORD" --workers 2 --shards 2 --mode bsp --epochs 3 \
-  --chunk-kb 64 "${SUBSET[@]}"
+psnet_start pscoord "$PSCOORD" --listen "$COORD" --workers 2 --shards 2 --mode bsp --epochs 3 "${SUBSET[@]}"
 for i in 1 2; do psnet_start "psd-$i" "$PSD" --id $i --listen "ipc://$RUN/psd-$i.sock" --coord "$COORD"; done
 for i in 1 2; do psnet_start "workerd-$i" "$WORKERD" --coord "$COORD" --trace-pulls; done
 out=$("$PSCTL" --coord "$COORD" job wait --wait 300); ok $? "the BSP job finishes ($out)"
 accuracy_at_least "$out" 0.80; ok $? "accuracy >= 0.80 on the 12k-image subset, 3 epochs"
 
 json=$("$PSCTL" --coord "$COORD" --json status)
-jq -e '[.shards[].keys] | all(. > 0)' <<<"$json" >/dev/null; ok $? "both shards hold keys"
+jq -e '([.shards[].bytes] | add / 2) as $s | all(.shards[].bytes; . >= 0.9 * $s and . <= 1.1 * $s)' <<<"$json" >/dev/null
+ok $? "each shard holds half the bytes within 10% ($(jq -c '[.shards[].bytes]' <<<"$json"))"
+jq -e 'all(.shards[].pushes; . > 0)' <<<"$json" >/dev/null; ok $? "and both were pushed to"
 
 extract() { sed -n 's/.*msg="pulled" clock=\([0-9]*\) checksum=\([0-9a-f]*\).*/\1 \2/p' "$1" | sort -k1,1; }
 extract "$RUN/workerd-1.log" >"$RUN/c1"; extract "$RUN/workerd-2.log" >"$RUN/c2"

@@ -38,6 +38,17 @@ ok $(( rc == 0 )) "psctl fails when pscoord is unreachable"
 grep -q "pscoord at $nowhere did not answer within 1 s" <<<"$out"; ok $? "psctl names the unreachable address"
 ok $(( SECONDS - t0 > 20 )) "the three waits were bounded ($((SECONDS - t0)) s)"
 out=$("$PSCTL" 2>&1); ok $(( $? != 2 )) "psctl without a command exits 2"
+# Words a program does not understand are refused, never ignored.
+out=$("$PSCTL" status --json extra 2>&1); rc=$?
+[ $rc = 2 ] && grep -q "psctl status: unexpected argument 'extra'" <<<"$out"; ok $? "psctl refuses a word after the command ($out)"
+out=$("$PSCTL" --coord "$nowhere" job wait --wait 1 foo 2>&1); rc=$?
+[ $rc = 2 ] && grep -q "unexpected argument 'foo'" <<<"$out"; ok $? "psctl job wait refuses an extra word at once ($out)"
+out=$("$PSCTL" status --bogus 2>&1); rc=$?
+[ $rc = 2 ] && grep -q "unknown option '--bogus'" <<<"$out"; ok $? "and an unknown option after the verb ($out)"
+out=$("$WORKERD" --backend tpu 2>&1); rc=$?
+[ $rc = 2 ] && grep -q "backend is cpu, cuda or auto, not 'tpu'" <<<"$out"; ok $? "workerd --backend tpu is refused ($out)"
+out=$("$PSCOORD" --lr-scaling fast 2>&1); rc=$?
+[ $rc = 2 ] && grep -q "bad --lr-scaling 'fast'" <<<"$out"; ok $? "pscoord --lr-scaling fast is refused ($out)"
 
 # A config file sets options, flags override it.
 COORD="ipc://$RUN/coord.sock"
@@ -61,8 +72,8 @@ grep -q "state=failed" <<<"$out"; ok $? "and says the job failed ($out)"
 # psctl status, table and JSON, on a running job.
 psnet_stop_all
 COORD="ipc://$RUN/coord2.sock"
-psnet_start pscoord2 "$PSCOORD" --listen "$COORD" --workers 1 --shards 2 --epochs 30 "${SUBSET[@]}"
-for i in 1 2; do psnet_start "psd2-$i" "$PSD" --id $i --listen "ipc://$RUN/q$i.sock" --coord "$COORD"; done
+psnet_start pscoord2 "$PSCOORD" --listen "$COORD" --workers 1 --shards 3 --epochs 30 "${SUBSET[@]}"
+for i in 1 2 3; do psnet_start "psd2-$i" "$PSD" --id $i --listen "ipc://$RUN/q$i.sock" --coord "$COORD"; done
 psnet_start workerd2 "$WORKERD" --coord "$COORD" --progress-ms 200
 psnet_wait_for 30 bash -c "'$PSCTL' --coord '$COORD' --json status | grep -q '\"step\":[1-9]'"
 ok $? "a worker reports steps to pscoord"
@@ -71,8 +82,12 @@ grep -q "^SHARD" <<<"$out" && grep -q "^WORKER" <<<"$out"; ok $? "psctl status p
 grep -qE "^1 +ipc://$RUN/q1.sock" <<<"$out"; ok $? "psctl status lists shard 1 with its address"
 json=$("$PSCTL" --coord "$COORD" --json status)
 if command -v jq >/dev/null; then
-  jq -e '.shards | length == 2' <<<"$json" >/dev/null; ok $? "psctl --json is valid JSON with 2 shards"
-  jq -e '[.shards[].keys] | add == 4' <<<"$json" >/dev/null; ok $? "the shards hold the job's 4 keys between them"
+  jq -e '.shards | length == 3' <<<"$json" >/dev/null; ok $? "psctl --json is valid JSON with 3 shards"
+  jq -e '([.shards[].keys] | add) == .job.keys' <<<"$json" >/dev/null
+  ok $? "the shards hold the job's $(jq .job.keys <<<"$json") keys between them"
+  # A fair share each: the model's few large tensors are cut into smaller chunks.
+  jq -e '([.shards[].bytes] | add / 3) as $s | all(.shards[].bytes; . >= 0.9 * $s and . <= 1.1 * $s)' <<<"$json" >/dev/null
+  ok $? "each of 3 shards holds a third of the bytes within 10% ($(jq -c '[.shards[].bytes]' <<<"$json"))"
   jq -e '.workers[0].steps_per_s > 0 and .workers[0].loss > 0' <<<"$json" >/dev/null; ok $? "worker steps/s and loss are reported"
 else
   ok 1 "jq is installed (tests/run installs it)"

@@ -7,7 +7,7 @@ source "$(dirname "$0")/lib.sh"
 
 S=2
 COORD="ipc://$RUN/coord.sock"
-psnet_start pscoord "$PSCOORD" --listen "$COORD" --workers 3 --shards 2 --mode ssp:$S --epochs 2 --chunk-kb 64 \
+psnet_start pscoord "$PSCOORD" --listen "$COORD" --workers 3 --shards 2 --mode ssp:$S --epochs 3 --chunk-kb 64 \
   "${SUBSET[@]}"
 for i in 1 2; do
   psnet_start "psd-$i" "$PSD" --id $i --listen "ipc://$RUN/psd-$i.sock" --coord "$COORD" --log-level debug

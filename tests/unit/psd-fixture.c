@@ -48,6 +48,7 @@ void make_job(Job *job, uint32_t id, ConsistencyMode mode, const char *optim) {
         if (r == 0)
                 r = job_set_optim(job, optim);
         job->mode = mode;
+        job->lr_scaling = LR_SCALING_NONE; /* test_lr_scaling turns it on */
         job->optim.weight_decay = 0.01f;
         if (strcmp(optim, "adam") == 0)
                 job->optim.lr = 0.01f;
@@ -57,7 +58,7 @@ void make_job(Job *job, uint32_t id, ConsistencyMode mode, const char *optim) {
                 CHECK(false, "fixture job validates (%s)", err);
 }
 
-ShardMap *make_map(uint64_t epoch, const uint32_t *ids, size_t n) {
+ShardMap *make_map(uint64_t epoch, const uint32_t *ids, size_t n, const Job *job) {
         ShardDesc d[4];
         char ep[4][40];
         ShardMap *m = NULL;
@@ -66,7 +67,7 @@ ShardMap *make_map(uint64_t epoch, const uint32_t *ids, size_t n) {
                 d[i].id = ids[i];
                 d[i].endpoint = ep[i];
         }
-        if (shardmap_new(epoch, SHARDMAP_DEFAULT_VNODES, d, n, &m) < 0)
+        if (shardmap_place(epoch, d, n, job, &m) < 0)
                 CHECK(false, "fixture map builds");
         return m;
 }
@@ -83,7 +84,7 @@ Store *open_store(uint32_t id, const Job *job, const ShardMap *map, Acks *acks) 
 /* A store that owns every key (a one-shard map) with the given membership. */
 Store *open_solo(const Job *job, Acks *acks, const uint32_t *members, size_t n) {
         uint32_t one = 1;
-        ShardMap *map = make_map(1, &one, 1);
+        ShardMap *map = make_map(1, &one, 1, job);
         Store *s = map ? open_store(1, job, map, acks) : NULL;
         shardmap_free(map);
         if (s && gate_set_members(s, members, n, 1) < 0)

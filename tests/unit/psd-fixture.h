@@ -57,7 +57,7 @@ void on_ack(void *userdata, PushReq *req);
 size_t acks_count(const Acks *k, uint64_t seq);
 int acks_status(const Acks *k, uint64_t seq);
 void make_job(Job *job, uint32_t id, ConsistencyMode mode, const char *optim);
-ShardMap *make_map(uint64_t epoch, const uint32_t *ids, size_t n);
+ShardMap *make_map(uint64_t epoch, const uint32_t *ids, size_t n, const Job *job);
 Store *open_store(uint32_t id, const Job *job, const ShardMap *map, Acks *acks);
 Store *open_solo(const Job *job, Acks *acks, const uint32_t *members, size_t n);
 Chunk *key(Store *s, uint32_t t, uint32_t k);

@@ -555,31 +555,39 @@ out:
         store_free(s);
 }
 
-/* lr_scaling: the step uses lr * W (W = members of the clock). */
+/* lr_scaling: the step uses lr * W (W = members of the clock), ramped up over
+ * the warm-up clocks. */
 static void test_lr_scaling(void) {
         uint32_t m12[2] = { 1, 2 };
         Job job, scaled;
         Acks acks = { 0 };
         float g1[MAXLEN], g2[MAXLEN], mean[MAXLEN];
         make_job(&job, 7, MODE_BSP, "sgd");
-        job.lr_scaling = true;
+        job.lr_scaling = LR_SCALING_AUTO; /* BSP, SGD: x W */
+        job.warmup_clocks = 4;
         Store *s = open_solo(&job, &acks, m12, 2);
         Chunk *a = s ? key(s, 0, 0) : NULL;
         if (!a)
                 goto out;
+        /* Clocks 0..3 ramp the factor 1.25, 1.5, 1.75, 2; clock 4 on: 2. The
+         * reference keeps its optimizer state across steps; the factor goes
+         * into the lr of its job before each step. */
         scaled = job;
-        scaled.optim.lr = job.optim.lr * 2.0f;
         Ref r;
         ref_init(&r, &scaled, 0, 0);
-        grad_fill(g1, a->len, 1, 0);
-        grad_fill(g2, a->len, 2, 0);
-        for (uint32_t j = 0; j < a->len; j++)
-                mean[j] = (g1[j] + g2[j]) * (1.0f / 2.0f);
-        ref_step(&r, mean);
-        push1(s, a, 1, 0, 1, g1);
-        push1(s, a, 2, 0, 2, g2);
-        CHECK(a->clock == 1 && same(a->val->data, r.w, a->len),
-              "lr_scaling with 2 members: optim_apply with lr * 2 of the mean gradient");
+        bool all = true;
+        for (int64_t clk = 0; clk < 6; clk++) {
+                grad_fill(g1, a->len, 1, (uint32_t) clk);
+                grad_fill(g2, a->len, 2, (uint32_t) clk);
+                for (uint32_t j = 0; j < a->len; j++)
+                        mean[j] = (g1[j] + g2[j]) * (1.0f / 2.0f);
+                scaled.optim.lr = job.optim.lr * (clk < 4 ? 1.0f + 0.25f * (float) (clk + 1) : 2.0f);
+                ref_step(&r, mean);
+                push1(s, a, 1, clk, (uint64_t) (10 + clk), g1);
+                push1(s, a, 2, clk, (uint64_t) (20 + clk), g2);
+                all &= a->clock == clk + 1 && same(a->val->data, r.w, a->len);
+        }
+        CHECK(all, "lr_scaling with 2 members: lr x 1.25, 1.5, 1.75 over the warm-up, then x 2, of the mean gradient");
         ref_done(&r);
 out:
         store_free(s);
@@ -820,7 +828,7 @@ static void test_parked_pulls(void) {
         uint32_t members[] = { 1, 2 };
         char reason[192];
         make_job(&job, 1, MODE_BSP, "sgd");
-        ShardMap *map = make_map(1, (uint32_t[]) { 1 }, 1);
+        ShardMap *map = make_map(1, (uint32_t[]) { 1 }, 1, &job);
         Store *s = NULL;
         if (store_new(1, on_ack, on_answer, &acks, &s) < 0 || store_configure(s, &job, map) < 0 ||
             gate_set_members(s, members, 2, 1) < 0) {

@@ -22,7 +22,44 @@ static void test_defaults(void) {
               j.epochs == 5, "mode, chunk, seed, batch, epochs");
         CHECK(strcmp(j.dataset, "/usr/share/datasets/fashion-mnist") == 0, "default dataset");
         CHECK(j.expect_workers == 0 && j.expect_shards == 0 && j.train_limit == 0 && j.test_limit == 0, "zeros");
+        CHECK(j.lr_scaling == LR_SCALING_AUTO && j.warmup_clocks == JOB_DEFAULT_WARMUP_CLOCKS,
+              "lr scales with the workers by default");
         CHECK(job_validate(&j, err, sizeof err) == 0, "defaults validate (%s)", err);
+}
+
+/* How lr follows the number of members: linear under BSP, square root under
+ * ASP/SSP and for Adam (auto), ramped up over the warm-up clocks. */
+static void test_lr_factor(void) {
+        Job j;
+        LrScaling l;
+        job_defaults(&j);
+        j.warmup_clocks = 0;
+        CHECK(job_lr_factor(&j, MODE_BSP, 8, 0) == 8.0f && job_lr_factor(&j, MODE_BSP, 2, 500) == 2.0f,
+              "auto, SGD, BSP: lr x W");
+        CHECK_CLOSE(job_lr_factor(&j, MODE_ASP, 16, 0), 4.0f, 1e-6, "auto, SGD, ASP: lr x sqrt(W)");
+        CHECK_CLOSE(job_lr_factor(&j, MODE_SSP, 9, 0), 3.0f, 1e-6, "auto, SGD, SSP: lr x sqrt(W)");
+        CHECK(job_lr_factor(&j, MODE_BSP, 1, 0) == 1.0f && job_lr_factor(&j, MODE_ASP, 0, 0) == 1.0f,
+              "one worker (or none): lr");
+        j.warmup_clocks = 100;
+        CHECK_CLOSE(job_lr_factor(&j, MODE_BSP, 8, 0), 1.07f, 1e-6, "warm-up: clock 0 takes 1/100 of the way (%g)",
+                    (double) job_lr_factor(&j, MODE_BSP, 8, 0));
+        CHECK_CLOSE(job_lr_factor(&j, MODE_BSP, 8, 49), 4.5f, 1e-6, "clock 49: half way from 1 to 8");
+        CHECK(job_lr_factor(&j, MODE_BSP, 8, 99) == 8.0f && job_lr_factor(&j, MODE_BSP, 8, 100000) == 8.0f, "then W");
+        CHECK(job_lr_factor(&j, MODE_BSP, 8, -3) == 1.0f, "a negative clock: no ramp yet");
+        j.warmup_clocks = 0;
+        j.lr_scaling = LR_SCALING_LINEAR;
+        CHECK(job_lr_factor(&j, MODE_ASP, 8, 5) == 8.0f, "linear: x W under ASP too");
+        j.lr_scaling = LR_SCALING_SQRT;
+        CHECK_CLOSE(job_lr_factor(&j, MODE_BSP, 4, 5), 2.0f, 1e-6, "sqrt: x sqrt(W) under BSP too");
+        CHECK(job_set_optim(&j, "adam") == 0, "adam");
+        j.lr_scaling = LR_SCALING_AUTO;
+        CHECK_CLOSE(job_lr_factor(&j, MODE_BSP, 16, 7), 4.0f, 1e-6, "auto, Adam, BSP: lr x sqrt(W)");
+        j.lr_scaling = LR_SCALING_NONE;
+        CHECK(job_lr_factor(&j, MODE_BSP, 16, 7) == 1.0f, "none: lr as given");
+        CHECK(lr_scaling_from_string("sqrt", &l) == 0 && l == LR_SCALING_SQRT &&
+              lr_scaling_from_string("auto", &l) == 0 && l == LR_SCALING_AUTO &&
+              lr_scaling_from_string("Linear", &l) == -EINVAL && strcmp(lr_scaling_name(LR_SCALING_NONE), "none") == 0,
+              "names");
 }
 
 static void test_model(void) {
@@ -264,7 +301,7 @@ static void test_proto(void) {
         j.chunk_floats = 5000;
         CHECK(job_set_model(&j, "mlp:100-50-20-3") == 0, "model");
         CHECK(job_set_optim(&j, "adam") == 0 && job_set_mode(&j, "ssp:4") == 0, "adam, ssp:4");
-        j.lr_scaling = true;
+        j.lr_scaling = LR_SCALING_SQRT;
         j.warmup_clocks = 77;
         j.allow_nonfinite = true;
         j.optim.lr = 0.001f;
@@ -413,6 +450,7 @@ static void test_validate(void) {
 
 int main(void) {
         test_defaults();
+        test_lr_factor();
         test_model();
         test_chunks();
         test_init();

@@ -1,194 +1,228 @@
-/* Unit tests for common/shardmap.c: determinism, balance, minimal movement
- * when a shard joins or leaves, argument checks. */
+/* Unit tests for common/shardmap.c: an explicit placement that gives every
+ * shard its share of the bytes within 10% once chunks are cut to a tenth of
+ * a share (job_fair_chunk), that depends only on the job and the shard ids,
+ * that moves only what it must when shards come and go; and the checks on a
+ * map that arrives from the network. */
 #include <errno.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include "shardmap.h"
 #include "tap.h"
 
-#define NKEYS 100000u
-
-/* Keys shaped like a job's: 20 tensors of 5000 chunks. */
-static void key_of(uint32_t i, uint32_t *t, uint32_t *c) {
-        *t = i / 5000u;
-        *c = i % 5000u;
-}
-
-static ShardDesc descs[8];
-static char names[8][32];
+static ShardDesc descs[16];
+static char names[16][40];
 
 static void make_descs(const uint32_t *ids, size_t n) {
         for (size_t i = 0; i < n; i++) {
                 snprintf(names[i], sizeof names[i], "ipc:///tmp/psd-%u.sock", ids[i]);
-                descs[i].id = ids[i];
-                descs[i].endpoint = names[i];
+                descs[i] = (ShardDesc) { .id = ids[i], .endpoint = names[i] };
         }
 }
 
-/* Owner id of every key. */
-static uint32_t *owners(const ShardMap *m) {
-        uint32_t *o = malloc(NKEYS * sizeof *o);
-        if (!o) {
-                fprintf(stderr, "out of memory\n");
-                exit(2);
+static Job job_of(const char *model, uint32_t chunk_floats) {
+        Job j;
+        job_defaults(&j);
+        j.chunk_floats = chunk_floats;
+        if (job_set_model(&j, model) < 0)
+                CHECK(false, "model %s", model);
+        return j;
+}
+
+/* Each shard's bytes under m (indexed as shardmap_shard); returns the total. */
+static uint64_t loads(const ShardMap *m, const Job *job, uint64_t *load) {
+        uint64_t total = 0;
+        memset(load, 0, shardmap_size(m) * sizeof *load);
+        for (uint32_t t = 0; t < job->ntensors; t++)
+                for (uint32_t c = 0; c < job->tensors[t].nchunks; c++) {
+                        uint64_t b = (uint64_t) job_chunk_len(job, t, c) * 4;
+                        load[shardmap_lookup(m, t, c)] += b;
+                        total += b;
+                }
+        return total;
+}
+
+/* The largest deviation of a shard's bytes from an even share, as a fraction of it. */
+static double spread(const ShardMap *m, const Job *job) {
+        uint64_t load[16];
+        double share = (double) loads(m, job, load) / (double) shardmap_size(m), worst = 0;
+        for (size_t i = 0; i < shardmap_size(m); i++) {
+                double d = ((double) load[i] - share) / share;
+                worst = d < 0 ? (-d > worst ? -d : worst) : (d > worst ? d : worst);
         }
-        for (uint32_t i = 0; i < NKEYS; i++) {
-                uint32_t t, c;
-                key_of(i, &t, &c);
-                o[i] = shardmap_shard(m, shardmap_lookup(m, t, c))->id;
-        }
-        return o;
+        return worst;
 }
 
 static void test_basics(void) {
         const uint32_t ids[4] = { 30, 10, 40, 20 };
+        Job job = job_of("mlp:784-256-10", 4096);
         ShardMap *m = NULL, *m2 = NULL;
-        int r;
-
         make_descs(ids, 4);
-        r = shardmap_new(17, 64, descs, 4, &m);
-        CHECK(r == 0 && m, "shardmap_new over 4 shards (%d)", r);
-        if (!m)
+        int r = shardmap_place(17, descs, 4, &job, &m);
+        if (!CHECK(r == 0 && m, "shardmap_place over 4 shards (%d)", r))
                 return;
-        CHECK(shardmap_epoch(m) == 17, "epoch kept");
-        CHECK(shardmap_vnodes(m) == 64, "vnodes kept");
-        CHECK(shardmap_size(m) == 4, "size");
+        CHECK(shardmap_epoch(m) == 17 && shardmap_size(m) == 4, "epoch and size kept");
         CHECK(shardmap_shard(m, 0)->id == 10 && shardmap_shard(m, 1)->id == 20 && shardmap_shard(m, 2)->id == 30 &&
               shardmap_shard(m, 3)->id == 40, "shards sorted by id");
         CHECK(strcmp(shardmap_shard(m, 2)->endpoint, "ipc:///tmp/psd-30.sock") == 0, "endpoint follows its id");
-        CHECK(shardmap_shard(m, 0)->endpoint != descs[1].endpoint, "endpoints are copied");
         names[1][0] = 'X';
-        CHECK(shardmap_shard(m, 0)->endpoint[0] == 'i', "the copy does not change with the caller's string");
-        CHECK(shardmap_find(m, 30) == 2 && shardmap_find(m, 10) == 0, "find by id");
-        CHECK(shardmap_find(m, 25) == -ENOENT && shardmap_find(m, 0) == -ENOENT && shardmap_find(m, 99) == -ENOENT,
-              "find of a missing id is -ENOENT");
+        CHECK(shardmap_shard(m, 0)->endpoint[0] == 'i', "endpoints are copied");
+        CHECK(shardmap_find(m, 30) == 2 && shardmap_find(m, 25) == -ENOENT, "find by id");
+        CHECK(shardmap_nkeys(m) == job_nkeys(&job) && shardmap_ntensors(m) == job.ntensors &&
+              shardmap_tensor_chunks(m, 0) == job.tensors[0].nchunks, "the layout is the job's (%zu keys)",
+              shardmap_nkeys(m));
+        CHECK(shardmap_fits_job(m, &job), "fits its job");
+        Job other = job_of("mlp:784-256-10", 8192);
+        CHECK(!shardmap_fits_job(m, &other), "not a job chunked otherwise");
+        CHECK(shardmap_lookup(m, 4, 0) == -ENOENT && shardmap_lookup(m, 0, job.tensors[0].nchunks) == -ENOENT,
+              "a key outside the map: -ENOENT");
+        CHECK(shardmap_owner_id(m, 99, 0) == 0 && shardmap_owner_id(m, 0, 0) >= 10, "owner ids (0: none)");
 
-        /* The same shards in another order give the same map. */
-        {
-                const uint32_t ids2[4] = { 40, 30, 20, 10 };
-                bool same = true;
-                make_descs(ids2, 4);
-                r = shardmap_new(18, 64, descs, 4, &m2);
-                CHECK(r == 0, "second map");
-                for (uint32_t i = 0; m2 && i < NKEYS; i++) {
-                        uint32_t t, c;
-                        key_of(i, &t, &c);
-                        if (shardmap_shard(m, shardmap_lookup(m, t, c))->id !=
-                            shardmap_shard(m2, shardmap_lookup(m2, t, c))->id)
-                                same = false;
-                }
-                CHECK(same, "placement does not depend on the order shards are given in");
-                CHECK(shardmap_lookup(m, 3, 4) == shardmap_lookup(m, 3, 4), "lookup is deterministic");
-                m2 = shardmap_free(m2);
-        }
-        CHECK(shardmap_hash(1, 2) == shardmap_hash(1, 2) && shardmap_hash(1, 2) != shardmap_hash(2, 1) &&
-              shardmap_hash(0, 0) != 0, "hash is a deterministic, order-sensitive function");
-        m = shardmap_free(m);
-        CHECK(m == NULL && shardmap_free(NULL) == NULL, "free returns NULL and takes NULL");
+        /* The same shards in another order: the same placement. */
+        const uint32_t ids2[4] = { 40, 20, 30, 10 };
+        make_descs(ids2, 4);
+        r = shardmap_place(18, descs, 4, &job, &m2);
+        CHECK(r == 0 && m2 && memcmp(shardmap_owners(m), shardmap_owners(m2), shardmap_nkeys(m) * 4) == 0,
+              "placement does not depend on the order shards are given in");
+        shardmap_free(m2);
+        m2 = shardmap_dup(m);
+        CHECK(m2 && shardmap_epoch(m2) == 17 && memcmp(shardmap_owners(m), shardmap_owners(m2),
+                                                        shardmap_nkeys(m) * 4) == 0 &&
+                      strcmp(shardmap_shard(m2, 3)->endpoint, shardmap_shard(m, 3)->endpoint) == 0,
+              "shardmap_dup copies everything");
+        shardmap_free(m2);
+        shardmap_free(m);
 }
 
-static void test_single(void) {
-        const uint32_t ids[1] = { 5 };
+/* The demo's model (one 784 KiB tensor, three small ones) in 1 MiB chunks is 4
+ * keys: no placement can even that out. Cut to a tenth of a share, it can. */
+static void test_fair(void) {
+        const uint32_t ids[8] = { 1, 2, 3, 4, 5, 6, 7, 8 };
+        make_descs(ids, 8);
+        Job coarse = job_of("mlp:784-256-10", JOB_DEFAULT_CHUNK_FLOATS);
         ShardMap *m = NULL;
-        bool all = true;
-        make_descs(ids, 1);
-        CHECK(shardmap_new(1, 1, descs, 1, &m) == 0, "one shard, one vnode");
-        for (uint32_t i = 0; m && i < 1000; i++)
-                all = all && shardmap_lookup(m, i, i * 7) == 0;
-        CHECK(all, "one shard owns every key");
-        shardmap_free(m);
-}
-
-static void test_invalid(void) {
-        const uint32_t dup[3] = { 1, 2, 1 };
-        ShardMap *m = (ShardMap *) 0x1;
-        make_descs(dup, 3);
-        CHECK(shardmap_new(1, 64, descs, 3, &m) == -EINVAL, "duplicate ids refused");
-        CHECK(m == (ShardMap *) 0x1, "ret untouched on failure");
-        CHECK(shardmap_new(1, 64, descs, 0, &m) == -EINVAL, "zero shards refused");
-        CHECK(shardmap_new(1, 0, descs, 2, &m) == -EINVAL, "zero vnodes refused");
-        CHECK(shardmap_new(1, 4097, descs, 2, &m) == -EINVAL, "4097 vnodes refused");
-        CHECK(shardmap_new(1, 64, NULL, 2, &m) == -EINVAL, "NULL shards refused");
-        m = NULL;
-        CHECK(shardmap_new(1, 4096, descs, 2, &m) == 0, "4096 vnodes accepted");
-        shardmap_free(m);
-}
-
-static void test_balance_and_movement(void) {
-        const uint32_t ids5[5] = { 0, 1, 2, 3, 4 };
-        ShardMap *m4 = NULL, *m5 = NULL, *m3 = NULL;
-        uint32_t *o4, *o5, *o3;
-        unsigned count[5] = { 0 };
-        unsigned moved = 0, wrong = 0;
-        double lo = 1, hi = 0;
-
-        make_descs(ids5, 5);
-        if (shardmap_new(1, SHARDMAP_DEFAULT_VNODES, descs, 4, &m4) < 0 ||
-            shardmap_new(2, SHARDMAP_DEFAULT_VNODES, descs, 5, &m5) < 0) {
-                CHECK(false, "maps for the movement test");
-                return;
+        uint64_t load[16];
+        if (shardmap_place(1, descs, 2, &coarse, &m) == 0) {
+                loads(m, &coarse, load);
+                CHECK(load[0] && load[1], "4 uncut keys on 2 shards: neither is empty (%lu, %lu bytes)",
+                      (unsigned long) load[0], (unsigned long) load[1]);
+                m = shardmap_free(m);
         }
-        o4 = owners(m4);
-        o5 = owners(m5);
-
-        /* Balance: 4 shards, 64 vnodes, 100k keys. With v vnodes a shard's share
-         * has a relative spread of about 1/sqrt(v) = 12.5%; this hash gives
-         * 0.242 .. 0.257, and we allow 15%. */
-        for (uint32_t i = 0; i < NKEYS; i++)
-                count[o4[i]]++;
-        for (int s = 0; s < 4; s++) {
-                double share = (double) count[s] / NKEYS;
-                lo = share < lo ? share : lo;
-                hi = share > hi ? share : hi;
-        }
-        printf("# 4 shards x 64 vnodes: shares %.3f .. %.3f (ideal 0.250)\n", lo, hi);
-        CHECK(lo >= 0.25 * 0.85 && hi <= 0.25 * 1.15, "each of 4 shards holds 25%% +- 15%% of the keys");
-        for (int s = 0; s < 4; s++)
-                CHECK(count[s] > 0, "shard %d owns keys", s);
-
-        /* Adding shard 4: only keys that now belong to it move. */
-        for (uint32_t i = 0; i < NKEYS; i++)
-                if (o4[i] != o5[i]) {
-                        moved++;
-                        if (o5[i] != 4)
-                                wrong++;
-                }
-        printf("# adding a 5th shard moved %.3f of the keys (ideal 0.200)\n", (double) moved / NKEYS);
-        CHECK(wrong == 0, "every moved key goes to the new shard (%u do not)", wrong);
-        CHECK((double) moved / NKEYS > 0.1 && (double) moved / NKEYS < 0.3, "about 1/5 of the keys move (%u)", moved);
-
-        /* Removing shard 2 from the 4: only its keys move. */
-        {
-                ShardDesc three[3] = { descs[0], descs[1], descs[3] };
-                unsigned lost = 0, other = 0;
-                if (shardmap_new(3, SHARDMAP_DEFAULT_VNODES, three, 3, &m3) < 0) {
-                        CHECK(false, "map without shard 2");
-                } else {
-                        o3 = owners(m3);
-                        for (uint32_t i = 0; i < NKEYS; i++) {
-                                if (o4[i] == 2) {
-                                        lost++;
-                                        if (o3[i] == 2)
-                                                other++;
-                                } else if (o3[i] != o4[i])
-                                        other++;
+        static const char *models[] = { "mlp:784-256-10", "mlp:784-1024-1024-10", "mlp:784-4096-10",
+                                         "mlp:100-3000-7-50-10", "mlp:784-64-10" };
+        for (size_t i = 0; i < sizeof models / sizeof *models; i++)
+                for (size_t s = 1; s <= 8; s++) {
+                        Job job = job_of(models[i], JOB_DEFAULT_CHUNK_FLOATS);
+                        uint32_t fair = job_fair_chunk(&job, s);
+                        CHECK(fair <= job.chunk_floats && job_set_chunk(&job, fair) == 0, "cut %s for %zu shards",
+                              models[i], s);
+                        if (shardmap_place(1, descs, s, &job, &m) < 0) {
+                                CHECK(false, "place %s on %zu shards", models[i], s);
+                                continue;
                         }
-                        CHECK(lost == count[2] && other == 0,
-                              "removing a shard moves exactly its keys, and none of the others (%u)", other);
-                        free(o3);
-                        shardmap_free(m3);
+                        double d = spread(m, &job);
+                        CHECK(d <= 0.10, "%s on %zu shards (%lu keys of %u floats): every shard within %.1f%% "
+                              "of an even share", models[i], s, (unsigned long) job_nkeys(&job), fair, 100 * d);
+                        m = shardmap_free(m);
                 }
+        /* A big model keeps its chunks: a tenth of a share is larger than 1 MiB. */
+        Job big = job_of("mlp:4096-8192-8192-10", JOB_DEFAULT_CHUNK_FLOATS);
+        CHECK(job_fair_chunk(&big, 4) == JOB_DEFAULT_CHUNK_FLOATS, "a 512 MiB model on 4 shards keeps 1 MiB chunks");
+}
+
+/* Shards come and go: only the keys that must move, move. */
+static void test_change(void) {
+        const uint32_t ids[5] = { 1, 2, 3, 4, 5 };
+        Job job = job_of("mlp:784-1024-1024-10", JOB_DEFAULT_CHUNK_FLOATS);
+        job_set_chunk(&job, job_fair_chunk(&job, 4));
+        make_descs(ids, 5);
+        ShardMap *m4 = NULL, *m5 = NULL, *m3 = NULL;
+        if (shardmap_place(1, descs, 4, &job, &m4) < 0 || shardmap_change(m4, 2, descs, 5, &job, &m5) < 0) {
+                CHECK(false, "maps for the movement test");
+                goto out;
         }
-        free(o4);
-        free(o5);
+        uint64_t load[16], total = loads(m5, &job, load), moved = 0, wrong = 0, maxkey = 0;
+        for (uint32_t t = 0; t < job.ntensors; t++)
+                for (uint32_t c = 0; c < job.tensors[t].nchunks; c++) {
+                        uint64_t b = (uint64_t) job_chunk_len(&job, t, c) * 4;
+                        maxkey = b > maxkey ? b : maxkey;
+                        uint32_t a = shardmap_owner_id(m4, t, c), z = shardmap_owner_id(m5, t, c);
+                        if (a != z) {
+                                moved += b;
+                                wrong += z != 5; /* a key moves only to the new shard */
+                        }
+                }
+        CHECK(wrong == 0, "adding shard 5: keys move only to it (%lu moved elsewhere)", (unsigned long) wrong);
+        CHECK(moved <= total / 5 + maxkey && moved + maxkey >= total / 5,
+              "it receives its share: %lu of %lu bytes moved (a fifth is %lu)", (unsigned long) moved,
+              (unsigned long) total, (unsigned long) (total / 5));
+        CHECK(spread(m5, &job) <= 0.15, "5 shards within 15%% of even (%.1f%%; chunks were cut for 4)",
+              100 * spread(m5, &job));
+        /* Shard 2 leaves: only its keys move, and to the others evenly. */
+        const uint32_t left[4] = { 1, 3, 4, 5 };
+        make_descs(left, 4);
+        if (shardmap_change(m5, 3, descs, 4, &job, &m3) < 0) {
+                CHECK(false, "map without shard 2");
+                goto out;
+        }
+        uint64_t stays = 0;
+        wrong = moved = 0;
+        for (uint32_t t = 0; t < job.ntensors; t++)
+                for (uint32_t c = 0; c < job.tensors[t].nchunks; c++) {
+                        uint32_t a = shardmap_owner_id(m5, t, c), z = shardmap_owner_id(m3, t, c);
+                        wrong += a != 2 && a != z;
+                        moved += a == 2;
+                        stays += z == 2;
+                }
+        CHECK(wrong == 0 && moved > 0 && stays == 0, "removing shard 2: its %lu keys move, no other",
+              (unsigned long) moved);
+        CHECK(spread(m3, &job) <= 0.10, "4 shards again within 10%% (%.1f%%)", 100 * spread(m3, &job));
+        Job other = job_of("mlp:784-256-10", 4096);
+        ShardMap *x = (ShardMap *) 0x1;
+        CHECK(shardmap_change(m3, 4, descs, 4, &other, &x) == -EINVAL && x == (ShardMap *) 0x1,
+              "changing a map for another job's keys is refused");
+out:
+        shardmap_free(m3);
         shardmap_free(m4);
         shardmap_free(m5);
 }
 
+/* A map from the network is checked before anything reads it. */
+static void test_from_owners(void) {
+        const uint32_t ids[3] = { 1, 2, 3 }, unsorted[3] = { 2, 1, 3 }, dup[3] = { 1, 1, 3 };
+        const uint32_t chunks[2] = { 3, 1 }, owners[4] = { 0, 1, 2, 1 }, bad[4] = { 0, 1, 3, 1 };
+        ShardMap *m = (ShardMap *) 0x1;
+        make_descs(ids, 3);
+        CHECK(shardmap_from_owners(5, descs, 3, chunks, 2, bad, 4, &m) == -EINVAL, "an owner past the shards");
+        CHECK(shardmap_from_owners(5, descs, 3, chunks, 2, owners, 3, &m) == -EINVAL, "too few owners");
+        CHECK(shardmap_from_owners(5, descs, 3, chunks, 2, owners, 5, &m) == -EINVAL, "too many owners");
+        CHECK(shardmap_from_owners(5, descs, 0, chunks, 2, owners, 4, &m) == -EINVAL, "no shards");
+        CHECK(shardmap_from_owners(5, descs, 3, NULL, 2, owners, 4, &m) == -EINVAL, "no layout");
+        CHECK(shardmap_from_owners(5, descs, 3, chunks, JOB_MAX_TENSORS + 1, owners, 4, &m) == -EINVAL,
+              "too many tensors");
+        const uint32_t huge[2] = { SHARDMAP_MAX_KEYS, 1 };
+        CHECK(shardmap_from_owners(5, descs, 3, huge, 2, owners, 4, &m) == -EINVAL, "too many keys");
+        make_descs(unsorted, 3);
+        CHECK(shardmap_from_owners(5, descs, 3, chunks, 2, owners, 4, &m) == -EINVAL, "shards not in id order");
+        make_descs(dup, 3);
+        CHECK(shardmap_from_owners(5, descs, 3, chunks, 2, owners, 4, &m) == -EINVAL, "duplicate ids");
+        CHECK(m == (ShardMap *) 0x1, "ret untouched on failure");
+        make_descs(ids, 3);
+        m = NULL;
+        CHECK(shardmap_from_owners(5, descs, 3, chunks, 2, owners, 4, &m) == 0 && m, "a good map");
+        if (m)
+                CHECK(shardmap_owner_id(m, 0, 2) == 3 && shardmap_owner_id(m, 1, 0) == 2 &&
+                      shardmap_lookup(m, 1, 1) == -ENOENT, "owners by key");
+        shardmap_free(m);
+        Job job = job_of("mlp:784-256-10", 4096);
+        CHECK(shardmap_place(1, descs, 0, &job, &m) == -EINVAL && shardmap_place(1, NULL, 2, &job, &m) == -EINVAL,
+              "placing on no shards");
+}
+
 int main(void) {
         test_basics();
-        test_single();
-        test_invalid();
-        test_balance_and_movement();
+        test_fair();
+        test_change();
+        test_from_owners();
         return tap_done();
 }

@@ -58,7 +58,7 @@ static void test_configure_two_shards(void) {
         Acks a1 = { 0 }, a2 = { 0 };
         uint32_t ids[2] = { 1, 2 };
         make_job(&job, 7, MODE_BSP, "sgd");
-        ShardMap *map = make_map(1, ids, 2);
+        ShardMap *map = make_map(1, ids, 2, &job);
         Store *s1 = open_store(1, &job, map, &a1), *s2 = open_store(2, &job, map, &a2);
         if (!CHECK(map && s1 && s2, "two stores configured under a 2-shard map"))
                 goto out;
@@ -72,7 +72,7 @@ static void test_configure_two_shards(void) {
                         Chunk *c1 = s1->chunks[t][k], *c2 = s2->chunks[t][k];
                         Chunk *c = c1 ? c1 : c2;
                         uint32_t len = job_chunk_len(&job, t, k);
-                        uint32_t owner = shardmap_shard(map, shardmap_lookup(map, t, k))->id;
+                        uint32_t owner = shardmap_owner_id(map, t, k);
                         keys++;
                         once += (c1 != NULL) != (c2 != NULL);
                         by_map += (c1 && owner == 1) || (c2 && owner == 2);
@@ -129,7 +129,7 @@ static void test_configure_two_shards(void) {
         push1(s2, s2->chunks[t2][k2], 1, 0, 2, g); /* parked: worker 2 has not pushed */
         CHECK(a2.n == 0, "shard 2: a push waiting for the other member is not acknowledged yet");
 
-        ShardMap *solo = make_map(2, &one, 1);
+        ShardMap *solo = make_map(2, &one, 1, &job);
         moved_n = 0;
         s2->move = on_move;
         int r1 = store_configure(s1, &job, solo), r2 = store_configure(s2, &job, solo);
@@ -196,12 +196,12 @@ static void test_lookup(void) {
               "before configure: NO_JOB (status %d)", st);
         CHECK(store_clock(s) == 0, "before configure: store_clock is 0");
 
-        ShardMap *map = make_map(1, ids, 2);
+        ShardMap *map = make_map(1, ids, 2, &job);
         store_configure(s, &job, map);
         uint32_t mt = UINT32_MAX, mk = 0, ot = UINT32_MAX, ok_ = 0;
         for (uint32_t t = 0; t < job.ntensors; t++)
                 for (uint32_t k = 0; k < job.tensors[t].nchunks; k++) {
-                        bool mine = shardmap_shard(map, shardmap_lookup(map, t, k))->id == 1;
+                        bool mine = shardmap_owner_id(map, t, k) == 1;
                         if (mine && mt == UINT32_MAX)
                                 mt = t, mk = k;
                         if (!mine && ot == UINT32_MAX)
@@ -326,7 +326,7 @@ static void test_new_job(void) {
                 goto out;
         grad_fill(g, c->len, 1, 0);
         push1(s, c, 1, 0, 1, g);
-        ShardMap *map = make_map(3, &one, 1);
+        ShardMap *map = make_map(3, &one, 1, &job2);
         int r = store_configure(s, &job2, map);
         shardmap_free(map);
         CHECK(r == 0 && s->job.id == 8 && s->has_job, "configure a new job id");

@@ -80,6 +80,8 @@ static void client_disconnect(Client *c) {
 /* Connects to every shard of map and routes every key to its owner. */
 static int client_connect(Client *c, const ShardMap *map) {
         const Job *job = &c->job;
+        if (!shardmap_fits_job(map, job))
+                return log_error_errno(EINVAL, "the shard map holds other keys than the job's");
         c->nshards = shardmap_size(map);
         c->map_epoch = shardmap_epoch(map);
         c->shards = ps_calloc(c->nshards, sizeof *c->shards);
@@ -108,7 +110,7 @@ static int client_connect(Client *c, const ShardMap *map) {
         }
         for (uint32_t t = 0; t < job->ntensors; t++)
                 for (uint32_t k = 0; k < job->tensors[t].nchunks; k++) {
-                        ShardConn *s = &c->shards[shardmap_lookup(map, t, k)];
+                        ShardConn *s = &c->shards[(size_t) shardmap_lookup(map, t, k)];
                         Psnet__Key *key = &s->keys[s->nkeys];
                         psnet__key__init(key);
                         key->tensor = t;

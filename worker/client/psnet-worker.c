@@ -77,6 +77,11 @@ static int take_map(PsnetWorker *w, const Psnet__ShardMap *pm) {
                 log_error("pscoord sent a shard map that does not validate");
                 return -EINVAL;
         }
+        if (!shardmap_fits_job(m, &w->job)) {
+                log_error("pscoord sent a shard map of other keys than its job's");
+                shardmap_free(m);
+                return -EINVAL;
+        }
         shardmap_free(w->map);
         w->map = m;
         return 0;
