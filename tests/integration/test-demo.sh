@@ -1,0 +1,53 @@
+#!/usr/bin/env bash
+# What a new user meets in deploy/local/demo: pscoord's own reason when it
+# refuses the flags (not a timeout); the build shown and limited to the four
+# programs; a live progress bar on a terminal and a line per epoch elsewhere,
+# with the daemons' log lines kept in files; one log directory per run, the
+# finished runs' removed by the next; the last line's format.
+source "$(dirname "$0")/lib.sh"
+
+DEMO=$PSNET_SRC/deploy/local/demo
+export PSNET_DEMO_LOGS=$RUN/demo-logs
+small=(--train-limit 6000 --test-limit 1000)
+# Long enough (a few seconds) for the workers' progress to reach pscoord.
+longer=(--train-limit 30000 --test-limit 1000)
+
+t0=$SECONDS
+out=$("$DEMO" --no-build --build "$PSNET_BUILD" --no-http --model cnn 2>&1); rc=$?
+[ $rc = 2 ]; ok $? "--model cnn: the demo exits 2 (got $rc)"
+grep -q "bad --model 'cnn'" <<<"$out"; ok $? "with pscoord's own reason ($(grep -m1 bad <<<"$out"))"
+grep -q "did not answer" <<<"$out"; ok $(( $? == 0 )) "not a timeout"
+out=$("$DEMO" --no-build --build "$PSNET_BUILD" --no-http --mode ssp:2x 2>&1); rc=$?
+[ $rc = 2 ] && grep -q "bad --mode 'ssp:2x'" <<<"$out"; ok $? "--mode ssp:2x: pscoord's reason too"
+[ $((SECONDS - t0)) -lt 20 ]; ok $? "both refusals come at once ($((SECONDS - t0)) s)"
+out=$("$DEMO" --workers 0 2>&1); ok $(( $? != 2 )) "--workers 0 is the demo's own refusal"
+
+# The build: ninja is asked for the four programs only, and shown.
+mkdir -p "$RUN/bin"
+real_ninja=$(command -v ninja)
+printf '#!/bin/sh\necho "$*" >>"%s/ninja-args"\nexec "%s" "$@"\n' "$RUN" "$real_ninja" >"$RUN/bin/ninja"
+chmod +x "$RUN/bin/ninja"
+PATH="$RUN/bin:$PATH" "$DEMO" --no-install --build "$PSNET_BUILD" --no-http --backend cpu --epochs 2 \
+  -- "${longer[@]}" >"$RUN/demo.out" 2>"$RUN/demo.err"; rc=$?
+ok $rc "the demo runs a job ($(tail -1 "$RUN/demo.out"))"
+args=$(cat "$RUN/ninja-args" 2>/dev/null)
+[ "$args" = "-C $PSNET_BUILD ps/pscoord/pscoord ps/psd/psd ps/psctl/psctl worker/workerd/workerd" ]
+ok $? "it builds only the four programs (ninja $args)"
+grep -q "demo: building pscoord, psd, psctl and workerd" "$RUN/demo.err"; ok $? "and says so"
+grep -qE '^accuracy=0\.[0-9]{4} epochs=2 workers=2 shards=2 mode=bsp seconds=[0-9]+$' "$RUN/demo.out"
+ok $? "the last line keeps its format"
+grep -qE '^demo: epoch [12]/2 +[0-9]+%  loss [0-9.]+  [0-9]+ samples/s$' "$RUN/demo.err"; ok $? "not on a terminal: a line per epoch"
+grep -q 'msg="progress"' "$RUN/demo.err"; ok $(( $? == 0 )) "and no raw log lines"
+runs=("$PSNET_DEMO_LOGS"/run-*)
+[ ${#runs[@]} = 1 ] && grep -q 'msg="progress"' "${runs[0]}"/workerd-1.log; ok $? "the log lines are in the run's files"
+first=${runs[0]}
+
+# On a terminal (script gives it one): the progress bar, redrawn in place.
+script -qec "'$DEMO' --no-build --build '$PSNET_BUILD' --no-http --backend cpu --epochs 2 -- ${longer[*]}" \
+  "$RUN/typescript" >/dev/null 2>&1; ok $? "the demo runs on a terminal"
+tr '\r' '\n' <"$RUN/typescript" | grep -qE '^.*epoch [12]/2 \[[#-]{30}\] +[0-9]+%  loss [0-9.]+  [0-9]+ samples/s  time left'
+ok $? "it draws a progress bar: epoch, percent, loss, samples/s, time left"
+grep -qa $'\r' "$RUN/typescript"; ok $? "redrawn in place (carriage returns)"
+grep -qaE '^accuracy=0\.[0-9]{4} epochs=2 ' "$RUN/typescript"; ok $? "and ends with the result line"
+runs=("$PSNET_DEMO_LOGS"/run-*)
+[ ${#runs[@]} = 1 ] && [ "${runs[0]}" != "$first" ]; ok $? "the previous run's logs are gone, this run's stay (${#runs[@]} dirs)"
