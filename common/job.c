@@ -15,6 +15,7 @@
 #include <string.h>
 #include "hash.h"
 #include "job.h"
+#include "log.h"
 #include "macro.h"
 #include "psnet-config.h"
 
@@ -23,16 +24,7 @@
 #define JOB_MAX_EPOCHS 1000000u
 #define JOB_MAX_PEERS 65536u
 
-static int job_err(char *err, size_t errlen, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
-static int job_err(char *err, size_t errlen, const char *fmt, ...) {
-        va_list ap;
-        if (err && errlen > 0) {
-                va_start(ap, fmt);
-                vsnprintf(err, errlen, fmt, ap);
-                va_end(ap);
-        }
-        return -EINVAL;
-}
+#define job_err(err, errlen, ...) reason_set(err, errlen, -EINVAL, __VA_ARGS__)
 
 const char *optim_kind_name(OptimKind k) {
         return k == OPTIM_ADAM ? "adam" : k == OPTIM_SGD ? "sgd" : "?";

@@ -98,3 +98,13 @@ int log_internal(int level, int err, const char *fmt, ...) {
         errno = saved;
         return -err;
 }
+
+int reason_set(char *buf, size_t n, int r, const char *fmt, ...) {
+        va_list ap;
+        if (buf && n > 0) {
+                va_start(ap, fmt);
+                vsnprintf(buf, n, fmt, ap);
+                va_end(ap);
+        }
+        return r;
+}

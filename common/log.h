@@ -35,3 +35,7 @@ int log_internal(int level, int err, const char *fmt, ...) _printf_(3, 4);
 #define log_debug_errno(e, ...) log_full_errno(LOG_DEBUG, e, __VA_ARGS__)
 #define log_warning_errno(e, ...) log_full_errno(LOG_WARNING, e, __VA_ARGS__)
 #define log_error_errno(e, ...) log_full_errno(LOG_ERR, e, __VA_ARGS__)
+
+/* Writes a reason for people into buf (when buf is not NULL and n > 0) and
+ * returns r: `return reason_set(err, errlen, -EINVAL, "bad --x '%s'", x);`. */
+int reason_set(char *buf, size_t n, int r, const char *fmt, ...) __attribute__((format(printf, 4, 5)));

@@ -13,18 +13,8 @@
 #include <zmq.h>
 #include "endpoint.h"
 #include "keys.h"
+#include "log.h"
 #include "macro.h"
-
-static int keys_err(char *err, size_t errlen, int r, const char *fmt, ...) __attribute__((format(printf, 4, 5)));
-static int keys_err(char *err, size_t errlen, int r, const char *fmt, ...) {
-        va_list ap;
-        if (err && errlen) {
-                va_start(ap, fmt);
-                vsnprintf(err, errlen, fmt, ap);
-                va_end(ap);
-        }
-        return r;
-}
 
 static const struct {
         Psnet__Role role;
@@ -98,9 +88,9 @@ static int keyfile_read(const char *path, KeyFile *k, char *err, size_t errlen) 
         memset(k, 0, sizeof *k);
         int r = ini_parse(path, keyfile_handler, k);
         if (r == -1)
-                return keys_err(err, errlen, -errno ? -errno : -ENOENT, "cannot read %s: %s", path, strerror(errno));
+                return reason_set(err, errlen, -errno ? -errno : -ENOENT, "cannot read %s: %s", path, strerror(errno));
         if (r != 0 || k->unknown)
-                return keys_err(err, errlen, -EINVAL, "%s: not a psnet key file (line %d)", path, r);
+                return reason_set(err, errlen, -EINVAL, "%s: not a psnet key file (line %d)", path, r);
         return 0;
 }
 
@@ -111,12 +101,12 @@ int keys_load_pair(const char *dir, const char *name, NetKeyPair *ret, Psnet__Ro
         snprintf(path, sizeof path, "%s/%s.key", dir, name);
         struct stat st;
         if (stat(path, &st) < 0)
-                return keys_err(err, errlen, -errno, "no key %s (make one: psctl keys gen %s --role ROLE --dir %s)",
+                return reason_set(err, errlen, -errno, "no key %s (make one: psctl keys gen %s --role ROLE --dir %s)",
                                 path, name, dir);
         /* Group-readable is allowed (0640, 0440): Kubernetes mounts a Secret
          * that way for a pod's fsGroup. Others, or a writing group, are not. */
         if (st.st_mode & 0037)
-                return keys_err(err, errlen, -EACCES,
+                return reason_set(err, errlen, -EACCES,
                                 "%s is open to others (mode %03o): a secret key must be 0600 or 0640 (chmod 600 %s)",
                                 path, (unsigned) (st.st_mode & 0777), path);
         int r = keyfile_read(path, &k, err, errlen);
@@ -124,15 +114,15 @@ int keys_load_pair(const char *dir, const char *name, NetKeyPair *ret, Psnet__Ro
                 return r;
         Psnet__Role role;
         if (z85_key(k.pub, ret->public_key) < 0 || z85_key(k.sec, ret->secret_key) < 0)
-                return keys_err(err, errlen, -EINVAL, "%s: public and secret must be 40-character Z85 keys", path);
+                return reason_set(err, errlen, -EINVAL, "%s: public and secret must be 40-character Z85 keys", path);
         if (role_from_name(k.role, &role) < 0)
-                return keys_err(err, errlen, -EINVAL, "%s: unknown role '%s' (admin, server, worker, edge)", path,
+                return reason_set(err, errlen, -EINVAL, "%s: unknown role '%s' (admin, server, worker, edge)", path,
                                 k.role);
         /* The public key must be the secret key's. */
         char pub[41], derived[41];
         zmq_z85_encode(pub, ret->public_key, 32);
         if (zmq_curve_public(derived, k.sec) < 0 || strcmp(pub, derived) != 0)
-                return keys_err(err, errlen, -EINVAL, "%s: the public key is not the secret key's", path);
+                return reason_set(err, errlen, -EINVAL, "%s: the public key is not the secret key's", path);
         if (ret_role)
                 *ret_role = role;
         return 0;
@@ -147,13 +137,13 @@ int keys_load_public(const char *dir, const char *name, uint8_t ret[32], char *e
                 int ok = fgets(line, sizeof line, f) && sscanf(line, "%15s %47s", role, pub) == 2 &&
                          z85_key(pub, ret) == 0;
                 fclose(f);
-                return ok ? 0 : keys_err(err, errlen, -EINVAL, "%s: expected 'ROLE PUBLIC-KEY NAME'", path);
+                return ok ? 0 : reason_set(err, errlen, -EINVAL, "%s: expected 'ROLE PUBLIC-KEY NAME'", path);
         }
         KeyFile k;
         snprintf(path, sizeof path, "%s/%s.key", dir, name);
         if (keyfile_read(path, &k, NULL, 0) == 0 && z85_key(k.pub, ret) == 0)
                 return 0;
-        return keys_err(err, errlen, -ENOENT, "no public key of %s in %s (%s.pub or %s.key)", name, dir, name, name);
+        return reason_set(err, errlen, -ENOENT, "no public key of %s in %s (%s.pub or %s.key)", name, dir, name, name);
 }
 
 int allowlist_load(const char *dir, AllowList *ret, char *err, size_t errlen) {
@@ -161,7 +151,7 @@ int allowlist_load(const char *dir, AllowList *ret, char *err, size_t errlen) {
         snprintf(path, sizeof path, "%s/allow", dir);
         FILE *f = fopen(path, "re");
         if (!f)
-                return keys_err(err, errlen, -errno, "cannot read the allow-list %s: %s", path, strerror(errno));
+                return reason_set(err, errlen, -errno, "cannot read the allow-list %s: %s", path, strerror(errno));
         AllowList a = { 0 };
         size_t cap = 0;
         int lineno = 0, r = 0;
@@ -174,7 +164,7 @@ int allowlist_load(const char *dir, AllowList *ret, char *err, size_t errlen) {
                 AllowEntry e = { 0 };
                 if (sscanf(p, "%15s %47s %63s", role, pub, name) < 2 || role_from_name(role, &e.role) < 0 ||
                     z85_key(pub, e.key) < 0) {
-                        r = keys_err(err, errlen, -EINVAL,
+                        r = reason_set(err, errlen, -EINVAL,
                                      "%s:%d: expected 'ROLE PUBLIC-KEY NAME' (role admin, server, worker or edge, a "
                                      "40-character Z85 key)", path, lineno);
                         break;
@@ -253,11 +243,11 @@ int keys_generate(const char *dir, const char *name, Psnet__Role role, const cha
         static char line[160];
         char pub[41], sec[41], path[4096], body[512];
         if (!name[0] || strlen(name) > 60 || strchr(name, '/') || strchr(name, ' ') || name[0] == '.')
-                return keys_err(err, errlen, -EINVAL, "bad key name '%s' (1..60 characters, no '/' or spaces)", name);
+                return reason_set(err, errlen, -EINVAL, "bad key name '%s' (1..60 characters, no '/' or spaces)", name);
         if (mkdir_parents(dir) < 0)
-                return keys_err(err, errlen, -errno, "cannot create %s: %s", dir, strerror(errno));
+                return reason_set(err, errlen, -errno, "cannot create %s: %s", dir, strerror(errno));
         if (zmq_curve_keypair(pub, sec) < 0)
-                return keys_err(err, errlen, -errno, "cannot make a key pair: %s (libzmq without CURVE?)",
+                return reason_set(err, errlen, -errno, "cannot make a key pair: %s (libzmq without CURVE?)",
                                 zmq_strerror(errno));
         snprintf(path, sizeof path, "%s/%s.key", dir, name);
         snprintf(body, sizeof body,
@@ -268,9 +258,9 @@ int keys_generate(const char *dir, const char *name, Psnet__Role role, const cha
         sodium_memzero(sec, sizeof sec);
         sodium_memzero(body, sizeof body);
         if (r == -EEXIST)
-                return keys_err(err, errlen, r, "%s exists: remove it first to make a new key", path);
+                return reason_set(err, errlen, r, "%s exists: remove it first to make a new key", path);
         if (r < 0)
-                return keys_err(err, errlen, r, "cannot write %s: %s", path, strerror(-r));
+                return reason_set(err, errlen, r, "cannot write %s: %s", path, strerror(-r));
         snprintf(line, sizeof line, "%s %s %s\n", role_name(role), pub, name);
         snprintf(path, sizeof path, "%s/%s.pub", dir, name);
         r = write_file(path, line, 0644, false, false);
@@ -279,7 +269,7 @@ int keys_generate(const char *dir, const char *name, Psnet__Role role, const cha
                 r = write_file(path, line, 0644, false, true);
         }
         if (r < 0)
-                return keys_err(err, errlen, r, "cannot write %s: %s", path, strerror(-r));
+                return reason_set(err, errlen, r, "cannot write %s: %s", path, strerror(-r));
         *ret_line = line;
         return 0;
 }
@@ -291,7 +281,7 @@ int keys_identity_load(NetIdentity *id, const char *dir, const char *key_name, c
         if (r < 0)
                 return r;
         if (want_role != PSNET__ROLE__ROLE_NONE && id->role != want_role)
-                return keys_err(err, errlen, -EINVAL, "%s/%s.key has role %s; this program needs a %s key", dir,
+                return reason_set(err, errlen, -EINVAL, "%s/%s.key has role %s; this program needs a %s key", dir,
                                 key_name, role_name(id->role), role_name(want_role));
         if (coord_name) {
                 r = keys_load_public(dir, coord_name, id->coord_key, err, errlen);
@@ -306,7 +296,7 @@ int keys_identity_load(NetIdentity *id, const char *dir, const char *key_name, c
 int keys_check_listen(const char *endpoint, const NetIdentity *id, bool insecure, char *err, size_t errlen) {
         if (id->enabled || insecure || !endpoint_is_tcp(endpoint) || endpoint_is_loopback_tcp(endpoint))
                 return 0;
-        return keys_err(err, errlen, -EPERM,
+        return reason_set(err, errlen, -EPERM,
                         "refusing to listen on %s without encryption: anyone who can reach it could join, push "
                         "gradients or stop the job. Use --keys DIR (keys from psctl keys gen), a loopback address, "
                         "or --insecure on a network you trust", endpoint);

@@ -4,19 +4,11 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include "log.h"
 #include "macro.h"
 #include "wire-job.h"
 
-static int conv_err(char *err, size_t errlen, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
-static int conv_err(char *err, size_t errlen, const char *fmt, ...) {
-        va_list ap;
-        if (err && errlen > 0) {
-                va_start(ap, fmt);
-                vsnprintf(err, errlen, fmt, ap);
-                va_end(ap);
-        }
-        return -EINVAL;
-}
+#define conv_err(err, errlen, ...) reason_set(err, errlen, -EINVAL, __VA_ARGS__)
 
 static Psnet__Init init_to_proto(TensorInit i) {
         switch (i) {

@@ -158,6 +158,17 @@ static int print_job_rep(Ctl *c, const Psnet__Header *m, const char *what) {
         return 0;
 }
 
+/* Sends h (type and body set), prints pscoord's JOB_REP as "WHAT (state=...)". */
+static int ctl_job_request(Ctl *c, Psnet__Header *h, const char *what) {
+        Psnet__Header *m;
+        int r = ctl_request(c, h, PSNET__MSG_TYPE__MSG_JOB_REP, &m);
+        if (r < 0)
+                return r;
+        r = print_job_rep(c, m, what);
+        psnet__header__free_unpacked(m, NULL);
+        return r;
+}
+
 /* --- verbs ---------------------------------------------------------------------- */
 
 static int cmd_status(Ctl *c, char **args _unused_) {
@@ -232,13 +243,9 @@ static int cmd_job_wait(Ctl *c, char **args _unused_) {
 }
 
 static int cmd_job_stop(Ctl *c, char **args _unused_) {
-        Psnet__Header *m;
-        int r = ctl_request_type(c, PSNET__MSG_TYPE__MSG_JOB_STOP, PSNET__MSG_TYPE__MSG_JOB_REP, &m);
-        if (r < 0)
-                return r;
-        r = print_job_rep(c, m, "job stopped");
-        psnet__header__free_unpacked(m, NULL);
-        return r;
+        Psnet__Header h;
+        wire_header_init(&h, PSNET__MSG_TYPE__MSG_JOB_STOP);
+        return ctl_job_request(c, &h, "job stopped");
 }
 
 static int cmd_job_submit(Ctl *c, char **args _unused_) {
@@ -256,13 +263,8 @@ static int cmd_job_submit(Ctl *c, char **args _unused_) {
         wire_header_init(&h, PSNET__MSG_TYPE__MSG_JOB_SUBMIT);
         h.body_case = PSNET__HEADER__BODY_SUBMIT;
         h.submit = spec;
-        Psnet__Header *m;
-        r = ctl_request(c, &h, PSNET__MSG_TYPE__MSG_JOB_REP, &m);
+        r = ctl_job_request(c, &h, "job submitted");
         job_proto_free(spec);
-        if (r < 0)
-                return r;
-        r = print_job_rep(c, m, "job submitted");
-        psnet__header__free_unpacked(m, NULL);
         return r;
 }
 
@@ -279,15 +281,9 @@ static int cmd_job_mode(Ctl *c, char **args) {
         wire_header_init(&h, PSNET__MSG_TYPE__MSG_JOB_MODE);
         h.body_case = PSNET__HEADER__BODY_MODE;
         h.mode = &ms;
-        Psnet__Header *m;
-        int r = ctl_request(c, &h, PSNET__MSG_TYPE__MSG_JOB_REP, &m);
-        if (r < 0)
-                return r;
         char what[64];
         snprintf(what, sizeof what, "mode %s", args[0]);
-        r = print_job_rep(c, m, what);
-        psnet__header__free_unpacked(m, NULL);
-        return r;
+        return ctl_job_request(c, &h, what);
 }
 
 /* Parses a worker or shard id (1..2^32-1); complains on stderr otherwise. */
@@ -311,15 +307,9 @@ static int cmd_drain(Ctl *c, char **args) {
         wire_header_init(&h, PSNET__MSG_TYPE__MSG_DRAIN);
         h.body_case = PSNET__HEADER__BODY_WORKER;
         h.worker = &w;
-        Psnet__Header *m;
-        int r = ctl_request(c, &h, PSNET__MSG_TYPE__MSG_JOB_REP, &m);
-        if (r < 0)
-                return r;
         char what[64];
         snprintf(what, sizeof what, "worker %u is draining", w.id);
-        r = print_job_rep(c, m, what);
-        psnet__header__free_unpacked(m, NULL);
-        return r;
+        return ctl_job_request(c, &h, what);
 }
 
 static int shard_change(Ctl *c, bool add, const char *arg) {
@@ -334,16 +324,10 @@ static int shard_change(Ctl *c, bool add, const char *arg) {
         wire_header_init(&h, add ? PSNET__MSG_TYPE__MSG_SHARD_ADD : PSNET__MSG_TYPE__MSG_SHARD_REMOVE);
         h.body_case = PSNET__HEADER__BODY_SHARD;
         h.shard = &ref;
-        Psnet__Header *m;
-        int r = ctl_request(c, &h, PSNET__MSG_TYPE__MSG_JOB_REP, &m);
-        if (r < 0)
-                return r;
         char what[192];
         snprintf(what, sizeof what, "shard %s %s; chunks are moving (psctl status shows INCOMING)", arg,
                  add ? "added" : "removed");
-        r = print_job_rep(c, m, what);
-        psnet__header__free_unpacked(m, NULL);
-        return r;
+        return ctl_job_request(c, &h, what);
 }
 
 static int cmd_keys_gen(Ctl *c, char **args) {

@@ -296,14 +296,19 @@ static void round_done(PsnetWorker *w, int r) {
 
 static void on_client_round(Client *c, int r, int64_t clock, void *ud);
 
+/* The shards' client, connected under the newest map this worker has. */
+static int client_ready(PsnetWorker *w) {
+        if (!w->client)
+                return client_new(w->loop, w->zctx, &w->job, w->map, session_id(w->session),
+                                  w->id.enabled ? &w->id.keys : NULL, &w->client);
+        if (shardmap_epoch(w->map) > client_map_epoch(w->client))
+                return client_set_map(w->client, w->map);
+        return 0;
+}
+
 /* (Re)starts the client's round under the newest map this worker has. */
 static int round_start(PsnetWorker *w) {
-        int r = 0;
-        if (!w->client)
-                r = client_new(w->loop, w->zctx, &w->job, w->map, session_id(w->session), w->id.enabled ? &w->id.keys : NULL,
-                               &w->client);
-        else if (shardmap_epoch(w->map) > client_map_epoch(w->client))
-                r = client_set_map(w->client, w->map);
+        int r = client_ready(w);
         if (r < 0)
                 return log_error_errno(r, "Failed to connect to the shards: %m");
         client_set_timeout(w->client, w->opts.round_timeout_ms ? w->opts.round_timeout_ms : 120000);
@@ -366,12 +371,7 @@ int psnet_worker_round(PsnetWorker *w, const float *const *grads, int64_t push_c
 int psnet_worker_prefetch(PsnetWorker *w, float *const *params, int64_t pull_clock) {
         if (!w->has_job || w->round_cb)
                 return -EINVAL;
-        int r = 0;
-        if (!w->client)
-                r = client_new(w->loop, w->zctx, &w->job, w->map, session_id(w->session), w->id.enabled ? &w->id.keys : NULL,
-                               &w->client);
-        else if (shardmap_epoch(w->map) > client_map_epoch(w->client))
-                r = client_set_map(w->client, w->map);
+        int r = client_ready(w);
         if (r == 0)
                 r = client_pull_begin(w->client, params, pull_clock);
         return r;
