@@ -36,6 +36,9 @@ size_t jobflags_options(JobFlags *f, Option *o) {
                   "(lr x W under BSP, x sqrt(W) under ASP/SSP and for Adam), linear, sqrt or none (default auto)" },
                 { "warmup-clocks", OPT_UINT, &f->warmup_clocks, "N",
                   "lr ramps up from its 1-worker value over the first N clocks (with --lr-scaling)" },
+                { "allow-nonfinite", OPT_BOOL, &f->allow_nonfinite, NULL,
+                  "shards accept NaN/Inf gradients instead of refusing the push (skips a pass over every push; "
+                  "for trusted workers only)" },
         };
         memcpy(o, t, sizeof t);
         return JOBFLAGS_NOPTS;
@@ -83,6 +86,7 @@ int jobflags_to_job(const JobFlags *f, Job *job, char *err, size_t errlen) {
                 return -EINVAL;
         }
         job->warmup_clocks = f->warmup_clocks;
+        job->allow_nonfinite = f->allow_nonfinite;
         job->train_limit = f->train_limit;
         job->test_limit = f->test_limit;
         return job_validate(job, err, errlen);

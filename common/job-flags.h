@@ -5,7 +5,7 @@
 #include "config.h"
 #include "job.h"
 
-#define JOBFLAGS_NOPTS 17
+#define JOBFLAGS_NOPTS 18
 
 typedef struct JobFlags {
         char *model, *mode, *optim, *data;
@@ -14,6 +14,7 @@ typedef struct JobFlags {
         uint64_t seed;
         char *lr_scaling;
         unsigned warmup_clocks;
+        bool allow_nonfinite;
 } JobFlags;
 
 /* Defaults from job_defaults(). */

@@ -5,6 +5,8 @@
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
+#include "config.h"
+#include "job-flags.h"
 #include "job.h"
 #include "tap.h"
 #include "wire-job.h"
@@ -60,6 +62,31 @@ static void test_lr_factor(void) {
               lr_scaling_from_string("auto", &l) == 0 && l == LR_SCALING_AUTO &&
               lr_scaling_from_string("Linear", &l) == -EINVAL && strcmp(lr_scaling_name(LR_SCALING_NONE), "none") == 0,
               "names");
+}
+
+/* The job flags pscoord and psctl job submit share: the lr rule, the warm-up
+ * and the finite check, and a bad rule refused with the reason. */
+static void test_flags(void) {
+        JobFlags f;
+        Option o[JOBFLAGS_NOPTS];
+        Job j;
+        char err[192] = "";
+        const ProgramInfo prog = { .name = "t" };
+        char *argv[] = { "t", "--lr-scaling", "sqrt", "--warmup-clocks", "7", "--allow-nonfinite", NULL };
+        int optind_ = 0;
+        jobflags_init(&f);
+        size_t n = jobflags_options(&f, o);
+        CHECK(n == JOBFLAGS_NOPTS && config_parse(&prog, o, n, 6, argv, &optind_) == 0, "job flags parse");
+        CHECK(jobflags_to_job(&f, &j, err, sizeof err) == 0 && j.lr_scaling == LR_SCALING_SQRT &&
+              j.warmup_clocks == 7 && j.allow_nonfinite, "--lr-scaling sqrt --warmup-clocks 7 --allow-nonfinite (%s)",
+              err);
+        config_free_strings(o, n);
+        jobflags_init(&f);
+        CHECK(jobflags_to_job(&f, &j, err, sizeof err) == 0 && j.lr_scaling == LR_SCALING_AUTO && !j.allow_nonfinite &&
+              j.warmup_clocks == JOB_DEFAULT_WARMUP_CLOCKS, "defaults: auto, the checks on");
+        f.lr_scaling = "fast";
+        CHECK(jobflags_to_job(&f, &j, err, sizeof err) == -EINVAL && strstr(err, "bad --lr-scaling 'fast'"),
+              "a bad rule is refused: %s", err);
 }
 
 static void test_model(void) {
@@ -451,6 +478,7 @@ static void test_validate(void) {
 int main(void) {
         test_defaults();
         test_lr_factor();
+        test_flags();
         test_model();
         test_chunks();
         test_init();
