@@ -42,8 +42,8 @@ for b in "$PSCOORD" "$PSD" "$WORKERD" "$PSCTL"; do
 done
 
 # --- the pods, each in a network namespace -------------------------------------
-if [ "$(id -u)" != 0 ] || ! command -v ip >/dev/null || ! command -v unshare >/dev/null; then
-  echo "# skipped: running the Kubernetes pods needs root (network namespaces), ip and unshare"
+if [ "$(id -u)" != 0 ] || ! command -v ip >/dev/null || ! unshare --net --mount --uts true 2>/dev/null; then
+  echo "# skipped: running the Kubernetes pods needs root with network and mount namespaces (ip, unshare)"
   exit 0
 fi
 NS=psk$$
