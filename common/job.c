@@ -148,6 +148,20 @@ int job_set_model(Job *job, const char *model) {
         return 0;
 }
 
+size_t optim_state_per_value(const OptimConf *c) {
+        if (c->kind == OPTIM_ADAM)
+                return 2;
+        return c->momentum != 0.0f ? 1 : 0;
+}
+
+uint64_t job_chunk_bytes(const Job *job, uint32_t t, uint32_t c) {
+        return (uint64_t) job_chunk_len(job, t, c) * sizeof(float) * (1 + optim_state_per_value(&job->optim));
+}
+
+uint64_t job_model_bytes(const Job *job) {
+        return job_nfloats(job) * sizeof(float) * (1 + optim_state_per_value(&job->optim));
+}
+
 int job_set_chunk(Job *job, uint32_t chunk_floats) {
         if (chunk_floats < 1 || chunk_floats > JOB_MAX_CHUNK_FLOATS)
                 return -EINVAL;

@@ -83,6 +83,13 @@ void job_defaults(Job *job);
  * 1..65536): tensors W0 [D1 x D0] (he init), b0 [D1] (zeros), W1, b1, ...
  * Returns -EINVAL for anything else. */
 int job_set_model(Job *job, const char *model);
+/* Floats of optimizer state kept per parameter value (sgd with momentum 1,
+ * plain sgd 0, adam 2). */
+size_t optim_state_per_value(const OptimConf *c);
+/* Bytes a shard holds for chunk (t, c): its values and their optimizer state. */
+uint64_t job_chunk_bytes(const Job *job, uint32_t t, uint32_t c);
+/* The same for the whole model. */
+uint64_t job_model_bytes(const Job *job);
 /* Re-cuts the model's tensors into chunks of chunk_floats (the model stays). */
 int job_set_chunk(Job *job, uint32_t chunk_floats);
 /* The chunk size that lets nshards shards each hold a fair share of the

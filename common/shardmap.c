@@ -325,6 +325,13 @@ uint32_t shardmap_owner_id(const ShardMap *m, uint32_t tensor, uint32_t chunk) {
         return i < 0 ? 0 : m->shards[i].id;
 }
 
+void shardmap_bytes(const ShardMap *m, const Job *job, uint64_t *bytes) {
+        memset(bytes, 0, m->nshards * sizeof *bytes);
+        for (size_t t = 0; t < m->ntensors; t++)
+                for (uint32_t c = 0; c < m->chunks[t]; c++)
+                        bytes[m->owner[m->first[t] + c]] += job_chunk_bytes(job, (uint32_t) t, c);
+}
+
 bool shardmap_fits_job(const ShardMap *m, const Job *job) {
         if (!job || m->ntensors != job->ntensors)
                 return false;

@@ -58,6 +58,9 @@ int shardmap_lookup(const ShardMap *m, uint32_t tensor, uint32_t chunk);
 /* The id of the shard that owns key (tensor, chunk); 0 for a key the map does
  * not have (shard ids are >= 1). */
 uint32_t shardmap_owner_id(const ShardMap *m, uint32_t tensor, uint32_t chunk);
+/* Each shard's bytes (job_chunk_bytes: values and optimizer state) into
+ * bytes[i], indexed as shardmap_shard; m must fit job. */
+void shardmap_bytes(const ShardMap *m, const Job *job, uint64_t *bytes);
 /* Whether the map's keys are job's (the same tensors and chunks). */
 bool shardmap_fits_job(const ShardMap *m, const Job *job);
 

@@ -7,6 +7,7 @@
 #include "log.h"
 #include "macro.h"
 #include "wire-job.h"
+#include "wire.h"
 
 #define conv_err(err, errlen, ...) reason_set(err, errlen, -EINVAL, __VA_ARGS__)
 
@@ -257,6 +258,12 @@ int job_from_proto(const Psnet__JobSpec *spec, Job *ret, char *err, size_t errle
                 return r;
         *ret = j;
         return 0;
+}
+
+int64_t job_max_frame(const Job *job) {
+        size_t per = optim_state_per_value(&job->optim);
+        int64_t chunk = (int64_t) job->chunk_floats * (int64_t) sizeof(float) * (int64_t) MAX(per, (size_t) 1);
+        return MAX(chunk, (int64_t) WIRE_MAX_HEADER);
 }
 
 /* --- shard map -------------------------------------------------------------------- */

@@ -14,6 +14,10 @@ void job_proto_free(Psnet__JobSpec *spec);
 /* Validates (see job_validate); on failure writes why into err, -EINVAL. */
 int job_from_proto(const Psnet__JobSpec *spec, Job *ret, char *err, size_t errlen);
 
+/* The largest frame a job's messages carry: a chunk's values, or its
+ * optimizer state when it moves (up to 2 floats per value), or a header. */
+int64_t job_max_frame(const Job *job);
+
 /* A ModeSpec with mode and staleness set (no allocation). */
 void mode_to_proto(ConsistencyMode mode, uint32_t staleness, Psnet__ModeSpec *ret);
 /* -EINVAL for an unknown mode or a staleness out of range. */

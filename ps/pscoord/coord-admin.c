@@ -65,6 +65,7 @@ void coord_maybe_start(Coord *c) {
         c->job_start_ms = now_ms();
         c->has_accuracy = false;
         c->evaluator = 0;
+        c->finished = 0;
         c->sched_lost = false;
         c->sched = (Schedule) { .workers = (uint32_t) nw, .batch = c->job.batch };
         log_info("job started job=%u model=%s mode=%s shards=%zu workers=%zu map_epoch=%lu",
@@ -146,8 +147,7 @@ void coord_handle_job_submit(Coord *c, WireMsg *m) {
                 return;
         }
         /* A model the registered shards cannot hold between them is refused now. */
-        uint64_t limit = 0, per = job.optim.kind == OPTIM_ADAM ? 2 : job.optim.momentum != 0.0f ? 1 : 0;
-        uint64_t need = job_nfloats(&job) * 4u * (1 + per);
+        uint64_t limit = 0, need = job_model_bytes(&job);
         size_t shards = 0;
         for (size_t i = 0; i < c->npeers; i++)
                 if (c->peers[i].role == PSNET__ROLE__ROLE_SERVER && c->peers[i].memory_limit) {

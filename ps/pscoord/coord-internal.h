@@ -88,6 +88,7 @@ typedef struct Coord {
         Schedule sched;             /* the job's epochs in clocks (common/schedule.h) */
         bool sched_lost;            /* a member left before finishing: count again */
         uint32_t evaluator;         /* the worker evaluating the final weights (0: none) */
+        size_t finished;            /* workers that reported reaching the job's end */
         char fail_reason[256];      /* why the job failed (state FAILED) */
         struct { uint32_t pid; char host[64]; } evicted[COORD_MAX_STRAGGLERS]; /* not admitted again this job */
         size_t nevicted;

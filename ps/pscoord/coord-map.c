@@ -206,12 +206,8 @@ bool coord_job_fits(Coord *c, char *reason, size_t n) {
                 snprintf(reason, n, "out of memory");
                 return false;
         }
-        uint64_t per = c->job.optim.kind == OPTIM_ADAM ? 2 : c->job.optim.momentum != 0.0f ? 1 : 0;
-        for (uint32_t t = 0; t < c->job.ntensors; t++)
-                for (uint32_t k = 0; k < c->job.tensors[t].nchunks; k++)
-                        share[(size_t) shardmap_lookup(c->map, t, k)] +=
-                                (uint64_t) job_chunk_len(&c->job, t, k) * 4u * (1 + per);
-        uint64_t frame = (uint64_t) c->job.chunk_floats * 4u * MAX(per, (uint64_t) 1);
+        shardmap_bytes(c->map, &c->job, share);
+        uint64_t frame = (uint64_t) job_max_frame(&c->job);
         for (size_t i = 0; i < ns; i++) {
                 Peer *p = coord_find_peer(c, PSNET__ROLE__ROLE_SERVER, shardmap_shard(c->map, i)->id);
                 if (!p)

@@ -136,11 +136,9 @@ void coord_membership_changed(Coord *c) {
         c->members_epoch++;
         size_t nw = 0;
         _cleanup_free_ Peer **members = coord_sorted_workers(c, &nw);
-        bool any_done = false, joining = false;
-        for (size_t i = 0; i < c->npeers; i++) {
-                any_done |= c->peers[i].role == PSNET__ROLE__ROLE_WORKER && c->peers[i].done;
+        bool joining = false;
+        for (size_t i = 0; i < c->npeers; i++)
                 joining |= c->peers[i].role == PSNET__ROLE__ROLE_WORKER && !c->peers[i].member;
-        }
         if (members && c->sched_lost) {
                 /* A member left before the end: the others train its share. */
                 int64_t at = current_clock(c, members, nw);
@@ -149,15 +147,16 @@ void coord_membership_changed(Coord *c) {
                 log_info("schedule base_clock=%ld samples_before=%lu workers=%zu", (long) c->sched.base_clock,
                          (unsigned long) c->sched.samples_before, nw);
         }
+        log_info("membership epoch=%lu workers=%zu", (unsigned long) c->members_epoch, nw);
         if (nw == 0 && !joining) {
                 /* Every worker left before the final weights were evaluated: the
                  * job cannot finish by itself (workers failed, were killed, or
-                 * stopped). */
-                coord_job_fail(c, any_done ? "every worker left before the final weights were evaluated "
-                                             "(some finished training)"
-                                           : "every worker left without finishing");
+                 * stopped). Failing it publishes the new state. */
+                coord_job_fail(c, c->finished ? "every worker left before the final weights were evaluated "
+                                                "(some finished training)"
+                                              : "every worker left without finishing");
+                return;
         }
-        log_info("membership epoch=%lu workers=%zu", (unsigned long) c->members_epoch, nw);
         coord_publish(c);
         (void) coord_pick_evaluator(c, NULL);
 }
@@ -324,6 +323,7 @@ void coord_handle_result(Coord *c, WireMsg *m, Peer *p) {
         }
         p->worker = *wi;
         p->worker.base = (ProtobufCMessage) PROTOBUF_C_MESSAGE_INIT(&psnet__worker_info__descriptor);
+        c->finished += !p->done;
         p->done = true;
         Psnet__Header h;
         Psnet__ResultRep rr = PSNET__RESULT_REP__INIT;

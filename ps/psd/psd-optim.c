@@ -20,12 +20,6 @@ static bool optim_is_adam(const OptimConf *c) {
         return c->kind == OPTIM_ADAM;
 }
 
-size_t optim_state_per_value(const OptimConf *c) {
-        if (optim_is_adam(c))
-                return 2;
-        return c->momentum != 0.0f ? 1 : 0;
-}
-
 /* mu = 0: w -= lr * (g + wd*w). */
 static inline void sgd_plain_at(float lr, float wd, float *restrict w, const float *restrict g,
                                 size_t i) {

@@ -5,9 +5,6 @@
 #include <stdint.h>
 #include "job.h"
 
-/* Floats of optimizer state kept per parameter value (sgd with momentum 1, plain sgd 0, adam 2). */
-size_t optim_state_per_value(const OptimConf *c);
-
 /* Applies one step to n values. step is the 1-based count of updates this chunk
  * has had (Adam's bias correction). state has optim_state_per_value(c) * n floats,
  * zero-initialised before the first step; layout: sgd v[n]; adam m[n] then v[n].

@@ -282,14 +282,6 @@ static void psd_on_data_event(NetSock *ns, int event, int value, const char *why
 
 /* --- the job ---------------------------------------------------------------------------- */
 
-/* The largest frame a job's messages carry: a chunk's values, or its
- * optimizer state when it moves (up to 2 floats per value), or a header. */
-static int64_t job_max_frame(const Job *job) {
-        size_t per = optim_state_per_value(&job->optim);
-        int64_t chunk = (int64_t) job->chunk_floats * (int64_t) sizeof(float) * (int64_t) MAX(per, (size_t) 1);
-        return MAX(chunk, (int64_t) WIRE_MAX_HEADER);
-}
-
 /* What the job asks of this shard before it is installed: frames within the
  * limit, this shard's share of the model within its memory. */
 static int psd_check_job(Psd *p, const Job *job, const ShardMap *map, char *reason, size_t n) {
@@ -299,11 +291,15 @@ static int psd_check_job(Psd *p, const Job *job, const ShardMap *map, char *reas
                          (unsigned long) p->cfg->max_msg);
                 return -EMSGSIZE;
         }
-        uint64_t mine = 0, per = optim_state_per_value(&job->optim);
-        for (uint32_t t = 0; t < job->ntensors; t++)
-                for (uint32_t k = 0; k < job->tensors[t].nchunks; k++)
-                        if (shardmap_owner_id(map, t, k) == p->cfg->id)
-                                mine += (uint64_t) job_chunk_len(job, t, k) * sizeof(float) * (1 + per);
+        int me = shardmap_find(map, p->cfg->id);
+        uint64_t *bytes = ps_calloc(shardmap_size(map), sizeof *bytes);
+        if (!bytes) {
+                snprintf(reason, n, "out of memory");
+                return -ENOMEM;
+        }
+        shardmap_bytes(map, job, bytes);
+        uint64_t mine = me < 0 ? 0 : bytes[me];
+        ps_free(bytes);
         if (p->memory_limit && mine > p->memory_limit) {
                 snprintf(reason, n, "this shard's share of the model is %lu bytes, over its memory limit of %lu",
                          (unsigned long) mine, (unsigned long) p->memory_limit);

@@ -169,7 +169,7 @@ int store_install(Store *s, uint32_t tensor, uint32_t chunk, const void *values,
         }
         s->chunks[tensor][chunk] = c;
         s->nkeys++;
-        s->bytes += (uint64_t) len * sizeof(float) * (1 + per);
+        s->bytes += job_chunk_bytes(&s->job, tensor, chunk);
         return gate_settle(s);
 }
 
@@ -220,7 +220,6 @@ int store_configure(Store *s, const Job *job, const ShardMap *map) {
         s->job.allow_nonfinite = job->allow_nonfinite;
         s->has_job = true;
 
-        size_t per = optim_state_per_value(&job->optim);
         bool first_map = s->map == NULL || fresh;
         /* The new map first: chunks that leave are sent under its epoch, which lets
          * a new owner that has not received the map yet keep them until it does. */
@@ -249,7 +248,7 @@ int store_configure(Store *s, const Job *job, const ShardMap *map) {
                         }
                         if (s->chunks[t][k]) {
                                 s->nkeys++;
-                                s->bytes += (uint64_t) s->chunks[t][k]->len * sizeof(float) * (1 + per);
+                                s->bytes += job_chunk_bytes(job, t, k);
                         }
                 }
         }
