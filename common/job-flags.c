@@ -39,6 +39,9 @@ size_t jobflags_options(JobFlags *f, Option *o) {
                 { "allow-nonfinite", OPT_BOOL, &f->allow_nonfinite, NULL,
                   "shards accept NaN/Inf gradients instead of refusing the push (skips a pass over every push; "
                   "for trusted workers only)" },
+                { "replicas", OPT_UINT, &f->replicas, "R",
+                  "copies of every chunk, each on its own shard: a push is acknowledged once every live copy "
+                  "holds it, and a dead shard's backups take over (0: 2 with two shards or more, else 1)" },
         };
         memcpy(o, t, sizeof t);
         return JOBFLAGS_NOPTS;
@@ -87,6 +90,7 @@ int jobflags_to_job(const JobFlags *f, Job *job, char *err, size_t errlen) {
         }
         job->warmup_clocks = f->warmup_clocks;
         job->allow_nonfinite = f->allow_nonfinite;
+        job->replicas = f->replicas;
         job->train_limit = f->train_limit;
         job->test_limit = f->test_limit;
         return job_validate(job, err, errlen);

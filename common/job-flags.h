@@ -5,7 +5,7 @@
 #include "config.h"
 #include "job.h"
 
-#define JOBFLAGS_NOPTS 18
+#define JOBFLAGS_NOPTS 19
 
 typedef struct JobFlags {
         char *model, *mode, *optim, *data;
@@ -15,6 +15,7 @@ typedef struct JobFlags {
         char *lr_scaling;
         unsigned warmup_clocks;
         bool allow_nonfinite;
+        unsigned replicas;
 } JobFlags;
 
 /* Defaults from job_defaults(). */

@@ -278,6 +278,8 @@ int job_validate(const Job *job, char *err, size_t errlen) {
         if (nkeys > UINT32_MAX)
                 return job_err(err, errlen, "%llu keys is too many", (unsigned long long) nkeys);
 
+        if (job->replicas > JOB_MAX_REPLICAS)
+                return job_err(err, errlen, "%u replicas is too many (at most %u)", job->replicas, JOB_MAX_REPLICAS);
         if (o->kind != OPTIM_SGD && o->kind != OPTIM_ADAM)
                 return job_err(err, errlen, "optimizer must be sgd or adam");
         if (!isfinite(o->lr) || o->lr <= 0)

@@ -32,6 +32,8 @@ typedef struct OptimConf {
         bool nesterov;
 } OptimConf;
 
+#define JOB_MAX_REPLICAS 8u
+
 typedef struct JobTensor {
         char name[32];
         uint32_t shape[4];
@@ -55,6 +57,7 @@ typedef struct Job {
         LrScaling lr_scaling; /* how lr follows the number of members W (job_lr_factor) */
         uint32_t warmup_clocks; /* with lr_scaling: the factor ramps up from 1 over these clocks */
         bool allow_nonfinite;/* accept NaN/Inf gradients (refused by default) */
+        uint32_t replicas;   /* copies of every chunk on distinct shards (0: 2 with >= 2 shards, else 1) */
         uint32_t chunk_floats;
         uint64_t seed;
         uint32_t batch, epochs;

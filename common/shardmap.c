@@ -22,6 +22,7 @@ struct ShardMap {
         size_t ntensors;
         uint32_t *owner;     /* per key: index into shards */
         size_t nkeys;
+        uint32_t replicas;   /* copies of every key, 1..nshards */
 };
 
 static int cmp_shard(const void *a, const void *b) {
@@ -57,6 +58,7 @@ static int map_new(uint64_t epoch, const ShardDesc *shards, size_t n, const uint
         if (!m)
                 return -ENOMEM;
         m->epoch = epoch;
+        m->replicas = 1;
         m->shards = calloc(n, sizeof *m->shards);
         m->chunks = calloc(ntensors ? ntensors : 1, sizeof *m->chunks);
         m->first = calloc(ntensors + 1, sizeof *m->first);
@@ -283,7 +285,78 @@ ShardMap *shardmap_dup(const ShardMap *m) {
         ShardMap *c;
         if (shardmap_from_owners(m->epoch, m->shards, m->nshards, m->chunks, m->ntensors, m->owner, m->nkeys, &c) < 0)
                 return NULL;
+        c->replicas = m->replicas;
         return c;
+}
+
+int shardmap_failover(const ShardMap *old, uint64_t epoch, const uint32_t *dead, size_t ndead, ShardMap **ret,
+                      uint32_t *ret_lost_tensor, uint32_t *ret_lost_chunk) {
+        size_t n = old->nshards, j = 0;
+        bool *gone = calloc(n, sizeof *gone);
+        ShardDesc *live = calloc(n, sizeof *live);
+        if (!gone || !live) {
+                free(gone);
+                free(live);
+                return -ENOMEM;
+        }
+        for (size_t d = 0; d < ndead; d++) {
+                int i = shardmap_find(old, dead[d]);
+                if (i >= 0)
+                        gone[i] = true;
+        }
+        for (size_t i = 0; i < n; i++)
+                if (!gone[i])
+                        live[j++] = old->shards[i];
+        ShardMap *m = NULL;
+        int r = j == 0 ? -ENODATA : map_new(epoch, live, j, old->chunks, old->ntensors, &m);
+        for (size_t t = 0; r == 0 && t < old->ntensors; t++)
+                for (uint32_t c = 0; r == 0 && c < old->chunks[t]; c++) {
+                        size_t k = old->first[t] + c;
+                        int to = -1;
+                        for (uint32_t i = 0; to < 0 && i < old->replicas; i++) {
+                                size_t h = (old->owner[k] + i) % n;
+                                if (!gone[h])
+                                        to = shardmap_find(m, old->shards[h].id);
+                        }
+                        if (to < 0) {
+                                if (ret_lost_tensor)
+                                        *ret_lost_tensor = (uint32_t) t;
+                                if (ret_lost_chunk)
+                                        *ret_lost_chunk = c;
+                                r = -ENODATA;
+                        } else
+                                m->owner[k] = (uint32_t) to;
+                }
+        free(gone);
+        free(live);
+        if (r < 0) {
+                shardmap_free(m);
+                return r;
+        }
+        shardmap_set_replicas(m, old->replicas);
+        *ret = m;
+        return 0;
+}
+
+void shardmap_set_replicas(ShardMap *m, uint32_t replicas) {
+        m->replicas = replicas == 0 ? 1 : replicas > m->nshards ? (uint32_t) m->nshards : replicas;
+}
+
+uint32_t shardmap_replicas(const ShardMap *m) { return m->replicas; }
+
+int shardmap_holder(const ShardMap *m, uint32_t tensor, uint32_t chunk, uint32_t i) {
+        int o = shardmap_lookup(m, tensor, chunk);
+        if (o < 0 || i >= m->replicas)
+                return -ENOENT;
+        return (int) (((size_t) o + i) % m->nshards);
+}
+
+int shardmap_holder_rank(const ShardMap *m, uint32_t tensor, uint32_t chunk, uint32_t id) {
+        int o = shardmap_lookup(m, tensor, chunk), me = shardmap_find(m, id);
+        if (o < 0 || me < 0)
+                return -1;
+        size_t rank = ((size_t) me + m->nshards - (size_t) o) % m->nshards;
+        return rank < m->replicas ? (int) rank : -1;
 }
 
 /* --- lookups ---------------------------------------------------------------------- */
@@ -329,7 +402,9 @@ void shardmap_bytes(const ShardMap *m, const Job *job, uint64_t *bytes) {
         memset(bytes, 0, m->nshards * sizeof *bytes);
         for (size_t t = 0; t < m->ntensors; t++)
                 for (uint32_t c = 0; c < m->chunks[t]; c++)
-                        bytes[m->owner[m->first[t] + c]] += job_chunk_bytes(job, (uint32_t) t, c);
+                        for (uint32_t i = 0; i < m->replicas; i++)
+                                bytes[(m->owner[m->first[t] + c] + i) % m->nshards] +=
+                                        job_chunk_bytes(job, (uint32_t) t, c);
 }
 
 bool shardmap_fits_job(const ShardMap *m, const Job *job) {

@@ -45,6 +45,22 @@ int shardmap_from_owners(uint64_t epoch, const ShardDesc *shards, size_t n, cons
 ShardMap *shardmap_dup(const ShardMap *m);
 ShardMap *shardmap_free(ShardMap *m);
 
+/* Keys of dead shards (ids) go to their first live backup; the dead shards
+ * leave the map; every other key stays. -ENODATA when a key has no live
+ * copy left (its tensor and chunk in *ret_lost_tensor/_chunk, may be NULL). */
+int shardmap_failover(const ShardMap *old, uint64_t epoch, const uint32_t *dead, size_t ndead, ShardMap **ret,
+                      uint32_t *ret_lost_tensor, uint32_t *ret_lost_chunk);
+
+/* Copies of every key, 1..shardmap_size (set clamps: 0 means 1). */
+void shardmap_set_replicas(ShardMap *m, uint32_t replicas);
+uint32_t shardmap_replicas(const ShardMap *m);
+/* The index of the i-th copy of key (tensor, chunk): 0 the primary (as
+ * shardmap_lookup), 1.. its backups; -ENOENT for a key the map does not have
+ * or i >= shardmap_replicas. */
+int shardmap_holder(const ShardMap *m, uint32_t tensor, uint32_t chunk, uint32_t i);
+/* Which copy of the key shard id holds: 0 primary, 1.. a backup, -1 none. */
+int shardmap_holder_rank(const ShardMap *m, uint32_t tensor, uint32_t chunk, uint32_t id);
+
 uint64_t shardmap_epoch(const ShardMap *m);
 size_t shardmap_size(const ShardMap *m);
 /* The i-th shard, in ascending id order (0 <= i < shardmap_size). */
@@ -58,8 +74,8 @@ int shardmap_lookup(const ShardMap *m, uint32_t tensor, uint32_t chunk);
 /* The id of the shard that owns key (tensor, chunk); 0 for a key the map does
  * not have (shard ids are >= 1). */
 uint32_t shardmap_owner_id(const ShardMap *m, uint32_t tensor, uint32_t chunk);
-/* Each shard's bytes (job_chunk_bytes: values and optimizer state) into
- * bytes[i], indexed as shardmap_shard; m must fit job. */
+/* Each shard's bytes (job_chunk_bytes: values and optimizer state, of every
+ * copy it holds) into bytes[i], indexed as shardmap_shard; m must fit job. */
 void shardmap_bytes(const ShardMap *m, const Job *job, uint64_t *bytes);
 /* Whether the map's keys are job's (the same tensors and chunks). */
 bool shardmap_fits_job(const ShardMap *m, const Job *job);

@@ -31,6 +31,7 @@ static const struct {
         { PSNET__STATUS__STATUS_RESOURCE, "resource", ENOMEM, { ENOBUFS, ENOSPC } },
         { PSNET__STATUS__STATUS_DENIED, "denied", EACCES, { EPERM, 0 } },
         { PSNET__STATUS__STATUS_NOT_FINITE, "not-finite", EILSEQ, { 0, 0 } },
+        { PSNET__STATUS__STATUS_UNAVAILABLE, "unavailable", EHOSTDOWN, { 0, 0 } },
 };
 
 const char *status_name(int status) {

@@ -46,6 +46,12 @@ struct Session {
         unsigned lease_ms;
         uint64_t seq;
         uint64_t register_seq;       /* seq of the REGISTER in flight (0: none) */
+        uint64_t register_ms;        /* when that REGISTER was first queued */
+        /* The lease as this side knows it: pscoord counts it from when a message
+         * arrived, this side from when the answered one left, so it runs out
+         * here first. */
+        uint64_t lease_until;
+        struct { uint64_t seq, ms; } hb_sent[8];
         Req *reqs;
         NetKeyPair keys;
         uint8_t coord_key[32];
@@ -168,6 +174,7 @@ static int session_register(Session *s) {
         h.body_case = PSNET__HEADER__BODY_REG;
         h.reg = &reg;
         s->state = S_REGISTERING;
+        s->register_ms = now_ms();
         /* Sent again after a second without an answer; the first registration
          * stops waiting at its connect time-out, not a retry later. */
         unsigned wait = SESSION_REGISTER_RETRY_MS;
@@ -188,7 +195,8 @@ static void session_register_done(Session *s, int r, WireMsg *m) {
                 s->lease_ms = m->hdr->reg_rep->lease_ms ? m->hdr->reg_rep->lease_ms : SESSION_DEFAULT_LEASE_MS;
                 s->state = S_REGISTERED;
                 s->ever_registered = true;
-                s->next_heartbeat = now_ms() + MAX(s->lease_ms / 3, 50u);
+                s->lease_until = s->register_ms + s->lease_ms;
+                s->next_heartbeat = now_ms() + SESSION_HEARTBEAT_MS(s->lease_ms);
                 if (s->ops.registered)
                         s->ops.registered(s, again, s->ud);
                 return;
@@ -268,6 +276,14 @@ static void session_on_msg(NetSock *ns, WireMsg *m, int r, void *ud) {
                 session_schedule(s);
                 return;
         }
+        if (h->type == PSNET__MSG_TYPE__MSG_HEARTBEAT_REP && h->status == PSNET__STATUS__STATUS_OK && h->has_seq) {
+                size_t i = h->seq % (sizeof s->hb_sent / sizeof s->hb_sent[0]);
+                if (s->hb_sent[i].seq == h->seq && s->hb_sent[i].ms + s->lease_ms > s->lease_until)
+                        s->lease_until = s->hb_sent[i].ms + s->lease_ms;
+                return;
+        }
+        if (h->type == PSNET__MSG_TYPE__MSG_ERROR && h->status == PSNET__STATUS__STATUS_UNKNOWN_PEER)
+                s->lease_until = 0;
         if (h->type == PSNET__MSG_TYPE__MSG_ERROR && h->status == PSNET__STATUS__STATUS_UNKNOWN_PEER &&
             s->state == S_REGISTERED) {
                 log_warning("pscoord does not know this peer (restarted, or the lease ran out): registering again");
@@ -294,7 +310,13 @@ static void session_heartbeat(Session *s) {
         wire_header_init(&h, PSNET__MSG_TYPE__MSG_HEARTBEAT);
         h.body_case = PSNET__HEADER__BODY_HEARTBEAT;
         h.heartbeat = &hb;
+        uint64_t sent = now_ms();
         int r = session_send(s, &h);
+        if (r == 0) {
+                size_t i = h.seq % (sizeof s->hb_sent / sizeof s->hb_sent[0]);
+                s->hb_sent[i].seq = h.seq;
+                s->hb_sent[i].ms = sent;
+        }
         if (r < 0 && r != -EAGAIN)
                 log_warning_errno(r, "Failed to send a heartbeat: %m");
 }
@@ -321,7 +343,7 @@ static void session_tick(uv_timer_t *t) {
         }
         if (s->state == S_REGISTERED && now >= s->next_heartbeat) {
                 session_heartbeat(s);
-                s->next_heartbeat = now + MAX(s->lease_ms / 3, 50u);
+                s->next_heartbeat = now + SESSION_HEARTBEAT_MS(s->lease_ms);
                 uint64_t silent = session_silent_ms(s);
                 if (silent > 3ull * s->lease_ms && now - s->warned_silent > 3ull * s->lease_ms) {
                         log_warning("pscoord silent for %lu ms; serving on", (unsigned long) silent);
@@ -428,6 +450,8 @@ int session_deregister(Session *s, unsigned timeout_ms, SessionReplyFn cb, void 
 uint32_t session_id(const Session *s) { return s->id; }
 unsigned session_lease_ms(const Session *s) { return s->lease_ms; }
 bool session_registered(const Session *s) { return s->state == S_REGISTERED; }
+bool session_lease_valid(const Session *s, uint64_t now) { return s->state == S_REGISTERED && now < s->lease_until; }
+uint64_t session_lease_until(const Session *s) { return s->lease_until; }
 const char *session_endpoint(const Session *s) { return s->endpoint; }
 
 uint64_t session_silent_ms(const Session *s) {

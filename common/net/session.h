@@ -68,6 +68,14 @@ int session_deregister(Session *s, unsigned timeout_ms, SessionReplyFn cb, void 
 uint32_t session_id(const Session *s);
 unsigned session_lease_ms(const Session *s);
 bool session_registered(const Session *s);
+/* Whether this side still holds its lease at now (ms): registered, and a
+ * heartbeat (or the registration) answered by pscoord left less than the
+ * lease ago. pscoord counts the lease from later (when that message
+ * arrived), so the lease always runs out here first. */
+bool session_lease_valid(const Session *s, uint64_t now);
+uint64_t session_lease_until(const Session *s);
+/* A heartbeat every quarter lease: three can go missing before it runs out. */
+#define SESSION_HEARTBEAT_MS(lease) MAX((lease) / 4u, 25u)
 const char *session_endpoint(const Session *s);
 /* Why the last handshake with pscoord failed ("" when none did): a refused or
  * missing key shows here rather than as silence. */

@@ -119,6 +119,8 @@ int job_to_proto(const Job *job, Psnet__JobSpec **ret) {
         s->warmup_clocks = job->warmup_clocks;
         s->has_allow_nonfinite = true;
         s->allow_nonfinite = job->allow_nonfinite;
+        s->has_replicas = true;
+        s->replicas = job->replicas;
         s->dataset = strdup(job->dataset);
         s->optim = o = malloc(sizeof *o);
         if (o) {
@@ -242,6 +244,7 @@ int job_from_proto(const Psnet__JobSpec *spec, Job *ret, char *err, size_t errle
         j.lr_scaling = spec->has_lr_scaling ? (LrScaling) spec->lr_scaling : LR_SCALING_NONE;
         j.warmup_clocks = spec->has_warmup_clocks ? spec->warmup_clocks : 0;
         j.allow_nonfinite = spec->has_allow_nonfinite && spec->allow_nonfinite;
+        j.replicas = spec->has_replicas ? spec->replicas : 0;
         j.seed = spec->seed;
         j.batch = spec->batch;
         j.epochs = spec->epochs;
@@ -291,6 +294,12 @@ int shardmap_from_proto(const Psnet__ShardMap *pm, ShardMap **ret) {
         int r = shardmap_from_owners(pm->epoch, d, pm->n_shards, pm->tensor_chunks, pm->n_tensor_chunks, pm->owners,
                                      pm->n_owners, ret);
         free(d);
+        if (r == 0 && pm->has_replicas && pm->replicas > pm->n_shards) {
+                *ret = shardmap_free(*ret);
+                return -EINVAL;
+        }
+        if (r == 0)
+                shardmap_set_replicas(*ret, pm->has_replicas ? pm->replicas : 1);
         return r;
 }
 
@@ -337,6 +346,8 @@ int shardmap_to_proto(const ShardMap *m, Psnet__ShardMap **ret) {
         pm->tensor_chunks = (uint32_t *) shardmap_tensor_chunks_array(m);
         pm->n_owners = shardmap_nkeys(m);
         pm->owners = (uint32_t *) shardmap_owners(m);
+        pm->has_replicas = true;
+        pm->replicas = shardmap_replicas(m);
         *ret = pm;
         return 0;
 }

@@ -67,6 +67,8 @@ static const struct {
         { PSNET__MSG_TYPE__MSG_SHARD_ADD, "SHARD_ADD", false, B(SHARD) },
         { PSNET__MSG_TYPE__MSG_SHARD_REMOVE, "SHARD_REMOVE", false, B(SHARD) },
         { PSNET__MSG_TYPE__MSG_RESULT_REP, "RESULT_REP", false, B(RESULT_REP) },
+        { PSNET__MSG_TYPE__MSG_REPLICATE, "REPLICATE", true, B(REPLICATE) },
+        { PSNET__MSG_TYPE__MSG_REPLICATE_ACK, "REPLICATE_ACK", false, B(_NOT_SET) },
 };
 #undef B
 
@@ -118,7 +120,7 @@ int wire_validate(const Psnet__Header *hdr, const zmq_msg_t *frames, size_t nfra
                 return fail(reason, reasonlen, PSNET__STATUS__STATUS_DTYPE,
                             "codec %d not supported (only raw = %d)", (int) hdr->codec,
                             PSNET__CODEC__CODEC_RAW);
-        if ((unsigned) hdr->status > PSNET__STATUS__STATUS_NOT_FINITE)
+        if ((unsigned) hdr->status > PSNET__STATUS__STATUS_UNAVAILABLE)
                 return fail(reason, reasonlen, PSNET__STATUS__STATUS_MALFORMED,
                             "unknown status %d", (int) hdr->status);
         if (hdr->n_keys > WIRE_MAX_KEYS)
@@ -136,10 +138,12 @@ int wire_validate(const Psnet__Header *hdr, const zmq_msg_t *frames, size_t nfra
         }
 
         if (hdr->type == PSNET__MSG_TYPE__MSG_CHUNK_STATE) {
-                /* One key; frames: its values (len floats) and its optimizer state. */
-                if (hdr->n_keys != 1 || nframes != 2)
+                /* One key; frames: its values (len floats), its optimizer state,
+                 * then one gradient per parked push named in pending_workers. */
+                size_t npend = hdr->chunk_state->n_pending_workers;
+                if (hdr->n_keys != 1 || nframes != 2 + npend)
                         return fail(reason, reasonlen, PSNET__STATUS__STATUS_MALFORMED,
-                                    "CHUNK_STATE carries one key and two frames (%zu keys, %zu frames)",
+                                    "CHUNK_STATE carries one key and 2 + %zu frames (%zu keys, %zu frames)", npend,
                                     hdr->n_keys, nframes);
                 uint64_t want = (uint64_t) hdr->keys[0]->len * sizeof(float);
                 size_t have = zmq_msg_size((zmq_msg_t *) &frames[0]), st = zmq_msg_size((zmq_msg_t *) &frames[1]);
@@ -147,6 +151,12 @@ int wire_validate(const Psnet__Header *hdr, const zmq_msg_t *frames, size_t nfra
                         return fail(reason, reasonlen, PSNET__STATUS__STATUS_SIZE,
                                     "CHUNK_STATE frames of %zu and %zu bytes for a key of %llu bytes", have, st,
                                     (unsigned long long) want);
+                for (size_t i = 0; i < npend; i++)
+                        if ((uint64_t) zmq_msg_size((zmq_msg_t *) &frames[2 + i]) != want)
+                                return fail(reason, reasonlen, PSNET__STATUS__STATUS_SIZE,
+                                            "CHUNK_STATE parked gradient %zu has %zu bytes for a key of %llu bytes",
+                                            i, zmq_msg_size((zmq_msg_t *) &frames[2 + i]),
+                                            (unsigned long long) want);
                 return PSNET__STATUS__STATUS_OK;
         }
         if (!types[ti].frames) {

@@ -199,6 +199,7 @@ static unsigned allowed_roles(int type, bool at_coord) {
         case PSNET__MSG_TYPE__MSG_PUSH:
                 return W;
         case PSNET__MSG_TYPE__MSG_CHUNK_STATE:
+        case PSNET__MSG_TYPE__MSG_REPLICATE:
                 return S;
         default:
                 return 0;

@@ -64,13 +64,15 @@ void coord_maybe_start(Coord *c) {
                 }
         c->job_start_ms = now_ms();
         c->has_accuracy = false;
+        c->failovers = 0;
+        c->weights_digest = 0;
         c->evaluator = 0;
         c->finished = 0;
         c->sched_lost = false;
         c->sched = (Schedule) { .workers = (uint32_t) nw, .batch = c->job.batch };
-        log_info("job started job=%u model=%s mode=%s shards=%zu workers=%zu map_epoch=%lu",
+        log_info("job started job=%u model=%s mode=%s shards=%zu workers=%zu map_epoch=%lu replicas=%u",
                  c->job.id, c->job.model, job_mode_string(&c->job, mode, sizeof mode), ns, nw,
-                 (unsigned long) c->map_epoch);
+                 (unsigned long) c->map_epoch, shardmap_replicas(c->map));
         coord_publish(c);
 }
 
@@ -110,6 +112,10 @@ void coord_handle_status(Coord *c, WireMsg *m) {
                 wi[i].done = workers[i]->done;
                 wip[i] = &wi[i];
         }
+        if (c->map) { /* the copies the map keeps */
+                spec->has_replicas = true;
+                spec->replicas = shardmap_replicas(c->map);
+        }
         ctl.job = spec;
         ctl.has_map_epoch = ctl.has_members_epoch = true;
         ctl.map_epoch = c->map_epoch;
@@ -125,6 +131,10 @@ void coord_handle_status(Coord *c, WireMsg *m) {
         ctl.has_accuracy = c->has_accuracy;
         ctl.accuracy = c->accuracy;
         ctl.reason = c->state == JOB_FAILED && c->fail_reason[0] ? c->fail_reason : NULL;
+        ctl.has_weights_digest = c->weights_digest != 0;
+        ctl.weights_digest = c->weights_digest;
+        ctl.has_failovers = true;
+        ctl.failovers = c->failovers;
         wire_header_init(&h, PSNET__MSG_TYPE__MSG_STATUS_REP);
         h.body_case = PSNET__HEADER__BODY_STATUS_REP;
         h.status_rep = &ctl;
@@ -230,6 +240,8 @@ void coord_metrics(void *ud, MetricsBuf *b) {
         metrics_one(b, "psnet_pscoord_members", "gauge", "Workers in the membership.", (double) members);
         metrics_one(b, "psnet_pscoord_map_epoch", "gauge", "The shard map's epoch.", (double) c->map_epoch);
         metrics_one(b, "psnet_pscoord_members_epoch", "gauge", "The membership's epoch.", (double) c->members_epoch);
+        metrics_one(b, "psnet_pscoord_failovers", "gauge", "Shards lost by this job and replaced by their backups.",
+                    (double) c->failovers);
         metrics_one(b, "psnet_pscoord_accuracy", "gauge", "The job's test accuracy (NaN before it is known).",
                     c->has_accuracy ? c->accuracy : NAN);
         metrics_one(b, "psnet_pscoord_registrations_total", "counter", "Registrations accepted.", (double) c->registrations);

@@ -93,8 +93,12 @@ typedef struct Coord {
         struct { uint32_t pid; char host[64]; } evicted[COORD_MAX_STRAGGLERS]; /* not admitted again this job */
         size_t nevicted;
         uint64_t registrations, expiries, evictions, requests, refused;
+        uint32_t failovers;         /* this job's: shards lost and replaced by their backups */
+        uint64_t failover_ms;       /* when the last one was published */
+        uint64_t weights_digest;    /* of the final weights, from the evaluator (0: none) */
         Histogram latency;          /* handling a control request */
         uint64_t start_ms, job_start_ms, job_end_ms, migrate_start_ms;
+        uint64_t last_tick;         /* ms: a longer gap between ticks means pscoord itself stalled */
         uint64_t errors;
         uv_loop_t loop;
         uv_timer_t tick;
@@ -131,6 +135,12 @@ void coord_evict_stragglers(Coord *c);
 void coord_publish(Coord *c);
 int coord_build_map(Coord *c);
 int coord_remap(Coord *c, uint32_t add, uint32_t remove);
+/* Shard id left the cluster (why: for the log): if the map holds it, its
+ * keys go to their first backups (a new map epoch, published), or the job
+ * fails at once when a key had no other copy. */
+void coord_shard_lost(Coord *c, uint32_t id, const char *why);
+/* The copies of every key the job asks for over n shards. */
+uint32_t coord_replicas(const Coord *c, size_t n);
 void coord_handle_shard_change(Coord *c, WireMsg *m, bool add);
 bool coord_job_fits(Coord *c, char *reason, size_t n);
 

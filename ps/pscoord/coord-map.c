@@ -104,6 +104,7 @@ int coord_build_map(Coord *c) {
         int r = shardmap_place(++c->map_epoch, d, n, &c->job, &m);
         if (r < 0)
                 return r;
+        shardmap_set_replicas(m, coord_replicas(c, n));
         shardmap_free(c->map);
         c->map = m;
         return 0;
@@ -143,10 +144,48 @@ int coord_remap(Coord *c, uint32_t add, uint32_t remove) {
         int r = shardmap_change(c->map, c->map_epoch + 1, d, j, &c->job, &m);
         if (r < 0)
                 return r;
+        shardmap_set_replicas(m, coord_replicas(c, j));
         c->map_epoch++;
         shardmap_free(c->map);
         c->map = m;
         return 0;
+}
+
+uint32_t coord_replicas(const Coord *c, size_t n) {
+        uint32_t r = c->job.replicas ? c->job.replicas : n >= 2 ? 2 : 1;
+        return (size_t) r > n ? (uint32_t) n : r;
+}
+
+void coord_shard_lost(Coord *c, uint32_t id, const char *why) {
+        if (!c->map || shardmap_find(c->map, id) < 0 || (c->state != JOB_RUNNING && c->state != JOB_WAITING))
+                return;
+        char reason[256];
+        uint32_t t = 0, k = 0;
+        ShardMap *m;
+        int r = shardmap_failover(c->map, c->map_epoch + 1, &id, 1, &m, &t, &k);
+        if (r == -ENODATA) {
+                snprintf(reason, sizeof reason,
+                         "shard %u left (%s) holding the only copy of key (%u,%u): the job keeps %u cop%s of each "
+                         "key (--replicas)", id, why, t, k, shardmap_replicas(c->map),
+                         shardmap_replicas(c->map) == 1 ? "y" : "ies");
+                log_error("%s", reason);
+                coord_job_fail(c, reason);
+                return;
+        }
+        if (r < 0) {
+                snprintf(reason, sizeof reason, "shard %u left (%s) and no new map could be built: %s", id, why,
+                         strerror(-r));
+                coord_job_fail(c, reason);
+                return;
+        }
+        c->map_epoch++;
+        shardmap_free(c->map);
+        c->map = m;
+        c->failovers++;
+        c->failover_ms = now_ms();
+        log_warning("fail-over shard_id=%u reason=\"%s\" map_epoch=%lu shards=%zu replicas=%u", id, why,
+                    (unsigned long) c->map_epoch, shardmap_size(m), shardmap_replicas(m));
+        coord_publish(c);
 }
 
 void coord_handle_shard_change(Coord *c, WireMsg *m, bool add) {

@@ -206,7 +206,7 @@ void coord_handle_register(Coord *c, WireMsg *m) {
                 id = reg->want_id;
                 Peer *old = coord_find_peer(c, PSNET__ROLE__ROLE_SERVER, id);
                 uint64_t silent = old ? now_ms() - old->last_seen : 0;
-                if (old && silent <= c->cfg->lease_ms) {
+                if (old && silent <= c->cfg->shard_lease_ms) {
                         /* Another process holds the id and keeps its lease: taking it over
                          * would make the two flap. A restarted shard gets in once the old
                          * lease runs out (it registers again meanwhile). */
@@ -220,8 +220,11 @@ void coord_handle_register(Coord *c, WireMsg *m) {
                         return;
                 }
                 if (old) {
+                        /* Its lease ran out: whatever it held is no longer its own
+                         * (its backups lead now); it comes back empty. */
                         log_warning("shard re-registered (restart?) shard_id=%u", id);
                         coord_remove_peer(c, old);
+                        coord_shard_lost(c, id, "its lease ran out");
                 }
         } else {
                 id = reg->has_want_id && reg->want_id && !coord_find_peer(c, PSNET__ROLE__ROLE_WORKER, reg->want_id)
@@ -257,7 +260,7 @@ void coord_handle_register(Coord *c, WireMsg *m) {
         Psnet__Header rh;
         Psnet__RegisterRep rep = PSNET__REGISTER_REP__INIT;
         rep.assigned_id = id;
-        rep.lease_ms = c->cfg->lease_ms;
+        rep.lease_ms = reg->role == PSNET__ROLE__ROLE_SERVER ? c->cfg->shard_lease_ms : c->cfg->lease_ms;
         rep.job_state = job_state_to_proto(c->state);
         wire_header_init(&rh, PSNET__MSG_TYPE__MSG_REGISTER_REP);
         rh.body_case = PSNET__HEADER__BODY_REG_REP;
@@ -332,8 +335,10 @@ void coord_handle_result(Coord *c, WireMsg *m, Peer *p) {
                 c->has_accuracy = true;
                 c->state = JOB_DONE;
                 c->job_end_ms = now_ms();
-                log_info("job done job=%u accuracy=%.4f seconds=%.1f worker=%u", c->job.id, c->accuracy,
-                         (double) (c->job_end_ms - c->job_start_ms) / 1000.0, p->id);
+                c->weights_digest = wi->has_weights_digest ? wi->weights_digest : 0;
+                log_info("job done job=%u accuracy=%.4f seconds=%.1f worker=%u weights=%016llx failovers=%u",
+                         c->job.id, c->accuracy, (double) (c->job_end_ms - c->job_start_ms) / 1000.0, p->id,
+                         (unsigned long long) c->weights_digest, c->failovers);
         } else {
                 log_info("worker finished training worker=%u clock=%ld", p->id, (long) wi->clock);
                 rr.has_evaluate = true;
@@ -376,15 +381,18 @@ void coord_expire_leases(Coord *c) {
         bool changed = false;
         for (size_t i = 0; i < c->npeers;) {
                 Peer *p = &c->peers[i];
-                if (now - p->last_seen <= c->cfg->lease_ms) {
+                bool worker = p->role == PSNET__ROLE__ROLE_WORKER;
+                if (now - p->last_seen <= (worker ? c->cfg->lease_ms : c->cfg->shard_lease_ms)) {
                         i++;
                         continue;
                 }
-                bool worker = p->role == PSNET__ROLE__ROLE_WORKER;
+                uint32_t id = p->id;
                 c->expiries++;
                 log_warning("lease expired role=%s id=%u silent_ms=%lu", worker ? "worker" : "shard", p->id,
                             (unsigned long) (now - p->last_seen));
                 coord_remove_peer(c, p);
+                if (!worker)
+                        coord_shard_lost(c, id, "its lease ran out");
                 changed |= worker;
         }
         if (changed)

@@ -97,10 +97,13 @@ static void handle_message(Coord *c, WireMsg *m) {
         else {
                 bool worker = p->role == PSNET__ROLE__ROLE_WORKER;
                 log_info("deregistered role=%s id=%u", worker ? "worker" : "shard", p->id);
+                uint32_t id = p->id;
                 (void) coord_reply(c, &m->route, PSNET__MSG_TYPE__MSG_DEREGISTER_REP, h->seq);
                 coord_remove_peer(c, p);
                 if (worker)
                         coord_membership_changed(c);
+                else /* it stopped acknowledging before it said goodbye */
+                        coord_shard_lost(c, id, "it stopped");
         }
 }
 
@@ -129,6 +132,17 @@ static void coord_on_msg(NetSock *ns, WireMsg *m, int r, void *ud) {
 
 static void coord_on_tick(uv_timer_t *t) {
         Coord *c = t->data;
+        uint64_t now = now_ms(), gap = c->last_tick ? now - c->last_tick : 0;
+        c->last_tick = now;
+        if (gap > MIN(c->cfg->lease_ms, c->cfg->shard_lease_ms) / 2) {
+                /* pscoord itself did not run (stopped, starved): the heartbeats
+                 * waiting in its queue are not read yet, so silence proves nothing.
+                 * Every lease starts again; the peers' own (shorter) leases keep
+                 * them from acknowledging meanwhile. */
+                log_warning("pscoord did not run for %lu ms: every lease starts again", (unsigned long) gap);
+                for (size_t i = 0; i < c->npeers; i++)
+                        c->peers[i].last_seen = now;
+        }
         coord_expire_leases(c);
         coord_evict_stragglers(c);
         coord_fence_tick(c);
@@ -220,7 +234,8 @@ int coord_run(const CoordConfig *cfg) {
         r = uv_timer_init(&c.loop, &c.tick);
         if (r == 0) {
                 c.tick.data = &c;
-                r = uv_timer_start(&c.tick, coord_on_tick, MAX(cfg->lease_ms / 4, 20u), MAX(cfg->lease_ms / 4, 20u));
+                unsigned every = MAX(MIN(cfg->lease_ms, cfg->shard_lease_ms) / 8, 20u);
+                r = uv_timer_start(&c.tick, coord_on_tick, every, every);
         }
         if (r < 0) {
                 log_error_errno(r, "Failed to start the lease timer: %m");

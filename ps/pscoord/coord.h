@@ -12,7 +12,8 @@ typedef struct CoordConfig {
         char *key;          /* this daemon's key name in keys (default pscoord) */
         bool insecure;      /* listen on a non-loopback tcp:// without keys */
         char *http;         /* --http ADDR:PORT (NULL: none) */
-        unsigned lease_ms;
+        unsigned lease_ms;       /* workers' lease */
+        unsigned shard_lease_ms; /* shards' lease: a fail-over starts when it runs out */
         unsigned stall_timeout;  /* s: a member the others wait on this long is evicted (0: never) */
         Job job;            /* the job pscoord starts with */
 } CoordConfig;

@@ -9,7 +9,7 @@
 #include "log.h"
 
 int main(int argc, char **argv) {
-        CoordConfig cfg = { .lease_ms = 3000, .stall_timeout = 60 };
+        CoordConfig cfg = { .lease_ms = 3000, .shard_lease_ms = 600, .stall_timeout = 60 };
         JobFlags jf;
         char *listen = NULL, *log_level = NULL;
         Option opts[14 + JOBFLAGS_NOPTS] = {
@@ -21,7 +21,10 @@ int main(int argc, char **argv) {
                   "allow a non-loopback tcp:// --listen without --keys (anyone who reaches it can join)" },
                 { "http", OPT_STR, &cfg.http, "ADDR:PORT",
                   "serve /metrics, /healthz and /readyz over HTTP (e.g. 127.0.0.1:9100, :9100 for all addresses; empty: off)" },
-                { "lease-ms", OPT_UINT, &cfg.lease_ms, "MS", "a peer silent this long has left" },
+                { "lease-ms", OPT_UINT, &cfg.lease_ms, "MS", "a worker silent this long has left" },
+                { "shard-lease-ms", OPT_UINT, &cfg.shard_lease_ms, "MS",
+                  "a shard silent this long has left: its backups take over its keys (a shard stops acknowledging "
+                  "when its own lease runs out, before that)" },
                 { "stall-timeout", OPT_UINT, &cfg.stall_timeout, "SECONDS",
                   "a worker the others have waited on this long leaves the membership (0: never)" },
                 { "log-level", OPT_STR, &log_level, "LEVEL", "debug, info, warning or error" },
@@ -37,7 +40,7 @@ int main(int argc, char **argv) {
 
         log_setup("pscoord");
         jobflags_init(&jf);
-        size_t n = 8 + jobflags_options(&jf, opts + 8);
+        size_t n = 9 + jobflags_options(&jf, opts + 9);
         r = config_parse(&prog, opts, n, argc, argv, &optind_);
         if (r != 0)
                 goto out;
@@ -54,8 +57,8 @@ int main(int argc, char **argv) {
                 }
                 log_set_level(log_level_from_string(log_level));
         }
-        if (cfg.lease_ms < 100) {
-                fprintf(stderr, "pscoord: --lease-ms must be >= 100\n");
+        if (cfg.lease_ms < 100 || cfg.shard_lease_ms < 100) {
+                fprintf(stderr, "pscoord: --lease-ms and --shard-lease-ms must be >= 100\n");
                 r = -1;
                 goto out;
         }

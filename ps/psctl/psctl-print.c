@@ -41,18 +41,25 @@ void print_status_table(const Psnet__StatusRep *s) {
         printf("job %u  %s  mode=%s  state=%s  epochs=%u  batch=%u  map_epoch=%lu  members_epoch=%lu",
                j ? j->id : 0, j ? j->model : "-", mode_of(j, mode, sizeof mode), state_of(s->job_state),
                j ? j->epochs : 0, j ? j->batch : 0, (unsigned long) s->map_epoch, (unsigned long) s->members_epoch);
+        printf("  replicas=%u  failovers=%u", j && j->has_replicas ? j->replicas : 1, s->failovers);
         if (s->has_accuracy)
                 printf("  accuracy=%.4f", s->accuracy);
+        if (s->has_weights_digest)
+                printf("  weights=%016llx", (unsigned long long) s->weights_digest);
         if (s->reason)
                 printf("  reason=\"%s\"", s->reason);
-        printf("\n\n%-6s %-36s %6s %10s %8s %8s %8s %6s %8s %s\n", "SHARD", "ENDPOINT", "KEYS", "BYTES", "CLOCK",
-               "PUSHES", "PULLS", "ERRORS", "INCOMING", "MAP");
+        /* PRIMARY: keys led here; BACKUP: copies of other shards' keys;
+         * INCOMING: copies on their way (moving, or a backup being rebuilt). */
+        printf("\n\n%-6s %-36s %7s %6s %10s %8s %8s %8s %6s %8s %s\n", "SHARD", "ENDPOINT", "PRIMARY", "BACKUP",
+               "BYTES", "CLOCK", "PUSHES", "PULLS", "ERRORS", "INCOMING", "MAP");
         for (size_t i = 0; i < s->n_shards; i++) {
                 const Psnet__ShardInfo *h = s->shards[i];
-                printf("%-6u %-36s %6lu %10s %8ld %8lu %8lu %6lu %8lu %s\n", h->id, h->endpoint ? h->endpoint : "?",
-                       (unsigned long) h->keys, human_bytes(h->bytes, b, sizeof b), (long) h->clock,
+                printf("%-6u %-36s %7lu %6lu %10s %8ld %8lu %8lu %6lu %8lu %s%s\n", h->id,
+                       h->endpoint ? h->endpoint : "?", (unsigned long) (h->keys - h->backup_keys),
+                       (unsigned long) h->backup_keys, human_bytes(h->bytes, b, sizeof b), (long) h->clock,
                        (unsigned long) h->pushes, (unsigned long) h->pulls, (unsigned long) h->errors,
-                       (unsigned long) h->incoming, h->in_map ? "in" : "standby");
+                       (unsigned long) h->incoming, h->in_map ? "in" : "standby",
+                       h->has_acknowledging && !h->acknowledging ? "  (lease lost: not acknowledging)" : "");
         }
         printf("\n%-6s %4s %8s %8s %6s %8s %8s %10s %8s\n", "WORKER", "RANK", "PID", "CLOCK", "EPOCH", "STEP",
                "STEPS/S", "SAMPLES/S", "LOSS");
@@ -121,8 +128,10 @@ int print_status_json(const Psnet__StatusRep *s) {
         json_t *shards = json_array(), *workers = json_array();
         for (size_t i = 0; shards && i < s->n_shards; i++) {
                 const Psnet__ShardInfo *h = s->shards[i];
-                json_array_append_new(shards, json_pack("{s:I,s:o,s:I,s:I,s:I,s:I,s:I,s:I,s:I,s:b,s:I,s:I}",
+                json_array_append_new(shards, json_pack("{s:I,s:o,s:I,s:I,s:b,s:I,s:I,s:I,s:I,s:I,s:I,s:b,s:I,s:I}",
                         "id", (json_int_t) h->id, "endpoint", jstr(h->endpoint), "keys", (json_int_t) h->keys,
+                        "backup_keys", (json_int_t) h->backup_keys,
+                        "acknowledging", (int) (!h->has_acknowledging || h->acknowledging),
                         "bytes", (json_int_t) h->bytes, "clock", (json_int_t) h->clock,
                         "pushes", (json_int_t) h->pushes, "pulls", (json_int_t) h->pulls,
                         "errors", (json_int_t) h->errors, "incoming", (json_int_t) h->incoming,
@@ -144,13 +153,16 @@ int print_status_json(const Psnet__StatusRep *s) {
                 json_decref(workers);
                 return -ENOMEM;
         }
-        json_t *job = json_pack("{s:I,s:o,s:s,s:s,s:I,s:I,s:I,s:I,s:I,s:I,s:o,s:o}",
+        json_t *job = json_pack("{s:I,s:o,s:s,s:s,s:I,s:I,s:I,s:I,s:I,s:I,s:o,s:o,s:I,s:I,s:o}",
                 "id", (json_int_t) (j ? j->id : 0), "model", jstr(j ? j->model : NULL),
                 "mode", mode_of(j, mode, sizeof mode), "state", state_of(s->job_state),
                 "epochs", (json_int_t) (j ? j->epochs : 0), "batch", (json_int_t) (j ? j->batch : 0),
                 "chunk_floats", (json_int_t) (j ? j->chunk_floats : 0), "keys", (json_int_t) spec_keys(j),
                 "map_epoch", (json_int_t) s->map_epoch, "members_epoch", (json_int_t) s->members_epoch,
-                "accuracy", s->has_accuracy ? jnum(s->accuracy) : json_null(), "reason", jstr(s->reason));
+                "accuracy", s->has_accuracy ? jnum(s->accuracy) : json_null(), "reason", jstr(s->reason),
+                "replicas", (json_int_t) (j && j->has_replicas ? j->replicas : 1), "failovers", (json_int_t) s->failovers,
+                "weights_digest", s->has_weights_digest ? json_sprintf("%016llx", (unsigned long long) s->weights_digest)
+                                                        : json_null());
         return emit(json_pack("{s:{s:o,s:I},s:o,s:o,s:o}",
                 "coordinator", "endpoint", jstr(s->coord_endpoint), "uptime_ms", (json_int_t) s->uptime_ms,
                 "job", job, "shards", shards, "workers", workers));

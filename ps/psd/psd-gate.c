@@ -73,7 +73,7 @@ void pushreq_settle(Store *s, PushReq *req, int status) {
         pushreq_note(req, status);
         if (--req->remaining > 0)
                 return;
-        if (s->gate.ack)
+        if (s->gate.ack && !req->replica)
                 s->gate.ack(s->gate.ud, req);
         zmq_msg_close(&req->route);
         ps_free(req);
@@ -316,7 +316,7 @@ static const float *grad_data(const zmq_msg_t *m, float *scratch, uint32_t len) 
 
 static int cmp_pending(const void *a, const void *b) {
         const Pending *x = a, *y = b;
-        return x->req->worker < y->req->worker ? -1 : x->req->worker > y->req->worker;
+        return x->worker < y->worker ? -1 : x->worker > y->worker;
 }
 
 /* Closes c's clock if every member has pushed for it. Non-members' gradients
@@ -329,7 +329,7 @@ static int chunk_settle(Store *s, Chunk *c) {
                 return 0;
         size_t have = 0;
         for (size_t i = 0; i < c->npending; i++)
-                if (is_member(cfg, c->pending[i].req->worker))
+                if (is_member(cfg, c->pending[i].worker))
                         have++;
         if (have < cfg->nmembers)
                 return 0;
@@ -344,7 +344,7 @@ static int chunk_settle(Store *s, Chunk *c) {
         size_t used = 0;
         for (size_t i = 0; i < c->npending; i++) {
                 Pending *p = &c->pending[i];
-                if (!is_member(cfg, p->req->worker))
+                if (!is_member(cfg, p->worker))
                         continue;
                 const float *g = wire_frame_f32(&p->grad);
                 bool last = used + 1 == have;
@@ -379,10 +379,10 @@ static int chunk_settle(Store *s, Chunk *c) {
         c->npending = c->cpending = 0;
         for (size_t i = 0; i < n; i++) {
                 int st = r < 0 ? status_from_errno(r)
-                         : is_member(cfg, list[i].req->worker) ? PSNET__STATUS__STATUS_OK
-                                                              : PSNET__STATUS__STATUS_STALE;
+                         : is_member(cfg, list[i].worker) ? PSNET__STATUS__STATUS_OK : PSNET__STATUS__STATUS_STALE;
                 zmq_msg_close(&list[i].grad);
-                pushreq_settle(s, list[i].req, st);
+                if (list[i].req)
+                        pushreq_settle(s, list[i].req, st);
         }
         ps_free(list);
         return r;
@@ -411,13 +411,50 @@ static int chunk_flush_async(Store *s, Chunk *c) {
         qsort(list, n, sizeof *list, cmp_pending);
         for (size_t i = 0; i < n; i++) {
                 if (r == 0)
-                        r = chunk_apply_scaled(s, c, &list[i].grad, gate_cfg(s, list[i].req->clock),
-                                               list[i].req->clock);
+                        r = chunk_apply_scaled(s, c, &list[i].grad, gate_cfg(s, list[i].clock), list[i].clock);
                 zmq_msg_close(&list[i].grad);
-                pushreq_settle(s, list[i].req, r < 0 ? status_from_errno(r) : PSNET__STATUS__STATUS_OK);
+                if (list[i].req)
+                        pushreq_settle(s, list[i].req, r < 0 ? status_from_errno(r) : PSNET__STATUS__STATUS_OK);
         }
         ps_free(list);
         return r;
+}
+
+/* A new slot at the end of c's pending list, or NULL when out of memory. */
+static Pending *pending_add(Chunk *c) {
+        if (c->npending == c->cpending) {
+                size_t n = c->cpending ? c->cpending * 2 : 4;
+                Pending *p = ps_realloc(c->pending, n * sizeof *p);
+                if (!p)
+                        return NULL;
+                c->pending = p;
+                c->cpending = n;
+        }
+        if (c->npending == 0)
+                c->pending_since = now_ms(); /* how long the others wait for the rest (gate_stragglers) */
+        return &c->pending[c->npending++];
+}
+
+int gate_park_copy(Store *s, Chunk *c, uint32_t worker, const void *grad, size_t bytes) {
+        if (worker > GATE_MAX_WORKER_ID || bytes != (size_t) c->len * sizeof(float))
+                return -EINVAL;
+        int64_t *last = chunk_last_clock(c, worker), *wc = worker_clock(&s->gate, worker);
+        if (!last || !wc)
+                return -ENOMEM;
+        Pending *p = pending_add(c);
+        if (!p)
+                return -ENOMEM;
+        *p = (Pending) { .req = NULL, .worker = worker, .clock = c->clock };
+        if (zmq_msg_init_size(&p->grad, bytes) < 0) {
+                c->npending--;
+                return -ENOMEM;
+        }
+        memcpy(zmq_msg_data(&p->grad), grad, bytes);
+        if (*last < c->clock)
+                *last = c->clock;
+        if (*wc < c->clock + 1)
+                *wc = c->clock + 1;
+        return 0;
 }
 
 int gate_push(Store *s, Chunk *c, PushReq *req, zmq_msg_t *grad) {
@@ -457,21 +494,14 @@ int gate_push(Store *s, Chunk *c, PushReq *req, zmq_msg_t *grad) {
                 pushreq_note(req, PSNET__STATUS__STATUS_STALE);
                 return 0;
         }
-        if (c->npending == c->cpending) {
-                size_t n = c->cpending ? c->cpending * 2 : 4;
-                Pending *p = ps_realloc(c->pending, n * sizeof *p);
-                if (!p)
-                        return -ENOMEM;
-                c->pending = p;
-                c->cpending = n;
-        }
-        if (c->npending == 0)
-                c->pending_since = now_ms(); /* how long the others wait for the rest (gate_stragglers) */
-        Pending *p = &c->pending[c->npending++];
-        p->req = req;
+        Pending *p = pending_add(c);
+        if (!p)
+                return -ENOMEM;
+        *p = (Pending) { .req = req->replica ? NULL : req, .worker = req->worker, .clock = req->clock };
         zmq_msg_init(&p->grad);
         zmq_msg_move(&p->grad, grad);
-        req->remaining++;
+        if (!req->replica)
+                req->remaining++;
         *last = req->clock;
         if (*wc < req->clock + 1)
                 *wc = req->clock + 1;
@@ -497,13 +527,23 @@ void gate_chunk_leaving(Store *s, Chunk *c) {
         c->pending = NULL;
         c->npending = c->cpending = 0;
         for (size_t i = 0; i < n; i++) {
-                uint32_t w = list[i].req->worker;
+                uint32_t w = list[i].worker;
                 if (w < c->nlast && c->last_clock[w] >= c->clock)
                         c->last_clock[w] = c->clock - 1; /* not applied: may come again */
                 zmq_msg_close(&list[i].grad);
-                pushreq_settle(s, list[i].req, PSNET__STATUS__STATUS_MOVED);
+                if (list[i].req)
+                        pushreq_settle(s, list[i].req, PSNET__STATUS__STATUS_MOVED);
         }
         ps_free(list);
+}
+
+void gate_chunk_demoted(Store *s, Chunk *c) {
+        for (size_t i = 0; i < c->npending; i++) {
+                PushReq *req = c->pending[i].req;
+                c->pending[i].req = NULL;
+                if (req)
+                        pushreq_settle(s, req, PSNET__STATUS__STATUS_MOVED);
+        }
 }
 
 /* --- pulls ---------------------------------------------------------------------------- */
@@ -676,7 +716,7 @@ size_t gate_stragglers(Store *s, uint64_t now, uint32_t *ids, size_t max, uint64
                 for (size_t i = 0; i < cfg->nmembers && n < max; i++) {
                         bool pushed = false;
                         for (size_t k = 0; k < oldest->npending && !pushed; k++)
-                                pushed = oldest->pending[k].req->worker == cfg->members[i];
+                                pushed = oldest->pending[k].worker == cfg->members[i];
                         if (!pushed)
                                 ids[n++] = cfg->members[i];
                 }

@@ -44,10 +44,13 @@ typedef struct PushReq {
         int remaining;      /* keys not yet settled, +1 while the request is being read */
         int status;
         uint64_t arrived;   /* ms, for the latency of its acknowledgement */
+        bool replica;       /* forwarded by the primary: held when parked, its parked copies acknowledge nothing */
 } PushReq;
 
 typedef struct Pending {
-        PushReq *req;
+        PushReq *req;       /* acknowledged when applied; NULL: a copy held for the primary */
+        uint32_t worker;
+        int64_t clock;
         zmq_msg_t grad;     /* the received frame itself, no copy */
 } Pending;
 
@@ -139,6 +142,12 @@ int gate_settle(Store *s);
 /* c leaves this shard: refuses the pushes parked on it (MOVED; their dedupe
  * entries rolled back, so the workers resend them to the new owner). */
 void gate_chunk_leaving(Store *s, Chunk *c);
+/* c stays as a backup: the pushes parked on it are refused (MOVED, so the
+ * workers resend them to the new primary) but kept, as the copies a backup
+ * holds. */
+void gate_chunk_demoted(Store *s, Chunk *c);
+/* Parks a gradient that came with a chunk's state (a backup being built). */
+int gate_park_copy(Store *s, Chunk *c, uint32_t worker, const void *grad, size_t bytes);
 
 /* Whether a pull of these chunks for clock may be answered now (see above).
  * ret_slowest (may be NULL) gets the slowest member's completed clocks. */

@@ -9,11 +9,25 @@
 #include "psd-migrate.h"
 #include "psd-optim.h"
 
-/* A DEALER to another shard, for chunks that move there. */
-typedef struct PeerShard {
+#define MIGRATE_MAX_STASH 65536u
+
+/* A push waiting for a backup's answer to the message of sequence seq. */
+typedef struct Waiter {
+        uint64_t seq;
+        PushReq *req;
+} Waiter;
+
+/* The link to one other shard: its DEALER, the last sequence sent on it and
+ * the pushes waiting for its answers, oldest first. */
+typedef struct Link {
+        Migrate *mg;
+        uint32_t id;
         char *endpoint;
         NetSock *sock;
-} PeerShard;
+        uint64_t seq;
+        Waiter *w;
+        size_t head, n, cap;    /* waiting: w[head .. n) */
+} Link;
 
 struct Migrate {
         uv_loop_t *loop;
@@ -21,11 +35,11 @@ struct Migrate {
         const NetIdentity *id;
         Store *store;
         uint32_t shard_id;
-        PeerShard *peers;
-        size_t npeers;
-        WireMsg *stash;         /* chunk states that arrived before the map that sends them here */
+        Link **links;
+        size_t nlinks;
+        WireMsg *stash;         /* messages sent under a map (or membership) not here yet, in arrival order */
         size_t nstash;
-        uint64_t moved_out, moved_in;
+        uint64_t moved_out, moved_in, forwarded;
 };
 
 int migrate_new(uv_loop_t *loop, void *zctx, const NetIdentity *id, Store *store, uint32_t shard_id,
@@ -38,177 +52,478 @@ int migrate_new(uv_loop_t *loop, void *zctx, const NetIdentity *id, Store *store
         return 0;
 }
 
+/* Settles every push waiting on l with status. */
+static void link_release(Link *l, int status) {
+        Store *s = l->mg->store;
+        while (l->head < l->n) {
+                PushReq *req = l->w[l->head++].req;
+                pushreq_settle(s, req, status);
+        }
+        l->head = l->n = 0;
+}
+
+static void link_free(Link *l) {
+        if (!l)
+                return;
+        link_release(l, PSNET__STATUS__STATUS_SHUTTING_DOWN);
+        netsock_close(l->sock);
+        ps_free(l->endpoint);
+        ps_free(l->w);
+        ps_free(l);
+}
+
 Migrate *migrate_free(Migrate *m) {
         if (!m)
                 return NULL;
         for (size_t i = 0; i < m->nstash; i++)
                 wire_msg_done(&m->stash[i]);
         ps_free(m->stash);
-        for (size_t i = 0; i < m->npeers; i++) {
-                netsock_close(m->peers[i].sock);
-                ps_free(m->peers[i].endpoint);
-        }
-        ps_free(m->peers);
+        for (size_t i = 0; i < m->nlinks; i++)
+                link_free(m->links[i]);
+        ps_free(m->links);
         ps_free(m);
         return NULL;
 }
 
 uint64_t migrate_moved_out(const Migrate *mg) { return mg->moved_out; }
 uint64_t migrate_moved_in(const Migrate *mg) { return mg->moved_in; }
+uint64_t migrate_forwarded(const Migrate *mg) { return mg->forwarded; }
+
+uint64_t migrate_waiting(const Migrate *mg) {
+        uint64_t n = 0;
+        for (size_t i = 0; i < mg->nlinks; i++)
+                n += mg->links[i]->n - mg->links[i]->head;
+        return n;
+}
+
+static int link_wait(Link *l, uint64_t seq, PushReq *req) {
+        if (l->n == l->cap) {
+                if (l->head > 0) {
+                        memmove(l->w, l->w + l->head, (l->n - l->head) * sizeof *l->w);
+                        l->n -= l->head;
+                        l->head = 0;
+                }
+                if (l->n == l->cap) {
+                        size_t cap = l->cap ? l->cap * 2 : 64;
+                        Waiter *w = ps_realloc(l->w, cap * sizeof *w);
+                        if (!w)
+                                return -ENOMEM;
+                        l->w = w;
+                        l->cap = cap;
+                }
+        }
+        l->w[l->n++] = (Waiter) { .seq = seq, .req = req };
+        req->remaining++;
+        return 0;
+}
 
 /* --- out ----------------------------------------------------------------------------- */
 
-/* Answers from other shards to the chunk states we sent: only refusals come back. */
-static void on_peer_msg(NetSock *ns, WireMsg *m, int r, void *ud) {
-        (void) ud;
-        if (r == 0 && m->hdr->type == PSNET__MSG_TYPE__MSG_ERROR)
-                log_error("shard at %s refused a chunk we sent status=%s reason=\"%s\"", netsock_name(ns),
-                          status_name(m->hdr->status), m->hdr->reason ? m->hdr->reason : "");
-        else if (r < 0)
-                log_warning("bad answer from the shard at %s reason=\"%s\"", netsock_name(ns), m->reason);
-}
+static void on_link_msg(NetSock *ns, WireMsg *m, int r, void *ud);
 
-static NetSock *peer_socket(Migrate *mg, const ShardDesc *dest) {
-        for (size_t i = 0; i < mg->npeers; i++)
-                if (strcmp(mg->peers[i].endpoint, dest->endpoint) == 0)
-                        return mg->peers[i].sock;
+/* The link to dest (made on first use). */
+static Link *link_for(Migrate *mg, const ShardDesc *dest) {
+        for (size_t i = 0; i < mg->nlinks; i++) {
+                Link *l = mg->links[i];
+                if (l->id != dest->id)
+                        continue;
+                if (strcmp(l->endpoint, dest->endpoint) == 0)
+                        return l;
+                /* The shard came back elsewhere: a new connection. */
+                link_release(l, PSNET__STATUS__STATUS_UNAVAILABLE);
+                link_free(l);
+                mg->links[i] = mg->links[--mg->nlinks];
+                break;
+        }
         if (mg->id->enabled && !dest->has_public_key) {
                 log_error("the map has no key for shard %u at %s", dest->id, dest->endpoint);
                 return NULL;
         }
-        PeerShard *n = ps_realloc(mg->peers, (mg->npeers + 1) * sizeof *n);
+        Link **n = ps_realloc(mg->links, (mg->nlinks + 1) * sizeof *n);
         if (!n)
                 return NULL;
-        mg->peers = n;
+        mg->links = n;
+        Link *l = ps_calloc(1, sizeof *l);
         char *ep = ps_strdup(dest->endpoint);
-        NetSock *sock = NULL;
-        /* A chunk state is values + optimizer state: unbounded queue, and up to
-         * 5 s at close to deliver what is still queued. */
-        const NetSockConf nc = { .type = ZMQ_DEALER, .name = dest->endpoint, .linger_ms = 5000,
-                                 .keys = mg->id->enabled ? &mg->id->keys : NULL };
-        int r = ep ? netsock_new(mg->loop, mg->zctx, &nc, on_peer_msg, mg, &sock) : -ENOMEM;
-        if (r == 0)
-                r = netsock_connect(sock, dest->endpoint, mg->id->enabled ? dest->public_key : NULL);
-        if (r < 0) {
-                sock = netsock_close(sock);
+        if (!l || !ep) {
+                ps_free(l);
                 ps_free(ep);
                 return NULL;
         }
-        mg->peers[mg->npeers++] = (PeerShard) { .endpoint = ep, .sock = sock };
-        return sock;
+        *l = (Link) { .mg = mg, .id = dest->id, .endpoint = ep };
+        /* Chunk states and forwarded pushes: unbounded queue, and up to 5 s at
+         * close to deliver what is still queued. */
+        const NetSockConf nc = { .type = ZMQ_DEALER, .name = dest->endpoint, .linger_ms = 5000,
+                                 .keys = mg->id->enabled ? &mg->id->keys : NULL };
+        int r = netsock_new(mg->loop, mg->zctx, &nc, on_link_msg, l, &l->sock);
+        if (r == 0)
+                r = netsock_connect(l->sock, dest->endpoint, mg->id->enabled ? dest->public_key : NULL);
+        if (r < 0) {
+                link_free(l);
+                return NULL;
+        }
+        mg->links[mg->nlinks++] = l;
+        return l;
 }
 
-void migrate_out(void *userdata, Chunk *c, const ShardDesc *dest) {
-        Migrate *mg = userdata;
+/* Sends c's state on l; the sequence used goes to *ret_seq. */
+static int send_state(Migrate *mg, Link *l, Chunk *c, bool replica, uint64_t *ret_seq) {
         Store *s = mg->store;
-        size_t per = optim_state_per_value(&s->job.optim);
-        zmq_msg_t frames[2];
-        NetSock *sock = peer_socket(mg, dest);
-        if (!sock) {
-                log_error("cannot reach shard %u at %s: chunk (%u,%u) is lost", dest->id, dest->endpoint, c->tensor,
-                          c->chunk);
-                return;
-        }
-        if (store_value_msg(s, c, &frames[0]) < 0)
-                return;
+        size_t per = optim_state_per_value(&s->job.optim), nf = 2 + c->npending;
+        _cleanup_free_ zmq_msg_t *frames = ps_malloc(nf * sizeof *frames);
+        _cleanup_free_ uint32_t *workers = ps_malloc((c->npending ? c->npending : 1) * sizeof *workers);
+        if (!frames || !workers)
+                return -ENOMEM;
+        int r = store_value_msg(s, c, &frames[0]);
+        if (r < 0)
+                return r;
         if (zmq_msg_init_size(&frames[1], (size_t) c->len * per * sizeof(float)) < 0) {
                 zmq_msg_close(&frames[0]);
-                return;
+                return -ENOMEM;
         }
         if (per)
                 memcpy(zmq_msg_data(&frames[1]), c->state, (size_t) c->len * per * sizeof(float));
+        for (size_t i = 0; i < c->npending; i++) {
+                zmq_msg_init(&frames[2 + i]);
+                (void) zmq_msg_copy(&frames[2 + i], &c->pending[i].grad); /* shares the data */
+                workers[i] = c->pending[i].worker;
+        }
         Psnet__Key key = PSNET__KEY__INIT, *keys[1] = { &key };
         key.tensor = c->tensor;
         key.chunk = c->chunk;
         key.len = c->len;
         Psnet__ChunkState cs = PSNET__CHUNK_STATE__INIT;
-        cs.has_steps = true;
+        cs.has_steps = cs.has_replica = true;
         cs.steps = c->steps;
+        cs.replica = replica;
         cs.n_last_clocks = c->nlast;
         cs.last_clocks = c->last_clock;
+        cs.n_pending_workers = c->npending;
+        cs.pending_workers = workers;
         Psnet__Header h;
         wire_header_init(&h, PSNET__MSG_TYPE__MSG_CHUNK_STATE);
-        h.has_job = h.has_epoch = h.has_clock = h.has_sender = true;
+        h.has_job = h.has_epoch = h.has_clock = h.has_sender = h.has_seq = true;
         h.job = s->job.id;
         h.epoch = shardmap_epoch(s->map);
         h.clock = c->clock;
         h.sender = mg->shard_id;
+        h.seq = ++l->seq;
         h.n_keys = 1;
         h.keys = keys;
         h.body_case = PSNET__HEADER__BODY_CHUNK_STATE;
         h.chunk_state = &cs;
-        int r = netsock_send(sock, NULL, &h, frames, 2);
-        if (r < 0)
-                log_error_errno(r, "Failed to send chunk (%u,%u) to shard %u: %m", c->tensor, c->chunk, dest->id);
-        else {
-                mg->moved_out++;
-                log_debug("chunk moved out key=(%u,%u) to=%u clock=%ld", c->tensor, c->chunk, dest->id,
-                          (long) c->clock);
+        r = netsock_send(l->sock, NULL, &h, frames, nf);
+        if (r == 0)
+                *ret_seq = h.seq;
+        return r;
+}
+
+void migrate_out(void *userdata, Chunk *c, const ShardDesc *dest, bool replica) {
+        Migrate *mg = userdata;
+        uint64_t seq;
+        Link *l = link_for(mg, dest);
+        int r = l ? send_state(mg, l, c, replica, &seq) : -EHOSTUNREACH;
+        if (r < 0) {
+                log_error_errno(r, "Failed to send chunk (%u,%u) to shard %u at %s: %m", c->tensor, c->chunk, dest->id,
+                                dest->endpoint);
+                return;
         }
+        mg->moved_out++;
+        log_debug("chunk sent key=(%u,%u) to=%u clock=%ld parked=%zu as=%s", c->tensor, c->chunk, dest->id,
+                  (long) c->clock, c->npending, replica ? "backup" : "primary");
+}
+
+int migrate_forward(Migrate *mg, PushReq *req, const WireMsg *m) {
+        Store *s = mg->store;
+        const Psnet__Header *h = m->hdr;
+        uint32_t idx[JOB_MAX_REPLICAS];
+        size_t nb = store_backups(s, idx, JOB_MAX_REPLICAS);
+        if (nb == 0)
+                return PSNET__STATUS__STATUS_OK;
+        _cleanup_free_ zmq_msg_t *frames = ps_malloc(h->n_keys * sizeof *frames);
+        if (!frames)
+                return PSNET__STATUS__STATUS_RESOURCE;
+        Psnet__Replicate rep = PSNET__REPLICATE__INIT;
+        rep.worker = h->sender;
+        rep.has_members_epoch = true;
+        rep.members_epoch = s->gate.members_epoch;
+        for (size_t b = 0; b < nb; b++) {
+                const ShardDesc *d = shardmap_shard(s->map, idx[b]);
+                Link *l = link_for(mg, d);
+                if (!l)
+                        return PSNET__STATUS__STATUS_UNAVAILABLE;
+                for (size_t i = 0; i < h->n_keys; i++) {
+                        zmq_msg_init(&frames[i]);
+                        (void) zmq_msg_copy(&frames[i], (zmq_msg_t *) &m->frames[i]); /* shares the data */
+                }
+                Psnet__Header f;
+                wire_header_init(&f, PSNET__MSG_TYPE__MSG_REPLICATE);
+                f.has_job = f.has_epoch = f.has_clock = f.has_sender = f.has_seq = true;
+                f.job = h->job;
+                f.epoch = shardmap_epoch(s->map);
+                f.clock = h->clock;
+                f.sender = mg->shard_id;
+                f.seq = l->seq + 1;
+                f.n_keys = h->n_keys;
+                f.keys = h->keys;
+                f.body_case = PSNET__HEADER__BODY_REPLICATE;
+                f.replicate = &rep;
+                int r = netsock_send(l->sock, NULL, &f, frames, h->n_keys);
+                if (r < 0) {
+                        log_warning_errno(r, "Failed to forward a push to shard %u: %m", d->id);
+                        return PSNET__STATUS__STATUS_UNAVAILABLE;
+                }
+                l->seq++;
+                mg->forwarded++;
+                if (link_wait(l, f.seq, req) < 0)
+                        return PSNET__STATUS__STATUS_RESOURCE;
+        }
+        return PSNET__STATUS__STATUS_OK;
+}
+
+/* A backup answered seq with status; missing: the keys it lacks (MIGRATING). */
+static void link_answer(Link *l, uint64_t seq, int status, const Psnet__Header *h) {
+        Migrate *mg = l->mg;
+        Store *s = mg->store;
+        /* Answers come in order: one older than seq is lost (a full queue at the
+         * peer); its push is released for the worker to send again. */
+        while (l->head < l->n && l->w[l->head].seq < seq)
+                pushreq_settle(s, l->w[l->head++].req, PSNET__STATUS__STATUS_UNAVAILABLE);
+        if (l->head == l->n || l->w[l->head].seq != seq)
+                return; /* a chunk state's answer, with no push waiting on it */
+        PushReq *req = l->w[l->head++].req;
+        if (status == PSNET__STATUS__STATUS_OK || status == PSNET__STATUS__STATUS_DUPLICATE) {
+                pushreq_settle(s, req, PSNET__STATUS__STATUS_OK);
+                return;
+        }
+        if (status == PSNET__STATUS__STATUS_MIGRATING && s->map) {
+                /* The backup lacks chunks (its copy is still on the way, or it
+                 * lost it): send this shard's state, which includes the push,
+                 * and let the push wait for that instead. */
+                uint64_t last = 0;
+                for (size_t i = 0; i < h->n_keys; i++) {
+                        int st;
+                        const Psnet__Key *k = h->keys[i];
+                        Chunk *c = store_lookup(s, k->tensor, k->chunk, k->len, &st);
+                        if (c && send_state(mg, l, c, true, &last) == 0)
+                                mg->moved_out++;
+                }
+                if (last && link_wait(l, last, req) == 0) {
+                        log_info("shard %u lacked %zu chunk(s): sent them", l->id, h->n_keys);
+                        pushreq_settle(s, req, PSNET__STATUS__STATUS_OK); /* the wait above holds it */
+                        return;
+                }
+        }
+        if (status != PSNET__STATUS__STATUS_MOVED)
+                log_warning("shard %u did not take a forwarded push status=%s reason=\"%s\"", l->id,
+                            status_name(status), h->reason ? h->reason : "");
+        /* MOVED: the backup acts on a newer map; the worker sends again under it. */
+        pushreq_settle(s, req, status == PSNET__STATUS__STATUS_MOVED ? status : PSNET__STATUS__STATUS_UNAVAILABLE);
+}
+
+static void on_link_msg(NetSock *ns, WireMsg *m, int r, void *ud) {
+        Link *l = ud;
+        if (r < 0) {
+                log_warning("bad answer from the shard at %s reason=\"%s\"", netsock_name(ns), m->reason);
+                return;
+        }
+        const Psnet__Header *h = m->hdr;
+        if (h->type == PSNET__MSG_TYPE__MSG_ERROR && h->status != PSNET__STATUS__STATUS_DUPLICATE)
+                log_error("shard at %s refused what we sent status=%s reason=\"%s\"", netsock_name(ns),
+                          status_name(h->status), h->reason ? h->reason : "");
+        if (h->has_seq && (h->type == PSNET__MSG_TYPE__MSG_REPLICATE_ACK ||
+                           h->type == PSNET__MSG_TYPE__MSG_CHUNK_ACK || h->type == PSNET__MSG_TYPE__MSG_ERROR))
+                link_answer(l, h->seq, h->status, h);
 }
 
 /* --- in ------------------------------------------------------------------------------ */
 
-/* Installs a chunk state; returns a status for the acknowledgement. */
-static int install(Migrate *mg, WireMsg *m) {
+static int answer(NetSock *data, const WireMsg *m, Psnet__MsgType type, int status, const char *reason,
+                  Psnet__Key **keys, size_t nkeys) {
+        Psnet__Header h;
+        wire_header_init(&h, type);
+        h.has_seq = true;
+        h.seq = m->hdr->seq;
+        h.has_status = status != PSNET__STATUS__STATUS_OK;
+        h.status = status;
+        h.reason = (char *) reason;
+        h.n_keys = nkeys;
+        h.keys = keys;
+        return netsock_send(data, &m->route, &h, NULL, 0);
+}
+
+/* Whether the sender is the shard the map names (with CURVE, by its key). */
+static bool sender_known(Migrate *mg, const WireMsg *m) {
+        Store *s = mg->store;
+        int i = s->map ? shardmap_find(s->map, m->hdr->sender) : -1;
+        if (i < 0)
+                return false;
+        const ShardDesc *d = shardmap_shard(s->map, (size_t) i);
+        return !mg->id->enabled || (d->has_public_key && memcmp(d->public_key, m->peer.key, 32) == 0);
+}
+
+/* Installs a chunk state; returns a status for the answer. */
+static int install(Migrate *mg, WireMsg *m, char *reason, size_t n) {
         const Psnet__Header *h = m->hdr;
         const Psnet__Key *k = h->keys[0];
         const Psnet__ChunkState *cs = h->chunk_state;
-        size_t sbytes = zmq_msg_size(&m->frames[1]);
-        /* Copied straight from the received frames into the new chunk. */
-        int r = store_install(mg->store, k->tensor, k->chunk, zmq_msg_data(&m->frames[0]), k->len,
-                              zmq_msg_data(&m->frames[1]), sbytes / sizeof(float), cs->has_steps ? cs->steps : 0,
-                              h->clock, cs->last_clocks, cs->n_last_clocks);
+        ChunkImage im = {
+                .tensor = k->tensor, .chunk = k->chunk, .len = k->len, .values = zmq_msg_data(&m->frames[0]),
+                .state = zmq_msg_data(&m->frames[1]), .state_floats = zmq_msg_size(&m->frames[1]) / sizeof(float),
+                .steps = cs->has_steps ? cs->steps : 0, .clock = h->clock, .last_clocks = cs->last_clocks,
+                .nlast = cs->n_last_clocks, .pending_workers = cs->pending_workers, .pending = m->frames + 2,
+                .npending = cs->n_pending_workers, .replica = cs->has_replica && cs->replica,
+        };
+        if (im.replica && shardmap_owner_id(mg->store->map, k->tensor, k->chunk) != h->sender) {
+                snprintf(reason, n, "shard %u does not lead chunk (%u,%u) under map epoch %lu", h->sender, k->tensor,
+                         k->chunk, (unsigned long) shardmap_epoch(mg->store->map));
+                return PSNET__STATUS__STATUS_MOVED;
+        }
+        int r = store_install_image(mg->store, &im);
         if (r == -EEXIST)
                 return PSNET__STATUS__STATUS_DUPLICATE;
-        if (r == -ENOENT)
-                return PSNET__STATUS__STATUS_MOVED;
-        if (r < 0)
-                return r == -EINVAL ? PSNET__STATUS__STATUS_INVALID : status_from_errno(r);
+        if (r < 0) {
+                snprintf(reason, n, "chunk (%u,%u) not installed: %s", k->tensor, k->chunk,
+                         r == -ENOENT ? "this shard does not hold it under its map" : strerror(-r));
+                return r == -ENOENT ? PSNET__STATUS__STATUS_MOVED
+                       : r == -EINVAL ? PSNET__STATUS__STATUS_INVALID : status_from_errno(r);
+        }
         mg->moved_in++;
-        log_debug("chunk moved in key=(%u,%u) clock=%ld", k->tensor, k->chunk, (long) h->clock);
+        log_debug("chunk installed key=(%u,%u) clock=%ld parked=%zu as=%s", k->tensor, k->chunk, (long) h->clock,
+                  im.npending, im.replica ? "backup" : "primary");
         return PSNET__STATUS__STATUS_OK;
 }
 
-int migrate_in(Migrate *mg, WireMsg *m, char *reason, size_t n) {
+/* Applies a forwarded push to the copies held here; the keys not here yet go
+ * to missing. Returns a status for the answer. */
+static int replicate(Migrate *mg, WireMsg *m, Psnet__Key **missing, size_t *nmissing, char *reason, size_t n) {
         Store *s = mg->store;
         Psnet__Header *h = m->hdr;
-        if (!s->has_job || h->job != s->job.id || !h->has_clock || h->clock < 0) {
-                snprintf(reason, n, "chunk state for another job");
-                return PSNET__STATUS__STATUS_INVALID;
-        }
-        int st = install(mg, m);
-        if (st == PSNET__STATUS__STATUS_MOVED && s->map && h->epoch > shardmap_epoch(s->map)) {
-                /* Sent under a map this shard has not received yet: keep it for then. */
-                WireMsg *ns = ps_realloc(mg->stash, (mg->nstash + 1) * sizeof *ns);
-                if (ns) {
-                        mg->stash = ns;
-                        mg->stash[mg->nstash++] = *m;
-                        memset(m, 0, sizeof *m); /* ownership moved */
-                        return PSNET__STATUS__STATUS_OK;
+        _cleanup_free_ Chunk **chunks = ps_malloc(h->n_keys * sizeof *chunks);
+        if (!chunks)
+                return PSNET__STATUS__STATUS_RESOURCE;
+        for (size_t i = 0; i < h->n_keys; i++) {
+                int st;
+                const Psnet__Key *k = h->keys[i];
+                chunks[i] = store_lookup_backup(s, k->tensor, k->chunk, k->len, h->sender, &st);
+                if (st == PSNET__STATUS__STATUS_MIGRATING)
+                        missing[(*nmissing)++] = h->keys[i];
+                else if (st != PSNET__STATUS__STATUS_OK) {
+                        snprintf(reason, n, "key (%u,%u): this shard is not a backup of shard %u for it under map "
+                                 "epoch %lu", k->tensor, k->chunk, h->sender, (unsigned long) shardmap_epoch(s->map));
+                        return st;
                 }
         }
-        if (st != PSNET__STATUS__STATUS_OK && st != PSNET__STATUS__STATUS_DUPLICATE) {
-                snprintf(reason, n, "chunk (%u,%u) not installed", h->keys[0]->tensor, h->keys[0]->chunk);
-                return st;
-        }
-        return PSNET__STATUS__STATUS_OK;
+        PushReq *req;
+        if (pushreq_new(NULL, h->seq, h->replicate->worker, h->clock, &req) < 0)
+                return PSNET__STATUS__STATUS_RESOURCE;
+        req->replica = true;
+        for (size_t i = 0; i < h->n_keys; i++)
+                if (chunks[i]) {
+                        int r = gate_push(s, chunks[i], req, &m->frames[i]);
+                        if (r < 0)
+                                req->status = status_from_errno(r);
+                }
+        int st = req->status == PSNET__STATUS__STATUS_DUPLICATE ? PSNET__STATUS__STATUS_OK : req->status;
+        pushreq_settle(s, req, PSNET__STATUS__STATUS_OK);
+        if (st == PSNET__STATUS__STATUS_OK && *nmissing)
+                st = PSNET__STATUS__STATUS_MIGRATING;
+        if (st != PSNET__STATUS__STATUS_OK && st != PSNET__STATUS__STATUS_MIGRATING)
+                snprintf(reason, n, "the forwarded push of worker %u clock %ld was not taken", h->replicate->worker,
+                         (long) h->clock);
+        return st;
 }
 
-void migrate_retry(Migrate *mg) {
+/* Handles m now; false when it must wait for a newer map or membership. */
+static bool handle(Migrate *mg, NetSock *data, WireMsg *m) {
         Store *s = mg->store;
+        Psnet__Header *h = m->hdr;
+        char reason[192] = "";
+        if (s->map && h->epoch > shardmap_epoch(s->map))
+                return false;
+        if (h->type == PSNET__MSG_TYPE__MSG_REPLICATE && h->replicate->has_members_epoch &&
+            h->replicate->members_epoch > s->gate.members_epoch)
+                return false;
+        int st;
+        bool rep = h->type == PSNET__MSG_TYPE__MSG_REPLICATE;
+        _cleanup_free_ Psnet__Key **missing = rep ? ps_malloc((h->n_keys ? h->n_keys : 1) * sizeof *missing) : NULL;
+        size_t nmissing = 0;
+        if (!s->has_job || !s->map || h->job != s->job.id || !h->has_clock || h->clock < 0 || !h->has_seq) {
+                snprintf(reason, sizeof reason, "not for this shard's job (or no job yet)");
+                st = PSNET__STATUS__STATUS_INVALID;
+        } else if ((rep || (h->chunk_state->has_replica && h->chunk_state->replica)) && !sender_known(mg, m)) {
+                /* A copy for a backup comes from a primary of this map (a moving
+                 * chunk may come from a shard that just left it). */
+                snprintf(reason, sizeof reason, "shard %u is not in this shard's map (epoch %lu)%s", h->sender,
+                         (unsigned long) shardmap_epoch(s->map), mg->id->enabled ? ", or its key differs" : "");
+                st = PSNET__STATUS__STATUS_DENIED;
+        } else if (rep && !missing)
+                st = PSNET__STATUS__STATUS_RESOURCE;
+        else if (rep)
+                st = replicate(mg, m, missing, &nmissing, reason, sizeof reason);
+        else
+                st = install(mg, m, reason, sizeof reason);
+        if (st != PSNET__STATUS__STATUS_OK && st != PSNET__STATUS__STATUS_DUPLICATE &&
+            st != PSNET__STATUS__STATUS_MIGRATING && st != PSNET__STATUS__STATUS_MOVED)
+                log_warning("refused a message from shard %u type=%s status=%s reason=\"%s\"", h->sender,
+                            wire_type_name(h->type), status_name(st), reason);
+        int r = answer(data, m, rep ? PSNET__MSG_TYPE__MSG_REPLICATE_ACK : PSNET__MSG_TYPE__MSG_CHUNK_ACK, st,
+                       reason[0] ? reason : NULL, missing, nmissing);
+        if (r < 0)
+                log_warning_errno(r, "Failed to answer shard %u: %m", h->sender);
+        return true;
+}
+
+static bool stashed_from(const Migrate *mg, uint32_t sender) {
+        for (size_t i = 0; i < mg->nstash; i++)
+                if (mg->stash[i].hdr->sender == sender)
+                        return true;
+        return false;
+}
+
+void migrate_in(Migrate *mg, NetSock *data, WireMsg *m) {
+        /* Behind anything of the same sender's that waits: its order is kept. */
+        if (!stashed_from(mg, m->hdr->sender) && handle(mg, data, m))
+                return;
+        WireMsg *ns = mg->nstash < MIGRATE_MAX_STASH ? ps_realloc(mg->stash, (mg->nstash + 1) * sizeof *ns) : NULL;
+        if (!ns) {
+                (void) answer(data, m,
+                              m->hdr->type == PSNET__MSG_TYPE__MSG_REPLICATE ? PSNET__MSG_TYPE__MSG_REPLICATE_ACK
+                                                                              : PSNET__MSG_TYPE__MSG_CHUNK_ACK,
+                              PSNET__STATUS__STATUS_RESOURCE, "too many messages waiting for a newer map", NULL, 0);
+                return;
+        }
+        mg->stash = ns;
+        mg->stash[mg->nstash++] = *m;
+        memset(m, 0, sizeof *m); /* ownership moved */
+}
+
+void migrate_map_changed(Migrate *mg, NetSock *data) {
+        Store *s = mg->store;
+        /* A shard that left the map holds no copies any more: nothing waits on it. */
+        for (size_t i = 0; i < mg->nlinks;) {
+                Link *l = mg->links[i];
+                if (s->map && shardmap_find(s->map, l->id) < 0) {
+                        if (l->n > l->head)
+                                log_info("shard %u left the map: %zu push(es) no longer wait for it", l->id,
+                                         l->n - l->head);
+                        link_release(l, PSNET__STATUS__STATUS_OK);
+                        link_free(l);
+                        mg->links[i] = mg->links[--mg->nlinks];
+                } else
+                        i++;
+        }
+        /* What was kept, in order; a sender's later messages wait behind its first. */
         size_t j = 0;
         for (size_t i = 0; i < mg->nstash; i++) {
                 WireMsg *m = &mg->stash[i];
-                int st = install(mg, m);
-                if (st == PSNET__STATUS__STATUS_MOVED && s->map && m->hdr->epoch > shardmap_epoch(s->map))
-                        mg->stash[j++] = *m;
-                else {
-                        if (st != PSNET__STATUS__STATUS_OK && st != PSNET__STATUS__STATUS_DUPLICATE)
-                                log_error("stashed chunk (%u,%u) could not be installed status=%s",
-                                          m->hdr->keys[0]->tensor, m->hdr->keys[0]->chunk, status_name(st));
+                bool blocked = false;
+                for (size_t k = 0; k < j && !blocked; k++)
+                        blocked = mg->stash[k].hdr->sender == m->hdr->sender;
+                if (!blocked && handle(mg, data, m))
                         wire_msg_done(m);
-                }
+                else
+                        mg->stash[j++] = *m;
         }
         mg->nstash = j;
 }

@@ -1,9 +1,22 @@
-/* Chunks that move between shards when the map changes, written and read in
- * this one file: the old owner sends each leaving chunk (values, optimizer
- * state, step count, clock, de-duplication table) as one MSG_CHUNK_STATE to
- * the new owner's data endpoint, zero-copy; the new owner installs it, or
- * keeps it until the map that sends it there arrives. Refusals come back on
- * the sending shard's DEALER and are logged. */
+/* Everything that travels between shards, written and read in this one file,
+ * over one ordered link (a DEALER to the other shard's data endpoint) per
+ * peer:
+ *
+ *   MSG_CHUNK_STATE  a chunk's whole state (values, optimizer state, step
+ *                    count, clock, de-duplication table, BSP pushes parked on
+ *                    it), zero-copy: to its new primary when it moves, to a
+ *                    backup that lacks it (a new backup, or one rebuilt after
+ *                    a fail-over);
+ *   MSG_REPLICATE    a push the primary admitted, forwarded to every backup of
+ *                    its keys before the primary applies or parks it.
+ *
+ * Every message on a link carries the link's next sequence number and is
+ * answered (CHUNK_ACK, REPLICATE_ACK) in order, so a push is acknowledged to
+ * its worker only once every backup's answer to its forward has come back
+ * (psd-gate's PushReq counts them). A backup that leaves the map (dead, or
+ * removed) no longer holds anything up: its waiting pushes are released when
+ * the map that drops it arrives. A receiver keeps what was sent under a map
+ * it has not received yet, in order, until that map arrives. */
 #pragma once
 #include <stdint.h>
 #include <uv.h>
@@ -17,13 +30,21 @@ int migrate_new(uv_loop_t *loop, void *zctx, const NetIdentity *id, Store *store
                 Migrate **ret);
 Migrate *migrate_free(Migrate *m);
 
-/* StoreMoveFn (userdata: the Migrate): sends chunk c to dest. */
-void migrate_out(void *userdata, Chunk *c, const ShardDesc *dest);
-/* A CHUNK_STATE arrived: installed (OK, DUPLICATE), kept for a map that has not
- * arrived yet (OK; m's contents taken), or refused: a status with a reason. */
-int migrate_in(Migrate *mg, WireMsg *m, char *reason, size_t n);
-/* After a new map: installs the chunk states that were waiting for it. */
-void migrate_retry(Migrate *mg);
+/* StoreMoveFn (userdata: the Migrate): sends chunk c's state to dest. */
+void migrate_out(void *userdata, Chunk *c, const ShardDesc *dest, bool replica);
+/* Forwards an admitted PUSH (m, its keys all led here) to this shard's
+ * backups; req waits for each one's answer. Returns 0, or a status when a
+ * backup cannot be reached (the push must not be acknowledged). */
+int migrate_forward(Migrate *mg, PushReq *req, const WireMsg *m);
+/* A CHUNK_STATE or REPLICATE from another shard: handled and answered on
+ * data (route m->route), or kept for a map that has not arrived yet. */
+void migrate_in(Migrate *mg, NetSock *data, WireMsg *m);
+/* After a new map: releases the pushes waiting on shards that left it, then
+ * handles what was kept for it. */
+void migrate_map_changed(Migrate *mg, NetSock *data);
 
 uint64_t migrate_moved_out(const Migrate *mg);
 uint64_t migrate_moved_in(const Migrate *mg);
+uint64_t migrate_forwarded(const Migrate *mg);
+/* Pushes waiting for a backup's answer. */
+uint64_t migrate_waiting(const Migrate *mg);

@@ -49,14 +49,39 @@ typedef struct Psd {
         Histogram push_latency, pull_latency;
         uint64_t drop_window, drop_logged;
         Psnet__ShardInfo hb;    /* the figures of the heartbeat being sent */
+        bool acknowledging;     /* as last seen by psd_may_acknowledge (for its log lines) */
         uint32_t stragglers[PSD_MAX_STRAGGLERS];
         bool stopping;
         int exit_code;
 } Psd;
 
 static bool redirect_status(int status) {
-        return status == PSNET__STATUS__STATUS_MOVED || status == PSNET__STATUS__STATUS_MIGRATING;
+        return status == PSNET__STATUS__STATUS_MOVED || status == PSNET__STATUS__STATUS_MIGRATING ||
+               status == PSNET__STATUS__STATUS_UNAVAILABLE;
 }
+
+/* Whether this shard may acknowledge: always with a single copy of each key;
+ * with backups, only while it holds its lease, since pscoord promotes them
+ * once the lease has run out. */
+static bool psd_may_acknowledge(Psd *p) {
+        const ShardMap *m = p->store->map;
+        if (!m || shardmap_replicas(m) < 2)
+                return true;
+        /* Stopping: it deregisters, and pscoord promotes its backups at once. */
+        bool ok = !p->stopping && p->coord && session_lease_valid(p->coord, now_ms());
+        if (ok != p->acknowledging) {
+                p->acknowledging = ok;
+                if (ok)
+                        log_info("lease held again: acknowledging");
+                else if (!p->stopping)
+                        log_warning("lease with pscoord ran out: not acknowledging until it is renewed (its backups "
+                                    "take over if pscoord saw it go)");
+        }
+        return ok;
+}
+
+#define PSD_NO_LEASE "this shard's lease with pscoord ran out (its backups may be taking over): retry"
+
 
 static int psd_reply_error(Psd *p, const zmq_msg_t *route, const Psnet__Header *req, int status,
                            const char *reason) {
@@ -93,6 +118,15 @@ static void psd_ack(void *userdata, PushReq *req) {
         h.seq = req->seq;
         h.has_status = req->status != PSNET__STATUS__STATUS_OK;
         h.status = req->status;
+        if ((req->status == PSNET__STATUS__STATUS_OK || req->status == PSNET__STATUS__STATUS_DUPLICATE) &&
+            !psd_may_acknowledge(p)) {
+                /* Held or applied here, but not acknowledged: sent again, it comes
+                 * back DUPLICATE from whichever copy leads then. */
+                h.type = PSNET__MSG_TYPE__MSG_ERROR;
+                h.has_status = true;
+                h.status = PSNET__STATUS__STATUS_UNAVAILABLE;
+                h.reason = (char *) PSD_NO_LEASE;
+        }
         h.has_clock = true;
         h.clock = req->clock;
         h.has_sender = true;
@@ -164,6 +198,10 @@ static void psd_answer(void *userdata, const zmq_msg_t *route, const Psnet__Head
 
 static void psd_pull(Psd *p, WireMsg *m, Chunk **chunks) {
         char reason[192];
+        if (!psd_may_acknowledge(p)) {
+                psd_reply_error(p, &m->route, m->hdr, PSNET__STATUS__STATUS_UNAVAILABLE, PSD_NO_LEASE);
+                return;
+        }
         int st = gate_pull(p->store, &m->route, &m->hdr, chunks, now_ms(), reason, sizeof reason);
         if (st != 0)
                 psd_reply_error(p, &m->route, m->hdr, st, reason);
@@ -172,6 +210,10 @@ static void psd_pull(Psd *p, WireMsg *m, Chunk **chunks) {
 static void psd_push(Psd *p, WireMsg *m, Chunk **chunks) {
         Psnet__Header *h = m->hdr;
         char reason[192];
+        if (!psd_may_acknowledge(p)) {
+                psd_reply_error(p, &m->route, h, PSNET__STATUS__STATUS_UNAVAILABLE, PSD_NO_LEASE);
+                return;
+        }
         /* Admitted whole or not at all: membership, key, finite values. */
         int st = gate_admit_push(p->store, h, m->frames, p->id.enabled ? m->peer.key : NULL, reason, sizeof reason);
         if (st != PSNET__STATUS__STATUS_OK) {
@@ -184,6 +226,13 @@ static void psd_push(Psd *p, WireMsg *m, Chunk **chunks) {
         int r = pushreq_new(&m->route, h->seq, h->sender, h->clock, &req);
         if (r < 0) {
                 psd_reply_error(p, &m->route, h, PSNET__STATUS__STATUS_RESOURCE, "out of memory");
+                return;
+        }
+        /* To the backups first (sharing the frames): acknowledged once they answer. */
+        st = migrate_forward(p->migrate, req, m);
+        if (st != PSNET__STATUS__STATUS_OK) {
+                req->status = st;
+                pushreq_settle(p->store, req, st);
                 return;
         }
         for (size_t i = 0; i < h->n_keys; i++) {
@@ -200,15 +249,14 @@ static void psd_handle_data(Psd *p, WireMsg *m) {
         Psnet__Header *h = m->hdr;
         char reason[192];
 
-        if (h->type == PSNET__MSG_TYPE__MSG_CHUNK_STATE) {
-                int st = migrate_in(p->migrate, m, reason, sizeof reason);
-                if (st != PSNET__STATUS__STATUS_OK)
-                        psd_reply_error(p, &m->route, h, st, reason);
+        if (h->type == PSNET__MSG_TYPE__MSG_CHUNK_STATE || h->type == PSNET__MSG_TYPE__MSG_REPLICATE) {
+                migrate_in(p->migrate, p->data, m);
                 gate_wake(p->store);
                 return;
         }
-        if (h->type == PSNET__MSG_TYPE__MSG_CHUNK_ACK || h->type == PSNET__MSG_TYPE__MSG_ERROR)
-                return; /* answers to our chunk states arrive on the peer sockets, not here */
+        if (h->type == PSNET__MSG_TYPE__MSG_CHUNK_ACK || h->type == PSNET__MSG_TYPE__MSG_REPLICATE_ACK ||
+            h->type == PSNET__MSG_TYPE__MSG_ERROR)
+                return; /* answers to what we send other shards arrive on the links, not here */
         if (h->type != PSNET__MSG_TYPE__MSG_PULL && h->type != PSNET__MSG_TYPE__MSG_PUSH) {
                 snprintf(reason, sizeof reason, "psd serves PULL and PUSH, not %s", wire_type_name(h->type));
                 psd_reply_error(p, &m->route, h, PSNET__STATUS__STATUS_UNKNOWN_TYPE, reason);
@@ -345,11 +393,11 @@ static void psd_apply_config(Psd *p, const Psnet__Config *ctl) {
                 /* Connections made from now on accept the job's largest frame, no more. */
                 p->job_max_msg = job_max_frame(&job);
                 (void) netsock_set_max_msg(p->data, p->job_max_msg);
-                migrate_retry(p->migrate);
                 if (!fresh && ctl->map->epoch != 0)
-                        log_info("map epoch=%lu keys=%lu incoming=%lu moved_out=%lu", (unsigned long) ctl->map->epoch,
-                                 (unsigned long) p->store->nkeys, (unsigned long) store_incoming(p->store),
-                                 (unsigned long) migrate_moved_out(p->migrate));
+                        log_info("map epoch=%lu keys=%lu backup_keys=%lu incoming=%lu moved_out=%lu replicas=%u",
+                                 (unsigned long) ctl->map->epoch, (unsigned long) p->store->nkeys,
+                                 (unsigned long) p->store->backup_keys, (unsigned long) store_incoming(p->store),
+                                 (unsigned long) migrate_moved_out(p->migrate), shardmap_replicas(p->store->map));
                 if (fresh)
                         log_info("job configured job=%u model=%s mode=%s keys=%lu bytes=%lu map_epoch=%lu",
                                  job.id, job.model, job_mode_string(&job, mode, sizeof mode),
@@ -393,6 +441,9 @@ static void psd_apply_config(Psd *p, const Psnet__Config *ctl) {
                                  job_mode_string(&j, mode, sizeof mode));
                 }
         }
+        /* Pushes waiting on shards that left are released; what other shards
+         * sent under this map or membership is handled now. */
+        migrate_map_changed(p->migrate, p->data);
         gate_wake(p->store);
 }
 
@@ -474,6 +525,9 @@ static void psd_heartbeat(Session *s, Psnet__Heartbeat *hb, void *ud) {
         si->stragglers = p->stragglers;
         si->has_stalled_ms = si->n_stragglers > 0;
         si->stalled_ms = ms;
+        si->has_backup_keys = si->has_acknowledging = true;
+        si->backup_keys = p->store->backup_keys;
+        si->acknowledging = psd_may_acknowledge(p);
         hb->shard = si;
 }
 
@@ -518,6 +572,15 @@ static void psd_metrics(void *ud, MetricsBuf *b) {
                     (double) migrate_moved_out(p->migrate));
         metrics_one(b, "psnet_psd_moved_in_total", "counter", "Chunks installed from other shards.",
                     (double) migrate_moved_in(p->migrate));
+        metrics_one(b, "psnet_psd_backup_keys", "gauge", "Keys held as a backup (counted in psnet_psd_keys too).",
+                    (double) s->backup_keys);
+        metrics_one(b, "psnet_psd_forwarded_total", "counter", "Pushes forwarded to backups (one per backup).",
+                    (double) migrate_forwarded(p->migrate));
+        metrics_one(b, "psnet_psd_replication_waiting", "gauge", "Pushes waiting for a backup's answer.",
+                    (double) migrate_waiting(p->migrate));
+        metrics_one(b, "psnet_psd_acknowledging", "gauge",
+                    "1 while this shard may acknowledge (0: its lease ran out and it has backups).",
+                    psd_may_acknowledge(p) ? 1 : 0);
         metrics_histogram(b, "psnet_psd_push_latency_seconds",
                           "From a push's arrival to its acknowledgement (BSP: includes waiting for the others).",
                           &p->push_latency);
@@ -549,6 +612,7 @@ static void psd_status(void *ud, char *buf, size_t n) {
 static void psd_tick(uv_timer_t *t) {
         Psd *p = t->data;
         gate_expire(p->store, now_ms());
+        (void) psd_may_acknowledge(p); /* logs a lease lost while no request came */
 }
 
 static void psd_left(Session *s, int r, WireMsg *m, void *ud) {
@@ -628,7 +692,7 @@ static int psd_security(Psd *p) {
 }
 
 int psd_run(const PsdConfig *cfg) {
-        Psd p = { .cfg = cfg };
+        Psd p = { .cfg = cfg, .acknowledging = true };
         int r;
 
         r = uv_loop_init(&p.loop);
@@ -690,7 +754,7 @@ int psd_run(const PsdConfig *cfg) {
         r = uv_timer_init(&p.loop, &p.tick);
         if (r == 0) {
                 p.tick.data = &p;
-                r = uv_timer_start(&p.tick, psd_tick, 1000, 1000);
+                r = uv_timer_start(&p.tick, psd_tick, 100, 100);
         }
         if (r < 0) {
                 log_error_errno(r, "Failed to start a timer: %s", uv_strerror(r));
@@ -723,8 +787,10 @@ int psd_run(const PsdConfig *cfg) {
                          (unsigned long) p.store->applied, (unsigned long) p.store->copies,
                          (unsigned long) p.errors);
 finish:
-        p.store = store_free(p.store); /* parked pulls and acks in flight are answered before the socket closes */
+        /* Pushes waiting on backups, parked pulls and acks in flight are answered
+         * before the socket closes; the links go first, while the store lives. */
         p.migrate = migrate_free(p.migrate);
+        p.store = store_free(p.store);
         p.data = netsock_close(p.data);
         p.coord = session_free(p.coord);
         p.zap = zap_free(p.zap);

@@ -54,7 +54,8 @@ static Chunk *chunk_free(Store *s, Chunk *c) {
                 return NULL;
         for (size_t i = 0; i < c->npending; i++) {
                 zmq_msg_close(&c->pending[i].grad);
-                pushreq_settle(s, c->pending[i].req, PSNET__STATUS__STATUS_SHUTTING_DOWN);
+                if (c->pending[i].req)
+                        pushreq_settle(s, c->pending[i].req, PSNET__STATUS__STATUS_SHUTTING_DOWN);
         }
         ps_free(c->pending);
         ps_free(c->last_clock);
@@ -123,7 +124,7 @@ static void store_drop_chunks(Store *s) {
                 ps_free(s->chunks[t]);
         }
         s->chunks = mfree(s->chunks);
-        s->nkeys = s->bytes = 0;
+        s->nkeys = s->bytes = s->backup_keys = 0;
 }
 
 Store *store_free(Store *s) {
@@ -137,40 +138,90 @@ Store *store_free(Store *s) {
         return NULL;
 }
 
-int store_install(Store *s, uint32_t tensor, uint32_t chunk, const void *values, uint32_t len,
-                  const void *state, size_t state_floats, uint64_t steps, int64_t clock,
-                  const int64_t *last_clocks, size_t nlast) {
+/* Whether a copy with these figures is newer than c (more steps; as many and
+ * more pushes parked). */
+static bool image_newer(const Chunk *c, const ChunkImage *im) {
+        if (im->steps != c->steps)
+                return im->steps > c->steps;
+        if (im->clock != c->clock)
+                return im->clock > c->clock;
+        return im->npending > c->npending;
+}
+
+static void store_count(Store *s, const Chunk *c, int sign) {
+        uint64_t b = job_chunk_bytes(&s->job, c->tensor, c->chunk);
+        if (sign > 0) {
+                s->nkeys++;
+                s->bytes += b;
+                s->backup_keys += c->backup;
+        } else {
+                s->nkeys--;
+                s->bytes -= b;
+                s->backup_keys -= c->backup;
+        }
+}
+
+int store_install_image(Store *s, const ChunkImage *im) {
+        uint32_t tensor = im->tensor, chunk = im->chunk, len = im->len;
         if (!s->has_job || !s->map || job_chunk_len(&s->job, tensor, chunk) != len)
                 return -EINVAL;
         size_t per = optim_state_per_value(&s->job.optim);
-        if (state_floats != per * len || nlast > 65536)
+        if (im->state_floats != per * len || im->nlast > 65536 || im->npending > 65536)
                 return -EINVAL;
-        if (s->chunks[tensor][chunk])
-                return -EEXIST;
-        if (shardmap_owner_id(s->map, tensor, chunk) != s->shard_id)
+        int rank = shardmap_holder_rank(s->map, tensor, chunk, s->shard_id);
+        if (rank < 0)
                 return -ENOENT;
+        Chunk *old = s->chunks[tensor][chunk];
+        if (old && (!im->replica || !old->backup || !image_newer(old, im)))
+                return -EEXIST;
         Chunk *c;
         int r = chunk_new(&s->job, tensor, chunk, false, &c);
         if (r < 0)
                 return r;
-        memcpy(c->val->data, values, (size_t) len * sizeof(float));
+        memcpy(c->val->data, im->values, (size_t) len * sizeof(float));
         if (per)
-                memcpy(c->state, state, state_floats * sizeof(float));
-        c->steps = steps;
-        c->clock = clock;
-        if (nlast) {
-                c->last_clock = ps_malloc(nlast * sizeof *c->last_clock);
+                memcpy(c->state, im->state, im->state_floats * sizeof(float));
+        c->steps = im->steps;
+        c->clock = im->clock;
+        c->backup = rank > 0;
+        if (im->nlast) {
+                c->last_clock = ps_malloc(im->nlast * sizeof *c->last_clock);
                 if (!c->last_clock) {
                         chunk_free(s, c);
                         return -ENOMEM;
                 }
-                memcpy(c->last_clock, last_clocks, nlast * sizeof *c->last_clock);
-                c->nlast = nlast;
+                memcpy(c->last_clock, im->last_clocks, im->nlast * sizeof *c->last_clock);
+                c->nlast = im->nlast;
+        }
+        for (size_t i = 0; i < im->npending; i++) {
+                r = gate_park_copy(s, c, im->pending_workers[i], zmq_msg_data((zmq_msg_t *) &im->pending[i]),
+                                   zmq_msg_size((zmq_msg_t *) &im->pending[i]));
+                if (r < 0) {
+                        chunk_free(s, c);
+                        return r;
+                }
+        }
+        if (old) {
+                store_count(s, old, -1);
+                chunk_free(s, old);
         }
         s->chunks[tensor][chunk] = c;
-        s->nkeys++;
-        s->bytes += job_chunk_bytes(&s->job, tensor, chunk);
+        store_count(s, c, +1);
+        /* A chunk that moved here to be led: its backups get it from here. */
+        if (rank == 0 && !im->replica && s->move)
+                for (uint32_t i = 1; i < shardmap_replicas(s->map); i++)
+                        s->move(s->move_userdata, c, shardmap_shard(s->map, (size_t) shardmap_holder(s->map, tensor,
+                                                                                                   chunk, i)), true);
         return gate_settle(s);
+}
+
+int store_install(Store *s, uint32_t tensor, uint32_t chunk, const void *values, uint32_t len,
+                  const void *state, size_t state_floats, uint64_t steps, int64_t clock,
+                  const int64_t *last_clocks, size_t nlast) {
+        const ChunkImage im = { .tensor = tensor, .chunk = chunk, .len = len, .values = values, .state = state,
+                                .state_floats = state_floats, .steps = steps, .clock = clock,
+                                .last_clocks = last_clocks, .nlast = nlast };
+        return store_install_image(s, &im);
 }
 
 uint64_t store_incoming(const Store *s) {
@@ -179,10 +230,62 @@ uint64_t store_incoming(const Store *s) {
                 return 0;
         for (uint32_t t = 0; t < s->job.ntensors; t++)
                 for (uint32_t k = 0; s->chunks[t] && k < s->job.tensors[t].nchunks; k++)
-                        if (!s->chunks[t][k] &&
-                            shardmap_owner_id(s->map, t, k) == s->shard_id)
+                        if (!s->chunks[t][k] && shardmap_holder_rank(s->map, t, k, s->shard_id) >= 0)
                                 n++;
         return n;
+}
+
+/* Whether the shard at index i of new held key (t, k) under old. */
+static bool held_before(const ShardMap *old, const ShardMap *new, uint32_t t, uint32_t k, int i) {
+        return old && i >= 0 && shardmap_holder_rank(old, t, k, shardmap_shard(new, (size_t) i)->id) >= 0;
+}
+
+/* Key (t, k) under the new map s->map (old: the one before, NULL for the
+ * job's first): created (first map), kept (promoted, demoted), sent where it
+ * is missing, or dropped. */
+static int chunk_remap(Store *s, const ShardMap *old, uint32_t t, uint32_t k, bool first_map) {
+        const ShardMap *m = s->map;
+        int rank = shardmap_holder_rank(m, t, k, s->shard_id);
+        Chunk *c = s->chunks[t][k];
+        if (!c) {
+                /* The first map of a job: every copy starts from the same
+                 * initial values. Later, a copy arrives from its primary. */
+                if (rank < 0 || !first_map)
+                        return 0;
+                int r = chunk_new(&s->job, t, k, true, &s->chunks[t][k]);
+                if (r < 0)
+                        return r;
+                s->chunks[t][k]->backup = rank > 0;
+                store_count(s, s->chunks[t][k], +1);
+                return 0;
+        }
+        int primary = shardmap_holder(m, t, k, 0);
+        if (!c->backup && rank != 0) {
+                /* No longer led here: the new primary gets it unless it has a copy. */
+                if (rank < 0)
+                        gate_chunk_leaving(s, c);
+                else
+                        gate_chunk_demoted(s, c);
+                if (!held_before(old, m, t, k, primary) && s->move)
+                        s->move(s->move_userdata, c, shardmap_shard(m, (size_t) primary), false);
+        }
+        if (rank < 0) {
+                store_count(s, c, -1);
+                s->chunks[t][k] = chunk_free(s, c);
+                return 0;
+        }
+        if (c->backup != (rank > 0)) {
+                store_count(s, c, -1);
+                c->backup = rank > 0;
+                store_count(s, c, +1);
+        }
+        /* Led here: every backup without a copy gets one. */
+        for (uint32_t i = 1; rank == 0 && i < shardmap_replicas(m); i++) {
+                int b = shardmap_holder(m, t, k, i);
+                if (!held_before(old, m, t, k, b) && s->move)
+                        s->move(s->move_userdata, c, shardmap_shard(m, (size_t) b), true);
+        }
+        return 0;
 }
 
 int store_configure(Store *s, const Job *job, const ShardMap *map) {
@@ -223,35 +326,26 @@ int store_configure(Store *s, const Job *job, const ShardMap *map) {
         bool first_map = s->map == NULL || fresh;
         /* The new map first: chunks that leave are sent under its epoch, which lets
          * a new owner that has not received the map yet keep them until it does. */
-        shardmap_free(s->map);
+        ShardMap *prev = s->map, *old = first_map ? NULL : prev;
         s->map = copy;
-        s->nkeys = s->bytes = 0;
         for (uint32_t t = 0; t < job->ntensors; t++) {
                 uint32_t n = job->tensors[t].nchunks;
                 if (!s->chunks[t]) {
                         s->chunks[t] = ps_calloc(n, sizeof(Chunk *));
-                        if (!s->chunks[t])
+                        if (!s->chunks[t]) {
+                                shardmap_free(prev);
                                 return -ENOMEM;
+                        }
                 }
                 for (uint32_t k = 0; k < n; k++) {
-                        int owner = shardmap_lookup(copy, t, k);
-                        bool mine = shardmap_shard(copy, (size_t) owner)->id == s->shard_id;
-                        if (mine && !s->chunks[t][k] && first_map) {
-                                r = chunk_new(job, t, k, true, &s->chunks[t][k]);
-                                if (r < 0)
-                                        return r;
-                        } else if (!mine && s->chunks[t][k]) {
-                                gate_chunk_leaving(s, s->chunks[t][k]);
-                                if (s->move)
-                                        s->move(s->move_userdata, s->chunks[t][k], shardmap_shard(copy, (size_t) owner));
-                                s->chunks[t][k] = chunk_free(s, s->chunks[t][k]);
-                        }
-                        if (s->chunks[t][k]) {
-                                s->nkeys++;
-                                s->bytes += job_chunk_bytes(job, t, k);
+                        r = chunk_remap(s, old, t, k, first_map);
+                        if (r < 0) {
+                                shardmap_free(prev);
+                                return r;
                         }
                 }
         }
+        shardmap_free(prev);
         return gate_settle(s);
 }
 
@@ -270,13 +364,44 @@ Chunk *store_lookup(Store *s, uint32_t tensor, uint32_t chunk, uint32_t len, int
                 return NULL;
         }
         Chunk *c = s->chunks[tensor][chunk];
-        if (!c) {
+        if (!c || c->backup) {
                 bool mine = s->map && shardmap_owner_id(s->map, tensor, chunk) == s->shard_id;
                 *ret_status = mine ? PSNET__STATUS__STATUS_MIGRATING : PSNET__STATUS__STATUS_MOVED;
                 return NULL;
         }
         *ret_status = PSNET__STATUS__STATUS_OK;
         return c;
+}
+
+Chunk *store_lookup_backup(Store *s, uint32_t tensor, uint32_t chunk, uint32_t len, uint32_t primary,
+                           int *ret_status) {
+        if (!s->has_job || !s->map) {
+                *ret_status = PSNET__STATUS__STATUS_NO_JOB;
+                return NULL;
+        }
+        uint32_t want = job_chunk_len(&s->job, tensor, chunk);
+        if (want == 0 || want != len) {
+                *ret_status = want ? PSNET__STATUS__STATUS_SIZE : PSNET__STATUS__STATUS_UNKNOWN_KEY;
+                return NULL;
+        }
+        if (shardmap_owner_id(s->map, tensor, chunk) != primary ||
+            shardmap_holder_rank(s->map, tensor, chunk, s->shard_id) <= 0) {
+                *ret_status = PSNET__STATUS__STATUS_MOVED;
+                return NULL;
+        }
+        Chunk *c = s->chunks[tensor][chunk];
+        *ret_status = c ? PSNET__STATUS__STATUS_OK : PSNET__STATUS__STATUS_MIGRATING;
+        return c;
+}
+
+size_t store_backups(const Store *s, uint32_t *idx, size_t max) {
+        if (!s->map)
+                return 0;
+        int me = shardmap_find(s->map, s->shard_id);
+        size_t n = 0, ns = shardmap_size(s->map);
+        for (uint32_t i = 1; me >= 0 && i < shardmap_replicas(s->map) && n < max; i++)
+                idx[n++] = (uint32_t) (((size_t) me + i) % ns);
+        return n;
 }
 
 int store_lookup_keys(Store *s, const Psnet__Header *h, Chunk **chunks, char *reason, size_t n) {

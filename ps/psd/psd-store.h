@@ -29,6 +29,7 @@ typedef struct Chunk {
         float *state;           /* optimizer state, optim_state_per_value * len */
         uint64_t steps;         /* updates applied */
         int64_t clock;          /* BSP clocks closed (ASP/SSP updates leave it; steps counts them) */
+        bool backup;            /* held as a backup: updated by the primary's forwarded pushes only */
         /* The gate's, per chunk: */
         Pending *pending;       /* BSP: pushes parked for clock `clock` */
         size_t npending, cpending;
@@ -37,10 +38,27 @@ typedef struct Chunk {
         size_t nlast;
 } Chunk;
 
-/* A chunk leaves this shard (the map gave it to dest): the callback sends its
- * state; the store frees it afterwards. The gate refused the pushes parked on
- * it (MOVED) before the call, so the workers resend them to dest. */
-typedef void (*StoreMoveFn)(void *userdata, Chunk *c, const ShardDesc *dest);
+/* The callback sends c's state to dest. replica false: c moves to dest, its
+ * new primary (the gate refused the pushes parked on it, MOVED, before the
+ * call, so the workers resend them there). replica true: dest becomes (or is
+ * rebuilt as) a backup of c, whose primary this shard is; the state carries
+ * the parked pushes. */
+typedef void (*StoreMoveFn)(void *userdata, Chunk *c, const ShardDesc *dest, bool replica);
+
+/* A chunk's state as it travels (psd-migrate.c). */
+typedef struct ChunkImage {
+        uint32_t tensor, chunk, len;
+        const void *values, *state;
+        size_t state_floats;
+        uint64_t steps;
+        int64_t clock;
+        const int64_t *last_clocks;
+        size_t nlast;
+        const uint32_t *pending_workers;  /* BSP pushes parked for clock */
+        const zmq_msg_t *pending;         /* their gradient frames */
+        size_t npending;
+        bool replica;   /* a backup's copy from its primary: replaces an older copy */
+} ChunkImage;
 
 typedef struct Store {
         Job job;
@@ -49,6 +67,7 @@ typedef struct Store {
         ShardMap *map;
         Chunk ***chunks;        /* [tensor][chunk]: NULL when not owned */
         uint64_t nkeys, bytes;
+        uint64_t backup_keys;   /* of nkeys, those held as a backup */
         uint64_t pushes, pulls, applied;
         uint64_t copies;        /* values copied before an update because a pull reply still read them */
         StoreMoveFn move;
@@ -74,13 +93,27 @@ int store_configure(Store *s, const Job *job, const ShardMap *map);
 int store_install(Store *s, uint32_t tensor, uint32_t chunk, const void *values, uint32_t len,
                   const void *state, size_t state_floats, uint64_t steps, int64_t clock,
                   const int64_t *last_clocks, size_t nlast);
+/* The same from an image. A replica image (a backup being built) replaces the
+ * copy held unless that one is as new or newer (steps, then parked pushes):
+ * -EEXIST then. A moved chunk this shard now leads goes to its backups (the
+ * move callback, replica true). */
+int store_install_image(Store *s, const ChunkImage *im);
 
 /* Keys the map gives this shard that have not arrived yet. */
 uint64_t store_incoming(const Store *s);
 
-/* The chunk for a key or NULL. *ret_status says why not: NO_JOB, UNKNOWN_KEY,
- * SIZE, MOVED (another shard's), MIGRATING (on its way here). */
+/* The chunk for a key this shard is the primary of, or NULL. *ret_status says
+ * why not: NO_JOB, UNKNOWN_KEY, SIZE, MOVED (another shard leads it),
+ * MIGRATING (on its way here). */
 Chunk *store_lookup(Store *s, uint32_t tensor, uint32_t chunk, uint32_t len, int *ret_status);
+/* The chunk for a key this shard is a backup of, forwarded by primary (a
+ * shard id): NULL with MOVED when the map says otherwise, MIGRATING when the
+ * copy has not arrived. */
+Chunk *store_lookup_backup(Store *s, uint32_t tensor, uint32_t chunk, uint32_t len, uint32_t primary,
+                           int *ret_status);
+/* The shards after this one that hold copies of its keys (its backups under
+ * the map), at most max, as indices into the map: the count. */
+size_t store_backups(const Store *s, uint32_t *idx, size_t max);
 
 /* Looks every key of a PULL or PUSH up (and its job id): OK with chunks
  * filled, or the status of the first key that is not here, with a reason. */

@@ -83,8 +83,10 @@ grep -qE "^1 +ipc://$RUN/q1.sock" <<<"$out"; ok $? "psctl status lists shard 1 w
 json=$("$PSCTL" --coord "$COORD" --json status)
 if command -v jq >/dev/null; then
   jq -e '.shards | length == 3' <<<"$json" >/dev/null; ok $? "psctl --json is valid JSON with 3 shards"
-  jq -e '([.shards[].keys] | add) == .job.keys' <<<"$json" >/dev/null
-  ok $? "the shards hold the job's $(jq .job.keys <<<"$json") keys between them"
+  jq -e '([.shards[] | .keys - .backup_keys] | add) == .job.keys' <<<"$json" >/dev/null
+  ok $? "the shards lead the job's $(jq .job.keys <<<"$json") keys between them"
+  jq -e '([.shards[].backup_keys] | add) == .job.keys * (.job.replicas - 1) and .job.replicas == 2' <<<"$json" >/dev/null
+  ok $? "and hold $(jq '.job.replicas' <<<"$json") copies of each (backups: $(jq '[.shards[].backup_keys] | add' <<<"$json"))"
   # A fair share each: the model's few large tensors are cut into smaller chunks.
   jq -e '([.shards[].bytes] | add / 3) as $s | all(.shards[].bytes; . >= 0.9 * $s and . <= 1.1 * $s)' <<<"$json" >/dev/null
   ok $? "each of 3 shards holds a third of the bytes within 10% ($(jq -c '[.shards[].bytes]' <<<"$json"))"

@@ -2,10 +2,12 @@
 # pscoord killed mid-run and restarted with the same flags: while it is away the
 # shards keep serving pushes and pulls (training goes on), then the shards and
 # the workers register again, training goes on from where it was, the job ends.
+# One copy of each key (--replicas 1): with backups, a shard stops acknowledging
+# once its lease runs out (test-failover), since pscoord could promote them.
 source "$(dirname "$0")/lib.sh"
 
 COORD="ipc://$RUN/coord.sock"
-args=(--listen "$COORD" --workers 2 --shards 2 --mode bsp --epochs 8 --lease-ms 1000 "${SUBSET[@]}")
+args=(--listen "$COORD" --workers 2 --shards 2 --replicas 1 --mode bsp --epochs 8 --lease-ms 1000 "${SUBSET[@]}")
 psnet_start pscoord "$PSCOORD" "${args[@]}"
 for i in 1 2; do psnet_start "psd-$i" "$PSD" --id $i --listen "ipc://$RUN/psd-$i.sock" --coord "$COORD"; done
 for i in 1 2; do psnet_start "workerd-$i" "$WORKERD" --coord "$COORD" --trace-pulls; done

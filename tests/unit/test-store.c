@@ -23,9 +23,10 @@ typedef struct Moved {
 static Moved moved[64];
 static size_t moved_n;
 
-static void on_move(void *ud, Chunk *c, const ShardDesc *dest) {
+static void on_move(void *ud, Chunk *c, const ShardDesc *dest, bool replica) {
         (void) dest;
         (void) ud;
+        (void) replica;
         if (moved_n >= 64)
                 return;
         Moved *m = &moved[moved_n++];

@@ -305,14 +305,14 @@ static void test_bodies(void) {
 /* One table: every status maps to a distinct errno and back; names are unique. */
 static void test_status_table(void) {
         bool ok = true;
-        for (int st = PSNET__STATUS__STATUS_OK; st <= PSNET__STATUS__STATUS_NOT_FINITE; st++) {
+        for (int st = PSNET__STATUS__STATUS_OK; st <= PSNET__STATUS__STATUS_UNAVAILABLE; st++) {
                 int e = status_to_errno(st);
                 if (status_from_errno(e) != st || strcmp(status_name(st), "unknown") == 0) {
                         ok = false;
                         printf("# status %d -> errno %d -> status %d (%s)\n", st, e, status_from_errno(e),
                                status_name(st));
                 }
-                for (int o = st + 1; o <= PSNET__STATUS__STATUS_NOT_FINITE; o++)
+                for (int o = st + 1; o <= PSNET__STATUS__STATUS_UNAVAILABLE; o++)
                         if (strcmp(status_name(st), status_name(o)) == 0)
                                 ok = false;
         }

@@ -176,6 +176,15 @@ Client *client_free(Client *c) {
         return NULL;
 }
 
+void client_abort(Client *c) {
+        if (!c->busy)
+                return;
+        c->busy = false;
+        c->cb = NULL;
+        (void) uv_timer_stop(&c->deadline);
+        (void) uv_timer_stop(&c->retry);
+}
+
 int client_set_map(Client *c, const ShardMap *map) {
         if (c->busy)
                 return -EBUSY;
@@ -360,9 +369,13 @@ static int handle_reply(Client *c, ShardConn *s, WireMsg *m) {
                 log_debug("moved shard=%u epoch=%lu: waiting for the new map", s->id, (unsigned long) h->epoch);
                 return -EAGAIN;
         }
-        if (moved || (h->type == PSNET__MSG_TYPE__MSG_ERROR && h->status == PSNET__STATUS__STATUS_MIGRATING)) {
-                /* The shard has not caught up with the map this worker routes by, or
-                 * the key is on its way there: ask again shortly. */
+        if (moved || h->status == PSNET__STATUS__STATUS_MIGRATING || h->status == PSNET__STATUS__STATUS_UNAVAILABLE) {
+                /* The shard has not caught up with the map this worker routes by,
+                 * the key is on its way there, or the shard may not acknowledge
+                 * now (a fail-over under way): ask again shortly. A push resent
+                 * comes back DUPLICATE where it was held already. */
+                if (h->status == PSNET__STATUS__STATUS_UNAVAILABLE)
+                        c->stats.unavailable++;
                 schedule_retry(c, s, h->seq, 20);
                 return 0;
         }

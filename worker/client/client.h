@@ -15,6 +15,7 @@
 typedef struct ClientStats {
         uint64_t bytes_pushed, bytes_pulled, rounds;
         uint64_t stale_pushes;     /* refused as STALE: dropped, reported, not fatal */
+        uint64_t unavailable;      /* answered UNAVAILABLE (a fail-over under way): asked again */
         double wait_s;             /* time spent waiting for shards */
 } ClientStats;
 
@@ -34,6 +35,9 @@ Client *client_free(Client *c);
 
 /* Routes by a new shard map (reconnecting). Drops a prefetch in flight. */
 int client_set_map(Client *c, const ShardMap *map);
+/* Gives up the round in progress without calling its callback (a newer map
+ * arrived: the caller runs the round again under it). */
+void client_abort(Client *c);
 uint64_t client_map_epoch(const Client *c);
 uint64_t client_need_epoch(const Client *c);
 /* Gives up on a round after this long without completing (default 120 s). */

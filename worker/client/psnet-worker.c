@@ -88,6 +88,8 @@ static int take_map(PsnetWorker *w, const Psnet__ShardMap *pm) {
 }
 
 static void round_resume(PsnetWorker *w);
+static int round_start(PsnetWorker *w);
+static void round_done(PsnetWorker *w, int r);
 
 static void apply_config(PsnetWorker *w, const Psnet__Config *ctl) {
         char err[192];
@@ -130,6 +132,15 @@ static void apply_config(PsnetWorker *w, const Psnet__Config *ctl) {
                                  shardmap_size(w->map));
                         if (w->waiting_map)
                                 round_resume(w);
+                        else if (w->round_cb && w->client && client_busy(w->client)) {
+                                /* A round in flight under the old map may wait on a shard
+                                 * that is gone (a fail-over): run it again under the new
+                                 * one. What was held already comes back DUPLICATE. */
+                                client_abort(w->client);
+                                int r = round_start(w);
+                                if (r < 0)
+                                        round_done(w, r);
+                        }
                 }
         } else if (ctl->job && w->has_job && ctl->job->id != w->job.id) {
                 log_warning("pscoord moved to job %u; this worker trains job %u and stops", ctl->job->id, w->job.id);
@@ -422,6 +433,18 @@ int psnet_worker_result(PsnetWorker *w, bool has_accuracy, float accuracy, Psnet
         wi.done = true;
         wi.has_accuracy = has_accuracy;
         wi.accuracy = accuracy;
+        if (has_accuracy && w->params) {
+                /* The weights evaluated (the last round's), as one FNV-1a 64 over
+                 * their bytes in key order: equal digests, equal weights. */
+                uint64_t d = 0xcbf29ce484222325ull;
+                for (size_t t = 0; t < w->job.ntensors; t++) {
+                        const unsigned char *b = (const unsigned char *) w->params[t];
+                        for (uint64_t i = 0; b && i < w->job.tensors[t].numel * sizeof(float); i++)
+                                d = (d ^ b[i]) * 0x100000001b3ull;
+                }
+                wi.has_weights_digest = true;
+                wi.weights_digest = d;
+        }
         res.worker = &wi;
         wire_header_init(&h, PSNET__MSG_TYPE__MSG_RESULT);
         h.body_case = PSNET__HEADER__BODY_RESULT;

@@ -1,0 +1,73 @@
+#!/usr/bin/env bash
+# Replicated shards: every key lives on its primary and on a backup (--replicas
+# 2, the default with two shards or more). The same BSP job runs three times on
+# fresh daemons: undisturbed; with a primary killed (-9) mid-run, its backups
+# taking over; with pscoord stopped (SIGSTOP) long enough for the shards' leases
+# to run out. BSP is deterministic, so a push lost or applied twice changes the
+# final weights: all three runs must end with the same weights digest. A job
+# that keeps one copy fails at once, with the reason, when a shard dies.
+source "$(dirname "$0")/lib.sh"
+
+JOB=(--workers 2 --shards 3 --mode bsp --epochs 2 --batch 64 "${SUBSET[@]}")
+
+# start_cluster TAG [JOB OPTIONS...]: pscoord, three shards and two workers of run TAG.
+start_cluster() {
+  local tag=$1; shift
+  COORD="ipc://$RUN/coord-$tag.sock"
+  psnet_start "pscoord-$tag" "$PSCOORD" --listen "$COORD" "${JOB[@]}" "$@"
+  for i in 1 2 3; do
+    psnet_start "psd-$tag-$i" "$PSD" --id $i --listen "ipc://$RUN/psd-$tag-$i.sock" --coord "$COORD"
+  done
+  for i in 1 2; do psnet_start "workerd-$tag-$i" "$WORKERD" --coord "$COORD" --trace-pulls; done
+}
+# digest_of TAG: the final weights' digest pscoord logged for run TAG.
+digest_of() { sed -n 's/.*msg="job done".* weights=\([0-9a-f]*\).*/\1/p' "$RUN/pscoord-$1.log" | tail -1; }
+pulled() { logs_match "msg=\"pulled\" clock=$2 " "workerd-$1-1.log"; }
+
+# 1. Undisturbed.
+start_cluster a
+out=$("$PSCTL" --coord "$COORD" job wait --wait 300); ok $? "an undisturbed job with 3 shards finishes ($out)"
+grep -q 'replicas=2' "$RUN/pscoord-a.log"; ok $? "two copies of every key by default with three shards"
+want=$(digest_of a)
+[ -n "$want" ]; ok $? "pscoord reports the final weights' digest ($want)"
+psnet_stop_all
+
+# 2. A primary killed at clock 40: its backups lead from the next map on.
+start_cluster b
+psnet_wait_for 60 pulled b 40; ok $? "run b trains to clock 40"
+kill -KILL "$PID_psd_b_1"; ok $? "SIGKILL shard 1"
+psnet_wait_for 10 logs_match 'msg="fail-over" shard_id=1' 'pscoord-b.log'; ok $? "pscoord fails shard 1 over to its backups"
+out=$("$PSCTL" --coord "$COORD" job wait --wait 300); ok $? "the job finishes without shard 1 ($out)"
+got=$(digest_of b)
+[ -n "$got" ] && [ "$got" = "$want" ]; ok $? "final weights identical to the undisturbed run ($got = $want)"
+logs_match 'msg="chunk sent".*as=backup|moved_out=[1-9]' 'psd-b-*.log' || \
+  logs_match 'map epoch=.* incoming=0' 'psd-b-[23].log'
+ok $? "the survivors rebuilt the lost copies"
+grep -q 'push not applied' "$RUN"/workerd-b-*.log; ok $(( $? == 0 )) "no push was refused for good"
+psnet_stop_all
+
+# 3. pscoord stopped: the shards' leases run out and they stop acknowledging;
+# pscoord continued, nothing was lost (no fail-over: pscoord did not see them go).
+start_cluster c
+psnet_wait_for 60 pulled c 40; ok $? "run c trains to clock 40"
+kill -STOP "$PID_pscoord_c"; ok $? "SIGSTOP pscoord"
+for i in 1 2 3; do
+  psnet_wait_for 10 grep -q 'not acknowledging' "$RUN/psd-c-$i.log"; ok $? "shard $i stops acknowledging once its lease ran out"
+done
+c_stop=$(sed -n 's/.*msg="pulled" clock=\([0-9]*\) .*/\1/p' "$RUN/workerd-c-1.log" | tail -1)
+kill -CONT "$PID_pscoord_c"; ok $? "SIGCONT pscoord"
+psnet_wait_for 10 logs_match 'lease held again' 'psd-c-1.log'; ok $? "shard 1 acknowledges again"
+out=$("$PSCTL" --coord "$COORD" job wait --wait 300); ok $? "the job finishes ($out)"
+grep -q 'msg="fail-over"' "$RUN/pscoord-c.log"; ok $(( $? == 0 )) "no fail-over: pscoord did not run, so it saw no shard go"
+got=$(digest_of c)
+[ -n "$got" ] && [ "$got" = "$want" ]; ok $? "final weights identical to the undisturbed run ($got = $want; stopped at clock $c_stop)"
+psnet_stop_all
+
+# 4. One copy of each key: a dead shard's keys are gone, and the job says so at once.
+start_cluster d --replicas 1
+psnet_wait_for 60 pulled d 20; ok $? "run d (--replicas 1) trains to clock 20"
+kill -KILL "$PID_psd_d_2"; ok $? "SIGKILL shard 2"
+psnet_wait_for 10 sh -c "'$PSCTL' --coord '$COORD' --json status | grep -q '\"state\":\"failed\"'"
+ok $? "the job fails within seconds, not after a time-out"
+"$PSCTL" --coord "$COORD" --json status | grep -q 'only copy of key.*--replicas'
+ok $? "the reason names the lost key and --replicas"
