@@ -128,8 +128,9 @@ int print_status_json(const Psnet__StatusRep *s) {
         json_t *shards = json_array(), *workers = json_array();
         for (size_t i = 0; shards && i < s->n_shards; i++) {
                 const Psnet__ShardInfo *h = s->shards[i];
-                json_array_append_new(shards, json_pack("{s:I,s:o,s:I,s:I,s:b,s:I,s:I,s:I,s:I,s:I,s:I,s:b,s:I,s:I}",
+                json_array_append_new(shards, json_pack("{s:I,s:o,s:I,s:I,s:I,s:I,s:b,s:I,s:I,s:I,s:I,s:I,s:I,s:b,s:I,s:I}",
                         "id", (json_int_t) h->id, "endpoint", jstr(h->endpoint), "keys", (json_int_t) h->keys,
+                        "min_steps", (json_int_t) h->min_steps, "max_steps", (json_int_t) h->max_steps,
                         "backup_keys", (json_int_t) h->backup_keys,
                         "acknowledging", (int) (!h->has_acknowledging || h->acknowledging),
                         "bytes", (json_int_t) h->bytes, "clock", (json_int_t) h->clock,

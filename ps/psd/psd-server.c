@@ -525,6 +525,8 @@ static void psd_heartbeat(Session *s, Psnet__Heartbeat *hb, void *ud) {
         si->stragglers = p->stragglers;
         si->has_stalled_ms = si->n_stragglers > 0;
         si->stalled_ms = ms;
+        si->has_min_steps = si->has_max_steps = true;
+        store_steps(p->store, &si->min_steps, &si->max_steps);
         si->has_backup_keys = si->has_acknowledging = true;
         si->backup_keys = p->store->backup_keys;
         si->acknowledging = psd_may_acknowledge(p);

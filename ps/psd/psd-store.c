@@ -453,6 +453,20 @@ int store_value_msg(Store *s, Chunk *c, zmq_msg_t *ret) {
         return 0;
 }
 
+void store_steps(const Store *s, uint64_t *ret_min, uint64_t *ret_max) {
+        uint64_t lo = UINT64_MAX, hi = 0;
+        for (size_t t = 0; s->has_job && s->chunks && t < s->job.ntensors; t++)
+                for (uint32_t k = 0; s->chunks[t] && k < s->job.tensors[t].nchunks; k++) {
+                        const Chunk *c = s->chunks[t][k];
+                        if (!c || c->backup)
+                                continue;
+                        lo = MIN(lo, c->steps);
+                        hi = MAX(hi, c->steps);
+                }
+        *ret_min = lo == UINT64_MAX ? 0 : lo;
+        *ret_max = hi;
+}
+
 int64_t store_max_clock(const Store *s) {
         int64_t m = 0;
         if (!s->has_job || !s->chunks)

@@ -135,5 +135,8 @@ int64_t store_clock(const Store *s);
 /* Highest chunk clock over owned chunks (0 when none). */
 int64_t store_max_clock(const Store *s);
 
+/* The fewest and the most updates applied to a chunk this shard leads (0, 0
+ * when none). */
+void store_steps(const Store *s, uint64_t *ret_min, uint64_t *ret_max);
 /* Calls fn on every chunk this shard owns. */
 void store_foreach(Store *s, void (*fn)(Store *s, Chunk *c, void *ud), void *ud);

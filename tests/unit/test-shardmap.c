@@ -219,8 +219,83 @@ static void test_from_owners(void) {
               "placing on no shards");
 }
 
+/* Replicas: each key on its owner and the next R-1 shards in id order; a
+ * fail-over gives a dead shard's keys to their first live backup and moves
+ * nothing else; a key whose every copy is gone is named. */
+static void test_replicas(void) {
+        const uint32_t ids[4] = { 10, 20, 30, 40 };
+        Job job = job_of("mlp:784-256-10", 4096);
+        ShardMap *m = NULL, *f = NULL, *g = NULL;
+        make_descs(ids, 4);
+        if (!CHECK(shardmap_place(5, descs, 4, &job, &m) == 0, "place over 4 shards"))
+                return;
+        CHECK(shardmap_replicas(m) == 1, "one copy unless set");
+        shardmap_set_replicas(m, 9);
+        CHECK(shardmap_replicas(m) == 4, "at most one copy per shard (9 asked, %u kept)", shardmap_replicas(m));
+        shardmap_set_replicas(m, 2);
+        size_t nk = shardmap_nkeys(m), ring_ok = 0, rank_ok = 0;
+        for (uint32_t t = 0; t < job.ntensors; t++)
+                for (uint32_t c = 0; c < job.tensors[t].nchunks; c++) {
+                        int o = shardmap_lookup(m, t, c), b = shardmap_holder(m, t, c, 1);
+                        ring_ok += shardmap_holder(m, t, c, 0) == o && b == (o + 1) % 4 &&
+                                   shardmap_holder(m, t, c, 2) == -ENOENT;
+                        uint32_t oid = shardmap_shard(m, (size_t) o)->id, bid = shardmap_shard(m, (size_t) b)->id;
+                        int others = 0;
+                        for (size_t i = 0; i < 4; i++)
+                                others += shardmap_holder_rank(m, t, c, ids[i]) < 0;
+                        rank_ok += shardmap_holder_rank(m, t, c, oid) == 0 && shardmap_holder_rank(m, t, c, bid) == 1 &&
+                                   others == 2;
+                }
+        CHECK(ring_ok == nk, "every key's backup is the next shard by id, cyclically (%zu of %zu)", ring_ok, nk);
+        CHECK(rank_ok == nk, "holder ranks: 0 the owner, 1 the backup, -1 the rest (%zu of %zu)", rank_ok, nk);
+        uint64_t bytes[4], load[4], total = loads(m, &job, load), sum = 0;
+        shardmap_bytes(m, &job, bytes);
+        for (size_t i = 0; i < 4; i++)
+                sum += bytes[i];
+        CHECK(sum == 2 * total * 2, "shardmap_bytes counts both copies (values + momentum): %llu",
+              (unsigned long long) sum);
+        ShardMap *d = shardmap_dup(m);
+        CHECK(d && shardmap_replicas(d) == 2, "shardmap_dup keeps the replicas");
+        shardmap_free(d);
+
+        uint32_t dead = 20, lt = 99, lk = 99;
+        int r = shardmap_failover(m, 6, &dead, 1, &f, &lt, &lk);
+        if (!CHECK(r == 0 && f, "fail-over of shard 20 (%d)", r))
+                goto out;
+        CHECK(shardmap_epoch(f) == 6 && shardmap_size(f) == 3 && shardmap_find(f, 20) < 0 && shardmap_replicas(f) == 2,
+              "the new map: epoch 6, shards 10 30 40, two copies");
+        size_t promoted = 0, kept = 0, stray = 0;
+        for (uint32_t t = 0; t < job.ntensors; t++)
+                for (uint32_t c = 0; c < job.tensors[t].nchunks; c++) {
+                        uint32_t was = shardmap_owner_id(m, t, c), now = shardmap_owner_id(f, t, c);
+                        if (was == 20)
+                                promoted += now == shardmap_shard(m, (size_t) shardmap_holder(m, t, c, 1))->id;
+                        else if (was == now)
+                                kept++;
+                        else
+                                stray++;
+                }
+        CHECK(promoted + kept == nk && stray == 0,
+              "shard 20's keys went to their backup (%zu), no other key moved (%zu kept, %zu moved)", promoted, kept,
+              stray);
+        /* Two neighbours gone at once with two copies: some key had both. */
+        uint32_t both[2] = { 30, 40 };
+        r = shardmap_failover(m, 7, both, 2, &g, &lt, &lk);
+        bool lost_named = r == -ENODATA && shardmap_owner_id(m, lt, lk) == 30;
+        CHECK(lost_named, "30 and 40 together: -ENODATA naming a key of 30 backed up on 40 (%d, key %u,%u)", r, lt,
+              lk);
+        shardmap_free(g);
+        uint32_t all[4] = { 10, 20, 30, 40 };
+        g = NULL;
+        CHECK(shardmap_failover(m, 8, all, 4, &g, NULL, NULL) == -ENODATA && !g, "no shard left: -ENODATA");
+out:
+        shardmap_free(f);
+        shardmap_free(m);
+}
+
 int main(void) {
         test_basics();
+        test_replicas();
         test_fair();
         test_change();
         test_from_owners();
