@@ -328,9 +328,14 @@ static int chunk_settle(Store *s, Chunk *c) {
         if (s->gate.fenced && c->clock >= s->gate.fence_limit)
                 return 0;
         size_t have = 0;
-        for (size_t i = 0; i < c->npending; i++)
+        for (size_t i = 0; i < c->npending; i++) {
+                /* Values a pull may see must be the backups' too: a push whose
+                 * forwards are unanswered holds its clock open. */
+                if (c->pending[i].req && c->pending[i].req->forwards > 0)
+                        return 0;
                 if (is_member(cfg, c->pending[i].worker))
                         have++;
+        }
         if (have < cfg->nmembers)
                 return 0;
 

@@ -45,6 +45,7 @@ typedef struct PushReq {
         int status;
         uint64_t arrived;   /* ms, for the latency of its acknowledgement */
         bool replica;       /* forwarded by the primary: held when parked, its parked copies acknowledge nothing */
+        int forwards;       /* forwards to backups not answered yet: a BSP clock does not close on it before */
 } PushReq;
 
 typedef struct Pending {

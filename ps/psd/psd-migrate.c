@@ -55,11 +55,15 @@ int migrate_new(uv_loop_t *loop, void *zctx, const NetIdentity *id, Store *store
 /* Settles every push waiting on l with status. */
 static void link_release(Link *l, int status) {
         Store *s = l->mg->store;
+        bool any = l->head < l->n;
         while (l->head < l->n) {
                 PushReq *req = l->w[l->head++].req;
+                req->forwards--;
                 pushreq_settle(s, req, status);
         }
         l->head = l->n = 0;
+        if (any) /* BSP clocks held for these answers may close now */
+                (void) gate_settle(s);
 }
 
 static void link_free(Link *l) {
@@ -114,6 +118,7 @@ static int link_wait(Link *l, uint64_t seq, PushReq *req) {
         }
         l->w[l->n++] = (Waiter) { .seq = seq, .req = req };
         req->remaining++;
+        req->forwards++;
         return 0;
 }
 
@@ -281,17 +286,31 @@ int migrate_forward(Migrate *mg, PushReq *req, const WireMsg *m) {
         return PSNET__STATUS__STATUS_OK;
 }
 
-/* A backup answered seq with status; missing: the keys it lacks (MIGRATING). */
+static void link_answer_one(Link *l, uint64_t seq, int status, const Psnet__Header *h);
+
+/* A backup answered seq: the push waiting on it goes on, and a BSP clock
+ * held for it may close (and answer the pulls parked on it). */
 static void link_answer(Link *l, uint64_t seq, int status, const Psnet__Header *h) {
+        link_answer_one(l, seq, status, h);
+        (void) gate_settle(l->mg->store);
+        gate_wake(l->mg->store);
+}
+
+/* A backup answered seq with status; missing: the keys it lacks (MIGRATING). */
+static void link_answer_one(Link *l, uint64_t seq, int status, const Psnet__Header *h) {
         Migrate *mg = l->mg;
         Store *s = mg->store;
         /* Answers come in order: one older than seq is lost (a full queue at the
          * peer); its push is released for the worker to send again. */
-        while (l->head < l->n && l->w[l->head].seq < seq)
-                pushreq_settle(s, l->w[l->head++].req, PSNET__STATUS__STATUS_UNAVAILABLE);
+        while (l->head < l->n && l->w[l->head].seq < seq) {
+                PushReq *lost = l->w[l->head++].req;
+                lost->forwards--;
+                pushreq_settle(s, lost, PSNET__STATUS__STATUS_UNAVAILABLE);
+        }
         if (l->head == l->n || l->w[l->head].seq != seq)
                 return; /* a chunk state's answer, with no push waiting on it */
         PushReq *req = l->w[l->head++].req;
+        req->forwards--;
         if (status == PSNET__STATUS__STATUS_OK || status == PSNET__STATUS__STATUS_DUPLICATE) {
                 pushreq_settle(s, req, PSNET__STATUS__STATUS_OK);
                 return;

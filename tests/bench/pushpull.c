@@ -67,7 +67,7 @@
 
 typedef struct Opts {
         const char *build, *transport, *model, *mode;
-        unsigned rounds, chunk_kb, raw_runs;
+        unsigned rounds, chunk_kb, raw_runs, replicas;
 } Opts;
 
 typedef struct Daemon {
@@ -346,7 +346,7 @@ static int cluster_endpoints(Cluster *cl, const char *transport, const char *mod
 }
 
 static int cluster_start(Cluster *cl, const Opts *o, const char *mode) {
-        char path[PATH_MAX], name[32], chunk[16], id[16], lease[16];
+        char path[PATH_MAX], name[32], chunk[16], id[16], lease[16], replicas[16];
         int r;
         for (size_t i = 0; i < BENCH_NDAEMONS; i++)
                 cl->d[i] = (Daemon) { .pidfd = -1 };
@@ -355,11 +355,12 @@ static int cluster_start(Cluster *cl, const Opts *o, const char *mode) {
         if ((r = fmt(path, sizeof path, "%s/ps/pscoord/pscoord", o->build)) < 0 ||
             (r = fmt(chunk, sizeof chunk, "%u", o->chunk_kb)) < 0 ||
             (r = fmt(lease, sizeof lease, "%u", BENCH_LEASE_MS)) < 0 ||
+            (r = fmt(replicas, sizeof replicas, "%u", o->replicas)) < 0 ||
             (r = fmt(name, sizeof name, "pscoord-%s", mode)) < 0)
                 return r;
         char *coord_argv[] = {
                 path, "--listen", cl->coord_ep, "--workers", "1", "--shards", "2", "--mode", (char *) mode,
-                "--model", (char *) o->model, "--chunk-kb", chunk, "--lease-ms", lease, NULL,
+                "--model", (char *) o->model, "--chunk-kb", chunk, "--lease-ms", lease, "--replicas", replicas, NULL,
         };
         if ((r = daemon_start(&cl->d[0], name, cl->dir, path, coord_argv)) < 0)
                 return log_error_errno(r, "Failed to start %s: %m", path);
@@ -824,7 +825,7 @@ static void print_figures(const char *mode, const char *kind, const Figures *f) 
 }
 
 int main(int argc, char **argv) {
-        Opts o = { .rounds = 20, .chunk_kb = 1024, .raw_runs = 3 };
+        Opts o = { .rounds = 20, .chunk_kb = 1024, .raw_runs = 3, .replicas = 1 };
         char *build = NULL, *transport = NULL, *model = NULL, *mode = NULL;
         _cleanup_free_ char *build_default = NULL;
         const Option opts[] = {
@@ -834,6 +835,8 @@ int main(int argc, char **argv) {
                 { "chunk-kb", OPT_UINT, &o.chunk_kb, "KIB", "tensor chunk (key) size = raw message size" },
                 { "model", OPT_STR, &model, "SPEC", "job model (default mlp:4096-4096-10, about 64 MiB of f32)" },
                 { "mode", OPT_STR, &mode, "MODE", "asp, bsp or both (default both)" },
+                { "replicas", OPT_UINT, &o.replicas, "R",
+                  "copies of every chunk (1 or 2: the cost of replication on one host)" },
                 { "raw-runs", OPT_UINT, &o.raw_runs, "N",
                   "raw ZeroMQ runs, median taken (0: psnet only, e.g. under perf)" },
         };
@@ -990,9 +993,9 @@ int main(int argc, char **argv) {
         }
         for (size_t i = 0; i < nmodes; i++) {
                 const Figures *pp = &res[i].pushpull, *pl = &res[i].pull;
-                printf("pushpull transport=%s mode=%s model_mib=%.1f chunk_kib=%u rounds=%u push+pull_gbps=%.2f "
-                       "push+pull_best_gbps=%.2f pull_gbps=%.2f cpu_s_per_gb=%.3f",
-                       o.transport, res[i].mode, model_mib, o.chunk_kb, o.rounds, pp->med_gbps, pp->best_gbps,
+                printf("pushpull transport=%s mode=%s replicas=%u model_mib=%.1f chunk_kib=%u rounds=%u "
+                       "push+pull_gbps=%.2f push+pull_best_gbps=%.2f pull_gbps=%.2f cpu_s_per_gb=%.3f",
+                       o.transport, res[i].mode, o.replicas, model_mib, o.chunk_kb, o.rounds, pp->med_gbps, pp->best_gbps,
                        pl->med_gbps, pp->cpu_s_per_gb);
                 if (nraw > 0)
                         printf(" raw_zmq_gbps=%.2f raw_cpu_s_per_gb=%.3f ratio=%.2f pull_ratio=%.2f target=%.1f", raw,
