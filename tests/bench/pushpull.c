@@ -360,7 +360,8 @@ static int cluster_start(Cluster *cl, const Opts *o, const char *mode) {
                 return r;
         char *coord_argv[] = {
                 path, "--listen", cl->coord_ep, "--workers", "1", "--shards", "2", "--mode", (char *) mode,
-                "--model", (char *) o->model, "--chunk-kb", chunk, "--lease-ms", lease, "--replicas", replicas, NULL,
+                "--model", (char *) o->model, "--chunk-kb", chunk, "--lease-ms", lease, "--shard-lease-ms", lease,
+                "--replicas", replicas, NULL,
         };
         if ((r = daemon_start(&cl->d[0], name, cl->dir, path, coord_argv)) < 0)
                 return log_error_errno(r, "Failed to start %s: %m", path);
