@@ -277,7 +277,7 @@ static void session_on_msg(NetSock *ns, WireMsg *m, int r, void *ud) {
                 return;
         }
         if (h->type == PSNET__MSG_TYPE__MSG_HEARTBEAT_REP && h->status == PSNET__STATUS__STATUS_OK && h->has_seq) {
-                size_t i = h->seq % (sizeof s->hb_sent / sizeof s->hb_sent[0]);
+                size_t i = h->seq % ELEMENTSOF(s->hb_sent);
                 if (s->hb_sent[i].seq == h->seq && s->hb_sent[i].ms + s->lease_ms > s->lease_until)
                         s->lease_until = s->hb_sent[i].ms + s->lease_ms;
                 return;
@@ -313,7 +313,7 @@ static void session_heartbeat(Session *s) {
         uint64_t sent = now_ms();
         int r = session_send(s, &h);
         if (r == 0) {
-                size_t i = h.seq % (sizeof s->hb_sent / sizeof s->hb_sent[0]);
+                size_t i = h.seq % ELEMENTSOF(s->hb_sent);
                 s->hb_sent[i].seq = h.seq;
                 s->hb_sent[i].ms = sent;
         }

@@ -514,7 +514,8 @@ int gate_push(Store *s, Chunk *c, PushReq *req, zmq_msg_t *grad) {
 }
 
 int gate_settle(Store *s) {
-        if (!s->has_job || !s->chunks)
+        /* Only BSP clocks close (chunk_settle); every backup's answer comes here. */
+        if (!s->has_job || !s->chunks || (s->gate.cur.mode != MODE_BSP && s->gate.prev.mode != MODE_BSP))
                 return 0;
         for (size_t t = 0; t < s->job.ntensors; t++)
                 for (uint32_t k = 0; s->chunks[t] && k < s->job.tensors[t].nchunks; k++)

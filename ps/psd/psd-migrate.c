@@ -52,15 +52,20 @@ int migrate_new(uv_loop_t *loop, void *zctx, const NetIdentity *id, Store *store
         return 0;
 }
 
+/* Takes the oldest push off l: one forward fewer to wait for (the caller
+ * settles it). */
+static PushReq *link_pop(Link *l) {
+        PushReq *req = l->w[l->head++].req;
+        req->forwards--;
+        return req;
+}
+
 /* Settles every push waiting on l with status. */
 static void link_release(Link *l, int status) {
         Store *s = l->mg->store;
         bool any = l->head < l->n;
-        while (l->head < l->n) {
-                PushReq *req = l->w[l->head++].req;
-                req->forwards--;
-                pushreq_settle(s, req, status);
-        }
+        while (l->head < l->n)
+                pushreq_settle(s, link_pop(l), status);
         l->head = l->n = 0;
         if (any) /* BSP clocks held for these answers may close now */
                 (void) gate_settle(s);
@@ -302,15 +307,11 @@ static void link_answer_one(Link *l, uint64_t seq, int status, const Psnet__Head
         Store *s = mg->store;
         /* Answers come in order: one older than seq is lost (a full queue at the
          * peer); its push is released for the worker to send again. */
-        while (l->head < l->n && l->w[l->head].seq < seq) {
-                PushReq *lost = l->w[l->head++].req;
-                lost->forwards--;
-                pushreq_settle(s, lost, PSNET__STATUS__STATUS_UNAVAILABLE);
-        }
+        while (l->head < l->n && l->w[l->head].seq < seq)
+                pushreq_settle(s, link_pop(l), PSNET__STATUS__STATUS_UNAVAILABLE);
         if (l->head == l->n || l->w[l->head].seq != seq)
                 return; /* a chunk state's answer, with no push waiting on it */
-        PushReq *req = l->w[l->head++].req;
-        req->forwards--;
+        PushReq *req = link_pop(l);
         if (status == PSNET__STATUS__STATUS_OK || status == PSNET__STATUS__STATUS_DUPLICATE) {
                 pushreq_settle(s, req, PSNET__STATUS__STATUS_OK);
                 return;

@@ -231,7 +231,6 @@ static void psd_push(Psd *p, WireMsg *m, Chunk **chunks) {
         /* To the backups first (sharing the frames): acknowledged once they answer. */
         st = migrate_forward(p->migrate, req, m);
         if (st != PSNET__STATUS__STATUS_OK) {
-                req->status = st;
                 pushreq_settle(p->store, req, st);
                 return;
         }

@@ -215,15 +215,6 @@ int store_install_image(Store *s, const ChunkImage *im) {
         return gate_settle(s);
 }
 
-int store_install(Store *s, uint32_t tensor, uint32_t chunk, const void *values, uint32_t len,
-                  const void *state, size_t state_floats, uint64_t steps, int64_t clock,
-                  const int64_t *last_clocks, size_t nlast) {
-        const ChunkImage im = { .tensor = tensor, .chunk = chunk, .len = len, .values = values, .state = state,
-                                .state_floats = state_floats, .steps = steps, .clock = clock,
-                                .last_clocks = last_clocks, .nlast = nlast };
-        return store_install_image(s, &im);
-}
-
 uint64_t store_incoming(const Store *s) {
         uint64_t n = 0;
         if (!s->has_job || !s->map || !s->chunks)

@@ -87,16 +87,12 @@ Store *store_free(Store *s);
  * drops everything. */
 int store_configure(Store *s, const Job *job, const ShardMap *map);
 
-/* Installs the state of a chunk that moved here. -EEXIST when it is already
- * here, -ENOENT when the map does not give it to this shard, -EINVAL when the
- * sizes do not match the job. */
-int store_install(Store *s, uint32_t tensor, uint32_t chunk, const void *values, uint32_t len,
-                  const void *state, size_t state_floats, uint64_t steps, int64_t clock,
-                  const int64_t *last_clocks, size_t nlast);
-/* The same from an image. A replica image (a backup being built) replaces the
- * copy held unless that one is as new or newer (steps, then parked pushes):
- * -EEXIST then. A moved chunk this shard now leads goes to its backups (the
- * move callback, replica true). */
+/* Installs the state of a chunk that came here (psd-migrate.c). -EEXIST
+ * when it is already here, -ENOENT when the map does not give it to this
+ * shard, -EINVAL when the sizes do not match the job. A replica image (a
+ * backup being built) replaces the copy held unless that one is as new or
+ * newer (steps, then parked pushes): -EEXIST then. A moved chunk this shard
+ * now leads goes to its backups (the move callback, replica true). */
 int store_install_image(Store *s, const ChunkImage *im);
 
 /* Keys the map gives this shard that have not arrived yet. */

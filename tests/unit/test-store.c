@@ -152,8 +152,10 @@ static void test_configure_two_shards(void) {
         size_t installed = 0;
         for (size_t i = 0; i < moved_n; i++) {
                 Moved *mv = &moved[i];
-                installed += store_install(s1, mv->t, mv->k, mv->val, mv->len, mv->state, mv->nstate, mv->steps,
-                                           mv->clock, mv->last, mv->nlast) == 0;
+                const ChunkImage im = { .tensor = mv->t, .chunk = mv->k, .len = mv->len, .values = mv->val,
+                                        .state = mv->state, .state_floats = mv->nstate, .steps = mv->steps,
+                                        .clock = mv->clock, .last_clocks = mv->last, .nlast = mv->nlast };
+                installed += store_install_image(s1, &im) == 0;
         }
         CHECK(installed == n2 && s1->nkeys == keys && store_incoming(s1) == 0,
               "shard 1 installs the %zu moved keys and owns all %lu", installed, (unsigned long) keys);
@@ -169,7 +171,9 @@ static void test_configure_two_shards(void) {
                 push1(s1, taken, 1, 0, 3, g2);
                 CHECK(taken->npending == 1, "the refused push is accepted again at the new owner");
         }
-        CHECK(store_install(s1, t1, k1, kept->val->data, kept->len, kept->state, kept->len, 0, 0, NULL, 0) == -EEXIST,
+        const ChunkImage again = { .tensor = t1, .chunk = k1, .len = kept->len, .values = kept->val->data,
+                                   .state = kept->state, .state_floats = kept->len };
+        CHECK(store_install_image(s1, &again) == -EEXIST,
               "installing a key that is already here is refused");
         for (size_t i = 0; i < moved_n; i++)
                 moved_free(&moved[i]);

@@ -196,24 +196,30 @@ static void on_message(Session *s, WireMsg *m, void *ud) {
                 log_debug("ignoring message from pscoord type=%s", wire_type_name(m->hdr->type));
 }
 
-static void on_heartbeat(Session *s, Psnet__Heartbeat *hb, void *ud) {
-        PsnetWorker *w = ud;
-        Psnet__WorkerInfo *wi = &w->hb;
+/* The figures every report of this worker carries (heartbeats, results). */
+static void worker_info(PsnetWorker *w, Psnet__WorkerInfo *wi) {
         psnet__worker_info__init(wi);
-        wi->id = session_id(s);
-        wi->has_rank = wi->has_clock = wi->has_steps_per_s = wi->has_samples_per_s = true;
-        wi->has_loss = wi->has_epoch = wi->has_step = wi->has_samples = true;
+        wi->id = session_id(w->session);
+        wi->has_rank = wi->has_clock = wi->has_loss = wi->has_epoch = wi->has_step = wi->has_samples = true;
         wi->has_progress = wi->has_end_clock = true;
         wi->progress = w->progress.progress;
         wi->end_clock = w->progress.end_clock;
         wi->rank = w->rank;
         wi->clock = w->progress.clock;
-        wi->steps_per_s = w->progress.steps_per_s;
-        wi->samples_per_s = w->progress.samples_per_s;
         wi->loss = w->progress.loss;
         wi->epoch = w->progress.epoch;
         wi->step = w->progress.step;
         wi->samples = w->progress.samples;
+}
+
+static void on_heartbeat(Session *s, Psnet__Heartbeat *hb, void *ud) {
+        PsnetWorker *w = ud;
+        Psnet__WorkerInfo *wi = &w->hb;
+        (void) s;
+        worker_info(w, wi);
+        wi->has_steps_per_s = wi->has_samples_per_s = true;
+        wi->steps_per_s = w->progress.steps_per_s;
+        wi->samples_per_s = w->progress.samples_per_s;
         hb->worker = wi;
 }
 
@@ -416,20 +422,11 @@ static void on_result_rep(Session *s, int r, WireMsg *m, void *ud) {
 int psnet_worker_result(PsnetWorker *w, bool has_accuracy, float accuracy, PsnetResultFn done, void *ud) {
         Psnet__Header h;
         Psnet__Result res = PSNET__RESULT__INIT;
-        Psnet__WorkerInfo wi = PSNET__WORKER_INFO__INIT;
+        Psnet__WorkerInfo wi;
         if (w->result_cb)
                 return -EBUSY;
-        wi.id = session_id(w->session);
-        wi.has_rank = wi.has_clock = wi.has_step = wi.has_done = wi.has_loss = wi.has_samples = true;
-        wi.has_epoch = wi.has_progress = wi.has_end_clock = true;
-        wi.epoch = w->progress.epoch;
-        wi.progress = w->progress.progress;
-        wi.end_clock = w->progress.end_clock;
-        wi.rank = w->rank;
-        wi.clock = w->progress.clock;
-        wi.step = w->progress.step;
-        wi.samples = w->progress.samples;
-        wi.loss = w->progress.loss;
+        worker_info(w, &wi);
+        wi.has_done = true;
         wi.done = true;
         wi.has_accuracy = has_accuracy;
         wi.accuracy = accuracy;
