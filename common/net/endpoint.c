@@ -16,6 +16,12 @@ uint64_t now_ms(void) {
         return (uint64_t) ts.tv_sec * 1000u + (uint64_t) ts.tv_nsec / 1000000u;
 }
 
+uint64_t unix_ms(void) {
+        struct timespec ts;
+        clock_gettime(CLOCK_REALTIME, &ts);
+        return (uint64_t) ts.tv_sec * 1000u + (uint64_t) ts.tv_nsec / 1000000u;
+}
+
 int endpoint_prepare(const char *endpoint) {
         if (strncmp(endpoint, "ipc://", 6) != 0)
                 return 0;

@@ -6,6 +6,8 @@
 
 /* Monotonic milliseconds. */
 uint64_t now_ms(void);
+/* Wall-clock milliseconds since 1970 (for dates shown to people). */
+uint64_t unix_ms(void);
 
 /* Before binding: for ipc:// endpoints, creates the socket's directory (0755)
  * and removes a stale socket file nobody listens on (-EADDRINUSE when someone

@@ -182,12 +182,16 @@ static unsigned allowed_roles(int type, bool at_coord) {
                 case PSNET__MSG_TYPE__MSG_JOB_MODE:
                 case PSNET__MSG_TYPE__MSG_SHARD_ADD:
                 case PSNET__MSG_TYPE__MSG_SHARD_REMOVE:
+                case PSNET__MSG_TYPE__MSG_CHECKPOINT:
+                case PSNET__MSG_TYPE__MSG_CHECKPOINT_LIST:
+                case PSNET__MSG_TYPE__MSG_CHECKPOINT_RESTORE:
                         return A;
                 case PSNET__MSG_TYPE__MSG_REGISTER: /* the role registered must match the key's: pscoord checks */
                 case PSNET__MSG_TYPE__MSG_HEARTBEAT:
                 case PSNET__MSG_TYPE__MSG_DEREGISTER:
                         return S | W;
                 case PSNET__MSG_TYPE__MSG_FENCE_REP:
+                case PSNET__MSG_TYPE__MSG_CHECKPOINT_REP:
                         return S;
                 case PSNET__MSG_TYPE__MSG_RESULT:
                         return W;

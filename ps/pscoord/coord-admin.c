@@ -36,9 +36,10 @@ void coord_maybe_start(Coord *c) {
         if (ns == 0 || ns < MAX(c->job.expect_shards, 1u) || nw < MAX(c->job.expect_workers, 1u))
                 return;
         /* Chunks small enough that every shard gets its fair share of the bytes
-         * (within 10%): a model of a few large tensors is cut finer. */
+         * (within 10%): a model of a few large tensors is cut finer. A restored
+         * job keeps the chunks of its checkpoint. */
         uint32_t fair = job_fair_chunk(&c->job, ns);
-        if (fair < c->job.chunk_floats) {
+        if (fair < c->job.chunk_floats && !c->restore.active) {
                 uint32_t was = c->job.chunk_floats;
                 if (job_set_chunk(&c->job, fair) == 0)
                         log_info("chunks cut for an even placement chunk_floats=%u was=%u keys=%lu shards=%zu", fair,
@@ -57,10 +58,11 @@ void coord_maybe_start(Coord *c) {
         c->members_epoch++;
         c->switch_clock = 0;
         c->nprev = 0;
+        int64_t start = c->restore.active ? c->restore.clock : 0;
         for (size_t i = 0; i < c->npeers; i++)
                 if (c->peers[i].role == PSNET__ROLE__ROLE_WORKER) {
                         c->peers[i].member = true;
-                        c->peers[i].start_clock = 0;
+                        c->peers[i].start_clock = start;
                 }
         c->job_start_ms = now_ms();
         c->has_accuracy = false;
@@ -70,9 +72,20 @@ void coord_maybe_start(Coord *c) {
         c->finished = 0;
         c->sched_lost = false;
         c->sched = (Schedule) { .workers = (uint32_t) nw, .batch = c->job.batch };
-        log_info("job started job=%u model=%s mode=%s shards=%zu workers=%zu map_epoch=%lu replicas=%u",
+        if (c->restore.active) {
+                /* The checkpoint's schedule; with another number of workers, theirs from its clock on. */
+                c->sched.base_clock = c->restore.base_clock;
+                c->sched.samples_before = c->restore.samples_before;
+                c->sched.workers = c->restore.workers ? c->restore.workers : (uint32_t) nw;
+                if (c->sched.workers != nw)
+                        schedule_rebase(&c->sched, c->restore.clock, (uint32_t) nw);
+                c->ckpt_next_clock = c->restore.clock + (int64_t) c->cfg->checkpoint_every;
+        } else
+                c->ckpt_next_clock = (int64_t) c->cfg->checkpoint_every;
+        log_info("job started job=%u model=%s mode=%s shards=%zu workers=%zu map_epoch=%lu replicas=%u%s%s",
                  c->job.id, c->job.model, job_mode_string(&c->job, mode, sizeof mode), ns, nw,
-                 (unsigned long) c->map_epoch, shardmap_replicas(c->map));
+                 (unsigned long) c->map_epoch, shardmap_replicas(c->map), c->restore.active ? " restored_from=" : "",
+                 c->restore.active ? c->restore.name : "");
         coord_publish(c);
 }
 
@@ -135,6 +148,17 @@ void coord_handle_status(Coord *c, WireMsg *m) {
         ctl.weights_digest = c->weights_digest;
         ctl.has_failovers = true;
         ctl.failovers = c->failovers;
+        Psnet__CheckpointInfo last = PSNET__CHECKPOINT_INFO__INIT;
+        if (c->last_ckpt.valid) {
+                last.name = c->last_ckpt.name;
+                last.has_clock = last.has_bytes = last.has_created_ms = true;
+                last.clock = c->last_ckpt.clock;
+                last.bytes = c->last_ckpt.bytes;
+                last.created_ms = c->last_ckpt.created_ms;
+                ctl.last_checkpoint = &last;
+        }
+        ctl.checkpointing = c->ckpt.active ? (c->ckpt.name[0] ? c->ckpt.name : (char *) "(unnamed)") : NULL;
+        ctl.restored_from = c->restore.active ? c->restore.name : NULL;
         wire_header_init(&h, PSNET__MSG_TYPE__MSG_STATUS_REP);
         h.body_case = PSNET__HEADER__BODY_STATUS_REP;
         h.status_rep = &ctl;
@@ -172,6 +196,7 @@ void coord_handle_job_submit(Coord *c, WireMsg *m) {
         }
         job.id = c->job.id + 1;
         c->job = job;
+        c->restore.active = false;
         c->fail_reason[0] = '\0';
         c->nevicted = 0;
         c->state = JOB_WAITING;
@@ -208,6 +233,11 @@ void coord_handle_job_mode(Coord *c, WireMsg *m) {
                 return;
         }
         const char *msg = NULL;
+        if (c->ckpt.active) {
+                coord_reply_error(c, &m->route, m->hdr->seq, PSNET__STATUS__STATUS_RESOURCE,
+                                  "a checkpoint is being written: try again when it is done");
+                return;
+        }
         if (c->state == JOB_RUNNING) {
                 coord_fence_start(c, true, j.mode, j.staleness);
                 msg = "switching at the next clock boundary";
@@ -240,6 +270,11 @@ void coord_metrics(void *ud, MetricsBuf *b) {
         metrics_one(b, "psnet_pscoord_members", "gauge", "Workers in the membership.", (double) members);
         metrics_one(b, "psnet_pscoord_map_epoch", "gauge", "The shard map's epoch.", (double) c->map_epoch);
         metrics_one(b, "psnet_pscoord_members_epoch", "gauge", "The membership's epoch.", (double) c->members_epoch);
+        metrics_one(b, "psnet_pscoord_checkpoints_total", "counter", "Checkpoints saved.", (double) c->checkpoints);
+        metrics_one(b, "psnet_pscoord_checkpoint_failures_total", "counter", "Checkpoint saves given up.",
+                    (double) c->checkpoint_failures);
+        metrics_one(b, "psnet_pscoord_checkpoint_clock", "gauge", "The clock of the newest checkpoint (NaN: none).",
+                    c->last_ckpt.valid ? (double) c->last_ckpt.clock : NAN);
         metrics_one(b, "psnet_pscoord_failovers", "gauge", "Shards lost by this job and replaced by their backups.",
                     (double) c->failovers);
         metrics_one(b, "psnet_pscoord_accuracy", "gauge", "The job's test accuracy (NaN before it is known).",

@@ -82,7 +82,12 @@ void coord_handle_fence_rep(Coord *c, WireMsg *m) {
         if (!f->active || m->hdr->seq != f->seq)
                 return;
         fence_clocks_add(&f->clocks, si->max_clock, si->max_worker_clock, si->min_worker_clock);
-        if (++f->replies >= f->expected)
+        if (++f->replies < f->expected)
+                return;
+        if (f->checkpoint) {
+                f->active = false;
+                coord_checkpoint_fenced(c);
+        } else
                 coord_fence_commit(c);
 }
 
@@ -95,11 +100,16 @@ void coord_fence_tick(Coord *c) {
                 log_warning("fence seq=%lu got %zu of %zu answers; released, will retry", (unsigned long) f->seq,
                             f->replies, f->expected);
                 f->active = false;
+                if (f->checkpoint) {
+                        coord_checkpoint_fail(c, PSNET__STATUS__STATUS_UNAVAILABLE,
+                                              "a shard did not answer the fence within 2 s");
+                        return;
+                }
                 f->retry_at = now + 1000;
                 coord_publish(c);
                 return;
         }
-        if (f->active || now < f->retry_at || c->state != JOB_RUNNING)
+        if (f->active || now < f->retry_at || c->state != JOB_RUNNING || c->ckpt.active)
                 return;
         for (size_t i = 0; i < c->npeers; i++)
                 if (c->peers[i].role == PSNET__ROLE__ROLE_WORKER && !c->peers[i].member) {

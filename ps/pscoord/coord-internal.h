@@ -7,7 +7,8 @@
  *                     shards, publishing job/map/membership to the peers
  *   coord-boundary.c  fences and the clock boundaries they pick (the
  *                     arithmetic is boundary.c, unit-tested)
- *   coord-admin.c     the job's lifecycle and psctl's requests; /metrics */
+ *   coord-admin.c     the job's lifecycle and psctl's requests; /metrics
+ *   coord-checkpoint.c checkpoints: save, --checkpoint-every, list, restore */
 #pragma once
 #include <errno.h>
 #include <math.h>
@@ -66,7 +67,32 @@ typedef struct Fence {
         bool mode_change;
         ConsistencyMode mode;
         uint32_t staleness;
+        bool checkpoint;            /* for a checkpoint: its boundary, no change published */
 } Fence;
+
+/* A checkpoint being saved (coord-checkpoint.c). */
+typedef struct CkptSave {
+        bool active, automatic, dir_made;
+        char name[65];
+        int64_t clock;              /* its boundary, once the fence answered */
+        uint64_t seq, started, deadline;
+        size_t expected, replies;
+        Psnet__CheckpointFile *files;
+        size_t nfiles;
+        zmq_msg_t route;            /* psctl waiting for the answer */
+        bool has_route;
+        uint64_t route_seq;
+} CkptSave;
+
+/* The checkpoint the job was restored from: the shards load it. */
+typedef struct RestoreFrom {
+        bool active;
+        char name[65];
+        char dir[4096];
+        int64_t clock, base_clock;
+        uint64_t samples_before;
+        uint32_t workers;
+} RestoreFrom;
 
 typedef struct Coord {
         const CoordConfig *cfg;
@@ -96,6 +122,12 @@ typedef struct Coord {
         uint32_t failovers;         /* this job's: shards lost and replaced by their backups */
         uint64_t failover_ms;       /* when the last one was published */
         uint64_t weights_digest;    /* of the final weights, from the evaluator (0: none) */
+        CkptSave ckpt;
+        RestoreFrom restore;
+        struct { bool valid; char name[65]; int64_t clock; uint64_t bytes, created_ms; } last_ckpt;
+        int64_t ckpt_next_clock;    /* --checkpoint-every: the clock the next one waits for */
+        uint64_t ckpt_retry_at;
+        uint64_t checkpoints, checkpoint_failures;
         Histogram latency;          /* handling a control request */
         uint64_t start_ms, job_start_ms, job_end_ms, migrate_start_ms;
         uint64_t last_tick;         /* ms: a longer gap between ticks means pscoord itself stalled */
@@ -149,6 +181,17 @@ void coord_fence_start(Coord *c, bool mode_change, ConsistencyMode mode, uint32_
 void coord_fence_commit(Coord *c);
 void coord_handle_fence_rep(Coord *c, WireMsg *m);
 void coord_fence_tick(Coord *c);
+
+/* --- checkpoints (coord-checkpoint.c) */
+int coord_checkpoint_start(Coord *c, const char *name, bool automatic, char *reason, size_t n);
+void coord_checkpoint_fenced(Coord *c);
+void coord_checkpoint_fail(Coord *c, int status, const char *reason);
+void coord_checkpoint_tick(Coord *c);
+int coord_checkpoint_restore(Coord *c, const char *name, char *reason, size_t n);
+void coord_handle_checkpoint(Coord *c, WireMsg *m);
+void coord_handle_checkpoint_rep(Coord *c, WireMsg *m, Peer *p);
+void coord_handle_checkpoint_list(Coord *c, WireMsg *m);
+void coord_handle_checkpoint_restore(Coord *c, WireMsg *m);
 
 /* --- the job and the operator: start, stop, mode, status, metrics (coord-admin.c) */
 void coord_publish_state(Coord *c);

@@ -20,6 +20,14 @@ static int send_config(Coord *c, Peer *p, Psnet__JobSpec *spec, Psnet__ShardMap 
                 ctl.has_drain = p->drain;
                 ctl.drain = p->drain;
         }
+        Psnet__Checkpoint rs = PSNET__CHECKPOINT__INIT;
+        if (c->restore.active && p->role == PSNET__ROLE__ROLE_SERVER) {
+                rs.name = (char *) c->restore.name;
+                rs.dir = (char *) c->restore.dir;
+                rs.has_clock = true;
+                rs.clock = c->restore.clock;
+                ctl.restore = &rs;
+        }
         if (c->switch_clock > 0 && p->role == PSNET__ROLE__ROLE_SERVER) {
                 prev.epoch = mem->epoch;
                 prev.n_workers = c->nprev;

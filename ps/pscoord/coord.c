@@ -75,6 +75,16 @@ static void handle_message(Coord *c, WireMsg *m) {
         case PSNET__MSG_TYPE__MSG_SHARD_REMOVE:
                 coord_handle_shard_change(c, m, h->type == PSNET__MSG_TYPE__MSG_SHARD_ADD);
                 return;
+        case PSNET__MSG_TYPE__MSG_CHECKPOINT:
+                coord_handle_checkpoint(c, m);
+                return;
+        case PSNET__MSG_TYPE__MSG_CHECKPOINT_LIST:
+                coord_handle_checkpoint_list(c, m);
+                return;
+        case PSNET__MSG_TYPE__MSG_CHECKPOINT_RESTORE:
+                coord_handle_checkpoint_restore(c, m);
+                return;
+        case PSNET__MSG_TYPE__MSG_CHECKPOINT_REP:
         case PSNET__MSG_TYPE__MSG_HEARTBEAT:
         case PSNET__MSG_TYPE__MSG_DEREGISTER:
         case PSNET__MSG_TYPE__MSG_RESULT:
@@ -92,6 +102,8 @@ static void handle_message(Coord *c, WireMsg *m) {
         }
         if (h->type == PSNET__MSG_TYPE__MSG_HEARTBEAT)
                 coord_handle_heartbeat(c, m, p);
+        else if (h->type == PSNET__MSG_TYPE__MSG_CHECKPOINT_REP)
+                coord_handle_checkpoint_rep(c, m, p);
         else if (h->type == PSNET__MSG_TYPE__MSG_RESULT)
                 coord_handle_result(c, m, p);
         else {
@@ -146,6 +158,7 @@ static void coord_on_tick(uv_timer_t *t) {
         coord_expire_leases(c);
         coord_evict_stragglers(c);
         coord_fence_tick(c);
+        coord_checkpoint_tick(c);
 }
 
 static void coord_stop(void *ud, int signo) {
@@ -241,6 +254,15 @@ int coord_run(const CoordConfig *cfg) {
                 log_error_errno(r, "Failed to start the lease timer: %m");
                 goto finish;
         }
+        c.ckpt_next_clock = cfg->checkpoint_every;
+        if (cfg->restore) {
+                char why[4400];
+                if (coord_checkpoint_restore(&c, cfg->restore, why, sizeof why) != PSNET__STATUS__STATUS_OK) {
+                        log_error("cannot restore reason=\"%s\"", why);
+                        r = -EINVAL;
+                        goto finish;
+                }
+        }
         service_ready(c.service);
         log_info("listening endpoint=%s job=%u model=%s mode=%s expect_shards=%u expect_workers=%u security=%s",
                  cfg->listen, c.job.id, c.job.model, job_mode_string(&c.job, mode, sizeof mode),
@@ -248,6 +270,11 @@ int coord_run(const CoordConfig *cfg) {
         r = uv_run(&c.loop, UV_RUN_DEFAULT);
         r = r < 0 ? r : 0;
 finish:
+        if (c.ckpt.has_route)
+                zmq_msg_close(&c.ckpt.route);
+        for (size_t i = 0; i < c.ckpt.nfiles; i++)
+                ps_free(c.ckpt.files[i].file);
+        ps_free(c.ckpt.files);
         for (size_t i = 0; i < c.npeers; i++)
                 coord_peer_done(&c.peers[i]);
         ps_free(c.peers);

@@ -15,6 +15,11 @@ typedef struct CoordConfig {
         unsigned lease_ms;       /* workers' lease */
         unsigned shard_lease_ms; /* shards' lease: a fail-over starts when it runs out */
         unsigned stall_timeout;  /* s: a member the others wait on this long is evicted (0: never) */
+        char *checkpoint_dir;    /* where checkpoints go (NULL: none), one directory each */
+        unsigned checkpoint_every;   /* clocks between automatic checkpoints (0: none) */
+        unsigned checkpoint_keep;    /* automatic checkpoints kept (0: all) */
+        unsigned checkpoint_timeout; /* s a save may take */
+        char *restore;           /* start with the job of this checkpoint */
         Job job;            /* the job pscoord starts with */
 } CoordConfig;
 

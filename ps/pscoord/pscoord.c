@@ -9,10 +9,11 @@
 #include "log.h"
 
 int main(int argc, char **argv) {
-        CoordConfig cfg = { .lease_ms = 3000, .shard_lease_ms = 600, .stall_timeout = 60 };
+        CoordConfig cfg = { .lease_ms = 3000, .shard_lease_ms = 600, .stall_timeout = 60, .checkpoint_keep = 3,
+                            .checkpoint_timeout = 120 };
         JobFlags jf;
         char *listen = NULL, *log_level = NULL;
-        Option opts[14 + JOBFLAGS_NOPTS] = {
+        Option opts[19 + JOBFLAGS_NOPTS] = {
                 { "listen", OPT_STR, &listen, "ENDPOINT", "control endpoint to bind (default ipc:///tmp/psnet/coord.sock)" },
                 { "keys", OPT_STR, &cfg.keys, "DIR",
                   "CURVE encryption; admit only the keys of DIR/allow, each in its role (psctl keys gen)" },
@@ -27,6 +28,17 @@ int main(int argc, char **argv) {
                   "when its own lease runs out, before that)" },
                 { "stall-timeout", OPT_UINT, &cfg.stall_timeout, "SECONDS",
                   "a worker the others have waited on this long leaves the membership (0: never)" },
+                { "checkpoint-dir", OPT_STR, &cfg.checkpoint_dir, "DIR",
+                  "where checkpoints are written, one directory each (every shard must reach the same path: a "
+                  "shared file system across hosts)" },
+                { "checkpoint-every", OPT_UINT, &cfg.checkpoint_every, "CLOCKS",
+                  "save a checkpoint every CLOCKS clocks (0: only when psctl checkpoint save asks)" },
+                { "checkpoint-keep", OPT_UINT, &cfg.checkpoint_keep, "N",
+                  "automatic checkpoints kept, the oldest removed first (0: all; named ones are never removed)" },
+                { "checkpoint-timeout", OPT_UINT, &cfg.checkpoint_timeout, "SECONDS",
+                  "a save not finished by then is given up (the previous checkpoints stay)" },
+                { "restore", OPT_STR, &cfg.restore, "NAME",
+                  "start with the job of checkpoint NAME in --checkpoint-dir, from its clock, instead of the job options" },
                 { "log-level", OPT_STR, &log_level, "LEVEL", "debug, info, warning or error" },
         };
         const ProgramInfo prog = {
@@ -40,7 +52,7 @@ int main(int argc, char **argv) {
 
         log_setup("pscoord");
         jobflags_init(&jf);
-        size_t n = 9 + jobflags_options(&jf, opts + 9);
+        size_t n = 14 + jobflags_options(&jf, opts + 14);
         r = config_parse(&prog, opts, n, argc, argv, &optind_);
         if (r != 0)
                 goto out;
@@ -57,6 +69,18 @@ int main(int argc, char **argv) {
                 }
                 log_set_level(log_level_from_string(log_level));
         }
+        if (cfg.checkpoint_dir && cfg.checkpoint_dir[0] != '/') {
+                fprintf(stderr, "pscoord: --checkpoint-dir must be an absolute path (the shards are told it)\n");
+                r = -1;
+                goto out;
+        }
+        if ((cfg.restore || cfg.checkpoint_every) && !cfg.checkpoint_dir) {
+                fprintf(stderr, "pscoord: --restore and --checkpoint-every need --checkpoint-dir\n");
+                r = -1;
+                goto out;
+        }
+        if (cfg.checkpoint_timeout == 0)
+                cfg.checkpoint_timeout = 120;
         if (cfg.lease_ms < 100 || cfg.shard_lease_ms < 100) {
                 fprintf(stderr, "pscoord: --lease-ms and --shard-lease-ms must be >= 100\n");
                 r = -1;

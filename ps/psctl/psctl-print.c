@@ -6,9 +6,13 @@
 #include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
+#include <time.h>
+#include "endpoint.h"
 #include "job.h"
+#include "macro.h"
 #include "psctl.h"
 #include "wire-job.h"
+
 
 static const char *state_of(Psnet__JobState s) {
         JobState st;
@@ -48,6 +52,14 @@ void print_status_table(const Psnet__StatusRep *s) {
                 printf("  weights=%016llx", (unsigned long long) s->weights_digest);
         if (s->reason)
                 printf("  reason=\"%s\"", s->reason);
+        if (s->restored_from)
+                printf("  restored_from=%s", s->restored_from);
+        if (s->last_checkpoint)
+                printf("\ncheckpoint %s  clock=%ld  %s  age %.0f s", s->last_checkpoint->name,
+                       (long) s->last_checkpoint->clock, human_bytes(s->last_checkpoint->bytes, b, sizeof b),
+                       (double) (unix_ms() - MIN(unix_ms(), s->last_checkpoint->created_ms)) / 1000.0);
+        if (s->checkpointing)
+                printf("%scheckpoint %s being written", s->last_checkpoint ? "  " : "\n", s->checkpointing);
         /* PRIMARY: keys led here; BACKUP: copies of other shards' keys;
          * INCOMING: copies on their way (moving, or a backup being rebuilt). */
         printf("\n\n%-6s %-36s %7s %6s %10s %8s %8s %8s %6s %8s %s\n", "SHARD", "ENDPOINT", "PRIMARY", "BACKUP",
@@ -164,6 +176,14 @@ int print_status_json(const Psnet__StatusRep *s) {
                 "replicas", (json_int_t) (j && j->has_replicas ? j->replicas : 1), "failovers", (json_int_t) s->failovers,
                 "weights_digest", s->has_weights_digest ? json_sprintf("%016llx", (unsigned long long) s->weights_digest)
                                                         : json_null());
+        const Psnet__CheckpointInfo *lc = s->last_checkpoint;
+        if (job && json_object_set_new(job, "last_checkpoint", lc ? json_pack("{s:s,s:I,s:I,s:I}", "name", lc->name,
+                        "clock", (json_int_t) lc->clock, "bytes", (json_int_t) lc->bytes, "age_ms",
+                        (json_int_t) (unix_ms() - MIN(unix_ms(), lc->created_ms))) : json_null()) < 0)
+                job = NULL;
+        if (job && (json_object_set_new(job, "checkpointing", jstr(s->checkpointing)) < 0 ||
+                    json_object_set_new(job, "restored_from", jstr(s->restored_from)) < 0))
+                job = NULL;
         return emit(json_pack("{s:{s:o,s:I},s:o,s:o,s:o}",
                 "coordinator", "endpoint", jstr(s->coord_endpoint), "uptime_ms", (json_int_t) s->uptime_ms,
                 "job", job, "shards", shards, "workers", workers));
@@ -186,4 +206,50 @@ int print_json_strings(const char *key, ...) {
 
 int print_json_result(const char *state, bool has_accuracy, float accuracy) {
         return emit(json_pack("{s:s,s:o}", "state", state, "accuracy", has_accuracy ? jnum(accuracy) : json_null()));
+}
+
+int print_checkpoint_saved(const Psnet__CheckpointRep *r, bool json) {
+        char b[32];
+        if (json)
+                return emit(json_pack("{s:o,s:I,s:I,s:I,s:I}", "name", jstr(r->name), "clock", (json_int_t) r->clock,
+                                      "bytes", (json_int_t) r->bytes, "chunks", (json_int_t) r->chunks, "ms",
+                                      (json_int_t) r->ms));
+        printf("checkpoint %s saved: clock %ld, %u chunks, %s in %.2f s\n", r->name ? r->name : "?", (long) r->clock,
+               r->chunks, human_bytes(r->bytes, b, sizeof b), (double) r->ms / 1000.0);
+        return 0;
+}
+
+int print_checkpoint_list(const Psnet__CheckpointList *l, bool json) {
+        char b[32], when[32];
+        if (json) {
+                json_t *a = json_array();
+                for (size_t i = 0; a && i < l->n_checkpoints; i++) {
+                        const Psnet__CheckpointInfo *c = l->checkpoints[i];
+                        if (json_array_append_new(a, json_pack("{s:s,s:I,s:I,s:I,s:o,s:o,s:I,s:o}", "name", c->name,
+                                        "clock", (json_int_t) c->clock, "bytes", (json_int_t) c->bytes, "created_ms",
+                                        (json_int_t) c->created_ms, "model", jstr(c->model), "mode", jstr(c->mode),
+                                        "files", (json_int_t) c->files, "error", jstr(c->error))) < 0) {
+                                json_decref(a);
+                                a = NULL;
+                        }
+                }
+                return emit(json_pack("{s:o}", "checkpoints", a ? a : json_null()));
+        }
+        printf("%-24s %8s %10s %6s %-20s %-8s %s\n", "NAME", "CLOCK", "BYTES", "FILES", "CREATED (UTC)", "MODE",
+               "MODEL");
+        for (size_t i = 0; i < l->n_checkpoints; i++) {
+                const Psnet__CheckpointInfo *c = l->checkpoints[i];
+                if (c->error) {
+                        printf("%-24s  cannot be restored: %s\n", c->name, c->error);
+                        continue;
+                }
+                time_t t = (time_t) (c->created_ms / 1000u);
+                struct tm tm;
+                if (!gmtime_r(&t, &tm) || !strftime(when, sizeof when, "%Y-%m-%d %H:%M:%S", &tm))
+                        snprintf(when, sizeof when, "?");
+                printf("%-24s %8ld %10s %6u %-20s %-8s %s\n", c->name, (long) c->clock,
+                       human_bytes(c->bytes, b, sizeof b), c->files, when, c->mode ? c->mode : "?",
+                       c->model ? c->model : "?");
+        }
+        return 0;
 }

@@ -40,10 +40,11 @@ typedef struct Ctl {
 typedef struct Verb {
         const char *name;      /* one or two words */
         const char *args;      /* placeholder for --help, "" for none */
-        unsigned nargs;        /* positional arguments it takes, exactly */
+        unsigned nargs;        /* positional arguments it takes, exactly (one more when optarg) */
         int (*run)(Ctl *c, char **args);
         size_t (*options)(Ctl *c, Option *opts); /* its own options (may be NULL) */
         const char *help;
+        bool optarg;           /* a last positional argument that may be left out */
 } Verb;
 
 /* --- talking to pscoord ------------------------------------------------------------ */
@@ -330,6 +331,47 @@ static int shard_change(Ctl *c, bool add, const char *arg) {
         return ctl_job_request(c, &h, what);
 }
 
+static int cmd_checkpoint_save(Ctl *c, char **args) {
+        Psnet__Checkpoint ck = PSNET__CHECKPOINT__INIT;
+        ck.name = args[0]; /* NULL: pscoord names it by its clock */
+        Psnet__Header h, *m;
+        wire_header_init(&h, PSNET__MSG_TYPE__MSG_CHECKPOINT);
+        h.body_case = PSNET__HEADER__BODY_CHECKPOINT;
+        h.checkpoint = &ck;
+        unsigned was = c->timeout;
+        c->timeout = c->wait_s ? c->wait_s : 600;
+        int r = ctl_request(c, &h, PSNET__MSG_TYPE__MSG_CHECKPOINT_REP, &m);
+        c->timeout = was;
+        if (r < 0)
+                return r;
+        r = print_checkpoint_saved(m->checkpoint_rep, c->json);
+        psnet__header__free_unpacked(m, NULL);
+        return r;
+}
+
+static int cmd_checkpoint_list(Ctl *c, char **args _unused_) {
+        Psnet__Header *m;
+        int r = ctl_request_type(c, PSNET__MSG_TYPE__MSG_CHECKPOINT_LIST, PSNET__MSG_TYPE__MSG_CHECKPOINT_LIST_REP,
+                                 &m);
+        if (r < 0)
+                return r;
+        r = print_checkpoint_list(m->checkpoint_list, c->json);
+        psnet__header__free_unpacked(m, NULL);
+        return r;
+}
+
+static int cmd_checkpoint_restore(Ctl *c, char **args) {
+        Psnet__Checkpoint ck = PSNET__CHECKPOINT__INIT;
+        ck.name = args[0];
+        Psnet__Header h;
+        wire_header_init(&h, PSNET__MSG_TYPE__MSG_CHECKPOINT_RESTORE);
+        h.body_case = PSNET__HEADER__BODY_CHECKPOINT;
+        h.checkpoint = &ck;
+        char what[128];
+        snprintf(what, sizeof what, "restoring %s", args[0]);
+        return ctl_job_request(c, &h, what);
+}
+
 static int cmd_keys_gen(Ctl *c, char **args) {
         Psnet__Role role;
         char err[512];
@@ -388,6 +430,11 @@ static size_t wait_options(Ctl *c, Option *o) {
         return 1;
 }
 
+static size_t save_options(Ctl *c, Option *o) {
+        o[0] = (Option) { "wait", OPT_UINT, &c->wait_s, "SECONDS", "how long to wait for the save (default 600)" };
+        return 1;
+}
+
 static size_t submit_options(Ctl *c, Option *o) {
         return jobflags_options(&c->jf, o);
 }
@@ -407,6 +454,12 @@ static const Verb verbs[] = {
         { "job submit", "[JOB OPTIONS]", 0, cmd_job_submit, submit_options, "submit a job (psctl job submit --help)" },
         { "job mode", "MODE", 1, cmd_job_mode, NULL, "switch to bsp, asp or ssp:S at the next clock boundary" },
         { "job stop", "", 0, cmd_job_stop, NULL, "stop the running job" },
+        { "checkpoint save", "[NAME]", 0, cmd_checkpoint_save, save_options,
+          "save a consistent checkpoint of the running job (NAME: 1-64 of A-Z a-z 0-9 . _ -; default clock-N)",
+          .optarg = true },
+        { "checkpoint list", "", 0, cmd_checkpoint_list, NULL, "the checkpoints in pscoord's --checkpoint-dir" },
+        { "checkpoint restore", "NAME", 1, cmd_checkpoint_restore, NULL,
+          "start checkpoint NAME's job from its clock (no job may be running)" },
         { "job wait", "", 0, cmd_job_wait, wait_options,
           "wait until the job ends; prints its accuracy (exit 1 unless it is done)" },
         { "keys gen", "NAME", 1, cmd_keys_gen, keys_options,
@@ -472,7 +525,7 @@ static int verb_parse(Ctl *c, const Verb *v, int argc, char **argv, char **args)
                                         o = &opts[k];
                         if (o && o->type != OPT_BOOL && i + 1 < argc)
                                 rest[nrest++] = argv[++i];
-                } else if (npos < v->nargs)
+                } else if (npos < v->nargs + (v->optarg ? 1u : 0u))
                         args[npos++] = argv[i];
                 else {
                         fprintf(stderr, "psctl %s: unexpected argument '%s' (see psctl %s --help)\n", v->name, a,

@@ -13,5 +13,9 @@ void print_watch(const Psnet__StatusRep *s);
 /* One JSON object of string members: key, value, ..., NULL (a NULL value
  * prints null). 0 or -ENOMEM. */
 int print_json_strings(const char *key, ...) __attribute__((sentinel));
+/* A saved checkpoint: "checkpoint NAME saved: clock ..." or JSON. */
+int print_checkpoint_saved(const Psnet__CheckpointRep *r, bool json);
+/* The checkpoints as a table (oldest first) or a JSON array. */
+int print_checkpoint_list(const Psnet__CheckpointList *l, bool json);
 /* {"state":S,"accuracy":A|null} for job wait. */
 int print_json_result(const char *state, bool has_accuracy, float accuracy);

@@ -17,6 +17,7 @@
 #include "metrics.h"
 #include "log.h"
 #include "netsock.h"
+#include "psd-checkpoint.h"
 #include "psd-migrate.h"
 #include "psd-optim.h"
 #include "psd-server.h"
@@ -40,6 +41,7 @@ typedef struct Psd {
         Service *service;
         Store *store;
         Migrate *migrate;
+        Checkpointer *ckpt;
         NetIdentity id;
         Zap *zap;
         int64_t job_max_msg;    /* the frame limit the job's chunks need */
@@ -301,6 +303,7 @@ static void psd_on_data(NetSock *ns, WireMsg *m, int r, void *ud) {
                 psd_handle_data(p, m);
         else if (m->has_route)
                 psd_reply_error(p, &m->route, m->hdr, m->status, m->reason);
+        checkpoint_poll(p->ckpt);
 }
 
 /* A connection to the data socket closed. libzmq drops a connection that
@@ -355,6 +358,8 @@ static int psd_check_job(Psd *p, const Job *job, const ShardMap *map, char *reas
         return 0;
 }
 
+static void psd_checkpoint_failed(Psd *p, const char *name, int err);
+
 static void psd_apply_config(Psd *p, const Psnet__Config *ctl) {
         char err[192], mode[32];
         int r;
@@ -383,6 +388,10 @@ static void psd_apply_config(Psd *p, const Psnet__Config *ctl) {
                         return;
                 }
                 bool fresh = !p->store->has_job || p->store->job.id != job.id;
+                const Psnet__Checkpoint *rs = ctl->restore;
+                bool restore = fresh && rs && rs->name && rs->dir && rs->has_clock;
+                if (fresh)
+                        p->store->restoring = restore;
                 r = store_configure(p->store, &job, map);
                 shardmap_free(map);
                 if (r < 0) {
@@ -398,10 +407,17 @@ static void psd_apply_config(Psd *p, const Psnet__Config *ctl) {
                                  (unsigned long) p->store->backup_keys, (unsigned long) store_incoming(p->store),
                                  (unsigned long) migrate_moved_out(p->migrate), shardmap_replicas(p->store->map));
                 if (fresh)
-                        log_info("job configured job=%u model=%s mode=%s keys=%lu bytes=%lu map_epoch=%lu",
+                        log_info("job configured job=%u model=%s mode=%s keys=%lu bytes=%lu map_epoch=%lu%s%s",
                                  job.id, job.model, job_mode_string(&job, mode, sizeof mode),
                                  (unsigned long) p->store->nkeys, (unsigned long) p->store->bytes,
-                                 (unsigned long) ctl->map->epoch);
+                                 (unsigned long) ctl->map->epoch, restore ? " restore=" : "", restore ? rs->name : "");
+                if (restore) {
+                        r = checkpoint_restore(p->ckpt, rs->name, rs->dir, rs->clock);
+                        if (r < 0) {
+                                p->store->restoring = false;
+                                psd_checkpoint_failed(p, rs->name, r);
+                        }
+                }
         }
         if (ctl->members && p->store->has_job) {
                 const Psnet__Membership *m = ctl->members, *pm = ctl->prev_members;
@@ -484,6 +500,50 @@ static void psd_fence(Psd *p, const Psnet__Header *h) {
         log_info("fence max_clock=%ld slowest=%ld fastest=%ld", (long) fr.max_clock, (long) slowest, (long) fastest);
 }
 
+/* A checkpoint's answer to pscoord (a save's, seq echoed; a restore's, seq 0). */
+static void psd_checkpoint_done(void *ud, uint64_t seq, const Psnet__CheckpointRep *rep, int status,
+                                const char *reason) {
+        Psd *p = ud;
+        Psnet__Header h;
+        wire_header_init(&h, PSNET__MSG_TYPE__MSG_CHECKPOINT_REP);
+        h.body_case = PSNET__HEADER__BODY_CHECKPOINT_REP;
+        h.checkpoint_rep = (Psnet__CheckpointRep *) rep;
+        h.has_sender = true;
+        h.sender = p->cfg->id;
+        if (status != PSNET__STATUS__STATUS_OK) {
+                h.has_status = true;
+                h.status = status;
+                h.reason = (char *) reason;
+        }
+        int r = p->coord ? session_reply(p->coord, &h, seq) : -ENOTCONN;
+        if (r < 0)
+                log_warning_errno(r, "Failed to tell pscoord about checkpoint %s: %m", rep->name);
+}
+
+static void psd_checkpoint_failed(Psd *p, const char *name, int err) {
+        char reason[160];
+        Psnet__CheckpointRep rep = PSNET__CHECKPOINT_REP__INIT;
+        rep.name = (char *) name;
+        rep.has_restore = true;
+        rep.restore = true;
+        snprintf(reason, sizeof reason, "cannot start loading checkpoint %s: %s", name, strerror(-err));
+        log_error("%s", reason);
+        psd_checkpoint_done(p, 0, &rep, status_from_errno(err), reason);
+}
+
+static void psd_checkpoint(Psd *p, const Psnet__Header *h) {
+        char reason[256];
+        const Psnet__Checkpoint *c = h->checkpoint;
+        int st = checkpoint_save(p->ckpt, h->seq, c->name ? c->name : "", c->dir, c->has_clock ? c->clock : -1,
+                                 reason, sizeof reason);
+        if (st == PSNET__STATUS__STATUS_OK)
+                return;
+        Psnet__CheckpointRep rep = PSNET__CHECKPOINT_REP__INIT;
+        rep.name = c->name ? c->name : (char *) "";
+        log_warning("checkpoint refused name=%s reason=\"%s\"", rep.name, reason);
+        psd_checkpoint_done(p, h->seq, &rep, st, reason);
+}
+
 static void psd_on_coord(Session *s, WireMsg *m, void *ud) {
         Psd *p = ud;
         (void) s;
@@ -494,9 +554,13 @@ static void psd_on_coord(Session *s, WireMsg *m, void *ud) {
         case PSNET__MSG_TYPE__MSG_FENCE:
                 psd_fence(p, m->hdr);
                 break;
+        case PSNET__MSG_TYPE__MSG_CHECKPOINT:
+                psd_checkpoint(p, m->hdr);
+                break;
         default:
                 log_debug("ignoring message from pscoord type=%s", wire_type_name(m->hdr->type));
         }
+        checkpoint_poll(p->ckpt);
 }
 
 /* The figures every heartbeat carries (psctl status shows them; pscoord acts on stragglers). */
@@ -614,6 +678,7 @@ static void psd_tick(uv_timer_t *t) {
         Psd *p = t->data;
         gate_expire(p->store, now_ms());
         (void) psd_may_acknowledge(p); /* logs a lease lost while no request came */
+        checkpoint_poll(p->ckpt);
 }
 
 static void psd_left(Session *s, int r, WireMsg *m, void *ud) {
@@ -729,6 +794,11 @@ int psd_run(const PsdConfig *cfg) {
                 log_error_errno(r, "Failed to allocate the store: %m");
                 goto finish;
         }
+        r = checkpointer_new(p.store, &p.loop, cfg->id, psd_checkpoint_done, &p, &p.ckpt);
+        if (r < 0) {
+                log_error_errno(r, "Failed to allocate the store: %m");
+                goto finish;
+        }
         p.store->move = migrate_out;
         p.store->move_userdata = p.migrate;
         p.store->gate.limits.park_timeout_ms = (uint64_t) cfg->park_timeout * 1000u;
@@ -790,6 +860,8 @@ int psd_run(const PsdConfig *cfg) {
 finish:
         /* Pushes waiting on backups, parked pulls and acks in flight are answered
          * before the socket closes; the links go first, while the store lives. */
+        if (p.ckpt)
+                checkpointer_free(p.ckpt);
         p.migrate = migrate_free(p.migrate);
         p.store = store_free(p.store);
         p.data = netsock_close(p.data);

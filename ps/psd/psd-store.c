@@ -29,6 +29,13 @@ static void valbuf_unref(ValBuf *v) {
         }
 }
 
+ValBuf *store_value_ref(Chunk *c) {
+        atomic_fetch_add(&c->val->refs, 1);
+        return c->val;
+}
+
+void store_value_unref(ValBuf *v) { valbuf_unref(v); }
+
 /* ZeroMQ calls this from its I/O thread once a pull reply frame is sent. */
 static void valbuf_zmq_free(void *data, void *hint) {
         (void) data;
@@ -208,7 +215,7 @@ int store_install_image(Store *s, const ChunkImage *im) {
         s->chunks[tensor][chunk] = c;
         store_count(s, c, +1);
         /* A chunk that moved here to be led: its backups get it from here. */
-        if (rank == 0 && !im->replica && s->move)
+        if (rank == 0 && !im->replica && !im->restored && s->move)
                 for (uint32_t i = 1; i < shardmap_replicas(s->map); i++)
                         s->move(s->move_userdata, c, shardmap_shard(s->map, (size_t) shardmap_holder(s->map, tensor,
                                                                                                    chunk, i)), true);
@@ -241,7 +248,7 @@ static int chunk_remap(Store *s, const ShardMap *old, uint32_t t, uint32_t k, bo
         if (!c) {
                 /* The first map of a job: every copy starts from the same
                  * initial values. Later, a copy arrives from its primary. */
-                if (rank < 0 || !first_map)
+                if (rank < 0 || !first_map || s->restoring)
                         return 0;
                 int r = chunk_new(&s->job, t, k, true, &s->chunks[t][k]);
                 if (r < 0)

@@ -58,6 +58,7 @@ typedef struct ChunkImage {
         const zmq_msg_t *pending;         /* their gradient frames */
         size_t npending;
         bool replica;   /* a backup's copy from its primary: replaces an older copy */
+        bool restored;  /* read from a checkpoint by this shard: not sent on to the backups, which read theirs */
 } ChunkImage;
 
 typedef struct Store {
@@ -73,6 +74,7 @@ typedef struct Store {
         StoreMoveFn move;
         void *move_userdata;
         float *sum;             /* scratch for aggregation (chunk_floats) */
+        bool restoring;         /* the job starts from a checkpoint: its first map creates no chunk from the seed */
         Gate gate;
 } Store;
 
@@ -121,6 +123,11 @@ int store_lookup_keys(Store *s, const Psnet__Header *h, Chunk **chunks, char *re
  * push's 1/W share) of clock under mode: the job's optimizer with lr times
  * job_lr_factor. */
 int store_apply(Store *s, Chunk *c, const float *g, ConsistencyMode mode, size_t nworkers, int64_t clock);
+
+/* A reference to c's values as they are now (a later update copies them
+ * first); drop it with store_value_unref, from any thread. */
+ValBuf *store_value_ref(Chunk *c);
+void store_value_unref(ValBuf *v);
 
 /* A zero-copy message over the chunk's current values (takes a reference). */
 int store_value_msg(Store *s, Chunk *c, zmq_msg_t *ret);

@@ -496,6 +496,7 @@ PsnetJobState psnet_worker_job_state(const PsnetWorker *w) {
 }
 uint32_t psnet_worker_count(const PsnetWorker *w) { return w->nworkers; }
 int64_t psnet_worker_start_clock(const PsnetWorker *w) { return w->start_clock; }
+int64_t psnet_worker_base_clock(const PsnetWorker *w) { return w->sched.base_clock; }
 const char *psnet_job_model(const PsnetWorker *w) { return w->has_job ? w->job.model : NULL; }
 size_t psnet_job_ntensors(const PsnetWorker *w) { return w->has_job ? w->job.ntensors : 0; }
 uint32_t psnet_job_batch(const PsnetWorker *w) { return w->job.batch; }

@@ -84,6 +84,10 @@ PsnetJobState psnet_worker_job_state(const PsnetWorker *w);
 uint32_t psnet_worker_rank(const PsnetWorker *w);
 uint32_t psnet_worker_count(const PsnetWorker *w);   /* workers in the job */
 int64_t psnet_worker_start_clock(const PsnetWorker *w);
+/* The clock the current membership started counting from (its schedule's
+ * base): a worker that starts after it (a job restored from a checkpoint)
+ * resumes its data that many steps in. */
+int64_t psnet_worker_base_clock(const PsnetWorker *w);
 
 /* The job, once the job event came. Tensors are float32, dense, row-major. */
 const char *psnet_job_model(const PsnetWorker *w);

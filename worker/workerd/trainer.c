@@ -68,6 +68,7 @@ typedef struct Trainer {
         /* schedule */
         uint32_t pass;                /* passes over this worker's share (the shuffle's seed) */
         uint32_t step_in_pass;        /* steps done in the pass */
+        int64_t resume_steps;         /* steps of this membership before the start clock (a restored job) */
         bool pass_open;
         int64_t clock, end_clock;     /* the job ends at end_clock (the schedule's) */
         uint32_t job_epoch;           /* the job's epoch at clock (1-based) */
@@ -336,8 +337,14 @@ static void step_idle_cb(uv_idle_t *h) {
                         partition(t);
                         log_info("partition rank=%u/%u images=%u", t->part_rank, t->part_n, t->nmine);
                 }
+                /* A job restored at clock B resumes where its data stood at B. */
+                if (t->resume_steps > 0 && t->steps_per_pass > 0) {
+                        t->pass += (uint32_t) (t->resume_steps / t->steps_per_pass);
+                        t->resume_steps %= t->steps_per_pass;
+                }
                 shuffle(t->perm, t->nmine, t->job->seed * 1000003u + t->part_rank * 7919u + t->pass);
-                t->step_in_pass = 0;
+                t->step_in_pass = (uint32_t) MAX(t->resume_steps, (int64_t) 0);
+                t->resume_steps = 0;
                 t->pass_open = true;
         }
         uint32_t batch = t->job->batch, s = t->step_in_pass;
@@ -537,6 +544,7 @@ static void load_done(uv_work_t *req, int status) {
         }
         t->state = T_PULLING;
         t->clock = psnet_worker_start_clock(t->w);
+        t->resume_steps = t->clock - psnet_worker_base_clock(t->w);
         r = psnet_worker_round(t->w, NULL, 0, t->params, t->clock, on_first_pull, t);
         if (r < 0) {
                 log_error_errno(r, "Failed to pull the first weights: %m");

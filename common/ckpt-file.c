@@ -1,0 +1,339 @@
+/* A shard's checkpoint file; see ckpt-file.h. */
+#include <errno.h>
+#include <fcntl.h>
+#include <limits.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+#include <zlib.h>
+#include "alloc.h"
+#include "ckpt-file.h"
+
+struct CkptReader {
+        int fd;
+        char path[PATH_MAX];
+        uint64_t size;
+        CkptHeader h;
+        CkptEntry *e;
+};
+
+uint64_t ckpt_record_bytes(uint32_t len, uint32_t nlast, uint32_t per) {
+        if (len > CKPT_MAX_LEN || nlast > CKPT_MAX_NLAST || per > CKPT_MAX_PER)
+                return 0;
+        return (uint64_t) nlast * 8u + (uint64_t) len * 4u * (1u + per);
+}
+
+static uint32_t crc_update(uint32_t crc, const void *p, uint64_t n) {
+        const Bytef *b = p;
+        while (n > 0) {
+                uInt k = n > (1u << 30) ? (1u << 30) : (uInt) n;
+                crc = (uint32_t) crc32(crc, b, k);
+                b += k;
+                n -= k;
+        }
+        return crc;
+}
+
+static void put32(uint8_t *p, uint32_t v) { memcpy(p, &v, 4); }
+static void put64(uint8_t *p, uint64_t v) { memcpy(p, &v, 8); }
+static uint32_t get32(const uint8_t *p) { uint32_t v; memcpy(&v, p, 4); return v; }
+static uint64_t get64(const uint8_t *p) { uint64_t v; memcpy(&v, p, 8); return v; }
+
+static int write_all(int fd, const void *p, uint64_t n) {
+        const char *b = p;
+        while (n > 0) {
+                ssize_t k = write(fd, b, n > (1u << 30) ? (1u << 30) : (size_t) n);
+                if (k < 0) {
+                        if (errno == EINTR)
+                                continue;
+                        return -errno;
+                }
+                b += k;
+                n -= (uint64_t) k;
+        }
+        return 0;
+}
+
+static int pwrite_all(int fd, const void *p, size_t n, off_t at) {
+        const char *b = p;
+        while (n > 0) {
+                ssize_t k = pwrite(fd, b, n, at);
+                if (k < 0) {
+                        if (errno == EINTR)
+                                continue;
+                        return -errno;
+                }
+                b += k;
+                n -= (size_t) k;
+                at += k;
+        }
+        return 0;
+}
+
+static void encode_header(uint8_t *h, uint32_t shard, uint32_t job, uint32_t nrec, int64_t clock, uint32_t per) {
+        memset(h, 0, CKPT_HEADER_BYTES);
+        memcpy(h, CKPT_MAGIC, 8);
+        put32(h + 8, CKPT_VERSION);
+        put32(h + 12, shard);
+        put32(h + 16, job);
+        put32(h + 20, nrec);
+        put64(h + 24, (uint64_t) clock);
+        put32(h + 32, per);
+        put64(h + 40, (uint64_t) nrec * CKPT_ENTRY_BYTES);
+        /* 48..59 reserved, 60: the CRC */
+}
+
+static void encode_entry(uint8_t *p, const CkptEntry *e) {
+        put32(p, e->tensor);
+        put32(p + 4, e->chunk);
+        put32(p + 8, e->len);
+        put32(p + 12, e->nlast);
+        put64(p + 16, e->steps);
+        put64(p + 24, (uint64_t) e->clock);
+        put64(p + 32, e->offset);
+        put64(p + 40, e->bytes);
+        put32(p + 48, e->crc);
+        put32(p + 52, 0);
+}
+
+int ckpt_write(const char *dir, const char *name, uint32_t shard, uint32_t job, int64_t clock, uint32_t per,
+               const CkptRecord *recs, size_t n, CkptFileInfo *ret, char *err, size_t errn) {
+        char path[PATH_MAX], tmp[PATH_MAX];
+        const char *what = "writing";
+        if (n > CKPT_MAX_RECORDS || per > CKPT_MAX_PER || snprintf(path, sizeof path, "%s/%s", dir, name) >= PATH_MAX ||
+            snprintf(tmp, sizeof tmp, "%s/%s.tmp", dir, name) >= PATH_MAX) {
+                snprintf(err, errn, "%s/%s: name too long or too many chunks", dir, name);
+                return -EINVAL;
+        }
+        size_t index_bytes = n * CKPT_ENTRY_BYTES;
+        uint8_t *head = ps_calloc(1, CKPT_HEADER_BYTES + index_bytes);
+        if (!head) {
+                snprintf(err, errn, "%s: out of memory", tmp);
+                return -ENOMEM;
+        }
+        int r = 0, fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+        if (fd < 0) {
+                r = -errno;
+                what = "creating";
+                goto out;
+        }
+        /* Header and index last, once the records' offsets and CRCs are known. */
+        uint64_t off = CKPT_HEADER_BYTES + index_bytes;
+        if (lseek(fd, (off_t) off, SEEK_SET) < 0) {
+                r = -errno;
+                goto out;
+        }
+        for (size_t i = 0; i < n && r == 0; i++) {
+                const CkptRecord *c = &recs[i];
+                CkptEntry e = { .tensor = c->tensor, .chunk = c->chunk, .len = c->len, .nlast = c->nlast,
+                                .steps = c->steps, .clock = c->clock, .offset = off,
+                                .bytes = ckpt_record_bytes(c->len, c->nlast, per) };
+                if (e.bytes == 0 || (per && !c->state)) {
+                        r = -EINVAL;
+                        break;
+                }
+                uint32_t crc = (uint32_t) crc32(0L, Z_NULL, 0);
+                crc = crc_update(crc, c->last_clocks, (uint64_t) c->nlast * 8u);
+                crc = crc_update(crc, c->values, (uint64_t) c->len * 4u);
+                if (per)
+                        crc = crc_update(crc, c->state, (uint64_t) c->len * 4u * per);
+                e.crc = crc;
+                r = write_all(fd, c->last_clocks, (uint64_t) c->nlast * 8u);
+                if (r == 0)
+                        r = write_all(fd, c->values, (uint64_t) c->len * 4u);
+                if (r == 0 && per)
+                        r = write_all(fd, c->state, (uint64_t) c->len * 4u * per);
+                encode_entry(head + CKPT_HEADER_BYTES + i * CKPT_ENTRY_BYTES, &e);
+                off += e.bytes;
+        }
+        if (r < 0)
+                goto out;
+        encode_header(head, shard, job, (uint32_t) n, clock, per);
+        uint32_t icrc = crc_update((uint32_t) crc32(0L, Z_NULL, 0), head, CKPT_HEADER_BYTES + index_bytes);
+        put32(head + 60, icrc);
+        r = pwrite_all(fd, head, CKPT_HEADER_BYTES + index_bytes, 0);
+        if (r == 0 && fsync(fd) < 0) {
+                r = -errno;
+                what = "syncing";
+        }
+        if (close(fd) < 0 && r == 0) {
+                r = -errno;
+                what = "closing";
+        }
+        fd = -1;
+        if (r < 0)
+                goto out;
+        if (rename(tmp, path) < 0) {
+                r = -errno;
+                what = "renaming";
+                goto out;
+        }
+        int dfd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+        if (dfd < 0 || fsync(dfd) < 0) {
+                r = -errno;
+                what = "syncing the directory of";
+                if (dfd >= 0)
+                        (void) close(dfd);
+                (void) unlink(path);
+                goto out;
+        }
+        (void) close(dfd);
+        if (ret)
+                *ret = (CkptFileInfo) { .bytes = off, .index_crc = icrc, .nrec = (uint32_t) n };
+out:
+        if (fd >= 0)
+                (void) close(fd);
+        if (r < 0) {
+                snprintf(err, errn, "%s %s: %s", what, tmp, strerror(-r));
+                (void) unlink(tmp);
+        }
+        ps_free(head);
+        return r;
+}
+
+#define BAD(...) do { snprintf(err, errn, __VA_ARGS__); r = -EBADMSG; goto fail; } while (0)
+
+int ckpt_check_index(const uint8_t *buf, size_t n, uint64_t file_size, CkptHeader *header, CkptEntry **entries,
+                     char *err, size_t errn) {
+        CkptEntry *e = NULL;
+        int r = 0;
+        if (n < CKPT_HEADER_BYTES || file_size < n)
+                BAD("shorter than a header (%llu bytes)", (unsigned long long) file_size);
+        if (memcmp(buf, CKPT_MAGIC, 8) != 0)
+                BAD("not a psnet checkpoint file (bad magic)");
+        CkptHeader h = { .version = get32(buf + 8), .shard = get32(buf + 12), .job = get32(buf + 16),
+                         .nrec = get32(buf + 20), .clock = (int64_t) get64(buf + 24), .per = get32(buf + 32),
+                         .index_crc = get32(buf + 60) };
+        uint64_t index_bytes = get64(buf + 40);
+        if (h.version != CKPT_VERSION)
+                BAD("version %u (this build reads %u)", h.version, CKPT_VERSION);
+        if (h.nrec > CKPT_MAX_RECORDS || index_bytes != (uint64_t) h.nrec * CKPT_ENTRY_BYTES || h.per > CKPT_MAX_PER)
+                BAD("bad header (records %u, index %llu bytes, state %u per value)", h.nrec,
+                    (unsigned long long) index_bytes, h.per);
+        if (n < CKPT_HEADER_BYTES + index_bytes)
+                BAD("index cut short (%zu of %llu bytes)", n, (unsigned long long) (CKPT_HEADER_BYTES + index_bytes));
+        uint8_t zero[4] = { 0 };
+        uint32_t crc = crc_update((uint32_t) crc32(0L, Z_NULL, 0), buf, 60);
+        crc = crc_update(crc, zero, 4);
+        crc = crc_update(crc, buf + CKPT_HEADER_BYTES, index_bytes);
+        if (crc != h.index_crc)
+                BAD("header checksum mismatch (stored %08x, computed %08x)", h.index_crc, crc);
+        e = ps_calloc(h.nrec ? h.nrec : 1, sizeof *e);
+        if (!e) {
+                snprintf(err, errn, "out of memory");
+                return -ENOMEM;
+        }
+        uint64_t data_start = CKPT_HEADER_BYTES + index_bytes;
+        for (uint32_t i = 0; i < h.nrec; i++) {
+                const uint8_t *p = buf + CKPT_HEADER_BYTES + (size_t) i * CKPT_ENTRY_BYTES;
+                CkptEntry *x = &e[i];
+                *x = (CkptEntry) { .tensor = get32(p), .chunk = get32(p + 4), .len = get32(p + 8),
+                                   .nlast = get32(p + 12), .steps = get64(p + 16), .clock = (int64_t) get64(p + 24),
+                                   .offset = get64(p + 32), .bytes = get64(p + 40), .crc = get32(p + 48) };
+                uint64_t want = ckpt_record_bytes(x->len, x->nlast, h.per);
+                if (want == 0 || x->bytes != want)
+                        BAD("record %u: key (%u,%u) holds %llu bytes, expected %llu", i, x->tensor, x->chunk,
+                            (unsigned long long) x->bytes, (unsigned long long) want);
+                if (x->offset < data_start || x->offset > file_size || x->bytes > file_size - x->offset)
+                        BAD("record %u: key (%u,%u) lies outside the file (offset %llu, %llu bytes, file %llu)", i,
+                            x->tensor, x->chunk, (unsigned long long) x->offset, (unsigned long long) x->bytes,
+                            (unsigned long long) file_size);
+        }
+        if (header)
+                *header = h;
+        if (entries) {
+                *entries = e;
+                e = NULL;
+        }
+fail:
+        ps_free(e);
+        return r;
+}
+
+int ckpt_open(const char *path, CkptReader **ret, char *err, size_t errn) {
+        char why[192];
+        CkptReader *r = ps_calloc(1, sizeof *r);
+        if (!r) {
+                snprintf(err, errn, "%s: out of memory", path);
+                return -ENOMEM;
+        }
+        snprintf(r->path, sizeof r->path, "%s", path);
+        r->fd = open(path, O_RDONLY | O_CLOEXEC);
+        struct stat st;
+        int e = 0;
+        if (r->fd < 0 || fstat(r->fd, &st) < 0) {
+                e = -errno;
+                snprintf(err, errn, "%s: %s", path, strerror(-e));
+                ckpt_close(r);
+                return e;
+        }
+        r->size = (uint64_t) st.st_size;
+        uint8_t h[CKPT_HEADER_BYTES];
+        ssize_t k = pread(r->fd, h, sizeof h, 0);
+        uint64_t index_bytes = k == (ssize_t) sizeof h ? get64(h + 40) : 0;
+        if (k != (ssize_t) sizeof h || index_bytes > (uint64_t) CKPT_MAX_RECORDS * CKPT_ENTRY_BYTES ||
+            index_bytes > r->size - sizeof h) {
+                snprintf(err, errn, "%s: %s", path, k < 0 ? strerror(errno) : "too short for its header and index");
+                ckpt_close(r);
+                return -EBADMSG;
+        }
+        uint8_t *buf = ps_malloc(sizeof h + index_bytes);
+        if (!buf) {
+                snprintf(err, errn, "%s: out of memory", path);
+                ckpt_close(r);
+                return -ENOMEM;
+        }
+        k = pread(r->fd, buf, sizeof h + index_bytes, 0);
+        e = k == (ssize_t) (sizeof h + index_bytes)
+                    ? ckpt_check_index(buf, (size_t) k, r->size, &r->h, &r->e, why, sizeof why)
+                    : -EIO;
+        ps_free(buf);
+        if (e < 0) {
+                snprintf(err, errn, "%s: %s", path, e == -EIO ? "short read" : why);
+                ckpt_close(r);
+                return e;
+        }
+        *ret = r;
+        return 0;
+}
+
+const CkptHeader *ckpt_header(const CkptReader *r) { return &r->h; }
+const CkptEntry *ckpt_entry(const CkptReader *r, size_t i) { return i < r->h.nrec ? &r->e[i] : NULL; }
+
+int ckpt_read(CkptReader *r, size_t i, void *buf, char *err, size_t errn) {
+        const CkptEntry *e = ckpt_entry(r, i);
+        if (!e)
+                return -EINVAL;
+        uint64_t done = 0;
+        while (done < e->bytes) {
+                size_t want = e->bytes - done > (1u << 30) ? (1u << 30) : (size_t) (e->bytes - done);
+                ssize_t k = pread(r->fd, (char *) buf + done, want, (off_t) (e->offset + done));
+                if (k < 0 && errno == EINTR)
+                        continue;
+                if (k <= 0) {
+                        snprintf(err, errn, "%s: key (%u,%u): %s", r->path, e->tensor, e->chunk,
+                                 k < 0 ? strerror(errno) : "file cut short");
+                        return -EIO;
+                }
+                done += (uint64_t) k;
+        }
+        uint32_t crc = crc_update((uint32_t) crc32(0L, Z_NULL, 0), buf, e->bytes);
+        if (crc != e->crc) {
+                snprintf(err, errn, "%s: key (%u,%u): checksum mismatch (stored %08x, computed %08x)", r->path,
+                         e->tensor, e->chunk, e->crc, crc);
+                return -EBADMSG;
+        }
+        return 0;
+}
+
+CkptReader *ckpt_close(CkptReader *r) {
+        if (!r)
+                return NULL;
+        if (r->fd >= 0)
+                (void) close(r->fd);
+        ps_free(r->e);
+        ps_free(r);
+        return NULL;
+}

@@ -1,0 +1,81 @@
+/* A shard's checkpoint file: the chunks it led at a clock boundary (values,
+ * optimizer state, step count, clock, de-duplication table).
+ *
+ * Layout (little-endian, as the machine writes it):
+ *   header  64 bytes: magic "PSNETCK1", version, shard, job, records, clock,
+ *           state floats per value, index bytes, CRC-32 of header and index
+ *   index   one 56-byte entry per record: tensor, chunk, len, nlast, steps,
+ *           clock, offset, bytes, CRC-32 of the record
+ *   records nlast int64 last clocks, len float values, len x per float state
+ *
+ * Written to NAME.tmp, fsync'd, renamed to NAME, and the directory fsync'd:
+ * a reader sees a whole file or none. Every byte is covered by a checksum,
+ * checked on load; the reader checks every size and offset against the file
+ * before it trusts one (ckpt_check_index is the fuzz target). */
+#pragma once
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#define CKPT_MAGIC "PSNETCK1"
+#define CKPT_VERSION 1u
+#define CKPT_HEADER_BYTES 64u
+#define CKPT_ENTRY_BYTES 56u
+#define CKPT_MAX_RECORDS (1u << 24)
+#define CKPT_MAX_NLAST 65536u
+#define CKPT_MAX_LEN (1u << 28)
+#define CKPT_MAX_PER 4u
+
+typedef struct CkptRecord {
+        uint32_t tensor, chunk, len, nlast;
+        uint64_t steps;
+        int64_t clock;
+        const int64_t *last_clocks;     /* nlast */
+        const float *values;            /* len */
+        const float *state;             /* len x per (NULL when per is 0) */
+} CkptRecord;
+
+typedef struct CkptEntry {
+        uint32_t tensor, chunk, len, nlast;
+        uint64_t steps;
+        int64_t clock;
+        uint64_t offset, bytes;
+        uint32_t crc;
+} CkptEntry;
+
+typedef struct CkptHeader {
+        uint32_t version, shard, job, nrec, per;
+        int64_t clock;
+        uint32_t index_crc;     /* CRC-32 of the header (its CRC field zero) and the index */
+} CkptHeader;
+
+typedef struct CkptFileInfo {
+        uint64_t bytes;
+        uint32_t index_crc, nrec;
+} CkptFileInfo;
+
+/* The bytes of a record with these sizes (0 when they overflow). */
+uint64_t ckpt_record_bytes(uint32_t len, uint32_t nlast, uint32_t per);
+
+/* Writes the records as dir/name atomically (see above). On failure nothing
+ * named name is created or changed, the temporary file is removed, and err
+ * says which file and what failed (e.g. "No space left on device"). */
+int ckpt_write(const char *dir, const char *name, uint32_t shard, uint32_t job, int64_t clock, uint32_t per,
+               const CkptRecord *recs, size_t n, CkptFileInfo *ret, char *err, size_t errn);
+
+/* Checks a file's header and index (buf: its first n bytes, at least the
+ * header and index; file_size: the whole file's) and decodes them: 0, or
+ * -EBADMSG with err saying what is wrong. entries (may be NULL) gets
+ * header->nrec entries, caller-freed. */
+int ckpt_check_index(const uint8_t *buf, size_t n, uint64_t file_size, CkptHeader *header, CkptEntry **entries,
+                     char *err, size_t errn);
+
+typedef struct CkptReader CkptReader;
+/* Opens and checks a file (header, index, sizes). */
+int ckpt_open(const char *path, CkptReader **ret, char *err, size_t errn);
+const CkptHeader *ckpt_header(const CkptReader *r);
+const CkptEntry *ckpt_entry(const CkptReader *r, size_t i);
+/* Reads record i into buf (entry's bytes) and checks its CRC: 0 or -EBADMSG
+ * (err names the file, the key and both checksums), -EIO. */
+int ckpt_read(CkptReader *r, size_t i, void *buf, char *err, size_t errn);
+CkptReader *ckpt_close(CkptReader *r);

@@ -1,0 +1,517 @@
+/* pscoord's checkpoints: save (fence, boundary, every shard writes, then the
+ * manifest), --checkpoint-every with --checkpoint-keep, list, and restore (the
+ * job from a manifest, its shards loading their keys). See
+ * docs/ARCHITECTURE.md, "Checkpoints". */
+#include <dirent.h>
+#include <limits.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+#include "ckpt-manifest.h"
+#include "coord-internal.h"
+
+static void ckpt_path(const Coord *c, const char *name, char *buf, size_t n) {
+        snprintf(buf, n, "%s/%s", c->cfg->checkpoint_dir, name);
+}
+
+/* Removes a checkpoint's files: the manifest first, so that it stops being
+ * one before anything else goes. */
+static void ckpt_remove(const Coord *c, const char *name) {
+        char dir[PATH_MAX], path[PATH_MAX + 300];
+        ckpt_path(c, name, dir, sizeof dir);
+        snprintf(path, sizeof path, "%s/" CKPT_MANIFEST, dir);
+        (void) unlink(path);
+        DIR *d = opendir(dir);
+        struct dirent *e;
+        while (d && (e = readdir(d))) {
+                if (strncmp(e->d_name, "shard-", 6) != 0 && strncmp(e->d_name, CKPT_MANIFEST, 8) != 0)
+                        continue;
+                snprintf(path, sizeof path, "%s/%s", dir, e->d_name);
+                (void) unlink(path);
+        }
+        if (d)
+                closedir(d);
+        if (rmdir(dir) < 0 && errno != ENOENT)
+                log_warning("could not remove %s: %s", dir, strerror(errno));
+}
+
+static void reply_save(Coord *c, int status, const char *reason, const Psnet__CheckpointRep *rep) {
+        CkptSave *k = &c->ckpt;
+        if (!k->has_route)
+                return;
+        if (status != PSNET__STATUS__STATUS_OK)
+                (void) coord_reply_error(c, &k->route, k->route_seq, status, reason);
+        else {
+                Psnet__Header h;
+                wire_header_init(&h, PSNET__MSG_TYPE__MSG_CHECKPOINT_REP);
+                h.body_case = PSNET__HEADER__BODY_CHECKPOINT_REP;
+                h.checkpoint_rep = (Psnet__CheckpointRep *) rep;
+                (void) coord_reply_hdr(c, &k->route, &h, k->route_seq);
+        }
+        zmq_msg_close(&k->route);
+        k->has_route = false;
+}
+
+static void save_end(Coord *c) {
+        CkptSave *k = &c->ckpt;
+        for (size_t i = 0; i < k->nfiles; i++)
+                ps_free(k->files[i].file);
+        ps_free(k->files);
+        k->files = NULL;
+        k->nfiles = 0;
+        k->active = false;
+}
+
+/* A save failed: every shard's fence ends, nothing of it stays on disk. */
+void coord_checkpoint_fail(Coord *c, int status, const char *reason) {
+        CkptSave *k = &c->ckpt;
+        if (!k->active)
+                return;
+        log_error("checkpoint failed name=%s clock=%ld reason=\"%s\"", k->name[0] ? k->name : "-", (long) k->clock,
+                  reason);
+        c->checkpoint_failures++;
+        if (k->dir_made)
+                ckpt_remove(c, k->name);
+        reply_save(c, status, reason, NULL);
+        save_end(c);
+        c->ckpt_retry_at = now_ms() + 5000;
+        coord_publish(c);
+}
+
+int coord_checkpoint_start(Coord *c, const char *name, bool automatic, char *reason, size_t n) {
+        CkptSave *k = &c->ckpt;
+        if (!c->cfg->checkpoint_dir) {
+                snprintf(reason, n, "pscoord has no --checkpoint-dir");
+                return PSNET__STATUS__STATUS_INVALID;
+        }
+        if (c->state != JOB_RUNNING || !c->map) {
+                snprintf(reason, n, "job %u is not running (it is %s)", c->job.id, job_state_name(c->state));
+                return PSNET__STATUS__STATUS_INVALID;
+        }
+        if (k->active) {
+                snprintf(reason, n, "checkpoint %s is being written: wait for it", k->name[0] ? k->name : "(unnamed)");
+                return PSNET__STATUS__STATUS_RESOURCE;
+        }
+        if (c->fence.active) {
+                snprintf(reason, n, "a membership change is being agreed: try again in a moment");
+                return PSNET__STATUS__STATUS_RESOURCE;
+        }
+        if (name && name[0]) {
+                char dir[PATH_MAX];
+                struct stat st;
+                if (!ckpt_name_valid(name)) {
+                        snprintf(reason, n, "bad checkpoint name '%.64s' (1-64 of A-Z a-z 0-9 . _ -, not starting "
+                                 "with '.')", name);
+                        return PSNET__STATUS__STATUS_INVALID;
+                }
+                ckpt_path(c, name, dir, sizeof dir);
+                if (stat(dir, &st) == 0) {
+                        snprintf(reason, n, "checkpoint %s exists", name);
+                        return PSNET__STATUS__STATUS_INVALID;
+                }
+        }
+        *k = (CkptSave) { .active = true, .automatic = automatic, .started = now_ms() };
+        snprintf(k->name, sizeof k->name, "%s", name ? name : "");
+        coord_fence_start(c, false, c->job.mode, c->job.staleness);
+        c->fence.checkpoint = true;
+        return PSNET__STATUS__STATUS_OK;
+}
+
+/* Every shard answered the fence: pick the boundary and ask them to write. */
+void coord_checkpoint_fenced(Coord *c) {
+        CkptSave *k = &c->ckpt;
+        const FenceClocks *f = &c->fence.clocks;
+        char dir[PATH_MAX], reason[PATH_MAX + 64];
+        k->clock = c->job.mode == MODE_BSP ? f->max_clock + 1 : f->max_wclock + 2;
+        if (!k->name[0])
+                snprintf(k->name, sizeof k->name, "%s-%ld", k->automatic ? "auto" : "clock", (long) k->clock);
+        ckpt_path(c, k->name, dir, sizeof dir);
+        if (mkdir(c->cfg->checkpoint_dir, 0700) < 0 && errno != EEXIST) {
+                snprintf(reason, sizeof reason, "creating %s: %s", c->cfg->checkpoint_dir, strerror(errno));
+                coord_checkpoint_fail(c, PSNET__STATUS__STATUS_INTERNAL, reason);
+                return;
+        }
+        if (mkdir(dir, 0700) < 0) {
+                snprintf(reason, sizeof reason, "creating %s: %s", dir, strerror(errno));
+                coord_checkpoint_fail(c, errno == EEXIST ? PSNET__STATUS__STATUS_INVALID
+                                                         : PSNET__STATUS__STATUS_INTERNAL, reason);
+                return;
+        }
+        k->dir_made = true;
+        k->seq = ++c->fence_seq;
+        k->deadline = now_ms() + (uint64_t) c->cfg->checkpoint_timeout * 1000u;
+        Psnet__Checkpoint ck = PSNET__CHECKPOINT__INIT;
+        ck.name = k->name;
+        ck.dir = dir;
+        ck.has_clock = true;
+        ck.clock = k->clock;
+        Psnet__Header h;
+        wire_header_init(&h, PSNET__MSG_TYPE__MSG_CHECKPOINT);
+        h.body_case = PSNET__HEADER__BODY_CHECKPOINT;
+        h.checkpoint = &ck;
+        size_t ns = shardmap_size(c->map);
+        k->files = ps_calloc(ns ? ns : 1, sizeof *k->files);
+        if (!k->files) {
+                coord_checkpoint_fail(c, PSNET__STATUS__STATUS_RESOURCE, "out of memory");
+                return;
+        }
+        for (size_t i = 0; i < ns; i++) {
+                Peer *p = coord_find_peer(c, PSNET__ROLE__ROLE_SERVER, shardmap_shard(c->map, i)->id);
+                int r = p ? coord_reply_hdr(c, &p->route, &h, k->seq) : -ENOTCONN;
+                if (r < 0) {
+                        snprintf(reason, sizeof reason, "cannot reach shard %u: %s", shardmap_shard(c->map, i)->id,
+                                 strerror(-r));
+                        coord_checkpoint_fail(c, PSNET__STATUS__STATUS_UNAVAILABLE, reason);
+                        return;
+                }
+                k->expected++;
+        }
+        log_info("checkpoint started name=%s clock=%ld shards=%zu", k->name, (long) k->clock, k->expected);
+}
+
+/* The automatic checkpoints beyond --checkpoint-keep go, oldest first. */
+static void prune(Coord *c) {
+        unsigned keep = c->cfg->checkpoint_keep;
+        DIR *d = keep ? opendir(c->cfg->checkpoint_dir) : NULL;
+        struct { char name[CKPT_NAME_MAX + 1]; uint64_t at; } found[256];
+        size_t n = 0;
+        struct dirent *e;
+        while (d && (e = readdir(d)) && n < ELEMENTSOF(found)) {
+                char dir[PATH_MAX], err[PATH_MAX + 160];
+                Psnet__CheckpointManifest *m;
+                if (!ckpt_name_valid(e->d_name))
+                        continue;
+                ckpt_path(c, e->d_name, dir, sizeof dir);
+                if (ckpt_manifest_read(dir, &m, err, sizeof err) < 0)
+                        continue;
+                if (m->has_automatic && m->automatic) {
+                        snprintf(found[n].name, sizeof found[n].name, "%.64s", e->d_name);
+                        found[n++].at = m->created_ms;
+                }
+                psnet__checkpoint_manifest__free_unpacked(m, NULL);
+        }
+        if (d)
+                closedir(d);
+        while (n > keep) {
+                size_t oldest = 0;
+                for (size_t i = 1; i < n; i++)
+                        if (found[i].at < found[oldest].at)
+                                oldest = i;
+                log_info("checkpoint pruned name=%s (--checkpoint-keep %u)", found[oldest].name, keep);
+                ckpt_remove(c, found[oldest].name);
+                found[oldest] = found[--n];
+        }
+}
+
+/* Every shard's file is on disk: the manifest makes it a checkpoint. */
+static void save_commit(Coord *c) {
+        CkptSave *k = &c->ckpt;
+        char dir[PATH_MAX], err[PATH_MAX + 160];
+        Psnet__CheckpointManifest m = PSNET__CHECKPOINT_MANIFEST__INIT;
+        _cleanup_free_ Psnet__CheckpointFile **fp = ps_calloc(k->nfiles ? k->nfiles : 1, sizeof *fp);
+        Psnet__JobSpec *spec = NULL;
+        if (!fp || job_to_proto(&c->job, &spec) < 0) {
+                coord_checkpoint_fail(c, PSNET__STATUS__STATUS_RESOURCE, "out of memory");
+                return;
+        }
+        uint64_t bytes = 0;
+        uint32_t chunks = 0;
+        for (size_t i = 0; i < k->nfiles; i++) {
+                fp[i] = &k->files[i];
+                bytes += k->files[i].bytes;
+                chunks += k->files[i].chunks;
+        }
+        m.name = k->name;
+        m.clock = k->clock;
+        m.job = spec;
+        m.created_ms = unix_ms();
+        m.n_files = k->nfiles;
+        m.files = fp;
+        m.has_base_clock = m.has_samples_before = m.has_workers = m.has_map_epoch = m.has_automatic = true;
+        m.base_clock = c->sched.base_clock;
+        m.samples_before = c->sched.samples_before;
+        m.workers = c->sched.workers;
+        m.map_epoch = c->map_epoch;
+        m.automatic = k->automatic;
+        ckpt_path(c, k->name, dir, sizeof dir);
+        int r = ckpt_manifest_write(dir, &m, err, sizeof err);
+        job_proto_free(spec);
+        if (r < 0) {
+                coord_checkpoint_fail(c, r == -ENOSPC ? PSNET__STATUS__STATUS_RESOURCE : PSNET__STATUS__STATUS_INTERNAL,
+                                      err);
+                return;
+        }
+        uint64_t ms = now_ms() - k->started;
+        log_info("checkpoint saved name=%s clock=%ld bytes=%lu chunks=%u files=%zu ms=%lu", k->name, (long) k->clock,
+                 (unsigned long) bytes, chunks, k->nfiles, (unsigned long) ms);
+        snprintf(c->last_ckpt.name, sizeof c->last_ckpt.name, "%s", k->name);
+        c->last_ckpt.clock = k->clock;
+        c->last_ckpt.bytes = bytes;
+        c->last_ckpt.created_ms = m.created_ms;
+        c->last_ckpt.valid = true;
+        c->checkpoints++;
+        c->ckpt_next_clock = k->clock + (int64_t) c->cfg->checkpoint_every;
+        Psnet__CheckpointRep rep = PSNET__CHECKPOINT_REP__INIT;
+        rep.name = k->name;
+        rep.has_clock = rep.has_bytes = rep.has_chunks = rep.has_ms = true;
+        rep.clock = k->clock;
+        rep.bytes = bytes;
+        rep.chunks = chunks;
+        rep.ms = ms;
+        reply_save(c, PSNET__STATUS__STATUS_OK, NULL, &rep);
+        bool automatic = k->automatic;
+        save_end(c);
+        if (automatic)
+                prune(c);
+}
+
+void coord_handle_checkpoint_rep(Coord *c, WireMsg *m, Peer *p) {
+        const Psnet__CheckpointRep *rep = m->hdr->checkpoint_rep;
+        const char *reason = m->hdr->reason ? m->hdr->reason : "no reason given";
+        char msg[512];
+        bool ok = !m->hdr->has_status || m->hdr->status == PSNET__STATUS__STATUS_OK;
+        if (rep->has_restore && rep->restore) {
+                if (!c->restore.active || c->state != JOB_RUNNING || !rep->name || strcmp(rep->name, c->restore.name))
+                        return;
+                if (ok) {
+                        log_info("shard restored shard=%u name=%s keys=%u bytes=%lu ms=%lu", p->id, rep->name,
+                                 rep->chunks, (unsigned long) rep->bytes, (unsigned long) rep->ms);
+                        return;
+                }
+                snprintf(msg, sizeof msg, "shard %u cannot load checkpoint %s: %s", p->id, rep->name, reason);
+                coord_job_fail(c, msg);
+                return;
+        }
+        CkptSave *k = &c->ckpt;
+        if (!k->active || !k->expected || m->hdr->seq != k->seq)
+                return; /* a save given up already */
+        if (!ok) {
+                snprintf(msg, sizeof msg, "shard %u: %s", p->id, reason);
+                coord_checkpoint_fail(c, m->hdr->status, msg);
+                return;
+        }
+        char want[64];
+        ckpt_shard_file(p->id, want, sizeof want);
+        if (!rep->file || strcmp(rep->file, want) != 0 || !rep->has_bytes || !rep->has_index_crc || k->replies >= k->expected) {
+                snprintf(msg, sizeof msg, "shard %u answered for another file", p->id);
+                coord_checkpoint_fail(c, PSNET__STATUS__STATUS_MALFORMED, msg);
+                return;
+        }
+        Psnet__CheckpointFile *f = &k->files[k->nfiles];
+        psnet__checkpoint_file__init(f);
+        f->shard = p->id;
+        f->file = ps_strdup(want);
+        f->bytes = rep->bytes;
+        f->index_crc = rep->index_crc;
+        f->chunks = rep->chunks;
+        if (!f->file) {
+                coord_checkpoint_fail(c, PSNET__STATUS__STATUS_RESOURCE, "out of memory");
+                return;
+        }
+        k->nfiles++;
+        if (++k->replies == k->expected)
+                save_commit(c);
+}
+
+/* Each tick: a save that takes too long is given up; --checkpoint-every starts one. */
+void coord_checkpoint_tick(Coord *c) {
+        CkptSave *k = &c->ckpt;
+        uint64_t now = now_ms();
+        if (k->active && k->expected && now > k->deadline) {
+                char reason[160];
+                snprintf(reason, sizeof reason, "%zu of %zu shards wrote their file within --checkpoint-timeout %u s",
+                         k->replies, k->expected, c->cfg->checkpoint_timeout);
+                coord_checkpoint_fail(c, PSNET__STATUS__STATUS_UNAVAILABLE, reason);
+                return;
+        }
+        if (k->active || !c->cfg->checkpoint_every || c->state != JOB_RUNNING || now < c->ckpt_retry_at ||
+            c->fence.active)
+                return;
+        /* Every member past the next checkpoint's clock, and still short of the job's end. */
+        int64_t slowest = -1;
+        bool finishing = false;
+        for (size_t i = 0; i < c->npeers; i++) {
+                const Peer *p = &c->peers[i];
+                if (p->role != PSNET__ROLE__ROLE_WORKER || !p->member)
+                        continue;
+                finishing |= p->done;
+                if (slowest < 0 || (int64_t) p->worker.clock < slowest)
+                        slowest = (int64_t) p->worker.clock;
+        }
+        if (slowest < 0 || finishing || slowest < c->ckpt_next_clock)
+                return;
+        char reason[192];
+        int st = coord_checkpoint_start(c, NULL, true, reason, sizeof reason);
+        if (st != PSNET__STATUS__STATUS_OK) {
+                log_warning("automatic checkpoint not started reason=\"%s\"", reason);
+                c->ckpt_retry_at = now + 5000;
+        }
+}
+
+void coord_handle_checkpoint(Coord *c, WireMsg *m) {
+        char reason[256];
+        const char *name = m->hdr->checkpoint->name;
+        int st = coord_checkpoint_start(c, name, false, reason, sizeof reason);
+        if (st != PSNET__STATUS__STATUS_OK) {
+                coord_reply_error(c, &m->route, m->hdr->seq, st, reason);
+                return;
+        }
+        CkptSave *k = &c->ckpt;
+        zmq_msg_init(&k->route);
+        if (zmq_msg_copy(&k->route, &m->route) == 0) {
+                k->has_route = true;
+                k->route_seq = m->hdr->seq;
+        }
+}
+
+void coord_handle_checkpoint_list(Coord *c, WireMsg *m) {
+        if (!c->cfg->checkpoint_dir) {
+                coord_reply_error(c, &m->route, m->hdr->seq, PSNET__STATUS__STATUS_INVALID,
+                                  "pscoord has no --checkpoint-dir");
+                return;
+        }
+        enum { MAX_LISTED = 1024 };
+        _cleanup_free_ Psnet__CheckpointInfo *info = ps_calloc(MAX_LISTED, sizeof *info);
+        _cleanup_free_ Psnet__CheckpointInfo **ip = ps_calloc(MAX_LISTED, sizeof *ip);
+        _cleanup_free_ char *strings = ps_calloc(MAX_LISTED, 3 * 320);
+        if (!info || !ip || !strings) {
+                coord_reply_error(c, &m->route, m->hdr->seq, PSNET__STATUS__STATUS_RESOURCE, "out of memory");
+                return;
+        }
+        size_t n = 0;
+        DIR *d = opendir(c->cfg->checkpoint_dir);
+        struct dirent *e;
+        while (d && (e = readdir(d)) && n < MAX_LISTED) {
+                char dir[PATH_MAX];
+                Psnet__CheckpointManifest *mf = NULL;
+                if (!ckpt_name_valid(e->d_name))
+                        continue;
+                ckpt_path(c, e->d_name, dir, sizeof dir);
+                char *name = strings + n * 960, *err = name + 320, *mode = err + 320;
+                snprintf(name, 320, "%s", e->d_name);
+                int r = ckpt_manifest_read(dir, &mf, err, 320);
+                if (r == -ENOENT)
+                        continue; /* being written, or a save that failed */
+                psnet__checkpoint_info__init(&info[n]);
+                info[n].name = name;
+                if (r < 0)
+                        info[n].error = err;
+                else {
+                        Job j;
+                        char jerr[160];
+                        info[n].has_clock = info[n].has_bytes = info[n].has_created_ms = info[n].has_files = true;
+                        info[n].clock = mf->clock;
+                        info[n].created_ms = mf->created_ms;
+                        info[n].files = (uint32_t) mf->n_files;
+                        for (size_t i = 0; i < mf->n_files; i++)
+                                info[n].bytes += mf->files[i]->bytes;
+                        if (job_from_proto(mf->job, &j, jerr, sizeof jerr) == 0) {
+                                job_mode_string(&j, mode, 320);
+                                info[n].mode = mode;
+                                snprintf(err, 320, "%s", j.model);
+                                info[n].model = err;
+                        }
+                        psnet__checkpoint_manifest__free_unpacked(mf, NULL);
+                }
+                ip[n] = &info[n];
+                n++;
+        }
+        if (d)
+                closedir(d);
+        /* Oldest first. */
+        for (size_t i = 1; i < n; i++)
+                for (size_t j = i; j > 0 && ip[j]->created_ms < ip[j - 1]->created_ms; j--) {
+                        Psnet__CheckpointInfo *t = ip[j];
+                        ip[j] = ip[j - 1];
+                        ip[j - 1] = t;
+                }
+        Psnet__CheckpointList list = PSNET__CHECKPOINT_LIST__INIT;
+        list.n_checkpoints = n;
+        list.checkpoints = ip;
+        Psnet__Header h;
+        wire_header_init(&h, PSNET__MSG_TYPE__MSG_CHECKPOINT_LIST_REP);
+        h.body_case = PSNET__HEADER__BODY_CHECKPOINT_LIST;
+        h.checkpoint_list = &list;
+        int r = coord_reply_hdr(c, &m->route, &h, m->hdr->seq);
+        if (r < 0)
+                log_warning_errno(r, "Failed to answer checkpoint list: %m");
+}
+
+int coord_checkpoint_restore(Coord *c, const char *name, char *reason, size_t n) {
+        char dir[PATH_MAX], err[PATH_MAX + 200], path[PATH_MAX + 80];
+        Psnet__CheckpointManifest *m = NULL;
+        if (!c->cfg->checkpoint_dir) {
+                snprintf(reason, n, "pscoord has no --checkpoint-dir");
+                return PSNET__STATUS__STATUS_INVALID;
+        }
+        if (c->state == JOB_RUNNING) {
+                snprintf(reason, n, "job %u is running: stop it first (psctl job stop)", c->job.id);
+                return PSNET__STATUS__STATUS_INVALID;
+        }
+        if (!ckpt_name_valid(name)) {
+                snprintf(reason, n, "bad checkpoint name '%.64s'", name ? name : "");
+                return PSNET__STATUS__STATUS_INVALID;
+        }
+        ckpt_path(c, name, dir, sizeof dir);
+        int r = ckpt_manifest_read(dir, &m, err, sizeof err);
+        if (r < 0) {
+                snprintf(reason, n, "checkpoint %s: %s", name, r == -ENOENT ? "no such checkpoint (no manifest)" : err);
+                return r == -ENOENT ? PSNET__STATUS__STATUS_INVALID : PSNET__STATUS__STATUS_MALFORMED;
+        }
+        /* Every file there with the size the manifest says; the shards check the contents. */
+        for (size_t i = 0; i < m->n_files; i++) {
+                struct stat st;
+                snprintf(path, sizeof path, "%s/%s", dir, m->files[i]->file);
+                if (stat(path, &st) < 0 || (uint64_t) st.st_size != m->files[i]->bytes) {
+                        snprintf(reason, n, "checkpoint %s: %s: %s", name, path,
+                                 errno == ENOENT ? "missing" : "not the size its manifest says");
+                        psnet__checkpoint_manifest__free_unpacked(m, NULL);
+                        return PSNET__STATUS__STATUS_MALFORMED;
+                }
+        }
+        Job job;
+        if (job_from_proto(m->job, &job, err, sizeof err) < 0) {
+                snprintf(reason, n, "checkpoint %s: its job: %s", name, err);
+                psnet__checkpoint_manifest__free_unpacked(m, NULL);
+                return PSNET__STATUS__STATUS_MALFORMED;
+        }
+        /* This cluster's expectations, the checkpoint's job. */
+        job.id = c->job.id + 1;
+        job.expect_shards = c->job.expect_shards;
+        job.expect_workers = c->job.expect_workers;
+        c->job = job;
+        c->restore = (RestoreFrom) { .active = true, .clock = m->clock, .base_clock = m->base_clock,
+                                     .samples_before = m->samples_before, .workers = m->workers };
+        snprintf(c->restore.name, sizeof c->restore.name, "%s", name);
+        snprintf(c->restore.dir, sizeof c->restore.dir, "%s", dir);
+        snprintf(c->last_ckpt.name, sizeof c->last_ckpt.name, "%s", name);
+        c->last_ckpt.clock = m->clock;
+        c->last_ckpt.created_ms = m->created_ms;
+        c->last_ckpt.bytes = 0;
+        for (size_t i = 0; i < m->n_files; i++)
+                c->last_ckpt.bytes += m->files[i]->bytes;
+        c->last_ckpt.valid = true;
+        c->ckpt_next_clock = m->clock + (int64_t) c->cfg->checkpoint_every;
+        psnet__checkpoint_manifest__free_unpacked(m, NULL);
+        c->fail_reason[0] = '\0';
+        c->nevicted = 0;
+        c->state = JOB_WAITING;
+        c->has_accuracy = false;
+        char mode[32];
+        log_info("job restored job=%u name=%s clock=%ld model=%s mode=%s", c->job.id, name, (long) c->restore.clock,
+                 c->job.model, job_mode_string(&c->job, mode, sizeof mode));
+        return PSNET__STATUS__STATUS_OK;
+}
+
+void coord_handle_checkpoint_restore(Coord *c, WireMsg *m) {
+        char reason[PATH_MAX + 300], msg[128];
+        int st = coord_checkpoint_restore(c, m->hdr->checkpoint->name, reason, sizeof reason);
+        if (st != PSNET__STATUS__STATUS_OK) {
+                coord_reply_error(c, &m->route, m->hdr->seq, st, reason);
+                return;
+        }
+        snprintf(msg, sizeof msg, "job %u restored from %s at clock %ld", c->job.id, c->restore.name,
+                 (long) c->restore.clock);
+        (void) coord_reply_job(c, &m->route, m->hdr->seq, msg);
+        coord_maybe_start(c);
+}

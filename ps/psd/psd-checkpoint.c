@@ -1,0 +1,487 @@
+/* A shard's part of checkpoints; see psd-checkpoint.h. */
+#include <errno.h>
+#include <limits.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/stat.h>
+#include "alloc.h"
+#include "ckpt-file.h"
+#include "ckpt-manifest.h"
+#include "endpoint.h"
+#include "log.h"
+#include "macro.h"
+#include "psd-checkpoint.h"
+#include "psd-optim.h"
+
+typedef struct Loaded {
+        CkptEntry e;
+        uint8_t *buf;   /* last clocks, values, state */
+} Loaded;
+
+struct Checkpointer {
+        Store *s;
+        uv_loop_t *loop;
+        uint32_t shard;
+        CheckpointDoneFn done;
+        void *ud;
+        bool busy, freeing;
+        uv_work_t work;
+        /* the save or load in hand */
+        bool save_pending, restore;
+        uint64_t seq;
+        char name[CKPT_NAME_MAX + 1];
+        char dir[PATH_MAX];
+        int64_t clock;
+        uint32_t per, job;
+        uint64_t started;
+        int err;
+        char reason[2 * PATH_MAX + 512];
+        /* save: the snapshot */
+        CkptRecord *recs;
+        ValBuf **vals;
+        size_t n;
+        CkptFileInfo info;
+        /* restore: the keys wanted (flat index: base[t] + k) and what was read */
+        uint64_t *base;
+        bool *want;
+        uint32_t *lens;         /* per key: its values (the job's, copied for the thread) */
+        uint32_t ntensors, *nchunks;
+        uint64_t nkeys;
+        Loaded *loaded;
+        size_t nloaded;
+        uint64_t bytes;
+};
+
+int checkpointer_new(Store *s, uv_loop_t *loop, uint32_t shard, CheckpointDoneFn done, void *ud,
+                     Checkpointer **ret) {
+        Checkpointer *k = ps_calloc(1, sizeof *k);
+        if (!k)
+                return -ENOMEM;
+        *k = (Checkpointer) { .s = s, .loop = loop, .shard = shard, .done = done, .ud = ud };
+        k->work.data = k;
+        *ret = k;
+        return 0;
+}
+
+static void save_clear(Checkpointer *k) {
+        for (size_t i = 0; i < k->n; i++) {
+                if (k->vals && k->vals[i])
+                        store_value_unref(k->vals[i]);
+                if (k->recs) {
+                        ps_free((void *) k->recs[i].state);
+                        ps_free((void *) k->recs[i].last_clocks);
+                }
+        }
+        ps_free(k->recs);
+        ps_free(k->vals);
+        k->recs = NULL;
+        k->vals = NULL;
+        k->n = 0;
+}
+
+static void restore_clear(Checkpointer *k) {
+        for (size_t i = 0; i < k->nloaded; i++)
+                ps_free(k->loaded[i].buf);
+        ps_free(k->loaded);
+        ps_free(k->base);
+        ps_free(k->want);
+        ps_free(k->lens);
+        ps_free(k->nchunks);
+        k->lens = k->nchunks = NULL;
+        k->loaded = NULL;
+        k->base = NULL;
+        k->want = NULL;
+        k->nloaded = 0;
+}
+
+void checkpointer_free(Checkpointer *k) {
+        if (!k)
+                return;
+        /* A write or load in flight finishes first (nothing else waits on it now). */
+        k->freeing = true;
+        while (k->busy)
+                (void) uv_run(k->loop, UV_RUN_ONCE);
+        save_clear(k);
+        restore_clear(k);
+        ps_free(k);
+}
+
+bool checkpoint_busy(const Checkpointer *k) { return k->busy || k->save_pending; }
+
+static void answer(Checkpointer *k, int status, const char *reason) {
+        Psnet__CheckpointRep rep = PSNET__CHECKPOINT_REP__INIT;
+        char file[64];
+        ckpt_shard_file(k->shard, file, sizeof file);
+        rep.name = k->name;
+        rep.has_clock = rep.has_ms = rep.has_restore = true;
+        rep.clock = k->clock;
+        rep.ms = now_ms() - k->started;
+        rep.restore = k->restore;
+        rep.file = file;
+        if (status == PSNET__STATUS__STATUS_OK && !k->restore) {
+                rep.has_bytes = rep.has_chunks = rep.has_index_crc = true;
+                rep.bytes = k->info.bytes;
+                rep.chunks = k->info.nrec;
+                rep.index_crc = k->info.index_crc;
+        } else if (status == PSNET__STATUS__STATUS_OK) {
+                rep.has_bytes = rep.has_chunks = true;
+                rep.bytes = k->bytes;
+                rep.chunks = (uint32_t) k->nloaded;
+        }
+        k->done(k->ud, k->seq, &rep, status, reason);
+}
+
+/* --- save ------------------------------------------------------------------------------ */
+
+int checkpoint_save(Checkpointer *k, uint64_t seq, const char *name, const char *dir, int64_t clock, char *reason,
+                    size_t n) {
+        Store *s = k->s;
+        if (k->busy || k->save_pending) {
+                snprintf(reason, n, "checkpoint %s is still being %s here", k->name, k->restore ? "loaded" : "written");
+                return PSNET__STATUS__STATUS_RESOURCE;
+        }
+        if (!s->has_job || !ckpt_name_valid(name) || !dir || dir[0] != '/' || strlen(dir) >= sizeof k->dir || clock < 0) {
+                snprintf(reason, n, "no job here, or a bad checkpoint name, directory or clock");
+                return PSNET__STATUS__STATUS_INVALID;
+        }
+        if (!s->gate.fenced) {
+                snprintf(reason, n, "not fenced (a new configuration ended the fence): try again");
+                return PSNET__STATUS__STATUS_UNAVAILABLE;
+        }
+        /* Hold everyone at the boundary: no BSP clock past it closes, no pull
+         * past the one before it is answered (so nobody pushes it). */
+        s->gate.fence_limit = clock;
+        s->gate.fence_pull_limit = clock - 1;
+        k->save_pending = true;
+        k->restore = false;
+        k->seq = seq;
+        k->clock = clock;
+        k->started = now_ms();
+        snprintf(k->name, sizeof k->name, "%s", name);
+        snprintf(k->dir, sizeof k->dir, "%s", dir);
+        log_info("checkpoint requested name=%s clock=%ld", name, (long) clock);
+        checkpoint_poll(k);
+        return PSNET__STATUS__STATUS_OK;
+}
+
+/* Whether the chunks this shard leads stand at the boundary: 1 yes, 0 not
+ * yet, -1 past it (err says). */
+static int at_boundary(Checkpointer *k, char *err, size_t n) {
+        Store *s = k->s;
+        const Gate *g = &s->gate;
+        const GateCfg *cfg = gate_cfg(s, k->clock);
+        if (store_incoming(s) > 0)
+                return 0;
+        if (cfg->mode == MODE_BSP) {
+                int ready = 1;
+                for (uint32_t t = 0; t < s->job.ntensors; t++)
+                        for (uint32_t c = 0; s->chunks[t] && c < s->job.tensors[t].nchunks; c++) {
+                                const Chunk *ch = s->chunks[t][c];
+                                if (!ch || ch->backup)
+                                        continue;
+                                if (ch->clock > k->clock) {
+                                        snprintf(err, n, "key (%u,%u) is at clock %ld, past the boundary %ld", t, c,
+                                                 (long) ch->clock, (long) k->clock);
+                                        return -1;
+                                }
+                                if (ch->clock < k->clock)
+                                        ready = 0;
+                        }
+                return ready;
+        }
+        for (size_t i = 0; i < cfg->nmembers; i++) {
+                uint32_t w = cfg->members[i];
+                int64_t wc = w < g->nwclock ? g->wclock[w] : -1;
+                if (wc > k->clock) {
+                        snprintf(err, n, "worker %u pushed clock %ld, past the boundary %ld", w, (long) wc - 1,
+                                 (long) k->clock);
+                        return -1;
+                }
+                if (wc < k->clock)
+                        return 0;
+        }
+        return 1;
+}
+
+static void save_work(uv_work_t *w) {
+        Checkpointer *k = w->data;
+        char file[64];
+        ckpt_shard_file(k->shard, file, sizeof file);
+        if (mkdir(k->dir, 0700) < 0 && errno != EEXIST) {
+                k->err = -errno;
+                snprintf(k->reason, sizeof k->reason, "creating %s: %s", k->dir, strerror(errno));
+                return;
+        }
+        k->err = ckpt_write(k->dir, file, k->shard, k->job, k->clock, k->per, k->recs, k->n, &k->info, k->reason,
+                            sizeof k->reason);
+}
+
+static void after_work(uv_work_t *w, int status) {
+        Checkpointer *k = w->data;
+        k->busy = false;
+        if (status < 0 && k->err == 0) {
+                k->err = status;
+                snprintf(k->reason, sizeof k->reason, "canceled");
+        }
+        if (k->freeing)
+                return;
+        if (!k->restore) {
+                save_clear(k);
+                if (k->err < 0) {
+                        log_error("checkpoint failed name=%s clock=%ld reason=\"%s\"", k->name, (long) k->clock,
+                                  k->reason);
+                        answer(k, k->err == -ENOSPC ? PSNET__STATUS__STATUS_RESOURCE : PSNET__STATUS__STATUS_INTERNAL,
+                               k->reason);
+                } else {
+                        log_info("checkpoint written name=%s clock=%ld chunks=%u bytes=%lu ms=%lu", k->name,
+                                 (long) k->clock, k->info.nrec, (unsigned long) k->info.bytes,
+                                 (unsigned long) (now_ms() - k->started));
+                        answer(k, PSNET__STATUS__STATUS_OK, NULL);
+                }
+                return;
+        }
+        /* restore: install what was read */
+        Store *s = k->s;
+        int r = k->err;
+        size_t installed = 0;
+        for (size_t i = 0; r == 0 && i < k->nloaded; i++) {
+                const Loaded *l = &k->loaded[i];
+                size_t per = optim_state_per_value(&s->job.optim);
+                const uint8_t *p = l->buf;
+                ChunkImage im = { .tensor = l->e.tensor, .chunk = l->e.chunk, .len = l->e.len,
+                                  .last_clocks = (const int64_t *) p, .nlast = l->e.nlast,
+                                  .values = p + (size_t) l->e.nlast * 8, .state_floats = per * l->e.len,
+                                  .steps = l->e.steps, .clock = l->e.clock, .restored = true };
+                im.state = p + (size_t) l->e.nlast * 8 + (size_t) l->e.len * 4;
+                int e = store_install_image(s, &im);
+                if (e == 0)
+                        installed++;
+                else if (e != -EEXIST && e != -ENOENT) { /* a copy from the primary came first; or the map moved it */
+                        r = e;
+                        snprintf(k->reason, sizeof k->reason, "installing key (%u,%u) of checkpoint %s: %s",
+                                 l->e.tensor, l->e.chunk, k->name, strerror(-e));
+                }
+        }
+        s->restoring = false;
+        size_t loaded = k->nloaded;
+        restore_clear(k);
+        k->nloaded = loaded; /* for the answer */
+        if (r < 0) {
+                log_error("restore failed name=%s reason=\"%s\"", k->name, k->reason);
+                answer(k, PSNET__STATUS__STATUS_INTERNAL, k->reason);
+        } else {
+                log_info("restored name=%s clock=%ld keys=%zu bytes=%lu ms=%lu", k->name, (long) k->clock, installed,
+                         (unsigned long) k->bytes, (unsigned long) (now_ms() - k->started));
+                answer(k, PSNET__STATUS__STATUS_OK, NULL);
+        }
+}
+
+/* The snapshot, in the loop: values by reference, state and de-dup copied. */
+static int snapshot(Checkpointer *k) {
+        Store *s = k->s;
+        size_t per = optim_state_per_value(&s->job.optim), n = 0;
+        for (uint32_t t = 0; t < s->job.ntensors; t++)
+                for (uint32_t c = 0; s->chunks[t] && c < s->job.tensors[t].nchunks; c++)
+                        n += s->chunks[t][c] && !s->chunks[t][c]->backup;
+        k->recs = ps_calloc(n ? n : 1, sizeof *k->recs);
+        k->vals = ps_calloc(n ? n : 1, sizeof *k->vals);
+        if (!k->recs || !k->vals)
+                return -ENOMEM;
+        k->per = (uint32_t) per;
+        k->job = s->job.id;
+        for (uint32_t t = 0; t < s->job.ntensors; t++)
+                for (uint32_t c = 0; s->chunks[t] && c < s->job.tensors[t].nchunks; c++) {
+                        Chunk *ch = s->chunks[t][c];
+                        if (!ch || ch->backup)
+                                continue;
+                        CkptRecord *rec = &k->recs[k->n];
+                        *rec = (CkptRecord) { .tensor = t, .chunk = c, .len = ch->len, .nlast = (uint32_t) ch->nlast,
+                                              .steps = ch->steps, .clock = ch->clock };
+                        k->vals[k->n] = store_value_ref(ch);
+                        k->n++;
+                        rec->values = k->vals[k->n - 1]->data;
+                        float *st = per ? ps_malloc((size_t) ch->len * per * sizeof(float)) : NULL;
+                        int64_t *last = ps_malloc((ch->nlast ? ch->nlast : 1) * sizeof *last);
+                        rec->state = st;
+                        rec->last_clocks = last;
+                        if ((per && !st) || !last)
+                                return -ENOMEM;
+                        if (per)
+                                memcpy(st, ch->state, (size_t) ch->len * per * sizeof(float));
+                        /* Nothing at or past the boundary is in the cut: a push parked
+                         * for it (BSP) comes again after a restore, and must not be
+                         * taken for a duplicate. */
+                        for (size_t i = 0; i < ch->nlast; i++)
+                                last[i] = MIN(ch->last_clock[i], k->clock - 1);
+                }
+        return 0;
+}
+
+void checkpoint_poll(Checkpointer *k) {
+        char err[192];
+        if (!k->save_pending)
+                return;
+        Store *s = k->s;
+        int ready = s->has_job ? at_boundary(k, err, sizeof err) : -1;
+        if (ready == 0 && s->gate.fenced)
+                return;
+        k->save_pending = false;
+        if (ready < 0 || ready == 0) {
+                if (ready == 0)
+                        snprintf(err, sizeof err, "a new configuration ended the fence before this shard reached "
+                                 "clock %ld", (long) k->clock);
+                else if (!s->has_job)
+                        snprintf(err, sizeof err, "the job is gone");
+                log_warning("checkpoint given up name=%s reason=\"%s\"", k->name, err);
+                answer(k, PSNET__STATUS__STATUS_UNAVAILABLE, err);
+                return;
+        }
+        int r = snapshot(k);
+        /* The cut is taken: this shard's fence ends, training goes on. */
+        s->gate.fenced = false;
+        (void) gate_settle(s);
+        gate_wake(s);
+        if (r < 0) {
+                save_clear(k);
+                answer(k, PSNET__STATUS__STATUS_RESOURCE, "out of memory taking the snapshot");
+                return;
+        }
+        log_info("checkpoint snapshot name=%s clock=%ld chunks=%zu wait_ms=%lu", k->name, (long) k->clock, k->n,
+                 (unsigned long) (now_ms() - k->started));
+        k->err = 0;
+        k->busy = true;
+        r = uv_queue_work(k->loop, &k->work, save_work, after_work);
+        if (r < 0) {
+                k->busy = false;
+                save_clear(k);
+                snprintf(err, sizeof err, "cannot start the writer: %s", uv_strerror(r));
+                answer(k, PSNET__STATUS__STATUS_INTERNAL, err);
+        }
+}
+
+/* --- restore --------------------------------------------------------------------------- */
+
+static void restore_work(uv_work_t *w) {
+        Checkpointer *k = w->data;
+        Psnet__CheckpointManifest *m = NULL;
+        char path[PATH_MAX + 80];
+        int r = ckpt_manifest_read(k->dir, &m, k->reason, sizeof k->reason);
+        if (r == 0 && m->clock != k->clock) {
+                snprintf(k->reason, sizeof k->reason, "%s/" CKPT_MANIFEST ": clock %ld, pscoord said %ld", k->dir,
+                         (long) m->clock, (long) k->clock);
+                r = -EBADMSG;
+        }
+        uint64_t found = 0, wanted = 0;
+        for (uint64_t i = 0; i < k->nkeys; i++)
+                wanted += k->want[i];
+        size_t cap = (size_t) wanted;
+        k->loaded = ps_calloc(cap ? cap : 1, sizeof *k->loaded);
+        if (r == 0 && !k->loaded) {
+                r = -ENOMEM;
+                snprintf(k->reason, sizeof k->reason, "out of memory");
+        }
+        for (size_t f = 0; r == 0 && f < m->n_files; f++) {
+                CkptReader *rd = NULL;
+                snprintf(path, sizeof path, "%s/%s", k->dir, m->files[f]->file);
+                r = ckpt_open(path, &rd, k->reason, sizeof k->reason);
+                if (r < 0)
+                        break;
+                const CkptHeader *h = ckpt_header(rd);
+                if (h->clock != k->clock || h->per != k->per || h->index_crc != m->files[f]->index_crc) {
+                        snprintf(k->reason, sizeof k->reason, "%s: clock %ld, %u state floats per value, index "
+                                 "checksum %08x; the manifest says clock %ld, %u, %08x", path, (long) h->clock, h->per,
+                                 h->index_crc, (long) k->clock, k->per, m->files[f]->index_crc);
+                        r = -EBADMSG;
+                }
+                for (uint32_t i = 0; r == 0 && i < h->nrec; i++) {
+                        const CkptEntry *e = ckpt_entry(rd, i);
+                        if (e->tensor >= k->ntensors || e->chunk >= k->nchunks[e->tensor] ||
+                            e->len != k->lens[k->base[e->tensor] + e->chunk]) {
+                                snprintf(k->reason, sizeof k->reason, "%s: key (%u,%u) of %u values is not the "
+                                         "job's", path, e->tensor, e->chunk, e->len);
+                                r = -EBADMSG;
+                                break;
+                        }
+                        uint64_t idx = k->base[e->tensor] + e->chunk;
+                        if (!k->want[idx])
+                                continue;
+                        if (found >= cap) {
+                                snprintf(k->reason, sizeof k->reason, "%s: key (%u,%u) appears twice", path,
+                                         e->tensor, e->chunk);
+                                r = -EBADMSG;
+                                break;
+                        }
+                        Loaded *l = &k->loaded[found];
+                        l->e = *e;
+                        l->buf = ps_malloc_aligned(e->bytes ? e->bytes : 1);
+                        if (!l->buf) {
+                                r = -ENOMEM;
+                                snprintf(k->reason, sizeof k->reason, "out of memory");
+                                break;
+                        }
+                        k->nloaded = (size_t) ++found;
+                        r = ckpt_read(rd, i, l->buf, k->reason, sizeof k->reason);
+                        k->want[idx] = false;
+                        k->bytes += e->bytes;
+                }
+                ckpt_close(rd);
+        }
+        for (uint32_t t = 0; r == 0 && t < k->ntensors; t++)
+                for (uint32_t c = 0; c < k->nchunks[t]; c++)
+                        if (k->want[k->base[t] + c]) {
+                                snprintf(k->reason, sizeof k->reason, "checkpoint %s holds no key (%u,%u)", k->name,
+                                         t, c);
+                                r = -ENOENT;
+                                break;
+                        }
+        if (m)
+                psnet__checkpoint_manifest__free_unpacked(m, NULL);
+        k->err = r;
+}
+
+int checkpoint_restore(Checkpointer *k, const char *name, const char *dir, int64_t clock) {
+        Store *s = k->s;
+        if (k->busy || k->save_pending || !s->has_job || !s->map || !ckpt_name_valid(name) || !dir || dir[0] != '/' ||
+            strlen(dir) >= sizeof k->dir)
+                return -EINVAL;
+        restore_clear(k);
+        k->ntensors = s->job.ntensors;
+        k->base = ps_calloc(k->ntensors ? k->ntensors : 1, sizeof *k->base);
+        k->nchunks = ps_calloc(k->ntensors ? k->ntensors : 1, sizeof *k->nchunks);
+        if (!k->base || !k->nchunks)
+                return -ENOMEM;
+        uint64_t total = 0;
+        for (uint32_t t = 0; t < k->ntensors; t++) {
+                k->base[t] = total;
+                k->nchunks[t] = s->job.tensors[t].nchunks;
+                total += k->nchunks[t];
+        }
+        k->nkeys = total;
+        k->want = ps_calloc(total ? total : 1, sizeof *k->want);
+        k->lens = ps_calloc(total ? total : 1, sizeof *k->lens);
+        if (!k->want || !k->lens)
+                return -ENOMEM;
+        for (uint32_t t = 0; t < k->ntensors; t++)
+                for (uint32_t c = 0; c < k->nchunks[t]; c++) {
+                        k->lens[k->base[t] + c] = job_chunk_len(&s->job, t, c);
+                        k->want[k->base[t] + c] = !s->chunks[t][c] &&
+                                                  shardmap_holder_rank(s->map, t, c, s->shard_id) >= 0;
+                }
+        k->restore = true;
+        k->seq = 0;
+        k->clock = clock;
+        k->per = (uint32_t) optim_state_per_value(&s->job.optim);
+        k->started = now_ms();
+        k->err = 0;
+        k->bytes = 0;
+        snprintf(k->name, sizeof k->name, "%s", name);
+        snprintf(k->dir, sizeof k->dir, "%s", dir);
+        k->busy = true;
+        int r = uv_queue_work(k->loop, &k->work, restore_work, after_work);
+        if (r < 0) {
+                k->busy = false;
+                return r;
+        }
+        log_info("restoring name=%s clock=%ld", name, (long) clock);
+        return 0;
+}

@@ -1,0 +1,48 @@
+/* A shard's part of checkpoints (see docs/ARCHITECTURE.md, "Checkpoints").
+ *
+ * Save: pscoord fences the shards, picks a clock boundary B and asks each to
+ * write the chunks it leads as of B. Under BSP the chunks stop at clock B (no
+ * clock past the fence closes); under ASP/SSP no member may pull past B - 1,
+ * so none pushes B, and the cut is reached once every member completed B
+ * clocks here. Then, in the loop, the shard takes its snapshot (a reference to
+ * each chunk's values, which later updates copy before writing; a copy of the
+ * optimizer state and de-dup table), ends its own fence, and writes the file
+ * in libuv's thread pool while training goes on. It answers pscoord with the
+ * file's size and checksum, or why it could not.
+ *
+ * Restore: the job's first map comes with a checkpoint; the shard creates no
+ * chunk from the seed, reads the keys the map gives it (as primary or backup)
+ * from the checkpoint's files in the thread pool, checks every checksum, and
+ * installs them; until then they answer MIGRATING. It tells pscoord when it is
+ * done, or which file and key failed (pscoord fails the job with it). */
+#pragma once
+#include <stdbool.h>
+#include <stdint.h>
+#include <uv.h>
+#include "psd-store.h"
+
+typedef struct Checkpointer Checkpointer;
+
+/* A checkpoint answer for pscoord: status OK or an error with reason. */
+typedef void (*CheckpointDoneFn)(void *ud, uint64_t seq, const Psnet__CheckpointRep *rep, int status,
+                                 const char *reason);
+
+int checkpointer_new(Store *s, uv_loop_t *loop, uint32_t shard, CheckpointDoneFn done, void *ud,
+                     Checkpointer **ret);
+/* Frees it; a write or load in flight finishes first (the loop runs until it has). */
+void checkpointer_free(Checkpointer *k);
+
+/* Starts a save of the chunks this shard leads as of clock into dir (the
+ * checkpoint's directory). 0, or a status with reason (a save in flight, not
+ * fenced, already past clock). */
+int checkpoint_save(Checkpointer *k, uint64_t seq, const char *name, const char *dir, int64_t clock, char *reason,
+                    size_t n);
+/* After every event: takes a pending save's snapshot once the chunks stand at
+ * its clock, or gives the save up when the fence ended first. */
+void checkpoint_poll(Checkpointer *k);
+
+/* Loads the keys the store's map gives this shard from the checkpoint in dir
+ * (the job was configured with store->restoring set). */
+int checkpoint_restore(Checkpointer *k, const char *name, const char *dir, int64_t clock);
+/* Whether a save or a load is in flight. */
+bool checkpoint_busy(const Checkpointer *k);
