@@ -48,7 +48,7 @@ struct Checkpointer {
         uint32_t ntensors, *nchunks;
         uint64_t nkeys;
         Loaded *loaded;
-        size_t nloaded;
+        size_t nloaded, restored;
         uint64_t bytes;
 };
 
@@ -126,7 +126,7 @@ static void answer(Checkpointer *k, int status, const char *reason) {
         } else if (status == PSNET__STATUS__STATUS_OK) {
                 rep.has_bytes = rep.has_chunks = true;
                 rep.bytes = k->bytes;
-                rep.chunks = (uint32_t) k->nloaded;
+                rep.chunks = (uint32_t) k->restored;
         }
         k->done(k->ud, k->seq, &rep, status, reason);
 }
@@ -263,9 +263,8 @@ static void after_work(uv_work_t *w, int status) {
                 }
         }
         s->restoring = false;
-        size_t loaded = k->nloaded;
+        k->restored = k->nloaded; /* for the answer */
         restore_clear(k);
-        k->nloaded = loaded; /* for the answer */
         if (r < 0) {
                 log_error("restore failed name=%s reason=\"%s\"", k->name, k->reason);
                 answer(k, PSNET__STATUS__STATUS_INTERNAL, k->reason);

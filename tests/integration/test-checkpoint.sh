@@ -62,6 +62,12 @@ want=$(digest_of a)
 [ -n "$want" ]; ok $? "final weights of the uninterrupted run ($want)"
 out=$("$PSCTL" --coord "$COORD" checkpoint list); ok $? "psctl checkpoint list"
 grep -qE "^mid +$B " <<<"$out"; ok $? "the list shows mid at clock $B"
+stop_shards() {  # stop_shards TAG N: each shard stops on SIGTERM with status 0
+  for i in $(seq 1 "$2"); do
+    v="PID_psd_$1_$i"; kill -TERM "${!v}"; wait "${!v}"; ok $? "shard $i of run $1 exits cleanly"
+  done
+}
+stop_shards a 2
 psnet_stop_all
 
 # 2. Restored onto three shards: the job goes on from clock B and ends with
@@ -76,6 +82,7 @@ first=$(sed -n 's/.*msg="pulled" clock=\([0-9]*\) .*/\1/p' "$RUN/workerd-b-1.log
 got=$(digest_of b)
 [ -n "$got" ] && [ "$got" = "$want" ]; ok $? "final weights identical to the uninterrupted run ($got = $want)"
 st=$("$PSCTL" --coord "$COORD" status); grep -q "restored_from=mid" <<<"$st"; ok $? "psctl status says where the job came from"
+stop_shards b 3
 psnet_stop_all
 
 # 3. One byte changed in a shard's file: the restore fails at once, naming the
