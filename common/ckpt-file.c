@@ -41,10 +41,10 @@ static void put64(uint8_t *p, uint64_t v) { memcpy(p, &v, 8); }
 static uint32_t get32(const uint8_t *p) { uint32_t v; memcpy(&v, p, 4); return v; }
 static uint64_t get64(const uint8_t *p) { uint64_t v; memcpy(&v, p, 8); return v; }
 
-static int write_all(int fd, const void *p, uint64_t n) {
+int ckpt_pwrite_all(int fd, const void *p, uint64_t n, uint64_t at) {
         const char *b = p;
         while (n > 0) {
-                ssize_t k = write(fd, b, n > (1u << 30) ? (1u << 30) : (size_t) n);
+                ssize_t k = pwrite(fd, b, n > (1u << 30) ? (1u << 30) : (size_t) n, (off_t) at);
                 if (k < 0) {
                         if (errno == EINTR)
                                 continue;
@@ -52,24 +52,36 @@ static int write_all(int fd, const void *p, uint64_t n) {
                 }
                 b += k;
                 n -= (uint64_t) k;
+                at += (uint64_t) k;
         }
         return 0;
 }
 
-static int pwrite_all(int fd, const void *p, size_t n, off_t at) {
-        const char *b = p;
-        while (n > 0) {
-                ssize_t k = pwrite(fd, b, n, at);
-                if (k < 0) {
-                        if (errno == EINTR)
-                                continue;
-                        return -errno;
-                }
-                b += k;
-                n -= (size_t) k;
-                at += k;
+int ckpt_commit(int fd, const char *tmp, const char *path, const char *dir, const char **what) {
+        int r = 0;
+        if (fsync(fd) < 0) {
+                r = -errno;
+                *what = "syncing";
         }
-        return 0;
+        if (close(fd) < 0 && r == 0) {
+                r = -errno;
+                *what = "closing";
+        }
+        if (r == 0 && rename(tmp, path) < 0) {
+                r = -errno;
+                *what = "renaming";
+        }
+        if (r < 0)
+                return r;
+        int dfd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+        if (dfd < 0 || fsync(dfd) < 0) {
+                r = -errno;
+                *what = "syncing the directory of";
+                (void) unlink(path);
+        }
+        if (dfd >= 0)
+                (void) close(dfd);
+        return r;
 }
 
 static void encode_header(uint8_t *h, uint32_t shard, uint32_t job, uint32_t nrec, int64_t clock, uint32_t per) {
@@ -121,10 +133,6 @@ int ckpt_write(const char *dir, const char *name, uint32_t shard, uint32_t job, 
         }
         /* Header and index last, once the records' offsets and CRCs are known. */
         uint64_t off = CKPT_HEADER_BYTES + index_bytes;
-        if (lseek(fd, (off_t) off, SEEK_SET) < 0) {
-                r = -errno;
-                goto out;
-        }
         for (size_t i = 0; i < n && r == 0; i++) {
                 const CkptRecord *c = &recs[i];
                 CkptEntry e = { .tensor = c->tensor, .chunk = c->chunk, .len = c->len, .nlast = c->nlast,
@@ -140,11 +148,12 @@ int ckpt_write(const char *dir, const char *name, uint32_t shard, uint32_t job, 
                 if (per)
                         crc = crc_update(crc, c->state, (uint64_t) c->len * 4u * per);
                 e.crc = crc;
-                r = write_all(fd, c->last_clocks, (uint64_t) c->nlast * 8u);
+                uint64_t at = off, nb = (uint64_t) c->nlast * 8u, vb = (uint64_t) c->len * 4u;
+                r = ckpt_pwrite_all(fd, c->last_clocks, nb, at);
                 if (r == 0)
-                        r = write_all(fd, c->values, (uint64_t) c->len * 4u);
+                        r = ckpt_pwrite_all(fd, c->values, vb, at + nb);
                 if (r == 0 && per)
-                        r = write_all(fd, c->state, (uint64_t) c->len * 4u * per);
+                        r = ckpt_pwrite_all(fd, c->state, vb * per, at + nb + vb);
                 encode_entry(head + CKPT_HEADER_BYTES + i * CKPT_ENTRY_BYTES, &e);
                 off += e.bytes;
         }
@@ -153,33 +162,13 @@ int ckpt_write(const char *dir, const char *name, uint32_t shard, uint32_t job, 
         encode_header(head, shard, job, (uint32_t) n, clock, per);
         uint32_t icrc = crc_update((uint32_t) crc32(0L, Z_NULL, 0), head, CKPT_HEADER_BYTES + index_bytes);
         put32(head + 60, icrc);
-        r = pwrite_all(fd, head, CKPT_HEADER_BYTES + index_bytes, 0);
-        if (r == 0 && fsync(fd) < 0) {
-                r = -errno;
-                what = "syncing";
-        }
-        if (close(fd) < 0 && r == 0) {
-                r = -errno;
-                what = "closing";
-        }
+        r = ckpt_pwrite_all(fd, head, CKPT_HEADER_BYTES + index_bytes, 0);
+        if (r < 0)
+                goto out;
+        r = ckpt_commit(fd, tmp, path, dir, &what);
         fd = -1;
         if (r < 0)
                 goto out;
-        if (rename(tmp, path) < 0) {
-                r = -errno;
-                what = "renaming";
-                goto out;
-        }
-        int dfd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-        if (dfd < 0 || fsync(dfd) < 0) {
-                r = -errno;
-                what = "syncing the directory of";
-                if (dfd >= 0)
-                        (void) close(dfd);
-                (void) unlink(path);
-                goto out;
-        }
-        (void) close(dfd);
         if (ret)
                 *ret = (CkptFileInfo) { .bytes = off, .index_crc = icrc, .nrec = (uint32_t) n };
 out:

@@ -63,6 +63,13 @@ uint64_t ckpt_record_bytes(uint32_t len, uint32_t nlast, uint32_t per);
 int ckpt_write(const char *dir, const char *name, uint32_t shard, uint32_t job, int64_t clock, uint32_t per,
                const CkptRecord *recs, size_t n, CkptFileInfo *ret, char *err, size_t errn);
 
+/* The steps of an atomic write, shared with the manifest's: every byte at
+ * its offset (short writes retried); then fsync, close (always), rename of tmp
+ * to path and fsync of dir, *what naming the step that failed (path is
+ * removed when the directory could not be synced). 0 or a negative errno. */
+int ckpt_pwrite_all(int fd, const void *p, uint64_t n, uint64_t at);
+int ckpt_commit(int fd, const char *tmp, const char *path, const char *dir, const char **what);
+
 /* Checks a file's header and index (buf: its first n bytes, at least the
  * header and index; file_size: the whole file's) and decodes them: 0, or
  * -EBADMSG with err saying what is wrong. entries (may be NULL) gets

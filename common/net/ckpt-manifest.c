@@ -8,6 +8,7 @@
 #include <unistd.h>
 #include <zlib.h>
 #include "alloc.h"
+#include "ckpt-file.h"
 #include "ckpt-manifest.h"
 
 #define MAGIC "PSNETMF1"
@@ -49,34 +50,11 @@ int ckpt_manifest_write(const char *dir, const Psnet__CheckpointManifest *m, cha
                 r = -errno;
                 what = "creating";
         } else {
-                size_t done = 0;
-                while (r == 0 && done < HEAD + len) {
-                        ssize_t k = write(fd, buf + done, HEAD + len - done);
-                        if (k < 0 && errno != EINTR)
-                                r = -errno;
-                        else if (k > 0)
-                                done += (size_t) k;
-                }
-                if (r == 0 && fsync(fd) < 0) {
-                        r = -errno;
-                        what = "syncing";
-                }
-                if (close(fd) < 0 && r == 0)
-                        r = -errno;
-        }
-        if (r == 0 && rename(tmp, path) < 0) {
-                r = -errno;
-                what = "renaming";
-        }
-        if (r == 0) {
-                int dfd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-                if (dfd < 0 || fsync(dfd) < 0) {
-                        r = -errno;
-                        what = "syncing the directory of";
-                        (void) unlink(path);
-                }
-                if (dfd >= 0)
-                        (void) close(dfd);
+                r = ckpt_pwrite_all(fd, buf, HEAD + len, 0);
+                if (r < 0)
+                        (void) close(fd);
+                else
+                        r = ckpt_commit(fd, tmp, path, dir, &what);
         }
         if (r < 0) {
                 snprintf(err, errn, "%s %s: %s", what, tmp, strerror(-r));

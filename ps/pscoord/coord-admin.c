@@ -168,6 +168,17 @@ void coord_handle_status(Coord *c, WireMsg *m) {
         job_proto_free(spec);
 }
 
+void coord_job_replace(Coord *c, const Job *job) {
+        uint32_t id = c->job.id + 1;
+        c->job = *job;
+        c->job.id = id;
+        c->restore.active = false;
+        c->fail_reason[0] = '\0';
+        c->nevicted = 0;
+        c->state = JOB_WAITING;
+        c->has_accuracy = false;
+}
+
 void coord_handle_job_submit(Coord *c, WireMsg *m) {
         char err[192];
         Job job;
@@ -194,15 +205,9 @@ void coord_handle_job_submit(Coord *c, WireMsg *m) {
                 coord_reply_error(c, &m->route, m->hdr->seq, PSNET__STATUS__STATUS_RESOURCE, err);
                 return;
         }
-        job.id = c->job.id + 1;
-        c->job = job;
-        c->restore.active = false;
-        c->fail_reason[0] = '\0';
-        c->nevicted = 0;
-        c->state = JOB_WAITING;
-        c->has_accuracy = false;
+        coord_job_replace(c, &job);
         char mode[32];
-        log_info("job submitted job=%u model=%s mode=%s", job.id, job.model, job_mode_string(&job, mode, sizeof mode));
+        log_info("job submitted job=%u model=%s mode=%s", c->job.id, job.model, job_mode_string(&job, mode, sizeof mode));
         (void) coord_reply_job(c, &m->route, m->hdr->seq, NULL);
         coord_maybe_start(c);
 }

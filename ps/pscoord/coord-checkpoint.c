@@ -170,36 +170,68 @@ void coord_checkpoint_fenced(Coord *c) {
 }
 
 /* The automatic checkpoints beyond --checkpoint-keep go, oldest first. */
-static void prune(Coord *c) {
-        unsigned keep = c->cfg->checkpoint_keep;
-        DIR *d = keep ? opendir(c->cfg->checkpoint_dir) : NULL;
-        struct { char name[CKPT_NAME_MAX + 1]; uint64_t at; } found[256];
-        size_t n = 0;
+/* Calls fn with every checkpoint in --checkpoint-dir (a directory with a
+ * manifest, being written or not: those without one are skipped): m is its
+ * manifest, or NULL with err saying why it does not read. fn returns false
+ * to stop. */
+typedef bool (*ScanFn)(void *ud, const char *name, const Psnet__CheckpointManifest *m, const char *err);
+static void scan(const Coord *c, ScanFn fn, void *ud) {
+        DIR *d = opendir(c->cfg->checkpoint_dir);
         struct dirent *e;
-        while (d && (e = readdir(d)) && n < ELEMENTSOF(found)) {
-                char dir[PATH_MAX], err[PATH_MAX + 160];
-                Psnet__CheckpointManifest *m;
+        bool more = true;
+        while (d && more && (e = readdir(d))) {
+                char dir[PATH_MAX], err[320];
+                Psnet__CheckpointManifest *m = NULL;
                 if (!ckpt_name_valid(e->d_name))
                         continue;
                 ckpt_path(c, e->d_name, dir, sizeof dir);
-                if (ckpt_manifest_read(dir, &m, err, sizeof err) < 0)
-                        continue;
-                if (m->has_automatic && m->automatic) {
-                        snprintf(found[n].name, sizeof found[n].name, "%.64s", e->d_name);
-                        found[n++].at = m->created_ms;
-                }
-                psnet__checkpoint_manifest__free_unpacked(m, NULL);
+                int r = ckpt_manifest_read(dir, &m, err, sizeof err);
+                if (r == -ENOENT)
+                        continue; /* being written, or a save that failed */
+                more = fn(ud, e->d_name, r < 0 ? NULL : m, err);
+                if (m)
+                        psnet__checkpoint_manifest__free_unpacked(m, NULL);
         }
         if (d)
                 closedir(d);
-        while (n > keep) {
+}
+
+static uint64_t manifest_bytes(const Psnet__CheckpointManifest *m) {
+        uint64_t b = 0;
+        for (size_t i = 0; i < m->n_files; i++)
+                b += m->files[i]->bytes;
+        return b;
+}
+
+typedef struct Automatic {
+        struct { char name[CKPT_NAME_MAX + 1]; uint64_t at; } found[256];
+        size_t n;
+} Automatic;
+
+static bool find_automatic(void *ud, const char *name, const Psnet__CheckpointManifest *m, const char *err) {
+        Automatic *a = ud;
+        (void) err;
+        if (m && m->has_automatic && m->automatic) {
+                snprintf(a->found[a->n].name, sizeof a->found[a->n].name, "%.64s", name);
+                a->found[a->n++].at = m->created_ms;
+        }
+        return a->n < ELEMENTSOF(a->found);
+}
+
+/* The automatic checkpoints beyond --checkpoint-keep go, oldest first. */
+static void prune(Coord *c) {
+        unsigned keep = c->cfg->checkpoint_keep;
+        Automatic a = { .n = 0 };
+        if (keep)
+                scan(c, find_automatic, &a);
+        while (a.n > keep) {
                 size_t oldest = 0;
-                for (size_t i = 1; i < n; i++)
-                        if (found[i].at < found[oldest].at)
+                for (size_t i = 1; i < a.n; i++)
+                        if (a.found[i].at < a.found[oldest].at)
                                 oldest = i;
-                log_info("checkpoint pruned name=%s (--checkpoint-keep %u)", found[oldest].name, keep);
-                ckpt_remove(c, found[oldest].name);
-                found[oldest] = found[--n];
+                log_info("checkpoint pruned name=%s (--checkpoint-keep %u)", a.found[oldest].name, keep);
+                ckpt_remove(c, a.found[oldest].name);
+                a.found[oldest] = a.found[--a.n];
         }
 }
 
@@ -364,60 +396,57 @@ void coord_handle_checkpoint(Coord *c, WireMsg *m) {
         }
 }
 
+enum { MAX_LISTED = 1024 };
+
+typedef struct Listing {
+        Psnet__CheckpointInfo info[MAX_LISTED];
+        Psnet__CheckpointInfo *ip[MAX_LISTED];
+        struct { char name[CKPT_NAME_MAX + 1], model[128], mode[32], error[320]; } text[MAX_LISTED];
+        size_t n;
+} Listing;
+
+static bool list_one(void *ud, const char *name, const Psnet__CheckpointManifest *m, const char *err) {
+        Listing *l = ud;
+        Psnet__CheckpointInfo *in = &l->info[l->n];
+        typeof(l->text[0]) *t = &l->text[l->n];
+        psnet__checkpoint_info__init(in);
+        snprintf(t->name, sizeof t->name, "%.64s", name);
+        in->name = t->name;
+        if (!m) {
+                snprintf(t->error, sizeof t->error, "%s", err);
+                in->error = t->error;
+        } else {
+                Job j;
+                char jerr[160];
+                in->has_clock = in->has_bytes = in->has_created_ms = in->has_files = true;
+                in->clock = m->clock;
+                in->created_ms = m->created_ms;
+                in->files = (uint32_t) m->n_files;
+                in->bytes = manifest_bytes(m);
+                if (job_from_proto(m->job, &j, jerr, sizeof jerr) == 0) {
+                        in->mode = (char *) job_mode_string(&j, t->mode, sizeof t->mode);
+                        snprintf(t->model, sizeof t->model, "%s", j.model);
+                        in->model = t->model;
+                }
+        }
+        l->ip[l->n] = in;
+        return ++l->n < MAX_LISTED;
+}
+
 void coord_handle_checkpoint_list(Coord *c, WireMsg *m) {
         if (!c->cfg->checkpoint_dir) {
                 coord_reply_error(c, &m->route, m->hdr->seq, PSNET__STATUS__STATUS_INVALID,
                                   "pscoord has no --checkpoint-dir");
                 return;
         }
-        enum { MAX_LISTED = 1024 };
-        _cleanup_free_ Psnet__CheckpointInfo *info = ps_calloc(MAX_LISTED, sizeof *info);
-        _cleanup_free_ Psnet__CheckpointInfo **ip = ps_calloc(MAX_LISTED, sizeof *ip);
-        _cleanup_free_ char *strings = ps_calloc(MAX_LISTED, 3 * 320);
-        if (!info || !ip || !strings) {
+        _cleanup_free_ Listing *l = ps_calloc(1, sizeof *l);
+        if (!l) {
                 coord_reply_error(c, &m->route, m->hdr->seq, PSNET__STATUS__STATUS_RESOURCE, "out of memory");
                 return;
         }
-        size_t n = 0;
-        DIR *d = opendir(c->cfg->checkpoint_dir);
-        struct dirent *e;
-        while (d && (e = readdir(d)) && n < MAX_LISTED) {
-                char dir[PATH_MAX];
-                Psnet__CheckpointManifest *mf = NULL;
-                if (!ckpt_name_valid(e->d_name))
-                        continue;
-                ckpt_path(c, e->d_name, dir, sizeof dir);
-                char *name = strings + n * 960, *err = name + 320, *mode = err + 320;
-                snprintf(name, 320, "%s", e->d_name);
-                int r = ckpt_manifest_read(dir, &mf, err, 320);
-                if (r == -ENOENT)
-                        continue; /* being written, or a save that failed */
-                psnet__checkpoint_info__init(&info[n]);
-                info[n].name = name;
-                if (r < 0)
-                        info[n].error = err;
-                else {
-                        Job j;
-                        char jerr[160];
-                        info[n].has_clock = info[n].has_bytes = info[n].has_created_ms = info[n].has_files = true;
-                        info[n].clock = mf->clock;
-                        info[n].created_ms = mf->created_ms;
-                        info[n].files = (uint32_t) mf->n_files;
-                        for (size_t i = 0; i < mf->n_files; i++)
-                                info[n].bytes += mf->files[i]->bytes;
-                        if (job_from_proto(mf->job, &j, jerr, sizeof jerr) == 0) {
-                                job_mode_string(&j, mode, 320);
-                                info[n].mode = mode;
-                                snprintf(err, 320, "%s", j.model);
-                                info[n].model = err;
-                        }
-                        psnet__checkpoint_manifest__free_unpacked(mf, NULL);
-                }
-                ip[n] = &info[n];
-                n++;
-        }
-        if (d)
-                closedir(d);
+        scan(c, list_one, l);
+        size_t n = l->n;
+        Psnet__CheckpointInfo **ip = l->ip;
         /* Oldest first. */
         for (size_t i = 1; i < n; i++)
                 for (size_t j = i; j > 0 && ip[j]->created_ms < ip[j - 1]->created_ms; j--) {
@@ -476,10 +505,9 @@ int coord_checkpoint_restore(Coord *c, const char *name, char *reason, size_t n)
                 return PSNET__STATUS__STATUS_MALFORMED;
         }
         /* This cluster's expectations, the checkpoint's job. */
-        job.id = c->job.id + 1;
         job.expect_shards = c->job.expect_shards;
         job.expect_workers = c->job.expect_workers;
-        c->job = job;
+        coord_job_replace(c, &job);
         c->restore = (RestoreFrom) { .active = true, .clock = m->clock, .base_clock = m->base_clock,
                                      .samples_before = m->samples_before, .workers = m->workers };
         snprintf(c->restore.name, sizeof c->restore.name, "%s", name);
@@ -487,16 +515,9 @@ int coord_checkpoint_restore(Coord *c, const char *name, char *reason, size_t n)
         snprintf(c->last_ckpt.name, sizeof c->last_ckpt.name, "%s", name);
         c->last_ckpt.clock = m->clock;
         c->last_ckpt.created_ms = m->created_ms;
-        c->last_ckpt.bytes = 0;
-        for (size_t i = 0; i < m->n_files; i++)
-                c->last_ckpt.bytes += m->files[i]->bytes;
+        c->last_ckpt.bytes = manifest_bytes(m);
         c->last_ckpt.valid = true;
-        c->ckpt_next_clock = m->clock + (int64_t) c->cfg->checkpoint_every;
         psnet__checkpoint_manifest__free_unpacked(m, NULL);
-        c->fail_reason[0] = '\0';
-        c->nevicted = 0;
-        c->state = JOB_WAITING;
-        c->has_accuracy = false;
         char mode[32];
         log_info("job restored job=%u name=%s clock=%ld model=%s mode=%s", c->job.id, name, (long) c->restore.clock,
                  c->job.model, job_mode_string(&c->job, mode, sizeof mode));

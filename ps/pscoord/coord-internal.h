@@ -197,6 +197,10 @@ void coord_handle_checkpoint_restore(Coord *c, WireMsg *m);
 void coord_publish_state(Coord *c);
 void coord_job_fail(Coord *c, const char *reason);
 void coord_maybe_start(Coord *c);
+/* job becomes the job (numbered after the last one), waiting for its shards
+ * and workers; what was known of the last one (failure, evictions, accuracy,
+ * the checkpoint it came from) goes. */
+void coord_job_replace(Coord *c, const Job *job);
 void coord_handle_status(Coord *c, WireMsg *m);
 void coord_handle_job_submit(Coord *c, WireMsg *m);
 void coord_handle_job_stop(Coord *c, WireMsg *m);

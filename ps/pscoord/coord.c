@@ -254,7 +254,6 @@ int coord_run(const CoordConfig *cfg) {
                 log_error_errno(r, "Failed to start the lease timer: %m");
                 goto finish;
         }
-        c.ckpt_next_clock = cfg->checkpoint_every;
         if (cfg->restore) {
                 char why[4400];
                 if (coord_checkpoint_restore(&c, cfg->restore, why, sizeof why) != PSNET__STATUS__STATUS_OK) {

@@ -39,7 +39,7 @@ struct Checkpointer {
         /* save: the snapshot */
         CkptRecord *recs;
         ValBuf **vals;
-        size_t n;
+        size_t n, cap;
         CkptFileInfo info;
         /* restore: the keys wanted (flat index: base[t] + k) and what was read */
         uint64_t *base;
@@ -106,8 +106,6 @@ void checkpointer_free(Checkpointer *k) {
         ps_free(k);
 }
 
-bool checkpoint_busy(const Checkpointer *k) { return k->busy || k->save_pending; }
-
 static void answer(Checkpointer *k, int status, const char *reason) {
         Psnet__CheckpointRep rep = PSNET__CHECKPOINT_REP__INIT;
         char file[64];
@@ -164,6 +162,24 @@ int checkpoint_save(Checkpointer *k, uint64_t seq, const char *name, const char 
         return PSNET__STATUS__STATUS_OK;
 }
 
+typedef struct BspCut {
+        int64_t clock;
+        int ready;              /* 1, 0 (a chunk short of it), -1 (one past it) */
+        const Chunk *past;
+} BspCut;
+
+static void bsp_cut_chunk(Store *s, Chunk *c, void *ud) {
+        BspCut *b = ud;
+        (void) s;
+        if (c->backup || b->ready < 0)
+                return;
+        if (c->clock > b->clock) {
+                b->ready = -1;
+                b->past = c;
+        } else if (c->clock < b->clock)
+                b->ready = 0;
+}
+
 /* Whether the chunks this shard leads stand at the boundary: 1 yes, 0 not
  * yet, -1 past it (err says). */
 static int at_boundary(Checkpointer *k, char *err, size_t n) {
@@ -173,21 +189,12 @@ static int at_boundary(Checkpointer *k, char *err, size_t n) {
         if (store_incoming(s) > 0)
                 return 0;
         if (cfg->mode == MODE_BSP) {
-                int ready = 1;
-                for (uint32_t t = 0; t < s->job.ntensors; t++)
-                        for (uint32_t c = 0; s->chunks[t] && c < s->job.tensors[t].nchunks; c++) {
-                                const Chunk *ch = s->chunks[t][c];
-                                if (!ch || ch->backup)
-                                        continue;
-                                if (ch->clock > k->clock) {
-                                        snprintf(err, n, "key (%u,%u) is at clock %ld, past the boundary %ld", t, c,
-                                                 (long) ch->clock, (long) k->clock);
-                                        return -1;
-                                }
-                                if (ch->clock < k->clock)
-                                        ready = 0;
-                        }
-                return ready;
+                BspCut b = { .clock = k->clock, .ready = 1 };
+                store_foreach(s, bsp_cut_chunk, &b);
+                if (b.ready < 0)
+                        snprintf(err, n, "key (%u,%u) is at clock %ld, past the boundary %ld", b.past->tensor,
+                                 b.past->chunk, (long) b.past->clock, (long) k->clock);
+                return b.ready;
         }
         for (size_t i = 0; i < cfg->nmembers; i++) {
                 uint32_t w = cfg->members[i];
@@ -275,45 +282,52 @@ static void after_work(uv_work_t *w, int status) {
         }
 }
 
+/* One chunk this shard leads into the snapshot (k->err set on failure). */
+static void snapshot_chunk(Store *s, Chunk *ch, void *ud) {
+        Checkpointer *k = ud;
+        if (ch->backup || k->err < 0)
+                return;
+        if (k->n == k->cap) { /* the store's count of led keys disagrees with its chunks */
+                k->err = -EPROTO;
+                return;
+        }
+        CkptRecord *rec = &k->recs[k->n];
+        *rec = (CkptRecord) { .tensor = ch->tensor, .chunk = ch->chunk, .len = ch->len, .nlast = (uint32_t) ch->nlast,
+                              .steps = ch->steps, .clock = ch->clock };
+        k->vals[k->n++] = store_value_ref(ch);
+        rec->values = k->vals[k->n - 1]->data;
+        float *st = k->per ? ps_malloc((size_t) ch->len * k->per * sizeof(float)) : NULL;
+        int64_t *last = ps_malloc((ch->nlast ? ch->nlast : 1) * sizeof *last);
+        rec->state = st;
+        rec->last_clocks = last;
+        if ((k->per && !st) || !last) {
+                k->err = -ENOMEM;
+                return;
+        }
+        (void) s;
+        if (k->per)
+                memcpy(st, ch->state, (size_t) ch->len * k->per * sizeof(float));
+        /* Nothing at or past the boundary is in the cut: a push parked for it
+         * (BSP) comes again after a restore, and must not be taken for a
+         * duplicate. */
+        for (size_t i = 0; i < ch->nlast; i++)
+                last[i] = MIN(ch->last_clock[i], k->clock - 1);
+}
+
 /* The snapshot, in the loop: values by reference, state and de-dup copied. */
 static int snapshot(Checkpointer *k) {
         Store *s = k->s;
-        size_t per = optim_state_per_value(&s->job.optim), n = 0;
-        for (uint32_t t = 0; t < s->job.ntensors; t++)
-                for (uint32_t c = 0; s->chunks[t] && c < s->job.tensors[t].nchunks; c++)
-                        n += s->chunks[t][c] && !s->chunks[t][c]->backup;
+        uint64_t n = s->nkeys - s->backup_keys;
         k->recs = ps_calloc(n ? n : 1, sizeof *k->recs);
         k->vals = ps_calloc(n ? n : 1, sizeof *k->vals);
         if (!k->recs || !k->vals)
                 return -ENOMEM;
-        k->per = (uint32_t) per;
+        k->cap = (size_t) n;
+        k->per = (uint32_t) optim_state_per_value(&s->job.optim);
         k->job = s->job.id;
-        for (uint32_t t = 0; t < s->job.ntensors; t++)
-                for (uint32_t c = 0; s->chunks[t] && c < s->job.tensors[t].nchunks; c++) {
-                        Chunk *ch = s->chunks[t][c];
-                        if (!ch || ch->backup)
-                                continue;
-                        CkptRecord *rec = &k->recs[k->n];
-                        *rec = (CkptRecord) { .tensor = t, .chunk = c, .len = ch->len, .nlast = (uint32_t) ch->nlast,
-                                              .steps = ch->steps, .clock = ch->clock };
-                        k->vals[k->n] = store_value_ref(ch);
-                        k->n++;
-                        rec->values = k->vals[k->n - 1]->data;
-                        float *st = per ? ps_malloc((size_t) ch->len * per * sizeof(float)) : NULL;
-                        int64_t *last = ps_malloc((ch->nlast ? ch->nlast : 1) * sizeof *last);
-                        rec->state = st;
-                        rec->last_clocks = last;
-                        if ((per && !st) || !last)
-                                return -ENOMEM;
-                        if (per)
-                                memcpy(st, ch->state, (size_t) ch->len * per * sizeof(float));
-                        /* Nothing at or past the boundary is in the cut: a push parked
-                         * for it (BSP) comes again after a restore, and must not be
-                         * taken for a duplicate. */
-                        for (size_t i = 0; i < ch->nlast; i++)
-                                last[i] = MIN(ch->last_clock[i], k->clock - 1);
-                }
-        return 0;
+        k->err = 0;
+        store_foreach(s, snapshot_chunk, k);
+        return k->err;
 }
 
 void checkpoint_poll(Checkpointer *k) {
@@ -342,12 +356,12 @@ void checkpoint_poll(Checkpointer *k) {
         gate_wake(s);
         if (r < 0) {
                 save_clear(k);
-                answer(k, PSNET__STATUS__STATUS_RESOURCE, "out of memory taking the snapshot");
+                answer(k, r == -ENOMEM ? PSNET__STATUS__STATUS_RESOURCE : PSNET__STATUS__STATUS_INTERNAL,
+                       r == -ENOMEM ? "out of memory taking the snapshot" : "the shard's key count is wrong");
                 return;
         }
         log_info("checkpoint snapshot name=%s clock=%ld chunks=%zu wait_ms=%lu", k->name, (long) k->clock, k->n,
                  (unsigned long) (now_ms() - k->started));
-        k->err = 0;
         k->busy = true;
         r = uv_queue_work(k->loop, &k->work, save_work, after_work);
         if (r < 0) {

@@ -44,5 +44,3 @@ void checkpoint_poll(Checkpointer *k);
 /* Loads the keys the store's map gives this shard from the checkpoint in dir
  * (the job was configured with store->restoring set). */
 int checkpoint_restore(Checkpointer *k, const char *name, const char *dir, int64_t clock);
-/* Whether a save or a load is in flight. */
-bool checkpoint_busy(const Checkpointer *k);
