@@ -3,7 +3,6 @@
 #include <limits.h>
 #include <stdio.h>
 #include <string.h>
-#include <sys/stat.h>
 #include "alloc.h"
 #include "ckpt-file.h"
 #include "ckpt-manifest.h"
@@ -213,12 +212,8 @@ static int at_boundary(Checkpointer *k, char *err, size_t n) {
 static void save_work(uv_work_t *w) {
         Checkpointer *k = w->data;
         char file[64];
+        /* pscoord made the directory; one it removed (a save given up) stays gone. */
         ckpt_shard_file(k->shard, file, sizeof file);
-        if (mkdir(k->dir, 0700) < 0 && errno != EEXIST) {
-                k->err = -errno;
-                snprintf(k->reason, sizeof k->reason, "creating %s: %s", k->dir, strerror(errno));
-                return;
-        }
         k->err = ckpt_write(k->dir, file, k->shard, k->job, k->clock, k->per, k->recs, k->n, &k->info, k->reason,
                             sizeof k->reason);
 }
