@@ -187,6 +187,8 @@ static int at_boundary(Checkpointer *k, char *err, size_t n) {
         const GateCfg *cfg = gate_cfg(s, k->clock);
         if (store_incoming(s) > 0)
                 return 0;
+        if (s->nkeys == s->backup_keys)
+                return 1; /* nothing of its own to cut; no worker pushes here to say when */
         if (cfg->mode == MODE_BSP) {
                 BspCut b = { .clock = k->clock, .ready = 1 };
                 store_foreach(s, bsp_cut_chunk, &b);

@@ -457,9 +457,21 @@ int gate_park_copy(Store *s, Chunk *c, uint32_t worker, const void *grad, size_t
         memcpy(zmq_msg_data(&p->grad), grad, bytes);
         if (*last < c->clock)
                 *last = c->clock;
-        if (*wc < c->clock + 1)
+        /* A primary's chunk moved here: its parked pushes were sent to this
+         * chunk's owner. A backup's copy is not the worker's push to this shard
+         * (see advance_worker). */
+        if (!c->backup && *wc < c->clock + 1)
                 *wc = c->clock + 1;
         return 0;
+}
+
+/* A worker's clock here counts the pushes it sent this shard itself. A copy
+ * forwarded by another shard's primary says nothing of them: the worker's own
+ * push of that clock to this shard may still be on its way, and a pull, an SSP
+ * bound or a checkpoint's cut that took the copy for it would miss an update. */
+static void advance_worker(int64_t *wc, const PushReq *req) {
+        if (!req->replica && *wc < req->clock + 1)
+                *wc = req->clock + 1;
 }
 
 int gate_push(Store *s, Chunk *c, PushReq *req, zmq_msg_t *grad) {
@@ -488,8 +500,7 @@ int gate_push(Store *s, Chunk *c, PushReq *req, zmq_msg_t *grad) {
                 if (r < 0)
                         return r;
                 *last = req->clock;
-                if (*wc < req->clock + 1)
-                        *wc = req->clock + 1;
+                advance_worker(wc, req);
                 return 0;
         }
 
@@ -508,8 +519,7 @@ int gate_push(Store *s, Chunk *c, PushReq *req, zmq_msg_t *grad) {
         if (!req->replica)
                 req->remaining++;
         *last = req->clock;
-        if (*wc < req->clock + 1)
-                *wc = req->clock + 1;
+        advance_worker(wc, req);
         return chunk_settle(s, c);
 }
 

@@ -114,6 +114,7 @@ last=$(ls -d "$CK"/auto-* | sort -t- -k2 -n | tail -1)
 B=${last##*-}
 bad=$(entries "$last" | awk -v w=$((2 * B)) '$3 != w' | wc -l)
 [ "$(entries "$last" | wc -l)" -gt 0 ] && [ "$bad" = 0 ]; ok $? "every key of $(basename "$last") holds 2 x $B updates"
+[ "$bad" = 0 ] || entries "$last" | awk -v w=$((2 * B)) '$3 != w' | head -5 | sed 's/^/# tensor chunk steps clock: /' 
 psnet_stop_all
 start_cluster e 2 --restore "$(basename "$last")"
 start_workers e
@@ -129,6 +130,7 @@ out=$("$PSCTL" --coord "$COORD" checkpoint save 2>&1); ok $? "an SSP checkpoint 
 B=$(sed -n 's/.*saved: clock \([0-9]*\),.*/\1/p' <<<"$out")
 bad=$(entries "$CK/clock-$B" | awk -v w=$((2 * B)) '$3 != w' | wc -l)
 [ -n "$B" ] && [ "$bad" = 0 ]; ok $? "every key of clock-$B holds 2 x $B updates"
+[ "$bad" = 0 ] || entries "$CK/clock-$B" | awk -v w=$((2 * B)) '$3 != w' | head -5 | sed 's/^/# tensor chunk steps clock: /' 
 out=$("$PSCTL" --coord "$COORD" job wait --wait 300); ok $? "the SSP run finishes ($out)"
 psnet_stop_all
 

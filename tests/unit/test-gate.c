@@ -624,6 +624,21 @@ static void test_ssp_gate(void) {
         CHECK(gate_pull_ready(s, &a, 1, 4, &slowest) && slowest == 2 && !gate_pull_ready(s, &a, 1, 5, NULL),
               "with the slowest at 2, clock 4 is ready and clock 5 is not (slowest %ld)", (long) slowest);
         CHECK(store_clock(s) == 4, "store_clock under SSP is the fastest member's progress (%ld)", (long) store_clock(s));
+        /* A copy forwarded by another shard's primary is not worker 2's push to
+         * this shard: its own push of clock 2 may still be on its way. */
+        PushReq *copy = req_new(2, 2, 30);
+        if (copy) {
+                copy->replica = true;
+                grad_fill(g, a->len, 2, 2);
+                req_push(s, copy, a, g);
+                pushreq_settle(s, copy, ST_OK);
+        }
+        CHECK(copy && a->steps == 7 && !gate_pull_ready(s, &a, 1, 5, &slowest) && slowest == 2,
+              "a forwarded copy applies but leaves worker 2's clock here at 2 (slowest %ld)", (long) slowest);
+        grad_fill(g, a->len, 2, 3);
+        push1(s, a, 2, 3, 31, g);
+        CHECK(gate_pull_ready(s, &a, 1, 5, &slowest) && slowest == 4,
+              "its own next push moves it (slowest %ld)", (long) slowest);
 out:
         store_free(s);
 }
