@@ -84,6 +84,99 @@ int ckpt_commit(int fd, const char *tmp, const char *path, const char *dir, cons
         return r;
 }
 
+int ckpt_sealed_write(const char *dir, const char *file, const char *magic, const void *payload, size_t len,
+                      char *err, size_t errn) {
+        char path[PATH_MAX], tmp[PATH_MAX + 8];
+        const char *what = "writing";
+        uint8_t head[CKPT_SEALED_HEAD];
+        snprintf(path, sizeof path, "%s/%s", dir, file);
+        snprintf(tmp, sizeof tmp, "%s.tmp", path);
+        if (len > UINT32_MAX) {
+                snprintf(err, errn, "%s: %zu bytes, over the limit", path, len);
+                return -EFBIG;
+        }
+        memcpy(head, magic, 8);
+        put32(head + 8, (uint32_t) crc32(crc32(0L, Z_NULL, 0), payload, (uInt) len));
+        put32(head + 12, (uint32_t) len);
+        int r = 0, fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+        if (fd < 0) {
+                r = -errno;
+                what = "creating";
+        } else {
+                r = ckpt_pwrite_all(fd, head, sizeof head, 0);
+                if (r == 0)
+                        r = ckpt_pwrite_all(fd, payload, len, sizeof head);
+                if (r < 0)
+                        (void) close(fd);
+                else
+                        r = ckpt_commit(fd, tmp, path, dir, &what);
+        }
+        if (r < 0) {
+                snprintf(err, errn, "%s %s: %s", what, tmp, strerror(-r));
+                (void) unlink(tmp);
+        }
+        return r;
+}
+
+int ckpt_sealed_read(const char *path, size_t max, uint8_t **ret, size_t *ret_n, char *err, size_t errn) {
+        int fd = open(path, O_RDONLY | O_CLOEXEC);
+        struct stat st;
+        if (fd < 0 || fstat(fd, &st) < 0) {
+                int e = -errno;
+                snprintf(err, errn, "%s: %s", path, strerror(-e));
+                if (fd >= 0)
+                        (void) close(fd);
+                return e;
+        }
+        if (st.st_size > (off_t) (max + CKPT_SEALED_HEAD)) {
+                (void) close(fd);
+                snprintf(err, errn, "%s: %lld bytes, over the limit", path, (long long) st.st_size);
+                return -EBADMSG;
+        }
+        size_t n = (size_t) st.st_size, done = 0;
+        uint8_t *buf = ps_malloc(n ? n : 1);
+        int r = buf ? 0 : -ENOMEM;
+        while (r == 0 && done < n) {
+                ssize_t k = read(fd, buf + done, n - done);
+                if (k < 0 && errno == EINTR)
+                        continue;
+                if (k <= 0)
+                        r = k < 0 ? -errno : -EIO;
+                else
+                        done += (size_t) k;
+        }
+        (void) close(fd);
+        if (r < 0) {
+                snprintf(err, errn, "%s: %s", path, strerror(-r));
+                ps_free(buf);
+                return r;
+        }
+        *ret = buf;
+        *ret_n = n;
+        return 0;
+}
+
+int ckpt_sealed_open(const uint8_t *buf, size_t n, const char *magic, const char *what, const uint8_t **payload,
+                     size_t *len, char *err, size_t errn) {
+        if (n < CKPT_SEALED_HEAD || memcmp(buf, magic, 8) != 0) {
+                snprintf(err, errn, "not a psnet %s", what);
+                return -EBADMSG;
+        }
+        uint32_t crc = get32(buf + 8), l = get32(buf + 12);
+        if (l != n - CKPT_SEALED_HEAD) {
+                snprintf(err, errn, "%s length %u, file holds %zu", what, l, n - CKPT_SEALED_HEAD);
+                return -EBADMSG;
+        }
+        uint32_t have = (uint32_t) crc32(crc32(0L, Z_NULL, 0), buf + CKPT_SEALED_HEAD, l);
+        if (have != crc) {
+                snprintf(err, errn, "%s checksum mismatch (stored %08x, computed %08x)", what, crc, have);
+                return -EBADMSG;
+        }
+        *payload = buf + CKPT_SEALED_HEAD;
+        *len = l;
+        return 0;
+}
+
 static void encode_header(uint8_t *h, uint32_t shard, uint32_t job, uint32_t nrec, int64_t clock, uint32_t per) {
         memset(h, 0, CKPT_HEADER_BYTES);
         memcpy(h, CKPT_MAGIC, 8);

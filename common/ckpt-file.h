@@ -70,6 +70,22 @@ int ckpt_write(const char *dir, const char *name, uint32_t shard, uint32_t job, 
 int ckpt_pwrite_all(int fd, const void *p, uint64_t n, uint64_t at);
 int ckpt_commit(int fd, const char *tmp, const char *path, const char *dir, const char **what);
 
+/* A sealed file: an 8-byte magic, the CRC-32 and length of the payload
+ * (little-endian 32-bit each), the payload; written atomically as dir/file.
+ * The checkpoint manifest and pscoord's state file are sealed files of one
+ * protobuf message each. what names the file's kind in the messages
+ * ("manifest", "state"). */
+#define CKPT_SEALED_HEAD 16u
+int ckpt_sealed_write(const char *dir, const char *file, const char *magic, const void *payload, size_t len,
+                      char *err, size_t errn);
+/* Reads all of path (at most max payload bytes): *ret (free with ps_free)
+ * and *ret_n. -ENOENT when there is no such file; err says what failed. */
+int ckpt_sealed_read(const char *path, size_t max, uint8_t **ret, size_t *ret_n, char *err, size_t errn);
+/* Checks buf (a whole sealed file) against magic, length and CRC: 0 with
+ * *payload and *len pointing into buf, or -EBADMSG with err saying why. */
+int ckpt_sealed_open(const uint8_t *buf, size_t n, const char *magic, const char *what, const uint8_t **payload,
+                     size_t *len, char *err, size_t errn);
+
 /* Checks a file's header and index (buf: its first n bytes, at least the
  * header and index; file_size: the whole file's) and decodes them: 0, or
  * -EBADMSG with err saying what is wrong. entries (may be NULL) gets

@@ -208,6 +208,7 @@ void coord_handle_job_submit(Coord *c, WireMsg *m) {
         coord_job_replace(c, &job);
         char mode[32];
         log_info("job submitted job=%u model=%s mode=%s", c->job.id, job.model, job_mode_string(&job, mode, sizeof mode));
+        coord_state_save(c);
         (void) coord_reply_job(c, &m->route, m->hdr->seq, NULL);
         coord_maybe_start(c);
 }
@@ -254,6 +255,13 @@ void coord_handle_job_mode(Coord *c, WireMsg *m) {
         (void) coord_reply_job(c, &m->route, m->hdr->seq, msg);
 }
 
+static size_t rejoining(const Coord *c) {
+        size_t n = 0;
+        for (size_t i = 0; i < c->npeers; i++)
+                n += c->peers[i].detached;
+        return n;
+}
+
 void coord_metrics(void *ud, MetricsBuf *b) {
         Coord *c = ud;
         char mode[32], id[16];
@@ -275,6 +283,14 @@ void coord_metrics(void *ud, MetricsBuf *b) {
         metrics_one(b, "psnet_pscoord_members", "gauge", "Workers in the membership.", (double) members);
         metrics_one(b, "psnet_pscoord_map_epoch", "gauge", "The shard map's epoch.", (double) c->map_epoch);
         metrics_one(b, "psnet_pscoord_members_epoch", "gauge", "The membership's epoch.", (double) c->members_epoch);
+        metrics_one(b, "psnet_pscoord_state_writes_total", "counter", "Writes of pscoord's state (--state-dir).",
+                    (double) c->state_writes);
+        metrics_one(b, "psnet_pscoord_state_write_failures_total", "counter",
+                    "Writes of pscoord's state that failed (a restart would go back to the last one written).",
+                    (double) c->state_failures);
+        metrics_one(b, "psnet_pscoord_peers_rejoining", "gauge",
+                    "Peers known from the state file that have not registered again since pscoord started.",
+                    (double) rejoining(c));
         metrics_one(b, "psnet_pscoord_checkpoints_total", "counter", "Checkpoints saved.", (double) c->checkpoints);
         metrics_one(b, "psnet_pscoord_checkpoint_failures_total", "counter", "Checkpoint saves given up.",
                     (double) c->checkpoint_failures);

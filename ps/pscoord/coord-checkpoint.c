@@ -35,6 +35,21 @@ static void ckpt_remove(const Coord *c, const char *name) {
                 log_warning("could not remove %s: %s", dir, strerror(errno));
 }
 
+void coord_checkpoint_abandon(Coord *c, const char *name) {
+        char dir[PATH_MAX], path[PATH_MAX + 16];
+        struct stat st;
+        if (!c->cfg->checkpoint_dir)
+                return;
+        ckpt_path(c, name, dir, sizeof dir);
+        snprintf(path, sizeof path, "%s/" CKPT_MANIFEST, dir);
+        if (stat(path, &st) == 0)
+                return; /* it was finished: the manifest comes last */
+        log_warning("checkpoint abandoned name=%s: pscoord stopped while it was being written; its files are removed",
+                    name);
+        c->checkpoint_failures++;
+        ckpt_remove(c, name);
+}
+
 static void reply_save(Coord *c, int status, const char *reason, const Psnet__CheckpointRep *rep) {
         CkptSave *k = &c->ckpt;
         if (!k->has_route)
@@ -138,6 +153,7 @@ void coord_checkpoint_fenced(Coord *c) {
                 return;
         }
         k->dir_made = true;
+        coord_state_save(c); /* so that a restart removes it if it never ends */
         k->seq = ++c->fence_seq;
         k->deadline = now_ms() + (uint64_t) c->cfg->checkpoint_timeout * 1000u;
         Psnet__Checkpoint ck = PSNET__CHECKPOINT__INIT;
@@ -295,6 +311,7 @@ static void save_commit(Coord *c) {
         save_end(c);
         if (automatic)
                 prune(c);
+        coord_state_save(c);
 }
 
 void coord_handle_checkpoint_rep(Coord *c, WireMsg *m, Peer *p) {
@@ -533,6 +550,7 @@ void coord_handle_checkpoint_restore(Coord *c, WireMsg *m) {
         }
         snprintf(msg, sizeof msg, "job %u restored from %s at clock %ld", c->job.id, c->restore.name,
                  (long) c->restore.clock);
+        coord_state_save(c);
         (void) coord_reply_job(c, &m->route, m->hdr->seq, msg);
         coord_maybe_start(c);
 }

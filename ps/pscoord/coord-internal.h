@@ -8,7 +8,8 @@
  *   coord-boundary.c  fences and the clock boundaries they pick (the
  *                     arithmetic is boundary.c, unit-tested)
  *   coord-admin.c     the job's lifecycle and psctl's requests; /metrics
- *   coord-checkpoint.c checkpoints: save, --checkpoint-every, list, restore */
+ *   coord-checkpoint.c checkpoints: save, --checkpoint-every, list, restore
+ *   coord-state.c     its own state on disk (--state-dir), loaded at start */
 #pragma once
 #include <errno.h>
 #include <math.h>
@@ -55,6 +56,8 @@ typedef struct Peer {
         bool member;                /* counted by the shards' gates */
         int64_t start_clock;        /* clock it started at */
         bool drain;
+        bool detached;              /* known from the state file, not registered with this pscoord yet */
+        uint64_t rejoin_until;      /* ms: a detached peer's lease runs out then */
 } Peer;
 
 /* A change agreed at a clock boundary: pscoord fences the shards, learns their
@@ -128,6 +131,8 @@ typedef struct Coord {
         int64_t ckpt_next_clock;    /* --checkpoint-every: the clock the next one waits for */
         uint64_t ckpt_retry_at;
         uint64_t checkpoints, checkpoint_failures;
+        int state_lock;             /* --state-dir: the lock's descriptor (-1: none) */
+        uint64_t state_writes, state_failures;
         Histogram latency;          /* handling a control request */
         uint64_t start_ms, job_start_ms, job_end_ms, migrate_start_ms;
         uint64_t last_tick;         /* ms: a longer gap between ticks means pscoord itself stalled */
@@ -165,6 +170,8 @@ void coord_evict_stragglers(Coord *c);
 
 /* --- the shard map and publishing it (coord-map.c) */
 void coord_publish(Coord *c);
+/* The same to one peer (one that registered again): nothing changed. */
+void coord_publish_peer(Coord *c, Peer *p);
 int coord_build_map(Coord *c);
 int coord_remap(Coord *c, uint32_t add, uint32_t remove);
 /* Shard id left the cluster (why: for the log): if the map holds it, its
@@ -192,6 +199,16 @@ void coord_handle_checkpoint(Coord *c, WireMsg *m);
 void coord_handle_checkpoint_rep(Coord *c, WireMsg *m, Peer *p);
 void coord_handle_checkpoint_list(Coord *c, WireMsg *m);
 void coord_handle_checkpoint_restore(Coord *c, WireMsg *m);
+/* A save the previous pscoord had under way when it stopped: its files go. */
+void coord_checkpoint_abandon(Coord *c, const char *name);
+
+/* --- pscoord's state on disk, --state-dir (coord-state.c) */
+/* Locks the directory and loads its state: 1 loaded, 0 none (or no
+ * --state-dir), negative errno with err saying why (pscoord does not start). */
+int coord_state_open(Coord *c, char *err, size_t n);
+/* Writes the state (before every publish); a failure is logged and counted. */
+void coord_state_save(Coord *c);
+void coord_state_close(Coord *c);
 
 /* --- the job and the operator: start, stop, mode, status, metrics (coord-admin.c) */
 void coord_publish_state(Coord *c);

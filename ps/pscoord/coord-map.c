@@ -41,7 +41,8 @@ static int send_config(Coord *c, Peer *p, Psnet__JobSpec *spec, Psnet__ShardMap 
 }
 
 /* Publishes the current job, map and membership to every shard and worker. */
-void coord_publish(Coord *c) {
+/* Sends the job, map and membership to every peer, or to only. */
+static void publish(Coord *c, Peer *only) {
         Psnet__JobSpec *spec = NULL;
         size_t nw = 0;
         _cleanup_free_ Peer **workers = coord_sorted_workers(c, &nw);
@@ -55,6 +56,9 @@ void coord_publish(Coord *c) {
                 log_error("out of memory while publishing the configuration");
                 return;
         }
+        /* On disk before any peer acts on it. */
+        if (!only)
+                coord_state_save(c);
         for (size_t i = 0; i < nw; i++) {
                 ids[i] = workers[i]->id;
                 starts[i] = workers[i]->start_clock;
@@ -83,7 +87,8 @@ void coord_publish(Coord *c) {
         for (int pass = 0; pass < 2; pass++)
                 for (size_t i = 0; i < c->npeers; i++) {
                         Peer *p = &c->peers[i];
-                        if (p->role != (pass == 0 ? PSNET__ROLE__ROLE_SERVER : PSNET__ROLE__ROLE_WORKER))
+                        if (p->role != (pass == 0 ? PSNET__ROLE__ROLE_SERVER : PSNET__ROLE__ROLE_WORKER) ||
+                            (only && p != only) || p->detached)
                                 continue;
                         if (p->role == PSNET__ROLE__ROLE_WORKER && !p->member)
                                 continue; /* joins at the next boundary */
@@ -94,6 +99,9 @@ void coord_publish(Coord *c) {
         job_proto_free(spec);
         shardmap_proto_free(pm);
 }
+
+void coord_publish(Coord *c) { publish(c, NULL); }
+void coord_publish_peer(Coord *c, Peer *p) { publish(c, p); }
 
 int coord_build_map(Coord *c) {
         size_t n = coord_count_role(c, PSNET__ROLE__ROLE_SERVER), j = 0;

@@ -161,6 +161,54 @@ void coord_membership_changed(Coord *c) {
         (void) coord_pick_evaluator(c, NULL);
 }
 
+static int reply_registered(Coord *c, WireMsg *m, uint32_t id, Psnet__Role role) {
+        Psnet__Header rh;
+        Psnet__RegisterRep rep = PSNET__REGISTER_REP__INIT;
+        rep.assigned_id = id;
+        rep.lease_ms = role == PSNET__ROLE__ROLE_SERVER ? c->cfg->shard_lease_ms : c->cfg->lease_ms;
+        rep.job_state = job_state_to_proto(c->state);
+        wire_header_init(&rh, PSNET__MSG_TYPE__MSG_REGISTER_REP);
+        rh.body_case = PSNET__HEADER__BODY_REG_REP;
+        rh.reg_rep = &rep;
+        int r = coord_reply_hdr(c, &m->route, &rh, m->hdr->seq);
+        if (r < 0)
+                log_warning_errno(r, "Failed to answer registration: %m");
+        c->registrations++;
+        return r;
+}
+
+/* A peer this pscoord knows from its state file (a restart) registers again:
+ * the same process (pid and host, and key with CURVE) takes its place back
+ * with its id, membership and start clock; nothing changes for the others,
+ * it gets the configuration again (a shard fenced by the previous pscoord is
+ * released by it). False when it is not such a peer. */
+static bool rejoin(Coord *c, WireMsg *m) {
+        const Psnet__Register *reg = m->hdr->reg;
+        Peer *p = coord_find_peer(c, reg->role, reg->want_id);
+        if (!p || !p->detached || !reg->has_pid || p->pid != reg->pid ||
+            strcmp(p->host, reg->name ? reg->name : "") != 0 ||
+            (c->id.enabled && (!p->has_key || memcmp(p->public_key, m->peer.key, 32) != 0)))
+                return false;
+        if (reg->role == PSNET__ROLE__ROLE_SERVER && (!p->endpoint || strcmp(p->endpoint, reg->endpoint) != 0))
+                return false;
+        (void) zmq_msg_copy(&p->route, &m->route);
+        p->detached = false;
+        p->last_seen = now_ms();
+        p->memory_limit = reg->has_memory_limit ? reg->memory_limit : p->memory_limit;
+        p->max_msg = reg->has_max_msg ? reg->max_msg : p->max_msg;
+        if (reply_registered(c, m, p->id, reg->role) < 0)
+                return true;
+        bool in_map = reg->role == PSNET__ROLE__ROLE_SERVER && c->map && shardmap_find(c->map, p->id) >= 0;
+        log_info("registered again after pscoord's restart role=%s id=%u pid=%u%s",
+                 reg->role == PSNET__ROLE__ROLE_SERVER ? "shard" : "worker", p->id, p->pid,
+                 in_map ? " in_map=1" : p->member ? " member=1" : "");
+        if (in_map || (reg->role == PSNET__ROLE__ROLE_WORKER && p->member))
+                coord_publish_peer(c, p);
+        else if (reg->role == PSNET__ROLE__ROLE_WORKER && c->state == JOB_RUNNING)
+                coord_fence_start(c, false, c->job.mode, c->job.staleness);
+        return true;
+}
+
 void coord_handle_register(Coord *c, WireMsg *m) {
         Psnet__Header *h = m->hdr;
         const Psnet__Register *reg = h->reg;
@@ -201,12 +249,14 @@ void coord_handle_register(Coord *c, WireMsg *m) {
         Peer *p = coord_find_route(c, &m->route);
         if (p) /* the same connection registers again: start over */
                 coord_remove_peer(c, p);
+        if (reg->has_want_id && reg->want_id && rejoin(c, m))
+                return;
         uint32_t id;
         if (reg->role == PSNET__ROLE__ROLE_SERVER) {
                 id = reg->want_id;
                 Peer *old = coord_find_peer(c, PSNET__ROLE__ROLE_SERVER, id);
-                uint64_t silent = old ? now_ms() - old->last_seen : 0;
-                if (old && silent <= c->cfg->shard_lease_ms) {
+                uint64_t now = now_ms(), silent = old && !old->detached ? now - old->last_seen : 0;
+                if (old && (old->detached ? now <= old->rejoin_until : silent <= c->cfg->shard_lease_ms)) {
                         /* Another process holds the id and keeps its lease: taking it over
                          * would make the two flap. A restarted shard gets in once the old
                          * lease runs out (it registers again meanwhile). */
@@ -257,18 +307,7 @@ void coord_handle_register(Coord *c, WireMsg *m) {
         psnet__shard_info__init(&p->shard);
         psnet__worker_info__init(&p->worker);
 
-        Psnet__Header rh;
-        Psnet__RegisterRep rep = PSNET__REGISTER_REP__INIT;
-        rep.assigned_id = id;
-        rep.lease_ms = reg->role == PSNET__ROLE__ROLE_SERVER ? c->cfg->shard_lease_ms : c->cfg->lease_ms;
-        rep.job_state = job_state_to_proto(c->state);
-        wire_header_init(&rh, PSNET__MSG_TYPE__MSG_REGISTER_REP);
-        rh.body_case = PSNET__HEADER__BODY_REG_REP;
-        rh.reg_rep = &rep;
-        int r = coord_reply_hdr(c, &m->route, &rh, h->seq);
-        if (r < 0)
-                log_warning_errno(r, "Failed to answer registration: %m");
-        c->registrations++;
+        (void) reply_registered(c, m, id, reg->role);
         log_info("registered role=%s id=%u pid=%u endpoint=%s",
                  reg->role == PSNET__ROLE__ROLE_SERVER ? "shard" : "worker", id, p->pid,
                  reg->endpoint ? reg->endpoint : "-");
@@ -382,14 +421,19 @@ void coord_expire_leases(Coord *c) {
         for (size_t i = 0; i < c->npeers;) {
                 Peer *p = &c->peers[i];
                 bool worker = p->role == PSNET__ROLE__ROLE_WORKER;
-                if (now - p->last_seen <= (worker ? c->cfg->lease_ms : c->cfg->shard_lease_ms)) {
+                if (p->detached ? now <= p->rejoin_until
+                                : now - p->last_seen <= (worker ? c->cfg->lease_ms : c->cfg->shard_lease_ms)) {
                         i++;
                         continue;
                 }
                 uint32_t id = p->id;
                 c->expiries++;
-                log_warning("lease expired role=%s id=%u silent_ms=%lu", worker ? "worker" : "shard", p->id,
-                            (unsigned long) (now - p->last_seen));
+                if (p->detached)
+                        log_warning("lease expired role=%s id=%u: it did not register again after pscoord's restart",
+                                    worker ? "worker" : "shard", p->id);
+                else
+                        log_warning("lease expired role=%s id=%u silent_ms=%lu", worker ? "worker" : "shard", p->id,
+                                    (unsigned long) (now - p->last_seen));
                 coord_remove_peer(c, p);
                 if (!worker)
                         coord_shard_lost(c, id, "its lease ran out");

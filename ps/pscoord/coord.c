@@ -7,6 +7,8 @@
 
 /* Sends h (type and body set by the caller) to route, echoing seq. */
 int coord_reply_hdr(Coord *c, const zmq_msg_t *route, Psnet__Header *h, uint64_t seq) {
+        if (zmq_msg_size((zmq_msg_t *) route) == 0)
+                return -ENOTCONN; /* a peer known from the state file that has not registered again yet */
         h->has_seq = true;
         h->seq = seq;
         h->has_job = true;
@@ -183,7 +185,7 @@ static void coord_reload(void *ud) {
 }
 
 int coord_run(const CoordConfig *cfg) {
-        Coord c = { .cfg = cfg, .job = cfg->job, .state = JOB_WAITING };
+        Coord c = { .cfg = cfg, .job = cfg->job, .state = JOB_WAITING, .state_lock = -1 };
         char mode[32];
         int r;
 
@@ -254,7 +256,17 @@ int coord_run(const CoordConfig *cfg) {
                 log_error_errno(r, "Failed to start the lease timer: %m");
                 goto finish;
         }
-        if (cfg->restore) {
+        r = coord_state_open(&c, err, sizeof err);
+        if (r < 0) {
+                log_error("cannot use the state directory reason=\"%s\"", err);
+                r = -EINVAL;
+                goto finish;
+        }
+        bool loaded = r > 0;
+        if (loaded && cfg->restore)
+                log_warning("--restore %s ignored: the state directory holds job %u (%s), which goes on", cfg->restore,
+                            c.job.id, job_state_name(c.state));
+        if (cfg->restore && !loaded) {
                 char why[4400];
                 if (coord_checkpoint_restore(&c, cfg->restore, why, sizeof why) != PSNET__STATUS__STATUS_OK) {
                         log_error("cannot restore reason=\"%s\"", why);
@@ -279,6 +291,7 @@ finish:
         ps_free(c.peers);
         ps_free(c.prev_ids);
         shardmap_free(c.map);
+        coord_state_close(&c);
         c.ctl = netsock_close(c.ctl);
         c.zap = zap_free(c.zap);
         c.service = service_free(c.service);

@@ -20,6 +20,7 @@ typedef struct CoordConfig {
         unsigned checkpoint_keep;    /* automatic checkpoints kept (0: all) */
         unsigned checkpoint_timeout; /* s a save may take */
         char *restore;           /* start with the job of this checkpoint */
+        char *state_dir;         /* --state-dir: pscoord's state on disk (NULL: none) */
         Job job;            /* the job pscoord starts with */
 } CoordConfig;
 
