@@ -386,6 +386,13 @@ static int handle_reply(Client *c, ShardConn *s, WireMsg *m) {
                         schedule_retry(c, s, h->seq, 50);
                         return 0;
                 }
+                if (h->status == PSNET__STATUS__STATUS_STALE) {
+                        /* This worker is no member of that clock: it left the
+                         * membership (its lease ran out) and must be admitted again. */
+                        log_warning("shard refused request shard=%u status=stale reason=\"%s\"", s->id,
+                                    h->reason ? h->reason : "");
+                        return -ESTALE;
+                }
                 log_error("shard refused request shard=%u endpoint=%s status=%s reason=\"%s\"", s->id, s->endpoint,
                           status_name(h->status), h->reason ? h->reason : "");
                 return -EPROTO;

@@ -17,6 +17,7 @@
 #include "wire-job.h"
 
 #define PSNET_MAP_WAIT_MS 30000
+#define PSNET_MEMBER_WAIT_MS 60000
 
 struct PsnetWorker {
         uv_loop_t *loop;
@@ -46,6 +47,8 @@ struct PsnetWorker {
         void *round_ud;
         int64_t round_clock;
         bool waiting_map;
+        bool waiting_member;            /* a shard said it is no member: waiting to be admitted again */
+        bool readmitted;                /* admitted again at a new start clock: the next round says so */
         uint64_t map_wait_deadline;
         uv_timer_t map_timer;
         bool map_timer_init;
@@ -54,6 +57,9 @@ struct PsnetWorker {
         PsnetDoneFn leave_cb;
         void *result_ud, *leave_ud;
 };
+
+static void round_done(PsnetWorker *w, int r);
+static void readmitted(PsnetWorker *w);
 
 static bool is_member(const PsnetWorker *w, const Psnet__Membership *m) {
         for (size_t i = 0; m && i < m->n_workers; i++)
@@ -145,6 +151,15 @@ static void apply_config(PsnetWorker *w, const Psnet__Config *ctl) {
         } else if (ctl->job && w->has_job && ctl->job->id != w->job.id) {
                 log_warning("pscoord moved to job %u; this worker trains job %u and stops", ctl->job->id, w->job.id);
                 announce_stop(w, "pscoord moved to another job");
+        }
+        /* A member told another start clock has been admitted again (its lease
+         * ran out, e.g. it was stopped, and it registered again): it goes on
+         * from that clock, not from its own. */
+        if (w->has_job && w->job_announced && ctl->has_start_clock && is_member(w, ctl->members) &&
+            ctl->start_clock != w->start_clock) {
+                log_info("admitted again start_clock=%ld was=%ld", (long) ctl->start_clock, (long) w->start_clock);
+                w->start_clock = ctl->start_clock;
+                readmitted(w);
         }
         if (w->has_state && w->state == JOB_STOPPED) {
                 log_info("job stopped by the operator");
@@ -306,6 +321,7 @@ static void round_done(PsnetWorker *w, int r) {
         PsnetRoundFn cb = w->round_cb;
         w->round_cb = NULL;
         w->waiting_map = false;
+        w->waiting_member = false;
         (void) uv_timer_stop(&w->map_timer);
         if (cb)
                 cb(w, r, w->round_ud);
@@ -350,8 +366,42 @@ static void round_resume(PsnetWorker *w) {
                 round_done(w, r);
 }
 
+/* The round this worker had under way (or its next one) ends with -ESTALE:
+ * the caller starts again from psnet_worker_start_clock. */
+static void readmitted(PsnetWorker *w) {
+        w->waiting_member = false;
+        if (!w->round_cb) {
+                w->readmitted = true;
+                return;
+        }
+        (void) uv_timer_stop(&w->map_timer);
+        if (w->client && client_busy(w->client))
+                client_abort(w->client);
+        round_done(w, -ESTALE);
+}
+
+static void member_timer_cb(uv_timer_t *t) {
+        PsnetWorker *w = t->data;
+        if (w->readmitted) { /* a round asked for after the admission */
+                w->readmitted = false;
+                round_done(w, -ESTALE);
+                return;
+        }
+        log_error("not admitted again within %u s of leaving the membership", PSNET_MEMBER_WAIT_MS / 1000);
+        w->waiting_member = false;
+        round_done(w, -ETIMEDOUT);
+}
+
 static void on_client_round(Client *c, int r, int64_t clock, void *ud) {
         PsnetWorker *w = ud;
+        if (r == -ESTALE) {
+                /* No longer a member (its lease ran out): its session registers
+                 * again and pscoord admits it at a boundary; wait for that. */
+                log_warning("not a member any more (its lease ran out?): waiting to be admitted again");
+                w->waiting_member = true;
+                (void) uv_timer_start(&w->map_timer, member_timer_cb, PSNET_MEMBER_WAIT_MS, 0);
+                return;
+        }
         if (r == 0)
                 w->round_clock = clock;
         if (r != -EAGAIN) {
@@ -379,6 +429,8 @@ int psnet_worker_round(PsnetWorker *w, const float *const *grads, int64_t push_c
         w->pull_clock = pull_clock;
         w->round_cb = done;
         w->round_ud = ud;
+        if (w->readmitted) /* said from the loop, never inside this call */
+                return uv_timer_start(&w->map_timer, member_timer_cb, 0, 0);
         int r = round_start(w);
         if (r < 0)
                 w->round_cb = NULL;

@@ -111,7 +111,11 @@ int64_t psnet_job_end_clock(const PsnetWorker *w, uint64_t total);
  * into params for pull_clock (BSP: once that clock has closed). grads must stay
  * untouched until done is called. -EBUSY while a round runs. r in done: 0, or
  * -ETIMEDOUT, -EPROTO (a shard refused; logged), -ECANCELED (the worker was
- * freed). */
+ * freed), or -ESTALE: this worker had left the membership (its lease ran out:
+ * stopped, cut off) and has been admitted again; nothing of the round counts,
+ * train on from psnet_worker_start_clock(w), whose data position is
+ * psnet_worker_start_clock(w) - psnet_worker_base_clock(w) steps into this
+ * membership. */
 typedef void (*PsnetRoundFn)(PsnetWorker *w, int r, void *ud);
 int psnet_worker_round(PsnetWorker *w, const float *const *grads, int64_t push_clock, float *const *params,
                        int64_t pull_clock, PsnetRoundFn done, void *ud);

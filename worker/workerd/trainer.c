@@ -385,11 +385,36 @@ static void step_idle_cb(uv_idle_t *h) {
                 step_round(t);
 }
 
+static void on_first_pull(PsnetWorker *w, int r, void *ud);
+
+/* Admitted again after leaving the membership (libpsnet's -ESTALE): the
+ * clock pscoord gives, and the data where the job stands at it. */
+static void trainer_rejoin(Trainer *t) {
+        int64_t was = t->clock;
+        t->clock = psnet_worker_start_clock(t->w);
+        t->resume_steps = t->clock - psnet_worker_base_clock(t->w);
+        t->pass = 0;
+        t->step_in_pass = 0;
+        t->pass_open = false;
+        t->state = T_PULLING;
+        log_info("admitted again: training on clock=%ld left_at=%ld",
+                 (long) t->clock, (long) was);
+        int r = psnet_worker_round(t->w, NULL, 0, t->params, t->clock, on_first_pull, t);
+        if (r < 0) {
+                log_error_errno(r, "Failed to pull the weights of clock %ld: %m", (long) t->clock);
+                trainer_fail(t, r);
+        }
+}
+
 static void on_step_done(PsnetWorker *w, int r, void *ud) {
         Trainer *t = ud;
         (void) w;
         t->t_exchange += mono_s() - t->t_round;
         histogram_observe(&t->round_hist, mono_s() - t->t_round);
+        if (r == -ESTALE) {
+                trainer_rejoin(t);
+                return;
+        }
         if (r < 0) {
                 if (r != -ECANCELED)
                         trainer_fail(t, r);
@@ -424,6 +449,10 @@ static void on_step_done(PsnetWorker *w, int r, void *ud) {
 static void on_first_pull(PsnetWorker *w, int r, void *ud) {
         Trainer *t = ud;
         (void) w;
+        if (r == -ESTALE) {
+                trainer_rejoin(t);
+                return;
+        }
         if (r < 0) {
                 if (r != -ECANCELED)
                         trainer_fail(t, r);
