@@ -1,0 +1,66 @@
+/* libFuzzer target: the wire codec as a daemon meets it. The input is cut
+ * into the parts of one multipart message (a header and its frames: each part
+ * is a 2-byte little-endian length and that many bytes; the rest of the input
+ * is the last part), sent over an inproc pair and read back with wire_recv,
+ * which decodes the protobuf header and checks it against the frames
+ * (wire_validate). Whatever comes in, wire_recv answers 0 or a clear error and
+ * never reads out of bounds; a message it accepts has frames that match its
+ * keys. */
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+#include <zmq.h>
+#include "wire.h"
+
+static void *ctx, *tx, *rx;
+
+static int setup(void) {
+        ctx = zmq_ctx_new();
+        tx = ctx ? zmq_socket(ctx, ZMQ_PAIR) : NULL;
+        rx = ctx ? zmq_socket(ctx, ZMQ_PAIR) : NULL;
+        if (!tx || !rx || zmq_bind(rx, "inproc://fuzz-wire") < 0 || zmq_connect(tx, "inproc://fuzz-wire") < 0)
+                abort();
+        return 0;
+}
+
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
+        static int once = -1;
+        if (once < 0)
+                once = setup();
+        size_t at = 0;
+        int parts = 0;
+        while (parts < 64) {
+                size_t len = size - at;
+                bool last = true;
+                if (size - at >= 2) {
+                        size_t want = (size_t) data[at] | (size_t) data[at + 1] << 8;
+                        if (want + 2 <= size - at) {
+                                at += 2;
+                                len = want;
+                                last = at + len >= size;
+                        }
+                }
+                if (zmq_send(tx, data + at, len, last ? ZMQ_DONTWAIT : ZMQ_SNDMORE | ZMQ_DONTWAIT) < 0)
+                        abort();
+                at += len;
+                parts++;
+                if (last)
+                        break;
+        }
+        if (parts == 64 && at < size && zmq_send(tx, data + at, size - at, ZMQ_DONTWAIT) < 0)
+                abort();
+        WireMsg m;
+        int r = wire_recv(rx, false, 0, &m);
+        if (r == 0) {
+                if (!m.hdr || m.status != 0)
+                        abort();
+                for (size_t i = 0; i < m.nframes && i < m.hdr->n_keys; i++)
+                        if (zmq_msg_size(&m.frames[i]) != (size_t) m.hdr->keys[i]->len * 4)
+                                abort(); /* accepted, yet a frame does not match its key */
+        } else if (r != -EBADMSG)
+                abort();
+        else if (m.status == 0 || !m.reason[0])
+                abort(); /* refused without a status or a reason */
+        wire_msg_done(&m);
+        return 0;
+}
