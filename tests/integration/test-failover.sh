@@ -5,7 +5,8 @@
 # taking over; with pscoord stopped (SIGSTOP) long enough for the shards' leases
 # to run out. BSP is deterministic, so a push lost or applied twice changes the
 # final weights: all three runs must end with the same weights digest. Under
-# ASP, with a shard killed, every key is updated exactly once per push. A job
+# ASP, with a shard killed, every key is updated exactly once per push. With
+# three copies, two shards killed one after the other end the same. A job
 # that keeps one copy fails at once, with the reason, when a shard dies.
 source "$(dirname "$0")/lib.sh"
 
@@ -45,6 +46,24 @@ logs_match 'msg="chunk sent".*as=backup|moved_out=[1-9]' 'psd-b-*.log' || \
   logs_match 'map epoch=.* incoming=0' 'psd-b-[23].log'
 ok $? "the survivors rebuilt the lost copies"
 grep -q 'push not applied' "$RUN"/workerd-b-*.log; ok $(( $? == 0 )) "no push was refused for good"
+psnet_stop_all
+
+# 2b. Three copies of every key, two shards killed one after the other: the
+# first kill takes a primary and a backup of every other key, the second
+# leaves one shard holding the whole model; the weights are still the
+# undisturbed run's.
+start_cluster f --replicas 3
+psnet_wait_for 60 pulled f 40; ok $? "run f (--replicas 3) trains to clock 40"
+kill -KILL "$PID_psd_f_2"; ok $? "SIGKILL shard 2"
+psnet_wait_for 10 logs_match 'msg="fail-over" shard_id=2' 'pscoord-f.log'; ok $? "its keys fail over"
+c=$(sed -n 's/.*msg="pulled" clock=\([0-9]*\) .*/\1/p' "$RUN/workerd-f-1.log" | tail -1)
+psnet_wait_for 60 pulled f $((c + 40)); ok $? "training goes on to clock $((c + 40))"
+kill -KILL "$PID_psd_f_3"; ok $? "SIGKILL shard 3"
+psnet_wait_for 10 logs_match 'msg="fail-over" shard_id=3' 'pscoord-f.log'; ok $? "shard 1 leads every key"
+out=$("$PSCTL" --coord "$COORD" job wait --wait 300); ok $? "the job finishes on one shard ($out)"
+got=$(digest_of f)
+[ -n "$got" ] && [ "$got" = "$want" ]; ok $? "final weights identical to the undisturbed run ($got = $want)"
+grep -q 'push not applied' "$RUN"/workerd-f-*.log; ok $(( $? == 0 )) "no push was refused for good"
 psnet_stop_all
 
 # 3. pscoord stopped: the shards' leases run out and they stop acknowledging;
