@@ -1,4 +1,5 @@
-/* bench-pushpull: push/pull goodput of one worker against two shards, printed
+/* bench-pushpull: push/pull goodput of one worker against two shards (three
+ * with --replicas 3), printed
  * beside what bare ZeroMQ moves between two processes on the same transport.
  *
  * For each consistency mode (asp, then bsp) it starts pscoord and two psd as
@@ -55,8 +56,8 @@
 #include "wire-job.h"
 #include "zmqraw.h"
 
-#define BENCH_NSHARDS 2
-#define BENCH_NDAEMONS (1 + BENCH_NSHARDS)
+#define BENCH_MAX_SHARDS 3 /* 2, or R with --replicas R > 2 */
+#define BENCH_NDAEMONS (1 + BENCH_MAX_SHARDS)
 #define BENCH_RAW_MAX 9
 #define BENCH_TARGET 0.7
 #define BENCH_START_MS 30000      /* daemons up, registered and the job running */
@@ -82,8 +83,9 @@ typedef struct Daemon {
 typedef struct Cluster {
         const char *dir;
         char coord_ep[PATH_MAX + 8];
-        char shard_ep[BENCH_NSHARDS][PATH_MAX + 8];
-        Daemon d[BENCH_NDAEMONS]; /* [0] pscoord, [1..] psd */
+        char shard_ep[BENCH_MAX_SHARDS][PATH_MAX + 8];
+        Daemon d[BENCH_NDAEMONS]; /* [0] pscoord, [1..nshards] psd */
+        size_t nshards, nd;       /* shards, daemons (1 + nshards) */
 } Cluster;
 
 /* This process as the job's worker. */
@@ -324,18 +326,18 @@ static int cluster_endpoints(Cluster *cl, const char *transport, const char *mod
         int r;
         if (strcmp(transport, "tcp") == 0) {
                 unsigned ports[BENCH_NDAEMONS];
-                if ((r = free_tcp_ports(BENCH_NDAEMONS, ports)) < 0)
+                if ((r = free_tcp_ports(cl->nd, ports)) < 0)
                         return r;
                 if ((r = fmt(cl->coord_ep, sizeof cl->coord_ep, "tcp://127.0.0.1:%u", ports[0])) < 0)
                         return r;
-                for (size_t i = 0; i < BENCH_NSHARDS; i++)
+                for (size_t i = 0; i < cl->nshards; i++)
                         if ((r = fmt(cl->shard_ep[i], sizeof cl->shard_ep[i], "tcp://127.0.0.1:%u", ports[1 + i])) < 0)
                                 return r;
                 return 0;
         }
         if ((r = fmt(cl->coord_ep, sizeof cl->coord_ep, "ipc://%s/coord-%s.sock", cl->dir, mode)) < 0)
                 return r;
-        for (size_t i = 0; i < BENCH_NSHARDS; i++)
+        for (size_t i = 0; i < cl->nshards; i++)
                 if ((r = fmt(cl->shard_ep[i], sizeof cl->shard_ep[i], "ipc://%s/psd-%zu-%s.sock", cl->dir, i + 1,
                              mode)) < 0)
                         return r;
@@ -346,7 +348,7 @@ static int cluster_endpoints(Cluster *cl, const char *transport, const char *mod
 }
 
 static int cluster_start(Cluster *cl, const Opts *o, const char *mode) {
-        char path[PATH_MAX], name[32], chunk[16], id[16], lease[16], replicas[16];
+        char path[PATH_MAX], name[32], chunk[16], id[16], lease[16], replicas[16], shards[16];
         int r;
         for (size_t i = 0; i < BENCH_NDAEMONS; i++)
                 cl->d[i] = (Daemon) { .pidfd = -1 };
@@ -356,10 +358,11 @@ static int cluster_start(Cluster *cl, const Opts *o, const char *mode) {
             (r = fmt(chunk, sizeof chunk, "%u", o->chunk_kb)) < 0 ||
             (r = fmt(lease, sizeof lease, "%u", BENCH_LEASE_MS)) < 0 ||
             (r = fmt(replicas, sizeof replicas, "%u", o->replicas)) < 0 ||
+            (r = fmt(shards, sizeof shards, "%zu", cl->nshards)) < 0 ||
             (r = fmt(name, sizeof name, "pscoord-%s", mode)) < 0)
                 return r;
         char *coord_argv[] = {
-                path, "--listen", cl->coord_ep, "--workers", "1", "--shards", "2", "--mode", (char *) mode,
+                path, "--listen", cl->coord_ep, "--workers", "1", "--shards", shards, "--mode", (char *) mode,
                 "--model", (char *) o->model, "--chunk-kb", chunk, "--lease-ms", lease, "--shard-lease-ms", lease,
                 "--replicas", replicas, NULL,
         };
@@ -367,7 +370,7 @@ static int cluster_start(Cluster *cl, const Opts *o, const char *mode) {
                 return log_error_errno(r, "Failed to start %s: %m", path);
         if ((r = fmt(path, sizeof path, "%s/ps/psd/psd", o->build)) < 0)
                 return r;
-        for (size_t i = 0; i < BENCH_NSHARDS; i++) {
+        for (size_t i = 0; i < cl->nshards; i++) {
                 if ((r = fmt(id, sizeof id, "%zu", i + 1)) < 0 ||
                     (r = fmt(name, sizeof name, "psd-%zu-%s", i + 1, mode)) < 0)
                         return r;
@@ -380,7 +383,7 @@ static int cluster_start(Cluster *cl, const Opts *o, const char *mode) {
 
 /* Checks that no daemon has exited; if one has, says which and shows its log. */
 static int cluster_check(Cluster *cl) {
-        for (size_t i = 0; i < BENCH_NDAEMONS; i++) {
+        for (size_t i = 0; i < cl->nd; i++) {
                 if (cl->d[i].pid == 0)
                         continue;
                 int r = daemon_reap(&cl->d[i]);
@@ -454,7 +457,7 @@ static int bench_join(Bench *b) {
                 return log_error_errno(r, "Failed to join pscoord at %s: %m", b->cl->coord_ep);
         r = bench_run_until(b, &b->joined, BENCH_START_MS, "the job's start");
         if (r < 0)
-                for (size_t i = 0; i < BENCH_NDAEMONS; i++)
+                for (size_t i = 0; i < b->cl->nd; i++)
                         daemon_print_log(&b->cl->d[i]);
         return r;
 }
@@ -541,7 +544,7 @@ static int cpu_used_s(const Cluster *cl, double *ret) {
         int r = rusage_s(&sum);
         if (r < 0)
                 return r;
-        for (size_t i = 0; cl && i < BENCH_NDAEMONS; i++) {
+        for (size_t i = 0; cl && i < cl->nd; i++) {
                 double d;
                 if (cl->d[i].pid == 0)
                         continue;
@@ -653,7 +656,8 @@ static int bench_rounds(Bench *b, float *const *params, const float *const *grad
 
 /* One mode: cluster up, join, measure, leave, cluster down. */
 static int bench_mode(const Opts *o, const char *dir, const char *mode, uint64_t nfloats, ModeResult *ret) {
-        Cluster cl = { .dir = dir };
+        Cluster cl = { .dir = dir, .nshards = MAX(o->replicas, 2u) };
+        cl.nd = 1 + cl.nshards;
         Bench b = { .cl = &cl };
         _cleanup_free_ float **params = NULL;
         _cleanup_free_ float **grads = NULL;
@@ -669,7 +673,7 @@ static int bench_mode(const Opts *o, const char *dir, const char *mode, uint64_t
         if (r < 0)
                 goto out;
         if (job_nfloats(b.job) != nfloats || b.job->mode != (strcmp(mode, "bsp") == 0 ? MODE_BSP : MODE_ASP) ||
-            shardmap_size(psnet_worker_map(b.w)) != BENCH_NSHARDS) {
+            shardmap_size(psnet_worker_map(b.w)) != cl.nshards) {
                 r = log_error_errno(EPROTO, "pscoord runs another job than asked (model %s, %zu shards)", b.job->model,
                                     shardmap_size(psnet_worker_map(b.w)));
                 goto out;
@@ -706,12 +710,12 @@ out:
                 ps_free(params[t]);
         for (size_t t = 0; grads && t < nt; t++)
                 ps_free(grads[t]);
-        rs = daemons_stop(cl.d, BENCH_NDAEMONS);
+        rs = daemons_stop(cl.d, cl.nd);
         if (rs < 0 && r == 0) {
                 /* The figures stand, but a daemon that fails its shutdown is a bug to look at. */
                 log_error("the daemons of the %s run did not stop cleanly (%s)", mode,
                           rs == -ETIMEDOUT ? "SIGKILL needed" : "non-zero exit");
-                for (size_t i = 0; i < BENCH_NDAEMONS; i++)
+                for (size_t i = 0; i < cl.nd; i++)
                         if (cl.d[i].log[0])
                                 daemon_print_log(&cl.d[i]);
                 r = rs;
@@ -774,8 +778,8 @@ static int cpu_mark(CpuMark *m) {
 /* Removes the daemons' logs and the temp directory (sockets are removed by
  * their owners, stale ones here). Leaves everything when keep is set. */
 static void bench_cleanup(const char *dir, bool keep) {
-        static const char *const kinds[] = { "pscoord-%s.log", "psd-1-%s.log", "psd-2-%s.log", "coord-%s.sock",
-                                             "psd-1-%s.sock", "psd-2-%s.sock" };
+        static const char *const kinds[] = { "pscoord-%s.log", "psd-1-%s.log", "psd-2-%s.log", "psd-3-%s.log",
+                                             "coord-%s.sock", "psd-1-%s.sock", "psd-2-%s.sock", "psd-3-%s.sock" };
         static const char *const modes[] = { "asp", "bsp" };
         char name[64], path[PATH_MAX];
         if (keep) {
@@ -837,7 +841,7 @@ int main(int argc, char **argv) {
                 { "model", OPT_STR, &model, "SPEC", "job model (default mlp:4096-4096-10, about 64 MiB of f32)" },
                 { "mode", OPT_STR, &mode, "MODE", "asp, bsp or both (default both)" },
                 { "replicas", OPT_UINT, &o.replicas, "R",
-                  "copies of every chunk (1 or 2: the cost of replication on one host)" },
+                  "copies of every chunk (1 to 3: the cost of replication on one host; 3 runs three shards)" },
                 { "raw-runs", OPT_UINT, &o.raw_runs, "N",
                   "raw ZeroMQ runs, median taken (0: psnet only, e.g. under perf)" },
         };
@@ -866,6 +870,11 @@ int main(int argc, char **argv) {
         }
         if (optind_ < argc) {
                 fprintf(stderr, "bench-pushpull: unexpected argument '%s' (see --help)\n", argv[optind_]);
+                r = -EINVAL;
+                goto out;
+        }
+        if (o.replicas < 1 || o.replicas > BENCH_MAX_SHARDS) {
+                fprintf(stderr, "bench-pushpull: --replicas is 1 to %d, not %u\n", BENCH_MAX_SHARDS, o.replicas);
                 r = -EINVAL;
                 goto out;
         }
@@ -934,7 +943,7 @@ int main(int argc, char **argv) {
         made_dir = true;
 
         printf("# bench-pushpull: 1 worker (this process), %d shards, transport=%s, allocator=%s, %ld CPUs\n",
-               BENCH_NSHARDS, o.transport, alloc_name(), sysconf(_SC_NPROCESSORS_ONLN));
+               o.replicas > 2 ? (int) o.replicas : 2, o.transport, alloc_name(), sysconf(_SC_NPROCESSORS_ONLN));
         printf("# model %s: %llu floats x 4 B = %llu B = %.1f MiB in %llu keys of <= %u KiB; optimizer %s\n",
                o.model, (unsigned long long) nfloats, (unsigned long long) model_bytes, model_mib,
                (unsigned long long) job_nkeys(&job), o.chunk_kb, optim_kind_name(job.optim.kind));
