@@ -155,6 +155,12 @@ for w in workloads:
           f"{name}: runs as a non-root user")
     check(sc.get("seccompProfile", {}).get("type") == "RuntimeDefault", f"{name}: RuntimeDefault seccomp")
     volumes = {v["name"]: v for v in pod.get("volumes", [])}
+    # A StatefulSet's volume claims: each pod gets its own persistent volume.
+    for c in spec.get("volumeClaimTemplates", []) if w["kind"] == "StatefulSet" else []:
+        cname = c.get("metadata", {}).get("name")
+        check(cname and cname not in volumes and c.get("spec", {}).get("resources", {}).get("requests", {}).get("storage"),
+              f"{name}: volume claim {cname} has a name of its own and a storage request")
+        volumes[cname] = {"name": cname, "claim": c}
     if w["kind"] == "StatefulSet":
         svc = services.get(spec.get("serviceName"))
         check(svc is not None, f"{name}: its serviceName names a Service ({spec.get('serviceName')})")
@@ -223,6 +229,8 @@ for w in workloads:
                             check(not any(f.endswith(".key") for f in generated.get(n, {})),
                                   f"{where}: ConfigMap {n} holds no secret key")
                 mounted[mp] = {"files": fs, "mode": v["projected"].get("defaultMode", 0o644)}
+            elif "claim" in v:
+                mounted[mp] = {"files": {}, "mode": 0o700, "writable": True}
         if "config" in flags:
             d, base = os.path.split(flags["config"])
             text = mounted.get(d, {}).get("files", {}).get(base)
@@ -256,7 +264,8 @@ for w in workloads:
             vols = {}
             for i, (mp, spec_) in enumerate(sorted(mounted.items())):
                 vols[mp] = {"dir": os.path.join(os.path.dirname(PLAN), "pods", pname, f"vol{i}"),
-                            "files": {fn: src for fn, src in spec_["files"].items()}, "mode": spec_["mode"]}
+                            "files": {fn: src for fn, src in spec_["files"].items()}, "mode": spec_["mode"],
+                            "writable": spec_.get("writable", False)}
 
             def expand(a):
                 a = re.sub(r"\$\((\w+)\)", lambda m_: envv.get(m_.group(1), m_.group(0)), a)
@@ -358,7 +367,11 @@ for f in sorted(os.listdir(os.path.join(SRC, "deploy/systemd"))):
 
 def lay_out(vol):
     """A volume as kubelet writes one: the files in a timestamped directory,
-    ..data a link to it, and each name a link through ..data."""
+    ..data a link to it, and each name a link through ..data. A persistent
+    volume (a claim) is an empty directory the pod writes into."""
+    if vol.get("writable"):
+        os.makedirs(vol["dir"], mode=vol["mode"], exist_ok=True)
+        return
     os.makedirs(os.path.join(vol["dir"], "..2026_01_01_00_00_00.000"), exist_ok=True)
     for fn, (kind, src) in vol["files"].items():
         path = os.path.join(vol["dir"], "..2026_01_01_00_00_00.000", fn)

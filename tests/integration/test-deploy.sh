@@ -108,5 +108,8 @@ wait "$PID_workerd_0"; r0=$?; wait "$PID_workerd_1"; r1=$?
 code=$(probe "$pc" /metrics); [ "$code" = 200 ] && promtool check metrics <"$RUN/probe" >/dev/null 2>&1
 ok $? "pscoord's /metrics on the port the Service names"
 grep -q '^psnet_pscoord_job_state{state="done"} 1' "$RUN/probe"; ok $? "and says the job is done"
+sdir=$(jq -r '.pods[] | select(.program == "pscoord") | .volumes["/var/lib/psnet"].dir' "$PLAN")
+[ -n "$sdir" ] && [ -f "$sdir/pscoord/pscoord.state" ] && grep -q 'msg="no state yet' "$RUN/pscoord-0.log"
+ok $? "pscoord keeps its state on its persistent volume (--state-dir)"
 grep -q 'security=curve' "$RUN/psd-0.log" && grep -q 'security=curve' "$RUN/pscoord-0.log"
 ok $? "the daemons run with CURVE"
