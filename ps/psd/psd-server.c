@@ -272,6 +272,14 @@ static void psd_handle_data(Psd *p, WireMsg *m) {
                                 "PULL/PUSH need keys, clock >= 0, sender and seq");
                 return;
         }
+        if (h->has_members_epoch && h->members_epoch > p->store->gate.members_epoch) {
+                /* The worker heard of a membership (its own admission, say)
+                 * that has not reached this shard yet: it asks again shortly. */
+                snprintf(reason, sizeof reason, "membership epoch %lu has not reached this shard (it acts on %lu)",
+                         (unsigned long) h->members_epoch, (unsigned long) p->store->gate.members_epoch);
+                psd_reply_error(p, &m->route, h, PSNET__STATUS__STATUS_UNAVAILABLE, reason);
+                return;
+        }
         _cleanup_free_ Chunk **chunks = ps_malloc(h->n_keys * sizeof *chunks);
         if (!chunks) {
                 psd_reply_error(p, &m->route, h, PSNET__STATUS__STATUS_RESOURCE, "out of memory");

@@ -32,6 +32,7 @@ struct Client {
         uv_timer_t deadline, retry;
         unsigned timers;               /* timers not yet closed */
         uint64_t map_epoch, need_epoch;
+        uint64_t members_epoch;        /* sent with every request (0: not yet known) */
         Job job;
         uint32_t worker_id;
         NetKeyPair keys;
@@ -198,6 +199,7 @@ int client_set_map(Client *c, const ShardMap *map) {
 uint64_t client_map_epoch(const Client *c) { return c->map_epoch; }
 uint64_t client_need_epoch(const Client *c) { return c->need_epoch; }
 void client_set_timeout(Client *c, unsigned ms) { c->timeout_ms = ms; }
+void client_set_members_epoch(Client *c, uint64_t epoch) { c->members_epoch = epoch; }
 const ClientStats *client_stats(const Client *c) { return &c->stats; }
 bool client_busy(const Client *c) { return c->busy; }
 
@@ -211,6 +213,8 @@ static void header_for(Client *c, ShardConn *s, Psnet__Header *h, Psnet__MsgType
         h->clock = clock;
         h->n_keys = s->nkeys;
         h->keys = s->keyp;
+        h->has_members_epoch = c->members_epoch != 0;
+        h->members_epoch = c->members_epoch;
 }
 
 static float *tensor_at(float *const *tensors, const Job *job, const Psnet__Key *k) {

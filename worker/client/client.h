@@ -42,6 +42,9 @@ uint64_t client_map_epoch(const Client *c);
 uint64_t client_need_epoch(const Client *c);
 /* Gives up on a round after this long without completing (default 120 s). */
 void client_set_timeout(Client *c, unsigned ms);
+/* The membership epoch this worker acts on, sent with its requests: a shard
+ * that has not heard of it yet answers UNAVAILABLE (asked again shortly). */
+void client_set_members_epoch(Client *c, uint64_t epoch);
 
 /* Starts one round: when grads != NULL, pushes grads (one buffer per job
  * tensor) for push_clock; pulls every tensor into params for pull_clock (BSP:

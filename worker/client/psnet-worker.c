@@ -36,6 +36,7 @@ struct PsnetWorker {
         bool has_state;
         uint32_t rank, nworkers;
         int64_t start_clock;
+        uint64_t members_epoch;         /* of the latest membership this worker is in */
         Schedule sched;                 /* the job's epochs in clocks, from the membership */
         PsnetProgress progress;
         Psnet__WorkerInfo hb;
@@ -109,6 +110,13 @@ static void apply_config(PsnetWorker *w, const Psnet__Config *ctl) {
         if (ctl->has_nworkers && ctl->nworkers != w->nworkers) {
                 w->nworkers = ctl->nworkers;
                 changed = true;
+        }
+        /* The latest membership it is in (a pscoord restarted without its
+         * state numbers them again from 1, so the latest, not the highest). */
+        if (ctl->members && is_member(w, ctl->members) && ctl->members->epoch != w->members_epoch) {
+                w->members_epoch = ctl->members->epoch;
+                if (w->client)
+                        client_set_members_epoch(w->client, w->members_epoch);
         }
         if (ctl->members && ctl->members->has_base_clock && is_member(w, ctl->members)) {
                 w->sched.base_clock = ctl->members->base_clock;
@@ -331,9 +339,13 @@ static void on_client_round(Client *c, int r, int64_t clock, void *ud);
 
 /* The shards' client, connected under the newest map this worker has. */
 static int client_ready(PsnetWorker *w) {
-        if (!w->client)
-                return client_new(w->loop, w->zctx, &w->job, w->map, session_id(w->session),
-                                  w->id.enabled ? &w->id.keys : NULL, &w->client);
+        if (!w->client) {
+                int r = client_new(w->loop, w->zctx, &w->job, w->map, session_id(w->session),
+                                   w->id.enabled ? &w->id.keys : NULL, &w->client);
+                if (r == 0)
+                        client_set_members_epoch(w->client, w->members_epoch);
+                return r;
+        }
         if (shardmap_epoch(w->map) > client_map_epoch(w->client))
                 return client_set_map(w->client, w->map);
         return 0;
