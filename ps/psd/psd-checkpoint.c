@@ -15,6 +15,8 @@
 typedef struct Loaded {
         CkptEntry e;
         uint8_t *buf;   /* last clocks, values, state */
+        ValBuf *val;    /* a seed's values and state, taken over by the chunk (no copy) */
+        float *state;
 } Loaded;
 
 struct Checkpointer {
@@ -27,6 +29,8 @@ struct Checkpointer {
         uv_work_t work;
         /* the save or load in hand */
         bool save_pending, restore;
+        bool seed;              /* a load from the job's seed, not from a checkpoint (checkpoint_seed) */
+        Job seed_job;           /* the job, copied for the thread */
         uint64_t seq;
         char name[CKPT_NAME_MAX + 1];
         char dir[PATH_MAX];
@@ -79,8 +83,11 @@ static void save_clear(Checkpointer *k) {
 }
 
 static void restore_clear(Checkpointer *k) {
-        for (size_t i = 0; i < k->nloaded; i++)
+        for (size_t i = 0; i < k->nloaded; i++) {
                 ps_free(k->loaded[i].buf);
+                store_value_unref(k->loaded[i].val);
+                ps_free(k->loaded[i].state);
+        }
         ps_free(k->loaded);
         ps_free(k->base);
         ps_free(k->want);
@@ -248,16 +255,31 @@ static void after_work(uv_work_t *w, int status) {
         Store *s = k->s;
         int r = k->err;
         size_t installed = 0;
+        if (r == 0 && (!s->has_job || s->job.id != k->job || !s->chunks)) {
+                r = -ESTALE; /* another job came meanwhile: what was read is not its */
+                snprintf(k->reason, sizeof k->reason, "the job changed while its keys were being loaded");
+        }
         for (size_t i = 0; r == 0 && i < k->nloaded; i++) {
-                const Loaded *l = &k->loaded[i];
+                Loaded *l = &k->loaded[i];
                 size_t per = optim_state_per_value(&s->job.optim);
-                const uint8_t *p = l->buf;
                 ChunkImage im = { .tensor = l->e.tensor, .chunk = l->e.chunk, .len = l->e.len,
-                                  .last_clocks = (const int64_t *) p, .nlast = l->e.nlast,
-                                  .values = p + (size_t) l->e.nlast * 8, .state_floats = per * l->e.len,
-                                  .steps = l->e.steps, .clock = l->e.clock, .restored = true };
-                im.state = p + (size_t) l->e.nlast * 8 + (size_t) l->e.len * 4;
+                                  .nlast = l->e.nlast, .state_floats = per * l->e.len, .steps = l->e.steps,
+                                  .clock = l->e.clock, .restored = true };
+                if (k->seed) { /* the chunk takes the buffers built in the thread */
+                        im.adopt_values = l->val;
+                        im.adopt_state = l->state;
+                } else {
+                        const uint8_t *p = l->buf;
+                        im.last_clocks = (const int64_t *) p;
+                        im.values = p + (size_t) l->e.nlast * 8;
+                        im.state = p + (size_t) l->e.nlast * 8 + (size_t) l->e.len * 4;
+                }
                 int e = store_install_image(s, &im);
+                Chunk *now = s->chunks[l->e.tensor] ? s->chunks[l->e.tensor][l->e.chunk] : NULL;
+                if (k->seed && now && now->val == l->val) {
+                        l->val = NULL; /* the chunk's now */
+                        l->state = NULL;
+                }
                 if (e == 0)
                         installed++;
                 else if (e != -EEXIST && e != -ENOENT) { /* a copy from the primary came first; or the map moved it */
@@ -269,6 +291,21 @@ static void after_work(uv_work_t *w, int status) {
         s->restoring = false;
         k->restored = k->nloaded; /* for the answer */
         restore_clear(k);
+        if (k->seed) {
+                k->seed = false;
+                k->restore = false;
+                if (r < 0) {
+                        /* Built here instead: the loop stalls, but the job goes on. */
+                        log_error("initial values not built in the background reason=\"%s\"; building them here",
+                                  k->reason);
+                        r = store_create_missing(s);
+                        if (r < 0)
+                                log_error_errno(r, "Failed to build the initial values: %m");
+                } else
+                        log_info("initial values built keys=%zu bytes=%lu ms=%lu", installed, (unsigned long) k->bytes,
+                                 (unsigned long) (now_ms() - k->started));
+                return;
+        }
         if (r < 0) {
                 log_error("restore failed name=%s reason=\"%s\"", k->name, k->reason);
                 answer(k, PSNET__STATUS__STATUS_INTERNAL, k->reason);
@@ -449,12 +486,11 @@ static void restore_work(uv_work_t *w) {
         k->err = r;
 }
 
-int checkpoint_restore(Checkpointer *k, const char *name, const char *dir, int64_t clock) {
+/* The keys this shard holds and lacks (flat index base[t] + c), for a load. */
+static int restore_setup(Checkpointer *k) {
         Store *s = k->s;
-        if (k->busy || k->save_pending || !s->has_job || !s->map || !ckpt_name_valid(name) || !dir || dir[0] != '/' ||
-            strlen(dir) >= sizeof k->dir)
-                return -EINVAL;
         restore_clear(k);
+        k->job = s->job.id;
         k->ntensors = s->job.ntensors;
         k->base = ps_calloc(k->ntensors ? k->ntensors : 1, sizeof *k->base);
         k->nchunks = ps_calloc(k->ntensors ? k->ntensors : 1, sizeof *k->nchunks);
@@ -477,6 +513,17 @@ int checkpoint_restore(Checkpointer *k, const char *name, const char *dir, int64
                         k->want[k->base[t] + c] = !s->chunks[t][c] &&
                                                   shardmap_holder_rank(s->map, t, c, s->shard_id) >= 0;
                 }
+        return 0;
+}
+
+int checkpoint_restore(Checkpointer *k, const char *name, const char *dir, int64_t clock) {
+        Store *s = k->s;
+        if (k->busy || k->save_pending || !s->has_job || !s->map || !ckpt_name_valid(name) || !dir || dir[0] != '/' ||
+            strlen(dir) >= sizeof k->dir)
+                return -EINVAL;
+        int r = restore_setup(k);
+        if (r < 0)
+                return r;
         k->restore = true;
         k->seq = 0;
         k->clock = clock;
@@ -487,11 +534,78 @@ int checkpoint_restore(Checkpointer *k, const char *name, const char *dir, int64
         snprintf(k->name, sizeof k->name, "%s", name);
         snprintf(k->dir, sizeof k->dir, "%s", dir);
         k->busy = true;
-        int r = uv_queue_work(k->loop, &k->work, restore_work, after_work);
+        r = uv_queue_work(k->loop, &k->work, restore_work, after_work);
         if (r < 0) {
                 k->busy = false;
                 return r;
         }
         log_info("restoring name=%s clock=%ld", name, (long) clock);
+        return 0;
+}
+
+/* --- the job's initial values, built off the loop ---------------------------------------- */
+
+/* Every key this shard holds under the job's first map, from the job's seed:
+ * the same values on every copy, as chunk_new(init) would make them. A model
+ * of hundreds of MiB takes seconds to build on few cores: in the loop, it
+ * would stall the shard past its lease. */
+static void seed_work(uv_work_t *w) {
+        Checkpointer *k = w->data;
+        uint64_t wanted = 0;
+        for (uint64_t i = 0; i < k->nkeys; i++)
+                wanted += k->want[i];
+        k->loaded = ps_calloc(wanted ? wanted : 1, sizeof *k->loaded);
+        if (!k->loaded) {
+                snprintf(k->reason, sizeof k->reason, "out of memory");
+                k->err = -ENOMEM;
+                return;
+        }
+        for (uint32_t t = 0; t < k->ntensors; t++)
+                for (uint32_t c = 0; c < k->nchunks[t]; c++) {
+                        uint64_t idx = k->base[t] + c;
+                        if (!k->want[idx])
+                                continue;
+                        uint32_t len = k->lens[idx];
+                        Loaded *l = &k->loaded[k->nloaded];
+                        l->e = (CkptEntry) { .tensor = t, .chunk = c, .len = len,
+                                             .bytes = (uint64_t) len * sizeof(float) };
+                        k->nloaded++;
+                        l->val = store_value_new(len);
+                        l->state = k->per ? ps_calloc((size_t) len * k->per, sizeof(float)) : NULL;
+                        if (!l->val || (k->per && !l->state)) {
+                                snprintf(k->reason, sizeof k->reason, "out of memory");
+                                k->err = -ENOMEM;
+                                return;
+                        }
+                        job_init_chunk(&k->seed_job, t, c, l->val->data);
+                        k->bytes += l->e.bytes;
+                }
+        k->err = 0;
+}
+
+int checkpoint_seed(Checkpointer *k) {
+        Store *s = k->s;
+        if (k->busy || k->save_pending || !s->has_job || !s->map)
+                return -EBUSY;
+        int r = restore_setup(k);
+        if (r < 0)
+                return r;
+        k->restore = k->seed = true;
+        k->seed_job = s->job;
+        k->seq = 0;
+        k->clock = 0;
+        k->per = (uint32_t) optim_state_per_value(&s->job.optim);
+        k->started = now_ms();
+        k->err = 0;
+        k->bytes = 0;
+        snprintf(k->name, sizeof k->name, "seed");
+        k->busy = true;
+        r = uv_queue_work(k->loop, &k->work, seed_work, after_work);
+        if (r < 0) {
+                k->busy = false;
+                k->restore = k->seed = false;
+                restore_clear(k);
+                return r;
+        }
         return 0;
 }

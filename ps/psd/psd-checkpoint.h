@@ -44,3 +44,9 @@ void checkpoint_poll(Checkpointer *k);
 /* Loads the keys the store's map gives this shard from the checkpoint in dir
  * (the job was configured with store->restoring set). */
 int checkpoint_restore(Checkpointer *k, const char *name, const char *dir, int64_t clock);
+/* Builds the job's initial values for the keys this shard holds and lacks in
+ * libuv's thread pool and installs them (store->restoring must be set before
+ * the job's first map, and is cleared once they are in); requests for them
+ * are answered MIGRATING meanwhile. Nothing is answered to pscoord; a
+ * failure builds them in the loop instead. -EBUSY while a save or load runs. */
+int checkpoint_seed(Checkpointer *k);

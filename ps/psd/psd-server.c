@@ -398,8 +398,11 @@ static void psd_apply_config(Psd *p, const Psnet__Config *ctl) {
                 bool fresh = !p->store->has_job || p->store->job.id != job.id;
                 const Psnet__Checkpoint *rs = ctl->restore;
                 bool restore = fresh && rs && rs->name && rs->dir && rs->has_clock;
+                /* A fresh job's first chunks come from the checkpoint, or from its
+                         * seed built in the thread pool (checkpoint_seed): not in the loop. */
+                bool seed = fresh && !restore;
                 if (fresh)
-                        p->store->restoring = restore;
+                        p->store->restoring = restore || seed;
                 r = store_configure(p->store, &job, map);
                 shardmap_free(map);
                 if (r < 0) {
@@ -419,6 +422,14 @@ static void psd_apply_config(Psd *p, const Psnet__Config *ctl) {
                                  job.id, job.model, job_mode_string(&job, mode, sizeof mode),
                                  (unsigned long) p->store->nkeys, (unsigned long) p->store->bytes,
                                  (unsigned long) ctl->map->epoch, restore ? " restore=" : "", restore ? rs->name : "");
+                if (seed && (r = checkpoint_seed(p->ckpt)) < 0) {
+                        log_warning_errno(r, "Failed to build the initial values in the background (%m): building "
+                                          "them here");
+                        p->store->restoring = false;
+                        r = store_create_missing(p->store);
+                        if (r < 0)
+                                log_error_errno(r, "Failed to build the initial values: %m");
+                }
                 if (restore) {
                         r = checkpoint_restore(p->ckpt, rs->name, rs->dir, rs->clock);
                         if (r < 0) {

@@ -29,6 +29,8 @@ static void valbuf_unref(ValBuf *v) {
         }
 }
 
+ValBuf *store_value_new(uint32_t n) { return valbuf_new(n); }
+
 ValBuf *store_value_ref(Chunk *c) {
         atomic_fetch_add(&c->val->refs, 1);
         return c->val;
@@ -182,12 +184,24 @@ int store_install_image(Store *s, const ChunkImage *im) {
         if (old && (!im->replica || !old->backup || !image_newer(old, im)))
                 return -EEXIST;
         Chunk *c;
-        int r = chunk_new(&s->job, tensor, chunk, false, &c);
-        if (r < 0)
-                return r;
-        memcpy(c->val->data, im->values, (size_t) len * sizeof(float));
-        if (per)
-                memcpy(c->state, im->state, im->state_floats * sizeof(float));
+        int r;
+        bool adopt = im->adopt_values != NULL;
+        if (adopt) {
+                if (im->adopt_values->n != len || (per && !im->adopt_state) || im->nlast || im->npending)
+                        return -EINVAL;
+                c = ps_calloc(1, sizeof *c);
+                if (!c)
+                        return -ENOMEM;
+                *c = (Chunk) { .tensor = tensor, .chunk = chunk, .len = len, .val = im->adopt_values,
+                               .state = per ? im->adopt_state : NULL };
+        } else {
+                r = chunk_new(&s->job, tensor, chunk, false, &c);
+                if (r < 0)
+                        return r;
+                memcpy(c->val->data, im->values, (size_t) len * sizeof(float));
+                if (per && im->state) /* else zeros, from chunk_new */
+                        memcpy(c->state, im->state, im->state_floats * sizeof(float));
+        }
         c->steps = im->steps;
         c->clock = im->clock;
         c->backup = rank > 0;
@@ -236,6 +250,23 @@ uint64_t store_incoming(const Store *s) {
 /* Whether the shard at index i of new held key (t, k) under old. */
 static bool held_before(const ShardMap *old, const ShardMap *new, uint32_t t, uint32_t k, int i) {
         return old && i >= 0 && shardmap_holder_rank(old, t, k, shardmap_shard(new, (size_t) i)->id) >= 0;
+}
+
+int store_create_missing(Store *s) {
+        if (!s->has_job || !s->map || !s->chunks)
+                return 0;
+        for (uint32_t t = 0; t < s->job.ntensors; t++)
+                for (uint32_t k = 0; s->chunks[t] && k < s->job.tensors[t].nchunks; k++) {
+                        int rank = shardmap_holder_rank(s->map, t, k, s->shard_id);
+                        if (s->chunks[t][k] || rank < 0)
+                                continue;
+                        int r = chunk_new(&s->job, t, k, true, &s->chunks[t][k]);
+                        if (r < 0)
+                                return r;
+                        s->chunks[t][k]->backup = rank > 0;
+                        store_count(s, s->chunks[t][k], +1);
+                }
+        return gate_settle(s);
 }
 
 /* Key (t, k) under the new map s->map (old: the one before, NULL for the

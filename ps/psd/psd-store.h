@@ -48,7 +48,11 @@ typedef void (*StoreMoveFn)(void *userdata, Chunk *c, const ShardDesc *dest, boo
 /* A chunk's state as it travels (psd-migrate.c). */
 typedef struct ChunkImage {
         uint32_t tensor, chunk, len;
-        const void *values, *state;
+        const void *values, *state;       /* state NULL: zeros */
+        /* Instead of values and state: buffers the chunk takes over (no copy).
+         * On 0 the store owns them; on an error the caller still does. */
+        ValBuf *adopt_values;
+        float *adopt_state;
         size_t state_floats;
         uint64_t steps;
         int64_t clock;
@@ -74,7 +78,8 @@ typedef struct Store {
         StoreMoveFn move;
         void *move_userdata;
         float *sum;             /* scratch for aggregation (chunk_floats) */
-        bool restoring;         /* the job starts from a checkpoint: its first map creates no chunk from the seed */
+        bool restoring;         /* the job's first chunks come from the Checkpointer (a checkpoint, or its
+                                 * seed built in the thread pool): its first map creates none */
         Gate gate;
 } Store;
 
@@ -96,6 +101,9 @@ int store_configure(Store *s, const Job *job, const ShardMap *map);
  * newer (steps, then parked pushes): -EEXIST then. A moved chunk this shard
  * now leads goes to its backups (the move callback, replica true). */
 int store_install_image(Store *s, const ChunkImage *im);
+/* Creates, from the job's seed, every chunk this shard holds under its map
+ * and lacks (in the loop: the fallback when the thread pool cannot). */
+int store_create_missing(Store *s);
 
 /* Keys the map gives this shard that have not arrived yet. */
 uint64_t store_incoming(const Store *s);
@@ -128,6 +136,9 @@ int store_apply(Store *s, Chunk *c, const float *g, ConsistencyMode mode, size_t
  * first); drop it with store_value_unref, from any thread. */
 ValBuf *store_value_ref(Chunk *c);
 void store_value_unref(ValBuf *v);
+/* A new value buffer of n floats (uninitialised), one reference; callable
+ * from any thread (the thread pool builds a job's initial values in them). */
+ValBuf *store_value_new(uint32_t n);
 
 /* A zero-copy message over the chunk's current values (takes a reference). */
 int store_value_msg(Store *s, Chunk *c, zmq_msg_t *ret);

@@ -7,6 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <zmq.h>
+#include "alloc.h"
 #include "psd-fixture.h"
 #include "psd-optim.h"
 #include "tap.h"
@@ -345,7 +346,52 @@ out:
         store_free(s);
 }
 
+/* A job's first chunks built elsewhere (the thread pool, checkpoint_seed):
+ * with restoring set the first map creates none, and an image that hands over
+ * its buffers becomes the chunk without a copy; an image refused leaves them
+ * to the caller. */
+static void test_adopt(void) {
+        Job job;
+        Acks acks = { 0 };
+        uint32_t one = 1;
+        make_job(&job, 9, MODE_BSP, "sgd");
+        Store *s = NULL;
+        ShardMap *map = make_map(1, &one, 1, &job);
+        if (!CHECK(map && store_new(1, on_ack, NULL, &acks, &s) == 0, "a store"))
+                goto out;
+        s->restoring = true;
+        CHECK(store_configure(s, &job, map) == 0 && s->nkeys == 0 && store_incoming(s) == job_nkeys(&job),
+              "with restoring set, the first map creates no chunk (%lu awaited)", (unsigned long) store_incoming(s));
+        uint32_t len = job_chunk_len(&job, 0, 0);
+        size_t per = optim_state_per_value(&job.optim);
+        ValBuf *v = store_value_new(len);
+        float *st = ps_calloc(per ? (size_t) len * per : 1, sizeof(float));
+        if (!CHECK(v && st, "buffers"))
+                goto out;
+        job_init_chunk(&job, 0, 0, v->data);
+        const ChunkImage im = { .tensor = 0, .chunk = 0, .len = len, .state_floats = per * len, .restored = true,
+                                .adopt_values = v, .adopt_state = st };
+        CHECK(store_install_image(s, &im) == 0, "an image handing over its buffers installs");
+        Chunk *c = s->chunks[0][0];
+        CHECK(c && c->val == v && c->state == st && s->nkeys == 1, "the chunk holds those very buffers (no copy)");
+        ValBuf *v2 = store_value_new(len);
+        float *st2 = ps_calloc(per ? (size_t) len * per : 1, sizeof(float));
+        const ChunkImage im2 = { .tensor = 0, .chunk = 0, .len = len, .state_floats = per * len, .restored = true,
+                                 .adopt_values = v2, .adopt_state = st2 };
+        CHECK(v2 && st2 && store_install_image(s, &im2) == -EEXIST && s->chunks[0][0] == c && c->val == v,
+              "a second image of a key held is refused, and the chunk keeps its own");
+        store_value_unref(v2); /* refused: still the caller's (ASan would see a double free or a leak) */
+        ps_free(st2);
+        s->restoring = false;
+        CHECK(store_create_missing(s) == 0 && store_incoming(s) == 0 && s->nkeys == job_nkeys(&job),
+              "store_create_missing builds the rest from the seed");
+out:
+        shardmap_free(map);
+        store_free(s);
+}
+
 int main(void) {
+        test_adopt();
         test_configure_two_shards();
         test_lookup();
         test_copy_on_write();
