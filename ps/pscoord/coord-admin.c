@@ -50,6 +50,7 @@ void coord_maybe_start(Coord *c) {
                 log_error_errno(r, "Failed to build the shard map: %m");
                 return;
         }
+        c->first_map_epoch = c->map_epoch;
         if (!coord_job_fits(c, reason, sizeof reason)) {
                 coord_job_fail(c, reason);
                 return;
@@ -67,6 +68,7 @@ void coord_maybe_start(Coord *c) {
         c->job_start_ms = now_ms();
         c->has_accuracy = false;
         c->failovers = 0;
+        c->lost_shards = 0;
         c->weights_digest = 0;
         c->evaluator = 0;
         c->finished = 0;

@@ -107,6 +107,7 @@ typedef struct Coord {
         uint32_t next_worker_id;
         ShardMap *map;
         uint64_t map_epoch, members_epoch;
+        uint64_t first_map_epoch;   /* the job's first map: its copies start from the seed */
         uint32_t *prev_ids;         /* membership before the pending boundary */
         size_t nprev;
         int64_t switch_clock;       /* 0: no boundary pending */
@@ -123,6 +124,7 @@ typedef struct Coord {
         size_t nevicted;
         uint64_t registrations, expiries, evictions, requests, refused;
         uint32_t failovers;         /* this job's: shards lost and replaced by their backups */
+        uint32_t lost_shards;       /* of those, not yet replaced by a shard that registered (--keep-standby) */
         uint64_t failover_ms;       /* when the last one was published */
         uint64_t weights_digest;    /* of the final weights, from the evaluator (0: none) */
         CkptSave ckpt;

@@ -20,6 +20,10 @@ static int send_config(Coord *c, Peer *p, Psnet__JobSpec *spec, Psnet__ShardMap 
                 ctl.has_drain = p->drain;
                 ctl.drain = p->drain;
         }
+        if (p->role == PSNET__ROLE__ROLE_SERVER && pm) {
+                ctl.has_first_map = true;
+                ctl.first_map = c->map_epoch == c->first_map_epoch;
+        }
         Psnet__Checkpoint rs = PSNET__CHECKPOINT__INIT;
         if (c->restore.active && p->role == PSNET__ROLE__ROLE_SERVER) {
                 rs.name = (char *) c->restore.name;
@@ -198,6 +202,7 @@ void coord_shard_lost(Coord *c, uint32_t id, const char *why) {
         shardmap_free(c->map);
         c->map = m;
         c->failovers++;
+        c->lost_shards++;
         c->failover_ms = now_ms();
         log_warning("fail-over shard_id=%u reason=\"%s\" map_epoch=%lu shards=%zu replicas=%u", id, why,
                     (unsigned long) c->map_epoch, shardmap_size(m), shardmap_replicas(m));

@@ -316,6 +316,25 @@ void coord_handle_register(Coord *c, WireMsg *m) {
                 coord_publish(c);
                 return;
         }
+        if (reg->role == PSNET__ROLE__ROLE_SERVER && c->state == JOB_RUNNING && c->map && c->lost_shards > 0 &&
+            !c->cfg->keep_standby && !c->ckpt.active) {
+                /* A shard lost to a fail-over is missing from the map: this one
+                 * takes its place, empty; the keys it gets come from their
+                 * primaries, as with psctl shard add. First it gets the map
+                 * without itself, so that a shard that comes back (cut off,
+                 * stopped) drops what it held before it is given keys again. */
+                coord_publish_peer(c, p);
+                int r = coord_remap(c, id, 0);
+                if (r == 0) {
+                        c->lost_shards--;
+                        c->migrate_start_ms = now_ms();
+                        log_info("shard takes a lost shard's place shard_id=%u map_epoch=%lu shards=%zu", id,
+                                 (unsigned long) c->map_epoch, shardmap_size(c->map));
+                        coord_publish(c);
+                        return;
+                }
+                log_warning_errno(r, "Failed to put shard %u in the map: %m (it waits on standby)", id);
+        }
         if (reg->role == PSNET__ROLE__ROLE_WORKER && c->state == JOB_RUNNING) {
                 /* Joins at the next clock boundary. */
                 coord_fence_start(c, false, c->job.mode, c->job.staleness);

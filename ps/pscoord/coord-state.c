@@ -89,6 +89,9 @@ static int build(Coord *c, Psnet__CoordState *st, Psnet__CoordPeer *pv, Psnet__C
         st->evaluator = c->evaluator;
         st->finished = (uint32_t) c->finished;
         st->failovers = c->failovers;
+        st->has_lost_shards = st->has_first_map_epoch = true;
+        st->lost_shards = c->lost_shards;
+        st->first_map_epoch = c->first_map_epoch;
         st->weights_digest = c->weights_digest;
         st->has_accuracy = c->has_accuracy;
         st->accuracy = c->accuracy;
@@ -255,6 +258,8 @@ static int apply(Coord *c, const Psnet__CoordState *st, char *err, size_t n) {
         c->evaluator = st->evaluator;
         c->finished = st->finished;
         c->failovers = st->failovers;
+        c->lost_shards = st->lost_shards;
+        c->first_map_epoch = st->has_first_map_epoch ? st->first_map_epoch : st->map_epoch;
         c->weights_digest = st->weights_digest;
         c->has_accuracy = st->has_accuracy;
         c->accuracy = st->accuracy;

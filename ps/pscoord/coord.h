@@ -21,6 +21,7 @@ typedef struct CoordConfig {
         unsigned checkpoint_timeout; /* s a save may take */
         char *restore;           /* start with the job of this checkpoint */
         char *state_dir;         /* --state-dir: pscoord's state on disk (NULL: none) */
+        bool keep_standby;       /* a shard registering after a fail-over stays on standby */
         Job job;            /* the job pscoord starts with */
 } CoordConfig;
 

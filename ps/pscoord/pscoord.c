@@ -13,7 +13,7 @@ int main(int argc, char **argv) {
                             .checkpoint_timeout = 120 };
         JobFlags jf;
         char *listen = NULL, *log_level = NULL;
-        Option opts[20 + JOBFLAGS_NOPTS] = {
+        Option opts[21 + JOBFLAGS_NOPTS] = {
                 { "listen", OPT_STR, &listen, "ENDPOINT", "control endpoint to bind (default ipc:///tmp/psnet/coord.sock)" },
                 { "keys", OPT_STR, &cfg.keys, "DIR",
                   "CURVE encryption; admit only the keys of DIR/allow, each in its role (psctl keys gen)" },
@@ -39,6 +39,9 @@ int main(int argc, char **argv) {
                   "a save not finished by then is given up (the previous checkpoints stay)" },
                 { "restore", OPT_STR, &cfg.restore, "NAME",
                   "start with the job of checkpoint NAME in --checkpoint-dir, from its clock, instead of the job options" },
+                { "keep-standby", OPT_BOOL, &cfg.keep_standby, NULL,
+                  "a shard that registers after a fail-over waits on standby (psctl shard add brings it in) "
+                  "instead of taking the lost shard's place in the map at once" },
                 { "state-dir", OPT_STR, &cfg.state_dir, "DIR",
                   "keep the job, shard map and members in DIR (created if missing) so that a restart, here or on "
                   "another host with the same DIR, goes on where it stopped (default: none; systemd: "
@@ -56,7 +59,7 @@ int main(int argc, char **argv) {
 
         log_setup("pscoord");
         jobflags_init(&jf);
-        size_t n = 15 + jobflags_options(&jf, opts + 15);
+        size_t n = 16 + jobflags_options(&jf, opts + 16);
         r = config_parse(&prog, opts, n, argc, argv, &optind_);
         if (r != 0)
                 goto out;

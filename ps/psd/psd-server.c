@@ -399,10 +399,13 @@ static void psd_apply_config(Psd *p, const Psnet__Config *ctl) {
                 const Psnet__Checkpoint *rs = ctl->restore;
                 bool restore = fresh && rs && rs->name && rs->dir && rs->has_clock;
                 /* A fresh job's first chunks come from the checkpoint, or from its
-                         * seed built in the thread pool (checkpoint_seed): not in the loop. */
-                bool seed = fresh && !restore;
+                 * seed built in the thread pool (checkpoint_seed): not in the loop.
+                 * A shard that first hears of the job under a later map (it takes a
+                 * lost shard's place) creates none: they come from their primaries. */
+                bool first = !ctl->has_first_map || ctl->first_map;
+                bool seed = fresh && !restore && first;
                 if (fresh)
-                        p->store->restoring = restore || seed;
+                        p->store->restoring = restore || seed || !first;
                 r = store_configure(p->store, &job, map);
                 shardmap_free(map);
                 if (r < 0) {
@@ -422,6 +425,8 @@ static void psd_apply_config(Psd *p, const Psnet__Config *ctl) {
                                  job.id, job.model, job_mode_string(&job, mode, sizeof mode),
                                  (unsigned long) p->store->nkeys, (unsigned long) p->store->bytes,
                                  (unsigned long) ctl->map->epoch, restore ? " restore=" : "", restore ? rs->name : "");
+                if (fresh && !restore && !first)
+                        p->store->restoring = false; /* later maps create nothing from the seed anyway */
                 if (seed && (r = checkpoint_seed(p->ckpt)) < 0) {
                         log_warning_errno(r, "Failed to build the initial values in the background (%m): building "
                                           "them here");
