@@ -211,6 +211,12 @@ int coord_state_open(Coord *c, char *err, size_t n);
 /* Writes the state (before every publish); a failure is logged and counted. */
 void coord_state_save(Coord *c);
 void coord_state_close(Coord *c);
+/* The state in buf (a whole state file) applied to c, which holds none yet:
+ * 0 with *ret (free with psnet__coord_state__free_unpacked), or a negative
+ * errno with why; c may hold part of it either way (coord_state_forget). */
+int coord_state_parse(Coord *c, const uint8_t *buf, size_t n, Psnet__CoordState **ret, char *why, size_t whyn);
+/* Frees the peers, membership and map a parse put in c (the fuzz target's). */
+void coord_state_forget(Coord *c);
 
 /* --- the job and the operator: start, stop, mode, status, metrics (coord-admin.c) */
 void coord_publish_state(Coord *c);

@@ -290,6 +290,38 @@ static int apply(Coord *c, const Psnet__CoordState *st, char *err, size_t n) {
         return 0;
 }
 
+int coord_state_parse(Coord *c, const uint8_t *buf, size_t n, Psnet__CoordState **ret, char *why, size_t whyn) {
+        const uint8_t *payload;
+        size_t plen;
+        int r = ckpt_sealed_open(buf, n, STATE_MAGIC, "pscoord state", &payload, &plen, why, whyn);
+        if (r < 0)
+                return r;
+        Psnet__CoordState *st = psnet__coord_state__unpack(NULL, plen, payload);
+        if (!st) {
+                snprintf(why, whyn, "the state does not decode");
+                return -EBADMSG;
+        }
+        r = apply(c, st, why, whyn);
+        if (r < 0) {
+                psnet__coord_state__free_unpacked(st, NULL);
+                return r;
+        }
+        *ret = st;
+        return 0;
+}
+
+void coord_state_forget(Coord *c) {
+        for (size_t i = 0; i < c->npeers; i++)
+                coord_peer_done(&c->peers[i]);
+        ps_free(c->peers);
+        c->peers = NULL;
+        c->npeers = 0;
+        ps_free(c->prev_ids);
+        c->prev_ids = NULL;
+        c->nprev = 0;
+        c->map = shardmap_free(c->map);
+}
+
 /* Takes DIR/lock, or says which process holds it. */
 static int take_lock(Coord *c, char *err, size_t n) {
         char path[PATH_MAX];
@@ -336,27 +368,17 @@ int coord_state_open(Coord *c, char *err, size_t n) {
         snprintf(path, sizeof path, "%s/" STATE_FILE, c->cfg->state_dir);
         uint8_t *buf = NULL;
         size_t len = 0;
-        const uint8_t *payload;
-        size_t plen;
         r = ckpt_sealed_read(path, STATE_MAX, &buf, &len, why, sizeof why);
         if (r == -ENOENT) {
                 log_info("no state yet: a new cluster state=%s", path);
                 return 0;
         }
-        if (r == 0)
-                r = ckpt_sealed_open(buf, len, STATE_MAGIC, "pscoord state", &payload, &plen, why, sizeof why);
         Psnet__CoordState *st = NULL;
-        if (r == 0 && !(st = psnet__coord_state__unpack(NULL, plen, payload))) {
-                snprintf(why, sizeof why, "the state does not decode");
-                r = -EBADMSG;
-        }
-        ps_free(buf);
         if (r == 0)
-                r = apply(c, st, why, sizeof why);
+                r = coord_state_parse(c, buf, len, &st, why, sizeof why);
+        ps_free(buf);
         if (r < 0) {
                 snprintf(err, n, "%s: %s (move it away to start a new cluster state)", path, why);
-                if (st)
-                        psnet__coord_state__free_unpacked(st, NULL);
                 return r;
         }
         char mode[32];

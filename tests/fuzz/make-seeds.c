@@ -13,6 +13,7 @@
 #include "ckpt-file.h"
 #include "ckpt-manifest.h"
 #include "job.h"
+#include "shardmap.h"
 #include "wire-job.h"
 #include "wire.h"
 
@@ -179,6 +180,43 @@ static void ckpt_seeds(const char *tmp) {
         if (f)
                 fclose(f);
         put("ckpt", "coord-state", buf, n + 1);
+        put("coord-state", "waiting", buf + 1 + CKPT_SEALED_HEAD, n - CKPT_SEALED_HEAD);
+
+        /* A running job with a placed, replicated map, two shards and a worker. */
+        ShardDesc sd[2] = { { .id = 1, .endpoint = "ipc:///tmp/psd-1.sock" },
+                            { .id = 2, .endpoint = "ipc:///tmp/psd-2.sock" } };
+        ShardMap *map = NULL;
+        Psnet__ShardMap *pm = NULL;
+        if (shardmap_place(1, sd, 2, &job, &map) < 0)
+                exit(1);
+        shardmap_set_replicas(map, 2);
+        if (shardmap_to_proto(map, &pm) < 0)
+                exit(1);
+        Psnet__CoordPeer peers[3], *pp3[3];
+        for (int i = 0; i < 3; i++) {
+                psnet__coord_peer__init(&peers[i]);
+                pp3[i] = &peers[i];
+                peers[i].id = i < 2 ? (uint32_t) i + 1 : 1;
+                peers[i].role = i < 2 ? PSNET__ROLE__ROLE_SERVER : PSNET__ROLE__ROLE_WORKER;
+                peers[i].endpoint = i < 2 ? (char *) sd[i].endpoint : NULL;
+                peers[i].has_pid = peers[i].has_member = true;
+                peers[i].pid = 100 + (uint32_t) i;
+                peers[i].host = (char *) "node-a";
+                peers[i].member = i == 2;
+        }
+        s.state = PSNET__JOB_STATE__JOB_RUNNING;
+        s.map = pm;
+        s.has_map_epoch = s.has_members_epoch = s.has_first_map_epoch = true;
+        s.map_epoch = s.first_map_epoch = 1;
+        s.members_epoch = 2;
+        s.n_peers = 3, s.peers = pp3;
+        len = psnet__coord_state__get_packed_size(&s);
+        if (len > sizeof buf)
+                exit(1);
+        psnet__coord_state__pack(&s, buf);
+        put("coord-state", "running", buf, len); /* the message: fuzz-coord-state seals it */
+        shardmap_proto_free(pm);
+        shardmap_free(map);
         job_proto_free(spec);
 }
 
