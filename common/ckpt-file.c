@@ -388,20 +388,38 @@ int ckpt_read(CkptReader *r, size_t i, void *buf, char *err, size_t errn) {
         const CkptEntry *e = ckpt_entry(r, i);
         if (!e)
                 return -EINVAL;
-        uint64_t done = 0;
-        while (done < e->bytes) {
-                size_t want = e->bytes - done > (1u << 30) ? (1u << 30) : (size_t) (e->bytes - done);
-                ssize_t k = pread(r->fd, (char *) buf + done, want, (off_t) (e->offset + done));
-                if (k < 0 && errno == EINTR)
-                        continue;
-                if (k <= 0) {
-                        snprintf(err, errn, "%s: key (%u,%u): %s", r->path, e->tensor, e->chunk,
-                                 k < 0 ? strerror(errno) : "file cut short");
-                        return -EIO;
+        uint64_t n = e->bytes;
+        return ckpt_read_parts(r, i, &buf, &n, 1, err, errn);
+}
+
+int ckpt_read_parts(CkptReader *r, size_t i, void *const *parts, const uint64_t *lens, size_t nparts, char *err,
+                    size_t errn) {
+        const CkptEntry *e = ckpt_entry(r, i);
+        uint64_t total = 0;
+        for (size_t p = 0; p < nparts; p++)
+                total += lens[p];
+        if (!e || total != e->bytes)
+                return -EINVAL;
+        uint32_t crc = (uint32_t) crc32(0L, Z_NULL, 0);
+        uint64_t at = e->offset;
+        for (size_t p = 0; p < nparts; p++) {
+                uint64_t done = 0;
+                while (done < lens[p]) {
+                        size_t want = lens[p] - done > (1u << 30) ? (1u << 30) : (size_t) (lens[p] - done);
+                        ssize_t k = pread(r->fd, (char *) parts[p] + done, want, (off_t) (at + done));
+                        if (k < 0 && errno == EINTR)
+                                continue;
+                        if (k <= 0) {
+                                snprintf(err, errn, "%s: key (%u,%u): %s", r->path, e->tensor, e->chunk,
+                                         k < 0 ? strerror(errno) : "file cut short");
+                                return -EIO;
+                        }
+                        done += (uint64_t) k;
                 }
-                done += (uint64_t) k;
+                if (lens[p])
+                        crc = crc_update(crc, parts[p], lens[p]);
+                at += lens[p];
         }
-        uint32_t crc = crc_update((uint32_t) crc32(0L, Z_NULL, 0), buf, e->bytes);
         if (crc != e->crc) {
                 snprintf(err, errn, "%s: key (%u,%u): checksum mismatch (stored %08x, computed %08x)", r->path,
                          e->tensor, e->chunk, e->crc, crc);

@@ -101,4 +101,9 @@ const CkptEntry *ckpt_entry(const CkptReader *r, size_t i);
 /* Reads record i into buf (entry's bytes) and checks its CRC: 0 or -EBADMSG
  * (err names the file, the key and both checksums), -EIO. */
 int ckpt_read(CkptReader *r, size_t i, void *buf, char *err, size_t errn);
+/* The same into nparts buffers one after the other (lens add up to the
+ * record's bytes; the CRC runs over all of them): a record read straight into
+ * the buffers that will hold it (last clocks, values, state). */
+int ckpt_read_parts(CkptReader *r, size_t i, void *const *parts, const uint64_t *lens, size_t nparts, char *err,
+                    size_t errn);
 CkptReader *ckpt_close(CkptReader *r);

@@ -14,8 +14,8 @@
 
 typedef struct Loaded {
         CkptEntry e;
-        uint8_t *buf;   /* last clocks, values, state */
-        ValBuf *val;    /* a seed's values and state, taken over by the chunk (no copy) */
+        uint8_t *buf;   /* a restored key's last clocks (copied by the chunk) */
+        ValBuf *val;    /* its values and state, taken over by the chunk (no copy) */
         float *state;
 } Loaded;
 
@@ -265,18 +265,13 @@ static void after_work(uv_work_t *w, int status) {
                 ChunkImage im = { .tensor = l->e.tensor, .chunk = l->e.chunk, .len = l->e.len,
                                   .nlast = l->e.nlast, .state_floats = per * l->e.len, .steps = l->e.steps,
                                   .clock = l->e.clock, .restored = true };
-                if (k->seed) { /* the chunk takes the buffers built in the thread */
-                        im.adopt_values = l->val;
-                        im.adopt_state = l->state;
-                } else {
-                        const uint8_t *p = l->buf;
-                        im.last_clocks = (const int64_t *) p;
-                        im.values = p + (size_t) l->e.nlast * 8;
-                        im.state = p + (size_t) l->e.nlast * 8 + (size_t) l->e.len * 4;
-                }
+                /* The chunk takes the buffers built (seed) or read (restore) in the thread. */
+                im.adopt_values = l->val;
+                im.adopt_state = l->state;
+                im.last_clocks = (const int64_t *) l->buf;
                 int e = store_install_image(s, &im);
                 Chunk *now = s->chunks[l->e.tensor] ? s->chunks[l->e.tensor][l->e.chunk] : NULL;
-                if (k->seed && now && now->val == l->val) {
+                if (now && now->val == l->val) {
                         l->val = NULL; /* the chunk's now */
                         l->state = NULL;
                 }
@@ -458,16 +453,27 @@ static void restore_work(uv_work_t *w) {
                                 r = -EBADMSG;
                                 break;
                         }
+                        /* Straight into the buffers the chunk takes over: last
+                         * clocks, values, optimizer state (no copy in the loop). */
                         Loaded *l = &k->loaded[found];
                         l->e = *e;
-                        l->buf = ps_malloc_aligned(e->bytes ? e->bytes : 1);
-                        if (!l->buf) {
+                        k->nloaded = (size_t) ++found;
+                        uint64_t lens[3] = { (uint64_t) e->nlast * 8, (uint64_t) e->len * 4,
+                                             (uint64_t) e->len * 4 * k->per };
+                        l->buf = ps_malloc(lens[0] ? lens[0] : 1);
+                        l->val = store_value_new(e->len);
+                        l->state = k->per ? ps_malloc(lens[2]) : NULL;
+                        if (!l->buf || !l->val || (k->per && !l->state)) {
                                 r = -ENOMEM;
                                 snprintf(k->reason, sizeof k->reason, "out of memory");
                                 break;
                         }
-                        k->nloaded = (size_t) ++found;
-                        r = ckpt_read(rd, i, l->buf, k->reason, sizeof k->reason);
+                        void *parts[3] = { l->buf, l->val->data, l->state };
+                        r = ckpt_read_parts(rd, i, parts, lens, k->per ? 3 : 2, k->reason, sizeof k->reason);
+                        if (r == -EINVAL)
+                                snprintf(k->reason, sizeof k->reason, "%s: key (%u,%u): a record of %lu bytes, not "
+                                         "%lu", path, e->tensor, e->chunk, (unsigned long) e->bytes,
+                                         (unsigned long) (lens[0] + lens[1] + lens[2]));
                         k->want[idx] = false;
                         k->bytes += e->bytes;
                 }

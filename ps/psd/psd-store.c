@@ -186,18 +186,28 @@ int store_install_image(Store *s, const ChunkImage *im) {
         Chunk *c;
         int r;
         bool adopt = im->adopt_values != NULL;
+        if (adopt && (im->adopt_values->n != len || (per && !im->adopt_state) || im->npending))
+                return -EINVAL;
+        /* Everything that can fail comes before an adopted buffer is taken. */
+        int64_t *last = im->nlast ? ps_malloc(im->nlast * sizeof *last) : NULL;
+        if (im->nlast && !last)
+                return -ENOMEM;
+        if (im->nlast)
+                memcpy(last, im->last_clocks, im->nlast * sizeof *last);
         if (adopt) {
-                if (im->adopt_values->n != len || (per && !im->adopt_state) || im->nlast || im->npending)
-                        return -EINVAL;
                 c = ps_calloc(1, sizeof *c);
-                if (!c)
+                if (!c) {
+                        ps_free(last);
                         return -ENOMEM;
+                }
                 *c = (Chunk) { .tensor = tensor, .chunk = chunk, .len = len, .val = im->adopt_values,
                                .state = per ? im->adopt_state : NULL };
         } else {
                 r = chunk_new(&s->job, tensor, chunk, false, &c);
-                if (r < 0)
+                if (r < 0) {
+                        ps_free(last);
                         return r;
+                }
                 memcpy(c->val->data, im->values, (size_t) len * sizeof(float));
                 if (per && im->state) /* else zeros, from chunk_new */
                         memcpy(c->state, im->state, im->state_floats * sizeof(float));
@@ -205,15 +215,8 @@ int store_install_image(Store *s, const ChunkImage *im) {
         c->steps = im->steps;
         c->clock = im->clock;
         c->backup = rank > 0;
-        if (im->nlast) {
-                c->last_clock = ps_malloc(im->nlast * sizeof *c->last_clock);
-                if (!c->last_clock) {
-                        chunk_free(s, c);
-                        return -ENOMEM;
-                }
-                memcpy(c->last_clock, im->last_clocks, im->nlast * sizeof *c->last_clock);
-                c->nlast = im->nlast;
-        }
+        c->last_clock = last;
+        c->nlast = im->nlast;
         for (size_t i = 0; i < im->npending; i++) {
                 r = gate_park_copy(s, c, im->pending_workers[i], zmq_msg_data((zmq_msg_t *) &im->pending[i]),
                                    zmq_msg_size((zmq_msg_t *) &im->pending[i]));

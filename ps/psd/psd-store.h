@@ -49,8 +49,9 @@ typedef void (*StoreMoveFn)(void *userdata, Chunk *c, const ShardDesc *dest, boo
 typedef struct ChunkImage {
         uint32_t tensor, chunk, len;
         const void *values, *state;       /* state NULL: zeros */
-        /* Instead of values and state: buffers the chunk takes over (no copy).
-         * On 0 the store owns them; on an error the caller still does. */
+        /* Instead of values and state: buffers the chunk takes over (no copy;
+         * no parked pushes then). Once the chunk holds them (0, or a later
+         * error of gate_settle) the store owns them; before, the caller does. */
         ValBuf *adopt_values;
         float *adopt_state;
         size_t state_floats;

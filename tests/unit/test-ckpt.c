@@ -94,6 +94,19 @@ int main(void) {
                         ps_free(buf);
                 }
                 CHECK(same, "every record reads back bit for bit");
+                /* In parts, straight into the buffers that keep them (the restore's way). */
+                const CkptEntry *e = ckpt_entry(rd, 1);
+                int64_t lc[3];
+                float *v = ps_malloc(lens[1] * 4), *st = ps_malloc(lens[1] * 4 * PER);
+                void *parts[3] = { lc, v, st };
+                uint64_t pl[3] = { 24, lens[1] * 4, lens[1] * 4 * PER }, short_[3] = { 24, lens[1] * 4, 4 };
+                CHECK(v && st && ckpt_read_parts(rd, 1, parts, pl, 3, err, sizeof err) == 0 &&
+                      memcmp(lc, last[1], 24) == 0 && memcmp(v, vals[1], lens[1] * 4) == 0 &&
+                      memcmp(st, state[1], lens[1] * 4 * PER) == 0, "a record read in parts is the same, bit for bit");
+                CHECK(e && ckpt_read_parts(rd, 1, parts, short_, 3, err, sizeof err) == -EINVAL,
+                      "parts that do not add up to the record are refused");
+                ps_free(v);
+                ps_free(st);
                 rd = ckpt_close(rd);
         }
 
@@ -108,6 +121,10 @@ int main(void) {
                 CHECK(r == -EBADMSG && strstr(err, "shard-1.ckpt: key (2,4): checksum mismatch (stored"),
                       "a changed byte is refused by name, key and checksum (%s)", err);
                 CHECK(ckpt_read(rd, 0, buf, err, sizeof err) == 0, "the other records still read");
+                uint64_t half = e->bytes / 2, pl[2] = { half, e->bytes - half };
+                void *parts[2] = { buf, buf + half };
+                r = ckpt_read_parts(rd, 2, parts, pl, 2, err, sizeof err);
+                CHECK(r == -EBADMSG && strstr(err, "checksum mismatch"), "and refused when read in parts (%s)", err);
                 ps_free(buf);
                 rd = ckpt_close(rd);
         }
