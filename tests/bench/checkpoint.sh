@@ -48,8 +48,8 @@ trap cleanup EXIT
 trap 'exit 143' TERM INT
 die() { echo "checkpoint: $*" >&2; exit 1; }
 drop_caches() { [ "$(id -u)" = 0 ] && sync && echo 3 >/proc/sys/vm/drop_caches 2>/dev/null; }
-# max_field KEY FILES...: the largest KEY=N over the lines of FILES.
-max_field() { local k=$1; shift; sed -n "s/.* $k=\([0-9]*\).*/\1/p" "$@" | sort -n | tail -1; }
+# max_field MSG KEY FILES...: the largest KEY=N over the lines of FILES that log msg="MSG".
+max_field() { local m=$1 k=$2; shift 2; grep -h "msg=\"$m\"" "$@" | sed -n "s/.* $k=\([0-9]*\).*/\1/p" | sort -n | tail -1; }
 gbps() { awk -v b="$1" -v ms="$2" 'BEGIN { printf "%.2f", (ms > 0 ? b / ms / 1e6 : 0) }'; }
 
 start() {  # start TAG [PSCOORD OPTIONS...]
@@ -66,8 +66,8 @@ psnet_wait_for 300 grep -q 'msg="pulled" clock=2 ' "$RUN/w-a.log" || die "the jo
 "$PSCTL" --coord "$COORD" checkpoint save big --wait 600 >"$RUN/save.out" 2>&1 || die "save failed: $(cat "$RUN/save.out")"
 psnet_stop_all
 bytes=$(cat "$CK"/big/shard-*.ckpt | wc -c)
-save_ms=$(max_field ms "$RUN"/psd-a-*.log)        # "checkpoint written ... ms=": cut + write
-wait_ms=$(max_field wait_ms "$RUN"/psd-a-*.log)   # the cut alone
+save_ms=$(max_field "checkpoint written" ms "$RUN"/psd-a-*.log)        # cut + write
+wait_ms=$(max_field "checkpoint snapshot" wait_ms "$RUN"/psd-a-*.log)  # the cut alone
 write_ms=$((save_ms - wait_ms))
 dd if=/dev/zero of="$CK/dd.bin" bs=4M count=$(( (bytes + 4194303) / 4194304 )) conv=fsync 2>"$RUN/dd-w.txt" ||
   die "dd write failed"
@@ -78,7 +78,7 @@ drop_caches
 start b --restore big
 psnet_wait_for 300 grep -q 'msg="job started"' "$RUN/pscoord-b.log" || die "the restored job did not start"
 psnet_wait_for 300 sh -c "[ \$(grep -c 'msg=\"shard restored\"' '$RUN/pscoord-b.log') -ge 2 ]" || die "no restore"
-restore_ms=$(max_field ms "$RUN/pscoord-b.log")
+restore_ms=$(max_field "shard restored" ms "$RUN/pscoord-b.log")
 psnet_stop_all
 drop_caches
 dd if="$CK/dd.bin" of=/dev/null bs=4M 2>"$RUN/dd-r.txt" || die "dd read failed"
