@@ -1,0 +1,144 @@
+/* Federated aggregation strategies; see psd-fed.h. */
+#include <errno.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include "psd-fed.h"
+
+static const struct {
+        const char *name;
+        FedParams p;
+} strategies[] = {
+        [FED_AVG] = { "fedavg", { FED_AVG, 1.0f, 0, 0, 0, 0, 0 } },
+        [FED_AVGM] = { "fedavgm", { FED_AVGM, 1.0f, 0.9f, 0, 0, 0, 0 } },
+        [FED_ADAGRAD] = { "fedadagrad", { FED_ADAGRAD, 0.1f, 0, 0.0f, 0, 1e-9f, 0 } },
+        [FED_ADAM] = { "fedadam", { FED_ADAM, 0.1f, 0, 0.9f, 0.99f, 1e-9f, 0 } },
+        [FED_YOGI] = { "fedyogi", { FED_YOGI, 0.01f, 0, 0.9f, 0.99f, 1e-3f, 0 } },
+        [FED_MEDIAN] = { "median", { FED_MEDIAN, 1.0f, 0, 0, 0, 0, 0 } },
+        [FED_TRIMMED_MEAN] = { "trimmed-mean", { FED_TRIMMED_MEAN, 1.0f, 0, 0, 0, 0, 0.1f } },
+};
+
+void fed_params_default(FedStrategy kind, FedParams *ret) {
+        *ret = strategies[kind <= FED_TRIMMED_MEAN ? kind : FED_AVG].p;
+}
+
+int fed_strategy_from_string(const char *s, FedStrategy *ret) {
+        for (size_t i = 0; s && i < sizeof strategies / sizeof strategies[0]; i++)
+                if (strcmp(s, strategies[i].name) == 0) {
+                        *ret = (FedStrategy) i;
+                        return 0;
+                }
+        return -EINVAL;
+}
+
+const char *fed_strategy_name(FedStrategy kind) {
+        return kind <= FED_TRIMMED_MEAN ? strategies[kind].name : "?";
+}
+
+int fed_params_check(const FedParams *p, char *err, size_t errn) {
+        const char *why = NULL;
+        if (p->kind > FED_TRIMMED_MEAN)
+                why = "unknown strategy";
+        else if (!isfinite(p->eta) || p->eta <= 0)
+                why = "the server lr must be > 0";
+        else if (!(p->beta >= 0 && p->beta < 1))
+                why = "the server momentum must be in [0, 1)";
+        else if (!(p->beta1 >= 0 && p->beta1 < 1) || !(p->beta2 >= 0 && p->beta2 < 1))
+                why = "beta1 and beta2 must be in [0, 1)";
+        else if (!isfinite(p->tau) || p->tau < 0 || ((p->kind == FED_ADAM || p->kind == FED_YOGI ||
+                                                      p->kind == FED_ADAGRAD) && p->tau == 0))
+                why = "tau must be > 0 for the adaptive strategies";
+        else if (!(p->trim >= 0 && p->trim < 0.5f))
+                why = "trim must be in [0, 0.5)";
+        if (!why)
+                return 0;
+        snprintf(err, errn, "%s: %s", fed_strategy_name(p->kind), why);
+        return -EINVAL;
+}
+
+size_t fed_state_per_value(FedStrategy kind) {
+        switch (kind) {
+        case FED_AVGM:
+                return 1;
+        case FED_ADAGRAD:
+        case FED_ADAM:
+        case FED_YOGI:
+                return 2;
+        default:
+                return 0;
+        }
+}
+
+static int cmp_float(const void *a, const void *b) {
+        float x = *(const float *) a, y = *(const float *) b;
+        return (x > y) - (x < y);
+}
+
+/* The robust statistic of coordinate j over the n updates (col: n floats of scratch). */
+static float robust(const FedParams *p, const float *const *updates, size_t n, uint32_t j, float *col) {
+        for (size_t i = 0; i < n; i++)
+                col[i] = updates[i][j];
+        qsort(col, n, sizeof *col, cmp_float);
+        if (p->kind == FED_MEDIAN)
+                return n % 2 ? col[n / 2] : (col[n / 2 - 1] + col[n / 2]) * 0.5f;
+        size_t k = (size_t) floorf(p->trim * (float) n), m = n - 2 * k;
+        double sum = 0;
+        for (size_t i = k; i < n - k; i++)
+                sum += col[i];
+        return (float) (sum / (double) m);
+}
+
+int fed_aggregate(const FedParams *p, float *w, float *state, uint32_t len, const float *const *updates,
+                  const uint64_t *examples, size_t n, float *scratch) {
+        if (n == 0 || !updates || p->kind > FED_TRIMMED_MEAN)
+                return -EINVAL;
+        for (size_t i = 0; i < n; i++)
+                for (uint32_t j = 0; j < len; j++)
+                        if (!isfinite(updates[i][j]))
+                                return -EINVAL;
+        float *d = scratch, *col = scratch + len;
+        if (p->kind == FED_MEDIAN || p->kind == FED_TRIMMED_MEAN) {
+                for (uint32_t j = 0; j < len; j++)
+                        w[j] += p->eta * robust(p, updates, n, j, col);
+                return 0;
+        }
+        /* The weighted mean, summed in client order in double (the same inputs, the same result). */
+        double total = 0;
+        for (size_t i = 0; i < n; i++)
+                total += (double) examples[i];
+        if (total <= 0)
+                return -EINVAL;
+        for (uint32_t j = 0; j < len; j++) {
+                double s = 0;
+                for (size_t i = 0; i < n; i++)
+                        s += (double) examples[i] * updates[i][j];
+                d[j] = (float) (s / total);
+        }
+        float *m = state, *v = state ? state + len : NULL;
+        switch (p->kind) {
+        case FED_AVG:
+                for (uint32_t j = 0; j < len; j++)
+                        w[j] += p->eta * d[j];
+                break;
+        case FED_AVGM:
+                for (uint32_t j = 0; j < len; j++) {
+                        m[j] = p->beta * m[j] + d[j];
+                        w[j] += p->eta * m[j];
+                }
+                break;
+        default: /* the adaptive ones */
+                for (uint32_t j = 0; j < len; j++) {
+                        float d2 = d[j] * d[j];
+                        m[j] = p->beta1 * m[j] + (1 - p->beta1) * d[j];
+                        if (p->kind == FED_ADAGRAD)
+                                v[j] += d2;
+                        else if (p->kind == FED_ADAM)
+                                v[j] = p->beta2 * v[j] + (1 - p->beta2) * d2;
+                        else
+                                v[j] -= (1 - p->beta2) * d2 * (float) ((v[j] > d2) - (v[j] < d2));
+                        w[j] += p->eta * m[j] / (sqrtf(v[j]) + p->tau);
+                }
+        }
+        return 0;
+}

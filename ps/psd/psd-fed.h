@@ -1,0 +1,64 @@
+/* Federated aggregation on the shard, per chunk: what a round's client updates
+ * do to the global values (issue "Federated edge workers"). Each client sends
+ * its update as a delta, d_i = (its weights after local training) - (the
+ * round's global weights), with the number of examples it trained on, n_i.
+ * Each shard aggregates the chunks it leads, so no one server limits the
+ * model's size. Not wired into rounds yet: the strategies' arithmetic, checked
+ * against values worked out by hand (tests/unit/test-fed.c).
+ *
+ * With D = sum(n_i d_i) / sum(n_i) (FedAvg's weighted mean) and server lr eta
+ * (Reddi et al., "Adaptive Federated Optimization", ICLR 2021; the defaults
+ * follow Flower's strategies):
+ *   FEDAVG       w += eta D                                     (eta 1)
+ *   FEDAVGM      m = beta m + D; w += eta m                     (eta 1, beta 0.9)
+ *   FEDADAGRAD   m = b1 m + (1-b1) D; v = v + D^2;
+ *                w += eta m / (sqrt(v) + tau)                   (eta 0.1, b1 0, tau 1e-9)
+ *   FEDADAM      m as above; v = b2 v + (1-b2) D^2; same step   (eta 0.1, b1 0.9, b2 0.99, tau 1e-9)
+ *   FEDYOGI      m as above; v = v - (1-b2) D^2 sign(v - D^2)   (eta 0.01, b1 0.9, b2 0.99, tau 1e-3)
+ *   MEDIAN       w += eta median_i(d_i), coordinate by coordinate, unweighted
+ *                (the mean of the two middle ones for an even count)
+ *   TRIMMED_MEAN w += eta mean of d_i without the k largest and k smallest
+ *                of each coordinate, k = floor(trim n) (trim 0.1), unweighted
+ * The last two resist a few bad clients (Yin et al., ICML 2018). */
+#pragma once
+#include <stddef.h>
+#include <stdint.h>
+
+typedef enum FedStrategy {
+        FED_AVG,
+        FED_AVGM,
+        FED_ADAGRAD,
+        FED_ADAM,
+        FED_YOGI,
+        FED_MEDIAN,
+        FED_TRIMMED_MEAN,
+} FedStrategy;
+
+typedef struct FedParams {
+        FedStrategy kind;
+        float eta;       /* server learning rate */
+        float beta;      /* FedAvgM's momentum */
+        float beta1, beta2, tau;
+        float trim;      /* trimmed mean: the fraction dropped at each end, in [0, 0.5) */
+} FedParams;
+
+/* The defaults above for kind. */
+void fed_params_default(FedStrategy kind, FedParams *ret);
+/* "fedavg", "fedavgm", "fedadagrad", "fedadam", "fedyogi", "median",
+ * "trimmed-mean" (-EINVAL otherwise). */
+int fed_strategy_from_string(const char *s, FedStrategy *ret);
+const char *fed_strategy_name(FedStrategy kind);
+/* Checks the parameters of p (ranges, finite): 0 or -EINVAL with err. */
+int fed_params_check(const FedParams *p, char *err, size_t errn);
+
+/* The server state each strategy keeps per value (0, 1 or 2 floats). */
+size_t fed_state_per_value(FedStrategy kind);
+
+/* Applies one round to w (len values): updates[i] is client i's delta
+ * (len floats), examples[i] its example count (weights for the means; the
+ * robust ones ignore them). state has fed_state_per_value * len floats,
+ * zero before the first round; scratch at least MAX(n, 1) * 2 + len floats.
+ * -EINVAL, with nothing changed, for no update, no examples at all (the
+ * weighted strategies) or a NaN or infinity in an update; 0 otherwise. */
+int fed_aggregate(const FedParams *p, float *w, float *state, uint32_t len, const float *const *updates,
+                  const uint64_t *examples, size_t n, float *scratch);

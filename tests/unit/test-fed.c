@@ -1,0 +1,143 @@
+/* Unit tests for ps/psd/psd-fed.c: every federated aggregation strategy
+ * against values worked out by hand in the comments, for three clients with
+ * 1, 2 and 1 examples:
+ *   d1 = [1, -2], d2 = [3, 0], d3 = [-1, 4], w = [10, 20]
+ *   D (the weighted mean) = ([1,-2] + 2[3,0] + [-1,4]) / 4 = [1.5, 0.5]
+ * plus the robust strategies against an outlier, and the refusals. */
+#include <errno.h>
+#include <math.h>
+#include <string.h>
+#include "psd-fed.h"
+#include "tap.h"
+
+#define TOL 1e-5
+
+static const float d1[2] = { 1, -2 }, d2[2] = { 3, 0 }, d3[2] = { -1, 4 };
+static const float *const three[3] = { d1, d2, d3 };
+static const uint64_t ex3[3] = { 1, 2, 1 };
+static float scratch[64];
+
+static bool near2(const float *w, double a, double b) { return fabs(w[0] - a) < TOL && fabs(w[1] - b) < TOL; }
+
+/* One or more rounds of kind (default parameters but those given) from w = [10, 20]. */
+static void run(FedParams p, int rounds, const float *const *u, const uint64_t *ex, size_t n, float *w) {
+        float state[4] = { 0 };
+        w[0] = 10, w[1] = 20;
+        for (int r = 0; r < rounds; r++)
+                (void) fed_aggregate(&p, w, state, 2, u, ex, n, scratch);
+}
+
+int main(void) {
+        FedParams p;
+        float w[2];
+
+        /* FedAvg, eta 1: w + D = [11.5, 20.5]. */
+        fed_params_default(FED_AVG, &p);
+        run(p, 1, three, ex3, 3, w);
+        CHECK(near2(w, 11.5, 20.5), "FedAvg: w + the example-weighted mean (%g, %g)", w[0], w[1]);
+
+        /* FedAvgM, beta 0.9: m1 = D, w1 = [11.5, 20.5]; m2 = 0.9 D + D = [2.85, 0.95], w2 = [14.35, 21.45]. */
+        fed_params_default(FED_AVGM, &p);
+        run(p, 2, three, ex3, 3, w);
+        CHECK(near2(w, 14.35, 21.45), "FedAvgM: server momentum over two rounds (%g, %g)", w[0], w[1]);
+
+        /* FedAdam, eta 0.1, b1 0.9, b2 0.99: m = 0.1 D = [0.15, 0.05], v = 0.01 D^2 =
+         * [0.0225, 0.0025], sqrt(v) = [0.15, 0.05]: w += 0.1 m / sqrt(v) = [0.1, 0.1]. */
+        fed_params_default(FED_ADAM, &p);
+        run(p, 1, three, ex3, 3, w);
+        CHECK(near2(w, 10.1, 20.1), "FedAdam: one normalised step of eta (%g, %g)", w[0], w[1]);
+
+        /* FedYogi, eta 0.01, tau 1e-3: m as Adam's; v = 0 - 0.01 D^2 sign(0 - D^2) = [0.0225, 0.0025];
+         * w += 0.01 [0.15 / 0.151, 0.05 / 0.051] = [0.009933775, 0.009803922]. */
+        fed_params_default(FED_YOGI, &p);
+        run(p, 1, three, ex3, 3, w);
+        CHECK(near2(w, 10.009933775, 20.009803922), "FedYogi: its sign rule and tau (%g, %g)", w[0], w[1]);
+        /* Round 2, an update of D/2: where D^2 > v Yogi adds (1 - b2) D^2 to v without decaying it. */
+        {
+                float state[4] = { 0 }, h1[2] = { 0.5f, -1 }, h2[2] = { 1.5f, 0 }, h3[2] = { -0.5f, 2 };
+                const float *const half[3] = { h1, h2, h3 };
+                w[0] = 10, w[1] = 20;
+                (void) fed_aggregate(&p, w, state, 2, three, ex3, 3, scratch);
+                (void) fed_aggregate(&p, w, state, 2, half, ex3, 3, scratch);
+                /* v after round 1 [0.0225, 0.0025]; round 2 D = [0.75, 0.25], D^2 = [0.5625, 0.0625] > v:
+                 * sign -1, v += 0.01 D^2 = [0.028125, 0.003125]. */
+                CHECK(fabs(state[2] - 0.028125) < 1e-7 && fabs(state[3] - 0.003125) < 1e-7,
+                      "FedYogi: v grows by (1 - b2) D^2 where D^2 > v (%g, %g)", state[2], state[3]);
+        }
+
+        /* FedAdagrad, eta 0.1, b1 0: m = D, v = D^2, w += 0.1 D / |D| = [0.1, 0.1]. */
+        fed_params_default(FED_ADAGRAD, &p);
+        run(p, 1, three, ex3, 3, w);
+        CHECK(near2(w, 10.1, 20.1), "FedAdagrad: one normalised step (%g, %g)", w[0], w[1]);
+
+        /* Median, unweighted: [-1, 1, 3] -> 1 and [-2, 0, 4] -> 0; of two clients the mean of both. */
+        fed_params_default(FED_MEDIAN, &p);
+        run(p, 1, three, ex3, 3, w);
+        CHECK(near2(w, 11, 20), "median: coordinate by coordinate (%g, %g)", w[0], w[1]);
+        run(p, 1, three, ex3, 2, w);
+        CHECK(near2(w, 12, 19), "median of an even count: the mean of the middle two (%g, %g)", w[0], w[1]);
+
+        /* One bad client among five: d4 = [1000, -1000], d5 = [2, 2]. Trimmed mean, trim 0.2 (k = 1):
+         * [-1, 1, 2, 3, 1000] -> mean(1, 2, 3) = 2; [-1000, -2, 0, 2, 4] -> mean(-2, 0, 2) = 0. */
+        const float d4[2] = { 1000, -1000 }, d5[2] = { 2, 2 };
+        const float *const five[5] = { d1, d2, d3, d4, d5 };
+        const uint64_t ex5[5] = { 1, 1, 1, 1, 1 };
+        fed_params_default(FED_TRIMMED_MEAN, &p);
+        p.trim = 0.2f;
+        run(p, 1, five, ex5, 5, w);
+        CHECK(near2(w, 12, 20), "trimmed mean drops the outlier at both ends (%g, %g)", w[0], w[1]);
+        fed_params_default(FED_MEDIAN, &p);
+        run(p, 1, five, ex5, 5, w);
+        CHECK(near2(w, 12, 20), "median ignores it too (%g, %g)", w[0], w[1]);
+        fed_params_default(FED_AVG, &p);
+        run(p, 1, five, ex5, 5, w);
+        CHECK(w[0] > 200 && w[1] < -150, "while FedAvg is dragged away by it (%g, %g)", w[0], w[1]);
+        fed_params_default(FED_TRIMMED_MEAN, &p);
+        p.trim = 0;
+        run(p, 1, three, ex3, 3, w);
+        CHECK(near2(w, 11, 20.6666667), "trim 0 is the plain unweighted mean (%g, %g)", w[0], w[1]);
+
+        /* Refusals: nothing changes. */
+        float bad[2] = { 1, NAN };
+        const float *const withnan[2] = { d1, bad };
+        const uint64_t ex2[2] = { 1, 1 }, none[3] = { 0, 0, 0 };
+        float state[4] = { 0 };
+        fed_params_default(FED_ADAM, &p);
+        w[0] = 10, w[1] = 20;
+        CHECK(fed_aggregate(&p, w, state, 2, withnan, ex2, 2, scratch) == -EINVAL && near2(w, 10, 20) &&
+              state[0] == 0 && state[2] == 0, "an update with NaN is refused and changes nothing");
+        fed_params_default(FED_AVG, &p);
+        CHECK(fed_aggregate(&p, w, NULL, 2, three, none, 3, scratch) == -EINVAL && near2(w, 10, 20),
+              "no examples at all: refused");
+        CHECK(fed_aggregate(&p, w, NULL, 2, three, ex3, 0, scratch) == -EINVAL, "no update: refused");
+
+        /* Names, state sizes, parameter checks. */
+        bool names = true;
+        for (int k = FED_AVG; k <= FED_TRIMMED_MEAN; k++) {
+                FedStrategy back;
+                names &= fed_strategy_from_string(fed_strategy_name((FedStrategy) k), &back) == 0 &&
+                         back == (FedStrategy) k;
+        }
+        FedStrategy x;
+        CHECK(names && fed_strategy_from_string("fedsgd", &x) == -EINVAL, "every strategy's name reads back");
+        CHECK(fed_state_per_value(FED_AVG) == 0 && fed_state_per_value(FED_AVGM) == 1 &&
+              fed_state_per_value(FED_ADAM) == 2 && fed_state_per_value(FED_MEDIAN) == 0,
+              "server state per value: 0, 1 (momentum), 2 (m and v)");
+        char err[128];
+        bool ok = true;
+        for (int k = FED_AVG; k <= FED_TRIMMED_MEAN; k++) {
+                fed_params_default((FedStrategy) k, &p);
+                ok &= fed_params_check(&p, err, sizeof err) == 0;
+        }
+        CHECK(ok, "every default passes its own check");
+        fed_params_default(FED_TRIMMED_MEAN, &p);
+        p.trim = 0.5f;
+        CHECK(fed_params_check(&p, err, sizeof err) == -EINVAL && strstr(err, "trim"), "trim 0.5 refused (%s)", err);
+        fed_params_default(FED_ADAM, &p);
+        p.tau = 0;
+        CHECK(fed_params_check(&p, err, sizeof err) == -EINVAL && strstr(err, "tau"), "tau 0 refused (%s)", err);
+        p.tau = 1e-9f;
+        p.eta = NAN;
+        CHECK(fed_params_check(&p, err, sizeof err) == -EINVAL, "a NaN server lr refused (%s)", err);
+        return tap_done();
+}
