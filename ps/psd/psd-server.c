@@ -398,14 +398,15 @@ static void psd_apply_config(Psd *p, const Psnet__Config *ctl) {
                 bool fresh = !p->store->has_job || p->store->job.id != job.id;
                 const Psnet__Checkpoint *rs = ctl->restore;
                 bool restore = fresh && rs && rs->name && rs->dir && rs->has_clock;
-                /* A fresh job's first chunks come from the checkpoint, or from its
-                 * seed built in the thread pool (checkpoint_seed): not in the loop.
-                 * A shard that first hears of the job under a later map (it takes a
-                 * lost shard's place) creates none: they come from their primaries. */
+                /* A fresh job's chunks are never built in the loop: they come from
+                 * the checkpoint, from the seed built in the thread pool
+                 * (checkpoint_seed, under the job's first map only), or, for a
+                 * shard that first hears of the job under a later map (it takes a
+                 * lost shard's place), from their primaries. */
                 bool first = !ctl->has_first_map || ctl->first_map;
                 bool seed = fresh && !restore && first;
                 if (fresh)
-                        p->store->restoring = restore || seed || !first;
+                        p->store->restoring = true;
                 r = store_configure(p->store, &job, map);
                 shardmap_free(map);
                 if (r < 0) {
@@ -425,8 +426,6 @@ static void psd_apply_config(Psd *p, const Psnet__Config *ctl) {
                                  job.id, job.model, job_mode_string(&job, mode, sizeof mode),
                                  (unsigned long) p->store->nkeys, (unsigned long) p->store->bytes,
                                  (unsigned long) ctl->map->epoch, restore ? " restore=" : "", restore ? rs->name : "");
-                if (fresh && !restore && !first)
-                        p->store->restoring = false; /* later maps create nothing from the seed anyway */
                 if (seed && (r = checkpoint_seed(p->ckpt)) < 0) {
                         log_warning_errno(r, "Failed to build the initial values in the background (%m): building "
                                           "them here");

@@ -255,6 +255,16 @@ static bool held_before(const ShardMap *old, const ShardMap *new, uint32_t t, ui
         return old && i >= 0 && shardmap_holder_rank(old, t, k, shardmap_shard(new, (size_t) i)->id) >= 0;
 }
 
+/* Key (t, k), held here at rank, from the job's seed (0 or -ENOMEM). */
+static int chunk_seed(Store *s, uint32_t t, uint32_t k, int rank) {
+        int r = chunk_new(&s->job, t, k, true, &s->chunks[t][k]);
+        if (r < 0)
+                return r;
+        s->chunks[t][k]->backup = rank > 0;
+        store_count(s, s->chunks[t][k], +1);
+        return 0;
+}
+
 int store_create_missing(Store *s) {
         if (!s->has_job || !s->map || !s->chunks)
                 return 0;
@@ -263,11 +273,9 @@ int store_create_missing(Store *s) {
                         int rank = shardmap_holder_rank(s->map, t, k, s->shard_id);
                         if (s->chunks[t][k] || rank < 0)
                                 continue;
-                        int r = chunk_new(&s->job, t, k, true, &s->chunks[t][k]);
+                        int r = chunk_seed(s, t, k, rank);
                         if (r < 0)
                                 return r;
-                        s->chunks[t][k]->backup = rank > 0;
-                        store_count(s, s->chunks[t][k], +1);
                 }
         return gate_settle(s);
 }
@@ -284,12 +292,7 @@ static int chunk_remap(Store *s, const ShardMap *old, uint32_t t, uint32_t k, bo
                  * initial values. Later, a copy arrives from its primary. */
                 if (rank < 0 || !first_map || s->restoring)
                         return 0;
-                int r = chunk_new(&s->job, t, k, true, &s->chunks[t][k]);
-                if (r < 0)
-                        return r;
-                s->chunks[t][k]->backup = rank > 0;
-                store_count(s, s->chunks[t][k], +1);
-                return 0;
+                return chunk_seed(s, t, k, rank);
         }
         int primary = shardmap_holder(m, t, k, 0);
         if (!c->backup && rank != 0) {

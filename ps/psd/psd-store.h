@@ -79,8 +79,9 @@ typedef struct Store {
         StoreMoveFn move;
         void *move_userdata;
         float *sum;             /* scratch for aggregation (chunk_floats) */
-        bool restoring;         /* the job's first chunks come from the Checkpointer (a checkpoint, or its
-                                 * seed built in the thread pool): its first map creates none */
+        bool restoring;         /* the job's first map creates no chunk from the seed in the loop: they
+                                 * come from the Checkpointer (a checkpoint, or the seed built in the
+                                 * thread pool) or from their primaries */
         Gate gate;
 } Store;
 
