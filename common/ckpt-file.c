@@ -84,6 +84,12 @@ int ckpt_commit(int fd, const char *tmp, const char *path, const char *dir, cons
         return r;
 }
 
+void ckpt_sealed_head(const char *magic, const void *payload, size_t len, uint8_t head[CKPT_SEALED_HEAD]) {
+        memcpy(head, magic, 8);
+        put32(head + 8, crc_update((uint32_t) crc32(0L, Z_NULL, 0), payload, len));
+        put32(head + 12, (uint32_t) len);
+}
+
 int ckpt_sealed_write(const char *dir, const char *file, const char *magic, const void *payload, size_t len,
                       char *err, size_t errn) {
         char path[PATH_MAX], tmp[PATH_MAX + 8];
@@ -95,9 +101,7 @@ int ckpt_sealed_write(const char *dir, const char *file, const char *magic, cons
                 snprintf(err, errn, "%s: %zu bytes, over the limit", path, len);
                 return -EFBIG;
         }
-        memcpy(head, magic, 8);
-        put32(head + 8, (uint32_t) crc32(crc32(0L, Z_NULL, 0), payload, (uInt) len));
-        put32(head + 12, (uint32_t) len);
+        ckpt_sealed_head(magic, payload, len, head);
         int r = 0, fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
         if (fd < 0) {
                 r = -errno;

@@ -76,6 +76,8 @@ int ckpt_commit(int fd, const char *tmp, const char *path, const char *dir, cons
  * protobuf message each. what names the file's kind in the messages
  * ("manifest", "state"). */
 #define CKPT_SEALED_HEAD 16u
+/* The header of a sealed file holding payload (len < 2^32 bytes). */
+void ckpt_sealed_head(const char *magic, const void *payload, size_t len, uint8_t head[CKPT_SEALED_HEAD]);
 int ckpt_sealed_write(const char *dir, const char *file, const char *magic, const void *payload, size_t len,
                       char *err, size_t errn);
 /* Reads all of path (at most max payload bytes): *ret (free with ps_free)

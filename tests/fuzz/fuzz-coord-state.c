@@ -8,7 +8,6 @@
  * nothing leaks. */
 #include <stdlib.h>
 #include <string.h>
-#include <zlib.h>
 #include "alloc.h"
 #include "ckpt-file.h"
 #include "coord-internal.h"
@@ -21,10 +20,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
         uint8_t *buf = ps_malloc(CKPT_SEALED_HEAD + size);
         if (!buf)
                 return 0;
-        uint32_t crc = (uint32_t) crc32(crc32(0L, Z_NULL, 0), data, (uInt) size), len = (uint32_t) size;
-        memcpy(buf, "PSNETCS1", 8);
-        memcpy(buf + 8, &crc, 4);
-        memcpy(buf + 12, &len, 4);
+        ckpt_sealed_head("PSNETCS1", data, size, buf);
         if (size)
                 memcpy(buf + CKPT_SEALED_HEAD, data, size);
         int r = coord_state_parse(&c, buf, CKPT_SEALED_HEAD + size, &st, why, sizeof why);
