@@ -11,13 +11,18 @@ void jobflags_init(JobFlags *f) {
                 .lr = d.optim.lr, .momentum = d.optim.momentum, .weight_decay = d.optim.weight_decay,
                 .epochs = d.epochs, .batch = d.batch, .workers = 0, .shards = 0,
                 .chunk_kb = d.chunk_floats * 4 / 1024, .seed = d.seed, .warmup_clocks = d.warmup_clocks,
+                .server_lr = -1, .server_momentum = -1, .tau = -1, .trim = -1, .fraction = d.fed.fraction,
+                .prox_mu = d.fed.prox_mu, .rounds = d.fed.rounds, .min_clients = d.fed.min_clients,
+                .min_available = d.fed.min_available, .round_timeout = d.fed.round_timeout_ms / 1000,
+                .local_epochs = d.fed.local_epochs,
         };
 }
 
 size_t jobflags_options(JobFlags *f, Option *o) {
         const Option t[JOBFLAGS_NOPTS] = {
                 { "model", OPT_STR, &f->model, "SPEC", "model, e.g. mlp:784-256-10" },
-                { "mode", OPT_STR, &f->mode, "MODE", "consistency: bsp, asp or ssp:S (default bsp)" },
+                { "mode", OPT_STR, &f->mode, "MODE",
+                  "consistency: bsp, asp or ssp:S (default bsp); fed: federated rounds of edge workers" },
                 { "optim", OPT_STR, &f->optim, "NAME", "optimizer on the shards: sgd or adam (default sgd)" },
                 { "lr", OPT_FLOAT, &f->lr, "RATE", "learning rate for one worker's batch (see --lr-scaling)" },
                 { "momentum", OPT_FLOAT, &f->momentum, "MU", "SGD momentum" },
@@ -42,6 +47,29 @@ size_t jobflags_options(JobFlags *f, Option *o) {
                 { "replicas", OPT_UINT, &f->replicas, "R",
                   "copies of every chunk, each on its own shard: a push is acknowledged once every live copy "
                   "holds it, and a dead shard's backups take over (0: 2 with two shards or more, else 1)" },
+                { "rounds", OPT_UINT, &f->rounds, "N", "fed: aggregated rounds the job runs (default 20)" },
+                { "fraction", OPT_FLOAT, &f->fraction, "F",
+                  "fed: share of the connected edge workers sampled each round (default 1)" },
+                { "min-clients", OPT_UINT, &f->min_clients, "N",
+                  "fed: a round samples at least N clients and counts only with N updates, else it runs "
+                  "again with a fresh sample (default 2)" },
+                { "min-available", OPT_UINT, &f->min_available, "N",
+                  "fed: rounds start once N edge workers are connected (default 2)" },
+                { "round-timeout", OPT_UINT, &f->round_timeout, "SECONDS",
+                  "fed: a round closes with the updates that arrived this long after it opened (default 60)" },
+                { "local-epochs", OPT_UINT, &f->local_epochs, "N",
+                  "fed: passes over its own data each client trains per round (batch --batch, lr --lr)" },
+                { "strategy", OPT_STR, &f->strategy, "NAME",
+                  "fed: aggregation on the shards: fedavg (default), fedavgm, fedadagrad, fedadam, fedyogi, "
+                  "median, trimmed-mean" },
+                { "server-lr", OPT_FLOAT, &f->server_lr, "ETA", "fed: the server's lr (default: the strategy's)" },
+                { "server-momentum", OPT_FLOAT, &f->server_momentum, "BETA",
+                  "fedavgm: the server's momentum (default 0.9)" },
+                { "tau", OPT_FLOAT, &f->tau, "TAU", "fedadagrad/fedadam/fedyogi: adaptivity (default: the strategy's)" },
+                { "trim", OPT_FLOAT, &f->trim, "BETA",
+                  "trimmed-mean: share of the updates dropped at each end of every coordinate (default 0.1)" },
+                { "prox-mu", OPT_FLOAT, &f->prox_mu, "MU",
+                  "fed: FedProx, clients add MU (w - w_round) to their gradients (default 0: FedAvg's clients)" },
         };
         memcpy(o, t, sizeof t);
         return JOBFLAGS_NOPTS;
@@ -67,7 +95,7 @@ int jobflags_to_job(const JobFlags *f, Job *job, char *err, size_t errlen) {
                 return -EINVAL;
         }
         if (f->mode && job_set_mode(job, f->mode) < 0) {
-                snprintf(err, errlen, "bad --mode '%s' (expected bsp, asp or ssp:S)", f->mode);
+                snprintf(err, errlen, "bad --mode '%s' (expected bsp, asp, ssp:S or fed)", f->mode);
                 return -EINVAL;
         }
         if (f->optim && job_set_optim(job, f->optim) < 0) {
@@ -93,5 +121,30 @@ int jobflags_to_job(const JobFlags *f, Job *job, char *err, size_t errlen) {
         job->replicas = f->replicas;
         job->train_limit = f->train_limit;
         job->test_limit = f->test_limit;
+        if (f->strategy && fed_strategy_from_string(f->strategy, &job->fed.strategy.kind) < 0) {
+                snprintf(err, errlen, "bad --strategy '%s' (expected fedavg, fedavgm, fedadagrad, fedadam, fedyogi, "
+                         "median or trimmed-mean)", f->strategy);
+                return -EINVAL;
+        }
+        fed_params_default(job->fed.strategy.kind, &job->fed.strategy);
+        if (f->server_lr >= 0)
+                job->fed.strategy.eta = f->server_lr;
+        if (f->server_momentum >= 0)
+                job->fed.strategy.beta = f->server_momentum;
+        if (f->tau >= 0)
+                job->fed.strategy.tau = f->tau;
+        if (f->trim >= 0)
+                job->fed.strategy.trim = f->trim;
+        job->fed.rounds = f->rounds;
+        job->fed.fraction = f->fraction;
+        job->fed.min_clients = f->min_clients;
+        job->fed.min_available = f->min_available;
+        job->fed.round_timeout_ms = f->round_timeout > 86400 ? UINT32_MAX : f->round_timeout * 1000u;
+        job->fed.local_epochs = f->local_epochs;
+        job->fed.prox_mu = f->prox_mu;
+        if (job->mode != MODE_FED && (f->strategy || f->server_lr >= 0 || f->prox_mu != 0)) {
+                snprintf(err, errlen, "--strategy, --server-lr and --prox-mu are for federated jobs (--mode fed)");
+                return -EINVAL;
+        }
         return job_validate(job, err, errlen);
 }

@@ -5,7 +5,7 @@
 #include "config.h"
 #include "job.h"
 
-#define JOBFLAGS_NOPTS 19
+#define JOBFLAGS_NOPTS 31
 
 typedef struct JobFlags {
         char *model, *mode, *optim, *data;
@@ -16,6 +16,10 @@ typedef struct JobFlags {
         unsigned warmup_clocks;
         bool allow_nonfinite;
         unsigned replicas;
+        /* mode fed; the strategy's figures < 0: its defaults */
+        char *strategy;
+        float server_lr, server_momentum, tau, trim, fraction, prox_mu;
+        unsigned rounds, min_clients, min_available, round_timeout, local_epochs;
 } JobFlags;
 
 /* Defaults from job_defaults(). */

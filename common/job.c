@@ -73,6 +73,15 @@ void job_defaults(Job *job) {
         job->epochs = 5;
         job->lr_scaling = LR_SCALING_AUTO;
         job->warmup_clocks = JOB_DEFAULT_WARMUP_CLOCKS;
+        /* Federated rounds: Flower's defaults where it has them (fraction_fit
+         * 1.0, min_fit_clients 2, min_available_clients 2, FedAvg). */
+        fed_params_default(FED_AVG, &job->fed.strategy);
+        job->fed.rounds = 20;
+        job->fed.fraction = 1.0f;
+        job->fed.min_clients = 2;
+        job->fed.min_available = 2;
+        job->fed.round_timeout_ms = 60000;
+        job->fed.local_epochs = 1;
         snprintf(job->dataset, sizeof job->dataset, "%s", PSNET_DEFAULT_DATA);
         r = job_set_model(job, "mlp:784-256-10");
         assert(r == 0);
@@ -154,12 +163,16 @@ size_t optim_state_per_value(const OptimConf *c) {
         return c->momentum != 0.0f ? 1 : 0;
 }
 
+size_t job_state_per_value(const Job *job) {
+        return job->mode == MODE_FED ? fed_state_per_value(job->fed.strategy.kind) : optim_state_per_value(&job->optim);
+}
+
 uint64_t job_chunk_bytes(const Job *job, uint32_t t, uint32_t c) {
-        return (uint64_t) job_chunk_len(job, t, c) * sizeof(float) * (1 + optim_state_per_value(&job->optim));
+        return (uint64_t) job_chunk_len(job, t, c) * sizeof(float) * (1 + job_state_per_value(job));
 }
 
 uint64_t job_model_bytes(const Job *job) {
-        return job_nfloats(job) * sizeof(float) * (1 + optim_state_per_value(&job->optim));
+        return job_nfloats(job) * sizeof(float) * (1 + job_state_per_value(job));
 }
 
 int job_set_chunk(Job *job, uint32_t chunk_floats) {
@@ -185,6 +198,11 @@ uint32_t job_fair_chunk(const Job *job, size_t nshards) {
 int mode_parse(const char *s, ConsistencyMode *ret_mode, uint32_t *ret_staleness) {
         if (!s)
                 return -EINVAL;
+        if (strcmp(s, "fed") == 0) {
+                *ret_mode = MODE_FED;
+                *ret_staleness = 0;
+                return 0;
+        }
         if (strcmp(s, "bsp") == 0 || strcmp(s, "asp") == 0) {
                 *ret_mode = s[0] == 'b' ? MODE_BSP : MODE_ASP;
                 *ret_staleness = 0;
@@ -206,7 +224,7 @@ const char *mode_string(ConsistencyMode mode, uint32_t staleness, char *buf, siz
         if (mode == MODE_SSP)
                 snprintf(buf, n, "ssp:%u", staleness);
         else
-                snprintf(buf, n, "%s", mode == MODE_ASP ? "asp" : "bsp");
+                snprintf(buf, n, "%s", mode == MODE_ASP ? "asp" : mode == MODE_FED ? "fed" : "bsp");
         return buf;
 }
 
@@ -294,8 +312,34 @@ int job_validate(const Job *job, char *err, size_t errlen) {
                 return job_err(err, errlen, "beta2 %g must be in [0, 1)", (double) o->beta2);
         if (!isfinite(o->eps) || o->eps <= 0)
                 return job_err(err, errlen, "eps %g must be > 0", (double) o->eps);
-        if (job->mode != MODE_BSP && job->mode != MODE_ASP && job->mode != MODE_SSP)
-                return job_err(err, errlen, "mode must be bsp, asp or ssp:S");
+        if (job->mode != MODE_BSP && job->mode != MODE_ASP && job->mode != MODE_SSP && job->mode != MODE_FED)
+                return job_err(err, errlen, "mode must be bsp, asp, ssp:S or fed");
+        if (job->mode == MODE_FED) {
+                const FedConf *f = &job->fed;
+                char why[160];
+                if (fed_params_check(&f->strategy, why, sizeof why) < 0)
+                        return job_err(err, errlen, "%s", why);
+                if (f->rounds < 1 || f->rounds > JOB_MAX_FED_ROUNDS)
+                        return job_err(err, errlen, "rounds %u out of range 1..%u", f->rounds, JOB_MAX_FED_ROUNDS);
+                if (!(f->fraction > 0 && f->fraction <= 1))
+                        return job_err(err, errlen, "fraction %g must be in (0, 1]", (double) f->fraction);
+                if (f->min_clients < 1 || f->min_clients > JOB_MAX_PEERS)
+                        return job_err(err, errlen, "min_clients %u out of range 1..%u", f->min_clients, JOB_MAX_PEERS);
+                if (f->min_available < f->min_clients || f->min_available > JOB_MAX_PEERS)
+                        return job_err(err, errlen, "min_available %u must be at least min_clients %u (and at most %u)",
+                                       f->min_available, f->min_clients, JOB_MAX_PEERS);
+                if (f->round_timeout_ms < 100 || f->round_timeout_ms > 86400000u)
+                        return job_err(err, errlen, "round timeout %u ms out of range 100 ms..1 day",
+                                       f->round_timeout_ms);
+                if (f->local_epochs < 1 || f->local_epochs > JOB_MAX_LOCAL_EPOCHS)
+                        return job_err(err, errlen, "local_epochs %u out of range 1..%u", f->local_epochs,
+                                       JOB_MAX_LOCAL_EPOCHS);
+                if (!isfinite(f->prox_mu) || f->prox_mu < 0)
+                        return job_err(err, errlen, "prox_mu %g must be >= 0", (double) f->prox_mu);
+                if (job->replicas > 1)
+                        return job_err(err, errlen, "a federated job keeps one copy of each chunk (replicas %u: "
+                                       "replicated rounds are not built yet)", job->replicas);
+        }
         if (job->staleness > JOB_MAX_STALENESS)
                 return job_err(err, errlen, "staleness %u out of range 0..%u", job->staleness, JOB_MAX_STALENESS);
         if (job->batch < 1 || job->batch > JOB_MAX_BATCH)

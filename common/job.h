@@ -6,12 +6,15 @@
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+#include "fed.h"
 
 #define JOB_MAX_TENSORS 64
 #define JOB_DEFAULT_WARMUP_CLOCKS 100
 #define JOB_DEFAULT_CHUNK_FLOATS (256u * 1024u) /* 1 MiB of f32 */
 
-typedef enum { MODE_BSP, MODE_ASP, MODE_SSP } ConsistencyMode;
+/* MODE_FED: federated rounds run by pscoord (edge workers train locally and
+ * push deltas; the shards aggregate per round, common/fed.h). */
+typedef enum { MODE_BSP, MODE_ASP, MODE_SSP, MODE_FED } ConsistencyMode;
 typedef enum { OPTIM_SGD, OPTIM_ADAM } OptimKind;
 typedef enum { INIT_ZEROS, INIT_HE, INIT_XAVIER } TensorInit;
 /* How the learning rate follows the number of members W (job_lr_factor). */
@@ -44,6 +47,22 @@ typedef struct JobTensor {
         uint32_t fan_in, fan_out;
 } JobTensor;
 
+/* A federated job's rounds (mode fed): what pscoord samples and waits for,
+ * what the clients train, how the shards aggregate. */
+typedef struct FedConf {
+        FedParams strategy;         /* the shards' aggregation (common/fed.h) */
+        uint32_t rounds;            /* aggregated rounds the job runs */
+        float fraction;             /* of the connected clients sampled per round, (0, 1] */
+        uint32_t min_clients;       /* a round samples, and needs answers from, at least this many */
+        uint32_t min_available;     /* rounds start once this many clients are connected */
+        uint32_t round_timeout_ms;  /* a round closes with what arrived after this long */
+        uint32_t local_epochs;      /* passes over its own data a client trains per round */
+        float prox_mu;              /* FedProx: the client adds mu (w - w_round) to its gradients */
+} FedConf;
+
+#define JOB_MAX_FED_ROUNDS 1000000u
+#define JOB_MAX_LOCAL_EPOCHS 1000u
+
 typedef struct Job {
         uint32_t id;
         char model[128];
@@ -64,6 +83,7 @@ typedef struct Job {
         char dataset[256];
         uint32_t expect_workers, expect_shards;
         uint32_t train_limit, test_limit;
+        FedConf fed;         /* mode fed only */
 } Job;
 
 /* Fills *job with defaults (sgd lr 0.02 momentum 0.9, bsp, 1 MiB chunks, seed 42,
@@ -89,6 +109,9 @@ int job_set_model(Job *job, const char *model);
 /* Floats of optimizer state kept per parameter value (sgd with momentum 1,
  * plain sgd 0, adam 2). */
 size_t optim_state_per_value(const OptimConf *c);
+/* The same for the job's chunks: its optimizer's, or under mode fed its
+ * aggregation strategy's (fed_state_per_value). */
+size_t job_state_per_value(const Job *job);
 /* Bytes a shard holds for chunk (t, c): its values and their optimizer state. */
 uint64_t job_chunk_bytes(const Job *job, uint32_t t, uint32_t c);
 /* The same for the whole model. */
@@ -102,7 +125,7 @@ int job_set_chunk(Job *job, uint32_t chunk_floats);
  * enough already, or for one shard; never below JOB_MIN_FAIR_CHUNK_FLOATS (a model of fewer
  * than 10 x that per shard may stay less even). */
 uint32_t job_fair_chunk(const Job *job, size_t nshards);
-/* "bsp" | "asp" | "ssp:S" (S = 0..JOB_MAX_STALENESS) into a mode and a
+/* "bsp" | "asp" | "ssp:S" (S = 0..JOB_MAX_STALENESS) | "fed" into a mode and a
  * staleness; -EINVAL otherwise. */
 int mode_parse(const char *s, ConsistencyMode *ret_mode, uint32_t *ret_staleness);
 /* The mode as mode_parse reads it, e.g. "ssp:3". */

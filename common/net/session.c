@@ -435,7 +435,7 @@ int session_start(Session *s) {
         if (r < 0)
                 return r;
         s->started_ms = now_ms();
-        if (s->conf.role == PSNET__ROLE__ROLE_SERVER || s->conf.role == PSNET__ROLE__ROLE_WORKER)
+        if (s->conf.role != PSNET__ROLE__ROLE_NONE && s->conf.role != PSNET__ROLE__ROLE_ADMIN)
                 return session_register(s);
         return 0;
 }

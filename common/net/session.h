@@ -20,7 +20,7 @@ typedef struct Session Session;
 
 typedef struct SessionConf {
         const char *endpoint;         /* pscoord */
-        Psnet__Role role;             /* SERVER, WORKER: registers and heartbeats; NONE: requests only */
+        Psnet__Role role;             /* SERVER, WORKER, EDGE: registers and heartbeats; NONE: requests only */
         const char *advertise;        /* shards: their data endpoint */
         uint32_t want_id;             /* shards: their id; workers: an id to reclaim (0: any) */
         uint64_t memory_limit;        /* shards: bytes of model state they may hold */

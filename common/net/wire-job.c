@@ -32,7 +32,8 @@ static int init_from_proto(Psnet__Init i, TensorInit *ret) {
 void mode_to_proto(ConsistencyMode mode, uint32_t staleness, Psnet__ModeSpec *ret) {
         psnet__mode_spec__init(ret);
         ret->mode = mode == MODE_SSP ? PSNET__MODE__MODE_SSP
-                    : mode == MODE_ASP ? PSNET__MODE__MODE_ASP : PSNET__MODE__MODE_BSP;
+                    : mode == MODE_ASP ? PSNET__MODE__MODE_ASP
+                    : mode == MODE_FED ? PSNET__MODE__MODE_FED : PSNET__MODE__MODE_BSP;
         ret->has_staleness = mode == MODE_SSP;
         ret->staleness = mode == MODE_SSP ? staleness : 0;
 }
@@ -44,6 +45,7 @@ int mode_from_proto(const Psnet__ModeSpec *m, ConsistencyMode *ret_mode, uint32_
         case PSNET__MODE__MODE_BSP: *ret_mode = MODE_BSP; break;
         case PSNET__MODE__MODE_ASP: *ret_mode = MODE_ASP; break;
         case PSNET__MODE__MODE_SSP: *ret_mode = MODE_SSP; break;
+        case PSNET__MODE__MODE_FED: *ret_mode = MODE_FED; break;
         default: return -EINVAL;
         }
         uint32_t s = m->mode == PSNET__MODE__MODE_SSP && m->has_staleness ? m->staleness : 0;
@@ -95,6 +97,10 @@ void job_proto_free(Psnet__JobSpec *spec) {
         free(spec->optim);
         free(spec->mode);
         free(spec->dataset);
+        if (spec->fed) {
+                free(spec->fed->strategy);
+                free(spec->fed);
+        }
         free(spec);
 }
 
@@ -167,6 +173,32 @@ int job_to_proto(const Job *job, Psnet__JobSpec **ret) {
         s->expect_shards = job->expect_shards;
         s->train_limit = job->train_limit;
         s->test_limit = job->test_limit;
+        if (job->mode == MODE_FED) {
+                const FedConf *f = &job->fed;
+                Psnet__FedSpec *fs = s->fed = malloc(sizeof *fs);
+                if (!fs)
+                        goto nomem;
+                psnet__fed_spec__init(fs);
+                fs->strategy = strdup(fed_strategy_name(f->strategy.kind));
+                if (!fs->strategy)
+                        goto nomem;
+                fs->has_server_lr = fs->has_server_momentum = fs->has_beta1 = fs->has_beta2 = true;
+                fs->has_tau = fs->has_trim = fs->has_rounds = fs->has_fraction = fs->has_min_clients = true;
+                fs->has_min_available = fs->has_round_timeout_ms = fs->has_local_epochs = fs->has_prox_mu = true;
+                fs->server_lr = f->strategy.eta;
+                fs->server_momentum = f->strategy.beta;
+                fs->beta1 = f->strategy.beta1;
+                fs->beta2 = f->strategy.beta2;
+                fs->tau = f->strategy.tau;
+                fs->trim = f->strategy.trim;
+                fs->rounds = f->rounds;
+                fs->fraction = f->fraction;
+                fs->min_clients = f->min_clients;
+                fs->min_available = f->min_available;
+                fs->round_timeout_ms = f->round_timeout_ms;
+                fs->local_epochs = f->local_epochs;
+                fs->prox_mu = f->prox_mu;
+        }
         *ret = s;
         return 0;
 
@@ -255,6 +287,42 @@ int job_from_proto(const Psnet__JobSpec *spec, Job *ret, char *err, size_t errle
         j.expect_shards = spec->has_expect_shards ? spec->expect_shards : 0;
         j.train_limit = spec->has_train_limit ? spec->train_limit : 0;
         j.test_limit = spec->has_test_limit ? spec->test_limit : 0;
+        if (j.mode == MODE_FED) {
+                const Psnet__FedSpec *fs = spec->fed;
+                FedConf *f = &j.fed;
+                if (!fs || !fs->strategy)
+                        return conv_err(err, errlen, "a federated job without its rounds (fed)");
+                if (fed_strategy_from_string(fs->strategy, &f->strategy.kind) < 0)
+                        return conv_err(err, errlen, "unknown federated strategy '%.32s'", fs->strategy);
+                fed_params_default(f->strategy.kind, &f->strategy);
+                /* Absent fields keep the defaults (job_defaults, the strategy's). */
+                if (fs->has_server_lr)
+                        f->strategy.eta = fs->server_lr;
+                if (fs->has_server_momentum)
+                        f->strategy.beta = fs->server_momentum;
+                if (fs->has_beta1)
+                        f->strategy.beta1 = fs->beta1;
+                if (fs->has_beta2)
+                        f->strategy.beta2 = fs->beta2;
+                if (fs->has_tau)
+                        f->strategy.tau = fs->tau;
+                if (fs->has_trim)
+                        f->strategy.trim = fs->trim;
+                if (fs->has_rounds)
+                        f->rounds = fs->rounds;
+                if (fs->has_fraction)
+                        f->fraction = fs->fraction;
+                if (fs->has_min_clients)
+                        f->min_clients = fs->min_clients;
+                if (fs->has_min_available)
+                        f->min_available = fs->min_available;
+                if (fs->has_round_timeout_ms)
+                        f->round_timeout_ms = fs->round_timeout_ms;
+                if (fs->has_local_epochs)
+                        f->local_epochs = fs->local_epochs;
+                if (fs->has_prox_mu)
+                        f->prox_mu = fs->prox_mu;
+        }
 
         r = job_validate(&j, err, errlen);
         if (r < 0)
@@ -264,7 +332,7 @@ int job_from_proto(const Psnet__JobSpec *spec, Job *ret, char *err, size_t errle
 }
 
 int64_t job_max_frame(const Job *job) {
-        size_t per = optim_state_per_value(&job->optim);
+        size_t per = job_state_per_value(job);
         int64_t chunk = (int64_t) job->chunk_floats * (int64_t) sizeof(float) * (int64_t) MAX(per, (size_t) 1);
         return MAX(chunk, (int64_t) WIRE_MAX_HEADER);
 }

@@ -171,6 +171,7 @@ Zap *zap_free(Zap *z) {
 #define A ROLE_BIT(PSNET__ROLE__ROLE_ADMIN)
 #define S ROLE_BIT(PSNET__ROLE__ROLE_SERVER)
 #define W ROLE_BIT(PSNET__ROLE__ROLE_WORKER)
+#define E ROLE_BIT(PSNET__ROLE__ROLE_EDGE)
 
 static unsigned allowed_roles(int type, bool at_coord) {
         if (at_coord)
@@ -189,19 +190,21 @@ static unsigned allowed_roles(int type, bool at_coord) {
                 case PSNET__MSG_TYPE__MSG_REGISTER: /* the role registered must match the key's: pscoord checks */
                 case PSNET__MSG_TYPE__MSG_HEARTBEAT:
                 case PSNET__MSG_TYPE__MSG_DEREGISTER:
-                        return S | W;
+                        return S | W | E;
                 case PSNET__MSG_TYPE__MSG_FENCE_REP:
                 case PSNET__MSG_TYPE__MSG_CHECKPOINT_REP:
                         return S;
+                case PSNET__MSG_TYPE__MSG_ROUND_REP: /* shards: a round opened or closed; edges: an update */
+                        return S | E;
                 case PSNET__MSG_TYPE__MSG_RESULT:
-                        return W;
+                        return W | E;
                 default:
                         return 0;
                 }
         switch (type) {
         case PSNET__MSG_TYPE__MSG_PULL:
         case PSNET__MSG_TYPE__MSG_PUSH:
-                return W;
+                return W | E; /* the shard serves an edge only in a federated job (psd-server.c) */
         case PSNET__MSG_TYPE__MSG_CHUNK_STATE:
         case PSNET__MSG_TYPE__MSG_REPLICATE:
                 return S;

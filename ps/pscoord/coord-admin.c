@@ -32,8 +32,13 @@ void coord_maybe_start(Coord *c) {
         char mode[32], reason[256];
         if (c->state != JOB_WAITING)
                 return;
-        size_t ns = coord_count_role(c, PSNET__ROLE__ROLE_SERVER), nw = coord_count_role(c, PSNET__ROLE__ROLE_WORKER);
-        if (ns == 0 || ns < MAX(c->job.expect_shards, 1u) || nw < MAX(c->job.expect_workers, 1u))
+        bool fed = c->job.mode == MODE_FED;
+        size_t ns = coord_count_role(c, PSNET__ROLE__ROLE_SERVER),
+               nw = coord_count_role(c, fed ? PSNET__ROLE__ROLE_EDGE : PSNET__ROLE__ROLE_WORKER);
+        /* A federated job starts with --min-available edge workers (its rounds
+         * wait for them again whenever fewer are connected). */
+        if (ns == 0 || ns < MAX(c->job.expect_shards, 1u) ||
+            nw < (fed ? c->job.fed.min_available : MAX(c->job.expect_workers, 1u)))
                 return;
         /* Chunks small enough that every shard gets its fair share of the bytes
          * (within 10%): a model of a few large tensors is cut finer. A restored
@@ -88,7 +93,9 @@ void coord_maybe_start(Coord *c) {
                  c->job.id, c->job.model, job_mode_string(&c->job, mode, sizeof mode), ns, nw,
                  (unsigned long) c->map_epoch, shardmap_replicas(c->map), c->restore.active ? " restored_from=" : "",
                  c->restore.active ? c->restore.name : "");
+        coord_fed_reset(c);
         coord_publish(c);
+        coord_fed_poll(c);
 }
 
 void coord_handle_status(Coord *c, WireMsg *m) {
@@ -161,6 +168,20 @@ void coord_handle_status(Coord *c, WireMsg *m) {
         }
         ctl.checkpointing = c->ckpt.active ? (c->ckpt.name[0] ? c->ckpt.name : (char *) "(unnamed)") : NULL;
         ctl.restored_from = c->restore.active ? c->restore.name : NULL;
+        Psnet__FedStatus fs;
+        _cleanup_free_ Psnet__RoundRecord *recs = NULL;
+        _cleanup_free_ Psnet__RoundRecord **recp = NULL;
+        if (c->job.mode == MODE_FED) {
+                recs = ps_calloc(COORD_FED_HISTORY, sizeof *recs);
+                recp = ps_calloc(COORD_FED_HISTORY, sizeof *recp);
+                if (!recs || !recp) {
+                        coord_reply_error(c, &m->route, m->hdr->seq, PSNET__STATUS__STATUS_RESOURCE, "out of memory");
+                        job_proto_free(spec);
+                        return;
+                }
+                coord_fed_status(c, &fs, recs, recp);
+                ctl.fed = &fs;
+        }
         wire_header_init(&h, PSNET__MSG_TYPE__MSG_STATUS_REP);
         h.body_case = PSNET__HEADER__BODY_STATUS_REP;
         h.status_rep = &ctl;
@@ -241,6 +262,12 @@ void coord_handle_job_mode(Coord *c, WireMsg *m) {
                 return;
         }
         const char *msg = NULL;
+        if ((j.mode == MODE_FED) != (c->job.mode == MODE_FED)) {
+                coord_reply_error(c, &m->route, m->hdr->seq, PSNET__STATUS__STATUS_INVALID,
+                                  "a job switches between bsp, asp and ssp; a federated job is submitted as one "
+                                  "(psctl job submit --mode fed)");
+                return;
+        }
         if (c->ckpt.active) {
                 coord_reply_error(c, &m->route, m->hdr->seq, PSNET__STATUS__STATUS_RESOURCE,
                                   "a checkpoint is being written: try again when it is done");

@@ -103,6 +103,10 @@ int coord_checkpoint_start(Coord *c, const char *name, bool automatic, char *rea
                 snprintf(reason, n, "job %u is not running (it is %s)", c->job.id, job_state_name(c->state));
                 return PSNET__STATUS__STATUS_INVALID;
         }
+        if (c->job.mode == MODE_FED) {
+                snprintf(reason, n, "job %u is federated: checkpoints of federated rounds are not built yet", c->job.id);
+                return PSNET__STATUS__STATUS_INVALID;
+        }
         if (k->active) {
                 snprintf(reason, n, "checkpoint %s is being written: wait for it", k->name[0] ? k->name : "(unnamed)");
                 return PSNET__STATUS__STATUS_RESOURCE;

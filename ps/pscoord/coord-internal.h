@@ -9,7 +9,8 @@
  *                     arithmetic is boundary.c, unit-tested)
  *   coord-admin.c     the job's lifecycle and psctl's requests; /metrics
  *   coord-checkpoint.c checkpoints: save, --checkpoint-every, list, restore
- *   coord-state.c     its own state on disk (--state-dir), loaded at start */
+ *   coord-state.c     its own state on disk (--state-dir), loaded at start
+ *   coord-fed.c       a federated job's rounds (mode fed) */
 #pragma once
 #include <errno.h>
 #include <math.h>
@@ -97,6 +98,37 @@ typedef struct RestoreFrom {
         uint32_t workers;
 } RestoreFrom;
 
+/* A federated job's rounds (coord-fed.c). */
+#define COORD_FED_HISTORY 1024
+typedef enum { FED_WAITING, FED_OPENING, FED_TRAINING, FED_CLOSING, FED_EVALUATING, FED_DONE } FedPhase;
+
+typedef struct FedRecord {
+        uint64_t number;
+        uint32_t round, sampled, answered, late, dropped;
+        float loss, seconds;
+        char note[96];
+} FedRecord;
+
+typedef struct FedRounds {
+        FedPhase phase;
+        uint64_t number;            /* the round open, or the last one opened (0: none yet) */
+        uint32_t done;              /* rounds aggregated */
+        uint32_t *clients;          /* sampled, ascending id */
+        bool *answered;
+        uint64_t *examples;
+        float *loss;
+        size_t nclients, nanswered;
+        bool *shard_replied;        /* opening, closing: by index in the map */
+        size_t replies, expected;
+        bool aggregate;             /* the close aggregates (else it drops the updates) */
+        uint64_t opened_ms, deadline, shard_deadline, retry_at;
+        uint32_t shard_failures;    /* closes in a row a shard refused */
+        uint64_t failed, late;
+        bool said_waiting;
+        FedRecord hist[COORD_FED_HISTORY]; /* a ring: the last nhist records end at hist_end */
+        size_t nhist, hist_end;
+} FedRounds;
+
 typedef struct Coord {
         const CoordConfig *cfg;
         void *zctx;
@@ -129,6 +161,7 @@ typedef struct Coord {
         uint64_t weights_digest;    /* of the final weights, from the evaluator (0: none) */
         CkptSave ckpt;
         RestoreFrom restore;
+        FedRounds fed;
         struct { bool valid; char name[65]; int64_t clock; uint64_t bytes, created_ms; } last_ckpt;
         int64_t ckpt_next_clock;    /* --checkpoint-every: the clock the next one waits for */
         uint64_t ckpt_retry_at;
@@ -155,6 +188,8 @@ int coord_reply_error(Coord *c, const zmq_msg_t *route, uint64_t seq, int status
 
 /* --- membership: peers, leases, registration, results (coord-members.c) */
 size_t coord_count_role(const Coord *c, Psnet__Role role);
+/* "shard", "worker", "edge" (log lines). */
+const char *coord_role_noun(Psnet__Role role);
 Peer *coord_find_peer(Coord *c, Psnet__Role role, uint32_t id);
 Peer *coord_find_route(Coord *c, const zmq_msg_t *route);
 void coord_peer_done(Peer *p);
@@ -203,6 +238,21 @@ void coord_handle_checkpoint_list(Coord *c, WireMsg *m);
 void coord_handle_checkpoint_restore(Coord *c, WireMsg *m);
 /* A save the previous pscoord had under way when it stopped: its files go. */
 void coord_checkpoint_abandon(Coord *c, const char *name);
+
+/* --- federated rounds (coord-fed.c) */
+/* The job (re)starts: no round yet. */
+void coord_fed_reset(Coord *c);
+/* Drives the rounds: opens one when enough edge workers are connected, closes
+ * it when every sampled client answered (or left) or at its time-out, asks for
+ * the final evaluation. Called from the tick and after every event that may
+ * move them. A no-op unless a federated job runs. */
+void coord_fed_poll(Coord *c);
+/* MSG_ROUND_REP from a shard (a round opened or closed) or an edge worker
+ * (its update is on every shard). */
+void coord_handle_round_rep(Coord *c, WireMsg *m, Peer *p);
+/* The rounds for psctl status (pointers into c; valid until the next event). */
+void coord_fed_status(Coord *c, Psnet__FedStatus *ret, Psnet__RoundRecord *recs, Psnet__RoundRecord **recp);
+void coord_fed_free(Coord *c);
 
 /* --- pscoord's state on disk, --state-dir (coord-state.c) */
 /* Locks the directory and loads its state: 1 loaded, 0 none (or no

@@ -91,12 +91,16 @@ static void publish(Coord *c, Peer *only) {
         for (int pass = 0; pass < 2; pass++)
                 for (size_t i = 0; i < c->npeers; i++) {
                         Peer *p = &c->peers[i];
-                        if (p->role != (pass == 0 ? PSNET__ROLE__ROLE_SERVER : PSNET__ROLE__ROLE_WORKER) ||
+                        bool edge = p->role == PSNET__ROLE__ROLE_EDGE && c->job.mode == MODE_FED;
+                        if ((p->role != (pass == 0 ? PSNET__ROLE__ROLE_SERVER : PSNET__ROLE__ROLE_WORKER) &&
+                             !(pass == 1 && edge)) ||
                             (only && p != only) || p->detached)
                                 continue;
                         if (p->role == PSNET__ROLE__ROLE_WORKER && !p->member)
                                 continue; /* joins at the next boundary */
-                        int r = send_config(c, p, c->map ? spec : NULL, pm, &mem, (uint32_t) nw);
+                        /* Edge workers of a federated job: the job and the map, no
+                         * membership (the rounds say who trains, coord-fed.c). */
+                        int r = send_config(c, p, c->map ? spec : NULL, pm, edge ? NULL : &mem, (uint32_t) nw);
                         if (r < 0)
                                 log_warning_errno(r, "Failed to send configuration to peer=%u: %m", p->id);
                 }
@@ -172,7 +176,8 @@ int coord_remap(Coord *c, uint32_t add, uint32_t remove) {
 }
 
 uint32_t coord_replicas(const Coord *c, size_t n) {
-        uint32_t r = c->job.replicas ? c->job.replicas : n >= 2 ? 2 : 1;
+        /* A federated job keeps one copy (job_validate refuses more). */
+        uint32_t r = c->job.replicas ? c->job.replicas : n >= 2 && c->job.mode != MODE_FED ? 2 : 1;
         return (size_t) r > n ? (uint32_t) n : r;
 }
 

@@ -3,6 +3,10 @@
  * shards report. A change of the workers ends in coord_membership_changed. */
 #include "coord-internal.h"
 
+const char *coord_role_noun(Psnet__Role role) {
+        return role == PSNET__ROLE__ROLE_SERVER ? "shard" : role == PSNET__ROLE__ROLE_EDGE ? "edge" : "worker";
+}
+
 size_t coord_count_role(const Coord *c, Psnet__Role role) {
         size_t n = 0;
         for (size_t i = 0; i < c->npeers; i++)
@@ -129,7 +133,7 @@ bool coord_pick_evaluator(Coord *c, Peer *self) {
 }
 
 void coord_membership_changed(Coord *c) {
-        if (c->state != JOB_RUNNING) {
+        if (c->state != JOB_RUNNING || c->job.mode == MODE_FED) {
                 coord_maybe_start(c);
                 return;
         }
@@ -199,8 +203,8 @@ static bool rejoin(Coord *c, WireMsg *m) {
         if (reply_registered(c, m, p->id, reg->role) < 0)
                 return true;
         bool in_map = reg->role == PSNET__ROLE__ROLE_SERVER && c->map && shardmap_find(c->map, p->id) >= 0;
-        log_info("registered again after pscoord's restart role=%s id=%u pid=%u%s",
-                 reg->role == PSNET__ROLE__ROLE_SERVER ? "shard" : "worker", p->id, p->pid,
+        log_info("registered again after pscoord's restart role=%s id=%u pid=%u%s", coord_role_noun(reg->role), p->id,
+                 p->pid,
                  in_map ? " in_map=1" : p->member ? " member=1" : "");
         if (in_map || (reg->role == PSNET__ROLE__ROLE_WORKER && p->member))
                 coord_publish_peer(c, p);
@@ -213,14 +217,16 @@ void coord_handle_register(Coord *c, WireMsg *m) {
         Psnet__Header *h = m->hdr;
         const Psnet__Register *reg = h->reg;
         char reason[320];
-        if (reg->role != PSNET__ROLE__ROLE_SERVER && reg->role != PSNET__ROLE__ROLE_WORKER) {
-                snprintf(reason, sizeof reason, "role %d cannot register (servers and workers can)", reg->role);
+        if (reg->role != PSNET__ROLE__ROLE_SERVER && reg->role != PSNET__ROLE__ROLE_WORKER &&
+            reg->role != PSNET__ROLE__ROLE_EDGE) {
+                snprintf(reason, sizeof reason, "role %d cannot register (servers, workers and edge workers can)",
+                         reg->role);
                 coord_reply_error(c, &m->route, h->seq, PSNET__STATUS__STATUS_INVALID, reason);
                 return;
         }
         if (c->id.enabled && m->peer.role != reg->role) {
                 snprintf(reason, sizeof reason, "a key of role %s cannot register as a %s", role_name(m->peer.role),
-                         reg->role == PSNET__ROLE__ROLE_SERVER ? "shard" : "worker");
+                         coord_role_noun(reg->role));
                 log_warning("refused registration reason=\"%s\" key=%s name=%s", reason, m->peer.fingerprint,
                             m->peer.name);
                 c->errors++;
@@ -232,6 +238,12 @@ void coord_handle_register(Coord *c, WireMsg *m) {
              strlen(reg->endpoint) > 255)) {
                 coord_reply_error(c, &m->route, h->seq, PSNET__STATUS__STATUS_INVALID,
                             "a shard registers with its id (>= 1) and endpoint");
+                return;
+        }
+        if (reg->role == PSNET__ROLE__ROLE_WORKER && c->job.mode == MODE_FED) {
+                snprintf(reason, sizeof reason, "job %u is federated: its clients are edge workers (workerd --edge)",
+                         c->job.id);
+                coord_reply_error(c, &m->route, h->seq, PSNET__STATUS__STATUS_INVALID, reason);
                 return;
         }
         if (c->npeers >= COORD_MAX_PEERS) {
@@ -277,7 +289,9 @@ void coord_handle_register(Coord *c, WireMsg *m) {
                         coord_shard_lost(c, id, "its lease ran out");
                 }
         } else {
-                id = reg->has_want_id && reg->want_id && !coord_find_peer(c, PSNET__ROLE__ROLE_WORKER, reg->want_id)
+                /* Workers and edge workers share the ids shards see as senders. */
+                id = reg->has_want_id && reg->want_id && !coord_find_peer(c, PSNET__ROLE__ROLE_WORKER, reg->want_id) &&
+                                     !coord_find_peer(c, PSNET__ROLE__ROLE_EDGE, reg->want_id)
                              ? reg->want_id
                              : ++c->next_worker_id;
                 c->next_worker_id = MAX(c->next_worker_id, id);
@@ -308,9 +322,15 @@ void coord_handle_register(Coord *c, WireMsg *m) {
         psnet__worker_info__init(&p->worker);
 
         (void) reply_registered(c, m, id, reg->role);
-        log_info("registered role=%s id=%u pid=%u endpoint=%s",
-                 reg->role == PSNET__ROLE__ROLE_SERVER ? "shard" : "worker", id, p->pid,
+        log_info("registered role=%s id=%u pid=%u endpoint=%s", coord_role_noun(reg->role), id, p->pid,
                  reg->endpoint ? reg->endpoint : "-");
+        if (reg->role == PSNET__ROLE__ROLE_EDGE) {
+                /* Rounds sample it from now on; it gets the job once there is one. */
+                if (c->job.mode == MODE_FED && c->state == JOB_RUNNING)
+                        coord_publish_peer(c, p);
+                coord_maybe_start(c);
+                return;
+        }
         if (reg->role == PSNET__ROLE__ROLE_SERVER && c->map && shardmap_find(c->map, id) >= 0) {
                 /* A shard of the current map came back: give it the job again. */
                 coord_publish(c);
@@ -372,9 +392,15 @@ void coord_handle_heartbeat(Coord *c, WireMsg *m, Peer *p) {
  * accuracy): the job is done, and the members still waiting leave. */
 void coord_handle_result(Coord *c, WireMsg *m, Peer *p) {
         const Psnet__WorkerInfo *wi = m->hdr->result->worker;
-        if (p->role != PSNET__ROLE__ROLE_WORKER) {
+        bool edge = p->role == PSNET__ROLE__ROLE_EDGE && c->job.mode == MODE_FED;
+        if (p->role != PSNET__ROLE__ROLE_WORKER && !edge) {
                 coord_reply_error(c, &m->route, m->hdr->seq, PSNET__STATUS__STATUS_INVALID,
-                                  "RESULT comes from workers only");
+                                  "RESULT comes from workers (and the edge worker evaluating a federated job's model)");
+                return;
+        }
+        if (edge && !wi->has_accuracy) {
+                coord_reply_error(c, &m->route, m->hdr->seq, PSNET__STATUS__STATUS_INVALID,
+                                  "an edge worker reports an accuracy it was asked for, nothing else");
                 return;
         }
         if (wi->has_accuracy && (p->id != c->evaluator || c->state != JOB_RUNNING || !isfinite(wi->accuracy))) {
@@ -394,9 +420,11 @@ void coord_handle_result(Coord *c, WireMsg *m, Peer *p) {
                 c->state = JOB_DONE;
                 c->job_end_ms = now_ms();
                 c->weights_digest = wi->has_weights_digest ? wi->weights_digest : 0;
-                log_info("job done job=%u accuracy=%.4f seconds=%.1f worker=%u weights=%016llx failovers=%u",
+                log_info("job done job=%u accuracy=%.4f seconds=%.1f worker=%u weights=%016llx failovers=%u%s",
                          c->job.id, c->accuracy, (double) (c->job_end_ms - c->job_start_ms) / 1000.0, p->id,
-                         (unsigned long long) c->weights_digest, c->failovers);
+                         (unsigned long long) c->weights_digest, c->failovers, edge ? " federated=1" : "");
+                if (edge)
+                        c->fed.phase = FED_DONE;
         } else {
                 log_info("worker finished training worker=%u clock=%ld", p->id, (long) wi->clock);
                 rr.has_evaluate = true;
@@ -436,12 +464,12 @@ void coord_handle_drain(Coord *c, WireMsg *m) {
 
 void coord_expire_leases(Coord *c) {
         uint64_t now = now_ms();
-        bool changed = false;
+        bool changed = false, edge_gone = false;
         for (size_t i = 0; i < c->npeers;) {
                 Peer *p = &c->peers[i];
-                bool worker = p->role == PSNET__ROLE__ROLE_WORKER;
+                bool worker = p->role == PSNET__ROLE__ROLE_WORKER, shard = p->role == PSNET__ROLE__ROLE_SERVER;
                 if (p->detached ? now <= p->rejoin_until
-                                : now - p->last_seen <= (worker ? c->cfg->lease_ms : c->cfg->shard_lease_ms)) {
+                                : now - p->last_seen <= (!shard ? c->cfg->lease_ms : c->cfg->shard_lease_ms)) {
                         i++;
                         continue;
                 }
@@ -449,17 +477,20 @@ void coord_expire_leases(Coord *c) {
                 c->expiries++;
                 if (p->detached)
                         log_warning("lease expired role=%s id=%u: it did not register again after pscoord's restart",
-                                    worker ? "worker" : "shard", p->id);
+                                    coord_role_noun(p->role), p->id);
                 else
-                        log_warning("lease expired role=%s id=%u silent_ms=%lu", worker ? "worker" : "shard", p->id,
+                        log_warning("lease expired role=%s id=%u silent_ms=%lu", coord_role_noun(p->role), p->id,
                                     (unsigned long) (now - p->last_seen));
                 coord_remove_peer(c, p);
-                if (!worker)
+                if (shard)
                         coord_shard_lost(c, id, "its lease ran out");
                 changed |= worker;
+                edge_gone |= !worker && !shard;
         }
         if (changed)
                 coord_membership_changed(c);
+        if (edge_gone)
+                coord_fed_poll(c);
 }
 
 /* A member the others have waited on for --stall-timeout leaves the

@@ -87,6 +87,7 @@ static void handle_message(Coord *c, WireMsg *m) {
                 coord_handle_checkpoint_restore(c, m);
                 return;
         case PSNET__MSG_TYPE__MSG_CHECKPOINT_REP:
+        case PSNET__MSG_TYPE__MSG_ROUND_REP:
         case PSNET__MSG_TYPE__MSG_HEARTBEAT:
         case PSNET__MSG_TYPE__MSG_DEREGISTER:
         case PSNET__MSG_TYPE__MSG_RESULT:
@@ -108,14 +109,18 @@ static void handle_message(Coord *c, WireMsg *m) {
                 coord_handle_checkpoint_rep(c, m, p);
         else if (h->type == PSNET__MSG_TYPE__MSG_RESULT)
                 coord_handle_result(c, m, p);
+        else if (h->type == PSNET__MSG_TYPE__MSG_ROUND_REP)
+                coord_handle_round_rep(c, m, p);
         else {
-                bool worker = p->role == PSNET__ROLE__ROLE_WORKER;
-                log_info("deregistered role=%s id=%u", worker ? "worker" : "shard", p->id);
+                Psnet__Role role = p->role;
+                log_info("deregistered role=%s id=%u", coord_role_noun(role), p->id);
                 uint32_t id = p->id;
                 (void) coord_reply(c, &m->route, PSNET__MSG_TYPE__MSG_DEREGISTER_REP, h->seq);
                 coord_remove_peer(c, p);
-                if (worker)
+                if (role == PSNET__ROLE__ROLE_WORKER)
                         coord_membership_changed(c);
+                else if (role == PSNET__ROLE__ROLE_EDGE)
+                        coord_fed_poll(c); /* a round it was sampled for need not wait for it */
                 else /* it stopped acknowledging before it said goodbye */
                         coord_shard_lost(c, id, "it stopped");
         }
@@ -161,6 +166,7 @@ static void coord_on_tick(uv_timer_t *t) {
         coord_evict_stragglers(c);
         coord_fence_tick(c);
         coord_checkpoint_tick(c);
+        coord_fed_poll(c);
 }
 
 static void coord_stop(void *ud, int signo) {
@@ -292,6 +298,7 @@ finish:
         ps_free(c.prev_ids);
         shardmap_free(c.map);
         coord_state_close(&c);
+        coord_fed_free(&c);
         c.ctl = netsock_close(c.ctl);
         c.zap = zap_free(c.zap);
         c.service = service_free(c.service);

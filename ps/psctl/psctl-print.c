@@ -54,6 +54,11 @@ void print_status_table(const Psnet__StatusRep *s) {
                 printf("  reason=\"%s\"", s->reason);
         if (s->restored_from)
                 printf("  restored_from=%s", s->restored_from);
+        if (s->fed)
+                printf("\nrounds %u/%u  phase=%s  round_number=%lu  sampled=%u  answered=%u  available=%u  failed=%lu  "
+                       "late=%lu", s->fed->rounds_done, s->fed->rounds, s->fed->phase ? s->fed->phase : "?",
+                       (unsigned long) s->fed->number, s->fed->sampled, s->fed->answered, s->fed->available,
+                       (unsigned long) s->fed->failed, (unsigned long) s->fed->late);
         if (s->last_checkpoint)
                 printf("\ncheckpoint %s  clock=%ld  %s  age %.0f s", s->last_checkpoint->name,
                        (long) s->last_checkpoint->clock, human_bytes(s->last_checkpoint->bytes, b, sizeof b),
@@ -181,12 +186,70 @@ int print_status_json(const Psnet__StatusRep *s) {
                         "clock", (json_int_t) lc->clock, "bytes", (json_int_t) lc->bytes, "age_ms",
                         (json_int_t) (unix_ms() - MIN(unix_ms(), lc->created_ms))) : json_null()) < 0)
                 job = NULL;
+        if (job && s->fed && json_object_set_new(job, "fed", json_pack("{s:I,s:I,s:s,s:I,s:I,s:I,s:I,s:I}",
+                        "rounds_done", (json_int_t) s->fed->rounds_done, "rounds", (json_int_t) s->fed->rounds,
+                        "phase", s->fed->phase ? s->fed->phase : "?", "number", (json_int_t) s->fed->number,
+                        "available", (json_int_t) s->fed->available, "failed", (json_int_t) s->fed->failed,
+                        "late", (json_int_t) s->fed->late, "answered", (json_int_t) s->fed->answered)) < 0)
+                job = NULL;
         if (job && (json_object_set_new(job, "checkpointing", jstr(s->checkpointing)) < 0 ||
                     json_object_set_new(job, "restored_from", jstr(s->restored_from)) < 0))
                 job = NULL;
         return emit(json_pack("{s:{s:o,s:I},s:o,s:o,s:o}",
                 "coordinator", "endpoint", jstr(s->coord_endpoint), "uptime_ms", (json_int_t) s->uptime_ms,
                 "job", job, "shards", shards, "workers", workers));
+}
+
+static json_t *round_json(const Psnet__RoundRecord *r) {
+        return json_pack("{s:I,s:I,s:I,s:I,s:I,s:I,s:o,s:o,s:o}", "number", (json_int_t) r->number, "round",
+                         (json_int_t) r->round, "sampled", (json_int_t) r->sampled, "answered", (json_int_t) r->answered,
+                         "late", (json_int_t) r->late, "dropped", (json_int_t) r->dropped, "loss", jnum(r->loss),
+                         "seconds", jnum(r->seconds), "note", jstr(r->note));
+}
+
+int print_rounds(const Psnet__StatusRep *s, bool history, bool json) {
+        const Psnet__FedStatus *f = s->fed;
+        if (!f) {
+                fprintf(stderr, "psctl: job %u is not federated (mode fed): it has no rounds\n", s->job ? s->job->id : 0);
+                return -EINVAL;
+        }
+        if (json) {
+                json_t *h = json_array();
+                for (size_t i = 0; h && history && i < f->n_history; i++)
+                        if (json_array_append_new(h, round_json(f->history[i])) < 0)
+                                return -ENOMEM;
+                if (!h)
+                        return -ENOMEM;
+                if (history)
+                        return emit(h);
+                json_decref(h);
+                return emit(json_pack("{s:s,s:I,s:I,s:s,s:I,s:I,s:I,s:I,s:I,s:I,s:I}", "state",
+                                      state_of(s->job_state), "rounds_done", (json_int_t) f->rounds_done, "rounds",
+                                      (json_int_t) f->rounds, "phase", f->phase ? f->phase : "?", "number",
+                                      (json_int_t) f->number, "sampled", (json_int_t) f->sampled, "answered",
+                                      (json_int_t) f->answered, "available", (json_int_t) f->available, "failed",
+                                      (json_int_t) f->failed, "late", (json_int_t) f->late, "round_ms",
+                                      (json_int_t) f->round_ms));
+        }
+        if (!history) {
+                printf("job %u  state=%s  rounds %u/%u  phase=%s\n", s->job ? s->job->id : 0, state_of(s->job_state),
+                       f->rounds_done, f->rounds, f->phase ? f->phase : "?");
+                printf("round number %lu: sampled=%u answered=%u (%.1f s)  available=%u  failed=%lu  late=%lu\n",
+                       (unsigned long) f->number, f->sampled, f->answered, (double) f->round_ms / 1000.0, f->available,
+                       (unsigned long) f->failed, (unsigned long) f->late);
+                return 0;
+        }
+        printf("%-7s %-6s %7s %8s %5s %7s %8s %8s  %s\n", "NUMBER", "ROUND", "SAMPLED", "ANSWERED", "LATE", "DROPPED",
+               "LOSS", "SECONDS", "NOTE");
+        for (size_t i = 0; i < f->n_history; i++) {
+                const Psnet__RoundRecord *r = f->history[i];
+                char round[16];
+                snprintf(round, sizeof round, "%u", r->round);
+                printf("%-7lu %-6s %7u %8u %5u %7u %8.4f %8.2f  %s\n", (unsigned long) r->number,
+                       r->round ? round : "-", r->sampled, r->answered, r->late, r->dropped, r->loss, r->seconds,
+                       r->note ? r->note : "");
+        }
+        return 0;
 }
 
 int print_json_strings(const char *key, ...) {

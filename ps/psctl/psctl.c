@@ -185,6 +185,19 @@ static int cmd_status(Ctl *c, char **args _unused_) {
         return r;
 }
 
+static int rounds(Ctl *c, bool history) {
+        Psnet__Header *m;
+        int r = ctl_request_type(c, PSNET__MSG_TYPE__MSG_STATUS, PSNET__MSG_TYPE__MSG_STATUS_REP, &m);
+        if (r < 0)
+                return r;
+        r = print_rounds(m->status_rep, history, c->json);
+        psnet__header__free_unpacked(m, NULL);
+        return r;
+}
+
+static int cmd_round_status(Ctl *c, char **args _unused_) { return rounds(c, false); }
+static int cmd_round_history(Ctl *c, char **args _unused_) { return rounds(c, true); }
+
 static bool state_final(Psnet__JobState s) {
         JobState st;
         return job_state_from_proto(s, &st) < 0 || job_state_final(st);
@@ -458,6 +471,9 @@ static const Verb verbs[] = {
           "save a consistent checkpoint of the running job (NAME: 1-64 of A-Z a-z 0-9 . _ -; default clock-N)",
           .optarg = true },
         { "checkpoint list", "", 0, cmd_checkpoint_list, NULL, "the checkpoints in pscoord's --checkpoint-dir" },
+        { "round status", "", 0, cmd_round_status, NULL, "a federated job's rounds: done, the one open" },
+        { "round history", "", 0, cmd_round_history, NULL,
+          "a federated job's rounds, one line each: sampled, answered, late, dropped, loss, seconds" },
         { "checkpoint restore", "NAME", 1, cmd_checkpoint_restore, NULL,
           "start checkpoint NAME's job from its clock (no job may be running)" },
         { "job wait", "", 0, cmd_job_wait, wait_options,

@@ -18,4 +18,6 @@ int print_checkpoint_saved(const Psnet__CheckpointRep *r, bool json);
 /* The checkpoints as a table (oldest first) or a JSON array. */
 int print_checkpoint_list(const Psnet__CheckpointList *l, bool json);
 /* {"state":S,"accuracy":A|null} for job wait. */
+/* psctl round status (history false) or round history, from a status answer. */
+int print_rounds(const Psnet__StatusRep *s, bool history, bool json);
 int print_json_result(const char *state, bool has_accuracy, float accuracy);

@@ -261,7 +261,7 @@ static void after_work(uv_work_t *w, int status) {
         }
         for (size_t i = 0; r == 0 && i < k->nloaded; i++) {
                 Loaded *l = &k->loaded[i];
-                size_t per = optim_state_per_value(&s->job.optim);
+                size_t per = job_state_per_value(&s->job);
                 ChunkImage im = { .tensor = l->e.tensor, .chunk = l->e.chunk, .len = l->e.len,
                                   .nlast = l->e.nlast, .state_floats = per * l->e.len, .steps = l->e.steps,
                                   .clock = l->e.clock, .restored = true };
@@ -352,7 +352,7 @@ static int snapshot(Checkpointer *k) {
         if (!k->recs || !k->vals)
                 return -ENOMEM;
         k->cap = (size_t) n;
-        k->per = (uint32_t) optim_state_per_value(&s->job.optim);
+        k->per = (uint32_t) job_state_per_value(&s->job);
         k->job = s->job.id;
         k->err = 0;
         store_foreach(s, snapshot_chunk, k);
@@ -533,7 +533,7 @@ int checkpoint_restore(Checkpointer *k, const char *name, const char *dir, int64
         k->restore = true;
         k->seq = 0;
         k->clock = clock;
-        k->per = (uint32_t) optim_state_per_value(&s->job.optim);
+        k->per = (uint32_t) job_state_per_value(&s->job);
         k->started = now_ms();
         k->err = 0;
         k->bytes = 0;
@@ -600,7 +600,7 @@ int checkpoint_seed(Checkpointer *k) {
         k->seed_job = s->job;
         k->seq = 0;
         k->clock = 0;
-        k->per = (uint32_t) optim_state_per_value(&s->job.optim);
+        k->per = (uint32_t) job_state_per_value(&s->job);
         k->started = now_ms();
         k->err = 0;
         k->bytes = 0;

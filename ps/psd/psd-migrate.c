@@ -179,7 +179,7 @@ static Link *link_for(Migrate *mg, const ShardDesc *dest) {
 /* Sends c's state on l; the sequence used goes to *ret_seq. */
 static int send_state(Migrate *mg, Link *l, Chunk *c, bool replica, uint64_t *ret_seq) {
         Store *s = mg->store;
-        size_t per = optim_state_per_value(&s->job.optim), nf = 2 + c->npending;
+        size_t per = job_state_per_value(&s->job), nf = 2 + c->npending;
         _cleanup_free_ zmq_msg_t *frames = ps_malloc(nf * sizeof *frames);
         _cleanup_free_ uint32_t *workers = ps_malloc((c->npending ? c->npending : 1) * sizeof *workers);
         if (!frames || !workers)

@@ -18,6 +18,7 @@
 #include "log.h"
 #include "netsock.h"
 #include "psd-checkpoint.h"
+#include "psd-fedround.h"
 #include "psd-migrate.h"
 #include "psd-optim.h"
 #include "psd-server.h"
@@ -42,6 +43,7 @@ typedef struct Psd {
         Store *store;
         Migrate *migrate;
         Checkpointer *ckpt;
+        FedShard *fed;
         NetIdentity id;
         Zap *zap;
         int64_t job_max_msg;    /* the frame limit the job's chunks need */
@@ -246,6 +248,47 @@ static void psd_push(Psd *p, WireMsg *m, Chunk **chunks) {
         pushreq_settle(p->store, req, PSNET__STATUS__STATUS_OK);
 }
 
+/* Mode fed: a pull answers the values as they are (they change only when a
+ * round closes); a push is one client's update, kept until the round closes
+ * (psd-fedround.h). */
+static void psd_fed_data(Psd *p, WireMsg *m, Chunk **chunks) {
+        Psnet__Header *h = m->hdr;
+        char reason[256];
+        if (p->id.enabled && m->peer.role != PSNET__ROLE__ROLE_EDGE) {
+                psd_reply_error(p, &m->route, h, PSNET__STATUS__STATUS_DENIED,
+                                "a federated job is served to edge workers only");
+                return;
+        }
+        if (h->type == PSNET__MSG_TYPE__MSG_PULL) {
+                int r = psd_send_values(p, &m->route, h, chunks);
+                if (r < 0)
+                        log_warning_errno(r, "Failed to answer pull: %m");
+                return;
+        }
+        int st = fedshard_push(p->fed, p->store, h, chunks, m->frames, p->id.enabled ? m->peer.key : NULL, reason,
+                               sizeof reason);
+        if (st != PSNET__STATUS__STATUS_OK && st != PSNET__STATUS__STATUS_DUPLICATE) {
+                p->errors++;
+                log_warning("update refused client=%u round=%ld status=%s reason=\"%s\"", h->sender, (long) h->clock,
+                            status_name(st), reason);
+                psd_reply_error(p, &m->route, h, st, reason);
+                return;
+        }
+        for (size_t i = 0; i < h->n_keys; i++)
+                p->bytes_in += zmq_msg_size(&m->frames[i]);
+        Psnet__Header a;
+        wire_header_init(&a, PSNET__MSG_TYPE__MSG_PUSH_ACK);
+        a.has_seq = a.has_clock = a.has_sender = true;
+        a.seq = h->seq;
+        a.clock = h->clock;
+        a.sender = p->cfg->id;
+        a.has_status = st != PSNET__STATUS__STATUS_OK;
+        a.status = st;
+        int r = netsock_send(p->data, &m->route, &a, NULL, 0);
+        if (r < 0)
+                log_warning_errno(r, "Failed to acknowledge update client=%u: %m", h->sender);
+}
+
 static void psd_handle_data(Psd *p, WireMsg *m) {
         Psnet__Header *h = m->hdr;
         char reason[192];
@@ -288,6 +331,15 @@ static void psd_handle_data(Psd *p, WireMsg *m) {
         int st = store_lookup_keys(p->store, h, chunks, reason, sizeof reason);
         if (st != PSNET__STATUS__STATUS_OK) {
                 psd_reply_error(p, &m->route, h, st, reason);
+                return;
+        }
+        if (p->store->job.mode == MODE_FED) {
+                psd_fed_data(p, m, chunks);
+                return;
+        }
+        if (p->id.enabled && m->peer.role == PSNET__ROLE__ROLE_EDGE) {
+                psd_reply_error(p, &m->route, h, PSNET__STATUS__STATUS_DENIED,
+                                "edge workers take part in federated jobs only; this job is not one");
                 return;
         }
         if (h->type == PSNET__MSG_TYPE__MSG_PULL)
@@ -407,8 +459,11 @@ static void psd_apply_config(Psd *p, const Psnet__Config *ctl) {
                 bool seed = fresh && !restore && first;
                 if (fresh)
                         p->store->restoring = true;
+                uint64_t was_epoch = p->store->map ? shardmap_epoch(p->store->map) : 0;
                 r = store_configure(p->store, &job, map);
                 shardmap_free(map);
+                if (fresh || (p->store->map && shardmap_epoch(p->store->map) != was_epoch))
+                        fedshard_reset(p->fed); /* a round open under another job or map is gone */
                 if (r < 0) {
                         log_error_errno(r, "Failed to configure the store: %m");
                         return;
@@ -567,6 +622,33 @@ static void psd_checkpoint(Psd *p, const Psnet__Header *h) {
         psd_checkpoint_done(p, h->seq, &rep, st, reason);
 }
 
+/* pscoord opens or closes a federated round. */
+static void psd_round(Psd *p, const Psnet__Header *h) {
+        char reason[320] = "";
+        int st = fedshard_round(p->fed, p->store, h->round, p->memory_limit, reason, sizeof reason);
+        if (st != PSNET__STATUS__STATUS_OK)
+                log_warning("round refused number=%lu status=%s reason=\"%s\"", (unsigned long) h->round->number,
+                            status_name(st), reason);
+        Psnet__Round rd = PSNET__ROUND__INIT;
+        rd.number = h->round->number;
+        rd.has_close = h->round->has_close;
+        rd.close = h->round->close;
+        Psnet__Header r;
+        wire_header_init(&r, PSNET__MSG_TYPE__MSG_ROUND_REP);
+        r.body_case = PSNET__HEADER__BODY_ROUND;
+        r.round = &rd;
+        r.has_sender = true;
+        r.sender = p->cfg->id;
+        if (st != PSNET__STATUS__STATUS_OK) {
+                r.has_status = true;
+                r.status = st;
+                r.reason = reason;
+        }
+        int e = session_reply(p->coord, &r, h->seq);
+        if (e < 0)
+                log_warning_errno(e, "Failed to answer round %lu: %m", (unsigned long) rd.number);
+}
+
 static void psd_on_coord(Session *s, WireMsg *m, void *ud) {
         Psd *p = ud;
         (void) s;
@@ -579,6 +661,9 @@ static void psd_on_coord(Session *s, WireMsg *m, void *ud) {
                 break;
         case PSNET__MSG_TYPE__MSG_CHECKPOINT:
                 psd_checkpoint(p, m->hdr);
+                break;
+        case PSNET__MSG_TYPE__MSG_ROUND:
+                psd_round(p, m->hdr);
                 break;
         default:
                 log_debug("ignoring message from pscoord type=%s", wire_type_name(m->hdr->type));
@@ -818,6 +903,8 @@ int psd_run(const PsdConfig *cfg) {
                 goto finish;
         }
         r = checkpointer_new(p.store, &p.loop, cfg->id, psd_checkpoint_done, &p, &p.ckpt);
+        if (r == 0)
+                r = fedshard_new(&p.fed);
         if (r < 0) {
                 log_error_errno(r, "Failed to allocate the store: %m");
                 goto finish;
@@ -885,6 +972,7 @@ finish:
          * before the socket closes; the links go first, while the store lives. */
         if (p.ckpt)
                 checkpointer_free(p.ckpt);
+        p.fed = fedshard_free(p.fed);
         p.migrate = migrate_free(p.migrate);
         p.store = store_free(p.store);
         p.data = netsock_close(p.data);

@@ -78,7 +78,7 @@ static Chunk *chunk_free(Store *s, Chunk *c) {
  * left for the caller to fill (a chunk that moved here). */
 static int chunk_new(const Job *job, uint32_t t, uint32_t k, bool init, Chunk **ret) {
         uint32_t len = job_chunk_len(job, t, k);
-        size_t per = optim_state_per_value(&job->optim);
+        size_t per = job_state_per_value(job);
         Chunk *c = ps_calloc(1, sizeof *c);
         if (!c)
                 return -ENOMEM;
@@ -174,7 +174,7 @@ int store_install_image(Store *s, const ChunkImage *im) {
         uint32_t tensor = im->tensor, chunk = im->chunk, len = im->len;
         if (!s->has_job || !s->map || job_chunk_len(&s->job, tensor, chunk) != len)
                 return -EINVAL;
-        size_t per = optim_state_per_value(&s->job.optim);
+        size_t per = job_state_per_value(&s->job);
         if (im->state_floats != per * len || im->nlast > 65536 || im->npending > 65536)
                 return -EINVAL;
         int rank = shardmap_holder_rank(s->map, tensor, chunk, s->shard_id);
@@ -473,6 +473,20 @@ int store_apply(Store *s, Chunk *c, const float *g, ConsistencyMode mode, size_t
         OptimConf o = s->job.optim;
         o.lr *= job_lr_factor(&s->job, mode, (uint32_t) nworkers, clock);
         optim_apply(&o, ++c->steps, c->val->data, g, c->state, c->len);
+        s->applied++;
+        return 0;
+}
+
+int store_fed_apply(Store *s, Chunk *c, const float *const *updates, const uint64_t *examples, size_t n,
+                    float *scratch) {
+        int r = chunk_make_writable(s, c);
+        if (r < 0)
+                return r;
+        r = fed_aggregate(&s->job.fed.strategy, c->val->data, c->state, c->len, updates, examples, n, scratch);
+        if (r < 0)
+                return r;
+        c->steps++;
+        c->clock++;
         s->applied++;
         return 0;
 }

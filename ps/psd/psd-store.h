@@ -36,6 +36,7 @@ typedef struct Chunk {
         uint64_t pending_since; /* ms the first of them arrived */
         int64_t *last_clock;    /* per worker id: last clock applied or parked, -1 none */
         size_t nlast;
+        uint32_t fed_slot;      /* mode fed: its index in the open round's updates (psd-fedround.c) */
 } Chunk;
 
 /* The callback sends c's state to dest. replica false: c moves to dest, its
@@ -133,6 +134,11 @@ int store_lookup_keys(Store *s, const Psnet__Header *h, Chunk **chunks, char *re
  * push's 1/W share) of clock under mode: the job's optimizer with lr times
  * job_lr_factor. */
 int store_apply(Store *s, Chunk *c, const float *g, ConsistencyMode mode, size_t nworkers, int64_t clock);
+/* One federated round on c (mode fed): the job's strategy over the n client
+ * updates (fed_aggregate, scratch as it asks); the chunk's clock counts
+ * rounds. -EINVAL (nothing changed) for updates it refuses. */
+int store_fed_apply(Store *s, Chunk *c, const float *const *updates, const uint64_t *examples, size_t n,
+                    float *scratch);
 
 /* A reference to c's values as they are now (a later update copies them
  * first); drop it with store_value_unref, from any thread. */

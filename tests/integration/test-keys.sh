@@ -46,7 +46,7 @@ grep -q "role worker may not send JOB_STOP (admin only) (denied)" <<<"$out"; ok 
 grep -q "msg=\"refused request\" reason=\"role worker may not send JOB_STOP (admin only)\" status=denied key=[0-9a-f]\{16\} name=worker" "$RUN/pscoord.log"
 ok $? "pscoord logs it with the key's fingerprint"
 out=$(PSPOKE_KEYS=$K PSPOKE_KEY=edge "$PSPOKE" "$COORD" register-worker 2>&1)
-grep -q "status=denied .*reason=role edge may not send REGISTER" <<<"$out"; ok $? "an edge key cannot register as a worker ($out)"
+grep -q "status=denied .*reason=a key of role edge cannot register as a worker" <<<"$out"; ok $? "an edge key cannot register as a worker ($out)"
 out=$(PSPOKE_KEYS=$K PSPOKE_KEY=worker "$PSPOKE" "$COORD" register-server 2>&1)
 grep -q "status=denied .*reason=a key of role worker cannot register as a shard" <<<"$out"; ok $? "a worker key cannot register as a shard ($out)"
 len=$("$PSCTL" --coord "$COORD" --keys "$K" --json status | jq .job.chunk_floats)

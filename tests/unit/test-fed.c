@@ -1,4 +1,4 @@
-/* Unit tests for ps/psd/psd-fed.c: every federated aggregation strategy
+/* Unit tests for common/fed.c: every federated aggregation strategy
  * against values worked out by hand in the comments, for three clients with
  * 1, 2 and 1 examples:
  *   d1 = [1, -2], d2 = [3, 0], d3 = [-1, 4], w = [10, 20]
@@ -7,7 +7,7 @@
 #include <errno.h>
 #include <math.h>
 #include <string.h>
-#include "psd-fed.h"
+#include "fed.h"
 #include "tap.h"
 
 #define TOL 1e-5

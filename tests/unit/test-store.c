@@ -65,7 +65,7 @@ static void test_configure_two_shards(void) {
         if (!CHECK(map && s1 && s2, "two stores configured under a 2-shard map"))
                 goto out;
 
-        size_t per = optim_state_per_value(&job.optim);
+        size_t per = job_state_per_value(&job);
         uint64_t keys = 0, once = 0, by_map = 0, init_ok = 0, len_ok = 0, n1 = 0, n2 = 0;
         uint64_t bytes1 = 0, bytes2 = 0;
         float *want = fbuf(MAXLEN);
@@ -363,7 +363,7 @@ static void test_adopt(void) {
         CHECK(store_configure(s, &job, map) == 0 && s->nkeys == 0 && store_incoming(s) == job_nkeys(&job),
               "with restoring set, the first map creates no chunk (%lu awaited)", (unsigned long) store_incoming(s));
         uint32_t len = job_chunk_len(&job, 0, 0);
-        size_t per = optim_state_per_value(&job.optim);
+        size_t per = job_state_per_value(&job);
         ValBuf *v = store_value_new(len);
         float *st = ps_calloc(per ? (size_t) len * per : 1, sizeof(float));
         if (!CHECK(v && st, "buffers"))

@@ -33,6 +33,7 @@ struct Client {
         unsigned timers;               /* timers not yet closed */
         uint64_t map_epoch, need_epoch;
         uint64_t members_epoch;        /* sent with every request (0: not yet known) */
+        uint64_t examples;             /* sent with pushes (a federated update's example count; 0: none) */
         Job job;
         uint32_t worker_id;
         NetKeyPair keys;
@@ -200,6 +201,7 @@ uint64_t client_map_epoch(const Client *c) { return c->map_epoch; }
 uint64_t client_need_epoch(const Client *c) { return c->need_epoch; }
 void client_set_timeout(Client *c, unsigned ms) { c->timeout_ms = ms; }
 void client_set_members_epoch(Client *c, uint64_t epoch) { c->members_epoch = epoch; }
+void client_set_examples(Client *c, uint64_t examples) { c->examples = examples; }
 const ClientStats *client_stats(const Client *c) { return &c->stats; }
 bool client_busy(const Client *c) { return c->busy; }
 
@@ -215,6 +217,8 @@ static void header_for(Client *c, ShardConn *s, Psnet__Header *h, Psnet__MsgType
         h->keys = s->keyp;
         h->has_members_epoch = c->members_epoch != 0;
         h->members_epoch = c->members_epoch;
+        h->has_examples = type == PSNET__MSG_TYPE__MSG_PUSH && c->examples != 0;
+        h->examples = c->examples;
 }
 
 static float *tensor_at(float *const *tensors, const Job *job, const Psnet__Key *k) {
@@ -518,7 +522,7 @@ int client_round(Client *c, const float *const *grads, int64_t push_clock, float
                         c->busy = false;
                         return log_error_errno(r, "Failed to push to shard %u at %s: %m", s->id, s->endpoint);
                 }
-                if (!pulled && (r = send_pull(c, s, pull_clock)) < 0) {
+                if (!pulled && params && (r = send_pull(c, s, pull_clock)) < 0) {
                         c->busy = false;
                         return log_error_errno(r, "Failed to pull from shard %u at %s: %m", s->id, s->endpoint);
                 }

@@ -46,9 +46,12 @@ void client_set_timeout(Client *c, unsigned ms);
  * that has not heard of it yet answers UNAVAILABLE (asked again shortly). */
 void client_set_members_epoch(Client *c, uint64_t epoch);
 
+/* Pushes carry this example count (a federated update's; 0: none). */
+void client_set_examples(Client *c, uint64_t examples);
 /* Starts one round: when grads != NULL, pushes grads (one buffer per job
- * tensor) for push_clock; pulls every tensor into params for pull_clock (BSP:
- * the shard answers once that clock has closed). -EBUSY while a round runs. */
+ * tensor) for push_clock; when params != NULL, pulls every tensor into params
+ * for pull_clock (BSP: the shard answers once that clock has closed). -EBUSY
+ * while a round runs. */
 int client_round(Client *c, const float *const *grads, int64_t push_clock, float *const *params,
                  int64_t pull_clock, ClientRoundFn cb, void *ud);
 /* Prefetch: sends the pull of pull_clock into params now; the next

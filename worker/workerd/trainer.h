@@ -21,6 +21,10 @@ typedef struct WorkerConfig {
         bool prefetch;             /* pull the next clock while the step computes */
         char *keys, *key, *coord_key; /* CURVE: --keys DIR, this worker's key, pscoord's */
         char *http;                /* --http ADDR:PORT (NULL: none) */
+        /* --edge (edge.h): a federated client */
+        bool edge;
+        unsigned part, part_n;     /* --partition K/N: its share of the training set (part_n 0: all) */
+        double alpha;              /* --alpha: Dirichlet concentration of the split (<= 0: iid) */
 } WorkerConfig;
 
 /* Runs until the job is done (or the worker is stopped). 0, or a negative

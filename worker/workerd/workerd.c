@@ -7,12 +7,13 @@
 #include <stdlib.h>
 #include <string.h>
 #include "config.h"
+#include "edge.h"
 #include "log.h"
 #include "trainer.h"
 
 int main(int argc, char **argv) {
         WorkerConfig cfg = { .threads = 1, .connect_timeout = 10, .round_timeout = 120, .progress_ms = 1000 };
-        char *log_level = NULL, *backend = NULL, *prefetch = NULL;
+        char *log_level = NULL, *backend = NULL, *prefetch = NULL, *partition = NULL, *alpha = NULL;
         const Option opts[] = {
                 { "coord", OPT_STR, &cfg.coord, "ENDPOINT", "pscoord endpoint (default ipc:///tmp/psnet/coord.sock)" },
                 { "backend", OPT_STR, &backend, "NAME", "compute backend: cpu, cuda or auto (default auto)" },
@@ -37,6 +38,14 @@ int main(int argc, char **argv) {
                 { "coord-key", OPT_STR, &cfg.coord_key, "NAME", "pscoord's key in --keys (default pscoord)" },
                 { "http", OPT_STR, &cfg.http, "ADDR:PORT",
                   "serve /metrics, /healthz and /readyz over HTTP (e.g. 127.0.0.1:9102, :9102 for all addresses; empty: off)" },
+                { "edge", OPT_BOOL, &cfg.edge, NULL,
+                  "a federated client (edge role) for jobs of mode fed: trains on its own data in the rounds "
+                  "pscoord samples it for, pushes only the change of the weights (default backend cpu)" },
+                { "partition", OPT_STR, &partition, "K/N",
+                  "--edge: keep only share K (0-based) of N of the training set (default: all of --data)" },
+                { "alpha", OPT_STR, &alpha, "A",
+                  "--edge with --partition: split by label with Dirichlet(A) proportions per class (non-IID; "
+                  "small A, few classes each), or iid (default)" },
                 { "log-level", OPT_STR, &log_level, "LEVEL", "debug, info, warning or error" },
         };
         const ProgramInfo prog = {
@@ -72,12 +81,41 @@ int main(int argc, char **argv) {
                 fprintf(stderr, "workerd: --round-timeout must be >= 1\n");
                 r = -1;
         }
+        if (r == 0 && partition) {
+                char *end;
+                unsigned long k = strtoul(partition, &end, 10), n = 0;
+                if (end != partition && *end == '/')
+                        n = strtoul(end + 1, &end, 10);
+                if (*end || n == 0 || n > 1000000 || k >= n) {
+                        fprintf(stderr, "workerd: --partition is K/N with 0 <= K < N, not '%s'\n", partition);
+                        r = -1;
+                } else {
+                        cfg.part = (unsigned) k;
+                        cfg.part_n = (unsigned) n;
+                }
+        }
+        if (r == 0 && alpha && strcmp(alpha, "iid") != 0) {
+                char *end;
+                cfg.alpha = strtod(alpha, &end);
+                if (*end || !(cfg.alpha > 0) || cfg.alpha > 1e6) {
+                        fprintf(stderr, "workerd: --alpha is a number > 0 or iid, not '%s'\n", alpha);
+                        r = -1;
+                }
+        }
+        if (r == 0 && (partition || alpha) && !cfg.edge) {
+                fprintf(stderr, "workerd: --partition and --alpha are for edge workers (--edge)\n");
+                r = -1;
+        }
+        if (r == 0 && alpha && !partition) {
+                fprintf(stderr, "workerd: --alpha splits the data among clients: give --partition K/N too\n");
+                r = -1;
+        }
         if (r == 0) {
                 WorkerConfig run = cfg;
                 run.coord = cfg.coord ? cfg.coord : (char *) "ipc:///tmp/psnet/coord.sock";
-                run.backend = backend ? backend : (char *) "auto";
+                run.backend = backend ? backend : (char *) (cfg.edge ? "cpu" : "auto");
                 run.prefetch = prefetch && strcmp(prefetch, "on") == 0;
-                r = trainer_run(&run);
+                r = cfg.edge ? edge_run(&run) : trainer_run(&run);
                 r = r == -EINVAL ? 2 : r < 0 ? EXIT_FAILURE : EXIT_SUCCESS;
         } else
                 r = r > 0 ? EXIT_SUCCESS : 2;

@@ -3,8 +3,8 @@
  * its update as a delta, d_i = (its weights after local training) - (the
  * round's global weights), with the number of examples it trained on, n_i.
  * Each shard aggregates the chunks it leads, so no one server limits the
- * model's size. Not wired into rounds yet: the strategies' arithmetic, checked
- * against values worked out by hand (tests/unit/test-fed.c).
+ * model's size: at the close of each federated round (ps/psd/psd-fedround.c).
+ * Checked against values worked out by hand (tests/unit/test-fed.c).
  *
  * With D = sum(n_i d_i) / sum(n_i) (FedAvg's weighted mean) and server lr eta
  * (Reddi et al., "Adaptive Federated Optimization", ICLR 2021; the defaults

@@ -1,10 +1,10 @@
-/* Federated aggregation strategies; see psd-fed.h. */
+/* Federated aggregation strategies; see fed.h. */
 #include <errno.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include "psd-fed.h"
+#include "fed.h"
 
 static const struct {
         const char *name;

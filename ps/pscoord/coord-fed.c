@@ -1,0 +1,476 @@
+/* pscoord's federated rounds (mode fed). One round at a time:
+ *
+ *   WAITING  --min-available edge workers connected-->  OPENING: the round's
+ *   sample goes to every shard of the map (MSG_ROUND), which make room for
+ *   its updates  --every shard answered-->  TRAINING: each sampled client is
+ *   told to train (MSG_ROUND); it pulls, trains locally, pushes its delta to
+ *   the shards and then tells pscoord (MSG_ROUND_REP)  --every sampled client
+ *   answered or left, or --round-timeout-->  CLOSING: the shards aggregate the
+ *   updates of the clients that answered (MSG_ROUND close) when at least
+ *   --min-clients did, else drop them all and the round runs again with a
+ *   fresh sample  --every shard answered-->  WAITING (the next round) or,
+ *   after --rounds, EVALUATING: one edge worker pulls the final model and
+ *   reports its accuracy (MSG_RESULT); the job is done.
+ *
+ * A client is counted only once its pushes are acknowledged by every shard
+ * and pscoord accepted its answer while the round was open; the close names
+ * exactly those clients, so every shard aggregates the same set. A round
+ * never waits for a client that left, and never longer than its time-out. */
+#include "hash.h"
+#include "coord-internal.h"
+
+#define FED_SHARD_WAIT_MS 30000u  /* at least: a shard opening or closing a round */
+#define FED_MAX_SHARD_FAILURES 5u /* closes in a row a shard refused: the job fails */
+#define FED_RETRY_MS 100u         /* a shard not ready to open a round: asked again after this */
+
+static const char *phase_name(FedPhase p) {
+        static const char *const names[] = { "waiting", "opening", "training", "closing", "evaluating", "done" };
+        return p <= FED_DONE ? names[p] : "?";
+}
+
+static void round_clear(FedRounds *f) {
+        ps_free(f->clients);
+        ps_free(f->answered);
+        ps_free(f->examples);
+        ps_free(f->loss);
+        ps_free(f->shard_replied);
+        f->clients = NULL;
+        f->answered = NULL;
+        f->examples = NULL;
+        f->loss = NULL;
+        f->shard_replied = NULL;
+        f->nclients = f->nanswered = f->replies = f->expected = 0;
+}
+
+void coord_fed_free(Coord *c) {
+        round_clear(&c->fed);
+}
+
+void coord_fed_reset(Coord *c) {
+        coord_fed_free(c);
+        memset(&c->fed, 0, sizeof c->fed);
+}
+
+static FedRecord *record_find(FedRounds *f, uint64_t number) {
+        for (size_t k = 0; k < f->nhist; k++) {
+                FedRecord *r = &f->hist[(f->hist_end + COORD_FED_HISTORY - 1 - k) % COORD_FED_HISTORY];
+                if (r->number == number)
+                        return r;
+        }
+        return NULL;
+}
+
+static FedRecord *record_new(FedRounds *f) {
+        FedRecord *r = &f->hist[f->hist_end];
+        f->hist_end = (f->hist_end + 1) % COORD_FED_HISTORY;
+        f->nhist = MIN(f->nhist + 1, (size_t) COORD_FED_HISTORY);
+        memset(r, 0, sizeof *r);
+        return r;
+}
+
+static bool available(const Peer *p) {
+        return p->role == PSNET__ROLE__ROLE_EDGE && !p->detached;
+}
+
+/* Sends MSG_ROUND to every shard of the map: the round's sample (open) or the
+ * clients whose updates count (close; none: drop them). */
+static int send_shards(Coord *c, bool close, const uint32_t *ids, size_t n) {
+        FedRounds *f = &c->fed;
+        size_t ns = shardmap_size(c->map);
+        _cleanup_free_ ProtobufCBinaryData *keys = ps_calloc(n ? n : 1, sizeof *keys);
+        if (!keys)
+                return -ENOMEM;
+        for (size_t i = 0; c->id.enabled && !close && i < n; i++) {
+                Peer *p = coord_find_peer(c, PSNET__ROLE__ROLE_EDGE, ids[i]);
+                keys[i] = (ProtobufCBinaryData) { .len = 32, .data = p ? p->public_key : NULL };
+                if (!p)
+                        return -ENOENT;
+        }
+        ps_free(f->shard_replied);
+        f->shard_replied = ps_calloc(ns ? ns : 1, sizeof *f->shard_replied);
+        if (!f->shard_replied)
+                return -ENOMEM;
+        Psnet__Round rd = PSNET__ROUND__INIT;
+        rd.number = f->number;
+        rd.has_round = true;
+        rd.round = f->done + 1;
+        rd.n_clients = n;
+        rd.clients = (uint32_t *) ids;
+        rd.has_close = close;
+        rd.close = close;
+        rd.n_keys = c->id.enabled && !close ? n : 0;
+        rd.keys = keys;
+        Psnet__Header h;
+        wire_header_init(&h, PSNET__MSG_TYPE__MSG_ROUND);
+        h.body_case = PSNET__HEADER__BODY_ROUND;
+        h.round = &rd;
+        f->replies = 0;
+        f->expected = ns;
+        f->shard_deadline = now_ms() + MAX(FED_SHARD_WAIT_MS, c->job.fed.round_timeout_ms);
+        for (size_t i = 0; i < ns; i++) {
+                const ShardDesc *sd = shardmap_shard(c->map, i);
+                Peer *p = coord_find_peer(c, PSNET__ROLE__ROLE_SERVER, sd->id);
+                int r = p && !p->detached ? coord_reply_hdr(c, &p->route, &h, f->number) : -ENOTCONN;
+                if (r < 0)
+                        return r;
+        }
+        return 0;
+}
+
+/* Samples the round's clients among those connected: max(min_clients,
+ * ceil(fraction x available)), uniformly (a seeded partial shuffle). */
+static int round_open(Coord *c, Peer **avail, size_t navail) {
+        FedRounds *f = &c->fed;
+        const FedConf *fc = &c->job.fed;
+        size_t k = (size_t) ceil((double) fc->fraction * (double) navail - 1e-9);
+        k = MIN(MAX(k, (size_t) fc->min_clients), navail);
+        uint64_t x = c->job.seed * 0x9e3779b97f4a7c15ull + f->number + 1;
+        for (size_t i = 0; i < k; i++) {
+                size_t j = i + (size_t) (splitmix64_next(&x) % (navail - i));
+                Peer *t = avail[i];
+                avail[i] = avail[j];
+                avail[j] = t;
+        }
+        round_clear(f);
+        f->clients = ps_malloc(k * sizeof *f->clients);
+        f->answered = ps_calloc(k, sizeof *f->answered);
+        f->examples = ps_calloc(k, sizeof *f->examples);
+        f->loss = ps_calloc(k, sizeof *f->loss);
+        if (!f->clients || !f->answered || !f->examples || !f->loss)
+                return -ENOMEM;
+        for (size_t i = 0; i < k; i++)
+                f->clients[i] = avail[i]->id;
+        /* Ascending ids: every shard sums in the same order. */
+        for (size_t i = 1; i < k; i++)
+                for (size_t j = i; j > 0 && f->clients[j - 1] > f->clients[j]; j--) {
+                        uint32_t t = f->clients[j];
+                        f->clients[j] = f->clients[j - 1];
+                        f->clients[j - 1] = t;
+                }
+        f->nclients = k;
+        f->number++;
+        f->phase = FED_OPENING;
+        f->opened_ms = now_ms();
+        FedRecord *r = record_new(f);
+        r->number = f->number;
+        r->sampled = (uint32_t) k;
+        log_info("round opening number=%lu round=%u/%u sampled=%zu available=%zu", (unsigned long) f->number,
+                 f->done + 1, fc->rounds, k, navail);
+        return send_shards(c, false, f->clients, k);
+}
+
+/* Every shard made room: the sampled clients train. */
+static void round_train(Coord *c) {
+        FedRounds *f = &c->fed;
+        Psnet__Round rd = PSNET__ROUND__INIT;
+        rd.number = f->number;
+        rd.has_round = rd.has_timeout_ms = true;
+        rd.round = f->done + 1;
+        rd.timeout_ms = c->job.fed.round_timeout_ms;
+        Psnet__Header h;
+        wire_header_init(&h, PSNET__MSG_TYPE__MSG_ROUND);
+        h.body_case = PSNET__HEADER__BODY_ROUND;
+        h.round = &rd;
+        f->phase = FED_TRAINING;
+        f->opened_ms = now_ms();
+        f->deadline = f->opened_ms + c->job.fed.round_timeout_ms;
+        for (size_t i = 0; i < f->nclients; i++) {
+                Peer *p = coord_find_peer(c, PSNET__ROLE__ROLE_EDGE, f->clients[i]);
+                int r = p ? coord_reply_hdr(c, &p->route, &h, 0) : -ENOTCONN;
+                if (r < 0)
+                        log_warning_errno(r, "Failed to send round %lu to edge=%u: %m", (unsigned long) f->number,
+                                          f->clients[i]);
+        }
+}
+
+/* Training is over for this round (everyone answered or left, or time is
+ * up): the shards aggregate, or drop the updates when too few came. */
+static void round_close(Coord *c, const char *why) {
+        FedRounds *f = &c->fed;
+        FedRecord *rec = record_find(f, f->number);
+        _cleanup_free_ uint32_t *ids = ps_malloc((f->nclients ? f->nclients : 1) * sizeof *ids);
+        size_t n = 0;
+        double loss = 0;
+        uint64_t examples = 0;
+        if (!ids) {
+                coord_job_fail(c, "out of memory closing a round");
+                return;
+        }
+        for (size_t i = 0; i < f->nclients; i++)
+                if (f->answered[i]) {
+                        ids[n++] = f->clients[i];
+                        loss += (double) f->loss[i] * (double) f->examples[i];
+                        examples += f->examples[i];
+                }
+        f->aggregate = n >= c->job.fed.min_clients;
+        if (rec) {
+                rec->answered = (uint32_t) n;
+                rec->dropped = (uint32_t) (f->nclients - n);
+                rec->loss = examples ? (float) (loss / (double) examples) : 0.0f;
+                rec->seconds = (float) (now_ms() - f->opened_ms) / 1000.0f;
+                if (!f->aggregate)
+                        snprintf(rec->note, sizeof rec->note, "%zu of the %u updates it needs (%s)", n,
+                                 c->job.fed.min_clients, why);
+        }
+        log_info("round closing number=%lu answered=%zu sampled=%zu why=\"%s\"%s", (unsigned long) f->number, n,
+                 f->nclients, why, f->aggregate ? "" : " aggregate=no");
+        f->phase = FED_CLOSING;
+        int r = send_shards(c, true, ids, f->aggregate ? n : 0);
+        if (r < 0) {
+                char reason[160];
+                snprintf(reason, sizeof reason, "cannot close round %lu on the shards: %s", (unsigned long) f->number,
+                         strerror(-r));
+                coord_job_fail(c, reason);
+        }
+}
+
+/* Every shard has closed the round. */
+static void round_closed(Coord *c) {
+        FedRounds *f = &c->fed;
+        FedRecord *rec = record_find(f, f->number);
+        if (f->aggregate) {
+                f->done++;
+                if (rec)
+                        rec->round = f->done;
+                log_info("round done round=%u/%u number=%lu answered=%u sampled=%zu dropped=%u loss=%.4f "
+                         "seconds=%.2f", f->done, c->job.fed.rounds, (unsigned long) f->number,
+                         rec ? rec->answered : 0, f->nclients, rec ? rec->dropped : 0, rec ? rec->loss : 0.0,
+                         rec ? rec->seconds : 0.0);
+        } else {
+                f->failed++;
+                log_warning("round failed number=%lu reason=\"%s\": it runs again with a fresh sample",
+                            (unsigned long) f->number, rec ? rec->note : "");
+        }
+        round_clear(f);
+        f->phase = FED_WAITING;
+        f->said_waiting = false;
+}
+
+/* The final model is evaluated by one edge worker (the lowest id connected). */
+static void evaluate_ask(Coord *c) {
+        FedRounds *f = &c->fed;
+        Peer *e = NULL;
+        for (size_t i = 0; i < c->npeers; i++)
+                if (available(&c->peers[i]) && (!e || c->peers[i].id < e->id))
+                        e = &c->peers[i];
+        f->phase = FED_EVALUATING;
+        if (!e) {
+                c->evaluator = 0;
+                if (!f->said_waiting)
+                        log_info("rounds done: waiting for an edge worker to evaluate the final model");
+                f->said_waiting = true;
+                return;
+        }
+        Psnet__Round rd = PSNET__ROUND__INIT;
+        rd.number = f->number;
+        rd.has_evaluate = rd.evaluate = true;
+        Psnet__Header h;
+        wire_header_init(&h, PSNET__MSG_TYPE__MSG_ROUND);
+        h.body_case = PSNET__HEADER__BODY_ROUND;
+        h.round = &rd;
+        c->evaluator = e->id;
+        f->deadline = now_ms() + MAX(FED_SHARD_WAIT_MS, c->job.fed.round_timeout_ms);
+        log_info("rounds done rounds=%u: edge=%u evaluates the final model", f->done, e->id);
+        int r = coord_reply_hdr(c, &e->route, &h, 0);
+        if (r < 0)
+                log_warning_errno(r, "Failed to ask edge=%u to evaluate: %m", e->id);
+}
+
+void coord_fed_poll(Coord *c) {
+        FedRounds *f = &c->fed;
+        if (c->job.mode != MODE_FED || c->state != JOB_RUNNING || !c->map)
+                return;
+        uint64_t now = now_ms();
+        if ((f->phase == FED_OPENING || f->phase == FED_CLOSING) && now > f->shard_deadline) {
+                char reason[192];
+                snprintf(reason, sizeof reason, "%zu of %zu shards answered round %lu's %s within %u s", f->replies,
+                         f->expected, (unsigned long) f->number, f->phase == FED_OPENING ? "opening" : "closing",
+                         (unsigned) (MAX(FED_SHARD_WAIT_MS, c->job.fed.round_timeout_ms) / 1000));
+                coord_job_fail(c, reason);
+                return;
+        }
+        if (f->phase == FED_TRAINING) {
+                size_t waiting = 0;
+                for (size_t i = 0; i < f->nclients; i++)
+                        waiting += !f->answered[i] && coord_find_peer(c, PSNET__ROLE__ROLE_EDGE, f->clients[i]);
+                if (waiting == 0)
+                        round_close(c, f->nanswered == f->nclients ? "every sampled client answered"
+                                                                    : "the others left");
+                else if (now >= f->deadline)
+                        round_close(c, "--round-timeout");
+                return;
+        }
+        if (f->phase == FED_EVALUATING) {
+                if (!c->evaluator || !coord_find_peer(c, PSNET__ROLE__ROLE_EDGE, c->evaluator) || now > f->deadline)
+                        evaluate_ask(c);
+                return;
+        }
+        if (f->phase != FED_WAITING || now < f->retry_at)
+                return;
+        if (f->done >= c->job.fed.rounds) {
+                f->said_waiting = false;
+                evaluate_ask(c);
+                return;
+        }
+        size_t n = 0;
+        _cleanup_free_ Peer **avail = ps_malloc((c->npeers ? c->npeers : 1) * sizeof *avail);
+        if (!avail)
+                return;
+        for (size_t i = 0; i < c->npeers; i++)
+                if (available(&c->peers[i]))
+                        avail[n++] = &c->peers[i];
+        if (n < c->job.fed.min_available) {
+                if (!f->said_waiting)
+                        log_info("round waits for edge workers available=%zu min_available=%u", n,
+                                 c->job.fed.min_available);
+                f->said_waiting = true;
+                return;
+        }
+        int r = round_open(c, avail, n);
+        if (r < 0) {
+                char reason[160];
+                snprintf(reason, sizeof reason, "cannot open round %lu on the shards: %s", (unsigned long) f->number,
+                         strerror(-r));
+                coord_job_fail(c, reason);
+        }
+}
+
+/* A shard's answer to an opening or a closing. */
+static void shard_rep(Coord *c, WireMsg *m, Peer *p) {
+        FedRounds *f = &c->fed;
+        const Psnet__Header *h = m->hdr;
+        int idx = c->map ? shardmap_find(c->map, p->id) : -1;
+        if (c->state != JOB_RUNNING || c->job.mode != MODE_FED)
+                return;
+        if ((f->phase != FED_OPENING && f->phase != FED_CLOSING) || h->round->number != f->number || idx < 0 ||
+            !f->shard_replied || f->shard_replied[idx])
+                return; /* an answer to a round given up on */
+        f->shard_replied[idx] = true;
+        f->replies++;
+        if (f->phase == FED_OPENING && h->status == PSNET__STATUS__STATUS_MIGRATING) {
+                /* Its keys are still being built or moved in: open again shortly
+                 * (a new number; the shards that opened this one drop it then). */
+                log_info("round not opened: shard %u is not ready (%s); again shortly", p->id,
+                         h->reason ? h->reason : "keys arriving");
+                round_clear(f);
+                f->hist_end = (f->hist_end + COORD_FED_HISTORY - 1) % COORD_FED_HISTORY;
+                f->nhist--;
+                f->phase = FED_WAITING;
+                f->retry_at = now_ms() + FED_RETRY_MS;
+                return;
+        }
+        if (h->status != PSNET__STATUS__STATUS_OK) {
+                char reason[320];
+                snprintf(reason, sizeof reason, "shard %u refused round %lu's %s: %s", p->id,
+                         (unsigned long) f->number, f->phase == FED_OPENING ? "opening" : "closing",
+                         h->reason ? h->reason : status_name(h->status));
+                if (f->phase == FED_OPENING || h->status == PSNET__STATUS__STATUS_RESOURCE ||
+                    ++f->shard_failures >= FED_MAX_SHARD_FAILURES) {
+                        coord_job_fail(c, reason);
+                        return;
+                }
+                log_warning("%s", reason);
+                f->aggregate = false; /* counted as failed once every shard answered */
+                FedRecord *rec = record_find(f, f->number);
+                if (rec)
+                        snprintf(rec->note, sizeof rec->note, "a shard refused it");
+        } else if (f->phase == FED_CLOSING && f->replies == f->expected && f->aggregate)
+                f->shard_failures = 0;
+        if (f->replies < f->expected)
+                return;
+        if (f->phase == FED_OPENING)
+                round_train(c);
+        else
+                round_closed(c);
+        coord_fed_poll(c);
+}
+
+/* An edge worker's answer: its update is on every shard. */
+static void edge_rep(Coord *c, WireMsg *m, Peer *p) {
+        FedRounds *f = &c->fed;
+        const Psnet__Round *rd = m->hdr->round;
+        char reason[192];
+        size_t i = 0;
+        while (i < f->nclients && f->clients[i] != p->id)
+                i++;
+        bool open = c->job.mode == MODE_FED && c->state == JOB_RUNNING && f->phase == FED_TRAINING &&
+                    rd->number == f->number;
+        if (!open || i == f->nclients || f->answered[i]) {
+                FedRecord *rec = record_find(f, rd->number);
+                if (rd->number <= f->number && (!open || i < f->nclients)) {
+                        f->late++;
+                        if (rec)
+                                rec->late++;
+                        snprintf(reason, sizeof reason, "round %lu closed before this update came: it is not counted "
+                                 "(late; --round-timeout %u s)", (unsigned long) rd->number,
+                                 c->job.fed.round_timeout_ms / 1000);
+                        log_info("late update edge=%u number=%lu", p->id, (unsigned long) rd->number);
+                        coord_reply_error(c, &m->route, m->hdr->seq, PSNET__STATUS__STATUS_STALE, reason);
+                } else {
+                        snprintf(reason, sizeof reason, "edge %u was not sampled for round %lu", p->id,
+                                 (unsigned long) rd->number);
+                        coord_reply_error(c, &m->route, m->hdr->seq, PSNET__STATUS__STATUS_INVALID, reason);
+                }
+                return;
+        }
+        if (!rd->has_examples || rd->examples == 0 || (rd->has_loss && !isfinite(rd->loss))) {
+                coord_reply_error(c, &m->route, m->hdr->seq, PSNET__STATUS__STATUS_INVALID,
+                                  "an update's answer carries its example count (>= 1) and a finite loss");
+                return;
+        }
+        f->answered[i] = true;
+        f->examples[i] = rd->examples;
+        f->loss[i] = rd->has_loss ? rd->loss : 0.0f;
+        f->nanswered++;
+        (void) coord_reply_job(c, &m->route, m->hdr->seq, "counted");
+        coord_fed_poll(c);
+}
+
+void coord_handle_round_rep(Coord *c, WireMsg *m, Peer *p) {
+        if (p->role == PSNET__ROLE__ROLE_SERVER)
+                shard_rep(c, m, p);
+        else if (p->role == PSNET__ROLE__ROLE_EDGE)
+                edge_rep(c, m, p);
+        else
+                coord_reply_error(c, &m->route, m->hdr->seq, PSNET__STATUS__STATUS_DENIED,
+                                  "ROUND_REP comes from shards and edge workers");
+}
+
+void coord_fed_status(Coord *c, Psnet__FedStatus *s, Psnet__RoundRecord *recs, Psnet__RoundRecord **recp) {
+        FedRounds *f = &c->fed;
+        psnet__fed_status__init(s);
+        size_t avail = 0;
+        for (size_t i = 0; i < c->npeers; i++)
+                avail += available(&c->peers[i]);
+        s->has_rounds_done = s->has_rounds = s->has_number = s->has_sampled = s->has_answered = true;
+        s->has_available = s->has_failed = s->has_late = s->has_round_ms = true;
+        s->rounds_done = f->done;
+        s->rounds = c->job.fed.rounds;
+        s->number = f->number;
+        s->phase = (char *) (c->state == JOB_DONE ? "done" : phase_name(f->phase));
+        s->sampled = (uint32_t) f->nclients;
+        s->answered = (uint32_t) f->nanswered;
+        s->available = (uint32_t) avail;
+        s->failed = f->failed;
+        s->late = f->late;
+        s->round_ms = f->phase == FED_TRAINING ? now_ms() - f->opened_ms : 0;
+        for (size_t k = 0; k < f->nhist; k++) {
+                const FedRecord *r = &f->hist[(f->hist_end + COORD_FED_HISTORY - f->nhist + k) % COORD_FED_HISTORY];
+                Psnet__RoundRecord *o = &recs[k];
+                psnet__round_record__init(o);
+                o->number = r->number;
+                o->has_round = o->has_sampled = o->has_answered = o->has_late = o->has_dropped = true;
+                o->has_loss = o->has_seconds = true;
+                o->round = r->round;
+                o->sampled = r->sampled;
+                o->answered = r->answered;
+                o->late = r->late;
+                o->dropped = r->dropped;
+                o->loss = r->loss;
+                o->seconds = r->seconds;
+                o->note = r->note[0] ? (char *) r->note : NULL;
+                recp[k] = o;
+        }
+        s->n_history = f->nhist;
+        s->history = recp;
+}

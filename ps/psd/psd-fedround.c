@@ -1,0 +1,285 @@
+/* A federated job's rounds on the shard; see psd-fedround.h. */
+#include <errno.h>
+#include <math.h>
+#include <stdio.h>
+#include <string.h>
+#include "alloc.h"
+#include "log.h"
+#include "psd-fedround.h"
+
+struct FedShard {
+        uint64_t number;            /* the round open (0: none) */
+        bool open;
+        uint32_t *clients;          /* ascending, as pscoord sent them */
+        uint8_t (*keys)[32];        /* with CURVE, parallel to clients */
+        size_t nclients;
+        Chunk **slots;              /* the chunks this shard leads, when the round opened */
+        size_t nslots;
+        float **upd;                /* [client * nslots + slot]: NULL until pushed */
+        uint64_t *examples;         /* per client (0: nothing pushed yet) */
+        uint64_t bytes;
+};
+
+int fedshard_new(FedShard **ret) {
+        *ret = ps_calloc(1, sizeof **ret);
+        return *ret ? 0 : -ENOMEM;
+}
+
+void fedshard_reset(FedShard *f) {
+        for (size_t i = 0; f->upd && i < f->nclients * f->nslots; i++)
+                ps_free(f->upd[i]);
+        ps_free(f->upd);
+        ps_free(f->clients);
+        ps_free(f->keys);
+        ps_free(f->slots);
+        ps_free(f->examples);
+        f->upd = NULL;
+        f->clients = NULL;
+        f->keys = NULL;
+        f->slots = NULL;
+        f->examples = NULL;
+        f->nclients = f->nslots = 0;
+        f->bytes = 0;
+        f->open = false;
+}
+
+FedShard *fedshard_free(FedShard *f) {
+        if (f) {
+                fedshard_reset(f);
+                ps_free(f);
+        }
+        return NULL;
+}
+
+uint64_t fedshard_number(const FedShard *f) { return f->open ? f->number : 0; }
+uint64_t fedshard_bytes(const FedShard *f) { return f->bytes; }
+
+static void count_slot(Store *s, Chunk *c, void *ud) {
+        FedShard *f = ud;
+        (void) s;
+        if (!c->backup) {
+                if (f->slots)
+                        f->slots[f->nslots] = c;
+                c->fed_slot = (uint32_t) f->nslots;
+                f->nslots++;
+        }
+}
+
+static int round_open(FedShard *f, Store *s, const Psnet__Round *rd, uint64_t memory_limit, char *reason, size_t n) {
+        fedshard_reset(f);
+        if (rd->n_keys && rd->n_keys != rd->n_clients) {
+                snprintf(reason, n, "round %lu names %zu clients and %zu keys", (unsigned long) rd->number,
+                         rd->n_clients, rd->n_keys);
+                return PSNET__STATUS__STATUS_MALFORMED;
+        }
+        for (size_t i = 1; i < rd->n_clients; i++)
+                if (rd->clients[i] <= rd->clients[i - 1]) {
+                        snprintf(reason, n, "round %lu's clients are not in ascending order", (unsigned long) rd->number);
+                        return PSNET__STATUS__STATUS_MALFORMED;
+                }
+        store_foreach(s, count_slot, f); /* counts */
+        size_t nslots = f->nslots;
+        uint64_t floats = 0;
+        f->nslots = 0;
+        f->slots = ps_malloc((nslots ? nslots : 1) * sizeof *f->slots);
+        if (!f->slots)
+                goto nomem;
+        store_foreach(s, count_slot, f); /* fills */
+        for (size_t i = 0; i < f->nslots; i++)
+                floats += f->slots[i]->len;
+        uint64_t need = floats * sizeof(float) * rd->n_clients;
+        if (memory_limit && s->bytes + need > memory_limit) {
+                snprintf(reason, n, "round %lu's %zu updates need %.1f MiB on this shard beyond its %.1f MiB of "
+                         "values; its memory limit is %.1f MiB (sample fewer clients, or add shards)",
+                         (unsigned long) rd->number, rd->n_clients, (double) need / 1048576.0,
+                         (double) s->bytes / 1048576.0, (double) memory_limit / 1048576.0);
+                fedshard_reset(f);
+                return PSNET__STATUS__STATUS_RESOURCE;
+        }
+        size_t nc = rd->n_clients;
+        f->clients = ps_malloc((nc ? nc : 1) * sizeof *f->clients);
+        f->examples = ps_calloc(nc ? nc : 1, sizeof *f->examples);
+        f->upd = ps_calloc(MAX(nc * f->nslots, (size_t) 1), sizeof *f->upd);
+        if (rd->n_keys)
+                f->keys = ps_malloc(nc * sizeof *f->keys);
+        if (!f->clients || !f->examples || !f->upd || (rd->n_keys && !f->keys))
+                goto nomem;
+        for (size_t i = 0; i < nc; i++) {
+                f->clients[i] = rd->clients[i];
+                if (rd->n_keys) {
+                        if (rd->keys[i].len != 32) {
+                                snprintf(reason, n, "round %lu: client %u's key is not 32 bytes",
+                                         (unsigned long) rd->number, rd->clients[i]);
+                                fedshard_reset(f);
+                                return PSNET__STATUS__STATUS_MALFORMED;
+                        }
+                        memcpy(f->keys[i], rd->keys[i].data, 32);
+                }
+        }
+        f->nclients = nc;
+        f->number = rd->number;
+        f->open = true;
+        log_info("round open number=%lu clients=%zu chunks=%zu", (unsigned long) f->number, nc, f->nslots);
+        return PSNET__STATUS__STATUS_OK;
+nomem:
+        fedshard_reset(f);
+        snprintf(reason, n, "out of memory opening round %lu", (unsigned long) rd->number);
+        return PSNET__STATUS__STATUS_RESOURCE;
+}
+
+static ssize_t client_index(const FedShard *f, uint32_t id) {
+        size_t lo = 0, hi = f->nclients;
+        while (lo < hi) {
+                size_t mid = (lo + hi) / 2;
+                if (f->clients[mid] == id)
+                        return (ssize_t) mid;
+                if (f->clients[mid] < id)
+                        lo = mid + 1;
+                else
+                        hi = mid;
+        }
+        return -1;
+}
+
+static int round_close(FedShard *f, Store *s, const Psnet__Round *rd, char *reason, size_t n) {
+        if (!f->open || rd->number != f->number) {
+                snprintf(reason, n, "round %lu is not open on this shard (%s %lu)", (unsigned long) rd->number,
+                         f->open ? "it has round" : "last round", (unsigned long) f->number);
+                return PSNET__STATUS__STATUS_INVALID;
+        }
+        size_t k = rd->n_clients;
+        if (k == 0) {
+                log_info("round dropped number=%lu", (unsigned long) f->number);
+                fedshard_reset(f);
+                return PSNET__STATUS__STATUS_OK;
+        }
+        _cleanup_free_ ssize_t *idx = ps_malloc(k * sizeof *idx);
+        _cleanup_free_ const float **u = ps_malloc(k * sizeof *u);
+        _cleanup_free_ uint64_t *ex = ps_malloc(k * sizeof *ex);
+        uint32_t maxlen = 0;
+        for (size_t j = 0; j < f->nslots; j++)
+                maxlen = MAX(maxlen, f->slots[j]->len);
+        _cleanup_free_ float *scratch = ps_malloc(((size_t) MAX(k, (size_t) 1) * 2 + maxlen) * sizeof *scratch);
+        if (!idx || !u || !ex || !scratch) {
+                snprintf(reason, n, "out of memory closing round %lu", (unsigned long) f->number);
+                return PSNET__STATUS__STATUS_RESOURCE;
+        }
+        /* Every named client has its whole update here, or nothing changes. */
+        for (size_t i = 0; i < k; i++) {
+                idx[i] = client_index(f, rd->clients[i]);
+                if (idx[i] < 0) {
+                        snprintf(reason, n, "round %lu: client %u was not sampled", (unsigned long) f->number,
+                                 rd->clients[i]);
+                        return PSNET__STATUS__STATUS_INVALID;
+                }
+                ex[i] = f->examples[idx[i]];
+                for (size_t j = 0; j < f->nslots; j++)
+                        if (!f->upd[(size_t) idx[i] * f->nslots + j]) {
+                                snprintf(reason, n, "round %lu: client %u's update of key %u/%u never came here",
+                                         (unsigned long) f->number, rd->clients[i], f->slots[j]->tensor,
+                                         f->slots[j]->chunk);
+                                return PSNET__STATUS__STATUS_INVALID;
+                        }
+        }
+        for (size_t j = 0; j < f->nslots; j++) {
+                for (size_t i = 0; i < k; i++)
+                        u[i] = f->upd[(size_t) idx[i] * f->nslots + j];
+                int r = store_fed_apply(s, f->slots[j], u, ex, k, scratch);
+                if (r < 0) {
+                        /* Checked as they came: only a bug or memory gets here. */
+                        snprintf(reason, n, "round %lu: aggregating key %u/%u failed: %s", (unsigned long) f->number,
+                                 f->slots[j]->tensor, f->slots[j]->chunk, strerror(-r));
+                        fedshard_reset(f);
+                        return PSNET__STATUS__STATUS_INTERNAL;
+                }
+        }
+        log_info("round aggregated number=%lu round=%u clients=%zu chunks=%zu strategy=%s", (unsigned long) f->number,
+                 rd->has_round ? rd->round : 0, k, f->nslots, fed_strategy_name(s->job.fed.strategy.kind));
+        fedshard_reset(f);
+        return PSNET__STATUS__STATUS_OK;
+}
+
+int fedshard_round(FedShard *f, Store *s, const Psnet__Round *rd, uint64_t memory_limit, char *reason, size_t n) {
+        if (!s->has_job || s->job.mode != MODE_FED) {
+                snprintf(reason, n, "this shard has no federated job");
+                return PSNET__STATUS__STATUS_NO_JOB;
+        }
+        if (rd->has_evaluate && rd->evaluate) {
+                snprintf(reason, n, "a shard does not evaluate");
+                return PSNET__STATUS__STATUS_INVALID;
+        }
+        if (rd->has_close && rd->close)
+                return round_close(f, s, rd, reason, n);
+        if (store_incoming(s) > 0) {
+                snprintf(reason, n, "%lu keys have not arrived here yet", (unsigned long) store_incoming(s));
+                return PSNET__STATUS__STATUS_MIGRATING;
+        }
+        return round_open(f, s, rd, memory_limit, reason, n);
+}
+
+int fedshard_push(FedShard *f, Store *s, const Psnet__Header *h, Chunk **chunks, const zmq_msg_t *frames,
+                  const uint8_t *key, char *reason, size_t n) {
+        if (!f->open || (uint64_t) h->clock != f->number) {
+                snprintf(reason, n, "round %ld is not open on this shard (%s %lu): a late update is not counted",
+                         (long) h->clock, f->open ? "round" : "last round", (unsigned long) f->number);
+                return PSNET__STATUS__STATUS_STALE;
+        }
+        ssize_t ci = client_index(f, h->sender);
+        if (ci < 0) {
+                snprintf(reason, n, "client %u was not sampled for round %lu", h->sender, (unsigned long) f->number);
+                return PSNET__STATUS__STATUS_DENIED;
+        }
+        if (f->keys && (!key || memcmp(key, f->keys[ci], 32) != 0)) {
+                snprintf(reason, n, "the key of this connection is not client %u's", h->sender);
+                return PSNET__STATUS__STATUS_DENIED;
+        }
+        if (!h->has_examples || h->examples == 0) {
+                snprintf(reason, n, "a federated update carries its example count (>= 1)");
+                return PSNET__STATUS__STATUS_MALFORMED;
+        }
+        if (f->examples[ci] && f->examples[ci] != h->examples) {
+                snprintf(reason, n, "client %u said %lu examples before, %lu now", h->sender,
+                         (unsigned long) f->examples[ci], (unsigned long) h->examples);
+                return PSNET__STATUS__STATUS_INVALID;
+        }
+        /* Checked whole before anything is kept. */
+        bool dup = true;
+        for (size_t i = 0; i < h->n_keys; i++) {
+                Chunk *c = chunks[i];
+                if (c->fed_slot >= f->nslots || f->slots[c->fed_slot] != c) {
+                        snprintf(reason, n, "key %u/%u came here after round %lu opened", c->tensor, c->chunk,
+                                 (unsigned long) f->number);
+                        return PSNET__STATUS__STATUS_UNAVAILABLE;
+                }
+                if (zmq_msg_size((zmq_msg_t *) &frames[i]) != (size_t) c->len * sizeof(float)) {
+                        snprintf(reason, n, "key %u/%u: frame of %zu bytes, the key has %u floats", c->tensor, c->chunk,
+                                 zmq_msg_size((zmq_msg_t *) &frames[i]), c->len);
+                        return PSNET__STATUS__STATUS_SIZE;
+                }
+                dup &= f->upd[(size_t) ci * f->nslots + c->fed_slot] != NULL;
+                const float *v = zmq_msg_data((zmq_msg_t *) &frames[i]);
+                for (uint32_t k = 0; k < c->len; k++)
+                        if (!isfinite(v[k])) {
+                                snprintf(reason, n, "key %u/%u: value %u is not finite", c->tensor, c->chunk, k);
+                                return PSNET__STATUS__STATUS_NOT_FINITE;
+                        }
+        }
+        if (dup)
+                return PSNET__STATUS__STATUS_DUPLICATE;
+        for (size_t i = 0; i < h->n_keys; i++) {
+                Chunk *c = chunks[i];
+                float **slot = &f->upd[(size_t) ci * f->nslots + c->fed_slot];
+                if (*slot)
+                        continue;
+                *slot = ps_malloc((size_t) c->len * sizeof(float));
+                if (!*slot) {
+                        snprintf(reason, n, "out of memory");
+                        return PSNET__STATUS__STATUS_RESOURCE;
+                }
+                memcpy(*slot, zmq_msg_data((zmq_msg_t *) &frames[i]), (size_t) c->len * sizeof(float));
+                f->bytes += (uint64_t) c->len * sizeof(float);
+        }
+        f->examples[ci] = h->examples;
+        s->pushes++;
+        return PSNET__STATUS__STATUS_OK;
+}

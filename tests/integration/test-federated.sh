@@ -1,0 +1,73 @@
+#!/usr/bin/env bash
+# Federated rounds (mode fed) with real edge processes: rounds sample,
+# aggregate and reach an accuracy bar on the CI subset; a sampled client that
+# stops does not hang a round (it closes at --round-timeout, the client is
+# reported dropped, its update comes late and is refused with a reason); too
+# few updates make the round run again with a fresh sample; psctl round
+# status/history; a worker (not an edge) is refused by a federated job; a
+# push from a client that was not sampled is refused by the shard.
+source "$(dirname "$0")/lib.sh"
+COORD="ipc://$RUN/coord.sock"
+
+# 1. Six edge workers, Dirichlet(0.5) split, FedAvg, every round samples 4.
+psnet_start pscoord "$PSCOORD" --listen "$COORD" --mode fed --shards 2 --rounds 12 --fraction 0.6 --min-clients 3 \
+  --min-available 6 --round-timeout 30 --local-epochs 1 --lr 0.05 --chunk-kb 64 "${SUBSET[@]}"
+for i in 1 2; do psnet_start "psd-$i" "$PSD" --id $i --listen "ipc://$RUN/psd-$i.sock" --coord "$COORD"; done
+for k in 0 1 2 3 4 5; do psnet_start "edge-$k" "$WORKERD" --edge --coord "$COORD" --partition $k/6 --alpha 0.5; done
+out=$("$PSCTL" --coord "$COORD" job wait --wait 180); ok $? "a federated job of 6 edge workers finishes ($out)"
+accuracy_at_least "$out" 0.70; ok $? "12 FedAvg rounds on a Dirichlet(0.5) split reach >= 0.70 on the subset"
+n=$(grep -c 'msg="round done"' "$RUN/pscoord.log")
+[ "$n" -eq 12 ]; ok $? "pscoord aggregated 12 rounds ($n)"
+grep -q 'msg="round done" round=12/12 number=[0-9]* answered=4 sampled=4' "$RUN/pscoord.log"
+ok $? "each round sampled ceil(0.6 x 6) = 4 clients and counted their 4 updates"
+n=$(grep -h 'msg="round aggregated"' "$RUN"/psd-1.log | grep -c 'clients=4 ')
+[ "$n" -eq 12 ]; ok $? "shard 1 aggregated every round over the 4 updates ($n)"
+hist=$("$PSCTL" --coord "$COORD" --json round history)
+[ "$(jq length <<<"$hist")" -eq 12 ] && [ "$(jq '[.[] | select(.round > 0)] | length' <<<"$hist")" -eq 12 ]
+ok $? "psctl round history lists the 12 rounds"
+jq -e 'all(.[]; .loss > 0 and .seconds > 0 and .sampled == 4)' <<<"$hist" >/dev/null
+ok $? "every round has its loss, seconds and sample size"
+for k in 0 1 2 3 4 5; do psnet_wait_exit "$(eval echo \$PID_edge_$k)" 20 || break; done; ok $? "the edge workers leave when the job is done"
+grep -q 'msg="ready" partition=3/6 images=[0-9]* alpha=dirichlet' "$RUN/edge-3.log"; ok $? "each edge worker keeps its own partition"
+psnet_stop_all
+
+# 2. A client that stops mid-round: the round closes at --round-timeout with
+# the others' updates; its update, sent after it resumes, is refused as late.
+COORD="ipc://$RUN/coord2.sock"
+psnet_start pscoord2 "$PSCOORD" --listen "$COORD" --mode fed --shards 1 --rounds 4 --fraction 1 --min-clients 2 \
+  --min-available 3 --round-timeout 3 --lease-ms 20000 --chunk-kb 64 --train-limit 3000 --test-limit 500
+psnet_start psd2 "$PSD" --id 1 --listen "ipc://$RUN/psd2.sock" --coord "$COORD"
+for k in 0 1 2; do psnet_start "e2-$k" "$WORKERD" --edge --coord "$COORD" --partition $k/3; done
+psnet_wait_for 30 logs_match 'msg="round done" round=1/4' 'pscoord2.log'; ok $? "the rounds run"
+kill -STOP "$PID_e2_2"
+psnet_wait_for 30 logs_match 'msg="round closing" .*why="--round-timeout"' 'pscoord2.log'
+ok $? "a round with a stopped client closes at --round-timeout"
+psnet_wait_for 10 logs_match 'msg="round done" .*answered=2 sampled=3 dropped=1' 'pscoord2.log'
+ok $? "it counts the two updates that came and reports the stopped client dropped"
+kill -CONT "$PID_e2_2"
+psnet_wait_for 30 logs_match 'msg="update not counted" .*reason="round [0-9]+ closed before this update came' 'e2-2.log'
+ok $? "the resumed client's update is refused as late, with a reason"
+psnet_wait_for 10 logs_match 'msg="late update" edge=' 'pscoord2.log'; ok $? "pscoord counts it late"
+"$PSCTL" --coord "$COORD" --json round history | jq -e 'any(.[]; .late >= 1 and .dropped == 1 and .answered == 2)' >/dev/null
+ok $? "psctl round history shows the round with 2 answered, 1 dropped, 1 late"
+out=$("$PSCTL" --coord "$COORD" job wait --wait 120); ok $? "the job finishes ($out)"
+psnet_stop_all
+
+# 3. Too few clients answer: the round runs again with a fresh sample.
+COORD="ipc://$RUN/coord3.sock"
+psnet_start pscoord3 "$PSCOORD" --listen "$COORD" --mode fed --shards 1 --rounds 2 --fraction 1 --min-clients 2 \
+  --min-available 2 --round-timeout 2 --lease-ms 20000 --chunk-kb 64 --train-limit 3000 --test-limit 500
+psnet_start psd3 "$PSD" --id 1 --listen "ipc://$RUN/psd3.sock" --coord "$COORD"
+for k in 0 1; do psnet_start "e3-$k" "$WORKERD" --edge --coord "$COORD" --partition $k/2; done
+psnet_wait_for 30 logs_match 'msg="sampled"' 'e3-1.log'; ok $? "a round samples both clients"
+kill -STOP "$PID_e3_1"
+psnet_wait_for 30 logs_match 'msg="round failed" .*1 of the 2 updates it needs' 'pscoord3.log'
+ok $? "with 1 of the 2 updates it needs, the round fails and says why"
+psnet_wait_for 10 logs_match 'msg="round dropped"' 'psd3.log'; ok $? "the shard drops the round's updates"
+"$PSCTL" --coord "$COORD" --json round status | jq -e '.failed >= 1' >/dev/null; ok $? "psctl round status counts it"
+kill -CONT "$PID_e3_1"
+out=$("$PSCTL" --coord "$COORD" job wait --wait 120); ok $? "the rounds run again and the job finishes ($out)"
+# A training worker cannot join a federated job.
+out=$("$WORKERD" --coord "$COORD" --connect-timeout 5 2>&1); [ $? -ne 0 ]; ok $? "workerd without --edge is refused"
+grep -q 'edge workers' <<<"$out"; ok $? "with a reason ($(grep -o 'reason="[^"]*"' <<<"$out" | head -1))"
+psnet_stop_all
