@@ -321,6 +321,12 @@ void coord_metrics(void *ud, MetricsBuf *b) {
                     "Peers known from the state file that have not registered again since pscoord started.",
                     (double) rejoining(c));
         metrics_one(b, "psnet_pscoord_checkpoints_total", "counter", "Checkpoints saved.", (double) c->checkpoints);
+        metrics_one(b, "psnet_pscoord_fed_rounds_done", "gauge", "A federated job's aggregated rounds.",
+                    (double) c->fed.done);
+        metrics_one(b, "psnet_pscoord_fed_rounds_failed_total", "counter",
+                    "Federated rounds that ran again (too few updates).", (double) c->fed.failed);
+        metrics_one(b, "psnet_pscoord_fed_late_updates_total", "counter",
+                    "Federated updates that came after their round closed (refused).", (double) c->fed.late);
         metrics_one(b, "psnet_pscoord_checkpoint_failures_total", "counter", "Checkpoint saves given up.",
                     (double) c->checkpoint_failures);
         metrics_one(b, "psnet_pscoord_checkpoint_clock", "gauge", "The clock of the newest checkpoint (NaN: none).",

@@ -52,9 +52,14 @@ static int build(Coord *c, Psnet__CoordState *st, Psnet__CoordPeer *pv, Psnet__C
         st->map_epoch = c->map_epoch;
         st->members_epoch = c->members_epoch;
         st->next_worker_id = c->next_worker_id;
+        size_t np = 0;
         for (size_t i = 0; i < c->npeers; i++) {
                 const Peer *p = &c->peers[i];
-                Psnet__CoordPeer *q = &pv[i];
+                /* Edge workers are not kept: a federated job's rounds are not in
+                 * the state file yet, and they register again as new clients. */
+                if (p->role == PSNET__ROLE__ROLE_EDGE)
+                        continue;
+                Psnet__CoordPeer *q = &pv[np];
                 psnet__coord_peer__init(q);
                 q->role = p->role;
                 q->id = p->id;
@@ -73,9 +78,9 @@ static int build(Coord *c, Psnet__CoordState *st, Psnet__CoordPeer *pv, Psnet__C
                 q->has_memory_limit = q->has_max_msg = true;
                 q->memory_limit = p->memory_limit;
                 q->max_msg = p->max_msg;
-                pp[i] = q;
+                pp[np++] = q;
         }
-        st->n_peers = c->npeers;
+        st->n_peers = np;
         st->peers = pp;
         st->n_prev_members = c->nprev;
         st->prev_members = c->prev_ids;
