@@ -623,6 +623,13 @@ int gate_pull(Store *s, const zmq_msg_t *route, Psnet__Header **hdr, Chunk **chu
                 return PSNET__STATUS__STATUS_DENIED;
         }
         int64_t own = h->sender < g->nwclock && g->wclock[h->sender] >= 0 ? g->wclock[h->sender] : 0;
+        /* A key that moved here carries its clock: a worker whose pushes have
+         * not reached this shard yet (its push of the same round was answered
+         * MIGRATING just before the key arrived) pulls within reach of it. */
+        int64_t keys_at = -1; /* the least clock of the keys asked for */
+        for (size_t i = 0; i < h->n_keys; i++)
+                keys_at = keys_at < 0 ? chunks[i]->clock : MIN(keys_at, chunks[i]->clock);
+        own = MAX(own, keys_at);
         if (h->clock > own + GATE_PULL_AHEAD) {
                 g->refused_pulls++;
                 snprintf(reason, n, "pull for clock %ld is %ld clocks ahead of worker %u's (at most %d)",

@@ -837,6 +837,41 @@ static int pull(Store *s, const Job *job, uint32_t worker, int64_t clock, uint64
         return st;
 }
 
+static void set_clock(Store *s, Chunk *c, void *ud) {
+        (void) s;
+        c->clock = *(const int64_t *) ud;
+}
+
+/* A key that moved here at clock 40, a worker whose pushes have not reached
+ * this shard yet (its push was answered MIGRATING just before the key came):
+ * its pull for clock 41 is within reach of the key, not "far ahead". */
+static void test_pull_of_moved_key(void) {
+        Job job;
+        Acks acks = { 0 };
+        uint32_t members[] = { 1, 2 };
+        char reason[192];
+        int64_t at = 40;
+        make_job(&job, 1, MODE_BSP, "sgd");
+        ShardMap *map = make_map(1, (uint32_t[]) { 1 }, 1, &job);
+        Store *s = NULL;
+        if (store_new(1, on_ack, on_answer, &acks, &s) < 0 || store_configure(s, &job, map) < 0 ||
+            gate_set_members(s, members, 2, 1) < 0) {
+                CHECK(false, "store for the moved-key pull");
+                shardmap_free(map);
+                store_free(s);
+                return;
+        }
+        shardmap_free(map);
+        store_foreach(s, set_clock, &at);
+        memset(&answers, 0, sizeof answers);
+        int st = pull(s, &job, 2, 41, 1000, reason);
+        CHECK(st == 0 && s->gate.nparked == 1, "a pull of clock 41 for keys at clock 40 waits (status %d %s)", st,
+              st ? reason : "");
+        st = pull(s, &job, 2, 45, 1000, reason);
+        CHECK(st == ST_INVALID && strstr(reason, "clocks ahead"), "clock 45 is still too far (%s)", reason);
+        store_free(s);
+}
+
 static void test_parked_pulls(void) {
         Job job;
         Acks acks = { 0 };
@@ -932,6 +967,7 @@ int main(void) {
         test_fence_boundary();
         test_admission();
         test_parked_pulls();
+        test_pull_of_moved_key();
         test_stragglers();
         return tap_done();
 }
