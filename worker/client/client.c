@@ -197,6 +197,19 @@ int client_set_map(Client *c, const ShardMap *map) {
         return client_connect(c, map);
 }
 
+int client_follow(Client **c, uv_loop_t *loop, void *zctx, const Job *job, const ShardMap *map, uint32_t worker_id,
+                  const NetKeyPair *keys, uint64_t members_epoch) {
+        if (!*c) {
+                int r = client_new(loop, zctx, job, map, worker_id, keys, c);
+                if (r == 0)
+                        client_set_members_epoch(*c, members_epoch);
+                return r;
+        }
+        if (shardmap_epoch(map) > (*c)->map_epoch)
+                return client_set_map(*c, map);
+        return 0;
+}
+
 uint64_t client_map_epoch(const Client *c) { return c->map_epoch; }
 uint64_t client_need_epoch(const Client *c) { return c->need_epoch; }
 void client_set_timeout(Client *c, unsigned ms) { c->timeout_ms = ms; }

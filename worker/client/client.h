@@ -33,6 +33,10 @@ int client_new(uv_loop_t *loop, void *zctx, const Job *job, const ShardMap *map,
                const NetKeyPair *keys, Client **ret);
 Client *client_free(Client *c);
 
+/* *c ready under map: made (with members_epoch) when *c is NULL, else routed
+ * by map when it is newer than the one *c follows. */
+int client_follow(Client **c, uv_loop_t *loop, void *zctx, const Job *job, const ShardMap *map, uint32_t worker_id,
+                  const NetKeyPair *keys, uint64_t members_epoch);
 /* Routes by a new shard map (reconnecting). Drops a prefetch in flight. */
 int client_set_map(Client *c, const ShardMap *map);
 /* Gives up the round in progress without calling its callback (a newer map

@@ -9,6 +9,7 @@
 #include "alloc.h"
 #include "client.h"
 #include "endpoint.h"
+#include "hash.h"
 #include "keys.h"
 #include "log.h"
 #include "psnet-internal.h"
@@ -339,16 +340,8 @@ static void on_client_round(Client *c, int r, int64_t clock, void *ud);
 
 /* The shards' client, connected under the newest map this worker has. */
 static int client_ready(PsnetWorker *w) {
-        if (!w->client) {
-                int r = client_new(w->loop, w->zctx, &w->job, w->map, session_id(w->session),
-                                   w->id.enabled ? &w->id.keys : NULL, &w->client);
-                if (r == 0)
-                        client_set_members_epoch(w->client, w->members_epoch);
-                return r;
-        }
-        if (shardmap_epoch(w->map) > client_map_epoch(w->client))
-                return client_set_map(w->client, w->map);
-        return 0;
+        return client_follow(&w->client, w->loop, w->zctx, &w->job, w->map, session_id(w->session),
+                             w->id.enabled ? &w->id.keys : NULL, w->members_epoch);
 }
 
 /* (Re)starts the client's round under the newest map this worker has. */
@@ -497,12 +490,10 @@ int psnet_worker_result(PsnetWorker *w, bool has_accuracy, float accuracy, Psnet
         if (has_accuracy && w->params) {
                 /* The weights evaluated (the last round's), as one FNV-1a 64 over
                  * their bytes in key order: equal digests, equal weights. */
-                uint64_t d = 0xcbf29ce484222325ull;
-                for (size_t t = 0; t < w->job.ntensors; t++) {
-                        const unsigned char *b = (const unsigned char *) w->params[t];
-                        for (uint64_t i = 0; b && i < w->job.tensors[t].numel * sizeof(float); i++)
-                                d = (d ^ b[i]) * 0x100000001b3ull;
-                }
+                uint64_t d = FNV1A64_INIT;
+                for (size_t t = 0; t < w->job.ntensors; t++)
+                        if (w->params[t])
+                                d = fnv1a64(d, w->params[t], w->job.tensors[t].numel * sizeof(float));
                 wi.has_weights_digest = true;
                 wi.weights_digest = d;
         }

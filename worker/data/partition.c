@@ -30,14 +30,6 @@ double partition_gamma(double shape, uint64_t *x) {
         }
 }
 
-static void shuffle(uint32_t *a, uint32_t n, uint64_t *x) {
-        for (uint32_t i = n; i > 1; i--) {
-                uint32_t j = (uint32_t) (splitmix64_next(x) % i), t = a[i - 1];
-                a[i - 1] = a[j];
-                a[j] = t;
-        }
-}
-
 static int cmp_u32(const void *a, const void *b) {
         uint32_t x = *(const uint32_t *) a, y = *(const uint32_t *) b;
         return x < y ? -1 : x > y;
@@ -62,7 +54,7 @@ int partition_client(const int32_t *labels, uint32_t n, uint32_t nclasses, uint3
                 }
                 for (uint32_t i = 0; i < n; i++)
                         all[i] = i;
-                shuffle(all, n, &x);
+                shuffle_u32(all, n, &x);
                 for (uint32_t i = client; i < n; i += clients)
                         out[k++] = all[i];
                 free(all);
@@ -80,7 +72,7 @@ int partition_client(const int32_t *labels, uint32_t n, uint32_t nclasses, uint3
                         for (uint32_t i = 0; i < n; i++)
                                 if ((uint32_t) labels[i] == c)
                                         cls[m++] = i;
-                        shuffle(cls, m, &x);
+                        shuffle_u32(cls, m, &x);
                         double sum = 0;
                         for (uint32_t j = 0; j < clients; j++)
                                 sum += p[j] = partition_gamma(alpha, &x);

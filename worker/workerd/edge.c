@@ -217,11 +217,7 @@ static void train_work(uv_work_t *req) {
         uint64_t x = job->seed * 1000003u + e->number * 7919u + session_id(e->session);
         e->work_r = 0;
         for (uint32_t ep = 0; ep < job->fed.local_epochs && e->work_r == 0; ep++) {
-                for (uint32_t i = e->nmine; i > 1; i--) { /* a fresh order each epoch */
-                        uint32_t j = (uint32_t) (splitmix64_next(&x) % i), t = e->mine[i - 1];
-                        e->mine[i - 1] = e->mine[j];
-                        e->mine[j] = t;
-                }
+                shuffle_u32(e->mine, e->nmine, &x); /* a fresh order each epoch */
                 for (uint32_t s = 0; s < e->nmine && e->work_r == 0; s += batch) {
                         uint32_t b = MIN(batch, e->nmine - s);
                         for (uint32_t k = 0; k < b; k++) {
@@ -343,13 +339,10 @@ static void on_pulled(Client *c, int r, int64_t clock, void *ud) {
         }
 }
 
+/* Not a member of any membership: no membership epoch on its requests. */
 static int client_ready(Edge *e) {
-        if (!e->client)
-                return client_new(&e->loop, e->zctx, &e->job, e->map, session_id(e->session),
-                                  e->id.enabled ? &e->id.keys : NULL, &e->client);
-        if (shardmap_epoch(e->map) > client_map_epoch(e->client))
-                return client_set_map(e->client, e->map);
-        return 0;
+        return client_follow(&e->client, &e->loop, e->zctx, &e->job, e->map, session_id(e->session),
+                             e->id.enabled ? &e->id.keys : NULL, 0);
 }
 
 static void round_start(Edge *e, uint64_t number) {
@@ -401,12 +394,9 @@ static void eval_done(uv_work_t *req, int status) {
         wi.id = session_id(e->session);
         wi.has_accuracy = wi.has_done = wi.done = true;
         wi.accuracy = acc;
-        uint64_t d = 0xcbf29ce484222325ull; /* FNV-1a 64 over the weights, as workerd's */
-        for (size_t t = 0; t < model_ntensors(e->model); t++) {
-                const unsigned char *b = (const unsigned char *) e->params[t];
-                for (size_t i = 0; i < model_tensor_numel(e->model, t) * sizeof(float); i++)
-                        d = (d ^ b[i]) * 0x100000001b3ull;
-        }
+        uint64_t d = FNV1A64_INIT; /* over the weights, as workerd's */
+        for (size_t t = 0; t < model_ntensors(e->model); t++)
+                d = fnv1a64(d, e->params[t], model_tensor_numel(e->model, t) * sizeof(float));
         wi.has_weights_digest = true;
         wi.weights_digest = d;
         res.worker = &wi;

@@ -279,17 +279,6 @@ static void trace_pull(Trainer *t) {
         log_info("pulled clock=%ld checksum=%08lx", (long) t->clock, (unsigned long) crc);
 }
 
-/* Fisher-Yates with a splitmix64 stream: the same order for the same seed. */
-static void shuffle(uint32_t *perm, uint32_t n, uint64_t seed) {
-        uint64_t x = seed;
-        for (uint32_t i = n; i > 1; i--) {
-                uint32_t j = (uint32_t) (splitmix64_next(&x) % i);
-                uint32_t tmp = perm[i - 1];
-                perm[i - 1] = perm[j];
-                perm[j] = tmp;
-        }
-}
-
 /* This worker's share of the training set: indices i with i % n == rank. */
 static void partition(Trainer *t) {
         t->part_rank = psnet_worker_rank(t->w);
@@ -342,7 +331,8 @@ static void step_idle_cb(uv_idle_t *h) {
                         t->pass += (uint32_t) (t->resume_steps / t->steps_per_pass);
                         t->resume_steps %= t->steps_per_pass;
                 }
-                shuffle(t->perm, t->nmine, t->job->seed * 1000003u + t->part_rank * 7919u + t->pass);
+                uint64_t x = t->job->seed * 1000003u + t->part_rank * 7919u + t->pass;
+                shuffle_u32(t->perm, t->nmine, &x);
                 t->step_in_pass = (uint32_t) MAX(t->resume_steps, (int64_t) 0);
                 t->resume_steps = 0;
                 t->pass_open = true;
