@@ -257,12 +257,16 @@ int fedshard_push(FedShard *f, Store *s, const Psnet__Header *h, Chunk **chunks,
                         return PSNET__STATUS__STATUS_SIZE;
                 }
                 dup &= f->upd[(size_t) ci * f->nslots + c->fed_slot] != NULL;
-                const float *v = zmq_msg_data((zmq_msg_t *) &frames[i]);
-                for (uint32_t k = 0; k < c->len; k++)
-                        if (!isfinite(v[k])) {
+                /* A frame may sit anywhere in ZeroMQ's receive buffer: read through memcpy. */
+                const unsigned char *v = zmq_msg_data((zmq_msg_t *) &frames[i]);
+                for (uint32_t k = 0; k < c->len; k++) {
+                        float x;
+                        memcpy(&x, v + (size_t) k * sizeof x, sizeof x);
+                        if (!isfinite(x)) {
                                 snprintf(reason, n, "key %u/%u: value %u is not finite", c->tensor, c->chunk, k);
                                 return PSNET__STATUS__STATUS_NOT_FINITE;
                         }
+                }
         }
         if (dup)
                 return PSNET__STATUS__STATUS_DUPLICATE;
