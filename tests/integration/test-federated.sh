@@ -5,15 +5,12 @@
 # reported dropped, its update comes late and is refused with a reason); too
 # few updates make the round run again with a fresh sample; psctl round
 # status/history; a worker (not an edge) is refused by a federated job.
-# Shard leases of 5 s: six edge processes loading data at once starve the
-# shards of a 2-vCPU sanitizer build past the 600 ms default, and a job that
-# keeps one copy of each key fails when a shard's lease runs out.
 source "$(dirname "$0")/lib.sh"
 COORD="ipc://$RUN/coord.sock"
 
 # 1. Six edge workers, Dirichlet(0.5) split, FedAvg, every round samples 4.
 psnet_start pscoord "$PSCOORD" --listen "$COORD" --mode fed --shards 2 --rounds 12 --fraction 0.6 --min-clients 3 \
-  --min-available 6 --round-timeout 30 --shard-lease-ms 5000 --local-epochs 1 --lr 0.05 --chunk-kb 64 "${SUBSET[@]}"
+  --min-available 6 --round-timeout 30 --local-epochs 1 --lr 0.05 --chunk-kb 64 "${SUBSET[@]}"
 for i in 1 2; do psnet_start "psd-$i" "$PSD" --id $i --listen "ipc://$RUN/psd-$i.sock" --coord "$COORD"; done
 for k in 0 1 2 3 4 5; do psnet_start "edge-$k" "$WORKERD" --edge --coord "$COORD" --partition $k/6 --alpha 0.5; done
 out=$("$PSCTL" --coord "$COORD" job wait --wait 180); ok $? "a federated job of 6 edge workers finishes ($out)"
@@ -37,7 +34,7 @@ psnet_stop_all
 # the others' updates; its update, sent after it resumes, is refused as late.
 COORD="ipc://$RUN/coord2.sock"
 psnet_start pscoord2 "$PSCOORD" --listen "$COORD" --mode fed --shards 1 --rounds 4 --fraction 1 --min-clients 2 \
-  --min-available 3 --round-timeout 3 --lease-ms 20000 --shard-lease-ms 5000 --chunk-kb 64 --train-limit 3000 --test-limit 500
+  --min-available 3 --round-timeout 3 --lease-ms 20000 --chunk-kb 64 --train-limit 3000 --test-limit 500
 psnet_start psd2 "$PSD" --id 1 --listen "ipc://$RUN/psd2.sock" --coord "$COORD"
 for k in 0 1 2; do psnet_start "e2-$k" "$WORKERD" --edge --coord "$COORD" --partition $k/3; done
 psnet_wait_for 30 logs_match 'msg="round done" round=1/4' 'pscoord2.log'; ok $? "the rounds run"
@@ -58,7 +55,7 @@ psnet_stop_all
 # 3. Too few clients answer: the round runs again with a fresh sample.
 COORD="ipc://$RUN/coord3.sock"
 psnet_start pscoord3 "$PSCOORD" --listen "$COORD" --mode fed --shards 1 --rounds 2 --fraction 1 --min-clients 2 \
-  --min-available 2 --round-timeout 2 --lease-ms 20000 --shard-lease-ms 5000 --chunk-kb 64 --train-limit 3000 --test-limit 500
+  --min-available 2 --round-timeout 2 --lease-ms 20000 --chunk-kb 64 --train-limit 3000 --test-limit 500
 psnet_start psd3 "$PSD" --id 1 --listen "ipc://$RUN/psd3.sock" --coord "$COORD"
 for k in 0 1; do psnet_start "e3-$k" "$WORKERD" --edge --coord "$COORD" --partition $k/2; done
 psnet_wait_for 30 logs_match 'msg="sampled"' 'e3-1.log'; ok $? "a round samples both clients"
