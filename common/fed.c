@@ -51,6 +51,12 @@ int fed_params_check(const FedParams *p, char *err, size_t errn) {
                 why = "tau must be > 0 for the adaptive strategies";
         else if (!(p->trim >= 0 && p->trim < 0.5f))
                 why = "trim must be in [0, 0.5)";
+        else if (!isfinite(p->dp_clip) || p->dp_clip < 0 || !isfinite(p->dp_noise) || p->dp_noise < 0)
+                why = "the clip norm and the noise multiplier must be finite and >= 0";
+        else if (p->dp_noise > 0 && p->dp_clip == 0)
+                why = "noise (--dp-noise) needs a clip norm (--dp-clip) to be scaled by";
+        else if (p->dp_clip > 0 && (p->kind == FED_MEDIAN || p->kind == FED_TRIMMED_MEAN))
+                why = "differential privacy (--dp-clip) works with the mean-based strategies, not a robust one";
         if (!why)
                 return 0;
         snprintf(err, errn, "%s: %s", fed_strategy_name(p->kind), why);
@@ -89,8 +95,20 @@ static float robust(const FedParams *p, const float *const *updates, size_t n, u
         return (float) (sum / (double) m);
 }
 
+void fed_client_step(float *w, const float *w0, const float *g, size_t n, float lr, float mu) {
+        for (size_t i = 0; i < n; i++)
+                w[i] -= lr * (g[i] + mu * (w[i] - w0[i]));
+}
+
+double fed_norm2(const float *v, size_t len) {
+        double s = 0;
+        for (size_t j = 0; j < len; j++)
+                s += (double) v[j] * v[j];
+        return sqrt(s);
+}
+
 int fed_aggregate(const FedParams *p, float *w, float *state, uint32_t len, const float *const *updates,
-                  const uint64_t *examples, size_t n, float *scratch) {
+                  const uint64_t *examples, size_t n, const float *noise, float *scratch) {
         if (n == 0 || !updates || p->kind > FED_TRIMMED_MEAN)
                 return -EINVAL;
         for (size_t i = 0; i < n; i++)
@@ -103,17 +121,28 @@ int fed_aggregate(const FedParams *p, float *w, float *state, uint32_t len, cons
                         w[j] += p->eta * robust(p, updates, n, j, col);
                 return 0;
         }
-        /* The weighted mean, summed in client order in double (the same inputs, the same result). */
-        double total = 0;
-        for (size_t i = 0; i < n; i++)
-                total += (double) examples[i];
-        if (total <= 0)
-                return -EINVAL;
-        for (uint32_t j = 0; j < len; j++) {
-                double s = 0;
+        if (p->dp_clip > 0) {
+                /* Private: the unweighted sum plus z C N(0, 1), over n. */
+                double sd = noise ? (double) p->dp_noise * p->dp_clip : 0;
+                for (uint32_t j = 0; j < len; j++) {
+                        double s = sd * (noise ? noise[j] : 0);
+                        for (size_t i = 0; i < n; i++)
+                                s += updates[i][j];
+                        d[j] = (float) (s / (double) n);
+                }
+        } else {
+                /* The weighted mean, summed in client order in double (the same inputs, the same result). */
+                double total = 0;
                 for (size_t i = 0; i < n; i++)
-                        s += (double) examples[i] * updates[i][j];
-                d[j] = (float) (s / total);
+                        total += (double) examples[i];
+                if (total <= 0)
+                        return -EINVAL;
+                for (uint32_t j = 0; j < len; j++) {
+                        double s = 0;
+                        for (size_t i = 0; i < n; i++)
+                                s += (double) examples[i] * updates[i][j];
+                        d[j] = (float) (s / total);
+                }
         }
         float *m = state, *v = state ? state + len : NULL;
         switch (p->kind) {

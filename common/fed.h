@@ -19,7 +19,17 @@
  *                (the mean of the two middle ones for an even count)
  *   TRIMMED_MEAN w += eta mean of d_i without the k largest and k smallest
  *                of each coordinate, k = floor(trim n) (trim 0.1), unweighted
- * The last two resist a few bad clients (Yin et al., ICML 2018). */
+ * The last two resist a few bad clients (Yin et al., ICML 2018).
+ *
+ * Differential privacy (DP-FedAvg, McMahan et al., ICLR 2018; Flower's
+ * fixed-clipping wrappers): with dp_clip C > 0 every client clips its whole
+ * update to L2 norm C before sending it (the shards refuse a part above C),
+ * and D is the unweighted mean plus Gaussian noise of noise multiplier z:
+ *   D = (sum_i d_i + z C N(0, I)) / n
+ * so that one client changes the sum by at most C whatever it sends; the
+ * server step above then takes D as for any round. Examples do not weight a
+ * private round (they would let one client count more than C). The robust
+ * strategies take no noise (their sensitivity is not C / n). */
 #pragma once
 #include <stddef.h>
 #include <stdint.h>
@@ -40,9 +50,11 @@ typedef struct FedParams {
         float beta;      /* FedAvgM's momentum */
         float beta1, beta2, tau;
         float trim;      /* trimmed mean: the fraction dropped at each end, in [0, 0.5) */
+        float dp_clip;   /* > 0: every update's L2 norm is at most this, and the mean is unweighted */
+        float dp_noise;  /* the Gaussian noise's multiplier z (std z x dp_clip on the sum); needs dp_clip */
 } FedParams;
 
-/* The defaults above for kind. */
+/* The defaults above for kind (no clipping, no noise). */
 void fed_params_default(FedStrategy kind, FedParams *ret);
 /* "fedavg", "fedavgm", "fedadagrad", "fedadam", "fedyogi", "median",
  * "trimmed-mean" (-EINVAL otherwise). */
@@ -56,9 +68,18 @@ size_t fed_state_per_value(FedStrategy kind);
 
 /* Applies one round to w (len values): updates[i] is client i's delta
  * (len floats), examples[i] its example count (weights for the means; the
- * robust ones ignore them). state has fed_state_per_value * len floats,
- * zero before the first round; scratch at least MAX(n, 1) * 2 + len floats.
- * -EINVAL, with nothing changed, for no update, no examples at all (the
- * weighted strategies) or a NaN or infinity in an update; 0 otherwise. */
+ * robust ones and private rounds ignore them). noise: len draws of N(0, 1)
+ * when p->dp_noise > 0 (NULL adds none). state has fed_state_per_value * len
+ * floats, zero before the first round; scratch at least MAX(n, 1) * 2 + len
+ * floats. -EINVAL, with nothing changed, for no update, no examples at all
+ * (the weighted strategies) or a NaN or infinity in an update; 0 otherwise. */
 int fed_aggregate(const FedParams *p, float *w, float *state, uint32_t len, const float *const *updates,
-                  const uint64_t *examples, size_t n, float *scratch);
+                  const uint64_t *examples, size_t n, const float *noise, float *scratch);
+
+/* A client's local SGD step (the edge worker's, worker/workerd/edge.c) on n
+ * values: w -= lr (g + mu (w - w0)), mu > 0 for FedProx's proximal term
+ * towards the round's weights w0. */
+void fed_client_step(float *w, const float *w0, const float *g, size_t n, float lr, float mu);
+
+/* The L2 norm of len values, summed in double. */
+double fed_norm2(const float *v, size_t len);

@@ -14,7 +14,7 @@ void jobflags_init(JobFlags *f) {
                 .server_lr = -1, .server_momentum = -1, .tau = -1, .trim = -1, .fraction = d.fed.fraction,
                 .prox_mu = d.fed.prox_mu, .rounds = d.fed.rounds, .min_clients = d.fed.min_clients,
                 .min_available = d.fed.min_available, .round_timeout = d.fed.round_timeout_ms / 1000,
-                .local_epochs = d.fed.local_epochs,
+                .local_epochs = d.fed.local_epochs, .dp_delta = d.fed.dp_delta,
         };
 }
 
@@ -70,6 +70,13 @@ size_t jobflags_options(JobFlags *f, Option *o) {
                   "trimmed-mean: share of the updates dropped at each end of every coordinate (default 0.1)" },
                 { "prox-mu", OPT_FLOAT, &f->prox_mu, "MU",
                   "fed: FedProx, clients add MU (w - w_round) to their gradients (default 0: FedAvg's clients)" },
+                { "dp-clip", OPT_FLOAT, &f->dp_clip, "C",
+                  "fed: differential privacy: each client clips its update to L2 norm C and the shards average "
+                  "the updates unweighted, refusing any above C (default 0: off)" },
+                { "dp-noise", OPT_FLOAT, &f->dp_noise, "Z",
+                  "fed: Gaussian noise of std Z x C added by the shards to the sum of each round (needs --dp-clip); "
+                  "the privacy spent is reported as epsilon" },
+                { "dp-delta", OPT_FLOAT, &f->dp_delta, "D", "fed: the delta of the epsilon reported (default 1e-5)" },
         };
         memcpy(o, t, sizeof t);
         return JOBFLAGS_NOPTS;
@@ -142,8 +149,13 @@ int jobflags_to_job(const JobFlags *f, Job *job, char *err, size_t errlen) {
         job->fed.round_timeout_ms = f->round_timeout > 86400 ? UINT32_MAX : f->round_timeout * 1000u;
         job->fed.local_epochs = f->local_epochs;
         job->fed.prox_mu = f->prox_mu;
-        if (job->mode != MODE_FED && (f->strategy || f->server_lr >= 0 || f->prox_mu != 0)) {
-                snprintf(err, errlen, "--strategy, --server-lr and --prox-mu are for federated jobs (--mode fed)");
+        job->fed.strategy.dp_clip = f->dp_clip;
+        job->fed.strategy.dp_noise = f->dp_noise;
+        job->fed.dp_delta = f->dp_delta;
+        if (job->mode != MODE_FED && (f->strategy || f->server_lr >= 0 || f->prox_mu != 0 || f->dp_clip != 0 ||
+                                      f->dp_noise != 0)) {
+                snprintf(err, errlen, "--strategy, --server-lr, --prox-mu, --dp-clip and --dp-noise are for "
+                         "federated jobs (--mode fed)");
                 return -EINVAL;
         }
         return job_validate(job, err, errlen);

@@ -5,7 +5,7 @@
 #include "config.h"
 #include "job.h"
 
-#define JOBFLAGS_NOPTS 31
+#define JOBFLAGS_NOPTS 34
 
 typedef struct JobFlags {
         char *model, *mode, *optim, *data;
@@ -18,7 +18,7 @@ typedef struct JobFlags {
         unsigned replicas;
         /* mode fed; the strategy's figures < 0: its defaults */
         char *strategy;
-        float server_lr, server_momentum, tau, trim, fraction, prox_mu;
+        float server_lr, server_momentum, tau, trim, fraction, prox_mu, dp_clip, dp_noise, dp_delta;
         unsigned rounds, min_clients, min_available, round_timeout, local_epochs;
 } JobFlags;
 

@@ -82,6 +82,7 @@ void job_defaults(Job *job) {
         job->fed.min_available = 2;
         job->fed.round_timeout_ms = 60000;
         job->fed.local_epochs = 1;
+        job->fed.dp_delta = 1e-5f;
         snprintf(job->dataset, sizeof job->dataset, "%s", PSNET_DEFAULT_DATA);
         r = job_set_model(job, "mlp:784-256-10");
         assert(r == 0);
@@ -336,6 +337,8 @@ int job_validate(const Job *job, char *err, size_t errlen) {
                                        JOB_MAX_LOCAL_EPOCHS);
                 if (!isfinite(f->prox_mu) || f->prox_mu < 0)
                         return job_err(err, errlen, "prox_mu %g must be >= 0", (double) f->prox_mu);
+                if (!(f->dp_delta > 0 && f->dp_delta < 1))
+                        return job_err(err, errlen, "dp_delta %g must be in (0, 1)", (double) f->dp_delta);
                 if (job->replicas > 1)
                         return job_err(err, errlen, "a federated job keeps one copy of each chunk (replicas %u: "
                                        "replicated rounds are not built yet)", job->replicas);

@@ -58,6 +58,7 @@ typedef struct FedConf {
         uint32_t round_timeout_ms;  /* a round closes with what arrived after this long */
         uint32_t local_epochs;      /* passes over its own data a client trains per round */
         float prox_mu;              /* FedProx: the client adds mu (w - w_round) to its gradients */
+        float dp_delta;             /* with noise (strategy.dp_noise): the delta of the epsilon reported */
 } FedConf;
 
 #define JOB_MAX_FED_ROUNDS 1000000u

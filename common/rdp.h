@@ -24,3 +24,19 @@ double rdp_sampled_gaussian(double q, double sigma, unsigned a);
  * for bad arguments. No rounds: eps 0. */
 int rdp_epsilon(double q, double sigma, uint64_t steps, double delta, const unsigned *orders, size_t n,
                 double *ret_eps, unsigned *ret_order);
+
+/* A running account over the default orders, for rounds whose sampling rate
+ * varies (a federated job samples m of the n clients connected at each round:
+ * q = m / n then). RDP adds up over rounds order by order. */
+#define RDP_NORDERS 65
+typedef struct RdpAccount {
+        double rdp[RDP_NORDERS];
+        uint64_t steps;
+} RdpAccount;
+
+void rdp_account_init(RdpAccount *a);
+/* Adds one round of sampling rate q and noise multiplier sigma: 0, or -EINVAL
+ * (nothing added) for bad arguments. */
+int rdp_account_step(RdpAccount *a, double q, double sigma);
+/* eps at delta for what the account holds (0 with no round): 0 or -EINVAL. */
+int rdp_account_epsilon(const RdpAccount *a, double delta, double *ret_eps, unsigned *ret_order);

@@ -185,6 +185,7 @@ int job_to_proto(const Job *job, Psnet__JobSpec **ret) {
                 fs->has_server_lr = fs->has_server_momentum = fs->has_beta1 = fs->has_beta2 = true;
                 fs->has_tau = fs->has_trim = fs->has_rounds = fs->has_fraction = fs->has_min_clients = true;
                 fs->has_min_available = fs->has_round_timeout_ms = fs->has_local_epochs = fs->has_prox_mu = true;
+                fs->has_dp_clip = fs->has_dp_noise = fs->has_dp_delta = true;
                 fs->server_lr = f->strategy.eta;
                 fs->server_momentum = f->strategy.beta;
                 fs->beta1 = f->strategy.beta1;
@@ -198,6 +199,9 @@ int job_to_proto(const Job *job, Psnet__JobSpec **ret) {
                 fs->round_timeout_ms = f->round_timeout_ms;
                 fs->local_epochs = f->local_epochs;
                 fs->prox_mu = f->prox_mu;
+                fs->dp_clip = f->strategy.dp_clip;
+                fs->dp_noise = f->strategy.dp_noise;
+                fs->dp_delta = f->dp_delta;
         }
         *ret = s;
         return 0;
@@ -322,6 +326,12 @@ int job_from_proto(const Psnet__JobSpec *spec, Job *ret, char *err, size_t errle
                         f->local_epochs = fs->local_epochs;
                 if (fs->has_prox_mu)
                         f->prox_mu = fs->prox_mu;
+                if (fs->has_dp_clip)
+                        f->strategy.dp_clip = fs->dp_clip;
+                if (fs->has_dp_noise)
+                        f->strategy.dp_noise = fs->dp_noise;
+                if (fs->has_dp_delta)
+                        f->dp_delta = fs->dp_delta;
         }
 
         r = job_validate(&j, err, errlen);

@@ -154,6 +154,8 @@ static int round_open(Coord *c, Peer **avail, size_t navail) {
         FedRecord *r = record_new(f);
         r->number = f->number;
         r->sampled = (uint32_t) k;
+        r->available = (uint32_t) navail;
+        r->epsilon = -1;
         log_info("round opening number=%lu round=%u/%u sampled=%zu available=%zu", (unsigned long) f->number,
                  f->done + 1, fc->rounds, k, navail);
         return send_shards(c, false, f->clients, k);
@@ -224,6 +226,25 @@ static void round_close(Coord *c, const char *why) {
         }
 }
 
+/* A private round was released (noise on the shards): its RDP at the
+ * sampling rate it had, sampled / connected, joins the account. */
+static void privacy_spent(Coord *c, FedRecord *rec) {
+        FedRounds *f = &c->fed;
+        float z = c->job.fed.strategy.dp_noise;
+        if (z <= 0 || !rec || rec->available == 0)
+                return;
+        double q = (double) rec->sampled / (double) rec->available;
+        if (rdp_account_step(&f->privacy, q, z) < 0 ||
+            rdp_account_epsilon(&f->privacy, c->job.fed.dp_delta, &f->epsilon, NULL) < 0) {
+                log_warning("round %lu: the privacy accountant refused q=%g sigma=%g", (unsigned long) rec->number, q,
+                            (double) z);
+                return;
+        }
+        rec->epsilon = f->epsilon;
+        log_info("privacy spent round=%u epsilon=%.4f delta=%g q=%.4f noise=%g", f->done, f->epsilon,
+                 (double) c->job.fed.dp_delta, q, (double) z);
+}
+
 /* Every shard has closed the round. */
 static void round_closed(Coord *c) {
         FedRounds *f = &c->fed;
@@ -232,6 +253,7 @@ static void round_closed(Coord *c) {
                 f->done++;
                 if (rec)
                         rec->round = f->done;
+                privacy_spent(c, rec);
                 log_info("round done round=%u/%u number=%lu answered=%u sampled=%zu dropped=%u loss=%.4f "
                          "seconds=%.2f", f->done, c->job.fed.rounds, (unsigned long) f->number,
                          rec ? rec->answered : 0, f->nclients, rec ? rec->dropped : 0, rec ? rec->loss : 0.0,
@@ -454,6 +476,11 @@ void coord_fed_status(Coord *c, Psnet__FedStatus *s, Psnet__RoundRecord *recs, P
         s->failed = f->failed;
         s->late = f->late;
         s->round_ms = f->phase == FED_TRAINING ? now_ms() - f->opened_ms : 0;
+        if (c->job.fed.strategy.dp_noise > 0) {
+                s->has_epsilon = s->has_dp_delta = true;
+                s->epsilon = f->epsilon;
+                s->dp_delta = c->job.fed.dp_delta;
+        }
         for (size_t k = 0; k < f->nhist; k++) {
                 const FedRecord *r = &f->hist[(f->hist_end + COORD_FED_HISTORY - f->nhist + k) % COORD_FED_HISTORY];
                 Psnet__RoundRecord *o = &recs[k];
@@ -468,6 +495,12 @@ void coord_fed_status(Coord *c, Psnet__FedStatus *s, Psnet__RoundRecord *recs, P
                 o->dropped = r->dropped;
                 o->loss = r->loss;
                 o->seconds = r->seconds;
+                o->has_available = true;
+                o->available = r->available;
+                if (r->epsilon >= 0) {
+                        o->has_epsilon = true;
+                        o->epsilon = r->epsilon;
+                }
                 o->note = r->note[0] ? (char *) r->note : NULL;
                 recp[k] = o;
         }

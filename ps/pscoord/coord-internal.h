@@ -26,6 +26,7 @@
 #include "log.h"
 #include "metrics.h"
 #include "netsock.h"
+#include "rdp.h"
 #include "schedule.h"
 #include "service.h"
 #include "shardmap.h"
@@ -104,8 +105,9 @@ typedef enum { FED_WAITING, FED_OPENING, FED_TRAINING, FED_CLOSING, FED_EVALUATI
 
 typedef struct FedRecord {
         uint64_t number;
-        uint32_t round, sampled, answered, late, dropped;
+        uint32_t round, sampled, answered, late, dropped, available;
         float loss, seconds;
+        double epsilon;             /* after this round (private jobs; < 0: none) */
         char note[96];
 } FedRecord;
 
@@ -127,6 +129,8 @@ typedef struct FedRounds {
         bool said_waiting;
         FedRecord hist[COORD_FED_HISTORY]; /* a ring: the last nhist records end at hist_end */
         size_t nhist, hist_end;
+        RdpAccount privacy;         /* --dp-noise: the aggregated rounds' RDP (common/rdp.h) */
+        double epsilon;             /* spent so far, at the job's dp_delta */
 } FedRounds;
 
 typedef struct Coord {

@@ -423,8 +423,13 @@ void coord_handle_result(Coord *c, WireMsg *m, Peer *p) {
                 log_info("job done job=%u accuracy=%.4f seconds=%.1f worker=%u weights=%016llx failovers=%u%s",
                          c->job.id, c->accuracy, (double) (c->job_end_ms - c->job_start_ms) / 1000.0, p->id,
                          (unsigned long long) c->weights_digest, c->failovers, edge ? " federated=1" : "");
-                if (edge)
+                if (edge) {
                         c->fed.phase = FED_DONE;
+                        if (c->job.fed.strategy.dp_noise > 0)
+                                log_info("job privacy job=%u rounds=%u epsilon=%.4f delta=%g noise=%g clip=%g",
+                                         c->job.id, c->fed.done, c->fed.epsilon, (double) c->job.fed.dp_delta,
+                                         (double) c->job.fed.strategy.dp_noise, (double) c->job.fed.strategy.dp_clip);
+                }
         } else {
                 log_info("worker finished training worker=%u clock=%ld", p->id, (long) wi->clock);
                 rr.has_evaluate = true;

@@ -59,6 +59,8 @@ void print_status_table(const Psnet__StatusRep *s) {
                        "late=%lu", s->fed->rounds_done, s->fed->rounds, s->fed->phase ? s->fed->phase : "?",
                        (unsigned long) s->fed->number, s->fed->sampled, s->fed->answered, s->fed->available,
                        (unsigned long) s->fed->failed, (unsigned long) s->fed->late);
+        if (s->fed && s->fed->has_epsilon)
+                printf("\nprivacy spent: epsilon=%.4f at delta=%g", s->fed->epsilon, s->fed->dp_delta);
         if (s->last_checkpoint)
                 printf("\ncheckpoint %s  clock=%ld  %s  age %.0f s", s->last_checkpoint->name,
                        (long) s->last_checkpoint->clock, human_bytes(s->last_checkpoint->bytes, b, sizeof b),
@@ -186,11 +188,13 @@ int print_status_json(const Psnet__StatusRep *s) {
                         "clock", (json_int_t) lc->clock, "bytes", (json_int_t) lc->bytes, "age_ms",
                         (json_int_t) (unix_ms() - MIN(unix_ms(), lc->created_ms))) : json_null()) < 0)
                 job = NULL;
-        if (job && s->fed && json_object_set_new(job, "fed", json_pack("{s:I,s:I,s:s,s:I,s:I,s:I,s:I,s:I}",
+        if (job && s->fed && json_object_set_new(job, "fed", json_pack("{s:I,s:I,s:s,s:I,s:I,s:I,s:I,s:I,s:o,s:o}",
                         "rounds_done", (json_int_t) s->fed->rounds_done, "rounds", (json_int_t) s->fed->rounds,
                         "phase", s->fed->phase ? s->fed->phase : "?", "number", (json_int_t) s->fed->number,
                         "available", (json_int_t) s->fed->available, "failed", (json_int_t) s->fed->failed,
-                        "late", (json_int_t) s->fed->late, "answered", (json_int_t) s->fed->answered)) < 0)
+                        "late", (json_int_t) s->fed->late, "answered", (json_int_t) s->fed->answered,
+                        "epsilon", s->fed->has_epsilon ? json_real(s->fed->epsilon) : json_null(),
+                        "dp_delta", s->fed->has_dp_delta ? json_real(s->fed->dp_delta) : json_null())) < 0)
                 job = NULL;
         if (job && (json_object_set_new(job, "checkpointing", jstr(s->checkpointing)) < 0 ||
                     json_object_set_new(job, "restored_from", jstr(s->restored_from)) < 0))
@@ -201,10 +205,11 @@ int print_status_json(const Psnet__StatusRep *s) {
 }
 
 static json_t *round_json(const Psnet__RoundRecord *r) {
-        return json_pack("{s:I,s:I,s:I,s:I,s:I,s:I,s:o,s:o,s:o}", "number", (json_int_t) r->number, "round",
+        return json_pack("{s:I,s:I,s:I,s:I,s:I,s:I,s:I,s:o,s:o,s:o,s:o}", "number", (json_int_t) r->number, "round",
                          (json_int_t) r->round, "sampled", (json_int_t) r->sampled, "answered", (json_int_t) r->answered,
-                         "late", (json_int_t) r->late, "dropped", (json_int_t) r->dropped, "loss", jnum(r->loss),
-                         "seconds", jnum(r->seconds), "note", jstr(r->note));
+                         "late", (json_int_t) r->late, "dropped", (json_int_t) r->dropped, "available",
+                         (json_int_t) r->available, "loss", jnum(r->loss), "seconds", jnum(r->seconds), "epsilon",
+                         r->has_epsilon ? json_real(r->epsilon) : json_null(), "note", jstr(r->note));
 }
 
 int print_rounds(const Psnet__StatusRep *s, bool history, bool json) {
@@ -223,13 +228,14 @@ int print_rounds(const Psnet__StatusRep *s, bool history, bool json) {
                 if (history)
                         return emit(h);
                 json_decref(h);
-                return emit(json_pack("{s:s,s:I,s:I,s:s,s:I,s:I,s:I,s:I,s:I,s:I,s:I}", "state",
+                return emit(json_pack("{s:s,s:I,s:I,s:s,s:I,s:I,s:I,s:I,s:I,s:I,s:I,s:o}", "state",
                                       state_of(s->job_state), "rounds_done", (json_int_t) f->rounds_done, "rounds",
                                       (json_int_t) f->rounds, "phase", f->phase ? f->phase : "?", "number",
                                       (json_int_t) f->number, "sampled", (json_int_t) f->sampled, "answered",
                                       (json_int_t) f->answered, "available", (json_int_t) f->available, "failed",
                                       (json_int_t) f->failed, "late", (json_int_t) f->late, "round_ms",
-                                      (json_int_t) f->round_ms));
+                                      (json_int_t) f->round_ms, "epsilon",
+                                      f->has_epsilon ? json_real(f->epsilon) : json_null()));
         }
         if (!history) {
                 printf("job %u  state=%s  rounds %u/%u  phase=%s\n", s->job ? s->job->id : 0, state_of(s->job_state),
@@ -237,16 +243,22 @@ int print_rounds(const Psnet__StatusRep *s, bool history, bool json) {
                 printf("round number %lu: sampled=%u answered=%u (%.1f s)  available=%u  failed=%lu  late=%lu\n",
                        (unsigned long) f->number, f->sampled, f->answered, (double) f->round_ms / 1000.0, f->available,
                        (unsigned long) f->failed, (unsigned long) f->late);
+                if (f->has_epsilon)
+                        printf("privacy spent: epsilon=%.4f at delta=%g\n", f->epsilon, f->dp_delta);
                 return 0;
         }
-        printf("%-7s %-6s %7s %8s %5s %7s %8s %8s  %s\n", "NUMBER", "ROUND", "SAMPLED", "ANSWERED", "LATE", "DROPPED",
-               "LOSS", "SECONDS", "NOTE");
+        printf("%-7s %-6s %7s %8s %5s %7s %8s %8s %8s  %s\n", "NUMBER", "ROUND", "SAMPLED", "ANSWERED", "LATE",
+               "DROPPED", "LOSS", "SECONDS", "EPSILON", "NOTE");
         for (size_t i = 0; i < f->n_history; i++) {
                 const Psnet__RoundRecord *r = f->history[i];
-                char round[16];
+                char round[16], eps[16];
                 snprintf(round, sizeof round, "%u", r->round);
-                printf("%-7lu %-6s %7u %8u %5u %7u %8.4f %8.2f  %s\n", (unsigned long) r->number,
-                       r->round ? round : "-", r->sampled, r->answered, r->late, r->dropped, r->loss, r->seconds,
+                if (r->has_epsilon)
+                        snprintf(eps, sizeof eps, "%.4f", r->epsilon);
+                else
+                        snprintf(eps, sizeof eps, "-");
+                printf("%-7lu %-6s %7u %8u %5u %7u %8.4f %8.2f %8s  %s\n", (unsigned long) r->number,
+                       r->round ? round : "-", r->sampled, r->answered, r->late, r->dropped, r->loss, r->seconds, eps,
                        r->note ? r->note : "");
         }
         return 0;

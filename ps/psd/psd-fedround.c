@@ -3,6 +3,7 @@
 #include <math.h>
 #include <stdio.h>
 #include <string.h>
+#include <sodium.h>
 #include "alloc.h"
 #include "log.h"
 #include "psd-fedround.h"
@@ -17,6 +18,7 @@ struct FedShard {
         size_t nslots;
         float **upd;                /* [client * nslots + slot]: NULL until pushed */
         uint64_t *examples;         /* per client (0: nothing pushed yet) */
+        double *sq;                 /* per client: the squared L2 norm of what it pushed here */
         uint64_t bytes;
 };
 
@@ -33,6 +35,8 @@ void fedshard_reset(FedShard *f) {
         ps_free(f->keys);
         ps_free(f->slots);
         ps_free(f->examples);
+        ps_free(f->sq);
+        f->sq = NULL;
         f->upd = NULL;
         f->clients = NULL;
         f->keys = NULL;
@@ -99,10 +103,11 @@ static int round_open(FedShard *f, Store *s, const Psnet__Round *rd, uint64_t me
         size_t nc = rd->n_clients;
         f->clients = ps_malloc((nc ? nc : 1) * sizeof *f->clients);
         f->examples = ps_calloc(nc ? nc : 1, sizeof *f->examples);
+        f->sq = ps_calloc(nc ? nc : 1, sizeof *f->sq);
         f->upd = ps_calloc(MAX(nc * f->nslots, (size_t) 1), sizeof *f->upd);
         if (rd->n_keys)
                 f->keys = ps_malloc(nc * sizeof *f->keys);
-        if (!f->clients || !f->examples || !f->upd || (rd->n_keys && !f->keys))
+        if (!f->clients || !f->examples || !f->sq || !f->upd || (rd->n_keys && !f->keys))
                 goto nomem;
         for (size_t i = 0; i < nc; i++) {
                 f->clients[i] = rd->clients[i];
@@ -141,6 +146,20 @@ static ssize_t client_index(const FedShard *f, uint32_t id) {
         return -1;
 }
 
+/* n draws of N(0, 1) for a private round's noise: Box-Muller over uniforms
+ * from libsodium's CSPRNG, so that no one can predict (and subtract) it. */
+static void gaussian(float *out, size_t n) {
+        for (size_t i = 0; i < n; i += 2) {
+                uint64_t b[2];
+                randombytes_buf(b, sizeof b);
+                double u1 = (double) ((b[0] >> 11) + 1) * 0x1p-53, u2 = (double) (b[1] >> 11) * 0x1p-53;
+                double r = sqrt(-2 * log(u1)), t = 2 * M_PI * u2;
+                out[i] = (float) (r * cos(t));
+                if (i + 1 < n)
+                        out[i + 1] = (float) (r * sin(t));
+        }
+}
+
 static int round_close(FedShard *f, Store *s, const Psnet__Round *rd, char *reason, size_t n) {
         if (!f->open || rd->number != f->number) {
                 snprintf(reason, n, "round %lu is not open on this shard (%s %lu)", (unsigned long) rd->number,
@@ -159,8 +178,15 @@ static int round_close(FedShard *f, Store *s, const Psnet__Round *rd, char *reas
         uint32_t maxlen = 0;
         for (size_t j = 0; j < f->nslots; j++)
                 maxlen = MAX(maxlen, f->slots[j]->len);
+        bool noisy = s->job.fed.strategy.dp_noise > 0;
         _cleanup_free_ float *scratch = ps_malloc(((size_t) MAX(k, (size_t) 1) * 2 + maxlen) * sizeof *scratch);
-        if (!idx || !u || !ex || !scratch) {
+        _cleanup_free_ float *noise = noisy ? ps_malloc(MAX(maxlen, 1u) * sizeof *noise) : NULL;
+        if (noisy && sodium_init() < 0) {
+                snprintf(reason, n, "round %lu: libsodium, the noise's random source, failed to start",
+                         (unsigned long) f->number);
+                return PSNET__STATUS__STATUS_INTERNAL;
+        }
+        if (!idx || !u || !ex || !scratch || (noisy && !noise)) {
                 snprintf(reason, n, "out of memory closing round %lu", (unsigned long) f->number);
                 return PSNET__STATUS__STATUS_RESOURCE;
         }
@@ -184,7 +210,9 @@ static int round_close(FedShard *f, Store *s, const Psnet__Round *rd, char *reas
         for (size_t j = 0; j < f->nslots; j++) {
                 for (size_t i = 0; i < k; i++)
                         u[i] = f->upd[(size_t) idx[i] * f->nslots + j];
-                int r = store_fed_apply(s, f->slots[j], u, ex, k, scratch);
+                if (noisy)
+                        gaussian(noise, f->slots[j]->len);
+                int r = store_fed_apply(s, f->slots[j], u, ex, k, noise, scratch);
                 if (r < 0) {
                         /* Checked as they came: only a bug or memory gets here. */
                         snprintf(reason, n, "round %lu: aggregating key %u/%u failed: %s", (unsigned long) f->number,
@@ -193,8 +221,10 @@ static int round_close(FedShard *f, Store *s, const Psnet__Round *rd, char *reas
                         return PSNET__STATUS__STATUS_INTERNAL;
                 }
         }
-        log_info("round aggregated number=%lu round=%u clients=%zu chunks=%zu strategy=%s", (unsigned long) f->number,
-                 rd->has_round ? rd->round : 0, k, f->nslots, fed_strategy_name(s->job.fed.strategy.kind));
+        log_info("round aggregated number=%lu round=%u clients=%zu chunks=%zu strategy=%s dp_clip=%g dp_noise=%g",
+                 (unsigned long) f->number, rd->has_round ? rd->round : 0, k, f->nslots,
+                 fed_strategy_name(s->job.fed.strategy.kind), (double) s->job.fed.strategy.dp_clip,
+                 (double) s->job.fed.strategy.dp_noise);
         fedshard_reset(f);
         return PSNET__STATUS__STATUS_OK;
 }
@@ -244,6 +274,7 @@ int fedshard_push(FedShard *f, Store *s, const Psnet__Header *h, Chunk **chunks,
         }
         /* Checked whole before anything is kept. */
         bool dup = true;
+        double sq = 0;
         for (size_t i = 0; i < h->n_keys; i++) {
                 Chunk *c = chunks[i];
                 if (c->fed_slot >= f->nslots || f->slots[c->fed_slot] != c) {
@@ -256,9 +287,11 @@ int fedshard_push(FedShard *f, Store *s, const Psnet__Header *h, Chunk **chunks,
                                  zmq_msg_size((zmq_msg_t *) &frames[i]), c->len);
                         return PSNET__STATUS__STATUS_SIZE;
                 }
-                dup &= f->upd[(size_t) ci * f->nslots + c->fed_slot] != NULL;
+                bool have = f->upd[(size_t) ci * f->nslots + c->fed_slot] != NULL;
+                dup &= have;
                 /* A frame may sit anywhere in ZeroMQ's receive buffer: read through memcpy. */
                 const unsigned char *v = zmq_msg_data((zmq_msg_t *) &frames[i]);
+                double sqc = 0;
                 for (uint32_t k = 0; k < c->len; k++) {
                         float x;
                         memcpy(&x, v + (size_t) k * sizeof x, sizeof x);
@@ -266,10 +299,23 @@ int fedshard_push(FedShard *f, Store *s, const Psnet__Header *h, Chunk **chunks,
                                 snprintf(reason, n, "key %u/%u: value %u is not finite", c->tensor, c->chunk, k);
                                 return PSNET__STATUS__STATUS_NOT_FINITE;
                         }
+                        sqc += (double) x * x;
                 }
+                if (!have)
+                        sq += sqc;
         }
         if (dup)
                 return PSNET__STATUS__STATUS_DUPLICATE;
+        /* Private rounds: what reaches this shard is part of the update, so its
+         * norm is at most the whole one's, which the client clipped to C (with
+         * the float rounding of its scaling). */
+        double clip = s->job.fed.strategy.dp_clip;
+        if (clip > 0 && sqrt(f->sq[ci] + sq) > clip * (1 + 1e-4)) {
+                snprintf(reason, n, "client %u's update has L2 norm %.6g on this shard alone, above the job's clip "
+                         "norm %g (--dp-clip): a private round takes only clipped updates",
+                         h->sender, sqrt(f->sq[ci] + sq), clip);
+                return PSNET__STATUS__STATUS_INVALID;
+        }
         for (size_t i = 0; i < h->n_keys; i++) {
                 Chunk *c = chunks[i];
                 float **slot = &f->upd[(size_t) ci * f->nslots + c->fed_slot];
@@ -284,6 +330,7 @@ int fedshard_push(FedShard *f, Store *s, const Psnet__Header *h, Chunk **chunks,
                 f->bytes += (uint64_t) c->len * sizeof(float);
         }
         f->examples[ci] = h->examples;
+        f->sq[ci] += sq;
         s->pushes++;
         return PSNET__STATUS__STATUS_OK;
 }

@@ -478,11 +478,12 @@ int store_apply(Store *s, Chunk *c, const float *g, ConsistencyMode mode, size_t
 }
 
 int store_fed_apply(Store *s, Chunk *c, const float *const *updates, const uint64_t *examples, size_t n,
-                    float *scratch) {
+                    const float *noise, float *scratch) {
         int r = chunk_make_writable(s, c);
         if (r < 0)
                 return r;
-        r = fed_aggregate(&s->job.fed.strategy, c->val->data, c->state, c->len, updates, examples, n, scratch);
+        r = fed_aggregate(&s->job.fed.strategy, c->val->data, c->state, c->len, updates, examples, n, noise,
+                          scratch);
         if (r < 0)
                 return r;
         c->steps++;

@@ -135,10 +135,10 @@ int store_lookup_keys(Store *s, const Psnet__Header *h, Chunk **chunks, char *re
  * job_lr_factor. */
 int store_apply(Store *s, Chunk *c, const float *g, ConsistencyMode mode, size_t nworkers, int64_t clock);
 /* One federated round on c (mode fed): the job's strategy over the n client
- * updates (fed_aggregate, scratch as it asks); the chunk's clock counts
+ * updates (fed_aggregate, noise and scratch as it asks); the chunk's clock counts
  * rounds. -EINVAL (nothing changed) for updates it refuses. */
 int store_fed_apply(Store *s, Chunk *c, const float *const *updates, const uint64_t *examples, size_t n,
-                    float *scratch);
+                    const float *noise, float *scratch);
 
 /* A reference to c's values as they are now (a later update copies them
  * first); drop it with store_value_unref, from any thread. */

@@ -25,6 +25,8 @@
  *   job-stop       a JOB_STOP (pscoord)
  *   push-nan       a PUSH of key (0,0) whose values are all NaN, as worker
  *                  PSPOKE_SENDER (default 999), clock PSPOKE_CLOCK (default 0)
+ *   push-value     the same with every value PSPOKE_VALUE (default 1) and an
+ *                  example count of 1, as a federated client's update
  *   huge           a PUSH whose frame is 1 GiB (zero pages: nothing is allocated here)
  *   frames         one PUSH of PSPOKE_COUNT frames of CHUNKLEN floats each
  *   pull-future    PSPOKE_COUNT PULLs of key (0,0) for clock PSPOKE_CLOCK (default
@@ -202,15 +204,20 @@ int main(int argc, char **argv) {
                 if (r == 0)
                         r = send_raw(s, v, n, 0);
                 free(v);
-        } else if (!strcmp(c, "push-nan")) {
+        } else if (!strcmp(c, "push-nan") || !strcmp(c, "push-value")) {
+                bool nan = !strcmp(c, "push-nan");
+                const char *pv = getenv("PSPOKE_VALUE");
+                float value = nan ? NAN : pv ? strtof(pv, NULL) : 1.0f;
                 h.type = PSNET__MSG_TYPE__MSG_PUSH;
                 h.sender = (uint32_t) env_num("PSPOKE_SENDER", 999);
                 h.clock = (int64_t) env_num("PSPOKE_CLOCK", 0);
+                h.has_examples = !nan;
+                h.examples = 1;
                 float *v = malloc((size_t) len * sizeof(float));
                 if (!v)
                         return 2;
                 for (uint32_t i = 0; i < len; i++)
-                        v[i] = NAN;
+                        v[i] = value;
                 r = send_header(s, &h, 0, true);
                 if (r == 0)
                         r = send_raw(s, v, (size_t) len * sizeof(float), 0);

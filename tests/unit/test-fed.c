@@ -24,7 +24,7 @@ static void run(FedParams p, int rounds, const float *const *u, const uint64_t *
         float state[4] = { 0 };
         w[0] = 10, w[1] = 20;
         for (int r = 0; r < rounds; r++)
-                (void) fed_aggregate(&p, w, state, 2, u, ex, n, scratch);
+                (void) fed_aggregate(&p, w, state, 2, u, ex, n, NULL, scratch);
 }
 
 int main(void) {
@@ -57,8 +57,8 @@ int main(void) {
                 float state[4] = { 0 }, h1[2] = { 0.5f, -1 }, h2[2] = { 1.5f, 0 }, h3[2] = { -0.5f, 2 };
                 const float *const half[3] = { h1, h2, h3 };
                 w[0] = 10, w[1] = 20;
-                (void) fed_aggregate(&p, w, state, 2, three, ex3, 3, scratch);
-                (void) fed_aggregate(&p, w, state, 2, half, ex3, 3, scratch);
+                (void) fed_aggregate(&p, w, state, 2, three, ex3, 3, NULL, scratch);
+                (void) fed_aggregate(&p, w, state, 2, half, ex3, 3, NULL, scratch);
                 /* v after round 1 [0.0225, 0.0025]; round 2 D = [0.75, 0.25], D^2 = [0.5625, 0.0625] > v:
                  * sign -1, v += 0.01 D^2 = [0.028125, 0.003125]. */
                 CHECK(fabs(state[2] - 0.028125) < 1e-7 && fabs(state[3] - 0.003125) < 1e-7,
@@ -97,6 +97,33 @@ int main(void) {
         run(p, 1, three, ex3, 3, w);
         CHECK(near2(w, 11, 20.6666667), "trim 0 is the plain unweighted mean (%g, %g)", w[0], w[1]);
 
+        /* Private rounds: unweighted mean plus z C noise over n. With C 5 (no
+         * update is above it: |d3| = 4.12), no noise: ([1,-2] + [3,0] + [-1,4]) / 3
+         * = [1, 2/3]; with z 0.5 and draws [2, -1]: + 0.5 x 5 x [2, -1] / 3
+         * = [1 + 5/3, 2/3 - 2.5/3] = [2.6667, -0.1667]. */
+        fed_params_default(FED_AVG, &p);
+        p.dp_clip = 5;
+        run(p, 1, three, ex3, 3, w);
+        CHECK(near2(w, 11, 20 + 2.0 / 3), "dp, no noise: the unweighted mean, examples ignored (%g, %g)", w[0], w[1]);
+        {
+                const float draws[2] = { 2, -1 };
+                float st[4] = { 0 };
+                p.dp_noise = 0.5f;
+                w[0] = 10, w[1] = 20;
+                (void) fed_aggregate(&p, w, st, 2, three, ex3, 3, draws, scratch);
+                CHECK(near2(w, 10 + 1 + 5.0 / 3, 20 + 2.0 / 3 - 2.5 / 3), "dp: noise z C N / n on the mean (%g, %g)",
+                      w[0], w[1]);
+                /* FedAdam on a private round takes the noised D like any other. */
+                fed_params_default(FED_ADAM, &p);
+                p.dp_clip = 5, p.dp_noise = 0.5f;
+                memset(st, 0, sizeof st);
+                w[0] = 10, w[1] = 20;
+                (void) fed_aggregate(&p, w, st, 2, three, ex3, 3, draws, scratch);
+                /* m = 0.1 D, v = 0.01 D^2: step 0.1 x 0.1 D / (0.1 |D|) = 0.1 sign(D). */
+                CHECK(near2(w, 10.1, 19.9), "dp + fedadam: the step follows the noised mean (%g, %g)", w[0], w[1]);
+        }
+        CHECK(fabs(fed_norm2(d3, 2) - sqrt(17.0)) < 1e-9, "fed_norm2: |[-1, 4]| = sqrt 17");
+
         /* Refusals: nothing changes. */
         float bad[2] = { 1, NAN };
         const float *const withnan[2] = { d1, bad };
@@ -104,12 +131,12 @@ int main(void) {
         float state[4] = { 0 };
         fed_params_default(FED_ADAM, &p);
         w[0] = 10, w[1] = 20;
-        CHECK(fed_aggregate(&p, w, state, 2, withnan, ex2, 2, scratch) == -EINVAL && near2(w, 10, 20) &&
+        CHECK(fed_aggregate(&p, w, state, 2, withnan, ex2, 2, NULL, scratch) == -EINVAL && near2(w, 10, 20) &&
               state[0] == 0 && state[2] == 0, "an update with NaN is refused and changes nothing");
         fed_params_default(FED_AVG, &p);
-        CHECK(fed_aggregate(&p, w, NULL, 2, three, none, 3, scratch) == -EINVAL && near2(w, 10, 20),
+        CHECK(fed_aggregate(&p, w, NULL, 2, three, none, 3, NULL, scratch) == -EINVAL && near2(w, 10, 20),
               "no examples at all: refused");
-        CHECK(fed_aggregate(&p, w, NULL, 2, three, ex3, 0, scratch) == -EINVAL, "no update: refused");
+        CHECK(fed_aggregate(&p, w, NULL, 2, three, ex3, 0, NULL, scratch) == -EINVAL, "no update: refused");
 
         /* Names, state sizes, parameter checks. */
         bool names = true;
@@ -139,5 +166,16 @@ int main(void) {
         p.tau = 1e-9f;
         p.eta = NAN;
         CHECK(fed_params_check(&p, err, sizeof err) == -EINVAL, "a NaN server lr refused (%s)", err);
+        fed_params_default(FED_AVG, &p);
+        p.dp_noise = 1;
+        CHECK(fed_params_check(&p, err, sizeof err) == -EINVAL && strstr(err, "--dp-clip"),
+              "noise without a clip norm refused (%s)", err);
+        fed_params_default(FED_MEDIAN, &p);
+        p.dp_clip = 1;
+        CHECK(fed_params_check(&p, err, sizeof err) == -EINVAL && strstr(err, "robust"),
+              "dp with a robust strategy refused (%s)", err);
+        fed_params_default(FED_AVG, &p);
+        p.dp_clip = -1;
+        CHECK(fed_params_check(&p, err, sizeof err) == -EINVAL, "a negative clip norm refused (%s)", err);
         return tap_done();
 }

@@ -89,6 +89,38 @@ static void test_flags(void) {
               "a bad rule is refused: %s", err);
 }
 
+/* Differential privacy flags: parsed, checked, carried by the job spec. */
+static void test_dp_flags(void) {
+        JobFlags f;
+        Option o[JOBFLAGS_NOPTS];
+        Job j, back;
+        char err[192] = "";
+        const ProgramInfo prog = { .name = "t" };
+        char *argv[] = { "t", "--mode", "fed", "--dp-clip", "1.5", "--dp-noise", "0.8", "--dp-delta", "1e-6", NULL };
+        int optind_ = 0;
+        jobflags_init(&f);
+        size_t n = jobflags_options(&f, o);
+        CHECK(config_parse(&prog, o, n, 9, argv, &optind_) == 0 && jobflags_to_job(&f, &j, err, sizeof err) == 0 &&
+              j.fed.strategy.dp_clip == 1.5f && j.fed.strategy.dp_noise == 0.8f && j.fed.dp_delta == 1e-6f,
+              "--dp-clip 1.5 --dp-noise 0.8 --dp-delta 1e-6 (%s)", err);
+        Psnet__JobSpec *spec = NULL;
+        CHECK(job_to_proto(&j, &spec) == 0 && job_from_proto(spec, &back, err, sizeof err) == 0 &&
+              back.fed.strategy.dp_clip == 1.5f && back.fed.strategy.dp_noise == 0.8f && back.fed.dp_delta == 1e-6f,
+              "the job spec carries them (%s)", err);
+        job_proto_free(spec);
+        f.dp_clip = 0;
+        CHECK(jobflags_to_job(&f, &j, err, sizeof err) == -EINVAL && strstr(err, "--dp-clip"),
+              "noise without a clip norm: refused (%s)", err);
+        f.dp_clip = 1, f.dp_delta = 1;
+        CHECK(jobflags_to_job(&f, &j, err, sizeof err) == -EINVAL && strstr(err, "dp_delta"),
+              "delta 1: refused (%s)", err);
+        config_free_strings(o, n);
+        jobflags_init(&f);
+        f.dp_clip = 1;
+        CHECK(jobflags_to_job(&f, &j, err, sizeof err) == -EINVAL && strstr(err, "federated"),
+              "--dp-clip on a bsp job: refused (%s)", err);
+}
+
 static void test_model(void) {
         Job j;
         int r;
@@ -479,6 +511,7 @@ int main(void) {
         test_defaults();
         test_lr_factor();
         test_flags();
+        test_dp_flags();
         test_model();
         test_chunks();
         test_init();

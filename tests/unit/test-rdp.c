@@ -38,6 +38,28 @@ int main(void) {
         CHECK(e1 < e2 && e3 < e1, "twice the rounds spend more (%.3f > %.3f), twice the noise less (%.3f)", e2, e1,
               e3);
         CHECK(rdp_epsilon(0.01, 1.0, 0, 1e-5, NULL, 0, &eps, NULL) == 0 && eps == 0, "no round, no eps");
+        {
+                /* The running account: 1000 rounds of q 0.01 give rdp_epsilon's figure;
+                 * rounds of another q add up order by order. */
+                RdpAccount a;
+                double ea, e0;
+                rdp_account_init(&a);
+                CHECK(rdp_account_epsilon(&a, 1e-5, &ea, NULL) == 0 && ea == 0, "an empty account: eps 0");
+                for (int i = 0; i < 1000; i++)
+                        (void) rdp_account_step(&a, 0.01, 1.0);
+                (void) rdp_account_epsilon(&a, 1e-5, &ea, NULL);
+                CHECK(fabs(ea - e1) < 1e-9 * e1, "1000 steps in the account = rdp_epsilon's (%g, %g)", ea, e1);
+                RdpAccount b;
+                rdp_account_init(&b);
+                (void) rdp_account_step(&b, 0.5, 1.0);
+                (void) rdp_account_step(&b, 0.25, 1.0);
+                (void) rdp_account_epsilon(&b, 1e-5, &ea, NULL);
+                double r05 = rdp_sampled_gaussian(0.5, 1.0, 8) + rdp_sampled_gaussian(0.25, 1.0, 8);
+                (void) rdp_epsilon(0.5, 1.0, 2, 1e-5, NULL, 0, &e0, NULL);
+                CHECK(ea < e0 && ea <= r05 + log(1e5) / 7 + 1e-12,
+                      "mixed rates: below two rounds at the higher one, at most the order-8 bound (%g)", ea);
+                CHECK(rdp_account_step(&b, 0, 1.0) == -EINVAL && b.steps == 2, "a bad round is refused, not added");
+        }
 
         /* Refusals. */
         CHECK(rdp_epsilon(0, 1.0, 10, 1e-5, NULL, 0, &eps, NULL) == -EINVAL &&

@@ -64,6 +64,8 @@ typedef struct Edge {
         uint64_t number, pending;     /* the round in progress; one asked for while busy */
         bool pending_eval;
         double loss;
+        double norm;                /* the update's L2 norm before clipping (--dp-clip) */
+        uint64_t clipped;           /* rounds whose update was clipped */
         uint64_t examples;
         size_t eval_correct;
         double eval_loss;
@@ -92,8 +94,8 @@ static void edge_leave(Edge *e) {
         if (e->state == E_LEAVING)
                 return;
         e->state = E_LEAVING;
-        log_info("leaving rounds=%lu counted=%lu late=%lu", (unsigned long) e->rounds, (unsigned long) e->counted,
-                 (unsigned long) e->late);
+        log_info("leaving rounds=%lu counted=%lu late=%lu clipped=%lu", (unsigned long) e->rounds,
+                 (unsigned long) e->counted, (unsigned long) e->late, (unsigned long) e->clipped);
         if (!e->session || session_deregister(e->session, 1000, on_left, e) < 0)
                 uv_stop(&e->loop);
 }
@@ -203,7 +205,8 @@ static void load_done(uv_work_t *req, int status) {
 
 /* Local training in the thread pool: local_epochs passes over this client's
  * share, plain SGD with the job's batch and lr (FedProx: plus mu (w - w0)),
- * then delta = w - w0. */
+ * then delta = w - w0, clipped to L2 norm dp_clip in a private job (the
+ * shards refuse it otherwise). */
 static void train_work(uv_work_t *req) {
         Edge *e = req->data;
         const Job *job = &e->job;
@@ -233,13 +236,9 @@ static void train_work(uv_work_t *req) {
                                 e->work_r = model_train_step(e->model, xb, yb, (int) b, &loss, &correct);
                         if (e->work_r < 0)
                                 break;
-                        for (size_t t = 0; t < nt; t++) {
-                                float *w = e->params[t], *w0 = e->w0[t];
-                                const float *g = model_grad_host(e->model, t);
-                                size_t n = model_tensor_numel(e->model, t);
-                                for (size_t i = 0; i < n; i++)
-                                        w[i] -= lr * (g[i] + mu * (w[i] - w0[i]));
-                        }
+                        for (size_t t = 0; t < nt; t++)
+                                fed_client_step(e->params[t], e->w0[t], model_grad_host(e->model, t),
+                                                model_tensor_numel(e->model, t), lr, mu);
                         loss_sum += loss;
                         nb++;
                 }
@@ -252,6 +251,20 @@ static void train_work(uv_work_t *req) {
                                 e->work_r = -ERANGE;
                 }
         }
+        double sq = 0;
+        for (size_t t = 0; t < nt && e->work_r == 0; t++) {
+                double nv = fed_norm2(e->delta[t], model_tensor_numel(e->model, t));
+                sq += nv * nv;
+        }
+        e->norm = sqrt(sq);
+        float clip = job->fed.strategy.dp_clip;
+        if (e->work_r == 0 && clip > 0 && e->norm > clip) {
+                float scale = (float) (clip / e->norm);
+                for (size_t t = 0; t < nt; t++)
+                        for (size_t i = 0; i < model_tensor_numel(e->model, t); i++)
+                                e->delta[t][i] *= scale;
+                e->clipped++;
+        }
         e->loss = nb ? loss_sum / (double) nb : 0.0;
 }
 
@@ -260,8 +273,9 @@ static void on_answer(Session *s, int r, WireMsg *m, void *ud) {
         (void) s;
         if (r == 0) {
                 e->counted++;
-                log_info("update counted number=%lu examples=%lu loss=%.4f", (unsigned long) e->number,
-                         (unsigned long) e->examples, e->loss);
+                log_info("update counted number=%lu examples=%lu loss=%.4f norm=%.4g%s", (unsigned long) e->number,
+                         (unsigned long) e->examples, e->loss, e->norm,
+                         e->job.fed.strategy.dp_clip > 0 && e->norm > e->job.fed.strategy.dp_clip ? " clipped=1" : "");
         } else if (m && m->hdr && m->hdr->status == PSNET__STATUS__STATUS_STALE) {
                 e->late++;
                 log_warning("update not counted number=%lu reason=\"%s\"", (unsigned long) e->number,
@@ -500,8 +514,9 @@ static void on_round(Edge *e, const Psnet__Round *rd) {
         if (eval)
                 log_info("pscoord asks this edge worker to evaluate the final model");
         else
-                log_info("sampled number=%lu round=%u timeout_ms=%u", (unsigned long) rd->number,
-                         rd->has_round ? rd->round : 0, rd->has_timeout_ms ? rd->timeout_ms : 0);
+                log_info("sampled number=%lu round=%u timeout_ms=%u edge=%u", (unsigned long) rd->number,
+                         rd->has_round ? rd->round : 0, rd->has_timeout_ms ? rd->timeout_ms : 0,
+                         session_id(e->session));
         if (e->state != E_IDLE) {
                 /* Loading, or still on an earlier round (which has closed at pscoord). */
                 if (eval)
@@ -563,6 +578,8 @@ static void edge_metrics(void *ud, MetricsBuf *b) {
         metrics_one(b, "psnet_edge_updates_counted_total", "counter", "Updates pscoord counted.", (double) e->counted);
         metrics_one(b, "psnet_edge_updates_late_total", "counter", "Updates that came after their round closed.",
                     (double) e->late);
+        metrics_one(b, "psnet_edge_updates_clipped_total", "counter",
+                    "Updates scaled down to the job's clip norm (--dp-clip).", (double) e->clipped);
         metrics_one(b, "psnet_edge_examples", "gauge", "Training examples this client holds.", (double) e->nmine);
 }
 
