@@ -3,8 +3,9 @@
 # --keys trains over tcp. psctl with no key, with an unknown key, and a worker
 # key sending an admin command are all refused (clear reasons; pscoord logs the
 # key's fingerprint) while the admin key works. Roles are enforced where the
-# messages arrive: an edge key cannot register as a worker, a worker key cannot
-# send a shard's chunk state. SIGHUP reloads the allow-list. Without --keys a
+# messages arrive: an edge key cannot register as a worker, send an admin
+# command, or push, pull or send chunk state to a shard of a training job; a
+# worker key cannot send a shard's chunk state. SIGHUP reloads the allow-list. Without --keys a
 # non-loopback tcp:// listen address is refused unless --insecure.
 source "$(dirname "$0")/lib.sh"
 
@@ -47,13 +48,23 @@ grep -q "msg=\"refused request\" reason=\"role worker may not send JOB_STOP (adm
 ok $? "pscoord logs it with the key's fingerprint"
 out=$(PSPOKE_KEYS=$K PSPOKE_KEY=edge "$PSPOKE" "$COORD" register-worker 2>&1)
 grep -q "status=denied .*reason=a key of role edge cannot register as a worker" <<<"$out"; ok $? "an edge key cannot register as a worker ($out)"
+len=$("$PSCTL" --coord "$COORD" --keys "$K" --json status | jq .job.chunk_floats)
+out=$("$PSCTL" --coord "$COORD" --keys "$K" --key edge job stop 2>&1); ok $(( $? == 0 )) "an edge key sending an admin command: refused"
+grep -q "role edge may not send JOB_STOP (admin only) (denied)" <<<"$out"; ok $? "with a clear status ($out)"
+out=$(PSPOKE_KEYS=$K PSPOKE_KEY=edge PSPOKE_SERVER=psd "$PSPOKE" "$SHARD" push-value 1 2>&1)
+grep -q "status=denied .*reason=edge workers take part in federated jobs only" <<<"$out"
+ok $? "an edge key cannot push a worker's gradient into a training job ($out)"
+out=$(PSPOKE_KEYS=$K PSPOKE_KEY=edge PSPOKE_SERVER=psd "$PSPOKE" "$SHARD" pull 1 2>&1)
+grep -q "status=denied .*reason=edge workers take part in federated jobs only" <<<"$out"
+ok $? "nor pull its weights ($out)"
+out=$(PSPOKE_KEYS=$K PSPOKE_KEY=edge PSPOKE_SERVER=psd "$PSPOKE" "$SHARD" chunk-state 1 "$len" 2>&1)
+grep -q "status=denied .*reason=role edge may not send CHUNK_STATE (server only)" <<<"$out"; ok $? "nor send a shard's chunk state ($out)"
 out=$(PSPOKE_KEYS=$K PSPOKE_KEY=worker "$PSPOKE" "$COORD" register-server 2>&1)
 grep -q "status=denied .*reason=a key of role worker cannot register as a shard" <<<"$out"; ok $? "a worker key cannot register as a shard ($out)"
-len=$("$PSCTL" --coord "$COORD" --keys "$K" --json status | jq .job.chunk_floats)
 out=$(PSPOKE_KEYS=$K PSPOKE_KEY=worker PSPOKE_SERVER=psd "$PSPOKE" "$SHARD" chunk-state 1 "$len" 2>&1)
 grep -q "status=denied .*reason=role worker may not send CHUNK_STATE (server only)" <<<"$out"; ok $? "a worker key cannot send a shard's chunk state ($out)"
 out=$(PSPOKE_KEYS=$K PSPOKE_KEY=admin PSPOKE_SERVER=psd "$PSPOKE" "$SHARD" pull 1 "$len" 2>&1)
-grep -q "no answer" <<<"$out"; ok $? "psd does not even admit an admin key (it serves servers and workers)"
+grep -q "no answer" <<<"$out"; ok $? "psd does not even admit an admin key (it serves servers, workers and edge workers)"
 
 # A key added to the allow-list takes effect on SIGHUP.
 cat "$RUN/late/late.pub" >>"$K/allow"; cp "$RUN/late/late.key" "$K/"
