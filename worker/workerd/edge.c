@@ -9,6 +9,13 @@
  *   --pscoord asks for the final evaluation-->  EVALUATING  -->  IDLE until
  *   the job is done, then it leaves.
  *
+ * QUEUED sits between IDLE and PULLING while another client of the process
+ * has the model: with --simulate N, N virtual clients (each its own session,
+ * id and share of the data) live in one process, a Fleet, and share one
+ * loaded dataset and one model; one client at a time pulls, trains and
+ * pushes (the others wait their turn in a FIFO), so a round of hundreds of
+ * clients runs on one machine in the memory of one.
+ *
  * The data never leaves the process: only the delta of the weights (and the
  * number of examples behind it) goes to the shards. */
 #include <errno.h>
@@ -33,172 +40,290 @@
 #include "session.h"
 #include "wire-job.h"
 
-typedef enum { E_JOINING, E_LOADING, E_IDLE, E_PULLING, E_TRAINING, E_PUSHING, E_ANSWERING, E_EVALUATING,
-               E_LEAVING } EdgeState;
+typedef enum { E_JOINING, E_LOADING, E_IDLE, E_QUEUED, E_PULLING, E_TRAINING, E_PUSHING, E_ANSWERING,
+               E_EVALUATING, E_LEAVING, E_LEFT } EdgeState;
 
+typedef struct Fleet Fleet;
+
+/* One federated client: its session, its share of the data, its rounds. */
 typedef struct Edge {
-        const WorkerConfig *cfg;
-        uv_loop_t loop;
-        void *zctx;
-        Service *service;
+        Fleet *f;
+        uint32_t part;              /* its share: part of the fleet's nparts */
         Session *session;
-        NetIdentity id;
         Client *client;
         Job job;
         bool has_job;
         ShardMap *map;
         EdgeState state;
-        int exit_code;
         bool leaving;
-        /* data */
-        uv_work_t work;
-        Dataset *train, *test;
-        uint32_t *mine, nmine, dim;
-        int work_r;
-        char err[256];
-        /* model */
-        KBackend *kb;
-        Model *model;
-        float **params, **w0, **delta;
+        struct Edge *next;          /* in the fleet's queue for the model */
+        uint32_t *mine, nmine;
         /* the round */
-        uint64_t number, pending;     /* the round in progress; one asked for while busy */
+        uint64_t number, pending;   /* the round in progress; one asked for while busy */
         bool pending_eval;
         double loss;
         double norm;                /* the update's L2 norm before clipping (--dp-clip) */
         uint64_t clipped;           /* rounds whose update was clipped */
         uint64_t examples;
-        size_t eval_correct;
-        double eval_loss;
         uint64_t rounds, counted, late;
 } Edge;
+
+typedef enum { D_NONE, D_LOADING, D_READY } DataState;
+
+/* The process: one loop, one dataset, one model, n clients. */
+struct Fleet {
+        const WorkerConfig *cfg;
+        uv_loop_t loop;
+        void *zctx;
+        Service *service;
+        NetIdentity id;
+        Edge *edges;
+        size_t n, nleft, nready;
+        uint32_t nparts, first_part;
+        int exit_code;
+        /* data, loaded once for the first job */
+        DataState data;
+        uv_work_t work;
+        Edge *worker;               /* the client the thread pool works for */
+        Dataset *train, *test;
+        uint32_t dim;
+        int work_r;
+        char err[256];
+        /* the model: one client at a time (holder), the others queued */
+        KBackend *kb;
+        Model *model;
+        float **params, **w0, **delta;
+        Edge *holder, *queue_head, *queue_tail;
+        size_t eval_correct;
+        double eval_loss;
+};
 
 static void edge_leave(Edge *e);
 static void round_start(Edge *e, uint64_t number);
 static void evaluate_start(Edge *e);
+static void fleet_want(Edge *e);
 
 static const char *state_name(EdgeState s) {
-        static const char *const names[] = { "joining", "loading", "idle", "pulling", "training", "pushing",
-                                             "answering", "evaluating", "leaving" };
-        return s <= E_LEAVING ? names[s] : "?";
+        static const char *const names[] = { "joining", "loading", "idle", "queued", "pulling", "training",
+                                             "pushing", "answering", "evaluating", "leaving", "left" };
+        return s <= E_LEFT ? names[s] : "?";
+}
+
+/* Log lines name the client they are about (one loop: no line interleaves). */
+static void edge_log(const Edge *e) {
+        char f[48];
+        uint32_t id = e->session ? session_id(e->session) : 0;
+        if (id)
+                snprintf(f, sizeof f, "edge=%u", id);
+        else
+                snprintf(f, sizeof f, "part=%u", e->part);
+        log_set_fields(f);
 }
 
 /* --- leaving ------------------------------------------------------------------------ */
 
+/* The process ends once every client has left. */
+static void edge_gone(Edge *e) {
+        Fleet *f = e->f;
+        if (e->state == E_LEFT)
+                return;
+        e->state = E_LEFT;
+        if (++f->nleft == f->n)
+                uv_stop(&f->loop);
+}
+
 static void on_left(Session *s, int r, WireMsg *m, void *ud) {
-        Edge *e = ud;
         (void) s, (void) r, (void) m;
-        uv_stop(&e->loop);
+        edge_gone(ud);
 }
 
 static void edge_leave(Edge *e) {
-        if (e->state == E_LEAVING)
+        if (e->state == E_LEAVING || e->state == E_LEFT)
                 return;
+        edge_log(e);
         e->state = E_LEAVING;
         log_info("leaving rounds=%lu counted=%lu late=%lu clipped=%lu", (unsigned long) e->rounds,
                  (unsigned long) e->counted, (unsigned long) e->late, (unsigned long) e->clipped);
         if (!e->session || session_deregister(e->session, 1000, on_left, e) < 0)
-                uv_stop(&e->loop);
+                edge_gone(e);
 }
 
 static void edge_fail(Edge *e, int r) {
-        if (e->exit_code == 0)
-                e->exit_code = r;
+        if (e->f->exit_code == 0)
+                e->f->exit_code = r;
         edge_leave(e);
 }
 
-/* After a round or an evaluation: the next one asked for meanwhile, if any. */
+/* The model goes to the next client in the queue (one that is leaving leaves). */
+static void fleet_release(Fleet *f) {
+        f->holder = NULL;
+        while (!f->holder && f->queue_head) {
+                Edge *e = f->queue_head;
+                f->queue_head = e->next;
+                if (!f->queue_head)
+                        f->queue_tail = NULL;
+                e->next = NULL;
+                e->state = E_IDLE;
+                edge_log(e);
+                if (e->leaving) {
+                        edge_leave(e);
+                        continue;
+                }
+                f->holder = e;
+                if (e->pending_eval) {
+                        e->pending_eval = false;
+                        evaluate_start(e);
+                } else if (e->pending) {
+                        uint64_t n = e->pending;
+                        e->pending = 0;
+                        round_start(e, n);
+                } else
+                        f->holder = NULL;
+        }
+}
+
+/* e wants the model for a round or the evaluation (pending, pending_eval). */
+static void fleet_want(Edge *e) {
+        Fleet *f = e->f;
+        if (e->state != E_IDLE)
+                return; /* queued already, or busy: go_idle comes back here */
+        e->state = E_QUEUED;
+        if (f->queue_tail)
+                f->queue_tail->next = e;
+        else
+                f->queue_head = e;
+        f->queue_tail = e;
+        if (!f->holder)
+                fleet_release(f);
+}
+
+/* After a round or an evaluation: the model to the next client; e's own next
+ * round or evaluation asked for meanwhile, if any. */
 static void go_idle(Edge *e) {
+        Fleet *f = e->f;
         e->state = E_IDLE;
+        if (f->holder == e)
+                fleet_release(f);
+        edge_log(e);
         if (e->leaving) {
                 edge_leave(e);
                 return;
         }
-        if (e->pending_eval) {
-                e->pending_eval = false;
-                evaluate_start(e);
-        } else if (e->pending) {
-                uint64_t n = e->pending;
-                e->pending = 0;
-                round_start(e, n);
-        }
+        if (e->pending_eval || e->pending)
+                fleet_want(e);
 }
 
 /* --- the model and the data ------------------------------------------------------------ */
 
 static void load_work(uv_work_t *req) {
-        Edge *e = req->data;
-        const WorkerConfig *cfg = e->cfg;
-        const char *dir = cfg->data ? cfg->data : e->job.dataset;
-        e->work_r = dataset_load(dir, "train", e->job.train_limit, 0, 1, &e->train, e->err, sizeof e->err);
-        if (e->work_r >= 0)
-                e->work_r = dataset_load(dir, "t10k", e->job.test_limit, 0, 1, &e->test, e->err, sizeof e->err);
-        if (e->work_r < 0)
-                return;
-        uint32_t k = cfg->part_n ? cfg->part : 0, n = cfg->part_n ? cfg->part_n : 1;
-        e->work_r = partition_client(e->train->y, e->train->n, 10, n, cfg->alpha, e->job.seed, k, &e->mine,
-                                     &e->nmine);
-        if (e->work_r < 0)
-                snprintf(e->err, sizeof e->err, "cannot split the training set: %s", strerror(-e->work_r));
-        else if (e->nmine == 0) {
-                e->work_r = -ENODATA;
-                snprintf(e->err, sizeof e->err, "partition %u/%u of the training set is empty (alpha %g)", k, n,
-                         cfg->alpha);
-        }
+        Fleet *f = req->data;
+        const Job *job = &f->worker->job;
+        const char *dir = f->cfg->data ? f->cfg->data : job->dataset;
+        f->work_r = dataset_load(dir, "train", job->train_limit, 0, 1, &f->train, f->err, sizeof f->err);
+        if (f->work_r >= 0)
+                f->work_r = dataset_load(dir, "t10k", job->test_limit, 0, 1, &f->test, f->err, sizeof f->err);
 }
 
-static int edge_setup(Edge *e) {
+static int fleet_setup(Fleet *f, const Job *job) {
         char err[256];
-        const Job *job = &e->job;
-        e->dim = e->train->rows * e->train->cols;
-        if (e->dim != job->layers[0] || job->layers[job->nlayers - 1] < 10) {
-                log_error("model %s does not fit the data: %u inputs, 10 classes", job->model, e->dim);
+        f->dim = f->train->rows * f->train->cols;
+        if (f->dim != job->layers[0] || job->layers[job->nlayers - 1] < 10) {
+                log_error("model %s does not fit the data: %u inputs, 10 classes", job->model, f->dim);
                 return -EINVAL;
         }
-        int r = kbackend_new(e->cfg->backend, (int) e->cfg->threads, &e->kb, err, sizeof err);
+        int r = kbackend_new(f->cfg->backend, (int) f->cfg->threads, &f->kb, err, sizeof err);
         if (r < 0) {
-                log_error("cannot start the %s backend reason=\"%s\"", e->cfg->backend, err);
+                log_error("cannot start the %s backend reason=\"%s\"", f->cfg->backend, err);
                 return r;
         }
-        r = model_new(e->kb, job->layers, job->nlayers, (int) job->batch, &e->model);
+        r = model_new(f->kb, job->layers, job->nlayers, (int) job->batch, &f->model);
         if (r < 0)
                 return log_error_errno(r, "Failed to build the model: %m");
-        model_set_options(e->model, false, true);
-        size_t nt = model_ntensors(e->model);
-        e->params = ps_calloc(nt, sizeof *e->params);
-        e->w0 = ps_calloc(nt, sizeof *e->w0);
-        e->delta = ps_calloc(nt, sizeof *e->delta);
-        if (!e->params || !e->w0 || !e->delta)
+        model_set_options(f->model, false, true);
+        size_t nt = model_ntensors(f->model);
+        f->params = ps_calloc(nt, sizeof *f->params);
+        f->w0 = ps_calloc(nt, sizeof *f->w0);
+        f->delta = ps_calloc(nt, sizeof *f->delta);
+        if (!f->params || !f->w0 || !f->delta)
                 return log_error_errno(ENOMEM, "Out of memory");
         for (size_t t = 0; t < nt; t++) {
-                size_t numel = model_tensor_numel(e->model, t);
-                e->params[t] = model_param_host(e->model, t);
-                e->w0[t] = ps_malloc(numel * sizeof(float));
-                e->delta[t] = ps_malloc(numel * sizeof(float));
-                if (!e->w0[t] || !e->delta[t])
+                size_t numel = model_tensor_numel(f->model, t);
+                f->params[t] = model_param_host(f->model, t);
+                f->w0[t] = ps_malloc(numel * sizeof(float));
+                f->delta[t] = ps_malloc(numel * sizeof(float));
+                if (!f->w0[t] || !f->delta[t])
                         return log_error_errno(ENOMEM, "Out of memory");
         }
         return 0;
 }
 
-static void load_done(uv_work_t *req, int status) {
-        Edge *e = req->data;
-        if (e->state == E_LEAVING || !e->session)
-                return;
-        if (status < 0 || e->work_r < 0) {
-                log_error("cannot load the data reason=\"%s\"", status < 0 ? uv_strerror(status) : e->err);
-                edge_fail(e, status < 0 ? status : e->work_r);
+/* The data is here: e keeps its own share of it. */
+static void edge_ready(Edge *e) {
+        Fleet *f = e->f;
+        const WorkerConfig *cfg = f->cfg;
+        edge_log(e);
+        if (e->job.train_limit != f->worker->job.train_limit || strcmp(e->job.dataset, f->worker->job.dataset)) {
+                log_error("job %u's data differs from the data this process loaded", e->job.id);
+                edge_fail(e, -EINVAL);
                 return;
         }
-        int r = edge_setup(e);
+        int r = partition_client(f->train->y, f->train->n, 10, f->nparts, cfg->alpha, e->job.seed, e->part, &e->mine,
+                                 &e->nmine);
         if (r < 0) {
+                log_error("cannot split the training set reason=\"%s\"", strerror(-r));
                 edge_fail(e, r);
                 return;
         }
-        log_info("ready partition=%u/%u images=%u alpha=%s backend=%s", e->cfg->part_n ? e->cfg->part : 0,
-                 e->cfg->part_n ? e->cfg->part_n : 1, e->nmine, e->cfg->alpha > 0 ? "dirichlet" : "iid",
-                 e->kb->ops->name);
-        service_ready(e->service);
+        if (e->nmine == 0) {
+                log_error("partition %u/%u of the training set is empty (alpha %g)", e->part, f->nparts, cfg->alpha);
+                edge_fail(e, -ENODATA);
+                return;
+        }
+        log_info("ready partition=%u/%u images=%u alpha=%s backend=%s", e->part, f->nparts, e->nmine,
+                 cfg->alpha > 0 ? "dirichlet" : "iid", f->kb->ops->name);
+        if (++f->nready == f->n)
+                service_ready(f->service);
         go_idle(e);
+}
+
+static void load_done(uv_work_t *req, int status) {
+        Fleet *f = req->data;
+        int r = status < 0 ? status : f->work_r;
+        if (r < 0)
+                log_error("cannot load the data reason=\"%s\"", status < 0 ? uv_strerror(status) : f->err);
+        else
+                r = fleet_setup(f, &f->worker->job);
+        f->data = r < 0 ? D_NONE : D_READY;
+        for (size_t i = 0; i < f->n; i++) {
+                Edge *e = &f->edges[i];
+                if (e->state != E_LOADING)
+                        continue;
+                if (r < 0)
+                        edge_fail(e, r);
+                else
+                        edge_ready(e);
+        }
+}
+
+/* A job came for e: its share of the data, loaded once for the process. */
+static void edge_load(Edge *e) {
+        Fleet *f = e->f;
+        e->state = E_LOADING;
+        if (f->data == D_READY) {
+                edge_ready(e);
+                return;
+        }
+        if (f->data == D_LOADING)
+                return; /* load_done takes it */
+        f->data = D_LOADING;
+        f->worker = e;
+        f->work.data = f;
+        int r = uv_queue_work(&f->loop, &f->work, load_work, load_done);
+        if (r < 0) {
+                f->data = D_NONE;
+                log_error("Failed to start the data loader: %s", uv_strerror(r));
+                edge_fail(e, r);
+        }
 }
 
 /* --- a round --------------------------------------------------------------------------- */
@@ -208,61 +333,62 @@ static void load_done(uv_work_t *req, int status) {
  * then delta = w - w0, clipped to L2 norm dp_clip in a private job (the
  * shards refuse it otherwise). */
 static void train_work(uv_work_t *req) {
-        Edge *e = req->data;
+        Fleet *f = req->data;
+        Edge *e = f->worker;
         const Job *job = &e->job;
-        size_t nt = model_ntensors(e->model);
+        size_t nt = model_ntensors(f->model);
         uint32_t batch = job->batch;
         float lr = job->optim.lr, mu = job->fed.prox_mu;
-        float *xb = model_batch_x(e->model);
-        int32_t *yb = model_batch_y(e->model);
+        float *xb = model_batch_x(f->model);
+        int32_t *yb = model_batch_y(f->model);
         double loss_sum = 0;
         uint64_t nb = 0;
         uint64_t x = job->seed * 1000003u + e->number * 7919u + session_id(e->session);
-        e->work_r = 0;
-        for (uint32_t ep = 0; ep < job->fed.local_epochs && e->work_r == 0; ep++) {
+        f->work_r = 0;
+        for (uint32_t ep = 0; ep < job->fed.local_epochs && f->work_r == 0; ep++) {
                 shuffle_u32(e->mine, e->nmine, &x); /* a fresh order each epoch */
-                for (uint32_t s = 0; s < e->nmine && e->work_r == 0; s += batch) {
+                for (uint32_t s = 0; s < e->nmine && f->work_r == 0; s += batch) {
                         uint32_t b = MIN(batch, e->nmine - s);
                         for (uint32_t k = 0; k < b; k++) {
                                 uint32_t i = e->mine[s + k];
-                                memcpy(xb + (size_t) k * e->dim, e->train->x + (size_t) i * e->dim,
-                                       e->dim * sizeof(float));
-                                yb[k] = e->train->y[i];
+                                memcpy(xb + (size_t) k * f->dim, f->train->x + (size_t) i * f->dim,
+                                       f->dim * sizeof(float));
+                                yb[k] = f->train->y[i];
                         }
                         float loss;
                         int correct;
-                        e->work_r = model_upload_params(e->model);
-                        if (e->work_r == 0)
-                                e->work_r = model_train_step(e->model, xb, yb, (int) b, &loss, &correct);
-                        if (e->work_r < 0)
+                        f->work_r = model_upload_params(f->model);
+                        if (f->work_r == 0)
+                                f->work_r = model_train_step(f->model, xb, yb, (int) b, &loss, &correct);
+                        if (f->work_r < 0)
                                 break;
                         for (size_t t = 0; t < nt; t++)
-                                fed_client_step(e->params[t], e->w0[t], model_grad_host(e->model, t),
-                                                model_tensor_numel(e->model, t), lr, mu);
+                                fed_client_step(f->params[t], f->w0[t], model_grad_host(f->model, t),
+                                                model_tensor_numel(f->model, t), lr, mu);
                         loss_sum += loss;
                         nb++;
                 }
         }
-        for (size_t t = 0; t < nt && e->work_r == 0; t++) {
-                size_t n = model_tensor_numel(e->model, t);
+        for (size_t t = 0; t < nt && f->work_r == 0; t++) {
+                size_t n = model_tensor_numel(f->model, t);
                 for (size_t i = 0; i < n; i++) {
-                        e->delta[t][i] = e->params[t][i] - e->w0[t][i];
-                        if (!isfinite(e->delta[t][i]))
-                                e->work_r = -ERANGE;
+                        f->delta[t][i] = f->params[t][i] - f->w0[t][i];
+                        if (!isfinite(f->delta[t][i]))
+                                f->work_r = -ERANGE;
                 }
         }
         double sq = 0;
-        for (size_t t = 0; t < nt && e->work_r == 0; t++) {
-                double nv = fed_norm2(e->delta[t], model_tensor_numel(e->model, t));
+        for (size_t t = 0; t < nt && f->work_r == 0; t++) {
+                double nv = fed_norm2(f->delta[t], model_tensor_numel(f->model, t));
                 sq += nv * nv;
         }
         e->norm = sqrt(sq);
         float clip = job->fed.strategy.dp_clip;
-        if (e->work_r == 0 && clip > 0 && e->norm > clip) {
+        if (f->work_r == 0 && clip > 0 && e->norm > clip) {
                 float scale = (float) (clip / e->norm);
                 for (size_t t = 0; t < nt; t++)
-                        for (size_t i = 0; i < model_tensor_numel(e->model, t); i++)
-                                e->delta[t][i] *= scale;
+                        for (size_t i = 0; i < model_tensor_numel(f->model, t); i++)
+                                f->delta[t][i] *= scale;
                 e->clipped++;
         }
         e->loss = nb ? loss_sum / (double) nb : 0.0;
@@ -271,6 +397,7 @@ static void train_work(uv_work_t *req) {
 static void on_answer(Session *s, int r, WireMsg *m, void *ud) {
         Edge *e = ud;
         (void) s;
+        edge_log(e);
         if (r == 0) {
                 e->counted++;
                 log_info("update counted number=%lu examples=%lu loss=%.4f norm=%.4g%s", (unsigned long) e->number,
@@ -288,6 +415,7 @@ static void on_answer(Session *s, int r, WireMsg *m, void *ud) {
 static void on_pushed(Client *c, int r, int64_t clock, void *ud) {
         Edge *e = ud;
         (void) c, (void) clock;
+        edge_log(e);
         if (r == -ESTALE)
                 /* A shard closed the round first: pscoord says so too (and counts it late). */
                 log_warning("round %lu closed before the update reached every shard", (unsigned long) e->number);
@@ -296,8 +424,13 @@ static void on_pushed(Client *c, int r, int64_t clock, void *ud) {
                 go_idle(e);
                 return;
         }
-        /* On every shard: tell pscoord, which counts it if the round is still open. */
+        /* On every shard: the model goes to the next client; tell pscoord, which
+         * counts the update if the round is still open. */
         e->state = E_ANSWERING;
+        if (e->f->holder == e) {
+                fleet_release(e->f);
+                edge_log(e);
+        }
         Psnet__Round rd = PSNET__ROUND__INIT;
         rd.number = e->number;
         rd.has_examples = rd.has_loss = true;
@@ -315,11 +448,16 @@ static void on_pushed(Client *c, int r, int64_t clock, void *ud) {
 }
 
 static void train_done(uv_work_t *req, int status) {
-        Edge *e = req->data;
-        if (e->state == E_LEAVING || !e->session)
+        Fleet *f = req->data;
+        Edge *e = f->worker;
+        edge_log(e);
+        if (e->state == E_LEAVING || !e->session) {
+                if (f->holder == e)
+                        fleet_release(f);
                 return;
-        if (status < 0 || e->work_r < 0) {
-                log_warning_errno(status < 0 ? status : e->work_r, "Local training of round %lu failed: %m",
+        }
+        if (status < 0 || f->work_r < 0) {
+                log_warning_errno(status < 0 ? status : f->work_r, "Local training of round %lu failed: %m",
                                   (unsigned long) e->number);
                 go_idle(e);
                 return;
@@ -327,7 +465,7 @@ static void train_done(uv_work_t *req, int status) {
         e->state = E_PUSHING;
         e->examples = (uint64_t) e->nmine;
         client_set_examples(e->client, e->examples);
-        int r = client_round(e->client, (const float *const *) e->delta, (int64_t) e->number, NULL, 0, on_pushed, e);
+        int r = client_round(e->client, (const float *const *) f->delta, (int64_t) e->number, NULL, 0, on_pushed, e);
         if (r < 0) {
                 log_warning_errno(r, "Failed to push the update of round %lu: %m", (unsigned long) e->number);
                 go_idle(e);
@@ -336,17 +474,20 @@ static void train_done(uv_work_t *req, int status) {
 
 static void on_pulled(Client *c, int r, int64_t clock, void *ud) {
         Edge *e = ud;
+        Fleet *f = e->f;
         (void) c, (void) clock;
+        edge_log(e);
         if (r < 0) {
                 log_warning_errno(r, "Failed to pull the model of round %lu: %m", (unsigned long) e->number);
                 go_idle(e);
                 return;
         }
-        for (size_t t = 0; t < model_ntensors(e->model); t++)
-                memcpy(e->w0[t], e->params[t], model_tensor_numel(e->model, t) * sizeof(float));
+        for (size_t t = 0; t < model_ntensors(f->model); t++)
+                memcpy(f->w0[t], f->params[t], model_tensor_numel(f->model, t) * sizeof(float));
         e->state = E_TRAINING;
-        e->work.data = e;
-        r = uv_queue_work(&e->loop, &e->work, train_work, train_done);
+        f->worker = e;
+        f->work.data = f;
+        r = uv_queue_work(&f->loop, &f->work, train_work, train_done);
         if (r < 0) {
                 log_warning("Failed to start local training: %s", uv_strerror(r));
                 go_idle(e);
@@ -355,18 +496,20 @@ static void on_pulled(Client *c, int r, int64_t clock, void *ud) {
 
 /* Not a member of any membership: no membership epoch on its requests. */
 static int client_ready(Edge *e) {
-        return client_follow(&e->client, &e->loop, e->zctx, &e->job, e->map, session_id(e->session),
-                             e->id.enabled ? &e->id.keys : NULL, 0);
+        Fleet *f = e->f;
+        return client_follow(&e->client, &f->loop, f->zctx, &e->job, e->map, session_id(e->session),
+                             f->id.enabled ? &f->id.keys : NULL, 0);
 }
 
 static void round_start(Edge *e, uint64_t number) {
+        Fleet *f = e->f;
         e->number = number;
         e->rounds++;
         e->state = E_PULLING;
         int r = client_ready(e);
         if (r == 0) {
-                client_set_timeout(e->client, e->cfg->round_timeout * 1000u);
-                r = client_round(e->client, NULL, 0, e->params, (int64_t) number, on_pulled, e);
+                client_set_timeout(e->client, f->cfg->round_timeout * 1000u);
+                r = client_round(e->client, NULL, 0, f->params, (int64_t) number, on_pulled, e);
         }
         if (r < 0) {
                 log_warning_errno(r, "Failed to start round %lu: %m", (unsigned long) number);
@@ -377,40 +520,46 @@ static void round_start(Edge *e, uint64_t number) {
 /* --- the final evaluation ----------------------------------------------------------------- */
 
 static void eval_work(uv_work_t *req) {
-        Edge *e = req->data;
-        e->work_r = model_upload_params(e->model);
-        if (e->work_r == 0)
-                e->work_r = model_evaluate(e->model, e->test->x, e->test->y, e->test->n, &e->eval_correct,
-                                           &e->eval_loss);
+        Fleet *f = req->data;
+        f->work_r = model_upload_params(f->model);
+        if (f->work_r == 0)
+                f->work_r = model_evaluate(f->model, f->test->x, f->test->y, f->test->n, &f->eval_correct,
+                                           &f->eval_loss);
 }
 
 static void on_result(Session *s, int r, WireMsg *m, void *ud) {
         Edge *e = ud;
         (void) s, (void) m;
+        edge_log(e);
         if (r < 0)
                 log_warning_errno(r, "pscoord did not take the accuracy: %m");
         go_idle(e);
 }
 
 static void eval_done(uv_work_t *req, int status) {
-        Edge *e = req->data;
-        if (e->state == E_LEAVING || !e->session)
+        Fleet *f = req->data;
+        Edge *e = f->worker;
+        edge_log(e);
+        if (e->state == E_LEAVING || !e->session) {
+                if (f->holder == e)
+                        fleet_release(f);
                 return;
-        if (status < 0 || e->work_r < 0) {
-                log_error_errno(status < 0 ? status : e->work_r, "Evaluation failed: %m");
+        }
+        if (status < 0 || f->work_r < 0) {
+                log_error_errno(status < 0 ? status : f->work_r, "Evaluation failed: %m");
                 go_idle(e);
                 return;
         }
-        float acc = (float) e->eval_correct / (float) e->test->n;
-        log_info("evaluated accuracy=%.4f test_loss=%.4f images=%u", acc, e->eval_loss, e->test->n);
+        float acc = (float) f->eval_correct / (float) f->test->n;
+        log_info("evaluated accuracy=%.4f test_loss=%.4f images=%u", acc, f->eval_loss, f->test->n);
         Psnet__WorkerInfo wi = PSNET__WORKER_INFO__INIT;
         Psnet__Result res = PSNET__RESULT__INIT;
         wi.id = session_id(e->session);
         wi.has_accuracy = wi.has_done = wi.done = true;
         wi.accuracy = acc;
         uint64_t d = FNV1A64_INIT; /* over the weights, as workerd's */
-        for (size_t t = 0; t < model_ntensors(e->model); t++)
-                d = fnv1a64(d, e->params[t], model_tensor_numel(e->model, t) * sizeof(float));
+        for (size_t t = 0; t < model_ntensors(f->model); t++)
+                d = fnv1a64(d, f->params[t], model_tensor_numel(f->model, t) * sizeof(float));
         wi.has_weights_digest = true;
         wi.weights_digest = d;
         res.worker = &wi;
@@ -427,14 +576,17 @@ static void eval_done(uv_work_t *req, int status) {
 
 static void on_final(Client *c, int r, int64_t clock, void *ud) {
         Edge *e = ud;
+        Fleet *f = e->f;
         (void) c, (void) clock;
+        edge_log(e);
         if (r < 0) {
                 log_warning_errno(r, "Failed to pull the final model: %m");
                 go_idle(e);
                 return;
         }
-        e->work.data = e;
-        r = uv_queue_work(&e->loop, &e->work, eval_work, eval_done);
+        f->worker = e;
+        f->work.data = f;
+        r = uv_queue_work(&f->loop, &f->work, eval_work, eval_done);
         if (r < 0) {
                 log_warning("Failed to start the evaluation: %s", uv_strerror(r));
                 go_idle(e);
@@ -442,11 +594,12 @@ static void on_final(Client *c, int r, int64_t clock, void *ud) {
 }
 
 static void evaluate_start(Edge *e) {
+        Fleet *f = e->f;
         e->state = E_EVALUATING;
         log_info("evaluating the final model");
         int r = client_ready(e);
         if (r == 0)
-                r = client_round(e->client, NULL, 0, e->params, 0, on_final, e);
+                r = client_round(e->client, NULL, 0, f->params, 0, on_final, e);
         if (r < 0) {
                 log_warning_errno(r, "Failed to pull the final model: %m");
                 go_idle(e);
@@ -476,17 +629,10 @@ static void apply_config(Edge *e, const Psnet__Config *ctl) {
                         return;
                 }
                 e->has_job = true;
-                e->state = E_LOADING;
                 log_info("federated job job=%u model=%s strategy=%s local_epochs=%u batch=%u lr=%g prox_mu=%g", e->job.id,
                          e->job.model, fed_strategy_name(e->job.fed.strategy.kind), e->job.fed.local_epochs,
                          e->job.batch, (double) e->job.optim.lr, (double) e->job.fed.prox_mu);
-                e->work.data = e;
-                int r = uv_queue_work(&e->loop, &e->work, load_work, load_done);
-                if (r < 0) {
-                        log_error("Failed to start the data loader: %s", uv_strerror(r));
-                        edge_fail(e, r);
-                        return;
-                }
+                edge_load(e);
         } else if (ctl->map && e->has_job && e->map && ctl->map->epoch > shardmap_epoch(e->map) &&
                    (!ctl->job || ctl->job->id == e->job.id)) {
                 ShardMap *m;
@@ -497,11 +643,11 @@ static void apply_config(Edge *e, const Psnet__Config *ctl) {
         }
         if (job_state_from_proto(ctl->job_state, &st) == 0 && job_state_final(st) && e->has_job) {
                 log_info("the job is %s", job_state_name(st));
-                if (st == JOB_FAILED && e->exit_code == 0)
-                        e->exit_code = -ECANCELED;
+                if (st == JOB_FAILED && e->f->exit_code == 0)
+                        e->f->exit_code = -ECANCELED;
                 e->leaving = true;
                 if (e->state == E_IDLE || e->state == E_JOINING)
-                        edge_leave(e); /* else once the work under way is done (go_idle) */
+                        edge_leave(e); /* else once the work under way is done (go_idle, fleet_release) */
         }
 }
 
@@ -514,26 +660,21 @@ static void on_round(Edge *e, const Psnet__Round *rd) {
         if (eval)
                 log_info("pscoord asks this edge worker to evaluate the final model");
         else
-                log_info("sampled number=%lu round=%u timeout_ms=%u edge=%u", (unsigned long) rd->number,
-                         rd->has_round ? rd->round : 0, rd->has_timeout_ms ? rd->timeout_ms : 0,
-                         session_id(e->session));
-        if (e->state != E_IDLE) {
-                /* Loading, or still on an earlier round (which has closed at pscoord). */
-                if (eval)
-                        e->pending_eval = true;
-                else
-                        e->pending = rd->number;
-                return;
-        }
+                log_info("sampled number=%lu round=%u timeout_ms=%u", (unsigned long) rd->number,
+                         rd->has_round ? rd->round : 0, rd->has_timeout_ms ? rd->timeout_ms : 0);
+        /* Loading, queued or still on an earlier round (which has closed at
+         * pscoord): the newest request waits for the model (go_idle, fleet_want). */
         if (eval)
-                evaluate_start(e);
+                e->pending_eval = true;
         else
-                round_start(e, rd->number);
+                e->pending = rd->number;
+        fleet_want(e);
 }
 
 static void on_message(Session *s, WireMsg *m, void *ud) {
         Edge *e = ud;
         (void) s;
+        edge_log(e);
         if (m->hdr->type == PSNET__MSG_TYPE__MSG_CONFIG)
                 apply_config(e, m->hdr->config);
         else if (m->hdr->type == PSNET__MSG_TYPE__MSG_ROUND)
@@ -544,10 +685,8 @@ static void on_message(Session *s, WireMsg *m, void *ud) {
 
 static void on_registered(Session *s, bool again, void *ud) {
         Edge *e = ud;
-        char f[32];
-        snprintf(f, sizeof f, "edge=%u", session_id(s));
-        log_set_fields(f);
-        log_info("registered%s coord=%s", again ? " again" : "", session_endpoint(s));
+        edge_log(e);
+        log_info("registered%s coord=%s part=%u", again ? " again" : "", session_endpoint(s), e->part);
         if (!e->has_job)
                 log_info("waiting for a federated job");
 }
@@ -555,54 +694,129 @@ static void on_registered(Session *s, bool again, void *ud) {
 static void on_failed(Session *s, int err, const char *reason, void *ud) {
         Edge *e = ud;
         (void) s;
+        edge_log(e);
         log_error("cannot join reason=\"%s\"", reason);
-        e->exit_code = err;
-        uv_stop(&e->loop);
+        if (e->f->exit_code == 0)
+                e->f->exit_code = err;
+        edge_gone(e);
 }
 
 static void on_signal(void *ud, int signo) {
-        Edge *e = ud;
+        Fleet *f = ud;
         (void) signo;
-        service_stopping(e->service);
-        e->leaving = true;
-        if (e->state == E_IDLE || e->state == E_JOINING)
-                edge_leave(e); /* else once the work under way is done (go_idle) */
+        service_stopping(f->service);
+        for (size_t i = 0; i < f->n; i++) {
+                Edge *e = &f->edges[i];
+                e->leaving = true;
+                if (e->state == E_IDLE || e->state == E_JOINING)
+                        edge_leave(e); /* else once the work under way is done (go_idle, fleet_release) */
+        }
 }
 
 static void edge_metrics(void *ud, MetricsBuf *b) {
-        Edge *e = ud;
-        metrics_family(b, "psnet_edge_state", "gauge", "What the edge worker does (1 for the current state).");
-        for (EdgeState s = E_JOINING; s <= E_LEAVING; s++)
-                metrics_sample(b, "psnet_edge_state", e->state == s ? 1 : 0, "state", state_name(s), NULL);
-        metrics_one(b, "psnet_edge_rounds_total", "counter", "Rounds this client was sampled for.", (double) e->rounds);
-        metrics_one(b, "psnet_edge_updates_counted_total", "counter", "Updates pscoord counted.", (double) e->counted);
+        Fleet *f = ud;
+        uint64_t rounds = 0, counted = 0, late = 0, clipped = 0, examples = 0;
+        size_t in[E_LEFT + 1] = { 0 };
+        for (size_t i = 0; i < f->n; i++) {
+                const Edge *e = &f->edges[i];
+                in[e->state]++;
+                rounds += e->rounds;
+                counted += e->counted;
+                late += e->late;
+                clipped += e->clipped;
+                examples += e->nmine;
+        }
+        metrics_family(b, "psnet_edge_state", "gauge",
+                       "The process's clients in each state (one client: 1 for its state; --simulate: counts).");
+        for (EdgeState s = E_JOINING; s <= E_LEFT; s++)
+                metrics_sample(b, "psnet_edge_state", (double) in[s], "state", state_name(s), NULL);
+        metrics_one(b, "psnet_edge_clients", "gauge", "Clients in this process (--simulate N).", (double) f->n);
+        metrics_one(b, "psnet_edge_rounds_total", "counter", "Rounds these clients were sampled for.", (double) rounds);
+        metrics_one(b, "psnet_edge_updates_counted_total", "counter", "Updates pscoord counted.", (double) counted);
         metrics_one(b, "psnet_edge_updates_late_total", "counter", "Updates that came after their round closed.",
-                    (double) e->late);
+                    (double) late);
         metrics_one(b, "psnet_edge_updates_clipped_total", "counter",
-                    "Updates scaled down to the job's clip norm (--dp-clip).", (double) e->clipped);
-        metrics_one(b, "psnet_edge_examples", "gauge", "Training examples this client holds.", (double) e->nmine);
+                    "Updates scaled down to the job's clip norm (--dp-clip).", (double) clipped);
+        metrics_one(b, "psnet_edge_examples", "gauge", "Training examples these clients hold.", (double) examples);
 }
 
 static void edge_status(void *ud, char *buf, size_t n) {
-        Edge *e = ud;
-        snprintf(buf, n, "%s (rounds %lu, counted %lu)", state_name(e->state), (unsigned long) e->rounds,
-                 (unsigned long) e->counted);
+        Fleet *f = ud;
+        if (f->n == 1) {
+                const Edge *e = &f->edges[0];
+                snprintf(buf, n, "%s (rounds %lu, counted %lu)", state_name(e->state), (unsigned long) e->rounds,
+                         (unsigned long) e->counted);
+                return;
+        }
+        uint64_t counted = 0;
+        size_t idle = 0;
+        for (size_t i = 0; i < f->n; i++) {
+                counted += f->edges[i].counted;
+                idle += f->edges[i].state == E_IDLE;
+        }
+        snprintf(buf, n, "%zu clients, %zu idle, %zu left (counted %lu)", f->n, idle, f->nleft,
+                 (unsigned long) counted);
+}
+
+static void fleet_free(Fleet *f) {
+        for (size_t i = 0; f->edges && i < f->n; i++) {
+                Edge *e = &f->edges[i];
+                e->client = client_free(e->client);
+                e->session = session_free(e->session);
+        }
+        f->service = service_free(f->service);
+        uv_run(&f->loop, UV_RUN_DEFAULT); /* work in the thread pool finishes before the loop closes */
+        if (uv_loop_close(&f->loop) < 0)
+                log_debug("event loop closed with handles open");
+        if (f->zctx)
+                zmq_ctx_term(f->zctx);
+        for (size_t t = 0; f->model && t < model_ntensors(f->model); t++) {
+                if (f->w0)
+                        ps_free(f->w0[t]);
+                if (f->delta)
+                        ps_free(f->delta[t]);
+        }
+        ps_free(f->params);
+        ps_free(f->w0);
+        ps_free(f->delta);
+        model_free(f->model);
+        kbackend_free(f->kb);
+        dataset_free(f->train);
+        dataset_free(f->test);
+        for (size_t i = 0; f->edges && i < f->n; i++) {
+                free(f->edges[i].mine);
+                shardmap_free(f->edges[i].map);
+        }
+        ps_free(f->edges);
 }
 
 int edge_run(const WorkerConfig *cfg) {
-        Edge e = { .cfg = cfg, .state = E_JOINING };
+        Fleet f = { .cfg = cfg, .n = cfg->simulate ? cfg->simulate : 1 };
         char err[512];
-        int r = uv_loop_init(&e.loop);
+        int r = uv_loop_init(&f.loop);
         if (r < 0)
                 return log_error_errno(r, "Failed to start the event loop: %s", uv_strerror(r));
-        e.zctx = zmq_ctx_new();
-        if (!e.zctx) {
+        /* Shares: --partition K/N gives the first client share K of N; --simulate M
+         * alone makes the M clients the M shares of the data. */
+        f.nparts = cfg->part_n ? cfg->part_n : (uint32_t) f.n;
+        f.first_part = cfg->part_n ? cfg->part : 0;
+        if (f.first_part + f.n > f.nparts) {
+                log_error("%zu clients from share %u do not fit in %u shares (--partition, --simulate)", f.n,
+                          f.first_part, f.nparts);
+                r = -EINVAL;
+                goto out;
+        }
+        f.edges = ps_calloc(f.n, sizeof *f.edges);
+        f.zctx = zmq_ctx_new();
+        if (!f.edges || !f.zctx) {
                 r = -ENOMEM;
                 goto out;
         }
-        (void) zmq_ctx_set(e.zctx, ZMQ_IO_THREADS, 1);
+        (void) zmq_ctx_set(f.zctx, ZMQ_IO_THREADS, 1);
+        if (f.n > 256)
+                (void) zmq_ctx_set(f.zctx, ZMQ_MAX_SOCKETS, (int) (f.n * 4 + 64));
         if (cfg->keys) {
-                r = keys_identity_load(&e.id, cfg->keys, cfg->key ? cfg->key : "edge",
+                r = keys_identity_load(&f.id, cfg->keys, cfg->key ? cfg->key : "edge",
                                        cfg->coord_key ? cfg->coord_key : "pscoord", PSNET__ROLE__ROLE_EDGE, err,
                                        sizeof err);
                 if (r < 0) {
@@ -612,8 +826,8 @@ int edge_run(const WorkerConfig *cfg) {
                 }
         }
         const ServiceOps sops = { .stop = on_signal, .metrics = edge_metrics, .status = edge_status };
-        r = service_new(&e.loop, "workerd", &sops, &e, &e.service);
-        if (r == 0 && cfg->http && (r = service_http(e.service, cfg->http, err, sizeof err)) < 0) {
+        r = service_new(&f.loop, "workerd", &sops, &f, &f.service);
+        if (r == 0 && cfg->http && (r = service_http(f.service, cfg->http, err, sizeof err)) < 0) {
                 log_error("%s", err);
                 r = -EINVAL;
                 goto out;
@@ -623,41 +837,28 @@ int edge_run(const WorkerConfig *cfg) {
         const SessionConf sc = {
                 .endpoint = cfg->coord, .role = PSNET__ROLE__ROLE_EDGE,
                 .connect_timeout_ms = cfg->connect_timeout * 1000u,
-                .keys = e.id.enabled ? &e.id.keys : NULL, .coord_key = e.id.enabled ? e.id.coord_key : NULL,
+                .keys = f.id.enabled ? &f.id.keys : NULL, .coord_key = f.id.enabled ? f.id.coord_key : NULL,
         };
         const SessionOps so = { .registered = on_registered, .failed = on_failed, .message = on_message };
-        r = session_new(&e.loop, e.zctx, &sc, &so, &e, &e.session);
-        if (r == 0)
-                r = session_start(e.session);
-        if (r < 0) {
-                log_error_errno(r, "Cannot reach pscoord at %s: %m", cfg->coord);
-                goto out;
+        for (size_t i = 0; i < f.n; i++) {
+                Edge *e = &f.edges[i];
+                e->f = &f;
+                e->part = f.first_part + (uint32_t) i;
+                e->state = E_JOINING;
+                r = session_new(&f.loop, f.zctx, &sc, &so, e, &e->session);
+                if (r == 0)
+                        r = session_start(e->session);
+                if (r < 0) {
+                        log_error_errno(r, "Cannot reach pscoord at %s: %m", cfg->coord);
+                        goto out;
+                }
         }
-        (void) uv_run(&e.loop, UV_RUN_DEFAULT);
-        r = e.exit_code;
+        if (f.n > 1)
+                log_info("simulating clients=%zu shares=%u-%u of %u", f.n, f.first_part,
+                         f.first_part + (uint32_t) f.n - 1, f.nparts);
+        (void) uv_run(&f.loop, UV_RUN_DEFAULT);
+        r = f.exit_code;
 out:
-        e.client = client_free(e.client);
-        e.session = session_free(e.session);
-        e.service = service_free(e.service);
-        uv_run(&e.loop, UV_RUN_DEFAULT); /* work in the thread pool finishes before the loop closes */
-        if (uv_loop_close(&e.loop) < 0)
-                log_debug("event loop closed with handles open");
-        if (e.zctx)
-                zmq_ctx_term(e.zctx);
-        for (size_t t = 0; e.model && t < model_ntensors(e.model); t++) {
-                if (e.w0)
-                        ps_free(e.w0[t]);
-                if (e.delta)
-                        ps_free(e.delta[t]);
-        }
-        ps_free(e.params);
-        ps_free(e.w0);
-        ps_free(e.delta);
-        model_free(e.model);
-        kbackend_free(e.kb);
-        dataset_free(e.train);
-        dataset_free(e.test);
-        free(e.mine);
-        shardmap_free(e.map);
+        fleet_free(&f);
         return r;
 }

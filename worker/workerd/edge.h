@@ -3,7 +3,8 @@
  * --alpha), and for each round pscoord samples it for: pulls the model,
  * trains --local-epochs on its data only, pushes the delta of its weights
  * with its example count to the shards, and tells pscoord. pscoord may ask it
- * to evaluate the final model on the test set. */
+ * to evaluate the final model on the test set. With --simulate N the process
+ * holds N such clients (a Fleet) sharing one dataset and one model. */
 #pragma once
 #include "trainer.h"
 

@@ -46,6 +46,10 @@ int main(int argc, char **argv) {
                 { "alpha", OPT_STR, &alpha, "A",
                   "--edge with --partition: split by label with Dirichlet(A) proportions per class (non-IID; "
                   "small A, few classes each), or iid (default)" },
+                { "simulate", OPT_UINT, &cfg.simulate, "N",
+                  "--edge: N virtual clients in this process, each with its own session, id and share of the "
+                  "data (shares K..K+N-1 of --partition K/M, else the N shares of N), sharing one dataset and "
+                  "one model (they train one at a time)" },
                 { "log-level", OPT_STR, &log_level, "LEVEL", "debug, info, warning or error" },
         };
         const ProgramInfo prog = {
@@ -102,12 +106,17 @@ int main(int argc, char **argv) {
                         r = -1;
                 }
         }
-        if (r == 0 && (partition || alpha) && !cfg.edge) {
-                fprintf(stderr, "workerd: --partition and --alpha are for edge workers (--edge)\n");
+        if (r == 0 && (partition || alpha || cfg.simulate) && !cfg.edge) {
+                fprintf(stderr, "workerd: --partition, --alpha and --simulate are for edge workers (--edge)\n");
                 r = -1;
         }
-        if (r == 0 && alpha && !partition) {
-                fprintf(stderr, "workerd: --alpha splits the data among clients: give --partition K/N too\n");
+        if (r == 0 && alpha && !partition && cfg.simulate < 2) {
+                fprintf(stderr, "workerd: --alpha splits the data among clients: give --partition K/N (or "
+                        "--simulate N) too\n");
+                r = -1;
+        }
+        if (r == 0 && cfg.simulate > 100000) {
+                fprintf(stderr, "workerd: --simulate takes at most 100000 clients\n");
                 r = -1;
         }
         if (r == 0) {
