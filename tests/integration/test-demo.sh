@@ -52,3 +52,17 @@ grep -qa $'\r' "$RUN/typescript"; ok $? "redrawn in place (carriage returns)"
 grep -qaE '^accuracy=0\.[0-9]{4} epochs=2 ' "$RUN/typescript"; ok $? "and ends with the result line"
 runs=("$PSNET_DEMO_LOGS"/run-*)
 [ ${#runs[@]} = 1 ] && [ "${runs[0]}" != "$first" ]; ok $? "the previous run's logs are gone, this run's stay (${#runs[@]} dirs)"
+
+# --federated: edge workers with their own Dirichlet shares train in rounds;
+# the same result line plus rounds=<n>.
+"$DEMO" --no-build --build "$PSNET_BUILD" --no-http --federated --clients 3 --alpha 0.5 --rounds 3 --fraction 1 \
+  -- --train-limit 3000 --test-limit 500 >"$RUN/fed.out" 2>"$RUN/fed.err"; rc=$?
+ok $rc "demo --federated runs a federated job ($(tail -1 "$RUN/fed.out"))"
+grep -qE '^accuracy=0\.[0-9]{4} epochs=1 workers=3 shards=2 mode=fed seconds=[0-9]+ rounds=3$' "$RUN/fed.out"
+ok $? "it ends with the demo's result line plus rounds=3"
+grep -qE '^demo: round [1-3]/3  clients 3  loss [0-9.]+  [0-9.]+ s$' "$RUN/fed.err"; ok $? "a line per round"
+runs=("$PSNET_DEMO_LOGS"/run-*)
+grep -q 'msg="ready" partition=2/3 images=[0-9]* alpha=dirichlet' "${runs[0]}"/edge-2.log
+ok $? "each edge worker trains on its own Dirichlet share"
+out=$("$DEMO" --no-build --build "$PSNET_BUILD" --federated --clients 1 2>&1); [ $? = 2 ] && grep -q 'at least 2' <<<"$out"
+ok $? "--federated --clients 1 is refused with a reason"
