@@ -7,6 +7,7 @@
 #include "alloc.h"
 #include "log.h"
 #include "psd-fedround.h"
+#include "psd-gate.h"
 
 struct FedShard {
         uint64_t number;            /* the round open (0: none) */
@@ -274,7 +275,7 @@ int fedshard_push(FedShard *f, Store *s, const Psnet__Header *h, Chunk **chunks,
         }
         /* Checked whole before anything is kept. */
         bool dup = true;
-        double sq = 0;
+        double sq = 0, clip = s->job.fed.strategy.dp_clip;
         for (size_t i = 0; i < h->n_keys; i++) {
                 Chunk *c = chunks[i];
                 if (c->fed_slot >= f->nslots || f->slots[c->fed_slot] != c) {
@@ -289,27 +290,25 @@ int fedshard_push(FedShard *f, Store *s, const Psnet__Header *h, Chunk **chunks,
                 }
                 bool have = f->upd[(size_t) ci * f->nslots + c->fed_slot] != NULL;
                 dup &= have;
-                /* A frame may sit anywhere in ZeroMQ's receive buffer: read through memcpy. */
                 const unsigned char *v = zmq_msg_data((zmq_msg_t *) &frames[i]);
-                double sqc = 0;
-                for (uint32_t k = 0; k < c->len; k++) {
+                size_t at = gate_first_nonfinite(v, c->len);
+                if (at < c->len) {
+                        snprintf(reason, n, "key %u/%u: value %zu is not finite", c->tensor, c->chunk, at);
+                        return PSNET__STATUS__STATUS_NOT_FINITE;
+                }
+                /* Private rounds: the squares, read through memcpy (a frame may sit
+                 * anywhere in ZeroMQ's receive buffer). */
+                for (uint32_t k = 0; clip > 0 && !have && k < c->len; k++) {
                         float x;
                         memcpy(&x, v + (size_t) k * sizeof x, sizeof x);
-                        if (!isfinite(x)) {
-                                snprintf(reason, n, "key %u/%u: value %u is not finite", c->tensor, c->chunk, k);
-                                return PSNET__STATUS__STATUS_NOT_FINITE;
-                        }
-                        sqc += (double) x * x;
+                        sq += (double) x * x;
                 }
-                if (!have)
-                        sq += sqc;
         }
         if (dup)
                 return PSNET__STATUS__STATUS_DUPLICATE;
         /* Private rounds: what reaches this shard is part of the update, so its
          * norm is at most the whole one's, which the client clipped to C (with
          * the float rounding of its scaling). */
-        double clip = s->job.fed.strategy.dp_clip;
         if (clip > 0 && sqrt(f->sq[ci] + sq) > clip * (1 + 1e-4)) {
                 snprintf(reason, n, "client %u's update has L2 norm %.6g on this shard alone, above the job's clip "
                          "norm %g (--dp-clip): a private round takes only clipped updates",

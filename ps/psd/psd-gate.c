@@ -253,7 +253,7 @@ static int64_t slowest_member(const Gate *g, const GateCfg *cfg) {
  * ORs (b & exponent) + (1 << 23) and tests the sign bit once: it vectorises
  * (measured 38 GB/s over a 1 MiB chunk here, about 2% of a push round).
  * Frames may be unaligned, hence memcpy (the compiler makes plain loads). */
-static size_t first_nonfinite(const unsigned char *p, size_t n) {
+size_t gate_first_nonfinite(const unsigned char *p, size_t n) {
         size_t i = 0;
         for (; i + 64 <= n; i += 64) {
                 uint32_t acc = 0;
@@ -294,7 +294,7 @@ int gate_admit_push(Store *s, const Psnet__Header *h, const zmq_msg_t *frames, c
                 return PSNET__STATUS__STATUS_OK;
         for (size_t i = 0; i < h->n_keys; i++) {
                 size_t len = zmq_msg_size((zmq_msg_t *) &frames[i]) / sizeof(float);
-                size_t at = first_nonfinite(zmq_msg_data((zmq_msg_t *) &frames[i]), len);
+                size_t at = gate_first_nonfinite(zmq_msg_data((zmq_msg_t *) &frames[i]), len);
                 if (at < len) {
                         g->refused_nonfinite++;
                         snprintf(reason, n, "the gradient of key (%u,%u) holds NaN or infinity at value %zu (the "

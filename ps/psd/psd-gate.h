@@ -138,6 +138,10 @@ int gate_admit_push(Store *s, const Psnet__Header *h, const zmq_msg_t *frames, c
  * when parked. Settles the key in req now (ASP apply, DUPLICATE, STALE) or
  * later (BSP, when the clock closes). */
 int gate_push(Store *s, Chunk *c, PushReq *req, zmq_msg_t *grad);
+
+/* The index of the first of the n floats at p (any alignment, as ZeroMQ
+ * hands frames) that is NaN or infinity, or n. */
+size_t gate_first_nonfinite(const unsigned char *p, size_t n);
 /* Closes every BSP clock that can close now; acknowledges the pushes applied. */
 int gate_settle(Store *s);
 /* c leaves this shard: refuses the pushes parked on it (MOVED; their dedupe
