@@ -215,6 +215,37 @@ static void go_idle(Edge *e) {
 
 /* --- the model and the data ------------------------------------------------------------ */
 
+/* The thread pool works for one client at a time: the one loading the data
+ * for the process, or the model's holder. */
+static int fleet_work(Edge *e, uv_work_cb work, uv_after_work_cb done) {
+        Fleet *f = e->f;
+        f->worker = e;
+        f->work.data = f;
+        return uv_queue_work(&f->loop, &f->work, work, done);
+}
+
+/* Back from training or evaluating (eval): the client, or NULL when it is
+ * leaving (the model goes to the next) or the work failed (it goes idle). */
+static Edge *fleet_work_back(Fleet *f, int status, bool eval) {
+        Edge *e = f->worker;
+        edge_log(e);
+        if (e->state == E_LEAVING || !e->session) {
+                if (f->holder == e)
+                        fleet_release(f);
+                return NULL;
+        }
+        int r = status < 0 ? status : f->work_r;
+        if (r < 0) {
+                if (eval)
+                        log_error_errno(r, "Evaluation failed: %m");
+                else
+                        log_warning_errno(r, "Local training of round %lu failed: %m", (unsigned long) e->number);
+                go_idle(e);
+                return NULL;
+        }
+        return e;
+}
+
 static void load_work(uv_work_t *req) {
         Fleet *f = req->data;
         const Job *job = &f->worker->job;
@@ -316,9 +347,7 @@ static void edge_load(Edge *e) {
         if (f->data == D_LOADING)
                 return; /* load_done takes it */
         f->data = D_LOADING;
-        f->worker = e;
-        f->work.data = f;
-        int r = uv_queue_work(&f->loop, &f->work, load_work, load_done);
+        int r = fleet_work(e, load_work, load_done);
         if (r < 0) {
                 f->data = D_NONE;
                 log_error("Failed to start the data loader: %s", uv_strerror(r));
@@ -449,19 +478,9 @@ static void on_pushed(Client *c, int r, int64_t clock, void *ud) {
 
 static void train_done(uv_work_t *req, int status) {
         Fleet *f = req->data;
-        Edge *e = f->worker;
-        edge_log(e);
-        if (e->state == E_LEAVING || !e->session) {
-                if (f->holder == e)
-                        fleet_release(f);
+        Edge *e = fleet_work_back(f, status, false);
+        if (!e)
                 return;
-        }
-        if (status < 0 || f->work_r < 0) {
-                log_warning_errno(status < 0 ? status : f->work_r, "Local training of round %lu failed: %m",
-                                  (unsigned long) e->number);
-                go_idle(e);
-                return;
-        }
         e->state = E_PUSHING;
         e->examples = (uint64_t) e->nmine;
         client_set_examples(e->client, e->examples);
@@ -485,9 +504,7 @@ static void on_pulled(Client *c, int r, int64_t clock, void *ud) {
         for (size_t t = 0; t < model_ntensors(f->model); t++)
                 memcpy(f->w0[t], f->params[t], model_tensor_numel(f->model, t) * sizeof(float));
         e->state = E_TRAINING;
-        f->worker = e;
-        f->work.data = f;
-        r = uv_queue_work(&f->loop, &f->work, train_work, train_done);
+        r = fleet_work(e, train_work, train_done);
         if (r < 0) {
                 log_warning("Failed to start local training: %s", uv_strerror(r));
                 go_idle(e);
@@ -538,18 +555,9 @@ static void on_result(Session *s, int r, WireMsg *m, void *ud) {
 
 static void eval_done(uv_work_t *req, int status) {
         Fleet *f = req->data;
-        Edge *e = f->worker;
-        edge_log(e);
-        if (e->state == E_LEAVING || !e->session) {
-                if (f->holder == e)
-                        fleet_release(f);
+        Edge *e = fleet_work_back(f, status, true);
+        if (!e)
                 return;
-        }
-        if (status < 0 || f->work_r < 0) {
-                log_error_errno(status < 0 ? status : f->work_r, "Evaluation failed: %m");
-                go_idle(e);
-                return;
-        }
         float acc = (float) f->eval_correct / (float) f->test->n;
         log_info("evaluated accuracy=%.4f test_loss=%.4f images=%u", acc, f->eval_loss, f->test->n);
         Psnet__WorkerInfo wi = PSNET__WORKER_INFO__INIT;
@@ -576,7 +584,6 @@ static void eval_done(uv_work_t *req, int status) {
 
 static void on_final(Client *c, int r, int64_t clock, void *ud) {
         Edge *e = ud;
-        Fleet *f = e->f;
         (void) c, (void) clock;
         edge_log(e);
         if (r < 0) {
@@ -584,9 +591,7 @@ static void on_final(Client *c, int r, int64_t clock, void *ud) {
                 go_idle(e);
                 return;
         }
-        f->worker = e;
-        f->work.data = f;
-        r = uv_queue_work(&f->loop, &f->work, eval_work, eval_done);
+        r = fleet_work(e, eval_work, eval_done);
         if (r < 0) {
                 log_warning("Failed to start the evaluation: %s", uv_strerror(r));
                 go_idle(e);
