@@ -144,9 +144,16 @@ int fed_aggregate(const FedParams *p, float *w, float *state, uint32_t len, cons
                         d[j] = (float) (s / total);
                 }
         }
+        fed_server_step(p, w, state, len, d);
+        return 0;
+}
+
+void fed_server_step(const FedParams *p, float *w, float *state, uint32_t len, const float *d) {
         float *m = state, *v = state ? state + len : NULL;
         switch (p->kind) {
         case FED_AVG:
+        case FED_MEDIAN: /* d: the robust statistic */
+        case FED_TRIMMED_MEAN:
                 for (uint32_t j = 0; j < len; j++)
                         w[j] += p->eta * d[j];
                 break;
@@ -169,5 +176,4 @@ int fed_aggregate(const FedParams *p, float *w, float *state, uint32_t len, cons
                         w[j] += p->eta * m[j] / (sqrtf(v[j]) + p->tau);
                 }
         }
-        return 0;
 }

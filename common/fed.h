@@ -76,6 +76,11 @@ size_t fed_state_per_value(FedStrategy kind);
 int fed_aggregate(const FedParams *p, float *w, float *state, uint32_t len, const float *const *updates,
                   const uint64_t *examples, size_t n, const float *noise, float *scratch);
 
+/* The strategy's server step (the part of fed_aggregate after the mean)
+ * with the round's mean delta d given: a securely aggregated round
+ * (common/secagg.h) has only the sum of the updates. */
+void fed_server_step(const FedParams *p, float *w, float *state, uint32_t len, const float *d);
+
 /* A client's local SGD step (the edge worker's, worker/workerd/edge.c) on n
  * values: w -= lr (g + mu (w - w0)), mu > 0 for FedProx's proximal term
  * towards the round's weights w0. */

@@ -15,6 +15,8 @@ void jobflags_init(JobFlags *f) {
                 .prox_mu = d.fed.prox_mu, .rounds = d.fed.rounds, .min_clients = d.fed.min_clients,
                 .min_available = d.fed.min_available, .round_timeout = d.fed.round_timeout_ms / 1000,
                 .local_epochs = d.fed.local_epochs, .dp_delta = d.fed.dp_delta,
+                .secagg_clip = d.fed.secagg_clip, .secagg_threshold = d.fed.secagg_threshold,
+                .secagg_timeout = d.fed.secagg_timeout_ms / 1000,
         };
 }
 
@@ -77,6 +79,18 @@ size_t jobflags_options(JobFlags *f, Option *o) {
                   "fed: Gaussian noise of std Z x C added by the shards to the sum of each round (needs --dp-clip); "
                   "the privacy spent is reported as epsilon" },
                 { "dp-delta", OPT_FLOAT, &f->dp_delta, "D", "fed: the delta of the epsilon reported (default 1e-5)" },
+                { "secagg", OPT_BOOL, &f->secagg, NULL,
+                  "fed: secure aggregation: clients mask their updates with pairwise masks that cancel in the sum "
+                  "(X25519, Shamir shares for clients that drop), so no shard sees one client's update" },
+                { "secagg-clip", OPT_FLOAT, &f->secagg_clip, "B",
+                  "fed, --secagg: each coordinate of an update is clamped to +-B before it is quantised to 32-bit "
+                  "integers (default 8; the rounding error is at most clients x B / 2^32)" },
+                { "secagg-threshold", OPT_FLOAT, &f->secagg_threshold, "F",
+                  "fed, --secagg: share of a round's clients (at least 2) that must stay to the end for its sum "
+                  "to be recovered (default 0.5)" },
+                { "secagg-timeout", OPT_UINT, &f->secagg_timeout, "SECONDS",
+                  "fed, --secagg: how long each exchange of keys, shares and unmasking waits for clients "
+                  "(default 10)" },
         };
         memcpy(o, t, sizeof t);
         return JOBFLAGS_NOPTS;
@@ -152,10 +166,14 @@ int jobflags_to_job(const JobFlags *f, Job *job, char *err, size_t errlen) {
         job->fed.strategy.dp_clip = f->dp_clip;
         job->fed.strategy.dp_noise = f->dp_noise;
         job->fed.dp_delta = f->dp_delta;
+        job->fed.secagg = f->secagg;
+        job->fed.secagg_clip = f->secagg_clip;
+        job->fed.secagg_threshold = f->secagg_threshold;
+        job->fed.secagg_timeout_ms = f->secagg_timeout > 86400 ? UINT32_MAX : f->secagg_timeout * 1000u;
         if (job->mode != MODE_FED && (f->strategy || f->server_lr >= 0 || f->prox_mu != 0 || f->dp_clip != 0 ||
-                                      f->dp_noise != 0)) {
-                snprintf(err, errlen, "--strategy, --server-lr, --prox-mu, --dp-clip and --dp-noise are for "
-                         "federated jobs (--mode fed)");
+                                      f->dp_noise != 0 || f->secagg)) {
+                snprintf(err, errlen, "--strategy, --server-lr, --prox-mu, --dp-clip, --dp-noise and --secagg are "
+                         "for federated jobs (--mode fed)");
                 return -EINVAL;
         }
         return job_validate(job, err, errlen);

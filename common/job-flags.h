@@ -5,7 +5,7 @@
 #include "config.h"
 #include "job.h"
 
-#define JOBFLAGS_NOPTS 34
+#define JOBFLAGS_NOPTS 38
 
 typedef struct JobFlags {
         char *model, *mode, *optim, *data;
@@ -20,6 +20,9 @@ typedef struct JobFlags {
         char *strategy;
         float server_lr, server_momentum, tau, trim, fraction, prox_mu, dp_clip, dp_noise, dp_delta;
         unsigned rounds, min_clients, min_available, round_timeout, local_epochs;
+        bool secagg;
+        float secagg_clip, secagg_threshold;
+        unsigned secagg_timeout;
 } JobFlags;
 
 /* Defaults from job_defaults(). */

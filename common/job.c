@@ -18,6 +18,7 @@
 #include "log.h"
 #include "macro.h"
 #include "psnet-config.h"
+#include "secagg.h"
 
 #define JOB_MIN_WIDTHS 2
 #define JOB_MAX_BATCH (1u << 20)
@@ -83,6 +84,9 @@ void job_defaults(Job *job) {
         job->fed.round_timeout_ms = 60000;
         job->fed.local_epochs = 1;
         job->fed.dp_delta = 1e-5f;
+        job->fed.secagg_clip = SECAGG_DEFAULT_CLIP;
+        job->fed.secagg_threshold = SECAGG_DEFAULT_THRESHOLD;
+        job->fed.secagg_timeout_ms = SECAGG_DEFAULT_TIMEOUT_MS;
         snprintf(job->dataset, sizeof job->dataset, "%s", PSNET_DEFAULT_DATA);
         r = job_set_model(job, "mlp:784-256-10");
         assert(r == 0);
@@ -339,6 +343,21 @@ int job_validate(const Job *job, char *err, size_t errlen) {
                         return job_err(err, errlen, "prox_mu %g must be >= 0", (double) f->prox_mu);
                 if (!(f->dp_delta > 0 && f->dp_delta < 1))
                         return job_err(err, errlen, "dp_delta %g must be in (0, 1)", (double) f->dp_delta);
+                if (!isfinite(f->secagg_clip) || f->secagg_clip <= 0 || f->secagg_clip > 1e6f)
+                        return job_err(err, errlen, "secagg clip %g must be in (0, 1e6]", (double) f->secagg_clip);
+                if (!(f->secagg_threshold > 0 && f->secagg_threshold <= 1))
+                        return job_err(err, errlen, "secagg threshold %g must be in (0, 1]",
+                                       (double) f->secagg_threshold);
+                if (f->secagg_timeout_ms < 100 || f->secagg_timeout_ms > 86400000u)
+                        return job_err(err, errlen, "secagg timeout %u ms out of range 100 ms..1 day",
+                                       f->secagg_timeout_ms);
+                if (f->secagg && (f->strategy.kind == FED_MEDIAN || f->strategy.kind == FED_TRIMMED_MEAN))
+                        return job_err(err, errlen, "secure aggregation gives the shards only the sum of the "
+                                       "updates: the %s strategy needs each one (use a mean-based strategy)",
+                                       fed_strategy_name(f->strategy.kind));
+                if (f->secagg && f->min_clients < 2)
+                        return job_err(err, errlen, "secure aggregation needs at least 2 clients per round (the "
+                                       "sum of one client is its update): --min-clients %u", f->min_clients);
                 if (job->replicas > 1)
                         return job_err(err, errlen, "a federated job keeps one copy of each chunk (replicas %u: "
                                        "replicated rounds are not built yet)", job->replicas);

@@ -59,6 +59,11 @@ typedef struct FedConf {
         uint32_t local_epochs;      /* passes over its own data a client trains per round */
         float prox_mu;              /* FedProx: the client adds mu (w - w_round) to its gradients */
         float dp_delta;             /* with noise (strategy.dp_noise): the delta of the epsilon reported */
+        /* Secure aggregation (common/secagg.h): the shards see only masked updates. */
+        bool secagg;
+        float secagg_clip;          /* each coordinate of an update is clamped to +-this before quantising */
+        float secagg_threshold;     /* share of a round's clients whose shares rebuild a seed, (0, 1] */
+        uint32_t secagg_timeout_ms; /* how long each key, share and unmask exchange waits for clients */
 } FedConf;
 
 #define JOB_MAX_FED_ROUNDS 1000000u

@@ -186,6 +186,11 @@ int job_to_proto(const Job *job, Psnet__JobSpec **ret) {
                 fs->has_tau = fs->has_trim = fs->has_rounds = fs->has_fraction = fs->has_min_clients = true;
                 fs->has_min_available = fs->has_round_timeout_ms = fs->has_local_epochs = fs->has_prox_mu = true;
                 fs->has_dp_clip = fs->has_dp_noise = fs->has_dp_delta = true;
+                fs->has_secagg = fs->has_secagg_clip = fs->has_secagg_threshold = fs->has_secagg_timeout_ms = true;
+                fs->secagg = f->secagg;
+                fs->secagg_clip = f->secagg_clip;
+                fs->secagg_threshold = f->secagg_threshold;
+                fs->secagg_timeout_ms = f->secagg_timeout_ms;
                 fs->server_lr = f->strategy.eta;
                 fs->server_momentum = f->strategy.beta;
                 fs->beta1 = f->strategy.beta1;
@@ -332,6 +337,14 @@ int job_from_proto(const Psnet__JobSpec *spec, Job *ret, char *err, size_t errle
                         f->strategy.dp_noise = fs->dp_noise;
                 if (fs->has_dp_delta)
                         f->dp_delta = fs->dp_delta;
+                if (fs->has_secagg)
+                        f->secagg = fs->secagg;
+                if (fs->has_secagg_clip)
+                        f->secagg_clip = fs->secagg_clip;
+                if (fs->has_secagg_threshold)
+                        f->secagg_threshold = fs->secagg_threshold;
+                if (fs->has_secagg_timeout_ms)
+                        f->secagg_timeout_ms = fs->secagg_timeout_ms;
         }
 
         r = job_validate(&j, err, errlen);

@@ -123,10 +123,11 @@ int wire_validate(const Psnet__Header *hdr, const zmq_msg_t *frames, size_t nfra
                 return fail(reason, reasonlen, PSNET__STATUS__STATUS_DTYPE,
                             "dtype %d not supported (only f32 = %d)", (int) hdr->dtype,
                             PSNET__DTYPE__DTYPE_F32);
-        if (hdr->codec != PSNET__CODEC__CODEC_RAW)
+        if (hdr->codec != PSNET__CODEC__CODEC_RAW &&
+            (hdr->codec != PSNET__CODEC__CODEC_MASKED || hdr->type != PSNET__MSG_TYPE__MSG_PUSH))
                 return fail(reason, reasonlen, PSNET__STATUS__STATUS_DTYPE,
-                            "codec %d not supported (only raw = %d)", (int) hdr->codec,
-                            PSNET__CODEC__CODEC_RAW);
+                            "codec %d not supported here (raw = %d; masked = %d on a federated push)",
+                            (int) hdr->codec, PSNET__CODEC__CODEC_RAW, PSNET__CODEC__CODEC_MASKED);
         if ((unsigned) hdr->status > PSNET__STATUS__STATUS_UNAVAILABLE)
                 return fail(reason, reasonlen, PSNET__STATUS__STATUS_MALFORMED,
                             "unknown status %d", (int) hdr->status);

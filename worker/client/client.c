@@ -34,6 +34,7 @@ struct Client {
         uint64_t map_epoch, need_epoch;
         uint64_t members_epoch;        /* sent with every request (0: not yet known) */
         uint64_t examples;             /* sent with pushes (a federated update's example count; 0: none) */
+        bool masked;                   /* pushes carry CODEC_MASKED (a --secagg update) */
         Job job;
         uint32_t worker_id;
         NetKeyPair keys;
@@ -215,6 +216,7 @@ uint64_t client_need_epoch(const Client *c) { return c->need_epoch; }
 void client_set_timeout(Client *c, unsigned ms) { c->timeout_ms = ms; }
 void client_set_members_epoch(Client *c, uint64_t epoch) { c->members_epoch = epoch; }
 void client_set_examples(Client *c, uint64_t examples) { c->examples = examples; }
+void client_set_masked(Client *c, bool masked) { c->masked = masked; }
 const ClientStats *client_stats(const Client *c) { return &c->stats; }
 bool client_busy(const Client *c) { return c->busy; }
 
@@ -232,6 +234,10 @@ static void header_for(Client *c, ShardConn *s, Psnet__Header *h, Psnet__MsgType
         h->members_epoch = c->members_epoch;
         h->has_examples = type == PSNET__MSG_TYPE__MSG_PUSH && c->examples != 0;
         h->examples = c->examples;
+        if (type == PSNET__MSG_TYPE__MSG_PUSH && c->masked) {
+                h->has_codec = true;
+                h->codec = PSNET__CODEC__CODEC_MASKED;
+        }
 }
 
 static float *tensor_at(float *const *tensors, const Job *job, const Psnet__Key *k) {

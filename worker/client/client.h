@@ -52,6 +52,9 @@ void client_set_members_epoch(Client *c, uint64_t epoch);
 
 /* Pushes carry this example count (a federated update's; 0: none). */
 void client_set_examples(Client *c, uint64_t examples);
+/* Pushes say their frames are masked uint32 (true: a --secagg update, whose
+ * buffers the caller passes as the grads) or f32 (false, the default). */
+void client_set_masked(Client *c, bool masked);
 /* Starts one round: when grads != NULL, pushes grads (one buffer per job
  * tensor) for push_clock; when params != NULL, pulls every tensor into params
  * for pull_clock (BSP: the shard answers once that clock has closed). -EBUSY
