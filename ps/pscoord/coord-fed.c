@@ -18,13 +18,15 @@
  * never waits for a client that left, and never longer than its time-out. */
 #include "hash.h"
 #include "coord-internal.h"
+#include "secagg.h"
 
 #define FED_SHARD_WAIT_MS 30000u  /* at least: a shard opening or closing a round */
 #define FED_MAX_SHARD_FAILURES 5u /* closes in a row a shard refused: the job fails */
 #define FED_RETRY_MS 100u         /* a shard not ready to open a round: asked again after this */
 
 static const char *phase_name(FedPhase p) {
-        static const char *const names[] = { "waiting", "opening", "training", "closing", "evaluating", "done" };
+        static const char *const names[] = { "waiting", "opening", "training", "unmasking", "closing", "evaluating",
+                                             "done" };
         return p <= FED_DONE ? names[p] : "?";
 }
 
@@ -40,6 +42,7 @@ static void round_clear(FedRounds *f) {
         f->loss = NULL;
         f->shard_replied = NULL;
         f->nclients = f->nanswered = f->replies = f->expected = 0;
+        coord_secagg_clear(f);
 }
 
 void coord_fed_free(Coord *c) {
@@ -72,9 +75,7 @@ static bool available(const Peer *p) {
         return p->role == PSNET__ROLE__ROLE_EDGE && !p->detached;
 }
 
-/* Sends MSG_ROUND to every shard of the map: the round's sample (open) or the
- * clients whose updates count (close; none: drop them). */
-static int send_shards(Coord *c, bool close, const uint32_t *ids, size_t n) {
+int coord_fed_send_shards(Coord *c, bool close, const uint32_t *ids, size_t n, Psnet__SecAgg *sa) {
         FedRounds *f = &c->fed;
         size_t ns = shardmap_size(c->map);
         _cleanup_free_ ProtobufCBinaryData *keys = ps_calloc(n ? n : 1, sizeof *keys);
@@ -100,6 +101,7 @@ static int send_shards(Coord *c, bool close, const uint32_t *ids, size_t n) {
         rd.close = close;
         rd.n_keys = c->id.enabled && !close ? n : 0;
         rd.keys = keys;
+        rd.secagg = close && n ? sa : NULL;
         Psnet__Header h;
         wire_header_init(&h, PSNET__MSG_TYPE__MSG_ROUND);
         h.body_case = PSNET__HEADER__BODY_ROUND;
@@ -124,6 +126,8 @@ static int round_open(Coord *c, Peer **avail, size_t navail) {
         const FedConf *fc = &c->job.fed;
         size_t k = (size_t) ceil((double) fc->fraction * (double) navail - 1e-9);
         k = MIN(MAX(k, (size_t) fc->min_clients), navail);
+        if (fc->secagg && k > SECAGG_MAX_CLIENTS)
+                k = SECAGG_MAX_CLIENTS; /* Shamir's shares over GF(2^8) */
         uint64_t x = c->job.seed * 0x9e3779b97f4a7c15ull + f->number + 1;
         for (size_t i = 0; i < k; i++) {
                 size_t j = i + (size_t) (splitmix64_next(&x) % (navail - i));
@@ -158,7 +162,7 @@ static int round_open(Coord *c, Peer **avail, size_t navail) {
         r->epsilon = -1;
         log_info("round opening number=%lu round=%u/%u sampled=%zu available=%zu", (unsigned long) f->number,
                  f->done + 1, fc->rounds, k, navail);
-        return send_shards(c, false, f->clients, k);
+        return coord_fed_send_shards(c, false, f->clients, k, NULL);
 }
 
 /* Every shard made room: the sampled clients train. */
@@ -169,6 +173,17 @@ static void round_train(Coord *c) {
         rd.has_round = rd.has_timeout_ms = true;
         rd.round = f->done + 1;
         rd.timeout_ms = c->job.fed.round_timeout_ms;
+        Psnet__SecAgg sa = PSNET__SEC_AGG__INIT;
+        if (c->job.fed.secagg) {
+                sa.has_stage = sa.has_clip = true;
+                sa.stage = 1;
+                sa.clip = c->job.fed.secagg_clip;
+                rd.secagg = &sa;
+                if (coord_secagg_start(c) < 0) {
+                        coord_job_fail(c, "out of memory starting a round's secure aggregation");
+                        return;
+                }
+        }
         Psnet__Header h;
         wire_header_init(&h, PSNET__MSG_TYPE__MSG_ROUND);
         h.body_case = PSNET__HEADER__BODY_ROUND;
@@ -187,7 +202,7 @@ static void round_train(Coord *c) {
 
 /* Training is over for this round (everyone answered or left, or time is
  * up): the shards aggregate, or drop the updates when too few came. */
-static void round_close(Coord *c, const char *why) {
+void coord_fed_close(Coord *c, const char *why) {
         FedRounds *f = &c->fed;
         FedRecord *rec = record_find(f, f->number);
         _cleanup_free_ uint32_t *ids = ps_malloc((f->nclients ? f->nclients : 1) * sizeof *ids);
@@ -204,7 +219,7 @@ static void round_close(Coord *c, const char *why) {
                         loss += (double) f->loss[i] * (double) f->examples[i];
                         examples += f->examples[i];
                 }
-        f->aggregate = n >= c->job.fed.min_clients;
+        f->aggregate = n >= c->job.fed.min_clients && (!c->job.fed.secagg || n >= f->sa.t);
         if (rec) {
                 rec->answered = (uint32_t) n;
                 rec->dropped = (uint32_t) (f->nclients - n);
@@ -212,12 +227,16 @@ static void round_close(Coord *c, const char *why) {
                 rec->seconds = (float) (now_ms() - f->opened_ms) / 1000.0f;
                 if (!f->aggregate)
                         snprintf(rec->note, sizeof rec->note, "%zu of the %u updates it needs (%s)", n,
-                                 c->job.fed.min_clients, why);
+                                 MAX(c->job.fed.min_clients, c->job.fed.secagg ? f->sa.t : 0), why);
         }
         log_info("round closing number=%lu answered=%zu sampled=%zu why=\"%s\"%s", (unsigned long) f->number, n,
                  f->nclients, why, f->aggregate ? "" : " aggregate=no");
+        if (f->aggregate && c->job.fed.secagg) {
+                coord_secagg_unmask(c);
+                return;
+        }
         f->phase = FED_CLOSING;
-        int r = send_shards(c, true, ids, f->aggregate ? n : 0);
+        int r = coord_fed_send_shards(c, true, ids, f->aggregate ? n : 0, NULL);
         if (r < 0) {
                 char reason[160];
                 snprintf(reason, sizeof reason, "cannot close round %lu on the shards: %s", (unsigned long) f->number,
@@ -311,15 +330,23 @@ void coord_fed_poll(Coord *c) {
                 coord_job_fail(c, reason);
                 return;
         }
+        if (f->phase == FED_UNMASKING || (f->phase == FED_TRAINING && c->job.fed.secagg && f->sa.stage < 3)) {
+                coord_secagg_poll(c, now);
+                return;
+        }
         if (f->phase == FED_TRAINING) {
-                size_t waiting = 0;
-                for (size_t i = 0; i < f->nclients; i++)
-                        waiting += !f->answered[i] && coord_find_peer(c, PSNET__ROLE__ROLE_EDGE, f->clients[i]);
+                size_t waiting = 0, expected = 0;
+                for (size_t i = 0; i < f->nclients; i++) {
+                        bool exp = !c->job.fed.secagg || f->sa.u2[i];
+                        expected += exp;
+                        waiting += exp && !f->answered[i] &&
+                                   coord_find_peer(c, PSNET__ROLE__ROLE_EDGE, f->clients[i]);
+                }
                 if (waiting == 0)
-                        round_close(c, f->nanswered == f->nclients ? "every sampled client answered"
+                        coord_fed_close(c, f->nanswered == expected ? "every sampled client answered"
                                                                     : "the others left");
                 else if (now >= f->deadline)
-                        round_close(c, "--round-timeout");
+                        coord_fed_close(c, "--round-timeout");
                 return;
         }
         if (f->phase == FED_EVALUATING) {
@@ -415,6 +442,10 @@ static void edge_rep(Coord *c, WireMsg *m, Peer *p) {
         size_t i = 0;
         while (i < f->nclients && f->clients[i] != p->id)
                 i++;
+        if (rd->secagg) {
+                coord_secagg_rep(c, m, p, i);
+                return;
+        }
         bool open = c->job.mode == MODE_FED && c->state == JOB_RUNNING && f->phase == FED_TRAINING &&
                     rd->number == f->number;
         if (!open || i == f->nclients || f->answered[i]) {
@@ -438,6 +469,10 @@ static void edge_rep(Coord *c, WireMsg *m, Peer *p) {
         if (!rd->has_examples || rd->examples == 0 || (rd->has_loss && !isfinite(rd->loss))) {
                 coord_reply_error(c, &m->route, m->hdr->seq, PSNET__STATUS__STATUS_INVALID,
                                   "an update's answer carries its example count (>= 1) and a finite loss");
+                return;
+        }
+        if (c->job.fed.secagg && !coord_secagg_may_count(c, i, rd->examples, reason, sizeof reason)) {
+                coord_reply_error(c, &m->route, m->hdr->seq, PSNET__STATUS__STATUS_INVALID, reason);
                 return;
         }
         f->answered[i] = true;

@@ -101,7 +101,25 @@ typedef struct RestoreFrom {
 
 /* A federated job's rounds (coord-fed.c). */
 #define COORD_FED_HISTORY 1024
-typedef enum { FED_WAITING, FED_OPENING, FED_TRAINING, FED_CLOSING, FED_EVALUATING, FED_DONE } FedPhase;
+typedef enum { FED_WAITING, FED_OPENING, FED_TRAINING, FED_UNMASKING, FED_CLOSING, FED_EVALUATING, FED_DONE } FedPhase;
+
+/* A --secagg round's exchanges (coord-secagg.c), by the clients' places in
+ * FedRounds.clients (n of them). U1: sent keys; U2: sent their shares; the
+ * survivors: answered with an update (FedRounds.answered). */
+typedef struct FedSecAgg {
+        uint32_t stage;             /* 1 keys, 2 shares, 3 masked updates (FED_TRAINING), 4 unmask (FED_UNMASKING) */
+        uint64_t deadline;          /* of stages 1, 2 and 4 */
+        uint32_t t;                 /* shares that rebuild a seed */
+        size_t n, n1, n2, nrevealed;
+        uint64_t weight;            /* W of secagg.h: over U2 */
+        bool *u1, *u2, *revealed;
+        uint8_t *x;                 /* Shamir x of each member of U1 (its place in U1 + 1) */
+        uint8_t (*mask_pk)[32], (*share_pk)[32];
+        uint64_t *examples;         /* said at stage 1 */
+        uint8_t *boxes;             /* [from * n + to]: SECAGG_BOX bytes each */
+        bool *has_box;
+        uint8_t (*shares)[32];      /* [revealer * n + of] */
+} FedSecAgg;
 
 typedef struct FedRecord {
         uint64_t number;
@@ -131,6 +149,7 @@ typedef struct FedRounds {
         size_t nhist, hist_end;
         RdpAccount privacy;         /* --dp-noise: the aggregated rounds' RDP (common/rdp.h) */
         double epsilon;             /* spent so far, at the job's dp_delta */
+        FedSecAgg sa;
 } FedRounds;
 
 typedef struct Coord {
@@ -257,6 +276,29 @@ void coord_handle_round_rep(Coord *c, WireMsg *m, Peer *p);
 /* The rounds for psctl status (pointers into c; valid until the next event). */
 void coord_fed_status(Coord *c, Psnet__FedStatus *ret, Psnet__RoundRecord *recs, Psnet__RoundRecord **recp);
 void coord_fed_free(Coord *c);
+/* Sends MSG_ROUND to every shard of the map: the round's sample (open) or the
+ * clients whose updates count (close; none: drop them), with the seeds of a
+ * --secagg close (sa). */
+int coord_fed_send_shards(Coord *c, bool close, const uint32_t *ids, size_t n, Psnet__SecAgg *sa);
+/* Closes the round (phase CLOSING): aggregates when the updates it counts
+ * suffice, else drops them; why goes to the log and the round's note. */
+void coord_fed_close(Coord *c, const char *why);
+
+/* --- secure aggregation's exchanges within a round (coord-secagg.c) */
+/* The round's clients were told to train: stage 1 starts (keys). */
+int coord_secagg_start(Coord *c);
+/* Moves the exchanges on at their deadlines or once every client answered. */
+void coord_secagg_poll(Coord *c, uint64_t now);
+/* An edge worker's answer in stage 1, 2 or 4 (i: its place in the sample). */
+void coord_secagg_rep(Coord *c, WireMsg *m, Peer *p, size_t i);
+/* Whether sampled client i may send an update (stage 3, a member of U2 with
+ * the example count it said); reason when not. */
+bool coord_secagg_may_count(Coord *c, size_t i, uint64_t examples, char *reason, size_t n);
+/* Training is over with the survivors in FedRounds.answered: stage 4 asks
+ * them for the shares that unmask the sum. */
+void coord_secagg_unmask(Coord *c);
+/* Frees (and wipes) the round's exchanges. */
+void coord_secagg_clear(FedRounds *f);
 
 /* --- pscoord's state on disk, --state-dir (coord-state.c) */
 /* Locks the directory and loads its state: 1 loaded, 0 none (or no

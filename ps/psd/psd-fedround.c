@@ -8,6 +8,7 @@
 #include "log.h"
 #include "psd-fedround.h"
 #include "psd-gate.h"
+#include "secagg.h"
 
 struct FedShard {
         uint64_t number;            /* the round open (0: none) */
@@ -161,6 +162,182 @@ static void gaussian(float *out, size_t n) {
         }
 }
 
+/* The seeds of a securely aggregated close, checked: every counted client
+ * (survivor) is a peer of the mask stage with its self seed, every other
+ * peer has its mask key (which must match its public key), and no client
+ * has both (that would unmask it). seeds[i], parallel to peers: the self
+ * seed of a survivor, the mask key of a dropped peer. */
+static int secagg_seeds(const Psnet__Round *rd, const Psnet__SecAgg *sa, bool *surv, uint8_t (*seeds)[SECAGG_KEY],
+                        char *reason, size_t n) {
+        size_t np = sa->n_peers;
+        _cleanup_free_ bool *have = ps_calloc(np ? np : 1, sizeof *have);
+        if (!have)
+                return PSNET__STATUS__STATUS_RESOURCE;
+        for (size_t i = 0; i < np; i++) {
+                const Psnet__SecAggPeer *pe = sa->peers[i];
+                if (!pe->has_mask_key || pe->mask_key.len != SECAGG_KEY || (i && pe->client <= sa->peers[i - 1]->client)) {
+                        snprintf(reason, n, "secure close of round %lu: peer %zu has no 32-byte mask key or is out of "
+                                 "order", (unsigned long) rd->number, i);
+                        return PSNET__STATUS__STATUS_MALFORMED;
+                }
+                surv[i] = false;
+                for (size_t j = 0; j < rd->n_clients; j++)
+                        surv[i] |= rd->clients[j] == pe->client;
+        }
+        size_t found = 0;
+        for (size_t j = 0; j < rd->n_clients; j++)
+                for (size_t i = 0; i < np; i++)
+                        found += sa->peers[i]->client == rd->clients[j];
+        if (found != rd->n_clients || rd->n_clients < 2) {
+                snprintf(reason, n, "secure close of round %lu: %zu counted clients, %zu of them among the %zu peers "
+                         "(at least 2, all peers)", (unsigned long) rd->number, rd->n_clients, found, np);
+                return PSNET__STATUS__STATUS_INVALID;
+        }
+        for (size_t k = 0; k < sa->n_secrets; k++) {
+                const Psnet__SecAggSecret *x = sa->secrets[k];
+                size_t i = 0;
+                while (i < np && sa->peers[i]->client != x->client)
+                        i++;
+                if (i == np || x->value.len != SECAGG_KEY || have[i]) {
+                        snprintf(reason, n, "secure close of round %lu: secret %zu (client %u) is not one 32-byte "
+                                 "secret of a peer", (unsigned long) rd->number, k, x->client);
+                        return PSNET__STATUS__STATUS_MALFORMED;
+                }
+                if (x->self != surv[i]) {
+                        snprintf(reason, n, "secure close of round %lu: client %u %s, but its %s came: refused (that "
+                                 "would unmask it)", (unsigned long) rd->number, x->client,
+                                 surv[i] ? "counts" : "does not count", x->self ? "self seed" : "mask key");
+                        return PSNET__STATUS__STATUS_INVALID;
+                }
+                if (!x->self && !secagg_key_matches(x->value.data, sa->peers[i]->mask_key.data)) {
+                        snprintf(reason, n, "secure close of round %lu: the mask key rebuilt for client %u does not "
+                                 "match its public key", (unsigned long) rd->number, x->client);
+                        return PSNET__STATUS__STATUS_INVALID;
+                }
+                memcpy(seeds[i], x->value.data, SECAGG_KEY);
+                have[i] = true;
+        }
+        for (size_t i = 0; i < np; i++)
+                if (!have[i]) {
+                        snprintf(reason, n, "secure close of round %lu: no %s for client %u", (unsigned long) rd->number,
+                                 surv[i] ? "self seed" : "mask key", sa->peers[i]->client);
+                        return PSNET__STATUS__STATUS_INVALID;
+                }
+        return PSNET__STATUS__STATUS_OK;
+}
+
+/* A securely aggregated close: per chunk, the sum of the survivors' masked
+ * updates mod 2^32, less their self masks and the pairwise masks they share
+ * with the peers that dropped, read as int32, is sum_i q_i; over S and the
+ * survivors' weight it is the (weighted) mean delta (common/secagg.h), noised
+ * in a private job, and the strategy's server step takes it. idx/ex: the
+ * survivors' places here and their example counts. */
+static int secagg_close(FedShard *f, Store *s, const Psnet__Round *rd, const ssize_t *idx, const uint64_t *ex,
+                        float *noise, char *reason, size_t n) {
+        const Psnet__SecAgg *sa = rd->secagg;
+        const FedConf *fc = &s->job.fed;
+        size_t k = rd->n_clients;
+        if (!sa || !sa->has_weight || sa->weight == 0 || sa->n_peers < k || sa->n_peers > SECAGG_MAX_CLIENTS) {
+                snprintf(reason, n, "round %lu closes securely (--secagg): its peers, their seeds and weight come "
+                         "with the close", (unsigned long) rd->number);
+                return PSNET__STATUS__STATUS_MALFORMED;
+        }
+        size_t np = sa->n_peers;
+        _cleanup_free_ bool *surv = ps_calloc(np, sizeof *surv);
+        _cleanup_free_ uint8_t (*seeds)[SECAGG_KEY] = ps_calloc(np, SECAGG_KEY);
+        if (!surv || !seeds) {
+                snprintf(reason, n, "out of memory closing round %lu", (unsigned long) rd->number);
+                return PSNET__STATUS__STATUS_RESOURCE;
+        }
+        int st = secagg_seeds(rd, sa, surv, seeds, reason, n);
+        if (st != PSNET__STATUS__STATUS_OK) {
+                sodium_memzero(seeds, np * SECAGG_KEY);
+                return st;
+        }
+        /* The pairwise seeds of each dropped peer with each survivor. */
+        size_t nd = np - k;
+        _cleanup_free_ uint8_t (*pair)[SECAGG_KEY] = ps_calloc(MAX(nd * k, (size_t) 1), SECAGG_KEY);
+        _cleanup_free_ bool *sub = ps_calloc(MAX(nd * k, (size_t) 1), sizeof *sub);
+        _cleanup_free_ size_t *spos = ps_calloc(k, sizeof *spos); /* survivor i's place among the peers */
+        uint32_t maxlen = 0;
+        for (size_t j = 0; j < f->nslots; j++)
+                maxlen = MAX(maxlen, f->slots[j]->len);
+        _cleanup_free_ uint32_t *acc = ps_malloc(MAX(maxlen, 1u) * sizeof *acc);
+        _cleanup_free_ float *d = ps_malloc(MAX(maxlen, 1u) * sizeof *d);
+        if (!pair || !sub || !spos || !acc || !d) {
+                sodium_memzero(seeds, np * SECAGG_KEY);
+                snprintf(reason, n, "out of memory closing round %lu", (unsigned long) rd->number);
+                return PSNET__STATUS__STATUS_RESOURCE;
+        }
+        for (size_t i = 0; i < k; i++)
+                for (size_t p = 0; p < np; p++)
+                        if (sa->peers[p]->client == rd->clients[i])
+                                spos[i] = p;
+        size_t m = 0;
+        for (size_t p = 0; p < np && st == PSNET__STATUS__STATUS_OK; p++) {
+                if (surv[p])
+                        continue;
+                for (size_t i = 0; i < k; i++, m++) {
+                        /* Survivor i added +PRG(s) for a peer with a larger id, -PRG(s) otherwise. */
+                        sub[m] = rd->clients[i] < sa->peers[p]->client;
+                        if (secagg_pair_seed(seeds[p], sa->peers[p]->mask_key.data,
+                                             sa->peers[spos[i]]->mask_key.data, pair[m]) < 0) {
+                                snprintf(reason, n, "secure close of round %lu: client %u's mask key gives no "
+                                         "agreement", (unsigned long) rd->number, rd->clients[i]);
+                                st = PSNET__STATUS__STATUS_INVALID;
+                                break;
+                        }
+                }
+        }
+        if (st != PSNET__STATUS__STATUS_OK) {
+                sodium_memzero(seeds, np * SECAGG_KEY);
+                sodium_memzero(pair, nd * k * SECAGG_KEY);
+                return st;
+        }
+        bool dp = fc->strategy.dp_clip > 0;
+        double scale = secagg_scale(sa->weight, fc->secagg_clip), w3 = 0;
+        for (size_t i = 0; i < k; i++)
+                w3 += dp ? 1.0 : (double) ex[i];
+        double sd = noise ? (double) fc->strategy.dp_noise * fc->strategy.dp_clip : 0;
+        for (size_t j = 0; j < f->nslots; j++) {
+                Chunk *c = f->slots[j];
+                uint64_t off = (uint64_t) c->chunk * s->job.chunk_floats;
+                memset(acc, 0, (size_t) c->len * sizeof *acc);
+                for (size_t i = 0; i < k; i++) {
+                        const unsigned char *y = (const unsigned char *) f->upd[(size_t) idx[i] * f->nslots + j];
+                        for (uint32_t q = 0; q < c->len; q++) {
+                                uint32_t v;
+                                memcpy(&v, y + (size_t) q * sizeof v, sizeof v);
+                                acc[q] += v;
+                        }
+                        secagg_mask(acc, c->len, off, seeds[spos[i]], rd->number, c->tensor, true);
+                }
+                for (size_t q = 0; q < nd * k; q++)
+                        secagg_mask(acc, c->len, off, pair[q], rd->number, c->tensor, sub[q]);
+                if (noise)
+                        gaussian(noise, c->len);
+                for (uint32_t q = 0; q < c->len; q++) {
+                        double sum = (double) (int32_t) acc[q] / scale;
+                        d[q] = (float) ((sum + sd * (noise ? noise[q] : 0)) / w3);
+                }
+                int r = store_fed_step(s, c, d);
+                if (r < 0) {
+                        snprintf(reason, n, "round %lu: aggregating key %u/%u failed: %s", (unsigned long) rd->number,
+                                 c->tensor, c->chunk, strerror(-r));
+                        st = PSNET__STATUS__STATUS_INTERNAL;
+                        break;
+                }
+        }
+        sodium_memzero(seeds, np * SECAGG_KEY);
+        sodium_memzero(pair, MAX(nd * k, (size_t) 1) * SECAGG_KEY);
+        if (st == PSNET__STATUS__STATUS_OK)
+                log_info("round unmasked number=%lu survivors=%zu dropped=%zu weight=%lu", (unsigned long) rd->number,
+                         k, nd, (unsigned long) sa->weight);
+        else
+                fedshard_reset(f);
+        return st;
+}
+
 static int round_close(FedShard *f, Store *s, const Psnet__Round *rd, char *reason, size_t n) {
         if (!f->open || rd->number != f->number) {
                 snprintf(reason, n, "round %lu is not open on this shard (%s %lu)", (unsigned long) rd->number,
@@ -208,7 +385,12 @@ static int round_close(FedShard *f, Store *s, const Psnet__Round *rd, char *reas
                                 return PSNET__STATUS__STATUS_INVALID;
                         }
         }
-        for (size_t j = 0; j < f->nslots; j++) {
+        if (s->job.fed.secagg) {
+                int st = secagg_close(f, s, rd, idx, ex, noise, reason, n);
+                if (st != PSNET__STATUS__STATUS_OK)
+                        return st;
+        }
+        for (size_t j = 0; !s->job.fed.secagg && j < f->nslots; j++) {
                 for (size_t i = 0; i < k; i++)
                         u[i] = f->upd[(size_t) idx[i] * f->nslots + j];
                 if (noisy)
@@ -273,9 +455,16 @@ int fedshard_push(FedShard *f, Store *s, const Psnet__Header *h, Chunk **chunks,
                          (unsigned long) f->examples[ci], (unsigned long) h->examples);
                 return PSNET__STATUS__STATUS_INVALID;
         }
-        /* Checked whole before anything is kept. */
+        bool masked = h->codec == PSNET__CODEC__CODEC_MASKED;
+        if (masked != s->job.fed.secagg) {
+                snprintf(reason, n, masked ? "a masked update, but this job does not aggregate securely"
+                                           : "this job aggregates securely (--secagg): updates come masked");
+                return PSNET__STATUS__STATUS_DTYPE;
+        }
+        /* Checked whole before anything is kept. A masked update is uniformly
+         * random here: no value or norm to check (the client clamped it). */
         bool dup = true;
-        double sq = 0, clip = s->job.fed.strategy.dp_clip;
+        double sq = 0, clip = masked ? 0 : s->job.fed.strategy.dp_clip;
         for (size_t i = 0; i < h->n_keys; i++) {
                 Chunk *c = chunks[i];
                 if (c->fed_slot >= f->nslots || f->slots[c->fed_slot] != c) {
@@ -291,7 +480,7 @@ int fedshard_push(FedShard *f, Store *s, const Psnet__Header *h, Chunk **chunks,
                 bool have = f->upd[(size_t) ci * f->nslots + c->fed_slot] != NULL;
                 dup &= have;
                 const unsigned char *v = zmq_msg_data((zmq_msg_t *) &frames[i]);
-                size_t at = gate_first_nonfinite(v, c->len);
+                size_t at = masked ? c->len : gate_first_nonfinite(v, c->len);
                 if (at < c->len) {
                         snprintf(reason, n, "key %u/%u: value %zu is not finite", c->tensor, c->chunk, at);
                         return PSNET__STATUS__STATUS_NOT_FINITE;

@@ -492,6 +492,17 @@ int store_fed_apply(Store *s, Chunk *c, const float *const *updates, const uint6
         return 0;
 }
 
+int store_fed_step(Store *s, Chunk *c, const float *d) {
+        int r = chunk_make_writable(s, c);
+        if (r < 0)
+                return r;
+        fed_server_step(&s->job.fed.strategy, c->val->data, c->state, c->len, d);
+        c->steps++;
+        c->clock++;
+        s->applied++;
+        return 0;
+}
+
 int store_value_msg(Store *s, Chunk *c, zmq_msg_t *ret) {
         atomic_fetch_add(&c->val->refs, 1);
         if (zmq_msg_init_data(ret, c->val->data, (size_t) c->len * sizeof(float), valbuf_zmq_free,

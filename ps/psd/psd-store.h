@@ -139,6 +139,9 @@ int store_apply(Store *s, Chunk *c, const float *g, ConsistencyMode mode, size_t
  * rounds. -EINVAL (nothing changed) for updates it refuses. */
 int store_fed_apply(Store *s, Chunk *c, const float *const *updates, const uint64_t *examples, size_t n,
                     const float *noise, float *scratch);
+/* A securely aggregated round on c: the strategy's server step with the
+ * round's mean delta d (len floats), as store_fed_apply after its mean. */
+int store_fed_step(Store *s, Chunk *c, const float *d);
 
 /* A reference to c's values as they are now (a later update copies them
  * first); drop it with store_value_unref, from any thread. */

@@ -6,6 +6,11 @@
  *   (the round's model)  -->  TRAINING (local epochs, in the thread pool)
  *   -->  PUSHING (its delta and example count, to every shard)  -->
  *   ANSWERING (tells pscoord the update is there)  -->  IDLE ...
+ *   With --secagg (edge-secagg.h) the client answers pscoord's key and
+ *   share exchanges whatever its state, and after TRAINING keeps its delta,
+ *   gives the model back and waits in MASKING for the round's peers (stage
+ *   3); it masks (in the thread pool) and pushes then, and after ANSWERING
+ *   still answers the unmasking (stage 4).
  *   --pscoord asks for the final evaluation-->  EVALUATING  -->  IDLE until
  *   the job is done, then it leaves.
  *
@@ -28,6 +33,7 @@
 #include "alloc.h"
 #include "client.h"
 #include "edge.h"
+#include "edge-secagg.h"
 #include "hash.h"
 #include "idx.h"
 #include "kernels.h"
@@ -40,7 +46,7 @@
 #include "session.h"
 #include "wire-job.h"
 
-typedef enum { E_JOINING, E_LOADING, E_IDLE, E_QUEUED, E_PULLING, E_TRAINING, E_PUSHING, E_ANSWERING,
+typedef enum { E_JOINING, E_LOADING, E_IDLE, E_QUEUED, E_PULLING, E_TRAINING, E_MASKING, E_PUSHING, E_ANSWERING,
                E_EVALUATING, E_LEAVING, E_LEFT } EdgeState;
 
 typedef struct Fleet Fleet;
@@ -66,6 +72,12 @@ typedef struct Edge {
         uint64_t clipped;           /* rounds whose update was clipped */
         uint64_t examples;
         uint64_t rounds, counted, late;
+        /* --secagg: the round's exchanges, the delta kept after training (then
+         * masked in place), the masking work */
+        EdgeSecAgg sa;
+        uint32_t **sa_upd;
+        bool sa_masking;
+        uv_work_t sa_work;
 } Edge;
 
 typedef enum { D_NONE, D_LOADING, D_READY } DataState;
@@ -102,10 +114,12 @@ static void edge_leave(Edge *e);
 static void round_start(Edge *e, uint64_t number);
 static void evaluate_start(Edge *e);
 static void fleet_want(Edge *e);
+static void sa_mask_start(Edge *e);
+static void sa_drop(Edge *e);
 
 static const char *state_name(EdgeState s) {
         static const char *const names[] = { "joining", "loading", "idle", "queued", "pulling", "training",
-                                             "pushing", "answering", "evaluating", "leaving", "left" };
+                                             "masking", "pushing", "answering", "evaluating", "leaving", "left" };
         return s <= E_LEFT ? names[s] : "?";
 }
 
@@ -445,6 +459,7 @@ static void on_pushed(Client *c, int r, int64_t clock, void *ud) {
         Edge *e = ud;
         (void) c, (void) clock;
         edge_log(e);
+        sa_drop(e); /* a masked update is no longer needed once on the shards (or refused) */
         if (r == -ESTALE)
                 /* A shard closed the round first: pscoord says so too (and counts it late). */
                 log_warning("round %lu closed before the update reached every shard", (unsigned long) e->number);
@@ -481,8 +496,38 @@ static void train_done(uv_work_t *req, int status) {
         Edge *e = fleet_work_back(f, status, false);
         if (!e)
                 return;
-        e->state = E_PUSHING;
         e->examples = (uint64_t) e->nmine;
+        if (e->job.fed.secagg) {
+                /* The delta stays with this client; the model goes to the next. */
+                size_t nt = model_ntensors(f->model);
+                sa_drop(e);
+                e->sa_upd = ps_calloc(nt, sizeof *e->sa_upd);
+                for (size_t t = 0; e->sa_upd && t < nt; t++) {
+                        size_t bytes = model_tensor_numel(f->model, t) * sizeof(float);
+                        e->sa_upd[t] = ps_malloc(bytes);
+                        if (!e->sa_upd[t]) {
+                                sa_drop(e);
+                                break;
+                        }
+                        memcpy(e->sa_upd[t], f->delta[t], bytes);
+                }
+                if (!e->sa_upd) {
+                        log_warning("Out of memory keeping the update of round %lu", (unsigned long) e->number);
+                        go_idle(e);
+                        return;
+                }
+                e->state = E_MASKING;
+                if (f->holder == e) {
+                        fleet_release(f);
+                        edge_log(e);
+                }
+                if (e->sa.number == e->number && e->sa.stage == 3)
+                        sa_mask_start(e);
+                else
+                        log_info("trained number=%lu: waiting for the round's peers to mask", (unsigned long) e->number);
+                return;
+        }
+        e->state = E_PUSHING;
         client_set_examples(e->client, e->examples);
         int r = client_round(e->client, (const float *const *) f->delta, (int64_t) e->number, NULL, 0, on_pushed, e);
         if (r < 0) {
@@ -532,6 +577,144 @@ static void round_start(Edge *e, uint64_t number) {
                 log_warning_errno(r, "Failed to start round %lu: %m", (unsigned long) number);
                 go_idle(e);
         }
+}
+
+/* --- secure aggregation (--secagg) ----------------------------------------------------------- */
+
+/* Frees the update kept for masking (not the round's keys and shares). */
+static void sa_drop(Edge *e) {
+        Fleet *f = e->f;
+        for (size_t t = 0; e->sa_upd && f->model && t < model_ntensors(f->model); t++)
+                ps_free(e->sa_upd[t]);
+        ps_free(e->sa_upd);
+        e->sa_upd = NULL;
+}
+
+static void on_sa_answer(Session *s, int r, WireMsg *m, void *ud) {
+        Edge *e = ud;
+        (void) s;
+        edge_log(e);
+        if (r < 0)
+                log_warning("pscoord did not take this client's secure aggregation answer reason=\"%s\"",
+                            m && m->hdr && m->hdr->reason ? m->hdr->reason : strerror(-r));
+}
+
+static void sa_send(Edge *e, EdgeSecAggOut *o) {
+        Psnet__Round rd = PSNET__ROUND__INIT;
+        rd.number = e->sa.number;
+        rd.secagg = &o->sa;
+        Psnet__Header h;
+        wire_header_init(&h, PSNET__MSG_TYPE__MSG_ROUND_REP);
+        h.body_case = PSNET__HEADER__BODY_ROUND;
+        h.round = &rd;
+        int r = session_request(e->session, &h, PSNET__MSG_TYPE__MSG_JOB_REP, 10000, on_sa_answer, e);
+        if (r < 0)
+                log_warning_errno(r, "Failed to send secure aggregation stage %u: %m", o->sa.stage);
+        edge_secagg_out_free(o);
+}
+
+static void sa_mask_work(uv_work_t *req) {
+        Edge *e = req->data;
+        Fleet *f = e->f;
+        for (size_t t = 0; t < model_ntensors(f->model); t++)
+                edge_secagg_mask(&e->sa, (uint32_t) t, (const float *) e->sa_upd[t], e->sa_upd[t],
+                                 model_tensor_numel(f->model, t));
+}
+
+static void sa_mask_done(uv_work_t *req, int status) {
+        Edge *e = req->data;
+        e->sa_masking = false;
+        edge_log(e);
+        if (status < 0 || e->leaving || e->state != E_MASKING || !e->sa_upd) {
+                sa_drop(e);
+                if (e->state == E_MASKING)
+                        go_idle(e);
+                return;
+        }
+        e->state = E_PUSHING;
+        client_set_examples(e->client, e->examples);
+        client_set_masked(e->client, true);
+        int r = client_round(e->client, (const float *const *) e->sa_upd, (int64_t) e->number, NULL, 0, on_pushed, e);
+        if (r < 0) {
+                log_warning_errno(r, "Failed to push the update of round %lu: %m", (unsigned long) e->number);
+                sa_drop(e);
+                go_idle(e);
+        }
+}
+
+static void sa_mask_start(Edge *e) {
+        e->sa_masking = true;
+        e->sa_work.data = e;
+        int r = uv_queue_work(&e->f->loop, &e->sa_work, sa_mask_work, sa_mask_done);
+        if (r < 0) {
+                e->sa_masking = false;
+                log_warning("Failed to start masking: %s", uv_strerror(r));
+                sa_drop(e);
+                go_idle(e);
+        }
+}
+
+/* A trained update that waits for peers that never came (the round failed
+ * at pscoord): dropped when something newer comes. */
+static void sa_abandon(Edge *e) {
+        if (e->state != E_MASKING || e->sa_masking)
+                return;
+        log_info("update of round %lu dropped: its round went on without it", (unsigned long) e->number);
+        sa_drop(e);
+        go_idle(e);
+}
+
+/* Stages 1 to 4 from pscoord (edge-secagg.h). false: not a secagg message
+ * this function completes (stage 1 also starts training). */
+static bool sa_round(Edge *e, const Psnet__Round *rd) {
+        const Psnet__SecAgg *in = rd->secagg;
+        EdgeSecAggOut o;
+        memset(&o, 0, sizeof o);
+        char err[160] = "";
+        int r = 0;
+        uint32_t stage = in->has_stage ? in->stage : 0;
+        if (stage == 1) {
+                if (e->state == E_MASKING && e->number != rd->number)
+                        sa_abandon(e);
+                r = edge_secagg_keys(&e->sa, rd->number, session_id(e->session), in, (uint64_t) e->nmine,
+                                     e->job.fed.strategy.dp_clip > 0, &o);
+                if (r == 0)
+                        sa_send(e, &o);
+                else
+                        log_warning("round %lu: cannot take part in secure aggregation (%s)", (unsigned long) rd->number,
+                                    e->nmine ? strerror(-r) : "its data is not loaded yet");
+                return r < 0; /* with keys sent, it trains */
+        }
+        if (stage == 2) {
+                r = edge_secagg_shares(&e->sa, rd->number, in, &o, err, sizeof err);
+                if (r == 0)
+                        sa_send(e, &o);
+        } else if (stage == 3) {
+                r = edge_secagg_peers(&e->sa, rd->number, in, err, sizeof err);
+                if (r == 0) {
+                        log_info("secure aggregation number=%lu peers=%zu threshold=%u", (unsigned long) rd->number,
+                                 e->sa.n2, e->sa.t);
+                        if (e->state == E_MASKING && e->number == rd->number && !e->sa_masking)
+                                sa_mask_start(e);
+                }
+        } else if (stage == 4) {
+                r = edge_secagg_reveal(&e->sa, rd->number, in, &o, err, sizeof err);
+                if (r == 0) {
+                        log_info("secure aggregation number=%lu survivors=%zu: shares sent", (unsigned long) rd->number,
+                                 in->n_survivors);
+                        sa_send(e, &o);
+                        edge_secagg_clear(&e->sa);
+                }
+        } else {
+                r = -EINVAL;
+                snprintf(err, sizeof err, "unknown stage %u", stage);
+        }
+        if (r < 0) {
+                edge_secagg_out_free(&o);
+                log_warning("secure aggregation stage %u of round %lu refused reason=\"%s\"", stage,
+                            (unsigned long) rd->number, err[0] ? err : strerror(-r));
+        }
+        return true;
 }
 
 /* --- the final evaluation ----------------------------------------------------------------- */
@@ -651,6 +834,7 @@ static void apply_config(Edge *e, const Psnet__Config *ctl) {
                 if (st == JOB_FAILED && e->f->exit_code == 0)
                         e->f->exit_code = -ECANCELED;
                 e->leaving = true;
+                sa_abandon(e);
                 if (e->state == E_IDLE || e->state == E_JOINING)
                         edge_leave(e); /* else once the work under way is done (go_idle, fleet_release) */
         }
@@ -662,6 +846,10 @@ static void on_round(Edge *e, const Psnet__Round *rd) {
                 log_warning("pscoord sent a round before the job; ignored");
                 return;
         }
+        if (rd->secagg && sa_round(e, rd))
+                return;
+        if (eval)
+                sa_abandon(e);
         if (eval)
                 log_info("pscoord asks this edge worker to evaluate the final model");
         else
@@ -713,6 +901,7 @@ static void on_signal(void *ud, int signo) {
         for (size_t i = 0; i < f->n; i++) {
                 Edge *e = &f->edges[i];
                 e->leaving = true;
+                sa_abandon(e);
                 if (e->state == E_IDLE || e->state == E_JOINING)
                         edge_leave(e); /* else once the work under way is done (go_idle, fleet_release) */
         }
@@ -775,6 +964,10 @@ static void fleet_free(Fleet *f) {
                 log_debug("event loop closed with handles open");
         if (f->zctx)
                 zmq_ctx_term(f->zctx);
+        for (size_t i = 0; f->edges && i < f->n; i++) {
+                sa_drop(&f->edges[i]);
+                edge_secagg_clear(&f->edges[i].sa);
+        }
         for (size_t t = 0; f->model && t < model_ntensors(f->model); t++) {
                 if (f->w0)
                         ps_free(f->w0[t]);
