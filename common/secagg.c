@@ -141,6 +141,9 @@ int secagg_combine(const uint8_t *xs, const uint8_t (*shares)[SECAGG_KEY], size_
         if (k < 1 || k > SECAGG_MAX_CLIENTS)
                 return -EINVAL;
         uint8_t x[SECAGG_MAX_CLIENTS], buf[SECAGG_KEY];
+        int r = secagg_init(); /* gfshare_ctx_free overwrites with random bytes */
+        if (r < 0)
+                return r;
         for (size_t i = 0; i < k; i++) {
                 if (xs[i] == 0)
                         return -EINVAL;

@@ -50,8 +50,9 @@ typedef struct SecAggKeys {
         uint8_t self_seed[SECAGG_KEY];                      /* b_u */
 } SecAggKeys;
 
-/* libsodium, and libgfshare's random source set to libsodium's CSPRNG.
- * 0 or -EIO. Safe to call again. */
+/* libsodium, and libgfshare's random source set to libsodium's CSPRNG
+ * (libgfshare also draws from it to wipe its buffers; the functions below
+ * call this first). 0 or -EIO. Safe to call again. */
 int secagg_init(void);
 /* A client's fresh keys for one round. */
 int secagg_keys_new(SecAggKeys *k);

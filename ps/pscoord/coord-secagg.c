@@ -79,7 +79,8 @@ static void send_edge(Coord *c, size_t i, Psnet__SecAgg *sa) {
 
 /* The round fails: no shard gets any seed (each drops what it holds). */
 static void fail(Coord *c, const char *why) {
-        log_info("secure aggregation stage=%u number=%lu: %s", c->fed.sa.stage, (unsigned long) c->fed.number, why);
+        log_info("secure aggregation failed number=%lu stage=%u reason=\"%s\"", (unsigned long) c->fed.number,
+                 c->fed.sa.stage, why);
         FedRounds *f = &c->fed;
         if (f->phase == FED_TRAINING) {
                 /* Nobody has answered with an update yet: the close drops the round. */
@@ -150,8 +151,8 @@ static void end_keys(Coord *c) {
         sa.peers = pp;
         s->stage = 2;
         s->deadline = now_ms() + c->job.fed.secagg_timeout_ms;
-        log_info("secure aggregation number=%lu keys=%zu of %zu threshold=%u", (unsigned long) f->number, s->n1,
-                 s->n, s->t);
+        log_info("secure aggregation keys number=%lu keys=%zu sampled=%zu threshold=%u", (unsigned long) f->number,
+                 s->n1, s->n, s->t);
         for (size_t i = 0; i < s->n; i++)
                 if (s->u1[i])
                         send_edge(c, i, &sa);
@@ -205,8 +206,8 @@ static void end_shares(Coord *c) {
         sa.n_peers = k;
         sa.peers = pp;
         s->stage = 3;
-        log_info("secure aggregation number=%lu shares=%zu of %zu weight=%lu", (unsigned long) f->number, s->n2,
-                 s->n1, (unsigned long) s->weight);
+        log_info("secure aggregation shares number=%lu shares=%zu keys=%zu weight=%lu", (unsigned long) f->number,
+                 s->n2, s->n1, (unsigned long) s->weight);
         for (size_t to = 0; to < s->n; to++) {
                 if (!s->u2[to])
                         continue;
@@ -324,7 +325,7 @@ static void end_unmask(Coord *c) {
         sa.n_peers = sa.n_secrets = k;
         sa.peers = pp;
         sa.secrets = sp;
-        log_info("secure aggregation number=%lu unmasking survivors=%zu dropped=%zu shares=%zu threshold=%u",
+        log_info("secure aggregation unmask number=%lu survivors=%zu dropped=%zu shares=%zu threshold=%u",
                  (unsigned long) f->number, nids, s->n2 - nids, s->nrevealed, s->t);
         f->phase = FED_CLOSING;
         int r = coord_fed_send_shards(c, true, ids, nids, &sa);

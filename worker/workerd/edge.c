@@ -75,6 +75,8 @@ typedef struct Edge {
         /* --secagg: the round's exchanges, the delta kept after training (then
          * masked in place), the masking work */
         EdgeSecAgg sa;
+        uint64_t sa_keys_due;       /* a round whose keys wait for the data to load */
+        float sa_keys_clip;
         uint32_t **sa_upd;
         bool sa_masking;
         uv_work_t sa_work;
@@ -116,6 +118,7 @@ static void evaluate_start(Edge *e);
 static void fleet_want(Edge *e);
 static void sa_mask_start(Edge *e);
 static void sa_drop(Edge *e);
+static void sa_keys_late(Edge *e);
 
 static const char *state_name(EdgeState s) {
         static const char *const names[] = { "joining", "loading", "idle", "queued", "pulling", "training",
@@ -328,6 +331,7 @@ static void edge_ready(Edge *e) {
                  cfg->alpha > 0 ? "dirichlet" : "iid", f->kb->ops->name);
         if (++f->nready == f->n)
                 service_ready(f->service);
+        sa_keys_late(e);
         go_idle(e);
 }
 
@@ -676,13 +680,19 @@ static bool sa_round(Edge *e, const Psnet__Round *rd) {
         if (stage == 1) {
                 if (e->state == E_MASKING && e->number != rd->number)
                         sa_abandon(e);
+                if (e->nmine == 0) {
+                        /* Still loading: the keys go once the data is here (edge_ready). */
+                        e->sa_keys_due = rd->number;
+                        e->sa_keys_clip = in->has_clip ? in->clip : 0;
+                        return false;
+                }
                 r = edge_secagg_keys(&e->sa, rd->number, session_id(e->session), in, (uint64_t) e->nmine,
                                      e->job.fed.strategy.dp_clip > 0, &o);
                 if (r == 0)
                         sa_send(e, &o);
                 else
                         log_warning("round %lu: cannot take part in secure aggregation (%s)", (unsigned long) rd->number,
-                                    e->nmine ? strerror(-r) : "its data is not loaded yet");
+                                    strerror(-r));
                 return r < 0; /* with keys sent, it trains */
         }
         if (stage == 2) {
@@ -692,7 +702,7 @@ static bool sa_round(Edge *e, const Psnet__Round *rd) {
         } else if (stage == 3) {
                 r = edge_secagg_peers(&e->sa, rd->number, in, err, sizeof err);
                 if (r == 0) {
-                        log_info("secure aggregation number=%lu peers=%zu threshold=%u", (unsigned long) rd->number,
+                        log_info("secure aggregation peers number=%lu peers=%zu threshold=%u", (unsigned long) rd->number,
                                  e->sa.n2, e->sa.t);
                         if (e->state == E_MASKING && e->number == rd->number && !e->sa_masking)
                                 sa_mask_start(e);
@@ -700,7 +710,7 @@ static bool sa_round(Edge *e, const Psnet__Round *rd) {
         } else if (stage == 4) {
                 r = edge_secagg_reveal(&e->sa, rd->number, in, &o, err, sizeof err);
                 if (r == 0) {
-                        log_info("secure aggregation number=%lu survivors=%zu: shares sent", (unsigned long) rd->number,
+                        log_info("secure aggregation revealed number=%lu survivors=%zu", (unsigned long) rd->number,
                                  in->n_survivors);
                         sa_send(e, &o);
                         edge_secagg_clear(&e->sa);
@@ -715,6 +725,22 @@ static bool sa_round(Edge *e, const Psnet__Round *rd) {
                             (unsigned long) rd->number, err[0] ? err : strerror(-r));
         }
         return true;
+}
+
+/* The data is loaded: the keys of a round that asked for them meanwhile. */
+static void sa_keys_late(Edge *e) {
+        if (!e->sa_keys_due)
+                return;
+        Psnet__SecAgg in = PSNET__SEC_AGG__INIT;
+        Psnet__Round rd = PSNET__ROUND__INIT;
+        in.has_stage = in.has_clip = true;
+        in.stage = 1;
+        in.clip = e->sa_keys_clip;
+        rd.number = e->sa_keys_due;
+        rd.secagg = &in;
+        e->sa_keys_due = 0;
+        if (sa_round(e, &rd))
+                log_warning("round %lu: no keys sent, it trains without taking part", (unsigned long) rd.number);
 }
 
 /* --- the final evaluation ----------------------------------------------------------------- */
