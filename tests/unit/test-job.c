@@ -121,6 +121,46 @@ static void test_dp_flags(void) {
               "--dp-clip on a bsp job: refused (%s)", err);
 }
 
+static void test_secagg_flags(void) {
+        JobFlags f;
+        Option o[JOBFLAGS_NOPTS];
+        Job j, back;
+        char err[192] = "";
+        const ProgramInfo prog = { .name = "t" };
+        char *argv[] = { "t", "--mode", "fed", "--secagg", "--secagg-clip", "2.5", "--secagg-threshold", "0.75",
+                         "--secagg-timeout", "7", NULL };
+        int optind_ = 0;
+        jobflags_init(&f);
+        size_t n = jobflags_options(&f, o);
+        CHECK(config_parse(&prog, o, n, 10, argv, &optind_) == 0 && jobflags_to_job(&f, &j, err, sizeof err) == 0 &&
+              j.fed.secagg && j.fed.secagg_clip == 2.5f && j.fed.secagg_threshold == 0.75f &&
+              j.fed.secagg_timeout_ms == 7000, "--secagg --secagg-clip 2.5 --secagg-threshold 0.75 --secagg-timeout 7 "
+              "(%s)", err);
+        Psnet__JobSpec *spec = NULL;
+        CHECK(job_to_proto(&j, &spec) == 0 && job_from_proto(spec, &back, err, sizeof err) == 0 && back.fed.secagg &&
+              back.fed.secagg_clip == 2.5f && back.fed.secagg_threshold == 0.75f && back.fed.secagg_timeout_ms == 7000,
+              "the job spec carries them (%s)", err);
+        job_proto_free(spec);
+        f.strategy = "median";
+        CHECK(jobflags_to_job(&f, &j, err, sizeof err) == -EINVAL && strstr(err, "median"),
+              "--secagg with a robust strategy: refused (%s)", err);
+        f.strategy = NULL;
+        f.min_clients = 1;
+        CHECK(jobflags_to_job(&f, &j, err, sizeof err) == -EINVAL && strstr(err, "at least 2 clients"),
+              "--secagg with --min-clients 1: refused (%s)", err);
+        f.min_clients = 2, f.secagg_clip = 0;
+        CHECK(jobflags_to_job(&f, &j, err, sizeof err) == -EINVAL && strstr(err, "secagg clip"),
+              "--secagg-clip 0: refused (%s)", err);
+        f.secagg_clip = 1, f.secagg_threshold = 1.5f;
+        CHECK(jobflags_to_job(&f, &j, err, sizeof err) == -EINVAL && strstr(err, "secagg threshold"),
+              "--secagg-threshold 1.5: refused (%s)", err);
+        config_free_strings(o, n);
+        jobflags_init(&f);
+        f.secagg = true;
+        CHECK(jobflags_to_job(&f, &j, err, sizeof err) == -EINVAL && strstr(err, "federated"),
+              "--secagg on a bsp job: refused (%s)", err);
+}
+
 static void test_model(void) {
         Job j;
         int r;
@@ -512,6 +552,7 @@ int main(void) {
         test_lr_factor();
         test_flags();
         test_dp_flags();
+        test_secagg_flags();
         test_model();
         test_chunks();
         test_init();

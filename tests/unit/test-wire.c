@@ -429,9 +429,14 @@ static void test_malformed(void) {
         expect_bad(PSNET__STATUS__STATUS_DTYPE, "dtype 3", "bad dtype");
         wire_header_init(&h, PSNET__MSG_TYPE__MSG_PULL);
         h.has_codec = true;
-        h.codec = (Psnet__Codec) 1;
+        h.codec = PSNET__CODEC__CODEC_MASKED;
         send_hdr(&h, NULL, 0);
-        expect_bad(PSNET__STATUS__STATUS_DTYPE, "codec 1", "bad codec");
+        expect_bad(PSNET__STATUS__STATUS_DTYPE, "codec 1", "a masked codec on a PULL");
+        wire_header_init(&h, PSNET__MSG_TYPE__MSG_PUSH);
+        h.has_codec = true;
+        h.codec = (Psnet__Codec) 7;
+        send_hdr(&h, NULL, 0);
+        expect_bad(PSNET__STATUS__STATUS_DTYPE, "codec 7", "an unknown codec");
         /* Unknown status value. */
         wire_header_init(&h, PSNET__MSG_TYPE__MSG_ERROR);
         h.has_status = true;
