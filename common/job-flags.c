@@ -88,6 +88,10 @@ size_t jobflags_options(JobFlags *f, Option *o) {
                 { "secagg-threshold", OPT_FLOAT, &f->secagg_threshold, "F",
                   "fed, --secagg: share of a round's clients (at least 2) that must stay to the end for its sum "
                   "to be recovered (default 0.5)" },
+                { "compress", OPT_STR, &f->compress, "CODEC",
+                  "fed: how clients send their updates: none (f32, default), bf16, int8 (with a scale per chunk) "
+                  "or topk:F (the largest F of each chunk's values, the rest kept on the client for the next "
+                  "round); the bytes sent are reported" },
                 { "secagg-timeout", OPT_UINT, &f->secagg_timeout, "SECONDS",
                   "fed, --secagg: how long each exchange of keys, shares and unmasking waits for clients "
                   "(default 10)" },
@@ -170,10 +174,15 @@ int jobflags_to_job(const JobFlags *f, Job *job, char *err, size_t errlen) {
         job->fed.secagg_clip = f->secagg_clip;
         job->fed.secagg_threshold = f->secagg_threshold;
         job->fed.secagg_timeout_ms = f->secagg_timeout > 86400 ? UINT32_MAX : f->secagg_timeout * 1000u;
+        if (f->compress && compress_from_string(f->compress, &job->fed.compress, &job->fed.topk) < 0) {
+                snprintf(err, errlen, "bad --compress '%s' (expected none, bf16, int8 or topk:F with F in (0, 1])",
+                         f->compress);
+                return -EINVAL;
+        }
         if (job->mode != MODE_FED && (f->strategy || f->server_lr >= 0 || f->prox_mu != 0 || f->dp_clip != 0 ||
-                                      f->dp_noise != 0 || f->secagg)) {
-                snprintf(err, errlen, "--strategy, --server-lr, --prox-mu, --dp-clip, --dp-noise and --secagg are "
-                         "for federated jobs (--mode fed)");
+                                      f->dp_noise != 0 || f->secagg || job->fed.compress != COMPRESS_NONE)) {
+                snprintf(err, errlen, "--strategy, --server-lr, --prox-mu, --dp-clip, --dp-noise, --secagg and "
+                         "--compress are for federated jobs (--mode fed)");
                 return -EINVAL;
         }
         return job_validate(job, err, errlen);

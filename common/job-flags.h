@@ -5,7 +5,7 @@
 #include "config.h"
 #include "job.h"
 
-#define JOBFLAGS_NOPTS 38
+#define JOBFLAGS_NOPTS 39
 
 typedef struct JobFlags {
         char *model, *mode, *optim, *data;
@@ -23,6 +23,7 @@ typedef struct JobFlags {
         bool secagg;
         float secagg_clip, secagg_threshold;
         unsigned secagg_timeout;
+        char *compress;
 } JobFlags;
 
 /* Defaults from job_defaults(). */

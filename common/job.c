@@ -355,6 +355,12 @@ int job_validate(const Job *job, char *err, size_t errlen) {
                         return job_err(err, errlen, "secure aggregation gives the shards only the sum of the "
                                        "updates: the %s strategy needs each one (use a mean-based strategy)",
                                        fed_strategy_name(f->strategy.kind));
+                if (f->compress > COMPRESS_TOPK || (f->compress == COMPRESS_TOPK && !(f->topk > 0 && f->topk <= 1)))
+                        return job_err(err, errlen, "compression %d (top-k share %g) is not one of none, bf16, int8, "
+                                       "topk:F with F in (0, 1]", (int) f->compress, (double) f->topk);
+                if (f->secagg && f->compress != COMPRESS_NONE)
+                        return job_err(err, errlen, "secure aggregation masks every coordinate as a 32-bit integer: "
+                                       "--compress %s does not combine with it", compress_name(f->compress));
                 if (f->secagg && f->min_clients < 2)
                         return job_err(err, errlen, "secure aggregation needs at least 2 clients per round (the "
                                        "sum of one client is its update): --min-clients %u", f->min_clients);

@@ -6,6 +6,7 @@
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+#include "compress.h"
 #include "fed.h"
 
 #define JOB_MAX_TENSORS 64
@@ -64,6 +65,8 @@ typedef struct FedConf {
         float secagg_clip;          /* each coordinate of an update is clamped to +-this before quantising */
         float secagg_threshold;     /* share of a round's clients whose shares rebuild a seed, (0, 1] */
         uint32_t secagg_timeout_ms; /* how long each key, share and unmask exchange waits for clients */
+        CompressKind compress;      /* how clients encode their updates (common/compress.h) */
+        float topk;                 /* COMPRESS_TOPK: the share of each chunk's values sent, (0, 1] */
 } FedConf;
 
 #define JOB_MAX_FED_ROUNDS 1000000u

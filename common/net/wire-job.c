@@ -191,6 +191,9 @@ int job_to_proto(const Job *job, Psnet__JobSpec **ret) {
                 fs->secagg_clip = f->secagg_clip;
                 fs->secagg_threshold = f->secagg_threshold;
                 fs->secagg_timeout_ms = f->secagg_timeout_ms;
+                fs->has_compress = fs->has_topk = true;
+                fs->compress = (uint32_t) f->compress;
+                fs->topk = f->topk;
                 fs->server_lr = f->strategy.eta;
                 fs->server_momentum = f->strategy.beta;
                 fs->beta1 = f->strategy.beta1;
@@ -345,6 +348,10 @@ int job_from_proto(const Psnet__JobSpec *spec, Job *ret, char *err, size_t errle
                         f->secagg_threshold = fs->secagg_threshold;
                 if (fs->has_secagg_timeout_ms)
                         f->secagg_timeout_ms = fs->secagg_timeout_ms;
+                if (fs->has_compress)
+                        f->compress = fs->compress > COMPRESS_TOPK ? COMPRESS_TOPK + 1 : (CompressKind) fs->compress;
+                if (fs->has_topk)
+                        f->topk = fs->topk;
         }
 
         r = job_validate(&j, err, errlen);

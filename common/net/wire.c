@@ -13,6 +13,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include "compress.h"
 #include "wire.h"
 
 #if __BYTE_ORDER__ != __ORDER_LITTLE_ENDIAN__
@@ -124,10 +125,11 @@ int wire_validate(const Psnet__Header *hdr, const zmq_msg_t *frames, size_t nfra
                             "dtype %d not supported (only f32 = %d)", (int) hdr->dtype,
                             PSNET__DTYPE__DTYPE_F32);
         if (hdr->codec != PSNET__CODEC__CODEC_RAW &&
-            (hdr->codec != PSNET__CODEC__CODEC_MASKED || hdr->type != PSNET__MSG_TYPE__MSG_PUSH))
+            (hdr->codec > PSNET__CODEC__CODEC_TOPK || hdr->type != PSNET__MSG_TYPE__MSG_PUSH))
                 return fail(reason, reasonlen, PSNET__STATUS__STATUS_DTYPE,
-                            "codec %d not supported here (raw = %d; masked = %d on a federated push)",
-                            (int) hdr->codec, PSNET__CODEC__CODEC_RAW, PSNET__CODEC__CODEC_MASKED);
+                            "codec %d not supported here (raw = %d; masked, bf16, int8, topk = %d..%d on a federated "
+                            "push)", (int) hdr->codec, PSNET__CODEC__CODEC_RAW, PSNET__CODEC__CODEC_MASKED,
+                            PSNET__CODEC__CODEC_TOPK);
         if ((unsigned) hdr->status > PSNET__STATUS__STATUS_UNAVAILABLE)
                 return fail(reason, reasonlen, PSNET__STATUS__STATUS_MALFORMED,
                             "unknown status %d", (int) hdr->status);
@@ -183,6 +185,14 @@ int wire_validate(const Psnet__Header *hdr, const zmq_msg_t *frames, size_t nfra
                 const Psnet__Key *k = hdr->keys[i];
                 size_t have = zmq_msg_size((zmq_msg_t *) &frames[i]);
                 uint64_t want = (uint64_t) k->len * sizeof(float);
+                if (hdr->codec >= PSNET__CODEC__CODEC_BF16) {
+                        CompressKind ck = (CompressKind) (hdr->codec - PSNET__CODEC__CODEC_BF16 + COMPRESS_BF16);
+                        if (!compress_size_ok(ck, have, k->len))
+                                return fail(reason, reasonlen, PSNET__STATUS__STATUS_SIZE,
+                                            "frame %zu has %zu bytes, not a %s frame of key (%u,%u)'s %u values", i + 1,
+                                            have, compress_name(ck), k->tensor, k->chunk, k->len);
+                        continue;
+                }
                 if ((uint64_t) have != want)
                         return fail(reason, reasonlen, PSNET__STATUS__STATUS_SIZE,
                                     "frame %zu has %zu bytes, key (%u,%u) declares %u floats = %llu bytes",

@@ -274,9 +274,10 @@ static void round_closed(Coord *c) {
                         rec->round = f->done;
                 privacy_spent(c, rec);
                 log_info("round done round=%u/%u number=%lu answered=%u sampled=%zu dropped=%u loss=%.4f "
-                         "seconds=%.2f", f->done, c->job.fed.rounds, (unsigned long) f->number,
-                         rec ? rec->answered : 0, f->nclients, rec ? rec->dropped : 0, rec ? rec->loss : 0.0,
-                         rec ? rec->seconds : 0.0);
+                         "seconds=%.2f bytes_up=%lu bytes_raw=%lu", f->done, c->job.fed.rounds,
+                         (unsigned long) f->number, rec ? rec->answered : 0, f->nclients, rec ? rec->dropped : 0,
+                         rec ? rec->loss : 0.0, rec ? rec->seconds : 0.0, (unsigned long) (rec ? rec->bytes_up : 0),
+                         (unsigned long) (rec ? rec->bytes_raw : 0));
         } else {
                 f->failed++;
                 log_warning("round failed number=%lu reason=\"%s\": it runs again with a fresh sample",
@@ -475,6 +476,11 @@ static void edge_rep(Coord *c, WireMsg *m, Peer *p) {
                 coord_reply_error(c, &m->route, m->hdr->seq, PSNET__STATUS__STATUS_INVALID, reason);
                 return;
         }
+        FedRecord *rec = record_find(f, f->number);
+        if (rec) {
+                rec->bytes_up += rd->has_bytes ? rd->bytes : job_nfloats(&c->job) * sizeof(float);
+                rec->bytes_raw += job_nfloats(&c->job) * sizeof(float);
+        }
         f->answered[i] = true;
         f->examples[i] = rd->examples;
         f->loss[i] = rd->has_loss ? rd->loss : 0.0f;
@@ -536,6 +542,9 @@ void coord_fed_status(Coord *c, Psnet__FedStatus *s, Psnet__RoundRecord *recs, P
                         o->has_epsilon = true;
                         o->epsilon = r->epsilon;
                 }
+                o->has_bytes_up = o->has_bytes_raw = true;
+                o->bytes_up = r->bytes_up;
+                o->bytes_raw = r->bytes_raw;
                 o->note = r->note[0] ? (char *) r->note : NULL;
                 recp[k] = o;
         }

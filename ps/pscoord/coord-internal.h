@@ -126,6 +126,7 @@ typedef struct FedRecord {
         uint32_t round, sampled, answered, late, dropped, available;
         float loss, seconds;
         double epsilon;             /* after this round (private jobs; < 0: none) */
+        uint64_t bytes_up, bytes_raw; /* the answered updates' frames as sent, and as f32 */
         char note[96];
 } FedRecord;
 

@@ -134,6 +134,18 @@ nomem:
         return PSNET__STATUS__STATUS_RESOURCE;
 }
 
+/* A push's decoded frames (--compress) until the update keeps them. */
+typedef struct Decoded {
+        float **v;
+        size_t n;
+} Decoded;
+
+static void decoded_freep(Decoded *d) {
+        for (size_t i = 0; d->v && i < d->n; i++)
+                ps_free(d->v[i]);
+        ps_free(d->v);
+}
+
 static ssize_t client_index(const FedShard *f, uint32_t id) {
         size_t lo = 0, hi = f->nclients;
         while (lo < hi) {
@@ -461,6 +473,20 @@ int fedshard_push(FedShard *f, Store *s, const Psnet__Header *h, Chunk **chunks,
                                            : "this job aggregates securely (--secagg): updates come masked");
                 return PSNET__STATUS__STATUS_DTYPE;
         }
+        CompressKind ck = s->job.fed.compress;
+        int want_codec = ck == COMPRESS_NONE ? (masked ? PSNET__CODEC__CODEC_MASKED : PSNET__CODEC__CODEC_RAW)
+                                             : PSNET__CODEC__CODEC_BF16 + (int) ck - COMPRESS_BF16;
+        if ((int) h->codec != want_codec) {
+                snprintf(reason, n, "this job's updates come %s (--compress); this one has codec %d",
+                         compress_name(ck), (int) h->codec);
+                return PSNET__STATUS__STATUS_DTYPE;
+        }
+        /* Compressed frames are decoded first; the decoded values are kept. */
+        _cleanup_(decoded_freep) Decoded dec = { .n = ck != COMPRESS_NONE ? h->n_keys : 0 };
+        if (dec.n && !(dec.v = ps_calloc(dec.n, sizeof *dec.v))) {
+                snprintf(reason, n, "out of memory");
+                return PSNET__STATUS__STATUS_RESOURCE;
+        }
         /* Checked whole before anything is kept. A masked update is uniformly
          * random here: no value or norm to check (the client clamped it). */
         bool dup = true;
@@ -472,15 +498,31 @@ int fedshard_push(FedShard *f, Store *s, const Psnet__Header *h, Chunk **chunks,
                                  (unsigned long) f->number);
                         return PSNET__STATUS__STATUS_UNAVAILABLE;
                 }
-                if (zmq_msg_size((zmq_msg_t *) &frames[i]) != (size_t) c->len * sizeof(float)) {
+                if (dec.n) {
+                        size_t fs = zmq_msg_size((zmq_msg_t *) &frames[i]);
+                        if (!(dec.v[i] = ps_malloc((size_t) c->len * sizeof(float)))) {
+                                snprintf(reason, n, "out of memory");
+                                return PSNET__STATUS__STATUS_RESOURCE;
+                        }
+                        int r = compress_decode(ck, zmq_msg_data((zmq_msg_t *) &frames[i]), fs, c->len, dec.v[i]);
+                        if (r < 0) {
+                                snprintf(reason, n, "key %u/%u: a %s frame of %zu bytes for %u values: %s", c->tensor,
+                                         c->chunk, compress_name(ck), fs, c->len,
+                                         r == -ERANGE ? "a value is not finite" : r == -EINVAL ?
+                                         "an index is out of order or range" : "its size cannot be");
+                                return r == -ERANGE ? PSNET__STATUS__STATUS_NOT_FINITE : r == -EINVAL ?
+                                       PSNET__STATUS__STATUS_INVALID : PSNET__STATUS__STATUS_SIZE;
+                        }
+                } else if (zmq_msg_size((zmq_msg_t *) &frames[i]) != (size_t) c->len * sizeof(float)) {
                         snprintf(reason, n, "key %u/%u: frame of %zu bytes, the key has %u floats", c->tensor, c->chunk,
                                  zmq_msg_size((zmq_msg_t *) &frames[i]), c->len);
                         return PSNET__STATUS__STATUS_SIZE;
                 }
                 bool have = f->upd[(size_t) ci * f->nslots + c->fed_slot] != NULL;
                 dup &= have;
-                const unsigned char *v = zmq_msg_data((zmq_msg_t *) &frames[i]);
-                size_t at = masked ? c->len : gate_first_nonfinite(v, c->len);
+                const unsigned char *v = dec.n ? (const unsigned char *) dec.v[i]
+                                               : (const unsigned char *) zmq_msg_data((zmq_msg_t *) &frames[i]);
+                size_t at = masked || dec.n ? c->len : gate_first_nonfinite(v, c->len);
                 if (at < c->len) {
                         snprintf(reason, n, "key %u/%u: value %zu is not finite", c->tensor, c->chunk, at);
                         return PSNET__STATUS__STATUS_NOT_FINITE;
@@ -509,6 +551,12 @@ int fedshard_push(FedShard *f, Store *s, const Psnet__Header *h, Chunk **chunks,
                 float **slot = &f->upd[(size_t) ci * f->nslots + c->fed_slot];
                 if (*slot)
                         continue;
+                if (dec.n) {
+                        *slot = dec.v[i];
+                        dec.v[i] = NULL;
+                        f->bytes += (uint64_t) c->len * sizeof(float);
+                        continue;
+                }
                 *slot = ps_malloc((size_t) c->len * sizeof(float));
                 if (!*slot) {
                         snprintf(reason, n, "out of memory");

@@ -35,6 +35,9 @@ struct Client {
         uint64_t members_epoch;        /* sent with every request (0: not yet known) */
         uint64_t examples;             /* sent with pushes (a federated update's example count; 0: none) */
         bool masked;                   /* pushes carry CODEC_MASKED (a --secagg update) */
+        int codec;                     /* with frame_fn: a --compress update's codec */
+        ClientFrameFn frame_fn;
+        void *frame_ud;
         Job job;
         uint32_t worker_id;
         NetKeyPair keys;
@@ -217,6 +220,11 @@ void client_set_timeout(Client *c, unsigned ms) { c->timeout_ms = ms; }
 void client_set_members_epoch(Client *c, uint64_t epoch) { c->members_epoch = epoch; }
 void client_set_examples(Client *c, uint64_t examples) { c->examples = examples; }
 void client_set_masked(Client *c, bool masked) { c->masked = masked; }
+void client_set_frames(Client *c, int codec, ClientFrameFn fn, void *ud) {
+        c->codec = codec;
+        c->frame_fn = fn;
+        c->frame_ud = ud;
+}
 const ClientStats *client_stats(const Client *c) { return &c->stats; }
 bool client_busy(const Client *c) { return c->busy; }
 
@@ -234,9 +242,9 @@ static void header_for(Client *c, ShardConn *s, Psnet__Header *h, Psnet__MsgType
         h->members_epoch = c->members_epoch;
         h->has_examples = type == PSNET__MSG_TYPE__MSG_PUSH && c->examples != 0;
         h->examples = c->examples;
-        if (type == PSNET__MSG_TYPE__MSG_PUSH && c->masked) {
+        if (type == PSNET__MSG_TYPE__MSG_PUSH && (c->masked || c->frame_fn)) {
                 h->has_codec = true;
-                h->codec = PSNET__CODEC__CODEC_MASKED;
+                h->codec = c->frame_fn ? (Psnet__Codec) c->codec : PSNET__CODEC__CODEC_MASKED;
         }
 }
 
@@ -250,16 +258,23 @@ static int send_push(Client *c, ShardConn *s) {
                 return -ENOMEM;
         for (size_t i = 0; i < s->nkeys; i++) {
                 const Psnet__Key *k = s->keyp[i];
-                float *p = tensor_at((float *const *) c->grads, &c->job, k);
+                void *p;
+                size_t size = (size_t) k->len * sizeof(float);
+                if (c->frame_fn) {
+                        const void *d = NULL;
+                        c->frame_fn(c->frame_ud, k->tensor, k->chunk, &d, &size);
+                        p = (void *) d;
+                } else
+                        p = tensor_at((float *const *) c->grads, &c->job, k);
                 /* No free function: the buffer is the caller's and outlives the round. */
-                if (zmq_msg_init_data(&frames[i], p, (size_t) k->len * sizeof(float), NULL, NULL) < 0) {
+                if (zmq_msg_init_data(&frames[i], p, size, NULL, NULL) < 0) {
                         int r = -errno;
                         for (size_t j = 0; j < i; j++)
                                 zmq_msg_close(&frames[j]);
                         ps_free(frames);
                         return r;
                 }
-                c->stats.bytes_pushed += (uint64_t) k->len * sizeof(float);
+                c->stats.bytes_pushed += (uint64_t) size;
         }
         Psnet__Header h;
         s->push_seq = ++c->seq;

@@ -55,6 +55,11 @@ void client_set_examples(Client *c, uint64_t examples);
 /* Pushes say their frames are masked uint32 (true: a --secagg update, whose
  * buffers the caller passes as the grads) or f32 (false, the default). */
 void client_set_masked(Client *c, bool masked);
+/* A --compress update: each pushed key's frame is what fn gives for it
+ * (bytes the caller keeps until the round's callback), under codec
+ * (PSNET__CODEC__CODEC_BF16 ...); fn NULL: the grads as f32 again. */
+typedef void (*ClientFrameFn)(void *ud, uint32_t tensor, uint32_t chunk, const void **ret_data, size_t *ret_size);
+void client_set_frames(Client *c, int codec, ClientFrameFn fn, void *ud);
 /* Starts one round: when grads != NULL, pushes grads (one buffer per job
  * tensor) for push_clock; when params != NULL, pulls every tensor into params
  * for pull_clock (BSP: the shard answers once that clock has closed). -EBUSY

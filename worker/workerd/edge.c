@@ -72,6 +72,8 @@ typedef struct Edge {
         uint64_t clipped;           /* rounds whose update was clipped */
         uint64_t examples;
         uint64_t rounds, counted, late;
+        float **resid;              /* --compress topk: what earlier updates left out (error feedback) */
+        uint64_t bytes, bytes_sent, bytes_raw; /* the last update's frames; all of them, as sent and as f32 */
         /* --secagg: the round's exchanges, the delta kept after training (then
          * masked in place), the masking work */
         EdgeSecAgg sa;
@@ -108,6 +110,11 @@ struct Fleet {
         Model *model;
         float **params, **w0, **delta;
         Edge *holder, *queue_head, *queue_tail;
+        /* --compress: the holder's encoded update, per tensor and chunk */
+        uint8_t **cbuf;
+        size_t **csize;
+        size_t cstride;             /* bytes per chunk in cbuf */
+        float *cscratch;
         size_t eval_correct;
         double eval_loss;
 };
@@ -159,8 +166,9 @@ static void edge_leave(Edge *e) {
                 return;
         edge_log(e);
         e->state = E_LEAVING;
-        log_info("leaving rounds=%lu counted=%lu late=%lu clipped=%lu", (unsigned long) e->rounds,
-                 (unsigned long) e->counted, (unsigned long) e->late, (unsigned long) e->clipped);
+        log_info("leaving rounds=%lu counted=%lu late=%lu clipped=%lu bytes_sent=%lu bytes_raw=%lu",
+                 (unsigned long) e->rounds, (unsigned long) e->counted, (unsigned long) e->late,
+                 (unsigned long) e->clipped, (unsigned long) e->bytes_sent, (unsigned long) e->bytes_raw);
         if (!e->session || session_deregister(e->session, 1000, on_left, e) < 0)
                 edge_gone(e);
 }
@@ -302,6 +310,21 @@ static int fleet_setup(Fleet *f, const Job *job) {
                 if (!f->w0[t] || !f->delta[t])
                         return log_error_errno(ENOMEM, "Out of memory");
         }
+        if (job->fed.compress != COMPRESS_NONE) {
+                f->cstride = compress_bound(job->fed.compress, job->chunk_floats, job->fed.topk);
+                f->cbuf = ps_calloc(nt, sizeof *f->cbuf);
+                f->csize = ps_calloc(nt, sizeof *f->csize);
+                f->cscratch = ps_malloc((size_t) job->chunk_floats * sizeof(float));
+                if (!f->cbuf || !f->csize || !f->cscratch)
+                        return log_error_errno(ENOMEM, "Out of memory");
+                for (size_t t = 0; t < nt; t++) {
+                        uint32_t nk = job->tensors[t].nchunks;
+                        f->cbuf[t] = ps_malloc(MAX((size_t) nk * f->cstride, (size_t) 1));
+                        f->csize[t] = ps_calloc(MAX(nk, 1u), sizeof **f->csize);
+                        if (!f->cbuf[t] || !f->csize[t])
+                                return log_error_errno(ENOMEM, "Out of memory");
+                }
+        }
         return 0;
 }
 
@@ -439,6 +462,36 @@ static void train_work(uv_work_t *req) {
                 e->clipped++;
         }
         e->loss = nb ? loss_sum / (double) nb : 0.0;
+        /* --compress: each chunk encoded; top-k keeps what it leaves out for the next round. */
+        CompressKind ck = job->fed.compress;
+        e->bytes = 0;
+        if (f->work_r == 0 && ck == COMPRESS_TOPK && !e->resid) {
+                e->resid = ps_calloc(nt, sizeof *e->resid);
+                for (size_t t = 0; e->resid && t < nt; t++)
+                        if (!(e->resid[t] = ps_calloc(model_tensor_numel(f->model, t), sizeof(float))))
+                                f->work_r = -ENOMEM;
+                if (!e->resid)
+                        f->work_r = -ENOMEM;
+        }
+        for (size_t t = 0; f->work_r == 0 && ck != COMPRESS_NONE && t < nt; t++)
+                for (uint32_t k = 0; k < job->tensors[t].nchunks; k++) {
+                        size_t at = (size_t) k * job->chunk_floats;
+                        uint32_t len = job_chunk_len(job, (uint32_t) t, k);
+                        f->csize[t][k] = compress_encode(ck, f->delta[t] + at, len, job->fed.topk,
+                                                         e->resid ? e->resid[t] + at : NULL,
+                                                         f->cbuf[t] + (size_t) k * f->cstride, f->cscratch);
+                        e->bytes += f->csize[t][k];
+                }
+        if (ck == COMPRESS_NONE)
+                for (size_t t = 0; t < nt; t++)
+                        e->bytes += model_tensor_numel(f->model, t) * sizeof(float);
+}
+
+/* The pushed frame of chunk k of tensor t: the encoded one (--compress). */
+static void compressed_frame(void *ud, uint32_t tensor, uint32_t chunk, const void **ret_data, size_t *ret_size) {
+        Fleet *f = ud;
+        *ret_data = f->cbuf[tensor] + (size_t) chunk * f->cstride;
+        *ret_size = f->csize[tensor][chunk];
 }
 
 static void on_answer(Session *s, int r, WireMsg *m, void *ud) {
@@ -447,8 +500,9 @@ static void on_answer(Session *s, int r, WireMsg *m, void *ud) {
         edge_log(e);
         if (r == 0) {
                 e->counted++;
-                log_info("update counted number=%lu examples=%lu loss=%.4f norm=%.4g%s", (unsigned long) e->number,
-                         (unsigned long) e->examples, e->loss, e->norm,
+                log_info("update counted number=%lu examples=%lu loss=%.4f norm=%.4g bytes=%lu%s",
+                         (unsigned long) e->number, (unsigned long) e->examples, e->loss, e->norm,
+                         (unsigned long) e->bytes,
                          e->job.fed.strategy.dp_clip > 0 && e->norm > e->job.fed.strategy.dp_clip ? " clipped=1" : "");
         } else if (m && m->hdr && m->hdr->status == PSNET__STATUS__STATUS_STALE) {
                 e->late++;
@@ -463,6 +517,10 @@ static void on_pushed(Client *c, int r, int64_t clock, void *ud) {
         Edge *e = ud;
         (void) c, (void) clock;
         edge_log(e);
+        if (r == 0 || r == -ESTALE) {
+                e->bytes_sent += e->bytes;
+                e->bytes_raw += job_nfloats(&e->job) * sizeof(float);
+        }
         sa_drop(e); /* a masked update is no longer needed once on the shards (or refused) */
         if (r == -ESTALE)
                 /* A shard closed the round first: pscoord says so too (and counts it late). */
@@ -481,7 +539,8 @@ static void on_pushed(Client *c, int r, int64_t clock, void *ud) {
         }
         Psnet__Round rd = PSNET__ROUND__INIT;
         rd.number = e->number;
-        rd.has_examples = rd.has_loss = true;
+        rd.has_examples = rd.has_loss = rd.has_bytes = true;
+        rd.bytes = e->bytes;
         rd.examples = e->examples;
         rd.loss = (float) e->loss;
         Psnet__Header h;
@@ -533,6 +592,9 @@ static void train_done(uv_work_t *req, int status) {
         }
         e->state = E_PUSHING;
         client_set_examples(e->client, e->examples);
+        if (e->job.fed.compress != COMPRESS_NONE)
+                client_set_frames(e->client, PSNET__CODEC__CODEC_BF16 + (int) e->job.fed.compress - COMPRESS_BF16,
+                                  compressed_frame, f);
         int r = client_round(e->client, (const float *const *) f->delta, (int64_t) e->number, NULL, 0, on_pushed, e);
         if (r < 0) {
                 log_warning_errno(r, "Failed to push the update of round %lu: %m", (unsigned long) e->number);
@@ -935,7 +997,7 @@ static void on_signal(void *ud, int signo) {
 
 static void edge_metrics(void *ud, MetricsBuf *b) {
         Fleet *f = ud;
-        uint64_t rounds = 0, counted = 0, late = 0, clipped = 0, examples = 0;
+        uint64_t rounds = 0, counted = 0, late = 0, clipped = 0, examples = 0, sent = 0, raw = 0;
         size_t in[E_LEFT + 1] = { 0 };
         for (size_t i = 0; i < f->n; i++) {
                 const Edge *e = &f->edges[i];
@@ -945,6 +1007,8 @@ static void edge_metrics(void *ud, MetricsBuf *b) {
                 late += e->late;
                 clipped += e->clipped;
                 examples += e->nmine;
+                sent += e->bytes_sent;
+                raw += e->bytes_raw;
         }
         metrics_family(b, "psnet_edge_state", "gauge",
                        "The process's clients in each state (one client: 1 for its state; --simulate: counts).");
@@ -957,6 +1021,11 @@ static void edge_metrics(void *ud, MetricsBuf *b) {
                     (double) late);
         metrics_one(b, "psnet_edge_updates_clipped_total", "counter",
                     "Updates scaled down to the job's clip norm (--dp-clip).", (double) clipped);
+        metrics_one(b, "psnet_edge_update_bytes_total", "counter",
+                    "Bytes of the updates these clients pushed, as sent (--compress).", (double) sent);
+        metrics_one(b, "psnet_edge_update_raw_bytes_total", "counter",
+                    "Bytes the same updates have as f32 (the ratio to the above is what --compress saves).",
+                    (double) raw);
         metrics_one(b, "psnet_edge_examples", "gauge", "Training examples these clients hold.", (double) examples);
 }
 
@@ -1000,6 +1069,20 @@ static void fleet_free(Fleet *f) {
                 if (f->delta)
                         ps_free(f->delta[t]);
         }
+        for (size_t t = 0; f->model && t < model_ntensors(f->model); t++) {
+                for (size_t i = 0; f->edges && i < f->n; i++)
+                        if (f->edges[i].resid)
+                                ps_free(f->edges[i].resid[t]);
+                if (f->cbuf)
+                        ps_free(f->cbuf[t]);
+                if (f->csize)
+                        ps_free(f->csize[t]);
+        }
+        for (size_t i = 0; f->edges && i < f->n; i++)
+                ps_free(f->edges[i].resid);
+        ps_free(f->cbuf);
+        ps_free(f->csize);
+        ps_free(f->cscratch);
         ps_free(f->params);
         ps_free(f->w0);
         ps_free(f->delta);

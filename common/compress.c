@@ -1,0 +1,236 @@
+/* Uplink compression of a federated update; see compress.h. */
+#include <errno.h>
+#include <math.h>
+#include <stdbool.h>
+#include <stdlib.h>
+#include <string.h>
+#include "compress.h"
+
+int compress_from_string(const char *s, CompressKind *ret_kind, float *ret_topk) {
+        if (!s)
+                return -EINVAL;
+        *ret_topk = 0;
+        if (strcmp(s, "none") == 0)
+                *ret_kind = COMPRESS_NONE;
+        else if (strcmp(s, "bf16") == 0)
+                *ret_kind = COMPRESS_BF16;
+        else if (strcmp(s, "int8") == 0)
+                *ret_kind = COMPRESS_INT8;
+        else if (strncmp(s, "topk:", 5) == 0) {
+                char *end;
+                float f = strtof(s + 5, &end);
+                if (end == s + 5 || *end || !(f > 0 && f <= 1))
+                        return -EINVAL;
+                *ret_kind = COMPRESS_TOPK;
+                *ret_topk = f;
+        } else
+                return -EINVAL;
+        return 0;
+}
+
+const char *compress_name(CompressKind kind) {
+        static const char *const names[] = { "none", "bf16", "int8", "topk" };
+        return kind <= COMPRESS_TOPK ? names[kind] : "?";
+}
+
+uint32_t compress_topk_count(uint32_t len, float topk) {
+        /* F is a float: 0.05f x 1000 is 50.0000007, which means 50. */
+        double p = (double) topk * (double) len, r = nearbyint(p);
+        double k = fabs(p - r) <= 1e-6 * fmax(p, 1.0) ? r : ceil(p);
+        if (k < 1)
+                k = 1;
+        return k > len ? len : (uint32_t) k;
+}
+
+size_t compress_bound(CompressKind kind, uint32_t len, float topk) {
+        switch (kind) {
+        case COMPRESS_BF16:
+                return (size_t) len * 2;
+        case COMPRESS_INT8:
+                return 4 + (size_t) len;
+        case COMPRESS_TOPK:
+                return (size_t) compress_topk_count(len, topk) * 8;
+        default:
+                return (size_t) len * 4;
+        }
+}
+
+static void put32(uint8_t *p, uint32_t v) {
+        for (int i = 0; i < 4; i++)
+                p[i] = (uint8_t) (v >> (8 * i));
+}
+
+static uint32_t get32(const uint8_t *p) {
+        return (uint32_t) p[0] | (uint32_t) p[1] << 8 | (uint32_t) p[2] << 16 | (uint32_t) p[3] << 24;
+}
+
+static uint32_t fbits(float x) {
+        uint32_t u;
+        memcpy(&u, &x, sizeof u);
+        return u;
+}
+
+static float bitsf(uint32_t u) {
+        float x;
+        memcpy(&x, &u, sizeof x);
+        return x;
+}
+
+static uint16_t to_bf16(float x) {
+        uint32_t u = fbits(x);
+        if ((u & 0x7fffffffu) > 0x7f800000u)
+                return (uint16_t) ((u >> 16) | 0x40); /* NaN stays NaN */
+        u += 0x7fffu + ((u >> 16) & 1u);           /* round to nearest even */
+        return (uint16_t) (u >> 16);
+}
+
+/* The k-th largest of v[0..n) (1 <= k <= n), reordering v: quickselect with
+ * a three-way partition (runs of equal values, zeros say, stay linear). */
+static float kth_largest(float *v, size_t n, size_t k) {
+        size_t lo = 0, hi = n - 1, want = k - 1;
+        while (lo < hi) {
+                float p = v[lo + (hi - lo) / 2], t;
+                size_t lt = lo, i = lo, gt = hi; /* [lo,lt) > p, [lt,i) == p, (gt,hi] < p */
+                while (i <= gt) {
+                        if (v[i] > p) {
+                                t = v[lt], v[lt] = v[i], v[i] = t;
+                                lt++, i++;
+                        } else if (v[i] < p) {
+                                t = v[gt], v[gt] = v[i], v[i] = t;
+                                if (gt == 0)
+                                        break;
+                                gt--;
+                        } else
+                                i++;
+                }
+                if (want < lt)
+                        hi = lt - 1;
+                else if (want > gt)
+                        lo = gt + 1;
+                else
+                        return p;
+        }
+        return v[want];
+}
+
+size_t compress_encode(CompressKind kind, const float *x, uint32_t len, float topk, float *residual, uint8_t *out,
+                       float *scratch) {
+        /* With a residual, x + residual is what goes, and residual keeps its loss. */
+#define IN(i) (residual ? x[i] + residual[i] : x[i])
+        if (kind == COMPRESS_BF16) {
+                for (uint32_t i = 0; i < len; i++) {
+                        float v = IN(i);
+                        uint16_t h = to_bf16(v);
+                        out[2 * i] = (uint8_t) h;
+                        out[2 * i + 1] = (uint8_t) (h >> 8);
+                        if (residual)
+                                residual[i] = v - bitsf((uint32_t) h << 16);
+                }
+                return (size_t) len * 2;
+        }
+        if (kind == COMPRESS_INT8) {
+                float m = 0;
+                for (uint32_t i = 0; i < len; i++)
+                        m = fmaxf(m, fabsf(IN(i)));
+                float s = m / 127.0f;
+                put32(out, fbits(s));
+                for (uint32_t i = 0; i < len; i++) {
+                        float v = IN(i);
+                        long q = s > 0 ? lrintf(v / s) : 0;
+                        q = q > 127 ? 127 : q < -127 ? -127 : q;
+                        out[4 + i] = (uint8_t) (int8_t) q;
+                        if (residual)
+                                residual[i] = v - (float) q * s;
+                }
+                return 4 + (size_t) len;
+        }
+        if (kind == COMPRESS_TOPK) {
+                uint32_t k = compress_topk_count(len, topk);
+                for (uint32_t i = 0; i < len; i++)
+                        scratch[i] = fabsf(IN(i));
+                float t = kth_largest(scratch, len, k);
+                /* Every value above the k-th largest, then ties at it up to k, in index order. */
+                uint32_t above = 0, n = 0;
+                for (uint32_t i = 0; i < len; i++)
+                        above += fabsf(IN(i)) > t;
+                uint32_t ties = k - above;
+                for (uint32_t i = 0; i < len; i++) {
+                        float v = IN(i), a = fabsf(v);
+                        bool keep = a > t;
+                        if (!keep && a == t && ties > 0) {
+                                keep = true;
+                                ties--;
+                        }
+                        if (keep && n < k) {
+                                put32(out + 8 * (size_t) n, i);
+                                put32(out + 8 * (size_t) n + 4, fbits(v));
+                                n++;
+                        }
+                        if (residual)
+                                residual[i] = keep ? 0.0f : v;
+                }
+                return (size_t) n * 8;
+        }
+        for (uint32_t i = 0; i < len; i++) {
+                put32(out + 4 * (size_t) i, fbits(IN(i)));
+                if (residual)
+                        residual[i] = 0;
+        }
+        return (size_t) len * 4;
+#undef IN
+}
+
+int compress_size_ok(CompressKind kind, size_t n, uint32_t len) {
+        switch (kind) {
+        case COMPRESS_BF16:
+                return n == (size_t) len * 2;
+        case COMPRESS_INT8:
+                return n == 4 + (size_t) len;
+        case COMPRESS_TOPK:
+                return n > 0 && n % 8 == 0 && n / 8 <= len;
+        default:
+                return n == (size_t) len * 4;
+        }
+}
+
+int compress_decode(CompressKind kind, const uint8_t *in, size_t n, uint32_t len, float *out) {
+        if (!compress_size_ok(kind, n, len))
+                return -EMSGSIZE;
+        if (kind == COMPRESS_BF16) {
+                for (uint32_t i = 0; i < len; i++) {
+                        out[i] = bitsf((uint32_t) (in[2 * i] | in[2 * i + 1] << 8) << 16);
+                        if (!isfinite(out[i]))
+                                return -ERANGE;
+                }
+                return 0;
+        }
+        if (kind == COMPRESS_INT8) {
+                float s = bitsf(get32(in));
+                if (!isfinite(s) || s < 0)
+                        return -ERANGE;
+                for (uint32_t i = 0; i < len; i++)
+                        out[i] = (float) (int8_t) in[4 + i] * s;
+                return 0;
+        }
+        if (kind == COMPRESS_TOPK) {
+                memset(out, 0, (size_t) len * sizeof *out);
+                uint32_t prev = 0;
+                for (size_t j = 0; j < n / 8; j++) {
+                        uint32_t i = get32(in + 8 * j);
+                        float v = bitsf(get32(in + 8 * j + 4));
+                        if (i >= len || (j > 0 && i <= prev))
+                                return -EINVAL;
+                        if (!isfinite(v))
+                                return -ERANGE;
+                        out[i] = v;
+                        prev = i;
+                }
+                return 0;
+        }
+        for (uint32_t i = 0; i < len; i++) {
+                out[i] = bitsf(get32(in + 4 * (size_t) i));
+                if (!isfinite(out[i]))
+                        return -ERANGE;
+        }
+        return 0;
+}
