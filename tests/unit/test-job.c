@@ -154,7 +154,22 @@ static void test_secagg_flags(void) {
         f.secagg_clip = 1, f.secagg_threshold = 1.5f;
         CHECK(jobflags_to_job(&f, &j, err, sizeof err) == -EINVAL && strstr(err, "secagg threshold"),
               "--secagg-threshold 1.5: refused (%s)", err);
+        f.secagg_threshold = 0.5f;
+        f.compress = "int8";
+        CHECK(jobflags_to_job(&f, &j, err, sizeof err) == -EINVAL && strstr(err, "--compress int8"),
+              "--secagg with --compress: refused (%s)", err);
+        f.compress = NULL;
         config_free_strings(o, n);
+        jobflags_init(&f);
+        f.mode = "fed";
+        f.compress = "topk:0.25";
+        CHECK(jobflags_to_job(&f, &j, err, sizeof err) == 0 && j.fed.compress == COMPRESS_TOPK && j.fed.topk == 0.25f &&
+              job_to_proto(&j, &spec) == 0 && job_from_proto(spec, &back, err, sizeof err) == 0 &&
+              back.fed.compress == COMPRESS_TOPK && back.fed.topk == 0.25f, "--compress topk:0.25 travels (%s)", err);
+        job_proto_free(spec);
+        f.compress = "zstd";
+        CHECK(jobflags_to_job(&f, &j, err, sizeof err) == -EINVAL && strstr(err, "--compress"),
+              "--compress zstd: refused (%s)", err);
         jobflags_init(&f);
         f.secagg = true;
         CHECK(jobflags_to_job(&f, &j, err, sizeof err) == -EINVAL && strstr(err, "federated"),
