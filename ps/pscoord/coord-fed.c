@@ -124,7 +124,8 @@ int coord_fed_send_shards(Coord *c, bool close, const uint32_t *ids, size_t n, P
 static int round_open(Coord *c, Peer **avail, size_t navail) {
         FedRounds *f = &c->fed;
         const FedConf *fc = &c->job.fed;
-        size_t k = (size_t) ceil((double) fc->fraction * (double) navail - 1e-9);
+        /* The fraction is a float: 0.1f x 1000 is 100.0000015, which means 100. */
+        size_t k = (size_t) ceil((double) fc->fraction * (double) navail - 1e-5);
         k = MIN(MAX(k, (size_t) fc->min_clients), navail);
         if (fc->secagg && k > SECAGG_MAX_CLIENTS)
                 k = SECAGG_MAX_CLIENTS; /* Shamir's shares over GF(2^8) */
