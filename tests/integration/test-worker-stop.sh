@@ -28,7 +28,13 @@ left=$(sed -n 's/.*msg="admitted again: training on" .*left_at=\([0-9]*\).*/\1/p
 grep -q "msg=\"boundary\" from_clock=[0-9]* joined=1 start_clock=$S " "$RUN/pscoord.log"
 ok $? "at the start clock pscoord gave it ($S; it had left at $left)"
 [ -n "$S" ] && [ -n "$left" ] && [ "$S" -gt $((left + 100)) ]; ok $? "which is past its own clock"
-first=$(sed -n '/admitted again: training on/,$p' "$RUN/workerd-2.log" | sed -n 's/.*msg="pulled" clock=\([0-9]*\) .*/\1/p' | head -1)
+# Its first pull after admission (logged once it completes: wait for it).
+first_pull() {
+  first=$(sed -n '/admitted again: training on/,$p' "$RUN/workerd-2.log" | sed -n 's/.*msg="pulled" clock=\([0-9]*\) .*/\1/p' | head -1)
+  [ -n "$first" ]
+}
+first=""
+psnet_wait_for 20 first_pull
 [ "$first" = "$S" ]; ok $? "its first pull after is of that clock ($first)"
 out=$("$PSCTL" --coord "$COORD" job wait --wait 300); ok $? "the job finishes ($out)"
 accuracy_at_least "$out" 0.80; ok $? "accuracy >= 0.80 on the subset"
