@@ -92,6 +92,9 @@ size_t jobflags_options(JobFlags *f, Option *o) {
                   "fed: how clients send their updates: none (f32, default), bf16, int8 (with a scale per chunk) "
                   "or topk:F (the largest F of each chunk's values, the rest kept on the client for the next "
                   "round); the bytes sent are reported" },
+                { "eval-every", OPT_UINT, &f->eval_every, "N",
+                  "fed: every N aggregated rounds one edge worker tests the model on its test set and the accuracy "
+                  "joins the round history (default 0: the final model only)" },
                 { "secagg-timeout", OPT_UINT, &f->secagg_timeout, "SECONDS",
                   "fed, --secagg: how long each exchange of keys, shares and unmasking waits for clients "
                   "(default 10)" },
@@ -171,6 +174,7 @@ int jobflags_to_job(const JobFlags *f, Job *job, char *err, size_t errlen) {
         job->fed.strategy.dp_noise = f->dp_noise;
         job->fed.dp_delta = f->dp_delta;
         job->fed.secagg = f->secagg;
+        job->fed.eval_every = f->eval_every;
         job->fed.secagg_clip = f->secagg_clip;
         job->fed.secagg_threshold = f->secagg_threshold;
         job->fed.secagg_timeout_ms = f->secagg_timeout > 86400 ? UINT32_MAX : f->secagg_timeout * 1000u;

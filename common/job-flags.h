@@ -5,7 +5,7 @@
 #include "config.h"
 #include "job.h"
 
-#define JOBFLAGS_NOPTS 39
+#define JOBFLAGS_NOPTS 40
 
 typedef struct JobFlags {
         char *model, *mode, *optim, *data;
@@ -24,6 +24,7 @@ typedef struct JobFlags {
         float secagg_clip, secagg_threshold;
         unsigned secagg_timeout;
         char *compress;
+        unsigned eval_every;
 } JobFlags;
 
 /* Defaults from job_defaults(). */

@@ -67,6 +67,7 @@ typedef struct FedConf {
         uint32_t secagg_timeout_ms; /* how long each key, share and unmask exchange waits for clients */
         CompressKind compress;      /* how clients encode their updates (common/compress.h) */
         float topk;                 /* COMPRESS_TOPK: the share of each chunk's values sent, (0, 1] */
+        uint32_t eval_every;        /* every N aggregated rounds an edge worker tests the model (0: the final only) */
 } FedConf;
 
 #define JOB_MAX_FED_ROUNDS 1000000u

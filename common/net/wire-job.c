@@ -191,7 +191,8 @@ int job_to_proto(const Job *job, Psnet__JobSpec **ret) {
                 fs->secagg_clip = f->secagg_clip;
                 fs->secagg_threshold = f->secagg_threshold;
                 fs->secagg_timeout_ms = f->secagg_timeout_ms;
-                fs->has_compress = fs->has_topk = true;
+                fs->has_compress = fs->has_topk = fs->has_eval_every = true;
+                fs->eval_every = f->eval_every;
                 fs->compress = (uint32_t) f->compress;
                 fs->topk = f->topk;
                 fs->server_lr = f->strategy.eta;
@@ -352,6 +353,8 @@ int job_from_proto(const Psnet__JobSpec *spec, Job *ret, char *err, size_t errle
                         f->compress = fs->compress > COMPRESS_TOPK ? COMPRESS_TOPK + 1 : (CompressKind) fs->compress;
                 if (fs->has_topk)
                         f->topk = fs->topk;
+                if (fs->has_eval_every)
+                        f->eval_every = fs->eval_every;
         }
 
         r = job_validate(&j, err, errlen);

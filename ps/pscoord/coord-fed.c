@@ -161,6 +161,7 @@ static int round_open(Coord *c, Peer **avail, size_t navail) {
         r->sampled = (uint32_t) k;
         r->available = (uint32_t) navail;
         r->epsilon = -1;
+        r->accuracy = -1;
         log_info("round opening number=%lu round=%u/%u sampled=%zu available=%zu", (unsigned long) f->number,
                  f->done + 1, fc->rounds, k, navail);
         return coord_fed_send_shards(c, false, f->clients, k, NULL);
@@ -265,6 +266,44 @@ static void privacy_spent(Coord *c, FedRecord *rec) {
                  (double) c->job.fed.dp_delta, q, (double) z);
 }
 
+static FedRecord *record_of_round(FedRounds *f, uint32_t round) {
+        for (size_t k = 0; k < f->nhist; k++) {
+                FedRecord *r = &f->hist[(f->hist_end + COORD_FED_HISTORY - 1 - k) % COORD_FED_HISTORY];
+                if (r->round == round)
+                        return r;
+        }
+        return NULL;
+}
+
+void coord_fed_accuracy(Coord *c, uint32_t round, float accuracy) {
+        FedRecord *r = record_of_round(&c->fed, round);
+        if (r && r->accuracy < 0)
+                r->accuracy = accuracy;
+}
+
+/* --eval-every: one edge worker (the lowest id connected) tests the model
+ * while the rounds go on; its answer (edge_eval) joins the round's record. */
+static void evaluate_round(Coord *c) {
+        FedRounds *f = &c->fed;
+        Peer *e = NULL;
+        for (size_t i = 0; i < c->npeers; i++)
+                if (available(&c->peers[i]) && (!e || c->peers[i].id < e->id))
+                        e = &c->peers[i];
+        if (!e)
+                return;
+        Psnet__Round rd = PSNET__ROUND__INIT;
+        rd.number = f->number;
+        rd.has_evaluate = rd.evaluate = rd.has_round = true;
+        rd.round = f->done;
+        Psnet__Header h;
+        wire_header_init(&h, PSNET__MSG_TYPE__MSG_ROUND);
+        h.body_case = PSNET__HEADER__BODY_ROUND;
+        h.round = &rd;
+        int r = coord_reply_hdr(c, &e->route, &h, 0);
+        if (r < 0)
+                log_warning_errno(r, "Failed to ask edge=%u to test round %u's model: %m", e->id, f->done);
+}
+
 /* Every shard has closed the round. */
 static void round_closed(Coord *c) {
         FedRounds *f = &c->fed;
@@ -274,6 +313,9 @@ static void round_closed(Coord *c) {
                 if (rec)
                         rec->round = f->done;
                 privacy_spent(c, rec);
+                uint32_t every = c->job.fed.eval_every;
+                if (every && f->done % every == 0 && f->done < c->job.fed.rounds)
+                        evaluate_round(c);
                 log_info("round done round=%u/%u number=%lu answered=%u sampled=%zu dropped=%u loss=%.4f "
                          "seconds=%.2f bytes_up=%lu bytes_raw=%lu", f->done, c->job.fed.rounds,
                          (unsigned long) f->number, rec ? rec->answered : 0, f->nclients, rec ? rec->dropped : 0,
@@ -448,6 +490,19 @@ static void edge_rep(Coord *c, WireMsg *m, Peer *p) {
                 coord_secagg_rep(c, m, p, i);
                 return;
         }
+        if (rd->has_evaluate && rd->evaluate) {
+                /* A test of the model asked for by --eval-every. */
+                if (!rd->has_accuracy || !(rd->accuracy >= 0 && rd->accuracy <= 1) || !rd->has_round) {
+                        coord_reply_error(c, &m->route, m->hdr->seq, PSNET__STATUS__STATUS_INVALID,
+                                          "an evaluation's answer carries the rounds of the model and an accuracy "
+                                          "in [0, 1]");
+                        return;
+                }
+                log_info("round evaluated round=%u accuracy=%.4f edge=%u", rd->round, (double) rd->accuracy, p->id);
+                coord_fed_accuracy(c, rd->round, rd->accuracy);
+                (void) coord_reply_job(c, &m->route, m->hdr->seq, "taken");
+                return;
+        }
         bool open = c->job.mode == MODE_FED && c->state == JOB_RUNNING && f->phase == FED_TRAINING &&
                     rd->number == f->number;
         if (!open || i == f->nclients || f->answered[i]) {
@@ -546,6 +601,10 @@ void coord_fed_status(Coord *c, Psnet__FedStatus *s, Psnet__RoundRecord *recs, P
                 o->has_bytes_up = o->has_bytes_raw = true;
                 o->bytes_up = r->bytes_up;
                 o->bytes_raw = r->bytes_raw;
+                if (r->accuracy >= 0) {
+                        o->has_accuracy = true;
+                        o->accuracy = r->accuracy;
+                }
                 o->note = r->note[0] ? (char *) r->note : NULL;
                 recp[k] = o;
         }

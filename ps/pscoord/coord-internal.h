@@ -127,6 +127,7 @@ typedef struct FedRecord {
         float loss, seconds;
         double epsilon;             /* after this round (private jobs; < 0: none) */
         uint64_t bytes_up, bytes_raw; /* the answered updates' frames as sent, and as f32 */
+        float accuracy;             /* the model after it, tested by an edge worker (< 0: not tested) */
         char note[96];
 } FedRecord;
 
@@ -284,6 +285,9 @@ int coord_fed_send_shards(Coord *c, bool close, const uint32_t *ids, size_t n, P
 /* Closes the round (phase CLOSING): aggregates when the updates it counts
  * suffice, else drops them; why goes to the log and the round's note. */
 void coord_fed_close(Coord *c, const char *why);
+/* An edge worker tested the model after this many aggregated rounds: the
+ * accuracy joins that round's record. */
+void coord_fed_accuracy(Coord *c, uint32_t round, float accuracy);
 
 /* --- secure aggregation's exchanges within a round (coord-secagg.c) */
 /* The round's clients were told to train: stage 1 starts (keys). */

@@ -425,6 +425,7 @@ void coord_handle_result(Coord *c, WireMsg *m, Peer *p) {
                          (unsigned long long) c->weights_digest, c->failovers, edge ? " federated=1" : "");
                 if (edge) {
                         c->fed.phase = FED_DONE;
+                        coord_fed_accuracy(c, c->fed.done, wi->accuracy);
                         if (c->job.fed.strategy.dp_noise > 0)
                                 log_info("job privacy job=%u rounds=%u epsilon=%.4f delta=%g noise=%g clip=%g",
                                          c->job.id, c->fed.done, c->fed.epsilon, (double) c->job.fed.dp_delta,

@@ -205,13 +205,14 @@ int print_status_json(const Psnet__StatusRep *s) {
 }
 
 static json_t *round_json(const Psnet__RoundRecord *r) {
-        return json_pack("{s:I,s:I,s:I,s:I,s:I,s:I,s:I,s:o,s:o,s:o,s:o,s:I,s:I}", "number", (json_int_t) r->number,
+        return json_pack("{s:I,s:I,s:I,s:I,s:I,s:I,s:I,s:o,s:o,s:o,s:o,s:I,s:I,s:o}", "number", (json_int_t) r->number,
                          "round",
                          (json_int_t) r->round, "sampled", (json_int_t) r->sampled, "answered", (json_int_t) r->answered,
                          "late", (json_int_t) r->late, "dropped", (json_int_t) r->dropped, "available",
                          (json_int_t) r->available, "loss", jnum(r->loss), "seconds", jnum(r->seconds), "epsilon",
                          r->has_epsilon ? json_real(r->epsilon) : json_null(), "note", jstr(r->note), "bytes_up",
-                         (json_int_t) r->bytes_up, "bytes_raw", (json_int_t) r->bytes_raw);
+                         (json_int_t) r->bytes_up, "bytes_raw", (json_int_t) r->bytes_raw, "accuracy",
+                         r->has_accuracy ? json_real(r->accuracy) : json_null());
 }
 
 int print_rounds(const Psnet__StatusRep *s, bool history, bool json) {
@@ -249,18 +250,23 @@ int print_rounds(const Psnet__StatusRep *s, bool history, bool json) {
                         printf("privacy spent: epsilon=%.4f at delta=%g\n", f->epsilon, f->dp_delta);
                 return 0;
         }
-        printf("%-7s %-6s %7s %8s %5s %7s %8s %8s %8s %9s  %s\n", "NUMBER", "ROUND", "SAMPLED", "ANSWERED", "LATE",
-               "DROPPED", "LOSS", "SECONDS", "EPSILON", "MIB_UP", "NOTE");
+        printf("%-7s %-6s %7s %8s %5s %7s %8s %8s %8s %8s %9s  %s\n", "NUMBER", "ROUND", "SAMPLED", "ANSWERED",
+               "LATE", "DROPPED", "LOSS", "ACCURACY", "SECONDS", "EPSILON", "MIB_UP", "NOTE");
         for (size_t i = 0; i < f->n_history; i++) {
                 const Psnet__RoundRecord *r = f->history[i];
-                char round[16], eps[16];
+                char round[16], eps[16], acc[16];
+                if (r->has_accuracy)
+                        snprintf(acc, sizeof acc, "%.4f", r->accuracy);
+                else
+                        snprintf(acc, sizeof acc, "-");
                 snprintf(round, sizeof round, "%u", r->round);
                 if (r->has_epsilon)
                         snprintf(eps, sizeof eps, "%.4f", r->epsilon);
                 else
                         snprintf(eps, sizeof eps, "-");
-                printf("%-7lu %-6s %7u %8u %5u %7u %8.4f %8.2f %8s %9.2f  %s\n", (unsigned long) r->number,
-                       r->round ? round : "-", r->sampled, r->answered, r->late, r->dropped, r->loss, r->seconds, eps,
+                printf("%-7lu %-6s %7u %8u %5u %7u %8.4f %8s %8.2f %8s %9.2f  %s\n", (unsigned long) r->number,
+                       r->round ? round : "-", r->sampled, r->answered, r->late, r->dropped, r->loss, acc, r->seconds,
+                       eps,
                        (double) r->bytes_up / 1048576.0, r->note ? r->note : "");
         }
         return 0;

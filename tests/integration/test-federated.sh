@@ -4,30 +4,37 @@
 # stops does not hang a round (it closes at --round-timeout, the client is
 # reported dropped, its update comes late and is refused with a reason); too
 # few updates make the round run again with a fresh sample; psctl round
-# status/history; a worker (not an edge) is refused by a federated job.
+# status/history (with the model tested every 4 rounds, --eval-every); a
+# worker (not an edge) is refused by a federated job.
 source "$(dirname "$0")/lib.sh"
 COORD="ipc://$RUN/coord.sock"
 
-# 1. Six edge workers, Dirichlet(0.5) split, FedAvg, every round samples 4.
+# 1. Ten edge processes, Dirichlet(0.5) split, FedAvg, every round samples 6.
 psnet_start pscoord "$PSCOORD" --listen "$COORD" --mode fed --shards 2 --rounds 12 --fraction 0.6 --min-clients 3 \
-  --min-available 6 --round-timeout 30 --local-epochs 1 --lr 0.05 --chunk-kb 64 "${SUBSET[@]}"
+  --min-available 10 --round-timeout 30 --local-epochs 1 --lr 0.05 --chunk-kb 64 --eval-every 4 "${SUBSET[@]}"
 for i in 1 2; do psnet_start "psd-$i" "$PSD" --id $i --listen "ipc://$RUN/psd-$i.sock" --coord "$COORD"; done
-for k in 0 1 2 3 4 5; do psnet_start "edge-$k" "$WORKERD" --edge --coord "$COORD" --partition $k/6 --alpha 0.5; done
-out=$("$PSCTL" --coord "$COORD" job wait --wait 180); ok $? "a federated job of 6 edge workers finishes ($out)"
+for k in 0 1 2 3 4 5 6 7 8 9; do
+  psnet_start "edge-$k" "$WORKERD" --edge --coord "$COORD" --partition $k/10 --alpha 0.5
+done
+out=$("$PSCTL" --coord "$COORD" job wait --wait 180); ok $? "a federated job of 10 edge processes finishes ($out)"
 accuracy_at_least "$out" 0.70; ok $? "12 FedAvg rounds on a Dirichlet(0.5) split reach >= 0.70 on the subset"
 n=$(grep -c 'msg="round done"' "$RUN/pscoord.log")
 [ "$n" -eq 12 ]; ok $? "pscoord aggregated 12 rounds ($n)"
-grep -q 'msg="round done" round=12/12 number=[0-9]* answered=4 sampled=4' "$RUN/pscoord.log"
-ok $? "each round sampled ceil(0.6 x 6) = 4 clients and counted their 4 updates"
-n=$(grep -h 'msg="round aggregated"' "$RUN"/psd-1.log | grep -c 'clients=4 ')
-[ "$n" -eq 12 ]; ok $? "shard 1 aggregated every round over the 4 updates ($n)"
+grep -q 'msg="round done" round=12/12 number=[0-9]* answered=6 sampled=6' "$RUN/pscoord.log"
+ok $? "each round sampled ceil(0.6 x 10) = 6 clients and counted their 6 updates"
+n=$(grep -h 'msg="round aggregated"' "$RUN"/psd-1.log | grep -c 'clients=6 ')
+[ "$n" -eq 12 ]; ok $? "shard 1 aggregated every round over the 6 updates ($n)"
 hist=$("$PSCTL" --coord "$COORD" --json round history)
 [ "$(jq length <<<"$hist")" -eq 12 ] && [ "$(jq '[.[] | select(.round > 0)] | length' <<<"$hist")" -eq 12 ]
 ok $? "psctl round history lists the 12 rounds"
-jq -e 'all(.[]; .loss > 0 and .seconds > 0 and .sampled == 4)' <<<"$hist" >/dev/null
+jq -e 'all(.[]; .loss > 0 and .seconds > 0 and .sampled == 6)' <<<"$hist" >/dev/null
 ok $? "every round has its loss, seconds and sample size"
-for k in 0 1 2 3 4 5; do psnet_wait_exit "$(eval echo \$PID_edge_$k)" 20 || break; done; ok $? "the edge workers leave when the job is done"
-grep -q 'msg="ready" partition=3/6 images=[0-9]* alpha=dirichlet' "$RUN/edge-3.log"; ok $? "each edge worker keeps its own partition"
+final=$(sed -n 's/.*accuracy=\([0-9.]*\).*/\1/p' <<<"$out")
+jq -e --argjson f "${final:-0}" '[.[] | select(.accuracy != null) | .round] == [4, 8, 12] and
+  (.[-1].accuracy - $f | fabs) < 1e-4 and all(.[] | select(.accuracy != null); .accuracy > 0.1)' <<<"$hist" >/dev/null
+ok $? "round history: the model tested after rounds 4 and 8 (--eval-every 4) and the final one at 12 ($(jq -c '[.[] | .accuracy]' <<<"$hist"))"
+for k in 0 1 2 3 4 5 6 7 8 9; do psnet_wait_exit "$(eval echo \$PID_edge_$k)" 20 || break; done; ok $? "the edge workers leave when the job is done"
+grep -q 'msg="ready" partition=3/10 images=[0-9]* alpha=dirichlet' "$RUN/edge-3.log"; ok $? "each edge worker keeps its own partition"
 psnet_stop_all
 
 # 2. A client that stops mid-round: the round closes at --round-timeout with

@@ -67,6 +67,9 @@ typedef struct Edge {
         /* the round */
         uint64_t number, pending;   /* the round in progress; one asked for while busy */
         bool pending_eval;
+        uint32_t eval_round;        /* the evaluation asked for: after this round (--eval-every; 0: the final) */
+        uint64_t eval_number;
+        int64_t eval_clock;         /* the rounds in the model pulled for it */
         double loss;
         double norm;                /* the update's L2 norm before clipping (--dp-clip) */
         uint64_t clipped;           /* rounds whose update was clipped */
@@ -824,13 +827,44 @@ static void on_result(Session *s, int r, WireMsg *m, void *ud) {
         go_idle(e);
 }
 
+static void on_eval_answer(Session *s, int r, WireMsg *m, void *ud) {
+        Edge *e = ud;
+        (void) s;
+        edge_log(e);
+        if (r < 0)
+                log_warning("pscoord did not take the accuracy reason=\"%s\"",
+                            m && m->hdr && m->hdr->reason ? m->hdr->reason : strerror(-r));
+        go_idle(e);
+}
+
 static void eval_done(uv_work_t *req, int status) {
         Fleet *f = req->data;
         Edge *e = fleet_work_back(f, status, true);
         if (!e)
                 return;
         float acc = (float) f->eval_correct / (float) f->test->n;
-        log_info("evaluated accuracy=%.4f test_loss=%.4f images=%u", acc, f->eval_loss, f->test->n);
+        log_info("evaluated accuracy=%.4f test_loss=%.4f images=%u rounds=%ld", acc, f->eval_loss, f->test->n,
+                 (long) e->eval_clock);
+        if (e->eval_round) {
+                /* --eval-every: the accuracy of the model after eval_clock rounds. */
+                Psnet__Round rd = PSNET__ROUND__INIT;
+                rd.number = e->eval_number;
+                rd.has_evaluate = rd.evaluate = rd.has_round = rd.has_accuracy = rd.has_loss = true;
+                rd.round = (uint32_t) MAX(e->eval_clock, (int64_t) 0);
+                rd.accuracy = acc;
+                rd.loss = (float) f->eval_loss;
+                Psnet__Header h;
+                wire_header_init(&h, PSNET__MSG_TYPE__MSG_ROUND_REP);
+                h.body_case = PSNET__HEADER__BODY_ROUND;
+                h.round = &rd;
+                e->eval_round = 0;
+                int r = session_request(e->session, &h, PSNET__MSG_TYPE__MSG_JOB_REP, 5000, on_eval_answer, e);
+                if (r < 0) {
+                        log_warning_errno(r, "Failed to report the accuracy: %m");
+                        go_idle(e);
+                }
+                return;
+        }
         Psnet__WorkerInfo wi = PSNET__WORKER_INFO__INIT;
         Psnet__Result res = PSNET__RESULT__INIT;
         wi.id = session_id(e->session);
@@ -855,8 +889,9 @@ static void eval_done(uv_work_t *req, int status) {
 
 static void on_final(Client *c, int r, int64_t clock, void *ud) {
         Edge *e = ud;
-        (void) c, (void) clock;
+        (void) c;
         edge_log(e);
+        e->eval_clock = clock;
         if (r < 0) {
                 log_warning_errno(r, "Failed to pull the final model: %m");
                 go_idle(e);
@@ -872,7 +907,10 @@ static void on_final(Client *c, int r, int64_t clock, void *ud) {
 static void evaluate_start(Edge *e) {
         Fleet *f = e->f;
         e->state = E_EVALUATING;
-        log_info("evaluating the final model");
+        if (e->eval_round)
+                log_info("testing the model of round %u", e->eval_round);
+        else
+                log_info("evaluating the final model");
         int r = client_ready(e);
         if (r == 0)
                 r = client_round(e->client, NULL, 0, f->params, 0, on_final, e);
@@ -945,9 +983,14 @@ static void on_round(Edge *e, const Psnet__Round *rd) {
                          rd->has_round ? rd->round : 0, rd->has_timeout_ms ? rd->timeout_ms : 0);
         /* Loading, queued or still on an earlier round (which has closed at
          * pscoord): the newest request waits for the model (go_idle, fleet_want). */
-        if (eval)
+        if (eval) {
+                bool mid = rd->has_round && rd->round > 0;
+                if (mid && e->pending_eval && e->eval_round == 0)
+                        return; /* the final evaluation is asked for already */
                 e->pending_eval = true;
-        else
+                e->eval_round = mid ? rd->round : 0;
+                e->eval_number = rd->number;
+        } else
                 e->pending = rd->number;
         fleet_want(e);
 }
