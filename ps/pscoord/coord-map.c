@@ -209,9 +209,10 @@ void coord_shard_lost(Coord *c, uint32_t id, const char *why) {
         c->failovers++;
         c->lost_shards++;
         c->failover_ms = now_ms();
+        coord_publish(c);
+        /* Logged once the new map is on disk (--state-dir) and sent. */
         log_warning("fail-over shard_id=%u reason=\"%s\" map_epoch=%lu shards=%zu replicas=%u", id, why,
                     (unsigned long) c->map_epoch, shardmap_size(m), shardmap_replicas(m));
-        coord_publish(c);
 }
 
 void coord_handle_shard_change(Coord *c, WireMsg *m, bool add) {
