@@ -22,6 +22,21 @@ void *ps_malloc_aligned(size_t n) {
         return p;
 }
 
+int ps_grow(void *p, size_t *cap, size_t need, size_t elem, size_t first) {
+        void **pp = p;
+        if (need <= *cap)
+                return 0;
+        size_t c = *cap ? *cap : (first ? first : 1);
+        while (c < need)
+                c *= 2;
+        void *q = ps_realloc(*pp, c * elem);
+        if (!q)
+                return -ENOMEM;
+        *pp = q;
+        *cap = c;
+        return 0;
+}
+
 const char *alloc_name(void) {
         return mallctl ? "jemalloc" : "libc";
 }

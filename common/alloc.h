@@ -11,6 +11,9 @@ void *ps_realloc(void *p, size_t n);
 /* Cache-line aligned allocation for tensor buffers; free with ps_free. */
 void *ps_malloc_aligned(size_t n);
 char *ps_strdup(const char *s);
+/* Makes room for need elements of elem bytes in the array *p of *cap
+ * (doubling, from first): 0, or -ENOMEM with *p and *cap untouched. */
+int ps_grow(void *p, size_t *cap, size_t need, size_t elem, size_t first);
 void ps_free(void *p);
 
 /* Bytes the allocator reports as allocated and resident; 0 when unknown

@@ -16,7 +16,8 @@ void jobflags_init(JobFlags *f) {
                 .min_available = d.fed.min_available, .round_timeout = d.fed.round_timeout_ms / 1000,
                 .local_epochs = d.fed.local_epochs, .dp_delta = d.fed.dp_delta,
                 .secagg_clip = d.fed.secagg_clip, .secagg_threshold = d.fed.secagg_threshold,
-                .secagg_timeout = d.fed.secagg_timeout_ms / 1000,
+                .secagg_timeout = d.fed.secagg_timeout_ms / 1000, .buffer = d.fed.buffer,
+                .staleness_exp = d.fed.staleness_exp,
         };
 }
 
@@ -24,7 +25,8 @@ size_t jobflags_options(JobFlags *f, Option *o) {
         const Option t[JOBFLAGS_NOPTS] = {
                 { "model", OPT_STR, &f->model, "SPEC", "model, e.g. mlp:784-256-10" },
                 { "mode", OPT_STR, &f->mode, "MODE",
-                  "consistency: bsp, asp or ssp:S (default bsp); fed: federated rounds of edge workers" },
+                  "consistency: bsp, asp or ssp:S (default bsp); fed: federated rounds of edge workers; fedasync: "
+                  "federated without rounds, the shards applying each --buffer of updates as they come" },
                 { "optim", OPT_STR, &f->optim, "NAME", "optimizer on the shards: sgd or adam (default sgd)" },
                 { "lr", OPT_FLOAT, &f->lr, "RATE", "learning rate for one worker's batch (see --lr-scaling)" },
                 { "momentum", OPT_FLOAT, &f->momentum, "MU", "SGD momentum" },
@@ -92,6 +94,11 @@ size_t jobflags_options(JobFlags *f, Option *o) {
                   "fed: how clients send their updates: none (f32, default), bf16, int8 (with a scale per chunk) "
                   "or topk:F (the largest F of each chunk's values, the rest kept on the client for the next "
                   "round); the bytes sent are reported" },
+                { "buffer", OPT_UINT, &f->buffer, "K",
+                  "fedasync: the shards apply the updates each K that come (default 10)" },
+                { "staleness-exp", OPT_FLOAT, &f->staleness_exp, "A",
+                  "fedasync: an update trained on the model of s aggregations ago weighs (1 + s)^-A times its "
+                  "examples (default 0.5)" },
                 { "eval-every", OPT_UINT, &f->eval_every, "N",
                   "fed: every N aggregated rounds one edge worker tests the model on its test set and the accuracy "
                   "joins the round history (default 0: the final model only)" },
@@ -123,7 +130,7 @@ int jobflags_to_job(const JobFlags *f, Job *job, char *err, size_t errlen) {
                 return -EINVAL;
         }
         if (f->mode && job_set_mode(job, f->mode) < 0) {
-                snprintf(err, errlen, "bad --mode '%s' (expected bsp, asp, ssp:S or fed)", f->mode);
+                snprintf(err, errlen, "bad --mode '%s' (expected bsp, asp, ssp:S, fed or fedasync)", f->mode);
                 return -EINVAL;
         }
         if (f->optim && job_set_optim(job, f->optim) < 0) {
@@ -175,6 +182,8 @@ int jobflags_to_job(const JobFlags *f, Job *job, char *err, size_t errlen) {
         job->fed.dp_delta = f->dp_delta;
         job->fed.secagg = f->secagg;
         job->fed.eval_every = f->eval_every;
+        job->fed.buffer = f->buffer;
+        job->fed.staleness_exp = f->staleness_exp;
         job->fed.secagg_clip = f->secagg_clip;
         job->fed.secagg_threshold = f->secagg_threshold;
         job->fed.secagg_timeout_ms = f->secagg_timeout > 86400 ? UINT32_MAX : f->secagg_timeout * 1000u;

@@ -5,7 +5,7 @@
 #include "config.h"
 #include "job.h"
 
-#define JOBFLAGS_NOPTS 40
+#define JOBFLAGS_NOPTS 42
 
 typedef struct JobFlags {
         char *model, *mode, *optim, *data;
@@ -24,7 +24,8 @@ typedef struct JobFlags {
         float secagg_clip, secagg_threshold;
         unsigned secagg_timeout;
         char *compress;
-        unsigned eval_every;
+        unsigned eval_every, buffer;
+        float staleness_exp;
 } JobFlags;
 
 /* Defaults from job_defaults(). */

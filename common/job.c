@@ -87,6 +87,8 @@ void job_defaults(Job *job) {
         job->fed.secagg_clip = SECAGG_DEFAULT_CLIP;
         job->fed.secagg_threshold = SECAGG_DEFAULT_THRESHOLD;
         job->fed.secagg_timeout_ms = SECAGG_DEFAULT_TIMEOUT_MS;
+        job->fed.buffer = 10;           /* FedBuff's K */
+        job->fed.staleness_exp = 0.5f;  /* FedBuff's 1 / sqrt(1 + s) */
         snprintf(job->dataset, sizeof job->dataset, "%s", PSNET_DEFAULT_DATA);
         r = job_set_model(job, "mlp:784-256-10");
         assert(r == 0);
@@ -234,10 +236,21 @@ const char *mode_string(ConsistencyMode mode, uint32_t staleness, char *buf, siz
 }
 
 int job_set_mode(Job *job, const char *mode) {
+        if (mode && strcmp(mode, "fedasync") == 0) {
+                job->mode = MODE_FED;
+                job->staleness = 0;
+                job->fed.async = true;
+                return 0;
+        }
+        job->fed.async = false;
         return mode_parse(mode, &job->mode, &job->staleness);
 }
 
 const char *job_mode_string(const Job *job, char *buf, size_t n) {
+        if (job->mode == MODE_FED && job->fed.async) {
+                snprintf(buf, n, "fedasync");
+                return buf;
+        }
         return mode_string(job->mode, job->staleness, buf, n);
 }
 
@@ -358,6 +371,14 @@ int job_validate(const Job *job, char *err, size_t errlen) {
                 if (f->compress > COMPRESS_TOPK || (f->compress == COMPRESS_TOPK && !(f->topk > 0 && f->topk <= 1)))
                         return job_err(err, errlen, "compression %d (top-k share %g) is not one of none, bf16, int8, "
                                        "topk:F with F in (0, 1]", (int) f->compress, (double) f->topk);
+                if (f->async && (f->buffer < 1 || f->buffer > JOB_MAX_PEERS))
+                        return job_err(err, errlen, "buffer %u out of range 1..%u", f->buffer, JOB_MAX_PEERS);
+                if (!isfinite(f->staleness_exp) || f->staleness_exp < 0 || f->staleness_exp > 10)
+                        return job_err(err, errlen, "staleness exponent %g must be in [0, 10]",
+                                       (double) f->staleness_exp);
+                if (f->async && (f->secagg || f->strategy.dp_clip > 0))
+                        return job_err(err, errlen, "--mode fedasync applies updates as they come, weighted by their "
+                                       "staleness: it does not combine with %s", f->secagg ? "--secagg" : "--dp-clip");
                 if (f->secagg && f->compress != COMPRESS_NONE)
                         return job_err(err, errlen, "secure aggregation masks every coordinate as a 32-bit integer: "
                                        "--compress %s does not combine with it", compress_name(f->compress));

@@ -68,6 +68,13 @@ typedef struct FedConf {
         CompressKind compress;      /* how clients encode their updates (common/compress.h) */
         float topk;                 /* COMPRESS_TOPK: the share of each chunk's values sent, (0, 1] */
         uint32_t eval_every;        /* every N aggregated rounds an edge worker tests the model (0: the final only) */
+        /* --mode fedasync (FedBuff, Nguyen et al. 2022): no rounds to wait for;
+         * the shards apply each buffer of `buffer` updates as they come, an
+         * update trained on the model of s aggregations ago weighing
+         * (1 + s)^-staleness_exp times its examples. */
+        bool async;
+        uint32_t buffer;
+        float staleness_exp;
 } FedConf;
 
 #define JOB_MAX_FED_ROUNDS 1000000u

@@ -192,6 +192,10 @@ int job_to_proto(const Job *job, Psnet__JobSpec **ret) {
                 fs->secagg_threshold = f->secagg_threshold;
                 fs->secagg_timeout_ms = f->secagg_timeout_ms;
                 fs->has_compress = fs->has_topk = fs->has_eval_every = true;
+                fs->has_async = fs->has_buffer = fs->has_staleness_exp = true;
+                fs->async = f->async;
+                fs->buffer = f->buffer;
+                fs->staleness_exp = f->staleness_exp;
                 fs->eval_every = f->eval_every;
                 fs->compress = (uint32_t) f->compress;
                 fs->topk = f->topk;
@@ -355,6 +359,12 @@ int job_from_proto(const Psnet__JobSpec *spec, Job *ret, char *err, size_t errle
                         f->topk = fs->topk;
                 if (fs->has_eval_every)
                         f->eval_every = fs->eval_every;
+                if (fs->has_async)
+                        f->async = fs->async;
+                if (fs->has_buffer)
+                        f->buffer = fs->buffer;
+                if (fs->has_staleness_exp)
+                        f->staleness_exp = fs->staleness_exp;
         }
 
         r = job_validate(&j, err, errlen);

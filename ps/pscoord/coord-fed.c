@@ -47,6 +47,7 @@ static void round_clear(FedRounds *f) {
 
 void coord_fed_free(Coord *c) {
         round_clear(&c->fed);
+        coord_fedasync_free(&c->fed);
 }
 
 void coord_fed_reset(Coord *c) {
@@ -63,7 +64,7 @@ static FedRecord *record_find(FedRounds *f, uint64_t number) {
         return NULL;
 }
 
-static FedRecord *record_new(FedRounds *f) {
+FedRecord *coord_fed_record_new(FedRounds *f) {
         FedRecord *r = &f->hist[f->hist_end];
         f->hist_end = (f->hist_end + 1) % COORD_FED_HISTORY;
         f->nhist = MIN(f->nhist + 1, (size_t) COORD_FED_HISTORY);
@@ -71,13 +72,16 @@ static FedRecord *record_new(FedRounds *f) {
         return r;
 }
 
-static bool available(const Peer *p) {
+bool coord_fed_available(const Peer *p) {
         return p->role == PSNET__ROLE__ROLE_EDGE && !p->detached;
+}
+
+static bool available(const Peer *p) {
+        return coord_fed_available(p);
 }
 
 int coord_fed_send_shards(Coord *c, bool close, const uint32_t *ids, size_t n, Psnet__SecAgg *sa) {
         FedRounds *f = &c->fed;
-        size_t ns = shardmap_size(c->map);
         _cleanup_free_ ProtobufCBinaryData *keys = ps_calloc(n ? n : 1, sizeof *keys);
         if (!keys)
                 return -ENOMEM;
@@ -87,10 +91,6 @@ int coord_fed_send_shards(Coord *c, bool close, const uint32_t *ids, size_t n, P
                 if (!p)
                         return -ENOENT;
         }
-        ps_free(f->shard_replied);
-        f->shard_replied = ps_calloc(ns ? ns : 1, sizeof *f->shard_replied);
-        if (!f->shard_replied)
-                return -ENOMEM;
         Psnet__Round rd = PSNET__ROUND__INIT;
         rd.number = f->number;
         rd.has_round = true;
@@ -102,12 +102,23 @@ int coord_fed_send_shards(Coord *c, bool close, const uint32_t *ids, size_t n, P
         rd.n_keys = c->id.enabled && !close ? n : 0;
         rd.keys = keys;
         rd.secagg = close && n ? sa : NULL;
+        return coord_fed_send_round(c, &rd);
+}
+
+int coord_fed_send_round(Coord *c, Psnet__Round *rd) {
+        FedRounds *f = &c->fed;
+        size_t ns = shardmap_size(c->map);
+        ps_free(f->shard_replied);
+        f->shard_replied = ps_calloc(ns ? ns : 1, sizeof *f->shard_replied);
+        if (!f->shard_replied)
+                return -ENOMEM;
         Psnet__Header h;
         wire_header_init(&h, PSNET__MSG_TYPE__MSG_ROUND);
         h.body_case = PSNET__HEADER__BODY_ROUND;
-        h.round = &rd;
+        h.round = rd;
         f->replies = 0;
         f->expected = ns;
+        f->shard_number = rd->number;
         f->shard_deadline = now_ms() + MAX(FED_SHARD_WAIT_MS, c->job.fed.round_timeout_ms);
         for (size_t i = 0; i < ns; i++) {
                 const ShardDesc *sd = shardmap_shard(c->map, i);
@@ -156,7 +167,7 @@ static int round_open(Coord *c, Peer **avail, size_t navail) {
         f->number++;
         f->phase = FED_OPENING;
         f->opened_ms = now_ms();
-        FedRecord *r = record_new(f);
+        FedRecord *r = coord_fed_record_new(f);
         r->number = f->number;
         r->sampled = (uint32_t) k;
         r->available = (uint32_t) navail;
@@ -283,7 +294,7 @@ void coord_fed_accuracy(Coord *c, uint32_t round, float accuracy) {
 
 /* --eval-every: one edge worker (the lowest id connected) tests the model
  * while the rounds go on; its answer (edge_eval) joins the round's record. */
-static void evaluate_round(Coord *c) {
+void coord_fed_evaluate_round(Coord *c) {
         FedRounds *f = &c->fed;
         Peer *e = NULL;
         for (size_t i = 0; i < c->npeers; i++)
@@ -315,7 +326,7 @@ static void round_closed(Coord *c) {
                 privacy_spent(c, rec);
                 uint32_t every = c->job.fed.eval_every;
                 if (every && f->done % every == 0 && f->done < c->job.fed.rounds)
-                        evaluate_round(c);
+                        coord_fed_evaluate_round(c);
                 log_info("round done round=%u/%u number=%lu answered=%u sampled=%zu dropped=%u loss=%.4f "
                          "seconds=%.2f bytes_up=%lu bytes_raw=%lu", f->done, c->job.fed.rounds,
                          (unsigned long) f->number, rec ? rec->answered : 0, f->nclients, rec ? rec->dropped : 0,
@@ -373,6 +384,11 @@ void coord_fed_poll(Coord *c) {
                          (unsigned) (MAX(FED_SHARD_WAIT_MS, c->job.fed.round_timeout_ms) / 1000));
                 coord_job_fail(c, reason);
                 return;
+        }
+        if (c->job.fed.async && f->phase != FED_EVALUATING && f->phase != FED_DONE) {
+                coord_fedasync_poll(c, now);
+                if (f->phase != FED_WAITING)
+                        return; /* WAITING: the rounds are done, the final evaluation below */
         }
         if (f->phase == FED_UNMASKING || (f->phase == FED_TRAINING && c->job.fed.secagg && f->sa.stage < 3)) {
                 coord_secagg_poll(c, now);
@@ -435,7 +451,7 @@ static void shard_rep(Coord *c, WireMsg *m, Peer *p) {
         int idx = c->map ? shardmap_find(c->map, p->id) : -1;
         if (c->state != JOB_RUNNING || c->job.mode != MODE_FED)
                 return;
-        if ((f->phase != FED_OPENING && f->phase != FED_CLOSING) || h->round->number != f->number || idx < 0 ||
+        if ((f->phase != FED_OPENING && f->phase != FED_CLOSING) || h->round->number != f->shard_number || idx < 0 ||
             !f->shard_replied || f->shard_replied[idx])
                 return; /* an answer to a round given up on */
         f->shard_replied[idx] = true;
@@ -471,7 +487,9 @@ static void shard_rep(Coord *c, WireMsg *m, Peer *p) {
                 f->shard_failures = 0;
         if (f->replies < f->expected)
                 return;
-        if (f->phase == FED_OPENING)
+        if (c->job.fed.async)
+                coord_fedasync_closed(c);
+        else if (f->phase == FED_OPENING)
                 round_train(c);
         else
                 round_closed(c);
@@ -488,6 +506,10 @@ static void edge_rep(Coord *c, WireMsg *m, Peer *p) {
                 i++;
         if (rd->secagg) {
                 coord_secagg_rep(c, m, p, i);
+                return;
+        }
+        if (c->job.fed.async && !(rd->has_evaluate && rd->evaluate)) {
+                coord_fedasync_rep(c, m, p);
                 return;
         }
         if (rd->has_evaluate && rd->evaluate) {
@@ -567,8 +589,9 @@ void coord_fed_status(Coord *c, Psnet__FedStatus *s, Psnet__RoundRecord *recs, P
         s->rounds = c->job.fed.rounds;
         s->number = f->number;
         s->phase = (char *) (c->state == JOB_DONE ? "done" : phase_name(f->phase));
-        s->sampled = (uint32_t) f->nclients;
-        s->answered = (uint32_t) f->nanswered;
+        /* fedasync: the clients training now, and the updates buffered. */
+        s->sampled = (uint32_t) (c->job.fed.async ? f->ntasks + f->nbuf : f->nclients);
+        s->answered = (uint32_t) (c->job.fed.async ? f->nbuf : f->nanswered);
         s->available = (uint32_t) avail;
         s->failed = f->failed;
         s->late = f->late;

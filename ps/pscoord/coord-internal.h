@@ -131,6 +131,18 @@ typedef struct FedRecord {
         char note[96];
 } FedRecord;
 
+/* --mode fedasync: a client's task (the model version it trains on) and,
+ * once answered, its update waiting in the buffer (coord-fedasync.c). */
+typedef struct FedTask {
+        uint32_t client;
+        uint64_t number;
+        uint32_t version;           /* aggregations done when it was given */
+        uint64_t started_ms;
+        uint64_t examples, bytes;
+        float loss;
+        uint8_t key[32];            /* its CURVE key when given */
+} FedTask;
+
 typedef struct FedRounds {
         FedPhase phase;
         uint64_t number;            /* the round open, or the last one opened (0: none yet) */
@@ -142,6 +154,7 @@ typedef struct FedRounds {
         size_t nclients, nanswered;
         bool *shard_replied;        /* opening, closing: by index in the map */
         size_t replies, expected;
+        uint64_t shard_number;      /* the number of the opening or close the shards answer */
         bool aggregate;             /* the close aggregates (else it drops the updates) */
         uint64_t opened_ms, deadline, shard_deadline, retry_at;
         uint32_t shard_failures;    /* closes in a row a shard refused */
@@ -152,6 +165,12 @@ typedef struct FedRounds {
         RdpAccount privacy;         /* --dp-noise: the aggregated rounds' RDP (common/rdp.h) */
         double epsilon;             /* spent so far, at the job's dp_delta */
         FedSecAgg sa;
+        /* fedasync */
+        FedTask *tasks, *buf;       /* given and not answered; answered and not applied */
+        size_t ntasks, cap_tasks, nbuf, cap_buf;
+        size_t applying;            /* the first of buf, in the close under way */
+        uint64_t last_apply_ms;
+        bool said_async;
 } FedRounds;
 
 typedef struct Coord {
@@ -282,6 +301,25 @@ void coord_fed_free(Coord *c);
  * clients whose updates count (close; none: drop them), with the seeds of a
  * --secagg close (sa). */
 int coord_fed_send_shards(Coord *c, bool close, const uint32_t *ids, size_t n, Psnet__SecAgg *sa);
+/* Sends rd to every shard of the map; their answers come to shard_rep. */
+int coord_fed_send_round(Coord *c, Psnet__Round *rd);
+/* A new round record (the history's ring). */
+FedRecord *coord_fed_record_new(FedRounds *f);
+/* An edge worker that can take part (registered, not detached). */
+bool coord_fed_available(const Peer *p);
+/* --eval-every: asks an edge worker to test the model of the rounds done. */
+void coord_fed_evaluate_round(Coord *c);
+
+/* --- fedasync (coord-fedasync.c) */
+/* Hands tasks to idle edge workers, drops tasks past --round-timeout, and
+ * applies a buffer on the shards once it holds --buffer updates. Sets the
+ * phase to WAITING once the job's rounds are done (the final evaluation). */
+void coord_fedasync_poll(Coord *c, uint64_t now);
+/* An edge worker's answer to its task. */
+void coord_fedasync_rep(Coord *c, WireMsg *m, Peer *p);
+/* Every shard answered a buffer's close (aggregate: all applied it). */
+void coord_fedasync_closed(Coord *c);
+void coord_fedasync_free(FedRounds *f);
 /* Closes the round (phase CLOSING): aggregates when the updates it counts
  * suffice, else drops them; why goes to the log and the round's note. */
 void coord_fed_close(Coord *c, const char *why);

@@ -10,6 +10,18 @@
 #include "psd-gate.h"
 #include "secagg.h"
 
+#define FED_ASYNC_MAX_UPDATES 4096u /* fedasync: updates a shard buffers at most */
+
+/* fedasync: one client's update for one task, until a close names it. */
+typedef struct AsyncUpdate {
+        uint32_t client;
+        uint64_t task;
+        uint8_t key[32];            /* with CURVE: the connection's key of its first push */
+        bool has_key;
+        uint64_t examples;
+        float **upd;                /* per slot: NULL until pushed */
+} AsyncUpdate;
+
 struct FedShard {
         uint64_t number;            /* the round open (0: none) */
         bool open;
@@ -22,6 +34,8 @@ struct FedShard {
         uint64_t *examples;         /* per client (0: nothing pushed yet) */
         double *sq;                 /* per client: the squared L2 norm of what it pushed here */
         uint64_t bytes;
+        AsyncUpdate *au;            /* fedasync: the updates not aggregated yet */
+        size_t nau, cap_au;
 };
 
 int fedshard_new(FedShard **ret) {
@@ -29,7 +43,23 @@ int fedshard_new(FedShard **ret) {
         return *ret ? 0 : -ENOMEM;
 }
 
+static void async_drop(FedShard *f, size_t i) {
+        AsyncUpdate *u = &f->au[i];
+        for (size_t k = 0; u->upd && k < f->nslots; k++)
+                if (u->upd[k]) {
+                        f->bytes -= (uint64_t) f->slots[k]->len * sizeof(float);
+                        ps_free(u->upd[k]);
+                }
+        ps_free(u->upd);
+        f->au[i] = f->au[--f->nau];
+}
+
 void fedshard_reset(FedShard *f) {
+        while (f->nau)
+                async_drop(f, f->nau - 1);
+        ps_free(f->au);
+        f->au = NULL;
+        f->cap_au = 0;
         for (size_t i = 0; f->upd && i < f->nclients * f->nslots; i++)
                 ps_free(f->upd[i]);
         ps_free(f->upd);
@@ -69,6 +99,22 @@ static void count_slot(Store *s, Chunk *c, void *ud) {
                 c->fed_slot = (uint32_t) f->nslots;
                 f->nslots++;
         }
+}
+
+/* fedasync: the chunks this shard leads, taken again whenever no update is
+ * buffered (a chunk moved in meanwhile joins then). */
+static int async_slots(FedShard *f, Store *s) {
+        ps_free(f->slots);
+        f->slots = NULL;
+        f->nslots = 0;
+        store_foreach(s, count_slot, f); /* counts */
+        size_t nslots = f->nslots;
+        f->nslots = 0;
+        f->slots = ps_malloc((nslots ? nslots : 1) * sizeof *f->slots);
+        if (!f->slots)
+                return -ENOMEM;
+        store_foreach(s, count_slot, f); /* fills */
+        return 0;
 }
 
 static int round_open(FedShard *f, Store *s, const Psnet__Round *rd, uint64_t memory_limit, char *reason, size_t n) {
@@ -424,10 +470,101 @@ static int round_close(FedShard *f, Store *s, const Psnet__Round *rd, char *reas
         return PSNET__STATUS__STATUS_OK;
 }
 
+/* fedasync: applies the named (client, task) updates, each weighing its
+ * examples x (1 + staleness)^-A (the robust strategies: unweighted), and
+ * drops them, and any update of a task below the watermark. */
+static int async_close(FedShard *f, Store *s, const Psnet__Round *rd, char *reason, size_t n) {
+        size_t k = rd->n_clients;
+        if (rd->n_tasks != k || rd->n_staleness != k || (rd->n_keys && rd->n_keys != k)) {
+                snprintf(reason, n, "a fedasync close names %zu clients, %zu tasks, %zu staleness figures and %zu keys",
+                         k, rd->n_tasks, rd->n_staleness, rd->n_keys);
+                return PSNET__STATUS__STATUS_MALFORMED;
+        }
+        _cleanup_free_ size_t *idx = ps_malloc(MAX(k, (size_t) 1) * sizeof *idx);
+        _cleanup_free_ double *w = ps_malloc(MAX(k, (size_t) 1) * sizeof *w);
+        _cleanup_free_ uint64_t *ex = ps_malloc(MAX(k, (size_t) 1) * sizeof *ex);
+        _cleanup_free_ const float **u = ps_malloc(MAX(k, (size_t) 1) * sizeof *u);
+        _cleanup_free_ bool *drop = ps_calloc(MAX(f->nau, (size_t) 1), sizeof *drop);
+        uint32_t maxlen = 0;
+        for (size_t j = 0; j < f->nslots; j++)
+                maxlen = MAX(maxlen, f->slots[j]->len);
+        _cleanup_free_ float *scratch = ps_malloc(((size_t) MAX(k, (size_t) 1) * 2 + maxlen) * sizeof *scratch);
+        if (!idx || !w || !ex || !u || !drop || !scratch) {
+                snprintf(reason, n, "out of memory applying a buffer");
+                return PSNET__STATUS__STATUS_RESOURCE;
+        }
+        double wsum = 0;
+        uint32_t smax = 0;
+        for (size_t i = 0; i < k; i++) {
+                size_t e = 0;
+                while (e < f->nau && (f->au[e].client != rd->clients[i] || f->au[e].task != rd->tasks[i]))
+                        e++;
+                bool whole = e < f->nau;
+                for (size_t j = 0; whole && j < f->nslots; j++)
+                        whole = f->au[e].upd[j] != NULL;
+                if (!whole || drop[e]) {
+                        snprintf(reason, n, "client %u's update of task %lu %s", rd->clients[i],
+                                 (unsigned long) rd->tasks[i], e < f->nau && drop[e] ? "is named twice" :
+                                 "never came here whole");
+                        return PSNET__STATUS__STATUS_INVALID;
+                }
+                if (rd->n_keys && (rd->keys[i].len != 32 || !f->au[e].has_key ||
+                                   memcmp(rd->keys[i].data, f->au[e].key, 32) != 0)) {
+                        snprintf(reason, n, "client %u's update of task %lu came over another key", rd->clients[i],
+                                 (unsigned long) rd->tasks[i]);
+                        return PSNET__STATUS__STATUS_INVALID;
+                }
+                drop[e] = true;
+                idx[i] = e;
+                ex[i] = f->au[e].examples;
+                w[i] = (double) ex[i] * pow(1.0 + rd->staleness[i], -(double) s->job.fed.staleness_exp);
+                wsum += w[i];
+                smax = MAX(smax, rd->staleness[i]);
+        }
+        bool robust = s->job.fed.strategy.kind == FED_MEDIAN || s->job.fed.strategy.kind == FED_TRIMMED_MEAN;
+        for (size_t j = 0; k > 0 && j < f->nslots; j++) {
+                Chunk *c = f->slots[j];
+                for (size_t i = 0; i < k; i++)
+                        u[i] = f->au[idx[i]].upd[j];
+                int r;
+                if (robust)
+                        r = store_fed_apply(s, c, u, ex, k, NULL, scratch);
+                else {
+                        for (uint32_t q = 0; q < c->len; q++) {
+                                double sum = 0;
+                                for (size_t i = 0; i < k; i++)
+                                        sum += w[i] * u[i][q];
+                                scratch[q] = (float) (sum / wsum);
+                        }
+                        r = store_fed_step(s, c, scratch);
+                }
+                if (r < 0) {
+                        snprintf(reason, n, "applying a buffer to key %u/%u failed: %s", c->tensor, c->chunk,
+                                 strerror(-r));
+                        return PSNET__STATUS__STATUS_INTERNAL;
+                }
+        }
+        size_t old = 0;
+        for (size_t e = f->nau; e-- > 0;)
+                if (drop[e] || (rd->has_watermark && f->au[e].task < rd->watermark)) {
+                        old += !drop[e];
+                        async_drop(f, e);
+                }
+        log_info("buffer applied round=%u updates=%zu staleness_max=%u dropped_old=%zu buffered=%zu",
+                 rd->has_round ? rd->round : 0, k, smax, old, f->nau);
+        return PSNET__STATUS__STATUS_OK;
+}
+
 int fedshard_round(FedShard *f, Store *s, const Psnet__Round *rd, uint64_t memory_limit, char *reason, size_t n) {
         if (!s->has_job || s->job.mode != MODE_FED) {
                 snprintf(reason, n, "this shard has no federated job");
                 return PSNET__STATUS__STATUS_NO_JOB;
+        }
+        if (s->job.fed.async) {
+                if (rd->has_close && rd->close)
+                        return async_close(f, s, rd, reason, n);
+                snprintf(reason, n, "a fedasync job has no rounds to open: updates come as clients finish");
+                return PSNET__STATUS__STATUS_INVALID;
         }
         if (rd->has_evaluate && rd->evaluate) {
                 snprintf(reason, n, "a shard does not evaluate");
@@ -442,31 +579,12 @@ int fedshard_round(FedShard *f, Store *s, const Psnet__Round *rd, uint64_t memor
         return round_open(f, s, rd, memory_limit, reason, n);
 }
 
-int fedshard_push(FedShard *f, Store *s, const Psnet__Header *h, Chunk **chunks, const zmq_msg_t *frames,
-                  const uint8_t *key, char *reason, size_t n) {
-        if (!f->open || (uint64_t) h->clock != f->number) {
-                snprintf(reason, n, "round %ld is not open on this shard (%s %lu): a late update is not counted",
-                         (long) h->clock, f->open ? "round" : "last round", (unsigned long) f->number);
-                return PSNET__STATUS__STATUS_STALE;
-        }
-        ssize_t ci = client_index(f, h->sender);
-        if (ci < 0) {
-                snprintf(reason, n, "client %u was not sampled for round %lu", h->sender, (unsigned long) f->number);
-                return PSNET__STATUS__STATUS_DENIED;
-        }
-        if (f->keys && (!key || memcmp(key, f->keys[ci], 32) != 0)) {
-                snprintf(reason, n, "the key of this connection is not client %u's", h->sender);
-                return PSNET__STATUS__STATUS_DENIED;
-        }
-        if (!h->has_examples || h->examples == 0) {
-                snprintf(reason, n, "a federated update carries its example count (>= 1)");
-                return PSNET__STATUS__STATUS_MALFORMED;
-        }
-        if (f->examples[ci] && f->examples[ci] != h->examples) {
-                snprintf(reason, n, "client %u said %lu examples before, %lu now", h->sender,
-                         (unsigned long) f->examples[ci], (unsigned long) h->examples);
-                return PSNET__STATUS__STATUS_INVALID;
-        }
+/* One client's push into row (its update, one buffer per slot): the codec
+ * the job takes, every frame checked (decoded, finite, the private norm)
+ * before anything is kept; DUPLICATE when row holds every key already. sq:
+ * the squares this client pushed here so far (private jobs), or NULL. */
+static int take_update(FedShard *f, Store *s, const Psnet__Header *h, Chunk **chunks, const zmq_msg_t *frames,
+                       float **row, double *sq_so_far, uint32_t client, char *reason, size_t n) {
         bool masked = h->codec == PSNET__CODEC__CODEC_MASKED;
         if (masked != s->job.fed.secagg) {
                 snprintf(reason, n, masked ? "a masked update, but this job does not aggregate securely"
@@ -490,12 +608,12 @@ int fedshard_push(FedShard *f, Store *s, const Psnet__Header *h, Chunk **chunks,
         /* Checked whole before anything is kept. A masked update is uniformly
          * random here: no value or norm to check (the client clamped it). */
         bool dup = true;
-        double sq = 0, clip = masked ? 0 : s->job.fed.strategy.dp_clip;
+        double sq = 0, clip = masked || !sq_so_far ? 0 : s->job.fed.strategy.dp_clip;
         for (size_t i = 0; i < h->n_keys; i++) {
                 Chunk *c = chunks[i];
                 if (c->fed_slot >= f->nslots || f->slots[c->fed_slot] != c) {
-                        snprintf(reason, n, "key %u/%u came here after round %lu opened", c->tensor, c->chunk,
-                                 (unsigned long) f->number);
+                        snprintf(reason, n, "key %u/%u came here after the round (or buffer) opened", c->tensor,
+                                 c->chunk);
                         return PSNET__STATUS__STATUS_UNAVAILABLE;
                 }
                 if (dec.n) {
@@ -518,7 +636,7 @@ int fedshard_push(FedShard *f, Store *s, const Psnet__Header *h, Chunk **chunks,
                                  zmq_msg_size((zmq_msg_t *) &frames[i]), c->len);
                         return PSNET__STATUS__STATUS_SIZE;
                 }
-                bool have = f->upd[(size_t) ci * f->nslots + c->fed_slot] != NULL;
+                bool have = row[c->fed_slot] != NULL;
                 dup &= have;
                 const unsigned char *v = dec.n ? (const unsigned char *) dec.v[i]
                                                : (const unsigned char *) zmq_msg_data((zmq_msg_t *) &frames[i]);
@@ -540,15 +658,15 @@ int fedshard_push(FedShard *f, Store *s, const Psnet__Header *h, Chunk **chunks,
         /* Private rounds: what reaches this shard is part of the update, so its
          * norm is at most the whole one's, which the client clipped to C (with
          * the float rounding of its scaling). */
-        if (clip > 0 && sqrt(f->sq[ci] + sq) > clip * (1 + 1e-4)) {
+        if (clip > 0 && sqrt(*sq_so_far + sq) > clip * (1 + 1e-4)) {
                 snprintf(reason, n, "client %u's update has L2 norm %.6g on this shard alone, above the job's clip "
                          "norm %g (--dp-clip): a private round takes only clipped updates",
-                         h->sender, sqrt(f->sq[ci] + sq), clip);
+                         client, sqrt(*sq_so_far + sq), clip);
                 return PSNET__STATUS__STATUS_INVALID;
         }
         for (size_t i = 0; i < h->n_keys; i++) {
                 Chunk *c = chunks[i];
-                float **slot = &f->upd[(size_t) ci * f->nslots + c->fed_slot];
+                float **slot = &row[c->fed_slot];
                 if (*slot)
                         continue;
                 if (dec.n) {
@@ -565,8 +683,102 @@ int fedshard_push(FedShard *f, Store *s, const Psnet__Header *h, Chunk **chunks,
                 memcpy(*slot, zmq_msg_data((zmq_msg_t *) &frames[i]), (size_t) c->len * sizeof(float));
                 f->bytes += (uint64_t) c->len * sizeof(float);
         }
-        f->examples[ci] = h->examples;
-        f->sq[ci] += sq;
+        if (sq_so_far)
+                *sq_so_far += sq;
         s->pushes++;
         return PSNET__STATUS__STATUS_OK;
+}
+
+/* fedasync: the update of (client, task), made when its first push comes. */
+static int async_entry(FedShard *f, Store *s, const Psnet__Header *h, const uint8_t *key, uint64_t memory_limit,
+                       AsyncUpdate **ret, char *reason, size_t n) {
+        for (size_t i = 0; i < f->nau; i++)
+                if (f->au[i].client == h->sender && f->au[i].task == (uint64_t) h->clock) {
+                        if (f->au[i].has_key && (!key || memcmp(key, f->au[i].key, 32) != 0)) {
+                                snprintf(reason, n, "the key of this connection is not that of client %u's first push",
+                                         h->sender);
+                                return PSNET__STATUS__STATUS_DENIED;
+                        }
+                        if (f->au[i].examples != h->examples) {
+                                snprintf(reason, n, "client %u said %lu examples before, %lu now", h->sender,
+                                         (unsigned long) f->au[i].examples, (unsigned long) h->examples);
+                                return PSNET__STATUS__STATUS_INVALID;
+                        }
+                        *ret = &f->au[i];
+                        return PSNET__STATUS__STATUS_OK;
+                }
+        if (f->nau == 0 && async_slots(f, s) < 0) {
+                snprintf(reason, n, "out of memory");
+                return PSNET__STATUS__STATUS_RESOURCE;
+        }
+        uint64_t floats = 0;
+        for (size_t i = 0; i < f->nslots; i++)
+                floats += f->slots[i]->len;
+        if (f->nau >= FED_ASYNC_MAX_UPDATES ||
+            (memory_limit && s->bytes + f->bytes + floats * sizeof(float) > memory_limit)) {
+                snprintf(reason, n, "this shard buffers %zu updates (%.1f MiB) and can take no more (at most %u, "
+                         "memory limit %.1f MiB): aggregate with a smaller --buffer, or add shards", f->nau,
+                         (double) f->bytes / 1048576.0, FED_ASYNC_MAX_UPDATES, (double) memory_limit / 1048576.0);
+                return PSNET__STATUS__STATUS_RESOURCE;
+        }
+        if (ps_grow(&f->au, &f->cap_au, f->nau + 1, sizeof *f->au, 16) < 0) {
+                snprintf(reason, n, "out of memory");
+                return PSNET__STATUS__STATUS_RESOURCE;
+        }
+        AsyncUpdate *u = &f->au[f->nau];
+        memset(u, 0, sizeof *u);
+        u->upd = ps_calloc(MAX(f->nslots, (size_t) 1), sizeof *u->upd);
+        if (!u->upd) {
+                snprintf(reason, n, "out of memory");
+                return PSNET__STATUS__STATUS_RESOURCE;
+        }
+        u->client = h->sender;
+        u->task = (uint64_t) h->clock;
+        u->examples = h->examples;
+        if (key) {
+                memcpy(u->key, key, 32);
+                u->has_key = true;
+        }
+        f->nau++;
+        *ret = u;
+        return PSNET__STATUS__STATUS_OK;
+}
+
+int fedshard_push(FedShard *f, Store *s, const Psnet__Header *h, Chunk **chunks, const zmq_msg_t *frames,
+                  const uint8_t *key, uint64_t memory_limit, char *reason, size_t n) {
+        if (!h->has_examples || h->examples == 0) {
+                snprintf(reason, n, "a federated update carries its example count (>= 1)");
+                return PSNET__STATUS__STATUS_MALFORMED;
+        }
+        if (s->job.fed.async) {
+                AsyncUpdate *u = NULL;
+                int st = async_entry(f, s, h, key, memory_limit, &u, reason, n);
+                if (st == PSNET__STATUS__STATUS_OK)
+                        st = take_update(f, s, h, chunks, frames, u->upd, NULL, h->sender, reason, n);
+                return st;
+        }
+        if (!f->open || (uint64_t) h->clock != f->number) {
+                snprintf(reason, n, "round %ld is not open on this shard (%s %lu): a late update is not counted",
+                         (long) h->clock, f->open ? "round" : "last round", (unsigned long) f->number);
+                return PSNET__STATUS__STATUS_STALE;
+        }
+        ssize_t ci = client_index(f, h->sender);
+        if (ci < 0) {
+                snprintf(reason, n, "client %u was not sampled for round %lu", h->sender, (unsigned long) f->number);
+                return PSNET__STATUS__STATUS_DENIED;
+        }
+        if (f->keys && (!key || memcmp(key, f->keys[ci], 32) != 0)) {
+                snprintf(reason, n, "the key of this connection is not client %u's", h->sender);
+                return PSNET__STATUS__STATUS_DENIED;
+        }
+        if (f->examples[ci] && f->examples[ci] != h->examples) {
+                snprintf(reason, n, "client %u said %lu examples before, %lu now", h->sender,
+                         (unsigned long) f->examples[ci], (unsigned long) h->examples);
+                return PSNET__STATUS__STATUS_INVALID;
+        }
+        int st = take_update(f, s, h, chunks, frames, &f->upd[(size_t) ci * f->nslots], &f->sq[ci], h->sender, reason,
+                             n);
+        if (st == PSNET__STATUS__STATUS_OK)
+                f->examples[ci] = h->examples;
+        return st;
 }

@@ -25,18 +25,21 @@ typedef struct FedShard FedShard;
 
 int fedshard_new(FedShard **ret);
 FedShard *fedshard_free(FedShard *f);
-/* Drops the open round (a new job or map). */
+/* Drops the open round, or a fedasync job's buffered updates (a new job or map). */
 void fedshard_reset(FedShard *f);
 
 /* pscoord's MSG_ROUND: opens rd->number for rd->clients (with CURVE,
- * rd->keys), or closes it. A status (OK, or why not with reason). */
+ * rd->keys), or closes it; in a fedasync job, applies the (client, task)
+ * updates it names (rd->tasks, rd->staleness; rd->keys checked against the
+ * connections they came over). A status (OK, or why not with reason). */
 int fedshard_round(FedShard *f, Store *s, const Psnet__Round *rd, uint64_t memory_limit, char *reason, size_t n);
 
 /* A client's PUSH of h->n_keys chunks (looked up: chunks) with frames; key:
- * the sender's CURVE key (NULL without CURVE). A status: OK (kept),
- * DUPLICATE, or why it is refused, with reason. */
+ * the sender's CURVE key (NULL without CURVE); memory_limit bounds a
+ * fedasync job's buffer (0: none). A status: OK (kept), DUPLICATE, or why it
+ * is refused, with reason. */
 int fedshard_push(FedShard *f, Store *s, const Psnet__Header *h, Chunk **chunks, const zmq_msg_t *frames,
-                  const uint8_t *key, char *reason, size_t n);
+                  const uint8_t *key, uint64_t memory_limit, char *reason, size_t n);
 
 /* The round open (0: none), updates kept, and the bytes they take. */
 uint64_t fedshard_number(const FedShard *f);

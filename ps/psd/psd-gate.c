@@ -642,15 +642,9 @@ int gate_pull(Store *s, const zmq_msg_t *route, Psnet__Header **hdr, Chunk **chu
                          g->nparked, g->limits.max_parked, g->limits.max_parked_per_worker);
                 return PSNET__STATUS__STATUS_RESOURCE;
         }
-        if (g->nparked == g->cparked) {
-                size_t c = g->cparked ? g->cparked * 2 : 8;
-                ParkedPull *q = ps_realloc(g->parked, c * sizeof *q);
-                if (!q) {
-                        snprintf(reason, n, "out of memory");
-                        return PSNET__STATUS__STATUS_RESOURCE;
-                }
-                g->parked = q;
-                g->cparked = c;
+        if (ps_grow(&g->parked, &g->cparked, g->nparked + 1, sizeof *g->parked, 8) < 0) {
+                snprintf(reason, n, "out of memory");
+                return PSNET__STATUS__STATUS_RESOURCE;
         }
         ParkedPull *pp = &g->parked[g->nparked++];
         zmq_msg_init(&pp->route);

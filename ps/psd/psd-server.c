@@ -265,7 +265,8 @@ static void psd_fed_data(Psd *p, WireMsg *m, Chunk **chunks) {
                         log_warning_errno(r, "Failed to answer pull: %m");
                 return;
         }
-        int st = fedshard_push(p->fed, p->store, h, chunks, m->frames, p->id.enabled ? m->peer.key : NULL, reason,
+        int st = fedshard_push(p->fed, p->store, h, chunks, m->frames, p->id.enabled ? m->peer.key : NULL,
+                               p->memory_limit, reason,
                                sizeof reason);
         if (st != PSNET__STATUS__STATUS_OK && st != PSNET__STATUS__STATUS_DUPLICATE) {
                 p->errors++;

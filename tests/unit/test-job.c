@@ -170,6 +170,23 @@ static void test_secagg_flags(void) {
         f.compress = "zstd";
         CHECK(jobflags_to_job(&f, &j, err, sizeof err) == -EINVAL && strstr(err, "--compress"),
               "--compress zstd: refused (%s)", err);
+        f.compress = NULL;
+        f.mode = "fedasync";
+        f.buffer = 7;
+        f.staleness_exp = 1;
+        char ms[16];
+        CHECK(jobflags_to_job(&f, &j, err, sizeof err) == 0 && j.mode == MODE_FED && j.fed.async &&
+              j.fed.buffer == 7 && j.fed.staleness_exp == 1 && job_to_proto(&j, &spec) == 0 &&
+              job_from_proto(spec, &back, err, sizeof err) == 0 && back.fed.async && back.fed.buffer == 7 &&
+              strcmp(job_mode_string(&back, ms, sizeof ms), "fedasync") == 0,
+              "--mode fedasync --buffer 7 --staleness-exp 1 travels (%s)", err);
+        job_proto_free(spec);
+        f.dp_clip = 1;
+        CHECK(jobflags_to_job(&f, &j, err, sizeof err) == -EINVAL && strstr(err, "fedasync"),
+              "fedasync with --dp-clip: refused (%s)", err);
+        f.dp_clip = 0, f.buffer = 0;
+        CHECK(jobflags_to_job(&f, &j, err, sizeof err) == -EINVAL && strstr(err, "buffer 0"),
+              "--buffer 0: refused (%s)", err);
         jobflags_init(&f);
         f.secagg = true;
         CHECK(jobflags_to_job(&f, &j, err, sizeof err) == -EINVAL && strstr(err, "federated"),

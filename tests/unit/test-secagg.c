@@ -150,7 +150,7 @@ static int run_round(Store *s, FedShard *f, Round *r, bool check_corr) {
                                 zmq_msg_init_size(&fr, c->len * sizeof(uint32_t));
                                 memcpy(zmq_msg_data(&fr), r->y[i][t] + (size_t) k * CHUNK_FLOATS,
                                        c->len * sizeof(uint32_t));
-                                int st = fedshard_push(f, s, &h, &c, &fr, NULL, err, sizeof err);
+                                int st = fedshard_push(f, s, &h, &c, &fr, NULL, 0, err, sizeof err);
                                 zmq_msg_close(&fr);
                                 if (st != ST_OK)
                                         ok = CHECK(false, "masked push %u/%u of client %u (%s)", t, k, r->id[i], err);
@@ -434,7 +434,7 @@ int main(void) {
                 zmq_msg_t fr;
                 zmq_msg_init_size(&fr, c->len * sizeof(float));
                 memset(zmq_msg_data(&fr), 0, c->len * sizeof(float));
-                int st = fedshard_push(f, s, &h, &c, &fr, NULL, err, sizeof err);
+                int st = fedshard_push(f, s, &h, &c, &fr, NULL, 0, err, sizeof err);
                 zmq_msg_close(&fr);
                 CHECK(st == PSNET__STATUS__STATUS_DTYPE && strstr(err, "masked"), "a plain update in a secure job is "
                       "refused (%s)", err);
