@@ -20,7 +20,7 @@
 set -u
 export LC_ALL=C
 top=$(cd "$(dirname "$0")/../.." && pwd)
-build="$top/build" rounds=60 epochs=2 lr=0.05 out="" keep=0
+build="$top/build" rounds=60 epochs=5 lr=0.05 out="" keep=0
 usage() { sed -n '2,21p' "$0" | sed 's/^# \{0,1\}//'; }
 while [ $# -gt 0 ]; do
   case $1 in
