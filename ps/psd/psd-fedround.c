@@ -586,11 +586,6 @@ int fedshard_round(FedShard *f, Store *s, const Psnet__Round *rd, uint64_t memor
 static int take_update(FedShard *f, Store *s, const Psnet__Header *h, Chunk **chunks, const zmq_msg_t *frames,
                        float **row, double *sq_so_far, uint32_t client, char *reason, size_t n) {
         bool masked = h->codec == PSNET__CODEC__CODEC_MASKED;
-        if (masked != s->job.fed.secagg) {
-                snprintf(reason, n, masked ? "a masked update, but this job does not aggregate securely"
-                                           : "this job aggregates securely (--secagg): updates come masked");
-                return PSNET__STATUS__STATUS_DTYPE;
-        }
         CompressKind ck = s->job.fed.compress;
         int want_codec = ck == COMPRESS_NONE ? (masked ? PSNET__CODEC__CODEC_MASKED : PSNET__CODEC__CODEC_RAW)
                                              : PSNET__CODEC__CODEC_BF16 + (int) ck - COMPRESS_BF16;
@@ -749,6 +744,14 @@ int fedshard_push(FedShard *f, Store *s, const Psnet__Header *h, Chunk **chunks,
         if (!h->has_examples || h->examples == 0) {
                 snprintf(reason, n, "a federated update carries its example count (>= 1)");
                 return PSNET__STATUS__STATUS_MALFORMED;
+        }
+        /* Checked first: a plain update in a secure job is refused as such, whatever
+         * else this client sent before. */
+        bool masked = h->codec == PSNET__CODEC__CODEC_MASKED;
+        if (masked != s->job.fed.secagg) {
+                snprintf(reason, n, masked ? "a masked update, but this job does not aggregate securely"
+                                           : "this job aggregates securely (--secagg): updates come masked");
+                return PSNET__STATUS__STATUS_DTYPE;
         }
         if (s->job.fed.async) {
                 AsyncUpdate *u = NULL;
