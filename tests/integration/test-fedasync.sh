@@ -5,12 +5,13 @@
 # on an older model weigh less (their staleness is logged), and the job
 # reaches the accuracy bar. A client that stops holds nothing up: buffers go
 # on being applied without it, its task is dropped at --round-timeout, and its
-# update, sent after it resumes, is refused as late with a reason.
+# update, sent after it resumes, is refused as late with a reason. The
+# clients send int8 updates (--compress), which buffers take as rounds do.
 source "$(dirname "$0")/lib.sh"
 COORD="ipc://$RUN/coord.sock"
 ROUNDS=200
 psnet_start pscoord "$PSCOORD" --listen "$COORD" --mode fedasync --buffer 3 --shards 1 --rounds $ROUNDS \
-  --min-available 4 --round-timeout 2 --lease-ms 30000 --chunk-kb 64 --lr 0.05 --eval-every 50 \
+  --min-available 4 --round-timeout 2 --lease-ms 30000 --chunk-kb 64 --lr 0.05 --eval-every 50 --compress int8 \
   --train-limit 3000 --test-limit 500
 psnet_start psd "$PSD" --id 1 --listen "ipc://$RUN/psd.sock" --coord "$COORD"
 for k in 0 1 2 3; do psnet_start "e-$k" "$WORKERD" --edge --coord "$COORD" --partition $k/4; done
@@ -39,5 +40,5 @@ grep -q 'msg="buffer applying" .*staleness_max=[1-9]' "$RUN/pscoord.log"
 ok $? "some updates were trained on an older model and weighed by their staleness"
 hist=$("$PSCTL" --coord "$COORD" --json round history)
 jq -e "[.[] | select(.round > 0)] | length == $ROUNDS and all(.answered == 3) and
-  ([.[] | select(.accuracy != null) | .round] | length >= 2)" <<<"$hist" >/dev/null
-ok $? "psctl round history: $ROUNDS buffers of 3, the model tested along the way"
+  ([.[] | select(.accuracy != null) | .round] | length >= 2) and all(.bytes_up * 3 < .bytes_raw)" <<<"$hist" >/dev/null
+ok $? "psctl round history: $ROUNDS buffers of 3 int8 updates (a quarter of the f32 bytes), the model tested along the way"
