@@ -126,8 +126,10 @@ int netsock_send_error(NetSock *s, const zmq_msg_t *route, int status, uint64_t 
         return r;
 }
 
-void *netsock_zmq(NetSock *s) {
-        return s->sock;
+int netsock_send_packed(NetSock *s, const void *data, size_t len) {
+        int r = zmq_send(s->sock, data, len, ZMQ_DONTWAIT) < 0 ? -errno : 0;
+        zwatch_kick(s->watch);
+        return r;
 }
 
 const char *netsock_name(const NetSock *s) {

@@ -50,7 +50,9 @@ int netsock_connect(NetSock *s, const char *endpoint, const uint8_t *server_key)
  * queue is full; the message is then dropped. */
 int netsock_send(NetSock *s, const zmq_msg_t *route, const Psnet__Header *h, zmq_msg_t *frames, size_t n);
 int netsock_send_error(NetSock *s, const zmq_msg_t *route, int status, uint64_t seq, const char *reason);
-void *netsock_zmq(NetSock *s);
+/* Sends one already packed header frame (a DEALER's request) without
+ * blocking; -EAGAIN as netsock_send. */
+int netsock_send_packed(NetSock *s, const void *data, size_t len);
 const char *netsock_name(const NetSock *s);
 /* Watches the socket's events (ZMQ_EVENT_* mask; 0: failed handshakes) and
  * calls cb for each. */

@@ -83,8 +83,9 @@ static Req *req_find(Session *s, uint64_t seq) {
 
 /* Tries to hand q to ZeroMQ; -EAGAIN while pscoord is not connected. */
 static int req_send(Session *s, Req *q) {
-        void *z = netsock_zmq(s->sock);
-        int r = zmq_send(z, q->packed, q->len, ZMQ_DONTWAIT) < 0 ? -errno : 0;
+        /* Through netsock: a send may consume ZMQ_FD's edge, and the replies
+         * already queued would wait for the next wake-up (a heartbeat). */
+        int r = netsock_send_packed(s->sock, q->packed, q->len);
         if (r == 0)
                 q->sent = true;
         else
