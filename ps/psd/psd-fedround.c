@@ -579,21 +579,14 @@ int fedshard_round(FedShard *f, Store *s, const Psnet__Round *rd, uint64_t memor
         return round_open(f, s, rd, memory_limit, reason, n);
 }
 
-/* One client's push into row (its update, one buffer per slot): the codec
- * the job takes, every frame checked (decoded, finite, the private norm)
+/* One client's push into row (its update, one buffer per slot), in the
+ * codec the job takes (fedshard_push checked it): every frame checked (decoded, finite, the private norm)
  * before anything is kept; DUPLICATE when row holds every key already. sq:
  * the squares this client pushed here so far (private jobs), or NULL. */
 static int take_update(FedShard *f, Store *s, const Psnet__Header *h, Chunk **chunks, const zmq_msg_t *frames,
                        float **row, double *sq_so_far, uint32_t client, char *reason, size_t n) {
         bool masked = h->codec == PSNET__CODEC__CODEC_MASKED;
         CompressKind ck = s->job.fed.compress;
-        int want_codec = ck == COMPRESS_NONE ? (masked ? PSNET__CODEC__CODEC_MASKED : PSNET__CODEC__CODEC_RAW)
-                                             : PSNET__CODEC__CODEC_BF16 + (int) ck - COMPRESS_BF16;
-        if ((int) h->codec != want_codec) {
-                snprintf(reason, n, "this job's updates come %s (--compress); this one has codec %d",
-                         compress_name(ck), (int) h->codec);
-                return PSNET__STATUS__STATUS_DTYPE;
-        }
         /* Compressed frames are decoded first; the decoded values are kept. */
         _cleanup_(decoded_freep) Decoded dec = { .n = ck != COMPRESS_NONE ? h->n_keys : 0 };
         if (dec.n && !(dec.v = ps_calloc(dec.n, sizeof *dec.v))) {
@@ -745,12 +738,21 @@ int fedshard_push(FedShard *f, Store *s, const Psnet__Header *h, Chunk **chunks,
                 snprintf(reason, n, "a federated update carries its example count (>= 1)");
                 return PSNET__STATUS__STATUS_MALFORMED;
         }
-        /* Checked first: a plain update in a secure job is refused as such, whatever
-         * else this client sent before. */
+        /* Checked first: an update in the wrong form (plain in a secure or a
+         * compressed job, ...) is refused as such, whatever else this client
+         * sent before. */
         bool masked = h->codec == PSNET__CODEC__CODEC_MASKED;
         if (masked != s->job.fed.secagg) {
                 snprintf(reason, n, masked ? "a masked update, but this job does not aggregate securely"
                                            : "this job aggregates securely (--secagg): updates come masked");
+                return PSNET__STATUS__STATUS_DTYPE;
+        }
+        CompressKind ck = s->job.fed.compress;
+        int want_codec = ck == COMPRESS_NONE ? (masked ? PSNET__CODEC__CODEC_MASKED : PSNET__CODEC__CODEC_RAW)
+                                             : PSNET__CODEC__CODEC_BF16 + (int) ck - COMPRESS_BF16;
+        if ((int) h->codec != want_codec) {
+                snprintf(reason, n, "this job's updates come %s (--compress); this one has codec %d",
+                         compress_name(ck), (int) h->codec);
                 return PSNET__STATUS__STATUS_DTYPE;
         }
         if (s->job.fed.async) {
