@@ -5,9 +5,9 @@
 # unmask exchanges, the shard unmasks only the sum, and the job reaches the
 # accuracy bar. A client that stops mid-job is left out of the rounds that
 # sample it and they still aggregate (its pairwise masks never enter them, or
-# are removed with its rebuilt mask key); a plain update pushed by hand under
-# a sampled client's id is refused, with a reason, and the shard keeps
-# serving. The scheme's arithmetic (equal to plain FedAvg within the
+# are removed with its rebuilt mask key), and once resumed it takes part
+# again; a plain update pushed by hand under a sampled client's id is
+# refused, with a reason, and the shard keeps serving. The scheme's arithmetic (equal to plain FedAvg within the
 # quantisation bound; one of five dropping after its masked update; what the
 # shard holds of one client uncorrelated with its update) is checked in
 # tests/unit/test-secagg.c.
@@ -65,4 +65,9 @@ ok $? "the secure job finishes above 0.60 on the subset ($out)"
 hist=$("${PSCTL_K[@]}" --coord "$COORD" --json round history)
 jq -e "[.[] | select(.round > 0)] | length == $ROUNDS and all(.answered >= 3)" <<<"$hist" >/dev/null
 ok $? "psctl round history lists the $ROUNDS secure rounds, each with at least 3 updates"
+# Resumed, the client drops what it trained for a round gone by and takes
+# part again (it once waited on that round's peers for ever).
+jq -e '[.[] | select(.round > 0)] as $r | ($r | map(.answered) | index(4)) as $i |
+  $i != null and ($r[$i + 1:] | any(.answered == 5))' <<<"$hist" >/dev/null
+ok $? "the resumed client is in the rounds again: $(jq -c '[.[] | select(.round > 0) | .answered]' <<<"$hist")"
 ! grep -q 'level=error' "$RUN/psd.log"; ok $? "the shard logged no error"

@@ -564,6 +564,14 @@ static void train_done(uv_work_t *req, int status) {
                 return;
         e->examples = (uint64_t) e->nmine;
         if (e->job.fed.secagg) {
+                if (e->pending > e->number) {
+                        /* Sampled again while it trained (stopped, slow): its round went
+                         * on without it, and no peer will mask with it any more. */
+                        log_info("update of round %lu dropped: round %lu has started", (unsigned long) e->number,
+                                 (unsigned long) e->pending);
+                        go_idle(e);
+                        return;
+                }
                 /* The delta stays with this client; the model goes to the next. */
                 size_t nt = model_ntensors(f->model);
                 sa_drop(e);
