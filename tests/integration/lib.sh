@@ -27,6 +27,8 @@ finish() {
   if [ $TAP_FAIL -ne 0 ]; then
     echo "# logs kept in $RUN"
     for f in "$RUN"/*.log; do [ -f "$f" ] && { echo "# --- $f"; tail -n 20 "$f" | sed 's/^/# /'; }; done
+  elif [ -n "${PSNET_KEEP_LOGS:-}" ]; then
+    echo "# logs kept in $RUN (PSNET_KEEP_LOGS)"
   else
     rm -rf "$RUN"
   fi

@@ -101,8 +101,10 @@ psnet_stop_all
 ok $? "pscoord --restore of a missing checkpoint exits with the reason"
 
 # 4. ASP with --checkpoint-every: saved while training, the oldest pruned; an
-# ASP checkpoint at clock B holds exactly 2 x B updates of every key.
-JOB=(--workers 2 --mode asp --epochs 3 --batch 64 "${SUBSET[@]}")
+# ASP checkpoint at clock B holds exactly 2 x B updates of every key. pscoord
+# learns the workers' clocks from their heartbeats (every 750 ms at the
+# default lease): 8 epochs last several of them on a fast machine too.
+JOB=(--workers 2 --mode asp --epochs 8 --batch 64 "${SUBSET[@]}")
 start_cluster d 2 --checkpoint-every 10 --checkpoint-keep 1
 start_workers d
 out=$("$PSCTL" --coord "$COORD" job wait --wait 300); ok $? "the ASP run with --checkpoint-every finishes ($out)"
