@@ -78,18 +78,22 @@ out=$("$WORKERD" --coord "$COORD" --connect-timeout 5 2>&1); [ $? -ne 0 ]; ok $?
 grep -q 'edge workers' <<<"$out"; ok $? "with a reason ($(grep -o 'reason="[^"]*"' <<<"$out" | head -1))"
 psnet_stop_all
 
-# 4. One process, eight virtual clients (--simulate 8): each registers on its
-# own, keeps its own share, and the rounds count their updates one by one.
+# 4. One process, eight virtual clients (--simulate 8), three training at
+# once on their own models (--parallel 3), top-k updates with each client's
+# own error feedback: each registers on its own, keeps its own share, and the
+# rounds count their updates one by one.
 COORD="ipc://$RUN/coord4.sock"
 psnet_start pscoord4 "$PSCOORD" --listen "$COORD" --mode fed --shards 1 --rounds 4 --fraction 0.5 --min-clients 2 \
-  --min-available 8 --round-timeout 60 --lr 0.05 --chunk-kb 64 --train-limit 6000 --test-limit 500
+  --min-available 8 --round-timeout 60 --lr 0.05 --chunk-kb 64 --train-limit 6000 --test-limit 500 --compress topk:0.1
 psnet_start psd4 "$PSD" --id 1 --listen "ipc://$RUN/psd4.sock" --coord "$COORD"
-psnet_start sim "$WORKERD" --edge --simulate 8 --alpha 0.5 --coord "$COORD"
-out=$("$PSCTL" --coord "$COORD" job wait --wait 180); ok $? "a job of 8 clients simulated in one process finishes ($out)"
+psnet_start sim "$WORKERD" --edge --simulate 8 --parallel 3 --alpha 0.5 --coord "$COORD"
+out=$("$PSCTL" --coord "$COORD" job wait --wait 180)
+ok $? "a job of 8 clients simulated in one process finishes ($out)"
+grep -q 'msg="models built" models=3 clients=8 backend=cpu' "$RUN/sim.log"; ok $? "three of them train at once"
 n=$(grep -c "msg=\"registered\" role=edge id=[0-9]* pid=$PID_sim " "$RUN/pscoord4.log")
 [ "$n" -eq 8 ]; ok $? "each virtual client registers with its own id ($n from pid $PID_sim)"
 n=$(grep -c 'msg="ready" partition=[0-7]/8 ' "$RUN/sim.log"); [ "$n" -eq 8 ]; ok $? "each keeps its own share of 8 ($n)"
 "$PSCTL" --coord "$COORD" --json round history | jq -e '[.[] | select(.round > 0)] | length == 4 and
-  all(.[]; .sampled == 4 and .answered == 4)' >/dev/null
-ok $? "every round samples 4 of the 8 and counts their 4 updates"
+  all(.[]; .sampled == 4 and .answered == 4 and .bytes_up * 4 < .bytes_raw)' >/dev/null
+ok $? "every round samples 4 of the 8 and counts their 4 top-k updates"
 psnet_wait_exit "$PID_sim" 20; ok $? "the process leaves once all its clients left"

@@ -14,12 +14,13 @@
  *   --pscoord asks for the final evaluation-->  EVALUATING  -->  IDLE until
  *   the job is done, then it leaves.
  *
- * QUEUED sits between IDLE and PULLING while another client of the process
- * has the model: with --simulate N, N virtual clients (each its own session,
- * id and share of the data) live in one process, a Fleet, and share one
- * loaded dataset and one model; one client at a time pulls, trains and
+ * QUEUED sits between IDLE and PULLING while the other clients of the
+ * process hold the models: with --simulate N, N virtual clients (each its own
+ * session, id and share of the data) live in one process, a Fleet, and share
+ * one loaded dataset and --parallel models (Slots, by default one per core
+ * with the cpu backend); a client holds a model while it pulls, trains and
  * pushes (the others wait their turn in a FIFO), so a round of hundreds of
- * clients runs on one machine in the memory of one.
+ * clients runs on one machine, on all its cores, in the memory of a few.
  *
  * The data never leaves the process: only the delta of the weights (and the
  * number of examples behind it) goes to the shards. */
@@ -50,10 +51,29 @@ typedef enum { E_JOINING, E_LOADING, E_IDLE, E_QUEUED, E_PULLING, E_TRAINING, E_
                E_EVALUATING, E_LEAVING, E_LEFT } EdgeState;
 
 typedef struct Fleet Fleet;
+typedef struct Edge Edge;
+
+/* A model and its buffers: the client that holds it pulls into params,
+ * trains (w0 the pulled weights, delta the update) and pushes from it. */
+typedef struct Slot {
+        Fleet *f;
+        Model *model;
+        float **params, **w0, **delta;
+        Edge *holder;
+        uv_work_t work;             /* its holder's training or evaluation */
+        int work_r;
+        size_t eval_correct;
+        double eval_loss;
+        /* --compress: the holder's encoded update, per tensor and chunk */
+        uint8_t **cbuf;
+        size_t **csize;
+        float *cscratch;
+} Slot;
 
 /* One federated client: its session, its share of the data, its rounds. */
-typedef struct Edge {
+struct Edge {
         Fleet *f;
+        Slot *slot;                 /* the model it holds, if any */
         uint32_t part;              /* its share: part of the fleet's nparts */
         Session *session;
         Client *client;
@@ -85,7 +105,7 @@ typedef struct Edge {
         uint32_t **sa_upd;
         bool sa_masking;
         uv_work_t sa_work;
-} Edge;
+};
 
 typedef enum { D_NONE, D_LOADING, D_READY } DataState;
 
@@ -103,24 +123,23 @@ struct Fleet {
         /* data, loaded once for the first job */
         DataState data;
         uv_work_t work;
-        Edge *worker;               /* the client the thread pool works for */
+        Edge *loader;               /* the client the data is loaded for */
         Dataset *train, *test;
         uint32_t dim;
         int work_r;
         char err[256];
-        /* the model: one client at a time (holder), the others queued */
+        /* the models: nslots clients at a time (their holders), the others queued */
         KBackend *kb;
-        Model *model;
-        float **params, **w0, **delta;
-        Edge *holder, *queue_head, *queue_tail;
-        /* --compress: the holder's encoded update, per tensor and chunk */
-        uint8_t **cbuf;
-        size_t **csize;
-        size_t cstride;             /* bytes per chunk in cbuf */
-        float *cscratch;
-        size_t eval_correct;
-        double eval_loss;
+        Slot *slots;
+        size_t nslots, want_slots;  /* set up; asked for (--parallel) */
+        Edge *queue_head, *queue_tail;
+        size_t cstride;             /* --compress: bytes per chunk in a slot's cbuf */
 };
+
+/* The model's shapes (every slot's are the same). */
+static Model *fleet_model(const Fleet *f) {
+        return f->slots ? f->slots[0].model : NULL;
+}
 
 static void edge_leave(Edge *e);
 static void round_start(Edge *e, uint64_t number);
@@ -183,9 +202,17 @@ static void edge_fail(Edge *e, int r) {
 }
 
 /* The model goes to the next client in the queue (one that is leaving leaves). */
-static void fleet_release(Fleet *f) {
-        f->holder = NULL;
-        while (!f->holder && f->queue_head) {
+static Slot *free_slot(Fleet *f) {
+        for (size_t i = 0; i < f->nslots; i++)
+                if (!f->slots[i].holder)
+                        return &f->slots[i];
+        return NULL;
+}
+
+/* Free models to the clients queued for one, first come first served. */
+static void fleet_dispatch(Fleet *f) {
+        Slot *s;
+        while (f->queue_head && (s = free_slot(f))) {
                 Edge *e = f->queue_head;
                 f->queue_head = e->next;
                 if (!f->queue_head)
@@ -197,17 +224,29 @@ static void fleet_release(Fleet *f) {
                         edge_leave(e);
                         continue;
                 }
-                f->holder = e;
+                if (!e->pending_eval && !e->pending)
+                        continue;
+                s->holder = e;
+                e->slot = s;
                 if (e->pending_eval) {
                         e->pending_eval = false;
                         evaluate_start(e);
-                } else if (e->pending) {
+                } else {
                         uint64_t n = e->pending;
                         e->pending = 0;
                         round_start(e, n);
-                } else
-                        f->holder = NULL;
+                }
         }
+}
+
+/* e gives its model back (if it holds one): to the next client queued. */
+static void slot_release(Edge *e) {
+        Slot *s = e->slot;
+        if (!s)
+                return;
+        s->holder = NULL;
+        e->slot = NULL;
+        fleet_dispatch(e->f);
 }
 
 /* e wants the model for a round or the evaluation (pending, pending_eval). */
@@ -221,17 +260,14 @@ static void fleet_want(Edge *e) {
         else
                 f->queue_head = e;
         f->queue_tail = e;
-        if (!f->holder)
-                fleet_release(f);
+        fleet_dispatch(f);
 }
 
 /* After a round or an evaluation: the model to the next client; e's own next
  * round or evaluation asked for meanwhile, if any. */
 static void go_idle(Edge *e) {
-        Fleet *f = e->f;
         e->state = E_IDLE;
-        if (f->holder == e)
-                fleet_release(f);
+        slot_release(e);
         edge_log(e);
         if (e->leaving) {
                 edge_leave(e);
@@ -243,26 +279,23 @@ static void go_idle(Edge *e) {
 
 /* --- the model and the data ------------------------------------------------------------ */
 
-/* The thread pool works for one client at a time: the one loading the data
- * for the process, or the model's holder. */
-static int fleet_work(Edge *e, uv_work_cb work, uv_after_work_cb done) {
-        Fleet *f = e->f;
-        f->worker = e;
-        f->work.data = f;
-        return uv_queue_work(&f->loop, &f->work, work, done);
+/* Training or evaluating in the thread pool, on the model e holds. */
+static int slot_work(Edge *e, uv_work_cb work, uv_after_work_cb done) {
+        Slot *s = e->slot;
+        s->work.data = s;
+        return uv_queue_work(&e->f->loop, &s->work, work, done);
 }
 
 /* Back from training or evaluating (eval): the client, or NULL when it is
  * leaving (the model goes to the next) or the work failed (it goes idle). */
-static Edge *fleet_work_back(Fleet *f, int status, bool eval) {
-        Edge *e = f->worker;
+static Edge *slot_work_back(Slot *s, int status, bool eval) {
+        Edge *e = s->holder;
         edge_log(e);
         if (e->state == E_LEAVING || !e->session) {
-                if (f->holder == e)
-                        fleet_release(f);
+                slot_release(e);
                 return NULL;
         }
-        int r = status < 0 ? status : f->work_r;
+        int r = status < 0 ? status : s->work_r;
         if (r < 0) {
                 if (eval)
                         log_error_errno(r, "Evaluation failed: %m");
@@ -276,13 +309,73 @@ static Edge *fleet_work_back(Fleet *f, int status, bool eval) {
 
 static void load_work(uv_work_t *req) {
         Fleet *f = req->data;
-        const Job *job = &f->worker->job;
+        const Job *job = &f->loader->job;
         const char *dir = f->cfg->data ? f->cfg->data : job->dataset;
         f->work_r = dataset_load(dir, "train", job->train_limit, 0, 1, &f->train, f->err, sizeof f->err);
         if (f->work_r >= 0)
                 f->work_r = dataset_load(dir, "t10k", job->test_limit, 0, 1, &f->test, f->err, sizeof f->err);
 }
 
+static int slot_setup(Fleet *f, Slot *s, const Job *job) {
+        s->f = f;
+        int r = model_new(f->kb, job->layers, job->nlayers, (int) job->batch, &s->model);
+        if (r < 0)
+                return log_error_errno(r, "Failed to build the model: %m");
+        model_set_options(s->model, false, true);
+        size_t nt = model_ntensors(s->model);
+        s->params = ps_calloc(nt, sizeof *s->params);
+        s->w0 = ps_calloc(nt, sizeof *s->w0);
+        s->delta = ps_calloc(nt, sizeof *s->delta);
+        if (!s->params || !s->w0 || !s->delta)
+                return log_error_errno(ENOMEM, "Out of memory");
+        for (size_t t = 0; t < nt; t++) {
+                size_t numel = model_tensor_numel(s->model, t);
+                s->params[t] = model_param_host(s->model, t);
+                s->w0[t] = ps_malloc(numel * sizeof(float));
+                s->delta[t] = ps_malloc(numel * sizeof(float));
+                if (!s->w0[t] || !s->delta[t])
+                        return log_error_errno(ENOMEM, "Out of memory");
+        }
+        if (job->fed.compress != COMPRESS_NONE) {
+                s->cbuf = ps_calloc(nt, sizeof *s->cbuf);
+                s->csize = ps_calloc(nt, sizeof *s->csize);
+                s->cscratch = ps_malloc((size_t) job->chunk_floats * sizeof(float));
+                if (!s->cbuf || !s->csize || !s->cscratch)
+                        return log_error_errno(ENOMEM, "Out of memory");
+                for (size_t t = 0; t < nt; t++) {
+                        uint32_t nk = job->tensors[t].nchunks;
+                        s->cbuf[t] = ps_malloc(MAX((size_t) nk * f->cstride, (size_t) 1));
+                        s->csize[t] = ps_calloc(MAX(nk, 1u), sizeof **s->csize);
+                        if (!s->cbuf[t] || !s->csize[t])
+                                return log_error_errno(ENOMEM, "Out of memory");
+                }
+        }
+        return 0;
+}
+
+static void slot_free(Slot *s) {
+        size_t nt = s->model ? model_ntensors(s->model) : 0;
+        for (size_t t = 0; t < nt; t++) {
+                if (s->w0)
+                        ps_free(s->w0[t]);
+                if (s->delta)
+                        ps_free(s->delta[t]);
+                if (s->cbuf)
+                        ps_free(s->cbuf[t]);
+                if (s->csize)
+                        ps_free(s->csize[t]);
+        }
+        ps_free(s->cbuf);
+        ps_free(s->csize);
+        ps_free(s->cscratch);
+        ps_free(s->params);
+        ps_free(s->w0);
+        ps_free(s->delta);
+        model_free(s->model);
+}
+
+/* The backend and the models: --parallel of them with the cpu backend (each
+ * client's training on one core), one on a GPU. */
 static int fleet_setup(Fleet *f, const Job *job) {
         char err[256];
         f->dim = f->train->rows * f->train->cols;
@@ -295,39 +388,23 @@ static int fleet_setup(Fleet *f, const Job *job) {
                 log_error("cannot start the %s backend reason=\"%s\"", f->cfg->backend, err);
                 return r;
         }
-        r = model_new(f->kb, job->layers, job->nlayers, (int) job->batch, &f->model);
-        if (r < 0)
-                return log_error_errno(r, "Failed to build the model: %m");
-        model_set_options(f->model, false, true);
-        size_t nt = model_ntensors(f->model);
-        f->params = ps_calloc(nt, sizeof *f->params);
-        f->w0 = ps_calloc(nt, sizeof *f->w0);
-        f->delta = ps_calloc(nt, sizeof *f->delta);
-        if (!f->params || !f->w0 || !f->delta)
-                return log_error_errno(ENOMEM, "Out of memory");
-        for (size_t t = 0; t < nt; t++) {
-                size_t numel = model_tensor_numel(f->model, t);
-                f->params[t] = model_param_host(f->model, t);
-                f->w0[t] = ps_malloc(numel * sizeof(float));
-                f->delta[t] = ps_malloc(numel * sizeof(float));
-                if (!f->w0[t] || !f->delta[t])
-                        return log_error_errno(ENOMEM, "Out of memory");
+        size_t n = MAX(f->want_slots, (size_t) 1);
+        if (strcmp(f->kb->ops->name, "cpu") != 0 && n > 1) {
+                log_info("one model at a time on the %s backend (--parallel %zu is for the cpu backend)",
+                         f->kb->ops->name, n);
+                n = 1;
         }
-        if (job->fed.compress != COMPRESS_NONE) {
+        if (job->fed.compress != COMPRESS_NONE)
                 f->cstride = compress_bound(job->fed.compress, job->chunk_floats, job->fed.topk);
-                f->cbuf = ps_calloc(nt, sizeof *f->cbuf);
-                f->csize = ps_calloc(nt, sizeof *f->csize);
-                f->cscratch = ps_malloc((size_t) job->chunk_floats * sizeof(float));
-                if (!f->cbuf || !f->csize || !f->cscratch)
-                        return log_error_errno(ENOMEM, "Out of memory");
-                for (size_t t = 0; t < nt; t++) {
-                        uint32_t nk = job->tensors[t].nchunks;
-                        f->cbuf[t] = ps_malloc(MAX((size_t) nk * f->cstride, (size_t) 1));
-                        f->csize[t] = ps_calloc(MAX(nk, 1u), sizeof **f->csize);
-                        if (!f->cbuf[t] || !f->csize[t])
-                                return log_error_errno(ENOMEM, "Out of memory");
-                }
-        }
+        f->slots = ps_calloc(n, sizeof *f->slots);
+        if (!f->slots)
+                return log_error_errno(ENOMEM, "Out of memory");
+        f->nslots = n;
+        for (size_t i = 0; i < n; i++)
+                if ((r = slot_setup(f, &f->slots[i], job)) < 0)
+                        return r;
+        if (f->n > 1)
+                log_info("models built models=%zu clients=%zu backend=%s", n, f->n, f->kb->ops->name);
         return 0;
 }
 
@@ -336,7 +413,7 @@ static void edge_ready(Edge *e) {
         Fleet *f = e->f;
         const WorkerConfig *cfg = f->cfg;
         edge_log(e);
-        if (e->job.train_limit != f->worker->job.train_limit || strcmp(e->job.dataset, f->worker->job.dataset)) {
+        if (e->job.train_limit != f->loader->job.train_limit || strcmp(e->job.dataset, f->loader->job.dataset)) {
                 log_error("job %u's data differs from the data this process loaded", e->job.id);
                 edge_fail(e, -EINVAL);
                 return;
@@ -367,7 +444,7 @@ static void load_done(uv_work_t *req, int status) {
         if (r < 0)
                 log_error("cannot load the data reason=\"%s\"", status < 0 ? uv_strerror(status) : f->err);
         else
-                r = fleet_setup(f, &f->worker->job);
+                r = fleet_setup(f, &f->loader->job);
         f->data = r < 0 ? D_NONE : D_READY;
         for (size_t i = 0; i < f->n; i++) {
                 Edge *e = &f->edges[i];
@@ -391,7 +468,9 @@ static void edge_load(Edge *e) {
         if (f->data == D_LOADING)
                 return; /* load_done takes it */
         f->data = D_LOADING;
-        int r = fleet_work(e, load_work, load_done);
+        f->loader = e;
+        f->work.data = f;
+        int r = uv_queue_work(&f->loop, &f->work, load_work, load_done);
         if (r < 0) {
                 f->data = D_NONE;
                 log_error("Failed to start the data loader: %s", uv_strerror(r));
@@ -406,21 +485,22 @@ static void edge_load(Edge *e) {
  * then delta = w - w0, clipped to L2 norm dp_clip in a private job (the
  * shards refuse it otherwise). */
 static void train_work(uv_work_t *req) {
-        Fleet *f = req->data;
-        Edge *e = f->worker;
+        Slot *sl = req->data;
+        Edge *e = sl->holder;
+        Fleet *f = sl->f;
         const Job *job = &e->job;
-        size_t nt = model_ntensors(f->model);
+        size_t nt = model_ntensors(sl->model);
         uint32_t batch = job->batch;
         float lr = job->optim.lr, mu = job->fed.prox_mu;
-        float *xb = model_batch_x(f->model);
-        int32_t *yb = model_batch_y(f->model);
+        float *xb = model_batch_x(sl->model);
+        int32_t *yb = model_batch_y(sl->model);
         double loss_sum = 0;
         uint64_t nb = 0;
         uint64_t x = job->seed * 1000003u + e->number * 7919u + session_id(e->session);
-        f->work_r = 0;
-        for (uint32_t ep = 0; ep < job->fed.local_epochs && f->work_r == 0; ep++) {
+        sl->work_r = 0;
+        for (uint32_t ep = 0; ep < job->fed.local_epochs && sl->work_r == 0; ep++) {
                 shuffle_u32(e->mine, e->nmine, &x); /* a fresh order each epoch */
-                for (uint32_t s = 0; s < e->nmine && f->work_r == 0; s += batch) {
+                for (uint32_t s = 0; s < e->nmine && sl->work_r == 0; s += batch) {
                         uint32_t b = MIN(batch, e->nmine - s);
                         for (uint32_t k = 0; k < b; k++) {
                                 uint32_t i = e->mine[s + k];
@@ -430,71 +510,71 @@ static void train_work(uv_work_t *req) {
                         }
                         float loss;
                         int correct;
-                        f->work_r = model_upload_params(f->model);
-                        if (f->work_r == 0)
-                                f->work_r = model_train_step(f->model, xb, yb, (int) b, &loss, &correct);
-                        if (f->work_r < 0)
+                        sl->work_r = model_upload_params(sl->model);
+                        if (sl->work_r == 0)
+                                sl->work_r = model_train_step(sl->model, xb, yb, (int) b, &loss, &correct);
+                        if (sl->work_r < 0)
                                 break;
                         for (size_t t = 0; t < nt; t++)
-                                fed_client_step(f->params[t], f->w0[t], model_grad_host(f->model, t),
-                                                model_tensor_numel(f->model, t), lr, mu);
+                                fed_client_step(sl->params[t], sl->w0[t], model_grad_host(sl->model, t),
+                                                model_tensor_numel(sl->model, t), lr, mu);
                         loss_sum += loss;
                         nb++;
                 }
         }
-        for (size_t t = 0; t < nt && f->work_r == 0; t++) {
-                size_t n = model_tensor_numel(f->model, t);
+        for (size_t t = 0; t < nt && sl->work_r == 0; t++) {
+                size_t n = model_tensor_numel(sl->model, t);
                 for (size_t i = 0; i < n; i++) {
-                        f->delta[t][i] = f->params[t][i] - f->w0[t][i];
-                        if (!isfinite(f->delta[t][i]))
-                                f->work_r = -ERANGE;
+                        sl->delta[t][i] = sl->params[t][i] - sl->w0[t][i];
+                        if (!isfinite(sl->delta[t][i]))
+                                sl->work_r = -ERANGE;
                 }
         }
         double sq = 0;
-        for (size_t t = 0; t < nt && f->work_r == 0; t++) {
-                double nv = fed_norm2(f->delta[t], model_tensor_numel(f->model, t));
+        for (size_t t = 0; t < nt && sl->work_r == 0; t++) {
+                double nv = fed_norm2(sl->delta[t], model_tensor_numel(sl->model, t));
                 sq += nv * nv;
         }
         e->norm = sqrt(sq);
         float clip = job->fed.strategy.dp_clip;
-        if (f->work_r == 0 && clip > 0 && e->norm > clip) {
+        if (sl->work_r == 0 && clip > 0 && e->norm > clip) {
                 float scale = (float) (clip / e->norm);
                 for (size_t t = 0; t < nt; t++)
-                        for (size_t i = 0; i < model_tensor_numel(f->model, t); i++)
-                                f->delta[t][i] *= scale;
+                        for (size_t i = 0; i < model_tensor_numel(sl->model, t); i++)
+                                sl->delta[t][i] *= scale;
                 e->clipped++;
         }
         e->loss = nb ? loss_sum / (double) nb : 0.0;
         /* --compress: each chunk encoded; top-k keeps what it leaves out for the next round. */
         CompressKind ck = job->fed.compress;
         e->bytes = 0;
-        if (f->work_r == 0 && ck == COMPRESS_TOPK && !e->resid) {
+        if (sl->work_r == 0 && ck == COMPRESS_TOPK && !e->resid) {
                 e->resid = ps_calloc(nt, sizeof *e->resid);
                 for (size_t t = 0; e->resid && t < nt; t++)
-                        if (!(e->resid[t] = ps_calloc(model_tensor_numel(f->model, t), sizeof(float))))
-                                f->work_r = -ENOMEM;
+                        if (!(e->resid[t] = ps_calloc(model_tensor_numel(sl->model, t), sizeof(float))))
+                                sl->work_r = -ENOMEM;
                 if (!e->resid)
-                        f->work_r = -ENOMEM;
+                        sl->work_r = -ENOMEM;
         }
-        for (size_t t = 0; f->work_r == 0 && ck != COMPRESS_NONE && t < nt; t++)
+        for (size_t t = 0; sl->work_r == 0 && ck != COMPRESS_NONE && t < nt; t++)
                 for (uint32_t k = 0; k < job->tensors[t].nchunks; k++) {
                         size_t at = (size_t) k * job->chunk_floats;
                         uint32_t len = job_chunk_len(job, (uint32_t) t, k);
-                        f->csize[t][k] = compress_encode(ck, f->delta[t] + at, len, job->fed.topk,
+                        sl->csize[t][k] = compress_encode(ck, sl->delta[t] + at, len, job->fed.topk,
                                                          e->resid ? e->resid[t] + at : NULL,
-                                                         f->cbuf[t] + (size_t) k * f->cstride, f->cscratch);
-                        e->bytes += f->csize[t][k];
+                                                         sl->cbuf[t] + (size_t) k * f->cstride, sl->cscratch);
+                        e->bytes += sl->csize[t][k];
                 }
         if (ck == COMPRESS_NONE)
                 for (size_t t = 0; t < nt; t++)
-                        e->bytes += model_tensor_numel(f->model, t) * sizeof(float);
+                        e->bytes += model_tensor_numel(sl->model, t) * sizeof(float);
 }
 
 /* The pushed frame of chunk k of tensor t: the encoded one (--compress). */
 static void compressed_frame(void *ud, uint32_t tensor, uint32_t chunk, const void **ret_data, size_t *ret_size) {
-        Fleet *f = ud;
-        *ret_data = f->cbuf[tensor] + (size_t) chunk * f->cstride;
-        *ret_size = f->csize[tensor][chunk];
+        Slot *s = ud;
+        *ret_data = s->cbuf[tensor] + (size_t) chunk * s->f->cstride;
+        *ret_size = s->csize[tensor][chunk];
 }
 
 static void on_answer(Session *s, int r, WireMsg *m, void *ud) {
@@ -536,8 +616,8 @@ static void on_pushed(Client *c, int r, int64_t clock, void *ud) {
         /* On every shard: the model goes to the next client; tell pscoord, which
          * counts the update if the round is still open. */
         e->state = E_ANSWERING;
-        if (e->f->holder == e) {
-                fleet_release(e->f);
+        if (e->slot) {
+                slot_release(e);
                 edge_log(e);
         }
         Psnet__Round rd = PSNET__ROUND__INIT;
@@ -558,8 +638,8 @@ static void on_pushed(Client *c, int r, int64_t clock, void *ud) {
 }
 
 static void train_done(uv_work_t *req, int status) {
-        Fleet *f = req->data;
-        Edge *e = fleet_work_back(f, status, false);
+        Slot *sl = req->data;
+        Edge *e = slot_work_back(sl, status, false);
         if (!e)
                 return;
         e->examples = (uint64_t) e->nmine;
@@ -573,17 +653,17 @@ static void train_done(uv_work_t *req, int status) {
                         return;
                 }
                 /* The delta stays with this client; the model goes to the next. */
-                size_t nt = model_ntensors(f->model);
+                size_t nt = model_ntensors(sl->model);
                 sa_drop(e);
                 e->sa_upd = ps_calloc(nt, sizeof *e->sa_upd);
                 for (size_t t = 0; e->sa_upd && t < nt; t++) {
-                        size_t bytes = model_tensor_numel(f->model, t) * sizeof(float);
+                        size_t bytes = model_tensor_numel(sl->model, t) * sizeof(float);
                         e->sa_upd[t] = ps_malloc(bytes);
                         if (!e->sa_upd[t]) {
                                 sa_drop(e);
                                 break;
                         }
-                        memcpy(e->sa_upd[t], f->delta[t], bytes);
+                        memcpy(e->sa_upd[t], sl->delta[t], bytes);
                 }
                 if (!e->sa_upd) {
                         log_warning("Out of memory keeping the update of round %lu", (unsigned long) e->number);
@@ -591,10 +671,8 @@ static void train_done(uv_work_t *req, int status) {
                         return;
                 }
                 e->state = E_MASKING;
-                if (f->holder == e) {
-                        fleet_release(f);
-                        edge_log(e);
-                }
+                slot_release(e);
+                edge_log(e);
                 if (e->sa.number == e->number && e->sa.stage == 3)
                         sa_mask_start(e);
                 else
@@ -605,8 +683,8 @@ static void train_done(uv_work_t *req, int status) {
         client_set_examples(e->client, e->examples);
         if (e->job.fed.compress != COMPRESS_NONE)
                 client_set_frames(e->client, PSNET__CODEC__CODEC_BF16 + (int) e->job.fed.compress - COMPRESS_BF16,
-                                  compressed_frame, f);
-        int r = client_round(e->client, (const float *const *) f->delta, (int64_t) e->number, NULL, 0, on_pushed, e);
+                                  compressed_frame, sl);
+        int r = client_round(e->client, (const float *const *) sl->delta, (int64_t) e->number, NULL, 0, on_pushed, e);
         if (r < 0) {
                 log_warning_errno(r, "Failed to push the update of round %lu: %m", (unsigned long) e->number);
                 go_idle(e);
@@ -615,7 +693,6 @@ static void train_done(uv_work_t *req, int status) {
 
 static void on_pulled(Client *c, int r, int64_t clock, void *ud) {
         Edge *e = ud;
-        Fleet *f = e->f;
         (void) c, (void) clock;
         edge_log(e);
         if (r < 0) {
@@ -623,10 +700,11 @@ static void on_pulled(Client *c, int r, int64_t clock, void *ud) {
                 go_idle(e);
                 return;
         }
-        for (size_t t = 0; t < model_ntensors(f->model); t++)
-                memcpy(f->w0[t], f->params[t], model_tensor_numel(f->model, t) * sizeof(float));
+        Slot *sl = e->slot;
+        for (size_t t = 0; t < model_ntensors(sl->model); t++)
+                memcpy(sl->w0[t], sl->params[t], model_tensor_numel(sl->model, t) * sizeof(float));
         e->state = E_TRAINING;
-        r = fleet_work(e, train_work, train_done);
+        r = slot_work(e, train_work, train_done);
         if (r < 0) {
                 log_warning("Failed to start local training: %s", uv_strerror(r));
                 go_idle(e);
@@ -648,7 +726,7 @@ static void round_start(Edge *e, uint64_t number) {
         int r = client_ready(e);
         if (r == 0) {
                 client_set_timeout(e->client, f->cfg->round_timeout * 1000u);
-                r = client_round(e->client, NULL, 0, f->params, (int64_t) number, on_pulled, e);
+                r = client_round(e->client, NULL, 0, e->slot->params, (int64_t) number, on_pulled, e);
         }
         if (r < 0) {
                 log_warning_errno(r, "Failed to start round %lu: %m", (unsigned long) number);
@@ -660,8 +738,8 @@ static void round_start(Edge *e, uint64_t number) {
 
 /* Frees the update kept for masking (not the round's keys and shares). */
 static void sa_drop(Edge *e) {
-        Fleet *f = e->f;
-        for (size_t t = 0; e->sa_upd && f->model && t < model_ntensors(f->model); t++)
+        const Model *m = fleet_model(e->f);
+        for (size_t t = 0; e->sa_upd && m && t < model_ntensors(m); t++)
                 ps_free(e->sa_upd[t]);
         ps_free(e->sa_upd);
         e->sa_upd = NULL;
@@ -692,10 +770,10 @@ static void sa_send(Edge *e, EdgeSecAggOut *o) {
 
 static void sa_mask_work(uv_work_t *req) {
         Edge *e = req->data;
-        Fleet *f = e->f;
-        for (size_t t = 0; t < model_ntensors(f->model); t++)
+        const Model *m = fleet_model(e->f);
+        for (size_t t = 0; t < model_ntensors(m); t++)
                 edge_secagg_mask(&e->sa, (uint32_t) t, (const float *) e->sa_upd[t], e->sa_upd[t],
-                                 model_tensor_numel(f->model, t));
+                                 model_tensor_numel(m, t));
 }
 
 static void sa_mask_done(uv_work_t *req, int status) {
@@ -819,11 +897,11 @@ static void sa_keys_late(Edge *e) {
 /* --- the final evaluation ----------------------------------------------------------------- */
 
 static void eval_work(uv_work_t *req) {
-        Fleet *f = req->data;
-        f->work_r = model_upload_params(f->model);
-        if (f->work_r == 0)
-                f->work_r = model_evaluate(f->model, f->test->x, f->test->y, f->test->n, &f->eval_correct,
-                                           &f->eval_loss);
+        Slot *s = req->data;
+        const Dataset *test = s->f->test;
+        s->work_r = model_upload_params(s->model);
+        if (s->work_r == 0)
+                s->work_r = model_evaluate(s->model, test->x, test->y, test->n, &s->eval_correct, &s->eval_loss);
 }
 
 static void on_result(Session *s, int r, WireMsg *m, void *ud) {
@@ -846,12 +924,13 @@ static void on_eval_answer(Session *s, int r, WireMsg *m, void *ud) {
 }
 
 static void eval_done(uv_work_t *req, int status) {
-        Fleet *f = req->data;
-        Edge *e = fleet_work_back(f, status, true);
+        Slot *sl = req->data;
+        Edge *e = slot_work_back(sl, status, true);
         if (!e)
                 return;
-        float acc = (float) f->eval_correct / (float) f->test->n;
-        log_info("evaluated accuracy=%.4f test_loss=%.4f images=%u rounds=%ld", acc, f->eval_loss, f->test->n,
+        Fleet *f = e->f;
+        float acc = (float) sl->eval_correct / (float) f->test->n;
+        log_info("evaluated accuracy=%.4f test_loss=%.4f images=%u rounds=%ld", acc, sl->eval_loss, f->test->n,
                  (long) e->eval_clock);
         if (e->eval_round) {
                 /* --eval-every: the accuracy of the model after eval_clock rounds. */
@@ -860,7 +939,7 @@ static void eval_done(uv_work_t *req, int status) {
                 rd.has_evaluate = rd.evaluate = rd.has_round = rd.has_accuracy = rd.has_loss = true;
                 rd.round = (uint32_t) MAX(e->eval_clock, (int64_t) 0);
                 rd.accuracy = acc;
-                rd.loss = (float) f->eval_loss;
+                rd.loss = (float) sl->eval_loss;
                 Psnet__Header h;
                 wire_header_init(&h, PSNET__MSG_TYPE__MSG_ROUND_REP);
                 h.body_case = PSNET__HEADER__BODY_ROUND;
@@ -879,8 +958,8 @@ static void eval_done(uv_work_t *req, int status) {
         wi.has_accuracy = wi.has_done = wi.done = true;
         wi.accuracy = acc;
         uint64_t d = FNV1A64_INIT; /* over the weights, as workerd's */
-        for (size_t t = 0; t < model_ntensors(f->model); t++)
-                d = fnv1a64(d, f->params[t], model_tensor_numel(f->model, t) * sizeof(float));
+        for (size_t t = 0; t < model_ntensors(sl->model); t++)
+                d = fnv1a64(d, sl->params[t], model_tensor_numel(sl->model, t) * sizeof(float));
         wi.has_weights_digest = true;
         wi.weights_digest = d;
         res.worker = &wi;
@@ -905,7 +984,7 @@ static void on_final(Client *c, int r, int64_t clock, void *ud) {
                 go_idle(e);
                 return;
         }
-        r = fleet_work(e, eval_work, eval_done);
+        r = slot_work(e, eval_work, eval_done);
         if (r < 0) {
                 log_warning("Failed to start the evaluation: %s", uv_strerror(r));
                 go_idle(e);
@@ -913,7 +992,6 @@ static void on_final(Client *c, int r, int64_t clock, void *ud) {
 }
 
 static void evaluate_start(Edge *e) {
-        Fleet *f = e->f;
         e->state = E_EVALUATING;
         if (e->eval_round)
                 log_info("testing the model of round %u", e->eval_round);
@@ -921,7 +999,7 @@ static void evaluate_start(Edge *e) {
                 log_info("evaluating the final model");
         int r = client_ready(e);
         if (r == 0)
-                r = client_round(e->client, NULL, 0, f->params, 0, on_final, e);
+                r = client_round(e->client, NULL, 0, e->slot->params, 0, on_final, e);
         if (r < 0) {
                 log_warning_errno(r, "Failed to pull the final model: %m");
                 go_idle(e);
@@ -1114,30 +1192,15 @@ static void fleet_free(Fleet *f) {
                 sa_drop(&f->edges[i]);
                 edge_secagg_clear(&f->edges[i].sa);
         }
-        for (size_t t = 0; f->model && t < model_ntensors(f->model); t++) {
-                if (f->w0)
-                        ps_free(f->w0[t]);
-                if (f->delta)
-                        ps_free(f->delta[t]);
-        }
-        for (size_t t = 0; f->model && t < model_ntensors(f->model); t++) {
-                for (size_t i = 0; f->edges && i < f->n; i++)
-                        if (f->edges[i].resid)
-                                ps_free(f->edges[i].resid[t]);
-                if (f->cbuf)
-                        ps_free(f->cbuf[t]);
-                if (f->csize)
-                        ps_free(f->csize[t]);
-        }
-        for (size_t i = 0; f->edges && i < f->n; i++)
+        const Model *m = fleet_model(f);
+        for (size_t i = 0; f->edges && i < f->n; i++) {
+                for (size_t t = 0; m && f->edges[i].resid && t < model_ntensors(m); t++)
+                        ps_free(f->edges[i].resid[t]);
                 ps_free(f->edges[i].resid);
-        ps_free(f->cbuf);
-        ps_free(f->csize);
-        ps_free(f->cscratch);
-        ps_free(f->params);
-        ps_free(f->w0);
-        ps_free(f->delta);
-        model_free(f->model);
+        }
+        for (size_t i = 0; i < f->nslots; i++)
+                slot_free(&f->slots[i]);
+        ps_free(f->slots);
         kbackend_free(f->kb);
         dataset_free(f->train);
         dataset_free(f->test);
@@ -1151,6 +1214,18 @@ static void fleet_free(Fleet *f) {
 int edge_run(const WorkerConfig *cfg) {
         Fleet f = { .cfg = cfg, .n = cfg->simulate ? cfg->simulate : 1 };
         char err[512];
+        /* Models: one per core by default (each client's training on one), no
+         * more than clients; the thread pool has a thread for each, and one for
+         * the loader, before its first use. */
+        long cores = sysconf(_SC_NPROCESSORS_ONLN);
+        f.want_slots = cfg->parallel ? cfg->parallel : (size_t) MAX(cores, 1L);
+        f.want_slots = MIN(f.want_slots, f.n);
+        if (f.want_slots + 1 > 4 && !getenv("UV_THREADPOOL_SIZE")) {
+                char v[16];
+                snprintf(v, sizeof v, "%zu", MIN(f.want_slots + 1, (size_t) 1024));
+                if (setenv("UV_THREADPOOL_SIZE", v, 0) < 0)
+                        log_warning_errno(errno, "Failed to size the thread pool: %m");
+        }
         int r = uv_loop_init(&f.loop);
         if (r < 0)
                 return log_error_errno(r, "Failed to start the event loop: %s", uv_strerror(r));

@@ -26,6 +26,7 @@ typedef struct WorkerConfig {
         unsigned part, part_n;     /* --partition K/N: its share of the training set (part_n 0: all) */
         double alpha;              /* --alpha: Dirichlet concentration of the split (<= 0: iid) */
         unsigned simulate;         /* --simulate N: N clients in this process (0: one) */
+        unsigned parallel;         /* --parallel N: of them, N train at once (0: one per core) */
 } WorkerConfig;
 
 /* Runs until the job is done (or the worker is stopped). 0, or a negative

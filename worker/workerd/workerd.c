@@ -48,8 +48,10 @@ int main(int argc, char **argv) {
                   "small A, few classes each), or iid (default)" },
                 { "simulate", OPT_UINT, &cfg.simulate, "N",
                   "--edge: N virtual clients in this process, each with its own session, id and share of the "
-                  "data (shares K..K+N-1 of --partition K/M, else the N shares of N), sharing one dataset and "
-                  "one model (they train one at a time)" },
+                  "data (shares K..K+N-1 of --partition K/M, else the N shares of N), sharing one dataset" },
+                { "parallel", OPT_UINT, &cfg.parallel, "N",
+                  "--simulate: N of the clients train at once, each on its own copy of the model and one core "
+                  "(cpu backend; default: the cores of this machine)" },
                 { "log-level", OPT_STR, &log_level, "LEVEL", "debug, info, warning or error" },
         };
         const ProgramInfo prog = {
@@ -114,6 +116,14 @@ int main(int argc, char **argv) {
                 fprintf(stderr, "workerd: --alpha splits the data among clients: give --partition K/N (or "
                         "--simulate N) too\n");
                 r = -1;
+        }
+        if (r == 0 && cfg.parallel && !cfg.simulate) {
+                fprintf(stderr, "workerd: --parallel is for virtual clients (--edge --simulate N)\n");
+                r = -EINVAL;
+        }
+        if (r == 0 && cfg.parallel > 1024) {
+                fprintf(stderr, "workerd: --parallel takes at most 1024\n");
+                r = -EINVAL;
         }
         if (r == 0 && cfg.simulate > 100000) {
                 fprintf(stderr, "workerd: --simulate takes at most 100000 clients\n");
