@@ -41,6 +41,12 @@ const char *alloc_name(void) {
         return mallctl ? "jemalloc" : "libc";
 }
 
+void alloc_purge(void) {
+        /* "arena.<MALLCTL_ARENAS_ALL>.purge": every arena. */
+        if (mallctl)
+                (void) mallctl("arena.4096.purge", NULL, NULL, NULL, 0);
+}
+
 int alloc_stats(uint64_t *ret_allocated, uint64_t *ret_resident) {
         uint64_t epoch = 1;
         size_t allocated = 0, resident = 0, sz = sizeof(size_t), esz = sizeof epoch;

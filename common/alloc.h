@@ -19,5 +19,9 @@ void ps_free(void *p);
 /* Bytes the allocator reports as allocated and resident; 0 when unknown
  * (glibc malloc: sanitizer builds, libpsnet's users). */
 int alloc_stats(uint64_t *ret_allocated, uint64_t *ret_resident);
+/* Gives the memory freed so far back to the system (jemalloc keeps freed
+ * pages: the daemons' configuration never purges them by itself); nothing
+ * without jemalloc. For after a one-off peak, such as loading a data set. */
+void alloc_purge(void);
 /* Name of the allocator in use ("jemalloc" or "libc"). */
 const char *alloc_name(void);

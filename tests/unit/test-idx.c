@@ -11,6 +11,7 @@
 #include <string.h>
 #include <sys/stat.h>
 #include <zlib.h>
+#include "alloc.h"
 #include "idx.h"
 #include "psnet-config.h"
 #include "tap.h"
@@ -140,6 +141,15 @@ static void test_round_trip(void) {
                       "idx_read %s images: r=%d ndim=%u, dims and bytes as written", gz ? "gzip" : "raw",
                       r, ndim);
                 free(data);
+                data = NULL;
+                r = idx_read_first(p, 3, &data, got, &ndim);
+                CHECK(r == 0 && ndim == 3 && got[0] == 7 && data && memcmp(data, payload, 3 * 4 * 5) == 0,
+                      "idx_read_first 3 of 7 %s images: the file's dims, the first 3 images", gz ? "gzip" : "raw");
+                free(data);
+                data = NULL;
+                r = write_idx(p, gz, 0x803, 3, dims, payload, sizeof payload - 1, -1) ?
+                            idx_read_first(p, 3, &data, got, &ndim) : -1;
+                CHECK(r == -EBADMSG && !data, "idx_read_first still reads the whole file: a short one is refused");
 
                 p = path_in("", gz ? "labels.gz" : "labels");
                 data = NULL;
@@ -355,6 +365,37 @@ static void test_dataset(void) {
 }
 
 /* The installed Fashion-MNIST test set: 10000 images of 28x28, 1000 per class. */
+/* dataset_keep: an edge process of one client keeps its share only. */
+static void test_keep(void) {
+        Dataset *d = ps_calloc(1, sizeof *d);
+        CHECK(d != NULL, "dataset_keep: a dataset");
+        if (!d)
+                return;
+        d->n = 6, d->rows = 1, d->cols = 3;
+        d->x = ps_malloc(18 * sizeof(float));
+        d->y = ps_malloc(6 * sizeof(int32_t));
+        if (!d->x || !d->y) {
+                dataset_free(d);
+                CHECK(0, "dataset_keep: memory");
+                return;
+        }
+        for (int i = 0; i < 18; i++)
+                d->x[i] = (float) i;
+        for (int i = 0; i < 6; i++)
+                d->y[i] = 10 + i;
+        const uint32_t bad1[] = { 2, 1 }, bad2[] = { 1, 6 };
+        CHECK(dataset_keep(d, bad1, 2) == -EINVAL && dataset_keep(d, bad2, 2) == -EINVAL && d->n == 6,
+              "dataset_keep refuses indices out of order or out of range, and keeps the set");
+        const uint32_t keep[] = { 0, 2, 5 };
+        int r = dataset_keep(d, keep, 3);
+        bool same = r == 0 && d->n == 3;
+        for (uint32_t k = 0; same && k < 3; k++)
+                for (uint32_t p = 0; p < 3; p++)
+                        same &= d->x[k * 3 + p] == (float) (keep[k] * 3 + p) && d->y[k] == 10 + (int32_t) keep[k];
+        CHECK(same, "dataset_keep keeps samples 0, 2, 5 of 6, pixels and labels, in order");
+        dataset_free(d);
+}
+
 static void test_real(void) {
         const char *cands[] = { getenv("PSNET_DATA"), PSNET_DEFAULT_DATA };
         const char *dir = NULL;
@@ -425,6 +466,7 @@ int main(void) {
         test_round_trip();
         test_broken();
         test_dataset();
+        test_keep();
         test_real();
 
         if (nftw(tmpdir, rm_one, 16, FTW_DEPTH | FTW_PHYS) != 0)

@@ -53,6 +53,10 @@ static int gz_read_full(gzFile f, void *buf, size_t len) {
 }
 
 int idx_read(const char *path, uint8_t **ret_data, uint32_t dims[3], unsigned *ret_ndim) {
+        return idx_read_first(path, 0, ret_data, dims, ret_ndim);
+}
+
+int idx_read_first(const char *path, uint32_t max_items, uint8_t **ret_data, uint32_t dims[3], unsigned *ret_ndim) {
         _cleanup_(gz_closep) gzFile f = NULL;
         _cleanup_free_ uint8_t *data = NULL;
         uint8_t hdr[4], raw[3][4];
@@ -93,12 +97,25 @@ int idx_read(const char *path, uint8_t **ret_data, uint32_t dims[3], unsigned *r
                         return -EBADMSG;
         }
 
-        data = ps_malloc((size_t) total);
+        /* The first max_items items are kept; the rest is read through a small
+         * buffer, so the trailer is still checked. */
+        uint64_t keep = total;
+        if (max_items > 0 && max_items < d[0])
+                keep = total / d[0] * max_items;
+        data = ps_malloc((size_t) keep);
         if (!data)
                 return -ENOMEM;
-        r = gz_read_full(f, data, (size_t) total);
+        r = gz_read_full(f, data, (size_t) keep);
         if (r < 0)
                 return r;
+        uint8_t skip[1 << 16];
+        for (uint64_t left = total - keep; left > 0;) {
+                size_t n = (size_t) MIN(left, (uint64_t) sizeof skip);
+                r = gz_read_full(f, skip, n);
+                if (r < 0)
+                        return r;
+                left -= n;
+        }
 
         /* The header sized the payload: anything after it means the header is
          * wrong. Reading on also makes zlib check the gzip trailer (CRC, size). */
@@ -124,8 +141,8 @@ int idx_read(const char *path, uint8_t **ret_data, uint32_t dims[3], unsigned *r
 }
 
 /* Reads dir/<set>-<kind>.gz, else dir/<set>-<kind>; on failure explains in err. */
-static int dataset_read_file(const char *dir, const char *set, const char *kind, uint8_t **ret_data,
-                             uint32_t dims[3], unsigned *ret_ndim, char *err, size_t errlen) {
+static int dataset_read_file(const char *dir, const char *set, const char *kind, uint32_t max_items,
+                             uint8_t **ret_data, uint32_t dims[3], unsigned *ret_ndim, char *err, size_t errlen) {
         char path[PATH_MAX];
         int r, n;
 
@@ -134,10 +151,10 @@ static int dataset_read_file(const char *dir, const char *set, const char *kind,
                 snprintf(err, errlen, "data directory path too long: %s", dir);
                 return -ENAMETOOLONG;
         }
-        r = idx_read(path, ret_data, dims, ret_ndim);
+        r = idx_read_first(path, max_items, ret_data, dims, ret_ndim);
         if (r == -ENOENT) {
                 path[n - 3] = '\0';
-                r = idx_read(path, ret_data, dims, ret_ndim);
+                r = idx_read_first(path, max_items, ret_data, dims, ret_ndim);
                 if (r == -ENOENT) {
                         snprintf(err, errlen,
                                  "Fashion-MNIST not found in %s (looked for %s-%s.gz): install it "
@@ -174,10 +191,10 @@ int dataset_load(const char *dir, const char *set, uint32_t limit, uint32_t part
                 return -EINVAL;
         }
 
-        r = dataset_read_file(dir, set, "images-idx3-ubyte", &images, idims, &indim, err, errlen);
+        r = dataset_read_file(dir, set, "images-idx3-ubyte", limit, &images, idims, &indim, err, errlen);
         if (r < 0)
                 return r;
-        r = dataset_read_file(dir, set, "labels-idx1-ubyte", &labels, ldims, &lndim, err, errlen);
+        r = dataset_read_file(dir, set, "labels-idx1-ubyte", limit, &labels, ldims, &lndim, err, errlen);
         if (r < 0)
                 return r;
 
@@ -231,6 +248,30 @@ oom:
         dataset_free(d);
         snprintf(err, errlen, "out of memory loading %s/%s", dir, set);
         return -ENOMEM;
+}
+
+int dataset_keep(Dataset *d, const uint32_t *idx, uint32_t n) {
+        size_t pixels = (size_t) d->rows * d->cols;
+        if (n > d->n)
+                return -EINVAL;
+        for (uint32_t k = 0; k < n; k++)
+                if (idx[k] >= d->n || (k > 0 && idx[k] <= idx[k - 1]))
+                        return -EINVAL;
+        /* Ascending, so idx[k] >= k: copying forward never overwrites a
+         * sample still to be kept. */
+        for (uint32_t k = 0; k < n; k++) {
+                if (idx[k] != k)
+                        memcpy(d->x + k * pixels, d->x + (size_t) idx[k] * pixels, pixels * sizeof(float));
+                d->y[k] = d->y[idx[k]];
+        }
+        d->n = n;
+        float *x = ps_realloc(d->x, MAX((size_t) n * pixels, (size_t) 1) * sizeof(float));
+        int32_t *y = ps_realloc(d->y, MAX((size_t) n, (size_t) 1) * sizeof(int32_t));
+        if (x) /* a shrink that fails keeps the larger block */
+                d->x = x;
+        if (y)
+                d->y = y;
+        return 0;
 }
 
 Dataset *dataset_free(Dataset *d) {

@@ -430,6 +430,18 @@ static void edge_ready(Edge *e) {
                 edge_fail(e, -ENODATA);
                 return;
         }
+        if (f->n == 1 && e->nmine < f->train->n) {
+                /* A process of one client keeps its own images only. */
+                r = dataset_keep(f->train, e->mine, e->nmine);
+                for (uint32_t k = 0; r == 0 && k < e->nmine; k++)
+                        e->mine[k] = k;
+                if (r < 0) {
+                        log_error("cannot keep this client's share of the training set");
+                        edge_fail(e, r);
+                        return;
+                }
+                alloc_purge();
+        }
         log_info("ready partition=%u/%u images=%u alpha=%s backend=%s", e->part, f->nparts, e->nmine,
                  cfg->alpha > 0 ? "dirichlet" : "iid", f->kb->ops->name);
         if (++f->nready == f->n)
@@ -445,6 +457,7 @@ static void load_done(uv_work_t *req, int status) {
                 log_error("cannot load the data reason=\"%s\"", status < 0 ? uv_strerror(status) : f->err);
         else
                 r = fleet_setup(f, &f->loader->job);
+        alloc_purge(); /* the files' buffers, read and freed */
         f->data = r < 0 ? D_NONE : D_READY;
         for (size_t i = 0; i < f->n; i++) {
                 Edge *e = &f->edges[i];
