@@ -30,23 +30,10 @@ while [ $# -gt 0 ]; do
     *) echo "checkpoint: unknown option '$1' (see --help)" >&2; exit 2 ;;
   esac
 done
-PSCOORD=$build/ps/pscoord/pscoord PSD=$build/ps/psd/psd PSCTL=$build/ps/psctl/psctl WORKERD=$build/worker/workerd/workerd
-for b in "$PSCOORD" "$PSD" "$PSCTL" "$WORKERD"; do
-  [ -x "$b" ] || { echo "checkpoint: $b is missing (ninja -C $build)" >&2; exit 1; }
-done
-RUN=$(mktemp -d /tmp/psnet-bench-ckpt.XXXXXX)
-CK=$(mktemp -d "$base/psnet-bench-ckpt.XXXXXX")
-source "$top/deploy/local/cluster.sh"
-cleanup() {
-  local rc=$?
-  psnet_stop_all
-  rm -rf "$CK"
-  if [ $rc -ne 0 ] || [ $keep = 1 ]; then echo "checkpoint: logs are in $RUN" >&2; else rm -rf "$RUN"; fi
-  return $rc
-}
-trap cleanup EXIT
-trap 'exit 143' TERM INT
-die() { echo "checkpoint: $*" >&2; exit 1; }
+BENCH=checkpoint
+source "$top/tests/bench/lib.sh"
+CK=$(mktemp -d "$base/psnet-bench-ckpt.XXXXXX") || die "cannot make a directory in $base"
+BENCH_SCRATCH=("$CK")
 drop_caches() { [ "$(id -u)" = 0 ] && sync && echo 3 >/proc/sys/vm/drop_caches 2>/dev/null; }
 # max_field MSG KEY FILES...: the largest KEY=N over the lines of FILES that log msg="MSG".
 max_field() { local m=$1 k=$2; shift 2; grep -h "msg=\"$m\"" "$@" | sed -n "s/.* $k=\([0-9]*\).*/\1/p" | sort -n | tail -1; }

@@ -34,23 +34,8 @@ while [ $# -gt 0 ]; do
   esac
 done
 [[ $kills =~ ^[1-9][0-9]*$ && $lease =~ ^[1-9][0-9]*$ ]] || { echo "failover: --kills and --shard-lease-ms take positive numbers" >&2; exit 2; }
-PSCOORD=$build/ps/pscoord/pscoord PSD=$build/ps/psd/psd PSCTL=$build/ps/psctl/psctl WORKERD=$build/worker/workerd/workerd
-for b in "$PSCOORD" "$PSD" "$PSCTL" "$WORKERD"; do
-  [ -x "$b" ] || { echo "failover: $b is missing (ninja -C $build)" >&2; exit 1; }
-done
-command -v jq >/dev/null || { echo "failover: jq is missing" >&2; exit 1; }
-
-RUN=$(mktemp -d /tmp/psnet-bench-failover.XXXXXX)
-source "$top/deploy/local/cluster.sh"
-cleanup() {
-  local rc=$?
-  psnet_stop_all
-  if [ $rc -ne 0 ] || [ $keep = 1 ]; then echo "failover: logs are in $RUN" >&2; else rm -rf "$RUN"; fi
-  return $rc
-}
-trap cleanup EXIT
-trap 'exit 143' TERM INT
-die() { echo "failover: $*" >&2; exit 1; }
+BENCH=failover
+source "$top/tests/bench/lib.sh"
 
 # ms_of TS: milliseconds since the epoch of a log line's ts= (UTC, ms).
 ms_of() { date -u -d "$1" +%s%3N; }

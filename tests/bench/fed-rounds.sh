@@ -14,19 +14,25 @@
 #
 # Scale: one process of --scale-clients virtual clients (default 1000),
 # --scale-fraction of them sampled per round (default 0.1): the round seconds
-# and the peak memory (VmHWM) of pscoord, the shard and the edge process.
+# and the peak memory (VmHWM) of pscoord, the shard and the edge process. Then
+# --processes real edge processes (default 200; 0 leaves it out), each
+# workerd --edge --partition K/N, all sampled: the same figures, the edge
+# memory the most the processes held together (the sum of their VmHWM,
+# sampled every half second) and per process.
 #
 # Printed, never pass/fail:
 #   fed-bytes codec=C clients=N bytes_per_client=B ratio_to_f32=R accuracy=A round_s=S
 #   fed-scale clients=N sampled=K round_s=S pscoord_mib=.. psd_mib=.. edge_mib=.. bytes_per_client=B
+#   fed-scale processes=N sampled=K round_s=S pscoord_mib=.. psd_mib=.. edges_mib=.. per_edge_mib=..
+#             bytes_per_client=B start_s=S
 #
 #   tests/bench/fed-rounds.sh [--build DIR] [--clients N] [--rounds R] [--scale-clients N]
-#                             [--scale-fraction F] [--keep]
+#                             [--scale-fraction F] [--processes N] [--keep]
 set -u
 export LC_ALL=C
 top=$(cd "$(dirname "$0")/../.." && pwd)
-build="$top/build" clients=10 rounds=10 sclients=1000 sfraction=0.1 keep=0
-usage() { sed -n '2,25p' "$0" | sed 's/^# \{0,1\}//'; }
+build="$top/build" clients=10 rounds=10 sclients=1000 sfraction=0.1 procs=200 keep=0
+usage() { sed -n '2,31p' "$0" | sed 's/^# \{0,1\}//'; }
 while [ $# -gt 0 ]; do
   case $1 in
     --build) build=$2; shift 2 ;;
@@ -34,50 +40,51 @@ while [ $# -gt 0 ]; do
     --rounds) rounds=$2; shift 2 ;;
     --scale-clients) sclients=$2; shift 2 ;;
     --scale-fraction) sfraction=$2; shift 2 ;;
+    --processes) procs=$2; shift 2 ;;
     --keep) keep=1; shift ;;
     -h|--help) usage; exit 0 ;;
     *) echo "fed-rounds: unknown option '$1' (see --help)" >&2; exit 2 ;;
   esac
 done
-PSCOORD=$build/ps/pscoord/pscoord PSD=$build/ps/psd/psd PSCTL=$build/ps/psctl/psctl WORKERD=$build/worker/workerd/workerd
-for b in "$PSCOORD" "$PSD" "$PSCTL" "$WORKERD"; do
-  [ -x "$b" ] || { echo "fed-rounds: $b is missing (ninja -C $build)" >&2; exit 1; }
-done
-RUN=$(mktemp -d /tmp/psnet-bench-fed.XXXXXX)
-source "$top/deploy/local/cluster.sh"
-cleanup() {
-  local rc=$?
-  psnet_stop_all
-  if [ $rc -ne 0 ] || [ $keep = 1 ]; then echo "fed-rounds: logs are in $RUN" >&2; else rm -rf "$RUN"; fi
-  return $rc
-}
-trap cleanup EXIT
-trap 'exit 143' TERM INT
-die() { echo "fed-rounds: $*" >&2; exit 1; }
-hwm_mib() { awk '/^VmHWM:/ { printf "%.1f", $2 / 1024 }' "/proc/$1/status" 2>/dev/null; }
-# sample_hwm PID FILE: keeps FILE at PID's peak memory while it runs (the
-# edge process leaves when the job is done).
-sample_hwm() {
-  local m
-  while m=$(hwm_mib "$1") && [ -n "$m" ]; do
-    echo "$m" >"$2"
+BENCH=fed-rounds
+source "$top/tests/bench/lib.sh"
+
+# sample_sum_hwm FILE PID...: keeps FILE at the most the processes held
+# together (the sum of the VmHWM of those running) until all have left.
+sample_sum_hwm() {
+  local out=$1 most=0 sum; shift
+  while sum=$(for p in "$@"; do hwm_mib "$p"; echo; done | awk 'NF { s += $1; n++ } END { if (n) printf "%.1f", s }') &&
+        [ -n "$sum" ]; do
+    most=$(awk -v a="$most" -v b="$sum" 'BEGIN { print (b > a ? b : a) }')
+    echo "$most" >"$out"
     sleep 0.5  # sampling period of a measurement, not a synchronisation
   done
 }
 
 # run TAG NCLIENTS FRACTION ROUNDS [PSCOORD OPTIONS...]: one job to its end;
 # leaves the round history in $RUN/TAG.json and the result in $RUN/TAG.out.
+# The clients are one workerd --edge --simulate NCLIENTS process, or with
+# PROCS=1 NCLIENTS workerd --edge processes.
 run() {
   local tag=$1 n=$2 frac=$3 r=$4; shift 4
   COORD="ipc://$RUN/coord-$tag.sock"
   psnet_start "pscoord-$tag" "$PSCOORD" --listen "$COORD" --mode fed --shards 1 --rounds "$r" --fraction "$frac" \
     --min-clients 2 --min-available "$n" --round-timeout 120 --train-limit 6000 --test-limit 2000 "$@"
   psnet_start "psd-$tag" "$PSD" --id 1 --listen "ipc://$RUN/psd-$tag.sock" --coord "$COORD"
-  psnet_start "edge-$tag" "$WORKERD" --edge --coord "$COORD" --simulate "$n" --connect-timeout 120
-  local epid coord_pid psd_pid
+  local epids=() k
+  if [ "${PROCS:-0}" = 1 ]; then
+    for ((k = 0; k < n; k++)); do
+      psnet_start "edge-$tag-$k" "$WORKERD" --edge --coord "$COORD" --partition "$k/$n" --connect-timeout 300
+      epids+=($!)
+    done
+  else
+    psnet_start "edge-$tag" "$WORKERD" --edge --coord "$COORD" --simulate "$n" --connect-timeout 120
+    epids=($!)
+  fi
+  local coord_pid psd_pid
   local u=${tag//-/_}
-  eval "epid=\$PID_edge_$u coord_pid=\$PID_pscoord_$u psd_pid=\$PID_psd_$u"
-  sample_hwm "$epid" "$RUN/edge-$tag.hwm" &
+  eval "coord_pid=\$PID_pscoord_$u psd_pid=\$PID_psd_$u"
+  sample_sum_hwm "$RUN/edge-$tag.hwm" "${epids[@]}" &
   "$PSCTL" --coord "$COORD" job wait --wait 1800 >"$RUN/$tag.out" 2>&1 || die "$tag: $(cat "$RUN/$tag.out")"
   "$PSCTL" --coord "$COORD" --json round history >"$RUN/$tag.json" || die "$tag: no round history"
   HWM="$(hwm_mib "$coord_pid") $(hwm_mib "$psd_pid")"
@@ -114,3 +121,26 @@ read -r cm pm em <<<"$HWM"
 printf 'fed-scale clients=%s sampled=%s round_s=%s pscoord_mib=%s psd_mib=%s edge_mib=%s bytes_per_client=%s\n' \
   "$sclients" "$(jq -r '[.[] | select(.round > 0) | .sampled] | max' "$RUN/scale.json")" \
   "$(round_s "$RUN/scale.json")" "$cm" "$pm" "$em" "$(per_client "$RUN/scale.json")"
+
+# An edge process of a CPU-only build (-Dcuda=disabled) peaks at ~60 MiB; one
+# that links cuBLAS holds ~195 MiB of it whatever its backend: check first.
+per_proc=60
+ldd "$WORKERD" 2>/dev/null | grep -q libcublas && per_proc=215
+avail=$(awk '/^MemAvailable:/ { print int($2 / 1024) }' /proc/meminfo)
+if [ "$procs" -gt 0 ] && [ $((procs * per_proc)) -gt $((avail * 8 / 10)) ]; then
+  echo "fed-scale processes=$procs skipped: about $((procs * per_proc)) MiB needed (${per_proc} MiB each$(
+    [ $per_proc = 60 ] || echo ': this build links cuBLAS, a -Dcuda=disabled build needs 60')), $avail MiB available"
+  procs=0
+fi
+if [ "$procs" -gt 0 ]; then
+  t0=$SECONDS
+  PROCS=1 run procs "$procs" 1 3
+  read -r cm pm em <<<"$HWM"
+  # start_s: from the first process started to the end of the last round,
+  # less the rounds: starting, loading the data and joining.
+  printf 'fed-scale processes=%s sampled=%s round_s=%s pscoord_mib=%s psd_mib=%s edges_mib=%s per_edge_mib=%s bytes_per_client=%s start_s=%s\n' \
+    "$procs" "$(jq -r '[.[] | select(.round > 0) | .sampled] | max' "$RUN/procs.json")" \
+    "$(round_s "$RUN/procs.json")" "$cm" "$pm" "$em" "$(awk -v a="$em" -v n="$procs" 'BEGIN { printf "%.1f", a / n }')" \
+    "$(per_client "$RUN/procs.json")" \
+    "$(jq -r --argjson t $((SECONDS - t0)) '$t - ([.[] | select(.round > 0) | .seconds] | add) | round' "$RUN/procs.json")"
+fi

@@ -13,7 +13,7 @@
 # seconds is the operator's view: from `psctl shard add 3` until `psctl status`
 # shows every shard with incoming == 0 and shard 3 holding keys. Shards report
 # their key counts in heartbeats (every lease/3, ~3.3 s at --lease-ms 10000), so
-# data_seconds, taken from psd 3's own log (its last "chunk moved in" line, at
+# data_seconds, taken from psd 3's own log (its last "chunk installed" line, at
 # debug level), is the time the data plane needed. Steps/s come from the worker's
 # per-step progress lines (ts= is CLOCK_REALTIME, as is $EPOCHREALTIME),
 # interpolated between steps; status is polled every ~50 ms in all three windows
@@ -39,23 +39,8 @@ while [ $# -gt 0 ]; do
 done
 case $transport in ipc|tcp) ;; *) echo "shard-add: --transport is ipc or tcp" >&2; exit 2 ;; esac
 [[ $window =~ ^[1-9][0-9]*$ ]] || { echo "shard-add: --seconds takes a positive number" >&2; exit 2; }
-PSCOORD=$build/ps/pscoord/pscoord PSD=$build/ps/psd/psd PSCTL=$build/ps/psctl/psctl WORKERD=$build/worker/workerd/workerd
-for b in "$PSCOORD" "$PSD" "$PSCTL" "$WORKERD"; do
-  [ -x "$b" ] || { echo "shard-add: $b is missing (ninja -C $build)" >&2; exit 1; }
-done
-command -v jq >/dev/null || { echo "shard-add: jq is missing" >&2; exit 1; }
-
-RUN=$(mktemp -d /tmp/psnet-bench-shard-add.XXXXXX)
-source "$top/deploy/local/cluster.sh"
-cleanup() {
-  local rc=$?
-  psnet_stop_all
-  if [ $rc -ne 0 ] || [ $keep = 1 ]; then echo "shard-add: logs are in $RUN" >&2; else rm -rf "$RUN"; fi
-  return $rc
-}
-trap cleanup EXIT
-trap 'exit 143' TERM INT
-die() { echo "shard-add: $*" >&2; exit 1; }
+BENCH=shard-add
+source "$top/tests/bench/lib.sh"
 
 if [ $transport = tcp ]; then
   base=$((20000 + RANDOM % 20000))
@@ -185,9 +170,9 @@ echo "$mem"
 
 # The data plane: the last chunk psd 3 installed (its ts=, UTC, converted like the worker's).
 t_last=$(awk "$EPOCH_OF"'
-    /msg="chunk moved in"/ { ts = substr($1, 4) }
+    /msg="chunk installed"/ { ts = substr($1, 4) }
     END { if (ts == "") exit 1; printf "%.3f\n", epoch_of(ts) }' "$RUN/psd-3.log") || die "psd 3 logged no chunk"
-nmoved=$(grep -c 'msg="chunk moved in"' "$RUN/psd-3.log")
+nmoved=$(grep -c 'msg="chunk installed"' "$RUN/psd-3.log")
 grep -q 'msg="refused request"' "$RUN"/psd-*.log && echo "# note: a shard refused a request (see the logs)"
 
 before=$(rate "$t0" "$t1"); during=$(rate "$t_add" "$t_done"); after=$(rate "$t2" "$t3")

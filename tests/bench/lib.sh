@@ -1,0 +1,42 @@
+# What the cluster benchmarks in tests/bench share; sourced once their options
+# are read, with BENCH (the script's name, for messages), top, build and keep
+# set. Checks the daemons of $build and jq, makes RUN (the daemons' sockets
+# and logs), loads deploy/local/cluster.sh and, on exit, stops every daemon
+# started and removes RUN (kept, and said so, after a failure or with --keep;
+# kept too with BENCH_KEEP_RUN=1, where RUN holds the results) and the paths
+# in BENCH_SCRATCH.
+PSCOORD=$build/ps/pscoord/pscoord PSD=$build/ps/psd/psd PSCTL=$build/ps/psctl/psctl
+WORKERD=$build/worker/workerd/workerd
+for b in "$PSCOORD" "$PSD" "$PSCTL" "$WORKERD"; do
+  [ -x "$b" ] || { echo "$BENCH: $b is missing (ninja -C $build)" >&2; exit 1; }
+done
+command -v jq >/dev/null || { echo "$BENCH: jq is missing" >&2; exit 1; }
+RUN=$(mktemp -d "/tmp/psnet-bench-$BENCH.XXXXXX") || exit 1
+BENCH_SCRATCH=() BENCH_KEEP_RUN=0
+source "$top/deploy/local/cluster.sh"
+bench_cleanup() {
+  local rc=$?
+  psnet_stop_all
+  [ ${#BENCH_SCRATCH[@]} -eq 0 ] || rm -rf "${BENCH_SCRATCH[@]}"
+  if [ $rc -ne 0 ] || [ "$keep" = 1 ]; then
+    echo "$BENCH: logs are in $RUN" >&2
+  elif [ "$BENCH_KEEP_RUN" != 1 ]; then
+    rm -rf "$RUN"
+  fi
+  return $rc
+}
+trap bench_cleanup EXIT
+trap 'exit 143' TERM INT
+die() { echo "$BENCH: $*" >&2; exit 1; }
+
+# hwm_mib PID: the peak memory (VmHWM) of a running process, in MiB.
+hwm_mib() { awk '/^VmHWM:/ { printf "%.1f", $2 / 1024 }' "/proc/$1/status" 2>/dev/null; }
+# sample_hwm PID FILE: keeps FILE at PID's peak memory while it runs, for a
+# process that leaves by itself (run it in the background).
+sample_hwm() {
+  local m
+  while m=$(hwm_mib "$1") && [ -n "$m" ]; do
+    echo "$m" >"$2"
+    sleep 0.5  # sampling period of a measurement, not a synchronisation
+  done
+}
