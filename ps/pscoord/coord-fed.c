@@ -340,6 +340,7 @@ static void round_closed(Coord *c) {
         round_clear(f);
         f->phase = FED_WAITING;
         f->said_waiting = false;
+        coord_state_save(c); /* the round, its record and the privacy spent, kept across a restart */
 }
 
 /* The final model is evaluated by one edge worker (the lowest id connected). */
@@ -376,6 +377,16 @@ void coord_fed_poll(Coord *c) {
         FedRounds *f = &c->fed;
         if (c->job.mode != MODE_FED || c->state != JOB_RUNNING || !c->map)
                 return;
+        /* Restarted from the state file: nothing goes to the shards before they
+         * have registered again (or their leases ran out and they left). */
+        for (size_t i = 0; i < c->npeers; i++)
+                if (c->peers[i].role == PSNET__ROLE__ROLE_SERVER && c->peers[i].detached) {
+                        if (!f->said_shards)
+                                log_info("rounds wait for shard %u to register again", c->peers[i].id);
+                        f->said_shards = true;
+                        return;
+                }
+        f->said_shards = false;
         uint64_t now = now_ms();
         if ((f->phase == FED_OPENING || f->phase == FED_CLOSING) && now > f->shard_deadline) {
                 char reason[192];
@@ -575,6 +586,45 @@ void coord_handle_round_rep(Coord *c, WireMsg *m, Peer *p) {
         else
                 coord_reply_error(c, &m->route, m->hdr->seq, PSNET__STATUS__STATUS_DENIED,
                                   "ROUND_REP comes from shards and edge workers");
+}
+
+int coord_fed_restore(Coord *c, const Psnet__FedStatus *s, const double *rdp, size_t nrdp, uint64_t rdp_steps,
+                      char *err, size_t n) {
+        FedRounds *f = &c->fed;
+        if (s->n_history > COORD_FED_HISTORY || (nrdp && nrdp != RDP_NORDERS) || s->rounds_done > c->job.fed.rounds) {
+                snprintf(err, n, "its federated rounds (%zu records, %zu RDP orders, %u of %u rounds done)",
+                         s->n_history, nrdp, s->rounds_done, c->job.fed.rounds);
+                return -EBADMSG;
+        }
+        coord_fed_reset(c);
+        f->number = s->number;
+        f->done = s->rounds_done;
+        f->failed = s->failed;
+        f->late = s->late;
+        f->epsilon = s->has_epsilon ? s->epsilon : 0;
+        for (size_t k = 0; k < nrdp; k++)
+                f->privacy.rdp[k] = rdp[k];
+        f->privacy.steps = rdp_steps;
+        for (size_t k = 0; k < s->n_history; k++) {
+                const Psnet__RoundRecord *o = s->history[k];
+                FedRecord *r = coord_fed_record_new(f);
+                r->number = o->number;
+                r->round = o->round;
+                r->sampled = o->sampled;
+                r->answered = o->answered;
+                r->late = o->late;
+                r->dropped = o->dropped;
+                r->available = o->available;
+                r->loss = o->loss;
+                r->seconds = o->seconds;
+                r->epsilon = o->has_epsilon ? o->epsilon : -1;
+                r->bytes_up = o->bytes_up;
+                r->bytes_raw = o->bytes_raw;
+                r->accuracy = o->has_accuracy ? o->accuracy : -1;
+                snprintf(r->note, sizeof r->note, "%s", o->note ? o->note : "");
+        }
+        f->phase = FED_WAITING;
+        return 0;
 }
 
 void coord_fed_status(Coord *c, Psnet__FedStatus *s, Psnet__RoundRecord *recs, Psnet__RoundRecord **recp) {

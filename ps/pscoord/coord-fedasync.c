@@ -236,4 +236,5 @@ void coord_fedasync_closed(Coord *c) {
         f->nbuf -= f->applying;
         f->applying = 0;
         f->phase = FED_TRAINING;
+        coord_state_save(c); /* the buffers applied, kept across a restart */
 }

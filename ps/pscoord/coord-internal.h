@@ -159,7 +159,7 @@ typedef struct FedRounds {
         uint64_t opened_ms, deadline, shard_deadline, retry_at;
         uint32_t shard_failures;    /* closes in a row a shard refused */
         uint64_t failed, late;
-        bool said_waiting;
+        bool said_waiting, said_shards;
         FedRecord hist[COORD_FED_HISTORY]; /* a ring: the last nhist records end at hist_end */
         size_t nhist, hist_end;
         RdpAccount privacy;         /* --dp-noise: the aggregated rounds' RDP (common/rdp.h) */
@@ -296,6 +296,11 @@ void coord_fed_poll(Coord *c);
 void coord_handle_round_rep(Coord *c, WireMsg *m, Peer *p);
 /* The rounds for psctl status (pointers into c; valid until the next event). */
 void coord_fed_status(Coord *c, Psnet__FedStatus *ret, Psnet__RoundRecord *recs, Psnet__RoundRecord **recp);
+/* A restarted pscoord takes the rounds from its state file (coord-state.c):
+ * counts, history and the privacy spent; the round that was open is gone
+ * (the next one gets a higher number). 0, or -EBADMSG with the reason. */
+int coord_fed_restore(Coord *c, const Psnet__FedStatus *s, const double *rdp, size_t nrdp, uint64_t rdp_steps,
+                      char *err, size_t n);
 void coord_fed_free(Coord *c);
 /* Sends MSG_ROUND to every shard of the map: the round's sample (open) or the
  * clients whose updates count (close; none: drop them), with the seeds of a

@@ -55,8 +55,8 @@ static int build(Coord *c, Psnet__CoordState *st, Psnet__CoordPeer *pv, Psnet__C
         size_t np = 0;
         for (size_t i = 0; i < c->npeers; i++) {
                 const Peer *p = &c->peers[i];
-                /* Edge workers are not kept: a federated job's rounds are not in
-                 * the state file yet, and they register again as new clients. */
+                /* Edge workers are not kept: they register again as new clients
+                 * (the rounds, their history and the privacy spent are kept). */
                 if (p->role == PSNET__ROLE__ROLE_EDGE)
                         continue;
                 Psnet__CoordPeer *q = &pv[np];
@@ -135,6 +135,23 @@ void coord_state_save(Coord *c) {
         if (!c->cfg->state_dir)
                 return;
         Psnet__CoordState st = PSNET__COORD_STATE__INIT;
+        /* A federated job: its rounds, as psctl sees them, and the privacy spent. */
+        Psnet__FedStatus fs;
+        bool fed = c->job.mode == MODE_FED;
+        _cleanup_free_ Psnet__RoundRecord *recs = fed ? ps_calloc(COORD_FED_HISTORY, sizeof *recs) : NULL;
+        _cleanup_free_ Psnet__RoundRecord **recp = fed ? ps_calloc(COORD_FED_HISTORY, sizeof *recp) : NULL;
+        if (recs && recp) {
+                coord_fed_status(c, &fs, recs, recp);
+                st.fed = &fs;
+                st.n_fed_rdp = RDP_NORDERS;
+                st.fed_rdp = c->fed.privacy.rdp;
+                st.has_fed_rdp_steps = true;
+                st.fed_rdp_steps = c->fed.privacy.steps;
+        } else if (fed) {
+                c->state_failures++;
+                log_error("state not written: out of memory");
+                return;
+        }
         Psnet__CheckpointInfo last = PSNET__CHECKPOINT_INFO__INIT;
         Psnet__Checkpoint rf = PSNET__CHECKPOINT__INIT;
         _cleanup_free_ Psnet__CoordPeer *pv = ps_calloc(c->npeers ? c->npeers : 1, sizeof *pv);
@@ -268,6 +285,13 @@ static int apply(Coord *c, const Psnet__CoordState *st, char *err, size_t n) {
         c->weights_digest = st->weights_digest;
         c->has_accuracy = st->has_accuracy;
         c->accuracy = st->accuracy;
+        if (c->job.mode == MODE_FED && st->fed) {
+                int r = coord_fed_restore(c, st->fed, st->fed_rdp, st->n_fed_rdp, st->fed_rdp_steps, err, n);
+                if (r < 0)
+                        return r;
+                log_info("federated rounds from the state file rounds_done=%u number=%lu records=%zu epsilon=%.4f",
+                         c->fed.done, (unsigned long) c->fed.number, c->fed.nhist, c->fed.epsilon);
+        }
         const Psnet__Checkpoint *rf = st->restored_from;
         if (rf && rf->name && rf->dir && ckpt_name_valid(rf->name)) {
                 c->restore = (RestoreFrom) { .active = true, .clock = rf->clock, .base_clock = st->restore_base_clock,
