@@ -105,6 +105,16 @@ int coord_fed_send_shards(Coord *c, bool close, const uint32_t *ids, size_t n, P
         return coord_fed_send_round(c, &rd);
 }
 
+int coord_fed_send_edge(Coord *c, const Peer *p, Psnet__Round *rd) {
+        if (!p)
+                return -ENOTCONN;
+        Psnet__Header h;
+        wire_header_init(&h, PSNET__MSG_TYPE__MSG_ROUND);
+        h.body_case = PSNET__HEADER__BODY_ROUND;
+        h.round = rd;
+        return coord_reply_hdr(c, &p->route, &h, 0);
+}
+
 int coord_fed_send_round(Coord *c, Psnet__Round *rd) {
         FedRounds *f = &c->fed;
         size_t ns = shardmap_size(c->map);
@@ -197,16 +207,11 @@ static void round_train(Coord *c) {
                         return;
                 }
         }
-        Psnet__Header h;
-        wire_header_init(&h, PSNET__MSG_TYPE__MSG_ROUND);
-        h.body_case = PSNET__HEADER__BODY_ROUND;
-        h.round = &rd;
         f->phase = FED_TRAINING;
         f->opened_ms = now_ms();
         f->deadline = f->opened_ms + c->job.fed.round_timeout_ms;
         for (size_t i = 0; i < f->nclients; i++) {
-                Peer *p = coord_find_peer(c, PSNET__ROLE__ROLE_EDGE, f->clients[i]);
-                int r = p ? coord_reply_hdr(c, &p->route, &h, 0) : -ENOTCONN;
+                int r = coord_fed_send_edge(c, coord_find_peer(c, PSNET__ROLE__ROLE_EDGE, f->clients[i]), &rd);
                 if (r < 0)
                         log_warning_errno(r, "Failed to send round %lu to edge=%u: %m", (unsigned long) f->number,
                                           f->clients[i]);
@@ -306,11 +311,7 @@ void coord_fed_evaluate_round(Coord *c) {
         rd.number = f->number;
         rd.has_evaluate = rd.evaluate = rd.has_round = true;
         rd.round = f->done;
-        Psnet__Header h;
-        wire_header_init(&h, PSNET__MSG_TYPE__MSG_ROUND);
-        h.body_case = PSNET__HEADER__BODY_ROUND;
-        h.round = &rd;
-        int r = coord_reply_hdr(c, &e->route, &h, 0);
+        int r = coord_fed_send_edge(c, e, &rd);
         if (r < 0)
                 log_warning_errno(r, "Failed to ask edge=%u to test round %u's model: %m", e->id, f->done);
 }
@@ -361,14 +362,10 @@ static void evaluate_ask(Coord *c) {
         Psnet__Round rd = PSNET__ROUND__INIT;
         rd.number = f->number;
         rd.has_evaluate = rd.evaluate = true;
-        Psnet__Header h;
-        wire_header_init(&h, PSNET__MSG_TYPE__MSG_ROUND);
-        h.body_case = PSNET__HEADER__BODY_ROUND;
-        h.round = &rd;
         c->evaluator = e->id;
         f->deadline = now_ms() + MAX(FED_SHARD_WAIT_MS, c->job.fed.round_timeout_ms);
         log_info("rounds done rounds=%u: edge=%u evaluates the final model", f->done, e->id);
-        int r = coord_reply_hdr(c, &e->route, &h, 0);
+        int r = coord_fed_send_edge(c, e, &rd);
         if (r < 0)
                 log_warning_errno(r, "Failed to ask edge=%u to evaluate: %m", e->id);
 }

@@ -50,11 +50,7 @@ static void give_task(Coord *c, Peer *p, uint64_t now) {
         rd.has_round = rd.has_timeout_ms = true;
         rd.round = f->done + 1;
         rd.timeout_ms = c->job.fed.round_timeout_ms;
-        Psnet__Header h;
-        wire_header_init(&h, PSNET__MSG_TYPE__MSG_ROUND);
-        h.body_case = PSNET__HEADER__BODY_ROUND;
-        h.round = &rd;
-        int r = coord_reply_hdr(c, &p->route, &h, 0);
+        int r = coord_fed_send_edge(c, p, &rd);
         if (r < 0)
                 log_warning_errno(r, "Failed to send task %lu to edge=%u: %m", (unsigned long) t.number, p->id);
 }

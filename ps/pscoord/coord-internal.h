@@ -308,6 +308,8 @@ void coord_fed_free(Coord *c);
 int coord_fed_send_shards(Coord *c, bool close, const uint32_t *ids, size_t n, Psnet__SecAgg *sa);
 /* Sends rd to every shard of the map; their answers come to shard_rep. */
 int coord_fed_send_round(Coord *c, Psnet__Round *rd);
+/* rd to one edge worker (p NULL: -ENOTCONN). */
+int coord_fed_send_edge(Coord *c, const Peer *p, Psnet__Round *rd);
 /* A new round record (the history's ring). */
 FedRecord *coord_fed_record_new(FedRounds *f);
 /* An edge worker that can take part (registered, not detached). */

@@ -66,12 +66,7 @@ static void send_edge(Coord *c, size_t i, Psnet__SecAgg *sa) {
         rd.has_round = true;
         rd.round = f->done + 1;
         rd.secagg = sa;
-        Psnet__Header h;
-        wire_header_init(&h, PSNET__MSG_TYPE__MSG_ROUND);
-        h.body_case = PSNET__HEADER__BODY_ROUND;
-        h.round = &rd;
-        Peer *p = coord_find_peer(c, PSNET__ROLE__ROLE_EDGE, f->clients[i]);
-        int r = p ? coord_reply_hdr(c, &p->route, &h, 0) : -ENOTCONN;
+        int r = coord_fed_send_edge(c, coord_find_peer(c, PSNET__ROLE__ROLE_EDGE, f->clients[i]), &rd);
         if (r < 0)
                 log_warning_errno(r, "Failed to send round %lu's secure aggregation stage %u to edge=%u: %m",
                                   (unsigned long) f->number, sa->stage, f->clients[i]);
