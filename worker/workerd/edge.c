@@ -440,7 +440,6 @@ static void edge_ready(Edge *e) {
                         edge_fail(e, r);
                         return;
                 }
-                alloc_purge();
         }
         log_info("ready partition=%u/%u images=%u alpha=%s backend=%s", e->part, f->nparts, e->nmine,
                  cfg->alpha > 0 ? "dirichlet" : "iid", f->kb->ops->name);
@@ -457,7 +456,6 @@ static void load_done(uv_work_t *req, int status) {
                 log_error("cannot load the data reason=\"%s\"", status < 0 ? uv_strerror(status) : f->err);
         else
                 r = fleet_setup(f, &f->loader->job);
-        alloc_purge(); /* the files' buffers, read and freed */
         f->data = r < 0 ? D_NONE : D_READY;
         for (size_t i = 0; i < f->n; i++) {
                 Edge *e = &f->edges[i];
@@ -468,6 +466,7 @@ static void load_done(uv_work_t *req, int status) {
                 else
                         edge_ready(e);
         }
+        alloc_purge(); /* the files' buffers, and the rest of the set a lone client does not keep */
 }
 
 /* A job came for e: its share of the data, loaded once for the process. */
@@ -609,6 +608,16 @@ static void on_answer(Session *s, int r, WireMsg *m, void *ud) {
         go_idle(e);
 }
 
+/* rd to pscoord (an update's answer, a secure aggregation stage, an
+ * accuracy); cb gets pscoord's reply. */
+static int round_answer(Edge *e, Psnet__Round *rd, unsigned timeout_ms, SessionReplyFn cb) {
+        Psnet__Header h;
+        wire_header_init(&h, PSNET__MSG_TYPE__MSG_ROUND_REP);
+        h.body_case = PSNET__HEADER__BODY_ROUND;
+        h.round = rd;
+        return session_request(e->session, &h, PSNET__MSG_TYPE__MSG_JOB_REP, timeout_ms, cb, e);
+}
+
 static void on_pushed(Client *c, int r, int64_t clock, void *ud) {
         Edge *e = ud;
         (void) c, (void) clock;
@@ -639,11 +648,7 @@ static void on_pushed(Client *c, int r, int64_t clock, void *ud) {
         rd.bytes = e->bytes;
         rd.examples = e->examples;
         rd.loss = (float) e->loss;
-        Psnet__Header h;
-        wire_header_init(&h, PSNET__MSG_TYPE__MSG_ROUND_REP);
-        h.body_case = PSNET__HEADER__BODY_ROUND;
-        h.round = &rd;
-        r = session_request(e->session, &h, PSNET__MSG_TYPE__MSG_JOB_REP, 10000, on_answer, e);
+        r = round_answer(e, &rd, 10000, on_answer);
         if (r < 0) {
                 log_warning_errno(r, "Failed to answer round %lu: %m", (unsigned long) e->number);
                 go_idle(e);
@@ -771,11 +776,7 @@ static void sa_send(Edge *e, EdgeSecAggOut *o) {
         Psnet__Round rd = PSNET__ROUND__INIT;
         rd.number = e->sa.number;
         rd.secagg = &o->sa;
-        Psnet__Header h;
-        wire_header_init(&h, PSNET__MSG_TYPE__MSG_ROUND_REP);
-        h.body_case = PSNET__HEADER__BODY_ROUND;
-        h.round = &rd;
-        int r = session_request(e->session, &h, PSNET__MSG_TYPE__MSG_JOB_REP, 10000, on_sa_answer, e);
+        int r = round_answer(e, &rd, 10000, on_sa_answer);
         if (r < 0)
                 log_warning_errno(r, "Failed to send secure aggregation stage %u: %m", o->sa.stage);
         edge_secagg_out_free(o);
@@ -953,12 +954,8 @@ static void eval_done(uv_work_t *req, int status) {
                 rd.round = (uint32_t) MAX(e->eval_clock, (int64_t) 0);
                 rd.accuracy = acc;
                 rd.loss = (float) sl->eval_loss;
-                Psnet__Header h;
-                wire_header_init(&h, PSNET__MSG_TYPE__MSG_ROUND_REP);
-                h.body_case = PSNET__HEADER__BODY_ROUND;
-                h.round = &rd;
                 e->eval_round = 0;
-                int r = session_request(e->session, &h, PSNET__MSG_TYPE__MSG_JOB_REP, 5000, on_eval_answer, e);
+                int r = round_answer(e, &rd, 5000, on_eval_answer);
                 if (r < 0) {
                         log_warning_errno(r, "Failed to report the accuracy: %m");
                         go_idle(e);
