@@ -138,8 +138,9 @@ void coord_state_save(Coord *c) {
         /* A federated job: its rounds, as psctl sees them, and the privacy spent. */
         Psnet__FedStatus fs;
         bool fed = c->job.mode == MODE_FED;
-        _cleanup_free_ Psnet__RoundRecord *recs = fed ? ps_calloc(COORD_FED_HISTORY, sizeof *recs) : NULL;
-        _cleanup_free_ Psnet__RoundRecord **recp = fed ? ps_calloc(COORD_FED_HISTORY, sizeof *recp) : NULL;
+        size_t nrec = MAX(c->fed.nhist, (size_t) 1);
+        _cleanup_free_ Psnet__RoundRecord *recs = fed ? ps_calloc(nrec, sizeof *recs) : NULL;
+        _cleanup_free_ Psnet__RoundRecord **recp = fed ? ps_calloc(nrec, sizeof *recp) : NULL;
         if (recs && recp) {
                 coord_fed_status(c, &fs, recs, recp);
                 st.fed = &fs;
