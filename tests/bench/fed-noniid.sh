@@ -71,7 +71,7 @@ run() {
   psnet_start "edge-$name" "$WORKERD" --edge --coord "$COORD" --simulate 100 --alpha "$alpha" --connect-timeout 120
   local u=${name//-/_} cpid ppid epid server
   eval "cpid=\$PID_pscoord_$u ppid=\$PID_psd_$u epid=\$PID_edge_$u"
-  sample_hwm "$epid" "$RUN/$name-clients.hwm" &
+  sample_hwm "$RUN/$name-clients.hwm" "$epid" &
   "$PSCTL" --coord "$COORD" job wait --wait 3600 >"$RUN/$name.out" 2>&1 || die "$name: $(cat "$RUN/$name.out")"
   "$PSCTL" --coord "$COORD" --json round history >"$RUN/$name.json" || die "$name: no round history"
   server=$(awk -v a="$(hwm_mib "$cpid")" -v b="$(hwm_mib "$ppid")" 'BEGIN { printf "%.1f", a + b }')
@@ -112,11 +112,11 @@ flower() {
   "$py" "$top/tests/bench/flower_fed.py" server --split "$RUN/split" --address "127.0.0.1:$port" --rounds "$rounds" \
     --out "$RUN/$name.flwr.json" --strategy "$@" >"$RUN/$name-server.log" 2>&1 &
   spid=$!
-  sample_hwm $spid "$RUN/$name-server.hwm" &
+  sample_hwm "$RUN/$name-server.hwm" $spid &
   OPENBLAS_NUM_THREADS=1 OMP_NUM_THREADS=1 "$py" "$top/tests/bench/flower_fed.py" clients --split "$RUN/split" --address "127.0.0.1:$port" \
     --local-epochs "$epochs" --lr "$lr" --batch 32 >"$RUN/$name-clients.log" 2>&1 &
   cpid=$!
-  sample_hwm $cpid "$RUN/$name-clients.hwm" &
+  sample_hwm "$RUN/$name-clients.hwm" $cpid &
   if ! wait $spid; then
     kill $cpid 2>/dev/null
     die "$name: the Flower server failed: $(tail -5 "$RUN/$name-server.log")"

@@ -49,18 +49,6 @@ done
 BENCH=fed-rounds
 source "$top/tests/bench/lib.sh"
 
-# sample_sum_hwm FILE PID...: keeps FILE at the most the processes held
-# together (the sum of the VmHWM of those running) until all have left.
-sample_sum_hwm() {
-  local out=$1 most=0 sum; shift
-  while sum=$(for p in "$@"; do hwm_mib "$p"; echo; done | awk 'NF { s += $1; n++ } END { if (n) printf "%.1f", s }') &&
-        [ -n "$sum" ]; do
-    most=$(awk -v a="$most" -v b="$sum" 'BEGIN { print (b > a ? b : a) }')
-    echo "$most" >"$out"
-    sleep 0.5  # sampling period of a measurement, not a synchronisation
-  done
-}
-
 # run TAG NCLIENTS FRACTION ROUNDS [PSCOORD OPTIONS...]: one job to its end;
 # leaves the round history in $RUN/TAG.json and the result in $RUN/TAG.out.
 # The clients are one workerd --edge --simulate NCLIENTS process, or with
@@ -84,7 +72,7 @@ run() {
   local coord_pid psd_pid
   local u=${tag//-/_}
   eval "coord_pid=\$PID_pscoord_$u psd_pid=\$PID_psd_$u"
-  sample_sum_hwm "$RUN/edge-$tag.hwm" "${epids[@]}" &
+  sample_hwm "$RUN/edge-$tag.hwm" "${epids[@]}" &
   "$PSCTL" --coord "$COORD" job wait --wait 1800 >"$RUN/$tag.out" 2>&1 || die "$tag: $(cat "$RUN/$tag.out")"
   "$PSCTL" --coord "$COORD" --json round history >"$RUN/$tag.json" || die "$tag: no round history"
   HWM="$(hwm_mib "$coord_pid") $(hwm_mib "$psd_pid")"

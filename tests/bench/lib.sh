@@ -31,12 +31,15 @@ die() { echo "$BENCH: $*" >&2; exit 1; }
 
 # hwm_mib PID: the peak memory (VmHWM) of a running process, in MiB.
 hwm_mib() { awk '/^VmHWM:/ { printf "%.1f", $2 / 1024 }' "/proc/$1/status" 2>/dev/null; }
-# sample_hwm PID FILE: keeps FILE at PID's peak memory while it runs, for a
-# process that leaves by itself (run it in the background).
+# sample_hwm FILE PID...: keeps FILE at the most the processes held together
+# (the sum of the VmHWM of those still running; one process: its peak) until
+# all have left. Run it in the background.
 sample_hwm() {
-  local m
-  while m=$(hwm_mib "$1") && [ -n "$m" ]; do
-    echo "$m" >"$2"
+  local out=$1 most=0 sum; shift
+  while sum=$(for p in "$@"; do hwm_mib "$p"; echo; done | awk 'NF { s += $1; n++ } END { if (n) printf "%.1f", s }') &&
+        [ -n "$sum" ]; do
+    most=$(awk -v a="$most" -v b="$sum" 'BEGIN { print (b > a ? b : a) }')
+    echo "$most" >"$out"
     sleep 0.5  # sampling period of a measurement, not a synchronisation
   done
 }
