@@ -43,4 +43,10 @@ job_state() { "$PSCTL" --coord "$COORD" --json status | sed -n 's/.*"state":"\([
 # accuracy_at_least LINE BAR: LINE holds accuracy=X; true when X >= BAR.
 accuracy_at_least() { awk -v bar="$2" '{ if (match($0, /accuracy=[0-9.]+/)) { a = substr($0, RSTART + 9, RLENGTH - 9); exit !(a + 0 >= bar) } exit 1 }' <<<"$1"; }
 # logs_match PATTERN GLOB: some log in $RUN matching GLOB (expanded at each call) matches PATTERN.
+# rdp_rates HISTORY-JSON: the aggregated rounds' sampling rates, "s/a ...".
+rdp_rates() { jq -r '[.[] | select(.round > 0) | "\(.sampled)/\(.available)"] | join(" ")' <<<"$1"; }
+# rdp_reference NOISE DELTA RATES...: epsilon by the independent accountant.
+rdp_reference() { /usr/bin/python3 "$PSNET_SRC/tests/integration/rdp-reference.py" "$@"; }
+# within A B REL: |A - B| <= REL x B, with B > 0.
+within() { awk -v a="$1" -v b="$2" -v r="$3" 'BEGIN { d = a - b; if (d < 0) d = -d; exit !(b > 0 && d <= r * b) }'; }
 logs_match() { grep -qE -- "$1" "$RUN"/$2 2>/dev/null; }

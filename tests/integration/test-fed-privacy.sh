@@ -56,9 +56,9 @@ ok $? "pscoord reports the privacy spent at the end"
 st=$("${PSCTL_K[@]}" --coord "$COORD" --json status)
 eps=$(jq -r '.job.fed.epsilon' <<<"$st")
 hist=$("${PSCTL_K[@]}" --coord "$COORD" --json round history)
-rates=$(jq -r '[.[] | select(.round > 0) | "\(.sampled)/\(.available)"] | join(" ")' <<<"$hist")
-want=$(/usr/bin/python3 "$PSNET_SRC/tests/integration/rdp-reference.py" "$NOISE" "$DELTA" $rates)
-awk -v a="$eps" -v b="$want" 'BEGIN { d = a - b; if (d < 0) d = -d; exit !(b > 0 && d <= 1e-6 * b) }'
+rates=$(rdp_rates "$hist")
+want=$(rdp_reference "$NOISE" "$DELTA" $rates)
+within "$eps" "$want" 1e-6
 ok $? "psctl status reports epsilon $eps for rounds at q = $rates, the reference gives $want"
 jq -e "[.[] | select(.round > 0) | .epsilon] | length == $ROUNDS and (. == sort) and .[-1] == $eps" <<<"$hist" >/dev/null
 ok $? "round history: epsilon grows round by round and ends at the status figure"
