@@ -86,6 +86,7 @@ struct Edge {
         uint32_t *mine, nmine;
         /* the round */
         uint64_t number, pending;   /* the round in progress; one asked for while busy */
+        uint32_t round, pending_round; /* the aggregated round they make (0: not said) */
         bool pending_eval;
         uint32_t eval_round;        /* the evaluation asked for: after this round (--eval-every; 0: the final) */
         uint64_t eval_number;
@@ -143,6 +144,11 @@ static Model *fleet_model(const Fleet *f) {
 
 static void edge_leave(Edge *e);
 static void round_start(Edge *e, uint64_t number);
+
+static int cmp_u32(const void *a, const void *b) {
+        uint32_t x = *(const uint32_t *) a, y = *(const uint32_t *) b;
+        return (x > y) - (x < y);
+}
 static void evaluate_start(Edge *e);
 static void fleet_want(Edge *e);
 static void sa_mask_start(Edge *e);
@@ -234,6 +240,7 @@ static void fleet_dispatch(Fleet *f) {
                 } else {
                         uint64_t n = e->pending;
                         e->pending = 0;
+                        e->round = e->pending_round;
                         round_start(e, n);
                 }
         }
@@ -508,7 +515,13 @@ static void train_work(uv_work_t *req) {
         int32_t *yb = model_batch_y(sl->model);
         double loss_sum = 0;
         uint64_t nb = 0;
-        uint64_t x = job->seed * 1000003u + e->number * 7919u + session_id(e->session);
+        /* The order of the examples follows the job's seed, the aggregated
+         * round this one makes (not its number, which a retried round or a
+         * restore changes) and the client: a job restored from a checkpoint
+         * trains as the uninterrupted one would. fedasync: the task's number. */
+        uint64_t r = job->fed.async || !e->round ? e->number : e->round;
+        uint64_t x = job->seed * 1000003u + r * 7919u + session_id(e->session);
+        qsort(e->mine, e->nmine, sizeof *e->mine, cmp_u32); /* from the same order in every process */
         sl->work_r = 0;
         for (uint32_t ep = 0; ep < job->fed.local_epochs && sl->work_r == 0; ep++) {
                 shuffle_u32(e->mine, e->nmine, &x); /* a fresh order each epoch */
@@ -1086,8 +1099,10 @@ static void on_round(Edge *e, const Psnet__Round *rd) {
                 e->pending_eval = true;
                 e->eval_round = mid ? rd->round : 0;
                 e->eval_number = rd->number;
-        } else
+        } else {
                 e->pending = rd->number;
+                e->pending_round = rd->has_round ? rd->round : 0;
+        }
         fleet_want(e);
 }
 
