@@ -94,6 +94,10 @@ void coord_maybe_start(Coord *c) {
                  (unsigned long) c->map_epoch, shardmap_replicas(c->map), c->restore.active ? " restored_from=" : "",
                  c->restore.active ? c->restore.name : "");
         coord_fed_reset(c);
+        if (fed && c->restore.active && coord_checkpoint_fed_resume(c, reason, sizeof reason) < 0) {
+                coord_job_fail(c, reason);
+                return;
+        }
         coord_publish(c);
         coord_fed_poll(c);
 }
@@ -168,19 +172,14 @@ void coord_handle_status(Coord *c, WireMsg *m) {
         }
         ctl.checkpointing = c->ckpt.active ? (c->ckpt.name[0] ? c->ckpt.name : (char *) "(unnamed)") : NULL;
         ctl.restored_from = c->restore.active ? c->restore.name : NULL;
-        Psnet__FedStatus fs;
-        _cleanup_free_ Psnet__RoundRecord *recs = NULL;
-        _cleanup_free_ Psnet__RoundRecord **recp = NULL;
+        _cleanup_(coord_fed_view_free) FedView fv = { .recs = NULL };
         if (c->job.mode == MODE_FED) {
-                recs = ps_calloc(COORD_FED_HISTORY, sizeof *recs);
-                recp = ps_calloc(COORD_FED_HISTORY, sizeof *recp);
-                if (!recs || !recp) {
+                if (coord_fed_status(c, &fv) < 0) {
                         coord_reply_error(c, &m->route, m->hdr->seq, PSNET__STATUS__STATUS_RESOURCE, "out of memory");
                         job_proto_free(spec);
                         return;
                 }
-                coord_fed_status(c, &fs, recs, recp);
-                ctl.fed = &fs;
+                ctl.fed = &fv.fs;
         }
         wire_header_init(&h, PSNET__MSG_TYPE__MSG_STATUS_REP);
         h.body_case = PSNET__HEADER__BODY_STATUS_REP;

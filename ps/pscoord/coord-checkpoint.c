@@ -103,10 +103,6 @@ int coord_checkpoint_start(Coord *c, const char *name, bool automatic, char *rea
                 snprintf(reason, n, "job %u is not running (it is %s)", c->job.id, job_state_name(c->state));
                 return PSNET__STATUS__STATUS_INVALID;
         }
-        if (c->job.mode == MODE_FED) {
-                snprintf(reason, n, "job %u is federated: checkpoints of federated rounds are not built yet", c->job.id);
-                return PSNET__STATUS__STATUS_INVALID;
-        }
         if (k->active) {
                 snprintf(reason, n, "checkpoint %s is being written: wait for it", k->name[0] ? k->name : "(unnamed)");
                 return PSNET__STATUS__STATUS_RESOURCE;
@@ -131,6 +127,12 @@ int coord_checkpoint_start(Coord *c, const char *name, bool automatic, char *rea
         }
         *k = (CkptSave) { .active = true, .automatic = automatic, .started = now_ms() };
         snprintf(k->name, sizeof k->name, "%s", name ? name : "");
+        if (c->job.mode == MODE_FED) {
+                /* No fence: the cut is between two rounds (or buffers), which
+                 * coord_fed_poll holds back until every shard has written. */
+                k->fed_wait = true;
+                return PSNET__STATUS__STATUS_OK;
+        }
         coord_fence_start(c, false, c->job.mode, c->job.staleness);
         c->fence.checkpoint = true;
         return PSNET__STATUS__STATUS_OK;
@@ -141,9 +143,11 @@ void coord_checkpoint_fenced(Coord *c) {
         CkptSave *k = &c->ckpt;
         const FenceClocks *f = &c->fence.clocks;
         char dir[PATH_MAX], reason[PATH_MAX + 64];
-        k->clock = c->job.mode == MODE_BSP ? f->max_clock + 1 : f->max_wclock + 2;
+        bool fed = c->job.mode == MODE_FED;
+        k->clock = fed ? (int64_t) c->fed.done : c->job.mode == MODE_BSP ? f->max_clock + 1 : f->max_wclock + 2;
         if (!k->name[0])
-                snprintf(k->name, sizeof k->name, "%s-%ld", k->automatic ? "auto" : "clock", (long) k->clock);
+                snprintf(k->name, sizeof k->name, "%s-%ld", k->automatic ? "auto" : fed ? "round" : "clock",
+                         (long) k->clock);
         ckpt_path(c, k->name, dir, sizeof dir);
         if (mkdir(c->cfg->checkpoint_dir, 0700) < 0 && errno != EEXIST) {
                 snprintf(reason, sizeof reason, "creating %s: %s", c->cfg->checkpoint_dir, strerror(errno));
@@ -189,7 +193,22 @@ void coord_checkpoint_fenced(Coord *c) {
         log_info("checkpoint started name=%s clock=%ld shards=%zu", k->name, (long) k->clock, k->expected);
 }
 
-/* The automatic checkpoints beyond --checkpoint-keep go, oldest first. */
+static void start_automatic(Coord *c, uint64_t now);
+
+bool coord_checkpoint_fed_cut(Coord *c) {
+        CkptSave *k = &c->ckpt;
+        uint64_t now = now_ms();
+        /* --checkpoint-every N: after every N rounds aggregated, short of the last. */
+        if (!k->active && c->cfg->checkpoint_every && c->state == JOB_RUNNING && now >= c->ckpt_retry_at &&
+            c->fed.done < c->job.fed.rounds && (int64_t) c->fed.done >= c->ckpt_next_clock)
+                start_automatic(c, now);
+        if (k->active && k->fed_wait) {
+                k->fed_wait = false;
+                coord_checkpoint_fenced(c);
+        }
+        return k->active;
+}
+
 /* Calls fn with every checkpoint in --checkpoint-dir (a directory with a
  * manifest, being written or not: those without one are skipped): m is its
  * manifest, or NULL with err saying why it does not read. fn returns false
@@ -285,6 +304,16 @@ static void save_commit(Coord *c) {
         m.workers = c->sched.workers;
         m.map_epoch = c->map_epoch;
         m.automatic = k->automatic;
+        /* A federated job's rounds and privacy spent, as in the state file. */
+        _cleanup_(coord_fed_view_free) FedView fv = { .recs = NULL };
+        if (c->job.mode == MODE_FED) {
+                if (coord_fed_status(c, &fv) < 0) {
+                        job_proto_free(spec);
+                        coord_checkpoint_fail(c, PSNET__STATUS__STATUS_RESOURCE, "out of memory");
+                        return;
+                }
+                COORD_FED_KEEP(m, c, &fv);
+        }
         ckpt_path(c, k->name, dir, sizeof dir);
         int r = ckpt_manifest_write(dir, &m, err, sizeof err);
         job_proto_free(spec);
@@ -316,6 +345,7 @@ static void save_commit(Coord *c) {
         if (automatic)
                 prune(c);
         coord_state_save(c);
+        coord_fed_poll(c); /* a federated job's next round, held for the save */
 }
 
 void coord_handle_checkpoint_rep(Coord *c, WireMsg *m, Peer *p) {
@@ -366,10 +396,23 @@ void coord_handle_checkpoint_rep(Coord *c, WireMsg *m, Peer *p) {
                 save_commit(c);
 }
 
+static void start_automatic(Coord *c, uint64_t now) {
+        char reason[192];
+        int st = coord_checkpoint_start(c, NULL, true, reason, sizeof reason);
+        if (st != PSNET__STATUS__STATUS_OK) {
+                log_warning("automatic checkpoint not started reason=\"%s\"", reason);
+                c->ckpt_retry_at = now + 5000;
+        }
+}
+
 /* Each tick: a save that takes too long is given up; --checkpoint-every starts one. */
 void coord_checkpoint_tick(Coord *c) {
         CkptSave *k = &c->ckpt;
         uint64_t now = now_ms();
+        if (k->active && k->fed_wait && c->state != JOB_RUNNING) {
+                coord_checkpoint_fail(c, PSNET__STATUS__STATUS_UNAVAILABLE, "the job ended before its round did");
+                return;
+        }
         if (k->active && k->expected && now > k->deadline) {
                 char reason[160];
                 snprintf(reason, sizeof reason, "%zu of %zu shards wrote their file within --checkpoint-timeout %u s",
@@ -380,6 +423,8 @@ void coord_checkpoint_tick(Coord *c) {
         if (k->active || !c->cfg->checkpoint_every || c->state != JOB_RUNNING || now < c->ckpt_retry_at ||
             c->fence.active)
                 return;
+        if (c->job.mode == MODE_FED)
+                return; /* between two rounds: coord_checkpoint_fed_cut */
         /* Every member past the next checkpoint's clock, and still short of the job's end. */
         int64_t slowest = -1;
         bool finishing = false;
@@ -393,12 +438,7 @@ void coord_checkpoint_tick(Coord *c) {
         }
         if (slowest < 0 || finishing || slowest < c->ckpt_next_clock)
                 return;
-        char reason[192];
-        int st = coord_checkpoint_start(c, NULL, true, reason, sizeof reason);
-        if (st != PSNET__STATUS__STATUS_OK) {
-                log_warning("automatic checkpoint not started reason=\"%s\"", reason);
-                c->ckpt_retry_at = now + 5000;
-        }
+        start_automatic(c, now);
 }
 
 void coord_handle_checkpoint(Coord *c, WireMsg *m) {
@@ -415,6 +455,7 @@ void coord_handle_checkpoint(Coord *c, WireMsg *m) {
                 k->has_route = true;
                 k->route_seq = m->hdr->seq;
         }
+        coord_fed_poll(c); /* a federated job between rounds: the cut is now */
 }
 
 enum { MAX_LISTED = 1024 };
@@ -525,6 +566,11 @@ int coord_checkpoint_restore(Coord *c, const char *name, char *reason, size_t n)
                 psnet__checkpoint_manifest__free_unpacked(m, NULL);
                 return PSNET__STATUS__STATUS_MALFORMED;
         }
+        if (job.mode == MODE_FED && (!m->fed || (m->n_fed_rdp && m->n_fed_rdp != RDP_NORDERS))) {
+                snprintf(reason, n, "checkpoint %s: a federated job's checkpoint without its rounds", name);
+                psnet__checkpoint_manifest__free_unpacked(m, NULL);
+                return PSNET__STATUS__STATUS_MALFORMED;
+        }
         /* This cluster's expectations, the checkpoint's job. */
         job.expect_shards = c->job.expect_shards;
         job.expect_workers = c->job.expect_workers;
@@ -543,6 +589,25 @@ int coord_checkpoint_restore(Coord *c, const char *name, char *reason, size_t n)
         log_info("job restored job=%u name=%s clock=%ld model=%s mode=%s", c->job.id, name, (long) c->restore.clock,
                  c->job.model, job_mode_string(&c->job, mode, sizeof mode));
         return PSNET__STATUS__STATUS_OK;
+}
+
+int coord_checkpoint_fed_resume(Coord *c, char *reason, size_t n) {
+        char err[PATH_MAX + 200];
+        Psnet__CheckpointManifest *m = NULL;
+        int r = ckpt_manifest_read(c->restore.dir, &m, err, sizeof err);
+        if (r < 0) {
+                snprintf(reason, n, "checkpoint %s: %s", c->restore.name, err);
+                return r;
+        }
+        r = m->fed ? coord_fed_restore(c, m->fed, m->fed_rdp, m->n_fed_rdp, m->fed_rdp_steps, err, sizeof err)
+                   : -EBADMSG;
+        if (r < 0)
+                snprintf(reason, n, "checkpoint %s: %s", c->restore.name, m->fed ? err : "no federated rounds in it");
+        else
+                log_info("federated rounds from checkpoint name=%s rounds_done=%u number=%lu records=%zu epsilon=%.4f",
+                         c->restore.name, c->fed.done, (unsigned long) c->fed.number, c->fed.nhist, c->fed.epsilon);
+        psnet__checkpoint_manifest__free_unpacked(m, NULL);
+        return r;
 }
 
 void coord_handle_checkpoint_restore(Coord *c, WireMsg *m) {

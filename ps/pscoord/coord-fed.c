@@ -385,6 +385,11 @@ void coord_fed_poll(Coord *c) {
                 }
         f->said_shards = false;
         uint64_t now = now_ms();
+        /* Between two rounds (or buffers) a checkpoint waiting for one is cut;
+         * the next round waits until every shard has written its file. */
+        bool between = c->job.fed.async ? f->phase != FED_CLOSING
+                                        : f->phase == FED_WAITING || f->phase == FED_EVALUATING;
+        bool held = between && coord_checkpoint_fed_cut(c);
         if ((f->phase == FED_OPENING || f->phase == FED_CLOSING) && now > f->shard_deadline) {
                 char reason[192];
                 snprintf(reason, sizeof reason, "%zu of %zu shards answered round %lu's %s within %u s", f->replies,
@@ -429,6 +434,8 @@ void coord_fed_poll(Coord *c) {
                 evaluate_ask(c);
                 return;
         }
+        if (held)
+                return;
         size_t n = 0;
         _cleanup_free_ Peer **avail = ps_malloc((c->npeers ? c->npeers : 1) * sizeof *avail);
         if (!avail)
@@ -624,9 +631,23 @@ int coord_fed_restore(Coord *c, const Psnet__FedStatus *s, const double *rdp, si
         return 0;
 }
 
-void coord_fed_status(Coord *c, Psnet__FedStatus *s, Psnet__RoundRecord *recs, Psnet__RoundRecord **recp) {
+void coord_fed_view_free(FedView *v) {
+        ps_free(v->recs);
+        ps_free(v->recp);
+        v->recs = NULL;
+        v->recp = NULL;
+}
+
+int coord_fed_status(Coord *c, FedView *v) {
         FedRounds *f = &c->fed;
+        Psnet__FedStatus *s = &v->fs;
+        Psnet__RoundRecord *recs = v->recs = ps_calloc(MAX(f->nhist, (size_t) 1), sizeof *recs);
+        Psnet__RoundRecord **recp = v->recp = ps_calloc(MAX(f->nhist, (size_t) 1), sizeof *recp);
         psnet__fed_status__init(s);
+        if (!recs || !recp) {
+                coord_fed_view_free(v);
+                return -ENOMEM;
+        }
         size_t avail = 0;
         for (size_t i = 0; i < c->npeers; i++)
                 avail += available(&c->peers[i]);
@@ -680,4 +701,5 @@ void coord_fed_status(Coord *c, Psnet__FedStatus *s, Psnet__RoundRecord *recs, P
         }
         s->n_history = f->nhist;
         s->history = recp;
+        return 0;
 }

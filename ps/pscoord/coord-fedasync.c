@@ -141,7 +141,7 @@ void coord_fedasync_poll(Coord *c, uint64_t now) {
                 f->phase = FED_WAITING; /* coord_fed_poll asks for the final evaluation */
                 return;
         }
-        if (f->nbuf >= fc->buffer) {
+        if (f->nbuf >= fc->buffer && !c->ckpt.active) { /* a checkpoint being written holds it */
                 size_t navail = 0;
                 for (size_t i = 0; i < c->npeers; i++)
                         navail += coord_fed_available(&c->peers[i]);

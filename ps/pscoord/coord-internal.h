@@ -78,6 +78,7 @@ typedef struct Fence {
 /* A checkpoint being saved (coord-checkpoint.c). */
 typedef struct CkptSave {
         bool active, automatic, dir_made;
+        bool fed_wait;              /* a federated job's: waits for the round under way to end */
         char name[65];
         int64_t clock;              /* its boundary, once the fence answered */
         uint64_t seq, started, deadline;
@@ -273,6 +274,12 @@ void coord_fence_tick(Coord *c);
 /* --- checkpoints (coord-checkpoint.c) */
 int coord_checkpoint_start(Coord *c, const char *name, bool automatic, char *reason, size_t n);
 void coord_checkpoint_fenced(Coord *c);
+/* A federated job between rounds (coord_fed_poll): a save waiting for that
+ * starts. Whether a save holds the next round (or buffer) back. */
+bool coord_checkpoint_fed_cut(Coord *c);
+/* A federated job restored from a checkpoint starts: its rounds and privacy
+ * spent from the manifest. */
+int coord_checkpoint_fed_resume(Coord *c, char *reason, size_t n);
 void coord_checkpoint_fail(Coord *c, int status, const char *reason);
 void coord_checkpoint_tick(Coord *c);
 int coord_checkpoint_restore(Coord *c, const char *name, char *reason, size_t n);
@@ -294,8 +301,26 @@ void coord_fed_poll(Coord *c);
 /* MSG_ROUND_REP from a shard (a round opened or closed) or an edge worker
  * (its update is on every shard). */
 void coord_handle_round_rep(Coord *c, WireMsg *m, Peer *p);
-/* The rounds for psctl status (pointers into c; valid until the next event). */
-void coord_fed_status(Coord *c, Psnet__FedStatus *ret, Psnet__RoundRecord *recs, Psnet__RoundRecord **recp);
+/* The rounds as psctl sees them (pointers into c, valid until the next
+ * event; its records allocated for the history held): for psctl status, the
+ * state file and a checkpoint's manifest. -ENOMEM, or 0: free with
+ * coord_fed_view_free. */
+typedef struct FedView {
+        Psnet__FedStatus fs;
+        Psnet__RoundRecord *recs, **recp;
+} FedView;
+int coord_fed_status(Coord *c, FedView *v);
+void coord_fed_view_free(FedView *v);
+/* A message that keeps a federated job (CoordState, CheckpointManifest): its
+ * rounds (v) and the privacy accountant's RDP. */
+#define COORD_FED_KEEP(msg, c, v)                               \
+        do {                                                    \
+                (msg).fed = &(v)->fs;                           \
+                (msg).n_fed_rdp = RDP_NORDERS;                  \
+                (msg).fed_rdp = (c)->fed.privacy.rdp;           \
+                (msg).has_fed_rdp_steps = true;                 \
+                (msg).fed_rdp_steps = (c)->fed.privacy.steps;   \
+        } while (0)
 /* A restarted pscoord takes the rounds from its state file (coord-state.c):
  * counts, history and the privacy spent; the round that was open is gone
  * (the next one gets a higher number). 0, or -EBADMSG with the reason. */

@@ -136,22 +136,14 @@ void coord_state_save(Coord *c) {
                 return;
         Psnet__CoordState st = PSNET__COORD_STATE__INIT;
         /* A federated job: its rounds, as psctl sees them, and the privacy spent. */
-        Psnet__FedStatus fs;
-        bool fed = c->job.mode == MODE_FED;
-        size_t nrec = MAX(c->fed.nhist, (size_t) 1);
-        _cleanup_free_ Psnet__RoundRecord *recs = fed ? ps_calloc(nrec, sizeof *recs) : NULL;
-        _cleanup_free_ Psnet__RoundRecord **recp = fed ? ps_calloc(nrec, sizeof *recp) : NULL;
-        if (recs && recp) {
-                coord_fed_status(c, &fs, recs, recp);
-                st.fed = &fs;
-                st.n_fed_rdp = RDP_NORDERS;
-                st.fed_rdp = c->fed.privacy.rdp;
-                st.has_fed_rdp_steps = true;
-                st.fed_rdp_steps = c->fed.privacy.steps;
-        } else if (fed) {
-                c->state_failures++;
-                log_error("state not written: out of memory");
-                return;
+        _cleanup_(coord_fed_view_free) FedView fv = { .recs = NULL };
+        if (c->job.mode == MODE_FED) {
+                if (coord_fed_status(c, &fv) < 0) {
+                        c->state_failures++;
+                        log_error("state not written: out of memory");
+                        return;
+                }
+                COORD_FED_KEEP(st, c, &fv);
         }
         Psnet__CheckpointInfo last = PSNET__CHECKPOINT_INFO__INIT;
         Psnet__Checkpoint rf = PSNET__CHECKPOINT__INIT;

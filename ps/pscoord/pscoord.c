@@ -32,7 +32,7 @@ int main(int argc, char **argv) {
                   "where checkpoints are written, one directory each (every shard must reach the same path: a "
                   "shared file system across hosts)" },
                 { "checkpoint-every", OPT_UINT, &cfg.checkpoint_every, "CLOCKS",
-                  "save a checkpoint every CLOCKS clocks (0: only when psctl checkpoint save asks)" },
+                  "save a checkpoint every CLOCKS clocks; a federated job: every CLOCKS rounds (0: only when psctl checkpoint save asks)" },
                 { "checkpoint-keep", OPT_UINT, &cfg.checkpoint_keep, "N",
                   "automatic checkpoints kept, the oldest removed first (0: all; named ones are never removed)" },
                 { "checkpoint-timeout", OPT_UINT, &cfg.checkpoint_timeout, "SECONDS",

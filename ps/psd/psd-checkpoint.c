@@ -148,14 +148,18 @@ int checkpoint_save(Checkpointer *k, uint64_t seq, const char *name, const char 
                 snprintf(reason, n, "no job here, or a bad checkpoint name, directory or clock");
                 return PSNET__STATUS__STATUS_INVALID;
         }
-        if (!s->gate.fenced) {
+        bool fed = s->job.mode == MODE_FED;
+        if (!fed && !s->gate.fenced) {
                 snprintf(reason, n, "not fenced (a new configuration ended the fence): try again");
                 return PSNET__STATUS__STATUS_UNAVAILABLE;
         }
         /* Hold everyone at the boundary: no BSP clock past it closes, no pull
-         * past the one before it is answered (so nobody pushes it). */
-        s->gate.fence_limit = clock;
-        s->gate.fence_pull_limit = clock - 1;
+         * past the one before it is answered (so nobody pushes it). A
+         * federated job needs no fence: pscoord cuts it between two rounds. */
+        if (!fed) {
+                s->gate.fence_limit = clock;
+                s->gate.fence_pull_limit = clock - 1;
+        }
         k->save_pending = true;
         k->restore = false;
         k->seq = seq;
@@ -194,8 +198,8 @@ static int at_boundary(Checkpointer *k, char *err, size_t n) {
         const GateCfg *cfg = gate_cfg(s, k->clock);
         if (store_incoming(s) > 0)
                 return 0;
-        if (s->nkeys == s->backup_keys)
-                return 1; /* nothing of its own to cut; no worker pushes here to say when */
+        if (s->nkeys == s->backup_keys || s->job.mode == MODE_FED)
+                return 1; /* nothing of its own to cut; or between two rounds, which pscoord holds */
         if (cfg->mode == MODE_BSP) {
                 BspCut b = { .clock = k->clock, .ready = 1 };
                 store_foreach(s, bsp_cut_chunk, &b);
@@ -364,9 +368,10 @@ void checkpoint_poll(Checkpointer *k) {
         if (!k->save_pending)
                 return;
         Store *s = k->s;
+        bool fed = s->has_job && s->job.mode == MODE_FED;
         int ready = s->has_job ? at_boundary(k, err, sizeof err) : -1;
-        if (ready == 0 && s->gate.fenced)
-                return;
+        if (ready == 0 && (s->gate.fenced || fed))
+                return; /* a federated job's keys moving in: pscoord's --checkpoint-timeout bounds it */
         k->save_pending = false;
         if (ready < 0 || ready == 0) {
                 if (ready == 0)
@@ -380,9 +385,11 @@ void checkpoint_poll(Checkpointer *k) {
         }
         int r = snapshot(k);
         /* The cut is taken: this shard's fence ends, training goes on. */
-        s->gate.fenced = false;
-        (void) gate_settle(s);
-        gate_wake(s);
+        if (!fed) {
+                s->gate.fenced = false;
+                (void) gate_settle(s);
+                gate_wake(s);
+        }
         if (r < 0) {
                 save_clear(k);
                 answer(k, r == -ENOMEM ? PSNET__STATUS__STATUS_RESOURCE : PSNET__STATUS__STATUS_INTERNAL,

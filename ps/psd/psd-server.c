@@ -613,7 +613,12 @@ static void psd_checkpoint_failed(Psd *p, const char *name, int err) {
 static void psd_checkpoint(Psd *p, const Psnet__Header *h) {
         char reason[256];
         const Psnet__Checkpoint *c = h->checkpoint;
-        int st = checkpoint_save(p->ckpt, h->seq, c->name ? c->name : "", c->dir, c->has_clock ? c->clock : -1,
+        int st = PSNET__STATUS__STATUS_UNAVAILABLE;
+        if (fedshard_number(p->fed))
+                snprintf(reason, sizeof reason, "round %lu is open here: a federated job is cut between rounds",
+                         (unsigned long) fedshard_number(p->fed));
+        else
+                st = checkpoint_save(p->ckpt, h->seq, c->name ? c->name : "", c->dir, c->has_clock ? c->clock : -1,
                                  reason, sizeof reason);
         if (st == PSNET__STATUS__STATUS_OK)
                 return;

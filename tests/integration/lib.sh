@@ -49,4 +49,10 @@ rdp_rates() { jq -r '[.[] | select(.round > 0) | "\(.sampled)/\(.available)"] | 
 rdp_reference() { /usr/bin/python3 "$PSNET_SRC/tests/integration/rdp-reference.py" "$@"; }
 # within A B REL: |A - B| <= REL x B, with B > 0.
 within() { awk -v a="$1" -v b="$2" -v r="$3" 'BEGIN { d = a - b; if (d < 0) d = -d; exit !(b > 0 && d <= r * b) }'; }
+# start_shards TAG N: shards 1..N of run TAG (psd-TAG-I), registering with $COORD.
+start_shards() {
+  for i in $(seq 1 "$2"); do
+    psnet_start "psd-$1-$i" "$PSD" --id "$i" --listen "ipc://$RUN/psd-$1-$i.sock" --coord "$COORD"
+  done
+}
 logs_match() { grep -qE -- "$1" "$RUN"/$2 2>/dev/null; }

@@ -22,7 +22,9 @@ def log_a(q, sigma, a):
     s2 = 2 * Decimal(sigma) ** 2
     total = Decimal(0)
     for k in range(a + 1):
-        total += Decimal(comb(a, k)) * (1 - qd) ** (a - k) * qd ** k * (Decimal(k * k - k) / s2).exp()
+        # Decimal refuses 0 ** 0 (q = 1: every client sampled), which is 1 here.
+        stay = (1 - qd) ** (a - k) if a > k else Decimal(1)
+        total += Decimal(comb(a, k)) * stay * qd ** k * (Decimal(k * k - k) / s2).exp()
     return total.ln()
 
 

@@ -18,9 +18,7 @@ start_cluster() {
   local tag=$1 n=$2; shift 2
   COORD="ipc://$RUN/coord-$tag.sock"
   psnet_start "pscoord-$tag" "$PSCOORD" --listen "$COORD" --checkpoint-dir "$CK" --shards "$n" "${JOB[@]}" "$@"
-  for i in $(seq 1 "$n"); do
-    psnet_start "psd-$tag-$i" "$PSD" --id "$i" --listen "ipc://$RUN/psd-$tag-$i.sock" --coord "$COORD"
-  done
+  start_shards "$tag" "$n"
 }
 start_workers() { for i in 1 2; do psnet_start "workerd-$1-$i" "$WORKERD" --coord "$COORD" --trace-pulls; done; }
 digest_of() { sed -n 's/.*msg="job done".* weights=\([0-9a-f]*\).*/\1/p' "$RUN/pscoord-$1.log" | tail -1; }
