@@ -60,7 +60,7 @@ int main(int argc, char **argv) {
         const char *out = NULL, *data = NULL, *model = "mlp:784-256-10";
         unsigned long clients = 100, seed = 42, limit = 0;
         double alpha = 0.5;
-        for (int i = 1; i < argc; i++) {
+        for (int i = 1; i < argc; i += 2) { /* OPTION VALUE pairs */
                 const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
                 if (!strcmp(a, "-h") || !strcmp(a, "--help"))
                         return usage(stdout, 0);
@@ -88,7 +88,6 @@ int main(int argc, char **argv) {
                         fprintf(stderr, "bench-fedsplit: bad value '%s' for %s\n", v, a);
                         return 2;
                 }
-                i++;
         }
         if (!out)
                 return usage(stderr, 2);
