@@ -1,9 +1,11 @@
-/* Small helpers shared by every folder: cleanup attributes, array sizes, min/max.
+/* Small helpers shared by every folder: cleanup attributes, array sizes, min/max,
+ * an integer order.
  * Modelled on systemd's macro.h: locals that own memory are declared with a
  * _cleanup_ attribute so every early return frees them. */
 #pragma once
 #include <stdlib.h>
 #include <stddef.h>
+#include <stdint.h>
 
 #define ELEMENTSOF(x) (sizeof(x) / sizeof((x)[0]))
 /* <sys/param.h> (pulled in by uv.h) defines the same two. */
@@ -22,4 +24,10 @@ static inline void freep(void *p) { free(*(void **) p); }
 
 /* Returns NULL so that "p = mfree(p);" both frees and clears. */
 static inline void *mfree(void *p) { free(p); return NULL; }
+
+/* qsort/bsearch order of uint32_t values, ascending. */
+static inline int cmp_u32(const void *a, const void *b) {
+        uint32_t x = *(const uint32_t *) a, y = *(const uint32_t *) b;
+        return x < y ? -1 : x > y;
+}
 

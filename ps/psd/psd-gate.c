@@ -9,6 +9,7 @@
 #include "endpoint.h"
 #include "errors.h"
 #include "log.h"
+#include "macro.h"
 #include "psd-gate.h"
 #include "psd-store.h"
 #include "wire.h"
@@ -80,11 +81,6 @@ void pushreq_settle(Store *s, PushReq *req, int status) {
 }
 
 /* --- configurations -------------------------------------------------------------------- */
-
-static int cmp_u32(const void *a, const void *b) {
-        uint32_t x = *(const uint32_t *) a, y = *(const uint32_t *) b;
-        return x < y ? -1 : x > y;
-}
 
 /* Sets c to these members (sorted, with their keys when given). */
 static int cfg_set(GateCfg *c, ConsistencyMode mode, uint32_t staleness, const uint32_t *w, const uint8_t (*keys)[32],

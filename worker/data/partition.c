@@ -4,6 +4,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include "hash.h"
+#include "macro.h"
 #include "partition.h"
 
 /* Uniform in (0, 1). */
@@ -28,11 +29,6 @@ double partition_gamma(double shape, uint64_t *x) {
                 if (log(u) < 0.5 * z * z + d - d * v + d * log(v))
                         return d * v;
         }
-}
-
-static int cmp_u32(const void *a, const void *b) {
-        uint32_t x = *(const uint32_t *) a, y = *(const uint32_t *) b;
-        return x < y ? -1 : x > y;
 }
 
 int partition_client(const int32_t *labels, uint32_t n, uint32_t nclasses, uint32_t clients, double alpha,

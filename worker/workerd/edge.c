@@ -40,6 +40,7 @@
 #include "kernels.h"
 #include "keys.h"
 #include "log.h"
+#include "macro.h"
 #include "metrics.h"
 #include "model.h"
 #include "partition.h"
@@ -145,10 +146,6 @@ static Model *fleet_model(const Fleet *f) {
 static void edge_leave(Edge *e);
 static void round_start(Edge *e, uint64_t number);
 
-static int cmp_u32(const void *a, const void *b) {
-        uint32_t x = *(const uint32_t *) a, y = *(const uint32_t *) b;
-        return (x > y) - (x < y);
-}
 static void evaluate_start(Edge *e);
 static void fleet_want(Edge *e);
 static void sa_mask_start(Edge *e);
