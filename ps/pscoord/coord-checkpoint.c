@@ -193,14 +193,20 @@ void coord_checkpoint_fenced(Coord *c) {
         log_info("checkpoint started name=%s clock=%ld shards=%zu", k->name, (long) k->clock, k->expected);
 }
 
+/* Whether --checkpoint-every may start a save now (when one is due). */
+static bool automatic_allowed(const Coord *c, uint64_t now) {
+        return !c->ckpt.active && c->cfg->checkpoint_every && c->state == JOB_RUNNING && now >= c->ckpt_retry_at &&
+               !c->fence.active;
+}
+
 static void start_automatic(Coord *c, uint64_t now);
 
 bool coord_checkpoint_fed_cut(Coord *c) {
         CkptSave *k = &c->ckpt;
         uint64_t now = now_ms();
         /* --checkpoint-every N: after every N rounds aggregated, short of the last. */
-        if (!k->active && c->cfg->checkpoint_every && c->state == JOB_RUNNING && now >= c->ckpt_retry_at &&
-            c->fed.done < c->job.fed.rounds && (int64_t) c->fed.done >= c->ckpt_next_clock)
+        if (automatic_allowed(c, now) && c->fed.done < c->job.fed.rounds &&
+            (int64_t) c->fed.done >= c->ckpt_next_clock)
                 start_automatic(c, now);
         if (k->active && k->fed_wait) {
                 k->fed_wait = false;
@@ -420,11 +426,8 @@ void coord_checkpoint_tick(Coord *c) {
                 coord_checkpoint_fail(c, PSNET__STATUS__STATUS_UNAVAILABLE, reason);
                 return;
         }
-        if (k->active || !c->cfg->checkpoint_every || c->state != JOB_RUNNING || now < c->ckpt_retry_at ||
-            c->fence.active)
-                return;
-        if (c->job.mode == MODE_FED)
-                return; /* between two rounds: coord_checkpoint_fed_cut */
+        if (!automatic_allowed(c, now) || c->job.mode == MODE_FED)
+                return; /* a federated job's: between two rounds, coord_checkpoint_fed_cut */
         /* Every member past the next checkpoint's clock, and still short of the job's end. */
         int64_t slowest = -1;
         bool finishing = false;
