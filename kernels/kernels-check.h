@@ -85,3 +85,27 @@ static inline int sgd_step_check(size_t n, const float *w, const float *g, const
                 return 1;
         return w && g && v ? 0 : -EINVAL;
 }
+
+/* The layer ops' checks: a positive count, and the pointers set. */
+static inline bool window_valid(const KWindow *w) {
+        return w && w->n > 0 && w->h > 0 && w->w > 0 && w->c > 0 && w->k > 0 && w->stride > 0 && w->pad >= 0 &&
+               w->ho > 0 && w->wo > 0 && w->ho == (w->h + 2 * w->pad - w->k) / w->stride + 1 &&
+               w->wo == (w->w + 2 * w->pad - w->k) / w->stride + 1 && w->h + 2 * w->pad >= w->k &&
+               w->w + 2 * w->pad >= w->k;
+}
+
+#ifdef __CUDACC__
+#define KHD __host__ __device__
+#else
+#define KHD
+#endif
+
+/* Dropout's keep decision for element i: splitmix64's mixer over (seed, i),
+ * its top 24 bits against p, so every backend draws the same mask. */
+static inline KHD bool dropout_keep(uint64_t seed, uint64_t i, float p) {
+        uint64_t z = seed + 0x9e3779b97f4a7c15ull * (i + 1);
+        z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+        z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+        z ^= z >> 31;
+        return (float) (z >> 40) * (1.0f / 16777216.0f) >= p;
+}

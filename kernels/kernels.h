@@ -25,6 +25,13 @@ typedef enum { KEPI_NONE = 0, KEPI_BIAS = 1, KEPI_BIAS_RELU = 2, KEPI_BGRAD = 3 
 typedef struct KBackend KBackend;
 typedef struct KGraph KGraph;
 
+/* A 2-D window (convolution, pooling) over n images stored NHWC (each sample
+ * h x w x c, channels innermost): a k x k kernel moved by stride over the
+ * image padded with pad zeros on each side, giving ho x wo positions. */
+typedef struct KWindow {
+        int n, h, w, c, k, stride, pad, ho, wo;
+} KWindow;
+
 typedef struct KernelsOps {
         const char *name;
         /* Ops return before their work is done (a device backend), so the host
@@ -88,6 +95,59 @@ typedef struct KernelsOps {
         /* Lets gemm use reduced-precision tensor-core math (TF32: 10-bit mantissa
          * products, fp32 accumulation). -ENOTSUP where the backend has none. */
         int (*set_tf32)(KBackend *kb, bool on);
+
+        /* The layer ops (worker/models/layers.c). A backend may leave some NULL:
+         * a model whose layers need one is then refused with the op's name. */
+        /* Device-to-device copy. */
+        int (*copy)(KBackend *kb, void *dst, const void *src, size_t bytes);
+        /* y[i] += alpha * x[i]. */
+        int (*axpy)(KBackend *kb, size_t n, float alpha, const float *x, float *y);
+        /* count products C_i = alpha op(A_i) op(B_i) + beta C_i, with A_i = a + i * sa
+         * (strides in floats), the same for B and C; shapes as gemm's. */
+        int (*gemm_batched)(KBackend *kb, bool trans_a, bool trans_b, int m, int n, int k, float alpha,
+                            const float *a, int lda, long long sa, const float *b, int ldb, long long sb,
+                            float beta, float *c, int ldc, long long sc, int count);
+        /* [a, b, c, d] -> [a, c, b, d] (row-major); x and y must not overlap. */
+        int (*permute0213)(KBackend *kb, const float *x, int a, int b, int c, int d, float *y);
+        /* Convolution as a product: col [n*ho*wo x c*k*k] holds each output
+         * position's window, columns in PyTorch's weight order (c, ky, kx);
+         * col2im sums such a matrix back into dx (overwritten), the input gradient. */
+        int (*im2col)(KBackend *kb, const KWindow *win, const float *x, float *col);
+        int (*col2im)(KBackend *kb, const KWindow *win, const float *col, float *dx);
+        /* Max (max true) or average pooling, NHWC in and out (y: n x ho x wo x c).
+         * Max keeps in idx (n*ho*wo*c int32) where each maximum came from (its
+         * offset in the sample); average divides by k*k, padding counting as zeros.
+         * pool_backward overwrites dx. */
+        int (*pool)(KBackend *kb, const KWindow *win, bool max, const float *x, float *y, int32_t *idx);
+        int (*pool_backward)(KBackend *kb, const KWindow *win, bool max, const float *dy, const int32_t *idx,
+                             float *dx);
+        /* GELU, exact: y = x * Phi(x); gelu_backward: dx = dy * gelu'(x) (dx may be dy). */
+        int (*gelu)(KBackend *kb, const float *x, float *y, size_t n);
+        int (*gelu_backward)(KBackend *kb, const float *x, const float *dy, float *dx, size_t n);
+        /* Inverted dropout: mask[i] = 0 with probability p, else 1 / (1 - p), from a
+         * counter-based hash of (seed, i), so every backend draws the same mask;
+         * y = x * mask. mul: out = a * b elementwise (out may be a or b). */
+        int (*dropout)(KBackend *kb, const float *x, float *y, float *mask, size_t n, float p, uint64_t seed);
+        int (*mul)(KBackend *kb, const float *a, const float *b, float *out, size_t n);
+        /* Layer norm of each row over its cols: y = (x - mean) * rstd * g + b,
+         * keeping mean and rstd (rows floats each) for the backward, which
+         * overwrites dx, dg and db (dg, db: cols floats). */
+        int (*layernorm)(KBackend *kb, const float *x, const float *g, const float *b, int rows, int cols,
+                         float eps, float *y, float *mean, float *rstd);
+        int (*layernorm_backward)(KBackend *kb, const float *dy, const float *x, const float *g,
+                                  const float *mean, const float *rstd, int rows, int cols, float *dx, float *dg,
+                                  float *db);
+        /* Row ids[i] (a whole number stored as float, in [0, vocab)) of table
+         * [vocab x dim] into y[i]; the backward overwrites dtable with the sums of
+         * the rows of dy each id took. An id out of range: -EINVAL, as softmax_xent. */
+        int (*embedding)(KBackend *kb, const float *ids, const float *table, int n, int dim, int vocab, float *y);
+        int (*embedding_backward)(KBackend *kb, const float *ids, const float *dy, int n, int dim, int vocab,
+                                  float *dtable);
+        /* Row-wise softmax. causal_t > 0: row r is query r % causal_t of a block of
+         * causal_t rows, and its columns past that query are masked (0).
+         * softmax_backward: dx = y * (dy - sum(dy * y)) per row (dx may be dy). */
+        int (*softmax)(KBackend *kb, const float *x, float *y, int rows, int cols, int causal_t);
+        int (*softmax_backward)(KBackend *kb, const float *y, const float *dy, float *dx, int rows, int cols);
 } KernelsOps;
 
 struct KBackend {

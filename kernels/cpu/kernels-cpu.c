@@ -10,6 +10,7 @@
 #include <string.h>
 #include "kernels.h"
 #include "kernels-check.h"
+#include "cpu/kernels-cpu-layers.h"
 
 
 static void cpu_destroy(KBackend *kb) {
@@ -291,6 +292,24 @@ static const KernelsOps cpu_ops = {
         .graph_run = cpu_graph_run,
         .graph_free = cpu_graph_free,
         .set_tf32 = cpu_set_tf32,
+        .copy = cpu_copy,
+        .axpy = cpu_axpy,
+        .gemm_batched = cpu_gemm_batched,
+        .permute0213 = cpu_permute0213,
+        .im2col = cpu_im2col,
+        .col2im = cpu_col2im,
+        .pool = cpu_pool,
+        .pool_backward = cpu_pool_backward,
+        .gelu = cpu_gelu,
+        .gelu_backward = cpu_gelu_backward,
+        .dropout = cpu_dropout,
+        .mul = cpu_mul,
+        .layernorm = cpu_layernorm,
+        .layernorm_backward = cpu_layernorm_backward,
+        .embedding = cpu_embedding,
+        .embedding_backward = cpu_embedding_backward,
+        .softmax = cpu_softmax,
+        .softmax_backward = cpu_softmax_backward,
 };
 
 int kbackend_cpu_new(int threads, KBackend **ret, char *err, size_t errlen) {
