@@ -23,7 +23,9 @@ void jobflags_init(JobFlags *f) {
 
 size_t jobflags_options(JobFlags *f, Option *o) {
         const Option t[JOBFLAGS_NOPTS] = {
-                { "model", OPT_STR, &f->model, "SPEC", "model, e.g. mlp:784-256-10" },
+                { "model", OPT_STR, &f->model, "MODEL",
+                  "mlp:D0-D1-...-Dn (e.g. mlp:784-256-10), cnn, vit, or a JSON file describing the layers "
+                  "(docs/models.md)" },
                 { "mode", OPT_STR, &f->mode, "MODE",
                   "consistency: bsp, asp or ssp:S (default bsp); fed: federated rounds of edge workers; fedasync: "
                   "federated without rounds, the shards applying each --buffer of updates as they come" },
@@ -125,9 +127,15 @@ int jobflags_to_job(const JobFlags *f, Job *job, char *err, size_t errlen) {
                 snprintf(err, errlen, "bad default model '%s'", job->model);
                 return -EINVAL;
         }
-        if (f->model && job_set_model(job, f->model) < 0) {
-                snprintf(err, errlen, "bad --model '%s' (expected mlp:D0-D1-...-Dn, e.g. mlp:784-256-10)", f->model);
-                return -EINVAL;
+        if (f->model) {
+                char why[300];
+                int r = modeldesc_resolve(f->model, model, sizeof model, why, sizeof why);
+                if (r >= 0)
+                        r = job_set_model_why(job, model, why, sizeof why);
+                if (r < 0) {
+                        snprintf(err, errlen, "bad --model: %s", why);
+                        return -EINVAL;
+                }
         }
         if (f->mode && job_set_mode(job, f->mode) < 0) {
                 snprintf(err, errlen, "bad --mode '%s' (expected bsp, asp, ssp:S, fed or fedasync)", f->mode);

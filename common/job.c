@@ -20,7 +20,6 @@
 #include "psnet-config.h"
 #include "secagg.h"
 
-#define JOB_MIN_WIDTHS 2
 #define JOB_MAX_BATCH (1u << 20)
 #define JOB_MAX_EPOCHS 1000000u
 #define JOB_MAX_PEERS 65536u
@@ -36,6 +35,8 @@ const char *tensor_init_name(TensorInit i) {
         case INIT_ZEROS: return "zeros";
         case INIT_HE: return "he";
         case INIT_XAVIER: return "xavier";
+        case INIT_ONES: return "ones";
+        case INIT_NORMAL: return "normal";
         }
         return "?";
 }
@@ -94,74 +95,56 @@ void job_defaults(Job *job) {
         assert(r == 0);
 }
 
-int job_set_model(Job *job, const char *model) {
-        uint32_t widths[JOB_MAX_WIDTHS];
+int job_set_model_why(Job *job, const char *model, char *err, size_t errlen) {
+        ModelDesc *d;
         JobTensor tensors[JOB_MAX_TENSORS];
-        size_t n = 0;
-        const char *p;
+        int r;
 
-        if (!model || strncmp(model, "mlp:", 4) != 0 || strlen(model) >= sizeof job->model)
-                return -EINVAL;
+        if (!model)
+                return job_err(err, errlen, "no model");
         if (job->chunk_floats < 1 || job->chunk_floats > JOB_MAX_CHUNK_FLOATS)
-                return -EINVAL;
-
-        p = model + 4;
-        for (;;) {
-                uint64_t v = 0;
-                const char *start = p;
-                while (*p >= '0' && *p <= '9') {
-                        v = v * 10 + (uint64_t) (*p - '0');
-                        if (v > JOB_MAX_WIDTH)
-                                return -EINVAL;
-                        p++;
-                }
-                if (p == start || v < 1 || n == JOB_MAX_WIDTHS)
-                        return -EINVAL;
-                widths[n++] = (uint32_t) v;
-                if (*p == '\0')
-                        break;
-                if (*p != '-')
-                        return -EINVAL;
-                p++;
-        }
-        if (n < JOB_MIN_WIDTHS)
-                return -EINVAL;
+                return job_err(err, errlen, "chunk_floats %u out of range", job->chunk_floats);
+        if (strlen(model) >= sizeof job->model)
+                return job_err(err, errlen, "model text longer than %zu bytes", sizeof job->model - 1);
+        d = malloc(sizeof *d);
+        if (!d)
+                return reason_set(err, errlen, -ENOMEM, "out of memory");
+        r = modeldesc_parse(model, d, err, errlen);
+        if (r < 0)
+                goto out;
 
         memset(tensors, 0, sizeof tensors);
-        for (size_t l = 0; l + 1 < n; l++) {
-                JobTensor *w = &tensors[2 * l], *b = &tensors[2 * l + 1];
-                uint64_t nchunks;
+        for (size_t i = 0; i < d->ntensors; i++) {
+                const MdTensor *m = &d->tensors[i];
+                JobTensor *t = &tensors[i];
+                uint64_t nchunks = (m->numel + job->chunk_floats - 1) / job->chunk_floats;
 
-                snprintf(w->name, sizeof w->name, "W%zu", l);
-                w->ndim = 2;
-                w->shape[0] = widths[l + 1];
-                w->shape[1] = widths[l];
-                w->numel = (uint64_t) widths[l + 1] * widths[l];
-                w->init = INIT_HE;
-
-                snprintf(b->name, sizeof b->name, "b%zu", l);
-                b->ndim = 1;
-                b->shape[0] = widths[l + 1];
-                b->numel = widths[l + 1];
-                b->init = INIT_ZEROS;
-
-                for (JobTensor *t = w; t <= b; t++) {
-                        t->fan_in = widths[l];
-                        t->fan_out = widths[l + 1];
-                        nchunks = (t->numel + job->chunk_floats - 1) / job->chunk_floats;
-                        if (nchunks > UINT32_MAX)
-                                return -EINVAL;
-                        t->nchunks = (uint32_t) nchunks;
+                if (nchunks > UINT32_MAX) {
+                        r = job_err(err, errlen, "tensor %s: too many chunks", m->name);
+                        goto out;
                 }
+                snprintf(t->name, sizeof t->name, "%s", m->name);
+                t->ndim = m->ndim;
+                memcpy(t->shape, m->shape, sizeof t->shape);
+                t->numel = m->numel;
+                t->init = m->init;
+                t->fan_in = m->fan_in;
+                t->fan_out = m->fan_out;
+                t->nchunks = (uint32_t) nchunks;
         }
-
         snprintf(job->model, sizeof job->model, "%s", model);
+        snprintf(job->model_name, sizeof job->model_name, "%.127s", d->name);
         memcpy(job->tensors, tensors, sizeof tensors);
-        job->ntensors = 2 * (n - 1);
-        memset(job->layers, 0, sizeof job->layers);
-        memcpy(job->layers, widths, n * sizeof widths[0]);
-        job->nlayers = n;
-        return 0;
+        job->ntensors = d->ntensors;
+        job->in_numel = (uint32_t) md_shape_numel(&d->input);
+        job->classes = d->classes;
+out:
+        free(d);
+        return r;
+}
+
+int job_set_model(Job *job, const char *model) {
+        return job_set_model_why(job, model, NULL, 0);
 }
 
 size_t optim_state_per_value(const OptimConf *c) {
@@ -281,10 +264,9 @@ int job_validate(const Job *job, char *err, size_t errlen) {
         if (job->chunk_floats < 1 || job->chunk_floats > JOB_MAX_CHUNK_FLOATS)
                 return job_err(err, errlen, "chunk_floats %u out of range 1..%u", job->chunk_floats,
                                JOB_MAX_CHUNK_FLOATS);
-        if (job->nlayers < JOB_MIN_WIDTHS || job->nlayers > JOB_MAX_WIDTHS ||
-            job->ntensors != 2 * (job->nlayers - 1))
-                return job_err(err, errlen, "model '%s' has %zu layers and %zu tensors", job->model,
-                               job->nlayers, job->ntensors);
+        if (job->ntensors < 1 || job->ntensors > JOB_MAX_TENSORS || job->in_numel < 1 || job->classes < 1)
+                return job_err(err, errlen, "model %s has %zu tensors, %u inputs, %u classes", job->model_name,
+                               job->ntensors, job->in_numel, job->classes);
         for (size_t i = 0; i < job->ntensors; i++) {
                 const JobTensor *t = &job->tensors[i];
                 uint64_t numel = 1, nchunks;
@@ -304,7 +286,7 @@ int job_validate(const Job *job, char *err, size_t errlen) {
                                        " (set chunk_floats before the model)",
                                        t->name, t->nchunks, (unsigned long long) t->numel,
                                        job->chunk_floats, (unsigned long long) nchunks);
-                if (t->init != INIT_ZEROS && t->init != INIT_HE && t->init != INIT_XAVIER)
+                if ((unsigned) t->init > INIT_NORMAL)
                         return job_err(err, errlen, "tensor %s: unknown init (zeros, he, xavier)", t->name);
                 if (t->fan_in == 0 || t->fan_out == 0)
                         return job_err(err, errlen, "tensor %s has fan_in %u, fan_out %u", t->name,
@@ -457,8 +439,8 @@ void job_init_chunk(const Job *job, uint32_t t, uint32_t c, float *out) {
         jt = &job->tensors[t];
         base = (uint64_t) c * job->chunk_floats;
 
-        if (jt->init == INIT_HE) {
-                double std = sqrt(2.0 / (double) jt->fan_in);
+        if (jt->init == INIT_HE || jt->init == INIT_NORMAL) {
+                double std = jt->init == INIT_NORMAL ? INIT_NORMAL_STD : sqrt(2.0 / (double) jt->fan_in);
                 for (uint32_t k = 0; k < len; k++) {
                         /* Box-Muller; u1 in (0, 1] keeps the log finite. */
                         double u1 = 1.0 - rng_unit(rng_bits(job->seed, t, base + k, 0));
@@ -469,6 +451,9 @@ void job_init_chunk(const Job *job, uint32_t t, uint32_t c, float *out) {
                 double a = sqrt(6.0 / ((double) jt->fan_in + (double) jt->fan_out));
                 for (uint32_t k = 0; k < len; k++)
                         out[k] = (float) (a * (2.0 * rng_unit(rng_bits(job->seed, t, base + k, 0)) - 1.0));
+        } else if (jt->init == INIT_ONES) {
+                for (uint32_t k = 0; k < len; k++)
+                        out[k] = 1.0f;
         } else
                 memset(out, 0, (size_t) len * sizeof *out);
 }

@@ -8,8 +8,9 @@
 #include <stdint.h>
 #include "compress.h"
 #include "fed.h"
+#include "modeldesc.h"
 
-#define JOB_MAX_TENSORS 64
+#define JOB_MAX_TENSORS MD_MAX_TENSORS
 #define JOB_DEFAULT_WARMUP_CLOCKS 100
 #define JOB_DEFAULT_CHUNK_FLOATS (256u * 1024u) /* 1 MiB of f32 */
 
@@ -17,7 +18,6 @@
  * push deltas; the shards aggregate per round, common/fed.h). */
 typedef enum { MODE_BSP, MODE_ASP, MODE_SSP, MODE_FED } ConsistencyMode;
 typedef enum { OPTIM_SGD, OPTIM_ADAM } OptimKind;
-typedef enum { INIT_ZEROS, INIT_HE, INIT_XAVIER } TensorInit;
 /* How the learning rate follows the number of members W (job_lr_factor). */
 typedef enum { LR_SCALING_NONE, LR_SCALING_AUTO, LR_SCALING_LINEAR, LR_SCALING_SQRT } LrScaling;
 /* A job's life at pscoord: waiting for its shards and workers, running, then
@@ -27,8 +27,6 @@ typedef enum { JOB_WAITING, JOB_RUNNING, JOB_DONE, JOB_STOPPED, JOB_FAILED } Job
 #define JOB_MAX_STALENESS 1000000u
 #define JOB_MAX_CHUNK_FLOATS (64u * 1024u * 1024u)
 #define JOB_MIN_FAIR_CHUNK_FLOATS 16u
-#define JOB_MAX_WIDTHS 16
-#define JOB_MAX_WIDTH 65536u
 
 typedef struct OptimConf {
         OptimKind kind;
@@ -82,11 +80,12 @@ typedef struct FedConf {
 
 typedef struct Job {
         uint32_t id;
-        char model[128];
+        char model[MD_MAX_TEXT];   /* the model's text (common/modeldesc.h) */
+        char model_name[128];      /* for logs and status: mlp:..., cnn, vit or the JSON's name */
         JobTensor tensors[JOB_MAX_TENSORS];
         size_t ntensors;
-        uint32_t layers[JOB_MAX_TENSORS / 2 + 1]; /* MLP widths, e.g. 784,256,10 */
-        size_t nlayers;
+        uint32_t in_numel;         /* values of one sample the model takes */
+        uint32_t classes;          /* of its labels, 0..classes-1 */
         OptimConf optim;
         ConsistencyMode mode;
         uint32_t staleness;  /* SSP: a worker at clock c pulls once the slowest reached c - staleness */
@@ -119,10 +118,12 @@ int lr_scaling_from_string(const char *s, LrScaling *ret);
 const char *lr_scaling_name(LrScaling s);
 void job_defaults(Job *job);
 
-/* Sets job->model and its tensors from "mlp:D0-D1-...-Dn" (2..16 widths, each
- * 1..65536): tensors W0 [D1 x D0] (he init), b0 [D1] (zeros), W1, b1, ...
- * Returns -EINVAL for anything else. */
+/* Sets job->model and its tensors from a model's text (modeldesc_parse: the
+ * mlp:D0-D1-...-Dn strings, cnn, vit, or a JSON description), tensors named
+ * as PyTorch's state_dict ("0.weight", "0.bias", "2.weight", ...). -EINVAL
+ * for anything else; job_set_model_why also says why in err. */
 int job_set_model(Job *job, const char *model);
+int job_set_model_why(Job *job, const char *model, char *err, size_t errlen);
 /* Floats of optimizer state kept per parameter value (sgd with momentum 1,
  * plain sgd 0, adam 2). */
 size_t optim_state_per_value(const OptimConf *c);

@@ -15,6 +15,8 @@ static Psnet__Init init_to_proto(TensorInit i) {
         switch (i) {
         case INIT_HE: return PSNET__INIT__INIT_HE;
         case INIT_XAVIER: return PSNET__INIT__INIT_XAVIER;
+        case INIT_ONES: return PSNET__INIT__INIT_ONES;
+        case INIT_NORMAL: return PSNET__INIT__INIT_NORMAL;
         case INIT_ZEROS: break;
         }
         return PSNET__INIT__INIT_ZEROS;
@@ -25,6 +27,8 @@ static int init_from_proto(Psnet__Init i, TensorInit *ret) {
         case PSNET__INIT__INIT_ZEROS: *ret = INIT_ZEROS; return 0;
         case PSNET__INIT__INIT_HE: *ret = INIT_HE; return 0;
         case PSNET__INIT__INIT_XAVIER: *ret = INIT_XAVIER; return 0;
+        case PSNET__INIT__INIT_ONES: *ret = INIT_ONES; return 0;
+        case PSNET__INIT__INIT_NORMAL: *ret = INIT_NORMAL; return 0;
         default: return -EINVAL;
         }
 }
@@ -227,6 +231,7 @@ nomem:
 int job_from_proto(const Psnet__JobSpec *spec, Job *ret, char *err, size_t errlen) {
         const Psnet__OptimSpec *o;
         Job j;
+        char why[256];
         int r;
 
         if (err && errlen > 0)
@@ -243,10 +248,9 @@ int job_from_proto(const Psnet__JobSpec *spec, Job *ret, char *err, size_t errle
                 return conv_err(err, errlen, "chunk_floats %u out of range 1..%u", spec->chunk_floats,
                                 JOB_MAX_CHUNK_FLOATS);
         j.chunk_floats = spec->chunk_floats;
-        r = job_set_model(&j, spec->model);
+        r = job_set_model_why(&j, spec->model, why, sizeof why);
         if (r < 0)
-                return conv_err(err, errlen, "bad model '%.64s' (expected mlp:D0-D1-...-Dn, 2..%d widths of 1..%u)",
-                                spec->model, JOB_MAX_WIDTHS, JOB_MAX_WIDTH);
+                return conv_err(err, errlen, "bad model: %s", why);
 
         if (spec->n_tensors > JOB_MAX_TENSORS)
                 return conv_err(err, errlen, "%zu tensors, at most %d", spec->n_tensors, JOB_MAX_TENSORS);

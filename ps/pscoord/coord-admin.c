@@ -90,7 +90,7 @@ void coord_maybe_start(Coord *c) {
         } else
                 c->ckpt_next_clock = (int64_t) c->cfg->checkpoint_every;
         log_info("job started job=%u model=%s mode=%s shards=%zu workers=%zu map_epoch=%lu replicas=%u%s%s",
-                 c->job.id, c->job.model, job_mode_string(&c->job, mode, sizeof mode), ns, nw,
+                 c->job.id, c->job.model_name, job_mode_string(&c->job, mode, sizeof mode), ns, nw,
                  (unsigned long) c->map_epoch, shardmap_replicas(c->map), c->restore.active ? " restored_from=" : "",
                  c->restore.active ? c->restore.name : "");
         coord_fed_reset(c);
@@ -229,7 +229,7 @@ void coord_handle_job_submit(Coord *c, WireMsg *m) {
         }
         coord_job_replace(c, &job);
         char mode[32];
-        log_info("job submitted job=%u model=%s mode=%s", c->job.id, job.model, job_mode_string(&job, mode, sizeof mode));
+        log_info("job submitted job=%u model=%s mode=%s", c->job.id, job.model_name, job_mode_string(&job, mode, sizeof mode));
         coord_state_save(c);
         (void) coord_reply_job(c, &m->route, m->hdr->seq, NULL);
         coord_maybe_start(c);
@@ -300,7 +300,7 @@ void coord_metrics(void *ud, MetricsBuf *b) {
                                job_state_name(states[i]), NULL);
         metrics_family(b, "psnet_pscoord_job_info", "gauge", "The job (always 1).");
         snprintf(id, sizeof id, "%u", c->job.id);
-        metrics_sample(b, "psnet_pscoord_job_info", 1, "job", id, "model", c->job.model, "mode",
+        metrics_sample(b, "psnet_pscoord_job_info", 1, "job", id, "model", c->job.model_name, "mode",
                        job_mode_string(&c->job, mode, sizeof mode), NULL);
         size_t members = 0, shards_in_map = c->map ? shardmap_size(c->map) : 0;
         for (size_t i = 0; i < c->npeers; i++)

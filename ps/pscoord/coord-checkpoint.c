@@ -490,7 +490,7 @@ static bool list_one(void *ud, const char *name, const Psnet__CheckpointManifest
                 in->bytes = manifest_bytes(m);
                 if (job_from_proto(m->job, &j, jerr, sizeof jerr) == 0) {
                         in->mode = (char *) job_mode_string(&j, t->mode, sizeof t->mode);
-                        snprintf(t->model, sizeof t->model, "%s", j.model);
+                        snprintf(t->model, sizeof t->model, "%s", j.model_name);
                         in->model = t->model;
                 }
         }
@@ -590,7 +590,7 @@ int coord_checkpoint_restore(Coord *c, const char *name, char *reason, size_t n)
         psnet__checkpoint_manifest__free_unpacked(m, NULL);
         char mode[32];
         log_info("job restored job=%u name=%s clock=%ld model=%s mode=%s", c->job.id, name, (long) c->restore.clock,
-                 c->job.model, job_mode_string(&c->job, mode, sizeof mode));
+                 c->job.model_name, job_mode_string(&c->job, mode, sizeof mode));
         return PSNET__STATUS__STATUS_OK;
 }
 

@@ -282,7 +282,7 @@ int coord_run(const CoordConfig *cfg) {
         }
         service_ready(c.service);
         log_info("listening endpoint=%s job=%u model=%s mode=%s expect_shards=%u expect_workers=%u security=%s",
-                 cfg->listen, c.job.id, c.job.model, job_mode_string(&c.job, mode, sizeof mode),
+                 cfg->listen, c.job.id, c.job.model_name, job_mode_string(&c.job, mode, sizeof mode),
                  c.job.expect_shards, c.job.expect_workers, c.id.enabled ? "curve" : "none");
         r = uv_run(&c.loop, UV_RUN_DEFAULT);
         r = r < 0 ? r : 0;

@@ -6,6 +6,7 @@
 #include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <time.h>
 #include "endpoint.h"
 #include "job.h"
@@ -27,6 +28,20 @@ static const char *mode_of(const Psnet__JobSpec *j, char *buf, size_t n) {
         return mode_string(m, st, buf, n);
 }
 
+/* The model's name (a JSON model's text is long): mlp:..., cnn, vit or its "name". */
+static const char *model_of(const Psnet__JobSpec *j, char *buf, size_t n) {
+        ModelDesc *d;
+        if (!j || !j->model)
+                return "-";
+        d = malloc(sizeof *d);
+        if (d && modeldesc_parse(j->model, d, NULL, 0) == 0)
+                snprintf(buf, n, "%s", d->name);
+        else
+                snprintf(buf, n, "?");
+        free(d);
+        return buf;
+}
+
 static const char *human_bytes(uint64_t b, char *buf, size_t n) {
         if (b >= (1ull << 30))
                 snprintf(buf, n, "%.1f GiB", (double) b / (double) (1ull << 30));
@@ -39,11 +54,11 @@ static const char *human_bytes(uint64_t b, char *buf, size_t n) {
 
 void print_status_table(const Psnet__StatusRep *s) {
         const Psnet__JobSpec *j = s->job;
-        char b[32], mode[32];
+        char b[32], mode[32], model[128];
         printf("coordinator  %s  up %.1f s\n", s->coord_endpoint ? s->coord_endpoint : "?",
                (double) s->uptime_ms / 1000.0);
         printf("job %u  %s  mode=%s  state=%s  epochs=%u  batch=%u  map_epoch=%lu  members_epoch=%lu",
-               j ? j->id : 0, j ? j->model : "-", mode_of(j, mode, sizeof mode), state_of(s->job_state),
+               j ? j->id : 0, model_of(j, model, sizeof model), mode_of(j, mode, sizeof mode), state_of(s->job_state),
                j ? j->epochs : 0, j ? j->batch : 0, (unsigned long) s->map_epoch, (unsigned long) s->members_epoch);
         printf("  replicas=%u  failovers=%u", j && j->has_replicas ? j->replicas : 1, s->failovers);
         if (s->has_accuracy)

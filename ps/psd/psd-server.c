@@ -479,7 +479,7 @@ static void psd_apply_config(Psd *p, const Psnet__Config *ctl) {
                                  (unsigned long) migrate_moved_out(p->migrate), shardmap_replicas(p->store->map));
                 if (fresh)
                         log_info("job configured job=%u model=%s mode=%s keys=%lu bytes=%lu map_epoch=%lu%s%s",
-                                 job.id, job.model, job_mode_string(&job, mode, sizeof mode),
+                                 job.id, job.model_name, job_mode_string(&job, mode, sizeof mode),
                                  (unsigned long) p->store->nkeys, (unsigned long) p->store->bytes,
                                  (unsigned long) ctl->map->epoch, restore ? " restore=" : "", restore ? rs->name : "");
                 if (seed && (r = checkpoint_seed(p->ckpt)) < 0) {

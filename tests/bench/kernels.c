@@ -115,7 +115,7 @@ int main(int argc, char **argv) {
                 fprintf(stderr, "bench-kernels: --tf32: %s\n", strerror(-r));
                 goto out;
         }
-        r = model_new(kb, dims, nd, batch, &m);
+        r = model_new_mlp(kb, dims, nd, batch, &m);
         if (r < 0) {
                 fprintf(stderr, "bench-kernels: model_new: %s\n", strerror(-r));
                 goto out;

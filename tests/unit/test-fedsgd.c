@@ -100,7 +100,7 @@ int main(void) {
         Model *m = NULL;
         char err[256];
         float *w0[NT];
-        if (!CHECK(kbackend_new("cpu", 1, &kb, err, sizeof err) == 0 && model_new(kb, dims, NL + 1, N, &m) == 0,
+        if (!CHECK(kbackend_new("cpu", 1, &kb, err, sizeof err) == 0 && model_new_mlp(kb, dims, NL + 1, N, &m) == 0,
                    "a 20-16-10 model on the cpu backend (%s)", err))
                 return tap_done();
         for (size_t i = 0; i < sizeof x / sizeof x[0]; i++)

@@ -200,18 +200,18 @@ static void test_model(void) {
         job_defaults(&j);
         r = job_set_model(&j, "mlp:784-256-128-10");
         CHECK(r == 0, "3-layer model parses");
-        CHECK(j.nlayers == 4 && j.layers[0] == 784 && j.layers[1] == 256 && j.layers[2] == 128 && j.layers[3] == 10,
-              "layer widths");
+        CHECK(j.in_numel == 784 && j.classes == 10 && strcmp(j.model_name, "mlp:784-256-128-10") == 0,
+              "784 inputs, 10 classes");
         CHECK(j.ntensors == 6, "6 tensors (%zu)", j.ntensors);
-        CHECK(strcmp(j.tensors[0].name, "W0") == 0 && j.tensors[0].ndim == 2 && j.tensors[0].shape[0] == 256 &&
-              j.tensors[0].shape[1] == 784 && j.tensors[0].numel == 256u * 784u, "W0 is [256 x 784]");
+        CHECK(strcmp(j.tensors[0].name, "0.weight") == 0 && j.tensors[0].ndim == 2 && j.tensors[0].shape[0] == 256 &&
+              j.tensors[0].shape[1] == 784 && j.tensors[0].numel == 256u * 784u, "0.weight is [256 x 784]");
         CHECK(j.tensors[0].init == INIT_HE && j.tensors[0].fan_in == 784 && j.tensors[0].fan_out == 256,
-              "W0 he init, fan_in 784, fan_out 256");
-        CHECK(strcmp(j.tensors[1].name, "b0") == 0 && j.tensors[1].ndim == 1 && j.tensors[1].shape[0] == 256 &&
-              j.tensors[1].numel == 256 && j.tensors[1].init == INIT_ZEROS, "b0 is [256], zeros");
-        CHECK(strcmp(j.tensors[4].name, "W2") == 0 && j.tensors[4].shape[0] == 10 && j.tensors[4].shape[1] == 128 &&
-              j.tensors[4].fan_in == 128, "W2 is [10 x 128]");
-        CHECK(strcmp(j.tensors[5].name, "b2") == 0 && j.tensors[5].numel == 10, "b2 is [10]");
+              "0.weight he init, fan_in 784, fan_out 256");
+        CHECK(strcmp(j.tensors[1].name, "0.bias") == 0 && j.tensors[1].ndim == 1 && j.tensors[1].shape[0] == 256 &&
+              j.tensors[1].numel == 256 && j.tensors[1].init == INIT_ZEROS, "0.bias is [256], zeros");
+        CHECK(strcmp(j.tensors[4].name, "4.weight") == 0 && j.tensors[4].shape[0] == 10 && j.tensors[4].shape[1] == 128 &&
+              j.tensors[4].fan_in == 128, "4.weight (after two linear+relu pairs) is [10 x 128]");
+        CHECK(strcmp(j.tensors[5].name, "4.bias") == 0 && j.tensors[5].numel == 10, "4.bias is [10]");
 
         CHECK(job_set_model(&j, "mlp:1-1") == 0 && j.ntensors == 2, "smallest model");
         CHECK(job_set_model(&j, "mlp:65536-2") == 0 && j.tensors[0].numel == 131072, "widest width accepted");
@@ -397,7 +397,7 @@ static void test_init(void) {
 
 static bool jobs_equal(const Job *x, const Job *y) {
         if (x->id != y->id || strcmp(x->model, y->model) != 0 || x->ntensors != y->ntensors ||
-            x->nlayers != y->nlayers || memcmp(x->layers, y->layers, sizeof x->layers) != 0)
+            x->in_numel != y->in_numel || x->classes != y->classes || strcmp(x->model_name, y->model_name) != 0)
                 return false;
         for (size_t i = 0; i < x->ntensors; i++) {
                 const JobTensor *a = &x->tensors[i], *b = &y->tensors[i];
@@ -453,7 +453,7 @@ static void test_proto(void) {
         CHECK(r == 0 && spec, "job_to_proto (%d)", r);
         if (!spec)
                 return;
-        CHECK(spec->n_tensors == 6 && strcmp(spec->tensors[0]->name, "W0") == 0 && spec->tensors[0]->n_shape == 2 &&
+        CHECK(spec->n_tensors == 6 && strcmp(spec->tensors[0]->name, "0.weight") == 0 && spec->tensors[0]->n_shape == 2 &&
               spec->tensors[0]->shape[0] == 50 && spec->tensors[0]->shape[1] == 100, "tensor specs");
         CHECK(spec->mode->mode == PSNET__MODE__MODE_SSP && spec->mode->staleness == 4 &&
               spec->optim->kind == PSNET__OPTIM_KIND__OPTIM_ADAM && spec->tensors[2]->init == PSNET__INIT__INIT_XAVIER,
@@ -572,7 +572,7 @@ static void test_validate(void) {
         CHECK(job_validate(&j, err, sizeof err) == -EINVAL, "absurd expect_workers: %s", err);
         job_defaults(&j);
         j.tensors[0].numel++;
-        CHECK(job_validate(&j, err, sizeof err) == -EINVAL && strstr(err, "W0"), "numel not matching shape: %s", err);
+        CHECK(job_validate(&j, err, sizeof err) == -EINVAL && strstr(err, "0.weight"), "numel not matching shape: %s", err);
         job_defaults(&j);
         j.chunk_floats = 0;
         CHECK(job_validate(&j, err, sizeof err) == -EINVAL && strstr(err, "chunk_floats"), "chunk 0: %s", err);

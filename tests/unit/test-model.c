@@ -120,7 +120,7 @@ static void test_gradients(KBackend *kb) {
 
         for (size_t t = 0; t < NT; t++)
                 p[t] = pd[t];
-        if (!CHECK(model_new(kb, dims, NL + 1, MAXB, &m) == 0, "%s: model_new 7-5-4-3", name))
+        if (!CHECK(model_new_mlp(kb, dims, NL + 1, MAXB, &m) == 0, "%s: model_new 7-5-4-3", name))
                 return;
         test_shapes(m);
         init_params(m);
@@ -229,7 +229,7 @@ static void test_evaluate(KBackend *kb) {
 
         for (size_t t = 0; t < NT; t++)
                 p[t] = pd[t];
-        if (!CHECK(model_new(kb, dims, NL + 1, 8, &m8) == 0 && model_new(kb, dims, NL + 1, 4, &m4) == 0,
+        if (!CHECK(model_new_mlp(kb, dims, NL + 1, 8, &m8) == 0 && model_new_mlp(kb, dims, NL + 1, 4, &m4) == 0,
                    "%s: two models, max_batch 8 and 4", name)) {
                 model_free(m8);
                 model_free(m4);
@@ -271,7 +271,7 @@ static void test_sgd(KBackend *kb) {
         int correct = 0, r = 0;
         Model *m = NULL;
 
-        if (!CHECK(model_new(kb, dims, NL + 1, MAXB, &m) == 0, "%s: model for SGD", name))
+        if (!CHECK(model_new_mlp(kb, dims, NL + 1, MAXB, &m) == 0, "%s: model for SGD", name))
                 return;
         for (size_t t = 0; t < NT; t++)
                 for (size_t i = 0; i < tensor_numel(t); i++)
@@ -301,11 +301,11 @@ static void test_sgd(KBackend *kb) {
 
 static void test_new_rejects(KBackend *kb) {
         Model *m = NULL;
-        CHECK(model_new(kb, dims, 1, 4, &m) == -EINVAL && !m, "model_new with one width rejected");
-        CHECK(model_new(kb, (uint32_t[]) { 7, 0, 3 }, 3, 4, &m) == -EINVAL && !m,
+        CHECK(model_new_mlp(kb, dims, 1, 4, &m) == -EINVAL && !m, "model_new with one width rejected");
+        CHECK(model_new_mlp(kb, (uint32_t[]) { 7, 0, 3 }, 3, 4, &m) == -EINVAL && !m,
               "model_new with a zero width rejected");
-        CHECK(model_new(kb, dims, NL + 1, 0, &m) == -EINVAL && !m, "model_new max_batch 0 rejected");
-        CHECK(model_new(NULL, dims, NL + 1, 4, &m) == -EINVAL && !m, "model_new without backend rejected");
+        CHECK(model_new_mlp(kb, dims, NL + 1, 0, &m) == -EINVAL && !m, "model_new max_batch 0 rejected");
+        CHECK(model_new_mlp(NULL, dims, NL + 1, 4, &m) == -EINVAL && !m, "model_new without backend rejected");
         CHECK(model_free(NULL) == NULL, "model_free(NULL) is safe");
 }
 
@@ -337,7 +337,7 @@ static void test_graph(KBackend *kb) {
         int cg = 0, cd = 0, r = 0;
         double worst = 0;
 
-        if (!x || !CHECK(model_new(kb, wide, 4, B, &g) == 0 && model_new(kb, wide, 4, B, &d) == 0,
+        if (!x || !CHECK(model_new_mlp(kb, wide, 4, B, &g) == 0 && model_new_mlp(kb, wide, 4, B, &d) == 0,
                          "%s: two 784-64-32-10 models", name))
                 goto out;
         model_set_options(d, false, true);
@@ -377,7 +377,7 @@ static void test_graph(KBackend *kb) {
 
         if (kb->ops->set_tf32(kb, true) == 0) {
                 Model *t = NULL;
-                if (CHECK(model_new(kb, wide, 4, B, &t) == 0, "%s: tf32 model", name)) {
+                if (CHECK(model_new_mlp(kb, wide, 4, B, &t) == 0, "%s: tf32 model", name)) {
                         float loss_t = 0;
                         int ct = 0;
                         for (size_t k = 0; k < model_ntensors(t); k++)

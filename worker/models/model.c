@@ -1,53 +1,28 @@
-/* The MLP, written once against kernels.h so that the CPU and CUDA backends run
- * the same code. Every buffer a step needs is allocated in model_new for
- * max_batch samples; a training step only uploads the batch, runs kernels and
- * downloads the gradients into the host buffers the client pushes.
+/* Models of layers (see model.h), written once against kernels.h so that the
+ * CPU and CUDA backends run the same code. Every buffer a step needs is
+ * allocated in model_new for max_batch samples; a training step only uploads
+ * the batch, runs kernels and downloads the gradients into the host buffers
+ * the client pushes.
  *
- * Shapes, with B the batch and L = nd - 1 layers:
- *   act[0] = x [B x D0], act[l+1] = act(act[l] W_l^T + b_l) [B x D(l+1)],
- *   the last layer without activation (its output are the logits), and
- *   loss = mean over the batch of softmax cross-entropy. */
+ * The description's layers become steps (Step): a ReLU after a linear layer
+ * or a convolution joins it (one product with a bias+ReLU epilogue, its
+ * backward masking by the fused output); tokens, a flatten that moves nothing
+ * and dropout 0 are views of their input. act[0] is the batch (NHWC), act[j+1]
+ * step j's output; the backward runs from dlogits through two ping-pong delta
+ * buffers, each step writing its input's gradient into the other one (or, for
+ * elementwise steps, in place). Layers and their buffers are in layers.c. */
 #include <errno.h>
 #include <limits.h>
 #include <math.h>
+#include <stdio.h>
 #include <string.h>
 #include "alloc.h"
+#include "log.h"
 #include "macro.h"
-#include "model.h"
-
-struct Model {
-        KBackend *kb;
-        const KernelsOps *ops;
-        size_t nd, nlayers, ntensors;
-        uint32_t *dims;
-        int max_batch;
-        int max_width;        /* largest of D1 .. DL */
-
-        size_t *numel;        /* per tensor */
-        float **param_host;   /* per tensor, what the client pulls into */
-        float **grad_host;    /* per tensor, what the client pushes */
-        float **param_dev;    /* per tensor, backend copies */
-        float **grad_dev;
-
-        float **act_dev;      /* nd buffers: act[l] is max_batch x D(l) */
-        float *delta_dev[2];  /* ping-pong gradients w.r.t. activations, max_batch x max_width */
-        int32_t *y_dev;       /* labels of the batch */
-        int32_t *pred_dev;    /* argmax of the logits */
-        float *loss_dev;      /* per-sample losses */
-        int32_t *pred_host;
-        float *loss_host;
-
-        float *x_stage;       /* host_alloc'd batch (max_batch samples) and labels */
-        int32_t *y_stage;
-        bool graphs;          /* capture full-batch training steps */
-        bool transfers;       /* upload the batch, download losses and gradients */
-        bool graph_failed;    /* the backend cannot capture: run ops directly */
-        KGraph *graph;        /* the captured full-batch step */
-        int pending;          /* batch of the step model_step_begin queued (0: none) */
-};
+#include "model-internal.h"
 
 static int dev_alloc(Model *m, size_t bytes, void *ret) {
-        return m->ops->alloc(m->kb, bytes, (void **) ret);
+        return m->ops->alloc(m->kb, bytes ? bytes : sizeof(float), (void **) ret);
 }
 
 static void dev_free(Model *m, void *p) {
@@ -56,7 +31,7 @@ static void dev_free(Model *m, void *p) {
 }
 
 static int host_alloc(Model *m, size_t bytes, void *ret) {
-        return m->ops->host_alloc(m->kb, bytes, (void **) ret);
+        return m->ops->host_alloc(m->kb, bytes ? bytes : sizeof(float), (void **) ret);
 }
 
 static void host_free(Model *m, void *p) {
@@ -64,8 +39,17 @@ static void host_free(Model *m, void *p) {
                 m->ops->host_free(m->kb, p);
 }
 
-static size_t weight(size_t layer) { return 2 * layer; }
-static size_t bias(size_t layer) { return 2 * layer + 1; }
+int model_buf(Model *m, size_t floats, float **ret) {
+        int r;
+
+        if (m->nbufs == MODEL_MAX_BUFS)
+                return -ENOMEM;
+        r = dev_alloc(m, floats * sizeof(float), ret);
+        if (r < 0)
+                return r;
+        m->bufs[m->nbufs++] = *ret;
+        return 0;
+}
 
 /* download_async slots: one per tensor, then the losses and the predictions.
  * Slots are reused modulo KB_SLOTS, which only makes a wait longer. */
@@ -96,13 +80,8 @@ Model *model_free(Model *m) {
                 if (m->grad_dev)
                         dev_free(m, m->grad_dev[t]);
         }
-        for (size_t l = 0; m->act_dev && l < m->nd; l++)
-                dev_free(m, m->act_dev[l]);
-        dev_free(m, m->delta_dev[0]);
-        dev_free(m, m->delta_dev[1]);
-        dev_free(m, m->y_dev);
-        dev_free(m, m->pred_dev);
-        dev_free(m, m->loss_dev);
+        for (size_t i = 0; i < m->nbufs; i++)
+                dev_free(m, m->bufs[i]);
         host_free(m, m->pred_host);
         host_free(m, m->loss_host);
         host_free(m, m->x_stage);
@@ -111,117 +90,220 @@ Model *model_free(Model *m) {
         ps_free(m->grad_host);
         ps_free(m->param_dev);
         ps_free(m->grad_dev);
-        ps_free(m->act_dev);
         ps_free(m->numel);
-        ps_free(m->dims);
+        ps_free(m->steps);
+        ps_free(m->act);
+        ps_free(m->desc);
         ps_free(m);
         return NULL;
 }
 
-int model_new(KBackend *kb, const uint32_t *dims, size_t nd, int max_batch, Model **ret) {
-        Model *m;
-        size_t t, mb;
+/* The steps of the description (see the top of this file). */
+static int plan_steps(Model *m) {
+        const ModelDesc *d = m->desc;
+
+        m->steps = ps_calloc(d->nlayers, sizeof *m->steps);
+        if (!m->steps)
+                return -ENOMEM;
+        for (size_t i = 0; i < d->nlayers; i++) {
+                const MdLayer *l = &d->layers[i];
+                Step *s = &m->steps[m->nsteps];
+
+                if (l->kind == LK_RELU && m->nsteps > 0) {
+                        Step *prev = &m->steps[m->nsteps - 1];
+                        if ((prev->l.kind == LK_LINEAR || prev->l.kind == LK_CONV2D) && !prev->relu) {
+                                prev->relu = true;
+                                continue;
+                        }
+                }
+                memset(s, 0, sizeof *s);
+                s->l = *l;
+                s->index = i;
+                m->nsteps++;
+        }
+        return 0;
+}
+
+/* Buffers of the batch and the activations, each step's own, the deltas. */
+static int alloc_buffers(Model *m, char *err, size_t errlen) {
+        size_t mb = (size_t) m->max_batch, in_n = md_shape_numel(&m->desc->input), maxn = in_n;
         int r;
 
-        if (!kb || !kb->ops || !dims || nd < 2 || max_batch < 1 || !ret)
-                return -EINVAL;
-        /* Every width must fit the kernels' int shapes, also multiplied by the batch. */
-        for (size_t l = 0; l < nd; l++)
-                if (dims[l] == 0 || dims[l] > (uint32_t) (INT_MAX / max_batch))
-                        return -EINVAL;
+        m->act = ps_calloc(m->nsteps + 1, sizeof *m->act);
+        if (!m->act)
+                return -ENOMEM;
+        /* The batch as it comes (NCHW), and act[0] in NHWC when that differs. */
+        r = model_buf(m, mb * in_n, &m->x_dev);
+        if (r < 0)
+                return r;
+        m->permute_input = m->desc->input.rank == 3 && m->desc->input.d[0] > 1 &&
+                           m->desc->input.d[1] * m->desc->input.d[2] > 1;
+        if (m->permute_input) {
+                if (!m->ops->permute0213)
+                        return reason_set(err, errlen, -ENOTSUP, "a %u-channel image input needs the op permute0213, "
+                                          "which backend %s lacks", m->desc->input.d[0], m->ops->name);
+                r = model_buf(m, mb * in_n, &m->act[0]);
+                if (r < 0)
+                        return r;
+        } else
+                m->act[0] = m->x_dev;
+
+        for (size_t j = 0; j < m->nsteps; j++) {
+                Step *s = &m->steps[j];
+                size_t out_n = md_shape_numel(&s->l.outs);
+
+                if ((uint64_t) mb * out_n > INT_MAX || (uint64_t) mb * md_shape_numel(&s->l.in) > INT_MAX)
+                        return reason_set(err, errlen, -EINVAL, "layer %zu (%s): a batch of %d does not fit the "
+                                          "kernels' sizes", s->index, layer_kind_name(s->l.kind), m->max_batch);
+                r = step_setup(m, s, err, errlen);
+                if (r < 0)
+                        return r;
+                if (s->view)
+                        m->act[j + 1] = m->act[j];
+                else {
+                        r = model_buf(m, mb * out_n, &m->act[j + 1]);
+                        if (r < 0)
+                                return r;
+                }
+                maxn = MAX(maxn, out_n);
+        }
+        for (int i = 0; i < 2; i++) {
+                r = model_buf(m, mb * maxn, &m->delta[i]);
+                if (r < 0)
+                        return r;
+        }
+        r = model_buf(m, mb, (float **) &m->y_dev);
+        if (r >= 0)
+                r = model_buf(m, mb, (float **) &m->pred_dev);
+        if (r >= 0)
+                r = model_buf(m, mb, &m->loss_dev);
+        return r;
+}
+
+int model_new(KBackend *kb, const ModelDesc *d, int max_batch, Model **ret, char *err, size_t errlen) {
+        Model *m;
+        size_t mb, in_n;
+        int r;
+
+        if (err && errlen)
+                err[0] = '\0';
+        if (!kb || !kb->ops || !d || d->nlayers == 0 || d->ntensors == 0 || max_batch < 1 || !ret)
+                return reason_set(err, errlen, -EINVAL, "bad model arguments");
+        in_n = md_shape_numel(&d->input);
+        if ((uint64_t) max_batch * in_n > INT_MAX)
+                return reason_set(err, errlen, -EINVAL, "a batch of %d samples of %zu values is too large", max_batch,
+                                  in_n);
 
         m = ps_calloc(1, sizeof *m);
         if (!m)
                 return -ENOMEM;
         m->kb = kb;
         m->ops = kb->ops;
-        m->nd = nd;
-        m->nlayers = nd - 1;
-        m->ntensors = 2 * m->nlayers;
         m->max_batch = max_batch;
         m->graphs = true;
         m->transfers = true;
+        m->seed = 0x5eed;
         mb = (size_t) max_batch;
+        m->desc = ps_malloc(sizeof *m->desc);
+        if (!m->desc) {
+                r = -ENOMEM;
+                goto fail;
+        }
+        *m->desc = *d;
+        m->ntensors = d->ntensors;
+        m->classes = d->classes;
+        m->in_n = in_n;
 
-        m->dims = ps_calloc(nd, sizeof *m->dims);
         m->numel = ps_calloc(m->ntensors, sizeof *m->numel);
         m->param_host = ps_calloc(m->ntensors, sizeof *m->param_host);
         m->grad_host = ps_calloc(m->ntensors, sizeof *m->grad_host);
         m->param_dev = ps_calloc(m->ntensors, sizeof *m->param_dev);
         m->grad_dev = ps_calloc(m->ntensors, sizeof *m->grad_dev);
-        m->act_dev = ps_calloc(nd, sizeof *m->act_dev);
-        if (!m->dims || !m->numel || !m->param_host || !m->grad_host || !m->param_dev ||
-            !m->grad_dev || !m->act_dev) {
+        if (!m->numel || !m->param_host || !m->grad_host || !m->param_dev || !m->grad_dev) {
                 r = -ENOMEM;
                 goto fail;
         }
-        memcpy(m->dims, dims, nd * sizeof *dims);
-        for (size_t l = 1; l < nd; l++)
-                m->max_width = MAX(m->max_width, (int) dims[l]);
-
-        for (size_t l = 0; l < m->nlayers; l++) {
-                m->numel[weight(l)] = (size_t) dims[l + 1] * dims[l];
-                m->numel[bias(l)] = dims[l + 1];
-        }
-        for (t = 0; t < m->ntensors; t++) {
-                size_t bytes = m->numel[t] * sizeof(float);
+        for (size_t t = 0; t < m->ntensors; t++) {
+                size_t bytes;
+                m->numel[t] = d->tensors[t].numel;
+                bytes = m->numel[t] * sizeof(float);
                 r = host_alloc(m, bytes, &m->param_host[t]);
-                if (r < 0)
-                        goto fail;
-                r = host_alloc(m, bytes, &m->grad_host[t]);
+                if (r >= 0)
+                        r = host_alloc(m, bytes, &m->grad_host[t]);
+                if (r >= 0)
+                        r = dev_alloc(m, bytes, &m->param_dev[t]);
+                if (r >= 0)
+                        r = dev_alloc(m, bytes, &m->grad_dev[t]);
                 if (r < 0)
                         goto fail;
                 memset(m->param_host[t], 0, bytes);
                 memset(m->grad_host[t], 0, bytes);
-                r = dev_alloc(m, bytes, &m->param_dev[t]);
-                if (r < 0)
-                        goto fail;
-                r = dev_alloc(m, bytes, &m->grad_dev[t]);
-                if (r < 0)
-                        goto fail;
         }
 
-        for (size_t l = 0; l < nd; l++) {
-                r = dev_alloc(m, mb * dims[l] * sizeof(float), &m->act_dev[l]);
-                if (r < 0)
-                        goto fail;
-        }
-        for (int i = 0; i < 2; i++) {
-                r = dev_alloc(m, mb * (size_t) m->max_width * sizeof(float), &m->delta_dev[i]);
-                if (r < 0)
-                        goto fail;
-        }
-        r = dev_alloc(m, mb * sizeof(int32_t), &m->y_dev);
-        if (r < 0)
-                goto fail;
-        r = dev_alloc(m, mb * sizeof(int32_t), &m->pred_dev);
-        if (r < 0)
-                goto fail;
-        r = dev_alloc(m, mb * sizeof(float), &m->loss_dev);
-        if (r < 0)
-                goto fail;
-        r = host_alloc(m, mb * sizeof(int32_t), &m->pred_host);
+        r = plan_steps(m);
+        if (r >= 0)
+                r = alloc_buffers(m, err, errlen);
+        if (r >= 0)
+                r = host_alloc(m, mb * sizeof(int32_t), &m->pred_host);
         if (r >= 0)
                 r = host_alloc(m, mb * sizeof(float), &m->loss_host);
         if (r >= 0)
-                r = host_alloc(m, mb * dims[0] * sizeof(float), &m->x_stage);
+                r = host_alloc(m, mb * in_n * sizeof(float), &m->x_stage);
         if (r >= 0)
                 r = host_alloc(m, mb * sizeof(int32_t), &m->y_stage);
         if (r < 0)
                 goto fail;
-        memset(m->x_stage, 0, mb * dims[0] * sizeof(float));
+        memset(m->x_stage, 0, mb * in_n * sizeof(float));
         memset(m->y_stage, 0, mb * sizeof(int32_t));
+        /* A captured step would replay its dropout masks. */
+        if (modeldesc_has_dropout(d))
+                m->graphs = false;
 
         /* The backend starts from the same (zero) parameters as the host. */
         r = model_upload_params(m);
         if (r < 0)
                 goto fail;
-
         *ret = m;
         return 0;
 
 fail:
+        if (r < 0 && err && errlen && !err[0])
+                snprintf(err, errlen, "%s", strerror(-r));
         model_free(m);
+        return r;
+}
+
+int model_new_text(KBackend *kb, const char *text, int max_batch, Model **ret, char *err, size_t errlen) {
+        ModelDesc *d = ps_malloc(sizeof *d);
+        int r;
+
+        if (!d)
+                return reason_set(err, errlen, -ENOMEM, "out of memory");
+        r = modeldesc_parse(text, d, err, errlen);
+        if (r >= 0)
+                r = model_new(kb, d, max_batch, ret, err, errlen);
+        ps_free(d);
+        return r;
+}
+
+int model_new_mlp(KBackend *kb, const uint32_t *dims, size_t nd, int max_batch, Model **ret) {
+        char text[256], why[256];
+        size_t off;
+        ModelDesc *d;
+        int r;
+
+        if (!dims || nd < 2 || nd > 16)
+                return -EINVAL;
+        off = (size_t) snprintf(text, sizeof text, "mlp:");
+        for (size_t i = 0; i < nd; i++)
+                off += (size_t) snprintf(text + off, sizeof text - off, "%s%u", i ? "-" : "", dims[i]);
+        d = ps_malloc(sizeof *d);
+        if (!d)
+                return -ENOMEM;
+        r = modeldesc_parse(text, d, why, sizeof why);
+        if (r >= 0)
+                r = model_new(kb, d, max_batch, ret, why, sizeof why);
+        ps_free(d);
         return r;
 }
 
@@ -231,6 +313,21 @@ size_t model_ntensors(const Model *m) {
 
 size_t model_tensor_numel(const Model *m, size_t t) {
         return m && t < m->ntensors ? m->numel[t] : 0;
+}
+
+size_t model_input_numel(const Model *m) {
+        return m ? m->in_n : 0;
+}
+
+uint32_t model_classes(const Model *m) {
+        return m ? m->classes : 0;
+}
+
+void model_set_seed(Model *m, uint64_t seed) {
+        if (m) {
+                m->seed = seed;
+                m->trained = 0;
+        }
 }
 
 float *model_param_host(Model *m, size_t t) {
@@ -250,7 +347,11 @@ int32_t *model_batch_y(Model *m) {
 }
 
 void model_set_options(Model *m, bool graphs, bool transfers) {
-        if (!m || (m->graphs == graphs && m->transfers == transfers))
+        if (!m)
+                return;
+        if (modeldesc_has_dropout(m->desc))
+                graphs = false;
+        if (m->graphs == graphs && m->transfers == transfers)
                 return;
         if (m->pending) /* the graph may be running: let it finish first */
                 (void) m->ops->sync(m->kb);
@@ -280,43 +381,42 @@ int model_upload_params(Model *m) {
         return m ? model_upload_params_from(m, m->param_host) : -EINVAL;
 }
 
-/* Uploads batch samples and their labels; labels are checked here so that every
- * backend rejects them the same way. */
-/* Labels are checked on the host, before anything is queued, so that every
- * backend rejects a bad one the same way and at once. */
-static bool labels_ok(const Model *m, const int32_t *y_host, int batch) {
-        int32_t classes = (int32_t) m->dims[m->nd - 1];
-
+/* Labels (and the token ids of an embedding) are checked on the host, before
+ * anything is queued, so that every backend rejects a bad batch the same way
+ * and at once. */
+static bool batch_ok(const Model *m, const float *x_host, const int32_t *y_host, int batch) {
         for (int i = 0; i < batch; i++)
-                if (y_host[i] < 0 || y_host[i] >= classes)
+                if (y_host[i] < 0 || (uint32_t) y_host[i] >= m->classes)
                         return false;
+        if (m->steps[0].l.kind == LK_EMBEDDING) {
+                float vocab = (float) m->steps[0].l.vocab;
+                for (size_t i = 0; i < (size_t) batch * m->in_n; i++)
+                        if (!(x_host[i] >= 0.0f && x_host[i] < vocab) || x_host[i] != floorf(x_host[i]))
+                                return false;
+        }
         return true;
 }
 
-static int model_load_batch(Model *m, const float *x_host, const int32_t *y_host, int batch) {
-        int r;
-
-        if (!x_host || !y_host || batch < 1 || batch > m->max_batch || !labels_ok(m, y_host, batch))
-                return -EINVAL;
-
-        r = m->ops->upload(m->kb, m->act_dev[0], x_host,
-                           (size_t) batch * m->dims[0] * sizeof(float));
+static int upload_batch(Model *m, const float *x_host, const int32_t *y_host, int batch) {
+        int r = m->ops->upload(m->kb, m->x_dev, x_host, (size_t) batch * m->in_n * sizeof(float));
         if (r < 0)
                 return r;
         return m->ops->upload(m->kb, m->y_dev, y_host, (size_t) batch * sizeof(int32_t));
 }
 
-/* act[l+1] = act(act[l] W_l^T + b_l) for every layer; the last act[] holds logits. */
-static int model_forward(Model *m, int batch) {
+/* Every step's output from act[0] on; the last act[] holds the logits. */
+static int model_forward(Model *m, int batch, bool train) {
         int r;
 
-        for (size_t l = 0; l < m->nlayers; l++) {
-                int in = (int) m->dims[l], out = (int) m->dims[l + 1];
-                KAct act = l + 1 < m->nlayers ? KACT_RELU : KACT_NONE;
-
-                r = m->ops->gemm_ep(m->kb, false, true, batch, out, in, m->act_dev[l], in,
-                                    m->param_dev[weight(l)], in, m->act_dev[l + 1], out,
-                                    act == KACT_RELU ? KEPI_BIAS_RELU : KEPI_BIAS, m->param_dev[bias(l)]);
+        if (m->permute_input) {
+                const MdShape *in = &m->desc->input;
+                r = m->ops->permute0213(m->kb, m->x_dev, batch, (int) in->d[0], (int) (in->d[1] * in->d[2]), 1,
+                                        m->act[0]);
+                if (r < 0)
+                        return r;
+        }
+        for (size_t j = 0; j < m->nsteps; j++) {
+                r = step_forward(m, &m->steps[j], batch, train, m->act[j], m->act[j + 1]);
                 if (r < 0)
                         return r;
         }
@@ -324,21 +424,19 @@ static int model_forward(Model *m, int batch) {
 }
 
 /* Argmax and per-sample losses of the logits; leaves the loss gradient scaled by
- * scale in delta_dev[0]. With download, the losses and predictions are copied to
+ * scale in delta[0]. With download, the losses and predictions are copied to
  * the host buffers as well (read after a sync, by model_tally). */
 static int model_queue_head(Model *m, int batch, float scale, bool download) {
-        int classes = (int) m->dims[m->nd - 1], r;
-        const float *logits = m->act_dev[m->nd - 1];
+        int classes = (int) m->classes, r;
+        const float *logits = m->act[m->nsteps];
 
         r = m->ops->argmax(m->kb, logits, batch, classes, m->pred_dev);
         if (r < 0)
                 return r;
-        r = m->ops->softmax_xent(m->kb, logits, m->y_dev, batch, classes, scale, m->delta_dev[0],
-                                 m->loss_dev);
+        r = m->ops->softmax_xent(m->kb, logits, m->y_dev, batch, classes, scale, m->delta[0], m->loss_dev);
         if (r < 0 || !download)
                 return r;
-        r = m->ops->download_async(m->kb, m->loss_host, m->loss_dev, (size_t) batch * sizeof(float),
-                                   loss_slot(m));
+        r = m->ops->download_async(m->kb, m->loss_host, m->loss_dev, (size_t) batch * sizeof(float), loss_slot(m));
         if (r < 0)
                 return r;
         return m->ops->download_async(m->kb, m->pred_host, m->pred_dev, (size_t) batch * sizeof(int32_t),
@@ -346,8 +444,7 @@ static int model_queue_head(Model *m, int batch, float scale, bool download) {
 }
 
 /* The summed loss and the correct predictions of the head's last download. */
-static void model_tally(const Model *m, const int32_t *y_host, int batch, double *ret_loss_sum,
-                        int *ret_correct) {
+static void model_tally(const Model *m, const int32_t *y_host, int batch, double *ret_loss_sum, int *ret_correct) {
         double sum = 0.0;
         int correct = 0;
 
@@ -359,42 +456,29 @@ static void model_tally(const Model *m, const int32_t *y_host, int batch, double
         *ret_correct = correct;
 }
 
-static int download_tensor(Model *m, size_t t) {
-        return m->ops->download_async(m->kb, m->grad_host[t], m->grad_dev[t], m->numel[t] * sizeof(float),
-                                      grad_slot(t));
-}
-
-/* From delta_dev[0] = dloss/dlogits, the gradients of every tensor into grad_dev,
- * each downloaded (when transfers are on) as soon as it is computed. */
+/* From delta[0] = dloss/dlogits, every step's parameter gradients into
+ * grad_dev, each tensor downloaded (when transfers are on) as soon as its
+ * step is done. */
 static int model_backward(Model *m, int batch) {
         int cur = 0, r;
 
-        for (size_t l = m->nlayers; l-- > 0;) {
-                int in = (int) m->dims[l], out = (int) m->dims[l + 1];
-                float *delta = m->delta_dev[cur], *prev = m->delta_dev[1 - cur];
+        for (size_t j = m->nsteps; j-- > 0;) {
+                Step *s = &m->steps[j];
+                float *dy = m->delta[cur], *dx = m->delta[1 - cur];
+                bool need_dx = j > 0;
+                int moved;
 
-                /* dW_l [out x in] = delta^T [out x B] * act[l] [B x in], and the bias
-                 * gradient db_l = sum over the batch of delta, in the same pass. */
-                r = m->ops->gemm_ep(m->kb, true, false, out, in, batch, delta, out, m->act_dev[l], in,
-                                    m->grad_dev[weight(l)], in, KEPI_BGRAD, m->grad_dev[bias(l)]);
+                r = step_backward(m, s, batch, m->act[j], m->act[j + 1], dy, need_dx ? dx : NULL, &moved);
                 if (r < 0)
                         return r;
-                if (m->transfers && ((r = download_tensor(m, weight(l))) < 0 ||
-                                     (r = download_tensor(m, bias(l))) < 0))
-                        return r;
-                if (l == 0)
-                        break;
-
-                /* d act[l] [B x in] = delta [B x out] * W_l [out x in], then through ReLU. */
-                r = m->ops->gemm(m->kb, false, false, batch, in, out, 1.0f, delta, out,
-                                 m->param_dev[weight(l)], in, 0.0f, prev, in);
-                if (r < 0)
-                        return r;
-                r = m->ops->act_backward(m->kb, prev, m->act_dev[l], (size_t) batch * in,
-                                         KACT_RELU);
-                if (r < 0)
-                        return r;
-                cur = 1 - cur;
+                for (uint32_t t = s->l.first_tensor; m->transfers && t < s->l.first_tensor + s->l.ntensors; t++) {
+                        r = m->ops->download_async(m->kb, m->grad_host[t], m->grad_dev[t], m->numel[t] * sizeof(float),
+                                                   grad_slot(t));
+                        if (r < 0)
+                                return r;
+                }
+                if (moved)
+                        cur = 1 - cur;
         }
         return 0;
 }
@@ -404,13 +488,11 @@ static int model_queue_step(Model *m, int batch) {
         int r;
 
         if (m->transfers) {
-                r = m->ops->upload(m->kb, m->act_dev[0], m->x_stage, (size_t) batch * m->dims[0] * sizeof(float));
-                if (r >= 0)
-                        r = m->ops->upload(m->kb, m->y_dev, m->y_stage, (size_t) batch * sizeof(int32_t));
+                r = upload_batch(m, m->x_stage, m->y_stage, batch);
                 if (r < 0)
                         return r;
         }
-        r = model_forward(m, batch);
+        r = model_forward(m, batch, true);
         if (r < 0)
                 return r;
         /* The 1/B of the mean enters once, in the loss gradient. */
@@ -446,10 +528,10 @@ int model_step_begin(Model *m, const float *x_host, const int32_t *y_host, int b
         int r;
 
         if (!m || !x_host || !y_host || batch < 1 || batch > m->max_batch || m->pending ||
-            !labels_ok(m, y_host, batch))
+            !batch_ok(m, x_host, y_host, batch))
                 return -EINVAL;
         if (x_host != m->x_stage)
-                memcpy(m->x_stage, x_host, (size_t) batch * m->dims[0] * sizeof(float));
+                memcpy(m->x_stage, x_host, (size_t) batch * m->in_n * sizeof(float));
         if (y_host != m->y_stage)
                 memcpy(m->y_stage, y_host, (size_t) batch * sizeof(int32_t));
 
@@ -463,6 +545,7 @@ int model_step_begin(Model *m, const float *x_host, const int32_t *y_host, int b
                 r = m->ops->graph_run(m->kb, m->graph);
         else
                 r = model_queue_step(m, batch);
+        m->trained++;
         if (r < 0) {
                 (void) m->ops->sync(m->kb);
                 return r;
@@ -497,16 +580,16 @@ int model_step_end(Model *m, float *ret_loss, int *ret_correct) {
         return 0;
 }
 
-int model_train_step(Model *m, const float *x_host, const int32_t *y_host, int batch,
-                     float *ret_loss, int *ret_correct) {
+int model_train_step(Model *m, const float *x_host, const int32_t *y_host, int batch, float *ret_loss,
+                     int *ret_correct) {
         int r = model_step_begin(m, x_host, y_host, batch);
         if (r < 0)
                 return r;
         return model_step_end(m, ret_loss, ret_correct);
 }
 
-int model_evaluate(Model *m, const float *x_host, const int32_t *y_host, size_t n,
-                   size_t *ret_correct, double *ret_loss) {
+int model_evaluate(Model *m, const float *x_host, const int32_t *y_host, size_t n, size_t *ret_correct,
+                   double *ret_loss) {
         double loss_total = 0.0;
         size_t correct_total = 0;
         int r;
@@ -516,12 +599,15 @@ int model_evaluate(Model *m, const float *x_host, const int32_t *y_host, size_t 
 
         for (size_t off = 0; off < n; off += (size_t) m->max_batch) {
                 int batch = (int) MIN(n - off, (size_t) m->max_batch), correct;
+                const float *x = x_host + off * m->in_n;
                 double loss_sum;
 
-                r = model_load_batch(m, x_host + off * m->dims[0], y_host + off, batch);
+                if (!batch_ok(m, x, y_host + off, batch))
+                        return -EINVAL;
+                r = upload_batch(m, x, y_host + off, batch);
                 if (r < 0)
                         return r;
-                r = model_forward(m, batch);
+                r = model_forward(m, batch, false);
                 if (r < 0)
                         return r;
                 r = model_queue_head(m, batch, 1.0f, true);

@@ -1,20 +1,41 @@
-/* The MLP model, written once against kernels/kernels.h: Linear+ReLU layers and a
- * final Linear with softmax cross-entropy. Parameters are laid out as the job's
- * tensors: W0 [D1 x D0], b0 [D1], W1 [D2 x D1], b1 [D2], ... Host staging
- * buffers hold what the client pulls (params) and pushes (grads). */
+/* A model described by common/modeldesc.h (layers: linear, conv2d, pooling,
+ * flatten, tokens, ReLU, GELU, dropout, layer norm, embedding, positional
+ * embedding, transformer blocks, mean over tokens) with softmax cross-entropy
+ * on its last layer, written once against kernels/kernels.h. Its parameters
+ * are the job's tensors, in the description's order and PyTorch's layouts
+ * (linear weight [out x in], conv2d weight [out x C x k x k], ...). Host
+ * staging buffers hold what the client pulls (params) and pushes (grads).
+ *
+ * Inside, images are NHWC (channels innermost, so a convolution is one product
+ * over the batch); samples come in PyTorch's NCHW and flatten gives PyTorch's
+ * (C, H, W) order, so the weights mean what they mean in torch. A linear layer
+ * or convolution followed by a ReLU runs as one fused product. */
 #pragma once
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 #include "kernels.h"
+#include "modeldesc.h"
 
 typedef struct Model Model;
 
-/* dims: layer widths (nd >= 2), e.g. {784, 256, 10}. max_batch bounds every call. */
-int model_new(KBackend *kb, const uint32_t *dims, size_t nd, int max_batch, Model **ret);
+/* max_batch bounds every call. A layer whose op the backend lacks, or shapes
+ * that overflow the kernels' int sizes at max_batch: -ENOTSUP / -EINVAL with
+ * the reason in err. */
+int model_new(KBackend *kb, const ModelDesc *d, int max_batch, Model **ret, char *err, size_t errlen);
+/* The model of a job's text (modeldesc_parse). */
+int model_new_text(KBackend *kb, const char *text, int max_batch, Model **ret, char *err, size_t errlen);
+/* The MLP of widths dims (nd >= 2), e.g. {784, 256, 10}: "mlp:784-256-10". */
+int model_new_mlp(KBackend *kb, const uint32_t *dims, size_t nd, int max_batch, Model **ret);
 Model *model_free(Model *m);
 
-size_t model_ntensors(const Model *m);              /* 2 * (nd - 1) */
+/* Values of one sample the model takes, and its classes. */
+size_t model_input_numel(const Model *m);
+uint32_t model_classes(const Model *m);
+/* Dropout masks are drawn from (seed, steps trained since); this sets both. */
+void model_set_seed(Model *m, uint64_t seed);
+
+size_t model_ntensors(const Model *m);
 size_t model_tensor_numel(const Model *m, size_t t);
 /* Host buffers, one per tensor: the caller writes params, reads grads. */
 float *model_param_host(Model *m, size_t t);
@@ -32,8 +53,8 @@ int model_upload_params_from(Model *m, float *const *host);
 float *model_batch_x(Model *m);
 int32_t *model_batch_y(Model *m);
 
-/* Forward + backward on a batch (x: batch x D0 floats, y: labels, both host;
- * labels are checked, -EINVAL). Leaves the mean-over-batch gradients in the
+/* Forward + backward on a batch (x: batch x input floats, y: labels, both
+ * host; labels, and token ids of an embedding, are checked: -EINVAL). Leaves the mean-over-batch gradients in the
  * host grad buffers. Equal to model_step_begin then model_step_end. */
 int model_train_step(Model *m, const float *x_host, const int32_t *y_host, int batch,
                      float *ret_loss, int *ret_correct);
@@ -47,7 +68,7 @@ int model_grad_wait(Model *m, size_t t);
 int model_step_end(Model *m, float *ret_loss, int *ret_correct);
 
 /* graphs (default true): capture a full-batch step once and replay it (where
- * the backend can). transfers (default true; false only to time the compute as
+ * the backend can; not with dropout, whose mask changes every step). transfers (default true; false only to time the compute as
  * a framework benchmark does): when false, steps reuse the batch already on the
  * backend and leave losses and gradients there (loss NAN, correct 0). */
 void model_set_options(Model *m, bool graphs, bool transfers);

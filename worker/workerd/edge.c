@@ -322,9 +322,12 @@ static void load_work(uv_work_t *req) {
 
 static int slot_setup(Fleet *f, Slot *s, const Job *job) {
         s->f = f;
-        int r = model_new(f->kb, job->layers, job->nlayers, (int) job->batch, &s->model);
-        if (r < 0)
-                return log_error_errno(r, "Failed to build the model: %m");
+        char err[256];
+        int r = model_new_text(f->kb, job->model, (int) job->batch, &s->model, err, sizeof err);
+        if (r < 0) {
+                log_error("cannot build the model %s reason=\"%s\"", job->model_name, err);
+                return r;
+        }
         model_set_options(s->model, false, true);
         size_t nt = model_ntensors(s->model);
         s->params = ps_calloc(nt, sizeof *s->params);
@@ -383,8 +386,9 @@ static void slot_free(Slot *s) {
 static int fleet_setup(Fleet *f, const Job *job) {
         char err[256];
         f->dim = f->train->rows * f->train->cols;
-        if (f->dim != job->layers[0] || job->layers[job->nlayers - 1] < 10) {
-                log_error("model %s does not fit the data: %u inputs, 10 classes", job->model, f->dim);
+        if (f->dim != job->in_numel || job->classes < 10) {
+                log_error("model %s does not fit the data: it takes %u values and %u classes, the data has %u values "
+                          "and 10 classes", job->model_name, job->in_numel, job->classes, f->dim);
                 return -EINVAL;
         }
         int r = kbackend_new(f->cfg->backend, (int) f->cfg->threads, &f->kb, err, sizeof err);
@@ -1050,7 +1054,7 @@ static void apply_config(Edge *e, const Psnet__Config *ctl) {
                 }
                 e->has_job = true;
                 log_info("federated job job=%u model=%s strategy=%s local_epochs=%u batch=%u lr=%g prox_mu=%g", e->job.id,
-                         e->job.model, fed_strategy_name(e->job.fed.strategy.kind), e->job.fed.local_epochs,
+                         e->job.model_name, fed_strategy_name(e->job.fed.strategy.kind), e->job.fed.local_epochs,
                          e->job.batch, (double) e->job.optim.lr, (double) e->job.fed.prox_mu);
                 edge_load(e);
         } else if (ctl->map && e->has_job && e->map && ctl->map->epoch > shardmap_epoch(e->map) &&

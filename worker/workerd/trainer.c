@@ -478,8 +478,9 @@ static int trainer_setup(Trainer *t) {
         const Job *job = t->job;
         uint32_t batch = job->batch;
         t->dim = t->train->rows * t->train->cols;
-        if (t->dim != job->layers[0] || job->layers[job->nlayers - 1] < 10) {
-                log_error("model %s does not fit the data: %u inputs, 10 classes", job->model, t->dim);
+        if (t->dim != job->in_numel || job->classes < 10) {
+                log_error("model %s does not fit the data: it takes %u values and %u classes, the data has %u values "
+                          "and 10 classes", job->model_name, job->in_numel, job->classes, t->dim);
                 return -EINVAL;
         }
         uint32_t nw = MAX(psnet_worker_count(t->w), 1u);
@@ -500,9 +501,21 @@ static int trainer_setup(Trainer *t) {
                 else if (r < 0)
                         return log_error_errno(r, "Failed to turn on TF32: %m");
         }
-        r = model_new(t->kb, job->layers, job->nlayers, (int) batch, &t->model);
-        if (r < 0)
-                return log_error_errno(r, "Failed to build the model: %m");
+        r = model_new_text(t->kb, job->model, (int) batch, &t->model, err, sizeof err);
+        /* --backend auto picked a device whose backend lacks one of the model's ops. */
+        if (r == -ENOTSUP && strcmp(t->cfg->backend, "auto") == 0 && strcmp(t->kb->ops->name, "cpu") != 0) {
+                log_warning("model %s on the %s backend: %s; training on the cpu backend", job->model_name,
+                            t->kb->ops->name, err);
+                t->kb = kbackend_free(t->kb);
+                r = kbackend_new("cpu", (int) t->cfg->threads, &t->kb, err, sizeof err);
+                if (r >= 0)
+                        r = model_new_text(t->kb, job->model, (int) batch, &t->model, err, sizeof err);
+        }
+        if (r < 0) {
+                log_error("cannot build the model %s reason=\"%s\"", job->model_name, err);
+                return r;
+        }
+        model_set_seed(t->model, job->seed ^ (uint64_t) psnet_worker_rank(t->w));
         model_set_options(t->model, !t->cfg->no_graphs, true);
         size_t nt = model_ntensors(t->model);
         t->params = ps_calloc(nt, sizeof *t->params);

@@ -1,0 +1,722 @@
+/* Model descriptions (see modeldesc.h): the three spellings, shape inference,
+ * the tensors of every layer, the canonical text. JSON is read by jansson. */
+#include <errno.h>
+#include <jansson.h>
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <string.h>
+#include "log.h"
+#include "macro.h"
+#include "modeldesc.h"
+
+#define MLP_MIN_WIDTHS 2
+#define MLP_MAX_WIDTHS 16
+
+static const char *const kind_names[LK_COUNT] = {
+        [LK_LINEAR] = "linear",       [LK_CONV2D] = "conv2d",       [LK_MAXPOOL] = "maxpool",
+        [LK_AVGPOOL] = "avgpool",     [LK_FLATTEN] = "flatten",     [LK_TOKENS] = "tokens",
+        [LK_RELU] = "relu",           [LK_GELU] = "gelu",           [LK_DROPOUT] = "dropout",
+        [LK_LAYERNORM] = "layernorm", [LK_EMBEDDING] = "embedding", [LK_POSEMBED] = "posembed",
+        [LK_TRANSFORMER] = "transformer", [LK_MEAN] = "mean",
+};
+
+/* The fields each kind takes besides "type"; R: required. */
+typedef struct {
+        const char *name;
+        bool required;
+} Field;
+
+static const Field kind_fields[LK_COUNT][5] = {
+        [LK_LINEAR] = { { "out", true }, { "init", false } },
+        [LK_CONV2D] = { { "out", true }, { "kernel", true }, { "stride", false }, { "padding", false },
+                        { "init", false } },
+        [LK_MAXPOOL] = { { "kernel", true }, { "stride", false }, { "padding", false } },
+        [LK_AVGPOOL] = { { "kernel", true }, { "stride", false }, { "padding", false } },
+        [LK_DROPOUT] = { { "p", true } },
+        [LK_LAYERNORM] = { { "eps", false } },
+        [LK_EMBEDDING] = { { "vocab", true }, { "out", true } },
+        [LK_TRANSFORMER] = { { "heads", true }, { "hidden", true }, { "causal", false } },
+};
+
+static const char *const init_names[] = {
+        [INIT_ZEROS] = "zeros", [INIT_HE] = "he", [INIT_XAVIER] = "xavier", [INIT_ONES] = "ones",
+        [INIT_NORMAL] = "normal",
+};
+
+const char *layer_kind_name(LayerKind k) {
+        return (unsigned) k < LK_COUNT ? kind_names[k] : "?";
+}
+
+size_t md_shape_numel(const MdShape *s) {
+        size_t n = 1;
+        for (unsigned i = 0; i < s->rank; i++)
+                n *= s->d[i];
+        return n;
+}
+
+const char *md_shape_string(const MdShape *s, char *buf, size_t n) {
+        switch (s->rank) {
+        case 1: snprintf(buf, n, "[%u]", s->d[0]); break;
+        case 2: snprintf(buf, n, "[%u, %u]", s->d[0], s->d[1]); break;
+        case 3: snprintf(buf, n, "[%u, %u, %u]", s->d[0], s->d[1], s->d[2]); break;
+        default: snprintf(buf, n, "[?]"); break;
+        }
+        return buf;
+}
+
+bool modeldesc_has_dropout(const ModelDesc *d) {
+        for (size_t i = 0; i < d->nlayers; i++)
+                if (d->layers[i].kind == LK_DROPOUT && d->layers[i].p > 0)
+                        return true;
+        return false;
+}
+
+/* "layer 3 (conv2d): " then the message. */
+_printf_(5, 6) static int layer_err(char *err, size_t errlen, size_t i, const MdLayer *l, const char *fmt, ...) {
+        char msg[256];
+        va_list ap;
+
+        va_start(ap, fmt);
+        vsnprintf(msg, sizeof msg, fmt, ap);
+        va_end(ap);
+        return reason_set(err, errlen, -EINVAL, "layer %zu (%s): %s", i, layer_kind_name(l->kind), msg);
+}
+
+static MdShape shape1(uint32_t a) { return (MdShape) { 1, { a, 0, 0 } }; }
+static MdShape shape2(uint32_t a, uint32_t b) { return (MdShape) { 2, { a, b, 0 } }; }
+static MdShape shape3(uint32_t a, uint32_t b, uint32_t c) { return (MdShape) { 3, { a, b, c } }; }
+
+static int add_tensor(ModelDesc *d, size_t li, const char *suffix, unsigned ndim, const uint32_t *shape,
+                      TensorInit init, uint32_t fan_in, uint32_t fan_out, char *err, size_t errlen) {
+        MdTensor *t;
+        MdLayer *l = &d->layers[li];
+        uint64_t numel = 1;
+
+        if (d->ntensors == MD_MAX_TENSORS)
+                return layer_err(err, errlen, li, l, "more than %d parameter tensors in the model", MD_MAX_TENSORS);
+        t = &d->tensors[d->ntensors];
+        memset(t, 0, sizeof *t);
+        snprintf(t->name, sizeof t->name, "%zu.%s", li, suffix);
+        t->ndim = ndim;
+        for (unsigned i = 0; i < ndim; i++) {
+                t->shape[i] = shape[i];
+                numel *= shape[i];
+        }
+        t->numel = numel;
+        t->init = init;
+        t->fan_in = fan_in;
+        t->fan_out = fan_out;
+        if (l->ntensors == 0)
+                l->first_tensor = (uint32_t) d->ntensors;
+        l->ntensors++;
+        d->ntensors++;
+        return 0;
+}
+
+#define T1(a) ((const uint32_t[]) { (a) })
+#define T2(a, b) ((const uint32_t[]) { (a), (b) })
+
+/* out = floor((in + 2 pad - k) / stride) + 1, or 0 when the window does not fit. */
+static uint32_t window_out(uint32_t in, uint32_t k, uint32_t stride, uint32_t pad) {
+        uint64_t span = (uint64_t) in + 2u * pad;
+        return span < k ? 0 : (uint32_t) ((span - k) / stride + 1);
+}
+
+/* The layer's output shape from its input, and its tensors. */
+static int infer_layer(ModelDesc *d, size_t li, char *err, size_t errlen) {
+        MdLayer *l = &d->layers[li];
+        const MdShape *in = &l->in;
+        char sb[48];
+        int r = 0;
+
+        md_shape_string(in, sb, sizeof sb);
+        l->ntensors = 0;
+        switch (l->kind) {
+        case LK_LINEAR: {
+                if (in->rank == 3)
+                        return layer_err(err, errlen, li, l, "takes features or tokens, its input is an image %s "
+                                         "(add a flatten or tokens layer before it)", sb);
+                uint32_t din = in->d[in->rank - 1];
+                l->outs = in->rank == 1 ? shape1(l->out) : shape2(in->d[0], l->out);
+                r = add_tensor(d, li, "weight", 2, T2(l->out, din), l->init, din, l->out, err, errlen);
+                if (r == 0)
+                        r = add_tensor(d, li, "bias", 1, T1(l->out), INIT_ZEROS, din, l->out, err, errlen);
+                return r;
+        }
+        case LK_CONV2D:
+        case LK_MAXPOOL:
+        case LK_AVGPOOL: {
+                if (in->rank != 3)
+                        return layer_err(err, errlen, li, l, "takes an image [C, H, W], its input is %s", sb);
+                if (l->kind != LK_CONV2D && l->padding > l->kernel / 2)
+                        return layer_err(err, errlen, li, l, "field 'padding': %u is more than half the kernel %u",
+                                         l->padding, l->kernel);
+                uint32_t ho = window_out(in->d[1], l->kernel, l->stride, l->padding);
+                uint32_t wo = window_out(in->d[2], l->kernel, l->stride, l->padding);
+                if (ho == 0 || wo == 0)
+                        return layer_err(err, errlen, li, l, "field 'kernel': %u (padding %u) does not fit the input %s",
+                                         l->kernel, l->padding, sb);
+                if (l->kind != LK_CONV2D) {
+                        l->outs = shape3(in->d[0], ho, wo);
+                        return 0;
+                }
+                l->outs = shape3(l->out, ho, wo);
+                uint32_t c = in->d[0], kk = l->kernel * l->kernel;
+                r = add_tensor(d, li, "weight", 4, ((const uint32_t[]) { l->out, c, l->kernel, l->kernel }), l->init,
+                               c * kk, l->out * kk, err, errlen);
+                if (r == 0)
+                        r = add_tensor(d, li, "bias", 1, T1(l->out), INIT_ZEROS, c * kk, l->out * kk, err, errlen);
+                return r;
+        }
+        case LK_FLATTEN:
+                l->outs = shape1((uint32_t) md_shape_numel(in));
+                return 0;
+        case LK_TOKENS:
+                if (in->rank != 3)
+                        return layer_err(err, errlen, li, l, "takes an image [C, H, W], its input is %s", sb);
+                l->outs = shape2(in->d[1] * in->d[2], in->d[0]);
+                return 0;
+        case LK_RELU:
+        case LK_GELU:
+        case LK_DROPOUT:
+                l->outs = *in;
+                return 0;
+        case LK_LAYERNORM: {
+                if (in->rank == 3)
+                        return layer_err(err, errlen, li, l, "normalises features or tokens, its input is an image %s", sb);
+                uint32_t dd = in->d[in->rank - 1];
+                l->outs = *in;
+                r = add_tensor(d, li, "weight", 1, T1(dd), INIT_ONES, dd, dd, err, errlen);
+                if (r == 0)
+                        r = add_tensor(d, li, "bias", 1, T1(dd), INIT_ZEROS, dd, dd, err, errlen);
+                return r;
+        }
+        case LK_EMBEDDING:
+                if (li != 0 || in->rank != 1)
+                        return layer_err(err, errlen, li, l, "must be the first layer, on an input of token ids [T]");
+                l->outs = shape2(in->d[0], l->out);
+                return add_tensor(d, li, "weight", 2, T2(l->vocab, l->out), INIT_NORMAL, l->vocab, l->out, err, errlen);
+        case LK_POSEMBED:
+                if (in->rank != 2)
+                        return layer_err(err, errlen, li, l, "takes tokens [T, D], its input is %s", sb);
+                l->outs = *in;
+                return add_tensor(d, li, "weight", 2, T2(in->d[0], in->d[1]), INIT_NORMAL, in->d[1], in->d[1], err,
+                                  errlen);
+        case LK_TRANSFORMER: {
+                if (in->rank != 2)
+                        return layer_err(err, errlen, li, l, "takes tokens [T, D], its input is %s", sb);
+                uint32_t dm = in->d[1], h = l->hidden;
+                if (dm % l->heads != 0)
+                        return layer_err(err, errlen, li, l, "field 'heads': %u does not divide the width %u", l->heads, dm);
+                if ((uint64_t) 3 * dm > MD_MAX_DIM)
+                        return layer_err(err, errlen, li, l, "width %u: 3 x width is more than %u", dm, MD_MAX_DIM);
+                l->outs = *in;
+                /* torch.nn.TransformerEncoderLayer's state_dict, in its order. */
+                const struct { const char *name; unsigned nd; uint32_t a, b; TensorInit init; uint32_t fi, fo; } ts[] = {
+                        { "self_attn.in_proj_weight", 2, 3 * dm, dm, INIT_XAVIER, dm, 3 * dm },
+                        { "self_attn.in_proj_bias", 1, 3 * dm, 0, INIT_ZEROS, dm, 3 * dm },
+                        { "self_attn.out_proj.weight", 2, dm, dm, INIT_XAVIER, dm, dm },
+                        { "self_attn.out_proj.bias", 1, dm, 0, INIT_ZEROS, dm, dm },
+                        { "linear1.weight", 2, h, dm, INIT_XAVIER, dm, h },
+                        { "linear1.bias", 1, h, 0, INIT_ZEROS, dm, h },
+                        { "linear2.weight", 2, dm, h, INIT_XAVIER, h, dm },
+                        { "linear2.bias", 1, dm, 0, INIT_ZEROS, h, dm },
+                        { "norm1.weight", 1, dm, 0, INIT_ONES, dm, dm },
+                        { "norm1.bias", 1, dm, 0, INIT_ZEROS, dm, dm },
+                        { "norm2.weight", 1, dm, 0, INIT_ONES, dm, dm },
+                        { "norm2.bias", 1, dm, 0, INIT_ZEROS, dm, dm },
+                };
+                for (size_t i = 0; i < ELEMENTSOF(ts) && r == 0; i++)
+                        r = add_tensor(d, li, ts[i].name, ts[i].nd, T2(ts[i].a, ts[i].b), ts[i].init, ts[i].fi,
+                                       ts[i].fo, err, errlen);
+                return r;
+        }
+        case LK_MEAN:
+                if (in->rank != 2)
+                        return layer_err(err, errlen, li, l, "takes tokens [T, D], its input is %s", sb);
+                l->outs = shape1(in->d[1]);
+                return 0;
+        case LK_COUNT:
+                break;
+        }
+        return layer_err(err, errlen, li, l, "unknown layer kind");
+}
+
+/* Shapes and tensors of the whole model from d->input and d->layers[].kind and fields. */
+static int infer(ModelDesc *d, char *err, size_t errlen) {
+        MdShape cur = d->input;
+        char sb[48];
+        int r;
+
+        d->ntensors = 0;
+        if (d->input.rank < 1 || d->input.rank > 3)
+                return reason_set(err, errlen, -EINVAL, "field 'input': expected 1 to 3 dimensions");
+        for (unsigned i = 0; i < d->input.rank; i++)
+                if (d->input.d[i] < 1 || d->input.d[i] > (d->input.rank == 1 ? MD_MAX_DIM : MD_MAX_SPATIAL))
+                        return reason_set(err, errlen, -EINVAL, "field 'input': dimension %u is %u, expected 1..%u", i,
+                                          d->input.d[i], d->input.rank == 1 ? MD_MAX_DIM : MD_MAX_SPATIAL);
+        if (md_shape_numel(&d->input) > MD_MAX_SAMPLE_FLOATS)
+                return reason_set(err, errlen, -EINVAL, "field 'input': more than %u values a sample",
+                                  MD_MAX_SAMPLE_FLOATS);
+        if (d->nlayers == 0)
+                return reason_set(err, errlen, -EINVAL, "field 'layers': no layers");
+        for (size_t i = 0; i < d->nlayers; i++) {
+                MdLayer *l = &d->layers[i];
+                l->in = cur;
+                r = infer_layer(d, i, err, errlen);
+                if (r < 0)
+                        return r;
+                for (unsigned k = 0; k < l->outs.rank; k++)
+                        if (l->outs.d[k] < 1)
+                                return layer_err(err, errlen, i, l, "output %s is empty",
+                                                 md_shape_string(&l->outs, sb, sizeof sb));
+                if (md_shape_numel(&l->outs) > MD_MAX_SAMPLE_FLOATS)
+                        return layer_err(err, errlen, i, l, "output %s: more than %u values a sample",
+                                         md_shape_string(&l->outs, sb, sizeof sb), MD_MAX_SAMPLE_FLOATS);
+                cur = l->outs;
+        }
+        if (cur.rank != 1)
+                return reason_set(err, errlen, -EINVAL,
+                                  "the last layer's output %s is not a vector of class scores (add a flatten or mean)",
+                                  md_shape_string(&cur, sb, sizeof sb));
+        if (d->ntensors == 0)
+                return reason_set(err, errlen, -EINVAL, "the model has no parameters to train");
+        d->classes = cur.d[0];
+        return 0;
+}
+
+static MdLayer layer_new(LayerKind kind) {
+        return (MdLayer) { .kind = kind, .stride = 0, .init = INIT_HE, .eps = 1e-5f };
+}
+
+static void push(ModelDesc *d, MdLayer l) {
+        if (d->nlayers < MD_MAX_LAYERS)
+                d->layers[d->nlayers++] = l;
+}
+
+static MdLayer linear(uint32_t out) { MdLayer l = layer_new(LK_LINEAR); l.out = out; return l; }
+
+static MdLayer conv(uint32_t out, uint32_t k, uint32_t stride, uint32_t pad) {
+        MdLayer l = layer_new(LK_CONV2D);
+        l.out = out;
+        l.kernel = k;
+        l.stride = stride;
+        l.padding = pad;
+        return l;
+}
+
+static MdLayer pool(LayerKind kind, uint32_t k) {
+        MdLayer l = layer_new(kind);
+        l.kernel = k;
+        l.stride = k;
+        return l;
+}
+
+static MdLayer block(uint32_t heads, uint32_t hidden) {
+        MdLayer l = layer_new(LK_TRANSFORMER);
+        l.heads = heads;
+        l.hidden = hidden;
+        return l;
+}
+
+/* "mlp:D0-D1-...-Dn" */
+static int parse_mlp(const char *text, ModelDesc *d, char *err, size_t errlen) {
+        uint32_t widths[MLP_MAX_WIDTHS];
+        size_t n = 0;
+        const char *p = text + 4;
+
+        for (;;) {
+                uint64_t v = 0;
+                const char *start = p;
+                while (*p >= '0' && *p <= '9') {
+                        v = v * 10 + (uint64_t) (*p - '0');
+                        if (v > MD_MAX_DIM)
+                                goto bad;
+                        p++;
+                }
+                if (p == start || v < 1 || n == MLP_MAX_WIDTHS)
+                        goto bad;
+                widths[n++] = (uint32_t) v;
+                if (*p == '\0')
+                        break;
+                if (*p != '-')
+                        goto bad;
+                p++;
+        }
+        if (n < MLP_MIN_WIDTHS)
+                goto bad;
+        snprintf(d->name, sizeof d->name, "%.127s", text);
+        d->input = shape1(widths[0]);
+        for (size_t i = 1; i < n; i++) {
+                push(d, linear(widths[i]));
+                if (i + 1 < n)
+                        push(d, layer_new(LK_RELU));
+        }
+        return infer(d, err, errlen);
+bad:
+        return reason_set(err, errlen, -EINVAL, "bad model '%.64s' (expected mlp:D0-D1-...-Dn, %d..%d widths of 1..%u)",
+                          text, MLP_MIN_WIDTHS, MLP_MAX_WIDTHS, MD_MAX_DIM);
+}
+
+/* The built-in models, for 28x28 single-channel images and 10 classes. */
+static int builtin(const char *name, ModelDesc *d, char *err, size_t errlen) {
+        if (strcmp(name, "cnn") == 0) {
+                d->input = shape3(1, 28, 28);
+                push(d, conv(32, 3, 1, 1));
+                push(d, layer_new(LK_RELU));
+                push(d, pool(LK_MAXPOOL, 2));
+                push(d, conv(64, 3, 1, 1));
+                push(d, layer_new(LK_RELU));
+                push(d, pool(LK_MAXPOOL, 2));
+                push(d, layer_new(LK_FLATTEN));
+                push(d, linear(128));
+                push(d, layer_new(LK_RELU));
+                push(d, linear(10));
+        } else if (strcmp(name, "vit") == 0) {
+                d->input = shape3(1, 28, 28);
+                push(d, conv(64, 7, 7, 0));
+                push(d, layer_new(LK_TOKENS));
+                push(d, layer_new(LK_POSEMBED));
+                for (int i = 0; i < 3; i++)
+                        push(d, block(4, 128));
+                push(d, layer_new(LK_LAYERNORM));
+                push(d, layer_new(LK_MEAN));
+                push(d, linear(10));
+        } else
+                return 1;
+        snprintf(d->name, sizeof d->name, "%s", name);
+        return infer(d, err, errlen);
+}
+
+/* A JSON number that is a whole number in [lo, hi]. */
+static int get_uint(json_t *v, uint32_t lo, uint32_t hi, uint32_t *ret) {
+        double x;
+
+        if (!json_is_number(v))
+                return -EINVAL;
+        x = json_number_value(v);
+        if (!(x >= lo && x <= hi) || x != floor(x))
+                return -EINVAL;
+        *ret = (uint32_t) x;
+        return 0;
+}
+
+static bool field_allowed(LayerKind k, const char *key, bool *ret_required) {
+        for (size_t i = 0; i < ELEMENTSOF(kind_fields[k]) && kind_fields[k][i].name; i++)
+                if (strcmp(kind_fields[k][i].name, key) == 0) {
+                        if (ret_required)
+                                *ret_required = kind_fields[k][i].required;
+                        return true;
+                }
+        return false;
+}
+
+static int parse_json_layer(json_t *o, size_t li, MdLayer *l, char *err, size_t errlen) {
+        const char *key, *type;
+        json_t *v;
+        LayerKind kind = LK_COUNT;
+
+        if (!json_is_object(o))
+                return reason_set(err, errlen, -EINVAL, "layer %zu: expected an object", li);
+        v = json_object_get(o, "type");
+        if (!json_is_string(v))
+                return reason_set(err, errlen, -EINVAL, "layer %zu: field 'type' missing or not a string", li);
+        type = json_string_value(v);
+        for (int k = 0; k < LK_COUNT; k++)
+                if (strcmp(kind_names[k], type) == 0)
+                        kind = (LayerKind) k;
+        if (kind == LK_COUNT)
+                return reason_set(err, errlen, -EINVAL,
+                                  "layer %zu: field 'type': unknown layer '%.32s' (linear, conv2d, maxpool, avgpool, "
+                                  "flatten, tokens, relu, gelu, dropout, layernorm, embedding, posembed, transformer, "
+                                  "mean)", li, type);
+        *l = layer_new(kind);
+        for (size_t i = 0; i < ELEMENTSOF(kind_fields[kind]) && kind_fields[kind][i].name; i++)
+                if (kind_fields[kind][i].required && !json_object_get(o, kind_fields[kind][i].name))
+                        return layer_err(err, errlen, li, l, "field '%s' missing", kind_fields[kind][i].name);
+
+        json_object_foreach(o, key, v) {
+                int r = 0;
+                if (strcmp(key, "type") == 0)
+                        continue;
+                if (!field_allowed(kind, key, NULL))
+                        return layer_err(err, errlen, li, l, "unknown field '%.32s'", key);
+                if (strcmp(key, "out") == 0)
+                        r = get_uint(v, 1, MD_MAX_DIM, &l->out);
+                else if (strcmp(key, "kernel") == 0)
+                        r = get_uint(v, 1, MD_MAX_KERNEL, &l->kernel);
+                else if (strcmp(key, "stride") == 0)
+                        r = get_uint(v, 1, MD_MAX_KERNEL, &l->stride);
+                else if (strcmp(key, "padding") == 0)
+                        r = get_uint(v, 0, MD_MAX_KERNEL, &l->padding);
+                else if (strcmp(key, "heads") == 0)
+                        r = get_uint(v, 1, 256, &l->heads);
+                else if (strcmp(key, "hidden") == 0)
+                        r = get_uint(v, 1, MD_MAX_DIM, &l->hidden);
+                else if (strcmp(key, "vocab") == 0)
+                        r = get_uint(v, 1, 1u << 24, &l->vocab);
+                else if (strcmp(key, "causal") == 0) {
+                        if (!json_is_boolean(v))
+                                return layer_err(err, errlen, li, l, "field 'causal': expected true or false");
+                        l->causal = json_is_true(v);
+                } else if (strcmp(key, "p") == 0) {
+                        double p = json_is_number(v) ? json_number_value(v) : -1;
+                        if (!(p >= 0 && p < 1))
+                                return layer_err(err, errlen, li, l, "field 'p': expected a number in [0, 1)");
+                        l->p = (float) p;
+                } else if (strcmp(key, "eps") == 0) {
+                        double e = json_is_number(v) ? json_number_value(v) : -1;
+                        if (!(e > 0 && e <= 1))
+                                return layer_err(err, errlen, li, l, "field 'eps': expected a number in (0, 1]");
+                        l->eps = (float) e;
+                } else if (strcmp(key, "init") == 0) {
+                        const char *s = json_string_value(v);
+                        size_t k;
+                        for (k = 0; s && k < ELEMENTSOF(init_names); k++)
+                                if (strcmp(s, init_names[k]) == 0 && k != INIT_ONES)
+                                        break;
+                        if (!s || k == ELEMENTSOF(init_names))
+                                return layer_err(err, errlen, li, l,
+                                                 "field 'init': expected \"he\", \"xavier\", \"normal\" or \"zeros\"");
+                        l->init = (TensorInit) k;
+                }
+                if (r < 0) {
+                        char *txt = json_dumps(v, JSON_ENCODE_ANY | JSON_COMPACT);
+                        r = layer_err(err, errlen, li, l, "field '%s': %.32s is not a whole number in range", key,
+                                      txt ? txt : "?");
+                        free(txt);
+                        return r;
+                }
+        }
+        if (kind == LK_MAXPOOL || kind == LK_AVGPOOL) {
+                if (l->stride == 0)
+                        l->stride = l->kernel;
+        } else if (l->stride == 0)
+                l->stride = 1;
+        return 0;
+}
+
+static int parse_json(const char *text, ModelDesc *d, char *err, size_t errlen) {
+        json_error_t jerr;
+        json_t *root, *v, *layers;
+        const char *key;
+        int r = -EINVAL;
+
+        root = json_loads(text, JSON_REJECT_DUPLICATES, &jerr);
+        if (!root)
+                return reason_set(err, errlen, -EINVAL, "not valid JSON: line %d column %d: %s", jerr.line, jerr.column,
+                                  jerr.text);
+        if (!json_is_object(root)) {
+                reason_set(err, errlen, -EINVAL, "expected a JSON object with \"input\" and \"layers\"");
+                goto out;
+        }
+        json_object_foreach(root, key, v)
+                if (strcmp(key, "name") != 0 && strcmp(key, "input") != 0 && strcmp(key, "layers") != 0) {
+                        reason_set(err, errlen, -EINVAL, "unknown field '%.32s' (name, input, layers)", key);
+                        goto out;
+                }
+        v = json_object_get(root, "name");
+        if (v) {
+                const char *s = json_string_value(v);
+                size_t n = s ? strlen(s) : 0;
+                bool ok = n > 0 && n < sizeof d->name;
+                for (size_t i = 0; ok && i < n; i++)
+                        ok = (s[i] >= 'a' && s[i] <= 'z') || (s[i] >= 'A' && s[i] <= 'Z') || (s[i] >= '0' && s[i] <= '9') ||
+                             s[i] == '-' || s[i] == '_' || s[i] == '.';
+                if (!ok) {
+                        reason_set(err, errlen, -EINVAL, "field 'name': 1..%zu letters, digits, '-', '_' or '.'",
+                                   sizeof d->name - 1);
+                        goto out;
+                }
+                snprintf(d->name, sizeof d->name, "%s", s);
+        } else
+                snprintf(d->name, sizeof d->name, "custom");
+
+        v = json_object_get(root, "input");
+        if (!json_is_array(v) || json_array_size(v) < 1 || json_array_size(v) > 3) {
+                reason_set(err, errlen, -EINVAL, "field 'input': expected the shape of a sample, e.g. [784] or [1, 28, 28]");
+                goto out;
+        }
+        d->input.rank = (unsigned) json_array_size(v);
+        for (unsigned i = 0; i < d->input.rank; i++)
+                if (get_uint(json_array_get(v, i), 1, MD_MAX_DIM, &d->input.d[i]) < 0) {
+                        reason_set(err, errlen, -EINVAL, "field 'input': dimension %u is not a whole number 1..%u", i,
+                                   MD_MAX_DIM);
+                        goto out;
+                }
+
+        layers = json_object_get(root, "layers");
+        if (!json_is_array(layers) || json_array_size(layers) == 0 || json_array_size(layers) > MD_MAX_LAYERS) {
+                reason_set(err, errlen, -EINVAL, "field 'layers': expected a list of 1..%d layers", MD_MAX_LAYERS);
+                goto out;
+        }
+        d->nlayers = json_array_size(layers);
+        for (size_t i = 0; i < d->nlayers; i++) {
+                r = parse_json_layer(json_array_get(layers, i), i, &d->layers[i], err, errlen);
+                if (r < 0)
+                        goto out;
+        }
+        r = infer(d, err, errlen);
+out:
+        json_decref(root);
+        return r;
+}
+
+int modeldesc_parse(const char *text, ModelDesc *ret, char *err, size_t errlen) {
+        ModelDesc d;
+        const char *p;
+        int r;
+
+        if (err && errlen)
+                err[0] = '\0';
+        if (!text || !ret)
+                return reason_set(err, errlen, -EINVAL, "no model");
+        if (strlen(text) >= MD_MAX_TEXT)
+                return reason_set(err, errlen, -EINVAL, "model text longer than %d bytes", MD_MAX_TEXT - 1);
+        memset(&d, 0, sizeof d);
+        for (p = text; *p == ' ' || *p == '\n' || *p == '\t' || *p == '\r'; p++)
+                ;
+        if (strncmp(text, "mlp:", 4) == 0)
+                r = parse_mlp(text, &d, err, errlen);
+        else if (*p == '{')
+                r = parse_json(text, &d, err, errlen);
+        else {
+                r = builtin(text, &d, err, errlen);
+                if (r > 0)
+                        return reason_set(err, errlen, -EINVAL,
+                                          "unknown model '%.64s' (mlp:D0-D1-...-Dn, cnn, vit, or a JSON description)",
+                                          text);
+        }
+        if (r < 0)
+                return r;
+        *ret = d;
+        return 0;
+}
+
+static int append(char *buf, size_t n, size_t *off, const char *fmt, ...) _printf_(4, 5);
+static int append(char *buf, size_t n, size_t *off, const char *fmt, ...) {
+        va_list ap;
+        int w;
+
+        if (*off >= n)
+                return -ENOSPC;
+        va_start(ap, fmt);
+        w = vsnprintf(buf + *off, n - *off, fmt, ap);
+        va_end(ap);
+        if (w < 0 || (size_t) w >= n - *off)
+                return -ENOSPC;
+        *off += (size_t) w;
+        return 0;
+}
+
+int modeldesc_format(const ModelDesc *d, char *buf, size_t n) {
+        size_t off = 0;
+        int r;
+
+        if (strncmp(d->name, "mlp:", 4) == 0 || strcmp(d->name, "cnn") == 0 || strcmp(d->name, "vit") == 0)
+                return append(buf, n, &off, "%s", d->name);
+        r = append(buf, n, &off, "{\"name\":\"%s\",\"input\":[", d->name);
+        for (unsigned i = 0; i < d->input.rank && r == 0; i++)
+                r = append(buf, n, &off, "%s%u", i ? "," : "", d->input.d[i]);
+        if (r == 0)
+                r = append(buf, n, &off, "],\"layers\":[");
+        for (size_t i = 0; i < d->nlayers && r == 0; i++) {
+                const MdLayer *l = &d->layers[i];
+                r = append(buf, n, &off, "%s{\"type\":\"%s\"", i ? "," : "", layer_kind_name(l->kind));
+                switch (l->kind) {
+                case LK_LINEAR:
+                        if (r == 0)
+                                r = append(buf, n, &off, ",\"out\":%u,\"init\":\"%s\"", l->out, init_names[l->init]);
+                        break;
+                case LK_CONV2D:
+                        if (r == 0)
+                                r = append(buf, n, &off, ",\"out\":%u,\"kernel\":%u,\"stride\":%u,\"padding\":%u,\"init\":\"%s\"",
+                                           l->out, l->kernel, l->stride, l->padding, init_names[l->init]);
+                        break;
+                case LK_MAXPOOL:
+                case LK_AVGPOOL:
+                        if (r == 0)
+                                r = append(buf, n, &off, ",\"kernel\":%u,\"stride\":%u,\"padding\":%u", l->kernel,
+                                           l->stride, l->padding);
+                        break;
+                case LK_DROPOUT:
+                        if (r == 0)
+                                r = append(buf, n, &off, ",\"p\":%.9g", (double) l->p);
+                        break;
+                case LK_LAYERNORM:
+                        if (r == 0)
+                                r = append(buf, n, &off, ",\"eps\":%.9g", (double) l->eps);
+                        break;
+                case LK_EMBEDDING:
+                        if (r == 0)
+                                r = append(buf, n, &off, ",\"vocab\":%u,\"out\":%u", l->vocab, l->out);
+                        break;
+                case LK_TRANSFORMER:
+                        if (r == 0)
+                                r = append(buf, n, &off, ",\"heads\":%u,\"hidden\":%u,\"causal\":%s", l->heads,
+                                           l->hidden, l->causal ? "true" : "false");
+                        break;
+                default:
+                        break;
+                }
+                if (r == 0)
+                        r = append(buf, n, &off, "}");
+        }
+        if (r == 0)
+                r = append(buf, n, &off, "]}");
+        return r;
+}
+
+int modeldesc_resolve(const char *spec, char *buf, size_t n, char *err, size_t errlen) {
+        ModelDesc d;
+        FILE *f;
+        char *text;
+        size_t len;
+        int r;
+
+        if (!spec || !buf)
+                return reason_set(err, errlen, -EINVAL, "no model");
+        if (strncmp(spec, "mlp:", 4) == 0 || strcmp(spec, "cnn") == 0 || strcmp(spec, "vit") == 0 || spec[0] == '{') {
+                r = modeldesc_parse(spec, &d, err, errlen);
+        } else {
+                f = fopen(spec, "re");
+                if (!f)
+                        return reason_set(err, errlen, -EINVAL,
+                                          "model '%.200s': not mlp:D0-...-Dn, cnn or vit, and not a readable file: %s",
+                                          spec, strerror(errno));
+                text = malloc(MD_MAX_FILE + 2);
+                if (!text) {
+                        fclose(f);
+                        return -ENOMEM;
+                }
+                len = fread(text, 1, MD_MAX_FILE + 1, f);
+                r = ferror(f) ? -EIO : 0;
+                fclose(f);
+                if (r == 0 && len > MD_MAX_FILE)
+                        r = reason_set(err, errlen, -EINVAL, "%.200s: larger than %d bytes", spec, MD_MAX_FILE);
+                else if (r < 0)
+                        reason_set(err, errlen, r, "%.200s: read error", spec);
+                if (r == 0) {
+                        char why[300];
+                        text[len] = '\0';
+                        if (strlen(text) != len)
+                                r = reason_set(err, errlen, -EINVAL, "%.200s: contains a NUL byte", spec);
+                        else {
+                                /* A file may be longer than a job's text (indentation): it is
+                                 * parsed here, and its canonical form must fit. */
+                                memset(&d, 0, sizeof d);
+                                r = parse_json(text, &d, why, sizeof why);
+                                if (r < 0)
+                                        reason_set(err, errlen, r, "%.200s: %s", spec, why);
+                        }
+                }
+                free(text);
+        }
+        if (r < 0)
+                return r;
+        r = modeldesc_format(&d, buf, n);
+        if (r < 0)
+                return reason_set(err, errlen, r, "model %s: its description is longer than %zu bytes", d.name, n - 1);
+        return 0;
+}

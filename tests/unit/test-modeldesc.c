@@ -1,0 +1,192 @@
+/* Unit tests for common/modeldesc.c: the three spellings of a model, the
+ * shapes and PyTorch names of the built-in ones, the canonical text read back
+ * to the same model, files, and an error for every kind of bad description
+ * that names the layer and the field. */
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+#include "modeldesc.h"
+#include "tap.h"
+
+static ModelDesc d;
+
+static const MdTensor *tensor(const char *name) {
+        for (size_t i = 0; i < d.ntensors; i++)
+                if (strcmp(d.tensors[i].name, name) == 0)
+                        return &d.tensors[i];
+        return NULL;
+}
+
+static bool shape_is(const char *name, unsigned ndim, uint32_t a, uint32_t b, uint32_t c, uint32_t e) {
+        const MdTensor *t = tensor(name);
+        const uint32_t want[4] = { a, b, c, e };
+        if (!t || t->ndim != ndim)
+                return false;
+        for (unsigned i = 0; i < ndim; i++)
+                if (t->shape[i] != want[i])
+                        return false;
+        return true;
+}
+
+static void test_mlp(void) {
+        char err[256];
+        CHECK(modeldesc_parse("mlp:784-256-10", &d, err, sizeof err) == 0, "mlp parses (%s)", err);
+        CHECK(d.nlayers == 3 && d.layers[0].kind == LK_LINEAR && d.layers[1].kind == LK_RELU &&
+              d.layers[2].kind == LK_LINEAR, "mlp: linear, relu, linear");
+        CHECK(d.ntensors == 4 && shape_is("0.weight", 2, 256, 784, 0, 0) && shape_is("0.bias", 1, 256, 0, 0, 0) &&
+              shape_is("2.weight", 2, 10, 256, 0, 0) && shape_is("2.bias", 1, 10, 0, 0, 0),
+              "mlp tensors are nn.Sequential's: 0.weight [256, 784], 2.weight [10, 256]");
+        CHECK(d.classes == 10 && md_shape_numel(&d.input) == 784, "784 inputs, 10 classes");
+        const char *bad[] = { "mlp:", "mlp:784", "mlp:784--10", "mlp:0-10", "mlp:784-65537", "mlp:1-2-3-4-5-6-7-8-9-10-11-12-13-14-15-16-17", "mlp:7-x" };
+        for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++)
+                CHECK(modeldesc_parse(bad[i], &d, err, sizeof err) == -EINVAL && strstr(err, "mlp:D0-D1"),
+                      "'%s' refused: %s", bad[i], err);
+}
+
+static void test_builtins(void) {
+        char err[256], sb[48];
+        CHECK(modeldesc_parse("cnn", &d, err, sizeof err) == 0, "cnn (%s)", err);
+        CHECK(shape_is("0.weight", 4, 32, 1, 3, 3) && shape_is("3.weight", 4, 64, 32, 3, 3) &&
+              shape_is("7.weight", 2, 128, 3136, 0, 0) && shape_is("9.weight", 2, 10, 128, 0, 0) && d.ntensors == 8,
+              "cnn: conv [32,1,3,3], conv [64,32,3,3], linear [128, 64*7*7], linear [10,128]");
+        CHECK(d.layers[6].kind == LK_FLATTEN && d.layers[6].in.rank == 3 && d.layers[6].in.d[0] == 64 &&
+              d.layers[6].in.d[1] == 7, "cnn flattens %s", md_shape_string(&d.layers[6].in, sb, sizeof sb));
+
+        CHECK(modeldesc_parse("vit", &d, err, sizeof err) == 0, "vit (%s)", err);
+        CHECK(d.layers[1].kind == LK_TOKENS && d.layers[1].outs.rank == 2 && d.layers[1].outs.d[0] == 16 &&
+              d.layers[1].outs.d[1] == 64, "vit: 16 tokens of 64 from 7x7 patches (%s)",
+              md_shape_string(&d.layers[1].outs, sb, sizeof sb));
+        CHECK(shape_is("0.weight", 4, 64, 1, 7, 7) && shape_is("2.weight", 2, 16, 64, 0, 0) &&
+              shape_is("3.self_attn.in_proj_weight", 2, 192, 64, 0, 0) &&
+              shape_is("3.self_attn.out_proj.weight", 2, 64, 64, 0, 0) && shape_is("3.linear1.weight", 2, 128, 64, 0, 0) &&
+              shape_is("3.linear2.weight", 2, 64, 128, 0, 0) && shape_is("5.norm2.bias", 1, 64, 0, 0, 0) &&
+              shape_is("6.weight", 1, 64, 0, 0, 0) && shape_is("8.weight", 2, 10, 64, 0, 0),
+              "vit: torch.nn.TransformerEncoderLayer names and layouts");
+        CHECK(tensor("3.norm1.weight") && tensor("3.norm1.weight")->init == INIT_ONES &&
+              tensor("2.weight")->init == INIT_NORMAL && tensor("3.self_attn.in_proj_weight")->init == INIT_XAVIER,
+              "layer norm weights start at one, the position embedding normal, projections xavier");
+        CHECK(d.ntensors <= MD_MAX_TENSORS && d.ntensors == 2 + 1 + 3 * 12 + 2 + 2, "vit: %zu tensors", d.ntensors);
+        CHECK(modeldesc_parse("resnet", &d, err, sizeof err) == -EINVAL && strstr(err, "cnn, vit"),
+              "unknown name refused: %s", err);
+}
+
+static void test_json(void) {
+        char err[256], text[MD_MAX_TEXT];
+        ModelDesc again;
+        const char *json = "{\n \"name\": \"tiny\", \"input\": [3, 8, 8],\n \"layers\": [\n"
+                           "  {\"type\": \"conv2d\", \"out\": 4, \"kernel\": 3, \"stride\": 2, \"padding\": 1, \"init\": \"xavier\"},\n"
+                           "  {\"type\": \"gelu\"}, {\"type\": \"avgpool\", \"kernel\": 2},\n"
+                           "  {\"type\": \"tokens\"}, {\"type\": \"layernorm\", \"eps\": 1e-6},\n"
+                           "  {\"type\": \"transformer\", \"heads\": 2, \"hidden\": 8, \"causal\": true},\n"
+                           "  {\"type\": \"mean\"}, {\"type\": \"dropout\", \"p\": 0.1}, {\"type\": \"linear\", \"out\": 5}]}";
+
+        CHECK(modeldesc_parse(json, &d, err, sizeof err) == 0, "JSON model parses (%s)", err);
+        CHECK(strcmp(d.name, "tiny") == 0 && d.classes == 5 && d.layers[0].outs.d[1] == 4 && d.layers[2].outs.d[1] == 2 &&
+              d.layers[3].outs.rank == 2 && d.layers[3].outs.d[0] == 4 && d.layers[3].outs.d[1] == 4,
+              "shapes: conv stride 2 -> 4x4, pool -> 2x2, 4 tokens of 4");
+        CHECK(tensor("0.weight")->init == INIT_XAVIER && d.layers[5].causal && d.layers[4].eps == 1e-6f &&
+              d.layers[7].p == 0.1f, "fields read");
+        CHECK(modeldesc_format(&d, text, sizeof text) == 0 && text[0] == '{', "canonical text: %s", text);
+        CHECK(modeldesc_parse(text, &again, err, sizeof err) == 0 && again.ntensors == d.ntensors &&
+              again.nlayers == d.nlayers && memcmp(again.layers, d.layers, d.nlayers * sizeof d.layers[0]) == 0 &&
+              memcmp(again.tensors, d.tensors, d.ntensors * sizeof d.tensors[0]) == 0,
+              "the canonical text reads back to the same model");
+        CHECK(modeldesc_format(&d, text, 40) == -ENOSPC, "a text that does not fit: -ENOSPC");
+
+        /* A file, and --model's other spellings. */
+        char path[] = "/tmp/psnet-modeldesc-XXXXXX";
+        int fd = mkstemp(path);
+        FILE *f = fd >= 0 ? fdopen(fd, "w") : NULL;
+        if (CHECK(f != NULL, "temporary file")) {
+                fputs(json, f);
+                fclose(f);
+                CHECK(modeldesc_resolve(path, text, sizeof text, err, sizeof err) == 0 && strstr(text, "\"tiny\""),
+                      "a file resolves to its canonical text");
+                f = fopen(path, "w");
+                if (f) {
+                        fputs("{\"input\": [4], \"layers\": [{\"type\": \"linear\", \"out\": 0}]}", f);
+                        fclose(f);
+                }
+                CHECK(modeldesc_resolve(path, text, sizeof text, err, sizeof err) == -EINVAL && strstr(err, path) &&
+                      strstr(err, "layer 0 (linear)") && strstr(err, "'out'"), "a bad file's error names it: %s", err);
+                unlink(path);
+        }
+        CHECK(modeldesc_resolve("/nonexistent/model.json", text, sizeof text, err, sizeof err) == -EINVAL &&
+              strstr(err, "not a readable file"), "a missing file: %s", err);
+        CHECK(modeldesc_resolve("cnn", text, sizeof text, err, sizeof err) == 0 && strcmp(text, "cnn") == 0,
+              "a built-in resolves to its name");
+}
+
+static void test_errors(void) {
+        static const struct {
+                const char *json, *want1, *want2;
+        } bad[] = {
+                { "{\"input\":[4],\"layers\":[{\"type\":\"linear\"}]}", "layer 0 (linear)", "field 'out' missing" },
+                { "{\"input\":[4],\"layers\":[{\"type\":\"linear\",\"out\":3,\"kernel\":2}]}", "layer 0 (linear)",
+                  "unknown field 'kernel'" },
+                { "{\"input\":[4],\"layers\":[{\"type\":\"linear\",\"out\":-3}]}", "layer 0 (linear)", "field 'out'" },
+                { "{\"input\":[4],\"layers\":[{\"type\":\"linear\",\"out\":2.5}]}", "layer 0 (linear)", "field 'out'" },
+                { "{\"input\":[4],\"layers\":[{\"type\":\"relu\"},{\"type\":\"dense\",\"out\":3}]}", "layer 1",
+                  "unknown layer 'dense'" },
+                { "{\"input\":[4],\"layers\":[{\"out\":3}]}", "layer 0", "field 'type'" },
+                { "{\"input\":[1,8,8],\"layers\":[{\"type\":\"linear\",\"out\":3}]}", "layer 0 (linear)", "flatten" },
+                { "{\"input\":[1,4,4],\"layers\":[{\"type\":\"conv2d\",\"out\":2,\"kernel\":5},{\"type\":\"flatten\"},"
+                  "{\"type\":\"linear\",\"out\":2}]}", "layer 0 (conv2d)", "field 'kernel'" },
+                { "{\"input\":[1,4,4],\"layers\":[{\"type\":\"maxpool\",\"kernel\":2,\"padding\":2}]}",
+                  "layer 0 (maxpool)", "field 'padding'" },
+                { "{\"input\":[4,6],\"layers\":[{\"type\":\"transformer\",\"heads\":4,\"hidden\":8}]}",
+                  "layer 0 (transformer)", "field 'heads'" },
+                { "{\"input\":[4],\"layers\":[{\"type\":\"dropout\",\"p\":1}]}", "layer 0 (dropout)", "field 'p'" },
+                { "{\"input\":[4],\"layers\":[{\"type\":\"linear\",\"out\":3,\"init\":\"magic\"}]}", "layer 0 (linear)",
+                  "field 'init'" },
+                { "{\"input\":[4],\"layers\":[{\"type\":\"transformer\",\"heads\":1,\"hidden\":8,\"causal\":1}]}",
+                  "layer 0 (transformer)", "field 'causal'" },
+                { "{\"input\":[4],\"layers\":[{\"type\":\"relu\"},{\"type\":\"embedding\",\"vocab\":3,\"out\":2}]}",
+                  "layer 1 (embedding)", "first layer" },
+                { "{\"input\":[2,3],\"layers\":[{\"type\":\"linear\",\"out\":3}]}", "last layer", "flatten or mean" },
+                { "{\"input\":[4],\"layers\":[{\"type\":\"relu\"}]}", "no parameters", NULL },
+                { "{\"input\":[4],\"layers\":[]}", "field 'layers'", NULL },
+                { "{\"input\":[0],\"layers\":[{\"type\":\"linear\",\"out\":3}]}", "field 'input'", NULL },
+                { "{\"input\":[4],\"layers\":[{\"type\":\"linear\",\"out\":3}],\"optimizer\":\"adam\"}",
+                  "unknown field 'optimizer'", NULL },
+                { "{\"name\":\"a b\",\"input\":[4],\"layers\":[{\"type\":\"linear\",\"out\":3}]}", "field 'name'", NULL },
+                { "{\"input\":[4],\"input\":[5],\"layers\":[{\"type\":\"linear\",\"out\":3}]}", "not valid JSON",
+                  NULL },
+                { "{\"input\":[4],\"layers\":[{\"type\":\"linear\",\"out\":3}", "not valid JSON", "line" },
+        };
+        char err[256];
+
+        for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+                int r = modeldesc_parse(bad[i].json, &d, err, sizeof err);
+                CHECK(r == -EINVAL && strstr(err, bad[i].want1) && (!bad[i].want2 || strstr(err, bad[i].want2)),
+                      "refused with '%s'%s%s: %s", bad[i].want1, bad[i].want2 ? " and " : "",
+                      bad[i].want2 ? bad[i].want2 : "", err);
+        }
+        /* 65 tensors: six transformer blocks have 72. */
+        char big[MD_MAX_TEXT];
+        size_t off = (size_t) snprintf(big, sizeof big, "{\"input\":[2,4],\"layers\":[");
+        for (int i = 0; i < 6; i++)
+                off += (size_t) snprintf(big + off, sizeof big - off, "{\"type\":\"transformer\",\"heads\":1,\"hidden\":4},");
+        snprintf(big + off, sizeof big - off, "{\"type\":\"mean\"},{\"type\":\"linear\",\"out\":2}]}");
+        CHECK(modeldesc_parse(big, &d, err, sizeof err) == -EINVAL && strstr(err, "parameter tensors"),
+              "more than %d tensors refused: %s", MD_MAX_TENSORS, err);
+        char *huge = malloc(MD_MAX_TEXT + 10);
+        if (huge) {
+                memset(huge, ' ', MD_MAX_TEXT + 9);
+                huge[MD_MAX_TEXT + 9] = '\0';
+                huge[0] = '{';
+                CHECK(modeldesc_parse(huge, &d, err, sizeof err) == -EINVAL && strstr(err, "longer"),
+                      "a text over %d bytes refused: %s", MD_MAX_TEXT, err);
+                free(huge);
+        }
+}
+
+int main(void) {
+        test_mlp();
+        test_builtins();
+        test_json();
+        test_errors();
+        return tap_done();
+}
