@@ -7,7 +7,11 @@
  * counted as 6 x batch x sum(in x out), the count PyTorch's reference script
  * uses (it includes the first layer's input gradient, which neither computes).
  *
- *   bench-kernels [--backend cpu|cuda|auto] [--model 784-1024-1024-10]
+ * --model takes widths (784-1024-1024-10) or any model text workerd takes
+ * (cnn, vit, mlp:..., a JSON description; common/modeldesc.h); TFLOP/s is
+ * printed for the widths only.
+ *
+ *   bench-kernels [--backend cpu|cuda|auto] [--model 784-1024-1024-10|cnn|vit]
  *                 [--batch 512] [--steps 200] [--tf32] [--no-graphs]
  *                 [--compute-only] [--threads N]
  *
@@ -99,11 +103,12 @@ int main(int argc, char **argv) {
                         return strcmp(a, "--help") == 0 ? 0 : 2;
                 }
         }
-        if (steps < 1 || batch < 1 || threads < 0 || parse_dims(model_spec, dims, &nd) < 0) {
+        bool widths = parse_dims(model_spec, dims, &nd) == 0;
+        if (steps < 1 || batch < 1 || threads < 0) {
                 usage(argv[0]);
                 return 2;
         }
-        for (size_t l = 0; l + 1 < nd; l++)
+        for (size_t l = 0; widths && l + 1 < nd; l++)
                 flops += 6.0 * batch * dims[l] * dims[l + 1];
 
         r = kbackend_new(backend, threads, &kb, err, sizeof err);
@@ -115,19 +120,21 @@ int main(int argc, char **argv) {
                 fprintf(stderr, "bench-kernels: --tf32: %s\n", strerror(-r));
                 goto out;
         }
-        r = model_new_mlp(kb, dims, nd, batch, &m);
+        r = widths ? model_new_mlp(kb, dims, nd, batch, &m)
+                   : model_new_text(kb, model_spec, batch, &m, err, sizeof err);
         if (r < 0) {
-                fprintf(stderr, "bench-kernels: model_new: %s\n", strerror(-r));
+                fprintf(stderr, "bench-kernels: model %s: %s\n", model_spec, widths ? strerror(-r) : err);
                 goto out;
         }
 
-        /* Uniform(+-sqrt(6 / fan_in)) weights, zero biases: a realistic loss. */
+        /* Uniform(+-sqrt(6 / fan_in)) weights, zero biases (MLP): a realistic
+         * loss; other models get small uniform values. */
         for (size_t t = 0; t < model_ntensors(m); t++) {
-                float *p = model_param_host(m, t), a = 0;
-                if (t % 2 == 0)
-                        a = sqrtf(6.0f / (float) dims[t / 2]);
+                float *p = model_param_host(m, t), a = 0.05f;
+                if (widths)
+                        a = t % 2 == 0 ? sqrtf(6.0f / (float) dims[t / 2]) : 0.0f;
                 for (size_t i = 0; i < model_tensor_numel(m, t); i++)
-                        p[i] = t % 2 == 0 ? rng_uniform(-a, a) : 0.0f;
+                        p[i] = rng_uniform(-a, a);
         }
         r = model_upload_params(m);
         if (r < 0) {
@@ -139,10 +146,10 @@ int main(int argc, char **argv) {
                 fprintf(stderr, "bench-kernels: out of memory\n");
                 goto out;
         }
-        for (size_t i = 0; i < (size_t) batch * dims[0]; i++)
+        for (size_t i = 0; i < (size_t) batch * model_input_numel(m); i++)
                 model_batch_x(m)[i] = rng_uniform(0, 1);
         for (int i = 0; i < batch; i++)
-                model_batch_y(m)[i] = (int32_t) (rng_next() % dims[nd - 1]);
+                model_batch_y(m)[i] = (int32_t) (rng_next() % model_classes(m));
 
         /* One step with transfers puts the batch on the device for --compute-only. */
         r = model_train_step(m, model_batch_x(m), model_batch_y(m), batch, &loss, &correct);
