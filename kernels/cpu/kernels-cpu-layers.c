@@ -1,7 +1,6 @@
 /* The CPU backend's layer ops (kernels.h, "the layer ops"): the reference the
- * CUDA ones are compared with, so plain loops that are obviously right, with
- * OpenBLAS where the work is a product (gemm_batched). */
-#include <cblas.h>
+ * CUDA ones are compared with, so plain loops that are obviously right (the
+ * batched product is gemm's loop, in kernels-cpu.c). */
 #include <errno.h>
 #include <math.h>
 #include <string.h>
@@ -16,29 +15,6 @@ int cpu_axpy(KBackend *kb, size_t n, float alpha, const float *x, float *y) {
                 return -EINVAL;
         for (size_t i = 0; i < n; i++)
                 y[i] += alpha * x[i];
-        return 0;
-}
-
-int cpu_gemm_batched(KBackend *kb, bool trans_a, bool trans_b, int m, int n, int k, float alpha, const float *a,
-                     int lda, long long sa, const float *b, int ldb, long long sb, float beta, float *c, int ldc,
-                     long long sc, int count) {
-        (void) kb;
-        if (count < 0 || sa < 0 || sb < 0 || sc < 0)
-                return -EINVAL;
-        int r = gemm_check(trans_a, trans_b, m, n, k, a, lda, b, ldb, c, ldc);
-        if (r != 0 || count == 0)
-                return r < 0 ? r : 0;
-        for (int i = 0; i < count; i++) {
-                float *ci = c + i * sc;
-                if (k == 0) {
-                        for (int x = 0; x < m; x++)
-                                for (int y = 0; y < n; y++)
-                                        ci[(size_t) x * ldc + y] = beta == 0.0f ? 0.0f : beta * ci[(size_t) x * ldc + y];
-                        continue;
-                }
-                cblas_sgemm(CblasRowMajor, trans_a ? CblasTrans : CblasNoTrans, trans_b ? CblasTrans : CblasNoTrans, m,
-                            n, k, alpha, a + i * sa, lda, b + i * sb, ldb, beta, ci, ldc);
-        }
         return 0;
 }
 

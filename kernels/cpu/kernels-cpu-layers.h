@@ -5,9 +5,6 @@
 #define MIN_INT(a, b) ((a) < (b) ? (a) : (b))
 
 int cpu_axpy(KBackend *kb, size_t n, float alpha, const float *x, float *y);
-int cpu_gemm_batched(KBackend *kb, bool trans_a, bool trans_b, int m, int n, int k, float alpha, const float *a,
-                     int lda, long long sa, const float *b, int ldb, long long sb, float beta, float *c, int ldc,
-                     long long sc, int count);
 int cpu_permute0213(KBackend *kb, const float *x, int a, int b, int c, int d, float *y);
 int cpu_im2col(KBackend *kb, const KWindow *w, const float *x, float *col);
 int cpu_col2im(KBackend *kb, const KWindow *w, const float *col, float *dx);

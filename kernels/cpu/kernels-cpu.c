@@ -74,6 +74,22 @@ static int cpu_gemm(KBackend *kb, bool trans_a, bool trans_b, int m, int n, int 
         return 0;
 }
 
+/* gemm on each of count (A, B, C) triples, strides in floats. */
+static int cpu_gemm_batched(KBackend *kb, bool trans_a, bool trans_b, int m, int n, int k, float alpha,
+                            const float *a, int lda, long long sa, const float *b, int ldb, long long sb, float beta,
+                            float *c, int ldc, long long sc, int count) {
+        int r = gemm_check(trans_a, trans_b, m, n, k, a, lda, b, ldb, c, ldc);
+
+        if (count < 0 || sa < 0 || sb < 0 || sc < 0)
+                return -EINVAL;
+        if (r != 0 || count == 0)
+                return r < 0 ? r : 0;
+        for (int i = 0; i < count && r == 0; i++)
+                r = cpu_gemm(kb, trans_a, trans_b, m, n, k, alpha, a + i * sa, lda, b + i * sb, ldb, beta, c + i * sc,
+                             ldc);
+        return r;
+}
+
 static int cpu_bias_act(KBackend *kb, float *y, const float *bias, int rows, int cols, KAct act) {
         int rc = bias_act_check(rows, cols, act, y);
 
