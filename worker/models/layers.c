@@ -227,7 +227,7 @@ int step_forward(Model *m, Step *s, int batch, bool train, const float *x, float
         const KernelsOps *o = m->ops;
         KBackend *kb = m->kb;
         const MdLayer *l = &s->l;
-        size_t n_in = (size_t) batch * md_shape_numel(&l->in), n_out = (size_t) batch * md_shape_numel(&l->outs);
+        size_t n_in = (size_t) batch * md_shape_numel(&l->in);
         KWindow w;
 
         switch (l->kind) {
@@ -288,7 +288,6 @@ int step_forward(Model *m, Step *s, int batch, bool train, const float *x, float
         case LK_COUNT:
                 break;
         }
-        (void) n_out;
         return -EINVAL;
 }
 
@@ -351,14 +350,14 @@ static int block_backward(Model *m, Step *s, int batch, const float *x, float *d
         if (r >= 0)
                 r = o->gemm(kb, false, false, rows, d, 3 * d, 1.0f, sh, 3 * d, P(m, s, 0), d, 0.0f, sb, d);
         if (r >= 0)
-                r = o->layernorm_backward(kb, sb, x, P(m, s, 8), b->mean1, b->rstd1, rows, d, dx ? dx : sa,
-                                          G(m, s, 8), G(m, s, 9));
-        if (r >= 0 && dx)
+                r = o->layernorm_backward(kb, sb, x, P(m, s, 8), b->mean1, b->rstd1, rows, d, dx, G(m, s, 8),
+                                          G(m, s, 9));
+        if (r >= 0)
                 r = o->axpy(kb, (size_t) rd, 1.0f, sc, dx);
         return r;
 }
 
-int step_backward(Model *m, Step *s, int batch, const float *x, const float *y, float *dy, float *dx,
+int step_backward(Model *m, Step *s, int batch, const float *x, const float *y, float *dy, float *dx, bool need_dx,
                   int *ret_moved) {
         const KernelsOps *o = m->ops;
         KBackend *kb = m->kb;
@@ -367,14 +366,14 @@ int step_backward(Model *m, Step *s, int batch, const float *x, const float *y, 
         KWindow w;
         int r;
 
-        *ret_moved = !s->in_place && !s->view && dx;
+        *ret_moved = !s->in_place && !s->view;
         switch (l->kind) {
         case LK_LINEAR: {
                 int rows = rows_of(&l->in, batch), in = width_of(&l->in), out = (int) l->out;
                 if (s->relu && (r = o->act_backward(kb, dy, y, (size_t) rows * out, KACT_RELU)) < 0)
                         return r;
                 r = o->gemm_ep(kb, true, false, out, in, rows, dy, out, x, in, G(m, s, 0), in, KEPI_BGRAD, G(m, s, 1));
-                if (r < 0 || !dx)
+                if (r < 0 || !need_dx)
                         return r;
                 return o->gemm(kb, false, false, rows, in, out, 1.0f, dy, out, P(m, s, 0), in, 0.0f, dx, in);
         }
@@ -385,7 +384,7 @@ int step_backward(Model *m, Step *s, int batch, const float *x, const float *y, 
                         return r;
                 r = o->gemm_ep(kb, true, false, out, ckk, rows, dy, out, s->col, ckk, G(m, s, 0), ckk, KEPI_BGRAD,
                                G(m, s, 1));
-                if (r < 0 || !dx)
+                if (r < 0 || !need_dx)
                         return r;
                 /* The window matrix is not needed any more: its gradient goes there. */
                 r = o->gemm(kb, false, false, rows, ckk, out, 1.0f, dy, out, P(m, s, 0), ckk, 0.0f, s->col, ckk);
@@ -393,12 +392,12 @@ int step_backward(Model *m, Step *s, int batch, const float *x, const float *y, 
         }
         case LK_MAXPOOL:
         case LK_AVGPOOL:
-                if (!dx)
+                if (!need_dx)
                         return 0;
                 w = window(s, batch);
                 return o->pool_backward(kb, &w, l->kind == LK_MAXPOOL, dy, s->idx, dx);
         case LK_FLATTEN:
-                if (s->view || !dx)
+                if (s->view || !need_dx)
                         return 0;
                 return o->permute0213(kb, dy, batch, (int) l->in.d[0], (int) (l->in.d[1] * l->in.d[2]), 1, dx);
         case LK_TOKENS:
@@ -410,20 +409,17 @@ int step_backward(Model *m, Step *s, int batch, const float *x, const float *y, 
         case LK_DROPOUT:
                 return s->view ? 0 : o->mul(kb, dy, s->mask, dy, n_in);
         case LK_LAYERNORM:
-                r = o->layernorm_backward(kb, dy, x, P(m, s, 0), s->mean, s->rstd, rows_of(&l->in, batch),
-                                          width_of(&l->in), dx ? dx : m->delta[dy == m->delta[0]], G(m, s, 0),
-                                          G(m, s, 1));
-                return r;
+                return o->layernorm_backward(kb, dy, x, P(m, s, 0), s->mean, s->rstd, rows_of(&l->in, batch),
+                                             width_of(&l->in), dx, G(m, s, 0), G(m, s, 1));
         case LK_EMBEDDING:
                 return o->embedding_backward(kb, x, dy, batch * (int) l->in.d[0], (int) l->out, (int) l->vocab,
                                              G(m, s, 0));
         case LK_POSEMBED:
                 return o->colsum(kb, dy, batch, (int) md_shape_numel(&l->in), G(m, s, 0));
         case LK_TRANSFORMER:
-                *ret_moved = 1;
-                return block_backward(m, s, batch, x, dy, dx ? dx : m->delta[dy == m->delta[0]]);
+                return block_backward(m, s, batch, x, dy, dx);
         case LK_MEAN: {
-                if (!dx)
+                if (!need_dx)
                         return 0;
                 int t = (int) l->in.d[0], d = (int) l->in.d[1];
                 return o->gemm_batched(kb, false, false, t, d, 1, 1.0f / (float) t, s->ones, 1, 0, dy, d, d, 0.0f, dx,

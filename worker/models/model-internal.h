@@ -80,9 +80,12 @@ int model_buf(Model *m, size_t floats, float **ret);
 
 /* layers.c: a step's buffers (and a check that the backend has its ops), its
  * forward (train: dropout on) and its backward. The backward reads dy, writes
- * the parameter gradients into grad_dev and, when dx is not NULL, the input
- * gradient into dx, or over dy (*ret_moved 0; then dx is untouched). */
+ * the parameter gradients into grad_dev and the input gradient into dx
+ * (*ret_moved 1) or over dy (*ret_moved 0; dx untouched). Without need_dx
+ * (the first step) a step skips what only the input gradient needs; layer
+ * norm and transformer blocks, whose parameter gradients come with it, may
+ * still write dx, a scratch buffer then. */
 int step_setup(Model *m, Step *s, char *err, size_t errlen);
 int step_forward(Model *m, Step *s, int batch, bool train, const float *x, float *y);
-int step_backward(Model *m, Step *s, int batch, const float *x, const float *y, float *dy, float *dx,
+int step_backward(Model *m, Step *s, int batch, const float *x, const float *y, float *dy, float *dx, bool need_dx,
                   int *ret_moved);

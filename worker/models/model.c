@@ -152,7 +152,8 @@ static int alloc_buffers(Model *m, char *err, size_t errlen) {
                 Step *s = &m->steps[j];
                 size_t out_n = md_shape_numel(&s->l.outs);
 
-                if ((uint64_t) mb * out_n > INT_MAX || (uint64_t) mb * md_shape_numel(&s->l.in) > INT_MAX)
+                /* A step's input is the model's (checked in model_new) or the step before's output. */
+                if ((uint64_t) mb * out_n > INT_MAX)
                         return reason_set(err, errlen, -EINVAL, "layer %zu (%s): a batch of %d does not fit the "
                                           "kernels' sizes", s->index, layer_kind_name(s->l.kind), m->max_batch);
                 r = step_setup(m, s, err, errlen);
@@ -289,22 +290,13 @@ int model_new_text(KBackend *kb, const char *text, int max_batch, Model **ret, c
 int model_new_mlp(KBackend *kb, const uint32_t *dims, size_t nd, int max_batch, Model **ret) {
         char text[256], why[256];
         size_t off;
-        ModelDesc *d;
-        int r;
 
         if (!dims || nd < 2 || nd > 16)
                 return -EINVAL;
         off = (size_t) snprintf(text, sizeof text, "mlp:");
         for (size_t i = 0; i < nd; i++)
                 off += (size_t) snprintf(text + off, sizeof text - off, "%s%u", i ? "-" : "", dims[i]);
-        d = ps_malloc(sizeof *d);
-        if (!d)
-                return -ENOMEM;
-        r = modeldesc_parse(text, d, why, sizeof why);
-        if (r >= 0)
-                r = model_new(kb, d, max_batch, ret, why, sizeof why);
-        ps_free(d);
-        return r;
+        return model_new_text(kb, text, max_batch, ret, why, sizeof why);
 }
 
 size_t model_ntensors(const Model *m) {
@@ -468,7 +460,7 @@ static int model_backward(Model *m, int batch) {
                 bool need_dx = j > 0;
                 int moved;
 
-                r = step_backward(m, s, batch, m->act[j], m->act[j + 1], dy, need_dx ? dx : NULL, &moved);
+                r = step_backward(m, s, batch, m->act[j], m->act[j + 1], dy, dx, need_dx, &moved);
                 if (r < 0)
                         return r;
                 for (uint32_t t = s->l.first_tensor; m->transfers && t < s->l.first_tensor + s->l.ntensors; t++) {
