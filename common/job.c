@@ -287,7 +287,7 @@ int job_validate(const Job *job, char *err, size_t errlen) {
                                        t->name, t->nchunks, (unsigned long long) t->numel,
                                        job->chunk_floats, (unsigned long long) nchunks);
                 if ((unsigned) t->init > INIT_NORMAL)
-                        return job_err(err, errlen, "tensor %s: unknown init (zeros, he, xavier)", t->name);
+                        return job_err(err, errlen, "tensor %s: unknown init (zeros, he, xavier, ones, normal)", t->name);
                 if (t->fan_in == 0 || t->fan_out == 0)
                         return job_err(err, errlen, "tensor %s has fan_in %u, fan_out %u", t->name,
                                        t->fan_in, t->fan_out);
