@@ -116,7 +116,7 @@ int main(int argc, char **argv) {
         int rc = 0;
         for (uint32_t k = 0; k < clients && rc == 0; k++) {
                 uint32_t *mine = NULL, n = 0;
-                int r = partition_client(train->y, train->n, 10, (uint32_t) clients, alpha, job.seed, k, &mine, &n);
+                int r = partition_client(train->y, train->n, train->classes, (uint32_t) clients, alpha, job.seed, k, &mine, &n);
                 if (r < 0) {
                         fprintf(stderr, "bench-fedsplit: cannot split: %s\n", strerror(-r));
                         rc = 1;

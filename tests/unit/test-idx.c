@@ -267,7 +267,7 @@ static bool write_set(const char *sub, const char *set, bool gz, uint32_t n, uin
 /* Does d hold samples first, first + step, ... of the set write_set made? */
 static bool dataset_matches(const Dataset *d, uint32_t n, uint32_t first, uint32_t step,
                             uint32_t pixels) {
-        if (!d || d->n != n || (size_t) d->rows * d->cols != pixels)
+        if (!d || d->n != n || d->dim != pixels)
                 return false;
         for (uint32_t k = 0; k < n; k++) {
                 uint32_t i = first + k * step;
@@ -292,38 +292,38 @@ static void test_dataset(void) {
                    "wrote a small data set"))
                 return;
 
-        r = dataset_load(path_in("fm", ""), "t10k", 0, 0, 1, &d, err, sizeof err);
-        CHECK(r == 0 && d && d->rows == 3 && d->cols == 2 && dataset_matches(d, 10, 0, 1, 6) &&
+        r = dataset_load(path_in("fm", ""), "test", 0, 0, 1, &d, err, sizeof err);
+        CHECK(r == 0 && d && d->ndim == 2 && d->shape[0] == 3 && d->shape[1] == 2 && d->dim == 6 && dataset_matches(d, 10, 0, 1, 6) &&
               d->x[0] == 0.0f && d->x[6] == 1.0f,
               "dataset_load t10k (gzip): all 10 samples, pixels scaled to [0,1]: r=%d %s", r, err);
         d = dataset_free(d);
         CHECK(d == NULL && dataset_free(NULL) == NULL, "dataset_free returns NULL, takes NULL");
 
-        r = dataset_load(path_in("fm", ""), "t10k", 0, 1, 3, &d, err, sizeof err);
+        r = dataset_load(path_in("fm", ""), "test", 0, 1, 3, &d, err, sizeof err);
         CHECK(r == 0 && dataset_matches(d, 3, 1, 3, 6), "part 1 of 3: samples 1, 4, 7 (r=%d)", r);
         d = dataset_free(d);
-        r = dataset_load(path_in("fm", ""), "t10k", 0, 0, 3, &d, err, sizeof err);
+        r = dataset_load(path_in("fm", ""), "test", 0, 0, 3, &d, err, sizeof err);
         CHECK(r == 0 && dataset_matches(d, 4, 0, 3, 6), "part 0 of 3: samples 0, 3, 6, 9 (r=%d)", r);
         d = dataset_free(d);
-        r = dataset_load(path_in("fm", ""), "t10k", 5, 1, 2, &d, err, sizeof err);
+        r = dataset_load(path_in("fm", ""), "test", 5, 1, 2, &d, err, sizeof err);
         CHECK(r == 0 && dataset_matches(d, 2, 1, 2, 6), "limit 5, part 1 of 2: samples 1, 3 (r=%d)", r);
         d = dataset_free(d);
-        r = dataset_load(path_in("fm", ""), "t10k", 3, 0, 1, &d, err, sizeof err);
+        r = dataset_load(path_in("fm", ""), "test", 3, 0, 1, &d, err, sizeof err);
         CHECK(r == 0 && dataset_matches(d, 3, 0, 1, 6), "limit 3: samples 0, 1, 2 (r=%d)", r);
         d = dataset_free(d);
-        r = dataset_load(path_in("fm", ""), "t10k", 1, 1, 2, &d, err, sizeof err);
+        r = dataset_load(path_in("fm", ""), "test", 1, 1, 2, &d, err, sizeof err);
         CHECK(r < 0 && d == NULL && err[0], "a part with no samples is an error: %s", err);
-        r = dataset_load(path_in("fm", ""), "t10k", 0, 0, 0, &d, err, sizeof err);
+        r = dataset_load(path_in("fm", ""), "test", 0, 0, 0, &d, err, sizeof err);
         CHECK(r == -EINVAL && d == NULL, "nparts 0 rejected");
-        r = dataset_load(path_in("fm", ""), "t10k", 0, 3, 3, &d, err, sizeof err);
+        r = dataset_load(path_in("fm", ""), "test", 0, 3, 3, &d, err, sizeof err);
         CHECK(r == -EINVAL && d == NULL, "part >= nparts rejected");
 
         r = dataset_load(path_in("fm", ""), "train", 0, 0, 1, &d, err, sizeof err);
-        CHECK(r == 0 && d && d->rows == 2 && d->cols == 2 && d->n == 4 && d->y[3] == 0,
+        CHECK(r == 0 && d && d->shape[0] == 2 && d->shape[1] == 2 && d->n == 4 && d->y[3] == 0,
               "dataset_load falls back to unpacked files (r=%d %s)", r, err);
         d = dataset_free(d);
 
-        r = dataset_load(path_in("nowhere", ""), "t10k", 0, 0, 1, &d, err, sizeof err);
+        r = dataset_load(path_in("nowhere", ""), "test", 0, 0, 1, &d, err, sizeof err);
         CHECK(r == -ENOENT && d == NULL && strstr(err, "dataset-fashion-mnist") &&
               strstr(err, "nowhere") && strstr(err, "t10k-images-idx3-ubyte.gz") &&
               strstr(err, "--data"),
@@ -332,7 +332,7 @@ static void test_dataset(void) {
         make_subdir("nolabels");
         if (write_idx(path_in("nolabels", "t10k-images-idx3-ubyte.gz"), true, 0x803, 3,
                       (uint32_t[]) { 1, 1, 1 }, (uint8_t[]) { 9 }, 1, -1)) {
-                r = dataset_load(path_in("nolabels", ""), "t10k", 0, 0, 1, &d, err, sizeof err);
+                r = dataset_load(path_in("nolabels", ""), "test", 0, 0, 1, &d, err, sizeof err);
                 CHECK(r == -ENOENT && strstr(err, "t10k-labels-idx1-ubyte.gz") &&
                       strstr(err, "dataset-fashion-mnist"),
                       "missing labels: -ENOENT naming the file: %s", err);
@@ -340,7 +340,7 @@ static void test_dataset(void) {
 
         make_subdir("count");
         if (write_set("count", "t10k", true, 10, 9, 3, 2)) {
-                r = dataset_load(path_in("count", ""), "t10k", 0, 0, 1, &d, err, sizeof err);
+                r = dataset_load(path_in("count", ""), "test", 0, 0, 1, &d, err, sizeof err);
                 CHECK(r == -EBADMSG && d == NULL && strstr(err, "10 images") && strstr(err, "9 labels"),
                       "10 images but 9 labels: -EBADMSG: %s", err);
         }
@@ -350,7 +350,7 @@ static void test_dataset(void) {
         if (write_set("swapped", "t10k", false, 2, 2, 1, 1) &&
             write_idx(path_in("swapped", "t10k-labels-idx1-ubyte"), false, 0x803, 3,
                       (uint32_t[]) { 2, 1, 1 }, (uint8_t[]) { 1, 2 }, 2, -1)) {
-                r = dataset_load(path_in("swapped", ""), "t10k", 0, 0, 1, &d, err, sizeof err);
+                r = dataset_load(path_in("swapped", ""), "test", 0, 0, 1, &d, err, sizeof err);
                 CHECK(r == -EBADMSG && d == NULL, "3-d labels file: -EBADMSG: %s", err);
         }
 
@@ -358,7 +358,7 @@ static void test_dataset(void) {
         if (write_set("corrupt", "t10k", true, 4, 4, 2, 2) &&
             write_idx(path_in("corrupt", "t10k-images-idx3-ubyte.gz"), true, 0x803, 3,
                       (uint32_t[]) { 4, 2, 2 }, (uint8_t[]) { 1, 2, 3 }, 3, -1)) {
-                r = dataset_load(path_in("corrupt", ""), "t10k", 0, 0, 1, &d, err, sizeof err);
+                r = dataset_load(path_in("corrupt", ""), "test", 0, 0, 1, &d, err, sizeof err);
                 CHECK(r == -EBADMSG && d == NULL && strstr(err, "t10k-images-idx3-ubyte.gz"),
                       "truncated images: -EBADMSG naming the file: %s", err);
         }
@@ -371,7 +371,7 @@ static void test_keep(void) {
         CHECK(d != NULL, "dataset_keep: a dataset");
         if (!d)
                 return;
-        d->n = 6, d->rows = 1, d->cols = 3;
+        d->n = 6, d->dim = 3;
         d->x = ps_malloc(18 * sizeof(float));
         d->y = ps_malloc(6 * sizeof(int32_t));
         if (!d->x || !d->y) {
@@ -416,11 +416,11 @@ static void test_real(void) {
                 return;
         }
 
-        r = dataset_load(dir, "t10k", 0, 0, 1, &d, err, sizeof err);
+        r = dataset_load(dir, "test", 0, 0, 1, &d, err, sizeof err);
         if (!CHECK(r == 0 && d, "load the real t10k set from %s: %s", dir, r == 0 ? "ok" : err))
                 return;
-        CHECK(d->n == 10000 && d->rows == 28 && d->cols == 28, "t10k is 10000 x 28 x 28 (%u x %u x %u)",
-              d->n, d->rows, d->cols);
+        CHECK(d->n == 10000 && d->shape[0] == 28 && d->shape[1] == 28 && d->classes == 10,
+              "t10k is 10000 x 28 x 28 of 10 classes (%u x %u x %u, %u)", d->n, d->shape[0], d->shape[1], d->classes);
         for (uint32_t i = 0; i < d->n; i++) {
                 if (d->y[i] < 0 || d->y[i] > 9)
                         labels_ok = false;
@@ -430,7 +430,7 @@ static void test_real(void) {
         for (int c = 0; c < 10; c++)
                 labels_ok = labels_ok && per_class[c] == 1000;
         CHECK(labels_ok, "t10k labels in 0..9, 1000 of each");
-        for (size_t i = 0; i < (size_t) d->n * d->rows * d->cols; i++) {
+        for (size_t i = 0; i < (size_t) d->n * d->dim; i++) {
                 if (!(d->x[i] >= 0.0f && d->x[i] <= 1.0f))
                         range_ok = false;
                 lo = fminf(lo, d->x[i]);
@@ -438,7 +438,7 @@ static void test_real(void) {
         }
         CHECK(range_ok && lo == 0.0f && hi == 1.0f, "t10k pixels span [0, 1] (%g .. %g)", lo, hi);
 
-        r = dataset_load(dir, "t10k", 100, 3, 4, &part, err, sizeof err);
+        r = dataset_load(dir, "test", 100, 3, 4, &part, err, sizeof err);
         part_ok = r == 0 && part && part->n == 25;
         for (uint32_t k = 0; part_ok && k < part->n; k++) {
                 size_t src = 3 + 4 * (size_t) k, px = (size_t) 28 * 28;

@@ -157,8 +157,9 @@ static int dataset_read_file(const char *dir, const char *set, const char *kind,
                 r = idx_read_first(path, max_items, ret_data, dims, ret_ndim);
                 if (r == -ENOENT) {
                         snprintf(err, errlen,
-                                 "Fashion-MNIST not found in %s (looked for %s-%s.gz): install it "
-                                 "with 'apt-get install dataset-fashion-mnist' or pass --data DIR",
+                                 "Fashion-MNIST not found in %s (looked for %s-%s.gz, and for NumPy "
+                                 "arrays x_train.npy and y_train.npy): install it with 'apt-get "
+                                 "install dataset-fashion-mnist' or pass --data DIR",
                                  dir, set, kind);
                         return r;
                 }
@@ -171,25 +172,12 @@ static int dataset_read_file(const char *dir, const char *set, const char *kind,
         return r;
 }
 
-int dataset_load(const char *dir, const char *set, uint32_t limit, uint32_t part,
-                 uint32_t nparts, Dataset **ret, char *err, size_t errlen) {
+int idx_dataset_load(const char *dir, const char *set, uint32_t limit, uint32_t part, uint32_t nparts,
+                     Dataset **ret, char *err, size_t errlen) {
         _cleanup_free_ uint8_t *images = NULL, *labels = NULL;
-        char dummy[1];
         uint32_t idims[3], ldims[3], total, count, pixels;
         unsigned indim, lndim;
-        Dataset *d;
         int r;
-
-        if (!err || errlen == 0) {
-                err = dummy;
-                errlen = sizeof dummy;
-        }
-        err[0] = '\0';
-        if (!dir || !set || !*set || !ret || nparts == 0 || part >= nparts) {
-                snprintf(err, errlen, "invalid data set request (set %s, part %u of %u)",
-                         set ? set : "(null)", part, nparts);
-                return -EINVAL;
-        }
 
         r = dataset_read_file(dir, set, "images-idx3-ubyte", limit, &images, idims, &indim, err, errlen);
         if (r < 0)
@@ -221,17 +209,12 @@ int dataset_load(const char *dir, const char *set, uint32_t limit, uint32_t part
         }
         pixels = idims[1] * idims[2]; /* idx_read bounds the product */
 
-        d = ps_calloc(1, sizeof *d);
-        if (!d)
-                goto oom;
-        d->x = ps_malloc((size_t) count * pixels * sizeof(float));
-        d->y = ps_malloc((size_t) count * sizeof(int32_t));
-        if (!d->x || !d->y)
-                goto oom;
-        d->n = count;
-        d->rows = idims[1];
-        d->cols = idims[2];
-
+        Dataset *d = dataset_new(count, 2, idims + 1);
+        if (!d) {
+                snprintf(err, errlen, "out of memory loading %s/%s", dir, set);
+                return -ENOMEM;
+        }
+        d->format = "idx";
         for (uint32_t i = 0; i < count; i++) {
                 size_t src = (size_t) part + (size_t) i * nparts;
                 const uint8_t *img = images + src * pixels;
@@ -239,46 +222,9 @@ int dataset_load(const char *dir, const char *set, uint32_t limit, uint32_t part
                 for (uint32_t p = 0; p < pixels; p++)
                         dst[p] = (float) img[p] / 255.0f;
                 d->y[i] = labels[src];
+                d->classes = MAX(d->classes, (uint32_t) labels[src] + 1);
         }
 
         *ret = d;
         return 0;
-
-oom:
-        dataset_free(d);
-        snprintf(err, errlen, "out of memory loading %s/%s", dir, set);
-        return -ENOMEM;
-}
-
-int dataset_keep(Dataset *d, const uint32_t *idx, uint32_t n) {
-        size_t pixels = (size_t) d->rows * d->cols;
-        if (n > d->n)
-                return -EINVAL;
-        for (uint32_t k = 0; k < n; k++)
-                if (idx[k] >= d->n || (k > 0 && idx[k] <= idx[k - 1]))
-                        return -EINVAL;
-        /* Ascending, so idx[k] >= k: copying forward never overwrites a
-         * sample still to be kept. */
-        for (uint32_t k = 0; k < n; k++) {
-                if (idx[k] != k)
-                        memcpy(d->x + k * pixels, d->x + (size_t) idx[k] * pixels, pixels * sizeof(float));
-                d->y[k] = d->y[idx[k]];
-        }
-        d->n = n;
-        float *x = ps_realloc(d->x, MAX((size_t) n * pixels, (size_t) 1) * sizeof(float));
-        int32_t *y = ps_realloc(d->y, MAX((size_t) n, (size_t) 1) * sizeof(int32_t));
-        if (x) /* a shrink that fails keeps the larger block */
-                d->x = x;
-        if (y)
-                d->y = y;
-        return 0;
-}
-
-Dataset *dataset_free(Dataset *d) {
-        if (!d)
-                return NULL;
-        ps_free(d->x);
-        ps_free(d->y);
-        ps_free(d);
-        return NULL;
 }

@@ -317,7 +317,7 @@ static void load_work(uv_work_t *req) {
         const char *dir = f->cfg->data ? f->cfg->data : job->dataset;
         f->work_r = dataset_load(dir, "train", job->train_limit, 0, 1, &f->train, f->err, sizeof f->err);
         if (f->work_r >= 0)
-                f->work_r = dataset_load(dir, "t10k", job->test_limit, 0, 1, &f->test, f->err, sizeof f->err);
+                f->work_r = dataset_load(dir, "test", job->test_limit, 0, 1, &f->test, f->err, sizeof f->err);
 }
 
 static int slot_setup(Fleet *f, Slot *s, const Job *job) {
@@ -385,10 +385,9 @@ static void slot_free(Slot *s) {
  * client's training on one core), one on a GPU. */
 static int fleet_setup(Fleet *f, const Job *job) {
         char err[256];
-        f->dim = f->train->rows * f->train->cols;
-        if (f->dim != job->in_numel || job->classes < 10) {
-                log_error("model %s does not fit the data: it takes %u values and %u classes, the data has %u values "
-                          "and 10 classes", job->model_name, job->in_numel, job->classes, f->dim);
+        f->dim = f->train->dim;
+        if (dataset_check_model(f->train, f->test, job->in_numel, job->classes, err, sizeof err) < 0) {
+                log_error("model %s does not fit the data in %s: %s", job->model_name, f->cfg->data ? f->cfg->data : job->dataset, err);
                 return -EINVAL;
         }
         int r = kbackend_new(f->cfg->backend, (int) f->cfg->threads, &f->kb, err, sizeof err);
@@ -426,7 +425,7 @@ static void edge_ready(Edge *e) {
                 edge_fail(e, -EINVAL);
                 return;
         }
-        int r = partition_client(f->train->y, f->train->n, 10, f->nparts, cfg->alpha, e->job.seed, e->part, &e->mine,
+        int r = partition_client(f->train->y, f->train->n, e->job.classes, f->nparts, cfg->alpha, e->job.seed, e->part, &e->mine,
                                  &e->nmine);
         if (r < 0) {
                 log_error("cannot split the training set reason=\"%s\"", strerror(-r));

@@ -468,7 +468,7 @@ static void load_work(uv_work_t *req) {
         t->load_r = dataset_load(t->data_dir, "train", t->job->train_limit, 0, 1, &t->train, t->load_err,
                                  sizeof t->load_err);
         if (t->load_r >= 0)
-                t->load_r = dataset_load(t->data_dir, "t10k", t->job->test_limit, 0, 1, &t->test, t->load_err,
+                t->load_r = dataset_load(t->data_dir, "test", t->job->test_limit, 0, 1, &t->test, t->load_err,
                                          sizeof t->load_err);
 }
 
@@ -477,10 +477,9 @@ static int trainer_setup(Trainer *t) {
         char err[256];
         const Job *job = t->job;
         uint32_t batch = job->batch;
-        t->dim = t->train->rows * t->train->cols;
-        if (t->dim != job->in_numel || job->classes < 10) {
-                log_error("model %s does not fit the data: it takes %u values and %u classes, the data has %u values "
-                          "and 10 classes", job->model_name, job->in_numel, job->classes, t->dim);
+        t->dim = t->train->dim;
+        if (dataset_check_model(t->train, t->test, job->in_numel, job->classes, err, sizeof err) < 0) {
+                log_error("model %s does not fit the data in %s: %s", job->model_name, t->data_dir, err);
                 return -EINVAL;
         }
         uint32_t nw = MAX(psnet_worker_count(t->w), 1u);
@@ -569,6 +568,10 @@ static void load_done(uv_work_t *req, int status) {
                 trainer_leave(t);
                 return;
         }
+        char shape[64];
+        dataset_shape_str(t->train, shape, sizeof shape);
+        log_info("data loaded dir=%s format=%s train=%u test=%u sample=\"%s\" classes=%u", t->data_dir,
+                 t->train->format, t->train->n, t->test->n, shape, MAX(t->train->classes, t->test->classes));
         int r = trainer_setup(t);
         if (r < 0) {
                 trainer_fail(t, r);

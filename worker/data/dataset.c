@@ -1,0 +1,253 @@
+/* Data sets in memory; see dataset.h. NumPy pairs are read whole with
+ * npy.c, then checked (types, shapes, labels, finite features) before the
+ * samples this process keeps are converted. */
+#include <errno.h>
+#include <limits.h>
+#include <math.h>
+#include <stdio.h>
+#include <string.h>
+#include <unistd.h>
+#include "alloc.h"
+#include "dataset.h"
+#include "idx.h"
+#include "macro.h"
+#include "npy.h"
+
+/* A sample's values, and the whole set's, stay within what the kernels index
+ * with int and size_t. */
+#define DATASET_MAX_DIM (1u << 28)
+
+Dataset *dataset_new(uint32_t count, unsigned ndim, const uint32_t *shape) {
+        if (ndim == 0 || ndim > DATASET_MAX_DIMS)
+                return NULL;
+        uint64_t dim = 1;
+        for (unsigned i = 0; i < ndim; i++)
+                dim *= shape[i] ? shape[i] : (uint64_t) DATASET_MAX_DIM + 1;
+        if (dim > DATASET_MAX_DIM || (uint64_t) count * dim > SIZE_MAX / sizeof(float))
+                return NULL;
+        Dataset *d = ps_calloc(1, sizeof *d);
+        if (!d)
+                return NULL;
+        d->n = count;
+        d->dim = (uint32_t) dim;
+        d->ndim = ndim;
+        memcpy(d->shape, shape, ndim * sizeof *shape);
+        d->x = ps_malloc(MAX((size_t) count * d->dim, (size_t) 1) * sizeof(float));
+        d->y = ps_malloc(MAX((size_t) count, (size_t) 1) * sizeof(int32_t));
+        if (!d->x || !d->y)
+                return dataset_free(d);
+        return d;
+}
+
+Dataset *dataset_free(Dataset *d) {
+        if (!d)
+                return NULL;
+        ps_free(d->x);
+        ps_free(d->y);
+        ps_free(d);
+        return NULL;
+}
+
+void dataset_shape_str(const Dataset *d, char *buf, size_t n) {
+        size_t k = 0;
+        int w = snprintf(buf, n, "[");
+        for (unsigned i = 0; w >= 0 && i < d->ndim; i++) {
+                k += (size_t) w;
+                w = snprintf(buf + MIN(k, n - 1), n - MIN(k, n - 1), "%s%u", i ? ", " : "", d->shape[i]);
+        }
+        if (w >= 0) {
+                k += (size_t) w;
+                (void) snprintf(buf + MIN(k, n - 1), n - MIN(k, n - 1), "]");
+        }
+}
+
+int dataset_keep(Dataset *d, const uint32_t *idx, uint32_t n) {
+        size_t dim = d->dim;
+        if (n > d->n)
+                return -EINVAL;
+        for (uint32_t k = 0; k < n; k++)
+                if (idx[k] >= d->n || (k > 0 && idx[k] <= idx[k - 1]))
+                        return -EINVAL;
+        /* Ascending, so idx[k] >= k: copying forward never overwrites a
+         * sample still to be kept. */
+        for (uint32_t k = 0; k < n; k++) {
+                if (idx[k] != k)
+                        memcpy(d->x + k * dim, d->x + (size_t) idx[k] * dim, dim * sizeof(float));
+                d->y[k] = d->y[idx[k]];
+        }
+        d->n = n;
+        float *x = ps_realloc(d->x, MAX((size_t) n * dim, (size_t) 1) * sizeof(float));
+        int32_t *y = ps_realloc(d->y, MAX((size_t) n, (size_t) 1) * sizeof(int32_t));
+        if (x) /* a shrink that fails keeps the larger block */
+                d->x = x;
+        if (y)
+                d->y = y;
+        return 0;
+}
+
+static void shape_text(const NpyArray *a, char *buf, size_t n) {
+        Dataset tmp = { .ndim = MIN(a->ndim, (unsigned) DATASET_MAX_DIMS) };
+        for (unsigned i = 0; i < tmp.ndim; i++)
+                tmp.shape[i] = (uint32_t) MIN(a->shape[i], (uint64_t) UINT32_MAX);
+        if (a->ndim > DATASET_MAX_DIMS) {
+                (void) snprintf(buf, n, "%u dimensions", a->ndim);
+                return;
+        }
+        dataset_shape_str(&tmp, buf, n);
+}
+
+static int64_t label_at(const NpyArray *y, uint64_t i) {
+        switch (y->type) {
+        case NPY_I32: return ((const int32_t *) y->data)[i];
+        case NPY_I64: return ((const int64_t *) y->data)[i];
+        case NPY_U8: return ((const uint8_t *) y->data)[i];
+        default: return -1;
+        }
+}
+
+static int npy_load(const char *dir, const char *set, uint32_t limit, uint32_t part, uint32_t nparts,
+                    Dataset **ret, char *err, size_t errlen) {
+        char xp[PATH_MAX], yp[PATH_MAX], shape[64];
+        if ((size_t) snprintf(xp, sizeof xp, "%s/x_%s.npy", dir, set) >= sizeof xp ||
+            (size_t) snprintf(yp, sizeof yp, "%s/y_%s.npy", dir, set) >= sizeof yp) {
+                snprintf(err, errlen, "data directory path too long: %s", dir);
+                return -ENAMETOOLONG;
+        }
+        NpyArray x = { 0 }, y = { 0 };
+        Dataset *d = NULL;
+        int r = npy_read(xp, 0, &x, err, errlen);
+        if (r >= 0)
+                r = npy_read(yp, 0, &y, err, errlen);
+        if (r < 0)
+                goto out;
+        r = -EBADMSG;
+        if (x.type != NPY_F32 && x.type != NPY_U8) {
+                snprintf(err, errlen, "%s: features are %s; psnet reads float32 or uint8", xp, npy_type_name(x.type));
+                goto out;
+        }
+        if (x.ndim < 2 || x.ndim > DATASET_MAX_DIMS + 1) {
+                shape_text(&x, shape, sizeof shape);
+                snprintf(err, errlen, "%s: features of shape %s; expected [N, D], [N, H, W] or [N, C, H, W]", xp,
+                         shape);
+                goto out;
+        }
+        if (y.type == NPY_F32 || y.ndim != 1) {
+                shape_text(&y, shape, sizeof shape);
+                snprintf(err, errlen, "%s: labels are %s of shape %s; expected int32, int64 or uint8 of shape [N]",
+                         yp, npy_type_name(y.type), shape);
+                goto out;
+        }
+        if (x.shape[0] != y.shape[0]) {
+                snprintf(err, errlen, "%s holds %lu samples but %s %lu labels", xp, (unsigned long) x.shape[0], yp,
+                         (unsigned long) y.shape[0]);
+                goto out;
+        }
+        if (x.shape[0] > UINT32_MAX - 1) {
+                snprintf(err, errlen, "%s: %lu samples, more than psnet handles (%u)", xp,
+                         (unsigned long) x.shape[0], UINT32_MAX - 1);
+                goto out;
+        }
+        uint32_t sshape[DATASET_MAX_DIMS];
+        uint64_t dim = 1;
+        for (unsigned i = 1; i < x.ndim; i++) {
+                dim *= x.shape[i];
+                sshape[i - 1] = (uint32_t) MIN(x.shape[i], (uint64_t) UINT32_MAX);
+        }
+        if (dim == 0 || dim > DATASET_MAX_DIM) {
+                shape_text(&x, shape, sizeof shape);
+                snprintf(err, errlen, "%s: samples of shape %s hold %lu values each; psnet takes 1 to %u", xp, shape,
+                         (unsigned long) dim, DATASET_MAX_DIM);
+                goto out;
+        }
+        uint32_t total = (uint32_t) x.shape[0];
+        if (limit > 0 && limit < total)
+                total = limit;
+        uint32_t count = total > part ? (total - part - 1) / nparts + 1 : 0;
+        if (count == 0) {
+                snprintf(err, errlen, "%s: part %u of %u gets none of the %u samples", xp, part, nparts, total);
+                r = -EINVAL;
+                goto out;
+        }
+        d = dataset_new(count, x.ndim - 1, sshape);
+        if (d)
+                d->format = "npy";
+        if (!d) {
+                snprintf(err, errlen, "out of memory loading %s (%u samples of %lu values)", xp, count,
+                         (unsigned long) dim);
+                r = -ENOMEM;
+                goto out;
+        }
+        for (uint32_t i = 0; i < count; i++) {
+                uint64_t src = (uint64_t) part + (uint64_t) i * nparts;
+                int64_t label = label_at(&y, src);
+                if (label < 0 || label > INT32_MAX) {
+                        snprintf(err, errlen, "%s: label %ld of sample %lu is not a class index (0 or more)", yp,
+                                 (long) label, (unsigned long) src);
+                        goto out;
+                }
+                d->y[i] = (int32_t) label;
+                d->classes = MAX(d->classes, (uint32_t) label + 1);
+                float *dst = d->x + (size_t) i * d->dim;
+                if (x.type == NPY_U8) {
+                        const uint8_t *s = (const uint8_t *) x.data + src * dim;
+                        for (uint64_t k = 0; k < dim; k++)
+                                dst[k] = (float) s[k] / 255.0f;
+                        continue;
+                }
+                memcpy(dst, (const float *) x.data + src * dim, dim * sizeof(float));
+                for (uint64_t k = 0; k < dim; k++)
+                        if (!isfinite(dst[k])) {
+                                snprintf(err, errlen, "%s: value %lu of sample %lu is %s", xp, (unsigned long) k,
+                                         (unsigned long) src, isnan(dst[k]) ? "NaN" : "infinite");
+                                goto out;
+                        }
+        }
+        *ret = d;
+        d = NULL;
+        r = 0;
+out:
+        dataset_free(d);
+        npy_free(&x);
+        npy_free(&y);
+        return r;
+}
+
+int dataset_load(const char *dir, const char *set, uint32_t limit, uint32_t part,
+                 uint32_t nparts, Dataset **ret, char *err, size_t errlen) {
+        char dummy[1], probe[PATH_MAX];
+
+        if (!err || errlen == 0) {
+                err = dummy;
+                errlen = sizeof dummy;
+        }
+        err[0] = '\0';
+        if (!dir || !set || (strcmp(set, "train") != 0 && strcmp(set, "test") != 0) || !ret || nparts == 0 ||
+            part >= nparts) {
+                snprintf(err, errlen, "invalid data set request (set %s, part %u of %u)",
+                         set ? set : "(null)", part, nparts);
+                return -EINVAL;
+        }
+        /* The train split's features decide the layout of both splits. */
+        if ((size_t) snprintf(probe, sizeof probe, "%s/x_train.npy", dir) < sizeof probe && access(probe, F_OK) == 0)
+                return npy_load(dir, set, limit, part, nparts, ret, err, errlen);
+        return idx_dataset_load(dir, strcmp(set, "test") == 0 ? "t10k" : "train", limit, part, nparts, ret, err,
+                                errlen);
+}
+
+int dataset_check_model(const Dataset *train, const Dataset *test, uint32_t in_numel, uint32_t classes, char *err,
+                        size_t errlen) {
+        char a[64], b[64];
+        dataset_shape_str(train, a, sizeof a);
+        if (test && (test->ndim != train->ndim || memcmp(test->shape, train->shape, train->ndim * sizeof(uint32_t)))) {
+                dataset_shape_str(test, b, sizeof b);
+                snprintf(err, errlen, "the training samples are %s but the test samples %s", a, b);
+                return -EINVAL;
+        }
+        uint32_t have = MAX(train->classes, test ? test->classes : 0);
+        if (train->dim != in_numel || have > classes) {
+                snprintf(err, errlen, "it takes %u values a sample and gives %u classes; the data's samples are %s "
+                         "(%u values) with labels 0..%u", in_numel, classes, a, train->dim, have ? have - 1 : 0);
+                return -EINVAL;
+        }
+        return 0;
+}

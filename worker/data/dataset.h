@@ -1,0 +1,50 @@
+/* A labelled data set in memory, whatever files it came from: Fashion-MNIST's
+ * IDX files (Debian's dataset-fashion-mnist) or a pair of NumPy arrays per
+ * split, the names Keras uses:
+ *
+ *   x_train.npy  features of shape [N, ...], float32 (used as they are) or
+ *                uint8 (scaled to [0, 1], as IDX pixels are)
+ *   y_train.npy  labels of shape [N], int32, int64 or uint8, each >= 0
+ *   x_test.npy, y_test.npy  the same for the test split
+ *
+ * A directory holding x_train.npy is read as NumPy pairs, any other as IDX. */
+#pragma once
+#include <stddef.h>
+#include <stdint.h>
+
+#define DATASET_MAX_DIMS 3 /* of one sample: [D], [H, W] or [C, H, W] */
+
+typedef struct Dataset {
+        uint32_t n;                         /* samples */
+        uint32_t dim;                       /* values per sample: the product of shape */
+        unsigned ndim;                      /* 1..DATASET_MAX_DIMS */
+        uint32_t shape[DATASET_MAX_DIMS];   /* one sample's shape */
+        uint32_t classes;                   /* the largest label + 1 */
+        const char *format;                 /* "npy" or "idx" (static) */
+        float *x;                           /* n * dim values */
+        int32_t *y;                         /* n labels */
+} Dataset;
+
+/* Loads split "train" or "test" from dir (see above). limit > 0 keeps only the
+ * first limit samples; of those, only samples with index % nparts == part
+ * (nparts >= 1). On failure writes a reason into err naming the file and what
+ * is wrong with it (for a directory with no data: both layouts, and how to
+ * install Fashion-MNIST). -ENOENT, -EBADMSG (a file refused), -EINVAL (a bad
+ * request, or a part with no samples), -ENOMEM, or -errno of reading. */
+int dataset_load(const char *dir, const char *set, uint32_t limit, uint32_t part,
+                 uint32_t nparts, Dataset **ret, char *err, size_t errlen);
+/* An empty data set of count samples of the given shape (x and y allocated,
+ * uninitialised); NULL when out of memory or the sizes overflow. */
+Dataset *dataset_new(uint32_t count, unsigned ndim, const uint32_t *shape);
+Dataset *dataset_free(Dataset *d);
+/* Keeps only samples idx[0..n) (ascending, each < d->n) as samples 0..n-1,
+ * and gives the rest of the memory back. -EINVAL for bad indices. */
+int dataset_keep(Dataset *d, const uint32_t *idx, uint32_t n);
+/* One sample's shape as text, "[1, 28, 28]". */
+void dataset_shape_str(const Dataset *d, char *buf, size_t n);
+/* Whether a model taking in_numel values and giving classes scores can train
+ * on train and be evaluated on test (test may be NULL): same sample shape,
+ * in_numel values a sample, every label below classes. 0, or -EINVAL with
+ * both sides in err. */
+int dataset_check_model(const Dataset *train, const Dataset *test, uint32_t in_numel, uint32_t classes, char *err,
+                        size_t errlen);
