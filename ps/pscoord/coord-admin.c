@@ -72,6 +72,7 @@ void coord_maybe_start(Coord *c) {
                 }
         c->job_start_ms = now_ms();
         c->has_accuracy = false;
+        coord_history_reset(c);
         c->failovers = 0;
         c->lost_shards = 0;
         c->weights_digest = 0;
@@ -172,6 +173,14 @@ void coord_handle_status(Coord *c, WireMsg *m) {
         }
         ctl.checkpointing = c->ckpt.active ? (c->ckpt.name[0] ? c->ckpt.name : (char *) "(unnamed)") : NULL;
         ctl.restored_from = c->restore.active ? c->restore.name : NULL;
+        _cleanup_(coord_history_view_free) HistoryView hv = { .recs = NULL };
+        if (coord_history_view(c, &hv) < 0) {
+                coord_reply_error(c, &m->route, m->hdr->seq, PSNET__STATUS__STATUS_RESOURCE, "out of memory");
+                job_proto_free(spec);
+                return;
+        }
+        ctl.n_epochs = hv.n;
+        ctl.epochs = hv.recp;
         _cleanup_(coord_fed_view_free) FedView fv = { .recs = NULL };
         if (c->job.mode == MODE_FED) {
                 if (coord_fed_status(c, &fv) < 0) {

@@ -100,6 +100,15 @@ typedef struct RestoreFrom {
         uint32_t workers;
 } RestoreFrom;
 
+/* The job's test accuracy after each epoch (coord-history.c). */
+#define COORD_EPOCH_HISTORY 1024
+typedef struct EpochRec {
+        uint32_t epoch, worker;     /* after epoch epochs, evaluated by worker */
+        float accuracy, test_loss, train_loss; /* the losses NaN when not reported */
+        float seconds;              /* since the job started */
+        int64_t clock;              /* of the weights evaluated */
+} EpochRec;
+
 /* A federated job's rounds (coord-fed.c). */
 #define COORD_FED_HISTORY 1024
 typedef enum { FED_WAITING, FED_OPENING, FED_TRAINING, FED_UNMASKING, FED_CLOSING, FED_EVALUATING, FED_DONE } FedPhase;
@@ -207,6 +216,8 @@ typedef struct Coord {
         CkptSave ckpt;
         RestoreFrom restore;
         FedRounds fed;
+        EpochRec epochs[COORD_EPOCH_HISTORY]; /* ascending epochs: the last nepochs */
+        size_t nepochs;
         struct { bool valid; char name[65]; int64_t clock; uint64_t bytes, created_ms; } last_ckpt;
         int64_t ckpt_next_clock;    /* --checkpoint-every: the clock the next one waits for */
         uint64_t ckpt_retry_at;
@@ -374,6 +385,25 @@ bool coord_secagg_may_count(Coord *c, size_t i, uint64_t examples, char *reason,
 void coord_secagg_unmask(Coord *c);
 /* Frees (and wipes) the round's exchanges. */
 void coord_secagg_clear(FedRounds *f);
+
+/* --- the job's history: accuracy by epoch (coord-history.c) */
+void coord_history_reset(Coord *c);
+/* Records the evaluations wi reports (epochs' ends, the final weights')
+ * that pscoord has not heard yet: true when any was. One outside the job's
+ * epochs or with an accuracy outside [0, 1] is logged, counted as an error
+ * and ends the look at wi (the ones after it are not recorded either). */
+bool coord_history_epoch(Coord *c, uint32_t worker, const Psnet__WorkerInfo *wi);
+/* The records as psctl status and the state file carry them. -ENOMEM, or 0:
+ * free with coord_history_view_free. */
+typedef struct HistoryView {
+        Psnet__EpochRecord *recs, **recp;
+        size_t n;
+} HistoryView;
+int coord_history_view(const Coord *c, HistoryView *v);
+void coord_history_view_free(HistoryView *v);
+/* Records from the state file: -EBADMSG (err says why) for records out of
+ * order or range. */
+int coord_history_restore(Coord *c, Psnet__EpochRecord *const *recs, size_t n, char *err, size_t errlen);
 
 /* --- pscoord's state on disk, --state-dir (coord-state.c) */
 /* Locks the directory and loads its state: 1 loaded, 0 none (or no

@@ -379,8 +379,12 @@ void coord_handle_heartbeat(Coord *c, WireMsg *m, Peer *p) {
                 p->stalled_ms = s->has_stalled_ms ? s->stalled_ms : 0;
         }
         if (h->heartbeat->worker && p->role == PSNET__ROLE__ROLE_WORKER) {
+                if (c->state == JOB_RUNNING && p->member && coord_history_epoch(c, p->id, h->heartbeat->worker))
+                        coord_state_save(c);
                 p->worker = *h->heartbeat->worker;
                 p->worker.base = (ProtobufCMessage) PROTOBUF_C_MESSAGE_INIT(&psnet__worker_info__descriptor);
+                p->worker.n_evals = 0; /* they live in the message, kept in the history */
+                p->worker.evals = NULL;
         }
         int r = coord_reply(c, &m->route, PSNET__MSG_TYPE__MSG_HEARTBEAT_REP, h->seq);
         if (r < 0)
@@ -410,6 +414,12 @@ void coord_handle_result(Coord *c, WireMsg *m, Peer *p) {
         }
         p->worker = *wi;
         p->worker.base = (ProtobufCMessage) PROTOBUF_C_MESSAGE_INIT(&psnet__worker_info__descriptor);
+        p->worker.n_evals = 0; /* they live in the message, kept in the history */
+        p->worker.evals = NULL;
+        /* The last epoch-end evaluation may come with the result, before a
+         * heartbeat carried it; the final one always does. */
+        if (!edge && c->state == JOB_RUNNING)
+                (void) coord_history_epoch(c, p->id, wi);
         c->finished += !p->done;
         p->done = true;
         Psnet__Header h;

@@ -145,6 +145,14 @@ void coord_state_save(Coord *c) {
                 }
                 COORD_FED_KEEP(st, c, &fv);
         }
+        _cleanup_(coord_history_view_free) HistoryView hv = { .recs = NULL };
+        if (coord_history_view(c, &hv) < 0) {
+                c->state_failures++;
+                log_error("state not written: out of memory");
+                return;
+        }
+        st.n_epochs = hv.n;
+        st.epochs = hv.recp;
         Psnet__CheckpointInfo last = PSNET__CHECKPOINT_INFO__INIT;
         Psnet__Checkpoint rf = PSNET__CHECKPOINT__INIT;
         _cleanup_free_ Psnet__CoordPeer *pv = ps_calloc(c->npeers ? c->npeers : 1, sizeof *pv);
@@ -278,6 +286,9 @@ static int apply(Coord *c, const Psnet__CoordState *st, char *err, size_t n) {
         c->weights_digest = st->weights_digest;
         c->has_accuracy = st->has_accuracy;
         c->accuracy = st->accuracy;
+        int hr = coord_history_restore(c, st->epochs, st->n_epochs, err, n);
+        if (hr < 0)
+                return hr;
         if (c->job.mode == MODE_FED && st->fed) {
                 int r = coord_fed_restore(c, st->fed, st->fed_rdp, st->n_fed_rdp, st->fed_rdp_steps, err, n);
                 if (r < 0)

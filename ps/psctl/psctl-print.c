@@ -76,6 +76,20 @@ void print_status_table(const Psnet__StatusRep *s) {
                        (unsigned long) s->fed->failed, (unsigned long) s->fed->late);
         if (s->fed && s->fed->has_epsilon)
                 printf("\nprivacy spent: epsilon=%.4f at delta=%g", s->fed->epsilon, s->fed->dp_delta);
+        /* Accuracy by epoch: the last ten (all with --json). */
+        if (s->n_epochs) {
+                size_t from = s->n_epochs > 10 ? s->n_epochs - 10 : 0;
+                printf("\n\n%-6s %8s %9s %10s %8s %8s\n", "EPOCH", "ACCURACY", "TEST_LOSS", "TRAIN_LOSS", "CLOCK",
+                       "SECONDS");
+                if (from)
+                        printf("(%zu earlier epochs: psctl --json status)\n", from);
+                for (size_t k = from; k < s->n_epochs; k++) {
+                        const Psnet__EpochRecord *e = s->epochs[k];
+                        printf("%-6u %8.4f %9.4f %10.4f %8ld %8.1f\n", e->epoch, e->accuracy,
+                               e->has_test_loss ? e->test_loss : NAN, e->has_train_loss ? e->train_loss : NAN,
+                               (long) e->clock, e->seconds);
+                }
+        }
         if (s->last_checkpoint)
                 printf("\ncheckpoint %s  clock=%ld  %s  age %.0f s", s->last_checkpoint->name,
                        (long) s->last_checkpoint->clock, human_bytes(s->last_checkpoint->bytes, b, sizeof b),
@@ -214,9 +228,22 @@ int print_status_json(const Psnet__StatusRep *s) {
         if (job && (json_object_set_new(job, "checkpointing", jstr(s->checkpointing)) < 0 ||
                     json_object_set_new(job, "restored_from", jstr(s->restored_from)) < 0))
                 job = NULL;
-        return emit(json_pack("{s:{s:o,s:I},s:o,s:o,s:o}",
+        json_t *epochs = json_array();
+        for (size_t k = 0; epochs && k < s->n_epochs; k++) {
+                const Psnet__EpochRecord *e = s->epochs[k];
+                if (json_array_append_new(epochs, json_pack("{s:I,s:o,s:o,s:o,s:I,s:o,s:I}", "epoch",
+                                (json_int_t) e->epoch, "accuracy", jnum(e->accuracy),
+                                "test_loss", e->has_test_loss ? jnum(e->test_loss) : json_null(),
+                                "train_loss", e->has_train_loss ? jnum(e->train_loss) : json_null(),
+                                "clock", (json_int_t) e->clock, "seconds", jnum(e->seconds),
+                                "worker", (json_int_t) e->worker)) < 0) {
+                        json_decref(epochs);
+                        epochs = NULL;
+                }
+        }
+        return emit(json_pack("{s:{s:o,s:I},s:o,s:o,s:o,s:{s:o}}",
                 "coordinator", "endpoint", jstr(s->coord_endpoint), "uptime_ms", (json_int_t) s->uptime_ms,
-                "job", job, "shards", shards, "workers", workers));
+                "job", job, "shards", shards, "workers", workers, "history", "epochs", epochs));
 }
 
 static json_t *round_json(const Psnet__RoundRecord *r) {

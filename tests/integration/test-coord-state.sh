@@ -6,7 +6,7 @@
 # (the fail-over's epoch) and the members, takes back the peers that register
 # again without restarting the job, and the job ends with the undisturbed
 # run's weights, bit for bit (BSP is deterministic: an update lost or applied
-# twice would show). A second pscoord on a directory in use is refused, and a
+# twice would show), and with its accuracy by epoch. A second pscoord on a directory in use is refused, and a
 # damaged state file stops pscoord with the reason.
 source "$(dirname "$0")/lib.sh"
 
@@ -57,6 +57,9 @@ got=$(digest_of pscoord-b2)
 [ -n "$got" ] && [ "$got" = "$want" ]; ok $? "final weights identical to the undisturbed run ($got = $want)"
 st=$("$PSCTL" --coord "$COORD" --json status)
 jq -e '.job.failovers == 1' <<<"$st" >/dev/null; ok $? "psctl status still counts the fail-over ($(jq -c .job.failovers <<<"$st"))"
+jq -e '[.history.epochs[].epoch] == [1, 2] and (.history.epochs[-1].accuracy - .job.accuracy | fabs) < 1e-6' \
+  <<<"$st" >/dev/null
+ok $? "the accuracy by epoch survives the restart: epochs 1 and 2, the last the job's ($(jq -c '[.history.epochs[] | [.epoch, .accuracy]]' <<<"$st"))"
 grep -q 'push not applied' "$RUN"/workerd-b-*.log; ok $(( $? == 0 )) "no push was refused for good"
 
 # 3. One pscoord per state directory; a damaged state stops pscoord with the reason.

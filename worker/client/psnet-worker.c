@@ -40,6 +40,9 @@ struct PsnetWorker {
         uint64_t members_epoch;         /* of the latest membership this worker is in */
         Schedule sched;                 /* the job's epochs in clocks, from the membership */
         PsnetProgress progress;
+        PsnetEval evals[PSNET_EVALS_KEPT]; /* a ring: the newest nevals end at evals_end */
+        size_t nevals, evals_end;
+        Psnet__EpochRecord eval_recs[PSNET_EVALS_KEPT], *eval_recp[PSNET_EVALS_KEPT];
         Psnet__WorkerInfo hb;
         /* the round in progress */
         const float *const *grads;
@@ -234,6 +237,21 @@ static void worker_info(PsnetWorker *w, Psnet__WorkerInfo *wi) {
         wi->epoch = w->progress.epoch;
         wi->step = w->progress.step;
         wi->samples = w->progress.samples;
+        /* The kept evaluations, oldest first. */
+        for (size_t k = 0; k < w->nevals; k++) {
+                const PsnetEval *e = &w->evals[(w->evals_end + PSNET_EVALS_KEPT - w->nevals + k) % PSNET_EVALS_KEPT];
+                Psnet__EpochRecord *o = &w->eval_recs[k];
+                psnet__epoch_record__init(o);
+                o->epoch = e->epoch;
+                o->has_accuracy = o->has_test_loss = o->has_train_loss = o->has_clock = true;
+                o->accuracy = e->accuracy;
+                o->test_loss = e->test_loss;
+                o->train_loss = e->train_loss;
+                o->clock = e->clock;
+                w->eval_recp[k] = o;
+        }
+        wi->n_evals = w->nevals;
+        wi->evals = w->nevals ? w->eval_recp : NULL;
 }
 
 static void on_heartbeat(Session *s, Psnet__Heartbeat *hb, void *ud) {
@@ -462,6 +480,16 @@ void psnet_worker_traffic(const PsnetWorker *w, uint64_t *pushed, uint64_t *pull
 
 void psnet_worker_progress(PsnetWorker *w, const PsnetProgress *p) {
         w->progress = *p;
+}
+
+int psnet_worker_evaluated(PsnetWorker *w, const PsnetEval *e) {
+        if (!w || !e || e->epoch == 0 ||
+            (w->nevals && e->epoch <= w->evals[(w->evals_end + PSNET_EVALS_KEPT - 1) % PSNET_EVALS_KEPT].epoch))
+                return -EINVAL;
+        w->evals[w->evals_end] = *e;
+        w->evals_end = (w->evals_end + 1) % PSNET_EVALS_KEPT;
+        w->nevals = MIN(w->nevals + 1, (size_t) PSNET_EVALS_KEPT);
+        return 0;
 }
 
 /* --- the end ------------------------------------------------------------------------ */

@@ -73,6 +73,13 @@ typedef struct PsnetProgress {
         int64_t end_clock;              /* the clock at which the job ends */
 } PsnetProgress;
 
+/* A test-set evaluation after epoch epochs, of the weights of clock. */
+typedef struct PsnetEval {
+        uint32_t epoch;
+        float accuracy, test_loss, train_loss;
+        int64_t clock;
+} PsnetEval;
+
 /* -EINVAL for unusable options or keys (logged with the reason). */
 int psnet_worker_new(uv_loop_t *loop, const PsnetWorkerOptions *opts, const PsnetWorkerEvents *events, void *ud,
                      PsnetWorker **ret);
@@ -128,6 +135,12 @@ int psnet_worker_prefetch(PsnetWorker *w, float *const *params, int64_t pull_clo
 void psnet_worker_traffic(const PsnetWorker *w, uint64_t *pushed, uint64_t *pulled, uint64_t *rounds, double *wait_s);
 
 void psnet_worker_progress(PsnetWorker *w, const PsnetProgress *p);
+/* Reports an evaluation (epochs ascending; -EINVAL for an older one) with the
+ * heartbeats and the result that follow: pscoord keeps them as the job's
+ * accuracy by epoch. The newest PSNET_EVALS_KEPT are repeated, so a
+ * heartbeat lost or epochs shorter than a heartbeat lose none. */
+#define PSNET_EVALS_KEPT 32
+int psnet_worker_evaluated(PsnetWorker *w, const PsnetEval *e);
 
 /* Reports that this worker finished training (reached the job's end clock),
  * or, when has_accuracy, the accuracy of the final weights it was asked to

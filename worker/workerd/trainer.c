@@ -10,6 +10,12 @@
  *   until pscoord asks one of them to evaluate instead), then leave. A
  *   worker stopped early (operator, drain, signal) leaves at once.
  *
+ * At the end of every epoch but the last, the worker of rank 0 evaluates the
+ * weights it just pulled on the test set before its next step (in the thread
+ * pool, the loop serving meanwhile) and reports the accuracy with its
+ * progress: pscoord keeps it as the job's accuracy by epoch. Under BSP the
+ * others wait for it at the next clock.
+ *
  * Epochs are the job's (common/schedule.h): every member stops at the clock
  * pscoord's schedule gives for epochs x training images, however many
  * workers there were and whenever this one joined. Within that, a worker
@@ -83,11 +89,15 @@ typedef struct Trainer {
         uint64_t loss_n, last_samples, last_progress;
         float last_loss, sps, samples_ps;
         bool said_graph;
-        /* evaluation */
+        /* evaluation: the final weights, or (the worker of rank 0) the weights
+         * at each epoch's end, between two steps */
         uv_work_t eval_work;
         int eval_r;
         size_t eval_correct;
-        double eval_loss;
+        double eval_loss, t_eval;
+        bool eval_epoch_end;          /* the evaluation under way is an epoch's */
+        uint32_t epochs_seen;         /* epochs the job had finished at the last step */
+
         Histogram round_hist, compute_hist;
 } Trainer;
 
@@ -122,6 +132,7 @@ static void trainer_fail(Trainer *t, int r) {
 }
 
 static void evaluate_start(Trainer *t);
+static void step_idle_cb(uv_idle_t *h);
 
 /* pscoord heard that this worker finished: it evaluates (the last member to
  * finish), or waits for the job to be done. */
@@ -151,26 +162,49 @@ static void on_accuracy_sent(PsnetWorker *w, int r, bool evaluate, void *ud) {
 
 static void eval_work(uv_work_t *req) {
         Trainer *t = req->data;
+        double t0 = mono_s();
         t->eval_r = model_upload_params_from(t->model, t->params);
         if (t->eval_r >= 0)
                 t->eval_r = model_evaluate(t->model, t->test->x, t->test->y, t->test->n, &t->eval_correct,
                                            &t->eval_loss);
+        t->t_eval += mono_s() - t0;
 }
 
 static void eval_done(uv_work_t *req, int status) {
         Trainer *t = req->data;
         if (!t->w)
                 return; /* finishing after the loop stopped: nothing left to report to */
+        bool epoch_end = t->eval_epoch_end;
+        t->eval_epoch_end = false;
         if (status < 0 || t->eval_r < 0) {
                 log_error_errno(status < 0 ? status : t->eval_r, "Evaluation failed: %m");
                 trainer_fail(t, status < 0 ? status : t->eval_r);
                 return;
         }
         float acc = (float) t->eval_correct / (float) t->test->n;
-        log_info("evaluated accuracy=%.4f test_loss=%.4f images=%u clock=%ld", acc, t->eval_loss, t->test->n,
-                 (long) t->clock);
-        if (psnet_worker_result(t->w, true, acc, on_accuracy_sent, t) < 0)
+        const PsnetEval ev = { .epoch = epoch_end ? t->epochs_seen : t->job->epochs, .accuracy = acc,
+                               .test_loss = (float) t->eval_loss, .train_loss = t->last_loss, .clock = t->clock };
+        log_info("evaluated%s epoch=%u accuracy=%.4f test_loss=%.4f images=%u clock=%ld", epoch_end ? "" : " final",
+                 ev.epoch, acc, t->eval_loss, t->test->n, (long) t->clock);
+        if (psnet_worker_evaluated(t->w, &ev) < 0)
+                log_warning("evaluation of epoch %u not reported: an evaluation of a later epoch was", ev.epoch);
+        if (epoch_end)
+                (void) uv_idle_start(&t->step_idle, step_idle_cb);
+        else if (psnet_worker_result(t->w, true, acc, on_accuracy_sent, t) < 0)
                 trainer_leave(t);
+}
+
+/* An epoch ended at this clock: evaluate the weights just pulled before the
+ * next step. */
+static void evaluate_epoch(Trainer *t) {
+        t->eval_epoch_end = true;
+        t->eval_work.data = t;
+        int r = uv_queue_work(&t->loop, &t->eval_work, eval_work, eval_done);
+        if (r < 0) {
+                t->eval_epoch_end = false;
+                log_error("Failed to start the evaluation of epoch %u: %s", t->epochs_seen, uv_strerror(r));
+                trainer_fail(t, r);
+        }
 }
 
 /* The final weights arrived: evaluate them in the thread pool. */
@@ -248,9 +282,9 @@ static void trainer_finish(Trainer *t) {
          * gradients download) and the push/pull round (which includes waiting
          * for the shards to apply and, under BSP, for the other workers). */
         log_info("trained steps=%lu seconds=%.2f samples_per_s=%.0f batch_s=%.3f compute_s=%.3f exchange_s=%.3f "
-                 "wait_s=%.2f pushed_mb=%.1f pulled_mb=%.1f",
+                 "eval_s=%.3f wait_s=%.2f pushed_mb=%.1f pulled_mb=%.1f",
                  (unsigned long) t->step, secs, secs > 0 ? (double) t->samples / secs : 0.0, t->t_batch,
-                 t->t_compute, t->t_exchange, wait_s, (double) pushed / 1e6, (double) pulled / 1e6);
+                 t->t_compute, t->t_exchange, t->t_eval, wait_s, (double) pushed / 1e6, (double) pulled / 1e6);
         if (t->stopped_early) {
                 trainer_leave(t); /* its share of the epochs goes to the others */
                 return;
@@ -433,6 +467,15 @@ static void on_step_done(PsnetWorker *w, int r, void *ud) {
         schedule_update(t);
         progress(t, false);
         report_progress(t);
+        /* The job finished an epoch at this clock (not its last: the final
+         * weights are evaluated anyway). */
+        if (t->clock < t->end_clock && t->job_epoch - 1 > t->epochs_seen) {
+                t->epochs_seen = t->job_epoch - 1;
+                if (psnet_worker_rank(t->w) == 0) {
+                        evaluate_epoch(t);
+                        return;
+                }
+        }
         (void) uv_idle_start(&t->step_idle, step_idle_cb);
 }
 
@@ -453,6 +496,7 @@ static void on_first_pull(PsnetWorker *w, int r, void *ud) {
         partition(t);
         t->total = (uint64_t) t->job->epochs * t->train->n;
         schedule_update(t);
+        t->epochs_seen = t->job_epoch - 1; /* a worker joining later evaluates the epochs to come only */
         log_info("training rank=%u/%u images=%u steps_per_pass=%u end_clock=%ld backend=%s prefetch=%s clock=%ld",
                  t->part_rank, psnet_worker_count(t->w), t->nmine, t->steps_per_pass, (long) t->end_clock,
                  t->kb->ops->name, t->cfg->prefetch ? "on" : "off", (long) t->clock);
