@@ -1,0 +1,64 @@
+#!/usr/bin/env bash
+# A user's own data as NumPy arrays (x_train.npy, y_train.npy, x_test.npy,
+# y_test.npy written by numpy.save): Fashion-MNIST as standardised float32
+# [N, 1, 28, 28] with int64 labels trains the cnn-shaped MLP like the IDX
+# files do; data that is not images (three classes of 20 values, int32
+# labels) trains a 20-32-3 MLP. Every epoch's test accuracy is recorded by
+# pscoord (psctl status), in order, the last one the job's. Bad arrays (a
+# label beyond the model's classes, float64 features, a NaN) stop the worker
+# with the file and the reason, and pscoord keeps serving.
+source "$(dirname "$0")/lib.sh"
+
+FM=/usr/share/datasets/fashion-mnist
+mk() { /usr/bin/python3 "$PSNET_SRC/tests/integration/make-npy.py" "$@"; }
+
+run_job() { # name data model epochs [job options...]
+  local name=$1 data=$2 model=$3 epochs=$4; shift 4
+  COORD="ipc://$RUN/$name.sock"
+  psnet_start "pscoord-$name" "$PSCOORD" --listen "$COORD" --workers 2 --shards 2 --model "$model" \
+    --epochs "$epochs" --data "$data" "$@"
+  start_shards "$name" 2 "$COORD"
+  psnet_start "w1-$name" "$WORKERD" --coord "$COORD" --backend cpu
+  psnet_start "w2-$name" "$WORKERD" --coord "$COORD" --backend cpu
+  out=$("$PSCTL" --coord "$COORD" job wait --wait 300)
+}
+
+# The accuracy by epoch of the job at $COORD: "epoch accuracy" lines.
+epochs_of() { "$PSCTL" --coord "$COORD" --json status | jq -r '.history.epochs[] | "\(.epoch) \(.accuracy)"'; }
+
+mk fmnist "$FM" "$RUN/fm" 6000 2000; ok $? "numpy writes Fashion-MNIST as float32 [N, 1, 28, 28] and int64 labels"
+run_job fm "$RUN/fm" mlp:784-128-10 3
+accuracy_at_least "$out" 0.75; ok $? "the NumPy copy of Fashion-MNIST trains: accuracy >= 0.75 ($out)"
+grep -q 'data loaded.*format=npy train=6000 test=2000 sample="\[1, 28, 28\]" classes=10' "$RUN/w1-fm.log"; ok $? "the worker read the arrays: format, sizes, sample shape, classes"
+ep=$(epochs_of)
+[ "$(awk '{ print $1 }' <<<"$ep" | tr '\n' ' ')" = "1 2 3 " ]; ok $? "pscoord recorded the test accuracy of epochs 1, 2, 3 ($(tr '\n' ' ' <<<"$ep"))"
+last=$(tail -1 <<<"$ep" | awk '{ print $2 }')
+job_acc=$("$PSCTL" --coord "$COORD" --json status | jq -r .job.accuracy)
+within "$last" "$job_acc" 0.0001; ok $? "the last epoch's is the job's accuracy ($last, $job_acc)"
+awk '$2 < 0.5 || $2 > 1 { exit 1 }' <<<"$ep"; ok $? "each epoch's accuracy is a learned model's (>= 0.5)"
+"$PSCTL" --coord "$COORD" status | grep -q "^EPOCH *ACCURACY"; ok $? "psctl status shows the accuracy by epoch"
+grep -q 'msg="evaluated" epoch=1 ' "$RUN"/w[12]-fm.log; ok $? "a worker evaluated at the end of epoch 1"
+[ "$(grep -h 'msg="evaluated" epoch=' "$RUN"/w[12]-fm.log | wc -l)" = 2 ]; ok $? "once per epoch before the last, by one worker"
+psnet_stop_all
+
+mk blobs "$RUN/blobs" 3000 600; ok $? "numpy writes 3 classes of 20 values, int32 labels"
+run_job blobs "$RUN/blobs" mlp:20-32-3 2 --lr 0.05
+accuracy_at_least "$out" 0.9; ok $? "data that is not images trains a 20-32-3 MLP: accuracy >= 0.9 ($out)"
+psnet_stop_all
+
+# Bad arrays: the worker stops and says which file and why.
+bad() { # defect pattern description
+  mk bad "$RUN/bad-$1" "$1"
+  COORD="ipc://$RUN/bad-$1.sock"
+  psnet_start "pscoord-bad-$1" "$PSCOORD" --listen "$COORD" --workers 1 --shards 1 --data "$RUN/bad-$1"
+  start_shards "bad-$1" 1 "$COORD"
+  psnet_start "w-bad-$1" "$WORKERD" --coord "$COORD" --backend cpu
+  local pid_var="PID_w_bad_$1"
+  psnet_wait_exit "${!pid_var}" 60; ok $? "$3: the worker exits"
+  grep -q -- "$2" "$RUN/w-bad-$1.log"; ok $? "$3: it says why ($(grep -o 'level=error.*' "$RUN/w-bad-$1.log" | head -1))"
+  "$PSCTL" --coord "$COORD" status >/dev/null; ok $? "$3: pscoord goes on serving"
+  psnet_stop_all
+}
+bad labels11 "labels 0..11" "a label of 11 for a model of 10 classes"
+bad float64 "x_train.npy.*float64\|x_train.npy.*<f8" "float64 features"
+bad nan "x_train.npy: value 3 of sample 7 is NaN" "a NaN feature"
