@@ -612,10 +612,15 @@ static int append(char *buf, size_t n, size_t *off, const char *fmt, ...) {
 
 int modeldesc_format(const ModelDesc *d, char *buf, size_t n) {
         size_t off = 0;
-        int r;
-
         if (strncmp(d->name, "mlp:", 4) == 0 || strcmp(d->name, "cnn") == 0 || strcmp(d->name, "vit") == 0)
                 return append(buf, n, &off, "%s", d->name);
+        return modeldesc_json(d, buf, n);
+}
+
+int modeldesc_json(const ModelDesc *d, char *buf, size_t n) {
+        size_t off = 0;
+        int r;
+
         r = append(buf, n, &off, "{\"name\":\"%s\",\"input\":[", d->name);
         for (unsigned i = 0; i < d->input.rank && r == 0; i++)
                 r = append(buf, n, &off, "%s%u", i ? "," : "", d->input.d[i]);

@@ -92,6 +92,9 @@ int modeldesc_parse(const char *text, ModelDesc *ret, char *err, size_t errlen);
 /* The canonical text of a model: the mlp: string or built-in name as given,
  * else the JSON with every field spelled out. -ENOSPC if it does not fit n. */
 int modeldesc_format(const ModelDesc *d, char *buf, size_t n);
+/* The JSON with every field spelled out, whatever the spelling (a built-in
+ * or mlp: string too): what an export carries. -ENOSPC if it does not fit. */
+int modeldesc_json(const ModelDesc *d, char *buf, size_t n);
 /* For --model: "mlp:...", a built-in name, or the path of a JSON file, read
  * and checked here. Writes the text a job carries into buf. */
 int modeldesc_resolve(const char *spec, char *buf, size_t n, char *err, size_t errlen);

@@ -203,8 +203,10 @@ static unsigned allowed_roles(int type, bool at_coord) {
                 }
         switch (type) {
         case PSNET__MSG_TYPE__MSG_PULL:
+                return A | W | E; /* an operator reads the values (psctl export); the shard serves an edge
+                                     only in a federated job (psd-server.c) */
         case PSNET__MSG_TYPE__MSG_PUSH:
-                return W | E; /* the shard serves an edge only in a federated job (psd-server.c) */
+                return W | E;
         case PSNET__MSG_TYPE__MSG_CHUNK_STATE:
         case PSNET__MSG_TYPE__MSG_REPLICATE:
                 return S;

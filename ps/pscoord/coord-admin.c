@@ -181,6 +181,13 @@ void coord_handle_status(Coord *c, WireMsg *m) {
         }
         ctl.n_epochs = hv.n;
         ctl.epochs = hv.recp;
+        Psnet__ShardMap *pm = NULL;
+        if (c->map && shardmap_to_proto(c->map, &pm) < 0) {
+                coord_reply_error(c, &m->route, m->hdr->seq, PSNET__STATUS__STATUS_RESOURCE, "out of memory");
+                job_proto_free(spec);
+                return;
+        }
+        ctl.map = pm;
         _cleanup_(coord_fed_view_free) FedView fv = { .recs = NULL };
         if (c->job.mode == MODE_FED) {
                 if (coord_fed_status(c, &fv) < 0) {
@@ -196,6 +203,7 @@ void coord_handle_status(Coord *c, WireMsg *m) {
         int r = coord_reply_hdr(c, &m->route, &h, m->hdr->seq);
         if (r < 0)
                 log_warning_errno(r, "Failed to answer status: %m");
+        shardmap_proto_free(pm);
         job_proto_free(spec);
 }
 

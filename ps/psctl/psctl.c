@@ -24,6 +24,7 @@ typedef struct Ctl {
         bool json;
         char *keys, *key, *coord_key;  /* CURVE */
         char *role, *dir;              /* keys gen */
+        char *format;                  /* export */
         NetIdentity id;
         unsigned wait_s, interval_ms;
         JobFlags jf;
@@ -181,6 +182,21 @@ static int cmd_status(Ctl *c, char **args _unused_) {
                 r = print_status_json(m->status_rep);
         else
                 print_status_table(m->status_rep);
+        psnet__header__free_unpacked(m, NULL);
+        return r;
+}
+
+static int cmd_export(Ctl *c, char **args) {
+        if (c->format && strcmp(c->format, "safetensors") != 0) {
+                fprintf(stderr, "psctl: export --format %s: the format is safetensors\n", c->format);
+                return -EINVAL;
+        }
+        Psnet__Header *m;
+        int r = ctl_request_type(c, PSNET__MSG_TYPE__MSG_STATUS, PSNET__MSG_TYPE__MSG_STATUS_REP, &m);
+        if (r < 0)
+                return r;
+        r = psctl_export(&c->loop, c->zctx, c->id.enabled ? &c->id.keys : NULL, c->timeout, m->status_rep, args[0],
+                         c->json);
         psnet__header__free_unpacked(m, NULL);
         return r;
 }
@@ -452,6 +468,11 @@ static size_t submit_options(Ctl *c, Option *o) {
         return jobflags_options(&c->jf, o);
 }
 
+static size_t export_options(Ctl *c, Option *o) {
+        o[0] = (Option) { "format", OPT_STR, &c->format, "FORMAT", "safetensors (the only one)" };
+        return 1;
+}
+
 static size_t keys_options(Ctl *c, Option *o) {
         o[0] = (Option) { "role", OPT_STR, &c->role, "ROLE", "admin (psctl), server (pscoord, psd), worker or edge" };
         o[1] = (Option) { "dir", OPT_STR, &c->dir, "DIR", "where to write (default: --keys, else /etc/psnet/keys)" };
@@ -478,6 +499,8 @@ static const Verb verbs[] = {
           "start checkpoint NAME's job from its clock (no job may be running)" },
         { "job wait", "", 0, cmd_job_wait, wait_options,
           "wait until the job ends; prints its accuracy (exit 1 unless it is done)" },
+        { "export", "FILE", 1, cmd_export, export_options,
+          "the job's values now, as FILE (safetensors, PyTorch state_dict names; docs/models.md)" },
         { "keys gen", "NAME", 1, cmd_keys_gen, keys_options,
           "write a CURVE key pair NAME.key and its allow-list line (--role R)" },
 };

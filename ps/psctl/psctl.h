@@ -2,6 +2,8 @@
  * (psctl-print.c): human tables by default, JSON with --json. */
 #pragma once
 #include <stdbool.h>
+#include <uv.h>
+#include "keys.h"
 #include "psnet.pb-c.h"
 
 /* The whole status as a table (stdout). */
@@ -21,3 +23,9 @@ int print_checkpoint_list(const Psnet__CheckpointList *l, bool json);
 /* psctl round status (history false) or round history, from a status answer. */
 int print_rounds(const Psnet__StatusRep *s, bool history, bool json);
 int print_json_result(const char *state, bool has_accuracy, float accuracy);
+
+/* psctl export (psctl-export.c): pulls the job of st's values from its shards
+ * through st's map (on loop, with keys when CURVE is on) and writes them to
+ * path as safetensors. Says on stderr why not. */
+int psctl_export(uv_loop_t *loop, void *zctx, const NetKeyPair *keys, unsigned timeout_s, const Psnet__StatusRep *st,
+                 const char *path, bool json);

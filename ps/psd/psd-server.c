@@ -254,9 +254,10 @@ static void psd_push(Psd *p, WireMsg *m, Chunk **chunks) {
 static void psd_fed_data(Psd *p, WireMsg *m, Chunk **chunks) {
         Psnet__Header *h = m->hdr;
         char reason[256];
-        if (p->id.enabled && m->peer.role != PSNET__ROLE__ROLE_EDGE) {
+        if (p->id.enabled && m->peer.role != PSNET__ROLE__ROLE_EDGE &&
+            !(m->peer.role == PSNET__ROLE__ROLE_ADMIN && h->type == PSNET__MSG_TYPE__MSG_PULL)) {
                 psd_reply_error(p, &m->route, h, PSNET__STATUS__STATUS_DENIED,
-                                "a federated job is served to edge workers only");
+                                "a federated job is served to edge workers only (and read by operators)");
                 return;
         }
         if (h->type == PSNET__MSG_TYPE__MSG_PULL) {
