@@ -37,8 +37,8 @@ job_acc=$("$PSCTL" --coord "$COORD" --json status | jq -r .job.accuracy)
 within "$last" "$job_acc" 0.0001; ok $? "the last epoch's is the job's accuracy ($last, $job_acc)"
 awk '$2 < 0.5 || $2 > 1 { exit 1 }' <<<"$ep"; ok $? "each epoch's accuracy is a learned model's (>= 0.5)"
 "$PSCTL" --coord "$COORD" status | grep -q "^EPOCH *ACCURACY"; ok $? "psctl status shows the accuracy by epoch"
-grep -q 'msg="evaluated" epoch=1 ' "$RUN"/w[12]-fm.log; ok $? "a worker evaluated at the end of epoch 1"
-[ "$(grep -h 'msg="evaluated" epoch=' "$RUN"/w[12]-fm.log | wc -l)" = 2 ]; ok $? "once per epoch before the last, by one worker"
+grep -q 'msg="evaluated epoch end" epoch=1 ' "$RUN"/w[12]-fm.log; ok $? "a worker evaluated at the end of epoch 1"
+[ "$(grep -h 'msg="evaluated epoch end" epoch=' "$RUN"/w[12]-fm.log | wc -l)" = 2 ]; ok $? "once per epoch before the last, by one worker"
 psnet_stop_all
 
 mk blobs "$RUN/blobs" 3000 600; ok $? "numpy writes 3 classes of 20 values, int32 labels"

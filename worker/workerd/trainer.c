@@ -184,7 +184,7 @@ static void eval_done(uv_work_t *req, int status) {
         float acc = (float) t->eval_correct / (float) t->test->n;
         const PsnetEval ev = { .epoch = epoch_end ? t->epochs_seen : t->job->epochs, .accuracy = acc,
                                .test_loss = (float) t->eval_loss, .train_loss = t->last_loss, .clock = t->clock };
-        log_info("evaluated%s epoch=%u accuracy=%.4f test_loss=%.4f images=%u clock=%ld", epoch_end ? "" : " final",
+        log_info("evaluated%s epoch=%u accuracy=%.4f test_loss=%.4f images=%u clock=%ld", epoch_end ? " epoch end" : "",
                  ev.epoch, acc, t->eval_loss, t->test->n, (long) t->clock);
         if (psnet_worker_evaluated(t->w, &ev) < 0)
                 log_warning("evaluation of epoch %u not reported: an evaluation of a later epoch was", ev.epoch);
