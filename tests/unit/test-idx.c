@@ -293,7 +293,7 @@ static void test_dataset(void) {
                 return;
 
         r = dataset_load(path_in("fm", ""), "test", 0, 0, 1, &d, err, sizeof err);
-        CHECK(r == 0 && d && d->ndim == 2 && d->shape[0] == 3 && d->shape[1] == 2 && d->dim == 6 && dataset_matches(d, 10, 0, 1, 6) &&
+        CHECK(r == 0 && d && d->shape.rank == 2 && d->shape.d[0] == 3 && d->shape.d[1] == 2 && d->dim == 6 && dataset_matches(d, 10, 0, 1, 6) &&
               d->x[0] == 0.0f && d->x[6] == 1.0f,
               "dataset_load t10k (gzip): all 10 samples, pixels scaled to [0,1]: r=%d %s", r, err);
         d = dataset_free(d);
@@ -319,7 +319,7 @@ static void test_dataset(void) {
         CHECK(r == -EINVAL && d == NULL, "part >= nparts rejected");
 
         r = dataset_load(path_in("fm", ""), "train", 0, 0, 1, &d, err, sizeof err);
-        CHECK(r == 0 && d && d->shape[0] == 2 && d->shape[1] == 2 && d->n == 4 && d->y[3] == 0,
+        CHECK(r == 0 && d && d->shape.d[0] == 2 && d->shape.d[1] == 2 && d->n == 4 && d->y[3] == 0,
               "dataset_load falls back to unpacked files (r=%d %s)", r, err);
         d = dataset_free(d);
 
@@ -419,8 +419,8 @@ static void test_real(void) {
         r = dataset_load(dir, "test", 0, 0, 1, &d, err, sizeof err);
         if (!CHECK(r == 0 && d, "load the real t10k set from %s: %s", dir, r == 0 ? "ok" : err))
                 return;
-        CHECK(d->n == 10000 && d->shape[0] == 28 && d->shape[1] == 28 && d->classes == 10,
-              "t10k is 10000 x 28 x 28 of 10 classes (%u x %u x %u, %u)", d->n, d->shape[0], d->shape[1], d->classes);
+        CHECK(d->n == 10000 && d->shape.d[0] == 28 && d->shape.d[1] == 28 && d->classes == 10,
+              "t10k is 10000 x 28 x 28 of 10 classes (%u x %u x %u, %u)", d->n, d->shape.d[0], d->shape.d[1], d->classes);
         for (uint32_t i = 0; i < d->n; i++) {
                 if (d->y[i] < 0 || d->y[i] > 9)
                         labels_ok = false;

@@ -17,12 +17,18 @@
  * with int and size_t. */
 #define DATASET_MAX_DIM (1u << 28)
 
-Dataset *dataset_new(uint32_t count, unsigned ndim, const uint32_t *shape) {
-        if (ndim == 0 || ndim > DATASET_MAX_DIMS)
+uint32_t dataset_part_count(uint32_t n, uint32_t limit, uint32_t part, uint32_t nparts, uint32_t *ret_total) {
+        uint32_t total = limit > 0 && limit < n ? limit : n;
+        *ret_total = total;
+        return total > part ? (total - part - 1) / nparts + 1 : 0;
+}
+
+Dataset *dataset_new(uint32_t count, const MdShape *shape) {
+        if (shape->rank == 0 || shape->rank > ELEMENTSOF(shape->d))
                 return NULL;
         uint64_t dim = 1;
-        for (unsigned i = 0; i < ndim; i++)
-                dim *= shape[i] ? shape[i] : (uint64_t) DATASET_MAX_DIM + 1;
+        for (unsigned i = 0; i < shape->rank; i++)
+                dim *= shape->d[i] ? shape->d[i] : (uint64_t) DATASET_MAX_DIM + 1;
         if (dim > DATASET_MAX_DIM || (uint64_t) count * dim > SIZE_MAX / sizeof(float))
                 return NULL;
         Dataset *d = ps_calloc(1, sizeof *d);
@@ -30,8 +36,7 @@ Dataset *dataset_new(uint32_t count, unsigned ndim, const uint32_t *shape) {
                 return NULL;
         d->n = count;
         d->dim = (uint32_t) dim;
-        d->ndim = ndim;
-        memcpy(d->shape, shape, ndim * sizeof *shape);
+        d->shape = *shape;
         d->x = ps_malloc(MAX((size_t) count * d->dim, (size_t) 1) * sizeof(float));
         d->y = ps_malloc(MAX((size_t) count, (size_t) 1) * sizeof(int32_t));
         if (!d->x || !d->y)
@@ -46,19 +51,6 @@ Dataset *dataset_free(Dataset *d) {
         ps_free(d->y);
         ps_free(d);
         return NULL;
-}
-
-void dataset_shape_str(const Dataset *d, char *buf, size_t n) {
-        size_t k = 0;
-        int w = snprintf(buf, n, "[");
-        for (unsigned i = 0; w >= 0 && i < d->ndim; i++) {
-                k += (size_t) w;
-                w = snprintf(buf + MIN(k, n - 1), n - MIN(k, n - 1), "%s%u", i ? ", " : "", d->shape[i]);
-        }
-        if (w >= 0) {
-                k += (size_t) w;
-                (void) snprintf(buf + MIN(k, n - 1), n - MIN(k, n - 1), "]");
-        }
 }
 
 int dataset_keep(Dataset *d, const uint32_t *idx, uint32_t n) {
@@ -85,15 +77,13 @@ int dataset_keep(Dataset *d, const uint32_t *idx, uint32_t n) {
         return 0;
 }
 
+/* An array's shape as text, "[60000, 1, 28, 28]". */
 static void shape_text(const NpyArray *a, char *buf, size_t n) {
-        Dataset tmp = { .ndim = MIN(a->ndim, (unsigned) DATASET_MAX_DIMS) };
-        for (unsigned i = 0; i < tmp.ndim; i++)
-                tmp.shape[i] = (uint32_t) MIN(a->shape[i], (uint64_t) UINT32_MAX);
-        if (a->ndim > DATASET_MAX_DIMS) {
-                (void) snprintf(buf, n, "%u dimensions", a->ndim);
-                return;
-        }
-        dataset_shape_str(&tmp, buf, n);
+        size_t k = (size_t) snprintf(buf, n, "[");
+        for (unsigned i = 0; i < a->ndim && k < n; i++)
+                k += (size_t) snprintf(buf + k, n - k, "%s%lu", i ? ", " : "", (unsigned long) a->shape[i]);
+        if (k < n)
+                (void) snprintf(buf + k, n - k, "]");
 }
 
 static int64_t label_at(const NpyArray *y, uint64_t i) {
@@ -125,7 +115,8 @@ static int npy_load(const char *dir, const char *set, uint32_t limit, uint32_t p
                 snprintf(err, errlen, "%s: features are %s; psnet reads float32 or uint8", xp, npy_type_name(x.type));
                 goto out;
         }
-        if (x.ndim < 2 || x.ndim > DATASET_MAX_DIMS + 1) {
+        MdShape sshape = { .rank = x.ndim - 1 };
+        if (x.ndim < 2 || sshape.rank > ELEMENTSOF(sshape.d)) {
                 shape_text(&x, shape, sizeof shape);
                 snprintf(err, errlen, "%s: features of shape %s; expected [N, D], [N, H, W] or [N, C, H, W]", xp,
                          shape);
@@ -147,11 +138,10 @@ static int npy_load(const char *dir, const char *set, uint32_t limit, uint32_t p
                          (unsigned long) x.shape[0], UINT32_MAX - 1);
                 goto out;
         }
-        uint32_t sshape[DATASET_MAX_DIMS];
         uint64_t dim = 1;
         for (unsigned i = 1; i < x.ndim; i++) {
                 dim *= x.shape[i];
-                sshape[i - 1] = (uint32_t) MIN(x.shape[i], (uint64_t) UINT32_MAX);
+                sshape.d[i - 1] = (uint32_t) MIN(x.shape[i], (uint64_t) UINT32_MAX);
         }
         if (dim == 0 || dim > DATASET_MAX_DIM) {
                 shape_text(&x, shape, sizeof shape);
@@ -159,16 +149,13 @@ static int npy_load(const char *dir, const char *set, uint32_t limit, uint32_t p
                          (unsigned long) dim, DATASET_MAX_DIM);
                 goto out;
         }
-        uint32_t total = (uint32_t) x.shape[0];
-        if (limit > 0 && limit < total)
-                total = limit;
-        uint32_t count = total > part ? (total - part - 1) / nparts + 1 : 0;
+        uint32_t total, count = dataset_part_count((uint32_t) x.shape[0], limit, part, nparts, &total);
         if (count == 0) {
                 snprintf(err, errlen, "%s: part %u of %u gets none of the %u samples", xp, part, nparts, total);
                 r = -EINVAL;
                 goto out;
         }
-        d = dataset_new(count, x.ndim - 1, sshape);
+        d = dataset_new(count, &sshape);
         if (d)
                 d->format = "npy";
         if (!d) {
@@ -237,9 +224,10 @@ int dataset_load(const char *dir, const char *set, uint32_t limit, uint32_t part
 int dataset_check_model(const Dataset *train, const Dataset *test, uint32_t in_numel, uint32_t classes, char *err,
                         size_t errlen) {
         char a[64], b[64];
-        dataset_shape_str(train, a, sizeof a);
-        if (test && (test->ndim != train->ndim || memcmp(test->shape, train->shape, train->ndim * sizeof(uint32_t)))) {
-                dataset_shape_str(test, b, sizeof b);
+        md_shape_string(&train->shape, a, sizeof a);
+        if (test && (test->shape.rank != train->shape.rank ||
+                     memcmp(test->shape.d, train->shape.d, train->shape.rank * sizeof(uint32_t)))) {
+                md_shape_string(&test->shape, b, sizeof b);
                 snprintf(err, errlen, "the training samples are %s but the test samples %s", a, b);
                 return -EINVAL;
         }

@@ -11,14 +11,12 @@
 #pragma once
 #include <stddef.h>
 #include <stdint.h>
-
-#define DATASET_MAX_DIMS 3 /* of one sample: [D], [H, W] or [C, H, W] */
+#include "modeldesc.h"
 
 typedef struct Dataset {
         uint32_t n;                         /* samples */
         uint32_t dim;                       /* values per sample: the product of shape */
-        unsigned ndim;                      /* 1..DATASET_MAX_DIMS */
-        uint32_t shape[DATASET_MAX_DIMS];   /* one sample's shape */
+        MdShape shape;                      /* one sample's, as a model's input: [D], [H, W] or [C, H, W] */
         uint32_t classes;                   /* the largest label + 1 */
         const char *format;                 /* "npy" or "idx" (static) */
         float *x;                           /* n * dim values */
@@ -33,15 +31,18 @@ typedef struct Dataset {
  * request, or a part with no samples), -ENOMEM, or -errno of reading. */
 int dataset_load(const char *dir, const char *set, uint32_t limit, uint32_t part,
                  uint32_t nparts, Dataset **ret, char *err, size_t errlen);
+/* The samples a loader keeps of a file's n: the first limit (0: all), and
+ * of those the ones whose index % nparts == part. The count (0: none, the
+ * caller says so naming its file) and, in *ret_total, the samples the limit
+ * leaves. */
+uint32_t dataset_part_count(uint32_t n, uint32_t limit, uint32_t part, uint32_t nparts, uint32_t *ret_total);
 /* An empty data set of count samples of the given shape (x and y allocated,
  * uninitialised); NULL when out of memory or the sizes overflow. */
-Dataset *dataset_new(uint32_t count, unsigned ndim, const uint32_t *shape);
+Dataset *dataset_new(uint32_t count, const MdShape *shape);
 Dataset *dataset_free(Dataset *d);
 /* Keeps only samples idx[0..n) (ascending, each < d->n) as samples 0..n-1,
  * and gives the rest of the memory back. -EINVAL for bad indices. */
 int dataset_keep(Dataset *d, const uint32_t *idx, uint32_t n);
-/* One sample's shape as text, "[1, 28, 28]". */
-void dataset_shape_str(const Dataset *d, char *buf, size_t n);
 /* Whether a model taking in_numel values and giving classes scores can train
  * on train and be evaluated on test (test may be NULL): same sample shape,
  * in_numel values a sample, every label below classes. 0, or -EINVAL with

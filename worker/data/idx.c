@@ -198,10 +198,7 @@ int idx_dataset_load(const char *dir, const char *set, uint32_t limit, uint32_t 
                 return -EBADMSG;
         }
 
-        total = idims[0];
-        if (limit > 0 && limit < total)
-                total = limit;
-        count = total > part ? (total - part - 1) / nparts + 1 : 0;
+        count = dataset_part_count(idims[0], limit, part, nparts, &total);
         if (count == 0) {
                 snprintf(err, errlen, "%s/%s: part %u of %u gets none of the %u samples", dir, set,
                          part, nparts, total);
@@ -209,7 +206,7 @@ int idx_dataset_load(const char *dir, const char *set, uint32_t limit, uint32_t 
         }
         pixels = idims[1] * idims[2]; /* idx_read bounds the product */
 
-        Dataset *d = dataset_new(count, 2, idims + 1);
+        Dataset *d = dataset_new(count, &(MdShape) { .rank = 2, .d = { idims[1], idims[2] } });
         if (!d) {
                 snprintf(err, errlen, "out of memory loading %s/%s", dir, set);
                 return -ENOMEM;

@@ -127,7 +127,6 @@ struct Fleet {
         uv_work_t work;
         Edge *loader;               /* the client the data is loaded for */
         Dataset *train, *test;
-        uint32_t dim;
         int work_r;
         char err[256];
         /* the models: nslots clients at a time (their holders), the others queued */
@@ -385,7 +384,6 @@ static void slot_free(Slot *s) {
  * client's training on one core), one on a GPU. */
 static int fleet_setup(Fleet *f, const Job *job) {
         char err[256];
-        f->dim = f->train->dim;
         if (dataset_check_model(f->train, f->test, job->in_numel, job->classes, err, sizeof err) < 0) {
                 log_error("model %s does not fit the data in %s: %s", job->model_name, f->cfg->data ? f->cfg->data : job->dataset, err);
                 return -EINVAL;
@@ -529,8 +527,8 @@ static void train_work(uv_work_t *req) {
                         uint32_t b = MIN(batch, e->nmine - s);
                         for (uint32_t k = 0; k < b; k++) {
                                 uint32_t i = e->mine[s + k];
-                                memcpy(xb + (size_t) k * f->dim, f->train->x + (size_t) i * f->dim,
-                                       f->dim * sizeof(float));
+                                memcpy(xb + (size_t) k * f->train->dim, f->train->x + (size_t) i * f->train->dim,
+                                       f->train->dim * sizeof(float));
                                 yb[k] = f->train->y[i];
                         }
                         float loss;

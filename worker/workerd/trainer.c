@@ -63,7 +63,7 @@ typedef struct Trainer {
         Dataset *train, *test;
         int load_r;
         char load_err[256];
-        uint32_t *perm, nmine, steps_per_pass, part_rank, part_n, dim;
+        uint32_t *perm, nmine, steps_per_pass, part_rank, part_n;
         uint64_t total;               /* samples the job trains: epochs x training images */
         /* compute */
         KBackend *kb;
@@ -97,7 +97,6 @@ typedef struct Trainer {
         double eval_loss, t_eval;
         bool eval_epoch_end;          /* the evaluation under way is an epoch's */
         uint32_t epochs_seen;         /* epochs the job had finished at the last step */
-
         Histogram round_hist, compute_hist;
 } Trainer;
 
@@ -375,7 +374,8 @@ static void step_idle_cb(uv_idle_t *h) {
         double ta = mono_s();
         for (uint32_t b = 0; b < batch; b++) {
                 uint32_t i = t->perm[(size_t) s * batch + b];
-                memcpy(t->xb + (size_t) b * t->dim, t->train->x + (size_t) i * t->dim, t->dim * sizeof(float));
+                memcpy(t->xb + (size_t) b * t->train->dim, t->train->x + (size_t) i * t->train->dim,
+                       t->train->dim * sizeof(float));
                 t->yb[b] = t->train->y[i];
         }
         double tb = mono_s();
@@ -521,7 +521,6 @@ static int trainer_setup(Trainer *t) {
         char err[256];
         const Job *job = t->job;
         uint32_t batch = job->batch;
-        t->dim = t->train->dim;
         if (dataset_check_model(t->train, t->test, job->in_numel, job->classes, err, sizeof err) < 0) {
                 log_error("model %s does not fit the data in %s: %s", job->model_name, t->data_dir, err);
                 return -EINVAL;
@@ -613,7 +612,7 @@ static void load_done(uv_work_t *req, int status) {
                 return;
         }
         char shape[64];
-        dataset_shape_str(t->train, shape, sizeof shape);
+        md_shape_string(&t->train->shape, shape, sizeof shape);
         log_info("data loaded dir=%s format=%s train=%u test=%u sample=\"%s\" classes=%u", t->data_dir,
                  t->train->format, t->train->n, t->test->n, shape, MAX(t->train->classes, t->test->classes));
         int r = trainer_setup(t);
