@@ -123,6 +123,11 @@ int ckpt_sealed_write(const char *dir, const char *file, const char *magic, cons
 }
 
 int ckpt_sealed_read(const char *path, size_t max, uint8_t **ret, size_t *ret_n, char *err, size_t errn) {
+        int r = ckpt_read_file(path, (uint64_t) max + CKPT_SEALED_HEAD, ret, ret_n, err, errn);
+        return r == -EFBIG ? -EBADMSG : r;
+}
+
+int ckpt_read_file(const char *path, uint64_t max, uint8_t **ret, size_t *ret_n, char *err, size_t errn) {
         int fd = open(path, O_RDONLY | O_CLOEXEC);
         struct stat st;
         if (fd < 0 || fstat(fd, &st) < 0) {
@@ -132,10 +137,11 @@ int ckpt_sealed_read(const char *path, size_t max, uint8_t **ret, size_t *ret_n,
                         (void) close(fd);
                 return e;
         }
-        if (st.st_size > (off_t) (max + CKPT_SEALED_HEAD)) {
+        if ((uint64_t) st.st_size > max || (uint64_t) st.st_size > SIZE_MAX) {
                 (void) close(fd);
-                snprintf(err, errn, "%s: %lld bytes, over the limit", path, (long long) st.st_size);
-                return -EBADMSG;
+                snprintf(err, errn, "%s: %lld bytes, more than the %llu allowed", path, (long long) st.st_size,
+                         (unsigned long long) max);
+                return -EFBIG;
         }
         size_t n = (size_t) st.st_size, done = 0;
         uint8_t *buf = ps_malloc(n ? n : 1);

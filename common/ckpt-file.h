@@ -80,8 +80,13 @@ int ckpt_commit(int fd, const char *tmp, const char *path, const char *dir, cons
 void ckpt_sealed_head(const char *magic, const void *payload, size_t len, uint8_t head[CKPT_SEALED_HEAD]);
 int ckpt_sealed_write(const char *dir, const char *file, const char *magic, const void *payload, size_t len,
                       char *err, size_t errn);
+/* Reads all of path when it holds at most max bytes: *ret (free with
+ * ps_free) and *ret_n. -ENOENT when there is no such file, -EFBIG over max;
+ * err says what failed, naming path. (NumPy and safetensors files too.) */
+int ckpt_read_file(const char *path, uint64_t max, uint8_t **ret, size_t *ret_n, char *err, size_t errn);
 /* Reads all of path (at most max payload bytes): *ret (free with ps_free)
- * and *ret_n. -ENOENT when there is no such file; err says what failed. */
+ * and *ret_n. -ENOENT when there is no such file, -EBADMSG when it is
+ * larger; err says what failed. */
 int ckpt_sealed_read(const char *path, size_t max, uint8_t **ret, size_t *ret_n, char *err, size_t errn);
 /* Checks buf (a whole sealed file) against magic, length and CRC: 0 with
  * *payload and *len pointing into buf, or -EBADMSG with err saying why. */

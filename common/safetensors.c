@@ -11,6 +11,7 @@
 #include <string.h>
 #include <unistd.h>
 #include "alloc.h"
+#include "ckpt-file.h"
 #include "macro.h"
 #include "safetensors.h"
 
@@ -230,63 +231,19 @@ out:
 
 int st_read(const char *path, uint64_t max_bytes, StFile *ret, char *err, size_t n) {
         *ret = (StFile) { 0 };
-        FILE *fp = fopen(path, "rb");
-        if (!fp) {
-                int e = errno;
-                snprintf(err, n, "%s: %s", path, strerror(e));
-                return -e;
-        }
-        long size = -1;
-        if (fseek(fp, 0, SEEK_END) == 0)
-                size = ftell(fp);
-        if (size < 0 || fseek(fp, 0, SEEK_SET) != 0) {
-                int e = errno ? errno : EIO;
-                fclose(fp);
-                snprintf(err, n, "%s: %s", path, strerror(e));
-                return -e;
-        }
-        if (max_bytes && (uint64_t) size > max_bytes) {
-                fclose(fp);
-                snprintf(err, n, "%s: %ld bytes, more than the %llu allowed", path, size,
-                         (unsigned long long) max_bytes);
-                return -EFBIG;
-        }
-        uint8_t *buf = ps_malloc(size ? (size_t) size : 1);
-        if (!buf) {
-                fclose(fp);
-                snprintf(err, n, "%s: out of memory", path);
-                return -ENOMEM;
-        }
-        size_t got = fread(buf, 1, (size_t) size, fp);
-        int e = ferror(fp) ? EIO : 0;
-        fclose(fp);
-        if (e || got != (size_t) size) {
-                ps_free(buf);
-                snprintf(err, n, "%s: %s", path, e ? strerror(e) : "the file changed while it was read");
-                return -EIO;
-        }
+        uint8_t *buf;
+        size_t len;
+        int r = ckpt_read_file(path, max_bytes ? max_bytes : UINT64_MAX, &buf, &len, err, n);
+        if (r < 0)
+                return r;
         char why[256];
-        int r = st_parse(buf, got, ret, why, sizeof why);
+        r = st_parse(buf, len, ret, why, sizeof why);
         if (r < 0) {
                 ps_free(buf);
                 snprintf(err, n, "%s: %s", path, why);
                 return r;
         }
         ret->buf = buf;
-        return 0;
-}
-
-static int write_all(int fd, const void *p, size_t len) {
-        const uint8_t *b = p;
-        while (len) {
-                ssize_t w = write(fd, b, len);
-                if (w < 0 && errno == EINTR)
-                        continue;
-                if (w < 0)
-                        return -errno;
-                b += w;
-                len -= (size_t) w;
-        }
         return 0;
 }
 
@@ -345,27 +302,42 @@ int st_write(const char *path, const StOut *t, size_t n, const char *const *meta
                 snprintf(err, errlen, "%s: %s", tmp, strerror(-r));
                 return r;
         }
-        r = write_all(fd, lenb, 8);
+        char spaces[8];
+        memset(spaces, ' ', sizeof spaces);
+        uint64_t at = 0;
+        r = ckpt_pwrite_all(fd, lenb, 8, at);
+        at += 8;
         if (r == 0)
-                r = write_all(fd, hdr, hl);
+                r = ckpt_pwrite_all(fd, hdr, hl, at);
+        at += hl;
         if (r == 0)
-                r = write_all(fd, "        ", pad);
+                r = ckpt_pwrite_all(fd, spaces, pad, at);
+        at += pad;
         for (size_t i = 0; r == 0 && i < n; i++) {
                 uint64_t numel = 1;
                 for (unsigned d = 0; d < t[i].ndim; d++)
                         numel *= t[i].shape[d];
-                r = write_all(fd, t[i].data, numel * sizeof(float));
+                r = ckpt_pwrite_all(fd, t[i].data, numel * sizeof(float), at);
+                at += numel * sizeof(float);
         }
         free(hdr);
-        if (r == 0 && fsync(fd) < 0)
-                r = -errno;
-        if (close(fd) < 0 && r == 0)
-                r = -errno;
-        if (r == 0 && rename(tmp, path) < 0)
-                r = -errno;
+        const char *what = "writing";
+        if (r < 0)
+                (void) close(fd);
+        else {
+                /* fsync, close, rename, fsync of the directory: a reader sees the whole file or none. */
+                char dir[4096];
+                snprintf(dir, sizeof dir, "%s", path);
+                char *slash = strrchr(dir, '/');
+                if (!slash)
+                        snprintf(dir, sizeof dir, ".");
+                else
+                        slash[slash == dir ? 1 : 0] = '\0';
+                r = ckpt_commit(fd, tmp, path, dir, &what);
+        }
         if (r < 0) {
                 (void) unlink(tmp);
-                snprintf(err, errlen, "%s: %s", path, strerror(-r));
+                snprintf(err, errlen, "%s: %s %s", path, what, strerror(-r));
         }
         return r;
 }

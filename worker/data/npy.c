@@ -8,6 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include "alloc.h"
+#include "ckpt-file.h"
 #include "macro.h"
 #include "npy.h"
 
@@ -252,41 +253,14 @@ int npy_parse(const uint8_t *buf, size_t len, uint64_t max_bytes, NpyArray *ret,
 
 int npy_read(const char *path, uint64_t max_bytes, NpyArray *ret, char *err, size_t n) {
         *ret = (NpyArray) { .type = NPY_F32 };
-        FILE *f = fopen(path, "rb");
-        if (!f) {
-                int e = errno;
-                snprintf(err, n, "%s: %s", path, strerror(e));
-                return -e;
-        }
-        long size = -1;
-        if (fseek(f, 0, SEEK_END) == 0)
-                size = ftell(f);
-        if (size < 0 || fseek(f, 0, SEEK_SET) != 0) {
-                int e = errno ? errno : EIO;
-                fclose(f);
-                snprintf(err, n, "%s: %s", path, strerror(e));
-                return -e;
-        }
-        if (max_bytes && (uint64_t) size > max_bytes + 65536 + 12) {
-                fclose(f);
-                snprintf(err, n, "%s: %ld bytes, more than the %lu allowed", path, size, (unsigned long) max_bytes);
-                return -EFBIG;
-        }
-        _cleanup_free_ uint8_t *buf = ps_malloc(size ? (size_t) size : 1);
-        if (!buf) {
-                fclose(f);
-                snprintf(err, n, "%s: out of memory", path);
-                return -ENOMEM;
-        }
-        size_t got = fread(buf, 1, (size_t) size, f);
-        int e = ferror(f) ? EIO : 0;
-        fclose(f);
-        if (e || got != (size_t) size) {
-                snprintf(err, n, "%s: %s", path, e ? strerror(e) : "the file changed while it was read");
-                return -EIO;
-        }
+        _cleanup_free_ uint8_t *buf = NULL;
+        size_t len;
+        /* The header takes at most 65535 + 12 bytes. */
+        int r = ckpt_read_file(path, max_bytes ? max_bytes + 65536 + 12 : UINT64_MAX, &buf, &len, err, n);
+        if (r < 0)
+                return r;
         char why[256];
-        int r = npy_parse(buf, got, max_bytes, ret, why, sizeof why);
+        r = npy_parse(buf, len, max_bytes, ret, why, sizeof why);
         if (r < 0)
                 snprintf(err, n, "%s: %s", path, why);
         return r;
