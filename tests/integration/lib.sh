@@ -56,3 +56,14 @@ start_shards() {
   done
 }
 logs_match() { grep -qE -- "$1" "$RUN"/$2 2>/dev/null; }
+# train_job NAME W [JOB OPTIONS...]: pscoord NAME (at $COORD) with two shards
+# and W cpu workers (w1-NAME, ...) runs the job to its end; job wait's answer
+# is in $out.
+train_job() {
+  local name=$1 nw=$2 i; shift 2
+  COORD="ipc://$RUN/$name.sock"
+  psnet_start "pscoord-$name" "$PSCOORD" --listen "$COORD" --workers "$nw" --shards 2 "$@"
+  start_shards "$name" 2 "$COORD"
+  for i in $(seq 1 "$nw"); do psnet_start "w$i-$name" "$WORKERD" --coord "$COORD" --backend cpu; done
+  out=$("$PSCTL" --coord "$COORD" job wait --wait 300)
+}

@@ -12,22 +12,12 @@ source "$(dirname "$0")/lib.sh"
 FM=/usr/share/datasets/fashion-mnist
 mk() { /usr/bin/python3 "$PSNET_SRC/tests/integration/make-npy.py" "$@"; }
 
-run_job() { # name data model epochs [job options...]
-  local name=$1 data=$2 model=$3 epochs=$4; shift 4
-  COORD="ipc://$RUN/$name.sock"
-  psnet_start "pscoord-$name" "$PSCOORD" --listen "$COORD" --workers 2 --shards 2 --model "$model" \
-    --epochs "$epochs" --data "$data" "$@"
-  start_shards "$name" 2 "$COORD"
-  psnet_start "w1-$name" "$WORKERD" --coord "$COORD" --backend cpu
-  psnet_start "w2-$name" "$WORKERD" --coord "$COORD" --backend cpu
-  out=$("$PSCTL" --coord "$COORD" job wait --wait 300)
-}
 
 # The accuracy by epoch of the job at $COORD: "epoch accuracy" lines.
 epochs_of() { "$PSCTL" --coord "$COORD" --json status | jq -r '.history.epochs[] | "\(.epoch) \(.accuracy)"'; }
 
 mk fmnist "$FM" "$RUN/fm" 6000 2000; ok $? "numpy writes Fashion-MNIST as float32 [N, 1, 28, 28] and int64 labels"
-run_job fm "$RUN/fm" mlp:784-128-10 3
+train_job fm 2 --data "$RUN/fm" --model mlp:784-128-10 --epochs 3
 accuracy_at_least "$out" 0.75; ok $? "the NumPy copy of Fashion-MNIST trains: accuracy >= 0.75 ($out)"
 grep -q 'data loaded.*format=npy train=6000 test=2000 sample="\[1, 28, 28\]" classes=10' "$RUN/w1-fm.log"; ok $? "the worker read the arrays: format, sizes, sample shape, classes"
 ep=$(epochs_of)
@@ -42,7 +32,7 @@ grep -q 'msg="evaluated epoch end" epoch=1 ' "$RUN"/w[12]-fm.log; ok $? "a worke
 psnet_stop_all
 
 mk blobs "$RUN/blobs" 3000 600; ok $? "numpy writes 3 classes of 20 values, int32 labels"
-run_job blobs "$RUN/blobs" mlp:20-32-3 2 --lr 0.05
+train_job blobs 2 --data "$RUN/blobs" --model mlp:20-32-3 --epochs 2 --lr 0.05
 accuracy_at_least "$out" 0.9; ok $? "data that is not images trains a 20-32-3 MLP: accuracy >= 0.9 ($out)"
 psnet_stop_all
 

@@ -14,16 +14,6 @@ small=(--train-limit 3000 --test-limit 2000)
 torch_acc() { /usr/bin/python3 "$PSNET_SRC/tests/integration/torch-check.py" eval "$1" "$FM" 2000; }
 acc_of() { sed -n 's/.*accuracy=\([0-9.]*\).*/\1/p' <<<"$1"; }
 
-run_job() { # name model [job options...]
-  local name=$1 model=$2; shift 2
-  COORD="ipc://$RUN/$name.sock"
-  psnet_start "pscoord-$name" "$PSCOORD" --listen "$COORD" --workers 2 --shards 2 --model "$model" --epochs 1 \
-    "${small[@]}" "$@"
-  start_shards "$name" 2 "$COORD"
-  psnet_start "w1-$name" "$WORKERD" --coord "$COORD" --backend cpu
-  psnet_start "w2-$name" "$WORKERD" --coord "$COORD" --backend cpu
-  out=$("$PSCTL" --coord "$COORD" job wait --wait 300)
-}
 
 # No job yet: export says so.
 COORD="ipc://$RUN/none.sock"
@@ -36,7 +26,7 @@ err=$("$PSCTL" --coord "$COORD" export --format onnx "$RUN/x.onnx" 2>&1); rc=$?
 psnet_stop_all
 
 for m in cnn vit; do
-  run_job "$m" "$m" --optim adam --lr 0.001
+  train_job "$m" 2 --model "$m" --epochs 1 "${small[@]}" --optim adam --lr 0.001
   acc=$(acc_of "$out")
   [ -n "$acc" ]; ok $? "$m trains ($out)"
   msg=$("$PSCTL" --coord "$COORD" export "$RUN/$m.safetensors"); ok $? "psctl export writes the $m ($msg)"

@@ -26,15 +26,7 @@ cat >"$RUN/small.json" <<'JSON'
 JSON
 
 
-run_job() { # name model [job options...]
-  local name=$1 model=$2; shift 2
-  COORD="ipc://$RUN/$name.sock"
-  psnet_start "pscoord-$name" "$PSCOORD" --listen "$COORD" --workers 1 --shards 2 --model "$model" --epochs 1 \
-    "${small[@]}" "$@"
-  start_shards "$name" 2 "$COORD"
-  psnet_start "w-$name" "$WORKERD" --coord "$COORD" --backend cpu
-  out=$("$PSCTL" --coord "$COORD" job wait --wait 300)
-}
+run_job() { train_job "$1" 1 --model "$2" --epochs 1 "${small[@]}" "${@:3}"; } # name model [job options...]
 
 run_job file "$RUN/small.json"
 accuracy_at_least "$out" 0.55; ok $? "a JSON model file trains: accuracy >= 0.55 ($out)"
