@@ -1,5 +1,6 @@
 /* See netsock.h. */
 #include <errno.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -180,8 +181,13 @@ static void netsock_monitor_readable(ZWatch *w, void *ud) {
 }
 
 int netsock_monitor(NetSock *s, int events, NetHandshakeFn cb) {
+        /* A name never used before in this process: a socket closed just now
+         * keeps its monitor's inproc name bound until ZeroMQ's reaper has
+         * closed it, and a new NetSock may reuse the old one's address (the
+         * pointer was the name: zmq_socket_monitor then failed EADDRINUSE). */
+        static atomic_ullong next_monitor;
         char ep[64];
-        snprintf(ep, sizeof ep, "inproc://psnet-monitor-%p", (void *) s);
+        snprintf(ep, sizeof ep, "inproc://psnet-monitor-%llu", (unsigned long long) ++next_monitor);
         if (!events)
                 events = ZMQ_EVENT_HANDSHAKE_FAILED_NO_DETAIL | ZMQ_EVENT_HANDSHAKE_FAILED_PROTOCOL |
                          ZMQ_EVENT_HANDSHAKE_FAILED_AUTH;
