@@ -1,7 +1,9 @@
 /* Job options shared by pscoord and psctl; see job-flags.h. */
 #include <errno.h>
+#include <limits.h>
 #include <stdio.h>
 #include <string.h>
+#include <unistd.h>
 #include "job-flags.h"
 
 void jobflags_init(JobFlags *f) {
@@ -37,9 +39,14 @@ size_t jobflags_options(JobFlags *f, Option *o) {
                 { "batch", OPT_UINT, &f->batch, "N", "mini-batch per worker" },
                 { "workers", OPT_UINT, &f->workers, "N", "start when this many workers joined (0: 1)" },
                 { "shards", OPT_UINT, &f->shards, "N", "start when this many shards joined (0: 1)" },
-                { "data", OPT_STR, &f->data, "DIR", "directory of the Fashion-MNIST IDX files" },
+                { "data", OPT_STR, &f->data, "DIR",
+                  "directory of the data set: IDX files as Fashion-MNIST's, or NumPy x_train.npy, y_train.npy, "
+                  "x_test.npy, y_test.npy (docs/data.md)" },
                 { "chunk-kb", OPT_UINT, &f->chunk_kb, "KIB", "tensor chunk (key) size" },
                 { "seed", OPT_U64, &f->seed, "N", "seed of the initial weights and shuffling" },
+                { "init", OPT_STR, &f->init, "FILE",
+                  "start from the values of this safetensors file (psctl export's, or a PyTorch state_dict "
+                  "saved as safetensors) instead of random ones; pscoord and every shard read it" },
                 { "train-limit", OPT_UINT, &f->train_limit, "N", "use only the first N training images (0: all)" },
                 { "test-limit", OPT_UINT, &f->test_limit, "N", "evaluate on the first N test images (0: all)" },
                 { "lr-scaling", OPT_STR, &f->lr_scaling, "RULE",
@@ -147,6 +154,18 @@ int jobflags_to_job(const JobFlags *f, Job *job, char *err, size_t errlen) {
         }
         if (f->data)
                 snprintf(job->dataset, sizeof job->dataset, "%s", f->data);
+        if (f->init && f->init[0]) {
+                /* Absolute: pscoord and the shards read it from their own working directories. */
+                char cwd[PATH_MAX];
+                int n = f->init[0] == '/' ? snprintf(job->init, sizeof job->init, "%s", f->init)
+                      : getcwd(cwd, sizeof cwd) ? snprintf(job->init, sizeof job->init, "%s/%s", cwd, f->init)
+                                                : -1;
+                if (n < 0 || (size_t) n >= sizeof job->init) {
+                        snprintf(err, errlen, "bad --init '%s': give an absolute path of at most %zu bytes", f->init,
+                                 sizeof job->init - 1);
+                        return -EINVAL;
+                }
+        }
         job->optim.lr = f->lr;
         job->optim.momentum = f->momentum;
         job->optim.weight_decay = f->weight_decay;

@@ -5,10 +5,10 @@
 #include "config.h"
 #include "job.h"
 
-#define JOBFLAGS_NOPTS 42
+#define JOBFLAGS_NOPTS 43
 
 typedef struct JobFlags {
-        char *model, *mode, *optim, *data;
+        char *model, *mode, *optim, *data, *init;
         float lr, momentum, weight_decay;
         unsigned epochs, batch, workers, shards, chunk_kb, train_limit, test_limit;
         uint64_t seed;

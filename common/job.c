@@ -379,6 +379,10 @@ int job_validate(const Job *job, char *err, size_t errlen) {
                 return job_err(err, errlen, "epochs %u out of range 1..%u", job->epochs, JOB_MAX_EPOCHS);
         if (!str_terminated(job->dataset, sizeof job->dataset) || job->dataset[0] == '\0')
                 return job_err(err, errlen, "dataset is empty");
+        if (!str_terminated(job->init, sizeof job->init))
+                return job_err(err, errlen, "init path longer than %zu bytes", sizeof job->init - 1);
+        if (job->init[0] && job->init[0] != '/')
+                return job_err(err, errlen, "init file '%s' is not an absolute path", job->init);
         if (job->expect_workers > JOB_MAX_PEERS || job->expect_shards > JOB_MAX_PEERS)
                 return job_err(err, errlen, "expect_workers %u / expect_shards %u out of range 0..%u",
                                job->expect_workers, job->expect_shards, JOB_MAX_PEERS);

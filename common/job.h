@@ -97,6 +97,12 @@ typedef struct Job {
         uint64_t seed;
         uint32_t batch, epochs;
         char dataset[256];
+        /* --init: the job starts from the values of this safetensors file, not
+         * from its initialisers (common/job-init.h): an absolute path that
+         * pscoord and every shard read, with the size and digest64 pscoord
+         * checked it at. Empty: the initialisers. */
+        char init[256];
+        uint64_t init_size, init_digest;
         uint32_t expect_workers, expect_shards;
         uint32_t train_limit, test_limit;
         FedConf fed;         /* mode fed only */

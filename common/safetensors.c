@@ -217,6 +217,7 @@ int st_parse(const uint8_t *buf, size_t len, StFile *ret, char *err, size_t n) {
         }
         ps_free(f.tensors);
         f.tensors = sorted;
+        f.len = len;
         *ret = f;
         f = (StFile) { 0 };
         r = 0;

@@ -27,6 +27,7 @@ typedef struct StFile {
         char **meta;            /* key, value, key, value, ... (__metadata__) */
         size_t nmeta;
         uint8_t *buf;           /* the whole file (st_read), or NULL (st_parse: the caller's) */
+        size_t len;             /* the file's bytes */
 } StFile;
 
 /* Parses a whole file held in buf (len bytes; kept by the caller as long as

@@ -101,6 +101,7 @@ void job_proto_free(Psnet__JobSpec *spec) {
         free(spec->optim);
         free(spec->mode);
         free(spec->dataset);
+        free(spec->init);
         if (spec->fed) {
                 free(spec->fed->strategy);
                 free(spec->fed);
@@ -132,13 +133,19 @@ int job_to_proto(const Job *job, Psnet__JobSpec **ret) {
         s->has_replicas = true;
         s->replicas = job->replicas;
         s->dataset = strdup(job->dataset);
+        if (job->init[0]) {
+                s->init = strdup(job->init);
+                s->has_init_size = s->has_init_digest = job->init_size != 0;
+                s->init_size = job->init_size;
+                s->init_digest = job->init_digest;
+        }
         s->optim = o = malloc(sizeof *o);
         if (o) {
                 psnet__optim_spec__init(o);
                 o->kind = job->optim.kind == OPTIM_ADAM ? PSNET__OPTIM_KIND__OPTIM_ADAM : PSNET__OPTIM_KIND__OPTIM_SGD;
         }
         s->tensors = calloc(job->ntensors ? job->ntensors : 1, sizeof *s->tensors);
-        if (!s->model || !s->mode || !s->dataset || !o || !s->tensors)
+        if (!s->model || !s->mode || !s->dataset || !o || !s->tensors || (job->init[0] && !s->init))
                 goto nomem;
         s->n_tensors = job->ntensors;
         for (size_t i = 0; i < job->ntensors; i++) {
@@ -304,6 +311,15 @@ int job_from_proto(const Psnet__JobSpec *spec, Job *ret, char *err, size_t errle
         if (strlen(spec->dataset) >= sizeof j.dataset)
                 return conv_err(err, errlen, "dataset path longer than %zu bytes", sizeof j.dataset - 1);
         snprintf(j.dataset, sizeof j.dataset, "%s", spec->dataset);
+        if (spec->init && spec->init[0]) {
+                if (strlen(spec->init) >= sizeof j.init || spec->init[0] != '/')
+                        return conv_err(err, errlen, "init file: an absolute path shorter than %zu bytes",
+                                        sizeof j.init);
+                /* Without a size: not checked yet (psctl's submit; pscoord checks it). */
+                snprintf(j.init, sizeof j.init, "%s", spec->init);
+                j.init_size = spec->has_init_size ? spec->init_size : 0;
+                j.init_digest = spec->has_init_digest ? spec->init_digest : 0;
+        }
         j.expect_workers = spec->has_expect_workers ? spec->expect_workers : 0;
         j.expect_shards = spec->has_expect_shards ? spec->expect_shards : 0;
         j.train_limit = spec->has_train_limit ? spec->train_limit : 0;

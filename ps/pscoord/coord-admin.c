@@ -2,6 +2,7 @@
  * are there (and the shards can hold it), failing it with a reason, psctl's
  * status, submit, stop and mode, and the /metrics text. */
 #include "coord-internal.h"
+#include "job-init.h"
 
 /* The job's state to every peer: the members with the job and map (publish),
  * workers not yet members of anything with the state alone. */
@@ -230,6 +231,16 @@ void coord_handle_job_submit(Coord *c, WireMsg *m) {
                 coord_reply_error(c, &m->route, m->hdr->seq, PSNET__STATUS__STATUS_INVALID, err);
                 return;
         }
+        /* The values to start from: read here, in the loop (no job is running;
+         * a model of 100 MiB takes about 0.1 s), so that psctl hears what is
+         * wrong with the file, and its size and digest go to the shards. */
+        if (job.init[0]) {
+                char why[sizeof err + 320];
+                if (job_init_check(&job, job.init, why, sizeof why) < 0) {
+                        coord_reply_error(c, &m->route, m->hdr->seq, PSNET__STATUS__STATUS_INVALID, why);
+                        return;
+                }
+        }
         /* A model the registered shards cannot hold between them is refused now. */
         uint64_t limit = 0, need = job_model_bytes(&job);
         size_t shards = 0;
@@ -246,7 +257,8 @@ void coord_handle_job_submit(Coord *c, WireMsg *m) {
         }
         coord_job_replace(c, &job);
         char mode[32];
-        log_info("job submitted job=%u model=%s mode=%s", c->job.id, job.model_name, job_mode_string(&job, mode, sizeof mode));
+        log_info("job submitted job=%u model=%s mode=%s%s%s", c->job.id, job.model_name,
+                 job_mode_string(&job, mode, sizeof mode), job.init[0] ? " init=" : "", job.init);
         coord_state_save(c);
         (void) coord_reply_job(c, &m->route, m->hdr->seq, NULL);
         coord_maybe_start(c);

@@ -359,6 +359,19 @@ void coord_handle_checkpoint_rep(Coord *c, WireMsg *m, Peer *p) {
         const char *reason = m->hdr->reason ? m->hdr->reason : "no reason given";
         char msg[512];
         bool ok = !m->hdr->has_status || m->hdr->status == PSNET__STATUS__STATUS_OK;
+        if (rep->has_init && rep->init) {
+                /* A shard built its chunks from the job's --init file, or could not. */
+                if (c->state != JOB_RUNNING || !rep->has_job || rep->job != c->job.id)
+                        return;
+                if (ok) {
+                        log_info("shard loaded the initial values shard=%u file=%s keys=%u bytes=%lu ms=%lu", p->id,
+                                 c->job.init, rep->chunks, (unsigned long) rep->bytes, (unsigned long) rep->ms);
+                        return;
+                }
+                snprintf(msg, sizeof msg, "shard %u cannot start from the init file: %s", p->id, reason);
+                coord_job_fail(c, msg);
+                return;
+        }
         if (rep->has_restore && rep->restore) {
                 if (!c->restore.active || c->state != JOB_RUNNING || !rep->name || strcmp(rep->name, c->restore.name))
                         return;

@@ -6,6 +6,7 @@
 #include "config.h"
 #include "coord.h"
 #include "job-flags.h"
+#include "job-init.h"
 #include "log.h"
 
 int main(int argc, char **argv) {
@@ -95,6 +96,11 @@ int main(int argc, char **argv) {
         }
         if (jobflags_to_job(&jf, &cfg.job, err, sizeof err) < 0) {
                 fprintf(stderr, "pscoord: %s\n", err);
+                r = -1;
+                goto out;
+        }
+        if (cfg.job.init[0] && job_init_check(&cfg.job, cfg.job.init, err, sizeof err) < 0) {
+                fprintf(stderr, "pscoord: bad --init: %s\n", err);
                 r = -1;
                 goto out;
         }

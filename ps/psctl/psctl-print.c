@@ -69,6 +69,8 @@ void print_status_table(const Psnet__StatusRep *s) {
                 printf("  reason=\"%s\"", s->reason);
         if (s->restored_from)
                 printf("  restored_from=%s", s->restored_from);
+        if (j && j->init)
+                printf("  init=%s", j->init);
         if (s->fed)
                 printf("\nrounds %u/%u  phase=%s  round_number=%lu  sampled=%u  answered=%u  available=%u  failed=%lu  "
                        "late=%lu", s->fed->rounds_done, s->fed->rounds, s->fed->phase ? s->fed->phase : "?",
@@ -226,7 +228,8 @@ int print_status_json(const Psnet__StatusRep *s) {
                         "dp_delta", s->fed->has_dp_delta ? json_real(s->fed->dp_delta) : json_null())) < 0)
                 job = NULL;
         if (job && (json_object_set_new(job, "checkpointing", jstr(s->checkpointing)) < 0 ||
-                    json_object_set_new(job, "restored_from", jstr(s->restored_from)) < 0))
+                    json_object_set_new(job, "restored_from", jstr(s->restored_from)) < 0 ||
+                    json_object_set_new(job, "init", jstr(j ? j->init : NULL)) < 0))
                 job = NULL;
         json_t *epochs = json_array();
         for (size_t k = 0; epochs && k < s->n_epochs; k++) {

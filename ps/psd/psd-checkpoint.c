@@ -7,6 +7,7 @@
 #include "ckpt-file.h"
 #include "ckpt-manifest.h"
 #include "endpoint.h"
+#include "job-init.h"
 #include "log.h"
 #include "macro.h"
 #include "psd-checkpoint.h"
@@ -133,6 +134,27 @@ static void answer(Checkpointer *k, int status, const char *reason) {
                 rep.chunks = (uint32_t) k->restored;
         }
         k->done(k->ud, k->seq, &rep, status, reason);
+}
+
+/* The answer to building job's chunks from its --init file. */
+static void answer_init(Checkpointer *k, const Job *job, int status, const char *reason, size_t keys,
+                        uint64_t bytes, uint64_t ms) {
+        Psnet__CheckpointRep rep = PSNET__CHECKPOINT_REP__INIT;
+        rep.name = (char *) "init";
+        rep.has_init = rep.init = rep.has_job = true;
+        rep.job = job->id;
+        rep.has_chunks = rep.has_bytes = rep.has_ms = true;
+        rep.chunks = (uint32_t) keys;
+        rep.bytes = bytes;
+        rep.ms = ms;
+        k->done(k->ud, 0, &rep, status, reason);
+}
+
+void checkpoint_init_failed(Checkpointer *k, const Job *job, int err) {
+        char reason[sizeof job->init + 96];
+        snprintf(reason, sizeof reason, "cannot start reading %s: %s", job->init, strerror(-err));
+        log_error("initial values not loaded reason=\"%s\"", reason);
+        answer_init(k, job, PSNET__STATUS__STATUS_INTERNAL, reason, 0, 0, 0);
 }
 
 /* --- save ------------------------------------------------------------------------------ */
@@ -290,6 +312,22 @@ static void after_work(uv_work_t *w, int status) {
         s->restoring = false;
         k->restored = k->nloaded; /* for the answer */
         restore_clear(k);
+        if (k->seed && k->seed_job.init[0]) {
+                /* From the --init file: pscoord hears either way, and fails the job on an error. */
+                k->seed = false;
+                k->restore = false;
+                uint64_t ms = now_ms() - k->started;
+                if (r < 0)
+                        log_error("initial values not loaded file=%s reason=\"%s\"", k->seed_job.init, k->reason);
+                else
+                        log_info("initial values loaded file=%s keys=%zu bytes=%lu ms=%lu", k->seed_job.init,
+                                 installed, (unsigned long) k->bytes, (unsigned long) ms);
+                answer_init(k, &k->seed_job, r == -ESTALE || r == -EINVAL ? PSNET__STATUS__STATUS_INVALID
+                                             : r < 0                      ? PSNET__STATUS__STATUS_INTERNAL
+                                                                          : PSNET__STATUS__STATUS_OK,
+                            r < 0 ? k->reason : NULL, installed, k->bytes, ms);
+                return;
+        }
         if (k->seed) {
                 k->seed = false;
                 k->restore = false;
@@ -564,13 +602,20 @@ int checkpoint_restore(Checkpointer *k, const char *name, const char *dir, int64
  * would stall the shard past its lease. */
 static void seed_work(uv_work_t *w) {
         Checkpointer *k = w->data;
+        StFile init = { 0 };
         uint64_t wanted = 0;
+        if (k->seed_job.init[0]) {
+                k->err = job_init_open(&k->seed_job, &init, k->reason, sizeof k->reason);
+                if (k->err < 0)
+                        return;
+        }
         for (uint64_t i = 0; i < k->nkeys; i++)
                 wanted += k->want[i];
         k->loaded = ps_calloc(wanted ? wanted : 1, sizeof *k->loaded);
         if (!k->loaded) {
                 snprintf(k->reason, sizeof k->reason, "out of memory");
                 k->err = -ENOMEM;
+                st_free(&init);
                 return;
         }
         for (uint32_t t = 0; t < k->ntensors; t++)
@@ -588,11 +633,16 @@ static void seed_work(uv_work_t *w) {
                         if (!l->val || (k->per && !l->state)) {
                                 snprintf(k->reason, sizeof k->reason, "out of memory");
                                 k->err = -ENOMEM;
+                                st_free(&init);
                                 return;
                         }
-                        job_init_chunk(&k->seed_job, t, c, l->val->data);
+                        if (init.buf)
+                                job_init_chunk_from(&k->seed_job, &init, t, c, l->val->data);
+                        else
+                                job_init_chunk(&k->seed_job, t, c, l->val->data);
                         k->bytes += l->e.bytes;
                 }
+        st_free(&init);
         k->err = 0;
 }
 

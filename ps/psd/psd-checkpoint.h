@@ -47,6 +47,12 @@ int checkpoint_restore(Checkpointer *k, const char *name, const char *dir, int64
 /* Builds the job's initial values for the keys this shard holds and lacks in
  * libuv's thread pool and installs them (store->restoring must be set before
  * the job's first map, and is cleared once they are in); requests for them
- * are answered MIGRATING meanwhile. Nothing is answered to pscoord; a
- * failure builds them in the loop instead. -EBUSY while a save or load runs. */
+ * are answered MIGRATING meanwhile. From the initialisers, nothing is
+ * answered to pscoord and a failure builds them in the loop instead. From
+ * the job's --init file (common/job-init.h), pscoord hears that they are in
+ * or why not (it fails the job: never random values instead of the file's).
+ * -EBUSY while a save or load runs. */
 int checkpoint_seed(Checkpointer *k);
+/* Tells pscoord that job's chunks cannot be built from its --init file
+ * (checkpoint_seed did not start: err). */
+void checkpoint_init_failed(Checkpointer *k, const Job *job, int err);

@@ -483,7 +483,10 @@ static void psd_apply_config(Psd *p, const Psnet__Config *ctl) {
                                  job.id, job.model_name, job_mode_string(&job, mode, sizeof mode),
                                  (unsigned long) p->store->nkeys, (unsigned long) p->store->bytes,
                                  (unsigned long) ctl->map->epoch, restore ? " restore=" : "", restore ? rs->name : "");
-                if (seed && (r = checkpoint_seed(p->ckpt)) < 0) {
+                if (seed && (r = checkpoint_seed(p->ckpt)) < 0 && job.init[0]) {
+                        p->store->restoring = false;
+                        checkpoint_init_failed(p->ckpt, &job, r);
+                } else if (seed && r < 0) {
                         log_warning_errno(r, "Failed to build the initial values in the background (%m): building "
                                           "them here");
                         p->store->restoring = false;
