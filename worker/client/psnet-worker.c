@@ -588,6 +588,20 @@ const char *psnet_job_dataset(const PsnetWorker *w) { return w->has_job ? w->job
 uint64_t psnet_job_samples_at(const PsnetWorker *w, int64_t clock) { return schedule_samples_at(&w->sched, clock); }
 int64_t psnet_job_end_clock(const PsnetWorker *w, uint64_t total) { return schedule_end_clock(&w->sched, total); }
 
+int psnet_job_model_json(const PsnetWorker *w, char *buf, size_t n) {
+        if (!w->has_job)
+                return -ENOENT;
+        ModelDesc *d = ps_calloc(1, sizeof *d);
+        if (!d)
+                return -ENOMEM;
+        char err[256];
+        int r = modeldesc_parse(w->job.model, d, err, sizeof err);
+        if (r == 0)
+                r = modeldesc_json(d, buf, n);
+        ps_free(d);
+        return r;
+}
+
 const char *psnet_job_tensor_name(const PsnetWorker *w, size_t t) {
         return w->has_job && t < w->job.ntensors ? w->job.tensors[t].name : NULL;
 }

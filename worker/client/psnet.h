@@ -104,6 +104,10 @@ uint64_t psnet_job_tensor_numel(const PsnetWorker *w, size_t t);
 uint32_t psnet_job_batch(const PsnetWorker *w);
 uint32_t psnet_job_epochs(const PsnetWorker *w);
 const char *psnet_job_dataset(const PsnetWorker *w);
+/* The model's description as JSON, every field spelled out (docs/models.md;
+ * what an export carries): a framework builds the same model from it.
+ * -ENOSPC if it does not fit n, -ENOENT before the job. */
+int psnet_job_model_json(const PsnetWorker *w, char *buf, size_t n);
 
 /* The job's schedule. Epochs are the job's: an epoch is a pass over the
  * training set by all workers together; a clock of W members trains W x
@@ -152,6 +156,72 @@ int psnet_worker_result(PsnetWorker *w, bool has_accuracy, float accuracy, Psnet
 /* Leaves the job (answered or not within a second), then done (may be NULL). */
 typedef void (*PsnetDoneFn)(PsnetWorker *w, void *ud);
 int psnet_worker_leave(PsnetWorker *w, PsnetDoneFn done, void *ud);
+
+/* --- Blocking -------------------------------------------------------------------------
+ *
+ * The same worker for callers without a libuv loop (Python through ctypes, a
+ * framework's training loop): psnet_sync_new starts a thread that runs a
+ * loop of its own with a PsnetWorker in it, so the lease is kept while the
+ * caller computes. Each call below runs on that thread and returns when it is
+ * done; one call at a time (-EBUSY for a second thread's). libpsnet's events
+ * are bits collected by psnet_sync_wait.
+ *
+ *     psnet_sync_new(&opts, &s);
+ *     psnet_sync_wait(s, PSNET_EV_JOB | PSNET_EV_FAILED, PSNET_WAIT_FOREVER);
+ *     psnet_sync_info(s, &info);                 // clocks, rank, tensors, batch...
+ *     psnet_sync_round(s, NULL, 0, params, info.start_clock);
+ *     loop: compute grads; psnet_sync_round(s, grads, c, params, c + 1); c++
+ *     psnet_sync_result(s, false, 0, &evaluate); ... psnet_sync_leave(s); psnet_sync_free(s);
+ */
+typedef struct PsnetSync PsnetSync;
+
+#define PSNET_EV_REGISTERED 1u  /* registered with pscoord (again) */
+#define PSNET_EV_JOB 2u         /* a member of the running job: train from info.start_clock */
+#define PSNET_EV_MEMBERSHIP 4u  /* rank or number of workers changed */
+#define PSNET_EV_STOP 8u        /* stop after this step (psnet_sync_reason: why) */
+#define PSNET_EV_EVALUATE 16u   /* evaluate the final weights (the worker asked first has gone) */
+#define PSNET_EV_FAILED 32u     /* could not join (psnet_sync_reason: why) */
+
+typedef struct PsnetSyncInfo {
+        uint32_t id, rank, workers;
+        PsnetJobState state;
+        int64_t start_clock, base_clock, round_clock;
+        bool has_job;
+        size_t ntensors;
+        uint32_t batch, epochs, train_limit, test_limit;
+        uint64_t seed;
+        char dataset[256];
+        char model_name[128];
+} PsnetSyncInfo;
+
+int psnet_sync_new(const PsnetWorkerOptions *opts, PsnetSync **ret);
+/* Stops the thread and frees everything (no deregistration: psnet_sync_leave). NULL is fine. */
+void psnet_sync_free(PsnetSync *s);
+/* Waits until one of the events in mask has happened since they were last
+ * collected, at most timeout_ms (0: only looks; PSNET_WAIT_FOREVER: no
+ * limit), collects and returns them; 0 on timeout. */
+#define PSNET_WAIT_FOREVER 0xffffffffu
+int psnet_sync_wait(PsnetSync *s, unsigned mask, unsigned timeout_ms);
+/* The reason that came with the last stop or failed event. */
+void psnet_sync_reason(PsnetSync *s, char *buf, size_t n);
+int psnet_sync_info(PsnetSync *s, PsnetSyncInfo *ret);
+/* Tensor t's name (state_dict's) and values; -ENOENT past the last. */
+int psnet_sync_tensor(PsnetSync *s, size_t t, char *name, size_t n, uint64_t *numel);
+int psnet_sync_model_json(PsnetSync *s, char *buf, size_t n);
+/* psnet_job_samples_at(clock) and psnet_job_end_clock(total). */
+int psnet_sync_schedule(PsnetSync *s, int64_t clock, uint64_t total, uint64_t *samples, int64_t *end_clock);
+/* psnet_worker_round, waited for: its result (-ESTALE: admitted again, see
+ * there). The arrays of pointers may go when it returns; the buffers the
+ * last round pulled into must stay until psnet_sync_result (which reports a
+ * digest of the weights evaluated). */
+int psnet_sync_round(PsnetSync *s, const float *const *grads, int64_t push_clock, float *const *params,
+                     int64_t pull_clock);
+int psnet_sync_progress(PsnetSync *s, const PsnetProgress *p);
+int psnet_sync_evaluated(PsnetSync *s, const PsnetEval *e);
+/* psnet_worker_result, waited for; *evaluate: pscoord asks this worker to evaluate now. */
+int psnet_sync_result(PsnetSync *s, bool has_accuracy, float accuracy, bool *evaluate);
+/* psnet_worker_leave, waited for (at most about a second). */
+int psnet_sync_leave(PsnetSync *s);
 
 #ifdef __cplusplus
 }
