@@ -1,0 +1,250 @@
+"""A psnet worker from Python: ctypes bindings over libpsnet's blocking
+client (psnet.h, "Blocking"; standard library only).
+
+    from psnet.client import Worker
+    w = Worker("ipc:///tmp/psnet/coord.sock")   # registers with pscoord
+    w.wait_job()                                # a member of the running job
+    params = w.pull(w.info()["start_clock"])    # {name: float32 numpy array}
+    params = w.push_pull(grads, clock, clock + 1)   # grads: {name: array}
+    w.result(); w.leave(); w.close()
+
+libpsnet keeps the worker's lease on a thread of its own while Python
+computes. The library is found through $PSNET_LIB (its path), then in the
+source tree's build/ directory, then where the system keeps libraries
+(libpsnet.so.0, installed with psnet). Failures raise PsnetError (an OSError
+with the errno and libpsnet's reason)."""
+import ctypes
+import ctypes.util
+import errno as _errno
+import json
+import os
+
+import numpy as np
+
+EV_REGISTERED, EV_JOB, EV_MEMBERSHIP, EV_STOP, EV_EVALUATE, EV_FAILED = 1, 2, 4, 8, 16, 32
+WAIT_FOREVER = 0xFFFFFFFF
+JOB_STATES = ("waiting", "running", "done", "stopped", "failed")
+
+
+class PsnetError(OSError):
+    pass
+
+
+class Stale(PsnetError):
+    """The worker had left the membership and was admitted again: nothing of
+    the round counted; train on from info()["start_clock"]."""
+
+
+class _Options(ctypes.Structure):
+    _fields_ = [("coord", ctypes.c_char_p), ("connect_timeout_ms", ctypes.c_uint),
+                ("round_timeout_ms", ctypes.c_uint), ("keys_dir", ctypes.c_char_p),
+                ("key_name", ctypes.c_char_p), ("coord_key_name", ctypes.c_char_p)]
+
+
+class _Info(ctypes.Structure):
+    _fields_ = [("id", ctypes.c_uint32), ("rank", ctypes.c_uint32), ("workers", ctypes.c_uint32),
+                ("state", ctypes.c_int), ("start_clock", ctypes.c_int64), ("base_clock", ctypes.c_int64),
+                ("round_clock", ctypes.c_int64), ("has_job", ctypes.c_bool), ("ntensors", ctypes.c_size_t),
+                ("batch", ctypes.c_uint32), ("epochs", ctypes.c_uint32), ("train_limit", ctypes.c_uint32),
+                ("test_limit", ctypes.c_uint32), ("seed", ctypes.c_uint64), ("dataset", ctypes.c_char * 256),
+                ("model_name", ctypes.c_char * 128)]
+
+
+class _Progress(ctypes.Structure):
+    _fields_ = [("clock", ctypes.c_int64), ("epoch", ctypes.c_uint32), ("step", ctypes.c_uint64),
+                ("samples", ctypes.c_uint64), ("steps_per_s", ctypes.c_float),
+                ("samples_per_s", ctypes.c_float), ("loss", ctypes.c_float), ("progress", ctypes.c_float),
+                ("end_clock", ctypes.c_int64)]
+
+
+class _Eval(ctypes.Structure):
+    _fields_ = [("epoch", ctypes.c_uint32), ("accuracy", ctypes.c_float), ("test_loss", ctypes.c_float),
+                ("train_loss", ctypes.c_float), ("clock", ctypes.c_int64)]
+
+
+def _find_library():
+    if os.environ.get("PSNET_LIB"):
+        return os.environ["PSNET_LIB"]
+    here = os.path.dirname(os.path.abspath(__file__))
+    built = os.path.join(here, "..", "..", "build", "worker", "client", "libpsnet.so")
+    if os.path.exists(built):
+        return built
+    return ctypes.util.find_library("psnet") or "libpsnet.so.0"
+
+
+_lib = None
+
+
+def _load():
+    global _lib
+    if _lib is not None:
+        return _lib
+    lib = ctypes.CDLL(_find_library())
+    P, I, U, FP = ctypes.c_void_p, ctypes.c_int, ctypes.c_uint, ctypes.POINTER(ctypes.c_void_p)
+    sigs = {
+        "psnet_sync_new": ([ctypes.POINTER(_Options), FP], I),
+        "psnet_sync_free": ([P], None),
+        "psnet_sync_wait": ([P, U, U], I),
+        "psnet_sync_reason": ([P, ctypes.c_char_p, ctypes.c_size_t], None),
+        "psnet_sync_info": ([P, ctypes.POINTER(_Info)], I),
+        "psnet_sync_tensor": ([P, ctypes.c_size_t, ctypes.c_char_p, ctypes.c_size_t,
+                               ctypes.POINTER(ctypes.c_uint64)], I),
+        "psnet_sync_model_json": ([P, ctypes.c_char_p, ctypes.c_size_t], I),
+        "psnet_sync_schedule": ([P, ctypes.c_int64, ctypes.c_uint64, ctypes.POINTER(ctypes.c_uint64),
+                                 ctypes.POINTER(ctypes.c_int64)], I),
+        "psnet_sync_round": ([P, FP, ctypes.c_int64, FP, ctypes.c_int64], I),
+        "psnet_sync_progress": ([P, ctypes.POINTER(_Progress)], I),
+        "psnet_sync_evaluated": ([P, ctypes.POINTER(_Eval)], I),
+        "psnet_sync_result": ([P, ctypes.c_bool, ctypes.c_float, ctypes.POINTER(ctypes.c_bool)], I),
+        "psnet_sync_leave": ([P], I),
+    }
+    for name, (args, res) in sigs.items():
+        f = getattr(lib, name)
+        f.argtypes, f.restype = args, res
+    _lib = lib
+    return lib
+
+
+def _check(r, what):
+    if r == -_errno.ESTALE:
+        raise Stale(_errno.ESTALE, f"{what}: admitted again at a new clock")
+    if r < 0:
+        raise PsnetError(-r, f"{what}: {os.strerror(-r)}")
+    return r
+
+
+class Worker:
+    """One worker of a psnet job (libpsnet's PsnetSync)."""
+
+    def __init__(self, coord, keys_dir=None, key_name=None, coord_key_name=None, connect_timeout_ms=0,
+                 round_timeout_ms=0):
+        lib = _load()
+        enc = (lambda s: s.encode() if s is not None else None)
+        self._opts = _Options(enc(coord), connect_timeout_ms, round_timeout_ms, enc(keys_dir), enc(key_name),
+                              enc(coord_key_name))
+        self._s = ctypes.c_void_p()
+        _check(lib.psnet_sync_new(ctypes.byref(self._opts), ctypes.byref(self._s)), f"joining {coord}")
+        self._names, self._numels, self._bufs = None, None, None
+
+    def close(self):
+        """Stops libpsnet's thread (without leaving: see leave)."""
+        if self._s:
+            _lib.psnet_sync_free(self._s)
+            self._s = ctypes.c_void_p()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def __del__(self):
+        if getattr(self, "_s", None):
+            self.close()
+
+    # --- events and state
+    def reason(self):
+        buf = ctypes.create_string_buffer(256)
+        _lib.psnet_sync_reason(self._s, buf, len(buf))
+        return buf.value.decode(errors="replace")
+
+    def events(self, mask=0xFF, timeout_s=0.0):
+        """The events in mask that happened since last collected (EV_* bits),
+        waiting at most timeout_s (None: no limit); 0 if none."""
+        ms = WAIT_FOREVER if timeout_s is None else int(timeout_s * 1000)
+        return _lib.psnet_sync_wait(self._s, mask, ms)
+
+    def wait_job(self, timeout_s=None):
+        """Waits until this worker is a member of the running job."""
+        ev = self.events(EV_JOB | EV_FAILED | EV_STOP, timeout_s)
+        if ev & EV_FAILED:
+            raise PsnetError(_errno.ECONNREFUSED, f"could not join: {self.reason()}")
+        if ev & EV_STOP:
+            raise PsnetError(_errno.ECANCELED, f"stopped before the job started: {self.reason()}")
+        if not ev & EV_JOB:
+            raise PsnetError(_errno.ETIMEDOUT, "no job within the time given")
+        self._tensors()
+
+    def info(self):
+        i = _Info()
+        _check(_lib.psnet_sync_info(self._s, ctypes.byref(i)), "info")
+        d = {f: getattr(i, f) for f, _ in _Info._fields_}
+        d["state"] = JOB_STATES[i.state] if 0 <= i.state < len(JOB_STATES) else str(i.state)
+        d["dataset"] = i.dataset.decode()
+        d["model_name"] = i.model_name.decode()
+        return d
+
+    def model(self):
+        """The job's model description (docs/models.md), as a dict."""
+        buf = ctypes.create_string_buffer(1 << 16)
+        _check(_lib.psnet_sync_model_json(self._s, buf, len(buf)), "the model's description")
+        return json.loads(buf.value)
+
+    def schedule(self, clock, total):
+        """(samples the job trained before clock, the clock by which it trained total)."""
+        samples, end = ctypes.c_uint64(), ctypes.c_int64()
+        _check(_lib.psnet_sync_schedule(self._s, clock, total, ctypes.byref(samples), ctypes.byref(end)),
+               "schedule")
+        return samples.value, end.value
+
+    def _tensors(self):
+        info = self.info()
+        names, numels = [], []
+        buf, n = ctypes.create_string_buffer(64), ctypes.c_uint64()
+        for t in range(info["ntensors"]):
+            _check(_lib.psnet_sync_tensor(self._s, t, buf, len(buf), ctypes.byref(n)), f"tensor {t}")
+            names.append(buf.value.decode())
+            numels.append(n.value)
+        self._names, self._numels = names, numels
+        self._bufs = {k: np.zeros(v, dtype=np.float32) for k, v in zip(names, numels)}
+
+    def tensors(self):
+        """The job's tensors: [(state_dict name, values)], in the job's order."""
+        return list(zip(self._names, self._numels))
+
+    # --- rounds
+    def _ptrs(self, arrays, what):
+        out = (ctypes.c_void_p * len(self._names))()
+        for i, (name, numel) in enumerate(zip(self._names, self._numels)):
+            a = arrays[name]
+            if a.dtype != np.float32 or not a.flags["C_CONTIGUOUS"] or a.size != numel:
+                raise ValueError(f"{what} '{name}': a contiguous float32 array of {numel} values")
+            out[i] = a.ctypes.data
+        return out
+
+    def round(self, grads, push_clock, params, pull_clock):
+        """Pushes grads ({name: array}, or None) as this worker's gradient of
+        push_clock and pulls every tensor for pull_clock into params ({name:
+        float32 array}, written in place). Raises Stale or PsnetError."""
+        g = self._ptrs(grads, "gradient") if grads is not None else None
+        p = self._ptrs(params, "buffer")
+        _check(_lib.psnet_sync_round(self._s, g, push_clock, p, pull_clock), f"round of clock {pull_clock}")
+        return params
+
+    def pull(self, clock):
+        """Every tensor as of clock: {name: float32 array} (reused by the next pull)."""
+        return self.round(None, 0, self._bufs, clock)
+
+    def push_pull(self, grads, push_clock, pull_clock):
+        return self.round(grads, push_clock, self._bufs, pull_clock)
+
+    # --- reports
+    def progress(self, clock, epoch, step, samples, loss, steps_per_s=0.0, samples_per_s=0.0, progress=0.0,
+                 end_clock=0):
+        """What psctl status and /metrics show of this worker (sent with its heartbeats)."""
+        p = _Progress(clock, epoch, step, samples, steps_per_s, samples_per_s, loss, progress, end_clock)
+        _check(_lib.psnet_sync_progress(self._s, ctypes.byref(p)), "progress")
+
+    def evaluated(self, epoch, accuracy, test_loss, train_loss, clock):
+        e = _Eval(epoch, accuracy, test_loss, train_loss, clock)
+        _check(_lib.psnet_sync_evaluated(self._s, ctypes.byref(e)), "evaluated")
+
+    def result(self, accuracy=None):
+        """Training finished (accuracy None) or the final weights' accuracy;
+        returns whether pscoord asks this worker to evaluate now."""
+        ev = ctypes.c_bool()
+        _check(_lib.psnet_sync_result(self._s, accuracy is not None, accuracy or 0.0, ctypes.byref(ev)), "result")
+        return ev.value
+
+    def leave(self):
+        _check(_lib.psnet_sync_leave(self._s), "leave")

@@ -1,0 +1,80 @@
+#!/usr/bin/env bash
+# Python workers (python/psnet: ctypes over libpsnet's blocking client, the
+# model in torch.nn, Debian's python3-torch) train the demo MLP: two of them
+# under BSP reach workerd's accuracy on the same job (the same partition,
+# order of batches and initial values: within 0.002), the rank-0 one reports
+# the accuracy at epoch ends, one Python worker and one workerd share a job,
+# an operator's stop ends a Python worker cleanly, and a worker that cannot
+# reach pscoord says so and exits 1.
+source "$(dirname "$0")/lib.sh"
+
+export PYTHONPATH=$PSNET_SRC/python PSNET_LIB=$PSNET_BUILD/worker/client/libpsnet.so
+# A sanitized build's library needs its runtime loaded first in the (plain)
+# interpreter; Python's own allocations are no leaks of ours.
+if ldd "$PSNET_LIB" | grep -q libasan; then
+  PY_ENV=(env "LD_PRELOAD=$(gcc -print-file-name=libasan.so) $(gcc -print-file-name=libubsan.so)"
+          "ASAN_OPTIONS=detect_leaks=0:abort_on_error=1")
+else
+  PY_ENV=(env)
+fi
+pyworker() {  # pyworker NAME ARGS...: a Python worker in the background, its log in $RUN/NAME.log
+  local name=$1; shift
+  "${PY_ENV[@]}" /usr/bin/python3 -m psnet.worker "$@" >"$RUN/$name.out" 2>"$RUN/$name.log" &
+  PIDS+=("$!")
+}
+acc_of() { sed -n 's/.*accuracy=\([0-9.]*\).*/\1/p' <<<"$1"; }
+PIDS=()
+
+# The reference: two workerd.
+train_job ref 2 --epochs 2 "${SUBSET[@]}"
+ref=$(acc_of "$out"); [ -n "$ref" ]; ok $? "two workerd train the job ($out)"
+psnet_stop_all
+
+# Two Python workers, the same job.
+COORD="ipc://$RUN/py.sock"
+psnet_start pscoord-py "$PSCOORD" --listen "$COORD" --workers 2 --shards 2 --epochs 2 "${SUBSET[@]}"
+start_shards py 2
+pyworker py1 --coord "$COORD"; pyworker py2 --coord "$COORD"
+out=$("$PSCTL" --coord "$COORD" job wait --wait 300); acc=$(acc_of "$out")
+grep -q "state=done" <<<"$out"; ok $? "two Python workers train it ($out)"
+within "$acc" "$ref" 0.0026; ok $? "to workerd's accuracy: $acc vs $ref"
+wait "${PIDS[@]}"; ok $? "both exit 0 once the job is done"
+epochs=$("$PSCTL" --coord "$COORD" --json status | jq -c '[.history.epochs[] | .epoch]')
+[ "$epochs" = "[1,2]" ]; ok $? "the rank-0 Python worker reported epoch 1, the final evaluation epoch 2 ($epochs)"
+grep -q 'msg="partition" rank=0/2 images=6000' "$RUN"/py[12].log &&
+  grep -q 'msg="partition" rank=1/2 images=6000' "$RUN"/py[12].log; ok $? "each took half the images"
+psnet_stop_all; PIDS=()
+
+# One Python worker and one workerd.
+COORD="ipc://$RUN/mix.sock"
+psnet_start pscoord-mix "$PSCOORD" --listen "$COORD" --workers 2 --shards 2 --epochs 2 "${SUBSET[@]}"
+start_shards mix 2
+pyworker mix-py --coord "$COORD"
+psnet_start w-mix "$WORKERD" --coord "$COORD" --backend cpu
+out=$("$PSCTL" --coord "$COORD" job wait --wait 300); acc=$(acc_of "$out")
+grep -q "state=done" <<<"$out" && within "$acc" "$ref" 0.0026
+ok $? "a Python worker and a workerd share a job: $acc vs $ref"
+wait "${PIDS[@]}"; ok $? "the Python worker exits 0"
+psnet_stop_all; PIDS=()
+
+# Stopped by the operator while training.
+COORD="ipc://$RUN/stop.sock"
+psnet_start pscoord-stop "$PSCOORD" --listen "$COORD" --workers 1 --shards 1 --epochs 50 "${SUBSET[@]}"
+start_shards stop 1
+pyworker stop-py --coord "$COORD"
+for _ in $(seq 600); do
+  c=$("$PSCTL" --coord "$COORD" --json status | jq '[.workers[].clock] | max // 0')
+  [ "$c" -ge 20 ] && break; sleep 0.1
+done
+[ "$c" -ge 20 ]; ok $? "the Python worker trains (clock $c; psctl status sees it)"
+"$PSCTL" --coord "$COORD" job stop >/dev/null; ok $? "psctl job stop"
+wait "${PIDS[@]}"; rc=$?
+[ $rc -eq 1 ] && grep -q 'msg="stopping" reason=the operator stopped the job' "$RUN/stop-py.log"
+ok $? "it stops with the operator's reason and exits 1 (rc $rc)"
+PIDS=()
+
+# No pscoord there.
+err=$("${PY_ENV[@]}" /usr/bin/python3 -m psnet.worker --coord "ipc://$RUN/nobody.sock" --connect-timeout 1 2>&1); rc=$?
+[ $rc -eq 1 ] && grep -q "psnet.worker: could not join" <<<"$err"; ok $? "no pscoord: exit 1 and why ($(tail -n 1 <<<"$err"))"
+out=$(/usr/bin/python3 -m psnet.worker --help); ok $? "--help"
+grep -q -- "--coord" <<<"$out"; ok $? "--help lists --coord"
