@@ -4,8 +4,9 @@
 # under BSP reach workerd's accuracy on the same job (the same partition,
 # order of batches and initial values: within 0.002), the rank-0 one reports
 # the accuracy at epoch ends, one Python worker and one workerd share a job,
-# an operator's stop ends a Python worker cleanly, and a worker that cannot
-# reach pscoord says so and exits 1.
+# an operator's stop ends a Python worker cleanly, a Python worker trains
+# with CURVE keys over tcp while a stranger's key is refused, and a worker
+# that cannot reach pscoord says so and exits 1.
 source "$(dirname "$0")/lib.sh"
 
 export PYTHONPATH=$PSNET_SRC/python PSNET_LIB=$PSNET_BUILD/worker/client/libpsnet.so
@@ -72,6 +73,25 @@ wait "${PIDS[@]}"; rc=$?
 [ $rc -eq 1 ] && grep -q 'msg="stopping" reason=the operator stopped the job' "$RUN/stop-py.log"
 ok $? "it stops with the operator's reason and exits 1 (rc $rc)"
 PIDS=()
+
+# CURVE: the Python worker with its key from psctl keys gen, over tcp; a
+# stranger's key gets no answer.
+K=$RUN/keys
+for kr in pscoord:server psd:server worker:worker admin:admin; do
+  "$PSCTL" keys gen "${kr%%:*}" --role "${kr##*:}" --dir "$K" >/dev/null || echo "# keys gen ${kr%%:*} failed"
+done
+"$PSCTL" keys gen worker --role worker --dir "$RUN/stranger" >/dev/null
+cp "$K/pscoord.pub" "$RUN/stranger/"
+port=$((20000 + RANDOM % 20000)); COORD="tcp://127.0.0.1:$port"
+psnet_start pscoord-curve "$PSCOORD" --listen "$COORD" --keys "$K" --workers 1 --shards 1 --epochs 1 "${SUBSET[@]}"
+psnet_start psd-curve "$PSD" --id 1 --listen "tcp://127.0.0.1:$((port + 1))" --coord "$COORD" --keys "$K"
+pyworker curve-py --coord "$COORD" --keys "$K"
+out=$("$PSCTL" --coord "$COORD" --keys "$K" job wait --wait 300)
+wait "${PIDS[@]}"; rc=$?
+grep -q "state=done" <<<"$out" && [ $rc -eq 0 ]; ok $? "with --keys over tcp, CURVE ($out)"
+err=$("${PY_ENV[@]}" /usr/bin/python3 -m psnet.worker --coord "$COORD" --keys "$RUN/stranger" --connect-timeout 2 2>&1)
+rc=$?; [ $rc -eq 1 ] && grep -q "could not join" <<<"$err"; ok $? "a stranger's key: exit 1 ($(tail -n 1 <<<"$err"))"
+psnet_stop_all; PIDS=()
 
 # No pscoord there.
 err=$("${PY_ENV[@]}" /usr/bin/python3 -m psnet.worker --coord "ipc://$RUN/nobody.sock" --connect-timeout 1 2>&1); rc=$?
