@@ -47,6 +47,8 @@ accuracy_at_least() { awk -v bar="$2" '{ if (match($0, /accuracy=[0-9.]+/)) { a 
 rdp_rates() { jq -r '[.[] | select(.round > 0) | "\(.sampled)/\(.available)"] | join(" ")' <<<"$1"; }
 # rdp_reference NOISE DELTA RATES...: epsilon by the independent accountant.
 rdp_reference() { /usr/bin/python3 "$PSNET_SRC/tests/integration/rdp-reference.py" "$@"; }
+# acc_of TEXT: the number after the last accuracy= in TEXT (job wait's answer).
+acc_of() { sed -n 's/.*accuracy=\([0-9.]*\).*/\1/p' <<<"$1"; }
 # within A B REL: |A - B| <= REL x B, with B > 0.
 within() { awk -v a="$1" -v b="$2" -v r="$3" 'BEGIN { d = a - b; if (d < 0) d = -d; exit !(b > 0 && d <= r * b) }'; }
 # start_shards TAG N: shards 1..N of run TAG (psd-TAG-I), registering with $COORD.

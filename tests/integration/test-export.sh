@@ -12,7 +12,6 @@ source "$(dirname "$0")/lib.sh"
 FM=/usr/share/datasets/fashion-mnist
 small=(--train-limit 3000 --test-limit 2000)
 torch_acc() { /usr/bin/python3 "$PSNET_SRC/tests/integration/torch-check.py" eval "$1" "$FM" 2000; }
-acc_of() { sed -n 's/.*accuracy=\([0-9.]*\).*/\1/p' <<<"$1"; }
 
 
 # No job yet: export says so.

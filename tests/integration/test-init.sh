@@ -14,7 +14,6 @@ source "$(dirname "$0")/lib.sh"
 FM=/usr/share/datasets/fashion-mnist
 TC=$PSNET_SRC/tests/integration/torch-check.py
 torch_check() { /usr/bin/python3 "$TC" "$@"; }
-acc_of() { sed -n 's/.*accuracy=\([0-9.]*\).*/\1/p' <<<"$1"; }
 MODEL=$RUN/small-cnn.json INIT=$RUN/torch.safetensors
 cat >"$MODEL" <<'JSON'
 {"name": "small-cnn", "input": [1, 28, 28], "layers": [

@@ -23,7 +23,6 @@ pyworker() {  # pyworker NAME ARGS...: a Python worker in the background, its lo
   "${PY_ENV[@]}" /usr/bin/python3 -m psnet.worker "$@" >"$RUN/$name.out" 2>"$RUN/$name.log" &
   PIDS+=("$!")
 }
-acc_of() { sed -n 's/.*accuracy=\([0-9.]*\).*/\1/p' <<<"$1"; }
 PIDS=()
 
 # The reference: two workerd.
@@ -63,11 +62,10 @@ COORD="ipc://$RUN/stop.sock"
 psnet_start pscoord-stop "$PSCOORD" --listen "$COORD" --workers 1 --shards 1 --epochs 50 "${SUBSET[@]}"
 start_shards stop 1
 pyworker stop-py --coord "$COORD"
-for _ in $(seq 600); do
-  c=$("$PSCTL" --coord "$COORD" --json status | jq '[.workers[].clock] | max // 0')
-  [ "$c" -ge 20 ] && break; sleep 0.1
-done
-[ "$c" -ge 20 ]; ok $? "the Python worker trains (clock $c; psctl status sees it)"
+worker_clock() { "$PSCTL" --coord "$COORD" --json status | jq '[.workers[].clock] | max // 0'; }
+clock_at_least() { [ "$(worker_clock)" -ge "$1" ]; }
+psnet_wait_for 60 clock_at_least 20
+ok $? "the Python worker trains (clock $(worker_clock); psctl status sees it)"
 "$PSCTL" --coord "$COORD" job stop >/dev/null; ok $? "psctl job stop"
 wait "${PIDS[@]}"; rc=$?
 [ $rc -eq 1 ] && grep -q 'msg="stopping" reason=the operator stopped the job' "$RUN/stop-py.log"

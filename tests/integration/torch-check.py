@@ -17,30 +17,22 @@
       The largest absolute difference between the tensors of A and B (the
       same names and shapes), or an error.
 """
-import gzip
 import json
 import os
 import sys
 
-import numpy as np
 import torch
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "python"))
+from psnet import data as psnet_data  # noqa: E402
 from psnet.models import build, load, read_safetensors, save, write_safetensors  # noqa: E402
 
 
-def idx(path, n):
-    with gzip.open(path, "rb") as f:
-        data = f.read()
-    ndim = data[3]
-    dims = [int.from_bytes(data[4 + 4 * i:8 + 4 * i], "big") for i in range(ndim)]
-    return np.frombuffer(data, dtype=np.uint8, offset=4 + 4 * ndim).reshape(dims)[:n]
-
-
-def images(src, kind, n):
-    x = idx(os.path.join(src, f"{kind}-images-idx3-ubyte.gz"), n).astype(np.float32) / 255.0
-    y = idx(os.path.join(src, f"{kind}-labels-idx1-ubyte.gz"), n).astype(np.int64)
-    return torch.from_numpy(x), torch.from_numpy(y)
+def images(src, split, n, shape):
+    """The first n images of split ("train" or "test") as psnet reads them
+    (psnet.data: pixels scaled to [0, 1]), shaped [n] + shape."""
+    x, y = psnet_data.load(src, split, n)
+    return torch.from_numpy(x).reshape([len(x)] + shape), torch.from_numpy(y)
 
 
 def accuracy(model, x, y):
@@ -56,8 +48,7 @@ def pretrain(desc_path, src, ntrain, ntest, out):
     torch.manual_seed(0)
     torch.set_num_threads(2)
     model = build(desc)
-    x, y = images(src, "train", ntrain)
-    x = x.reshape([len(x)] + desc["input"])
+    x, y = images(src, "train", ntrain, desc["input"])
     opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
     model.train()
     for _ in range(2):
@@ -68,9 +59,9 @@ def pretrain(desc_path, src, ntrain, ntest, out):
             torch.nn.functional.cross_entropy(model(x[b]), y[b]).backward()
             opt.step()
     model.eval()
-    tx, ty = images(src, "t10k", ntest)
+    tx, ty = images(src, "test", ntest, desc["input"])
     save(model, text, out)
-    print(f"{accuracy(model, tx.reshape([len(tx)] + desc['input']), ty):.4f}")
+    print(f"{accuracy(model, tx, ty):.4f}")
 
 
 def write_f64(path, tensors, meta):
@@ -119,14 +110,9 @@ def main():
     if cmd == "eval":
         path, src, n = sys.argv[2], sys.argv[3], int(sys.argv[4])
         model, meta = load(path)
-        desc = __import__("json").loads(meta["psnet.model"])
-        x = idx(os.path.join(src, "t10k-images-idx3-ubyte.gz"), n).astype(np.float32) / 255.0
-        y = idx(os.path.join(src, "t10k-labels-idx1-ubyte.gz"), n).astype(np.int64)
-        x = torch.from_numpy(x).reshape([len(x)] + desc["input"])
+        x, y = images(src, "test", n, json.loads(meta["psnet.model"])["input"])
         torch.set_num_threads(2)
-        with torch.no_grad():
-            pred = torch.cat([model(x[i:i + 500]).argmax(1) for i in range(0, len(x), 500)])
-        print(f"{(pred.numpy() == y).mean():.4f}")
+        print(f"{accuracy(model, x, y):.4f}")
     elif cmd == "pretrain":
         pretrain(sys.argv[2], sys.argv[3], int(sys.argv[4]), int(sys.argv[5]), sys.argv[6])
     elif cmd == "variant":
