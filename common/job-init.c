@@ -12,14 +12,6 @@ static uint64_t max_file(const Job *job) {
         return 8 + (uint64_t) ST_MAX_HEADER + job_nfloats(job) * sizeof(float);
 }
 
-static void shape_text(const uint64_t *shape, unsigned ndim, char *buf, size_t n) {
-        size_t o = (size_t) snprintf(buf, n, "[");
-        for (unsigned d = 0; d < ndim && o < n; d++)
-                o += (size_t) snprintf(buf + o, n - o, "%s%llu", d ? ", " : "", (unsigned long long) shape[d]);
-        if (o < n)
-                snprintf(buf + o, n - o, "]");
-}
-
 /* The model's tensors against the file's: names, shapes, nothing more. */
 static int check_tensors(const Job *job, const char *path, const StFile *f, char *err, size_t n) {
         for (size_t i = 0; i < job->ntensors; i++) {
@@ -28,7 +20,7 @@ static int check_tensors(const Job *job, const char *path, const StFile *f, char
                 char a[96], b[96];
                 for (unsigned d = 0; d < jt->ndim; d++)
                         want[d] = jt->shape[d];
-                shape_text(want, jt->ndim, a, sizeof a);
+                md_dims_string(want, jt->ndim, a, sizeof a);
                 const StTensor *t = st_find(f, jt->name);
                 if (!t) {
                         snprintf(err, n, "%s has no tensor '%s' (the model's %s)", path, jt->name, a);
@@ -38,7 +30,7 @@ static int check_tensors(const Job *job, const char *path, const StFile *f, char
                 for (unsigned d = 0; same && d < jt->ndim; d++)
                         same = t->shape[d] == want[d];
                 if (!same) {
-                        shape_text(t->shape, t->ndim, b, sizeof b);
+                        md_dims_string(t->shape, t->ndim, b, sizeof b);
                         snprintf(err, n, "tensor '%s' is %s in %s; the model's is %s", jt->name, b, path, a);
                         return -EINVAL;
                 }

@@ -55,14 +55,22 @@ size_t md_shape_numel(const MdShape *s) {
         return n;
 }
 
-const char *md_shape_string(const MdShape *s, char *buf, size_t n) {
-        switch (s->rank) {
-        case 1: snprintf(buf, n, "[%u]", s->d[0]); break;
-        case 2: snprintf(buf, n, "[%u, %u]", s->d[0], s->d[1]); break;
-        case 3: snprintf(buf, n, "[%u, %u, %u]", s->d[0], s->d[1], s->d[2]); break;
-        default: snprintf(buf, n, "[?]"); break;
-        }
+const char *md_dims_string(const uint64_t *d, unsigned ndim, char *buf, size_t n) {
+        size_t o = (size_t) snprintf(buf, n, "[");
+        for (unsigned k = 0; k < ndim && o < n; k++)
+                o += (size_t) snprintf(buf + o, n - o, "%s%llu", k ? ", " : "", (unsigned long long) d[k]);
+        if (o < n)
+                snprintf(buf + o, n - o, "]");
         return buf;
+}
+
+const char *md_shape_string(const MdShape *s, char *buf, size_t n) {
+        if (s->rank < 1 || s->rank > 3) {
+                snprintf(buf, n, "[?]");
+                return buf;
+        }
+        const uint64_t d[3] = { s->d[0], s->d[1], s->d[2] };
+        return md_dims_string(d, s->rank, buf, n);
 }
 
 bool modeldesc_has_dropout(const ModelDesc *d) {

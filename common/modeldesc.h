@@ -102,6 +102,9 @@ int modeldesc_resolve(const char *spec, char *buf, size_t n, char *err, size_t e
 size_t md_shape_numel(const MdShape *s);
 /* "[1, 28, 28]" */
 const char *md_shape_string(const MdShape *s, char *buf, size_t n);
+/* Any shape of ndim dimensions the same way: "[8, 1, 5, 5]" ("[]" for none;
+ * cut short if it does not fit n). */
+const char *md_dims_string(const uint64_t *d, unsigned ndim, char *buf, size_t n);
 const char *layer_kind_name(LayerKind k);
 /* True for the layers that behave differently when evaluating (dropout). */
 bool modeldesc_has_dropout(const ModelDesc *d);
