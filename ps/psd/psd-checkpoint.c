@@ -312,26 +312,23 @@ static void after_work(uv_work_t *w, int status) {
         s->restoring = false;
         k->restored = k->nloaded; /* for the answer */
         restore_clear(k);
-        if (k->seed && k->seed_job.init[0]) {
-                /* From the --init file: pscoord hears either way, and fails the job on an error. */
-                k->seed = false;
-                k->restore = false;
-                uint64_t ms = now_ms() - k->started;
-                if (r < 0)
-                        log_error("initial values not loaded file=%s reason=\"%s\"", k->seed_job.init, k->reason);
-                else
-                        log_info("initial values loaded file=%s keys=%zu bytes=%lu ms=%lu", k->seed_job.init,
-                                 installed, (unsigned long) k->bytes, (unsigned long) ms);
-                answer_init(k, &k->seed_job, r == -ESTALE || r == -EINVAL ? PSNET__STATUS__STATUS_INVALID
-                                             : r < 0                      ? PSNET__STATUS__STATUS_INTERNAL
-                                                                          : PSNET__STATUS__STATUS_OK,
-                            r < 0 ? k->reason : NULL, installed, k->bytes, ms);
-                return;
-        }
         if (k->seed) {
                 k->seed = false;
                 k->restore = false;
-                if (r < 0) {
+                uint64_t ms = now_ms() - k->started;
+                if (k->seed_job.init[0]) {
+                        /* From the --init file: pscoord hears either way, and fails the job on an error. */
+                        if (r < 0)
+                                log_error("initial values not loaded file=%s reason=\"%s\"", k->seed_job.init,
+                                          k->reason);
+                        else
+                                log_info("initial values loaded file=%s keys=%zu bytes=%lu ms=%lu", k->seed_job.init,
+                                         installed, (unsigned long) k->bytes, (unsigned long) ms);
+                        answer_init(k, &k->seed_job, r == -ESTALE || r == -EINVAL ? PSNET__STATUS__STATUS_INVALID
+                                                     : r < 0                      ? PSNET__STATUS__STATUS_INTERNAL
+                                                                                  : PSNET__STATUS__STATUS_OK,
+                                    r < 0 ? k->reason : NULL, installed, k->bytes, ms);
+                } else if (r < 0) {
                         /* Built here instead: the loop stalls, but the job goes on. */
                         log_error("initial values not built in the background reason=\"%s\"; building them here",
                                   k->reason);
@@ -340,7 +337,7 @@ static void after_work(uv_work_t *w, int status) {
                                 log_error_errno(r, "Failed to build the initial values: %m");
                 } else
                         log_info("initial values built keys=%zu bytes=%lu ms=%lu", installed, (unsigned long) k->bytes,
-                                 (unsigned long) (now_ms() - k->started));
+                                 (unsigned long) ms);
                 return;
         }
         if (r < 0) {

@@ -33,7 +33,6 @@ struct PsnetSync {
         void *arg;
         bool posted, done, busy;
         int result;
-        bool evaluate;          /* psnet_sync_result's answer */
         float **params;         /* the last round's params array (libpsnet keeps it) */
         size_t nparams;
         /* events (PSNET_EV_*) not yet collected, and the last reason */
@@ -275,23 +274,23 @@ int psnet_sync_model_json(PsnetSync *s, char *buf, size_t n) {
         return call(s, do_model_json, &a);
 }
 
-typedef struct ClockArg {
-        int64_t clock;
+typedef struct ScheduleArg {
+        int64_t clock, end_clock;
         uint64_t total, samples;
-} ClockArg;
+} ScheduleArg;
 
 static int do_schedule(PsnetSync *s, void *arg) {
-        ClockArg *a = arg;
+        ScheduleArg *a = arg;
         a->samples = psnet_job_samples_at(s->w, a->clock);
-        a->clock = psnet_job_end_clock(s->w, a->total);
+        a->end_clock = psnet_job_end_clock(s->w, a->total);
         return 0;
 }
 
 int psnet_sync_schedule(PsnetSync *s, int64_t clock, uint64_t total, uint64_t *samples, int64_t *end_clock) {
-        ClockArg a = { .clock = clock, .total = total };
+        ScheduleArg a = { .clock = clock, .total = total };
         int r = call(s, do_schedule, &a);
         *samples = a.samples;
-        *end_clock = a.clock;
+        *end_clock = a.end_clock;
         return r;
 }
 
@@ -344,29 +343,29 @@ static int do_evaluated(PsnetSync *s, void *arg) { return psnet_worker_evaluated
 int psnet_sync_evaluated(PsnetSync *s, const PsnetEval *e) { return call(s, do_evaluated, (void *) e); }
 
 typedef struct ResultArg {
-        bool has_accuracy;
+        PsnetSync *s;
+        bool has_accuracy, evaluate;
         float accuracy;
 } ResultArg;
 
 static void result_cb(PsnetWorker *w, int r, bool evaluate, void *ud) {
-        PsnetSync *s = ud;
+        ResultArg *a = ud;
         (void) w;
-        s->evaluate = evaluate; /* read by the caller after complete's mutex */
-        complete(s, r);
+        a->evaluate = evaluate; /* read by the caller after complete's mutex */
+        complete(a->s, r);
 }
 
 static int do_result(PsnetSync *s, void *arg) {
         ResultArg *a = arg;
-        s->evaluate = false;
-        int r = psnet_worker_result(s->w, a->has_accuracy, a->accuracy, result_cb, s);
+        int r = psnet_worker_result(s->w, a->has_accuracy, a->accuracy, result_cb, a);
         return r < 0 ? r : PENDING;
 }
 
 int psnet_sync_result(PsnetSync *s, bool has_accuracy, float accuracy, bool *evaluate) {
-        ResultArg a = { has_accuracy, accuracy };
+        ResultArg a = { .s = s, .has_accuracy = has_accuracy, .accuracy = accuracy };
         int r = call(s, do_result, &a);
         if (evaluate)
-                *evaluate = r == 0 && s->evaluate;
+                *evaluate = r == 0 && a.evaluate;
         return r;
 }
 
