@@ -258,6 +258,7 @@ static void session_finish_req(Session *s, Req *q, int r, WireMsg *m) {
 static bool is_reply_type(int t) {
         return t == PSNET__MSG_TYPE__MSG_REGISTER_REP || t == PSNET__MSG_TYPE__MSG_HEARTBEAT_REP ||
                t == PSNET__MSG_TYPE__MSG_DEREGISTER_REP || t == PSNET__MSG_TYPE__MSG_STATUS_REP ||
+               t == PSNET__MSG_TYPE__MSG_HISTORY_REP ||
                t == PSNET__MSG_TYPE__MSG_JOB_REP || t == PSNET__MSG_TYPE__MSG_RESULT_REP;
 }
 

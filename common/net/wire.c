@@ -77,6 +77,8 @@ static const struct {
         { PSNET__MSG_TYPE__MSG_CHECKPOINT_RESTORE, "CHECKPOINT_RESTORE", false, B(CHECKPOINT) },
         { PSNET__MSG_TYPE__MSG_ROUND, "ROUND", false, B(ROUND) },
         { PSNET__MSG_TYPE__MSG_ROUND_REP, "ROUND_REP", false, B(ROUND) },
+        { PSNET__MSG_TYPE__MSG_HISTORY, "HISTORY", false, B(_NOT_SET) },
+        { PSNET__MSG_TYPE__MSG_HISTORY_REP, "HISTORY_REP", false, B(HISTORY) },
 };
 #undef B
 

@@ -186,6 +186,7 @@ static unsigned allowed_roles(int type, bool at_coord) {
                 case PSNET__MSG_TYPE__MSG_CHECKPOINT:
                 case PSNET__MSG_TYPE__MSG_CHECKPOINT_LIST:
                 case PSNET__MSG_TYPE__MSG_CHECKPOINT_RESTORE:
+                case PSNET__MSG_TYPE__MSG_HISTORY:
                         return A;
                 case PSNET__MSG_TYPE__MSG_REGISTER: /* the role registered must match the key's: pscoord checks */
                 case PSNET__MSG_TYPE__MSG_HEARTBEAT:

@@ -2,7 +2,13 @@
  * (the worker of rank 0 evaluates at each epoch's end and reports it with
  * its heartbeats; the evaluator reports the last epoch's with its result).
  * Kept in order of epochs, the last COORD_EPOCH_HISTORY of them, in the
- * state file and psctl status. See coord-internal.h. */
+ * state file and psctl status.
+ *
+ * And the workers' heartbeats as samples (loss, samples/s, the spread of the
+ * members' clocks), for psctl report: at most COORD_CLOCK_HISTORY of them
+ * over the whole job. When they fill it, every other sample of each worker
+ * goes and the stride doubles, so a long job's curves keep their start at a
+ * coarser step instead of losing it. See coord-internal.h. */
 #include <errno.h>
 #include <math.h>
 #include <stdio.h>
@@ -13,6 +19,107 @@
 
 void coord_history_reset(Coord *c) {
         c->nepochs = 0;
+        c->nclocks = 0;
+        c->clock_stride = 1;
+        for (size_t i = 0; i < c->npeers; i++) {
+                c->peers[i].hist_seq = 0;
+                c->peers[i].hist_clock = 0;
+        }
+}
+
+/* Keeps every other sample of each worker (those whose seq is a multiple of
+ * twice the stride); the stride doubles. */
+static void thin_out(Coord *c) {
+        uint32_t keep = c->clock_stride * 2;
+        size_t n = 0;
+        for (size_t k = 0; k < c->nclocks; k++)
+                if (c->clocks[k].seq % keep == 0)
+                        c->clocks[n++] = c->clocks[k];
+        c->nclocks = n;
+        c->clock_stride = keep;
+}
+
+void coord_history_sample(Coord *c, Peer *p) {
+        const Psnet__WorkerInfo *wi = &p->worker;
+        if (c->state != JOB_RUNNING || !p->member || !wi->has_clock || wi->clock <= p->hist_clock)
+                return;
+        p->hist_clock = wi->clock;
+        uint32_t seq = p->hist_seq++;
+        if (c->clock_stride == 0)
+                c->clock_stride = 1;
+        if (seq % c->clock_stride != 0)
+                return;
+        if (!c->clocks) {
+                c->clocks = ps_calloc(COORD_CLOCK_HISTORY, sizeof *c->clocks);
+                if (!c->clocks) {
+                        log_warning("out of memory for the job's samples (psctl report draws none)");
+                        return;
+                }
+        }
+        while (c->nclocks == COORD_CLOCK_HISTORY && c->clock_stride < UINT32_MAX / 2) {
+                thin_out(c);
+                if (seq % c->clock_stride != 0)
+                        return;
+        }
+        if (c->nclocks == COORD_CLOCK_HISTORY)
+                return;
+        /* Staleness: how far the fastest member is ahead of the slowest, as
+         * the shards' gates saw it at their last heartbeats (the workers'
+         * own heartbeats come at different moments, so their clocks do not
+         * compare). */
+        int64_t spread = 0;
+        for (size_t i = 0; i < c->npeers; i++) {
+                const Peer *q = &c->peers[i];
+                if (q->role == PSNET__ROLE__ROLE_SERVER && q->shard.has_min_worker_clock &&
+                    q->shard.has_max_worker_clock && q->shard.max_worker_clock >= q->shard.min_worker_clock &&
+                    c->map && shardmap_find(c->map, q->id) >= 0)
+                        spread = MAX(spread, q->shard.max_worker_clock - q->shard.min_worker_clock);
+        }
+        c->clocks[c->nclocks++] = (ClockRec) {
+                .worker = p->id, .seq = seq, .clock = wi->clock, .spread = spread,
+                .seconds = (float) (now_ms() - c->job_start_ms) / 1000.0f,
+                .loss = wi->has_loss && isfinite(wi->loss) ? wi->loss : NAN,
+                .samples_per_s = wi->has_samples_per_s && isfinite(wi->samples_per_s) && wi->samples_per_s >= 0
+                                         ? wi->samples_per_s : NAN,
+        };
+}
+
+void coord_handle_history(Coord *c, WireMsg *m) {
+        size_t n = c->nclocks;
+        _cleanup_free_ Psnet__ClockSample *cs = ps_calloc(MAX(n, (size_t) 1), sizeof *cs);
+        _cleanup_free_ Psnet__ClockSample **csp = ps_calloc(MAX(n, (size_t) 1), sizeof *csp);
+        if (!cs || !csp) {
+                coord_reply_error(c, &m->route, m->hdr->seq, PSNET__STATUS__STATUS_RESOURCE, "out of memory");
+                return;
+        }
+        for (size_t k = 0; k < n; k++) {
+                const ClockRec *r = &c->clocks[k];
+                Psnet__ClockSample *o = &cs[k];
+                psnet__clock_sample__init(o);
+                o->worker = r->worker;
+                o->has_clock = o->has_seconds = o->has_spread = true;
+                o->clock = r->clock;
+                o->seconds = r->seconds;
+                o->spread = r->spread;
+                o->has_loss = !isnan(r->loss);
+                o->loss = r->loss;
+                o->has_samples_per_s = !isnan(r->samples_per_s);
+                o->samples_per_s = r->samples_per_s;
+                csp[k] = o;
+        }
+        Psnet__History hist = PSNET__HISTORY__INIT;
+        hist.n_samples = n;
+        hist.samples = csp;
+        hist.has_stride = hist.has_capacity = true;
+        hist.stride = c->clock_stride ? c->clock_stride : 1;
+        hist.capacity = COORD_CLOCK_HISTORY;
+        Psnet__Header h;
+        wire_header_init(&h, PSNET__MSG_TYPE__MSG_HISTORY_REP);
+        h.body_case = PSNET__HEADER__BODY_HISTORY;
+        h.history = &hist;
+        int r = coord_reply_hdr(c, &m->route, &h, m->hdr->seq);
+        if (r < 0)
+                log_warning_errno(r, "Failed to answer a history request: %m");
 }
 
 /* Appends r, dropping the oldest record when full; records come in order of

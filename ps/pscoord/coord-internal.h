@@ -60,6 +60,8 @@ typedef struct Peer {
         bool drain;
         bool detached;              /* known from the state file, not registered with this pscoord yet */
         uint64_t rejoin_until;      /* ms: a detached peer's lease runs out then */
+        int64_t hist_clock;         /* workers: the clock of its last sample in the history */
+        uint32_t hist_seq;          /* workers: heartbeats with a new clock this job (coord-history.c) */
 } Peer;
 
 /* A change agreed at a clock boundary: pscoord fences the shards, learns their
@@ -108,6 +110,15 @@ typedef struct EpochRec {
         float seconds;              /* since the job started */
         int64_t clock;              /* of the weights evaluated */
 } EpochRec;
+
+/* The job's heartbeats (coord-history.c): the last COORD_CLOCK_HISTORY, all
+ * of the job thinned out evenly (ClockSample in psnet.proto). */
+#define COORD_CLOCK_HISTORY 4096
+typedef struct ClockRec {
+        uint32_t worker, seq;       /* seq: the worker's Peer.hist_seq */
+        int64_t clock, spread;
+        float seconds, loss, samples_per_s; /* loss NaN when not finite */
+} ClockRec;
 
 /* A federated job's rounds (coord-fed.c). */
 #define COORD_FED_HISTORY 1024
@@ -218,6 +229,9 @@ typedef struct Coord {
         FedRounds fed;
         EpochRec epochs[COORD_EPOCH_HISTORY]; /* ascending epochs: the last nepochs */
         size_t nepochs;
+        ClockRec *clocks;           /* COORD_CLOCK_HISTORY of them, allocated with the first */
+        size_t nclocks;
+        uint32_t clock_stride;      /* a worker's every stride-th heartbeat is recorded (a power of 2) */
         struct { bool valid; char name[65]; int64_t clock; uint64_t bytes, created_ms; } last_ckpt;
         int64_t ckpt_next_clock;    /* --checkpoint-every: the clock the next one waits for */
         uint64_t ckpt_retry_at;
@@ -393,6 +407,13 @@ void coord_history_reset(Coord *c);
  * epochs or with an accuracy outside [0, 1] is logged, counted as an error
  * and ends the look at wi (the ones after it are not recorded either). */
 bool coord_history_epoch(Coord *c, uint32_t worker, const Psnet__WorkerInfo *wi);
+/* Samples worker p's heartbeat (wi, already in p->worker) when its clock
+ * moved since its last sample: clock, loss, samples/s, and the spread of the
+ * members' clocks. Not kept in the state file: a restarted pscoord starts
+ * them again. */
+void coord_history_sample(Coord *c, Peer *p);
+/* MSG_HISTORY (psctl report): the samples, oldest first. */
+void coord_handle_history(Coord *c, WireMsg *m);
 /* The records as psctl status and the state file carry them. -ENOMEM, or 0:
  * free with coord_history_view_free. */
 typedef struct HistoryView {

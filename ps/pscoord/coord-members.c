@@ -385,6 +385,7 @@ void coord_handle_heartbeat(Coord *c, WireMsg *m, Peer *p) {
                 p->worker.base = (ProtobufCMessage) PROTOBUF_C_MESSAGE_INIT(&psnet__worker_info__descriptor);
                 p->worker.n_evals = 0; /* they live in the message, kept in the history */
                 p->worker.evals = NULL;
+                coord_history_sample(c, p);
         }
         int r = coord_reply(c, &m->route, PSNET__MSG_TYPE__MSG_HEARTBEAT_REP, h->seq);
         if (r < 0)

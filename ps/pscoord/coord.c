@@ -86,6 +86,9 @@ static void handle_message(Coord *c, WireMsg *m) {
         case PSNET__MSG_TYPE__MSG_CHECKPOINT_RESTORE:
                 coord_handle_checkpoint_restore(c, m);
                 return;
+        case PSNET__MSG_TYPE__MSG_HISTORY:
+                coord_handle_history(c, m);
+                return;
         case PSNET__MSG_TYPE__MSG_CHECKPOINT_REP:
         case PSNET__MSG_TYPE__MSG_ROUND_REP:
         case PSNET__MSG_TYPE__MSG_HEARTBEAT:
@@ -191,7 +194,7 @@ static void coord_reload(void *ud) {
 }
 
 int coord_run(const CoordConfig *cfg) {
-        Coord c = { .cfg = cfg, .job = cfg->job, .state = JOB_WAITING, .state_lock = -1 };
+        Coord c = { .cfg = cfg, .job = cfg->job, .state = JOB_WAITING, .state_lock = -1, .clock_stride = 1 };
         char mode[32];
         int r;
 
@@ -295,6 +298,7 @@ finish:
         for (size_t i = 0; i < c.npeers; i++)
                 coord_peer_done(&c.peers[i]);
         ps_free(c.peers);
+        ps_free(c.clocks);
         ps_free(c.prev_ids);
         shardmap_free(c.map);
         coord_state_close(&c);

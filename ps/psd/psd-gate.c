@@ -210,9 +210,8 @@ int gate_set_members(Store *s, const uint32_t *workers, size_t n, uint64_t epoch
         return gate_set_config(s, s->gate.cur.mode, s->gate.cur.staleness, workers, NULL, NULL, n, NULL, 0, 0, epoch);
 }
 
-int64_t gate_fence(Store *s, int64_t *ret_min_worker, int64_t *ret_max_worker) {
-        Gate *g = &s->gate;
-        int64_t maxc = store_max_clock(s);
+void gate_worker_clocks(const Store *s, int64_t *ret_min_worker, int64_t *ret_max_worker) {
+        const Gate *g = &s->gate;
         int64_t slowest = -1, fastest = 0;
         for (size_t i = 0; i < g->cur.nmembers; i++) {
                 uint32_t w = g->cur.members[i];
@@ -222,11 +221,17 @@ int64_t gate_fence(Store *s, int64_t *ret_min_worker, int64_t *ret_max_worker) {
                 if (wc > fastest)
                         fastest = wc;
         }
-        g->fenced = true;
-        g->fence_limit = maxc + 1;
-        g->fence_pull_limit = fastest + 1;
         *ret_min_worker = slowest < 0 ? 0 : slowest;
         *ret_max_worker = fastest;
+}
+
+int64_t gate_fence(Store *s, int64_t *ret_min_worker, int64_t *ret_max_worker) {
+        Gate *g = &s->gate;
+        int64_t maxc = store_max_clock(s);
+        gate_worker_clocks(s, ret_min_worker, ret_max_worker);
+        g->fenced = true;
+        g->fence_limit = maxc + 1;
+        g->fence_pull_limit = *ret_max_worker + 1;
         return maxc;
 }
 

@@ -129,6 +129,9 @@ const GateCfg *gate_cfg(const Store *s, int64_t clock);
  * Returns the highest chunk clock; the members' slowest and fastest completed
  * clocks go to ret_min_worker and ret_max_worker (0 when unknown). */
 int64_t gate_fence(Store *s, int64_t *ret_min_worker, int64_t *ret_max_worker);
+/* The members' slowest and fastest completed clocks (members with no push
+ * yet not counted; 0 when none has pushed), as gate_fence gives them. */
+void gate_worker_clocks(const Store *s, int64_t *ret_min_worker, int64_t *ret_max_worker);
 
 /* Admits a PUSH whose keys were looked up: 0, or a status (STALE, DENIED,
  * NOT_FINITE) with the reason. sender_key: the sender's CURVE key, or NULL. */

@@ -708,6 +708,8 @@ static void psd_heartbeat(Session *s, Psnet__Heartbeat *hb, void *ud) {
         si->stalled_ms = ms;
         si->has_min_steps = si->has_max_steps = true;
         store_steps(p->store, &si->min_steps, &si->max_steps);
+        si->has_min_worker_clock = si->has_max_worker_clock = true;
+        gate_worker_clocks(p->store, &si->min_worker_clock, &si->max_worker_clock);
         si->has_backup_keys = si->has_acknowledging = true;
         si->backup_keys = p->store->backup_keys;
         si->acknowledging = psd_may_acknowledge(p);

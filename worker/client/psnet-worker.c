@@ -40,6 +40,9 @@ struct PsnetWorker {
         uint64_t members_epoch;         /* of the latest membership this worker is in */
         Schedule sched;                 /* the job's epochs in clocks, from the membership */
         PsnetProgress progress;
+        double hb_loss_sum;                /* the losses reported with new clocks since the last heartbeat */
+        uint64_t hb_loss_n;
+        uint64_t hb_ms, hb_samples, hb_step;  /* at the last heartbeat */
         PsnetEval evals[PSNET_EVALS_KEPT]; /* a ring: the newest nevals end at evals_end */
         size_t nevals, evals_end;
         Psnet__EpochRecord eval_recs[PSNET_EVALS_KEPT], *eval_recp[PSNET_EVALS_KEPT];
@@ -262,6 +265,22 @@ static void on_heartbeat(Session *s, Psnet__Heartbeat *hb, void *ud) {
         wi->has_steps_per_s = wi->has_samples_per_s = true;
         wi->steps_per_s = w->progress.steps_per_s;
         wi->samples_per_s = w->progress.samples_per_s;
+        /* The speed since the last heartbeat, where this worker's counts say. */
+        uint64_t now = now_ms();
+        if (w->hb_ms && now > w->hb_ms && w->progress.samples >= w->hb_samples && w->progress.step >= w->hb_step) {
+                double dt = (double) (now - w->hb_ms) / 1000.0;
+                wi->samples_per_s = (float) ((double) (w->progress.samples - w->hb_samples) / dt);
+                wi->steps_per_s = (float) ((double) (w->progress.step - w->hb_step) / dt);
+        }
+        w->hb_ms = now;
+        w->hb_samples = w->progress.samples;
+        w->hb_step = w->progress.step;
+        /* The mean of the steps' losses since the last heartbeat: pscoord
+         * keeps them as the job's loss by clock (psctl report). */
+        if (w->hb_loss_n)
+                wi->loss = (float) (w->hb_loss_sum / (double) w->hb_loss_n);
+        w->hb_loss_sum = 0;
+        w->hb_loss_n = 0;
         hb->worker = wi;
 }
 
@@ -479,6 +498,10 @@ void psnet_worker_traffic(const PsnetWorker *w, uint64_t *pushed, uint64_t *pull
 }
 
 void psnet_worker_progress(PsnetWorker *w, const PsnetProgress *p) {
+        if (p->clock != w->progress.clock) {
+                w->hb_loss_sum += p->loss;
+                w->hb_loss_n++;
+        }
         w->progress = *p;
 }
 

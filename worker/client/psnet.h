@@ -138,6 +138,12 @@ int psnet_worker_prefetch(PsnetWorker *w, float *const *params, int64_t pull_clo
 /* Bytes pushed and pulled, rounds done, seconds spent waiting for shards. */
 void psnet_worker_traffic(const PsnetWorker *w, uint64_t *pushed, uint64_t *pulled, uint64_t *rounds, double *wait_s);
 
+/* What psctl status shows of this worker, sent with its heartbeats: call it
+ * after each step, with that step's loss. A heartbeat carries the mean loss
+ * of the steps reported since the one before (the job's loss by clock in
+ * psctl report) and the samples and steps per second since then from the
+ * counts (the rates given count only for the first); a report with the clock
+ * of the last one replaces it without counting its loss again. */
 void psnet_worker_progress(PsnetWorker *w, const PsnetProgress *p);
 /* Reports an evaluation (epochs ascending; -EINVAL for an older one) with the
  * heartbeats and the result that follow: pscoord keeps them as the job's

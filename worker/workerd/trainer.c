@@ -261,7 +261,7 @@ static void progress(Trainer *t, bool force) {
 static void report_progress(Trainer *t) {
         PsnetProgress p = {
                 .clock = t->clock, .epoch = t->job_epoch, .step = t->step, .samples = t->samples,
-                .steps_per_s = t->sps, .samples_per_s = t->samples_ps, .loss = t->last_loss,
+                .steps_per_s = t->sps, .samples_per_s = t->samples_ps, .loss = t->loss,
                 .progress = t->job_progress, .end_clock = t->end_clock,
         };
         psnet_worker_progress(t->w, &p);
