@@ -15,12 +15,12 @@
 #include "wire-job.h"
 
 
-static const char *state_of(Psnet__JobState s) {
+const char *psctl_state_of(Psnet__JobState s) {
         JobState st;
         return job_state_from_proto(s, &st) < 0 ? "?" : job_state_name(st);
 }
 
-static const char *mode_of(const Psnet__JobSpec *j, char *buf, size_t n) {
+const char *psctl_mode_of(const Psnet__JobSpec *j, char *buf, size_t n) {
         ConsistencyMode m;
         uint32_t st;
         if (!j || mode_from_proto(j->mode, &m, &st) < 0)
@@ -29,7 +29,7 @@ static const char *mode_of(const Psnet__JobSpec *j, char *buf, size_t n) {
 }
 
 /* The model's name (a JSON model's text is long): mlp:..., cnn, vit or its "name". */
-static const char *model_of(const Psnet__JobSpec *j, char *buf, size_t n) {
+const char *psctl_model_of(const Psnet__JobSpec *j, char *buf, size_t n) {
         ModelDesc *d;
         if (!j || !j->model)
                 return "-";
@@ -58,8 +58,8 @@ void print_status_table(const Psnet__StatusRep *s) {
         printf("coordinator  %s  up %.1f s\n", s->coord_endpoint ? s->coord_endpoint : "?",
                (double) s->uptime_ms / 1000.0);
         printf("job %u  %s  mode=%s  state=%s  epochs=%u  batch=%u  map_epoch=%lu  members_epoch=%lu",
-               j ? j->id : 0, model_of(j, model, sizeof model), mode_of(j, mode, sizeof mode), state_of(s->job_state),
-               j ? j->epochs : 0, j ? j->batch : 0, (unsigned long) s->map_epoch, (unsigned long) s->members_epoch);
+               j ? j->id : 0, psctl_model_of(j, model, sizeof model), psctl_mode_of(j, mode, sizeof mode),
+               psctl_state_of(s->job_state), j ? j->epochs : 0, j ? j->batch : 0, (unsigned long) s->map_epoch, (unsigned long) s->members_epoch);
         printf("  replicas=%u  failovers=%u", j && j->has_replicas ? j->replicas : 1, s->failovers);
         if (s->has_accuracy)
                 printf("  accuracy=%.4f", s->accuracy);
@@ -124,7 +124,7 @@ void print_status_table(const Psnet__StatusRep *s) {
 void print_watch(const Psnet__StatusRep *s) {
         char mode[32];
         printf("t=%.1fs job=%u mode=%s state=%s members_epoch=%lu workers=%zu", (double) s->uptime_ms / 1000.0,
-               s->job ? s->job->id : 0, mode_of(s->job, mode, sizeof mode), state_of(s->job_state),
+               s->job ? s->job->id : 0, psctl_mode_of(s->job, mode, sizeof mode), psctl_state_of(s->job_state),
                (unsigned long) s->members_epoch, s->n_workers);
         if (s->has_accuracy)
                 printf(" accuracy=%.4f", s->accuracy);
@@ -206,7 +206,7 @@ int print_status_json(const Psnet__StatusRep *s) {
         }
         json_t *job = json_pack("{s:I,s:o,s:s,s:s,s:I,s:I,s:I,s:I,s:I,s:I,s:o,s:o,s:I,s:I,s:o}",
                 "id", (json_int_t) (j ? j->id : 0), "model", jstr(j ? j->model : NULL),
-                "mode", mode_of(j, mode, sizeof mode), "state", state_of(s->job_state),
+                "mode", psctl_mode_of(j, mode, sizeof mode), "state", psctl_state_of(s->job_state),
                 "epochs", (json_int_t) (j ? j->epochs : 0), "batch", (json_int_t) (j ? j->batch : 0),
                 "chunk_floats", (json_int_t) (j ? j->chunk_floats : 0), "keys", (json_int_t) spec_keys(j),
                 "map_epoch", (json_int_t) s->map_epoch, "members_epoch", (json_int_t) s->members_epoch,
@@ -277,7 +277,7 @@ int print_rounds(const Psnet__StatusRep *s, bool history, bool json) {
                         return emit(h);
                 json_decref(h);
                 return emit(json_pack("{s:s,s:I,s:I,s:s,s:I,s:I,s:I,s:I,s:I,s:I,s:I,s:o}", "state",
-                                      state_of(s->job_state), "rounds_done", (json_int_t) f->rounds_done, "rounds",
+                                      psctl_state_of(s->job_state), "rounds_done", (json_int_t) f->rounds_done, "rounds",
                                       (json_int_t) f->rounds, "phase", f->phase ? f->phase : "?", "number",
                                       (json_int_t) f->number, "sampled", (json_int_t) f->sampled, "answered",
                                       (json_int_t) f->answered, "available", (json_int_t) f->available, "failed",
@@ -286,7 +286,7 @@ int print_rounds(const Psnet__StatusRep *s, bool history, bool json) {
                                       f->has_epsilon ? json_real(f->epsilon) : json_null()));
         }
         if (!history) {
-                printf("job %u  state=%s  rounds %u/%u  phase=%s\n", s->job ? s->job->id : 0, state_of(s->job_state),
+                printf("job %u  state=%s  rounds %u/%u  phase=%s\n", s->job ? s->job->id : 0, psctl_state_of(s->job_state),
                        f->rounds_done, f->rounds, f->phase ? f->phase : "?");
                 printf("round number %lu: sampled=%u answered=%u (%.1f s)  available=%u  failed=%lu  late=%lu\n",
                        (unsigned long) f->number, f->sampled, f->answered, (double) f->round_ms / 1000.0, f->available,

@@ -25,6 +25,7 @@ typedef struct Ctl {
         char *keys, *key, *coord_key;  /* CURVE */
         char *role, *dir;              /* keys gen */
         char *format;                  /* export */
+        char *out;                     /* report */
         NetIdentity id;
         unsigned wait_s, interval_ms;
         JobFlags jf;
@@ -197,6 +198,24 @@ static int cmd_export(Ctl *c, char **args) {
                 return r;
         r = psctl_export(&c->loop, c->zctx, c->id.enabled ? &c->id.keys : NULL, c->timeout, m->status_rep, args[0],
                          c->json);
+        psnet__header__free_unpacked(m, NULL);
+        return r;
+}
+
+static int cmd_report(Ctl *c, char **args _unused_) {
+        if (!c->out || !c->out[0]) {
+                fprintf(stderr, "psctl report: --out DIR says where to write it (see psctl report --help)\n");
+                return -EINVAL;
+        }
+        Psnet__Header *m, *hm;
+        int r = ctl_request_type(c, PSNET__MSG_TYPE__MSG_STATUS, PSNET__MSG_TYPE__MSG_STATUS_REP, &m);
+        if (r < 0)
+                return r;
+        r = ctl_request_type(c, PSNET__MSG_TYPE__MSG_HISTORY, PSNET__MSG_TYPE__MSG_HISTORY_REP, &hm);
+        if (r == 0) {
+                r = psctl_report(m->status_rep, hm->history, c->out, c->json);
+                psnet__header__free_unpacked(hm, NULL);
+        }
         psnet__header__free_unpacked(m, NULL);
         return r;
 }
@@ -473,6 +492,11 @@ static size_t export_options(Ctl *c, Option *o) {
         return 1;
 }
 
+static size_t report_options(Ctl *c, Option *o) {
+        o[0] = (Option) { "out", OPT_STR, &c->out, "DIR", "the directory to write (made if missing)" };
+        return 1;
+}
+
 static size_t keys_options(Ctl *c, Option *o) {
         o[0] = (Option) { "role", OPT_STR, &c->role, "ROLE", "admin (psctl), server (pscoord, psd), worker or edge" };
         o[1] = (Option) { "dir", OPT_STR, &c->dir, "DIR", "where to write (default: --keys, else /etc/psnet/keys)" };
@@ -501,6 +525,8 @@ static const Verb verbs[] = {
           "wait until the job ends; prints its accuracy (exit 1 unless it is done)" },
         { "export", "FILE", 1, cmd_export, export_options,
           "the job's values now, as FILE (safetensors, PyTorch state_dict names; docs/models.md)" },
+        { "report", "", 0, cmd_report, report_options,
+          "the job's curves (loss, accuracy, samples/s, staleness) as PNG, SVG and --out DIR/index.html" },
         { "keys gen", "NAME", 1, cmd_keys_gen, keys_options,
           "write a CURVE key pair NAME.key and its allow-list line (--role R)" },
 };
@@ -634,6 +660,8 @@ int main(int argc, char **argv) {
         size_t nj = global_options(&c, opts);
         nj += submit_options(&c, opts + nj);
         nj += keys_options(&c, opts + nj);
+        nj += report_options(&c, opts + nj);
+        nj += export_options(&c, opts + nj);
         config_free_strings(opts, nj);
         free(c.coord);
         return r;

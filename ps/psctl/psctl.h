@@ -6,6 +6,11 @@
 #include "keys.h"
 #include "psnet.pb-c.h"
 
+/* A job's state, mode (bsp, ssp:3, ...) and model's name (mlp:..., cnn, a
+ * JSON model's "name") as psctl prints them; "-" or "?" when unknown. */
+const char *psctl_state_of(Psnet__JobState s);
+const char *psctl_mode_of(const Psnet__JobSpec *j, char *buf, size_t n);
+const char *psctl_model_of(const Psnet__JobSpec *j, char *buf, size_t n);
 /* The whole status as a table (stdout). */
 void print_status_table(const Psnet__StatusRep *s);
 /* The whole status as one JSON object (stdout); 0 or -ENOMEM. */
@@ -29,3 +34,9 @@ int print_json_result(const char *state, bool has_accuracy, float accuracy);
  * path as safetensors. Says on stderr why not. */
 int psctl_export(uv_loop_t *loop, void *zctx, const NetKeyPair *keys, unsigned timeout_s, const Psnet__StatusRep *st,
                  const char *path, bool json);
+
+/* psctl report (psctl-report.c): st's epochs (and a federated job's rounds)
+ * and h's samples as CSV files, charts drawn by gnuplot (PNG and SVG) and an
+ * index.html showing them, in dir (made if missing). Says on stderr why
+ * not: -ENOENT when gnuplot is not installed (the CSV files are written). */
+int psctl_report(const Psnet__StatusRep *st, const Psnet__History *h, const char *dir, bool json);

@@ -231,7 +231,9 @@ class Worker:
     # --- reports
     def progress(self, clock, epoch, step, samples, loss, steps_per_s=0.0, samples_per_s=0.0, progress=0.0,
                  end_clock=0):
-        """What psctl status and /metrics show of this worker (sent with its heartbeats)."""
+        """What psctl status and /metrics show of this worker (sent with its heartbeats): call it
+        after each step with that step's loss; a heartbeat carries the mean since the one before
+        (the loss by clock of psctl report)."""
         p = _Progress(clock, epoch, step, samples, steps_per_s, samples_per_s, loss, progress, end_clock)
         _check(_lib.psnet_sync_progress(self._s, ctypes.byref(p)), "progress")
 

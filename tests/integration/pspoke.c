@@ -23,6 +23,7 @@
  *   register-server  a REGISTER as shard 77 at ipc:///nowhere (pscoord)
  *   chunk-state    a shard-to-shard CHUNK_STATE of key (0,0) (psd)
  *   job-stop       a JOB_STOP (pscoord)
+ *   history        a HISTORY (pscoord: admin only)
  *   push-nan       a PUSH of key (0,0) whose values are all NaN, as worker
  *                  PSPOKE_SENDER (default 999), clock PSPOKE_CLOCK (default 0)
  *   push-value     the same with every value PSPOKE_VALUE (default 1) and an
@@ -184,6 +185,10 @@ int main(int argc, char **argv) {
                 h.n_keys = 0;
                 h.body_case = PSNET__HEADER__BODY_REG;
                 h.reg = &reg;
+                r = send_header(s, &h, 0, false);
+        } else if (!strcmp(c, "history")) {
+                h.type = PSNET__MSG_TYPE__MSG_HISTORY;
+                h.n_keys = 0;
                 r = send_header(s, &h, 0, false);
         } else if (!strcmp(c, "job-stop")) {
                 h.type = PSNET__MSG_TYPE__MSG_JOB_STOP;

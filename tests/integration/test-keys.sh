@@ -46,6 +46,11 @@ out=$("$PSCTL" --coord "$COORD" --keys "$K" --key worker job stop 2>&1); ok $(( 
 grep -q "role worker may not send JOB_STOP (admin only) (denied)" <<<"$out"; ok $? "with a clear status ($out)"
 grep -q "msg=\"refused request\" reason=\"role worker may not send JOB_STOP (admin only)\" status=denied key=[0-9a-f]\{16\} name=worker" "$RUN/pscoord.log"
 ok $? "pscoord logs it with the key's fingerprint"
+out=$(PSPOKE_KEYS=$K PSPOKE_KEY=worker "$PSPOKE" "$COORD" history 2>&1)
+grep -q "status=denied .*reason=role worker may not send HISTORY (admin only)" <<<"$out"
+ok $? "a worker key asking for the job's samples: refused ($out)"
+"$PSCTL" --coord "$COORD" --keys "$K" report --out "$RUN/report" >/dev/null && [ -s "$RUN/report/index.html" ]
+ok $? "the admin key gets psctl report"
 out=$(PSPOKE_KEYS=$K PSPOKE_KEY=edge "$PSPOKE" "$COORD" register-worker 2>&1)
 grep -q "status=denied .*reason=a key of role edge cannot register as a worker" <<<"$out"; ok $? "an edge key cannot register as a worker ($out)"
 len=$("$PSCTL" --coord "$COORD" --keys "$K" --json status | jq .job.chunk_floats)

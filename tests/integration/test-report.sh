@@ -1,0 +1,93 @@
+#!/usr/bin/env bash
+# Training curves: pscoord samples the workers' heartbeats (loss, samples/s,
+# the spread of the members' clocks at the shards) and psctl report draws
+# them with the epochs' accuracy through gnuplot: PNG and SVG files that are
+# what they say, an index.html showing them, CSV files with the numbers. The
+# numbers are checked against what they measure: each worker's clocks rise,
+# the loss falls, BSP keeps members within a clock of each other, ssp:3 lets
+# a slow worker fall behind but never past the bound (a pull of clock c waits
+# for the slowest to complete c - 3: completed clocks differ by 4 at most),
+# and the epochs are the
+# status's. Refusals: no --out, --out a file, no gnuplot; the demo's --report.
+source "$(dirname "$0")/lib.sh"
+
+# report_job NAME MODE [WORKER-2 OPTIONS...]: two workers, three epochs,
+# heartbeats every 250 ms; job wait's answer in $out.
+report_job() {
+  local name=$1 mode=$2; shift 2
+  COORD="ipc://$RUN/$name.sock"
+  psnet_start "pscoord-$name" "$PSCOORD" --listen "$COORD" --workers 2 --shards 2 --mode "$mode" --epochs 3 \
+    --lease-ms 1000 "${SUBSET[@]}"
+  start_shards "$name" 2 "$COORD"
+  psnet_start "w1-$name" "$WORKERD" --coord "$COORD" --backend cpu
+  psnet_start "w2-$name" "$WORKERD" --coord "$COORD" --backend cpu "$@"
+  out=$("$PSCTL" --coord "$COORD" job wait --wait 300)
+}
+
+# Is FILE a PNG (its signature) or an SVG (XML whose root is svg)?
+is_png() { [ "$(head -c 8 "$1" | od -An -tx1 | tr -d ' \n')" = 89504e470d0a1a0a ]; }
+is_svg() {
+  /usr/bin/python3 -c 'import sys, xml.etree.ElementTree as E
+sys.exit(0 if E.parse(sys.argv[1]).getroot().tag.endswith("svg") else 1)' "$1"
+}
+# awk over samples.csv's rows (header skipped, comma-separated).
+samples() { tail -n +2 "$2/samples.csv" | awk -F, "$1"; }
+
+# --- a BSP job ---------------------------------------------------------------------
+report_job bsp bsp
+acc=$(acc_of "$out"); [ -n "$acc" ]; ok $? "a BSP job trains ($out)"
+D=$RUN/bsp-report
+msg=$("$PSCTL" --coord "$COORD" report --out "$D" 2>&1); ok $? "psctl report writes ($msg)"
+for c in loss accuracy throughput staleness; do
+  is_png "$D/$c.png" && is_svg "$D/$c.svg"; ok $? "$c: a PNG and an SVG"
+  grep -q "src=\"$c.svg\"" "$D/index.html"; ok $? "index.html shows the $c chart"
+done
+is_svg "$D/loss.svg" && grep -q "worker 1" "$D/loss.svg" && grep -q "worker 2" "$D/loss.svg" &&
+  grep -q "test set" "$D/loss.svg"
+ok $? "the loss chart has a line per worker and the test set's"
+n1=$(samples '$2 == 1 { n++ } END { print n + 0 }' "$D"); n2=$(samples '$2 == 2 { n++ } END { print n + 0 }' "$D")
+[ "$n1" -ge 3 ] && [ "$n2" -ge 3 ]; ok $? "samples of both workers ($n1, $n2)"
+samples '{ if (($2 in last) && $3 <= last[$2]) bad = 1; last[$2] = $3 } END { exit bad }' "$D"
+ok $? "each worker's clocks rise from sample to sample"
+samples '$4 != "" && $5 > 0 { n++ } END { exit !(NR > 0 && n == NR) }' "$D"
+ok $? "every sample has a loss and a speed"
+first_last=$(samples '$2 == 1 && $4 != "" { if (!f) f = $4; l = $4 } END { print f, l }' "$D")
+awk 'NF == 2 { d = $2 < $1 * 0.8 } END { exit !d }' <<<"$first_last"; ok $? "the training loss falls (worker 1: $first_last)"
+spread=$(samples '$6 > m { m = $6 } END { print m + 0 }' "$D")
+[ "$spread" -le 1 ]; ok $? "BSP: members are never more than a clock apart at the shards (at most $spread)"
+want=$("$PSCTL" --coord "$COORD" --json status | jq -r '.history.epochs[] | "\(.epoch) \(.accuracy)"')
+got=$(awk -F, 'NR > 1 { print $1, $4 }' "$D/epochs.csv")
+[ -n "$want" ] && [ "$(awk '{ printf "%s %.4f\n", $1, $2 }' <<<"$want")" = "$(awk '{ printf "%s %.4f\n", $1, $2 }' <<<"$got")" ]
+ok $? "epochs.csv is the status's epochs ($(tr '\n' ' ' <<<"$got"))"
+grep -q "$acc" "$D/index.html"; ok $? "index.html says the final accuracy ($acc)"
+j=$("$PSCTL" --coord "$COORD" --json report --out "$D"); ok $? "report --json"
+[ "$(jq -r '.charts | join(" ")' <<<"$j")" = "loss accuracy throughput staleness" ] && [ "$(jq -r .dir <<<"$j")" = "$D" ]
+ok $? "--json names the directory and the charts ($j)"
+
+# The refusals: where to write is not optional, nor a file; without gnuplot the numbers still come.
+err=$("$PSCTL" --coord "$COORD" report 2>&1); rc=$?
+[ $rc -eq 2 ] && grep -q -- "--out DIR" <<<"$err"; ok $? "no --out: exit 2 and why ($err)"
+err=$("$PSCTL" --coord "$COORD" report --out "$D/index.html" 2>&1); rc=$?
+[ $rc -ne 0 ] && grep -q "Not a directory" <<<"$err"; ok $? "--out a file: refused ($err)"
+err=$(PATH=/nonexistent "$PSCTL" --coord "$COORD" report --out "$RUN/nognuplot" 2>&1); rc=$?
+[ $rc -ne 0 ] && grep -q "gnuplot-nox" <<<"$err" && [ -s "$RUN/nognuplot/samples.csv" ] && [ ! -e "$RUN/nognuplot/loss.png" ]
+ok $? "no gnuplot: says which package, the CSV files are written ($err)"
+psnet_stop_all
+
+# --- ssp:3 with a slow worker: staleness shows, bounded ------------------------------
+report_job ssp ssp:3 --step-delay-ms 15
+[ -n "$(acc_of "$out")" ]; ok $? "an ssp:3 job with a slow worker trains ($out)"
+D=$RUN/ssp-report
+"$PSCTL" --coord "$COORD" report --out "$D" >/dev/null; ok $? "psctl report"
+spread=$(samples '$6 > m { m = $6 } END { print m + 0 }' "$D")
+[ "$spread" -ge 2 ] && [ "$spread" -le 4 ]
+ok $? "the fast worker runs ahead of the slow one, within the bound (at most $spread clocks apart)"
+grep -q "first 4 to graph 1" "$D/report.gp"; ok $? "the staleness chart marks the bound (3 + 1 completed clocks)"
+psnet_stop_all
+
+# --- the demo ------------------------------------------------------------------------
+out=$(PSNET_DEMO_LOGS="$RUN/demo" "$PSNET_SRC/deploy/local/demo" --no-build --build "$PSNET_BUILD" --no-http \
+  --epochs 2 --report "$RUN/demo-report" -- "${SUBSET[@]}" 2>"$RUN/demo.err" | tail -1)
+ok $? "the demo runs with --report ($out)"
+is_png "$RUN/demo-report/accuracy.png" && grep -q 'src="accuracy.svg"' "$RUN/demo-report/index.html"
+ok $? "and writes the report"
