@@ -8,7 +8,8 @@
 # a slow worker fall behind but never past the bound (a pull of clock c waits
 # for the slowest to complete c - 3: completed clocks differ by 4 at most),
 # and the epochs are the
-# status's. Refusals: no --out, --out a file, no gnuplot; the demo's --report.
+# status's. Refusals: no --out, --out a file, no gnuplot; the demo's --report,
+# and a federated job's loss and accuracy by round.
 source "$(dirname "$0")/lib.sh"
 
 # report_job NAME MODE [WORKER-2 OPTIONS...]: two workers, three epochs,
@@ -91,3 +92,16 @@ out=$(PSNET_DEMO_LOGS="$RUN/demo" "$PSNET_SRC/deploy/local/demo" --no-build --bu
 ok $? "the demo runs with --report ($out)"
 is_png "$RUN/demo-report/accuracy.png" && grep -q 'src="accuracy.svg"' "$RUN/demo-report/index.html"
 ok $? "and writes the report"
+
+# A federated job: loss and accuracy by round.
+out=$(PSNET_DEMO_LOGS="$RUN/fed" "$PSNET_SRC/deploy/local/demo" --no-build --build "$PSNET_BUILD" --no-http \
+  --federated --clients 4 --rounds 4 --report "$RUN/fed-report" -- --eval-every 2 "${SUBSET[@]}" 2>"$RUN/fed.err" |
+  tail -1)
+ok $? "a federated demo with --report ($out)"
+F=$RUN/fed-report
+[ "$(awk -F, 'NR > 1 && $3 > 0 { n++ } END { print n + 0 }' "$F/rounds.csv")" = 4 ] &&
+  [ "$(awk -F, 'NR > 1 && $4 != "" { n++ } END { print n + 0 }' "$F/rounds.csv")" = 2 ]
+ok $? "rounds.csv: the four rounds' losses, the accuracy of every second ($(tail -n +2 "$F/rounds.csv" | tr '\n' ' '))"
+is_png "$F/loss.png" && is_svg "$F/accuracy.svg" && grep -q 'src="loss.svg"' "$F/index.html" &&
+  [ ! -e "$F/staleness.png" ]
+ok $? "its charts are the loss and accuracy by round"
