@@ -7,9 +7,9 @@
 # the loss falls, BSP keeps members within a clock of each other, ssp:3 lets
 # a slow worker fall behind but never past the bound (a pull of clock c waits
 # for the slowest to complete c - 3: completed clocks differ by 4 at most),
-# and the epochs are the
-# status's. Refusals: no --out, --out a file, no gnuplot; the demo's --report,
-# and a federated job's loss and accuracy by round.
+# and the epochs are the status's. Refusals: no --out, --out a file, no
+# gnuplot; the demo's --report, and a federated job's loss and accuracy by
+# round.
 source "$(dirname "$0")/lib.sh"
 
 # report_job NAME MODE [WORKER-2 OPTIONS...]: two workers, three epochs,
