@@ -251,7 +251,8 @@ static int write_script(const Report *rp, const char *dir, Chart *charts, size_t
         }
         if (!rp->fed && rp->has_accuracy) {
                 gp_chart(f, "accuracy", "test accuracy by epoch", "epoch", "accuracy", rp);
-                fputs("set xtics 1\nplot 'epochs.dat' using 1:4 with linespoints pt 7 lw 2 title 'test set'\n", f);
+                fprintf(f, "%splot 'epochs.dat' using 1:4 with linespoints pt 7 lw 2 title 'test set'\n",
+                        rp->st->n_epochs <= 20 ? "set xtics 1\n" : "");
                 gp_svg(f, "accuracy");
                 fputs("set xtics autofreq\n", f);
                 charts[n++] = (Chart) { "accuracy", "Test accuracy by epoch",
