@@ -66,3 +66,7 @@ grep -q 'msg="ready" partition=2/3 images=[0-9]* alpha=dirichlet' "${runs[0]}"/e
 ok $? "each edge worker trains on its own Dirichlet share"
 out=$("$DEMO" --no-build --build "$PSNET_BUILD" --federated --clients 1 2>&1); [ $? = 2 ] && grep -q 'at least 2' <<<"$out"
 ok $? "--federated --clients 1 is refused with a reason"
+# The built-in vit gets the demo's settings for it, and says so.
+"$DEMO" --no-build --build "$PSNET_BUILD" --no-http --backend cpu --model vit --epochs 1 -- --train-limit 1000 \
+  --test-limit 500 >"$RUN/vit.out" 2>"$RUN/vit.err"; ok $? "demo --model vit runs ($(tail -1 "$RUN/vit.out"))"
+grep -q '^demo: vit: Adam at lr 0.001, 1 epochs' "$RUN/vit.err"; ok $? "with Adam at lr 0.001, and says so"
