@@ -45,8 +45,6 @@ void coord_history_sample(Coord *c, Peer *p) {
                 return;
         p->hist_clock = wi->clock;
         uint32_t seq = p->hist_seq++;
-        if (c->clock_stride == 0)
-                c->clock_stride = 1;
         if (seq % c->clock_stride != 0)
                 return;
         if (!c->clocks) {
@@ -111,7 +109,7 @@ void coord_handle_history(Coord *c, WireMsg *m) {
         hist.n_samples = n;
         hist.samples = csp;
         hist.has_stride = hist.has_capacity = true;
-        hist.stride = c->clock_stride ? c->clock_stride : 1;
+        hist.stride = c->clock_stride;
         hist.capacity = COORD_CLOCK_HISTORY;
         Psnet__Header h;
         wire_header_init(&h, PSNET__MSG_TYPE__MSG_HISTORY_REP);

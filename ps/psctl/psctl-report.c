@@ -21,6 +21,31 @@
 
 extern char **environ;
 
+/* --- files ----------------------------------------------------------------------- */
+
+/* dir/name opened for writing, its path in path; NULL (errno set) after
+ * saying why. */
+static FILE *out_open(const char *dir, const char *name, char *path, size_t n) {
+        snprintf(path, n, "%s/%s", dir, name);
+        FILE *f = fopen(path, "w");
+        if (!f) {
+                int e = errno;
+                fprintf(stderr, "psctl report: cannot write %s: %s\n", path, strerror(e));
+                errno = e;
+        }
+        return f;
+}
+
+/* Closes f, written to path: 0, or a negative errno after saying why. */
+static int out_close(FILE *f, const char *path) {
+        int r = ferror(f) ? -EIO : 0;
+        if (fclose(f) != 0 && r == 0)
+                r = -errno;
+        if (r < 0)
+                fprintf(stderr, "psctl report: cannot write %s: %s\n", path, strerror(-r));
+        return r;
+}
+
 /* --- tables --------------------------------------------------------------------- */
 
 /* A table of numbers (NaN: none), written as CSV (header, empty fields for
@@ -36,13 +61,9 @@ typedef struct Table {
 
 static int table_write(const Table *t, const char *dir, const char *name, bool csv) {
         char path[4096];
-        snprintf(path, sizeof path, "%s/%s", dir, name);
-        FILE *f = fopen(path, "w");
-        if (!f) {
-                int r = -errno;
-                fprintf(stderr, "psctl report: cannot write %s: %s\n", path, strerror(-r));
-                return r;
-        }
+        FILE *f = out_open(dir, name, path, sizeof path);
+        if (!f)
+                return -errno;
         fputs(csv ? "" : "# ", f);
         for (size_t c = 0; c < t->ncols; c++)
                 fprintf(f, "%s%s", c ? (csv ? "," : " ") : "", t->cols[c]);
@@ -61,12 +82,7 @@ static int table_write(const Table *t, const char *dir, const char *name, bool c
                 }
                 fputc('\n', f);
         }
-        int r = ferror(f) ? -EIO : 0;
-        if (fclose(f) != 0 && r == 0)
-                r = -errno;
-        if (r < 0)
-                fprintf(stderr, "psctl report: cannot write %s: %s\n", path, strerror(-r));
-        return r;
+        return out_close(f, path);
 }
 
 static int table_both(const Table *t, const char *dir, const char *base) {
@@ -224,13 +240,9 @@ typedef struct Chart {
 /* Writes report.gp with the charts there are numbers for (in charts). */
 static int write_script(const Report *rp, const char *dir, Chart *charts, size_t *nch) {
         char path[4096];
-        snprintf(path, sizeof path, "%s/report.gp", dir);
-        FILE *f = fopen(path, "w");
-        if (!f) {
-                int r = -errno;
-                fprintf(stderr, "psctl report: cannot write %s: %s\n", path, strerror(-r));
-                return r;
-        }
+        FILE *f = out_open(dir, "report.gp", path, sizeof path);
+        if (!f)
+                return -errno;
         fputs("# psctl report: gnuplot report.gp in this directory draws the charts again.\n"
               "set datafile missing '?'\nset grid\nset key top right\n",
               f);
@@ -306,12 +318,7 @@ static int write_script(const Report *rp, const char *dir, Chart *charts, size_t
                                         "The model after the round, on an edge worker's test set (--eval-every)." };
         }
         *nch = n;
-        int r = ferror(f) ? -EIO : 0;
-        if (fclose(f) != 0 && r == 0)
-                r = -errno;
-        if (r < 0)
-                fprintf(stderr, "psctl report: cannot write %s: %s\n", path, strerror(-r));
-        return r;
+        return out_close(f, path);
 }
 
 /* Runs gnuplot on report.gp in dir, its messages to gnuplot.log. */
@@ -385,13 +392,9 @@ static void num(char *b, size_t n, bool has, double v, const char *fmt) {
 
 static int write_index(const Report *rp, const char *dir, const Chart *charts, size_t nch) {
         char path[4096], b[192], mode[32], model[128];
-        snprintf(path, sizeof path, "%s/index.html", dir);
-        FILE *f = fopen(path, "w");
-        if (!f) {
-                int r = -errno;
-                fprintf(stderr, "psctl report: cannot write %s: %s\n", path, strerror(-r));
-                return r;
-        }
+        FILE *f = out_open(dir, "index.html", path, sizeof path);
+        if (!f)
+                return -errno;
         const Psnet__StatusRep *st = rp->st;
         const Psnet__JobSpec *j = st->job;
         fputs("<!doctype html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">\n<title>", f);
@@ -450,12 +453,7 @@ static int write_index(const Report *rp, const char *dir, const Chart *charts, s
                    "<code>gnuplot report.gp</code> here draws the charts again.</p>\n</body></html>\n",
                 rp->fed ? "" : "<a href=\"samples.csv\">samples.csv</a>, ",
                 rp->fed ? ", <a href=\"rounds.csv\">rounds.csv</a>" : "");
-        int r = ferror(f) ? -EIO : 0;
-        if (fclose(f) != 0 && r == 0)
-                r = -errno;
-        if (r < 0)
-                fprintf(stderr, "psctl report: cannot write %s: %s\n", path, strerror(-r));
-        return r;
+        return out_close(f, path);
 }
 
 /* --- the whole ---------------------------------------------------------------------- */
