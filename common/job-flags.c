@@ -54,6 +54,9 @@ size_t jobflags_options(JobFlags *f, Option *o) {
                   "(lr x W under BSP, x sqrt(W) under ASP/SSP and for Adam), linear, sqrt or none (default auto)" },
                 { "warmup-clocks", OPT_UINT, &f->warmup_clocks, "N",
                   "lr ramps up from its 1-worker value over the first N clocks (with --lr-scaling)" },
+                { "lr-schedule", OPT_STR, &f->lr_schedule, "SCHEDULE",
+                  "lr over the job: constant, or cosine (from lr at the start down to 0 at the last clock, "
+                  "following the share of the job's samples trained) (default constant)" },
                 { "allow-nonfinite", OPT_BOOL, &f->allow_nonfinite, NULL,
                   "shards accept NaN/Inf gradients instead of refusing the push (skips a pass over every push; "
                   "for trusted workers only)" },
@@ -176,6 +179,10 @@ int jobflags_to_job(const JobFlags *f, Job *job, char *err, size_t errlen) {
         job->seed = f->seed;
         if (f->lr_scaling && lr_scaling_from_string(f->lr_scaling, &job->lr_scaling) < 0) {
                 snprintf(err, errlen, "bad --lr-scaling '%s' (expected auto, linear, sqrt or none)", f->lr_scaling);
+                return -EINVAL;
+        }
+        if (f->lr_schedule && lr_schedule_from_string(f->lr_schedule, &job->lr_schedule) < 0) {
+                snprintf(err, errlen, "bad --lr-schedule '%s' (expected constant or cosine)", f->lr_schedule);
                 return -EINVAL;
         }
         job->warmup_clocks = f->warmup_clocks;

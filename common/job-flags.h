@@ -5,14 +5,14 @@
 #include "config.h"
 #include "job.h"
 
-#define JOBFLAGS_NOPTS 43
+#define JOBFLAGS_NOPTS 44
 
 typedef struct JobFlags {
         char *model, *mode, *optim, *data, *init;
         float lr, momentum, weight_decay;
         unsigned epochs, batch, workers, shards, chunk_kb, train_limit, test_limit;
         uint64_t seed;
-        char *lr_scaling;
+        char *lr_scaling, *lr_schedule;
         unsigned warmup_clocks;
         bool allow_nonfinite;
         unsigned replicas;

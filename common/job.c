@@ -462,7 +462,8 @@ void job_init_chunk(const Job *job, uint32_t t, uint32_t c, float *out) {
                 memset(out, 0, (size_t) len * sizeof *out);
 }
 
-float job_lr_factor(const Job *job, ConsistencyMode mode, uint32_t workers, int64_t clock) {
+/* The factor for W members (see job_lr_factor). */
+static float lr_workers_factor(const Job *job, ConsistencyMode mode, uint32_t workers, int64_t clock) {
         if (job->lr_scaling == LR_SCALING_NONE || workers <= 1)
                 return 1.0f;
         bool linear = job->lr_scaling == LR_SCALING_LINEAR ||
@@ -474,17 +475,46 @@ float job_lr_factor(const Job *job, ConsistencyMode mode, uint32_t workers, int6
         return 1.0f + (target - 1.0f) * ramp;
 }
 
+float job_lr_factor(const Job *job, ConsistencyMode mode, uint32_t workers, int64_t clock, float progress) {
+        float f = lr_workers_factor(job, mode, workers, clock);
+        if (job->lr_schedule != LR_SCHEDULE_COSINE || !(progress >= 0.0f))
+                return f;
+        double p = MIN((double) progress, 1.0);
+        return f * (float) (0.5 * (1.0 + cos(M_PI * p)));
+}
+
 static const char *const lr_scaling_names[] = { "none", "auto", "linear", "sqrt" };
 
-int lr_scaling_from_string(const char *s, LrScaling *ret) {
-        for (size_t i = 0; i < ELEMENTSOF(lr_scaling_names); i++)
-                if (strcmp(s, lr_scaling_names[i]) == 0) {
-                        *ret = (LrScaling) i;
-                        return 0;
-                }
+/* The index of s in names, or -EINVAL. */
+static int name_index(const char *const *names, size_t n, const char *s) {
+        for (size_t i = 0; i < n; i++)
+                if (strcmp(s, names[i]) == 0)
+                        return (int) i;
         return -EINVAL;
+}
+
+int lr_scaling_from_string(const char *s, LrScaling *ret) {
+        int i = name_index(lr_scaling_names, ELEMENTSOF(lr_scaling_names), s);
+        if (i < 0)
+                return i;
+        *ret = (LrScaling) i;
+        return 0;
 }
 
 const char *lr_scaling_name(LrScaling s) {
         return (size_t) s < ELEMENTSOF(lr_scaling_names) ? lr_scaling_names[s] : "?";
+}
+
+static const char *const lr_schedule_names[] = { "constant", "cosine" };
+
+int lr_schedule_from_string(const char *s, LrSchedule *ret) {
+        int i = name_index(lr_schedule_names, ELEMENTSOF(lr_schedule_names), s);
+        if (i < 0)
+                return i;
+        *ret = (LrSchedule) i;
+        return 0;
+}
+
+const char *lr_schedule_name(LrSchedule s) {
+        return (size_t) s < ELEMENTSOF(lr_schedule_names) ? lr_schedule_names[s] : "?";
 }

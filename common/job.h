@@ -20,6 +20,8 @@ typedef enum { MODE_BSP, MODE_ASP, MODE_SSP, MODE_FED } ConsistencyMode;
 typedef enum { OPTIM_SGD, OPTIM_ADAM } OptimKind;
 /* How the learning rate follows the number of members W (job_lr_factor). */
 typedef enum { LR_SCALING_NONE, LR_SCALING_AUTO, LR_SCALING_LINEAR, LR_SCALING_SQRT } LrScaling;
+/* How the learning rate follows the job's progress (job_lr_factor). */
+typedef enum { LR_SCHEDULE_CONSTANT, LR_SCHEDULE_COSINE } LrSchedule;
 /* A job's life at pscoord: waiting for its shards and workers, running, then
  * done (evaluated), stopped (by the operator) or failed (no worker left). */
 typedef enum { JOB_WAITING, JOB_RUNNING, JOB_DONE, JOB_STOPPED, JOB_FAILED } JobState;
@@ -91,6 +93,7 @@ typedef struct Job {
         uint32_t staleness;  /* SSP: a worker at clock c pulls once the slowest reached c - staleness */
         LrScaling lr_scaling; /* how lr follows the number of members W (job_lr_factor) */
         uint32_t warmup_clocks; /* with lr_scaling: the factor ramps up from 1 over these clocks */
+        LrSchedule lr_schedule; /* lr over the job's progress (job_lr_factor) */
         bool allow_nonfinite;/* accept NaN/Inf gradients (refused by default) */
         uint32_t replicas;   /* copies of every chunk on distinct shards (0: 2 with >= 2 shards, else 1) */
         uint32_t chunk_floats;
@@ -111,17 +114,25 @@ typedef struct Job {
 /* Fills *job with defaults (sgd lr 0.02 momentum 0.9, bsp, 1 MiB chunks, seed 42,
  * batch 64, 5 epochs, the Debian Fashion-MNIST directory) and model "mlp:784-256-10". */
 /* The factor on the optimizer's lr for an update of clock under mode with W
- * members, so that accuracy holds as workers are added: W workers make the
- * global batch W x batch. LR_SCALING_LINEAR: x W; SQRT: x sqrt(W); AUTO (the
+ * members, at progress (the share of the job's samples trained before the
+ * clock, 0..1; negative or NaN: not known).
+ * Workers: so that accuracy holds as workers are added (W workers make the
+ * global batch W x batch). LR_SCALING_LINEAR: x W; SQRT: x sqrt(W); AUTO (the
  * default): linear under BSP (one synchronous step over the global batch),
  * square root under ASP and SSP (every push is applied as it comes, with
  * stale gradients: linear diverges there) and for Adam (its steps are
- * normalized); NONE: 1. The factor ramps up linearly from 1 over the first
- * warmup_clocks clocks. 1 with one member. */
-float job_lr_factor(const Job *job, ConsistencyMode mode, uint32_t workers, int64_t clock);
+ * normalized); NONE: 1. This factor ramps up linearly from 1 over the first
+ * warmup_clocks clocks; it is 1 with one member.
+ * Progress: LR_SCHEDULE_COSINE multiplies by (1 + cos(pi x progress)) / 2,
+ * from 1 at the start to 0 at the end (progress clamped to 0..1; 1 when not
+ * known); CONSTANT by 1. */
+float job_lr_factor(const Job *job, ConsistencyMode mode, uint32_t workers, int64_t clock, float progress);
 /* "none", "auto", "linear", "sqrt"; -EINVAL for anything else. */
 int lr_scaling_from_string(const char *s, LrScaling *ret);
 const char *lr_scaling_name(LrScaling s);
+/* "constant", "cosine"; -EINVAL for anything else. */
+int lr_schedule_from_string(const char *s, LrSchedule *ret);
+const char *lr_schedule_name(LrSchedule s);
 void job_defaults(Job *job);
 
 /* Sets job->model and its tensors from a model's text (modeldesc_parse: the

@@ -128,6 +128,8 @@ int job_to_proto(const Job *job, Psnet__JobSpec **ret) {
         s->lr_scaling = (Psnet__LrScaling) job->lr_scaling; /* the same numbering */
         s->has_warmup_clocks = true;
         s->warmup_clocks = job->warmup_clocks;
+        s->has_lr_schedule = job->lr_schedule != LR_SCHEDULE_CONSTANT;
+        s->lr_schedule = (Psnet__LrSchedule) job->lr_schedule; /* the same numbering */
         s->has_allow_nonfinite = true;
         s->allow_nonfinite = job->allow_nonfinite;
         s->has_replicas = true;
@@ -303,6 +305,10 @@ int job_from_proto(const Psnet__JobSpec *spec, Job *ret, char *err, size_t errle
                 return conv_err(err, errlen, "lr scaling %d is not none, auto, linear or sqrt", (int) spec->lr_scaling);
         j.lr_scaling = spec->has_lr_scaling ? (LrScaling) spec->lr_scaling : LR_SCALING_NONE;
         j.warmup_clocks = spec->has_warmup_clocks ? spec->warmup_clocks : 0;
+        if (spec->has_lr_schedule && (spec->lr_schedule < PSNET__LR_SCHEDULE__LR_SCHEDULE_CONSTANT ||
+                                      spec->lr_schedule > PSNET__LR_SCHEDULE__LR_SCHEDULE_COSINE))
+                return conv_err(err, errlen, "lr schedule %d is not constant or cosine", (int) spec->lr_schedule);
+        j.lr_schedule = spec->has_lr_schedule ? (LrSchedule) spec->lr_schedule : LR_SCHEDULE_CONSTANT;
         j.allow_nonfinite = spec->has_allow_nonfinite && spec->allow_nonfinite;
         j.replicas = spec->has_replicas ? spec->replicas : 0;
         j.seed = spec->seed;

@@ -157,6 +157,10 @@ int wire_validate(const Psnet__Header *hdr, const zmq_msg_t *frames, size_t nfra
                         return fail(reason, reasonlen, PSNET__STATUS__STATUS_MALFORMED,
                                     "CHUNK_STATE carries one key and 2 + %zu frames (%zu keys, %zu frames)", npend,
                                     hdr->n_keys, nframes);
+                if (hdr->chunk_state->n_pending_progress != 0 && hdr->chunk_state->n_pending_progress != npend)
+                        return fail(reason, reasonlen, PSNET__STATUS__STATUS_MALFORMED,
+                                    "CHUNK_STATE names %zu parked pushes and the progress of %zu", npend,
+                                    hdr->chunk_state->n_pending_progress);
                 uint64_t want = (uint64_t) hdr->keys[0]->len * sizeof(float);
                 size_t have = zmq_msg_size((zmq_msg_t *) &frames[0]), st = zmq_msg_size((zmq_msg_t *) &frames[1]);
                 if ((uint64_t) have != want || st % want != 0)

@@ -52,6 +52,11 @@ static const char *human_bytes(uint64_t b, char *buf, size_t n) {
         return buf;
 }
 
+/* The job's --lr-schedule (constant when not said). */
+static LrSchedule schedule_of(const Psnet__JobSpec *j) {
+        return j && j->has_lr_schedule ? (LrSchedule) j->lr_schedule : LR_SCHEDULE_CONSTANT;
+}
+
 void print_status_table(const Psnet__StatusRep *s) {
         const Psnet__JobSpec *j = s->job;
         char b[32], mode[32], model[128];
@@ -71,6 +76,8 @@ void print_status_table(const Psnet__StatusRep *s) {
                 printf("  restored_from=%s", s->restored_from);
         if (j && j->init)
                 printf("  init=%s", j->init);
+        if (schedule_of(j) != LR_SCHEDULE_CONSTANT)
+                printf("  lr_schedule=%s", lr_schedule_name(schedule_of(j)));
         if (s->fed)
                 printf("\nrounds %u/%u  phase=%s  round_number=%lu  sampled=%u  answered=%u  available=%u  failed=%lu  "
                        "late=%lu", s->fed->rounds_done, s->fed->rounds, s->fed->phase ? s->fed->phase : "?",
@@ -100,13 +107,16 @@ void print_status_table(const Psnet__StatusRep *s) {
                 printf("%scheckpoint %s being written", s->last_checkpoint ? "  " : "\n", s->checkpointing);
         /* PRIMARY: keys led here; BACKUP: copies of other shards' keys;
          * INCOMING: copies on their way (moving, or a backup being rebuilt). */
-        printf("\n\n%-6s %-36s %7s %6s %10s %8s %8s %8s %6s %8s %s\n", "SHARD", "ENDPOINT", "PRIMARY", "BACKUP",
-               "BYTES", "CLOCK", "PUSHES", "PULLS", "ERRORS", "INCOMING", "MAP");
+        printf("\n\n%-6s %-36s %7s %6s %10s %8s %9s %8s %8s %6s %8s %s\n", "SHARD", "ENDPOINT", "PRIMARY",
+               "BACKUP", "BYTES", "CLOCK", "LR", "PUSHES", "PULLS", "ERRORS", "INCOMING", "MAP");
         for (size_t i = 0; i < s->n_shards; i++) {
                 const Psnet__ShardInfo *h = s->shards[i];
-                printf("%-6u %-36s %7lu %6lu %10s %8ld %8lu %8lu %6lu %8lu %s%s\n", h->id,
+                char lr[16] = "-";
+                if (h->has_lr)
+                        snprintf(lr, sizeof lr, "%.3g", (double) h->lr);
+                printf("%-6u %-36s %7lu %6lu %10s %8ld %9s %8lu %8lu %6lu %8lu %s%s\n", h->id,
                        h->endpoint ? h->endpoint : "?", (unsigned long) (h->keys - h->backup_keys),
-                       (unsigned long) h->backup_keys, human_bytes(h->bytes, b, sizeof b), (long) h->clock,
+                       (unsigned long) h->backup_keys, human_bytes(h->bytes, b, sizeof b), (long) h->clock, lr,
                        (unsigned long) h->pushes, (unsigned long) h->pulls, (unsigned long) h->errors,
                        (unsigned long) h->incoming, h->in_map ? "in" : "standby",
                        h->has_acknowledging && !h->acknowledging ? "  (lease lost: not acknowledging)" : "");
@@ -178,7 +188,7 @@ int print_status_json(const Psnet__StatusRep *s) {
         json_t *shards = json_array(), *workers = json_array();
         for (size_t i = 0; shards && i < s->n_shards; i++) {
                 const Psnet__ShardInfo *h = s->shards[i];
-                json_array_append_new(shards, json_pack("{s:I,s:o,s:I,s:I,s:I,s:I,s:b,s:I,s:I,s:I,s:I,s:I,s:I,s:b,s:I,s:I}",
+                json_array_append_new(shards, json_pack("{s:I,s:o,s:I,s:I,s:I,s:I,s:b,s:I,s:I,s:I,s:I,s:I,s:I,s:b,s:I,s:I,s:o}",
                         "id", (json_int_t) h->id, "endpoint", jstr(h->endpoint), "keys", (json_int_t) h->keys,
                         "min_steps", (json_int_t) h->min_steps, "max_steps", (json_int_t) h->max_steps,
                         "backup_keys", (json_int_t) h->backup_keys,
@@ -187,7 +197,7 @@ int print_status_json(const Psnet__StatusRep *s) {
                         "pushes", (json_int_t) h->pushes, "pulls", (json_int_t) h->pulls,
                         "errors", (json_int_t) h->errors, "incoming", (json_int_t) h->incoming,
                         "in_map", (int) h->in_map, "map_epoch", (json_int_t) h->map_epoch,
-                        "parked", (json_int_t) h->parked));
+                        "parked", (json_int_t) h->parked, "lr", h->has_lr ? jnum(h->lr) : json_null()));
         }
         for (size_t i = 0; workers && i < s->n_workers; i++) {
                 const Psnet__WorkerInfo *w = s->workers[i];
@@ -229,7 +239,8 @@ int print_status_json(const Psnet__StatusRep *s) {
                 job = NULL;
         if (job && (json_object_set_new(job, "checkpointing", jstr(s->checkpointing)) < 0 ||
                     json_object_set_new(job, "restored_from", jstr(s->restored_from)) < 0 ||
-                    json_object_set_new(job, "init", jstr(j ? j->init : NULL)) < 0))
+                    json_object_set_new(job, "init", jstr(j ? j->init : NULL)) < 0 ||
+                    json_object_set_new(job, "lr_schedule", json_string(lr_schedule_name(schedule_of(j)))) < 0))
                 job = NULL;
         json_t *epochs = json_array();
         for (size_t k = 0; epochs && k < s->n_epochs; k++) {

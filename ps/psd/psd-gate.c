@@ -58,6 +58,7 @@ int pushreq_new(const zmq_msg_t *route, uint64_t seq, uint32_t worker, int64_t c
         r->seq = seq;
         r->worker = worker;
         r->clock = clock;
+        r->progress = -1.0f;
         r->remaining = 1;
         r->status = PSNET__STATUS__STATUS_OK;
         r->arrived = now_ms();
@@ -291,6 +292,10 @@ int gate_admit_push(Store *s, const Psnet__Header *h, const zmq_msg_t *frames, c
                 snprintf(reason, n, "this connection's key is not worker %u's", h->sender);
                 return PSNET__STATUS__STATUS_DENIED;
         }
+        if (h->has_progress && !(h->progress >= 0.0f && h->progress <= 1.0f)) {
+                snprintf(reason, n, "progress %g is not a share of the job (0 to 1)", (double) h->progress);
+                return PSNET__STATUS__STATUS_INVALID;
+        }
         if (s->job.allow_nonfinite)
                 return PSNET__STATUS__STATUS_OK;
         for (size_t i = 0; i < h->n_keys; i++) {
@@ -347,11 +352,13 @@ static int chunk_settle(Store *s, Chunk *c) {
         float *sum = s->sum;
         const float *mean = sum;
         float inv = 1.0f / (float) have;
+        float progress = -1.0f; /* the furthest any member's push says: the same under BSP */
         size_t used = 0;
         for (size_t i = 0; i < c->npending; i++) {
                 Pending *p = &c->pending[i];
                 if (!is_member(cfg, p->worker))
                         continue;
+                progress = MAX(progress, p->progress);
                 const float *g = wire_frame_f32(&p->grad);
                 bool last = used + 1 == have;
                 if (!g) {
@@ -375,7 +382,7 @@ static int chunk_settle(Store *s, Chunk *c) {
                                 sum[j] += g[j];
                 used++;
         }
-        int r = store_apply(s, c, mean, MODE_BSP, used, c->clock);
+        int r = store_apply(s, c, mean, MODE_BSP, used, c->clock, progress);
         c->clock++;
 
         /* Take the list before settling: acks may run arbitrary code. */
@@ -395,15 +402,16 @@ static int chunk_settle(Store *s, Chunk *c) {
 }
 
 /* Applies one worker's gradient on arrival (ASP, SSP), as 1/W of a step. */
-static int chunk_apply_scaled(Store *s, Chunk *c, const zmq_msg_t *grad, const GateCfg *cfg, int64_t clock) {
+static int chunk_apply_scaled(Store *s, Chunk *c, const zmq_msg_t *grad, const GateCfg *cfg, int64_t clock,
+                              float progress) {
         const float *g = grad_data(grad, s->sum, c->len);
         if (cfg->nmembers <= 1) /* g * 1 == g */
-                return store_apply(s, c, g, cfg->mode, 1, clock);
+                return store_apply(s, c, g, cfg->mode, 1, clock, progress);
         float scale = 1.0f / (float) cfg->nmembers;
         for (uint32_t j = 0; j < c->len; j++)
                 s->sum[j] = g[j] * scale;
         /* The chunk clock is left alone: it counts BSP clocks only (c->steps counts updates). */
-        return store_apply(s, c, s->sum, cfg->mode, cfg->nmembers, clock);
+        return store_apply(s, c, s->sum, cfg->mode, cfg->nmembers, clock, progress);
 }
 
 /* Applies and acknowledges pushes parked under BSP whose clock is now governed by
@@ -417,7 +425,8 @@ static int chunk_flush_async(Store *s, Chunk *c) {
         qsort(list, n, sizeof *list, cmp_pending);
         for (size_t i = 0; i < n; i++) {
                 if (r == 0)
-                        r = chunk_apply_scaled(s, c, &list[i].grad, gate_cfg(s, list[i].clock), list[i].clock);
+                        r = chunk_apply_scaled(s, c, &list[i].grad, gate_cfg(s, list[i].clock), list[i].clock,
+                                               list[i].progress);
                 zmq_msg_close(&list[i].grad);
                 if (list[i].req)
                         pushreq_settle(s, list[i].req, r < 0 ? status_from_errno(r) : PSNET__STATUS__STATUS_OK);
@@ -441,7 +450,7 @@ static Pending *pending_add(Chunk *c) {
         return &c->pending[c->npending++];
 }
 
-int gate_park_copy(Store *s, Chunk *c, uint32_t worker, const void *grad, size_t bytes) {
+int gate_park_copy(Store *s, Chunk *c, uint32_t worker, float progress, const void *grad, size_t bytes) {
         if (worker > GATE_MAX_WORKER_ID || bytes != (size_t) c->len * sizeof(float))
                 return -EINVAL;
         int64_t *last = chunk_last_clock(c, worker), *wc = worker_clock(&s->gate, worker);
@@ -450,7 +459,7 @@ int gate_park_copy(Store *s, Chunk *c, uint32_t worker, const void *grad, size_t
         Pending *p = pending_add(c);
         if (!p)
                 return -ENOMEM;
-        *p = (Pending) { .req = NULL, .worker = worker, .clock = c->clock };
+        *p = (Pending) { .req = NULL, .worker = worker, .clock = c->clock, .progress = progress };
         if (zmq_msg_init_size(&p->grad, bytes) < 0) {
                 c->npending--;
                 return -ENOMEM;
@@ -497,7 +506,7 @@ int gate_push(Store *s, Chunk *c, PushReq *req, zmq_msg_t *grad) {
         if (cfg->mode != MODE_BSP) {
                 /* Each push counts as 1/W of a step, so W workers make one step's worth
                  * of progress per round, as under BSP (and the same lr suits both). */
-                int r = chunk_apply_scaled(s, c, grad, cfg, req->clock);
+                int r = chunk_apply_scaled(s, c, grad, cfg, req->clock, req->progress);
                 if (r < 0)
                         return r;
                 *last = req->clock;
@@ -514,7 +523,8 @@ int gate_push(Store *s, Chunk *c, PushReq *req, zmq_msg_t *grad) {
         Pending *p = pending_add(c);
         if (!p)
                 return -ENOMEM;
-        *p = (Pending) { .req = req->replica ? NULL : req, .worker = req->worker, .clock = req->clock };
+        *p = (Pending) { .req = req->replica ? NULL : req, .worker = req->worker, .clock = req->clock,
+                         .progress = req->progress };
         zmq_msg_init(&p->grad);
         zmq_msg_move(&p->grad, grad);
         if (!req->replica)

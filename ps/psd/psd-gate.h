@@ -3,8 +3,9 @@
  *
  * Admission (every push, before anything of it is applied): the sender must
  * be a member of the clock's membership (else STALE: not applied), with CURVE
- * its key must be that member's (else DENIED), and every value must be finite
- * unless the job allows otherwise (else NOT_FINITE). A push is applied whole
+ * its key must be that member's (else DENIED), the job's progress it carries
+ * a share from 0 to 1 (else INVALID), and every value must be finite unless
+ * the job allows otherwise (else NOT_FINITE). A push is applied whole
  * or not at all.
  *
  * BSP: a push for clock c is parked (its ZeroMQ frame kept, no copy) until
@@ -41,6 +42,7 @@ typedef struct PushReq {
         uint64_t seq;
         uint32_t worker;
         int64_t clock;
+        float progress;     /* the job's progress the push carried (negative: none), for --lr-schedule */
         int remaining;      /* keys not yet settled, +1 while the request is being read */
         int status;
         uint64_t arrived;   /* ms, for the latency of its acknowledgement */
@@ -52,6 +54,7 @@ typedef struct Pending {
         PushReq *req;       /* acknowledged when applied; NULL: a copy held for the primary */
         uint32_t worker;
         int64_t clock;
+        float progress;     /* as its PushReq's */
         zmq_msg_t grad;     /* the received frame itself, no copy */
 } Pending;
 
@@ -154,8 +157,9 @@ void gate_chunk_leaving(Store *s, Chunk *c);
  * workers resend them to the new primary) but kept, as the copies a backup
  * holds. */
 void gate_chunk_demoted(Store *s, Chunk *c);
-/* Parks a gradient that came with a chunk's state (a backup being built). */
-int gate_park_copy(Store *s, Chunk *c, uint32_t worker, const void *grad, size_t bytes);
+/* Parks a gradient that came with a chunk's state (a backup being built),
+ * with the progress its push carried. */
+int gate_park_copy(Store *s, Chunk *c, uint32_t worker, float progress, const void *grad, size_t bytes);
 
 /* Whether a pull of these chunks for clock may be answered now (see above).
  * ret_slowest (may be NULL) gets the slowest member's completed clocks. */

@@ -182,7 +182,8 @@ static int send_state(Migrate *mg, Link *l, Chunk *c, bool replica, uint64_t *re
         size_t per = job_state_per_value(&s->job), nf = 2 + c->npending;
         _cleanup_free_ zmq_msg_t *frames = ps_malloc(nf * sizeof *frames);
         _cleanup_free_ uint32_t *workers = ps_malloc((c->npending ? c->npending : 1) * sizeof *workers);
-        if (!frames || !workers)
+        _cleanup_free_ float *progress = ps_malloc((c->npending ? c->npending : 1) * sizeof *progress);
+        if (!frames || !workers || !progress)
                 return -ENOMEM;
         int r = store_value_msg(s, c, &frames[0]);
         if (r < 0)
@@ -197,6 +198,7 @@ static int send_state(Migrate *mg, Link *l, Chunk *c, bool replica, uint64_t *re
                 zmq_msg_init(&frames[2 + i]);
                 (void) zmq_msg_copy(&frames[2 + i], &c->pending[i].grad); /* shares the data */
                 workers[i] = c->pending[i].worker;
+                progress[i] = c->pending[i].progress;
         }
         Psnet__Key key = PSNET__KEY__INIT, *keys[1] = { &key };
         key.tensor = c->tensor;
@@ -210,6 +212,8 @@ static int send_state(Migrate *mg, Link *l, Chunk *c, bool replica, uint64_t *re
         cs.last_clocks = c->last_clock;
         cs.n_pending_workers = c->npending;
         cs.pending_workers = workers;
+        cs.n_pending_progress = c->npending;
+        cs.pending_progress = progress;
         Psnet__Header h;
         wire_header_init(&h, PSNET__MSG_TYPE__MSG_CHUNK_STATE);
         h.has_job = h.has_epoch = h.has_clock = h.has_sender = h.has_seq = true;
@@ -272,6 +276,8 @@ int migrate_forward(Migrate *mg, PushReq *req, const WireMsg *m) {
                 f.job = h->job;
                 f.epoch = shardmap_epoch(s->map);
                 f.clock = h->clock;
+                f.has_progress = h->has_progress;
+                f.progress = h->progress;
                 f.sender = mg->shard_id;
                 f.seq = l->seq + 1;
                 f.n_keys = h->n_keys;
@@ -391,7 +397,8 @@ static int install(Migrate *mg, WireMsg *m, char *reason, size_t n) {
                 .tensor = k->tensor, .chunk = k->chunk, .len = k->len, .values = zmq_msg_data(&m->frames[0]),
                 .state = zmq_msg_data(&m->frames[1]), .state_floats = zmq_msg_size(&m->frames[1]) / sizeof(float),
                 .steps = cs->has_steps ? cs->steps : 0, .clock = h->clock, .last_clocks = cs->last_clocks,
-                .nlast = cs->n_last_clocks, .pending_workers = cs->pending_workers, .pending = m->frames + 2,
+                .nlast = cs->n_last_clocks, .pending_workers = cs->pending_workers,
+                .pending_progress = cs->n_pending_progress ? cs->pending_progress : NULL, .pending = m->frames + 2,
                 .npending = cs->n_pending_workers, .replica = cs->has_replica && cs->replica,
         };
         if (im.replica && shardmap_owner_id(mg->store->map, k->tensor, k->chunk) != h->sender) {
@@ -438,6 +445,8 @@ static int replicate(Migrate *mg, WireMsg *m, Psnet__Key **missing, size_t *nmis
         if (pushreq_new(NULL, h->seq, h->replicate->worker, h->clock, &req) < 0)
                 return PSNET__STATUS__STATUS_RESOURCE;
         req->replica = true;
+        if (h->has_progress)
+                req->progress = h->progress;
         for (size_t i = 0; i < h->n_keys; i++)
                 if (chunks[i]) {
                         int r = gate_push(s, chunks[i], req, &m->frames[i]);

@@ -232,6 +232,8 @@ static void psd_push(Psd *p, WireMsg *m, Chunk **chunks) {
                 psd_reply_error(p, &m->route, h, PSNET__STATUS__STATUS_RESOURCE, "out of memory");
                 return;
         }
+        if (h->has_progress)
+                req->progress = h->progress;
         /* To the backups first (sharing the frames): acknowledged once they answer. */
         st = migrate_forward(p->migrate, req, m);
         if (st != PSNET__STATUS__STATUS_OK) {
@@ -711,6 +713,8 @@ static void psd_heartbeat(Session *s, Psnet__Heartbeat *hb, void *ud) {
         si->has_min_worker_clock = si->has_max_worker_clock = true;
         gate_worker_clocks(p->store, &si->min_worker_clock, &si->max_worker_clock);
         si->has_backup_keys = si->has_acknowledging = true;
+        si->has_lr = p->store->applied > 0;
+        si->lr = p->store->last_lr;
         si->backup_keys = p->store->backup_keys;
         si->acknowledging = psd_may_acknowledge(p);
         hb->shard = si;
@@ -749,6 +753,9 @@ static void psd_metrics(void *ud, MetricsBuf *b) {
                     (double) store_incoming(s));
         metrics_one(b, "psnet_psd_clock", "gauge", "The shard's clock (BSP: slowest chunk; ASP/SSP: fastest worker).",
                     (double) store_clock(s));
+        metrics_one(b, "psnet_psd_lr", "gauge",
+                    "The learning rate of the last update applied (with --lr-scaling and --lr-schedule).",
+                    (double) s->last_lr);
         metrics_one(b, "psnet_psd_parked_pulls", "gauge", "Pulls waiting for their clock.", (double) g->nparked);
         metrics_one(b, "psnet_psd_members", "gauge", "Workers in the current membership.", (double) g->cur.nmembers);
         metrics_one(b, "psnet_psd_map_epoch", "gauge", "The shard map epoch this shard acts on.",

@@ -218,7 +218,8 @@ int store_install_image(Store *s, const ChunkImage *im) {
         c->last_clock = last;
         c->nlast = im->nlast;
         for (size_t i = 0; i < im->npending; i++) {
-                r = gate_park_copy(s, c, im->pending_workers[i], zmq_msg_data((zmq_msg_t *) &im->pending[i]),
+                r = gate_park_copy(s, c, im->pending_workers[i], im->pending_progress ? im->pending_progress[i] : -1.0f,
+                                   zmq_msg_data((zmq_msg_t *) &im->pending[i]),
                                    zmq_msg_size((zmq_msg_t *) &im->pending[i]));
                 if (r < 0) {
                         chunk_free(s, c);
@@ -350,11 +351,13 @@ int store_configure(Store *s, const Job *job, const ShardMap *map) {
                         return -ENOMEM;
                 }
                 s->pushes = s->pulls = s->applied = s->copies = 0;
+                s->last_lr = 0.0f;
                 s->gate.cur.mode = s->gate.prev.mode = job->mode;
                 s->gate.cur.staleness = s->gate.prev.staleness = job->staleness;
         }
         s->job.lr_scaling = job->lr_scaling;
         s->job.warmup_clocks = job->warmup_clocks;
+        s->job.lr_schedule = job->lr_schedule;
         s->job.allow_nonfinite = job->allow_nonfinite;
         s->has_job = true;
 
@@ -466,12 +469,14 @@ int store_lookup_keys(Store *s, const Psnet__Header *h, Chunk **chunks, char *re
         return PSNET__STATUS__STATUS_OK;
 }
 
-int store_apply(Store *s, Chunk *c, const float *g, ConsistencyMode mode, size_t nworkers, int64_t clock) {
+int store_apply(Store *s, Chunk *c, const float *g, ConsistencyMode mode, size_t nworkers, int64_t clock,
+                float progress) {
         int r = chunk_make_writable(s, c);
         if (r < 0)
                 return r;
         OptimConf o = s->job.optim;
-        o.lr *= job_lr_factor(&s->job, mode, (uint32_t) nworkers, clock);
+        o.lr *= job_lr_factor(&s->job, mode, (uint32_t) nworkers, clock, progress);
+        s->last_lr = o.lr;
         optim_apply(&o, ++c->steps, c->val->data, g, c->state, c->len);
         s->applied++;
         return 0;

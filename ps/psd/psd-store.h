@@ -61,6 +61,7 @@ typedef struct ChunkImage {
         const int64_t *last_clocks;
         size_t nlast;
         const uint32_t *pending_workers;  /* BSP pushes parked for clock */
+        const float *pending_progress;    /* the progress each carried (NULL: none) */
         const zmq_msg_t *pending;         /* their gradient frames */
         size_t npending;
         bool replica;   /* a backup's copy from its primary: replaces an older copy */
@@ -76,6 +77,7 @@ typedef struct Store {
         uint64_t nkeys, bytes;
         uint64_t backup_keys;   /* of nkeys, those held as a backup */
         uint64_t pushes, pulls, applied;
+        float last_lr;          /* the lr of the last update applied (with its factors; 0: none yet) */
         uint64_t copies;        /* values copied before an update because a pull reply still read them */
         StoreMoveFn move;
         void *move_userdata;
@@ -128,12 +130,12 @@ size_t store_backups(const Store *s, uint32_t *idx, size_t max);
  * filled, or the status of the first key that is not here, with a reason. */
 int store_lookup_keys(Store *s, const Psnet__Header *h, Chunk **chunks, char *reason, size_t n);
 
-/* One optimizer step on c with gradient g (len floats), lr scaled for
- * nworkers when the job says so. Copies the values first if a reply reads them. */
-/* Applies one update g (the mean over nworkers members' gradients, or one
- * push's 1/W share) of clock under mode: the job's optimizer with lr times
- * job_lr_factor. */
-int store_apply(Store *s, Chunk *c, const float *g, ConsistencyMode mode, size_t nworkers, int64_t clock);
+/* Applies one update g (len floats: the mean over nworkers members'
+ * gradients, or one push's 1/W share) of clock under mode, at the job's
+ * progress the pushes carried (negative: none): the job's optimizer with lr
+ * times job_lr_factor. Copies the values first if a reply reads them. */
+int store_apply(Store *s, Chunk *c, const float *g, ConsistencyMode mode, size_t nworkers, int64_t clock,
+                float progress);
 /* One federated round on c (mode fed): the job's strategy over the n client
  * updates (fed_aggregate, noise and scratch as it asks); the chunk's clock counts
  * rounds. -EINVAL (nothing changed) for updates it refuses. */

@@ -28,6 +28,8 @@
  *                  PSPOKE_SENDER (default 999), clock PSPOKE_CLOCK (default 0)
  *   push-value     the same with every value PSPOKE_VALUE (default 1) and an
  *                  example count of 1, as a federated client's update
+ *                  (both: with PSPOKE_PROGRESS, the job's progress the push
+ *                  says it is at, "nan" included)
  *   huge           a PUSH whose frame is 1 GiB (zero pages: nothing is allocated here)
  *   frames         one PUSH of PSPOKE_COUNT frames of CHUNKLEN floats each
  *   pull-future    PSPOKE_COUNT PULLs of key (0,0) for clock PSPOKE_CLOCK (default
@@ -218,6 +220,9 @@ int main(int argc, char **argv) {
                 h.clock = (int64_t) env_num("PSPOKE_CLOCK", 0);
                 h.has_examples = !nan;
                 h.examples = 1;
+                const char *pp = getenv("PSPOKE_PROGRESS");
+                h.has_progress = pp != NULL;
+                h.progress = pp ? strtof(pp, NULL) : 0.0f;
                 float *v = malloc((size_t) len * sizeof(float));
                 if (!v)
                         return 2;

@@ -10,7 +10,10 @@
 # that keeps one copy fails at once, with the reason, when a shard dies.
 source "$(dirname "$0")/lib.sh"
 
-JOB=(--workers 2 --shards 3 --mode bsp --epochs 2 --batch 64 "${SUBSET[@]}")
+# Under --lr-schedule cosine every update's rate depends on the progress its
+# pushes carried, so a backup that applied a forwarded push or a parked copy at
+# another rate would change the digest too.
+JOB=(--workers 2 --shards 3 --mode bsp --epochs 2 --batch 64 --lr-schedule cosine "${SUBSET[@]}")
 
 # start_cluster TAG [JOB OPTIONS...]: pscoord, three shards and two workers of run TAG.
 start_cluster() {

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Limits and membership, checked where messages arrive, probed as an attacker on
-# the same host would: a push of NaNs from a stranger and from a member, a
+# the same host would: a push of NaNs from a stranger and from a member, pushes
+# that say the job is at a progress outside 0..1 (its learning rate's input), a
 # 1 GiB frame, one push of 20 x 100 MiB frames, big frames at pscoord, 20,000
 # pulls for clock 2^40, 2,000 connections at a soft limit of 1024 descriptors,
 # registering under a live shard's id, a worker that heartbeats but never
@@ -28,6 +29,11 @@ out=$(PSPOKE_SENDER=999 "$PSPOKE" "$SHARD" push-nan 1 "$len")
 grep -q "status=stale .*worker 999 is not a member" <<<"$out"; ok $? "a stranger's push of NaNs is refused, not applied ($out)"
 out=$(PSPOKE_SENDER=$wid "$PSPOKE" "$SHARD" push-nan 1 "$len")
 grep -q "status=not-finite .*holds NaN or infinity" <<<"$out"; ok $? "a member's push of NaNs is refused whole ($out)"
+for p in nan 2.5 -1; do
+  out=$(PSPOKE_SENDER=$wid PSPOKE_PROGRESS=$p PSPOKE_VALUE=100 "$PSPOKE" "$SHARD" push-value 1 "$len")
+  grep -q "status=invalid .*progress $p is not a share of the job (0 to 1)" <<<"$out"
+  ok $? "a member's push that says it is at progress $p is refused, not applied ($out)"
+done
 
 rss0=$(rss_mb "$PID_psd_1")
 out=$(PSPOKE_WAIT_MS=1000 "$PSPOKE" "$SHARD" huge 1 "$len"); ok $(( $? != 3 )) "a 1 GiB frame gets no answer: the connection is dropped"

@@ -555,42 +555,110 @@ out:
         store_free(s);
 }
 
-/* lr_scaling: the step uses lr * W (W = members of the clock), ramped up over
- * the warm-up clocks. */
-static void test_lr_scaling(void) {
+/* Runs n BSP clocks of members 1 and 2 on key (0,0) of a fresh store for job,
+ * worker 1's pushes saying progress p1[c] and worker 2's p2[c] (NULL: none),
+ * and says whether every step equals the reference optimizer's at lr x
+ * factor[c] on the mean gradient. The reference keeps its optimizer state
+ * across steps; the factor goes into the lr of its job before each step. */
+static bool two_member_steps(const Job *job, size_t n, const float *factor, const float *p1, const float *p2) {
         uint32_t m12[2] = { 1, 2 };
-        Job job, scaled;
         Acks acks = { 0 };
         float g1[MAXLEN], g2[MAXLEN], mean[MAXLEN];
-        make_job(&job, 7, MODE_BSP, "sgd");
-        job.lr_scaling = LR_SCALING_AUTO; /* BSP, SGD: x W */
-        job.warmup_clocks = 4;
-        Store *s = open_solo(&job, &acks, m12, 2);
+        Job ref_job = *job;
+        Store *s = open_solo(job, &acks, m12, 2);
         Chunk *a = s ? key(s, 0, 0) : NULL;
-        if (!a)
-                goto out;
-        /* Clocks 0..3 ramp the factor 1.25, 1.5, 1.75, 2; clock 4 on: 2. The
-         * reference keeps its optimizer state across steps; the factor goes
-         * into the lr of its job before each step. */
-        scaled = job;
+        bool all = a != NULL;
         Ref r;
-        ref_init(&r, &scaled, 0, 0);
-        bool all = true;
-        for (int64_t clk = 0; clk < 6; clk++) {
+        ref_init(&r, &ref_job, 0, 0);
+        for (size_t clk = 0; a && clk < n; clk++) {
                 grad_fill(g1, a->len, 1, (uint32_t) clk);
                 grad_fill(g2, a->len, 2, (uint32_t) clk);
                 for (uint32_t j = 0; j < a->len; j++)
                         mean[j] = (g1[j] + g2[j]) * (1.0f / 2.0f);
-                scaled.optim.lr = job.optim.lr * (clk < 4 ? 1.0f + 0.25f * (float) (clk + 1) : 2.0f);
+                ref_job.optim.lr = job->optim.lr * factor[clk];
                 ref_step(&r, mean);
-                push1(s, a, 1, clk, (uint64_t) (10 + clk), g1);
-                push1(s, a, 2, clk, (uint64_t) (20 + clk), g2);
-                all &= a->clock == clk + 1 && same(a->val->data, r.w, a->len);
+                PushReq *q1 = req_new(1, (int64_t) clk, 10 + clk), *q2 = req_new(2, (int64_t) clk, 20 + clk);
+                if (!q1 || !q2)
+                        return false;
+                q1->progress = p1 ? p1[clk] : -1.0f;
+                q2->progress = p2 ? p2[clk] : -1.0f;
+                req_push(s, q1, a, g1);
+                pushreq_settle(s, q1, ST_OK);
+                req_push(s, q2, a, g2);
+                pushreq_settle(s, q2, ST_OK);
+                all &= a->clock == (int64_t) clk + 1 && same(a->val->data, r.w, a->len);
         }
-        CHECK(all, "lr_scaling with 2 members: lr x 1.25, 1.5, 1.75 over the warm-up, then x 2, of the mean gradient");
         ref_done(&r);
-out:
         store_free(s);
+        return all;
+}
+
+/* lr_scaling: the step uses lr * W (W = members of the clock), ramped up over
+ * the warm-up clocks. */
+static void test_lr_scaling(void) {
+        Job job;
+        make_job(&job, 7, MODE_BSP, "sgd");
+        job.lr_scaling = LR_SCALING_AUTO; /* BSP, SGD: x W */
+        job.warmup_clocks = 4;
+        const float factor[] = { 1.25f, 1.5f, 1.75f, 2.0f, 2.0f, 2.0f };
+        CHECK(two_member_steps(&job, 6, factor, NULL, NULL),
+              "lr_scaling with 2 members: lr x 1.25, 1.5, 1.75 over the warm-up, then x 2, of the mean gradient");
+}
+
+/* --lr-schedule cosine: a BSP clock's step takes the lr at the progress its
+ * members' pushes carried (the furthest of them), an ASP push at its own;
+ * pushes without progress are applied at the unscheduled rate. */
+static void test_lr_schedule(void) {
+        uint32_t m12[2] = { 1, 2 };
+        Job job;
+        float g1[MAXLEN];
+        make_job(&job, 7, MODE_BSP, "sgd");
+        job.lr_schedule = LR_SCHEDULE_COSINE;
+        /* Worker 1 says p, worker 2 p + 0.05 (a worker cannot raise the rate
+         * past the furthest member's); clock 3 carries none. */
+        const float p1[] = { 0.0f, 0.25f, 0.5f, -1.0f, 0.9f }, p2[] = { 0.05f, 0.3f, 0.55f, -1.0f, 0.95f };
+        float factor[5];
+        for (size_t c = 0; c < 5; c++)
+                factor[c] = p2[c] < 0 ? 1.0f : 0.5f * (1.0f + cosf(3.14159265f * p2[c]));
+        CHECK(two_member_steps(&job, 5, factor, p1, p2),
+              "BSP: each clock's step at lr x (1 + cos(pi p)) / 2 of the furthest progress p, none at clock 3");
+
+        /* ASP: each push is 1/W of a step at its own progress. Without momentum
+         * or weight decay, a push at 0.5 moves the weights half as far as the
+         * same gradient at 0. */
+        Job plain;
+        Acks acks2 = { 0 };
+        make_job(&plain, 8, MODE_ASP, "sgd");
+        plain.optim.momentum = plain.optim.weight_decay = 0.0f;
+        plain.lr_schedule = LR_SCHEDULE_COSINE;
+        Store *t = open_solo(&plain, &acks2, m12, 2);
+        Chunk *b = t ? key(t, 0, 0) : NULL;
+        float d[2][MAXLEN], was[MAXLEN];
+        const float at[2] = { 0.0f, 0.5f };
+        grad_fill(g1, b ? b->len : 0, 1, 0);
+        for (int i = 0; b && i < 2; i++) {
+                memcpy(was, b->val->data, b->len * sizeof(float));
+                PushReq *x = req_new(1, i, (uint64_t) (1 + i));
+                if (!x)
+                        break;
+                x->progress = at[i];
+                req_push(t, x, b, g1);
+                pushreq_settle(t, x, ST_OK);
+                for (uint32_t j = 0; j < b->len; j++)
+                        d[i][j] = b->val->data[j] - was[j];
+        }
+        /* Differences of weights carry their rounding: compare the whole moves,
+         * and the direction value by value. */
+        double n0 = 0, n1 = 0;
+        bool along = b != NULL;
+        for (uint32_t j = 0; b && j < b->len; j++) {
+                n0 += fabs((double) d[0][j]);
+                n1 += fabs((double) d[1][j]);
+                along = along && (d[0][j] > 0) == (d[1][j] > 0);
+        }
+        CHECK(along && n0 > 0 && fabs(n1 / n0 - 0.5) < 1e-4,
+              "ASP: a push at progress 0.5 moves the weights half as far as one at 0 (%.6f of it)", n0 > 0 ? n1 / n0 : 0);
+        store_free(t);
 }
 
 /* SSP(s): a pull for clock c is ready once the slowest member completed c - s. */
@@ -773,6 +841,20 @@ static void test_admission(void) {
         CHECK(gate_admit_push(s, &h, f, NULL, reason, sizeof reason) == ST_OK, "unless the job allows non-finite");
         s->job.allow_nonfinite = false;
         memcpy(zmq_msg_data(&f[0]), g, len * sizeof(float));
+
+        /* The job's progress a push carries must be a share, 0..1. */
+        const float progress[] = { 0.0f, 0.5f, 1.0f, -0.25f, 1.5f, NAN, INFINITY };
+        bool shares = true;
+        for (size_t i = 0; i < sizeof progress / sizeof progress[0]; i++) {
+                push_hdr(&h, &k, kp, &job, 1, 0, 0, 0);
+                h.has_progress = true;
+                h.progress = progress[i];
+                st = gate_admit_push(s, &h, f, NULL, reason, sizeof reason);
+                shares = shares && (i < 3 ? st == ST_OK
+                                          : st == PSNET__STATUS__STATUS_INVALID &&
+                                                    strstr(reason, "is not a share of the job (0 to 1)"));
+        }
+        CHECK(shares, "progress 0, 0.5 and 1 pass; -0.25, 1.5, NaN and inf are refused (%s)", reason);
 
         /* With CURVE keys in the membership, the connection's key must be the member's. */
         uint8_t keys[2][32];
@@ -963,6 +1045,7 @@ int main(void) {
         test_asp();
         test_multi_key();
         test_lr_scaling();
+        test_lr_schedule();
         test_ssp_gate();
         test_fence_boundary();
         test_admission();

@@ -36,31 +36,65 @@ static void test_lr_factor(void) {
         LrScaling l;
         job_defaults(&j);
         j.warmup_clocks = 0;
-        CHECK(job_lr_factor(&j, MODE_BSP, 8, 0) == 8.0f && job_lr_factor(&j, MODE_BSP, 2, 500) == 2.0f,
+        CHECK(job_lr_factor(&j, MODE_BSP, 8, 0, -1.0f) == 8.0f && job_lr_factor(&j, MODE_BSP, 2, 500, -1.0f) == 2.0f,
               "auto, SGD, BSP: lr x W");
-        CHECK_CLOSE(job_lr_factor(&j, MODE_ASP, 16, 0), 4.0f, 1e-6, "auto, SGD, ASP: lr x sqrt(W)");
-        CHECK_CLOSE(job_lr_factor(&j, MODE_SSP, 9, 0), 3.0f, 1e-6, "auto, SGD, SSP: lr x sqrt(W)");
-        CHECK(job_lr_factor(&j, MODE_BSP, 1, 0) == 1.0f && job_lr_factor(&j, MODE_ASP, 0, 0) == 1.0f,
+        CHECK_CLOSE(job_lr_factor(&j, MODE_ASP, 16, 0, -1.0f), 4.0f, 1e-6, "auto, SGD, ASP: lr x sqrt(W)");
+        CHECK_CLOSE(job_lr_factor(&j, MODE_SSP, 9, 0, -1.0f), 3.0f, 1e-6, "auto, SGD, SSP: lr x sqrt(W)");
+        CHECK(job_lr_factor(&j, MODE_BSP, 1, 0, -1.0f) == 1.0f && job_lr_factor(&j, MODE_ASP, 0, 0, -1.0f) == 1.0f,
               "one worker (or none): lr");
         j.warmup_clocks = 100;
-        CHECK_CLOSE(job_lr_factor(&j, MODE_BSP, 8, 0), 1.07f, 1e-6, "warm-up: clock 0 takes 1/100 of the way (%g)",
-                    (double) job_lr_factor(&j, MODE_BSP, 8, 0));
-        CHECK_CLOSE(job_lr_factor(&j, MODE_BSP, 8, 49), 4.5f, 1e-6, "clock 49: half way from 1 to 8");
-        CHECK(job_lr_factor(&j, MODE_BSP, 8, 99) == 8.0f && job_lr_factor(&j, MODE_BSP, 8, 100000) == 8.0f, "then W");
-        CHECK(job_lr_factor(&j, MODE_BSP, 8, -3) == 1.0f, "a negative clock: no ramp yet");
+        CHECK_CLOSE(job_lr_factor(&j, MODE_BSP, 8, 0, -1.0f), 1.07f, 1e-6, "warm-up: clock 0 takes 1/100 of the way (%g)",
+                    (double) job_lr_factor(&j, MODE_BSP, 8, 0, -1.0f));
+        CHECK_CLOSE(job_lr_factor(&j, MODE_BSP, 8, 49, -1.0f), 4.5f, 1e-6, "clock 49: half way from 1 to 8");
+        CHECK(job_lr_factor(&j, MODE_BSP, 8, 99, -1.0f) == 8.0f && job_lr_factor(&j, MODE_BSP, 8, 100000, -1.0f) == 8.0f, "then W");
+        CHECK(job_lr_factor(&j, MODE_BSP, 8, -3, -1.0f) == 1.0f, "a negative clock: no ramp yet");
         j.warmup_clocks = 0;
         j.lr_scaling = LR_SCALING_LINEAR;
-        CHECK(job_lr_factor(&j, MODE_ASP, 8, 5) == 8.0f, "linear: x W under ASP too");
+        CHECK(job_lr_factor(&j, MODE_ASP, 8, 5, -1.0f) == 8.0f, "linear: x W under ASP too");
         j.lr_scaling = LR_SCALING_SQRT;
-        CHECK_CLOSE(job_lr_factor(&j, MODE_BSP, 4, 5), 2.0f, 1e-6, "sqrt: x sqrt(W) under BSP too");
+        CHECK_CLOSE(job_lr_factor(&j, MODE_BSP, 4, 5, -1.0f), 2.0f, 1e-6, "sqrt: x sqrt(W) under BSP too");
         CHECK(job_set_optim(&j, "adam") == 0, "adam");
         j.lr_scaling = LR_SCALING_AUTO;
-        CHECK_CLOSE(job_lr_factor(&j, MODE_BSP, 16, 7), 4.0f, 1e-6, "auto, Adam, BSP: lr x sqrt(W)");
+        CHECK_CLOSE(job_lr_factor(&j, MODE_BSP, 16, 7, -1.0f), 4.0f, 1e-6, "auto, Adam, BSP: lr x sqrt(W)");
         j.lr_scaling = LR_SCALING_NONE;
-        CHECK(job_lr_factor(&j, MODE_BSP, 16, 7) == 1.0f, "none: lr as given");
+        CHECK(job_lr_factor(&j, MODE_BSP, 16, 7, -1.0f) == 1.0f, "none: lr as given");
         CHECK(lr_scaling_from_string("sqrt", &l) == 0 && l == LR_SCALING_SQRT &&
               lr_scaling_from_string("auto", &l) == 0 && l == LR_SCALING_AUTO &&
               lr_scaling_from_string("Linear", &l) == -EINVAL && strcmp(lr_scaling_name(LR_SCALING_NONE), "none") == 0,
+              "names");
+}
+
+/* --lr-schedule cosine: (1 + cos(pi p)) / 2 of the job's progress p, on top of
+ * the members' factor; no progress known, or constant: no change. */
+static void test_lr_schedule(void) {
+        Job j;
+        LrSchedule l;
+        job_defaults(&j);
+        j.warmup_clocks = 0;
+        CHECK(job_lr_factor(&j, MODE_BSP, 2, 10, 0.5f) == 2.0f, "constant: progress changes nothing");
+        j.lr_schedule = LR_SCHEDULE_COSINE;
+        CHECK(job_lr_factor(&j, MODE_BSP, 2, 0, 0.0f) == 2.0f, "cosine at the start: the members' factor (%g)",
+              (double) job_lr_factor(&j, MODE_BSP, 2, 0, 0.0f));
+        CHECK_CLOSE(job_lr_factor(&j, MODE_BSP, 2, 10, 0.5f), 1.0f, 1e-6, "half way: half the rate");
+        CHECK_CLOSE(job_lr_factor(&j, MODE_BSP, 1, 10, 0.25f), 0.8535534f, 1e-6, "a quarter: (1 + cos(pi/4)) / 2");
+        CHECK_CLOSE(job_lr_factor(&j, MODE_ASP, 4, 10, 0.75f), 2.0f * 0.1464466f, 1e-6,
+                    "three quarters, ASP with 4 members: sqrt(4) x (1 + cos(3 pi/4)) / 2");
+        CHECK(job_lr_factor(&j, MODE_BSP, 1, 10, 1.0f) < 1e-7f && job_lr_factor(&j, MODE_BSP, 1, 10, 7.0f) < 1e-7f,
+              "at the end and past it: 0");
+        CHECK(job_lr_factor(&j, MODE_BSP, 2, 10, -1.0f) == 2.0f && job_lr_factor(&j, MODE_BSP, 2, 10, NAN) == 2.0f,
+              "no progress known: not scheduled");
+        float prev = 2.0f;
+        bool falls = true;
+        for (int k = 1; k <= 100; k++) {
+                float f = job_lr_factor(&j, MODE_BSP, 2, k, (float) k / 100.0f);
+                falls = falls && f < prev;
+                prev = f;
+        }
+        CHECK(falls, "falls at every step of the job");
+        CHECK(lr_schedule_from_string("cosine", &l) == 0 && l == LR_SCHEDULE_COSINE &&
+              lr_schedule_from_string("constant", &l) == 0 && l == LR_SCHEDULE_CONSTANT &&
+              lr_schedule_from_string("step", &l) == -EINVAL &&
+              strcmp(lr_schedule_name(LR_SCHEDULE_COSINE), "cosine") == 0,
               "names");
 }
 
@@ -72,21 +106,28 @@ static void test_flags(void) {
         Job j;
         char err[192] = "";
         const ProgramInfo prog = { .name = "t" };
-        char *argv[] = { "t", "--lr-scaling", "sqrt", "--warmup-clocks", "7", "--allow-nonfinite", NULL };
+        char *argv[] = { "t", "--lr-scaling", "sqrt", "--warmup-clocks", "7", "--allow-nonfinite", "--lr-schedule",
+                         "cosine", NULL };
         int optind_ = 0;
         jobflags_init(&f);
         size_t n = jobflags_options(&f, o);
-        CHECK(n == JOBFLAGS_NOPTS && config_parse(&prog, o, n, 6, argv, &optind_) == 0, "job flags parse");
+        CHECK(n == JOBFLAGS_NOPTS && config_parse(&prog, o, n, 8, argv, &optind_) == 0, "job flags parse");
         CHECK(jobflags_to_job(&f, &j, err, sizeof err) == 0 && j.lr_scaling == LR_SCALING_SQRT &&
-              j.warmup_clocks == 7 && j.allow_nonfinite, "--lr-scaling sqrt --warmup-clocks 7 --allow-nonfinite (%s)",
-              err);
+              j.warmup_clocks == 7 && j.allow_nonfinite && j.lr_schedule == LR_SCHEDULE_COSINE,
+              "--lr-scaling sqrt --warmup-clocks 7 --allow-nonfinite --lr-schedule cosine (%s)", err);
         config_free_strings(o, n);
         jobflags_init(&f);
         CHECK(jobflags_to_job(&f, &j, err, sizeof err) == 0 && j.lr_scaling == LR_SCALING_AUTO && !j.allow_nonfinite &&
-              j.warmup_clocks == JOB_DEFAULT_WARMUP_CLOCKS, "defaults: auto, the checks on");
+              j.warmup_clocks == JOB_DEFAULT_WARMUP_CLOCKS && j.lr_schedule == LR_SCHEDULE_CONSTANT,
+              "defaults: auto, constant, the checks on");
         f.lr_scaling = "fast";
         CHECK(jobflags_to_job(&f, &j, err, sizeof err) == -EINVAL && strstr(err, "bad --lr-scaling 'fast'"),
               "a bad rule is refused: %s", err);
+        f.lr_scaling = NULL;
+        f.lr_schedule = "linear";
+        CHECK(jobflags_to_job(&f, &j, err, sizeof err) == -EINVAL &&
+                      strstr(err, "bad --lr-schedule 'linear' (expected constant or cosine)"),
+              "a bad schedule is refused: %s", err);
 }
 
 /* Differential privacy flags: parsed, checked, carried by the job spec. */
@@ -412,6 +453,7 @@ static bool jobs_equal(const Job *x, const Job *y) {
                x->optim.beta1 == y->optim.beta1 && x->optim.beta2 == y->optim.beta2 && x->optim.eps == y->optim.eps &&
                x->optim.nesterov == y->optim.nesterov && x->mode == y->mode && x->staleness == y->staleness &&
                x->lr_scaling == y->lr_scaling && x->warmup_clocks == y->warmup_clocks &&
+               x->lr_schedule == y->lr_schedule &&
                x->allow_nonfinite == y->allow_nonfinite && x->chunk_floats == y->chunk_floats &&
                x->seed == y->seed && x->batch == y->batch && x->epochs == y->epochs &&
                strcmp(x->dataset, y->dataset) == 0 && x->expect_workers == y->expect_workers &&
@@ -434,6 +476,7 @@ static void test_proto(void) {
         CHECK(job_set_optim(&j, "adam") == 0 && job_set_mode(&j, "ssp:4") == 0, "adam, ssp:4");
         j.lr_scaling = LR_SCALING_SQRT;
         j.warmup_clocks = 77;
+        j.lr_schedule = LR_SCHEDULE_COSINE;
         j.allow_nonfinite = true;
         j.optim.lr = 0.001f;
         j.optim.nesterov = true;
@@ -582,6 +625,7 @@ static void test_validate(void) {
 int main(void) {
         test_defaults();
         test_lr_factor();
+        test_lr_schedule();
         test_flags();
         test_dp_flags();
         test_secagg_flags();

@@ -34,6 +34,7 @@ struct Client {
         uint64_t map_epoch, need_epoch;
         uint64_t members_epoch;        /* sent with every request (0: not yet known) */
         uint64_t examples;             /* sent with pushes (a federated update's example count; 0: none) */
+        float progress;                /* sent with pushes (the job's progress; negative: none) */
         bool masked;                   /* pushes carry CODEC_MASKED (a --secagg update) */
         int codec;                     /* with frame_fn: a --compress update's codec */
         ClientFrameFn frame_fn;
@@ -143,6 +144,7 @@ int client_new(uv_loop_t *loop, void *zctx, const Job *job, const ShardMap *map,
         c->job = *job;
         c->worker_id = worker_id;
         c->timeout_ms = 120000;
+        c->progress = -1.0f;
         if (keys) {
                 c->keys = *keys;
                 c->has_keys = true;
@@ -219,6 +221,7 @@ uint64_t client_need_epoch(const Client *c) { return c->need_epoch; }
 void client_set_timeout(Client *c, unsigned ms) { c->timeout_ms = ms; }
 void client_set_members_epoch(Client *c, uint64_t epoch) { c->members_epoch = epoch; }
 void client_set_examples(Client *c, uint64_t examples) { c->examples = examples; }
+void client_set_progress(Client *c, float progress) { c->progress = progress; }
 void client_set_masked(Client *c, bool masked) { c->masked = masked; }
 void client_set_frames(Client *c, int codec, ClientFrameFn fn, void *ud) {
         c->codec = codec;
@@ -242,6 +245,8 @@ static void header_for(Client *c, ShardConn *s, Psnet__Header *h, Psnet__MsgType
         h->members_epoch = c->members_epoch;
         h->has_examples = type == PSNET__MSG_TYPE__MSG_PUSH && c->examples != 0;
         h->examples = c->examples;
+        h->has_progress = type == PSNET__MSG_TYPE__MSG_PUSH && c->progress >= 0.0f;
+        h->progress = c->progress;
         if (type == PSNET__MSG_TYPE__MSG_PUSH && (c->masked || c->frame_fn)) {
                 h->has_codec = true;
                 h->codec = c->frame_fn ? (Psnet__Codec) c->codec : PSNET__CODEC__CODEC_MASKED;

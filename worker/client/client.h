@@ -52,6 +52,9 @@ void client_set_members_epoch(Client *c, uint64_t epoch);
 
 /* Pushes carry this example count (a federated update's; 0: none). */
 void client_set_examples(Client *c, uint64_t examples);
+/* Pushes carry this share of the job's samples trained before their clock
+ * (0..1, which the shards' --lr-schedule follows; negative: none, the default). */
+void client_set_progress(Client *c, float progress);
 /* Pushes say their frames are masked uint32 (true: a --secagg update, whose
  * buffers the caller passes as the grads) or f32 (false, the default). */
 void client_set_masked(Client *c, bool masked);

@@ -39,6 +39,7 @@ struct PsnetWorker {
         int64_t start_clock;
         uint64_t members_epoch;         /* of the latest membership this worker is in */
         Schedule sched;                 /* the job's epochs in clocks, from the membership */
+        uint64_t total;                 /* the job's samples (psnet_job_end_clock's; 0: not known) */
         PsnetProgress progress;
         double hb_loss_sum;                /* the losses reported with new clocks since the last heartbeat */
         uint64_t hb_loss_n;
@@ -387,6 +388,10 @@ static int round_start(PsnetWorker *w) {
         if (r < 0)
                 return log_error_errno(r, "Failed to connect to the shards: %m");
         client_set_timeout(w->client, w->opts.round_timeout_ms ? w->opts.round_timeout_ms : 120000);
+        /* The job's progress at the pushed clock, for the shards' --lr-schedule:
+         * the same on every member, as the schedule it comes from. */
+        double done = w->total ? (double) schedule_samples_at(&w->sched, w->push_clock) / (double) w->total : -1.0;
+        client_set_progress(w->client, w->grads && w->total ? (float) MIN(done, 1.0) : -1.0f);
         return client_round(w->client, w->grads, w->push_clock, w->params, w->pull_clock, on_client_round, w);
 }
 
@@ -609,7 +614,10 @@ uint32_t psnet_job_batch(const PsnetWorker *w) { return w->job.batch; }
 uint32_t psnet_job_epochs(const PsnetWorker *w) { return w->job.epochs; }
 const char *psnet_job_dataset(const PsnetWorker *w) { return w->has_job ? w->job.dataset : NULL; }
 uint64_t psnet_job_samples_at(const PsnetWorker *w, int64_t clock) { return schedule_samples_at(&w->sched, clock); }
-int64_t psnet_job_end_clock(const PsnetWorker *w, uint64_t total) { return schedule_end_clock(&w->sched, total); }
+int64_t psnet_job_end_clock(PsnetWorker *w, uint64_t total) {
+        w->total = total;
+        return schedule_end_clock(&w->sched, total);
+}
 
 int psnet_job_model_json(const PsnetWorker *w, char *buf, size_t n) {
         if (!w->has_job)

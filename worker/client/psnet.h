@@ -113,9 +113,13 @@ int psnet_job_model_json(const PsnetWorker *w, char *buf, size_t n);
  * training set by all workers together; a clock of W members trains W x
  * batch samples. The samples the job has trained before clock, and the first
  * clock by which it has trained total (epochs x training images): every
- * member stops there. Both follow the membership pscoord publishes. */
+ * member stops there. Both follow the membership pscoord publishes.
+ * psnet_job_end_clock also keeps total: from then on each push carries the
+ * job's progress at its clock (samples before it / total), which a job's
+ * --lr-schedule follows; a worker that never calls it pushes none, and its
+ * pushes are applied at the unscheduled rate. */
 uint64_t psnet_job_samples_at(const PsnetWorker *w, int64_t clock);
-int64_t psnet_job_end_clock(const PsnetWorker *w, uint64_t total);
+int64_t psnet_job_end_clock(PsnetWorker *w, uint64_t total);
 
 /* One round: when grads != NULL, pushes grads (one buffer per tensor, numel
  * floats each) as this worker's gradient of push_clock, and pulls every tensor
