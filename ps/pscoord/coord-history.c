@@ -5,7 +5,7 @@
  * state file and psctl status.
  *
  * And the workers' heartbeats as samples (loss, samples/s, the spread of the
- * members' clocks), for psctl report: at most COORD_CLOCK_HISTORY of them
+ * members' clocks, the shards' learning rate), for psctl report: at most COORD_CLOCK_HISTORY of them
  * over the whole job. When they fill it, every other sample of each worker
  * goes and the stride doubles, so a long job's curves keep their start at a
  * coarser step instead of losing it. See coord-internal.h. */
@@ -66,12 +66,17 @@ void coord_history_sample(Coord *c, Peer *p) {
          * own heartbeats come at different moments, so their clocks do not
          * compare). */
         int64_t spread = 0;
+        float lr = NAN;
         for (size_t i = 0; i < c->npeers; i++) {
                 const Peer *q = &c->peers[i];
-                if (q->role == PSNET__ROLE__ROLE_SERVER && q->shard.has_min_worker_clock &&
-                    q->shard.has_max_worker_clock && q->shard.max_worker_clock >= q->shard.min_worker_clock &&
-                    c->map && shardmap_find(c->map, q->id) >= 0)
+                if (q->role != PSNET__ROLE__ROLE_SERVER || !c->map || shardmap_find(c->map, q->id) < 0)
+                        continue;
+                if (q->shard.has_min_worker_clock && q->shard.has_max_worker_clock &&
+                    q->shard.max_worker_clock >= q->shard.min_worker_clock)
                         spread = MAX(spread, q->shard.max_worker_clock - q->shard.min_worker_clock);
+                /* The shards' last updates: the same rate under BSP, a push's own under ASP/SSP. */
+                if (q->shard.has_lr && isfinite(q->shard.lr) && !(q->shard.lr <= lr))
+                        lr = q->shard.lr;
         }
         c->clocks[c->nclocks++] = (ClockRec) {
                 .worker = p->id, .seq = seq, .clock = wi->clock, .spread = spread,
@@ -79,6 +84,7 @@ void coord_history_sample(Coord *c, Peer *p) {
                 .loss = wi->has_loss && isfinite(wi->loss) ? wi->loss : NAN,
                 .samples_per_s = wi->has_samples_per_s && isfinite(wi->samples_per_s) && wi->samples_per_s >= 0
                                          ? wi->samples_per_s : NAN,
+                .lr = lr,
         };
 }
 
@@ -103,6 +109,8 @@ void coord_handle_history(Coord *c, WireMsg *m) {
                 o->loss = r->loss;
                 o->has_samples_per_s = !isnan(r->samples_per_s);
                 o->samples_per_s = r->samples_per_s;
+                o->has_lr = !isnan(r->lr);
+                o->lr = r->lr;
                 csp[k] = o;
         }
         Psnet__History hist = PSNET__HISTORY__INIT;

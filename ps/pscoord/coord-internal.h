@@ -118,6 +118,7 @@ typedef struct ClockRec {
         uint32_t worker, seq;       /* seq: the worker's Peer.hist_seq */
         int64_t clock, spread;
         float seconds, loss, samples_per_s; /* loss NaN when not finite */
+        float lr;                   /* NaN: no shard applied an update yet */
 } ClockRec;
 
 /* A federated job's rounds (coord-fed.c). */

@@ -100,7 +100,7 @@ typedef struct Report {
         const Psnet__History *h;
         uint32_t *workers;    /* the workers sampled, ascending */
         size_t nworkers;
-        bool has_loss, has_speed, has_test_loss, has_accuracy, fed, fed_loss, fed_accuracy;
+        bool has_loss, has_speed, has_lr, has_test_loss, has_accuracy, fed, fed_loss, fed_accuracy;
         double seconds;       /* of the last sample */
         char title[192];
 } Report;
@@ -116,8 +116,8 @@ static double opt(bool has, double v) {
 
 /* samples.csv (in time order) and samples.dat (a block per worker). */
 static int write_samples(Report *rp, const char *dir) {
-        static const char *const cols[] = { "seconds", "worker", "clock", "loss", "samples_per_s", "staleness" };
-        static const bool ints[] = { false, true, true, false, false, true };
+        static const char *const cols[] = { "seconds", "worker", "clock", "loss", "samples_per_s", "staleness", "lr" };
+        static const bool ints[] = { false, true, true, false, false, true, false };
         const size_t nc = ELEMENTSOF(cols), n = rp->h->n_samples;
         _cleanup_free_ double *v = calloc(MAX(n, (size_t) 1) * nc, sizeof *v);
         _cleanup_free_ double *byw = calloc(MAX(n, (size_t) 1) * nc, sizeof *byw);
@@ -129,11 +129,12 @@ static int write_samples(Report *rp, const char *dir) {
                 const Psnet__ClockSample *s = rp->h->samples[i];
                 double row[] = { opt(s->has_seconds, s->seconds), s->worker, opt(s->has_clock, (double) s->clock),
                                  opt(s->has_loss, s->loss), opt(s->has_samples_per_s, s->samples_per_s),
-                                 opt(s->has_spread, (double) s->spread) };
+                                 opt(s->has_spread, (double) s->spread), opt(s->has_lr, s->lr) };
                 memcpy(v + i * nc, row, sizeof row);
                 fill[worker_index(rp, s->worker) + 1]++;
                 rp->has_loss |= !isnan(row[3]);
                 rp->has_speed |= !isnan(row[4]);
+                rp->has_lr |= !isnan(row[6]);
                 if (!isnan(row[0]))
                         rp->seconds = MAX(rp->seconds, row[0]);
         }
@@ -302,6 +303,17 @@ static int write_script(const Report *rp, const char *dir, Chart *charts, size_t
                                         "How many clocks the fastest member was ahead of the slowest when a "
                                         "heartbeat came, as the shards saw it (the dashed line: the most ssp:S "
                                         "allows, S + 1)." };
+        }
+        if (!rp->fed && rp->has_lr) {
+                gp_chart(f, "lr", "learning rate by clock", "clock", "lr", rp);
+                fputs("set yrange [0:*]\nplot 'samples.dat' using 3:7 with points pt 7 ps 0.6 title 'the shards'' "
+                      "last update'\n",
+                      f);
+                gp_svg(f, "lr");
+                fputs("set yrange [*:*]\n", f);
+                charts[n++] = (Chart) { "lr", "Learning rate by clock",
+                                        "The rate the shards applied their last update at when a heartbeat came: "
+                                        "--lr times --lr-scaling's factor and --lr-schedule's." };
         }
         if (rp->fed && rp->fed_loss) {
                 gp_chart(f, "loss", "training loss by round", "round", "cross-entropy", rp);

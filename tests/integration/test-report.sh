@@ -1,10 +1,12 @@
 #!/usr/bin/env bash
 # Training curves: pscoord samples the workers' heartbeats (loss, samples/s,
-# the spread of the members' clocks at the shards) and psctl report draws
+# the spread of the members' clocks at the shards, the shards' learning rate,
+# here under --lr-schedule cosine) and psctl report draws
 # them with the epochs' accuracy through gnuplot: PNG and SVG files that are
 # what they say, an index.html showing them, CSV files with the numbers. The
 # numbers are checked against what they measure: each worker's clocks rise,
-# the loss falls, BSP keeps members within a clock of each other, ssp:3 lets
+# the loss falls, the rate rises over the warm-up and falls to almost nothing,
+# BSP keeps members within a clock of each other, ssp:3 lets
 # a slow worker fall behind but never past the bound (a pull of clock c waits
 # for the slowest to complete c - 3: completed clocks differ by 4 at most),
 # and the epochs are the status's. Refusals: no --out, --out a file, no
@@ -13,12 +15,14 @@
 source "$(dirname "$0")/lib.sh"
 
 # report_job NAME MODE [WORKER-2 OPTIONS...]: two workers, three epochs,
-# heartbeats every 250 ms; job wait's answer in $out.
+# heartbeats every 250 ms, the job options in JOB_EXTRA too; job wait's answer
+# in $out.
+JOB_EXTRA=()
 report_job() {
   local name=$1 mode=$2; shift 2
   COORD="ipc://$RUN/$name.sock"
   psnet_start "pscoord-$name" "$PSCOORD" --listen "$COORD" --workers 2 --shards 2 --mode "$mode" --epochs 3 \
-    --lease-ms 1000 "${SUBSET[@]}"
+    --lease-ms 1000 "${SUBSET[@]}" "${JOB_EXTRA[@]}"
   start_shards "$name" 2 "$COORD"
   psnet_start "w1-$name" "$WORKERD" --coord "$COORD" --backend cpu
   psnet_start "w2-$name" "$WORKERD" --coord "$COORD" --backend cpu "$@"
@@ -35,11 +39,13 @@ sys.exit(0 if E.parse(sys.argv[1]).getroot().tag.endswith("svg") else 1)' "$1"
 samples() { tail -n +2 "$2/samples.csv" | awk -F, "$1"; }
 
 # --- a BSP job ---------------------------------------------------------------------
+JOB_EXTRA=(--lr-schedule cosine)
 report_job bsp bsp
+JOB_EXTRA=()
 acc=$(acc_of "$out"); [ -n "$acc" ]; ok $? "a BSP job trains ($out)"
 D=$RUN/bsp-report
 msg=$("$PSCTL" --coord "$COORD" report --out "$D" 2>&1); ok $? "psctl report writes ($msg)"
-for c in loss accuracy throughput staleness; do
+for c in loss accuracy throughput staleness lr; do
   is_png "$D/$c.png" && is_svg "$D/$c.svg"; ok $? "$c: a PNG and an SVG"
   grep -q "src=\"$c.svg\"" "$D/index.html"; ok $? "index.html shows the $c chart"
 done
@@ -54,6 +60,12 @@ samples '$4 != "" && $5 > 0 { n++ } END { exit !(NR > 0 && n == NR) }' "$D"
 ok $? "every sample has a loss and a speed"
 first_last=$(samples '$2 == 1 && $4 != "" { if (!f) f = $4; l = $4 } END { print f, l }' "$D")
 awk 'NF == 2 { d = $2 < $1 * 0.8 } END { exit !d }' <<<"$first_last"; ok $? "the training loss falls (worker 1: $first_last)"
+# lr 0.02 x 2 workers after the 100 clocks' warm-up, then the cosine down to
+# ~0 at the job's last clock: the top past 0.02, the last sample's under a
+# tenth of it.
+lrs=$(samples '$7 != "" { if ($7 > m) m = $7; l = $7; n++ } END { print n + 0, m + 0, l + 0 }' "$D")
+awk 'NF == 3 { ok = $1 >= 3 && $2 > 0.02 && $2 <= 0.0400001 && $3 < $2 / 10 } END { exit !ok }' <<<"$lrs"
+ok $? "the shards' lr rises over the warm-up and falls to under a tenth (samples, top, last: $lrs)"
 spread=$(samples '$6 > m { m = $6 } END { print m + 0 }' "$D")
 [ "$spread" -le 1 ]; ok $? "BSP: members are never more than a clock apart at the shards (at most $spread)"
 want=$("$PSCTL" --coord "$COORD" --json status | jq -r '.history.epochs[] | "\(.epoch) \(.accuracy)"')
@@ -62,7 +74,7 @@ got=$(awk -F, 'NR > 1 { print $1, $4 }' "$D/epochs.csv")
 ok $? "epochs.csv is the status's epochs ($(tr '\n' ' ' <<<"$got"))"
 grep -q "$acc" "$D/index.html"; ok $? "index.html says the final accuracy ($acc)"
 j=$("$PSCTL" --coord "$COORD" --json report --out "$D"); ok $? "report --json"
-[ "$(jq -r '.charts | join(" ")' <<<"$j")" = "loss accuracy throughput staleness" ] && [ "$(jq -r .dir <<<"$j")" = "$D" ]
+[ "$(jq -r '.charts | join(" ")' <<<"$j")" = "loss accuracy throughput staleness lr" ] && [ "$(jq -r .dir <<<"$j")" = "$D" ]
 ok $? "--json names the directory and the charts ($j)"
 
 # The refusals: where to write is not optional, nor a file; without gnuplot the numbers still come.
