@@ -35,6 +35,10 @@ args=$(grep -v -- '^-t \| -t ' "$RUN/ninja-args" 2>/dev/null | tr '\n' ' ' | sed
 [ "$args" = "-C $PSNET_BUILD ps/pscoord/pscoord ps/psd/psd ps/psctl/psctl worker/workerd/workerd" ]
 ok $? "it builds only the four programs (ninja $args)"
 grep -q "demo: building pscoord, psd, psctl and workerd" "$RUN/demo.err"; ok $? "and says so"
+grep -q '^demo: mlp:784-256-10: SGD at lr 0.04, cosine schedule' "$RUN/demo.err"
+ok $? "the MLP under BSP: lr 0.04 with a cosine schedule, and it says so"
+grep -q 'msg="job started" .* optim=sgd lr=0.04 lr_schedule=cosine ' "$PSNET_DEMO_LOGS"/run-*/pscoord.log
+ok $? "which is what pscoord runs"
 grep -qE '^accuracy=0\.[0-9]{4} epochs=2 workers=2 shards=2 mode=bsp seconds=[0-9]+$' "$RUN/demo.out"
 ok $? "the last line keeps its format"
 grep -qE '^demo: epoch [12]/2 +[0-9]+%  loss [0-9.]+  [0-9]+ samples/s$' "$RUN/demo.err"; ok $? "not on a terminal: a line per epoch"
@@ -69,4 +73,7 @@ ok $? "--federated --clients 1 is refused with a reason"
 # The built-in vit gets the demo's settings for it, and says so.
 "$DEMO" --no-build --build "$PSNET_BUILD" --no-http --backend cpu --model vit --epochs 1 -- --train-limit 1000 \
   --test-limit 500 >"$RUN/vit.out" 2>"$RUN/vit.err"; ok $? "demo --model vit runs ($(tail -1 "$RUN/vit.out"))"
-grep -q '^demo: vit: Adam at lr 0.001, 1 epochs' "$RUN/vit.err"; ok $? "with Adam at lr 0.001, and says so"
+grep -q '^demo: vit: Adam at lr 0.001, cosine schedule, 1 epochs' "$RUN/vit.err"; ok $? "with Adam at lr 0.001, and says so"
+runs=("$PSNET_DEMO_LOGS"/run-*)
+grep -q 'msg="job started" .* optim=adam lr=0.001 lr_schedule=cosine ' "${runs[0]}"/pscoord.log
+ok $? "which is what pscoord runs"
