@@ -84,6 +84,19 @@ static uint16_t to_bf16(float x) {
         return (uint16_t) (u >> 16);
 }
 
+void bf16_encode(const float *x, size_t n, uint8_t *out) {
+        for (size_t i = 0; i < n; i++) {
+                uint16_t h = to_bf16(x[i]);
+                out[2 * i] = (uint8_t) h;
+                out[2 * i + 1] = (uint8_t) (h >> 8);
+        }
+}
+
+void bf16_decode(const uint8_t *in, size_t n, float *out) {
+        for (size_t i = 0; i < n; i++)
+                out[i] = bitsf((uint32_t) (in[2 * i] | in[2 * i + 1] << 8) << 16);
+}
+
 /* The k-th largest of v[0..n) (1 <= k <= n), reordering v: quickselect with
  * a three-way partition (runs of equal values, zeros say, stay linear). */
 static float kth_largest(float *v, size_t n, size_t k) {
@@ -117,6 +130,10 @@ size_t compress_encode(CompressKind kind, const float *x, uint32_t len, float to
                        float *scratch) {
         /* With a residual, x + residual is what goes, and residual keeps its loss. */
 #define IN(i) (residual ? x[i] + residual[i] : x[i])
+        if (kind == COMPRESS_BF16 && !residual) {
+                bf16_encode(x, len, out);
+                return (size_t) len * 2;
+        }
         if (kind == COMPRESS_BF16) {
                 for (uint32_t i = 0; i < len; i++) {
                         float v = IN(i);
@@ -197,11 +214,10 @@ int compress_decode(CompressKind kind, const uint8_t *in, size_t n, uint32_t len
         if (!compress_size_ok(kind, n, len))
                 return -EMSGSIZE;
         if (kind == COMPRESS_BF16) {
-                for (uint32_t i = 0; i < len; i++) {
-                        out[i] = bitsf((uint32_t) (in[2 * i] | in[2 * i + 1] << 8) << 16);
+                bf16_decode(in, len, out);
+                for (uint32_t i = 0; i < len; i++)
                         if (!isfinite(out[i]))
                                 return -ERANGE;
-                }
                 return 0;
         }
         if (kind == COMPRESS_INT8) {

@@ -32,5 +32,10 @@ size_t compress_encode(CompressKind kind, const float *x, uint32_t len, float to
  * for a size the codec cannot have, -EINVAL for an index out of order or
  * range, -ERANGE for a value (or scale) that is not finite. */
 int compress_decode(CompressKind kind, const uint8_t *in, size_t n, uint32_t len, float *out);
+/* bf16 on the wire (a training job's --wire bf16, and BF16 above): n values
+ * as the top half of each f32, rounded to nearest even (NaN stays NaN),
+ * little-endian, at any alignment; and back, exactly (no check of the values). */
+void bf16_encode(const float *x, size_t n, uint8_t *out);
+void bf16_decode(const uint8_t *in, size_t n, float *out);
 /* Whether n bytes can be a frame of len values (TOPK: any count up to len). */
 int compress_size_ok(CompressKind kind, size_t n, uint32_t len);

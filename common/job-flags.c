@@ -57,6 +57,9 @@ size_t jobflags_options(JobFlags *f, Option *o) {
                 { "lr-schedule", OPT_STR, &f->lr_schedule, "SCHEDULE",
                   "lr over the job: constant, or cosine (from lr at the start down to 0 at the last clock, "
                   "following the share of the job's samples trained) (default constant)" },
+                { "wire", OPT_STR, &f->wire, "DTYPE",
+                  "what workers push and pull: f32, or bf16 (half the bytes; the shards keep f32 values and "
+                  "optimizer state) (default f32)" },
                 { "allow-nonfinite", OPT_BOOL, &f->allow_nonfinite, NULL,
                   "shards accept NaN/Inf gradients instead of refusing the push (skips a pass over every push; "
                   "for trusted workers only)" },
@@ -186,6 +189,11 @@ int jobflags_to_job(const JobFlags *f, Job *job, char *err, size_t errlen) {
                 return -EINVAL;
         }
         job->warmup_clocks = f->warmup_clocks;
+        if (f->wire && strcmp(f->wire, "f32") != 0 && strcmp(f->wire, "bf16") != 0) {
+                snprintf(err, errlen, "bad --wire '%s' (expected f32 or bf16)", f->wire);
+                return -EINVAL;
+        }
+        job->wire = f->wire && strcmp(f->wire, "bf16") == 0 ? JOB_WIRE_BF16 : JOB_WIRE_F32;
         job->allow_nonfinite = f->allow_nonfinite;
         job->replicas = f->replicas;
         job->train_limit = f->train_limit;

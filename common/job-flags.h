@@ -5,14 +5,14 @@
 #include "config.h"
 #include "job.h"
 
-#define JOBFLAGS_NOPTS 44
+#define JOBFLAGS_NOPTS 45
 
 typedef struct JobFlags {
         char *model, *mode, *optim, *data, *init;
         float lr, momentum, weight_decay;
         unsigned epochs, batch, workers, shards, chunk_kb, train_limit, test_limit;
         uint64_t seed;
-        char *lr_scaling, *lr_schedule;
+        char *lr_scaling, *lr_schedule, *wire;
         unsigned warmup_clocks;
         bool allow_nonfinite;
         unsigned replicas;

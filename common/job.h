@@ -20,6 +20,8 @@ typedef enum { MODE_BSP, MODE_ASP, MODE_SSP, MODE_FED } ConsistencyMode;
 typedef enum { OPTIM_SGD, OPTIM_ADAM } OptimKind;
 /* How the learning rate follows the number of members W (job_lr_factor). */
 typedef enum { LR_SCALING_NONE, LR_SCALING_AUTO, LR_SCALING_LINEAR, LR_SCALING_SQRT } LrScaling;
+/* What workers send and receive (--wire): f32, or bf16 (the shards keep f32). */
+typedef enum { JOB_WIRE_F32, JOB_WIRE_BF16 } JobWire;
 /* How the learning rate follows the job's progress (job_lr_factor). */
 typedef enum { LR_SCHEDULE_CONSTANT, LR_SCHEDULE_COSINE } LrSchedule;
 /* A job's life at pscoord: waiting for its shards and workers, running, then
@@ -94,6 +96,7 @@ typedef struct Job {
         LrScaling lr_scaling; /* how lr follows the number of members W (job_lr_factor) */
         uint32_t warmup_clocks; /* with lr_scaling: the factor ramps up from 1 over these clocks */
         LrSchedule lr_schedule; /* lr over the job's progress (job_lr_factor) */
+        JobWire wire;        /* the values in workers' pushes and pulls */
         bool allow_nonfinite;/* accept NaN/Inf gradients (refused by default) */
         uint32_t replicas;   /* copies of every chunk on distinct shards (0: 2 with >= 2 shards, else 1) */
         uint32_t chunk_floats;

@@ -128,6 +128,8 @@ int job_to_proto(const Job *job, Psnet__JobSpec **ret) {
         s->lr_scaling = (Psnet__LrScaling) job->lr_scaling; /* the same numbering */
         s->has_warmup_clocks = true;
         s->warmup_clocks = job->warmup_clocks;
+        s->has_wire = job->wire != JOB_WIRE_F32;
+        s->wire = job->wire == JOB_WIRE_BF16 ? PSNET__DTYPE__DTYPE_BF16 : PSNET__DTYPE__DTYPE_F32;
         s->has_lr_schedule = job->lr_schedule != LR_SCHEDULE_CONSTANT;
         s->lr_schedule = (Psnet__LrSchedule) job->lr_schedule; /* the same numbering */
         s->has_allow_nonfinite = true;
@@ -309,6 +311,9 @@ int job_from_proto(const Psnet__JobSpec *spec, Job *ret, char *err, size_t errle
                                       spec->lr_schedule > PSNET__LR_SCHEDULE__LR_SCHEDULE_COSINE))
                 return conv_err(err, errlen, "lr schedule %d is not constant or cosine", (int) spec->lr_schedule);
         j.lr_schedule = spec->has_lr_schedule ? (LrSchedule) spec->lr_schedule : LR_SCHEDULE_CONSTANT;
+        if (spec->has_wire && spec->wire != PSNET__DTYPE__DTYPE_F32 && spec->wire != PSNET__DTYPE__DTYPE_BF16)
+                return conv_err(err, errlen, "wire dtype %d is not f32 or bf16", (int) spec->wire);
+        j.wire = spec->has_wire && spec->wire == PSNET__DTYPE__DTYPE_BF16 ? JOB_WIRE_BF16 : JOB_WIRE_F32;
         j.allow_nonfinite = spec->has_allow_nonfinite && spec->allow_nonfinite;
         j.replicas = spec->has_replicas ? spec->replicas : 0;
         j.seed = spec->seed;

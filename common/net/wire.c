@@ -122,10 +122,14 @@ int wire_validate(const Psnet__Header *hdr, const zmq_msg_t *frames, size_t nfra
         if ((int) hdr->body_case != types[ti].body)
                 return fail(reason, reasonlen, PSNET__STATUS__STATUS_MALFORMED, "%s carries %s, it takes %s",
                             types[ti].name, body_name(hdr->body_case), body_name(types[ti].body));
-        if (hdr->dtype != PSNET__DTYPE__DTYPE_F32)
+        bool bf16 = hdr->dtype == PSNET__DTYPE__DTYPE_BF16;
+        if (hdr->dtype != PSNET__DTYPE__DTYPE_F32 &&
+            (!bf16 || hdr->codec != PSNET__CODEC__CODEC_RAW ||
+             (hdr->type != PSNET__MSG_TYPE__MSG_PUSH && hdr->type != PSNET__MSG_TYPE__MSG_PULL &&
+              hdr->type != PSNET__MSG_TYPE__MSG_PULL_REP)))
                 return fail(reason, reasonlen, PSNET__STATUS__STATUS_DTYPE,
-                            "dtype %d not supported (only f32 = %d)", (int) hdr->dtype,
-                            PSNET__DTYPE__DTYPE_F32);
+                            "dtype %d not supported here (f32 = %d; bf16 = %d on a PUSH, PULL or PULL_REP without a "
+                            "codec)", (int) hdr->dtype, PSNET__DTYPE__DTYPE_F32, PSNET__DTYPE__DTYPE_BF16);
         if (hdr->codec != PSNET__CODEC__CODEC_RAW &&
             (hdr->codec > PSNET__CODEC__CODEC_TOPK || hdr->type != PSNET__MSG_TYPE__MSG_PUSH))
                 return fail(reason, reasonlen, PSNET__STATUS__STATUS_DTYPE,
@@ -190,7 +194,7 @@ int wire_validate(const Psnet__Header *hdr, const zmq_msg_t *frames, size_t nfra
         for (size_t i = 0; i < nframes; i++) {
                 const Psnet__Key *k = hdr->keys[i];
                 size_t have = zmq_msg_size((zmq_msg_t *) &frames[i]);
-                uint64_t want = (uint64_t) k->len * sizeof(float);
+                uint64_t want = (uint64_t) k->len * (bf16 ? 2 : sizeof(float));
                 if (hdr->codec >= PSNET__CODEC__CODEC_BF16) {
                         CompressKind ck = (CompressKind) (hdr->codec - PSNET__CODEC__CODEC_BF16 + COMPRESS_BF16);
                         if (!compress_size_ok(ck, have, k->len))
@@ -201,8 +205,9 @@ int wire_validate(const Psnet__Header *hdr, const zmq_msg_t *frames, size_t nfra
                 }
                 if ((uint64_t) have != want)
                         return fail(reason, reasonlen, PSNET__STATUS__STATUS_SIZE,
-                                    "frame %zu has %zu bytes, key (%u,%u) declares %u floats = %llu bytes",
-                                    i + 1, have, k->tensor, k->chunk, k->len, (unsigned long long) want);
+                                    "frame %zu has %zu bytes, key (%u,%u) declares %u %s values = %llu bytes",
+                                    i + 1, have, k->tensor, k->chunk, k->len, bf16 ? "bf16" : "f32",
+                                    (unsigned long long) want);
         }
         return PSNET__STATUS__STATUS_OK;
 }

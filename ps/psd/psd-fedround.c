@@ -741,6 +741,10 @@ int fedshard_push(FedShard *f, Store *s, const Psnet__Header *h, Chunk **chunks,
         /* Checked first: an update in the wrong form (plain in a secure or a
          * compressed job, ...) is refused as such, whatever else this client
          * sent before. */
+        if (h->dtype != PSNET__DTYPE__DTYPE_F32) {
+                snprintf(reason, n, "a federated update says how it is encoded with --compress, not a dtype");
+                return PSNET__STATUS__STATUS_DTYPE;
+        }
         bool masked = h->codec == PSNET__CODEC__CODEC_MASKED;
         if (masked != s->job.fed.secagg) {
                 snprintf(reason, n, masked ? "a masked update, but this job does not aggregate securely"

@@ -155,8 +155,10 @@ static int psd_send_values(Psd *p, const zmq_msg_t *route, const Psnet__Header *
         if (!frames)
                 return -ENOMEM;
         int64_t clock = -1;
+        bool bf16 = req->dtype == PSNET__DTYPE__DTYPE_BF16;
         for (size_t i = 0; i < n; i++) {
-                int r = store_value_msg(p->store, chunks[i], &frames[i]);
+                int r = bf16 ? store_value_bf16(p->store, chunks[i], &frames[i])
+                             : store_value_msg(p->store, chunks[i], &frames[i]);
                 if (r < 0) {
                         for (size_t j = 0; j < i; j++)
                                 zmq_msg_close(&frames[j]);
@@ -165,10 +167,12 @@ static int psd_send_values(Psd *p, const zmq_msg_t *route, const Psnet__Header *
                 }
                 if (clock < 0 || chunks[i]->clock < clock)
                         clock = chunks[i]->clock;
-                p->bytes_out += (uint64_t) chunks[i]->len * sizeof(float);
+                p->bytes_out += (uint64_t) chunks[i]->len * (bf16 ? 2 : sizeof(float));
         }
         Psnet__Header h;
         wire_header_init(&h, PSNET__MSG_TYPE__MSG_PULL_REP);
+        h.has_dtype = bf16;
+        h.dtype = req->dtype;
         h.has_seq = true;
         h.seq = req->seq;
         h.has_clock = true;
@@ -218,14 +222,24 @@ static void psd_push(Psd *p, WireMsg *m, Chunk **chunks) {
                 psd_reply_error(p, &m->route, h, PSNET__STATUS__STATUS_UNAVAILABLE, PSD_NO_LEASE);
                 return;
         }
+        uint64_t bytes = 0;
+        for (size_t i = 0; i < h->n_keys; i++)
+                bytes += zmq_msg_size(&m->frames[i]);
+        /* --wire bf16: from here on an f32 push (the backups get f32 too). */
+        if (h->dtype == PSNET__DTYPE__DTYPE_BF16) {
+                if (store_push_f32(m->frames, h) < 0) {
+                        psd_reply_error(p, &m->route, h, PSNET__STATUS__STATUS_RESOURCE, "out of memory");
+                        return;
+                }
+                h->dtype = PSNET__DTYPE__DTYPE_F32;
+        }
         /* Admitted whole or not at all: membership, key, finite values. */
         int st = gate_admit_push(p->store, h, m->frames, p->id.enabled ? m->peer.key : NULL, reason, sizeof reason);
         if (st != PSNET__STATUS__STATUS_OK) {
                 psd_reply_error(p, &m->route, h, st, reason);
                 return;
         }
-        for (size_t i = 0; i < h->n_keys; i++)
-                p->bytes_in += zmq_msg_size(&m->frames[i]);
+        p->bytes_in += bytes;
         PushReq *req;
         int r = pushreq_new(&m->route, h->seq, h->sender, h->clock, &req);
         if (r < 0) {

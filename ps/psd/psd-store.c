@@ -4,6 +4,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include "alloc.h"
+#include "compress.h"
 #include "log.h"
 #include "psd-optim.h"
 #include "psd-store.h"
@@ -516,6 +517,28 @@ int store_value_msg(Store *s, Chunk *c, zmq_msg_t *ret) {
                 return -errno;
         }
         s->pulls++;
+        return 0;
+}
+
+int store_value_bf16(Store *s, Chunk *c, zmq_msg_t *ret) {
+        if (zmq_msg_init_size(ret, (size_t) c->len * 2) < 0)
+                return -errno;
+        bf16_encode(c->val->data, c->len, zmq_msg_data(ret));
+        s->pulls++;
+        return 0;
+}
+
+int store_push_f32(zmq_msg_t *frames, const Psnet__Header *h) {
+        for (size_t i = 0; i < h->n_keys; i++) {
+                zmq_msg_t f;
+                uint32_t len = h->keys[i]->len;
+                if (zmq_msg_init_size(&f, (size_t) len * sizeof(float)) < 0)
+                        return -errno;
+                bf16_decode(zmq_msg_data(&frames[i]), len, zmq_msg_data(&f));
+                zmq_msg_close(&frames[i]);
+                zmq_msg_init(&frames[i]);
+                zmq_msg_move(&frames[i], &f);
+        }
         return 0;
 }
 

@@ -29,7 +29,8 @@
  *   push-value     the same with every value PSPOKE_VALUE (default 1) and an
  *                  example count of 1, as a federated client's update
  *                  (both: with PSPOKE_PROGRESS, the job's progress the push
- *                  says it is at, "nan" included)
+ *                  says it is at, "nan" included; with PSPOKE_BF16=1, the
+ *                  values as bf16, a --wire bf16 worker's)
  *   huge           a PUSH whose frame is 1 GiB (zero pages: nothing is allocated here)
  *   frames         one PUSH of PSPOKE_COUNT frames of CHUNKLEN floats each
  *   pull-future    PSPOKE_COUNT PULLs of key (0,0) for clock PSPOKE_CLOCK (default
@@ -228,9 +229,23 @@ int main(int argc, char **argv) {
                         return 2;
                 for (uint32_t i = 0; i < len; i++)
                         v[i] = value;
+                size_t bytes = (size_t) len * sizeof(float);
+                if (getenv("PSPOKE_BF16")) {
+                        /* The top halves, little-endian, over the front of v. */
+                        uint8_t *b = (uint8_t *) v;
+                        for (uint32_t i = 0; i < len; i++) {
+                                uint32_t u;
+                                memcpy(&u, &v[i], sizeof u);
+                                b[2 * i] = (uint8_t) (u >> 16);
+                                b[2 * i + 1] = (uint8_t) (u >> 24);
+                        }
+                        h.has_dtype = true;
+                        h.dtype = PSNET__DTYPE__DTYPE_BF16;
+                        bytes = (size_t) len * 2;
+                }
                 r = send_header(s, &h, 0, true);
                 if (r == 0)
-                        r = send_raw(s, v, (size_t) len * sizeof(float), 0);
+                        r = send_raw(s, v, bytes, 0);
                 free(v);
         } else if (!strcmp(c, "huge")) {
                 size_t n = (size_t) 1 << 30;

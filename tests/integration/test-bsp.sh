@@ -3,7 +3,7 @@
 # a CI-sized subset, every worker pulls bit-identical weights at each clock, the
 # demo's model (one large tensor, three small) is spread evenly over the two
 # shards, and --lr-schedule cosine takes the learning rate down to almost 0 by
-# the last clock.
+# the last clock. Then the same job with --wire bf16.
 source "$(dirname "$0")/lib.sh"
 
 COORD="ipc://$RUN/coord.sock"
@@ -32,3 +32,26 @@ diffs=$(join "$RUN/c1" "$RUN/c2" | awk '$2 != $3' | wc -l)
 [ "$diffs" -eq 0 ]; ok $? "identical weights at every clock ($diffs differ)"
 distinct=$(cut -d' ' -f2 "$RUN/c1" | sort -u | wc -l)
 [ "$distinct" -ge $((n1 / 2)) ]; ok $? "the weights change from clock to clock ($distinct distinct checksums)"
+
+# The same job with --wire bf16: workers push and pull half the bytes, the
+# shards keep f32 values, every worker still pulls the same weights at each
+# clock, and the accuracy stays with the f32 run's.
+mb() { sed -n "s/.*msg=\"trained\" .* $2=\([0-9.]*\).*/\1/p" "$RUN/$1.log" | tail -1; }
+acc32=$(acc_of "$out"); push32=$(mb workerd-1 pushed_mb); pull32=$(mb workerd-1 pulled_mb)
+psnet_stop_all
+COORD="ipc://$RUN/coord-bf16.sock"
+psnet_start pscoord-bf16 "$PSCOORD" --listen "$COORD" --workers 2 --shards 2 --mode bsp --epochs 3 \
+  --lr-schedule cosine --wire bf16 "${SUBSET[@]}"
+start_shards bf16 2 "$COORD"
+for i in 1 2; do psnet_start "workerd-bf16-$i" "$WORKERD" --coord "$COORD" --trace-pulls; done
+out=$("$PSCTL" --coord "$COORD" job wait --wait 300); ok $? "the BSP job with --wire bf16 finishes ($out)"
+acc16=$(acc_of "$out")
+awk -v a="$acc16" -v b="$acc32" 'BEGIN { d = a - b; exit !(a > 0 && d < 0.02 && d > -0.02) }'
+ok $? "its accuracy is within 0.02 of f32's on this subset ($acc16 against $acc32)"
+push16=$(mb workerd-bf16-1 pushed_mb); pull16=$(mb workerd-bf16-1 pulled_mb)
+awk -v a="$push16" -v b="$push32" -v c="$pull16" -v d="$pull32" \
+  'BEGIN { exit !(b > 0 && d > 0 && a / b > 0.45 && a / b < 0.55 && c / d > 0.45 && c / d < 0.55) }'
+ok $? "a worker pushed and pulled half the bytes (pushed $push16 MB against $push32, pulled $pull16 against $pull32)"
+extract "$RUN/workerd-bf16-1.log" >"$RUN/b1"; extract "$RUN/workerd-bf16-2.log" >"$RUN/b2"
+joined=$(join "$RUN/b1" "$RUN/b2" | wc -l); diffs=$(join "$RUN/b1" "$RUN/b2" | awk '$2 != $3' | wc -l)
+[ "$joined" -ge 200 ] && [ "$diffs" -eq 0 ]; ok $? "identical weights at every clock ($joined clocks, $diffs differ)"

@@ -29,6 +29,8 @@ out=$(PSPOKE_SENDER=999 "$PSPOKE" "$SHARD" push-nan 1 "$len")
 grep -q "status=stale .*worker 999 is not a member" <<<"$out"; ok $? "a stranger's push of NaNs is refused, not applied ($out)"
 out=$(PSPOKE_SENDER=$wid "$PSPOKE" "$SHARD" push-nan 1 "$len")
 grep -q "status=not-finite .*holds NaN or infinity" <<<"$out"; ok $? "a member's push of NaNs is refused whole ($out)"
+out=$(PSPOKE_SENDER=$wid PSPOKE_BF16=1 "$PSPOKE" "$SHARD" push-nan 1 "$len")
+grep -q "status=not-finite .*holds NaN or infinity" <<<"$out"; ok $? "and as bf16 (--wire bf16) too ($out)"
 for p in nan 2.5 -1; do
   out=$(PSPOKE_SENDER=$wid PSPOKE_PROGRESS=$p PSPOKE_VALUE=100 "$PSPOKE" "$SHARD" push-value 1 "$len")
   grep -q "status=invalid .*progress $p is not a share of the job (0 to 1)" <<<"$out"

@@ -107,19 +107,21 @@ static void test_flags(void) {
         char err[192] = "";
         const ProgramInfo prog = { .name = "t" };
         char *argv[] = { "t", "--lr-scaling", "sqrt", "--warmup-clocks", "7", "--allow-nonfinite", "--lr-schedule",
-                         "cosine", NULL };
+                         "cosine", "--wire", "bf16", NULL };
         int optind_ = 0;
         jobflags_init(&f);
         size_t n = jobflags_options(&f, o);
-        CHECK(n == JOBFLAGS_NOPTS && config_parse(&prog, o, n, 8, argv, &optind_) == 0, "job flags parse");
+        CHECK(n == JOBFLAGS_NOPTS && config_parse(&prog, o, n, 10, argv, &optind_) == 0, "job flags parse");
         CHECK(jobflags_to_job(&f, &j, err, sizeof err) == 0 && j.lr_scaling == LR_SCALING_SQRT &&
-              j.warmup_clocks == 7 && j.allow_nonfinite && j.lr_schedule == LR_SCHEDULE_COSINE,
-              "--lr-scaling sqrt --warmup-clocks 7 --allow-nonfinite --lr-schedule cosine (%s)", err);
+              j.warmup_clocks == 7 && j.allow_nonfinite && j.lr_schedule == LR_SCHEDULE_COSINE &&
+              j.wire == JOB_WIRE_BF16,
+              "--lr-scaling sqrt --warmup-clocks 7 --allow-nonfinite --lr-schedule cosine --wire bf16 (%s)", err);
         config_free_strings(o, n);
         jobflags_init(&f);
         CHECK(jobflags_to_job(&f, &j, err, sizeof err) == 0 && j.lr_scaling == LR_SCALING_AUTO && !j.allow_nonfinite &&
-              j.warmup_clocks == JOB_DEFAULT_WARMUP_CLOCKS && j.lr_schedule == LR_SCHEDULE_CONSTANT,
-              "defaults: auto, constant, the checks on");
+              j.warmup_clocks == JOB_DEFAULT_WARMUP_CLOCKS && j.lr_schedule == LR_SCHEDULE_CONSTANT &&
+                      j.wire == JOB_WIRE_F32,
+              "defaults: auto, constant, f32, the checks on");
         f.lr_scaling = "fast";
         CHECK(jobflags_to_job(&f, &j, err, sizeof err) == -EINVAL && strstr(err, "bad --lr-scaling 'fast'"),
               "a bad rule is refused: %s", err);
@@ -128,6 +130,11 @@ static void test_flags(void) {
         CHECK(jobflags_to_job(&f, &j, err, sizeof err) == -EINVAL &&
                       strstr(err, "bad --lr-schedule 'linear' (expected constant or cosine)"),
               "a bad schedule is refused: %s", err);
+        f.lr_schedule = NULL;
+        f.wire = "fp16";
+        CHECK(jobflags_to_job(&f, &j, err, sizeof err) == -EINVAL &&
+                      strstr(err, "bad --wire 'fp16' (expected f32 or bf16)"),
+              "a wire dtype other than f32 and bf16 is refused: %s", err);
 }
 
 /* Differential privacy flags: parsed, checked, carried by the job spec. */
@@ -453,7 +460,7 @@ static bool jobs_equal(const Job *x, const Job *y) {
                x->optim.beta1 == y->optim.beta1 && x->optim.beta2 == y->optim.beta2 && x->optim.eps == y->optim.eps &&
                x->optim.nesterov == y->optim.nesterov && x->mode == y->mode && x->staleness == y->staleness &&
                x->lr_scaling == y->lr_scaling && x->warmup_clocks == y->warmup_clocks &&
-               x->lr_schedule == y->lr_schedule &&
+               x->lr_schedule == y->lr_schedule && x->wire == y->wire &&
                x->allow_nonfinite == y->allow_nonfinite && x->chunk_floats == y->chunk_floats &&
                x->seed == y->seed && x->batch == y->batch && x->epochs == y->epochs &&
                strcmp(x->dataset, y->dataset) == 0 && x->expect_workers == y->expect_workers &&
@@ -477,6 +484,7 @@ static void test_proto(void) {
         j.lr_scaling = LR_SCALING_SQRT;
         j.warmup_clocks = 77;
         j.lr_schedule = LR_SCHEDULE_COSINE;
+        j.wire = JOB_WIRE_BF16;
         j.allow_nonfinite = true;
         j.optim.lr = 0.001f;
         j.optim.nesterov = true;

@@ -437,6 +437,42 @@ static void test_malformed(void) {
         h.codec = (Psnet__Codec) 7;
         send_hdr(&h, NULL, 0);
         expect_bad(PSNET__STATUS__STATUS_DTYPE, "codec 7", "an unknown codec");
+        /* bf16 (--wire bf16): PUSH, PULL and PULL_REP only, no codec with it,
+         * frames of 2 bytes a value. */
+        wire_header_init(&h, PSNET__MSG_TYPE__MSG_STATUS);
+        h.has_dtype = true;
+        h.dtype = PSNET__DTYPE__DTYPE_BF16;
+        send_hdr(&h, NULL, 0);
+        expect_bad(PSNET__STATUS__STATUS_DTYPE, "bf16 = 1 on a PUSH, PULL or PULL_REP", "bf16 on a STATUS");
+        {
+                Psnet__Key bk = PSNET__KEY__INIT, *bkeys[1] = { &bk };
+                size_t fb1[1] = { 8 };
+                bk.tensor = 0, bk.chunk = 0, bk.len = 4;
+                wire_header_init(&h, PSNET__MSG_TYPE__MSG_PUSH);
+                h.has_dtype = h.has_codec = true;
+                h.dtype = PSNET__DTYPE__DTYPE_BF16;
+                h.codec = PSNET__CODEC__CODEC_INT8;
+                h.n_keys = 1;
+                h.keys = bkeys;
+                send_hdr(&h, fb1, 1);
+                expect_bad(PSNET__STATUS__STATUS_DTYPE, "dtype 1 not supported here", "bf16 with a codec");
+                h.has_codec = false;
+                h.codec = PSNET__CODEC__CODEC_RAW;
+                fb1[0] = 16;
+                send_hdr(&h, fb1, 1);
+                expect_bad(PSNET__STATUS__STATUS_SIZE, "frame 1 has 16 bytes, key (0,0) declares 4 bf16 values = 8 bytes",
+                           "a bf16 PUSH with f32 frames");
+                fb1[0] = 8;
+                h.has_seq = true;
+                h.seq = 77;
+                send_hdr(&h, fb1, 1);
+                WireMsg m;
+                int r = wire_recv(router, true, 0, &m);
+                CHECK(r == 0 && m.hdr && m.hdr->dtype == PSNET__DTYPE__DTYPE_BF16 && m.nframes == 1 &&
+                              zmq_msg_size(&m.frames[0]) == 8,
+                      "a bf16 PUSH of 4 values in 8 bytes is taken (r=%d)", r);
+                wire_msg_done(&m);
+        }
         /* Unknown status value. */
         wire_header_init(&h, PSNET__MSG_TYPE__MSG_ERROR);
         h.has_status = true;
@@ -474,7 +510,7 @@ static void test_malformed(void) {
         k1.tensor = 1, k1.chunk = 0, k1.len = 1024;
         fb[0] = 16, fb[1] = 8192;
         send_hdr(&h, fb, 2);
-        expect_bad(PSNET__STATUS__STATUS_SIZE, "frame 2 has 8192 bytes, key (1,0) declares 1024 floats = 4096 bytes",
+        expect_bad(PSNET__STATUS__STATUS_SIZE, "frame 2 has 8192 bytes, key (1,0) declares 1024 f32 values = 4096 bytes",
                    "frame size mismatch");
         /* Key with len 0. */
         k1.len = 0;
@@ -590,7 +626,7 @@ static void test_misc(void) {
         k.len = 3;
         st = wire_validate(&h, f, 1, reason, sizeof reason);
         CHECK(st == PSNET__STATUS__STATUS_SIZE &&
-              strcmp(reason, "frame 1 has 8 bytes, key (3,7) declares 3 floats = 12 bytes") == 0,
+              strcmp(reason, "frame 1 has 8 bytes, key (3,7) declares 3 f32 values = 12 bytes") == 0,
               "wire_validate size reason: %s", reason);
         zmq_msg_close(&f[0]);
 

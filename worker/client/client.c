@@ -8,6 +8,7 @@
 #include <time.h>
 #include "alloc.h"
 #include "client.h"
+#include "compress.h"
 #include "endpoint.h"
 #include "errors.h"
 #include "log.h"
@@ -36,6 +37,7 @@ struct Client {
         uint64_t examples;             /* sent with pushes (a federated update's example count; 0: none) */
         float progress;                /* sent with pushes (the job's progress; negative: none) */
         bool masked;                   /* pushes carry CODEC_MASKED (a --secagg update) */
+        bool pull_f32;                 /* --wire bf16: a pull without a push (the final weights) asks f32 */
         int codec;                     /* with frame_fn: a --compress update's codec */
         ClientFrameFn frame_fn;
         void *frame_ud;
@@ -245,6 +247,11 @@ static void header_for(Client *c, ShardConn *s, Psnet__Header *h, Psnet__MsgType
         h->members_epoch = c->members_epoch;
         h->has_examples = type == PSNET__MSG_TYPE__MSG_PUSH && c->examples != 0;
         h->examples = c->examples;
+        /* --wire bf16: a training job's gradients and the values it pulls
+         * (not a federated update, which says its encoding with a codec). */
+        h->has_dtype = c->job.wire == JOB_WIRE_BF16 && !c->masked && !c->frame_fn &&
+                       (type == PSNET__MSG_TYPE__MSG_PUSH || (type == PSNET__MSG_TYPE__MSG_PULL && !c->pull_f32));
+        h->dtype = h->has_dtype ? PSNET__DTYPE__DTYPE_BF16 : PSNET__DTYPE__DTYPE_F32;
         h->has_progress = type == PSNET__MSG_TYPE__MSG_PUSH && c->progress >= 0.0f;
         h->progress = c->progress;
         if (type == PSNET__MSG_TYPE__MSG_PUSH && (c->masked || c->frame_fn)) {
@@ -261,10 +268,25 @@ static int send_push(Client *c, ShardConn *s) {
         zmq_msg_t *frames = ps_malloc(s->nkeys * sizeof *frames);
         if (!frames)
                 return -ENOMEM;
+        bool bf16 = c->job.wire == JOB_WIRE_BF16 && !c->masked && !c->frame_fn;
         for (size_t i = 0; i < s->nkeys; i++) {
                 const Psnet__Key *k = s->keyp[i];
                 void *p;
                 size_t size = (size_t) k->len * sizeof(float);
+                if (bf16) {
+                        /* A frame of its own, which ZeroMQ frees once sent. */
+                        if (zmq_msg_init_size(&frames[i], (size_t) k->len * 2) < 0) {
+                                int r = -errno;
+                                for (size_t j = 0; j < i; j++)
+                                        zmq_msg_close(&frames[j]);
+                                ps_free(frames);
+                                return r;
+                        }
+                        bf16_encode(tensor_at((float *const *) c->grads, &c->job, k), k->len,
+                                    zmq_msg_data(&frames[i]));
+                        c->stats.bytes_pushed += (uint64_t) k->len * 2;
+                        continue;
+                }
                 if (c->frame_fn) {
                         const void *d = NULL;
                         c->frame_fn(c->frame_ud, k->tensor, k->chunk, &d, &size);
@@ -471,6 +493,11 @@ static int handle_reply(Client *c, ShardConn *s, WireMsg *m) {
                                           want->tensor, want->chunk);
                                 return -EPROTO;
                         }
+                        if (h->dtype == PSNET__DTYPE__DTYPE_BF16) {
+                                bf16_decode(zmq_msg_data(&m->frames[i]), k->len, tensor_at(c->params, &c->job, k));
+                                c->stats.bytes_pulled += (uint64_t) k->len * 2;
+                                continue;
+                        }
                         memcpy(tensor_at(c->params, &c->job, k), zmq_msg_data(&m->frames[i]),
                                (size_t) k->len * sizeof(float));
                         c->stats.bytes_pulled += (uint64_t) k->len * sizeof(float);
@@ -511,6 +538,7 @@ int client_pull_begin(Client *c, float *const *params, int64_t pull_clock) {
         if (!c || !params || c->prefetching || c->busy)
                 return -EINVAL;
         c->params = params;
+        c->pull_f32 = false;
         c->min_clock = -1;
         for (size_t i = 0; i < c->nshards; i++) {
                 ShardConn *s = &c->shards[i];
@@ -537,6 +565,8 @@ int client_round(Client *c, const float *const *grads, int64_t push_clock, float
                 return -EINVAL;
         c->prefetching = false;
         c->grads = grads;
+        if (!pulled)
+                c->pull_f32 = grads == NULL;
         c->push_clock = push_clock;
         c->params = params;
         c->pull_clock = pull_clock;

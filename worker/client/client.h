@@ -66,7 +66,9 @@ void client_set_frames(Client *c, int codec, ClientFrameFn fn, void *ud);
 /* Starts one round: when grads != NULL, pushes grads (one buffer per job
  * tensor) for push_clock; when params != NULL, pulls every tensor into params
  * for pull_clock (BSP: the shard answers once that clock has closed). -EBUSY
- * while a round runs. */
+ * while a round runs. A job's --wire bf16 sends the gradients and asks for
+ * the values as bf16, except a pull without a push (the final weights, for
+ * their evaluation), which comes as f32. */
 int client_round(Client *c, const float *const *grads, int64_t push_clock, float *const *params,
                  int64_t pull_clock, ClientRoundFn cb, void *ud);
 /* Prefetch: sends the pull of pull_clock into params now; the next
