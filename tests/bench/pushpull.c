@@ -10,6 +10,10 @@
  * CLOCK_MONOTONIC. Goodput is tensor bytes moved (pushed + pulled) per second,
  * headers excluded; the figures are the median and the best round.
  *
+ * With --wire bf16 the job sends half the bytes: goodput counts the bytes on
+ * the wire, tensor_gbps the f32 tensor bytes they carry (twice as many), and
+ * the raw baseline sends messages of the bf16 frames' size.
+ *
  * The raw baseline is zmqraw_measure on the same transport: chunk-sized
  * zero-copy messages (1 MiB by default), as many bytes as the timed push+pull
  * rounds, 3 runs (one before each mode, the rest after, each while this
@@ -67,7 +71,7 @@
 #define BENCH_MAX_ROUNDS 100000
 
 typedef struct Opts {
-        const char *build, *transport, *model, *mode;
+        const char *build, *transport, *model, *mode, *wire;
         unsigned rounds, chunk_kb, raw_runs, replicas;
 } Opts;
 
@@ -364,7 +368,7 @@ static int cluster_start(Cluster *cl, const Opts *o, const char *mode) {
         char *coord_argv[] = {
                 path, "--listen", cl->coord_ep, "--workers", "1", "--shards", shards, "--mode", (char *) mode,
                 "--model", (char *) o->model, "--chunk-kb", chunk, "--lease-ms", lease, "--shard-lease-ms", lease,
-                "--replicas", replicas, NULL,
+                "--replicas", replicas, "--wire", (char *) o->wire, NULL,
         };
         if ((r = daemon_start(&cl->d[0], name, cl->dir, path, coord_argv)) < 0)
                 return log_error_errno(r, "Failed to start %s: %m", path);
@@ -831,7 +835,7 @@ static void print_figures(const char *mode, const char *kind, const Figures *f) 
 
 int main(int argc, char **argv) {
         Opts o = { .rounds = 20, .chunk_kb = 1024, .raw_runs = 3, .replicas = 1 };
-        char *build = NULL, *transport = NULL, *model = NULL, *mode = NULL;
+        char *build = NULL, *transport = NULL, *model = NULL, *mode = NULL, *wire = NULL;
         _cleanup_free_ char *build_default = NULL;
         const Option opts[] = {
                 { "build", OPT_STR, &build, "DIR", "build folder holding ps/pscoord/pscoord and ps/psd/psd (default: the one holding this program)" },
@@ -842,6 +846,7 @@ int main(int argc, char **argv) {
                 { "mode", OPT_STR, &mode, "MODE", "asp, bsp or both (default both)" },
                 { "replicas", OPT_UINT, &o.replicas, "R",
                   "copies of every chunk (1 to 3: the cost of replication on one host; 3 runs three shards)" },
+                { "wire", OPT_STR, &wire, "DTYPE", "what the worker pushes and pulls: f32 or bf16 (default f32)" },
                 { "raw-runs", OPT_UINT, &o.raw_runs, "N",
                   "raw ZeroMQ runs, median taken (0: psnet only, e.g. under perf)" },
         };
@@ -870,6 +875,12 @@ int main(int argc, char **argv) {
         }
         if (optind_ < argc) {
                 fprintf(stderr, "bench-pushpull: unexpected argument '%s' (see --help)\n", argv[optind_]);
+                r = -EINVAL;
+                goto out;
+        }
+        o.wire = wire ? wire : "f32";
+        if (strcmp(o.wire, "f32") != 0 && strcmp(o.wire, "bf16") != 0) {
+                fprintf(stderr, "bench-pushpull: --wire is f32 or bf16, not '%s'\n", o.wire);
                 r = -EINVAL;
                 goto out;
         }
@@ -953,8 +964,9 @@ int main(int argc, char **argv) {
          * its runs are spread over the benchmark (one before each mode, the rest
          * after), so that a machine whose load drifts skews both sides alike.
          * Each runs while this process holds no ZeroMQ context (zmqraw forks). */
-        size_t msg_bytes = (size_t) o.chunk_kb * 1024u;
-        size_t total = (size_t) (2 * model_bytes) * o.rounds;
+        size_t per = strcmp(o.wire, "bf16") == 0 ? 2 : 1; /* tensor bytes per wire byte */
+        size_t msg_bytes = (size_t) o.chunk_kb * 1024u / per;
+        size_t total = (size_t) (2 * model_bytes) * o.rounds / per;
         double raw_runs[BENCH_RAW_MAX] = { 0 }, raw_sorted[BENCH_RAW_MAX], raw = 0;
         double raw_cpu[BENCH_RAW_MAX] = { 0 }, raw_cpu_med = 0;
         CpuMark m0 = { 0 }, m1 = { 0 };
@@ -987,8 +999,8 @@ int main(int argc, char **argv) {
                 print_figures(res[i].mode, "pull", &res[i].pull);
         }
         if (nraw > 0) {
-                printf("%-5s %-10s %4zu %9.1f %9s %11.2f %9s %8.2f  (msg %u KiB, DEALER->ROUTER; runs:", "raw", "zmq",
-                       nraw, (double) total / (1 << 20), "-", raw, "-", raw_cpu_med, o.chunk_kb);
+                printf("%-5s %-10s %4zu %9.1f %9s %11.2f %9s %8.2f  (msg %zu KiB, DEALER->ROUTER; runs:", "raw", "zmq",
+                       nraw, (double) total / (1 << 20), "-", raw, "-", raw_cpu_med, msg_bytes / 1024);
                 for (size_t i = 0; i < nraw; i++)
                         printf(" %.2f", raw_runs[i]);
                 printf(")\n");
@@ -1003,10 +1015,10 @@ int main(int argc, char **argv) {
         }
         for (size_t i = 0; i < nmodes; i++) {
                 const Figures *pp = &res[i].pushpull, *pl = &res[i].pull;
-                printf("pushpull transport=%s mode=%s replicas=%u model_mib=%.1f chunk_kib=%u rounds=%u "
-                       "push+pull_gbps=%.2f push+pull_best_gbps=%.2f pull_gbps=%.2f cpu_s_per_gb=%.3f",
-                       o.transport, res[i].mode, o.replicas, model_mib, o.chunk_kb, o.rounds, pp->med_gbps, pp->best_gbps,
-                       pl->med_gbps, pp->cpu_s_per_gb);
+                printf("pushpull transport=%s mode=%s replicas=%u wire=%s model_mib=%.1f chunk_kib=%u rounds=%u "
+                       "push+pull_gbps=%.2f push+pull_best_gbps=%.2f pull_gbps=%.2f tensor_gbps=%.2f cpu_s_per_gb=%.3f",
+                       o.transport, res[i].mode, o.replicas, o.wire, model_mib, o.chunk_kb, o.rounds, pp->med_gbps,
+                       pp->best_gbps, pl->med_gbps, pp->med_gbps * (double) per, pp->cpu_s_per_gb);
                 if (nraw > 0)
                         printf(" raw_zmq_gbps=%.2f raw_cpu_s_per_gb=%.3f ratio=%.2f pull_ratio=%.2f target=%.1f", raw,
                                raw_cpu_med, pp->med_gbps / raw, pl->med_gbps / raw, BENCH_TARGET);

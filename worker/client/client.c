@@ -37,7 +37,7 @@ struct Client {
         uint64_t examples;             /* sent with pushes (a federated update's example count; 0: none) */
         float progress;                /* sent with pushes (the job's progress; negative: none) */
         bool masked;                   /* pushes carry CODEC_MASKED (a --secagg update) */
-        bool pull_f32;                 /* --wire bf16: a pull without a push (the final weights) asks f32 */
+        bool pull_f32;                 /* --wire bf16: pulls ask for f32 all the same (the final weights) */
         int codec;                     /* with frame_fn: a --compress update's codec */
         ClientFrameFn frame_fn;
         void *frame_ud;
@@ -224,6 +224,7 @@ void client_set_timeout(Client *c, unsigned ms) { c->timeout_ms = ms; }
 void client_set_members_epoch(Client *c, uint64_t epoch) { c->members_epoch = epoch; }
 void client_set_examples(Client *c, uint64_t examples) { c->examples = examples; }
 void client_set_progress(Client *c, float progress) { c->progress = progress; }
+void client_set_pull_f32(Client *c, bool f32) { c->pull_f32 = f32; }
 void client_set_masked(Client *c, bool masked) { c->masked = masked; }
 void client_set_frames(Client *c, int codec, ClientFrameFn fn, void *ud) {
         c->codec = codec;
@@ -538,7 +539,6 @@ int client_pull_begin(Client *c, float *const *params, int64_t pull_clock) {
         if (!c || !params || c->prefetching || c->busy)
                 return -EINVAL;
         c->params = params;
-        c->pull_f32 = false;
         c->min_clock = -1;
         for (size_t i = 0; i < c->nshards; i++) {
                 ShardConn *s = &c->shards[i];
@@ -565,8 +565,6 @@ int client_round(Client *c, const float *const *grads, int64_t push_clock, float
                 return -EINVAL;
         c->prefetching = false;
         c->grads = grads;
-        if (!pulled)
-                c->pull_f32 = grads == NULL;
         c->push_clock = push_clock;
         c->params = params;
         c->pull_clock = pull_clock;

@@ -63,12 +63,14 @@ void client_set_masked(Client *c, bool masked);
  * (PSNET__CODEC__CODEC_BF16 ...); fn NULL: the grads as f32 again. */
 typedef void (*ClientFrameFn)(void *ud, uint32_t tensor, uint32_t chunk, const void **ret_data, size_t *ret_size);
 void client_set_frames(Client *c, int codec, ClientFrameFn fn, void *ud);
+/* A job's --wire bf16 sends the gradients and asks for the values as bf16;
+ * with f32 set, pulls ask for f32 all the same (the final weights, which the
+ * evaluator tests exactly as they are exported). */
+void client_set_pull_f32(Client *c, bool f32);
 /* Starts one round: when grads != NULL, pushes grads (one buffer per job
  * tensor) for push_clock; when params != NULL, pulls every tensor into params
  * for pull_clock (BSP: the shard answers once that clock has closed). -EBUSY
- * while a round runs. A job's --wire bf16 sends the gradients and asks for
- * the values as bf16, except a pull without a push (the final weights, for
- * their evaluation), which comes as f32. */
+ * while a round runs. */
 int client_round(Client *c, const float *const *grads, int64_t push_clock, float *const *params,
                  int64_t pull_clock, ClientRoundFn cb, void *ud);
 /* Prefetch: sends the pull of pull_clock into params now; the next

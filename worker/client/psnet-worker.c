@@ -40,6 +40,7 @@ struct PsnetWorker {
         uint64_t members_epoch;         /* of the latest membership this worker is in */
         Schedule sched;                 /* the job's epochs in clocks, from the membership */
         uint64_t total;                 /* the job's samples (psnet_job_end_clock's; 0: not known) */
+        bool evaluating;                /* asked to evaluate the final weights: pulls come as f32 */
         PsnetProgress progress;
         double hb_loss_sum;                /* the losses reported with new clocks since the last heartbeat */
         uint64_t hb_loss_n;
@@ -187,6 +188,7 @@ static void apply_config(PsnetWorker *w, const Psnet__Config *ctl) {
                 announce_stop(w, "the job is done");
         if (ctl->has_evaluate && ctl->evaluate && w->has_job) {
                 log_info("pscoord asks this worker to evaluate the final weights");
+                w->evaluating = true;
                 if (w->ev.evaluate)
                         w->ev.evaluate(w, w->ud);
         }
@@ -392,6 +394,7 @@ static int round_start(PsnetWorker *w) {
          * the same on every member, as the schedule it comes from. */
         double done = w->total ? (double) schedule_samples_at(&w->sched, w->push_clock) / (double) w->total : -1.0;
         client_set_progress(w->client, w->grads && w->total ? (float) MIN(done, 1.0) : -1.0f);
+        client_set_pull_f32(w->client, w->evaluating);
         return client_round(w->client, w->grads, w->push_clock, w->params, w->pull_clock, on_client_round, w);
 }
 
