@@ -314,6 +314,9 @@ int job_validate(const Job *job, char *err, size_t errlen) {
                 return job_err(err, errlen, "eps %g must be > 0", (double) o->eps);
         if (job->mode != MODE_BSP && job->mode != MODE_ASP && job->mode != MODE_SSP && job->mode != MODE_FED)
                 return job_err(err, errlen, "mode must be bsp, asp, ssp:S or fed");
+        if (job->mode == MODE_FED && job->wire != JOB_WIRE_F32)
+                return job_err(err, errlen, "--wire bf16 is for training jobs; a federated job's updates are "
+                                            "encoded with --compress bf16");
         if (job->mode == MODE_FED) {
                 const FedConf *f = &job->fed;
                 char why[160];

@@ -135,6 +135,10 @@ static void test_flags(void) {
         CHECK(jobflags_to_job(&f, &j, err, sizeof err) == -EINVAL &&
                       strstr(err, "bad --wire 'fp16' (expected f32 or bf16)"),
               "a wire dtype other than f32 and bf16 is refused: %s", err);
+        f.wire = "bf16";
+        f.mode = "fed";
+        CHECK(jobflags_to_job(&f, &j, err, sizeof err) == -EINVAL && strstr(err, "--compress bf16"),
+              "--wire bf16 on a federated job is refused, naming --compress: %s", err);
 }
 
 /* Differential privacy flags: parsed, checked, carried by the job spec. */
