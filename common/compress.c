@@ -94,7 +94,7 @@ static uint16_t to_bf16(float x) {
 VECTORISE void bf16_encode(const float *x, size_t n, uint8_t *out) {
 #if __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__
         /* Whole words in and out (memcpy: any alignment), which the compiler
-         * turns into vector code: 2.9 -> 4.1 GB/s of f32 on this VM. */
+         * turns into vector code: 2.9 -> 4.3 GB/s of f32 on this VM. */
         for (size_t i = 0; i < n; i++) {
                 uint32_t u;
                 memcpy(&u, &x[i], sizeof u);

@@ -5,10 +5,11 @@
  * state file and psctl status.
  *
  * And the workers' heartbeats as samples (loss, samples/s, the spread of the
- * members' clocks, the shards' learning rate), for psctl report: at most COORD_CLOCK_HISTORY of them
- * over the whole job. When they fill it, every other sample of each worker
- * goes and the stride doubles, so a long job's curves keep their start at a
- * coarser step instead of losing it. See coord-internal.h. */
+ * members' clocks, the shards' learning rate), for psctl report: at most
+ * COORD_CLOCK_HISTORY of them over the whole job. When they fill it, every
+ * other sample of each worker goes and the stride doubles, so a long job's
+ * curves keep their start at a coarser step instead of losing it. See
+ * coord-internal.h. */
 #include <errno.h>
 #include <math.h>
 #include <stdio.h>

@@ -409,8 +409,8 @@ void coord_history_reset(Coord *c);
  * and ends the look at wi (the ones after it are not recorded either). */
 bool coord_history_epoch(Coord *c, uint32_t worker, const Psnet__WorkerInfo *wi);
 /* Samples worker p's heartbeat (wi, already in p->worker) when its clock
- * moved since its last sample: clock, loss, samples/s, and the spread of the
- * members' clocks. Not kept in the state file: a restarted pscoord starts
+ * moved since its last sample: clock, loss, samples/s, the spread of the
+ * members' clocks and the shards' learning rate. Not kept in the state file: a restarted pscoord starts
  * them again. */
 void coord_history_sample(Coord *c, Peer *p);
 /* MSG_HISTORY (psctl report): the samples, oldest first. */

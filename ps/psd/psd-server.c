@@ -11,6 +11,7 @@
 #include <string.h>
 #include <uv.h>
 #include "alloc.h"
+#include "compress.h"
 #include "endpoint.h"
 #include "errors.h"
 #include "keys.h"
@@ -215,6 +216,23 @@ static void psd_pull(Psd *p, WireMsg *m, Chunk **chunks) {
                 psd_reply_error(p, &m->route, m->hdr, st, reason);
 }
 
+/* A bf16 PUSH's frames (sizes checked by wire_validate) become f32 frames in
+ * place, exactly widened: what follows sees an f32 push. -ENOMEM: some
+ * frames may be converted, none lost. */
+static int push_to_f32(zmq_msg_t *frames, const Psnet__Header *h) {
+        for (size_t i = 0; i < h->n_keys; i++) {
+                zmq_msg_t f;
+                uint32_t len = h->keys[i]->len;
+                if (zmq_msg_init_size(&f, (size_t) len * sizeof(float)) < 0)
+                        return -errno;
+                bf16_decode(zmq_msg_data(&frames[i]), len, zmq_msg_data(&f));
+                zmq_msg_close(&frames[i]);
+                zmq_msg_init(&frames[i]);
+                zmq_msg_move(&frames[i], &f);
+        }
+        return 0;
+}
+
 static void psd_push(Psd *p, WireMsg *m, Chunk **chunks) {
         Psnet__Header *h = m->hdr;
         char reason[192];
@@ -227,7 +245,7 @@ static void psd_push(Psd *p, WireMsg *m, Chunk **chunks) {
                 bytes += zmq_msg_size(&m->frames[i]);
         /* --wire bf16: from here on an f32 push (the backups get f32 too). */
         if (h->dtype == PSNET__DTYPE__DTYPE_BF16) {
-                if (store_push_f32(m->frames, h) < 0) {
+                if (push_to_f32(m->frames, h) < 0) {
                         psd_reply_error(p, &m->route, h, PSNET__STATUS__STATUS_RESOURCE, "out of memory");
                         return;
                 }

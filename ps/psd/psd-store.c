@@ -528,20 +528,6 @@ int store_value_bf16(Store *s, Chunk *c, zmq_msg_t *ret) {
         return 0;
 }
 
-int store_push_f32(zmq_msg_t *frames, const Psnet__Header *h) {
-        for (size_t i = 0; i < h->n_keys; i++) {
-                zmq_msg_t f;
-                uint32_t len = h->keys[i]->len;
-                if (zmq_msg_init_size(&f, (size_t) len * sizeof(float)) < 0)
-                        return -errno;
-                bf16_decode(zmq_msg_data(&frames[i]), len, zmq_msg_data(&f));
-                zmq_msg_close(&frames[i]);
-                zmq_msg_init(&frames[i]);
-                zmq_msg_move(&frames[i], &f);
-        }
-        return 0;
-}
-
 void store_steps(const Store *s, uint64_t *ret_min, uint64_t *ret_max) {
         uint64_t lo = UINT64_MAX, hi = 0;
         for (size_t t = 0; s->has_job && s->chunks && t < s->job.ntensors; t++)

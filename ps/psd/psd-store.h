@@ -157,10 +157,6 @@ ValBuf *store_value_new(uint32_t n);
 int store_value_msg(Store *s, Chunk *c, zmq_msg_t *ret);
 /* A message of the chunk's current values as bf16 (a --wire bf16 pull). */
 int store_value_bf16(Store *s, Chunk *c, zmq_msg_t *ret);
-/* A bf16 PUSH's frames (sizes checked by wire_validate) become f32 frames in
- * place, exactly widened: what follows sees an f32 push. -ENOMEM: some
- * frames may be converted, none lost. */
-int store_push_f32(zmq_msg_t *frames, const Psnet__Header *h);
 
 /* Smallest clock over owned chunks (0 when none); under ASP/SSP the fastest
  * member's progress. */

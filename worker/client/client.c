@@ -234,6 +234,12 @@ void client_set_frames(Client *c, int codec, ClientFrameFn fn, void *ud) {
 const ClientStats *client_stats(const Client *c) { return &c->stats; }
 bool client_busy(const Client *c) { return c->busy; }
 
+/* --wire bf16 for this client's pushes and pulls: a training job's, not a
+ * federated update (which says its encoding with a codec). */
+static bool wire_bf16(const Client *c) {
+        return c->job.wire == JOB_WIRE_BF16 && !c->masked && !c->frame_fn;
+}
+
 static void header_for(Client *c, ShardConn *s, Psnet__Header *h, Psnet__MsgType type, int64_t clock,
                        uint64_t seq) {
         wire_header_init(h, type);
@@ -248,10 +254,8 @@ static void header_for(Client *c, ShardConn *s, Psnet__Header *h, Psnet__MsgType
         h->members_epoch = c->members_epoch;
         h->has_examples = type == PSNET__MSG_TYPE__MSG_PUSH && c->examples != 0;
         h->examples = c->examples;
-        /* --wire bf16: a training job's gradients and the values it pulls
-         * (not a federated update, which says its encoding with a codec). */
-        h->has_dtype = c->job.wire == JOB_WIRE_BF16 && !c->masked && !c->frame_fn &&
-                       (type == PSNET__MSG_TYPE__MSG_PUSH || (type == PSNET__MSG_TYPE__MSG_PULL && !c->pull_f32));
+        h->has_dtype = wire_bf16(c) && (type == PSNET__MSG_TYPE__MSG_PUSH ||
+                                        (type == PSNET__MSG_TYPE__MSG_PULL && !c->pull_f32));
         h->dtype = h->has_dtype ? PSNET__DTYPE__DTYPE_BF16 : PSNET__DTYPE__DTYPE_F32;
         h->has_progress = type == PSNET__MSG_TYPE__MSG_PUSH && c->progress >= 0.0f;
         h->progress = c->progress;
@@ -269,34 +273,31 @@ static int send_push(Client *c, ShardConn *s) {
         zmq_msg_t *frames = ps_malloc(s->nkeys * sizeof *frames);
         if (!frames)
                 return -ENOMEM;
-        bool bf16 = c->job.wire == JOB_WIRE_BF16 && !c->masked && !c->frame_fn;
+        bool bf16 = wire_bf16(c);
         for (size_t i = 0; i < s->nkeys; i++) {
                 const Psnet__Key *k = s->keyp[i];
                 void *p;
                 size_t size = (size_t) k->len * sizeof(float);
+                int r;
                 if (bf16) {
                         /* A frame of its own, which ZeroMQ frees once sent. */
-                        if (zmq_msg_init_size(&frames[i], (size_t) k->len * 2) < 0) {
-                                int r = -errno;
-                                for (size_t j = 0; j < i; j++)
-                                        zmq_msg_close(&frames[j]);
-                                ps_free(frames);
-                                return r;
-                        }
-                        bf16_encode(tensor_at((float *const *) c->grads, &c->job, k), k->len,
-                                    zmq_msg_data(&frames[i]));
-                        c->stats.bytes_pushed += (uint64_t) k->len * 2;
-                        continue;
+                        size = (size_t) k->len * 2;
+                        r = zmq_msg_init_size(&frames[i], size);
+                        if (r == 0)
+                                bf16_encode(tensor_at((float *const *) c->grads, &c->job, k), k->len,
+                                            zmq_msg_data(&frames[i]));
+                } else {
+                        if (c->frame_fn) {
+                                const void *d = NULL;
+                                c->frame_fn(c->frame_ud, k->tensor, k->chunk, &d, &size);
+                                p = (void *) d;
+                        } else
+                                p = tensor_at((float *const *) c->grads, &c->job, k);
+                        /* No free function: the buffer is the caller's and outlives the round. */
+                        r = zmq_msg_init_data(&frames[i], p, size, NULL, NULL);
                 }
-                if (c->frame_fn) {
-                        const void *d = NULL;
-                        c->frame_fn(c->frame_ud, k->tensor, k->chunk, &d, &size);
-                        p = (void *) d;
-                } else
-                        p = tensor_at((float *const *) c->grads, &c->job, k);
-                /* No free function: the buffer is the caller's and outlives the round. */
-                if (zmq_msg_init_data(&frames[i], p, size, NULL, NULL) < 0) {
-                        int r = -errno;
+                if (r < 0) {
+                        r = -errno;
                         for (size_t j = 0; j < i; j++)
                                 zmq_msg_close(&frames[j]);
                         ps_free(frames);

@@ -392,8 +392,10 @@ static int round_start(PsnetWorker *w) {
         client_set_timeout(w->client, w->opts.round_timeout_ms ? w->opts.round_timeout_ms : 120000);
         /* The job's progress at the pushed clock, for the shards' --lr-schedule:
          * the same on every member, as the schedule it comes from. */
-        double done = w->total ? (double) schedule_samples_at(&w->sched, w->push_clock) / (double) w->total : -1.0;
-        client_set_progress(w->client, w->grads && w->total ? (float) MIN(done, 1.0) : -1.0f);
+        float progress = -1.0f;
+        if (w->grads && w->total)
+                progress = (float) MIN((double) schedule_samples_at(&w->sched, w->push_clock) / (double) w->total, 1.0);
+        client_set_progress(w->client, progress);
         client_set_pull_f32(w->client, w->evaluating);
         return client_round(w->client, w->grads, w->push_clock, w->params, w->pull_clock, on_client_round, w);
 }
