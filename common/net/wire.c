@@ -136,6 +136,13 @@ int wire_validate(const Psnet__Header *hdr, const zmq_msg_t *frames, size_t nfra
                             "codec %d not supported here (raw = %d; masked, bf16, int8, topk = %d..%d on a federated "
                             "push)", (int) hdr->codec, PSNET__CODEC__CODEC_RAW, PSNET__CODEC__CODEC_MASKED,
                             PSNET__CODEC__CODEC_TOPK);
+        bool shm = hdr->has_shm_session;
+        if (shm && (hdr->shm_session.len != WIRE_SHM_TOKEN || hdr->codec != PSNET__CODEC__CODEC_RAW ||
+                    (hdr->type != PSNET__MSG_TYPE__MSG_PUSH && hdr->type != PSNET__MSG_TYPE__MSG_PULL &&
+                     hdr->type != PSNET__MSG_TYPE__MSG_PULL_REP)))
+                return fail(reason, reasonlen, PSNET__STATUS__STATUS_MALFORMED,
+                            "a shared-memory session (%zu bytes) goes on a PUSH, PULL or PULL_REP without a codec, "
+                            "and names %u bytes", hdr->shm_session.len, (unsigned) WIRE_SHM_TOKEN);
         if ((unsigned) hdr->status > PSNET__STATUS__STATUS_UNAVAILABLE)
                 return fail(reason, reasonlen, PSNET__STATUS__STATUS_MALFORMED,
                             "unknown status %d", (int) hdr->status);
@@ -179,11 +186,11 @@ int wire_validate(const Psnet__Header *hdr, const zmq_msg_t *frames, size_t nfra
                                             (unsigned long long) want);
                 return PSNET__STATUS__STATUS_OK;
         }
-        if (!types[ti].frames) {
+        if (!types[ti].frames || shm) {
                 if (nframes > 0)
                         return fail(reason, reasonlen, PSNET__STATUS__STATUS_MALFORMED,
-                                    "%s carries %zu payload frame%s; it takes none",
-                                    types[ti].name, nframes, nframes == 1 ? "" : "s");
+                                    "%s%s carries %zu payload frame%s; it takes none",
+                                    types[ti].name, shm ? " in shared memory" : "", nframes, nframes == 1 ? "" : "s");
                 return PSNET__STATUS__STATUS_OK;
         }
         if (nframes != hdr->n_keys)

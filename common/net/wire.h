@@ -14,6 +14,7 @@
 #define WIRE_VERSION PSNET_PROTO_MAJOR
 #define WIRE_MAX_KEYS 65536
 #define WIRE_MAX_HEADER (1u << 20)
+#define WIRE_SHM_TOKEN 16       /* bytes of a shared-memory session's token (Header.shm_session) */
 
 /* Who sent a message, as the ZAP handler admitted its connection (keys.h,
  * zap.h); role NONE and empty strings without --keys. */
@@ -47,8 +48,9 @@ void wire_msg_done(WireMsg *msg);
 
 /* Structural checks on a decoded header and its frames, as wire_recv does:
  * version, known type, the body its type takes (and no other), dtype/codec,
- * key count, frames present exactly for PUSH, PULL_REP and CHUNK_STATE, each
- * frame size == key len * 4, len > 0.
+ * key count, frames present exactly for PUSH, PULL_REP and CHUNK_STATE (none
+ * for a PUSH or PULL_REP in shared memory), each frame size == key len * 4
+ * (2 for bf16), len > 0.
  * Returns a PSNET__STATUS__* (OK = 0) and fills reason. */
 int wire_validate(const Psnet__Header *hdr, const zmq_msg_t *frames, size_t nframes,
                   char *reason, size_t reasonlen);

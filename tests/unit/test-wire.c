@@ -473,6 +473,50 @@ static void test_malformed(void) {
                       "a bf16 PUSH of 4 values in 8 bytes is taken (r=%d)", r);
                 wire_msg_done(&m);
         }
+        /* Shared memory: a 16-byte session on a PUSH, PULL or PULL_REP without
+         * a codec; such a PUSH carries no frames. */
+        {
+                uint8_t tok[WIRE_SHM_TOKEN + 1] = { 0 };
+                Psnet__Key sk = PSNET__KEY__INIT, *skeys[1] = { &sk };
+                size_t fs[1] = { 16 };
+                sk.tensor = 0, sk.chunk = 0, sk.len = 4;
+                wire_header_init(&h, PSNET__MSG_TYPE__MSG_PUSH);
+                h.n_keys = 1;
+                h.keys = skeys;
+                h.has_shm_session = h.has_shm_offset = true;
+                h.shm_session.data = tok;
+                h.shm_session.len = WIRE_SHM_TOKEN + 1;
+                send_hdr(&h, NULL, 0);
+                expect_bad(PSNET__STATUS__STATUS_MALFORMED, "a shared-memory session (17 bytes)", "a 17-byte session");
+                h.shm_session.len = WIRE_SHM_TOKEN;
+                send_hdr(&h, fs, 1);
+                expect_bad(PSNET__STATUS__STATUS_MALFORMED, "PUSH in shared memory carries 1 payload frame",
+                           "a PUSH in shared memory with a frame");
+                h.has_codec = true;
+                h.codec = PSNET__CODEC__CODEC_INT8;
+                send_hdr(&h, NULL, 0);
+                expect_bad(PSNET__STATUS__STATUS_MALFORMED, "without a codec", "shared memory with a codec");
+                wire_header_init(&h, PSNET__MSG_TYPE__MSG_STATUS);
+                h.has_shm_session = true;
+                h.shm_session.data = tok;
+                h.shm_session.len = WIRE_SHM_TOKEN;
+                send_hdr(&h, NULL, 0);
+                expect_bad(PSNET__STATUS__STATUS_MALFORMED, "on a PUSH, PULL or PULL_REP", "shared memory on a STATUS");
+                wire_header_init(&h, PSNET__MSG_TYPE__MSG_PULL_REP);
+                h.n_keys = 1;
+                h.keys = skeys;
+                h.has_seq = h.has_shm_session = h.has_shm_offset = true;
+                h.seq = 78;
+                h.shm_session.data = tok;
+                h.shm_session.len = WIRE_SHM_TOKEN;
+                h.shm_offset = 64;
+                send_hdr(&h, NULL, 0);
+                WireMsg m;
+                int r = wire_recv(router, true, 0, &m);
+                CHECK(r == 0 && m.hdr && m.hdr->has_shm_session && m.hdr->shm_offset == 64 && m.nframes == 0,
+                      "a PULL_REP in shared memory, without frames, is taken (r=%d)", r);
+                wire_msg_done(&m);
+        }
         /* Unknown status value. */
         wire_header_init(&h, PSNET__MSG_TYPE__MSG_ERROR);
         h.has_status = true;
