@@ -23,8 +23,10 @@
 #include "psd-migrate.h"
 #include "psd-optim.h"
 #include "psd-server.h"
+#include "psd-shm.h"
 #include "psd-store.h"
 #include "service.h"
+#include "shm.h"
 #include "session.h"
 #include "wire-job.h"
 #include "zap.h"
@@ -45,6 +47,7 @@ typedef struct Psd {
         Migrate *migrate;
         Checkpointer *ckpt;
         FedShard *fed;
+        ShmServer *shm;         /* same-host shared memory beside an ipc:// endpoint (NULL: none) */
         NetIdentity id;
         Zap *zap;
         int64_t job_max_msg;    /* the frame limit the job's chunks need */
@@ -92,6 +95,11 @@ static int psd_reply_error(Psd *p, const zmq_msg_t *route, const Psnet__Header *
                            const char *reason) {
         if (redirect_status(status))
                 log_debug("redirected request reason=\"%s\" status=%s", reason, status_name(status));
+        else if (status == PSNET__STATUS__STATUS_INVALID && strncmp(reason, SHM_NO_SESSION, strlen(SHM_NO_SESSION)) == 0)
+                /* A worker whose session ended (it reconnected, or this shard
+                 * restarted) opens another and asks again: not an error. */
+                log_info("request names no shared-memory session sender=%u reason=\"%s\"", req ? req->sender : 0,
+                         reason);
         else {
                 p->errors++;
                 log_warning("refused request reason=\"%s\" status=%s", reason, status_name(status));
@@ -150,16 +158,51 @@ static void psd_ack(void *userdata, PushReq *req) {
         histogram_observe(&p->push_latency, (double) (now_ms() - req->arrived) / 1e3);
 }
 
+/* The bytes of a shared-memory request's n keys of esize-byte values, one
+ * after another from its offset, or NULL with reason (psd-shm.h). */
+static uint8_t *psd_shm_span(Psd *p, const Psnet__Header *h, size_t esize, char *reason, size_t n) {
+        uint64_t bytes = 0;
+        for (size_t i = 0; i < h->n_keys; i++)
+                bytes += (uint64_t) h->keys[i]->len * esize;
+        return shm_server_at(p->shm, h->shm_session, h->sender, h->shm_offset, bytes, reason, n);
+}
+
+/* A pull in shared memory: the values written where the worker said, then
+ * an answer without frames. */
+static int psd_write_values(Psd *p, const Psnet__Header *req, Chunk **chunks, bool bf16, char *reason, size_t n) {
+        uint8_t *at = psd_shm_span(p, req, bf16 ? 2 : sizeof(float), reason, n);
+        if (!at)
+                return -EINVAL;
+        for (size_t i = 0; i < req->n_keys; i++) {
+                const Chunk *c = chunks[i];
+                if (bf16) {
+                        bf16_encode(c->val->data, c->len, at);
+                        at += (size_t) c->len * 2;
+                } else {
+                        memcpy(at, c->val->data, (size_t) c->len * sizeof(float));
+                        at += (size_t) c->len * sizeof(float);
+                }
+        }
+        p->store->pulls += req->n_keys;
+        return 0;
+}
+
 static int psd_send_values(Psd *p, const zmq_msg_t *route, const Psnet__Header *req, Chunk **chunks) {
         size_t n = req->n_keys;
         zmq_msg_t *frames = ps_malloc((n ? n : 1) * sizeof *frames);
         if (!frames)
                 return -ENOMEM;
         int64_t clock = -1;
-        bool bf16 = req->dtype == PSNET__DTYPE__DTYPE_BF16;
+        bool bf16 = req->dtype == PSNET__DTYPE__DTYPE_BF16, shm = req->has_shm_session;
+        char reason[192];
+        if (shm && psd_write_values(p, req, chunks, bf16, reason, sizeof reason) < 0) {
+                ps_free(frames);
+                return psd_reply_error(p, route, req, PSNET__STATUS__STATUS_INVALID, reason);
+        }
         for (size_t i = 0; i < n; i++) {
-                int r = bf16 ? store_value_bf16(p->store, chunks[i], &frames[i])
-                             : store_value_msg(p->store, chunks[i], &frames[i]);
+                int r = shm ? 0
+                            : bf16 ? store_value_bf16(p->store, chunks[i], &frames[i])
+                                   : store_value_msg(p->store, chunks[i], &frames[i]);
                 if (r < 0) {
                         for (size_t j = 0; j < i; j++)
                                 zmq_msg_close(&frames[j]);
@@ -184,7 +227,10 @@ static int psd_send_values(Psd *p, const zmq_msg_t *route, const Psnet__Header *
         h.job = p->store->job.id;
         h.n_keys = n;
         h.keys = req->keys;
-        int r = netsock_send(p->data, route, &h, frames, n);
+        h.has_shm_session = h.has_shm_offset = shm;
+        h.shm_session = req->shm_session;
+        h.shm_offset = req->shm_offset;
+        int r = netsock_send(p->data, route, &h, frames, shm ? 0 : n);
         ps_free(frames);
         return r;
 }
@@ -233,6 +279,44 @@ static int push_to_f32(zmq_msg_t *frames, const Psnet__Header *h) {
         return 0;
 }
 
+/* A push in shared memory becomes f32 frames of its own: copied out once,
+ * so that what the gate checks is what it applies whatever the worker writes
+ * meanwhile, and parked pushes, backups and checkpoints see an ordinary push.
+ * Returns a status (reason filled). */
+static int push_from_shm(Psd *p, WireMsg *m, char *reason, size_t n) {
+        Psnet__Header *h = m->hdr;
+        bool bf16 = h->dtype == PSNET__DTYPE__DTYPE_BF16;
+        const uint8_t *at = psd_shm_span(p, h, bf16 ? 2 : sizeof(float), reason, n);
+        if (!at)
+                return PSNET__STATUS__STATUS_INVALID;
+        /* wire_msg_done frees the array with free(). */
+        zmq_msg_t *frames = malloc(h->n_keys * sizeof *frames);
+        if (!frames) {
+                snprintf(reason, n, "out of memory");
+                return PSNET__STATUS__STATUS_RESOURCE;
+        }
+        for (size_t i = 0; i < h->n_keys; i++) {
+                uint32_t len = h->keys[i]->len;
+                if (zmq_msg_init_size(&frames[i], (size_t) len * sizeof(float)) < 0) {
+                        for (size_t j = 0; j < i; j++)
+                                zmq_msg_close(&frames[j]);
+                        free(frames);
+                        snprintf(reason, n, "out of memory");
+                        return PSNET__STATUS__STATUS_RESOURCE;
+                }
+                if (bf16)
+                        bf16_decode(at, len, zmq_msg_data(&frames[i]));
+                else
+                        memcpy(zmq_msg_data(&frames[i]), at, (size_t) len * sizeof(float));
+                at += (size_t) len * (bf16 ? 2 : sizeof(float));
+        }
+        m->frames = frames;
+        m->nframes = h->n_keys;
+        h->dtype = PSNET__DTYPE__DTYPE_F32;
+        h->has_shm_session = h->has_shm_offset = false;
+        return PSNET__STATUS__STATUS_OK;
+}
+
 static void psd_push(Psd *p, WireMsg *m, Chunk **chunks) {
         Psnet__Header *h = m->hdr;
         char reason[192];
@@ -242,7 +326,15 @@ static void psd_push(Psd *p, WireMsg *m, Chunk **chunks) {
         }
         uint64_t bytes = 0;
         for (size_t i = 0; i < h->n_keys; i++)
-                bytes += zmq_msg_size(&m->frames[i]);
+                bytes += h->has_shm_session ? (uint64_t) h->keys[i]->len * (h->dtype == PSNET__DTYPE__DTYPE_BF16 ? 2 : 4)
+                                            : zmq_msg_size(&m->frames[i]);
+        if (h->has_shm_session) {
+                int st = push_from_shm(p, m, reason, sizeof reason);
+                if (st != PSNET__STATUS__STATUS_OK) {
+                        psd_reply_error(p, &m->route, h, st, reason);
+                        return;
+                }
+        }
         /* --wire bf16: from here on an f32 push (the backups get f32 too). */
         if (h->dtype == PSNET__DTYPE__DTYPE_BF16) {
                 if (push_to_f32(m->frames, h) < 0) {
@@ -370,6 +462,11 @@ static void psd_handle_data(Psd *p, WireMsg *m) {
                 return;
         }
         if (p->store->job.mode == MODE_FED) {
+                if (h->has_shm_session) {
+                        psd_reply_error(p, &m->route, h, PSNET__STATUS__STATUS_INVALID,
+                                        "shared memory serves training jobs, not federated rounds");
+                        return;
+                }
                 psd_fed_data(p, m, chunks);
                 return;
         }
@@ -777,6 +874,11 @@ static void psd_metrics(void *ud, MetricsBuf *b) {
         metrics_sample(b, "psnet_psd_refused_total", (double) g->expired_pulls, "reason", "pull_expired", NULL);
         metrics_one(b, "psnet_psd_connections_closed_total", "counter",
                     "Data connections closed (peers leaving, or frames over the limit).", (double) p->dropped);
+        metrics_one(b, "psnet_psd_shm_sessions", "gauge",
+                    "Same-host shared-memory sessions open (workers whose tensors travel through shared memory).",
+                    (double) shm_server_sessions(p->shm));
+        metrics_one(b, "psnet_psd_shm_refused_total", "counter", "Shared-memory handovers refused.",
+                    (double) shm_server_refused(p->shm));
         metrics_one(b, "psnet_psd_keys", "gauge", "Keys (chunks) this shard holds.", (double) s->nkeys);
         metrics_one(b, "psnet_psd_model_bytes", "gauge", "Bytes of values and optimizer state held.", (double) s->bytes);
         metrics_one(b, "psnet_psd_memory_limit_bytes", "gauge", "Model state this shard may hold.",
@@ -838,6 +940,7 @@ static void psd_tick(uv_timer_t *t) {
         gate_expire(p->store, now_ms());
         (void) psd_may_acknowledge(p); /* logs a lease lost while no request came */
         checkpoint_poll(p->ckpt);
+        shm_server_tick(p->shm, now_ms());
 }
 
 static void psd_left(Session *s, int r, WireMsg *m, void *ud) {
@@ -984,6 +1087,8 @@ int psd_run(const PsdConfig *cfg) {
                 log_error_errno(r, "Failed to bind %s: %m", cfg->listen);
                 goto finish;
         }
+        if (!cfg->no_shm && (r = shm_server_new(&p.loop, cfg->listen, &p.shm)) < 0)
+                goto finish;
         r = uv_timer_init(&p.loop, &p.tick);
         if (r == 0) {
                 p.tick.data = &p;
@@ -1009,9 +1114,9 @@ int psd_run(const PsdConfig *cfg) {
                 log_error_errno(r, "Bad pscoord endpoint %s: %m", cfg->coord);
                 goto finish;
         }
-        log_info("listening endpoint=%s allocator=%s security=%s memory_limit=%lu http=%s", cfg->listen, alloc_name(),
-                 p.id.enabled ? "curve" : "none", (unsigned long) p.memory_limit,
-                 cfg->http && *cfg->http ? cfg->http : "-");
+        log_info("listening endpoint=%s allocator=%s security=%s memory_limit=%lu http=%s shm=%s", cfg->listen,
+                 alloc_name(), p.id.enabled ? "curve" : "none", (unsigned long) p.memory_limit,
+                 cfg->http && *cfg->http ? cfg->http : "-", p.shm ? "on" : "off");
         (void) uv_run(&p.loop, UV_RUN_DEFAULT);
         r = p.exit_code;
         if (p.stopping)
@@ -1028,6 +1133,7 @@ finish:
         p.migrate = migrate_free(p.migrate);
         p.store = store_free(p.store);
         p.data = netsock_close(p.data);
+        p.shm = shm_server_free(p.shm);
         p.coord = session_free(p.coord);
         p.zap = zap_free(p.zap);
         p.service = service_free(p.service);

@@ -21,6 +21,7 @@ typedef struct PsdConfig {
         char *key;                 /* this shard's key name (default psd) */
         char *coord_key;           /* pscoord's key name in keys (default pscoord) */
         bool insecure;             /* listen on a non-loopback tcp:// without keys */
+        bool no_shm;               /* --no-shm: no shared memory beside an ipc:// --listen */
 } PsdConfig;
 
 /* Runs until SIGTERM/SIGINT. Returns 0 after a clean shutdown, or a negative

@@ -42,6 +42,9 @@ int main(int argc, char **argv) {
                 { "coord-key", OPT_STR, &cfg.coord_key, "NAME", "pscoord's key in --keys (default pscoord)" },
                 { "insecure", OPT_BOOL, &cfg.insecure, NULL,
                   "allow a non-loopback tcp:// --listen without --keys (anyone who reaches it can push)" },
+                { "no-shm", OPT_BOOL, &cfg.no_shm, NULL,
+                  "do not offer same-host shared memory on PATH.shm beside an ipc://PATH --listen (workers on "
+                  "this host then send their tensors in frames)" },
                 { "log-level", OPT_STR, &cfg.log_level, "LEVEL", "debug, info, warning or error" },
         };
         const ProgramInfo prog = {

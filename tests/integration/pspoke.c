@@ -37,11 +37,28 @@
  *                  2^40), pipelined; prints how each was answered
  *   flood          PSPOKE_COUNT more connections held open while a STATUS (or,
  *                  with CHUNKLEN, a PULL) is sent on a fresh one
+ *   shm-hello      a bad shared-memory hello on the shard's PATH.shm socket,
+ *                  PSPOKE_SHM_CASE: unsealed (a memfd without seals), file (a
+ *                  regular file), size (another size than the memfd's), huge
+ *                  (more than a shard maps), nofd, garbage; prints "shm
+ *                  answer=..." (the shard's refusal, or ok)
+ *   shm-push       a session of worker PSPOKE_SENDER opened as libpsnet does,
+ *                  then a PUSH of key (0,0) whose values (PSPOKE_VALUE, "nan"
+ *                  too) lie in it at PSPOKE_SHM_OFFSET (default 0); with
+ *                  PSPOKE_SHM_TOKEN=wrong naming a session nobody opened,
+ *                  with PSPOKE_SHM_AS=N sent as worker N
+ *   shm-pull       the same session, a PULL of key (0,0) into it; prints
+ *                  also "shm nonzero=N", the values written there
  * With PSPOKE_KEYS=DIR it speaks CURVE as the key PSPOKE_KEY (default admin) to
  * the server whose public key is PSPOKE_SERVER (default pscoord). */
 #include <errno.h>
+#include <fcntl.h>
 #include <math.h>
+#include <poll.h>
 #include <sys/mman.h>
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <unistd.h>
 #include <sys/resource.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -49,6 +66,7 @@
 #include "errors.h"
 #include "keys.h"
 #include "macro.h"
+#include "shm.h"
 #include "wire.h"
 
 static int send_raw(void *s, const void *data, size_t n, int more) {
@@ -82,6 +100,77 @@ static int answer(void *s, long ms, char *reason, size_t n) {
                 snprintf(reason, n, "%s", r == 0 && m.hdr->reason ? m.hdr->reason : "");
         wire_msg_done(&m);
         return st;
+}
+
+/* shm-hello: one bad hello; prints the shard's answer. */
+static int shm_hello_case(const char *ep, const char *what) {
+        char path[108];
+        if (!what || shm_socket_path(ep, path, sizeof path) < 0) {
+                fprintf(stderr, "pspoke: shm-hello needs PSPOKE_SHM_CASE and an ipc:// endpoint\n");
+                return 2;
+        }
+        struct sockaddr_un sa = { .sun_family = AF_UNIX };
+        snprintf(sa.sun_path, sizeof sa.sun_path, "%s", path);
+        int s = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
+        if (s < 0 || connect(s, (struct sockaddr *) &sa, sizeof sa) < 0) {
+                fprintf(stderr, "pspoke: cannot connect to %s: %s\n", path, strerror(errno));
+                return 2;
+        }
+        ShmHello hello = { .magic = SHM_MAGIC, .worker = 999, .size = 4096 };
+        int fd = -1;
+        bool sealed = !strcmp(what, "size") || !strcmp(what, "huge");
+        if (!strcmp(what, "unsealed") || sealed) {
+                fd = memfd_create("pspoke", MFD_CLOEXEC | (sealed ? MFD_ALLOW_SEALING : 0));
+                off_t size = !strcmp(what, "huge") ? (off_t) (SHM_MAX_SIZE + 4096) : 4096;
+                if (fd < 0 || ftruncate(fd, size) < 0 ||
+                    (sealed && fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW) < 0))
+                        return 2;
+                hello.size = !strcmp(what, "size") ? 8192 : (uint64_t) size;
+        } else if (!strcmp(what, "file")) {
+                fd = open("/proc/self/exe", O_RDONLY | O_CLOEXEC);
+                struct stat st;
+                if (fd < 0 || fstat(fd, &st) < 0)
+                        return 2;
+                hello.size = (uint64_t) st.st_size;
+        } else if (strcmp(what, "nofd") != 0 && strcmp(what, "garbage") != 0) {
+                fprintf(stderr, "pspoke: unknown PSPOKE_SHM_CASE '%s'\n", what);
+                return 2;
+        }
+        struct iovec iov = { .iov_base = &hello, .iov_len = !strcmp(what, "garbage") ? 10 : sizeof hello };
+        union {
+                char buf[CMSG_SPACE(sizeof(int))];
+                struct cmsghdr align;
+        } u;
+        memset(&u, 0, sizeof u);
+        struct msghdr mh = { .msg_iov = &iov, .msg_iovlen = 1 };
+        if (fd >= 0) {
+                mh.msg_control = u.buf;
+                mh.msg_controllen = sizeof u.buf;
+                struct cmsghdr *cm = CMSG_FIRSTHDR(&mh);
+                cm->cmsg_level = SOL_SOCKET;
+                cm->cmsg_type = SCM_RIGHTS;
+                cm->cmsg_len = CMSG_LEN(sizeof(int));
+                memcpy(CMSG_DATA(cm), &fd, sizeof fd);
+        }
+        if (sendmsg(s, &mh, MSG_NOSIGNAL) < 0)
+                return 2;
+        struct pollfd pfd = { .fd = s, .events = POLLIN };
+        if (poll(&pfd, 1, (int) env_num("PSPOKE_WAIT_MS", 5000)) <= 0) {
+                printf("no answer\n");
+                return 3;
+        }
+        char ans[256];
+        ssize_t got = recv(s, ans, sizeof ans - 1, 0);
+        if (got <= 0) {
+                printf("shm answer=closed\n");
+                return 0;
+        }
+        ans[got] = '\0';
+        printf("shm answer=%s\n", ans[0] ? ans : "ok");
+        close(s);
+        if (fd >= 0)
+                close(fd);
+        return 0;
 }
 
 int main(int argc, char **argv) {
@@ -130,6 +219,8 @@ int main(int argc, char **argv) {
         k1.chunk = 1;
         h.n_keys = 1;
         h.keys = keys;
+        ShmRegion reg = SHM_REGION_INIT;
+        uint8_t token[WIRE_SHM_TOKEN];
 
         if (!strcmp(c, "garbage")) {
                 uint8_t junk[64];
@@ -345,6 +436,36 @@ int main(int argc, char **argv) {
                 zmq_close(s);
                 zmq_ctx_term(ctx);
                 return st >= 0 && opened == n ? 0 : 3;
+        } else if (!strcmp(c, "shm-hello")) {
+                zmq_close(s);
+                zmq_ctx_term(ctx);
+                return shm_hello_case(ep, getenv("PSPOKE_SHM_CASE"));
+        } else if (!strcmp(c, "shm-push") || !strcmp(c, "shm-pull")) {
+                char path[128], why[256];
+                h.sender = (uint32_t) env_num("PSPOKE_SENDER", 999);
+                h.clock = (int64_t) env_num("PSPOKE_CLOCK", 0);
+                if (shm_socket_path(ep, path, sizeof path) < 0 ||
+                    shm_region_open(&reg, path, h.sender, (size_t) len * sizeof(float), 5000, why, sizeof why) < 0) {
+                        printf("shm refused reason=%s\n", why);
+                        return 3;
+                }
+                memcpy(token, reg.token, sizeof token);
+                const char *tk = getenv("PSPOKE_SHM_TOKEN");
+                if (tk && !strcmp(tk, "wrong"))
+                        token[0] ^= 0xff;
+                h.has_shm_session = h.has_shm_offset = true;
+                h.shm_session.data = token;
+                h.shm_session.len = sizeof token;
+                h.shm_offset = env_num("PSPOKE_SHM_OFFSET", 0);
+                h.sender = (uint32_t) env_num("PSPOKE_SHM_AS", h.sender); /* another worker's request */
+                if (!strcmp(c, "shm-push")) {
+                        const char *pv = getenv("PSPOKE_VALUE");
+                        float value = pv ? strtof(pv, NULL) : 1.0f, *v = reg.base;
+                        for (uint32_t i = 0; i < len; i++)
+                                v[i] = value;
+                        h.type = PSNET__MSG_TYPE__MSG_PUSH;
+                }
+                r = send_header(s, &h, 0, false);
         } else if (!strcmp(c, "register-bad")) {
                 h.type = PSNET__MSG_TYPE__MSG_REGISTER;
                 h.n_keys = 0;
@@ -372,6 +493,14 @@ int main(int argc, char **argv) {
                 wire_msg_done(&m);
                 r = r < 0 ? 4 : 0;
         }
+        if (!strcmp(c, "shm-pull") && reg.base) {
+                const float *v = reg.base;
+                uint32_t nz = 0;
+                for (uint32_t i = 0; i < len; i++)
+                        nz += v[i] != 0.0f;
+                printf("shm nonzero=%u\n", nz);
+        }
+        shm_region_close(&reg);
         zmq_close(s);
         zmq_ctx_term(ctx);
         return r;

@@ -4,7 +4,10 @@
 # fresh daemons: undisturbed; with a primary killed (-9) mid-run, its backups
 # taking over; with pscoord stopped (SIGSTOP) long enough for the shards' leases
 # to run out. BSP is deterministic, so a push lost or applied twice changes the
-# final weights: all three runs must end with the same weights digest. Under
+# final weights: all three runs must end with the same weights digest. The
+# undisturbed run's workers send their tensors in frames (PSNET_SHM=off), the
+# others through shared memory, so the digests also say that both carry the
+# same pushes through a fail-over. Under
 # ASP, with a shard killed, every key is updated exactly once per push. With
 # three copies, two shards killed one after the other end the same. A job
 # that keeps one copy fails at once, with the reason, when a shard dies.
@@ -29,12 +32,13 @@ start_cluster() {
 digest_of() { sed -n 's/.*msg="job done".* weights=\([0-9a-f]*\).*/\1/p' "$RUN/pscoord-$1.log" | tail -1; }
 pulled() { logs_match "msg=\"pulled\" clock=$2 " "workerd-$1-1.log"; }
 
-# 1. Undisturbed.
-start_cluster a
+# 1. Undisturbed, in frames.
+PSNET_SHM=off start_cluster a
 out=$("$PSCTL" --coord "$COORD" job wait --wait 300); ok $? "an undisturbed job with 3 shards finishes ($out)"
 grep -q 'replicas=2' "$RUN/pscoord-a.log"; ok $? "two copies of every key by default with three shards"
 want=$(digest_of a)
 [ -n "$want" ]; ok $? "pscoord reports the final weights' digest ($want)"
+logs_match 'msg="shared memory session started"' 'psd-a-*.log'; ok $(( $? == 0 )) "run a sent frames (no session)"
 psnet_stop_all
 
 # 2. A primary killed at clock 40: its backups lead from the next map on; the
@@ -53,6 +57,7 @@ psnet_wait_for 30 back; ok $? "its keys arrive from their primaries (empty at fi
 out=$("$PSCTL" --coord "$COORD" job wait --wait 300); ok $? "the job finishes without shard 1 ($out)"
 got=$(digest_of b)
 [ -n "$got" ] && [ "$got" = "$want" ]; ok $? "final weights identical to the undisturbed run ($got = $want)"
+logs_match 'msg="shared memory session started"' 'psd-b-*.log'; ok $? "run b's workers went through shared memory"
 logs_match 'msg="chunk sent".*as=backup|moved_out=[1-9]' 'psd-b-*.log' || \
   logs_match 'map epoch=.* incoming=0' 'psd-b-[23].log'
 ok $? "the survivors rebuilt the lost copies"

@@ -4,6 +4,7 @@
  * shard's netsock callback; the round's callback runs once, when every shard
  * has answered or something failed. */
 #include <errno.h>
+#include <stdlib.h>
 #include <string.h>
 #include <time.h>
 #include "alloc.h"
@@ -12,6 +13,7 @@
 #include "endpoint.h"
 #include "errors.h"
 #include "log.h"
+#include "shm.h"
 #include "wire.h"
 
 typedef struct ShardConn {
@@ -25,6 +27,11 @@ typedef struct ShardConn {
         uint64_t push_seq, pull_seq;   /* outstanding request seqs (0: none) */
         uint64_t retry_at;             /* ms; resend then (0: nothing scheduled) */
         bool push_wait, pull_wait, retry_push, retry_pull;
+        /* Same-host shared memory (shm.h): the pushed gradients at 0, the
+         * pulled values at area, each key after the other. */
+        ShmRegion shm;
+        size_t area;                   /* bytes of this shard's keys as f32 */
+        bool shm_tried;                /* opened, or failed: frames until the next connection */
 } ShardConn;
 
 struct Client {
@@ -78,6 +85,7 @@ static void client_disconnect(Client *c) {
         for (size_t i = 0; c->shards && i < c->nshards; i++) {
                 ShardConn *s = &c->shards[i];
                 s->sock = netsock_close(s->sock);
+                shm_region_close(&s->shm);
                 ps_free(s->endpoint);
                 ps_free(s->keys);
                 ps_free(s->keyp);
@@ -102,6 +110,7 @@ static int client_connect(Client *c, const ShardMap *map) {
                 const ShardDesc *d = shardmap_shard(map, i);
                 s->client = c;
                 s->id = d->id;
+                s->shm = (ShmRegion) SHM_REGION_INIT;
                 s->endpoint = ps_strdup(d->endpoint);
                 s->keys = ps_calloc(nkeys, sizeof *s->keys);
                 s->keyp = ps_calloc(nkeys, sizeof *s->keyp);
@@ -126,6 +135,7 @@ static int client_connect(Client *c, const ShardMap *map) {
                         key->chunk = k;
                         key->len = job_chunk_len(job, t, k);
                         s->keyp[s->nkeys++] = key;
+                        s->area += (size_t) key->len * sizeof(float);
                 }
         return 0;
 }
@@ -240,6 +250,50 @@ static bool wire_bf16(const Client *c) {
         return c->job.wire == JOB_WIRE_BF16 && !c->masked && !c->frame_fn;
 }
 
+/* Whether shard s's tensors travel through shared memory: a training job's
+ * pushes and pulls to a shard on an ipc:// endpoint, unless PSNET_SHM=off.
+ * Opened on first use; when the shard does not take it (another host's
+ * socket, an old shard, --no-shm), frames until the next connection. */
+static bool shard_shm(Client *c, ShardConn *s) {
+        if (s->shm.base)
+                return true;
+        if (s->shm_tried || s->nkeys == 0)
+                return false;
+        s->shm_tried = true;
+        const char *env = getenv("PSNET_SHM");
+        if ((env && strcmp(env, "off") == 0) || c->job.mode == MODE_FED || c->masked || c->frame_fn)
+                return false;
+        char path[128], reason[256];
+        if (shm_socket_path(s->endpoint, path, sizeof path) < 0)
+                return false;
+        if (shm_region_open(&s->shm, path, c->worker_id, 2 * s->area, 2000, reason, sizeof reason) < 0) {
+                log_info("shard %u: no shared memory (%s): tensors travel in frames", s->id, reason);
+                return false;
+        }
+        c->stats.shm_shards++;
+        log_debug("shard %u: tensors travel through %zu bytes of shared memory", s->id, s->shm.size);
+        return true;
+}
+
+/* After a failed round a shard may still read or write a session's memory
+ * for requests given up on: the next round opens new ones. */
+static void client_shm_reset(Client *c) {
+        for (size_t i = 0; i < c->nshards; i++) {
+                ShardConn *s = &c->shards[i];
+                if (s->shm.base)
+                        c->stats.shm_shards--;
+                shm_region_close(&s->shm);
+                s->shm_tried = false;
+        }
+}
+
+static void header_shm(Psnet__Header *h, ShardConn *s, uint64_t offset) {
+        h->has_shm_session = h->has_shm_offset = true;
+        h->shm_session.data = s->shm.token;
+        h->shm_session.len = sizeof s->shm.token;
+        h->shm_offset = offset;
+}
+
 static void header_for(Client *c, ShardConn *s, Psnet__Header *h, Psnet__MsgType type, int64_t clock,
                        uint64_t seq) {
         wire_header_init(h, type);
@@ -269,7 +323,34 @@ static float *tensor_at(float *const *tensors, const Job *job, const Psnet__Key 
         return tensors[k->tensor] + (size_t) k->chunk * job->chunk_floats;
 }
 
+/* A push through shared memory: the gradients copied in, one after another,
+ * and a header that says where. */
+static int send_push_shm(Client *c, ShardConn *s) {
+        bool bf16 = wire_bf16(c);
+        uint8_t *at = s->shm.base;
+        for (size_t i = 0; i < s->nkeys; i++) {
+                const Psnet__Key *k = s->keyp[i];
+                const float *g = tensor_at((float *const *) c->grads, &c->job, k);
+                size_t size = (size_t) k->len * (bf16 ? 2 : sizeof(float));
+                if (bf16)
+                        bf16_encode(g, k->len, at);
+                else
+                        memcpy(at, g, size);
+                at += size;
+                c->stats.bytes_pushed += (uint64_t) size;
+        }
+        Psnet__Header h;
+        s->push_seq = ++c->seq;
+        header_for(c, s, &h, PSNET__MSG_TYPE__MSG_PUSH, c->push_clock, s->push_seq);
+        header_shm(&h, s, 0);
+        int r = netsock_send(s->sock, NULL, &h, NULL, 0);
+        s->push_wait = r == 0;
+        return r;
+}
+
 static int send_push(Client *c, ShardConn *s) {
+        if (shard_shm(c, s))
+                return send_push_shm(c, s);
         zmq_msg_t *frames = ps_malloc(s->nkeys * sizeof *frames);
         if (!frames)
                 return -ENOMEM;
@@ -318,6 +399,8 @@ static int send_pull(Client *c, ShardConn *s, int64_t clock) {
         Psnet__Header h;
         s->pull_seq = ++c->seq;
         header_for(c, s, &h, PSNET__MSG_TYPE__MSG_PULL, clock, s->pull_seq);
+        if (shard_shm(c, s))
+                header_shm(&h, s, s->area);
         int r = netsock_send(s->sock, NULL, &h, NULL, 0);
         s->pull_wait = r == 0;
         return r;
@@ -336,6 +419,8 @@ static void round_end(Client *c, int r) {
                 s->push_seq = s->pull_seq = s->retry_at = 0;
         }
         int64_t clock = c->min_clock < 0 ? c->pull_clock : c->min_clock;
+        if (r < 0)
+                client_shm_reset(c);
         if (r == 0) {
                 c->stats.wait_s += mono_s() - c->t0;
                 c->stats.rounds++;
@@ -457,6 +542,21 @@ static int handle_reply(Client *c, ShardConn *s, WireMsg *m) {
                         schedule_retry(c, s, h->seq, 50);
                         return 0;
                 }
+                if (h->status == PSNET__STATUS__STATUS_INVALID && h->reason &&
+                    strncmp(h->reason, SHM_NO_SESSION, strlen(SHM_NO_SESSION)) == 0) {
+                        /* The shard no longer holds this client's session (it
+                         * restarted): nothing was applied; another session, and
+                         * the request again (the push and the pull both come
+                         * back so: the first closes the session). */
+                        if (s->shm.base) {
+                                log_info("shard %u: its shared-memory session is gone: opening another", s->id);
+                                c->stats.shm_shards--;
+                        }
+                        shm_region_close(&s->shm);
+                        s->shm_tried = false;
+                        schedule_retry(c, s, h->seq, 20);
+                        return 0;
+                }
                 if (h->status == PSNET__STATUS__STATUS_STALE) {
                         /* This worker is no member of that clock: it left the
                          * membership (its lease ran out) and must be admitted again. */
@@ -488,6 +588,17 @@ static int handle_reply(Client *c, ShardConn *s, WireMsg *m) {
                         log_error("shard %u answered %zu keys for %zu asked", s->id, h->n_keys, s->nkeys);
                         return -EPROTO;
                 }
+                /* In shared memory: where this client asked, in its own session. */
+                const uint8_t *at = NULL;
+                if (h->has_shm_session) {
+                        if (!s->shm.base || h->shm_session.len != sizeof s->shm.token ||
+                            memcmp(h->shm_session.data, s->shm.token, sizeof s->shm.token) != 0 ||
+                            h->shm_offset != s->area) {
+                                log_error("shard %u answered in shared memory this client did not offer", s->id);
+                                return -EPROTO;
+                        }
+                        at = (const uint8_t *) s->shm.base + s->area;
+                }
                 for (size_t i = 0; i < h->n_keys; i++) {
                         const Psnet__Key *k = h->keys[i], *want = s->keyp[i];
                         if (k->tensor != want->tensor || k->chunk != want->chunk || k->len != want->len) {
@@ -495,14 +606,16 @@ static int handle_reply(Client *c, ShardConn *s, WireMsg *m) {
                                           want->tensor, want->chunk);
                                 return -EPROTO;
                         }
-                        if (h->dtype == PSNET__DTYPE__DTYPE_BF16) {
-                                bf16_decode(zmq_msg_data(&m->frames[i]), k->len, tensor_at(c->params, &c->job, k));
-                                c->stats.bytes_pulled += (uint64_t) k->len * 2;
-                                continue;
-                        }
-                        memcpy(tensor_at(c->params, &c->job, k), zmq_msg_data(&m->frames[i]),
-                               (size_t) k->len * sizeof(float));
-                        c->stats.bytes_pulled += (uint64_t) k->len * sizeof(float);
+                        bool bf16 = h->dtype == PSNET__DTYPE__DTYPE_BF16;
+                        size_t size = (size_t) k->len * (bf16 ? 2 : sizeof(float));
+                        const void *src = at ? at : zmq_msg_data(&m->frames[i]);
+                        if (bf16)
+                                bf16_decode(src, k->len, tensor_at(c->params, &c->job, k));
+                        else
+                                memcpy(tensor_at(c->params, &c->job, k), src, size);
+                        if (at)
+                                at += size;
+                        c->stats.bytes_pulled += (uint64_t) size;
                 }
                 if (c->min_clock < 0 || h->clock < c->min_clock)
                         c->min_clock = h->clock;

@@ -17,6 +17,7 @@ typedef struct ClientStats {
         uint64_t stale_pushes;     /* refused as STALE: dropped, reported, not fatal */
         uint64_t unavailable;      /* answered UNAVAILABLE (a fail-over under way): asked again */
         double wait_s;             /* time spent waiting for shards */
+        uint64_t shm_shards;       /* shards this client reaches through shared memory now */
 } ClientStats;
 
 typedef struct Client Client;

@@ -13,3 +13,5 @@ const ShardMap *psnet_worker_map(const PsnetWorker *w);
 /* Pushes refused as STALE so far (a worker that was not, or no longer, a
  * member of their clock). */
 uint64_t psnet_worker_stale_pushes(const PsnetWorker *w);
+/* Shards it reaches through same-host shared memory now (shm.h). */
+size_t psnet_worker_shm_shards(const PsnetWorker *w);

@@ -597,6 +597,9 @@ int64_t psnet_worker_round_clock(const PsnetWorker *w) { return w->round_clock; 
 uint64_t psnet_worker_stale_pushes(const PsnetWorker *w) {
         return w->client ? client_stats(w->client)->stale_pushes : 0;
 }
+size_t psnet_worker_shm_shards(const PsnetWorker *w) {
+        return w->client ? (size_t) client_stats(w->client)->shm_shards : 0;
+}
 uint32_t psnet_worker_id(const PsnetWorker *w) { return session_id(w->session); }
 uint32_t psnet_worker_rank(const PsnetWorker *w) { return w->rank; }
 

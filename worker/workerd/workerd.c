@@ -57,7 +57,9 @@ int main(int argc, char **argv) {
         const ProgramInfo prog = {
                 .name = "workerd", .summary = "psnet training worker", .usage = "[OPTIONS]",
                 .epilog = "Config file: --config /etc/psnet/workerd.conf (keys as the long options).\n"
-                          "Signals: SIGTERM/SIGINT finish the current step, leave the job and stop.",
+                          "Signals: SIGTERM/SIGINT finish the current step, leave the job and stop.\n"
+                          "Environment: PSNET_SHM=off sends tensors in frames to shards on this host too\n"
+                          "(by default they travel through shared memory where a shard listens on ipc://).",
         };
         int optind_ = 0, r;
 

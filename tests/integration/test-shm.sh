@@ -1,0 +1,94 @@
+#!/usr/bin/env bash
+# Same-host shared memory (common/net/shm.h): a worker on a shard's host hands
+# it a sealed memfd once, then pushes and pulls through it. The same BSP job
+# (cosine schedule) run with shared memory, with frames (PSNET_SHM=off) and
+# against shards started with --no-shm pulls bit-identical weights at every
+# clock and ends with the same digest. Then, probed as a stranger on the same
+# host would: bad hellos (an unsealed memfd, a file, a lying size, too much
+# memory, no descriptor, garbage) are refused with the reason; requests that
+# name no session, another worker's, bytes outside the memory, or NaNs in it
+# are refused with the reason; the shard keeps serving and the job trains on.
+source "$(dirname "$0")/lib.sh"
+
+JOB=(--workers 2 --shards 2 --mode bsp --epochs 2 --lr-schedule cosine "${SUBSET[@]}")
+# run TAG [PSD OPTIONS...]: the job on fresh daemons; job wait's answer in $out.
+run() {
+  local tag=$1 i; shift
+  COORD="ipc://$RUN/coord-$tag.sock"
+  psnet_start "pscoord-$tag" "$PSCOORD" --listen "$COORD" "${JOB[@]}"
+  for i in 1 2; do psnet_start "psd-$tag-$i" "$PSD" --id $i --listen "ipc://$RUN/psd-$tag-$i.sock" --coord "$COORD" "$@"; done
+  for i in 1 2; do psnet_start "workerd-$tag-$i" "$WORKERD" --coord "$COORD" --trace-pulls; done
+  out=$("$PSCTL" --coord "$COORD" job wait --wait 300)
+}
+digest_of() { sed -n 's/.*msg="job done".* weights=\([0-9a-f]*\).*/\1/p' "$RUN/pscoord-$1.log" | tail -1; }
+extract() { sed -n 's/.*msg="pulled" clock=\([0-9]*\) checksum=\([0-9a-f]*\).*/\1 \2/p' "$1" | sort -k1,1; }
+sessions() { cat "$RUN"/psd-"$1"-*.log | grep -c 'msg="shared memory session started"'; }
+# same A B: the workers of runs A and B pulled the same weights at every clock.
+same() {
+  extract "$RUN/workerd-$1-1.log" >"$RUN/$1.sum"; extract "$RUN/workerd-$2-1.log" >"$RUN/$2.sum"
+  joined=$(join "$RUN/$1.sum" "$RUN/$2.sum" | wc -l); diffs=$(join "$RUN/$1.sum" "$RUN/$2.sum" | awk '$2 != $3' | wc -l)
+  [ "$joined" -ge 100 ] && [ "$diffs" -eq 0 ]
+}
+
+run on
+ok $? "the BSP job through shared memory finishes ($out)"
+accuracy_at_least "$out" 0.75; ok $? "and learns (accuracy >= 0.75 on the subset, 2 epochs)"
+n=$(sessions on); [ "$n" -eq 4 ]; ok $? "each worker opened a session with each shard ($n sessions)"
+grep -q "no shared memory" "$RUN"/workerd-on-*.log; ok $(( $? == 0 )) "no worker fell back to frames"
+logs_match 'msg="shared memory session ended" worker=[12] .*reason="the worker closed it"' 'psd-on-1.log'
+ok $? "a worker that leaves ends its session"
+want=$(digest_of on); psnet_stop_all
+
+PSNET_SHM=off run off
+ok $? "the same job in frames (PSNET_SHM=off) finishes ($out)"
+n=$(sessions off); [ "$n" -eq 0 ]; ok $? "and opens no session ($n)"
+same on off; ok $? "identical weights at every clock with and without shared memory ($joined clocks, $diffs differ)"
+got=$(digest_of off); [ -n "$got" ] && [ "$got" = "$want" ]; ok $? "the same final digest ($got = $want)"
+psnet_stop_all
+
+run noshm --no-shm
+ok $? "shards started with --no-shm serve the job in frames ($out)"
+grep -q 'msg="shard [12]: no shared memory (' "$RUN/workerd-noshm-1.log"; ok $? "the worker says why it sends frames"
+[ ! -e "$RUN/psd-noshm-1.sock.shm" ]; ok $? "and such a shard has no PATH.shm socket"
+same on noshm; ok $? "identical weights at every clock ($joined clocks, $diffs differ)"
+psnet_stop_all
+
+# A stranger on the same host, against a shard serving an ASP job.
+COORD="ipc://$RUN/coord.sock" SHARD="ipc://$RUN/psd-1.sock"
+psnet_start pscoord "$PSCOORD" --listen "$COORD" --workers 1 --shards 1 --mode asp --epochs 6 "${SUBSET[@]}"
+psnet_start psd-1 "$PSD" --id 1 --listen "$SHARD" --coord "$COORD"
+psnet_start workerd "$WORKERD" --coord "$COORD" --progress-ms 100
+psnet_wait_for 30 grep -q 'msg="progress"' "$RUN/workerd.log"; ok $? "an ASP job trains through shared memory"
+status() { "$PSCTL" --coord "$COORD" --json status; }
+len=$(status | jq '[.job.chunk_floats, 200704] | min')
+wid=$(status | jq '.workers[0].id')
+[ -S "$RUN/psd-1.sock.shm" ] && [ "$(stat -c %a "$RUN/psd-1.sock.shm")" = "$(stat -c %a "$RUN/psd-1.sock")" ]
+ok $? "the shard's PATH.shm socket has its data socket's permissions"
+
+hello() { PSPOKE_SHM_CASE=$1 "$PSPOKE" "$SHARD" shm-hello; }
+out=$(hello unsealed); grep -q "answer=.*not sealed against shrinking" <<<"$out"; ok $? "an unsealed memfd is refused ($out)"
+out=$(hello file); grep -q "answer=.*no memfd on shmem" <<<"$out"; ok $? "a file is refused ($out)"
+out=$(hello size); grep -q "answer=.*4096 bytes where the hello says 8192" <<<"$out"; ok $? "a lying size is refused ($out)"
+out=$(hello huge); grep -q "answer=.*allowed" <<<"$out"; ok $? "more memory than a shard maps is refused ($out)"
+out=$(hello nofd); grep -q "answer=a hello is one" <<<"$out"; ok $? "a hello without a memfd is refused ($out)"
+out=$(hello garbage); grep -q "answer=a hello is one" <<<"$out"; ok $? "garbage is refused ($out)"
+
+poke() { "$PSPOKE" "$SHARD" "$@" 1 "$len"; }
+out=$(PSPOKE_SHM_TOKEN=wrong PSPOKE_SENDER=$wid poke shm-push)
+grep -q "status=invalid .*no shared-memory session of worker $wid" <<<"$out"; ok $? "a push naming no session is refused ($out)"
+out=$(PSPOKE_SENDER=$wid PSPOKE_SHM_AS=$((wid + 1)) poke shm-pull)
+grep -q "status=invalid .*no shared-memory session of worker $((wid + 1))" <<<"$out"
+ok $? "a pull naming another worker's session is refused ($out)"
+out=$(PSPOKE_SENDER=$wid PSPOKE_SHM_OFFSET=4 poke shm-push)
+grep -q "status=invalid .*outside the $((len * 4)) bytes of shared memory" <<<"$out"; ok $? "bytes outside the memory are refused ($out)"
+out=$(PSPOKE_SENDER=$wid PSPOKE_VALUE=nan poke shm-push)
+grep -q "status=not-finite" <<<"$out"; ok $? "NaNs in shared memory are refused like NaNs in frames ($out)"
+out=$(PSPOKE_SENDER=$wid poke shm-pull)
+grep -q "status=ok" <<<"$out" && [ "$(sed -n 's/^shm nonzero=//p' <<<"$out")" -gt $((len / 2)) ]
+ok $? "a pull in shared memory writes the values there ($(tr '\n' ' ' <<<"$out"))"
+
+alive "$PID_psd_1"; ok $? "the shard keeps serving"
+out=$("$PSCTL" --coord "$COORD" job wait --wait 300); ok $? "the job finishes ($out)"
+accuracy_at_least "$out" 0.75; ok $? "not poisoned (accuracy >= 0.75)"
+logs_match 'msg="refused shared memory" .*not sealed' 'psd-1.log'; ok $? "the shard logs each refused hello with its reason"
+psnet_stop_all
