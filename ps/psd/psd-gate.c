@@ -276,8 +276,7 @@ size_t gate_first_nonfinite(const unsigned char *p, size_t n) {
         return n;
 }
 
-int gate_admit_push(Store *s, const Psnet__Header *h, const zmq_msg_t *frames, const uint8_t *sender_key,
-                    char *reason, size_t n) {
+int gate_admit_sender(Store *s, const Psnet__Header *h, const uint8_t *sender_key, char *reason, size_t n) {
         Gate *g = &s->gate;
         const GateCfg *cfg = gate_cfg(s, h->clock);
         ssize_t mi = member_index(cfg, h->sender);
@@ -296,6 +295,11 @@ int gate_admit_push(Store *s, const Psnet__Header *h, const zmq_msg_t *frames, c
                 snprintf(reason, n, "progress %g is not a share of the job (0 to 1)", (double) h->progress);
                 return PSNET__STATUS__STATUS_INVALID;
         }
+        return PSNET__STATUS__STATUS_OK;
+}
+
+int gate_admit_values(Store *s, const Psnet__Header *h, const zmq_msg_t *frames, char *reason, size_t n) {
+        Gate *g = &s->gate;
         if (s->job.allow_nonfinite)
                 return PSNET__STATUS__STATUS_OK;
         for (size_t i = 0; i < h->n_keys; i++) {
@@ -309,6 +313,12 @@ int gate_admit_push(Store *s, const Psnet__Header *h, const zmq_msg_t *frames, c
                 }
         }
         return PSNET__STATUS__STATUS_OK;
+}
+
+int gate_admit_push(Store *s, const Psnet__Header *h, const zmq_msg_t *frames, const uint8_t *sender_key,
+                    char *reason, size_t n) {
+        int st = gate_admit_sender(s, h, sender_key, reason, n);
+        return st != PSNET__STATUS__STATUS_OK ? st : gate_admit_values(s, h, frames, reason, n);
 }
 
 /* Gradient data of a frame as aligned floats (copied into scratch if needed). */

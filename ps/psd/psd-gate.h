@@ -137,9 +137,14 @@ int64_t gate_fence(Store *s, int64_t *ret_min_worker, int64_t *ret_max_worker);
 void gate_worker_clocks(const Store *s, int64_t *ret_min_worker, int64_t *ret_max_worker);
 
 /* Admits a PUSH whose keys were looked up: 0, or a status (STALE, DENIED,
- * NOT_FINITE) with the reason. sender_key: the sender's CURVE key, or NULL. */
+ * INVALID, NOT_FINITE) with the reason. sender_key: the sender's CURVE key, or
+ * NULL. In two steps, so that psd spends nothing on a stranger's push: the
+ * sender (a member of the push's clock, with its own key, a progress within
+ * 0..1), then its f32 frames (finite unless the job allows otherwise). */
 int gate_admit_push(Store *s, const Psnet__Header *h, const zmq_msg_t *frames, const uint8_t *sender_key,
                     char *reason, size_t n);
+int gate_admit_sender(Store *s, const Psnet__Header *h, const uint8_t *sender_key, char *reason, size_t n);
+int gate_admit_values(Store *s, const Psnet__Header *h, const zmq_msg_t *frames, char *reason, size_t n);
 /* Offers one pushed gradient for chunk c. The frame is moved into the gate
  * when parked. Settles the key in req now (ASP apply, DUPLICATE, STALE) or
  * later (BSP, when the clock closes). */

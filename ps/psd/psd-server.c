@@ -324,12 +324,19 @@ static void psd_push(Psd *p, WireMsg *m, Chunk **chunks) {
                 psd_reply_error(p, &m->route, h, PSNET__STATUS__STATUS_UNAVAILABLE, PSD_NO_LEASE);
                 return;
         }
+        /* Admitted whole or not at all: first the sender (membership, its key),
+         * before anything is copied or widened for it; then the values. */
+        int st = gate_admit_sender(p->store, h, p->id.enabled ? m->peer.key : NULL, reason, sizeof reason);
+        if (st != PSNET__STATUS__STATUS_OK) {
+                psd_reply_error(p, &m->route, h, st, reason);
+                return;
+        }
         uint64_t bytes = 0;
         for (size_t i = 0; i < h->n_keys; i++)
                 bytes += h->has_shm_session ? (uint64_t) h->keys[i]->len * (h->dtype == PSNET__DTYPE__DTYPE_BF16 ? 2 : 4)
                                             : zmq_msg_size(&m->frames[i]);
         if (h->has_shm_session) {
-                int st = push_from_shm(p, m, reason, sizeof reason);
+                st = push_from_shm(p, m, reason, sizeof reason);
                 if (st != PSNET__STATUS__STATUS_OK) {
                         psd_reply_error(p, &m->route, h, st, reason);
                         return;
@@ -343,8 +350,7 @@ static void psd_push(Psd *p, WireMsg *m, Chunk **chunks) {
                 }
                 h->dtype = PSNET__DTYPE__DTYPE_F32;
         }
-        /* Admitted whole or not at all: membership, key, finite values. */
-        int st = gate_admit_push(p->store, h, m->frames, p->id.enabled ? m->peer.key : NULL, reason, sizeof reason);
+        st = gate_admit_values(p->store, h, m->frames, reason, sizeof reason);
         if (st != PSNET__STATUS__STATUS_OK) {
                 psd_reply_error(p, &m->route, h, st, reason);
                 return;

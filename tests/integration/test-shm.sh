@@ -74,6 +74,8 @@ out=$(hello nofd); grep -q "answer=a hello is one" <<<"$out"; ok $? "a hello wit
 out=$(hello garbage); grep -q "answer=a hello is one" <<<"$out"; ok $? "garbage is refused ($out)"
 
 poke() { "$PSPOKE" "$SHARD" "$@" 1 "$len"; }
+out=$(PSPOKE_SENDER=999 poke shm-push)
+grep -q "status=stale .*worker 999 is not a member" <<<"$out"; ok $? "a stranger's push through its own session is refused before it is read ($out)"
 out=$(PSPOKE_SHM_TOKEN=wrong PSPOKE_SENDER=$wid poke shm-push)
 grep -q "status=invalid .*no shared-memory session of worker $wid" <<<"$out"; ok $? "a push naming no session is refused ($out)"
 out=$(PSPOKE_SENDER=$wid PSPOKE_SHM_AS=$((wid + 1)) poke shm-pull)

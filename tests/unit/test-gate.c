@@ -799,6 +799,8 @@ static void test_admission(void) {
         int st = gate_admit_push(s, &h, f, NULL, reason, sizeof reason);
         CHECK(st == ST_STALE && strstr(reason, "worker 9 is not a member of clock 0"),
               "a non-member's push is refused, not applied (%s)", reason);
+        CHECK(gate_admit_sender(s, &h, NULL, reason, sizeof reason) == ST_STALE,
+              "by the sender step, before its values are looked at");
 
         /* NaN, +inf, -inf anywhere: refused whole, naming the value. */
         const float bad[] = { NAN, INFINITY, -INFINITY };
@@ -813,6 +815,11 @@ static void test_admission(void) {
                 snprintf(want, sizeof want, "at value %zu", at);
                 CHECK(st == PSNET__STATUS__STATUS_NOT_FINITE && strstr(reason, want),
                       "a gradient with %g at %zu is refused (%s)", (double) bad[b], at, reason);
+                /* In two steps (psd converts a push between them): the sender
+                 * step does not read the values, the values step refuses them. */
+                CHECK(gate_admit_sender(s, &h, NULL, reason, sizeof reason) == ST_OK &&
+                              gate_admit_values(s, &h, f, reason, sizeof reason) == PSNET__STATUS__STATUS_NOT_FINITE,
+                      "the member passes the sender step, its %g the values step", (double) bad[b]);
         }
         /* A long frame: the scan's blocks of 64 and its tail. */
         {
