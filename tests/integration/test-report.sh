@@ -61,11 +61,14 @@ ok $? "every sample has a loss and a speed"
 first_last=$(samples '$2 == 1 && $4 != "" { if (!f) f = $4; l = $4 } END { print f, l }' "$D")
 awk 'NF == 2 { d = $2 < $1 * 0.8 } END { exit !d }' <<<"$first_last"; ok $? "the training loss falls (worker 1: $first_last)"
 # lr 0.02 x 2 workers after the 100 clocks' warm-up, then the cosine down to
-# ~0 at the job's last clock: the top past 0.02, the last sample's under a
-# tenth of it.
+# ~0 at the job's last clock: the top past 0.02, the last sample's under half
+# of it. (The samples come with the heartbeats, every 250 ms, and the shards'
+# rate reaches pscoord with theirs: the last sample can be from the last
+# quarter of a job that takes a few seconds, where the rate is still above a
+# tenth; test-bsp checks the shards' last rate itself.)
 lrs=$(samples '$7 != "" { if ($7 > m) m = $7; l = $7; n++ } END { print n + 0, m + 0, l + 0 }' "$D")
-awk 'NF == 3 { ok = $1 >= 3 && $2 > 0.02 && $2 <= 0.0400001 && $3 < $2 / 10 } END { exit !ok }' <<<"$lrs"
-ok $? "the shards' lr rises over the warm-up and falls to under a tenth (samples, top, last: $lrs)"
+awk 'NF == 3 { ok = $1 >= 3 && $2 > 0.02 && $2 <= 0.0400001 && $3 < $2 / 2 } END { exit !ok }' <<<"$lrs"
+ok $? "the shards' lr rises over the warm-up and falls to under half (samples, top, last: $lrs)"
 spread=$(samples '$6 > m { m = $6 } END { print m + 0 }' "$D")
 [ "$spread" -le 1 ]; ok $? "BSP: members are never more than a clock apart at the shards (at most $spread)"
 want=$("$PSCTL" --coord "$COORD" --json status | jq -r '.history.epochs[] | "\(.epoch) \(.accuracy)"')
