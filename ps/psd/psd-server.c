@@ -317,6 +317,11 @@ static int push_from_shm(Psd *p, WireMsg *m, char *reason, size_t n) {
         return PSNET__STATUS__STATUS_OK;
 }
 
+static const char *codec_name(int codec) {
+        static const char *const names[] = { "raw", "masked", "bf16", "int8", "topk" };
+        return codec >= 0 && codec < (int) ELEMENTSOF(names) ? names[codec] : "?";
+}
+
 static void psd_push(Psd *p, WireMsg *m, Chunk **chunks) {
         Psnet__Header *h = m->hdr;
         char reason[192];
@@ -329,6 +334,14 @@ static void psd_push(Psd *p, WireMsg *m, Chunk **chunks) {
         int st = gate_admit_sender(p->store, h, p->id.enabled ? m->peer.key : NULL, reason, sizeof reason);
         if (st != PSNET__STATUS__STATUS_OK) {
                 psd_reply_error(p, &m->route, h, st, reason);
+                return;
+        }
+        /* A training job's pushes are f32 or bf16 frames; the codecs are a
+         * federated update's (whose frames are not len floats). */
+        if (h->codec != PSNET__CODEC__CODEC_RAW) {
+                snprintf(reason, sizeof reason, "codec %s on a push of a training job (dense f32 or bf16)",
+                         codec_name(h->codec));
+                psd_reply_error(p, &m->route, h, PSNET__STATUS__STATUS_INVALID, reason);
                 return;
         }
         uint64_t bytes = 0;

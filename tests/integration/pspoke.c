@@ -30,7 +30,10 @@
  *                  example count of 1, as a federated client's update
  *                  (both: with PSPOKE_PROGRESS, the job's progress the push
  *                  says it is at, "nan" included; with PSPOKE_BF16=1, the
- *                  values as bf16, a --wire bf16 worker's)
+ *                  values as bf16, a --wire bf16 worker's; with
+ *                  PSPOKE_CODEC=int8 an int8 frame of the value, =topk two
+ *                  (index, value) pairs, =topk-disorder the same in
+ *                  descending order of index)
  *   huge           a PUSH whose frame is 1 GiB (zero pages: nothing is allocated here)
  *   frames         one PUSH of PSPOKE_COUNT frames of CHUNKLEN floats each
  *   pull-future    PSPOKE_COUNT PULLs of key (0,0) for clock PSPOKE_CLOCK (default
@@ -333,6 +336,29 @@ int main(int argc, char **argv) {
                         h.has_dtype = true;
                         h.dtype = PSNET__DTYPE__DTYPE_BF16;
                         bytes = (size_t) len * 2;
+                }
+                const char *codec = getenv("PSPOKE_CODEC");
+                uint8_t packed[16];
+                if (codec && !strcmp(codec, "int8")) {
+                        /* The scale, then len int8 values of 1: all of them value. */
+                        uint8_t *b = (uint8_t *) v;
+                        memcpy(b, &value, 4);
+                        memset(b + 4, 1, len);
+                        h.has_codec = true;
+                        h.codec = PSNET__CODEC__CODEC_INT8;
+                        bytes = 4 + (size_t) len;
+                } else if (codec && !strncmp(codec, "topk", 4)) {
+                        uint32_t idx[2] = { 1, 3 };
+                        if (!strcmp(codec, "topk-disorder"))
+                                idx[0] = 3, idx[1] = 1;
+                        for (int e = 0; e < 2; e++) {
+                                memcpy(packed + 8 * e, &idx[e], 4);
+                                memcpy(packed + 8 * e + 4, &value, 4);
+                        }
+                        memcpy(v, packed, sizeof packed);
+                        h.has_codec = true;
+                        h.codec = PSNET__CODEC__CODEC_TOPK;
+                        bytes = sizeof packed;
                 }
                 r = send_header(s, &h, 0, true);
                 if (r == 0)

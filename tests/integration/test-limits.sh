@@ -2,7 +2,7 @@
 # Limits and membership, checked where messages arrive, probed as an attacker on
 # the same host would: a push of NaNs from a stranger and from a member, pushes
 # that say the job is at a progress outside 0..1 (its learning rate's input), a
-# 1 GiB frame, one push of 20 x 100 MiB frames, big frames at pscoord, 20,000
+# federated update's int8 and top-k frames pushed to a training job, a 1 GiB frame, one push of 20 x 100 MiB frames, big frames at pscoord, 20,000
 # pulls for clock 2^40, 2,000 connections at a soft limit of 1024 descriptors,
 # registering under a live shard's id, a worker that heartbeats but never
 # pushes (BSP), and a model bigger than the shards' memory. Each gets a bound
@@ -36,6 +36,14 @@ for p in nan 2.5 -1; do
   grep -q "status=invalid .*progress $p is not a share of the job (0 to 1)" <<<"$out"
   ok $? "a member's push that says it is at progress $p is refused, not applied ($out)"
 done
+# Frames a federated update may carry are not a training job's: an int8 frame
+# (4 + len bytes) read as len floats would run past its end.
+for codec in int8 topk; do
+  out=$(PSPOKE_SENDER=$wid PSPOKE_CODEC=$codec PSPOKE_VALUE=100 "$PSPOKE" "$SHARD" push-value 1 "$len")
+  grep -q "status=invalid .*codec $codec on a push of a training job" <<<"$out"
+  ok $? "a member's push of $codec frames to a dense job is refused, not applied ($out)"
+done
+alive "$PID_psd_1"; ok $? "and the shard serves on"
 
 rss0=$(rss_mb "$PID_psd_1")
 out=$(PSPOKE_WAIT_MS=1000 "$PSPOKE" "$SHARD" huge 1 "$len"); ok $(( $? != 3 )) "a 1 GiB frame gets no answer: the connection is dropped"
