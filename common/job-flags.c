@@ -60,6 +60,9 @@ size_t jobflags_options(JobFlags *f, Option *o) {
                 { "wire", OPT_STR, &f->wire, "DTYPE",
                   "what workers push and pull: f32, or bf16 (half the bytes; the shards keep f32 values and "
                   "optimizer state) (default f32)" },
+                { "sparsify", OPT_FLOAT, &f->sparsify, "F",
+                  "workers push only the largest F of each chunk's gradients (0 < F <= 1; as index and value), "
+                  "keeping the rest to add to their next push (error feedback); pulls stay dense (default: off)" },
                 { "allow-nonfinite", OPT_BOOL, &f->allow_nonfinite, NULL,
                   "shards accept NaN/Inf gradients instead of refusing the push (skips a pass over every push; "
                   "for trusted workers only)" },
@@ -194,6 +197,7 @@ int jobflags_to_job(const JobFlags *f, Job *job, char *err, size_t errlen) {
                 return -EINVAL;
         }
         job->wire = f->wire && strcmp(f->wire, "bf16") == 0 ? JOB_WIRE_BF16 : JOB_WIRE_F32;
+        job->sparsify = f->sparsify;
         job->allow_nonfinite = f->allow_nonfinite;
         job->replicas = f->replicas;
         job->train_limit = f->train_limit;

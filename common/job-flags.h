@@ -5,11 +5,11 @@
 #include "config.h"
 #include "job.h"
 
-#define JOBFLAGS_NOPTS 45
+#define JOBFLAGS_NOPTS 46
 
 typedef struct JobFlags {
         char *model, *mode, *optim, *data, *init;
-        float lr, momentum, weight_decay;
+        float lr, momentum, weight_decay, sparsify;
         unsigned epochs, batch, workers, shards, chunk_kb, train_limit, test_limit;
         uint64_t seed;
         char *lr_scaling, *lr_schedule, *wire;

@@ -314,6 +314,12 @@ int job_validate(const Job *job, char *err, size_t errlen) {
                 return job_err(err, errlen, "eps %g must be > 0", (double) o->eps);
         if (job->mode != MODE_BSP && job->mode != MODE_ASP && job->mode != MODE_SSP && job->mode != MODE_FED)
                 return job_err(err, errlen, "mode must be bsp, asp, ssp:S or fed");
+        if (!(job->sparsify >= 0.0f && job->sparsify <= 1.0f))
+                return job_err(err, errlen, "--sparsify %g must be a share of each chunk's gradients, 0 < F <= 1 "
+                                            "(0: off)", (double) job->sparsify);
+        if (job->mode == MODE_FED && job->sparsify > 0.0f)
+                return job_err(err, errlen, "--sparsify is for training jobs; a federated job's updates are "
+                                            "sparsified with --compress topk:F");
         if (job->mode == MODE_FED && job->wire != JOB_WIRE_F32)
                 return job_err(err, errlen, "--wire bf16 is for training jobs; a federated job's updates are "
                                             "encoded with --compress bf16");

@@ -97,6 +97,7 @@ typedef struct Job {
         uint32_t warmup_clocks; /* with lr_scaling: the factor ramps up from 1 over these clocks */
         LrSchedule lr_schedule; /* lr over the job's progress (job_lr_factor) */
         JobWire wire;        /* the values in workers' pushes and pulls */
+        float sparsify;      /* (0, 1]: pushes carry that share of each chunk's largest gradients; 0: dense */
         bool allow_nonfinite;/* accept NaN/Inf gradients (refused by default) */
         uint32_t replicas;   /* copies of every chunk on distinct shards (0: 2 with >= 2 shards, else 1) */
         uint32_t chunk_floats;

@@ -91,11 +91,11 @@ void coord_maybe_start(Coord *c) {
                 c->ckpt_next_clock = c->restore.clock + (int64_t) c->cfg->checkpoint_every;
         } else
                 c->ckpt_next_clock = (int64_t) c->cfg->checkpoint_every;
-        log_info("job started job=%u model=%s mode=%s optim=%s lr=%g lr_schedule=%s shards=%zu workers=%zu "
+        log_info("job started job=%u model=%s mode=%s optim=%s lr=%g lr_schedule=%s sparsify=%g shards=%zu workers=%zu "
                  "map_epoch=%lu replicas=%u%s%s",
                  c->job.id, c->job.model_name, job_mode_string(&c->job, mode, sizeof mode),
                  optim_kind_name(c->job.optim.kind), (double) c->job.optim.lr, lr_schedule_name(c->job.lr_schedule),
-                 ns, nw, (unsigned long) c->map_epoch, shardmap_replicas(c->map), c->restore.active ? " restored_from=" : "",
+                 (double) c->job.sparsify, ns, nw, (unsigned long) c->map_epoch, shardmap_replicas(c->map), c->restore.active ? " restored_from=" : "",
                  c->restore.active ? c->restore.name : "");
         coord_fed_reset(c);
         if (fed && c->restore.active && coord_checkpoint_fed_resume(c, reason, sizeof reason) < 0) {

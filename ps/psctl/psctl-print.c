@@ -78,6 +78,8 @@ void print_status_table(const Psnet__StatusRep *s) {
                 printf("  init=%s", j->init);
         if (schedule_of(j) != LR_SCHEDULE_CONSTANT)
                 printf("  lr_schedule=%s", lr_schedule_name(schedule_of(j)));
+        if (j && j->has_sparsify && j->sparsify > 0.0f)
+                printf("  sparsify=%g", (double) j->sparsify);
         if (s->fed)
                 printf("\nrounds %u/%u  phase=%s  round_number=%lu  sampled=%u  answered=%u  available=%u  failed=%lu  "
                        "late=%lu", s->fed->rounds_done, s->fed->rounds, s->fed->phase ? s->fed->phase : "?",
@@ -240,7 +242,9 @@ int print_status_json(const Psnet__StatusRep *s) {
         if (job && (json_object_set_new(job, "checkpointing", jstr(s->checkpointing)) < 0 ||
                     json_object_set_new(job, "restored_from", jstr(s->restored_from)) < 0 ||
                     json_object_set_new(job, "init", jstr(j ? j->init : NULL)) < 0 ||
-                    json_object_set_new(job, "lr_schedule", json_string(lr_schedule_name(schedule_of(j)))) < 0))
+                    json_object_set_new(job, "lr_schedule", json_string(lr_schedule_name(schedule_of(j)))) < 0 ||
+                    json_object_set_new(job, "sparsify",
+                                        json_real(j && j->has_sparsify ? (double) j->sparsify : 0.0)) < 0))
                 job = NULL;
         json_t *epochs = json_array();
         for (size_t k = 0; epochs && k < s->n_epochs; k++) {

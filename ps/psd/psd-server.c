@@ -322,6 +322,36 @@ static const char *codec_name(int codec) {
         return codec >= 0 && codec < (int) ELEMENTSOF(names) ? names[codec] : "?";
 }
 
+/* A --sparsify push (CODEC_TOPK frames, sizes checked by wire_validate)
+ * becomes dense f32 frames: what follows sees an ordinary push. Returns a
+ * status (reason filled): a frame whose indices are out of order or range,
+ * or whose values are not finite, is refused whole. */
+static int push_from_topk(WireMsg *m, char *reason, size_t n) {
+        Psnet__Header *h = m->hdr;
+        for (size_t i = 0; i < h->n_keys; i++) {
+                zmq_msg_t f;
+                uint32_t len = h->keys[i]->len;
+                if (zmq_msg_init_size(&f, (size_t) len * sizeof(float)) < 0) {
+                        snprintf(reason, n, "out of memory");
+                        return PSNET__STATUS__STATUS_RESOURCE;
+                }
+                int r = compress_decode(COMPRESS_TOPK, zmq_msg_data(&m->frames[i]), zmq_msg_size(&m->frames[i]), len,
+                                        zmq_msg_data(&f));
+                if (r < 0) {
+                        zmq_msg_close(&f);
+                        snprintf(reason, n, "the sparse gradient of key (%u,%u) %s", h->keys[i]->tensor,
+                                 h->keys[i]->chunk,
+                                 r == -ERANGE ? "holds NaN or infinity" : "has indices out of order or range");
+                        return r == -ERANGE ? PSNET__STATUS__STATUS_NOT_FINITE : PSNET__STATUS__STATUS_INVALID;
+                }
+                zmq_msg_close(&m->frames[i]);
+                zmq_msg_init(&m->frames[i]);
+                zmq_msg_move(&m->frames[i], &f);
+        }
+        h->codec = PSNET__CODEC__CODEC_RAW;
+        return PSNET__STATUS__STATUS_OK;
+}
+
 static void psd_push(Psd *p, WireMsg *m, Chunk **chunks) {
         Psnet__Header *h = m->hdr;
         char reason[192];
@@ -336,11 +366,13 @@ static void psd_push(Psd *p, WireMsg *m, Chunk **chunks) {
                 psd_reply_error(p, &m->route, h, st, reason);
                 return;
         }
-        /* A training job's pushes are f32 or bf16 frames; the codecs are a
-         * federated update's (whose frames are not len floats). */
-        if (h->codec != PSNET__CODEC__CODEC_RAW) {
-                snprintf(reason, sizeof reason, "codec %s on a push of a training job (dense f32 or bf16)",
-                         codec_name(h->codec));
+        /* A training job's pushes are f32 or bf16 frames, or with --sparsify
+         * top-k frames; the other codecs are a federated update's. */
+        if (h->codec != PSNET__CODEC__CODEC_RAW &&
+            (h->codec != PSNET__CODEC__CODEC_TOPK || !(p->store->job.sparsify > 0.0f))) {
+                snprintf(reason, sizeof reason, "codec %s on a push of a training job%s", codec_name(h->codec),
+                         h->codec == PSNET__CODEC__CODEC_TOPK ? " that was not started with --sparsify"
+                                                              : " (dense f32 or bf16, or top-k with --sparsify)");
                 psd_reply_error(p, &m->route, h, PSNET__STATUS__STATUS_INVALID, reason);
                 return;
         }
@@ -350,6 +382,13 @@ static void psd_push(Psd *p, WireMsg *m, Chunk **chunks) {
                                             : zmq_msg_size(&m->frames[i]);
         if (h->has_shm_session) {
                 st = push_from_shm(p, m, reason, sizeof reason);
+                if (st != PSNET__STATUS__STATUS_OK) {
+                        psd_reply_error(p, &m->route, h, st, reason);
+                        return;
+                }
+        }
+        if (h->codec == PSNET__CODEC__CODEC_TOPK) {
+                st = push_from_topk(m, reason, sizeof reason);
                 if (st != PSNET__STATUS__STATUS_OK) {
                         psd_reply_error(p, &m->route, h, st, reason);
                         return;

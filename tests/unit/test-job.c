@@ -107,21 +107,34 @@ static void test_flags(void) {
         char err[192] = "";
         const ProgramInfo prog = { .name = "t" };
         char *argv[] = { "t", "--lr-scaling", "sqrt", "--warmup-clocks", "7", "--allow-nonfinite", "--lr-schedule",
-                         "cosine", "--wire", "bf16", NULL };
+                         "cosine", "--wire", "bf16", "--sparsify", "0.05", NULL };
         int optind_ = 0;
         jobflags_init(&f);
         size_t n = jobflags_options(&f, o);
-        CHECK(n == JOBFLAGS_NOPTS && config_parse(&prog, o, n, 10, argv, &optind_) == 0, "job flags parse");
+        CHECK(n == JOBFLAGS_NOPTS && config_parse(&prog, o, n, 12, argv, &optind_) == 0, "job flags parse");
         CHECK(jobflags_to_job(&f, &j, err, sizeof err) == 0 && j.lr_scaling == LR_SCALING_SQRT &&
               j.warmup_clocks == 7 && j.allow_nonfinite && j.lr_schedule == LR_SCHEDULE_COSINE &&
-              j.wire == JOB_WIRE_BF16,
-              "--lr-scaling sqrt --warmup-clocks 7 --allow-nonfinite --lr-schedule cosine --wire bf16 (%s)", err);
+              j.wire == JOB_WIRE_BF16 && j.sparsify == 0.05f,
+              "--lr-scaling sqrt --warmup-clocks 7 --allow-nonfinite --lr-schedule cosine --wire bf16 --sparsify 0.05 "
+              "(%s)", err);
         config_free_strings(o, n);
         jobflags_init(&f);
         CHECK(jobflags_to_job(&f, &j, err, sizeof err) == 0 && j.lr_scaling == LR_SCALING_AUTO && !j.allow_nonfinite &&
               j.warmup_clocks == JOB_DEFAULT_WARMUP_CLOCKS && j.lr_schedule == LR_SCHEDULE_CONSTANT &&
-                      j.wire == JOB_WIRE_F32,
-              "defaults: auto, constant, f32, the checks on");
+                      j.wire == JOB_WIRE_F32 && j.sparsify == 0.0f,
+              "defaults: auto, constant, f32, dense pushes, the checks on");
+        const float bad_sparsify[] = { -0.1f, 1.5f, NAN };
+        for (size_t b = 0; b < 3; b++) {
+                f.sparsify = bad_sparsify[b];
+                CHECK(jobflags_to_job(&f, &j, err, sizeof err) == -EINVAL && strstr(err, "0 < F <= 1"),
+                      "--sparsify %g is refused: %s", (double) bad_sparsify[b], err);
+        }
+        f.sparsify = 0.1f;
+        f.mode = "fed";
+        CHECK(jobflags_to_job(&f, &j, err, sizeof err) == -EINVAL && strstr(err, "--compress topk:F"),
+              "--sparsify on a federated job is refused, naming --compress: %s", err);
+        f.sparsify = 0.0f;
+        f.mode = NULL;
         f.lr_scaling = "fast";
         CHECK(jobflags_to_job(&f, &j, err, sizeof err) == -EINVAL && strstr(err, "bad --lr-scaling 'fast'"),
               "a bad rule is refused: %s", err);
@@ -464,7 +477,7 @@ static bool jobs_equal(const Job *x, const Job *y) {
                x->optim.beta1 == y->optim.beta1 && x->optim.beta2 == y->optim.beta2 && x->optim.eps == y->optim.eps &&
                x->optim.nesterov == y->optim.nesterov && x->mode == y->mode && x->staleness == y->staleness &&
                x->lr_scaling == y->lr_scaling && x->warmup_clocks == y->warmup_clocks &&
-               x->lr_schedule == y->lr_schedule && x->wire == y->wire &&
+               x->lr_schedule == y->lr_schedule && x->wire == y->wire && x->sparsify == y->sparsify &&
                x->allow_nonfinite == y->allow_nonfinite && x->chunk_floats == y->chunk_floats &&
                x->seed == y->seed && x->batch == y->batch && x->epochs == y->epochs &&
                strcmp(x->dataset, y->dataset) == 0 && x->expect_workers == y->expect_workers &&
@@ -489,6 +502,7 @@ static void test_proto(void) {
         j.warmup_clocks = 77;
         j.lr_schedule = LR_SCHEDULE_COSINE;
         j.wire = JOB_WIRE_BF16;
+        j.sparsify = 0.25f;
         j.allow_nonfinite = true;
         j.optim.lr = 0.001f;
         j.optim.nesterov = true;

@@ -34,6 +34,20 @@ typedef struct ShardConn {
         bool shm_tried;                /* opened, or failed: frames until the next connection */
 } ShardConn;
 
+/* --sparsify: the round's pushes encoded once per push clock (a resend, or
+ * the round run again under a new map, sends the same frames, so the error
+ * feedback counts each gradient once). */
+typedef struct Sparse {
+        float *resid;                  /* what earlier pushes left out, job_nfloats */
+        float *scratch;                /* chunk_floats */
+        uint8_t *buf;                  /* compress_bound bytes */
+        size_t *key_base;              /* per tensor: its first key's index */
+        size_t *float_base;            /* per tensor: its first value's index */
+        zmq_msg_t *frames;             /* per key, encoded */
+        size_t nkeys;
+        int64_t clock;                 /* the push clock the frames hold (-1: none) */
+} Sparse;
+
 struct Client {
         uv_loop_t *loop;
         void *zctx;
@@ -70,6 +84,7 @@ struct Client {
         bool prefetching;
         int prefetch_err;              /* an answer to the prefetched pull that ends the next round */
         bool freeing;
+        Sparse *sparse;                /* --sparsify (NULL: dense pushes) */
         ClientStats stats;
 };
 
@@ -181,10 +196,26 @@ int client_new(uv_loop_t *loop, void *zctx, const Job *job, const ShardMap *map,
         return 0;
 }
 
+static Sparse *sparse_free(Sparse *sp) {
+        if (!sp)
+                return NULL;
+        for (size_t i = 0; sp->frames && i < sp->nkeys; i++)
+                zmq_msg_close(&sp->frames[i]);
+        ps_free(sp->frames);
+        ps_free(sp->resid);
+        ps_free(sp->scratch);
+        ps_free(sp->buf);
+        ps_free(sp->key_base);
+        ps_free(sp->float_base);
+        ps_free(sp);
+        return NULL;
+}
+
 Client *client_free(Client *c) {
         if (!c)
                 return NULL;
         client_disconnect(c);
+        c->sparse = sparse_free(c->sparse);
         c->freeing = true;
         if (c->timers == 0) {
                 ps_free(c);
@@ -243,6 +274,62 @@ void client_set_frames(Client *c, int codec, ClientFrameFn fn, void *ud) {
 }
 const ClientStats *client_stats(const Client *c) { return &c->stats; }
 bool client_busy(const Client *c) { return c->busy; }
+
+/* --sparsify for this client's pushes: a training job's. */
+static bool pushes_sparse(const Client *c) {
+        return c->job.sparsify > 0.0f && c->job.mode != MODE_FED && !c->masked && !c->frame_fn;
+}
+
+static Sparse *sparse_new(const Job *job) {
+        Sparse *sp = ps_calloc(1, sizeof *sp);
+        if (!sp)
+                return NULL;
+        sp->nkeys = job_nkeys(job);
+        sp->clock = -1;
+        sp->resid = ps_calloc(job_nfloats(job), sizeof(float));
+        sp->scratch = ps_malloc((size_t) job->chunk_floats * sizeof(float));
+        sp->buf = ps_malloc(compress_bound(COMPRESS_TOPK, job->chunk_floats, job->sparsify));
+        sp->key_base = ps_calloc(job->ntensors, sizeof *sp->key_base);
+        sp->float_base = ps_calloc(job->ntensors, sizeof *sp->float_base);
+        sp->frames = ps_calloc(sp->nkeys, sizeof *sp->frames);
+        if (!sp->resid || !sp->scratch || !sp->buf || !sp->key_base || !sp->float_base || !sp->frames)
+                return sparse_free(sp);
+        for (size_t i = 0; i < sp->nkeys; i++)
+                zmq_msg_init(&sp->frames[i]);
+        for (uint32_t t = 1; t < job->ntensors; t++) {
+                sp->key_base[t] = sp->key_base[t - 1] + job->tensors[t - 1].nchunks;
+                sp->float_base[t] = sp->float_base[t - 1] + job->tensors[t - 1].numel;
+        }
+        return sp;
+}
+
+/* Encodes every key's gradient of push clock for --sparsify, once: the k
+ * largest of each chunk plus what earlier pushes left out (compress.h). */
+static int sparse_encode(Client *c, int64_t clock) {
+        const Job *job = &c->job;
+        if (!c->sparse && !(c->sparse = sparse_new(job)))
+                return -ENOMEM;
+        Sparse *sp = c->sparse;
+        if (sp->clock == clock)
+                return 0;
+        sp->clock = -1;
+        for (uint32_t t = 0; t < job->ntensors; t++)
+                for (uint32_t k = 0; k < job->tensors[t].nchunks; k++) {
+                        size_t at = (size_t) k * job->chunk_floats;
+                        uint32_t len = job_chunk_len(job, t, k);
+                        size_t n = compress_encode(COMPRESS_TOPK, c->grads[t] + at, len, job->sparsify,
+                                                   sp->resid + sp->float_base[t] + at, sp->buf, sp->scratch);
+                        zmq_msg_t *f = &sp->frames[sp->key_base[t] + k];
+                        zmq_msg_close(f);
+                        if (zmq_msg_init_size(f, n) < 0) {
+                                zmq_msg_init(f);
+                                return -errno;
+                        }
+                        memcpy(zmq_msg_data(f), sp->buf, n);
+                }
+        sp->clock = clock;
+        return 0;
+}
 
 /* --wire bf16 for this client's pushes and pulls: a training job's, not a
  * federated update (which says its encoding with a codec). */
@@ -308,7 +395,7 @@ static void header_for(Client *c, ShardConn *s, Psnet__Header *h, Psnet__MsgType
         h->members_epoch = c->members_epoch;
         h->has_examples = type == PSNET__MSG_TYPE__MSG_PUSH && c->examples != 0;
         h->examples = c->examples;
-        h->has_dtype = wire_bf16(c) && (type == PSNET__MSG_TYPE__MSG_PUSH ||
+        h->has_dtype = wire_bf16(c) && ((type == PSNET__MSG_TYPE__MSG_PUSH && !pushes_sparse(c)) ||
                                         (type == PSNET__MSG_TYPE__MSG_PULL && !c->pull_f32));
         h->dtype = h->has_dtype ? PSNET__DTYPE__DTYPE_BF16 : PSNET__DTYPE__DTYPE_F32;
         h->has_progress = type == PSNET__MSG_TYPE__MSG_PUSH && c->progress >= 0.0f;
@@ -316,6 +403,9 @@ static void header_for(Client *c, ShardConn *s, Psnet__Header *h, Psnet__MsgType
         if (type == PSNET__MSG_TYPE__MSG_PUSH && (c->masked || c->frame_fn)) {
                 h->has_codec = true;
                 h->codec = c->frame_fn ? (Psnet__Codec) c->codec : PSNET__CODEC__CODEC_MASKED;
+        } else if (type == PSNET__MSG_TYPE__MSG_PUSH && pushes_sparse(c)) {
+                h->has_codec = true;
+                h->codec = PSNET__CODEC__CODEC_TOPK;
         }
 }
 
@@ -349,7 +439,8 @@ static int send_push_shm(Client *c, ShardConn *s) {
 }
 
 static int send_push(Client *c, ShardConn *s) {
-        if (shard_shm(c, s))
+        bool sparse = pushes_sparse(c);
+        if (!sparse && shard_shm(c, s))
                 return send_push_shm(c, s);
         zmq_msg_t *frames = ps_malloc(s->nkeys * sizeof *frames);
         if (!frames)
@@ -360,7 +451,13 @@ static int send_push(Client *c, ShardConn *s) {
                 void *p;
                 size_t size = (size_t) k->len * sizeof(float);
                 int r;
-                if (bf16) {
+                if (sparse) {
+                        /* The round's frame, shared (ZeroMQ counts the references). */
+                        zmq_msg_t *f = &c->sparse->frames[c->sparse->key_base[k->tensor] + k->chunk];
+                        zmq_msg_init(&frames[i]);
+                        r = zmq_msg_copy(&frames[i], f);
+                        size = zmq_msg_size(f);
+                } else if (bf16) {
                         /* A frame of its own, which ZeroMQ frees once sent. */
                         size = (size_t) k->len * 2;
                         r = zmq_msg_init_size(&frames[i], size);
@@ -688,6 +785,11 @@ int client_round(Client *c, const float *const *grads, int64_t push_clock, float
         if (!pulled)
                 c->min_clock = -1;
         c->busy = true;
+        int re;
+        if (grads && pushes_sparse(c) && (re = sparse_encode(c, push_clock)) < 0) {
+                c->busy = false;
+                return log_error_errno(re, "Failed to encode the sparse push: %m");
+        }
         for (size_t i = 0; i < c->nshards; i++) {
                 ShardConn *s = &c->shards[i];
                 s->push_wait = s->retry_push = false;
