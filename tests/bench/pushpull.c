@@ -25,6 +25,10 @@
  * /proc/stat minus our own), since on a shared 2-vCPU VM that often decides
  * the goodput more than psnet does.
  *
+ * With --sparsify F the pushes carry the largest share F of each chunk as
+ * (index, value) pairs: goodput counts the bytes sent, so compare median_ms
+ * (the round's time) with a dense run's.
+ *
  * On ipc the worker and the shards share memory for the tensors unless
  * --shm off (common/net/shm.h): then the second baseline is single-thread
  * memcpy of the model's bytes in this process, measured in the same run
@@ -75,7 +79,7 @@
 #define BENCH_MAX_ROUNDS 100000
 
 typedef struct Opts {
-        const char *build, *transport, *model, *mode, *wire, *shm;
+        const char *build, *transport, *model, *mode, *wire, *shm, *sparsify;
         unsigned rounds, chunk_kb, raw_runs, replicas;
 } Opts;
 
@@ -373,7 +377,7 @@ static int cluster_start(Cluster *cl, const Opts *o, const char *mode) {
         char *coord_argv[] = {
                 path, "--listen", cl->coord_ep, "--workers", "1", "--shards", shards, "--mode", (char *) mode,
                 "--model", (char *) o->model, "--chunk-kb", chunk, "--lease-ms", lease, "--shard-lease-ms", lease,
-                "--replicas", replicas, "--wire", (char *) o->wire, NULL,
+                "--replicas", replicas, "--wire", (char *) o->wire, "--sparsify", (char *) o->sparsify, NULL,
         };
         if ((r = daemon_start(&cl->d[0], name, cl->dir, path, coord_argv)) < 0)
                 return log_error_errno(r, "Failed to start %s: %m", path);
@@ -860,7 +864,7 @@ static void print_figures(const char *mode, const char *kind, const Figures *f) 
 
 int main(int argc, char **argv) {
         Opts o = { .rounds = 20, .chunk_kb = 1024, .raw_runs = 3, .replicas = 1 };
-        char *build = NULL, *transport = NULL, *model = NULL, *mode = NULL, *wire = NULL, *shm = NULL;
+        char *build = NULL, *transport = NULL, *model = NULL, *mode = NULL, *wire = NULL, *shm = NULL, *sparsify = NULL;
         _cleanup_free_ char *build_default = NULL;
         const Option opts[] = {
                 { "build", OPT_STR, &build, "DIR", "build folder holding ps/pscoord/pscoord and ps/psd/psd (default: the one holding this program)" },
@@ -872,6 +876,8 @@ int main(int argc, char **argv) {
                 { "replicas", OPT_UINT, &o.replicas, "R",
                   "copies of every chunk (1 to 3: the cost of replication on one host; 3 runs three shards)" },
                 { "wire", OPT_STR, &wire, "DTYPE", "what the worker pushes and pulls: f32 or bf16 (default f32)" },
+                { "sparsify", OPT_STR, &sparsify, "F",
+                  "the job's --sparsify: pushes carry the largest share F of each chunk (default 0: dense)" },
                 { "shm", OPT_STR, &shm, "on|off",
                   "ipc: tensors through shared memory (on, the default) or in frames (off; PSNET_SHM=off)" },
                 { "raw-runs", OPT_UINT, &o.raw_runs, "N",
@@ -907,6 +913,7 @@ int main(int argc, char **argv) {
         }
         o.wire = wire ? wire : "f32";
         o.shm = shm ? shm : "on";
+        o.sparsify = sparsify ? sparsify : "0";
         if (strcmp(o.shm, "on") != 0 && strcmp(o.shm, "off") != 0) {
                 fprintf(stderr, "bench-pushpull: --shm is on or off, not '%s'\n", o.shm);
                 r = -EINVAL;
