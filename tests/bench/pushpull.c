@@ -25,6 +25,11 @@
  * /proc/stat minus our own), since on a shared 2-vCPU VM that often decides
  * the goodput more than psnet does.
  *
+ * After the rounds it reads the shards' memory from /proc (VmRSS, RssAnon:
+ * their own, RssShmem: the workers' shared pages they touched) beside the
+ * values and optimizer state they hold (issue: RssAnon at most 1.1 x the
+ * state + 64 MiB per shard).
+ *
  * With --sparsify F the pushes carry the largest share F of each chunk as
  * (index, value) pairs: goodput counts the bytes sent, so compare median_ms
  * (the round's time) with a dense run's.
@@ -125,6 +130,10 @@ typedef struct ModeResult {
         const char *mode;
         Figures pushpull, pull;
         size_t shm_shards;        /* shards reached through shared memory */
+        /* The shards' memory after the rounds, MiB, summed: VmRSS, and of it
+         * RssAnon (their own) and RssShmem (the workers' shared pages they
+         * touched); the values and optimizer state they hold. */
+        double rss_mib, anon_mib, shmem_mib, state_mib;
 } ModeResult;
 
 static double mono_s(void) {
@@ -569,6 +578,22 @@ static int cpu_used_s(const Cluster *cl, double *ret) {
         return 0;
 }
 
+/* Adds pid's VmRSS, RssAnon and RssShmem (MiB) to ret[0..2]. */
+static int proc_rss_mib(pid_t pid, double ret[3]) {
+        char path[64], line[256];
+        static const char *const keys[3] = { "VmRSS:", "RssAnon:", "RssShmem:" };
+        snprintf(path, sizeof path, "/proc/%ld/status", (long) pid);
+        FILE *f = fopen(path, "re");
+        if (!f)
+                return -errno;
+        while (fgets(line, sizeof line, f))
+                for (int k = 0; k < 3; k++)
+                        if (strncmp(line, keys[k], strlen(keys[k])) == 0)
+                                ret[k] += strtod(line + strlen(keys[k]), NULL) / 1024.0;
+        fclose(f);
+        return 0;
+}
+
 static int cmp_double(const void *a, const void *b) {
         double x = *(const double *) a, y = *(const double *) b;
         return x < y ? -1 : x > y;
@@ -662,6 +687,15 @@ static int bench_rounds(Bench *b, float *const *params, const float *const *grad
         /* A push refused as stale still moved its bytes, but was not applied:
          * that would be a bug in the shards (or here), not a figure. */
         ret->shm_shards = psnet_worker_shm_shards(b->w);
+        double rss[3] = { 0, 0, 0 };
+        for (size_t i = 1; i < b->cl->nd; i++)
+                if (b->cl->d[i].pid > 0 && (r = proc_rss_mib(b->cl->d[i].pid, rss)) < 0)
+                        return log_error_errno(r, "Failed to read a shard's memory: %m");
+        ret->rss_mib = rss[0];
+        ret->anon_mib = rss[1];
+        ret->shmem_mib = rss[2];
+        ret->state_mib = (double) job_nfloats(b->job) * sizeof(float) * (double) (1 + optim_state_per_value(&b->job->optim)) *
+                         (double) MAX(b->job->replicas, 1u) / (1 << 20);
         uint64_t stale = psnet_worker_stale_pushes(b->w);
         if (stale > 0)
                 return log_error_errno(EPROTO, "%lu pushes were refused as stale", (unsigned long) stale);
@@ -1073,6 +1107,9 @@ int main(int argc, char **argv) {
                        o.transport, shm_used ? "on" : "off", res[i].mode, o.replicas, o.wire, model_mib, o.chunk_kb,
                        o.rounds, pp->med_gbps, pp->best_gbps, pl->med_gbps, pp->med_gbps * (double) per,
                        pp->cpu_s_per_gb);
+                printf(" shards_rss_mib=%.0f shards_anon_mib=%.0f shards_shmem_mib=%.0f shards_state_mib=%.0f "
+                       "rss_over_state=%.2f", res[i].rss_mib, res[i].anon_mib, res[i].shmem_mib, res[i].state_mib,
+                       res[i].state_mib > 0 ? res[i].anon_mib / res[i].state_mib : 0.0);
                 if (nraw > 0)
                         printf(" raw_zmq_gbps=%.2f raw_cpu_s_per_gb=%.3f ratio=%.2f pull_ratio=%.2f memcpy_gbps=%.2f "
                                "memcpy_ratio=%.2f target=%s", raw, raw_cpu_med, pp->med_gbps / raw, pl->med_gbps / raw,
