@@ -125,33 +125,35 @@ VECTORISE void bf16_decode(const uint8_t *in, size_t n, float *out) {
 #endif
 }
 
-/* The k-th largest of v[0..n) (1 <= k <= n), reordering v: quickselect with
- * a three-way partition (runs of equal values, zeros say, stay linear). */
-static float kth_largest(float *v, size_t n, size_t k) {
-        size_t lo = 0, hi = n - 1, want = k - 1;
-        while (lo < hi) {
-                float p = v[lo + (hi - lo) / 2], t;
-                size_t lt = lo, i = lo, gt = hi; /* [lo,lt) > p, [lt,i) == p, (gt,hi] < p */
-                while (i <= gt) {
-                        if (v[i] > p) {
-                                t = v[lt], v[lt] = v[i], v[i] = t;
-                                lt++, i++;
-                        } else if (v[i] < p) {
-                                t = v[gt], v[gt] = v[i], v[i] = t;
-                                if (gt == 0)
-                                        break;
-                                gt--;
-                        } else
-                                i++;
+/* The k-th largest of v[0..n) (1 <= k <= n), all >= 0: a radix select on
+ * their bits, which order as the values do. Three passes over v (11, 11 and
+ * 10 bits), each counting the values whose higher bits are the k-th
+ * largest's so far into a histogram of the next digit; no data moves, no
+ * branch depends on the order of the values. (A quickselect took 70 ms for a
+ * 64 MiB model's chunks on this project's 2 vCPU machine, sorting cost more
+ * than the bytes saved.) */
+static float kth_largest(const float *v, size_t n, size_t k) {
+        static const unsigned shift[3] = { 21, 10, 0 }, width[3] = { 11, 11, 10 };
+        uint32_t hist[2048], prefix = 0, mask = 0;
+        for (int d = 0; d < 3; d++) {
+                uint32_t digits = 1u << width[d], dm = digits - 1;
+                memset(hist, 0, digits * sizeof *hist);
+                for (size_t i = 0; i < n; i++) {
+                        uint32_t b = fbits(v[i]);
+                        hist[(b >> shift[d]) & dm] += (b & mask) == prefix;
                 }
-                if (want < lt)
-                        hi = lt - 1;
-                else if (want > gt)
-                        lo = gt + 1;
-                else
-                        return p;
+                size_t cum = 0;
+                uint32_t x = dm;
+                for (;; x--) {
+                        if (cum + hist[x] >= k || x == 0)
+                                break;
+                        cum += hist[x];
+                }
+                k -= cum;
+                prefix |= x << shift[d];
+                mask |= dm << shift[d];
         }
-        return v[want];
+        return bitsf(prefix);
 }
 
 size_t compress_encode(CompressKind kind, const float *x, uint32_t len, float topk, float *residual, uint8_t *out,
@@ -190,17 +192,28 @@ size_t compress_encode(CompressKind kind, const float *x, uint32_t len, float to
                 return 4 + (size_t) len;
         }
         if (kind == COMPRESS_TOPK) {
+                /* One pass makes x + residual (in residual) and its magnitudes
+                 * (in scratch); the selection and the count run over scratch,
+                 * one chunk, in cache; one more pass writes out what goes. */
                 uint32_t k = compress_topk_count(len, topk);
-                for (uint32_t i = 0; i < len; i++)
-                        scratch[i] = fabsf(IN(i));
+                const float *v = x;
+                if (residual) {
+                        for (uint32_t i = 0; i < len; i++) {
+                                residual[i] += x[i];
+                                scratch[i] = fabsf(residual[i]);
+                        }
+                        v = residual;
+                } else
+                        for (uint32_t i = 0; i < len; i++)
+                                scratch[i] = fabsf(x[i]);
                 float t = kth_largest(scratch, len, k);
                 /* Every value above the k-th largest, then ties at it up to k, in index order. */
                 uint32_t above = 0, n = 0;
                 for (uint32_t i = 0; i < len; i++)
-                        above += fabsf(IN(i)) > t;
+                        above += scratch[i] > t;
                 uint32_t ties = k - above;
                 for (uint32_t i = 0; i < len; i++) {
-                        float v = IN(i), a = fabsf(v);
+                        float a = scratch[i];
                         bool keep = a > t;
                         if (!keep && a == t && ties > 0) {
                                 keep = true;
@@ -208,11 +221,11 @@ size_t compress_encode(CompressKind kind, const float *x, uint32_t len, float to
                         }
                         if (keep && n < k) {
                                 put32(out + 8 * (size_t) n, i);
-                                put32(out + 8 * (size_t) n + 4, fbits(v));
+                                put32(out + 8 * (size_t) n + 4, fbits(v[i]));
                                 n++;
                         }
-                        if (residual)
-                                residual[i] = keep ? 0.0f : v;
+                        if (residual && keep)
+                                residual[i] = 0.0f;
                 }
                 return (size_t) n * 8;
         }

@@ -11,6 +11,11 @@
 
 #define LEN 1000
 
+static int cmp_desc(const void *a, const void *b) {
+        float x = *(const float *) a, y = *(const float *) b;
+        return x > y ? -1 : x < y;
+}
+
 static float x[LEN], y[LEN], scratch[LEN], resid[LEN];
 static uint8_t buf[LEN * 8];
 
@@ -130,6 +135,47 @@ int main(void) {
                       "topk of a chunk of zeros with one value (a run of equal values) is quick and sends k pairs");
         }
         free(big), free(bs), free(bb);
+        /* Against a reference (sorting), 300 random chunks: lengths 1..2999, a
+         * share of them, values from a few magnitudes (ties, zeros, subnormals,
+         * both signs): exactly the k largest |x|, ties at the k-th kept in index
+         * order. */
+        {
+                static float rx[3000], ry[3000], rs[3000], sorted[3000];
+                static uint8_t rb[3000 * 8];
+                static const float mags[] = { 0.0f, 1e-40f, 1e-3f, 0.5f, 0.5f, 1.0f, 2.0f, 1e30f };
+                unsigned seed = 12345, bad = 0;
+                for (int trial = 0; trial < 300 && !bad; trial++) {
+                        seed = seed * 1103515245u + 12345u;
+                        uint32_t len = 1 + (seed >> 8) % 2999;
+                        float f = (float) (1 + (seed >> 4) % 1000) / 1000.0f;
+                        for (uint32_t i = 0; i < len; i++) {
+                                seed = seed * 1103515245u + 12345u;
+                                float m = (seed >> 9) % 4 ? mags[(seed >> 13) % 8] : (float) ((seed >> 16) % 1000) / 7.0f;
+                                rx[i] = (seed >> 30) & 1 ? -m : m;
+                                sorted[i] = fabsf(rx[i]);
+                        }
+                        uint32_t k = compress_topk_count(len, f);
+                        qsort(sorted, len, sizeof *sorted, cmp_desc);
+                        float t = sorted[k - 1];
+                        uint32_t above = 0;
+                        for (uint32_t i = 0; i < len; i++)
+                                above += fabsf(rx[i]) > t;
+                        size_t bytes = compress_encode(COMPRESS_TOPK, rx, len, f, NULL, rb, rs);
+                        if (bytes != (size_t) k * 8 || compress_decode(COMPRESS_TOPK, rb, bytes, len, ry) != 0) {
+                                bad = 1;
+                                break;
+                        }
+                        uint32_t ties = k - above;
+                        for (uint32_t i = 0; i < len; i++) {
+                                float a = fabsf(rx[i]);
+                                bool keep = a > t || (a == t && ties > 0 && ties--);
+                                /* a kept zero decodes as 0 as well */
+                                if ((keep ? ry[i] != rx[i] : ry[i] != 0.0f))
+                                        bad = 1;
+                        }
+                }
+                CHECK(!bad, "topk matches a sorting reference on 300 random chunks with ties, zeros and subnormals");
+        }
 
         /* Error feedback: over R rounds, what went plus what is held = what came. */
         memset(resid, 0, sizeof resid);

@@ -34,9 +34,10 @@ typedef struct ShardConn {
         bool shm_tried;                /* opened, or failed: frames until the next connection */
 } ShardConn;
 
-/* --sparsify: the round's pushes encoded once per push clock (a resend, or
- * the round run again under a new map, sends the same frames, so the error
- * feedback counts each gradient once). */
+/* --sparsify: each key's push encoded once per push clock (a resend, or the
+ * round run again under a new map, sends the same frame, so the error
+ * feedback counts each gradient once), just before it goes to its shard (so
+ * that one shard applies while the next one's keys are encoded). */
 typedef struct Sparse {
         float *resid;                  /* what earlier pushes left out, job_nfloats */
         float *scratch;                /* chunk_floats */
@@ -44,8 +45,8 @@ typedef struct Sparse {
         size_t *key_base;              /* per tensor: its first key's index */
         size_t *float_base;            /* per tensor: its first value's index */
         zmq_msg_t *frames;             /* per key, encoded */
+        int64_t *clock;                /* per key: the push clock its frame holds (-1: none) */
         size_t nkeys;
-        int64_t clock;                 /* the push clock the frames hold (-1: none) */
 } Sparse;
 
 struct Client {
@@ -202,6 +203,7 @@ static Sparse *sparse_free(Sparse *sp) {
         for (size_t i = 0; sp->frames && i < sp->nkeys; i++)
                 zmq_msg_close(&sp->frames[i]);
         ps_free(sp->frames);
+        ps_free(sp->clock);
         ps_free(sp->resid);
         ps_free(sp->scratch);
         ps_free(sp->buf);
@@ -285,17 +287,19 @@ static Sparse *sparse_new(const Job *job) {
         if (!sp)
                 return NULL;
         sp->nkeys = job_nkeys(job);
-        sp->clock = -1;
         sp->resid = ps_calloc(job_nfloats(job), sizeof(float));
         sp->scratch = ps_malloc((size_t) job->chunk_floats * sizeof(float));
         sp->buf = ps_malloc(compress_bound(COMPRESS_TOPK, job->chunk_floats, job->sparsify));
         sp->key_base = ps_calloc(job->ntensors, sizeof *sp->key_base);
         sp->float_base = ps_calloc(job->ntensors, sizeof *sp->float_base);
         sp->frames = ps_calloc(sp->nkeys, sizeof *sp->frames);
-        if (!sp->resid || !sp->scratch || !sp->buf || !sp->key_base || !sp->float_base || !sp->frames)
+        sp->clock = ps_malloc(sp->nkeys * sizeof *sp->clock);
+        if (!sp->resid || !sp->scratch || !sp->buf || !sp->key_base || !sp->float_base || !sp->frames || !sp->clock)
                 return sparse_free(sp);
-        for (size_t i = 0; i < sp->nkeys; i++)
+        for (size_t i = 0; i < sp->nkeys; i++) {
                 zmq_msg_init(&sp->frames[i]);
+                sp->clock[i] = -1;
+        }
         for (uint32_t t = 1; t < job->ntensors; t++) {
                 sp->key_base[t] = sp->key_base[t - 1] + job->tensors[t - 1].nchunks;
                 sp->float_base[t] = sp->float_base[t - 1] + job->tensors[t - 1].numel;
@@ -303,31 +307,28 @@ static Sparse *sparse_new(const Job *job) {
         return sp;
 }
 
-/* Encodes every key's gradient of push clock for --sparsify, once: the k
- * largest of each chunk plus what earlier pushes left out (compress.h). */
-static int sparse_encode(Client *c, int64_t clock) {
+/* Key (t, k)'s frame of push clock for --sparsify, encoded on first use: the
+ * k largest of the chunk plus what earlier pushes left out (compress.h). */
+static int sparse_frame(Client *c, const Psnet__Key *key, int64_t clock, zmq_msg_t **ret) {
         const Job *job = &c->job;
         if (!c->sparse && !(c->sparse = sparse_new(job)))
                 return -ENOMEM;
         Sparse *sp = c->sparse;
-        if (sp->clock == clock)
-                return 0;
-        sp->clock = -1;
-        for (uint32_t t = 0; t < job->ntensors; t++)
-                for (uint32_t k = 0; k < job->tensors[t].nchunks; k++) {
-                        size_t at = (size_t) k * job->chunk_floats;
-                        uint32_t len = job_chunk_len(job, t, k);
-                        size_t n = compress_encode(COMPRESS_TOPK, c->grads[t] + at, len, job->sparsify,
-                                                   sp->resid + sp->float_base[t] + at, sp->buf, sp->scratch);
-                        zmq_msg_t *f = &sp->frames[sp->key_base[t] + k];
-                        zmq_msg_close(f);
-                        if (zmq_msg_init_size(f, n) < 0) {
-                                zmq_msg_init(f);
-                                return -errno;
-                        }
-                        memcpy(zmq_msg_data(f), sp->buf, n);
+        size_t i = sp->key_base[key->tensor] + key->chunk, at = (size_t) key->chunk * job->chunk_floats;
+        zmq_msg_t *f = &sp->frames[i];
+        if (sp->clock[i] != clock) {
+                size_t n = compress_encode(COMPRESS_TOPK, c->grads[key->tensor] + at, key->len, job->sparsify,
+                                           sp->resid + sp->float_base[key->tensor] + at, sp->buf, sp->scratch);
+                zmq_msg_close(f);
+                if (zmq_msg_init_size(f, n) < 0) {
+                        zmq_msg_init(f);
+                        sp->clock[i] = -1;
+                        return -errno;
                 }
-        sp->clock = clock;
+                memcpy(zmq_msg_data(f), sp->buf, n);
+                sp->clock[i] = clock;
+        }
+        *ret = f;
         return 0;
 }
 
@@ -452,11 +453,17 @@ static int send_push(Client *c, ShardConn *s) {
                 size_t size = (size_t) k->len * sizeof(float);
                 int r;
                 if (sparse) {
-                        /* The round's frame, shared (ZeroMQ counts the references). */
-                        zmq_msg_t *f = &c->sparse->frames[c->sparse->key_base[k->tensor] + k->chunk];
+                        /* The key's frame of this clock, shared (ZeroMQ counts the references). */
+                        zmq_msg_t *f = NULL;
                         zmq_msg_init(&frames[i]);
-                        r = zmq_msg_copy(&frames[i], f);
-                        size = zmq_msg_size(f);
+                        r = sparse_frame(c, k, c->push_clock, &f);
+                        if (r == 0) {
+                                r = zmq_msg_copy(&frames[i], f);
+                                size = zmq_msg_size(f);
+                        } else {
+                                errno = -r;
+                                r = -1;
+                        }
                 } else if (bf16) {
                         /* A frame of its own, which ZeroMQ frees once sent. */
                         size = (size_t) k->len * 2;
@@ -785,11 +792,6 @@ int client_round(Client *c, const float *const *grads, int64_t push_clock, float
         if (!pulled)
                 c->min_clock = -1;
         c->busy = true;
-        int re;
-        if (grads && pushes_sparse(c) && (re = sparse_encode(c, push_clock)) < 0) {
-                c->busy = false;
-                return log_error_errno(re, "Failed to encode the sparse push: %m");
-        }
         for (size_t i = 0; i < c->nshards; i++) {
                 ShardConn *s = &c->shards[i];
                 s->push_wait = s->retry_push = false;
