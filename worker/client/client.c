@@ -293,13 +293,13 @@ static Sparse *sparse_new(const Job *job) {
         sp->key_base = ps_calloc(job->ntensors, sizeof *sp->key_base);
         sp->float_base = ps_calloc(job->ntensors, sizeof *sp->float_base);
         sp->frames = ps_calloc(sp->nkeys, sizeof *sp->frames);
+        for (size_t i = 0; sp->frames && i < sp->nkeys; i++)
+                zmq_msg_init(&sp->frames[i]); /* before anything may fail: sparse_free closes them */
         sp->clock = ps_malloc(sp->nkeys * sizeof *sp->clock);
         if (!sp->resid || !sp->scratch || !sp->buf || !sp->key_base || !sp->float_base || !sp->frames || !sp->clock)
                 return sparse_free(sp);
-        for (size_t i = 0; i < sp->nkeys; i++) {
-                zmq_msg_init(&sp->frames[i]);
+        for (size_t i = 0; i < sp->nkeys; i++)
                 sp->clock[i] = -1;
-        }
         for (uint32_t t = 1; t < job->ntensors; t++) {
                 sp->key_base[t] = sp->key_base[t - 1] + job->tensors[t - 1].nchunks;
                 sp->float_base[t] = sp->float_base[t - 1] + job->tensors[t - 1].numel;
