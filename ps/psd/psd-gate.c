@@ -2,6 +2,7 @@
  * BSP parking and the closing of clocks, ASP/SSP application. Pulls: when they
  * may be answered, and the bounded list of those that wait. */
 #include <errno.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -298,13 +299,40 @@ int gate_admit_sender(Store *s, const Psnet__Header *h, const uint8_t *sender_ke
         return PSNET__STATUS__STATUS_OK;
 }
 
+/* Values per thread below which a loop over a chunk stays on one thread. */
+#define GATE_MIN_PART (32u << 10)
+
+/* gate_first_nonfinite over parts of a frame in parallel: the lowest index
+ * any part found. */
+typedef struct FiniteLoop {
+        const unsigned char *p;
+        _Atomic size_t first;
+} FiniteLoop;
+
+static void finite_range(void *arg, size_t lo, size_t hi) {
+        FiniteLoop *l = arg;
+        size_t at = lo + gate_first_nonfinite(l->p + 4 * lo, hi - lo);
+        if (at == hi)
+                return;
+        size_t cur = atomic_load(&l->first);
+        while (at < cur && !atomic_compare_exchange_weak(&l->first, &cur, at))
+                ;
+}
+
+static size_t first_nonfinite_par(Pfor *pool, const unsigned char *p, size_t n) {
+        FiniteLoop l = { .p = p };
+        atomic_init(&l.first, n);
+        pfor_run(pool, n, GATE_MIN_PART, finite_range, &l);
+        return atomic_load(&l.first);
+}
+
 int gate_admit_values(Store *s, const Psnet__Header *h, const zmq_msg_t *frames, char *reason, size_t n) {
         Gate *g = &s->gate;
         if (s->job.allow_nonfinite)
                 return PSNET__STATUS__STATUS_OK;
         for (size_t i = 0; i < h->n_keys; i++) {
                 size_t len = zmq_msg_size((zmq_msg_t *) &frames[i]) / sizeof(float);
-                size_t at = gate_first_nonfinite(zmq_msg_data((zmq_msg_t *) &frames[i]), len);
+                size_t at = first_nonfinite_par(s->pool, zmq_msg_data((zmq_msg_t *) &frames[i]), len);
                 if (at < len) {
                         g->refused_nonfinite++;
                         snprintf(reason, n, "the gradient of key (%u,%u) holds NaN or infinity at value %zu (the "
@@ -328,6 +356,51 @@ static const float *grad_data(const zmq_msg_t *m, float *scratch, uint32_t len) 
                 return g;
         memcpy(scratch, zmq_msg_data((zmq_msg_t *) m), (size_t) len * sizeof(float));
         return scratch;
+}
+
+/* One pass of a mean over a chunk, in parts run by the pool (each value
+ * alone, so the same bits with any number of threads). */
+typedef enum SumOp {
+        SUM_COPY,      /* sum = g */
+        SUM_ADD,       /* sum += g */
+        SUM_ADD_SCALE, /* sum = (sum + g) * k */
+        SUM_SCALE,     /* sum = g * k */
+} SumOp;
+
+typedef struct SumLoop {
+        SumOp op;
+        float *restrict sum;
+        const float *restrict g;
+        float k;
+} SumLoop;
+
+static void sum_range(void *arg, size_t lo, size_t hi) {
+        const SumLoop *l = arg;
+        float *restrict sum = l->sum;
+        const float *restrict g = l->g;
+        float k = l->k;
+        switch (l->op) {
+        case SUM_COPY:
+                memcpy(sum + lo, g + lo, (hi - lo) * sizeof(float));
+                break;
+        case SUM_ADD:
+                for (size_t j = lo; j < hi; j++)
+                        sum[j] += g[j];
+                break;
+        case SUM_ADD_SCALE:
+                for (size_t j = lo; j < hi; j++)
+                        sum[j] = (sum[j] + g[j]) * k;
+                break;
+        case SUM_SCALE:
+                for (size_t j = lo; j < hi; j++)
+                        sum[j] = g[j] * k;
+                break;
+        }
+}
+
+static void sum_pass(Pfor *pool, SumOp op, float *sum, const float *g, float k, size_t n) {
+        SumLoop l = { .op = op, .sum = sum, .g = g, .k = k };
+        pfor_run(pool, n, GATE_MIN_PART, sum_range, &l);
 }
 
 static int cmp_pending(const void *a, const void *b) {
@@ -382,14 +455,9 @@ static int chunk_settle(Store *s, Chunk *c) {
                         }
                 } else if (used == 0 && last)
                         mean = g;
-                else if (used == 0)
-                        memcpy(sum, g, (size_t) c->len * sizeof(float));
-                else if (last)
-                        for (uint32_t j = 0; j < c->len; j++)
-                                sum[j] = (sum[j] + g[j]) * inv;
                 else
-                        for (uint32_t j = 0; j < c->len; j++)
-                                sum[j] += g[j];
+                        sum_pass(s->pool, used == 0 ? SUM_COPY : last ? SUM_ADD_SCALE : SUM_ADD, sum, g, inv,
+                                 c->len);
                 used++;
         }
         int r = store_apply(s, c, mean, MODE_BSP, used, c->clock, progress);
@@ -417,9 +485,7 @@ static int chunk_apply_scaled(Store *s, Chunk *c, const zmq_msg_t *grad, const G
         const float *g = grad_data(grad, s->sum, c->len);
         if (cfg->nmembers <= 1) /* g * 1 == g */
                 return store_apply(s, c, g, cfg->mode, 1, clock, progress);
-        float scale = 1.0f / (float) cfg->nmembers;
-        for (uint32_t j = 0; j < c->len; j++)
-                s->sum[j] = g[j] * scale;
+        sum_pass(s->pool, SUM_SCALE, s->sum, g, 1.0f / (float) cfg->nmembers, c->len);
         /* The chunk clock is left alone: it counts BSP clocks only (c->steps counts updates). */
         return store_apply(s, c, s->sum, cfg->mode, cfg->nmembers, clock, progress);
 }

@@ -8,13 +8,18 @@
  * own pass over a block, because with math-errno on (the default) GCC will not
  * vectorise it; the passes around it still are, and with -fno-math-errno all
  * three are. Per-call scalars (Adam's bias corrections) are computed once, in
- * double. */
+ * double. With psd --threads, a chunk's step is cut into ranges run in
+ * parallel (pfor.h): each value is computed by the same code either way, so
+ * the result is the same bits. */
 #include <assert.h>
 #include <math.h>
 #include <string.h>
 #include "psd-optim.h"
 
 #define OPTIM_BLOCK 16
+/* Values per thread below which a step stays on one thread (a wake-up costs
+ * about what 16 Ki values of SGD do). */
+#define OPTIM_MIN_PART (32u << 10)
 
 static bool optim_is_adam(const OptimConf *c) {
         return c->kind == OPTIM_ADAM;
@@ -112,28 +117,55 @@ static void adam(AdamScalars s, float *restrict w, const float *restrict g, floa
                 adam_update_at(s, w, m, sqrtf(adam_moments_at(s, w, g, m, v, i)), i);
 }
 
-void optim_apply(const OptimConf *c, uint64_t step, float *w, const float *g, float *state,
-                 size_t n) {
+/* One step's loop over values [lo, hi) of a chunk (pfor.h). */
+typedef struct OptimLoop {
+        const OptimConf *c;
+        AdamScalars adam;
+        float *w, *state;
+        const float *g;
+        size_t n;
+} OptimLoop;
+
+static void optim_range(void *arg, size_t lo, size_t hi) {
+        const OptimLoop *l = arg;
+        const OptimConf *c = l->c;
+        size_t k = hi - lo;
+        float *w = l->w + lo;
+        const float *g = l->g + lo;
+
+        if (optim_is_adam(c))
+                adam(l->adam, w, g, l->state + lo, l->state + l->n + lo, k);
+        else if (c->momentum == 0.0f)
+                sgd_plain(c->lr, c->weight_decay, w, g, k);
+        else if (c->nesterov)
+                sgd_nesterov(c->lr, c->momentum, c->weight_decay, w, g, l->state + lo, k);
+        else
+                sgd_momentum(c->lr, c->momentum, c->weight_decay, w, g, l->state + lo, k);
+}
+
+void optim_apply_par(Pfor *pool, const OptimConf *c, uint64_t step, float *w, const float *g, float *state,
+                     size_t n) {
         assert(c);
         assert(n == 0 || (w && g));
         assert(n == 0 || optim_state_per_value(c) == 0 || state);
 
         if (n == 0)
                 return;
+        OptimLoop l = { .c = c, .w = w, .g = g, .state = state, .n = n };
         if (optim_is_adam(c)) {
                 /* step is 1-based; 0 would divide by zero, so it counts as the first. */
                 double t = step > 0 ? (double) step : 1.0;
-                AdamScalars s = {
+                l.adam = (AdamScalars) {
                         .lr = c->lr, .b1 = c->beta1, .b2 = c->beta2, .eps = c->eps,
                         .wd = c->weight_decay,
                         .c1 = (float) (1.0 / (1.0 - pow((double) c->beta1, t))),
                         .c2 = (float) (1.0 / (1.0 - pow((double) c->beta2, t))),
                 };
-                adam(s, w, g, state, state + n, n);
-        } else if (c->momentum == 0.0f)
-                sgd_plain(c->lr, c->weight_decay, w, g, n);
-        else if (c->nesterov)
-                sgd_nesterov(c->lr, c->momentum, c->weight_decay, w, g, state, n);
-        else
-                sgd_momentum(c->lr, c->momentum, c->weight_decay, w, g, state, n);
+        }
+        pfor_run(pool, n, OPTIM_MIN_PART, optim_range, &l);
+}
+
+void optim_apply(const OptimConf *c, uint64_t step, float *w, const float *g, float *state,
+                 size_t n) {
+        optim_apply_par(NULL, c, step, w, g, state, n);
 }

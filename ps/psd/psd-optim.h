@@ -4,6 +4,7 @@
 #include <stddef.h>
 #include <stdint.h>
 #include "job.h"
+#include "pfor.h"
 
 /* Applies one step to n values. step is the 1-based count of updates this chunk
  * has had (Adam's bias correction). state has optim_state_per_value(c) * n floats,
@@ -14,3 +15,7 @@
  *         w -= lr * (m / (1-b1^t)) / (sqrt(v / (1-b2^t)) + eps) */
 void optim_apply(const OptimConf *c, uint64_t step, float *w, const float *g, float *state,
                  size_t n);
+/* optim_apply with the values cut into ranges run by pool's threads (NULL or
+ * a short chunk: the caller alone); the same bits as optim_apply. */
+void optim_apply_par(Pfor *pool, const OptimConf *c, uint64_t step, float *w, const float *g, float *state,
+                     size_t n);

@@ -18,6 +18,7 @@
 #include "metrics.h"
 #include "log.h"
 #include "netsock.h"
+#include "pfor.h"
 #include "psd-checkpoint.h"
 #include "psd-fedround.h"
 #include "psd-migrate.h"
@@ -48,6 +49,7 @@ typedef struct Psd {
         Checkpointer *ckpt;
         FedShard *fed;
         ShmServer *shm;         /* same-host shared memory beside an ipc:// endpoint (NULL: none) */
+        Pfor *pool;             /* --threads (the store's too) */
         NetIdentity id;
         Zap *zap;
         int64_t job_max_msg;    /* the frame limit the job's chunks need */
@@ -158,6 +160,30 @@ static void psd_ack(void *userdata, PushReq *req) {
         histogram_observe(&p->push_latency, (double) (now_ms() - req->arrived) / 1e3);
 }
 
+/* Bytes per thread below which a copy through shared memory stays on one
+ * thread (psd --threads). */
+#define PSD_MIN_COPY (256u << 10)
+
+typedef struct Bf16Loop {
+        void *dst;
+        const void *src;
+        bool encode; /* f32 src to bf16 dst, else bf16 src to f32 dst */
+} Bf16Loop;
+
+static void bf16_range(void *arg, size_t lo, size_t hi) {
+        const Bf16Loop *l = arg;
+        if (l->encode)
+                bf16_encode((const float *) l->src + lo, hi - lo, (uint8_t *) l->dst + 2 * lo);
+        else
+                bf16_decode((const uint8_t *) l->src + 2 * lo, hi - lo, (float *) l->dst + lo);
+}
+
+/* bf16_encode (encode) or bf16_decode of n values, in parts run by pool. */
+static void bf16_par(Pfor *pool, void *dst, const void *src, size_t n, bool encode) {
+        Bf16Loop l = { .dst = dst, .src = src, .encode = encode };
+        pfor_run(pool, n, PSD_MIN_COPY / 4, bf16_range, &l);
+}
+
 /* The bytes of a shared-memory request's n keys of esize-byte values, one
  * after another from its offset, or NULL with reason (psd-shm.h). */
 static uint8_t *psd_shm_span(Psd *p, const Psnet__Header *h, size_t esize, char *reason, size_t n) {
@@ -176,10 +202,10 @@ static int psd_write_values(Psd *p, const Psnet__Header *req, Chunk **chunks, bo
         for (size_t i = 0; i < req->n_keys; i++) {
                 const Chunk *c = chunks[i];
                 if (bf16) {
-                        bf16_encode(c->val->data, c->len, at);
+                        bf16_par(p->store->pool, at, c->val->data, c->len, true);
                         at += (size_t) c->len * 2;
                 } else {
-                        memcpy(at, c->val->data, (size_t) c->len * sizeof(float));
+                        pfor_copy(p->store->pool, at, c->val->data, (size_t) c->len * sizeof(float), PSD_MIN_COPY);
                         at += (size_t) c->len * sizeof(float);
                 }
         }
@@ -305,9 +331,10 @@ static int push_from_shm(Psd *p, WireMsg *m, char *reason, size_t n) {
                         return PSNET__STATUS__STATUS_RESOURCE;
                 }
                 if (bf16)
-                        bf16_decode(at, len, zmq_msg_data(&frames[i]));
+                        bf16_par(p->store->pool, zmq_msg_data(&frames[i]), at, len, false);
                 else
-                        memcpy(zmq_msg_data(&frames[i]), at, (size_t) len * sizeof(float));
+                        pfor_copy(p->store->pool, zmq_msg_data(&frames[i]), at, (size_t) len * sizeof(float),
+                                  PSD_MIN_COPY);
                 at += (size_t) len * (bf16 ? 2 : sizeof(float));
         }
         m->frames = frames;
@@ -937,6 +964,11 @@ static void psd_metrics(void *ud, MetricsBuf *b) {
                     (double) shm_server_sessions(p->shm));
         metrics_one(b, "psnet_psd_shm_refused_total", "counter", "Shared-memory handovers refused.",
                     (double) shm_server_refused(p->shm));
+        metrics_one(b, "psnet_psd_threads", "gauge", "Threads that apply an update (--threads).",
+                    (double) pfor_threads(p->pool));
+        metrics_one(b, "psnet_psd_parallel_loops_total", "counter",
+                    "Loops over a chunk's values (optimizer steps, checks, copies) cut between the threads.",
+                    (double) pfor_loops(p->pool));
         metrics_one(b, "psnet_psd_keys", "gauge", "Keys (chunks) this shard holds.", (double) s->nkeys);
         metrics_one(b, "psnet_psd_model_bytes", "gauge", "Bytes of values and optimizer state held.", (double) s->bytes);
         metrics_one(b, "psnet_psd_memory_limit_bytes", "gauge", "Model state this shard may hold.",
@@ -1122,6 +1154,12 @@ int psd_run(const PsdConfig *cfg) {
                 log_error_errno(r, "Failed to allocate the store: %m");
                 goto finish;
         }
+        r = pfor_new(cfg->threads ? cfg->threads : 1, &p.pool);
+        if (r < 0) {
+                log_error_errno(r, "Failed to start %u threads: %m", cfg->threads);
+                goto finish;
+        }
+        p.store->pool = p.pool;
         p.store->move = migrate_out;
         p.store->move_userdata = p.migrate;
         p.store->gate.limits.park_timeout_ms = (uint64_t) cfg->park_timeout * 1000u;
@@ -1172,9 +1210,9 @@ int psd_run(const PsdConfig *cfg) {
                 log_error_errno(r, "Bad pscoord endpoint %s: %m", cfg->coord);
                 goto finish;
         }
-        log_info("listening endpoint=%s allocator=%s security=%s memory_limit=%lu http=%s shm=%s", cfg->listen,
-                 alloc_name(), p.id.enabled ? "curve" : "none", (unsigned long) p.memory_limit,
-                 cfg->http && *cfg->http ? cfg->http : "-", p.shm ? "on" : "off");
+        log_info("listening endpoint=%s allocator=%s security=%s memory_limit=%lu http=%s shm=%s threads=%u",
+                 cfg->listen, alloc_name(), p.id.enabled ? "curve" : "none", (unsigned long) p.memory_limit,
+                 cfg->http && *cfg->http ? cfg->http : "-", p.shm ? "on" : "off", pfor_threads(p.pool));
         (void) uv_run(&p.loop, UV_RUN_DEFAULT);
         r = p.exit_code;
         if (p.stopping)
@@ -1190,6 +1228,7 @@ finish:
         p.fed = fedshard_free(p.fed);
         p.migrate = migrate_free(p.migrate);
         p.store = store_free(p.store);
+        p.pool = pfor_free(p.pool);
         p.data = netsock_close(p.data);
         p.shm = shm_server_free(p.shm);
         p.coord = session_free(p.coord);

@@ -22,6 +22,7 @@ typedef struct PsdConfig {
         char *coord_key;           /* pscoord's key name in keys (default pscoord) */
         bool insecure;             /* listen on a non-loopback tcp:// without keys */
         bool no_shm;               /* --no-shm: no shared memory beside an ipc:// --listen */
+        unsigned threads;          /* --threads: threads applying an update (1..PFOR_MAX_THREADS) */
 } PsdConfig;
 
 /* Runs until SIGTERM/SIGINT. Returns 0 after a clean shutdown, or a negative

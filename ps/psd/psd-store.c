@@ -478,7 +478,7 @@ int store_apply(Store *s, Chunk *c, const float *g, ConsistencyMode mode, size_t
         OptimConf o = s->job.optim;
         o.lr *= job_lr_factor(&s->job, mode, (uint32_t) nworkers, clock, progress);
         s->last_lr = o.lr;
-        optim_apply(&o, ++c->steps, c->val->data, g, c->state, c->len);
+        optim_apply_par(s->pool, &o, ++c->steps, c->val->data, g, c->state, c->len);
         s->applied++;
         return 0;
 }

@@ -13,6 +13,7 @@
 #include <stdint.h>
 #include <zmq.h>
 #include "job.h"
+#include "pfor.h"
 #include "psd-gate.h"
 #include "psnet.pb-c.h"
 #include "shardmap.h"
@@ -82,6 +83,8 @@ typedef struct Store {
         StoreMoveFn move;
         void *move_userdata;
         float *sum;             /* scratch for aggregation (chunk_floats) */
+        Pfor *pool;             /* psd --threads: runs the loops over a chunk's values (NULL: the loop's
+                                 * thread alone); the owner's, set after store_new */
         bool restoring;         /* the job's first map creates no chunk from the seed in the loop: they
                                  * come from the Checkpointer (a checkpoint, or the seed built in the
                                  * thread pool) or from their primaries */

@@ -8,12 +8,13 @@
 #include "endpoint.h"
 #include "config.h"
 #include "log.h"
+#include "pfor.h"
 #include "psd-server.h"
 
 int main(int argc, char **argv) {
         PsdConfig cfg = {
                 .listen = NULL, .coord = NULL, .id = 1, .connect_timeout = 10,
-                .max_msg = 16ull << 20, .park_timeout = 300,
+                .max_msg = 16ull << 20, .park_timeout = 300, .threads = 1,
         };
         bool id_from_host = false;
         const Option opts[] = {
@@ -45,6 +46,9 @@ int main(int argc, char **argv) {
                 { "no-shm", OPT_BOOL, &cfg.no_shm, NULL,
                   "do not offer same-host shared memory on PATH.shm beside an ipc://PATH --listen (workers on "
                   "this host then send their tensors in frames)" },
+                { "threads", OPT_UINT, &cfg.threads, "N",
+                  "threads that apply an update (1-64): each chunk's optimizer step, checks and shared-memory "
+                  "copies are cut into N parts; the same result with any N" },
                 { "log-level", OPT_STR, &cfg.log_level, "LEVEL", "debug, info, warning or error" },
         };
         const ProgramInfo prog = {
@@ -88,6 +92,11 @@ int main(int argc, char **argv) {
         }
         if (cfg.id == 0) {
                 fprintf(stderr, "psd: --id must be >= 1\n");
+                config_free_strings(opts, ELEMENTSOF(opts));
+                return 2;
+        }
+        if (cfg.threads < 1 || cfg.threads > PFOR_MAX_THREADS) {
+                fprintf(stderr, "psd: --threads must be 1 to %d\n", PFOR_MAX_THREADS);
                 config_free_strings(opts, ELEMENTSOF(opts));
                 return 2;
         }

@@ -85,7 +85,7 @@
 
 typedef struct Opts {
         const char *build, *transport, *model, *mode, *wire, *shm, *sparsify;
-        unsigned rounds, chunk_kb, raw_runs, replicas;
+        unsigned rounds, chunk_kb, raw_runs, replicas, psd_threads;
 } Opts;
 
 typedef struct Daemon {
@@ -370,7 +370,7 @@ static int cluster_endpoints(Cluster *cl, const char *transport, const char *mod
 }
 
 static int cluster_start(Cluster *cl, const Opts *o, const char *mode) {
-        char path[PATH_MAX], name[32], chunk[16], id[16], lease[16], replicas[16], shards[16];
+        char path[PATH_MAX], name[32], chunk[16], id[16], lease[16], replicas[16], shards[16], threads[16];
         int r;
         for (size_t i = 0; i < BENCH_NDAEMONS; i++)
                 cl->d[i] = (Daemon) { .pidfd = -1 };
@@ -380,6 +380,7 @@ static int cluster_start(Cluster *cl, const Opts *o, const char *mode) {
             (r = fmt(chunk, sizeof chunk, "%u", o->chunk_kb)) < 0 ||
             (r = fmt(lease, sizeof lease, "%u", BENCH_LEASE_MS)) < 0 ||
             (r = fmt(replicas, sizeof replicas, "%u", o->replicas)) < 0 ||
+            (r = fmt(threads, sizeof threads, "%u", o->psd_threads)) < 0 ||
             (r = fmt(shards, sizeof shards, "%zu", cl->nshards)) < 0 ||
             (r = fmt(name, sizeof name, "pscoord-%s", mode)) < 0)
                 return r;
@@ -396,7 +397,8 @@ static int cluster_start(Cluster *cl, const Opts *o, const char *mode) {
                 if ((r = fmt(id, sizeof id, "%zu", i + 1)) < 0 ||
                     (r = fmt(name, sizeof name, "psd-%zu-%s", i + 1, mode)) < 0)
                         return r;
-                char *psd_argv[] = { path, "--id", id, "--listen", cl->shard_ep[i], "--coord", cl->coord_ep, NULL };
+                char *psd_argv[] = { path, "--id", id, "--listen", cl->shard_ep[i], "--coord", cl->coord_ep,
+                                     "--threads", threads, NULL };
                 if ((r = daemon_start(&cl->d[1 + i], name, cl->dir, path, psd_argv)) < 0)
                         return log_error_errno(r, "Failed to start %s: %m", path);
         }
@@ -897,7 +899,7 @@ static void print_figures(const char *mode, const char *kind, const Figures *f) 
 }
 
 int main(int argc, char **argv) {
-        Opts o = { .rounds = 20, .chunk_kb = 1024, .raw_runs = 3, .replicas = 1 };
+        Opts o = { .rounds = 20, .chunk_kb = 1024, .raw_runs = 3, .replicas = 1, .psd_threads = 1 };
         char *build = NULL, *transport = NULL, *model = NULL, *mode = NULL, *wire = NULL, *shm = NULL, *sparsify = NULL;
         _cleanup_free_ char *build_default = NULL;
         const Option opts[] = {
@@ -914,6 +916,7 @@ int main(int argc, char **argv) {
                   "the job's --sparsify: pushes carry the largest share F of each chunk (default 0: dense)" },
                 { "shm", OPT_STR, &shm, "on|off",
                   "ipc: tensors through shared memory (on, the default) or in frames (off; PSNET_SHM=off)" },
+                { "psd-threads", OPT_UINT, &o.psd_threads, "N", "each shard's psd --threads (default 1)" },
                 { "raw-runs", OPT_UINT, &o.raw_runs, "N",
                   "raw ZeroMQ runs, median taken (0: psnet only, e.g. under perf)" },
         };
@@ -1102,9 +1105,10 @@ int main(int argc, char **argv) {
         for (size_t i = 0; i < nmodes; i++) {
                 const Figures *pp = &res[i].pushpull, *pl = &res[i].pull;
                 bool shm_used = res[i].shm_shards > 0;
-                printf("pushpull transport=%s shm=%s mode=%s replicas=%u wire=%s model_mib=%.1f chunk_kib=%u rounds=%u "
+                printf("pushpull transport=%s shm=%s mode=%s replicas=%u psd_threads=%u wire=%s model_mib=%.1f chunk_kib=%u rounds=%u "
                        "push+pull_gbps=%.2f push+pull_best_gbps=%.2f pull_gbps=%.2f tensor_gbps=%.2f cpu_s_per_gb=%.3f",
-                       o.transport, shm_used ? "on" : "off", res[i].mode, o.replicas, o.wire, model_mib, o.chunk_kb,
+                       o.transport, shm_used ? "on" : "off", res[i].mode, o.replicas, o.psd_threads, o.wire, model_mib,
+                       o.chunk_kb,
                        o.rounds, pp->med_gbps, pp->best_gbps, pl->med_gbps, pp->med_gbps * (double) per,
                        pp->cpu_s_per_gb);
                 printf(" shards_rss_mib=%.0f shards_anon_mib=%.0f shards_shmem_mib=%.0f shards_state_mib=%.0f "

@@ -57,6 +57,8 @@ start_shards() {
     psnet_start "psd-$1-$i" "$PSD" --id "$i" --listen "ipc://$RUN/psd-$1-$i.sock" --coord "$COORD"
   done
 }
+# http_port NAME: the port daemon NAME (its log $RUN/NAME.log) serves HTTP on.
+http_port() { sed -n 's/.*msg="serving http" address=[^ ]* port=\([0-9]*\).*/\1/p' "$RUN/$1.log" | head -1; }
 logs_match() { grep -qE -- "$1" "$RUN"/$2 2>/dev/null; }
 # train_job NAME W [JOB OPTIONS...]: pscoord NAME (at $COORD) with two shards
 # and W cpu workers (w1-NAME, ...) runs the job to its end; job wait's answer

@@ -7,8 +7,6 @@
 source "$(dirname "$0")/lib.sh"
 
 command -v promtool >/dev/null; ok $? "promtool is installed (Debian's prometheus package)"
-# http_port LOG: the port a daemon's log says it serves HTTP on.
-http_port() { sed -n 's/.*msg="serving http" address=[^ ]* port=\([0-9]*\).*/\1/p' "$RUN/$1.log" | head -1; }
 get() { curl -s -m 5 -o "$RUN/body" -w '%{http_code}' "http://127.0.0.1:$1$2"; }
 
 COORD="ipc://$RUN/coord.sock"

@@ -4,9 +4,14 @@
  * runs on N values at once so that both the blocked loop and its scalar tail
  * are exercised, and every value must match the hand-computed one. */
 #include <math.h>
+#include <stdlib.h>
 #include <string.h>
 #include "psd-optim.h"
 #include "tap.h"
+#define RNG_SEED 0x0971u
+#include "rng.h"
+
+#define ELEMS(a) (sizeof(a) / sizeof((a)[0]))
 
 #define N 37   /* two blocks of 16 plus a tail of 5 */
 #define TOL 1e-6
@@ -204,6 +209,46 @@ static void test_values_independent(void) {
         CHECK(err < TOL, "each value gets its own gradient (max error %g)", err);
 }
 
+/* With a pool, a chunk's step is cut into ranges run by its threads: each
+ * optimizer over 5 steps of random gradients must give the same bits as on
+ * one thread, for lengths that split into unequal parts and end in a tail. */
+static void test_threads_same_bits(void) {
+        const size_t n = (1u << 18) + 37;
+        const OptimConf confs[] = { sgd_conf(0.05f, 0.0f, 0.0f, false), sgd_conf(0.05f, 0.9f, 1e-4f, false),
+                                    sgd_conf(0.05f, 0.9f, 0.0f, true), adam_conf(0.001f, 1e-4f) };
+        const char *names[] = { "sgd", "momentum", "nesterov", "adam" };
+        float *w1 = malloc(n * sizeof *w1), *wp = malloc(n * sizeof *wp), *g = malloc(n * sizeof *g);
+        float *s1 = calloc(2 * n, sizeof *s1), *sp = calloc(2 * n, sizeof *sp);
+        if (!CHECK(w1 && wp && g && s1 && sp, "allocated"))
+                goto out;
+        for (unsigned threads = 2; threads <= 7; threads += 5) {
+                Pfor *pool = NULL;
+                if (!CHECK(pfor_new(threads, &pool) == 0, "a pool of %u threads", threads))
+                        break;
+                for (size_t k = 0; k < ELEMS(confs); k++) {
+                        for (size_t i = 0; i < n; i++)
+                                w1[i] = wp[i] = rng_uniform(-1.0f, 1.0f);
+                        memset(s1, 0, 2 * n * sizeof *s1);
+                        memset(sp, 0, 2 * n * sizeof *sp);
+                        for (uint64_t t = 1; t <= 5; t++) {
+                                for (size_t i = 0; i < n; i++)
+                                        g[i] = rng_uniform(-0.5f, 0.5f);
+                                optim_apply(&confs[k], t, w1, g, s1, n);
+                                optim_apply_par(pool, &confs[k], t, wp, g, sp, n);
+                        }
+                        CHECK(memcmp(w1, wp, n * sizeof *w1) == 0 && memcmp(s1, sp, 2 * n * sizeof *s1) == 0,
+                              "%s on %u threads: the same values and state, bit for bit", names[k], threads);
+                }
+                pool = pfor_free(pool);
+        }
+out:
+        free(w1);
+        free(wp);
+        free(g);
+        free(s1);
+        free(sp);
+}
+
 int main(void) {
         test_state_per_value();
         test_sgd_plain();
@@ -213,5 +258,6 @@ int main(void) {
         test_adam();
         test_adam_edges();
         test_values_independent();
+        test_threads_same_bits();
         return tap_done();
 }
