@@ -2,6 +2,7 @@
  * BSP parking and the closing of clocks, ASP/SSP application. Pulls: when they
  * may be answered, and the bounded list of those that wait. */
 #include <errno.h>
+#include <math.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -326,21 +327,45 @@ static size_t first_nonfinite_par(Pfor *pool, const unsigned char *p, size_t n) 
         return atomic_load(&l.first);
 }
 
-int gate_admit_values(Store *s, const Psnet__Header *h, const zmq_msg_t *frames, char *reason, size_t n) {
-        Gate *g = &s->gate;
-        if (s->job.allow_nonfinite)
+/* Key i of h, len floats at p: OK, or NOT_FINITE with the reason. */
+static int admit_key(Store *s, const Psnet__Header *h, size_t i, const unsigned char *p, size_t len, char *reason,
+                     size_t n) {
+        size_t at = first_nonfinite_par(s->pool, p, len);
+        if (at == len)
                 return PSNET__STATUS__STATUS_OK;
-        for (size_t i = 0; i < h->n_keys; i++) {
-                size_t len = zmq_msg_size((zmq_msg_t *) &frames[i]) / sizeof(float);
-                size_t at = first_nonfinite_par(s->pool, zmq_msg_data((zmq_msg_t *) &frames[i]), len);
-                if (at < len) {
-                        g->refused_nonfinite++;
-                        snprintf(reason, n, "the gradient of key (%u,%u) holds NaN or infinity at value %zu (the "
-                                 "job refuses non-finite gradients)", h->keys[i]->tensor, h->keys[i]->chunk, at);
-                        return PSNET__STATUS__STATUS_NOT_FINITE;
-                }
+        s->gate.refused_nonfinite++;
+        snprintf(reason, n, "the gradient of key (%u,%u) holds NaN or infinity at value %zu (the job refuses "
+                 "non-finite gradients)", h->keys[i]->tensor, h->keys[i]->chunk, at);
+        return PSNET__STATUS__STATUS_NOT_FINITE;
+}
+
+int gate_admit_values(Store *s, const Psnet__Header *h, const zmq_msg_t *frames, char *reason, size_t n) {
+        int st = PSNET__STATUS__STATUS_OK;
+        for (size_t i = 0; !s->job.allow_nonfinite && i < h->n_keys && st == PSNET__STATUS__STATUS_OK; i++)
+                st = admit_key(s, h, i, zmq_msg_data((zmq_msg_t *) &frames[i]),
+                               zmq_msg_size((zmq_msg_t *) &frames[i]) / sizeof(float), reason, n);
+        return st;
+}
+
+int gate_admit_span(Store *s, const Psnet__Header *h, const uint8_t *at, char *reason, size_t n) {
+        int st = PSNET__STATUS__STATUS_OK;
+        for (size_t i = 0; !s->job.allow_nonfinite && i < h->n_keys && st == PSNET__STATUS__STATUS_OK; i++) {
+                st = admit_key(s, h, i, at, h->keys[i]->len, reason, n);
+                at += (size_t) h->keys[i]->len * sizeof(float);
         }
-        return PSNET__STATUS__STATUS_OK;
+        return st;
+}
+
+size_t gate_zero_nonfinite(Store *s, float *g, size_t n) {
+        if (s->job.allow_nonfinite)
+                return 0;
+        size_t zeroed = 0;
+        for (size_t at = first_nonfinite_par(s->pool, (const unsigned char *) g, n); at < n; at++)
+                if (!isfinite(g[at])) {
+                        g[at] = 0.0f;
+                        zeroed++;
+                }
+        return zeroed;
 }
 
 int gate_admit_push(Store *s, const Psnet__Header *h, const zmq_msg_t *frames, const uint8_t *sender_key,

@@ -145,6 +145,13 @@ int gate_admit_push(Store *s, const Psnet__Header *h, const zmq_msg_t *frames, c
                     char *reason, size_t n);
 int gate_admit_sender(Store *s, const Psnet__Header *h, const uint8_t *sender_key, char *reason, size_t n);
 int gate_admit_values(Store *s, const Psnet__Header *h, const zmq_msg_t *frames, char *reason, size_t n);
+/* gate_admit_values over the keys' f32 values one after another from at (a
+ * push in shared memory). */
+int gate_admit_span(Store *s, const Psnet__Header *h, const uint8_t *at, char *reason, size_t n);
+/* Sets the NaNs and infinities of g[0..n) to 0 (unless the job allows them):
+ * how many there were. For a copy whose source was admitted and may have
+ * changed since (shared memory a worker still writes). */
+size_t gate_zero_nonfinite(Store *s, float *g, size_t n);
 /* Offers one pushed gradient for chunk c. The frame is moved into the gate
  * when parked. Settles the key in req now (ASP apply, DUPLICATE, STALE) or
  * later (BSP, when the clock closes). */

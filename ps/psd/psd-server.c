@@ -50,6 +50,8 @@ typedef struct Psd {
         FedShard *fed;
         ShmServer *shm;         /* same-host shared memory beside an ipc:// endpoint (NULL: none) */
         Pfor *pool;             /* --threads (the store's too) */
+        uint64_t shm_changed;   /* values a worker made non-finite in shared memory during its push */
+        uint64_t shm_changed_logged_ms; /* when that was last logged (once a second at most) */
         NetIdentity id;
         Zap *zap;
         int64_t job_max_msg;    /* the frame limit the job's chunks need */
@@ -344,6 +346,65 @@ static int push_from_shm(Psd *p, WireMsg *m, char *reason, size_t n) {
         return PSNET__STATUS__STATUS_OK;
 }
 
+/* A push in shared memory with no backups to forward it to (f32, sender
+ * admitted), taken key by key: each key's gradient is copied into a frame of
+ * its own just before the gate takes it, so the shard holds one key of the
+ * push at a time rather than the whole push (a parked BSP push keeps its
+ * frame). The finite check runs over the shared memory first, refusing the
+ * push whole; values the worker turns non-finite after it (it owns the
+ * memory) are caught in the copy, applied as 0, counted and logged: the
+ * model never holds them. */
+static void psd_push_shm_keys(Psd *p, WireMsg *m, Chunk **chunks, uint64_t bytes) {
+        Psnet__Header *h = m->hdr;
+        char reason[192];
+        const uint8_t *at = psd_shm_span(p, h, sizeof(float), reason, sizeof reason);
+        int st = at ? gate_admit_span(p->store, h, at, reason, sizeof reason) : PSNET__STATUS__STATUS_INVALID;
+        if (st != PSNET__STATUS__STATUS_OK) {
+                psd_reply_error(p, &m->route, h, st, reason);
+                return;
+        }
+        p->bytes_in += bytes;
+        PushReq *req;
+        int r = pushreq_new(&m->route, h->seq, h->sender, h->clock, &req);
+        if (r < 0) {
+                psd_reply_error(p, &m->route, h, PSNET__STATUS__STATUS_RESOURCE, "out of memory");
+                return;
+        }
+        if (h->has_progress)
+                req->progress = h->progress;
+        size_t changed = 0;
+        for (size_t i = 0; i < h->n_keys; i++) {
+                size_t len = h->keys[i]->len;
+                zmq_msg_t f;
+                if (zmq_msg_init_size(&f, len * sizeof(float)) < 0) {
+                        log_error("Failed to apply push: out of memory for key (%u,%u)", h->keys[i]->tensor,
+                                  h->keys[i]->chunk);
+                        req->status = PSNET__STATUS__STATUS_RESOURCE;
+                        at += len * sizeof(float);
+                        continue;
+                }
+                pfor_copy(p->store->pool, zmq_msg_data(&f), at, len * sizeof(float), PSD_MIN_COPY);
+                at += len * sizeof(float);
+                changed += gate_zero_nonfinite(p->store, zmq_msg_data(&f), len);
+                r = gate_push(p->store, chunks[i], req, &f);
+                zmq_msg_close(&f);
+                if (r < 0) {
+                        log_error_errno(r, "Failed to apply push: %m");
+                        req->status = status_from_errno(r);
+                }
+        }
+        if (changed > 0) {
+                p->shm_changed += changed;
+                uint64_t now = uv_now(&p->loop);
+                if (now - p->shm_changed_logged_ms >= 1000 || p->shm_changed == changed) {
+                        p->shm_changed_logged_ms = now;
+                        log_warning("worker %u wrote %zu non-finite values into its shared memory while its push was "
+                                    "applied: applied as 0 (psnet_psd_shm_zeroed_total)", h->sender, changed);
+                }
+        }
+        pushreq_settle(p->store, req, PSNET__STATUS__STATUS_OK);
+}
+
 static const char *codec_name(int codec) {
         static const char *const names[] = { "raw", "masked", "bf16", "int8", "topk" };
         return codec >= 0 && codec < (int) ELEMENTSOF(names) ? names[codec] : "?";
@@ -407,6 +468,12 @@ static void psd_push(Psd *p, WireMsg *m, Chunk **chunks) {
         for (size_t i = 0; i < h->n_keys; i++)
                 bytes += h->has_shm_session ? (uint64_t) h->keys[i]->len * (h->dtype == PSNET__DTYPE__DTYPE_BF16 ? 2 : 4)
                                             : zmq_msg_size(&m->frames[i]);
+        uint32_t backups[JOB_MAX_REPLICAS];
+        if (h->has_shm_session && h->dtype == PSNET__DTYPE__DTYPE_F32 && h->codec == PSNET__CODEC__CODEC_RAW &&
+            store_backups(p->store, backups, ELEMENTSOF(backups)) == 0) {
+                psd_push_shm_keys(p, m, chunks, bytes);
+                return;
+        }
         if (h->has_shm_session) {
                 st = push_from_shm(p, m, reason, sizeof reason);
                 if (st != PSNET__STATUS__STATUS_OK) {
@@ -964,6 +1031,9 @@ static void psd_metrics(void *ud, MetricsBuf *b) {
                     (double) shm_server_sessions(p->shm));
         metrics_one(b, "psnet_psd_shm_refused_total", "counter", "Shared-memory handovers refused.",
                     (double) shm_server_refused(p->shm));
+        metrics_one(b, "psnet_psd_shm_zeroed_total", "counter",
+                    "Values a worker made NaN or infinite in its shared memory while its push was applied (applied "
+                    "as 0).", (double) p->shm_changed);
         metrics_one(b, "psnet_psd_threads", "gauge", "Threads that apply an update (--threads).",
                     (double) pfor_threads(p->pool));
         metrics_one(b, "psnet_psd_parallel_loops_total", "counter",

@@ -844,6 +844,42 @@ static void test_admission(void) {
                 CHECK(all, "a bad value is found wherever it is (block start, block end, tail)");
                 zmq_msg_close(&big[0]);
         }
+        /* A push in shared memory: the keys' values one after another, checked
+         * in place (a pool of 3 threads cuts the long key). */
+        {
+                Psnet__Key k2[2] = { PSNET__KEY__INIT, PSNET__KEY__INIT }, *kp2[2] = { &k2[0], &k2[1] };
+                Psnet__Header h2 = h;
+                size_t n2 = 200000;
+                float *span = fbuf(len + n2);
+                for (size_t i = 0; i < len + n2; i++)
+                        span[i] = (float) (i % 101) * 0.01f;
+                k2[0].tensor = 0, k2[0].chunk = 0, k2[0].len = len;
+                k2[1].tensor = 0, k2[1].chunk = 1, k2[1].len = (uint32_t) n2;
+                h2.n_keys = 2;
+                h2.keys = kp2;
+                CHECK(pfor_new(3, &s->pool) == 0, "a pool of 3 threads for the store");
+                CHECK(gate_admit_span(s, &h2, (const uint8_t *) span, reason, sizeof reason) == ST_OK,
+                      "finite values in a span are admitted");
+                span[len + 150001] = NAN;
+                st = gate_admit_span(s, &h2, (const uint8_t *) span, reason, sizeof reason);
+                CHECK(st == PSNET__STATUS__STATUS_NOT_FINITE && strstr(reason, "key (0,1)") &&
+                              strstr(reason, "at value 150001 "),
+                      "a NaN in the second key of a span is found in the third thread's part (%s)", reason);
+                span[len + 3] = -INFINITY;
+                span[2] = INFINITY;
+                size_t zeroed = gate_zero_nonfinite(s, span, len + n2);
+                CHECK(zeroed == 3 && span[2] == 0.0f && span[len + 3] == 0.0f && span[len + 150001] == 0.0f &&
+                              span[1] == 0.01f,
+                      "gate_zero_nonfinite sets the 3 bad values to 0 and leaves the rest (%zu)", zeroed);
+                span[5] = NAN;
+                s->job.allow_nonfinite = true;
+                CHECK(gate_zero_nonfinite(s, span, len + n2) == 0 && isnan(span[5]) &&
+                              gate_admit_span(s, &h2, (const uint8_t *) span, reason, sizeof reason) == ST_OK,
+                      "a job that allows non-finite values keeps them");
+                s->job.allow_nonfinite = false;
+                s->pool = pfor_free(s->pool);
+                free(span);
+        }
         s->job.allow_nonfinite = true;
         CHECK(gate_admit_push(s, &h, f, NULL, reason, sizeof reason) == ST_OK, "unless the job allows non-finite");
         s->job.allow_nonfinite = false;
