@@ -531,6 +531,11 @@ static void on_result_rep(Session *s, int r, WireMsg *m, void *ud) {
         PsnetWorker *w = ud;
         (void) s;
         bool evaluate = r == 0 && m->hdr->result_rep->has_evaluate && m->hdr->result_rep->evaluate;
+        /* The final weights come as f32 whichever way this worker was asked
+         * (the last to finish, or taking over): under --wire bf16 a bf16 pull
+         * would evaluate, and digest, rounded weights. */
+        if (evaluate)
+                w->evaluating = true;
         PsnetResultFn cb = w->result_cb;
         w->result_cb = NULL;
         if (cb)
