@@ -126,10 +126,10 @@ int wire_validate(const Psnet__Header *hdr, const zmq_msg_t *frames, size_t nfra
         if (hdr->dtype != PSNET__DTYPE__DTYPE_F32 &&
             (!bf16 || hdr->codec != PSNET__CODEC__CODEC_RAW ||
              (hdr->type != PSNET__MSG_TYPE__MSG_PUSH && hdr->type != PSNET__MSG_TYPE__MSG_PULL &&
-              hdr->type != PSNET__MSG_TYPE__MSG_PULL_REP)))
+              hdr->type != PSNET__MSG_TYPE__MSG_PULL_REP && hdr->type != PSNET__MSG_TYPE__MSG_REPLICATE)))
                 return fail(reason, reasonlen, PSNET__STATUS__STATUS_DTYPE,
-                            "dtype %d not supported here (f32 = %d; bf16 = %d on a PUSH, PULL or PULL_REP without a "
-                            "codec)", (int) hdr->dtype, PSNET__DTYPE__DTYPE_F32, PSNET__DTYPE__DTYPE_BF16);
+                            "dtype %d not supported here (f32 = %d; bf16 = %d on a PUSH, PULL, PULL_REP or REPLICATE "
+                            "without a codec)", (int) hdr->dtype, PSNET__DTYPE__DTYPE_F32, PSNET__DTYPE__DTYPE_BF16);
         if (hdr->codec != PSNET__CODEC__CODEC_RAW &&
             (hdr->codec > PSNET__CODEC__CODEC_TOPK || hdr->type != PSNET__MSG_TYPE__MSG_PUSH))
                 return fail(reason, reasonlen, PSNET__STATUS__STATUS_DTYPE,

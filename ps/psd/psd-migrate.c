@@ -39,7 +39,7 @@ struct Migrate {
         size_t nlinks;
         WireMsg *stash;         /* messages sent under a map (or membership) not here yet, in arrival order */
         size_t nstash;
-        uint64_t moved_out, moved_in, forwarded;
+        uint64_t moved_out, moved_in, forwarded, forwarded_bytes;
 };
 
 int migrate_new(uv_loop_t *loop, void *zctx, const NetIdentity *id, Store *store, uint32_t shard_id,
@@ -97,6 +97,7 @@ Migrate *migrate_free(Migrate *m) {
 uint64_t migrate_moved_out(const Migrate *mg) { return mg->moved_out; }
 uint64_t migrate_moved_in(const Migrate *mg) { return mg->moved_in; }
 uint64_t migrate_forwarded(const Migrate *mg) { return mg->forwarded; }
+uint64_t migrate_forwarded_bytes(const Migrate *mg) { return mg->forwarded_bytes; }
 
 uint64_t migrate_waiting(const Migrate *mg) {
         uint64_t n = 0;
@@ -247,9 +248,8 @@ void migrate_out(void *userdata, Chunk *c, const ShardDesc *dest, bool replica) 
                   (long) c->clock, c->npending, replica ? "backup" : "primary");
 }
 
-int migrate_forward(Migrate *mg, PushReq *req, const WireMsg *m) {
+int migrate_forward(Migrate *mg, PushReq *req, const Psnet__Header *h, const zmq_msg_t *frames_in, bool bf16) {
         Store *s = mg->store;
-        const Psnet__Header *h = m->hdr;
         uint32_t idx[JOB_MAX_REPLICAS];
         size_t nb = store_backups(s, idx, JOB_MAX_REPLICAS);
         if (nb == 0)
@@ -268,7 +268,7 @@ int migrate_forward(Migrate *mg, PushReq *req, const WireMsg *m) {
                         return PSNET__STATUS__STATUS_UNAVAILABLE;
                 for (size_t i = 0; i < h->n_keys; i++) {
                         zmq_msg_init(&frames[i]);
-                        (void) zmq_msg_copy(&frames[i], (zmq_msg_t *) &m->frames[i]); /* shares the data */
+                        (void) zmq_msg_copy(&frames[i], (zmq_msg_t *) &frames_in[i]); /* shares the data */
                 }
                 Psnet__Header f;
                 wire_header_init(&f, PSNET__MSG_TYPE__MSG_REPLICATE);
@@ -284,6 +284,11 @@ int migrate_forward(Migrate *mg, PushReq *req, const WireMsg *m) {
                 f.keys = h->keys;
                 f.body_case = PSNET__HEADER__BODY_REPLICATE;
                 f.replicate = &rep;
+                f.has_dtype = bf16;
+                f.dtype = bf16 ? PSNET__DTYPE__DTYPE_BF16 : PSNET__DTYPE__DTYPE_F32;
+                uint64_t bytes = 0;
+                for (size_t i = 0; i < h->n_keys; i++)
+                        bytes += zmq_msg_size(&frames[i]);
                 int r = netsock_send(l->sock, NULL, &f, frames, h->n_keys);
                 if (r < 0) {
                         log_warning_errno(r, "Failed to forward a push to shard %u: %m", d->id);
@@ -291,6 +296,7 @@ int migrate_forward(Migrate *mg, PushReq *req, const WireMsg *m) {
                 }
                 l->seq++;
                 mg->forwarded++;
+                mg->forwarded_bytes += bytes;
                 if (link_wait(l, f.seq, req) < 0)
                         return PSNET__STATUS__STATUS_RESOURCE;
         }
@@ -440,6 +446,13 @@ static int replicate(Migrate *mg, WireMsg *m, Psnet__Key **missing, size_t *nmis
                                  "epoch %lu", k->tensor, k->chunk, h->sender, (unsigned long) shardmap_epoch(s->map));
                         return st;
                 }
+        }
+        /* A bf16 push forwarded as the worker sent it: widened exactly as its
+         * primary widened it, so both apply the same values. */
+        if (h->dtype == PSNET__DTYPE__DTYPE_BF16) {
+                if (store_frames_to_f32(s, m->frames, h) < 0)
+                        return PSNET__STATUS__STATUS_RESOURCE;
+                h->dtype = PSNET__DTYPE__DTYPE_F32;
         }
         PushReq *req;
         if (pushreq_new(NULL, h->seq, h->replicate->worker, h->clock, &req) < 0)

@@ -32,10 +32,11 @@ Migrate *migrate_free(Migrate *m);
 
 /* StoreMoveFn (userdata: the Migrate): sends chunk c's state to dest. */
 void migrate_out(void *userdata, Chunk *c, const ShardDesc *dest, bool replica);
-/* Forwards an admitted PUSH (m, its keys all led here) to this shard's
- * backups; req waits for each one's answer. Returns 0, or a status when a
- * backup cannot be reached (the push must not be acknowledged). */
-int migrate_forward(Migrate *mg, PushReq *req, const WireMsg *m);
+/* Forwards an admitted PUSH (header h, its keys all led here; frames f32,
+ * or bf16 as the worker sent them) to this shard's backups; req waits for
+ * each one's answer. Returns 0, or a status when a backup cannot be reached
+ * (the push must not be acknowledged). */
+int migrate_forward(Migrate *mg, PushReq *req, const Psnet__Header *h, const zmq_msg_t *frames, bool bf16);
 /* A CHUNK_STATE or REPLICATE from another shard: handled and answered on
  * data (route m->route), or kept for a map that has not arrived yet. */
 void migrate_in(Migrate *mg, NetSock *data, WireMsg *m);
@@ -46,5 +47,7 @@ void migrate_map_changed(Migrate *mg, NetSock *data);
 uint64_t migrate_moved_out(const Migrate *mg);
 uint64_t migrate_moved_in(const Migrate *mg);
 uint64_t migrate_forwarded(const Migrate *mg);
+/* Tensor bytes forwarded to backups (as sent: bf16 where the worker sent it). */
+uint64_t migrate_forwarded_bytes(const Migrate *mg);
 /* Pushes waiting for a backup's answer. */
 uint64_t migrate_waiting(const Migrate *mg);

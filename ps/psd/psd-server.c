@@ -166,26 +166,6 @@ static void psd_ack(void *userdata, PushReq *req) {
  * thread (psd --threads). */
 #define PSD_MIN_COPY (256u << 10)
 
-typedef struct Bf16Loop {
-        void *dst;
-        const void *src;
-        bool encode; /* f32 src to bf16 dst, else bf16 src to f32 dst */
-} Bf16Loop;
-
-static void bf16_range(void *arg, size_t lo, size_t hi) {
-        const Bf16Loop *l = arg;
-        if (l->encode)
-                bf16_encode((const float *) l->src + lo, hi - lo, (uint8_t *) l->dst + 2 * lo);
-        else
-                bf16_decode((const uint8_t *) l->src + 2 * lo, hi - lo, (float *) l->dst + lo);
-}
-
-/* bf16_encode (encode) or bf16_decode of n values, in parts run by pool. */
-static void bf16_par(Pfor *pool, void *dst, const void *src, size_t n, bool encode) {
-        Bf16Loop l = { .dst = dst, .src = src, .encode = encode };
-        pfor_run(pool, n, PSD_MIN_COPY / 4, bf16_range, &l);
-}
-
 /* The bytes of a shared-memory request's n keys of esize-byte values, one
  * after another from its offset, or NULL with reason (psd-shm.h). */
 static uint8_t *psd_shm_span(Psd *p, const Psnet__Header *h, size_t esize, char *reason, size_t n) {
@@ -204,7 +184,7 @@ static int psd_write_values(Psd *p, const Psnet__Header *req, Chunk **chunks, bo
         for (size_t i = 0; i < req->n_keys; i++) {
                 const Chunk *c = chunks[i];
                 if (bf16) {
-                        bf16_par(p->store->pool, at, c->val->data, c->len, true);
+                        store_bf16(p->store, at, c->val->data, c->len, true);
                         at += (size_t) c->len * 2;
                 } else {
                         pfor_copy(p->store->pool, at, c->val->data, (size_t) c->len * sizeof(float), PSD_MIN_COPY);
@@ -290,27 +270,39 @@ static void psd_pull(Psd *p, WireMsg *m, Chunk **chunks) {
                 psd_reply_error(p, &m->route, m->hdr, st, reason);
 }
 
-/* A bf16 PUSH's frames (sizes checked by wire_validate) become f32 frames in
- * place, exactly widened: what follows sees an f32 push. -ENOMEM: some
- * frames may be converted, none lost. */
-static int push_to_f32(zmq_msg_t *frames, const Psnet__Header *h) {
-        for (size_t i = 0; i < h->n_keys; i++) {
-                zmq_msg_t f;
-                uint32_t len = h->keys[i]->len;
-                if (zmq_msg_init_size(&f, (size_t) len * sizeof(float)) < 0)
+
+/* Frames shared with others (zmq_msg_copy: the data counted, not copied). */
+typedef struct Frames {
+        zmq_msg_t *f;
+        size_t n;
+} Frames;
+
+static void frames_freep(Frames *fr) {
+        for (size_t i = 0; i < fr->n; i++)
+                zmq_msg_close(&fr->f[i]);
+        ps_free(fr->f);
+        *fr = (Frames) { 0 };
+}
+
+static int frames_share(Frames *fr, zmq_msg_t *src, size_t n) {
+        fr->f = ps_malloc((n ? n : 1) * sizeof *fr->f);
+        if (!fr->f)
+                return -ENOMEM;
+        for (fr->n = 0; fr->n < n; fr->n++) {
+                zmq_msg_init(&fr->f[fr->n]);
+                if (zmq_msg_copy(&fr->f[fr->n], &src[fr->n]) < 0) {
+                        zmq_msg_close(&fr->f[fr->n]);
                         return -errno;
-                bf16_decode(zmq_msg_data(&frames[i]), len, zmq_msg_data(&f));
-                zmq_msg_close(&frames[i]);
-                zmq_msg_init(&frames[i]);
-                zmq_msg_move(&frames[i], &f);
+                }
         }
         return 0;
 }
 
-/* A push in shared memory becomes f32 frames of its own: copied out once,
- * so that what the gate checks is what it applies whatever the worker writes
- * meanwhile, and parked pushes, backups and checkpoints see an ordinary push.
- * Returns a status (reason filled). */
+/* A push in shared memory becomes frames of its own (f32, or bf16 widened
+ * later as a bf16 push in frames is): copied out once, so that what the gate
+ * checks is what it applies whatever the worker writes meanwhile, and parked
+ * pushes, backups and checkpoints see an ordinary push. Returns a status
+ * (reason filled). */
 static int push_from_shm(Psd *p, WireMsg *m, char *reason, size_t n) {
         Psnet__Header *h = m->hdr;
         bool bf16 = h->dtype == PSNET__DTYPE__DTYPE_BF16;
@@ -325,23 +317,19 @@ static int push_from_shm(Psd *p, WireMsg *m, char *reason, size_t n) {
         }
         for (size_t i = 0; i < h->n_keys; i++) {
                 uint32_t len = h->keys[i]->len;
-                if (zmq_msg_init_size(&frames[i], (size_t) len * sizeof(float)) < 0) {
+                size_t size = (size_t) len * (bf16 ? 2 : sizeof(float));
+                if (zmq_msg_init_size(&frames[i], size) < 0) {
                         for (size_t j = 0; j < i; j++)
                                 zmq_msg_close(&frames[j]);
                         free(frames);
                         snprintf(reason, n, "out of memory");
                         return PSNET__STATUS__STATUS_RESOURCE;
                 }
-                if (bf16)
-                        bf16_par(p->store->pool, zmq_msg_data(&frames[i]), at, len, false);
-                else
-                        pfor_copy(p->store->pool, zmq_msg_data(&frames[i]), at, (size_t) len * sizeof(float),
-                                  PSD_MIN_COPY);
-                at += (size_t) len * (bf16 ? 2 : sizeof(float));
+                pfor_copy(p->store->pool, zmq_msg_data(&frames[i]), at, size, PSD_MIN_COPY);
+                at += size;
         }
         m->frames = frames;
         m->nframes = h->n_keys;
-        h->dtype = PSNET__DTYPE__DTYPE_F32;
         h->has_shm_session = h->has_shm_offset = false;
         return PSNET__STATUS__STATUS_OK;
 }
@@ -469,8 +457,9 @@ static void psd_push(Psd *p, WireMsg *m, Chunk **chunks) {
                 bytes += h->has_shm_session ? (uint64_t) h->keys[i]->len * (h->dtype == PSNET__DTYPE__DTYPE_BF16 ? 2 : 4)
                                             : zmq_msg_size(&m->frames[i]);
         uint32_t backups[JOB_MAX_REPLICAS];
+        size_t nbackups = store_backups(p->store, backups, ELEMENTSOF(backups));
         if (h->has_shm_session && h->dtype == PSNET__DTYPE__DTYPE_F32 && h->codec == PSNET__CODEC__CODEC_RAW &&
-            store_backups(p->store, backups, ELEMENTSOF(backups)) == 0) {
+            nbackups == 0) {
                 psd_push_shm_keys(p, m, chunks, bytes);
                 return;
         }
@@ -488,9 +477,12 @@ static void psd_push(Psd *p, WireMsg *m, Chunk **chunks) {
                         return;
                 }
         }
-        /* --wire bf16: from here on an f32 push (the backups get f32 too). */
+        /* --wire bf16: from here on an f32 push; the backups get the bf16
+         * frames (half the bytes; they widen them the same way). */
+        _cleanup_(frames_freep) Frames wire16 = { 0 };
         if (h->dtype == PSNET__DTYPE__DTYPE_BF16) {
-                if (push_to_f32(m->frames, h) < 0) {
+                if ((nbackups > 0 && frames_share(&wire16, m->frames, h->n_keys) < 0) ||
+                    store_frames_to_f32(p->store, m->frames, h) < 0) {
                         psd_reply_error(p, &m->route, h, PSNET__STATUS__STATUS_RESOURCE, "out of memory");
                         return;
                 }
@@ -511,7 +503,7 @@ static void psd_push(Psd *p, WireMsg *m, Chunk **chunks) {
         if (h->has_progress)
                 req->progress = h->progress;
         /* To the backups first (sharing the frames): acknowledged once they answer. */
-        st = migrate_forward(p->migrate, req, m);
+        st = migrate_forward(p->migrate, req, h, wire16.f ? wire16.f : m->frames, wire16.f != NULL);
         if (st != PSNET__STATUS__STATUS_OK) {
                 pushreq_settle(p->store, req, st);
                 return;
@@ -1062,6 +1054,9 @@ static void psd_metrics(void *ud, MetricsBuf *b) {
                     (double) s->backup_keys);
         metrics_one(b, "psnet_psd_forwarded_total", "counter", "Pushes forwarded to backups (one per backup).",
                     (double) migrate_forwarded(p->migrate));
+        metrics_one(b, "psnet_psd_forwarded_bytes_total", "counter",
+                    "Gradient bytes forwarded to backups (bf16 where the worker pushed bf16).",
+                    (double) migrate_forwarded_bytes(p->migrate));
         metrics_one(b, "psnet_psd_replication_waiting", "gauge", "Pushes waiting for a backup's answer.",
                     (double) migrate_waiting(p->migrate));
         metrics_one(b, "psnet_psd_acknowledging", "gauge",

@@ -9,6 +9,9 @@
 #include "psd-optim.h"
 #include "psd-store.h"
 
+/* Values per thread below which a conversion stays on one thread. */
+#define STORE_MIN_PART (64u << 10)
+
 static ValBuf *valbuf_new(uint32_t n) {
         ValBuf *v = ps_malloc(sizeof *v);
         if (!v)
@@ -575,4 +578,37 @@ int64_t store_clock(const Store *s) {
                                 m = c->clock;
                 }
         return m < 0 ? 0 : m;
+}
+
+typedef struct Bf16Loop {
+        void *dst;
+        const void *src;
+        bool encode; /* f32 src to bf16 dst, else bf16 src to f32 dst */
+} Bf16Loop;
+
+static void bf16_range(void *arg, size_t lo, size_t hi) {
+        const Bf16Loop *l = arg;
+        if (l->encode)
+                bf16_encode((const float *) l->src + lo, hi - lo, (uint8_t *) l->dst + 2 * lo);
+        else
+                bf16_decode((const uint8_t *) l->src + 2 * lo, hi - lo, (float *) l->dst + lo);
+}
+
+void store_bf16(Store *s, void *dst, const void *src, size_t n, bool encode) {
+        Bf16Loop l = { .dst = dst, .src = src, .encode = encode };
+        pfor_run(s->pool, n, STORE_MIN_PART, bf16_range, &l);
+}
+
+int store_frames_to_f32(Store *s, zmq_msg_t *frames, const Psnet__Header *h) {
+        for (size_t i = 0; i < h->n_keys; i++) {
+                zmq_msg_t f;
+                uint32_t len = h->keys[i]->len;
+                if (zmq_msg_init_size(&f, (size_t) len * sizeof(float)) < 0)
+                        return -errno;
+                store_bf16(s, zmq_msg_data(&f), zmq_msg_data(&frames[i]), len, false);
+                zmq_msg_close(&frames[i]);
+                zmq_msg_init(&frames[i]);
+                zmq_msg_move(&frames[i], &f);
+        }
+        return 0;
 }

@@ -172,3 +172,11 @@ int64_t store_max_clock(const Store *s);
 void store_steps(const Store *s, uint64_t *ret_min, uint64_t *ret_max);
 /* Calls fn on every chunk this shard owns. */
 void store_foreach(Store *s, void (*fn)(Store *s, Chunk *c, void *ud), void *ud);
+
+/* bf16_encode (encode: f32 src to bf16 dst) or bf16_decode of n values, in
+ * parts run by s->pool. */
+void store_bf16(Store *s, void *dst, const void *src, size_t n, bool encode);
+/* A bf16 message's frames (sizes checked by wire_validate) become f32 frames
+ * in place, exactly widened: what follows sees f32 values. -ENOMEM: some
+ * frames may be converted, none lost. */
+int store_frames_to_f32(Store *s, zmq_msg_t *frames, const Psnet__Header *h);

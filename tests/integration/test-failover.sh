@@ -7,7 +7,8 @@
 # final weights: all three runs must end with the same weights digest. The
 # undisturbed run's workers send their tensors in frames (PSNET_SHM=off), the
 # others through shared memory, so the digests also say that both carry the
-# same pushes through a fail-over. Under
+# same pushes through a fail-over; so do two runs with --wire bf16, whose
+# pushes reach the backups as bf16. Under
 # ASP, with a shard killed, every key is updated exactly once per push. With
 # three copies, two shards killed one after the other end the same. A job
 # that keeps one copy fails at once, with the reason, when a shard dies.
@@ -18,13 +19,14 @@ source "$(dirname "$0")/lib.sh"
 # another rate would change the digest too.
 JOB=(--workers 2 --shards 3 --mode bsp --epochs 2 --batch 64 --lr-schedule cosine "${SUBSET[@]}")
 
-# start_cluster TAG [JOB OPTIONS...]: pscoord, three shards and two workers of run TAG.
+# start_cluster TAG [JOB OPTIONS...]: pscoord, three shards (options PSD_ARGS) and two workers of run TAG.
+PSD_ARGS=()
 start_cluster() {
   local tag=$1; shift
   COORD="ipc://$RUN/coord-$tag.sock"
   psnet_start "pscoord-$tag" "$PSCOORD" --listen "$COORD" "${JOB[@]}" "$@"
   for i in 1 2 3; do
-    psnet_start "psd-$tag-$i" "$PSD" --id $i --listen "ipc://$RUN/psd-$tag-$i.sock" --coord "$COORD"
+    psnet_start "psd-$tag-$i" "$PSD" --id $i --listen "ipc://$RUN/psd-$tag-$i.sock" --coord "$COORD" "${PSD_ARGS[@]}"
   done
   for i in 1 2; do psnet_start "workerd-$tag-$i" "$WORKERD" --coord "$COORD" --trace-pulls; done
 }
@@ -80,6 +82,33 @@ out=$("$PSCTL" --coord "$COORD" job wait --wait 300); ok $? "the job finishes on
 got=$(digest_of f)
 [ -n "$got" ] && [ "$got" = "$want" ]; ok $? "final weights identical to the undisturbed run ($got = $want)"
 grep -q 'push not applied' "$RUN"/workerd-f-*.log; ok $(( $? == 0 )) "no push was refused for good"
+psnet_stop_all
+
+# 2c. --wire bf16: a primary forwards the worker's bf16 frames to its
+# backups (half the bytes) and each side widens them the same way: run g
+# (frames, undisturbed) and run h (shared memory, a primary killed) end alike.
+PSD_ARGS=(--http 127.0.0.1:0)
+PSNET_SHM=off start_cluster g --wire bf16
+out=$("$PSCTL" --coord "$COORD" job wait --wait 300); ok $? "an undisturbed --wire bf16 job finishes ($out)"
+want16=$(digest_of g)
+fwd_ok=0 fwd=""
+for i in 1 2 3; do
+  body=$(curl -s -m 5 "http://127.0.0.1:$(http_port psd-g-$i)/metrics")
+  rx=$(awk '$1 == "psnet_psd_received_bytes_total" { print $2 }' <<<"$body")
+  tx=$(awk '$1 == "psnet_psd_forwarded_bytes_total" { print $2 }' <<<"$body")
+  fwd="$fwd $i:$rx/$tx"
+  awk -v rx="${rx:-0}" -v tx="${tx:--1}" 'BEGIN { exit !(rx > 0 && rx == tx) }' || fwd_ok=1
+done
+ok $fwd_ok "each primary forwarded the bf16 bytes it received, not twice as many f32 (received/forwarded:$fwd)"
+psnet_stop_all
+PSD_ARGS=()
+start_cluster h --wire bf16
+psnet_wait_for 60 pulled h 40; ok $? "run h (--wire bf16, shared memory) trains to clock 40"
+kill -KILL "$PID_psd_h_1"; ok $? "SIGKILL shard 1"
+psnet_wait_for 10 logs_match 'msg="fail-over" shard_id=1' 'pscoord-h.log'; ok $? "its keys fail over"
+out=$("$PSCTL" --coord "$COORD" job wait --wait 300); ok $? "the bf16 job finishes without shard 1 ($out)"
+got=$(digest_of h)
+[ -n "$got" ] && [ "$got" = "$want16" ]; ok $? "final weights identical to the undisturbed bf16 run ($got = $want16)"
 psnet_stop_all
 
 # 3. pscoord stopped: the shards' leases run out and they stop acknowledging;

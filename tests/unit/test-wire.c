@@ -437,13 +437,14 @@ static void test_malformed(void) {
         h.codec = (Psnet__Codec) 7;
         send_hdr(&h, NULL, 0);
         expect_bad(PSNET__STATUS__STATUS_DTYPE, "codec 7", "an unknown codec");
-        /* bf16 (--wire bf16): PUSH, PULL and PULL_REP only, no codec with it,
-         * frames of 2 bytes a value. */
+        /* bf16 (--wire bf16): PUSH, PULL, PULL_REP and REPLICATE (a bf16 push
+         * forwarded to a backup) only, no codec with it, frames of 2 bytes a
+         * value. */
         wire_header_init(&h, PSNET__MSG_TYPE__MSG_STATUS);
         h.has_dtype = true;
         h.dtype = PSNET__DTYPE__DTYPE_BF16;
         send_hdr(&h, NULL, 0);
-        expect_bad(PSNET__STATUS__STATUS_DTYPE, "bf16 = 1 on a PUSH, PULL or PULL_REP", "bf16 on a STATUS");
+        expect_bad(PSNET__STATUS__STATUS_DTYPE, "bf16 = 1 on a PUSH, PULL, PULL_REP or REPLICATE", "bf16 on a STATUS");
         {
                 Psnet__Key bk = PSNET__KEY__INIT, *bkeys[1] = { &bk };
                 size_t fb1[1] = { 8 };
@@ -471,6 +472,27 @@ static void test_malformed(void) {
                 CHECK(r == 0 && m.hdr && m.hdr->dtype == PSNET__DTYPE__DTYPE_BF16 && m.nframes == 1 &&
                               zmq_msg_size(&m.frames[0]) == 8,
                       "a bf16 PUSH of 4 values in 8 bytes is taken (r=%d)", r);
+                wire_msg_done(&m);
+
+                Psnet__Replicate rep = PSNET__REPLICATE__INIT;
+                wire_header_init(&h, PSNET__MSG_TYPE__MSG_REPLICATE);
+                h.body_case = PSNET__HEADER__BODY_REPLICATE;
+                h.replicate = &rep;
+                h.has_dtype = h.has_seq = true;
+                h.dtype = PSNET__DTYPE__DTYPE_BF16;
+                h.seq = 78;
+                h.n_keys = 1;
+                h.keys = bkeys;
+                fb1[0] = 16;
+                send_hdr(&h, fb1, 1);
+                expect_bad(PSNET__STATUS__STATUS_SIZE, "frame 1 has 16 bytes, key (0,0) declares 4 bf16 values = 8 bytes",
+                           "a bf16 REPLICATE with f32 frames");
+                fb1[0] = 8;
+                send_hdr(&h, fb1, 1);
+                r = wire_recv(router, true, 0, &m);
+                CHECK(r == 0 && m.hdr && m.hdr->type == PSNET__MSG_TYPE__MSG_REPLICATE &&
+                              m.hdr->dtype == PSNET__DTYPE__DTYPE_BF16 && zmq_msg_size(&m.frames[0]) == 8,
+                      "a bf16 REPLICATE of 4 values in 8 bytes is taken (r=%d)", r);
                 wire_msg_done(&m);
         }
         /* Shared memory: a 16-byte session on a PUSH, PULL or PULL_REP without
