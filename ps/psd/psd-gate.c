@@ -383,13 +383,12 @@ static const float *grad_data(const zmq_msg_t *m, float *scratch, uint32_t len) 
         return scratch;
 }
 
-/* One pass of a mean over a chunk, in parts run by the pool (each value
+/* One pass of a BSP mean over a chunk, in parts run by the pool (each value
  * alone, so the same bits with any number of threads). */
 typedef enum SumOp {
         SUM_COPY,      /* sum = g */
         SUM_ADD,       /* sum += g */
         SUM_ADD_SCALE, /* sum = (sum + g) * k */
-        SUM_SCALE,     /* sum = g * k */
 } SumOp;
 
 typedef struct SumLoop {
@@ -415,10 +414,6 @@ static void sum_range(void *arg, size_t lo, size_t hi) {
         case SUM_ADD_SCALE:
                 for (size_t j = lo; j < hi; j++)
                         sum[j] = (sum[j] + g[j]) * k;
-                break;
-        case SUM_SCALE:
-                for (size_t j = lo; j < hi; j++)
-                        sum[j] = g[j] * k;
                 break;
         }
 }
@@ -485,7 +480,7 @@ static int chunk_settle(Store *s, Chunk *c) {
                                  c->len);
                 used++;
         }
-        int r = store_apply(s, c, mean, MODE_BSP, used, c->clock, progress);
+        int r = store_apply(s, c, mean, 1.0f, MODE_BSP, used, c->clock, progress);
         c->clock++;
 
         /* Take the list before settling: acks may run arbitrary code. */
@@ -508,11 +503,10 @@ static int chunk_settle(Store *s, Chunk *c) {
 static int chunk_apply_scaled(Store *s, Chunk *c, const zmq_msg_t *grad, const GateCfg *cfg, int64_t clock,
                               float progress) {
         const float *g = grad_data(grad, s->sum, c->len);
-        if (cfg->nmembers <= 1) /* g * 1 == g */
-                return store_apply(s, c, g, cfg->mode, 1, clock, progress);
-        sum_pass(s->pool, SUM_SCALE, s->sum, g, 1.0f / (float) cfg->nmembers, c->len);
-        /* The chunk clock is left alone: it counts BSP clocks only (c->steps counts updates). */
-        return store_apply(s, c, s->sum, cfg->mode, cfg->nmembers, clock, progress);
+        /* Scaled in the optimizer's loop (g * 1 == g). The chunk clock is left
+         * alone: it counts BSP clocks only (c->steps counts updates). */
+        size_t w = MAX(cfg->nmembers, (size_t) 1);
+        return store_apply(s, c, g, 1.0f / (float) w, cfg->mode, w, clock, progress);
 }
 
 /* Applies and acknowledges pushes parked under BSP whose clock is now governed by

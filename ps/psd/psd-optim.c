@@ -25,17 +25,17 @@ static bool optim_is_adam(const OptimConf *c) {
         return c->kind == OPTIM_ADAM;
 }
 
-/* mu = 0: w -= lr * (g + wd*w). */
-static inline void sgd_plain_at(float lr, float wd, float *restrict w, const float *restrict g,
+/* mu = 0: w -= lr * (k*g + wd*w), k the gradient's scale (1: exactly g). */
+static inline void sgd_plain_at(float lr, float k, float wd, float *restrict w, const float *restrict g,
                                 size_t i) {
-        w[i] -= lr * (g[i] + wd * w[i]);
+        w[i] -= lr * (g[i] * k + wd * w[i]);
 }
 
 /* v = mu*v + g'; w -= lr * (nesterov ? g' + mu*v : v). nesterov is a constant
  * at every call, so each caller compiles to a branch-free loop. */
-static inline void sgd_momentum_at(float lr, float mu, float wd, bool nesterov, float *restrict w,
+static inline void sgd_momentum_at(float lr, float k, float mu, float wd, bool nesterov, float *restrict w,
                                    const float *restrict g, float *restrict v, size_t i) {
-        float gp = g[i] + wd * w[i];
+        float gp = g[i] * k + wd * w[i];
         float vi = mu * v[i] + gp;
         v[i] = vi;
         w[i] -= lr * (nesterov ? gp + mu * vi : vi);
@@ -45,39 +45,39 @@ static inline void sgd_momentum_at(float lr, float mu, float wd, bool nesterov, 
  * of a function it compiles on its own, and loses it once inlined into
  * optim_apply, whose parameters may alias as far as it knows. */
 __attribute__((noinline))
-static void sgd_plain(float lr, float wd, float *restrict w, const float *restrict g, size_t n) {
+static void sgd_plain(float lr, float k, float wd, float *restrict w, const float *restrict g, size_t n) {
         size_t i = 0;
         for (; i + OPTIM_BLOCK <= n; i += OPTIM_BLOCK)
                 for (size_t j = i; j < i + OPTIM_BLOCK; j++)
-                        sgd_plain_at(lr, wd, w, g, j);
+                        sgd_plain_at(lr, k, wd, w, g, j);
         for (; i < n; i++)
-                sgd_plain_at(lr, wd, w, g, i);
+                sgd_plain_at(lr, k, wd, w, g, i);
 }
 
 __attribute__((noinline))
-static void sgd_momentum(float lr, float mu, float wd, float *restrict w, const float *restrict g,
+static void sgd_momentum(float lr, float k, float mu, float wd, float *restrict w, const float *restrict g,
                          float *restrict v, size_t n) {
         size_t i = 0;
         for (; i + OPTIM_BLOCK <= n; i += OPTIM_BLOCK)
                 for (size_t j = i; j < i + OPTIM_BLOCK; j++)
-                        sgd_momentum_at(lr, mu, wd, false, w, g, v, j);
+                        sgd_momentum_at(lr, k, mu, wd, false, w, g, v, j);
         for (; i < n; i++)
-                sgd_momentum_at(lr, mu, wd, false, w, g, v, i);
+                sgd_momentum_at(lr, k, mu, wd, false, w, g, v, i);
 }
 
 __attribute__((noinline))
-static void sgd_nesterov(float lr, float mu, float wd, float *restrict w, const float *restrict g,
+static void sgd_nesterov(float lr, float k, float mu, float wd, float *restrict w, const float *restrict g,
                          float *restrict v, size_t n) {
         size_t i = 0;
         for (; i + OPTIM_BLOCK <= n; i += OPTIM_BLOCK)
                 for (size_t j = i; j < i + OPTIM_BLOCK; j++)
-                        sgd_momentum_at(lr, mu, wd, true, w, g, v, j);
+                        sgd_momentum_at(lr, k, mu, wd, true, w, g, v, j);
         for (; i < n; i++)
-                sgd_momentum_at(lr, mu, wd, true, w, g, v, i);
+                sgd_momentum_at(lr, k, mu, wd, true, w, g, v, i);
 }
 
 typedef struct AdamScalars {
-        float lr, b1, b2, eps, wd;
+        float lr, k, b1, b2, eps, wd;
         float c1, c2; /* 1/(1-b1^t), 1/(1-b2^t) */
 } AdamScalars;
 
@@ -85,7 +85,7 @@ typedef struct AdamScalars {
 static inline float adam_moments_at(AdamScalars s, const float *restrict w,
                                     const float *restrict g, float *restrict m, float *restrict v,
                                     size_t i) {
-        float gp = g[i] + s.wd * w[i];
+        float gp = g[i] * s.k + s.wd * w[i];
         m[i] = s.b1 * m[i] + (1.0f - s.b1) * gp;
         v[i] = s.b2 * v[i] + (1.0f - s.b2) * gp * gp;
         return v[i] * s.c2;
@@ -123,6 +123,7 @@ typedef struct OptimLoop {
         AdamScalars adam;
         float *w, *state;
         const float *g;
+        float k;
         size_t n;
 } OptimLoop;
 
@@ -136,27 +137,27 @@ static void optim_range(void *arg, size_t lo, size_t hi) {
         if (optim_is_adam(c))
                 adam(l->adam, w, g, l->state + lo, l->state + l->n + lo, k);
         else if (c->momentum == 0.0f)
-                sgd_plain(c->lr, c->weight_decay, w, g, k);
+                sgd_plain(c->lr, l->k, c->weight_decay, w, g, k);
         else if (c->nesterov)
-                sgd_nesterov(c->lr, c->momentum, c->weight_decay, w, g, l->state + lo, k);
+                sgd_nesterov(c->lr, l->k, c->momentum, c->weight_decay, w, g, l->state + lo, k);
         else
-                sgd_momentum(c->lr, c->momentum, c->weight_decay, w, g, l->state + lo, k);
+                sgd_momentum(c->lr, l->k, c->momentum, c->weight_decay, w, g, l->state + lo, k);
 }
 
-void optim_apply_par(Pfor *pool, const OptimConf *c, uint64_t step, float *w, const float *g, float *state,
-                     size_t n) {
+void optim_apply_par(Pfor *pool, const OptimConf *c, uint64_t step, float *w, const float *g, float gscale,
+                     float *state, size_t n) {
         assert(c);
         assert(n == 0 || (w && g));
         assert(n == 0 || optim_state_per_value(c) == 0 || state);
 
         if (n == 0)
                 return;
-        OptimLoop l = { .c = c, .w = w, .g = g, .state = state, .n = n };
+        OptimLoop l = { .c = c, .w = w, .g = g, .k = gscale, .state = state, .n = n };
         if (optim_is_adam(c)) {
                 /* step is 1-based; 0 would divide by zero, so it counts as the first. */
                 double t = step > 0 ? (double) step : 1.0;
                 l.adam = (AdamScalars) {
-                        .lr = c->lr, .b1 = c->beta1, .b2 = c->beta2, .eps = c->eps,
+                        .lr = c->lr, .k = gscale, .b1 = c->beta1, .b2 = c->beta2, .eps = c->eps,
                         .wd = c->weight_decay,
                         .c1 = (float) (1.0 / (1.0 - pow((double) c->beta1, t))),
                         .c2 = (float) (1.0 / (1.0 - pow((double) c->beta2, t))),
@@ -167,5 +168,5 @@ void optim_apply_par(Pfor *pool, const OptimConf *c, uint64_t step, float *w, co
 
 void optim_apply(const OptimConf *c, uint64_t step, float *w, const float *g, float *state,
                  size_t n) {
-        optim_apply_par(NULL, c, step, w, g, state, n);
+        optim_apply_par(NULL, c, step, w, g, 1.0f, state, n);
 }

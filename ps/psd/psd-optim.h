@@ -15,7 +15,9 @@
  *         w -= lr * (m / (1-b1^t)) / (sqrt(v / (1-b2^t)) + eps) */
 void optim_apply(const OptimConf *c, uint64_t step, float *w, const float *g, float *state,
                  size_t n);
-/* optim_apply with the values cut into ranges run by pool's threads (NULL or
- * a short chunk: the caller alone); the same bits as optim_apply. */
-void optim_apply_par(Pfor *pool, const OptimConf *c, uint64_t step, float *w, const float *g, float *state,
-                     size_t n);
+/* optim_apply of the gradient gscale * g (one multiply in the loop: gscale 1
+ * gives optim_apply's bits, and any gscale those of optim_apply on a copy of
+ * g scaled first), with the values cut into ranges run by pool's threads
+ * (NULL or a short chunk: the caller alone). */
+void optim_apply_par(Pfor *pool, const OptimConf *c, uint64_t step, float *w, const float *g, float gscale,
+                     float *state, size_t n);

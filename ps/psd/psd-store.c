@@ -473,7 +473,7 @@ int store_lookup_keys(Store *s, const Psnet__Header *h, Chunk **chunks, char *re
         return PSNET__STATUS__STATUS_OK;
 }
 
-int store_apply(Store *s, Chunk *c, const float *g, ConsistencyMode mode, size_t nworkers, int64_t clock,
+int store_apply(Store *s, Chunk *c, const float *g, float gscale, ConsistencyMode mode, size_t nworkers, int64_t clock,
                 float progress) {
         int r = chunk_make_writable(s, c);
         if (r < 0)
@@ -481,7 +481,7 @@ int store_apply(Store *s, Chunk *c, const float *g, ConsistencyMode mode, size_t
         OptimConf o = s->job.optim;
         o.lr *= job_lr_factor(&s->job, mode, (uint32_t) nworkers, clock, progress);
         s->last_lr = o.lr;
-        optim_apply_par(s->pool, &o, ++c->steps, c->val->data, g, c->state, c->len);
+        optim_apply_par(s->pool, &o, ++c->steps, c->val->data, g, gscale, c->state, c->len);
         s->applied++;
         return 0;
 }

@@ -133,11 +133,12 @@ size_t store_backups(const Store *s, uint32_t *idx, size_t max);
  * filled, or the status of the first key that is not here, with a reason. */
 int store_lookup_keys(Store *s, const Psnet__Header *h, Chunk **chunks, char *reason, size_t n);
 
-/* Applies one update g (len floats: the mean over nworkers members'
- * gradients, or one push's 1/W share) of clock under mode, at the job's
- * progress the pushes carried (negative: none): the job's optimizer with lr
- * times job_lr_factor. Copies the values first if a reply reads them. */
-int store_apply(Store *s, Chunk *c, const float *g, ConsistencyMode mode, size_t nworkers, int64_t clock,
+/* Applies one update gscale * g (len floats: the mean over nworkers members'
+ * gradients with gscale 1, or one push with gscale 1/W) of clock under mode,
+ * at the job's progress the pushes carried (negative: none): the job's
+ * optimizer with lr times job_lr_factor. Copies the values first if a reply
+ * reads them. */
+int store_apply(Store *s, Chunk *c, const float *g, float gscale, ConsistencyMode mode, size_t nworkers, int64_t clock,
                 float progress);
 /* One federated round on c (mode fed): the job's strategy over the n client
  * updates (fed_aggregate, noise and scratch as it asks); the chunk's clock counts

@@ -98,7 +98,7 @@ int main(int argc, char **argv) {
                                 double t0 = now_s();
                                 for (size_t at = 0; at < n; at += chunk) {
                                         size_t len = n - at < chunk ? n - at : chunk;
-                                        optim_apply_par(pool, &confs[c], step, w + at, g + at, state + 2 * at, len);
+                                        optim_apply_par(pool, &confs[c], step, w + at, g + at, 1.0f, state + 2 * at, len);
                                 }
                                 step++;
                                 if (k > 0) /* the first is a warm-up */

@@ -234,7 +234,7 @@ static void test_threads_same_bits(void) {
                                 for (size_t i = 0; i < n; i++)
                                         g[i] = rng_uniform(-0.5f, 0.5f);
                                 optim_apply(&confs[k], t, w1, g, s1, n);
-                                optim_apply_par(pool, &confs[k], t, wp, g, sp, n);
+                                optim_apply_par(pool, &confs[k], t, wp, g, 1.0f, sp, n);
                         }
                         CHECK(memcmp(w1, wp, n * sizeof *w1) == 0 && memcmp(s1, sp, 2 * n * sizeof *s1) == 0,
                               "%s on %u threads: the same values and state, bit for bit", names[k], threads);
@@ -249,6 +249,34 @@ out:
         free(sp);
 }
 
+/* A push's 1/W share is scaled in the optimizer's loop: the same bits as the
+ * optimizer run on a copy of the gradient scaled first (what psd did before),
+ * for each optimizer and a scale of 1/3 (not a power of two: rounding shows). */
+static void test_scaled_same_bits(void) {
+        const size_t n = 1000;
+        const OptimConf confs[] = { sgd_conf(0.05f, 0.0f, 1e-4f, false), sgd_conf(0.05f, 0.9f, 1e-4f, false),
+                                    sgd_conf(0.05f, 0.9f, 0.0f, true), adam_conf(0.001f, 1e-4f) };
+        const char *names[] = { "sgd", "momentum", "nesterov", "adam" };
+        float w1[1000], w2[1000], g[1000], gs[1000], s1[2000], s2[2000];
+        const float k = 1.0f / 3.0f;
+        for (size_t c = 0; c < ELEMS(confs); c++) {
+                for (size_t i = 0; i < n; i++)
+                        w1[i] = w2[i] = rng_uniform(-1.0f, 1.0f);
+                memset(s1, 0, sizeof s1);
+                memset(s2, 0, sizeof s2);
+                for (uint64_t t = 1; t <= 3; t++) {
+                        for (size_t i = 0; i < n; i++) {
+                                g[i] = rng_uniform(-0.5f, 0.5f);
+                                gs[i] = g[i] * k;
+                        }
+                        optim_apply(&confs[c], t, w1, gs, s1, n);
+                        optim_apply_par(NULL, &confs[c], t, w2, g, k, s2, n);
+                }
+                CHECK(memcmp(w1, w2, sizeof w1) == 0 && memcmp(s1, s2, sizeof s1) == 0,
+                      "%s: gscale 1/3 in the loop gives the bits of a gradient scaled first", names[c]);
+        }
+}
+
 int main(void) {
         test_state_per_value();
         test_sgd_plain();
@@ -259,5 +287,6 @@ int main(void) {
         test_adam_edges();
         test_values_independent();
         test_threads_same_bits();
+        test_scaled_same_bits();
         return tap_done();
 }
