@@ -49,15 +49,19 @@
  *                  then a PUSH of key (0,0) whose values (PSPOKE_VALUE, "nan"
  *                  too) lie in it at PSPOKE_SHM_OFFSET (default 0); with
  *                  PSPOKE_SHM_TOKEN=wrong naming a session nobody opened,
- *                  with PSPOKE_SHM_AS=N sent as worker N
+ *                  with PSPOKE_SHM_AS=N sent as worker N; with
+ *                  PSPOKE_SHM_SCRIBBLE=1 a thread turns every 97th value
+ *                  NaN and back, again and again, until the answer comes
  *   shm-pull       the same session, a PULL of key (0,0) into it; prints
- *                  also "shm nonzero=N", the values written there
+ *                  also "shm nonzero=N nonfinite=M", the values written there
  * With PSPOKE_KEYS=DIR it speaks CURVE as the key PSPOKE_KEY (default admin) to
  * the server whose public key is PSPOKE_SERVER (default pscoord). */
 #include <errno.h>
 #include <fcntl.h>
 #include <math.h>
 #include <poll.h>
+#include <pthread.h>
+#include <stdatomic.h>
 #include <sys/mman.h>
 #include <sys/socket.h>
 #include <sys/un.h>
@@ -103,6 +107,29 @@ static int answer(void *s, long ms, char *reason, size_t n) {
                 snprintf(reason, n, "%s", r == 0 && m.hdr->reason ? m.hdr->reason : "");
         wire_msg_done(&m);
         return st;
+}
+
+/* shm-push with PSPOKE_SHM_SCRIBBLE: what a worker writing its shared memory
+ * while the shard reads its push does, at its worst. */
+typedef struct Scribble {
+        float *v;
+        uint32_t len;
+        float value;
+        atomic_bool stop;
+        unsigned long rounds;
+} Scribble;
+
+static void *scribble(void *arg) {
+        Scribble *sc = arg;
+        volatile float *v = sc->v;
+        while (!atomic_load(&sc->stop)) {
+                for (uint32_t i = 0; i < sc->len; i += 97)
+                        v[i] = NAN;
+                for (uint32_t i = 0; i < sc->len; i += 97)
+                        v[i] = sc->value;
+                sc->rounds++;
+        }
+        return NULL;
 }
 
 /* shm-hello: one bad hello; prints the shard's answer. */
@@ -223,6 +250,9 @@ int main(int argc, char **argv) {
         h.n_keys = 1;
         h.keys = keys;
         ShmRegion reg = SHM_REGION_INIT;
+        Scribble sc;
+        pthread_t scribbler;
+        bool scribbling = false;
         uint8_t token[WIRE_SHM_TOKEN];
 
         if (!strcmp(c, "garbage")) {
@@ -492,6 +522,11 @@ int main(int argc, char **argv) {
                         h.type = PSNET__MSG_TYPE__MSG_PUSH;
                 }
                 r = send_header(s, &h, 0, false);
+                if (r == 0 && !strcmp(c, "shm-push") && getenv("PSPOKE_SHM_SCRIBBLE")) {
+                        sc = (Scribble) { .v = reg.base, .len = len, .value = ((float *) reg.base)[0] };
+                        atomic_init(&sc.stop, false);
+                        scribbling = pthread_create(&scribbler, NULL, scribble, &sc) == 0;
+                }
         } else if (!strcmp(c, "register-bad")) {
                 h.type = PSNET__MSG_TYPE__MSG_REGISTER;
                 h.n_keys = 0;
@@ -519,12 +554,19 @@ int main(int argc, char **argv) {
                 wire_msg_done(&m);
                 r = r < 0 ? 4 : 0;
         }
+        if (scribbling) {
+                atomic_store(&sc.stop, true);
+                pthread_join(scribbler, NULL);
+                printf("scribbled rounds=%lu\n", sc.rounds);
+        }
         if (!strcmp(c, "shm-pull") && reg.base) {
                 const float *v = reg.base;
-                uint32_t nz = 0;
-                for (uint32_t i = 0; i < len; i++)
+                uint32_t nz = 0, nf = 0;
+                for (uint32_t i = 0; i < len; i++) {
                         nz += v[i] != 0.0f;
-                printf("shm nonzero=%u\n", nz);
+                        nf += !isfinite(v[i]);
+                }
+                printf("shm nonzero=%u nonfinite=%u\n", nz, nf);
         }
         shm_region_close(&reg);
         zmq_close(s);
