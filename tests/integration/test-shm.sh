@@ -80,7 +80,7 @@ out=$(PSPOKE_SHM_TOKEN=wrong PSPOKE_SENDER=$wid poke shm-push)
 grep -q "status=invalid .*no shared-memory session of worker $wid" <<<"$out"; ok $? "a push naming no session is refused ($out)"
 out=$(PSPOKE_SENDER=$wid PSPOKE_SHM_AS=$((wid + 1)) poke shm-pull)
 grep -q "status=invalid .*no shared-memory session of worker $((wid + 1))" <<<"$out"
-ok $? "a pull naming another worker's session is refused ($out)"
+ok $? "a pull naming another worker's session is refused ($(tr '\n' ' ' <<<"$out"))"
 out=$(PSPOKE_SENDER=$wid PSPOKE_SHM_OFFSET=4 poke shm-push)
 grep -q "status=invalid .*outside the $((len * 4)) bytes of shared memory" <<<"$out"; ok $? "bytes outside the memory are refused ($out)"
 out=$(PSPOKE_SENDER=$wid PSPOKE_VALUE=nan poke shm-push)
