@@ -7,6 +7,7 @@
  * it arrives: its sender's role (with --keys), its keys against the job, a
  * push's membership, key and values (psd-gate.c). */
 #include <errno.h>
+#include <sched.h>
 #include <stdio.h>
 #include <string.h>
 #include <uv.h>
@@ -1225,6 +1226,10 @@ int psd_run(const PsdConfig *cfg) {
                 goto finish;
         }
         p.store->pool = p.pool;
+        cpu_set_t cpus;
+        if (sched_getaffinity(0, sizeof cpus, &cpus) == 0 && (unsigned) CPU_COUNT(&cpus) < cfg->threads)
+                log_warning("--threads %u is more than the %d CPUs this shard may run on: its threads will take "
+                            "CPU from each other and from their neighbours", cfg->threads, CPU_COUNT(&cpus));
         p.store->move = migrate_out;
         p.store->move_userdata = p.migrate;
         p.store->gate.limits.park_timeout_ms = (uint64_t) cfg->park_timeout * 1000u;

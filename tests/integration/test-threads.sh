@@ -37,6 +37,13 @@ want=$(digest_of t1); psnet_stop_all
 run t4 --threads 4
 ok $? "the same job on a shard with --threads 4 finishes ($out)"
 logs_match 'msg="listening" .* threads=4' 'psd-t4.log'; ok $? "the shard says threads=4"
+ncpu=$(nproc)
+if [ "$ncpu" -lt 4 ]; then
+  logs_match "level=warning .*--threads 4 is more than the $ncpu CPUs" 'psd-t4.log'
+  ok $? "and warns that 4 threads are more than its $ncpu CPUs"
+else
+  logs_match 'is more than the .* CPUs' 'psd-t4.log'; ok $(( $? == 0 )) "and, with $ncpu CPUs, does not warn"
+fi
 [ "$(metric t4 psnet_psd_threads)" = 4 ]; ok $? "psnet_psd_threads is 4"
 cut=$(metric t4 psnet_psd_parallel_loops_total); [ "${cut:-0}" -gt 1000 ]; ok $? "loops were cut between the threads ($cut)"
 same t1 t4; ok $? "identical weights at every clock on 1 and 4 threads ($joined clocks, $diffs differ)"
