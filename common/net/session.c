@@ -22,6 +22,7 @@ typedef struct Req {
         uint8_t *packed;
         size_t len;
         bool sent;
+        bool held;           /* answered UNKNOWN_PEER: sent again once registered again */
         uint64_t deadline, resend_at;
         SessionReplyFn cb;
         void *ud;
@@ -99,6 +100,27 @@ static void session_stamp(Session *s, Psnet__Header *h) {
         h->sender = s->id;
         h->has_seq = true;
         h->seq = ++s->seq;
+}
+
+/* A held request leaves again under this peer's id now (the same seq, so
+ * its answer still finds it): registered again as a new peer, the id changed. */
+static int req_restamp(Session *s, Req *q) {
+        Psnet__Header *h = psnet__header__unpack(NULL, q->len, q->packed);
+        if (!h)
+                return -ENOMEM;
+        h->has_sender = true;
+        h->sender = s->id;
+        size_t len = psnet__header__get_packed_size(h);
+        uint8_t *buf = malloc(len ? len : 1);
+        if (buf)
+                psnet__header__pack(h, buf);
+        psnet__header__free_unpacked(h, NULL);
+        if (!buf)
+                return -ENOMEM;
+        free(q->packed);
+        q->packed = buf;
+        q->len = len;
+        return 0;
 }
 
 int session_send(Session *s, Psnet__Header *h) {
@@ -198,6 +220,14 @@ static void session_register_done(Session *s, int r, WireMsg *m) {
                 s->ever_registered = true;
                 s->lease_until = s->register_ms + s->lease_ms;
                 s->next_heartbeat = now_ms() + SESSION_HEARTBEAT_MS(s->lease_ms);
+                for (Req *q = s->reqs; q; q = q->next)
+                        if (q->held) {
+                                q->held = false;
+                                if (req_restamp(s, q) < 0)
+                                        log_error("out of memory: a request held while registering again "
+                                                  "leaves unchanged");
+                                (void) req_send(s, q); /* -EAGAIN: sent again by the timer */
+                        }
                 if (s->ops.registered)
                         s->ops.registered(s, again, s->ud);
                 return;
@@ -273,6 +303,25 @@ static void session_on_msg(NetSock *ns, WireMsg *m, int r, void *ud) {
         s->last_reply = now_ms();
         s->warned_silent = 0;
         Req *q = h->has_seq ? req_find(s, h->seq) : NULL;
+        if (q && h->type == PSNET__MSG_TYPE__MSG_ERROR && h->status == PSNET__STATUS__STATUS_UNKNOWN_PEER &&
+            q->seq != s->register_seq && s->ever_registered &&
+            (s->state == S_REGISTERED || s->state == S_REGISTERING)) {
+                /* pscoord forgot this peer (it restarted, or the lease ran out)
+                 * while a request was on its way, e.g. a worker's RESULT: the
+                 * request waits, within its deadline, for the registration
+                 * again and then leaves again. Failing it would lose it. */
+                q->held = true;
+                q->sent = false;
+                s->lease_until = 0;
+                if (s->state == S_REGISTERED) {
+                        log_warning("pscoord does not know this peer (restarted, or the lease ran out): registering "
+                                    "again, then sending the request again");
+                        if (session_register(s) < 0)
+                                log_error("out of memory while registering with pscoord");
+                }
+                session_schedule(s);
+                return;
+        }
         if (q && (h->type == q->want || h->type == PSNET__MSG_TYPE__MSG_ERROR)) {
                 session_finish_req(s, q, h->type == q->want ? 0 : -ECONNREFUSED, m);
                 session_schedule(s);
@@ -335,7 +384,7 @@ static void session_tick(uv_timer_t *t) {
                         now = now_ms();
                         continue;
                 }
-                if (!q->sent && now >= q->resend_at)
+                if (!q->sent && !q->held && now >= q->resend_at)
                         (void) req_send(s, q);
         }
         if (s->retry_at && now >= s->retry_at) {
@@ -359,7 +408,7 @@ static void session_schedule(Session *s) {
         uint64_t next = UINT64_MAX, now = now_ms();
         for (Req *q = s->reqs; q; q = q->next) {
                 next = MIN(next, q->deadline);
-                if (!q->sent)
+                if (!q->sent && !q->held)
                         next = MIN(next, q->resend_at);
         }
         if (s->state == S_REGISTERED)

@@ -58,7 +58,10 @@ int session_send(Session *s, Psnet__Header *h);
 int session_reply(Session *s, Psnet__Header *h, uint64_t seq);
 /* Sends h and calls cb with the reply of type want (or MSG_ERROR), or
  * -ETIMEDOUT after timeout_ms. While pscoord is not connected the request is
- * sent again every 100 ms until the deadline. */
+ * sent again every 100 ms until the deadline. A registered peer's request
+ * answered UNKNOWN_PEER (pscoord restarted, or the lease ran out) is held,
+ * the peer registers again, and the request leaves again under the id it
+ * gets, within the same deadline. */
 int session_request(Session *s, Psnet__Header *h, Psnet__MsgType want, unsigned timeout_ms, SessionReplyFn cb,
                     void *ud);
 /* Leaves the cluster: DEREGISTER, answered or not within timeout_ms, then cb

@@ -127,8 +127,8 @@ static struct {
         NetSock *sock;
         FakeMode mode;
         int registers, heartbeats, statuses;
-        uint32_t last_want_id;
-        bool unknown_next_heartbeat;
+        uint32_t last_want_id, last_status_sender;
+        bool unknown_next_heartbeat, unknown_next_status;
 } fake;
 
 static void fake_reply(NetSock *s, const zmq_msg_t *route, uint64_t seq, Psnet__MsgType type) {
@@ -182,6 +182,12 @@ static void fake_msg(NetSock *s, WireMsg *m, int r, void *ud) {
         } else if (h->type == PSNET__MSG_TYPE__MSG_STATUS) {
                 if (fake.statuses++ == 0)
                         return; /* the first one goes unanswered */
+                fake.last_status_sender = h->has_sender ? h->sender : 0;
+                if (fake.unknown_next_status) {
+                        fake.unknown_next_status = false;
+                        netsock_send_error(s, &m->route, PSNET__STATUS__STATUS_UNKNOWN_PEER, h->seq, "who are you");
+                        return;
+                }
                 Psnet__Header rh;
                 Psnet__StatusRep sr = PSNET__STATUS_REP__INIT;
                 wire_header_init(&rh, PSNET__MSG_TYPE__MSG_STATUS_REP);
@@ -197,7 +203,7 @@ static struct {
         int registered, registered_again, failed, messages, replies;
         int fail_err, reply_r;
         char fail_reason[128];
-        bool flag;
+        bool flag, replied;
 } seen;
 
 static void on_registered(Session *s, bool again, void *ud) {
@@ -225,7 +231,7 @@ static void on_reply(Session *s, int r, WireMsg *m, void *ud) {
         (void) s, (void) ud, (void) m;
         seen.replies++;
         seen.reply_r = r;
-        seen.flag = true;
+        seen.flag = seen.replied = true;
 }
 
 static const SessionOps ops = { .registered = on_registered, .failed = on_failed, .message = on_message };
@@ -282,6 +288,21 @@ static void test_session(void) {
         seen.flag = false;
         CHECK(session_request(s, &h, PSNET__MSG_TYPE__MSG_STATUS_REP, 2000, on_reply, NULL) == 0 &&
               run_until(&seen.flag, 3000) && seen.reply_r == 0 && seen.replies == 2, "an answered request gets its reply");
+
+        /* pscoord forgets us while a request is on its way (it restarted): the
+         * request is answered UNKNOWN_PEER, held, the session registers again
+         * and sends it again, and its caller gets the real answer. */
+        fake.unknown_next_status = true;
+        int again0 = seen.registered_again, statuses0 = fake.statuses;
+        wire_header_init(&h, PSNET__MSG_TYPE__MSG_STATUS);
+        seen.replied = false;
+        CHECK(session_request(s, &h, PSNET__MSG_TYPE__MSG_STATUS_REP, 3000, on_reply, NULL) == 0 &&
+              run_until(&seen.replied, 4000) && seen.reply_r == 0 && seen.replies == 3,
+              "a request answered UNKNOWN_PEER gets its reply after the registration again (r %d, %d replies)",
+              seen.reply_r, seen.replies);
+        CHECK(seen.registered_again == again0 + 1 && fake.statuses == statuses0 + 2 && fake.last_status_sender == 7,
+              "it registered again once and the request left twice, the second time as id %u (%d registrations "
+              "again, %d sends)", fake.last_status_sender, seen.registered_again - again0, fake.statuses - statuses0);
         s = session_free(s);
 
         /* Refused at the first registration: failed() with pscoord's reason. */

@@ -64,6 +64,9 @@ struct PsnetWorker {
         bool map_timer_init;
         /* a result or leave in progress */
         PsnetResultFn result_cb;
+        bool result_has_accuracy;
+        float result_accuracy;
+        unsigned result_tries;
         PsnetDoneFn leave_cb;
         void *result_ud, *leave_ud;
 };
@@ -527,9 +530,23 @@ int psnet_worker_evaluated(PsnetWorker *w, const PsnetEval *e) {
 
 /* --- the end ------------------------------------------------------------------------ */
 
+static int result_send(PsnetWorker *w);
+
 static void on_result_rep(Session *s, int r, WireMsg *m, void *ud) {
         PsnetWorker *w = ud;
         (void) s;
+        /* No answer (pscoord down, or restarting for longer than the request's
+         * deadline): the result is sent again, a few times; it is what lets
+         * the job end, and pscoord counts it once (a repeated one is heard
+         * as the same). */
+        if (r == -ETIMEDOUT && ++w->result_tries < PSNET_RESULT_TRIES) {
+                log_warning("pscoord did not answer the result within %u ms; sending it again (try %u of %u)",
+                            PSNET_RESULT_TIMEOUT_MS, w->result_tries + 1, PSNET_RESULT_TRIES);
+                int rs = result_send(w);
+                if (rs == 0)
+                        return;
+                r = rs;
+        }
         bool evaluate = r == 0 && m->hdr->result_rep->has_evaluate && m->hdr->result_rep->evaluate;
         /* The final weights come as f32 whichever way this worker was asked
          * (the last to finish, or taking over): under --wire bf16 a bf16 pull
@@ -542,18 +559,16 @@ static void on_result_rep(Session *s, int r, WireMsg *m, void *ud) {
                 cb(w, r, evaluate, w->result_ud);
 }
 
-int psnet_worker_result(PsnetWorker *w, bool has_accuracy, float accuracy, PsnetResultFn done, void *ud) {
+static int result_send(PsnetWorker *w) {
         Psnet__Header h;
         Psnet__Result res = PSNET__RESULT__INIT;
         Psnet__WorkerInfo wi;
-        if (w->result_cb)
-                return -EBUSY;
         worker_info(w, &wi);
         wi.has_done = true;
         wi.done = true;
-        wi.has_accuracy = has_accuracy;
-        wi.accuracy = accuracy;
-        if (has_accuracy && w->params) {
+        wi.has_accuracy = w->result_has_accuracy;
+        wi.accuracy = w->result_accuracy;
+        if (w->result_has_accuracy && w->params) {
                 /* The weights evaluated (the last round's), as one FNV-1a 64 over
                  * their bytes in key order: equal digests, equal weights. */
                 uint64_t d = FNV1A64_INIT;
@@ -567,9 +582,19 @@ int psnet_worker_result(PsnetWorker *w, bool has_accuracy, float accuracy, Psnet
         wire_header_init(&h, PSNET__MSG_TYPE__MSG_RESULT);
         h.body_case = PSNET__HEADER__BODY_RESULT;
         h.result = &res;
+        return session_request(w->session, &h, PSNET__MSG_TYPE__MSG_RESULT_REP, PSNET_RESULT_TIMEOUT_MS,
+                               on_result_rep, w);
+}
+
+int psnet_worker_result(PsnetWorker *w, bool has_accuracy, float accuracy, PsnetResultFn done, void *ud) {
+        if (w->result_cb)
+                return -EBUSY;
+        w->result_has_accuracy = has_accuracy;
+        w->result_accuracy = accuracy;
+        w->result_tries = 0;
         w->result_cb = done;
         w->result_ud = ud;
-        int r = session_request(w->session, &h, PSNET__MSG_TYPE__MSG_RESULT_REP, 5000, on_result_rep, w);
+        int r = result_send(w);
         if (r < 0)
                 w->result_cb = NULL;
         return r;

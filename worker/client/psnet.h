@@ -160,7 +160,12 @@ int psnet_worker_evaluated(PsnetWorker *w, const PsnetEval *e);
  * or, when has_accuracy, the accuracy of the final weights it was asked to
  * evaluate. done's evaluate says whether pscoord asks this worker to evaluate
  * them now; otherwise the worker waits: for the stop event (the job is done)
- * or the evaluate event (the evaluating worker failed, this one takes over). */
+ * or the evaluate event (the evaluating worker failed, this one takes over).
+ * pscoord restarting meanwhile loses nothing: the worker registers again and
+ * the result leaves again; one unanswered for PSNET_RESULT_TIMEOUT_MS is sent
+ * again, PSNET_RESULT_TRIES times in all, before done gets -ETIMEDOUT. */
+#define PSNET_RESULT_TIMEOUT_MS 5000u
+#define PSNET_RESULT_TRIES 6u
 typedef void (*PsnetResultFn)(PsnetWorker *w, int r, bool evaluate, void *ud);
 int psnet_worker_result(PsnetWorker *w, bool has_accuracy, float accuracy, PsnetResultFn done, void *ud);
 /* Leaves the job (answered or not within a second), then done (may be NULL). */
