@@ -57,6 +57,7 @@ struct Session {
         NetKeyPair keys;
         uint8_t coord_key[32];
         char handshake_error[160];
+        bool handshake_specific;     /* handshake_error says why (not "no detail") */
 };
 
 static void session_schedule(Session *s);
@@ -425,6 +426,18 @@ static void session_schedule(Session *s) {
 static void session_on_handshake(NetSock *ns, int event, int value, const char *why, void *ud) {
         Session *s = ud;
         (void) ns;
+        /* A handshake cut off without a reason (the other end, having seen
+         * the mismatch first, closed the connection) says less than one
+         * seen before that said why: the reason stays. */
+        bool specific = event != ZMQ_EVENT_HANDSHAKE_FAILED_NO_DETAIL;
+        if (!specific && s->handshake_specific)
+                return;
+        s->handshake_specific = specific;
+        /* Cut off with no reason while this side has no keys: most likely a
+         * pscoord that runs with --keys (it saw the mismatch first). */
+        if (!specific && !s->conf.keys)
+                why = "the handshake failed: the two ends probably disagree on encryption (pscoord runs with "
+                      "--keys? this side has none), or pscoord is not a psnet peer";
         if (strcmp(s->handshake_error, why) != 0)
                 log_info("handshake with pscoord failed reason=\"%s\" event=%d detail=%d", why, event, value);
         snprintf(s->handshake_error, sizeof s->handshake_error, "%s", why);
