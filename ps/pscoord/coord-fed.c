@@ -328,6 +328,9 @@ static void round_closed(Coord *c) {
                 uint32_t every = c->job.fed.eval_every;
                 if (every && f->done % every == 0 && f->done < c->job.fed.rounds)
                         coord_fed_evaluate_round(c);
+                /* On disk before it is said: a round logged done is one a
+                 * restarted pscoord knows. */
+                coord_state_save(c);
                 log_info("round done round=%u/%u number=%lu answered=%u sampled=%zu dropped=%u loss=%.4f "
                          "seconds=%.2f bytes_up=%lu bytes_raw=%lu", f->done, c->job.fed.rounds,
                          (unsigned long) f->number, rec ? rec->answered : 0, f->nclients, rec ? rec->dropped : 0,
@@ -341,7 +344,8 @@ static void round_closed(Coord *c) {
         round_clear(f);
         f->phase = FED_WAITING;
         f->said_waiting = false;
-        coord_state_save(c); /* the round, its record and the privacy spent, kept across a restart */
+        if (!f->aggregate)
+                coord_state_save(c); /* the failed round's record, kept across a restart */
 }
 
 /* The final model is evaluated by one edge worker (the lowest id connected). */
