@@ -18,6 +18,10 @@
  * zero-copy messages (1 MiB by default), as many bytes as the timed push+pull
  * rounds, 3 runs (one before each mode, the rest after, each while this
  * process holds no ZeroMQ context), median. ratio = push+pull median / raw.
+ * Next to each, the same pattern as a push+pull round without psnet
+ * (zmqraw_exchange: one DEALER per shard in one I/O thread, chunk-sized
+ * requests answered by replies of the same size, as many bytes both ways);
+ * exchange_ratio = push+pull median / its median.
  *
  * Two more figures say how to read the others on a small machine: CPU seconds
  * per GB moved (this process and the daemons, read from /proc; for raw, both
@@ -792,18 +796,32 @@ static int bench_memcpy(size_t bytes, double *ret_gbps) {
         return 0;
 }
 
-/* One run of the raw ZeroMQ baseline on the benchmark's transport. */
-static int bench_raw(const Opts *o, const char *dir, size_t msg_bytes, size_t total_bytes, double *ret_gbps,
-                     double *ret_cpu_s_per_gb) {
-        char ep[PATH_MAX + 8];
+/* One run of the raw ZeroMQ baselines on the benchmark's transport: one way
+ * (zmqraw_measure), and the exchange with as many peers as the job has shards
+ * (zmqraw_exchange: requests answered by replies of the same size). */
+static int bench_raw(const Opts *o, const char *dir, size_t npeers, size_t msg_bytes, size_t total_bytes,
+                     double *ret_gbps, double *ret_cpu_s_per_gb, double *ret_xchg_gbps) {
+        char ep[PATH_MAX + 8], xep[BENCH_MAX_SHARDS][PATH_MAX + 8];
+        const char *xeps[BENCH_MAX_SHARDS];
         double cpu0, cpu1;
         int r;
         if (strcmp(o->transport, "tcp") == 0) {
-                unsigned port = 0;
-                if ((r = free_tcp_ports(1, &port)) < 0 || (r = fmt(ep, sizeof ep, "tcp://127.0.0.1:%u", port)) < 0)
+                unsigned ports[1 + BENCH_MAX_SHARDS] = { 0 };
+                if ((r = free_tcp_ports(1 + npeers, ports)) < 0 ||
+                    (r = fmt(ep, sizeof ep, "tcp://127.0.0.1:%u", ports[0])) < 0)
                         return r;
-        } else if ((r = fmt(ep, sizeof ep, "ipc://%s/zmqraw.sock", dir)) < 0)
-                return r;
+                for (size_t i = 0; i < npeers; i++)
+                        if ((r = fmt(xep[i], sizeof xep[i], "tcp://127.0.0.1:%u", ports[1 + i])) < 0)
+                                return r;
+        } else {
+                if ((r = fmt(ep, sizeof ep, "ipc://%s/zmqraw.sock", dir)) < 0)
+                        return r;
+                for (size_t i = 0; i < npeers; i++)
+                        if ((r = fmt(xep[i], sizeof xep[i], "ipc://%s/zmqraw-%zu.sock", dir, i + 1)) < 0)
+                                return r;
+        }
+        for (size_t i = 0; i < npeers; i++)
+                xeps[i] = xep[i];
         /* Both sides: this process sends, a reaped child receives. */
         if ((r = rusage_s(&cpu0)) < 0)
                 return r;
@@ -813,6 +831,9 @@ static int bench_raw(const Opts *o, const char *dir, size_t msg_bytes, size_t to
         if ((r = rusage_s(&cpu1)) < 0)
                 return r;
         *ret_cpu_s_per_gb = (cpu1 - cpu0) / ((double) total_bytes / 1e9);
+        r = zmqraw_exchange(xeps, npeers, msg_bytes, total_bytes, ret_xchg_gbps);
+        if (r < 0)
+                return log_error_errno(r, "Raw ZeroMQ exchange over %s failed: %m", xep[0]);
         return 0;
 }
 
@@ -866,6 +887,9 @@ static void bench_cleanup(const char *dir, bool keep) {
                 }
         if (fmt(path, sizeof path, "%s/zmqraw.sock", dir) == 0 && unlink(path) < 0 && errno != ENOENT)
                 log_warning_errno(errno, "Failed to remove %s: %m", path);
+        for (unsigned i = 1; i <= BENCH_MAX_SHARDS; i++)
+                if (fmt(path, sizeof path, "%s/zmqraw-%u.sock", dir, i) == 0 && unlink(path) < 0 && errno != ENOENT)
+                        log_warning_errno(errno, "Failed to remove %s: %m", path);
         if (rmdir(dir) < 0)
                 log_warning_errno(errno, "Failed to remove %s: %m", dir);
 }
@@ -1051,13 +1075,16 @@ int main(int argc, char **argv) {
         size_t total = (size_t) (2 * model_bytes) * o.rounds / per;
         double raw_runs[BENCH_RAW_MAX] = { 0 }, raw_sorted[BENCH_RAW_MAX], raw = 0;
         double raw_cpu[BENCH_RAW_MAX] = { 0 }, raw_cpu_med = 0;
+        double xchg_runs[BENCH_RAW_MAX] = { 0 }, xchg = 0;
+        size_t npeers = MAX(o.replicas, 2u); /* the shards a round talks to */
         double mc_runs[BENCH_RAW_MAX] = { 0 }, mc = 0;
         CpuMark m0 = { 0 }, m1 = { 0 };
         bool marked = cpu_mark(&m0) == 0;
         size_t nraw = 0;
         for (size_t i = 0; i < nmodes; i++) {
                 if (nraw < o.raw_runs) {
-                        if ((r = bench_raw(&o, dir, msg_bytes, total, &raw_runs[nraw], &raw_cpu[nraw])) < 0 ||
+                        if ((r = bench_raw(&o, dir, npeers, msg_bytes, total, &raw_runs[nraw], &raw_cpu[nraw],
+                                       &xchg_runs[nraw])) < 0 ||
                             (r = bench_memcpy(model_bytes, &mc_runs[nraw])) < 0)
                                 goto out;
                         nraw++;
@@ -1067,7 +1094,8 @@ int main(int argc, char **argv) {
                         goto out;
         }
         for (; nraw < o.raw_runs; nraw++)
-                if ((r = bench_raw(&o, dir, msg_bytes, total, &raw_runs[nraw], &raw_cpu[nraw])) < 0 ||
+                if ((r = bench_raw(&o, dir, npeers, msg_bytes, total, &raw_runs[nraw], &raw_cpu[nraw],
+                                       &xchg_runs[nraw])) < 0 ||
                     (r = bench_memcpy(model_bytes, &mc_runs[nraw])) < 0)
                         goto out;
         if (nraw > 0) {
@@ -1077,6 +1105,8 @@ int main(int argc, char **argv) {
                 raw_cpu_med = median(raw_sorted, nraw);
                 memcpy(raw_sorted, mc_runs, sizeof mc_runs);
                 mc = median(raw_sorted, nraw);
+                memcpy(raw_sorted, xchg_runs, sizeof xchg_runs);
+                xchg = median(raw_sorted, nraw);
         }
 
         printf("%-5s %-10s %4s %9s %9s %11s %9s %8s\n", "mode", "kind", "n", "MiB/round", "median_ms", "median_GB/s",
@@ -1090,6 +1120,12 @@ int main(int argc, char **argv) {
                        nraw, (double) total / (1 << 20), "-", raw, "-", raw_cpu_med, msg_bytes / 1024);
                 for (size_t i = 0; i < nraw; i++)
                         printf(" %.2f", raw_runs[i]);
+                printf(")\n");
+                printf("%-5s %-10s %4zu %9.1f %9s %11.2f %9s %8s  (%zu peers, requests answered by replies of "
+                       "the same size; runs:", "raw", "zmq-xchg", nraw, (double) total / (1 << 20), "-", xchg, "-", "-",
+                       npeers);
+                for (size_t i = 0; i < nraw; i++)
+                        printf(" %.2f", xchg_runs[i]);
                 printf(")\n");
                 printf("%-5s %-10s %4zu %9.1f %9s %11.2f %9s %8s  (single thread, this process)\n", "base", "memcpy",
                        nraw, model_mib, "-", mc, "-", "-");
@@ -1115,8 +1151,9 @@ int main(int argc, char **argv) {
                        "rss_over_state=%.2f", res[i].rss_mib, res[i].anon_mib, res[i].shmem_mib, res[i].state_mib,
                        res[i].state_mib > 0 ? res[i].anon_mib / res[i].state_mib : 0.0);
                 if (nraw > 0)
-                        printf(" raw_zmq_gbps=%.2f raw_cpu_s_per_gb=%.3f ratio=%.2f pull_ratio=%.2f memcpy_gbps=%.2f "
-                               "memcpy_ratio=%.2f target=%s", raw, raw_cpu_med, pp->med_gbps / raw, pl->med_gbps / raw,
+                        printf(" raw_zmq_gbps=%.2f raw_cpu_s_per_gb=%.3f ratio=%.2f pull_ratio=%.2f raw_exchange_gbps=%.2f "
+                               "exchange_ratio=%.2f memcpy_gbps=%.2f memcpy_ratio=%.2f target=%s", raw, raw_cpu_med,
+                               pp->med_gbps / raw, pl->med_gbps / raw, xchg, xchg > 0 ? pp->med_gbps / xchg : 0.0,
                                mc, mc > 0 ? pp->med_gbps / mc : 0.0,
                                shm_used ? "0.5_of_memcpy" : strcmp(o.transport, "tcp") == 0 ? "0.9_of_raw" : "0.95_of_raw");
                 printf("\n");

@@ -2,7 +2,8 @@
  * sender is the calling process. Both are plain blocking loops: nothing here
  * should cost more than ZeroMQ itself.
  *
- * Standalone check (prints GB/s for 1 MiB and 16 MiB messages over ipc and tcp):
+ * Standalone check (prints GB/s for 1 MiB and 16 MiB messages over ipc and tcp,
+ * then the exchange with two peers):
  *   gcc -O2 -DZMQRAW_MAIN tests/bench/zmqraw.c -lzmq -o /tmp/zmqraw && /tmp/zmqraw */
 #include <errno.h>
 #include <signal.h>
@@ -292,6 +293,246 @@ int zmqraw_measure(const char *endpoint, size_t msg_bytes, size_t total_bytes, d
         return 0;
 }
 
+/* --- the exchange: requests and replies of the same size, to several peers ---- */
+
+/* A child of zmqraw_exchange: binds a ROUTER, answers the handshake, then
+ * answers each of count messages of msg_bytes with msg_bytes of its own
+ * (zero-copy from one pre-faulted buffer). */
+static int echo_run(const char *endpoint, size_t count, size_t msg_bytes) {
+        void *ctx = NULL, *sock = NULL;
+        bool bound = false;
+        uint8_t *buf = malloc(msg_bytes);
+        int r;
+        if (!buf)
+                return -ENOMEM;
+        memset(buf, 0x5a, msg_bytes);
+        r = ctx_new(&ctx);
+        if (r < 0) {
+                free(buf);
+                return r;
+        }
+        sock = zmq_socket(ctx, ZMQ_ROUTER);
+        if (!sock) {
+                free(buf);
+                return zmq_done(ctx, NULL, zerr());
+        }
+        r = sock_set_int(sock, ZMQ_RCVTIMEO, ZMQRAW_DEADLINE_MS);
+        if (r >= 0)
+                r = sock_set_int(sock, ZMQ_LINGER, ZMQRAW_LINGER_MS);
+        if (r >= 0) {
+                if (zmq_bind(sock, endpoint) < 0)
+                        r = zerr();
+                else
+                        bound = true;
+        }
+        /* Message 0 is the handshake (answered with one byte); 1..count the load. */
+        for (size_t i = 0; r >= 0 && i <= count; i++) {
+                zmq_msg_t idm, body;
+                if (zmq_msg_init(&idm) < 0 || zmq_msg_recv(&idm, sock, 0) < 0) {
+                        r = zerr();
+                        (void) zmq_msg_close(&idm);
+                        break;
+                }
+                if (!zmq_msg_more(&idm) || zmq_msg_init(&body) < 0) {
+                        r = -EPROTO;
+                        (void) zmq_msg_close(&idm);
+                        break;
+                }
+                if (zmq_msg_recv(&body, sock, 0) < 0)
+                        r = zerr();
+                else if (zmq_msg_more(&body) || zmq_msg_size(&body) != (i == 0 ? 0 : msg_bytes))
+                        r = -EMSGSIZE;
+                (void) zmq_msg_close(&body);
+                if (r >= 0 && zmq_msg_send(&idm, sock, ZMQ_SNDMORE) < 0)
+                        r = zerr();
+                if (r < 0) {
+                        (void) zmq_msg_close(&idm);
+                        break;
+                }
+                zmq_msg_t rep;
+                /* No free function: buf outlives the context. */
+                if (i == 0 ? zmq_msg_init_data(&rep, (void *) "k", 1, NULL, NULL) < 0
+                           : zmq_msg_init_data(&rep, buf, msg_bytes, NULL, NULL) < 0) {
+                        r = zerr();
+                        break;
+                }
+                if (zmq_msg_send(&rep, sock, 0) < 0) {
+                        r = zerr();
+                        (void) zmq_msg_close(&rep);
+                }
+        }
+        r = zmq_done(ctx, sock, r < 0 ? r : 0);
+        free(buf);
+        if (bound && strncmp(endpoint, "ipc://", 6) == 0 && endpoint[6] != '@' &&
+            unlink(endpoint + 6) < 0 && errno != ENOENT && r == 0)
+                r = -errno;
+        return r;
+}
+
+/* Whether a child is gone; reaps it. */
+static bool child_gone(pid_t pid, bool *reaped, int *wstatus) {
+        if (*reaped)
+                return true;
+        if (waitpid(pid, wstatus, WNOHANG) == pid)
+                *reaped = true;
+        return *reaped;
+}
+
+/* The parent of zmqraw_exchange: one context with one I/O thread, a DEALER
+ * per peer; at most ZMQRAW_WINDOW requests unanswered per peer. */
+static int exchange_run(const char *const *endpoints, size_t npeers, const pid_t *pids, const size_t *count,
+                        const uint8_t *buf, size_t msg_bytes, bool *reaped, int *wstatus, int64_t *ret_ns) {
+        void *ctx = NULL, *socks[ZMQRAW_MAX_PEERS] = { NULL };
+        size_t sent[ZMQRAW_MAX_PEERS] = { 0 }, got[ZMQRAW_MAX_PEERS] = { 0 }, left = 0, nload = 0;
+        int64_t t0 = 0, t1 = 0;
+        int r = ctx_new(&ctx);
+        if (r < 0)
+                return r;
+        for (size_t i = 0; r >= 0 && i < npeers; i++) {
+                nload += count[i];
+                left += count[i] + 1; /* the handshake's answer too */
+                socks[i] = zmq_socket(ctx, ZMQ_DEALER);
+                if (!socks[i])
+                        r = zerr();
+                else if ((r = sock_set_int(socks[i], ZMQ_LINGER, 0)) >= 0 && zmq_connect(socks[i], endpoints[i]) < 0)
+                        r = zerr();
+                if (r >= 0 && zmq_send(socks[i], "", 0, 0) < 0)
+                        r = zerr();
+        }
+        bool started = false;
+        int waited = 0;
+        while (r >= 0 && left > 0) {
+                /* Every handshake answered: the clock starts, requests leave. */
+                if (!started && left == nload) {
+                        started = true;
+                        r = now_ns(&t0);
+                }
+                for (size_t i = 0; started && r >= 0 && i < npeers; i++)
+                        while (sent[i] < count[i] && sent[i] - got[i] < ZMQRAW_WINDOW) {
+                                zmq_msg_t m;
+                                if (zmq_msg_init_data(&m, (void *) buf, msg_bytes, NULL, NULL) < 0) {
+                                        r = zerr();
+                                        break;
+                                }
+                                if (zmq_msg_send(&m, socks[i], 0) < 0) {
+                                        r = zerr();
+                                        (void) zmq_msg_close(&m);
+                                        break;
+                                }
+                                sent[i]++;
+                        }
+                if (r < 0)
+                        break;
+                zmq_pollitem_t items[ZMQRAW_MAX_PEERS];
+                for (size_t i = 0; i < npeers; i++)
+                        items[i] = (zmq_pollitem_t) { .socket = socks[i], .events = ZMQ_POLLIN };
+                int n = zmq_poll(items, (int) npeers, ZMQRAW_POLL_MS);
+                if (n < 0) {
+                        if (zmq_errno() != EINTR)
+                                r = zerr();
+                        continue;
+                }
+                if (n == 0) {
+                        for (size_t i = 0; i < npeers; i++)
+                                if (child_gone(pids[i], &reaped[i], &wstatus[i]))
+                                        r = -ECHILD;
+                        if (r >= 0 && (waited += ZMQRAW_POLL_MS) >= ZMQRAW_DEADLINE_MS)
+                                r = -ETIMEDOUT;
+                        continue;
+                }
+                waited = 0;
+                for (size_t i = 0; r >= 0 && i < npeers; i++) {
+                        if (!(items[i].revents & ZMQ_POLLIN))
+                                continue;
+                        zmq_msg_t m;
+                        (void) zmq_msg_init(&m);
+                        while (r >= 0 && zmq_msg_recv(&m, socks[i], ZMQ_DONTWAIT) >= 0) {
+                                bool hello = !started;
+                                if (zmq_msg_size(&m) != (hello ? 1 : msg_bytes))
+                                        r = -EMSGSIZE;
+                                else if (!hello)
+                                        got[i]++;
+                                left--;
+                        }
+                        if (r >= 0 && zmq_errno() != EAGAIN)
+                                r = zerr();
+                        (void) zmq_msg_close(&m);
+                }
+        }
+        if (r >= 0)
+                r = now_ns(&t1);
+        for (size_t i = 0; i < npeers; i++)
+                if (socks[i] && zmq_close(socks[i]) < 0 && r >= 0)
+                        r = zerr();
+        r = zmq_done(ctx, NULL, r < 0 ? r : 0);
+        if (r < 0)
+                return r;
+        *ret_ns = t1 - t0;
+        return 0;
+}
+
+int zmqraw_exchange(const char *const *endpoints, size_t npeers, size_t msg_bytes, size_t total_bytes,
+                    double *ret_gbps) {
+        pid_t pids[ZMQRAW_MAX_PEERS];
+        size_t count[ZMQRAW_MAX_PEERS];
+        bool reaped[ZMQRAW_MAX_PEERS] = { false };
+        int wstatus[ZMQRAW_MAX_PEERS] = { 0 };
+        int64_t ns = 0;
+        int r = 0;
+        if (!endpoints || !ret_gbps || npeers == 0 || npeers > ZMQRAW_MAX_PEERS || msg_bytes == 0 ||
+            total_bytes < 2 * msg_bytes)
+                return -EINVAL;
+        /* Requests and replies alike: half the bytes each way, whole messages. */
+        size_t nmsg = total_bytes / 2 / msg_bytes;
+        for (size_t i = 0; i < npeers; i++)
+                count[i] = nmsg / npeers + (i < nmsg % npeers);
+        uint8_t *buf = malloc(msg_bytes);
+        if (!buf)
+                return -ENOMEM;
+        memset(buf, 0xa5, msg_bytes);
+        size_t forked = 0;
+        for (; forked < npeers; forked++) {
+                pids[forked] = fork();
+                if (pids[forked] < 0) {
+                        r = -errno;
+                        break;
+                }
+                if (pids[forked] == 0) {
+                        r = echo_run(endpoints[forked], count[forked], msg_bytes);
+                        _exit(r < 0 ? (-r > 255 ? 255 : -r) : 0);
+                }
+        }
+        if (r >= 0)
+                r = exchange_run(endpoints, npeers, pids, count, buf, msg_bytes, reaped, wstatus, &ns);
+        free(buf);
+        int child_err = 0;
+        for (size_t i = 0; i < forked; i++) {
+                if (r < 0 && !reaped[i])
+                        (void) kill(pids[i], SIGKILL);
+                while (!reaped[i]) {
+                        if (waitpid(pids[i], &wstatus[i], 0) == pids[i])
+                                reaped[i] = true;
+                        else if (errno != EINTR) {
+                                reaped[i] = true;
+                                wstatus[i] = 0;
+                        }
+                }
+                /* A child's own failure says why the exchange failed. */
+                if (r >= 0 && !WIFEXITED(wstatus[i]))
+                        child_err = -ECHILD;
+                else if (WIFEXITED(wstatus[i]) && WEXITSTATUS(wstatus[i]) != 0 && !child_err)
+                        child_err = -WEXITSTATUS(wstatus[i]);
+        }
+        if (child_err)
+                return child_err;
+        if (r < 0)
+                return r;
+        if (ns <= 0)
+                ns = 1;
+        *ret_gbps = (double) (2 * nmsg * msg_bytes) / (double) ns;
+        return 0;
+}
+
 #ifdef ZMQRAW_MAIN
 #include <stdio.h>
 
@@ -319,6 +560,23 @@ int main(void) {
                         printf("%-32s msg %2zu MiB  total %zu MiB  %6.2f GB/s\n", endpoints[e],
                                sizes[s] >> 20, total >> 20, gbps);
                 }
+        /* The exchange with two peers, 1 MiB messages. */
+        char ipc2[2][64];
+        const char *pair[2][2] = { { ipc2[0], ipc2[1] }, { "tcp://127.0.0.1:45601", "tcp://127.0.0.1:45602" } };
+        for (size_t k = 0; k < 2; k++)
+                if (snprintf(ipc2[k], sizeof ipc2[k], "ipc:///tmp/zmqraw-%d-%zu.ipc", (int) getpid(), k) < 0)
+                        return 1;
+        for (size_t e = 0; e < 2; e++) {
+                double gbps;
+                r = zmqraw_exchange(pair[e], 2, 1u << 20, total, &gbps);
+                if (r < 0) {
+                        fprintf(stderr, "exchange %s: %s\n", pair[e][0], strerror(-r));
+                        ret = 1;
+                        continue;
+                }
+                printf("exchange, 2 peers, %-17s msg  1 MiB  total %zu MiB  %6.2f GB/s\n", e ? "tcp" : "ipc",
+                       total >> 20, gbps);
+        }
         return ret;
 }
 #endif

@@ -1,6 +1,8 @@
-/* The raw-ZeroMQ baseline for the benchmarks: how fast bare ZeroMQ moves bytes
- * one way between two processes, so psnet's push/pull figures can be read
- * against what the transport alone achieves. */
+/* The raw-ZeroMQ baselines for the benchmarks: how fast bare ZeroMQ moves
+ * bytes one way between two processes, and in requests answered by replies of
+ * the same size with several peers (the pattern of a push+pull round), so
+ * psnet's push/pull figures can be read against what the transport alone
+ * achieves. */
 #pragma once
 #include <stddef.h>
 
@@ -20,3 +22,18 @@
  * errno if it failed (e.g. -EADDRINUSE), -ECHILD if it died of a signal, or
  * another negative errno from ZeroMQ or fork. */
 int zmqraw_measure(const char *endpoint, size_t msg_bytes, size_t total_bytes, double *ret_gbps);
+
+/* The pattern of psnet's push+pull rounds without psnet: forks npeers
+ * (1..ZMQRAW_MAX_PEERS) children, each binding a ROUTER at its endpoint and
+ * answering every message with one of the same size (zero-copy from a buffer
+ * of its own, as a shard's pull reply leaves); this process connects a DEALER
+ * to each in one context with one I/O thread (as a worker does) and sends
+ * total_bytes / 2 in whole messages of msg_bytes, spread evenly over the
+ * peers, at most 8 unanswered per peer, receiving the replies without
+ * copying them anywhere. Goodput = bytes sent + received (whole messages)
+ * per second, from the first request to the last reply, after a handshake
+ * with every peer. Errors as zmqraw_measure's; -EINVAL also for total_bytes
+ * under two messages. */
+#define ZMQRAW_MAX_PEERS 8
+int zmqraw_exchange(const char *const *endpoints, size_t npeers, size_t msg_bytes, size_t total_bytes,
+                    double *ret_gbps);
