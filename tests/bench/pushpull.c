@@ -801,39 +801,35 @@ static int bench_memcpy(size_t bytes, double *ret_gbps) {
  * (zmqraw_exchange: requests answered by replies of the same size). */
 static int bench_raw(const Opts *o, const char *dir, size_t npeers, size_t msg_bytes, size_t total_bytes,
                      double *ret_gbps, double *ret_cpu_s_per_gb, double *ret_xchg_gbps) {
-        char ep[PATH_MAX + 8], xep[BENCH_MAX_SHARDS][PATH_MAX + 8];
-        const char *xeps[BENCH_MAX_SHARDS];
+        /* ep[0]: the one-way baseline's; ep[1..npeers]: the exchange's peers. */
+        char ep[1 + BENCH_MAX_SHARDS][PATH_MAX + 8];
+        const char *eps[1 + BENCH_MAX_SHARDS];
+        unsigned ports[1 + BENCH_MAX_SHARDS] = { 0 };
+        bool tcp = strcmp(o->transport, "tcp") == 0;
         double cpu0, cpu1;
         int r;
-        if (strcmp(o->transport, "tcp") == 0) {
-                unsigned ports[1 + BENCH_MAX_SHARDS] = { 0 };
-                if ((r = free_tcp_ports(1 + npeers, ports)) < 0 ||
-                    (r = fmt(ep, sizeof ep, "tcp://127.0.0.1:%u", ports[0])) < 0)
+        if (tcp && (r = free_tcp_ports(1 + npeers, ports)) < 0)
+                return r;
+        for (size_t i = 0; i <= npeers; i++) {
+                r = tcp      ? fmt(ep[i], sizeof ep[i], "tcp://127.0.0.1:%u", ports[i])
+                    : i == 0 ? fmt(ep[i], sizeof ep[i], "ipc://%s/zmqraw.sock", dir)
+                             : fmt(ep[i], sizeof ep[i], "ipc://%s/zmqraw-%zu.sock", dir, i);
+                if (r < 0)
                         return r;
-                for (size_t i = 0; i < npeers; i++)
-                        if ((r = fmt(xep[i], sizeof xep[i], "tcp://127.0.0.1:%u", ports[1 + i])) < 0)
-                                return r;
-        } else {
-                if ((r = fmt(ep, sizeof ep, "ipc://%s/zmqraw.sock", dir)) < 0)
-                        return r;
-                for (size_t i = 0; i < npeers; i++)
-                        if ((r = fmt(xep[i], sizeof xep[i], "ipc://%s/zmqraw-%zu.sock", dir, i + 1)) < 0)
-                                return r;
+                eps[i] = ep[i];
         }
-        for (size_t i = 0; i < npeers; i++)
-                xeps[i] = xep[i];
         /* Both sides: this process sends, a reaped child receives. */
         if ((r = rusage_s(&cpu0)) < 0)
                 return r;
-        r = zmqraw_measure(ep, msg_bytes, total_bytes, ret_gbps);
+        r = zmqraw_measure(ep[0], msg_bytes, total_bytes, ret_gbps);
         if (r < 0)
-                return log_error_errno(r, "Raw ZeroMQ measurement over %s failed: %m", ep);
+                return log_error_errno(r, "Raw ZeroMQ measurement over %s failed: %m", ep[0]);
         if ((r = rusage_s(&cpu1)) < 0)
                 return r;
         *ret_cpu_s_per_gb = (cpu1 - cpu0) / ((double) total_bytes / 1e9);
-        r = zmqraw_exchange(xeps, npeers, msg_bytes, total_bytes, ret_xchg_gbps);
+        r = zmqraw_exchange(eps + 1, npeers, msg_bytes, total_bytes, ret_xchg_gbps);
         if (r < 0)
-                return log_error_errno(r, "Raw ZeroMQ exchange over %s failed: %m", xep[0]);
+                return log_error_errno(r, "Raw ZeroMQ exchange over %s failed: %m", ep[1]);
         return 0;
 }
 

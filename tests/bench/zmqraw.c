@@ -70,30 +70,65 @@ static int zmq_done(void *ctx, void *sock, int r) {
         return r;
 }
 
+/* A socket of type in ctx with ZMQ_LINGER linger_ms and, where rcvtimeo_ms
+ * is not negative, ZMQ_RCVTIMEO; bound at endpoint or connected to it. */
+static int sock_open(void *ctx, int type, int rcvtimeo_ms, int linger_ms, const char *endpoint, bool bind,
+                     void **ret) {
+        void *sock = zmq_socket(ctx, type);
+        int r = 0;
+        if (!sock)
+                return zerr();
+        if (rcvtimeo_ms >= 0)
+                r = sock_set_int(sock, ZMQ_RCVTIMEO, rcvtimeo_ms);
+        if (r >= 0)
+                r = sock_set_int(sock, ZMQ_LINGER, linger_ms);
+        if (r >= 0 && (bind ? zmq_bind(sock, endpoint) : zmq_connect(sock, endpoint)) < 0)
+                r = zerr();
+        if (r < 0) {
+                (void) zmq_close(sock);
+                return r;
+        }
+        *ret = sock;
+        return 0;
+}
+
+/* The receiving side of both baselines: a context with one I/O thread and a
+ * ROUTER bound at endpoint, waiting at most ZMQRAW_DEADLINE_MS for a message.
+ * Nothing is left open when it fails. */
+static int router_open(const char *endpoint, void **ret_ctx, void **ret_sock) {
+        void *ctx = NULL;
+        int r = ctx_new(&ctx);
+        if (r < 0)
+                return r;
+        r = sock_open(ctx, ZMQ_ROUTER, ZMQRAW_DEADLINE_MS, ZMQRAW_LINGER_MS, endpoint, true, ret_sock);
+        if (r < 0)
+                return zmq_done(ctx, NULL, r);
+        *ret_ctx = ctx;
+        return 0;
+}
+
+/* Closes what router_open opened; returns r, or the first error of the
+ * teardown if r was 0. */
+static int router_close(const char *endpoint, void *ctx, void *sock, int r) {
+        r = zmq_done(ctx, sock, r < 0 ? r : 0);
+        /* libzmq leaves the socket file of an ipc endpoint behind. */
+        if (strncmp(endpoint, "ipc://", 6) == 0 && endpoint[6] != '@' && unlink(endpoint + 6) < 0 &&
+            errno != ENOENT && r == 0)
+                r = -errno;
+        return r;
+}
+
 /* The child: binds a ROUTER, answers the handshake, then receives nmsg
  * messages (all of msg_bytes but the last, of last_bytes) and acks each. */
 static int receiver_run(const char *endpoint, size_t nmsg, size_t msg_bytes, size_t last_bytes) {
         void *ctx = NULL, *sock = NULL;
         uint8_t id[256];
         size_t idlen = 0;
-        bool bound = false;
         int r;
 
-        r = ctx_new(&ctx);
+        r = router_open(endpoint, &ctx, &sock);
         if (r < 0)
                 return r;
-        sock = zmq_socket(ctx, ZMQ_ROUTER);
-        if (!sock)
-                return zmq_done(ctx, NULL, zerr());
-        r = sock_set_int(sock, ZMQ_RCVTIMEO, ZMQRAW_DEADLINE_MS);
-        if (r >= 0)
-                r = sock_set_int(sock, ZMQ_LINGER, ZMQRAW_LINGER_MS);
-        if (r >= 0) {
-                if (zmq_bind(sock, endpoint) < 0)
-                        r = zerr();
-                else
-                        bound = true;
-        }
 
         /* Frame 0 of each message is the peer's routing id, frame 1 the body.
          * Message 0 is the handshake; 1..nmsg are the payload. */
@@ -147,12 +182,7 @@ static int receiver_run(const char *endpoint, size_t nmsg, size_t msg_bytes, siz
                 if (zmq_send(sock, id, idlen, ZMQ_SNDMORE) < 0 || zmq_send(sock, "k", 1, 0) < 0)
                         r = zerr();
         }
-        r = zmq_done(ctx, sock, r < 0 ? r : 0);
-        /* libzmq leaves the socket file of an ipc endpoint behind. */
-        if (bound && strncmp(endpoint, "ipc://", 6) == 0 && endpoint[6] != '@' &&
-            unlink(endpoint + 6) < 0 && errno != ENOENT && r == 0)
-                r = -errno;
-        return r;
+        return router_close(endpoint, ctx, sock, r);
 }
 
 /* Receives one ack, waiting at most ZMQRAW_DEADLINE_MS and giving up early if
@@ -193,14 +223,7 @@ static int sender_run(const char *endpoint, pid_t pid, const uint8_t *buf, size_
         r = ctx_new(&ctx);
         if (r < 0)
                 return r;
-        sock = zmq_socket(ctx, ZMQ_DEALER);
-        if (!sock)
-                return zmq_done(ctx, NULL, zerr());
-        r = sock_set_int(sock, ZMQ_RCVTIMEO, ZMQRAW_POLL_MS);
-        if (r >= 0)
-                r = sock_set_int(sock, ZMQ_LINGER, 0);
-        if (r >= 0 && zmq_connect(sock, endpoint) < 0)
-                r = zerr();
+        r = sock_open(ctx, ZMQ_DEALER, ZMQRAW_POLL_MS, 0, endpoint, false, &sock);
         /* Handshake: an empty message, answered once the child has bound. */
         if (r >= 0 && zmq_send(sock, "", 0, 0) < 0)
                 r = zerr();
@@ -300,30 +323,15 @@ int zmqraw_measure(const char *endpoint, size_t msg_bytes, size_t total_bytes, d
  * (zero-copy from one pre-faulted buffer). */
 static int echo_run(const char *endpoint, size_t count, size_t msg_bytes) {
         void *ctx = NULL, *sock = NULL;
-        bool bound = false;
         uint8_t *buf = malloc(msg_bytes);
         int r;
         if (!buf)
                 return -ENOMEM;
         memset(buf, 0x5a, msg_bytes);
-        r = ctx_new(&ctx);
+        r = router_open(endpoint, &ctx, &sock);
         if (r < 0) {
                 free(buf);
                 return r;
-        }
-        sock = zmq_socket(ctx, ZMQ_ROUTER);
-        if (!sock) {
-                free(buf);
-                return zmq_done(ctx, NULL, zerr());
-        }
-        r = sock_set_int(sock, ZMQ_RCVTIMEO, ZMQRAW_DEADLINE_MS);
-        if (r >= 0)
-                r = sock_set_int(sock, ZMQ_LINGER, ZMQRAW_LINGER_MS);
-        if (r >= 0) {
-                if (zmq_bind(sock, endpoint) < 0)
-                        r = zerr();
-                else
-                        bound = true;
         }
         /* Message 0 is the handshake (answered with one byte); 1..count the load. */
         for (size_t i = 0; r >= 0 && i <= count; i++) {
@@ -361,11 +369,8 @@ static int echo_run(const char *endpoint, size_t count, size_t msg_bytes) {
                         (void) zmq_msg_close(&rep);
                 }
         }
-        r = zmq_done(ctx, sock, r < 0 ? r : 0);
-        free(buf);
-        if (bound && strncmp(endpoint, "ipc://", 6) == 0 && endpoint[6] != '@' &&
-            unlink(endpoint + 6) < 0 && errno != ENOENT && r == 0)
-                r = -errno;
+        r = router_close(endpoint, ctx, sock, r);
+        free(buf); /* after the context: its zero-copy replies point into it */
         return r;
 }
 
@@ -391,11 +396,7 @@ static int exchange_run(const char *const *endpoints, size_t npeers, const pid_t
         for (size_t i = 0; r >= 0 && i < npeers; i++) {
                 nload += count[i];
                 left += count[i] + 1; /* the handshake's answer too */
-                socks[i] = zmq_socket(ctx, ZMQ_DEALER);
-                if (!socks[i])
-                        r = zerr();
-                else if ((r = sock_set_int(socks[i], ZMQ_LINGER, 0)) >= 0 && zmq_connect(socks[i], endpoints[i]) < 0)
-                        r = zerr();
+                r = sock_open(ctx, ZMQ_DEALER, -1, 0, endpoints[i], false, &socks[i]);
                 if (r >= 0 && zmq_send(socks[i], "", 0, 0) < 0)
                         r = zerr();
         }
