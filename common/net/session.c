@@ -304,26 +304,17 @@ static void session_on_msg(NetSock *ns, WireMsg *m, int r, void *ud) {
         s->last_reply = now_ms();
         s->warned_silent = 0;
         Req *q = h->has_seq ? req_find(s, h->seq) : NULL;
-        if (q && h->type == PSNET__MSG_TYPE__MSG_ERROR && h->status == PSNET__STATUS__STATUS_UNKNOWN_PEER &&
-            q->seq != s->register_seq && s->ever_registered &&
-            (s->state == S_REGISTERED || s->state == S_REGISTERING)) {
-                /* pscoord forgot this peer (it restarted, or the lease ran out)
-                 * while a request was on its way, e.g. a worker's RESULT: the
-                 * request waits, within its deadline, for the registration
-                 * again and then leaves again. Failing it would lose it. */
+        bool unknown = h->type == PSNET__MSG_TYPE__MSG_ERROR && h->status == PSNET__STATUS__STATUS_UNKNOWN_PEER;
+        /* pscoord forgot this peer (it restarted, or the lease ran out) while
+         * a request was on its way, e.g. a worker's RESULT: the request waits,
+         * within its deadline, for the registration again and then leaves
+         * again. Failing it would lose it. */
+        bool hold = unknown && q && q->seq != s->register_seq && s->ever_registered &&
+                    (s->state == S_REGISTERED || s->state == S_REGISTERING);
+        if (hold) {
                 q->held = true;
                 q->sent = false;
-                s->lease_until = 0;
-                if (s->state == S_REGISTERED) {
-                        log_warning("pscoord does not know this peer (restarted, or the lease ran out): registering "
-                                    "again, then sending the request again");
-                        if (session_register(s) < 0)
-                                log_error("out of memory while registering with pscoord");
-                }
-                session_schedule(s);
-                return;
-        }
-        if (q && (h->type == q->want || h->type == PSNET__MSG_TYPE__MSG_ERROR)) {
+        } else if (q && (h->type == q->want || h->type == PSNET__MSG_TYPE__MSG_ERROR)) {
                 session_finish_req(s, q, h->type == q->want ? 0 : -ECONNREFUSED, m);
                 session_schedule(s);
                 return;
@@ -334,14 +325,20 @@ static void session_on_msg(NetSock *ns, WireMsg *m, int r, void *ud) {
                         s->lease_until = s->hb_sent[i].ms + s->lease_ms;
                 return;
         }
-        if (h->type == PSNET__MSG_TYPE__MSG_ERROR && h->status == PSNET__STATUS__STATUS_UNKNOWN_PEER)
+        if (unknown) {
                 s->lease_until = 0;
-        if (h->type == PSNET__MSG_TYPE__MSG_ERROR && h->status == PSNET__STATUS__STATUS_UNKNOWN_PEER &&
-            s->state == S_REGISTERED) {
-                log_warning("pscoord does not know this peer (restarted, or the lease ran out): registering again");
-                if (session_register(s) < 0)
-                        log_error("out of memory while registering with pscoord");
-                return;
+                if (s->state == S_REGISTERED) {
+                        log_warning("pscoord does not know this peer (restarted, or the lease ran out): registering "
+                                    "again%s", hold ? ", then sending the request again" : "");
+                        if (session_register(s) < 0)
+                                log_error("out of memory while registering with pscoord");
+                        if (!hold)
+                                return;
+                }
+                if (hold) {
+                        session_schedule(s);
+                        return;
+                }
         }
         if (h->type == PSNET__MSG_TYPE__MSG_ERROR) {
                 log_warning("pscoord error status=%s reason=\"%s\"", status_name(h->status),
