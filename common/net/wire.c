@@ -143,6 +143,12 @@ int wire_validate(const Psnet__Header *hdr, const zmq_msg_t *frames, size_t nfra
                 return fail(reason, reasonlen, PSNET__STATUS__STATUS_MALFORMED,
                             "a shared-memory session (%zu bytes) goes on a PUSH, PULL or PULL_REP without a codec, "
                             "and names %u bytes", hdr->shm_session.len, (unsigned) WIRE_SHM_TOKEN);
+        if ((hdr->has_part || hdr->has_parts) &&
+            (hdr->type != PSNET__MSG_TYPE__MSG_PUSH || !hdr->has_part || !hdr->has_parts || !hdr->has_epoch ||
+             hdr->parts < 2 || hdr->parts > WIRE_MAX_PARTS || hdr->part >= hdr->parts))
+                return fail(reason, reasonlen, PSNET__STATUS__STATUS_MALFORMED,
+                            "part %u of %u: a PUSH in parts names its part (from 0), 2 to %u parts and the map epoch",
+                            hdr->part, hdr->parts, (unsigned) WIRE_MAX_PARTS);
         if ((unsigned) hdr->status > PSNET__STATUS__STATUS_UNAVAILABLE)
                 return fail(reason, reasonlen, PSNET__STATUS__STATUS_MALFORMED,
                             "unknown status %d", (int) hdr->status);

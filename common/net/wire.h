@@ -15,6 +15,7 @@
 #define WIRE_MAX_KEYS 65536
 #define WIRE_MAX_HEADER (1u << 20)
 #define WIRE_SHM_TOKEN 16       /* bytes of a shared-memory session's token (Header.shm_session) */
+#define WIRE_MAX_PARTS 1024     /* parts of a PUSH sent in several messages (Header.parts) */
 
 /* Who sent a message, as the ZAP handler admitted its connection (keys.h,
  * zap.h); role NONE and empty strings without --keys. */

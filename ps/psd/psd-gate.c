@@ -575,8 +575,46 @@ int gate_park_copy(Store *s, Chunk *c, uint32_t worker, float progress, const vo
  * push of that clock to this shard may still be on its way, and a pull, an SSP
  * bound or a checkpoint's cut that took the copy for it would miss an update. */
 static void advance_worker(int64_t *wc, const PushReq *req) {
-        if (!req->replica && *wc < req->clock + 1)
+        if (!req->replica && req->parts < 2 && *wc < req->clock + 1)
                 *wc = req->clock + 1;
+}
+
+_Static_assert(WIRE_MAX_PARTS % 64 == 0, "PartsIn.in holds a bit per part");
+
+int gate_push_part(Store *s, const PushReq *req) {
+        Gate *g = &s->gate;
+        if (req->replica || req->parts < 2 || req->parts > WIRE_MAX_PARTS || req->part >= req->parts ||
+            req->worker > GATE_MAX_WORKER_ID)
+                return 0;
+        if (req->worker >= g->nparts_in) {
+                size_t m = MAX((size_t) req->worker + 1, g->nparts_in * 2);
+                PartsIn *p = ps_realloc(g->parts_in, m * sizeof *p);
+                if (!p)
+                        return -ENOMEM;
+                for (size_t i = g->nparts_in; i < m; i++)
+                        p[i] = (PartsIn) { .clock = -1 };
+                g->parts_in = p;
+                g->nparts_in = m;
+        }
+        g->push_parts++;
+        PartsIn *t = &g->parts_in[req->worker];
+        if (req->clock < t->clock || (req->clock == t->clock && req->epoch < t->epoch))
+                return 0; /* a late copy of a push this worker has gone past */
+        if (req->clock != t->clock || req->epoch != t->epoch || req->parts != t->parts)
+                *t = (PartsIn) { .clock = req->clock, .epoch = req->epoch, .parts = req->parts };
+        uint64_t bit = UINT64_C(1) << (req->part % 64);
+        if (!(t->in[req->part / 64] & bit)) {
+                t->in[req->part / 64] |= bit;
+                t->nin++;
+        }
+        if (t->nin < t->parts)
+                return 0;
+        int64_t *wc = worker_clock(g, req->worker);
+        if (!wc)
+                return -ENOMEM;
+        if (*wc < req->clock + 1)
+                *wc = req->clock + 1;
+        return 0;
 }
 
 int gate_push(Store *s, Chunk *c, PushReq *req, zmq_msg_t *grad) {
@@ -885,4 +923,6 @@ void gate_done(Store *s) {
         g->prev = g->cur = (GateCfg) { 0 };
         g->wclock = NULL;
         g->nwclock = 0;
+        g->parts_in = mfree(g->parts_in);
+        g->nparts_in = 0;
 }

@@ -6,7 +6,8 @@
  * its key must be that member's (else DENIED), the job's progress it carries
  * a share from 0 to 1 (else INVALID), and every value must be finite unless
  * the job allows otherwise (else NOT_FINITE). A push is applied whole
- * or not at all.
+ * or not at all; a push in parts (Header.parts, docs/ARCHITECTURE.md) part by
+ * part, and its worker's clock here counts it pushed once every part is in.
  *
  * BSP: a push for clock c is parked (its ZeroMQ frame kept, no copy) until
  * every member has pushed that chunk for c; the gradients are summed in
@@ -31,6 +32,7 @@
 #include <zmq.h>
 #include "job.h"
 #include "psnet.pb-c.h"
+#include "wire.h"
 
 typedef struct Store Store;
 typedef struct Chunk Chunk;
@@ -48,6 +50,8 @@ typedef struct PushReq {
         uint64_t arrived;   /* ms, for the latency of its acknowledgement */
         bool replica;       /* forwarded by the primary: held when parked, its parked copies acknowledge nothing */
         int forwards;       /* forwards to backups not answered yet: a BSP clock does not close on it before */
+        uint32_t part, parts; /* a push in parts: this one of so many (parts 0: whole) */
+        uint64_t epoch;     /* the shard-map epoch a push in parts was cut for */
 } PushReq;
 
 typedef struct Pending {
@@ -87,12 +91,23 @@ typedef struct GateLimits {
         uint64_t park_timeout_ms;
 } GateLimits;
 
+/* The parts of one worker's push in parts that are in (bit i: part i), for
+ * the newest (clock, epoch) seen. */
+typedef struct PartsIn {
+        int64_t clock;
+        uint64_t epoch;
+        uint32_t parts, nin;
+        uint64_t in[WIRE_MAX_PARTS / 64];
+} PartsIn;
+
 typedef struct Gate {
         GateCfg prev, cur;
         int64_t switch_clock;
         uint64_t members_epoch;
         int64_t *wclock;        /* per worker id: clocks completed (pushed), -1 unknown */
         size_t nwclock;
+        PartsIn *parts_in;      /* per worker id: its push in parts under way */
+        size_t nparts_in;
         bool fenced;            /* BSP clocks >= fence_limit do not close; */
         int64_t fence_limit;    /* ASP/SSP pulls for clocks > fence_pull_limit wait */
         int64_t fence_pull_limit;
@@ -103,10 +118,13 @@ typedef struct Gate {
         GateAnswerFn answer;
         void *ud;
         uint64_t refused_stale, refused_denied, refused_nonfinite, refused_pulls, expired_pulls;
+        uint64_t push_parts;    /* parts of pushes in parts taken */
 } Gate;
 
 #define GATE_DEFAULT_PARK_TIMEOUT_MS 300000u
-#define GATE_PARKED_PER_WORKER 4u
+/* A worker's pulls to one shard: CLIENT_WINDOW parts of a round, and those of
+ * rounds it gave up on (under a new map, say) that still wait. */
+#define GATE_PARKED_PER_WORKER 12u
 
 /* A new request (route copied) with remaining = 1 for the reader's hold. */
 int pushreq_new(const zmq_msg_t *route, uint64_t seq, uint32_t worker, int64_t clock, PushReq **ret);
@@ -156,6 +174,11 @@ size_t gate_zero_nonfinite(Store *s, float *g, size_t n);
  * when parked. Settles the key in req now (ASP apply, DUPLICATE, STALE) or
  * later (BSP, when the clock closes). */
 int gate_push(Store *s, Chunk *c, PushReq *req, zmq_msg_t *grad);
+/* A part of a worker's push in parts went through the gate (every key
+ * offered): its worker's clock advances once every part of that clock and
+ * map epoch is in. A part of an older clock or epoch than the newest seen
+ * changes nothing. Nothing to do for a whole push or a backup's copy. */
+int gate_push_part(Store *s, const PushReq *req);
 
 /* The index of the first of the n floats at p (any alignment, as ZeroMQ
  * hands frames) that is NaN or infinity, or n. */

@@ -163,6 +163,26 @@ static void psd_ack(void *userdata, PushReq *req) {
         histogram_observe(&p->push_latency, (double) (now_ms() - req->arrived) / 1e3);
 }
 
+/* What a push's header says of it beyond its route, seq, sender and clock. */
+static void pushreq_from_header(PushReq *req, const Psnet__Header *h) {
+        if (h->has_progress)
+                req->progress = h->progress;
+        if (h->has_parts) {
+                req->part = h->part;
+                req->parts = h->parts;
+                req->epoch = h->epoch;
+        }
+}
+
+/* Every key of a part of a push in parts went through the gate. */
+static void psd_push_part_in(Psd *p, PushReq *req) {
+        int r = gate_push_part(p->store, req);
+        if (r < 0) {
+                log_error_errno(r, "Failed to count a push's part: %m");
+                req->status = status_from_errno(r);
+        }
+}
+
 /* Bytes per thread below which a copy through shared memory stays on one
  * thread (psd --threads). */
 #define PSD_MIN_COPY (256u << 10)
@@ -359,8 +379,7 @@ static void psd_push_shm_keys(Psd *p, WireMsg *m, Chunk **chunks, uint64_t bytes
                 psd_reply_error(p, &m->route, h, PSNET__STATUS__STATUS_RESOURCE, "out of memory");
                 return;
         }
-        if (h->has_progress)
-                req->progress = h->progress;
+        pushreq_from_header(req, h);
         size_t changed = 0;
         for (size_t i = 0; i < h->n_keys; i++) {
                 size_t len = h->keys[i]->len;
@@ -391,6 +410,7 @@ static void psd_push_shm_keys(Psd *p, WireMsg *m, Chunk **chunks, uint64_t bytes
                                     "applied: applied as 0 (psnet_psd_shm_zeroed_total)", h->sender, changed);
                 }
         }
+        psd_push_part_in(p, req);
         pushreq_settle(p->store, req, PSNET__STATUS__STATUS_OK);
 }
 
@@ -501,8 +521,7 @@ static void psd_push(Psd *p, WireMsg *m, Chunk **chunks) {
                 psd_reply_error(p, &m->route, h, PSNET__STATUS__STATUS_RESOURCE, "out of memory");
                 return;
         }
-        if (h->has_progress)
-                req->progress = h->progress;
+        pushreq_from_header(req, h);
         /* To the backups first (sharing the frames): acknowledged once they answer. */
         st = migrate_forward(p->migrate, req, h, wire16.f ? wire16.f : m->frames, wire16.f != NULL);
         if (st != PSNET__STATUS__STATUS_OK) {
@@ -516,6 +535,7 @@ static void psd_push(Psd *p, WireMsg *m, Chunk **chunks) {
                         req->status = status_from_errno(r);
                 }
         }
+        psd_push_part_in(p, req);
         pushreq_settle(p->store, req, PSNET__STATUS__STATUS_OK);
 }
 
@@ -1027,6 +1047,8 @@ static void psd_metrics(void *ud, MetricsBuf *b) {
         metrics_one(b, "psnet_psd_shm_zeroed_total", "counter",
                     "Values a worker made NaN or infinite in its shared memory while its push was applied (applied "
                     "as 0).", (double) p->shm_changed);
+        metrics_one(b, "psnet_psd_push_parts_total", "counter",
+                    "Parts of workers' pushes sent in several messages (frames) taken.", (double) g->push_parts);
         metrics_one(b, "psnet_psd_threads", "gauge", "Threads that apply an update (--threads).",
                     (double) pfor_threads(p->pool));
         metrics_one(b, "psnet_psd_parallel_loops_total", "counter",
@@ -1286,10 +1308,10 @@ int psd_run(const PsdConfig *cfg) {
         (void) uv_run(&p.loop, UV_RUN_DEFAULT);
         r = p.exit_code;
         if (p.stopping)
-                log_info("stopped pushes=%lu pulls=%lu applied=%lu copies=%lu errors=%lu",
+                log_info("stopped pushes=%lu pulls=%lu applied=%lu copies=%lu push_parts=%lu errors=%lu",
                          (unsigned long) p.store->pushes, (unsigned long) p.store->pulls,
                          (unsigned long) p.store->applied, (unsigned long) p.store->copies,
-                         (unsigned long) p.errors);
+                         (unsigned long) p.store->gate.push_parts, (unsigned long) p.errors);
 finish:
         /* Pushes waiting on backups, parked pulls and acks in flight are answered
          * before the socket closes; the links go first, while the store lives. */

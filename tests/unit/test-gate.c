@@ -3,8 +3,8 @@
  * non-member pushes, membership changes closing clocks, unaligned frames), ASP
  * (apply on arrival, scaled by the membership), the once-per-request
  * acknowledgement of multi-key pushes, lr scaling, the SSP bound, fences and
- * boundaries, the admission of pushes (membership, key, finite values) and
- * the bounded list of parked pulls.
+ * boundaries, pushes in parts, the admission of pushes (membership, key,
+ * finite values) and the bounded list of parked pulls.
  *
  * Every expected value is computed here, independently of the gate: initial
  * values with job_init_chunk, sums by hand in ascending worker order, and the
@@ -711,6 +711,82 @@ out:
         store_free(s);
 }
 
+/* Part part of parts of worker's push of clock, cut for map epoch: key c. */
+static void push_part(Store *s, Chunk *c, uint32_t worker, int64_t clock, uint64_t seq, uint32_t part,
+                      uint32_t parts, uint64_t epoch) {
+        float g[MAXLEN];
+        PushReq *req = req_new(worker, clock, seq);
+        if (!req)
+                return;
+        req->part = part;
+        req->parts = parts;
+        req->epoch = epoch;
+        grad_fill(g, c->len, worker, clock);
+        (void) req_push(s, req, c, g);
+        (void) gate_push_part(s, req);
+        pushreq_settle(s, req, ST_OK);
+}
+
+/* A push in parts counts as the worker's push only once every part is in:
+ * before that, a pull that needs it waits (SSP with staleness 0). */
+static void test_push_in_parts(void) {
+        uint32_t m12[2] = { 1, 2 };
+        Job job;
+        Acks acks = { 0 };
+        float g[MAXLEN];
+        make_job(&job, 7, MODE_SSP, "sgd");
+        job.staleness = 0;
+        Store *s = open_solo(&job, &acks, m12, 2);
+        Chunk *a = s ? key(s, 0, 0) : NULL, *b = s ? key(s, 0, 12) : NULL;
+        if (!a || !b)
+                goto out;
+        gate_set_config(s, MODE_SSP, 0, m12, NULL, NULL, 2, NULL, 0, 0, 2);
+        Chunk *both[2] = { a, b };
+        grad_fill(g, a->len, 2, 0);
+        push1(s, a, 2, 0, 1, g);
+        grad_fill(g, b->len, 2, 0);
+        push1(s, b, 2, 0, 2, g);
+        int64_t slowest = -1;
+        bool ready;
+        push_part(s, a, 1, 0, 3, 0, 2, 5);
+        ready = gate_pull_ready(s, both, 2, 1, &slowest);
+        CHECK(a->steps == 2 && !ready && slowest == 0,
+              "part 0 of 2 applies but leaves worker 1's clock at 0 (slowest %ld)", (long) slowest);
+        push_part(s, b, 1, 0, 4, 1, 2, 4);
+        ready = gate_pull_ready(s, both, 2, 1, &slowest);
+        CHECK(b->steps == 2 && !ready && slowest == 0,
+              "a late part 1 cut for an older map does not complete it (slowest %ld)", (long) slowest);
+        push_part(s, a, 1, 0, 5, 0, 2, 5);
+        ready = gate_pull_ready(s, both, 2, 1, &slowest);
+        CHECK(a->steps == 2 && !ready && slowest == 0,
+              "part 0 again: a duplicate, and still one part of two (slowest %ld)", (long) slowest);
+        /* Under map epoch 6 (a key moved away, say) the same clock in 3 parts. */
+        push_part(s, a, 1, 0, 6, 0, 3, 6);
+        push_part(s, b, 1, 0, 7, 2, 3, 6);
+        ready = gate_pull_ready(s, both, 2, 1, &slowest);
+        CHECK(!ready && slowest == 0,
+              "under a new map, the parts seen under the old one do not count (slowest %ld)", (long) slowest);
+        push_part(s, b, 1, 0, 8, 1, 3, 6);
+        ready = gate_pull_ready(s, both, 2, 1, &slowest);
+        CHECK(ready && slowest == 1, "every part in: worker 1 completed clock 0 (slowest %ld)", (long) slowest);
+        push_part(s, a, 1, 1, 9, 1, 2, 6);
+        push_part(s, b, 1, 0, 10, 0, 2, 6);
+        grad_fill(g, a->len, 2, 1);
+        push1(s, a, 2, 1, 11, g);
+        grad_fill(g, b->len, 2, 1);
+        push1(s, b, 2, 1, 12, g);
+        ready = gate_pull_ready(s, both, 2, 2, &slowest);
+        CHECK(!ready && slowest == 1, "a late part of clock 0 does not complete clock 1 (slowest %ld)",
+              (long) slowest);
+        push_part(s, b, 1, 1, 13, 0, 2, 6);
+        ready = gate_pull_ready(s, both, 2, 2, &slowest);
+        CHECK(ready && slowest == 2 && a->steps == 4 && b->steps == 4 && s->gate.push_parts == 9,
+              "clock 1's two parts complete it (slowest %ld; %lu parts offered, late ones too)", (long) slowest,
+              (unsigned long) s->gate.push_parts);
+out:
+        store_free(s);
+}
+
 /* A fence holds BSP clocks past the next one; a boundary switch keeps the old
  * membership below from_clock and the new one from it on. */
 static void test_fence_boundary(void) {
@@ -1023,14 +1099,15 @@ static void test_parked_pulls(void) {
         st = pull(s, &job, 9, 1, 1000, reason);
         CHECK(st == PSNET__STATUS__STATUS_DENIED && strstr(reason, "not a member"),
               "a non-member may not wait (%s)", reason);
-        for (int i = 0; i < 3; i++)
+        const size_t per = GATE_PARKED_PER_WORKER;
+        for (size_t i = 1; i < per; i++)
                 (void) pull(s, &job, 1, 1, 1000, reason);
-        CHECK(s->gate.nparked == 4, "worker 1 has 4 pulls waiting");
+        CHECK(s->gate.nparked == per, "worker 1 has %zu pulls waiting", per);
         st = pull(s, &job, 1, 1, 1000, reason);
-        CHECK(st == PSNET__STATUS__STATUS_RESOURCE && strstr(reason, "too many pulls waiting") && s->gate.nparked == 4,
-              "a 5th is refused (%s)", reason);
-        s->gate.limits.max_parked = 5;
-        CHECK(pull(s, &job, 2, 1, 2000, reason) == 0 && s->gate.nparked == 5, "worker 2 parks one");
+        CHECK(st == PSNET__STATUS__STATUS_RESOURCE && strstr(reason, "too many pulls waiting") &&
+              s->gate.nparked == per, "one more is refused (%s)", reason);
+        s->gate.limits.max_parked = per + 1;
+        CHECK(pull(s, &job, 2, 1, 2000, reason) == 0 && s->gate.nparked == per + 1, "worker 2 parks one");
         st = pull(s, &job, 2, 1, 2000, reason);
         CHECK(st == PSNET__STATUS__STATUS_RESOURCE, "the total bound holds too");
 
@@ -1042,8 +1119,8 @@ static void test_parked_pulls(void) {
                 push1(s, key(s, 0, 0), w, 0, 100 + w, g);
         }
         gate_wake(s);
-        CHECK(answers.ok == 6 && s->gate.nparked == 0, "clock 0 closed: the 5 parked pulls are answered (%d)",
-              answers.ok - 1);
+        CHECK(answers.ok == (int) per + 2 && s->gate.nparked == 0,
+              "clock 0 closed: the %zu parked pulls are answered (%d)", per + 1, answers.ok - 1);
 
         /* Expiry: a pull parked longer than the time-out is refused. */
         CHECK(pull(s, &job, 1, 2, 10000, reason) == 0 && s->gate.nparked == 1, "a pull of clock 2 waits");
@@ -1090,6 +1167,7 @@ int main(void) {
         test_lr_scaling();
         test_lr_schedule();
         test_ssp_gate();
+        test_push_in_parts();
         test_fence_boundary();
         test_admission();
         test_parked_pulls();

@@ -539,6 +539,57 @@ static void test_malformed(void) {
                       "a PULL_REP in shared memory, without frames, is taken (r=%d)", r);
                 wire_msg_done(&m);
         }
+        /* A PUSH in parts: part < parts, 2 to WIRE_MAX_PARTS parts, the map
+         * epoch; on a PUSH only. */
+        {
+                Psnet__Key pk = PSNET__KEY__INIT, *pkeys[1] = { &pk };
+                size_t fs[1] = { 16 };
+                pk.tensor = 0, pk.chunk = 0, pk.len = 4;
+                static const struct {
+                        uint32_t part, parts;
+                        bool epoch;
+                        const char *what;
+                } bad[] = {
+                        { 2, 2, true, "part 2 of 2" },
+                        { 0, 1, true, "one part" },
+                        { 0, WIRE_MAX_PARTS + 1, true, "more parts than WIRE_MAX_PARTS" },
+                        { 0, 2, false, "parts without the map epoch" },
+                };
+                for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+                        wire_header_init(&h, PSNET__MSG_TYPE__MSG_PUSH);
+                        h.n_keys = 1;
+                        h.keys = pkeys;
+                        h.has_part = h.has_parts = true;
+                        h.part = bad[i].part;
+                        h.parts = bad[i].parts;
+                        h.has_epoch = bad[i].epoch;
+                        h.epoch = 3;
+                        send_hdr(&h, fs, 1);
+                        expect_bad(PSNET__STATUS__STATUS_MALFORMED, "a PUSH in parts names its part", bad[i].what);
+                }
+                wire_header_init(&h, PSNET__MSG_TYPE__MSG_PULL);
+                h.n_keys = 1;
+                h.keys = pkeys;
+                h.has_part = h.has_parts = h.has_epoch = true;
+                h.part = 0;
+                h.parts = 2;
+                send_hdr(&h, NULL, 0);
+                expect_bad(PSNET__STATUS__STATUS_MALFORMED, "a PUSH in parts names its part", "parts on a PULL");
+                wire_header_init(&h, PSNET__MSG_TYPE__MSG_PUSH);
+                h.n_keys = 1;
+                h.keys = pkeys;
+                h.has_seq = h.has_part = h.has_parts = h.has_epoch = true;
+                h.seq = 79;
+                h.part = WIRE_MAX_PARTS - 1;
+                h.parts = WIRE_MAX_PARTS;
+                h.epoch = 3;
+                send_hdr(&h, fs, 1);
+                WireMsg m;
+                int r = wire_recv(router, true, 0, &m);
+                CHECK(r == 0 && m.hdr && m.hdr->part == WIRE_MAX_PARTS - 1 && m.hdr->parts == WIRE_MAX_PARTS,
+                      "the last of %u parts is taken (r=%d)", (unsigned) WIRE_MAX_PARTS, r);
+                wire_msg_done(&m);
+        }
         /* Unknown status value. */
         wire_header_init(&h, PSNET__MSG_TYPE__MSG_ERROR);
         h.has_status = true;
