@@ -5,7 +5,8 @@
 # taking over; with pscoord stopped (SIGSTOP) long enough for the shards' leases
 # to run out. BSP is deterministic, so a push lost or applied twice changes the
 # final weights: all three runs must end with the same weights digest. The
-# undisturbed run's workers send their tensors in frames (PSNET_SHM=off), the
+# undisturbed run's workers send their tensors in frames (PSNET_SHM=off), a
+# key a message (PSNET_PART_KIB=1, forwarded to the backups part by part), the
 # others through shared memory, so the digests also say that both carry the
 # same pushes through a fail-over; so do two runs with --wire bf16, whose
 # pushes reach the backups as bf16. Under
@@ -34,8 +35,8 @@ start_cluster() {
 digest_of() { sed -n 's/.*msg="job done".* weights=\([0-9a-f]*\).*/\1/p' "$RUN/pscoord-$1.log" | tail -1; }
 pulled() { logs_match "msg=\"pulled\" clock=$2 " "workerd-$1-1.log"; }
 
-# 1. Undisturbed, in frames.
-PSNET_SHM=off start_cluster a
+# 1. Undisturbed, in frames, in parts.
+PSNET_SHM=off PSNET_PART_KIB=1 start_cluster a
 out=$("$PSCTL" --coord "$COORD" job wait --wait 300); ok $? "an undisturbed job with 3 shards finishes ($out)"
 grep -q 'replicas=2' "$RUN/pscoord-a.log"; ok $? "two copies of every key by default with three shards"
 want=$(digest_of a)

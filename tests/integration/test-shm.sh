@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # Same-host shared memory (common/net/shm.h): a worker on a shard's host hands
 # it a sealed memfd once, then pushes and pulls through it. The same BSP job
-# (cosine schedule) run with shared memory, with frames (PSNET_SHM=off) and
-# against shards started with --no-shm pulls bit-identical weights at every
-# clock and ends with the same digest. Then, probed as a stranger on the same
+# (cosine schedule) run with shared memory, with frames (PSNET_SHM=off), with
+# frames in parts of one key (PSNET_PART_KIB=1: every push and pull of a round
+# in several messages) and against shards started with --no-shm pulls
+# bit-identical weights at every clock and ends with the same digest. Then, probed as a stranger on the same
 # host would: bad hellos (an unsealed memfd, a file, a lying size, too much
 # memory, no descriptor, garbage) are refused with the reason; requests that
 # name no session, another worker's, bytes outside the memory, or NaNs in it
@@ -45,6 +46,14 @@ n=$(sessions off); [ "$n" -eq 0 ]; ok $? "and opens no session ($n)"
 same on off; ok $? "identical weights at every clock with and without shared memory ($joined clocks, $diffs differ)"
 got=$(digest_of off); [ -n "$got" ] && [ "$got" = "$want" ]; ok $? "the same final digest ($got = $want)"
 psnet_stop_all
+
+PSNET_SHM=off PSNET_PART_KIB=1 run parts
+ok $? "the same job in frames, a key a message (PSNET_PART_KIB=1), finishes ($out)"
+same on parts; ok $? "identical weights at every clock with pushes and pulls in parts ($joined clocks, $diffs differ)"
+got=$(digest_of parts); [ -n "$got" ] && [ "$got" = "$want" ]; ok $? "the same final digest ($got = $want)"
+psnet_stop_all
+parts=$(sed -n 's/.*msg="stopped" .* push_parts=\([0-9]*\) .*/\1/p' "$RUN"/psd-parts-1.log)
+[ "${parts:-0}" -gt 0 ]; ok $? "shard 1 took pushes in parts (${parts:-none})"
 
 run noshm --no-shm
 ok $? "shards started with --no-shm serve the job in frames ($out)"

@@ -1,8 +1,13 @@
-/* The shards' data plane; see client.h. A round is a small state per shard
- * (push and pull outstanding, a resend scheduled) plus two timers: one for the
- * round's deadline, one for the earliest resend. Replies arrive through each
- * shard's netsock callback; the round's callback runs once, when every shard
- * has answered or something failed. */
+/* The shards' data plane; see client.h. A round is a small state per part of
+ * each shard's keys (push and pull: to send, sent, a resend scheduled, done)
+ * plus two timers: one for the round's deadline, one for the earliest resend.
+ * In frames a shard's keys go in parts of at most part_bytes, at most
+ * CLIENT_WINDOW of each kind in flight to one shard, so that a shard holds a
+ * few parts of a worker's push or pull at a time rather than all of it
+ * (docs/ARCHITECTURE.md, "Pushes and pulls in parts"); through shared memory
+ * they go whole. Replies arrive through each shard's netsock callback; the
+ * round's callback runs once, when every part has been answered or something
+ * failed. */
 #include <errno.h>
 #include <stdlib.h>
 #include <string.h>
@@ -16,6 +21,30 @@
 #include "shm.h"
 #include "wire.h"
 
+/* Requests of each kind (push, pull) in flight to one shard at a time. */
+#define CLIENT_WINDOW 4
+/* The most bytes of keys one push or pull carries in frames, unless
+ * PSNET_PART_KIB says otherwise: a key each with the default chunk of 1 MiB
+ * (measured best on one host: docs/benchmarks.md). A shard's keys go in at
+ * most WIRE_MAX_PARTS parts, bigger ones where they would be more. */
+#define CLIENT_PART_BYTES (1u << 20)
+
+/* One request of a round: a part's push or pull. */
+typedef enum { REQ_NONE, REQ_TODO, REQ_SENT, REQ_RETRY, REQ_DONE } ReqState;
+
+typedef struct PartReq {
+        ReqState state;
+        uint64_t seq;                  /* REQ_SENT: the request's */
+        uint64_t at;                   /* REQ_RETRY: resend then (ms) */
+} PartReq;
+
+/* Keys [first, first + nkeys) of a shard's, pushed and pulled in requests of
+ * their own. */
+typedef struct Part {
+        size_t first, nkeys;
+        PartReq push, pull;
+} Part;
+
 typedef struct ShardConn {
         struct Client *client;
         uint32_t id;
@@ -24,9 +53,8 @@ typedef struct ShardConn {
         Psnet__Key *keys;          /* the keys this shard owns */
         Psnet__Key **keyp;
         size_t nkeys;
-        uint64_t push_seq, pull_seq;   /* outstanding request seqs (0: none) */
-        uint64_t retry_at;             /* ms; resend then (0: nothing scheduled) */
-        bool push_wait, pull_wait, retry_push, retry_pull;
+        Part *parts;                   /* this round's (shard_plan), MIN(nkeys, WIRE_MAX_PARTS) of room */
+        size_t nparts;
         /* Same-host shared memory (shm.h): the pushed gradients at 0, the
          * pulled values at area, each key after the other. */
         ShmRegion shm;
@@ -71,6 +99,7 @@ struct Client {
         size_t nshards;
         uint64_t seq;
         unsigned timeout_ms;
+        size_t part_bytes;             /* CLIENT_PART_BYTES or PSNET_PART_KIB */
         /* the round in progress */
         bool busy;
         const float *const *grads;
@@ -105,6 +134,7 @@ static void client_disconnect(Client *c) {
                 ps_free(s->endpoint);
                 ps_free(s->keys);
                 ps_free(s->keyp);
+                ps_free(s->parts);
         }
         c->shards = mfree(c->shards);
         c->nshards = 0;
@@ -153,6 +183,12 @@ static int client_connect(Client *c, const ShardMap *map) {
                         s->keyp[s->nkeys++] = key;
                         s->area += (size_t) key->len * sizeof(float);
                 }
+        for (size_t i = 0; i < c->nshards; i++) {
+                ShardConn *s = &c->shards[i];
+                s->parts = ps_calloc(MAX(MIN(s->nkeys, (size_t) WIRE_MAX_PARTS), (size_t) 1), sizeof *s->parts);
+                if (!s->parts)
+                        return -ENOMEM;
+        }
         return 0;
 }
 
@@ -173,6 +209,17 @@ int client_new(uv_loop_t *loop, void *zctx, const Job *job, const ShardMap *map,
         c->worker_id = worker_id;
         c->timeout_ms = 120000;
         c->progress = -1.0f;
+        c->part_bytes = CLIENT_PART_BYTES;
+        const char *env = getenv("PSNET_PART_KIB");
+        if (env) {
+                char *end;
+                unsigned long kib = strtoul(env, &end, 10);
+                if (*env < '0' || *env > '9' || *end || kib == 0 || kib > (1ul << 22))
+                        log_warning("PSNET_PART_KIB=%s is no size in KiB (1 to 4194304): parts of %zu KiB", env,
+                                    c->part_bytes >> 10);
+                else
+                        c->part_bytes = (size_t) kib << 10;
+        }
         if (keys) {
                 c->keys = *keys;
                 c->has_keys = true;
@@ -382,16 +429,22 @@ static void header_shm(Psnet__Header *h, ShardConn *s, uint64_t offset) {
         h->shm_offset = offset;
 }
 
-static void header_for(Client *c, ShardConn *s, Psnet__Header *h, Psnet__MsgType type, int64_t clock,
-                       uint64_t seq) {
+static void header_for(Client *c, ShardConn *s, const Part *part, Psnet__Header *h, Psnet__MsgType type,
+                       int64_t clock, uint64_t seq) {
         wire_header_init(h, type);
         h->has_job = h->has_sender = h->has_seq = h->has_clock = true;
         h->job = c->job.id;
         h->sender = c->worker_id;
         h->seq = seq;
         h->clock = clock;
-        h->n_keys = s->nkeys;
-        h->keys = s->keyp;
+        h->n_keys = part->nkeys;
+        h->keys = s->keyp + part->first;
+        if (type == PSNET__MSG_TYPE__MSG_PUSH && s->nparts > 1) {
+                h->has_part = h->has_parts = h->has_epoch = true;
+                h->part = (uint32_t) (part - s->parts);
+                h->parts = (uint32_t) s->nparts;
+                h->epoch = c->map_epoch;
+        }
         h->has_members_epoch = c->members_epoch != 0;
         h->members_epoch = c->members_epoch;
         h->has_examples = type == PSNET__MSG_TYPE__MSG_PUSH && c->examples != 0;
@@ -414,9 +467,25 @@ static float *tensor_at(float *const *tensors, const Job *job, const Psnet__Key 
         return tensors[k->tensor] + (size_t) k->chunk * job->chunk_floats;
 }
 
+/* Cuts shard s's keys into this round's parts, before any of its requests
+ * leaves: one through shared memory (and for a federated update, which a
+ * shard takes whole), else parts of at most part_bytes of whole keys, at
+ * most WIRE_MAX_PARTS of them. */
+static void shard_plan(Client *c, ShardConn *s) {
+        size_t per = s->nkeys;
+        if (s->nkeys > 1 && !shard_shm(c, s) && c->job.mode != MODE_FED && !c->masked && !c->frame_fn) {
+                size_t key_bytes = MAX((size_t) c->job.chunk_floats * sizeof(float), (size_t) 1);
+                per = MAX(c->part_bytes / key_bytes, (size_t) 1);
+                per = MAX(per, (s->nkeys + WIRE_MAX_PARTS - 1) / WIRE_MAX_PARTS);
+        }
+        s->nparts = 0;
+        for (size_t first = 0; first < s->nkeys; first += per)
+                s->parts[s->nparts++] = (Part) { .first = first, .nkeys = MIN(per, s->nkeys - first) };
+}
+
 /* A push through shared memory: the gradients copied in, one after another,
  * and a header that says where. */
-static int send_push_shm(Client *c, ShardConn *s) {
+static int send_push_shm(Client *c, ShardConn *s, Part *part) {
         bool bf16 = wire_bf16(c);
         uint8_t *at = s->shm.base;
         for (size_t i = 0; i < s->nkeys; i++) {
@@ -431,24 +500,23 @@ static int send_push_shm(Client *c, ShardConn *s) {
                 c->stats.bytes_pushed += (uint64_t) size;
         }
         Psnet__Header h;
-        s->push_seq = ++c->seq;
-        header_for(c, s, &h, PSNET__MSG_TYPE__MSG_PUSH, c->push_clock, s->push_seq);
+        part->push.seq = ++c->seq;
+        header_for(c, s, part, &h, PSNET__MSG_TYPE__MSG_PUSH, c->push_clock, part->push.seq);
         header_shm(&h, s, 0);
-        int r = netsock_send(s->sock, NULL, &h, NULL, 0);
-        s->push_wait = r == 0;
-        return r;
+        return netsock_send(s->sock, NULL, &h, NULL, 0);
 }
 
-static int send_push(Client *c, ShardConn *s) {
+static int send_push(Client *c, ShardConn *s, Part *part) {
         bool sparse = pushes_sparse(c);
-        if (!sparse && shard_shm(c, s))
-                return send_push_shm(c, s);
-        zmq_msg_t *frames = ps_malloc(s->nkeys * sizeof *frames);
+        /* Whole (shard_plan): through shared memory where the shard takes it. */
+        if (!sparse && s->nparts == 1 && shard_shm(c, s))
+                return send_push_shm(c, s, part);
+        zmq_msg_t *frames = ps_malloc(part->nkeys * sizeof *frames);
         if (!frames)
                 return -ENOMEM;
         bool bf16 = wire_bf16(c);
-        for (size_t i = 0; i < s->nkeys; i++) {
-                const Psnet__Key *k = s->keyp[i];
+        for (size_t i = 0; i < part->nkeys; i++) {
+                const Psnet__Key *k = s->keyp[part->first + i];
                 void *p;
                 size_t size = (size_t) k->len * sizeof(float);
                 int r;
@@ -491,23 +559,63 @@ static int send_push(Client *c, ShardConn *s) {
                 c->stats.bytes_pushed += (uint64_t) size;
         }
         Psnet__Header h;
-        s->push_seq = ++c->seq;
-        header_for(c, s, &h, PSNET__MSG_TYPE__MSG_PUSH, c->push_clock, s->push_seq);
-        int r = netsock_send(s->sock, NULL, &h, frames, s->nkeys);
+        part->push.seq = ++c->seq;
+        header_for(c, s, part, &h, PSNET__MSG_TYPE__MSG_PUSH, c->push_clock, part->push.seq);
+        int r = netsock_send(s->sock, NULL, &h, frames, part->nkeys);
         ps_free(frames);
-        s->push_wait = r == 0;
         return r;
 }
 
-static int send_pull(Client *c, ShardConn *s, int64_t clock) {
+static int send_pull(Client *c, ShardConn *s, Part *part) {
         Psnet__Header h;
-        s->pull_seq = ++c->seq;
-        header_for(c, s, &h, PSNET__MSG_TYPE__MSG_PULL, clock, s->pull_seq);
-        if (shard_shm(c, s))
+        part->pull.seq = ++c->seq;
+        header_for(c, s, part, &h, PSNET__MSG_TYPE__MSG_PULL, c->pull_clock, part->pull.seq);
+        if (s->nparts == 1 && shard_shm(c, s))
                 header_shm(&h, s, s->area);
-        int r = netsock_send(s->sock, NULL, &h, NULL, 0);
-        s->pull_wait = r == 0;
-        return r;
+        return netsock_send(s->sock, NULL, &h, NULL, 0);
+}
+
+/* Sends shard s's requests that are due, in order: of each kind (push,
+ * pull) those among the CLIENT_WINDOW parts from the first one not answered
+ * yet. A window that slides only past answered parts (not past one waiting
+ * to be sent again) keeps workers in step under BSP, where a part is
+ * answered once every worker pushed it: the lowest part not answered yet is
+ * in every worker's window. */
+static int shard_pump(Client *c, ShardConn *s) {
+        uint64_t now = now_ms();
+        for (int pull = 0; pull < 2; pull++) {
+                size_t first = 0;
+                while (first < s->nparts) {
+                        ReqState st = pull ? s->parts[first].pull.state : s->parts[first].push.state;
+                        if (st != REQ_DONE && st != REQ_NONE)
+                                break;
+                        first++;
+                }
+                for (size_t i = first; i < s->nparts && i < first + CLIENT_WINDOW; i++) {
+                        Part *part = &s->parts[i];
+                        PartReq *q = pull ? &part->pull : &part->push;
+                        if (q->state != REQ_TODO && !(q->state == REQ_RETRY && now >= q->at))
+                                continue;
+                        int r = pull ? send_pull(c, s, part) : send_push(c, s, part);
+                        if (r < 0)
+                                return log_error_errno(r, "Failed to %s shard %u at %s: %m",
+                                                       pull ? "pull from" : "push to", s->id, s->endpoint);
+                        q->state = REQ_SENT;
+                }
+        }
+        return 0;
+}
+
+/* Whether any request of the round is still to send, sent or to send again. */
+static bool part_open(const PartReq *q) {
+        return q->state == REQ_TODO || q->state == REQ_SENT || q->state == REQ_RETRY;
+}
+
+static bool shard_open(const ShardConn *s) {
+        for (size_t i = 0; i < s->nparts; i++)
+                if (part_open(&s->parts[i].push) || part_open(&s->parts[i].pull))
+                        return true;
+        return false;
 }
 
 /* Ends the round in progress: timers stopped, the callback called once. */
@@ -517,11 +625,9 @@ static void round_end(Client *c, int r) {
         c->busy = false;
         (void) uv_timer_stop(&c->deadline);
         (void) uv_timer_stop(&c->retry);
-        for (size_t i = 0; i < c->nshards; i++) {
-                ShardConn *s = &c->shards[i];
-                s->push_wait = s->pull_wait = s->retry_push = s->retry_pull = false;
-                s->push_seq = s->pull_seq = s->retry_at = 0;
-        }
+        for (size_t i = 0; i < c->nshards; i++)
+                for (size_t j = 0; j < c->shards[i].nparts; j++)
+                        c->shards[i].parts[j].push = c->shards[i].parts[j].pull = (PartReq) { REQ_NONE, 0, 0 };
         int64_t clock = c->min_clock < 0 ? c->pull_clock : c->min_clock;
         if (r < 0)
                 client_shm_reset(c);
@@ -537,23 +643,31 @@ static void round_end(Client *c, int r) {
 
 static void round_check_done(Client *c) {
         for (size_t i = 0; i < c->nshards; i++)
-                if (c->shards[i].push_wait || c->shards[i].pull_wait || c->shards[i].retry_at)
+                if (shard_open(&c->shards[i]))
                         return;
         round_end(c, 0);
 }
 
 static void retry_cb(uv_timer_t *t);
 
-/* Sets the retry timer to the earliest scheduled resend. */
+/* Sets the retry timer to the earliest scheduled resend (a resend is always
+ * within its window: it was sent before, and windows only slide forward).
+ * Never 0 ms from here: the timer is re-armed from its own callback, where a
+ * timer already due would run again at once. */
 static void retry_schedule(Client *c) {
         uint64_t next = UINT64_MAX, now = now_ms();
         for (size_t i = 0; i < c->nshards; i++)
-                if (c->shards[i].retry_at)
-                        next = MIN(next, c->shards[i].retry_at);
+                for (size_t j = 0; j < c->shards[i].nparts; j++) {
+                        const Part *part = &c->shards[i].parts[j];
+                        if (part->push.state == REQ_RETRY)
+                                next = MIN(next, part->push.at);
+                        if (part->pull.state == REQ_RETRY)
+                                next = MIN(next, part->pull.at);
+                }
         if (next == UINT64_MAX)
                 (void) uv_timer_stop(&c->retry);
         else
-                (void) uv_timer_start(&c->retry, retry_cb, next > now ? next - now : 0, 0);
+                (void) uv_timer_start(&c->retry, retry_cb, next > now ? next - now : 1, 0);
 }
 
 /* Resends what is due and, first thing in every round, looks whether it is
@@ -568,18 +682,8 @@ static void retry_cb(uv_timer_t *t) {
                 round_end(c, r);
                 return;
         }
-        uint64_t now = now_ms();
         for (size_t i = 0; i < c->nshards && c->busy; i++) {
-                ShardConn *s = &c->shards[i];
-                if (!s->retry_at || now < s->retry_at)
-                        continue;
-                s->retry_at = 0;
-                int r = 0;
-                if (s->retry_push && (r = send_push(c, s)) < 0)
-                        log_error_errno(r, "Failed to push to shard %u at %s: %m", s->id, s->endpoint);
-                if (r == 0 && s->retry_pull && (r = send_pull(c, s, c->pull_clock)) < 0)
-                        log_error_errno(r, "Failed to pull from shard %u at %s: %m", s->id, s->endpoint);
-                s->retry_push = s->retry_pull = false;
+                int r = shard_pump(c, &c->shards[i]);
                 if (r < 0) {
                         round_end(c, r);
                         return;
@@ -593,7 +697,7 @@ static void retry_cb(uv_timer_t *t) {
 static void deadline_cb(uv_timer_t *t) {
         Client *c = t->data;
         for (size_t i = 0; i < c->nshards; i++)
-                if (c->shards[i].push_wait || c->shards[i].pull_wait || c->shards[i].retry_at) {
+                if (shard_open(&c->shards[i])) {
                         log_error_errno(ETIMEDOUT, "shard %u at %s did not answer within %u s", c->shards[i].id,
                                         c->shards[i].endpoint, c->timeout_ms / 1000);
                         break;
@@ -601,24 +705,27 @@ static void deadline_cb(uv_timer_t *t) {
         round_end(c, -ETIMEDOUT);
 }
 
-/* Resends the request seq answered (push or pull) after delay_ms: for answers
- * that applied nothing, so the resend cannot apply anything twice. */
-static void schedule_retry(Client *c, ShardConn *s, uint64_t seq, unsigned delay_ms) {
-        if (seq == s->push_seq) {
-                s->retry_push = true;
-                s->push_wait = false;
-        } else {
-                s->retry_pull = true;
-                s->pull_wait = false;
-        }
-        s->retry_at = now_ms() + delay_ms;
+/* Sends request q again after delay_ms: for answers that applied nothing, so
+ * the resend cannot apply anything twice. */
+static void schedule_retry(Client *c, PartReq *q, unsigned delay_ms) {
+        q->state = REQ_RETRY;
+        q->at = now_ms() + delay_ms;
         retry_schedule(c);
 }
 
 /* Handles one reply from shard s. Returns 0, or a negative errno ending the round. */
 static int handle_reply(Client *c, ShardConn *s, WireMsg *m) {
         Psnet__Header *h = m->hdr;
-        if (h->seq != s->push_seq && h->seq != s->pull_seq)
+        Part *part = NULL;
+        PartReq *q = NULL;
+        for (size_t i = 0; i < s->nparts && !q; i++) {
+                part = &s->parts[i];
+                if (part->push.state == REQ_SENT && part->push.seq == h->seq)
+                        q = &part->push;
+                else if (part->pull.state == REQ_SENT && part->pull.seq == h->seq)
+                        q = &part->pull;
+        }
+        if (!q)
                 return 0; /* a reply to a request given up on */
         bool moved = h->status == PSNET__STATUS__STATUS_MOVED &&
                      (h->type == PSNET__MSG_TYPE__MSG_ERROR || h->type == PSNET__MSG_TYPE__MSG_PUSH_ACK);
@@ -636,14 +743,14 @@ static int handle_reply(Client *c, ShardConn *s, WireMsg *m) {
                  * comes back DUPLICATE where it was held already. */
                 if (h->status == PSNET__STATUS__STATUS_UNAVAILABLE)
                         c->stats.unavailable++;
-                schedule_retry(c, s, h->seq, 20);
+                schedule_retry(c, q, 20);
                 return 0;
         }
         if (h->type == PSNET__MSG_TYPE__MSG_ERROR) {
                 if (h->status == PSNET__STATUS__STATUS_NO_JOB) {
                         /* The shard has not got the job from pscoord yet. Nothing was
                          * applied, so resending cannot apply anything twice. */
-                        schedule_retry(c, s, h->seq, 50);
+                        schedule_retry(c, q, 50);
                         return 0;
                 }
                 if (h->status == PSNET__STATUS__STATUS_INVALID && h->reason &&
@@ -658,7 +765,7 @@ static int handle_reply(Client *c, ShardConn *s, WireMsg *m) {
                         }
                         shm_region_close(&s->shm);
                         s->shm_tried = false;
-                        schedule_retry(c, s, h->seq, 20);
+                        schedule_retry(c, q, 20);
                         return 0;
                 }
                 if (h->status == PSNET__STATUS__STATUS_STALE) {
@@ -672,9 +779,8 @@ static int handle_reply(Client *c, ShardConn *s, WireMsg *m) {
                           status_name(h->status), h->reason ? h->reason : "");
                 return -EPROTO;
         }
-        if (h->type == PSNET__MSG_TYPE__MSG_PUSH_ACK && h->seq == s->push_seq) {
-                s->push_wait = false;
-                s->push_seq = 0;
+        if (h->type == PSNET__MSG_TYPE__MSG_PUSH_ACK && q == &part->push) {
+                q->state = REQ_DONE;
                 if (h->status == PSNET__STATUS__STATUS_OK || h->status == PSNET__STATUS__STATUS_DUPLICATE)
                         return 0;
                 log_warning("push not applied shard=%u status=%s clock=%ld", s->id, status_name(h->status),
@@ -687,15 +793,15 @@ static int handle_reply(Client *c, ShardConn *s, WireMsg *m) {
                 }
                 return -EPROTO;
         }
-        if (h->type == PSNET__MSG_TYPE__MSG_PULL_REP && h->seq == s->pull_seq) {
-                if (h->n_keys != s->nkeys) {
-                        log_error("shard %u answered %zu keys for %zu asked", s->id, h->n_keys, s->nkeys);
+        if (h->type == PSNET__MSG_TYPE__MSG_PULL_REP && q == &part->pull) {
+                if (h->n_keys != part->nkeys) {
+                        log_error("shard %u answered %zu keys for %zu asked", s->id, h->n_keys, part->nkeys);
                         return -EPROTO;
                 }
                 /* In shared memory: where this client asked, in its own session. */
                 const uint8_t *at = NULL;
                 if (h->has_shm_session) {
-                        if (!s->shm.base || h->shm_session.len != sizeof s->shm.token ||
+                        if (!s->shm.base || s->nparts != 1 || h->shm_session.len != sizeof s->shm.token ||
                             memcmp(h->shm_session.data, s->shm.token, sizeof s->shm.token) != 0 ||
                             h->shm_offset != s->area) {
                                 log_error("shard %u answered in shared memory this client did not offer", s->id);
@@ -704,7 +810,7 @@ static int handle_reply(Client *c, ShardConn *s, WireMsg *m) {
                         at = (const uint8_t *) s->shm.base + s->area;
                 }
                 for (size_t i = 0; i < h->n_keys; i++) {
-                        const Psnet__Key *k = h->keys[i], *want = s->keyp[i];
+                        const Psnet__Key *k = h->keys[i], *want = s->keyp[part->first + i];
                         if (k->tensor != want->tensor || k->chunk != want->chunk || k->len != want->len) {
                                 log_error("shard %u answered key (%u,%u) for (%u,%u)", s->id, k->tensor, k->chunk,
                                           want->tensor, want->chunk);
@@ -723,8 +829,7 @@ static int handle_reply(Client *c, ShardConn *s, WireMsg *m) {
                 }
                 if (c->min_clock < 0 || h->clock < c->min_clock)
                         c->min_clock = h->clock;
-                s->pull_wait = false;
-                s->pull_seq = 0;
+                q->state = REQ_DONE;
         }
         return 0;
 }
@@ -740,6 +845,9 @@ static void client_on_reply(NetSock *ns, WireMsg *m, int r, void *ud) {
                 r = -EPROTO;
         } else
                 r = handle_reply(c, s, m);
+        /* What the answer leaves room for goes now (a prefetch's next part too). */
+        if (r == 0)
+                r = shard_pump(c, s);
         if (!c->busy) {
                 /* A prefetched pull answered before its round started: the values are
                  * in params; a failure ends that round when it starts. */
@@ -757,14 +865,18 @@ int client_pull_begin(Client *c, float *const *params, int64_t pull_clock) {
         if (!c || !params || c->prefetching || c->busy)
                 return -EINVAL;
         c->params = params;
+        c->pull_clock = pull_clock;
         c->min_clock = -1;
         for (size_t i = 0; i < c->nshards; i++) {
                 ShardConn *s = &c->shards[i];
-                s->pull_wait = s->retry_pull = false;
-                s->pull_seq = s->retry_at = 0;
-                int r;
-                if (s->nkeys > 0 && (r = send_pull(c, s, pull_clock)) < 0)
-                        return log_error_errno(r, "Failed to pull from shard %u at %s: %m", s->id, s->endpoint);
+                shard_plan(c, s);
+                for (size_t j = 0; j < s->nparts; j++) {
+                        s->parts[j].push = (PartReq) { REQ_NONE, 0, 0 };
+                        s->parts[j].pull = (PartReq) { REQ_TODO, 0, 0 };
+                }
+                int r = shard_pump(c, s);
+                if (r < 0)
+                        return r;
         }
         c->pf_params = params;
         c->pf_clock = pull_clock;
@@ -794,22 +906,18 @@ int client_round(Client *c, const float *const *grads, int64_t push_clock, float
         c->busy = true;
         for (size_t i = 0; i < c->nshards; i++) {
                 ShardConn *s = &c->shards[i];
-                s->push_wait = s->retry_push = false;
-                s->push_seq = 0;
-                if (!pulled) {
-                        s->pull_wait = s->retry_pull = false;
-                        s->pull_seq = s->retry_at = 0;
+                /* A prefetch cut the parts already, and its pulls stay as they are. */
+                if (!pulled)
+                        shard_plan(c, s);
+                for (size_t j = 0; j < s->nparts; j++) {
+                        s->parts[j].push = (PartReq) { grads ? REQ_TODO : REQ_NONE, 0, 0 };
+                        if (!pulled)
+                                s->parts[j].pull = (PartReq) { params ? REQ_TODO : REQ_NONE, 0, 0 };
                 }
-                if (s->nkeys == 0)
-                        continue;
-                int r;
-                if (grads && (r = send_push(c, s)) < 0) {
+                int r = shard_pump(c, s);
+                if (r < 0) {
                         c->busy = false;
-                        return log_error_errno(r, "Failed to push to shard %u at %s: %m", s->id, s->endpoint);
-                }
-                if (!pulled && params && (r = send_pull(c, s, pull_clock)) < 0) {
-                        c->busy = false;
-                        return log_error_errno(r, "Failed to pull from shard %u at %s: %m", s->id, s->endpoint);
+                        return r;
                 }
         }
         (void) uv_timer_start(&c->deadline, deadline_cb, c->timeout_ms, 0);
