@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
 # Same-host shared memory (common/net/shm.h): a worker on a shard's host hands
 # it a sealed memfd once, then pushes and pulls through it. The same BSP job
-# (cosine schedule) run with shared memory, with frames (PSNET_SHM=off), with
-# frames in parts of one key (PSNET_PART_KIB=1: every push and pull of a round
-# in several messages) and against shards started with --no-shm pulls
-# bit-identical weights at every clock and ends with the same digest. Then, probed as a stranger on the same
+# (cosine schedule) run with shared memory, with frames (PSNET_SHM=off), in
+# parts of one key (PSNET_PART_KIB=1: every push and pull of a round in several
+# requests) in frames and through shared memory, and against shards started
+# with --no-shm pulls bit-identical weights at every clock and ends with the
+# same digest. Then, probed as a stranger on the same
 # host would: bad hellos (an unsealed memfd, a file, a lying size, too much
 # memory, no descriptor, garbage) are refused with the reason; requests that
 # name no session, another worker's, bytes outside the memory, or NaNs in it
@@ -54,6 +55,15 @@ got=$(digest_of parts); [ -n "$got" ] && [ "$got" = "$want" ]; ok $? "the same f
 psnet_stop_all
 parts=$(sed -n 's/.*msg="stopped" .* push_parts=\([0-9]*\) .*/\1/p' "$RUN"/psd-parts-1.log)
 [ "${parts:-0}" -gt 0 ]; ok $? "shard 1 took pushes in parts (${parts:-none})"
+
+PSNET_PART_KIB=1 run shmparts
+ok $? "the same job through shared memory, a key a request, finishes ($out)"
+n=$(sessions shmparts); [ "$n" -eq 4 ]; ok $? "through shared memory ($n sessions)"
+same on shmparts; ok $? "identical weights at every clock ($joined clocks, $diffs differ)"
+got=$(digest_of shmparts); [ -n "$got" ] && [ "$got" = "$want" ]; ok $? "the same final digest ($got = $want)"
+psnet_stop_all
+parts=$(sed -n 's/.*msg="stopped" .* push_parts=\([0-9]*\) .*/\1/p' "$RUN"/psd-shmparts-1.log)
+[ "${parts:-0}" -gt 0 ]; ok $? "shard 1 took pushes in parts from shared memory (${parts:-none})"
 
 run noshm --no-shm
 ok $? "shards started with --no-shm serve the job in frames ($out)"

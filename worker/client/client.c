@@ -1,11 +1,11 @@
 /* The shards' data plane; see client.h. A round is a small state per part of
  * each shard's keys (push and pull: to send, sent, a resend scheduled, done)
  * plus two timers: one for the round's deadline, one for the earliest resend.
- * In frames a shard's keys go in parts of at most part_bytes, at most
- * CLIENT_WINDOW of each kind in flight to one shard, so that a shard holds a
- * few parts of a worker's push or pull at a time rather than all of it
- * (docs/ARCHITECTURE.md, "Pushes and pulls in parts"); through shared memory
- * they go whole. Replies arrive through each shard's netsock callback; the
+ * A shard's keys go in parts of at most part_bytes (in frames or through
+ * shared memory alike), at most CLIENT_WINDOW of each kind in flight to one
+ * shard, so that a shard holds a few parts of a worker's push or pull at a
+ * time rather than all of it (docs/ARCHITECTURE.md, "Pushes and pulls in
+ * parts"); a federated update goes whole. Replies arrive through each shard's netsock callback; the
  * round's callback runs once, when every part has been answered or something
  * failed. */
 #include <errno.h>
@@ -39,9 +39,11 @@ typedef struct PartReq {
 } PartReq;
 
 /* Keys [first, first + nkeys) of a shard's, pushed and pulled in requests of
- * their own. */
+ * their own; through shared memory at before values from the start of the
+ * gradients' and of the values' areas. */
 typedef struct Part {
         size_t first, nkeys;
+        size_t before;                 /* values of the shard's keys before first */
         PartReq push, pull;
 } Part;
 
@@ -468,28 +470,39 @@ static float *tensor_at(float *const *tensors, const Job *job, const Psnet__Key 
 }
 
 /* Cuts shard s's keys into this round's parts, before any of its requests
- * leaves: one through shared memory (and for a federated update, which a
- * shard takes whole), else parts of at most part_bytes of whole keys, at
- * most WIRE_MAX_PARTS of them. */
+ * leaves: parts of at most part_bytes of whole keys (as f32), at most
+ * WIRE_MAX_PARTS of them; a federated update, which a shard takes whole, in
+ * one. */
 static void shard_plan(Client *c, ShardConn *s) {
         size_t per = s->nkeys;
-        if (s->nkeys > 1 && !shard_shm(c, s) && c->job.mode != MODE_FED && !c->masked && !c->frame_fn) {
+        if (s->nkeys > 1 && c->job.mode != MODE_FED && !c->masked && !c->frame_fn) {
                 size_t key_bytes = MAX((size_t) c->job.chunk_floats * sizeof(float), (size_t) 1);
                 per = MAX(c->part_bytes / key_bytes, (size_t) 1);
                 per = MAX(per, (s->nkeys + WIRE_MAX_PARTS - 1) / WIRE_MAX_PARTS);
         }
         s->nparts = 0;
-        for (size_t first = 0; first < s->nkeys; first += per)
-                s->parts[s->nparts++] = (Part) { .first = first, .nkeys = MIN(per, s->nkeys - first) };
+        size_t before = 0;
+        for (size_t first = 0; first < s->nkeys; first += per) {
+                Part *part = &s->parts[s->nparts++];
+                *part = (Part) { .first = first, .nkeys = MIN(per, s->nkeys - first), .before = before };
+                for (size_t i = 0; i < part->nkeys; i++)
+                        before += s->keyp[first + i]->len;
+        }
 }
 
-/* A push through shared memory: the gradients copied in, one after another,
- * and a header that says where. */
+/* Where part's pulled values lie in shared memory: after the gradients. */
+static uint64_t pull_offset(const Client *c, const ShardConn *s, const Part *part) {
+        return s->area + part->before * (wire_bf16(c) && !c->pull_f32 ? 2 : sizeof(float));
+}
+
+/* A push through shared memory: the part's gradients copied in, one after
+ * another where the part's keys lie, and a header that says where. */
 static int send_push_shm(Client *c, ShardConn *s, Part *part) {
         bool bf16 = wire_bf16(c);
-        uint8_t *at = s->shm.base;
-        for (size_t i = 0; i < s->nkeys; i++) {
-                const Psnet__Key *k = s->keyp[i];
+        uint64_t offset = part->before * (bf16 ? 2 : sizeof(float));
+        uint8_t *at = (uint8_t *) s->shm.base + offset;
+        for (size_t i = 0; i < part->nkeys; i++) {
+                const Psnet__Key *k = s->keyp[part->first + i];
                 const float *g = tensor_at((float *const *) c->grads, &c->job, k);
                 size_t size = (size_t) k->len * (bf16 ? 2 : sizeof(float));
                 if (bf16)
@@ -502,14 +515,13 @@ static int send_push_shm(Client *c, ShardConn *s, Part *part) {
         Psnet__Header h;
         part->push.seq = ++c->seq;
         header_for(c, s, part, &h, PSNET__MSG_TYPE__MSG_PUSH, c->push_clock, part->push.seq);
-        header_shm(&h, s, 0);
+        header_shm(&h, s, offset);
         return netsock_send(s->sock, NULL, &h, NULL, 0);
 }
 
 static int send_push(Client *c, ShardConn *s, Part *part) {
         bool sparse = pushes_sparse(c);
-        /* Whole (shard_plan): through shared memory where the shard takes it. */
-        if (!sparse && s->nparts == 1 && shard_shm(c, s))
+        if (!sparse && shard_shm(c, s))
                 return send_push_shm(c, s, part);
         zmq_msg_t *frames = ps_malloc(part->nkeys * sizeof *frames);
         if (!frames)
@@ -570,8 +582,8 @@ static int send_pull(Client *c, ShardConn *s, Part *part) {
         Psnet__Header h;
         part->pull.seq = ++c->seq;
         header_for(c, s, part, &h, PSNET__MSG_TYPE__MSG_PULL, c->pull_clock, part->pull.seq);
-        if (s->nparts == 1 && shard_shm(c, s))
-                header_shm(&h, s, s->area);
+        if (shard_shm(c, s))
+                header_shm(&h, s, pull_offset(c, s, part));
         return netsock_send(s->sock, NULL, &h, NULL, 0);
 }
 
@@ -801,13 +813,14 @@ static int handle_reply(Client *c, ShardConn *s, WireMsg *m) {
                 /* In shared memory: where this client asked, in its own session. */
                 const uint8_t *at = NULL;
                 if (h->has_shm_session) {
-                        if (!s->shm.base || s->nparts != 1 || h->shm_session.len != sizeof s->shm.token ||
+                        uint64_t offset = pull_offset(c, s, part);
+                        if (!s->shm.base || h->shm_session.len != sizeof s->shm.token ||
                             memcmp(h->shm_session.data, s->shm.token, sizeof s->shm.token) != 0 ||
-                            h->shm_offset != s->area) {
+                            h->shm_offset != offset) {
                                 log_error("shard %u answered in shared memory this client did not offer", s->id);
                                 return -EPROTO;
                         }
-                        at = (const uint8_t *) s->shm.base + s->area;
+                        at = (const uint8_t *) s->shm.base + offset;
                 }
                 for (size_t i = 0; i < h->n_keys; i++) {
                         const Psnet__Key *k = h->keys[i], *want = s->keyp[part->first + i];
