@@ -59,7 +59,8 @@ int main(int argc, char **argv) {
                 .epilog = "Config file: --config /etc/psnet/workerd.conf (keys as the long options).\n"
                           "Signals: SIGTERM/SIGINT finish the current step, leave the job and stop.\n"
                           "Environment: PSNET_SHM=off sends tensors in frames to shards on this host too\n"
-                          "(by default they travel through shared memory where a shard listens on ipc://).",
+                          "(by default they travel through shared memory where a shard listens on ipc://);\n"
+                          "PSNET_PART_KIB=N sends a shard's keys in parts of at most N KiB (default 1024).",
         };
         int optind_ = 0, r;
 
