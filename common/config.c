@@ -110,8 +110,8 @@ static int parse_signed(const char *s, long long lo, long long hi, long long *re
         return 0;
 }
 
-/* Unsigned decimal integer <= hi; a sign is refused (strtoull would wrap "-1"). */
-static int parse_unsigned(const char *s, unsigned long long hi, unsigned long long *ret) {
+/* A sign is refused: strtoull would wrap "-1". */
+int config_parse_unsigned(const char *s, unsigned long long hi, unsigned long long *ret) {
         char *end;
         unsigned long long v;
         if (!(*s >= '0' && *s <= '9'))
@@ -167,12 +167,12 @@ static int set_value(const Option *o, const char *value) {
                         *(int *) o->ptr = (int) sv;
                 return r;
         case OPT_UINT:
-                r = parse_unsigned(value, UINT_MAX, &uv);
+                r = config_parse_unsigned(value, UINT_MAX, &uv);
                 if (r >= 0)
                         *(unsigned *) o->ptr = (unsigned) uv;
                 return r;
         case OPT_U64:
-                r = parse_unsigned(value, UINT64_MAX, &uv);
+                r = config_parse_unsigned(value, UINT64_MAX, &uv);
                 if (r >= 0)
                         *(uint64_t *) o->ptr = (uint64_t) uv;
                 return r;

@@ -47,5 +47,9 @@ int config_set(const ProgramInfo *prog, const Option *opts, size_t nopts, const 
 
 void config_print_help(const ProgramInfo *prog, const Option *opts, size_t nopts);
 
+/* An unsigned decimal integer <= hi (a sign refused): 0, -EINVAL (not a
+ * number) or -ERANGE. For values read elsewhere, e.g. the environment. */
+int config_parse_unsigned(const char *s, unsigned long long hi, unsigned long long *ret);
+
 /* Frees the strings that OPT_STR options own (those set by parsing). */
 void config_free_strings(const Option *opts, size_t nopts);

@@ -5,9 +5,9 @@
  * shared memory alike), at most CLIENT_WINDOW of each kind in flight to one
  * shard, so that a shard holds a few parts of a worker's push or pull at a
  * time rather than all of it (docs/ARCHITECTURE.md, "Pushes and pulls in
- * parts"); a federated update goes whole. Replies arrive through each shard's netsock callback; the
- * round's callback runs once, when every part has been answered or something
- * failed. */
+ * parts"); a federated update goes whole. Replies arrive through each shard's
+ * netsock callback; the round's callback runs once, when every part has been
+ * answered or something failed. */
 #include <errno.h>
 #include <stdlib.h>
 #include <string.h>
@@ -15,6 +15,7 @@
 #include "alloc.h"
 #include "client.h"
 #include "compress.h"
+#include "config.h"
 #include "endpoint.h"
 #include "errors.h"
 #include "log.h"
@@ -214,9 +215,8 @@ int client_new(uv_loop_t *loop, void *zctx, const Job *job, const ShardMap *map,
         c->part_bytes = CLIENT_PART_BYTES;
         const char *env = getenv("PSNET_PART_KIB");
         if (env) {
-                char *end;
-                unsigned long kib = strtoul(env, &end, 10);
-                if (*env < '0' || *env > '9' || *end || kib == 0 || kib > (1ul << 22))
+                unsigned long long kib = 0;
+                if (config_parse_unsigned(env, 1ull << 22, &kib) < 0 || kib == 0)
                         log_warning("PSNET_PART_KIB=%s is no size in KiB (1 to 4194304): parts of %zu KiB", env,
                                     c->part_bytes >> 10);
                 else
@@ -387,6 +387,12 @@ static bool wire_bf16(const Client *c) {
         return c->job.wire == JOB_WIRE_BF16 && !c->masked && !c->frame_fn;
 }
 
+/* Whether pulls ask for bf16 values: --wire bf16, unless the caller wants
+ * f32 (the final weights). */
+static bool pulls_bf16(const Client *c) {
+        return wire_bf16(c) && !c->pull_f32;
+}
+
 /* Whether shard s's tensors travel through shared memory: a training job's
  * pushes and pulls to a shard on an ipc:// endpoint, unless PSNET_SHM=off.
  * Opened on first use; when the shard does not take it (another host's
@@ -451,8 +457,8 @@ static void header_for(Client *c, ShardConn *s, const Part *part, Psnet__Header 
         h->members_epoch = c->members_epoch;
         h->has_examples = type == PSNET__MSG_TYPE__MSG_PUSH && c->examples != 0;
         h->examples = c->examples;
-        h->has_dtype = wire_bf16(c) && ((type == PSNET__MSG_TYPE__MSG_PUSH && !pushes_sparse(c)) ||
-                                        (type == PSNET__MSG_TYPE__MSG_PULL && !c->pull_f32));
+        h->has_dtype = (type == PSNET__MSG_TYPE__MSG_PUSH && wire_bf16(c) && !pushes_sparse(c)) ||
+                       (type == PSNET__MSG_TYPE__MSG_PULL && pulls_bf16(c));
         h->dtype = h->has_dtype ? PSNET__DTYPE__DTYPE_BF16 : PSNET__DTYPE__DTYPE_F32;
         h->has_progress = type == PSNET__MSG_TYPE__MSG_PUSH && c->progress >= 0.0f;
         h->progress = c->progress;
@@ -492,7 +498,7 @@ static void shard_plan(Client *c, ShardConn *s) {
 
 /* Where part's pulled values lie in shared memory: after the gradients. */
 static uint64_t pull_offset(const Client *c, const ShardConn *s, const Part *part) {
-        return s->area + part->before * (wire_bf16(c) && !c->pull_f32 ? 2 : sizeof(float));
+        return s->area + part->before * (pulls_bf16(c) ? 2 : sizeof(float));
 }
 
 /* A push through shared memory: the part's gradients copied in, one after
