@@ -37,6 +37,12 @@ static int64_t *clock_slot(int64_t **tab, size_t *n, uint32_t worker) {
         return &(*tab)[worker];
 }
 
+/* A worker's completed clocks here are at least clock + 1. */
+static void clock_reached(int64_t *wc, int64_t clock) {
+        if (*wc < clock + 1)
+                *wc = clock + 1;
+}
+
 static int64_t *worker_clock(Gate *g, uint32_t worker) {
         return clock_slot(&g->wclock, &g->nwclock, worker);
 }
@@ -565,8 +571,8 @@ int gate_park_copy(Store *s, Chunk *c, uint32_t worker, float progress, const vo
         /* A primary's chunk moved here: its parked pushes were sent to this
          * chunk's owner. A backup's copy is not the worker's push to this shard
          * (see advance_worker). */
-        if (!c->backup && *wc < c->clock + 1)
-                *wc = c->clock + 1;
+        if (!c->backup)
+                clock_reached(wc, c->clock);
         return 0;
 }
 
@@ -575,8 +581,8 @@ int gate_park_copy(Store *s, Chunk *c, uint32_t worker, float progress, const vo
  * push of that clock to this shard may still be on its way, and a pull, an SSP
  * bound or a checkpoint's cut that took the copy for it would miss an update. */
 static void advance_worker(int64_t *wc, const PushReq *req) {
-        if (!req->replica && req->parts < 2 && *wc < req->clock + 1)
-                *wc = req->clock + 1;
+        if (!req->replica && req->parts < 2)
+                clock_reached(wc, req->clock);
 }
 
 _Static_assert(WIRE_MAX_PARTS % 64 == 0, "PartsIn.in holds a bit per part");
@@ -586,16 +592,11 @@ int gate_push_part(Store *s, const PushReq *req) {
         if (req->replica || req->parts < 2 || req->parts > WIRE_MAX_PARTS || req->part >= req->parts ||
             req->worker > GATE_MAX_WORKER_ID)
                 return 0;
-        if (req->worker >= g->nparts_in) {
-                size_t m = MAX((size_t) req->worker + 1, g->nparts_in * 2);
-                PartsIn *p = ps_realloc(g->parts_in, m * sizeof *p);
-                if (!p)
-                        return -ENOMEM;
-                for (size_t i = g->nparts_in; i < m; i++)
-                        p[i] = (PartsIn) { .clock = -1 };
-                g->parts_in = p;
-                g->nparts_in = m;
-        }
+        size_t had = g->nparts_in;
+        if (ps_grow(&g->parts_in, &g->nparts_in, (size_t) req->worker + 1, sizeof *g->parts_in, 8) < 0)
+                return -ENOMEM;
+        for (size_t i = had; i < g->nparts_in; i++)
+                g->parts_in[i] = (PartsIn) { .clock = -1 };
         g->push_parts++;
         PartsIn *t = &g->parts_in[req->worker];
         if (req->clock < t->clock || (req->clock == t->clock && req->epoch < t->epoch))
@@ -612,8 +613,7 @@ int gate_push_part(Store *s, const PushReq *req) {
         int64_t *wc = worker_clock(g, req->worker);
         if (!wc)
                 return -ENOMEM;
-        if (*wc < req->clock + 1)
-                *wc = req->clock + 1;
+        clock_reached(wc, req->clock);
         return 0;
 }
 
