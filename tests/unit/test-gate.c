@@ -661,19 +661,26 @@ static void test_lr_schedule(void) {
         store_free(t);
 }
 
+/* A store of job 7 for workers 1 and 2 under SSP with this staleness. */
+static Store *open_ssp(Job *job, Acks *acks, uint32_t staleness) {
+        uint32_t m12[2] = { 1, 2 };
+        make_job(job, 7, MODE_SSP, "sgd");
+        job->staleness = staleness;
+        Store *s = open_solo(job, acks, m12, 2);
+        if (s)
+                gate_set_config(s, MODE_SSP, staleness, m12, NULL, NULL, 2, NULL, 0, 0, 2);
+        return s;
+}
+
 /* SSP(s): a pull for clock c is ready once the slowest member completed c - s. */
 static void test_ssp_gate(void) {
-        uint32_t m12[2] = { 1, 2 };
         Job job;
         Acks acks = { 0 };
         float g[MAXLEN];
-        make_job(&job, 7, MODE_SSP, "sgd");
-        job.staleness = 2;
-        Store *s = open_solo(&job, &acks, m12, 2);
+        Store *s = open_ssp(&job, &acks, 2);
         Chunk *a = s ? key(s, 0, 0) : NULL;
         if (!a)
                 goto out;
-        gate_set_config(s, MODE_SSP, 2, m12, NULL, NULL, 2, NULL, 0, 0, 2);
         int64_t slowest = -1;
         CHECK(gate_pull_ready(s, &a, 1, 2, &slowest) && slowest == 0,
               "ssp:2: clock 2 is ready with the slowest at 0 (slowest %ld)", (long) slowest);
@@ -730,17 +737,13 @@ static void push_part(Store *s, Chunk *c, uint32_t worker, int64_t clock, uint64
 /* A push in parts counts as the worker's push only once every part is in:
  * before that, a pull that needs it waits (SSP with staleness 0). */
 static void test_push_in_parts(void) {
-        uint32_t m12[2] = { 1, 2 };
         Job job;
         Acks acks = { 0 };
         float g[MAXLEN];
-        make_job(&job, 7, MODE_SSP, "sgd");
-        job.staleness = 0;
-        Store *s = open_solo(&job, &acks, m12, 2);
+        Store *s = open_ssp(&job, &acks, 0);
         Chunk *a = s ? key(s, 0, 0) : NULL, *b = s ? key(s, 0, 12) : NULL;
         if (!a || !b)
                 goto out;
-        gate_set_config(s, MODE_SSP, 0, m12, NULL, NULL, 2, NULL, 0, 0, 2);
         Chunk *both[2] = { a, b };
         grad_fill(g, a->len, 2, 0);
         push1(s, a, 2, 0, 1, g);
