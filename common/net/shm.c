@@ -12,6 +12,7 @@
 #include <sys/stat.h>
 #include <sys/un.h>
 #include <sys/vfs.h>
+#include <time.h>
 #include <unistd.h>
 #include "shm.h"
 
@@ -52,7 +53,7 @@ int shm_check_fd(int fd, uint64_t size, char *reason, size_t n) {
 }
 
 void shm_region_close(ShmRegion *r) {
-        if (r->base)
+        if (r->base && !r->shared)
                 (void) munmap(r->base, r->size);
         if (r->conn >= 0)
                 (void) close(r->conn);
@@ -100,34 +101,114 @@ static int handover(ShmRegion *r, const char *path, uint32_t worker, int fd, uns
         return 0;
 }
 
-int shm_region_open(ShmRegion *r, const char *path, uint32_t worker, size_t size, unsigned timeout_ms,
-                    char *reason, size_t n) {
-        *r = (ShmRegion) SHM_REGION_INIT;
+/* A sealed memfd of size bytes, mapped and populated (its pages are charged
+ * to the worker). */
+static int memfd_new(size_t size, int *ret_fd, void **ret_base, char *reason, size_t n) {
         if (size == 0 || size > SHM_MAX_SIZE)
                 return fail(reason, n, EINVAL, "%s", "no memory to share (or more than a shard maps)");
-        if (getrandom(r->token, sizeof r->token, 0) != (ssize_t) sizeof r->token)
-                return fail(reason, n, EIO, "%s", "cannot draw a random token");
         int fd = memfd_create("psnet-shm", MFD_CLOEXEC | MFD_ALLOW_SEALING);
         if (fd < 0)
                 return fail(reason, n, errno, "memfd_create: %s", strerror(errno));
-        int e = 0;
         if (ftruncate(fd, (off_t) size) < 0 ||
-            fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL) < 0)
-                e = fail(reason, n, errno, "cannot size and seal the memfd: %s", strerror(errno));
-        if (e == 0) {
-                /* Populated here: its pages are charged to the worker. */
-                void *base = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, fd, 0);
-                if (base == MAP_FAILED)
-                        e = fail(reason, n, errno, "cannot map the memfd: %s", strerror(errno));
-                else {
-                        r->base = base;
-                        r->size = size;
-                }
+            fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL) < 0) {
+                int e = fail(reason, n, errno, "cannot size and seal the memfd: %s", strerror(errno));
+                (void) close(fd);
+                return e;
         }
+        void *base = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, fd, 0);
+        if (base == MAP_FAILED) {
+                int e = fail(reason, n, errno, "cannot map the memfd: %s", strerror(errno));
+                (void) close(fd);
+                return e;
+        }
+        *ret_fd = fd;
+        *ret_base = base;
+        return 0;
+}
+
+static int new_token(ShmRegion *r, char *reason, size_t n) {
+        if (getrandom(r->token, sizeof r->token, 0) != (ssize_t) sizeof r->token)
+                return fail(reason, n, EIO, "%s", "cannot draw a random token");
+        return 0;
+}
+
+int shm_region_open(ShmRegion *r, const char *path, uint32_t worker, size_t size, unsigned timeout_ms,
+                    char *reason, size_t n) {
+        *r = (ShmRegion) SHM_REGION_INIT;
+        int fd = -1;
+        int e = new_token(r, reason, n);
         if (e == 0)
-                e = handover(r, path, worker, fd, timeout_ms, reason, n);
+                e = memfd_new(size, &fd, &r->base, reason, n);
+        if (e < 0)
+                return e;
+        r->size = size;
+        e = handover(r, path, worker, fd, timeout_ms, reason, n);
         (void) close(fd);
         if (e < 0)
                 shm_region_close(r);
+        return e;
+}
+
+int shm_memory_new(ShmMemory *m, size_t size, char *reason, size_t n) {
+        *m = (ShmMemory) SHM_MEMORY_INIT;
+        int e = memfd_new(size, &m->fd, &m->base, reason, n);
+        if (e == 0)
+                m->size = size;
+        return e;
+}
+
+void shm_memory_free(ShmMemory *m) {
+        if (m->base)
+                (void) munmap(m->base, m->size);
+        if (m->fd >= 0)
+                (void) close(m->fd);
+        *m = (ShmMemory) SHM_MEMORY_INIT;
+}
+
+int shm_region_share(ShmRegion *r, const ShmMemory *m, const char *path, uint32_t worker, unsigned timeout_ms,
+                     char *reason, size_t n) {
+        *r = (ShmRegion) SHM_REGION_INIT;
+        if (!m->base)
+                return fail(reason, n, EINVAL, "%s", "no memory to share");
+        int e = new_token(r, reason, n);
+        if (e < 0)
+                return e;
+        r->base = m->base;
+        r->size = m->size;
+        r->shared = true;
+        e = handover(r, path, worker, m->fd, timeout_ms, reason, n);
+        if (e < 0)
+                shm_region_close(r);
+        return e;
+}
+
+int shm_region_fence(ShmRegion *r, unsigned timeout_ms) {
+        int e = 0;
+        if (r->conn >= 0 && shutdown(r->conn, SHUT_WR) == 0) {
+                /* The shard ends the session, then closes its end: EOF here. */
+                struct timespec t0, t;
+                clock_gettime(CLOCK_MONOTONIC, &t0);
+                for (;;) {
+                        clock_gettime(CLOCK_MONOTONIC, &t);
+                        long spent = (t.tv_sec - t0.tv_sec) * 1000 + (t.tv_nsec - t0.tv_nsec) / 1000000;
+                        if (spent >= (long) timeout_ms) {
+                                e = -ETIMEDOUT;
+                                break;
+                        }
+                        struct pollfd pfd = { .fd = r->conn, .events = POLLIN };
+                        int p = poll(&pfd, 1, (int) (timeout_ms - (unsigned long) spent));
+                        if (p < 0 && errno == EINTR)
+                                continue;
+                        if (p <= 0) {
+                                e = p == 0 ? -ETIMEDOUT : -errno;
+                                break;
+                        }
+                        char b[64];
+                        ssize_t got = recv(r->conn, b, sizeof b, MSG_DONTWAIT);
+                        if (got == 0 || (got < 0 && errno != EAGAIN && errno != EINTR))
+                                break; /* closed (or reset: the shard is gone) */
+                }
+        }
+        shm_region_close(r);
         return e;
 }

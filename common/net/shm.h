@@ -39,6 +39,7 @@ typedef struct ShmRegion {
         void *base;              /* NULL: none */
         size_t size;
         int conn;                /* the handover connection (-1: none) */
+        bool shared;             /* base is an ShmMemory's (not unmapped on close) */
         uint8_t token[WIRE_SHM_TOKEN];
 } ShmRegion;
 
@@ -52,6 +53,31 @@ int shm_region_open(ShmRegion *r, const char *path, uint32_t worker, size_t size
                     char *reason, size_t n);
 /* Ends the session (the shard unmaps it when it sees the connection close). */
 void shm_region_close(ShmRegion *r);
+
+/* Memory a worker shares with every shard on its host at once: the model's
+ * own tensors (the caller's buffers), so that nothing is copied in or out
+ * around a round (docs/ARCHITECTURE.md, "Same-host shared memory"). */
+typedef struct ShmMemory {
+        void *base;              /* NULL: none */
+        size_t size;
+        int fd;                  /* the memfd, handed to each shard's session */
+} ShmMemory;
+
+#define SHM_MEMORY_INIT { .base = NULL, .size = 0, .fd = -1 }
+
+/* A memfd of size bytes sealed against shrinking and growing, mapped and
+ * touched (the worker's memory), zeroed. On failure reason says why. */
+int shm_memory_new(ShmMemory *m, size_t size, char *reason, size_t n);
+void shm_memory_free(ShmMemory *m);
+/* A session over memory m (which r then maps no copy of: closing r leaves m
+ * as it is) with the shard at path, as shm_region_open. */
+int shm_region_share(ShmRegion *r, const ShmMemory *m, const char *path, uint32_t worker, unsigned timeout_ms,
+                     char *reason, size_t n);
+/* Ends r's session and waits up to timeout_ms until the shard has ended its
+ * end: from then on it neither reads nor writes that memory for any request
+ * (a shard handles the close between requests). 0, or -ETIMEDOUT when the
+ * shard did not answer (it may still touch the memory later). */
+int shm_region_fence(ShmRegion *r, unsigned timeout_ms);
 
 /* Whether fd is memory a shard may map: a memfd on shmem (not hugetlbfs,
  * where a fault past the reserve would kill the shard), sealed against
