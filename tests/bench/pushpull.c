@@ -42,7 +42,9 @@
  * --shm off (common/net/shm.h): then the second baseline is single-thread
  * memcpy of the model's bytes in this process, measured in the same run
  * (median of 5 copies, next to each raw run); memcpy_ratio = push+pull median
- * / memcpy. Targets (printed, never enforced; the exit status says only
+ * / memcpy. The worker's tensors live in that shared memory
+ * (psnet_worker_memory: pushed and pulled in place) unless --in-place off
+ * (its own buffers, copied in and out). Targets (printed, never enforced; the exit status says only
  * whether the measurement ran): 0.9 of raw ZeroMQ over tcp, 0.95 over ipc
  * frames, 0.5 of memcpy through shared memory.
  *
@@ -88,7 +90,7 @@
 #define BENCH_MAX_ROUNDS 100000
 
 typedef struct Opts {
-        const char *build, *transport, *model, *mode, *wire, *shm, *sparsify;
+        const char *build, *transport, *model, *mode, *wire, *shm, *in_place, *sparsify;
         unsigned rounds, chunk_kb, raw_runs, replicas, psd_threads;
 } Opts;
 
@@ -715,6 +717,7 @@ static int bench_mode(const Opts *o, const char *dir, const char *mode, uint64_t
         Bench b = { .cl = &cl };
         _cleanup_free_ float **params = NULL;
         _cleanup_free_ float **grads = NULL;
+        _cleanup_free_ float **shared = NULL;
         size_t nt = 0;
         int r, rs;
 
@@ -740,10 +743,24 @@ static int bench_mode(const Opts *o, const char *dir, const char *mode, uint64_t
                 r = log_error_errno(ENOMEM, "Out of memory");
                 goto out;
         }
+        if (strcmp(o->in_place, "on") == 0) {
+                /* The tensors in the memory shared with the shards: set 0 the
+                 * gradients, set 1 the values. */
+                shared = calloc(2 * nt, sizeof *shared);
+                if (!shared) {
+                        r = log_error_errno(ENOMEM, "Out of memory");
+                        goto out;
+                }
+                r = psnet_worker_memory(b.w, 2, shared);
+                if (r < 0) {
+                        log_error_errno(r, "No shared memory for the tensors: %m");
+                        goto out;
+                }
+        }
         for (size_t t = 0; t < nt; t++) {
                 size_t n = b.job->tensors[t].numel;
-                params[t] = ps_malloc_aligned(n * sizeof(float));
-                grads[t] = ps_malloc_aligned(n * sizeof(float));
+                params[t] = shared ? shared[nt + t] : ps_malloc_aligned(n * sizeof(float));
+                grads[t] = shared ? shared[t] : ps_malloc_aligned(n * sizeof(float));
                 if (!params[t] || !grads[t]) {
                         r = log_error_errno(ENOMEM, "Out of memory for %zu floats", n);
                         goto out;
@@ -760,9 +777,9 @@ static int bench_mode(const Opts *o, const char *dir, const char *mode, uint64_t
 
 out:
         bench_leave(&b);
-        for (size_t t = 0; params && t < nt; t++)
+        for (size_t t = 0; params && !shared && t < nt; t++)
                 ps_free(params[t]);
-        for (size_t t = 0; grads && t < nt; t++)
+        for (size_t t = 0; grads && !shared && t < nt; t++)
                 ps_free(grads[t]);
         rs = daemons_stop(cl.d, cl.nd);
         if (rs < 0 && r == 0) {
@@ -920,7 +937,8 @@ static void print_figures(const char *mode, const char *kind, const Figures *f) 
 
 int main(int argc, char **argv) {
         Opts o = { .rounds = 20, .chunk_kb = 1024, .raw_runs = 3, .replicas = 1, .psd_threads = 1 };
-        char *build = NULL, *transport = NULL, *model = NULL, *mode = NULL, *wire = NULL, *shm = NULL, *sparsify = NULL;
+        char *build = NULL, *transport = NULL, *model = NULL, *mode = NULL, *wire = NULL, *shm = NULL, *sparsify = NULL,
+             *in_place = NULL;
         _cleanup_free_ char *build_default = NULL;
         const Option opts[] = {
                 { "build", OPT_STR, &build, "DIR", "build folder holding ps/pscoord/pscoord and ps/psd/psd (default: the one holding this program)" },
@@ -936,6 +954,9 @@ int main(int argc, char **argv) {
                   "the job's --sparsify: pushes carry the largest share F of each chunk (default 0: dense)" },
                 { "shm", OPT_STR, &shm, "on|off",
                   "ipc: tensors through shared memory (on, the default) or in frames (off; PSNET_SHM=off)" },
+                { "in-place", OPT_STR, &in_place, "on|off",
+                  "the worker's tensors in the memory it shares with the shards (on, the default: pushed and "
+                  "pulled where they lie) or its own buffers (off: copied in and out)" },
                 { "psd-threads", OPT_UINT, &o.psd_threads, "N", "each shard's psd --threads (default 1)" },
                 { "raw-runs", OPT_UINT, &o.raw_runs, "N",
                   "raw ZeroMQ runs, median taken (0: psnet only, e.g. under perf)" },
@@ -970,9 +991,15 @@ int main(int argc, char **argv) {
         }
         o.wire = wire ? wire : "f32";
         o.shm = shm ? shm : "on";
+        o.in_place = in_place ? in_place : "on";
         o.sparsify = sparsify ? sparsify : "0";
         if (strcmp(o.shm, "on") != 0 && strcmp(o.shm, "off") != 0) {
                 fprintf(stderr, "bench-pushpull: --shm is on or off, not '%s'\n", o.shm);
+                r = -EINVAL;
+                goto out;
+        }
+        if (strcmp(o.in_place, "on") != 0 && strcmp(o.in_place, "off") != 0) {
+                fprintf(stderr, "bench-pushpull: --in-place is on or off, not '%s'\n", o.in_place);
                 r = -EINVAL;
                 goto out;
         }
@@ -1137,9 +1164,9 @@ int main(int argc, char **argv) {
         for (size_t i = 0; i < nmodes; i++) {
                 const Figures *pp = &res[i].pushpull, *pl = &res[i].pull;
                 bool shm_used = res[i].shm_shards > 0;
-                printf("pushpull transport=%s shm=%s mode=%s replicas=%u psd_threads=%u wire=%s model_mib=%.1f chunk_kib=%u rounds=%u "
+                printf("pushpull transport=%s shm=%s in_place=%s mode=%s replicas=%u psd_threads=%u wire=%s model_mib=%.1f chunk_kib=%u rounds=%u "
                        "push+pull_gbps=%.2f push+pull_best_gbps=%.2f pull_gbps=%.2f tensor_gbps=%.2f cpu_s_per_gb=%.3f",
-                       o.transport, shm_used ? "on" : "off", res[i].mode, o.replicas, o.psd_threads, o.wire, model_mib,
+                       o.transport, shm_used ? "on" : "off", o.in_place, res[i].mode, o.replicas, o.psd_threads, o.wire, model_mib,
                        o.chunk_kb,
                        o.rounds, pp->med_gbps, pp->best_gbps, pl->med_gbps, pp->med_gbps * (double) per,
                        pp->cpu_s_per_gb);

@@ -37,11 +37,13 @@ typedef struct PartReq {
         ReqState state;
         uint64_t seq;                  /* REQ_SENT: the request's */
         uint64_t at;                   /* REQ_RETRY: resend then (ms) */
+        bool mem;                      /* REQ_SENT: named the client's memory (in place) */
 } PartReq;
 
 /* Keys [first, first + nkeys) of a shard's, pushed and pulled in requests of
- * their own; through shared memory at before values from the start of the
- * gradients' and of the values' areas. */
+ * their own; through the shard's own shared memory at before values from the
+ * start of the gradients' and of the values' areas; in place (the client's
+ * memory) where the keys lie in the caller's tensors. */
 typedef struct Part {
         size_t first, nkeys;
         size_t before;                 /* values of the shard's keys before first */
@@ -62,7 +64,12 @@ typedef struct ShardConn {
          * pulled values at area, each key after the other. */
         ShmRegion shm;
         size_t area;                   /* bytes of this shard's keys as f32 */
+        bool inplace;                  /* this round's parts lie side by side in the client's memory */
         bool shm_tried;                /* opened, or failed: frames until the next connection */
+        /* A session over the client's memory (client_set_memory): rounds in
+         * place name the caller's own tensors in it. */
+        ShmRegion mem;
+        bool mem_tried;
 } ShardConn;
 
 /* --sparsify: each key's push encoded once per push clock (a resend, or the
@@ -118,6 +125,14 @@ struct Client {
         int prefetch_err;              /* an answer to the prefetched pull that ends the next round */
         bool freeing;
         Sparse *sparse;                /* --sparsify (NULL: dense pushes) */
+        /* client_set_memory: the caller's tensors in memory every shard on
+         * this host maps; sets of job_nfloats floats, tensor after tensor:
+         * the gradients, then the values (one set or more). */
+        const ShmMemory *mem;
+        size_t *tensor_base;           /* per tensor: its first float's index in a set */
+        size_t set_floats, nsets;
+        bool inplace;                  /* the round's (or prefetch's) tensors are the memory's */
+        size_t pull_set;               /* in place: the set the values go to */
         ClientStats stats;
 };
 
@@ -129,7 +144,10 @@ static double mono_s(void) {
 
 static void client_on_reply(NetSock *ns, WireMsg *m, int r, void *ud);
 
+static void client_mem_fence(Client *c);
+
 static void client_disconnect(Client *c) {
+        client_mem_fence(c);
         for (size_t i = 0; c->shards && i < c->nshards; i++) {
                 ShardConn *s = &c->shards[i];
                 s->sock = netsock_close(s->sock);
@@ -159,7 +177,7 @@ static int client_connect(Client *c, const ShardMap *map) {
                 const ShardDesc *d = shardmap_shard(map, i);
                 s->client = c;
                 s->id = d->id;
-                s->shm = (ShmRegion) SHM_REGION_INIT;
+                s->shm = s->mem = (ShmRegion) SHM_REGION_INIT;
                 s->endpoint = ps_strdup(d->endpoint);
                 s->keys = ps_calloc(nkeys, sizeof *s->keys);
                 s->keyp = ps_calloc(nkeys, sizeof *s->keyp);
@@ -267,6 +285,7 @@ Client *client_free(Client *c) {
                 return NULL;
         client_disconnect(c);
         c->sparse = sparse_free(c->sparse);
+        c->tensor_base = mfree(c->tensor_base);
         c->freeing = true;
         if (c->timers == 0) {
                 ps_free(c);
@@ -285,6 +304,40 @@ void client_abort(Client *c) {
         c->cb = NULL;
         (void) uv_timer_stop(&c->deadline);
         (void) uv_timer_stop(&c->retry);
+}
+
+size_t client_memory_size(const Job *job, size_t nsets) {
+        return nsets * job_nfloats(job) * sizeof(float);
+}
+
+float *client_memory_tensor(const Job *job, const ShmMemory *m, size_t set, uint32_t t) {
+        if (!m || !m->base || t >= job->ntensors || client_memory_size(job, set + 1) > m->size)
+                return NULL;
+        size_t at = set * job_nfloats(job);
+        for (uint32_t i = 0; i < t; i++)
+                at += job->tensors[i].numel;
+        return (float *) m->base + at;
+}
+
+int client_set_memory(Client *c, const ShmMemory *m) {
+        if (c->busy || c->prefetching)
+                return -EBUSY;
+        client_mem_fence(c);
+        c->mem = NULL;
+        c->inplace = false;
+        if (!m)
+                return 0;
+        size_t set = client_memory_size(&c->job, 1);
+        if (!m->base || set == 0 || m->size < 2 * set)
+                return -EINVAL;
+        if (!c->tensor_base && !(c->tensor_base = ps_calloc(MAX(c->job.ntensors, 1u), sizeof *c->tensor_base)))
+                return -ENOMEM;
+        for (uint32_t t = 1; t < c->job.ntensors; t++)
+                c->tensor_base[t] = c->tensor_base[t - 1] + c->job.tensors[t - 1].numel;
+        c->set_floats = job_nfloats(&c->job);
+        c->nsets = m->size / set;
+        c->mem = m;
+        return 0;
 }
 
 int client_set_map(Client *c, const ShardMap *map) {
@@ -393,47 +446,105 @@ static bool pulls_bf16(const Client *c) {
         return wire_bf16(c) && !c->pull_f32;
 }
 
-/* Whether shard s's tensors travel through shared memory: a training job's
- * pushes and pulls to a shard on an ipc:// endpoint, unless PSNET_SHM=off.
- * Opened on first use; when the shard does not take it (another host's
- * socket, an old shard, --no-shm), frames until the next connection. */
+/* Shards reached through shared memory of either kind now. */
+static void shm_count(Client *c) {
+        c->stats.shm_shards = 0;
+        for (size_t i = 0; i < c->nshards; i++)
+                c->stats.shm_shards += c->shards[i].shm.base || c->shards[i].mem.base;
+}
+
+/* Whether shared memory may reach shard s at all: a training job's pushes
+ * and pulls to a shard on an ipc:// endpoint, unless PSNET_SHM=off. The
+ * handover socket's path into path. */
+static bool shm_allowed(const Client *c, const ShardConn *s, char *path, size_t n) {
+        const char *env = getenv("PSNET_SHM");
+        if ((env && strcmp(env, "off") == 0) || c->job.mode == MODE_FED || c->masked || c->frame_fn || s->nkeys == 0)
+                return false;
+        return shm_socket_path(s->endpoint, path, n) == 0;
+}
+
+/* Whether shard s's tensors travel through shared memory of its own (the
+ * caller's tensors copied in and out). Opened on first use; when the shard
+ * does not take it (another host's socket, an old shard, --no-shm), frames
+ * until the next connection. */
 static bool shard_shm(Client *c, ShardConn *s) {
         if (s->shm.base)
                 return true;
-        if (s->shm_tried || s->nkeys == 0)
+        if (s->shm_tried)
                 return false;
         s->shm_tried = true;
-        const char *env = getenv("PSNET_SHM");
-        if ((env && strcmp(env, "off") == 0) || c->job.mode == MODE_FED || c->masked || c->frame_fn)
-                return false;
         char path[128], reason[256];
-        if (shm_socket_path(s->endpoint, path, sizeof path) < 0)
+        if (!shm_allowed(c, s, path, sizeof path))
                 return false;
         if (shm_region_open(&s->shm, path, c->worker_id, 2 * s->area, 2000, reason, sizeof reason) < 0) {
                 log_info("shard %u: no shared memory (%s): tensors travel in frames", s->id, reason);
                 return false;
         }
-        c->stats.shm_shards++;
+        shm_count(c);
         log_debug("shard %u: tensors travel through %zu bytes of shared memory", s->id, s->shm.size);
         return true;
 }
 
+/* The same for the client's memory: whether a round in place reaches shard s
+ * through it. */
+static bool shard_mem(Client *c, ShardConn *s) {
+        if (s->mem.base)
+                return true;
+        if (s->mem_tried || !c->mem)
+                return false;
+        s->mem_tried = true;
+        char path[128], reason[256];
+        if (!shm_allowed(c, s, path, sizeof path))
+                return false;
+        if (shm_region_share(&s->mem, c->mem, path, c->worker_id, 2000, reason, sizeof reason) < 0) {
+                log_info("shard %u: no shared memory (%s): tensors travel in frames", s->id, reason);
+                return false;
+        }
+        shm_count(c);
+        log_debug("shard %u: the worker's tensors lie in %zu bytes of shared memory", s->id, s->mem.size);
+        return true;
+}
+
+/* How long a failed round waits in all for the shards to end their sessions
+ * over the client's memory. */
+#define CLIENT_FENCE_MS 2000u
+
+/* Ends every session over the client's memory and waits until each shard
+ * ended its end, so that no request given up on reads or writes the
+ * caller's tensors after the caller takes them back. */
+static void client_mem_fence(Client *c) {
+        uint64_t until = now_ms() + CLIENT_FENCE_MS;
+        for (size_t i = 0; c->shards && i < c->nshards; i++) {
+                ShardConn *s = &c->shards[i];
+                s->mem_tried = false;
+                if (!s->mem.base)
+                        continue;
+                uint64_t now = now_ms();
+                if (shm_region_fence(&s->mem, now < until ? (unsigned) (until - now) : 1) < 0)
+                        log_warning("shard %u did not end its shared-memory session within %u s: a request given "
+                                    "up on may still read or write this worker's tensors",
+                                    s->id, CLIENT_FENCE_MS / 1000);
+        }
+        shm_count(c);
+}
+
 /* After a failed round a shard may still read or write a session's memory
- * for requests given up on: the next round opens new ones. */
+ * for requests given up on: the next round opens new ones (of the shard's
+ * own memory; the client's memory is fenced, as the caller's tensors are
+ * the caller's again). */
 static void client_shm_reset(Client *c) {
         for (size_t i = 0; i < c->nshards; i++) {
                 ShardConn *s = &c->shards[i];
-                if (s->shm.base)
-                        c->stats.shm_shards--;
                 shm_region_close(&s->shm);
                 s->shm_tried = false;
         }
+        client_mem_fence(c);
 }
 
-static void header_shm(Psnet__Header *h, ShardConn *s, uint64_t offset) {
+static void header_shm(Psnet__Header *h, const ShmRegion *r, uint64_t offset) {
         h->has_shm_session = h->has_shm_offset = true;
-        h->shm_session.data = s->shm.token;
-        h->shm_session.len = sizeof s->shm.token;
+        h->shm_session.data = (uint8_t *) r->token;
+        h->shm_session.len = sizeof r->token;
         h->shm_offset = offset;
 }
 
@@ -475,25 +586,50 @@ static float *tensor_at(float *const *tensors, const Job *job, const Psnet__Key 
         return tensors[k->tensor] + (size_t) k->chunk * job->chunk_floats;
 }
 
+/* Key k's first float in a set of the client's memory. */
+static size_t key_float(const Client *c, const Psnet__Key *k) {
+        return c->tensor_base[k->tensor] + (size_t) k->chunk * c->job.chunk_floats;
+}
+
+/* Cuts shard s's keys into parts of at most per keys, for a round in place
+ * also where a key does not follow the one before it in the memory (each
+ * request names where its keys begin). False when that takes more parts than
+ * there is room for (a shard of many small keys of interleaved tensors). */
+static bool plan_cut(Client *c, ShardConn *s, size_t per, bool inplace) {
+        s->nparts = 0;
+        size_t before = 0;
+        Part *part = NULL;
+        for (size_t i = 0; i < s->nkeys; i++) {
+                const Psnet__Key *k = s->keyp[i], *prev = i ? s->keyp[i - 1] : NULL;
+                bool joins = part && part->nkeys < per &&
+                             (!inplace || key_float(c, k) == key_float(c, prev) + prev->len);
+                if (!joins) {
+                        if (s->nparts == MIN(s->nkeys, (size_t) WIRE_MAX_PARTS))
+                                return false;
+                        part = &s->parts[s->nparts++];
+                        *part = (Part) { .first = i, .nkeys = 0, .before = before };
+                }
+                part->nkeys++;
+                before += k->len;
+        }
+        return true;
+}
+
 /* Cuts shard s's keys into this round's parts, before any of its requests
  * leaves: parts of at most part_bytes of whole keys (as f32), at most
  * WIRE_MAX_PARTS of them; a federated update, which a shard takes whole, in
- * one. */
-static void shard_plan(Client *c, ShardConn *s) {
-        size_t per = s->nkeys;
+ * one. Returns whether the round reaches s in place (its parts cut so). */
+static bool shard_plan(Client *c, ShardConn *s) {
+        size_t per = MAX(s->nkeys, (size_t) 1);
         if (s->nkeys > 1 && c->job.mode != MODE_FED && !c->masked && !c->frame_fn) {
                 size_t key_bytes = MAX((size_t) c->job.chunk_floats * sizeof(float), (size_t) 1);
                 per = MAX(c->part_bytes / key_bytes, (size_t) 1);
                 per = MAX(per, (s->nkeys + WIRE_MAX_PARTS - 1) / WIRE_MAX_PARTS);
         }
-        s->nparts = 0;
-        size_t before = 0;
-        for (size_t first = 0; first < s->nkeys; first += per) {
-                Part *part = &s->parts[s->nparts++];
-                *part = (Part) { .first = first, .nkeys = MIN(per, s->nkeys - first), .before = before };
-                for (size_t i = 0; i < part->nkeys; i++)
-                        before += s->keyp[first + i]->len;
-        }
+        if (c->inplace && plan_cut(c, s, per, true))
+                return true;
+        (void) plan_cut(c, s, per, false);
+        return false;
 }
 
 /* Where part's pulled values lie in shared memory: after the gradients. */
@@ -521,12 +657,38 @@ static int send_push_shm(Client *c, ShardConn *s, Part *part) {
         Psnet__Header h;
         part->push.seq = ++c->seq;
         header_for(c, s, part, &h, PSNET__MSG_TYPE__MSG_PUSH, c->push_clock, part->push.seq);
-        header_shm(&h, s, offset);
+        header_shm(&h, &s->shm, offset);
         return netsock_send(s->sock, NULL, &h, NULL, 0);
+}
+
+/* Whether part's requests name the client's memory: a round in place to a
+ * shard on this host whose parts lie side by side there. */
+static bool part_in_place(Client *c, ShardConn *s) {
+        return c->inplace && s->inplace && shard_mem(c, s);
+}
+
+/* A push in place: the gradients are where the caller left them. */
+static int send_push_mem(Client *c, ShardConn *s, Part *part) {
+        for (size_t i = 0; i < part->nkeys; i++)
+                c->stats.bytes_pushed += (uint64_t) s->keyp[part->first + i]->len * sizeof(float);
+        Psnet__Header h;
+        part->push.seq = ++c->seq;
+        part->push.mem = true;
+        header_for(c, s, part, &h, PSNET__MSG_TYPE__MSG_PUSH, c->push_clock, part->push.seq);
+        header_shm(&h, &s->mem, key_float(c, s->keyp[part->first]) * sizeof(float));
+        return netsock_send(s->sock, NULL, &h, NULL, 0);
+}
+
+/* Where part's values go in place: the caller's tensors in set pull_set. */
+static uint64_t pull_offset_mem(const Client *c, const ShardConn *s, const Part *part) {
+        return (c->pull_set * c->set_floats + key_float(c, s->keyp[part->first])) * sizeof(float);
 }
 
 static int send_push(Client *c, ShardConn *s, Part *part) {
         bool sparse = pushes_sparse(c);
+        part->push.mem = false;
+        if (part_in_place(c, s))
+                return send_push_mem(c, s, part);
         if (!sparse && shard_shm(c, s))
                 return send_push_shm(c, s, part);
         zmq_msg_t *frames = ps_malloc(part->nkeys * sizeof *frames);
@@ -588,8 +750,11 @@ static int send_pull(Client *c, ShardConn *s, Part *part) {
         Psnet__Header h;
         part->pull.seq = ++c->seq;
         header_for(c, s, part, &h, PSNET__MSG_TYPE__MSG_PULL, c->pull_clock, part->pull.seq);
-        if (shard_shm(c, s))
-                header_shm(&h, s, pull_offset(c, s, part));
+        part->pull.mem = part_in_place(c, s);
+        if (part->pull.mem)
+                header_shm(&h, &s->mem, pull_offset_mem(c, s, part));
+        else if (shard_shm(c, s))
+                header_shm(&h, &s->shm, pull_offset(c, s, part));
         return netsock_send(s->sock, NULL, &h, NULL, 0);
 }
 
@@ -777,12 +942,15 @@ static int handle_reply(Client *c, ShardConn *s, WireMsg *m) {
                          * restarted): nothing was applied; another session, and
                          * the request again (the push and the pull both come
                          * back so: the first closes the session). */
-                        if (s->shm.base) {
+                        ShmRegion *r = q->mem ? &s->mem : &s->shm;
+                        if (r->base)
                                 log_info("shard %u: its shared-memory session is gone: opening another", s->id);
-                                c->stats.shm_shards--;
-                        }
-                        shm_region_close(&s->shm);
-                        s->shm_tried = false;
+                        shm_region_close(r);
+                        if (q->mem)
+                                s->mem_tried = false;
+                        else
+                                s->shm_tried = false;
+                        shm_count(c);
                         schedule_retry(c, q, 20);
                         return 0;
                 }
@@ -819,14 +987,15 @@ static int handle_reply(Client *c, ShardConn *s, WireMsg *m) {
                 /* In shared memory: where this client asked, in its own session. */
                 const uint8_t *at = NULL;
                 if (h->has_shm_session) {
-                        uint64_t offset = pull_offset(c, s, part);
-                        if (!s->shm.base || h->shm_session.len != sizeof s->shm.token ||
-                            memcmp(h->shm_session.data, s->shm.token, sizeof s->shm.token) != 0 ||
-                            h->shm_offset != offset) {
+                        const ShmRegion *r = q->mem ? &s->mem : &s->shm;
+                        uint64_t offset = q->mem ? pull_offset_mem(c, s, part) : pull_offset(c, s, part);
+                        if (!r->base || h->shm_session.len != sizeof r->token ||
+                            memcmp(h->shm_session.data, r->token, sizeof r->token) != 0 || h->shm_offset != offset ||
+                            (q->mem && h->dtype != PSNET__DTYPE__DTYPE_F32)) {
                                 log_error("shard %u answered in shared memory this client did not offer", s->id);
                                 return -EPROTO;
                         }
-                        at = (const uint8_t *) s->shm.base + offset;
+                        at = (const uint8_t *) r->base + offset;
                 }
                 for (size_t i = 0; i < h->n_keys; i++) {
                         const Psnet__Key *k = h->keys[i], *want = s->keyp[part->first + i];
@@ -838,7 +1007,9 @@ static int handle_reply(Client *c, ShardConn *s, WireMsg *m) {
                         bool bf16 = h->dtype == PSNET__DTYPE__DTYPE_BF16;
                         size_t size = (size_t) k->len * (bf16 ? 2 : sizeof(float));
                         const void *src = at ? at : zmq_msg_data(&m->frames[i]);
-                        if (bf16)
+                        if (q->mem && at)
+                                ; /* in place: the values are in the caller's tensor already */
+                        else if (bf16)
                                 bf16_decode(src, k->len, tensor_at(c->params, &c->job, k));
                         else
                                 memcpy(tensor_at(c->params, &c->job, k), src, size);
@@ -880,15 +1051,47 @@ static void client_on_reply(NetSock *ns, WireMsg *m, int r, void *ud) {
                 round_check_done(c);
 }
 
+/* The set of the client's memory whose tensors are these, or -1. */
+static long mem_set(const Client *c, const float *const *tensors) {
+        if (!c->mem || !tensors || c->job.ntensors == 0)
+                return -1;
+        for (size_t k = 0; k < c->nsets; k++) {
+                const float *base = (const float *) c->mem->base + k * c->set_floats;
+                uint32_t t = 0;
+                while (t < c->job.ntensors && tensors[t] == base + c->tensor_base[t])
+                        t++;
+                if (t == c->job.ntensors)
+                        return (long) k;
+        }
+        return -1;
+}
+
+/* Whether a round (or a prefetch: grads NULL, push false) with these tensors
+ * runs in place: f32 pushes and pulls of a training job whose gradients are
+ * the memory's first set and whose values another set. */
+static bool round_in_place(Client *c, const float *const *grads, bool push, float *const *params) {
+        if (!c->mem || wire_bf16(c) || pushes_sparse(c) || c->masked || c->frame_fn || c->job.mode == MODE_FED)
+                return false;
+        if (push && mem_set(c, grads) != 0)
+                return false;
+        long set = params ? mem_set(c, (const float *const *) params) : -1;
+        if (params && set < 1)
+                return false;
+        c->pull_set = set < 1 ? 1 : (size_t) set;
+        return true;
+}
+
 int client_pull_begin(Client *c, float *const *params, int64_t pull_clock) {
         if (!c || !params || c->prefetching || c->busy)
                 return -EINVAL;
         c->params = params;
         c->pull_clock = pull_clock;
         c->min_clock = -1;
+        /* The push that completes the round is in place too, or not at all. */
+        c->inplace = round_in_place(c, NULL, false, params);
         for (size_t i = 0; i < c->nshards; i++) {
                 ShardConn *s = &c->shards[i];
-                shard_plan(c, s);
+                s->inplace = shard_plan(c, s);
                 for (size_t j = 0; j < s->nparts; j++) {
                         s->parts[j].push = (PartReq) { REQ_NONE, 0, 0 };
                         s->parts[j].pull = (PartReq) { REQ_TODO, 0, 0 };
@@ -912,7 +1115,12 @@ int client_round(Client *c, const float *const *grads, int64_t push_clock, float
         bool pulled = c->prefetching;
         if (pulled && (params != c->pf_params || pull_clock != c->pf_clock))
                 return -EINVAL;
+        bool inplace = round_in_place(c, grads, grads != NULL, params);
+        if (pulled && c->inplace && !inplace && grads)
+                return -EINVAL; /* a prefetch in place, completed by a push that is not */
         c->prefetching = false;
+        if (!pulled)
+                c->inplace = inplace;
         c->grads = grads;
         c->push_clock = push_clock;
         c->params = params;
@@ -927,7 +1135,7 @@ int client_round(Client *c, const float *const *grads, int64_t push_clock, float
                 ShardConn *s = &c->shards[i];
                 /* A prefetch cut the parts already, and its pulls stay as they are. */
                 if (!pulled)
-                        shard_plan(c, s);
+                        s->inplace = shard_plan(c, s);
                 for (size_t j = 0; j < s->nparts; j++) {
                         s->parts[j].push = (PartReq) { grads ? REQ_TODO : REQ_NONE, 0, 0 };
                         if (!pulled)

@@ -11,6 +11,7 @@
 #include "job.h"
 #include "netsock.h"
 #include "shardmap.h"
+#include "shm.h"
 
 typedef struct ClientStats {
         uint64_t bytes_pushed, bytes_pulled, rounds;
@@ -80,5 +81,21 @@ int client_round(Client *c, const float *const *grads, int64_t push_clock, float
  * a pull the shard can only answer after this worker's push cannot deadlock. */
 int client_pull_begin(Client *c, float *const *params, int64_t pull_clock);
 bool client_busy(const Client *c);
+
+/* Rounds in place: the caller's tensors live in memory m (shm.h), which the
+ * client shares with every shard on this host, so that a push is read and a
+ * pull written where the tensors lie, without a copy on the worker's side.
+ * m holds sets of job_nfloats floats, tensor after tensor
+ * (client_memory_tensor): set 0 the gradients, sets 1.. values. A round whose
+ * grads are set 0 (or NULL) and whose params a set from 1 (or NULL) runs in
+ * place; any other round as before. m must outlive the client or the next
+ * client_set_memory (NULL: none); a round that fails ends the sessions over
+ * it and waits until the shards have (CLIENT_FENCE_MS at most), so that no
+ * request given up on touches the tensors once the caller has them back.
+ * -EBUSY during a round or prefetch, -EINVAL when m holds fewer than 2 sets. */
+int client_set_memory(Client *c, const ShmMemory *m);
+size_t client_memory_size(const Job *job, size_t nsets);
+/* Tensor t of set in m laid out for job, or NULL past m. */
+float *client_memory_tensor(const Job *job, const ShmMemory *m, size_t set, uint32_t t);
 
 const ClientStats *client_stats(const Client *c);

@@ -25,6 +25,7 @@ struct PsnetWorker {
         void *zctx;
         Session *session;
         Client *client;
+        ShmMemory mem;                  /* psnet_worker_memory's (fd -1: none) */
         PsnetWorkerOptions opts;
         char *coord;
         NetIdentity id;
@@ -299,6 +300,7 @@ int psnet_worker_new(uv_loop_t *loop, const PsnetWorkerOptions *opts, const Psne
         PsnetWorker *w = ps_calloc(1, sizeof *w);
         if (!w)
                 return -ENOMEM;
+        w->mem = (ShmMemory) SHM_MEMORY_INIT;
         w->loop = loop;
         w->opts = *opts;
         w->ev = *events;
@@ -355,6 +357,7 @@ PsnetWorker *psnet_worker_free(PsnetWorker *w) {
                 cb(w, -ECANCELED, w->round_ud);
         }
         w->client = client_free(w->client);
+        shm_memory_free(&w->mem);
         w->session = session_free(w->session);
         w->map = shardmap_free(w->map);
         if (w->zctx)
@@ -383,8 +386,35 @@ static void on_client_round(Client *c, int r, int64_t clock, void *ud);
 
 /* The shards' client, connected under the newest map this worker has. */
 static int client_ready(PsnetWorker *w) {
-        return client_follow(&w->client, w->loop, w->zctx, &w->job, w->map, session_id(w->session),
-                             w->id.enabled ? &w->id.keys : NULL, w->members_epoch);
+        bool fresh = !w->client;
+        int r = client_follow(&w->client, w->loop, w->zctx, &w->job, w->map, session_id(w->session),
+                              w->id.enabled ? &w->id.keys : NULL, w->members_epoch);
+        if (r == 0 && fresh && w->mem.base)
+                r = client_set_memory(w->client, &w->mem);
+        return r;
+}
+
+int psnet_worker_memory(PsnetWorker *w, size_t nsets, float **ret) {
+        if (!w || !ret || nsets < 2 || nsets > PSNET_MEMORY_MAX_SETS)
+                return -EINVAL;
+        if (!w->has_job)
+                return -EAGAIN;
+        if (!w->mem.base) {
+                char reason[256];
+                size_t size = client_memory_size(&w->job, nsets);
+                int r = shm_memory_new(&w->mem, size, reason, sizeof reason);
+                if (r < 0)
+                        return log_warning_errno(r, "No shared memory for the model's tensors (%s)", reason);
+                if (w->client && (r = client_set_memory(w->client, &w->mem)) < 0) {
+                        shm_memory_free(&w->mem);
+                        return r;
+                }
+        } else if (client_memory_size(&w->job, nsets) != w->mem.size)
+                return -EEXIST;
+        for (size_t k = 0; k < nsets; k++)
+                for (uint32_t t = 0; t < w->job.ntensors; t++)
+                        ret[k * w->job.ntensors + t] = client_memory_tensor(&w->job, &w->mem, k, t);
+        return 0;
 }
 
 /* (Re)starts the client's round under the newest map this worker has. */

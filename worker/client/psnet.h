@@ -139,6 +139,19 @@ int64_t psnet_worker_round_clock(const PsnetWorker *w);
 /* Sends the pull of pull_clock into params now; the next psnet_worker_round
  * with the same params and pull_clock pushes and completes both. */
 int psnet_worker_prefetch(PsnetWorker *w, float *const *params, int64_t pull_clock);
+/* The job's tensors in memory this worker shares with the shards on its host
+ * (once the job is known: -EAGAIN before): nsets sets of every tensor, set k's
+ * tensor t at ret[k * ntensors + t] (numel floats each, zeroed at first).
+ * Set 0 is for gradients, sets 1.. for values: a round whose grads are set 0
+ * and whose params are another set (or NULL) pushes and pulls in place, the
+ * shards reading and writing these tensors where they lie (no copy on the
+ * worker's side); shards on other hosts get frames from them as from any
+ * buffer. Made on the first call and the same afterwards (-EEXIST for
+ * another nsets); freed with the worker. After a round fails the tensors
+ * are the caller's again once the shards have ended their sessions over
+ * them (waited for, 2 s at most). */
+#define PSNET_MEMORY_MAX_SETS 8
+int psnet_worker_memory(PsnetWorker *w, size_t nsets, float **ret);
 /* Bytes pushed and pulled, rounds done, seconds spent waiting for shards. */
 void psnet_worker_traffic(const PsnetWorker *w, uint64_t *pushed, uint64_t *pulled, uint64_t *rounds, double *wait_s);
 
