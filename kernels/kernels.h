@@ -78,6 +78,12 @@ typedef struct KernelsOps {
          * must come from here. */
         int (*host_alloc)(KBackend *kb, size_t bytes, void **ret);
         void (*host_free)(KBackend *kb, void *p);
+        /* Makes host memory the caller mapped (bytes from p, e.g. memory shared
+         * with the shards) as good for download_async and captures as
+         * host_alloc's, until host_unregister(p). NULL where any host memory
+         * will do (the CPU). */
+        int (*host_register)(KBackend *kb, void *p, size_t bytes);
+        void (*host_unregister)(KBackend *kb, void *p);
         /* Queues a download after every op queued so far and returns at once;
          * wait_slot(slot) (slot < KB_SLOTS) waits for it. It may run while later ops
          * compute (CUDA: on a second stream), so src must stay unchanged until then. */

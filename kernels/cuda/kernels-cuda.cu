@@ -636,6 +636,21 @@ static void cuda_host_free(KBackend *kb, void *p) {
                 (void) cudaFreeHost(p);
 }
 
+/* Page-locks memory mapped elsewhere (a memfd shared with the shards), so
+ * copies to and from it are asynchronous as from cudaMallocHost's. */
+static int cuda_host_register(KBackend *kb, void *p, size_t bytes) {
+        (void) kb;
+        if (!p || bytes == 0)
+                return -EINVAL;
+        return cuda_errno(cudaHostRegister(p, bytes, cudaHostRegisterDefault));
+}
+
+static void cuda_host_unregister(KBackend *kb, void *p) {
+        (void) kb;
+        if (p)
+                (void) cudaHostUnregister(p);
+}
+
 /* The copy stream waits for everything queued on the stream so far (fork), copies,
  * and records the slot's event. Captured, the event is an external record node,
  * so wait_slot works on each replay of the graph. */
@@ -784,6 +799,8 @@ static const KernelsOps cuda_ops = {
         /* gemm_ep */ cuda_gemm_ep,
         /* host_alloc */ cuda_host_alloc,
         /* host_free */ cuda_host_free,
+        /* host_register */ cuda_host_register,
+        /* host_unregister */ cuda_host_unregister,
         /* download_async */ cuda_download_async,
         /* wait_slot */ cuda_wait_slot,
         /* capture_begin */ cuda_capture_begin,

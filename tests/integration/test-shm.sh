@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Same-host shared memory (common/net/shm.h): a worker on a shard's host hands
 # it a sealed memfd once, then pushes and pulls through it. The same BSP job
-# (cosine schedule) run with shared memory, with frames (PSNET_SHM=off), in
+# (cosine schedule) run with the workers' tensors in shared memory (pushed and
+# pulled in place), with their own buffers copied through it (PSNET_SHM=copy),
+# with frames (PSNET_SHM=off), in
 # parts of one key (PSNET_PART_KIB=1: every push and pull of a round in several
 # requests) in frames and through shared memory, and against shards started
 # with --no-shm pulls bit-identical weights at every clock and ends with the
@@ -37,9 +39,20 @@ ok $? "the BSP job through shared memory finishes ($out)"
 accuracy_at_least "$out" 0.75; ok $? "and learns (accuracy >= 0.75 on the subset, 2 epochs)"
 n=$(sessions on); [ "$n" -eq 4 ]; ok $? "each worker opened a session with each shard ($n sessions)"
 grep -q "no shared memory" "$RUN"/workerd-on-*.log; ok $(( $? == 0 )) "no worker fell back to frames"
+n=$(cat "$RUN"/workerd-on-*.log | grep -c 'msg="tensors in shared memory')
+[ "$n" -eq 2 ]; ok $? "both workers' tensors lie in the memory they share ($n)"
 logs_match 'msg="shared memory session ended" worker=[12] .*reason="the worker closed it"' 'psd-on-1.log'
 ok $? "a worker that leaves ends its session"
 want=$(digest_of on); psnet_stop_all
+
+PSNET_SHM=copy run copy
+ok $? "the same job with the workers' own buffers copied through shared memory (PSNET_SHM=copy) finishes ($out)"
+n=$(sessions copy); [ "$n" -eq 4 ]; ok $? "through shared memory ($n sessions)"
+n=$(cat "$RUN"/workerd-copy-*.log | grep -c 'msg="tensors in shared memory'); [ "$n" -eq 0 ]
+ok $? "the tensors in the workers' own buffers ($n in shared memory)"
+same on copy; ok $? "identical weights at every clock in place and copied ($joined clocks, $diffs differ)"
+got=$(digest_of copy); [ -n "$got" ] && [ "$got" = "$want" ]; ok $? "the same final digest ($got = $want)"
+psnet_stop_all
 
 PSNET_SHM=off run off
 ok $? "the same job in frames (PSNET_SHM=off) finishes ($out)"

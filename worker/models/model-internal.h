@@ -44,6 +44,7 @@ struct Model {
         size_t *numel;        /* per tensor */
         float **param_host;   /* per tensor, what the client pulls into */
         float **grad_host;    /* per tensor, what the client pushes */
+        bool host_lent;       /* param_host and grad_host are the caller's (model_lend_host) */
         float **param_dev;    /* per tensor, backend copies */
         float **grad_dev;
 

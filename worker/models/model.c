@@ -71,9 +71,9 @@ Model *model_free(Model *m) {
                 (void) m->ops->sync(m->kb);
         drop_graph(m);
         for (size_t t = 0; t < m->ntensors; t++) {
-                if (m->param_host)
+                if (m->param_host && !m->host_lent)
                         host_free(m, m->param_host[t]);
-                if (m->grad_host)
+                if (m->grad_host && !m->host_lent)
                         host_free(m, m->grad_host[t]);
                 if (m->param_dev)
                         dev_free(m, m->param_dev[t]);
@@ -320,6 +320,23 @@ void model_set_seed(Model *m, uint64_t seed) {
                 m->seed = seed;
                 m->trained = 0;
         }
+}
+
+int model_lend_host(Model *m, float *const *params, float *const *grads) {
+        if (!m || !params || !grads || m->pending || m->graph || m->host_lent)
+                return -EINVAL;
+        for (size_t t = 0; t < m->ntensors; t++)
+                if (!params[t] || !grads[t])
+                        return -EINVAL;
+        for (size_t t = 0; t < m->ntensors; t++) {
+                memcpy(params[t], m->param_host[t], m->numel[t] * sizeof(float));
+                host_free(m, m->param_host[t]);
+                host_free(m, m->grad_host[t]);
+                m->param_host[t] = params[t];
+                m->grad_host[t] = grads[t];
+        }
+        m->host_lent = true;
+        return 0;
 }
 
 float *model_param_host(Model *m, size_t t) {

@@ -41,6 +41,12 @@ size_t model_tensor_numel(const Model *m, size_t t);
 float *model_param_host(Model *m, size_t t);
 float *model_grad_host(Model *m, size_t t);
 
+/* The model's host buffers become the caller's, one per tensor (memory the
+ * backend copies from asynchronously: host_register'd on CUDA), which must
+ * outlive the model; the model's own are freed, their params copied over.
+ * Before the first step only (-EINVAL after, or twice). */
+int model_lend_host(Model *m, float *const *params, float *const *grads);
+
 /* Copies the host params into the backend. */
 int model_upload_params(Model *m);
 /* The same from other host buffers, one per tensor (from the backend's

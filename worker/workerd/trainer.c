@@ -69,6 +69,8 @@ typedef struct Trainer {
         KBackend *kb;
         Model *model;
         float **params, **grads, **next;
+        bool shared;                     /* params, grads and next lie in libpsnet's shared memory */
+        void *registered;                /* that memory, host_register'd with the backend (NULL: not) */
         float *xb;
         int32_t *yb;
         /* schedule */
@@ -517,6 +519,39 @@ static void load_work(uv_work_t *req) {
 }
 
 /* Builds the backend, the model and the buffers for the job. */
+/* The model's host buffers (and --prefetch's second set of values) in the
+ * memory libpsnet shares with the shards on this host, so that its rounds
+ * push and pull them where they lie (docs/ARCHITECTURE.md, "Same-host shared
+ * memory"). Unless PSNET_SHM is off or copy; where it cannot be had, the
+ * model keeps its own buffers, copied in and out. */
+static void trainer_share(Trainer *t, size_t nt) {
+        const char *env = getenv("PSNET_SHM");
+        if (env && (strcmp(env, "off") == 0 || strcmp(env, "copy") == 0))
+                return;
+        size_t nsets = t->next ? 3 : 2, bytes = 0;
+        _cleanup_free_ float **sh = ps_calloc(nsets * nt, sizeof *sh);
+        if (!sh || nt == 0)
+                return;
+        int r = psnet_worker_memory(t->w, nsets, sh);
+        for (size_t i = 0; r == 0 && i < nt; i++)
+                bytes += model_tensor_numel(t->model, i) * sizeof(float);
+        if (r == 0 && t->kb->ops->host_register && (r = t->kb->ops->host_register(t->kb, sh[0], nsets * bytes)) == 0)
+                t->registered = sh[0];
+        if (r == 0)
+                r = model_lend_host(t->model, sh + nt, sh);
+        if (r < 0) {
+                log_info("the model's tensors stay in its own buffers, copied in and out (%s)", strerror(-r));
+                if (t->registered)
+                        t->kb->ops->host_unregister(t->kb, t->registered);
+                t->registered = NULL;
+                return;
+        }
+        for (size_t i = 0; t->next && i < nt; i++)
+                t->next[i] = sh[2 * nt + i];
+        t->shared = true;
+        log_info("tensors in shared memory bytes=%zu (pushed and pulled in place on this host)", nsets * bytes);
+}
+
 static int trainer_setup(Trainer *t) {
         char err[256];
         const Job *job = t->job;
@@ -568,6 +603,9 @@ static int trainer_setup(Trainer *t) {
         t->perm = ps_malloc((size_t) t->train->n * sizeof(uint32_t));
         if (!t->params || !t->grads || !t->perm)
                 return log_error_errno(ENOMEM, "Out of memory");
+        if (t->cfg->prefetch && !(t->next = ps_calloc(nt, sizeof *t->next)))
+                return log_error_errno(ENOMEM, "Out of memory");
+        trainer_share(t, nt);
         for (size_t i = 0; i < nt; i++) {
                 t->params[i] = model_param_host(t->model, i);
                 t->grads[i] = model_grad_host(t->model, i);
@@ -583,10 +621,7 @@ static int trainer_setup(Trainer *t) {
         if (t->cfg->prefetch && !t->kb->ops->async)
                 log_warning("--prefetch on with the %s backend: the step is done before the pull leaves, "
                             "nothing overlaps", t->kb->ops->name);
-        if (t->cfg->prefetch) {
-                t->next = ps_calloc(nt, sizeof *t->next);
-                if (!t->next)
-                        return log_error_errno(ENOMEM, "Out of memory");
+        if (t->cfg->prefetch && !t->shared) {
                 for (size_t i = 0; i < nt; i++) {
                         r = t->kb->ops->host_alloc(t->kb, model_tensor_numel(t->model, i) * sizeof(float),
                                                    (void **) &t->next[i]);
@@ -750,7 +785,7 @@ static void on_signal(void *ud, int signo) {
 static void trainer_free(Trainer *t) {
         size_t nt = t->model ? model_ntensors(t->model) : 0;
         /* The buffer sets may have swapped: free the ones that are not the model's. */
-        for (size_t i = 0; t->next && i < nt; i++) {
+        for (size_t i = 0; t->next && !t->shared && i < nt; i++) {
                 float *mine = model_param_host(t->model, i), *other = t->params[i] == mine ? t->next[i] : t->params[i];
                 if (other)
                         t->kb->ops->host_free(t->kb, other);
@@ -803,6 +838,12 @@ int trainer_run(const WorkerConfig *cfg) {
         (void) uv_run(&t.loop, UV_RUN_DEFAULT);
         r = t.exit_code;
 out:
+        if (t.registered) {
+                /* Nothing copies to or from the shared memory once the backend is idle. */
+                (void) t.kb->ops->sync(t.kb);
+                t.kb->ops->host_unregister(t.kb, t.registered);
+                t.registered = NULL;
+        }
         t.w = psnet_worker_free(t.w);
         t.service = service_free(t.service);
         if (t.step_idle.data)
