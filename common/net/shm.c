@@ -61,8 +61,8 @@ void shm_region_close(ShmRegion *r) {
 }
 
 /* Sends the hello with fd and waits for the one-message answer. */
-static int handover(ShmRegion *r, const char *path, uint32_t worker, int fd, unsigned timeout_ms, char *reason,
-                    size_t n) {
+static int handover(ShmRegion *r, const char *path, uint32_t worker, uint32_t flags, int fd, unsigned timeout_ms,
+                    char *reason, size_t n) {
         struct sockaddr_un sa = { .sun_family = AF_UNIX };
         snprintf(sa.sun_path, sizeof sa.sun_path, "%s", path);
         r->conn = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
@@ -70,7 +70,7 @@ static int handover(ShmRegion *r, const char *path, uint32_t worker, int fd, uns
                 return fail(reason, n, errno, "cannot create a unix socket: %s", strerror(errno));
         if (connect(r->conn, (struct sockaddr *) &sa, sizeof sa) < 0)
                 return fail(reason, n, errno, "cannot connect: %s", strerror(errno));
-        ShmHello hello = { .magic = SHM_MAGIC, .worker = worker, .size = r->size };
+        ShmHello hello = { .magic = SHM_MAGIC, .worker = worker, .flags = flags, .size = r->size };
         memcpy(hello.token, r->token, sizeof hello.token);
         struct iovec iov = { .iov_base = &hello, .iov_len = sizeof hello };
         union {
@@ -142,7 +142,7 @@ int shm_region_open(ShmRegion *r, const char *path, uint32_t worker, size_t size
         if (e < 0)
                 return e;
         r->size = size;
-        e = handover(r, path, worker, fd, timeout_ms, reason, n);
+        e = handover(r, path, worker, 0, fd, timeout_ms, reason, n);
         (void) close(fd);
         if (e < 0)
                 shm_region_close(r);
@@ -176,7 +176,7 @@ int shm_region_share(ShmRegion *r, const ShmMemory *m, const char *path, uint32_
         r->base = m->base;
         r->size = m->size;
         r->shared = true;
-        e = handover(r, path, worker, m->fd, timeout_ms, reason, n);
+        e = handover(r, path, worker, SHM_HELLO_PLACED_KEYS, m->fd, timeout_ms, reason, n);
         if (e < 0)
                 shm_region_close(r);
         return e;

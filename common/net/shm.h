@@ -20,11 +20,17 @@
 #define SHM_NO_SESSION "no shared-memory session"
 
 
+/* A hello's flags: the session's requests may place each key on its own
+ * (Header.shm_keys); a shard that does not know this refuses the hello, and
+ * the worker sends frames. */
+#define SHM_HELLO_PLACED_KEYS 1u
+#define SHM_HELLO_FLAGS SHM_HELLO_PLACED_KEYS
+
 /* The one message a worker sends, with the memfd as ancillary data. */
 typedef struct ShmHello {
         char magic[8];
         uint32_t worker;                /* the worker id its requests carry as sender */
-        uint32_t reserved;              /* 0 */
+        uint32_t flags;                 /* SHM_HELLO_*; a shard refuses others */
         uint8_t token[WIRE_SHM_TOKEN];  /* random: requests name the session with it */
         uint64_t size;                  /* the memfd's size, bytes */
 } ShmHello;

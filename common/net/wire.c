@@ -143,6 +143,11 @@ int wire_validate(const Psnet__Header *hdr, const zmq_msg_t *frames, size_t nfra
                 return fail(reason, reasonlen, PSNET__STATUS__STATUS_MALFORMED,
                             "a shared-memory session (%zu bytes) goes on a PUSH, PULL or PULL_REP without a codec, "
                             "and names %u bytes", hdr->shm_session.len, (unsigned) WIRE_SHM_TOKEN);
+        if (hdr->n_shm_keys > 0 && (!shm || hdr->n_shm_keys != hdr->n_keys ||
+                                    (hdr->type != PSNET__MSG_TYPE__MSG_PUSH && hdr->type != PSNET__MSG_TYPE__MSG_PULL)))
+                return fail(reason, reasonlen, PSNET__STATUS__STATUS_MALFORMED,
+                            "%zu places of keys in shared memory: a PUSH or PULL in shared memory places each of its "
+                            "%zu keys or none", hdr->n_shm_keys, hdr->n_keys);
         if ((hdr->has_part || hdr->has_parts) &&
             (hdr->type != PSNET__MSG_TYPE__MSG_PUSH || !hdr->has_part || !hdr->has_parts || !hdr->has_epoch ||
              hdr->parts < 2 || hdr->parts > WIRE_MAX_PARTS || hdr->part >= hdr->parts))

@@ -353,12 +353,10 @@ int gate_admit_values(Store *s, const Psnet__Header *h, const zmq_msg_t *frames,
         return st;
 }
 
-int gate_admit_span(Store *s, const Psnet__Header *h, const uint8_t *at, char *reason, size_t n) {
+int gate_admit_keys(Store *s, const Psnet__Header *h, uint8_t *const *at, char *reason, size_t n) {
         int st = PSNET__STATUS__STATUS_OK;
-        for (size_t i = 0; !s->job.allow_nonfinite && i < h->n_keys && st == PSNET__STATUS__STATUS_OK; i++) {
-                st = admit_key(s, h, i, at, h->keys[i]->len, reason, n);
-                at += (size_t) h->keys[i]->len * sizeof(float);
-        }
+        for (size_t i = 0; !s->job.allow_nonfinite && i < h->n_keys && st == PSNET__STATUS__STATUS_OK; i++)
+                st = admit_key(s, h, i, at[i], h->keys[i]->len, reason, n);
         return st;
 }
 

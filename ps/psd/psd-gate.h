@@ -163,9 +163,9 @@ int gate_admit_push(Store *s, const Psnet__Header *h, const zmq_msg_t *frames, c
                     char *reason, size_t n);
 int gate_admit_sender(Store *s, const Psnet__Header *h, const uint8_t *sender_key, char *reason, size_t n);
 int gate_admit_values(Store *s, const Psnet__Header *h, const zmq_msg_t *frames, char *reason, size_t n);
-/* gate_admit_values over the keys' f32 values one after another from at (a
- * push in shared memory). */
-int gate_admit_span(Store *s, const Psnet__Header *h, const uint8_t *at, char *reason, size_t n);
+/* gate_admit_values over the keys' f32 values, key i's at at[i] (a push in
+ * shared memory). */
+int gate_admit_keys(Store *s, const Psnet__Header *h, uint8_t *const *at, char *reason, size_t n);
 /* Sets the NaNs and infinities of g[0..n) to 0 (unless the job allows them):
  * how many there were. For a copy whose source was admitted and may have
  * changed since (shared memory a worker still writes). */

@@ -187,30 +187,40 @@ static void psd_push_part_in(Psd *p, PushReq *req) {
  * thread (psd --threads). */
 #define PSD_MIN_COPY (256u << 10)
 
-/* The bytes of a shared-memory request's n keys of esize-byte values, one
- * after another from its offset, or NULL with reason (psd-shm.h). */
-static uint8_t *psd_shm_span(Psd *p, const Psnet__Header *h, size_t esize, char *reason, size_t n) {
-        uint64_t bytes = 0;
-        for (size_t i = 0; i < h->n_keys; i++)
-                bytes += (uint64_t) h->keys[i]->len * esize;
-        return shm_server_at(p->shm, h->shm_session, h->sender, h->shm_offset, bytes, reason, n);
+/* Where each of a shared-memory request's keys (esize-byte values) lies: at
+ * its own place (shm_keys: a worker's own tensors) or one after another from
+ * shm_offset. An array of n_keys pointers to free, or NULL with reason
+ * (psd-shm.h; the request's bytes must lie in the sender's session). */
+static uint8_t **psd_shm_keys(Psd *p, const Psnet__Header *h, size_t esize, char *reason, size_t n) {
+        uint8_t **at = ps_malloc(MAX(h->n_keys, (size_t) 1) * sizeof *at);
+        if (!at) {
+                snprintf(reason, n, "out of memory");
+                return NULL;
+        }
+        uint64_t offset = h->shm_offset;
+        for (size_t i = 0; i < h->n_keys; i++) {
+                uint64_t bytes = (uint64_t) h->keys[i]->len * esize;
+                if (h->n_shm_keys > 0)
+                        offset = h->shm_keys[i];
+                if (!(at[i] = shm_server_at(p->shm, h->shm_session, h->sender, offset, bytes, reason, n)))
+                        return mfree(at);
+                offset += bytes;
+        }
+        return at;
 }
 
 /* A pull in shared memory: the values written where the worker said, then
  * an answer without frames. */
 static int psd_write_values(Psd *p, const Psnet__Header *req, Chunk **chunks, bool bf16, char *reason, size_t n) {
-        uint8_t *at = psd_shm_span(p, req, bf16 ? 2 : sizeof(float), reason, n);
+        _cleanup_free_ uint8_t **at = psd_shm_keys(p, req, bf16 ? 2 : sizeof(float), reason, n);
         if (!at)
                 return -EINVAL;
         for (size_t i = 0; i < req->n_keys; i++) {
                 const Chunk *c = chunks[i];
-                if (bf16) {
-                        store_bf16(p->store, at, c->val->data, c->len, true);
-                        at += (size_t) c->len * 2;
-                } else {
-                        pfor_copy(p->store->pool, at, c->val->data, (size_t) c->len * sizeof(float), PSD_MIN_COPY);
-                        at += (size_t) c->len * sizeof(float);
-                }
+                if (bf16)
+                        store_bf16(p->store, at[i], c->val->data, c->len, true);
+                else
+                        pfor_copy(p->store->pool, at[i], c->val->data, (size_t) c->len * sizeof(float), PSD_MIN_COPY);
         }
         p->store->pulls += req->n_keys;
         return 0;
@@ -327,7 +337,7 @@ static int frames_share(Frames *fr, zmq_msg_t *src, size_t n) {
 static int push_from_shm(Psd *p, WireMsg *m, char *reason, size_t n) {
         Psnet__Header *h = m->hdr;
         bool bf16 = h->dtype == PSNET__DTYPE__DTYPE_BF16;
-        const uint8_t *at = psd_shm_span(p, h, bf16 ? 2 : sizeof(float), reason, n);
+        _cleanup_free_ uint8_t **at = psd_shm_keys(p, h, bf16 ? 2 : sizeof(float), reason, n);
         if (!at)
                 return PSNET__STATUS__STATUS_INVALID;
         /* wire_msg_done frees the array with free(). */
@@ -346,12 +356,12 @@ static int push_from_shm(Psd *p, WireMsg *m, char *reason, size_t n) {
                         snprintf(reason, n, "out of memory");
                         return PSNET__STATUS__STATUS_RESOURCE;
                 }
-                pfor_copy(p->store->pool, zmq_msg_data(&frames[i]), at, size, PSD_MIN_COPY);
-                at += size;
+                pfor_copy(p->store->pool, zmq_msg_data(&frames[i]), at[i], size, PSD_MIN_COPY);
         }
         m->frames = frames;
         m->nframes = h->n_keys;
         h->has_shm_session = h->has_shm_offset = false;
+        h->n_shm_keys = 0;
         return PSNET__STATUS__STATUS_OK;
 }
 
@@ -366,8 +376,8 @@ static int push_from_shm(Psd *p, WireMsg *m, char *reason, size_t n) {
 static void psd_push_shm_keys(Psd *p, WireMsg *m, Chunk **chunks, uint64_t bytes) {
         Psnet__Header *h = m->hdr;
         char reason[192];
-        const uint8_t *at = psd_shm_span(p, h, sizeof(float), reason, sizeof reason);
-        int st = at ? gate_admit_span(p->store, h, at, reason, sizeof reason) : PSNET__STATUS__STATUS_INVALID;
+        _cleanup_free_ uint8_t **at = psd_shm_keys(p, h, sizeof(float), reason, sizeof reason);
+        int st = at ? gate_admit_keys(p->store, h, at, reason, sizeof reason) : PSNET__STATUS__STATUS_INVALID;
         if (st != PSNET__STATUS__STATUS_OK) {
                 psd_reply_error(p, &m->route, h, st, reason);
                 return;
@@ -388,11 +398,9 @@ static void psd_push_shm_keys(Psd *p, WireMsg *m, Chunk **chunks, uint64_t bytes
                         log_error("Failed to apply push: out of memory for key (%u,%u)", h->keys[i]->tensor,
                                   h->keys[i]->chunk);
                         req->status = PSNET__STATUS__STATUS_RESOURCE;
-                        at += len * sizeof(float);
                         continue;
                 }
-                pfor_copy(p->store->pool, zmq_msg_data(&f), at, len * sizeof(float), PSD_MIN_COPY);
-                at += len * sizeof(float);
+                pfor_copy(p->store->pool, zmq_msg_data(&f), at[i], len * sizeof(float), PSD_MIN_COPY);
                 changed += gate_zero_nonfinite(p->store, zmq_msg_data(&f), len);
                 r = gate_push(p->store, chunks[i], req, &f);
                 zmq_msg_close(&f);

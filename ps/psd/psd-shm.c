@@ -98,7 +98,7 @@ static void conn_hello(ShmConn *c) {
                 }
         char reason[192];
         if (got != (ssize_t) sizeof hello || (mh.msg_flags & (MSG_TRUNC | MSG_CTRUNC)) || nfds != 1 ||
-            memcmp(hello.magic, SHM_MAGIC, sizeof hello.magic) != 0 || hello.reserved != 0) {
+            memcmp(hello.magic, SHM_MAGIC, sizeof hello.magic) != 0 || (hello.flags & ~SHM_HELLO_FLAGS) != 0) {
                 if (got >= 0)
                         close_fds(&mh);
                 snprintf(reason, sizeof reason, "a hello is one %zu-byte message starting %s with one memfd",

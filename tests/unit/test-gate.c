@@ -937,13 +937,14 @@ static void test_admission(void) {
                 h2.n_keys = 2;
                 h2.keys = kp2;
                 CHECK(pfor_new(3, &s->pool) == 0, "a pool of 3 threads for the store");
-                CHECK(gate_admit_span(s, &h2, (const uint8_t *) span, reason, sizeof reason) == ST_OK,
-                      "finite values in a span are admitted");
+                uint8_t *at[2] = { (uint8_t *) span, (uint8_t *) (span + len) };
+                CHECK(gate_admit_keys(s, &h2, at, reason, sizeof reason) == ST_OK,
+                      "finite values in shared memory are admitted");
                 span[len + 150001] = NAN;
-                st = gate_admit_span(s, &h2, (const uint8_t *) span, reason, sizeof reason);
+                st = gate_admit_keys(s, &h2, at, reason, sizeof reason);
                 CHECK(st == PSNET__STATUS__STATUS_NOT_FINITE && strstr(reason, "key (0,1)") &&
                               strstr(reason, "at value 150001 "),
-                      "a NaN in the second key of a span is found in the third thread's part (%s)", reason);
+                      "a NaN in the second key is found in the third thread's part (%s)", reason);
                 span[len + 3] = -INFINITY;
                 span[2] = INFINITY;
                 size_t zeroed = gate_zero_nonfinite(s, span, len + n2);
@@ -953,7 +954,7 @@ static void test_admission(void) {
                 span[5] = NAN;
                 s->job.allow_nonfinite = true;
                 CHECK(gate_zero_nonfinite(s, span, len + n2) == 0 && isnan(span[5]) &&
-                              gate_admit_span(s, &h2, (const uint8_t *) span, reason, sizeof reason) == ST_OK,
+                              gate_admit_keys(s, &h2, at, reason, sizeof reason) == ST_OK,
                       "a job that allows non-finite values keeps them");
                 s->job.allow_nonfinite = false;
                 s->pool = pfor_free(s->pool);

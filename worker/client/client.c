@@ -64,7 +64,6 @@ typedef struct ShardConn {
          * pulled values at area, each key after the other. */
         ShmRegion shm;
         size_t area;                   /* bytes of this shard's keys as f32 */
-        bool inplace;                  /* this round's parts lie side by side in the client's memory */
         bool shm_tried;                /* opened, or failed: frames until the next connection */
         /* A session over the client's memory (client_set_memory): rounds in
          * place name the caller's own tensors in it. */
@@ -591,45 +590,25 @@ static size_t key_float(const Client *c, const Psnet__Key *k) {
         return c->tensor_base[k->tensor] + (size_t) k->chunk * c->job.chunk_floats;
 }
 
-/* Cuts shard s's keys into parts of at most per keys, for a round in place
- * also where a key does not follow the one before it in the memory (each
- * request names where its keys begin). False when that takes more parts than
- * there is room for (a shard of many small keys of interleaved tensors). */
-static bool plan_cut(Client *c, ShardConn *s, size_t per, bool inplace) {
-        s->nparts = 0;
-        size_t before = 0;
-        Part *part = NULL;
-        for (size_t i = 0; i < s->nkeys; i++) {
-                const Psnet__Key *k = s->keyp[i], *prev = i ? s->keyp[i - 1] : NULL;
-                bool joins = part && part->nkeys < per &&
-                             (!inplace || key_float(c, k) == key_float(c, prev) + prev->len);
-                if (!joins) {
-                        if (s->nparts == MIN(s->nkeys, (size_t) WIRE_MAX_PARTS))
-                                return false;
-                        part = &s->parts[s->nparts++];
-                        *part = (Part) { .first = i, .nkeys = 0, .before = before };
-                }
-                part->nkeys++;
-                before += k->len;
-        }
-        return true;
-}
-
 /* Cuts shard s's keys into this round's parts, before any of its requests
  * leaves: parts of at most part_bytes of whole keys (as f32), at most
  * WIRE_MAX_PARTS of them; a federated update, which a shard takes whole, in
- * one. Returns whether the round reaches s in place (its parts cut so). */
-static bool shard_plan(Client *c, ShardConn *s) {
-        size_t per = MAX(s->nkeys, (size_t) 1);
+ * one. */
+static void shard_plan(Client *c, ShardConn *s) {
+        size_t per = s->nkeys;
         if (s->nkeys > 1 && c->job.mode != MODE_FED && !c->masked && !c->frame_fn) {
                 size_t key_bytes = MAX((size_t) c->job.chunk_floats * sizeof(float), (size_t) 1);
                 per = MAX(c->part_bytes / key_bytes, (size_t) 1);
                 per = MAX(per, (s->nkeys + WIRE_MAX_PARTS - 1) / WIRE_MAX_PARTS);
         }
-        if (c->inplace && plan_cut(c, s, per, true))
-                return true;
-        (void) plan_cut(c, s, per, false);
-        return false;
+        s->nparts = 0;
+        size_t before = 0;
+        for (size_t first = 0; first < s->nkeys; first += per) {
+                Part *part = &s->parts[s->nparts++];
+                *part = (Part) { .first = first, .nkeys = MIN(per, s->nkeys - first), .before = before };
+                for (size_t i = 0; i < part->nkeys; i++)
+                        before += s->keyp[first + i]->len;
+        }
 }
 
 /* Where part's pulled values lie in shared memory: after the gradients. */
@@ -662,26 +641,49 @@ static int send_push_shm(Client *c, ShardConn *s, Part *part) {
 }
 
 /* Whether part's requests name the client's memory: a round in place to a
- * shard on this host whose parts lie side by side there. */
+ * shard on this host. */
 static bool part_in_place(Client *c, ShardConn *s) {
-        return c->inplace && s->inplace && shard_mem(c, s);
+        return c->inplace && shard_mem(c, s);
+}
+
+/* Where part's key i lies in set `set` of the client's memory (bytes). */
+static uint64_t mem_offset(const Client *c, const ShardConn *s, const Part *part, size_t set, size_t i) {
+        return (set * c->set_floats + key_float(c, s->keyp[part->first + i])) * sizeof(float);
+}
+
+/* Where part's values go in place: the caller's tensors in set pull_set. */
+static uint64_t pull_offset_mem(const Client *c, const ShardConn *s, const Part *part) {
+        return mem_offset(c, s, part, c->pull_set, 0);
+}
+
+/* A request in place names where its keys lie in set `set` (the caller's
+ * tensors): at shm_offset one after another when they follow each other
+ * there, else each key's place (shm_keys, into offs: part->nkeys of room). */
+static void header_mem(Psnet__Header *h, const Client *c, ShardConn *s, const Part *part, size_t set, uint64_t *offs) {
+        header_shm(h, &s->mem, mem_offset(c, s, part, set, 0));
+        bool follow = true;
+        for (size_t i = 0; i < part->nkeys; i++) {
+                offs[i] = mem_offset(c, s, part, set, i);
+                if (i > 0 && offs[i] != offs[i - 1] + (uint64_t) s->keyp[part->first + i - 1]->len * sizeof(float))
+                        follow = false;
+        }
+        h->n_shm_keys = follow ? 0 : part->nkeys;
+        h->shm_keys = offs;
 }
 
 /* A push in place: the gradients are where the caller left them. */
 static int send_push_mem(Client *c, ShardConn *s, Part *part) {
+        _cleanup_free_ uint64_t *offs = ps_malloc(part->nkeys * sizeof *offs);
+        if (!offs)
+                return -ENOMEM;
         for (size_t i = 0; i < part->nkeys; i++)
                 c->stats.bytes_pushed += (uint64_t) s->keyp[part->first + i]->len * sizeof(float);
         Psnet__Header h;
         part->push.seq = ++c->seq;
         part->push.mem = true;
         header_for(c, s, part, &h, PSNET__MSG_TYPE__MSG_PUSH, c->push_clock, part->push.seq);
-        header_shm(&h, &s->mem, key_float(c, s->keyp[part->first]) * sizeof(float));
+        header_mem(&h, c, s, part, 0, offs);
         return netsock_send(s->sock, NULL, &h, NULL, 0);
-}
-
-/* Where part's values go in place: the caller's tensors in set pull_set. */
-static uint64_t pull_offset_mem(const Client *c, const ShardConn *s, const Part *part) {
-        return (c->pull_set * c->set_floats + key_float(c, s->keyp[part->first])) * sizeof(float);
 }
 
 static int send_push(Client *c, ShardConn *s, Part *part) {
@@ -751,8 +753,11 @@ static int send_pull(Client *c, ShardConn *s, Part *part) {
         part->pull.seq = ++c->seq;
         header_for(c, s, part, &h, PSNET__MSG_TYPE__MSG_PULL, c->pull_clock, part->pull.seq);
         part->pull.mem = part_in_place(c, s);
+        _cleanup_free_ uint64_t *offs = part->pull.mem ? ps_malloc(part->nkeys * sizeof *offs) : NULL;
+        if (part->pull.mem && !offs)
+                return -ENOMEM;
         if (part->pull.mem)
-                header_shm(&h, &s->mem, pull_offset_mem(c, s, part));
+                header_mem(&h, c, s, part, c->pull_set, offs);
         else if (shard_shm(c, s))
                 header_shm(&h, &s->shm, pull_offset(c, s, part));
         return netsock_send(s->sock, NULL, &h, NULL, 0);
@@ -1091,7 +1096,7 @@ int client_pull_begin(Client *c, float *const *params, int64_t pull_clock) {
         c->inplace = round_in_place(c, NULL, false, params);
         for (size_t i = 0; i < c->nshards; i++) {
                 ShardConn *s = &c->shards[i];
-                s->inplace = shard_plan(c, s);
+                shard_plan(c, s);
                 for (size_t j = 0; j < s->nparts; j++) {
                         s->parts[j].push = (PartReq) { REQ_NONE, 0, 0 };
                         s->parts[j].pull = (PartReq) { REQ_TODO, 0, 0 };
@@ -1135,7 +1140,7 @@ int client_round(Client *c, const float *const *grads, int64_t push_clock, float
                 ShardConn *s = &c->shards[i];
                 /* A prefetch cut the parts already, and its pulls stay as they are. */
                 if (!pulled)
-                        s->inplace = shard_plan(c, s);
+                        shard_plan(c, s);
                 for (size_t j = 0; j < s->nparts; j++) {
                         s->parts[j].push = (PartReq) { grads ? REQ_TODO : REQ_NONE, 0, 0 };
                         if (!pulled)
