@@ -59,7 +59,9 @@ int main(int argc, char **argv) {
                 .epilog = "Config file: --config /etc/psnet/workerd.conf (keys as the long options).\n"
                           "Signals: SIGTERM/SIGINT finish the current step, leave the job and stop.\n"
                           "Environment: PSNET_SHM=off sends tensors in frames to shards on this host too\n"
-                          "(by default they travel through shared memory where a shard listens on ipc://);\n"
+                          "(by default the model's tensors live in memory shared with shards that listen on\n"
+                          "ipc://, pushed and pulled in place); PSNET_SHM=copy keeps them in the model's own\n"
+                          "buffers, copied through that memory;\n"
                           "PSNET_PART_KIB=N sends a shard's keys in parts of at most N KiB (default 1024).",
         };
         int optind_ = 0, r;
