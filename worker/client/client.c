@@ -991,6 +991,7 @@ static int handle_reply(Client *c, ShardConn *s, WireMsg *m) {
                 }
                 /* In shared memory: where this client asked, in its own session. */
                 const uint8_t *at = NULL;
+                bool placed = false;           /* in place: the values are in the caller's tensors already */
                 if (h->has_shm_session) {
                         const ShmRegion *r = q->mem ? &s->mem : &s->shm;
                         uint64_t offset = q->mem ? pull_offset_mem(c, s, part) : pull_offset(c, s, part);
@@ -1000,7 +1001,8 @@ static int handle_reply(Client *c, ShardConn *s, WireMsg *m) {
                                 log_error("shard %u answered in shared memory this client did not offer", s->id);
                                 return -EPROTO;
                         }
-                        at = (const uint8_t *) r->base + offset;
+                        placed = q->mem;
+                        at = placed ? NULL : (const uint8_t *) r->base + offset;
                 }
                 for (size_t i = 0; i < h->n_keys; i++) {
                         const Psnet__Key *k = h->keys[i], *want = s->keyp[part->first + i];
@@ -1011,12 +1013,10 @@ static int handle_reply(Client *c, ShardConn *s, WireMsg *m) {
                         }
                         bool bf16 = h->dtype == PSNET__DTYPE__DTYPE_BF16;
                         size_t size = (size_t) k->len * (bf16 ? 2 : sizeof(float));
-                        const void *src = at ? at : zmq_msg_data(&m->frames[i]);
-                        if (q->mem && at)
-                                ; /* in place: the values are in the caller's tensor already */
-                        else if (bf16)
+                        const void *src = at ? at : placed ? NULL : zmq_msg_data(&m->frames[i]);
+                        if (bf16 && !placed)
                                 bf16_decode(src, k->len, tensor_at(c->params, &c->job, k));
-                        else
+                        else if (!placed)
                                 memcpy(tensor_at(c->params, &c->job, k), src, size);
                         if (at)
                                 at += size;
