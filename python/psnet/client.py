@@ -97,6 +97,8 @@ def _load():
         "psnet_sync_evaluated": ([P, ctypes.POINTER(_Eval)], I),
         "psnet_sync_result": ([P, ctypes.c_bool, ctypes.c_float, ctypes.POINTER(ctypes.c_bool)], I),
         "psnet_sync_leave": ([P], I),
+        "psnet_sync_memory": ([P, ctypes.c_size_t, FP, FP], I),
+        "psnet_memory_unref": ([P], None),
     }
     for name, (args, res) in sigs.items():
         f = getattr(lib, name)
@@ -113,6 +115,20 @@ def _check(r, what):
     return r
 
 
+class _MemoryRef:
+    """A reference to libpsnet's shared memory, held by every array over it:
+    the memory stays mapped until the last of them is gone, the worker
+    closed or not."""
+
+    def __init__(self, ref):
+        self._ref = ref
+
+    def __del__(self):
+        if _lib is not None and self._ref:
+            _lib.psnet_memory_unref(self._ref)
+            self._ref = None
+
+
 class Worker:
     """One worker of a psnet job (libpsnet's PsnetSync)."""
 
@@ -124,7 +140,7 @@ class Worker:
                               enc(coord_key_name))
         self._s = ctypes.c_void_p()
         _check(lib.psnet_sync_new(ctypes.byref(self._opts), ctypes.byref(self._s)), f"joining {coord}")
-        self._names, self._numels, self._bufs = None, None, None
+        self._names, self._numels, self._bufs, self._shared = None, None, None, None
 
     def close(self):
         """Stops libpsnet's thread (without leaving: see leave)."""
@@ -196,7 +212,34 @@ class Worker:
             names.append(buf.value.decode())
             numels.append(n.value)
         self._names, self._numels = names, numels
-        self._bufs = {k: np.zeros(v, dtype=np.float32) for k, v in zip(names, numels)}
+        shared = self.shared()
+        self._bufs = shared[1] if shared else {k: np.zeros(v, dtype=np.float32) for k, v in zip(names, numels)}
+
+    def shared(self):
+        """({name: gradient array}, {name: values array}) in memory libpsnet
+        shares with the shards on this host, or None (PSNET_SHM=off or copy,
+        or no such memory). A round whose grads are these gradient arrays and
+        whose params these value arrays runs in place: the shards read and
+        write them where they lie, nothing is copied on this side. The arrays
+        stay valid after close (the memory goes with the last of them)."""
+        if self._shared is not None or os.environ.get("PSNET_SHM") in ("off", "copy"):
+            return self._shared or None
+        n = len(self._names)
+        ptrs, ref = (ctypes.c_void_p * (2 * n))(), ctypes.c_void_p()
+        if _lib.psnet_sync_memory(self._s, 2, ptrs, ctypes.byref(ref)) < 0:
+            self._shared = ()
+            return None
+        holder = _MemoryRef(ref)
+        sets = []
+        for k in range(2):
+            arrays = {}
+            for i, (name, numel) in enumerate(zip(self._names, self._numels)):
+                raw = (ctypes.c_float * numel).from_address(ptrs[k * n + i])
+                raw._psnet_memory = holder  # the array keeps the memory mapped
+                arrays[name] = np.ctypeslib.as_array(raw)
+            sets.append(arrays)
+        self._shared = tuple(sets)
+        return self._shared
 
     def tensors(self):
         """The job's tensors: [(state_dict name, values)], in the job's order."""

@@ -24,11 +24,15 @@ class TorchTrainer:
         job = dict(worker.tensors())
         if sorted(params) != sorted(job):
             raise ValueError(f"the model's parameters {sorted(params)} are not the job's tensors {sorted(job)}")
+        # In the memory libpsnet shares with the shards on this host where it
+        # can (rounds in place: nothing copied), else buffers of our own.
+        shared = worker.shared()
         self.bufs, self.params = {}, params
+        self.grads = shared[0] if shared else None
         for name, p in params.items():
             if p.numel() != job[name]:
                 raise ValueError(f"parameter {name}: {p.numel()} values, the job's tensor has {job[name]}")
-            self.bufs[name] = np.zeros(job[name], dtype=np.float32)
+            self.bufs[name] = shared[1][name] if shared else np.zeros(job[name], dtype=np.float32)
             # The parameter is a view of the buffer: a pull writes the weights in place.
             p.data = torch.from_numpy(self.bufs[name]).view(p.shape)
         self.clock = None
@@ -42,11 +46,22 @@ class TorchTrainer:
         """One step at self.clock: the loss of the batch, its gradients pushed
         (the batch's mean, as workerd's), the next clock's values pulled."""
         self.model.train()
-        for p in self.params.values():
-            p.grad = None
+        for n, p in self.params.items():
+            if self.grads is None:
+                p.grad = None
+            else:
+                # backward accumulates into the gradient in shared memory, in place.
+                p.grad = torch.from_numpy(self.grads[n]).view(p.shape)
+                p.grad.zero_()
         loss = loss_fn(self.model(x), y)
         loss.backward()
-        grads = {n: p.grad.detach().reshape(-1).contiguous().numpy() for n, p in self.params.items()}
+        if self.grads is None:
+            grads = {n: p.grad.detach().reshape(-1).contiguous().numpy() for n, p in self.params.items()}
+        else:
+            grads = self.grads
+            for n, p in self.params.items():
+                if p.grad.data_ptr() != self.grads[n].ctypes.data:  # torch put it elsewhere: copy it in
+                    np.copyto(self.grads[n], p.grad.detach().reshape(-1).numpy())
         self.w.round(grads, self.clock, self.bufs, self.clock + 1)
         self.clock += 1
         return loss.item()

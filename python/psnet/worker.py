@@ -47,6 +47,8 @@ class Run:
         self.y, self.ty = torch.from_numpy(self.y), torch.from_numpy(self.ty)
         log("data loaded", dir=d, train=len(self.x), test=len(self.tx), sample=shape)
         self.t = TorchTrainer(w, self.model)
+        if self.t.grads is not None:
+            log("tensors in shared memory", note="pushed and pulled in place on this host")
         self.n = len(self.x)
         self.total = info["epochs"] * self.n
         self.batch, self.seed = info["batch"], info["seed"]

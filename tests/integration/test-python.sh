@@ -2,8 +2,10 @@
 # Python workers (python/psnet: ctypes over libpsnet's blocking client, the
 # model in torch.nn, Debian's python3-torch) train the demo MLP: two of them
 # under BSP reach workerd's accuracy on the same job (the same partition,
-# order of batches and initial values: within 0.002), the rank-0 one reports
-# the accuracy at epoch ends, one Python worker and one workerd share a job,
+# order of batches and initial values: within 0.002) with their tensors in
+# the memory they share with the shards (rounds in place), the rank-0 one
+# reports the accuracy at epoch ends, one Python worker (PSNET_SHM=copy: its
+# own buffers) and one workerd share a job,
 # an operator's stop ends a Python worker cleanly, a Python worker trains
 # with CURVE keys over tcp while a stranger's key is refused, and a worker
 # that cannot reach pscoord says so and exits 1.
@@ -39,17 +41,19 @@ out=$("$PSCTL" --coord "$COORD" job wait --wait 300); acc=$(acc_of "$out")
 grep -q "state=done" <<<"$out"; ok $? "two Python workers train it ($out)"
 within "$acc" "$ref" 0.0026; ok $? "to workerd's accuracy: $acc vs $ref"
 wait "${PIDS[@]}"; ok $? "both exit 0 once the job is done"
+n=$(cat "$RUN"/py[12].log | grep -c 'msg="tensors in shared memory"'); [ "$n" -eq 2 ]
+ok $? "their tensors lie in the memory they share with the shards, pushed and pulled in place ($n)"
 epochs=$("$PSCTL" --coord "$COORD" --json status | jq -c '[.history.epochs[] | .epoch]')
 [ "$epochs" = "[1,2]" ]; ok $? "the rank-0 Python worker reported epoch 1, the final evaluation epoch 2 ($epochs)"
 grep -q 'msg="partition" rank=0/2 images=6000' "$RUN"/py[12].log &&
   grep -q 'msg="partition" rank=1/2 images=6000' "$RUN"/py[12].log; ok $? "each took half the images"
 psnet_stop_all; PIDS=()
 
-# One Python worker and one workerd.
+# One Python worker (its own buffers, copied: PSNET_SHM=copy) and one workerd.
 COORD="ipc://$RUN/mix.sock"
 psnet_start pscoord-mix "$PSCOORD" --listen "$COORD" --workers 2 --shards 2 --epochs 2 "${SUBSET[@]}"
 start_shards mix 2
-pyworker mix-py --coord "$COORD"
+PSNET_SHM=copy pyworker mix-py --coord "$COORD"
 psnet_start w-mix "$WORKERD" --coord "$COORD" --backend cpu
 out=$("$PSCTL" --coord "$COORD" job wait --wait 300); acc=$(acc_of "$out")
 # Half of each global batch's gradient comes from torch, half from OpenBLAS:
@@ -59,6 +63,7 @@ out=$("$PSCTL" --coord "$COORD" job wait --wait 300); acc=$(acc_of "$out")
 grep -q "state=done" <<<"$out" && within "$acc" "$ref" 0.005
 ok $? "a Python worker and a workerd share a job: $acc vs $ref"
 wait "${PIDS[@]}"; ok $? "the Python worker exits 0"
+grep -q 'msg="tensors in shared memory"' "$RUN/mix-py.log"; ok $(( $? == 0 )) "with PSNET_SHM=copy in buffers of its own"
 psnet_stop_all; PIDS=()
 
 # Stopped by the operator while training.
@@ -94,6 +99,30 @@ grep -q "state=done" <<<"$out" && [ $rc -eq 0 ]; ok $? "with --keys over tcp, CU
 err=$("${PY_ENV[@]}" /usr/bin/python3 -m psnet.worker --coord "$COORD" --keys "$RUN/stranger" --connect-timeout 2 2>&1)
 rc=$?; [ $rc -eq 1 ] && grep -q "could not join" <<<"$err"; ok $? "a stranger's key: exit 1 ($(tail -n 1 <<<"$err"))"
 psnet_stop_all; PIDS=()
+
+# The arrays over the shared memory outlive the worker: pulled in place, read
+# again after close (a use after unmap would crash the interpreter).
+COORD="ipc://$RUN/mem.sock"
+psnet_start pscoord-mem "$PSCOORD" --listen "$COORD" --workers 1 --shards 2 --epochs 1 "${SUBSET[@]}"
+start_shards mem 2
+res=$("${PY_ENV[@]}" /usr/bin/python3 - "$COORD" <<'PY' 2>"$RUN/mem-py.log"
+import gc, sys
+import numpy as np
+from psnet.client import Worker
+w = Worker(sys.argv[1]); w.wait_job()
+grads, values = w.shared()
+pulled = w.pull(w.info()["start_clock"])
+same = all(pulled[k] is values[k] for k in values)
+before = {k: v.copy() for k, v in values.items()}
+nonzero = sum(int(np.count_nonzero(v)) for v in values.values())
+w.leave(); w.close(); del w, pulled; gc.collect()
+after = all(np.array_equal(before[k], values[k]) for k in values)
+print(f"same={same} nonzero={nonzero} after_close={after}")
+PY
+)
+grep -q "same=True nonzero=[1-9][0-9]* after_close=True" <<<"$res"
+ok $? "a pull writes the job's values into the shared arrays, which stay readable after close ($res)"
+psnet_stop_all
 
 # No pscoord there.
 err=$("${PY_ENV[@]}" /usr/bin/python3 -m psnet.worker --coord "ipc://$RUN/nobody.sock" --connect-timeout 1 2>&1); rc=$?

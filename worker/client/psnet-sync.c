@@ -331,6 +331,28 @@ int psnet_sync_round(PsnetSync *s, const float *const *grads, int64_t push_clock
         return call(s, do_round, &a);
 }
 
+typedef struct MemoryArg {
+        size_t nsets;
+        float **ret;
+        PsnetMemory *ref;
+} MemoryArg;
+
+static int do_memory(PsnetSync *s, void *arg) {
+        MemoryArg *a = arg;
+        int r = psnet_worker_memory(s->w, a->nsets, a->ret);
+        if (r == 0 && !(a->ref = psnet_worker_memory_ref(s->w)))
+                r = -ENOMEM;
+        return r;
+}
+
+int psnet_sync_memory(PsnetSync *s, size_t nsets, float **ret, PsnetMemory **ref) {
+        MemoryArg a = { nsets, ret, NULL };
+        int r = call(s, do_memory, &a);
+        if (r == 0)
+                *ref = a.ref;
+        return r;
+}
+
 static int do_progress(PsnetSync *s, void *arg) {
         psnet_worker_progress(s->w, arg);
         return 0;

@@ -4,6 +4,7 @@
  * a shard answers MOVED under a newer map, the round waits here for that map
  * from pscoord (bounded: 30 s) and runs again; the caller never sees it. */
 #include <errno.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <string.h>
 #include "alloc.h"
@@ -20,12 +21,19 @@
 #define PSNET_MAP_WAIT_MS 30000
 #define PSNET_MEMBER_WAIT_MS 60000
 
+/* psnet_worker_memory's, mapped until its last reference goes (the worker's,
+ * and the callers' of psnet_worker_memory_ref). */
+struct PsnetMemory {
+        ShmMemory m;
+        atomic_uint refs;
+};
+
 struct PsnetWorker {
         uv_loop_t *loop;
         void *zctx;
         Session *session;
         Client *client;
-        ShmMemory mem;                  /* psnet_worker_memory's (fd -1: none) */
+        PsnetMemory *mem;               /* psnet_worker_memory's (NULL: none) */
         PsnetWorkerOptions opts;
         char *coord;
         NetIdentity id;
@@ -300,7 +308,6 @@ int psnet_worker_new(uv_loop_t *loop, const PsnetWorkerOptions *opts, const Psne
         PsnetWorker *w = ps_calloc(1, sizeof *w);
         if (!w)
                 return -ENOMEM;
-        w->mem = (ShmMemory) SHM_MEMORY_INIT;
         w->loop = loop;
         w->opts = *opts;
         w->ev = *events;
@@ -357,7 +364,8 @@ PsnetWorker *psnet_worker_free(PsnetWorker *w) {
                 cb(w, -ECANCELED, w->round_ud);
         }
         w->client = client_free(w->client);
-        shm_memory_free(&w->mem);
+        psnet_memory_unref(w->mem);
+        w->mem = NULL;
         w->session = session_free(w->session);
         w->map = shardmap_free(w->map);
         if (w->zctx)
@@ -389,8 +397,8 @@ static int client_ready(PsnetWorker *w) {
         bool fresh = !w->client;
         int r = client_follow(&w->client, w->loop, w->zctx, &w->job, w->map, session_id(w->session),
                               w->id.enabled ? &w->id.keys : NULL, w->members_epoch);
-        if (r == 0 && fresh && w->mem.base)
-                r = client_set_memory(w->client, &w->mem);
+        if (r == 0 && fresh && w->mem)
+                r = client_set_memory(w->client, &w->mem->m);
         return r;
 }
 
@@ -399,22 +407,43 @@ int psnet_worker_memory(PsnetWorker *w, size_t nsets, float **ret) {
                 return -EINVAL;
         if (!w->has_job)
                 return -EAGAIN;
-        if (!w->mem.base) {
+        if (!w->mem) {
                 char reason[256];
                 size_t size = client_memory_size(&w->job, nsets);
-                int r = shm_memory_new(&w->mem, size, reason, sizeof reason);
-                if (r < 0)
+                PsnetMemory *m = ps_calloc(1, sizeof *m);
+                if (!m)
+                        return -ENOMEM;
+                int r = shm_memory_new(&m->m, size, reason, sizeof reason);
+                if (r < 0) {
+                        ps_free(m);
                         return log_warning_errno(r, "No shared memory for the model's tensors (%s)", reason);
-                if (w->client && (r = client_set_memory(w->client, &w->mem)) < 0) {
-                        shm_memory_free(&w->mem);
+                }
+                atomic_init(&m->refs, 1);
+                if (w->client && (r = client_set_memory(w->client, &m->m)) < 0) {
+                        psnet_memory_unref(m);
                         return r;
                 }
-        } else if (client_memory_size(&w->job, nsets) != w->mem.size)
+                w->mem = m;
+        } else if (client_memory_size(&w->job, nsets) != w->mem->m.size)
                 return -EEXIST;
         for (size_t k = 0; k < nsets; k++)
                 for (uint32_t t = 0; t < w->job.ntensors; t++)
-                        ret[k * w->job.ntensors + t] = client_memory_tensor(&w->job, &w->mem, k, t);
+                        ret[k * w->job.ntensors + t] = client_memory_tensor(&w->job, &w->mem->m, k, t);
         return 0;
+}
+
+PsnetMemory *psnet_worker_memory_ref(PsnetWorker *w) {
+        if (!w || !w->mem)
+                return NULL;
+        atomic_fetch_add(&w->mem->refs, 1);
+        return w->mem;
+}
+
+void psnet_memory_unref(PsnetMemory *m) {
+        if (m && atomic_fetch_sub(&m->refs, 1) == 1) {
+                shm_memory_free(&m->m);
+                ps_free(m);
+        }
 }
 
 /* (Re)starts the client's round under the newest map this worker has. */

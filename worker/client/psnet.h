@@ -152,6 +152,13 @@ int psnet_worker_prefetch(PsnetWorker *w, float *const *params, int64_t pull_clo
  * them (waited for, 2 s at most). */
 #define PSNET_MEMORY_MAX_SETS 8
 int psnet_worker_memory(PsnetWorker *w, size_t nsets, float **ret);
+/* A reference that keeps that memory mapped after the worker is freed (for
+ * callers whose arrays may outlive it: Python's); NULL before
+ * psnet_worker_memory. Each reference is dropped with psnet_memory_unref,
+ * from any thread. */
+typedef struct PsnetMemory PsnetMemory;
+PsnetMemory *psnet_worker_memory_ref(PsnetWorker *w);
+void psnet_memory_unref(PsnetMemory *m);
 /* Bytes pushed and pulled, rounds done, seconds spent waiting for shards. */
 void psnet_worker_traffic(const PsnetWorker *w, uint64_t *pushed, uint64_t *pulled, uint64_t *rounds, double *wait_s);
 
@@ -244,6 +251,9 @@ int psnet_sync_schedule(PsnetSync *s, int64_t clock, uint64_t total, uint64_t *s
  * digest of the weights evaluated). */
 int psnet_sync_round(PsnetSync *s, const float *const *grads, int64_t push_clock, float *const *params,
                      int64_t pull_clock);
+/* psnet_worker_memory, with a reference to it in *ref (psnet_memory_unref
+ * when the arrays over it are gone: it outlives psnet_sync_free). */
+int psnet_sync_memory(PsnetSync *s, size_t nsets, float **ret, PsnetMemory **ref);
 int psnet_sync_progress(PsnetSync *s, const PsnetProgress *p);
 int psnet_sync_evaluated(PsnetSync *s, const PsnetEval *e);
 /* psnet_worker_result, waited for; *evaluate: pscoord asks this worker to evaluate now. */
