@@ -47,7 +47,19 @@ rounds_in() { jq -c '[.[] | select(.round > 0) | .round]' <<<"$1"; }
 start_run a 2 --checkpoint-every 2 --checkpoint-keep 5
 start_edges a; ok $? "three edge workers registered in turn"
 psnet_wait_for 60 logs_match 'msg="round done" round=1/' 'pscoord-a.log'; ok $? "run a aggregates a round"
-out=$("$PSCTL" --coord "$COORD" checkpoint save mid 2>&1); ok $? "psctl checkpoint save mid ($out)"
+# A save asked while an automatic one is being written is refused with "wait
+# for it": as an operator would, wait until that one is saved, then ask again.
+save_mid() {
+  local i busy
+  for i in 1 2 3 4 5; do
+    out=$("$PSCTL" --coord "$COORD" checkpoint save mid 2>&1) && return 0
+    busy=$(sed -n 's/.*checkpoint \(auto-[0-9]*\) is being written.*/\1/p' <<<"$out")
+    [ -n "$busy" ] || return 1
+    psnet_wait_for 30 logs_match "msg=\"checkpoint saved\" name=$busy " 'pscoord-a.log' || return 1
+  done
+  return 1
+}
+save_mid; ok $? "psctl checkpoint save mid ($out)"
 B=$(sed -n 's/.*saved: clock \([0-9]*\),.*/\1/p' <<<"$out")
 [ -n "$B" ] && [ "$B" -ge 1 ] && [ "$B" -lt $ROUNDS ]; ok $? "cut after round $B, between two rounds"
 [ -f "$CK/mid/MANIFEST" ] && [ -f "$CK/mid/shard-1.ckpt" ] && [ -f "$CK/mid/shard-2.ckpt" ]
