@@ -222,7 +222,7 @@ class Worker:
         whose params these value arrays runs in place: the shards read and
         write them where they lie, nothing is copied on this side. The arrays
         stay valid after close (the memory goes with the last of them)."""
-        if self._shared is not None or os.environ.get("PSNET_SHM") in ("off", "copy"):
+        if self._shared is not None:
             return self._shared or None
         n = len(self._names)
         ptrs, ref = (ctypes.c_void_p * (2 * n))(), ctypes.c_void_p()

@@ -956,7 +956,7 @@ int main(int argc, char **argv) {
                   "ipc: tensors through shared memory (on, the default) or in frames (off; PSNET_SHM=off)" },
                 { "in-place", OPT_STR, &in_place, "on|off",
                   "the worker's tensors in the memory it shares with the shards (on, the default: pushed and "
-                  "pulled where they lie) or its own buffers (off: copied in and out)" },
+                  "pulled where they lie) or its own buffers (off: copied in and out); off with --shm off" },
                 { "psd-threads", OPT_UINT, &o.psd_threads, "N", "each shard's psd --threads (default 1)" },
                 { "raw-runs", OPT_UINT, &o.raw_runs, "N",
                   "raw ZeroMQ runs, median taken (0: psnet only, e.g. under perf)" },
@@ -1003,6 +1003,8 @@ int main(int argc, char **argv) {
                 r = -EINVAL;
                 goto out;
         }
+        if (strcmp(o.shm, "off") == 0)
+                o.in_place = "off"; /* no shared memory for the tensors to lie in */
         /* The client library reads it when it connects to the shards. */
         if (setenv("PSNET_SHM", o.shm, 1) < 0) {
                 r = log_error_errno(errno, "Cannot set PSNET_SHM: %m");

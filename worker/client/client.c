@@ -452,12 +452,18 @@ static void shm_count(Client *c) {
                 c->stats.shm_shards += c->shards[i].shm.base || c->shards[i].mem.base;
 }
 
+ClientShm client_shm_mode(void) {
+        const char *env = getenv("PSNET_SHM");
+        return !env ? CLIENT_SHM_ON : strcmp(env, "off") == 0 ? CLIENT_SHM_OFF
+                                   : strcmp(env, "copy") == 0 ? CLIENT_SHM_COPY : CLIENT_SHM_ON;
+}
+
 /* Whether shared memory may reach shard s at all: a training job's pushes
  * and pulls to a shard on an ipc:// endpoint, unless PSNET_SHM=off. The
  * handover socket's path into path. */
 static bool shm_allowed(const Client *c, const ShardConn *s, char *path, size_t n) {
-        const char *env = getenv("PSNET_SHM");
-        if ((env && strcmp(env, "off") == 0) || c->job.mode == MODE_FED || c->masked || c->frame_fn || s->nkeys == 0)
+        if (client_shm_mode() == CLIENT_SHM_OFF || c->job.mode == MODE_FED || c->masked || c->frame_fn ||
+            s->nkeys == 0)
                 return false;
         return shm_socket_path(s->endpoint, path, n) == 0;
 }

@@ -94,6 +94,11 @@ bool client_busy(const Client *c);
  * request given up on touches the tensors once the caller has them back.
  * -EBUSY during a round or prefetch, -EINVAL when m holds fewer than 2 sets. */
 int client_set_memory(Client *c, const ShmMemory *m);
+/* What PSNET_SHM asks of shared memory: on (the default: the caller's tensors
+ * in it where the caller takes them), copy (the caller's own buffers, copied
+ * through memory of each shard's), off (frames). */
+typedef enum { CLIENT_SHM_ON, CLIENT_SHM_COPY, CLIENT_SHM_OFF } ClientShm;
+ClientShm client_shm_mode(void);
 size_t client_memory_size(const Job *job, size_t nsets);
 /* Tensor t of set in m laid out for job, or NULL past m. */
 float *client_memory_tensor(const Job *job, const ShmMemory *m, size_t set, uint32_t t);

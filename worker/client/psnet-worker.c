@@ -405,6 +405,8 @@ static int client_ready(PsnetWorker *w) {
 int psnet_worker_memory(PsnetWorker *w, size_t nsets, float **ret) {
         if (!w || !ret || nsets < 2 || nsets > PSNET_MEMORY_MAX_SETS)
                 return -EINVAL;
+        if (client_shm_mode() != CLIENT_SHM_ON)
+                return -ENOTSUP;
         if (!w->has_job)
                 return -EAGAIN;
         if (!w->mem) {

@@ -146,7 +146,8 @@ int psnet_worker_prefetch(PsnetWorker *w, float *const *params, int64_t pull_clo
  * and whose params are another set (or NULL) pushes and pulls in place, the
  * shards reading and writing these tensors where they lie (no copy on the
  * worker's side); shards on other hosts get frames from them as from any
- * buffer. Made on the first call and the same afterwards (-EEXIST for
+ * buffer. -ENOTSUP where PSNET_SHM is off or copy (the caller keeps buffers
+ * of its own). Made on the first call and the same afterwards (-EEXIST for
  * another nsets); freed with the worker. After a round fails the tensors
  * are the caller's again once the shards have ended their sessions over
  * them (waited for, 2 s at most). */

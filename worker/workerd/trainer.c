@@ -518,23 +518,19 @@ static void load_work(uv_work_t *req) {
                                          sizeof t->load_err);
 }
 
-/* Builds the backend, the model and the buffers for the job. */
 /* The model's host buffers (and --prefetch's second set of values) in the
  * memory libpsnet shares with the shards on this host, so that its rounds
  * push and pull them where they lie (docs/ARCHITECTURE.md, "Same-host shared
  * memory"). Unless PSNET_SHM is off or copy; where it cannot be had, the
  * model keeps its own buffers, copied in and out. */
 static void trainer_share(Trainer *t, size_t nt) {
-        const char *env = getenv("PSNET_SHM");
-        if (env && (strcmp(env, "off") == 0 || strcmp(env, "copy") == 0))
-                return;
-        size_t nsets = t->next ? 3 : 2, bytes = 0;
+        size_t nsets = t->next ? 3 : 2, bytes = job_nfloats(t->job) * sizeof(float);
         _cleanup_free_ float **sh = ps_calloc(nsets * nt, sizeof *sh);
         if (!sh || nt == 0)
                 return;
         int r = psnet_worker_memory(t->w, nsets, sh);
-        for (size_t i = 0; r == 0 && i < nt; i++)
-                bytes += model_tensor_numel(t->model, i) * sizeof(float);
+        if (r == -ENOTSUP)
+                return; /* PSNET_SHM=off or copy: the model's own buffers, as asked */
         if (r == 0 && t->kb->ops->host_register && (r = t->kb->ops->host_register(t->kb, sh[0], nsets * bytes)) == 0)
                 t->registered = sh[0];
         if (r == 0)
@@ -552,6 +548,7 @@ static void trainer_share(Trainer *t, size_t nt) {
         log_info("tensors in shared memory bytes=%zu (pushed and pulled in place on this host)", nsets * bytes);
 }
 
+/* Builds the backend, the model and the buffers for the job. */
 static int trainer_setup(Trainer *t) {
         char err[256];
         const Job *job = t->job;
