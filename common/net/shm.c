@@ -12,8 +12,8 @@
 #include <sys/stat.h>
 #include <sys/un.h>
 #include <sys/vfs.h>
-#include <time.h>
 #include <unistd.h>
+#include "endpoint.h"
 #include "shm.h"
 
 static int fail(char *reason, size_t n, int err, const char *fmt, const char *arg) {
@@ -186,17 +186,15 @@ int shm_region_fence(ShmRegion *r, unsigned timeout_ms) {
         int e = 0;
         if (r->conn >= 0 && shutdown(r->conn, SHUT_WR) == 0) {
                 /* The shard ends the session, then closes its end: EOF here. */
-                struct timespec t0, t;
-                clock_gettime(CLOCK_MONOTONIC, &t0);
+                uint64_t until = now_ms() + timeout_ms;
                 for (;;) {
-                        clock_gettime(CLOCK_MONOTONIC, &t);
-                        long spent = (t.tv_sec - t0.tv_sec) * 1000 + (t.tv_nsec - t0.tv_nsec) / 1000000;
-                        if (spent >= (long) timeout_ms) {
+                        uint64_t now = now_ms();
+                        if (now >= until) {
                                 e = -ETIMEDOUT;
                                 break;
                         }
                         struct pollfd pfd = { .fd = r->conn, .events = POLLIN };
-                        int p = poll(&pfd, 1, (int) (timeout_ms - (unsigned long) spent));
+                        int p = poll(&pfd, 1, (int) (until - now));
                         if (p < 0 && errno == EINTR)
                                 continue;
                         if (p <= 0) {

@@ -131,6 +131,7 @@ struct Client {
         size_t *tensor_base;           /* per tensor: its first float's index in a set */
         size_t set_floats, nsets;
         bool inplace;                  /* the round's (or prefetch's) tensors are the memory's */
+        uint64_t *offs;                /* job_nkeys: a request's places of keys (header_mem) */
         size_t pull_set;               /* in place: the set the values go to */
         ClientStats stats;
 };
@@ -285,6 +286,7 @@ Client *client_free(Client *c) {
         client_disconnect(c);
         c->sparse = sparse_free(c->sparse);
         c->tensor_base = mfree(c->tensor_base);
+        c->offs = mfree(c->offs);
         c->freeing = true;
         if (c->timers == 0) {
                 ps_free(c);
@@ -330,6 +332,8 @@ int client_set_memory(Client *c, const ShmMemory *m) {
         if (!m->base || set == 0 || m->size < 2 * set)
                 return -EINVAL;
         if (!c->tensor_base && !(c->tensor_base = ps_calloc(MAX(c->job.ntensors, 1u), sizeof *c->tensor_base)))
+                return -ENOMEM;
+        if (!c->offs && !(c->offs = ps_calloc(MAX(job_nkeys(&c->job), (size_t) 1), sizeof *c->offs)))
                 return -ENOMEM;
         for (uint32_t t = 1; t < c->job.ntensors; t++)
                 c->tensor_base[t] = c->tensor_base[t - 1] + c->job.tensors[t - 1].numel;
@@ -664,9 +668,11 @@ static uint64_t pull_offset_mem(const Client *c, const ShardConn *s, const Part 
 
 /* A request in place names where its keys lie in set `set` (the caller's
  * tensors): at shm_offset one after another when they follow each other
- * there, else each key's place (shm_keys, into offs: part->nkeys of room). */
-static void header_mem(Psnet__Header *h, const Client *c, ShardConn *s, const Part *part, size_t set, uint64_t *offs) {
+ * there, else each key's place (shm_keys, in the client's offs until the
+ * request is sent). */
+static void header_mem(Psnet__Header *h, const Client *c, ShardConn *s, const Part *part, size_t set) {
         header_shm(h, &s->mem, mem_offset(c, s, part, set, 0));
+        uint64_t *offs = c->offs;
         bool follow = true;
         for (size_t i = 0; i < part->nkeys; i++) {
                 offs[i] = mem_offset(c, s, part, set, i);
@@ -679,16 +685,13 @@ static void header_mem(Psnet__Header *h, const Client *c, ShardConn *s, const Pa
 
 /* A push in place: the gradients are where the caller left them. */
 static int send_push_mem(Client *c, ShardConn *s, Part *part) {
-        _cleanup_free_ uint64_t *offs = ps_malloc(part->nkeys * sizeof *offs);
-        if (!offs)
-                return -ENOMEM;
         for (size_t i = 0; i < part->nkeys; i++)
                 c->stats.bytes_pushed += (uint64_t) s->keyp[part->first + i]->len * sizeof(float);
         Psnet__Header h;
         part->push.seq = ++c->seq;
         part->push.mem = true;
         header_for(c, s, part, &h, PSNET__MSG_TYPE__MSG_PUSH, c->push_clock, part->push.seq);
-        header_mem(&h, c, s, part, 0, offs);
+        header_mem(&h, c, s, part, 0);
         return netsock_send(s->sock, NULL, &h, NULL, 0);
 }
 
@@ -759,11 +762,8 @@ static int send_pull(Client *c, ShardConn *s, Part *part) {
         part->pull.seq = ++c->seq;
         header_for(c, s, part, &h, PSNET__MSG_TYPE__MSG_PULL, c->pull_clock, part->pull.seq);
         part->pull.mem = part_in_place(c, s);
-        _cleanup_free_ uint64_t *offs = part->pull.mem ? ps_malloc(part->nkeys * sizeof *offs) : NULL;
-        if (part->pull.mem && !offs)
-                return -ENOMEM;
         if (part->pull.mem)
-                header_mem(&h, c, s, part, c->pull_set, offs);
+                header_mem(&h, c, s, part, c->pull_set);
         else if (shard_shm(c, s))
                 header_shm(&h, &s->shm, pull_offset(c, s, part));
         return netsock_send(s->sock, NULL, &h, NULL, 0);
@@ -1019,11 +1019,13 @@ static int handle_reply(Client *c, ShardConn *s, WireMsg *m) {
                         }
                         bool bf16 = h->dtype == PSNET__DTYPE__DTYPE_BF16;
                         size_t size = (size_t) k->len * (bf16 ? 2 : sizeof(float));
-                        const void *src = at ? at : placed ? NULL : zmq_msg_data(&m->frames[i]);
-                        if (bf16 && !placed)
-                                bf16_decode(src, k->len, tensor_at(c->params, &c->job, k));
-                        else if (!placed)
-                                memcpy(tensor_at(c->params, &c->job, k), src, size);
+                        if (!placed) {
+                                const void *src = at ? at : zmq_msg_data(&m->frames[i]);
+                                if (bf16)
+                                        bf16_decode(src, k->len, tensor_at(c->params, &c->job, k));
+                                else
+                                        memcpy(tensor_at(c->params, &c->job, k), src, size);
+                        }
                         if (at)
                                 at += size;
                         c->stats.bytes_pulled += (uint64_t) size;
