@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # BSP determinism (two runs with the same seed give bit-identical weights at
-# every clock), mode switches between clocks (bsp -> ssp:2 -> bsp), and
-# psctl worker drain.
+# every clock), a lone worker reading its own pushes under ASP and SSP (its
+# rounds in parts of a key, to shards with backups, which acknowledge late:
+# the same weights at every clock as under BSP), mode switches between
+# clocks (bsp -> ssp:2 -> bsp), and psctl worker drain.
 source "$(dirname "$0")/lib.sh"
 
 extract() { sed -n 's/.*msg="pulled" clock=\([0-9]*\) checksum=\([0-9a-f]*\).*/\1 \2/p' "$1" | sort -u -k1,1; }
@@ -20,6 +22,30 @@ na=$(wc -l <"$RUN/a")
 [ "$na" -ge 90 ]; ok $? "the runs traced $na clocks"
 cmp -s "$RUN/a" "$RUN/b"; ok $? "the two runs pulled bit-identical weights at every clock"
 psnet_stop_all
+
+# run_one NAME MODE: one worker, two shards (each the other's backup: the
+# default --replicas 2), a round's keys in parts of a key (64 KiB chunks,
+# PSNET_PART_KIB=64: more parts per shard than the client keeps in flight).
+run_one() {
+  local coord="ipc://$RUN/$1-coord.sock"
+  psnet_start "$1-coord" "$PSCOORD" --listen "$coord" --workers 1 --shards 2 --mode "$2" --epochs 1 --chunk-kb 64 \
+    "${SUBSET[@]}"
+  for i in 1 2; do psnet_start "$1-psd-$i" "$PSD" --id $i --listen "ipc://$RUN/$1-psd-$i.sock" --coord "$coord"; done
+  PSNET_PART_KIB=64 psnet_start "$1-w" "$WORKERD" --coord "$coord" --trace-pulls
+  "$PSCTL" --coord "$coord" job wait --wait 120 >/dev/null
+  extract "$RUN/$1-w.log" >"$RUN/$1"
+  psnet_stop_all
+}
+run_one one-bsp bsp; ok $? "a lone worker's BSP job"
+grep -q 'replicas=2' "$RUN/one-bsp-coord.log"; ok $? "its shards hold each other's backups"
+for m in asp ssp:1; do
+  run_one "one-$m" "$m"; ok $? "the same job under $m"
+  n=$(join "$RUN/one-bsp" "$RUN/one-$m" | wc -l); d=$(join "$RUN/one-bsp" "$RUN/one-$m" | awk '$2 != $3' | wc -l)
+  [ "$n" -ge 90 ] && [ "$d" -eq 0 ]
+  ok $? "under $m the worker pulls what it pushed: the BSP run's weights at every clock ($n clocks, $d differ)"
+done
+parts=$(sed -n 's/.*msg="stopped" .* push_parts=\([0-9]*\) .*/\1/p' "$RUN/one-asp-psd-1.log")
+[ "${parts:-0}" -gt 0 ]; ok $? "in parts (shard 1 took ${parts:-no} parts)"
 
 COORD="ipc://$RUN/coord.sock"
 psnet_start pscoord "$PSCOORD" --listen "$COORD" --workers 3 --shards 2 --mode bsp --epochs 8 --chunk-kb 64 "${SUBSET[@]}"

@@ -774,7 +774,12 @@ static int send_pull(Client *c, ShardConn *s, Part *part) {
  * yet. A window that slides only past answered parts (not past one waiting
  * to be sent again) keeps workers in step under BSP, where a part is
  * answered once every worker pushed it: the lowest part not answered yet is
- * in every worker's window. */
+ * in every worker's window. A part's pull leaves only after the round's
+ * push of that part: on the one pipe to the shard it then arrives after the
+ * push, whose values it reads back (a worker reads its own update under ASP
+ * and SSP too). The pulls' window would otherwise run ahead of the pushes'
+ * wherever pushes are acknowledged late (a shard with backups acknowledges
+ * once they hold the push), and a pull would read a key before its push. */
 static int shard_pump(Client *c, ShardConn *s) {
         uint64_t now = now_ms();
         for (int pull = 0; pull < 2; pull++) {
@@ -789,6 +794,8 @@ static int shard_pump(Client *c, ShardConn *s) {
                         Part *part = &s->parts[i];
                         PartReq *q = pull ? &part->pull : &part->push;
                         if (q->state != REQ_TODO && !(q->state == REQ_RETRY && now >= q->at))
+                                continue;
+                        if (pull && (part->push.state == REQ_TODO || part->push.state == REQ_RETRY))
                                 continue;
                         int r = pull ? send_pull(c, s, part) : send_push(c, s, part);
                         if (r < 0)
