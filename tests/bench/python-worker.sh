@@ -33,10 +33,13 @@ source "$top/tests/bench/lib.sh"
 export PYTHONPATH=$top/python PSNET_LIB=$build/worker/client/libpsnet.so
 [ -f "$PSNET_LIB" ] || die "$PSNET_LIB is missing (ninja -C $build)"
 
+acc_of() { sed -n 's/.*accuracy=\([0-9.]*\).*/\1/p' <<<"$1"; }
 # one_run KIND N: trains the job once with worker KIND (workerd, or py-on,
-# py-copy, py-off); prints "seconds samples accuracy".
+# py-copy, py-off), whose log is $RUN/KIND-N.log (psnet_start's name for
+# workerd's); prints "seconds samples accuracy".
 one_run() {
-  local kind=$1 n=$2 coord="ipc://$RUN/$1-$2.sock" log="$RUN/$1-$2.log" out s steps
+  local kind=$1 n=$2 i out s steps
+  local coord="ipc://$RUN/$kind-$n.sock" log="$RUN/$kind-$n.log"
   psnet_start "pscoord-$kind-$n" "$PSCOORD" --listen "$coord" --workers 1 --shards 2 --mode "$mode" \
     --model "$model" --batch "$batch" --epochs "$epochs" --train-limit "$limit"
   for i in 1 2; do
@@ -49,7 +52,6 @@ one_run() {
   esac
   out=$("$PSCTL" --coord "$coord" job wait --wait 600) || die "$kind: the job did not end ($out)"
   grep -q "state=done" <<<"$out" || die "$kind: the job failed ($out)"
-  [ "$kind" = workerd ] && log="$RUN/$kind-$n.log"
   s=$(sed -n 's/.*msg="trained".* seconds=\([0-9.]*\).*/\1/p' "$log" | head -1)
   steps=$(sed -n 's/.*msg="trained".* steps=\([0-9]*\).*/\1/p' "$log" | head -1)
   [ -n "$s" ] && [ -n "$steps" ] || die "$kind: no \"trained\" line in $log"
@@ -60,7 +62,6 @@ one_run() {
   echo "$s $((steps * batch)) $(acc_of "$out")"
   psnet_stop_all
 }
-acc_of() { sed -n 's/.*accuracy=\([0-9.]*\).*/\1/p' <<<"$1"; }
 
 kinds=(workerd py-on py-copy py-off)
 echo "$BENCH: $model, batch $batch, $mode, $epochs epoch(s) of $limit images, 1 worker, 2 shards (ipc), $runs runs; $(nproc) CPUs"
