@@ -46,9 +46,9 @@ def load(d, split, limit=0):
 
 def shuffle(a, seed, rank, epoch_pass):
     """Shuffles list a in place as workerd shuffles its partition at the
-    start of each pass (the previous pass's order, not the first, is
-    shuffled): Fisher-Yates with splitmix64 from seed * 1000003 + rank * 7919
-    + pass."""
+    start of each pass (a is the share in ascending order every pass, so a
+    pass's order depends on seed, rank and pass alone): Fisher-Yates with
+    splitmix64 from seed * 1000003 + rank * 7919 + pass."""
     mask = (1 << 64) - 1
     x = (seed * 1000003 + ((rank * 7919) & 0xFFFFFFFF) + epoch_pass) & mask
     for i in range(len(a), 1, -1):

@@ -62,10 +62,14 @@ class Run:
         self.pass_n, self.step_in_pass, self.pass_open = 0, 0, False
         self.t.pull(self.clock)
 
+    def share(self):
+        """This worker's samples (i mod workers == rank), ascending."""
+        return list(range(self.part[0], self.n, self.part[1]))
+
     def partition(self):
         info = self.w.info()
         self.part = (info["rank"], max(info["workers"], 1))
-        self.perm = list(range(self.part[0], self.n, self.part[1]))
+        self.perm = self.share()
         self.steps_per_pass = len(self.perm) // self.batch
         log("partition", rank=f"{self.part[0]}/{self.part[1]}", images=len(self.perm))
 
@@ -102,6 +106,7 @@ class Run:
                 if self.resume > 0 and self.steps_per_pass > 0:
                     self.pass_n += self.resume // self.steps_per_pass
                     self.resume %= self.steps_per_pass
+                self.perm = self.share()  # each pass from the share's own order, as workerd
                 shuffle(self.perm, self.seed, self.part[0], self.pass_n)
                 self.step_in_pass, self.resume, self.pass_open = max(self.resume, 0), 0, True
             s = self.step_in_pass

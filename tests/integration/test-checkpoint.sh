@@ -11,7 +11,11 @@
 source "$(dirname "$0")/lib.sh"
 
 CK="$RUN/checkpoints"
-JOB=(--workers 2 --mode bsp --epochs 2 --batch 64 "${SUBSET[@]}")
+# Passes of 20 steps (1,280 images a worker): the save at clock 30 or later
+# falls past the first pass, where a restored worker must take the batches
+# the uninterrupted run took (a pass's order is not the previous pass's
+# shuffled again).
+JOB=(--workers 2 --mode bsp --epochs 10 --batch 64 --train-limit 2560 --test-limit 2000)
 
 # start_cluster TAG SHARDS [PSCOORD OPTIONS...]: pscoord and SHARDS shards of run TAG.
 start_cluster() {
@@ -40,7 +44,8 @@ for f in sorted(glob.glob(sys.argv[1] + "/shard-*.ckpt")):
 PY
 }
 
-# 1. BSP on two shards, saved at about clock 30; the run goes on to its end.
+# 1. BSP on two shards, saved at about clock 30 (in the second pass or later);
+# the run goes on to its end.
 start_cluster a 2
 start_workers a
 psnet_wait_for 60 pulled a 30; ok $? "run a trains to clock 30"

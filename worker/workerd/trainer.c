@@ -314,15 +314,20 @@ static void trace_pull(Trainer *t) {
         log_info("pulled clock=%ld checksum=%08lx", (long) t->clock, (unsigned long) crc);
 }
 
-/* This worker's share of the training set: indices i with i % n == rank. */
-static void partition(Trainer *t) {
-        t->part_rank = psnet_worker_rank(t->w);
-        t->part_n = MAX(psnet_worker_count(t->w), 1u);
+/* This worker's share of the training set in its own order: indices i with
+ * i % n == rank, ascending. */
+static void share_order(Trainer *t) {
         uint32_t k = 0;
         for (uint32_t i = t->part_rank; i < t->train->n; i += t->part_n)
                 t->perm[k++] = i;
         t->nmine = k;
-        t->steps_per_pass = k / t->job->batch;
+}
+
+static void partition(Trainer *t) {
+        t->part_rank = psnet_worker_rank(t->w);
+        t->part_n = MAX(psnet_worker_count(t->w), 1u);
+        share_order(t);
+        t->steps_per_pass = t->nmine / t->job->batch;
 }
 
 static void on_step_done(PsnetWorker *w, int r, void *ud);
@@ -366,6 +371,11 @@ static void step_idle_cb(uv_idle_t *h) {
                         t->pass += (uint32_t) (t->resume_steps / t->steps_per_pass);
                         t->resume_steps %= t->steps_per_pass;
                 }
+                /* A pass's order depends on (seed, rank, pass) alone, shuffled
+                 * from the share's own order, not from the last pass's: a
+                 * worker that resumes at pass p (a restore, a rejoin) takes
+                 * the batches the uninterrupted run took. */
+                share_order(t);
                 uint64_t x = t->job->seed * 1000003u + t->part_rank * 7919u + t->pass;
                 shuffle_u32(t->perm, t->nmine, &x);
                 t->step_in_pass = (uint32_t) MAX(t->resume_steps, (int64_t) 0);
