@@ -37,6 +37,11 @@ typedef struct KernelsOps {
         /* Ops return before their work is done (a device backend), so the host
          * is free while a step computes. */
         bool async;
+        /* Backend buffers are host memory (the CPU backend): a host buffer may
+         * stand in for one, and a model then computes on its caller's
+         * parameters and writes its gradients where the caller reads them,
+         * with no copy either way. */
+        bool host_memory;
         void (*destroy)(KBackend *kb);
         int (*alloc)(KBackend *kb, size_t bytes, void **ret);
         void (*free)(KBackend *kb, void *p);

@@ -285,6 +285,7 @@ static int cpu_set_tf32(KBackend *kb, bool on) {
 static const KernelsOps cpu_ops = {
         .name = "cpu",
         .async = false,
+        .host_memory = true,
         .destroy = cpu_destroy,
         .alloc = cpu_alloc,
         .free = cpu_free,

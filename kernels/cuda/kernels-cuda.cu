@@ -783,6 +783,7 @@ static int cuda_set_tf32(KBackend *kb, bool on) {
 static const KernelsOps cuda_ops = {
         /* name */ "cuda",
         /* async */ true,
+        /* host_memory */ false,
         /* destroy */ cuda_destroy,
         /* alloc */ cuda_alloc,
         /* free */ cuda_free,

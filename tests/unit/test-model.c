@@ -2,7 +2,8 @@
  * predictions and gradients of a small MLP (7-5-4-3, batch 6) against an
  * independent double-precision forward pass and central finite differences of
  * it, then finite differences of the model's own float loss; model_evaluate in
- * slices; a few SGD steps on a separable problem; rejected arguments.
+ * slices; a few SGD steps on a separable problem; rejected arguments; steps on
+ * the caller's host buffers (two sets of params in turn) as on the model's own.
  *
  * Tolerances: float forward passes of this size are good to ~1e-6, so losses are
  * compared at 1e-5 relative. Gradients against double central differences with
@@ -399,11 +400,74 @@ out:
         free(x);
 }
 
+/* A model on the caller's host buffers (model_lend_host), stepped on two sets
+ * of params in turn as workerd does with --prefetch on (model_upload_params_from
+ * each), against a model on its own buffers given the same values: the same
+ * gradients, in the caller's buffers, and the same evaluation, to the last bit
+ * (the same kernels on the same values). On the CPU backend the lent model
+ * computes where the caller's buffers lie (host_memory): a set it was not
+ * pointed at last must not be what it computes on. */
+static void test_lent(KBackend *kb) {
+        enum { B = 8, SETS = 2 };
+        const char *name = kb->ops->name;
+        Model *a = NULL, *b = NULL;
+        float *par[SETS][NT] = { { NULL } }, *grd[NT] = { NULL };
+        float x[B * 7], la = 0, lb = 0;
+        double ea = 0, eb = 0;
+        int32_t y[B];
+        int ca = 0, cb = 0, r = 0, bad = 0;
+        bool ok = CHECK(model_new_mlp(kb, dims, NL + 1, B, &a) == 0 && model_new_mlp(kb, dims, NL + 1, B, &b) == 0,
+                        "%s: two models for lent buffers", name);
+        for (size_t t = 0; ok && t < NT; t++) {
+                size_t bytes = tensor_numel(t) * sizeof(float);
+                ok = kb->ops->host_alloc(kb, bytes, (void **) &par[0][t]) == 0 &&
+                     kb->ops->host_alloc(kb, bytes, (void **) &par[1][t]) == 0 &&
+                     kb->ops->host_alloc(kb, bytes, (void **) &grd[t]) == 0;
+        }
+        if (!ok || !CHECK(model_lend_host(a, par[0], grd) == 0, "%s: model_lend_host", name))
+                goto out;
+        for (int step = 0; step < 4 && r == 0; step++) {
+                float *const *set = par[step % SETS];
+                for (size_t t = 0; t < NT; t++)
+                        for (size_t i = 0; i < tensor_numel(t); i++)
+                                set[t][i] = model_param_host(b, t)[i] = rng_uniform(-0.6f, 0.6f);
+                for (int i = 0; i < B * 7; i++)
+                        x[i] = rng_uniform(-1, 1);
+                for (int i = 0; i < B; i++)
+                        y[i] = (int32_t) (rng_next() % 3);
+                r = model_upload_params_from(a, set);
+                r = r < 0 ? r : model_upload_params(b);
+                r = r < 0 ? r : model_train_step(a, x, y, B, &la, &ca);
+                r = r < 0 ? r : model_train_step(b, x, y, B, &lb, &cb);
+                for (size_t t = 0; r == 0 && t < NT; t++)
+                        bad += model_grad_host(a, t) != grd[t] ||
+                               memcmp(grd[t], model_grad_host(b, t), tensor_numel(t) * sizeof(float)) != 0;
+                bad += la != lb || ca != cb;
+        }
+        r = r < 0 ? r : model_evaluate(a, x, y, B, NULL, &ea);
+        r = r < 0 ? r : model_evaluate(b, x, y, B, NULL, &eb);
+        CHECK(r == 0 && bad == 0 && ea == eb,
+              "%s: 4 steps on two lent sets of params in turn = steps on the model's own buffers, gradients in "
+              "the lent ones; the same evaluation (r=%d, %d differences, %.6f/%.6f)", name, r, bad, ea, eb);
+out:
+        model_free(a);
+        model_free(b);
+        for (size_t t = 0; t < NT; t++) {
+                if (par[0][t])
+                        kb->ops->host_free(kb, par[0][t]);
+                if (par[1][t])
+                        kb->ops->host_free(kb, par[1][t]);
+                if (grd[t])
+                        kb->ops->host_free(kb, grd[t]);
+        }
+}
+
 static void test_backend(KBackend *kb) {
         test_gradients(kb);
         test_evaluate(kb);
         test_sgd(kb);
         test_graph(kb);
+        test_lent(kb);
 }
 
 int main(void) {

@@ -45,8 +45,8 @@ struct Model {
         float **param_host;   /* per tensor, what the client pulls into */
         float **grad_host;    /* per tensor, what the client pushes */
         bool host_lent;       /* param_host and grad_host are the caller's (model_lend_host) */
-        float **param_dev;    /* per tensor, backend copies */
-        float **grad_dev;
+        float **param_dev;    /* per tensor, backend copies; on a host_memory backend the */
+        float **grad_dev;     /* host buffers themselves (no copies, nothing of their own) */
 
         Step *steps;
         size_t nsteps;

@@ -75,9 +75,9 @@ Model *model_free(Model *m) {
                         host_free(m, m->param_host[t]);
                 if (m->grad_host && !m->host_lent)
                         host_free(m, m->grad_host[t]);
-                if (m->param_dev)
+                if (m->param_dev && !m->ops->host_memory)
                         dev_free(m, m->param_dev[t]);
-                if (m->grad_dev)
+                if (m->grad_dev && !m->ops->host_memory)
                         dev_free(m, m->grad_dev[t]);
         }
         for (size_t i = 0; i < m->nbufs; i++)
@@ -231,12 +231,16 @@ int model_new(KBackend *kb, const ModelDesc *d, int max_batch, Model **ret, char
                 r = host_alloc(m, bytes, &m->param_host[t]);
                 if (r >= 0)
                         r = host_alloc(m, bytes, &m->grad_host[t]);
-                if (r >= 0)
+                if (r >= 0 && !m->ops->host_memory)
                         r = dev_alloc(m, bytes, &m->param_dev[t]);
-                if (r >= 0)
+                if (r >= 0 && !m->ops->host_memory)
                         r = dev_alloc(m, bytes, &m->grad_dev[t]);
                 if (r < 0)
                         goto fail;
+                if (m->ops->host_memory) {
+                        m->param_dev[t] = m->param_host[t];
+                        m->grad_dev[t] = m->grad_host[t];
+                }
                 memset(m->param_host[t], 0, bytes);
                 memset(m->grad_host[t], 0, bytes);
         }
@@ -334,6 +338,10 @@ int model_lend_host(Model *m, float *const *params, float *const *grads) {
                 host_free(m, m->grad_host[t]);
                 m->param_host[t] = params[t];
                 m->grad_host[t] = grads[t];
+                if (m->ops->host_memory) {
+                        m->param_dev[t] = params[t];
+                        m->grad_dev[t] = grads[t];
+                }
         }
         m->host_lent = true;
         return 0;
@@ -379,6 +387,12 @@ int model_upload_params_from(Model *m, float *const *host) {
         if (!m || !host)
                 return -EINVAL;
         for (size_t t = 0; t < m->ntensors; t++) {
+                if (m->ops->host_memory) {
+                        /* The step computes on them where they lie (they stay
+                         * unchanged until model_step_end all the same). */
+                        m->param_dev[t] = host[t];
+                        continue;
+                }
                 r = m->ops->upload(m->kb, m->param_dev[t], host[t], m->numel[t] * sizeof(float));
                 if (r < 0)
                         return r;
@@ -480,7 +494,8 @@ static int model_backward(Model *m, int batch) {
                 r = step_backward(m, s, batch, m->act[j], m->act[j + 1], dy, dx, need_dx, &moved);
                 if (r < 0)
                         return r;
-                for (uint32_t t = s->l.first_tensor; m->transfers && t < s->l.first_tensor + s->l.ntensors; t++) {
+                for (uint32_t t = s->l.first_tensor;
+                     m->transfers && !m->ops->host_memory && t < s->l.first_tensor + s->l.ntensors; t++) {
                         r = m->ops->download_async(m->kb, m->grad_host[t], m->grad_dev[t], m->numel[t] * sizeof(float),
                                                    grad_slot(t));
                         if (r < 0)
