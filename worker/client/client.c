@@ -731,14 +731,21 @@ static int send_push(Client *c, ShardConn *s, Part *part) {
                                 bf16_encode(tensor_at((float *const *) c->grads, &c->job, k), k->len,
                                             zmq_msg_data(&frames[i]));
                 } else {
+                        zmq_free_fn *ffn = NULL;
+                        void *hint = NULL;
                         if (c->frame_fn) {
                                 const void *d = NULL;
-                                c->frame_fn(c->frame_ud, k->tensor, k->chunk, &d, &size);
+                                c->frame_fn(c->frame_ud, k->tensor, k->chunk, &d, &size, &ffn, &hint);
                                 p = (void *) d;
                         } else
                                 p = tensor_at((float *const *) c->grads, &c->job, k);
                         /* No free function: the buffer is the caller's and outlives the round. */
-                        r = zmq_msg_init_data(&frames[i], p, size, NULL, NULL);
+                        r = zmq_msg_init_data(&frames[i], p, size, ffn, hint);
+                        if (r < 0 && ffn) {
+                                int e = errno;
+                                ffn(p, hint);
+                                errno = e;
+                        }
                 }
                 if (r < 0) {
                         r = -errno;

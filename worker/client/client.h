@@ -60,10 +60,12 @@ void client_set_progress(Client *c, float progress);
 /* Pushes say their frames are masked uint32 (true: a --secagg update, whose
  * buffers the caller passes as the grads) or f32 (false, the default). */
 void client_set_masked(Client *c, bool masked);
-/* A --compress update: each pushed key's frame is what fn gives for it
- * (bytes the caller keeps until the round's callback), under codec
- * (PSNET__CODEC__CODEC_BF16 ...); fn NULL: the grads as f32 again. */
-typedef void (*ClientFrameFn)(void *ud, uint32_t tensor, uint32_t chunk, const void **ret_data, size_t *ret_size);
+/* A federated update: each pushed key's frame is what fn gives for it, under
+ * codec (PSNET__CODEC__CODEC_RAW, _MASKED, _BF16 ...): bytes that stay put
+ * until ZeroMQ calls *ret_free(data, *ret_hint) (NULL: until the round's
+ * callback), sent zero-copy; fn NULL: the grads as f32 again. */
+typedef void (*ClientFrameFn)(void *ud, uint32_t tensor, uint32_t chunk, const void **ret_data, size_t *ret_size,
+                              zmq_free_fn **ret_free, void **ret_hint);
 void client_set_frames(Client *c, int codec, ClientFrameFn fn, void *ud);
 /* A job's --wire bf16 sends the gradients and asks for the values as bf16;
  * with f32 set, pulls ask for f32 all the same (the final weights, which the

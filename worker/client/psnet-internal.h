@@ -8,6 +8,8 @@
 
 /* The job (NULL before the job event). */
 const Job *psnet_worker_job(const PsnetWorker *w);
+/* An edge client's job (NULL before the job event, or for a job it refused). */
+const Job *psnet_edge_job(const PsnetEdge *e);
 /* The shard map it routes by (NULL before the job event). */
 const ShardMap *psnet_worker_map(const PsnetWorker *w);
 /* Pushes refused as STALE so far (a worker that was not, or no longer, a

@@ -13,6 +13,7 @@
 #include "hash.h"
 #include "keys.h"
 #include "log.h"
+#include "psnet-follow.h"
 #include "psnet-internal.h"
 #include "schedule.h"
 #include "session.h"
@@ -39,11 +40,8 @@ struct PsnetWorker {
         NetIdentity id;
         PsnetWorkerEvents ev;
         void *ud;
-        Job job;
-        bool has_job, job_announced, stop_announced;
-        ShardMap *map;
-        JobState state;
-        bool has_state;
+        Follow fo;                      /* the job, its map and state as pscoord publishes them */
+        bool job_announced, stop_announced;
         uint32_t rank, nworkers;
         int64_t start_clock;
         uint64_t members_epoch;         /* of the latest membership this worker is in */
@@ -98,31 +96,12 @@ static void announce_stop(PsnetWorker *w, const char *why) {
                 w->ev.stop(w, why, w->ud);
 }
 
-/* Replaces w->map with pscoord's; keeps the old one if the new does not validate. */
-static int take_map(PsnetWorker *w, const Psnet__ShardMap *pm) {
-        ShardMap *m;
-        if (shardmap_from_proto(pm, &m) < 0) {
-                log_error("pscoord sent a shard map that does not validate");
-                return -EINVAL;
-        }
-        if (!shardmap_fits_job(m, &w->job)) {
-                log_error("pscoord sent a shard map of other keys than its job's");
-                shardmap_free(m);
-                return -EINVAL;
-        }
-        shardmap_free(w->map);
-        w->map = m;
-        return 0;
-}
-
 static void round_resume(PsnetWorker *w);
 static int round_start(PsnetWorker *w);
 static void round_done(PsnetWorker *w, int r);
 
 static void apply_config(PsnetWorker *w, const Psnet__Config *ctl) {
-        char err[192];
-        if (job_state_from_proto(ctl->job_state, &w->state) == 0)
-                w->has_state = true;
+        (void) follow_state(&w->fo, ctl);
         bool changed = false;
         if (ctl->has_rank && ctl->rank != w->rank) {
                 w->rank = ctl->rank;
@@ -150,21 +129,15 @@ static void apply_config(PsnetWorker *w, const Psnet__Config *ctl) {
         }
         /* The job is taken once this worker is a member: a worker that joins a
          * running job waits for the clock boundary pscoord picks for it. */
-        if (ctl->job && ctl->map && !w->has_job && is_member(w, ctl->members)) {
-                if (job_from_proto(ctl->job, &w->job, err, sizeof err) < 0) {
-                        log_error("pscoord sent a job that does not validate reason=\"%s\"", err);
+        if (ctl->job && ctl->map && !w->fo.has_job && is_member(w, ctl->members)) {
+                if (follow_job(&w->fo, ctl) < 0)
                         return;
-                }
-                if (take_map(w, ctl->map) < 0)
-                        return;
-                w->has_job = true;
                 w->start_clock = ctl->has_start_clock ? ctl->start_clock : 0;
-                w->sched.batch = w->job.batch;
-        } else if (ctl->map && w->has_job && w->map && ctl->map->epoch > shardmap_epoch(w->map) &&
-                   (!ctl->job || ctl->job->id == w->job.id)) {
-                if (take_map(w, ctl->map) == 0) {
-                        log_info("shard map epoch=%lu shards=%zu", (unsigned long) shardmap_epoch(w->map),
-                                 shardmap_size(w->map));
+                w->sched.batch = w->fo.job.batch;
+        } else if (w->fo.has_job) {
+                if (follow_map(&w->fo, ctl) > 0) {
+                        log_info("shard map epoch=%lu shards=%zu", (unsigned long) shardmap_epoch(w->fo.map),
+                                 shardmap_size(w->fo.map));
                         if (w->waiting_map)
                                 round_resume(w);
                         else if (w->round_cb && w->client && client_busy(w->client)) {
@@ -177,34 +150,35 @@ static void apply_config(PsnetWorker *w, const Psnet__Config *ctl) {
                                         round_done(w, r);
                         }
                 }
-        } else if (ctl->job && w->has_job && ctl->job->id != w->job.id) {
-                log_warning("pscoord moved to job %u; this worker trains job %u and stops", ctl->job->id, w->job.id);
+        }
+        if (ctl->job && w->fo.has_job && ctl->job->id != w->fo.job.id) {
+                log_warning("pscoord moved to job %u; this worker trains job %u and stops", ctl->job->id, w->fo.job.id);
                 announce_stop(w, "pscoord moved to another job");
         }
         /* A member told another start clock has been admitted again (its lease
          * ran out, e.g. it was stopped, and it registered again): it goes on
          * from that clock, not from its own. */
-        if (w->has_job && w->job_announced && ctl->has_start_clock && is_member(w, ctl->members) &&
+        if (w->fo.has_job && w->job_announced && ctl->has_start_clock && is_member(w, ctl->members) &&
             ctl->start_clock != w->start_clock) {
                 log_info("admitted again start_clock=%ld was=%ld", (long) ctl->start_clock, (long) w->start_clock);
                 w->start_clock = ctl->start_clock;
                 readmitted(w);
         }
-        if (w->has_state && w->state == JOB_STOPPED) {
+        if (w->fo.has_state && w->fo.state == JOB_STOPPED) {
                 log_info("job stopped by the operator");
                 announce_stop(w, "the operator stopped the job");
         }
-        if (w->has_state && w->state == JOB_FAILED)
+        if (w->fo.has_state && w->fo.state == JOB_FAILED)
                 announce_stop(w, "the job failed (psctl status says why)");
-        if (w->has_state && w->state == JOB_DONE)
+        if (w->fo.has_state && w->fo.state == JOB_DONE)
                 announce_stop(w, "the job is done");
-        if (ctl->has_evaluate && ctl->evaluate && w->has_job) {
+        if (ctl->has_evaluate && ctl->evaluate && w->fo.has_job) {
                 log_info("pscoord asks this worker to evaluate the final weights");
                 w->evaluating = true;
                 if (w->ev.evaluate)
                         w->ev.evaluate(w, w->ud);
         }
-        if (w->has_job && w->has_state && w->state == JOB_RUNNING && !w->job_announced) {
+        if (w->fo.has_job && w->fo.has_state && w->fo.state == JOB_RUNNING && !w->job_announced) {
                 w->job_announced = true;
                 if (w->ev.job)
                         w->ev.job(w, w->ud);
@@ -367,7 +341,7 @@ PsnetWorker *psnet_worker_free(PsnetWorker *w) {
         psnet_memory_unref(w->mem);
         w->mem = NULL;
         w->session = session_free(w->session);
-        w->map = shardmap_free(w->map);
+        follow_done(&w->fo);
         if (w->zctx)
                 zmq_ctx_term(w->zctx);
         ps_free(w->coord);
@@ -395,7 +369,7 @@ static void on_client_round(Client *c, int r, int64_t clock, void *ud);
 /* The shards' client, connected under the newest map this worker has. */
 static int client_ready(PsnetWorker *w) {
         bool fresh = !w->client;
-        int r = client_follow(&w->client, w->loop, w->zctx, &w->job, w->map, session_id(w->session),
+        int r = client_follow(&w->client, w->loop, w->zctx, &w->fo.job, w->fo.map, session_id(w->session),
                               w->id.enabled ? &w->id.keys : NULL, w->members_epoch);
         if (r == 0 && fresh && w->mem)
                 r = client_set_memory(w->client, &w->mem->m);
@@ -407,11 +381,11 @@ int psnet_worker_memory(PsnetWorker *w, size_t nsets, float **ret) {
                 return -EINVAL;
         if (client_shm_mode() != CLIENT_SHM_ON)
                 return -ENOTSUP;
-        if (!w->has_job)
+        if (!w->fo.has_job)
                 return -EAGAIN;
         if (!w->mem) {
                 char reason[256];
-                size_t size = client_memory_size(&w->job, nsets);
+                size_t size = client_memory_size(&w->fo.job, nsets);
                 PsnetMemory *m = ps_calloc(1, sizeof *m);
                 if (!m)
                         return -ENOMEM;
@@ -426,11 +400,11 @@ int psnet_worker_memory(PsnetWorker *w, size_t nsets, float **ret) {
                         return r;
                 }
                 w->mem = m;
-        } else if (client_memory_size(&w->job, nsets) != w->mem->m.size)
+        } else if (client_memory_size(&w->fo.job, nsets) != w->mem->m.size)
                 return -EEXIST;
         for (size_t k = 0; k < nsets; k++)
-                for (uint32_t t = 0; t < w->job.ntensors; t++)
-                        ret[k * w->job.ntensors + t] = client_memory_tensor(&w->job, &w->mem->m, k, t);
+                for (uint32_t t = 0; t < w->fo.job.ntensors; t++)
+                        ret[k * w->fo.job.ntensors + t] = client_memory_tensor(&w->fo.job, &w->mem->m, k, t);
         return 0;
 }
 
@@ -473,7 +447,7 @@ static void map_timer_cb(uv_timer_t *t) {
 
 /* The map a shard sent us to has arrived (or was here already): run the round again. */
 static void round_resume(PsnetWorker *w) {
-        if (!w->waiting_map || shardmap_epoch(w->map) < client_need_epoch(w->client))
+        if (!w->waiting_map || shardmap_epoch(w->fo.map) < client_need_epoch(w->client))
                 return;
         w->waiting_map = false;
         (void) uv_timer_stop(&w->map_timer);
@@ -526,7 +500,7 @@ static void on_client_round(Client *c, int r, int64_t clock, void *ud) {
         }
         /* A shard moved on to a newer map: wait for it from pscoord, then again. */
         w->waiting_map = true;
-        if (shardmap_epoch(w->map) >= client_need_epoch(c)) {
+        if (shardmap_epoch(w->fo.map) >= client_need_epoch(c)) {
                 round_resume(w);
                 return;
         }
@@ -535,7 +509,7 @@ static void on_client_round(Client *c, int r, int64_t clock, void *ud) {
 
 int psnet_worker_round(PsnetWorker *w, const float *const *grads, int64_t push_clock, float *const *params,
                        int64_t pull_clock, PsnetRoundFn done, void *ud) {
-        if (!w->has_job || !params)
+        if (!w->fo.has_job || !params)
                 return -EINVAL;
         if (w->round_cb)
                 return -EBUSY;
@@ -554,7 +528,7 @@ int psnet_worker_round(PsnetWorker *w, const float *const *grads, int64_t push_c
 }
 
 int psnet_worker_prefetch(PsnetWorker *w, float *const *params, int64_t pull_clock) {
-        if (!w->has_job || w->round_cb)
+        if (!w->fo.has_job || w->round_cb)
                 return -EINVAL;
         int r = client_ready(w);
         if (r == 0)
@@ -621,30 +595,14 @@ static void on_result_rep(Session *s, int r, WireMsg *m, void *ud) {
 }
 
 static int result_send(PsnetWorker *w) {
-        Psnet__Header h;
-        Psnet__Result res = PSNET__RESULT__INIT;
         Psnet__WorkerInfo wi;
         worker_info(w, &wi);
         wi.has_done = true;
         wi.done = true;
         wi.has_accuracy = w->result_has_accuracy;
         wi.accuracy = w->result_accuracy;
-        if (w->result_has_accuracy && w->params) {
-                /* The weights evaluated (the last round's), as one FNV-1a 64 over
-                 * their bytes in key order: equal digests, equal weights. */
-                uint64_t d = FNV1A64_INIT;
-                for (size_t t = 0; t < w->job.ntensors; t++)
-                        if (w->params[t])
-                                d = fnv1a64(d, w->params[t], w->job.tensors[t].numel * sizeof(float));
-                wi.has_weights_digest = true;
-                wi.weights_digest = d;
-        }
-        res.worker = &wi;
-        wire_header_init(&h, PSNET__MSG_TYPE__MSG_RESULT);
-        h.body_case = PSNET__HEADER__BODY_RESULT;
-        h.result = &res;
-        return session_request(w->session, &h, PSNET__MSG_TYPE__MSG_RESULT_REP, PSNET_RESULT_TIMEOUT_MS,
-                               on_result_rep, w);
+        /* The weights evaluated: the last round's. */
+        return follow_result(w->session, &w->fo.job, &wi, w->params, PSNET_RESULT_TIMEOUT_MS, on_result_rep, w);
 }
 
 int psnet_worker_result(PsnetWorker *w, bool has_accuracy, float accuracy, PsnetResultFn done, void *ud) {
@@ -681,8 +639,8 @@ int psnet_worker_leave(PsnetWorker *w, PsnetDoneFn done, void *ud) {
 
 /* --- accessors ------------------------------------------------------------------------ */
 
-const Job *psnet_worker_job(const PsnetWorker *w) { return w->has_job ? &w->job : NULL; }
-const ShardMap *psnet_worker_map(const PsnetWorker *w) { return w->map; }
+const Job *psnet_worker_job(const PsnetWorker *w) { return w->fo.has_job ? &w->fo.job : NULL; }
+const ShardMap *psnet_worker_map(const PsnetWorker *w) { return w->fo.map; }
 int64_t psnet_worker_round_clock(const PsnetWorker *w) { return w->round_clock; }
 
 uint64_t psnet_worker_stale_pushes(const PsnetWorker *w) {
@@ -694,24 +652,15 @@ size_t psnet_worker_shm_shards(const PsnetWorker *w) {
 uint32_t psnet_worker_id(const PsnetWorker *w) { return session_id(w->session); }
 uint32_t psnet_worker_rank(const PsnetWorker *w) { return w->rank; }
 
-PsnetJobState psnet_worker_job_state(const PsnetWorker *w) {
-        switch (w->has_state ? w->state : JOB_WAITING) {
-        case JOB_RUNNING: return PSNET_JOB_RUNNING;
-        case JOB_DONE: return PSNET_JOB_DONE;
-        case JOB_STOPPED: return PSNET_JOB_STOPPED;
-        case JOB_FAILED: return PSNET_JOB_FAILED;
-        case JOB_WAITING: break;
-        }
-        return PSNET_JOB_WAITING;
-}
+PsnetJobState psnet_worker_job_state(const PsnetWorker *w) { return follow_public_state(&w->fo); }
 uint32_t psnet_worker_count(const PsnetWorker *w) { return w->nworkers; }
 int64_t psnet_worker_start_clock(const PsnetWorker *w) { return w->start_clock; }
 int64_t psnet_worker_base_clock(const PsnetWorker *w) { return w->sched.base_clock; }
-const char *psnet_job_model(const PsnetWorker *w) { return w->has_job ? w->job.model : NULL; }
-size_t psnet_job_ntensors(const PsnetWorker *w) { return w->has_job ? w->job.ntensors : 0; }
-uint32_t psnet_job_batch(const PsnetWorker *w) { return w->job.batch; }
-uint32_t psnet_job_epochs(const PsnetWorker *w) { return w->job.epochs; }
-const char *psnet_job_dataset(const PsnetWorker *w) { return w->has_job ? w->job.dataset : NULL; }
+const char *psnet_job_model(const PsnetWorker *w) { return w->fo.has_job ? w->fo.job.model : NULL; }
+size_t psnet_job_ntensors(const PsnetWorker *w) { return w->fo.has_job ? w->fo.job.ntensors : 0; }
+uint32_t psnet_job_batch(const PsnetWorker *w) { return w->fo.job.batch; }
+uint32_t psnet_job_epochs(const PsnetWorker *w) { return w->fo.job.epochs; }
+const char *psnet_job_dataset(const PsnetWorker *w) { return w->fo.has_job ? w->fo.job.dataset : NULL; }
 uint64_t psnet_job_samples_at(const PsnetWorker *w, int64_t clock) { return schedule_samples_at(&w->sched, clock); }
 int64_t psnet_job_end_clock(PsnetWorker *w, uint64_t total) {
         w->total = total;
@@ -719,13 +668,13 @@ int64_t psnet_job_end_clock(PsnetWorker *w, uint64_t total) {
 }
 
 int psnet_job_model_json(const PsnetWorker *w, char *buf, size_t n) {
-        if (!w->has_job)
+        if (!w->fo.has_job)
                 return -ENOENT;
         ModelDesc *d = ps_calloc(1, sizeof *d);
         if (!d)
                 return -ENOMEM;
         char err[256];
-        int r = modeldesc_parse(w->job.model, d, err, sizeof err);
+        int r = modeldesc_parse(w->fo.job.model, d, err, sizeof err);
         if (r == 0)
                 r = modeldesc_json(d, buf, n);
         ps_free(d);
@@ -733,9 +682,9 @@ int psnet_job_model_json(const PsnetWorker *w, char *buf, size_t n) {
 }
 
 const char *psnet_job_tensor_name(const PsnetWorker *w, size_t t) {
-        return w->has_job && t < w->job.ntensors ? w->job.tensors[t].name : NULL;
+        return w->fo.has_job && t < w->fo.job.ntensors ? w->fo.job.tensors[t].name : NULL;
 }
 
 uint64_t psnet_job_tensor_numel(const PsnetWorker *w, size_t t) {
-        return w->has_job && t < w->job.ntensors ? w->job.tensors[t].numel : 0;
+        return w->fo.has_job && t < w->fo.job.ntensors ? w->fo.job.tensors[t].numel : 0;
 }

@@ -193,6 +193,147 @@ int psnet_worker_result(PsnetWorker *w, bool has_accuracy, float accuracy, Psnet
 typedef void (*PsnetDoneFn)(PsnetWorker *w, void *ud);
 int psnet_worker_leave(PsnetWorker *w, PsnetDoneFn done, void *ud);
 
+/* --- Federated edge clients -----------------------------------------------------------
+ *
+ * A PsnetEdge is one federated client (role edge) on the caller's libuv loop:
+ * it registers with pscoord, learns the federated job (mode fed or fedasync)
+ * and, for each round pscoord samples it for, tells the caller with a round
+ * event. The caller pulls the round's model, trains on its own data, writes
+ * its update (its weights after training minus the pulled ones) into the
+ * client's update buffers and pushes it with its example count. What the job
+ * asks of an update is done here, the same for every client: clipping to the
+ * job's --dp-clip, its --compress codec with error feedback, and with --secagg
+ * the key and share exchanges with pscoord and the masking; the caller sees
+ * none of it. The data never leaves the caller: only the update goes out.
+ *
+ *     psnet_edge_new(loop, &opts, &events, ud, &e);
+ *     events.job(e): load the data; psnet_edge_set_examples(e, n)
+ *     events.round(e, rd): psnet_edge_pull(e, rd->number, params, pulled, ud)
+ *     pulled: train; psnet_edge_update(e, &upd); upd[t][i] = w[t][i] - w0[t][i];
+ *             psnet_edge_push(e, rd->number, n, loss, pushed, ud)
+ *     rd->evaluate: pull (number 0), test, psnet_edge_report(e, rd, accuracy, loss, done, ud)
+ *     events.end(e, state): psnet_edge_leave(e, left, ud)
+ *
+ * Several clients of one process (a simulation of many) share one ZeroMQ
+ * context and one key: PsnetEdgeOptions.share. */
+typedef struct PsnetEdge PsnetEdge;
+
+typedef struct PsnetEdgeOptions {
+        const char *coord;              /* pscoord endpoint, e.g. tcp://coord:7000 */
+        unsigned connect_timeout_ms;    /* first registration gives up after this (0: 10 s) */
+        unsigned round_timeout_ms;      /* a pull or push gives up after this (0: 120 s) */
+        const char *keys_dir;           /* CURVE: directory of psctl keys gen (NULL: no encryption) */
+        const char *key_name;           /* CURVE: this client's key in keys_dir (NULL: "edge") */
+        const char *coord_key_name;     /* CURVE: pscoord's key in keys_dir (NULL: "pscoord") */
+        PsnetEdge *share;               /* another client of this process whose ZeroMQ context and keys this
+                                         * one uses (NULL: its own; keys_dir and the key names are then
+                                         * ignored). Either may be freed first. */
+        unsigned clients;               /* without share: how many clients will share this one's context
+                                         * (sizes its socket table; 0: 1) */
+} PsnetEdgeOptions;
+
+/* A request of pscoord's: train for a round, or test a model. */
+typedef struct PsnetEdgeRound {
+        uint64_t number;        /* pscoord's number for it: the pull, push and report name it */
+        uint32_t round;         /* training: the aggregated round it makes (0: not said). evaluate: the
+                                 * rounds in the model to test (0: the final model, reported as the
+                                 * job's result) */
+        bool evaluate;          /* test the model on the client's test data instead of training */
+        unsigned timeout_ms;    /* the round closes this long after it opened (0: not said) */
+} PsnetEdgeRound;
+
+typedef struct PsnetEdgeEvents {
+        /* Registered with pscoord (again, after pscoord restarted). May be NULL. */
+        void (*registered)(PsnetEdge *e, bool again, void *ud);
+        /* Could not join: err -ETIMEDOUT (pscoord did not answer), -ECONNREFUSED
+         * or -EACCES (refused; reason says why), -EINVAL (the job is not a
+         * federated one, or does not validate). */
+        void (*failed)(PsnetEdge *e, int err, const char *reason, void *ud);
+        /* The federated job (psnet_edge_job_*): load the data. Called once. */
+        void (*job)(PsnetEdge *e, void *ud);
+        /* pscoord asks for a round (rd valid during the call); one may come
+         * while the caller is still busy with an earlier one. */
+        void (*round)(PsnetEdge *e, const PsnetEdgeRound *rd, void *ud);
+        /* The job ended (state DONE, STOPPED or FAILED): leave. Called once. */
+        void (*end)(PsnetEdge *e, PsnetJobState state, void *ud);
+} PsnetEdgeEvents;
+
+/* -EINVAL for unusable options or keys (logged with the reason). */
+int psnet_edge_new(uv_loop_t *loop, const PsnetEdgeOptions *opts, const PsnetEdgeEvents *events, void *ud,
+                   PsnetEdge **ret);
+/* Closes everything (no deregistration: see psnet_edge_leave); a pull, push
+ * or report in progress ends without its callback. NULL is fine. */
+PsnetEdge *psnet_edge_free(PsnetEdge *e);
+
+uint32_t psnet_edge_id(const PsnetEdge *e);   /* pscoord's id for this client (0: not registered) */
+/* The job, once the job event came (NULL and 0 before). */
+const char *psnet_edge_job_model(const PsnetEdge *e);
+size_t psnet_edge_job_ntensors(const PsnetEdge *e);
+const char *psnet_edge_job_tensor_name(const PsnetEdge *e, size_t t);
+uint64_t psnet_edge_job_tensor_numel(const PsnetEdge *e, size_t t);
+uint32_t psnet_edge_job_batch(const PsnetEdge *e);
+uint32_t psnet_edge_job_local_epochs(const PsnetEdge *e);
+float psnet_edge_job_lr(const PsnetEdge *e);
+float psnet_edge_job_prox_mu(const PsnetEdge *e);      /* FedProx's mu (0: plain FedAvg) */
+uint64_t psnet_edge_job_seed(const PsnetEdge *e);
+bool psnet_edge_job_async(const PsnetEdge *e);         /* fedasync: rounds are tasks, numbered alone */
+
+/* The number of training examples this client holds: sent with its keys
+ * in a --secagg job (which wait for it), and with each update. */
+void psnet_edge_set_examples(PsnetEdge *e, uint64_t examples);
+
+/* Pulls the model into params (one buffer per tensor, numel floats each,
+ * kept until done): the round's (number, as the round event gave it), or
+ * with number 0 the model as it is now (to test it). done's rounds: the
+ * aggregated rounds in the model pulled. -EBUSY while a pull runs. The
+ * last pull's params are the weights psnet_edge_report digests. */
+typedef void (*PsnetEdgePullFn)(PsnetEdge *e, int r, int64_t rounds, void *ud);
+int psnet_edge_pull(PsnetEdge *e, uint64_t number, float *const *params, PsnetEdgePullFn done, void *ud);
+
+/* The client's update buffers (one per tensor, numel floats each, in
+ * ret[t]; made on the first call after the last push ended): write the
+ * update there, then push it. -EBUSY while a push runs. */
+int psnet_edge_update(PsnetEdge *e, float *const **ret);
+/* What came of a push: the update's L2 norm before clipping, whether it was
+ * clipped to the job's --dp-clip, its bytes as sent and as f32, and
+ * pscoord's reason when it did not count. */
+typedef struct PsnetEdgePushInfo {
+        double norm;
+        bool clipped;
+        uint64_t bytes, bytes_raw;
+        char reason[160];
+} PsnetEdgePushInfo;
+/* r in done: 0 (pscoord counted the update), -ESTALE (it came after its
+ * round closed: not counted), -ECANCELED (dropped: a --secagg round went on
+ * without it, or the job ended), -ERANGE (the update holds NaN or infinity:
+ * nothing sent), or another error (logged). info is valid during the call. */
+typedef void (*PsnetEdgePushFn)(PsnetEdge *e, int r, const PsnetEdgePushInfo *info, void *ud);
+/* Pushes the update buffers' content as this client's update of round
+ * number, trained on examples examples with mean loss loss: clipped,
+ * encoded (and masked) here, sent to every shard, then told to pscoord,
+ * which counts it if its round is still open. The buffers are the
+ * library's again until done. -ESTALE at once when a --secagg round was
+ * sampled again since (its peers went on without this one), -EBUSY while
+ * a push runs, -EINVAL without psnet_edge_update. */
+int psnet_edge_push(PsnetEdge *e, uint64_t number, uint64_t examples, float loss, PsnetEdgePushFn done, void *ud);
+
+/* Drops an update that waits for its round's peers (--secagg; its done
+ * gets -ECANCELED): for a caller that stops. One on its way to the shards
+ * goes on. */
+void psnet_edge_abandon(PsnetEdge *e);
+
+/* Reports a test of the model rd asked for (rd as the round event gave it):
+ * its accuracy (0..1) and loss on the client's test data, for the model the
+ * last pull wrote (a test's report names the rounds the pull found in it).
+ * A final model's (rd->round 0) is the job's result, with a digest of those
+ * weights (which must be unchanged since). */
+typedef void (*PsnetEdgeDoneFn)(PsnetEdge *e, int r, void *ud);
+int psnet_edge_report(PsnetEdge *e, const PsnetEdgeRound *rd, float accuracy, float loss, PsnetEdgeDoneFn done,
+                      void *ud);
+/* Leaves the job (answered or not within a second), then done (may be NULL);
+ * a push that waits for its round's peers is dropped first. */
+int psnet_edge_leave(PsnetEdge *e, PsnetEdgeDoneFn done, void *ud);
+
 /* --- Blocking -------------------------------------------------------------------------
  *
  * The same worker for callers without a libuv loop (Python through ctypes, a

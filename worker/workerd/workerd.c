@@ -7,7 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include "config.h"
-#include "edge.h"
+#include "edge-fleet.h"
 #include "log.h"
 #include "trainer.h"
 

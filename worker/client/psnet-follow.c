@@ -1,0 +1,102 @@
+/* What every libpsnet client takes from pscoord and tells it; see psnet-follow.h. */
+#include <errno.h>
+#include "hash.h"
+#include "log.h"
+#include "psnet-follow.h"
+#include "wire-job.h"
+
+/* pm as a map of f's job (job set), or NULL after logging why not. */
+static ShardMap *map_of_job(const Job *job, const Psnet__ShardMap *pm) {
+        ShardMap *m;
+        if (shardmap_from_proto(pm, &m) < 0) {
+                log_error("pscoord sent a shard map that does not validate");
+                return NULL;
+        }
+        if (!shardmap_fits_job(m, job)) {
+                log_error("pscoord sent a shard map of other keys than its job's");
+                return shardmap_free(m);
+        }
+        return m;
+}
+
+int follow_job(Follow *f, const Psnet__Config *ctl) {
+        char err[192];
+        if (f->has_job || !ctl->job || !ctl->map)
+                return 0;
+        Job job;
+        if (job_from_proto(ctl->job, &job, err, sizeof err) < 0) {
+                log_error("pscoord sent a job that does not validate reason=\"%s\"", err);
+                return -EINVAL;
+        }
+        ShardMap *m = map_of_job(&job, ctl->map);
+        if (!m)
+                return -EINVAL;
+        f->job = job;
+        f->map = m;
+        f->has_job = true;
+        return 1;
+}
+
+int follow_map(Follow *f, const Psnet__Config *ctl) {
+        if (!f->has_job || !ctl->map || (ctl->job && ctl->job->id != f->job.id) ||
+            (f->map && ctl->map->epoch <= shardmap_epoch(f->map)))
+                return 0;
+        ShardMap *m = map_of_job(&f->job, ctl->map);
+        if (!m)
+                return -EINVAL;
+        shardmap_free(f->map);
+        f->map = m;
+        return 1;
+}
+
+bool follow_state(Follow *f, const Psnet__Config *ctl) {
+        JobState st;
+        if (job_state_from_proto(ctl->job_state, &st) < 0)
+                return false;
+        f->state = st;
+        f->has_state = true;
+        return true;
+}
+
+bool follow_ended(const Follow *f) {
+        return f->has_state && job_state_final(f->state);
+}
+
+PsnetJobState follow_public_state(const Follow *f) {
+        switch (f->has_state ? f->state : JOB_WAITING) {
+        case JOB_RUNNING: return PSNET_JOB_RUNNING;
+        case JOB_DONE: return PSNET_JOB_DONE;
+        case JOB_STOPPED: return PSNET_JOB_STOPPED;
+        case JOB_FAILED: return PSNET_JOB_FAILED;
+        case JOB_WAITING: break;
+        }
+        return PSNET_JOB_WAITING;
+}
+
+void follow_done(Follow *f) {
+        f->map = shardmap_free(f->map);
+        f->has_job = false;
+}
+
+uint64_t follow_digest(const Job *job, float *const *params) {
+        uint64_t d = FNV1A64_INIT;
+        for (size_t t = 0; params && t < job->ntensors; t++)
+                if (params[t])
+                        d = fnv1a64(d, params[t], job->tensors[t].numel * sizeof(float));
+        return d;
+}
+
+int follow_result(Session *s, const Job *job, Psnet__WorkerInfo *wi, float *const *params, unsigned timeout_ms,
+                  SessionReplyFn cb, void *ud) {
+        Psnet__Header h;
+        Psnet__Result res = PSNET__RESULT__INIT;
+        if (wi->has_accuracy && params) {
+                wi->has_weights_digest = true;
+                wi->weights_digest = follow_digest(job, params);
+        }
+        res.worker = wi;
+        wire_header_init(&h, PSNET__MSG_TYPE__MSG_RESULT);
+        h.body_case = PSNET__HEADER__BODY_RESULT;
+        h.result = &res;
+        return session_request(s, &h, PSNET__MSG_TYPE__MSG_RESULT_REP, timeout_ms, cb, ud);
+}
