@@ -32,55 +32,63 @@ static int fail(char *reason, size_t len, int status, const char *fmt, ...) {
         return status;
 }
 
-/* Every message type: its name, whether payload frames follow the header, and
- * the body it must carry (NOT_SET: none). */
+/* Every message type, the one table a new type is added to (and a row in
+ * the handler table of the daemon that serves it): its name, whether payload
+ * frames follow the header, the body it must carry (NOT_SET: none), and the
+ * roles (with --keys) that may send it to pscoord and to a shard (0: that
+ * daemon serves it to no one). REGISTER's role must be the key's: pscoord
+ * checks. A shard serves an edge's PULL and PUSH only in a federated job,
+ * and an operator's PULL (psctl export) only reads. */
 #define B(x) PSNET__HEADER__BODY_##x
-static const struct {
-        int type;
-        const char *name;
-        bool frames;
-        int body;
-} types[] = {
-        { PSNET__MSG_TYPE__MSG_ERROR, "ERROR", false, B(_NOT_SET) },
-        { PSNET__MSG_TYPE__MSG_PULL, "PULL", false, B(_NOT_SET) },
-        { PSNET__MSG_TYPE__MSG_PULL_REP, "PULL_REP", true, B(_NOT_SET) },
-        { PSNET__MSG_TYPE__MSG_PUSH, "PUSH", true, B(_NOT_SET) },
-        { PSNET__MSG_TYPE__MSG_PUSH_ACK, "PUSH_ACK", false, B(_NOT_SET) },
-        { PSNET__MSG_TYPE__MSG_REGISTER, "REGISTER", false, B(REG) },
-        { PSNET__MSG_TYPE__MSG_REGISTER_REP, "REGISTER_REP", false, B(REG_REP) },
-        { PSNET__MSG_TYPE__MSG_HEARTBEAT, "HEARTBEAT", false, B(HEARTBEAT) },
-        { PSNET__MSG_TYPE__MSG_HEARTBEAT_REP, "HEARTBEAT_REP", false, B(_NOT_SET) },
-        { PSNET__MSG_TYPE__MSG_DEREGISTER, "DEREGISTER", false, B(_NOT_SET) },
-        { PSNET__MSG_TYPE__MSG_CONFIG, "CONFIG", false, B(CONFIG) },
-        { PSNET__MSG_TYPE__MSG_STATUS, "STATUS", false, B(_NOT_SET) },
-        { PSNET__MSG_TYPE__MSG_STATUS_REP, "STATUS_REP", false, B(STATUS_REP) },
-        { PSNET__MSG_TYPE__MSG_JOB_SUBMIT, "JOB_SUBMIT", false, B(SUBMIT) },
-        { PSNET__MSG_TYPE__MSG_JOB_STOP, "JOB_STOP", false, B(_NOT_SET) },
-        { PSNET__MSG_TYPE__MSG_JOB_REP, "JOB_REP", false, B(JOB_REP) },
-        { PSNET__MSG_TYPE__MSG_RESULT, "RESULT", false, B(RESULT) },
-        { PSNET__MSG_TYPE__MSG_DEREGISTER_REP, "DEREGISTER_REP", false, B(_NOT_SET) },
-        { PSNET__MSG_TYPE__MSG_DRAIN, "DRAIN", false, B(WORKER) },
-        { PSNET__MSG_TYPE__MSG_JOB_MODE, "JOB_MODE", false, B(MODE) },
-        { PSNET__MSG_TYPE__MSG_FENCE, "FENCE", false, B(_NOT_SET) },
-        { PSNET__MSG_TYPE__MSG_FENCE_REP, "FENCE_REP", false, B(FENCE_REP) },
-        { PSNET__MSG_TYPE__MSG_CHUNK_STATE, "CHUNK_STATE", true, B(CHUNK_STATE) },
-        { PSNET__MSG_TYPE__MSG_CHUNK_ACK, "CHUNK_ACK", false, B(_NOT_SET) },
-        { PSNET__MSG_TYPE__MSG_SHARD_ADD, "SHARD_ADD", false, B(SHARD) },
-        { PSNET__MSG_TYPE__MSG_SHARD_REMOVE, "SHARD_REMOVE", false, B(SHARD) },
-        { PSNET__MSG_TYPE__MSG_RESULT_REP, "RESULT_REP", false, B(RESULT_REP) },
-        { PSNET__MSG_TYPE__MSG_REPLICATE, "REPLICATE", true, B(REPLICATE) },
-        { PSNET__MSG_TYPE__MSG_REPLICATE_ACK, "REPLICATE_ACK", false, B(_NOT_SET) },
-        { PSNET__MSG_TYPE__MSG_CHECKPOINT, "CHECKPOINT", false, B(CHECKPOINT) },
-        { PSNET__MSG_TYPE__MSG_CHECKPOINT_REP, "CHECKPOINT_REP", false, B(CHECKPOINT_REP) },
-        { PSNET__MSG_TYPE__MSG_CHECKPOINT_LIST, "CHECKPOINT_LIST", false, B(_NOT_SET) },
-        { PSNET__MSG_TYPE__MSG_CHECKPOINT_LIST_REP, "CHECKPOINT_LIST_REP", false, B(CHECKPOINT_LIST) },
-        { PSNET__MSG_TYPE__MSG_CHECKPOINT_RESTORE, "CHECKPOINT_RESTORE", false, B(CHECKPOINT) },
-        { PSNET__MSG_TYPE__MSG_ROUND, "ROUND", false, B(ROUND) },
-        { PSNET__MSG_TYPE__MSG_ROUND_REP, "ROUND_REP", false, B(ROUND) },
-        { PSNET__MSG_TYPE__MSG_HISTORY, "HISTORY", false, B(_NOT_SET) },
-        { PSNET__MSG_TYPE__MSG_HISTORY_REP, "HISTORY_REP", false, B(HISTORY) },
+#define A WIRE_ROLE(PSNET__ROLE__ROLE_ADMIN)
+#define S WIRE_ROLE(PSNET__ROLE__ROLE_SERVER)
+#define W WIRE_ROLE(PSNET__ROLE__ROLE_WORKER)
+#define E WIRE_ROLE(PSNET__ROLE__ROLE_EDGE)
+static const WireType types[] = {
+        { PSNET__MSG_TYPE__MSG_ERROR, "ERROR", false, B(_NOT_SET), 0, 0 },
+        { PSNET__MSG_TYPE__MSG_PULL, "PULL", false, B(_NOT_SET), 0, A | W | E },
+        { PSNET__MSG_TYPE__MSG_PULL_REP, "PULL_REP", true, B(_NOT_SET), 0, 0 },
+        { PSNET__MSG_TYPE__MSG_PUSH, "PUSH", true, B(_NOT_SET), 0, W | E },
+        { PSNET__MSG_TYPE__MSG_PUSH_ACK, "PUSH_ACK", false, B(_NOT_SET), 0, 0 },
+        { PSNET__MSG_TYPE__MSG_REGISTER, "REGISTER", false, B(REG), S | W | E, 0 },
+        { PSNET__MSG_TYPE__MSG_REGISTER_REP, "REGISTER_REP", false, B(REG_REP), 0, 0 },
+        { PSNET__MSG_TYPE__MSG_HEARTBEAT, "HEARTBEAT", false, B(HEARTBEAT), S | W | E, 0 },
+        { PSNET__MSG_TYPE__MSG_HEARTBEAT_REP, "HEARTBEAT_REP", false, B(_NOT_SET), 0, 0 },
+        { PSNET__MSG_TYPE__MSG_DEREGISTER, "DEREGISTER", false, B(_NOT_SET), S | W | E, 0 },
+        { PSNET__MSG_TYPE__MSG_CONFIG, "CONFIG", false, B(CONFIG), 0, 0 },
+        { PSNET__MSG_TYPE__MSG_STATUS, "STATUS", false, B(_NOT_SET), A, 0 },
+        { PSNET__MSG_TYPE__MSG_STATUS_REP, "STATUS_REP", false, B(STATUS_REP), 0, 0 },
+        { PSNET__MSG_TYPE__MSG_JOB_SUBMIT, "JOB_SUBMIT", false, B(SUBMIT), A, 0 },
+        { PSNET__MSG_TYPE__MSG_JOB_STOP, "JOB_STOP", false, B(_NOT_SET), A, 0 },
+        { PSNET__MSG_TYPE__MSG_JOB_REP, "JOB_REP", false, B(JOB_REP), 0, 0 },
+        { PSNET__MSG_TYPE__MSG_RESULT, "RESULT", false, B(RESULT), W | E, 0 },
+        { PSNET__MSG_TYPE__MSG_DEREGISTER_REP, "DEREGISTER_REP", false, B(_NOT_SET), 0, 0 },
+        { PSNET__MSG_TYPE__MSG_DRAIN, "DRAIN", false, B(WORKER), A, 0 },
+        { PSNET__MSG_TYPE__MSG_JOB_MODE, "JOB_MODE", false, B(MODE), A, 0 },
+        { PSNET__MSG_TYPE__MSG_FENCE, "FENCE", false, B(_NOT_SET), 0, 0 },
+        { PSNET__MSG_TYPE__MSG_FENCE_REP, "FENCE_REP", false, B(FENCE_REP), S, 0 },
+        { PSNET__MSG_TYPE__MSG_CHUNK_STATE, "CHUNK_STATE", true, B(CHUNK_STATE), 0, S },
+        { PSNET__MSG_TYPE__MSG_CHUNK_ACK, "CHUNK_ACK", false, B(_NOT_SET), 0, 0 },
+        { PSNET__MSG_TYPE__MSG_SHARD_ADD, "SHARD_ADD", false, B(SHARD), A, 0 },
+        { PSNET__MSG_TYPE__MSG_SHARD_REMOVE, "SHARD_REMOVE", false, B(SHARD), A, 0 },
+        { PSNET__MSG_TYPE__MSG_RESULT_REP, "RESULT_REP", false, B(RESULT_REP), 0, 0 },
+        { PSNET__MSG_TYPE__MSG_REPLICATE, "REPLICATE", true, B(REPLICATE), 0, S },
+        { PSNET__MSG_TYPE__MSG_REPLICATE_ACK, "REPLICATE_ACK", false, B(_NOT_SET), 0, 0 },
+        { PSNET__MSG_TYPE__MSG_CHECKPOINT, "CHECKPOINT", false, B(CHECKPOINT), A, 0 },
+        { PSNET__MSG_TYPE__MSG_CHECKPOINT_REP, "CHECKPOINT_REP", false, B(CHECKPOINT_REP), S, 0 },
+        { PSNET__MSG_TYPE__MSG_CHECKPOINT_LIST, "CHECKPOINT_LIST", false, B(_NOT_SET), A, 0 },
+        { PSNET__MSG_TYPE__MSG_CHECKPOINT_LIST_REP, "CHECKPOINT_LIST_REP", false, B(CHECKPOINT_LIST), 0, 0 },
+        { PSNET__MSG_TYPE__MSG_CHECKPOINT_RESTORE, "CHECKPOINT_RESTORE", false, B(CHECKPOINT), A, 0 },
+        { PSNET__MSG_TYPE__MSG_ROUND, "ROUND", false, B(ROUND), 0, 0 },
+        { PSNET__MSG_TYPE__MSG_ROUND_REP, "ROUND_REP", false, B(ROUND), S | E, 0 },
+        { PSNET__MSG_TYPE__MSG_HISTORY, "HISTORY", false, B(_NOT_SET), A, 0 },
+        { PSNET__MSG_TYPE__MSG_HISTORY_REP, "HISTORY_REP", false, B(HISTORY), 0, 0 },
 };
 #undef B
+#undef A
+#undef S
+#undef W
+#undef E
 
 static int type_index(int t) {
         for (size_t i = 0; i < sizeof types / sizeof types[0]; i++)
@@ -92,6 +100,16 @@ static int type_index(int t) {
 const char *wire_type_name(int type) {
         int i = type_index(type);
         return i < 0 ? "?" : types[i].name;
+}
+
+const WireType *wire_type(int type) {
+        int i = type_index(type);
+        return i < 0 ? NULL : &types[i];
+}
+
+const WireType *wire_types(size_t *ret_n) {
+        *ret_n = sizeof types / sizeof types[0];
+        return types;
 }
 
 /* The name of a body case, for reasons. */

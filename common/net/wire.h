@@ -59,6 +59,24 @@ int wire_validate(const Psnet__Header *hdr, const zmq_msg_t *frames, size_t nfra
 /* "PUSH", "REGISTER", ... ("?" for an unknown type). */
 const char *wire_type_name(int type);
 
+/* Role bits (a Psnet__Role's) for WireType's masks. */
+#define WIRE_ROLE(r) (1u << (r))
+/* A message type as the one table in wire.c has it: its name, whether tensor
+ * frames follow the header, the body it carries, and the roles that may send
+ * it to pscoord (at_coord) and to a shard (at_shard), 0 where that daemon
+ * serves it to no one. */
+typedef struct WireType {
+        int type;
+        const char *name;
+        bool frames;
+        int body;
+        unsigned at_coord, at_shard;
+} WireType;
+/* The row of type, or NULL for a type the protocol does not have. */
+const WireType *wire_type(int type);
+/* Every row (for the daemons' tables' tests). */
+const WireType *wire_types(size_t *ret_n);
+
 /* Initialises a header with version and type set. */
 void wire_header_init(Psnet__Header *hdr, Psnet__MsgType type);
 

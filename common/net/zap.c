@@ -166,54 +166,11 @@ Zap *zap_free(Zap *z) {
         return NULL;
 }
 
-/* --- which role sends what ---------------------------------------------------- */
-
-#define A ROLE_BIT(PSNET__ROLE__ROLE_ADMIN)
-#define S ROLE_BIT(PSNET__ROLE__ROLE_SERVER)
-#define W ROLE_BIT(PSNET__ROLE__ROLE_WORKER)
-#define E ROLE_BIT(PSNET__ROLE__ROLE_EDGE)
+/* --- which role sends what: the message table's (wire.c) ---------------------------- */
 
 static unsigned allowed_roles(int type, bool at_coord) {
-        if (at_coord)
-                switch (type) {
-                case PSNET__MSG_TYPE__MSG_STATUS:
-                case PSNET__MSG_TYPE__MSG_JOB_SUBMIT:
-                case PSNET__MSG_TYPE__MSG_JOB_STOP:
-                case PSNET__MSG_TYPE__MSG_DRAIN:
-                case PSNET__MSG_TYPE__MSG_JOB_MODE:
-                case PSNET__MSG_TYPE__MSG_SHARD_ADD:
-                case PSNET__MSG_TYPE__MSG_SHARD_REMOVE:
-                case PSNET__MSG_TYPE__MSG_CHECKPOINT:
-                case PSNET__MSG_TYPE__MSG_CHECKPOINT_LIST:
-                case PSNET__MSG_TYPE__MSG_CHECKPOINT_RESTORE:
-                case PSNET__MSG_TYPE__MSG_HISTORY:
-                        return A;
-                case PSNET__MSG_TYPE__MSG_REGISTER: /* the role registered must match the key's: pscoord checks */
-                case PSNET__MSG_TYPE__MSG_HEARTBEAT:
-                case PSNET__MSG_TYPE__MSG_DEREGISTER:
-                        return S | W | E;
-                case PSNET__MSG_TYPE__MSG_FENCE_REP:
-                case PSNET__MSG_TYPE__MSG_CHECKPOINT_REP:
-                        return S;
-                case PSNET__MSG_TYPE__MSG_ROUND_REP: /* shards: a round opened or closed; edges: an update */
-                        return S | E;
-                case PSNET__MSG_TYPE__MSG_RESULT:
-                        return W | E;
-                default:
-                        return 0;
-                }
-        switch (type) {
-        case PSNET__MSG_TYPE__MSG_PULL:
-                return A | W | E; /* an operator reads the values (psctl export); the shard serves an edge
-                                     only in a federated job (psd-server.c) */
-        case PSNET__MSG_TYPE__MSG_PUSH:
-                return W | E;
-        case PSNET__MSG_TYPE__MSG_CHUNK_STATE:
-        case PSNET__MSG_TYPE__MSG_REPLICATE:
-                return S;
-        default:
-                return 0;
-        }
+        const WireType *t = wire_type(type);
+        return !t ? 0 : at_coord ? t->at_coord : t->at_shard;
 }
 
 bool zap_may_send(Psnet__Role role, int type, bool at_coord) {
@@ -229,7 +186,7 @@ const char *zap_roles_for(int type, bool at_coord, char *buf, size_t n) {
         size_t k = 0;
         buf[0] = '\0';
         for (size_t i = 0; i < ELEMENTSOF(order); i++)
-                if (m & ROLE_BIT(order[i]))
+                if (m & WIRE_ROLE(order[i]))
                         k += (size_t) snprintf(buf + k, k < n ? n - k : 0, "%s%s", k ? " or " : "", role_name(order[i]));
         if (!m)
                 snprintf(buf, n, "no one");

@@ -11,8 +11,8 @@
 #include "keys.h"
 #include "wire.h"
 
-/* Role bits for zap_new's mask. */
-#define ROLE_BIT(r) (1u << (r))
+/* Role bits for zap_new's mask (wire.h's). */
+#define ROLE_BIT(r) WIRE_ROLE(r)
 
 typedef struct Zap Zap;
 
@@ -25,7 +25,8 @@ size_t zap_keys(const Zap *z);
 Zap *zap_free(Zap *z);
 
 /* May a peer of this role send this message type to pscoord (at_coord) or to
- * psd? Without keys (role NONE) everything may. */
+ * psd, as the message table (wire.c) says? Without keys (role NONE)
+ * everything may. */
 bool zap_may_send(Psnet__Role role, int type, bool at_coord);
 /* The daemon's check on every message: without keys (id NULL or disabled)
  * anything is allowed; with keys the sender's role must be one that may send

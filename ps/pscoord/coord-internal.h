@@ -20,6 +20,7 @@
 #include "alloc.h"
 #include "boundary.h"
 #include "coord.h"
+#include "dispatch.h"
 #include "endpoint.h"
 #include "errors.h"
 #include "keys.h"
@@ -251,7 +252,9 @@ typedef struct Coord {
         Zap *zap;
 } Coord;
 
-/* --- replies (coord.c) */
+/* --- the messages pscoord serves and replies (coord.c) */
+/* Its handler table (dispatch.h), one row per message type it serves. */
+extern const DispatchTable coord_dispatch;
 int coord_reply_hdr(Coord *c, const zmq_msg_t *route, Psnet__Header *h, uint64_t seq);
 int coord_reply(Coord *c, const zmq_msg_t *route, Psnet__MsgType type, uint64_t seq);
 int coord_reply_job(Coord *c, const zmq_msg_t *route, uint64_t seq, const char *message);
@@ -273,6 +276,8 @@ void coord_handle_register(Coord *c, WireMsg *m);
 void coord_handle_heartbeat(Coord *c, WireMsg *m, Peer *p);
 void coord_handle_result(Coord *c, WireMsg *m, Peer *p);
 void coord_handle_drain(Coord *c, WireMsg *m);
+/* A peer leaves (MSG_DEREGISTER): answered, removed, and what its leaving changes. */
+void coord_handle_deregister(Coord *c, WireMsg *m, Peer *p);
 void coord_expire_leases(Coord *c);
 void coord_evict_stragglers(Coord *c);
 

@@ -549,3 +549,17 @@ void coord_evict_stragglers(Coord *c) {
         if (changed)
                 coord_membership_changed(c);
 }
+
+void coord_handle_deregister(Coord *c, WireMsg *m, Peer *p) {
+        Psnet__Role role = p->role;
+        uint32_t id = p->id;
+        log_info("deregistered role=%s id=%u", coord_role_noun(role), id);
+        (void) coord_reply(c, &m->route, PSNET__MSG_TYPE__MSG_DEREGISTER_REP, m->hdr->seq);
+        coord_remove_peer(c, p);
+        if (role == PSNET__ROLE__ROLE_WORKER)
+                coord_membership_changed(c);
+        else if (role == PSNET__ROLE__ROLE_EDGE)
+                coord_fed_poll(c); /* a round it was sampled for need not wait for it */
+        else /* it stopped acknowledging before it said goodbye */
+                coord_shard_lost(c, id, "it stopped");
+}

@@ -41,92 +41,73 @@ int coord_reply_error(Coord *c, const zmq_msg_t *route, uint64_t seq, int status
         return netsock_send_error(c->ctl, route, status, seq, reason);
 }
 
+/* --- the messages pscoord serves: its handler table ------------------------------------ */
+
+#define ROW(name) static void name##_row(void *d, WireMsg *m, void *p) { (void) p; name(d, m); }
+#define PEER_ROW(name) static void name##_row(void *d, WireMsg *m, void *p) { name(d, m, p); }
+ROW(coord_handle_register)
+ROW(coord_handle_status)
+ROW(coord_handle_job_submit)
+ROW(coord_handle_job_stop)
+ROW(coord_handle_drain)
+ROW(coord_handle_job_mode)
+ROW(coord_handle_fence_rep)
+ROW(coord_handle_checkpoint)
+ROW(coord_handle_checkpoint_list)
+ROW(coord_handle_checkpoint_restore)
+ROW(coord_handle_history)
+PEER_ROW(coord_handle_heartbeat)
+PEER_ROW(coord_handle_checkpoint_rep)
+PEER_ROW(coord_handle_result)
+PEER_ROW(coord_handle_round_rep)
+PEER_ROW(coord_handle_deregister)
+static void shard_add_row(void *d, WireMsg *m, void *p) { (void) p; coord_handle_shard_change(d, m, true); }
+static void shard_remove_row(void *d, WireMsg *m, void *p) { (void) p; coord_handle_shard_change(d, m, false); }
+#undef ROW
+#undef PEER_ROW
+
+static void *find_peer(void *d, const WireMsg *m) {
+        return coord_find_route(d, &m->route);
+}
+
+#define T(x) [PSNET__MSG_TYPE__MSG_##x]
+static const DispatchRow rows[] = {
+        T(REGISTER) = { coord_handle_register_row },
+        T(STATUS) = { coord_handle_status_row },
+        T(JOB_SUBMIT) = { coord_handle_job_submit_row },
+        T(JOB_STOP) = { coord_handle_job_stop_row },
+        T(DRAIN) = { coord_handle_drain_row },
+        T(JOB_MODE) = { coord_handle_job_mode_row },
+        T(FENCE_REP) = { coord_handle_fence_rep_row },
+        T(SHARD_ADD) = { shard_add_row },
+        T(SHARD_REMOVE) = { shard_remove_row },
+        T(CHECKPOINT) = { coord_handle_checkpoint_row },
+        T(CHECKPOINT_LIST) = { coord_handle_checkpoint_list_row },
+        T(CHECKPOINT_RESTORE) = { coord_handle_checkpoint_restore_row },
+        T(HISTORY) = { coord_handle_history_row },
+        T(HEARTBEAT) = { coord_handle_heartbeat_row, .needs_peer = true },
+        T(CHECKPOINT_REP) = { coord_handle_checkpoint_rep_row, .needs_peer = true },
+        T(RESULT) = { coord_handle_result_row, .needs_peer = true },
+        T(ROUND_REP) = { coord_handle_round_rep_row, .needs_peer = true },
+        T(DEREGISTER) = { coord_handle_deregister_row, .needs_peer = true },
+};
+#undef T
+
+const DispatchTable coord_dispatch = {
+        .daemon = "pscoord", .at_coord = true, .rows = rows, .nrows = ELEMENTSOF(rows), .find_peer = find_peer,
+        .no_peer_reason = "not registered (or the lease expired): register first",
+};
+
 static void handle_message(Coord *c, WireMsg *m) {
-        Psnet__Header *h = m->hdr;
-        char reason[128];
-        if (zap_authorize(&c->id, m, true, reason, sizeof reason) < 0) {
+        char reason[160];
+        int st = dispatch_message(&coord_dispatch, &c->id, c, m, reason, sizeof reason);
+        if (st == PSNET__STATUS__STATUS_DENIED) {
                 c->errors++;
                 log_warning("refused request reason=\"%s\" status=denied key=%s name=%s", reason,
                             m->peer.fingerprint[0] ? m->peer.fingerprint : "-", m->peer.name[0] ? m->peer.name : "-");
-                (void) netsock_send_error(c->ctl, &m->route, PSNET__STATUS__STATUS_DENIED, h->seq, reason);
-                return;
-        }
-        switch (h->type) {
-        case PSNET__MSG_TYPE__MSG_REGISTER:
-                coord_handle_register(c, m);
-                return;
-        case PSNET__MSG_TYPE__MSG_STATUS:
-                coord_handle_status(c, m);
-                return;
-        case PSNET__MSG_TYPE__MSG_JOB_SUBMIT:
-                coord_handle_job_submit(c, m);
-                return;
-        case PSNET__MSG_TYPE__MSG_JOB_STOP:
-                coord_handle_job_stop(c, m);
-                return;
-        case PSNET__MSG_TYPE__MSG_DRAIN:
-                coord_handle_drain(c, m);
-                return;
-        case PSNET__MSG_TYPE__MSG_JOB_MODE:
-                coord_handle_job_mode(c, m);
-                return;
-        case PSNET__MSG_TYPE__MSG_FENCE_REP:
-                coord_handle_fence_rep(c, m);
-                return;
-        case PSNET__MSG_TYPE__MSG_SHARD_ADD:
-        case PSNET__MSG_TYPE__MSG_SHARD_REMOVE:
-                coord_handle_shard_change(c, m, h->type == PSNET__MSG_TYPE__MSG_SHARD_ADD);
-                return;
-        case PSNET__MSG_TYPE__MSG_CHECKPOINT:
-                coord_handle_checkpoint(c, m);
-                return;
-        case PSNET__MSG_TYPE__MSG_CHECKPOINT_LIST:
-                coord_handle_checkpoint_list(c, m);
-                return;
-        case PSNET__MSG_TYPE__MSG_CHECKPOINT_RESTORE:
-                coord_handle_checkpoint_restore(c, m);
-                return;
-        case PSNET__MSG_TYPE__MSG_HISTORY:
-                coord_handle_history(c, m);
-                return;
-        case PSNET__MSG_TYPE__MSG_CHECKPOINT_REP:
-        case PSNET__MSG_TYPE__MSG_ROUND_REP:
-        case PSNET__MSG_TYPE__MSG_HEARTBEAT:
-        case PSNET__MSG_TYPE__MSG_DEREGISTER:
-        case PSNET__MSG_TYPE__MSG_RESULT:
-                break;
-        default:
-                snprintf(reason, sizeof reason, "pscoord does not serve message type %d", h->type);
-                coord_reply_error(c, &m->route, h->seq, PSNET__STATUS__STATUS_UNKNOWN_TYPE, reason);
-                return;
-        }
-        Peer *p = coord_find_route(c, &m->route);
-        if (!p) {
-                coord_reply_error(c, &m->route, h->seq, PSNET__STATUS__STATUS_UNKNOWN_PEER,
-                            "not registered (or the lease expired): register first");
-                return;
-        }
-        if (h->type == PSNET__MSG_TYPE__MSG_HEARTBEAT)
-                coord_handle_heartbeat(c, m, p);
-        else if (h->type == PSNET__MSG_TYPE__MSG_CHECKPOINT_REP)
-                coord_handle_checkpoint_rep(c, m, p);
-        else if (h->type == PSNET__MSG_TYPE__MSG_RESULT)
-                coord_handle_result(c, m, p);
-        else if (h->type == PSNET__MSG_TYPE__MSG_ROUND_REP)
-                coord_handle_round_rep(c, m, p);
-        else {
-                Psnet__Role role = p->role;
-                log_info("deregistered role=%s id=%u", coord_role_noun(role), p->id);
-                uint32_t id = p->id;
-                (void) coord_reply(c, &m->route, PSNET__MSG_TYPE__MSG_DEREGISTER_REP, h->seq);
-                coord_remove_peer(c, p);
-                if (role == PSNET__ROLE__ROLE_WORKER)
-                        coord_membership_changed(c);
-                else if (role == PSNET__ROLE__ROLE_EDGE)
-                        coord_fed_poll(c); /* a round it was sampled for need not wait for it */
-                else /* it stopped acknowledging before it said goodbye */
-                        coord_shard_lost(c, id, "it stopped");
-        }
+                (void) netsock_send_error(c->ctl, &m->route, st, m->hdr->seq, reason);
+        } else if (st != PSNET__STATUS__STATUS_OK)
+                coord_reply_error(c, &m->route, m->hdr->seq, st, reason);
 }
 
 static double mono_s(void) {

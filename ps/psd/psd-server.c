@@ -13,6 +13,7 @@
 #include <uv.h>
 #include "alloc.h"
 #include "compress.h"
+#include "dispatch.h"
 #include "endpoint.h"
 #include "errors.h"
 #include "keys.h"
@@ -590,23 +591,20 @@ static void psd_fed_data(Psd *p, WireMsg *m, Chunk **chunks) {
                 log_warning_errno(r, "Failed to acknowledge update client=%u: %m", h->sender);
 }
 
-static void psd_handle_data(Psd *p, WireMsg *m) {
+/* CHUNK_STATE and REPLICATE from another shard (psd-migrate.c). */
+static void psd_handle_link(void *d, WireMsg *m, void *peer) {
+        Psd *p = d;
+        (void) peer;
+        migrate_in(p->migrate, p->data, m);
+        gate_wake(p->store);
+}
+
+/* A worker's (or an edge's, or an operator's) PULL or PUSH. */
+static void psd_handle_data(void *d, WireMsg *m, void *peer) {
+        Psd *p = d;
         Psnet__Header *h = m->hdr;
         char reason[192];
-
-        if (h->type == PSNET__MSG_TYPE__MSG_CHUNK_STATE || h->type == PSNET__MSG_TYPE__MSG_REPLICATE) {
-                migrate_in(p->migrate, p->data, m);
-                gate_wake(p->store);
-                return;
-        }
-        if (h->type == PSNET__MSG_TYPE__MSG_CHUNK_ACK || h->type == PSNET__MSG_TYPE__MSG_REPLICATE_ACK ||
-            h->type == PSNET__MSG_TYPE__MSG_ERROR)
-                return; /* answers to what we send other shards arrive on the links, not here */
-        if (h->type != PSNET__MSG_TYPE__MSG_PULL && h->type != PSNET__MSG_TYPE__MSG_PUSH) {
-                snprintf(reason, sizeof reason, "psd serves PULL and PUSH, not %s", wire_type_name(h->type));
-                psd_reply_error(p, &m->route, h, PSNET__STATUS__STATUS_UNKNOWN_TYPE, reason);
-                return;
-        }
+        (void) peer;
         if (!p->store->has_job) {
                 psd_reply_error(p, &m->route, h, PSNET__STATUS__STATUS_NO_JOB, "no job is configured on this shard yet");
                 return;
@@ -656,18 +654,37 @@ static void psd_handle_data(Psd *p, WireMsg *m) {
         }
 }
 
+/* The messages a shard's data socket serves: its handler table (dispatch.h).
+ * Answers to what it sends other shards arrive on its links, not here. */
+#define T(x) [PSNET__MSG_TYPE__MSG_##x]
+static const DispatchRow rows[] = {
+        T(PULL) = { psd_handle_data },
+        T(PUSH) = { psd_handle_data },
+        T(CHUNK_STATE) = { psd_handle_link },
+        T(REPLICATE) = { psd_handle_link },
+        T(CHUNK_ACK) = { .ignore = true },
+        T(REPLICATE_ACK) = { .ignore = true },
+        T(ERROR) = { .ignore = true },
+};
+#undef T
+
+const DispatchTable psd_dispatch = { .daemon = "psd", .at_coord = false, .rows = rows, .nrows = ELEMENTSOF(rows) };
+
 static void psd_on_data(NetSock *ns, WireMsg *m, int r, void *ud) {
         Psd *p = ud;
-        char reason[128];
+        char reason[160];
         (void) ns;
-        if (r == 0 && zap_authorize(&p->id, m, false, reason, sizeof reason) < 0) {
-                p->errors++;
-                log_warning("refused request reason=\"%s\" status=denied key=%s name=%s", reason,
-                            m->peer.fingerprint[0] ? m->peer.fingerprint : "-", m->peer.name[0] ? m->peer.name : "-");
-                (void) netsock_send_error(p->data, &m->route, PSNET__STATUS__STATUS_DENIED, m->hdr->seq, reason);
-        } else if (r == 0)
-                psd_handle_data(p, m);
-        else if (m->has_route)
+        if (r == 0) {
+                int st = dispatch_message(&psd_dispatch, &p->id, p, m, reason, sizeof reason);
+                if (st == PSNET__STATUS__STATUS_DENIED) {
+                        p->errors++;
+                        log_warning("refused request reason=\"%s\" status=denied key=%s name=%s", reason,
+                                    m->peer.fingerprint[0] ? m->peer.fingerprint : "-",
+                                    m->peer.name[0] ? m->peer.name : "-");
+                        (void) netsock_send_error(p->data, &m->route, st, m->hdr->seq, reason);
+                } else if (st != PSNET__STATUS__STATUS_OK)
+                        psd_reply_error(p, &m->route, m->hdr, st, reason);
+        } else if (m->has_route)
                 psd_reply_error(p, &m->route, m->hdr, m->status, m->reason);
         checkpoint_poll(p->ckpt);
 }

@@ -28,3 +28,9 @@ typedef struct PsdConfig {
 /* Runs until SIGTERM/SIGINT. Returns 0 after a clean shutdown, or a negative
  * errno after logging why it could not start or go on. */
 int psd_run(const PsdConfig *cfg);
+
+/* The messages a shard's data socket serves (dispatch.h): PULL and PUSH from
+ * workers, edges and operators, chunk states and replicated pushes from
+ * other shards. */
+typedef struct DispatchTable DispatchTable;
+extern const DispatchTable psd_dispatch;
