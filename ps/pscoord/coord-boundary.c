@@ -1,6 +1,7 @@
 /* pscoord's fences: a change of membership or mode is agreed at a clock
  * boundary. pscoord fences the shards, learns their clocks, picks the
- * boundary (boundary.c) and publishes the change with it. */
+ * boundary (boundary.c) and publishes the change with it. A checkpoint's
+ * fence ends in c->ckpt.fence, for coord-checkpoint.c (TODO_CHECKPOINT). */
 #include "coord-internal.h"
 
 /* Asks every shard of the map for its clocks and to hold still past the next
@@ -73,7 +74,7 @@ void coord_fence_commit(Coord *c) {
         log_info("boundary from_clock=%ld joined=%zu start_clock=%ld mode=%s", (long) from, joined, (long) start,
                  job_mode_string(&c->job, mode, sizeof mode));
         c->members_epoch++;
-        coord_publish(c);
+        coord_todo(c, TODO_PUBLISH);
 }
 
 void coord_handle_fence_rep(Coord *c, WireMsg *m) {
@@ -86,7 +87,9 @@ void coord_handle_fence_rep(Coord *c, WireMsg *m) {
                 return;
         if (f->checkpoint) {
                 f->active = false;
-                coord_checkpoint_fenced(c);
+                c->ckpt.fence = FENCE_ANSWERED;
+                c->ckpt.clocks = f->clocks;
+                coord_todo(c, TODO_CHECKPOINT);
         } else
                 coord_fence_commit(c);
 }
@@ -101,12 +104,12 @@ void coord_fence_tick(Coord *c) {
                             f->replies, f->expected);
                 f->active = false;
                 if (f->checkpoint) {
-                        coord_checkpoint_fail(c, PSNET__STATUS__STATUS_UNAVAILABLE,
-                                              "a shard did not answer the fence within 2 s");
+                        c->ckpt.fence = FENCE_GAVE_UP;
+                        coord_todo(c, TODO_CHECKPOINT);
                         return;
                 }
                 f->retry_at = now + 1000;
-                coord_publish(c);
+                coord_todo(c, TODO_PUBLISH);
                 return;
         }
         if (f->active || now < f->retry_at || c->state != JOB_RUNNING || c->ckpt.active)

@@ -35,7 +35,7 @@ static void ckpt_remove(const Coord *c, const char *name) {
                 log_warning("could not remove %s: %s", dir, strerror(errno));
 }
 
-void coord_checkpoint_abandon(Coord *c, const char *name) {
+static void abandon(Coord *c, const char *name) {
         char dir[PATH_MAX], path[PATH_MAX + 16];
         struct stat st;
         if (!c->cfg->checkpoint_dir)
@@ -90,7 +90,7 @@ void coord_checkpoint_fail(Coord *c, int status, const char *reason) {
         reply_save(c, status, reason, NULL);
         save_end(c);
         c->ckpt_retry_at = now_ms() + 5000;
-        coord_publish(c);
+        coord_todo(c, TODO_PUBLISH);
 }
 
 int coord_checkpoint_start(Coord *c, const char *name, bool automatic, char *reason, size_t n) {
@@ -141,7 +141,7 @@ int coord_checkpoint_start(Coord *c, const char *name, bool automatic, char *rea
 /* Every shard answered the fence: pick the boundary and ask them to write. */
 void coord_checkpoint_fenced(Coord *c) {
         CkptSave *k = &c->ckpt;
-        const FenceClocks *f = &c->fence.clocks;
+        const FenceClocks *f = &c->ckpt.clocks;
         char dir[PATH_MAX], reason[PATH_MAX + 64];
         bool fed = c->job.mode == MODE_FED;
         k->clock = fed ? (int64_t) c->fed.done : c->job.mode == MODE_BSP ? f->max_clock + 1 : f->max_wclock + 2;
@@ -350,8 +350,7 @@ static void save_commit(Coord *c) {
         save_end(c);
         if (automatic)
                 prune(c);
-        coord_state_save(c);
-        coord_fed_poll(c); /* a federated job's next round, held for the save */
+        coord_todo(c, TODO_SAVE | TODO_FED_POLL); /* a federated job's next round, held for the save */
 }
 
 void coord_handle_checkpoint_rep(Coord *c, WireMsg *m, Peer *p) {
@@ -471,7 +470,7 @@ void coord_handle_checkpoint(Coord *c, WireMsg *m) {
                 k->has_route = true;
                 k->route_seq = m->hdr->seq;
         }
-        coord_fed_poll(c); /* a federated job between rounds: the cut is now */
+        coord_todo(c, TODO_FED_POLL); /* a federated job between rounds: the cut is now */
 }
 
 enum { MAX_LISTED = 1024 };
@@ -607,25 +606,6 @@ int coord_checkpoint_restore(Coord *c, const char *name, char *reason, size_t n)
         return PSNET__STATUS__STATUS_OK;
 }
 
-int coord_checkpoint_fed_resume(Coord *c, char *reason, size_t n) {
-        char err[PATH_MAX + 200];
-        Psnet__CheckpointManifest *m = NULL;
-        int r = ckpt_manifest_read(c->restore.dir, &m, err, sizeof err);
-        if (r < 0) {
-                snprintf(reason, n, "checkpoint %s: %s", c->restore.name, err);
-                return r;
-        }
-        r = m->fed ? coord_fed_restore(c, m->fed, m->fed_rdp, m->n_fed_rdp, m->fed_rdp_steps, err, sizeof err)
-                   : -EBADMSG;
-        if (r < 0)
-                snprintf(reason, n, "checkpoint %s: %s", c->restore.name, m->fed ? err : "no federated rounds in it");
-        else
-                log_info("federated rounds from checkpoint name=%s rounds_done=%u number=%lu records=%zu epsilon=%.4f",
-                         c->restore.name, c->fed.done, (unsigned long) c->fed.number, c->fed.nhist, c->fed.epsilon);
-        psnet__checkpoint_manifest__free_unpacked(m, NULL);
-        return r;
-}
-
 void coord_handle_checkpoint_restore(Coord *c, WireMsg *m) {
         char reason[PATH_MAX + 300], msg[128];
         int st = coord_checkpoint_restore(c, m->hdr->checkpoint->name, reason, sizeof reason);
@@ -638,4 +618,20 @@ void coord_handle_checkpoint_restore(Coord *c, WireMsg *m) {
         coord_state_save(c);
         (void) coord_reply_job(c, &m->route, m->hdr->seq, msg);
         coord_maybe_start(c);
+}
+
+void coord_checkpoint_step(Coord *c) {
+        CkptSave *k = &c->ckpt;
+        if (k->abandoned[0]) {
+                abandon(c, k->abandoned);
+                k->abandoned[0] = '\0';
+        }
+        int fence = k->fence;
+        k->fence = FENCE_NONE;
+        if (!k->active)
+                return;
+        if (fence == FENCE_ANSWERED)
+                coord_checkpoint_fenced(c);
+        else if (fence == FENCE_GAVE_UP)
+                coord_checkpoint_fail(c, PSNET__STATUS__STATUS_UNAVAILABLE, "a shard did not answer the fence within 2 s");
 }

@@ -20,125 +20,8 @@
 #include "coord-internal.h"
 #include "secagg.h"
 
-#define FED_SHARD_WAIT_MS 30000u  /* at least: a shard opening or closing a round */
 #define FED_MAX_SHARD_FAILURES 5u /* closes in a row a shard refused: the job fails */
 #define FED_RETRY_MS 100u         /* a shard not ready to open a round: asked again after this */
-
-static const char *phase_name(FedPhase p) {
-        static const char *const names[] = { "waiting", "opening", "training", "unmasking", "closing", "evaluating",
-                                             "done" };
-        return p <= FED_DONE ? names[p] : "?";
-}
-
-static void round_clear(FedRounds *f) {
-        ps_free(f->clients);
-        ps_free(f->answered);
-        ps_free(f->examples);
-        ps_free(f->loss);
-        ps_free(f->shard_replied);
-        f->clients = NULL;
-        f->answered = NULL;
-        f->examples = NULL;
-        f->loss = NULL;
-        f->shard_replied = NULL;
-        f->nclients = f->nanswered = f->replies = f->expected = 0;
-        coord_secagg_clear(f);
-}
-
-void coord_fed_free(Coord *c) {
-        round_clear(&c->fed);
-        coord_fedasync_free(&c->fed);
-}
-
-void coord_fed_reset(Coord *c) {
-        coord_fed_free(c);
-        memset(&c->fed, 0, sizeof c->fed);
-}
-
-static FedRecord *record_find(FedRounds *f, uint64_t number) {
-        for (size_t k = 0; k < f->nhist; k++) {
-                FedRecord *r = &f->hist[(f->hist_end + COORD_FED_HISTORY - 1 - k) % COORD_FED_HISTORY];
-                if (r->number == number)
-                        return r;
-        }
-        return NULL;
-}
-
-FedRecord *coord_fed_record_new(FedRounds *f) {
-        FedRecord *r = &f->hist[f->hist_end];
-        f->hist_end = (f->hist_end + 1) % COORD_FED_HISTORY;
-        f->nhist = MIN(f->nhist + 1, (size_t) COORD_FED_HISTORY);
-        memset(r, 0, sizeof *r);
-        return r;
-}
-
-bool coord_fed_available(const Peer *p) {
-        return p->role == PSNET__ROLE__ROLE_EDGE && !p->detached;
-}
-
-static bool available(const Peer *p) {
-        return coord_fed_available(p);
-}
-
-int coord_fed_send_shards(Coord *c, bool close, const uint32_t *ids, size_t n, Psnet__SecAgg *sa) {
-        FedRounds *f = &c->fed;
-        _cleanup_free_ ProtobufCBinaryData *keys = ps_calloc(n ? n : 1, sizeof *keys);
-        if (!keys)
-                return -ENOMEM;
-        for (size_t i = 0; c->id.enabled && !close && i < n; i++) {
-                Peer *p = coord_find_peer(c, PSNET__ROLE__ROLE_EDGE, ids[i]);
-                keys[i] = (ProtobufCBinaryData) { .len = 32, .data = p ? p->public_key : NULL };
-                if (!p)
-                        return -ENOENT;
-        }
-        Psnet__Round rd = PSNET__ROUND__INIT;
-        rd.number = f->number;
-        rd.has_round = true;
-        rd.round = f->done + 1;
-        rd.n_clients = n;
-        rd.clients = (uint32_t *) ids;
-        rd.has_close = close;
-        rd.close = close;
-        rd.n_keys = c->id.enabled && !close ? n : 0;
-        rd.keys = keys;
-        rd.secagg = close && n ? sa : NULL;
-        return coord_fed_send_round(c, &rd);
-}
-
-int coord_fed_send_edge(Coord *c, const Peer *p, Psnet__Round *rd) {
-        if (!p)
-                return -ENOTCONN;
-        Psnet__Header h;
-        wire_header_init(&h, PSNET__MSG_TYPE__MSG_ROUND);
-        h.body_case = PSNET__HEADER__BODY_ROUND;
-        h.round = rd;
-        return coord_reply_hdr(c, &p->route, &h, 0);
-}
-
-int coord_fed_send_round(Coord *c, Psnet__Round *rd) {
-        FedRounds *f = &c->fed;
-        size_t ns = shardmap_size(c->map);
-        ps_free(f->shard_replied);
-        f->shard_replied = ps_calloc(ns ? ns : 1, sizeof *f->shard_replied);
-        if (!f->shard_replied)
-                return -ENOMEM;
-        Psnet__Header h;
-        wire_header_init(&h, PSNET__MSG_TYPE__MSG_ROUND);
-        h.body_case = PSNET__HEADER__BODY_ROUND;
-        h.round = rd;
-        f->replies = 0;
-        f->expected = ns;
-        f->shard_number = rd->number;
-        f->shard_deadline = now_ms() + MAX(FED_SHARD_WAIT_MS, c->job.fed.round_timeout_ms);
-        for (size_t i = 0; i < ns; i++) {
-                const ShardDesc *sd = shardmap_shard(c->map, i);
-                Peer *p = coord_find_peer(c, PSNET__ROLE__ROLE_SERVER, sd->id);
-                int r = p && !p->detached ? coord_reply_hdr(c, &p->route, &h, f->number) : -ENOTCONN;
-                if (r < 0)
-                        return r;
-        }
-        return 0;
-}
 
 /* Samples the round's clients among those connected: max(min_clients,
  * ceil(fraction x available)), uniformly (a seeded partial shuffle). */
@@ -157,7 +40,7 @@ static int round_open(Coord *c, Peer **avail, size_t navail) {
                 avail[i] = avail[j];
                 avail[j] = t;
         }
-        round_clear(f);
+        coord_rounds_clear(f);
         f->clients = ps_malloc(k * sizeof *f->clients);
         f->answered = ps_calloc(k, sizeof *f->answered);
         f->examples = ps_calloc(k, sizeof *f->examples);
@@ -222,7 +105,7 @@ static void round_train(Coord *c) {
  * up): the shards aggregate, or drop the updates when too few came. */
 void coord_fed_close(Coord *c, const char *why) {
         FedRounds *f = &c->fed;
-        FedRecord *rec = record_find(f, f->number);
+        FedRecord *rec = coord_fed_record_find(f, f->number);
         _cleanup_free_ uint32_t *ids = ps_malloc((f->nclients ? f->nclients : 1) * sizeof *ids);
         size_t n = 0;
         double loss = 0;
@@ -282,44 +165,10 @@ static void privacy_spent(Coord *c, FedRecord *rec) {
                  (double) c->job.fed.dp_delta, q, (double) z);
 }
 
-static FedRecord *record_of_round(FedRounds *f, uint32_t round) {
-        for (size_t k = 0; k < f->nhist; k++) {
-                FedRecord *r = &f->hist[(f->hist_end + COORD_FED_HISTORY - 1 - k) % COORD_FED_HISTORY];
-                if (r->round == round)
-                        return r;
-        }
-        return NULL;
-}
-
-void coord_fed_accuracy(Coord *c, uint32_t round, float accuracy) {
-        FedRecord *r = record_of_round(&c->fed, round);
-        if (r && r->accuracy < 0)
-                r->accuracy = accuracy;
-}
-
-/* --eval-every: one edge worker (the lowest id connected) tests the model
- * while the rounds go on; its answer (edge_eval) joins the round's record. */
-void coord_fed_evaluate_round(Coord *c) {
-        FedRounds *f = &c->fed;
-        Peer *e = NULL;
-        for (size_t i = 0; i < c->npeers; i++)
-                if (available(&c->peers[i]) && (!e || c->peers[i].id < e->id))
-                        e = &c->peers[i];
-        if (!e)
-                return;
-        Psnet__Round rd = PSNET__ROUND__INIT;
-        rd.number = f->number;
-        rd.has_evaluate = rd.evaluate = rd.has_round = true;
-        rd.round = f->done;
-        int r = coord_fed_send_edge(c, e, &rd);
-        if (r < 0)
-                log_warning_errno(r, "Failed to ask edge=%u to test round %u's model: %m", e->id, f->done);
-}
-
 /* Every shard has closed the round. */
 static void round_closed(Coord *c) {
         FedRounds *f = &c->fed;
-        FedRecord *rec = record_find(f, f->number);
+        FedRecord *rec = coord_fed_record_find(f, f->number);
         if (f->aggregate) {
                 f->done++;
                 if (rec)
@@ -341,11 +190,11 @@ static void round_closed(Coord *c) {
                 log_warning("round failed number=%lu reason=\"%s\": it runs again with a fresh sample",
                             (unsigned long) f->number, rec ? rec->note : "");
         }
-        round_clear(f);
+        coord_rounds_clear(f);
         f->phase = FED_WAITING;
         f->said_waiting = false;
         if (!f->aggregate)
-                coord_state_save(c); /* the failed round's record, kept across a restart */
+                coord_todo(c, TODO_SAVE); /* the failed round's record, kept across a restart */
 }
 
 /* The final model is evaluated by one edge worker (the lowest id connected). */
@@ -353,7 +202,7 @@ static void evaluate_ask(Coord *c) {
         FedRounds *f = &c->fed;
         Peer *e = NULL;
         for (size_t i = 0; i < c->npeers; i++)
-                if (available(&c->peers[i]) && (!e || c->peers[i].id < e->id))
+                if (coord_fed_available(&c->peers[i]) && (!e || c->peers[i].id < e->id))
                         e = &c->peers[i];
         f->phase = FED_EVALUATING;
         if (!e) {
@@ -408,7 +257,9 @@ void coord_fed_poll(Coord *c) {
                         return; /* WAITING: the rounds are done, the final evaluation below */
         }
         if (f->phase == FED_UNMASKING || (f->phase == FED_TRAINING && c->job.fed.secagg && f->sa.stage < 3)) {
-                coord_secagg_poll(c, now);
+                char why[96];
+                if (coord_secagg_poll(c, now, why, sizeof why))
+                        coord_fed_close(c, why); /* keys or shares fell short: nobody pushed, the round drops */
                 return;
         }
         if (f->phase == FED_TRAINING) {
@@ -445,7 +296,7 @@ void coord_fed_poll(Coord *c) {
         if (!avail)
                 return;
         for (size_t i = 0; i < c->npeers; i++)
-                if (available(&c->peers[i]))
+                if (coord_fed_available(&c->peers[i]))
                         avail[n++] = &c->peers[i];
         if (n < c->job.fed.min_available) {
                 if (!f->said_waiting)
@@ -480,7 +331,7 @@ static void shard_rep(Coord *c, WireMsg *m, Peer *p) {
                  * (a new number; the shards that opened this one drop it then). */
                 log_info("round not opened: shard %u is not ready (%s); again shortly", p->id,
                          h->reason ? h->reason : "keys arriving");
-                round_clear(f);
+                coord_rounds_clear(f);
                 f->hist_end = (f->hist_end + COORD_FED_HISTORY - 1) % COORD_FED_HISTORY;
                 f->nhist--;
                 f->phase = FED_WAITING;
@@ -499,7 +350,7 @@ static void shard_rep(Coord *c, WireMsg *m, Peer *p) {
                 }
                 log_warning("%s", reason);
                 f->aggregate = false; /* counted as failed once every shard answered */
-                FedRecord *rec = record_find(f, f->number);
+                FedRecord *rec = coord_fed_record_find(f, f->number);
                 if (rec)
                         snprintf(rec->note, sizeof rec->note, "a shard refused it");
         } else if (f->phase == FED_CLOSING && f->replies == f->expected && f->aggregate)
@@ -512,7 +363,7 @@ static void shard_rep(Coord *c, WireMsg *m, Peer *p) {
                 round_train(c);
         else
                 round_closed(c);
-        coord_fed_poll(c);
+        coord_todo(c, TODO_FED_POLL);
 }
 
 /* An edge worker's answer: its update is on every shard. */
@@ -547,7 +398,7 @@ static void edge_rep(Coord *c, WireMsg *m, Peer *p) {
         bool open = c->job.mode == MODE_FED && c->state == JOB_RUNNING && f->phase == FED_TRAINING &&
                     rd->number == f->number;
         if (!open || i == f->nclients || f->answered[i]) {
-                FedRecord *rec = record_find(f, rd->number);
+                FedRecord *rec = coord_fed_record_find(f, rd->number);
                 if (rd->number <= f->number && (!open || i < f->nclients)) {
                         f->late++;
                         if (rec)
@@ -573,7 +424,7 @@ static void edge_rep(Coord *c, WireMsg *m, Peer *p) {
                 coord_reply_error(c, &m->route, m->hdr->seq, PSNET__STATUS__STATUS_INVALID, reason);
                 return;
         }
-        FedRecord *rec = record_find(f, f->number);
+        FedRecord *rec = coord_fed_record_find(f, f->number);
         if (rec) {
                 rec->bytes_up += rd->has_bytes ? rd->bytes : job_nfloats(&c->job) * sizeof(float);
                 rec->bytes_raw += job_nfloats(&c->job) * sizeof(float);
@@ -583,7 +434,7 @@ static void edge_rep(Coord *c, WireMsg *m, Peer *p) {
         f->loss[i] = rd->has_loss ? rd->loss : 0.0f;
         f->nanswered++;
         (void) coord_reply_job(c, &m->route, m->hdr->seq, "counted");
-        coord_fed_poll(c);
+        coord_todo(c, TODO_FED_POLL);
 }
 
 void coord_handle_round_rep(Coord *c, WireMsg *m, Peer *p) {
@@ -596,114 +447,3 @@ void coord_handle_round_rep(Coord *c, WireMsg *m, Peer *p) {
                                   "ROUND_REP comes from shards and edge workers");
 }
 
-int coord_fed_restore(Coord *c, const Psnet__FedStatus *s, const double *rdp, size_t nrdp, uint64_t rdp_steps,
-                      char *err, size_t n) {
-        FedRounds *f = &c->fed;
-        if (s->n_history > COORD_FED_HISTORY || (nrdp && nrdp != RDP_NORDERS) || s->rounds_done > c->job.fed.rounds) {
-                snprintf(err, n, "its federated rounds (%zu records, %zu RDP orders, %u of %u rounds done)",
-                         s->n_history, nrdp, s->rounds_done, c->job.fed.rounds);
-                return -EBADMSG;
-        }
-        coord_fed_reset(c);
-        f->number = s->number;
-        f->done = s->rounds_done;
-        f->failed = s->failed;
-        f->late = s->late;
-        f->epsilon = s->has_epsilon ? s->epsilon : 0;
-        for (size_t k = 0; k < nrdp; k++)
-                f->privacy.rdp[k] = rdp[k];
-        f->privacy.steps = rdp_steps;
-        for (size_t k = 0; k < s->n_history; k++) {
-                const Psnet__RoundRecord *o = s->history[k];
-                FedRecord *r = coord_fed_record_new(f);
-                r->number = o->number;
-                r->round = o->round;
-                r->sampled = o->sampled;
-                r->answered = o->answered;
-                r->late = o->late;
-                r->dropped = o->dropped;
-                r->available = o->available;
-                r->loss = o->loss;
-                r->seconds = o->seconds;
-                r->epsilon = o->has_epsilon ? o->epsilon : -1;
-                r->bytes_up = o->bytes_up;
-                r->bytes_raw = o->bytes_raw;
-                r->accuracy = o->has_accuracy ? o->accuracy : -1;
-                snprintf(r->note, sizeof r->note, "%s", o->note ? o->note : "");
-        }
-        f->phase = FED_WAITING;
-        return 0;
-}
-
-void coord_fed_view_free(FedView *v) {
-        ps_free(v->recs);
-        ps_free(v->recp);
-        v->recs = NULL;
-        v->recp = NULL;
-}
-
-int coord_fed_status(Coord *c, FedView *v) {
-        FedRounds *f = &c->fed;
-        Psnet__FedStatus *s = &v->fs;
-        Psnet__RoundRecord *recs = v->recs = ps_calloc(MAX(f->nhist, (size_t) 1), sizeof *recs);
-        Psnet__RoundRecord **recp = v->recp = ps_calloc(MAX(f->nhist, (size_t) 1), sizeof *recp);
-        psnet__fed_status__init(s);
-        if (!recs || !recp) {
-                coord_fed_view_free(v);
-                return -ENOMEM;
-        }
-        size_t avail = 0;
-        for (size_t i = 0; i < c->npeers; i++)
-                avail += available(&c->peers[i]);
-        s->has_rounds_done = s->has_rounds = s->has_number = s->has_sampled = s->has_answered = true;
-        s->has_available = s->has_failed = s->has_late = s->has_round_ms = true;
-        s->rounds_done = f->done;
-        s->rounds = c->job.fed.rounds;
-        s->number = f->number;
-        s->phase = (char *) (c->state == JOB_DONE ? "done" : phase_name(f->phase));
-        /* fedasync: the clients training now, and the updates buffered. */
-        s->sampled = (uint32_t) (c->job.fed.async ? f->ntasks + f->nbuf : f->nclients);
-        s->answered = (uint32_t) (c->job.fed.async ? f->nbuf : f->nanswered);
-        s->available = (uint32_t) avail;
-        s->failed = f->failed;
-        s->late = f->late;
-        s->round_ms = f->phase == FED_TRAINING ? now_ms() - f->opened_ms : 0;
-        if (c->job.fed.strategy.dp_noise > 0) {
-                s->has_epsilon = s->has_dp_delta = true;
-                s->epsilon = f->epsilon;
-                s->dp_delta = c->job.fed.dp_delta;
-        }
-        for (size_t k = 0; k < f->nhist; k++) {
-                const FedRecord *r = &f->hist[(f->hist_end + COORD_FED_HISTORY - f->nhist + k) % COORD_FED_HISTORY];
-                Psnet__RoundRecord *o = &recs[k];
-                psnet__round_record__init(o);
-                o->number = r->number;
-                o->has_round = o->has_sampled = o->has_answered = o->has_late = o->has_dropped = true;
-                o->has_loss = o->has_seconds = true;
-                o->round = r->round;
-                o->sampled = r->sampled;
-                o->answered = r->answered;
-                o->late = r->late;
-                o->dropped = r->dropped;
-                o->loss = r->loss;
-                o->seconds = r->seconds;
-                o->has_available = true;
-                o->available = r->available;
-                if (r->epsilon >= 0) {
-                        o->has_epsilon = true;
-                        o->epsilon = r->epsilon;
-                }
-                o->has_bytes_up = o->has_bytes_raw = true;
-                o->bytes_up = r->bytes_up;
-                o->bytes_raw = r->bytes_raw;
-                if (r->accuracy >= 0) {
-                        o->has_accuracy = true;
-                        o->accuracy = r->accuracy;
-                }
-                o->note = r->note[0] ? (char *) r->note : NULL;
-                recp[k] = o;
-        }
-        s->n_history = f->nhist;
-        s->history = recp;
-        return 0;
-}

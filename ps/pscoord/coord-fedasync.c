@@ -16,13 +16,6 @@
  * final model, as in mode fed. */
 #include "coord-internal.h"
 
-void coord_fedasync_free(FedRounds *f) {
-        ps_free(f->tasks);
-        ps_free(f->buf);
-        f->tasks = f->buf = NULL;
-        f->ntasks = f->nbuf = f->cap_tasks = f->cap_buf = f->applying = 0;
-}
-
 static int push_task(FedTask **v, size_t *n, size_t *cap, const FedTask *t) {
         int r = ps_grow(v, cap, *n + 1, sizeof **v, 16);
         if (r == 0)
@@ -186,7 +179,7 @@ void coord_fedasync_rep(Coord *c, WireMsg *m, Peer *p) {
                          c->job.fed.round_timeout_ms / 1000);
                 log_info("late update edge=%u task=%lu", p->id, (unsigned long) rd->number);
                 coord_reply_error(c, &m->route, m->hdr->seq, PSNET__STATUS__STATUS_STALE, reason);
-                coord_fed_poll(c); /* it is idle: a new task */
+                coord_todo(c, TODO_FED_POLL); /* it is idle: a new task */
                 return;
         }
         if (!rd->has_examples || rd->examples == 0 || (rd->has_loss && !isfinite(rd->loss))) {
@@ -204,7 +197,7 @@ void coord_fedasync_rep(Coord *c, WireMsg *m, Peer *p) {
         }
         f->tasks[i] = f->tasks[--f->ntasks];
         (void) coord_reply_job(c, &m->route, m->hdr->seq, "counted");
-        coord_fed_poll(c);
+        coord_todo(c, TODO_FED_POLL);
 }
 
 void coord_fedasync_closed(Coord *c) {
@@ -232,5 +225,5 @@ void coord_fedasync_closed(Coord *c) {
         f->nbuf -= f->applying;
         f->applying = 0;
         f->phase = FED_TRAINING;
-        coord_state_save(c); /* the buffers applied, kept across a restart */
+        coord_todo(c, TODO_SAVE); /* the buffers applied, kept across a restart */
 }

@@ -1,16 +1,33 @@
 /* pscoord's state, shared by its files (not installed, not used outside
- * ps/pscoord/):
- *   coord.c           the loop: the control socket, dispatch, ticks, signals
- *   coord-members.c   peers, leases, registration, heartbeats, results,
- *                     stragglers; membership changes
- *   coord-map.c       the shard map: building it, adding and removing
- *                     shards, publishing job/map/membership to the peers
- *   coord-boundary.c  fences and the clock boundaries they pick (the
- *                     arithmetic is boundary.c, unit-tested)
- *   coord-admin.c     the job's lifecycle and psctl's requests; /metrics
- *   coord-checkpoint.c checkpoints: save, --checkpoint-every, list, restore
- *   coord-state.c     its own state on disk (--state-dir), loaded at start
- *   coord-fed.c       a federated job's rounds (mode fed) */
+ * ps/pscoord/). The files form layers, each calling only the ones below it
+ * (tests/layout-check.py checks the order; docs/ARCHITECTURE.md, "pscoord"):
+ *
+ *   boundary.c          a fence's arithmetic: the clock boundary (pure)
+ *   coord-reply.c       answers and messages to one peer
+ *   coord-peers.c       the member registry: find, count, sort, remove
+ *   coord-history.c     the job's accuracy by epoch and its heartbeats
+ *   coord-map.c         the shard map: building it, adding and removing
+ *                       shards, the CONFIG every peer is sent
+ *   coord-rounds.c      a federated job's rounds as data: records, views,
+ *                       restoring, sending a round to shards and edges
+ *   coord-state.c       pscoord's own state on disk (--state-dir)
+ *   coord-boundary.c    fences and the boundaries they pick
+ *   coord-job.c         the job's lifecycle: start, fail, done, stop, replace
+ *   coord-secagg.c      secure aggregation's exchanges within a round
+ *   coord-fedasync.c    fedasync's tasks and buffers
+ *   coord-checkpoint.c  checkpoints: save, --checkpoint-every, list, restore
+ *   coord-fed.c         a federated job's rounds, driven
+ *   coord-members.c     registration, leases, heartbeats, results, drains,
+ *                       stragglers, membership changes, a shard lost
+ *   coord-admin.c       psctl's status and mode; /metrics
+ *   coord.c             the loop: the control socket, the handler table,
+ *                       the tick, and the flush of the loop turn's flags
+ *
+ * A lower file that needs something of a higher one done sets a flag
+ * (coord_todo: save the state, publish, drive the rounds, step a
+ * checkpoint), and coord.c does it once per loop turn, in one order
+ * (Redis's clusterBeforeSleep with its flags is the model): a burst of
+ * events saves and publishes once. */
 #pragma once
 #include <errno.h>
 #include <math.h>
@@ -91,6 +108,9 @@ typedef struct CkptSave {
         zmq_msg_t route;            /* psctl waiting for the answer */
         bool has_route;
         uint64_t route_seq;
+        enum { FENCE_NONE, FENCE_ANSWERED, FENCE_GAVE_UP } fence; /* its fence's outcome, for coord_checkpoint_step */
+        FenceClocks clocks;         /* the shards' answers to it */
+        char abandoned[65];         /* a save the last pscoord left unfinished (state file): its files go */
 } CkptSave;
 
 /* The checkpoint the job was restored from: the shards load it. */
@@ -122,7 +142,9 @@ typedef struct ClockRec {
         float lr;                   /* NaN: no shard applied an update yet */
 } ClockRec;
 
-/* A federated job's rounds (coord-fed.c). */
+/* A federated job's rounds (coord-fed.c). A shard opening or closing one is
+ * waited for at least FED_SHARD_WAIT_MS. */
+#define FED_SHARD_WAIT_MS 30000u
 #define COORD_FED_HISTORY 1024
 typedef enum { FED_WAITING, FED_OPENING, FED_TRAINING, FED_UNMASKING, FED_CLOSING, FED_EVALUATING, FED_DONE } FedPhase;
 
@@ -244,167 +266,52 @@ typedef struct Coord {
         uint64_t start_ms, job_start_ms, job_end_ms, migrate_start_ms;
         uint64_t last_tick;         /* ms: a longer gap between ticks means pscoord itself stalled */
         uint64_t errors;
+        unsigned todo;              /* TODO_* flags: what this loop turn still has to do (coord_flush) */
         uv_loop_t loop;
         uv_timer_t tick;
+        uv_prepare_t flush_prepare; /* the flush, before the loop waits for I/O ... */
+        uv_check_t flush_check;     /* ... and right after the I/O callbacks */
         NetSock *ctl;
         Service *service;
         NetIdentity id;
         Zap *zap;
 } Coord;
 
-/* --- the messages pscoord serves and replies (coord.c) */
-/* Its handler table (dispatch.h), one row per message type it serves. */
-extern const DispatchTable coord_dispatch;
+/* --- what a loop turn still has to do (coord.c flushes them, in this order) */
+enum {
+        TODO_SAVE = 1u << 0,            /* the state file (--state-dir) */
+        TODO_PUBLISH = 1u << 1,         /* the job, map and membership to every peer (saved first) */
+        TODO_PUBLISH_STATE = 1u << 2,   /* and the job's state to the workers not yet members */
+        TODO_CHECKPOINT = 1u << 3,      /* a save's fence answered or gave up; a save left by a restart */
+        TODO_FED_POLL = 1u << 4,        /* drive a federated job's rounds */
+};
+static inline void coord_todo(Coord *c, unsigned flags) {
+        c->todo |= flags;
+}
+
+/* --- answers and messages to one peer (coord-reply.c) */
+/* Sends h (type and body set by the caller) to route, echoing seq. */
 int coord_reply_hdr(Coord *c, const zmq_msg_t *route, Psnet__Header *h, uint64_t seq);
+/* A reply of this type without a body. */
 int coord_reply(Coord *c, const zmq_msg_t *route, Psnet__MsgType type, uint64_t seq);
+/* MSG_JOB_REP with the job's state and, optionally, a message. */
 int coord_reply_job(Coord *c, const zmq_msg_t *route, uint64_t seq, const char *message);
+/* MSG_ERROR, counted and logged. */
 int coord_reply_error(Coord *c, const zmq_msg_t *route, uint64_t seq, int status, const char *reason);
 
-/* --- membership: peers, leases, registration, results (coord-members.c) */
+/* --- the member registry (coord-peers.c) */
 size_t coord_count_role(const Coord *c, Psnet__Role role);
 /* "shard", "worker", "edge" (log lines). */
 const char *coord_role_noun(Psnet__Role role);
 Peer *coord_find_peer(Coord *c, Psnet__Role role, uint32_t id);
+/* The peer that sent a message: matched by its ZeroMQ identity. */
 Peer *coord_find_route(Coord *c, const zmq_msg_t *route);
 void coord_peer_done(Peer *p);
 void coord_remove_peer(Coord *c, Peer *p);
+/* Workers in id order (ranks follow this order); only members when
+ * members_only. Caller frees. */
 Peer **coord_sorted_workers_sel(Coord *c, bool members_only, size_t *ret_n);
 Peer **coord_sorted_workers(Coord *c, size_t *ret_n);
-void coord_membership_changed(Coord *c);
-bool coord_pick_evaluator(Coord *c, Peer *self);
-void coord_handle_register(Coord *c, WireMsg *m);
-void coord_handle_heartbeat(Coord *c, WireMsg *m, Peer *p);
-void coord_handle_result(Coord *c, WireMsg *m, Peer *p);
-void coord_handle_drain(Coord *c, WireMsg *m);
-/* A peer leaves (MSG_DEREGISTER): answered, removed, and what its leaving changes. */
-void coord_handle_deregister(Coord *c, WireMsg *m, Peer *p);
-void coord_expire_leases(Coord *c);
-void coord_evict_stragglers(Coord *c);
-
-/* --- the shard map and publishing it (coord-map.c) */
-void coord_publish(Coord *c);
-/* The same to one peer (one that registered again): nothing changed. */
-void coord_publish_peer(Coord *c, Peer *p);
-int coord_build_map(Coord *c);
-int coord_remap(Coord *c, uint32_t add, uint32_t remove);
-/* Shard id left the cluster (why: for the log): if the map holds it, its
- * keys go to their first backups (a new map epoch, published), or the job
- * fails at once when a key had no other copy. */
-void coord_shard_lost(Coord *c, uint32_t id, const char *why);
-/* The copies of every key the job asks for over n shards. */
-uint32_t coord_replicas(const Coord *c, size_t n);
-void coord_handle_shard_change(Coord *c, WireMsg *m, bool add);
-bool coord_job_fits(Coord *c, char *reason, size_t n);
-
-/* --- fences and clock boundaries (coord-boundary.c) */
-void coord_fence_start(Coord *c, bool mode_change, ConsistencyMode mode, uint32_t staleness);
-void coord_fence_commit(Coord *c);
-void coord_handle_fence_rep(Coord *c, WireMsg *m);
-void coord_fence_tick(Coord *c);
-
-/* --- checkpoints (coord-checkpoint.c) */
-int coord_checkpoint_start(Coord *c, const char *name, bool automatic, char *reason, size_t n);
-void coord_checkpoint_fenced(Coord *c);
-/* A federated job between rounds (coord_fed_poll): a save waiting for that
- * starts. Whether a save holds the next round (or buffer) back. */
-bool coord_checkpoint_fed_cut(Coord *c);
-/* A federated job restored from a checkpoint starts: its rounds and privacy
- * spent from the manifest. */
-int coord_checkpoint_fed_resume(Coord *c, char *reason, size_t n);
-void coord_checkpoint_fail(Coord *c, int status, const char *reason);
-void coord_checkpoint_tick(Coord *c);
-int coord_checkpoint_restore(Coord *c, const char *name, char *reason, size_t n);
-void coord_handle_checkpoint(Coord *c, WireMsg *m);
-void coord_handle_checkpoint_rep(Coord *c, WireMsg *m, Peer *p);
-void coord_handle_checkpoint_list(Coord *c, WireMsg *m);
-void coord_handle_checkpoint_restore(Coord *c, WireMsg *m);
-/* A save the previous pscoord had under way when it stopped: its files go. */
-void coord_checkpoint_abandon(Coord *c, const char *name);
-
-/* --- federated rounds (coord-fed.c) */
-/* The job (re)starts: no round yet. */
-void coord_fed_reset(Coord *c);
-/* Drives the rounds: opens one when enough edge workers are connected, closes
- * it when every sampled client answered (or left) or at its time-out, asks for
- * the final evaluation. Called from the tick and after every event that may
- * move them. A no-op unless a federated job runs. */
-void coord_fed_poll(Coord *c);
-/* MSG_ROUND_REP from a shard (a round opened or closed) or an edge worker
- * (its update is on every shard). */
-void coord_handle_round_rep(Coord *c, WireMsg *m, Peer *p);
-/* The rounds as psctl sees them (pointers into c, valid until the next
- * event; its records allocated for the history held): for psctl status, the
- * state file and a checkpoint's manifest. -ENOMEM, or 0: free with
- * coord_fed_view_free. */
-typedef struct FedView {
-        Psnet__FedStatus fs;
-        Psnet__RoundRecord *recs, **recp;
-} FedView;
-int coord_fed_status(Coord *c, FedView *v);
-void coord_fed_view_free(FedView *v);
-/* A message that keeps a federated job (CoordState, CheckpointManifest): its
- * rounds (v) and the privacy accountant's RDP. */
-#define COORD_FED_KEEP(msg, c, v)                               \
-        do {                                                    \
-                (msg).fed = &(v)->fs;                           \
-                (msg).n_fed_rdp = RDP_NORDERS;                  \
-                (msg).fed_rdp = (c)->fed.privacy.rdp;           \
-                (msg).has_fed_rdp_steps = true;                 \
-                (msg).fed_rdp_steps = (c)->fed.privacy.steps;   \
-        } while (0)
-/* A restarted pscoord takes the rounds from its state file (coord-state.c):
- * counts, history and the privacy spent; the round that was open is gone
- * (the next one gets a higher number). 0, or -EBADMSG with the reason. */
-int coord_fed_restore(Coord *c, const Psnet__FedStatus *s, const double *rdp, size_t nrdp, uint64_t rdp_steps,
-                      char *err, size_t n);
-void coord_fed_free(Coord *c);
-/* Sends MSG_ROUND to every shard of the map: the round's sample (open) or the
- * clients whose updates count (close; none: drop them), with the seeds of a
- * --secagg close (sa). */
-int coord_fed_send_shards(Coord *c, bool close, const uint32_t *ids, size_t n, Psnet__SecAgg *sa);
-/* Sends rd to every shard of the map; their answers come to shard_rep. */
-int coord_fed_send_round(Coord *c, Psnet__Round *rd);
-/* rd to one edge worker (p NULL: -ENOTCONN). */
-int coord_fed_send_edge(Coord *c, const Peer *p, Psnet__Round *rd);
-/* A new round record (the history's ring). */
-FedRecord *coord_fed_record_new(FedRounds *f);
-/* An edge worker that can take part (registered, not detached). */
-bool coord_fed_available(const Peer *p);
-/* --eval-every: asks an edge worker to test the model of the rounds done. */
-void coord_fed_evaluate_round(Coord *c);
-
-/* --- fedasync (coord-fedasync.c) */
-/* Hands tasks to idle edge workers, drops tasks past --round-timeout, and
- * applies a buffer on the shards once it holds --buffer updates. Sets the
- * phase to WAITING once the job's rounds are done (the final evaluation). */
-void coord_fedasync_poll(Coord *c, uint64_t now);
-/* An edge worker's answer to its task. */
-void coord_fedasync_rep(Coord *c, WireMsg *m, Peer *p);
-/* Every shard answered a buffer's close (aggregate: all applied it). */
-void coord_fedasync_closed(Coord *c);
-void coord_fedasync_free(FedRounds *f);
-/* Closes the round (phase CLOSING): aggregates when the updates it counts
- * suffice, else drops them; why goes to the log and the round's note. */
-void coord_fed_close(Coord *c, const char *why);
-/* An edge worker tested the model after this many aggregated rounds: the
- * accuracy joins that round's record. */
-void coord_fed_accuracy(Coord *c, uint32_t round, float accuracy);
-
-/* --- secure aggregation's exchanges within a round (coord-secagg.c) */
-/* The round's clients were told to train: stage 1 starts (keys). */
-int coord_secagg_start(Coord *c);
-/* Moves the exchanges on at their deadlines or once every client answered. */
-void coord_secagg_poll(Coord *c, uint64_t now);
-/* An edge worker's answer in stage 1, 2 or 4 (i: its place in the sample). */
-void coord_secagg_rep(Coord *c, WireMsg *m, Peer *p, size_t i);
-/* Whether sampled client i may send an update (stage 3, a member of U2 with
- * the example count it said); reason when not. */
-bool coord_secagg_may_count(Coord *c, size_t i, uint64_t examples, char *reason, size_t n);
-/* Training is over with the survivors in FedRounds.answered: stage 4 asks
- * them for the shares that unmask the sum. */
-void coord_secagg_unmask(Coord *c);
-/* Frees (and wipes) the round's exchanges. */
-void coord_secagg_clear(FedRounds *f);
 
 /* --- the job's history: accuracy by epoch (coord-history.c) */
 void coord_history_reset(Coord *c);
@@ -432,11 +339,81 @@ void coord_history_view_free(HistoryView *v);
  * order or range. */
 int coord_history_restore(Coord *c, Psnet__EpochRecord *const *recs, size_t n, char *err, size_t errlen);
 
+/* --- the shard map and the CONFIG it goes out in (coord-map.c) */
+/* Sends the job, map and membership to every peer (the flush's: others set
+ * TODO_PUBLISH). */
+void coord_publish(Coord *c);
+/* The same to one peer (one that registered again): nothing changed. */
+void coord_publish_peer(Coord *c, Peer *p);
+int coord_build_map(Coord *c);
+int coord_remap(Coord *c, uint32_t add, uint32_t remove);
+/* The copies of every key the job asks for over n shards. */
+uint32_t coord_replicas(const Coord *c, size_t n);
+void coord_handle_shard_change(Coord *c, WireMsg *m, bool add);
+bool coord_job_fits(Coord *c, char *reason, size_t n);
+
+/* --- a federated job's rounds as data (coord-rounds.c) */
+/* The job (re)starts: no round yet. */
+void coord_fed_reset(Coord *c);
+void coord_fed_free(Coord *c);
+/* The open round's sample, answers and exchanges go. */
+void coord_rounds_clear(FedRounds *f);
+/* Frees (and wipes) the round's secure aggregation exchanges. */
+void coord_secagg_clear(FedRounds *f);
+void coord_fedasync_free(FedRounds *f);
+/* The rounds as psctl sees them (pointers into c, valid until the next
+ * event; its records allocated for the history held): for psctl status, the
+ * state file and a checkpoint's manifest. -ENOMEM, or 0: free with
+ * coord_fed_view_free. */
+typedef struct FedView {
+        Psnet__FedStatus fs;
+        Psnet__RoundRecord *recs, **recp;
+} FedView;
+int coord_fed_status(Coord *c, FedView *v);
+void coord_fed_view_free(FedView *v);
+/* A message that keeps a federated job (CoordState, CheckpointManifest): its
+ * rounds (v) and the privacy accountant's RDP. */
+#define COORD_FED_KEEP(msg, c, v)                               \
+        do {                                                    \
+                (msg).fed = &(v)->fs;                           \
+                (msg).n_fed_rdp = RDP_NORDERS;                  \
+                (msg).fed_rdp = (c)->fed.privacy.rdp;           \
+                (msg).has_fed_rdp_steps = true;                 \
+                (msg).fed_rdp_steps = (c)->fed.privacy.steps;   \
+        } while (0)
+/* A restarted pscoord takes the rounds from its state file (coord-state.c):
+ * counts, history and the privacy spent; the round that was open is gone
+ * (the next one gets a higher number). 0, or -EBADMSG with the reason. */
+int coord_fed_restore(Coord *c, const Psnet__FedStatus *s, const double *rdp, size_t nrdp, uint64_t rdp_steps,
+                      char *err, size_t n);
+/* A federated job restored from a checkpoint starts: its rounds and privacy
+ * spent from the checkpoint's manifest (c->restore). */
+int coord_fed_resume(Coord *c, char *reason, size_t n);
+/* Sends MSG_ROUND to every shard of the map: the round's sample (open) or the
+ * clients whose updates count (close; none: drop them), with the seeds of a
+ * --secagg close (sa). */
+int coord_fed_send_shards(Coord *c, bool close, const uint32_t *ids, size_t n, Psnet__SecAgg *sa);
+/* Sends rd to every shard of the map; their answers come to shard_rep. */
+int coord_fed_send_round(Coord *c, Psnet__Round *rd);
+/* rd to one edge worker (p NULL: -ENOTCONN). */
+int coord_fed_send_edge(Coord *c, const Peer *p, Psnet__Round *rd);
+/* A new round record (the history's ring); the record of a round's number (NULL: none). */
+FedRecord *coord_fed_record_new(FedRounds *f);
+FedRecord *coord_fed_record_find(FedRounds *f, uint64_t number);
+/* An edge worker that can take part (registered, not detached). */
+bool coord_fed_available(const Peer *p);
+/* --eval-every: asks an edge worker to test the model of the rounds done. */
+void coord_fed_evaluate_round(Coord *c);
+/* An edge worker tested the model after this many aggregated rounds: the
+ * accuracy joins that round's record. */
+void coord_fed_accuracy(Coord *c, uint32_t round, float accuracy);
+
 /* --- pscoord's state on disk, --state-dir (coord-state.c) */
 /* Locks the directory and loads its state: 1 loaded, 0 none (or no
  * --state-dir), negative errno with err saying why (pscoord does not start). */
 int coord_state_open(Coord *c, char *err, size_t n);
-/* Writes the state (before every publish); a failure is logged and counted. */
+/* Writes the state now; a failure is logged and counted. For a change that
+ * must be on disk before it is said (a line in the log); others set TODO_SAVE. */
 void coord_state_save(Coord *c);
 void coord_state_close(Coord *c);
 /* The state in buf (a whole state file) applied to c, which holds none yet:
@@ -446,17 +423,111 @@ int coord_state_parse(Coord *c, const uint8_t *buf, size_t n, Psnet__CoordState 
 /* Frees the peers, membership and map a parse put in c (the fuzz target's). */
 void coord_state_forget(Coord *c);
 
-/* --- the job and the operator: start, stop, mode, status, metrics (coord-admin.c) */
-void coord_publish_state(Coord *c);
+/* --- fences and clock boundaries (coord-boundary.c) */
+void coord_fence_start(Coord *c, bool mode_change, ConsistencyMode mode, uint32_t staleness);
+void coord_fence_commit(Coord *c);
+/* A shard's answer; a checkpoint's fence, answered by all, sets
+ * c->ckpt.fenced and TODO_CHECKPOINT. */
+void coord_handle_fence_rep(Coord *c, WireMsg *m);
+void coord_fence_tick(Coord *c);
+
+/* --- the job's lifecycle (coord-job.c) */
+/* The job ends as failed: says why to the log, psctl and every peer. */
 void coord_job_fail(Coord *c, const char *reason);
+/* Starts the job once the expected shards and workers are there. */
 void coord_maybe_start(Coord *c);
+/* The evaluating worker (or edge) p reported the final accuracy: the job is done. */
+void coord_job_done(Coord *c, Peer *p, const Psnet__WorkerInfo *wi);
 /* job becomes the job (numbered after the last one), waiting for its shards
  * and workers; what was known of the last one (failure, evictions, accuracy,
  * the checkpoint it came from) goes. */
 void coord_job_replace(Coord *c, const Job *job);
-void coord_handle_status(Coord *c, WireMsg *m);
+/* The job's state to every peer: the members with the job and map (publish),
+ * workers not yet members of anything with the state alone (the flush's). */
+void coord_publish_state(Coord *c);
 void coord_handle_job_submit(Coord *c, WireMsg *m);
 void coord_handle_job_stop(Coord *c, WireMsg *m);
+
+/* --- secure aggregation's exchanges within a round (coord-secagg.c) */
+/* The round's clients were told to train: stage 1 starts (keys). */
+int coord_secagg_start(Coord *c);
+/* Moves the exchanges on at their deadlines or once every client answered:
+ * false, or true when the round must close without its updates (stage 1 or 2
+ * fell short; why says so) — coord-fed.c closes it. */
+bool coord_secagg_poll(Coord *c, uint64_t now, char *why, size_t n);
+/* An edge worker's answer in stage 1, 2 or 4 (i: its place in the sample). */
+void coord_secagg_rep(Coord *c, WireMsg *m, Peer *p, size_t i);
+/* Whether sampled client i may send an update (stage 3, a member of U2 with
+ * the example count it said); reason when not. */
+bool coord_secagg_may_count(Coord *c, size_t i, uint64_t examples, char *reason, size_t n);
+/* Training is over with the survivors in FedRounds.answered: stage 4 asks
+ * them for the shares that unmask the sum. */
+void coord_secagg_unmask(Coord *c);
+
+/* --- fedasync (coord-fedasync.c) */
+/* Hands tasks to idle edge workers, drops tasks past --round-timeout, and
+ * applies a buffer on the shards once it holds --buffer updates. Sets the
+ * phase to WAITING once the job's rounds are done (the final evaluation). */
+void coord_fedasync_poll(Coord *c, uint64_t now);
+/* An edge worker's answer to its task. */
+void coord_fedasync_rep(Coord *c, WireMsg *m, Peer *p);
+/* Every shard answered a buffer's close (aggregate: all applied it). */
+void coord_fedasync_closed(Coord *c);
+
+/* --- checkpoints (coord-checkpoint.c) */
+int coord_checkpoint_start(Coord *c, const char *name, bool automatic, char *reason, size_t n);
+void coord_checkpoint_fenced(Coord *c);
+/* A federated job between rounds (coord_fed_poll): a save waiting for that
+ * starts. Whether a save holds the next round (or buffer) back. */
+bool coord_checkpoint_fed_cut(Coord *c);
+void coord_checkpoint_fail(Coord *c, int status, const char *reason);
+void coord_checkpoint_tick(Coord *c);
+/* TODO_CHECKPOINT: the fence of a save answered (or gave up), a save a
+ * restarted pscoord found unfinished. */
+void coord_checkpoint_step(Coord *c);
+int coord_checkpoint_restore(Coord *c, const char *name, char *reason, size_t n);
+void coord_handle_checkpoint(Coord *c, WireMsg *m);
+void coord_handle_checkpoint_rep(Coord *c, WireMsg *m, Peer *p);
+void coord_handle_checkpoint_list(Coord *c, WireMsg *m);
+void coord_handle_checkpoint_restore(Coord *c, WireMsg *m);
+
+/* --- federated rounds, driven (coord-fed.c) */
+/* Drives the rounds: opens one when enough edge workers are connected, closes
+ * it when every sampled client answered (or left) or at its time-out, asks for
+ * the final evaluation. The flush's (TODO_FED_POLL): the tick and every event
+ * that may move the rounds set it. A no-op unless a federated job runs. */
+void coord_fed_poll(Coord *c);
+/* MSG_ROUND_REP from a shard (a round opened or closed) or an edge worker
+ * (its update is on every shard). */
+void coord_handle_round_rep(Coord *c, WireMsg *m, Peer *p);
+/* Closes the round (phase CLOSING): aggregates when the updates it counts
+ * suffice, else drops them; why goes to the log and the round's note. */
+void coord_fed_close(Coord *c, const char *why);
+
+/* --- membership (coord-members.c) */
+void coord_membership_changed(Coord *c);
+bool coord_pick_evaluator(Coord *c, Peer *self);
+void coord_handle_register(Coord *c, WireMsg *m);
+void coord_handle_heartbeat(Coord *c, WireMsg *m, Peer *p);
+void coord_handle_result(Coord *c, WireMsg *m, Peer *p);
+void coord_handle_drain(Coord *c, WireMsg *m);
+/* A peer leaves (MSG_DEREGISTER): answered, removed, and what its leaving changes. */
+void coord_handle_deregister(Coord *c, WireMsg *m, Peer *p);
+void coord_expire_leases(Coord *c);
+void coord_evict_stragglers(Coord *c);
+/* Shard id left the cluster (why: for the log): if the map holds it, its
+ * keys go to their first backups (a new map epoch, published), or the job
+ * fails at once when a key had no other copy. */
+void coord_shard_lost(Coord *c, uint32_t id, const char *why);
+
+/* --- psctl's status and mode; /metrics (coord-admin.c) */
+void coord_handle_status(Coord *c, WireMsg *m);
 void coord_handle_job_mode(Coord *c, WireMsg *m);
 void coord_metrics(void *ud, MetricsBuf *b);
 void coord_status(void *ud, char *buf, size_t n);
+
+/* --- the loop (coord.c) */
+/* Its handler table (dispatch.h), one row per message type it serves. */
+extern const DispatchTable coord_dispatch;
+/* Does what the loop turn's flags ask (also on a loop of its own, for tests). */
+void coord_flush(Coord *c);

@@ -60,9 +60,6 @@ static void publish(Coord *c, Peer *only) {
                 log_error("out of memory while publishing the configuration");
                 return;
         }
-        /* On disk before any peer acts on it. */
-        if (!only)
-                coord_state_save(c);
         for (size_t i = 0; i < nw; i++) {
                 ids[i] = workers[i]->id;
                 starts[i] = workers[i]->start_clock;
@@ -181,40 +178,6 @@ uint32_t coord_replicas(const Coord *c, size_t n) {
         return (size_t) r > n ? (uint32_t) n : r;
 }
 
-void coord_shard_lost(Coord *c, uint32_t id, const char *why) {
-        if (!c->map || shardmap_find(c->map, id) < 0 || (c->state != JOB_RUNNING && c->state != JOB_WAITING))
-                return;
-        char reason[256];
-        uint32_t t = 0, k = 0;
-        ShardMap *m;
-        int r = shardmap_failover(c->map, c->map_epoch + 1, &id, 1, &m, &t, &k);
-        if (r == -ENODATA) {
-                snprintf(reason, sizeof reason,
-                         "shard %u left (%s) holding the only copy of key (%u,%u): the job keeps %u cop%s of each "
-                         "key (--replicas)", id, why, t, k, shardmap_replicas(c->map),
-                         shardmap_replicas(c->map) == 1 ? "y" : "ies");
-                log_error("%s", reason);
-                coord_job_fail(c, reason);
-                return;
-        }
-        if (r < 0) {
-                snprintf(reason, sizeof reason, "shard %u left (%s) and no new map could be built: %s", id, why,
-                         strerror(-r));
-                coord_job_fail(c, reason);
-                return;
-        }
-        c->map_epoch++;
-        shardmap_free(c->map);
-        c->map = m;
-        c->failovers++;
-        c->lost_shards++;
-        c->failover_ms = now_ms();
-        coord_publish(c);
-        /* Logged once the new map is on disk (--state-dir) and sent. */
-        log_warning("fail-over shard_id=%u reason=\"%s\" map_epoch=%lu shards=%zu replicas=%u", id, why,
-                    (unsigned long) c->map_epoch, shardmap_size(m), shardmap_replicas(m));
-}
-
 void coord_handle_shard_change(Coord *c, WireMsg *m, bool add) {
         char reason[128];
         const Psnet__ShardRef *ctl = m->hdr->shard;
@@ -258,7 +221,7 @@ void coord_handle_shard_change(Coord *c, WireMsg *m, bool add) {
         c->migrate_start_ms = now_ms();
         log_info("shard %s shard_id=%u map_epoch=%lu shards=%zu", add ? "added" : "removed", id,
                  (unsigned long) c->map_epoch, shardmap_size(c->map));
-        coord_publish(c);
+        coord_todo(c, TODO_PUBLISH);
         (void) coord_reply_job(c, &m->route, m->hdr->seq, "migrating");
 }
 

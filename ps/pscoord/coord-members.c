@@ -3,82 +3,6 @@
  * shards report. A change of the workers ends in coord_membership_changed. */
 #include "coord-internal.h"
 
-const char *coord_role_noun(Psnet__Role role) {
-        return role == PSNET__ROLE__ROLE_SERVER ? "shard" : role == PSNET__ROLE__ROLE_EDGE ? "edge" : "worker";
-}
-
-size_t coord_count_role(const Coord *c, Psnet__Role role) {
-        size_t n = 0;
-        for (size_t i = 0; i < c->npeers; i++)
-                n += c->peers[i].role == role;
-        return n;
-}
-
-Peer *coord_find_peer(Coord *c, Psnet__Role role, uint32_t id) {
-        for (size_t i = 0; i < c->npeers; i++)
-                if (c->peers[i].role == role && c->peers[i].id == id)
-                        return &c->peers[i];
-        return NULL;
-}
-
-/* The peer that sent a message: matched by its ZeroMQ identity. */
-Peer *coord_find_route(Coord *c, const zmq_msg_t *route) {
-        size_t n = zmq_msg_size((zmq_msg_t *) route);
-        for (size_t i = 0; i < c->npeers; i++) {
-                zmq_msg_t *r = &c->peers[i].route;
-                if (zmq_msg_size(r) == n && memcmp(zmq_msg_data(r), zmq_msg_data((zmq_msg_t *) route), n) == 0)
-                        return &c->peers[i];
-        }
-        return NULL;
-}
-
-void coord_peer_done(Peer *p) {
-        zmq_msg_close(&p->route);
-        ps_free(p->endpoint);
-}
-
-void coord_remove_peer(Coord *c, Peer *p) {
-        size_t i = (size_t) (p - c->peers);
-        if (p->role == PSNET__ROLE__ROLE_WORKER && p->member && !p->done)
-                c->sched_lost = true; /* its share of the epochs goes to the others */
-        if (p->role == PSNET__ROLE__ROLE_WORKER && p->id == c->evaluator)
-                c->evaluator = 0;
-        if (p->role == PSNET__ROLE__ROLE_WORKER)
-                for (size_t j = 0; j < c->nprev; j++)
-                        if (c->prev_ids[j] == p->id) {
-                                memmove(&c->prev_ids[j], &c->prev_ids[j + 1], (c->nprev - j - 1) * sizeof *c->prev_ids);
-                                c->nprev--;
-                                break;
-                        }
-        coord_peer_done(p);
-        memmove(&c->peers[i], &c->peers[i + 1], (c->npeers - i - 1) * sizeof *p);
-        c->npeers--;
-}
-
-static int cmp_peer_id(const void *a, const void *b) {
-        const Peer *const *x = a, *const *y = b;
-        return (*x)->id < (*y)->id ? -1 : (*x)->id > (*y)->id;
-}
-
-/* Workers in id order (ranks follow this order); only members when
- * members_only. Caller frees. */
-Peer **coord_sorted_workers_sel(Coord *c, bool members_only, size_t *ret_n) {
-        size_t n = coord_count_role(c, PSNET__ROLE__ROLE_WORKER), j = 0;
-        Peer **v = ps_malloc((n ? n : 1) * sizeof *v);
-        if (!v)
-                return NULL;
-        for (size_t i = 0; i < c->npeers; i++)
-                if (c->peers[i].role == PSNET__ROLE__ROLE_WORKER && (!members_only || c->peers[i].member))
-                        v[j++] = &c->peers[i];
-        qsort(v, j, sizeof *v, cmp_peer_id);
-        *ret_n = j;
-        return v;
-}
-
-Peer **coord_sorted_workers(Coord *c, size_t *ret_n) {
-        return coord_sorted_workers_sel(c, true, ret_n);
-}
-
 /* Where the job's clock is now, as the members last reported it: the
  * furthest under BSP (they move together), the mean under ASP and SSP (the
  * clocks the members have trained between them). */
@@ -161,7 +85,7 @@ void coord_membership_changed(Coord *c) {
                                               : "every worker left without finishing");
                 return;
         }
-        coord_publish(c);
+        coord_todo(c, TODO_PUBLISH);
         (void) coord_pick_evaluator(c, NULL);
 }
 
@@ -333,7 +257,7 @@ void coord_handle_register(Coord *c, WireMsg *m) {
         }
         if (reg->role == PSNET__ROLE__ROLE_SERVER && c->map && shardmap_find(c->map, id) >= 0) {
                 /* A shard of the current map came back: give it the job again. */
-                coord_publish(c);
+                coord_todo(c, TODO_PUBLISH);
                 return;
         }
         if (reg->role == PSNET__ROLE__ROLE_SERVER && c->state == JOB_RUNNING && c->map && c->lost_shards > 0 &&
@@ -350,7 +274,7 @@ void coord_handle_register(Coord *c, WireMsg *m) {
                         c->migrate_start_ms = now_ms();
                         log_info("shard takes a lost shard's place shard_id=%u map_epoch=%lu shards=%zu", id,
                                  (unsigned long) c->map_epoch, shardmap_size(c->map));
-                        coord_publish(c);
+                        coord_todo(c, TODO_PUBLISH);
                         return;
                 }
                 log_warning_errno(r, "Failed to put shard %u in the map: %m (it waits on standby)", id);
@@ -380,7 +304,7 @@ void coord_handle_heartbeat(Coord *c, WireMsg *m, Peer *p) {
         }
         if (h->heartbeat->worker && p->role == PSNET__ROLE__ROLE_WORKER) {
                 if (c->state == JOB_RUNNING && p->member && coord_history_epoch(c, p->id, h->heartbeat->worker))
-                        coord_state_save(c);
+                        coord_todo(c, TODO_SAVE);
                 p->worker = *h->heartbeat->worker;
                 p->worker.base = (ProtobufCMessage) PROTOBUF_C_MESSAGE_INIT(&psnet__worker_info__descriptor);
                 p->worker.n_evals = 0; /* they live in the message, kept in the history */
@@ -426,22 +350,7 @@ void coord_handle_result(Coord *c, WireMsg *m, Peer *p) {
         Psnet__Header h;
         Psnet__ResultRep rr = PSNET__RESULT_REP__INIT;
         if (wi->has_accuracy) {
-                c->accuracy = wi->accuracy;
-                c->has_accuracy = true;
-                c->state = JOB_DONE;
-                c->job_end_ms = now_ms();
-                c->weights_digest = wi->has_weights_digest ? wi->weights_digest : 0;
-                log_info("job done job=%u accuracy=%.4f seconds=%.1f worker=%u weights=%016llx failovers=%u%s",
-                         c->job.id, c->accuracy, (double) (c->job_end_ms - c->job_start_ms) / 1000.0, p->id,
-                         (unsigned long long) c->weights_digest, c->failovers, edge ? " federated=1" : "");
-                if (edge) {
-                        c->fed.phase = FED_DONE;
-                        coord_fed_accuracy(c, c->fed.done, wi->accuracy);
-                        if (c->job.fed.strategy.dp_noise > 0)
-                                log_info("job privacy job=%u rounds=%u epsilon=%.4f delta=%g noise=%g clip=%g",
-                                         c->job.id, c->fed.done, c->fed.epsilon, (double) c->job.fed.dp_delta,
-                                         (double) c->job.fed.strategy.dp_noise, (double) c->job.fed.strategy.dp_clip);
-                }
+                coord_job_done(c, p, wi);
         } else {
                 log_info("worker finished training worker=%u clock=%ld", p->id, (long) wi->clock);
                 rr.has_evaluate = true;
@@ -451,8 +360,6 @@ void coord_handle_result(Coord *c, WireMsg *m, Peer *p) {
         h.body_case = PSNET__HEADER__BODY_RESULT_REP;
         h.result_rep = &rr;
         (void) coord_reply_hdr(c, &m->route, &h, m->hdr->seq);
-        if (c->state == JOB_DONE)
-                coord_publish_state(c); /* the waiting members leave */
 }
 
 void coord_handle_drain(Coord *c, WireMsg *m) {
@@ -507,7 +414,7 @@ void coord_expire_leases(Coord *c) {
         if (changed)
                 coord_membership_changed(c);
         if (edge_gone)
-                coord_fed_poll(c);
+                coord_todo(c, TODO_FED_POLL);
 }
 
 /* A member the others have waited on for --stall-timeout leaves the
@@ -559,7 +466,43 @@ void coord_handle_deregister(Coord *c, WireMsg *m, Peer *p) {
         if (role == PSNET__ROLE__ROLE_WORKER)
                 coord_membership_changed(c);
         else if (role == PSNET__ROLE__ROLE_EDGE)
-                coord_fed_poll(c); /* a round it was sampled for need not wait for it */
+                coord_todo(c, TODO_FED_POLL); /* a round it was sampled for need not wait for it */
         else /* it stopped acknowledging before it said goodbye */
                 coord_shard_lost(c, id, "it stopped");
 }
+
+void coord_shard_lost(Coord *c, uint32_t id, const char *why) {
+        if (!c->map || shardmap_find(c->map, id) < 0 || (c->state != JOB_RUNNING && c->state != JOB_WAITING))
+                return;
+        char reason[256];
+        uint32_t t = 0, k = 0;
+        ShardMap *m;
+        int r = shardmap_failover(c->map, c->map_epoch + 1, &id, 1, &m, &t, &k);
+        if (r == -ENODATA) {
+                snprintf(reason, sizeof reason,
+                         "shard %u left (%s) holding the only copy of key (%u,%u): the job keeps %u cop%s of each "
+                         "key (--replicas)", id, why, t, k, shardmap_replicas(c->map),
+                         shardmap_replicas(c->map) == 1 ? "y" : "ies");
+                log_error("%s", reason);
+                coord_job_fail(c, reason);
+                return;
+        }
+        if (r < 0) {
+                snprintf(reason, sizeof reason, "shard %u left (%s) and no new map could be built: %s", id, why,
+                         strerror(-r));
+                coord_job_fail(c, reason);
+                return;
+        }
+        c->map_epoch++;
+        shardmap_free(c->map);
+        c->map = m;
+        c->failovers++;
+        c->lost_shards++;
+        c->failover_ms = now_ms();
+        coord_state_save(c);
+        coord_todo(c, TODO_PUBLISH);
+        /* Logged once the new map is on disk (--state-dir); it leaves at the end of this loop turn. */
+        log_warning("fail-over shard_id=%u reason=\"%s\" map_epoch=%lu shards=%zu replicas=%u", id, why,
+                    (unsigned long) c->map_epoch, shardmap_size(m), shardmap_replicas(m));
+}
+

@@ -22,23 +22,6 @@
 #include "coord-internal.h"
 #include "secagg.h"
 
-void coord_secagg_clear(FedRounds *f) {
-        FedSecAgg *s = &f->sa;
-        if (s->shares)
-                sodium_memzero(s->shares, s->n * s->n * SECAGG_KEY);
-        ps_free(s->u1);
-        ps_free(s->u2);
-        ps_free(s->revealed);
-        ps_free(s->x);
-        ps_free(s->mask_pk);
-        ps_free(s->share_pk);
-        ps_free(s->examples);
-        ps_free(s->boxes);
-        ps_free(s->has_box);
-        ps_free(s->shares);
-        memset(s, 0, sizeof *s);
-}
-
 int coord_secagg_start(Coord *c) {
         FedRounds *f = &c->fed;
         FedSecAgg *s = &f->sa;
@@ -72,15 +55,17 @@ static void send_edge(Coord *c, size_t i, Psnet__SecAgg *sa) {
                                   (unsigned long) f->number, sa->stage, f->clients[i]);
 }
 
-/* The round fails: no shard gets any seed (each drops what it holds). */
-static void fail(Coord *c, const char *why) {
+/* The round fails: no shard gets any seed (each drops what it holds).
+ * While training, nobody has answered with an update yet: true, and the
+ * round is to be closed (coord-fed.c: the close drops it) with why in
+ * close_why. */
+static bool fail(Coord *c, const char *why, char *close_why, size_t cn) {
         log_info("secure aggregation failed number=%lu stage=%u reason=\"%s\"", (unsigned long) c->fed.number,
                  c->fed.sa.stage, why);
         FedRounds *f = &c->fed;
         if (f->phase == FED_TRAINING) {
-                /* Nobody has answered with an update yet: the close drops the round. */
-                coord_fed_close(c, why);
-                return;
+                snprintf(close_why, cn, "%s", why);
+                return true;
         }
         FedRecord *rec = NULL;
         for (size_t k = 0; k < f->nhist && !rec; k++) {
@@ -95,6 +80,7 @@ static void fail(Coord *c, const char *why) {
         int r = coord_fed_send_shards(c, true, NULL, 0, NULL);
         if (r < 0)
                 coord_job_fail(c, "cannot drop a round on the shards");
+        return false;
 }
 
 static size_t need(Coord *c) {
@@ -102,7 +88,7 @@ static size_t need(Coord *c) {
 }
 
 /* Stage 1 is over: U1 learns who is in it. */
-static void end_keys(Coord *c) {
+static bool end_keys(Coord *c, char *close_why, size_t cn) {
         FedRounds *f = &c->fed;
         FedSecAgg *s = &f->sa;
         char why[96];
@@ -114,8 +100,7 @@ static void end_keys(Coord *c) {
         }
         if (s->n1 < need(c)) {
                 snprintf(why, sizeof why, "secure aggregation: %zu of %zu clients sent keys", s->n1, s->n);
-                fail(c, why);
-                return;
+                return fail(c, why, close_why, cn);
         }
         s->t = secagg_threshold(s->n1, c->job.fed.secagg_threshold);
         s->boxes = ps_malloc(s->n * s->n * SECAGG_BOX);
@@ -124,7 +109,7 @@ static void end_keys(Coord *c) {
         _cleanup_free_ Psnet__SecAggPeer **pp = ps_calloc(s->n1, sizeof *pp);
         if (!s->boxes || !s->has_box || !pe || !pp) {
                 coord_job_fail(c, "out of memory in a round's secure aggregation");
-                return;
+                return false;
         }
         size_t k = 0;
         for (size_t i = 0; i < s->n; i++) {
@@ -151,10 +136,11 @@ static void end_keys(Coord *c) {
         for (size_t i = 0; i < s->n; i++)
                 if (s->u1[i])
                         send_edge(c, i, &sa);
+        return false;
 }
 
 /* Stage 2 is over: each member of U2 gets U2 and the boxes sealed for it. */
-static void end_shares(Coord *c) {
+static bool end_shares(Coord *c, char *close_why, size_t cn) {
         FedRounds *f = &c->fed;
         FedSecAgg *s = &f->sa;
         char why[96];
@@ -171,8 +157,7 @@ static void end_shares(Coord *c) {
         if (s->n2 < MAX(need(c), (size_t) s->t)) {
                 snprintf(why, sizeof why, "secure aggregation: %zu of %zu clients sent their shares (%u needed)",
                          s->n2, s->n1, (unsigned) MAX(need(c), (size_t) s->t));
-                fail(c, why);
-                return;
+                return fail(c, why, close_why, cn);
         }
         _cleanup_free_ Psnet__SecAggPeer *pe = ps_calloc(s->n2, sizeof *pe);
         _cleanup_free_ Psnet__SecAggPeer **pp = ps_calloc(s->n2, sizeof *pp);
@@ -180,7 +165,7 @@ static void end_shares(Coord *c) {
         _cleanup_free_ Psnet__SecAggBox **bp = ps_calloc(s->n2, sizeof *bp);
         if (!pe || !pp || !bx || !bp) {
                 coord_job_fail(c, "out of memory in a round's secure aggregation");
-                return;
+                return false;
         }
         size_t k = 0;
         for (size_t i = 0; i < s->n; i++) {
@@ -222,6 +207,7 @@ static void end_shares(Coord *c) {
                 sa.boxes = bp;
                 send_edge(c, to, &sa);
         }
+        return false;
 }
 
 void coord_secagg_unmask(Coord *c) {
@@ -251,15 +237,14 @@ void coord_secagg_unmask(Coord *c) {
 }
 
 /* Stage 4 is over: the seeds from t shares each, then the close. */
-static void end_unmask(Coord *c) {
+static bool end_unmask(Coord *c, char *close_why, size_t cn) {
         FedRounds *f = &c->fed;
         FedSecAgg *s = &f->sa;
         char why[96];
         if (s->nrevealed < s->t) {
                 snprintf(why, sizeof why, "secure aggregation: %zu of the %u shares needed to unmask came",
                          s->nrevealed, s->t);
-                fail(c, why);
-                return;
+                return fail(c, why, close_why, cn);
         }
         uint8_t xs[SECAGG_MAX_CLIENTS];
         size_t rev[SECAGG_MAX_CLIENTS], nr = 0;
@@ -277,7 +262,7 @@ static void end_unmask(Coord *c) {
         _cleanup_free_ Psnet__SecAggSecret **sp = ps_calloc(s->n2, sizeof *sp);
         if (!ids || !sec || !got || !pe || !pp || !se || !sp) {
                 coord_job_fail(c, "out of memory in a round's secure aggregation");
-                return;
+                return false;
         }
         size_t nids = 0, k = 0;
         bool bad = false;
@@ -310,8 +295,7 @@ static void end_unmask(Coord *c) {
         sodium_memzero(got, nr * SECAGG_KEY);
         if (bad) {
                 sodium_memzero(sec, s->n * SECAGG_KEY);
-                fail(c, why);
-                return;
+                return fail(c, why, close_why, cn);
         }
         Psnet__SecAgg sa = PSNET__SEC_AGG__INIT;
         sa.has_weight = sa.has_clip = true;
@@ -331,9 +315,10 @@ static void end_unmask(Coord *c) {
                          strerror(-r));
                 coord_job_fail(c, reason);
         }
+        return false;
 }
 
-void coord_secagg_poll(Coord *c, uint64_t now) {
+bool coord_secagg_poll(Coord *c, uint64_t now, char *why, size_t n) {
         FedRounds *f = &c->fed;
         FedSecAgg *s = &f->sa;
         size_t waiting = 0;
@@ -345,13 +330,14 @@ void coord_secagg_poll(Coord *c, uint64_t now) {
         /* Keys and shares come within the round's time-out too. */
         bool over = now >= s->deadline || (s->stage < 3 && now >= f->deadline);
         if (waiting > 0 && !over)
-                return;
+                return false;
         if (s->stage == 1)
-                end_keys(c);
-        else if (s->stage == 2)
-                end_shares(c);
-        else if (s->stage == 4)
-                end_unmask(c);
+                return end_keys(c, why, n);
+        if (s->stage == 2)
+                return end_shares(c, why, n);
+        if (s->stage == 4)
+                return end_unmask(c, why, n);
+        return false;
 }
 
 bool coord_secagg_may_count(Coord *c, size_t i, uint64_t examples, char *reason, size_t n) {
@@ -483,5 +469,5 @@ void coord_secagg_rep(Coord *c, WireMsg *m, Peer *p, size_t i) {
                 return;
         }
         (void) coord_reply_job(c, &m->route, seq, "taken");
-        coord_fed_poll(c);
+        coord_todo(c, TODO_FED_POLL);
 }

@@ -422,8 +422,11 @@ int coord_state_open(Coord *c, char *err, size_t n) {
                  c->job.id, job_state_name(c->state), job_mode_string(&c->job, mode, sizeof mode),
                  (unsigned long) c->map_epoch, (unsigned long) c->members_epoch, shards, workers,
                  (long) ((int64_t) unix_ms() - (int64_t) st->written_ms), path);
-        if (st->checkpoint_writing && ckpt_name_valid(st->checkpoint_writing))
-                coord_checkpoint_abandon(c, st->checkpoint_writing);
+        if (st->checkpoint_writing && ckpt_name_valid(st->checkpoint_writing)) {
+                /* Its files go once the loop runs (coord-checkpoint.c). */
+                snprintf(c->ckpt.abandoned, sizeof c->ckpt.abandoned, "%s", st->checkpoint_writing);
+                coord_todo(c, TODO_CHECKPOINT);
+        }
         psnet__coord_state__free_unpacked(st, NULL);
         return 1;
 }

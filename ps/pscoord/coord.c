@@ -1,45 +1,11 @@
-/* pscoord: the loop. One thread, one uv_loop: the control ROUTER, a timer
- * for leases, stragglers and fences, signals and the HTTP endpoint (service.c).
- * Every change of job, map or membership is pushed to the peers as MSG_CONFIG
- * (coord-map.c). See coord-internal.h for the other files. */
+/* pscoord: the loop. One thread, one uv_loop: the control ROUTER and its
+ * handler table, a timer for leases, stragglers and fences, signals and the
+ * HTTP endpoint (service.c), and the flush of what each loop turn asked for
+ * (coord_todo): the state saved, the job, map and membership pushed to the
+ * peers as MSG_CONFIG (coord-map.c), a checkpoint stepped, the rounds
+ * driven. See coord-internal.h for the other files and their order. */
 #include <time.h>
 #include "coord-internal.h"
-
-/* Sends h (type and body set by the caller) to route, echoing seq. */
-int coord_reply_hdr(Coord *c, const zmq_msg_t *route, Psnet__Header *h, uint64_t seq) {
-        if (zmq_msg_size((zmq_msg_t *) route) == 0)
-                return -ENOTCONN; /* a peer known from the state file that has not registered again yet */
-        h->has_seq = true;
-        h->seq = seq;
-        h->has_job = true;
-        h->job = c->job.id;
-        return netsock_send(c->ctl, route, h, NULL, 0);
-}
-
-/* A reply of this type without a body. */
-int coord_reply(Coord *c, const zmq_msg_t *route, Psnet__MsgType type, uint64_t seq) {
-        Psnet__Header h;
-        wire_header_init(&h, type);
-        return coord_reply_hdr(c, route, &h, seq);
-}
-
-/* MSG_JOB_REP with the job's state and, optionally, a message. */
-int coord_reply_job(Coord *c, const zmq_msg_t *route, uint64_t seq, const char *message) {
-        Psnet__Header h;
-        Psnet__JobRep jr = PSNET__JOB_REP__INIT;
-        jr.job_state = job_state_to_proto(c->state);
-        jr.message = (char *) message;
-        wire_header_init(&h, PSNET__MSG_TYPE__MSG_JOB_REP);
-        h.body_case = PSNET__HEADER__BODY_JOB_REP;
-        h.job_rep = &jr;
-        return coord_reply_hdr(c, route, &h, seq);
-}
-
-int coord_reply_error(Coord *c, const zmq_msg_t *route, uint64_t seq, int status, const char *reason) {
-        c->errors++;
-        log_warning("refused request reason=\"%s\" status=%s", reason, status_name(status));
-        return netsock_send_error(c->ctl, route, status, seq, reason);
-}
 
 /* --- the messages pscoord serves: its handler table ------------------------------------ */
 
@@ -150,7 +116,39 @@ static void coord_on_tick(uv_timer_t *t) {
         coord_evict_stragglers(c);
         coord_fence_tick(c);
         coord_checkpoint_tick(c);
-        coord_fed_poll(c);
+        coord_todo(c, TODO_FED_POLL);
+}
+
+/* --- the loop turn's flags -------------------------------------------------------------- */
+
+void coord_flush(Coord *c) {
+        /* What a pass does may ask for more (a round done is saved): a few
+         * passes, then the next turn. Publishing comes before driving the
+         * rounds, so that edge workers know the job before its first round. */
+        for (int pass = 0; c->todo && pass < 4; pass++) {
+                unsigned t = c->todo;
+                c->todo = 0;
+                if (t & (TODO_SAVE | TODO_PUBLISH | TODO_PUBLISH_STATE))
+                        coord_state_save(c); /* on disk before any peer acts on it */
+                if (t & TODO_PUBLISH_STATE)
+                        coord_publish_state(c);
+                else if (t & TODO_PUBLISH)
+                        coord_publish(c);
+                if (t & TODO_CHECKPOINT)
+                        coord_checkpoint_step(c);
+                if (t & TODO_FED_POLL)
+                        coord_fed_poll(c);
+        }
+}
+
+/* Before the loop waits (what timers asked for), and right after the I/O
+ * callbacks (what messages asked for): whichever comes first. */
+static void on_prepare(uv_prepare_t *h) {
+        coord_flush(h->data);
+}
+
+static void on_check(uv_check_t *h) {
+        coord_flush(h->data);
 }
 
 static void coord_stop(void *ud, int signo) {
@@ -236,7 +234,17 @@ int coord_run(const CoordConfig *cfg) {
                 r = -EINVAL;
                 goto finish;
         }
-        r = uv_timer_init(&c.loop, &c.tick);
+        r = uv_prepare_init(&c.loop, &c.flush_prepare);
+        if (r == 0)
+                r = uv_check_init(&c.loop, &c.flush_check);
+        if (r == 0) {
+                c.flush_prepare.data = c.flush_check.data = &c;
+                r = uv_prepare_start(&c.flush_prepare, on_prepare);
+        }
+        if (r == 0)
+                r = uv_check_start(&c.flush_check, on_check);
+        if (r == 0)
+                r = uv_timer_init(&c.loop, &c.tick);
         if (r == 0) {
                 c.tick.data = &c;
                 unsigned every = MAX(MIN(cfg->lease_ms, cfg->shard_lease_ms) / 8, 20u);
@@ -289,6 +297,10 @@ finish:
         c.service = service_free(c.service);
         if (uv_is_active((uv_handle_t *) &c.tick) || c.tick.data)
                 uv_close((uv_handle_t *) &c.tick, NULL);
+        if (c.flush_prepare.data)
+                uv_close((uv_handle_t *) &c.flush_prepare, NULL);
+        if (c.flush_check.data)
+                uv_close((uv_handle_t *) &c.flush_check, NULL);
         uv_run(&c.loop, UV_RUN_NOWAIT); /* the handles' close callbacks */
         if (uv_loop_close(&c.loop) < 0)
                 log_debug("event loop closed with handles open");
