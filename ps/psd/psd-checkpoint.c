@@ -21,7 +21,8 @@ typedef struct Loaded {
 } Loaded;
 
 struct Checkpointer {
-        Store *s;
+        Gate *g;
+        Store *s;               /* the gate's */
         uv_loop_t *loop;
         uint32_t shard;
         CheckpointDoneFn done;
@@ -56,12 +57,12 @@ struct Checkpointer {
         uint64_t bytes;
 };
 
-int checkpointer_new(Store *s, uv_loop_t *loop, uint32_t shard, CheckpointDoneFn done, void *ud,
+int checkpointer_new(Gate *g, uv_loop_t *loop, uint32_t shard, CheckpointDoneFn done, void *ud,
                      Checkpointer **ret) {
         Checkpointer *k = ps_calloc(1, sizeof *k);
         if (!k)
                 return -ENOMEM;
-        *k = (Checkpointer) { .s = s, .loop = loop, .shard = shard, .done = done, .ud = ud };
+        *k = (Checkpointer) { .g = g, .s = gate_store(g), .loop = loop, .shard = shard, .done = done, .ud = ud };
         k->work.data = k;
         *ret = k;
         return 0;
@@ -171,7 +172,7 @@ int checkpoint_save(Checkpointer *k, uint64_t seq, const char *name, const char 
                 return PSNET__STATUS__STATUS_INVALID;
         }
         bool fed = s->job.mode == MODE_FED;
-        if (!fed && !s->gate.fenced) {
+        if (!fed && !k->g->fenced) {
                 snprintf(reason, n, "not fenced (a new configuration ended the fence): try again");
                 return PSNET__STATUS__STATUS_UNAVAILABLE;
         }
@@ -179,8 +180,8 @@ int checkpoint_save(Checkpointer *k, uint64_t seq, const char *name, const char 
          * past the one before it is answered (so nobody pushes it). A
          * federated job needs no fence: pscoord cuts it between two rounds. */
         if (!fed) {
-                s->gate.fence_limit = clock;
-                s->gate.fence_pull_limit = clock - 1;
+                k->g->fence_limit = clock;
+                k->g->fence_pull_limit = clock - 1;
         }
         k->save_pending = true;
         k->restore = false;
@@ -216,11 +217,11 @@ static void bsp_cut_chunk(Store *s, Chunk *c, void *ud) {
  * yet, -1 past it (err says). */
 static int at_boundary(Checkpointer *k, char *err, size_t n) {
         Store *s = k->s;
-        const Gate *g = &s->gate;
-        const GateCfg *cfg = gate_cfg(s, k->clock);
+        const Gate *g = k->g;
+        const GateCfg *cfg = gate_cfg(g, k->clock);
         if (store_incoming(s) > 0)
                 return 0;
-        if (s->nkeys == s->backup_keys || s->job.mode == MODE_FED)
+        if (s->stats.nkeys == s->stats.backup_keys || s->job.mode == MODE_FED)
                 return 1; /* nothing of its own to cut; or between two rounds, which pscoord holds */
         if (cfg->mode == MODE_BSP) {
                 BspCut b = { .clock = k->clock, .ready = 1 };
@@ -295,7 +296,7 @@ static void after_work(uv_work_t *w, int status) {
                 im.adopt_values = l->val;
                 im.adopt_state = l->state;
                 im.last_clocks = (const int64_t *) l->buf;
-                int e = store_install_image(s, &im);
+                int e = gate_install_image(k->g, &im);
                 Chunk *now = s->chunks[l->e.tensor] ? s->chunks[l->e.tensor][l->e.chunk] : NULL;
                 if (now && now->val == l->val) {
                         l->val = NULL; /* the chunk's now */
@@ -385,7 +386,7 @@ static void snapshot_chunk(Store *s, Chunk *ch, void *ud) {
 /* The snapshot, in the loop: values by reference, state and de-dup copied. */
 static int snapshot(Checkpointer *k) {
         Store *s = k->s;
-        uint64_t n = s->nkeys - s->backup_keys;
+        uint64_t n = s->stats.nkeys - s->stats.backup_keys;
         k->recs = ps_calloc(n ? n : 1, sizeof *k->recs);
         k->vals = ps_calloc(n ? n : 1, sizeof *k->vals);
         if (!k->recs || !k->vals)
@@ -405,7 +406,7 @@ void checkpoint_poll(Checkpointer *k) {
         Store *s = k->s;
         bool fed = s->has_job && s->job.mode == MODE_FED;
         int ready = s->has_job ? at_boundary(k, err, sizeof err) : -1;
-        if (ready == 0 && (s->gate.fenced || fed))
+        if (ready == 0 && (k->g->fenced || fed))
                 return; /* a federated job's keys moving in: pscoord's --checkpoint-timeout bounds it */
         k->save_pending = false;
         if (ready < 0 || ready == 0) {
@@ -421,9 +422,9 @@ void checkpoint_poll(Checkpointer *k) {
         int r = snapshot(k);
         /* The cut is taken: this shard's fence ends, training goes on. */
         if (!fed) {
-                s->gate.fenced = false;
-                (void) gate_settle(s);
-                gate_wake(s);
+                k->g->fenced = false;
+                (void) gate_settle(k->g);
+                gate_wake(k->g);
         }
         if (r < 0) {
                 save_clear(k);

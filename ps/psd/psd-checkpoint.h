@@ -19,7 +19,7 @@
 #include <stdbool.h>
 #include <stdint.h>
 #include <uv.h>
-#include "psd-store.h"
+#include "psd-gate.h"
 
 typedef struct Checkpointer Checkpointer;
 
@@ -27,7 +27,7 @@ typedef struct Checkpointer Checkpointer;
 typedef void (*CheckpointDoneFn)(void *ud, uint64_t seq, const Psnet__CheckpointRep *rep, int status,
                                  const char *reason);
 
-int checkpointer_new(Store *s, uv_loop_t *loop, uint32_t shard, CheckpointDoneFn done, void *ud,
+int checkpointer_new(Gate *g, uv_loop_t *loop, uint32_t shard, CheckpointDoneFn done, void *ud,
                      Checkpointer **ret);
 /* Frees it; a write or load in flight finishes first (the loop runs until it has). */
 void checkpointer_free(Checkpointer *k);

@@ -140,11 +140,11 @@ static int round_open(FedShard *f, Store *s, const Psnet__Round *rd, uint64_t me
         for (size_t i = 0; i < f->nslots; i++)
                 floats += f->slots[i]->len;
         uint64_t need = floats * sizeof(float) * rd->n_clients;
-        if (memory_limit && s->bytes + need > memory_limit) {
+        if (memory_limit && s->stats.bytes + need > memory_limit) {
                 snprintf(reason, n, "round %lu's %zu updates need %.1f MiB on this shard beyond its %.1f MiB of "
                          "values; its memory limit is %.1f MiB (sample fewer clients, or add shards)",
                          (unsigned long) rd->number, rd->n_clients, (double) need / 1048576.0,
-                         (double) s->bytes / 1048576.0, (double) memory_limit / 1048576.0);
+                         (double) s->stats.bytes / 1048576.0, (double) memory_limit / 1048576.0);
                 fedshard_reset(f);
                 return PSNET__STATUS__STATUS_RESOURCE;
         }
@@ -673,7 +673,7 @@ static int take_update(FedShard *f, Store *s, const Psnet__Header *h, Chunk **ch
         }
         if (sq_so_far)
                 *sq_so_far += sq;
-        s->pushes++;
+        s->stats.pushes++;
         return PSNET__STATUS__STATUS_OK;
 }
 
@@ -703,7 +703,7 @@ static int async_entry(FedShard *f, Store *s, const Psnet__Header *h, const uint
         for (size_t i = 0; i < f->nslots; i++)
                 floats += f->slots[i]->len;
         if (f->nau >= FED_ASYNC_MAX_UPDATES ||
-            (memory_limit && s->bytes + f->bytes + floats * sizeof(float) > memory_limit)) {
+            (memory_limit && s->stats.bytes + f->bytes + floats * sizeof(float) > memory_limit)) {
                 snprintf(reason, n, "this shard buffers %zu updates (%.1f MiB) and can take no more (at most %u, "
                          "memory limit %.1f MiB): aggregate with a smaller --buffer, or add shards", f->nau,
                          (double) f->bytes / 1048576.0, FED_ASYNC_MAX_UPDATES, (double) memory_limit / 1048576.0);

@@ -79,14 +79,126 @@ static void pushreq_note(PushReq *req, int status) {
                 req->status = status;
 }
 
-void pushreq_settle(Store *s, PushReq *req, int status) {
+void pushreq_settle(Gate *g, PushReq *req, int status) {
         pushreq_note(req, status);
         if (--req->remaining > 0)
                 return;
-        if (s->gate.ack && !req->replica)
-                s->gate.ack(s->gate.ud, req);
+        if (g->hooks.ack && !req->replica)
+                g->hooks.ack(g->hooks.ud, req);
         zmq_msg_close(&req->route);
         ps_free(req);
+}
+
+/* --- the gate and its store ---------------------------------------------------------- */
+
+static void chunk_leaving(Gate *g, Chunk *c);
+static void chunk_demoted(Gate *g, Chunk *c);
+
+/* The pushes parked on a chunk the store lets go (its release hook). */
+static void chunk_released(void *ud, Chunk *c, StoreRelease why) {
+        Gate *g = ud;
+        if (why == STORE_LEAVING)
+                chunk_leaving(g, c);
+        else if (why == STORE_DEMOTED)
+                chunk_demoted(g, c);
+        else {
+                for (size_t i = 0; i < c->npending; i++) {
+                        zmq_msg_close(&c->pending[i].grad);
+                        if (c->pending[i].req)
+                                pushreq_settle(g, c->pending[i].req, PSNET__STATUS__STATUS_SHUTTING_DOWN);
+                }
+                c->npending = 0;
+        }
+}
+
+static void drop_pending(Store *s, Chunk *c, void *ud) {
+        (void) s;
+        if (c->npending)
+                chunk_released(ud, c, STORE_DROPPED);
+}
+
+int gate_new(Store *s, const GateHooks *hooks, Gate **ret) {
+        Gate *g = ps_calloc(1, sizeof *g);
+        if (!g)
+                return -ENOMEM;
+        g->store = s;
+        g->hooks = *hooks;
+        g->limits = (GateLimits) { .max_parked = 1024, .max_parked_per_worker = GATE_PARKED_PER_WORKER,
+                                   .park_timeout_ms = GATE_DEFAULT_PARK_TIMEOUT_MS };
+        store_set_release(s, chunk_released, g);
+        *ret = g;
+        return 0;
+}
+
+Gate *gate_free(Gate *g) {
+        if (!g)
+                return NULL;
+        for (size_t i = 0; i < g->nparked; i++) {
+                if (g->hooks.answer)
+                        g->hooks.answer(g->hooks.ud, &g->parked[i].route, g->parked[i].hdr, NULL,
+                                  PSNET__STATUS__STATUS_SHUTTING_DOWN, "the shard is stopping", g->parked[i].since);
+                zmq_msg_close(&g->parked[i].route);
+                psnet__header__free_unpacked(g->parked[i].hdr, NULL);
+        }
+        g->parked = mfree(g->parked);
+        g->nparked = g->cparked = 0;
+        ps_free(g->prev.members);
+        ps_free(g->prev.keys);
+        ps_free(g->cur.members);
+        ps_free(g->cur.keys);
+        ps_free(g->wclock);
+        g->prev = g->cur = (GateCfg) { 0 };
+        g->wclock = NULL;
+        g->nwclock = 0;
+        g->parts_in = mfree(g->parts_in);
+        g->nparts_in = 0;
+        store_foreach(g->store, drop_pending, g); /* refused SHUTTING_DOWN */
+        store_set_release(g->store, NULL, NULL);
+        ps_free(g);
+        return NULL;
+}
+
+Store *gate_store(const Gate *g) {
+        return g->store;
+}
+
+int gate_configure(Gate *g, const Job *job, const ShardMap *map) {
+        int fresh = store_configure(g->store, job, map);
+        if (fresh < 0)
+                return fresh;
+        if (fresh) {
+                g->cur.mode = g->prev.mode = job->mode;
+                g->cur.staleness = g->prev.staleness = job->staleness;
+        }
+        int r = gate_settle(g);
+        return r < 0 ? r : fresh;
+}
+
+int gate_install_image(Gate *g, const ChunkImage *im) {
+        Chunk *c;
+        int r = store_install_image(g->store, im, &c);
+        for (size_t i = 0; r == 0 && i < im->npending; i++)
+                r = gate_park_copy(g, c, im->pending_workers[i], im->pending_progress ? im->pending_progress[i] : -1.0f,
+                                   zmq_msg_data((zmq_msg_t *) &im->pending[i]),
+                                   zmq_msg_size((zmq_msg_t *) &im->pending[i]));
+        if (r < 0)
+                return r;
+        return gate_settle(g);
+}
+
+int64_t gate_clock(const Gate *g) {
+        if (!g->store->has_job || !g->store->chunks)
+                return 0;
+        if (g->cur.mode == MODE_BSP)
+                return store_min_clock(g->store);
+        /* ASP/SSP: the fastest member's progress. */
+        int64_t m = 0;
+        for (size_t i = 0; i < g->cur.nmembers; i++) {
+                uint32_t w = g->cur.members[i];
+                if (w < g->nwclock && g->wclock[w] > m)
+                        m = g->wclock[w];
+        }
+        return m;
 }
 
 /* --- configurations -------------------------------------------------------------------- */
@@ -134,8 +246,8 @@ static int cfg_copy(GateCfg *dst, const GateCfg *src) {
         return cfg_set(dst, src->mode, src->staleness, src->members, (const uint8_t(*)[32]) src->keys, src->nmembers);
 }
 
-const GateCfg *gate_cfg(const Store *s, int64_t clock) {
-        return clock < s->gate.switch_clock ? &s->gate.prev : &s->gate.cur;
+const GateCfg *gate_cfg(const Gate *g, int64_t clock) {
+        return clock < g->switch_clock ? &g->prev : &g->cur;
 }
 
 /* Index of worker in cfg's members, or -1. */
@@ -148,12 +260,12 @@ static bool is_member(const GateCfg *cfg, uint32_t worker) {
         return member_index(cfg, worker) >= 0;
 }
 
-static int chunk_flush_async(Store *s, Chunk *c);
+static int chunk_flush_async(Gate *g, Chunk *c);
 
-int gate_set_config(Store *s, ConsistencyMode mode, uint32_t staleness, const uint32_t *workers,
+int gate_set_config(Gate *g, ConsistencyMode mode, uint32_t staleness, const uint32_t *workers,
                     const int64_t *start, const uint8_t (*keys)[32], size_t n, const uint32_t *prev, size_t nprev,
                     int64_t from_clock, uint64_t epoch) {
-        Gate *g = &s->gate;
+        Store *s = g->store;
         ConsistencyMode old_mode = g->cur.mode;
         int r;
         if (prev) {
@@ -205,22 +317,21 @@ int gate_set_config(Store *s, ConsistencyMode mode, uint32_t staleness, const ui
                                 if (mode == MODE_BSP && old_mode != MODE_BSP)
                                         c->clock = from_clock;
                                 /* Leaving BSP: what was parked for a clock now governed otherwise is applied. */
-                                if (gate_cfg(s, c->clock)->mode != MODE_BSP && c->npending) {
-                                        r = chunk_flush_async(s, c);
+                                if (gate_cfg(g, c->clock)->mode != MODE_BSP && c->npending) {
+                                        r = chunk_flush_async(g, c);
                                         if (r < 0)
                                                 return r;
                                 }
                         }
         }
-        return gate_settle(s);
+        return gate_settle(g);
 }
 
-int gate_set_members(Store *s, const uint32_t *workers, size_t n, uint64_t epoch) {
-        return gate_set_config(s, s->gate.cur.mode, s->gate.cur.staleness, workers, NULL, NULL, n, NULL, 0, 0, epoch);
+int gate_set_members(Gate *g, const uint32_t *workers, size_t n, uint64_t epoch) {
+        return gate_set_config(g, g->cur.mode, g->cur.staleness, workers, NULL, NULL, n, NULL, 0, 0, epoch);
 }
 
-void gate_worker_clocks(const Store *s, int64_t *ret_min_worker, int64_t *ret_max_worker) {
-        const Gate *g = &s->gate;
+void gate_worker_clocks(const Gate *g, int64_t *ret_min_worker, int64_t *ret_max_worker) {
         int64_t slowest = -1, fastest = 0;
         for (size_t i = 0; i < g->cur.nmembers; i++) {
                 uint32_t w = g->cur.members[i];
@@ -234,10 +345,10 @@ void gate_worker_clocks(const Store *s, int64_t *ret_min_worker, int64_t *ret_ma
         *ret_max_worker = fastest;
 }
 
-int64_t gate_fence(Store *s, int64_t *ret_min_worker, int64_t *ret_max_worker) {
-        Gate *g = &s->gate;
+int64_t gate_fence(Gate *g, int64_t *ret_min_worker, int64_t *ret_max_worker) {
+        Store *s = g->store;
         int64_t maxc = store_max_clock(s);
-        gate_worker_clocks(s, ret_min_worker, ret_max_worker);
+        gate_worker_clocks(g, ret_min_worker, ret_max_worker);
         g->fenced = true;
         g->fence_limit = maxc + 1;
         g->fence_pull_limit = *ret_max_worker + 1;
@@ -284,9 +395,8 @@ size_t gate_first_nonfinite(const unsigned char *p, size_t n) {
         return n;
 }
 
-int gate_admit_sender(Store *s, const Psnet__Header *h, const uint8_t *sender_key, char *reason, size_t n) {
-        Gate *g = &s->gate;
-        const GateCfg *cfg = gate_cfg(s, h->clock);
+int gate_admit_sender(Gate *g, const Psnet__Header *h, const uint8_t *sender_key, char *reason, size_t n) {
+        const GateCfg *cfg = gate_cfg(g, h->clock);
         ssize_t mi = member_index(cfg, h->sender);
         if (mi < 0) {
                 g->refused_stale++;
@@ -308,6 +418,8 @@ int gate_admit_sender(Store *s, const Psnet__Header *h, const uint8_t *sender_ke
 
 /* Values per thread below which a loop over a chunk stays on one thread. */
 #define GATE_MIN_PART (32u << 10)
+/* Bytes per thread below which a copy out of shared memory stays on one thread. */
+#define GATE_MIN_COPY (256u << 10)
 
 /* gate_first_nonfinite over parts of a frame in parallel: the lowest index
  * any part found. */
@@ -334,48 +446,52 @@ static size_t first_nonfinite_par(Pfor *pool, const unsigned char *p, size_t n) 
 }
 
 /* Key i of h, len floats at p: OK, or NOT_FINITE with the reason. */
-static int admit_key(Store *s, const Psnet__Header *h, size_t i, const unsigned char *p, size_t len, char *reason,
+static int admit_key(Gate *g, const Psnet__Header *h, size_t i, const unsigned char *p, size_t len, char *reason,
                      size_t n) {
+        Store *s = g->store;
         size_t at = first_nonfinite_par(s->pool, p, len);
         if (at == len)
                 return PSNET__STATUS__STATUS_OK;
-        s->gate.refused_nonfinite++;
+        g->refused_nonfinite++;
         snprintf(reason, n, "the gradient of key (%u,%u) holds NaN or infinity at value %zu (the job refuses "
                  "non-finite gradients)", h->keys[i]->tensor, h->keys[i]->chunk, at);
         return PSNET__STATUS__STATUS_NOT_FINITE;
 }
 
-int gate_admit_values(Store *s, const Psnet__Header *h, const zmq_msg_t *frames, char *reason, size_t n) {
+int gate_admit_values(Gate *g, const Psnet__Header *h, const zmq_msg_t *frames, char *reason, size_t n) {
+        Store *s = g->store;
         int st = PSNET__STATUS__STATUS_OK;
         for (size_t i = 0; !s->job.allow_nonfinite && i < h->n_keys && st == PSNET__STATUS__STATUS_OK; i++)
-                st = admit_key(s, h, i, zmq_msg_data((zmq_msg_t *) &frames[i]),
+                st = admit_key(g, h, i, zmq_msg_data((zmq_msg_t *) &frames[i]),
                                zmq_msg_size((zmq_msg_t *) &frames[i]) / sizeof(float), reason, n);
         return st;
 }
 
-int gate_admit_keys(Store *s, const Psnet__Header *h, uint8_t *const *at, char *reason, size_t n) {
+int gate_admit_keys(Gate *g, const Psnet__Header *h, uint8_t *const *at, char *reason, size_t n) {
+        Store *s = g->store;
         int st = PSNET__STATUS__STATUS_OK;
         for (size_t i = 0; !s->job.allow_nonfinite && i < h->n_keys && st == PSNET__STATUS__STATUS_OK; i++)
-                st = admit_key(s, h, i, at[i], h->keys[i]->len, reason, n);
+                st = admit_key(g, h, i, at[i], h->keys[i]->len, reason, n);
         return st;
 }
 
-size_t gate_zero_nonfinite(Store *s, float *g, size_t n) {
+size_t gate_zero_nonfinite(Gate *g, float *v, size_t n) {
+        Store *s = g->store;
         if (s->job.allow_nonfinite)
                 return 0;
         size_t zeroed = 0;
-        for (size_t at = first_nonfinite_par(s->pool, (const unsigned char *) g, n); at < n; at++)
-                if (!isfinite(g[at])) {
-                        g[at] = 0.0f;
+        for (size_t at = first_nonfinite_par(s->pool, (const unsigned char *) v, n); at < n; at++)
+                if (!isfinite(v[at])) {
+                        v[at] = 0.0f;
                         zeroed++;
                 }
         return zeroed;
 }
 
-int gate_admit_push(Store *s, const Psnet__Header *h, const zmq_msg_t *frames, const uint8_t *sender_key,
+int gate_admit_push(Gate *g, const Psnet__Header *h, const zmq_msg_t *frames, const uint8_t *sender_key,
                     char *reason, size_t n) {
-        int st = gate_admit_sender(s, h, sender_key, reason, n);
-        return st != PSNET__STATUS__STATUS_OK ? st : gate_admit_values(s, h, frames, reason, n);
+        int st = gate_admit_sender(g, h, sender_key, reason, n);
+        return st != PSNET__STATUS__STATUS_OK ? st : gate_admit_values(g, h, frames, reason, n);
 }
 
 /* Gradient data of a frame as aligned floats (copied into scratch if needed). */
@@ -434,11 +550,12 @@ static int cmp_pending(const void *a, const void *b) {
 
 /* Closes c's clock if every member has pushed for it. Non-members' gradients
  * parked for the closing clock are refused (STALE), never silently dropped. */
-static int chunk_settle(Store *s, Chunk *c) {
-        const GateCfg *cfg = gate_cfg(s, c->clock);
+static int chunk_settle(Gate *g, Chunk *c) {
+        Store *s = g->store;
+        const GateCfg *cfg = gate_cfg(g, c->clock);
         if (cfg->mode != MODE_BSP || c->npending == 0 || cfg->nmembers == 0)
                 return 0;
-        if (s->gate.fenced && c->clock >= s->gate.fence_limit)
+        if (g->fenced && c->clock >= g->fence_limit)
                 return 0;
         size_t have = 0;
         for (size_t i = 0; i < c->npending; i++) {
@@ -497,25 +614,26 @@ static int chunk_settle(Store *s, Chunk *c) {
                          : is_member(cfg, list[i].worker) ? PSNET__STATUS__STATUS_OK : PSNET__STATUS__STATUS_STALE;
                 zmq_msg_close(&list[i].grad);
                 if (list[i].req)
-                        pushreq_settle(s, list[i].req, st);
+                        pushreq_settle(g, list[i].req, st);
         }
         ps_free(list);
         return r;
 }
 
 /* Applies one worker's gradient on arrival (ASP, SSP), as 1/W of a step. */
-static int chunk_apply_scaled(Store *s, Chunk *c, const zmq_msg_t *grad, const GateCfg *cfg, int64_t clock,
+static int chunk_apply_scaled(Gate *g, Chunk *c, const zmq_msg_t *grad, const GateCfg *cfg, int64_t clock,
                               float progress) {
-        const float *g = grad_data(grad, s->sum, c->len);
+        Store *s = g->store;
+        const float *v = grad_data(grad, s->sum, c->len);
         /* Scaled in the optimizer's loop (g * 1 == g). The chunk clock is left
          * alone: it counts BSP clocks only (c->steps counts updates). */
         size_t w = MAX(cfg->nmembers, (size_t) 1);
-        return store_apply(s, c, g, 1.0f / (float) w, cfg->mode, w, clock, progress);
+        return store_apply(s, c, v, 1.0f / (float) w, cfg->mode, w, clock, progress);
 }
 
 /* Applies and acknowledges pushes parked under BSP whose clock is now governed by
  * ASP or SSP (a mode switch at a boundary). */
-static int chunk_flush_async(Store *s, Chunk *c) {
+static int chunk_flush_async(Gate *g, Chunk *c) {
         Pending *list = c->pending;
         size_t n = c->npending;
         int r = 0;
@@ -524,11 +642,11 @@ static int chunk_flush_async(Store *s, Chunk *c) {
         qsort(list, n, sizeof *list, cmp_pending);
         for (size_t i = 0; i < n; i++) {
                 if (r == 0)
-                        r = chunk_apply_scaled(s, c, &list[i].grad, gate_cfg(s, list[i].clock), list[i].clock,
+                        r = chunk_apply_scaled(g, c, &list[i].grad, gate_cfg(g, list[i].clock), list[i].clock,
                                                list[i].progress);
                 zmq_msg_close(&list[i].grad);
                 if (list[i].req)
-                        pushreq_settle(s, list[i].req, r < 0 ? status_from_errno(r) : PSNET__STATUS__STATUS_OK);
+                        pushreq_settle(g, list[i].req, r < 0 ? status_from_errno(r) : PSNET__STATUS__STATUS_OK);
         }
         ps_free(list);
         return r;
@@ -549,10 +667,10 @@ static Pending *pending_add(Chunk *c) {
         return &c->pending[c->npending++];
 }
 
-int gate_park_copy(Store *s, Chunk *c, uint32_t worker, float progress, const void *grad, size_t bytes) {
+int gate_park_copy(Gate *g, Chunk *c, uint32_t worker, float progress, const void *grad, size_t bytes) {
         if (worker > GATE_MAX_WORKER_ID || bytes != (size_t) c->len * sizeof(float))
                 return -EINVAL;
-        int64_t *last = chunk_last_clock(c, worker), *wc = worker_clock(&s->gate, worker);
+        int64_t *last = chunk_last_clock(c, worker), *wc = worker_clock(g, worker);
         if (!last || !wc)
                 return -ENOMEM;
         Pending *p = pending_add(c);
@@ -585,8 +703,7 @@ static void advance_worker(int64_t *wc, const PushReq *req) {
 
 _Static_assert(WIRE_MAX_PARTS % 64 == 0, "PartsIn.in holds a bit per part");
 
-int gate_push_part(Store *s, const PushReq *req) {
-        Gate *g = &s->gate;
+int gate_push_part(Gate *g, const PushReq *req) {
         if (req->replica || req->parts < 2 || req->parts > WIRE_MAX_PARTS || req->part >= req->parts ||
             req->worker > GATE_MAX_WORKER_ID)
                 return 0;
@@ -615,8 +732,8 @@ int gate_push_part(Store *s, const PushReq *req) {
         return 0;
 }
 
-int gate_push(Store *s, Chunk *c, PushReq *req, zmq_msg_t *grad) {
-        Gate *g = &s->gate;
+int gate_push(Gate *g, Chunk *c, PushReq *req, zmq_msg_t *grad) {
+        Store *s = g->store;
         if (req->worker > GATE_MAX_WORKER_ID || req->clock < 0) {
                 pushreq_note(req, PSNET__STATUS__STATUS_INVALID);
                 return 0;
@@ -624,7 +741,7 @@ int gate_push(Store *s, Chunk *c, PushReq *req, zmq_msg_t *grad) {
         int64_t *last = chunk_last_clock(c, req->worker);
         if (!last)
                 return -ENOMEM;
-        s->pushes++;
+        s->stats.pushes++;
         if (req->clock <= *last) {
                 pushreq_note(req, PSNET__STATUS__STATUS_DUPLICATE);
                 return 0;
@@ -632,12 +749,12 @@ int gate_push(Store *s, Chunk *c, PushReq *req, zmq_msg_t *grad) {
         int64_t *wc = worker_clock(g, req->worker);
         if (!wc)
                 return -ENOMEM;
-        const GateCfg *cfg = gate_cfg(s, req->clock);
+        const GateCfg *cfg = gate_cfg(g, req->clock);
 
         if (cfg->mode != MODE_BSP) {
                 /* Each push counts as 1/W of a step, so W workers make one step's worth
                  * of progress per round, as under BSP (and the same lr suits both). */
-                int r = chunk_apply_scaled(s, c, grad, cfg, req->clock, req->progress);
+                int r = chunk_apply_scaled(g, c, grad, cfg, req->clock, req->progress);
                 if (r < 0)
                         return r;
                 *last = req->clock;
@@ -662,24 +779,107 @@ int gate_push(Store *s, Chunk *c, PushReq *req, zmq_msg_t *grad) {
                 req->remaining++;
         *last = req->clock;
         advance_worker(wc, req);
-        return chunk_settle(s, c);
+        return chunk_settle(g, c);
 }
 
-int gate_settle(Store *s) {
+/* What a push's header says of it beyond its route, seq, sender and clock. */
+static void pushreq_from_header(PushReq *req, const Psnet__Header *h) {
+        if (h->has_progress)
+                req->progress = h->progress;
+        if (h->has_parts) {
+                req->part = h->part;
+                req->parts = h->parts;
+                req->epoch = h->epoch;
+        }
+}
+
+/* Key i of a push read where it lies (p->at): copied into a frame of its own
+ * just before the gate takes it, so that what is applied is what was read
+ * whatever the worker writes meanwhile. It was admitted finite; a value the
+ * worker turned non-finite since (it owns the memory) is applied as 0 and
+ * counted: the model never holds it. */
+static int push_copied(Gate *g, Push *p, size_t i, PushReq *req) {
+        size_t len = p->h->keys[i]->len;
+        zmq_msg_t f;
+        if (zmq_msg_init_size(&f, len * sizeof(float)) < 0) {
+                log_error("Failed to apply push: out of memory for key (%u,%u)", p->h->keys[i]->tensor,
+                          p->h->keys[i]->chunk);
+                pushreq_note(req, PSNET__STATUS__STATUS_RESOURCE);
+                return 0;
+        }
+        pfor_copy(g->store->pool, zmq_msg_data(&f), p->at[i], len * sizeof(float), GATE_MIN_COPY);
+        p->zeroed += gate_zero_nonfinite(g, zmq_msg_data(&f), len);
+        int r = gate_push(g, p->chunks[i], req, &f);
+        zmq_msg_close(&f);
+        return r;
+}
+
+int gate_push_request(Gate *g, Push *p, char *reason, size_t n) {
+        Store *s = g->store;
+        const Psnet__Header *h = p->h;
+        /* Admitted whole or not at all: first the sender (membership, its key),
+         * before anything is decoded for it; then every value. */
+        int st = gate_admit_sender(g, h, p->sender_key, reason, n);
+        if (st == PSNET__STATUS__STATUS_OK && p->decode)
+                st = p->decode(p, p->decode_ud, reason, n);
+        for (size_t i = 0; !s->job.allow_nonfinite && i < h->n_keys && st == PSNET__STATUS__STATUS_OK; i++)
+                st = p->frames ? admit_key(g, h, i, zmq_msg_data(&p->frames[i]),
+                                           zmq_msg_size(&p->frames[i]) / sizeof(float), reason, n)
+                               : admit_key(g, h, i, p->at[i], h->keys[i]->len, reason, n);
+        if (st != PSNET__STATUS__STATUS_OK)
+                return st;
+        uint32_t backups[JOB_MAX_REPLICAS];
+        if (!p->frames && g->hooks.forward && store_backups(s, backups, ELEMENTSOF(backups)) > 0) {
+                snprintf(reason, n, "internal: a push read in place cannot be forwarded to backups");
+                return PSNET__STATUS__STATUS_INTERNAL;
+        }
+        PushReq *req;
+        if (pushreq_new(p->route, h->seq, h->sender, h->clock, &req) < 0) {
+                snprintf(reason, n, "out of memory");
+                return PSNET__STATUS__STATUS_RESOURCE;
+        }
+        pushreq_from_header(req, h);
+        /* To the backups first (sharing the frames): acknowledged once they answer. */
+        if (g->hooks.forward && p->frames) {
+                st = g->hooks.forward(g->hooks.ud, req, h, p->forward ? p->forward : p->frames,
+                                      p->forward ? p->forward_bf16 : false);
+                if (st != PSNET__STATUS__STATUS_OK) {
+                        pushreq_settle(g, req, st);
+                        return PSNET__STATUS__STATUS_OK; /* taken: its answer says what became of it */
+                }
+        }
+        for (size_t i = 0; i < h->n_keys; i++) {
+                int r = p->frames ? gate_push(g, p->chunks[i], req, &p->frames[i]) : push_copied(g, p, i, req);
+                if (r < 0) {
+                        log_error_errno(r, "Failed to apply push: %m");
+                        pushreq_note(req, status_from_errno(r));
+                }
+        }
+        int r = gate_push_part(g, req);
+        if (r < 0) {
+                log_error_errno(r, "Failed to count a push's part: %m");
+                pushreq_note(req, status_from_errno(r));
+        }
+        pushreq_settle(g, req, PSNET__STATUS__STATUS_OK);
+        return PSNET__STATUS__STATUS_OK;
+}
+
+int gate_settle(Gate *g) {
+        Store *s = g->store;
         /* Only BSP clocks close (chunk_settle); every backup's answer comes here. */
-        if (!s->has_job || !s->chunks || (s->gate.cur.mode != MODE_BSP && s->gate.prev.mode != MODE_BSP))
+        if (!s->has_job || !s->chunks || (g->cur.mode != MODE_BSP && g->prev.mode != MODE_BSP))
                 return 0;
         for (size_t t = 0; t < s->job.ntensors; t++)
                 for (uint32_t k = 0; s->chunks[t] && k < s->job.tensors[t].nchunks; k++)
                         if (s->chunks[t][k]) {
-                                int r = chunk_settle(s, s->chunks[t][k]);
+                                int r = chunk_settle(g, s->chunks[t][k]);
                                 if (r < 0)
                                         return r;
                         }
         return 0;
 }
 
-void gate_chunk_leaving(Store *s, Chunk *c) {
+static void chunk_leaving(Gate *g, Chunk *c) {
         Pending *list = c->pending;
         size_t n = c->npending;
         c->pending = NULL;
@@ -690,25 +890,24 @@ void gate_chunk_leaving(Store *s, Chunk *c) {
                         c->last_clock[w] = c->clock - 1; /* not applied: may come again */
                 zmq_msg_close(&list[i].grad);
                 if (list[i].req)
-                        pushreq_settle(s, list[i].req, PSNET__STATUS__STATUS_MOVED);
+                        pushreq_settle(g, list[i].req, PSNET__STATUS__STATUS_MOVED);
         }
         ps_free(list);
 }
 
-void gate_chunk_demoted(Store *s, Chunk *c) {
+static void chunk_demoted(Gate *g, Chunk *c) {
         for (size_t i = 0; i < c->npending; i++) {
                 PushReq *req = c->pending[i].req;
                 c->pending[i].req = NULL;
                 if (req)
-                        pushreq_settle(s, req, PSNET__STATUS__STATUS_MOVED);
+                        pushreq_settle(g, req, PSNET__STATUS__STATUS_MOVED);
         }
 }
 
 /* --- pulls ---------------------------------------------------------------------------- */
 
-bool gate_pull_ready(Store *s, Chunk *const *chunks, size_t n, int64_t clock, int64_t *ret_slowest) {
-        const Gate *g = &s->gate;
-        const GateCfg *cfg = gate_cfg(s, clock);
+bool gate_pull_ready(Gate *g, Chunk *const *chunks, size_t n, int64_t clock, int64_t *ret_slowest) {
+        const GateCfg *cfg = gate_cfg(g, clock);
         int64_t slowest = slowest_member(g, cfg);
         if (ret_slowest)
                 *ret_slowest = slowest;
@@ -727,7 +926,7 @@ bool gate_pull_ready(Store *s, Chunk *const *chunks, size_t n, int64_t clock, in
                 /* Also every member of the previous clock pushed it (matters right
                  * after a switch from ASP/SSP, where pushes are applied on arrival). */
                 if (clock > 0) {
-                        const GateCfg *pc = gate_cfg(s, clock - 1);
+                        const GateCfg *pc = gate_cfg(g, clock - 1);
                         if (pc->mode != MODE_BSP && pc->nmembers && slowest_member(g, pc) < clock)
                                 return false;
                 }
@@ -742,22 +941,21 @@ static size_t parked_by(const Gate *g, uint32_t worker) {
         return n;
 }
 
-int gate_pull(Store *s, const zmq_msg_t *route, Psnet__Header **hdr, Chunk **chunks, uint64_t now, char *reason,
+int gate_pull(Gate *g, const zmq_msg_t *route, Psnet__Header **hdr, Chunk **chunks, uint64_t now, char *reason,
               size_t n) {
-        Gate *g = &s->gate;
         Psnet__Header *h = *hdr;
         int64_t slowest;
-        bool ready = gate_pull_ready(s, chunks, h->n_keys, h->clock, &slowest);
+        bool ready = gate_pull_ready(g, chunks, h->n_keys, h->clock, &slowest);
         if (ready) {
-                if (gate_cfg(s, h->clock)->mode == MODE_SSP)
+                if (gate_cfg(g, h->clock)->mode == MODE_SSP)
                         /* The SSP bound, observable by the tests: clock - slowest <= staleness. */
                         log_debug("ssp pull worker=%u clock=%ld slowest=%ld staleness=%u", h->sender, (long) h->clock,
-                                  (long) slowest, gate_cfg(s, h->clock)->staleness);
-                g->answer(g->ud, route, h, chunks, PSNET__STATUS__STATUS_OK, NULL, now);
+                                  (long) slowest, gate_cfg(g, h->clock)->staleness);
+                g->hooks.answer(g->hooks.ud, route, h, chunks, PSNET__STATUS__STATUS_OK, NULL, now);
                 return 0;
         }
         /* It would wait: only a member may, for a clock it can reach, within bounds. */
-        const GateCfg *cfg = gate_cfg(s, h->clock);
+        const GateCfg *cfg = gate_cfg(g, h->clock);
         if (!is_member(cfg, h->sender) && !is_member(&g->cur, h->sender)) {
                 g->refused_pulls++;
                 snprintf(reason, n, "worker %u is not a member of clock %ld: it may not wait for it", h->sender,
@@ -797,8 +995,8 @@ int gate_pull(Store *s, const zmq_msg_t *route, Psnet__Header **hdr, Chunk **chu
         return 0;
 }
 
-void gate_wake(Store *s) {
-        Gate *g = &s->gate;
+void gate_wake(Gate *g) {
+        Store *s = g->store;
         char reason[192];
         size_t j = 0;
         for (size_t i = 0; i < g->nparked; i++) {
@@ -812,15 +1010,15 @@ void gate_wake(Store *s) {
                 }
                 int st = store_lookup_keys(s, h, chunks, reason, sizeof reason);
                 if (st != PSNET__STATUS__STATUS_OK)
-                        g->answer(g->ud, &pp->route, h, NULL, st, reason, pp->since); /* moved away meanwhile */
-                else if (gate_pull_ready(s, chunks, h->n_keys, h->clock, NULL)) {
-                        if (gate_cfg(s, h->clock)->mode == MODE_SSP) {
+                        g->hooks.answer(g->hooks.ud, &pp->route, h, NULL, st, reason, pp->since); /* moved away meanwhile */
+                else if (gate_pull_ready(g, chunks, h->n_keys, h->clock, NULL)) {
+                        if (gate_cfg(g, h->clock)->mode == MODE_SSP) {
                                 int64_t slowest;
-                                (void) gate_pull_ready(s, chunks, h->n_keys, h->clock, &slowest);
+                                (void) gate_pull_ready(g, chunks, h->n_keys, h->clock, &slowest);
                                 log_debug("ssp pull worker=%u clock=%ld slowest=%ld staleness=%u", h->sender,
-                                          (long) h->clock, (long) slowest, gate_cfg(s, h->clock)->staleness);
+                                          (long) h->clock, (long) slowest, gate_cfg(g, h->clock)->staleness);
                         }
-                        g->answer(g->ud, &pp->route, h, chunks, PSNET__STATUS__STATUS_OK, NULL, pp->since);
+                        g->hooks.answer(g->hooks.ud, &pp->route, h, chunks, PSNET__STATUS__STATUS_OK, NULL, pp->since);
                 } else
                         done = false;
                 if (chunks != stack)
@@ -834,8 +1032,7 @@ void gate_wake(Store *s) {
         g->nparked = j;
 }
 
-void gate_expire(Store *s, uint64_t now) {
-        Gate *g = &s->gate;
+void gate_expire(Gate *g, uint64_t now) {
         char reason[128];
         size_t j = 0;
         for (size_t i = 0; i < g->nparked; i++) {
@@ -847,15 +1044,15 @@ void gate_expire(Store *s, uint64_t now) {
                 g->expired_pulls++;
                 snprintf(reason, sizeof reason, "pull for clock %ld waited %lu s, longer than the shard keeps a pull",
                          (long) pp->hdr->clock, (unsigned long) ((now - pp->since) / 1000));
-                g->answer(g->ud, &pp->route, pp->hdr, NULL, PSNET__STATUS__STATUS_RESOURCE, reason, pp->since);
+                g->hooks.answer(g->hooks.ud, &pp->route, pp->hdr, NULL, PSNET__STATUS__STATUS_RESOURCE, reason, pp->since);
                 zmq_msg_close(&pp->route);
                 psnet__header__free_unpacked(pp->hdr, NULL);
         }
         g->nparked = j;
 }
 
-size_t gate_stragglers(Store *s, uint64_t now, uint32_t *ids, size_t max, uint64_t *ret_ms) {
-        Gate *g = &s->gate;
+size_t gate_stragglers(Gate *g, uint64_t now, uint32_t *ids, size_t max, uint64_t *ret_ms) {
+        Store *s = g->store;
         size_t n = 0;
         *ret_ms = 0;
         if (!s->has_job || !s->chunks)
@@ -871,7 +1068,7 @@ size_t gate_stragglers(Store *s, uint64_t now, uint32_t *ids, size_t max, uint64
                                 oldest = c;
                 }
         if (oldest) {
-                const GateCfg *cfg = gate_cfg(s, oldest->clock);
+                const GateCfg *cfg = gate_cfg(g, oldest->clock);
                 for (size_t i = 0; i < cfg->nmembers && n < max; i++) {
                         bool pushed = false;
                         for (size_t k = 0; k < oldest->npending && !pushed; k++)
@@ -885,12 +1082,12 @@ size_t gate_stragglers(Store *s, uint64_t now, uint32_t *ids, size_t max, uint64
         /* SSP: the oldest pull parked on the bound, and the members behind it. */
         const ParkedPull *oldest_pull = NULL;
         for (size_t i = 0; i < g->nparked; i++)
-                if (gate_cfg(s, g->parked[i].hdr->clock)->mode == MODE_SSP &&
+                if (gate_cfg(g, g->parked[i].hdr->clock)->mode == MODE_SSP &&
                     (!oldest_pull || g->parked[i].since < oldest_pull->since))
                         oldest_pull = &g->parked[i];
         if (!oldest_pull)
                 return 0;
-        const GateCfg *cfg = gate_cfg(s, oldest_pull->hdr->clock);
+        const GateCfg *cfg = gate_cfg(g, oldest_pull->hdr->clock);
         int64_t need = oldest_pull->hdr->clock - (int64_t) cfg->staleness;
         for (size_t i = 0; i < cfg->nmembers && n < max; i++) {
                 uint32_t w = cfg->members[i];
@@ -902,25 +1099,3 @@ size_t gate_stragglers(Store *s, uint64_t now, uint32_t *ids, size_t max, uint64
         return n;
 }
 
-void gate_done(Store *s) {
-        Gate *g = &s->gate;
-        for (size_t i = 0; i < g->nparked; i++) {
-                if (g->answer)
-                        g->answer(g->ud, &g->parked[i].route, g->parked[i].hdr, NULL,
-                                  PSNET__STATUS__STATUS_SHUTTING_DOWN, "the shard is stopping", g->parked[i].since);
-                zmq_msg_close(&g->parked[i].route);
-                psnet__header__free_unpacked(g->parked[i].hdr, NULL);
-        }
-        g->parked = mfree(g->parked);
-        g->nparked = g->cparked = 0;
-        ps_free(g->prev.members);
-        ps_free(g->prev.keys);
-        ps_free(g->cur.members);
-        ps_free(g->cur.keys);
-        ps_free(g->wclock);
-        g->prev = g->cur = (GateCfg) { 0 };
-        g->wclock = NULL;
-        g->nwclock = 0;
-        g->parts_in = mfree(g->parts_in);
-        g->nparts_in = 0;
-}

@@ -31,11 +31,11 @@
 #include <stdint.h>
 #include <zmq.h>
 #include "job.h"
+#include "psd-store.h"
 #include "psnet.pb-c.h"
 #include "wire.h"
 
-typedef struct Store Store;
-typedef struct Chunk Chunk;
+typedef struct Gate Gate;
 
 /* One PUSH request: acknowledged once every key it carried is settled. The
  * status sent is OK unless some key was refused (first refusal wins). */
@@ -54,13 +54,13 @@ typedef struct PushReq {
         uint64_t epoch;     /* the shard-map epoch a push in parts was cut for */
 } PushReq;
 
-typedef struct Pending {
+struct Pending {
         PushReq *req;       /* acknowledged when applied; NULL: a copy held for the primary */
         uint32_t worker;
         int64_t clock;
         float progress;     /* as its PushReq's */
         zmq_msg_t grad;     /* the received frame itself, no copy */
-} Pending;
+};
 
 /* Who takes part and how, for a range of clocks. */
 typedef struct GateCfg {
@@ -100,118 +100,176 @@ typedef struct PartsIn {
         uint64_t in[WIRE_MAX_PARTS / 64];
 } PartsIn;
 
-typedef struct Gate {
-        GateCfg prev, cur;
-        int64_t switch_clock;
+/* A push's frames to this shard's backups (psd-migrate.c's migrate_forward):
+ * frames as the worker sent them (bf16: half the bytes) or its f32 ones; a
+ * status (OK: each backup's answer settles one forward of req). */
+typedef int (*GateForwardFn)(void *ud, PushReq *req, const Psnet__Header *h, const zmq_msg_t *frames, bool bf16);
+
+/* What the gate tells its owner (psd-server.c). */
+typedef struct GateHooks {
+        GateAckFn ack;
+        GateAnswerFn answer;
+        GateForwardFn forward;  /* NULL: no backups */
+        void *ud;
+} GateHooks;
+
+/* Public fields are the owner's to read (metrics, status) and, for limits,
+ * to set; the rest are the gate's. */
+struct Gate {
+        /* public */
+        GateLimits limits;
         uint64_t members_epoch;
+        GateCfg prev, cur;
+        size_t nparked;
+        uint64_t refused_stale, refused_denied, refused_nonfinite, refused_pulls, expired_pulls;
+        uint64_t push_parts;    /* parts of pushes in parts taken */
+        bool fenced;            /* BSP clocks >= fence_limit do not close; */
+        int64_t fence_limit;    /* ASP/SSP pulls for clocks > fence_pull_limit wait */
+        int64_t fence_pull_limit;
+        /* private */
+        Store *store;
+        GateHooks hooks;
+        int64_t switch_clock;
         int64_t *wclock;        /* per worker id: clocks completed (pushed), -1 unknown */
         size_t nwclock;
         PartsIn *parts_in;      /* per worker id: its push in parts under way */
         size_t nparts_in;
-        bool fenced;            /* BSP clocks >= fence_limit do not close; */
-        int64_t fence_limit;    /* ASP/SSP pulls for clocks > fence_pull_limit wait */
-        int64_t fence_pull_limit;
         ParkedPull *parked;
-        size_t nparked, cparked;
-        GateLimits limits;
-        GateAckFn ack;
-        GateAnswerFn answer;
-        void *ud;
-        uint64_t refused_stale, refused_denied, refused_nonfinite, refused_pulls, expired_pulls;
-        uint64_t push_parts;    /* parts of pushes in parts taken */
-} Gate;
+        size_t cparked;
+};
 
 #define GATE_DEFAULT_PARK_TIMEOUT_MS 300000u
 /* A worker's pulls to one shard: CLIENT_WINDOW parts of a round, and those of
  * rounds it gave up on (under a new map, say) that still wait. */
 #define GATE_PARKED_PER_WORKER 12u
 
+/* The gate over store s (which it holds from now on: the gate empties the
+ * parked pushes of the chunks the store lets go). */
+int gate_new(Store *s, const GateHooks *hooks, Gate **ret);
+/* Answers the parked pulls (SHUTTING_DOWN) and refuses the parked pushes,
+ * then frees the gate (not the store). NULL is fine. */
+Gate *gate_free(Gate *g);
+Store *gate_store(const Gate *g);
+
+/* store_configure, and the clocks that can close then: 1 for a fresh job
+ * (its mode and staleness the gate's from then on), 0, or a negative errno. */
+int gate_configure(Gate *g, const Job *job, const ShardMap *map);
+/* store_install_image, the pushes parked on the image parked here, and the
+ * clocks that can close then. */
+int gate_install_image(Gate *g, const ChunkImage *im);
+/* The shard's clock: under BSP the slowest chunk's, under ASP/SSP the
+ * fastest member's progress. */
+int64_t gate_clock(const Gate *g);
+
 /* A new request (route copied) with remaining = 1 for the reader's hold. */
 int pushreq_new(const zmq_msg_t *route, uint64_t seq, uint32_t worker, int64_t clock, PushReq **ret);
 /* Settles one key (or the reader's hold) of req with status; acknowledges and
  * frees req when nothing remains. */
-void pushreq_settle(Store *s, PushReq *req, int status);
+void pushreq_settle(Gate *g, PushReq *req, int status);
 
 /* Replaces the membership (ids with the clocks they start at and, with CURVE,
  * their keys; start and keys may be NULL) for clocks >= from_clock; clocks
  * before it keep prev (NULL: the same set). mode/staleness likewise. Ends a
  * fence. Under BSP this may close clocks. */
-int gate_set_config(Store *s, ConsistencyMode mode, uint32_t staleness, const uint32_t *workers,
+int gate_set_config(Gate *g, ConsistencyMode mode, uint32_t staleness, const uint32_t *workers,
                     const int64_t *start, const uint8_t (*keys)[32], size_t n, const uint32_t *prev, size_t nprev,
                     int64_t from_clock, uint64_t epoch);
 /* Shorthand: the same set, mode and staleness for every clock. */
-int gate_set_members(Store *s, const uint32_t *workers, size_t n, uint64_t epoch);
+int gate_set_members(Gate *g, const uint32_t *workers, size_t n, uint64_t epoch);
 /* The configuration that governs a clock. */
-const GateCfg *gate_cfg(const Store *s, int64_t clock);
+const GateCfg *gate_cfg(const Gate *g, int64_t clock);
 
 /* Starts a fence until the next gate_set_config: BSP clocks past the next one
  * stop closing, and ASP/SSP pulls past the fastest worker's next clock wait, so
  * that a boundary pscoord picks from the replies is still ahead of everyone.
  * Returns the highest chunk clock; the members' slowest and fastest completed
  * clocks go to ret_min_worker and ret_max_worker (0 when unknown). */
-int64_t gate_fence(Store *s, int64_t *ret_min_worker, int64_t *ret_max_worker);
+int64_t gate_fence(Gate *g, int64_t *ret_min_worker, int64_t *ret_max_worker);
 /* The members' slowest and fastest completed clocks (members with no push
  * yet not counted; 0 when none has pushed), as gate_fence gives them. */
-void gate_worker_clocks(const Store *s, int64_t *ret_min_worker, int64_t *ret_max_worker);
+void gate_worker_clocks(const Gate *g, int64_t *ret_min_worker, int64_t *ret_max_worker);
 
 /* Admits a PUSH whose keys were looked up: 0, or a status (STALE, DENIED,
  * INVALID, NOT_FINITE) with the reason. sender_key: the sender's CURVE key, or
  * NULL. In two steps, so that psd spends nothing on a stranger's push: the
  * sender (a member of the push's clock, with its own key, a progress within
  * 0..1), then its f32 frames (finite unless the job allows otherwise). */
-int gate_admit_push(Store *s, const Psnet__Header *h, const zmq_msg_t *frames, const uint8_t *sender_key,
+int gate_admit_push(Gate *g, const Psnet__Header *h, const zmq_msg_t *frames, const uint8_t *sender_key,
                     char *reason, size_t n);
-int gate_admit_sender(Store *s, const Psnet__Header *h, const uint8_t *sender_key, char *reason, size_t n);
-int gate_admit_values(Store *s, const Psnet__Header *h, const zmq_msg_t *frames, char *reason, size_t n);
+int gate_admit_sender(Gate *g, const Psnet__Header *h, const uint8_t *sender_key, char *reason, size_t n);
+int gate_admit_values(Gate *g, const Psnet__Header *h, const zmq_msg_t *frames, char *reason, size_t n);
 /* gate_admit_values over the keys' f32 values, key i's at at[i] (a push in
  * shared memory). */
-int gate_admit_keys(Store *s, const Psnet__Header *h, uint8_t *const *at, char *reason, size_t n);
+int gate_admit_keys(Gate *g, const Psnet__Header *h, uint8_t *const *at, char *reason, size_t n);
 /* Sets the NaNs and infinities of g[0..n) to 0 (unless the job allows them):
  * how many there were. For a copy whose source was admitted and may have
  * changed since (shared memory a worker still writes). */
-size_t gate_zero_nonfinite(Store *s, float *g, size_t n);
+size_t gate_zero_nonfinite(Gate *g, float *v, size_t n);
 /* Offers one pushed gradient for chunk c. The frame is moved into the gate
  * when parked. Settles the key in req now (ASP apply, DUPLICATE, STALE) or
  * later (BSP, when the clock closes). */
-int gate_push(Store *s, Chunk *c, PushReq *req, zmq_msg_t *grad);
+int gate_push(Gate *g, Chunk *c, PushReq *req, zmq_msg_t *grad);
 /* A part of a worker's push in parts went through the gate (every key
  * offered): its worker's clock advances once every part of that clock and
  * map epoch is in. A part of an older clock or epoch than the newest seen
  * changes nothing. Nothing to do for a whole push or a backup's copy. */
-int gate_push_part(Store *s, const PushReq *req);
+int gate_push_part(Gate *g, const PushReq *req);
 
 /* The index of the first of the n floats at p (any alignment, as ZeroMQ
  * hands frames) that is NaN or infinity, or n. */
 size_t gate_first_nonfinite(const unsigned char *p, size_t n);
+/* One worker's push on its way into the gate, whatever it came as (frames of
+ * f32, bf16 or top-k, shared memory, in place): its values f32, one frame per
+ * key, or, from shared memory a worker owns with no backup to forward to,
+ * read key by key where they lie (the shard then holds one key of the push
+ * at a time). decode, when set, turns what came into that once the sender
+ * is admitted, so that nothing is widened or copied for a stranger
+ * (psd-push.c); it also says what the backups get. */
+typedef struct Push {
+        const Psnet__Header *h;         /* sender, seq, clock, keys, progress, parts */
+        const zmq_msg_t *route;
+        const uint8_t *sender_key;      /* with CURVE: the connection's key (NULL: none) */
+        Chunk **chunks;                 /* the keys' chunks, looked up */
+        zmq_msg_t *frames;              /* f32, one per key (NULL: read from at) */
+        uint8_t *const *at;             /* without frames: key i's f32 values */
+        const zmq_msg_t *forward;       /* what the backups get (NULL: frames) */
+        bool forward_bf16;
+        int (*decode)(struct Push *p, void *ud, char *reason, size_t n);
+        void *decode_ud;
+        uint64_t bytes;                 /* as they came (after decode) */
+        size_t zeroed;                  /* values read from at that had turned NaN or infinite: applied as 0 */
+} Push;
+
+/* The one way a worker's push enters the shard: its sender admitted (a member
+ * of the clock's membership, with its own key, a progress within 0..1), its
+ * values decoded and admitted (finite unless the job allows otherwise), the
+ * push forwarded to the backups, then every key applied (ASP, SSP) or parked
+ * (BSP), and a push in parts counted. OK once it is taken (the ack hook
+ * answers it when it is settled), or the status why not, with the reason:
+ * nothing of it taken. */
+int gate_push_request(Gate *g, Push *p, char *reason, size_t n);
+
 /* Closes every BSP clock that can close now; acknowledges the pushes applied. */
-int gate_settle(Store *s);
-/* c leaves this shard: refuses the pushes parked on it (MOVED; their dedupe
- * entries rolled back, so the workers resend them to the new owner). */
-void gate_chunk_leaving(Store *s, Chunk *c);
-/* c stays as a backup: the pushes parked on it are refused (MOVED, so the
- * workers resend them to the new primary) but kept, as the copies a backup
- * holds. */
-void gate_chunk_demoted(Store *s, Chunk *c);
+int gate_settle(Gate *g);
 /* Parks a gradient that came with a chunk's state (a backup being built),
  * with the progress its push carried. */
-int gate_park_copy(Store *s, Chunk *c, uint32_t worker, float progress, const void *grad, size_t bytes);
+int gate_park_copy(Gate *g, Chunk *c, uint32_t worker, float progress, const void *grad, size_t bytes);
 
 /* Whether a pull of these chunks for clock may be answered now (see above).
  * ret_slowest (may be NULL) gets the slowest member's completed clocks. */
-bool gate_pull_ready(Store *s, Chunk *const *chunks, size_t n, int64_t clock, int64_t *ret_slowest);
+bool gate_pull_ready(Gate *g, Chunk *const *chunks, size_t n, int64_t clock, int64_t *ret_slowest);
 /* A PULL whose keys were looked up (chunks): answered at once (through the
  * answer callback), or parked (*hdr taken, now owned by the gate), or refused:
  * a status (INVALID: a clock too far ahead; DENIED: not a member; RESOURCE:
  * too many parked) with the reason, for the caller to answer. */
-int gate_pull(Store *s, const zmq_msg_t *route, Psnet__Header **hdr, Chunk **chunks, uint64_t now, char *reason,
+int gate_pull(Gate *g, const zmq_msg_t *route, Psnet__Header **hdr, Chunk **chunks, uint64_t now, char *reason,
               size_t n);
 /* Answers the parked pulls that can be answered now (or no longer at all). */
-void gate_wake(Store *s);
+void gate_wake(Gate *g);
 /* Refuses the parked pulls older than the park time-out. */
-void gate_expire(Store *s, uint64_t now);
+void gate_expire(Gate *g, uint64_t now);
 /* The members others are waiting on (a BSP clock that cannot close without
  * them, or SSP pulls parked on the slowest), at most max ids, and since when
  * (*ret_ms, milliseconds). */
-size_t gate_stragglers(Store *s, uint64_t now, uint32_t *ids, size_t max, uint64_t *ret_ms);
-/* Frees what the gate holds (parked pulls answered SHUTTING_DOWN first). */
-void gate_done(Store *s);
+size_t gate_stragglers(Gate *g, uint64_t now, uint32_t *ids, size_t max, uint64_t *ret_ms);
+

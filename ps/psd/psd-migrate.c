@@ -33,6 +33,7 @@ struct Migrate {
         uv_loop_t *loop;
         void *zctx;
         const NetIdentity *id;
+        Gate *gate;             /* the shard's (migrate_attach); its store is the chunks' */
         Store *store;
         uint32_t shard_id;
         Link **links;
@@ -42,14 +43,18 @@ struct Migrate {
         uint64_t moved_out, moved_in, forwarded, forwarded_bytes;
 };
 
-int migrate_new(uv_loop_t *loop, void *zctx, const NetIdentity *id, Store *store, uint32_t shard_id,
-                Migrate **ret) {
+int migrate_new(uv_loop_t *loop, void *zctx, const NetIdentity *id, uint32_t shard_id, Migrate **ret) {
         Migrate *m = ps_calloc(1, sizeof *m);
         if (!m)
                 return -ENOMEM;
-        *m = (Migrate) { .loop = loop, .zctx = zctx, .id = id, .store = store, .shard_id = shard_id };
+        *m = (Migrate) { .loop = loop, .zctx = zctx, .id = id, .shard_id = shard_id };
         *ret = m;
         return 0;
+}
+
+void migrate_attach(Migrate *mg, Gate *g) {
+        mg->gate = g;
+        mg->store = gate_store(g);
 }
 
 /* Takes the oldest push off l: one forward fewer to wait for (the caller
@@ -62,13 +67,13 @@ static PushReq *link_pop(Link *l) {
 
 /* Settles every push waiting on l with status. */
 static void link_release(Link *l, int status) {
-        Store *s = l->mg->store;
+        Gate *g = l->mg->gate;
         bool any = l->head < l->n;
         while (l->head < l->n)
-                pushreq_settle(s, link_pop(l), status);
+                pushreq_settle(g, link_pop(l), status);
         l->head = l->n = 0;
         if (any) /* BSP clocks held for these answers may close now */
-                (void) gate_settle(s);
+                (void) gate_settle(g);
 }
 
 static void link_free(Link *l) {
@@ -260,7 +265,7 @@ int migrate_forward(Migrate *mg, PushReq *req, const Psnet__Header *h, const zmq
         Psnet__Replicate rep = PSNET__REPLICATE__INIT;
         rep.worker = h->sender;
         rep.has_members_epoch = true;
-        rep.members_epoch = s->gate.members_epoch;
+        rep.members_epoch = mg->gate->members_epoch;
         for (size_t b = 0; b < nb; b++) {
                 const ShardDesc *d = shardmap_shard(s->map, idx[b]);
                 Link *l = link_for(mg, d);
@@ -309,8 +314,8 @@ static void link_answer_one(Link *l, uint64_t seq, int status, const Psnet__Head
  * held for it may close (and answer the pulls parked on it). */
 static void link_answer(Link *l, uint64_t seq, int status, const Psnet__Header *h) {
         link_answer_one(l, seq, status, h);
-        (void) gate_settle(l->mg->store);
-        gate_wake(l->mg->store);
+        (void) gate_settle(l->mg->gate);
+        gate_wake(l->mg->gate);
 }
 
 /* A backup answered seq with status; missing: the keys it lacks (MIGRATING). */
@@ -320,12 +325,12 @@ static void link_answer_one(Link *l, uint64_t seq, int status, const Psnet__Head
         /* Answers come in order: one older than seq is lost (a full queue at the
          * peer); its push is released for the worker to send again. */
         while (l->head < l->n && l->w[l->head].seq < seq)
-                pushreq_settle(s, link_pop(l), PSNET__STATUS__STATUS_UNAVAILABLE);
+                pushreq_settle(mg->gate, link_pop(l), PSNET__STATUS__STATUS_UNAVAILABLE);
         if (l->head == l->n || l->w[l->head].seq != seq)
                 return; /* a chunk state's answer, with no push waiting on it */
         PushReq *req = link_pop(l);
         if (status == PSNET__STATUS__STATUS_OK || status == PSNET__STATUS__STATUS_DUPLICATE) {
-                pushreq_settle(s, req, PSNET__STATUS__STATUS_OK);
+                pushreq_settle(mg->gate, req, PSNET__STATUS__STATUS_OK);
                 return;
         }
         if (status == PSNET__STATUS__STATUS_MIGRATING && s->map) {
@@ -342,7 +347,7 @@ static void link_answer_one(Link *l, uint64_t seq, int status, const Psnet__Head
                 }
                 if (last && link_wait(l, last, req) == 0) {
                         log_info("shard %u lacked %zu chunk(s): sent them", l->id, h->n_keys);
-                        pushreq_settle(s, req, PSNET__STATUS__STATUS_OK); /* the wait above holds it */
+                        pushreq_settle(mg->gate, req, PSNET__STATUS__STATUS_OK); /* the wait above holds it */
                         return;
                 }
         }
@@ -350,7 +355,7 @@ static void link_answer_one(Link *l, uint64_t seq, int status, const Psnet__Head
                 log_warning("shard %u did not take a forwarded push status=%s reason=\"%s\"", l->id,
                             status_name(status), h->reason ? h->reason : "");
         /* MOVED: the backup acts on a newer map; the worker sends again under it. */
-        pushreq_settle(s, req, status == PSNET__STATUS__STATUS_MOVED ? status : PSNET__STATUS__STATUS_UNAVAILABLE);
+        pushreq_settle(mg->gate, req, status == PSNET__STATUS__STATUS_MOVED ? status : PSNET__STATUS__STATUS_UNAVAILABLE);
 }
 
 static void on_link_msg(NetSock *ns, WireMsg *m, int r, void *ud) {
@@ -412,7 +417,7 @@ static int install(Migrate *mg, WireMsg *m, char *reason, size_t n) {
                          k->chunk, (unsigned long) shardmap_epoch(mg->store->map));
                 return PSNET__STATUS__STATUS_MOVED;
         }
-        int r = store_install_image(mg->store, &im);
+        int r = gate_install_image(mg->gate, &im);
         if (r == -EEXIST)
                 return PSNET__STATUS__STATUS_DUPLICATE;
         if (r < 0) {
@@ -462,12 +467,12 @@ static int replicate(Migrate *mg, WireMsg *m, Psnet__Key **missing, size_t *nmis
                 req->progress = h->progress;
         for (size_t i = 0; i < h->n_keys; i++)
                 if (chunks[i]) {
-                        int r = gate_push(s, chunks[i], req, &m->frames[i]);
+                        int r = gate_push(mg->gate, chunks[i], req, &m->frames[i]);
                         if (r < 0)
                                 req->status = status_from_errno(r);
                 }
         int st = req->status == PSNET__STATUS__STATUS_DUPLICATE ? PSNET__STATUS__STATUS_OK : req->status;
-        pushreq_settle(s, req, PSNET__STATUS__STATUS_OK);
+        pushreq_settle(mg->gate, req, PSNET__STATUS__STATUS_OK);
         if (st == PSNET__STATUS__STATUS_OK && *nmissing)
                 st = PSNET__STATUS__STATUS_MIGRATING;
         if (st != PSNET__STATUS__STATUS_OK && st != PSNET__STATUS__STATUS_MIGRATING)
@@ -484,7 +489,7 @@ static bool handle(Migrate *mg, NetSock *data, WireMsg *m) {
         if (s->map && h->epoch > shardmap_epoch(s->map))
                 return false;
         if (h->type == PSNET__MSG_TYPE__MSG_REPLICATE && h->replicate->has_members_epoch &&
-            h->replicate->members_epoch > s->gate.members_epoch)
+            h->replicate->members_epoch > mg->gate->members_epoch)
                 return false;
         int st;
         bool rep = h->type == PSNET__MSG_TYPE__MSG_REPLICATE;

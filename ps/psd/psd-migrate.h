@@ -21,13 +21,16 @@
 #include <stdint.h>
 #include <uv.h>
 #include "keys.h"
-#include "psd-store.h"
+#include "psd-gate.h"
 #include "wire.h"
 
 typedef struct Migrate Migrate;
 
-int migrate_new(uv_loop_t *loop, void *zctx, const NetIdentity *id, Store *store, uint32_t shard_id,
-                Migrate **ret);
+int migrate_new(uv_loop_t *loop, void *zctx, const NetIdentity *id, uint32_t shard_id, Migrate **ret);
+/* The shard's gate (and through it the store), once both are made: the
+ * store's chunks move over the links, the gate's pushes are forwarded on
+ * them. Before anything else is called. */
+void migrate_attach(Migrate *mg, Gate *g);
 Migrate *migrate_free(Migrate *m);
 
 /* StoreMoveFn (userdata: the Migrate): sends chunk c's state to dest. */

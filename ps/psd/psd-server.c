@@ -25,6 +25,7 @@
 #include "psd-fedround.h"
 #include "psd-migrate.h"
 #include "psd-optim.h"
+#include "psd-push.h"
 #include "psd-server.h"
 #include "psd-shm.h"
 #include "psd-store.h"
@@ -47,6 +48,7 @@ typedef struct Psd {
         Session *coord;
         Service *service;
         Store *store;
+        Gate *gate;             /* holds the store: every push and pull goes through it */
         Migrate *migrate;
         Checkpointer *ckpt;
         FedShard *fed;
@@ -78,7 +80,7 @@ static bool redirect_status(int status) {
  * with backups, only while it holds its lease, since pscoord promotes them
  * once the lease has run out. */
 static bool psd_may_acknowledge(Psd *p) {
-        const ShardMap *m = p->store->map;
+        const ShardMap *m = store_map(p->store);
         if (!m || shardmap_replicas(m) < 2)
                 return true;
         /* Stopping: it deregisters, and pscoord promotes its backups at once. */
@@ -121,9 +123,9 @@ static int psd_reply_error(Psd *p, const zmq_msg_t *route, const Psnet__Header *
                 h.has_seq = true;
                 h.seq = req->seq;
         }
-        if (redirect_status(status) && p->store->map) {
+        if (redirect_status(status) && store_map(p->store)) {
                 h.has_epoch = true;
-                h.epoch = shardmap_epoch(p->store->map);
+                h.epoch = shardmap_epoch(store_map(p->store));
         }
         return netsock_send(p->data, route, &h, NULL, 0);
 }
@@ -150,9 +152,9 @@ static void psd_ack(void *userdata, PushReq *req) {
         h.clock = req->clock;
         h.has_sender = true;
         h.sender = p->cfg->id;
-        if (p->store->map) {
+        if (store_map(p->store)) {
                 h.has_epoch = true;
-                h.epoch = shardmap_epoch(p->store->map);
+                h.epoch = shardmap_epoch(store_map(p->store));
         }
         if (req->status != PSNET__STATUS__STATUS_OK && req->status != PSNET__STATUS__STATUS_DUPLICATE &&
             req->status != PSNET__STATUS__STATUS_MOVED)
@@ -164,56 +166,13 @@ static void psd_ack(void *userdata, PushReq *req) {
         histogram_observe(&p->push_latency, (double) (now_ms() - req->arrived) / 1e3);
 }
 
-/* What a push's header says of it beyond its route, seq, sender and clock. */
-static void pushreq_from_header(PushReq *req, const Psnet__Header *h) {
-        if (h->has_progress)
-                req->progress = h->progress;
-        if (h->has_parts) {
-                req->part = h->part;
-                req->parts = h->parts;
-                req->epoch = h->epoch;
-        }
-}
-
-/* Every key of a part of a push in parts went through the gate. */
-static void psd_push_part_in(Psd *p, PushReq *req) {
-        int r = gate_push_part(p->store, req);
-        if (r < 0) {
-                log_error_errno(r, "Failed to count a push's part: %m");
-                req->status = status_from_errno(r);
-        }
-}
-
 /* Bytes per thread below which a copy through shared memory stays on one
  * thread (psd --threads). */
 #define PSD_MIN_COPY (256u << 10)
-
-/* Where each of a shared-memory request's keys (esize-byte values) lies: at
- * its own place (shm_keys: a worker's own tensors) or one after another from
- * shm_offset. An array of n_keys pointers to free, or NULL with reason
- * (psd-shm.h; the request's bytes must lie in the sender's session). */
-static uint8_t **psd_shm_keys(Psd *p, const Psnet__Header *h, size_t esize, char *reason, size_t n) {
-        uint8_t **at = ps_malloc(MAX(h->n_keys, (size_t) 1) * sizeof *at);
-        if (!at) {
-                snprintf(reason, n, "out of memory");
-                return NULL;
-        }
-        uint64_t offset = h->shm_offset;
-        for (size_t i = 0; i < h->n_keys; i++) {
-                uint64_t bytes = (uint64_t) h->keys[i]->len * esize;
-                if (h->n_shm_keys > 0)
-                        offset = h->shm_keys[i];
-                if (!(at[i] = shm_server_at(p->shm, h->shm_session, h->sender, offset, bytes, reason, n)))
-                        return mfree(at);
-                offset += bytes;
-        }
-        return at;
-}
-
 /* A pull in shared memory: the values written where the worker said, then
  * an answer without frames. */
 static int psd_write_values(Psd *p, const Psnet__Header *req, Chunk **chunks, bool bf16, char *reason, size_t n) {
-        _cleanup_free_ uint8_t **at = psd_shm_keys(p, req, bf16 ? 2 : sizeof(float), reason, n);
+        _cleanup_free_ uint8_t **at = shm_server_keys(p->shm, req, bf16 ? 2 : sizeof(float), reason, n);
         if (!at)
                 return -EINVAL;
         for (size_t i = 0; i < req->n_keys; i++) {
@@ -221,9 +180,9 @@ static int psd_write_values(Psd *p, const Psnet__Header *req, Chunk **chunks, bo
                 if (bf16)
                         store_bf16(p->store, at[i], c->val->data, c->len, true);
                 else
-                        pfor_copy(p->store->pool, at[i], c->val->data, (size_t) c->len * sizeof(float), PSD_MIN_COPY);
+                        pfor_copy(p->pool, at[i], c->val->data, (size_t) c->len * sizeof(float), PSD_MIN_COPY);
         }
-        p->store->pulls += req->n_keys;
+        store_pulled(p->store, req->n_keys);
         return 0;
 }
 
@@ -264,7 +223,7 @@ static int psd_send_values(Psd *p, const zmq_msg_t *route, const Psnet__Header *
         h.has_sender = true;
         h.sender = p->cfg->id;
         h.has_job = true;
-        h.job = p->store->job.id;
+        h.job = store_job(p->store)->id;
         h.n_keys = n;
         h.keys = req->keys;
         h.has_shm_session = h.has_shm_offset = shm;
@@ -289,6 +248,12 @@ static void psd_answer(void *userdata, const zmq_msg_t *route, const Psnet__Head
                 log_warning_errno(r, "Failed to answer pull: %m");
 }
 
+/* GateForwardFn: a push to this shard's backups. */
+static int psd_forward(void *userdata, PushReq *req, const Psnet__Header *h, const zmq_msg_t *frames, bool bf16) {
+        Psd *p = userdata;
+        return migrate_forward(p->migrate, req, h, frames, bf16);
+}
+
 /* --- the data plane ------------------------------------------------------------------ */
 
 static void psd_pull(Psd *p, WireMsg *m, Chunk **chunks) {
@@ -297,255 +262,39 @@ static void psd_pull(Psd *p, WireMsg *m, Chunk **chunks) {
                 psd_reply_error(p, &m->route, m->hdr, PSNET__STATUS__STATUS_UNAVAILABLE, PSD_NO_LEASE);
                 return;
         }
-        int st = gate_pull(p->store, &m->route, &m->hdr, chunks, now_ms(), reason, sizeof reason);
+        int st = gate_pull(p->gate, &m->route, &m->hdr, chunks, now_ms(), reason, sizeof reason);
         if (st != 0)
                 psd_reply_error(p, &m->route, m->hdr, st, reason);
 }
 
 
-/* Frames shared with others (zmq_msg_copy: the data counted, not copied). */
-typedef struct Frames {
-        zmq_msg_t *f;
-        size_t n;
-} Frames;
-
-static void frames_freep(Frames *fr) {
-        for (size_t i = 0; i < fr->n; i++)
-                zmq_msg_close(&fr->f[i]);
-        ps_free(fr->f);
-        *fr = (Frames) { 0 };
-}
-
-static int frames_share(Frames *fr, zmq_msg_t *src, size_t n) {
-        fr->f = ps_malloc((n ? n : 1) * sizeof *fr->f);
-        if (!fr->f)
-                return -ENOMEM;
-        for (fr->n = 0; fr->n < n; fr->n++) {
-                zmq_msg_init(&fr->f[fr->n]);
-                if (zmq_msg_copy(&fr->f[fr->n], &src[fr->n]) < 0) {
-                        zmq_msg_close(&fr->f[fr->n]);
-                        return -errno;
-                }
-        }
-        return 0;
-}
-
-/* A push in shared memory becomes frames of its own (f32, or bf16 widened
- * later as a bf16 push in frames is): copied out once, so that what the gate
- * checks is what it applies whatever the worker writes meanwhile, and parked
- * pushes, backups and checkpoints see an ordinary push. Returns a status
- * (reason filled). */
-static int push_from_shm(Psd *p, WireMsg *m, char *reason, size_t n) {
-        Psnet__Header *h = m->hdr;
-        bool bf16 = h->dtype == PSNET__DTYPE__DTYPE_BF16;
-        _cleanup_free_ uint8_t **at = psd_shm_keys(p, h, bf16 ? 2 : sizeof(float), reason, n);
-        if (!at)
-                return PSNET__STATUS__STATUS_INVALID;
-        /* wire_msg_done frees the array with free(). */
-        zmq_msg_t *frames = malloc(h->n_keys * sizeof *frames);
-        if (!frames) {
-                snprintf(reason, n, "out of memory");
-                return PSNET__STATUS__STATUS_RESOURCE;
-        }
-        for (size_t i = 0; i < h->n_keys; i++) {
-                uint32_t len = h->keys[i]->len;
-                size_t size = (size_t) len * (bf16 ? 2 : sizeof(float));
-                if (zmq_msg_init_size(&frames[i], size) < 0) {
-                        for (size_t j = 0; j < i; j++)
-                                zmq_msg_close(&frames[j]);
-                        free(frames);
-                        snprintf(reason, n, "out of memory");
-                        return PSNET__STATUS__STATUS_RESOURCE;
-                }
-                pfor_copy(p->store->pool, zmq_msg_data(&frames[i]), at[i], size, PSD_MIN_COPY);
-        }
-        m->frames = frames;
-        m->nframes = h->n_keys;
-        h->has_shm_session = h->has_shm_offset = false;
-        h->n_shm_keys = 0;
-        return PSNET__STATUS__STATUS_OK;
-}
-
-/* A push in shared memory with no backups to forward it to (f32, sender
- * admitted), taken key by key: each key's gradient is copied into a frame of
- * its own just before the gate takes it, so the shard holds one key of the
- * push at a time rather than the whole push (a parked BSP push keeps its
- * frame). The finite check runs over the shared memory first, refusing the
- * push whole; values the worker turns non-finite after it (it owns the
- * memory) are caught in the copy, applied as 0, counted and logged: the
- * model never holds them. */
-static void psd_push_shm_keys(Psd *p, WireMsg *m, Chunk **chunks, uint64_t bytes) {
-        Psnet__Header *h = m->hdr;
-        char reason[192];
-        _cleanup_free_ uint8_t **at = psd_shm_keys(p, h, sizeof(float), reason, sizeof reason);
-        int st = at ? gate_admit_keys(p->store, h, at, reason, sizeof reason) : PSNET__STATUS__STATUS_INVALID;
-        if (st != PSNET__STATUS__STATUS_OK) {
-                psd_reply_error(p, &m->route, h, st, reason);
-                return;
-        }
-        p->bytes_in += bytes;
-        PushReq *req;
-        int r = pushreq_new(&m->route, h->seq, h->sender, h->clock, &req);
-        if (r < 0) {
-                psd_reply_error(p, &m->route, h, PSNET__STATUS__STATUS_RESOURCE, "out of memory");
-                return;
-        }
-        pushreq_from_header(req, h);
-        size_t changed = 0;
-        for (size_t i = 0; i < h->n_keys; i++) {
-                size_t len = h->keys[i]->len;
-                zmq_msg_t f;
-                if (zmq_msg_init_size(&f, len * sizeof(float)) < 0) {
-                        log_error("Failed to apply push: out of memory for key (%u,%u)", h->keys[i]->tensor,
-                                  h->keys[i]->chunk);
-                        req->status = PSNET__STATUS__STATUS_RESOURCE;
-                        continue;
-                }
-                pfor_copy(p->store->pool, zmq_msg_data(&f), at[i], len * sizeof(float), PSD_MIN_COPY);
-                changed += gate_zero_nonfinite(p->store, zmq_msg_data(&f), len);
-                r = gate_push(p->store, chunks[i], req, &f);
-                zmq_msg_close(&f);
-                if (r < 0) {
-                        log_error_errno(r, "Failed to apply push: %m");
-                        req->status = status_from_errno(r);
-                }
-        }
-        if (changed > 0) {
-                p->shm_changed += changed;
-                uint64_t now = uv_now(&p->loop);
-                if (now - p->shm_changed_logged_ms >= 1000 || p->shm_changed == changed) {
-                        p->shm_changed_logged_ms = now;
-                        log_warning("worker %u wrote %zu non-finite values into its shared memory while its push was "
-                                    "applied: applied as 0 (psnet_psd_shm_zeroed_total)", h->sender, changed);
-                }
-        }
-        psd_push_part_in(p, req);
-        pushreq_settle(p->store, req, PSNET__STATUS__STATUS_OK);
-}
-
-static const char *codec_name(int codec) {
-        static const char *const names[] = { "raw", "masked", "bf16", "int8", "topk" };
-        return codec >= 0 && codec < (int) ELEMENTSOF(names) ? names[codec] : "?";
-}
-
-/* A --sparsify push (CODEC_TOPK frames, sizes checked by wire_validate)
- * becomes dense f32 frames: what follows sees an ordinary push. Returns a
- * status (reason filled): a frame whose indices are out of order or range,
- * or whose values are not finite, is refused whole. */
-static int push_from_topk(WireMsg *m, char *reason, size_t n) {
-        Psnet__Header *h = m->hdr;
-        for (size_t i = 0; i < h->n_keys; i++) {
-                zmq_msg_t f;
-                uint32_t len = h->keys[i]->len;
-                if (zmq_msg_init_size(&f, (size_t) len * sizeof(float)) < 0) {
-                        snprintf(reason, n, "out of memory");
-                        return PSNET__STATUS__STATUS_RESOURCE;
-                }
-                int r = compress_decode(COMPRESS_TOPK, zmq_msg_data(&m->frames[i]), zmq_msg_size(&m->frames[i]), len,
-                                        zmq_msg_data(&f));
-                if (r < 0) {
-                        zmq_msg_close(&f);
-                        snprintf(reason, n, "the sparse gradient of key (%u,%u) %s", h->keys[i]->tensor,
-                                 h->keys[i]->chunk,
-                                 r == -ERANGE ? "holds NaN or infinity" : "has indices out of order or range");
-                        return r == -ERANGE ? PSNET__STATUS__STATUS_NOT_FINITE : PSNET__STATUS__STATUS_INVALID;
-                }
-                zmq_msg_close(&m->frames[i]);
-                zmq_msg_init(&m->frames[i]);
-                zmq_msg_move(&m->frames[i], &f);
-        }
-        h->codec = PSNET__CODEC__CODEC_RAW;
-        return PSNET__STATUS__STATUS_OK;
-}
-
+/* A worker's push: made into the gate's Push whatever it came as
+ * (psd-push.c), and through the gate's one way in. */
 static void psd_push(Psd *p, WireMsg *m, Chunk **chunks) {
-        Psnet__Header *h = m->hdr;
         char reason[192];
         if (!psd_may_acknowledge(p)) {
-                psd_reply_error(p, &m->route, h, PSNET__STATUS__STATUS_UNAVAILABLE, PSD_NO_LEASE);
+                psd_reply_error(p, &m->route, m->hdr, PSNET__STATUS__STATUS_UNAVAILABLE, PSD_NO_LEASE);
                 return;
         }
-        /* Admitted whole or not at all: first the sender (membership, its key),
-         * before anything is copied or widened for it; then the values. */
-        int st = gate_admit_sender(p->store, h, p->id.enabled ? m->peer.key : NULL, reason, sizeof reason);
+        Push push;
+        PushSource src;
+        push_from_message(&push, &src, p->store, p->shm, m, chunks, p->id.enabled ? m->peer.key : NULL);
+        int st = gate_push_request(p->gate, &push, reason, sizeof reason);
+        push_source_done(&src);
         if (st != PSNET__STATUS__STATUS_OK) {
-                psd_reply_error(p, &m->route, h, st, reason);
+                psd_reply_error(p, &m->route, m->hdr, st, reason);
                 return;
         }
-        /* A training job's pushes are f32 or bf16 frames, or with --sparsify
-         * top-k frames; the other codecs are a federated update's. */
-        if (h->codec != PSNET__CODEC__CODEC_RAW &&
-            (h->codec != PSNET__CODEC__CODEC_TOPK || !(p->store->job.sparsify > 0.0f))) {
-                snprintf(reason, sizeof reason, "codec %s on a push of a training job%s", codec_name(h->codec),
-                         h->codec == PSNET__CODEC__CODEC_TOPK ? " that was not started with --sparsify"
-                                                              : " (dense f32 or bf16, or top-k with --sparsify)");
-                psd_reply_error(p, &m->route, h, PSNET__STATUS__STATUS_INVALID, reason);
-                return;
-        }
-        uint64_t bytes = 0;
-        for (size_t i = 0; i < h->n_keys; i++)
-                bytes += h->has_shm_session ? (uint64_t) h->keys[i]->len * (h->dtype == PSNET__DTYPE__DTYPE_BF16 ? 2 : 4)
-                                            : zmq_msg_size(&m->frames[i]);
-        uint32_t backups[JOB_MAX_REPLICAS];
-        size_t nbackups = store_backups(p->store, backups, ELEMENTSOF(backups));
-        if (h->has_shm_session && h->dtype == PSNET__DTYPE__DTYPE_F32 && h->codec == PSNET__CODEC__CODEC_RAW &&
-            nbackups == 0) {
-                psd_push_shm_keys(p, m, chunks, bytes);
-                return;
-        }
-        if (h->has_shm_session) {
-                st = push_from_shm(p, m, reason, sizeof reason);
-                if (st != PSNET__STATUS__STATUS_OK) {
-                        psd_reply_error(p, &m->route, h, st, reason);
-                        return;
+        p->bytes_in += push.bytes;
+        if (push.zeroed > 0) {
+                p->shm_changed += push.zeroed;
+                uint64_t now = uv_now(&p->loop);
+                if (now - p->shm_changed_logged_ms >= 1000 || p->shm_changed == push.zeroed) {
+                        p->shm_changed_logged_ms = now;
+                        log_warning("worker %u wrote %zu non-finite values into its shared memory while its push was "
+                                    "applied: applied as 0 (psnet_psd_shm_zeroed_total)", m->hdr->sender, push.zeroed);
                 }
         }
-        if (h->codec == PSNET__CODEC__CODEC_TOPK) {
-                st = push_from_topk(m, reason, sizeof reason);
-                if (st != PSNET__STATUS__STATUS_OK) {
-                        psd_reply_error(p, &m->route, h, st, reason);
-                        return;
-                }
-        }
-        /* --wire bf16: from here on an f32 push; the backups get the bf16
-         * frames (half the bytes; they widen them the same way). */
-        _cleanup_(frames_freep) Frames wire16 = { 0 };
-        if (h->dtype == PSNET__DTYPE__DTYPE_BF16) {
-                if ((nbackups > 0 && frames_share(&wire16, m->frames, h->n_keys) < 0) ||
-                    store_frames_to_f32(p->store, m->frames, h) < 0) {
-                        psd_reply_error(p, &m->route, h, PSNET__STATUS__STATUS_RESOURCE, "out of memory");
-                        return;
-                }
-                h->dtype = PSNET__DTYPE__DTYPE_F32;
-        }
-        st = gate_admit_values(p->store, h, m->frames, reason, sizeof reason);
-        if (st != PSNET__STATUS__STATUS_OK) {
-                psd_reply_error(p, &m->route, h, st, reason);
-                return;
-        }
-        p->bytes_in += bytes;
-        PushReq *req;
-        int r = pushreq_new(&m->route, h->seq, h->sender, h->clock, &req);
-        if (r < 0) {
-                psd_reply_error(p, &m->route, h, PSNET__STATUS__STATUS_RESOURCE, "out of memory");
-                return;
-        }
-        pushreq_from_header(req, h);
-        /* To the backups first (sharing the frames): acknowledged once they answer. */
-        st = migrate_forward(p->migrate, req, h, wire16.f ? wire16.f : m->frames, wire16.f != NULL);
-        if (st != PSNET__STATUS__STATUS_OK) {
-                pushreq_settle(p->store, req, st);
-                return;
-        }
-        for (size_t i = 0; i < h->n_keys; i++) {
-                r = gate_push(p->store, chunks[i], req, &m->frames[i]);
-                if (r < 0) {
-                        log_error_errno(r, "Failed to apply push: %m");
-                        req->status = status_from_errno(r);
-                }
-        }
-        psd_push_part_in(p, req);
-        pushreq_settle(p->store, req, PSNET__STATUS__STATUS_OK);
 }
 
 /* Mode fed: a pull answers the values as they are (they change only when a
@@ -596,7 +345,7 @@ static void psd_handle_link(void *d, WireMsg *m, void *peer) {
         Psd *p = d;
         (void) peer;
         migrate_in(p->migrate, p->data, m);
-        gate_wake(p->store);
+        gate_wake(p->gate);
 }
 
 /* A worker's (or an edge's, or an operator's) PULL or PUSH. */
@@ -605,7 +354,7 @@ static void psd_handle_data(void *d, WireMsg *m, void *peer) {
         Psnet__Header *h = m->hdr;
         char reason[192];
         (void) peer;
-        if (!p->store->has_job) {
+        if (!store_job(p->store)) {
                 psd_reply_error(p, &m->route, h, PSNET__STATUS__STATUS_NO_JOB, "no job is configured on this shard yet");
                 return;
         }
@@ -614,11 +363,11 @@ static void psd_handle_data(void *d, WireMsg *m, void *peer) {
                                 "PULL/PUSH need keys, clock >= 0, sender and seq");
                 return;
         }
-        if (h->has_members_epoch && h->members_epoch > p->store->gate.members_epoch) {
+        if (h->has_members_epoch && h->members_epoch > p->gate->members_epoch) {
                 /* The worker heard of a membership (its own admission, say)
                  * that has not reached this shard yet: it asks again shortly. */
                 snprintf(reason, sizeof reason, "membership epoch %lu has not reached this shard (it acts on %lu)",
-                         (unsigned long) h->members_epoch, (unsigned long) p->store->gate.members_epoch);
+                         (unsigned long) h->members_epoch, (unsigned long) p->gate->members_epoch);
                 psd_reply_error(p, &m->route, h, PSNET__STATUS__STATUS_UNAVAILABLE, reason);
                 return;
         }
@@ -632,7 +381,7 @@ static void psd_handle_data(void *d, WireMsg *m, void *peer) {
                 psd_reply_error(p, &m->route, h, st, reason);
                 return;
         }
-        if (p->store->job.mode == MODE_FED) {
+        if (store_job(p->store)->mode == MODE_FED) {
                 if (h->has_shm_session) {
                         psd_reply_error(p, &m->route, h, PSNET__STATUS__STATUS_INVALID,
                                         "shared memory serves training jobs, not federated rounds");
@@ -650,7 +399,7 @@ static void psd_handle_data(void *d, WireMsg *m, void *peer) {
                 psd_pull(p, m, chunks);
         else {
                 psd_push(p, m, chunks);
-                gate_wake(p->store);
+                gate_wake(p->gate);
         }
 }
 
@@ -770,7 +519,7 @@ static void psd_apply_config(Psd *p, const Psnet__Config *ctl) {
                         shardmap_free(map);
                         return;
                 }
-                bool fresh = !p->store->has_job || p->store->job.id != job.id;
+                bool fresh = !store_job(p->store) || store_job(p->store)->id != job.id;
                 const Psnet__Checkpoint *rs = ctl->restore;
                 bool restore = fresh && rs && rs->name && rs->dir && rs->has_clock;
                 /* A fresh job's chunks are never built in the loop: they come from
@@ -781,11 +530,11 @@ static void psd_apply_config(Psd *p, const Psnet__Config *ctl) {
                 bool first = !ctl->has_first_map || ctl->first_map;
                 bool seed = fresh && !restore && first;
                 if (fresh)
-                        p->store->restoring = true;
-                uint64_t was_epoch = p->store->map ? shardmap_epoch(p->store->map) : 0;
-                r = store_configure(p->store, &job, map);
+                        store_set_restoring(p->store, true);
+                uint64_t was_epoch = store_map(p->store) ? shardmap_epoch(store_map(p->store)) : 0;
+                r = gate_configure(p->gate, &job, map);
                 shardmap_free(map);
-                if (fresh || (p->store->map && shardmap_epoch(p->store->map) != was_epoch))
+                if (fresh || (store_map(p->store) && shardmap_epoch(store_map(p->store)) != was_epoch))
                         fedshard_reset(p->fed); /* a round open under another job or map is gone */
                 if (r < 0) {
                         log_error_errno(r, "Failed to configure the store: %m");
@@ -796,38 +545,40 @@ static void psd_apply_config(Psd *p, const Psnet__Config *ctl) {
                 (void) netsock_set_max_msg(p->data, p->job_max_msg);
                 if (!fresh && ctl->map->epoch != 0)
                         log_info("map epoch=%lu keys=%lu backup_keys=%lu incoming=%lu moved_out=%lu replicas=%u",
-                                 (unsigned long) ctl->map->epoch, (unsigned long) p->store->nkeys,
-                                 (unsigned long) p->store->backup_keys, (unsigned long) store_incoming(p->store),
-                                 (unsigned long) migrate_moved_out(p->migrate), shardmap_replicas(p->store->map));
+                                 (unsigned long) ctl->map->epoch, (unsigned long) store_stats(p->store)->nkeys,
+                                 (unsigned long) store_stats(p->store)->backup_keys, (unsigned long) store_incoming(p->store),
+                                 (unsigned long) migrate_moved_out(p->migrate), shardmap_replicas(store_map(p->store)));
                 if (fresh)
                         log_info("job configured job=%u model=%s mode=%s keys=%lu bytes=%lu map_epoch=%lu%s%s",
                                  job.id, job.model_name, job_mode_string(&job, mode, sizeof mode),
-                                 (unsigned long) p->store->nkeys, (unsigned long) p->store->bytes,
+                                 (unsigned long) store_stats(p->store)->nkeys, (unsigned long) store_stats(p->store)->bytes,
                                  (unsigned long) ctl->map->epoch, restore ? " restore=" : "", restore ? rs->name : "");
                 if (seed && (r = checkpoint_seed(p->ckpt)) < 0 && job.init[0]) {
-                        p->store->restoring = false;
+                        store_set_restoring(p->store, false);
                         checkpoint_init_failed(p->ckpt, &job, r);
                 } else if (seed && r < 0) {
                         log_warning_errno(r, "Failed to build the initial values in the background (%m): building "
                                           "them here");
-                        p->store->restoring = false;
+                        store_set_restoring(p->store, false);
                         r = store_create_missing(p->store);
+                        if (r == 0)
+                                r = gate_settle(p->gate);
                         if (r < 0)
                                 log_error_errno(r, "Failed to build the initial values: %m");
                 }
                 if (restore) {
                         r = checkpoint_restore(p->ckpt, rs->name, rs->dir, rs->clock);
                         if (r < 0) {
-                                p->store->restoring = false;
+                                store_set_restoring(p->store, false);
                                 psd_checkpoint_failed(p, rs->name, r);
                         }
                 }
         }
-        if (ctl->members && p->store->has_job) {
+        if (ctl->members && store_job(p->store)) {
                 const Psnet__Membership *m = ctl->members, *pm = ctl->prev_members;
-                Job j = p->store->job;
+                Job j = *store_job(p->store);
                 if (ctl->job && job_from_proto(ctl->job, &j, err, sizeof err) < 0)
-                        j = p->store->job;
+                        j = *store_job(p->store);
                 if (m->n_start_clocks && m->n_start_clocks != m->n_workers) {
                         log_error("pscoord sent %zu start clocks for %zu workers", m->n_start_clocks, m->n_workers);
                         return;
@@ -846,7 +597,7 @@ static void psd_apply_config(Psd *p, const Psnet__Config *ctl) {
                                 return;
                         }
                 }
-                r = gate_set_config(p->store, j.mode, j.staleness, m->workers,
+                r = gate_set_config(p->gate, j.mode, j.staleness, m->workers,
                                     m->n_start_clocks ? m->start_clocks : NULL, (const uint8_t(*)[32]) keys,
                                     m->n_workers, pm ? pm->workers : NULL, pm ? pm->n_workers : 0,
                                     m->has_from_clock ? m->from_clock : 0, m->epoch);
@@ -854,7 +605,7 @@ static void psd_apply_config(Psd *p, const Psnet__Config *ctl) {
                         log_error_errno(r, "Failed to set membership: %m");
                 else {
                         /* Room for every member's pulls, and a little more. */
-                        p->store->gate.limits.max_parked = 64 + GATE_PARKED_PER_WORKER * m->n_workers;
+                        p->gate->limits.max_parked = 64 + GATE_PARKED_PER_WORKER * m->n_workers;
                         log_info("membership epoch=%lu workers=%zu from_clock=%ld mode=%s", (unsigned long) m->epoch,
                                  m->n_workers, (long) (m->has_from_clock ? m->from_clock : 0),
                                  job_mode_string(&j, mode, sizeof mode));
@@ -863,7 +614,7 @@ static void psd_apply_config(Psd *p, const Psnet__Config *ctl) {
         /* Pushes waiting on shards that left are released; what other shards
          * sent under this map or membership is handled now. */
         migrate_map_changed(p->migrate, p->data);
-        gate_wake(p->store);
+        gate_wake(p->gate);
 }
 
 /* --- the pscoord session -------------------------------------------------------------- */
@@ -892,7 +643,7 @@ static void psd_fence(Psd *p, const Psnet__Header *h) {
         Psnet__FenceRep fr = PSNET__FENCE_REP__INIT;
         Psnet__Header r;
         int64_t slowest, fastest;
-        fr.max_clock = gate_fence(p->store, &slowest, &fastest);
+        fr.max_clock = gate_fence(p->gate, &slowest, &fastest);
         fr.min_worker_clock = slowest;
         fr.max_worker_clock = fastest;
         wire_header_init(&r, PSNET__MSG_TYPE__MSG_FENCE_REP);
@@ -1011,30 +762,30 @@ static void psd_heartbeat(Session *s, Psnet__Heartbeat *hb, void *ud) {
         si->id = p->cfg->id;
         si->endpoint = p->cfg->advertise ? p->cfg->advertise : p->cfg->listen;
         si->has_keys = si->has_bytes = si->has_clock = si->has_pushes = si->has_pulls = si->has_errors = true;
-        si->keys = p->store->nkeys;
-        si->bytes = p->store->bytes;
-        si->clock = store_clock(p->store);
-        si->pushes = p->store->pushes;
-        si->pulls = p->store->pulls;
+        si->keys = store_stats(p->store)->nkeys;
+        si->bytes = store_stats(p->store)->bytes;
+        si->clock = gate_clock(p->gate);
+        si->pushes = store_stats(p->store)->pushes;
+        si->pulls = store_stats(p->store)->pulls;
         si->errors = p->errors;
         si->has_incoming = si->has_map_epoch = si->has_parked = si->has_memory_limit = true;
         si->incoming = store_incoming(p->store);
-        si->map_epoch = p->store->map ? shardmap_epoch(p->store->map) : 0;
-        si->parked = p->store->gate.nparked;
+        si->map_epoch = store_map(p->store) ? shardmap_epoch(store_map(p->store)) : 0;
+        si->parked = p->gate->nparked;
         si->memory_limit = p->memory_limit;
         uint64_t ms = 0;
-        si->n_stragglers = gate_stragglers(p->store, now_ms(), p->stragglers, PSD_MAX_STRAGGLERS, &ms);
+        si->n_stragglers = gate_stragglers(p->gate, now_ms(), p->stragglers, PSD_MAX_STRAGGLERS, &ms);
         si->stragglers = p->stragglers;
         si->has_stalled_ms = si->n_stragglers > 0;
         si->stalled_ms = ms;
         si->has_min_steps = si->has_max_steps = true;
         store_steps(p->store, &si->min_steps, &si->max_steps);
         si->has_min_worker_clock = si->has_max_worker_clock = true;
-        gate_worker_clocks(p->store, &si->min_worker_clock, &si->max_worker_clock);
+        gate_worker_clocks(p->gate, &si->min_worker_clock, &si->max_worker_clock);
         si->has_backup_keys = si->has_acknowledging = true;
-        si->has_lr = p->store->applied > 0;
-        si->lr = p->store->last_lr;
-        si->backup_keys = p->store->backup_keys;
+        si->has_lr = store_stats(p->store)->applied > 0;
+        si->lr = store_stats(p->store)->last_lr;
+        si->backup_keys = store_stats(p->store)->backup_keys;
         si->acknowledging = psd_may_acknowledge(p);
         hb->shard = si;
 }
@@ -1044,14 +795,15 @@ static void psd_heartbeat(Session *s, Psnet__Heartbeat *hb, void *ud) {
 static void psd_metrics(void *ud, MetricsBuf *b) {
         Psd *p = ud;
         const Store *s = p->store;
-        const Gate *g = &s->gate;
+        const StoreStats *st = store_stats(s);
+        const Gate *g = p->gate;
         metrics_one(b, "psnet_psd_shard_id", "gauge", "This shard's id.", p->cfg->id);
         metrics_one(b, "psnet_psd_pushes_total", "counter", "Pushed keys received (applied or refused).",
-                    (double) s->pushes);
-        metrics_one(b, "psnet_psd_pulls_total", "counter", "Keys sent in pull replies.", (double) s->pulls);
-        metrics_one(b, "psnet_psd_updates_total", "counter", "Optimizer steps applied to chunks.", (double) s->applied);
+                    (double) st->pushes);
+        metrics_one(b, "psnet_psd_pulls_total", "counter", "Keys sent in pull replies.", (double) st->pulls);
+        metrics_one(b, "psnet_psd_updates_total", "counter", "Optimizer steps applied to chunks.", (double) st->applied);
         metrics_one(b, "psnet_psd_copies_total", "counter",
-                    "Chunks copied before an update because a pull reply still read them.", (double) s->copies);
+                    "Chunks copied before an update because a pull reply still read them.", (double) st->copies);
         metrics_one(b, "psnet_psd_received_bytes_total", "counter", "Gradient bytes received.", (double) p->bytes_in);
         metrics_one(b, "psnet_psd_sent_bytes_total", "counter", "Value bytes sent in pull replies.",
                     (double) p->bytes_out);
@@ -1079,27 +831,27 @@ static void psd_metrics(void *ud, MetricsBuf *b) {
         metrics_one(b, "psnet_psd_parallel_loops_total", "counter",
                     "Loops over a chunk's values (optimizer steps, checks, copies) cut between the threads.",
                     (double) pfor_loops(p->pool));
-        metrics_one(b, "psnet_psd_keys", "gauge", "Keys (chunks) this shard holds.", (double) s->nkeys);
-        metrics_one(b, "psnet_psd_model_bytes", "gauge", "Bytes of values and optimizer state held.", (double) s->bytes);
+        metrics_one(b, "psnet_psd_keys", "gauge", "Keys (chunks) this shard holds.", (double) st->nkeys);
+        metrics_one(b, "psnet_psd_model_bytes", "gauge", "Bytes of values and optimizer state held.", (double) st->bytes);
         metrics_one(b, "psnet_psd_memory_limit_bytes", "gauge", "Model state this shard may hold.",
                     (double) p->memory_limit);
         metrics_one(b, "psnet_psd_incoming_keys", "gauge", "Keys the map gives this shard that have not arrived.",
                     (double) store_incoming(s));
         metrics_one(b, "psnet_psd_clock", "gauge", "The shard's clock (BSP: slowest chunk; ASP/SSP: fastest worker).",
-                    (double) store_clock(s));
+                    (double) gate_clock(g));
         metrics_one(b, "psnet_psd_lr", "gauge",
                     "The learning rate of the last update applied (with --lr-scaling and --lr-schedule).",
-                    (double) s->last_lr);
+                    (double) st->last_lr);
         metrics_one(b, "psnet_psd_parked_pulls", "gauge", "Pulls waiting for their clock.", (double) g->nparked);
         metrics_one(b, "psnet_psd_members", "gauge", "Workers in the current membership.", (double) g->cur.nmembers);
         metrics_one(b, "psnet_psd_map_epoch", "gauge", "The shard map epoch this shard acts on.",
-                    s->map ? (double) shardmap_epoch(s->map) : 0);
+                    store_map(s) ? (double) shardmap_epoch(store_map(s)) : 0);
         metrics_one(b, "psnet_psd_moved_out_total", "counter", "Chunks sent to other shards.",
                     (double) migrate_moved_out(p->migrate));
         metrics_one(b, "psnet_psd_moved_in_total", "counter", "Chunks installed from other shards.",
                     (double) migrate_moved_in(p->migrate));
         metrics_one(b, "psnet_psd_backup_keys", "gauge", "Keys held as a backup (counted in psnet_psd_keys too).",
-                    (double) s->backup_keys);
+                    (double) st->backup_keys);
         metrics_one(b, "psnet_psd_forwarded_total", "counter", "Pushes forwarded to backups (one per backup).",
                     (double) migrate_forwarded(p->migrate));
         metrics_one(b, "psnet_psd_forwarded_bytes_total", "counter",
@@ -1128,19 +880,19 @@ static bool psd_ready(void *ud, char *why, size_t n) {
 
 static void psd_status(void *ud, char *buf, size_t n) {
         Psd *p = ud;
-        if (!p->store->has_job)
+        if (!store_job(p->store))
                 snprintf(buf, n, "shard %u: %s", p->cfg->id, p->coord && session_registered(p->coord)
                                                                    ? "waiting for a job" : "registering with pscoord");
         else
-                snprintf(buf, n, "shard %u: job %u, %lu keys, clock %ld, %zu members", p->cfg->id, p->store->job.id,
-                         (unsigned long) p->store->nkeys, (long) store_clock(p->store), p->store->gate.cur.nmembers);
+                snprintf(buf, n, "shard %u: job %u, %lu keys, clock %ld, %zu members", p->cfg->id, store_job(p->store)->id,
+                         (unsigned long) store_stats(p->store)->nkeys, (long) gate_clock(p->gate), p->gate->cur.nmembers);
 }
 
 /* --- life ------------------------------------------------------------------------------ */
 
 static void psd_tick(uv_timer_t *t) {
         Psd *p = t->data;
-        gate_expire(p->store, now_ms());
+        gate_expire(p->gate, now_ms());
         (void) psd_may_acknowledge(p); /* logs a lease lost while no request came */
         checkpoint_poll(p->ckpt);
         shm_server_tick(p->shm, now_ms());
@@ -1253,33 +1005,38 @@ int psd_run(const PsdConfig *cfg) {
         if (r < 0)
                 goto finish;
         p.memory_limit = cfg->memory_limit ? cfg->memory_limit : memory_available();
-        r = store_new(cfg->id, psd_ack, psd_answer, &p, &p.store);
-        if (r == 0)
-                r = migrate_new(&p.loop, p.zctx, &p.id, p.store, cfg->id, &p.migrate);
+        r = pfor_new(cfg->threads ? cfg->threads : 1, &p.pool);
         if (r < 0) {
-                log_error_errno(r, "Failed to allocate the store: %m");
+                log_error_errno(r, "Failed to start %u threads: %m", cfg->threads);
                 goto finish;
         }
-        r = checkpointer_new(p.store, &p.loop, cfg->id, psd_checkpoint_done, &p, &p.ckpt);
+        cpu_set_t cpus;
+        if (sched_getaffinity(0, sizeof cpus, &cpus) == 0 && (unsigned) CPU_COUNT(&cpus) < cfg->threads)
+                log_warning("--threads %u is more than the %d CPUs this shard may run on: its threads will take "
+                            "CPU from each other and from their neighbours", cfg->threads, CPU_COUNT(&cpus));
+        /* The links to other shards, the store (its chunks move over the
+         * links), the gate over the store (it forwards pushes over them). */
+        r = migrate_new(&p.loop, p.zctx, &p.id, cfg->id, &p.migrate);
+        if (r == 0) {
+                const StoreConf sc = { .shard_id = cfg->id, .pool = p.pool, .move = migrate_out,
+                                       .move_userdata = p.migrate };
+                r = store_new(&sc, &p.store);
+        }
+        if (r == 0) {
+                const GateHooks gh = { .ack = psd_ack, .answer = psd_answer, .forward = psd_forward, .ud = &p };
+                r = gate_new(p.store, &gh, &p.gate);
+        }
+        if (r == 0) {
+                migrate_attach(p.migrate, p.gate);
+                p.gate->limits.park_timeout_ms = (uint64_t) cfg->park_timeout * 1000u;
+                r = checkpointer_new(p.gate, &p.loop, cfg->id, psd_checkpoint_done, &p, &p.ckpt);
+        }
         if (r == 0)
                 r = fedshard_new(&p.fed);
         if (r < 0) {
                 log_error_errno(r, "Failed to allocate the store: %m");
                 goto finish;
         }
-        r = pfor_new(cfg->threads ? cfg->threads : 1, &p.pool);
-        if (r < 0) {
-                log_error_errno(r, "Failed to start %u threads: %m", cfg->threads);
-                goto finish;
-        }
-        p.store->pool = p.pool;
-        cpu_set_t cpus;
-        if (sched_getaffinity(0, sizeof cpus, &cpus) == 0 && (unsigned) CPU_COUNT(&cpus) < cfg->threads)
-                log_warning("--threads %u is more than the %d CPUs this shard may run on: its threads will take "
-                            "CPU from each other and from their neighbours", cfg->threads, CPU_COUNT(&cpus));
-        p.store->move = migrate_out;
-        p.store->move_userdata = p.migrate;
-        p.store->gate.limits.park_timeout_ms = (uint64_t) cfg->park_timeout * 1000u;
         /* Per connection: a worker has a few requests in flight, and no queue
          * holds more than a few dozen messages. */
         const NetSockConf dc = { .type = ZMQ_ROUTER, .name = "data", .max_msg = (int64_t) cfg->max_msg,
@@ -1334,9 +1091,9 @@ int psd_run(const PsdConfig *cfg) {
         r = p.exit_code;
         if (p.stopping)
                 log_info("stopped pushes=%lu pulls=%lu applied=%lu copies=%lu push_parts=%lu errors=%lu",
-                         (unsigned long) p.store->pushes, (unsigned long) p.store->pulls,
-                         (unsigned long) p.store->applied, (unsigned long) p.store->copies,
-                         (unsigned long) p.store->gate.push_parts, (unsigned long) p.errors);
+                         (unsigned long) store_stats(p.store)->pushes, (unsigned long) store_stats(p.store)->pulls,
+                         (unsigned long) store_stats(p.store)->applied, (unsigned long) store_stats(p.store)->copies,
+                         (unsigned long) p.gate->push_parts, (unsigned long) p.errors);
 finish:
         /* Pushes waiting on backups, parked pulls and acks in flight are answered
          * before the socket closes; the links go first, while the store lives. */
@@ -1344,6 +1101,7 @@ finish:
                 checkpointer_free(p.ckpt);
         p.fed = fedshard_free(p.fed);
         p.migrate = migrate_free(p.migrate);
+        p.gate = gate_free(p.gate);
         p.store = store_free(p.store);
         p.pool = pfor_free(p.pool);
         p.data = netsock_close(p.data);

@@ -10,6 +10,7 @@
 #include "alloc.h"
 #include "endpoint.h"
 #include "log.h"
+#include "macro.h"
 #include "psd-shm.h"
 #include "shm.h"
 
@@ -291,3 +292,21 @@ uint8_t *shm_server_at(ShmServer *s, ProtobufCBinaryData token, uint32_t worker,
 
 size_t shm_server_sessions(const ShmServer *s) { return s ? s->n : 0; }
 uint64_t shm_server_refused(const ShmServer *s) { return s ? s->refused : 0; }
+
+uint8_t **shm_server_keys(ShmServer *s, const Psnet__Header *h, size_t esize, char *reason, size_t n) {
+        uint8_t **at = ps_malloc(MAX(h->n_keys, (size_t) 1) * sizeof *at);
+        if (!at) {
+                snprintf(reason, n, "out of memory");
+                return NULL;
+        }
+        uint64_t offset = h->shm_offset;
+        for (size_t i = 0; i < h->n_keys; i++) {
+                uint64_t bytes = (uint64_t) h->keys[i]->len * esize;
+                if (h->n_shm_keys > 0)
+                        offset = h->shm_keys[i];
+                if (!(at[i] = shm_server_at(s, h->shm_session, h->sender, offset, bytes, reason, n)))
+                        return mfree(at);
+                offset += bytes;
+        }
+        return at;
+}

@@ -29,5 +29,11 @@ void shm_server_tick(ShmServer *s, uint64_t now);
 uint8_t *shm_server_at(ShmServer *s, ProtobufCBinaryData token, uint32_t worker, uint64_t offset, uint64_t bytes,
                        char *reason, size_t n);
 
+/* Where each of a shared-memory request's keys (esize-byte values) lies: at
+ * its own place (h->shm_keys: a worker's own tensors) or one after another
+ * from h->shm_offset. An array of h->n_keys pointers to free, or NULL with
+ * reason (the request's bytes must lie in the sender's session). */
+uint8_t **shm_server_keys(ShmServer *s, const Psnet__Header *h, size_t esize, char *reason, size_t n);
+
 size_t shm_server_sessions(const ShmServer *s);
 uint64_t shm_server_refused(const ShmServer *s);

@@ -55,7 +55,7 @@ static int chunk_make_writable(Store *s, Chunk *c) {
         ValBuf *n = valbuf_new(c->len);
         if (!n)
                 return -ENOMEM;
-        s->copies++;
+        s->stats.copies++;
         memcpy(n->data, c->val->data, (size_t) c->len * sizeof(float));
         valbuf_unref(c->val);
         c->val = n;
@@ -65,11 +65,8 @@ static int chunk_make_writable(Store *s, Chunk *c) {
 static Chunk *chunk_free(Store *s, Chunk *c) {
         if (!c)
                 return NULL;
-        for (size_t i = 0; i < c->npending; i++) {
-                zmq_msg_close(&c->pending[i].grad);
-                if (c->pending[i].req)
-                        pushreq_settle(s, c->pending[i].req, PSNET__STATUS__STATUS_SHUTTING_DOWN);
-        }
+        if (c->npending && s->release)
+                s->release(s->release_ud, c, STORE_DROPPED);
         ps_free(c->pending);
         ps_free(c->last_clock);
         ps_free(c->state);
@@ -103,19 +100,28 @@ static int chunk_new(const Job *job, uint32_t t, uint32_t k, bool init, Chunk **
         return 0;
 }
 
-int store_new(uint32_t shard_id, GateAckFn ack, GateAnswerFn answer, void *userdata, Store **ret) {
+int store_new(const StoreConf *conf, Store **ret) {
         Store *s = ps_calloc(1, sizeof *s);
         if (!s)
                 return -ENOMEM;
-        s->shard_id = shard_id;
-        s->gate.ack = ack;
-        s->gate.answer = answer;
-        s->gate.ud = userdata;
-        s->gate.limits = (GateLimits) { .max_parked = 1024, .max_parked_per_worker = GATE_PARKED_PER_WORKER,
-                                        .park_timeout_ms = GATE_DEFAULT_PARK_TIMEOUT_MS };
+        s->shard_id = conf->shard_id;
+        s->pool = conf->pool;
+        s->move = conf->move;
+        s->move_userdata = conf->move_userdata;
         *ret = s;
         return 0;
 }
+
+void store_set_release(Store *s, StoreReleaseFn fn, void *ud) {
+        s->release = fn;
+        s->release_ud = ud;
+}
+
+const Job *store_job(const Store *s) { return s->has_job ? &s->job : NULL; }
+const ShardMap *store_map(const Store *s) { return s->map; }
+const StoreStats *store_stats(const Store *s) { return &s->stats; }
+void store_set_restoring(Store *s, bool restoring) { s->restoring = restoring; }
+void store_pulled(Store *s, size_t keys) { s->stats.pulls += keys; }
 
 void store_foreach(Store *s, void (*fn)(Store *s, Chunk *c, void *ud), void *ud) {
         if (!s->has_job || !s->chunks)
@@ -137,13 +143,12 @@ static void store_drop_chunks(Store *s) {
                 ps_free(s->chunks[t]);
         }
         s->chunks = mfree(s->chunks);
-        s->nkeys = s->bytes = s->backup_keys = 0;
+        s->stats.nkeys = s->stats.bytes = s->stats.backup_keys = 0;
 }
 
 Store *store_free(Store *s) {
         if (!s)
                 return NULL;
-        gate_done(s);
         store_drop_chunks(s);
         shardmap_free(s->map);
         ps_free(s->sum);
@@ -163,18 +168,19 @@ static bool image_newer(const Chunk *c, const ChunkImage *im) {
 
 static void store_count(Store *s, const Chunk *c, int sign) {
         uint64_t b = job_chunk_bytes(&s->job, c->tensor, c->chunk);
+        StoreStats *st = &s->stats;
         if (sign > 0) {
-                s->nkeys++;
-                s->bytes += b;
-                s->backup_keys += c->backup;
+                st->nkeys++;
+                st->bytes += b;
+                st->backup_keys += c->backup;
         } else {
-                s->nkeys--;
-                s->bytes -= b;
-                s->backup_keys -= c->backup;
+                st->nkeys--;
+                st->bytes -= b;
+                st->backup_keys -= c->backup;
         }
 }
 
-int store_install_image(Store *s, const ChunkImage *im) {
+int store_install_image(Store *s, const ChunkImage *im, Chunk **ret) {
         uint32_t tensor = im->tensor, chunk = im->chunk, len = im->len;
         if (!s->has_job || !s->map || job_chunk_len(&s->job, tensor, chunk) != len)
                 return -EINVAL;
@@ -221,15 +227,6 @@ int store_install_image(Store *s, const ChunkImage *im) {
         c->backup = rank > 0;
         c->last_clock = last;
         c->nlast = im->nlast;
-        for (size_t i = 0; i < im->npending; i++) {
-                r = gate_park_copy(s, c, im->pending_workers[i], im->pending_progress ? im->pending_progress[i] : -1.0f,
-                                   zmq_msg_data((zmq_msg_t *) &im->pending[i]),
-                                   zmq_msg_size((zmq_msg_t *) &im->pending[i]));
-                if (r < 0) {
-                        chunk_free(s, c);
-                        return r;
-                }
-        }
         if (old) {
                 store_count(s, old, -1);
                 chunk_free(s, old);
@@ -241,7 +238,8 @@ int store_install_image(Store *s, const ChunkImage *im) {
                 for (uint32_t i = 1; i < shardmap_replicas(s->map); i++)
                         s->move(s->move_userdata, c, shardmap_shard(s->map, (size_t) shardmap_holder(s->map, tensor,
                                                                                                    chunk, i)), true);
-        return gate_settle(s);
+        *ret = c;
+        return 0;
 }
 
 uint64_t store_incoming(const Store *s) {
@@ -282,7 +280,7 @@ int store_create_missing(Store *s) {
                         if (r < 0)
                                 return r;
                 }
-        return gate_settle(s);
+        return 0;
 }
 
 /* Key (t, k) under the new map s->map (old: the one before, NULL for the
@@ -302,10 +300,8 @@ static int chunk_remap(Store *s, const ShardMap *old, uint32_t t, uint32_t k, bo
         int primary = shardmap_holder(m, t, k, 0);
         if (!c->backup && rank != 0) {
                 /* No longer led here: the new primary gets it unless it has a copy. */
-                if (rank < 0)
-                        gate_chunk_leaving(s, c);
-                else
-                        gate_chunk_demoted(s, c);
+                if (c->npending && s->release)
+                        s->release(s->release_ud, c, rank < 0 ? STORE_LEAVING : STORE_DEMOTED);
                 if (!held_before(old, m, t, k, primary) && s->move)
                         s->move(s->move_userdata, c, shardmap_shard(m, (size_t) primary), false);
         }
@@ -354,10 +350,8 @@ int store_configure(Store *s, const Job *job, const ShardMap *map) {
                         shardmap_free(copy);
                         return -ENOMEM;
                 }
-                s->pushes = s->pulls = s->applied = s->copies = 0;
-                s->last_lr = 0.0f;
-                s->gate.cur.mode = s->gate.prev.mode = job->mode;
-                s->gate.cur.staleness = s->gate.prev.staleness = job->staleness;
+                s->stats.pushes = s->stats.pulls = s->stats.applied = s->stats.copies = 0;
+                s->stats.last_lr = 0.0f;
         }
         s->job.lr_scaling = job->lr_scaling;
         s->job.warmup_clocks = job->warmup_clocks;
@@ -388,7 +382,7 @@ int store_configure(Store *s, const Job *job, const ShardMap *map) {
                 }
         }
         shardmap_free(prev);
-        return gate_settle(s);
+        return fresh ? 1 : 0;
 }
 
 Chunk *store_lookup(Store *s, uint32_t tensor, uint32_t chunk, uint32_t len, int *ret_status) {
@@ -480,9 +474,9 @@ int store_apply(Store *s, Chunk *c, const float *g, float gscale, ConsistencyMod
                 return r;
         OptimConf o = s->job.optim;
         o.lr *= job_lr_factor(&s->job, mode, (uint32_t) nworkers, clock, progress);
-        s->last_lr = o.lr;
+        s->stats.last_lr = o.lr;
         optim_apply_par(s->pool, &o, ++c->steps, c->val->data, g, gscale, c->state, c->len);
-        s->applied++;
+        s->stats.applied++;
         return 0;
 }
 
@@ -497,7 +491,7 @@ int store_fed_apply(Store *s, Chunk *c, const float *const *updates, const uint6
                 return r;
         c->steps++;
         c->clock++;
-        s->applied++;
+        s->stats.applied++;
         return 0;
 }
 
@@ -508,7 +502,7 @@ int store_fed_step(Store *s, Chunk *c, const float *d) {
         fed_server_step(&s->job.fed.strategy, c->val->data, c->state, c->len, d);
         c->steps++;
         c->clock++;
-        s->applied++;
+        s->stats.applied++;
         return 0;
 }
 
@@ -519,7 +513,7 @@ int store_value_msg(Store *s, Chunk *c, zmq_msg_t *ret) {
                 valbuf_unref(c->val);
                 return -errno;
         }
-        s->pulls++;
+        s->stats.pulls++;
         return 0;
 }
 
@@ -527,7 +521,7 @@ int store_value_bf16(Store *s, Chunk *c, zmq_msg_t *ret) {
         if (zmq_msg_init_size(ret, (size_t) c->len * 2) < 0)
                 return -errno;
         bf16_encode(c->val->data, c->len, zmq_msg_data(ret));
-        s->pulls++;
+        s->stats.pulls++;
         return 0;
 }
 
@@ -556,20 +550,9 @@ int64_t store_max_clock(const Store *s) {
         return m;
 }
 
-int64_t store_clock(const Store *s) {
+int64_t store_min_clock(const Store *s) {
         if (!s->has_job || !s->chunks)
                 return 0;
-        const Gate *g = &s->gate;
-        if (g->cur.mode != MODE_BSP) {
-                /* ASP/SSP: the fastest member's progress. */
-                int64_t m = 0;
-                for (size_t i = 0; i < g->cur.nmembers; i++) {
-                        uint32_t w = g->cur.members[i];
-                        if (w < g->nwclock && g->wclock[w] > m)
-                                m = g->wclock[w];
-                }
-                return m;
-        }
         int64_t m = -1;
         for (size_t t = 0; t < s->job.ntensors; t++)
                 for (uint32_t k = 0; s->chunks[t] && k < s->job.tensors[t].nchunks; k++) {

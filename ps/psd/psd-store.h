@@ -1,8 +1,9 @@
 /* The shard's store: the chunks this shard owns under the current map, their
  * values and optimizer state, and how an update is applied to them. When
- * pushes are applied and pulls answered is the gate's business (psd-gate.h,
- * whose state lives in Store.gate); how a chunk travels to another shard is
- * psd-migrate.h's.
+ * pushes are applied and pulls answered is the gate's business (psd-gate.h):
+ * the gate holds the store and calls it, never the other way round; where the
+ * store drops a chunk that pushes are parked on, it tells its owner through
+ * the release hook. How a chunk travels to another shard is psd-migrate.h's.
  *
  * Values live in reference-counted buffers so that pull replies are sent
  * zero-copy: an update on a buffer that a reply still references copies it
@@ -14,7 +15,6 @@
 #include <zmq.h>
 #include "job.h"
 #include "pfor.h"
-#include "psd-gate.h"
 #include "psnet.pb-c.h"
 #include "shardmap.h"
 
@@ -24,6 +24,9 @@ typedef struct ValBuf {
         float *data;     /* 64-byte aligned, n floats */
 } ValBuf;
 
+/* A push parked on a chunk: the gate's (psd-gate.h). */
+typedef struct Pending Pending;
+
 typedef struct Chunk {
         uint32_t tensor, chunk, len;
         ValBuf *val;
@@ -31,7 +34,7 @@ typedef struct Chunk {
         uint64_t steps;         /* updates applied */
         int64_t clock;          /* BSP clocks closed (ASP/SSP updates leave it; steps counts them) */
         bool backup;            /* held as a backup: updated by the primary's forwarded pushes only */
-        /* The gate's, per chunk: */
+        /* The gate's, per chunk (the store only counts them): */
         Pending *pending;       /* BSP: pushes parked for clock `clock` */
         size_t npending, cpending;
         uint64_t pending_since; /* ms the first of them arrived */
@@ -69,46 +72,87 @@ typedef struct ChunkImage {
         bool restored;  /* read from a checkpoint by this shard: not sent on to the backups, which read theirs */
 } ChunkImage;
 
-typedef struct Store {
-        Job job;
-        bool has_job;
+/* Why the store lets a chunk go that pushes may be parked on (the release
+ * hook): it leaves this shard, it is demoted to a backup (its parked pushes
+ * become copies), or it is dropped (another job, a newer copy, the end). */
+typedef enum { STORE_LEAVING, STORE_DEMOTED, STORE_DROPPED } StoreRelease;
+/* Empties c's parked pushes (DEMOTED: answers them and keeps the copies)
+ * before the store moves or frees c. */
+typedef void (*StoreReleaseFn)(void *ud, Chunk *c, StoreRelease why);
+
+/* What a store is built from. */
+typedef struct StoreConf {
         uint32_t shard_id;
-        ShardMap *map;
-        Chunk ***chunks;        /* [tensor][chunk]: NULL when not owned */
+        Pfor *pool;             /* psd --threads: runs the loops over a chunk's values (NULL: the caller's
+                                 * thread alone); the owner's */
+        StoreMoveFn move;       /* where chunks go (psd-migrate.c; NULL: nowhere) */
+        void *move_userdata;
+} StoreConf;
+
+/* What the store has done, for status and metrics (store_stats). */
+typedef struct StoreStats {
         uint64_t nkeys, bytes;
         uint64_t backup_keys;   /* of nkeys, those held as a backup */
         uint64_t pushes, pulls, applied;
         float last_lr;          /* the lr of the last update applied (with its factors; 0: none yet) */
         uint64_t copies;        /* values copied before an update because a pull reply still read them */
-        StoreMoveFn move;
-        void *move_userdata;
-        float *sum;             /* scratch for aggregation (chunk_floats) */
-        Pfor *pool;             /* psd --threads: runs the loops over a chunk's values (NULL: the loop's
-                                 * thread alone); the owner's, set after store_new */
+} StoreStats;
+
+/* The fields, as libuv's handles say theirs: public ones are read by the
+ * shard's other files (psd-gate.c, psd-migrate.c, psd-checkpoint.c,
+ * psd-fedround.c), never written; psd-server.c goes through the accessors
+ * below; private ones are psd-store.c's alone. */
+typedef struct Store {
+        /* public, read-only */
+        Job job;
+        bool has_job;
+        uint32_t shard_id;
+        ShardMap *map;
+        Chunk ***chunks;        /* [tensor][chunk]: NULL when not owned */
+        Pfor *pool;
+        StoreStats stats;       /* pushes counts the gate's (gate_push) */
         bool restoring;         /* the job's first map creates no chunk from the seed in the loop: they
                                  * come from the Checkpointer (a checkpoint, or the seed built in the
-                                 * thread pool) or from their primaries */
-        Gate gate;
+                                 * thread pool) or from their primaries (store_set_restoring) */
+        float *sum;             /* scratch for aggregation (chunk_floats), the gate's */
+        /* private */
+        StoreMoveFn move;
+        void *move_userdata;
+        StoreReleaseFn release;
+        void *release_ud;
 } Store;
 
-/* ack and answer: the gate's callbacks (psd-gate.h), userdata theirs. */
-int store_new(uint32_t shard_id, GateAckFn ack, GateAnswerFn answer, void *userdata, Store **ret);
+int store_new(const StoreConf *conf, Store **ret);
+/* Frees the chunks (the release hook empties their parked pushes first). */
 Store *store_free(Store *s);
+/* The hook that empties a chunk's parked pushes before the store lets it go (the gate's). */
+void store_set_release(Store *s, StoreReleaseFn fn, void *ud);
+
+/* The job (NULL before the first), the map it routes by (NULL before the
+ * first), its figures. */
+const Job *store_job(const Store *s);
+const ShardMap *store_map(const Store *s);
+const StoreStats *store_stats(const Store *s);
+/* A fresh job's chunks come from the Checkpointer, not from the seed in the loop. */
+void store_set_restoring(Store *s, bool restoring);
+/* Keys answered in shared memory (a pull written where the worker said). */
+void store_pulled(Store *s, size_t keys);
 
 /* Installs a job and the map. The first map of a job initialises every chunk
  * this shard owns (deterministically). A later map moves chunks: those it no
  * longer owns go to the move callback; those it newly owns are awaited
  * (store_install) and answered MIGRATING until they arrive. A different job
- * drops everything. */
+ * drops everything. 1 for a fresh job, 0, or a negative errno. */
 int store_configure(Store *s, const Job *job, const ShardMap *map);
 
-/* Installs the state of a chunk that came here (psd-migrate.c). -EEXIST
+/* Installs the state of a chunk that came here (psd-migrate.c), without its
+ * parked pushes (gate_install_image parks those): the chunk in *ret. -EEXIST
  * when it is already here, -ENOENT when the map does not give it to this
  * shard, -EINVAL when the sizes do not match the job. A replica image (a
  * backup being built) replaces the copy held unless that one is as new or
  * newer (steps, then parked pushes): -EEXIST then. A moved chunk this shard
  * now leads goes to its backups (the move callback, replica true). */
-int store_install_image(Store *s, const ChunkImage *im);
+int store_install_image(Store *s, const ChunkImage *im, Chunk **ret);
 /* Creates, from the job's seed, every chunk this shard holds under its map
  * and lacks (in the loop: the fallback when the thread pool cannot). */
 int store_create_missing(Store *s);
@@ -162,9 +206,8 @@ int store_value_msg(Store *s, Chunk *c, zmq_msg_t *ret);
 /* A message of the chunk's current values as bf16 (a --wire bf16 pull). */
 int store_value_bf16(Store *s, Chunk *c, zmq_msg_t *ret);
 
-/* Smallest clock over owned chunks (0 when none); under ASP/SSP the fastest
- * member's progress. */
-int64_t store_clock(const Store *s);
+/* Smallest clock over owned chunks (0 when none). */
+int64_t store_min_clock(const Store *s);
 /* Highest chunk clock over owned chunks (0 when none). */
 int64_t store_max_clock(const Store *s);
 

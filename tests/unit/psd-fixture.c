@@ -72,29 +72,53 @@ ShardMap *make_map(uint64_t epoch, const uint32_t *ids, size_t n, const Job *job
         return m;
 }
 
-Store *open_store(uint32_t id, const Job *job, const ShardMap *map, Acks *acks) {
-        Store *s = NULL;
-        if (store_new(id, on_ack, NULL, acks, &s) < 0)
+Gate *shard_free(Gate *g) {
+        if (!g)
                 return NULL;
-        if (store_configure(s, job, map) < 0)
-                return store_free(s);
-        return s;
+        Store *s = gate_store(g);
+        gate_free(g);
+        store_free(s);
+        return NULL;
+}
+
+Gate *open_store(uint32_t id, const Job *job, const ShardMap *map, Acks *acks) {
+        const GateHooks gh = { .ack = on_ack, .ud = acks };
+        return open_shard(id, job, map, &gh);
+}
+
+Gate *open_shard(uint32_t id, const Job *job, const ShardMap *map, const GateHooks *gh) {
+        Store *s = NULL;
+        Gate *g = NULL;
+        const StoreConf sc = { .shard_id = id };
+        if (store_new(&sc, &s) < 0)
+                return NULL;
+        if (gate_new(s, gh, &g) < 0) {
+                store_free(s);
+                return NULL;
+        }
+        if (gate_configure(g, job, map) < 0)
+                return shard_free(g);
+        return g;
 }
 
 /* A store that owns every key (a one-shard map) with the given membership. */
-Store *open_solo(const Job *job, Acks *acks, const uint32_t *members, size_t n) {
+Gate *open_solo(const Job *job, Acks *acks, const uint32_t *members, size_t n) {
         uint32_t one = 1;
         ShardMap *map = make_map(1, &one, 1, job);
-        Store *s = map ? open_store(1, job, map, acks) : NULL;
+        Gate *s = map ? open_store(1, job, map, acks) : NULL;
         shardmap_free(map);
         if (s && gate_set_members(s, members, n, 1) < 0)
-                s = store_free(s);
+                s = shard_free(s);
         if (!s)
                 CHECK(false, "fixture store opens");
         return s;
 }
 
-Chunk *key(Store *s, uint32_t t, uint32_t k) {
+Chunk *key(Gate *g, uint32_t t, uint32_t k) {
+        return store_key(gate_store(g), t, k);
+}
+
+Chunk *store_key(Store *s, uint32_t t, uint32_t k) {
         int st = -1;
         Chunk *c = store_lookup(s, t, k, job_chunk_len(&s->job, t, k), &st);
         if (!c)
@@ -130,7 +154,7 @@ PushReq *req_new(uint32_t worker, int64_t clock, uint64_t seq) {
 }
 
 /* Offers g (c->len floats) for c in req, as psd does with a received frame. */
-int req_push(Store *s, PushReq *req, Chunk *c, const float *g) {
+int req_push(Gate *s, PushReq *req, Chunk *c, const float *g) {
         zmq_msg_t grad;
         zmq_msg_init_size(&grad, (size_t) c->len * sizeof(float));
         memcpy(zmq_msg_data(&grad), g, (size_t) c->len * sizeof(float));
@@ -140,7 +164,7 @@ int req_push(Store *s, PushReq *req, Chunk *c, const float *g) {
 }
 
 /* A whole one-key PUSH request: new, push, the reader's settle. */
-int push1(Store *s, Chunk *c, uint32_t worker, int64_t clock, uint64_t seq,
+int push1(Gate *s, Chunk *c, uint32_t worker, int64_t clock, uint64_t seq,
                  const float *g) {
         PushReq *req = req_new(worker, clock, seq);
         if (!req)

@@ -1,6 +1,6 @@
 /* What the store's and the gate's unit tests share (test-store.c,
  * test-gate.c): acknowledgements collected from the gate, a small job and map,
- * a store opened on them, pushes built as psd builds them, and an independent
+ * a store and its gate opened on them, pushes built as psd builds them, and an independent
  * reference copy of a chunk updated with optim_apply. */
 #pragma once
 #include <stdbool.h>
@@ -8,7 +8,7 @@
 #include <stdio.h>
 #include <zmq.h>
 #include "job.h"
-#include "psd-store.h"
+#include "psd-gate.h"
 #include "shardmap.h"
 
 #define ST_OK PSNET__STATUS__STATUS_OK
@@ -58,14 +58,20 @@ size_t acks_count(const Acks *k, uint64_t seq);
 int acks_status(const Acks *k, uint64_t seq);
 void make_job(Job *job, uint32_t id, ConsistencyMode mode, const char *optim);
 ShardMap *make_map(uint64_t epoch, const uint32_t *ids, size_t n, const Job *job);
-Store *open_store(uint32_t id, const Job *job, const ShardMap *map, Acks *acks);
-Store *open_solo(const Job *job, Acks *acks, const uint32_t *members, size_t n);
-Chunk *key(Store *s, uint32_t t, uint32_t k);
+/* A shard's store and the gate over it (the gate holds the store). */
+Gate *open_store(uint32_t id, const Job *job, const ShardMap *map, Acks *acks);
+/* The same with other hooks (a test's own answer, forward). */
+Gate *open_shard(uint32_t id, const Job *job, const ShardMap *map, const GateHooks *gh);
+Gate *open_solo(const Job *job, Acks *acks, const uint32_t *members, size_t n);
+/* The gate, then its store. NULL is fine. */
+Gate *shard_free(Gate *g);
+Chunk *key(Gate *g, uint32_t t, uint32_t k);
+Chunk *store_key(Store *s, uint32_t t, uint32_t k);
 float *fbuf(size_t n);
 void route_msg(zmq_msg_t *m, uint32_t worker);
 PushReq *req_new(uint32_t worker, int64_t clock, uint64_t seq);
-int req_push(Store *s, PushReq *req, Chunk *c, const float *g);
-int push1(Store *s, Chunk *c, uint32_t worker, int64_t clock, uint64_t seq, const float *g);
+int req_push(Gate *s, PushReq *req, Chunk *c, const float *g);
+int push1(Gate *s, Chunk *c, uint32_t worker, int64_t clock, uint64_t seq, const float *g);
 void ref_init(Ref *r, const Job *job, uint32_t t, uint32_t k);
 void ref_step(Ref *r, const float *g);
 void ref_done(Ref *r);

@@ -37,7 +37,7 @@ static void test_bsp_order(void) {
         uint32_t members[3] = { 3, 1, 2 };                          /* unsorted on purpose */
         Job job;
         Acks acks[3];
-        Store *s[3];
+        Gate *s[3];
         make_job(&job, 7, MODE_BSP, "sgd");
         memset(acks, 0, sizeof acks);
         for (int o = 0; o < 3; o++)
@@ -128,10 +128,10 @@ static void test_bsp_order(void) {
                 ref_done(&ref);
         }
         /* Clock 2 everywhere on the two keys, 0 elsewhere. */
-        CHECK(store_clock(s[0]) == 0, "store_clock is the smallest chunk clock (0)");
+        CHECK(gate_clock(s[0]) == 0, "store_clock is the smallest chunk clock (0)");
 out:
         for (int o = 0; o < 3; o++)
-                store_free(s[o]);
+                shard_free(s[o]);
 }
 
 static void test_bsp_dedupe(void) {
@@ -140,7 +140,7 @@ static void test_bsp_dedupe(void) {
         Acks acks = { 0 };
         float g1[MAXLEN], g2[MAXLEN], gx[MAXLEN], avg[MAXLEN];
         make_job(&job, 7, MODE_BSP, "sgd");
-        Store *s = open_solo(&job, &acks, m12, 2);
+        Gate *s = open_solo(&job, &acks, m12, 2);
         Chunk *c = s ? key(s, 0, 0) : NULL;
         if (!c)
                 goto out;
@@ -201,12 +201,12 @@ static void test_bsp_dedupe(void) {
               acks.a[0].worker == 1 && acks.a[0].clock == 0,
               "an ack carries the request's route, worker and clock (\"%s\")", acks.a[0].route);
         size_t before = acks.n;
-        s = store_free(s);
+        s = shard_free(s);
         CHECK(acks.n == before + 1 && acks_status(&acks, 16) == ST_SHUTTING_DOWN,
               "store_free refuses the parked push, once (status %d)", acks_status(&acks, 16));
         ref_done(&ref);
 out:
-        store_free(s);
+        shard_free(s);
 }
 
 /* A worker outside the membership may push; it is parked, never counted, and
@@ -217,7 +217,7 @@ static void test_bsp_non_member(void) {
         Acks acks = { 0 };
         float g1[MAXLEN], g2[MAXLEN], g9[MAXLEN], avg[MAXLEN];
         make_job(&job, 7, MODE_BSP, "sgd");
-        Store *s = open_solo(&job, &acks, m12, 2);
+        Gate *s = open_solo(&job, &acks, m12, 2);
         Chunk *c = s ? key(s, 3, 0) : NULL; /* b1: 5 floats */
         if (!c)
                 goto out;
@@ -255,7 +255,7 @@ static void test_bsp_non_member(void) {
         CHECK(c->steps == 1 && same(c->val->data, ref.w, len), "and not applied");
         ref_done(&ref);
 out:
-        store_free(s);
+        shard_free(s);
 }
 
 static void test_membership_shrink(void) {
@@ -264,7 +264,7 @@ static void test_membership_shrink(void) {
         Acks acks = { 0 };
         float g[MAXLEN], gx[MAXLEN], one[MAXLEN];
         make_job(&job, 7, MODE_BSP, "sgd");
-        Store *s = open_solo(&job, &acks, m12, 2);
+        Gate *s = open_solo(&job, &acks, m12, 2);
         Chunk *a = s ? key(s, 0, 0) : NULL, *b = s ? key(s, 3, 0) : NULL;
         if (!a || !b)
                 goto out;
@@ -313,7 +313,7 @@ static void test_membership_shrink(void) {
         ref_done(&ra);
         ref_done(&rb);
 out:
-        store_free(s);
+        shard_free(s);
 }
 
 /* A frame whose data is not float-aligned (a receive buffer may hand such a
@@ -325,7 +325,7 @@ static void test_bsp_unaligned(void) {
         float g1[MAXLEN], g2[MAXLEN], avg[MAXLEN];
         _Alignas(64) char raw[MAXLEN * sizeof(float) + 8];
         make_job(&job, 7, MODE_BSP, "sgd");
-        Store *s = open_solo(&job, &acks, m12, 2);
+        Gate *s = open_solo(&job, &acks, m12, 2);
         Chunk *c = s ? key(s, 0, 0) : NULL;
         if (!c)
                 goto out;
@@ -373,7 +373,7 @@ static void test_bsp_unaligned(void) {
               "an unaligned first frame starts the sum like an aligned one");
         ref_done(&ref);
 out:
-        store_free(s);
+        shard_free(s);
 }
 
 static void test_asp(void) {
@@ -383,7 +383,7 @@ static void test_asp(void) {
         float g[MAXLEN], gx[MAXLEN], sc[MAXLEN];
         _Alignas(64) char raw[MAXLEN * sizeof(float) + 8];
         make_job(&job, 7, MODE_ASP, "adam");
-        Store *s = open_solo(&job, &acks, m4, 4);
+        Gate *s = open_solo(&job, &acks, m4, 4);
         Chunk *c = s ? key(s, 0, 0) : NULL;
         if (!c)
                 goto out;
@@ -447,7 +447,7 @@ static void test_asp(void) {
               "asp: an unaligned frame applies like an aligned one (values and adam state)");
         ref_done(&ref);
 out:
-        store_free(s);
+        shard_free(s);
 }
 
 static void test_multi_key(void) {
@@ -456,7 +456,7 @@ static void test_multi_key(void) {
         Acks acks = { 0 };
         float g[MAXLEN];
         make_job(&job, 7, MODE_BSP, "sgd");
-        Store *s = open_solo(&job, &acks, m12, 2);
+        Gate *s = open_solo(&job, &acks, m12, 2);
         Chunk *a = s ? key(s, 0, 0) : NULL, *b = s ? key(s, 0, 12) : NULL, *c = s ? key(s, 3, 0) : NULL;
         if (!a || !b || !c)
                 goto out;
@@ -552,7 +552,7 @@ static void test_multi_key(void) {
         ref_done(&ra);
         ref_done(&rb);
 out:
-        store_free(s);
+        shard_free(s);
 }
 
 /* Runs n BSP clocks of members 1 and 2 on key (0,0) of a fresh store for job,
@@ -565,7 +565,7 @@ static bool two_member_steps(const Job *job, size_t n, const float *factor, cons
         Acks acks = { 0 };
         float g1[MAXLEN], g2[MAXLEN], mean[MAXLEN];
         Job ref_job = *job;
-        Store *s = open_solo(job, &acks, m12, 2);
+        Gate *s = open_solo(job, &acks, m12, 2);
         Chunk *a = s ? key(s, 0, 0) : NULL;
         bool all = a != NULL;
         Ref r;
@@ -589,7 +589,7 @@ static bool two_member_steps(const Job *job, size_t n, const float *factor, cons
                 all &= a->clock == (int64_t) clk + 1 && same(a->val->data, r.w, a->len);
         }
         ref_done(&r);
-        store_free(s);
+        shard_free(s);
         return all;
 }
 
@@ -631,7 +631,7 @@ static void test_lr_schedule(void) {
         make_job(&plain, 8, MODE_ASP, "sgd");
         plain.optim.momentum = plain.optim.weight_decay = 0.0f;
         plain.lr_schedule = LR_SCHEDULE_COSINE;
-        Store *t = open_solo(&plain, &acks2, m12, 2);
+        Gate *t = open_solo(&plain, &acks2, m12, 2);
         Chunk *b = t ? key(t, 0, 0) : NULL;
         float d[2][MAXLEN], was[MAXLEN];
         const float at[2] = { 0.0f, 0.5f };
@@ -658,15 +658,15 @@ static void test_lr_schedule(void) {
         }
         CHECK(along && n0 > 0 && fabs(n1 / n0 - 0.5) < 1e-4,
               "ASP: a push at progress 0.5 moves the weights half as far as one at 0 (%.6f of it)", n0 > 0 ? n1 / n0 : 0);
-        store_free(t);
+        shard_free(t);
 }
 
 /* A store of job 7 for workers 1 and 2 under SSP with this staleness. */
-static Store *open_ssp(Job *job, Acks *acks, uint32_t staleness) {
+static Gate *open_ssp(Job *job, Acks *acks, uint32_t staleness) {
         uint32_t m12[2] = { 1, 2 };
         make_job(job, 7, MODE_SSP, "sgd");
         job->staleness = staleness;
-        Store *s = open_solo(job, acks, m12, 2);
+        Gate *s = open_solo(job, acks, m12, 2);
         if (s)
                 gate_set_config(s, MODE_SSP, staleness, m12, NULL, NULL, 2, NULL, 0, 0, 2);
         return s;
@@ -677,7 +677,7 @@ static void test_ssp_gate(void) {
         Job job;
         Acks acks = { 0 };
         float g[MAXLEN];
-        Store *s = open_ssp(&job, &acks, 2);
+        Gate *s = open_ssp(&job, &acks, 2);
         Chunk *a = s ? key(s, 0, 0) : NULL;
         if (!a)
                 goto out;
@@ -698,7 +698,7 @@ static void test_ssp_gate(void) {
         push1(s, a, 2, 1, 21, g);
         CHECK(gate_pull_ready(s, &a, 1, 4, &slowest) && slowest == 2 && !gate_pull_ready(s, &a, 1, 5, NULL),
               "with the slowest at 2, clock 4 is ready and clock 5 is not (slowest %ld)", (long) slowest);
-        CHECK(store_clock(s) == 4, "store_clock under SSP is the fastest member's progress (%ld)", (long) store_clock(s));
+        CHECK(gate_clock(s) == 4, "store_clock under SSP is the fastest member's progress (%ld)", (long) gate_clock(s));
         /* A copy forwarded by another shard's primary is not worker 2's push to
          * this shard: its own push of clock 2 may still be on its way. */
         PushReq *copy = req_new(2, 2, 30);
@@ -715,11 +715,11 @@ static void test_ssp_gate(void) {
         CHECK(gate_pull_ready(s, &a, 1, 5, &slowest) && slowest == 4,
               "its own next push moves it (slowest %ld)", (long) slowest);
 out:
-        store_free(s);
+        shard_free(s);
 }
 
 /* Part part of parts of worker's push of clock, cut for map epoch: key c. */
-static void push_part(Store *s, Chunk *c, uint32_t worker, int64_t clock, uint64_t seq, uint32_t part,
+static void push_part(Gate *s, Chunk *c, uint32_t worker, int64_t clock, uint64_t seq, uint32_t part,
                       uint32_t parts, uint64_t epoch) {
         float g[MAXLEN];
         PushReq *req = req_new(worker, clock, seq);
@@ -740,7 +740,7 @@ static void test_push_in_parts(void) {
         Job job;
         Acks acks = { 0 };
         float g[MAXLEN];
-        Store *s = open_ssp(&job, &acks, 0);
+        Gate *s = open_ssp(&job, &acks, 0);
         Chunk *a = s ? key(s, 0, 0) : NULL, *b = s ? key(s, 0, 12) : NULL;
         if (!a || !b)
                 goto out;
@@ -783,11 +783,11 @@ static void test_push_in_parts(void) {
               (long) slowest);
         push_part(s, b, 1, 1, 13, 0, 2, 6);
         ready = gate_pull_ready(s, both, 2, 2, &slowest);
-        CHECK(ready && slowest == 2 && a->steps == 4 && b->steps == 4 && s->gate.push_parts == 9,
+        CHECK(ready && slowest == 2 && a->steps == 4 && b->steps == 4 && s->push_parts == 9,
               "clock 1's two parts complete it (slowest %ld; %lu parts offered, late ones too)", (long) slowest,
-              (unsigned long) s->gate.push_parts);
+              (unsigned long) s->push_parts);
 out:
-        store_free(s);
+        shard_free(s);
 }
 
 /* A fence holds BSP clocks past the next one; a boundary switch keeps the old
@@ -799,13 +799,13 @@ static void test_fence_boundary(void) {
         Acks acks = { 0 };
         float g[MAXLEN];
         make_job(&job, 7, MODE_BSP, "sgd");
-        Store *s = open_solo(&job, &acks, m12, 2);
+        Gate *s = open_solo(&job, &acks, m12, 2);
         Chunk *a = s ? key(s, 0, 0) : NULL;
         if (!a)
                 goto out;
         int64_t lo = -1, hi = -1;
         int64_t maxc = gate_fence(s, &lo, &hi);
-        CHECK(maxc == 0 && s->gate.fence_limit == 1, "fence at clock 0: clock 0 may still close, clock 1 not");
+        CHECK(maxc == 0 && s->fence_limit == 1, "fence at clock 0: clock 0 may still close, clock 1 not");
         for (uint32_t w = 1; w <= 2; w++) {
                 grad_fill(g, a->len, w, 0);
                 push1(s, a, w, 0, w, g);
@@ -818,7 +818,7 @@ static void test_fence_boundary(void) {
         CHECK(a->clock == 1 && a->npending == 2, "clock 1 does not close while fenced");
         /* Worker 3 joins from clock 2: clock 1 closes with {1,2}, clock 2 needs {1,2,3}. */
         gate_set_config(s, MODE_BSP, 0, m123, starts, NULL, 3, m12, 2, 2, 2);
-        CHECK(a->clock == 2 && !s->gate.fenced, "the boundary ends the fence; clock 1 closes with the old members");
+        CHECK(a->clock == 2 && !s->fenced, "the boundary ends the fence; clock 1 closes with the old members");
         CHECK(gate_cfg(s, 1)->nmembers == 2 && gate_cfg(s, 2)->nmembers == 3,
               "clocks below 2 keep 2 members, from 2 on 3");
         CHECK(gate_pull_ready(s, &a, 1, 2, NULL), "the joiner's first pull, clock 2, is ready");
@@ -831,7 +831,7 @@ static void test_fence_boundary(void) {
         push1(s, a, 3, 2, 23, g);
         CHECK(a->clock == 3 && acks_status(&acks, 23) == ST_OK, "and closes with it");
 out:
-        store_free(s);
+        shard_free(s);
 }
 
 /* --- admission of pushes ---------------------------------------------------------------- */
@@ -859,7 +859,7 @@ static void test_admission(void) {
         Acks acks = { 0 };
         uint32_t members[] = { 1, 2 };
         make_job(&job, 1, MODE_ASP, "sgd");
-        Store *s = open_solo(&job, &acks, members, 2);
+        Gate *s = open_solo(&job, &acks, members, 2);
         if (!s)
                 return;
         Psnet__Header h;
@@ -936,7 +936,7 @@ static void test_admission(void) {
                 k2[1].tensor = 0, k2[1].chunk = 1, k2[1].len = (uint32_t) n2;
                 h2.n_keys = 2;
                 h2.keys = kp2;
-                CHECK(pfor_new(3, &s->pool) == 0, "a pool of 3 threads for the store");
+                CHECK(pfor_new(3, &gate_store(s)->pool) == 0, "a pool of 3 threads for the store");
                 uint8_t *at[2] = { (uint8_t *) span, (uint8_t *) (span + len) };
                 CHECK(gate_admit_keys(s, &h2, at, reason, sizeof reason) == ST_OK,
                       "finite values in shared memory are admitted");
@@ -952,17 +952,17 @@ static void test_admission(void) {
                               span[1] == 0.01f,
                       "gate_zero_nonfinite sets the 3 bad values to 0 and leaves the rest (%zu)", zeroed);
                 span[5] = NAN;
-                s->job.allow_nonfinite = true;
+                gate_store(s)->job.allow_nonfinite = true;
                 CHECK(gate_zero_nonfinite(s, span, len + n2) == 0 && isnan(span[5]) &&
                               gate_admit_keys(s, &h2, at, reason, sizeof reason) == ST_OK,
                       "a job that allows non-finite values keeps them");
-                s->job.allow_nonfinite = false;
-                s->pool = pfor_free(s->pool);
+                gate_store(s)->job.allow_nonfinite = false;
+                gate_store(s)->pool = pfor_free(gate_store(s)->pool);
                 free(span);
         }
-        s->job.allow_nonfinite = true;
+        gate_store(s)->job.allow_nonfinite = true;
         CHECK(gate_admit_push(s, &h, f, NULL, reason, sizeof reason) == ST_OK, "unless the job allows non-finite");
-        s->job.allow_nonfinite = false;
+        gate_store(s)->job.allow_nonfinite = false;
         memcpy(zmq_msg_data(&f[0]), g, len * sizeof(float));
 
         /* The job's progress a push carries must be a share, 0..1. */
@@ -992,7 +992,7 @@ static void test_admission(void) {
               "worker 2's key claiming to be worker 1 is denied (%s)", reason);
         zmq_msg_close(&f[0]);
         free(g);
-        store_free(s);
+        shard_free(s);
 }
 
 /* --- parked pulls ---------------------------------------------------------------------- */
@@ -1030,7 +1030,7 @@ static Psnet__Header *pull_hdr(const Job *job, uint32_t worker, int64_t clock, u
 }
 
 /* gate_pull as psd calls it; returns the status (0: answered or parked). */
-static int pull(Store *s, const Job *job, uint32_t worker, int64_t clock, uint64_t now, char *reason) {
+static int pull(Gate *s, const Job *job, uint32_t worker, int64_t clock, uint64_t now, char *reason) {
         zmq_msg_t route;
         route_msg(&route, worker);
         Psnet__Header *h = pull_hdr(job, worker, clock, 0, 0);
@@ -1058,23 +1058,23 @@ static void test_pull_of_moved_key(void) {
         int64_t at = 40;
         make_job(&job, 1, MODE_BSP, "sgd");
         ShardMap *map = make_map(1, (uint32_t[]) { 1 }, 1, &job);
-        Store *s = NULL;
-        if (store_new(1, on_ack, on_answer, &acks, &s) < 0 || store_configure(s, &job, map) < 0 ||
-            gate_set_members(s, members, 2, 1) < 0) {
+        const GateHooks gh = { .ack = on_ack, .answer = on_answer, .ud = &acks };
+        Gate *s = open_shard(1, &job, map, &gh);
+        if (!s || gate_set_members(s, members, 2, 1) < 0) {
                 CHECK(false, "store for the moved-key pull");
                 shardmap_free(map);
-                store_free(s);
+                shard_free(s);
                 return;
         }
         shardmap_free(map);
-        store_foreach(s, set_clock, &at);
+        store_foreach(gate_store(s), set_clock, &at);
         memset(&answers, 0, sizeof answers);
         int st = pull(s, &job, 2, 41, 1000, reason);
-        CHECK(st == 0 && s->gate.nparked == 1, "a pull of clock 41 for keys at clock 40 waits (status %d %s)", st,
+        CHECK(st == 0 && s->nparked == 1, "a pull of clock 41 for keys at clock 40 waits (status %d %s)", st,
               st ? reason : "");
         st = pull(s, &job, 2, 45, 1000, reason);
         CHECK(st == ST_INVALID && strstr(reason, "clocks ahead"), "clock 45 is still too far (%s)", reason);
-        store_free(s);
+        shard_free(s);
 }
 
 static void test_parked_pulls(void) {
@@ -1084,18 +1084,18 @@ static void test_parked_pulls(void) {
         char reason[192];
         make_job(&job, 1, MODE_BSP, "sgd");
         ShardMap *map = make_map(1, (uint32_t[]) { 1 }, 1, &job);
-        Store *s = NULL;
-        if (store_new(1, on_ack, on_answer, &acks, &s) < 0 || store_configure(s, &job, map) < 0 ||
-            gate_set_members(s, members, 2, 1) < 0) {
+        const GateHooks gh = { .ack = on_ack, .answer = on_answer, .ud = &acks };
+        Gate *s = open_shard(1, &job, map, &gh);
+        if (!s || gate_set_members(s, members, 2, 1) < 0) {
                 CHECK(false, "store for the pull tests");
                 shardmap_free(map);
-                store_free(s);
+                shard_free(s);
                 return;
         }
         shardmap_free(map);
         memset(&answers, 0, sizeof answers);
         CHECK(pull(s, &job, 1, 0, 1000, reason) == 0 && answers.ok == 1, "a pull of clock 0 is answered at once");
-        CHECK(pull(s, &job, 1, 1, 1000, reason) == 0 && answers.ok == 1 && s->gate.nparked == 1,
+        CHECK(pull(s, &job, 1, 1, 1000, reason) == 0 && answers.ok == 1 && s->nparked == 1,
               "a pull of clock 1 waits (parked)");
         int st = pull(s, &job, 1, 5, 1000, reason);
         CHECK(st == ST_INVALID && strstr(reason, "clocks ahead"), "a pull far ahead of its worker is refused (%s)",
@@ -1106,12 +1106,12 @@ static void test_parked_pulls(void) {
         const size_t per = GATE_PARKED_PER_WORKER;
         for (size_t i = 1; i < per; i++)
                 (void) pull(s, &job, 1, 1, 1000, reason);
-        CHECK(s->gate.nparked == per, "worker 1 has %zu pulls waiting", per);
+        CHECK(s->nparked == per, "worker 1 has %zu pulls waiting", per);
         st = pull(s, &job, 1, 1, 1000, reason);
         CHECK(st == PSNET__STATUS__STATUS_RESOURCE && strstr(reason, "too many pulls waiting") &&
-              s->gate.nparked == per, "one more is refused (%s)", reason);
-        s->gate.limits.max_parked = per + 1;
-        CHECK(pull(s, &job, 2, 1, 2000, reason) == 0 && s->gate.nparked == per + 1, "worker 2 parks one");
+              s->nparked == per, "one more is refused (%s)", reason);
+        s->limits.max_parked = per + 1;
+        CHECK(pull(s, &job, 2, 1, 2000, reason) == 0 && s->nparked == per + 1, "worker 2 parks one");
         st = pull(s, &job, 2, 1, 2000, reason);
         CHECK(st == PSNET__STATUS__STATUS_RESOURCE, "the total bound holds too");
 
@@ -1123,18 +1123,18 @@ static void test_parked_pulls(void) {
                 push1(s, key(s, 0, 0), w, 0, 100 + w, g);
         }
         gate_wake(s);
-        CHECK(answers.ok == (int) per + 2 && s->gate.nparked == 0,
+        CHECK(answers.ok == (int) per + 2 && s->nparked == 0,
               "clock 0 closed: the %zu parked pulls are answered (%d)", per + 1, answers.ok - 1);
 
         /* Expiry: a pull parked longer than the time-out is refused. */
-        CHECK(pull(s, &job, 1, 2, 10000, reason) == 0 && s->gate.nparked == 1, "a pull of clock 2 waits");
-        gate_expire(s, 10000 + s->gate.limits.park_timeout_ms - 1);
-        CHECK(s->gate.nparked == 1, "not yet expired");
-        gate_expire(s, 10000 + s->gate.limits.park_timeout_ms);
-        CHECK(s->gate.nparked == 0 && answers.last_status == PSNET__STATUS__STATUS_RESOURCE &&
+        CHECK(pull(s, &job, 1, 2, 10000, reason) == 0 && s->nparked == 1, "a pull of clock 2 waits");
+        gate_expire(s, 10000 + s->limits.park_timeout_ms - 1);
+        CHECK(s->nparked == 1, "not yet expired");
+        gate_expire(s, 10000 + s->limits.park_timeout_ms);
+        CHECK(s->nparked == 0 && answers.last_status == PSNET__STATUS__STATUS_RESOURCE &&
               strstr(answers.last_reason, "waited"), "expired and refused (%s)", answers.last_reason);
         free(g);
-        store_free(s);
+        shard_free(s);
 }
 
 static void test_stragglers(void) {
@@ -1142,7 +1142,7 @@ static void test_stragglers(void) {
         Acks acks = { 0 };
         uint32_t members[] = { 1, 2, 3 }, ids[8];
         make_job(&job, 1, MODE_BSP, "sgd");
-        Store *s = open_solo(&job, &acks, members, 3);
+        Gate *s = open_solo(&job, &acks, members, 3);
         if (!s)
                 return;
         uint64_t ms = 1;
@@ -1157,7 +1157,7 @@ static void test_stragglers(void) {
         CHECK(n == 1 && ids[0] == 3 && ms == 1500, "workers 1 and 2 wait on worker 3 for 1.5 s (%zu, %lu ms)", n,
               (unsigned long) ms);
         free(g);
-        store_free(s);
+        shard_free(s);
 }
 
 int main(void) {

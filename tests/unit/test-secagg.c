@@ -133,7 +133,7 @@ static int run_round(Store *s, FedShard *f, Round *r, bool check_corr) {
                         edge_secagg_mask(&r->c[i], t, r->x[i][t], r->y[i][t], numel(t));
                 for (uint32_t t = 0; t < job.ntensors; t++)
                         for (uint32_t k = 0; k < job.tensors[t].nchunks; k++) {
-                                Chunk *c = key(s, t, k);
+                                Chunk *c = store_key(s, t, k);
                                 Psnet__Key kk = PSNET__KEY__INIT, *kp = &kk;
                                 kk.tensor = t;
                                 kk.chunk = k;
@@ -257,7 +257,7 @@ static void check_round(Store *s, FedShard *f, Round *r, const char *what) {
         for (uint32_t t = 0; t < job.ntensors; t++) {
                 before[t] = fbuf(numel(t));
                 for (uint32_t k = 0; k < job.tensors[t].nchunks; k++) {
-                        Chunk *c = key(s, t, k);
+                        Chunk *c = store_key(s, t, k);
                         memcpy(before[t] + (size_t) k * CHUNK_FLOATS, c->val->data, c->len * sizeof(float));
                 }
         }
@@ -269,7 +269,7 @@ static void check_round(Store *s, FedShard *f, Round *r, const char *what) {
                         wsum += (double) r->ex[i], nsurv++;
         for (uint32_t t = 0; t < job.ntensors; t++)
                 for (uint32_t k = 0; k < job.tensors[t].nchunks; k++) {
-                        Chunk *c = key(s, t, k);
+                        Chunk *c = store_key(s, t, k);
                         for (uint32_t j = 0; j < c->len; j++) {
                                 size_t g = (size_t) k * CHUNK_FLOATS + j;
                                 double m = 0;
@@ -394,7 +394,8 @@ int main(void) {
         job.fed.secagg = true;
         job.fed.secagg_clip = CLIP;
         uint32_t members[1] = { 1 };
-        Store *s = open_solo(&job, &acks, members, 1);
+        Gate *sh = open_solo(&job, &acks, members, 1);
+        Store *s = sh ? gate_store(sh) : NULL;
         FedShard *f = NULL;
         if (!s || fedshard_new(&f) < 0)
                 return CHECK(false, "store and rounds"), tap_done();
@@ -420,7 +421,7 @@ int main(void) {
                 open.n_clients = N;
                 open.clients = r.id;
                 (void) fedshard_round(f, s, &open, 0, err, sizeof err);
-                Chunk *c = key(s, 3, 0);
+                Chunk *c = store_key(s, 3, 0);
                 Psnet__Key kk = PSNET__KEY__INIT, *kp = &kk;
                 kk.tensor = 3;
                 kk.len = c->len;
@@ -491,6 +492,6 @@ int main(void) {
                         free(r.y[i][t]);
                 }
         fedshard_free(f);
-        store_free(s);
+        shard_free(sh);
         return tap_done();
 }

@@ -61,7 +61,8 @@ static void test_configure_two_shards(void) {
         uint32_t ids[2] = { 1, 2 };
         make_job(&job, 7, MODE_BSP, "sgd");
         ShardMap *map = make_map(1, ids, 2, &job);
-        Store *s1 = open_store(1, &job, map, &a1), *s2 = open_store(2, &job, map, &a2);
+        Gate *g1 = open_store(1, &job, map, &a1), *g2 = open_store(2, &job, map, &a2);
+        Store *s1 = g1 ? gate_store(g1) : NULL, *s2 = g2 ? gate_store(g2) : NULL;
         if (!CHECK(map && s1 && s2, "two stores configured under a 2-shard map"))
                 goto out;
 
@@ -98,13 +99,13 @@ static void test_configure_two_shards(void) {
               (unsigned long) by_map, (unsigned long) keys);
         CHECK(n1 > 0 && n2 > 0, "both shards own keys (%lu + %lu)", (unsigned long) n1,
               (unsigned long) n2);
-        CHECK(s1->nkeys == n1 && s2->nkeys == n2, "nkeys counts the owned keys (%lu, %lu)",
-              (unsigned long) s1->nkeys, (unsigned long) s2->nkeys);
-        CHECK(s1->bytes == bytes1 && s2->bytes == bytes2,
+        CHECK(s1->stats.nkeys == n1 && s2->stats.nkeys == n2, "nkeys counts the owned keys (%lu, %lu)",
+              (unsigned long) s1->stats.nkeys, (unsigned long) s2->stats.nkeys);
+        CHECK(s1->stats.bytes == bytes1 && s2->stats.bytes == bytes2,
               "bytes counts values and optimizer state of the owned keys");
         CHECK(len_ok == keys, "each owned chunk has its key and the job's length");
         CHECK(init_ok == keys, "each owned chunk starts at job_init_chunk, clock 0, no steps");
-        CHECK(store_clock(s1) == 0 && store_clock(s2) == 0, "store_clock is 0 before any push");
+        CHECK(gate_clock(g1) == 0 && gate_clock(g2) == 0, "store_clock is 0 before any push");
 
         /* Shard 2 leaves: shard 1 takes every key, keeping the ones it had (with
          * their updates) and initialising the others; shard 2 drops its keys,
@@ -118,27 +119,27 @@ static void test_configure_two_shards(void) {
                         if (s2->chunks[t][k] && t2 == UINT32_MAX)
                                 t2 = t, k2 = k;
                 }
-        gate_set_members(s1, &one, 1, 1);
-        gate_set_members(s2, w12, 2, 1);
+        gate_set_members(g1, &one, 1, 1);
+        gate_set_members(g2, w12, 2, 1);
         Chunk *kept = s1->chunks[t1][k1];
         float g[MAXLEN];
         Ref ref;
         ref_init(&ref, &job, t1, k1);
         grad_fill(g, kept->len, 1, 0);
-        push1(s1, kept, 1, 0, 1, g);
+        push1(g1, kept, 1, 0, 1, g);
         ref_step(&ref, g);
         grad_fill(g, s2->chunks[t2][k2]->len, 1, 0);
-        push1(s2, s2->chunks[t2][k2], 1, 0, 2, g); /* parked: worker 2 has not pushed */
+        push1(g2, s2->chunks[t2][k2], 1, 0, 2, g); /* parked: worker 2 has not pushed */
         CHECK(a2.n == 0, "shard 2: a push waiting for the other member is not acknowledged yet");
 
         ShardMap *solo = make_map(2, &one, 1, &job);
         moved_n = 0;
         s2->move = on_move;
-        int r1 = store_configure(s1, &job, solo), r2 = store_configure(s2, &job, solo);
+        int r1 = gate_configure(g1, &job, solo), r2 = gate_configure(g2, &job, solo);
         CHECK(r1 == 0 && r2 == 0, "reconfigure under the one-shard map");
-        CHECK(s2->nkeys == 0 && moved_n == n2, "shard 2 hands over all its %lu keys (%zu moved)", (unsigned long) n2,
+        CHECK(s2->stats.nkeys == 0 && moved_n == n2, "shard 2 hands over all its %lu keys (%zu moved)", (unsigned long) n2,
               moved_n);
-        CHECK(s1->nkeys == n1 && store_incoming(s1) == n2, "shard 1 keeps %lu and awaits %lu (incoming %lu)",
+        CHECK(s1->stats.nkeys == n1 && store_incoming(s1) == n2, "shard 1 keeps %lu and awaits %lu (incoming %lu)",
               (unsigned long) n1, (unsigned long) n2, (unsigned long) store_incoming(s1));
         CHECK(s1->chunks[t1][k1] == kept && same(kept->val->data, ref.w, kept->len) && kept->steps == 1,
               "a key shard 1 kept keeps its updated values");
@@ -156,9 +157,9 @@ static void test_configure_two_shards(void) {
                 const ChunkImage im = { .tensor = mv->t, .chunk = mv->k, .len = mv->len, .values = mv->val,
                                         .state = mv->state, .state_floats = mv->nstate, .steps = mv->steps,
                                         .clock = mv->clock, .last_clocks = mv->last, .nlast = mv->nlast };
-                installed += store_install_image(s1, &im) == 0;
+                installed += gate_install_image(g1, &im) == 0;
         }
-        CHECK(installed == n2 && s1->nkeys == keys && store_incoming(s1) == 0,
+        CHECK(installed == n2 && s1->stats.nkeys == keys && store_incoming(s1) == 0,
               "shard 1 installs the %zu moved keys and owns all %lu", installed, (unsigned long) keys);
         Chunk *taken = s1->chunks[t2][k2];
         if (CHECK(taken != NULL, "shard 1 holds the key that moved from shard 2")) {
@@ -168,13 +169,13 @@ static void test_configure_two_shards(void) {
                 /* The refused push was not applied: the worker may push that clock again. */
                 float g2[MAXLEN];
                 grad_fill(g2, taken->len, 1, 0);
-                gate_set_members(s1, w12, 2, 2);
-                push1(s1, taken, 1, 0, 3, g2);
+                gate_set_members(g1, w12, 2, 2);
+                push1(g1, taken, 1, 0, 3, g2);
                 CHECK(taken->npending == 1, "the refused push is accepted again at the new owner");
         }
         const ChunkImage again = { .tensor = t1, .chunk = k1, .len = kept->len, .values = kept->val->data,
                                    .state = kept->state, .state_floats = kept->len };
-        CHECK(store_install_image(s1, &again) == -EEXIST,
+        CHECK(gate_install_image(g1, &again) == -EEXIST,
               "installing a key that is already here is refused");
         for (size_t i = 0; i < moved_n; i++)
                 moved_free(&moved[i]);
@@ -182,8 +183,8 @@ static void test_configure_two_shards(void) {
         shardmap_free(solo);
         free(want);
 out:
-        store_free(s1);
-        store_free(s2);
+        shard_free(g1);
+        shard_free(g2);
         shardmap_free(map);
 }
 
@@ -195,12 +196,14 @@ static void test_lookup(void) {
         int st = -1;
         make_job(&job, 7, MODE_BSP, "sgd");
 
-        store_new(1, on_ack, NULL, &acks, &s);
+        (void) acks;
+        const StoreConf sc = { .shard_id = 1 };
+        store_new(&sc, &s);
         if (!CHECK(s != NULL, "store_new"))
                 return;
         CHECK(!store_lookup(s, 0, 0, CHUNK_FLOATS, &st) && st == ST_NO_JOB,
               "before configure: NO_JOB (status %d)", st);
-        CHECK(store_clock(s) == 0, "before configure: store_clock is 0");
+        CHECK(store_min_clock(s) == 0, "before configure: store_min_clock is 0");
 
         ShardMap *map = make_map(1, ids, 2, &job);
         store_configure(s, &job, map);
@@ -252,8 +255,9 @@ static void test_copy_on_write(void) {
         Acks acks = { 0 };
         float g[MAXLEN], snap0[MAXLEN], snap1[MAXLEN];
         make_job(&job, 7, MODE_BSP, "sgd");
-        Store *s = open_solo(&job, &acks, &m1, 1);
-        Chunk *c = s ? key(s, 0, 0) : NULL;
+        Gate *sh = open_solo(&job, &acks, &m1, 1);
+        Store *s = sh ? gate_store(sh) : NULL;
+        Chunk *c = sh ? key(sh, 0, 0) : NULL;
         if (!c)
                 goto out;
         uint32_t len = c->len;
@@ -263,16 +267,16 @@ static void test_copy_on_write(void) {
         zmq_msg_t m1msg, m2msg, m3msg, m4msg;
         ValBuf *old = c->val;
         memcpy(snap0, c->val->data, len * sizeof(float));
-        uint64_t pulls = s->pulls;
+        uint64_t pulls = s->stats.pulls;
         CHECK(store_value_msg(s, c, &m1msg) == 0, "store_value_msg");
         CHECK(zmq_msg_size(&m1msg) == len * sizeof(float) && zmq_msg_data(&m1msg) == (void *) old->data,
               "the reply frame is the chunk's buffer itself (zero copy)");
-        CHECK(atomic_load(&old->refs) == 2 && s->pulls == pulls + 1,
+        CHECK(atomic_load(&old->refs) == 2 && s->stats.pulls == pulls + 1,
               "the reply holds a reference (refs %d)", atomic_load(&old->refs));
 
         grad_fill(g, len, 1, 0);
         ref_step(&ref, g);
-        push1(s, c, 1, 0, 1, g);
+        push1(sh, c, 1, 0, 1, g);
         CHECK(c->steps == 1 && c->val != old && c->val->data != old->data,
               "an update under a reply copies the buffer first");
         CHECK(same(zmq_msg_data(&m1msg), snap0, len), "the reply still holds the old values");
@@ -284,7 +288,7 @@ static void test_copy_on_write(void) {
         ValBuf *cur = c->val;
         grad_fill(g, len, 1, 1);
         ref_step(&ref, g);
-        push1(s, c, 1, 1, 2, g);
+        push1(sh, c, 1, 1, 2, g);
         CHECK(c->val == cur && same(c->val->data, ref.w, len), "without a reply the update is in place");
 
         /* Two replies over one snapshot. */
@@ -295,7 +299,7 @@ static void test_copy_on_write(void) {
               atomic_load(&cur->refs));
         grad_fill(g, len, 1, 2);
         ref_step(&ref, g);
-        push1(s, c, 1, 2, 3, g);
+        push1(sh, c, 1, 2, 3, g);
         CHECK(c->val != cur && same(c->val->data, ref.w, len) && same(zmq_msg_data(&m2msg), snap1, len) &&
                       same(zmq_msg_data(&m3msg), snap1, len),
               "both replies keep the snapshot, the chunk moves on");
@@ -308,12 +312,13 @@ static void test_copy_on_write(void) {
         /* A reply outlives the store. */
         memcpy(snap1, c->val->data, len * sizeof(float));
         store_value_msg(s, c, &m4msg);
-        s = store_free(s);
+        sh = shard_free(sh);
+        s = NULL;
         CHECK(same(zmq_msg_data(&m4msg), snap1, len), "a reply still reads its values after store_free");
         zmq_msg_close(&m4msg);
         ref_done(&ref);
 out:
-        store_free(s);
+        shard_free(sh);
 }
 
 /* A new job id drops the old chunks (refusing their parked pushes) and starts
@@ -326,24 +331,25 @@ static void test_new_job(void) {
         make_job(&job, 7, MODE_BSP, "sgd");
         make_job(&job2, 8, MODE_BSP, "sgd");
         job2.seed = 4242;
-        Store *s = open_solo(&job, &acks, m12, 2);
-        Chunk *c = s ? key(s, 0, 0) : NULL;
+        Gate *sh = open_solo(&job, &acks, m12, 2);
+        Store *s = sh ? gate_store(sh) : NULL;
+        Chunk *c = sh ? key(sh, 0, 0) : NULL;
         if (!c)
                 goto out;
         grad_fill(g, c->len, 1, 0);
-        push1(s, c, 1, 0, 1, g);
+        push1(sh, c, 1, 0, 1, g);
         ShardMap *map = make_map(3, &one, 1, &job2);
-        int r = store_configure(s, &job2, map);
+        int r = gate_configure(sh, &job2, map);
         shardmap_free(map);
-        CHECK(r == 0 && s->job.id == 8 && s->has_job, "configure a new job id");
+        CHECK(r == 1 && s->job.id == 8 && s->has_job, "configure a new job id (a fresh job)");
         CHECK(acks.n == 1 && acks_status(&acks, 1) == ST_SHUTTING_DOWN,
               "the old job's parked push is refused, once (status %d)", acks_status(&acks, 1));
-        c = key(s, 0, 0);
+        c = key(sh, 0, 0);
         job_init_chunk(&job2, 0, 0, want);
         CHECK(c && c->clock == 0 && c->steps == 0 && c->npending == 0 && same(c->val->data, want, c->len),
               "the new job's chunk starts at its own initial values");
 out:
-        store_free(s);
+        shard_free(sh);
 }
 
 /* A job's first chunks built elsewhere (the thread pool, checkpoint_seed):
@@ -357,10 +363,12 @@ static void test_adopt(void) {
         make_job(&job, 9, MODE_BSP, "sgd");
         Store *s = NULL;
         ShardMap *map = make_map(1, &one, 1, &job);
-        if (!CHECK(map && store_new(1, on_ack, NULL, &acks, &s) == 0, "a store"))
+        (void) acks;
+        const StoreConf sc = { .shard_id = 1 };
+        if (!CHECK(map && store_new(&sc, &s) == 0, "a store"))
                 goto out;
-        s->restoring = true;
-        CHECK(store_configure(s, &job, map) == 0 && s->nkeys == 0 && store_incoming(s) == job_nkeys(&job),
+        store_set_restoring(s, true);
+        CHECK(store_configure(s, &job, map) == 1 && s->stats.nkeys == 0 && store_incoming(s) == job_nkeys(&job),
               "with restoring set, the first map creates no chunk (%lu awaited)", (unsigned long) store_incoming(s));
         uint32_t len = job_chunk_len(&job, 0, 0);
         size_t per = job_state_per_value(&job);
@@ -371,19 +379,20 @@ static void test_adopt(void) {
         job_init_chunk(&job, 0, 0, v->data);
         const ChunkImage im = { .tensor = 0, .chunk = 0, .len = len, .state_floats = per * len, .restored = true,
                                 .adopt_values = v, .adopt_state = st };
-        CHECK(store_install_image(s, &im) == 0, "an image handing over its buffers installs");
-        Chunk *c = s->chunks[0][0];
-        CHECK(c && c->val == v && c->state == st && s->nkeys == 1, "the chunk holds those very buffers (no copy)");
+        Chunk *c = NULL;
+        CHECK(store_install_image(s, &im, &c) == 0 && c == s->chunks[0][0], "an image handing over its buffers installs");
+        CHECK(c && c->val == v && c->state == st && s->stats.nkeys == 1, "the chunk holds those very buffers (no copy)");
         ValBuf *v2 = store_value_new(len);
         float *st2 = ps_calloc(per ? (size_t) len * per : 1, sizeof(float));
+        Chunk *c2 = NULL;
         const ChunkImage im2 = { .tensor = 0, .chunk = 0, .len = len, .state_floats = per * len, .restored = true,
                                  .adopt_values = v2, .adopt_state = st2 };
-        CHECK(v2 && st2 && store_install_image(s, &im2) == -EEXIST && s->chunks[0][0] == c && c->val == v,
+        CHECK(v2 && st2 && store_install_image(s, &im2, &c2) == -EEXIST && s->chunks[0][0] == c && c->val == v,
               "a second image of a key held is refused, and the chunk keeps its own");
         store_value_unref(v2); /* refused: still the caller's (ASan would see a double free or a leak) */
         ps_free(st2);
-        s->restoring = false;
-        CHECK(store_create_missing(s) == 0 && store_incoming(s) == 0 && s->nkeys == job_nkeys(&job),
+        store_set_restoring(s, false);
+        CHECK(store_create_missing(s) == 0 && store_incoming(s) == 0 && s->stats.nkeys == job_nkeys(&job),
               "store_create_missing builds the rest from the seed");
 out:
         shardmap_free(map);
