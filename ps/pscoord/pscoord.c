@@ -8,14 +8,15 @@
 #include "job-flags.h"
 #include "job-init.h"
 #include "log.h"
+#include "program.h"
 
 int main(int argc, char **argv) {
         CoordConfig cfg = { .lease_ms = 3000, .shard_lease_ms = 600, .stall_timeout = 60, .checkpoint_keep = 3,
                             .checkpoint_timeout = 120 };
         JobFlags jf;
-        char *listen = NULL, *log_level = NULL;
+        char *listen = NULL;
         Option opts[21 + JOBFLAGS_NOPTS] = {
-                { "listen", OPT_STR, &listen, "ENDPOINT", "control endpoint to bind (default ipc:///tmp/psnet/coord.sock)" },
+                { "listen", OPT_STR, &listen, "ENDPOINT", "control endpoint to bind (default " PSNET_DEFAULT_COORD ")" },
                 { "keys", OPT_STR, &cfg.keys, "DIR",
                   "CURVE encryption; admit only the keys of DIR/allow, each in its role (psctl keys gen)" },
                 { "key", OPT_STR, &cfg.key, "NAME", "this daemon's key in --keys (default pscoord)" },
@@ -47,7 +48,6 @@ int main(int argc, char **argv) {
                   "keep the job, shard map and members in DIR (created if missing) so that a restart, here or on "
                   "another host with the same DIR, goes on where it stopped (default: none; systemd: "
                   "/var/lib/psnet/pscoord)" },
-                { "log-level", OPT_STR, &log_level, "LEVEL", "debug, info, warning or error" },
         };
         const ProgramInfo prog = {
                 .name = "pscoord", .summary = "psnet coordinator: membership, shard map, job", .usage = "[OPTIONS]",
@@ -56,27 +56,14 @@ int main(int argc, char **argv) {
                           "Config file: --config /etc/psnet/pscoord.conf (keys as the long options).",
         };
         char err[192];
-        int optind_ = 0, r;
+        Program p;
+        int r;
 
-        log_setup("pscoord");
         jobflags_init(&jf);
-        size_t n = 16 + jobflags_options(&jf, opts + 16);
-        r = config_parse(&prog, opts, n, argc, argv, &optind_);
+        size_t n = 15 + jobflags_options(&jf, opts + 15);
+        r = program_start(&p, &prog, opts, n, argc, argv, false);
         if (r != 0)
                 goto out;
-        if (optind_ < argc) {
-                fprintf(stderr, "pscoord: unexpected argument '%s' (see pscoord --help)\n", argv[optind_]);
-                r = -1;
-                goto out;
-        }
-        if (log_level) {
-                if (log_level_from_string(log_level) < 0) {
-                        fprintf(stderr, "pscoord: unknown log level '%s'\n", log_level);
-                        r = -1;
-                        goto out;
-                }
-                log_set_level(log_level_from_string(log_level));
-        }
         if (cfg.checkpoint_dir && cfg.checkpoint_dir[0] != '/') {
                 fprintf(stderr, "pscoord: --checkpoint-dir must be an absolute path (the shards are told it)\n");
                 r = -1;
@@ -104,12 +91,10 @@ int main(int argc, char **argv) {
                 r = -1;
                 goto out;
         }
-        cfg.listen = listen ? listen : (char *) "ipc:///tmp/psnet/coord.sock";
+        cfg.listen = listen ? listen : (char *) PSNET_DEFAULT_COORD;
         r = coord_run(&cfg);
 out:
-        config_free_strings(opts, n);
-        if (r > 0)
-                return EXIT_SUCCESS;
+        program_done(&p);
         /* Usage and configuration errors (flags, keys, listen address) exit 2. */
-        return r == 0 ? EXIT_SUCCESS : (r == -1 || r == -EINVAL ? 2 : EXIT_FAILURE);
+        return program_exit(r);
 }

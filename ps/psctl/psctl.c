@@ -12,14 +12,16 @@
 #include "errors.h"
 #include "job-flags.h"
 #include "log.h"
+#include "program.h"
 #include "psctl.h"
 #include "session.h"
 #include "wire-job.h"
 
-#define PSCTL_MAX_OPTS (16 + JOBFLAGS_NOPTS)
+#define PSCTL_MAX_OPTS (17 + JOBFLAGS_NOPTS)
 
 typedef struct Ctl {
         char *coord;
+        char *log_level;               /* --log-level */
         unsigned timeout;
         bool json;
         char *keys, *key, *coord_key;  /* CURVE */
@@ -457,12 +459,13 @@ static int cmd_shard_remove(Ctl *c, char **args) { return shard_change(c, false,
 
 static size_t global_options(Ctl *c, Option *o) {
         const Option t[] = {
-                { "coord", OPT_STR, &c->coord, "ENDPOINT", "pscoord endpoint (default ipc:///tmp/psnet/coord.sock)" },
+                { "coord", OPT_STR, &c->coord, "ENDPOINT", "pscoord endpoint (default " PSNET_DEFAULT_COORD ")" },
                 { "timeout", OPT_UINT, &c->timeout, "SECONDS", "how long to wait for pscoord's answer" },
                 { "json", OPT_BOOL, &c->json, NULL, "machine-readable output (one JSON object per answer)" },
                 { "keys", OPT_STR, &c->keys, "DIR", "CURVE encryption with the keys of psctl keys gen in DIR" },
                 { "key", OPT_STR, &c->key, "NAME", "this tool's key in --keys (default admin)" },
                 { "coord-key", OPT_STR, &c->coord_key, "NAME", "pscoord's key in --keys (default pscoord)" },
+                program_log_option(&c->log_level),
         };
         memcpy(o, t, sizeof t);
         return ELEMENTSOF(t);
@@ -642,9 +645,11 @@ int main(int argc, char **argv) {
         }
         if (r == 0)
                 r = verb_parse(&c, v, argc - optind_ - words, argv + optind_ + words, args);
+        if (r == 0)
+                r = program_log_level("psctl", c.log_level);
         if (r == 0) {
                 if (!c.coord)
-                        c.coord = strdup("ipc:///tmp/psnet/coord.sock");
+                        c.coord = strdup(PSNET_DEFAULT_COORD);
                 r = c.coord ? v->run(&c, args) : -ENOMEM;
                 r = r < 0 ? (r == -EINVAL ? 2 : EXIT_FAILURE) : EXIT_SUCCESS;
         } else

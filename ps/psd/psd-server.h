@@ -16,7 +16,6 @@ typedef struct PsdConfig {
         uint64_t memory_limit;     /* bytes of values + optimizer state this shard may hold (0: MemAvailable) */
         unsigned park_timeout;     /* seconds a pull may wait for its clock */
         char *http;                /* --http ADDR:PORT for /metrics, /healthz, /readyz (NULL: none) */
-        char *log_level;
         char *keys;                /* --keys DIR (NULL: no CURVE) */
         char *key;                 /* this shard's key name (default psd) */
         char *coord_key;           /* pscoord's key name in keys (default pscoord) */

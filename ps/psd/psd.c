@@ -9,6 +9,7 @@
 #include "config.h"
 #include "log.h"
 #include "pfor.h"
+#include "program.h"
 #include "psd-server.h"
 
 int main(int argc, char **argv) {
@@ -26,7 +27,7 @@ int main(int argc, char **argv) {
                 { "advertise", OPT_STR, &cfg.advertise, "ENDPOINT",
                   "endpoint workers use to reach this shard (default: --listen)" },
                 { "coord", OPT_STR, &cfg.coord, "ENDPOINT",
-                  "pscoord endpoint (default ipc:///tmp/psnet/coord.sock)" },
+                  "pscoord endpoint (default " PSNET_DEFAULT_COORD ")" },
                 { "connect-timeout", OPT_UINT, &cfg.connect_timeout, "SECONDS",
                   "give up when pscoord does not answer within this time" },
                 { "max-msg", OPT_U64, &cfg.max_msg, "BYTES",
@@ -49,69 +50,51 @@ int main(int argc, char **argv) {
                 { "threads", OPT_UINT, &cfg.threads, "N",
                   "threads that apply an update (1-64): each chunk's optimizer step, checks and shared-memory "
                   "copies are cut into N parts; the same result with any N" },
-                { "log-level", OPT_STR, &cfg.log_level, "LEVEL", "debug, info, warning or error" },
         };
         const ProgramInfo prog = {
                 .name = "psd", .summary = "psnet parameter-server shard", .usage = "[OPTIONS]",
                 .epilog = "Config file: --config /etc/psnet/psd.conf (keys as the long options).\n"
                           "Signals: SIGTERM/SIGINT leave the cluster and stop.",
         };
-        int optind_ = 0, r;
-        char listen[128], coord[] = "ipc:///tmp/psnet/coord.sock";
-
-        log_setup("psd");
-        r = config_parse(&prog, opts, ELEMENTSOF(opts), argc, argv, &optind_);
-        if (r != 0) {
-                config_free_strings(opts, ELEMENTSOF(opts));
-                return r > 0 ? EXIT_SUCCESS : 2;
-        }
-        if (optind_ < argc) {
-                fprintf(stderr, "psd: unexpected argument '%s' (see psd --help)\n", argv[optind_]);
-                config_free_strings(opts, ELEMENTSOF(opts));
-                return 2;
-        }
-        if (cfg.log_level) {
-                r = log_level_from_string(cfg.log_level);
-                if (r < 0) {
-                        fprintf(stderr, "psd: unknown log level '%s'\n", cfg.log_level);
-                        config_free_strings(opts, ELEMENTSOF(opts));
-                        return 2;
-                }
-                log_set_level(r);
-        }
+        Program p;
+        char listen[128];
+        int r = program_start(&p, &prog, opts, ELEMENTSOF(opts), argc, argv, false);
+        if (r != 0)
+                goto out;
         if (id_from_host) {
                 char host[256] = "";
                 unsigned n;
                 if (gethostname(host, sizeof host - 1) < 0 || hostname_ordinal(host, &n) < 0) {
                         fprintf(stderr, "psd: --id-from-hostname: hostname '%s' does not end in -N "
                                         "(a StatefulSet pod's name)\n", host);
-                        config_free_strings(opts, ELEMENTSOF(opts));
-                        return 2;
+                        r = -EINVAL;
+                        goto out;
                 }
                 cfg.id = n + 1;
         }
         if (cfg.id == 0) {
                 fprintf(stderr, "psd: --id must be >= 1\n");
-                config_free_strings(opts, ELEMENTSOF(opts));
-                return 2;
+                r = -EINVAL;
+                goto out;
         }
         if (cfg.threads < 1 || cfg.threads > PFOR_MAX_THREADS) {
                 fprintf(stderr, "psd: --threads must be 1 to %d\n", PFOR_MAX_THREADS);
-                config_free_strings(opts, ELEMENTSOF(opts));
-                return 2;
+                r = -EINVAL;
+                goto out;
         }
         snprintf(listen, sizeof listen, "ipc:///tmp/psnet/psd-%u.sock", cfg.id);
         PsdConfig run = cfg;
         if (!run.listen)
                 run.listen = listen;
         if (!run.coord)
-                run.coord = coord;
+                run.coord = (char *) PSNET_DEFAULT_COORD;
         char fields[32];
         snprintf(fields, sizeof fields, "shard=%u", cfg.id);
         log_set_fields(fields);
 
         r = psd_run(&run);
-        config_free_strings(opts, ELEMENTSOF(opts));
+out:
+        program_done(&p);
         /* A configuration error (keys, listen address) exits 2: restarting will not help. */
-        return r == -EINVAL ? 2 : r < 0 ? EXIT_FAILURE : EXIT_SUCCESS;
+        return program_exit(r);
 }

@@ -12,6 +12,11 @@ for b in "$PSCOORD" "$PSD" "$WORKERD" "$PSCTL"; do
   out=$("$b" --no-such-flag 2>&1); rc=$?
   ok $(( rc != 2 )) "$n rejects an unknown flag with exit 2"
   grep -q "unknown option '--no-such-flag'" <<<"$out"; ok $? "$n names the unknown flag"
+  grep -q -- "--log-level" <<<"$("$b" --help 2>&1)"; ok $? "$n --help lists --log-level"
+  [ "$n" = psctl ] && set -- status || set --
+  out=$("$b" "$@" --log-level loud 2>&1); rc=$?
+  ok $(( rc != 2 )) "$n refuses an unknown log level with exit 2"
+  grep -q "$n: unknown log level 'loud'" <<<"$out"; ok $? "$n says which"
 done
 
 out=$("$PSD" --id 1 --lease-ms 3 2>&1); grep -q "unknown option '--lease-ms'" <<<"$out"; ok $? "psd refuses a pscoord flag"

@@ -9,13 +9,14 @@
 #include "config.h"
 #include "edge-fleet.h"
 #include "log.h"
+#include "program.h"
 #include "trainer.h"
 
 int main(int argc, char **argv) {
         WorkerConfig cfg = { .threads = 1, .connect_timeout = 10, .round_timeout = 120, .progress_ms = 1000 };
-        char *log_level = NULL, *backend = NULL, *prefetch = NULL, *partition = NULL, *alpha = NULL;
+        char *backend = NULL, *prefetch = NULL, *partition = NULL, *alpha = NULL;
         const Option opts[] = {
-                { "coord", OPT_STR, &cfg.coord, "ENDPOINT", "pscoord endpoint (default ipc:///tmp/psnet/coord.sock)" },
+                { "coord", OPT_STR, &cfg.coord, "ENDPOINT", "pscoord endpoint (default " PSNET_DEFAULT_COORD ")" },
                 { "backend", OPT_STR, &backend, "NAME", "compute backend: cpu, cuda or auto (default auto)" },
                 { "data", OPT_STR, &cfg.data, "DIR", "Fashion-MNIST directory (default: the job's)" },
                 { "threads", OPT_UINT, &cfg.threads, "N", "OpenBLAS threads for the cpu backend" },
@@ -52,7 +53,6 @@ int main(int argc, char **argv) {
                 { "parallel", OPT_UINT, &cfg.parallel, "N",
                   "--simulate: N of the clients train at once, each on its own copy of the model and one core "
                   "(cpu backend; default: the cores of this machine)" },
-                { "log-level", OPT_STR, &log_level, "LEVEL", "debug, info, warning or error" },
         };
         const ProgramInfo prog = {
                 .name = "workerd", .summary = "psnet training worker", .usage = "[OPTIONS]",
@@ -64,21 +64,8 @@ int main(int argc, char **argv) {
                           "buffers, copied through that memory;\n"
                           "PSNET_PART_KIB=N sends a shard's keys in parts of at most N KiB (default 1024).",
         };
-        int optind_ = 0, r;
-
-        log_setup("workerd");
-        r = config_parse(&prog, opts, ELEMENTSOF(opts), argc, argv, &optind_);
-        if (r == 0 && optind_ < argc) {
-                fprintf(stderr, "workerd: unexpected argument '%s' (see workerd --help)\n", argv[optind_]);
-                r = -1;
-        }
-        if (r == 0 && log_level) {
-                if (log_level_from_string(log_level) < 0) {
-                        fprintf(stderr, "workerd: unknown log level '%s'\n", log_level);
-                        r = -1;
-                } else
-                        log_set_level(log_level_from_string(log_level));
-        }
+        Program p;
+        int r = program_start(&p, &prog, opts, ELEMENTSOF(opts), argc, argv, false);
         if (r == 0 && backend && strcmp(backend, "cpu") != 0 && strcmp(backend, "cuda") != 0 &&
             strcmp(backend, "auto") != 0) {
                 fprintf(stderr, "workerd: --backend is cpu, cuda or auto, not '%s'\n", backend);
@@ -136,13 +123,11 @@ int main(int argc, char **argv) {
         }
         if (r == 0) {
                 WorkerConfig run = cfg;
-                run.coord = cfg.coord ? cfg.coord : (char *) "ipc:///tmp/psnet/coord.sock";
+                run.coord = cfg.coord ? cfg.coord : (char *) PSNET_DEFAULT_COORD;
                 run.backend = backend ? backend : (char *) (cfg.edge ? "cpu" : "auto");
                 run.prefetch = prefetch && strcmp(prefetch, "on") == 0;
                 r = cfg.edge ? edge_run(&run) : trainer_run(&run);
-                r = r == -EINVAL ? 2 : r < 0 ? EXIT_FAILURE : EXIT_SUCCESS;
-        } else
-                r = r > 0 ? EXIT_SUCCESS : 2;
-        config_free_strings(opts, ELEMENTSOF(opts));
-        return r;
+        }
+        program_done(&p);
+        return program_exit(r);
 }
