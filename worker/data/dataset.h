@@ -13,6 +13,10 @@
 #include <stdint.h>
 #include "modeldesc.h"
 
+/* A sample's values, and the whole set's, stay within what the kernels index
+ * with int and size_t. */
+#define DATASET_MAX_DIM (1u << 28)
+
 typedef struct Dataset {
         uint32_t n;                         /* samples */
         uint32_t dim;                       /* values per sample: the product of shape */

@@ -39,18 +39,6 @@ static void host_free(Model *m, void *p) {
                 m->ops->host_free(m->kb, p);
 }
 
-int model_buf(Model *m, size_t floats, float **ret) {
-        int r;
-
-        if (m->nbufs == MODEL_MAX_BUFS)
-                return -ENOMEM;
-        r = dev_alloc(m, floats * sizeof(float), ret);
-        if (r < 0)
-                return r;
-        m->bufs[m->nbufs++] = *ret;
-        return 0;
-}
-
 /* download_async slots: one per tensor, then the losses and the predictions.
  * Slots are reused modulo KB_SLOTS, which only makes a wait longer. */
 static unsigned grad_slot(size_t t) { return (unsigned) (t % KB_SLOTS); }
