@@ -10,6 +10,13 @@ lists under "may use", or generated ones (psnet.pb-c.h belongs to proto/,
 psnet-config.h to the build); it must include nothing its row lists under
 "never includes"; and every .c/.cu file must be named in a meson.build of
 its folder or above (a unit test tests/unit/test-NAME.c by its 'NAME': entry).
+
+Then, from the code itself (comments and strings left out): protobuf's
+generated names (Psnet__..., psnet__..., PSNET__...) appear only in the
+folders the <!-- protobuf: ... --> line names; no two files anywhere call
+each other, directly or round a loop (a file calls another when it names a
+function the other defines and does not keep static); and pscoord's files
+call only the ones before them in the <!-- pscoord order: ... --> line.
 Prints one TAP line per folder and rule."""
 import os
 import re
@@ -108,6 +115,145 @@ for folder, (uses, everything, never) in sorted(rows.items()):
     if never:
         tap(not forbidden, f"{folder}/ never includes {' '.join(never)}" + (f": {forbidden}" if forbidden else ""))
     tap(not unlisted, f"{folder}/: every .c file is in a meson.build" + (f": {unlisted}" if unlisted else ""))
+
+
+# --- from the code: protobuf names, calls ---------------------------------------------
+
+def strip(text):
+    """C source without comments, strings, char literals and preprocessor
+    lines (a #define's body kept: macros call functions too)."""
+    out, i, n = [], 0, len(text)
+    while i < n:
+        c = text[i]
+        if text.startswith("/*", i):
+            j = text.find("*/", i + 2)
+            j = n if j < 0 else j + 2
+            out.append("\n" * text.count("\n", i, j))
+            i = j
+        elif text.startswith("//", i):
+            j = text.find("\n", i)
+            i = n if j < 0 else j
+        elif c in "\"'":
+            j = i + 1
+            while j < n and text[j] != c:
+                j += 2 if text[j] == "\\" else 1
+            out.append(c + c)
+            i = j + 1
+        elif c == "#" and (i == 0 or text[i - 1] == "\n"):
+            j = i
+            while True:
+                k = text.find("\n", j)
+                if k < 0:
+                    k = n
+                    break
+                if text[k - 1] == "\\":
+                    j = k + 1
+                    continue
+                break
+            line = text[i:k]
+            out.append(" " + line[1:] if re.match(r"#\s*define", line) else "\n" * line.count("\n"))
+            i = k
+        else:
+            out.append(c)
+            i += 1
+    return "".join(out)
+
+
+TOKENS = re.compile(r"[A-Za-z_]\w*|[{}();=]|\S")
+KEYWORDS = {"if", "while", "for", "switch", "return", "sizeof", "do", "else"}
+
+
+def definitions(code):
+    """(name, static) of every function defined at file level."""
+    defs, depth, stmt = [], 0, []
+    for t in TOKENS.findall(code):
+        if t == "{":
+            if depth == 0 and stmt and stmt[-1] == ")" and "=" not in stmt:
+                d = 0
+                for k in range(len(stmt) - 1, -1, -1):
+                    d += stmt[k] == ")"
+                    d -= stmt[k] == "("
+                    if d == 0:
+                        break
+                if k > 0 and re.match(r"[A-Za-z_]\w*$", stmt[k - 1]) and stmt[k - 1] not in KEYWORDS:
+                    defs.append((stmt[k - 1], "static" in stmt[:k - 1]))
+            depth += 1
+            stmt = []
+        elif t == "}":
+            depth -= 1
+            stmt = []
+        elif depth == 0:
+            stmt = [] if t == ";" else stmt + [t]
+    return defs
+
+
+code_of = {}
+for folder in ("common", "kernels", "ps", "worker"):
+    for root, _, names in os.walk(os.path.join(src, folder)):
+        for name in sorted(names):
+            if name.endswith((".c", ".cu", ".h")):
+                path = os.path.relpath(os.path.join(root, name), src)
+                code_of[path] = strip(open(os.path.join(src, path), errors="replace").read())
+
+m = re.search(r"<!-- protobuf: ([^>]*) -->", doc)
+allowed = [a.rstrip("/") for a in m.group(1).split()] if m else []
+tap(bool(allowed), "docs/ARCHITECTURE.md names the folders that may use protobuf's names")
+outside = sorted(p for p, code in code_of.items()
+                 if not any(p.startswith(a + "/") for a in allowed) and re.search(r"\b(Psnet__|psnet__|PSNET__)\w", code))
+tap(not outside, "protobuf's names only in " + " ".join(a + "/" for a in allowed) + (f": {outside}" if outside else ""))
+
+owner_of = {}
+for path, code in code_of.items():
+    if path.endswith((".c", ".cu")):
+        for name, static in definitions(code):
+            if not static and name != "main":
+                owner_of.setdefault(name, path)
+calls = {}
+for path, code in code_of.items():
+    if path.endswith((".c", ".cu")):
+        calls[path] = {owner_of[t] for t in re.findall(r"[A-Za-z_]\w*", code)
+                       if t in owner_of and owner_of[t] != path}
+
+index, low, stack, on, loops = {}, {}, [], set(), []
+sys.setrecursionlimit(10000)
+
+
+def visit(v):
+    index[v] = low[v] = len(index)
+    stack.append(v)
+    on.add(v)
+    for w in sorted(calls.get(v, ())):
+        if w not in index:
+            visit(w)
+            low[v] = min(low[v], low[w])
+        elif w in on:
+            low[v] = min(low[v], index[w])
+    if low[v] == index[v]:
+        comp = []
+        while True:
+            w = stack.pop()
+            on.discard(w)
+            comp.append(w)
+            if w == v:
+                break
+        if len(comp) > 1:
+            loops.append(sorted(comp))
+
+
+for v in sorted(calls):
+    if v not in index:
+        visit(v)
+tap(not loops, f"no files call each other in a loop ({len(calls)} files)" + (f": {loops}" if loops else ""))
+
+m = re.search(r"<!-- pscoord order: ([^>]*) -->", doc)
+order = m.group(1).split() if m else []
+coord = sorted(p for p in calls if p.startswith("ps/pscoord/"))
+tap(bool(order) and sorted("ps/pscoord/" + f for f in order) == coord,
+    "docs/ARCHITECTURE.md orders every file of ps/pscoord/" +
+    ("" if sorted("ps/pscoord/" + f for f in order) == coord else f": {sorted(set(coord) ^ set('ps/pscoord/' + f for f in order))}"))
+rank = {"ps/pscoord/" + f: i for i, f in enumerate(order)}
+upward = sorted(f"{a} -> {b}" for a in coord for b in calls[a] if b in rank and rank.get(a, -1) < rank[b])
+tap(not upward, "pscoord's files call only the ones before them" + (f": {upward}" if upward else ""))
 
 print(f"1..{n}")
 sys.exit(1 if failed else 0)

@@ -1,7 +1,7 @@
 /* pscoord's checkpoints: save (fence, boundary, every shard writes, then the
  * manifest), --checkpoint-every with --checkpoint-keep, list, and restore (the
  * job from a manifest, its shards loading their keys). See
- * docs/ARCHITECTURE.md, "Checkpoints". */
+ * docs/durability.md, "Checkpoints". */
 #include <dirent.h>
 #include <limits.h>
 #include <sys/stat.h>

@@ -6,7 +6,7 @@
  * know. Changes are rare (joins, leaves, fail-overs, boundaries, the job's
  * lifecycle, checkpoints), so one small file rewritten whole is simpler than
  * a journal and as safe. A lock on DIR/lock keeps a second pscoord off the
- * same directory. See docs/ARCHITECTURE.md, "pscoord's state". */
+ * same directory. See docs/durability.md, "pscoord's state". */
 #include <fcntl.h>
 #include <limits.h>
 #include <sys/stat.h>

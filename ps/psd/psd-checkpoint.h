@@ -1,4 +1,4 @@
-/* A shard's part of checkpoints (see docs/ARCHITECTURE.md, "Checkpoints").
+/* A shard's part of checkpoints (see docs/durability.md, "Checkpoints").
  *
  * Save: pscoord fences the shards, picks a clock boundary B and asks each to
  * write the chunks it leads as of B. Under BSP the chunks stop at clock B (no

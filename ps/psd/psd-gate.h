@@ -6,7 +6,7 @@
  * its key must be that member's (else DENIED), the job's progress it carries
  * a share from 0 to 1 (else INVALID), and every value must be finite unless
  * the job allows otherwise (else NOT_FINITE). A push is applied whole
- * or not at all; a push in parts (Header.parts, docs/ARCHITECTURE.md) part by
+ * or not at all; a push in parts (Header.parts, docs/data-path.md) part by
  * part, and its worker's clock here counts it pushed once every part is in.
  *
  * BSP: a push for clock c is parked (its ZeroMQ frame kept, no copy) until
@@ -24,7 +24,7 @@
  * park_timeout_ms.
  *
  * Changes at a clock boundary: two configurations, prev for clocks below
- * switch_clock and cur from it on (see docs/ARCHITECTURE.md). */
+ * switch_clock and cur from it on (see docs/consistency.md). */
 #pragma once
 #include <stdbool.h>
 #include <stddef.h>

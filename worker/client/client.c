@@ -6,7 +6,7 @@
  * A shard's keys go in parts of at most part_bytes (in frames or through
  * shared memory alike), at most CLIENT_WINDOW of each kind in flight to one
  * shard, so that a shard holds a few parts of a worker's push or pull at a
- * time rather than all of it (docs/ARCHITECTURE.md, "Pushes and pulls in
+ * time rather than all of it (docs/data-path.md, "Pushes and pulls in
  * parts"); a federated update goes whole. Replies arrive through each shard's
  * netsock callback; the round's callback runs once, when every part has been
  * answered or something failed. */

@@ -530,7 +530,7 @@ static void load_work(uv_work_t *req) {
 
 /* The model's host buffers (and --prefetch's second set of values) in the
  * memory libpsnet shares with the shards on this host, so that its rounds
- * push and pull them where they lie (docs/ARCHITECTURE.md, "Same-host shared
+ * push and pull them where they lie (docs/data-path.md, "Same-host shared
  * memory"). Unless PSNET_SHM is off or copy; where it cannot be had, the
  * model keeps its own buffers, copied in and out. */
 static void trainer_share(Trainer *t, size_t nt) {
