@@ -1,10 +1,11 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* Same-host shared memory between a worker and a shard. Where a shard listens
  * on ipc://PATH it also listens on the unix socket PATH.shm; a worker on the
  * same host creates a sealed memfd, maps it and hands it over there once
  * (SCM_RIGHTS) with a random token. Its PUSH and PULL then name the token and
  * an offset instead of carrying frames: the shard reads the gradients out of
  * that memory and writes the values into it before it answers
- * (docs/ARCHITECTURE.md, "Same-host shared memory"). The connection stays open
+ * (docs/data-path.md, "Same-host shared memory"). The connection stays open
  * for the session's life: closing it ends the session. */
 #pragma once
 #include <stdbool.h>
@@ -62,7 +63,7 @@ void shm_region_close(ShmRegion *r);
 
 /* Memory a worker shares with every shard on its host at once: the model's
  * own tensors (the caller's buffers), so that nothing is copied in or out
- * around a round (docs/ARCHITECTURE.md, "Same-host shared memory"). */
+ * around a round (docs/data-path.md, "Same-host shared memory"). */
 typedef struct ShmMemory {
         void *base;              /* NULL: none */
         size_t size;
