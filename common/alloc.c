@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* Allocation wrapper; see alloc.h. */
 #include <errno.h>
 #include <stdlib.h>

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* The one allocation wrapper (after Redis's zmalloc): daemons link jemalloc, which
  * replaces malloc process-wide (libzmq's message buffers included), and this is
  * where its tuning and the memory figures for status and metrics live. */

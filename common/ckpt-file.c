@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* A shard's checkpoint file; see ckpt-file.h. */
 #include <errno.h>
 #include <fcntl.h>

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* A shard's checkpoint file: the chunks it led at a clock boundary (values,
  * optimizer state, step count, clock, de-duplication table).
  *

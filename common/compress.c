@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* Uplink compression of a federated update; see compress.h. */
 #include <errno.h>
 #include <math.h>

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* Uplink compression of a federated update (--compress): how an edge worker
  * encodes each chunk of its delta and how the shard decodes it back to f32
  * before aggregating (issue "Federated edge workers"). One frame per chunk of

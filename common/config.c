@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* Option parsing for psnet's daemons and tools (see config.h): an INI file read
  * with inih, then "--name value" / "--name=value" flags, which win. Errors are
  * printed to stderr once, naming the option and where it came from, because

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* Options for daemons and tools: one table per program, filled from an INI file
  * (--config FILE, parsed by inih) and then from the command line, which wins.
  * In the file, keys are option names without "--", in any section or none:

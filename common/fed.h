@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* Federated aggregation on the shard, per chunk: what a round's client updates
  * do to the global values (issue "Federated edge workers"). Each client sends
  * its update as a delta, d_i = (its weights after local training) - (the

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* 64-bit mixing shared by the shard map, initial weights and data shuffling;
  * the weights' digest. */
 #pragma once

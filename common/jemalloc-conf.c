@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* jemalloc's configuration, linked into psnet's daemons only (not into
  * libpsnet, whose users choose their own allocator). libzmq mallocs one buffer
  * per large received message: with jemalloc's default decay a 16 MiB message

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* Job options shared by pscoord and psctl; see job-flags.h. */
 #include <errno.h>
 #include <limits.h>

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* The job options shared by pscoord (the job it starts with) and
  * "psctl job submit": one table, so both speak the same flags. */
 #pragma once

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* A job's initial values from a safetensors file; see job-init.h. */
 #include <errno.h>
 #include <math.h>

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* A job's initial values from a safetensors file (--init FILE): a psnet
  * export, or a PyTorch state_dict saved as safetensors. pscoord checks the
  * file against the model when the job is submitted (job_init_check) and

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* A training job (see job.h): the MLP's tensors and how they are cut into
  * chunks (keys), deterministic initial values, validation, and the names of
  * its enums. Its wire form is in common/net/wire-job.c.

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* A training job: its tensors (cut into chunks = keys), optimizer, consistency
  * mode and data. Shared by pscoord (which owns it), psd (which stores and
  * updates the chunks) and workerd (which computes on them). Its wire form and

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* logfmt logger used by every daemon and tool (see log.h for the line format). */
 #include <errno.h>
 #include <stdio.h>

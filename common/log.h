@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* logfmt logging: one line per event on stderr,
  *   ts=2026-11-22T22:00:00.123Z level=info daemon=psd shard=2 msg="applied" clock=41
  * The caller writes "text key=value ..."; the leading words become msg="...",

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* Small helpers shared by every folder: cleanup attributes, array sizes, min/max,
  * an integer order.
  * Modelled on systemd's macro.h: locals that own memory are declared with a

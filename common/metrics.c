@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* See metrics.h. */
 #include <math.h>
 #include <stdarg.h>

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* Prometheus text exposition (format 0.0.4), built afresh on every scrape from
  * a daemon's own state: families with HELP and TYPE lines, samples with
  * labels (values escaped), and histograms with fixed buckets. Every psnet

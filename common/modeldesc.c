@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* Model descriptions (see modeldesc.h): the three spellings, shape inference,
  * the tensors of every layer, the canonical text. JSON is read by jansson. */
 #include <errno.h>

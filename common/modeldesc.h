@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* A model's description: its input shape and its layers, from which pscoord
  * derives the job's tensors (named and laid out as PyTorch's state_dict of the
  * matching torch.nn model) and workerd builds its compute graph

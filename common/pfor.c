@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* A fixed pool of threads for elementwise loops: see pfor.h.
  *
  * pfor_run publishes the loop under a new generation; thread i runs part i

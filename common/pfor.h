@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* A fixed set of threads for elementwise loops (psd --threads): the caller
  * hands a range [0, n) and a function, the range is cut into contiguous
  * parts, one per thread (the caller runs the first), and pfor_run returns

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* How every psnet program starts and ends; see program.h. */
 #include <errno.h>
 #include <stdio.h>

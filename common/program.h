@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* How every psnet program starts and ends (pscoord, psd, workerd, psctl):
  * its name on the log lines, its options from --config FILE and then the
  * command line with --log-level added to them and applied here, no argument

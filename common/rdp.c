@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* The RDP accountant; see rdp.h. */
 #include <errno.h>
 #include <math.h>

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* The privacy a federated job with central Gaussian noise has spent: the
  * Rényi-DP accountant of the subsampled Gaussian mechanism (Mironov, Talwar,
  * Zhang 2019), as TF Privacy and Opacus compute it. Each round samples each

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* safetensors files; see safetensors.h. The header is JSON, read and written
  * with jansson; everything read is checked before it sizes or indexes
  * anything (a bad file is -EBADMSG with the reason, never a crash:

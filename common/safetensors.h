@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* safetensors files (the format of Hugging Face's safetensors library, which
  * PyTorch users load with safetensors.torch.load_file, or read with a few
  * lines of Python): an 8-byte little-endian header length, a JSON header

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* See schedule.h. */
 #include "macro.h"
 #include "schedule.h"

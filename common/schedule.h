@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* The job's schedule. Epochs are the job's: one epoch is a pass over the
  * training set by all workers together, however many there are and whenever
  * they joined. A clock of a membership of W workers trains W x batch samples;

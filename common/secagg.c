@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* Secure aggregation's pieces; see secagg.h. */
 #include <errno.h>
 #include <math.h>

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* Secure aggregation of a federated round (Bonawitz et al., "Practical
  * Secure Aggregation for Privacy-Preserving Machine Learning", CCS 2017): the
  * pieces the edge workers, pscoord and the shards share. The round's flow

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* The shard map (see shardmap.h): every key's owner, explicitly.
  *
  * Placing keys: the keys without an owner (all of them for a new map, a

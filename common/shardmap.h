@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* The shard map: which shard owns which key (tensor, chunk) of a job. The
  * placement is explicit: pscoord computes it (balanced by bytes) and sends
  * every key's owner with the map, so every process agrees without hashing.

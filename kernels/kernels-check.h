@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* Argument checks shared by the backends, so every backend refuses the same
  * shapes the same way. */
 #pragma once

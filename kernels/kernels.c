@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* Backend selection: maps the names a user types ("cpu", "cuda", "auto") to the
  * constructors in kernels/cpu and kernels/cuda, and frees whichever one it got.
  * See kernels.h. */

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* The compute backend interface. Models are written once against it; kernels/cpu
  * implements it with OpenBLAS and plain C (the reference), kernels/cuda with
  * cuBLAS and CUDA kernels. It knows nothing of ZeroMQ, libuv or protobuf: it

@@ -1,4 +1,5 @@
 #!/usr/bin/env python3
+# SPDX-License-Identifier: Apache-2.0
 """Checks that docs/ARCHITECTURE.md's folder table is true:
 
   layout-check.py SRC
@@ -254,6 +255,23 @@ tap(bool(order) and sorted("ps/pscoord/" + f for f in order) == coord,
 rank = {"ps/pscoord/" + f: i for i, f in enumerate(order)}
 upward = sorted(f"{a} -> {b}" for a in coord for b in calls[a] if b in rank and rank.get(a, -1) < rank[b])
 tap(not upward, "pscoord's files call only the ones before them" + (f": {upward}" if upward else ""))
+
+# Every source file says its licence (the LICENSE file's) on its first line,
+# after a #! line.
+unmarked = []
+for folder in ("proto", "common", "kernels", "ps", "worker", "python", "tests"):
+    for root, dirs, names in os.walk(os.path.join(src, folder)):
+        dirs[:] = [d for d in dirs if d not in ("corpus", "__pycache__")]
+        for name in names:
+            if not name.endswith((".c", ".h", ".cu", ".proto", ".py", ".sh")) and name != "meson.build":
+                continue
+            path = os.path.join(root, name)
+            lines = open(path, errors="replace").read().split("\n", 2)
+            first = lines[1] if lines[0].startswith("#!") and len(lines) > 1 else lines[0]
+            if "SPDX-License-Identifier: Apache-2.0" not in first:
+                unmarked.append(os.path.relpath(path, src))
+tap(not unmarked and os.path.exists(os.path.join(src, "LICENSE")),
+    "LICENSE, and an SPDX line atop every source file" + (f": {sorted(unmarked)}" if unmarked else ""))
 
 print(f"1..{n}")
 sys.exit(1 if failed else 0)

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* A checkpoint's manifest; see ckpt-manifest.h. */
 #include <errno.h>
 #include <limits.h>

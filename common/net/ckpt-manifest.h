@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* A checkpoint's manifest (CheckpointManifest in psnet.proto), the file that
  * makes a directory of shard files a checkpoint: pscoord writes it last,
  * atomically, once every shard's file is on disk. On disk: "PSNETMF1", the

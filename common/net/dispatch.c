@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* A daemon's messages served through its table; see dispatch.h. */
 #include <stdio.h>
 #include "dispatch.h"

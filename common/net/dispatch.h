@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* How a daemon serves the messages that reach its ROUTER: one table per
  * daemon, indexed by message type, each row naming the handler and what it
  * needs (Redis's command table checked once in processCommand is the

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* See endpoint.h. */
 #include <arpa/inet.h>
 #include <errno.h>

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* ZeroMQ endpoints as psnet uses them (tcp://HOST:PORT, ipc://PATH), and the
  * monotonic clock the network layer's deadlines use. */
 #pragma once

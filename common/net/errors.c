@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* The table between the wire's Status codes, their names and the errnos
  * psnet's code returns; see errors.h. Each status has one primary errno (used
  * both ways) and may have aliases (errno -> status only). */

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* The wire's status codes and psnet's negative-errno convention: one table maps
  * each status to its name and to the errno our code uses for it, both ways. */
 #pragma once

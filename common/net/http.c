@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* See http.h. A connection reads into a fixed buffer, feeds http-parser,
  * answers once the request is complete (or malformed), and closes after the
  * answer is written. The server is freed when its listener and every

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* The HTTP endpoint every daemon serves on its own loop (--http ADDR:PORT):
  * GET only, one request per connection, answered by the daemon's handler
  * (/metrics, /healthz, /readyz). Requests are parsed by http-parser; the

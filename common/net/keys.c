@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* See keys.h. Key files are read with inih (the daemons' config parser);
  * keys are Z85 as libzmq writes them; fingerprints use libsodium's SHA-256. */
 #include <errno.h>

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* CURVE keys and the allow-list, as `psctl keys gen` writes them into a keys
  * directory:
  *

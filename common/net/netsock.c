@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* See netsock.h. */
 #include <errno.h>
 #include <stdatomic.h>

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* The one place psnet makes sockets: a ZeroMQ ROUTER or DEALER on a libuv loop
  * that speaks the wire format (wire.h). netsock_new sets every option a psnet
  * socket has (linger, high-water marks, the largest frame, ZMTP heartbeats,

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* What every psnet daemon's loop has besides its sockets:
  *  - signals (SIGTERM and SIGINT stop, SIGHUP reloads) through uv_signal, so a
  *    signal is an event on the loop like a message, whichever thread the

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* See session.h. One uv_timer serves every deadline of the session (the next
  * heartbeat, each request's resend and timeout); session_schedule sets it to
  * the earliest. Requests are kept packed, so one that could not leave (pscoord

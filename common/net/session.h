@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* A peer's session with pscoord, on the peer's libuv loop: one DEALER,
  * registration (psd, workerd), heartbeats that keep the lease, registration
  * again when pscoord forgot the peer (restart, lease lost), and requests

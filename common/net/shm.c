@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* Same-host shared memory: the worker's half and the checks both halves
  * share; see shm.h. The shard's half is ps/psd/psd-shm.c. */
 #include <errno.h>

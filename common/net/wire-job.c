@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* Conversions between common/'s types and their wire messages; see wire-job.h. */
 #include <errno.h>
 #include <stdarg.h>

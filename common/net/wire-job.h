@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* The wire forms of common/'s types: a job (JobSpec), a shard map (ShardMap)
  * and a consistency mode (ModeSpec). What comes from the wire is validated here
  * before anything of ours is built from it. */

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* The wire codec (see wire.h and proto/psnet.proto): receives a whole ZeroMQ
  * multipart message, decodes frame 0 as a protobuf Header and checks the
  * payload frames against it; sends a header plus zero-copy payload frames.

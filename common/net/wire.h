@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* The wire codec: a psnet message is a ZeroMQ multipart message whose first frame
  * is a protobuf Header and whose other frames are raw f32 tensor bytes, one per
  * header key. Receiving validates everything structural before the caller sees

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* See zap.h. */
 #include <errno.h>
 #include <stdio.h>

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* Who may talk to a psnet daemon that runs with --keys: the ZAP handler (ZeroMQ's
  * authentication protocol, RFC 27) admits a CURVE connection only when its key
  * is in the allow-list with one of the roles this daemon serves, and stamps

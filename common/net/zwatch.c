@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* See zwatch.h. */
 #include <errno.h>
 #include <stdlib.h>

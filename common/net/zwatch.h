@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* A ZeroMQ socket on a libuv loop. ZeroMQ signals "something may have
  * changed" through the socket's ZMQ_FD, edge-triggered: the fd is cleared by
  * any operation on the socket, sends included. So the watch polls the fd with

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 # Shell helpers to run a local psnet cluster (sourced by deploy/local/demo and
 # the integration tests): start daemons with logs in a run directory, wait for
 # conditions with a deadline, stop everything with escalating signals.

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* The CPU backend's layer ops (kernels.h, "the layer ops"): the reference the
  * CUDA ones are compared with, so plain loops that are obviously right (the
  * batched product is gemm's loop, in kernels-cpu.c). */

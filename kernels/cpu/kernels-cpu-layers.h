@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* The CPU backend's layer ops (kernels-cpu-layers.c), for its ops table. */
 #pragma once
 #include "kernels.h"

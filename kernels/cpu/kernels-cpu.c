@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* The CPU backend: OpenBLAS for gemm and plain C loops for the rest. It is the
  * reference every other backend is tested against, so it favours being obviously
  * right over being fast. Buffers are ordinary host memory (64-byte aligned), so

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* Stand-in for the CUDA backend in builds without nvcc: the constructor says why
  * there is no device backend, so "--backend cuda" fails with a clear reason and
  * "auto" falls back to the CPU. */

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* The CUDA backend: cuBLAS for gemm and small CUDA kernels for the rest, checked
  * against the CPU reference (kernels/cpu) by tests/unit/test-kernels.c.
  *

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* See boundary.h. */
 #include "boundary.h"
 #include "macro.h"

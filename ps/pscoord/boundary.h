@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* Clock boundaries: the arithmetic pscoord uses to change the membership or
  * the consistency mode while a job runs, kept free of sockets and state so
  * that it has unit tests (tests/unit/test-boundary.c).

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* pscoord's answers to the operator that change no job (psctl status and
  * job mode, whose change is agreed at a fence), the /metrics text and the
  * status line. */

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* pscoord's fences: a change of membership or mode is agreed at a clock
  * boundary. pscoord fences the shards, learns their clocks, picks the
  * boundary (boundary.c) and publishes the change with it. A checkpoint's

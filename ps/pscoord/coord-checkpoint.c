@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* pscoord's checkpoints: save (fence, boundary, every shard writes, then the
  * manifest), --checkpoint-every with --checkpoint-keep, list, and restore (the
  * job from a manifest, its shards loading their keys). See

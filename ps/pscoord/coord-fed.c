@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* pscoord's federated rounds (mode fed). One round at a time:
  *
  *   WAITING  --min-available edge workers connected-->  OPENING: the round's

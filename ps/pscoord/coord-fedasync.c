@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* Asynchronous federated training, --mode fedasync (FedBuff: Nguyen et al.,
  * "Federated Learning with Buffered Asynchronous Aggregation", AISTATS 2022).
  * No round waits for anyone: every idle edge worker gets a task (MSG_ROUND:

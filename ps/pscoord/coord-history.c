@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* The job's history as pscoord keeps it: the test accuracy after each epoch
  * (the worker of rank 0 evaluates at each epoch's end and reports it with
  * its heartbeats; the evaluator reports the last epoch's with its result).

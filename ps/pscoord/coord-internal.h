@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* pscoord's state, shared by its files (not installed, not used outside
  * ps/pscoord/). The files form layers, each calling only the ones below it
  * (tests/layout-check.py checks the order; docs/ARCHITECTURE.md, "pscoord"):

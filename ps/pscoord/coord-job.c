@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* The job's lifecycle, in one file: it starts (once the expected shards and
  * workers are there), fails, is done, is stopped or replaced (psctl job
  * submit, a restore). Each transition tells the other parts from here: the

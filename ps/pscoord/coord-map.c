@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* pscoord's shard map: built when the job starts, changed by psctl shard
  * add/remove, and published with the job and the membership to every peer. */
 #include "coord-internal.h"

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* pscoord's membership: peers (shards and workers) by route and id, their
  * leases, registration, heartbeats, results, drains, and the stragglers the
  * shards report. A change of the workers ends in coord_membership_changed. */

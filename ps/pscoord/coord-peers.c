@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* pscoord's member registry: the peers (shards, workers, edge workers) by
  * role, id and route, counted, sorted, removed. Below every handler: it
  * knows nothing of the job, the map or the rounds. */

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* pscoord's answers and messages to one peer: a header to a route with the
  * job and the request's sequence number, MSG_JOB_REP, MSG_ERROR (counted and
  * logged). The lowest of pscoord's files: every other one replies through it. */

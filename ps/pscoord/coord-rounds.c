@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* A federated job's rounds as data and messages, below the parts that run
  * them (coord-fed.c, coord-secagg.c, coord-fedasync.c): the FedRounds state
  * reset and freed, the rounds' records, the view psctl status, the state

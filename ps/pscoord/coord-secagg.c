@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* Secure aggregation's exchanges within a federated round (--secagg;
  * common/secagg.h has the scheme). pscoord is the paper's server for them:
  * it routes, it never sees an update. Within the round's TRAINING phase:

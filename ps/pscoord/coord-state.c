@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* pscoord's state on disk (--state-dir): the job, the shard map and its
  * epochs, the members and their start clocks, the schedule, the checkpoints.
  * One sealed file (common/ckpt-file.h: magic, CRC-32, length, one CoordState

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* pscoord: the loop. One thread, one uv_loop: the control ROUTER and its
  * handler table, a timer for leases, stragglers and fences, signals and the
  * HTTP endpoint (service.c), and the flush of what each loop turn asked for

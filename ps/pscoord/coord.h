@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* pscoord's state and logic: membership (shards, workers, leases), the shard
  * map, the job and its lifecycle, and answers to psctl. The event loop that
  * feeds it is in coord.c too; pscoord.c holds only main. */

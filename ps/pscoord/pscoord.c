@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* pscoord: the coordinator. Owns membership (leases), the shard map and the job;
  * answers psctl. Logic lives in coord.c. */
 #include <errno.h>

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* psctl export: the job's values, pulled from the shards as they are now
  * through libpsnet's client (the map from pscoord's status; an operator's key
  * may read, never push), written as a safetensors file with PyTorch's

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* How psctl prints pscoord's answers: aligned tables for people, one JSON
  * object per answer for scripts. JSON is built with jansson, so it is always
  * valid: a number that is not finite (a loss that diverged) is null. */

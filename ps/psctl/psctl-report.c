@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* psctl report: a job's curves. The numbers come from pscoord (the status's
  * epochs and federated rounds, MSG_HISTORY's samples of the workers'
  * heartbeats); they are written as CSV for people and their own tools, and as

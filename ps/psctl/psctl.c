@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* psctl: the operator's tool. A table of verbs ("status", "job submit", ...),
  * each with its arguments and options; global options (--coord, --json, ...)
  * go before or after the verb. Anything a verb does not understand is refused

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* psctl's parts: the verbs (psctl.c) and how their answers are printed
  * (psctl-print.c): human tables by default, JSON with --json. */
 #pragma once

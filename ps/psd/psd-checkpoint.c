@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* A shard's part of checkpoints; see psd-checkpoint.h. */
 #include <errno.h>
 #include <limits.h>

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* A shard's part of checkpoints (see docs/durability.md, "Checkpoints").
  *
  * Save: pscoord fences the shards, picks a clock boundary B and asks each to

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* A federated job's rounds on the shard; see psd-fedround.h. */
 #include <errno.h>
 #include <math.h>

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* A federated job's rounds on the shard (mode fed; pscoord runs them,
  * ps/pscoord/coord-fed.c). pscoord opens round N with its sampled clients;
  * each of them pushes its update (the delta of its local training, with its

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* The consistency gate; see psd-gate.h. Pushes: admission, de-duplication,
  * BSP parking and the closing of clocks, ASP/SSP application. Pulls: when they
  * may be answered, and the bounded list of those that wait. */

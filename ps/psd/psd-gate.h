@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* The shard's consistency gate: when a pushed gradient is applied and when a
  * pull is answered. Pushes and pulls wait here, and only here.
  *

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* See psd-migrate.h. */
 #include <errno.h>
 #include <stdio.h>

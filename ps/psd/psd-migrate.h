@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* Everything that travels between shards, written and read in this one file,
  * over one ordered link (a DEALER to the other shard's data endpoint) per
  * peer:

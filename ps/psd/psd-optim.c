@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* Optimizers applied by psd to a chunk: SGD (plain, momentum, Nesterov, weight
  * decay) and Adam, following the formulas in psd-optim.h.
  *

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* Optimizers that run on the shard, per chunk: SGD (momentum, Nesterov, weight
  * decay) and Adam. Applied to the mean gradient of a step. */
 #pragma once

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* A worker's PUSH made into the gate's Push; see psd-push.h. */
 #include <errno.h>
 #include <stdio.h>

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* A worker's PUSH as it came, made into what the gate takes (psd-gate.h's
  * Push): one path whatever it came as. Frames of f32 are taken as they
  * are; bf16 frames are widened (the backups get the bf16 ones, half the

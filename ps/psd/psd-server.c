@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* psd's event loop; see psd-server.h. One thread, one uv_loop: the data
  * ROUTER, the pscoord session, DEALERs to other shards (psd-migrate.c),
  * signals, and a timer that expires parked pulls. Requests are pipelined: a

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* psd's event loop: the data-plane ROUTER (PULL/PUSH from workers, chunk
  * states from other shards), the pscoord session (registration, heartbeats,
  * job/map/membership updates, fences) and signals. The store (psd-store.h),

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* Shared-memory sessions on the shard; see psd-shm.h. */
 #include <errno.h>
 #include <stdio.h>

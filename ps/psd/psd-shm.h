@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* The shard's half of same-host shared memory (common/net/shm.h): the PATH.shm
  * socket beside an ipc:// data endpoint, the sessions handed over on it (one
  * connection and one mapping each, ended when the connection closes), and

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* The shard's chunks, their values and optimizer state; see psd-store.h. */
 #include <errno.h>
 #include <stdio.h>

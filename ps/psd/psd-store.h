@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* The shard's store: the chunks this shard owns under the current map, their
  * values and optimizer state, and how an update is applied to them. When
  * pushes are applied and pulls answered is the gate's business (psd-gate.h):

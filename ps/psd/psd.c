@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* psd: a parameter-server shard. Holds a slice of the job's parameters and
  * their optimizer state, serves PULL and PUSH from workers, and follows
  * pscoord's job, shard map and membership. Logic lives in psd-server.c. */

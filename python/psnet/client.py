@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """A psnet worker from Python: ctypes bindings over libpsnet's blocking
 client (psnet.h, "Blocking"; standard library only).
 

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """A psnet job's data set in NumPy, read as workerd reads it (docs/data.md):
 Fashion-MNIST's IDX files (gzip or raw), or NumPy pairs x_train.npy,
 y_train.npy, x_test.npy, y_test.npy; uint8 features scaled to [0, 1],

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """psnet's models in PyTorch, and the safetensors files psnet reads and writes.
 
 psnet names and lays out its tensors as the state_dict of the torch.nn

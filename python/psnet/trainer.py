@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """PyTorch on psnet: a torch.nn model whose parameters live in the buffers
 libpsnet pulls into, pushing its gradients after each step.
 

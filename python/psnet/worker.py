@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """A psnet worker in Python and PyTorch (Debian's python3-torch), the
 counterpart of workerd --backend cpu on the same job:
 

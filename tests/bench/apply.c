@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* bench-apply: how a shard's update scales with psd --threads. The step psd
  * runs for a push of a whole shard (--mib of values in 1 MiB chunks, one
  * optimizer step per chunk, as store_apply does), timed on 1, 2, 4, ...

@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # Benchmark: checkpoint save and restore of a large model against dd to the
 # same disk in the same run. A BSP job of a 256 MiB MLP (784-8192-7400-10, SGD
 # with momentum: 512 MiB of values and state) on two shards and one worker is
@@ -19,7 +20,7 @@ set -u
 export LC_ALL=C
 top=$(cd "$(dirname "$0")/../.." && pwd)
 build="$top/build" base=/var/tmp model=mlp:784-8192-7400-10 keep=0
-usage() { sed -n '2,18p' "$0" | sed 's/^# \{0,1\}//'; }
+usage() { sed -n '3,19p' "$0" | sed 's/^# \{0,1\}//'; }
 while [ $# -gt 0 ]; do
   case $1 in
     --build) build=$2; shift 2 ;;

@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # End-to-end GPU benchmark: one CUDA workerd with 2 psd shards on this machine
 # (deploy/local/demo: pscoord, ipc sockets, BSP by default) trains Fashion-MNIST; then a
 # plain single-process PyTorch loop (tests/bench/torch_fmnist_loop.py) trains the
@@ -23,7 +24,7 @@ while [ $# -gt 0 ]; do
     --mode) mode=$2; shift 2 ;;
     --no-build) demo_opts+=(--no-build); shift ;;
     --worker-opt) wopts+=(--worker-opt "$2"); shift 2 ;;
-    -h|--help) sed -n '2,11p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h|--help) sed -n '3,12p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) echo "e2e-gpu: unknown option '$1' (see --help)" >&2; exit 2 ;;
   esac
 done

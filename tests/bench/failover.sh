@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # Benchmark: fail-over time. N times: a fresh cluster (pscoord, three psd, two
 # workerd, BSP, two copies of every key) trains to clock 30, one shard (in turn
 # 1, 2, 3) is killed with SIGKILL, and three moments are taken:
@@ -22,7 +23,7 @@ set -u
 export LC_ALL=C
 top=$(cd "$(dirname "$0")/../.." && pwd)
 build="$top/build" kills=20 lease=600 keep=0
-usage() { sed -n '2,21p' "$0" | sed 's/^# \{0,1\}//'; }
+usage() { sed -n '3,22p' "$0" | sed 's/^# \{0,1\}//'; }
 while [ $# -gt 0 ]; do
   case $1 in
     --build) build=$2; shift 2 ;;

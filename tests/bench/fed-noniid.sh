@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # Benchmark: federated learning on a non-IID split. 100 clients (one
 # workerd --edge --simulate 100 process) hold the 60,000 Fashion-MNIST
 # training images split by label with Dirichlet(0.5) proportions (and, for
@@ -34,7 +35,7 @@ export LC_ALL=C
 top=$(cd "$(dirname "$0")/../.." && pwd)
 build="$top/build" rounds=60 epochs=5 lr=0.05 out="" keep=0 flower=0
 venv=${XDG_CACHE_HOME:-$HOME/.cache}/psnet/flower-venv
-usage() { sed -n '2,31p' "$0" | sed 's/^# \{0,1\}//'; }
+usage() { sed -n '3,32p' "$0" | sed 's/^# \{0,1\}//'; }
 while [ $# -gt 0 ]; do
   case $1 in
     --build) build=$2; shift 2 ;;

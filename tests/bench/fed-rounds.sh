@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # Benchmark: federated rounds, what they send and what they cost.
 #
 # Bytes: the same federated job (mlp:784-256-10, N virtual clients in one
@@ -32,7 +33,7 @@ set -u
 export LC_ALL=C
 top=$(cd "$(dirname "$0")/../.." && pwd)
 build="$top/build" clients=10 rounds=10 sclients=1000 sfraction=0.1 procs=200 keep=0
-usage() { sed -n '2,31p' "$0" | sed 's/^# \{0,1\}//'; }
+usage() { sed -n '3,32p' "$0" | sed 's/^# \{0,1\}//'; }
 while [ $# -gt 0 ]; do
   case $1 in
     --build) build=$2; shift 2 ;;

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* For side-by-side benchmarks with another federated framework: writes the
  * split of the training set among clients that workerd --edge computes
  * (partition_client, the same labels, seed, client count and alpha) and the

@@ -1,4 +1,5 @@
 #!/usr/bin/env python3
+# SPDX-License-Identifier: Apache-2.0
 """The Flower side of tests/bench/fed-flower.sh: the job psnet's
 tests/bench/fed-noniid.sh runs, in Flower (the flwr package, installed in a
 virtual environment by the benchmark only).

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* Benchmark of a compute backend: the time of one training step of an MLP as
  * workerd runs it (batch upload from page-locked memory, forward, loss, backward,
  * every gradient downloaded into the host buffers the client pushes), or, with

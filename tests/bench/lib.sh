@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 # What the cluster benchmarks in tests/bench share; sourced once their options
 # are read, with BENCH (the script's name, for messages), top, build and keep
 # set. Checks the daemons of $build and jq, makes RUN (the daemons' sockets

@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # The CPU training step of the built-in models (cnn, vit; and the demo MLP)
 # on psnet's CPU backend (bench-kernels: forward, loss, backward, every
 # gradient in the host buffers a worker pushes) against PyTorch's step of

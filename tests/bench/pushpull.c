@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* bench-pushpull: push/pull goodput of one worker against two shards (three
  * with --replicas 3), printed
  * beside what bare ZeroMQ moves between two processes on the same transport.

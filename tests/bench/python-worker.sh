@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # A Python worker's training speed with its tensors in the memory it shares
 # with the shards (PSNET_SHM=on: pushed and pulled in place), in its own
 # buffers copied through the shards' memory (copy) and in frames (off),

@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # Benchmark: live `psctl shard add` on a ~256 MiB model under BSP. Starts pscoord,
 # two psd and one workerd, measures training steps/s before the move, adds a
 # third shard while the job runs, and measures how long the chunks take to land
@@ -24,7 +25,7 @@ set -u
 export LC_ALL=C
 top=$(cd "$(dirname "$0")/../.." && pwd)
 build="$top/build" transport=ipc window=15 model=mlp:784-8192-7000-10 batch=16 keep=0
-usage() { sed -n '2,22p' "$0" | sed 's/^# \{0,1\}//'; }
+usage() { sed -n '3,23p' "$0" | sed 's/^# \{0,1\}//'; }
 while [ $# -gt 0 ]; do
   case $1 in
     --build) build=$2; shift 2 ;;

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Baseline of psnet's end-to-end GPU benchmark (tests/bench/e2e-gpu.sh): a plain
 single-process PyTorch training loop of the same MLP, batch, optimizer (SGD with
 momentum) and epochs, over Fashion-MNIST held on the GPU. No per-step host sync

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Baseline of tests/bench/models-cpu.sh: one training step (forward, softmax
 cross-entropy, backward into every parameter's .grad) of PyTorch's version of
 psnet's built-in models on the CPU, the work of bench-kernels' step on psnet's

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* See zmqraw.h. The receiver is a forked child with its own ZeroMQ context; the
  * sender is the calling process. Both are plain blocking loops: nothing here
  * should cost more than ZeroMQ itself.

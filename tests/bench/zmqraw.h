@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* The raw-ZeroMQ baselines for the benchmarks: how fast bare ZeroMQ moves
  * bytes one way between two processes, and in requests answered by replies of
  * the same size with several peers (the pattern of a push+pull round), so

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* libFuzzer target: everything psnet reads back from disk after a crash or a
  * bad copy. The first byte picks the reader, the rest is the file:
  *   0  a shard's checkpoint file (ckpt_open, then every record by ckpt_read);

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* libFuzzer target: the config file parser (common/config.c, inih) with an
  * option of every type, as `--config FILE` reads it. Any text gets 0 or a
  * clear refusal (-EINVAL), never a crash, and what it sets has its type's

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* libFuzzer target: pscoord loading its state file (--state-dir) past the
  * decoding. The input is the CoordState message; the target seals it (magic,
  * CRC-32, length) as pscoord writes it, so that mutations reach pscoord's

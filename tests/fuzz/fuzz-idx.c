@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* libFuzzer target: the IDX reader (worker/data/idx.c), raw or gzip, as
  * workerd reads a data set. Any file gets 0 with dimensions whose product is
  * what was read, or a clear error; never a crash or a read out of bounds. */

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* libFuzzer target: the .npy parser (worker/data/npy.c), as a data set's
  * arrays are read. Any input gets 0 with a shape whose product is the count
  * and every byte of the data readable, or -EBADMSG / -EFBIG / -ENOMEM with a

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* libFuzzer target: the safetensors parser (common/safetensors.c), as psctl
  * and psd read a file to start a job from. Any input gets 0 with tensors
  * whose bytes lie inside the input and whose shapes give their sizes, or

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* See fuzz-util.h. */
 #include <fcntl.h>
 #include <stdio.h>

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* Shared by the libFuzzer targets (tests/fuzz/): the input as a file the
  * code under test opens by path, as the daemons do. */
 #pragma once

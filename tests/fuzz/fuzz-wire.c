@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* libFuzzer target: the wire codec as a daemon meets it. The input is cut
  * into the parts of one multipart message (a header and its frames: each part
  * is a 2-byte little-endian length and that many bytes; the rest of the input

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* Writes the seed corpus of the fuzz targets (tests/fuzz/corpus/TARGET/):
  * well-formed inputs of each reader for libFuzzer to mutate, made with the
  * project's own writers so they follow the code. Built with -Dfuzz=true; run

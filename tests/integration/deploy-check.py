@@ -1,4 +1,5 @@
 #!/usr/bin/env python3
+# SPDX-License-Identifier: Apache-2.0
 """Checks the deployment files against the programs that were built:
 
   deploy-check.py SRC BUILD KEYS PLAN

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 # Shared by the integration tests: TAP output, a run directory, the daemons'
 # paths, and cleanup that stops everything the test started (sourced).
 set -u

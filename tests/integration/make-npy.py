@@ -1,4 +1,5 @@
 #!/usr/bin/python3
+# SPDX-License-Identifier: Apache-2.0
 """Writes NumPy data sets with numpy.save for tests/integration/test-data.sh.
 
   make-npy.py fmnist IDX_DIR OUT_DIR N_TRAIN N_TEST

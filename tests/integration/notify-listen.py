@@ -1,4 +1,5 @@
 #!/usr/bin/env python3
+# SPDX-License-Identifier: Apache-2.0
 """Listens on a unix datagram socket as systemd's NOTIFY_SOCKET does and writes
 every message received, one per line, to a file, until killed or told to stop
 after N seconds. Used by test-services.sh:  notify-listen.py SOCKET OUT SECONDS"""

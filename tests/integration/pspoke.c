@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* pspoke: sends one hand-made (often deliberately broken) message to a psnet
  * daemon and prints its answer, for the integration tests:
  *   pspoke ENDPOINT CASE [JOB]

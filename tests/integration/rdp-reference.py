@@ -1,4 +1,5 @@
 #!/usr/bin/env python3
+# SPDX-License-Identifier: Apache-2.0
 """The privacy a federated job spent, computed apart from psnet's own
 accountant (common/rdp.c) for tests/integration/test-fed-privacy.sh:
 exact decimal arithmetic instead of sums of logarithms.

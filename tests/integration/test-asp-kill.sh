@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # ASP: a workerd killed with SIGKILL mid-run does not stop training; its lease
 # expires, and the job still reaches the accuracy bar.
 source "$(dirname "$0")/lib.sh"

@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # BSP on a real cluster (2 shards, 2 workers, loopback ipc): the accuracy bar on
 # a CI-sized subset, every worker pulls bit-identical weights at each clock, the
 # demo's model (one large tensor, three small) is spread evenly over the two

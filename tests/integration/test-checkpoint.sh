@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # Checkpoints. A BSP job on two shards is saved mid-run (psctl checkpoint save)
 # and finishes; the checkpoint is restored onto three shards (psctl checkpoint
 # restore) and the job finishes there with the same final weights, bit for

@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # Operability of every program: --help, bad flags, config files, unreachable
 # peers (bounded wait, names the address), a missing dataset, psctl status.
 source "$(dirname "$0")/lib.sh"

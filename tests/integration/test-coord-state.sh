@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # pscoord's state on disk (--state-dir). The same replicated BSP job runs
 # twice on fresh daemons: undisturbed; and with a primary killed (-9) and
 # pscoord killed (-9) right after it published the fail-over, then started

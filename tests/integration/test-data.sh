@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # A user's own data as NumPy arrays (x_train.npy, y_train.npy, x_test.npy,
 # y_test.npy written by numpy.save): Fashion-MNIST as standardised float32
 # [N, 1, 28, 28] with int64 labels trains the cnn-shaped MLP like the IDX

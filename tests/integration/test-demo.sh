@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # What a new user meets in deploy/local/demo: pscoord's own reason when it
 # refuses the flags (not a timeout); the build shown and limited to the four
 # programs; a live progress bar on a terminal and a line per epoch elsewhere,

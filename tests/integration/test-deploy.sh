@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # The deployment files against the build: deploy-check.py parses the Kubernetes
 # manifests, compose.yaml, the example configs and the systemd units, and
 # checks the images, programs, flags, ports, probes, config files and keys they

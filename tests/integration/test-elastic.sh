@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # BSP with a changing membership: a worker started mid-run joins at the clock
 # boundary pscoord picks and contributes from its first clock; a worker killed
 # with SIGKILL stops holding the barrier once its lease expires; every worker

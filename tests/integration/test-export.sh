@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # A trained model leaves psnet for PyTorch: psctl export writes the job's
 # values as safetensors with state_dict names; Debian's python3-torch loads
 # the file into the torch.nn model built from the description in its

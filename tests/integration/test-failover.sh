@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # Replicated shards: every key lives on its primary and on a backup (--replicas
 # 2, the default with two shards or more). The same BSP job runs three times on
 # fresh daemons: undisturbed; with a primary killed (-9) mid-run, its backups

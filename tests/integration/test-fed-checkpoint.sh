@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # Checkpoints of federated jobs. A FedAdam job (server state: two moments per
 # value) is saved between two rounds (psctl checkpoint save, and every 2
 # rounds with --checkpoint-every) and runs to its end; restored onto another

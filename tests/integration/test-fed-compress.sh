@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # Uplink compression (--compress) with real edge processes: top-k with error
 # feedback sends a tenth of each chunk's values (8 bytes each, a fifth of the
 # f32 bytes), the shard decodes and aggregates them, the job still learns,

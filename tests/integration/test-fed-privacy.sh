@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # Differential privacy in a federated job (--dp-clip, --dp-noise) with real
 # edge processes: every client clips its update to the clip norm; a shard
 # refuses an update above it, with a reason, and keeps serving; the shards

@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # A federated job survives a pscoord restart (--state-dir): pscoord is killed
 # with SIGKILL after a few private rounds and started again on the same state
 # directory. It takes the rounds done, their history and the privacy spent

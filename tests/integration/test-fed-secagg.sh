@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # Secure aggregation (--secagg) with real edge processes over CURVE: five
 # edge workers mask their updates with pairwise masks (X25519) and share
 # their seeds (Shamir); every round goes through the key, share, mask and

@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # Asynchronous federated training (--mode fedasync, FedBuff) with real edge
 # processes: no round waits for anyone; every idle client gets a task, the
 # shard applies each buffer of --buffer updates as they come, updates trained

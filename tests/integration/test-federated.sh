@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # Federated rounds (mode fed) with real edge processes: rounds sample,
 # aggregate and reach an accuracy bar on the CI subset; a sampled client that
 # stops does not hang a round (it closes at --round-timeout, the client is

@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # Garbage, truncated, oversized and unknown-key messages sent to psd and pscoord
 # while a job trains: each gets an error reply naming the problem, the daemons
 # keep serving, and the job still finishes.

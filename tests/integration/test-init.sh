@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # PyTorch in: a model trained in Debian's python3-torch, its state_dict saved
 # as safetensors (python/psnet/models.py), starts a psnet job (--init). With a
 # learning rate too small to move a float32 (1e-30) the job ends with the

@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # CURVE and the allow-list. Keys come from psctl keys gen; a cluster run with
 # --keys trains over tcp. psctl with no key, with an unknown key, and a worker
 # key sending an admin command are all refused (clear reasons; pscoord logs the

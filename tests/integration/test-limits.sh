@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # Limits and membership, checked where messages arrive, probed as an attacker on
 # the same host would: a push of NaNs from a stranger and from a member, pushes
 # that say the job is at a progress outside 0..1 (its learning rate's input), a

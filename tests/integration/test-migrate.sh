@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # Live shard scaling under BSP: psctl shard add while training moves chunks
 # (values and optimizer state) to the new shard, psctl shard remove moves a
 # shard's chunks away; workers follow MOVED to the new map. With a fixed seed,

@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # Models besides the MLP, as a user brings them: a JSON description file
 # trains end to end on the real daemons (CPU backend), the built-in cnn and
 # vit learn (well above the 0.1 of guessing on a small subset, one epoch); a

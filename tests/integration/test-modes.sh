@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # BSP determinism (two runs with the same seed give bit-identical weights at
 # every clock), a lone worker reading its own pushes under ASP and SSP (its
 # rounds in parts of a key, to shards with backups, which acknowledge late:

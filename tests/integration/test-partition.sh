@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # A shard cut off from pscoord and from its peers. pscoord, shards 1 and 3 and
 # the workers run in one network namespace, shard 2 in another, joined by a
 # veth pair over tcp. At clock 40 of a replicated BSP job the link goes down:

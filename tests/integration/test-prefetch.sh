@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # Prefetch (workerd --prefetch on: the next clock's pull leaves before this
 # clock's push). Under BSP it must change nothing: the weights pulled at every
 # clock are bit-identical to a run without it, and nothing waits forever on a

@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # Python workers (python/psnet: ctypes over libpsnet's blocking client, the
 # model in torch.nn, Debian's python3-torch) train the demo MLP: two of them
 # under BSP reach workerd's accuracy on the same job (the same partition,

@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # Training curves: pscoord samples the workers' heartbeats (loss, samples/s,
 # the spread of the members' clocks at the shards, the shards' learning rate,
 # here under --lr-schedule cosine) and psctl report draws

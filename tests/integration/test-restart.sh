@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # pscoord killed mid-run and restarted with the same flags: while it is away the
 # shards keep serving pushes and pulls (training goes on), then the shards and
 # the workers register again, training goes on from where it was, the job ends.

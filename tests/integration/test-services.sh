@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # The daemons as services: every daemon's /metrics passes promtool check
 # metrics; /healthz answers while the loop runs and /readyz only once the
 # daemon serves; the HTTP endpoint is bounded (methods, header size, number of

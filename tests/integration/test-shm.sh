@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # Same-host shared memory (common/net/shm.h): a worker on a shard's host hands
 # it a sealed memfd once, then pushes and pulls through it. The same BSP job
 # (cosine schedule) run with the workers' tensors in shared memory (pushed and

@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # SSP(s): with one deliberately slow worker, no pull is answered for a clock more
 # than s ahead of the slowest worker (the shards log every answered SSP pull
 # with the slowest member's clock; checked on every line), the bound is

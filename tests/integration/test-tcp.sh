@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # The same cluster over tcp:// on loopback (the transport between hosts). One
 # worker sends a key a message (PSNET_PART_KIB=1), the other names no size
 # (PSNET_PART_KIB=junk): it says so and keeps the default.

@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # psd --threads: a chunk's optimizer step, the finite check, the BSP mean and
 # the shared-memory copies are cut between threads (common/pfor.h). Each value
 # is computed alone, so the same BSP job (two workers, one shard: 1 MiB

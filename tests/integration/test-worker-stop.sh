@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # A worker stopped (SIGSTOP) under BSP long enough for its lease to run out
 # leaves the membership; the other trains on alone. Continued (SIGCONT), its
 # pushes for its old clock are refused as from a non-member, its session

@@ -1,4 +1,5 @@
 #!/usr/bin/python3
+# SPDX-License-Identifier: Apache-2.0
 """PyTorch's side of tests/integration/test-export.sh (Debian's python3-torch).
 
   torch-check.py eval FILE IDX_DIR N

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* See psd-fixture.h. */
 #include <stdlib.h>
 #include <string.h>

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* What the store's and the gate's unit tests share (test-store.c,
  * test-gate.c): acknowledgements collected from the gate, a small job and map,
  * a store and its gate opened on them, pushes built as psd builds them, and an independent

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* The tests' and benchmarks' random numbers: a splitmix64 stream (common/hash.h),
  * the same sequence on every platform, so a failing check replays exactly. Each
  * file defines RNG_SEED before including this and gets its own stream. */

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* See tap.h. */
 #include <stdarg.h>
 #include "tap.h"

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* A minimal test harness for unit tests: each check prints one TAP line and
  * tap_done() returns the exit status (non-zero if any check failed). */
 #pragma once

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* Unit tests for ps/pscoord/boundary.c: where a change of membership or mode
  * takes effect, from what the shards answered to a fence. */
 #include "boundary.h"

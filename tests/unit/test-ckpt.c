@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* Checkpoint files (common/ckpt-file.c) and manifests (common/net/ckpt-manifest.c):
  * what is written reads back bit for bit; a byte changed anywhere is refused by
  * a checksum, naming the file and the key; a file cut short, a bad header or an

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* libpsnet's data plane (worker/client/client.c) against a fake shard: a
  * ROUTER on the test's own loop that answers what the test scripts (libuv's
  * test/echo-server.c is the idea), over inproc://, no daemon. A round pushes

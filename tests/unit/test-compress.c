@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* Unit tests for common/compress.c: each codec's round trip within its
  * stated error, top-k keeping exactly the largest values, error feedback
  * losing nothing over rounds, and the decoder refusing frames that cannot

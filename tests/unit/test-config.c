@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* Unit tests for common/config.c: flags in both spellings, config files, flags
  * overriding files, and the error messages for every kind of bad input. */
 #include <errno.h>

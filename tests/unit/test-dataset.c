@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* Unit tests for worker/data/dataset.c: data sets from NumPy pairs written
  * here as numpy.save lays them out (x_train.npy, y_train.npy, x_test.npy,
  * y_test.npy): float32 features kept as they are, uint8 scaled to [0, 1],

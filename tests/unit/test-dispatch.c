@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* The one message table (common/net/wire.c) and the daemons' handler tables
  * (pscoord's coord_dispatch, a shard's psd_dispatch) through the one
  * dispatch (common/net/dispatch.c): every type a role may send to a daemon

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* A federated client's work without sockets: the local training step
  * (worker/workerd/edge-train.c) against softmax regression computed here in
  * double from its formulas (the gradient of cross-entropy over a linear

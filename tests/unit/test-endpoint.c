@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* Unit tests for common/net/endpoint.c: which tcp:// endpoints are loopback
  * (a non-loopback listen needs --keys or --insecure), and the ordinal of a
  * StatefulSet pod's hostname (psd --id-from-hostname). */

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* Unit tests for common/fed.c: every federated aggregation strategy
  * against values worked out by hand in the comments, for three clients with
  * 1, 2 and 1 examples:

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* FedAvg with every client sampled and one local step of full-batch gradient
  * descent is one synchronous SGD step on the union of their data (issue
  * "Federated edge workers"): three clients of 5, 9 and 2 examples each take

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* Unit tests for ps/psd/psd-gate.c: the BSP gate (deterministic aggregation
  * whatever the arrival order, dedupe by (worker, chunk, clock), stale and
  * non-member pushes, membership changes closing clocks, unaligned frames), ASP

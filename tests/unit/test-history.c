@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* Unit tests for the job's samples in ps/pscoord/coord-history.c: one per
  * heartbeat with a new clock, bounded, thinned evenly per worker when full
  * (the first ones kept, the stride doubling), reset by a new job, and what

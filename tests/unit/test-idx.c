@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* Unit tests for worker/idx.c: IDX files written here (raw, and gzip through
  * zlib) are read back byte for byte; broken ones (bad magic, short header,
  * truncated payload or gzip stream, bad CRC, trailing bytes, zero or absurd

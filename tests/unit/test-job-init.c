@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* Unit tests for common/job-init.c, a job started from a safetensors file
  * (--init): a file with the model's tensors passes pscoord's check, which
  * records its size and digest; a shard reads every chunk's values from it

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* Unit tests for common/job.c (model strings, chunking, deterministic
  * initialisation and its statistics, modes) and common/net/wire-job.c (the
  * job's wire form: round trip and refusals). */

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* Unit tests for kernels/: backend selection, then every op of every backend this
  * machine can run (always the CPU reference; CUDA too when built and a device is
  * usable) against naive double-precision loops on random inputs, and the

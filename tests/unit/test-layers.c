@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* Unit tests for the layers (worker/models/layers.c) on the CPU backend: the
  * gradient of every parameter tensor of small models built from JSON
  * descriptions, against central finite differences of the model's own loss.

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* Unit tests for common/metrics.c: label values escaped, non-finite values in
  * Prometheus' spelling, histogram buckets cumulative with +Inf equal to the
  * count, and a text far larger than the first allocation. */

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* Unit tests for worker/model.c on every backend this machine can run: the loss,
  * predictions and gradients of a small MLP (7-5-4-3, batch 6) against an
  * independent double-precision forward pass and central finite differences of

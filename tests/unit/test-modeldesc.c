@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* Unit tests for common/modeldesc.c: the three spellings of a model, the
  * shapes and PyTorch names of the built-in ones, the canonical text read back
  * to the same model, files, and an error for every kind of bad description

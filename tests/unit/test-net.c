@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* Unit tests for common/net's loop plumbing: zwatch/netsock (edge-triggered
  * draining of ZeroMQ sockets on a libuv loop, sends that must not strand
  * incoming messages, closing a socket from inside its own callback) and the

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* Unit tests for worker/data/npy.c: files laid out as numpy.save writes them
  * (format 1.0 and 2.0, its header text and padding), every type a data set
  * holds, and each refusal with its reason: not .npy, an unknown version,

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* Unit tests for ps/psd/psd-optim.c: each optimizer against values derived by hand
  * in the comments (plain SGD, momentum, Nesterov, weight decay, Adam with its
  * bias correction), the state layout, and optim_state_per_value. Every update

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* Unit tests for worker/data/partition.c, the federated data splits: every
  * sample goes to exactly one client, the split is the same in every process
  * (a function of the labels, seed and client count), iid shares differ by at

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* Unit tests for common/pfor.c: every index of a loop is computed exactly
  * once, in at most the pool's number of parts, each starting at a multiple
  * of 16; a loop shorter than two parts runs whole on the caller; the threads

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* Unit tests for ps/psctl/psctl-print.c: psctl --json always prints valid JSON.
  * A status whose figures are NaN or infinite (a diverged loss) prints them as
  * null, strings with quotes and control characters are escaped, and the table

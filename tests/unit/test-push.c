@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* The gate fed Pushes directly (psd-gate.c's gate_push_request, and
  * psd-push.c's decoding of what a PUSH came as), without sockets: a push of
  * f32 frames and the same values read where they lie (shared memory) give

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* Unit tests for common/rdp.c, the privacy accountant, against figures
  * published by others (not computed with this code):
  *   Opacus, compute_dp_sgd_privacy: 60,000 examples, batch 256 (q = 256/60000),

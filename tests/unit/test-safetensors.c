@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* Unit tests for common/safetensors.c: a file written by st_write reads back
  * (names, shapes, values, metadata; the header padded so the data starts
  * 8-byte aligned, as the format's own writer does), a file laid out as the

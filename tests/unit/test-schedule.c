@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* Unit tests for common/schedule.c: the job's epochs in clocks as workers
  * come and go. */
 #include "schedule.h"

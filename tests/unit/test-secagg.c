@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* Secure aggregation end to end without sockets: five clients run the
  * client side (worker/workerd/edge-secagg.c), this test plays pscoord
  * (routes keys and boxes, rebuilds seeds from t shares with secagg_combine,

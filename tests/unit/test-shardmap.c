@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* Unit tests for common/shardmap.c: an explicit placement that gives every
  * shard its share of the bytes within 10% once chunks are cut to a tenth of
  * a share (job_fair_chunk), that depends only on the job and the shard ids,

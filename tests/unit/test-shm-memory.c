@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* Memory a worker shares with every shard on its host (common/net/shm.h):
  * one memfd handed to several sessions, and the fence a failed round waits
  * on. The shard's half (ps/psd/psd-shm.c) runs in a child process with a

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* Unit tests for ps/psd/psd-store.c: which keys a shard keeps under a map (and
  * what leaves when the map changes), how a key is looked up, copy-on-write
  * value buffers behind zero-copy pull replies, and a new job starting over.

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* Unit tests for libpsnet's blocking client (worker/client/psnet-sync.c)
  * without a cluster: a worker whose pscoord does not answer gets the failed
  * event with the reason, waits time out and polls return at once, calls

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* Unit tests for common/net/wire.c (and the status table of errors.c) over a real DEALER <-> ROUTER pair on inproc://:
  * round trips of data and control messages, refusal of every malformed
  * message we can build, and no desynchronisation after any of them. */

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* Requests whose values travel in ZeroMQ frames (client-internal.h's
  * ClientTransport client_frames): f32 sent zero-copy from the caller's
  * buffers, bf16 (--wire bf16) encoded into frames of their own, top-k

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* The shards' data plane inside libpsnet, shared by its files: client.c (the
  * round's state machine: parts, windows, resends, replies), client-req.c
  * (what every request says: its header, where its keys lie in the caller's

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* What every request of the shards' data plane says, whichever way it goes
  * (client-internal.h): its header, and where its keys lie in the caller's
  * tensors. */

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* Requests whose values travel through same-host shared memory (common/net/
  * shm.h), the two transports of client-internal.h besides frames:
  * client_shm, through memory of each shard's own that the caller's tensors

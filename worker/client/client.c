@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* The shards' data plane; see client.h: the round's state machine, the
  * transports a request goes by being client-frames.c's and client-shm.c's
  * (client-internal.h). A round is a small state per part of each shard's

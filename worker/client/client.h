@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* The shards' data plane, inside libpsnet (internal header): one DEALER per
  * shard on the caller's libuv loop, requests pipelined (a round sends every
  * shard its PUSH and PULL before any reply is awaited), replies matched by

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* An edge worker's side of secure aggregation; see edge-secagg.h. */
 #include <errno.h>
 #include <stdio.h>

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* An edge worker's side of secure aggregation (--secagg; the scheme in
  * common/secagg.h, pscoord's side in ps/pscoord/coord-secagg.c): one
  * client's keys, shares and masks for one round, as pure functions of the

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* A federated client's update before it leaves; see edge-update.h. */
 #include <errno.h>
 #include <math.h>

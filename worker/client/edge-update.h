@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* A federated client's update between its training and the shards
  * (psnet-edge.c): the buffers the caller writes it into, and what the job
  * asks of it before it leaves, the same for every client: its L2 norm,

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* libpsnet's federated edge client (psnet.h, "Federated edge clients"): an
  * edge worker's pscoord session (role edge), the federated job and its shard
  * map as pscoord publishes them (psnet-follow.c), the rounds pscoord asks

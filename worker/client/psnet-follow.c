@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* What every libpsnet client takes from pscoord and tells it; see psnet-follow.h. */
 #include <errno.h>
 #include "hash.h"

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* What every kind of libpsnet client (a training worker, psnet-worker.c; a
  * federated edge client, psnet-edge.c) takes from pscoord and tells it in
  * the same way: the job and the shard map out of a CONFIG (the job once,

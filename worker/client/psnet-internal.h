@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* What psnet's own programs (workerd, the benchmarks) see of a PsnetWorker
  * beyond the public psnet.h: the job as common/'s type. */
 #pragma once

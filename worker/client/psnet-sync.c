@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* libpsnet's blocking client (psnet.h, "Blocking"): a PsnetWorker on a loop
  * of its own, run by a thread of its own, so that the lease is kept while the
  * caller computes and the caller's language needs no event loop (the Python

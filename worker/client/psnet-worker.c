@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* libpsnet's worker (see psnet.h): the worker's pscoord session (registration,
  * heartbeats with its progress, the job, map and membership pushed by
  * pscoord, drain and stop) joined to the shards' data plane (client.c). When

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* libpsnet: a training worker's connection to a psnet cluster, on the
  * caller's libuv loop.
  *

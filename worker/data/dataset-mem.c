@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* A Dataset in memory (dataset.h): made for so many samples of a shape, a
  * loader's share of a file counted, cut to some samples, freed. Below the
  * loaders (idx.c, npy.c) and dataset.c, which picks one of them. */

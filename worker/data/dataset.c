@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* Data sets in memory; see dataset.h. NumPy pairs are read whole with
  * npy.c, then checked (types, shapes, labels, finite features) before the
  * samples this process keeps are converted. */

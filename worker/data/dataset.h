@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* A labelled data set in memory, whatever files it came from: Fashion-MNIST's
  * IDX files (Debian's dataset-fashion-mnist) or a pair of NumPy arrays per
  * split, the names Keras uses:

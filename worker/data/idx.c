@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* IDX reader and the Fashion-MNIST data set. zlib's gz* functions read both
  * gzip and raw files, so one code path serves Debian's .gz files and unpacked
  * copies. Everything read from a file is checked before it sizes an allocation:

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* IDX files (the MNIST format), gzip-compressed or raw, and the Fashion-MNIST
  * data set built from them (dataset.h). */
 #pragma once

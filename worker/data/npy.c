@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* NumPy's .npy files; see npy.h. The format: "\x93NUMPY", major and minor
  * version, the header's length (2 bytes little-endian in 1.0, 4 in 2.0 and
  * 3.0), the header (a dict literal, ASCII in 1.0 and 2.0, UTF-8 in 3.0,

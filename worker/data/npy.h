@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* NumPy's .npy files (format versions 1.0, 2.0 and 3.0): one array, C order,
  * little-endian, of float32, uint8, int32 or int64 (what a data set of
  * features and labels holds). The header is a Python dict literal with

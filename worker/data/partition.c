@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* Federated data splits; see partition.h. */
 #include <errno.h>
 #include <math.h>

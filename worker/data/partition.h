@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* Splitting a labelled training set among federated clients, the same way in
  * every process (a function of the labels, the seed and the client count
  * only), so that each edge worker started with --partition K/N keeps its own

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* The layers of a model (see model.c for how they are chained): each step's
  * buffers, forward and backward, in backend ops. Shapes: B the batch; a
  * rank-2 [T, D] layer works on R = B x T rows of D; images are NHWC. */

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* The buffers on the backend a model owns (model-internal.h): allocated
  * here by model.c and layers.c alike, freed with the model. */
 #include <errno.h>

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* What model.c and layers.c share: the model and its steps. */
 #pragma once
 #include "model.h"

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* Models of layers (see model.h), written once against kernels.h so that the
  * CPU and CUDA backends run the same code. Every buffer a step needs is
  * allocated in model_new for max_batch samples; a training step only uploads

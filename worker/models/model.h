@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* A model described by common/modeldesc.h (layers: linear, conv2d, pooling,
  * flatten, tokens, ReLU, GELU, dropout, layer norm, embedding, positional
  * embedding, transformer blocks, mean over tokens) with softmax cross-entropy

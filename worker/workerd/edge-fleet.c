@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* workerd --edge: the process of one or many federated clients (edge.c),
  * --simulate N. One loop; the data loaded once for the first job (in the
  * thread pool) and split among the clients (--partition K/N, --alpha); the

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* workerd --edge: the process of federated clients (edge-fleet.c). Each
  * client (edge.c) registers with the edge role and, in the rounds pscoord
  * samples it for, trains --local-epochs on its own share of the training

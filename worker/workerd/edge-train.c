@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* A federated client's local work; see edge-train.h. */
 #include <errno.h>
 #include <stdlib.h>

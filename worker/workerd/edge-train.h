@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* A federated client's local work, pure (no sockets, no loop: edge.c runs it
  * in libuv's thread pool, tests/unit/test-edge.c against a reference): its
  * local epochs of plain SGD over its own examples from the pulled weights,

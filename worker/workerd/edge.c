@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* One federated client of workerd --edge; see edge.h. Everything it says to
  * the cluster goes through libpsnet's edge API; what it computes is
  * edge-train.c's; the models and the data are the process's (edge-fleet.c). */

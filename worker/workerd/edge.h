@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* workerd --edge: one federated client (edge.c), on libpsnet's edge API
  * (psnet.h, "Federated edge clients"). Its states, each left by an event:
  *

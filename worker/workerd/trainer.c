@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* workerd's trainer; see trainer.h. The states, each left by an event:
  *
  *   JOINING  --job-->  LOADING  --data loaded-->  PULLING (first weights)

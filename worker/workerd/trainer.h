@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* workerd's trainer: joins the job through libpsnet, loads its partition of
  * the data, and runs pull -> compute -> push steps until the epochs are done,
  * then evaluates (when pscoord asks), reports and leaves. One uv_loop: the

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* workerd: a training worker. Pulls weights from the shards, computes gradients
  * on its data partition (CPU backend, or CUDA where built and present), pushes
  * them back. Its connection to the cluster is libpsnet (worker/client/), its
