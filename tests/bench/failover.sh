@@ -57,8 +57,10 @@ for ((k = 0; k < kills; k++)); do
   for i in 1 2; do psnet_start "w-$k-$i" "$WORKERD" --coord "$COORD" --trace-pulls; done
   psnet_wait_for 60 grep -q 'msg="pulled" clock=30 ' "$RUN/w-$k-1.log" || die "run $k did not reach clock 30"
   victim=$((k % 3 + 1)); pid_var="PID_psd_${k}_$victim"
-  before=$(last_clock "$RUN/w-$k-1.log")
+  # The last clock pulled is read after the kill: read before it, a clock or two
+  # pulled between the read and the kill passed for "resumed" within milliseconds.
   t0=$(now_ms); kill -KILL "${!pid_var}"
+  before=$(last_clock "$RUN/w-$k-1.log")
   psnet_wait_for 10 grep -q 'msg="fail-over"' "$RUN/pscoord-$k.log" || die "run $k: no fail-over"
   psnet_wait_for 10 sh -c "[ \$(sed -n 's/.*msg=\"pulled\" clock=\([0-9]*\) .*/\1/p' '$RUN/w-$k-1.log' | tail -1) -gt $((before + 1)) ]" ||
     die "run $k: training did not resume"
