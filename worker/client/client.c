@@ -25,14 +25,6 @@
 #include "shm.h"
 #include "wire.h"
 
-/* Requests of each kind (push, pull) in flight to one shard at a time. */
-#define CLIENT_WINDOW 4
-/* The most bytes of keys one push or pull carries in frames, unless
- * PSNET_PART_KIB says otherwise: a key each with the default chunk of 1 MiB
- * (measured best on one host: docs/benchmarks.md). A shard's keys go in at
- * most WIRE_MAX_PARTS parts, bigger ones where they would be more. */
-#define CLIENT_PART_BYTES (1u << 20)
-
 static double mono_s(void) {
         struct timespec ts;
         clock_gettime(CLOCK_MONOTONIC, &ts);
