@@ -20,7 +20,7 @@ struct ClientTransport;
 #define CLIENT_WINDOW 4
 /* The most bytes of keys one push or pull carries in frames, unless
  * PSNET_PART_KIB says otherwise: a key each with the default chunk of 1 MiB
- * (measured best on one host: docs/benchmarks.md). A shard's keys go in at
+ * (measured best on one host: docs/bench-log.md). A shard's keys go in at
  * most WIRE_MAX_PARTS parts, bigger ones where they would be more. */
 #define CLIENT_PART_BYTES (1u << 20)
 

@@ -624,7 +624,7 @@ static int trainer_setup(Trainer *t) {
          * under ASP/SSP; under BSP the shard answers only once the clock closed,
          * so nothing changes but the order of the requests). Off by default: on
          * the H100 it gave +20-30% samples/s on a 7 MiB model under ASP but cost
-         * accuracy, and slowed the 0.8 MiB demo model (docs/benchmarks.md). It
+         * accuracy, and slowed the 0.8 MiB demo model (docs/bench-log.md). It
          * only overlaps anything where the step runs on a device (ops->async). */
         if (t->cfg->prefetch && !t->kb->ops->async)
                 log_warning("--prefetch on with the %s backend: the step is done before the pull leaves, "

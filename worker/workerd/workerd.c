@@ -34,7 +34,7 @@ int main(int argc, char **argv) {
                   "cuda: launch each op of a step instead of replaying a captured CUDA graph" },
                 { "prefetch", OPT_STR, &prefetch, "WHEN",
                   "on: send the next clock's pull while the step computes (asp/ssp on a GPU: faster for large "
-                  "models, one clock staler; see docs/benchmarks.md), off (default)" },
+                  "models, one clock staler; see docs/bench-log.md), off (default)" },
                 { "keys", OPT_STR, &cfg.keys, "DIR", "CURVE encryption with the keys of psctl keys gen in DIR" },
                 { "key", OPT_STR, &cfg.key, "NAME", "this worker's key in --keys (default worker)" },
                 { "coord-key", OPT_STR, &cfg.coord_key, "NAME", "pscoord's key in --keys (default pscoord)" },
