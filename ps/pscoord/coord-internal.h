@@ -280,13 +280,15 @@ typedef struct Coord {
 
 /* --- what a loop turn still has to do (coord.c flushes them, in this order) */
 enum {
-        TODO_SAVE = 1u << 0,            /* the state file (--state-dir) */
+        TODO_SAVE = 1u << 0,            /* the state file (--state-dir); a coord_state_save done clears it */
         TODO_PUBLISH = 1u << 1,         /* the job, map and membership to every peer (saved first) */
         TODO_PUBLISH_STATE = 1u << 2,   /* and the job's state to the workers not yet members */
         TODO_CHECKPOINT = 1u << 3,      /* a save's fence answered or gave up; a save left by a restart */
         TODO_FED_POLL = 1u << 4,        /* drive a federated job's rounds */
 };
 static inline void coord_todo(Coord *c, unsigned flags) {
+        if (flags & (TODO_PUBLISH | TODO_PUBLISH_STATE))
+                flags |= TODO_SAVE; /* on disk before any peer acts on it */
         c->todo |= flags;
 }
 
@@ -414,7 +416,9 @@ void coord_fed_accuracy(Coord *c, uint32_t round, float accuracy);
  * --state-dir), negative errno with err saying why (pscoord does not start). */
 int coord_state_open(Coord *c, char *err, size_t n);
 /* Writes the state now; a failure is logged and counted. For a change that
- * must be on disk before it is said (a line in the log); others set TODO_SAVE. */
+ * must be on disk before it is said (a line in the log); others set TODO_SAVE.
+ * Written, it clears TODO_SAVE: the file holds every change asked for so far,
+ * so the flush does not write it again. */
 void coord_state_save(Coord *c);
 void coord_state_close(Coord *c);
 /* The state in buf (a whole state file) applied to c, which holds none yet:

@@ -500,8 +500,8 @@ void coord_shard_lost(Coord *c, uint32_t id, const char *why) {
         c->failovers++;
         c->lost_shards++;
         c->failover_ms = now_ms();
-        coord_state_save(c);
         coord_todo(c, TODO_PUBLISH);
+        coord_state_save(c); /* the publish's save, now (TODO_SAVE cleared) */
         /* Logged once the new map is on disk (--state-dir); it leaves at the end of this loop turn. */
         log_warning("fail-over shard_id=%u reason=\"%s\" map_epoch=%lu shards=%zu replicas=%u", id, why,
                     (unsigned long) c->map_epoch, shardmap_size(m), shardmap_replicas(m));

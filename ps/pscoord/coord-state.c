@@ -181,6 +181,7 @@ void coord_state_save(Coord *c) {
                 return;
         }
         c->state_writes++;
+        c->todo &= ~TODO_SAVE;
 }
 
 /* --- reading ------------------------------------------------------------------------ */

@@ -129,7 +129,7 @@ void coord_flush(Coord *c) {
         for (int pass = 0; c->todo && pass < 4; pass++) {
                 unsigned t = c->todo;
                 c->todo = 0;
-                if (t & (TODO_SAVE | TODO_PUBLISH | TODO_PUBLISH_STATE))
+                if (t & TODO_SAVE)
                         coord_state_save(c); /* on disk before any peer acts on it */
                 if (t & TODO_PUBLISH_STATE)
                         coord_publish_state(c);
