@@ -161,8 +161,7 @@ static void on_answer(Session *s, int r, WireMsg *m, void *ud) {
                 snprintf(e->info.reason, sizeof e->info.reason, "%s", m->hdr->reason ? m->hdr->reason : "late");
                 r = -ESTALE;
         } else if (r < 0)
-                snprintf(e->info.reason, sizeof e->info.reason, "%s",
-                         m && m->hdr && m->hdr->reason ? m->hdr->reason : strerror(-r));
+                snprintf(e->info.reason, sizeof e->info.reason, "%s", follow_reason(m, r));
         push_end(e, r);
 }
 
@@ -418,8 +417,7 @@ static void on_reported(Session *s, int r, WireMsg *m, void *ud) {
         (void) s;
         edge_fields(e);
         if (r < 0)
-                log_warning("pscoord did not take the accuracy reason=\"%s\"",
-                            m && m->hdr && m->hdr->reason ? m->hdr->reason : strerror(-r));
+                log_warning("pscoord did not take the accuracy reason=\"%s\"", follow_reason(m, r));
         PsnetEdgeDoneFn cb = e->report_cb;
         e->report_cb = NULL;
         if (cb)
@@ -465,7 +463,7 @@ static void on_sa_answer(Session *s, int r, WireMsg *m, void *ud) {
         edge_fields(e);
         if (r < 0)
                 log_warning("pscoord did not take this client's secure aggregation answer reason=\"%s\"",
-                            m && m->hdr && m->hdr->reason ? m->hdr->reason : strerror(-r));
+                            follow_reason(m, r));
 }
 
 static void sa_send(PsnetEdge *e, EdgeSecAggOut *o) {
@@ -672,29 +670,14 @@ int psnet_edge_new(uv_loop_t *loop, const PsnetEdgeOptions *opts, const PsnetEdg
         } else if (r == 0) {
                 e->sh = shared_new(opts);
                 r = e->sh ? 0 : -ENOMEM;
-                if (r == 0 && opts->keys_dir) {
-                        char err[512];
-                        r = keys_identity_load(&e->sh->id, opts->keys_dir, opts->key_name ? opts->key_name : "edge",
-                                               opts->coord_key_name ? opts->coord_key_name : "pscoord",
-                                               PSNET__ROLE__ROLE_EDGE, err, sizeof err);
-                        if (r < 0) {
-                                log_error("cannot use the keys reason=\"%s\"", err);
-                                r = -EINVAL;
-                        }
-                }
         }
         if (r == 0) {
-                const NetIdentity *id = &e->sh->id;
-                const SessionConf sc = {
-                        .endpoint = e->coord, .role = PSNET__ROLE__ROLE_EDGE,
-                        .connect_timeout_ms = opts->connect_timeout_ms ? opts->connect_timeout_ms : 10000,
-                        .keys = id->enabled ? &id->keys : NULL, .coord_key = id->enabled ? id->coord_key : NULL,
-                };
+                /* The keys are loaded once, by the client that made the shared context. */
                 const SessionOps so = { .registered = on_registered, .failed = on_failed, .message = on_message };
-                r = session_new(loop, e->sh->zctx, &sc, &so, e, &e->session);
+                r = follow_session(loop, e->sh->zctx, e->coord, PSNET__ROLE__ROLE_EDGE,
+                                   opts->share ? NULL : opts->keys_dir, opts->key_name, "edge", opts->coord_key_name,
+                                   opts->connect_timeout_ms, &e->sh->id, &so, e, &e->session);
         }
-        if (r == 0)
-                r = session_start(e->session);
         if (r < 0) {
                 psnet_edge_free(e);
                 return r;

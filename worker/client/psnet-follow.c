@@ -1,6 +1,7 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /* What every libpsnet client takes from pscoord and tells it; see psnet-follow.h. */
 #include <errno.h>
+#include <string.h>
 #include "hash.h"
 #include "log.h"
 #include "psnet-follow.h"
@@ -100,4 +101,27 @@ int follow_result(Session *s, const Job *job, Psnet__WorkerInfo *wi, float *cons
         h.body_case = PSNET__HEADER__BODY_RESULT;
         h.result = &res;
         return session_request(s, &h, PSNET__MSG_TYPE__MSG_RESULT_REP, timeout_ms, cb, ud);
+}
+
+int follow_session(uv_loop_t *loop, void *zctx, const char *coord, Psnet__Role role, const char *keys_dir,
+                   const char *key_name, const char *default_key, const char *coord_key_name,
+                   unsigned connect_timeout_ms, NetIdentity *id, const SessionOps *ops, void *ud, Session **ret) {
+        if (keys_dir) {
+                char err[512];
+                if (keys_identity_load(id, keys_dir, key_name ? key_name : default_key,
+                                       coord_key_name ? coord_key_name : "pscoord", role, err, sizeof err) < 0) {
+                        log_error("cannot use the keys reason=\"%s\"", err);
+                        return -EINVAL;
+                }
+        }
+        const SessionConf sc = {
+                .endpoint = coord, .role = role, .connect_timeout_ms = connect_timeout_ms ? connect_timeout_ms : 10000,
+                .keys = id->enabled ? &id->keys : NULL, .coord_key = id->enabled ? id->coord_key : NULL,
+        };
+        int r = session_new(loop, zctx, &sc, ops, ud, ret);
+        return r < 0 ? r : session_start(*ret);
+}
+
+const char *follow_reason(const WireMsg *m, int r) {
+        return m && m->hdr && m->hdr->reason ? m->hdr->reason : strerror(-r);
 }

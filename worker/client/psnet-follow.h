@@ -9,6 +9,7 @@
 #include <stdbool.h>
 #include <stdint.h>
 #include "job.h"
+#include "keys.h"
 #include "psnet.h"
 #include "session.h"
 #include "shardmap.h"
@@ -43,3 +44,14 @@ uint64_t follow_digest(const Job *job, float *const *params);
  * and params), answered by MSG_RESULT_REP to cb within timeout_ms. */
 int follow_result(Session *s, const Job *job, Psnet__WorkerInfo *wi, float *const *params, unsigned timeout_ms,
                   SessionReplyFn cb, void *ud);
+
+/* A client's pscoord session, started: its identity loaded from keys_dir
+ * first when keys_dir is set (key_name, else default_key; pscoord's
+ * coord_key_name, else "pscoord"), then registered as role within
+ * connect_timeout_ms (0: 10 s). 0, -EINVAL for keys that do not load
+ * (logged), or the session's error. */
+int follow_session(uv_loop_t *loop, void *zctx, const char *coord, Psnet__Role role, const char *keys_dir,
+                   const char *key_name, const char *default_key, const char *coord_key_name,
+                   unsigned connect_timeout_ms, NetIdentity *id, const SessionOps *ops, void *ud, Session **ret);
+/* What a failed request to pscoord says: its reason, else r's. */
+const char *follow_reason(const WireMsg *m, int r);

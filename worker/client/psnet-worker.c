@@ -290,16 +290,6 @@ int psnet_worker_new(uv_loop_t *loop, const PsnetWorkerOptions *opts, const Psne
         w->coord = ps_strdup(opts->coord);
         w->zctx = zmq_ctx_new();
         int r = !w->coord || !w->zctx ? -ENOMEM : 0;
-        if (r == 0 && opts->keys_dir) {
-                char err[512];
-                r = keys_identity_load(&w->id, opts->keys_dir, opts->key_name ? opts->key_name : "worker",
-                                       opts->coord_key_name ? opts->coord_key_name : "pscoord",
-                                       PSNET__ROLE__ROLE_WORKER, err, sizeof err);
-                if (r < 0) {
-                        log_error("cannot use the keys reason=\"%s\"", err);
-                        r = -EINVAL;
-                }
-        }
         if (r == 0) {
                 (void) zmq_ctx_set(w->zctx, ZMQ_IO_THREADS, 1);
                 r = uv_timer_init(loop, &w->map_timer);
@@ -307,17 +297,12 @@ int psnet_worker_new(uv_loop_t *loop, const PsnetWorkerOptions *opts, const Psne
         if (r == 0) {
                 w->map_timer.data = w;
                 w->map_timer_init = true;
-                const SessionConf sc = {
-                        .endpoint = w->coord, .role = PSNET__ROLE__ROLE_WORKER,
-                        .connect_timeout_ms = opts->connect_timeout_ms ? opts->connect_timeout_ms : 10000,
-                        .keys = w->id.enabled ? &w->id.keys : NULL, .coord_key = w->id.enabled ? w->id.coord_key : NULL,
-                };
                 const SessionOps so = { .registered = on_registered, .failed = on_failed, .message = on_message,
                                         .heartbeat = on_heartbeat };
-                r = session_new(loop, w->zctx, &sc, &so, w, &w->session);
+                r = follow_session(loop, w->zctx, w->coord, PSNET__ROLE__ROLE_WORKER, opts->keys_dir, opts->key_name,
+                                   "worker", opts->coord_key_name, opts->connect_timeout_ms, &w->id, &so, w,
+                                   &w->session);
         }
-        if (r == 0)
-                r = session_start(w->session);
         if (r < 0) {
                 psnet_worker_free(w);
                 return r;

@@ -384,7 +384,7 @@ int edge_run(const WorkerConfig *cfg) {
         PsnetEdgeOptions o = {
                 .coord = cfg->coord, .connect_timeout_ms = cfg->connect_timeout * 1000u,
                 .round_timeout_ms = cfg->round_timeout * 1000u, .keys_dir = cfg->keys,
-                .key_name = cfg->key ? cfg->key : "edge", .coord_key_name = cfg->coord_key,
+                .key_name = cfg->key, .coord_key_name = cfg->coord_key,
                 .clients = (unsigned) f.n,
         };
         for (size_t i = 0; i < f.n; i++) {

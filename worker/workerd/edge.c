@@ -87,15 +87,11 @@ void edge_fail(Edge *e, int r) {
 }
 
 /* Leave at once when nothing is under way, else when it is done (go_idle). */
-static void edge_wind_up(Edge *e) {
+void edge_stop(Edge *e) {
         e->leaving = true;
         psnet_edge_abandon(e->pe); /* an update waiting for its round's peers: none will come */
         if (e->state == E_IDLE || e->state == E_JOINING)
                 edge_leave(e);
-}
-
-void edge_stop(Edge *e) {
-        edge_wind_up(e);
 }
 
 /* --- the model lent ---------------------------------------------------------------------- */
@@ -345,7 +341,7 @@ static void on_end(PsnetEdge *pe, PsnetJobState state, void *ud) {
         edge_log(e);
         if (state == PSNET_JOB_FAILED && e->exit_code == 0)
                 e->exit_code = -ECANCELED;
-        edge_wind_up(e);
+        edge_stop(e);
 }
 
 static void on_registered(PsnetEdge *pe, bool again, void *ud) {
