@@ -419,8 +419,6 @@ int gate_admit_sender(Gate *g, const Psnet__Header *h, const uint8_t *sender_key
 
 /* Values per thread below which a loop over a chunk stays on one thread. */
 #define GATE_MIN_PART (32u << 10)
-/* Bytes per thread below which a copy out of shared memory stays on one thread. */
-#define GATE_MIN_COPY (256u << 10)
 
 /* gate_first_nonfinite over parts of a frame in parallel: the lowest index
  * any part found. */
@@ -808,7 +806,7 @@ static int push_copied(Gate *g, Push *p, size_t i, PushReq *req) {
                 pushreq_note(req, PSNET__STATUS__STATUS_RESOURCE);
                 return 0;
         }
-        pfor_copy(g->store->pool, zmq_msg_data(&f), p->at[i], len * sizeof(float), GATE_MIN_COPY);
+        pfor_copy(g->store->pool, zmq_msg_data(&f), p->at[i], len * sizeof(float), STORE_MIN_COPY);
         p->zeroed += gate_zero_nonfinite(g, zmq_msg_data(&f), len);
         int r = gate_push(g, p->chunks[i], req, &f);
         zmq_msg_close(&f);
@@ -823,10 +821,8 @@ int gate_push_request(Gate *g, Push *p, char *reason, size_t n) {
         int st = gate_admit_sender(g, h, p->sender_key, reason, n);
         if (st == PSNET__STATUS__STATUS_OK && p->decode)
                 st = p->decode(p, p->decode_ud, reason, n);
-        for (size_t i = 0; !s->job.allow_nonfinite && i < h->n_keys && st == PSNET__STATUS__STATUS_OK; i++)
-                st = p->frames ? admit_key(g, h, i, zmq_msg_data(&p->frames[i]),
-                                           zmq_msg_size(&p->frames[i]) / sizeof(float), reason, n)
-                               : admit_key(g, h, i, p->at[i], h->keys[i]->len, reason, n);
+        if (st == PSNET__STATUS__STATUS_OK)
+                st = p->frames ? gate_admit_values(g, h, p->frames, reason, n) : gate_admit_keys(g, h, p->at, reason, n);
         if (st != PSNET__STATUS__STATUS_OK)
                 return st;
         uint32_t backups[JOB_MAX_REPLICAS];

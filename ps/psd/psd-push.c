@@ -8,9 +8,6 @@
 #include "macro.h"
 #include "psd-push.h"
 
-/* Bytes per thread below which a copy out of shared memory stays on one thread. */
-#define PUSH_MIN_COPY (256u << 10)
-
 static const char *codec_name(int codec) {
         static const char *const names[] = { "raw", "masked", "bf16", "int8", "topk" };
         return codec >= 0 && codec < (int) ELEMENTSOF(names) ? names[codec] : "?";
@@ -41,7 +38,7 @@ static int from_shm(PushSource *src, char *reason, size_t n) {
                         snprintf(reason, n, "out of memory");
                         return PSNET__STATUS__STATUS_RESOURCE;
                 }
-                pfor_copy(src->store->pool, zmq_msg_data(&frames[i]), at[i], size, PUSH_MIN_COPY);
+                pfor_copy(src->store->pool, zmq_msg_data(&frames[i]), at[i], size, STORE_MIN_COPY);
         }
         src->m->frames = frames;
         src->m->nframes = h->n_keys;

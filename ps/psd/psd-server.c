@@ -167,9 +167,6 @@ static void psd_ack(void *userdata, PushReq *req) {
         histogram_observe(&p->push_latency, (double) (now_ms() - req->arrived) / 1e3);
 }
 
-/* Bytes per thread below which a copy through shared memory stays on one
- * thread (psd --threads). */
-#define PSD_MIN_COPY (256u << 10)
 /* A pull in shared memory: the values written where the worker said, then
  * an answer without frames. */
 static int psd_write_values(Psd *p, const Psnet__Header *req, Chunk **chunks, bool bf16, char *reason, size_t n) {
@@ -181,7 +178,7 @@ static int psd_write_values(Psd *p, const Psnet__Header *req, Chunk **chunks, bo
                 if (bf16)
                         store_bf16(p->store, at[i], c->val->data, c->len, true);
                 else
-                        pfor_copy(p->pool, at[i], c->val->data, (size_t) c->len * sizeof(float), PSD_MIN_COPY);
+                        pfor_copy(p->pool, at[i], c->val->data, (size_t) c->len * sizeof(float), STORE_MIN_COPY);
         }
         store_pulled(p->store, req->n_keys);
         return 0;

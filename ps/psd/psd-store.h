@@ -218,6 +218,9 @@ void store_steps(const Store *s, uint64_t *ret_min, uint64_t *ret_max);
 /* Calls fn on every chunk this shard owns. */
 void store_foreach(Store *s, void (*fn)(Store *s, Chunk *c, void *ud), void *ud);
 
+/* Bytes per thread below which a copy by s->pool (pfor_copy: pushes and
+ * pulls through shared memory) stays on one thread. */
+#define STORE_MIN_COPY (256u << 10)
 /* bf16_encode (encode: f32 src to bf16 dst) or bf16_decode of n values, in
  * parts run by s->pool. */
 void store_bf16(Store *s, void *dst, const void *src, size_t n, bool encode);
