@@ -149,8 +149,7 @@ static int frames_push(Client *c, ShardConn *s, Part *part) {
                 c->stats.bytes_pushed += (uint64_t) size;
         }
         Psnet__Header h;
-        part->push.seq = ++c->seq;
-        client_header(c, s, part, &h, PSNET__MSG_TYPE__MSG_PUSH, c->push_clock, part->push.seq);
+        client_header(c, s, part, &h, true);
         int r = netsock_send(s->sock, NULL, &h, frames, part->nkeys);
         ps_free(frames);
         return r;
@@ -158,8 +157,7 @@ static int frames_push(Client *c, ShardConn *s, Part *part) {
 
 static int frames_pull(Client *c, ShardConn *s, Part *part) {
         Psnet__Header h;
-        part->pull.seq = ++c->seq;
-        client_header(c, s, part, &h, PSNET__MSG_TYPE__MSG_PULL, c->pull_clock, part->pull.seq);
+        client_header(c, s, part, &h, false);
         return netsock_send(s->sock, NULL, &h, NULL, 0);
 }
 

@@ -118,7 +118,6 @@ struct Client {
         ClientStats stats;
 };
 
-
 /* How a request goes to a shard and how its answer comes back. */
 typedef struct ClientTransport {
         const char *name;
@@ -142,9 +141,9 @@ bool client_wire_bf16(const Client *c);
 bool client_pulls_bf16(const Client *c);
 /* --sparsify for this client's pushes: a training job's. */
 bool client_pushes_sparse(const Client *c);
-/* The header of part's request of type to s, for clock, with seq. */
-void client_header(Client *c, ShardConn *s, const Part *part, Psnet__Header *h, Psnet__MsgType type, int64_t clock,
-                   uint64_t seq);
+/* The header of part's push (or pull) to s, for the round's push (pull)
+ * clock, with a new seq that part's request keeps. */
+void client_header(Client *c, ShardConn *s, Part *part, Psnet__Header *h, bool push);
 /* Key k's first value in tensors (one buffer per tensor of the job). */
 float *client_tensor_at(float *const *tensors, const Job *job, const Psnet__Key *k);
 /* Key k's pulled values at src (bf16 or f32) into the round's params; counted. */

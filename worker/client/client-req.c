@@ -31,8 +31,14 @@ void client_take_key(Client *c, const Psnet__Key *k, const void *src, bool bf16)
         c->stats.bytes_pulled += (uint64_t) size;
 }
 
-void client_header(Client *c, ShardConn *s, const Part *part, Psnet__Header *h, Psnet__MsgType type, int64_t clock,
-                   uint64_t seq) {
+void client_header(Client *c, ShardConn *s, Part *part, Psnet__Header *h, bool push) {
+        Psnet__MsgType type = push ? PSNET__MSG_TYPE__MSG_PUSH : PSNET__MSG_TYPE__MSG_PULL;
+        uint64_t seq = ++c->seq;
+        int64_t clock = push ? c->push_clock : c->pull_clock;
+        if (push)
+                part->push.seq = seq;
+        else
+                part->pull.seq = seq;
         wire_header_init(h, type);
         h->has_job = h->has_sender = h->has_seq = h->has_clock = true;
         h->job = c->job.id;

@@ -153,8 +153,7 @@ static int shm_push(Client *c, ShardConn *s, Part *part) {
                 c->stats.bytes_pushed += (uint64_t) size;
         }
         Psnet__Header h;
-        part->push.seq = ++c->seq;
-        client_header(c, s, part, &h, PSNET__MSG_TYPE__MSG_PUSH, c->push_clock, part->push.seq);
+        client_header(c, s, part, &h, true);
         header_shm(&h, &s->shm, offset);
         return netsock_send(s->sock, NULL, &h, NULL, 0);
 }
@@ -197,8 +196,7 @@ static int inplace_push(Client *c, ShardConn *s, Part *part) {
         for (size_t i = 0; i < part->nkeys; i++)
                 c->stats.bytes_pushed += (uint64_t) s->keyp[part->first + i]->len * sizeof(float);
         Psnet__Header h;
-        part->push.seq = ++c->seq;
-        client_header(c, s, part, &h, PSNET__MSG_TYPE__MSG_PUSH, c->push_clock, part->push.seq);
+        client_header(c, s, part, &h, true);
         header_mem(&h, c, s, part, 0);
         return netsock_send(s->sock, NULL, &h, NULL, 0);
 }
@@ -271,16 +269,14 @@ bool client_round_in_place(Client *c, const float *const *grads, bool push, floa
 
 static int shm_pull(Client *c, ShardConn *s, Part *part) {
         Psnet__Header h;
-        part->pull.seq = ++c->seq;
-        client_header(c, s, part, &h, PSNET__MSG_TYPE__MSG_PULL, c->pull_clock, part->pull.seq);
+        client_header(c, s, part, &h, false);
         header_shm(&h, &s->shm, pull_offset(c, s, part));
         return netsock_send(s->sock, NULL, &h, NULL, 0);
 }
 
 static int inplace_pull(Client *c, ShardConn *s, Part *part) {
         Psnet__Header h;
-        part->pull.seq = ++c->seq;
-        client_header(c, s, part, &h, PSNET__MSG_TYPE__MSG_PULL, c->pull_clock, part->pull.seq);
+        client_header(c, s, part, &h, false);
         header_mem(&h, c, s, part, c->pull_set);
         return netsock_send(s->sock, NULL, &h, NULL, 0);
 }
