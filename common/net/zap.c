@@ -80,7 +80,7 @@ static void zap_readable(ZWatch *w, void *ud) {
                         zap_log_refusal(z, "refused a connection: key not in the allow-list key=%s address=%s%s", fp,
                                         addr[0] ? addr : "local", "");
                         text = "key not in the allow-list";
-                } else if (!(z->roles & ROLE_BIT(e->role))) {
+                } else if (!(z->roles & WIRE_ROLE(e->role))) {
                         zap_log_refusal(z, "refused a connection: role %s is not served here key=%s name=%s",
                                         role_name(e->role), fp, e->name);
                         text = "role not served here";
@@ -177,7 +177,7 @@ static unsigned allowed_roles(int type, bool at_coord) {
 bool zap_may_send(Psnet__Role role, int type, bool at_coord) {
         if (role == PSNET__ROLE__ROLE_NONE)
                 return true;
-        return (allowed_roles(type, at_coord) & ROLE_BIT(role)) != 0;
+        return (allowed_roles(type, at_coord) & WIRE_ROLE(role)) != 0;
 }
 
 const char *zap_roles_for(int type, bool at_coord, char *buf, size_t n) {

@@ -12,13 +12,10 @@
 #include "keys.h"
 #include "wire.h"
 
-/* Role bits for zap_new's mask (wire.h's). */
-#define ROLE_BIT(r) WIRE_ROLE(r)
-
 typedef struct Zap Zap;
 
 /* Binds the ZAP endpoint in zctx (before the daemon's sockets bind) and loads
- * dir/allow. roles: ROLE_BIT(...) of the roles this daemon admits. */
+ * dir/allow. roles: WIRE_ROLE(...) of the roles this daemon admits. */
 int zap_new(uv_loop_t *loop, void *zctx, const char *dir, unsigned roles, Zap **ret, char *err, size_t errlen);
 /* Reads the allow-list again (SIGHUP); the old one stays on error. */
 int zap_reload(Zap *z, char *err, size_t errlen);

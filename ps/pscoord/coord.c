@@ -201,8 +201,8 @@ int coord_run(const CoordConfig *cfg) {
                                        PSNET__ROLE__ROLE_SERVER, err, sizeof err);
                 if (r == 0)
                         r = zap_new(&c.loop, c.zctx, cfg->keys,
-                                    ROLE_BIT(PSNET__ROLE__ROLE_ADMIN) | ROLE_BIT(PSNET__ROLE__ROLE_SERVER) |
-                                            ROLE_BIT(PSNET__ROLE__ROLE_WORKER) | ROLE_BIT(PSNET__ROLE__ROLE_EDGE),
+                                    WIRE_ROLE(PSNET__ROLE__ROLE_ADMIN) | WIRE_ROLE(PSNET__ROLE__ROLE_SERVER) |
+                                            WIRE_ROLE(PSNET__ROLE__ROLE_WORKER) | WIRE_ROLE(PSNET__ROLE__ROLE_EDGE),
                                     &c.zap, err, sizeof err);
                 if (r < 0) {
                         log_error("cannot use the keys reason=\"%s\"", err);

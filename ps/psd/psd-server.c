@@ -958,8 +958,8 @@ static int psd_security(Psd *p) {
                                        sizeof err);
                 if (r == 0)
                         r = zap_new(&p->loop, p->zctx, cfg->keys,
-                                    ROLE_BIT(PSNET__ROLE__ROLE_SERVER) | ROLE_BIT(PSNET__ROLE__ROLE_WORKER) |
-                                            ROLE_BIT(PSNET__ROLE__ROLE_EDGE),
+                                    WIRE_ROLE(PSNET__ROLE__ROLE_SERVER) | WIRE_ROLE(PSNET__ROLE__ROLE_WORKER) |
+                                            WIRE_ROLE(PSNET__ROLE__ROLE_EDGE),
                                     &p->zap, err, sizeof err);
                 if (r < 0) {
                         log_error("cannot use the keys reason=\"%s\"", err);
