@@ -23,8 +23,7 @@ int program_log_level(const char *prog, const char *level) {
         return 0;
 }
 
-int program_start(Program *p, const ProgramInfo *info, const Option *opts, size_t n, int argc, char **argv,
-                  bool args) {
+int program_start(Program *p, const ProgramInfo *info, const Option *opts, size_t n, int argc, char **argv) {
         memset(p, 0, sizeof *p);
         log_setup(info->name);
         if (n + 1 > PROGRAM_MAX_OPTS) {
@@ -34,11 +33,12 @@ int program_start(Program *p, const ProgramInfo *info, const Option *opts, size_
         memcpy(p->opts, opts, n * sizeof *opts);
         p->opts[n] = program_log_option(&p->log_level);
         p->nopts = n + 1;
-        int r = config_parse(info, p->opts, p->nopts, argc, argv, &p->optind);
+        int optind;
+        int r = config_parse(info, p->opts, p->nopts, argc, argv, &optind);
         if (r != 0)
                 return r > 0 ? 1 : -EINVAL;
-        if (!args && p->optind < argc) {
-                fprintf(stderr, "%s: unexpected argument '%s' (see %s --help)\n", info->name, argv[p->optind],
+        if (optind < argc) {
+                fprintf(stderr, "%s: unexpected argument '%s' (see %s --help)\n", info->name, argv[optind],
                         info->name);
                 return -EINVAL;
         }

@@ -8,7 +8,6 @@
  * (sd_notify) and the HTTP endpoint of the daemons are service.c's
  * (common/net), one place too. */
 #pragma once
-#include <stdbool.h>
 #include <stddef.h>
 #include "config.h"
 
@@ -21,14 +20,12 @@ typedef struct Program {
         Option opts[PROGRAM_MAX_OPTS];  /* the program's, then --log-level */
         size_t nopts;
         char *log_level;
-        int optind;                     /* the first argument left */
 } Program;
 
 /* Parses argc/argv by opts (n of them) and --log-level after log_setup(name):
  * 0 to run, 1 when the program should exit 0 (--help, --version), or -EINVAL
- * after saying why on stderr. args: whether arguments may be left over. */
-int program_start(Program *p, const ProgramInfo *info, const Option *opts, size_t n, int argc, char **argv,
-                  bool args);
+ * after saying why on stderr (an argument left over among them). */
+int program_start(Program *p, const ProgramInfo *info, const Option *opts, size_t n, int argc, char **argv);
 /* Frees the strings parsing set. */
 void program_done(Program *p);
 /* "debug", "info", "warning", "error" as the log level; -EINVAL (said on

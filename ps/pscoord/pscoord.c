@@ -62,7 +62,7 @@ int main(int argc, char **argv) {
 
         jobflags_init(&jf);
         size_t n = 15 + jobflags_options(&jf, opts + 15);
-        r = program_start(&p, &prog, opts, n, argc, argv, false);
+        r = program_start(&p, &prog, opts, n, argc, argv);
         if (r != 0)
                 goto out;
         if (cfg.checkpoint_dir && cfg.checkpoint_dir[0] != '/') {

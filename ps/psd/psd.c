@@ -59,7 +59,7 @@ int main(int argc, char **argv) {
         };
         Program p;
         char listen[128];
-        int r = program_start(&p, &prog, opts, ELEMENTSOF(opts), argc, argv, false);
+        int r = program_start(&p, &prog, opts, ELEMENTSOF(opts), argc, argv);
         if (r != 0)
                 goto out;
         if (id_from_host) {

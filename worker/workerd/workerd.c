@@ -66,7 +66,7 @@ int main(int argc, char **argv) {
                           "PSNET_PART_KIB=N sends a shard's keys in parts of at most N KiB (default 1024).",
         };
         Program p;
-        int r = program_start(&p, &prog, opts, ELEMENTSOF(opts), argc, argv, false);
+        int r = program_start(&p, &prog, opts, ELEMENTSOF(opts), argc, argv);
         if (r == 0 && backend && strcmp(backend, "cpu") != 0 && strcmp(backend, "cuda") != 0 &&
             strcmp(backend, "auto") != 0) {
                 fprintf(stderr, "workerd: --backend is cpu, cuda or auto, not '%s'\n", backend);
