@@ -40,13 +40,19 @@ void coord_fed_reset(Coord *c) {
         memset(&c->fed, 0, sizeof c->fed);
 }
 
-FedRecord *coord_fed_record_find(FedRounds *f, uint64_t number) {
+/* The newest record of pscoord's round number v, or (by_round) of the
+ * aggregated round v; NULL when none is kept. */
+static FedRecord *record_where(FedRounds *f, bool by_round, uint64_t v) {
         for (size_t k = 0; k < f->nhist; k++) {
                 FedRecord *r = &f->hist[(f->hist_end + COORD_FED_HISTORY - 1 - k) % COORD_FED_HISTORY];
-                if (r->number == number)
+                if ((by_round ? r->round : r->number) == v)
                         return r;
         }
         return NULL;
+}
+
+FedRecord *coord_fed_record_find(FedRounds *f, uint64_t number) {
+        return record_where(f, false, number);
 }
 
 FedRecord *coord_fed_record_new(FedRounds *f) {
@@ -121,17 +127,8 @@ int coord_fed_send_round(Coord *c, Psnet__Round *rd) {
         return 0;
 }
 
-static FedRecord *record_of_round(FedRounds *f, uint32_t round) {
-        for (size_t k = 0; k < f->nhist; k++) {
-                FedRecord *r = &f->hist[(f->hist_end + COORD_FED_HISTORY - 1 - k) % COORD_FED_HISTORY];
-                if (r->round == round)
-                        return r;
-        }
-        return NULL;
-}
-
 void coord_fed_accuracy(Coord *c, uint32_t round, float accuracy) {
-        FedRecord *r = record_of_round(&c->fed, round);
+        FedRecord *r = record_where(&c->fed, true, round);
         if (r && r->accuracy < 0)
                 r->accuracy = accuracy;
 }
