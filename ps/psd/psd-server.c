@@ -265,7 +265,6 @@ static void psd_pull(Psd *p, WireMsg *m, Chunk **chunks) {
                 psd_reply_error(p, &m->route, m->hdr, st, reason);
 }
 
-
 /* A worker's push: made into the gate's Push whatever it came as
  * (psd-push.c), and through the gate's one way in. */
 static void psd_push(Psd *p, WireMsg *m, Chunk **chunks) {
@@ -314,8 +313,7 @@ static void psd_fed_data(Psd *p, WireMsg *m, Chunk **chunks) {
                 return;
         }
         int st = fedshard_push(p->fed, p->store, h, chunks, m->frames, p->id.enabled ? m->peer.key : NULL,
-                               p->memory_limit, reason,
-                               sizeof reason);
+                               p->memory_limit, reason, sizeof reason);
         if (st != PSNET__STATUS__STATUS_OK && st != PSNET__STATUS__STATUS_DUPLICATE) {
                 p->errors++;
                 log_warning("update refused client=%u round=%ld status=%s reason=\"%s\"", h->sender, (long) h->clock,
