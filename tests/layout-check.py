@@ -19,6 +19,7 @@ each other, directly or round a loop (a file calls another when it names a
 function the other defines and does not keep static); and pscoord's files
 call only the ones before them in the <!-- pscoord order: ... --> line.
 Prints one TAP line per folder and rule."""
+import graphlib
 import os
 import re
 import sys
@@ -215,44 +216,20 @@ for path, code in code_of.items():
         calls[path] = {owner_of[t] for t in re.findall(r"[A-Za-z_]\w*", code)
                        if t in owner_of and owner_of[t] != path}
 
-index, low, stack, on, loops = {}, {}, [], set(), []
-sys.setrecursionlimit(10000)
-
-
-def visit(v):
-    index[v] = low[v] = len(index)
-    stack.append(v)
-    on.add(v)
-    for w in sorted(calls.get(v, ())):
-        if w not in index:
-            visit(w)
-            low[v] = min(low[v], low[w])
-        elif w in on:
-            low[v] = min(low[v], index[w])
-    if low[v] == index[v]:
-        comp = []
-        while True:
-            w = stack.pop()
-            on.discard(w)
-            comp.append(w)
-            if w == v:
-                break
-        if len(comp) > 1:
-            loops.append(sorted(comp))
-
-
-for v in sorted(calls):
-    if v not in index:
-        visit(v)
-tap(not loops, f"no files call each other in a loop ({len(calls)} files)" + (f": {loops}" if loops else ""))
+try:
+    graphlib.TopologicalSorter(calls).prepare()
+    loop = None
+except graphlib.CycleError as e:
+    loop = e.args[1]
+tap(not loop, f"no files call each other in a loop ({len(calls)} files)" + (f": {' -> '.join(loop)}" if loop else ""))
 
 m = re.search(r"<!-- pscoord order: ([^>]*) -->", doc)
 order = m.group(1).split() if m else []
 coord = sorted(p for p in calls if p.startswith("ps/pscoord/"))
-tap(bool(order) and sorted("ps/pscoord/" + f for f in order) == coord,
-    "docs/ARCHITECTURE.md orders every file of ps/pscoord/" +
-    ("" if sorted("ps/pscoord/" + f for f in order) == coord else f": {sorted(set(coord) ^ set('ps/pscoord/' + f for f in order))}"))
 rank = {"ps/pscoord/" + f: i for i, f in enumerate(order)}
+differ = sorted(set(coord) ^ set(rank)) + sorted({f for f in order if order.count(f) > 1})
+tap(bool(order) and not differ, "docs/ARCHITECTURE.md orders every file of ps/pscoord/ once" +
+    (f": {differ}" if differ else ""))
 upward = sorted(f"{a} -> {b}" for a in coord for b in calls[a] if b in rank and rank.get(a, -1) < rank[b])
 tap(not upward, "pscoord's files call only the ones before them" + (f": {upward}" if upward else ""))
 
