@@ -22,17 +22,22 @@ grep -q 'msg="buffer applying" round=1/[0-9]* updates=3 ' "$RUN/pscoord.log"
 ok $? "each buffer holds --buffer 3 updates"
 grep -q 'msg="buffer applied" round=1 updates=3 ' "$RUN/psd.log"; ok $? "the shard applies them"
 
-# One client stops: the buffers go on without it.
+# One client stops: the buffers go on without it. It is stopped once it
+# trains (its data loaded, an update counted), so that it holds a task;
+# tasks a busy machine dropped while it loaded do not count.
+id3=$(sed -n 's/.* edge=\([0-9]*\) msg="registered".*/\1/p' "$RUN/e-3.log" | head -1)
+psnet_wait_for 60 logs_match 'msg="update counted"' 'e-3.log'; ok $? "edge $id3 trains"
+dropped_before=$(grep -c "msg=\"task dropped\" edge=$id3 .*why=\"--round-timeout\"" "$RUN/pscoord.log")
 kill -STOP "$PID_e_3"
 stopped_at=$(grep -c 'msg="round done"' "$RUN/pscoord.log")
 psnet_wait_for 60 sh -c "[ \$(grep -c 'msg=\"round done\"' '$RUN/pscoord.log') -ge $((stopped_at + 2)) ]"
 ok $? "with a client stopped, buffers are still applied (2 more after round $stopped_at)"
-# Its own task, not another client's that a busy machine made late.
-id3=$(sed -n 's/.* edge=\([0-9]*\) msg="registered".*/\1/p' "$RUN/e-3.log" | head -1)
-psnet_wait_for 30 logs_match "msg=\"task dropped\" edge=$id3 task=[0-9]* why=\"--round-timeout\"" 'pscoord.log'
+# Its own task, dropped while it is stopped.
+psnet_wait_for 30 sh -c "[ \$(grep -c 'msg=\"task dropped\" edge=$id3 .*why=\"--round-timeout\"' '$RUN/pscoord.log') -gt $dropped_before ]"
 ok $? "its task (edge $id3) is dropped at --round-timeout"
+task=$(grep "msg=\"task dropped\" edge=$id3 " "$RUN/pscoord.log" | tail -n 1 | sed -n 's/.* task=\([0-9]*\) .*/\1/p')
 kill -CONT "$PID_e_3"
-psnet_wait_for 30 logs_match 'msg="update not counted" .*reason="task [0-9]+ of edge [0-9]+ is not live' 'e-3.log'
+psnet_wait_for 30 logs_match "msg=\"update not counted\" number=$task reason=\"task $task of edge $id3 is not live" 'e-3.log'
 ok $? "its update, sent after it resumes, is refused as late with a reason"
 
 out=$("$PSCTL" --coord "$COORD" job wait --wait 180); rc=$?
