@@ -131,13 +131,15 @@ int job_set_model_why(Job *job, const char *model, char *err, size_t errlen) {
                 t->init = m->init;
                 t->fan_in = m->fan_in;
                 t->fan_out = m->fan_out;
+                t->buffer = m->buffer;
                 t->nchunks = (uint32_t) nchunks;
         }
         snprintf(job->model, sizeof job->model, "%s", model);
         snprintf(job->model_name, sizeof job->model_name, "%.127s", d->name);
         memcpy(job->tensors, tensors, sizeof tensors);
         job->ntensors = d->ntensors;
-        job->in_numel = (uint32_t) md_shape_numel(&d->input);
+        job->external = d->external;
+        job->in_numel = d->external ? 0 : (uint32_t) md_shape_numel(&d->input);
         job->classes = d->classes;
 out:
         free(d);
@@ -265,7 +267,8 @@ int job_validate(const Job *job, char *err, size_t errlen) {
         if (job->chunk_floats < 1 || job->chunk_floats > JOB_MAX_CHUNK_FLOATS)
                 return job_err(err, errlen, "chunk_floats %u out of range 1..%u", job->chunk_floats,
                                JOB_MAX_CHUNK_FLOATS);
-        if (job->ntensors < 1 || job->ntensors > JOB_MAX_TENSORS || job->in_numel < 1 || job->classes < 1)
+        if (job->ntensors < 1 || job->ntensors > JOB_MAX_TENSORS ||
+            (!job->external && (job->in_numel < 1 || job->classes < 1)))
                 return job_err(err, errlen, "model %s has %zu tensors, %u inputs, %u classes", job->model_name,
                                job->ntensors, job->in_numel, job->classes);
         for (size_t i = 0; i < job->ntensors; i++) {
@@ -321,6 +324,15 @@ int job_validate(const Job *job, char *err, size_t errlen) {
         if (job->mode == MODE_FED && job->sparsify > 0.0f)
                 return job_err(err, errlen, "--sparsify is for training jobs; a federated job's updates are "
                                             "sparsified with --compress topk:F");
+        bool buffers = false;
+        for (size_t i = 0; i < job->ntensors; i++)
+                buffers |= job->tensors[i].buffer;
+        if (buffers && job->sparsify > 0.0f)
+                return job_err(err, errlen, "--sparsify drops values of each push, and a buffer tensor (a "
+                                            "running mean) needs them all: a model with buffers trains dense");
+        if (job->external && job->mode == MODE_FED)
+                return job_err(err, errlen, "model %s lists tensors only; federated rounds train models built "
+                                            "from layers (docs/models.md)", job->model_name);
         if (job->mode == MODE_FED && job->wire != JOB_WIRE_F32)
                 return job_err(err, errlen, "--wire bf16 is for training jobs; a federated job's updates are "
                                             "encoded with --compress bf16");

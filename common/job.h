@@ -42,13 +42,14 @@ typedef struct OptimConf {
 #define JOB_MAX_REPLICAS 8u
 
 typedef struct JobTensor {
-        char name[32];
+        char name[MD_MAX_NAME];
         uint32_t shape[4];
         unsigned ndim;
         uint64_t numel;
         TensorInit init;
         uint32_t nchunks;
         uint32_t fan_in, fan_out;
+        bool buffer;         /* not trained: each update sets the mean of the pushed values (MdTensor) */
 } JobTensor;
 
 /* A federated job's rounds (mode fed): what pscoord samples and waits for,
@@ -91,6 +92,7 @@ typedef struct Job {
         size_t ntensors;
         uint32_t in_numel;         /* values of one sample the model takes */
         uint32_t classes;          /* of its labels, 0..classes-1 */
+        bool external;             /* tensors alone: computed by the client (0 inputs, 0 classes) */
         OptimConf optim;
         ConsistencyMode mode;
         uint32_t staleness;  /* SSP: a worker at clock c pulls once the slowest reached c - staleness */

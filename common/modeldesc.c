@@ -506,6 +506,118 @@ static int parse_json_layer(json_t *o, size_t li, MdLayer *l, char *err, size_t 
         return 0;
 }
 
+/* A name of 1..MD_MAX_NAME-1 letters, digits, '-', '_' or '.'. */
+static bool name_ok(const char *s, size_t max) {
+        size_t n = s ? strlen(s) : 0;
+        bool ok = n > 0 && n < max;
+        for (size_t i = 0; ok && i < n; i++)
+                ok = (s[i] >= 'a' && s[i] <= 'z') || (s[i] >= 'A' && s[i] <= 'Z') || (s[i] >= '0' && s[i] <= '9') ||
+                     s[i] == '-' || s[i] == '_' || s[i] == '.';
+        return ok;
+}
+
+/* One entry of an external model's "tensors". */
+static int parse_json_tensor(json_t *o, size_t i, ModelDesc *d, char *err, size_t errlen) {
+        const char *key, *name = NULL;
+        json_t *v;
+        char why[160];
+
+        if (!json_is_object(o))
+                return reason_set(err, errlen, -EINVAL, "tensor %zu: expected an object with \"name\" and \"shape\"", i);
+        v = json_object_get(o, "name");
+        name = json_string_value(v);
+        if (!name_ok(name, MD_MAX_NAME))
+                return reason_set(err, errlen, -EINVAL,
+                                  "tensor %zu: field 'name': 1..%d letters, digits, '-', '_' or '.'", i, MD_MAX_NAME - 1);
+        for (size_t k = 0; k < i; k++)
+                if (strcmp(d->tensors[k].name, name) == 0)
+                        return reason_set(err, errlen, -EINVAL, "tensor %zu (%s): the name is used twice", i, name);
+        MdTensor *t = &d->tensors[i];
+        memset(t, 0, sizeof *t);
+        snprintf(t->name, sizeof t->name, "%s", name);
+        why[0] = '\0';
+        json_object_foreach(o, key, v) {
+                if (strcmp(key, "name") == 0)
+                        continue;
+                if (strcmp(key, "shape") == 0) {
+                        if (!json_is_array(v) || json_array_size(v) < 1 || json_array_size(v) > 4) {
+                                snprintf(why, sizeof why, "field 'shape': expected 1 to 4 dimensions");
+                                break;
+                        }
+                        t->ndim = (unsigned) json_array_size(v);
+                        t->numel = 1;
+                        for (unsigned k = 0; k < t->ndim; k++) {
+                                if (get_uint(json_array_get(v, k), 1, INT32_MAX, &t->shape[k]) < 0) {
+                                        snprintf(why, sizeof why, "field 'shape': dimension %u is not a whole number "
+                                                 "1..%d", k, INT32_MAX);
+                                        break;
+                                }
+                                t->numel *= t->shape[k];
+                        }
+                        if (!why[0] && t->numel > MD_MAX_TENSOR_FLOATS)
+                                snprintf(why, sizeof why, "%llu values, at most %llu in a tensor",
+                                         (unsigned long long) t->numel, (unsigned long long) MD_MAX_TENSOR_FLOATS);
+                } else if (strcmp(key, "init") == 0) {
+                        const char *s = json_string_value(v);
+                        size_t k = 0;
+                        while (s && k < ELEMENTSOF(init_names) && strcmp(init_names[k], s) != 0)
+                                k++;
+                        if (!s || k == ELEMENTSOF(init_names)) {
+                                snprintf(why, sizeof why,
+                                         "field 'init': expected \"zeros\", \"ones\", \"he\", \"xavier\" or \"normal\"");
+                                break;
+                        }
+                        t->init = (TensorInit) k;
+                } else if (strcmp(key, "buffer") == 0) {
+                        if (!json_is_boolean(v)) {
+                                snprintf(why, sizeof why, "field 'buffer': expected true or false");
+                                break;
+                        }
+                        t->buffer = json_is_true(v);
+                } else {
+                        snprintf(why, sizeof why, "unknown field '%.32s' (name, shape, init, buffer)", key);
+                        break;
+                }
+                if (why[0])
+                        break;
+        }
+        if (!why[0] && t->ndim == 0)
+                snprintf(why, sizeof why, "field 'shape' is required");
+        if (!why[0] && (t->init == INIT_HE || t->init == INIT_XAVIER) && t->ndim < 2)
+                snprintf(why, sizeof why, "init '%s' needs a weight of 2 dimensions or more (fan in and out)",
+                         init_names[t->init]);
+        if (why[0])
+                return reason_set(err, errlen, -EINVAL, "tensor %zu (%s): %s", i, t->name, why);
+        /* Fans as PyTorch's: in = dims 1.. , out = dim 0 x dims 2.. */
+        uint64_t rest = 1;
+        for (unsigned k = 2; k < t->ndim; k++)
+                rest *= t->shape[k];
+        uint64_t fan_in = t->ndim > 1 ? t->shape[1] * rest : t->shape[0];
+        uint64_t fan_out = t->ndim > 1 ? t->shape[0] * rest : t->shape[0];
+        t->fan_in = (uint32_t) MIN(fan_in, (uint64_t) UINT32_MAX);
+        t->fan_out = (uint32_t) MIN(fan_out, (uint64_t) UINT32_MAX);
+        return 0;
+}
+
+/* {"name": ..., "tensors": [...]}: an external model (ModelDesc.external). */
+static int parse_json_tensors(json_t *list, ModelDesc *d, char *err, size_t errlen) {
+        if (!json_is_array(list) || json_array_size(list) == 0 || json_array_size(list) > MD_MAX_TENSORS)
+                return reason_set(err, errlen, -EINVAL, "field 'tensors': expected a list of 1..%d tensors",
+                                  MD_MAX_TENSORS);
+        d->external = true;
+        d->ntensors = json_array_size(list);
+        bool trained = false;
+        for (size_t i = 0; i < d->ntensors; i++) {
+                int r = parse_json_tensor(json_array_get(list, i), i, d, err, errlen);
+                if (r < 0)
+                        return r;
+                trained |= !d->tensors[i].buffer;
+        }
+        if (!trained)
+                return reason_set(err, errlen, -EINVAL, "the model has no parameters to train (every tensor is a buffer)");
+        return 0;
+}
+
 static int parse_json(const char *text, ModelDesc *d, char *err, size_t errlen) {
         json_error_t jerr;
         json_t *root, *v, *layers;
@@ -520,20 +632,18 @@ static int parse_json(const char *text, ModelDesc *d, char *err, size_t errlen) 
                 reason_set(err, errlen, -EINVAL, "expected a JSON object with \"input\" and \"layers\"");
                 goto out;
         }
+        bool external = json_object_get(root, "tensors") != NULL;
         json_object_foreach(root, key, v)
-                if (strcmp(key, "name") != 0 && strcmp(key, "input") != 0 && strcmp(key, "layers") != 0) {
-                        reason_set(err, errlen, -EINVAL, "unknown field '%.32s' (name, input, layers)", key);
+                if (strcmp(key, "name") != 0 && strcmp(key, external ? "tensors" : "input") != 0 &&
+                    (external || strcmp(key, "layers") != 0)) {
+                        reason_set(err, errlen, -EINVAL, "unknown field '%.32s' (%s)", key,
+                                   external ? "name, tensors; a model of layers has no 'tensors'" : "name, input, layers");
                         goto out;
                 }
         v = json_object_get(root, "name");
         if (v) {
                 const char *s = json_string_value(v);
-                size_t n = s ? strlen(s) : 0;
-                bool ok = n > 0 && n < sizeof d->name;
-                for (size_t i = 0; ok && i < n; i++)
-                        ok = (s[i] >= 'a' && s[i] <= 'z') || (s[i] >= 'A' && s[i] <= 'Z') || (s[i] >= '0' && s[i] <= '9') ||
-                             s[i] == '-' || s[i] == '_' || s[i] == '.';
-                if (!ok) {
+                if (!name_ok(s, sizeof d->name)) {
                         reason_set(err, errlen, -EINVAL, "field 'name': 1..%zu letters, digits, '-', '_' or '.'",
                                    sizeof d->name - 1);
                         goto out;
@@ -541,6 +651,10 @@ static int parse_json(const char *text, ModelDesc *d, char *err, size_t errlen) 
                 snprintf(d->name, sizeof d->name, "%s", s);
         } else
                 snprintf(d->name, sizeof d->name, "custom");
+        if (external) {
+                r = parse_json_tensors(json_object_get(root, "tensors"), d, err, errlen);
+                goto out;
+        }
 
         v = json_object_get(root, "input");
         if (!json_is_array(v) || json_array_size(v) < 1 || json_array_size(v) > 3) {
@@ -626,9 +740,27 @@ int modeldesc_format(const ModelDesc *d, char *buf, size_t n) {
         return modeldesc_json(d, buf, n);
 }
 
+static int tensors_json(const ModelDesc *d, char *buf, size_t n) {
+        size_t off = 0;
+        int r = append(buf, n, &off, "{\"name\":\"%s\",\"tensors\":[", d->name);
+        for (size_t i = 0; i < d->ntensors && r == 0; i++) {
+                const MdTensor *t = &d->tensors[i];
+                r = append(buf, n, &off, "%s{\"name\":\"%s\",\"shape\":[", i ? "," : "", t->name);
+                for (unsigned k = 0; k < t->ndim && r == 0; k++)
+                        r = append(buf, n, &off, "%s%u", k ? "," : "", t->shape[k]);
+                if (r == 0)
+                        r = append(buf, n, &off, "],\"init\":\"%s\"%s}", init_names[t->init],
+                                   t->buffer ? ",\"buffer\":true" : "");
+        }
+        return r == 0 ? append(buf, n, &off, "]}") : r;
+}
+
 int modeldesc_json(const ModelDesc *d, char *buf, size_t n) {
         size_t off = 0;
         int r;
+
+        if (d->external)
+                return tensors_json(d, buf, n);
 
         r = append(buf, n, &off, "{\"name\":\"%s\",\"input\":[", d->name);
         for (unsigned i = 0; i < d->input.rank && r == 0; i++)

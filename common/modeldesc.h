@@ -11,6 +11,11 @@
  *        "layers": [{"type": "conv2d", "out": 16, "kernel": 3, "padding": 1},
  *                   {"type": "relu"}, {"type": "flatten"},
  *                   {"type": "linear", "out": 10}]}
+ *     or, for a model the client computes (an external model: any PyTorch
+ *     module, through psnet.torch), its tensors alone:
+ *       {"name": "resnet18", "tensors": [
+ *          {"name": "conv1.weight", "shape": [64, 1, 7, 7], "init": "he"},
+ *          {"name": "bn1.running_mean", "shape": [64], "init": "zeros", "buffer": true}]}
  * A job carries the text (a JSON model in the canonical form modeldesc_format
  * writes, every default spelled out), so every program reads the same model.
  *
@@ -26,12 +31,14 @@ typedef enum { INIT_ZEROS, INIT_HE, INIT_XAVIER, INIT_ONES, INIT_NORMAL } Tensor
 #define INIT_NORMAL_STD 0.02
 
 #define MD_MAX_LAYERS 64
-#define MD_MAX_TENSORS 64
-#define MD_MAX_TEXT 4096        /* a model's text in a job */
-#define MD_MAX_FILE (64 * 1024) /* a description file */
+#define MD_MAX_TENSORS 512         /* a torchvision ResNet-50's state_dict has 320 */
+#define MD_MAX_NAME 96             /* a tensor's name, with its NUL */
+#define MD_MAX_TEXT (64 * 1024)    /* a model's text in a job */
+#define MD_MAX_FILE (256 * 1024)   /* a description file */
 #define MD_MAX_DIM 65536u       /* a width, a channel count, a vocabulary */
 #define MD_MAX_SPATIAL 4096u    /* an image side, a token count */
 #define MD_MAX_KERNEL 64u
+#define MD_MAX_TENSOR_FLOATS (1ull << 36) /* values in one tensor of an external model */
 #define MD_MAX_SAMPLE_FLOATS (1u << 24) /* one sample's activation in any layer */
 
 typedef enum {
@@ -69,12 +76,13 @@ typedef struct MdLayer {
 } MdLayer;
 
 typedef struct MdTensor {
-        char name[32];      /* PyTorch state_dict name, e.g. "0.weight" */
+        char name[MD_MAX_NAME]; /* PyTorch state_dict name, e.g. "0.weight" */
         uint32_t shape[4];  /* PyTorch's layout */
         unsigned ndim;
         uint64_t numel;
         TensorInit init;
         uint32_t fan_in, fan_out;
+        bool buffer;        /* not trained: the shards keep the mean of the values workers push */
 } MdTensor;
 
 typedef struct ModelDesc {
@@ -85,6 +93,9 @@ typedef struct ModelDesc {
         uint32_t classes; /* the last layer's width: the labels are 0..classes-1 */
         MdTensor tensors[MD_MAX_TENSORS];
         size_t ntensors;
+        /* A list of tensors, no layers: the client computes the model (its
+         * own framework, e.g. psnet.torch); no input shape, no classes. */
+        bool external;
 } ModelDesc;
 
 /* Reads any of the three spellings into *ret (shapes and tensors derived).

@@ -279,7 +279,7 @@ int job_from_proto(const Psnet__JobSpec *spec, Job *ret, char *err, size_t errle
                 if (!t || !t->name)
                         return conv_err(err, errlen, "tensor %zu lacks a required field", i);
                 if (strcmp(t->name, jt->name) != 0)
-                        return conv_err(err, errlen, "tensor %zu is named '%.32s', model %s says %s", i, t->name,
+                        return conv_err(err, errlen, "tensor %zu is named '%.96s', model %s says %s", i, t->name,
                                         j.model, jt->name);
                 if (t->n_shape != jt->ndim || (t->n_shape > 0 && !t->shape) ||
                     memcmp(t->shape, jt->shape, jt->ndim * sizeof *t->shape) != 0)

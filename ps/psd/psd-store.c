@@ -473,6 +473,17 @@ int store_apply(Store *s, Chunk *c, const float *g, float gscale, ConsistencyMod
         int r = chunk_make_writable(s, c);
         if (r < 0)
                 return r;
+        if (s->job.tensors[c->tensor].buffer) {
+                /* Not trained: g (the workers' mean under BSP, one worker's
+                 * values under ASP and SSP with gscale 1/W) is where the
+                 * value goes, all of it or 1/W of the way. */
+                float *w = c->val->data;
+                for (uint32_t i = 0; i < c->len; i++)
+                        w[i] += gscale * (g[i] - w[i]);
+                c->steps++;
+                s->stats.applied++;
+                return 0;
+        }
         OptimConf o = s->job.optim;
         o.lr *= job_lr_factor(&s->job, mode, (uint32_t) nworkers, clock, progress);
         s->stats.last_lr = o.lr;

@@ -181,8 +181,10 @@ int store_lookup_keys(Store *s, const Psnet__Header *h, Chunk **chunks, char *re
 /* Applies one update gscale * g (len floats: the mean over nworkers members'
  * gradients with gscale 1, or one push with gscale 1/W) of clock under mode,
  * at the job's progress the pushes carried (negative: none): the job's
- * optimizer with lr times job_lr_factor. Copies the values first if a reply
- * reads them. */
+ * optimizer with lr times job_lr_factor. A buffer tensor's chunk (running
+ * statistics, not trained) moves gscale of the way to g instead: BSP gives
+ * the workers' mean with gscale 1, ASP and SSP each push with 1/W. Copies the
+ * values first if a reply reads them. */
 int store_apply(Store *s, Chunk *c, const float *g, float gscale, ConsistencyMode mode, size_t nworkers, int64_t clock,
                 float progress);
 /* One federated round on c (mode fed): the job's strategy over the n client

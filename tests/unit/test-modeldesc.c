@@ -165,10 +165,10 @@ static void test_errors(void) {
                       "refused with '%s'%s%s: %s", bad[i].want1, bad[i].want2 ? " and " : "",
                       bad[i].want2 ? bad[i].want2 : "", err);
         }
-        /* 65 tensors: six transformer blocks have 72. */
-        char big[MD_MAX_TEXT];
+        /* More than 512 tensors: 43 transformer blocks have 516. */
+        static char big[MD_MAX_TEXT];
         size_t off = (size_t) snprintf(big, sizeof big, "{\"input\":[2,4],\"layers\":[");
-        for (int i = 0; i < 6; i++)
+        for (int i = 0; i < 43; i++)
                 off += (size_t) snprintf(big + off, sizeof big - off, "{\"type\":\"transformer\",\"heads\":1,\"hidden\":4},");
         snprintf(big + off, sizeof big - off, "{\"type\":\"mean\"},{\"type\":\"linear\",\"out\":2}]}");
         CHECK(modeldesc_parse(big, &d, err, sizeof err) == -EINVAL && strstr(err, "parameter tensors"),
@@ -184,7 +184,64 @@ static void test_errors(void) {
         }
 }
 
+/* A model of tensors alone (computed by its client): names as long as
+ * torchvision's, buffers, inits, the canonical text read back, and refusals. */
+static void test_external(void) {
+        static char text[MD_MAX_TEXT];
+        char err[256];
+        const char *m = "{\"name\":\"resnet-part\",\"tensors\":["
+                        "{\"name\":\"layer4.1.downsample.1.running_mean\",\"shape\":[512],\"buffer\":true},"
+                        "{\"name\":\"conv1.weight\",\"shape\":[64,1,7,7],\"init\":\"he\"},"
+                        "{\"name\":\"bn1.weight\",\"shape\":[64],\"init\":\"ones\"}]}";
+        CHECK(modeldesc_parse(m, &d, err, sizeof err) == 0, "a list of tensors parses (%s)", err);
+        const MdTensor *c = tensor("conv1.weight"), *b = tensor("layer4.1.downsample.1.running_mean");
+        CHECK(d.external && d.nlayers == 0 && d.ntensors == 3 && d.classes == 0, "external, 3 tensors, no layers");
+        CHECK(c && c->numel == 64 * 49 && c->fan_in == 49 && c->fan_out == 64 * 49 && c->init == INIT_HE && !c->buffer,
+              "conv1.weight: numel, PyTorch's fans, he");
+        CHECK(b && b->buffer && b->init == INIT_ZEROS && b->numel == 512, "a buffer of 512 zeros");
+        CHECK(modeldesc_format(&d, text, sizeof text) == 0 && strstr(text, "\"buffer\":true") &&
+              !strstr(text, "layers"), "the canonical text: %s", text);
+        ModelDesc *again = malloc(sizeof *again);
+        if (again) {
+                CHECK(modeldesc_parse(text, again, err, sizeof err) == 0 && again->ntensors == d.ntensors &&
+                      memcmp(again->tensors, d.tensors, sizeof d.tensors[0] * d.ntensors) == 0,
+                      "the canonical text reads back to the same tensors");
+                free(again);
+        }
+        /* 512 tensors fit the text and the model; 513 do not. */
+        size_t off = (size_t) snprintf(text, sizeof text, "{\"tensors\":[");
+        for (int i = 0; i < MD_MAX_TENSORS; i++)
+                off += (size_t) snprintf(text + off, sizeof text - off, "%s{\"name\":\"layer%d.conv.weight\",\"shape\":[8,8]}",
+                                         i ? "," : "", i);
+        snprintf(text + off, sizeof text - off, "]}");
+        CHECK(modeldesc_parse(text, &d, err, sizeof err) == 0 && d.ntensors == MD_MAX_TENSORS, "%d tensors (%s)",
+              MD_MAX_TENSORS, err);
+        snprintf(text + off, sizeof text - off, ",{\"name\":\"x\",\"shape\":[1]}]}");
+        CHECK(modeldesc_parse(text, &d, err, sizeof err) == -EINVAL && strstr(err, "1..512 tensors"),
+              "513 refused: %s", err);
+        static const struct {
+                const char *json, *want;
+        } bad[] = {
+                { "{\"tensors\":[]}", "1..512 tensors" },
+                { "{\"tensors\":[{\"name\":\"a\",\"shape\":[2]}],\"input\":[2]}", "unknown field 'input'" },
+                { "{\"tensors\":[{\"name\":\"a b\",\"shape\":[2]}]}", "tensor 0: field 'name'" },
+                { "{\"tensors\":[{\"name\":\"a\",\"shape\":[2]},{\"name\":\"a\",\"shape\":[3]}]}", "used twice" },
+                { "{\"tensors\":[{\"name\":\"a\"}]}", "tensor 0 (a): field 'shape' is required" },
+                { "{\"tensors\":[{\"name\":\"a\",\"shape\":[2,0]}]}", "dimension 1" },
+                { "{\"tensors\":[{\"name\":\"a\",\"shape\":[1,2,3,4,5]}]}", "1 to 4 dimensions" },
+                { "{\"tensors\":[{\"name\":\"a\",\"shape\":[4],\"init\":\"he\"}]}", "2 dimensions or more" },
+                { "{\"tensors\":[{\"name\":\"a\",\"shape\":[4],\"init\":\"kaiming\"}]}", "field 'init'" },
+                { "{\"tensors\":[{\"name\":\"a\",\"shape\":[4],\"dtype\":\"f16\"}]}", "unknown field 'dtype'" },
+                { "{\"tensors\":[{\"name\":\"a\",\"shape\":[4],\"buffer\":true}]}", "no parameters to train" },
+                { "{\"tensors\":[{\"name\":\"a\",\"shape\":[65536,65536,65536]}]}", "at most" },
+        };
+        for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++)
+                CHECK(modeldesc_parse(bad[i].json, &d, err, sizeof err) == -EINVAL && strstr(err, bad[i].want),
+                      "refused with '%s': %s", bad[i].want, err);
+}
+
 int main(void) {
+        test_external();
         test_mlp();
         test_builtins();
         test_json();

@@ -274,6 +274,10 @@ int model_new_text(KBackend *kb, const char *text, int max_batch, Model **ret, c
         if (!d)
                 return reason_set(err, errlen, -ENOMEM, "out of memory");
         r = modeldesc_parse(text, d, err, errlen);
+        if (r >= 0 && d->external)
+                r = reason_set(err, errlen, -EOPNOTSUPP,
+                               "model %s lists tensors only: its client computes it (psnet.torch, "
+                               "docs/python.md); workerd builds models of layers", d->name);
         if (r >= 0)
                 r = model_new(kb, d, max_batch, ret, err, errlen);
         ps_free(d);

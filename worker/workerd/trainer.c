@@ -564,6 +564,11 @@ static int trainer_setup(Trainer *t) {
         char err[256];
         const Job *job = t->job;
         uint32_t batch = job->batch;
+        if (job->external) {
+                log_error("model %s lists tensors only: its client computes it (psnet.torch, docs/python.md); "
+                          "workerd builds models of layers", job->model_name);
+                return -EOPNOTSUPP;
+        }
         if (dataset_check_model(t->train, t->test, job->in_numel, job->classes, err, sizeof err) < 0) {
                 log_error("model %s does not fit the data in %s: %s", job->model_name, t->data_dir, err);
                 return -EINVAL;
