@@ -10,9 +10,9 @@ client (psnet.h, "Blocking"; standard library only).
     w.result(); w.leave(); w.close()
 
 libpsnet keeps the worker's lease on a thread of its own while Python
-computes. The library is found through $PSNET_LIB (its path), then in the
-source tree's build/ directory, then where the system keeps libraries
-(libpsnet.so.0, installed with psnet). Failures raise PsnetError (an OSError
+computes. The library is found through $PSNET_LIB (its path), then inside
+the package (pip install), then in the source tree's build/ directory, then
+where the system keeps libraries (libpsnet.so.0, installed with psnet). Failures raise PsnetError (an OSError
 with the errno and libpsnet's reason)."""
 import ctypes
 import ctypes.util
@@ -67,9 +67,10 @@ def _find_library():
     if os.environ.get("PSNET_LIB"):
         return os.environ["PSNET_LIB"]
     here = os.path.dirname(os.path.abspath(__file__))
-    built = os.path.join(here, "..", "..", "build", "worker", "client", "libpsnet.so")
-    if os.path.exists(built):
-        return built
+    for p in (os.path.join(here, "libpsnet.so"),  # pip install: inside the package
+              os.path.join(here, "..", "..", "build", "worker", "client", "libpsnet.so")):  # the source tree
+        if os.path.exists(p):
+            return p
     return ctypes.util.find_library("psnet") or "libpsnet.so.0"
 
 
@@ -193,7 +194,7 @@ class Worker:
 
     def model(self):
         """The job's model description (docs/models.md), as a dict."""
-        buf = ctypes.create_string_buffer(1 << 16)
+        buf = ctypes.create_string_buffer(1 << 18)
         _check(_lib.psnet_sync_model_json(self._s, buf, len(buf)), "the model's description")
         return json.loads(buf.value)
 
