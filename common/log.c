@@ -109,3 +109,19 @@ int reason_set(char *buf, size_t n, int r, const char *fmt, ...) {
         }
         return r;
 }
+
+const char *bytes_human(uint64_t bytes, char *buf, size_t n) {
+        static const char *const units[] = { "KiB", "MiB", "GiB", "TiB" };
+        if (bytes < 1024) {
+                snprintf(buf, n, "%llu bytes", (unsigned long long) bytes);
+                return buf;
+        }
+        double v = (double) bytes / 1024.0;
+        size_t u = 0;
+        while (v >= 1024.0 && u + 1 < sizeof units / sizeof units[0]) {
+                v /= 1024.0;
+                u++;
+        }
+        snprintf(buf, n, "%.1f %s", v, units[u]);
+        return buf;
+}

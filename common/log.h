@@ -40,3 +40,5 @@ int log_internal(int level, int err, const char *fmt, ...) _printf_(3, 4);
 /* Writes a reason for people into buf (when buf is not NULL and n > 0) and
  * returns r: `return reason_set(err, errlen, -EINVAL, "bad --x '%s'", x);`. */
 int reason_set(char *buf, size_t n, int r, const char *fmt, ...) __attribute__((format(printf, 4, 5)));
+/* A size for people to read in a reason: "512 bytes", "4.0 MiB", "1.5 GiB". */
+const char *bytes_human(uint64_t bytes, char *buf, size_t n);

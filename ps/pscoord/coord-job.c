@@ -150,8 +150,10 @@ void coord_handle_job_submit(Coord *c, WireMsg *m) {
                         shards++;
                 }
         if (shards && shards >= MAX(job.expect_shards, 1u) && need > limit) {
-                snprintf(err, sizeof err, "the model needs %.1f GiB of values and optimizer state; the %zu shards "
-                         "hold %.1f GiB between them", (double) need / (1u << 30), shards, (double) limit / (1u << 30));
+                char a[32], b[32];
+                snprintf(err, sizeof err, "the model needs %s of values and optimizer state; the %zu shard%s "
+                         "hold%s %s between them (--memory-limit)", bytes_human(need, a, sizeof a), shards,
+                         shards == 1 ? "" : "s", shards == 1 ? "s" : "", bytes_human(limit, b, sizeof b));
                 coord_reply_error(c, &m->route, m->hdr->seq, PSNET__STATUS__STATUS_RESOURCE, err);
                 return;
         }

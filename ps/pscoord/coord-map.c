@@ -246,10 +246,11 @@ bool coord_job_fits(Coord *c, char *reason, size_t n) {
                         uint64_t total = 0;
                         for (size_t j = 0; j < ns; j++)
                                 total += share[j];
-                        snprintf(reason, n, "the model needs %.1f GiB of values and optimizer state; shard %u would "
-                                 "hold %.1f GiB but has %.1f GiB (add shards or use a smaller model)",
-                                 (double) total / (1u << 30), p->id, (double) share[i] / (1u << 30),
-                                 (double) p->memory_limit / (1u << 30));
+                        char a[32], b[32], l[32];
+                        snprintf(reason, n, "the model needs %s of values and optimizer state; shard %u would "
+                                 "hold %s but has %s (add shards or use a smaller model)",
+                                 bytes_human(total, a, sizeof a), p->id, bytes_human(share[i], b, sizeof b),
+                                 bytes_human(p->memory_limit, l, sizeof l));
                         return false;
                 }
                 if (p->max_msg && frame > p->max_msg) {

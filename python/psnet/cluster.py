@@ -92,6 +92,8 @@ class LocalCluster:
         self.shards, self.memory_limit, self.timeout, self.keep = shards, memory_limit, timeout, keep
         self.log_level = log_level
         self._own_dir = dir is None
+        if dir:
+            os.makedirs(dir, mode=0o700, exist_ok=True)
         self.dir = dir or tempfile.mkdtemp(prefix="psnet-")
         os.chmod(self.dir, 0o700)
         self.coord = f"ipc://{self.dir}/coord.sock"

@@ -74,9 +74,10 @@ def _entries(model):
             continue
         seen.add(id(t))
         trained = params.get(id(t), False)
-        if not (t.is_floating_point() or (not trained and t.dtype in (torch.int64, torch.int32, torch.bool))):
+        integer = not t.is_floating_point() and not t.is_complex()
+        if not (t.is_floating_point() or (not trained and integer)):
             raise TypeError(f"tensor '{name}' is {t.dtype}: psnet trains floating-point parameters "
-                            "(integer buffers such as num_batches_tracked are kept as floats)")
+                            "(integer and bool buffers, such as num_batches_tracked, are kept as floats)")
         out.append((name, t, trained))
     if not any(tr for _, _, tr in out):
         raise ValueError("the model has no parameter that requires a gradient")
@@ -166,12 +167,14 @@ class Optimizer:
     every shard must read (a LocalCluster's own directory by default; without
     one, the shards' initialisers are used and a line says so). chunk_kb:
     the size of the keys tensors are cut into. progress: a line or tqdm bar
-    per step on rank 0. keys: CURVE keys directory (psctl keys gen)."""
+    per step on rank 0. keys: CURVE keys directory (psctl keys gen).
+    timeout: seconds to wait for pscoord and the job; round_timeout: seconds
+    a step waits for the shards before it raises (libpsnet's default: 120)."""
 
     def __init__(self, model, coord, optim="sgd", lr=0.01, momentum=0.0, weight_decay=0.0, betas=(0.9, 0.999),
                  eps=1e-8, mode="bsp", workers=1, lr_scaling="none", lr_schedule="constant", total_steps=None,
                  init="model", init_dir=None, chunk_kb=None, name=None, progress=True, keys=None,
-                 timeout=60.0):
+                 timeout=60.0, round_timeout=None):
         self.model = model
         self.coord = _endpoint(coord)
         self.keys = keys
@@ -181,7 +184,8 @@ class Optimizer:
             init_dir = coord.dir
         self._submit_if_needed(optim, lr, momentum, weight_decay, betas, eps, mode, workers, lr_scaling,
                                lr_schedule, total_steps, init, init_dir, chunk_kb, timeout)
-        self.w = Worker(self.coord, keys_dir=keys, connect_timeout_ms=int(timeout * 1000))
+        self.w = Worker(self.coord, keys_dir=keys, connect_timeout_ms=int(timeout * 1000),
+                        round_timeout_ms=int(round_timeout * 1000) if round_timeout else 0)
         try:
             self.w.wait_job(timeout)
             diff = _first_difference(self.desc, self.w.model())
@@ -228,7 +232,7 @@ class Optimizer:
             args += ["--init", path]
         rc, out, err = psctl(self.coord, *args, keys=self.keys, timeout=min(timeout, 30.0))
         if rc != 0:
-            msg = (err or out).strip().replace("psctl: ", "")
+            msg = (err or out).strip().replace("psctl: ", "").replace("pscoord refused: ", "")
             if "a job is running" in msg:
                 return  # another worker's job started meanwhile: join it, then check
             raise PsnetError(22, f"pscoord at {self.coord} refused the job: {msg}")
@@ -373,10 +377,8 @@ class Optimizer:
             self._pull(self.clock)
             return loss
         except PsnetError as e:
-            why = self.w.reason()
-            raise PsnetError(e.errno, f"step at clock {self.clock} failed: {e.strerror}"
-                             f"{'; ' + why if why else ''} (the shards' state stands: step() again retries "
-                             "it)") from None
+            raise PsnetError(e.errno, f"step at clock {self.clock} failed: {e.strerror}; "
+                             f"{self._cluster_says()}") from None
         self.clock += 1
         self.steps += 1
         self._copy_in()
@@ -386,6 +388,19 @@ class Optimizer:
                         self.steps / dt, 0.0, 0.0, 0)
         self._progress.update(self.steps, self.clock, lv, self.steps / dt)
         return loss
+
+    def _cluster_says(self):
+        """What pscoord says of the job and its shards, for an error."""
+        try:
+            st = status(self.coord, keys=self.keys, timeout=2.0)
+        except (PsnetError, OSError, ValueError) as e:
+            return f"and pscoord does not answer either ({e})"
+        job = st.get("job") or {}
+        shards = ", ".join(f"{s['id']} at {s['endpoint']}" for s in st.get("shards") or []) or "none"
+        if job.get("state") == "running":
+            return (f"the job is running, with shards {shards}: step() again retries the step from the shards' "
+                    "state")
+        return f"pscoord: the job is {job.get('state')}: {job.get('reason') or 'no reason given'} (shards: {shards})"
 
     def stopping(self):
         """True when the operator stopped the job (psctl job stop) or this

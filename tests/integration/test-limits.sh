@@ -107,7 +107,7 @@ psnet_start psd3 "$PSD" --id 1 --listen "ipc://$RUN/psd3.sock" --coord "$COORD" 
 psnet_start w3 "$WORKERD" --coord "$COORD"
 out=$("$PSCTL" --coord "$COORD" job wait --wait 30); rc=$?
 ok $(( rc == 0 )) "a 224 GiB model on a 1 GiB shard: the job fails ($out)"
-grep -q 'state=failed reason="the model needs .* GiB of values and optimizer state; shard 1 would hold' <<<"$out"; ok $? "psctl says why"
+grep -q 'state=failed reason="the model needs .* [KMGT]iB of values and optimizer state; shard 1 would hold' <<<"$out"; ok $? "psctl says why"
 psnet_wait_exit "$PID_w3" 10; ok $? "the worker leaves"
 wait "$PID_w3"; ok $(( $? == 0 )) "with a non-zero exit"
 out=$("$PSCTL" --coord "$COORD" job submit --model "$big" 2>&1); ok $(( $? == 0 )) "submitting it again is refused at once"
