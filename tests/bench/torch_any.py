@@ -1,0 +1,210 @@
+# SPDX-License-Identifier: Apache-2.0
+"""psnet.torch against plain PyTorch on the same host, in the same run
+(printed ratios, never pass/fail):
+
+  speed     one psnet.torch worker (a LocalCluster of 2 shards, tensors in
+            shared memory) against a plain torch.optim loop, same model, batch,
+            optimizer and threads; runs interleaved, the median of --runs;
+            samples/s and their ratio, for psnet's demo CNN and ResNet-18
+  exchange  the ms one step's push and pull adds for ResNet-18 (45 MB of
+            values), against numpy copies of the same bytes (gradients out,
+            values in)
+  accuracy  ResNet-18 (examples/resnet18_fashion.py's), 2 workers under BSP
+            against one plain process on the combined batch, same initial
+            weights, order and optimizer, on --limit images for --epochs
+
+    PYTHONPATH=python /usr/bin/python3 tests/bench/torch_any.py [speed] [exchange] [accuracy]
+        [--runs 3] [--steps 30] [--limit 4096] [--epochs 1] [--threads 1]
+"""
+import argparse
+import importlib.util
+import multiprocessing as mp
+import os
+import statistics
+import sys
+import time
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+import psnet
+import psnet.torch
+from psnet.data import load
+from psnet.models import build
+
+TOP = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..")
+DATA = "/usr/share/datasets/fashion-mnist"
+
+
+def resnet18():
+    spec = importlib.util.spec_from_file_location("ex", os.path.join(TOP, "examples", "resnet18_fashion.py"))
+    ex = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(ex)
+    return ex.resnet18()
+
+
+MODELS = {
+    "cnn": lambda: build({"name": "cnn", "input": [1, 28, 28], "layers": [
+        {"type": "conv2d", "out": 32, "kernel": 3, "padding": 1}, {"type": "relu"}, {"type": "maxpool", "kernel": 2},
+        {"type": "conv2d", "out": 64, "kernel": 3, "padding": 1}, {"type": "relu"}, {"type": "maxpool", "kernel": 2},
+        {"type": "flatten"}, {"type": "linear", "out": 128}, {"type": "relu"}, {"type": "linear", "out": 10}]}),
+    "resnet18": resnet18,
+}
+
+
+def batches(n_steps, batch, seed=0):
+    x, y = load(DATA, "train", n_steps * batch)
+    g = torch.Generator().manual_seed(seed)
+    idx = torch.randperm(len(x), generator=g)
+    x, y = torch.from_numpy(x).reshape(-1, 1, 28, 28)[idx], torch.from_numpy(y)[idx]
+    return [(x[i * batch:(i + 1) * batch], y[i * batch:(i + 1) * batch]) for i in range(n_steps)]
+
+
+def plain(make, data):
+    torch.manual_seed(0)
+    model = make()
+    opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+    xb, yb = data[0]
+    F.cross_entropy(model(xb), yb).backward()  # warm up, as psnet's first step
+    t0 = time.perf_counter()
+    for xb, yb in data:
+        opt.zero_grad()
+        F.cross_entropy(model(xb), yb).backward()
+        opt.step()
+    return sum(len(b[1]) for b in data) / (time.perf_counter() - t0)
+
+
+def on_psnet(make, data, cluster):
+    torch.manual_seed(0)
+    model = make()
+    opt = psnet.torch.Optimizer(model, coord=cluster, lr=0.01, momentum=0.9, progress=False)
+    xb, yb = data[0]
+    F.cross_entropy(model(xb), yb).backward()
+    t0 = time.perf_counter()
+    for xb, yb in data:
+        opt.zero_grad()
+        F.cross_entropy(model(xb), yb).backward()
+        opt.step()
+    rate = sum(len(b[1]) for b in data) / (time.perf_counter() - t0)
+    opt.finish()
+    return rate
+
+
+def speed(args):
+    print(f"== speed: samples/s, one worker against a plain loop (SGD momentum, batch {args.batch}, "
+          f"{args.threads} torch thread(s), median of {args.runs} interleaved runs)")
+    torch.set_num_threads(args.threads)
+    for name, make in MODELS.items():
+        steps = args.steps if name == "cnn" else max(args.steps // 5, 4)
+        data = batches(steps, args.batch)
+        a, b = [], []
+        with psnet.LocalCluster(shards=2) as cluster:
+            for _ in range(args.runs):
+                a.append(plain(make, data))
+                b.append(on_psnet(make, data, cluster))
+        pa, pb = statistics.median(a), statistics.median(b)
+        print(f"{name:9s} plain {pa:8.1f}  psnet.torch {pb:8.1f}  ratio {pb / pa:.3f}  ({steps} steps)", flush=True)
+
+
+def exchange(args):
+    print("== exchange: ms a step's push and pull adds (ResNet-18), against numpy copies of the same bytes")
+    torch.set_num_threads(args.threads)
+    model = resnet18()
+    nbytes = sum(t.numel() * 4 for t in model.state_dict().values())
+    with psnet.LocalCluster(shards=2) as cluster:
+        opt = psnet.torch.Optimizer(model, coord=cluster, lr=1e-9, progress=False)
+        for p in model.parameters():
+            p.grad = torch.zeros_like(p)
+        opt.zero_grad()
+        steps = []
+        for _ in range(args.steps):
+            t0 = time.perf_counter()
+            opt.step()
+            steps.append(time.perf_counter() - t0)
+        opt.finish()
+    src, dst = np.ones(nbytes // 4, np.float32), np.empty(nbytes // 4, np.float32)
+    copies = []
+    for _ in range(args.steps):
+        t0 = time.perf_counter()
+        np.copyto(dst, src)  # the gradients out
+        np.copyto(src, dst)  # the values in
+        copies.append(time.perf_counter() - t0)
+    s, c = statistics.median(steps) * 1e3, statistics.median(copies) * 1e3
+    print(f"resnet18 {nbytes / 1e6:.1f} MB: step's exchange {s:.1f} ms, two memcpy {c:.1f} ms, "
+          f"ratio {s / c:.2f} (median of {args.steps})", flush=True)
+
+
+def _acc_worker(args, coord, init_dir, q):
+    torch.set_num_threads(args.threads)
+    torch.manual_seed(0)
+    model = resnet18()
+    opt = psnet.torch.Optimizer(model, coord=coord, lr=0.05, momentum=0.9, weight_decay=5e-4, workers=2,
+                                init_dir=init_dir, progress=False)
+    data = batches(args.limit // args.batch, args.batch)
+    half = args.batch // 2
+    r = opt.rank
+    for _ in range(args.epochs):
+        for xb, yb in data:
+            opt.zero_grad()
+            F.cross_entropy(model(xb[r * half:(r + 1) * half]), yb[r * half:(r + 1) * half]).backward()
+            opt.step()
+    q.put((r, test_acc(model)))
+    opt.finish()
+
+
+def test_acc(model):
+    tx, ty = load(DATA, "test", 2000)
+    tx, ty = torch.from_numpy(tx).reshape(-1, 1, 28, 28), torch.from_numpy(ty)
+    model.eval()
+    with torch.no_grad():
+        return sum((model(tx[i:i + 500]).argmax(1) == ty[i:i + 500]).sum().item()
+                   for i in range(0, len(tx), 500)) / len(tx)
+
+
+def accuracy(args):
+    print(f"== accuracy: ResNet-18, 2 BSP workers (batch {args.batch // 2} each) against one plain process "
+          f"(batch {args.batch}), {args.limit} images, {args.epochs} epoch(s), 2000 test images")
+    torch.set_num_threads(args.threads)
+    t0 = time.monotonic()
+    torch.manual_seed(0)
+    model = resnet18()
+    opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9, weight_decay=5e-4)
+    data = batches(args.limit // args.batch, args.batch)
+    for _ in range(args.epochs):
+        for xb, yb in data:
+            opt.zero_grad()
+            F.cross_entropy(model(xb), yb).backward()
+            opt.step()
+    ref, t_ref = test_acc(model), time.monotonic() - t0
+    t0 = time.monotonic()
+    with psnet.LocalCluster(shards=2) as cluster:
+        ctx = mp.get_context("spawn")
+        q = ctx.Queue()
+        ps = [ctx.Process(target=_acc_worker, args=(args, cluster.coord, cluster.dir, q)) for _ in range(2)]
+        for p in ps:
+            p.start()
+        got = dict(q.get() for _ in ps)
+        for p in ps:
+            p.join()
+    print(f"plain {ref:.4f} ({t_ref:.0f} s)  psnet.torch 2 workers {got[0]:.4f} ({time.monotonic() - t0:.0f} s)  "
+          f"difference {100 * (got[0] - ref):+.2f} points", flush=True)
+
+
+def main():
+    p = argparse.ArgumentParser()
+    p.add_argument("what", nargs="*", default=["speed", "exchange", "accuracy"])
+    p.add_argument("--runs", type=int, default=3)
+    p.add_argument("--steps", type=int, default=30)
+    p.add_argument("--batch", type=int, default=64)
+    p.add_argument("--limit", type=int, default=2048)
+    p.add_argument("--epochs", type=int, default=1)
+    p.add_argument("--threads", type=int, default=1)
+    args = p.parse_args()
+    for w in args.what:
+        {"speed": speed, "exchange": exchange, "accuracy": accuracy}[w](args)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
