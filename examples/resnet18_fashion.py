@@ -57,6 +57,7 @@ def worker(args, coord, init_dir):
     opt = psnet.torch.Optimizer(model, coord=coord, optim="sgd", lr=args.lr, momentum=0.9, weight_decay=5e-4,
                                 mode="bsp", workers=args.workers, init_dir=init_dir, progress=not args.quiet)
     sampler = opt.sampler(len(x), seed=args.seed)
+    rank, world = opt.rank, opt.world_size  # as the job started (a worker that ends first leaves it)
     t0 = time.monotonic()
     for epoch in range(args.epochs):
         sampler.set_epoch(epoch)
@@ -71,7 +72,7 @@ def worker(args, coord, init_dir):
         if opt.rank == 0:
             print(f"epoch {epoch + 1}: test accuracy {evaluate(model, tx, ty):.4f} "
                   f"({time.monotonic() - t0:.0f} s)", flush=True)
-    acc, rank, world = evaluate(model, tx, ty), opt.rank, opt.world_size
+    acc = evaluate(model, tx, ty)
     opt.finish(evaluate=lambda: evaluate(model, tx, ty))
     print(f"worker {rank} of {world}: final test accuracy {acc:.4f}, "
           f"{len(x) * args.epochs / world / (time.monotonic() - t0):.1f} samples/s", flush=True)

@@ -60,6 +60,21 @@ grep -q 'msg="job submitted"' "$RUN/pscoord-bsp.log" && [ "$(grep -c 'msg="job s
 ok $? "the workers registered the job (one submit, or two for the same model)"
 psnet_stop_all
 
+# examples/resnet18_fashion.py as it is, two workers against daemons started
+# by hand (one process each, --coord), on a few images.
+COORD="ipc://$RUN/r18.sock"
+psnet_start pscoord-r18 "$PSCOORD" --listen "$COORD" --shards 2
+start_shards r 2
+ex=(--coord "$COORD" --rank-of 0 --workers 2 --limit 128 --test-limit 100 --epochs 1 --batch 32 --init-dir "$RUN" --quiet)
+"${PY[@]}" "$PSNET_SRC/examples/resnet18_fashion.py" "${ex[@]}" >"$RUN/r18-1.out" 2>"$RUN/r18-1.log" & p1=$!
+"${PY[@]}" "$PSNET_SRC/examples/resnet18_fashion.py" "${ex[@]}" >"$RUN/r18-2.out" 2>"$RUN/r18-2.log"; r2=$?
+wait $p1; r1=$?
+[ $r1 -eq 0 ] && [ $r2 -eq 0 ] && grep -q 'worker 0 of 2: final' "$RUN"/r18-*.out && grep -q 'worker 1 of 2: final' "$RUN"/r18-*.out
+ok $? "examples/resnet18_fashion.py: torchvision's ResNet-18, two workers of one BSP job ($(cat "$RUN"/r18-*.out | grep final | tr '\n' ' '))"
+"$PSCTL" --coord "$COORD" --json status | jq -e '(.job.model | fromjson | .tensors | length) == 122 and .job.state == "done"' >/dev/null
+ok $? "its job held ResNet-18's 122 state_dict tensors and is done"
+psnet_stop_all
+
 # A worker joins a running job.
 COORD="ipc://$RUN/join.sock"
 psnet_start pscoord-join "$PSCOORD" --listen "$COORD" --shards 1
@@ -104,3 +119,8 @@ rm -rf "$dir"
 
 pycheck errors errors
 pycheck gone gone "$RUN/gone"
+if "${PY[@]}" -c 'import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)' 2>/dev/null; then
+  pycheck cuda cuda
+else
+  TAP_N=$((TAP_N + 1)); echo "ok $TAP_N - a model on CUDA (gradients through page-locked memory) # SKIP no CUDA device here: tests/gpu/device-run checks it where a GPU is lent"
+fi

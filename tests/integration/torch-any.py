@@ -265,6 +265,41 @@ def check_join(coord, role, out):
         open(out.replace("join-2", "join-1") + ".second-done", "w").close()
 
 
+def check_cuda():
+    """A model on the GPU: psnet.torch's gradients through page-locked
+    memory against torch.optim.SGD on the same GPU (TF32 off: float32
+    products on both sides)."""
+    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.backends.cudnn.allow_tf32 = False
+    dev = torch.device("cuda")
+    xs, ys = bsp_batches()
+    xs, ys = xs.to(dev), ys.to(dev)
+    torch.manual_seed(7)
+    ref = Mlp().to(dev)
+    o = torch.optim.SGD(ref.parameters(), **SGD)
+    for s in range(BSP_STEPS):
+        o.zero_grad()
+        F.cross_entropy(ref(xs[s]), ys[s]).backward()
+        o.step()
+    with psnet.LocalCluster(shards=2) as c:
+        torch.manual_seed(7)
+        model = Mlp().to(dev)
+        opt = psnet.torch.Optimizer(model, coord=c, progress=False, **SGD)
+        for s in range(BSP_STEPS):
+            opt.zero_grad()
+            F.cross_entropy(model(xs[s]), ys[s]).backward()
+            opt.step()
+        if any(p.device.type != "cuda" for p in model.parameters()):
+            fail("the model's parameters left the GPU")
+        worst = max(((model.state_dict()[k] - v).abs().max() / v.abs().max().clamp_min(1e-12)).item()
+                    for k, v in ref.state_dict().items())
+        opt.finish()
+    if worst > 1e-5:
+        fail(f"a model on CUDA differs from torch.optim.SGD on the GPU by {worst:.3g} (relative)")
+    say(f"a model on CUDA trains as torch.optim.SGD on the GPU ({BSP_STEPS} steps): largest relative "
+        f"difference {worst:.2g} <= 1e-5")
+
+
 def main():
     check, args = sys.argv[1], sys.argv[2:]
     if check == "anymodel":
@@ -277,6 +312,8 @@ def main():
         check_errors()
     elif check == "gone":
         check_gone(args[0])
+    elif check == "cuda":
+        check_cuda()
     elif check == "join":
         check_join(args[0], args[1], args[2])
     else:
