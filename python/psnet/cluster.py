@@ -62,8 +62,9 @@ def _die_with_parent():
 
 
 def psctl(coord, *args, keys=None, timeout=10.0):
-    """Runs psctl against coord; (exit status, stdout, stderr)."""
-    cmd = [find_program("psctl"), "--coord", coord, "--timeout", str(max(int(timeout), 1))]
+    """Runs psctl against coord (an endpoint or a LocalCluster); (exit
+    status, stdout, stderr)."""
+    cmd = [find_program("psctl"), "--coord", str(coord), "--timeout", str(max(int(timeout), 1))]
     if keys:
         cmd += ["--keys", keys]
     p = subprocess.run(cmd + list(args), capture_output=True, text=True, timeout=timeout + 30)

@@ -26,7 +26,7 @@ done <"$RUN/checks"
 
 # The runtime stage of the Containerfile installs the package of every library
 # the programs link directly (CUDA aside: the image is built without it).
-runtime=$(sed -n '/^FROM docker.io\/library\/debian:12$/,$p' "$PSNET_SRC/deploy/container/Containerfile" |
+runtime=$(sed -n '/^FROM docker.io\/library\/debian:12 AS runtime$/,/^FROM runtime AS python$/p' "$PSNET_SRC/deploy/container/Containerfile" |
   sed -n '/apt-get install/,/rm -rf/p')
 for b in "$PSCOORD" "$PSD" "$WORKERD" "$PSCTL"; do
   missing=()

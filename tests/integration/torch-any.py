@@ -235,6 +235,25 @@ def check_gone(cluster_dir):
         opt.close()
     finally:
         c.close()
+    # Two shards keep each key twice: one killed, its backup takes over.
+    with psnet.LocalCluster(shards=2) as c:
+        model = Mlp()
+        opt = psnet.torch.Optimizer(model, coord=c, progress=False, round_timeout=30)
+        x, y = fashion("train", 64)
+        F.cross_entropy(model(x), y).backward()
+        opt.step()
+        c.procs["psd-2"].send_signal(signal.SIGKILL)
+        c.procs["psd-2"].wait()
+        for _ in range(5):
+            opt.zero_grad()
+            F.cross_entropy(model(x), y).backward()
+            opt.step()
+        st = psnet.cluster.status(c)
+        if st["job"]["state"] != "running" or len(st["shards"]) != 1:
+            fail(f"after a shard's death: job {st['job']['state']}, {len(st['shards'])} shards")
+        say(f"with two shards, one killed mid-job: its backup takes over and 5 more steps go on "
+            f"(failovers {st['job']['failovers']})")
+        opt.close()
 
 
 def check_join(coord, role, out):
