@@ -184,8 +184,8 @@ void coord_handle_job_stop(Coord *c, WireMsg *m) {
 
 void coord_job_done(Coord *c, Peer *p, const Psnet__WorkerInfo *wi) {
         bool edge = p->role == PSNET__ROLE__ROLE_EDGE;
-        c->accuracy = wi->accuracy;
-        c->has_accuracy = true;
+        c->has_accuracy = isfinite(wi->accuracy); /* not so for a model of tensors alone without one */
+        c->accuracy = c->has_accuracy ? wi->accuracy : 0.0f;
         c->state = JOB_DONE;
         c->job_end_ms = now_ms();
         c->weights_digest = wi->has_weights_digest ? wi->weights_digest : 0;

@@ -333,7 +333,9 @@ void coord_handle_result(Coord *c, WireMsg *m, Peer *p) {
                                   "an edge worker reports an accuracy it was asked for, nothing else");
                 return;
         }
-        if (wi->has_accuracy && (p->id != c->evaluator || c->state != JOB_RUNNING || !isfinite(wi->accuracy))) {
+        /* A model of tensors alone may have no accuracy: its evaluator sends NaN. */
+        bool none = c->job.external && isnan(wi->accuracy);
+        if (wi->has_accuracy && (p->id != c->evaluator || c->state != JOB_RUNNING || (!isfinite(wi->accuracy) && !none))) {
                 coord_reply_error(c, &m->route, m->hdr->seq, PSNET__STATUS__STATUS_INVALID,
                                   "an accuracy comes only from the worker asked to evaluate the final weights");
                 return;

@@ -424,14 +424,17 @@ class Optimizer:
     def finish(self, evaluate=None):
         """This worker is done training: tells pscoord, and when it asks this
         worker to evaluate the final weights (the last to finish), pulls them
-        into the model and reports evaluate()'s accuracy (a float in 0..1).
-        Then leaves the job."""
+        into the model and reports evaluate()'s accuracy (a float in 0..1;
+        without evaluate the job ends done with no accuracy). Then leaves
+        the job."""
         if self.w is None:
             return
         try:
-            if self.w.result() and evaluate is not None:
+            if self.w.result():
+                # The last to finish: the job ends with evaluate()'s accuracy,
+                # or none (NaN) for a model that has no accuracy.
                 self._pull(self.clock)
-                self.w.result(float(evaluate()))
+                self.w.result(float(evaluate()) if evaluate is not None else float("nan"))
         finally:
             self._close_worker(leave=True)
 

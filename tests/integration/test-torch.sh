@@ -9,7 +9,8 @@
 # job; psnet.LocalCluster starts and stops cleanly (after an exception, and
 # when its Python process is killed); a model too large, one whose tensors
 # differ from the job's, and a non-float parameter are refused with clear
-# errors; a dead shard makes step raise in bounded time.
+# errors; a dead shard makes step raise in bounded time; the examples run
+# as they are against hand-started daemons.
 source "$(dirname "$0")/lib.sh"
 
 export PYTHONPATH=$PSNET_SRC/python PSNET_LIB=$PSNET_BUILD/worker/client/libpsnet.so
@@ -73,6 +74,20 @@ wait $p1; r1=$?
 ok $? "examples/resnet18_fashion.py: torchvision's ResNet-18, two workers of one BSP job ($(cat "$RUN"/r18-*.out | grep final | tr '\n' ' '))"
 "$PSCTL" --coord "$COORD" --json status | jq -e '(.job.model | fromjson | .tensors | length) == 122 and .job.state == "done"' >/dev/null
 ok $? "its job held ResNet-18's 122 state_dict tensors and is done"
+psnet_stop_all
+
+# examples/custom_loss.py: an autoencoder with a loss of its own, no labels
+# and no accuracy; the job ends done all the same.
+COORD="ipc://$RUN/ae.sock"
+psnet_start pscoord-ae "$PSCOORD" --listen "$COORD" --shards 1
+start_shards ae 1
+"${PY[@]}" "$PSNET_SRC/examples/custom_loss.py" --coord "$COORD" --limit 2000 --epochs 2 >"$RUN/ae.out" 2>"$RUN/ae.log"; rc=$?
+before=$(sed -n 's/^loss before training \([0-9.]*\)$/\1/p' "$RUN/ae.out")
+after=$(sed -n 's/^epoch 2: loss \([0-9.]*\)$/\1/p' "$RUN/ae.out")
+[ $rc -eq 0 ] && [ -n "$before" ] && [ -n "$after" ] && awk -v a="$after" -v b="$before" 'BEGIN { exit !(a < 0.5 * b) }'
+ok $? "examples/custom_loss.py: its own loss falls by more than half in 2 epochs ($before to $after)"
+out=$("$PSCTL" --coord "$COORD" job wait --wait 30)
+[ "$out" = "state=done" ]; ok $? "a job of a model without an accuracy ends done ($out)"
 psnet_stop_all
 
 # A worker joins a running job.
