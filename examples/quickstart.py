@@ -64,7 +64,7 @@ def main():
                 opt.zero_grad()
                 loss = F.cross_entropy(model(x[idx]), y[idx])
                 loss.backward()
-                opt.step(loss=loss)
+                opt.step(loss=loss, samples=len(idx))
             print(f"epoch {epoch + 1}: test accuracy {evaluate():.4f}", flush=True)
         opt.finish(evaluate=evaluate)
     finally:

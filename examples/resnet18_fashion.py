@@ -68,7 +68,7 @@ def worker(args, coord, init_dir):
             opt.zero_grad()
             loss = F.cross_entropy(model(x[idx]), y[idx])
             loss.backward()
-            opt.step(loss=loss)
+            opt.step(loss=loss, samples=len(idx))
         if opt.rank == 0:
             print(f"epoch {epoch + 1}: test accuracy {evaluate(model, tx, ty):.4f} "
                   f"({time.monotonic() - t0:.0f} s)", flush=True)

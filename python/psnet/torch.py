@@ -201,7 +201,7 @@ class Optimizer:
         except BaseException:
             self._close_worker(leave=True)
             raise
-        self.steps, self.t0 = 0, time.monotonic()
+        self.steps, self.samples, self.t0 = 0, 0, time.monotonic()
         self._progress = _Progress(progress, self.rank)
 
     # --- the job
@@ -354,11 +354,12 @@ class Optimizer:
                 else:
                     t.grad.zero_()
 
-    def step(self, closure=None, loss=None):
+    def step(self, closure=None, loss=None, samples=None):
         """Pushes this step's gradients (and buffers) and leaves the next
         clock's weights in the model. closure: as torch.optim's (computes and
         returns the loss); loss: the step's loss, for the progress line and
-        psctl report. Raises PsnetError (the cluster did not take the step:
+        psctl report; samples: the batch's size, for the samples/s psctl
+        status shows. Raises PsnetError (the cluster did not take the step:
         the reason is in the message; calling step again retries it)."""
         if closure is not None:
             with torch.enable_grad():
@@ -381,11 +382,12 @@ class Optimizer:
                              f"{self._cluster_says()}") from None
         self.clock += 1
         self.steps += 1
+        self.samples += int(samples or 0)
         self._copy_in()
         lv = float(loss.detach()) if isinstance(loss, torch.Tensor) else loss
         dt = max(time.monotonic() - self.t0, 1e-9)
-        self.w.progress(self.clock, 1, self.steps, self.steps, lv if lv is not None and math.isfinite(lv) else 0.0,
-                        self.steps / dt, 0.0, 0.0, 0)
+        self.w.progress(self.clock, 1, self.steps, self.samples, lv if lv is not None and math.isfinite(lv) else 0.0,
+                        self.steps / dt, self.samples / dt, 0.0, 0)
         self._progress.update(self.steps, self.clock, lv, self.steps / dt)
         return loss
 

@@ -44,6 +44,9 @@ out=$("$PSCTL" --coord "$COORD" job wait --wait 30)
 acc=$(jq -r .accuracy "$RUN/any.json" 2>/dev/null)
 [ -n "$acc" ] && within "$(acc_of "$out")" "$acc" 0.000001
 ok $? "pscoord's job is done with the accuracy the worker measured ($out; $acc)"
+"$PSCTL" --coord "$COORD" report --out "$RUN/report" >/dev/null 2>&1
+rows=$(awk -F, 'NR > 1 && $4 > 0 && $5 > 0' "$RUN/report/samples.csv" 2>/dev/null | wc -l)
+[ "$rows" -ge 2 ]; ok $? "psctl report has the worker's loss and samples/s over time ($rows rows)"
 "$PSCTL" --coord "$COORD" --json status | jq -e '.job.model | fromjson | .tensors | map(select(.buffer)) | length == 9' >/dev/null
 ok $? "the job holds the 9 buffers of the model's 3 BatchNorm layers as buffers"
 psnet_stop_all

@@ -87,7 +87,7 @@ def check_anymodel(coord, out, init_dir):
             opt.zero_grad()
             loss = custom_loss(model(x[idx]), y[idx])
             loss.backward()
-            opt.step(loss=loss)
+            opt.step(loss=loss, samples=len(idx))
     acc = accuracy(model, tx, ty)
     opt.finish(evaluate=lambda: accuracy(model, tx, ty))
     with open(out, "w") as f:
