@@ -552,11 +552,13 @@ static int parse_json_tensor(json_t *o, size_t i, ModelDesc *d, char *err, size_
                                                  "1..%d", k, INT32_MAX);
                                         break;
                                 }
+                                if (t->numel > MD_MAX_TENSOR_FLOATS / t->shape[k]) {
+                                        snprintf(why, sizeof why, "field 'shape': more than %llu values in a tensor",
+                                                 (unsigned long long) MD_MAX_TENSOR_FLOATS);
+                                        break;
+                                }
                                 t->numel *= t->shape[k];
                         }
-                        if (!why[0] && t->numel > MD_MAX_TENSOR_FLOATS)
-                                snprintf(why, sizeof why, "%llu values, at most %llu in a tensor",
-                                         (unsigned long long) t->numel, (unsigned long long) MD_MAX_TENSOR_FLOATS);
                 } else if (strcmp(key, "init") == 0) {
                         const char *s = json_string_value(v);
                         size_t k = 0;

@@ -233,7 +233,9 @@ static void test_external(void) {
                 { "{\"tensors\":[{\"name\":\"a\",\"shape\":[4],\"init\":\"kaiming\"}]}", "field 'init'" },
                 { "{\"tensors\":[{\"name\":\"a\",\"shape\":[4],\"dtype\":\"f16\"}]}", "unknown field 'dtype'" },
                 { "{\"tensors\":[{\"name\":\"a\",\"shape\":[4],\"buffer\":true}]}", "no parameters to train" },
-                { "{\"tensors\":[{\"name\":\"a\",\"shape\":[65536,65536,65536]}]}", "at most" },
+                { "{\"tensors\":[{\"name\":\"a\",\"shape\":[65536,65536,65536]}]}", "more than 68719476736 values" },
+                /* 2^64 values would wrap to 0 in a uint64_t */
+                { "{\"tensors\":[{\"name\":\"a\",\"shape\":[65536,65536,65536,65536]}]}", "more than 68719476736" },
         };
         for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++)
                 CHECK(modeldesc_parse(bad[i].json, &d, err, sizeof err) == -EINVAL && strstr(err, bad[i].want),
