@@ -14,7 +14,7 @@
             weights, order and optimizer, on --limit images for --epochs
 
     PYTHONPATH=python /usr/bin/python3 tests/bench/torch_any.py [speed] [exchange] [accuracy]
-        [--runs 3] [--steps 30] [--limit 4096] [--epochs 1] [--threads 1]
+        [--runs 3] [--steps 30] [--limit 2048] [--epochs 1] [--threads 1] [--device cpu|cuda]
 """
 import argparse
 import importlib.util
@@ -53,56 +53,71 @@ MODELS = {
 }
 
 
-def batches(n_steps, batch, seed=0):
+def batches(n_steps, batch, seed=0, device="cpu"):
     x, y = load(DATA, "train", n_steps * batch)
     g = torch.Generator().manual_seed(seed)
     idx = torch.randperm(len(x), generator=g)
     x, y = torch.from_numpy(x).reshape(-1, 1, 28, 28)[idx], torch.from_numpy(y)[idx]
-    return [(x[i * batch:(i + 1) * batch], y[i * batch:(i + 1) * batch]) for i in range(n_steps)]
+    return [(x[i * batch:(i + 1) * batch].to(device), y[i * batch:(i + 1) * batch].to(device))
+            for i in range(n_steps)]
 
 
-def plain(make, data):
+def sync(device):
+    if device == "cuda":
+        torch.cuda.synchronize()
+
+
+def plain(make, data, device):
     torch.manual_seed(0)
-    model = make()
+    model = make().to(device)
     opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
     xb, yb = data[0]
     F.cross_entropy(model(xb), yb).backward()  # warm up, as psnet's first step
+    sync(device)
     t0 = time.perf_counter()
     for xb, yb in data:
         opt.zero_grad()
         F.cross_entropy(model(xb), yb).backward()
         opt.step()
+    sync(device)
     return sum(len(b[1]) for b in data) / (time.perf_counter() - t0)
 
 
-def on_psnet(make, data, cluster):
+def on_psnet(make, data, cluster, device):
     torch.manual_seed(0)
-    model = make()
+    model = make().to(device)
     opt = psnet.torch.Optimizer(model, coord=cluster, lr=0.01, momentum=0.9, progress=False)
     xb, yb = data[0]
     F.cross_entropy(model(xb), yb).backward()
+    sync(device)
     t0 = time.perf_counter()
     for xb, yb in data:
         opt.zero_grad()
         F.cross_entropy(model(xb), yb).backward()
         opt.step()
+    sync(device)
     rate = sum(len(b[1]) for b in data) / (time.perf_counter() - t0)
     opt.finish()
     return rate
 
 
 def speed(args):
-    print(f"== speed: samples/s, one worker against a plain loop (SGD momentum, batch {args.batch}, "
-          f"{args.threads} torch thread(s), median of {args.runs} interleaved runs)")
+    print(f"== speed on {args.device}: samples/s, one worker against a plain loop (SGD momentum, batch "
+          f"{args.batch}, {args.threads} torch thread(s), median of {args.runs} interleaved runs)")
     torch.set_num_threads(args.threads)
     for name, make in MODELS.items():
-        steps = args.steps if name == "cnn" else max(args.steps // 5, 4)
-        data = batches(steps, args.batch)
+        steps = args.steps if name == "cnn" or args.device == "cuda" else max(args.steps // 5, 4)
+        data = batches(steps, args.batch, device=args.device)
         a, b = [], []
+        try:
+            make()
+        except ImportError as e:
+            print(f"{name:9s} failed: {e}", flush=True)
+            continue
         with psnet.LocalCluster(shards=2) as cluster:
             for _ in range(args.runs):
-                a.append(plain(make, data))
-                b.append(on_psnet(make, data, cluster))
+                a.append(plain(make, data, args.device))
+                b.append(on_psnet(make, data, cluster, args.device))
         pa, pb = statistics.median(a), statistics.median(b)
         print(f"{name:9s} plain {pa:8.1f}  psnet.torch {pb:8.1f}  ratio {pb / pa:.3f}  ({steps} steps)", flush=True)
 
@@ -200,6 +215,7 @@ def main():
     p.add_argument("--limit", type=int, default=2048)
     p.add_argument("--epochs", type=int, default=1)
     p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--device", default="cpu", help="speed: cpu or cuda")
     args = p.parse_args()
     for w in args.what:
         {"speed": speed, "exchange": exchange, "accuracy": accuracy}[w](args)
