@@ -224,7 +224,7 @@ class Optimizer:
             if not total_steps:
                 raise ValueError("lr_schedule: give total_steps, the steps of the whole job")
             # The job's length in samples: one "sample" per step, so its progress is steps / total.
-            args += ["--epochs", "1", "--batch", "1", "--train-limit", str(int(total_steps))]
+            args += ["--epochs", "1", "--batch", "1"]
         if chunk_kb:
             args += ["--chunk-kb", str(int(chunk_kb))]
         path = self._init_file(init, init_dir)

@@ -136,6 +136,7 @@ ok $? "LocalCluster: the daemons ($pids) end when the Python process that starte
 rm -rf "$dir"
 
 pycheck errors errors
+pycheck schedule schedule
 pycheck gone gone "$RUN/gone"
 if "${PY[@]}" -c 'import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)' 2>/dev/null; then
   pycheck cuda cuda

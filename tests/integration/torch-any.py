@@ -209,6 +209,40 @@ def check_errors():
             say(f"a non-float parameter is refused by name: {e}")
 
 
+def check_schedule():
+    """lr_schedule="cosine": 20 steps on the shards end with the weights of
+    torch.optim.SGD under CosineAnnealingLR over the same 20 steps."""
+    total = 20
+    x = torch.randn(8, 4, generator=torch.Generator().manual_seed(1))
+
+    def loss_of(m):
+        return (m(x) ** 2).mean()
+
+    torch.manual_seed(5)
+    ref = nn.Linear(4, 2)
+    ref_opt = torch.optim.SGD(ref.parameters(), lr=0.1)
+    sched = torch.optim.lr_scheduler.CosineAnnealingLR(ref_opt, T_max=total)
+    for _ in range(total):
+        ref_opt.zero_grad()
+        loss_of(ref).backward()
+        ref_opt.step()
+        sched.step()
+    with psnet.LocalCluster(shards=1) as c:
+        torch.manual_seed(5)
+        m = nn.Linear(4, 2)
+        opt = psnet.torch.Optimizer(m, coord=c, progress=False, lr=0.1, lr_schedule="cosine", total_steps=total)
+        for _ in range(total):
+            opt.zero_grad()
+            loss_of(m).backward()
+            opt.step()
+        worst = max((m.state_dict()[k] - v).abs().max().item() for k, v in ref.state_dict().items())
+        opt.finish()
+    if worst > 1e-6:
+        fail(f"cosine schedule: the weights differ from SGD under CosineAnnealingLR by {worst:.3g}")
+    say(f"lr_schedule='cosine' over total_steps={total}: the weights are torch.optim.SGD's under "
+        f"CosineAnnealingLR (largest difference {worst:.2g})")
+
+
 def check_gone(cluster_dir):
     """The shards die mid-job: step raises, naming the reason, in bounded time."""
     c = psnet.LocalCluster(shards=1, dir=cluster_dir, keep=True).start()
@@ -329,6 +363,8 @@ def main():
         check_bsp_compare(args[0], args[1])
     elif check == "errors":
         check_errors()
+    elif check == "schedule":
+        check_schedule()
     elif check == "gone":
         check_gone(args[0])
     elif check == "cuda":
