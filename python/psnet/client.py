@@ -19,6 +19,7 @@ import ctypes.util
 import errno as _errno
 import json
 import os
+import time
 
 import numpy as np
 
@@ -173,8 +174,15 @@ class Worker:
         return _lib.psnet_sync_wait(self._s, mask, ms)
 
     def wait_job(self, timeout_s=None):
-        """Waits until this worker is a member of the running job."""
-        ev = self.events(EV_JOB | EV_FAILED | EV_STOP, timeout_s)
+        """Waits until this worker is a member of the running job (in slices
+        of a fifth of a second, so that Ctrl-C reaches Python meanwhile)."""
+        end = None if timeout_s is None else time.monotonic() + timeout_s
+        ev = 0
+        while not ev:
+            left = 0.2 if end is None else min(max(end - time.monotonic(), 0.0), 0.2)
+            ev = self.events(EV_JOB | EV_FAILED | EV_STOP, left)
+            if end is not None and time.monotonic() >= end:
+                break
         if ev & EV_FAILED:
             raise PsnetError(_errno.ECONNREFUSED, f"could not join: {self.reason()}")
         if ev & EV_STOP:

@@ -22,8 +22,10 @@ export holds them. See docs/python.md."""
 import json
 import math
 import os
+import signal
 import sys
 import tempfile
+import threading
 import time
 
 import numpy as np
@@ -192,12 +194,8 @@ class Optimizer:
             if diff:
                 raise JobMismatch(f"the model does not match the job running at {self.coord}: {diff}")
             self._bind()
-            self.clock = self.w.info()["start_clock"]
-            if total_steps:
-                # The job's progress for --lr-schedule: a step is a clock, and
-                # a clock is world_size samples of the job's batch of 1.
-                self.w.schedule(self.clock, int(total_steps) * self.world_size)
-            self._pull(self.clock)
+            self._total_steps = total_steps
+            self._start()
         except BaseException:
             self._close_worker(leave=True)
             raise
@@ -307,8 +305,69 @@ class Optimizer:
             acc.register_hook(hook)
             self._hooks.append(acc)  # the node must live as long as the hook
 
+    def _start(self):
+        """From the clock the job admitted this worker at."""
+        self.clock = self.w.info()["start_clock"]
+        if self._total_steps:
+            # The job's progress for --lr-schedule: a step is a clock, and a
+            # clock is world_size samples of the job's batch of 1.
+            self.w.schedule(self.clock, int(self._total_steps) * self.world_size)
+        self._pull(self.clock)
+
     def _pull(self, clock):
-        self.w.round(None, 0, self.values, clock)
+        self._round(None, 0, clock)
+        self._copy_in()
+
+    def _round(self, grads, push_clock, pull_clock):
+        """libpsnet's round, on a thread of its own while this one waits for
+        it: Ctrl-C (KeyboardInterrupt) reaches Python at once, and the round
+        goes on to its end; the next call settles it first, so nothing of it
+        is lost or applied twice."""
+        self._settle()
+        box, done = {}, threading.Event()
+
+        def run():
+            try:
+                # Ctrl-C is the waiting thread's; libpsnet's call goes on.
+                signal.pthread_sigmask(signal.SIG_BLOCK, [signal.SIGINT])
+                self.w.round(grads, push_clock, self.values, pull_clock)
+            except BaseException as e:  # handed to the caller
+                box["error"] = e
+            finally:
+                done.set()
+
+        t = threading.Thread(target=run, name="psnet-round", daemon=True)
+        try:
+            t.start()
+            self._inflight = t
+            done.wait()
+        except KeyboardInterrupt:
+            if t.ident is not None:  # it runs: settled by the next call
+                self._pending = (done, box, grads is not None)
+            raise
+        finally:
+            self._inflight = None
+        if "error" in box:
+            raise box["error"]
+
+    @property
+    def in_flight(self):
+        """True after a Ctrl-C (KeyboardInterrupt) left a step's push under
+        way: it counts, and the next call takes its outcome. False when the
+        interrupt came before the step was sent: that batch did not count."""
+        return getattr(self, "_pending", None) is not None and self._pending[2]
+
+    def _settle(self):
+        """Waits for a round a Ctrl-C left running, and takes its outcome: a
+        step that went through counts (its clock and the pulled weights)."""
+        pending, self._pending = getattr(self, "_pending", None), None
+        if pending is None:
+            return
+        done, box, pushed = pending
+        done.wait()
+        if "error" not in box and pushed:
+            self.clock += 1
+            self.steps += 1
         self._copy_in()
 
     def _copy_in(self):
@@ -364,18 +423,14 @@ class Optimizer:
         if closure is not None:
             with torch.enable_grad():
                 loss = closure()
+        self._settle()
         self._gather()
         try:
-            self.w.round(self.grads, self.clock, self.values, self.clock + 1)
+            self._round(self.grads, self.clock, self.clock + 1)
         except Stale:
             # Left the membership (its lease ran out) and admitted again: this
             # step did not count; on from the job's clock.
-            self.clock = self.w.info()["start_clock"]
-            if total_steps:
-                # The job's progress for --lr-schedule: a step is a clock, and
-                # a clock is world_size samples of the job's batch of 1.
-                self.w.schedule(self.clock, int(total_steps) * self.world_size)
-            self._pull(self.clock)
+            self._start()
             return loss
         except PsnetError as e:
             raise PsnetError(e.errno, f"step at clock {self.clock} failed: {e.strerror}; "
@@ -432,6 +487,7 @@ class Optimizer:
         if self.w is None:
             return
         try:
+            self._settle()
             if self.w.result():
                 # The last to finish: the job ends with evaluate()'s accuracy,
                 # or none (NaN) for a model that has no accuracy.
@@ -445,6 +501,11 @@ class Optimizer:
         self._close_worker(leave=True)
 
     def _close_worker(self, leave):
+        try:
+            if getattr(self, "w", None) is not None:
+                self._settle()
+        except BaseException:
+            pass
         w, self.w = getattr(self, "w", None), None
         if getattr(self, "_progress", None):
             self._progress.close()

@@ -11,7 +11,9 @@
             values in)
   accuracy  ResNet-18 (examples/resnet18_fashion.py's), 2 workers under BSP
             against one plain process on the combined batch, same initial
-            weights, order and optimizer, on --limit images for --epochs
+            weights, order and optimizer, on --limit images for --epochs; and
+            against the plain process with BatchNorm over each half batch
+            (what two workers compute: the difference BatchNorm makes)
 
     PYTHONPATH=python /usr/bin/python3 tests/bench/torch_any.py [speed] [exchange] [accuracy]
         [--runs 3] [--steps 30] [--limit 2048] [--epochs 1] [--threads 1] [--device cpu|cuda]
@@ -192,6 +194,20 @@ def accuracy(args):
             F.cross_entropy(model(xb), yb).backward()
             opt.step()
     ref, t_ref = test_acc(model), time.monotonic() - t0
+    # The same with BatchNorm over each half of the batch, the gradients
+    # averaged: what two BSP workers compute (DDP without SyncBatchNorm too).
+    t0 = time.monotonic()
+    torch.manual_seed(0)
+    model = resnet18()
+    opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9, weight_decay=5e-4)
+    half = args.batch // 2
+    for _ in range(args.epochs):
+        for xb, yb in data:
+            opt.zero_grad()
+            for h in range(2):
+                (F.cross_entropy(model(xb[h * half:(h + 1) * half]), yb[h * half:(h + 1) * half]) / 2).backward()
+            opt.step()
+    ghost, t_ghost = test_acc(model), time.monotonic() - t0
     t0 = time.monotonic()
     with psnet.LocalCluster(shards=2) as cluster:
         ctx = mp.get_context("spawn")
@@ -202,8 +218,9 @@ def accuracy(args):
         got = dict(q.get() for _ in ps)
         for p in ps:
             p.join()
-    print(f"plain {ref:.4f} ({t_ref:.0f} s)  psnet.torch 2 workers {got[0]:.4f} ({time.monotonic() - t0:.0f} s)  "
-          f"difference {100 * (got[0] - ref):+.2f} points", flush=True)
+    print(f"plain {ref:.4f} ({t_ref:.0f} s)  plain, BatchNorm over each half {ghost:.4f} ({t_ghost:.0f} s)  "
+          f"psnet.torch 2 workers {got[0]:.4f} ({time.monotonic() - t0:.0f} s)  difference {100 * (got[0] - ref):+.2f} "
+          f"points ({100 * (got[0] - ghost):+.2f} against the halves)", flush=True)
 
 
 def main():

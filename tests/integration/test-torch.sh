@@ -114,6 +114,17 @@ wait $p1; r1=$?
 ok $? "a second worker joins the running job: both see world_size 2 ($(cat "$RUN/join-1.json" "$RUN/join-2.json" 2>/dev/null | tr '\n' ' '))"
 psnet_stop_all
 
+# Ctrl-C during a step (a BSP step waiting for a worker that holds back).
+COORD="ipc://$RUN/int.sock"
+psnet_start pscoord-int "$PSCOORD" --listen "$COORD" --shards 1
+start_shards i 1
+"${PY[@]}" "$ANY" interrupt "$COORD" a "$RUN" >"$RUN/int-a.out" 2>"$RUN/int-a.log" & pa=$!
+"${PY[@]}" "$ANY" interrupt "$COORD" b "$RUN" >"$RUN/int-b.out" 2>"$RUN/int-b.log" & pb=$!
+wait $pa; ra=$?; wait $pb; rb=$?
+[ $ra -eq 0 ] && [ $rb -eq 0 ]; ok $? "both workers end (exit $ra $rb)"
+pycheck interrupt-compare interrupt-compare "$RUN"
+psnet_stop_all
+
 # LocalCluster: a clean stop, also after an exception, and when Python is killed.
 cat >"$RUN/lc.py" <<'EOF'
 import sys, time, psnet

@@ -209,6 +209,69 @@ def check_errors():
             say(f"a non-float parameter is refused by name: {e}")
 
 
+def check_interrupt(coord, role, run):
+    """Ctrl-C during a step: one of two BSP workers (a) is interrupted while
+    its step of clock 10 waits for the other (b, which holds its push of
+    clock 10 back until a was interrupted); the KeyboardInterrupt comes at
+    once, the interrupted step still counts when b goes on, and both end with
+    the same weights after the same steps."""
+    import threading
+    torch.manual_seed(11)
+    model = Mlp()
+    opt = psnet.torch.Optimizer(model, coord=coord, workers=2, progress=False, lr=0.05, init=None)
+    xs, ys = bsp_batches()
+    steps, interrupted = 30, None
+    if role == "a":
+        # A shell starts background jobs with SIGINT ignored; a terminal or a
+        # notebook gives Python its KeyboardInterrupt handler.
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+
+        def interrupter():
+            # a's round of clock 10 cannot end before b pushes clock 10: Ctrl-C then.
+            while not (os.path.exists(os.path.join(run, "b-at-10")) and opt.clock == 10 and
+                       opt._inflight is not None):
+                time.sleep(0.001)  # polls for the round this thread interrupts
+            with open(os.path.join(run, "a-sigint"), "w") as f:
+                f.write(repr(time.monotonic()))
+            os.kill(os.getpid(), signal.SIGINT)
+        threading.Thread(target=interrupter, daemon=True).start()
+    s = 0
+    while s < steps:
+        try:
+            opt.zero_grad()
+            F.cross_entropy(model(xs[s % BSP_STEPS]), ys[s % BSP_STEPS]).backward()
+            if role == "b" and s == 10:
+                open(os.path.join(run, "b-at-10"), "w").close()
+                end = time.monotonic() + 60
+                while not os.path.exists(os.path.join(run, "a-interrupted")) and time.monotonic() < end:
+                    time.sleep(0.01)  # holds its push back until a was interrupted
+            opt.step()
+        except KeyboardInterrupt:
+            t = time.monotonic()
+            sent = float(open(os.path.join(run, "a-sigint")).read())
+            interrupted = t - sent
+            with open(os.path.join(run, "a-interrupted"), "w") as f:
+                f.write(f"{interrupted:.3f} in_flight={opt.in_flight}")
+            if not opt.in_flight:
+                continue  # the interrupt came before the step was sent: the batch again
+        s += 1
+    opt.finish(evaluate=lambda: 0.5)
+    torch.save({"state": model.state_dict(), "steps": opt.steps, "interrupted": interrupted},
+               os.path.join(run, f"int-{role}.pt"))
+
+
+def check_interrupt_compare(run):
+    a, b = torch.load(os.path.join(run, "int-a.pt")), torch.load(os.path.join(run, "int-b.pt"))
+    if a["interrupted"] is None or a["interrupted"] > 1.0:
+        fail(f"Ctrl-C reached the step after {a['interrupted']} s")
+    say(f"Ctrl-C during a BSP step that waits for the other worker raises KeyboardInterrupt after "
+        f"{a['interrupted']:.3f} s")
+    same = all(torch.equal(a["state"][k], b["state"][k]) for k in a["state"])
+    if not same or a["steps"] != b["steps"]:
+        fail(f"after the interrupt the workers differ: steps {a['steps']} and {b['steps']}, same weights {same}")
+    say(f"the interrupted step still counted: both workers end after {a['steps']} steps with the same weights")
+
+
 def check_schedule():
     """lr_schedule="cosine": 20 steps on the shards end with the weights of
     torch.optim.SGD under CosineAnnealingLR over the same 20 steps."""
@@ -363,6 +426,10 @@ def main():
         check_bsp_compare(args[0], args[1])
     elif check == "errors":
         check_errors()
+    elif check == "interrupt":
+        check_interrupt(args[0], args[1], args[2])
+    elif check == "interrupt-compare":
+        check_interrupt_compare(args[0])
     elif check == "schedule":
         check_schedule()
     elif check == "gone":
