@@ -108,6 +108,8 @@ def speed(args):
           f"{args.batch}, {args.threads} torch thread(s), median of {args.runs} interleaved runs)")
     torch.set_num_threads(args.threads)
     for name, make in MODELS.items():
+        if name not in args.models.split(","):
+            continue
         steps = args.steps if name == "cnn" or args.device == "cuda" else max(args.steps // 5, 4)
         data = batches(steps, args.batch, device=args.device)
         a, b = [], []
@@ -233,6 +235,7 @@ def main():
     p.add_argument("--epochs", type=int, default=1)
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--device", default="cpu", help="speed: cpu or cuda")
+    p.add_argument("--models", default="cnn,resnet18", help="speed: which models")
     args = p.parse_args()
     for w in args.what:
         {"speed": speed, "exchange": exchange, "accuracy": accuracy}[w](args)
