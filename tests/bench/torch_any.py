@@ -14,6 +14,8 @@
             weights, order and optimizer, on --limit images for --epochs; and
             against the plain process with BatchNorm over each half batch
             (what two workers compute: the difference BatchNorm makes)
+  trajectory  ResNet-18's weights after --steps steps of the two, against the
+            same plain loop on 1 thread and on 2 (the float-order noise floor)
 
     PYTHONPATH=python /usr/bin/python3 tests/bench/torch_any.py [speed] [exchange] [accuracy]
         [--runs 3] [--steps 30] [--limit 2048] [--epochs 1] [--threads 1] [--device cpu|cuda]
@@ -225,6 +227,61 @@ def accuracy(args):
           f"points ({100 * (got[0] - ghost):+.2f} against the halves)", flush=True)
 
 
+def _halves(steps, threads, batch):
+    """The plain loop with BatchNorm over each half batch (what two workers
+    compute): its state_dict after steps."""
+    torch.set_num_threads(threads)
+    torch.manual_seed(0)
+    model = resnet18()
+    opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9, weight_decay=5e-4)
+    half = batch // 2
+    for xb, yb in batches(steps, batch):
+        opt.zero_grad()
+        for h in range(2):
+            (F.cross_entropy(model(xb[h * half:(h + 1) * half]), yb[h * half:(h + 1) * half]) / 2).backward()
+        opt.step()
+    return model.state_dict()
+
+
+def _traj_worker(args, coord, init_dir, q):
+    torch.set_num_threads(1)
+    torch.manual_seed(0)
+    model = resnet18()
+    opt = psnet.torch.Optimizer(model, coord=coord, lr=0.05, momentum=0.9, weight_decay=5e-4, workers=2,
+                                init_dir=init_dir, progress=False)
+    half, r = args.batch // 2, opt.rank
+    for xb, yb in batches(args.steps, args.batch):
+        opt.zero_grad()
+        F.cross_entropy(model(xb[r * half:(r + 1) * half]), yb[r * half:(r + 1) * half]).backward()
+        opt.step()
+    q.put((r, {k: v.numpy().copy() for k, v in model.state_dict().items()}))
+    opt.finish()
+
+
+def _worst(a, b):
+    """The largest relative difference of the trained tensors, and its name."""
+    return max((((a[k].float() - v.float()).abs().max() / v.float().abs().max().clamp_min(1e-12)).item(), k)
+               for k, v in b.items() if "running" not in k and "num_batches" not in k)
+
+
+def trajectory(args):
+    print(f"== trajectory: ResNet-18 weights after {args.steps} steps, 2 BSP workers against the plain loop "
+          f"with BatchNorm over each half batch; the noise floor: that loop on 1 thread against 2")
+    ref = _halves(args.steps, 2, args.batch)
+    with psnet.LocalCluster(shards=2) as cluster:
+        ctx = mp.get_context("spawn")
+        q = ctx.Queue()
+        ps = [ctx.Process(target=_traj_worker, args=(args, cluster.coord, cluster.dir, q)) for _ in range(2)]
+        for p in ps:
+            p.start()
+        got = {r: {k: torch.from_numpy(v) for k, v in g.items()} for r, g in (q.get() for _ in ps)}
+        for p in ps:
+            p.join()
+    w, k = _worst(got[0], ref)
+    n, nk = _worst(_halves(args.steps, 1, args.batch), ref)
+    print(f"psnet.torch against the halves loop: {w:.3g} ({k}); 1 thread against 2: {n:.3g} ({nk})", flush=True)
+
+
 def main():
     p = argparse.ArgumentParser()
     p.add_argument("what", nargs="*", default=["speed", "exchange", "accuracy"])
@@ -238,7 +295,7 @@ def main():
     p.add_argument("--models", default="cnn,resnet18", help="speed: which models")
     args = p.parse_args()
     for w in args.what:
-        {"speed": speed, "exchange": exchange, "accuracy": accuracy}[w](args)
+        {"speed": speed, "exchange": exchange, "accuracy": accuracy, "trajectory": trajectory}[w](args)
     return 0
 
 
