@@ -113,6 +113,13 @@ const WireType *wire_types(size_t *ret_n) {
         return types;
 }
 
+unsigned wire_roles_at(bool shard) {
+        unsigned m = 0;
+        for (size_t i = 0; i < sizeof types / sizeof types[0]; i++)
+                m |= shard ? types[i].at_shard : types[i].at_coord;
+        return m;
+}
+
 /* The name of a body case, for reasons. */
 static const char *body_name(int body) {
         if (body == PSNET__HEADER__BODY__NOT_SET)

@@ -77,6 +77,9 @@ typedef struct WireType {
 const WireType *wire_type(int type);
 /* Every row (for the daemons' tables' tests). */
 const WireType *wire_types(size_t *ret_n);
+/* The roles some row lets send to a shard (shard) or to pscoord: what the
+ * daemon's ZAP admits, each message then checked against its own row. */
+unsigned wire_roles_at(bool shard);
 
 /* Initialises a header with version and type set. */
 void wire_header_init(Psnet__Header *hdr, Psnet__MsgType type);

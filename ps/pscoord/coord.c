@@ -200,10 +200,7 @@ int coord_run(const CoordConfig *cfg) {
                 r = keys_identity_load(&c.id, cfg->keys, cfg->key ? cfg->key : "pscoord", NULL,
                                        PSNET__ROLE__ROLE_SERVER, err, sizeof err);
                 if (r == 0)
-                        r = zap_new(&c.loop, c.zctx, cfg->keys,
-                                    WIRE_ROLE(PSNET__ROLE__ROLE_ADMIN) | WIRE_ROLE(PSNET__ROLE__ROLE_SERVER) |
-                                            WIRE_ROLE(PSNET__ROLE__ROLE_WORKER) | WIRE_ROLE(PSNET__ROLE__ROLE_EDGE),
-                                    &c.zap, err, sizeof err);
+                        r = zap_new(&c.loop, c.zctx, cfg->keys, wire_roles_at(false), &c.zap, err, sizeof err);
                 if (r < 0) {
                         log_error("cannot use the keys reason=\"%s\"", err);
                         r = -EINVAL; /* a configuration error: exit status 2 */

@@ -955,10 +955,7 @@ static int psd_security(Psd *p) {
                                        cfg->coord_key ? cfg->coord_key : "pscoord", PSNET__ROLE__ROLE_SERVER, err,
                                        sizeof err);
                 if (r == 0)
-                        r = zap_new(&p->loop, p->zctx, cfg->keys,
-                                    WIRE_ROLE(PSNET__ROLE__ROLE_SERVER) | WIRE_ROLE(PSNET__ROLE__ROLE_WORKER) |
-                                            WIRE_ROLE(PSNET__ROLE__ROLE_EDGE),
-                                    &p->zap, err, sizeof err);
+                        r = zap_new(&p->loop, p->zctx, cfg->keys, wire_roles_at(true), &p->zap, err, sizeof err);
                 if (r < 0) {
                         log_error("cannot use the keys reason=\"%s\"", err);
                         return -EINVAL;

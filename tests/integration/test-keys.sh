@@ -52,6 +52,8 @@ grep -q "status=denied .*reason=role worker may not send HISTORY (admin only)" <
 ok $? "a worker key asking for the job's samples: refused ($out)"
 "$PSCTL" --coord "$COORD" --keys "$K" report --out "$RUN/report" >/dev/null && [ -s "$RUN/report/index.html" ]
 ok $? "the admin key gets psctl report"
+out=$("$PSCTL" --coord "$COORD" --keys "$K" --timeout 10 export "$RUN/keys.safetensors" 2>&1) && [ -s "$RUN/keys.safetensors" ]
+ok $? "the admin key exports the job's values from the shards (psctl export: $out)"
 out=$(PSPOKE_KEYS=$K PSPOKE_KEY=edge "$PSPOKE" "$COORD" register-worker 2>&1)
 grep -q "status=denied .*reason=a key of role edge cannot register as a worker" <<<"$out"; ok $? "an edge key cannot register as a worker ($out)"
 len=$("$PSCTL" --coord "$COORD" --keys "$K" --json status | jq .job.chunk_floats)
@@ -69,8 +71,11 @@ out=$(PSPOKE_KEYS=$K PSPOKE_KEY=worker "$PSPOKE" "$COORD" register-server 2>&1)
 grep -q "status=denied .*reason=a key of role worker cannot register as a shard" <<<"$out"; ok $? "a worker key cannot register as a shard ($out)"
 out=$(PSPOKE_KEYS=$K PSPOKE_KEY=worker PSPOKE_SERVER=psd "$PSPOKE" "$SHARD" chunk-state 1 "$len" 2>&1)
 grep -q "status=denied .*reason=role worker may not send CHUNK_STATE (server only)" <<<"$out"; ok $? "a worker key cannot send a shard's chunk state ($out)"
-out=$(PSPOKE_KEYS=$K PSPOKE_KEY=admin PSPOKE_SERVER=psd "$PSPOKE" "$SHARD" pull 1 "$len" 2>&1)
-grep -q "no answer" <<<"$out"; ok $? "psd does not even admit an admin key (it serves servers, workers and edge workers)"
+# An operator's key reads a shard (psctl export) and writes nothing: psd's
+# ZAP admits the roles of its rows of the message table.
+out=$(PSPOKE_KEYS=$K PSPOKE_KEY=admin PSPOKE_SERVER=psd "$PSPOKE" "$SHARD" push-value 1 2>&1)
+grep -q "status=denied .*reason=role admin may not send PUSH" <<<"$out"
+ok $? "psd refuses an admin key's push with the reason ($out)"
 
 # A key added to the allow-list takes effect on SIGHUP.
 cat "$RUN/late/late.pub" >>"$K/allow"; cp "$RUN/late/late.key" "$K/"
