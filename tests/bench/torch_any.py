@@ -71,12 +71,11 @@ def sync(device):
         torch.cuda.synchronize()
 
 
-def plain(make, data, device):
-    torch.manual_seed(0)
-    model = make().to(device)
-    opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+def _rate(model, opt, data, device):
+    """Samples/s of SGD steps over data, after one step's warm-up (psnet's
+    first step connects and pulls)."""
     xb, yb = data[0]
-    F.cross_entropy(model(xb), yb).backward()  # warm up, as psnet's first step
+    F.cross_entropy(model(xb), yb).backward()
     sync(device)
     t0 = time.perf_counter()
     for xb, yb in data:
@@ -87,20 +86,17 @@ def plain(make, data, device):
     return sum(len(b[1]) for b in data) / (time.perf_counter() - t0)
 
 
+def plain(make, data, device):
+    torch.manual_seed(0)
+    model = make().to(device)
+    return _rate(model, torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9), data, device)
+
+
 def on_psnet(make, data, cluster, device):
     torch.manual_seed(0)
     model = make().to(device)
     opt = psnet.torch.Optimizer(model, coord=cluster, lr=0.01, momentum=0.9, progress=False)
-    xb, yb = data[0]
-    F.cross_entropy(model(xb), yb).backward()
-    sync(device)
-    t0 = time.perf_counter()
-    for xb, yb in data:
-        opt.zero_grad()
-        F.cross_entropy(model(xb), yb).backward()
-        opt.step()
-    sync(device)
-    rate = sum(len(b[1]) for b in data) / (time.perf_counter() - t0)
+    rate = _rate(model, opt, data, device)
     opt.finish()
     return rate
 
@@ -156,22 +152,63 @@ def exchange(args):
           f"ratio {s / c:.2f} (median of {args.steps})", flush=True)
 
 
-def _acc_worker(args, coord, init_dir, q):
+def _sgd(model):
+    return torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9, weight_decay=5e-4)
+
+
+def _plain(nsteps, batch, epochs, halves):
+    """ResNet-18 trained by one plain process on nsteps batches for epochs:
+    on the whole batch, or (halves) with BatchNorm over each half batch and
+    the gradients averaged, what two BSP workers compute (DDP without
+    SyncBatchNorm too)."""
+    torch.manual_seed(0)
+    model = resnet18()
+    opt, half = _sgd(model), batch // 2
+    data = batches(nsteps, batch)
+    for _ in range(epochs):
+        for xb, yb in data:
+            opt.zero_grad()
+            if halves:
+                for h in range(2):
+                    (F.cross_entropy(model(xb[h * half:(h + 1) * half]), yb[h * half:(h + 1) * half]) / 2).backward()
+            else:
+                F.cross_entropy(model(xb), yb).backward()
+            opt.step()
+    return model
+
+
+def _worker(args, coord, init_dir, nsteps, epochs, report, q):
+    """One of two BSP workers, its half of each batch; puts (rank, its test
+    accuracy) or (rank, its state_dict as numpy) as report says."""
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)
     model = resnet18()
     opt = psnet.torch.Optimizer(model, coord=coord, lr=0.05, momentum=0.9, weight_decay=5e-4, workers=2,
                                 init_dir=init_dir, progress=False)
-    data = batches(args.limit // args.batch, args.batch)
-    half = args.batch // 2
-    r = opt.rank
-    for _ in range(args.epochs):
+    half, r = args.batch // 2, opt.rank
+    data = batches(nsteps, args.batch)
+    for _ in range(epochs):
         for xb, yb in data:
             opt.zero_grad()
             F.cross_entropy(model(xb[r * half:(r + 1) * half]), yb[r * half:(r + 1) * half]).backward()
             opt.step()
-    q.put((r, test_acc(model)))
+    q.put((r, test_acc(model) if report == "accuracy" else {k: v.numpy().copy() for k, v in model.state_dict().items()}))
     opt.finish()
+
+
+def _two_workers(args, nsteps, epochs, report):
+    """{rank: what each of two worker processes reported} on a LocalCluster."""
+    with psnet.LocalCluster(shards=2) as cluster:
+        ctx = mp.get_context("spawn")
+        q = ctx.Queue()
+        ps = [ctx.Process(target=_worker, args=(args, cluster.coord, cluster.dir, nsteps, epochs, report, q))
+              for _ in range(2)]
+        for p in ps:
+            p.start()
+        got = dict(q.get() for _ in ps)
+        for p in ps:
+            p.join()
+    return got
 
 
 def test_acc(model):
@@ -187,75 +224,16 @@ def accuracy(args):
     print(f"== accuracy: ResNet-18, 2 BSP workers (batch {args.batch // 2} each) against one plain process "
           f"(batch {args.batch}), {args.limit} images, {args.epochs} epoch(s), 2000 test images")
     torch.set_num_threads(args.threads)
+    nsteps = args.limit // args.batch
     t0 = time.monotonic()
-    torch.manual_seed(0)
-    model = resnet18()
-    opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9, weight_decay=5e-4)
-    data = batches(args.limit // args.batch, args.batch)
-    for _ in range(args.epochs):
-        for xb, yb in data:
-            opt.zero_grad()
-            F.cross_entropy(model(xb), yb).backward()
-            opt.step()
-    ref, t_ref = test_acc(model), time.monotonic() - t0
-    # The same with BatchNorm over each half of the batch, the gradients
-    # averaged: what two BSP workers compute (DDP without SyncBatchNorm too).
+    ref, t_ref = test_acc(_plain(nsteps, args.batch, args.epochs, False)), time.monotonic() - t0
     t0 = time.monotonic()
-    torch.manual_seed(0)
-    model = resnet18()
-    opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9, weight_decay=5e-4)
-    half = args.batch // 2
-    for _ in range(args.epochs):
-        for xb, yb in data:
-            opt.zero_grad()
-            for h in range(2):
-                (F.cross_entropy(model(xb[h * half:(h + 1) * half]), yb[h * half:(h + 1) * half]) / 2).backward()
-            opt.step()
-    ghost, t_ghost = test_acc(model), time.monotonic() - t0
+    ghost, t_ghost = test_acc(_plain(nsteps, args.batch, args.epochs, True)), time.monotonic() - t0
     t0 = time.monotonic()
-    with psnet.LocalCluster(shards=2) as cluster:
-        ctx = mp.get_context("spawn")
-        q = ctx.Queue()
-        ps = [ctx.Process(target=_acc_worker, args=(args, cluster.coord, cluster.dir, q)) for _ in range(2)]
-        for p in ps:
-            p.start()
-        got = dict(q.get() for _ in ps)
-        for p in ps:
-            p.join()
+    got = _two_workers(args, nsteps, args.epochs, "accuracy")
     print(f"plain {ref:.4f} ({t_ref:.0f} s)  plain, BatchNorm over each half {ghost:.4f} ({t_ghost:.0f} s)  "
           f"psnet.torch 2 workers {got[0]:.4f} ({time.monotonic() - t0:.0f} s)  difference {100 * (got[0] - ref):+.2f} "
           f"points ({100 * (got[0] - ghost):+.2f} against the halves)", flush=True)
-
-
-def _halves(steps, threads, batch):
-    """The plain loop with BatchNorm over each half batch (what two workers
-    compute): its state_dict after steps."""
-    torch.set_num_threads(threads)
-    torch.manual_seed(0)
-    model = resnet18()
-    opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9, weight_decay=5e-4)
-    half = batch // 2
-    for xb, yb in batches(steps, batch):
-        opt.zero_grad()
-        for h in range(2):
-            (F.cross_entropy(model(xb[h * half:(h + 1) * half]), yb[h * half:(h + 1) * half]) / 2).backward()
-        opt.step()
-    return model.state_dict()
-
-
-def _traj_worker(args, coord, init_dir, q):
-    torch.set_num_threads(1)
-    torch.manual_seed(0)
-    model = resnet18()
-    opt = psnet.torch.Optimizer(model, coord=coord, lr=0.05, momentum=0.9, weight_decay=5e-4, workers=2,
-                                init_dir=init_dir, progress=False)
-    half, r = args.batch // 2, opt.rank
-    for xb, yb in batches(args.steps, args.batch):
-        opt.zero_grad()
-        F.cross_entropy(model(xb[r * half:(r + 1) * half]), yb[r * half:(r + 1) * half]).backward()
-        opt.step()
-    q.put((r, {k: v.numpy().copy() for k, v in model.state_dict().items()}))
-    opt.finish()
 
 
 def _worst(a, b):
@@ -267,18 +245,15 @@ def _worst(a, b):
 def trajectory(args):
     print(f"== trajectory: ResNet-18 weights after {args.steps} steps, 2 BSP workers against the plain loop "
           f"with BatchNorm over each half batch; the noise floor: that loop on 1 thread against 2")
-    ref = _halves(args.steps, 2, args.batch)
-    with psnet.LocalCluster(shards=2) as cluster:
-        ctx = mp.get_context("spawn")
-        q = ctx.Queue()
-        ps = [ctx.Process(target=_traj_worker, args=(args, cluster.coord, cluster.dir, q)) for _ in range(2)]
-        for p in ps:
-            p.start()
-        got = {r: {k: torch.from_numpy(v) for k, v in g.items()} for r, g in (q.get() for _ in ps)}
-        for p in ps:
-            p.join()
-    w, k = _worst(got[0], ref)
-    n, nk = _worst(_halves(args.steps, 1, args.batch), ref)
+
+    def halves(threads):
+        torch.set_num_threads(threads)
+        return _plain(args.steps, args.batch, 1, True).state_dict()
+
+    ref = halves(2)
+    got = {k: torch.from_numpy(v) for k, v in _two_workers(args, args.steps, 1, "state")[0].items()}
+    w, k = _worst(got, ref)
+    n, nk = _worst(halves(1), ref)
     print(f"psnet.torch against the halves loop: {w:.3g} ({k}); 1 thread against 2: {n:.3g} ({nk})", flush=True)
 
 
