@@ -58,6 +58,14 @@ start_shards() {
     psnet_start "psd-$1-$i" "$PSD" --id "$i" --listen "ipc://$RUN/psd-$1-$i.sock" --coord "$COORD"
   done
 }
+# start_cluster NAME N [PSCOORD OPTIONS...]: pscoord-NAME at $COORD
+# (ipc://$RUN/NAME.sock) expecting N shards, and shards 1..N of it.
+start_cluster() {
+  local name=$1 n=$2; shift 2
+  COORD="ipc://$RUN/$name.sock"
+  psnet_start "pscoord-$name" "$PSCOORD" --listen "$COORD" --shards "$n" "$@"
+  start_shards "$name" "$n"
+}
 # http_port NAME: the port daemon NAME (its log $RUN/NAME.log) serves HTTP on.
 http_port() { sed -n 's/.*msg="serving http" address=[^ ]* port=\([0-9]*\).*/\1/p' "$RUN/$1.log" | head -1; }
 logs_match() { grep -qE -- "$1" "$RUN"/$2 2>/dev/null; }
@@ -66,9 +74,7 @@ logs_match() { grep -qE -- "$1" "$RUN"/$2 2>/dev/null; }
 # is in $out.
 train_job() {
   local name=$1 nw=$2 i; shift 2
-  COORD="ipc://$RUN/$name.sock"
-  psnet_start "pscoord-$name" "$PSCOORD" --listen "$COORD" --workers "$nw" --shards 2 "$@"
-  start_shards "$name" 2 "$COORD"
+  start_cluster "$name" 2 --workers "$nw" "$@"
   for i in $(seq 1 "$nw"); do psnet_start "w$i-$name" "$WORKERD" --coord "$COORD" --backend cpu; done
   out=$("$PSCTL" --coord "$COORD" job wait --wait 300)
 }

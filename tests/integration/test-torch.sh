@@ -38,9 +38,7 @@ pycheck() {
 }
 
 # Any model against daemons started by hand (as deploy/local's).
-COORD="ipc://$RUN/coord.sock"
-psnet_start pscoord "$PSCOORD" --listen "$COORD" --shards 2
-start_shards a 2
+start_cluster any 2
 pycheck anymodel anymodel "$COORD" "$RUN/any.json" "$RUN"
 out=$("$PSCTL" --coord "$COORD" job wait --wait 30)
 acc=$(jq -r .accuracy "$RUN/any.json" 2>/dev/null)
@@ -54,9 +52,7 @@ ok $? "the job holds the 9 buffers of the model's 3 BatchNorm layers as buffers"
 psnet_stop_all
 
 # Two BSP workers against torch.optim.SGD on the combined batch.
-COORD="ipc://$RUN/bsp.sock"
-psnet_start pscoord-bsp "$PSCOORD" --listen "$COORD" --shards 2
-start_shards b 2
+start_cluster bsp 2
 "${PY[@]}" "$ANY" bsp-worker "$COORD" "$RUN/bsp-a.pt" "$RUN" >"$RUN/bsp-a.out" 2>"$RUN/bsp-a.log" & pa=$!
 "${PY[@]}" "$ANY" bsp-worker "$COORD" "$RUN/bsp-b.pt" "$RUN" >"$RUN/bsp-b.out" 2>"$RUN/bsp-b.log" & pb=$!
 wait $pa; ra=$?; wait $pb; rb=$?
@@ -73,9 +69,7 @@ if [ $sanitized = 1 ]; then
 else
   # examples/resnet18_fashion.py as it is, two workers against daemons started
   # by hand (one process each, --coord), on a few images.
-  COORD="ipc://$RUN/r18.sock"
-  psnet_start pscoord-r18 "$PSCOORD" --listen "$COORD" --shards 2
-  start_shards r 2
+  start_cluster r18 2
   ex=(--coord "$COORD" --rank-of 0 --workers 2 --limit 128 --test-limit 100 --epochs 1 --batch 32 --init-dir "$RUN" --quiet)
   "${PY[@]}" "$PSNET_SRC/examples/resnet18_fashion.py" "${ex[@]}" >"$RUN/r18-1.out" 2>"$RUN/r18-1.log" & p1=$!
   "${PY[@]}" "$PSNET_SRC/examples/resnet18_fashion.py" "${ex[@]}" >"$RUN/r18-2.out" 2>"$RUN/r18-2.log"; r2=$?
@@ -88,9 +82,7 @@ else
 
   # examples/custom_loss.py: an autoencoder with a loss of its own, no labels
   # and no accuracy; the job ends done all the same.
-  COORD="ipc://$RUN/ae.sock"
-  psnet_start pscoord-ae "$PSCOORD" --listen "$COORD" --shards 1
-  start_shards ae 1
+  start_cluster ae 1
   "${PY[@]}" "$PSNET_SRC/examples/custom_loss.py" --coord "$COORD" --limit 2000 --epochs 2 >"$RUN/ae.out" 2>"$RUN/ae.log"; rc=$?
   before=$(sed -n 's/^loss before training \([0-9.]*\)$/\1/p' "$RUN/ae.out")
   after=$(sed -n 's/^epoch 2: loss \([0-9.]*\)$/\1/p' "$RUN/ae.out")
@@ -102,9 +94,7 @@ else
 fi
 
 # A worker joins a running job.
-COORD="ipc://$RUN/join.sock"
-psnet_start pscoord-join "$PSCOORD" --listen "$COORD" --shards 1
-start_shards j 1
+start_cluster join 1
 "${PY[@]}" "$ANY" join "$COORD" first "$RUN/join-1.json" >"$RUN/join-1.out" 2>"$RUN/join-1.log" & p1=$!
 psnet_wait_for 60 test -f "$RUN/join-1.json.ready"
 "${PY[@]}" "$ANY" join "$COORD" second "$RUN/join-2.json" >"$RUN/join-2.out" 2>"$RUN/join-2.log"; r2=$?
@@ -115,9 +105,7 @@ ok $? "a second worker joins the running job: both see world_size 2 ($(cat "$RUN
 psnet_stop_all
 
 # Ctrl-C during a step (a BSP step waiting for a worker that holds back).
-COORD="ipc://$RUN/int.sock"
-psnet_start pscoord-int "$PSCOORD" --listen "$COORD" --shards 1
-start_shards i 1
+start_cluster int 1
 "${PY[@]}" "$ANY" interrupt "$COORD" a "$RUN" >"$RUN/int-a.out" 2>"$RUN/int-a.log" & pa=$!
 "${PY[@]}" "$ANY" interrupt "$COORD" b "$RUN" >"$RUN/int-b.out" 2>"$RUN/int-b.log" & pb=$!
 wait $pa; ra=$?; wait $pb; rb=$?
@@ -127,7 +115,7 @@ psnet_stop_all
 
 # LocalCluster: a clean stop, also after an exception, and when Python is killed.
 cat >"$RUN/lc.py" <<'EOF'
-import sys, time, psnet
+import signal, sys, psnet
 mode = sys.argv[1]
 c = psnet.LocalCluster(shards=2)
 with c:
@@ -135,7 +123,7 @@ with c:
     if mode == "raise":
         raise RuntimeError("the user's code failed")
     if mode == "hang":
-        time.sleep(600)
+        signal.pause()  # until the test kills it
 EOF
 gone() { for p in $1; do alive "$p" && return 1; done; return 0; }
 "${PY[@]}" "$RUN/lc.py" clean >"$RUN/lc-clean.out" 2>"$RUN/lc-clean.log"

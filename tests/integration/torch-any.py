@@ -31,6 +31,16 @@ def say(msg):
     print(f"ok: {msg}", flush=True)
 
 
+def wait_for(cond, seconds):
+    """Polls cond until it holds or seconds pass; whether it held."""
+    end = time.monotonic() + seconds
+    while not cond():
+        if time.monotonic() >= end:
+            return False
+        time.sleep(0.002)  # poll interval of a condition with a deadline
+    return True
+
+
 def fashion(split, n):
     from psnet.data import load
     x, y = load(DATA, split, n)
@@ -227,10 +237,11 @@ def check_interrupt(coord, role, run):
         signal.signal(signal.SIGINT, signal.default_int_handler)
 
         def interrupter():
-            # a's round of clock 10 cannot end before b pushes clock 10: Ctrl-C then.
-            while not (os.path.exists(os.path.join(run, "b-at-10")) and opt.clock == 10 and
-                       opt._inflight is not None):
-                time.sleep(0.001)  # polls for the round this thread interrupts
+            # a's round of clock 10 cannot end before b pushes clock 10: Ctrl-C then
+            # (never, if that does not come: the comparison then fails).
+            if not wait_for(lambda: os.path.exists(os.path.join(run, "b-at-10")) and opt.clock == 10 and
+                            opt._inflight is not None, 60):
+                return
             with open(os.path.join(run, "a-sigint"), "w") as f:
                 f.write(repr(time.monotonic()))
             os.kill(os.getpid(), signal.SIGINT)
@@ -242,9 +253,8 @@ def check_interrupt(coord, role, run):
             F.cross_entropy(model(xs[s % BSP_STEPS]), ys[s % BSP_STEPS]).backward()
             if role == "b" and s == 10:
                 open(os.path.join(run, "b-at-10"), "w").close()
-                end = time.monotonic() + 60
-                while not os.path.exists(os.path.join(run, "a-interrupted")) and time.monotonic() < end:
-                    time.sleep(0.01)  # holds its push back until a was interrupted
+                # Its push held back until a was interrupted.
+                wait_for(lambda: os.path.exists(os.path.join(run, "a-interrupted")), 60)
             opt.step()
         except KeyboardInterrupt:
             t = time.monotonic()
