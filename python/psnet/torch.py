@@ -88,8 +88,12 @@ def _entries(model):
 
 def describe(model, name=None):
     """The job's model for model: psnet's JSON list of tensors (docs/models.md)."""
+    return _describe(model, _entries(model), name)
+
+
+def _describe(model, entries, name):
     tensors = []
-    for n, t, trained in _entries(model):
+    for n, t, trained in entries:
         e = {"name": n, "shape": _shape(t), "init": _init(t.detach(), trained)}
         if not trained:
             e["buffer"] = True
@@ -180,8 +184,8 @@ class Optimizer:
         self.model = model
         self.coord = _endpoint(coord)
         self.keys = keys
-        self.desc = describe(model, name)
         self.entries = _entries(model)
+        self.desc = _describe(model, self.entries, name)
         if init_dir is None and isinstance(coord, LocalCluster):
             init_dir = coord.dir
         self._submit_if_needed(optim, lr, momentum, weight_decay, betas, eps, mode, workers, lr_scaling,
