@@ -330,9 +330,6 @@ int job_validate(const Job *job, char *err, size_t errlen) {
         if (buffers && job->sparsify > 0.0f)
                 return job_err(err, errlen, "--sparsify drops values of each push, and a buffer tensor (a "
                                             "running mean) needs them all: a model with buffers trains dense");
-        if (job->external && job->mode == MODE_FED)
-                return job_err(err, errlen, "model %s lists tensors only; federated rounds train models built "
-                                            "from layers (docs/models.md)", job->model_name);
         if (job->mode == MODE_FED && job->wire != JOB_WIRE_F32)
                 return job_err(err, errlen, "--wire bf16 is for training jobs; a federated job's updates are "
                                             "encoded with --compress bf16");

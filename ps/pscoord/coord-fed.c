@@ -44,9 +44,10 @@ static int round_open(Coord *c, Peer **avail, size_t navail) {
         coord_rounds_clear(f);
         f->clients = ps_malloc(k * sizeof *f->clients);
         f->answered = ps_calloc(k, sizeof *f->answered);
+        f->declined = ps_calloc(k, sizeof *f->declined);
         f->examples = ps_calloc(k, sizeof *f->examples);
         f->loss = ps_calloc(k, sizeof *f->loss);
-        if (!f->clients || !f->answered || !f->examples || !f->loss)
+        if (!f->clients || !f->answered || !f->declined || !f->examples || !f->loss)
                 return -ENOMEM;
         for (size_t i = 0; i < k; i++)
                 f->clients[i] = avail[i]->id;
@@ -115,6 +116,9 @@ void coord_fed_close(Coord *c, const char *why) {
                 coord_job_fail(c, "out of memory closing a round");
                 return;
         }
+        size_t refused = 0;
+        for (size_t i = 0; i < f->nclients; i++)
+                refused += f->declined[i];
         for (size_t i = 0; i < f->nclients; i++)
                 if (f->answered[i]) {
                         ids[n++] = f->clients[i];
@@ -124,7 +128,7 @@ void coord_fed_close(Coord *c, const char *why) {
         f->aggregate = n >= c->job.fed.min_clients && (!c->job.fed.secagg || n >= f->sa.t);
         if (rec) {
                 rec->answered = (uint32_t) n;
-                rec->dropped = (uint32_t) (f->nclients - n);
+                rec->dropped = (uint32_t) (f->nclients - n - refused);
                 rec->loss = examples ? (float) (loss / (double) examples) : 0.0f;
                 rec->seconds = (float) (now_ms() - f->opened_ms) / 1000.0f;
                 if (!f->aggregate)
@@ -268,7 +272,7 @@ void coord_fed_poll(Coord *c) {
                 for (size_t i = 0; i < f->nclients; i++) {
                         bool exp = !c->job.fed.secagg || f->sa.u2[i];
                         expected += exp;
-                        waiting += exp && !f->answered[i] &&
+                        waiting += exp && !f->answered[i] && !f->declined[i] &&
                                    coord_find_peer(c, PSNET__ROLE__ROLE_EDGE, f->clients[i]);
                 }
                 if (waiting == 0)
@@ -398,7 +402,20 @@ static void edge_rep(Coord *c, WireMsg *m, Peer *p) {
         }
         bool open = c->job.mode == MODE_FED && c->state == JOB_RUNNING && f->phase == FED_TRAINING &&
                     rd->number == f->number;
-        if (!open || i == f->nclients || f->answered[i]) {
+        if (rd->decline && open && i < f->nclients && !f->answered[i] && !f->declined[i]) {
+                /* Its client sends no update for this round: the round stops waiting for it. */
+                f->declined[i] = true;
+                f->refused++;
+                FedRecord *rec = coord_fed_record_find(f, f->number);
+                if (rec)
+                        rec->refused++;
+                log_warning("update refused by its client edge=%u number=%lu reason=\"%s\"", p->id,
+                            (unsigned long) rd->number, rd->decline);
+                (void) coord_reply_job(c, &m->route, m->hdr->seq, "declined");
+                coord_todo(c, TODO_FED_POLL);
+                return;
+        }
+        if (!open || i == f->nclients || f->answered[i] || (f->declined && f->declined[i])) {
                 FedRecord *rec = coord_fed_record_find(f, rd->number);
                 if (rd->number <= f->number && (!open || i < f->nclients)) {
                         f->late++;

@@ -183,6 +183,16 @@ void coord_fedasync_rep(Coord *c, WireMsg *m, Peer *p) {
                 coord_todo(c, TODO_FED_POLL); /* it is idle: a new task */
                 return;
         }
+        if (rd->decline) {
+                /* Its client sends no update for it: the task ends, the client gets another. */
+                f->refused++;
+                log_warning("update refused by its client edge=%u task=%lu reason=\"%s\"", p->id,
+                            (unsigned long) rd->number, rd->decline);
+                f->tasks[i] = f->tasks[--f->ntasks];
+                (void) coord_reply_job(c, &m->route, m->hdr->seq, "declined");
+                coord_todo(c, TODO_FED_POLL);
+                return;
+        }
         if (!rd->has_examples || rd->examples == 0 || (rd->has_loss && !isfinite(rd->loss))) {
                 coord_reply_error(c, &m->route, m->hdr->seq, PSNET__STATUS__STATUS_INVALID,
                                   "an update's answer carries its example count (>= 1) and a finite loss");

@@ -169,7 +169,7 @@ typedef struct FedSecAgg {
 
 typedef struct FedRecord {
         uint64_t number;
-        uint32_t round, sampled, answered, late, dropped, available;
+        uint32_t round, sampled, answered, late, dropped, available, refused;
         float loss, seconds;
         double epsilon;             /* after this round (private jobs; < 0: none) */
         uint64_t bytes_up, bytes_raw; /* the answered updates' frames as sent, and as f32 */
@@ -195,6 +195,7 @@ typedef struct FedRounds {
         uint32_t done;              /* rounds aggregated */
         uint32_t *clients;          /* sampled, ascending id */
         bool *answered;
+        bool *declined;             /* sent no update, and said why (MSG_ROUND_REP decline) */
         uint64_t *examples;
         float *loss;
         size_t nclients, nanswered;
@@ -204,7 +205,7 @@ typedef struct FedRounds {
         bool aggregate;             /* the close aggregates (else it drops the updates) */
         uint64_t opened_ms, deadline, shard_deadline, retry_at;
         uint32_t shard_failures;    /* closes in a row a shard refused */
-        uint64_t failed, late;
+        uint64_t failed, late, refused;
         bool said_waiting, said_shards;
         FedRecord hist[COORD_FED_HISTORY]; /* a ring: the last nhist records end at hist_end */
         size_t nhist, hist_end;

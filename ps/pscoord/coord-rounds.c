@@ -18,11 +18,13 @@ static const char *phase_name(FedPhase p) {
 void coord_rounds_clear(FedRounds *f) {
         ps_free(f->clients);
         ps_free(f->answered);
+        ps_free(f->declined);
         ps_free(f->examples);
         ps_free(f->loss);
         ps_free(f->shard_replied);
         f->clients = NULL;
         f->answered = NULL;
+        f->declined = NULL;
         f->examples = NULL;
         f->loss = NULL;
         f->shard_replied = NULL;
@@ -165,6 +167,7 @@ int coord_fed_restore(Coord *c, const Psnet__FedStatus *s, const double *rdp, si
         f->done = s->rounds_done;
         f->failed = s->failed;
         f->late = s->late;
+        f->refused = s->refused;
         f->epsilon = s->has_epsilon ? s->epsilon : 0;
         for (size_t k = 0; k < nrdp; k++)
                 f->privacy.rdp[k] = rdp[k];
@@ -178,6 +181,7 @@ int coord_fed_restore(Coord *c, const Psnet__FedStatus *s, const double *rdp, si
                 r->answered = o->answered;
                 r->late = o->late;
                 r->dropped = o->dropped;
+                r->refused = o->refused;
                 r->available = o->available;
                 r->loss = o->loss;
                 r->seconds = o->seconds;
@@ -223,6 +227,8 @@ int coord_fed_status(Coord *c, FedView *v) {
         s->available = (uint32_t) avail;
         s->failed = f->failed;
         s->late = f->late;
+        s->has_refused = f->refused > 0;
+        s->refused = f->refused;
         s->round_ms = f->phase == FED_TRAINING ? now_ms() - f->opened_ms : 0;
         if (c->job.fed.strategy.dp_noise > 0) {
                 s->has_epsilon = s->has_dp_delta = true;
@@ -241,6 +247,10 @@ int coord_fed_status(Coord *c, FedView *v) {
                 o->answered = r->answered;
                 o->late = r->late;
                 o->dropped = r->dropped;
+                if (r->refused) {
+                        o->has_refused = true;
+                        o->refused = r->refused;
+                }
                 o->loss = r->loss;
                 o->seconds = r->seconds;
                 o->has_available = true;

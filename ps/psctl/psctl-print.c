@@ -266,10 +266,11 @@ int print_status_json(const Psnet__StatusRep *s) {
 }
 
 static json_t *round_json(const Psnet__RoundRecord *r) {
-        return json_pack("{s:I,s:I,s:I,s:I,s:I,s:I,s:I,s:o,s:o,s:o,s:o,s:I,s:I,s:o}", "number", (json_int_t) r->number,
-                         "round",
+        return json_pack("{s:I,s:I,s:I,s:I,s:I,s:I,s:I,s:I,s:o,s:o,s:o,s:o,s:I,s:I,s:o}", "number",
+                         (json_int_t) r->number, "round",
                          (json_int_t) r->round, "sampled", (json_int_t) r->sampled, "answered", (json_int_t) r->answered,
-                         "late", (json_int_t) r->late, "dropped", (json_int_t) r->dropped, "available",
+                         "late", (json_int_t) r->late, "dropped", (json_int_t) r->dropped, "refused",
+                         (json_int_t) r->refused, "available",
                          (json_int_t) r->available, "loss", jnum(r->loss), "seconds", jnum(r->seconds), "epsilon",
                          r->has_epsilon ? json_real(r->epsilon) : json_null(), "note", jstr(r->note), "bytes_up",
                          (json_int_t) r->bytes_up, "bytes_raw", (json_int_t) r->bytes_raw, "accuracy",
@@ -292,27 +293,29 @@ int print_rounds(const Psnet__StatusRep *s, bool history, bool json) {
                 if (history)
                         return emit(h);
                 json_decref(h);
-                return emit(json_pack("{s:s,s:I,s:I,s:s,s:I,s:I,s:I,s:I,s:I,s:I,s:I,s:o}", "state",
+                return emit(json_pack("{s:s,s:I,s:I,s:s,s:I,s:I,s:I,s:I,s:I,s:I,s:I,s:I,s:o}", "state",
                                       psctl_state_of(s->job_state), "rounds_done", (json_int_t) f->rounds_done, "rounds",
                                       (json_int_t) f->rounds, "phase", f->phase ? f->phase : "?", "number",
                                       (json_int_t) f->number, "sampled", (json_int_t) f->sampled, "answered",
                                       (json_int_t) f->answered, "available", (json_int_t) f->available, "failed",
-                                      (json_int_t) f->failed, "late", (json_int_t) f->late, "round_ms",
+                                      (json_int_t) f->failed, "late", (json_int_t) f->late, "refused",
+                                      (json_int_t) f->refused, "round_ms",
                                       (json_int_t) f->round_ms, "epsilon",
                                       f->has_epsilon ? json_real(f->epsilon) : json_null()));
         }
         if (!history) {
                 printf("job %u  state=%s  rounds %u/%u  phase=%s\n", s->job ? s->job->id : 0, psctl_state_of(s->job_state),
                        f->rounds_done, f->rounds, f->phase ? f->phase : "?");
-                printf("round number %lu: sampled=%u answered=%u (%.1f s)  available=%u  failed=%lu  late=%lu\n",
+                printf("round number %lu: sampled=%u answered=%u (%.1f s)  available=%u  failed=%lu  late=%lu  "
+                       "refused=%lu\n",
                        (unsigned long) f->number, f->sampled, f->answered, (double) f->round_ms / 1000.0, f->available,
-                       (unsigned long) f->failed, (unsigned long) f->late);
+                       (unsigned long) f->failed, (unsigned long) f->late, (unsigned long) f->refused);
                 if (f->has_epsilon)
                         printf("privacy spent: epsilon=%.4f at delta=%g\n", f->epsilon, f->dp_delta);
                 return 0;
         }
-        printf("%-7s %-6s %7s %8s %5s %7s %8s %8s %8s %8s %9s  %s\n", "NUMBER", "ROUND", "SAMPLED", "ANSWERED",
-               "LATE", "DROPPED", "LOSS", "ACCURACY", "SECONDS", "EPSILON", "MIB_UP", "NOTE");
+        printf("%-7s %-6s %7s %8s %5s %7s %7s %8s %8s %8s %8s %9s  %s\n", "NUMBER", "ROUND", "SAMPLED", "ANSWERED",
+               "LATE", "DROPPED", "REFUSED", "LOSS", "ACCURACY", "SECONDS", "EPSILON", "MIB_UP", "NOTE");
         for (size_t i = 0; i < f->n_history; i++) {
                 const Psnet__RoundRecord *r = f->history[i];
                 char round[16], eps[16], acc[16];
@@ -325,8 +328,9 @@ int print_rounds(const Psnet__StatusRep *s, bool history, bool json) {
                         snprintf(eps, sizeof eps, "%.4f", r->epsilon);
                 else
                         snprintf(eps, sizeof eps, "-");
-                printf("%-7lu %-6s %7u %8u %5u %7u %8.4f %8s %8.2f %8s %9.2f  %s\n", (unsigned long) r->number,
-                       r->round ? round : "-", r->sampled, r->answered, r->late, r->dropped, r->loss, acc, r->seconds,
+                printf("%-7lu %-6s %7u %8u %5u %7u %7u %8.4f %8s %8.2f %8s %9.2f  %s\n", (unsigned long) r->number,
+                       r->round ? round : "-", r->sampled, r->answered, r->late, r->dropped, r->refused, r->loss, acc,
+                       r->seconds,
                        eps,
                        (double) r->bytes_up / 1048576.0, r->note ? r->note : "");
         }

@@ -522,7 +522,7 @@ static const Verb verbs[] = {
         { "checkpoint list", "", 0, cmd_checkpoint_list, NULL, "the checkpoints in pscoord's --checkpoint-dir" },
         { "round status", "", 0, cmd_round_status, NULL, "a federated job's rounds: done, the one open" },
         { "round history", "", 0, cmd_round_history, NULL,
-          "a federated job's rounds, one line each: sampled, answered, late, dropped, loss, seconds" },
+          "a federated job's rounds, one line each: sampled, answered, late, dropped, refused, loss, seconds" },
         { "checkpoint restore", "NAME", 1, cmd_checkpoint_restore, NULL,
           "start checkpoint NAME's job from its clock (no job may be running)" },
         { "job wait", "", 0, cmd_job_wait, wait_options,

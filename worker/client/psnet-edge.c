@@ -22,6 +22,7 @@
 #include "edge-update.h"
 #include "keys.h"
 #include "log.h"
+#include "modeldesc.h"
 #include "psnet-follow.h"
 #include "psnet-internal.h"
 #include "session.h"
@@ -417,7 +418,7 @@ static void on_reported(Session *s, int r, WireMsg *m, void *ud) {
         (void) s;
         edge_fields(e);
         if (r < 0)
-                log_warning("pscoord did not take the accuracy reason=\"%s\"", follow_reason(m, r));
+                log_warning("pscoord did not take the answer reason=\"%s\"", follow_reason(m, r));
         PsnetEdgeDoneFn cb = e->report_cb;
         e->report_cb = NULL;
         if (cb)
@@ -448,6 +449,28 @@ int psnet_edge_report(PsnetEdge *e, const PsnetEdgeRound *rd, float accuracy, fl
                 wi.accuracy = accuracy;
                 r = follow_result(e->session, job(e), &wi, e->params, 5000, on_reported, e);
         }
+        if (r == 0) {
+                e->report_cb = done;
+                e->report_ud = ud;
+        }
+        return r;
+}
+
+int psnet_edge_decline(PsnetEdge *e, uint64_t number, const char *reason, PsnetEdgeDoneFn done, void *ud) {
+        if (!e || !number || !reason || !reason[0])
+                return -EINVAL;
+        if (e->report_cb)
+                return -EBUSY;
+        if (!psnet_edge_job(e))
+                return -ENOENT;
+        edge_fields(e);
+        log_warning("declining round %lu reason=\"%s\"", (unsigned long) number, reason);
+        char why[256];
+        snprintf(why, sizeof why, "%s", reason); /* the wire carries at most this much of it */
+        Psnet__Round a = PSNET__ROUND__INIT;
+        a.number = number;
+        a.decline = why;
+        int r = round_answer(e, &a, 5000, on_reported);
         if (r == 0) {
                 e->report_cb = done;
                 e->report_ud = ud;
@@ -760,3 +783,18 @@ float psnet_edge_job_lr(const PsnetEdge *e) { return psnet_edge_job(e) ? e->fo.j
 float psnet_edge_job_prox_mu(const PsnetEdge *e) { return psnet_edge_job(e) ? e->fo.job.fed.prox_mu : 0.0f; }
 uint64_t psnet_edge_job_seed(const PsnetEdge *e) { return psnet_edge_job(e) ? e->fo.job.seed : 0; }
 bool psnet_edge_job_async(const PsnetEdge *e) { return psnet_edge_job(e) && e->fo.job.fed.async; }
+uint32_t psnet_edge_job_rounds(const PsnetEdge *e) { return psnet_edge_job(e) ? e->fo.job.fed.rounds : 0; }
+
+int psnet_edge_job_model_json(const PsnetEdge *e, char *buf, size_t n) {
+        if (!psnet_edge_job(e))
+                return -ENOENT;
+        ModelDesc *d = ps_calloc(1, sizeof *d);
+        if (!d)
+                return -ENOMEM;
+        char err[256];
+        int r = modeldesc_parse(e->fo.job.model, d, err, sizeof err);
+        if (r == 0)
+                r = modeldesc_json(d, buf, n);
+        ps_free(d);
+        return r;
+}

@@ -278,6 +278,10 @@ float psnet_edge_job_lr(const PsnetEdge *e);
 float psnet_edge_job_prox_mu(const PsnetEdge *e);      /* FedProx's mu (0: plain FedAvg) */
 uint64_t psnet_edge_job_seed(const PsnetEdge *e);
 bool psnet_edge_job_async(const PsnetEdge *e);         /* fedasync: rounds are tasks, numbered alone */
+uint32_t psnet_edge_job_rounds(const PsnetEdge *e);    /* the aggregated rounds the job runs */
+/* The model's description as JSON (psnet_job_model_json): the tensors'
+ * shapes. -ENOSPC if it does not fit n, -ENOENT before the job. */
+int psnet_edge_job_model_json(const PsnetEdge *e, char *buf, size_t n);
 
 /* The number of training examples this client holds: sent with its keys
  * in a --secagg job (which wait for it), and with each update. */
@@ -331,6 +335,11 @@ void psnet_edge_abandon(PsnetEdge *e);
 typedef void (*PsnetEdgeDoneFn)(PsnetEdge *e, int r, void *ud);
 int psnet_edge_report(PsnetEdge *e, const PsnetEdgeRound *rd, float accuracy, float loss, PsnetEdgeDoneFn done,
                       void *ud);
+/* Tells pscoord that this client sends no update for round number, and
+ * why (its training failed, or made what an update cannot be): the round
+ * stops waiting for it and counts it as refused, with the reason in
+ * pscoord's log. -EBUSY while a report or another decline runs. */
+int psnet_edge_decline(PsnetEdge *e, uint64_t number, const char *reason, PsnetEdgeDoneFn done, void *ud);
 /* Leaves the job (answered or not within a second), then done (may be NULL);
  * a push that waits for its round's peers is dropped first. */
 int psnet_edge_leave(PsnetEdge *e, PsnetEdgeDoneFn done, void *ud);
@@ -403,6 +412,86 @@ int psnet_sync_evaluated(PsnetSync *s, const PsnetEval *e);
 int psnet_sync_result(PsnetSync *s, bool has_accuracy, float accuracy, bool *evaluate);
 /* psnet_worker_leave, waited for (at most about a second). */
 int psnet_sync_leave(PsnetSync *s);
+
+/* --- Blocking federated clients -------------------------------------------------------
+ *
+ * The federated client for callers without a libuv loop (Python's psnet.fed
+ * through ctypes): psnet_edge_sync_new starts a thread that runs a loop of
+ * its own with `clients` PsnetEdge in it (one for a real device; many for a
+ * simulation, sharing one ZeroMQ context and key), so their registrations
+ * are kept while the caller trains. What pscoord tells them comes as events,
+ * in order, from psnet_edge_sync_next; the calls below run on that thread
+ * and return when done (one at a time: -EBUSY for a second thread's).
+ *
+ *     psnet_edge_sync_new(&opts, 1, &s);
+ *     next: JOB → psnet_edge_sync_info, _tensor, _model_json; psnet_edge_sync_set_examples
+ *     next: ROUND → psnet_edge_sync_pull(s, 0, rd.number, params, &rounds); train;
+ *           psnet_edge_sync_push(s, 0, rd.number, update, n, loss) (or _decline)
+ *     next: PUSHED → ev.r: counted (0) or why not
+ *     next: ROUND with evaluate → pull (number 0), test, psnet_edge_sync_report
+ *     next: END → psnet_edge_sync_leave; psnet_edge_sync_free
+ */
+typedef struct PsnetEdgeSync PsnetEdgeSync;
+
+#define PSNET_EDGE_SYNC_MAX_CLIENTS 10000u
+
+enum {
+        PSNET_EDGE_EV_REGISTERED = 1,   /* r: 1 when again (pscoord restarted) */
+        PSNET_EDGE_EV_FAILED,           /* r: the error (PsnetEdgeEvents.failed), reason */
+        PSNET_EDGE_EV_JOB,              /* the federated job is known */
+        PSNET_EDGE_EV_ROUND,            /* round: train (or, round.evaluate, test) */
+        PSNET_EDGE_EV_PUSHED,           /* a push ended: r and push as PsnetEdgePushFn's; round.number */
+        PSNET_EDGE_EV_END,              /* r: the job's PsnetJobState */
+};
+
+typedef struct PsnetEdgeEvent {
+        int kind;
+        unsigned client;                /* which of the clients, 0-based */
+        int r;
+        PsnetEdgeRound round;
+        PsnetEdgePushInfo push;
+        char reason[256];
+} PsnetEdgeEvent;
+
+typedef struct PsnetEdgeSyncInfo {
+        uint32_t id;                    /* pscoord's id for the client (0: not registered) */
+        bool has_job, async;
+        size_t ntensors;
+        uint32_t batch, local_epochs, rounds;
+        float lr, prox_mu;
+        uint64_t seed;
+        char model_name[128];
+} PsnetEdgeSyncInfo;
+
+/* opts as for psnet_edge_new (share and clients are set here). -EINVAL for
+ * unusable options or keys, or clients outside 1..PSNET_EDGE_SYNC_MAX_CLIENTS. */
+int psnet_edge_sync_new(const PsnetEdgeOptions *opts, unsigned clients, PsnetEdgeSync **ret);
+/* Stops the thread and frees everything (no deregistration: psnet_edge_sync_leave). NULL is fine. */
+void psnet_edge_sync_free(PsnetEdgeSync *s);
+/* The next event into *ev, waiting at most timeout_ms (PSNET_WAIT_FOREVER:
+ * no limit): 1, or 0 when none came. */
+int psnet_edge_sync_next(PsnetEdgeSync *s, PsnetEdgeEvent *ev, unsigned timeout_ms);
+int psnet_edge_sync_info(PsnetEdgeSync *s, unsigned client, PsnetEdgeSyncInfo *ret);
+/* Tensor t's name, size and shape (ndim dims, PyTorch's layout); -ENOENT
+ * past the last or before the job. */
+int psnet_edge_sync_tensor(PsnetEdgeSync *s, unsigned client, size_t t, char *name, size_t n, uint64_t *numel,
+                           uint32_t dims[4], unsigned *ndim);
+int psnet_edge_sync_model_json(PsnetEdgeSync *s, unsigned client, char *buf, size_t n);
+int psnet_edge_sync_set_examples(PsnetEdgeSync *s, unsigned client, uint64_t examples);
+/* psnet_edge_pull, waited for; *rounds: the aggregated rounds in the model.
+ * The buffers must stay until the next pull (a final report digests them). */
+int psnet_edge_sync_pull(PsnetEdgeSync *s, unsigned client, uint64_t number, float *const *params, int64_t *rounds);
+/* Copies update (one buffer per tensor) into the client's update buffers and
+ * starts psnet_edge_push; its end is a PUSHED event. The caller's buffers
+ * may go when this returns. */
+int psnet_edge_sync_push(PsnetEdgeSync *s, unsigned client, uint64_t number, const float *const *update,
+                         uint64_t examples, float loss);
+/* psnet_edge_decline, waited for. */
+int psnet_edge_sync_decline(PsnetEdgeSync *s, unsigned client, uint64_t number, const char *reason);
+/* psnet_edge_report, waited for (accuracy in [0, 1]: -EINVAL otherwise). */
+int psnet_edge_sync_report(PsnetEdgeSync *s, unsigned client, const PsnetEdgeRound *rd, float accuracy, float loss);
+/* psnet_edge_leave, waited for (at most about a second). */
+int psnet_edge_sync_leave(PsnetEdgeSync *s, unsigned client);
 
 #ifdef __cplusplus
 }

@@ -226,6 +226,13 @@ static void load_done(uv_work_t *req, int status) {
 /* A job came for e: its share of the data, loaded once for the process. */
 static void host_job(Edge *e, const Job *job, void *ud) {
         Fleet *f = ud;
+        if (job->external) {
+                /* Its clients compute it (psnet.fed): this edge has no code for it. */
+                log_error("model %s lists tensors only: its clients compute it (psnet.fed, docs/federated.md); "
+                          "workerd --edge trains models built from layers", job->model_name);
+                edge_fail(e, -EOPNOTSUPP);
+                return;
+        }
         if (f->data == D_READY) {
                 edge_ready(f, e, job);
                 return;
