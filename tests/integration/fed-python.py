@@ -1,0 +1,205 @@
+# SPDX-License-Identifier: Apache-2.0
+"""Checks of psnet.fed (Python federated clients) for test-fed-python.sh,
+each printing "ok: ..." lines (a failed check prints "FAIL: ..." and exits 1).
+
+    fed-python.py sim COORD N FIRST OF OUT [bad]
+        N virtual clients (partitions FIRST..FIRST+N-1 of OF, IID) training the
+        job's MLP mlp:784-64-10 with their own PyTorch fit(); with "bad", the
+        clients with index 1 and 2 return a wrong shape and NaN in their
+        first rounds. Writes the run's stats to OUT (JSON).
+    fed-python.py refuse
+        what fit returns that is no update, refused here with its reason
+    fed-python.py cnn COORD OUT
+        the CNN of tensors alone (its model defined only here) through
+        start_client: one client of a job also run by others."""
+import json
+import os
+import sys
+
+import numpy as np
+import torch
+from torch import nn
+
+from psnet import data, fed
+
+DATA = os.environ.get("PSNET_DATA", "/usr/share/datasets/fashion-mnist")
+TRAIN_LIMIT, TEST_LIMIT = 12000, 2000
+
+
+def fail(msg):
+    print(f"FAIL: {msg}", flush=True)
+    sys.exit(1)
+
+
+def check(cond, msg):
+    if not cond:
+        fail(msg)
+    print(f"ok: {msg}", flush=True)
+
+
+def mlp():
+    return nn.Sequential(nn.Linear(784, 64), nn.ReLU(), nn.Linear(64, 10))
+
+
+def set_weights(net, params):
+    sd = net.state_dict()
+    for (k, v), p in zip(sd.items(), params):
+        v.copy_(torch.from_numpy(np.asarray(p)).reshape(v.shape))
+
+
+def get_weights(net):
+    return [v.detach().cpu().numpy().copy() for v in net.state_dict().values()]
+
+
+def train(net, x, y, epochs, batch, lr, seed):
+    opt = torch.optim.SGD(net.parameters(), lr=lr)
+    g = torch.Generator().manual_seed(seed)
+    total, n = 0.0, 0
+    for _ in range(epochs):
+        perm = torch.randperm(len(x), generator=g)
+        for s in range(0, len(x) - batch + 1, batch):
+            idx = perm[s:s + batch]
+            opt.zero_grad()
+            loss = nn.functional.cross_entropy(net(x[idx]), y[idx])
+            loss.backward()
+            opt.step()
+            total += loss.item() * len(idx)
+            n += len(idx)
+    return total / max(n, 1)
+
+
+def test(net, x, y):
+    with torch.no_grad():
+        out = net(x)
+        return nn.functional.cross_entropy(out, y).item(), (out.argmax(1) == y).float().mean().item()
+
+
+class MlpClient(fed.NumPyClient):
+    def __init__(self, part, of, xs, ys, xt, yt, bad=None):
+        n = len(xs) // of
+        self.x, self.y = xs[part * n:(part + 1) * n], ys[part * n:(part + 1) * n]
+        self.xt, self.yt, self.part, self.bad = xt, yt, part, bad
+        self.net = mlp()
+
+    def num_examples(self):
+        return len(self.x)
+
+    def fit(self, parameters, config):
+        set_weights(self.net, parameters)
+        loss = train(self.net, self.x, self.y, config["local_epochs"], config["batch_size"], config["lr"],
+                     1000 * config["number"] + self.part)
+        w = get_weights(self.net)
+        if self.bad == "shape" and config["round"] <= 2:
+            w[0] = w[0][:10]
+        if self.bad == "nan" and config["round"] <= 2:
+            w[1][3] = np.nan
+        return w, len(self.x), {"loss": loss}
+
+    def evaluate(self, parameters, config):
+        set_weights(self.net, parameters)
+        loss, acc = test(self.net, self.xt, self.yt)
+        return loss, len(self.xt), {"accuracy": acc}
+
+
+def load():
+    xs, ys = data.load(DATA, "train", TRAIN_LIMIT)
+    xt, yt = data.load(DATA, "test", TEST_LIMIT)
+    return (torch.from_numpy(xs.reshape(len(xs), -1)), torch.from_numpy(ys),
+            torch.from_numpy(xt.reshape(len(xt), -1)), torch.from_numpy(yt))
+
+
+def sim(coord, n, first, of, out, bad=False):
+    torch.set_num_threads(1)
+    xs, ys, xt, yt = load()
+    made = {}
+
+    def client_fn(cid):
+        i = int(cid)
+        made[i] = made.get(i, 0) + 1
+        kind = {1: "shape", 2: "nan"}.get(i) if bad else None
+        return MlpClient(first + i, of, xs, ys, xt, yt, kind)
+
+    st = fed.simulate(client_fn, n, coord=coord, timeout_s=240)
+    with open(out, "w") as f:
+        json.dump(dict(st, made=made), f)
+    check(st["state"] == "done", f"{n} simulated Python clients served the job to its end (state {st['state']})")
+    check(st["counted"] > 0 and st["failed"] == 0,
+          f"their updates were counted ({st['counted']} counted, {st['late']} late, {st['failed']} failed)")
+    if bad:
+        check(st["refused"] == 4, f"the wrong shape and the NaN were refused in their two rounds each "
+              f"({st['refused']} refused)")
+
+
+class Fixed(fed.NumPyClient):
+    def __init__(self, res):
+        self.res = res
+
+    def fit(self, parameters, config):
+        return self.res(parameters)
+
+
+def refuse():
+    shapes = [("w", (3, 2)), ("b", (3,))]
+    w0 = [np.zeros((3, 2), np.float32), np.zeros(3, np.float32)]
+    good = [np.ones((3, 2), np.float32), np.ones(3, np.float32)]
+    u, n, loss = fed._as_update((good, 5, {"loss": 0.5}), shapes, w0)
+    check(n == 5 and loss == 0.5 and all(np.array_equal(a, b) for a, b in zip(u, good)),
+          "a good result becomes its update (returned minus pulled), count and loss")
+    u, n, loss = fed._as_update(([g.astype(np.float64) for g in good], 5, None), shapes, w0)
+    check(u[0].dtype == np.float32 and loss == 0.0, "float64 arrays are taken as float32; no metrics is no loss")
+    cases = [
+        ((good, 5), "not (parameters, num_examples, metrics)"),
+        ((good, -3, {}), "num_examples is -3"),
+        ((good, 0, {}), "num_examples is 0"),
+        ((good, True, {}), "num_examples is True"),
+        ((good, 2.5, {}), "num_examples is 2.5"),
+        ((good[:1], 5, {}), "returned 1 arrays; the job's model has 2 tensors"),
+        (([good[0].T, good[1]], 5, {}), "has shape [2, 3]; the job's is [3, 2]"),
+        (([good[0].astype(np.int32), good[1]], 5, {}), "is int32, not floating point"),
+        (([good[0], np.array([1, np.nan, 0], np.float32)], 5, {}), "holds NaN or infinity"),
+        (([good[0], np.array([1, np.inf, 0], np.float32)], 5, {}), "holds NaN or infinity"),
+        (([good[0], np.array([1e300, 0, 0])], 5, {}), "overflows float32"),
+        ((good, 5, ["loss"]), "metrics are a list, not a dict"),
+    ]
+    for res, why in cases:
+        try:
+            fed._as_update(res, shapes, w0)
+            fail(f"{why}: taken")
+        except fed.Refused as e:
+            if why not in str(e):
+                fail(f"refused with {e!r}, expected {why!r}")
+    check(True, f"{len(cases)} results that are no update are refused, each with its reason")
+
+
+class Net(nn.Module):
+    """Flower's quickstart CNN, for Fashion-MNIST's 1x28x28."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv1 = nn.Conv2d(1, 6, 5)
+        self.pool = nn.MaxPool2d(2, 2)
+        self.conv2 = nn.Conv2d(6, 16, 5)
+        self.fc1 = nn.Linear(16 * 4 * 4, 120)
+        self.fc2 = nn.Linear(120, 84)
+        self.fc3 = nn.Linear(84, 10)
+
+    def forward(self, x):
+        x = self.pool(torch.relu(self.conv1(x)))
+        x = self.pool(torch.relu(self.conv2(x)))
+        x = x.flatten(1)
+        return self.fc3(torch.relu(self.fc2(torch.relu(self.fc1(x)))))
+
+
+def main():
+    cmd = sys.argv[1]
+    if cmd == "sim":
+        sim(sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5]), sys.argv[6],
+            len(sys.argv) > 7 and sys.argv[7] == "bad")
+    elif cmd == "refuse":
+        refuse()
+    else:
+        fail(f"unknown check {cmd}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,109 @@
+#!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
+# psnet.fed: federated clients with the user's own fit() and evaluate()
+# (Flower's NumPyClient contract) against real daemons. Simulated Python
+# clients train a job to its end with the accuracy they test; results that
+# are no update (a wrong shape, NaN, a bad count, an exception) are refused
+# for their round with the reason, told to pscoord, which counts them and
+# closes the round without waiting for its time-out; C edge workers and
+# Python clients are counted in the same rounds; a client with a CURVE key
+# (start_client with key=) joins a cluster with --keys; the Flower
+# quickstart port in examples/ runs as it is.
+source "$(dirname "$0")/lib.sh"
+
+export PYTHONPATH=$PSNET_SRC/python PSNET_LIB=$PSNET_BUILD/worker/client/libpsnet.so
+export PATH=$PSNET_BUILD/ps/pscoord:$PSNET_BUILD/ps/psd:$PSNET_BUILD/ps/psctl:$PATH
+if ldd "$PSNET_LIB" | grep -q libasan; then
+  PY=(env "LD_PRELOAD=$(gcc -print-file-name=libasan.so) $(gcc -print-file-name=libubsan.so)"
+      "ASAN_OPTIONS=detect_leaks=0:abort_on_error=1" /usr/bin/python3)
+else
+  PY=(/usr/bin/python3)
+fi
+FP=$PSNET_SRC/tests/integration/fed-python.py
+# pycheck NAME ARGS...: each "ok: " line of fed-python.py is a TAP line; a
+# failure (or no line at all) one failed line.
+pycheck() {
+  local name=$1; shift
+  "${PY[@]}" "$FP" "$@" >"$RUN/$name.out" 2>"$RUN/$name.log"; local rc=$?
+  local n=0
+  while IFS= read -r line; do ok 0 "${line#ok: }"; n=$((n + 1)); done < <(grep '^ok: ' "$RUN/$name.out")
+  if [ $rc -ne 0 ] || [ $n -eq 0 ]; then
+    ok 1 "$name: $(grep -m1 '^FAIL' "$RUN/$name.out" || tail -n 3 "$RUN/$name.log" | tr '\n' ' ')"
+  fi
+}
+FEDJOB=(--mode fed --model mlp:784-64-10 --fraction 1 --local-epochs 1 --lr 0.05 --chunk-kb 64 "${SUBSET[@]}")
+
+pycheck refuse refuse
+
+# 1. Four simulated clients, two of which return a wrong shape and NaN in
+# their first two rounds: refused here, counted by pscoord, the rounds go on.
+start_cluster sim 2 "${FEDJOB[@]}" --rounds 6 --min-clients 2 --min-available 4 --round-timeout 60
+pycheck sim sim "$COORD" 4 0 4 "$RUN/sim.json" bad
+out=$("$PSCTL" --coord "$COORD" job wait --wait 30); ok $? "the job is done ($out)"
+acc=$(jq -r .accuracy "$RUN/sim.json" 2>/dev/null)
+[ -n "$acc" ] && within "$(acc_of "$out")" "$acc" 0.000001
+ok $? "its accuracy is the one the Python client's evaluate() measured ($acc)"
+accuracy_at_least "$out" 0.70; ok $? "6 rounds of 4 Python clients reach >= 0.70 on the subset"
+hist=$("$PSCTL" --coord "$COORD" --json round history)
+jq -e '[.[] | select(.round > 0) | .refused] == [2, 2, 0, 0, 0, 0] and
+  all(.[] | select(.round > 0); .answered + .refused == .sampled and .seconds < 30)' <<<"$hist" >/dev/null
+ok $? "rounds 1 and 2 count 2 refused beside 2 answered, and close without waiting for --round-timeout ($(jq -c '[.[] | [.answered, .refused, .seconds]]' <<<"$hist"))"
+"$PSCTL" --coord "$COORD" --json round status | jq -e '.refused == 4' >/dev/null; ok $? "psctl round status counts the 4 refusals"
+grep -q 'msg="update refused by its client" edge=[0-9]* number=[0-9]* reason="tensor 0 (0.weight) has shape \[10, 784\]; the job.s is \[64, 784\]"' \
+  "$RUN/pscoord-sim.log"; ok $? "pscoord logs the wrong shape's reason"
+grep -q 'msg="update refused by its client" edge=[0-9]* number=[0-9]* reason="tensor 1 (0.bias) holds NaN or infinity"' \
+  "$RUN/pscoord-sim.log"; ok $? "and the NaN's"
+psnet_stop_all
+
+# 2. C and Python clients in one round: two workerd --edge, two Python.
+start_cluster mix 2 "${FEDJOB[@]}" --rounds 3 --min-clients 4 --min-available 4 --round-timeout 60
+for k in 0 1; do psnet_start "edge-$k" "$WORKERD" --edge --coord "$COORD" --partition $k/4; done
+pycheck mix sim "$COORD" 2 2 4 "$RUN/mix.json"
+out=$("$PSCTL" --coord "$COORD" job wait --wait 60); ok $? "a job of C and Python clients is done ($out)"
+hist=$("$PSCTL" --coord "$COORD" --json round history)
+jq -e '[.[] | select(.round > 0) | .answered] == [4, 4, 4]' <<<"$hist" >/dev/null
+ok $? "each of its 3 rounds counted 2 C and 2 Python updates ($(jq -c '[.[] | .answered]' <<<"$hist"))"
+psnet_stop_all
+
+# 3. A client with its CURVE key (start_client key=) joins a cluster with --keys.
+K=$RUN/keys
+for kr in pscoord:server psd:server edge:edge admin:admin; do
+  "$PSCTL" keys gen "${kr%%:*}" --role "${kr##*:}" --dir "$K" >/dev/null || ok 1 "psctl keys gen ${kr%%:*}"
+done
+COORD="ipc://$RUN/keys.sock"
+psnet_start pscoord-keys "$PSCOORD" --listen "$COORD" --shards 1 "${FEDJOB[@]}" --rounds 2 --min-clients 2 \
+  --min-available 2 --round-timeout 60 --keys "$K"
+psnet_start psd-keys "$PSD" --id 1 --listen "ipc://$RUN/psd-keys.sock" --coord "$COORD" --keys "$K"
+psnet_start edge-keys "$WORKERD" --edge --coord "$COORD" --partition 0/2 --keys "$K"
+"${PY[@]}" - "$COORD" "$K/edge.key" >"$RUN/keys.out" 2>"$RUN/keys.log" <<'EOF'
+import sys
+sys.argv = [sys.argv[0], "x"] + sys.argv[1:]
+import importlib.util, os
+spec = importlib.util.spec_from_file_location("fp", os.path.join(os.environ["PSNET_SRC"], "tests/integration/fed-python.py"))
+fp = importlib.util.module_from_spec(spec); spec.loader.exec_module(fp)
+from psnet import fed
+xs, ys, xt, yt = fp.load()
+st = fed.start_client(coord=sys.argv[2], client=fp.MlpClient(1, 2, xs, ys, xt, yt), key=sys.argv[3], timeout_s=120)
+print("state", st["state"], "counted", st["counted"])
+EOF
+grep -q '^state done counted 2$' "$RUN/keys.out"
+ok $? "start_client with key= is counted in both rounds of a job with --keys ($(cat "$RUN/keys.out" | tr '\n' ' '))"
+out=$(PSNET_LOG_LEVEL=error "${PY[@]}" - "$COORD" <<'EOF' 2>&1
+import sys
+from psnet import fed
+try:
+    fed.start_client(coord=sys.argv[1], client=fed.NumPyClient(), connect_timeout_s=3)
+    print("joined")
+except OSError as e:
+    print("refused:", e)
+EOF
+)
+grep -q '^refused:' <<<"$out"; ok $? "a client without a key is not let in, and says so ($(grep -m1 '^refused:' <<<"$out"))"
+psnet_stop_all
+
+# 4. The Flower quickstart port runs as it is (its own LocalCluster).
+(cd "$RUN" && PSNET_LOG_LEVEL=warning timeout 300 "${PY[@]}" "$PSNET_SRC/examples/fed_quickstart.py" --limit 6000 --rounds 2) \
+  >"$RUN/quickstart.out" 2>"$RUN/quickstart.log"
+grep -q '^job done: 10 updates counted, 0 refused, final accuracy 0\.[0-9]*' "$RUN/quickstart.out"
+ok $? "examples/fed_quickstart.py runs as it is ($(tail -1 "$RUN/quickstart.out"))"
+finish
