@@ -582,7 +582,8 @@ int coord_checkpoint_restore(Coord *c, const char *name, char *reason, size_t n)
                 psnet__checkpoint_manifest__free_unpacked(m, NULL);
                 return PSNET__STATUS__STATUS_MALFORMED;
         }
-        if (job.mode == MODE_FED && (!m->fed || (m->n_fed_rdp && m->n_fed_rdp != RDP_NORDERS))) {
+        if (job.mode == MODE_FED && (!m->fed || (m->n_fed_rdp && m->n_fed_rdp != RDP_NORDERS &&
+                                                   m->n_fed_rdp != RDP_NINT))) {
                 snprintf(reason, n, "checkpoint %s: a federated job's checkpoint without its rounds", name);
                 psnet__checkpoint_manifest__free_unpacked(m, NULL);
                 return PSNET__STATUS__STATUS_MALFORMED;

@@ -24,29 +24,53 @@
 #define FED_MAX_SHARD_FAILURES 5u /* closes in a row a shard refused: the job fails */
 #define FED_RETRY_MS 100u         /* a shard not ready to open a round: asked again after this */
 
-/* Samples the round's clients among those connected: max(min_clients,
- * ceil(fraction x available)), uniformly (a seeded partial shuffle). */
+/* Whether rounds sample by Poisson sampling: with central DP noise, each
+ * connected client joins with probability --fraction on its own (the round's
+ * size varies), as DP-FedAvg's accountant assumes; otherwise a fixed
+ * max(min_clients, ceil(fraction x available)). */
+bool coord_fed_poisson(const Coord *c) { return c->job.fed.strategy.dp_noise > 0; }
+
+/* Samples the round's clients among those connected: a fixed number,
+ * uniformly (a seeded partial shuffle), or by Poisson sampling. */
 static int round_open(Coord *c, Peer **avail, size_t navail) {
         FedRounds *f = &c->fed;
         const FedConf *fc = &c->job.fed;
-        /* The fraction is a float: 0.1f x 1000 is 100.0000015, which means 100. */
-        size_t k = (size_t) ceil((double) fc->fraction * (double) navail - 1e-5);
-        k = MIN(MAX(k, (size_t) fc->min_clients), navail);
-        if (fc->secagg && k > SECAGG_MAX_CLIENTS)
-                k = SECAGG_MAX_CLIENTS; /* Shamir's shares over GF(2^8) */
         uint64_t x = c->job.seed * 0x9e3779b97f4a7c15ull + f->number + 1;
-        for (size_t i = 0; i < k; i++) {
-                size_t j = i + (size_t) (splitmix64_next(&x) % (navail - i));
-                Peer *t = avail[i];
-                avail[i] = avail[j];
-                avail[j] = t;
+        size_t k;
+        if (coord_fed_poisson(c)) {
+                /* Each client in with probability q (a seeded uniform in [0, 1) each). */
+                k = 0;
+                for (size_t i = 0; i < navail; i++)
+                        if ((double) (splitmix64_next(&x) >> 11) * 0x1.0p-53 < (double) fc->fraction) {
+                                Peer *t = avail[k];
+                                avail[k++] = avail[i];
+                                avail[i] = t;
+                        }
+                if (fc->secagg && k > SECAGG_MAX_CLIENTS) {
+                        log_warning("round sampled %zu clients, more than secure aggregation's %u: the first %u "
+                                    "take part", k, SECAGG_MAX_CLIENTS, SECAGG_MAX_CLIENTS);
+                        k = SECAGG_MAX_CLIENTS;
+                }
+        } else {
+                /* The fraction is a float: 0.1f x 1000 is 100.0000015, which means 100. */
+                k = (size_t) ceil((double) fc->fraction * (double) navail - 1e-5);
+                k = MIN(MAX(k, (size_t) fc->min_clients), navail);
+                if (fc->secagg && k > SECAGG_MAX_CLIENTS)
+                        k = SECAGG_MAX_CLIENTS; /* Shamir's shares over GF(2^8) */
+                for (size_t i = 0; i < k; i++) {
+                        size_t j = i + (size_t) (splitmix64_next(&x) % (navail - i));
+                        Peer *t = avail[i];
+                        avail[i] = avail[j];
+                        avail[j] = t;
+                }
         }
         coord_rounds_clear(f);
-        f->clients = ps_malloc(k * sizeof *f->clients);
-        f->answered = ps_calloc(k, sizeof *f->answered);
-        f->declined = ps_calloc(k, sizeof *f->declined);
-        f->examples = ps_calloc(k, sizeof *f->examples);
-        f->loss = ps_calloc(k, sizeof *f->loss);
+        size_t k1 = k ? k : 1; /* a Poisson sample may be empty: the round then fails and runs again */
+        f->clients = ps_malloc(k1 * sizeof *f->clients);
+        f->answered = ps_calloc(k1, sizeof *f->answered);
+        f->declined = ps_calloc(k1, sizeof *f->declined);
+        f->examples = ps_calloc(k1, sizeof *f->examples);
+        f->loss = ps_calloc(k1, sizeof *f->loss);
         if (!f->clients || !f->answered || !f->declined || !f->examples || !f->loss)
                 return -ENOMEM;
         for (size_t i = 0; i < k; i++)
@@ -152,15 +176,15 @@ void coord_fed_close(Coord *c, const char *why) {
 }
 
 /* A private round was released (noise on the shards): its RDP at the
- * sampling rate it had, sampled / connected, joins the account. */
+ * sampling rate q = --fraction of its Poisson sampling joins the account. */
 static void privacy_spent(Coord *c, FedRecord *rec) {
         FedRounds *f = &c->fed;
         float z = c->job.fed.strategy.dp_noise;
         if (z <= 0 || !rec || rec->available == 0)
                 return;
-        double q = (double) rec->sampled / (double) rec->available;
+        double q = (double) c->job.fed.fraction;
         if (rdp_account_step(&f->privacy, q, z) < 0 ||
-            rdp_account_epsilon(&f->privacy, c->job.fed.dp_delta, &f->epsilon, NULL) < 0) {
+            rdp_account_epsilon(&f->privacy, c->job.fed.dp_delta, RDP_TIGHT, &f->epsilon, NULL) < 0) {
                 log_warning("round %lu: the privacy accountant refused q=%g sigma=%g", (unsigned long) rec->number, q,
                             (double) z);
                 return;
@@ -276,8 +300,9 @@ void coord_fed_poll(Coord *c) {
                                    coord_find_peer(c, PSNET__ROLE__ROLE_EDGE, f->clients[i]);
                 }
                 if (waiting == 0)
-                        coord_fed_close(c, f->nanswered == expected ? "every sampled client answered"
-                                                                    : "the others left");
+                        coord_fed_close(c, f->nclients == 0             ? "the Poisson sample was empty"
+                                           : f->nanswered == expected ? "every sampled client answered"
+                                                                      : "the others left or declined");
                 else if (now >= f->deadline)
                         coord_fed_close(c, "--round-timeout");
                 return;

@@ -372,8 +372,10 @@ void coord_fedasync_free(FedRounds *f);
 typedef struct FedView {
         Psnet__FedStatus fs;
         Psnet__RoundRecord *recs, **recp;
+        char sampling[96];
 } FedView;
 int coord_fed_status(Coord *c, FedView *v);
+
 void coord_fed_view_free(FedView *v);
 /* A message that keeps a federated job (CoordState, CheckpointManifest): its
  * rounds (v) and the privacy accountant's RDP. */
@@ -509,6 +511,8 @@ void coord_handle_round_rep(Coord *c, WireMsg *m, Peer *p);
 /* Closes the round (phase CLOSING): aggregates when the updates it counts
  * suffice, else drops them; why goes to the log and the round's note. */
 void coord_fed_close(Coord *c, const char *why);
+/* Rounds sample by Poisson sampling (a private job), not a fixed number. */
+bool coord_fed_poisson(const Coord *c);
 
 /* --- membership (coord-members.c) */
 void coord_membership_changed(Coord *c);

@@ -157,7 +157,7 @@ void coord_fed_evaluate_round(Coord *c) {
 int coord_fed_restore(Coord *c, const Psnet__FedStatus *s, const double *rdp, size_t nrdp, uint64_t rdp_steps,
                       char *err, size_t n) {
         FedRounds *f = &c->fed;
-        if (s->n_history > COORD_FED_HISTORY || (nrdp && nrdp != RDP_NORDERS) || s->rounds_done > c->job.fed.rounds) {
+        if (s->n_history > COORD_FED_HISTORY || (nrdp && nrdp != RDP_NORDERS && nrdp != RDP_NINT) || s->rounds_done > c->job.fed.rounds) {
                 snprintf(err, n, "its federated rounds (%zu records, %zu RDP orders, %u of %u rounds done)",
                          s->n_history, nrdp, s->rounds_done, c->job.fed.rounds);
                 return -EBADMSG;
@@ -171,6 +171,9 @@ int coord_fed_restore(Coord *c, const Psnet__FedStatus *s, const double *rdp, si
         f->epsilon = s->has_epsilon ? s->epsilon : 0;
         for (size_t k = 0; k < nrdp; k++)
                 f->privacy.rdp[k] = rdp[k];
+        /* An account saved before fractional orders: those are left out (+inf). */
+        for (size_t k = nrdp; nrdp && k < RDP_NORDERS; k++)
+                f->privacy.rdp[k] = INFINITY;
         f->privacy.steps = rdp_steps;
         for (size_t k = 0; k < s->n_history; k++) {
                 const Psnet__RoundRecord *o = s->history[k];
@@ -230,10 +233,20 @@ int coord_fed_status(Coord *c, FedView *v) {
         s->has_refused = f->refused > 0;
         s->refused = f->refused;
         s->round_ms = f->phase == FED_TRAINING ? now_ms() - f->opened_ms : 0;
+        if (c->job.fed.async)
+                snprintf(v->sampling, sizeof v->sampling, "fedasync: every idle client gets a task");
+        else if (coord_fed_poisson(c))
+                snprintf(v->sampling, sizeof v->sampling, "poisson q=%g: each connected client on its own",
+                         (double) c->job.fed.fraction);
+        else
+                snprintf(v->sampling, sizeof v->sampling, "fixed: max(%u, ceil(%g x connected)) clients",
+                         c->job.fed.min_clients, (double) c->job.fed.fraction);
+        s->sampling = v->sampling;
         if (c->job.fed.strategy.dp_noise > 0) {
                 s->has_epsilon = s->has_dp_delta = true;
                 s->epsilon = f->epsilon;
                 s->dp_delta = c->job.fed.dp_delta;
+                s->accountant = (char *) RDP_ACCOUNTANT_TEXT;
         }
         for (size_t k = 0; k < f->nhist; k++) {
                 const FedRecord *r = &f->hist[(f->hist_end + COORD_FED_HISTORY - f->nhist + k) % COORD_FED_HISTORY];

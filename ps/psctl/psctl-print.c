@@ -293,7 +293,7 @@ int print_rounds(const Psnet__StatusRep *s, bool history, bool json) {
                 if (history)
                         return emit(h);
                 json_decref(h);
-                return emit(json_pack("{s:s,s:I,s:I,s:s,s:I,s:I,s:I,s:I,s:I,s:I,s:I,s:I,s:o}", "state",
+                return emit(json_pack("{s:s,s:I,s:I,s:s,s:I,s:I,s:I,s:I,s:I,s:I,s:I,s:I,s:o,s:o,s:o}", "state",
                                       psctl_state_of(s->job_state), "rounds_done", (json_int_t) f->rounds_done, "rounds",
                                       (json_int_t) f->rounds, "phase", f->phase ? f->phase : "?", "number",
                                       (json_int_t) f->number, "sampled", (json_int_t) f->sampled, "answered",
@@ -301,7 +301,9 @@ int print_rounds(const Psnet__StatusRep *s, bool history, bool json) {
                                       (json_int_t) f->failed, "late", (json_int_t) f->late, "refused",
                                       (json_int_t) f->refused, "round_ms",
                                       (json_int_t) f->round_ms, "epsilon",
-                                      f->has_epsilon ? json_real(f->epsilon) : json_null()));
+                                      f->has_epsilon ? json_real(f->epsilon) : json_null(), "sampling",
+                                      f->sampling ? json_string(f->sampling) : json_null(), "accountant",
+                                      f->accountant ? json_string(f->accountant) : json_null()));
         }
         if (!history) {
                 printf("job %u  state=%s  rounds %u/%u  phase=%s\n", s->job ? s->job->id : 0, psctl_state_of(s->job_state),
@@ -310,8 +312,11 @@ int print_rounds(const Psnet__StatusRep *s, bool history, bool json) {
                        "refused=%lu\n",
                        (unsigned long) f->number, f->sampled, f->answered, (double) f->round_ms / 1000.0, f->available,
                        (unsigned long) f->failed, (unsigned long) f->late, (unsigned long) f->refused);
+                if (f->sampling)
+                        printf("sampling: %s\n", f->sampling);
                 if (f->has_epsilon)
-                        printf("privacy spent: epsilon=%.4f at delta=%g\n", f->epsilon, f->dp_delta);
+                        printf("privacy spent: epsilon=%.4f at delta=%g\naccountant: %s\n", f->epsilon, f->dp_delta,
+                               f->accountant ? f->accountant : "?");
                 return 0;
         }
         printf("%-7s %-6s %7s %8s %5s %7s %7s %8s %8s %8s %8s %9s  %s\n", "NUMBER", "ROUND", "SAMPLED", "ANSWERED",

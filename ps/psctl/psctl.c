@@ -4,6 +4,8 @@
  * go before or after the verb. Anything a verb does not understand is refused
  * with exit status 2. Answers print as tables, or as JSON with --json. */
 #include <errno.h>
+#include <jansson.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -14,6 +16,7 @@
 #include "job-flags.h"
 #include "log.h"
 #include "program.h"
+#include "rdp.h"
 #include "psctl.h"
 #include "session.h"
 #include "wire-job.h"
@@ -29,6 +32,9 @@ typedef struct Ctl {
         char *role, *dir;              /* keys gen */
         char *format;                  /* export */
         char *out;                     /* report */
+        char *dp_q, *dp_z, *dp_delta;  /* privacy */
+        unsigned dp_rounds;
+        bool dp_classic;
         NetIdentity id;
         unsigned wait_s, interval_ms;
         JobFlags jf;
@@ -453,6 +459,54 @@ static int cmd_keys_gen(Ctl *c, char **args) {
         return 0;
 }
 
+/* A number option given as text (so that 0.1 is 0.1, not float's 0.100000001). */
+static int number_opt(const char *name, const char *text, double lo, double hi, double *ret) {
+        char *end;
+        errno = 0;
+        double v = text ? strtod(text, &end) : NAN;
+        if (!text || errno || end == text || *end || !(v > lo && v <= hi)) {
+                fprintf(stderr, "psctl privacy: --%s %s: a number in (%g, %g]\n", name, text ? text : "(missing)", lo,
+                        hi);
+                return -EINVAL;
+        }
+        *ret = v;
+        return 0;
+}
+
+static int cmd_privacy(Ctl *c, char **args _unused_) {
+        double q, z, delta = 1e-5, eps, order;
+        if (number_opt("fraction", c->dp_q, 0, 1, &q) < 0 || number_opt("dp-noise", c->dp_z, 0, 1e6, &z) < 0 ||
+            (c->dp_delta && number_opt("dp-delta", c->dp_delta, 0, 0.999999, &delta) < 0))
+                return -EINVAL;
+        if (c->dp_rounds < 1) {
+                fprintf(stderr, "psctl privacy: --rounds N: at least 1\n");
+                return -EINVAL;
+        }
+        RdpConversion conv = c->dp_classic ? RDP_CLASSIC : RDP_TIGHT;
+        if (rdp_epsilon(q, z, c->dp_rounds, delta, NULL, 0, conv, &eps, &order) < 0) {
+                fprintf(stderr, "psctl privacy: the accountant refused q=%g noise=%g\n", q, z);
+                return -EINVAL;
+        }
+        const char *how = c->dp_classic ? "classic conversion (Mironov 2017)" : RDP_ACCOUNTANT_TEXT;
+        if (c->json) {
+                json_t *o = json_pack("{s:f,s:f,s:f,s:I,s:f,s:f,s:s}", "epsilon", eps, "delta", delta, "q", q,
+                                      "rounds", (json_int_t) c->dp_rounds, "noise", z, "order", order,
+                                      "accountant", how);
+                if (!o)
+                        return -ENOMEM;
+                char *t = json_dumps(o, JSON_COMPACT | JSON_REAL_PRECISION(15));
+                json_decref(o);
+                if (!t)
+                        return -ENOMEM;
+                printf("%s\n", t);
+                free(t);
+                return 0;
+        }
+        printf("epsilon=%.6f at delta=%g after %u rounds of Poisson sampling q=%g with noise %g (order %g)\n"
+               "accountant: %s\n", eps, delta, c->dp_rounds, q, z, order, how);
+        return 0;
+}
+
 static int cmd_shard_add(Ctl *c, char **args) { return shard_change(c, true, args[0]); }
 static int cmd_shard_remove(Ctl *c, char **args) { return shard_change(c, false, args[0]); }
 
@@ -507,6 +561,16 @@ static size_t keys_options(Ctl *c, Option *o) {
         return 2;
 }
 
+static size_t privacy_options(Ctl *c, Option *o) {
+        o[0] = (Option) { "fraction", OPT_STR, &c->dp_q, "Q", "each client's chance to be in a round (--fraction)" };
+        o[1] = (Option) { "dp-noise", OPT_STR, &c->dp_z, "Z", "the noise multiplier (--dp-noise)" };
+        o[2] = (Option) { "rounds", OPT_UINT, &c->dp_rounds, "N", "aggregated rounds" };
+        o[3] = (Option) { "dp-delta", OPT_STR, &c->dp_delta, "D", "the delta of epsilon (default 1e-5)" };
+        o[4] = (Option) { "classic", OPT_BOOL, &c->dp_classic, NULL,
+                          "convert RDP with the classic bound (Mironov 2017), not Balle et al. 2020's" };
+        return 5;
+}
+
 static const Verb verbs[] = {
         { "status", "", 0, cmd_status, NULL, "coordinator, shards and workers" },
         { "watch", "", 0, cmd_watch, watch_options, "live progress until the job ends" },
@@ -531,6 +595,8 @@ static const Verb verbs[] = {
           "the job's values now, as FILE (safetensors, PyTorch state_dict names; docs/models.md)" },
         { "report", "", 0, cmd_report, report_options,
           "the job's curves (loss, accuracy, samples/s, staleness) as PNG, SVG and --out DIR/index.html" },
+        { "privacy", "", 0, cmd_privacy, privacy_options,
+          "the epsilon a private federated job spends (no pscoord needed): --fraction --dp-noise --rounds" },
         { "keys gen", "NAME", 1, cmd_keys_gen, keys_options,
           "write a CURVE key pair NAME.key and its allow-list line (--role R)" },
 };

@@ -44,8 +44,9 @@ job_state() { "$PSCTL" --coord "$COORD" --json status | sed -n 's/.*"state":"\([
 # accuracy_at_least LINE BAR: LINE holds accuracy=X; true when X >= BAR.
 accuracy_at_least() { awk -v bar="$2" '{ if (match($0, /accuracy=[0-9.]+/)) { a = substr($0, RSTART + 9, RLENGTH - 9); exit !(a + 0 >= bar) } exit 1 }' <<<"$1"; }
 # logs_match PATTERN GLOB: some log in $RUN matching GLOB (expanded at each call) matches PATTERN.
-# rdp_rates HISTORY-JSON: the aggregated rounds' sampling rates, "s/a ...".
-rdp_rates() { jq -r '[.[] | select(.round > 0) | "\(.sampled)/\(.available)"] | join(" ")' <<<"$1"; }
+# rdp_rates HISTORY-JSON Q: the aggregated rounds' sampling rates: Q (a
+# private job's Poisson sampling, --fraction) for each of them.
+rdp_rates() { jq -r --arg q "$2" '[.[] | select(.round > 0) | $q] | join(" ")' <<<"$1"; }
 # rdp_reference NOISE DELTA RATES...: epsilon by the independent accountant.
 rdp_reference() { /usr/bin/python3 "$PSNET_SRC/tests/integration/rdp-reference.py" "$@"; }
 # acc_of TEXT: the number after the last accuracy= in TEXT (job wait's answer).

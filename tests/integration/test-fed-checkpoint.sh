@@ -107,7 +107,7 @@ saved_then_restored c d 1 2 "a private job"
 hist=$("$PSCTL" --coord "$COORD" --json round history)
 [ "$(rounds_in "$hist")" = "[1,2,3,4]" ]; ok $? "its history holds rounds 1 to 4 ($(rounds_in "$hist"))"
 eps=$("$PSCTL" --coord "$COORD" --json status | jq -r '.job.fed.epsilon')
-want=$(rdp_reference "$NOISE" "$DELTA" $(rdp_rates "$hist"))
+want=$(rdp_reference "$NOISE" "$DELTA" $(rdp_rates "$hist" 0.6))
 within "$eps" "$want" 1e-5; ok $? "epsilon $eps is that of all 4 rounds (the reference gives $want)"
 psnet_stop_all
 

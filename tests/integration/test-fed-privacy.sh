@@ -5,8 +5,9 @@
 # refuses an update above it, with a reason, and keeps serving; the shards
 # add the noise; the privacy spent is reported as epsilon in psctl status,
 # round history and pscoord's log, and matches the RDP accountant computed
-# independently (tests/integration/rdp-reference.py) for the job's sampling
-# rate, noise and rounds. (The accountant itself is checked against published
+# independently (tests/integration/rdp-reference.py: exact sums and numerical
+# integration, the conversion of Balle et al. 2020) for the job's Poisson
+# sampling rate, noise and rounds; psctl names the sampling and accountant. (The accountant itself is checked against published
 # figures in tests/unit/test-rdp.c.) The cluster speaks CURVE: edge workers
 # reach the shards with keys of the edge role.
 source "$(dirname "$0")/lib.sh"
@@ -18,7 +19,8 @@ for kr in pscoord:server psd:server edge:edge admin:admin; do
 done
 PSCTL_K=("$PSCTL" --keys "$K")
 
-# Three edge workers, two sampled per round (q = 2/3).
+# Three edge workers, each in a round with probability 0.6 (Poisson sampling:
+# a round of fewer than --min-clients updates runs again).
 psnet_start pscoord "$PSCOORD" --listen "$COORD" --mode fed --shards 1 --rounds $ROUNDS --fraction 0.6 \
   --min-clients 2 --min-available 3 --round-timeout 4 --lease-ms 20000 --shard-lease-ms 5000 --chunk-kb 64 \
   --dp-clip $CLIP --dp-noise $NOISE --dp-delta $DELTA --train-limit 3000 --test-limit 500 --keys "$K"
@@ -57,10 +59,13 @@ ok $? "pscoord reports the privacy spent at the end"
 st=$("${PSCTL_K[@]}" --coord "$COORD" --json status)
 eps=$(jq -r '.job.fed.epsilon' <<<"$st")
 hist=$("${PSCTL_K[@]}" --coord "$COORD" --json round history)
-rates=$(rdp_rates "$hist")
+rates=$(for i in $(seq $ROUNDS); do echo 0.6; done)
 want=$(rdp_reference "$NOISE" "$DELTA" $rates)
 within "$eps" "$want" 1e-6
-ok $? "psctl status reports epsilon $eps for rounds at q = $rates, the reference gives $want"
+ok $? "psctl status reports epsilon $eps for $ROUNDS rounds at q = 0.6, the reference gives $want"
+rs=$("${PSCTL_K[@]}" --coord "$COORD" --json round status)
+jq -e '(.sampling | startswith("poisson q=0.6")) and (.accountant | test("Balle et al. 2020"))' <<<"$rs" >/dev/null
+ok $? "psctl round status names the sampling and the accountant ($(jq -c '[.sampling, .accountant]' <<<"$rs"))"
 jq -e "[.[] | select(.round > 0) | .epsilon] | length == $ROUNDS and (. == sort) and .[-1] == $eps" <<<"$hist" >/dev/null
 ok $? "round history: epsilon grows round by round and ends at the status figure"
 "${PSCTL_K[@]}" --coord "$COORD" status | grep -q "privacy spent: epsilon=" ; ok $? "psctl status prints it"

@@ -36,7 +36,7 @@ hist=$("$PSCTL" --coord "$COORD" --json round history)
 jq -e "[.[] | select(.round > 0) | .round] == [range(1; $ROUNDS + 1)]" <<<"$hist" >/dev/null
 ok $? "the history lists rounds 1 to $ROUNDS once each: $(jq -c '[.[] | select(.round > 0) | .round]' <<<"$hist")"
 eps=$("$PSCTL" --coord "$COORD" --json status | jq -r '.job.fed.epsilon')
-want=$(rdp_reference "$NOISE" "$DELTA" $(rdp_rates "$hist"))
+want=$(rdp_reference "$NOISE" "$DELTA" $(rdp_rates "$hist" 0.6))
 within "$eps" "$want" 1e-5  # psctl's JSON gives epsilon to 6 digits
 ok $? "epsilon $eps is that of all $ROUNDS rounds (the reference gives $want)"
 jq -e "[.[] | select(.round > 0) | .epsilon] | . == sort and length == $ROUNDS" <<<"$hist" >/dev/null
