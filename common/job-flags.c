@@ -121,6 +121,9 @@ size_t jobflags_options(JobFlags *f, Option *o) {
                 { "eval-every", OPT_UINT, &f->eval_every, "N",
                   "fed: every N aggregated rounds one edge worker tests the model on its test set and the accuracy "
                   "joins the round history (default 0: the final model only)" },
+                { "fraction-evaluate", OPT_FLOAT, &f->fraction_evaluate, "F",
+                  "fed: after each round this share of the connected clients test its model on their own data; "
+                  "the accuracy and loss, weighted by their examples, join the round history (default 0: none)" },
                 { "secagg-timeout", OPT_UINT, &f->secagg_timeout, "SECONDS",
                   "fed, --secagg: how long each exchange of keys, shares and unmasking waits for clients "
                   "(default 10)" },
@@ -229,6 +232,7 @@ int jobflags_to_job(const JobFlags *f, Job *job, char *err, size_t errlen) {
         job->fed.dp_delta = f->dp_delta;
         job->fed.secagg = f->secagg;
         job->fed.eval_every = f->eval_every;
+        job->fed.fraction_evaluate = f->fraction_evaluate;
         job->fed.buffer = f->buffer;
         job->fed.staleness_exp = f->staleness_exp;
         job->fed.secagg_clip = f->secagg_clip;

@@ -342,6 +342,12 @@ int job_validate(const Job *job, char *err, size_t errlen) {
                         return job_err(err, errlen, "rounds %u out of range 1..%u", f->rounds, JOB_MAX_FED_ROUNDS);
                 if (!(f->fraction > 0 && f->fraction <= 1))
                         return job_err(err, errlen, "fraction %g must be in (0, 1]", (double) f->fraction);
+                if (!(f->fraction_evaluate >= 0 && f->fraction_evaluate <= 1))
+                        return job_err(err, errlen, "--fraction-evaluate %g must be in [0, 1] (0: no federated "
+                                                    "evaluation)", (double) f->fraction_evaluate);
+                if (f->async && f->fraction_evaluate > 0)
+                        return job_err(err, errlen, "--fraction-evaluate evaluates after each round; --mode "
+                                                    "fedasync has none (--eval-every tests its model)");
                 if (f->min_clients < 1 || f->min_clients > JOB_MAX_PEERS)
                         return job_err(err, errlen, "min_clients %u out of range 1..%u", f->min_clients, JOB_MAX_PEERS);
                 if (f->min_available < f->min_clients || f->min_available > JOB_MAX_PEERS)

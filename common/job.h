@@ -72,6 +72,7 @@ typedef struct FedConf {
         CompressKind compress;      /* how clients encode their updates (common/compress.h) */
         float topk;                 /* COMPRESS_TOPK: the share of each chunk's values sent, (0, 1] */
         uint32_t eval_every;        /* every N aggregated rounds an edge worker tests the model (0: the final only) */
+        float fraction_evaluate;    /* after each round this share of the clients test it on their own data (0: none) */
         /* --mode fedasync (FedBuff, Nguyen et al. 2022): no rounds to wait for;
          * the shards apply each buffer of `buffer` updates as they come, an
          * update trained on the model of s aggregations ago weighing

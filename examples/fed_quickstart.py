@@ -133,7 +133,7 @@ def main():
             if cluster:
                 psnet.fed.submit(coord, Net(), rounds=args.rounds, fraction=0.5, min_clients=2,
                                  min_available=args.of, local_epochs=1, batch=32, lr=0.01, momentum=0.9,
-                                 eval_every=1)
+                                 eval_every=1, fraction_evaluate=0.5)
             st = psnet.fed.simulate(client_fn, args.of, coord=coord)
             if cluster:
                 _, hist, _ = psnet.cluster.psctl(cluster, "round", "history")

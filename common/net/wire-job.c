@@ -215,6 +215,8 @@ int job_to_proto(const Job *job, Psnet__JobSpec **ret) {
                 fs->buffer = f->buffer;
                 fs->staleness_exp = f->staleness_exp;
                 fs->eval_every = f->eval_every;
+                fs->has_fraction_evaluate = f->fraction_evaluate > 0;
+                fs->fraction_evaluate = f->fraction_evaluate;
                 fs->compress = (uint32_t) f->compress;
                 fs->topk = f->topk;
                 fs->server_lr = f->strategy.eta;
@@ -394,6 +396,8 @@ int job_from_proto(const Psnet__JobSpec *spec, Job *ret, char *err, size_t errle
                         f->topk = fs->topk;
                 if (fs->has_eval_every)
                         f->eval_every = fs->eval_every;
+                if (fs->has_fraction_evaluate)
+                        f->fraction_evaluate = fs->fraction_evaluate;
                 if (fs->has_async)
                         f->async = fs->async;
                 if (fs->has_buffer)

@@ -92,6 +92,7 @@ static int round_open(Coord *c, Peer **avail, size_t navail) {
         r->available = (uint32_t) navail;
         r->epsilon = -1;
         r->accuracy = -1;
+        r->fed_accuracy = r->fed_loss = -1;
         log_info("round opening number=%lu round=%u/%u sampled=%zu available=%zu", (unsigned long) f->number,
                  f->done + 1, fc->rounds, k, navail);
         return coord_fed_send_shards(c, false, f->clients, k, NULL);
@@ -194,6 +195,85 @@ static void privacy_spent(Coord *c, FedRecord *rec) {
                  (double) c->job.fed.dp_delta, q, (double) z);
 }
 
+/* --fraction-evaluate: max(1, ceil(F x connected)) clients, uniformly, test
+ * the model of the round just aggregated on their own data; the next round
+ * opens once they answered (or declined, or left) or at --round-timeout. */
+static void testing_open(Coord *c) {
+        FedRounds *f = &c->fed;
+        size_t navail = 0;
+        _cleanup_free_ Peer **avail = ps_malloc((c->npeers ? c->npeers : 1) * sizeof *avail);
+        if (!avail)
+                return;
+        for (size_t i = 0; i < c->npeers; i++)
+                if (coord_fed_available(&c->peers[i]))
+                        avail[navail++] = &c->peers[i];
+        size_t k = (size_t) ceil((double) c->job.fed.fraction_evaluate * (double) navail - 1e-5);
+        k = MIN(MAX(k, (size_t) 1), navail);
+        if (k == 0)
+                return;
+        uint64_t x = c->job.seed * 0xbf58476d1ce4e5b9ull + f->number + 1;
+        for (size_t i = 0; i < k; i++) {
+                size_t j = i + (size_t) (splitmix64_next(&x) % (navail - i));
+                Peer *t = avail[i];
+                avail[i] = avail[j];
+                avail[j] = t;
+        }
+        coord_rounds_clear(f);
+        f->clients = ps_malloc(k * sizeof *f->clients);
+        f->answered = ps_calloc(k, sizeof *f->answered);
+        f->declined = ps_calloc(k, sizeof *f->declined);
+        if (!f->clients || !f->answered || !f->declined) {
+                coord_rounds_clear(f);
+                log_warning("out of memory asking clients to test round %u's model: not tested", f->done);
+                return;
+        }
+        for (size_t i = 0; i < k; i++)
+                f->clients[i] = avail[i]->id;
+        f->nclients = k;
+        f->phase = FED_TESTING;
+        f->test_acc = f->test_loss = 0;
+        f->test_examples = 0;
+        f->test_round = f->done;
+        f->deadline = now_ms() + c->job.fed.round_timeout_ms;
+        Psnet__Round rd = PSNET__ROUND__INIT;
+        rd.number = f->number;
+        rd.has_evaluate = rd.evaluate = rd.has_round = rd.has_local = rd.local = true;
+        rd.round = f->done;
+        rd.has_timeout_ms = true;
+        rd.timeout_ms = c->job.fed.round_timeout_ms;
+        log_info("round testing round=%u clients=%zu available=%zu", f->done, k, navail);
+        for (size_t i = 0; i < k; i++) {
+                int r = coord_fed_send_edge(c, avail[i], &rd);
+                if (r < 0)
+                        log_warning_errno(r, "Failed to ask edge=%u to test round %u's model: %m", avail[i]->id,
+                                          f->done);
+        }
+}
+
+/* The clients' tests are in (or time is up): their example-weighted accuracy
+ * and loss join the round's record. */
+static void testing_done(Coord *c, const char *why) {
+        FedRounds *f = &c->fed;
+        FedRecord *rec = coord_fed_record_find(f, f->number);
+        size_t n = 0;
+        for (size_t i = 0; i < f->nclients; i++)
+                n += f->answered[i];
+        if (rec && n) {
+                rec->fed_clients = (uint32_t) n;
+                rec->fed_examples = f->test_examples;
+                rec->fed_accuracy = (float) (f->test_acc / (double) f->test_examples);
+                rec->fed_loss = (float) (f->test_loss / (double) f->test_examples);
+        }
+        log_info("round tested round=%u clients=%zu asked=%zu examples=%lu accuracy=%.4f loss=%.4f why=\"%s\"",
+                 f->test_round, n, f->nclients, (unsigned long) f->test_examples,
+                 n ? f->test_acc / (double) f->test_examples : 0.0,
+                 n ? f->test_loss / (double) f->test_examples : 0.0, why);
+        coord_rounds_clear(f);
+        f->phase = FED_WAITING;
+        f->said_waiting = false;
+        coord_todo(c, TODO_SAVE);
+}
+
 /* Every shard has closed the round. */
 static void round_closed(Coord *c) {
         FedRounds *f = &c->fed;
@@ -224,6 +304,8 @@ static void round_closed(Coord *c) {
         f->said_waiting = false;
         if (!f->aggregate)
                 coord_todo(c, TODO_SAVE); /* the failed round's record, kept across a restart */
+        else if (c->job.fed.fraction_evaluate > 0)
+                testing_open(c);
 }
 
 /* The final model is evaluated by one edge worker (the lowest id connected). */
@@ -305,6 +387,17 @@ void coord_fed_poll(Coord *c) {
                                                                       : "the others left or declined");
                 else if (now >= f->deadline)
                         coord_fed_close(c, "--round-timeout");
+                return;
+        }
+        if (f->phase == FED_TESTING) {
+                size_t waiting = 0;
+                for (size_t i = 0; i < f->nclients; i++)
+                        waiting += !f->answered[i] && !f->declined[i] &&
+                                   coord_find_peer(c, PSNET__ROLE__ROLE_EDGE, f->clients[i]);
+                if (waiting == 0)
+                        testing_done(c, "every client asked answered, declined or left");
+                else if (now >= f->deadline)
+                        testing_done(c, "--round-timeout");
                 return;
         }
         if (f->phase == FED_EVALUATING) {
@@ -396,6 +489,34 @@ static void shard_rep(Coord *c, WireMsg *m, Peer *p) {
         coord_todo(c, TODO_FED_POLL);
 }
 
+/* A client's test of a round's model on its own data (--fraction-evaluate). */
+static void testing_rep(Coord *c, WireMsg *m, Peer *p, size_t i) {
+        FedRounds *f = &c->fed;
+        const Psnet__Round *rd = m->hdr->round;
+        if (c->state != JOB_RUNNING || f->phase != FED_TESTING || rd->number != f->number || i == f->nclients ||
+            f->answered[i] || f->declined[i]) {
+                coord_reply_error(c, &m->route, m->hdr->seq, PSNET__STATUS__STATUS_STALE,
+                                  "this client was not asked to test the model now (or its answer came after "
+                                  "--round-timeout): not counted");
+                return;
+        }
+        if (!rd->has_accuracy || !(rd->accuracy >= 0 && rd->accuracy <= 1) || !rd->has_examples || rd->examples == 0 ||
+            rd->examples > UINT32_MAX || !rd->has_loss || !(isfinite(rd->loss) && rd->loss >= 0)) {
+                coord_reply_error(c, &m->route, m->hdr->seq, PSNET__STATUS__STATUS_INVALID,
+                                  "a client's test carries an accuracy in [0, 1], a finite loss >= 0 and its "
+                                  "examples (1 to 2^32 - 1)");
+                return;
+        }
+        f->answered[i] = true;
+        f->test_acc += (double) rd->accuracy * (double) rd->examples;
+        f->test_loss += (double) rd->loss * (double) rd->examples;
+        f->test_examples += rd->examples;
+        log_info("round tested by a client edge=%u round=%u accuracy=%.4f loss=%.4f examples=%lu", p->id,
+                 f->test_round, (double) rd->accuracy, (double) rd->loss, (unsigned long) rd->examples);
+        (void) coord_reply_job(c, &m->route, m->hdr->seq, "taken");
+        coord_todo(c, TODO_FED_POLL);
+}
+
 /* An edge worker's answer: its update is on every shard. */
 static void edge_rep(Coord *c, WireMsg *m, Peer *p) {
         FedRounds *f = &c->fed;
@@ -410,6 +531,19 @@ static void edge_rep(Coord *c, WireMsg *m, Peer *p) {
         }
         if (c->job.fed.async && !(rd->has_evaluate && rd->evaluate)) {
                 coord_fedasync_rep(c, m, p);
+                return;
+        }
+        if (rd->has_local && rd->local) {
+                testing_rep(c, m, p, i);
+                return;
+        }
+        if (rd->decline && f->phase == FED_TESTING && rd->number == f->number && i < f->nclients &&
+            !f->answered[i] && !f->declined[i]) {
+                f->declined[i] = true;
+                log_warning("test declined by its client edge=%u round=%u reason=\"%s\"", p->id, f->test_round,
+                            rd->decline);
+                (void) coord_reply_job(c, &m->route, m->hdr->seq, "declined");
+                coord_todo(c, TODO_FED_POLL);
                 return;
         }
         if (rd->has_evaluate && rd->evaluate) {

@@ -147,7 +147,10 @@ typedef struct ClockRec {
  * waited for at least FED_SHARD_WAIT_MS. */
 #define FED_SHARD_WAIT_MS 30000u
 #define COORD_FED_HISTORY 1024
-typedef enum { FED_WAITING, FED_OPENING, FED_TRAINING, FED_UNMASKING, FED_CLOSING, FED_EVALUATING, FED_DONE } FedPhase;
+/* FED_TESTING: after an aggregated round, sampled clients test its model on
+ * their own data (--fraction-evaluate), then WAITING. */
+typedef enum { FED_WAITING, FED_OPENING, FED_TRAINING, FED_UNMASKING, FED_CLOSING, FED_EVALUATING, FED_DONE,
+               FED_TESTING } FedPhase;
 
 /* A --secagg round's exchanges (coord-secagg.c), by the clients' places in
  * FedRounds.clients (n of them). U1: sent keys; U2: sent their shares; the
@@ -174,6 +177,9 @@ typedef struct FedRecord {
         double epsilon;             /* after this round (private jobs; < 0: none) */
         uint64_t bytes_up, bytes_raw; /* the answered updates' frames as sent, and as f32 */
         float accuracy;             /* the model after it, tested by an edge worker (< 0: not tested) */
+        float fed_accuracy, fed_loss; /* tested by clients on their own data, example-weighted (< 0: not) */
+        uint64_t fed_examples;
+        uint32_t fed_clients;
         char note[96];
 } FedRecord;
 
@@ -206,6 +212,10 @@ typedef struct FedRounds {
         uint64_t opened_ms, deadline, shard_deadline, retry_at;
         uint32_t shard_failures;    /* closes in a row a shard refused */
         uint64_t failed, late, refused;
+        /* FED_TESTING: the answers so far, example-weighted */
+        double test_acc, test_loss;
+        uint64_t test_examples;
+        uint32_t test_round;
         bool said_waiting, said_shards;
         FedRecord hist[COORD_FED_HISTORY]; /* a ring: the last nhist records end at hist_end */
         size_t nhist, hist_end;

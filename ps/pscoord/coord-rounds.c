@@ -11,8 +11,8 @@
 
 static const char *phase_name(FedPhase p) {
         static const char *const names[] = { "waiting", "opening", "training", "unmasking", "closing", "evaluating",
-                                             "done" };
-        return p <= FED_DONE ? names[p] : "?";
+                                             "done", "testing" };
+        return p <= FED_TESTING ? names[p] : "?";
 }
 
 void coord_rounds_clear(FedRounds *f) {
@@ -192,6 +192,10 @@ int coord_fed_restore(Coord *c, const Psnet__FedStatus *s, const double *rdp, si
                 r->bytes_up = o->bytes_up;
                 r->bytes_raw = o->bytes_raw;
                 r->accuracy = o->has_accuracy ? o->accuracy : -1;
+                r->fed_accuracy = o->has_fed_accuracy ? o->fed_accuracy : -1;
+                r->fed_loss = o->has_fed_loss ? o->fed_loss : -1;
+                r->fed_examples = o->fed_examples;
+                r->fed_clients = o->fed_clients;
                 snprintf(r->note, sizeof r->note, "%s", o->note ? o->note : "");
         }
         f->phase = FED_WAITING;
@@ -278,6 +282,15 @@ int coord_fed_status(Coord *c, FedView *v) {
                 if (r->accuracy >= 0) {
                         o->has_accuracy = true;
                         o->accuracy = r->accuracy;
+                }
+                if (r->fed_clients) {
+                        o->has_fed_accuracy = r->fed_accuracy >= 0;
+                        o->fed_accuracy = r->fed_accuracy;
+                        o->has_fed_loss = r->fed_loss >= 0;
+                        o->fed_loss = r->fed_loss;
+                        o->has_fed_examples = o->has_fed_clients = true;
+                        o->fed_examples = r->fed_examples;
+                        o->fed_clients = r->fed_clients;
                 }
                 o->note = r->note[0] ? (char *) r->note : NULL;
                 recp[k] = o;

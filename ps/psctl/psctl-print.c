@@ -266,7 +266,7 @@ int print_status_json(const Psnet__StatusRep *s) {
 }
 
 static json_t *round_json(const Psnet__RoundRecord *r) {
-        return json_pack("{s:I,s:I,s:I,s:I,s:I,s:I,s:I,s:I,s:o,s:o,s:o,s:o,s:I,s:I,s:o}", "number",
+        json_t *o = json_pack("{s:I,s:I,s:I,s:I,s:I,s:I,s:I,s:I,s:o,s:o,s:o,s:o,s:I,s:I,s:o}", "number",
                          (json_int_t) r->number, "round",
                          (json_int_t) r->round, "sampled", (json_int_t) r->sampled, "answered", (json_int_t) r->answered,
                          "late", (json_int_t) r->late, "dropped", (json_int_t) r->dropped, "refused",
@@ -275,6 +275,16 @@ static json_t *round_json(const Psnet__RoundRecord *r) {
                          r->has_epsilon ? json_real(r->epsilon) : json_null(), "note", jstr(r->note), "bytes_up",
                          (json_int_t) r->bytes_up, "bytes_raw", (json_int_t) r->bytes_raw, "accuracy",
                          r->has_accuracy ? json_real(r->accuracy) : json_null());
+        /* --fraction-evaluate: the clients' own tests of the model after it. */
+        if (o && (json_object_set_new(o, "fed_accuracy",
+                                      r->has_fed_accuracy ? json_real(r->fed_accuracy) : json_null()) < 0 ||
+                  json_object_set_new(o, "fed_loss", r->has_fed_loss ? json_real(r->fed_loss) : json_null()) < 0 ||
+                  json_object_set_new(o, "fed_examples", json_integer((json_int_t) r->fed_examples)) < 0 ||
+                  json_object_set_new(o, "fed_clients", json_integer((json_int_t) r->fed_clients)) < 0)) {
+                json_decref(o);
+                return NULL;
+        }
+        return o;
 }
 
 int print_rounds(const Psnet__StatusRep *s, bool history, bool json) {
@@ -319,11 +329,15 @@ int print_rounds(const Psnet__StatusRep *s, bool history, bool json) {
                                f->accountant ? f->accountant : "?");
                 return 0;
         }
-        printf("%-7s %-6s %7s %8s %5s %7s %7s %8s %8s %8s %8s %9s  %s\n", "NUMBER", "ROUND", "SAMPLED", "ANSWERED",
-               "LATE", "DROPPED", "REFUSED", "LOSS", "ACCURACY", "SECONDS", "EPSILON", "MIB_UP", "NOTE");
+        printf("%-7s %-6s %7s %8s %5s %7s %7s %8s %8s %8s %8s %8s %9s  %s\n", "NUMBER", "ROUND", "SAMPLED",
+               "ANSWERED", "LATE", "DROPPED", "REFUSED", "LOSS", "FED_ACC", "ACCURACY", "SECONDS", "EPSILON", "MIB_UP", "NOTE");
         for (size_t i = 0; i < f->n_history; i++) {
                 const Psnet__RoundRecord *r = f->history[i];
-                char round[16], eps[16], acc[16];
+                char round[16], eps[16], acc[16], facc[16];
+                if (r->has_fed_accuracy)
+                        snprintf(facc, sizeof facc, "%.4f", r->fed_accuracy);
+                else
+                        snprintf(facc, sizeof facc, "-");
                 if (r->has_accuracy)
                         snprintf(acc, sizeof acc, "%.4f", r->accuracy);
                 else
@@ -333,8 +347,9 @@ int print_rounds(const Psnet__StatusRep *s, bool history, bool json) {
                         snprintf(eps, sizeof eps, "%.4f", r->epsilon);
                 else
                         snprintf(eps, sizeof eps, "-");
-                printf("%-7lu %-6s %7u %8u %5u %7u %7u %8.4f %8s %8.2f %8s %9.2f  %s\n", (unsigned long) r->number,
-                       r->round ? round : "-", r->sampled, r->answered, r->late, r->dropped, r->refused, r->loss, acc,
+                printf("%-7lu %-6s %7u %8u %5u %7u %7u %8.4f %8s %8s %8.2f %8s %9.2f  %s\n",
+                       (unsigned long) r->number, r->round ? round : "-", r->sampled, r->answered, r->late, r->dropped,
+                       r->refused, r->loss, facc, acc,
                        r->seconds,
                        eps,
                        (double) r->bytes_up / 1048576.0, r->note ? r->note : "");

@@ -95,7 +95,7 @@ class _Opts(ctypes.Structure):
 
 class _Round(ctypes.Structure):
     _fields_ = [("number", ctypes.c_uint64), ("round", ctypes.c_uint32), ("evaluate", ctypes.c_bool),
-                ("timeout_ms", ctypes.c_uint)]
+                ("timeout_ms", ctypes.c_uint), ("local", ctypes.c_bool)]
 
 
 class _PushInfo(ctypes.Structure):
@@ -137,7 +137,8 @@ def _load():
         "psnet_edge_sync_pull": ([P, U, ctypes.c_uint64, FP, ctypes.POINTER(ctypes.c_int64)], I),
         "psnet_edge_sync_push": ([P, U, ctypes.c_uint64, FP, ctypes.c_uint64, ctypes.c_float], I),
         "psnet_edge_sync_decline": ([P, U, ctypes.c_uint64, ctypes.c_char_p], I),
-        "psnet_edge_sync_report": ([P, U, ctypes.POINTER(_Round), ctypes.c_float, ctypes.c_float], I),
+        "psnet_edge_sync_report": ([P, U, ctypes.POINTER(_Round), ctypes.c_float, ctypes.c_float, ctypes.c_uint64],
+                                   I),
         "psnet_edge_sync_leave": ([P, U], I),
     }
     for name, (args, res) in sigs.items():
@@ -206,7 +207,7 @@ class Fleet:
             return None
         rd = ev.round
         return {"kind": ev.kind, "client": ev.client, "r": ev.r, "number": rd.number, "round": rd.round,
-                "evaluate": rd.evaluate, "timeout_ms": rd.timeout_ms,
+                "evaluate": rd.evaluate, "timeout_ms": rd.timeout_ms, "local": rd.local,
                 "reason": (ev.push.reason if ev.kind == EV_PUSHED else ev.reason).decode(errors="replace"),
                 "norm": ev.push.norm, "clipped": ev.push.clipped, "bytes": ev.push.bytes,
                 "bytes_raw": ev.push.bytes_raw}
@@ -263,9 +264,10 @@ class Fleet:
     def decline(self, i, number, reason):
         _check(_lib.psnet_edge_sync_decline(self._s, i, number, reason.encode()[:255]), f"declining round {number}")
 
-    def report(self, i, ev, accuracy, loss):
-        rd = _Round(ev["number"], ev["round"], ev["evaluate"], ev["timeout_ms"])
-        _check(_lib.psnet_edge_sync_report(self._s, i, ctypes.byref(rd), float(accuracy), float(loss)), "report")
+    def report(self, i, ev, accuracy, loss, examples=0):
+        rd = _Round(ev["number"], ev["round"], ev["evaluate"], ev["timeout_ms"], ev["local"])
+        _check(_lib.psnet_edge_sync_report(self._s, i, ctypes.byref(rd), float(accuracy), float(loss), int(examples)),
+               "report")
 
     def leave(self, i):
         _check(_lib.psnet_edge_sync_leave(self._s, i), "leave")
@@ -311,8 +313,11 @@ def _as_update(res, shapes, pulled):
 
 class Stats(dict):
     """What a run of clients did: rounds (asked to train), counted, late,
-    refused (fit's result refused here), failed (pulls or pushes that
-    failed), evaluations, and pushed bytes as sent and as f32."""
+    refused (fit's or a federated evaluation's result refused here), failed
+    (pulls or pushes that failed), evaluations (of the model pscoord tests:
+    --eval-every, the final one), tests (federated evaluations on the
+    clients' own data, --fraction-evaluate), and pushed bytes as sent and
+    as f32."""
 
 
 def _config(info, ev):
@@ -324,7 +329,7 @@ def _config(info, ev):
 def _run(fleet, client_of, fail_fast, timeout_s=None):
     """Serves fleet's clients until every one of them saw the job end (or
     failed): their rounds call client_of(i)'s fit and evaluate."""
-    st = Stats(rounds=0, counted=0, late=0, refused=0, failed=0, evaluations=0, bytes=0, bytes_raw=0,
+    st = Stats(rounds=0, counted=0, late=0, refused=0, failed=0, evaluations=0, tests=0, bytes=0, bytes_raw=0,
                accuracy=None, state=None, fit_s=0.0)
     ended, info, examples_said = set(), None, set()
     deadline = None if timeout_s is None else time.monotonic() + timeout_s
@@ -409,11 +414,36 @@ def _fit(fleet, i, client, info, ev, st, examples_said):
         log.warning("client %d: %s", i, e)
 
 
+def _as_test(res):
+    """evaluate's (loss, examples, metrics) → (accuracy, loss, examples); raises Refused."""
+    if not isinstance(res, (tuple, list)) or len(res) != 3:
+        raise Refused(f"evaluate returned {type(res).__name__}, not (loss, num_examples, metrics)")
+    loss, n, metrics = res
+    if isinstance(n, bool) or not isinstance(n, numbers.Integral) or n < 1:
+        raise Refused(f"evaluate's num_examples is {n!r}: a count of at least 1")
+    try:
+        loss = float(loss)
+    except (TypeError, ValueError):
+        raise Refused(f"evaluate's loss is {loss!r}, not a number") from None
+    if not (math.isfinite(loss) and loss >= 0):
+        raise Refused(f"evaluate's loss is {loss}: a finite number >= 0")
+    if metrics is not None and not isinstance(metrics, dict):
+        raise Refused(f"evaluate's metrics are a {type(metrics).__name__}, not a dict")
+    try:
+        acc = float((metrics or {}).get("accuracy", float("nan")))
+    except (TypeError, ValueError):
+        acc = float("nan")
+    return acc, loss, int(n)
+
+
 def _evaluate(fleet, i, client, info, ev, st):
     try:
         params, rounds = fleet.pull(i, 0)
     except _client.PsnetError as e:
         log.warning("client %d: pulling the model to test: %s", i, e)
+        return
+    if ev["local"]:
+        _test_local(fleet, i, client, info, ev, st, params, rounds)
         return
     try:
         res = client.evaluate([a.copy() for a in params], dict(_config(info, ev), rounds=rounds))
@@ -464,6 +494,28 @@ def submit(coord, model, keys=None, mode="fed", timeout_s=30.0, **options):
         msg = (err or out).strip().replace("psctl: ", "")
         raise _client.PsnetError(_errno.EINVAL, f"pscoord at {coord} refused the job: {msg}")
     return out.strip()
+
+
+def _test_local(fleet, i, client, info, ev, st, params, rounds):
+    """A federated evaluation: the client's own data, its examples weighing it."""
+    try:
+        acc, loss, n = _as_test(client.evaluate([a.copy() for a in params], dict(_config(info, ev), rounds=rounds)))
+        if not 0.0 <= acc <= 1.0:
+            raise Refused(f"evaluate's metrics carry no accuracy in [0, 1] ({acc!r})")
+    except Exception as e:  # the user's code: its failure declines this test, nothing more
+        reason = str(e) if isinstance(e, Refused) else f"evaluate raised {type(e).__name__}: {e}"
+        st["refused"] += 1
+        log.warning("client %d: test of round %d declined: %s", i, ev["round"], reason)
+        try:
+            fleet.decline(i, ev["number"], reason)
+        except _client.PsnetError as e2:
+            log.debug("client %d: declining: %s", i, e2)
+        return
+    st["tests"] += 1
+    try:
+        fleet.report(i, ev, acc, loss, n)
+    except _client.PsnetError as e:
+        log.warning("client %d: %s", i, e)
 
 
 def start_client(coord, client, key=None, keys_dir=None, coord_key=None, connect_timeout_s=10.0,

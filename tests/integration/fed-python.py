@@ -169,6 +169,18 @@ def refuse():
             if why not in str(e):
                 fail(f"refused with {e!r}, expected {why!r}")
     check(True, f"{len(cases)} results that are no update are refused, each with its reason")
+    check(fed._as_test((0.5, 10, {"accuracy": 0.8})) == (0.8, 0.5, 10), "a test's result is (accuracy, loss, examples)")
+    tests = [((0.5, 10), "not (loss, num_examples, metrics)"), ((0.5, 0, {}), "num_examples is 0"),
+             ((float("nan"), 10, {}), "a finite number >= 0"), ((-1.0, 10, {}), "a finite number >= 0"),
+             (("x", 10, {}), "not a number"), ((0.5, 10, 3), "not a dict")]
+    for res, why in tests:
+        try:
+            fed._as_test(res)
+            fail(f"{why}: taken")
+        except fed.Refused as e:
+            if why not in str(e):
+                fail(f"refused with {e!r}, expected {why!r}")
+    check(True, f"{len(tests)} test results that cannot be weighed are refused, each with its reason")
 
 
 class Net(nn.Module):

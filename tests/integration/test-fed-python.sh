@@ -55,14 +55,27 @@ grep -q 'msg="update refused by its client" edge=[0-9]* number=[0-9]* reason="te
   "$RUN/pscoord-sim.log"; ok $? "and the NaN's"
 psnet_stop_all
 
-# 2. C and Python clients in one round: two workerd --edge, two Python.
-start_cluster mix 2 "${FEDJOB[@]}" --rounds 3 --min-clients 4 --min-available 4 --round-timeout 60
+# 2. C and Python clients in one round: two workerd --edge, two Python;
+# after each round all four test its model on their own data
+# (--fraction-evaluate 1: the C clients on their quarter of the test set).
+start_cluster mix 2 "${FEDJOB[@]}" --rounds 3 --min-clients 4 --min-available 4 --round-timeout 60 \
+  --fraction-evaluate 1
 for k in 0 1; do psnet_start "edge-$k" "$WORKERD" --edge --coord "$COORD" --partition $k/4; done
 pycheck mix sim "$COORD" 2 2 4 "$RUN/mix.json"
 out=$("$PSCTL" --coord "$COORD" job wait --wait 60); ok $? "a job of C and Python clients is done ($out)"
 hist=$("$PSCTL" --coord "$COORD" --json round history)
 jq -e '[.[] | select(.round > 0) | .answered] == [4, 4, 4]' <<<"$hist" >/dev/null
 ok $? "each of its 3 rounds counted 2 C and 2 Python updates ($(jq -c '[.[] | .answered]' <<<"$hist"))"
+jq -e 'all(.[] | select(.round > 0); .fed_clients == 4 and .fed_examples == 5000 and .fed_accuracy > 0.5)' \
+  <<<"$hist" >/dev/null
+ok $? "after each round 4 clients tested its model on their own 5,000 examples ($(jq -c '[.[] | [.fed_clients, .fed_examples, .fed_accuracy]]' <<<"$hist"))"
+# pscoord's figure for round 2 against the example-weighted mean of the four answers it logged.
+want=$(grep 'msg="round tested by a client" edge=[0-9]* round=2 ' "$RUN/pscoord-mix.log" |
+  sed 's/.*accuracy=\([0-9.]*\) .*examples=\([0-9]*\).*/\1 \2/' | awk '{ s += $1 * $2; n += $2 } END { if (n) printf "%.6f", s / n }')
+got=$(jq -r '[.[] | select(.round == 2)][0].fed_accuracy' <<<"$hist")
+[ -n "$want" ] && awk -v a="$got" -v b="$want" 'BEGIN { d = a - b; exit !(d < 1e-4 && d > -1e-4) }'
+ok $? "round 2's federated accuracy $got is the example-weighted mean of the clients' answers ($want)"
+grep -q 'msg="evaluated" .* own=1' "$RUN/edge-0.log"; ok $? "a C client tests on its own share of the test set"
 psnet_stop_all
 
 # 3. A client with its CURVE key (start_client key=) joins a cluster with --keys.
@@ -106,4 +119,3 @@ psnet_stop_all
   >"$RUN/quickstart.out" 2>"$RUN/quickstart.log"
 grep -q '^job done: 10 updates counted, 0 refused, final accuracy 0\.[0-9]*' "$RUN/quickstart.out"
 ok $? "examples/fed_quickstart.py runs as it is ($(tail -1 "$RUN/quickstart.out"))"
-finish

@@ -460,7 +460,7 @@ int psnet_edge_sync_push(PsnetEdgeSync *s, unsigned client, uint64_t number, con
 
 typedef struct DoneArg {
         const PsnetEdgeRound *rd;
-        uint64_t number;
+        uint64_t number, examples;
         const char *reason;
         float accuracy, loss;
 } DoneArg;
@@ -486,14 +486,19 @@ int psnet_edge_sync_decline(PsnetEdgeSync *s, unsigned client, uint64_t number, 
 static int do_report(PsnetEdgeSync *s, EdgeSyncClient *c, void *arg) {
         (void) s;
         DoneArg *a = arg;
-        int r = psnet_edge_report(c->e, a->rd, a->accuracy, a->loss, done_cb, c);
+        int r = a->rd->local ? psnet_edge_report_local(c->e, a->rd, a->accuracy, a->loss, a->examples, done_cb, c)
+                             : psnet_edge_report(c->e, a->rd, a->accuracy, a->loss, done_cb, c);
         return r < 0 ? r : PENDING;
 }
 
-int psnet_edge_sync_report(PsnetEdgeSync *s, unsigned client, const PsnetEdgeRound *rd, float accuracy, float loss) {
-        if (!(accuracy >= 0.0f && accuracy <= 1.0f))
+int psnet_edge_sync_report(PsnetEdgeSync *s, unsigned client, const PsnetEdgeRound *rd, float accuracy, float loss,
+                           uint64_t examples) {
+        /* A final model's test may have no accuracy (a model of tensors alone): NaN. */
+        if (!(accuracy >= 0.0f && accuracy <= 1.0f) && !(isnan(accuracy) && !rd->round && !rd->local))
                 return -EINVAL;
-        DoneArg a = { .rd = rd, .accuracy = accuracy, .loss = isfinite(loss) ? loss : 0.0f };
+        if (rd->local && (examples == 0 || !(isfinite(loss) && loss >= 0)))
+                return -EINVAL;
+        DoneArg a = { .rd = rd, .accuracy = accuracy, .loss = isfinite(loss) ? loss : 0.0f, .examples = examples };
         return call(s, client, do_report, &a);
 }
 

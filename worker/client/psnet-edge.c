@@ -427,7 +427,7 @@ static void on_reported(Session *s, int r, WireMsg *m, void *ud) {
 
 int psnet_edge_report(PsnetEdge *e, const PsnetEdgeRound *rd, float accuracy, float loss, PsnetEdgeDoneFn done,
                       void *ud) {
-        if (!e || !rd || !rd->evaluate)
+        if (!e || !rd || !rd->evaluate || rd->local)
                 return -EINVAL;
         if (e->report_cb)
                 return -EBUSY;
@@ -449,6 +449,28 @@ int psnet_edge_report(PsnetEdge *e, const PsnetEdgeRound *rd, float accuracy, fl
                 wi.accuracy = accuracy;
                 r = follow_result(e->session, job(e), &wi, e->params, 5000, on_reported, e);
         }
+        if (r == 0) {
+                e->report_cb = done;
+                e->report_ud = ud;
+        }
+        return r;
+}
+
+int psnet_edge_report_local(PsnetEdge *e, const PsnetEdgeRound *rd, float accuracy, float loss, uint64_t examples,
+                            PsnetEdgeDoneFn done, void *ud) {
+        if (!e || !rd || !rd->evaluate || !rd->local || examples == 0)
+                return -EINVAL;
+        if (e->report_cb)
+                return -EBUSY;
+        Psnet__Round a = PSNET__ROUND__INIT;
+        a.number = rd->number;
+        a.has_evaluate = a.evaluate = a.has_local = a.local = a.has_round = a.has_accuracy = a.has_loss = true;
+        a.has_examples = true;
+        a.round = (uint32_t) MAX(e->pulled_rounds, (int64_t) 0);
+        a.accuracy = accuracy;
+        a.loss = loss;
+        a.examples = examples;
+        int r = round_answer(e, &a, 5000, on_reported);
         if (r == 0) {
                 e->report_cb = done;
                 e->report_ud = ud;
@@ -630,10 +652,13 @@ static void on_round(PsnetEdge *e, const Psnet__Round *rd) {
         PsnetEdgeRound r = {
                 .number = rd->number, .round = rd->has_round ? rd->round : 0,
                 .evaluate = rd->has_evaluate && rd->evaluate, .timeout_ms = rd->has_timeout_ms ? rd->timeout_ms : 0,
+                .local = rd->has_evaluate && rd->evaluate && rd->has_local && rd->local,
         };
         if (r.evaluate) {
                 sa_abandon(e);
-                if (r.round)
+                if (r.local)
+                        log_info("pscoord asks this client to test the model of round %u on its own data", r.round);
+                else if (r.round)
                         log_info("pscoord asks this edge worker to test the model of round %u", r.round);
                 else
                         log_info("pscoord asks this edge worker to evaluate the final model");

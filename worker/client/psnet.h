@@ -241,6 +241,8 @@ typedef struct PsnetEdgeRound {
                                  * job's result) */
         bool evaluate;          /* test the model on the client's test data instead of training */
         unsigned timeout_ms;    /* the round closes this long after it opened (0: not said) */
+        bool local;             /* evaluate: a federated evaluation (--fraction-evaluate): test the model
+                                 * of `round` on the client's own data, psnet_edge_report_local */
 } PsnetEdgeRound;
 
 typedef struct PsnetEdgeEvents {
@@ -335,6 +337,10 @@ void psnet_edge_abandon(PsnetEdge *e);
 typedef void (*PsnetEdgeDoneFn)(PsnetEdge *e, int r, void *ud);
 int psnet_edge_report(PsnetEdge *e, const PsnetEdgeRound *rd, float accuracy, float loss, PsnetEdgeDoneFn done,
                       void *ud);
+/* Reports a federated evaluation (rd->local) of the model the last pull
+ * wrote: its accuracy (0..1) and mean loss on the client's own examples. */
+int psnet_edge_report_local(PsnetEdge *e, const PsnetEdgeRound *rd, float accuracy, float loss, uint64_t examples,
+                            PsnetEdgeDoneFn done, void *ud);
 /* Tells pscoord that this client sends no update for round number, and
  * why (its training failed, or made what an update cannot be): the round
  * stops waiting for it and counts it as refused, with the reason in
@@ -488,8 +494,12 @@ int psnet_edge_sync_push(PsnetEdgeSync *s, unsigned client, uint64_t number, con
                          uint64_t examples, float loss);
 /* psnet_edge_decline, waited for. */
 int psnet_edge_sync_decline(PsnetEdgeSync *s, unsigned client, uint64_t number, const char *reason);
-/* psnet_edge_report, waited for (accuracy in [0, 1]: -EINVAL otherwise). */
-int psnet_edge_sync_report(PsnetEdgeSync *s, unsigned client, const PsnetEdgeRound *rd, float accuracy, float loss);
+/* psnet_edge_report (or, rd->local, psnet_edge_report_local with examples),
+ * waited for. -EINVAL for an accuracy outside [0, 1] (NaN is taken for a
+ * final model's: one of tensors alone may have none), or a local test
+ * without examples or a finite loss. */
+int psnet_edge_sync_report(PsnetEdgeSync *s, unsigned client, const PsnetEdgeRound *rd, float accuracy, float loss,
+                           uint64_t examples);
 /* psnet_edge_leave, waited for (at most about a second). */
 int psnet_edge_sync_leave(PsnetEdgeSync *s, unsigned client);
 

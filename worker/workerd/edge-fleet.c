@@ -395,7 +395,7 @@ int edge_run(const WorkerConfig *cfg) {
                 .clients = (unsigned) f.n,
         };
         for (size_t i = 0; i < f.n; i++) {
-                r = edge_new(&f.loop, &o, f.first_part + (uint32_t) i, &host, &f.edges[i]);
+                r = edge_new(&f.loop, &o, f.first_part + (uint32_t) i, f.nparts, &host, &f.edges[i]);
                 if (r == -EINVAL)
                         goto out; /* the keys: logged */
                 if (r < 0) {

@@ -15,12 +15,13 @@ struct Edge {
         uv_loop_t *loop;
         PsnetEdge *pe;
         EdgeHost host;
-        uint32_t part;
+        uint32_t part, nparts;
         EdgeState state;
         bool leaving;
         int exit_code;
         const Job *job;
         const Dataset *train, *test;
+        Dataset own_test;               /* its share of the test set: what a federated evaluation tests */
         uint32_t *mine, nmine;
         EdgeSlot *slot;                 /* the model lent to it, if any */
         /* requests that wait for IDLE: a round to train, a model to test */
@@ -233,7 +234,7 @@ static void on_reported(PsnetEdge *pe, int r, void *ud) {
 
 static void eval_work(uv_work_t *req) {
         Edge *e = req->data;
-        e->work_r = edge_test(e->slot->model, e->test, &e->accuracy, &e->loss);
+        e->work_r = edge_test(e->slot->model, e->rd.local ? &e->own_test : e->test, &e->accuracy, &e->loss);
 }
 
 static void eval_done(uv_work_t *req, int status) {
@@ -248,10 +249,12 @@ static void eval_done(uv_work_t *req, int status) {
                 go_idle(e);
                 return;
         }
-        log_info("evaluated accuracy=%.4f test_loss=%.4f images=%u rounds=%ld", e->accuracy, e->loss, e->test->n,
-                 (long) e->pulled_rounds);
+        const Dataset *t = e->rd.local ? &e->own_test : e->test;
+        log_info("evaluated accuracy=%.4f test_loss=%.4f images=%u rounds=%ld%s", e->accuracy, e->loss, t->n,
+                 (long) e->pulled_rounds, e->rd.local ? " own=1" : "");
         /* The model stays lent until pscoord has the report: its weights are digested. */
-        r = psnet_edge_report(e->pe, &e->rd, e->accuracy, (float) e->loss, on_reported, e);
+        r = e->rd.local ? psnet_edge_report_local(e->pe, &e->rd, e->accuracy, (float) e->loss, t->n, on_reported, e)
+                        : psnet_edge_report(e->pe, &e->rd, e->accuracy, (float) e->loss, on_reported, e);
         if (r < 0) {
                 log_warning_errno(r, "Failed to report the accuracy: %m");
                 go_idle(e);
@@ -370,6 +373,13 @@ void edge_data(Edge *e, const Dataset *train, const Dataset *test, uint32_t *min
         edge_log(e);
         e->train = train;
         e->test = test;
+        /* Its own test data: share part of nparts of the test set, as the
+         * training set's (a contiguous slice: the test set is not sorted). */
+        uint32_t n = test->n / MAX(e->nparts, 1u), start = MIN(e->part, e->nparts - 1) * n;
+        e->own_test = *test;
+        e->own_test.n = n ? n : test->n;
+        e->own_test.x = test->x + (size_t) (n ? start : 0) * test->dim;
+        e->own_test.y = test->y + (n ? start : 0);
         free(e->mine);
         e->mine = mine;
         e->nmine = nmine;
@@ -377,13 +387,15 @@ void edge_data(Edge *e, const Dataset *train, const Dataset *test, uint32_t *min
         go_idle(e);
 }
 
-int edge_new(uv_loop_t *loop, const PsnetEdgeOptions *opts, uint32_t part, const EdgeHost *host, Edge **ret) {
+int edge_new(uv_loop_t *loop, const PsnetEdgeOptions *opts, uint32_t part, uint32_t nparts, const EdgeHost *host,
+             Edge **ret) {
         Edge *e = ps_calloc(1, sizeof *e);
         if (!e)
                 return -ENOMEM;
         e->loop = loop;
         e->host = *host;
         e->part = part;
+        e->nparts = nparts;
         e->state = E_JOINING;
         const PsnetEdgeEvents ev = { .registered = on_registered, .failed = on_failed, .job = on_job,
                                      .round = on_round, .end = on_end };

@@ -55,8 +55,10 @@ typedef struct EdgeStats {
         uint64_t bytes_sent, bytes_raw;     /* its updates' frames as sent, and as f32 */
 } EdgeStats;
 
-/* A client of share part, registering with pscoord through opts. */
-int edge_new(uv_loop_t *loop, const PsnetEdgeOptions *opts, uint32_t part, const EdgeHost *host, Edge **ret);
+/* A client of share part of nparts (of the training set and, for federated
+ * evaluation, of the test set), registering with pscoord through opts. */
+int edge_new(uv_loop_t *loop, const PsnetEdgeOptions *opts, uint32_t part, uint32_t nparts, const EdgeHost *host,
+             Edge **ret);
 /* The libpsnet client's context is shared by the process's later clients. */
 PsnetEdge *edge_psnet(Edge *e);
 /* Closes its libpsnet client: work in the thread pool may still end (run
