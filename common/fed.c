@@ -7,6 +7,8 @@
 #include <string.h>
 #include "fed.h"
 
+#define MIN_SZ(a, b) ((a) < (b) ? (a) : (b))
+
 static const struct {
         const char *name;
         FedParams p;
@@ -18,10 +20,12 @@ static const struct {
         [FED_YOGI] = { "fedyogi", { FED_YOGI, 0.01f, 0, 0.9f, 0.99f, 1e-3f, 0 } },
         [FED_MEDIAN] = { "median", { FED_MEDIAN, 1.0f, 0, 0, 0, 0, 0 } },
         [FED_TRIMMED_MEAN] = { "trimmed-mean", { FED_TRIMMED_MEAN, 1.0f, 0, 0, 0, 0, 0.1f } },
+        [FED_KRUM] = { "krum", { .kind = FED_KRUM, .eta = 1.0f, .byzantine = 0.2f } },
+        [FED_MULTIKRUM] = { "multi-krum", { .kind = FED_MULTIKRUM, .eta = 1.0f, .byzantine = 0.2f } },
 };
 
 void fed_params_default(FedStrategy kind, FedParams *ret) {
-        *ret = strategies[kind <= FED_TRIMMED_MEAN ? kind : FED_AVG].p;
+        *ret = strategies[kind <= FED_LAST ? kind : FED_AVG].p;
 }
 
 int fed_strategy_from_string(const char *s, FedStrategy *ret) {
@@ -34,12 +38,12 @@ int fed_strategy_from_string(const char *s, FedStrategy *ret) {
 }
 
 const char *fed_strategy_name(FedStrategy kind) {
-        return kind <= FED_TRIMMED_MEAN ? strategies[kind].name : "?";
+        return kind <= FED_LAST ? strategies[kind].name : "?";
 }
 
 int fed_params_check(const FedParams *p, char *err, size_t errn) {
         const char *why = NULL;
-        if (p->kind > FED_TRIMMED_MEAN)
+        if (p->kind > FED_LAST)
                 why = "unknown strategy";
         else if (!isfinite(p->eta) || p->eta <= 0)
                 why = "the server lr must be > 0";
@@ -56,7 +60,9 @@ int fed_params_check(const FedParams *p, char *err, size_t errn) {
                 why = "the clip norm and the noise multiplier must be finite and >= 0";
         else if (p->dp_noise > 0 && p->dp_clip == 0)
                 why = "noise (--dp-noise) needs a clip norm (--dp-clip) to be scaled by";
-        else if (p->dp_clip > 0 && (p->kind == FED_MEDIAN || p->kind == FED_TRIMMED_MEAN))
+        else if (!(p->byzantine >= 0 && p->byzantine < 0.5f))
+                why = "the share of bad updates assumed (--byzantine) must be in [0, 0.5)";
+        else if (p->dp_clip > 0 && (p->kind == FED_MEDIAN || p->kind == FED_TRIMMED_MEAN || fed_is_krum(p->kind)))
                 why = "differential privacy (--dp-clip) works with the mean-based strategies, not a robust one";
         if (!why)
                 return 0;
@@ -110,7 +116,7 @@ double fed_norm2(const float *v, size_t len) {
 
 int fed_aggregate(const FedParams *p, float *w, float *state, uint32_t len, const float *const *updates,
                   const uint64_t *examples, size_t n, const float *noise, float *scratch) {
-        if (n == 0 || !updates || p->kind > FED_TRIMMED_MEAN)
+        if (n == 0 || !updates || p->kind > FED_LAST)
                 return -EINVAL;
         for (size_t i = 0; i < n; i++)
                 for (uint32_t j = 0; j < len; j++)
@@ -122,7 +128,15 @@ int fed_aggregate(const FedParams *p, float *w, float *state, uint32_t len, cons
                         w[j] += p->eta * robust(p, updates, n, j, col);
                 return 0;
         }
-        if (p->dp_clip > 0) {
+        if (fed_is_krum(p->kind)) {
+                /* The updates pscoord kept: their unweighted mean. */
+                for (uint32_t j = 0; j < len; j++) {
+                        double s = 0;
+                        for (size_t i = 0; i < n; i++)
+                                s += updates[i][j];
+                        d[j] = (float) (s / (double) n);
+                }
+        } else if (p->dp_clip > 0) {
                 /* Private: the unweighted sum plus z C N(0, 1), over n. */
                 double sd = noise ? (double) p->dp_noise * p->dp_clip : 0;
                 for (uint32_t j = 0; j < len; j++) {
@@ -155,6 +169,8 @@ void fed_server_step(const FedParams *p, float *w, float *state, uint32_t len, c
         case FED_AVG:
         case FED_MEDIAN: /* d: the robust statistic */
         case FED_TRIMMED_MEAN:
+        case FED_KRUM:
+        case FED_MULTIKRUM:
                 for (uint32_t j = 0; j < len; j++)
                         w[j] += p->eta * d[j];
                 break;
@@ -177,4 +193,43 @@ void fed_server_step(const FedParams *p, float *w, float *state, uint32_t len, c
                         w[j] += p->eta * m[j] / (sqrtf(v[j]) + p->tau);
                 }
         }
+}
+
+static int cmp_double(const void *a, const void *b) {
+        double x = *(const double *) a, y = *(const double *) b;
+        return (x > y) - (x < y);
+}
+
+size_t fed_krum_select(const FedParams *p, const double *d2, size_t n, double *scratch, double *scores,
+                       unsigned char *keep) {
+        if (n == 0)
+                return 0;
+        size_t f = (size_t) floor((double) p->byzantine * (double) n + 1e-9);
+        /* Each score sums the n - f - 2 nearest others (at least one, when there are others). */
+        size_t near = MIN_SZ(n > f + 2 ? n - f - 2 : 1, n - 1);
+        for (size_t i = 0; i < n; i++) {
+                size_t k = 0;
+                for (size_t j = 0; j < n; j++)
+                        if (j != i)
+                                scratch[k++] = d2[i * n + j];
+                qsort(scratch, k, sizeof *scratch, cmp_double);
+                double s = 0;
+                for (size_t j = 0; j < near; j++)
+                        s += scratch[j];
+                scores[i] = s;
+                keep[i] = 0;
+        }
+        /* Krum: the one of least score; Multi-Krum: the m = n - f of least
+         * score. Ties go to the lower index. */
+        size_t m = p->kind == FED_MULTIKRUM ? n - f : 1, kept = 0;
+        for (; kept < m; kept++) {
+                size_t a = n;
+                for (size_t i = 0; i < n; i++)
+                        if (!keep[i] && (a == n || scores[i] < scores[a]))
+                                a = i;
+                if (a == n)
+                        break;
+                keep[a] = 1;
+        }
+        return kept;
 }

@@ -20,7 +20,17 @@
  *                (the mean of the two middle ones for an even count)
  *   TRIMMED_MEAN w += eta mean of d_i without the k largest and k smallest
  *                of each coordinate, k = floor(trim n) (trim 0.1), unweighted
- * The last two resist a few bad clients (Yin et al., ICML 2018).
+ *   KRUM         w += eta d_k for the one update d_k whose summed squared
+ *                distance to its n - f - 2 nearest others is least
+ *                (Blanchard et al., NeurIPS 2017), f = floor(byzantine n)
+ *   MULTIKRUM    w += eta mean of the m = n - f updates of least such score,
+ *                unweighted (El Mhamdi et al., ICML 2018; Flower's Krum
+ *                with to_keep)
+ * Median and the trimmed mean resist a few bad clients (Yin et al., ICML
+ * 2018); the Krums, against updates scaled or turned around, too. Their
+ * scores need every update whole: each shard sums the squared distances
+ * over the chunks it holds, pscoord adds them up and picks (fed_krum_select),
+ * and the close names the clients kept; the shards then take their mean.
  *
  * Differential privacy (DP-FedAvg, McMahan et al., ICLR 2018; Flower's
  * fixed-clipping wrappers): with dp_clip C > 0 every client clips its whole
@@ -43,7 +53,10 @@ typedef enum FedStrategy {
         FED_YOGI,
         FED_MEDIAN,
         FED_TRIMMED_MEAN,
+        FED_KRUM,
+        FED_MULTIKRUM,
 } FedStrategy;
+#define FED_LAST FED_MULTIKRUM
 
 typedef struct FedParams {
         FedStrategy kind;
@@ -53,12 +66,13 @@ typedef struct FedParams {
         float trim;      /* trimmed mean: the fraction dropped at each end, in [0, 0.5) */
         float dp_clip;   /* > 0: every update's L2 norm is at most this, and the mean is unweighted */
         float dp_noise;  /* the Gaussian noise's multiplier z (std z x dp_clip on the sum); needs dp_clip */
+        float byzantine; /* the Krums: the share of a round's updates assumed bad, in [0, 0.5) */
 } FedParams;
 
 /* The defaults above for kind (no clipping, no noise). */
 void fed_params_default(FedStrategy kind, FedParams *ret);
 /* "fedavg", "fedavgm", "fedadagrad", "fedadam", "fedyogi", "median",
- * "trimmed-mean" (-EINVAL otherwise). */
+ * "trimmed-mean", "krum", "multi-krum" (-EINVAL otherwise). */
 int fed_strategy_from_string(const char *s, FedStrategy *ret);
 const char *fed_strategy_name(FedStrategy kind);
 /* Checks the parameters of p (ranges, finite): 0 or -EINVAL with err. */
@@ -76,6 +90,16 @@ size_t fed_state_per_value(FedStrategy kind);
  * (the weighted strategies) or a NaN or infinity in an update; 0 otherwise. */
 int fed_aggregate(const FedParams *p, float *w, float *state, uint32_t len, const float *const *updates,
                   const uint64_t *examples, size_t n, const float *noise, float *scratch);
+
+/* Whether the strategy picks clients by Krum scores before its close. */
+static inline int fed_is_krum(FedStrategy kind) { return kind == FED_KRUM || kind == FED_MULTIKRUM; }
+/* Krum's pick among n updates from d2, their squared distances ([i * n +
+ * j], symmetric, the diagonal ignored): keep[i] set for the one (KRUM) or
+ * the n - f (MULTIKRUM) of least score, ties to the lower index; returns how
+ * many were kept (0 for n == 0). scratch and scores: n doubles each (the
+ * scores out). */
+size_t fed_krum_select(const FedParams *p, const double *d2, size_t n, double *scratch, double *scores,
+                       unsigned char *keep);
 
 /* The strategy's server step (the part of fed_aggregate after the mean)
  * with the round's mean delta d given: a securely aggregated round

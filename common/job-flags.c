@@ -14,7 +14,7 @@ void jobflags_init(JobFlags *f) {
                 .lr = d.optim.lr, .momentum = d.optim.momentum, .weight_decay = d.optim.weight_decay,
                 .epochs = d.epochs, .batch = d.batch, .workers = 0, .shards = 0,
                 .chunk_kb = d.chunk_floats * 4 / 1024, .seed = d.seed, .warmup_clocks = d.warmup_clocks,
-                .server_lr = -1, .server_momentum = -1, .tau = -1, .trim = -1, .fraction = d.fed.fraction,
+                .server_lr = -1, .server_momentum = -1, .tau = -1, .trim = -1, .byzantine = -1, .fraction = d.fed.fraction,
                 .prox_mu = d.fed.prox_mu, .rounds = d.fed.rounds, .min_clients = d.fed.min_clients,
                 .min_available = d.fed.min_available, .round_timeout = d.fed.round_timeout_ms / 1000,
                 .local_epochs = d.fed.local_epochs, .dp_delta = d.fed.dp_delta,
@@ -84,13 +84,16 @@ size_t jobflags_options(JobFlags *f, Option *o) {
                   "fed: passes over its own data each client trains per round (batch --batch, lr --lr)" },
                 { "strategy", OPT_STR, &f->strategy, "NAME",
                   "fed: aggregation on the shards: fedavg (default), fedavgm, fedadagrad, fedadam, fedyogi, "
-                  "median, trimmed-mean" },
+                  "median, trimmed-mean, krum, multi-krum" },
                 { "server-lr", OPT_FLOAT, &f->server_lr, "ETA", "fed: the server's lr (default: the strategy's)" },
                 { "server-momentum", OPT_FLOAT, &f->server_momentum, "BETA",
                   "fedavgm: the server's momentum (default 0.9)" },
                 { "tau", OPT_FLOAT, &f->tau, "TAU", "fedadagrad/fedadam/fedyogi: adaptivity (default: the strategy's)" },
                 { "trim", OPT_FLOAT, &f->trim, "BETA",
                   "trimmed-mean: share of the updates dropped at each end of every coordinate (default 0.1)" },
+                { "byzantine", OPT_FLOAT, &f->byzantine, "F",
+                  "krum, multi-krum: share of a round's updates assumed bad (f = floor(F n); multi-krum keeps "
+                  "n - f) (default 0.2)" },
                 { "prox-mu", OPT_FLOAT, &f->prox_mu, "MU",
                   "fed: FedProx, clients add MU (w - w_round) to their gradients (default 0: FedAvg's clients)" },
                 { "dp-clip", OPT_FLOAT, &f->dp_clip, "C",
@@ -208,7 +211,7 @@ int jobflags_to_job(const JobFlags *f, Job *job, char *err, size_t errlen) {
         job->test_limit = f->test_limit;
         if (f->strategy && fed_strategy_from_string(f->strategy, &job->fed.strategy.kind) < 0) {
                 snprintf(err, errlen, "bad --strategy '%s' (expected fedavg, fedavgm, fedadagrad, fedadam, fedyogi, "
-                         "median or trimmed-mean)", f->strategy);
+                         "median, trimmed-mean, krum or multi-krum)", f->strategy);
                 return -EINVAL;
         }
         fed_params_default(job->fed.strategy.kind, &job->fed.strategy);
@@ -220,6 +223,8 @@ int jobflags_to_job(const JobFlags *f, Job *job, char *err, size_t errlen) {
                 job->fed.strategy.tau = f->tau;
         if (f->trim >= 0)
                 job->fed.strategy.trim = f->trim;
+        if (f->byzantine >= 0)
+                job->fed.strategy.byzantine = f->byzantine;
         job->fed.rounds = f->rounds;
         job->fed.fraction = f->fraction;
         job->fed.min_clients = f->min_clients;

@@ -6,7 +6,7 @@
 #include "config.h"
 #include "job.h"
 
-#define JOBFLAGS_NOPTS 47
+#define JOBFLAGS_NOPTS 48
 
 typedef struct JobFlags {
         char *model, *mode, *optim, *data, *init;
@@ -26,7 +26,7 @@ typedef struct JobFlags {
         unsigned secagg_timeout;
         char *compress;
         unsigned eval_every, buffer;
-        float staleness_exp, fraction_evaluate;
+        float staleness_exp, fraction_evaluate, byzantine;
 } JobFlags;
 
 /* Defaults from job_defaults(). */

@@ -371,7 +371,8 @@ int job_validate(const Job *job, char *err, size_t errlen) {
                 if (f->secagg_timeout_ms < 100 || f->secagg_timeout_ms > 86400000u)
                         return job_err(err, errlen, "secagg timeout %u ms out of range 100 ms..1 day",
                                        f->secagg_timeout_ms);
-                if (f->secagg && (f->strategy.kind == FED_MEDIAN || f->strategy.kind == FED_TRIMMED_MEAN))
+                if (f->secagg && (f->strategy.kind == FED_MEDIAN || f->strategy.kind == FED_TRIMMED_MEAN ||
+                                  fed_is_krum(f->strategy.kind)))
                         return job_err(err, errlen, "secure aggregation gives the shards only the sum of the "
                                        "updates: the %s strategy needs each one (use a mean-based strategy)",
                                        fed_strategy_name(f->strategy.kind));
@@ -383,6 +384,9 @@ int job_validate(const Job *job, char *err, size_t errlen) {
                 if (!isfinite(f->staleness_exp) || f->staleness_exp < 0 || f->staleness_exp > 10)
                         return job_err(err, errlen, "staleness exponent %g must be in [0, 10]",
                                        (double) f->staleness_exp);
+                if (f->async && fed_is_krum(f->strategy.kind))
+                        return job_err(err, errlen, "--mode fedasync applies updates as they come: %s compares "
+                                       "the updates of a round, and has none", fed_strategy_name(f->strategy.kind));
                 if (f->async && (f->secagg || f->strategy.dp_clip > 0))
                         return job_err(err, errlen, "--mode fedasync applies updates as they come, weighted by their "
                                        "staleness: it does not combine with %s", f->secagg ? "--secagg" : "--dp-clip");

@@ -225,6 +225,8 @@ int job_to_proto(const Job *job, Psnet__JobSpec **ret) {
                 fs->beta2 = f->strategy.beta2;
                 fs->tau = f->strategy.tau;
                 fs->trim = f->strategy.trim;
+                fs->has_byzantine = fed_is_krum(f->strategy.kind);
+                fs->byzantine = f->strategy.byzantine;
                 fs->rounds = f->rounds;
                 fs->fraction = f->fraction;
                 fs->min_clients = f->min_clients;
@@ -362,6 +364,8 @@ int job_from_proto(const Psnet__JobSpec *spec, Job *ret, char *err, size_t errle
                         f->strategy.tau = fs->tau;
                 if (fs->has_trim)
                         f->strategy.trim = fs->trim;
+                if (fs->has_byzantine)
+                        f->strategy.byzantine = fs->byzantine;
                 if (fs->has_rounds)
                         f->rounds = fs->rounds;
                 if (fs->has_fraction)

@@ -130,6 +130,98 @@ static void round_train(Coord *c) {
 
 /* Training is over for this round (everyone answered or left, or time is
  * up): the shards aggregate, or drop the updates when too few came. */
+/* krum, multi-krum: the shards score the n updates counted (FED_SCORING). */
+static void scoring_open(Coord *c, size_t n) {
+        FedRounds *f = &c->fed;
+        _cleanup_free_ uint32_t *ids = ps_malloc(n * sizeof *ids);
+        f->scored = ps_malloc(n * sizeof *f->scored);
+        f->dist = ps_calloc(n * n, sizeof *f->dist);
+        if (!ids || !f->scored || !f->dist) {
+                coord_job_fail(c, "out of memory scoring a round's updates");
+                return;
+        }
+        f->nscored = 0;
+        for (size_t i = 0; i < f->nclients; i++)
+                if (f->answered[i]) {
+                        ids[f->nscored] = f->clients[i];
+                        f->scored[f->nscored++] = i;
+                }
+        f->phase = FED_SCORING;
+        Psnet__Round rd = PSNET__ROUND__INIT;
+        rd.number = f->number;
+        rd.has_round = true;
+        rd.round = f->done + 1;
+        rd.n_clients = n;
+        rd.clients = ids;
+        rd.has_score = rd.score = true;
+        int r = coord_fed_send_round(c, &rd);
+        if (r < 0) {
+                char reason[160];
+                snprintf(reason, sizeof reason, "cannot score round %lu on the shards: %s", (unsigned long) f->number,
+                         strerror(-r));
+                coord_job_fail(c, reason);
+        }
+}
+
+/* A shard's squared distances: added to the sum. false: not what was asked. */
+static bool scoring_add(Coord *c, const Psnet__Round *rd) {
+        FedRounds *f = &c->fed;
+        size_t n = f->nscored;
+        if (!(rd->has_score && rd->score) || rd->n_distances != n * (n - 1) / 2)
+                return false;
+        size_t q = 0;
+        for (size_t a = 0; a < n; a++)
+                for (size_t b = a + 1; b < n; b++, q++) {
+                        if (!(rd->distances[q] >= 0) || !isfinite(rd->distances[q]))
+                                return false;
+                        f->dist[a * n + b] += rd->distances[q];
+                        f->dist[b * n + a] += rd->distances[q];
+                }
+        return true;
+}
+
+/* Every shard scored: pick by Krum score and close with the updates kept. */
+static void scoring_done(Coord *c) {
+        FedRounds *f = &c->fed;
+        size_t n = f->nscored;
+        _cleanup_free_ double *scratch = ps_malloc(n * sizeof *scratch), *scores = ps_malloc(n * sizeof *scores);
+        _cleanup_free_ unsigned char *keep = ps_calloc(n, 1);
+        _cleanup_free_ uint32_t *ids = ps_malloc(n * sizeof *ids);
+        if (!scratch || !scores || !keep || !ids) {
+                coord_job_fail(c, "out of memory picking a round's updates by Krum score");
+                return;
+        }
+        size_t kept = fed_krum_select(&c->job.fed.strategy, f->dist, n, scratch, scores, keep);
+        size_t m = 0;
+        char left[64] = "";
+        size_t ll = 0;
+        for (size_t i = 0; i < n; i++) {
+                uint32_t id = f->clients[f->scored[i]];
+                if (keep[i])
+                        ids[m++] = id;
+                else {
+                        if (ll < sizeof left)
+                                ll += (size_t) snprintf(left + ll, sizeof left - ll, "%s%u", ll ? "," : "", id);
+                        log_info("update left out by its Krum score edge=%u number=%lu score=%.6g",
+                                 id, (unsigned long) f->number, scores[i]);
+                }
+        }
+        FedRecord *rec = coord_fed_record_find(f, f->number);
+        if (rec)
+                snprintf(rec->note, sizeof rec->note, "%s kept %zu of %zu%s%s", fed_strategy_name(c->job.fed.strategy.kind),
+                         kept, n, m < n ? ", left out " : "", m < n ? left : "");
+        log_info("round scored number=%lu strategy=%s kept=%zu of=%zu left_out=\"%s\"", (unsigned long) f->number,
+                 fed_strategy_name(c->job.fed.strategy.kind), kept, n, left);
+        f->phase = FED_CLOSING;
+        int r = coord_fed_send_shards(c, true, ids, m, NULL);
+        if (r < 0) {
+                char reason[160];
+                snprintf(reason, sizeof reason, "cannot close round %lu on the shards: %s", (unsigned long) f->number,
+                         strerror(-r));
+                coord_job_fail(c, reason);
+        }
+}
+
 void coord_fed_close(Coord *c, const char *why) {
         FedRounds *f = &c->fed;
         FedRecord *rec = coord_fed_record_find(f, f->number);
@@ -162,6 +254,10 @@ void coord_fed_close(Coord *c, const char *why) {
         }
         log_info("round closing number=%lu answered=%zu sampled=%zu why=\"%s\"%s", (unsigned long) f->number, n,
                  f->nclients, why, f->aggregate ? "" : " aggregate=no");
+        if (f->aggregate && fed_is_krum(c->job.fed.strategy.kind) && n > 1) {
+                scoring_open(c, n);
+                return;
+        }
         if (f->aggregate && c->job.fed.secagg) {
                 coord_secagg_unmask(c);
                 return;
@@ -354,10 +450,12 @@ void coord_fed_poll(Coord *c) {
         bool between = c->job.fed.async ? f->phase != FED_CLOSING
                                         : f->phase == FED_WAITING || f->phase == FED_EVALUATING;
         bool held = between && coord_checkpoint_fed_cut(c);
-        if ((f->phase == FED_OPENING || f->phase == FED_CLOSING) && now > f->shard_deadline) {
+        if ((f->phase == FED_OPENING || f->phase == FED_CLOSING || f->phase == FED_SCORING) &&
+            now > f->shard_deadline) {
                 char reason[192];
                 snprintf(reason, sizeof reason, "%zu of %zu shards answered round %lu's %s within %u s", f->replies,
-                         f->expected, (unsigned long) f->number, f->phase == FED_OPENING ? "opening" : "closing",
+                         f->expected, (unsigned long) f->number,
+                         f->phase == FED_OPENING ? "opening" : f->phase == FED_SCORING ? "scoring" : "closing",
                          (unsigned) (MAX(FED_SHARD_WAIT_MS, c->job.fed.round_timeout_ms) / 1000));
                 coord_job_fail(c, reason);
                 return;
@@ -444,9 +542,26 @@ static void shard_rep(Coord *c, WireMsg *m, Peer *p) {
         int idx = c->map ? shardmap_find(c->map, p->id) : -1;
         if (c->state != JOB_RUNNING || c->job.mode != MODE_FED)
                 return;
-        if ((f->phase != FED_OPENING && f->phase != FED_CLOSING) || h->round->number != f->shard_number || idx < 0 ||
-            !f->shard_replied || f->shard_replied[idx])
-                return; /* an answer to a round given up on */
+        if ((f->phase != FED_OPENING && f->phase != FED_CLOSING && f->phase != FED_SCORING) ||
+            h->round->number != f->shard_number || idx < 0 || !f->shard_replied || f->shard_replied[idx] ||
+            (f->phase == FED_SCORING) != (h->round->has_score && h->round->score))
+                return; /* an answer to a round given up on (or to another step of it) */
+        if (f->phase == FED_SCORING) {
+                f->shard_replied[idx] = true;
+                f->replies++;
+                if (h->status != PSNET__STATUS__STATUS_OK || !scoring_add(c, h->round)) {
+                        char reason[320];
+                        snprintf(reason, sizeof reason, "shard %u could not score round %lu: %s", p->id,
+                                 (unsigned long) f->number,
+                                 h->status != PSNET__STATUS__STATUS_OK ? (h->reason ? h->reason : status_name(h->status))
+                                                                       : "its distances do not fit the round");
+                        coord_job_fail(c, reason);
+                        return;
+                }
+                if (f->replies == f->expected)
+                        scoring_done(c);
+                return;
+        }
         f->shard_replied[idx] = true;
         f->replies++;
         if (f->phase == FED_OPENING && h->status == PSNET__STATUS__STATUS_MIGRATING) {

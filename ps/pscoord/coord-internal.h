@@ -147,10 +147,13 @@ typedef struct ClockRec {
  * waited for at least FED_SHARD_WAIT_MS. */
 #define FED_SHARD_WAIT_MS 30000u
 #define COORD_FED_HISTORY 1024
-/* FED_TESTING: after an aggregated round, sampled clients test its model on
+/* FED_SCORING (krum, multi-krum): between TRAINING and CLOSING, the shards
+ * send the squared distances between the updates over their chunks;
+ * pscoord adds them up, picks by Krum score and closes with those kept.
+ * FED_TESTING: after an aggregated round, sampled clients test its model on
  * their own data (--fraction-evaluate), then WAITING. */
 typedef enum { FED_WAITING, FED_OPENING, FED_TRAINING, FED_UNMASKING, FED_CLOSING, FED_EVALUATING, FED_DONE,
-               FED_TESTING } FedPhase;
+               FED_TESTING, FED_SCORING } FedPhase;
 
 /* A --secagg round's exchanges (coord-secagg.c), by the clients' places in
  * FedRounds.clients (n of them). U1: sent keys; U2: sent their shares; the
@@ -212,6 +215,10 @@ typedef struct FedRounds {
         uint64_t opened_ms, deadline, shard_deadline, retry_at;
         uint32_t shard_failures;    /* closes in a row a shard refused */
         uint64_t failed, late, refused;
+        /* FED_SCORING: the updates scored (their places in clients) and the
+         * squared distances summed so far ([a * nscored + b]) */
+        size_t *scored, nscored;
+        double *dist;
         /* FED_TESTING: the answers so far, example-weighted */
         double test_acc, test_loss;
         uint64_t test_examples;

@@ -11,8 +11,8 @@
 
 static const char *phase_name(FedPhase p) {
         static const char *const names[] = { "waiting", "opening", "training", "unmasking", "closing", "evaluating",
-                                             "done", "testing" };
-        return p <= FED_TESTING ? names[p] : "?";
+                                             "done", "testing", "scoring" };
+        return p <= FED_SCORING ? names[p] : "?";
 }
 
 void coord_rounds_clear(FedRounds *f) {
@@ -22,6 +22,11 @@ void coord_rounds_clear(FedRounds *f) {
         ps_free(f->examples);
         ps_free(f->loss);
         ps_free(f->shard_replied);
+        ps_free(f->scored);
+        ps_free(f->dist);
+        f->scored = NULL;
+        f->dist = NULL;
+        f->nscored = 0;
         f->clients = NULL;
         f->answered = NULL;
         f->declined = NULL;

@@ -556,6 +556,65 @@ static int async_close(FedShard *f, Store *s, const Psnet__Round *rd, char *reas
         return PSNET__STATUS__STATUS_OK;
 }
 
+int fedshard_score(FedShard *f, Store *s, const Psnet__Round *rd, double **ret, size_t *ret_n, char *reason,
+                   size_t n) {
+        *ret = NULL;
+        *ret_n = 0;
+        if (!s->has_job || s->job.mode != MODE_FED || s->job.fed.async || !fed_is_krum(s->job.fed.strategy.kind)) {
+                snprintf(reason, n, "this shard's job does not pick updates by Krum scores");
+                return PSNET__STATUS__STATUS_INVALID;
+        }
+        if (!f->open || rd->number != f->number) {
+                snprintf(reason, n, "round %lu is not open on this shard (%s %lu)", (unsigned long) rd->number,
+                         f->open ? "it has round" : "last round", (unsigned long) f->number);
+                return PSNET__STATUS__STATUS_INVALID;
+        }
+        size_t k = rd->n_clients;
+        if (k < 1 || k > f->nclients) {
+                snprintf(reason, n, "round %lu: %zu clients to score, of %zu sampled", (unsigned long) rd->number, k,
+                         f->nclients);
+                return PSNET__STATUS__STATUS_INVALID;
+        }
+        _cleanup_free_ ssize_t *idx = ps_malloc(k * sizeof *idx);
+        size_t npairs = k * (k - 1) / 2;
+        double *d = ps_calloc(MAX(npairs, (size_t) 1), sizeof *d);
+        if (!idx || !d) {
+                ps_free(d);
+                snprintf(reason, n, "out of memory scoring round %lu", (unsigned long) rd->number);
+                return PSNET__STATUS__STATUS_RESOURCE;
+        }
+        for (size_t i = 0; i < k; i++) {
+                idx[i] = client_index(f, rd->clients[i]);
+                bool whole = idx[i] >= 0;
+                for (size_t j = 0; whole && j < f->nslots; j++)
+                        whole = f->upd[(size_t) idx[i] * f->nslots + j] != NULL;
+                if (!whole) {
+                        ps_free(d);
+                        snprintf(reason, n, "round %lu: client %u's update is not whole here", (unsigned long) f->number,
+                                 rd->clients[i]);
+                        return PSNET__STATUS__STATUS_INVALID;
+                }
+        }
+        /* Squared distances over this shard's chunks, summed in double. */
+        size_t q = 0;
+        for (size_t a = 0; a < k; a++)
+                for (size_t b = a + 1; b < k; b++, q++)
+                        for (size_t j = 0; j < f->nslots; j++) {
+                                const float *x = f->upd[(size_t) idx[a] * f->nslots + j];
+                                const float *y = f->upd[(size_t) idx[b] * f->nslots + j];
+                                double sum = 0;
+                                for (uint32_t v = 0; v < f->slots[j]->len; v++) {
+                                        double e = (double) x[v] - y[v];
+                                        sum += e * e;
+                                }
+                                d[q] += sum;
+                        }
+        log_info("round scored number=%lu clients=%zu chunks=%zu", (unsigned long) f->number, k, f->nslots);
+        *ret = d;
+        *ret_n = npairs;
+        return PSNET__STATUS__STATUS_OK;
+}
+
 int fedshard_round(FedShard *f, Store *s, const Psnet__Round *rd, uint64_t memory_limit, char *reason, size_t n) {
         if (!s->has_job || s->job.mode != MODE_FED) {
                 snprintf(reason, n, "this shard has no federated job");

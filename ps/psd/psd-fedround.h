@@ -35,6 +35,13 @@ void fedshard_reset(FedShard *f);
  * connections they came over). A status (OK, or why not with reason). */
 int fedshard_round(FedShard *f, Store *s, const Psnet__Round *rd, uint64_t memory_limit, char *reason, size_t n);
 
+/* krum, multi-krum: pscoord's MSG_ROUND score for round rd->number's
+ * clients rd->clients (each with its whole update here): *ret (freed by the
+ * caller) gets the squared distances between their updates over the chunks
+ * this shard leads, the upper triangle row by row, *ret_n of them. A status. */
+int fedshard_score(FedShard *f, Store *s, const Psnet__Round *rd, double **ret, size_t *ret_n, char *reason,
+                   size_t n);
+
 /* A client's PUSH of h->n_keys chunks (looked up: chunks) with frames; key:
  * the sender's CURVE key (NULL without CURVE); memory_limit bounds a
  * fedasync job's buffer (0: none). A status: OK (kept), DUPLICATE, or why it

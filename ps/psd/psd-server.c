@@ -703,7 +703,11 @@ static void psd_checkpoint(Psd *p, const Psnet__Header *h) {
 /* pscoord opens or closes a federated round. */
 static void psd_round(Psd *p, const Psnet__Header *h) {
         char reason[320] = "";
-        int st = fedshard_round(p->fed, p->store, h->round, p->memory_limit, reason, sizeof reason);
+        _cleanup_free_ double *dist = NULL;
+        size_t ndist = 0;
+        bool score = h->round->has_score && h->round->score;
+        int st = score ? fedshard_score(p->fed, p->store, h->round, &dist, &ndist, reason, sizeof reason)
+                       : fedshard_round(p->fed, p->store, h->round, p->memory_limit, reason, sizeof reason);
         if (st != PSNET__STATUS__STATUS_OK)
                 log_warning("round refused number=%lu status=%s reason=\"%s\"", (unsigned long) h->round->number,
                             status_name(st), reason);
@@ -711,6 +715,10 @@ static void psd_round(Psd *p, const Psnet__Header *h) {
         rd.number = h->round->number;
         rd.has_close = h->round->has_close;
         rd.close = h->round->close;
+        rd.has_score = score;
+        rd.score = score;
+        rd.n_distances = ndist;
+        rd.distances = dist;
         Psnet__Header r;
         wire_header_init(&r, PSNET__MSG_TYPE__MSG_ROUND_REP);
         r.body_case = PSNET__HEADER__BODY_ROUND;

@@ -316,8 +316,9 @@ class Stats(dict):
     refused (fit's or a federated evaluation's result refused here), failed
     (pulls or pushes that failed), evaluations (of the model pscoord tests:
     --eval-every, the final one), tests (federated evaluations on the
-    clients' own data, --fraction-evaluate), and pushed bytes as sent and
-    as f32."""
+    clients' own data, --fraction-evaluate), pushed bytes as sent and as
+    f32, and ids: each client's id at pscoord (psctl and its log name
+    clients by it)."""
 
 
 def _config(info, ev):
@@ -330,7 +331,7 @@ def _run(fleet, client_of, fail_fast, timeout_s=None):
     """Serves fleet's clients until every one of them saw the job end (or
     failed): their rounds call client_of(i)'s fit and evaluate."""
     st = Stats(rounds=0, counted=0, late=0, refused=0, failed=0, evaluations=0, tests=0, bytes=0, bytes_raw=0,
-               accuracy=None, state=None, fit_s=0.0)
+               accuracy=None, state=None, fit_s=0.0, ids={})
     ended, info, examples_said = set(), None, set()
     deadline = None if timeout_s is None else time.monotonic() + timeout_s
     while len(ended) < fleet.n:
@@ -347,6 +348,7 @@ def _run(fleet, client_of, fail_fast, timeout_s=None):
             log.error("%s", msg)
             ended.add(i)
         elif kind == EV_JOB:
+            st["ids"][i] = fleet.info(i)["id"]
             if info is None:
                 info = fleet.info(i)
                 log.info("federated job: model %s, %d tensors, %d rounds", info["model_name"], info["ntensors"],

@@ -6,7 +6,9 @@ each printing "ok: ..." lines (a failed check prints "FAIL: ..." and exits 1).
         N virtual clients (partitions FIRST..FIRST+N-1 of OF, IID) training the
         job's MLP mlp:784-64-10 with their own PyTorch fit(); with "bad", the
         clients with index 1 and 2 return a wrong shape and NaN in their
-        first rounds. Writes the run's stats to OUT (JSON).
+        first rounds; with "byzantine", client 1 sends its update turned
+        around (x -10) and client 2 blown up (x 100) in every round. Writes the
+        run's stats to OUT (JSON).
     fed-python.py refuse
         what fit returns that is no update, refused here with its reason
     fed-python.py cnn COORD OUT
@@ -89,6 +91,10 @@ class MlpClient(fed.NumPyClient):
         loss = train(self.net, self.x, self.y, config["local_epochs"], config["batch_size"], config["lr"],
                      1000 * config["number"] + self.part)
         w = get_weights(self.net)
+        if self.bad in ("flip", "scale"):
+            # An attacker: its update turned around (x -10) or blown up (x 100).
+            k = -10.0 if self.bad == "flip" else 100.0
+            w = [p + k * (a - p) for a, p in zip(w, parameters)]
         if self.bad == "shape" and config["round"] <= 2:
             w[0] = w[0][:10]
         if self.bad == "nan" and config["round"] <= 2:
@@ -108,7 +114,7 @@ def load():
             torch.from_numpy(xt.reshape(len(xt), -1)), torch.from_numpy(yt))
 
 
-def sim(coord, n, first, of, out, bad=False):
+def sim(coord, n, first, of, out, bad=False, byz=False):
     torch.set_num_threads(1)
     xs, ys, xt, yt = load()
     made = {}
@@ -116,7 +122,7 @@ def sim(coord, n, first, of, out, bad=False):
     def client_fn(cid):
         i = int(cid)
         made[i] = made.get(i, 0) + 1
-        kind = {1: "shape", 2: "nan"}.get(i) if bad else None
+        kind = {1: "shape", 2: "nan"}.get(i) if bad else {1: "flip", 2: "scale"}.get(i) if byz else None
         return MlpClient(first + i, of, xs, ys, xt, yt, kind)
 
     st = fed.simulate(client_fn, n, coord=coord, timeout_s=240)
@@ -125,6 +131,9 @@ def sim(coord, n, first, of, out, bad=False):
     check(st["state"] == "done", f"{n} simulated Python clients served the job to its end (state {st['state']})")
     check(st["counted"] > 0 and st["failed"] == 0,
           f"their updates were counted ({st['counted']} counted, {st['late']} late, {st['failed']} failed)")
+    if byz:
+        with open(out + ".attackers", "w") as f:
+            f.write(",".join(str(st["ids"][i]) for i in (1, 2)))
     if bad:
         check(st["refused"] == 4, f"the wrong shape and the NaN were refused in their two rounds each "
               f"({st['refused']} refused)")
@@ -206,7 +215,7 @@ def main():
     cmd = sys.argv[1]
     if cmd == "sim":
         sim(sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5]), sys.argv[6],
-            len(sys.argv) > 7 and sys.argv[7] == "bad")
+            len(sys.argv) > 7 and sys.argv[7] == "bad", len(sys.argv) > 7 and sys.argv[7] == "byzantine")
     elif cmd == "refuse":
         refuse()
     else:

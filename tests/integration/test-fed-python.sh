@@ -8,7 +8,8 @@
 # closes the round without waiting for its time-out; C edge workers and
 # Python clients are counted in the same rounds; a client with a CURVE key
 # (start_client with key=) joins a cluster with --keys; the Flower
-# quickstart port in examples/ runs as it is.
+# quickstart port in examples/ runs as it is; with 2 of 10 clients
+# attacking, FedAvg loses the model and median, Krum and Multi-Krum keep it.
 source "$(dirname "$0")/lib.sh"
 
 export PYTHONPATH=$PSNET_SRC/python PSNET_LIB=$PSNET_BUILD/worker/client/libpsnet.so
@@ -78,7 +79,31 @@ ok $? "round 2's federated accuracy $got is the example-weighted mean of the cli
 grep -q 'msg="evaluated" .* own=1' "$RUN/edge-0.log"; ok $? "a C client tests on its own share of the test set"
 psnet_stop_all
 
-# 3. A client with its CURVE key (start_client key=) joins a cluster with --keys.
+# 3. Two of ten clients attack in every round (an update turned around x -10,
+# one blown up x 100): FedAvg loses the model, the robust strategies keep it,
+# and Multi-Krum leaves out exactly the two attackers' updates each round.
+declare -A byz_acc
+for s in fedavg median krum multi-krum; do
+  start_cluster "byz-$s" 2 "${FEDJOB[@]}" --rounds 6 --min-clients 2 --min-available 10 --round-timeout 60 --strategy $s
+  "${PY[@]}" "$FP" sim "$COORD" 10 0 10 "$RUN/byz-$s.json" byzantine >"$RUN/byz-$s.out" 2>"$RUN/byz-$s.log"
+  out=$("$PSCTL" --coord "$COORD" job wait --wait 30)
+  byz_acc[$s]=$(acc_of "$out")
+  if [ $s = multi-krum ]; then
+    bad=$(cat "$RUN/byz-$s.json.attackers" 2>/dev/null)
+    lo=$(grep 'msg="round scored"' "$RUN/pscoord-byz-$s.log" | sed 's/.*left_out="\([0-9,]*\)".*/\1/' | sort -u)
+    [ -n "$bad" ] && [ "$lo" = "$bad" ] && [ "$(grep -c 'msg="round scored"' "$RUN/pscoord-byz-$s.log")" -eq 6 ]
+    ok $? "multi-krum left out the attackers' updates ($bad) and only them, in each of the 6 rounds ($(tr '\n' ' ' <<<"$lo"))"
+  fi
+  psnet_stop_all
+done
+awk -v a="${byz_acc[fedavg]:-1}" 'BEGIN { exit !(a < 0.5) }'
+ok $? "FedAvg with 2 attackers of 10 loses the model (accuracy ${byz_acc[fedavg]:-?} < 0.5)"
+for s in median krum multi-krum; do
+  awk -v a="${byz_acc[$s]:-0}" 'BEGIN { exit !(a >= 0.7) }'
+  ok $? "$s keeps it (accuracy ${byz_acc[$s]:-?} >= 0.70)"
+done
+
+# 4. A client with its CURVE key (start_client key=) joins a cluster with --keys.
 K=$RUN/keys
 for kr in pscoord:server psd:server edge:edge admin:admin; do
   "$PSCTL" keys gen "${kr%%:*}" --role "${kr##*:}" --dir "$K" >/dev/null || ok 1 "psctl keys gen ${kr%%:*}"
@@ -114,7 +139,7 @@ EOF
 grep -q '^refused:' <<<"$out"; ok $? "a client without a key is not let in, and says so ($(grep -m1 '^refused:' <<<"$out"))"
 psnet_stop_all
 
-# 4. The Flower quickstart port runs as it is (its own LocalCluster).
+# 5. The Flower quickstart port runs as it is (its own LocalCluster).
 (cd "$RUN" && PSNET_LOG_LEVEL=warning timeout 300 "${PY[@]}" "$PSNET_SRC/examples/fed_quickstart.py" --limit 6000 --rounds 2) \
   >"$RUN/quickstart.out" 2>"$RUN/quickstart.log"
 grep -q '^job done: 10 updates counted, 0 refused, final accuracy 0\.[0-9]*' "$RUN/quickstart.out"

@@ -141,7 +141,7 @@ int main(void) {
 
         /* Names, state sizes, parameter checks. */
         bool names = true;
-        for (int k = FED_AVG; k <= FED_TRIMMED_MEAN; k++) {
+        for (int k = FED_AVG; k <= FED_LAST; k++) {
                 FedStrategy back;
                 names &= fed_strategy_from_string(fed_strategy_name((FedStrategy) k), &back) == 0 &&
                          back == (FedStrategy) k;
@@ -178,5 +178,46 @@ int main(void) {
         fed_params_default(FED_AVG, &p);
         p.dp_clip = -1;
         CHECK(fed_params_check(&p, err, sizeof err) == -EINVAL, "a negative clip norm refused (%s)", err);
+        {
+                /* Krum by hand: five updates on a line, 0, 1, 2, 3 and 100; byzantine
+                 * 0.2 -> f = 1, each score sums the n - f - 2 = 2 nearest squared
+                 * distances: 0: 1 + 4 = 5, 1: 1 + 1 = 2, 2: 1 + 1 = 2, 3: 1 + 4 = 5,
+                 * 100: 97^2 + 98^2 = 19013. Krum keeps update 1 (the lower of the
+                 * tie), Multi-Krum the m = 4 best: all but 100. */
+                const double x[5] = { 0, 1, 2, 3, 100 };
+                double d2[25], scratch[5], scores[5];
+                unsigned char keep[5];
+                for (int i = 0; i < 5; i++)
+                        for (int j = 0; j < 5; j++)
+                                d2[i * 5 + j] = (x[i] - x[j]) * (x[i] - x[j]);
+                fed_params_default(FED_KRUM, &p);
+                size_t kept = fed_krum_select(&p, d2, 5, scratch, scores, keep);
+                CHECK(kept == 1 && keep[1] && !keep[0] && !keep[2] && !keep[3] && !keep[4] && scores[0] == 5 &&
+                              scores[1] == 2 && scores[2] == 2 && scores[3] == 5 && scores[4] == 19013,
+                      "krum: scores 5 2 2 5 19013 by hand, keeps update 1 (%g %g %g %g %g)", scores[0], scores[1],
+                      scores[2], scores[3], scores[4]);
+                fed_params_default(FED_MULTIKRUM, &p);
+                kept = fed_krum_select(&p, d2, 5, scratch, scores, keep);
+                CHECK(kept == 4 && keep[0] && keep[1] && keep[2] && keep[3] && !keep[4],
+                      "multi-krum keeps n - f = 4, all but the outlier");
+                p.byzantine = 0;
+                kept = fed_krum_select(&p, d2, 5, scratch, scores, keep);
+                CHECK(kept == 5, "multi-krum with byzantine 0 keeps every update (%zu)", kept);
+                CHECK(fed_krum_select(&p, d2, 1, scratch, scores, keep) == 1 && keep[0], "one update is kept");
+                /* The shards take the mean of what pscoord kept: unweighted. */
+                float w[1] = { 0 }, u0[1] = { 1 }, u1[1] = { 3 }, sc[5];
+                const float *ups[2] = { u0, u1 };
+                const uint64_t ex[2] = { 1, 100 };
+                fed_params_default(FED_MULTIKRUM, &p);
+                int ra = fed_aggregate(&p, w, NULL, 1, ups, ex, 2, NULL, sc);
+                CHECK(ra == 0 && w[0] == 2.0f, "multi-krum's step: the unweighted mean of the updates kept (%g)",
+                      (double) w[0]);
+                p.byzantine = 0.5f;
+                CHECK(fed_params_check(&p, err, sizeof err) == -EINVAL && strstr(err, "--byzantine"),
+                      "byzantine 0.5 refused (%s)", err);
+                fed_params_default(FED_KRUM, &p);
+                p.dp_clip = 1;
+                CHECK(fed_params_check(&p, err, sizeof err) == -EINVAL, "dp with krum refused (%s)", err);
+        }
         return tap_done();
 }
