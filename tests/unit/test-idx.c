@@ -397,6 +397,33 @@ static void test_keep(void) {
         dataset_free(d);
 }
 
+static int pick_class7(const int32_t *labels, uint32_t n, void *ud, uint32_t **ret, uint32_t *ret_n) {
+        (void) ud;
+        uint32_t *idx = malloc((size_t) n * sizeof *idx), k = 0;
+        if (!idx)
+                return -ENOMEM;
+        for (uint32_t i = 0; i < n; i++)
+                if (labels[i] == 7)
+                        idx[k++] = i;
+        *ret = idx;
+        *ret_n = k;
+        return 0;
+}
+
+static int pick_bad(const int32_t *labels, uint32_t n, void *ud, uint32_t **ret, uint32_t *ret_n) {
+        (void) labels, (void) ud;
+        uint32_t *idx = malloc(2 * sizeof *idx);
+        if (!idx || n < 5) {
+                free(idx);
+                return -ENOMEM;
+        }
+        idx[0] = 4;
+        idx[1] = 2;
+        *ret = idx;
+        *ret_n = 2;
+        return 0;
+}
+
 static void test_real(void) {
         const char *cands[] = { getenv("PSNET_DATA"), PSNET_DEFAULT_DATA };
         const char *dir = NULL;
@@ -448,6 +475,25 @@ static void test_real(void) {
         }
         CHECK(part_ok, "t10k limit 100, part 3 of 4: the 25 samples 3, 7, ..., 99");
         dataset_free(part);
+        /* Picked: only the samples of class 7 among the first 5000, streamed. */
+        Dataset *picked = NULL;
+        r = dataset_load_picked(dir, "test", 5000, pick_class7, NULL, &picked, err, sizeof err);
+        bool pick_ok = r == 0 && picked && picked->n > 0 && picked->n < 5000;
+        uint32_t k = 0;
+        for (uint32_t i = 0; pick_ok && i < 5000; i++) {
+                if (d->y[i] != 7)
+                        continue;
+                size_t px = (size_t) 28 * 28;
+                pick_ok = k < picked->n && picked->y[k] == 7 &&
+                          memcmp(picked->x + k * px, d->x + i * px, px * sizeof(float)) == 0;
+                k++;
+        }
+        CHECK(pick_ok && k == picked->n, "dataset_load_picked keeps exactly the samples chosen, as the whole set "
+              "has them (%u of class 7 in the first 5000): %s", picked ? picked->n : 0, r == 0 ? "ok" : err);
+        picked = dataset_free(picked);
+        r = dataset_load_picked(dir, "test", 5000, pick_bad, NULL, &picked, err, sizeof err);
+        CHECK(r == -EINVAL && !picked && strstr(err, "ascending"), "a pick that is not ascending is refused (%s)",
+              err);
         dataset_free(d);
 }
 

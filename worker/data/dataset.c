@@ -136,6 +136,43 @@ out:
         return r;
 }
 
+int dataset_load_picked(const char *dir, const char *set, uint32_t limit, DatasetPickFn pick, void *ud,
+                        Dataset **ret, char *err, size_t errlen) {
+        char dummy[1], probe[PATH_MAX];
+        if (!err || errlen == 0) {
+                err = dummy;
+                errlen = sizeof dummy;
+        }
+        err[0] = '\0';
+        if (!dir || !set || (strcmp(set, "train") != 0 && strcmp(set, "test") != 0) || !ret || !pick) {
+                snprintf(err, errlen, "invalid data set request (set %s)", set ? set : "(null)");
+                return -EINVAL;
+        }
+        if ((size_t) snprintf(probe, sizeof probe, "%s/x_train.npy", dir) >= sizeof probe ||
+            access(probe, F_OK) != 0)
+                return idx_dataset_load_picked(dir, strcmp(set, "test") == 0 ? "t10k" : "train", limit, pick, ud, ret,
+                                               err, errlen);
+        Dataset *d = NULL;
+        uint32_t *idx = NULL, n = 0;
+        int r = npy_load(dir, set, limit, 0, 1, &d, err, errlen);
+        if (r == 0 && (r = pick(d->y, d->n, ud, &idx, &n)) < 0)
+                snprintf(err, errlen, "%s/x_%s.npy: choosing this client's samples: %s", dir, set, strerror(-r));
+        if (r == 0 && n == 0) {
+                snprintf(err, errlen, "%s/x_%s.npy: none of the %u samples is this client's", dir, set, d->n);
+                r = -EINVAL;
+        }
+        if (r == 0 && (r = dataset_keep(d, idx, n)) < 0)
+                snprintf(err, errlen, "%s/x_%s.npy: the samples chosen are not ascending indices below %u", dir, set,
+                         d->n);
+        ps_free(idx);
+        if (r < 0) {
+                dataset_free(d);
+                return r;
+        }
+        *ret = d;
+        return 0;
+}
+
 int dataset_load(const char *dir, const char *set, uint32_t limit, uint32_t part,
                  uint32_t nparts, Dataset **ret, char *err, size_t errlen) {
         char dummy[1], probe[PATH_MAX];

@@ -36,6 +36,15 @@ typedef struct Dataset {
  * request, or a part with no samples), -ENOMEM, or -errno of reading. */
 int dataset_load(const char *dir, const char *set, uint32_t limit, uint32_t part,
                  uint32_t nparts, Dataset **ret, char *err, size_t errlen);
+/* Chooses the samples a client keeps from the labels of a split (n of
+ * them, its limit applied): *ret (malloc'd, ascending indices below n) and
+ * *ret_n. 0 or a negative errno. */
+typedef int (*DatasetPickFn)(const int32_t *labels, uint32_t n, void *ud, uint32_t **ret, uint32_t *ret_n);
+/* dataset_load keeping only the samples pick chooses: for IDX files only
+ * those are ever held in memory (an edge client of a large set loads its
+ * share, not the set); NumPy pairs are read whole, then kept. */
+int dataset_load_picked(const char *dir, const char *set, uint32_t limit, DatasetPickFn pick, void *ud,
+                        Dataset **ret, char *err, size_t errlen);
 /* The samples a loader keeps of a file's n: the first limit (0: all), and
  * of those the ones whose index % nparts == part. The count (0: none, the
  * caller says so naming its file) and, in *ret_total, the samples the limit

@@ -226,3 +226,125 @@ int idx_dataset_load(const char *dir, const char *set, uint32_t limit, uint32_t 
         *ret = d;
         return 0;
 }
+
+/* Opens dir/<prefix>-<kind>(.gz) for streaming; path gets its name. */
+static int open_idx(const char *dir, const char *prefix, const char *kind, gzFile *ret, char *path, size_t pn) {
+        int fd = -1;
+        for (int gz = 1; gz >= 0 && fd < 0; gz--) {
+                if ((size_t) snprintf(path, pn, "%s/%s-%s%s", dir, prefix, kind, gz ? ".gz" : "") >= pn)
+                        return -ENAMETOOLONG;
+                fd = open(path, O_RDONLY | O_CLOEXEC);
+                if (fd < 0 && errno != ENOENT)
+                        return -errno;
+        }
+        if (fd < 0)
+                return -ENOENT;
+        *ret = gzdopen(fd, "rb");
+        if (!*ret) {
+                (void) close(fd);
+                return -ENOMEM;
+        }
+        (void) gzbuffer(*ret, 1 << 17);
+        return 0;
+}
+
+int idx_dataset_load_picked(const char *dir, const char *prefix, uint32_t limit, DatasetPickFn pick, void *ud,
+                            Dataset **ret, char *err, size_t errlen) {
+        _cleanup_free_ uint8_t *labels = NULL;
+        _cleanup_free_ int32_t *y = NULL;
+        _cleanup_free_ uint32_t *idx = NULL;
+        _cleanup_free_ uint8_t *row = NULL;
+        _cleanup_(gz_closep) gzFile f = NULL;
+        uint32_t ldims[3], nidx = 0;
+        unsigned lndim;
+        char path[PATH_MAX];
+        /* The labels whole (small), so that pick sees them all. */
+        int r = dataset_read_file(dir, prefix, "labels-idx1-ubyte", limit, &labels, ldims, &lndim, err, errlen);
+        if (r < 0)
+                return r;
+        if (lndim != 1) {
+                snprintf(err, errlen, "%s/%s: expected 1-d labels, found %u-d", dir, prefix, lndim);
+                return -EBADMSG;
+        }
+        uint32_t n = limit && limit < ldims[0] ? limit : ldims[0];
+        y = ps_malloc(MAX(n, 1u) * sizeof *y);
+        if (!y) {
+                snprintf(err, errlen, "out of memory loading %s/%s", dir, prefix);
+                return -ENOMEM;
+        }
+        for (uint32_t i = 0; i < n; i++)
+                y[i] = labels[i];
+        r = pick(y, n, ud, &idx, &nidx);
+        if (r < 0) {
+                snprintf(err, errlen, "%s/%s: choosing this client's samples: %s", dir, prefix, strerror(-r));
+                return r;
+        }
+        for (uint32_t k = 0; k < nidx; k++)
+                if (idx[k] >= n || (k && idx[k] <= idx[k - 1])) {
+                        snprintf(err, errlen, "%s/%s: the samples chosen are not ascending indices below %u", dir,
+                                 prefix, n);
+                        return -EINVAL;
+                }
+        if (nidx == 0) {
+                snprintf(err, errlen, "%s/%s: none of the %u samples is this client's", dir, prefix, n);
+                return -EINVAL;
+        }
+        /* The images streamed: only the rows chosen are kept (as floats), the
+         * rest read through, so that the whole file is still checked. */
+        r = open_idx(dir, prefix, "images-idx3-ubyte", &f, path, sizeof path);
+        if (r < 0) {
+                snprintf(err, errlen, "failed to open %s/%s-images-idx3-ubyte(.gz): %s", dir, prefix, strerror(-r));
+                return r;
+        }
+        uint8_t hdr[4], raw[3][4];
+        r = gz_read_full(f, hdr, sizeof hdr);
+        if (r == 0 && (be32(hdr) != IDX_MAGIC_IMAGES || hdr[3] != 3))
+                r = -EBADMSG;
+        if (r == 0)
+                r = gz_read_full(f, raw, sizeof raw);
+        uint32_t d0 = r == 0 ? be32(raw[0]) : 0, h = r == 0 ? be32(raw[1]) : 0, w = r == 0 ? be32(raw[2]) : 0;
+        if (r == 0 && (d0 != ldims[0] || h == 0 || w == 0 || (uint64_t) d0 * h * w > IDX_MAX_ELEMENTS))
+                r = -EBADMSG;
+        if (r < 0) {
+                snprintf(err, errlen, "%s is not a valid IDX file of %u images (bad magic, dimensions or truncated)",
+                         path, ldims[0]);
+                return r;
+        }
+        uint32_t pixels = h * w;
+        Dataset *d = dataset_new(nidx, &(MdShape) { .rank = 2, .d = { h, w } });
+        row = ps_malloc(pixels);
+        if (!d || !row) {
+                dataset_free(d);
+                snprintf(err, errlen, "out of memory loading %s/%s", dir, prefix);
+                return -ENOMEM;
+        }
+        d->format = "idx";
+        uint32_t k = 0;
+        for (uint32_t i = 0; r == 0 && i < d0; i++) {
+                r = gz_read_full(f, row, pixels);
+                if (r < 0 || k == nidx || idx[k] != i)
+                        continue;
+                float *dst = d->x + (size_t) k * pixels;
+                for (uint32_t p = 0; p < pixels; p++)
+                        dst[p] = (float) row[p] / 255.0f;
+                d->y[k] = y[i];
+                d->classes = MAX(d->classes, (uint32_t) y[i] + 1);
+                k++;
+        }
+        int zerr;
+        if (r == 0 && gzgetc(f) != -1)
+                r = -EBADMSG; /* more than the header said */
+        if (r == 0) {
+                (void) gzerror(f, &zerr);
+                if (zerr != Z_OK)
+                        r = zerr == Z_ERRNO ? -EIO : -EBADMSG;
+        }
+        if (r < 0) {
+                dataset_free(d);
+                snprintf(err, errlen, "%s is not a valid IDX file (truncated, or a corrupt stream): %s", path,
+                         strerror(-r));
+                return r;
+        }
+        *ret = d;
+        return 0;
+}

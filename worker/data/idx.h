@@ -15,6 +15,11 @@ int idx_read(const char *path, uint8_t **ret_data, uint32_t dims[3], unsigned *r
  * file's, the whole file is still read and checked. */
 int idx_read_first(const char *path, uint32_t max_items, uint8_t **ret_data, uint32_t dims[3], unsigned *ret_ndim);
 
+/* The same, keeping only the samples pick chooses from the labels (of the
+ * first limit): the images are streamed, so only those are ever held. */
+int idx_dataset_load_picked(const char *dir, const char *prefix, uint32_t limit, DatasetPickFn pick, void *ud,
+                            Dataset **ret, char *err, size_t errlen);
+
 /* Loads the IDX files dir/<prefix>-images-idx3-ubyte(.gz) and the labels
  * beside them into a data set (pixels scaled to [0, 1]); limit, part, nparts
  * and err as dataset_load's. -ENOENT when the images are not there. */

@@ -42,6 +42,8 @@ typedef struct Fleet {
         uv_work_t work;
         Job job;                    /* the job the data is loaded for */
         Dataset *train, *test;
+        Dataset *own_test;          /* a lone client: its share of the test set (test is loaded when asked) */
+        bool lone;                  /* one client: only its shares are loaded */
         int work_r;
         char err[256];
         /* the models: nslots lent to clients at a time, the others queued (a ring) */
@@ -122,7 +124,8 @@ static void slot_free(Slot *s) {
  * client's training on one core), one on a GPU. */
 static int fleet_setup(Fleet *f, const Job *job) {
         char err[256];
-        if (dataset_check_model(f->train, f->test, job->in_numel, job->classes, err, sizeof err) < 0) {
+        if (dataset_check_model(f->train, f->test ? f->test : f->own_test, job->in_numel, job->classes, err,
+                                sizeof err) < 0) {
                 log_error("model %s does not fit the data in %s: %s", job->model_name,
                           f->cfg->data ? f->cfg->data : job->dataset, err);
                 return -EINVAL;
@@ -162,8 +165,17 @@ static void edge_ready(Fleet *f, Edge *e, const Job *job) {
                 return;
         }
         uint32_t *mine = NULL, nmine = 0;
-        int r = partition_client(f->train->y, f->train->n, job->classes, f->nparts, cfg->alpha, job->seed,
-                                 edge_part(e), &mine, &nmine);
+        int r;
+        if (f->lone) {
+                /* Loaded as its share alone (pick_partition): every sample is its own. */
+                nmine = f->train->n;
+                mine = malloc(MAX(nmine, 1u) * sizeof *mine);
+                r = mine ? 0 : -ENOMEM;
+                for (uint32_t k = 0; mine && k < nmine; k++)
+                        mine[k] = k;
+        } else
+                r = partition_client(f->train->y, f->train->n, job->classes, f->nparts, cfg->alpha, job->seed,
+                                     edge_part(e), &mine, &nmine);
         if (r < 0) {
                 log_error("cannot split the training set reason=\"%s\"", strerror(-r));
                 edge_fail(e, r);
@@ -176,7 +188,7 @@ static void edge_ready(Fleet *f, Edge *e, const Job *job) {
                 edge_fail(e, -ENODATA);
                 return;
         }
-        if (f->n == 1 && nmine < f->train->n) {
+        if (!f->lone && f->n == 1 && nmine < f->train->n) {
                 /* A process of one client keeps its own images only. */
                 r = dataset_keep(f->train, mine, nmine);
                 for (uint32_t k = 0; r == 0 && k < nmine; k++)
@@ -192,12 +204,54 @@ static void edge_ready(Fleet *f, Edge *e, const Job *job) {
                  cfg->alpha > 0 ? "dirichlet" : "iid", f->kb->ops->name);
         if (++f->nready == f->n)
                 service_ready(f->service);
-        edge_data(e, f->train, f->test, mine, nmine);
+        const char *dir = f->cfg->data ? f->cfg->data : f->job.dataset;
+        edge_data(e, f->train, f->test, f->own_test, dir, f->job.test_limit, mine, nmine);
+}
+
+/* A lone client's samples: its partition of the training set, as
+ * partition_client makes it from the labels. */
+typedef struct PickCtx {
+        uint32_t classes, part, nparts;
+        double alpha;
+        uint64_t seed;
+} PickCtx;
+
+static int pick_partition(const int32_t *labels, uint32_t n, void *ud, uint32_t **ret, uint32_t *ret_n) {
+        const PickCtx *c = ud;
+        return partition_client(labels, n, c->classes, c->nparts, c->alpha, c->seed, c->part, ret, ret_n);
+}
+
+/* Its share of the test set (edge_test_share). */
+static int pick_test_share(const int32_t *labels, uint32_t n, void *ud, uint32_t **ret, uint32_t *ret_n) {
+        const PickCtx *c = ud;
+        (void) labels;
+        uint32_t start, count;
+        edge_test_share(n, c->part, c->nparts, &start, &count);
+        uint32_t *idx = malloc(MAX(count, 1u) * sizeof *idx);
+        if (!idx)
+                return -ENOMEM;
+        for (uint32_t k = 0; k < count; k++)
+                idx[k] = start + k;
+        *ret = idx;
+        *ret_n = count;
+        return 0;
 }
 
 static void load_work(uv_work_t *req) {
         Fleet *f = req->data;
         const char *dir = f->cfg->data ? f->cfg->data : f->job.dataset;
+        if (f->lone) {
+                /* One client: its shares alone are ever held, the full test set
+                 * only if pscoord asks this one to test the global model. */
+                PickCtx c = { .classes = f->job.classes, .part = f->first_part, .nparts = f->nparts,
+                              .alpha = f->cfg->alpha, .seed = f->job.seed };
+                f->work_r = dataset_load_picked(dir, "train", f->job.train_limit, pick_partition, &c, &f->train,
+                                                f->err, sizeof f->err);
+                if (f->work_r >= 0)
+                        f->work_r = dataset_load_picked(dir, "test", f->job.test_limit, pick_test_share, &c,
+                                                        &f->own_test, f->err, sizeof f->err);
+                return;
+        }
         f->work_r = dataset_load(dir, "train", f->job.train_limit, 0, 1, &f->train, f->err, sizeof f->err);
         if (f->work_r >= 0)
                 f->work_r = dataset_load(dir, "test", f->job.test_limit, 0, 1, &f->test, f->err, sizeof f->err);
@@ -339,6 +393,7 @@ static void fleet_free(Fleet *f) {
         kbackend_free(f->kb);
         dataset_free(f->train);
         dataset_free(f->test);
+        dataset_free(f->own_test);
         ps_free(f->edges);
         ps_free(f->queue);
 }
@@ -365,6 +420,7 @@ int edge_run(const WorkerConfig *cfg) {
          * alone makes the M clients the M shares of the data. */
         f.nparts = cfg->part_n ? cfg->part_n : (uint32_t) f.n;
         f.first_part = cfg->part_n ? cfg->part : 0;
+        f.lone = f.n == 1;
         if (f.first_part + f.n > f.nparts) {
                 log_error("%zu clients from share %u do not fit in %u shares (--partition, --simulate)", f.n,
                           f.first_part, f.nparts);

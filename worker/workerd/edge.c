@@ -22,6 +22,12 @@ struct Edge {
         const Job *job;
         const Dataset *train, *test;
         Dataset own_test;               /* its share of the test set: what a federated evaluation tests */
+        /* A lone client's full test set, loaded when pscoord first asks it to
+         * test the global model (edge_data without one) */
+        char *test_dir;
+        uint32_t test_limit;
+        Dataset *loaded_test;
+        char load_err[256];
         uint32_t *mine, nmine;
         EdgeSlot *slot;                 /* the model lent to it, if any */
         /* requests that wait for IDLE: a round to train, a model to test */
@@ -234,6 +240,14 @@ static void on_reported(PsnetEdge *pe, int r, void *ud) {
 
 static void eval_work(uv_work_t *req) {
         Edge *e = req->data;
+        if (!e->rd.local && !e->test) {
+                /* The first test of the global model this process was asked for. */
+                e->work_r = dataset_load(e->test_dir, "test", e->test_limit, 0, 1, &e->loaded_test, e->load_err,
+                                         sizeof e->load_err);
+                if (e->work_r < 0)
+                        return;
+                e->test = e->loaded_test;
+        }
         e->work_r = edge_test(e->slot->model, e->rd.local ? &e->own_test : e->test, &e->accuracy, &e->loss);
 }
 
@@ -244,7 +258,9 @@ static void eval_done(uv_work_t *req, int status) {
         if (!e->pe)
                 return;
         if (r < 0 || e->leaving) {
-                if (r < 0)
+                if (r < 0 && e->load_err[0])
+                        log_error("cannot load the test set to evaluate reason=\"%s\"", e->load_err);
+                else if (r < 0)
                         log_error_errno(r, "Evaluation failed: %m");
                 go_idle(e);
                 return;
@@ -367,19 +383,34 @@ static void on_failed(PsnetEdge *pe, int err, const char *reason, void *ud) {
                 edge_gone(e);
 }
 
+void edge_test_share(uint32_t n, uint32_t part, uint32_t nparts, uint32_t *start, uint32_t *count) {
+        uint32_t k = n / MAX(nparts, 1u);
+        *start = k ? MIN(part, nparts - 1) * k : 0;
+        *count = k ? k : n;
+}
+
 /* --- life ---------------------------------------------------------------------------------- */
 
-void edge_data(Edge *e, const Dataset *train, const Dataset *test, uint32_t *mine, uint32_t nmine) {
+void edge_data(Edge *e, const Dataset *train, const Dataset *test, const Dataset *own_test, const char *test_dir,
+               uint32_t test_limit, uint32_t *mine, uint32_t nmine) {
         edge_log(e);
         e->train = train;
         e->test = test;
-        /* Its own test data: share part of nparts of the test set, as the
-         * training set's (a contiguous slice: the test set is not sorted). */
-        uint32_t n = test->n / MAX(e->nparts, 1u), start = MIN(e->part, e->nparts - 1) * n;
-        e->own_test = *test;
-        e->own_test.n = n ? n : test->n;
-        e->own_test.x = test->x + (size_t) (n ? start : 0) * test->dim;
-        e->own_test.y = test->y + (n ? start : 0);
+        if (own_test)
+                e->own_test = *own_test;
+        else {
+                /* Its own test data: share part of nparts of the test set, a
+                 * contiguous slice (edge_test_share; the test set is not sorted). */
+                uint32_t start, n;
+                edge_test_share(test->n, e->part, e->nparts, &start, &n);
+                e->own_test = *test;
+                e->own_test.n = n;
+                e->own_test.x = test->x + (size_t) start * test->dim;
+                e->own_test.y = test->y + start;
+        }
+        free(e->test_dir);
+        e->test_dir = test_dir ? strdup(test_dir) : NULL;
+        e->test_limit = test_limit;
         free(e->mine);
         e->mine = mine;
         e->nmine = nmine;
@@ -418,6 +449,8 @@ Edge *edge_free(Edge *e) {
                 return NULL;
         edge_close(e);
         free(e->mine);
+        free(e->test_dir);
+        dataset_free(e->loaded_test);
         ps_free(e);
         return NULL;
 }

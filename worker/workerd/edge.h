@@ -68,7 +68,13 @@ Edge *edge_free(Edge *e);
 
 /* The data is loaded: mine (nmine indices into train, taken over) is this
  * client's share; test is for pscoord's tests. */
-void edge_data(Edge *e, const Dataset *train, const Dataset *test, uint32_t *mine, uint32_t nmine);
+/* test: the test set (NULL: loaded from test_dir, test_limit when pscoord
+ * first asks for a test of the global model); own_test: the client's share
+ * of it (NULL: its slice of test, edge_test_share). */
+void edge_data(Edge *e, const Dataset *train, const Dataset *test, const Dataset *own_test, const char *test_dir,
+               uint32_t test_limit, uint32_t *mine, uint32_t nmine);
+/* A client's own test samples: share part of nparts of n, contiguous. */
+void edge_test_share(uint32_t n, uint32_t part, uint32_t nparts, uint32_t *start, uint32_t *count);
 /* The client cannot go on (logged by the caller): it leaves, and r is the
  * process's exit status. */
 void edge_fail(Edge *e, int r);
