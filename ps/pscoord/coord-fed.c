@@ -24,12 +24,6 @@
 #define FED_MAX_SHARD_FAILURES 5u /* closes in a row a shard refused: the job fails */
 #define FED_RETRY_MS 100u         /* a shard not ready to open a round: asked again after this */
 
-/* Whether rounds sample by Poisson sampling: with central DP noise, each
- * connected client joins with probability --fraction on its own (the round's
- * size varies), as DP-FedAvg's accountant assumes; otherwise a fixed
- * max(min_clients, ceil(fraction x available)). */
-bool coord_fed_poisson(const Coord *c) { return c->job.fed.strategy.dp_noise > 0; }
-
 /* Samples the round's clients among those connected: a fixed number,
  * uniformly (a seeded partial shuffle), or by Poisson sampling. */
 static int round_open(Coord *c, Peer **avail, size_t navail) {

@@ -70,6 +70,12 @@ FedRecord *coord_fed_record_new(FedRounds *f) {
         return r;
 }
 
+/* Whether rounds sample by Poisson sampling: with central DP noise, each
+ * connected client joins with probability --fraction on its own (the round's
+ * size varies), as DP-FedAvg's accountant assumes; otherwise a fixed
+ * max(min_clients, ceil(fraction x available)). */
+bool coord_fed_poisson(const Coord *c) { return c->job.fed.strategy.dp_noise > 0; }
+
 bool coord_fed_available(const Peer *p) {
         return p->role == PSNET__ROLE__ROLE_EDGE && !p->detached;
 }
