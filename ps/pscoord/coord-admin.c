@@ -184,6 +184,9 @@ void coord_metrics(void *ud, MetricsBuf *b) {
                     "Federated rounds that ran again (too few updates).", (double) c->fed.failed);
         metrics_one(b, "psnet_pscoord_fed_late_updates_total", "counter",
                     "Federated updates that came after their round closed (refused).", (double) c->fed.late);
+        metrics_one(b, "psnet_pscoord_fed_refused_updates_total", "counter",
+                    "Federated updates their clients declined (training failed or made no usable update).",
+                    (double) c->fed.refused);
         metrics_one(b, "psnet_pscoord_checkpoint_failures_total", "counter", "Checkpoint saves given up.",
                     (double) c->checkpoint_failures);
         metrics_one(b, "psnet_pscoord_checkpoint_clock", "gauge", "The clock of the newest checkpoint (NaN: none).",
