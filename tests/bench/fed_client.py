@@ -28,16 +28,16 @@ class Client(psnet.fed.NumPyClient):
         self._set(parameters)
         g = torch.Generator().manual_seed(config["seed"] * 1000003 + config["number"] * 7919)
         total, n = 0.0, 0
+        opt = torch.optim.SGD(self.net.parameters(), lr=config["lr"])  # plain SGD, as workerd's local step
         for _ in range(config["local_epochs"]):
             for idx in torch.randperm(len(self.x), generator=g).split(config["batch_size"]):
-                self.net.zero_grad()
+                opt.zero_grad()
                 loss = F.cross_entropy(self.net(self.x[idx]), self.y[idx])
                 loss.backward()
-                with torch.no_grad():
-                    for p in self.net.parameters():
-                        p -= config["lr"] * p.grad
-                total += loss.item() * len(idx)
+                opt.step()
+                total += loss.detach() * len(idx)
                 n += len(idx)
+        total = float(total)
         return [v.detach().numpy().copy() for v in self.net.state_dict().values()], len(self.x), {"loss": total / n}
 
     def evaluate(self, parameters, config):
@@ -51,6 +51,7 @@ class Client(psnet.fed.NumPyClient):
 def main():
     coord, d, model = sys.argv[1], sys.argv[2], sys.argv[3]
     torch.set_num_threads(1)
+    torch.set_num_interop_threads(1)
     with open(model) as f:
         net = models.build(json.load(f))
     x, y = data.load(d, "train")
