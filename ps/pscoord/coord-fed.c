@@ -24,6 +24,29 @@
 #define FED_MAX_SHARD_FAILURES 5u /* closes in a row a shard refused: the job fails */
 #define FED_RETRY_MS 100u         /* a shard not ready to open a round: asked again after this */
 
+/* The edge workers connected now, in *ret (freed by the caller); NULL when
+ * out of memory. */
+static Peer **available(Coord *c, size_t *ret_n) {
+        Peer **avail = ps_malloc((c->npeers ? c->npeers : 1) * sizeof *avail);
+        size_t n = 0;
+        for (size_t i = 0; avail && i < c->npeers; i++)
+                if (coord_fed_available(&c->peers[i]))
+                        avail[n++] = &c->peers[i];
+        *ret_n = n;
+        return avail;
+}
+
+/* Moves k of avail[0..n) into avail[0..k), uniformly (a partial shuffle
+ * seeded by *x). */
+static void sample_uniform(Peer **avail, size_t n, size_t k, uint64_t *x) {
+        for (size_t i = 0; i < k; i++) {
+                size_t j = i + (size_t) (splitmix64_next(x) % (n - i));
+                Peer *t = avail[i];
+                avail[i] = avail[j];
+                avail[j] = t;
+        }
+}
+
 /* Samples the round's clients among those connected: a fixed number,
  * uniformly (a seeded partial shuffle), or by Poisson sampling. */
 static int round_open(Coord *c, Peer **avail, size_t navail) {
@@ -51,12 +74,7 @@ static int round_open(Coord *c, Peer **avail, size_t navail) {
                 k = MIN(MAX(k, (size_t) fc->min_clients), navail);
                 if (fc->secagg && k > SECAGG_MAX_CLIENTS)
                         k = SECAGG_MAX_CLIENTS; /* Shamir's shares over GF(2^8) */
-                for (size_t i = 0; i < k; i++) {
-                        size_t j = i + (size_t) (splitmix64_next(&x) % (navail - i));
-                        Peer *t = avail[i];
-                        avail[i] = avail[j];
-                        avail[j] = t;
-                }
+                sample_uniform(avail, navail, k, &x);
         }
         coord_rounds_clear(f);
         size_t k1 = k ? k : 1; /* a Poisson sample may be empty: the round then fails and runs again */
@@ -290,24 +308,16 @@ static void privacy_spent(Coord *c, FedRecord *rec) {
  * opens once they answered (or declined, or left) or at --round-timeout. */
 static void testing_open(Coord *c) {
         FedRounds *f = &c->fed;
-        size_t navail = 0;
-        _cleanup_free_ Peer **avail = ps_malloc((c->npeers ? c->npeers : 1) * sizeof *avail);
+        size_t navail;
+        _cleanup_free_ Peer **avail = available(c, &navail);
         if (!avail)
                 return;
-        for (size_t i = 0; i < c->npeers; i++)
-                if (coord_fed_available(&c->peers[i]))
-                        avail[navail++] = &c->peers[i];
         size_t k = (size_t) ceil((double) c->job.fed.fraction_evaluate * (double) navail - 1e-5);
         k = MIN(MAX(k, (size_t) 1), navail);
         if (k == 0)
                 return;
         uint64_t x = c->job.seed * 0xbf58476d1ce4e5b9ull + f->number + 1;
-        for (size_t i = 0; i < k; i++) {
-                size_t j = i + (size_t) (splitmix64_next(&x) % (navail - i));
-                Peer *t = avail[i];
-                avail[i] = avail[j];
-                avail[j] = t;
-        }
+        sample_uniform(avail, navail, k, &x);
         coord_rounds_clear(f);
         f->clients = ps_malloc(k * sizeof *f->clients);
         f->answered = ps_calloc(k, sizeof *f->answered);
@@ -506,13 +516,10 @@ void coord_fed_poll(Coord *c) {
         }
         if (held)
                 return;
-        size_t n = 0;
-        _cleanup_free_ Peer **avail = ps_malloc((c->npeers ? c->npeers : 1) * sizeof *avail);
+        size_t n;
+        _cleanup_free_ Peer **avail = available(c, &n);
         if (!avail)
                 return;
-        for (size_t i = 0; i < c->npeers; i++)
-                if (coord_fed_available(&c->peers[i]))
-                        avail[n++] = &c->peers[i];
         if (n < c->job.fed.min_available) {
                 if (!f->said_waiting)
                         log_info("round waits for edge workers available=%zu min_available=%u", n,
