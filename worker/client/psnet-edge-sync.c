@@ -28,6 +28,7 @@ struct EdgeSyncClient {
         unsigned index;
         PsnetEdge *e;
         float **params;         /* the last pull's array (a final report digests those weights) */
+        ModelDesc *desc;        /* the job's model, parsed once for the tensors' shapes */
         uint64_t pushing;       /* the round of the push under way (0: none) */
 };
 
@@ -254,8 +255,10 @@ void psnet_edge_sync_free(PsnetEdgeSync *s) {
         (void) uv_run(&s->loop, UV_RUN_DEFAULT);
         if (uv_loop_close(&s->loop) < 0)
                 log_warning("libpsnet: a loop closed with handles still open");
-        for (unsigned i = 0; s->clients && i < s->nclients; i++)
+        for (unsigned i = 0; s->clients && i < s->nclients; i++) {
                 ps_free(s->clients[i].params);
+                ps_free(s->clients[i].desc);
+        }
         ps_free(s->clients);
         ps_free(s->q);
         ps_free(s);
@@ -325,22 +328,26 @@ static int do_tensor(PsnetEdgeSync *s, EdgeSyncClient *c, void *arg) {
         const Job *job = psnet_edge_job(c->e);
         if (!job || a->t >= job->ntensors)
                 return -ENOENT;
-        /* The shape is the model description's (the job keeps sizes alone). */
-        ModelDesc *d = ps_calloc(1, sizeof *d);
-        if (!d)
-                return -ENOMEM;
-        char err[256];
-        int r = modeldesc_parse(job->model, d, err, sizeof err);
-        if (r == 0 && (a->t >= d->ntensors || d->tensors[a->t].numel != job->tensors[a->t].numel))
-                r = -EPROTO; /* cannot be: the job was made from it */
-        if (r == 0) {
-                snprintf(a->name, a->n, "%s", job->tensors[a->t].name);
-                a->numel = job->tensors[a->t].numel;
-                a->ndim = d->tensors[a->t].ndim;
-                memcpy(a->dims, d->tensors[a->t].shape, sizeof d->tensors[a->t].shape);
+        /* The shape is the model description's (the job keeps sizes alone),
+         * parsed at the first call: a client's job does not change. */
+        if (!c->desc) {
+                char err[256];
+                if (!(c->desc = ps_calloc(1, sizeof *c->desc)))
+                        return -ENOMEM;
+                if (modeldesc_parse(job->model, c->desc, err, sizeof err) < 0) {
+                        ps_free(c->desc);
+                        c->desc = NULL;
+                        return -EPROTO; /* cannot be: the job was made from it */
+                }
         }
-        ps_free(d);
-        return r;
+        const MdTensor *d = a->t < c->desc->ntensors ? &c->desc->tensors[a->t] : NULL;
+        if (!d || d->numel != job->tensors[a->t].numel)
+                return -EPROTO;
+        snprintf(a->name, a->n, "%s", job->tensors[a->t].name);
+        a->numel = job->tensors[a->t].numel;
+        a->ndim = d->ndim;
+        memcpy(a->dims, d->shape, sizeof d->shape);
+        return 0;
 }
 
 int psnet_edge_sync_tensor(PsnetEdgeSync *s, unsigned client, size_t t, char *name, size_t n, uint64_t *numel,

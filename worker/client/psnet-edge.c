@@ -22,7 +22,6 @@
 #include "edge-update.h"
 #include "keys.h"
 #include "log.h"
-#include "modeldesc.h"
 #include "psnet-follow.h"
 #include "psnet-internal.h"
 #include "session.h"
@@ -425,30 +424,46 @@ static void on_reported(Session *s, int r, WireMsg *m, void *ud) {
                 cb(e, r, e->report_ud);
 }
 
+/* a to pscoord as a report (one at a time: report_cb), done with its answer. */
+static int report_answer(PsnetEdge *e, Psnet__Round *a, PsnetEdgeDoneFn done, void *ud) {
+        int r = round_answer(e, a, 5000, on_reported);
+        if (r == 0) {
+                e->report_cb = done;
+                e->report_ud = ud;
+        }
+        return r;
+}
+
+/* A test of a round's model (--eval-every; with examples, a federated
+ * evaluation on the client's own data): the accuracy of the model after the
+ * rounds the pull found in it. */
+static int test_answer(PsnetEdge *e, const PsnetEdgeRound *rd, float accuracy, float loss, uint64_t examples,
+                       PsnetEdgeDoneFn done, void *ud) {
+        Psnet__Round a = PSNET__ROUND__INIT;
+        a.number = rd->number;
+        a.has_evaluate = a.evaluate = a.has_round = a.has_accuracy = a.has_loss = true;
+        a.round = (uint32_t) MAX(e->pulled_rounds, (int64_t) 0);
+        a.accuracy = accuracy;
+        a.loss = loss;
+        a.has_local = a.local = a.has_examples = examples > 0;
+        a.examples = examples;
+        return report_answer(e, &a, done, ud);
+}
+
 int psnet_edge_report(PsnetEdge *e, const PsnetEdgeRound *rd, float accuracy, float loss, PsnetEdgeDoneFn done,
                       void *ud) {
         if (!e || !rd || !rd->evaluate || rd->local)
                 return -EINVAL;
         if (e->report_cb)
                 return -EBUSY;
-        int r;
-        if (rd->round) {
-                /* --eval-every: the accuracy of the model after the rounds the pull found in it. */
-                Psnet__Round a = PSNET__ROUND__INIT;
-                a.number = rd->number;
-                a.has_evaluate = a.evaluate = a.has_round = a.has_accuracy = a.has_loss = true;
-                a.round = (uint32_t) MAX(e->pulled_rounds, (int64_t) 0);
-                a.accuracy = accuracy;
-                a.loss = loss;
-                r = round_answer(e, &a, 5000, on_reported);
-        } else {
-                /* The final model's: the job's result. */
-                Psnet__WorkerInfo wi = PSNET__WORKER_INFO__INIT;
-                wi.id = session_id(e->session);
-                wi.has_accuracy = wi.has_done = wi.done = true;
-                wi.accuracy = accuracy;
-                r = follow_result(e->session, job(e), &wi, e->params, 5000, on_reported, e);
-        }
+        if (rd->round)
+                return test_answer(e, rd, accuracy, loss, 0, done, ud);
+        /* The final model's: the job's result. */
+        Psnet__WorkerInfo wi = PSNET__WORKER_INFO__INIT;
+        wi.id = session_id(e->session);
+        wi.has_accuracy = wi.has_done = wi.done = true;
+        wi.accuracy = accuracy;
+        int r = follow_result(e->session, job(e), &wi, e->params, 5000, on_reported, e);
         if (r == 0) {
                 e->report_cb = done;
                 e->report_ud = ud;
@@ -462,20 +477,7 @@ int psnet_edge_report_local(PsnetEdge *e, const PsnetEdgeRound *rd, float accura
                 return -EINVAL;
         if (e->report_cb)
                 return -EBUSY;
-        Psnet__Round a = PSNET__ROUND__INIT;
-        a.number = rd->number;
-        a.has_evaluate = a.evaluate = a.has_local = a.local = a.has_round = a.has_accuracy = a.has_loss = true;
-        a.has_examples = true;
-        a.round = (uint32_t) MAX(e->pulled_rounds, (int64_t) 0);
-        a.accuracy = accuracy;
-        a.loss = loss;
-        a.examples = examples;
-        int r = round_answer(e, &a, 5000, on_reported);
-        if (r == 0) {
-                e->report_cb = done;
-                e->report_ud = ud;
-        }
-        return r;
+        return test_answer(e, rd, accuracy, loss, examples, done, ud);
 }
 
 int psnet_edge_decline(PsnetEdge *e, uint64_t number, const char *reason, PsnetEdgeDoneFn done, void *ud) {
@@ -492,12 +494,7 @@ int psnet_edge_decline(PsnetEdge *e, uint64_t number, const char *reason, PsnetE
         Psnet__Round a = PSNET__ROUND__INIT;
         a.number = number;
         a.decline = why;
-        int r = round_answer(e, &a, 5000, on_reported);
-        if (r == 0) {
-                e->report_cb = done;
-                e->report_ud = ud;
-        }
-        return r;
+        return report_answer(e, &a, done, ud);
 }
 
 /* --- secure aggregation (--secagg) ----------------------------------------------------- */
@@ -811,15 +808,5 @@ bool psnet_edge_job_async(const PsnetEdge *e) { return psnet_edge_job(e) && e->f
 uint32_t psnet_edge_job_rounds(const PsnetEdge *e) { return psnet_edge_job(e) ? e->fo.job.fed.rounds : 0; }
 
 int psnet_edge_job_model_json(const PsnetEdge *e, char *buf, size_t n) {
-        if (!psnet_edge_job(e))
-                return -ENOENT;
-        ModelDesc *d = ps_calloc(1, sizeof *d);
-        if (!d)
-                return -ENOMEM;
-        char err[256];
-        int r = modeldesc_parse(e->fo.job.model, d, err, sizeof err);
-        if (r == 0)
-                r = modeldesc_json(d, buf, n);
-        ps_free(d);
-        return r;
+        return psnet_edge_job(e) ? follow_model_json(&e->fo, buf, n) : -ENOENT;
 }

@@ -4,6 +4,8 @@
 #include <string.h>
 #include "hash.h"
 #include "log.h"
+#include "alloc.h"
+#include "modeldesc.h"
 #include "psnet-follow.h"
 #include "wire-job.h"
 
@@ -124,4 +126,18 @@ int follow_session(uv_loop_t *loop, void *zctx, const char *coord, Psnet__Role r
 
 const char *follow_reason(const WireMsg *m, int r) {
         return m && m->hdr && m->hdr->reason ? m->hdr->reason : strerror(-r);
+}
+
+int follow_model_json(const Follow *f, char *buf, size_t n) {
+        if (!f->has_job)
+                return -ENOENT;
+        ModelDesc *d = ps_calloc(1, sizeof *d);
+        if (!d)
+                return -ENOMEM;
+        char err[256];
+        int r = modeldesc_parse(f->job.model, d, err, sizeof err);
+        if (r == 0)
+                r = modeldesc_json(d, buf, n);
+        ps_free(d);
+        return r;
 }

@@ -40,6 +40,10 @@ void follow_done(Follow *f);
 /* FNV-1a 64 over the bytes of the job's tensors in params, tensor after
  * tensor (NULL ones skipped): equal digests, equal weights. */
 uint64_t follow_digest(const Job *job, float *const *params);
+/* The job's model description as JSON, every field spelled out
+ * (psnet_job_model_json's). -ENOSPC if it does not fit n, -ENOENT before the
+ * job. */
+int follow_model_json(const Follow *f, char *buf, size_t n);
 /* MSG_RESULT with wi (whose digest is set from params when has_accuracy
  * and params), answered by MSG_RESULT_REP to cb within timeout_ms. */
 int follow_result(Session *s, const Job *job, Psnet__WorkerInfo *wi, float *const *params, unsigned timeout_ms,

@@ -653,19 +653,7 @@ int64_t psnet_job_end_clock(PsnetWorker *w, uint64_t total) {
         return schedule_end_clock(&w->sched, total);
 }
 
-int psnet_job_model_json(const PsnetWorker *w, char *buf, size_t n) {
-        if (!w->fo.has_job)
-                return -ENOENT;
-        ModelDesc *d = ps_calloc(1, sizeof *d);
-        if (!d)
-                return -ENOMEM;
-        char err[256];
-        int r = modeldesc_parse(w->fo.job.model, d, err, sizeof err);
-        if (r == 0)
-                r = modeldesc_json(d, buf, n);
-        ps_free(d);
-        return r;
-}
+int psnet_job_model_json(const PsnetWorker *w, char *buf, size_t n) { return follow_model_json(&w->fo, buf, n); }
 
 const char *psnet_job_tensor_name(const PsnetWorker *w, size_t t) {
         return w->fo.has_job && t < w->fo.job.ntensors ? w->fo.job.tensors[t].name : NULL;
