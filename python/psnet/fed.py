@@ -383,6 +383,18 @@ def _run(fleet, client_of, fail_fast, timeout_s=None):
     return st
 
 
+def _refuse(fleet, i, ev, st, exc, fn, what):
+    """What the user's fn (fit or evaluate) raised or returned refuses this
+    request: counted, logged and declined to pscoord with the reason."""
+    reason = str(exc) if isinstance(exc, Refused) else f"{fn} raised {type(exc).__name__}: {exc}"
+    st["refused"] += 1
+    log.warning("client %d: %s: %s", i, what, reason)
+    try:
+        fleet.decline(i, ev["number"], reason)
+    except _client.PsnetError as e:
+        log.debug("client %d: declining: %s", i, e)
+
+
 def _fit(fleet, i, client, info, ev, st, examples_said):
     st["rounds"] += 1
     try:
@@ -396,13 +408,7 @@ def _fit(fleet, i, client, info, ev, st, examples_said):
         res = client.fit([a.copy() for a in pulled], _config(info, ev))
         update, n, loss = _as_update(res, [s for s in fleet.tensors(i)], pulled)
     except Exception as e:  # the user's code: whatever it raised refuses this round, not the process
-        reason = str(e) if isinstance(e, Refused) else f"fit raised {type(e).__name__}: {e}"
-        st["refused"] += 1
-        log.warning("client %d: round %d refused: %s", i, ev["number"], reason)
-        try:
-            fleet.decline(i, ev["number"], reason)
-        except _client.PsnetError as e2:
-            log.debug("client %d: declining: %s", i, e2)
+        _refuse(fleet, i, ev, st, e, "fit", f"round {ev['number']} refused")
         return
     finally:
         st["fit_s"] += time.monotonic() - t0
@@ -505,13 +511,7 @@ def _test_local(fleet, i, client, info, ev, st, params, rounds):
         if not 0.0 <= acc <= 1.0:
             raise Refused(f"evaluate's metrics carry no accuracy in [0, 1] ({acc!r})")
     except Exception as e:  # the user's code: its failure declines this test, nothing more
-        reason = str(e) if isinstance(e, Refused) else f"evaluate raised {type(e).__name__}: {e}"
-        st["refused"] += 1
-        log.warning("client %d: test of round %d declined: %s", i, ev["round"], reason)
-        try:
-            fleet.decline(i, ev["number"], reason)
-        except _client.PsnetError as e2:
-            log.debug("client %d: declining: %s", i, e2)
+        _refuse(fleet, i, ev, st, e, "evaluate", f"test of round {ev['round']} declined")
         return
     st["tests"] += 1
     try:

@@ -2,7 +2,7 @@
 """Checks of psnet.fed (Python federated clients) for test-fed-python.sh,
 each printing "ok: ..." lines (a failed check prints "FAIL: ..." and exits 1).
 
-    fed-python.py sim COORD N FIRST OF OUT [bad]
+    fed-python.py sim COORD N FIRST OF OUT [bad|byzantine]
         N virtual clients (partitions FIRST..FIRST+N-1 of OF, IID) training the
         job's MLP mlp:784-64-10 with their own PyTorch fit(); with "bad", the
         clients with index 1 and 2 return a wrong shape and NaN in their
@@ -10,10 +10,8 @@ each printing "ok: ..." lines (a failed check prints "FAIL: ..." and exits 1).
         around (x -10) and client 2 blown up (x 100) in every round. Writes the
         run's stats to OUT (JSON).
     fed-python.py refuse
-        what fit returns that is no update, refused here with its reason
-    fed-python.py cnn COORD OUT
-        the CNN of tensors alone (its model defined only here) through
-        start_client: one client of a job also run by others."""
+        what fit and evaluate return that cannot be taken, refused here with
+        the reason"""
 import json
 import os
 import sys
@@ -190,25 +188,6 @@ def refuse():
             if why not in str(e):
                 fail(f"refused with {e!r}, expected {why!r}")
     check(True, f"{len(tests)} test results that cannot be weighed are refused, each with its reason")
-
-
-class Net(nn.Module):
-    """Flower's quickstart CNN, for Fashion-MNIST's 1x28x28."""
-
-    def __init__(self):
-        super().__init__()
-        self.conv1 = nn.Conv2d(1, 6, 5)
-        self.pool = nn.MaxPool2d(2, 2)
-        self.conv2 = nn.Conv2d(6, 16, 5)
-        self.fc1 = nn.Linear(16 * 4 * 4, 120)
-        self.fc2 = nn.Linear(120, 84)
-        self.fc3 = nn.Linear(84, 10)
-
-    def forward(self, x):
-        x = self.pool(torch.relu(self.conv1(x)))
-        x = self.pool(torch.relu(self.conv2(x)))
-        x = x.flatten(1)
-        return self.fc3(torch.relu(self.fc2(torch.relu(self.fc1(x)))))
 
 
 def main():

@@ -44,6 +44,32 @@ job_state() { "$PSCTL" --coord "$COORD" --json status | sed -n 's/.*"state":"\([
 # accuracy_at_least LINE BAR: LINE holds accuracy=X; true when X >= BAR.
 accuracy_at_least() { awk -v bar="$2" '{ if (match($0, /accuracy=[0-9.]+/)) { a = substr($0, RSTART + 9, RLENGTH - 9); exit !(a + 0 >= bar) } exit 1 }' <<<"$1"; }
 # logs_match PATTERN GLOB: some log in $RUN matching GLOB (expanded at each call) matches PATTERN.
+# py_env: the source tree's psnet for Python (PYTHONPATH, PSNET_LIB) and PY,
+# the interpreter to run it with: a sanitized build's library needs its
+# runtime loaded first in the (plain) interpreter, whose own allocations are
+# no leaks of ours (sanitized=1 then).
+py_env() {
+  export PYTHONPATH=$PSNET_SRC/python PSNET_LIB=$PSNET_BUILD/worker/client/libpsnet.so
+  if ldd "$PSNET_LIB" | grep -q libasan; then
+    PY=(env "LD_PRELOAD=$(gcc -print-file-name=libasan.so) $(gcc -print-file-name=libubsan.so)"
+        "ASAN_OPTIONS=detect_leaks=0:abort_on_error=1" /usr/bin/python3)
+    sanitized=1
+  else
+    PY=(/usr/bin/python3) sanitized=0
+  fi
+}
+# pycheck NAME ARGS...: runs a check of the Python script $PYCHECK_SCRIPT
+# (with py_env's PY); each of its "ok: " lines is a TAP line, and a failure
+# (or no line at all) one failed line. Its output: $RUN/NAME.out and .log.
+pycheck() {
+  local name=$1; shift
+  "${PY[@]}" "$PYCHECK_SCRIPT" "$@" >"$RUN/$name.out" 2>"$RUN/$name.log"; local rc=$?
+  local n=0
+  while IFS= read -r line; do ok 0 "${line#ok: }"; n=$((n + 1)); done < <(grep '^ok: ' "$RUN/$name.out")
+  if [ $rc -ne 0 ] || [ $n -eq 0 ]; then
+    ok 1 "$name: $(grep -m1 '^FAIL' "$RUN/$name.out" || tail -n 3 "$RUN/$name.log" | tr '\n' ' ')"
+  fi
+}
 # rdp_rates HISTORY-JSON Q: the aggregated rounds' sampling rates: Q (a
 # private job's Poisson sampling, --fraction) for each of them.
 rdp_rates() { jq -r --arg q "$2" '[.[] | select(.round > 0) | $q] | join(" ")' <<<"$1"; }

@@ -12,26 +12,10 @@
 # attacking, FedAvg loses the model and median, Krum and Multi-Krum keep it.
 source "$(dirname "$0")/lib.sh"
 
-export PYTHONPATH=$PSNET_SRC/python PSNET_LIB=$PSNET_BUILD/worker/client/libpsnet.so
+py_env
 export PATH=$PSNET_BUILD/ps/pscoord:$PSNET_BUILD/ps/psd:$PSNET_BUILD/ps/psctl:$PATH
-if ldd "$PSNET_LIB" | grep -q libasan; then
-  PY=(env "LD_PRELOAD=$(gcc -print-file-name=libasan.so) $(gcc -print-file-name=libubsan.so)"
-      "ASAN_OPTIONS=detect_leaks=0:abort_on_error=1" /usr/bin/python3)
-else
-  PY=(/usr/bin/python3)
-fi
 FP=$PSNET_SRC/tests/integration/fed-python.py
-# pycheck NAME ARGS...: each "ok: " line of fed-python.py is a TAP line; a
-# failure (or no line at all) one failed line.
-pycheck() {
-  local name=$1; shift
-  "${PY[@]}" "$FP" "$@" >"$RUN/$name.out" 2>"$RUN/$name.log"; local rc=$?
-  local n=0
-  while IFS= read -r line; do ok 0 "${line#ok: }"; n=$((n + 1)); done < <(grep '^ok: ' "$RUN/$name.out")
-  if [ $rc -ne 0 ] || [ $n -eq 0 ]; then
-    ok 1 "$name: $(grep -m1 '^FAIL' "$RUN/$name.out" || tail -n 3 "$RUN/$name.log" | tr '\n' ' ')"
-  fi
-}
+PYCHECK_SCRIPT=$FP
 FEDJOB=(--mode fed --model mlp:784-64-10 --fraction 1 --local-epochs 1 --lr 0.05 --chunk-kb 64 "${SUBSET[@]}")
 
 pycheck refuse refuse

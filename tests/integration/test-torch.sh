@@ -13,29 +13,10 @@
 # as they are against hand-started daemons.
 source "$(dirname "$0")/lib.sh"
 
-export PYTHONPATH=$PSNET_SRC/python PSNET_LIB=$PSNET_BUILD/worker/client/libpsnet.so
-# A sanitized build's library needs its runtime loaded first in the (plain)
-# interpreter; Python's own allocations are no leaks of ours.
-if ldd "$PSNET_LIB" | grep -q libasan; then
-  PY=(env "LD_PRELOAD=$(gcc -print-file-name=libasan.so) $(gcc -print-file-name=libubsan.so)"
-      "ASAN_OPTIONS=detect_leaks=0:abort_on_error=1" /usr/bin/python3)
-  sanitized=1
-else
-  PY=(/usr/bin/python3) sanitized=0
-fi
+py_env
 skip() { TAP_N=$((TAP_N + 1)); echo "ok $TAP_N - $1 # SKIP $2"; }
 ANY=$PSNET_SRC/tests/integration/torch-any.py
-# pycheck NAME ARGS...: runs a check of torch-any.py; each of its "ok: " lines
-# is a TAP line, and a failure (or no line at all) one failed line.
-pycheck() {
-  local name=$1; shift
-  "${PY[@]}" "$ANY" "$@" >"$RUN/$name.out" 2>"$RUN/$name.log"; local rc=$?
-  local n=0
-  while IFS= read -r line; do ok 0 "${line#ok: }"; n=$((n + 1)); done < <(grep '^ok: ' "$RUN/$name.out")
-  if [ $rc -ne 0 ] || [ $n -eq 0 ]; then
-    ok 1 "$name: $(grep -m1 '^FAIL' "$RUN/$name.out" || tail -n 3 "$RUN/$name.log" | tr '\n' ' ')"
-  fi
-}
+PYCHECK_SCRIPT=$ANY
 
 # Any model against daemons started by hand (as deploy/local's).
 start_cluster any 2
