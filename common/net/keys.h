@@ -30,7 +30,7 @@ typedef struct AllowList {
         size_t n;
 } AllowList;
 
-/* "admin", "server", "worker", "edge" <-> roles; -EINVAL for anything else. */
+/* "admin", "server", "worker", "edge", "gateway" <-> roles; -EINVAL for anything else. */
 int role_from_name(const char *s, Psnet__Role *ret);
 const char *role_name(Psnet__Role r);
 

@@ -14,13 +14,23 @@
 #include "netsock.h"
 #include "zwatch.h"
 
+struct NetMux {
+        NetSock *base;            /* the connection (a DEALER whose messages are addressed) */
+        NetSock *socks;           /* the NetSocks through it */
+        unsigned refs;            /* the owner's and each NetSock's (and a dispatch's) */
+        char name[32];
+};
+
 struct NetSock {
+        NetMux *mux;              /* via a mux: watch and sock are the mux's */
+        uint32_t to;
+        NetSock *next;            /* in the mux's list */
         ZWatch *watch;
         ZWatch *monitor;          /* PAIR socket reading the monitor's events */
         void *zctx;
         uv_loop_t *loop;
         void *sock;
-        bool router;
+        bool router, addressed;
         NetRecvFn on_msg;
         NetHandshakeFn on_handshake;
         void *ud;
@@ -30,7 +40,8 @@ struct NetSock {
 static void netsock_readable(ZWatch *w, void *ud) {
         NetSock *s = ud;
         WireMsg m;
-        int r = wire_recv(zwatch_socket(w), s->router, ZMQ_DONTWAIT, &m);
+        int r = s->addressed ? wire_recv_to(zwatch_socket(w), s->router, ZMQ_DONTWAIT, &m)
+                             : wire_recv(zwatch_socket(w), s->router, ZMQ_DONTWAIT, &m);
         if (r == 0 || r == -EBADMSG)
                 s->on_msg(s, &m, r, s->ud);
         else if (r != -EAGAIN && r != -ETERM)
@@ -42,17 +53,40 @@ static int setopt_int(void *sock, int opt, int v) {
         return zmq_setsockopt(sock, opt, &v, sizeof v) < 0 ? -errno : 0;
 }
 
+static void netmux_unref(NetMux *m) {
+        if (m && --m->refs == 0) {
+                netsock_close(m->base);
+                free(m);
+        }
+}
+
 int netsock_new(uv_loop_t *loop, void *zctx, const NetSockConf *conf, NetRecvFn on_msg, void *ud,
                 NetSock **ret) {
         NetSock *s = calloc(1, sizeof *s);
         if (!s)
                 return -ENOMEM;
         s->router = conf->type == ZMQ_ROUTER;
+        s->addressed = conf->addressed;
         s->zctx = zctx;
         s->loop = loop;
         s->on_msg = on_msg;
         s->ud = ud;
         snprintf(s->name, sizeof s->name, "%s", conf->name ? conf->name : "?");
+        if (conf->via) {
+                if (s->router) {
+                        free(s);
+                        return -EINVAL;
+                }
+                s->mux = conf->via;
+                s->to = conf->via_to;
+                s->watch = s->mux->base->watch;
+                s->sock = s->mux->base->sock;
+                s->next = s->mux->socks;
+                s->mux->socks = s;
+                s->mux->refs++;
+                *ret = s;
+                return 0;
+        }
         s->sock = zmq_socket(zctx, conf->type);
         if (!s->sock) {
                 int r = -errno;
@@ -110,26 +144,74 @@ int netsock_bind(NetSock *s, const char *endpoint) {
 }
 
 int netsock_connect(NetSock *s, const char *endpoint, const uint8_t *server_key) {
+        if (s->mux)
+                return 0; /* the mux's one connection */
         if (server_key && zmq_setsockopt(s->sock, ZMQ_CURVE_SERVERKEY, server_key, 32) < 0)
                 return -errno;
         return zmq_connect(s->sock, endpoint) < 0 ? -errno : 0;
 }
 
+/* The first frame of a message through a mux: its far end. */
+static void mux_address(const NetSock *s, zmq_msg_t *to) {
+        zmq_msg_init_size(to, 4); /* 4 bytes always fit in the message itself */
+        uint8_t *d = zmq_msg_data(to);
+        for (int i = 0; i < 4; i++)
+                d[i] = (uint8_t) (s->to >> (8 * i));
+}
+
 int netsock_send(NetSock *s, const zmq_msg_t *route, const Psnet__Header *h, zmq_msg_t *frames, size_t n) {
-        int r = wire_send(s->sock, route, h, frames, n);
+        int r;
+        if (s->mux) {
+                zmq_msg_t to;
+                mux_address(s, &to);
+                r = wire_send_to(s->sock, NULL, &to, h, frames, n);
+                zmq_msg_close(&to);
+        } else
+                r = wire_send(s->sock, route, h, frames, n);
         /* A send may consume ZMQ_FD's edge: look for incoming messages again. */
         zwatch_kick(s->watch);
         return r;
 }
 
 int netsock_send_error(NetSock *s, const zmq_msg_t *route, int status, uint64_t seq, const char *reason) {
-        int r = wire_send_error(s->sock, route, status, seq, reason);
+        int r;
+        if (s->mux) {
+                zmq_msg_t to;
+                mux_address(s, &to);
+                r = wire_send_error_to(s->sock, NULL, &to, status, seq, reason);
+                zmq_msg_close(&to);
+        } else
+                r = wire_send_error(s->sock, route, status, seq, reason);
+        zwatch_kick(s->watch);
+        return r;
+}
+
+int netsock_send_to(NetSock *s, const zmq_msg_t *route, const zmq_msg_t *to, const Psnet__Header *h,
+                    zmq_msg_t *frames, size_t n) {
+        int r = wire_send_to(s->sock, route, to, h, frames, n);
+        zwatch_kick(s->watch);
+        return r;
+}
+
+int netsock_send_error_to(NetSock *s, const zmq_msg_t *route, const zmq_msg_t *to, int status, uint64_t seq,
+                          const char *reason) {
+        int r = wire_send_error_to(s->sock, route, to, status, seq, reason);
         zwatch_kick(s->watch);
         return r;
 }
 
 int netsock_send_packed(NetSock *s, const void *data, size_t len) {
-        int r = zmq_send(s->sock, data, len, ZMQ_DONTWAIT) < 0 ? -errno : 0;
+        int r = 0;
+        if (s->mux) {
+                /* Nothing is queued for a DEALER with no peer (-EAGAIN) on the
+                 * first part; a later part of a message begun always goes. */
+                uint8_t to[4];
+                for (int i = 0; i < 4; i++)
+                        to[i] = (uint8_t) (s->to >> (8 * i));
+                r = zmq_send(s->sock, to, sizeof to, ZMQ_DONTWAIT | ZMQ_SNDMORE) < 0 ? -errno : 0;
+        }
+        if (r == 0)
+                r = zmq_send(s->sock, data, len, ZMQ_DONTWAIT) < 0 ? -errno : 0;
         zwatch_kick(s->watch);
         return r;
 }
@@ -182,6 +264,12 @@ static void netsock_monitor_readable(ZWatch *w, void *ud) {
 }
 
 int netsock_monitor(NetSock *s, int events, NetHandshakeFn cb) {
+        if (s->mux) {
+                /* The mux's one connection: its handshakes are told to every
+                 * NetSock that asked (netmux_new watches them). */
+                s->on_handshake = cb;
+                return 0;
+        }
         /* A name never used before in this process: a socket closed just now
          * keeps its monitor's inproc name bound until ZeroMQ's reaper has
          * closed it, and a new NetSock may reuse the old one's address (the
@@ -213,6 +301,8 @@ int netsock_monitor(NetSock *s, int events, NetHandshakeFn cb) {
 }
 
 int netsock_set_max_msg(NetSock *s, int64_t bytes) {
+        if (s->mux)
+                return 0; /* the mux's limit (netmux_new's conf) */
         int64_t v = bytes > 0 ? bytes : -1;
         return zmq_setsockopt(s->sock, ZMQ_MAXMSGSIZE, &v, sizeof v) < 0 ? -errno : 0;
 }
@@ -220,11 +310,90 @@ int netsock_set_max_msg(NetSock *s, int64_t bytes) {
 NetSock *netsock_close(NetSock *s) {
         if (!s)
                 return NULL;
+        if (s->mux) {
+                for (NetSock **p = &s->mux->socks; *p; p = &(*p)->next)
+                        if (*p == s) {
+                                *p = s->next;
+                                break;
+                        }
+                netmux_unref(s->mux);
+                free(s);
+                return NULL;
+        }
         if (s->monitor) {
                 (void) zmq_socket_monitor(s->sock, NULL, 0);
                 zwatch_close(s->monitor);
         }
         zwatch_close(s->watch);
         free(s);
+        return NULL;
+}
+
+/* --- the mux ------------------------------------------------------------------------ */
+
+/* A message through the mux: its first frame (read as a route) names the
+ * NetSock it is for. */
+static void netmux_on_msg(NetSock *base, WireMsg *m, int r, void *ud) {
+        NetMux *mx = ud;
+        uint32_t to = 0;
+        bool addressed = m->has_to && zmq_msg_size(&m->to) == 4;
+        if (addressed) {
+                const uint8_t *d = zmq_msg_data(&m->to);
+                to = (uint32_t) d[0] | (uint32_t) d[1] << 8 | (uint32_t) d[2] << 16 | (uint32_t) d[3] << 24;
+        }
+        NetSock *s = mx->socks;
+        while (addressed && s && s->to != to)
+                s = s->next;
+        if (!s) {
+                log_debug("a message through %s for no one here dropped to=%u", base->name, to);
+                return;
+        }
+        /* The callback may close s, the mux's other NetSocks, the mux. */
+        mx->refs++;
+        s->on_msg(s, m, r, s->ud);
+        netmux_unref(mx);
+}
+
+/* A failed handshake with psgate: every NetSock through it hears of it. */
+static void netmux_handshake(NetSock *base, int event, int value, const char *why, void *ud) {
+        NetMux *mx = ud;
+        (void) base;
+        mx->refs++;
+        for (NetSock *s = mx->socks, *next; s; s = next) {
+                next = s->next;
+                if (s->on_handshake)
+                        s->on_handshake(s, event, value, why, s->ud);
+        }
+        netmux_unref(mx);
+}
+
+int netmux_new(uv_loop_t *loop, void *zctx, const NetSockConf *conf, const char *endpoint,
+               const uint8_t *server_key, NetMux **ret) {
+        if (conf->type != ZMQ_DEALER || conf->via)
+                return -EINVAL;
+        NetMux *mx = calloc(1, sizeof *mx);
+        if (!mx)
+                return -ENOMEM;
+        NetSockConf c = *conf;
+        c.addressed = true; /* each message's first frame is its far end */
+        int r = netsock_new(loop, zctx, &c, netmux_on_msg, mx, &mx->base);
+        if (r < 0) {
+                free(mx);
+                return r;
+        }
+        mx->refs = 1;
+        r = netsock_monitor(mx->base, 0, netmux_handshake);
+        if (r == 0)
+                r = netsock_connect(mx->base, endpoint, server_key);
+        if (r < 0) {
+                netmux_unref(mx);
+                return r;
+        }
+        *ret = mx;
+        return 0;
+}
+
+NetMux *netmux_close(NetMux *m) {
+        netmux_unref(m);
         return NULL;
 }

@@ -14,6 +14,8 @@ typedef struct NetKeyPair {
         uint8_t public_key[32], secret_key[32];
 } NetKeyPair;
 
+typedef struct NetMux NetMux;
+
 typedef struct NetSockConf {
         int type;                 /* ZMQ_ROUTER or ZMQ_DEALER */
         const char *name;         /* for logs: "data", "pscoord", ... */
@@ -26,6 +28,11 @@ typedef struct NetSockConf {
         const NetKeyPair *keys;   /* CURVE with these keys; NULL: plain (NULL mechanism) */
         bool curve_server;        /* with keys: this socket is the CURVE server (binds) */
         const char *zap_domain;   /* servers: the ZAP domain (allow-list); NULL: none */
+        bool addressed;           /* each message has an address frame before its header (WireMsg.to;
+                                   * psgate's front: netsock_send_to answers) */
+        NetMux *via;              /* DEALER: no socket of its own, its messages go through this one
+                                   * (netmux_new); the other options are the mux's */
+        uint32_t via_to;          /* with via: the far end (NETMUX_COORD or a shard's id) */
 } NetSockConf;
 
 typedef struct NetSock NetSock;
@@ -51,6 +58,11 @@ int netsock_connect(NetSock *s, const char *endpoint, const uint8_t *server_key)
  * queue is full; the message is then dropped. */
 int netsock_send(NetSock *s, const zmq_msg_t *route, const Psnet__Header *h, zmq_msg_t *frames, size_t n);
 int netsock_send_error(NetSock *s, const zmq_msg_t *route, int status, uint64_t seq, const char *reason);
+/* The same with an address frame after the route (NetSockConf.addressed). */
+int netsock_send_to(NetSock *s, const zmq_msg_t *route, const zmq_msg_t *to, const Psnet__Header *h,
+                    zmq_msg_t *frames, size_t n);
+int netsock_send_error_to(NetSock *s, const zmq_msg_t *route, const zmq_msg_t *to, int status, uint64_t seq,
+                          const char *reason);
 /* Sends one already packed header frame (a DEALER's request) without
  * blocking; -EAGAIN as netsock_send. */
 int netsock_send_packed(NetSock *s, const void *data, size_t len);
@@ -62,3 +74,16 @@ int netsock_monitor(NetSock *s, int events, NetHandshakeFn cb);
 int netsock_set_max_msg(NetSock *s, int64_t bytes);
 /* Closes (safe inside the socket's own callback). Returns NULL. */
 NetSock *netsock_close(NetSock *s);
+
+/* Many DEALERs over one connection (an edge client behind psgate: its
+ * session with pscoord and its shard connections, one outbound connection to
+ * one address). Each message leaves with a first frame naming its far end,
+ * 4 bytes little-endian, NETMUX_COORD or a shard's id; psgate relays it there
+ * and sends the answers back with the same first frame, and the mux hands
+ * each to the NetSock (NetSockConf.via, via_to) of that end. conf is the
+ * connection's (a DEALER); the mux lives until it and its NetSocks are
+ * closed. */
+#define NETMUX_COORD UINT32_MAX
+int netmux_new(uv_loop_t *loop, void *zctx, const NetSockConf *conf, const char *endpoint,
+               const uint8_t *server_key, NetMux **ret);
+NetMux *netmux_close(NetMux *m);

@@ -479,7 +479,7 @@ int session_new(uv_loop_t *loop, void *zctx, const SessionConf *conf, const Sess
         s->timer_init = true;
         NetSockConf nc = {
                 .type = ZMQ_DEALER, .name = "pscoord", .max_msg = 64 << 20, .sndhwm = 1000, .rcvhwm = 1000,
-                .linger_ms = 500, .immediate = true, .keys = s->conf.keys,
+                .linger_ms = 500, .immediate = true, .keys = s->conf.keys, .via = conf->via, .via_to = NETMUX_COORD,
         };
         r = netsock_new(loop, zctx, &nc, session_on_msg, s, &s->sock);
         if (r == 0)

@@ -29,6 +29,7 @@ typedef struct SessionConf {
         unsigned connect_timeout_ms;  /* the first registration gives up after this (0: never) */
         const NetKeyPair *keys;       /* CURVE keys of this peer; NULL: plain */
         const uint8_t *coord_key;     /* with keys: pscoord's public key */
+        NetMux *via;                  /* through psgate (netsock.h): endpoint and coord_key are unused */
 } SessionConf;
 
 typedef struct SessionOps {

@@ -15,6 +15,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include "compress.h"
+#include "keys.h"
 #include "wire.h"
 
 #if __BYTE_ORDER__ != __ORDER_LITTLE_ENDIAN__
@@ -117,6 +118,9 @@ unsigned wire_roles_at(bool shard) {
         unsigned m = 0;
         for (size_t i = 0; i < sizeof types / sizeof types[0]; i++)
                 m |= shard ? types[i].at_shard : types[i].at_coord;
+        /* psgate relays what edge clients send (as the client: wire_recv). */
+        if (m & WIRE_ROLE(PSNET__ROLE__ROLE_EDGE))
+                m |= WIRE_ROLE(PSNET__ROLE__ROLE_GATEWAY);
         return m;
 }
 
@@ -256,20 +260,36 @@ int wire_validate(const Psnet__Header *hdr, const zmq_msg_t *frames, size_t nfra
         return PSNET__STATUS__STATUS_OK;
 }
 
-/* The ZAP handler's User-Id, "ROLE FINGERPRINT NAME KEY" (zap.c), into peer. */
-static void peer_from_user_id(const char *uid, WirePeer *peer) {
+void wire_peer_from_user_id(const char *uid, WirePeer *peer) {
         char role[16], z85[48];
+        memset(peer, 0, sizeof *peer);
         if (!uid || sscanf(uid, "%15s %16s %63s %47s", role, peer->fingerprint, peer->name, z85) != 4 ||
-            strlen(z85) != 40 || !zmq_z85_decode(peer->key, z85))
-                return;
-        if (strcmp(role, "admin") == 0)
-                peer->role = PSNET__ROLE__ROLE_ADMIN;
-        else if (strcmp(role, "server") == 0)
-                peer->role = PSNET__ROLE__ROLE_SERVER;
-        else if (strcmp(role, "worker") == 0)
-                peer->role = PSNET__ROLE__ROLE_WORKER;
-        else if (strcmp(role, "edge") == 0)
-                peer->role = PSNET__ROLE__ROLE_EDGE;
+            strlen(z85) != 40 || !zmq_z85_decode(peer->key, z85) || role_from_name(role, &peer->role) < 0)
+                memset(peer, 0, sizeof *peer);
+}
+
+/* A gateway's message is its edge client's (Header.relay_key): the peer
+ * becomes that client, as psgate's handshake admitted it; a relay from any
+ * other key is refused. Without keys (role NONE) there is no one to be. */
+static int peer_relayed(WireMsg *msg) {
+        const Psnet__Header *h = msg->hdr;
+        WirePeer *peer = &msg->peer;
+        if (peer->role == PSNET__ROLE__ROLE_NONE)
+                return PSNET__STATUS__STATUS_OK;
+        if (peer->role != PSNET__ROLE__ROLE_GATEWAY)
+                return h->has_relay_key ? fail(msg->reason, sizeof msg->reason, PSNET__STATUS__STATUS_DENIED,
+                                               "only a gateway's key relays for another (this key has role %s)",
+                                               role_name(peer->role))
+                                        : PSNET__STATUS__STATUS_OK;
+        if (!h->has_relay_key || h->relay_key.len != 32)
+                return fail(msg->reason, sizeof msg->reason, PSNET__STATUS__STATUS_DENIED,
+                            "a gateway speaks for the edge client it relays (relay_key), never for itself");
+        peer->role = PSNET__ROLE__ROLE_EDGE;
+        peer->relayed = true;
+        memcpy(peer->key, h->relay_key.data, 32);
+        keys_fingerprint(peer->key, peer->fingerprint);
+        snprintf(peer->name, sizeof peer->name, "%s", h->relay_name && h->relay_name[0] ? h->relay_name : "-");
+        return PSNET__STATUS__STATUS_OK;
 }
 
 /* Receives the next part of the current message (never blocks: ZeroMQ hands a
@@ -287,7 +307,17 @@ static bool has_more(const zmq_msg_t *m) {
         return zmq_msg_more((zmq_msg_t *) m) == 1;
 }
 
+static int recv_parts(void *sock, bool router, bool addressed, int flags, WireMsg *msg);
+
 int wire_recv(void *sock, bool router, int flags, WireMsg *msg) {
+        return recv_parts(sock, router, false, flags, msg);
+}
+
+int wire_recv_to(void *sock, bool router, int flags, WireMsg *msg) {
+        return recv_parts(sock, router, true, flags, msg);
+}
+
+static int recv_parts(void *sock, bool router, bool addressed, int flags, WireMsg *msg) {
         zmq_msg_t head;
         size_t cap = 0, extra = 0;
         bool more, nomem = false;
@@ -312,6 +342,32 @@ int wire_recv(void *sock, bool router, int flags, WireMsg *msg) {
                         return -EBADMSG;
                 }
         }
+        if (addressed) {
+                if (zmq_msg_init(&msg->to) < 0)
+                        return -errno;
+                r = router ? recv_more(sock, &msg->to) : (zmq_msg_recv(&msg->to, sock, flags) < 0 ? -errno : 0);
+                if (r < 0) {
+                        zmq_msg_close(&msg->to);
+                        return r;
+                }
+                msg->has_to = true;
+                router = true; /* the header is the next part of a message begun */
+                if (!has_more(&msg->to) || zmq_msg_size(&msg->to) != 4) {
+                        /* Drain the rest: the next message must start clean. */
+                        while (has_more(&msg->to)) {
+                                zmq_msg_t part;
+                                zmq_msg_init(&part);
+                                r = recv_more(sock, &part);
+                                bool more = r == 0 && has_more(&part);
+                                zmq_msg_close(&part);
+                                if (!more)
+                                        break;
+                        }
+                        msg->status = fail(msg->reason, sizeof msg->reason, PSNET__STATUS__STATUS_MALFORMED,
+                                           "message has no 4-byte address frame before its header");
+                        return -EBADMSG;
+                }
+        }
         if (zmq_msg_init(&head) < 0)
                 return -errno;
         r = router ? recv_more(sock, &head) : (zmq_msg_recv(&head, sock, flags) < 0 ? -errno : 0);
@@ -319,7 +375,7 @@ int wire_recv(void *sock, bool router, int flags, WireMsg *msg) {
                 zmq_msg_close(&head);
                 return r;
         }
-        peer_from_user_id(zmq_msg_gets(&head, "User-Id"), &msg->peer);
+        wire_peer_from_user_id(zmq_msg_gets(&head, "User-Id"), &msg->peer);
         more = has_more(&head);
 
         /* Payload parts: keep up to WIRE_MAX_KEYS, drain the rest. */
@@ -379,6 +435,8 @@ int wire_recv(void *sock, bool router, int flags, WireMsg *msg) {
                 else
                         msg->status = wire_validate(msg->hdr, msg->frames, msg->nframes, msg->reason,
                                                     sizeof msg->reason);
+                if (msg->status == PSNET__STATUS__STATUS_OK)
+                        msg->status = peer_relayed(msg);
         }
         zmq_msg_close(&head);
         return msg->status == PSNET__STATUS__STATUS_OK ? 0 : -EBADMSG;
@@ -394,6 +452,9 @@ void wire_msg_done(WireMsg *msg) {
         if (msg->has_route)
                 zmq_msg_close(&msg->route);
         msg->has_route = false;
+        if (msg->has_to)
+                zmq_msg_close(&msg->to);
+        msg->has_to = false;
         if (msg->hdr)
                 psnet__header__free_unpacked(msg->hdr, NULL);
         msg->hdr = NULL;
@@ -425,7 +486,29 @@ static int send_part(void *sock, zmq_msg_t *m, bool first, bool more) {
 
 int wire_send(void *sock, const zmq_msg_t *route, const Psnet__Header *hdr, zmq_msg_t *frames,
               size_t nframes) {
-        zmq_msg_t head, id;
+        return wire_send_to(sock, route, NULL, hdr, frames, nframes);
+}
+
+/* Sends a copy of m (a route or an address frame) as the first part or a
+ * later one of a message. */
+static int send_copy(void *sock, const zmq_msg_t *m, bool first) {
+        zmq_msg_t c;
+        if (zmq_msg_init(&c) < 0)
+                return -errno;
+        if (zmq_msg_copy(&c, (zmq_msg_t *) m) < 0) {
+                int r = -errno;
+                zmq_msg_close(&c);
+                return r;
+        }
+        int r = send_part(sock, &c, first, true);
+        if (r < 0)
+                zmq_msg_close(&c);
+        return r;
+}
+
+int wire_send_to(void *sock, const zmq_msg_t *route, const zmq_msg_t *to, const Psnet__Header *hdr,
+                 zmq_msg_t *frames, size_t nframes) {
+        zmq_msg_t head;
         size_t size, sent = 0;
         int r;
 
@@ -442,23 +525,11 @@ int wire_send(void *sock, const zmq_msg_t *route, const Psnet__Header *hdr, zmq_
         }
         psnet__header__pack(hdr, zmq_msg_data(&head));
 
-        if (route) {
-                if (zmq_msg_init(&id) < 0) {
-                        r = -errno;
-                        goto fail_head;
-                }
-                if (zmq_msg_copy(&id, (zmq_msg_t *) route) < 0) {
-                        r = -errno;
-                        zmq_msg_close(&id);
-                        goto fail_head;
-                }
-                r = send_part(sock, &id, true, true);
-                if (r < 0) {
-                        zmq_msg_close(&id);
-                        goto fail_head;
-                }
-        }
-        r = send_part(sock, &head, !route, nframes > 0);
+        if (route && (r = send_copy(sock, route, true)) < 0)
+                goto fail_head;
+        if (to && (r = send_copy(sock, to, !route)) < 0)
+                goto fail_head;
+        r = send_part(sock, &head, !route && !to, nframes > 0);
         if (r < 0)
                 goto fail_head;
 
@@ -480,6 +551,11 @@ fail:
 
 int wire_send_error(void *sock, const zmq_msg_t *route, int status, uint64_t seq,
                     const char *reason) {
+        return wire_send_error_to(sock, route, NULL, status, seq, reason);
+}
+
+int wire_send_error_to(void *sock, const zmq_msg_t *route, const zmq_msg_t *to, int status, uint64_t seq,
+                       const char *reason) {
         Psnet__Header hdr;
 
         wire_header_init(&hdr, PSNET__MSG_TYPE__MSG_ERROR);
@@ -488,7 +564,7 @@ int wire_send_error(void *sock, const zmq_msg_t *route, int status, uint64_t seq
         hdr.has_seq = true;
         hdr.seq = seq;
         hdr.reason = (char *) reason;   /* packed, never written */
-        return wire_send(sock, route, &hdr, NULL, 0);
+        return wire_send_to(sock, route, to, &hdr, NULL, 0);
 }
 
 const float *wire_frame_f32(const zmq_msg_t *frame) {

@@ -25,11 +25,18 @@ typedef struct WirePeer {
         char fingerprint[17];
         char name[64];
         uint8_t key[32];         /* its public key (valid when role != NONE) */
+        bool relayed;            /* an edge client's message psgate relayed (role EDGE, the client's key) */
 } WirePeer;
+
+/* The ZAP handler's User-Id, "ROLE FINGERPRINT NAME KEY" (zap.c), into peer
+ * (zeroed: role NONE, when uid is NULL or not such a line). */
+void wire_peer_from_user_id(const char *uid, WirePeer *peer);
 
 typedef struct WireMsg {
         zmq_msg_t route;         /* ROUTER peer identity (valid when has_route) */
         bool has_route;
+        zmq_msg_t to;            /* wire_recv_to: the address frame (valid when has_to) */
+        bool has_to;
         Psnet__Header *hdr;      /* NULL when the header did not decode */
         zmq_msg_t *frames;       /* payload frames 1..n */
         size_t nframes;
@@ -46,6 +53,10 @@ typedef struct WireMsg {
  *   other negative errno from ZeroMQ (-EAGAIN with ZMQ_DONTWAIT, -EINTR, -ETERM).
  * In every case call wire_msg_done afterwards. */
 int wire_recv(void *sock, bool router, int flags, WireMsg *msg);
+/* The same for a message whose header follows an address frame of 4 bytes
+ * (after the route, with router): the far end of a message through psgate
+ * (netsock.h, NetMux), into msg->to. */
+int wire_recv_to(void *sock, bool router, int flags, WireMsg *msg);
 void wire_msg_done(WireMsg *msg);
 
 /* Structural checks on a decoded header and its frames, as wire_recv does:
@@ -92,9 +103,15 @@ void wire_header_init(Psnet__Header *hdr, Psnet__MsgType type);
 int wire_send(void *sock, const zmq_msg_t *route, const Psnet__Header *hdr, zmq_msg_t *frames,
               size_t nframes);
 
+/* The same with an address frame (to, copied) between the route and the header. */
+int wire_send_to(void *sock, const zmq_msg_t *route, const zmq_msg_t *to, const Psnet__Header *hdr,
+                 zmq_msg_t *frames, size_t nframes);
+
 /* Sends MSG_ERROR with status and reason, echoing seq. */
 int wire_send_error(void *sock, const zmq_msg_t *route, int status, uint64_t seq,
                     const char *reason);
+int wire_send_error_to(void *sock, const zmq_msg_t *route, const zmq_msg_t *to, int status, uint64_t seq,
+                       const char *reason);
 
 /* Pointer to a frame's data as f32, or NULL if it is not 4-byte aligned
  * (callers then copy with memcpy). */
