@@ -110,11 +110,14 @@ static int reply_registered(Coord *c, WireMsg *m, uint32_t id, Psnet__Role role)
  * the same process (pid and host, and key with CURVE) takes its place back
  * with its id, membership and start clock; nothing changes for the others,
  * it gets the configuration again (a shard fenced by the previous pscoord is
- * released by it). False when it is not such a peer. */
+ * released by it). So does an edge client whose connection moved (psgate
+ * restarted, or another psgate behind the same name took it): the rounds
+ * that sampled it keep it. False when it is not such a peer. */
 static bool rejoin(Coord *c, WireMsg *m) {
         const Psnet__Register *reg = m->hdr->reg;
         Peer *p = coord_find_peer(c, reg->role, reg->want_id);
-        if (!p || !p->detached || !reg->has_pid || p->pid != reg->pid ||
+        bool moved = p && !p->detached && reg->role == PSNET__ROLE__ROLE_EDGE;
+        if (!p || !(p->detached || moved) || !reg->has_pid || p->pid != reg->pid ||
             strcmp(p->host, reg->name ? reg->name : "") != 0 ||
             (c->id.enabled && (!p->has_key || memcmp(p->public_key, m->peer.key, 32) != 0)))
                 return false;
@@ -128,10 +131,11 @@ static bool rejoin(Coord *c, WireMsg *m) {
         if (reply_registered(c, m, p->id, reg->role) < 0)
                 return true;
         bool in_map = reg->role == PSNET__ROLE__ROLE_SERVER && c->map && shardmap_find(c->map, p->id) >= 0;
-        log_info("registered again after pscoord's restart role=%s id=%u pid=%u%s", coord_role_noun(reg->role), p->id,
-                 p->pid,
+        log_info("registered again after %s role=%s id=%u pid=%u%s",
+                 moved ? "its connection moved" : "pscoord's restart", coord_role_noun(reg->role), p->id, p->pid,
                  in_map ? " in_map=1" : p->member ? " member=1" : "");
-        if (in_map || (reg->role == PSNET__ROLE__ROLE_WORKER && p->member))
+        bool fed = reg->role == PSNET__ROLE__ROLE_EDGE && c->job.mode == MODE_FED && c->state == JOB_RUNNING;
+        if (in_map || (reg->role == PSNET__ROLE__ROLE_WORKER && p->member) || fed)
                 coord_publish_peer(c, p);
         else if (reg->role == PSNET__ROLE__ROLE_WORKER && c->state == JOB_RUNNING)
                 coord_fence_start(c, false, c->job.mode, c->job.staleness);

@@ -34,7 +34,7 @@ static void on_pulled(Client *cl, int r, int64_t clock, void *ud) {
 static int pull_all(uv_loop_t *loop, void *zctx, const Job *job, const ShardMap *map, const NetKeyPair *keys,
                     unsigned timeout_s, float **params, int64_t *ret_clock) {
         Client *cl = NULL;
-        int r = client_new(loop, zctx, job, map, 0, keys, &cl);
+        int r = client_new(loop, zctx, job, map, 0, keys, NULL, &cl);
         if (r < 0) {
                 fprintf(stderr, "psctl: cannot connect to the shards: %s\n", strerror(-r));
                 return r;

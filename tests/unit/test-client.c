@@ -166,7 +166,7 @@ int main(void) {
                 params[t] = calloc(job.tensors[t].numel, sizeof(float));
         }
         Client *c = NULL;
-        int r = client_new(&loop, zctx, &job, m1, 7, NULL, &c);
+        int r = client_new(&loop, zctx, &job, m1, 7, NULL, NULL, &c);
         CHECK(r == 0 && job.ntensors == 4, "a client of the job (%lu keys) on shard a", (unsigned long) job_nkeys(&job));
 
         a.value = 0.5f;

@@ -86,6 +86,7 @@ struct Client {
         uint32_t worker_id;
         NetKeyPair keys;
         bool has_keys;
+        NetMux *via;                    /* through psgate (client_new) */
         ShardConn *shards;
         size_t nshards;
         uint64_t seq;

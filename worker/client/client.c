@@ -65,14 +65,23 @@ static int client_connect(Client *c, const ShardMap *map) {
                 s->client = c;
                 s->id = d->id;
                 s->shm = s->mem = (ShmRegion) SHM_REGION_INIT;
-                s->endpoint = ps_strdup(d->endpoint);
+                if (c->via) {
+                        /* psgate knows where the shard is; this client never does. */
+                        char name[32];
+                        snprintf(name, sizeof name, "psgate/shard-%u", d->id);
+                        s->endpoint = ps_strdup(name);
+                } else
+                        s->endpoint = d->endpoint ? ps_strdup(d->endpoint) : NULL;
                 s->keys = ps_calloc(nkeys, sizeof *s->keys);
                 s->keyp = ps_calloc(nkeys, sizeof *s->keyp);
+                if (!c->via && !d->endpoint)
+                        return log_error_errno(EINVAL, "the shard map has no address for shard %u", d->id);
                 if (!s->endpoint || !s->keys || !s->keyp)
                         return -ENOMEM;
                 /* No queue limits: a round's frames are the caller's own buffers. */
-                const NetSockConf nc = { .type = ZMQ_DEALER, .name = s->endpoint, .keys = c->has_keys ? &c->keys : NULL };
-                if (c->has_keys && !d->has_public_key)
+                const NetSockConf nc = { .type = ZMQ_DEALER, .name = s->endpoint, .keys = c->has_keys ? &c->keys : NULL,
+                                         .via = c->via, .via_to = d->id };
+                if (c->has_keys && !c->via && !d->has_public_key)
                         return log_error_errno(EINVAL, "the shard map has no key for shard %u at %s", s->id, s->endpoint);
                 int r = netsock_new(c->loop, c->zctx, &nc, client_on_reply, s, &s->sock);
                 if (r == 0)
@@ -107,11 +116,12 @@ static void client_timer_closed(uv_handle_t *h) {
 }
 
 int client_new(uv_loop_t *loop, void *zctx, const Job *job, const ShardMap *map, uint32_t worker_id,
-               const NetKeyPair *keys, Client **ret) {
+               const NetKeyPair *keys, NetMux *via, Client **ret) {
         Client *c = ps_calloc(1, sizeof *c);
         if (!c)
                 return -ENOMEM;
         c->loop = loop;
+        c->via = via;
         c->zctx = zctx;
         c->job = *job;
         c->worker_id = worker_id;
@@ -189,9 +199,9 @@ int client_set_map(Client *c, const ShardMap *map) {
 }
 
 int client_follow(Client **c, uv_loop_t *loop, void *zctx, const Job *job, const ShardMap *map, uint32_t worker_id,
-                  const NetKeyPair *keys, uint64_t members_epoch) {
+                  const NetKeyPair *keys, NetMux *via, uint64_t members_epoch) {
         if (!*c) {
-                int r = client_new(loop, zctx, job, map, worker_id, keys, c);
+                int r = client_new(loop, zctx, job, map, worker_id, keys, via, c);
                 if (r == 0)
                         client_set_members_epoch(*c, members_epoch);
                 return r;

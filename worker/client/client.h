@@ -31,15 +31,17 @@ typedef struct Client Client;
  * (logged with the shard's address), -EPROTO after an error reply (logged). */
 typedef void (*ClientRoundFn)(Client *c, int r, int64_t clock, void *ud);
 
-/* Connects to every shard of map. keys: CURVE keys of this worker, NULL for none. */
+/* Connects to every shard of map. keys: CURVE keys of this worker, NULL for
+ * none. via: through psgate (an edge client's one connection; the map's
+ * addresses unused), NULL: each shard directly. */
 int client_new(uv_loop_t *loop, void *zctx, const Job *job, const ShardMap *map, uint32_t worker_id,
-               const NetKeyPair *keys, Client **ret);
+               const NetKeyPair *keys, NetMux *via, Client **ret);
 Client *client_free(Client *c);
 
 /* *c ready under map: made (with members_epoch) when *c is NULL, else routed
  * by map when it is newer than the one *c follows. */
 int client_follow(Client **c, uv_loop_t *loop, void *zctx, const Job *job, const ShardMap *map, uint32_t worker_id,
-                  const NetKeyPair *keys, uint64_t members_epoch);
+                  const NetKeyPair *keys, NetMux *via, uint64_t members_epoch);
 /* Routes by a new shard map (reconnecting). Drops a prefetch in flight. */
 int client_set_map(Client *c, const ShardMap *map);
 /* Gives up the round in progress without calling its callback (a newer map

@@ -39,6 +39,7 @@ typedef enum { U_NONE, U_HELD, U_PREPARING, U_WAIT_PEERS, U_MASKING, U_PUSHING, 
 struct PsnetEdge {
         uv_loop_t *loop;
         EdgeShared *sh;
+        NetMux *mux;                    /* PsnetEdgeOptions.gateway: the one connection */
         Session *session;
         Client *client;
         char *coord;
@@ -217,7 +218,7 @@ static void update_frame(void *ud, uint32_t tensor, uint32_t chunk, const void *
  * any membership: no membership epoch on its requests. */
 static int client_ready(PsnetEdge *e) {
         int r = client_follow(&e->client, e->loop, e->sh->zctx, job(e), e->fo.map, session_id(e->session),
-                              e->sh->id.enabled ? &e->sh->id.keys : NULL, 0);
+                              e->sh->id.enabled ? &e->sh->id.keys : NULL, e->mux, 0);
         if (r == 0)
                 client_set_timeout(e->client, e->round_timeout_ms);
         return r;
@@ -698,7 +699,7 @@ static void on_failed(Session *s, int err, const char *reason, void *ud) {
 
 int psnet_edge_new(uv_loop_t *loop, const PsnetEdgeOptions *opts, const PsnetEdgeEvents *events, void *ud,
                    PsnetEdge **ret) {
-        if (!loop || !opts || !opts->coord || !events || !ret)
+        if (!loop || !opts || (!opts->coord && !opts->gateway) || !events || !ret)
                 return -EINVAL;
         PsnetEdge *e = ps_calloc(1, sizeof *e);
         if (!e)
@@ -707,7 +708,7 @@ int psnet_edge_new(uv_loop_t *loop, const PsnetEdgeOptions *opts, const PsnetEdg
         e->ev = *events;
         e->ud = ud;
         e->round_timeout_ms = opts->round_timeout_ms ? opts->round_timeout_ms : 120000;
-        e->coord = ps_strdup(opts->coord);
+        e->coord = ps_strdup(opts->coord ? opts->coord : opts->gateway);
         int r = e->coord ? 0 : -ENOMEM;
         if (r == 0 && opts->share) {
                 e->sh = opts->share->sh;
@@ -716,12 +717,28 @@ int psnet_edge_new(uv_loop_t *loop, const PsnetEdgeOptions *opts, const PsnetEdg
                 e->sh = shared_new(opts);
                 r = e->sh ? 0 : -ENOMEM;
         }
+        /* The keys are loaded once, by the client that made the shared
+         * context; the server key is psgate's when it goes through one. */
+        if (r == 0 && !opts->share && opts->keys_dir)
+                r = follow_identity(&e->sh->id, opts->keys_dir, opts->key_name ? opts->key_name : "edge",
+                                    opts->gateway ? (opts->gateway_key_name ? opts->gateway_key_name : "psgate")
+                                                  : (opts->coord_key_name ? opts->coord_key_name : "pscoord"),
+                                    PSNET__ROLE__ROLE_EDGE);
+        if (r == 0 && opts->gateway) {
+                /* Queues while psgate is not there, as a direct client's shard
+                 * connections do: what leaves is the caller's own buffers. */
+                const NetSockConf nc = { .type = ZMQ_DEALER, .name = "psgate", .linger_ms = 500,
+                                         .keys = e->sh->id.enabled ? &e->sh->id.keys : NULL };
+                r = netmux_new(loop, e->sh->zctx, &nc, opts->gateway, e->sh->id.enabled ? e->sh->id.coord_key : NULL,
+                               &e->mux);
+                if (r < 0)
+                        log_error_errno(r, "Cannot connect to psgate at %s: %m", opts->gateway);
+        }
         if (r == 0) {
-                /* The keys are loaded once, by the client that made the shared context. */
                 const SessionOps so = { .registered = on_registered, .failed = on_failed, .message = on_message };
-                r = follow_session(loop, e->sh->zctx, e->coord, PSNET__ROLE__ROLE_EDGE,
-                                   opts->share ? NULL : opts->keys_dir, opts->key_name, "edge", opts->coord_key_name,
-                                   opts->connect_timeout_ms, &e->sh->id, &so, e, &e->session);
+                r = follow_session(loop, e->sh->zctx, opts->gateway ? opts->gateway : e->coord, PSNET__ROLE__ROLE_EDGE,
+                                   NULL, NULL, NULL, NULL, opts->connect_timeout_ms, &e->sh->id, e->mux, &so, e,
+                                   &e->session);
         }
         if (r < 0) {
                 psnet_edge_free(e);
@@ -736,6 +753,7 @@ static void edge_destroy(PsnetEdge *e) {
          * queued in ZeroMQ hold its block until then. */
         e->client = client_free(e->client);
         e->session = session_free(e->session);
+        e->mux = netmux_close(e->mux);
         edge_update_free(&e->upd, job(e));
         edge_secagg_clear(&e->sa);
         follow_done(&e->fo);
@@ -755,6 +773,7 @@ PsnetEdge *psnet_edge_free(PsnetEdge *e) {
                 e->zombie = true;
                 e->client = client_free(e->client);
                 e->session = session_free(e->session);
+                e->mux = netmux_close(e->mux);
                 (void) uv_cancel((uv_req_t *) &e->work);
                 return NULL;
         }

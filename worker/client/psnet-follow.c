@@ -105,20 +105,26 @@ int follow_result(Session *s, const Job *job, Psnet__WorkerInfo *wi, float *cons
         return session_request(s, &h, PSNET__MSG_TYPE__MSG_RESULT_REP, timeout_ms, cb, ud);
 }
 
+int follow_identity(NetIdentity *id, const char *keys_dir, const char *key_name, const char *server_key_name,
+                    Psnet__Role role) {
+        char err[512];
+        if (keys_identity_load(id, keys_dir, key_name, server_key_name, role, err, sizeof err) < 0) {
+                log_error("cannot use the keys reason=\"%s\"", err);
+                return -EINVAL;
+        }
+        return 0;
+}
+
 int follow_session(uv_loop_t *loop, void *zctx, const char *coord, Psnet__Role role, const char *keys_dir,
                    const char *key_name, const char *default_key, const char *coord_key_name,
-                   unsigned connect_timeout_ms, NetIdentity *id, const SessionOps *ops, void *ud, Session **ret) {
-        if (keys_dir) {
-                char err[512];
-                if (keys_identity_load(id, keys_dir, key_name ? key_name : default_key,
-                                       coord_key_name ? coord_key_name : "pscoord", role, err, sizeof err) < 0) {
-                        log_error("cannot use the keys reason=\"%s\"", err);
-                        return -EINVAL;
-                }
-        }
+                   unsigned connect_timeout_ms, NetIdentity *id, NetMux *via, const SessionOps *ops, void *ud,
+                   Session **ret) {
+        if (keys_dir && follow_identity(id, keys_dir, key_name ? key_name : default_key,
+                                        coord_key_name ? coord_key_name : "pscoord", role) < 0)
+                return -EINVAL;
         const SessionConf sc = {
                 .endpoint = coord, .role = role, .connect_timeout_ms = connect_timeout_ms ? connect_timeout_ms : 10000,
-                .keys = id->enabled ? &id->keys : NULL, .coord_key = id->enabled ? id->coord_key : NULL,
+                .keys = id->enabled ? &id->keys : NULL, .coord_key = id->enabled ? id->coord_key : NULL, .via = via,
         };
         int r = session_new(loop, zctx, &sc, ops, ud, ret);
         return r < 0 ? r : session_start(*ret);

@@ -49,13 +49,19 @@ int follow_model_json(const Follow *f, char *buf, size_t n);
 int follow_result(Session *s, const Job *job, Psnet__WorkerInfo *wi, float *const *params, unsigned timeout_ms,
                   SessionReplyFn cb, void *ud);
 
+/* A client's identity from keys_dir: its key key_name in role, and the
+ * public key of the server it dials (pscoord's or psgate's) in
+ * id->coord_key. -EINVAL (logged) when they do not load. */
+int follow_identity(NetIdentity *id, const char *keys_dir, const char *key_name, const char *server_key_name,
+                    Psnet__Role role);
 /* A client's pscoord session, started: its identity loaded from keys_dir
  * first when keys_dir is set (key_name, else default_key; pscoord's
  * coord_key_name, else "pscoord"), then registered as role within
- * connect_timeout_ms (0: 10 s). 0, -EINVAL for keys that do not load
- * (logged), or the session's error. */
+ * connect_timeout_ms (0: 10 s), through via when not NULL (psgate). 0,
+ * -EINVAL for keys that do not load (logged), or the session's error. */
 int follow_session(uv_loop_t *loop, void *zctx, const char *coord, Psnet__Role role, const char *keys_dir,
                    const char *key_name, const char *default_key, const char *coord_key_name,
-                   unsigned connect_timeout_ms, NetIdentity *id, const SessionOps *ops, void *ud, Session **ret);
+                   unsigned connect_timeout_ms, NetIdentity *id, NetMux *via, const SessionOps *ops, void *ud,
+                   Session **ret);
 /* What a failed request to pscoord says: its reason, else r's. */
 const char *follow_reason(const WireMsg *m, int r);

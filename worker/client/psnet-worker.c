@@ -300,7 +300,7 @@ int psnet_worker_new(uv_loop_t *loop, const PsnetWorkerOptions *opts, const Psne
                 const SessionOps so = { .registered = on_registered, .failed = on_failed, .message = on_message,
                                         .heartbeat = on_heartbeat };
                 r = follow_session(loop, w->zctx, w->coord, PSNET__ROLE__ROLE_WORKER, opts->keys_dir, opts->key_name,
-                                   "worker", opts->coord_key_name, opts->connect_timeout_ms, &w->id, &so, w,
+                                   "worker", opts->coord_key_name, opts->connect_timeout_ms, &w->id, NULL, &so, w,
                                    &w->session);
         }
         if (r < 0) {
@@ -356,7 +356,7 @@ static void on_client_round(Client *c, int r, int64_t clock, void *ud);
 static int client_ready(PsnetWorker *w) {
         bool fresh = !w->client;
         int r = client_follow(&w->client, w->loop, w->zctx, &w->fo.job, w->fo.map, session_id(w->session),
-                              w->id.enabled ? &w->id.keys : NULL, w->members_epoch);
+                              w->id.enabled ? &w->id.keys : NULL, NULL, w->members_epoch);
         if (r == 0 && fresh && w->mem)
                 r = client_set_memory(w->client, &w->mem->m);
         return r;

@@ -231,6 +231,10 @@ typedef struct PsnetEdgeOptions {
                                          * ignored). Either may be freed first. */
         unsigned clients;               /* without share: how many clients will share this one's context
                                          * (sizes its socket table; 0: 1) */
+        const char *gateway;            /* psgate's endpoint: the client's one connection, pscoord and the
+                                         * shards through it (coord is then only a name for logs; NULL:
+                                         * pscoord and every shard directly) */
+        const char *gateway_key_name;   /* CURVE: psgate's key in keys_dir (NULL: "psgate") */
 } PsnetEdgeOptions;
 
 /* A request of pscoord's: train for a round, or test a model. */
