@@ -3,7 +3,8 @@
  * daemon and prints its answer, for the integration tests:
  *   pspoke ENDPOINT CASE [JOB]
  * prints "type=<n> status=<name> reason=<text>" and exits 0 when an answer came
- * within 5 s, 3 when none came. CASE is one of:
+ * within 5 s, 3 when none came. With PSPOKE_TO=coord or =SHARD-ID, the
+ * message goes through psgate (ENDPOINT) to that far end. CASE is one of:
  *   garbage        random bytes as the header frame
  *   empty          one empty frame
  *   truncated      a valid PULL header cut in half
@@ -77,7 +78,20 @@
 #include "shm.h"
 #include "wire.h"
 
+/* PSPOKE_TO (coord or a shard id): every message goes through psgate with
+ * that address frame first, and answers come with one (netsock.h, NetMux). */
+static bool via_gate;
+static uint32_t via_to;
+static bool mid_message;
+
 static int send_raw(void *s, const void *data, size_t n, int more) {
+        if (via_gate && !mid_message) {
+                uint8_t to[4] = { (uint8_t) via_to, (uint8_t) (via_to >> 8), (uint8_t) (via_to >> 16),
+                                  (uint8_t) (via_to >> 24) };
+                if (zmq_send(s, to, sizeof to, ZMQ_SNDMORE) < 0)
+                        return -errno;
+        }
+        mid_message = more;
         return zmq_send(s, data, n, more ? ZMQ_SNDMORE : 0) < 0 ? -errno : 0;
 }
 
@@ -103,7 +117,8 @@ static int answer(void *s, long ms, char *reason, size_t n) {
         if (zmq_poll(&it, 1, ms) <= 0)
                 return -1;
         WireMsg m;
-        int r = wire_recv(s, false, 0, &m), st = r < 0 ? -2 : (int) m.hdr->status;
+        int r = via_gate ? wire_recv_to(s, false, 0, &m) : wire_recv(s, false, 0, &m),
+            st = r < 0 ? -2 : (int) m.hdr->status;
         if (reason)
                 snprintf(reason, n, "%s", r == 0 && m.hdr->reason ? m.hdr->reason : "");
         wire_msg_done(&m);
@@ -209,7 +224,11 @@ int main(int argc, char **argv) {
                 fprintf(stderr, "usage: pspoke ENDPOINT CASE [JOB] [CHUNKLEN]\n");
                 return 2;
         }
-        const char *ep = argv[1], *c = argv[2];
+        const char *ep = argv[1], *c = argv[2], *to = getenv("PSPOKE_TO");
+        if (to) {
+                via_gate = true;
+                via_to = !strcmp(to, "coord") ? UINT32_MAX : (uint32_t) strtoul(to, NULL, 10);
+        }
         uint32_t job = argc > 3 ? (uint32_t) strtoul(argv[3], NULL, 10) : 1;
         uint32_t len = argc > 4 ? (uint32_t) strtoul(argv[4], NULL, 10) : 200704; /* W0 of mlp:784-256-10 */
         void *ctx = zmq_ctx_new(), *s = zmq_socket(ctx, ZMQ_DEALER);
@@ -546,7 +565,7 @@ int main(int argc, char **argv) {
                 r = 3;
         } else {
                 WireMsg m;
-                r = wire_recv(s, false, 0, &m);
+                r = via_gate ? wire_recv_to(s, false, 0, &m) : wire_recv(s, false, 0, &m);
                 if (r < 0)
                         printf("undecodable answer reason=%s\n", m.reason);
                 else

@@ -448,14 +448,14 @@ int edge_run(const WorkerConfig *cfg) {
                 .coord = cfg->coord, .connect_timeout_ms = cfg->connect_timeout * 1000u,
                 .round_timeout_ms = cfg->round_timeout * 1000u, .keys_dir = cfg->keys,
                 .key_name = cfg->key, .coord_key_name = cfg->coord_key,
-                .clients = (unsigned) f.n,
+                .clients = (unsigned) f.n, .gateway = cfg->gateway, .gateway_key_name = cfg->gateway_key,
         };
         for (size_t i = 0; i < f.n; i++) {
                 r = edge_new(&f.loop, &o, f.first_part + (uint32_t) i, f.nparts, &host, &f.edges[i]);
                 if (r == -EINVAL)
                         goto out; /* the keys: logged */
                 if (r < 0) {
-                        log_error_errno(r, "Cannot reach pscoord at %s: %m", cfg->coord);
+                        log_error_errno(r, "Cannot reach pscoord at %s: %m", cfg->gateway ? cfg->gateway : cfg->coord);
                         goto out;
                 }
                 o.share = edge_psnet(f.edges[0]);

@@ -21,6 +21,7 @@ typedef struct WorkerConfig {
         bool no_graphs;            /* run each step op by op instead of a captured graph */
         bool prefetch;             /* pull the next clock while the step computes */
         char *keys, *key, *coord_key; /* CURVE: --keys DIR, this worker's key, pscoord's */
+        char *gateway, *gateway_key;  /* --edge: psgate, the one endpoint dialled, and its key in --keys */
         char *http;                /* --http ADDR:PORT (NULL: none) */
         /* --edge (edge.h): a federated client */
         bool edge;

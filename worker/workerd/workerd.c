@@ -48,6 +48,10 @@ int main(int argc, char **argv) {
                 { "alpha", OPT_STR, &alpha, "A",
                   "--edge with --partition: split by label with Dirichlet(A) proportions per class (non-IID; "
                   "small A, few classes each), or iid (default)" },
+                { "gateway", OPT_STR, &cfg.gateway, "ENDPOINT",
+                  "--edge: dial psgate alone (the edge clients' front door), which relays to pscoord and the "
+                  "shards; --coord is then unused" },
+                { "gateway-key", OPT_STR, &cfg.gateway_key, "NAME", "--gateway: psgate's key in --keys (default psgate)" },
                 { "simulate", OPT_UINT, &cfg.simulate, "N",
                   "--edge: N virtual clients in this process, each with its own session, id and share of the "
                   "data (shares K..K+N-1 of --partition K/M, else the N shares of N), sharing one dataset" },
@@ -101,8 +105,8 @@ int main(int argc, char **argv) {
                         r = -1;
                 }
         }
-        if (r == 0 && (partition || alpha || cfg.simulate) && !cfg.edge) {
-                fprintf(stderr, "workerd: --partition, --alpha and --simulate are for edge workers (--edge)\n");
+        if (r == 0 && (partition || alpha || cfg.simulate || cfg.gateway) && !cfg.edge) {
+                fprintf(stderr, "workerd: --partition, --alpha, --simulate and --gateway are for edge workers (--edge)\n");
                 r = -1;
         }
         if (r == 0 && alpha && !partition && cfg.simulate < 2) {
