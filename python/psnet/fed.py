@@ -90,7 +90,8 @@ class _Opts(ctypes.Structure):
     _fields_ = [("coord", ctypes.c_char_p), ("connect_timeout_ms", ctypes.c_uint),
                 ("round_timeout_ms", ctypes.c_uint), ("keys_dir", ctypes.c_char_p),
                 ("key_name", ctypes.c_char_p), ("coord_key_name", ctypes.c_char_p),
-                ("share", ctypes.c_void_p), ("clients", ctypes.c_uint)]
+                ("share", ctypes.c_void_p), ("clients", ctypes.c_uint), ("gateway", ctypes.c_char_p),
+                ("gateway_key_name", ctypes.c_char_p)]
 
 
 class _Round(ctypes.Structure):
@@ -170,15 +171,18 @@ class Fleet:
     simulate drive one."""
 
     def __init__(self, coord, n=1, key=None, keys_dir=None, coord_key=None, connect_timeout_s=10.0,
-                 round_timeout_s=120.0):
+                 round_timeout_s=120.0, gateway=None, gateway_key=None):
         lib = _load()
         coord = getattr(coord, "coord", coord)  # a LocalCluster
+        if coord is None and gateway is None:
+            raise TypeError("give coord= (pscoord) or gateway= (psgate, the edge clients' front door)")
         keys_dir, key, coord_key = _key_args(key, keys_dir, coord_key)
         enc = (lambda s: s.encode() if s is not None else None)
         self._opts = _Opts(enc(coord), int(connect_timeout_s * 1000), int(round_timeout_s * 1000), enc(keys_dir),
-                           enc(key), enc(coord_key), None, n)
+                           enc(key), enc(coord_key), None, n, enc(gateway), enc(gateway_key))
         self._s = ctypes.c_void_p()
-        _check(lib.psnet_edge_sync_new(ctypes.byref(self._opts), n, ctypes.byref(self._s)), f"joining {coord}")
+        _check(lib.psnet_edge_sync_new(ctypes.byref(self._opts), n, ctypes.byref(self._s)),
+               f"joining {gateway or coord}")
         self.n = n
         self._tensors = None
         self._pulled = {}
@@ -520,25 +524,31 @@ def _test_local(fleet, i, client, info, ev, st, params, rounds):
         log.warning("client %d: %s", i, e)
 
 
-def start_client(coord, client, key=None, keys_dir=None, coord_key=None, connect_timeout_s=10.0,
-                 round_timeout_s=120.0, timeout_s=None):
+def start_client(coord=None, client=None, key=None, keys_dir=None, coord_key=None, connect_timeout_s=10.0,
+                 round_timeout_s=120.0, timeout_s=None, gateway=None, gateway_key=None):
     """Runs client (a NumPyClient) as one federated client of the job at
     coord until the job ends; returns its Stats (state: the job's end).
     key: its key file from psctl keys gen (DIR/NAME.key, pscoord's public
-    key beside it) for a cluster with --keys. Raises PsnetError when it
+    key beside it) for a cluster with --keys. gateway: psgate's endpoint
+    instead of coord, the client's one connection (psgate's public key
+    beside the key, named gateway_key or psgate). Raises PsnetError when it
     cannot join."""
+    if client is None:
+        raise TypeError("start_client needs client= (a NumPyClient)")
     with Fleet(coord, 1, key=key, keys_dir=keys_dir, coord_key=coord_key, connect_timeout_s=connect_timeout_s,
-               round_timeout_s=round_timeout_s) as fleet:
+               round_timeout_s=round_timeout_s, gateway=gateway, gateway_key=gateway_key) as fleet:
         return _run(fleet, lambda i: client, True, timeout_s)
 
 
-def simulate(client_fn, num_clients, coord, key=None, keys_dir=None, coord_key=None, connect_timeout_s=10.0,
-             round_timeout_s=120.0, timeout_s=None):
+def simulate(client_fn, num_clients, coord=None, key=None, keys_dir=None, coord_key=None, connect_timeout_s=10.0,
+             round_timeout_s=120.0, timeout_s=None, gateway=None, gateway_key=None):
     """Runs num_clients virtual clients in this process (one ZeroMQ context,
     one key) until the job ends: each sampled client i is client_fn(str(i))
     (Flower's client_fn(cid); made for each round it is asked for, so that
     thousands of them hold no memory between rounds), its fit run in turn.
-    Returns the Stats of all of them."""
+    Returns the Stats of all of them. gateway: through psgate, as
+    start_client."""
     with Fleet(coord, num_clients, key=key, keys_dir=keys_dir, coord_key=coord_key,
-               connect_timeout_s=connect_timeout_s, round_timeout_s=round_timeout_s) as fleet:
+               connect_timeout_s=connect_timeout_s, round_timeout_s=round_timeout_s, gateway=gateway,
+               gateway_key=gateway_key) as fleet:
         return _run(fleet, lambda i: client_fn(str(i)), False, timeout_s)

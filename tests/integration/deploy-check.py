@@ -36,12 +36,12 @@ import yaml
 SRC, BUILD, KEYS, PLAN = sys.argv[1:5]
 PROGRAMS = {
     "pscoord": "ps/pscoord/pscoord", "psd": "ps/psd/psd",
-    "workerd": "worker/workerd/workerd", "psctl": "ps/psctl/psctl",
+    "workerd": "worker/workerd/workerd", "psctl": "ps/psctl/psctl", "psgate": "ps/psgate/psgate",
 }
 # The key each program loads from --keys by default (--key), and whether it
 # listens (and so reads the allow-list).
-KEY_OF = {"pscoord": "pscoord", "psd": "psd", "workerd": "worker", "psctl": "admin"}
-LISTENS = {"pscoord", "psd"}
+KEY_OF = {"pscoord": "pscoord", "psd": "psd", "workerd": "worker", "psctl": "admin", "psgate": "psgate"}
+LISTENS = {"pscoord", "psd", "psgate"}
 results = []
 
 

@@ -87,9 +87,11 @@ for s in median krum multi-krum; do
   ok $? "$s keeps it (accuracy ${byz_acc[$s]:-?} >= 0.70)"
 done
 
-# 4. A client with its CURVE key (start_client key=) joins a cluster with --keys.
+# 4. A client with its CURVE key (start_client key=) joins a cluster with
+# --keys through psgate (gateway=), in the same rounds as a C edge worker
+# that dials pscoord directly.
 K=$RUN/keys
-for kr in pscoord:server psd:server edge:edge admin:admin; do
+for kr in pscoord:server psd:server edge:edge admin:admin psgate:gateway; do
   "$PSCTL" keys gen "${kr%%:*}" --role "${kr##*:}" --dir "$K" >/dev/null || ok 1 "psctl keys gen ${kr%%:*}"
 done
 COORD="ipc://$RUN/keys.sock"
@@ -97,7 +99,8 @@ psnet_start pscoord-keys "$PSCOORD" --listen "$COORD" --shards 1 "${FEDJOB[@]}" 
   --min-available 2 --round-timeout 60 --keys "$K"
 psnet_start psd-keys "$PSD" --id 1 --listen "ipc://$RUN/psd-keys.sock" --coord "$COORD" --keys "$K"
 psnet_start edge-keys "$WORKERD" --edge --coord "$COORD" --partition 0/2 --keys "$K"
-"${PY[@]}" - "$COORD" "$K/edge.key" >"$RUN/keys.out" 2>"$RUN/keys.log" <<'EOF'
+psnet_start psgate-keys "$PSNET_BUILD/ps/psgate/psgate" --listen "ipc://$RUN/gate.sock" --coord "$COORD" --keys "$K"
+"${PY[@]}" - "ipc://$RUN/gate.sock" "$K/edge.key" >"$RUN/keys.out" 2>"$RUN/keys.log" <<'EOF'
 import sys
 sys.argv = [sys.argv[0], "x"] + sys.argv[1:]
 import importlib.util, os
@@ -105,11 +108,11 @@ spec = importlib.util.spec_from_file_location("fp", os.path.join(os.environ["PSN
 fp = importlib.util.module_from_spec(spec); spec.loader.exec_module(fp)
 from psnet import fed
 xs, ys, xt, yt = fp.load()
-st = fed.start_client(coord=sys.argv[2], client=fp.MlpClient(1, 2, xs, ys, xt, yt), key=sys.argv[3], timeout_s=120)
+st = fed.start_client(gateway=sys.argv[2], client=fp.MlpClient(1, 2, xs, ys, xt, yt), key=sys.argv[3], timeout_s=120)
 print("state", st["state"], "counted", st["counted"])
 EOF
 grep -q '^state done counted 2$' "$RUN/keys.out"
-ok $? "start_client with key= is counted in both rounds of a job with --keys ($(cat "$RUN/keys.out" | tr '\n' ' '))"
+ok $? "start_client with key= through psgate is counted in both rounds of a job with --keys ($(cat "$RUN/keys.out" | tr '\n' ' '))"
 out=$(PSNET_LOG_LEVEL=error "${PY[@]}" - "$COORD" <<'EOF' 2>&1
 import sys
 from psnet import fed

@@ -42,7 +42,7 @@ ok $? "import psnet loads the libpsnet inside the package, no environment variab
 want=$(sed -n "s/^  version: '\([^']*\)',/\1/p" "$PSNET_SRC/meson.build")
 got=$(cd / && "${clean[@]}" "$venv/bin/python" -c 'import psnet; print(psnet.__version__)')
 [ -n "$want" ] && [ "$got" = "$want" ]; ok $? "the package's version is meson.build's ($got, $want)"
-for p in pscoord psd psctl workerd; do
+for p in pscoord psd psctl psgate workerd; do
   [ -x "$venv/bin/$p" ] && "$venv/bin/$p" --version >/dev/null 2>&1 || { ok 1 "$p on the environment's PATH"; continue; }
   ok 0 "$p on the environment's PATH ($("$venv/bin/$p" --version 2>&1 | head -n 1))"
 done
