@@ -17,6 +17,8 @@
  * and pscoord accepted its answer while the round was open; the close names
  * exactly those clients, so every shard aggregates the same set. A round
  * never waits for a client that left, and never longer than its time-out. */
+#include <signal.h>
+#include <stdlib.h>
 #include "hash.h"
 #include "coord-internal.h"
 #include "secagg.h"
@@ -378,6 +380,8 @@ static void testing_done(Coord *c, const char *why) {
 static void round_closed(Coord *c) {
         FedRounds *f = &c->fed;
         FedRecord *rec = coord_fed_record_find(f, f->number);
+        f->closing = mfree(f->closing); /* recorded below: nothing to send again */
+        f->closing_len = 0;
         if (f->aggregate) {
                 f->done++;
                 if (rec)
@@ -406,6 +410,34 @@ static void round_closed(Coord *c) {
                 coord_todo(c, TODO_SAVE); /* the failed round's record, kept across a restart */
         else if (c->job.fed.fraction_evaluate > 0)
                 testing_open(c);
+}
+
+/* Restarted with a close in writing (CoordState.fed_closing): the shards
+ * may have applied it before the previous pscoord recorded the round. The
+ * same close goes to them again: a shard that aggregated it answers it
+ * again without applying it, one that did not aggregates it now, and the
+ * round is recorded done once, its privacy counted once. */
+static void closing_again(Coord *c) {
+        FedRounds *f = &c->fed;
+        Psnet__Round *rd = psnet__round__unpack(NULL, f->closing_len, f->closing);
+        if (!rd) {
+                coord_job_fail(c, "the round close in pscoord's state does not decode");
+                return;
+        }
+        coord_rounds_clear(f);
+        f->number = rd->number;
+        f->aggregate = true;
+        f->phase = FED_CLOSING;
+        log_info("round closing again after pscoord's restart number=%lu round=%u clients=%zu",
+                 (unsigned long) rd->number, rd->round, rd->n_clients);
+        int r = coord_fed_send_round(c, rd);
+        psnet__round__free_unpacked(rd, NULL);
+        if (r < 0) {
+                char reason[160];
+                snprintf(reason, sizeof reason, "cannot close round %lu on the shards again: %s",
+                         (unsigned long) f->number, strerror(-r));
+                coord_job_fail(c, reason);
+        }
 }
 
 /* The final model is evaluated by one edge worker (the lowest id connected). */
@@ -448,6 +480,10 @@ void coord_fed_poll(Coord *c) {
                         return;
                 }
         f->said_shards = false;
+        if (f->closing && f->phase == FED_WAITING) {
+                closing_again(c);
+                return;
+        }
         uint64_t now = now_ms();
         /* Between two rounds (or buffers) a checkpoint waiting for one is cut;
          * the next round waits until every shard has written its file. */
@@ -536,6 +572,19 @@ void coord_fed_poll(Coord *c) {
         }
 }
 
+/* Test knob (test-fed-restart): PSNET_TEST_DIE_CLOSING=R kills pscoord
+ * (SIGKILL) when the first shard has answered the aggregating close of round
+ * R: the shards have applied it, pscoord's state has not recorded it. */
+static void test_die_closing(Coord *c) {
+        const FedRounds *f = &c->fed;
+        const char *e = getenv("PSNET_TEST_DIE_CLOSING");
+        if (e && f->phase == FED_CLOSING && f->aggregate && f->replies == 1 && strtoul(e, NULL, 10) == f->done + 1u) {
+                log_warning("test: killed with round %u's close answered by one shard (PSNET_TEST_DIE_CLOSING)",
+                            f->done + 1);
+                raise(SIGKILL);
+        }
+}
+
 /* A shard's answer to an opening or a closing. */
 static void shard_rep(Coord *c, WireMsg *m, Peer *p) {
         FedRounds *f = &c->fed;
@@ -565,6 +614,7 @@ static void shard_rep(Coord *c, WireMsg *m, Peer *p) {
         }
         f->shard_replied[idx] = true;
         f->replies++;
+        test_die_closing(c);
         if (f->phase == FED_OPENING && h->status == PSNET__STATUS__STATUS_MIGRATING) {
                 /* Its keys are still being built or moved in: open again shortly
                  * (a new number; the shards that opened this one drop it then). */

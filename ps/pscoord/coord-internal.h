@@ -212,6 +212,8 @@ typedef struct FedRounds {
         size_t replies, expected;
         uint64_t shard_number;      /* the number of the opening or close the shards answer */
         bool aggregate;             /* the close aggregates (else it drops the updates) */
+        uint8_t *closing;           /* that close, packed, until the round is recorded (on disk first) */
+        size_t closing_len;
         uint64_t opened_ms, deadline, shard_deadline, retry_at;
         uint32_t shard_failures;    /* closes in a row a shard refused */
         uint64_t failed, late, refused;
@@ -406,9 +408,14 @@ void coord_fed_view_free(FedView *v);
         } while (0)
 /* A restarted pscoord takes the rounds from its state file (coord-state.c):
  * counts, history and the privacy spent; the round that was open is gone
- * (the next one gets a higher number). 0, or -EBADMSG with the reason. */
+ * (the next one gets a higher number), unless its aggregating close had
+ * left (CoordState.fed_closing: coord_fed_closing): that close is sent again
+ * once the shards are back. 0, or -EBADMSG with the reason. */
 int coord_fed_restore(Coord *c, const Psnet__FedStatus *s, const double *rdp, size_t nrdp, uint64_t rdp_steps,
                       char *err, size_t n);
+/* The close a restarted pscoord sends again (CoordState.fed_closing): kept
+ * when it is one of round s->number's. 0, or -EBADMSG with the reason. */
+int coord_fed_closing(Coord *c, const ProtobufCBinaryData *closing, char *err, size_t n);
 /* A federated job restored from a checkpoint starts: its rounds and privacy
  * spent from the checkpoint's manifest (c->restore). */
 int coord_fed_resume(Coord *c, char *reason, size_t n);

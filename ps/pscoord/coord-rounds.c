@@ -40,6 +40,8 @@ void coord_rounds_clear(FedRounds *f) {
 void coord_fed_free(Coord *c) {
         coord_rounds_clear(&c->fed);
         coord_fedasync_free(&c->fed);
+        c->fed.closing = mfree(c->fed.closing);
+        c->fed.closing_len = 0;
 }
 
 void coord_fed_reset(Coord *c) {
@@ -115,9 +117,48 @@ int coord_fed_send_edge(Coord *c, const Peer *p, Psnet__Round *rd) {
         return coord_reply_hdr(c, &p->route, &h, 0);
 }
 
+/* An aggregating close is written down before it leaves: the shards may
+ * apply it before pscoord records the round done. */
+static void closing_write_ahead(Coord *c, const Psnet__Round *rd) {
+        FedRounds *f = &c->fed;
+        size_t len = psnet__round__get_packed_size(rd);
+        uint8_t *b = ps_malloc(MAX(len, (size_t) 1));
+        if (!b) {
+                log_warning("out of memory: round %lu's close is not written ahead", (unsigned long) rd->number);
+                return;
+        }
+        psnet__round__pack(rd, b);
+        ps_free(f->closing);
+        f->closing = b;
+        f->closing_len = len;
+        coord_state_save(c);
+}
+
+int coord_fed_closing(Coord *c, const ProtobufCBinaryData *closing, char *err, size_t n) {
+        FedRounds *f = &c->fed;
+        Psnet__Round *rd = psnet__round__unpack(NULL, closing->len, closing->data);
+        bool ok = rd && rd->has_close && rd->close && rd->number == f->number && rd->n_clients > 0;
+        if (rd)
+                psnet__round__free_unpacked(rd, NULL);
+        if (!ok) {
+                snprintf(err, n, "its round close in writing is not one of round %lu", (unsigned long) f->number);
+                return -EBADMSG;
+        }
+        f->closing = ps_malloc(MAX(closing->len, (size_t) 1));
+        if (!f->closing) {
+                snprintf(err, n, "out of memory");
+                return -EBADMSG;
+        }
+        memcpy(f->closing, closing->data, closing->len);
+        f->closing_len = closing->len;
+        return 0;
+}
+
 int coord_fed_send_round(Coord *c, Psnet__Round *rd) {
         FedRounds *f = &c->fed;
         size_t ns = shardmap_size(c->map);
+        if (rd->has_close && rd->close && rd->n_clients > 0 && !c->job.fed.async)
+                closing_write_ahead(c, rd);
         ps_free(f->shard_replied);
         f->shard_replied = ps_calloc(ns ? ns : 1, sizeof *f->shard_replied);
         if (!f->shard_replied)

@@ -145,6 +145,9 @@ void coord_state_save(Coord *c) {
                         return;
                 }
                 COORD_FED_KEEP(st, c, &fv);
+                st.has_fed_closing = c->fed.closing != NULL;
+                st.fed_closing.len = c->fed.closing_len;
+                st.fed_closing.data = c->fed.closing;
         }
         _cleanup_(coord_history_view_free) HistoryView hv = { .recs = NULL };
         if (coord_history_view(c, &hv) < 0) {
@@ -293,6 +296,8 @@ static int apply(Coord *c, const Psnet__CoordState *st, char *err, size_t n) {
                 return hr;
         if (c->job.mode == MODE_FED && st->fed) {
                 int r = coord_fed_restore(c, st->fed, st->fed_rdp, st->n_fed_rdp, st->fed_rdp_steps, err, n);
+                if (r == 0 && st->has_fed_closing)
+                        r = coord_fed_closing(c, &st->fed_closing, err, n);
                 if (r < 0)
                         return r;
                 log_info("federated rounds from the state file rounds_done=%u number=%lu records=%zu epsilon=%.4f",

@@ -26,6 +26,7 @@ typedef struct AsyncUpdate {
 struct FedShard {
         uint64_t number;            /* the round open (0: none) */
         bool open;
+        uint64_t aggregated;        /* the last round this shard aggregated (0: none) */
         uint32_t *clients;          /* ascending, as pscoord sent them */
         uint8_t (*keys)[32];        /* with CURVE, parallel to clients */
         size_t nclients;
@@ -398,6 +399,12 @@ static int secagg_close(FedShard *f, Store *s, const Psnet__Round *rd, const ssi
 }
 
 static int round_close(FedShard *f, Store *s, const Psnet__Round *rd, char *reason, size_t n) {
+        if (!f->open && rd->number == f->aggregated && rd->n_clients > 0) {
+                /* The close again, from a pscoord restarted before it recorded
+                 * the round: it was applied once, here, and that stands. */
+                log_info("round closed again: aggregated already number=%lu", (unsigned long) rd->number);
+                return PSNET__STATUS__STATUS_OK;
+        }
         if (!f->open || rd->number != f->number) {
                 snprintf(reason, n, "round %lu is not open on this shard (%s %lu)", (unsigned long) rd->number,
                          f->open ? "it has round" : "last round", (unsigned long) f->number);
@@ -463,6 +470,7 @@ static int round_close(FedShard *f, Store *s, const Psnet__Round *rd, char *reas
                         return PSNET__STATUS__STATUS_INTERNAL;
                 }
         }
+        f->aggregated = f->number;
         log_info("round aggregated number=%lu round=%u clients=%zu chunks=%zu strategy=%s dp_clip=%g dp_noise=%g",
                  (unsigned long) f->number, rd->has_round ? rd->round : 0, k, f->nslots,
                  fed_strategy_name(s->job.fed.strategy.kind), (double) s->job.fed.strategy.dp_clip,
