@@ -396,9 +396,10 @@ int job_validate(const Job *job, char *err, size_t errlen) {
                 if (f->secagg && f->min_clients < 2)
                         return job_err(err, errlen, "secure aggregation needs at least 2 clients per round (the "
                                        "sum of one client is its update): --min-clients %u", f->min_clients);
-                if (job->replicas > 1)
-                        return job_err(err, errlen, "a federated job keeps one copy of each chunk (replicas %u: "
-                                       "replicated rounds are not built yet)", job->replicas);
+                if (job->replicas > 1 && f->async)
+                        return job_err(err, errlen, "a fedasync job keeps one copy of each chunk (replicas %u: "
+                                       "replicated buffers are not built yet; mode fed replicates its rounds)",
+                                       job->replicas);
         }
         if (job->staleness > JOB_MAX_STALENESS)
                 return job_err(err, errlen, "staleness %u out of range 0..%u", job->staleness, JOB_MAX_STALENESS);

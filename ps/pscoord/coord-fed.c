@@ -412,6 +412,52 @@ static void round_closed(Coord *c) {
                 testing_open(c);
 }
 
+/* The place of shard id among those the opening or close went to, or -1. */
+static int shard_slot(const FedRounds *f, uint32_t id) {
+        for (size_t i = 0; f->shard_ids && i < f->expected; i++)
+                if (f->shard_ids[i] == id)
+                        return (int) i;
+        return -1;
+}
+
+void coord_fed_shard_lost(Coord *c, uint32_t id) {
+        FedRounds *f = &c->fed;
+        if (c->job.mode != MODE_FED || c->job.fed.async)
+                return;
+        FedRecord *rec = coord_fed_record_find(f, f->number);
+        int slot = shard_slot(f, id);
+        if (f->phase == FED_CLOSING) {
+                /* Applied by the others (and copied to their backups before
+                 * they answer); the lost shard's chunks lead from its backups
+                 * now, with the copies of the rounds it had answered. */
+                if (slot >= 0 && !f->shard_replied[slot]) {
+                        f->shard_replied[slot] = true;
+                        f->replies++;
+                }
+                if (rec)
+                        snprintf(rec->note, sizeof rec->note, "shard %u was lost while it closed", id);
+                log_warning("round closing without shard %u (lost) number=%lu", id, (unsigned long) f->number);
+                if (f->replies == f->expected)
+                        round_closed(c);
+                return;
+        }
+        if (f->phase != FED_OPENING && f->phase != FED_TRAINING && f->phase != FED_UNMASKING && f->phase != FED_SCORING)
+                return; /* between rounds: the next one opens under the new map */
+        /* Nothing of it was applied: it is dropped, counted failed, and runs
+         * again with a fresh sample under the new map (the shards drop their
+         * open round when that map comes). No update is counted twice. */
+        if (rec)
+                snprintf(rec->note, sizeof rec->note, "shard %u was lost: run again", id);
+        f->failed++;
+        log_warning("round dropped number=%lu reason=\"shard %u was lost\": it runs again with a fresh sample",
+                    (unsigned long) f->number, id);
+        coord_rounds_clear(f);
+        f->phase = FED_WAITING;
+        f->said_waiting = false;
+        f->retry_at = now_ms() + FED_RETRY_MS;
+        coord_todo(c, TODO_SAVE);
+}
+
 /* Restarted with a close in writing (CoordState.fed_closing): the shards
  * may have applied it before the previous pscoord recorded the round. The
  * same close goes to them again: a shard that aggregated it answers it
@@ -589,7 +635,7 @@ static void test_die_closing(Coord *c) {
 static void shard_rep(Coord *c, WireMsg *m, Peer *p) {
         FedRounds *f = &c->fed;
         const Psnet__Header *h = m->hdr;
-        int idx = c->map ? shardmap_find(c->map, p->id) : -1;
+        int idx = shard_slot(f, p->id);
         if (c->state != JOB_RUNNING || c->job.mode != MODE_FED)
                 return;
         if ((f->phase != FED_OPENING && f->phase != FED_CLOSING && f->phase != FED_SCORING) ||

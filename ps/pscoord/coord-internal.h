@@ -208,7 +208,8 @@ typedef struct FedRounds {
         uint64_t *examples;
         float *loss;
         size_t nclients, nanswered;
-        bool *shard_replied;        /* opening, closing: by index in the map */
+        bool *shard_replied;        /* opening, closing: parallel to shard_ids */
+        uint32_t *shard_ids;        /* the shards the opening or close went to (the map then) */
         size_t replies, expected;
         uint64_t shard_number;      /* the number of the opening or close the shards answer */
         bool aggregate;             /* the close aggregates (else it drops the updates) */
@@ -413,6 +414,10 @@ void coord_fed_view_free(FedView *v);
  * once the shards are back. 0, or -EBADMSG with the reason. */
 int coord_fed_restore(Coord *c, const Psnet__FedStatus *s, const double *rdp, size_t nrdp, uint64_t rdp_steps,
                       char *err, size_t n);
+/* A shard of a federated job's map was lost (its backups lead its chunks
+ * now): the round in progress is dropped and runs again, or, when it was
+ * closing, completes without that shard. */
+void coord_fed_shard_lost(Coord *c, uint32_t id);
 /* The close a restarted pscoord sends again (CoordState.fed_closing): kept
  * when it is one of round s->number's. 0, or -EBADMSG with the reason. */
 int coord_fed_closing(Coord *c, const ProtobufCBinaryData *closing, char *err, size_t n);

@@ -511,5 +511,6 @@ void coord_shard_lost(Coord *c, uint32_t id, const char *why) {
         /* Logged once the new map is on disk (--state-dir); it leaves at the end of this loop turn. */
         log_warning("fail-over shard_id=%u reason=\"%s\" map_epoch=%lu shards=%zu replicas=%u", id, why,
                     (unsigned long) c->map_epoch, shardmap_size(m), shardmap_replicas(m));
+        coord_fed_shard_lost(c, id);
 }
 

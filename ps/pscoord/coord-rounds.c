@@ -22,6 +22,8 @@ void coord_rounds_clear(FedRounds *f) {
         ps_free(f->examples);
         ps_free(f->loss);
         ps_free(f->shard_replied);
+        ps_free(f->shard_ids);
+        f->shard_ids = NULL;
         ps_free(f->scored);
         ps_free(f->dist);
         f->scored = NULL;
@@ -160,9 +162,13 @@ int coord_fed_send_round(Coord *c, Psnet__Round *rd) {
         if (rd->has_close && rd->close && rd->n_clients > 0 && !c->job.fed.async)
                 closing_write_ahead(c, rd);
         ps_free(f->shard_replied);
+        ps_free(f->shard_ids);
         f->shard_replied = ps_calloc(ns ? ns : 1, sizeof *f->shard_replied);
-        if (!f->shard_replied)
+        f->shard_ids = ps_calloc(ns ? ns : 1, sizeof *f->shard_ids);
+        if (!f->shard_replied || !f->shard_ids)
                 return -ENOMEM;
+        for (size_t i = 0; i < ns; i++)
+                f->shard_ids[i] = shardmap_shard(c->map, i)->id;
         Psnet__Header h;
         wire_header_init(&h, PSNET__MSG_TYPE__MSG_ROUND);
         h.body_case = PSNET__HEADER__BODY_ROUND;

@@ -53,6 +53,10 @@ typedef struct PushReq {
         int forwards;       /* forwards to backups not answered yet: a BSP clock does not close on it before */
         uint32_t part, parts; /* a push in parts: this one of so many (parts 0: whole) */
         uint64_t epoch;     /* the shard-map epoch a push in parts was cut for */
+        bool fed_round;     /* not a push: a federated round's close, answered to pscoord (seq: its
+                             * request's) once the backups hold the chunks it changed */
+        uint64_t fed_number;
+        size_t fed_states;  /* the chunk states sent to backups for it */
 } PushReq;
 
 struct Pending {

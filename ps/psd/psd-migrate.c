@@ -254,6 +254,45 @@ void migrate_out(void *userdata, Chunk *c, const ShardDesc *dest, bool replica) 
                   (long) c->clock, c->npending, replica ? "backup" : "primary");
 }
 
+typedef struct LedCopies {
+        Migrate *mg;
+        PushReq *req;
+        Link *links[JOB_MAX_REPLICAS];
+        size_t nlinks, sent;
+} LedCopies;
+
+static void copy_led(Store *s, Chunk *c, void *ud) {
+        LedCopies *lc = ud;
+        (void) s;
+        if (c->backup)
+                return;
+        for (size_t b = 0; b < lc->nlinks; b++) {
+                uint64_t seq;
+                if (send_state(lc->mg, lc->links[b], c, true, &seq) < 0 || link_wait(lc->links[b], seq, lc->req) < 0) {
+                        log_warning("chunk (%u,%u) of the round not copied to shard %u: its copy stays a round behind "
+                                    "until the next", c->tensor, c->chunk, lc->links[b]->id);
+                        continue;
+                }
+                lc->mg->moved_out++;
+                lc->sent++;
+        }
+}
+
+size_t migrate_replicate_led(Migrate *mg, PushReq *req) {
+        Store *s = mg->store;
+        uint32_t idx[JOB_MAX_REPLICAS];
+        LedCopies lc = { .mg = mg, .req = req };
+        size_t nb = store_backups(s, idx, JOB_MAX_REPLICAS);
+        for (size_t b = 0; b < nb; b++) {
+                Link *l = link_for(mg, shardmap_shard(s->map, idx[b]));
+                if (l)
+                        lc.links[lc.nlinks++] = l;
+        }
+        if (lc.nlinks)
+                store_foreach(s, copy_led, &lc);
+        return lc.sent;
+}
+
 int migrate_forward(Migrate *mg, PushReq *req, const Psnet__Header *h, const zmq_msg_t *frames_in, bool bf16) {
         Store *s = mg->store;
         uint32_t idx[JOB_MAX_REPLICAS];

@@ -41,6 +41,10 @@ void migrate_out(void *userdata, Chunk *c, const ShardDesc *dest, bool replica);
  * each one's answer. Returns 0, or a status when a backup cannot be reached
  * (the push must not be acknowledged). */
 int migrate_forward(Migrate *mg, PushReq *req, const Psnet__Header *h, const zmq_msg_t *frames, bool bf16);
+/* After a federated round's close was applied here: every chunk this shard
+ * leads goes whole (values and the strategy's state) to each of its
+ * backups, and req waits for each one's answer. Returns the states sent. */
+size_t migrate_replicate_led(Migrate *mg, PushReq *req);
 /* A CHUNK_STATE or REPLICATE from another shard: handled and answered on
  * data (route m->route), or kept for a map that has not arrived yet. */
 void migrate_in(Migrate *mg, NetSock *data, WireMsg *m);

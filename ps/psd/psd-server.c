@@ -131,9 +131,15 @@ static int psd_reply_error(Psd *p, const zmq_msg_t *route, const Psnet__Header *
         return netsock_send(p->data, route, &h, NULL, 0);
 }
 
-/* GateAckFn: a PUSH request is settled. */
+static void psd_round_copied(Psd *p, PushReq *req);
+
+/* GateAckFn: a PUSH request is settled (or a round's close copied). */
 static void psd_ack(void *userdata, PushReq *req) {
         Psd *p = userdata;
+        if (req->fed_round) {
+                psd_round_copied(p, req);
+                return;
+        }
         Psnet__Header h;
         wire_header_init(&h, PSNET__MSG_TYPE__MSG_PUSH_ACK);
         h.has_seq = true;
@@ -701,16 +707,67 @@ static void psd_checkpoint(Psd *p, const Psnet__Header *h) {
 }
 
 /* pscoord opens or closes a federated round. */
+/* Answers pscoord's ROUND (request seq) with rd and status st. */
+static void psd_round_answer(Psd *p, uint64_t seq, Psnet__Round *rd, int st, const char *reason) {
+        Psnet__Header r;
+        wire_header_init(&r, PSNET__MSG_TYPE__MSG_ROUND_REP);
+        r.body_case = PSNET__HEADER__BODY_ROUND;
+        r.round = rd;
+        r.has_sender = true;
+        r.sender = p->cfg->id;
+        if (st != PSNET__STATUS__STATUS_OK) {
+                r.has_status = true;
+                r.status = st;
+                r.reason = (char *) reason;
+        }
+        int e = session_reply(p->coord, &r, seq);
+        if (e < 0)
+                log_warning_errno(e, "Failed to answer round %lu: %m", (unsigned long) rd->number);
+}
+
+/* GateAckFn's other half: a round's close whose chunks the backups now hold
+ * (or that left the map) is answered. What a backup did not take is
+ * rebuilt from here when the map changes; the round stands. */
+static void psd_round_copied(Psd *p, PushReq *req) {
+        if (req->status != PSNET__STATUS__STATUS_OK)
+                log_warning("round %lu: a backup did not take its copy (status=%s); it is sent again with the next "
+                            "round or map", (unsigned long) req->fed_number, status_name(req->status));
+        else
+                log_info("round copied to the backups number=%lu states=%zu", (unsigned long) req->fed_number,
+                         req->fed_states);
+        Psnet__Round rd = PSNET__ROUND__INIT;
+        rd.number = req->fed_number;
+        rd.has_close = rd.close = true;
+        psd_round_answer(p, req->seq, &rd, PSNET__STATUS__STATUS_OK, NULL);
+}
+
 static void psd_round(Psd *p, const Psnet__Header *h) {
         char reason[320] = "";
         _cleanup_free_ double *dist = NULL;
         size_t ndist = 0;
         bool score = h->round->has_score && h->round->score;
+        bool close = h->round->has_close && h->round->close;
         int st = score ? fedshard_score(p->fed, p->store, h->round, &dist, &ndist, reason, sizeof reason)
                        : fedshard_round(p->fed, p->store, h->round, p->memory_limit, reason, sizeof reason);
         if (st != PSNET__STATUS__STATUS_OK)
                 log_warning("round refused number=%lu status=%s reason=\"%s\"", (unsigned long) h->round->number,
                             status_name(st), reason);
+        uint32_t backups[JOB_MAX_REPLICAS];
+        if (st == PSNET__STATUS__STATUS_OK && close && h->round->n_clients > 0 && !store_job(p->store)->fed.async &&
+            store_backups(p->store, backups, JOB_MAX_REPLICAS) > 0) {
+                /* A replicated job: the close is answered once the backups hold
+                 * the chunks it changed (psd_round_copied), so that a primary
+                 * lost after pscoord counted the round leaves it in the copies. */
+                PushReq *req;
+                if (pushreq_new(NULL, h->seq, 0, (int64_t) h->round->number, &req) == 0) {
+                        req->fed_round = true;
+                        req->fed_number = h->round->number;
+                        req->fed_states = migrate_replicate_led(p->migrate, req);
+                        pushreq_settle(p->gate, req, PSNET__STATUS__STATUS_OK); /* the reader's hold */
+                        return;
+                }
+                log_warning("out of memory: round %lu answered before its copies", (unsigned long) h->round->number);
+        }
         Psnet__Round rd = PSNET__ROUND__INIT;
         rd.number = h->round->number;
         rd.has_close = h->round->has_close;
@@ -719,20 +776,7 @@ static void psd_round(Psd *p, const Psnet__Header *h) {
         rd.score = score;
         rd.n_distances = ndist;
         rd.distances = dist;
-        Psnet__Header r;
-        wire_header_init(&r, PSNET__MSG_TYPE__MSG_ROUND_REP);
-        r.body_case = PSNET__HEADER__BODY_ROUND;
-        r.round = &rd;
-        r.has_sender = true;
-        r.sender = p->cfg->id;
-        if (st != PSNET__STATUS__STATUS_OK) {
-                r.has_status = true;
-                r.status = st;
-                r.reason = reason;
-        }
-        int e = session_reply(p->coord, &r, h->seq);
-        if (e < 0)
-                log_warning_errno(e, "Failed to answer round %lu: %m", (unsigned long) rd.number);
+        psd_round_answer(p, h->seq, &rd, st, reason);
 }
 
 static void psd_on_coord(Session *s, WireMsg *m, void *ud) {
