@@ -153,6 +153,36 @@ int zap_reload(Zap *z, char *err, size_t errlen) {
         return allowlist_load(z->dir, &z->allow, err, errlen);
 }
 
+void zap_sighup(Zap *z) {
+        char err[256];
+        if (!z)
+                log_info("SIGHUP: nothing to reload (no --keys)");
+        else if (zap_reload(z, err, sizeof err) < 0)
+                log_error("SIGHUP: the allow-list did not load; the old one stays reason=\"%s\"", err);
+        else
+                log_info("SIGHUP: allow-list reloaded keys=%zu", zap_keys(z));
+}
+
+int zap_daemon_keys(uv_loop_t *loop, void *zctx, const char *keys_dir, const char *key_name,
+                    const char *server_key_name, Psnet__Role role, unsigned roles, const char *listen, bool insecure,
+                    NetIdentity *id, Zap **ret) {
+        char err[512];
+        if (keys_dir) {
+                int r = keys_identity_load(id, keys_dir, key_name, server_key_name, role, err, sizeof err);
+                if (r == 0)
+                        r = zap_new(loop, zctx, keys_dir, roles, ret, err, sizeof err);
+                if (r < 0) {
+                        log_error("cannot use the keys reason=\"%s\"", err);
+                        return -EINVAL;
+                }
+        }
+        if (keys_check_listen(listen, id, insecure, err, sizeof err) < 0) {
+                log_error("%s", err);
+                return -EINVAL;
+        }
+        return 0;
+}
+
 size_t zap_keys(const Zap *z) {
         return z->allow.n;
 }

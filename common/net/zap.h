@@ -19,6 +19,17 @@ typedef struct Zap Zap;
 int zap_new(uv_loop_t *loop, void *zctx, const char *dir, unsigned roles, Zap **ret, char *err, size_t errlen);
 /* Reads the allow-list again (SIGHUP); the old one stays on error. */
 int zap_reload(Zap *z, char *err, size_t errlen);
+/* A daemon's SIGHUP: zap_reload, its outcome logged (z NULL: no --keys,
+ * nothing to reload, said so). */
+void zap_sighup(Zap *z);
+/* A daemon's CURVE identity and allow-list from --keys keys_dir (NULL: none):
+ * its key key_name in role, the public key of the server it dials
+ * (server_key_name; NULL: none) into id, the ZAP handler admitting roles into
+ * *ret; then whether it may listen on `listen` (keys_check_listen, insecure).
+ * -EINVAL, logged with the reason, for a configuration that cannot run. */
+int zap_daemon_keys(uv_loop_t *loop, void *zctx, const char *keys_dir, const char *key_name,
+                    const char *server_key_name, Psnet__Role role, unsigned roles, const char *listen, bool insecure,
+                    NetIdentity *id, Zap **ret);
 size_t zap_keys(const Zap *z);
 Zap *zap_free(Zap *z);
 

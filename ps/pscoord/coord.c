@@ -161,16 +161,7 @@ static void coord_stop(void *ud, int signo) {
 
 /* SIGHUP: the allow-list is read again (a key added or withdrawn). */
 static void coord_reload(void *ud) {
-        Coord *c = ud;
-        char err[256];
-        if (!c->zap) {
-                log_info("SIGHUP: nothing to reload (no --keys)");
-                return;
-        }
-        if (zap_reload(c->zap, err, sizeof err) < 0)
-                log_error("SIGHUP: the allow-list did not load; the old one stays reason=\"%s\"", err);
-        else
-                log_info("SIGHUP: allow-list reloaded keys=%zu", zap_keys(c->zap));
+        zap_sighup(((Coord *) ud)->zap);
 }
 
 int coord_run(const CoordConfig *cfg) {
@@ -196,23 +187,11 @@ int coord_run(const CoordConfig *cfg) {
         }
         (void) zmq_ctx_set(c.zctx, ZMQ_IO_THREADS, 1);
         char err[512];
-        if (cfg->keys) {
-                r = keys_identity_load(&c.id, cfg->keys, cfg->key ? cfg->key : "pscoord", NULL,
-                                       PSNET__ROLE__ROLE_SERVER, err, sizeof err);
-                if (r == 0)
-                        r = zap_new(&c.loop, c.zctx, cfg->keys, wire_roles_at(false), &c.zap, err, sizeof err);
-                if (r < 0) {
-                        log_error("cannot use the keys reason=\"%s\"", err);
-                        r = -EINVAL; /* a configuration error: exit status 2 */
-                        goto finish;
-                }
-        }
-        r = keys_check_listen(cfg->listen, &c.id, cfg->insecure, err, sizeof err);
-        if (r < 0) {
-                log_error("%s", err);
-                r = -EINVAL;
+        /* -EINVAL: a configuration error, exit status 2. */
+        r = zap_daemon_keys(&c.loop, c.zctx, cfg->keys, cfg->key ? cfg->key : "pscoord", NULL, PSNET__ROLE__ROLE_SERVER,
+                            wire_roles_at(false), cfg->listen, cfg->insecure, &c.id, &c.zap);
+        if (r < 0)
                 goto finish;
-        }
         /* Control messages are small (a job spec is a few KiB) and few per peer. */
         const NetSockConf nc = { .type = ZMQ_ROUTER, .name = "control", .max_msg = 256 << 10, .sndhwm = 64,
                                  .rcvhwm = 64, .keys = c.id.enabled ? &c.id.keys : NULL, .curve_server = true,

@@ -967,16 +967,7 @@ static void psd_stop(void *ud, int signo) {
 }
 
 static void psd_reload(void *ud) {
-        Psd *p = ud;
-        char err[256];
-        if (!p->zap) {
-                log_info("SIGHUP: nothing to reload (no --keys; the job comes from pscoord)");
-                return;
-        }
-        if (zap_reload(p->zap, err, sizeof err) < 0)
-                log_error("SIGHUP: the allow-list did not load; the old one stays reason=\"%s\"", err);
-        else
-                log_info("SIGHUP: allow-list reloaded keys=%zu", zap_keys(p->zap));
+        zap_sighup(((Psd *) ud)->zap); /* the job comes from pscoord: nothing else to read again */
 }
 
 /* Memory available to this process: MemAvailable, or the cgroup's limit when lower. */
@@ -1000,24 +991,9 @@ static uint64_t memory_available(void) {
 /* Keys and ZAP, and whether it may listen where it is told to. */
 static int psd_security(Psd *p) {
         const PsdConfig *cfg = p->cfg;
-        char err[512];
-        int r = 0;
-        if (cfg->keys) {
-                r = keys_identity_load(&p->id, cfg->keys, cfg->key ? cfg->key : "psd",
-                                       cfg->coord_key ? cfg->coord_key : "pscoord", PSNET__ROLE__ROLE_SERVER, err,
-                                       sizeof err);
-                if (r == 0)
-                        r = zap_new(&p->loop, p->zctx, cfg->keys, wire_roles_at(true), &p->zap, err, sizeof err);
-                if (r < 0) {
-                        log_error("cannot use the keys reason=\"%s\"", err);
-                        return -EINVAL;
-                }
-        }
-        if (keys_check_listen(cfg->listen, &p->id, cfg->insecure, err, sizeof err) < 0) {
-                log_error("%s", err);
-                return -EINVAL;
-        }
-        return 0;
+        return zap_daemon_keys(&p->loop, p->zctx, cfg->keys, cfg->key ? cfg->key : "psd",
+                               cfg->coord_key ? cfg->coord_key : "pscoord", PSNET__ROLE__ROLE_SERVER,
+                               wire_roles_at(true), cfg->listen, cfg->insecure, &p->id, &p->zap);
 }
 
 int psd_run(const PsdConfig *cfg) {

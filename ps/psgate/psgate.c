@@ -37,14 +37,7 @@ static void gate_stop(void *ud, int signo) {
 
 /* SIGHUP: the allow-list is read again (a client's key added or withdrawn). */
 static void gate_reload(void *ud) {
-        Gate *g = ud;
-        char err[256];
-        if (!g->zap)
-                log_info("SIGHUP: nothing to reload (no --keys)");
-        else if (zap_reload(g->zap, err, sizeof err) < 0)
-                log_error("SIGHUP: the allow-list did not load; the old one stays reason=\"%s\"", err);
-        else
-                log_info("SIGHUP: allow-list reloaded keys=%zu", zap_keys(g->zap));
+        zap_sighup(((Gate *) ud)->zap);
 }
 
 static void gate_metrics(void *ud, MetricsBuf *b) {
@@ -91,23 +84,11 @@ static int gate_run(const GateOptions *o) {
          * connection in and one per far end out. */
         (void) zmq_ctx_set(g.zctx, ZMQ_IO_THREADS, (int) MAX(o->io_threads, 1u));
         (void) zmq_ctx_set(g.zctx, ZMQ_MAX_SOCKETS, (int) MIN((uint64_t) o->max_clients * 8 + 64, (uint64_t) 1 << 20));
-        if (o->keys) {
-                r = keys_identity_load(&g.id, o->keys, o->key ? o->key : "psgate", o->coord_key ? o->coord_key : "pscoord",
-                                       PSNET__ROLE__ROLE_GATEWAY, err, sizeof err);
-                if (r == 0)
-                        r = zap_new(&g.loop, g.zctx, o->keys, WIRE_ROLE(PSNET__ROLE__ROLE_EDGE), &g.zap, err, sizeof err);
-                if (r < 0) {
-                        log_error("cannot use the keys reason=\"%s\"", err);
-                        r = -EINVAL;
-                        goto finish;
-                }
-        }
-        r = keys_check_listen(o->listen, &g.id, o->insecure, err, sizeof err);
-        if (r < 0) {
-                log_error("%s", err);
-                r = -EINVAL;
+        r = zap_daemon_keys(&g.loop, g.zctx, o->keys, o->key ? o->key : "psgate", o->coord_key ? o->coord_key : "pscoord",
+                            PSNET__ROLE__ROLE_GATEWAY, WIRE_ROLE(PSNET__ROLE__ROLE_EDGE), o->listen, o->insecure, &g.id,
+                            &g.zap);
+        if (r < 0)
                 goto finish;
-        }
         const RelayConfig rc = { .listen = o->listen, .coord = o->coord, .id = &g.id, .max_clients = o->max_clients,
                                  .idle_s = o->idle_s, .max_msg = o->max_msg_mib << 20 };
         r = relay_new(&g.loop, g.zctx, &rc, &g.relay);
