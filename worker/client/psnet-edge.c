@@ -684,6 +684,20 @@ static void on_registered(Session *s, bool again, void *ud) {
         PsnetEdge *e = ud;
         edge_fields(e);
         log_info("registered%s coord=%s", again ? " again" : "", session_endpoint(s));
+        if (again && e->mux && e->client && client_busy(e->client)) {
+                /* Through psgate the session registers again when its
+                 * connection moved (psgate restarted, or another one took
+                 * it): what the shards were asked on the old one went with
+                 * it. The pull or push in flight ends now, not at its
+                 * time-out, and the next round finds the client free. */
+                log_warning("the connection through psgate moved: the %s in flight is given up",
+                            e->pull_cb ? "pull" : "push");
+                client_abort(e->client);
+                if (e->pull_cb)
+                        on_pulled(e->client, -ECONNRESET, 0, e);
+                else if (e->us == U_PUSHING)
+                        on_pushed(e->client, -ECONNRESET, 0, e);
+        }
         if (e->ev.registered)
                 e->ev.registered(e, again, e->ud);
 }
