@@ -426,7 +426,8 @@ int coord_fed_closing(Coord *c, const ProtobufCBinaryData *closing, char *err, s
 int coord_fed_resume(Coord *c, char *reason, size_t n);
 /* Sends MSG_ROUND to every shard of the map: the round's sample (open) or the
  * clients whose updates count (close; none: drop them), with the seeds of a
- * --secagg close (sa). */
+ * --secagg close (sa). An aggregating close is written into the state file
+ * first (coord-state.c: CoordState.fed_closing). */
 int coord_fed_send_shards(Coord *c, bool close, const uint32_t *ids, size_t n, Psnet__SecAgg *sa);
 /* Sends rd to every shard of the map; their answers come to shard_rep. */
 int coord_fed_send_round(Coord *c, Psnet__Round *rd);

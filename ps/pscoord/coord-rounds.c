@@ -84,31 +84,6 @@ bool coord_fed_available(const Peer *p) {
         return p->role == PSNET__ROLE__ROLE_EDGE && !p->detached;
 }
 
-int coord_fed_send_shards(Coord *c, bool close, const uint32_t *ids, size_t n, Psnet__SecAgg *sa) {
-        FedRounds *f = &c->fed;
-        _cleanup_free_ ProtobufCBinaryData *keys = ps_calloc(n ? n : 1, sizeof *keys);
-        if (!keys)
-                return -ENOMEM;
-        for (size_t i = 0; c->id.enabled && !close && i < n; i++) {
-                Peer *p = coord_find_peer(c, PSNET__ROLE__ROLE_EDGE, ids[i]);
-                keys[i] = (ProtobufCBinaryData) { .len = 32, .data = p ? p->public_key : NULL };
-                if (!p)
-                        return -ENOENT;
-        }
-        Psnet__Round rd = PSNET__ROUND__INIT;
-        rd.number = f->number;
-        rd.has_round = true;
-        rd.round = f->done + 1;
-        rd.n_clients = n;
-        rd.clients = (uint32_t *) ids;
-        rd.has_close = close;
-        rd.close = close;
-        rd.n_keys = c->id.enabled && !close ? n : 0;
-        rd.keys = keys;
-        rd.secagg = close && n ? sa : NULL;
-        return coord_fed_send_round(c, &rd);
-}
-
 int coord_fed_send_edge(Coord *c, const Peer *p, Psnet__Round *rd) {
         if (!p)
                 return -ENOTCONN;
@@ -119,48 +94,9 @@ int coord_fed_send_edge(Coord *c, const Peer *p, Psnet__Round *rd) {
         return coord_reply_hdr(c, &p->route, &h, 0);
 }
 
-/* An aggregating close is written down before it leaves: the shards may
- * apply it before pscoord records the round done. */
-static void closing_write_ahead(Coord *c, const Psnet__Round *rd) {
-        FedRounds *f = &c->fed;
-        size_t len = psnet__round__get_packed_size(rd);
-        uint8_t *b = ps_malloc(MAX(len, (size_t) 1));
-        if (!b) {
-                log_warning("out of memory: round %lu's close is not written ahead", (unsigned long) rd->number);
-                return;
-        }
-        psnet__round__pack(rd, b);
-        ps_free(f->closing);
-        f->closing = b;
-        f->closing_len = len;
-        coord_state_save(c);
-}
-
-int coord_fed_closing(Coord *c, const ProtobufCBinaryData *closing, char *err, size_t n) {
-        FedRounds *f = &c->fed;
-        Psnet__Round *rd = psnet__round__unpack(NULL, closing->len, closing->data);
-        bool ok = rd && rd->has_close && rd->close && rd->number == f->number && rd->n_clients > 0;
-        if (rd)
-                psnet__round__free_unpacked(rd, NULL);
-        if (!ok) {
-                snprintf(err, n, "its round close in writing is not one of round %lu", (unsigned long) f->number);
-                return -EBADMSG;
-        }
-        f->closing = ps_malloc(MAX(closing->len, (size_t) 1));
-        if (!f->closing) {
-                snprintf(err, n, "out of memory");
-                return -EBADMSG;
-        }
-        memcpy(f->closing, closing->data, closing->len);
-        f->closing_len = closing->len;
-        return 0;
-}
-
 int coord_fed_send_round(Coord *c, Psnet__Round *rd) {
         FedRounds *f = &c->fed;
         size_t ns = shardmap_size(c->map);
-        if (rd->has_close && rd->close && rd->n_clients > 0 && !c->job.fed.async)
-                closing_write_ahead(c, rd);
         ps_free(f->shard_replied);
         ps_free(f->shard_ids);
         f->shard_replied = ps_calloc(ns ? ns : 1, sizeof *f->shard_replied);
