@@ -53,7 +53,7 @@ typedef struct LinkRef {
         uint32_t to;
 } LinkRef;
 
-static const size_t LINK_QUEUE_COORD = 64, LINK_QUEUE_SHARD = 4;
+static const size_t LINK_QUEUE_COORD = 64, LINK_QUEUE_SHARD = 8; /* a pull in 4 parts and an update fit */
 
 struct Relay {
         uv_loop_t *loop;
