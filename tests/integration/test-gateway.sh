@@ -42,6 +42,7 @@ relayed=$(awk '$1 == "psnet_psgate_bytes_total{direction=\"in\"}" { print $2 }' 
 [ "${clients:-0}" -eq 4 ] && awk -v b="${relayed:-0}" 'BEGIN { exit !(b > 0) }'
 ok $? "psgate's /metrics: 4 clients, ${relayed:-0} update bytes relayed"
 awk '$1 == "psnet_psgate_shards_known" { exit !($2 == 2) }' <<<"$m"; ok $? "psgate learnt both shards from the maps"
+lint=$(promtool check metrics <<<"$m" 2>&1); ok $? "psgate's /metrics passes promtool check metrics ${lint:+($lint)}"
 
 # psgate killed and started again: the clients go on through the new one.
 done_before=$(grep -c 'msg="round done"' "$RUN/pscoord.log")
