@@ -3,15 +3,16 @@
 # psgate, the edge clients' one front door, over CURVE: pscoord and the two
 # shards admit no edge key at all (their allow-list lists the cluster's keys
 # and psgate's, role gateway), so every round these edge workers finish went
-# through psgate, the only address they have. The maps they get name the
-# shards by id alone. An edge client dialling pscoord directly is refused;
+# through psgate, the only address they have: two of them, as behind one
+# name, half the clients through each, the rounds counting both halves. The
+# maps they get name the shards by id alone. An edge client dialling pscoord directly is refused;
 # messages an edge client may not send, messages without an address and
 # garbage get a clear error from psgate, which keeps serving; killed and
 # started again mid-job, psgate lets the clients go on, and the job ends above
 # the bar.
 source "$(dirname "$0")/lib.sh"
 PSGATE=$PSNET_BUILD/ps/psgate/psgate
-COORD="ipc://$RUN/coord.sock" GATE="ipc://$RUN/gate.sock"
+COORD="ipc://$RUN/coord.sock" GATE="ipc://$RUN/gate.sock" GATE2="ipc://$RUN/gate2.sock"
 ROUNDS=30
 K=$RUN/cluster KE=$RUN/edge KG=$RUN/gate
 for kr in pscoord:server psd:server psgate:gateway admin:admin; do
@@ -26,9 +27,12 @@ psnet_start pscoord "$PSCOORD" --listen "$COORD" --mode fed --shards 2 --rounds 
   --min-clients 3 --min-available 4 --round-timeout 10 --lease-ms 5000 --chunk-kb 64 \
   --train-limit 4000 --test-limit 1000 --keys "$K"
 for i in 1 2; do psnet_start "psd-$i" "$PSD" --id $i --listen "ipc://$RUN/psd-$i.sock" --coord "$COORD" --keys "$K"; done
+# Two gateways, as behind one name: half the clients through each.
 psnet_start psgate "$PSGATE" --listen "$GATE" --coord "$COORD" --keys "$KG" --http 127.0.0.1:0
+psnet_start psgate-b "$PSGATE" --listen "$GATE2" --coord "$COORD" --keys "$KG"
 for k in 0 1 2 3; do
-  psnet_start "e-$k" "$WORKERD" --edge --gateway "$GATE" --partition $k/4 --keys "$KE"
+  gw=$GATE; [ $k -ge 2 ] && gw=$GATE2
+  psnet_start "e-$k" "$WORKERD" --edge --gateway "$gw" --partition $k/4 --keys "$KE"
 done
 
 psnet_wait_for 90 logs_match 'msg="round done" round=2/' 'pscoord.log'; ok $? "rounds run with every client behind psgate"
@@ -39,8 +43,10 @@ port=$(http_port psgate)
 m=$(curl -sf "http://127.0.0.1:$port/metrics")
 clients=$(awk '$1 == "psnet_psgate_clients" { print $2 }' <<<"$m")
 relayed=$(awk '$1 == "psnet_psgate_bytes_total{direction=\"in\"}" { print $2 }' <<<"$m")
-[ "${clients:-0}" -eq 4 ] && awk -v b="${relayed:-0}" 'BEGIN { exit !(b > 0) }'
-ok $? "psgate's /metrics: 4 clients, ${relayed:-0} update bytes relayed"
+[ "${clients:-0}" -eq 2 ] && awk -v b="${relayed:-0}" 'BEGIN { exit !(b > 0) }'
+ok $? "the first psgate's /metrics: its 2 clients, ${relayed:-0} update bytes relayed"
+jq -e '[.[] | select(.round > 0)][0].answered == 4' <<<"$("$PSCTL" --keys "$K" --coord "$COORD" --json round history)" >/dev/null
+ok $? "round 1 counts the clients of both gateways"
 awk '$1 == "psnet_psgate_shards_known" { exit !($2 == 2) }' <<<"$m"; ok $? "psgate learnt both shards from the maps"
 lint=$(promtool check metrics <<<"$m" 2>&1); ok $? "psgate's /metrics passes promtool check metrics ${lint:+($lint)}"
 
@@ -75,4 +81,5 @@ ok $? "the job through psgate finishes above 0.60 on the subset ($out)"
 hist=$("${PSCTL_K[@]}" --json round history)
 jq -e "[.[] | select(.round > 0)] | length == $ROUNDS" <<<"$hist" >/dev/null
 ok $? "psctl round history lists the $ROUNDS rounds once each"
-! grep -q 'level=error' "$RUN/psgate.log" "$RUN"/psd-*.log; ok $? "psgate and the shards logged no error"
+! grep -q 'level=error' "$RUN/psgate.log" "$RUN/psgate-b.log" "$RUN"/psd-*.log
+ok $? "the gateways and the shards logged no error"
