@@ -2,7 +2,8 @@
 /* Unit tests for common/net's loop plumbing: zwatch/netsock (edge-triggered
  * draining of ZeroMQ sockets on a libuv loop, sends that must not strand
  * incoming messages, closing a socket from inside its own callback) and the
- * pscoord session (registration, messages that arrive while registering,
+ * the many DEALERs of one connection (NetMux, an edge client behind psgate),
+ * the pscoord session (registration, messages that arrive while registering,
  * heartbeats, registering again, refusals, time-outs), against a scripted fake
  * pscoord on the same loop. Every wait is the loop running until a condition
  * holds, bounded by a deadline timer that fails the check. */
@@ -115,6 +116,114 @@ static void test_close_in_callback(void) {
         }
         CHECK(run_until(&router_closed_self, 5000), "a socket closed itself inside its callback (with 4 more queued)");
         d = netsock_close(d);
+}
+
+/* --- NetMux: many DEALERs over one connection ------------------------------------------ */
+
+/* The far side plays psgate: an addressed ROUTER that answers each message
+ * with its address, its seq + 1000, and once a message for far end 99
+ * (whom no NetSock here is). */
+static int gate_got, gate_to_coord, gate_to_seven;
+static bool gate_bad_address;
+
+static void gate_msg(NetSock *s, WireMsg *m, int r, void *ud) {
+        (void) ud;
+        if (r < 0 || !m->has_to || zmq_msg_size(&m->to) != 4) {
+                gate_bad_address = true;
+                return;
+        }
+        uint32_t to;
+        memcpy(&to, zmq_msg_data(&m->to), 4);
+        gate_got++;
+        gate_to_coord += to == NETMUX_COORD;
+        gate_to_seven += to == 7;
+        Psnet__Header h;
+        wire_header_init(&h, PSNET__MSG_TYPE__MSG_PUSH_ACK);
+        h.has_seq = true;
+        h.seq = m->hdr->seq + 1000;
+        if (netsock_send_to(s, &m->route, &m->to, &h, NULL, 0) < 0)
+                die("gate answer");
+        if (gate_got == 1) {
+                zmq_msg_t other;
+                zmq_msg_init_size(&other, 4);
+                uint32_t ninety_nine = 99;
+                memcpy(zmq_msg_data(&other), &ninety_nine, 4);
+                if (netsock_send_to(s, &m->route, &other, &h, NULL, 0) < 0)
+                        die("gate stray");
+                zmq_msg_close(&other);
+        }
+}
+
+static int mux_coord_got, mux_seven_got, mux_wrong;
+static bool mux_done;
+
+static void mux_msg(NetSock *s, WireMsg *m, int r, void *ud) {
+        (void) s;
+        uint32_t me = (uint32_t) (uintptr_t) ud;
+        if (r < 0 || m->hdr->seq < 1000) {
+                mux_wrong++;
+                return;
+        }
+        /* Each answer comes to the NetSock of the far end it was sent to:
+         * seqs 1..3 went to pscoord, 11..12 to shard 7. */
+        uint64_t sent = m->hdr->seq - 1000;
+        if ((me == NETMUX_COORD) != (sent < 10))
+                mux_wrong++;
+        else if (me == NETMUX_COORD)
+                mux_coord_got++;
+        else
+                mux_seven_got++;
+        mux_done = mux_coord_got >= 3 && mux_seven_got >= 2;
+}
+
+static void test_mux(void) {
+        NetSock *gate, *coord, *seven;
+        NetMux *mux;
+        NetSockConf gc = { .type = ZMQ_ROUTER, .name = "gate", .addressed = true };
+        NetSockConf mc = { .type = ZMQ_DEALER, .name = "mux" };
+        if (netsock_new(&loop, zctx, &gc, gate_msg, NULL, &gate) < 0 || netsock_bind(gate, "inproc://mux") < 0 ||
+            netmux_new(&loop, zctx, &mc, "inproc://mux", NULL, &mux) < 0)
+                die("mux setup");
+        NetSockConf cc = { .type = ZMQ_DEALER, .name = "coord", .via = mux, .via_to = NETMUX_COORD };
+        NetSockConf sc = { .type = ZMQ_DEALER, .name = "shard-7", .via = mux, .via_to = 7 };
+        if (netsock_new(&loop, zctx, &cc, mux_msg, (void *) (uintptr_t) NETMUX_COORD, &coord) < 0 ||
+            netsock_new(&loop, zctx, &sc, mux_msg, (void *) (uintptr_t) 7, &seven) < 0 ||
+            netsock_connect(coord, "ignored", NULL) < 0 || netsock_connect(seven, "ignored", NULL) < 0)
+                die("mux sockets");
+        for (uint64_t i = 1; i <= 3; i++) {
+                Psnet__Header h;
+                wire_header_init(&h, PSNET__MSG_TYPE__MSG_HEARTBEAT);
+                h.has_seq = true;
+                h.seq = i;
+                Psnet__Heartbeat hb = PSNET__HEARTBEAT__INIT;
+                h.body_case = PSNET__HEADER__BODY_HEARTBEAT;
+                h.heartbeat = &hb;
+                if (netsock_send(coord, NULL, &h, NULL, 0) < 0)
+                        die("mux send coord");
+        }
+        for (uint64_t i = 11; i <= 12; i++) {
+                Psnet__Header h;
+                wire_header_init(&h, PSNET__MSG_TYPE__MSG_PUSH_ACK);
+                h.has_seq = true;
+                h.seq = i;
+                if (netsock_send(seven, NULL, &h, NULL, 0) < 0)
+                        die("mux send shard");
+        }
+        bool done = run_until(&mux_done, 5000);
+        /* The stray for far end 99 left between the first answer and the
+         * others, on the same ordered connection: it has been read by now. */
+        CHECK(done && mux_coord_got == 3 && mux_seven_got == 2,
+              "through one connection, each far end's answers reach its own NetSock (pscoord %d of 3, shard 7 %d "
+              "of 2)", mux_coord_got, mux_seven_got);
+        CHECK(gate_got == 5 && gate_to_coord == 3 && gate_to_seven == 2 && !gate_bad_address,
+              "the far side saw every message with its address frame (%d: %d for pscoord, %d for shard 7)", gate_got,
+              gate_to_coord, gate_to_seven);
+        CHECK(mux_wrong == 0, "no answer went to the wrong NetSock, and one for a far end nobody is was dropped");
+        /* Closed in any order, the mux last or first: its connection goes with the last. */
+        mux = netmux_close(mux);
+        coord = netsock_close(coord);
+        seven = netsock_close(seven);
+        gate = netsock_close(gate);
 }
 
 /* --- session against a fake pscoord ---------------------------------------------------- */
@@ -340,6 +449,7 @@ int main(void) {
                 die("loop");
         test_burst();
         test_close_in_callback();
+        test_mux();
         test_session();
         uv_run(&loop, UV_RUN_NOWAIT); /* the closes complete (ASan checks the frees) */
         CHECK(uv_loop_close(&loop) == 0, "every handle was closed");
