@@ -18,7 +18,6 @@ struct NetMux {
         NetSock *base;            /* the connection (a DEALER whose messages are addressed) */
         NetSock *socks;           /* the NetSocks through it */
         unsigned refs;            /* the owner's and each NetSock's (and a dispatch's) */
-        char name[32];
 };
 
 struct NetSock {
@@ -151,19 +150,11 @@ int netsock_connect(NetSock *s, const char *endpoint, const uint8_t *server_key)
         return zmq_connect(s->sock, endpoint) < 0 ? -errno : 0;
 }
 
-/* The first frame of a message through a mux: its far end. */
-static void mux_address(const NetSock *s, zmq_msg_t *to) {
-        zmq_msg_init_size(to, 4); /* 4 bytes always fit in the message itself */
-        uint8_t *d = zmq_msg_data(to);
-        for (int i = 0; i < 4; i++)
-                d[i] = (uint8_t) (s->to >> (8 * i));
-}
-
 int netsock_send(NetSock *s, const zmq_msg_t *route, const Psnet__Header *h, zmq_msg_t *frames, size_t n) {
         int r;
         if (s->mux) {
                 zmq_msg_t to;
-                mux_address(s, &to);
+                wire_address_init(&to, s->to);
                 r = wire_send_to(s->sock, NULL, &to, h, frames, n);
                 zmq_msg_close(&to);
         } else
@@ -177,7 +168,7 @@ int netsock_send_error(NetSock *s, const zmq_msg_t *route, int status, uint64_t 
         int r;
         if (s->mux) {
                 zmq_msg_t to;
-                mux_address(s, &to);
+                wire_address_init(&to, s->to);
                 r = wire_send_error_to(s->sock, NULL, &to, status, seq, reason);
                 zmq_msg_close(&to);
         } else
@@ -205,10 +196,10 @@ int netsock_send_packed(NetSock *s, const void *data, size_t len) {
         if (s->mux) {
                 /* Nothing is queued for a DEALER with no peer (-EAGAIN) on the
                  * first part; a later part of a message begun always goes. */
-                uint8_t to[4];
-                for (int i = 0; i < 4; i++)
-                        to[i] = (uint8_t) (s->to >> (8 * i));
-                r = zmq_send(s->sock, to, sizeof to, ZMQ_DONTWAIT | ZMQ_SNDMORE) < 0 ? -errno : 0;
+                zmq_msg_t to;
+                wire_address_init(&to, s->to);
+                r = zmq_msg_send(&to, s->sock, ZMQ_DONTWAIT | ZMQ_SNDMORE) < 0 ? -errno : 0;
+                zmq_msg_close(&to);
         }
         if (r == 0)
                 r = zmq_send(s->sock, data, len, ZMQ_DONTWAIT) < 0 ? -errno : 0;
@@ -331,16 +322,11 @@ NetSock *netsock_close(NetSock *s) {
 
 /* --- the mux ------------------------------------------------------------------------ */
 
-/* A message through the mux: its first frame (read as a route) names the
- * NetSock it is for. */
+/* A message through the mux: its address frame names the NetSock it is for. */
 static void netmux_on_msg(NetSock *base, WireMsg *m, int r, void *ud) {
         NetMux *mx = ud;
         uint32_t to = 0;
-        bool addressed = m->has_to && zmq_msg_size(&m->to) == 4;
-        if (addressed) {
-                const uint8_t *d = zmq_msg_data(&m->to);
-                to = (uint32_t) d[0] | (uint32_t) d[1] << 8 | (uint32_t) d[2] << 16 | (uint32_t) d[3] << 24;
-        }
+        bool addressed = m->has_to && wire_address(&m->to, &to);
         NetSock *s = mx->socks;
         while (addressed && s && s->to != to)
                 s = s->next;

@@ -285,7 +285,6 @@ static int peer_relayed(WireMsg *msg) {
                 return fail(msg->reason, sizeof msg->reason, PSNET__STATUS__STATUS_DENIED,
                             "a gateway speaks for the edge client it relays (relay_key), never for itself");
         peer->role = PSNET__ROLE__ROLE_EDGE;
-        peer->relayed = true;
         memcpy(peer->key, h->relay_key.data, 32);
         keys_fingerprint(peer->key, peer->fingerprint);
         snprintf(peer->name, sizeof peer->name, "%s", h->relay_name && h->relay_name[0] ? h->relay_name : "-");
@@ -308,6 +307,21 @@ static bool has_more(const zmq_msg_t *m) {
 }
 
 static int recv_parts(void *sock, bool router, bool addressed, int flags, WireMsg *msg);
+
+void wire_address_init(zmq_msg_t *m, uint32_t to) {
+        zmq_msg_init_size(m, 4);
+        uint8_t *d = zmq_msg_data(m);
+        for (int i = 0; i < 4; i++)
+                d[i] = (uint8_t) (to >> (8 * i));
+}
+
+bool wire_address(const zmq_msg_t *m, uint32_t *ret) {
+        if (zmq_msg_size((zmq_msg_t *) m) != 4)
+                return false;
+        const uint8_t *d = zmq_msg_data((zmq_msg_t *) m);
+        *ret = (uint32_t) d[0] | (uint32_t) d[1] << 8 | (uint32_t) d[2] << 16 | (uint32_t) d[3] << 24;
+        return true;
+}
 
 int wire_recv(void *sock, bool router, int flags, WireMsg *msg) {
         return recv_parts(sock, router, false, flags, msg);
@@ -352,7 +366,8 @@ static int recv_parts(void *sock, bool router, bool addressed, int flags, WireMs
                 }
                 msg->has_to = true;
                 router = true; /* the header is the next part of a message begun */
-                if (!has_more(&msg->to) || zmq_msg_size(&msg->to) != 4) {
+                uint32_t to;
+                if (!has_more(&msg->to) || !wire_address(&msg->to, &to)) {
                         /* Drain the rest: the next message must start clean. */
                         while (has_more(&msg->to)) {
                                 zmq_msg_t part;

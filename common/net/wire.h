@@ -25,7 +25,6 @@ typedef struct WirePeer {
         char fingerprint[17];
         char name[64];
         uint8_t key[32];         /* its public key (valid when role != NONE) */
-        bool relayed;            /* an edge client's message psgate relayed (role EDGE, the client's key) */
 } WirePeer;
 
 /* The ZAP handler's User-Id, "ROLE FINGERPRINT NAME KEY" (zap.c), into peer
@@ -57,6 +56,11 @@ int wire_recv(void *sock, bool router, int flags, WireMsg *msg);
  * (after the route, with router): the far end of a message through psgate
  * (netsock.h, NetMux), into msg->to. */
 int wire_recv_to(void *sock, bool router, int flags, WireMsg *msg);
+/* The address frame: a far end (NETMUX_COORD or a shard id), 4 bytes
+ * little-endian. wire_address_init makes one (it cannot fail: 4 bytes are
+ * kept inside the zmq_msg_t); wire_address reads one, false when m is not. */
+void wire_address_init(zmq_msg_t *m, uint32_t to);
+bool wire_address(const zmq_msg_t *m, uint32_t *ret);
 void wire_msg_done(WireMsg *msg);
 
 /* Structural checks on a decoded header and its frames, as wire_recv does:

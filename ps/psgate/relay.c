@@ -229,13 +229,6 @@ static RClient *client_find(Relay *rl, const zmq_msg_t *route, uint64_t h) {
 
 /* --- the answers: a far end to its client --------------------------------------------- */
 
-static void to_frame(uint32_t to, zmq_msg_t *f) {
-        zmq_msg_init_size(f, 4); /* 4 bytes are kept in the message itself */
-        uint8_t *d = zmq_msg_data(f);
-        for (int i = 0; i < 4; i++)
-                d[i] = (uint8_t) (to >> (8 * i));
-}
-
 static void on_link_msg(NetSock *s, WireMsg *m, int r, void *ud) {
         LinkRef *ref = ud;
         RClient *cl = ref->cl;
@@ -268,7 +261,7 @@ static void on_link_msg(NetSock *s, WireMsg *m, int r, void *ud) {
         }
         uint64_t bytes = msg_bytes(m);
         zmq_msg_t to;
-        to_frame(ref->to, &to);
+        wire_address_init(&to, ref->to);
         int sr = netsock_send_to(rl->front, &cl->route, &to, h, m->frames, m->nframes);
         zmq_msg_close(&to);
         if (map) {
@@ -294,7 +287,8 @@ static void refuse(Relay *rl, const WireMsg *m, int status, uint64_t seq, const 
         rl->refused++;
         if (!m->has_route)
                 return;
-        if (m->has_to && zmq_msg_size((zmq_msg_t *) &m->to) == 4)
+        uint32_t to;
+        if (m->has_to && wire_address(&m->to, &to))
                 (void) netsock_send_error_to(rl->front, &m->route, &m->to, status, seq, reason);
         else {
                 char why[320];
@@ -302,11 +296,6 @@ static void refuse(Relay *rl, const WireMsg *m, int status, uint64_t seq, const 
                          "--gateway)", reason);
                 (void) netsock_send_error(rl->front, &m->route, status, seq, why);
         }
-}
-
-static uint32_t frame_u32(const zmq_msg_t *f) {
-        const uint8_t *d = zmq_msg_data((zmq_msg_t *) f);
-        return (uint32_t) d[0] | (uint32_t) d[1] << 8 | (uint32_t) d[2] << 16 | (uint32_t) d[3] << 24;
 }
 
 /* What an edge client may send to this far end (the message table's, the
@@ -370,7 +359,8 @@ static void on_front_msg(NetSock *s, WireMsg *m, int r, void *ud) {
                 refuse(rl, m, m->status, seq, m->reason);
                 return;
         }
-        uint32_t to = frame_u32(&m->to);
+        uint32_t to = 0;
+        (void) wire_address(&m->to, &to); /* wire_recv_to refused a message without one */
         int st = front_check(m, to, reason, sizeof reason);
         RClient *cl = st == PSNET__STATUS__STATUS_OK ? client_get(rl, m, reason, sizeof reason) : NULL;
         if (st == PSNET__STATUS__STATUS_OK && !cl)

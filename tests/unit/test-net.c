@@ -128,12 +128,11 @@ static bool gate_bad_address;
 
 static void gate_msg(NetSock *s, WireMsg *m, int r, void *ud) {
         (void) ud;
-        if (r < 0 || !m->has_to || zmq_msg_size(&m->to) != 4) {
+        uint32_t to;
+        if (r < 0 || !m->has_to || !wire_address(&m->to, &to)) {
                 gate_bad_address = true;
                 return;
         }
-        uint32_t to;
-        memcpy(&to, zmq_msg_data(&m->to), 4);
         gate_got++;
         gate_to_coord += to == NETMUX_COORD;
         gate_to_seven += to == 7;
@@ -145,9 +144,7 @@ static void gate_msg(NetSock *s, WireMsg *m, int r, void *ud) {
                 die("gate answer");
         if (gate_got == 1) {
                 zmq_msg_t other;
-                zmq_msg_init_size(&other, 4);
-                uint32_t ninety_nine = 99;
-                memcpy(zmq_msg_data(&other), &ninety_nine, 4);
+                wire_address_init(&other, 99);
                 if (netsock_send_to(s, &m->route, &other, &h, NULL, 0) < 0)
                         die("gate stray");
                 zmq_msg_close(&other);
