@@ -52,7 +52,9 @@ lint=$(promtool check metrics <<<"$m" 2>&1); ok $? "psgate's /metrics passes pro
 
 # psgate killed and started again: the clients go on through the new one.
 done_before=$(grep -c 'msg="round done"' "$RUN/pscoord.log")
-kill -9 "$PID_psgate"
+# Started again once the old one is gone: while it lives, its socket is taken.
+kill -9 "$PID_psgate" && psnet_wait_exit "$PID_psgate" 10
+ok $? "psgate killed (-9) mid-job"
 [ "$done_before" -lt $ROUNDS ]; ok $? "psgate killed mid-job (after $done_before of $ROUNDS rounds)"
 psnet_start psgate2 "$PSGATE" --listen "$GATE" --coord "$COORD" --keys "$KG"
 psnet_wait_for 90 bash -c "[ \$(grep -c 'msg=\"round done\"' '$RUN/pscoord.log') -ge $((done_before + 2)) ]"
