@@ -50,9 +50,9 @@ psnet_stop_all
 # Refused at submit, pscoord serving on.
 COORD="ipc://$RUN/bad.sock"
 psnet_start pscoord-bad "$PSCOORD" --listen "$COORD" --workers 1 --shards 1
-refused() {  # refused KIND WANT: a variant of the file is refused with WANT in the reason
+torch_check variant "$INIT" "$RUN" f64 drop extra reshape nan other
+refused() {  # refused KIND WANT: a variant of the file ($RUN/KIND.safetensors) is refused with WANT in the reason
   local f=$RUN/$1.safetensors err rc
-  [ "$1" = none ] || torch_check variant "$INIT" "$f" "$1"
   err=$("$PSCTL" --coord "$COORD" job submit --model "$MODEL" --init "$f" 2>&1); rc=$?
   [ $rc -ne 0 ] && grep -qF -- "$2" <<<"$err"; ok $? "$1: refused ($err)"
 }
@@ -73,7 +73,7 @@ ok $? "pscoord serves on with its job"
 cp "$INIT" "$RUN/moving.safetensors"
 "$PSCTL" --coord "$COORD" job submit --model "$MODEL" --init "$RUN/moving.safetensors" >/dev/null
 ok $? "a job waits with a checked file"
-torch_check variant "$INIT" "$RUN/moving.safetensors" other
+mv "$RUN/other.safetensors" "$RUN/moving.safetensors"
 start_shards bad 1
 psnet_start w1-bad "$WORKERD" --coord "$COORD" --backend cpu
 out=$("$PSCTL" --coord "$COORD" job wait --wait 60 2>&1)

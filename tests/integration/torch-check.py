@@ -10,8 +10,8 @@
       Builds the model of a psnet description in torch.nn, trains it (SGD,
       2 epochs on the first NTRAIN training images), saves its state_dict as
       safetensors for a job's --init and prints its accuracy on NTEST.
-  torch-check.py variant SRC OUT KIND
-      A broken copy of SRC: f64 (every tensor float64), drop (its last tensor
+  torch-check.py variant SRC DIR KIND...
+      A broken copy of SRC per KIND, as DIR/KIND.safetensors: f64 (every tensor float64), drop (its last tensor
       missing), extra (a tensor more), reshape (the first tensor transposed),
       nan (a NaN in the first tensor), other (the same shapes, other values).
   torch-check.py diff A B
@@ -117,7 +117,9 @@ def main():
     elif cmd == "pretrain":
         pretrain(sys.argv[2], sys.argv[3], int(sys.argv[4]), int(sys.argv[5]), sys.argv[6])
     elif cmd == "variant":
-        variant(sys.argv[2], sys.argv[3], sys.argv[4])
+        # One process for them all: importing torch is most of the time.
+        for kind in sys.argv[4:]:
+            variant(sys.argv[2], os.path.join(sys.argv[3], kind + ".safetensors"), kind)
     elif cmd == "diff":
         diff(sys.argv[2], sys.argv[3])
     else:
