@@ -6,7 +6,8 @@
 # reported dropped, its update comes late and is refused with a reason); too
 # few updates make the round run again with a fresh sample; psctl round
 # status/history (with the model tested every 4 rounds, --eval-every); a
-# worker (not an edge) is refused by a federated job.
+# worker (not an edge) is refused by a federated job; an edge told to stop
+# mid-pull leaves at once.
 source "$(dirname "$0")/lib.sh"
 COORD="ipc://$RUN/coord.sock"
 
@@ -100,3 +101,24 @@ n=$(grep -c 'msg="ready" partition=[0-7]/8 ' "$RUN/sim.log"); [ "$n" -eq 8 ]; ok
   all(.[]; .sampled == 4 and .answered == 4 and .bytes_up * 4 < .bytes_raw)' >/dev/null
 ok $? "every round samples 4 of the 8 and counts their 4 top-k updates"
 psnet_wait_exit "$PID_sim" 20; ok $? "the process leaves once all its clients left"
+psnet_stop_all
+
+# 5. Stopped while it pulls: an edge process told to stop (SIGTERM) while its
+# round's pull crawls over a slow link (0.5 Mbit/s: the 0.8 MB model takes
+# 13 s) gives the pull up and leaves at once, not when the pull ends or at
+# its --round-timeout.
+free_port() { /usr/bin/python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'; }
+sp=$(free_port) lp=$(free_port) COORD="ipc://$RUN/coord5.sock"
+psnet_start link5 /usr/bin/python3 "$PSNET_SRC/tests/bench/linkemu.py" "$lp" "127.0.0.1:$sp" 0.5 5 0
+psnet_start pscoord5 "$PSCOORD" --listen "$COORD" --mode fed --shards 1 --rounds 3 --fraction 1 --min-clients 1 \
+  --min-available 1 --round-timeout 60 --train-limit 1000 --test-limit 200
+psnet_start psd5 "$PSD" --id 1 --listen "tcp://127.0.0.1:$sp" --advertise "tcp://127.0.0.1:$lp" --coord "$COORD"
+psnet_wait_for 10 logs_match 'linkemu: listening' 'link5.log'
+psnet_start e5 "$WORKERD" --edge --coord "$COORD" --round-timeout 60 --http 127.0.0.1:0
+pulling() { curl -sf "http://127.0.0.1:$(http_port e5)/metrics" | grep -q '^psnet_edge_state{state="pulling"} 1$'; }
+psnet_wait_for 30 pulling; ok $? "the edge is sampled and pulls on the slow link (its /metrics: state pulling)"
+kill -TERM "$PID_e5"; t0=$SECONDS
+psnet_wait_exit "$PID_e5" 5; ok $? "SIGTERM mid-pull: it left in $((SECONDS - t0)) s (the pull needed about 13)"
+grep -q 'msg="round given up" number=[0-9]* reason=stopping' "$RUN/e5.log" && ! grep -q 'level=error' "$RUN/e5.log"
+ok $? "it says the round was given up, and logs no error"
+wait "$PID_e5"; ok $? "and exits 0"

@@ -330,11 +330,6 @@ static void sa_abandon(PsnetEdge *e) {
         push_end(e, -ECANCELED);
 }
 
-void psnet_edge_abandon(PsnetEdge *e) {
-        if (e)
-                sa_abandon(e);
-}
-
 int psnet_edge_update(PsnetEdge *e, float *const **ret) {
         if (!e || !ret)
                 return -EINVAL;
@@ -392,6 +387,23 @@ static void on_pulled(Client *c, int r, int64_t clock, void *ud) {
                 e->pulled_rounds = clock;
         if (cb)
                 cb(e, r, clock, e->pull_ud);
+}
+
+/* Ends the pull in flight now with r, not at its time-out (the client free again). */
+static void pull_give_up(PsnetEdge *e, int r) {
+        if (!e->pull_cb)
+                return;
+        client_abort(e->client);
+        on_pulled(e->client, r, 0, e);
+}
+
+void psnet_edge_abandon(PsnetEdge *e) {
+        if (!e)
+                return;
+        sa_abandon(e);
+        /* A caller that stops has no use for the model: a pull from a shard
+         * that stopped too would hold it until the round's time-out. */
+        pull_give_up(e, -ECANCELED);
 }
 
 int psnet_edge_pull(PsnetEdge *e, uint64_t number, float *const *params, PsnetEdgePullFn done, void *ud) {
@@ -692,11 +704,12 @@ static void on_registered(Session *s, bool again, void *ud) {
                  * time-out, and the next round finds the client free. */
                 log_warning("the connection through psgate moved: the %s in flight is given up",
                             e->pull_cb ? "pull" : "push");
-                client_abort(e->client);
-                if (e->pull_cb)
-                        on_pulled(e->client, -ECONNRESET, 0, e);
-                else if (e->us == U_PUSHING)
+                if (e->pull_cb) {
+                        pull_give_up(e, -ECONNRESET);
+                } else if (e->us == U_PUSHING) {
+                        client_abort(e->client);
                         on_pushed(e->client, -ECONNRESET, 0, e);
+                }
         }
         if (e->ev.registered)
                 e->ev.registered(e, again, e->ud);

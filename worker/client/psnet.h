@@ -328,9 +328,9 @@ typedef void (*PsnetEdgePushFn)(PsnetEdge *e, int r, const PsnetEdgePushInfo *in
  * a push runs, -EINVAL without psnet_edge_update. */
 int psnet_edge_push(PsnetEdge *e, uint64_t number, uint64_t examples, float loss, PsnetEdgePushFn done, void *ud);
 
-/* Drops an update that waits for its round's peers (--secagg; its done
- * gets -ECANCELED): for a caller that stops. One on its way to the shards
- * goes on. */
+/* For a caller that stops: drops an update that waits for its round's
+ * peers (--secagg) and gives up a pull in flight, their done getting
+ * -ECANCELED. An update on its way to the shards goes on. */
 void psnet_edge_abandon(PsnetEdge *e);
 
 /* Reports a test of the model rd asked for (rd as the round event gave it):

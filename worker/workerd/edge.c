@@ -201,6 +201,11 @@ static void on_pulled(PsnetEdge *pe, int r, int64_t rounds, void *ud) {
         edge_log(e);
         if (r == 0)
                 r = psnet_edge_update(e->pe, &e->upd);
+        if (r == -ECANCELED) {
+                log_info("round given up number=%lu reason=stopping", (unsigned long) e->rd.number);
+                go_idle(e);
+                return;
+        }
         if (r < 0) {
                 log_warning_errno(r, "Failed to pull the model of round %lu: %m", (unsigned long) e->rd.number);
                 go_idle(e);
@@ -283,7 +288,8 @@ static void on_final(PsnetEdge *pe, int r, int64_t rounds, void *ud) {
         edge_log(e);
         e->pulled_rounds = rounds;
         if (r < 0) {
-                log_warning_errno(r, "Failed to pull the model to test: %m");
+                if (r != -ECANCELED) /* stopping */
+                        log_warning_errno(r, "Failed to pull the model to test: %m");
                 go_idle(e);
                 return;
         }
