@@ -298,6 +298,12 @@ int netsock_set_max_msg(NetSock *s, int64_t bytes) {
         return zmq_setsockopt(s->sock, ZMQ_MAXMSGSIZE, &v, sizeof v) < 0 ? -errno : 0;
 }
 
+int netsock_set_linger(NetSock *s, int ms) {
+        if (s->mux)
+                return 0; /* the mux's socket, shared: its own linger */
+        return setopt_int(s->sock, ZMQ_LINGER, ms);
+}
+
 NetSock *netsock_close(NetSock *s) {
         if (!s)
                 return NULL;

@@ -77,10 +77,14 @@ static void link_release(Link *l, int status) {
                 (void) gate_settle(g);
 }
 
-static void link_free(Link *l) {
+/* gone: the peer left (the map or its address), what is queued for it
+ * is dropped now, not waited for at exit. */
+static void link_free(Link *l, bool gone) {
         if (!l)
                 return;
         link_release(l, PSNET__STATUS__STATUS_SHUTTING_DOWN);
+        if (gone && l->sock && netsock_set_linger(l->sock, 0) < 0)
+                log_debug("cannot set the link's linger shard=%u", l->id);
         netsock_close(l->sock);
         ps_free(l->endpoint);
         ps_free(l->w);
@@ -94,7 +98,7 @@ Migrate *migrate_free(Migrate *m) {
                 wire_msg_done(&m->stash[i]);
         ps_free(m->stash);
         for (size_t i = 0; i < m->nlinks; i++)
-                link_free(m->links[i]);
+                link_free(m->links[i], false);
         ps_free(m->links);
         ps_free(m);
         return NULL;
@@ -148,7 +152,7 @@ static Link *link_for(Migrate *mg, const ShardDesc *dest) {
                         return l;
                 /* The shard came back elsewhere: a new connection. */
                 link_release(l, PSNET__STATUS__STATUS_UNAVAILABLE);
-                link_free(l);
+                link_free(l, true);
                 mg->links[i] = mg->links[--mg->nlinks];
                 break;
         }
@@ -176,7 +180,7 @@ static Link *link_for(Migrate *mg, const ShardDesc *dest) {
         if (r == 0)
                 r = netsock_connect(l->sock, dest->endpoint, mg->id->enabled ? dest->public_key : NULL);
         if (r < 0) {
-                link_free(l);
+                link_free(l, true);
                 return NULL;
         }
         mg->links[mg->nlinks++] = l;
@@ -595,7 +599,7 @@ void migrate_map_changed(Migrate *mg, NetSock *data) {
                                 log_info("shard %u left the map: %zu push(es) no longer wait for it", l->id,
                                          l->n - l->head);
                         link_release(l, PSNET__STATUS__STATUS_OK);
-                        link_free(l);
+                        link_free(l, true);
                         mg->links[i] = mg->links[--mg->nlinks];
                 } else
                         i++;
