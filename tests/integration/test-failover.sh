@@ -84,6 +84,8 @@ out=$("$PSCTL" --coord "$COORD" job wait --wait 300); ok $? "the job finishes on
 got=$(digest_of f)
 [ -n "$got" ] && [ "$got" = "$want" ]; ok $? "final weights identical to the undisturbed run ($got = $want)"
 grep -q 'push not applied' "$RUN"/workerd-f-*.log; ok $(( $? == 0 )) "no push was refused for good"
+kill -TERM "$PID_psd_f_1" && psnet_wait_exit "$PID_psd_f_1" 3
+ok $? "shard 1 stops at once: nothing held for the shards that left the map"
 psnet_stop_all
 
 # 2c. --wire bf16: a primary forwards the worker's bf16 frames to its
@@ -156,3 +158,5 @@ psnet_wait_for 10 sh -c "'$PSCTL' --coord '$COORD' --json status | grep -q '\"st
 ok $? "the job fails within seconds, not after a time-out"
 "$PSCTL" --coord "$COORD" --json status | grep -q 'only copy of key.*--replicas'
 ok $? "the reason names the lost key and --replicas"
+psnet_wait_exit "$PID_workerd_d_1" 5 && psnet_wait_exit "$PID_workerd_d_2" 5
+ok $? "the workers leave on their own, their step with the dead shard given up (not at --round-timeout)"

@@ -415,6 +415,13 @@ static void deadline_cb(uv_timer_t *t) {
         round_end(c, -ETIMEDOUT);
 }
 
+void client_cut_deadline(Client *c, unsigned ms) {
+        if (c->timeout_ms > ms)
+                c->timeout_ms = ms;
+        if (c->busy && uv_is_active((uv_handle_t *) &c->deadline) && uv_timer_get_due_in(&c->deadline) > ms)
+                (void) uv_timer_start(&c->deadline, deadline_cb, ms, 0);
+}
+
 /* Sends request q again after delay_ms: for answers that applied nothing, so
  * the resend cannot apply anything twice. */
 static void schedule_retry(Client *c, PartReq *q, unsigned delay_ms) {

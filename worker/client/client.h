@@ -51,6 +51,9 @@ uint64_t client_map_epoch(const Client *c);
 uint64_t client_need_epoch(const Client *c);
 /* Gives up on a round after this long without completing (default 120 s). */
 void client_set_timeout(Client *c, unsigned ms);
+/* The round in progress, if any, ends within ms at the latest (-ETIMEDOUT),
+ * and so do the next ones: for a caller that stops. */
+void client_cut_deadline(Client *c, unsigned ms);
 /* The membership epoch this worker acts on, sent with its requests: a shard
  * that has not heard of it yet answers UNAVAILABLE (asked again shortly). */
 void client_set_members_epoch(Client *c, uint64_t epoch);

@@ -49,6 +49,7 @@ struct PsnetWorker {
         Schedule sched;                 /* the job's epochs in clocks, from the membership */
         uint64_t total;                 /* the job's samples (psnet_job_end_clock's; 0: not known) */
         bool evaluating;                /* asked to evaluate the final weights: pulls come as f32 */
+        uint64_t stop_deadline;         /* psnet_worker_stopping's (uv_now; 0: none) */
         PsnetProgress progress;
         double hb_loss_sum;                /* the losses reported with new clocks since the last heartbeat */
         uint64_t hb_loss_n;
@@ -408,12 +409,33 @@ void psnet_memory_unref(PsnetMemory *m) {
         }
 }
 
+/* The round's time-out: --round-timeout, or what is left before
+ * psnet_worker_stopping's deadline when shorter (at least 1 ms). */
+static unsigned round_timeout(PsnetWorker *w) {
+        unsigned ms = w->opts.round_timeout_ms ? w->opts.round_timeout_ms : 120000;
+        if (!w->stop_deadline)
+                return ms;
+        uint64_t now = uv_now(w->loop);
+        uint64_t left = w->stop_deadline > now ? w->stop_deadline - now : 1;
+        return left < ms ? (unsigned) left : ms;
+}
+
+void psnet_worker_stopping(PsnetWorker *w, unsigned ms) {
+        if (!w)
+                return;
+        uint64_t d = uv_now(w->loop) + ms;
+        if (!w->stop_deadline || d < w->stop_deadline)
+                w->stop_deadline = d;
+        if (w->client)
+                client_cut_deadline(w->client, round_timeout(w));
+}
+
 /* (Re)starts the client's round under the newest map this worker has. */
 static int round_start(PsnetWorker *w) {
         int r = client_ready(w);
         if (r < 0)
                 return log_error_errno(r, "Failed to connect to the shards: %m");
-        client_set_timeout(w->client, w->opts.round_timeout_ms ? w->opts.round_timeout_ms : 120000);
+        client_set_timeout(w->client, round_timeout(w));
         /* The job's progress at the pushed clock, for the shards' --lr-schedule:
          * the same on every member, as the schedule it comes from. */
         float progress = -1.0f;

@@ -190,6 +190,13 @@ int psnet_worker_evaluated(PsnetWorker *w, const PsnetEval *e);
 #define PSNET_RESULT_TRIES 6u
 typedef void (*PsnetResultFn)(PsnetWorker *w, int r, bool evaluate, void *ud);
 int psnet_worker_result(PsnetWorker *w, bool has_accuracy, float accuracy, PsnetResultFn done, void *ud);
+/* What a caller that stops gives the work in flight (workerd's). */
+#define PSNET_STOP_GRACE_MS 3000u
+/* For a caller that stops after the round in flight: that round and any
+ * later one end within ms (done then gets -ETIMEDOUT), not at
+ * --round-timeout (a shard that stopped too, a peer that never comes to
+ * the barrier). */
+void psnet_worker_stopping(PsnetWorker *w, unsigned ms);
 /* Leaves the job (answered or not within a second), then done (may be NULL). */
 typedef void (*PsnetDoneFn)(PsnetWorker *w, void *ud);
 int psnet_worker_leave(PsnetWorker *w, PsnetDoneFn done, void *ud);
@@ -330,7 +337,9 @@ int psnet_edge_push(PsnetEdge *e, uint64_t number, uint64_t examples, float loss
 
 /* For a caller that stops: drops an update that waits for its round's
  * peers (--secagg) and gives up a pull in flight, their done getting
- * -ECANCELED. An update on its way to the shards goes on. */
+ * -ECANCELED. An update on its way goes on (or one pushed after this), and
+ * the answers to pscoord: all within PSNET_STOP_GRACE_MS of this call
+ * (then -ETIMEDOUT). */
 void psnet_edge_abandon(PsnetEdge *e);
 
 /* Reports a test of the model rd asked for (rd as the round event gave it):

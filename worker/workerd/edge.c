@@ -99,6 +99,10 @@ void edge_stop(Edge *e) {
         psnet_edge_abandon(e->pe); /* an update waiting for its round's peers: none will come */
         if (e->state == E_IDLE || e->state == E_JOINING)
                 edge_leave(e);
+        else if (e->state != E_LEAVING && e->state != E_LEFT) {
+                edge_log(e);
+                log_info("leaving once %s ends", edge_state_name(e->state));
+        }
 }
 
 /* --- the model lent ---------------------------------------------------------------------- */

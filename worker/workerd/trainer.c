@@ -707,6 +707,8 @@ static void on_stop(PsnetWorker *w, const char *why, void *ud) {
         if (t->state == T_EVALUATING || t->state == T_FINISHING || t->state == T_DONE)
                 return;
         log_info("stopping after this step reason=\"%s\"", why);
+        /* The step in flight: a few seconds to end, none once the job failed. */
+        psnet_worker_stopping(w, psnet_worker_job_state(w) == PSNET_JOB_FAILED ? 0 : PSNET_STOP_GRACE_MS);
         if (t->state == T_JOINING || t->state == T_WAITING)
                 trainer_leave(t);
 }
@@ -791,6 +793,7 @@ static void on_signal(void *ud, int signo) {
         if (t->state == T_FINISHING || t->state == T_EVALUATING || t->state == T_DONE)
                 return;
         t->stop = true;
+        psnet_worker_stopping(t->w, PSNET_STOP_GRACE_MS); /* the step in flight: a few seconds, not --round-timeout */
         if (t->state == T_JOINING || t->state == T_WAITING)
                 trainer_leave(t);
 }
