@@ -173,6 +173,21 @@ static void mux_msg(NetSock *s, WireMsg *m, int r, void *ud) {
         mux_done = mux_coord_got >= 3 && mux_seven_got >= 2;
 }
 
+/* A message of type with seq through s (a heartbeat with its body). */
+static void mux_send(NetSock *s, Psnet__MsgType type, uint64_t seq) {
+        Psnet__Header h;
+        wire_header_init(&h, type);
+        h.has_seq = true;
+        h.seq = seq;
+        Psnet__Heartbeat hb = PSNET__HEARTBEAT__INIT;
+        if (type == PSNET__MSG_TYPE__MSG_HEARTBEAT) {
+                h.body_case = PSNET__HEADER__BODY_HEARTBEAT;
+                h.heartbeat = &hb;
+        }
+        if (netsock_send(s, NULL, &h, NULL, 0) < 0)
+                die("mux send");
+}
+
 static void test_mux(void) {
         NetSock *gate, *coord, *seven;
         NetMux *mux;
@@ -187,25 +202,10 @@ static void test_mux(void) {
             netsock_new(&loop, zctx, &sc, mux_msg, (void *) (uintptr_t) 7, &seven) < 0 ||
             netsock_connect(coord, "ignored", NULL) < 0 || netsock_connect(seven, "ignored", NULL) < 0)
                 die("mux sockets");
-        for (uint64_t i = 1; i <= 3; i++) {
-                Psnet__Header h;
-                wire_header_init(&h, PSNET__MSG_TYPE__MSG_HEARTBEAT);
-                h.has_seq = true;
-                h.seq = i;
-                Psnet__Heartbeat hb = PSNET__HEARTBEAT__INIT;
-                h.body_case = PSNET__HEADER__BODY_HEARTBEAT;
-                h.heartbeat = &hb;
-                if (netsock_send(coord, NULL, &h, NULL, 0) < 0)
-                        die("mux send coord");
-        }
-        for (uint64_t i = 11; i <= 12; i++) {
-                Psnet__Header h;
-                wire_header_init(&h, PSNET__MSG_TYPE__MSG_PUSH_ACK);
-                h.has_seq = true;
-                h.seq = i;
-                if (netsock_send(seven, NULL, &h, NULL, 0) < 0)
-                        die("mux send shard");
-        }
+        for (uint64_t i = 1; i <= 3; i++)
+                mux_send(coord, PSNET__MSG_TYPE__MSG_HEARTBEAT, i);
+        for (uint64_t i = 11; i <= 12; i++)
+                mux_send(seven, PSNET__MSG_TYPE__MSG_PUSH_ACK, i);
         bool done = run_until(&mux_done, 5000);
         /* The stray for far end 99 left between the first answer and the
          * others, on the same ordered connection: it has been read by now. */

@@ -422,6 +422,14 @@ void client_cut_deadline(Client *c, unsigned ms) {
                 (void) uv_timer_start(&c->deadline, deadline_cb, ms, 0);
 }
 
+unsigned client_ms_until(uv_loop_t *loop, uint64_t deadline, unsigned ms) {
+        if (!deadline)
+                return ms;
+        uint64_t now = uv_now(loop);
+        uint64_t left = deadline > now ? deadline - now : 1;
+        return left < ms ? (unsigned) left : ms;
+}
+
 /* Sends request q again after delay_ms: for answers that applied nothing, so
  * the resend cannot apply anything twice. */
 static void schedule_retry(Client *c, PartReq *q, unsigned delay_ms) {

@@ -54,6 +54,9 @@ void client_set_timeout(Client *c, unsigned ms);
 /* The round in progress, if any, ends within ms at the latest (-ETIMEDOUT),
  * and so do the next ones: for a caller that stops. */
 void client_cut_deadline(Client *c, unsigned ms);
+/* ms, or what is left until deadline (uv_now's clock; 0: none) when that is
+ * shorter, 1 at least: a time-out for a caller that stops by deadline. */
+unsigned client_ms_until(uv_loop_t *loop, uint64_t deadline, unsigned ms);
 /* The membership epoch this worker acts on, sent with its requests: a shard
  * that has not heard of it yet answers UNAVAILABLE (asked again shortly). */
 void client_set_members_epoch(Client *c, uint64_t epoch);

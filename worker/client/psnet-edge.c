@@ -50,8 +50,7 @@ struct PsnetEdge {
         bool refused;                   /* the job is not one for an edge client: nothing more is taken */
         bool ended;                     /* the end event was given */
         bool leaving;
-        bool stopping;                  /* psnet_edge_abandon: requests end by stop_deadline */
-        uint64_t stop_deadline;         /* uv_now: PSNET_STOP_GRACE_MS after psnet_edge_abandon */
+        uint64_t stop_deadline;         /* psnet_edge_abandon's (uv_now; 0: none): requests end by it */
         uint64_t latest;                /* the newest round pscoord sampled this client to train for */
         uint64_t examples;              /* psnet_edge_set_examples */
         /* the pull */
@@ -170,17 +169,8 @@ static void on_answer(Session *s, int r, WireMsg *m, void *ud) {
 
 /* rd to pscoord (an update's answer, a secure aggregation stage, a test's
  * accuracy); cb gets pscoord's reply. */
-/* timeout_ms, or what is left of the stop's grace when shorter (at least 1 ms). */
-static unsigned grace_cap(PsnetEdge *e, unsigned timeout_ms) {
-        if (!e->stopping)
-                return timeout_ms;
-        uint64_t now = uv_now(e->loop);
-        uint64_t left = e->stop_deadline > now ? e->stop_deadline - now : 1;
-        return left < timeout_ms ? (unsigned) left : timeout_ms;
-}
-
 static int round_answer(PsnetEdge *e, Psnet__Round *rd, unsigned timeout_ms, SessionReplyFn cb) {
-        timeout_ms = grace_cap(e, timeout_ms);
+        timeout_ms = client_ms_until(e->loop, e->stop_deadline, timeout_ms);
         Psnet__Header h;
         wire_header_init(&h, PSNET__MSG_TYPE__MSG_ROUND_REP);
         h.body_case = PSNET__HEADER__BODY_ROUND;
@@ -232,7 +222,7 @@ static int client_ready(PsnetEdge *e) {
         int r = client_follow(&e->client, e->loop, e->sh->zctx, job(e), e->fo.map, session_id(e->session),
                               e->sh->id.enabled ? &e->sh->id.keys : NULL, e->mux, 0);
         if (r == 0)
-                client_set_timeout(e->client, grace_cap(e, e->round_timeout_ms));
+                client_set_timeout(e->client, client_ms_until(e->loop, e->stop_deadline, e->round_timeout_ms));
         return r;
 }
 
@@ -418,12 +408,10 @@ void psnet_edge_abandon(PsnetEdge *e) {
         pull_give_up(e, -ECANCELED);
         /* An update on its way, or sent once its training ends, may still
          * count: a few seconds for it, not the round's time-out. */
-        if (!e->stopping) {
-                e->stopping = true;
+        if (!e->stop_deadline)
                 e->stop_deadline = uv_now(e->loop) + PSNET_STOP_GRACE_MS;
-        }
         if (e->client)
-                client_cut_deadline(e->client, grace_cap(e, PSNET_STOP_GRACE_MS));
+                client_cut_deadline(e->client, client_ms_until(e->loop, e->stop_deadline, PSNET_STOP_GRACE_MS));
         if (e->us == U_PUSHING)
                 log_info("stopping: the update of round %lu has %u s left to be counted", (unsigned long) e->unumber,
                          PSNET_STOP_GRACE_MS / 1000);

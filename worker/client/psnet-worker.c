@@ -412,12 +412,7 @@ void psnet_memory_unref(PsnetMemory *m) {
 /* The round's time-out: --round-timeout, or what is left before
  * psnet_worker_stopping's deadline when shorter (at least 1 ms). */
 static unsigned round_timeout(PsnetWorker *w) {
-        unsigned ms = w->opts.round_timeout_ms ? w->opts.round_timeout_ms : 120000;
-        if (!w->stop_deadline)
-                return ms;
-        uint64_t now = uv_now(w->loop);
-        uint64_t left = w->stop_deadline > now ? w->stop_deadline - now : 1;
-        return left < ms ? (unsigned) left : ms;
+        return client_ms_until(w->loop, w->stop_deadline, w->opts.round_timeout_ms ? w->opts.round_timeout_ms : 120000);
 }
 
 void psnet_worker_stopping(PsnetWorker *w, unsigned ms) {
