@@ -51,8 +51,9 @@ uint64_t client_map_epoch(const Client *c);
 uint64_t client_need_epoch(const Client *c);
 /* Gives up on a round after this long without completing (default 120 s). */
 void client_set_timeout(Client *c, unsigned ms);
-/* The round in progress, if any, ends within ms at the latest (-ETIMEDOUT),
- * and so do the next ones: for a caller that stops. */
+/* The round in progress, if any, ends within ms at the latest (-ETIMEDOUT,
+ * its log naming ms): for a caller that stops. Later rounds keep the time-out
+ * client_set_timeout gives them (capped by the caller: client_ms_until). */
 void client_cut_deadline(Client *c, unsigned ms);
 /* ms, or what is left until deadline (uv_now's clock; 0: none) when that is
  * shorter, 1 at least: a time-out for a caller that stops by deadline. */
