@@ -22,6 +22,7 @@ static const struct {
         [FED_TRIMMED_MEAN] = { "trimmed-mean", { FED_TRIMMED_MEAN, 1.0f, 0, 0, 0, 0, 0.1f } },
         [FED_KRUM] = { "krum", { .kind = FED_KRUM, .eta = 1.0f, .byzantine = 0.2f } },
         [FED_MULTIKRUM] = { "multi-krum", { .kind = FED_MULTIKRUM, .eta = 1.0f, .byzantine = 0.2f } },
+        [FED_CUSTOM] = { "custom", { .kind = FED_CUSTOM, .eta = 1.0f } },
 };
 
 void fed_params_default(FedStrategy kind, FedParams *ret) {
@@ -64,6 +65,9 @@ int fed_params_check(const FedParams *p, char *err, size_t errn) {
                 why = "the share of bad updates assumed (--byzantine) must be in [0, 0.5)";
         else if (p->dp_clip > 0 && (p->kind == FED_MEDIAN || p->kind == FED_TRIMMED_MEAN || fed_is_krum(p->kind)))
                 why = "differential privacy (--dp-clip) works with the mean-based strategies, not a robust one";
+        else if (p->dp_clip > 0 && p->kind == FED_CUSTOM)
+                why = "differential privacy (--dp-clip) bounds a mean of clipped updates; a custom strategy's "
+                      "delta has no such bound";
         if (!why)
                 return 0;
         snprintf(err, errn, "%s: %s", fed_strategy_name(p->kind), why);
@@ -116,8 +120,8 @@ double fed_norm2(const float *v, size_t len) {
 
 int fed_aggregate(const FedParams *p, float *w, float *state, uint32_t len, const float *const *updates,
                   const uint64_t *examples, size_t n, const float *noise, float *scratch) {
-        if (n == 0 || !updates || p->kind > FED_LAST)
-                return -EINVAL;
+        if (n == 0 || !updates || p->kind > FED_LAST || p->kind == FED_CUSTOM)
+                return -EINVAL; /* custom: the strategy process's delta, fed_server_step */
         for (size_t i = 0; i < n; i++)
                 for (uint32_t j = 0; j < len; j++)
                         if (!isfinite(updates[i][j]))
@@ -171,6 +175,7 @@ void fed_server_step(const FedParams *p, float *w, float *state, uint32_t len, c
         case FED_TRIMMED_MEAN:
         case FED_KRUM:
         case FED_MULTIKRUM:
+        case FED_CUSTOM: /* d: the strategy process's delta */
                 for (uint32_t j = 0; j < len; j++)
                         w[j] += p->eta * d[j];
                 break;

@@ -55,8 +55,9 @@ typedef enum FedStrategy {
         FED_TRIMMED_MEAN,
         FED_KRUM,
         FED_MULTIKRUM,
+        FED_CUSTOM,     /* the user's: a strategy process (ROLE_STRATEGY) computes each round's delta */
 } FedStrategy;
-#define FED_LAST FED_MULTIKRUM
+#define FED_LAST FED_CUSTOM
 
 typedef struct FedParams {
         FedStrategy kind;
@@ -72,7 +73,7 @@ typedef struct FedParams {
 /* The defaults above for kind (no clipping, no noise). */
 void fed_params_default(FedStrategy kind, FedParams *ret);
 /* "fedavg", "fedavgm", "fedadagrad", "fedadam", "fedyogi", "median",
- * "trimmed-mean", "krum", "multi-krum" (-EINVAL otherwise). */
+ * "trimmed-mean", "krum", "multi-krum", "custom" (-EINVAL otherwise). */
 int fed_strategy_from_string(const char *s, FedStrategy *ret);
 const char *fed_strategy_name(FedStrategy kind);
 /* Checks the parameters of p (ranges, finite): 0 or -EINVAL with err. */

@@ -84,7 +84,8 @@ size_t jobflags_options(JobFlags *f, Option *o) {
                   "fed: passes over its own data each client trains per round (batch --batch, lr --lr)" },
                 { "strategy", OPT_STR, &f->strategy, "NAME",
                   "fed: aggregation on the shards: fedavg (default), fedavgm, fedadagrad, fedadam, fedyogi, "
-                  "median, trimmed-mean, krum, multi-krum" },
+                  "median, trimmed-mean, krum, multi-krum; custom: the user's, run by a strategy process "
+                  "(psnet.fed.start_strategy)" },
                 { "server-lr", OPT_FLOAT, &f->server_lr, "ETA", "fed: the server's lr (default: the strategy's)" },
                 { "server-momentum", OPT_FLOAT, &f->server_momentum, "BETA",
                   "fedavgm: the server's momentum (default 0.9)" },
@@ -211,7 +212,7 @@ int jobflags_to_job(const JobFlags *f, Job *job, char *err, size_t errlen) {
         job->test_limit = f->test_limit;
         if (f->strategy && fed_strategy_from_string(f->strategy, &job->fed.strategy.kind) < 0) {
                 snprintf(err, errlen, "bad --strategy '%s' (expected fedavg, fedavgm, fedadagrad, fedadam, fedyogi, "
-                         "median, trimmed-mean, krum or multi-krum)", f->strategy);
+                         "median, trimmed-mean, krum, multi-krum or custom)", f->strategy);
                 return -EINVAL;
         }
         fed_params_default(job->fed.strategy.kind, &job->fed.strategy);

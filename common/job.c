@@ -371,6 +371,13 @@ int job_validate(const Job *job, char *err, size_t errlen) {
                 if (f->secagg_timeout_ms < 100 || f->secagg_timeout_ms > 86400000u)
                         return job_err(err, errlen, "secagg timeout %u ms out of range 100 ms..1 day",
                                        f->secagg_timeout_ms);
+                if (f->secagg && f->strategy.kind == FED_CUSTOM)
+                        return job_err(err, errlen, "secure aggregation shows no one a single update, and a custom "
+                                                    "strategy is a function of each one: --secagg does not combine "
+                                                    "with --strategy custom");
+                if (f->async && f->strategy.kind == FED_CUSTOM)
+                        return job_err(err, errlen, "--mode fedasync applies updates as they come: a custom strategy "
+                                                    "aggregates the updates of a round, and it has none");
                 if (f->secagg && (f->strategy.kind == FED_MEDIAN || f->strategy.kind == FED_TRIMMED_MEAN ||
                                   fed_is_krum(f->strategy.kind)))
                         return job_err(err, errlen, "secure aggregation gives the shards only the sum of the "

@@ -26,6 +26,7 @@ static const struct {
         { PSNET__ROLE__ROLE_WORKER, "worker" },
         { PSNET__ROLE__ROLE_EDGE, "edge" },
         { PSNET__ROLE__ROLE_GATEWAY, "gateway" },
+        { PSNET__ROLE__ROLE_STRATEGY, "strategy" },
 };
 
 int role_from_name(const char *s, Psnet__Role *ret) {
@@ -118,7 +119,7 @@ int keys_load_pair(const char *dir, const char *name, NetKeyPair *ret, Psnet__Ro
         if (z85_key(k.pub, ret->public_key) < 0 || z85_key(k.sec, ret->secret_key) < 0)
                 return reason_set(err, errlen, -EINVAL, "%s: public and secret must be 40-character Z85 keys", path);
         if (role_from_name(k.role, &role) < 0)
-                return reason_set(err, errlen, -EINVAL, "%s: unknown role '%s' (admin, server, worker, edge, gateway)", path,
+                return reason_set(err, errlen, -EINVAL, "%s: unknown role '%s' (admin, server, worker, edge, gateway, strategy)", path,
                                 k.role);
         /* The public key must be the secret key's. */
         char pub[41], derived[41];
@@ -167,7 +168,7 @@ int allowlist_load(const char *dir, AllowList *ret, char *err, size_t errlen) {
                 if (sscanf(p, "%15s %47s %63s", role, pub, name) < 2 || role_from_name(role, &e.role) < 0 ||
                     z85_key(pub, e.key) < 0) {
                         r = reason_set(err, errlen, -EINVAL,
-                                     "%s:%d: expected 'ROLE PUBLIC-KEY NAME' (role admin, server, worker, edge or gateway, a "
+                                     "%s:%d: expected 'ROLE PUBLIC-KEY NAME' (role admin, server, worker, edge, gateway or strategy, a "
                                      "40-character Z85 key)", path, lineno);
                         break;
                 }

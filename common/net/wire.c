@@ -40,23 +40,25 @@ static int fail(char *reason, size_t len, int status, const char *fmt, ...) {
  * roles (with --keys) that may send it to pscoord and to a shard (0: that
  * daemon serves it to no one). REGISTER's role must be the key's: pscoord
  * checks. A shard serves an edge's PULL and PUSH only in a federated job,
- * and an operator's PULL (psctl export) only reads. */
+ * and an operator's PULL (psctl export) only reads; a strategy's PULL and
+ * PUSH only in a --strategy custom job (update_of, strategy_delta). */
 #define B(x) PSNET__HEADER__BODY_##x
 #define A WIRE_ROLE(PSNET__ROLE__ROLE_ADMIN)
 #define S WIRE_ROLE(PSNET__ROLE__ROLE_SERVER)
 #define W WIRE_ROLE(PSNET__ROLE__ROLE_WORKER)
 #define E WIRE_ROLE(PSNET__ROLE__ROLE_EDGE)
+#define T WIRE_ROLE(PSNET__ROLE__ROLE_STRATEGY)
 static const WireType types[] = {
         { PSNET__MSG_TYPE__MSG_ERROR, "ERROR", false, B(_NOT_SET), 0, 0 },
-        { PSNET__MSG_TYPE__MSG_PULL, "PULL", false, B(_NOT_SET), 0, A | W | E },
+        { PSNET__MSG_TYPE__MSG_PULL, "PULL", false, B(_NOT_SET), 0, A | W | E | T },
         { PSNET__MSG_TYPE__MSG_PULL_REP, "PULL_REP", true, B(_NOT_SET), 0, 0 },
-        { PSNET__MSG_TYPE__MSG_PUSH, "PUSH", true, B(_NOT_SET), 0, W | E },
+        { PSNET__MSG_TYPE__MSG_PUSH, "PUSH", true, B(_NOT_SET), 0, W | E | T },
         { PSNET__MSG_TYPE__MSG_PUSH_ACK, "PUSH_ACK", false, B(_NOT_SET), 0, 0 },
-        { PSNET__MSG_TYPE__MSG_REGISTER, "REGISTER", false, B(REG), S | W | E, 0 },
+        { PSNET__MSG_TYPE__MSG_REGISTER, "REGISTER", false, B(REG), S | W | E | T, 0 },
         { PSNET__MSG_TYPE__MSG_REGISTER_REP, "REGISTER_REP", false, B(REG_REP), 0, 0 },
-        { PSNET__MSG_TYPE__MSG_HEARTBEAT, "HEARTBEAT", false, B(HEARTBEAT), S | W | E, 0 },
+        { PSNET__MSG_TYPE__MSG_HEARTBEAT, "HEARTBEAT", false, B(HEARTBEAT), S | W | E | T, 0 },
         { PSNET__MSG_TYPE__MSG_HEARTBEAT_REP, "HEARTBEAT_REP", false, B(_NOT_SET), 0, 0 },
-        { PSNET__MSG_TYPE__MSG_DEREGISTER, "DEREGISTER", false, B(_NOT_SET), S | W | E, 0 },
+        { PSNET__MSG_TYPE__MSG_DEREGISTER, "DEREGISTER", false, B(_NOT_SET), S | W | E | T, 0 },
         { PSNET__MSG_TYPE__MSG_CONFIG, "CONFIG", false, B(CONFIG), 0, 0 },
         { PSNET__MSG_TYPE__MSG_STATUS, "STATUS", false, B(_NOT_SET), A, 0 },
         { PSNET__MSG_TYPE__MSG_STATUS_REP, "STATUS_REP", false, B(STATUS_REP), 0, 0 },
@@ -82,7 +84,7 @@ static const WireType types[] = {
         { PSNET__MSG_TYPE__MSG_CHECKPOINT_LIST_REP, "CHECKPOINT_LIST_REP", false, B(CHECKPOINT_LIST), 0, 0 },
         { PSNET__MSG_TYPE__MSG_CHECKPOINT_RESTORE, "CHECKPOINT_RESTORE", false, B(CHECKPOINT), A, 0 },
         { PSNET__MSG_TYPE__MSG_ROUND, "ROUND", false, B(ROUND), 0, 0 },
-        { PSNET__MSG_TYPE__MSG_ROUND_REP, "ROUND_REP", false, B(ROUND), S | E, 0 },
+        { PSNET__MSG_TYPE__MSG_ROUND_REP, "ROUND_REP", false, B(ROUND), S | E | T, 0 },
         { PSNET__MSG_TYPE__MSG_HISTORY, "HISTORY", false, B(_NOT_SET), A, 0 },
         { PSNET__MSG_TYPE__MSG_HISTORY_REP, "HISTORY_REP", false, B(HISTORY), 0, 0 },
 };
@@ -91,6 +93,7 @@ static const WireType types[] = {
 #undef S
 #undef W
 #undef E
+#undef T
 
 static int type_index(int t) {
         for (size_t i = 0; i < sizeof types / sizeof types[0]; i++)

@@ -213,7 +213,8 @@ bool zap_may_send(Psnet__Role role, int type, bool at_coord) {
 const char *zap_roles_for(int type, bool at_coord, char *buf, size_t n) {
         unsigned m = allowed_roles(type, at_coord);
         static const Psnet__Role order[] = { PSNET__ROLE__ROLE_ADMIN, PSNET__ROLE__ROLE_SERVER,
-                                             PSNET__ROLE__ROLE_WORKER, PSNET__ROLE__ROLE_EDGE };
+                                             PSNET__ROLE__ROLE_WORKER, PSNET__ROLE__ROLE_EDGE,
+                                             PSNET__ROLE__ROLE_STRATEGY };
         size_t k = 0;
         buf[0] = '\0';
         for (size_t i = 0; i < ELEMENTSOF(order); i++)
@@ -225,7 +226,7 @@ const char *zap_roles_for(int type, bool at_coord, char *buf, size_t n) {
 }
 
 int zap_authorize(const NetIdentity *id, const WireMsg *m, bool at_coord, char *reason, size_t n) {
-        char roles[48];
+        char roles[64];
         if (!id || !id->enabled)
                 return 0;
         if (m->peer.role == PSNET__ROLE__ROLE_NONE) {

@@ -434,7 +434,7 @@ static int cmd_keys_gen(Ctl *c, char **args) {
         char err[512];
         const char *line;
         if (!c->role || role_from_name(c->role, &role) < 0) {
-                fprintf(stderr, "psctl keys gen: --role is admin, server, worker, edge or gateway%s%s%s\n", c->role ? " (not '" : "",
+                fprintf(stderr, "psctl keys gen: --role is admin, server, worker, edge, gateway or strategy%s%s%s\n", c->role ? " (not '" : "",
                         c->role ? c->role : "", c->role ? "')" : "");
                 return -EINVAL;
         }
