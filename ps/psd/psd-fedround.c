@@ -35,6 +35,7 @@ struct FedShard {
         float **upd;                /* [client * nslots + slot]: NULL until pushed */
         uint64_t *examples;         /* per client (0: nothing pushed yet) */
         double *sq;                 /* per client: the squared L2 norm of what it pushed here */
+        float **delta;              /* --strategy custom: the strategy's delta per slot (NULL until pushed) */
         uint64_t bytes;
         AsyncUpdate *au;            /* fedasync: the updates not aggregated yet */
         size_t nau, cap_au;
@@ -65,6 +66,10 @@ void fedshard_reset(FedShard *f) {
         for (size_t i = 0; f->upd && i < f->nclients * f->nslots; i++)
                 ps_free(f->upd[i]);
         ps_free(f->upd);
+        for (size_t i = 0; f->delta && i < f->nslots; i++)
+                ps_free(f->delta[i]);
+        ps_free(f->delta);
+        f->delta = NULL;
         ps_free(f->clients);
         ps_free(f->keys);
         ps_free(f->slots);
@@ -157,7 +162,10 @@ static int round_open(FedShard *f, Store *s, const Psnet__Round *rd, uint64_t me
         f->upd = ps_calloc(MAX(nc * f->nslots, (size_t) 1), sizeof *f->upd);
         if (rd->n_keys)
                 f->keys = ps_malloc(nc * sizeof *f->keys);
-        if (!f->clients || !f->examples || !f->sq || !f->upd || (rd->n_keys && !f->keys))
+        bool custom = s->job.fed.strategy.kind == FED_CUSTOM;
+        if (custom)
+                f->delta = ps_calloc(MAX(f->nslots, (size_t) 1), sizeof *f->delta);
+        if (!f->clients || !f->examples || !f->sq || !f->upd || (rd->n_keys && !f->keys) || (custom && !f->delta))
                 goto nomem;
         for (size_t i = 0; i < nc; i++) {
                 f->clients[i] = rd->clients[i];
@@ -456,7 +464,23 @@ static int round_close(FedShard *f, Store *s, const Psnet__Round *rd, char *reas
                 if (st != PSNET__STATUS__STATUS_OK)
                         return st;
         }
-        for (size_t j = 0; !s->job.fed.secagg && j < f->nslots; j++) {
+        bool custom = s->job.fed.strategy.kind == FED_CUSTOM;
+        for (size_t j = 0; custom && j < f->nslots; j++)
+                if (!f->delta[j]) {
+                        snprintf(reason, n, "round %lu: the strategy's delta of key %u/%u never came here",
+                                 (unsigned long) f->number, f->slots[j]->tensor, f->slots[j]->chunk);
+                        return PSNET__STATUS__STATUS_INVALID;
+                }
+        for (size_t j = 0; custom && j < f->nslots; j++) {
+                int r = store_fed_step(s, f->slots[j], f->delta[j]);
+                if (r < 0) {
+                        snprintf(reason, n, "round %lu: applying the strategy's delta to key %u/%u failed: %s",
+                                 (unsigned long) f->number, f->slots[j]->tensor, f->slots[j]->chunk, strerror(-r));
+                        fedshard_reset(f);
+                        return PSNET__STATUS__STATUS_INTERNAL;
+                }
+        }
+        for (size_t j = 0; !s->job.fed.secagg && !custom && j < f->nslots; j++) {
                 for (size_t i = 0; i < k; i++)
                         u[i] = f->upd[(size_t) idx[i] * f->nslots + j];
                 if (noisy)
@@ -654,7 +678,8 @@ int fedshard_round(FedShard *f, Store *s, const Psnet__Round *rd, uint64_t memor
 static int take_update(FedShard *f, Store *s, const Psnet__Header *h, Chunk **chunks, const zmq_msg_t *frames,
                        float **row, double *sq_so_far, uint32_t client, char *reason, size_t n) {
         bool masked = h->codec == PSNET__CODEC__CODEC_MASKED;
-        CompressKind ck = s->job.fed.compress;
+        /* The strategy's delta comes RAW whatever the clients' --compress. */
+        CompressKind ck = h->strategy_delta ? COMPRESS_NONE : s->job.fed.compress;
         /* Compressed frames are decoded first; the decoded values are kept. */
         _cleanup_(decoded_freep) Decoded dec = { .n = ck != COMPRESS_NONE ? h->n_keys : 0 };
         if (dec.n && !(dec.v = ps_calloc(dec.n, sizeof *dec.v))) {
@@ -800,8 +825,73 @@ static int async_entry(FedShard *f, Store *s, const Psnet__Header *h, const uint
         return PSNET__STATUS__STATUS_OK;
 }
 
+/* --strategy custom: the strategy's delta for the open round. */
+static int delta_push(FedShard *f, Store *s, const Psnet__Header *h, Chunk **chunks, const zmq_msg_t *frames,
+                      char *reason, size_t n) {
+        if (s->job.fed.strategy.kind != FED_CUSTOM) {
+                snprintf(reason, n, "this job's strategy is %s: it takes no strategy's delta",
+                         fed_strategy_name(s->job.fed.strategy.kind));
+                return PSNET__STATUS__STATUS_INVALID;
+        }
+        if (h->dtype != PSNET__DTYPE__DTYPE_F32 || h->codec != PSNET__CODEC__CODEC_RAW) {
+                snprintf(reason, n, "a strategy's delta comes as f32 (codec RAW)");
+                return PSNET__STATUS__STATUS_DTYPE;
+        }
+        if (!f->open || !f->delta || (uint64_t) h->clock != f->number) {
+                snprintf(reason, n, "round %ld is not open on this shard (%s %lu)", (long) h->clock,
+                         f->open ? "round" : "last round", (unsigned long) f->number);
+                return PSNET__STATUS__STATUS_STALE;
+        }
+        return take_update(f, s, h, chunks, frames, f->delta, NULL, h->sender, reason, n);
+}
+
+int fedshard_update_frames(FedShard *f, Store *s, const Psnet__Header *h, Chunk **chunks, zmq_msg_t *frames,
+                           char *reason, size_t n) {
+        if (s->job.fed.strategy.kind != FED_CUSTOM) {
+                snprintf(reason, n, "this job's strategy is %s: no one reads a client's update",
+                         fed_strategy_name(s->job.fed.strategy.kind));
+                return PSNET__STATUS__STATUS_DENIED;
+        }
+        if (!f->open || (uint64_t) h->clock != f->number) {
+                snprintf(reason, n, "round %ld is not open on this shard (%s %lu)", (long) h->clock,
+                         f->open ? "round" : "last round", (unsigned long) f->number);
+                return PSNET__STATUS__STATUS_STALE;
+        }
+        ssize_t ci = client_index(f, h->update_of);
+        if (ci < 0) {
+                snprintf(reason, n, "client %u was not sampled for round %lu", h->update_of, (unsigned long) f->number);
+                return PSNET__STATUS__STATUS_INVALID;
+        }
+        for (size_t i = 0; i < h->n_keys; i++) {
+                Chunk *c = chunks[i];
+                if (c->fed_slot >= f->nslots || f->slots[c->fed_slot] != c) {
+                        snprintf(reason, n, "key %u/%u came here after the round opened", c->tensor, c->chunk);
+                        return PSNET__STATUS__STATUS_UNAVAILABLE;
+                }
+                if (!f->upd[(size_t) ci * f->nslots + c->fed_slot]) {
+                        snprintf(reason, n, "client %u's update of key %u/%u has not come here", h->update_of,
+                                 c->tensor, c->chunk);
+                        return PSNET__STATUS__STATUS_INVALID;
+                }
+        }
+        for (size_t i = 0; i < h->n_keys; i++) {
+                Chunk *c = chunks[i];
+                size_t bytes = (size_t) c->len * sizeof(float);
+                if (zmq_msg_init_size(&frames[i], bytes) < 0) {
+                        for (size_t j = 0; j < i; j++)
+                                zmq_msg_close(&frames[j]);
+                        snprintf(reason, n, "out of memory");
+                        return PSNET__STATUS__STATUS_RESOURCE;
+                }
+                memcpy(zmq_msg_data(&frames[i]), f->upd[(size_t) ci * f->nslots + c->fed_slot], bytes);
+        }
+        return PSNET__STATUS__STATUS_OK;
+}
+
 int fedshard_push(FedShard *f, Store *s, const Psnet__Header *h, Chunk **chunks, const zmq_msg_t *frames,
                   const uint8_t *key, uint64_t memory_limit, char *reason, size_t n) {
+        if (h->has_strategy_delta && h->strategy_delta)
+                return delta_push(f, s, h, chunks, frames, reason, n);
         if (!h->has_examples || h->examples == 0) {
                 snprintf(reason, n, "a federated update carries its example count (>= 1)");
                 return PSNET__STATUS__STATUS_MALFORMED;

@@ -14,7 +14,13 @@
  * a NaN or infinity (NOT_FINITE); a second push of the same update is
  * DUPLICATE (acknowledged, not kept twice). The updates a round may hold are
  * bounded when it opens: sampled clients x this shard's values must fit in
- * its memory limit. */
+ * its memory limit.
+ *
+ * --strategy custom: the strategy process (ROLE_STRATEGY) reads each
+ * client's update of the open round (a PULL with update_of) and pushes the
+ * round's delta (a PUSH with strategy_delta, RAW f32, checked as an update
+ * is); the close applies that delta with the server step (w += server-lr x
+ * delta) instead of a mean, and is refused while any of it is missing. */
 #pragma once
 #include <stdbool.h>
 #include <stdint.h>
@@ -48,6 +54,12 @@ int fedshard_score(FedShard *f, Store *s, const Psnet__Round *rd, double **ret, 
  * is refused, with reason. */
 int fedshard_push(FedShard *f, Store *s, const Psnet__Header *h, Chunk **chunks, const zmq_msg_t *frames,
                   const uint8_t *key, uint64_t memory_limit, char *reason, size_t n);
+
+/* --strategy custom: the strategy's PULL of client h->update_of's update of
+ * the open round h->clock: one frame per key (copies, f32) into frames
+ * (h->n_keys of them, initialised here on OK). A status, with reason. */
+int fedshard_update_frames(FedShard *f, Store *s, const Psnet__Header *h, Chunk **chunks, zmq_msg_t *frames,
+                           char *reason, size_t n);
 
 /* The round open (0: none), updates kept, and the bytes they take. */
 uint64_t fedshard_number(const FedShard *f);

@@ -306,10 +306,45 @@ static void psd_push(Psd *p, WireMsg *m, Chunk **chunks) {
 static void psd_fed_data(Psd *p, WireMsg *m, Chunk **chunks) {
         Psnet__Header *h = m->hdr;
         char reason[256];
-        if (p->id.enabled && m->peer.role != PSNET__ROLE__ROLE_EDGE &&
-            !(m->peer.role == PSNET__ROLE__ROLE_ADMIN && h->type == PSNET__MSG_TYPE__MSG_PULL)) {
+        bool strategy = (h->type == PSNET__MSG_TYPE__MSG_PULL && h->has_update_of) ||
+                        (h->type == PSNET__MSG_TYPE__MSG_PUSH && h->has_strategy_delta && h->strategy_delta);
+        /* Edge workers pull and push; operators and the strategy process read
+         * the values; the strategy alone reads updates and pushes deltas. */
+        bool reader = m->peer.role == PSNET__ROLE__ROLE_ADMIN || m->peer.role == PSNET__ROLE__ROLE_STRATEGY;
+        if (p->id.enabled && (strategy ? m->peer.role != PSNET__ROLE__ROLE_STRATEGY
+                                       : m->peer.role != PSNET__ROLE__ROLE_EDGE &&
+                                                 !(reader && h->type == PSNET__MSG_TYPE__MSG_PULL))) {
                 psd_reply_error(p, &m->route, h, PSNET__STATUS__STATUS_DENIED,
-                                "a federated job is served to edge workers only (and read by operators)");
+                                strategy ? "a client's update is read, and a round's delta pushed, by the job's "
+                                           "strategy process only (a key of role strategy)"
+                                         : "a federated job is served to edge workers only (and read by operators "
+                                           "and its strategy process)");
+                return;
+        }
+        if (h->type == PSNET__MSG_TYPE__MSG_PULL && strategy) {
+                _cleanup_free_ zmq_msg_t *frames = ps_malloc(MAX(h->n_keys, (size_t) 1) * sizeof *frames);
+                int st = frames ? fedshard_update_frames(p->fed, p->store, h, chunks, frames, reason, sizeof reason)
+                                : PSNET__STATUS__STATUS_RESOURCE;
+                if (st != PSNET__STATUS__STATUS_OK) {
+                        log_warning("update not read client=%u round=%ld status=%s reason=\"%s\"", h->update_of,
+                                    (long) h->clock, status_name(st), frames ? reason : "out of memory");
+                        psd_reply_error(p, &m->route, h, st, frames ? reason : "out of memory");
+                        return;
+                }
+                Psnet__Header a;
+                wire_header_init(&a, PSNET__MSG_TYPE__MSG_PULL_REP);
+                a.has_seq = a.has_clock = a.has_sender = a.has_job = true;
+                a.seq = h->seq;
+                a.clock = h->clock;
+                a.sender = p->cfg->id;
+                a.job = store_job(p->store)->id;
+                a.n_keys = h->n_keys;
+                a.keys = h->keys;
+                for (size_t i = 0; i < h->n_keys; i++)
+                        p->bytes_out += zmq_msg_size(&frames[i]);
+                int r = netsock_send(p->data, &m->route, &a, frames, h->n_keys);
+                if (r < 0)
+                        log_warning_errno(r, "Failed to answer the strategy's pull: %m");
                 return;
         }
         if (h->type == PSNET__MSG_TYPE__MSG_PULL) {
