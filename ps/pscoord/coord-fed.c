@@ -236,6 +236,142 @@ static void scoring_done(Coord *c) {
         }
 }
 
+/* The close goes to the shards: with the n updates ids (0: the round is dropped). */
+static void close_send(Coord *c, const uint32_t *ids, size_t n) {
+        FedRounds *f = &c->fed;
+        f->phase = FED_CLOSING;
+        int r = coord_fed_send_shards(c, true, ids, n, NULL);
+        if (r < 0) {
+                char reason[160];
+                snprintf(reason, sizeof reason, "cannot close round %lu on the shards: %s", (unsigned long) f->number,
+                         strerror(-r));
+                coord_job_fail(c, reason);
+        }
+}
+
+/* The clients whose updates count (answered), ascending: n of them in *ret. */
+static int answered_ids(FedRounds *f, uint32_t **ret, size_t *n) {
+        *ret = ps_malloc((f->nclients ? f->nclients : 1) * sizeof **ret);
+        if (!*ret)
+                return -ENOMEM;
+        *n = 0;
+        for (size_t i = 0; i < f->nclients; i++)
+                if (f->answered[i])
+                        (*ret)[(*n)++] = f->clients[i];
+        return 0;
+}
+
+static Peer *strategy_peer(Coord *c) {
+        for (size_t i = 0; i < c->npeers; i++)
+                if (c->peers[i].role == PSNET__ROLE__ROLE_STRATEGY && !c->peers[i].detached)
+                        return &c->peers[i];
+        return NULL;
+}
+
+/* --strategy custom (FED_AGGREGATING): the strategy process connected is
+ * asked to aggregate the updates counted; with none connected the round
+ * waits for one until --round-timeout. */
+static void strategy_ask(Coord *c) {
+        FedRounds *f = &c->fed;
+        Peer *p = strategy_peer(c);
+        if (!p) {
+                if (!f->said_strategy)
+                        log_info("round waits for the job's strategy process (psnet.fed.start_strategy) "
+                                 "number=%lu", (unsigned long) f->number);
+                f->said_strategy = true;
+                return;
+        }
+        _cleanup_free_ uint32_t *ids = NULL;
+        size_t n;
+        _cleanup_free_ uint64_t *ex = ps_malloc((f->nclients ? f->nclients : 1) * sizeof *ex);
+        _cleanup_free_ float *loss = ps_malloc((f->nclients ? f->nclients : 1) * sizeof *loss);
+        if (answered_ids(f, &ids, &n) < 0 || !ex || !loss) {
+                coord_job_fail(c, "out of memory asking the strategy to aggregate a round");
+                return;
+        }
+        for (size_t i = 0, k = 0; i < f->nclients; i++)
+                if (f->answered[i]) {
+                        ex[k] = f->examples[i];
+                        loss[k++] = f->loss[i];
+                }
+        uint64_t now = now_ms();
+        Psnet__Round rd = PSNET__ROUND__INIT;
+        rd.number = f->number;
+        rd.has_round = rd.has_aggregate = rd.aggregate = rd.has_timeout_ms = true;
+        rd.round = f->done + 1;
+        rd.timeout_ms = (uint32_t) (f->deadline > now ? f->deadline - now : 1);
+        rd.n_clients = rd.n_client_examples = rd.n_client_losses = n;
+        rd.clients = ids;
+        rd.client_examples = ex;
+        rd.client_losses = loss;
+        int r = coord_fed_send_edge(c, p, &rd);
+        if (r < 0) {
+                log_warning_errno(r, "Failed to ask strategy=%u to aggregate round %lu: %m", p->id,
+                                  (unsigned long) f->number);
+                return;
+        }
+        f->strategy_asked = p->id;
+        log_info("round aggregating number=%lu strategy=%u updates=%zu", (unsigned long) f->number, p->id, n);
+}
+
+/* The strategy gave no delta (declined, left, or time ran out): the round
+ * is dropped and runs again with a fresh sample. */
+static void strategy_failed(Coord *c, const char *why) {
+        FedRounds *f = &c->fed;
+        FedRecord *rec = coord_fed_record_find(f, f->number);
+        if (rec)
+                snprintf(rec->note, sizeof rec->note, "strategy: %s", why);
+        log_warning("round not aggregated by the strategy number=%lu reason=\"%s\"", (unsigned long) f->number, why);
+        f->aggregate = false;
+        close_send(c, NULL, 0);
+}
+
+static void aggregating_poll(Coord *c, uint64_t now) {
+        FedRounds *f = &c->fed;
+        if (f->strategy_asked && !coord_find_peer(c, PSNET__ROLE__ROLE_STRATEGY, f->strategy_asked)) {
+                log_warning("strategy left while it aggregated a round strategy=%u number=%lu", f->strategy_asked,
+                            (unsigned long) f->number);
+                f->strategy_asked = 0; /* a strategy that connects in time is asked again */
+        }
+        if (now >= f->deadline)
+                strategy_failed(c, f->strategy_asked ? "it did not answer within --round-timeout"
+                                                     : "no strategy process connected within --round-timeout");
+        else if (!f->strategy_asked)
+                strategy_ask(c);
+}
+
+/* The strategy's answer: its delta is on every shard (or it declined). */
+static void strategy_rep(Coord *c, WireMsg *m, Peer *p) {
+        FedRounds *f = &c->fed;
+        const Psnet__Round *rd = m->hdr->round;
+        if (c->state != JOB_RUNNING || c->job.mode != MODE_FED || f->phase != FED_AGGREGATING ||
+            rd->number != f->number || p->id != f->strategy_asked) {
+                coord_reply_error(c, &m->route, m->hdr->seq, PSNET__STATUS__STATUS_STALE,
+                                  "this strategy was not asked to aggregate that round now (or its answer came after "
+                                  "--round-timeout): not taken");
+                return;
+        }
+        (void) coord_reply_job(c, &m->route, m->hdr->seq, rd->decline ? "declined" : "taken");
+        if (rd->decline) {
+                char why[96];
+                snprintf(why, sizeof why, "%s", rd->decline);
+                strategy_failed(c, why);
+                return;
+        }
+        _cleanup_free_ uint32_t *ids = NULL;
+        size_t n;
+        if (answered_ids(f, &ids, &n) < 0) {
+                coord_job_fail(c, "out of memory closing a round");
+                return;
+        }
+        FedRecord *rec = coord_fed_record_find(f, f->number);
+        if (rec)
+                snprintf(rec->note, sizeof rec->note, "custom: strategy %u", p->id);
+        log_info("round aggregated by the strategy number=%lu strategy=%u updates=%zu", (unsigned long) f->number,
+                 p->id, n);
+        close_send(c, ids, n);
+}
+
 void coord_fed_close(Coord *c, const char *why) {
         FedRounds *f = &c->fed;
         FedRecord *rec = coord_fed_record_find(f, f->number);
@@ -276,14 +412,15 @@ void coord_fed_close(Coord *c, const char *why) {
                 coord_secagg_unmask(c);
                 return;
         }
-        f->phase = FED_CLOSING;
-        int r = coord_fed_send_shards(c, true, ids, f->aggregate ? n : 0, NULL);
-        if (r < 0) {
-                char reason[160];
-                snprintf(reason, sizeof reason, "cannot close round %lu on the shards: %s", (unsigned long) f->number,
-                         strerror(-r));
-                coord_job_fail(c, reason);
+        if (f->aggregate && c->job.fed.strategy.kind == FED_CUSTOM) {
+                f->phase = FED_AGGREGATING;
+                f->deadline = now_ms() + c->job.fed.round_timeout_ms;
+                f->strategy_asked = 0;
+                f->said_strategy = false;
+                strategy_ask(c);
+                return;
         }
+        close_send(c, ids, f->aggregate ? n : 0);
 }
 
 /* A private round was released (noise on the shards): its RDP at the
@@ -441,7 +578,8 @@ void coord_fed_shard_lost(Coord *c, uint32_t id) {
                         round_closed(c);
                 return;
         }
-        if (f->phase != FED_OPENING && f->phase != FED_TRAINING && f->phase != FED_UNMASKING && f->phase != FED_SCORING)
+        if (f->phase != FED_OPENING && f->phase != FED_TRAINING && f->phase != FED_UNMASKING && f->phase != FED_SCORING &&
+            f->phase != FED_AGGREGATING)
                 return; /* between rounds: the next one opens under the new map */
         /* Nothing of it was applied: it is dropped, counted failed, and runs
          * again with a fresh sample under the new map (the shards drop their
@@ -550,6 +688,10 @@ void coord_fed_poll(Coord *c) {
                 coord_fedasync_poll(c, now);
                 if (f->phase != FED_WAITING)
                         return; /* WAITING: the rounds are done, the final evaluation below */
+        }
+        if (f->phase == FED_AGGREGATING) {
+                aggregating_poll(c, now);
+                return;
         }
         if (f->phase == FED_UNMASKING || (f->phase == FED_TRAINING && c->job.fed.secagg && f->sa.stage < 3)) {
                 char why[96];
@@ -831,8 +973,10 @@ void coord_handle_round_rep(Coord *c, WireMsg *m, Peer *p) {
                 shard_rep(c, m, p);
         else if (p->role == PSNET__ROLE__ROLE_EDGE)
                 edge_rep(c, m, p);
+        else if (p->role == PSNET__ROLE__ROLE_STRATEGY)
+                strategy_rep(c, m, p);
         else
                 coord_reply_error(c, &m->route, m->hdr->seq, PSNET__STATUS__STATUS_DENIED,
-                                  "ROUND_REP comes from shards and edge workers");
+                                  "ROUND_REP comes from shards, edge workers and a strategy process");
 }
 

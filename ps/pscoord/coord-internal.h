@@ -151,9 +151,11 @@ typedef struct ClockRec {
  * send the squared distances between the updates over their chunks;
  * pscoord adds them up, picks by Krum score and closes with those kept.
  * FED_TESTING: after an aggregated round, sampled clients test its model on
- * their own data (--fraction-evaluate), then WAITING. */
+ * their own data (--fraction-evaluate), then WAITING. FED_AGGREGATING
+ * (--strategy custom): between TRAINING and CLOSING, the job's strategy
+ * process reads the updates from the shards and pushes the round's delta. */
 typedef enum { FED_WAITING, FED_OPENING, FED_TRAINING, FED_UNMASKING, FED_CLOSING, FED_EVALUATING, FED_DONE,
-               FED_TESTING, FED_SCORING } FedPhase;
+               FED_TESTING, FED_SCORING, FED_AGGREGATING } FedPhase;
 
 /* A --secagg round's exchanges (coord-secagg.c), by the clients' places in
  * FedRounds.clients (n of them). U1: sent keys; U2: sent their shares; the
@@ -222,6 +224,9 @@ typedef struct FedRounds {
          * squared distances summed so far ([a * nscored + b]) */
         size_t *scored, nscored;
         double *dist;
+        /* FED_AGGREGATING: the strategy process asked (its id; 0: none yet) */
+        uint32_t strategy_asked;
+        bool said_strategy;
         /* FED_TESTING: the answers so far, example-weighted */
         double test_acc, test_loss;
         uint64_t test_examples;

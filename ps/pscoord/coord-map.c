@@ -89,7 +89,10 @@ static void publish(Coord *c, Peer *only) {
         for (int pass = 0; pass < 2; pass++)
                 for (size_t i = 0; i < c->npeers; i++) {
                         Peer *p = &c->peers[i];
-                        bool edge = p->role == PSNET__ROLE__ROLE_EDGE && c->job.mode == MODE_FED;
+                        /* A federated job's strategy process (--strategy custom) is
+                         * told as an edge worker is: the job and the map. */
+                        bool edge = (p->role == PSNET__ROLE__ROLE_EDGE || p->role == PSNET__ROLE__ROLE_STRATEGY) &&
+                                    c->job.mode == MODE_FED;
                         if ((p->role != (pass == 0 ? PSNET__ROLE__ROLE_SERVER : PSNET__ROLE__ROLE_WORKER) &&
                              !(pass == 1 && edge)) ||
                             (only && p != only) || p->detached)

@@ -134,7 +134,8 @@ static bool rejoin(Coord *c, WireMsg *m) {
         log_info("registered again after %s role=%s id=%u pid=%u%s",
                  moved ? "its connection moved" : "pscoord's restart", coord_role_noun(reg->role), p->id, p->pid,
                  in_map ? " in_map=1" : p->member ? " member=1" : "");
-        bool fed = reg->role == PSNET__ROLE__ROLE_EDGE && c->job.mode == MODE_FED && c->state == JOB_RUNNING;
+        bool fed = (reg->role == PSNET__ROLE__ROLE_EDGE || reg->role == PSNET__ROLE__ROLE_STRATEGY) &&
+                   c->job.mode == MODE_FED && c->state == JOB_RUNNING;
         if (in_map || (reg->role == PSNET__ROLE__ROLE_WORKER && p->member) || fed)
                 coord_publish_peer(c, p);
         else if (reg->role == PSNET__ROLE__ROLE_WORKER && c->state == JOB_RUNNING)
@@ -147,9 +148,9 @@ void coord_handle_register(Coord *c, WireMsg *m) {
         const Psnet__Register *reg = h->reg;
         char reason[320];
         if (reg->role != PSNET__ROLE__ROLE_SERVER && reg->role != PSNET__ROLE__ROLE_WORKER &&
-            reg->role != PSNET__ROLE__ROLE_EDGE) {
-                snprintf(reason, sizeof reason, "role %d cannot register (servers, workers and edge workers can)",
-                         reg->role);
+            reg->role != PSNET__ROLE__ROLE_EDGE && reg->role != PSNET__ROLE__ROLE_STRATEGY) {
+                snprintf(reason, sizeof reason, "role %d cannot register (servers, workers, edge workers and a "
+                         "strategy process can)", reg->role);
                 coord_reply_error(c, &m->route, h->seq, PSNET__STATUS__STATUS_INVALID, reason);
                 return;
         }
@@ -190,6 +191,16 @@ void coord_handle_register(Coord *c, WireMsg *m) {
         Peer *p = coord_find_route(c, &m->route);
         if (p) /* the same connection registers again: start over */
                 coord_remove_peer(c, p);
+        for (size_t i = 0; reg->role == PSNET__ROLE__ROLE_STRATEGY && i < c->npeers; i++)
+                if (c->peers[i].role == PSNET__ROLE__ROLE_STRATEGY && !c->peers[i].detached &&
+                    !(reg->has_want_id && reg->want_id == c->peers[i].id)) {
+                        /* One process computes a round's delta: two would race. */
+                        snprintf(reason, sizeof reason, "a strategy process is connected already (id %u, pid %u on "
+                                 "%.64s): one runs a job's rounds", c->peers[i].id, c->peers[i].pid, c->peers[i].host);
+                        log_warning("refused registration reason=\"%s\"", reason);
+                        (void) netsock_send_error(c->ctl, &m->route, PSNET__STATUS__STATUS_RESOURCE, h->seq, reason);
+                        return;
+                }
         if (reg->has_want_id && reg->want_id && rejoin(c, m))
                 return;
         uint32_t id;
@@ -218,9 +229,10 @@ void coord_handle_register(Coord *c, WireMsg *m) {
                         coord_shard_lost(c, id, "its lease ran out");
                 }
         } else {
-                /* Workers and edge workers share the ids shards see as senders. */
+                /* Workers, edge workers and a strategy share the ids shards see as senders. */
                 id = reg->has_want_id && reg->want_id && !coord_find_peer(c, PSNET__ROLE__ROLE_WORKER, reg->want_id) &&
-                                     !coord_find_peer(c, PSNET__ROLE__ROLE_EDGE, reg->want_id)
+                                     !coord_find_peer(c, PSNET__ROLE__ROLE_EDGE, reg->want_id) &&
+                                     !coord_find_peer(c, PSNET__ROLE__ROLE_STRATEGY, reg->want_id)
                              ? reg->want_id
                              : ++c->next_worker_id;
                 c->next_worker_id = MAX(c->next_worker_id, id);
@@ -253,6 +265,14 @@ void coord_handle_register(Coord *c, WireMsg *m) {
         (void) reply_registered(c, m, id, reg->role);
         log_info("registered role=%s id=%u pid=%u endpoint=%s", coord_role_noun(reg->role), id, p->pid,
                  reg->endpoint ? reg->endpoint : "-");
+        if (reg->role == PSNET__ROLE__ROLE_STRATEGY) {
+                /* It gets the job and the map (coord-map.c); a round waiting
+                 * for a strategy asks it (coord-fed.c). */
+                if (c->job.mode == MODE_FED && c->state == JOB_RUNNING)
+                        coord_publish_peer(c, p);
+                coord_todo(c, TODO_FED_POLL);
+                return;
+        }
         if (reg->role == PSNET__ROLE__ROLE_EDGE) {
                 /* Rounds sample it from now on; it gets the job once there is one. */
                 if (c->job.mode == MODE_FED && c->state == JOB_RUNNING)
@@ -472,8 +492,8 @@ void coord_handle_deregister(Coord *c, WireMsg *m, Peer *p) {
         coord_remove_peer(c, p);
         if (role == PSNET__ROLE__ROLE_WORKER)
                 coord_membership_changed(c);
-        else if (role == PSNET__ROLE__ROLE_EDGE)
-                coord_todo(c, TODO_FED_POLL); /* a round it was sampled for need not wait for it */
+        else if (role == PSNET__ROLE__ROLE_EDGE || role == PSNET__ROLE__ROLE_STRATEGY)
+                coord_todo(c, TODO_FED_POLL); /* a round it was sampled (or asked) for need not wait for it */
         else /* it stopped acknowledging before it said goodbye */
                 coord_shard_lost(c, id, "it stopped");
 }

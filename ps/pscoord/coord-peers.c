@@ -5,7 +5,10 @@
 #include "coord-internal.h"
 
 const char *coord_role_noun(Psnet__Role role) {
-        return role == PSNET__ROLE__ROLE_SERVER ? "shard" : role == PSNET__ROLE__ROLE_EDGE ? "edge" : "worker";
+        return role == PSNET__ROLE__ROLE_SERVER     ? "shard"
+               : role == PSNET__ROLE__ROLE_EDGE     ? "edge"
+               : role == PSNET__ROLE__ROLE_STRATEGY ? "strategy"
+                                                    : "worker";
 }
 
 size_t coord_count_role(const Coord *c, Psnet__Role role) {

@@ -11,8 +11,8 @@
 
 static const char *phase_name(FedPhase p) {
         static const char *const names[] = { "waiting", "opening", "training", "unmasking", "closing", "evaluating",
-                                             "done", "testing", "scoring" };
-        return p <= FED_SCORING ? names[p] : "?";
+                                             "done", "testing", "scoring", "aggregating" };
+        return p <= FED_AGGREGATING ? names[p] : "?";
 }
 
 void coord_rounds_clear(FedRounds *f) {

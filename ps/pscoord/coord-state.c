@@ -56,9 +56,9 @@ static int build(Coord *c, Psnet__CoordState *st, Psnet__CoordPeer *pv, Psnet__C
         size_t np = 0;
         for (size_t i = 0; i < c->npeers; i++) {
                 const Peer *p = &c->peers[i];
-                /* Edge workers are not kept: they register again as new clients
+                /* Edge workers (and a strategy process) are not kept: they register again as new clients
                  * (the rounds, their history and the privacy spent are kept). */
-                if (p->role == PSNET__ROLE__ROLE_EDGE)
+                if (p->role == PSNET__ROLE__ROLE_EDGE || p->role == PSNET__ROLE__ROLE_STRATEGY)
                         continue;
                 Psnet__CoordPeer *q = &pv[np];
                 psnet__coord_peer__init(q);
