@@ -34,6 +34,7 @@ a count below 1) is refused for that round: the reason is logged, counted in
 the client's stats and told to pscoord, which stops waiting for this client
 and counts the round's refusals (psctl round history); the round goes on with
 the others. An exception raised by fit() is handled the same way."""
+import collections
 import ctypes
 import errno as _errno
 import json
@@ -91,12 +92,13 @@ class _Opts(ctypes.Structure):
                 ("round_timeout_ms", ctypes.c_uint), ("keys_dir", ctypes.c_char_p),
                 ("key_name", ctypes.c_char_p), ("coord_key_name", ctypes.c_char_p),
                 ("share", ctypes.c_void_p), ("clients", ctypes.c_uint), ("gateway", ctypes.c_char_p),
-                ("gateway_key_name", ctypes.c_char_p)]
+                ("gateway_key_name", ctypes.c_char_p), ("strategy", ctypes.c_bool)]
 
 
 class _Round(ctypes.Structure):
     _fields_ = [("number", ctypes.c_uint64), ("round", ctypes.c_uint32), ("evaluate", ctypes.c_bool),
-                ("timeout_ms", ctypes.c_uint), ("local", ctypes.c_bool)]
+                ("timeout_ms", ctypes.c_uint), ("local", ctypes.c_bool), ("aggregate", ctypes.c_bool),
+                ("nupdates", ctypes.c_uint32)]
 
 
 class _PushInfo(ctypes.Structure):
@@ -141,6 +143,9 @@ def _load():
         "psnet_edge_sync_report": ([P, U, ctypes.POINTER(_Round), ctypes.c_float, ctypes.c_float, ctypes.c_uint64],
                                    I),
         "psnet_edge_sync_leave": ([P, U], I),
+        "psnet_edge_sync_round_update": ([P, U, ctypes.c_uint64, ctypes.c_size_t, ctypes.POINTER(ctypes.c_uint32),
+                                          ctypes.POINTER(ctypes.c_uint64), ctypes.POINTER(ctypes.c_float)], I),
+        "psnet_edge_sync_pull_update": ([P, U, ctypes.c_uint64, ctypes.c_uint32, FP], I),
     }
     for name, (args, res) in sigs.items():
         f = getattr(lib, name)
@@ -171,7 +176,7 @@ class Fleet:
     simulate drive one."""
 
     def __init__(self, coord, n=1, key=None, keys_dir=None, coord_key=None, connect_timeout_s=10.0,
-                 round_timeout_s=120.0, gateway=None, gateway_key=None):
+                 round_timeout_s=120.0, gateway=None, gateway_key=None, strategy=False):
         lib = _load()
         coord = getattr(coord, "coord", coord)  # a LocalCluster
         if coord is None and gateway is None:
@@ -179,7 +184,7 @@ class Fleet:
         keys_dir, key, coord_key = _key_args(key, keys_dir, coord_key)
         enc = (lambda s: s.encode() if s is not None else None)
         self._opts = _Opts(enc(coord), int(connect_timeout_s * 1000), int(round_timeout_s * 1000), enc(keys_dir),
-                           enc(key), enc(coord_key), None, n, enc(gateway), enc(gateway_key))
+                           enc(key), enc(coord_key), None, n, enc(gateway), enc(gateway_key), bool(strategy))
         self._s = ctypes.c_void_p()
         _check(lib.psnet_edge_sync_new(ctypes.byref(self._opts), n, ctypes.byref(self._s)),
                f"joining {gateway or coord}")
@@ -212,6 +217,7 @@ class Fleet:
         rd = ev.round
         return {"kind": ev.kind, "client": ev.client, "r": ev.r, "number": rd.number, "round": rd.round,
                 "evaluate": rd.evaluate, "timeout_ms": rd.timeout_ms, "local": rd.local,
+                "aggregate": rd.aggregate, "nupdates": rd.nupdates,
                 "reason": (ev.push.reason if ev.kind == EV_PUSHED else ev.reason).decode(errors="replace"),
                 "norm": ev.push.norm, "clipped": ev.push.clipped, "bytes": ev.push.bytes,
                 "bytes_raw": ev.push.bytes_raw}
@@ -275,6 +281,21 @@ class Fleet:
 
     def leave(self, i):
         _check(_lib.psnet_edge_sync_leave(self._s, i), "leave")
+
+    def round_update(self, i, number, k):
+        """A strategy: update k of round number: (client id, examples, loss)."""
+        cid, ex, loss = ctypes.c_uint32(), ctypes.c_uint64(), ctypes.c_float()
+        _check(_lib.psnet_edge_sync_round_update(self._s, i, number, k, ctypes.byref(cid), ctypes.byref(ex),
+                                                 ctypes.byref(loss)), f"update {k} of round {number}")
+        return cid.value, ex.value, loss.value
+
+    def pull_update(self, i, number, cid):
+        """A strategy: client cid's update of round number, as arrays."""
+        arrays = [np.empty(shape, dtype=np.float32) for _, shape in self.tensors(i)]
+        ptrs = (ctypes.c_void_p * len(arrays))(*[a.ctypes.data for a in arrays])
+        _check(_lib.psnet_edge_sync_pull_update(self._s, i, number, cid, ptrs),
+               f"pulling client {cid}'s update of round {number}")
+        return arrays
 
 
 class Refused(ValueError):
@@ -552,3 +573,127 @@ def simulate(client_fn, num_clients, coord=None, key=None, keys_dir=None, coord_
                connect_timeout_s=connect_timeout_s, round_timeout_s=round_timeout_s, gateway=gateway,
                gateway_key=gateway_key) as fleet:
         return _run(fleet, lambda i: client_fn(str(i)), False, timeout_s)
+
+
+FitResult = collections.namedtuple("FitResult", "cid parameters num_examples metrics")
+FitResult.__doc__ = """One client's result in a round, as a strategy sees it: cid (its id at
+pscoord, a str), parameters (the model it trained to: the round's model
+plus its update, float32 arrays), num_examples, metrics ({"loss": its mean
+training loss})."""
+
+
+class Strategy:
+    """A federated job's own aggregation (psctl job submit --strategy
+    custom), for research users: subclass it and define aggregate_fit,
+    then run it with start_strategy beside pscoord. Flower's
+    Strategy.aggregate_fit, with the round's model given."""
+
+    def aggregate_fit(self, server_round, results, parameters):
+        """Aggregates one round: results, a list of FitResult (the clients
+        whose updates count, ascending cid); parameters, the model before
+        the round. Returns the model after it (a list of arrays shaped as
+        parameters), or (that, metrics). Raising, or returning what cannot
+        be a model (the wrong number, shape or kind of arrays, NaN or
+        infinity), drops the round: it runs again with a fresh sample."""
+        raise NotImplementedError
+
+
+def _as_model(res, shapes, before):
+    """aggregate_fit's result → the round's delta (new minus before); raises Refused."""
+    if isinstance(res, tuple) and len(res) == 2 and not isinstance(res[0], np.ndarray):
+        res = res[0]
+    try:
+        params = list(res)
+    except TypeError:
+        raise Refused(f"aggregate_fit returned {type(res).__name__}, not a list of arrays") from None
+    if len(params) != len(shapes):
+        raise Refused(f"aggregate_fit returned {len(params)} arrays; the job's model has {len(shapes)} tensors")
+    delta = []
+    for k, (a, (name, shape), w0) in enumerate(zip(params, shapes, before)):
+        a = np.asarray(a)
+        if a.dtype.kind != "f":
+            raise Refused(f"tensor {k} ({name}) is {a.dtype}, not floating point")
+        if tuple(a.shape) != tuple(shape):
+            raise Refused(f"tensor {k} ({name}) has shape {list(a.shape)}; the job's is {list(shape)}")
+        with np.errstate(over="ignore", invalid="ignore"):
+            d = np.ascontiguousarray(a, dtype=np.float32) - w0
+        if not np.all(np.isfinite(d)):
+            raise Refused(f"tensor {k} ({name}) holds NaN or infinity (or overflows float32)")
+        delta.append(np.ascontiguousarray(d, dtype=np.float32))
+    return delta
+
+
+def _aggregate(fleet, strategy, ev, st):
+    number = ev["number"]
+    st["rounds"] += 1
+    try:
+        before, _ = fleet.pull(0, number)
+        results, examples, loss = [], 0, 0.0
+        for k in range(ev["nupdates"]):
+            cid, n, l = fleet.round_update(0, number, k)
+            upd = fleet.pull_update(0, number, cid)
+            results.append(FitResult(str(cid), [w + u for w, u in zip(before, upd)], n, {"loss": l}))
+            examples += n
+            loss += l * n
+    except _client.PsnetError as e:
+        st["failed"] += 1
+        log.warning("strategy: round %d: %s", number, e)
+        reason = f"the strategy could not read the round's updates: {e}"
+        try:
+            fleet.decline(0, number, reason)
+        except _client.PsnetError as e2:
+            log.debug("strategy: declining: %s", e2)
+        return
+    try:
+        res = strategy.aggregate_fit(ev["round"], results, [a.copy() for a in before])
+        delta = _as_model(res, fleet.tensors(0), before)
+    except Exception as e:  # the user's code: its failure drops this round, not the process
+        _refuse(fleet, 0, ev, st, e, "aggregate_fit", f"round {number} not aggregated")
+        return
+    fleet.push(0, number, delta, max(examples, 1), loss / examples if examples else 0.0)
+
+
+def start_strategy(coord=None, strategy=None, key=None, keys_dir=None, coord_key=None, connect_timeout_s=10.0,
+                   round_timeout_s=120.0, timeout_s=None):
+    """Runs strategy (a Strategy) as the aggregation of the --strategy
+    custom job at coord until the job ends; returns its Stats (rounds asked,
+    counted: rounds whose delta pscoord took, refused: aggregate_fit's
+    failures, failed). It reads every client's update of a round from the
+    shards, so it runs in the cluster, with a key of role strategy (psctl
+    keys gen NAME --role strategy; key=DIR/NAME.key) where the cluster has
+    --keys. One strategy process serves a job; a second is refused while
+    the first is connected. Raises PsnetError when it cannot join."""
+    if strategy is None:
+        raise TypeError("start_strategy needs strategy= (a psnet.fed.Strategy)")
+    st = Stats(rounds=0, counted=0, late=0, refused=0, failed=0, state=None)
+    deadline = None if timeout_s is None else time.monotonic() + timeout_s
+    with Fleet(coord, 1, key=key, keys_dir=keys_dir, coord_key=coord_key, connect_timeout_s=connect_timeout_s,
+               round_timeout_s=round_timeout_s, strategy=True) as fleet:
+        while st["state"] is None:
+            if deadline is not None and time.monotonic() > deadline:
+                raise _client.PsnetError(_errno.ETIMEDOUT, "the job did not end within the time given")
+            ev = fleet.next(0.2)
+            if ev is None:
+                continue
+            if ev["kind"] == EV_FAILED:
+                raise _client.PsnetError(-ev["r"], f"the strategy could not join: {ev['reason']}")
+            if ev["kind"] == EV_ROUND and ev["aggregate"]:
+                _aggregate(fleet, strategy, ev, st)
+            elif ev["kind"] == EV_PUSHED:
+                if ev["r"] == 0:
+                    st["counted"] += 1
+                elif ev["r"] == -_errno.ESTALE:
+                    st["late"] += 1
+                    log.warning("strategy: round %d's delta came too late: %s", ev["number"], ev["reason"])
+                else:
+                    st["failed"] += 1
+                    log.warning("strategy: round %d's delta failed: %s %s", ev["number"], os.strerror(-ev["r"]),
+                                ev["reason"])
+            elif ev["kind"] == EV_END:
+                st["state"] = (_client.JOB_STATES[ev["r"]] if 0 <= ev["r"] < len(_client.JOB_STATES)
+                               else str(ev["r"]))
+                try:
+                    fleet.leave(0)
+                except _client.PsnetError as e:
+                    log.debug("strategy: leaving: %s", e)
+    return st

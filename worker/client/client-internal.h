@@ -78,6 +78,8 @@ struct Client {
         uint64_t examples;             /* sent with pushes (a federated update's example count; 0: none) */
         float progress;                /* sent with pushes (the job's progress; negative: none) */
         bool masked;                   /* pushes carry CODEC_MASKED (a --secagg update) */
+        uint32_t update_of;            /* --strategy custom: pulls read this client's update (0: the values) */
+        bool strategy_delta;           /* --strategy custom: pushes are the strategy's delta */
         bool pull_f32;                 /* --wire bf16: pulls ask for f32 all the same (the final weights) */
         int codec;                     /* with frame_fn: a --compress update's codec */
         ClientFrameFn frame_fn;

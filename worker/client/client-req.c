@@ -55,6 +55,9 @@ void client_header(Client *c, ShardConn *s, Part *part, Psnet__Header *h, bool p
         }
         h->has_members_epoch = c->members_epoch != 0;
         h->members_epoch = c->members_epoch;
+        h->has_update_of = type == PSNET__MSG_TYPE__MSG_PULL && c->update_of != 0;
+        h->update_of = c->update_of;
+        h->has_strategy_delta = h->strategy_delta = type == PSNET__MSG_TYPE__MSG_PUSH && c->strategy_delta;
         h->has_examples = type == PSNET__MSG_TYPE__MSG_PUSH && c->examples != 0;
         h->examples = c->examples;
         h->has_dtype = (type == PSNET__MSG_TYPE__MSG_PUSH && client_wire_bf16(c) && !client_pushes_sparse(c)) ||

@@ -219,6 +219,8 @@ void client_set_examples(Client *c, uint64_t examples) { c->examples = examples;
 void client_set_progress(Client *c, float progress) { c->progress = progress; }
 void client_set_pull_f32(Client *c, bool f32) { c->pull_f32 = f32; }
 void client_set_masked(Client *c, bool masked) { c->masked = masked; }
+void client_set_update_of(Client *c, uint32_t id) { c->update_of = id; }
+void client_set_strategy_delta(Client *c, bool delta) { c->strategy_delta = delta; }
 void client_set_frames(Client *c, int codec, ClientFrameFn fn, void *ud) {
         c->codec = codec;
         c->frame_fn = fn;

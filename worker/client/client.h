@@ -70,6 +70,11 @@ void client_set_progress(Client *c, float progress);
 /* Pushes say their frames are masked uint32 (true: a --secagg update, whose
  * buffers the caller passes as the grads) or f32 (false, the default). */
 void client_set_masked(Client *c, bool masked);
+/* --strategy custom, the strategy process's client: pulls read client id's
+ * update of the open round (0, the default: the values), and pushes are the
+ * round's delta (true) rather than an update. */
+void client_set_update_of(Client *c, uint32_t id);
+void client_set_strategy_delta(Client *c, bool delta);
 /* A federated update: each pushed key's frame is what fn gives for it, under
  * codec (PSNET__CODEC__CODEC_RAW, _MASKED, _BF16 ...): bytes that stay put
  * until ZeroMQ calls *ret_free(data, *ret_hint) (NULL: until the round's

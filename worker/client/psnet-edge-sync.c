@@ -518,3 +518,51 @@ static int do_leave(PsnetEdgeSync *s, EdgeSyncClient *c, void *arg) {
 }
 
 int psnet_edge_sync_leave(PsnetEdgeSync *s, unsigned client) { return call(s, client, do_leave, NULL); }
+
+typedef struct UpdateArg {
+        uint64_t number;
+        size_t i;
+        uint32_t id;
+        uint64_t examples;
+        float loss;
+} UpdateArg;
+
+static int do_round_update(PsnetEdgeSync *s, EdgeSyncClient *c, void *arg) {
+        (void) s;
+        UpdateArg *a = arg;
+        return psnet_edge_round_update(c->e, a->number, a->i, &a->id, &a->examples, &a->loss);
+}
+
+int psnet_edge_sync_round_update(PsnetEdgeSync *s, unsigned client, uint64_t number, size_t i, uint32_t *id,
+                                 uint64_t *examples, float *loss) {
+        UpdateArg a = { .number = number, .i = i };
+        int r = call(s, client, do_round_update, &a);
+        if (r == 0) {
+                if (id)
+                        *id = a.id;
+                if (examples)
+                        *examples = a.examples;
+                if (loss)
+                        *loss = a.loss;
+        }
+        return r;
+}
+
+typedef struct PullUpdateArg {
+        PullArg pull;           /* first: pulled() takes the arg as a PullArg */
+        uint32_t id;
+} PullUpdateArg;
+
+static int do_pull_update(PsnetEdgeSync *s, EdgeSyncClient *c, void *arg) {
+        (void) s;
+        PullUpdateArg *a = arg;
+        /* The caller's buffers: an update is not digested by any report. */
+        int r = psnet_edge_pull_update(c->e, a->pull.number, a->id, a->pull.params, pulled, c);
+        return r < 0 ? r : PENDING;
+}
+
+int psnet_edge_sync_pull_update(PsnetEdgeSync *s, unsigned client, uint64_t number, uint32_t id,
+                                float *const *params) {
+        PullUpdateArg a = { .pull = { .number = number, .params = params }, .id = id };
+        return call(s, client, do_pull_update, &a);
+}

@@ -13,6 +13,7 @@
  * exchanges (edge-secagg.c) whatever the caller is doing; the keys of a
  * round that asks before the caller said its example count wait for it. */
 #include <errno.h>
+#include <math.h>
 #include <stdio.h>
 #include <string.h>
 #include <sodium.h>
@@ -50,6 +51,13 @@ struct PsnetEdge {
         bool refused;                   /* the job is not one for an edge client: nothing more is taken */
         bool ended;                     /* the end event was given */
         bool leaving;
+        bool strategy;                  /* PsnetEdgeOptions.strategy: the job's strategy process */
+        /* a strategy: the updates of the round it was asked to aggregate last */
+        uint64_t agg_number;
+        uint32_t *agg_clients;
+        uint64_t *agg_examples;
+        float *agg_losses;
+        size_t nagg;
         uint64_t stop_deadline;         /* psnet_edge_abandon's (uv_now; 0: none): requests end by it */
         uint64_t latest;                /* the newest round pscoord sampled this client to train for */
         uint64_t examples;              /* psnet_edge_set_examples */
@@ -237,7 +245,10 @@ static void update_send(PsnetEdge *e) {
                                     : PSNET__CODEC__CODEC_RAW;
                 client_set_examples(e->client, e->uexamples);
                 client_set_masked(e->client, jb->fed.secagg);
-                client_set_frames(e->client, codec, update_frame, e);
+                /* A strategy's delta goes as f32 (no --compress), from the buffers. */
+                client_set_frames(e->client, e->strategy ? PSNET__CODEC__CODEC_RAW : codec,
+                                  e->strategy ? NULL : update_frame, e);
+                client_set_strategy_delta(e->client, e->strategy);
                 r = client_round(e->client, (const float *const *) e->upd.t, (int64_t) e->unumber, NULL, 0, on_pushed,
                                  e);
         }
@@ -367,6 +378,17 @@ int psnet_edge_push(PsnetEdge *e, uint64_t number, uint64_t examples, float loss
         e->push_ud = ud;
         e->drop = false;
         memset(&e->info, 0, sizeof e->info);
+        if (e->strategy) {
+                /* The round's delta: no clip, no codec; finite, or nothing goes. */
+                for (uint32_t t = 0; t < job(e)->ntensors; t++)
+                        for (uint64_t i = 0; i < job(e)->tensors[t].numel; i++)
+                                if (!isfinite(e->upd.t[t][i])) {
+                                        e->push_cb = NULL;
+                                        return -ERANGE;
+                                }
+                update_send(e);
+                return 0;
+        }
         e->us = U_PREPARING;
         int r = work_start(e, prepare_work, prepare_done);
         if (r < 0) {
@@ -417,7 +439,8 @@ void psnet_edge_abandon(PsnetEdge *e) {
                          PSNET_STOP_GRACE_MS / 1000);
 }
 
-int psnet_edge_pull(PsnetEdge *e, uint64_t number, float *const *params, PsnetEdgePullFn done, void *ud) {
+static int pull_start(PsnetEdge *e, uint64_t number, uint32_t update_of, float *const *params, PsnetEdgePullFn done,
+                      void *ud) {
         if (!e || !params)
                 return -EINVAL;
         if (!e->fo.has_job || e->refused)
@@ -427,6 +450,7 @@ int psnet_edge_pull(PsnetEdge *e, uint64_t number, float *const *params, PsnetEd
         int r = client_ready(e);
         if (r < 0)
                 return r;
+        client_set_update_of(e->client, update_of);
         e->pull_cb = done;
         e->pull_ud = ud;
         e->params = params;
@@ -434,6 +458,69 @@ int psnet_edge_pull(PsnetEdge *e, uint64_t number, float *const *params, PsnetEd
         if (r < 0)
                 e->pull_cb = NULL;
         return r;
+}
+
+int psnet_edge_pull(PsnetEdge *e, uint64_t number, float *const *params, PsnetEdgePullFn done, void *ud) {
+        return pull_start(e, number, 0, params, done, ud);
+}
+
+int psnet_edge_pull_update(PsnetEdge *e, uint64_t number, uint32_t client, float *const *params,
+                           PsnetEdgePullFn done, void *ud) {
+        if (!e || !e->strategy || client == 0)
+                return -EINVAL;
+        return pull_start(e, number, client, params, done, ud);
+}
+
+int psnet_edge_round_update(const PsnetEdge *e, uint64_t number, size_t i, uint32_t *client, uint64_t *examples,
+                            float *loss) {
+        if (!e)
+                return -EINVAL;
+        if (!e->agg_number || number != e->agg_number)
+                return -ESTALE;
+        if (i >= e->nagg)
+                return -ENOENT;
+        if (client)
+                *client = e->agg_clients[i];
+        if (examples)
+                *examples = e->agg_examples[i];
+        if (loss)
+                *loss = e->agg_losses[i];
+        return 0;
+}
+
+static void agg_clear(PsnetEdge *e) {
+        e->agg_clients = mfree(e->agg_clients);
+        e->agg_examples = mfree(e->agg_examples);
+        e->agg_losses = mfree(e->agg_losses);
+        e->nagg = 0;
+        e->agg_number = 0;
+}
+
+/* A strategy is asked to aggregate a round: its updates, kept for
+ * psnet_edge_round_update. false: not such a request (or unusable). */
+static bool agg_take(PsnetEdge *e, const Psnet__Round *rd) {
+        agg_clear(e);
+        size_t n = rd->n_clients;
+        if (rd->n_client_examples != n || rd->n_client_losses != n) {
+                log_warning("pscoord asked to aggregate round %lu with %zu clients, %zu example counts and %zu "
+                            "losses; ignored", (unsigned long) rd->number, n, rd->n_client_examples,
+                            rd->n_client_losses);
+                return false;
+        }
+        e->agg_clients = ps_malloc(MAX(n, (size_t) 1) * sizeof *e->agg_clients);
+        e->agg_examples = ps_malloc(MAX(n, (size_t) 1) * sizeof *e->agg_examples);
+        e->agg_losses = ps_malloc(MAX(n, (size_t) 1) * sizeof *e->agg_losses);
+        if (!e->agg_clients || !e->agg_examples || !e->agg_losses) {
+                agg_clear(e);
+                log_warning("out of memory taking round %lu's updates to aggregate", (unsigned long) rd->number);
+                return false;
+        }
+        memcpy(e->agg_clients, rd->clients, n * sizeof *e->agg_clients);
+        memcpy(e->agg_examples, rd->client_examples, n * sizeof *e->agg_examples);
+        memcpy(e->agg_losses, rd->client_losses, n * sizeof *e->agg_losses);
+        e->nagg = n;
+        e->agg_number = rd->number;
+        return true;
 }
 
 static void on_reported(Session *s, int r, WireMsg *m, void *ud) {
@@ -670,7 +757,16 @@ static void on_round(PsnetEdge *e, const Psnet__Round *rd) {
         }
         if (rd->secagg && sa_round(e, rd))
                 return;
+        bool agg = rd->has_aggregate && rd->aggregate;
+        if (agg != e->strategy) {
+                log_warning("pscoord sent %s; ignored", agg ? "a strategy's request to a client" :
+                            "a client's request to the strategy");
+                return;
+        }
+        if (agg && !agg_take(e, rd))
+                return;
         PsnetEdgeRound r = {
+                .aggregate = agg, .nupdates = agg ? (uint32_t) e->nagg : 0,
                 .number = rd->number, .round = rd->has_round ? rd->round : 0,
                 .evaluate = rd->has_evaluate && rd->evaluate, .timeout_ms = rd->has_timeout_ms ? rd->timeout_ms : 0,
                 .local = rd->has_evaluate && rd->evaluate && rd->has_local && rd->local,
@@ -683,6 +779,9 @@ static void on_round(PsnetEdge *e, const Psnet__Round *rd) {
                         log_info("pscoord asks this edge worker to test the model of round %u", r.round);
                 else
                         log_info("pscoord asks this edge worker to evaluate the final model");
+        } else if (agg) {
+                log_info("aggregate number=%lu round=%u updates=%u timeout_ms=%u", (unsigned long) r.number, r.round,
+                         r.nupdates, r.timeout_ms);
         } else {
                 log_info("sampled number=%lu round=%u timeout_ms=%u", (unsigned long) r.number, r.round, r.timeout_ms);
                 e->latest = MAX(e->latest, r.number);
@@ -746,6 +845,7 @@ int psnet_edge_new(uv_loop_t *loop, const PsnetEdgeOptions *opts, const PsnetEdg
         e->ev = *events;
         e->ud = ud;
         e->round_timeout_ms = opts->round_timeout_ms ? opts->round_timeout_ms : 120000;
+        e->strategy = opts->strategy;
         e->coord = ps_strdup(opts->coord ? opts->coord : opts->gateway);
         int r = e->coord ? 0 : -ENOMEM;
         if (r == 0 && opts->share) {
@@ -758,10 +858,16 @@ int psnet_edge_new(uv_loop_t *loop, const PsnetEdgeOptions *opts, const PsnetEdg
         /* The keys are loaded once, by the client that made the shared
          * context; the server key is psgate's when it goes through one. */
         if (r == 0 && !opts->share && opts->keys_dir)
-                r = follow_identity(&e->sh->id, opts->keys_dir, opts->key_name ? opts->key_name : "edge",
+                r = follow_identity(&e->sh->id, opts->keys_dir,
+                                    opts->key_name ? opts->key_name : e->strategy ? "strategy" : "edge",
                                     opts->gateway ? (opts->gateway_key_name ? opts->gateway_key_name : "psgate")
                                                   : (opts->coord_key_name ? opts->coord_key_name : "pscoord"),
-                                    PSNET__ROLE__ROLE_EDGE);
+                                    e->strategy ? PSNET__ROLE__ROLE_STRATEGY : PSNET__ROLE__ROLE_EDGE);
+        if (r == 0 && e->strategy && opts->gateway) {
+                log_error("a strategy process reads the updates from the shards: it runs in the cluster, not "
+                          "through psgate");
+                r = -EINVAL;
+        }
         if (r == 0 && opts->gateway) {
                 /* Queues while psgate is not there, as a direct client's shard
                  * connections do: what leaves is the caller's own buffers. */
@@ -774,7 +880,8 @@ int psnet_edge_new(uv_loop_t *loop, const PsnetEdgeOptions *opts, const PsnetEdg
         }
         if (r == 0) {
                 const SessionOps so = { .registered = on_registered, .failed = on_failed, .message = on_message };
-                r = follow_session(loop, e->sh->zctx, opts->gateway ? opts->gateway : e->coord, PSNET__ROLE__ROLE_EDGE,
+                r = follow_session(loop, e->sh->zctx, opts->gateway ? opts->gateway : e->coord,
+                                   e->strategy ? PSNET__ROLE__ROLE_STRATEGY : PSNET__ROLE__ROLE_EDGE,
                                    NULL, NULL, NULL, NULL, opts->connect_timeout_ms, &e->sh->id, e->mux, &so, e,
                                    &e->session);
         }
@@ -794,6 +901,7 @@ static void edge_destroy(PsnetEdge *e) {
         e->mux = netmux_close(e->mux);
         edge_update_free(&e->upd, job(e));
         edge_secagg_clear(&e->sa);
+        agg_clear(e);
         follow_done(&e->fo);
         shared_unref(e->sh);
         ps_free(e->coord);

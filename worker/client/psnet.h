@@ -242,6 +242,8 @@ typedef struct PsnetEdgeOptions {
                                          * shards through it (coord is then only a name for logs; NULL:
                                          * pscoord and every shard directly) */
         const char *gateway_key_name;   /* CURVE: psgate's key in keys_dir (NULL: "psgate") */
+        bool strategy;                  /* the job's strategy process (--strategy custom; role strategy, key
+                                         * "strategy" by default), not a client: below */
 } PsnetEdgeOptions;
 
 /* A request of pscoord's: train for a round, or test a model. */
@@ -254,6 +256,8 @@ typedef struct PsnetEdgeRound {
         unsigned timeout_ms;    /* the round closes this long after it opened (0: not said) */
         bool local;             /* evaluate: a federated evaluation (--fraction-evaluate): test the model
                                  * of `round` on the client's own data, psnet_edge_report_local */
+        bool aggregate;         /* a strategy process: aggregate the round's nupdates updates */
+        uint32_t nupdates;
 } PsnetEdgeRound;
 
 typedef struct PsnetEdgeEvents {
@@ -362,6 +366,23 @@ int psnet_edge_decline(PsnetEdge *e, uint64_t number, const char *reason, PsnetE
 /* Leaves the job (answered or not within a second), then done (may be NULL);
  * a push that waits for its round's peers is dropped first. */
 int psnet_edge_leave(PsnetEdge *e, PsnetEdgeDoneFn done, void *ud);
+
+/* A strategy process (PsnetEdgeOptions.strategy, --strategy custom) is
+ * asked by pscoord to aggregate each round's updates (a round event with
+ * aggregate): it reads each one from the shards, computes the round's delta
+ * (the change of the model), writes it into the update buffers
+ * (psnet_edge_update) and pushes it (psnet_edge_push: as f32, with no clip
+ * or codec; pscoord closes the round once it is on every shard), or
+ * declines the round with the reason (it is then dropped and runs again).
+ * Update i (0 to rd->nupdates - 1) of the round asked for last: the client
+ * that sent it, its examples and its training loss; -ESTALE for another
+ * number, -ENOENT past the last. */
+int psnet_edge_round_update(const PsnetEdge *e, uint64_t number, size_t i, uint32_t *client, uint64_t *examples,
+                            float *loss);
+/* Pulls client's update of round number (as it pushed it, f32) into
+ * params, as psnet_edge_pull does the model. */
+int psnet_edge_pull_update(PsnetEdge *e, uint64_t number, uint32_t client, float *const *params,
+                           PsnetEdgePullFn done, void *ud);
 
 /* --- Blocking -------------------------------------------------------------------------
  *
@@ -515,6 +536,11 @@ int psnet_edge_sync_report(PsnetEdgeSync *s, unsigned client, const PsnetEdgeRou
                            uint64_t examples);
 /* psnet_edge_leave, waited for (at most about a second). */
 int psnet_edge_sync_leave(PsnetEdgeSync *s, unsigned client);
+/* A strategy process: psnet_edge_round_update, and psnet_edge_pull_update waited for. */
+int psnet_edge_sync_round_update(PsnetEdgeSync *s, unsigned client, uint64_t number, size_t i, uint32_t *id,
+                                 uint64_t *examples, float *loss);
+int psnet_edge_sync_pull_update(PsnetEdgeSync *s, unsigned client, uint64_t number, uint32_t id,
+                                float *const *params);
 
 #ifdef __cplusplus
 }
