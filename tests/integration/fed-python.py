@@ -11,10 +11,19 @@ each printing "ok: ..." lines (a failed check prints "FAIL: ..." and exits 1).
         run's stats to OUT (JSON).
     fed-python.py refuse
         what fit and evaluate return that cannot be taken, refused here with
-        the reason"""
+        the reason
+    fed-python.py strategy COORD N OUT [KEYS]
+        a --strategy custom job (with KEYS, the keys edge and strategy there): a psnet.fed.Strategy (the coordinate-wise
+        median, in NumPy) in a thread of this process aggregates the rounds
+        of N simulated clients; its first answer is NaN (the round is
+        dropped and runs again); what it is given is what the clients
+        returned, and the shards apply exactly what it returns. A second
+        strategy process is refused while it is connected."""
 import json
 import os
 import sys
+import threading
+import traceback
 
 import numpy as np
 import torch
@@ -190,6 +199,93 @@ def refuse():
     check(True, f"{len(tests)} test results that cannot be weighed are refused, each with its reason")
 
 
+class Median(fed.Strategy):
+    """The coordinate-wise median of the clients' models; NaN in its first answer."""
+
+    def __init__(self, coord=None, key=None):
+        self.asked, self.seen, self.returned, self.coord, self.key, self.second = 0, [], [], coord, key, None
+
+    def aggregate_fit(self, server_round, results, parameters):
+        self.asked += 1
+        if self.asked == 1 and self.coord:
+            # A second strategy process while this one is connected: refused.
+            try:
+                fed.start_strategy(coord=self.coord, strategy=Median(), key=self.key, connect_timeout_s=3,
+                                   timeout_s=10)
+                self.second = "joined"
+            except OSError as e:
+                self.second = str(e)
+        new = [np.median(np.stack([r.parameters[t] for r in results]), axis=0) for t in range(len(parameters))]
+        self.seen.append((server_round, parameters, results))
+        if self.asked == 1:
+            new[1] = new[1].copy()
+            new[1][0] = np.nan
+        else:
+            self.returned.append(new)
+        return new
+
+
+def strategy(coord, n, out, keys=None):
+    torch.set_num_threads(1)
+    xs, ys, xt, yt = load()
+    sent = {}  # round number -> the models the clients returned
+
+    class Recording(MlpClient):
+        def fit(self, parameters, config):
+            res = super().fit(parameters, config)
+            sent.setdefault(config["number"], []).append([np.asarray(a, np.float32) for a in res[0]])
+            return res
+
+    skey = keys and os.path.join(keys, "strategy.key")
+    med, box = Median(coord, skey), {}
+
+    def run():
+        try:
+            box["st"] = fed.start_strategy(coord=coord, strategy=med, key=skey, timeout_s=240)
+        except Exception as e:  # reported below
+            traceback.print_exc()
+            box["err"] = e
+
+    th = threading.Thread(target=run)
+    th.start()
+    st = fed.simulate(lambda cid: Recording(int(cid), n, xs, ys, xt, yt), n, coord=coord, timeout_s=240,
+                      key=keys and os.path.join(keys, "edge.key"))
+    th.join()
+    with open(out, "w") as f:
+        json.dump({"clients": st, "strategy": box.get("st"), "second": med.second}, f)
+    if "err" in box:
+        fail(f"the strategy failed: {box['err']!r}")
+    s = box["st"]
+    check(st["state"] == "done" and s["state"] == "done",
+          f"{n} clients and the strategy served the job to its end (clients {st['state']}, strategy {s['state']})")
+    check("connected already" in (med.second or ""),
+          f"a second strategy process is refused while one is connected ({med.second})")
+    check(s["refused"] == 1 and s["counted"] == med.asked - 1 and s["failed"] == 0,
+          f"the strategy's NaN was refused here, its other {med.asked - 1} answers taken ({s})")
+    # What it was given: the clients' returned models, each once, per round.
+    worst = 0.0
+    for rnd, before, results in med.seen:
+        number = [k for k, v in sent.items() if len(v) == len(results)]
+        models = None
+        for k in number:
+            got = sorted(sent[k], key=lambda m: float(m[0].sum()))
+            mine = sorted([r.parameters for r in results], key=lambda m: float(m[0].sum()))
+            if all(np.allclose(a, b, atol=1e-5) for x, y in zip(got, mine) for a, b in zip(x, y)):
+                models = (got, mine)
+        if models is None:
+            fail(f"round {rnd}: the strategy's {len(results)} results are not the models the clients returned")
+        worst = max(worst, max(float(np.max(np.abs(a - b))) for x, y in zip(*models) for a, b in zip(x, y)))
+    check(True, f"in each of its {len(med.seen)} rounds the strategy got the models the clients returned "
+          f"(max difference {worst:.2g}, the float32 rounding of w + (w' - w))")
+    # What the shards applied: the model before round r + 1 is what it returned for round r.
+    gaps = []
+    for k in range(1, len(med.returned)):
+        before = med.seen[k + 1][1]
+        gaps.append(max(float(np.max(np.abs(a - b))) for a, b in zip(before, med.returned[k - 1])))
+    check(len(gaps) >= 2 and max(gaps) < 1e-5,
+          f"the shards applied what the strategy returned, round after round (max difference {max(gaps or [1]):.2g})")
+
+
 def main():
     cmd = sys.argv[1]
     if cmd == "sim":
@@ -197,6 +293,8 @@ def main():
             len(sys.argv) > 7 and sys.argv[7] == "bad", len(sys.argv) > 7 and sys.argv[7] == "byzantine")
     elif cmd == "refuse":
         refuse()
+    elif cmd == "strategy":
+        strategy(sys.argv[2], int(sys.argv[3]), sys.argv[4], sys.argv[5] if len(sys.argv) > 5 else None)
     else:
         fail(f"unknown check {cmd}")
 

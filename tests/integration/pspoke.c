@@ -17,7 +17,8 @@
  *   wrong-job      a PULL of key (0,0) for job 4242
  *   pull           a valid PULL of every chunk of tensor 0 that this shard owns...
  *                  (here: key (0,0) with the length the default job uses; the
- *                  answer is PULL_REP or MOVED)
+ *                  answer is PULL_REP or MOVED); with PSPOKE_UPDATE_OF=ID a
+ *                  strategy's read of client ID's update of round PSPOKE_CLOCK
  *   status         a STATUS request (pscoord)
  *   register-bad   a REGISTER without a body (pscoord)
  *   v1             a REGISTER as a protocol-version-1 peer sends it
@@ -35,7 +36,8 @@
  *                  values as bf16, a --wire bf16 worker's; with
  *                  PSPOKE_CODEC=int8 an int8 frame of the value, =topk two
  *                  (index, value) pairs, =topk-disorder the same in
- *                  descending order of index)
+ *                  descending order of index; with PSPOKE_DELTA=1, a
+ *                  strategy's delta, Header.strategy_delta)
  *   huge           a PUSH whose frame is 1 GiB (zero pages: nothing is allocated here)
  *   frames         one PUSH of PSPOKE_COUNT frames of CHUNKLEN floats each
  *   pull-future    PSPOKE_COUNT PULLs of key (0,0) for clock PSPOKE_CLOCK (default
@@ -311,8 +313,12 @@ int main(int argc, char **argv) {
         } else if (!strcmp(c, "wrong-job")) {
                 h.job = 4242;
                 r = send_header(s, &h, 0, false);
-        } else if (!strcmp(c, "pull"))
+        } else if (!strcmp(c, "pull")) {
+                h.has_update_of = getenv("PSPOKE_UPDATE_OF") != NULL;
+                h.update_of = (uint32_t) env_num("PSPOKE_UPDATE_OF", 0);
+                h.clock = h.has_update_of ? (int64_t) env_num("PSPOKE_CLOCK", 0) : h.clock;
                 r = send_header(s, &h, 0, false);
+        }
         else if (!strcmp(c, "status")) {
                 h.type = PSNET__MSG_TYPE__MSG_STATUS;
                 h.n_keys = 0;
@@ -365,6 +371,7 @@ int main(int argc, char **argv) {
                 h.clock = (int64_t) env_num("PSPOKE_CLOCK", 0);
                 h.has_examples = !nan;
                 h.examples = 1;
+                h.has_strategy_delta = h.strategy_delta = getenv("PSPOKE_DELTA") != NULL;
                 const char *pp = getenv("PSPOKE_PROGRESS");
                 h.has_progress = pp != NULL;
                 h.progress = pp ? strtof(pp, NULL) : 0.0f;

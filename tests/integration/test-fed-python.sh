@@ -91,7 +91,7 @@ done
 # --keys through psgate (gateway=), in the same rounds as a C edge worker
 # that dials pscoord directly.
 K=$RUN/keys
-for kr in pscoord:server psd:server edge:edge admin:admin psgate:gateway; do
+for kr in pscoord:server psd:server edge:edge admin:admin psgate:gateway strategy:strategy; do
   "$PSCTL" keys gen "${kr%%:*}" --role "${kr##*:}" --dir "$K" >/dev/null || ok 1 "psctl keys gen ${kr%%:*}"
 done
 COORD="ipc://$RUN/keys.sock"
@@ -124,9 +124,52 @@ except OSError as e:
 EOF
 )
 grep -q '^refused:' <<<"$out"; ok $? "a client without a key is not let in, and says so ($(grep -m1 '^refused:' <<<"$out"))"
+# Only a strategy key reads a client's update or pushes a round's delta,
+# and only in a --strategy custom job (this one is fedavg).
+poke_psd() { PSPOKE_KEYS=$K PSPOKE_KEY=$1 PSPOKE_SERVER=psd "$PSPOKE" "ipc://$RUN/psd-keys.sock" "${@:2}" 1 16384 2>&1; }
+for key in edge admin; do
+  out=$(PSPOKE_UPDATE_OF=1 poke_psd $key pull)
+  grep -q 'status=denied .*reason=a client.s update is read, and a round.s delta pushed, by the job.s strategy process only' <<<"$out"
+  ok $? "a shard refuses an $key key's read of a client's update ($out)"
+done
+out=$(PSPOKE_DELTA=1 PSPOKE_SENDER=1 poke_psd edge push-value); grep -q 'status=denied .*reason=a client.s update is read' <<<"$out"
+ok $? "and an edge key's push of a round's delta ($out)"
+out=$(PSPOKE_UPDATE_OF=1 poke_psd strategy pull); grep -q "status=denied .*reason=this job's strategy is fedavg" <<<"$out"
+ok $? "a strategy key reads no update of a job without --strategy custom ($out)"
+out=$(PSPOKE_DELTA=1 PSPOKE_SENDER=1 poke_psd strategy push-value); grep -q "status=invalid .*reason=this job's strategy is fedavg" <<<"$out"
+ok $? "nor pushes a delta into one ($out)"
+out=$(poke_psd strategy push-value); grep -q 'status=denied .*reason=a federated job is served' <<<"$out"
+ok $? "nor an update: it pushes deltas only ($out)"
+out=$(poke_psd edge pull); grep -q 'type=' <<<"$out"; ok $? "the shard keeps serving ($out)"
 psnet_stop_all
 
-# 5. The Flower quickstart port runs as it is (its own LocalCluster).
+# 5. A strategy of the user's (--strategy custom): the coordinate-wise
+# median in NumPy, in a Python strategy process (psnet.fed.start_strategy)
+# with its key of role strategy, in a cluster with --keys (those of 4).
+# Its first answer holds NaN: refused, the round dropped and run again.
+COORD="ipc://$RUN/custom.sock"
+psnet_start pscoord-custom "$PSCOORD" --listen "$COORD" --shards 2 "${FEDJOB[@]}" --rounds 3 --min-clients 2 \
+  --min-available 4 --round-timeout 30 --strategy custom --keys "$K"
+for i in 1 2; do
+  psnet_start "psd-custom-$i" "$PSD" --id $i --listen "ipc://$RUN/psd-custom-$i.sock" --coord "$COORD" --keys "$K"
+done
+pycheck custom strategy "$COORD" 4 "$RUN/custom.json" "$K"
+out=$("$PSCTL" --coord "$COORD" --keys "$K" job wait --wait 30); ok $? "the custom strategy's job is done ($out)"
+accuracy_at_least "$out" 0.55; ok $? "3 rounds of the strategy's median train the model (>= 0.55)"
+hist=$("$PSCTL" --coord "$COORD" --keys "$K" --json round history)
+jq -e '[.[] | .round] == [0, 1, 2, 3] and (.[0].note | test("strategy: .*holds NaN"))' <<<"$hist" >/dev/null
+ok $? "round history lists the dropped round with the strategy's reason, then 3 rounds ($(jq -c '[.[] | [.round, .note]]' <<<"$hist"))"
+grep -q 'msg="round not aggregated by the strategy" number=[0-9]* reason=".*holds NaN or infinity' "$RUN/pscoord-custom.log"
+ok $? "pscoord logs why the round was not aggregated"
+psnet_stop_all
+for bad in "--secagg" "--dp-clip 1" "--mode fedasync"; do
+  o=$(timeout 10 "$PSCOORD" --listen "ipc://$RUN/bad.sock" --shards 1 "${FEDJOB[@]}" --strategy custom $bad 2>&1)
+  rc=$?
+  [ $rc -ne 0 ] && [ $rc -ne 124 ] && grep -qi "custom" <<<"$o"
+  ok $? "pscoord refuses --strategy custom with $bad, saying why ($(grep -m1 -i custom <<<"$o"))"
+done
+
+# 6. The Flower quickstart port runs as it is (its own LocalCluster).
 (cd "$RUN" && PSNET_LOG_LEVEL=warning timeout 300 "${PY[@]}" "$PSNET_SRC/examples/fed_quickstart.py" --limit 6000 --rounds 2) \
   >"$RUN/quickstart.out" 2>"$RUN/quickstart.log"
 grep -q '^job done: 10 updates counted, 0 refused, final accuracy 0\.[0-9]*' "$RUN/quickstart.out"
