@@ -18,7 +18,10 @@ each printing "ok: ..." lines (a failed check prints "FAIL: ..." and exits 1).
         of N simulated clients; its first answer is NaN (the round is
         dropped and runs again); what it is given is what the clients
         returned, and the shards apply exactly what it returns. A second
-        strategy process is refused while it is connected."""
+        strategy process is refused while it is connected.
+    fed-python.py strategy-die COORD | strategy-serve COORD
+        a strategy process that dies (exit 3) when first asked to aggregate,
+        and one that aggregates (the median) until the job ends"""
 import json
 import os
 import sys
@@ -202,8 +205,9 @@ def refuse():
 class Median(fed.Strategy):
     """The coordinate-wise median of the clients' models; NaN in its first answer."""
 
-    def __init__(self, coord=None, key=None):
+    def __init__(self, coord=None, key=None, nan_first=True):
         self.asked, self.seen, self.returned, self.coord, self.key, self.second = 0, [], [], coord, key, None
+        self.nan_first = nan_first
 
     def aggregate_fit(self, server_round, results, parameters):
         self.asked += 1
@@ -217,7 +221,7 @@ class Median(fed.Strategy):
                 self.second = str(e)
         new = [np.median(np.stack([r.parameters[t] for r in results]), axis=0) for t in range(len(parameters))]
         self.seen.append((server_round, parameters, results))
-        if self.asked == 1:
+        if self.asked == 1 and self.nan_first:
             new[1] = new[1].copy()
             new[1][0] = np.nan
         else:
@@ -286,6 +290,12 @@ def strategy(coord, n, out, keys=None):
           f"the shards applied what the strategy returned, round after round (max difference {max(gaps or [1]):.2g})")
 
 
+class Dies(fed.Strategy):
+    def aggregate_fit(self, server_round, results, parameters):
+        print("dying", flush=True)
+        os._exit(3)
+
+
 def main():
     cmd = sys.argv[1]
     if cmd == "sim":
@@ -295,6 +305,13 @@ def main():
         refuse()
     elif cmd == "strategy":
         strategy(sys.argv[2], int(sys.argv[3]), sys.argv[4], sys.argv[5] if len(sys.argv) > 5 else None)
+    elif cmd == "strategy-die":
+        fed.start_strategy(coord=sys.argv[2], strategy=Dies(), timeout_s=120)
+    elif cmd == "strategy-serve":
+        med = Median(nan_first=False)
+        st = fed.start_strategy(coord=sys.argv[2], strategy=med, connect_timeout_s=20, timeout_s=120)
+        check(st["state"] == "done" and st["counted"] == med.asked,
+              f"a strategy started after the first died served the job to its end ({st})")
     else:
         fail(f"unknown check {cmd}")
 

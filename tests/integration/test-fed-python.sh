@@ -162,6 +162,23 @@ ok $? "round history lists the dropped round with the strategy's reason, then 3 
 grep -q 'msg="round not aggregated by the strategy" number=[0-9]* reason=".*holds NaN or infinity' "$RUN/pscoord-custom.log"
 ok $? "pscoord logs why the round was not aggregated"
 psnet_stop_all
+# A strategy process that dies while it aggregates is replaced: the next
+# one to connect is asked for the same round, which completes.
+start_cluster custom2 2 "${FEDJOB[@]}" --rounds 2 --min-clients 2 --min-available 2 --round-timeout 30 \
+  --strategy custom
+"${PY[@]}" "$FP" sim "$COORD" 2 0 2 "$RUN/custom2.json" >"$RUN/custom2-sim.out" 2>"$RUN/custom2-sim.log" &
+simpid=$!
+"${PY[@]}" "$FP" strategy-die "$COORD" >"$RUN/custom2-die.out" 2>"$RUN/custom2-die.log"
+rc=$?
+[ $rc -eq 3 ] && grep -q dying "$RUN/custom2-die.out"; ok $? "the first strategy process died while it aggregated (exit $rc)"
+pycheck custom2-serve strategy-serve "$COORD"
+wait $simpid; ok $? "the clients served the job to its end ($(grep -c '^ok' "$RUN/custom2-sim.out") checks passed)"
+hist=$("$PSCTL" --coord "$COORD" --json round history)
+jq -e '[.[] | .round] == [1, 2]' <<<"$hist" >/dev/null
+ok $? "no round was dropped: the new strategy aggregated the one the first left ($(jq -c '[.[] | [.round, .note]]' <<<"$hist"))"
+grep -q 'msg="strategy left while it aggregated a round"' "$RUN/pscoord-custom2.log"
+ok $? "pscoord logs that the strategy left mid-round"
+psnet_stop_all
 for bad in "--secagg" "--dp-clip 1" "--mode fedasync"; do
   o=$(timeout 10 "$PSCOORD" --listen "ipc://$RUN/bad.sock" --shards 1 "${FEDJOB[@]}" --strategy custom $bad 2>&1)
   rc=$?
