@@ -842,6 +842,16 @@ static int delta_push(FedShard *f, Store *s, const Psnet__Header *h, Chunk **chu
                          f->open ? "round" : "last round", (unsigned long) f->number);
                 return PSNET__STATUS__STATUS_STALE;
         }
+        /* The last delta pushed stands: a strategy that replaced one that left
+         * mid-round pushes all of its own, and no chunk keeps the other's. */
+        for (size_t i = 0; i < h->n_keys; i++) {
+                Chunk *c = chunks[i];
+                if (c->fed_slot < f->nslots && f->slots[c->fed_slot] == c && f->delta[c->fed_slot]) {
+                        ps_free(f->delta[c->fed_slot]);
+                        f->delta[c->fed_slot] = NULL;
+                        f->bytes -= (uint64_t) c->len * sizeof(float);
+                }
+        }
         return take_update(f, s, h, chunks, frames, f->delta, NULL, h->sender, reason, n);
 }
 

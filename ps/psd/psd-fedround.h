@@ -19,7 +19,7 @@
  * --strategy custom: the strategy process (ROLE_STRATEGY) reads each
  * client's update of the open round (a PULL with update_of) and pushes the
  * round's delta (a PUSH with strategy_delta, RAW f32, checked as an update
- * is); the close applies that delta with the server step (w += server-lr x
+ * is; a chunk's last one stands); the close applies that delta with the server step (w += server-lr x
  * delta) instead of a mean, and is refused while any of it is missing. */
 #pragma once
 #include <stdbool.h>
