@@ -7,7 +7,8 @@
 # few updates make the round run again with a fresh sample; psctl round
 # status/history (with the model tested every 4 rounds, --eval-every); a
 # worker (not an edge) is refused by a federated job; an edge told to stop
-# mid-pull leaves at once.
+# mid-pull leaves at once; virtual clients behind slow links pull side by
+# side, into pull buffers, while the process's one model trains.
 source "$(dirname "$0")/lib.sh"
 COORD="ipc://$RUN/coord.sock"
 
@@ -122,3 +123,24 @@ psnet_wait_exit "$PID_e5" 5; ok $? "SIGTERM mid-pull: it left in $((SECONDS - t0
 grep -q 'msg="round given up" number=[0-9]* reason=stopping' "$RUN/e5.log" && ! grep -q 'level=error' "$RUN/e5.log"
 ok $? "it says the round was given up, and logs no error"
 wait "$PID_e5"; ok $? "and exits 0"
+psnet_stop_all
+
+# 6. Many virtual clients behind slow links pull at once: a pull holds one
+# of the process's pull buffers, not its one model (--parallel 1), so the
+# four clients sampled pull side by side (each connection its own 5 Mbit/s
+# link: 1.3 s for the 0.8 MB model) while the model trains those pulled.
+sp=$(free_port) lp=$(free_port) COORD="ipc://$RUN/coord6.sock"
+psnet_start link6 /usr/bin/python3 "$PSNET_SRC/tests/bench/linkemu.py" "$lp" "127.0.0.1:$sp" 5 5 0
+psnet_start pscoord6 "$PSCOORD" --listen "$COORD" --mode fed --shards 1 --rounds 2 --fraction 1 --min-clients 4 \
+  --min-available 4 --round-timeout 60 --train-limit 2000 --test-limit 200
+psnet_start psd6 "$PSD" --id 1 --listen "tcp://127.0.0.1:$sp" --advertise "tcp://127.0.0.1:$lp" --coord "$COORD"
+psnet_wait_for 10 logs_match 'linkemu: listening' 'link6.log'
+psnet_start sim6 "$WORKERD" --edge --simulate 4 --parallel 1 --coord "$COORD" --http 127.0.0.1:0
+all_pulling() { curl -sf "http://127.0.0.1:$(http_port sim6)/metrics" | grep -q '^psnet_edge_state{state="pulling"} 4$'; }
+psnet_wait_for 60 all_pulling; ok $? "the 4 clients sampled pull at once with one model (its /metrics: 4 pulling)"
+grep -q 'msg="models built" models=1 clients=4 backend=cpu pull_buffers=4' "$RUN/sim6.log"
+ok $? "the process has one model and 4 pull buffers"
+out=$("$PSCTL" --coord "$COORD" job wait --wait 120); ok $? "the job finishes ($out)"
+"$PSCTL" --coord "$COORD" --json round history | jq -e '[.[] | select(.round > 0) | .answered] == [4, 4]' >/dev/null
+ok $? "each round counts the 4 updates"
+psnet_stop_all

@@ -52,7 +52,19 @@ typedef struct Fleet {
         size_t nslots, want_slots;
         Edge **queue;
         size_t qhead, qlen;
+        /* --simulate: the pull buffers (up to FLEET_PULL_BUFFERS x nslots, made
+         * as needed), lent to the clients for a round's pull, the others queued */
+        float ***bufs;
+        bool *buf_lent;
+        size_t nbufs, max_bufs;
+        Edge **pqueue;
+        size_t pqhead, pqlen;
 } Fleet;
+
+/* A process of many clients pulls into buffers of its own, this many per
+ * model: a slow pull holds a buffer, not a model, so the models train the
+ * rounds already pulled meanwhile. */
+#define FLEET_PULL_BUFFERS 4
 
 /* --- the models ----------------------------------------------------------------------- */
 
@@ -80,6 +92,58 @@ static void host_want(Edge *e, void *ud) {
         Fleet *f = ud;
         f->queue[(f->qhead + f->qlen++) % f->n] = e; /* at most once each: it waits QUEUED */
         fleet_dispatch(f);
+}
+
+/* A pull buffer of the job's model: one block, the tensors one after another. */
+static float **buf_new(const Fleet *f) {
+        const Model *m = f->slots[0].s.model;
+        size_t nt = model_ntensors(m), floats = 0;
+        for (size_t t = 0; t < nt; t++)
+                floats += model_tensor_numel(m, t);
+        float **b = ps_malloc(nt * sizeof *b + MAX(floats, (size_t) 1) * sizeof(float));
+        if (!b)
+                return NULL;
+        float *at = (float *) (b + nt);
+        for (size_t t = 0; t < nt; t++) {
+                b[t] = at;
+                at += model_tensor_numel(m, t);
+        }
+        return b;
+}
+
+/* Free pull buffers to the clients queued for one, first come first served. */
+static void fleet_dispatch_pull(Fleet *f) {
+        while (f->pqlen && f->nslots) {
+                size_t i = 0;
+                while (i < f->nbufs && f->buf_lent[i])
+                        i++;
+                if (i == f->nbufs) {
+                        if (f->nbufs == f->max_bufs || !(f->bufs[i] = buf_new(f)))
+                                return; /* every one lent (or no memory for one more): the queue waits */
+                        f->nbufs++;
+                }
+                Edge *e = f->pqueue[f->pqhead];
+                f->pqhead = (f->pqhead + 1) % f->n;
+                f->pqlen--;
+                f->buf_lent[i] = true; /* before: a pull that fails at once gives it back inside */
+                if (!edge_lend_pull(e, f->bufs[i]))
+                        f->buf_lent[i] = false;
+        }
+}
+
+static void host_want_pull(Edge *e, void *ud) {
+        Fleet *f = ud;
+        f->pqueue[(f->pqhead + f->pqlen++) % f->n] = e; /* at most once each: it waits QUEUED */
+        fleet_dispatch_pull(f);
+}
+
+static void host_give_back_pull(Edge *e, float **buf, void *ud) {
+        Fleet *f = ud;
+        (void) e;
+        for (size_t i = 0; i < f->nbufs; i++)
+                if (f->bufs[i] == buf)
+                        f->buf_lent[i] = false;
+        fleet_dispatch_pull(f);
 }
 
 static void host_give_back(Edge *e, EdgeSlot *es, void *ud) {
@@ -148,8 +212,11 @@ static int fleet_setup(Fleet *f, const Job *job) {
         for (size_t i = 0; i < n; i++)
                 if ((r = slot_setup(f, &f->slots[i], job)) < 0)
                         return r;
+        f->max_bufs = MIN(f->max_bufs, n * FLEET_PULL_BUFFERS);
         if (f->n > 1)
-                log_info("models built models=%zu clients=%zu backend=%s", n, f->n, f->kb->ops->name);
+                log_info("models built models=%zu clients=%zu backend=%s pull_buffers=%zu", n, f->n,
+                         f->kb->ops->name, f->max_bufs);
+        fleet_dispatch_pull(f); /* rounds asked for while the data loaded */
         return 0;
 }
 
@@ -394,6 +461,11 @@ static void fleet_free(Fleet *f) {
         dataset_free(f->train);
         dataset_free(f->test);
         dataset_free(f->own_test);
+        for (size_t i = 0; i < f->nbufs; i++)
+                ps_free(f->bufs[i]);
+        ps_free(f->bufs);
+        ps_free(f->buf_lent);
+        ps_free(f->pqueue);
         ps_free(f->edges);
         ps_free(f->queue);
 }
@@ -429,7 +501,14 @@ int edge_run(const WorkerConfig *cfg) {
         }
         f.edges = ps_calloc(f.n, sizeof *f.edges);
         f.queue = ps_calloc(f.n, sizeof *f.queue);
-        if (!f.edges || !f.queue) {
+        /* One client pulls into its model: a device's memory holds one. */
+        f.max_bufs = f.n > 1 ? f.want_slots * FLEET_PULL_BUFFERS : 0;
+        if (f.max_bufs) {
+                f.bufs = ps_calloc(f.max_bufs, sizeof *f.bufs);
+                f.buf_lent = ps_calloc(f.max_bufs, sizeof *f.buf_lent);
+                f.pqueue = ps_calloc(f.n, sizeof *f.pqueue);
+        }
+        if (!f.edges || !f.queue || (f.max_bufs && (!f.bufs || !f.buf_lent || !f.pqueue))) {
                 r = -ENOMEM;
                 goto out;
         }
@@ -442,7 +521,9 @@ int edge_run(const WorkerConfig *cfg) {
         }
         if (r < 0)
                 goto out;
-        const EdgeHost host = { .job = host_job, .want = host_want, .give_back = host_give_back, .gone = host_gone,
+        const EdgeHost host = { .job = host_job, .want = host_want, .give_back = host_give_back,
+                                .want_pull = f.max_bufs ? host_want_pull : NULL, .give_back_pull = host_give_back_pull,
+                                .gone = host_gone,
                                 .ud = &f };
         PsnetEdgeOptions o = {
                 .coord = cfg->coord, .connect_timeout_ms = cfg->connect_timeout * 1000u,

@@ -30,6 +30,8 @@ struct Edge {
         char load_err[256];
         uint32_t *mine, nmine;
         EdgeSlot *slot;                 /* the model lent to it, if any */
+        float **pbuf;                   /* the pull buffer lent to it, if any (EdgeHost.want_pull) */
+        bool pulled;                    /* pbuf holds the model of rd, pulled */
         /* requests that wait for IDLE: a round to train, a model to test */
         PsnetEdgeRound pending, pending_eval;
         bool has_pending, has_pending_eval;
@@ -107,7 +109,18 @@ void edge_stop(Edge *e) {
 
 /* --- the model lent ---------------------------------------------------------------------- */
 
+static void give_back_pull(Edge *e) {
+        float **b = e->pbuf;
+        if (!b)
+                return;
+        e->pbuf = NULL;
+        e->pulled = false;
+        e->host.give_back_pull(e, b, e->host.ud);
+        edge_log(e);
+}
+
 static void give_back(Edge *e) {
+        give_back_pull(e);
         EdgeSlot *s = e->slot;
         if (!s)
                 return;
@@ -116,12 +129,16 @@ static void give_back(Edge *e) {
         edge_log(e);
 }
 
-/* A request waits for IDLE: ask for a model (once). */
+/* A request waits for IDLE: ask for a model (once); a round, with pull
+ * buffers, for one of them first. */
 static void want(Edge *e) {
         if (e->state != E_IDLE)
                 return; /* queued already, or busy: go_idle comes back here */
         e->state = E_QUEUED;
-        e->host.want(e, e->host.ud);
+        if (!e->has_pending_eval && e->host.want_pull)
+                e->host.want_pull(e, e->host.ud);
+        else
+                e->host.want(e, e->host.ud);
 }
 
 /* After a round or a test: the model goes back; the next request, if any. */
@@ -199,6 +216,24 @@ static void train_done(uv_work_t *req, int status) {
         }
 }
 
+/* The model of rd is in the model lent (from a pull buffer, if any): train. */
+static void train_start(Edge *e) {
+        EdgeSlot *s = e->slot;
+        for (size_t t = 0; t < model_ntensors(s->model); t++) {
+                size_t bytes = model_tensor_numel(s->model, t) * sizeof(float);
+                if (e->pbuf)
+                        memcpy(s->params[t], e->pbuf[t], bytes);
+                memcpy(s->w0[t], s->params[t], bytes);
+        }
+        give_back_pull(e);
+        e->state = E_TRAINING;
+        int r = slot_work(e, train_work, train_done);
+        if (r < 0) {
+                log_warning("Failed to start local training: %s", uv_strerror(r));
+                go_idle(e);
+        }
+}
+
 static void on_pulled(PsnetEdge *pe, int r, int64_t rounds, void *ud) {
         Edge *e = ud;
         (void) pe, (void) rounds;
@@ -215,15 +250,14 @@ static void on_pulled(PsnetEdge *pe, int r, int64_t rounds, void *ud) {
                 go_idle(e);
                 return;
         }
-        EdgeSlot *s = e->slot;
-        for (size_t t = 0; t < model_ntensors(s->model); t++)
-                memcpy(s->w0[t], s->params[t], model_tensor_numel(s->model, t) * sizeof(float));
-        e->state = E_TRAINING;
-        r = slot_work(e, train_work, train_done);
-        if (r < 0) {
-                log_warning("Failed to start local training: %s", uv_strerror(r));
-                go_idle(e);
+        if (!e->slot) {
+                /* Pulled into a buffer: now a model to train it on. */
+                e->pulled = true;
+                e->state = E_QUEUED;
+                e->host.want(e, e->host.ud);
+                return;
         }
+        train_start(e);
 }
 
 static void round_start(Edge *e) {
@@ -231,7 +265,7 @@ static void round_start(Edge *e) {
         e->has_pending = false;
         e->stats.rounds++;
         e->state = E_PULLING;
-        int r = psnet_edge_pull(e->pe, e->rd.number, e->slot->params, on_pulled, e);
+        int r = psnet_edge_pull(e->pe, e->rd.number, e->pbuf ? e->pbuf : e->slot->params, on_pulled, e);
         if (r < 0) {
                 log_warning_errno(r, "Failed to start round %lu: %m", (unsigned long) e->rd.number);
                 go_idle(e);
@@ -321,8 +355,15 @@ static void evaluate_start(Edge *e) {
 
 bool edge_lend(Edge *e, EdgeSlot *s) {
         edge_log(e);
+        if (e->pulled && !e->leaving) {
+                /* A round's model is in its pull buffer. */
+                e->slot = s;
+                train_start(e);
+                return true;
+        }
         e->state = E_IDLE;
         if (e->leaving) {
+                give_back_pull(e);
                 edge_leave(e);
                 return false;
         }
@@ -333,6 +374,25 @@ bool edge_lend(Edge *e, EdgeSlot *s) {
                 evaluate_start(e);
         else
                 round_start(e);
+        return true;
+}
+
+bool edge_lend_pull(Edge *e, float **buf) {
+        edge_log(e);
+        e->state = E_IDLE;
+        if (e->leaving) {
+                edge_leave(e);
+                return false;
+        }
+        if (e->has_pending_eval) {
+                /* A test came meanwhile: it goes first, on a model. */
+                want(e);
+                return false;
+        }
+        if (!e->has_pending)
+                return false;
+        e->pbuf = buf;
+        round_start(e);
         return true;
 }
 

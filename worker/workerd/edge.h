@@ -44,6 +44,11 @@ typedef struct EdgeHost {
         void (*want)(Edge *e, void *ud);
         /* e gives the model it was lent back. */
         void (*give_back)(Edge *e, EdgeSlot *s, void *ud);
+        /* A round's pull: e wants a buffer to pull the model into
+         * (edge_lend_pull when one is free), and gives it back once the model
+         * it got holds the pull. NULL: rounds pull into the model lent. */
+        void (*want_pull)(Edge *e, void *ud);
+        void (*give_back_pull)(Edge *e, float **buf, void *ud);
         /* e has left (r < 0: the reason the process fails). */
         void (*gone)(Edge *e, int r, void *ud);
         void *ud;
@@ -81,6 +86,10 @@ void edge_fail(Edge *e, int r);
 /* The process lends e the model it wanted: whether e took it (false: it
  * wants none any more). */
 bool edge_lend(Edge *e, EdgeSlot *s);
+/* The process lends e a pull buffer it wanted (a float array per tensor of
+ * the job's model): whether e took it. A pull over a slow link holds this,
+ * not a model: the model is lent once the pull is in. */
+bool edge_lend_pull(Edge *e, float **buf);
 /* Stop (SIGTERM): leave once the work under way is done. */
 void edge_stop(Edge *e);
 
