@@ -5,7 +5,9 @@
  * models, --parallel of them (by default one per core with the cpu backend),
  * lent to the clients for a round or a test, first come first served, so
  * that a round of hundreds of clients runs on one machine, on all its cores,
- * in the memory of a few; signals, /metrics and the status line. */
+ * in the memory of a few; a round's pull goes into a pull buffer first (4
+ * per model), so that slow pulls do not hold the models; signals, /metrics
+ * and the status line. */
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
