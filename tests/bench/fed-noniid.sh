@@ -88,14 +88,8 @@ run() {
 # The Flower side: a virtual environment with flwr, psnet's split and weights.
 py=""
 if [ $flower = 1 ]; then
-  if ! "$venv/bin/python" -c 'import flwr' 2>/dev/null; then
-    /usr/bin/python3 -c 'import ensurepip' 2>/dev/null ||
-      die "--flower needs Debian's python3-venv (apt-get install python3-venv)"
-    echo "fed-noniid: installing Flower into $venv (for this benchmark only)" >&2
-    /usr/bin/python3 -m venv "$venv" && "$venv/bin/pip" install -q "flwr>=1.13,<2" numpy >&2 ||
-      die "cannot install Flower into $venv"
-  fi
-  py=$venv/bin/python
+  flower_venv "$venv"
+  py=$FLOWER_PY
   mkdir -p "$RUN/split" && "$build/tests/bench-fedsplit" --out "$RUN/split" --clients 100 --alpha 0.5 ||
     die "bench-fedsplit failed (ninja -C $build)"
 fi

@@ -10,9 +10,8 @@
 #   - --slow more (default 5) behind 1 Mbit/s, 300 ms, no loss.
 # Each client is a workerd --edge process of its own (the -Dedge=true
 # build's, from --edge-build, when there is one), as devices are: the
-# virtual clients of one --simulate process pull the model while holding one
-# of its --parallel models, so behind slow links their pulls queue one
-# behind the other, which no fleet of devices does.
+# virtual clients of one --simulate process pull side by side only up to
+# its pull buffers (4 per --parallel model), and share its cores.
 # The same job (mlp:784-256-10, --fraction of the clients a round, default
 # 0.2) once per upload format: f32, bf16, int8, top-k 0.1. Per format: the
 # mean round seconds, one client's update bytes, the accuracy after the
@@ -28,16 +27,25 @@
 # run again with a fresh sample included; slow_counted: updates of the slow
 # clients counted.)
 #
+# With --flower, then Flower (flwr, in a virtual environment of this
+# benchmark's own: --venv, default ~/.cache/psnet/flower-venv) over the same
+# two links (one linkemu per kind in front of its gRPC server, each client's
+# connection shaped apart), the same clients (bench-fedsplit: psnet's IID
+# shares), the same MLP from psnet's initial weights, local SGD as psnet's
+# edge workers (lr 0.02, batch 64, 1 epoch), FedAvg with the same fraction:
+#   slowlink flower codec=f32 sampled=K round_s=S bytes_per_client=B accuracy=A
+# (Flower uploads f32 only; B is the update's payload, gRPC's framing not
+# counted; round_s leaves out round 1, which waits for the clients to start;
+# accuracy on the same 2,000 test images.)
+#
 #   tests/bench/fed-slowlink.sh [--build DIR] [--edge-build DIR] [--clients N] [--slow N] [--fraction F] [--rounds R]
-#                               [--straggler-timeout S] [--keep]
-# Not measured here: Flower over the same links (its gRPC clients would each
-# need a process of their own behind a proxy; tests/bench/fed-noniid.sh runs
-# Flower in simulation, which has no links).
+#                               [--straggler-timeout S] [--flower] [--venv DIR] [--keep]
 set -u
 export LC_ALL=C
 top=$(cd "$(dirname "$0")/../.." && pwd)
-build="$top/build" ebuild="$top/build-edge" clients=100 slow=5 fraction=0.2 rounds=4 stimeout=12 keep=0
-usage() { sed -n '3,37p' "$0" | sed 's/^# \{0,1\}//'; }
+build="$top/build" ebuild="$top/build-edge" clients=100 slow=5 fraction=0.2 rounds=4 stimeout=12 keep=0 flower=0
+venv=${XDG_CACHE_HOME:-$HOME/.cache}/psnet/flower-venv
+usage() { sed -n '3,42p' "$0" | sed 's/^# \{0,1\}//'; }
 while [ $# -gt 0 ]; do
   case $1 in
     --build) build=$2; shift 2 ;;
@@ -47,6 +55,8 @@ while [ $# -gt 0 ]; do
     --fraction) fraction=$2; shift 2 ;;
     --rounds) rounds=$2; shift 2 ;;
     --straggler-timeout) stimeout=$2; shift 2 ;;
+    --flower) flower=1; shift ;;
+    --venv) venv=$2; shift 2 ;;
     --keep) keep=1; shift ;;
     -h|--help) usage; exit 0 ;;
     *) echo "fed-slowlink: unknown option '$1' (see --help)" >&2; exit 2 ;;
@@ -113,3 +123,31 @@ for codec in none int8; do
   printf 'slowlink stragglers codec=%s round_timeout=%s round_s=%s %s slow_counted=%s\n' "$codec" "$stimeout" \
     "$(round_s "$RUN/$tag.json")" "$(counts "$RUN/$tag.json")" "$SLOW_COUNTED"
 done
+
+# Flower over the same links: its server behind a fast and a slow linkemu.
+if [ $flower = 1 ]; then
+  flower_venv "$venv"
+  mkdir -p "$RUN/split" && "$build/tests/bench-fedsplit" --out "$RUN/split" --clients "$n" --alpha iid \
+    --train-limit $((n * 100)) >/dev/null || die "bench-fedsplit failed (ninja -C $build)"
+  port=$(free_port) fast=$(free_port) slowp=$(free_port)
+  "$FLOWER_PY" "$top/tests/bench/flower_fed.py" server --split "$RUN/split" --address "127.0.0.1:$port" \
+    --rounds "$rounds" --clients "$n" --fraction "$fraction" --test-limit 2000 --deadline 3600 \
+    --out "$RUN/flower.json" >"$RUN/flower-server.log" 2>&1 &
+  spid=$!
+  psnet_start link-flower /usr/bin/python3 "$top/tests/bench/linkemu.py" "$fast" "127.0.0.1:$port" 10 50 0.01
+  psnet_start slowlink-flower /usr/bin/python3 "$top/tests/bench/linkemu.py" "$slowp" "127.0.0.1:$port" 1 300 0
+  psnet_wait_for 10 grep -q 'linkemu: listening' "$RUN/slowlink-flower.log" "$RUN/link-flower.log" ||
+    die "the link emulator did not start"
+  OPENBLAS_NUM_THREADS=1 OMP_NUM_THREADS=1 "$FLOWER_PY" "$top/tests/bench/flower_fed.py" clients \
+    --split "$RUN/split" --address "127.0.0.1:$fast" --slow "$slow" --slow-address "127.0.0.1:$slowp" \
+    --local-epochs 1 --lr 0.02 --batch 64 >"$RUN/flower-clients.log" 2>&1 &
+  cpid=$!
+  wait $spid || die "the Flower server failed: $(tail -5 "$RUN/flower-server.log")"
+  kill $cpid 2>/dev/null
+  psnet_stop_all
+  bytes=$(awk 'NR > 0 { n = 1; for (i = 2; i <= NF; i++) n *= $i; s += n } END { print s * 4 }' "$RUN/split/model.txt")
+  jq -r --arg k "$(awk -v n="$n" -v f="$fraction" 'BEGIN { k = n * f - 1e-9; printf "%d", k == int(k) ? k : int(k) + 1 }')" --arg b "$bytes" '
+    .history as $h | [range(2; $h | length) | $h[.].t - $h[. - 1].t] as $d
+    | "slowlink flower codec=f32 sampled=\($k) round_s=\($d | add / length * 100 | round / 100) bytes_per_client=\($b) accuracy=\($h[-1].accuracy) flwr=\(.flwr)"' \
+    "$RUN/flower.json" || die "no Flower history"
+fi

@@ -10,6 +10,7 @@ virtual environment by the benchmark only).
                         --out FILE.json
   flower_fed.py clients --split DIR --data DIR --address HOST:PORT
                         [--local-epochs 5] [--batch 32] [--lr 0.05]
+                        [--slow N --slow-address HOST:PORT]
 
 The split and the initial weights are psnet's own (bench-fedsplit writes
 them), so both frameworks train the same clients from the same model: an MLP
@@ -17,13 +18,16 @@ them), so both frameworks train the same clients from the same model: an MLP
 with plain mini-batch SGD in NumPy (FedProx: plus mu (w - w0), as psnet's
 edge workers do), all of them as threads of one process (like
 workerd --edge --simulate); the server tests the model on the 10,000 test
-images after every round (Flower's centralised evaluation) and writes
+images (the first --test-limit of them) after every round (Flower's
+centralised evaluation) and writes
 [{"round": r, "accuracy": a, "t": seconds since the first evaluation}] to
---out.
+--out. With --slow N the last N clients dial --slow-address (another link
+to the same server, tests/bench/fed-slowlink.sh).
 """
 import argparse
 import gzip
 import json
+import math
 import os
 import socket
 import sys
@@ -140,7 +144,8 @@ def clients(args):
     threads = []
     for cid, idx in enumerate(shares):
         c = Client(cid, x[idx], y[idx], args).to_client()
-        t = threading.Thread(target=start_client, kwargs=dict(server_address=args.address, client=c, insecure=True),
+        address = args.slow_address if args.slow and cid >= len(shares) - args.slow else args.address
+        t = threading.Thread(target=start_client, kwargs=dict(server_address=address, client=c, insecure=True),
                              daemon=True)
         t.start()
         threads.append(t)
@@ -154,6 +159,7 @@ def server(args):
     deadline.daemon = True
     deadline.start()
     tx, ty = load(args.data, "t10k")
+    tx, ty = tx[:args.test_limit], ty[:args.test_limit]
     history, t0 = [], []
 
     def evaluate(rnd, parameters, config):
@@ -167,7 +173,9 @@ def server(args):
         print(f"flower round={rnd} accuracy={acc:.4f}", file=sys.stderr, flush=True)
         return 0.0, {"accuracy": acc}
 
-    common = dict(fraction_fit=args.fraction, fraction_evaluate=0.0, min_fit_clients=max(1, round(args.fraction * args.clients)),
+    # psnet's round size: max(min_clients, ceil(fraction x available)).
+    k = max(1, math.ceil(args.fraction * args.clients - 1e-9))
+    common = dict(fraction_fit=args.fraction, fraction_evaluate=0.0, min_fit_clients=k,
                   min_evaluate_clients=0, min_available_clients=args.clients, evaluate_fn=evaluate,
                   initial_parameters=ndarrays_to_parameters(load_model(args.split)))
     if args.strategy == "fedavg":
@@ -196,6 +204,9 @@ def main():
     ap.add_argument("--local-epochs", type=int, default=5)
     ap.add_argument("--batch", type=int, default=32)
     ap.add_argument("--lr", type=float, default=0.05)
+    ap.add_argument("--slow", type=int, default=0, help="clients: the last N dial --slow-address")
+    ap.add_argument("--slow-address")
+    ap.add_argument("--test-limit", type=int, default=10000, help="server: test on the first N test images")
     ap.add_argument("--out")
     ap.add_argument("--deadline", type=float, default=3600, help="server: give up after this many seconds")
     args = ap.parse_args()

@@ -29,6 +29,19 @@ bench_cleanup() {
 trap bench_cleanup EXIT
 trap 'exit 143' TERM INT
 die() { echo "$BENCH: $*" >&2; exit 1; }
+# flower_venv DIR: a virtual environment with Flower (flwr) and NumPy in DIR,
+# made the first time (Debian's python3-venv and a network), for a
+# side-by-side benchmark only; sets FLOWER_PY to its python.
+flower_venv() {
+  if ! "$1/bin/python" -c 'import flwr' 2>/dev/null; then
+    /usr/bin/python3 -c 'import ensurepip' 2>/dev/null ||
+      die "Flower needs Debian's python3-venv (apt-get install python3-venv)"
+    echo "$BENCH: installing Flower into $1 (for this benchmark only)" >&2
+    /usr/bin/python3 -m venv "$1" && "$1/bin/pip" install -q "flwr>=1.13,<2" numpy >&2 ||
+      die "cannot install Flower into $1"
+  fi
+  FLOWER_PY=$1/bin/python
+}
 
 # hwm_mib PID: the peak memory (VmHWM) of a running process, in MiB.
 hwm_mib() { awk '/^VmHWM:/ { printf "%.1f", $2 / 1024 }' "/proc/$1/status" 2>/dev/null; }
