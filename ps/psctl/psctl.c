@@ -556,7 +556,9 @@ static size_t report_options(Ctl *c, Option *o) {
 }
 
 static size_t keys_options(Ctl *c, Option *o) {
-        o[0] = (Option) { "role", OPT_STR, &c->role, "ROLE", "admin (psctl), server (pscoord, psd), worker or edge" };
+        o[0] = (Option) { "role", OPT_STR, &c->role, "ROLE",
+                          "admin (psctl), server (pscoord, psd), worker, edge, gateway (psgate) or strategy "
+                          "(psnet.fed.start_strategy)" };
         o[1] = (Option) { "dir", OPT_STR, &c->dir, "DIR", "where to write (default: --keys, else /etc/psnet/keys)" };
         return 2;
 }
