@@ -36,16 +36,22 @@
 #   slowlink flower codec=f32 sampled=K round_s=S bytes_per_client=B accuracy=A
 # (Flower uploads f32 only; B is the update's payload, gRPC's framing not
 # counted; round_s leaves out round 1, which waits for the clients to start;
-# accuracy on the same 2,000 test images.)
+# accuracy on the same 2,000 test images; its server serves every sampled
+# client at once, --max-workers, not its default of cores + 4, which over
+# these links makes a round 2.5x as long.) Flower's clients run as threads,
+# 10 to a process (--flower-per-process), so that no one interpreter's lock
+# serialises a hundred of them; --flower-only leaves psnet's runs out.
 #
 #   tests/bench/fed-slowlink.sh [--build DIR] [--edge-build DIR] [--clients N] [--slow N] [--fraction F] [--rounds R]
-#                               [--straggler-timeout S] [--flower] [--venv DIR] [--keep]
+#                               [--straggler-timeout S] [--flower] [--flower-only] [--flower-per-process N]
+#                               [--venv DIR] [--keep]
 set -u
 export LC_ALL=C
 top=$(cd "$(dirname "$0")/../.." && pwd)
 build="$top/build" ebuild="$top/build-edge" clients=100 slow=5 fraction=0.2 rounds=4 stimeout=12 keep=0 flower=0
+only_flower=0 per_process=10
 venv=${XDG_CACHE_HOME:-$HOME/.cache}/psnet/flower-venv
-usage() { sed -n '3,42p' "$0" | sed 's/^# \{0,1\}//'; }
+usage() { sed -n '3,47p' "$0" | sed 's/^# \{0,1\}//'; }
 while [ $# -gt 0 ]; do
   case $1 in
     --build) build=$2; shift 2 ;;
@@ -56,6 +62,8 @@ while [ $# -gt 0 ]; do
     --rounds) rounds=$2; shift 2 ;;
     --straggler-timeout) stimeout=$2; shift 2 ;;
     --flower) flower=1; shift ;;
+    --flower-only) flower=1 only_flower=1; shift ;;
+    --flower-per-process) per_process=$2; shift 2 ;;
     --venv) venv=$2; shift 2 ;;
     --keep) keep=1; shift ;;
     -h|--help) usage; exit 0 ;;
@@ -111,6 +119,7 @@ sampled() { rounds_of "$1" | jq -r 'map(.sampled) | max'; }
 acc() { sed -n 's/.*accuracy=\([0-9.]*\).*/\1/p' "$1"; }
 
 for codec in none bf16 int8 topk:0.1; do
+  [ $only_flower = 1 ] && break
   tag=${codec//[:.]/-}
   run "$tag" "$codec" 120
   printf 'slowlink codec=%s sampled=%s round_s=%s bytes_per_client=%s accuracy=%s %s\n' "$codec" \
@@ -118,6 +127,7 @@ for codec in none bf16 int8 topk:0.1; do
     "$(acc "$RUN/$tag.out")" "$(counts "$RUN/$tag.json")"
 done
 for codec in none int8; do
+  [ $only_flower = 1 ] && break
   tag=s-${codec//[:.]/-}
   run "$tag" "$codec" "$stimeout"
   printf 'slowlink stragglers codec=%s round_timeout=%s round_s=%s %s slow_counted=%s\n' "$codec" "$stimeout" \
@@ -131,19 +141,22 @@ if [ $flower = 1 ]; then
     --train-limit $((n * 100)) >/dev/null || die "bench-fedsplit failed (ninja -C $build)"
   port=$(free_port) fast=$(free_port) slowp=$(free_port)
   "$FLOWER_PY" "$top/tests/bench/flower_fed.py" server --split "$RUN/split" --address "127.0.0.1:$port" \
-    --rounds "$rounds" --clients "$n" --fraction "$fraction" --test-limit 2000 --deadline 3600 \
+    --rounds "$rounds" --clients "$n" --fraction "$fraction" --test-limit 2000 --deadline 3600 --max-workers "$n" \
     --out "$RUN/flower.json" >"$RUN/flower-server.log" 2>&1 &
   spid=$!
   psnet_start link-flower /usr/bin/python3 "$top/tests/bench/linkemu.py" "$fast" "127.0.0.1:$port" 10 50 0.01
   psnet_start slowlink-flower /usr/bin/python3 "$top/tests/bench/linkemu.py" "$slowp" "127.0.0.1:$port" 1 300 0
   psnet_wait_for 10 grep -q 'linkemu: listening' "$RUN/slowlink-flower.log" "$RUN/link-flower.log" ||
     die "the link emulator did not start"
-  OPENBLAS_NUM_THREADS=1 OMP_NUM_THREADS=1 "$FLOWER_PY" "$top/tests/bench/flower_fed.py" clients \
-    --split "$RUN/split" --address "127.0.0.1:$fast" --slow "$slow" --slow-address "127.0.0.1:$slowp" \
-    --local-epochs 1 --lr 0.02 --batch 64 >"$RUN/flower-clients.log" 2>&1 &
-  cpid=$!
+  nproc=$(((n + per_process - 1) / per_process)) cpids=()
+  for ((k = 0; k < nproc; k++)); do
+    OPENBLAS_NUM_THREADS=1 OMP_NUM_THREADS=1 "$FLOWER_PY" "$top/tests/bench/flower_fed.py" clients \
+      --split "$RUN/split" --address "127.0.0.1:$fast" --slow "$slow" --slow-address "127.0.0.1:$slowp" \
+      --local-epochs 1 --lr 0.02 --batch 64 --part "$k/$nproc" >"$RUN/flower-clients-$k.log" 2>&1 &
+    cpids+=($!)
+  done
   wait $spid || die "the Flower server failed: $(tail -5 "$RUN/flower-server.log")"
-  kill $cpid 2>/dev/null
+  kill "${cpids[@]}" 2>/dev/null
   psnet_stop_all
   bytes=$(awk 'NR > 0 { n = 1; for (i = 2; i <= NF; i++) n *= $i; s += n } END { print s * 4 }' "$RUN/split/model.txt")
   jq -r --arg k "$(awk -v n="$n" -v f="$fraction" 'BEGIN { k = n * f - 1e-9; printf "%d", k == int(k) ? k : int(k) + 1 }')" --arg b "$bytes" '

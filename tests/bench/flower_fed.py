@@ -10,7 +10,7 @@ virtual environment by the benchmark only).
                         --out FILE.json
   flower_fed.py clients --split DIR --data DIR --address HOST:PORT
                         [--local-epochs 5] [--batch 32] [--lr 0.05]
-                        [--slow N --slow-address HOST:PORT]
+                        [--slow N --slow-address HOST:PORT] [--part K/N]
 
 The split and the initial weights are psnet's own (bench-fedsplit writes
 them), so both frameworks train the same clients from the same model: an MLP
@@ -22,7 +22,9 @@ images (the first --test-limit of them) after every round (Flower's
 centralised evaluation) and writes
 [{"round": r, "accuracy": a, "t": seconds since the first evaluation}] to
 --out. With --slow N the last N clients dial --slow-address (another link
-to the same server, tests/bench/fed-slowlink.sh).
+to the same server, tests/bench/fed-slowlink.sh); with --part K/N this
+process runs only the clients whose index is K modulo N (several processes
+share the GIL's load).
 """
 import argparse
 import gzip
@@ -39,7 +41,7 @@ import numpy as np
 import flwr
 from flwr.client import NumPyClient, start_client
 from flwr.common import ndarrays_to_parameters, parameters_to_ndarrays
-from flwr.server import ServerConfig, start_server
+from flwr.server import Server, ServerConfig, SimpleClientManager, start_server
 from flwr.server.strategy import FedAdam, FedAvg, FedProx
 
 
@@ -142,7 +144,10 @@ def clients(args):
     with open(os.path.join(args.split, "split.txt")) as f:
         shares = [np.array(line.split(), dtype=np.int64) for line in f]
     threads = []
+    part, nparts = (int(v) for v in args.part.split("/"))
     for cid, idx in enumerate(shares):
+        if cid % nparts != part:
+            continue  # another process's client
         c = Client(cid, x[idx], y[idx], args).to_client()
         address = args.slow_address if args.slow and cid >= len(shares) - args.slow else args.address
         t = threading.Thread(target=start_client, kwargs=dict(server_address=address, client=c, insecure=True),
@@ -184,7 +189,11 @@ def server(args):
         strategy = FedProx(proximal_mu=args.prox_mu, **common)
     else:
         strategy = FedAdam(eta=args.server_lr, **common)
-    start_server(server_address=args.address, config=ServerConfig(num_rounds=args.rounds), strategy=strategy)
+    # Flower's server sends a round to at most max_workers clients at a time
+    # (its default: min(32, cores + 4)); over slow links that is the round.
+    server = Server(client_manager=SimpleClientManager(), strategy=strategy)
+    server.set_max_workers(args.max_workers)
+    start_server(server_address=args.address, config=ServerConfig(num_rounds=args.rounds), server=server)
     with open(args.out, "w") as f:
         json.dump({"flwr": flwr.__version__, "history": history}, f)
 
@@ -204,9 +213,11 @@ def main():
     ap.add_argument("--local-epochs", type=int, default=5)
     ap.add_argument("--batch", type=int, default=32)
     ap.add_argument("--lr", type=float, default=0.05)
+    ap.add_argument("--part", default="0/1", help="clients: run those whose index is K modulo N (K/N)")
     ap.add_argument("--slow", type=int, default=0, help="clients: the last N dial --slow-address")
     ap.add_argument("--slow-address")
     ap.add_argument("--test-limit", type=int, default=10000, help="server: test on the first N test images")
+    ap.add_argument("--max-workers", type=int, help="server: clients served at once (default: Flower's)")
     ap.add_argument("--out")
     ap.add_argument("--deadline", type=float, default=3600, help="server: give up after this many seconds")
     args = ap.parse_args()
