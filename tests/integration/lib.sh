@@ -58,6 +58,9 @@ py_env() {
     PY=(/usr/bin/python3) sanitized=0
   fi
 }
+# skip WHAT WHY: a check this pass does not run, said as TAP's SKIP
+# (tests/run counts it skipped, not passed).
+skip() { TAP_N=$((TAP_N + 1)); echo "ok $TAP_N - $1 # SKIP $2"; }
 # pycheck NAME ARGS...: runs a check of the Python script $PYCHECK_SCRIPT
 # (with py_env's PY); each of its "ok: " lines is a TAP line, and a failure
 # (or no line at all) one failed line. Its output: $RUN/NAME.out and .log.
