@@ -33,7 +33,11 @@ metrics) triple, the wrong number, shape or kind of arrays, NaN or infinity,
 a count below 1) is refused for that round: the reason is logged, counted in
 the client's stats and told to pscoord, which stops waiting for this client
 and counts the round's refusals (psctl round history); the round goes on with
-the others. An exception raised by fit() is handled the same way."""
+the others. An exception raised by fit() is handled the same way.
+
+A job's aggregation of your own (--strategy custom) is a Strategy with
+aggregate_fit, run by start_strategy beside pscoord (docs/federated.md, "A
+strategy of your own")."""
 import collections
 import ctypes
 import errno as _errno
