@@ -4,14 +4,14 @@
 # build-arm64) under qemu-user joins a local x86-64 cluster beside an x86-64
 # edge client, and every round counts both; its peak memory (the emulator's
 # included) is printed. Runs where the cross-build and qemu-aarch64-static
-# are there (PSNET_ARM64_BUILD, default build-arm64 beside the sources);
-# skipped, with the reason, elsewhere (tests/run does not cross-build: Debian
-# 12's -dev packages of three libraries cannot be installed for both
-# architectures at once).
+# are there (PSNET_ARM64_BUILD, default build-arm64 beside the sources:
+# tests/run installs what it needs and builds it, deploy/local/install-deps
+# --arm64); skipped, with the reason, elsewhere (PSNET_ARM64_WHY: tests/run's
+# when that failed).
 source "$(dirname "$0")/lib.sh"
 ARM=${PSNET_ARM64_BUILD:-$PSNET_SRC/build-arm64}/worker/workerd/workerd
-why=""
-[ -x "$ARM" ] || why="no aarch64 build at $ARM (deploy/edge/README.md)"
+why=${PSNET_ARM64_WHY:-}
+[ -x "$ARM" ] || why="${why:-no aarch64 build at $ARM (deploy/edge/README.md)}"
 command -v qemu-aarch64-static >/dev/null || why="${why:-qemu-aarch64-static is not installed (qemu-user-static)}"
 [ -e /lib/ld-linux-aarch64.so.1 ] || why="${why:-no aarch64 C library (libc6:arm64)}"
 if [ -n "$why" ]; then
