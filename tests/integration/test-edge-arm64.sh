@@ -14,6 +14,7 @@ why=${PSNET_ARM64_WHY:-}
 [ -x "$ARM" ] || why="${why:-no aarch64 build at $ARM (deploy/edge/README.md)}"
 command -v qemu-aarch64-static >/dev/null || why="${why:-qemu-aarch64-static is not installed (qemu-user-static)}"
 [ -e /lib/ld-linux-aarch64.so.1 ] || why="${why:-no aarch64 C library (libc6:arm64)}"
+[ -x /usr/bin/time ] || why="${why:-no GNU time for the peak memory (the time package)}"
 if [ -n "$why" ]; then
   trap - EXIT
   rm -rf "$RUN"
