@@ -306,20 +306,13 @@ class Refused(ValueError):
     """What fit returned cannot be an update (the reason is the message)."""
 
 
-def _as_update(res, shapes, pulled):
-    """fit's (parameters, examples, metrics) → (update arrays, examples, loss); raises Refused."""
-    if not isinstance(res, (tuple, list)) or len(res) != 3:
-        raise Refused(f"fit returned {type(res).__name__}, not (parameters, num_examples, metrics)")
-    params, n, metrics = res
-    if isinstance(n, bool) or not isinstance(n, numbers.Integral) or n < 1:
-        raise Refused(f"fit's num_examples is {n!r}: a count of at least 1")
-    if metrics is not None and not isinstance(metrics, dict):
-        raise Refused(f"fit's metrics are a {type(metrics).__name__}, not a dict")
-    params = list(params)
+def _deltas(who, params, shapes, base):
+    """who's arrays (a model) minus base, tensor by tensor, as float32; raises
+    Refused for the wrong count, kind or shape, NaN or infinity, or overflow."""
     if len(params) != len(shapes):
-        raise Refused(f"fit returned {len(params)} arrays; the job's model has {len(shapes)} tensors")
-    update = []
-    for k, (a, (name, shape), w0) in enumerate(zip(params, shapes, pulled)):
+        raise Refused(f"{who} returned {len(params)} arrays; the job's model has {len(shapes)} tensors")
+    out = []
+    for k, (a, (name, shape), w0) in enumerate(zip(params, shapes, base)):
         a = np.asarray(a)
         if a.dtype.kind != "f":
             raise Refused(f"tensor {k} ({name}) is {a.dtype}, not floating point")
@@ -331,7 +324,20 @@ def _as_update(res, shapes, pulled):
             d = np.ascontiguousarray(a, dtype=np.float32) - w0
         if not np.all(np.isfinite(d)):
             raise Refused(f"tensor {k} ({name})'s update overflows float32")
-        update.append(np.ascontiguousarray(d, dtype=np.float32))
+        out.append(np.ascontiguousarray(d, dtype=np.float32))
+    return out
+
+
+def _as_update(res, shapes, pulled):
+    """fit's (parameters, examples, metrics) → (update arrays, examples, loss); raises Refused."""
+    if not isinstance(res, (tuple, list)) or len(res) != 3:
+        raise Refused(f"fit returned {type(res).__name__}, not (parameters, num_examples, metrics)")
+    params, n, metrics = res
+    if isinstance(n, bool) or not isinstance(n, numbers.Integral) or n < 1:
+        raise Refused(f"fit's num_examples is {n!r}: a count of at least 1")
+    if metrics is not None and not isinstance(metrics, dict):
+        raise Refused(f"fit's metrics are a {type(metrics).__name__}, not a dict")
+    update = _deltas("fit", list(params), shapes, pulled)
     loss = (metrics or {}).get("loss", 0.0)
     try:
         loss = float(loss)
@@ -610,21 +616,7 @@ def _as_model(res, shapes, before):
         params = list(res)
     except TypeError:
         raise Refused(f"aggregate_fit returned {type(res).__name__}, not a list of arrays") from None
-    if len(params) != len(shapes):
-        raise Refused(f"aggregate_fit returned {len(params)} arrays; the job's model has {len(shapes)} tensors")
-    delta = []
-    for k, (a, (name, shape), w0) in enumerate(zip(params, shapes, before)):
-        a = np.asarray(a)
-        if a.dtype.kind != "f":
-            raise Refused(f"tensor {k} ({name}) is {a.dtype}, not floating point")
-        if tuple(a.shape) != tuple(shape):
-            raise Refused(f"tensor {k} ({name}) has shape {list(a.shape)}; the job's is {list(shape)}")
-        with np.errstate(over="ignore", invalid="ignore"):
-            d = np.ascontiguousarray(a, dtype=np.float32) - w0
-        if not np.all(np.isfinite(d)):
-            raise Refused(f"tensor {k} ({name}) holds NaN or infinity (or overflows float32)")
-        delta.append(np.ascontiguousarray(d, dtype=np.float32))
-    return delta
+    return _deltas("aggregate_fit", params, shapes, before)
 
 
 def _aggregate(fleet, strategy, ev, st):
