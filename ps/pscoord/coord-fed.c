@@ -194,6 +194,19 @@ static bool scoring_add(Coord *c, const Psnet__Round *rd) {
         return true;
 }
 
+/* The close goes to the shards: with the n updates ids (0: the round is dropped). */
+static void close_send(Coord *c, const uint32_t *ids, size_t n) {
+        FedRounds *f = &c->fed;
+        f->phase = FED_CLOSING;
+        int r = coord_fed_send_shards(c, true, ids, n, NULL);
+        if (r < 0) {
+                char reason[160];
+                snprintf(reason, sizeof reason, "cannot close round %lu on the shards: %s", (unsigned long) f->number,
+                         strerror(-r));
+                coord_job_fail(c, reason);
+        }
+}
+
 /* Every shard scored: pick by Krum score and close with the updates kept. */
 static void scoring_done(Coord *c) {
         FedRounds *f = &c->fed;
@@ -226,27 +239,7 @@ static void scoring_done(Coord *c) {
                          kept, n, m < n ? ", left out " : "", m < n ? left : "");
         log_info("round scored number=%lu strategy=%s kept=%zu of=%zu left_out=\"%s\"", (unsigned long) f->number,
                  fed_strategy_name(c->job.fed.strategy.kind), kept, n, left);
-        f->phase = FED_CLOSING;
-        int r = coord_fed_send_shards(c, true, ids, m, NULL);
-        if (r < 0) {
-                char reason[160];
-                snprintf(reason, sizeof reason, "cannot close round %lu on the shards: %s", (unsigned long) f->number,
-                         strerror(-r));
-                coord_job_fail(c, reason);
-        }
-}
-
-/* The close goes to the shards: with the n updates ids (0: the round is dropped). */
-static void close_send(Coord *c, const uint32_t *ids, size_t n) {
-        FedRounds *f = &c->fed;
-        f->phase = FED_CLOSING;
-        int r = coord_fed_send_shards(c, true, ids, n, NULL);
-        if (r < 0) {
-                char reason[160];
-                snprintf(reason, sizeof reason, "cannot close round %lu on the shards: %s", (unsigned long) f->number,
-                         strerror(-r));
-                coord_job_fail(c, reason);
-        }
+        close_send(c, ids, m);
 }
 
 /* The clients whose updates count (answered), ascending: n of them in *ret. */
