@@ -825,6 +825,16 @@ static int async_entry(FedShard *f, Store *s, const Psnet__Header *h, const uint
         return PSNET__STATUS__STATUS_OK;
 }
 
+/* Whether a client's or the strategy's request names the round open here
+ * (h->clock); if not, the reason says so (then more). */
+static bool names_open_round(const FedShard *f, const Psnet__Header *h, const char *more, char *reason, size_t n) {
+        if (f->open && (uint64_t) h->clock == f->number)
+                return true;
+        snprintf(reason, n, "round %ld is not open on this shard (%s %lu)%s", (long) h->clock,
+                 f->open ? "round" : "last round", (unsigned long) f->number, more);
+        return false;
+}
+
 /* --strategy custom: the strategy's delta for the open round. */
 static int delta_push(FedShard *f, Store *s, const Psnet__Header *h, Chunk **chunks, const zmq_msg_t *frames,
                       char *reason, size_t n) {
@@ -837,9 +847,10 @@ static int delta_push(FedShard *f, Store *s, const Psnet__Header *h, Chunk **chu
                 snprintf(reason, n, "a strategy's delta comes as f32 (codec RAW)");
                 return PSNET__STATUS__STATUS_DTYPE;
         }
-        if (!f->open || !f->delta || (uint64_t) h->clock != f->number) {
-                snprintf(reason, n, "round %ld is not open on this shard (%s %lu)", (long) h->clock,
-                         f->open ? "round" : "last round", (unsigned long) f->number);
+        if (!names_open_round(f, h, "", reason, n))
+                return PSNET__STATUS__STATUS_STALE;
+        if (!f->delta) { /* opened before the job was a custom one's: a new job resets the round */
+                snprintf(reason, n, "round %ld opened under another strategy", (long) h->clock);
                 return PSNET__STATUS__STATUS_STALE;
         }
         /* The last delta pushed stands: a strategy that replaced one that left
@@ -862,11 +873,8 @@ int fedshard_update_frames(FedShard *f, Store *s, const Psnet__Header *h, Chunk 
                          fed_strategy_name(s->job.fed.strategy.kind));
                 return PSNET__STATUS__STATUS_DENIED;
         }
-        if (!f->open || (uint64_t) h->clock != f->number) {
-                snprintf(reason, n, "round %ld is not open on this shard (%s %lu)", (long) h->clock,
-                         f->open ? "round" : "last round", (unsigned long) f->number);
+        if (!names_open_round(f, h, "", reason, n))
                 return PSNET__STATUS__STATUS_STALE;
-        }
         ssize_t ci = client_index(f, h->update_of);
         if (ci < 0) {
                 snprintf(reason, n, "client %u was not sampled for round %lu", h->update_of, (unsigned long) f->number);
@@ -934,11 +942,8 @@ int fedshard_push(FedShard *f, Store *s, const Psnet__Header *h, Chunk **chunks,
                         st = take_update(f, s, h, chunks, frames, u->upd, NULL, h->sender, reason, n);
                 return st;
         }
-        if (!f->open || (uint64_t) h->clock != f->number) {
-                snprintf(reason, n, "round %ld is not open on this shard (%s %lu): a late update is not counted",
-                         (long) h->clock, f->open ? "round" : "last round", (unsigned long) f->number);
+        if (!names_open_round(f, h, ": a late update is not counted", reason, n))
                 return PSNET__STATUS__STATUS_STALE;
-        }
         ssize_t ci = client_index(f, h->sender);
         if (ci < 0) {
                 snprintf(reason, n, "client %u was not sampled for round %lu", h->sender, (unsigned long) f->number);
