@@ -109,15 +109,21 @@ psnet_stop_all
 # 13 s) gives the pull up and leaves at once, not when the pull ends or at
 # its --round-timeout.
 free_port() { /usr/bin/python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'; }
-sp=$(free_port) lp=$(free_port) COORD="ipc://$RUN/coord5.sock"
-psnet_start link5 /usr/bin/python3 "$PSNET_SRC/tests/bench/linkemu.py" "$lp" "127.0.0.1:$sp" 0.5 5 0
-psnet_start pscoord5 "$PSCOORD" --listen "$COORD" --mode fed --shards 1 --rounds 3 --fraction 1 --min-clients 1 \
-  --min-available 1 --round-timeout 60 --train-limit 1000 --test-limit 200
-psnet_start psd5 "$PSD" --id 1 --listen "tcp://127.0.0.1:$sp" --advertise "tcp://127.0.0.1:$lp" --coord "$COORD"
-psnet_wait_for 10 logs_match 'linkemu: listening' 'link5.log'
+# slow_cluster N MBIT PSCOORD-OPTIONS...: pscoordN at $COORD and its one
+# shard, which the clients reach through a link of MBIT Mbit/s per connection.
+slow_cluster() {
+  local n=$1 rate=$2 sp lp; shift 2
+  sp=$(free_port) lp=$(free_port) COORD="ipc://$RUN/coord$n.sock"
+  psnet_start "link$n" /usr/bin/python3 "$PSNET_SRC/tests/bench/linkemu.py" "$lp" "127.0.0.1:$sp" "$rate" 5 0
+  psnet_start "pscoord$n" "$PSCOORD" --listen "$COORD" --mode fed --shards 1 --fraction 1 --round-timeout 60 "$@"
+  psnet_start "psd$n" "$PSD" --id 1 --listen "tcp://127.0.0.1:$sp" --advertise "tcp://127.0.0.1:$lp" --coord "$COORD"
+  psnet_wait_for 10 logs_match 'linkemu: listening' "link$n.log"
+}
+# pulling NAME K: workerd NAME's /metrics counts K clients pulling.
+pulling() { curl -sf "http://127.0.0.1:$(http_port "$1")/metrics" | grep -q "^psnet_edge_state{state=\"pulling\"} $2\$"; }
+slow_cluster 5 0.5 --rounds 3 --min-clients 1 --min-available 1 --train-limit 1000 --test-limit 200
 psnet_start e5 "$WORKERD" --edge --coord "$COORD" --round-timeout 60 --http 127.0.0.1:0
-pulling() { curl -sf "http://127.0.0.1:$(http_port e5)/metrics" | grep -q '^psnet_edge_state{state="pulling"} 1$'; }
-psnet_wait_for 30 pulling; ok $? "the edge is sampled and pulls on the slow link (its /metrics: state pulling)"
+psnet_wait_for 30 pulling e5 1; ok $? "the edge is sampled and pulls on the slow link (its /metrics: state pulling)"
 kill -TERM "$PID_e5"; t0=$SECONDS
 psnet_wait_exit "$PID_e5" 5; ok $? "SIGTERM mid-pull: it left in $((SECONDS - t0)) s (the pull needed about 13)"
 grep -q 'msg="round given up" number=[0-9]* reason=stopping' "$RUN/e5.log" && ! grep -q 'level=error' "$RUN/e5.log"
@@ -129,15 +135,9 @@ psnet_stop_all
 # of the process's pull buffers, not its one model (--parallel 1), so the
 # four clients sampled pull side by side (each connection its own 5 Mbit/s
 # link: 1.3 s for the 0.8 MB model) while the model trains those pulled.
-sp=$(free_port) lp=$(free_port) COORD="ipc://$RUN/coord6.sock"
-psnet_start link6 /usr/bin/python3 "$PSNET_SRC/tests/bench/linkemu.py" "$lp" "127.0.0.1:$sp" 5 5 0
-psnet_start pscoord6 "$PSCOORD" --listen "$COORD" --mode fed --shards 1 --rounds 2 --fraction 1 --min-clients 4 \
-  --min-available 4 --round-timeout 60 --train-limit 2000 --test-limit 200
-psnet_start psd6 "$PSD" --id 1 --listen "tcp://127.0.0.1:$sp" --advertise "tcp://127.0.0.1:$lp" --coord "$COORD"
-psnet_wait_for 10 logs_match 'linkemu: listening' 'link6.log'
+slow_cluster 6 5 --rounds 2 --min-clients 4 --min-available 4 --train-limit 2000 --test-limit 200
 psnet_start sim6 "$WORKERD" --edge --simulate 4 --parallel 1 --coord "$COORD" --http 127.0.0.1:0
-all_pulling() { curl -sf "http://127.0.0.1:$(http_port sim6)/metrics" | grep -q '^psnet_edge_state{state="pulling"} 4$'; }
-psnet_wait_for 60 all_pulling; ok $? "the 4 clients sampled pull at once with one model (its /metrics: 4 pulling)"
+psnet_wait_for 60 pulling sim6 4; ok $? "the 4 clients sampled pull at once with one model (its /metrics: 4 pulling)"
 grep -q 'msg="models built" models=1 clients=4 backend=cpu pull_buffers=4' "$RUN/sim6.log"
 ok $? "the process has one model and 4 pull buffers"
 out=$("$PSCTL" --coord "$COORD" job wait --wait 120); ok $? "the job finishes ($out)"
