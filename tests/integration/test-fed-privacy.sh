@@ -44,7 +44,11 @@ poke() {  # pushes as client $id into the open round until a shard judges the up
   num=$("${PSCTL_K[@]}" --coord "$COORD" --json round status | jq -r 'select(.phase == "training") | .number')
   [ -n "$num" ] || return 1
   out=$(PSPOKE_SENDER=$id PSPOKE_CLOCK=$num PSPOKE_VALUE=0.01 PSPOKE_KEYS=$K PSPOKE_KEY=edge PSPOKE_SERVER=psd "$PSPOKE" "ipc://$RUN/psd.sock" push-value 1 16384)
-  ! grep -q 'status=\(denied\|stale\)' <<<"$out"  # not sampled this round, or it just closed
+  # denied or stale: not sampled this round, or it just closed; "examples
+  # before": the client was stopped after its first part of this round's
+  # update went out, so the shard holds its count (the round times out and
+  # runs again).
+  ! grep -q 'status=\(denied\|stale\)\|examples before' <<<"$out"
 }
 out=""
 [ -n "$id" ] && psnet_wait_for 60 poke
