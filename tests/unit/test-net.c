@@ -190,7 +190,7 @@ static void mux_send(NetSock *s, Psnet__MsgType type, uint64_t seq) {
 
 static void test_mux(void) {
         NetSock *gate, *coord, *seven;
-        NetMux *mux;
+        NetMux *mux = NULL;
         NetSockConf gc = { .type = ZMQ_ROUTER, .name = "gate", .addressed = true };
         NetSockConf mc = { .type = ZMQ_DEALER, .name = "mux" };
         if (netsock_new(&loop, zctx, &gc, gate_msg, NULL, &gate) < 0 || netsock_bind(gate, "inproc://mux") < 0 ||
