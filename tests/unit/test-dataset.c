@@ -115,9 +115,26 @@ int main(void) {
               "train: 6 samples of [2, 3] float32 kept as they are, int64 labels, 5 classes (r=%d %s)", r, err);
         Dataset *test = NULL;
         r = load("good", "test", &test, err, sizeof err);
-        CHECK(r == 0 && test && test->n == 2 && test->dim == 6 && test->x[11] == 220.0f / 255.0f &&
-              test->x[0] == 0.0f && test->y[0] == 4 && test->classes == 5,
-              "test: uint8 features scaled to [0, 1], uint8 labels (r=%d %s)", r, err);
+        float s0[6] = { 1 }, s1[6] = { 0 };
+        if (r == 0 && test && test->n == 2 && test->dim == 6) {
+                dataset_sample(test, 0, s0);
+                dataset_sample(test, 1, s1);
+        }
+        CHECK(r == 0 && test && test->n == 2 && test->dim == 6 && !test->x && test->px && s1[5] == 220.0f / 255.0f &&
+              s0[0] == 0.0f && test->y[0] == 4 && test->classes == 5,
+              "test: uint8 features kept as bytes, read scaled to [0, 1], uint8 labels (r=%d %s)", r, err);
+        Dataset half = test ? dataset_slice(test, 1, 1) : (Dataset) { 0 };
+        float h0[6] = { 0 };
+        if (half.n == 1)
+                dataset_sample(&half, 0, h0);
+        CHECK(half.n == 1 && half.y[0] == test->y[1] && memcmp(h0, s1, sizeof h0) == 0,
+              "dataset_slice: sample 1 as a set of its own");
+        float scratch[12];
+        const float *both = test ? dataset_samples(test, 0, 2, scratch) : NULL;
+        CHECK(both == scratch && memcmp(both, s0, sizeof s0) == 0 && memcmp(both + 6, s1, sizeof s1) == 0,
+              "dataset_samples writes bytes as floats into the scratch buffer");
+        CHECK(d && dataset_samples(d, 2, 1, scratch) == d->x + 12,
+              "and hands floats over where they are kept");
 
         /* The model's input and classes against the data. */
         if (d && test) {

@@ -14,6 +14,7 @@
 #include <zlib.h>
 #include "alloc.h"
 #include "idx.h"
+#include "macro.h"
 #include "psnet-config.h"
 #include "tap.h"
 
@@ -270,13 +271,17 @@ static bool dataset_matches(const Dataset *d, uint32_t n, uint32_t first, uint32
                             uint32_t pixels) {
         if (!d || d->n != n || d->dim != pixels)
                 return false;
+        float v[64];
+        if (pixels > ELEMENTSOF(v) || d->x || !d->px) /* IDX images are kept as bytes */
+                return false;
         for (uint32_t k = 0; k < n; k++) {
                 uint32_t i = first + k * step;
                 if (d->y[k] != (int32_t) ((3 * i + 1) % 10))
                         return false;
+                dataset_sample(d, k, v);
                 for (uint32_t p = 0; p < pixels; p++) {
                         double want = (i == 0 && p == 0) ? 0.0 : (i == 1 && p == 0) ? 1.0 : pixel(i, p) / 255.0;
-                        if (!(fabs(d->x[(size_t) k * pixels + p] - want) <= 1e-7))
+                        if (!(fabs(v[p] - want) <= 1e-7))
                                 return false;
                 }
         }
@@ -295,7 +300,7 @@ static void test_dataset(void) {
 
         r = dataset_load(path_in("fm", ""), "test", 0, 0, 1, &d, err, sizeof err);
         CHECK(r == 0 && d && d->shape.rank == 2 && d->shape.d[0] == 3 && d->shape.d[1] == 2 && d->dim == 6 && dataset_matches(d, 10, 0, 1, 6) &&
-              d->x[0] == 0.0f && d->x[6] == 1.0f,
+              d->px[0] == 0 && d->px[6] == 255,
               "dataset_load t10k (gzip): all 10 samples, pixels scaled to [0,1]: r=%d %s", r, err);
         d = dataset_free(d);
         CHECK(d == NULL && dataset_free(NULL) == NULL, "dataset_free returns NULL, takes NULL");
@@ -367,33 +372,32 @@ static void test_dataset(void) {
 
 /* The installed Fashion-MNIST test set: 10000 images of 28x28, 1000 per class. */
 /* dataset_keep: an edge process of one client keeps its share only. */
-static void test_keep(void) {
-        Dataset *d = ps_calloc(1, sizeof *d);
-        CHECK(d != NULL, "dataset_keep: a dataset");
-        if (!d)
+static void test_keep(bool pixels) {
+        const char *kind = pixels ? "bytes" : "floats";
+        Dataset *d = dataset_new(6, &(MdShape) { .rank = 1, .d = { 3 } }, pixels);
+        if (!CHECK(d != NULL && !d->x == pixels && !d->px == !pixels, "dataset_keep: a data set of %s", kind))
                 return;
-        d->n = 6, d->dim = 3;
-        d->x = ps_malloc(18 * sizeof(float));
-        d->y = ps_malloc(6 * sizeof(int32_t));
-        if (!d->x || !d->y) {
-                dataset_free(d);
-                CHECK(0, "dataset_keep: memory");
-                return;
+        for (int i = 0; i < 18; i++) {
+                if (pixels)
+                        d->px[i] = (uint8_t) i;
+                else
+                        d->x[i] = (float) i / 255.0f;
         }
-        for (int i = 0; i < 18; i++)
-                d->x[i] = (float) i;
         for (int i = 0; i < 6; i++)
                 d->y[i] = 10 + i;
         const uint32_t bad1[] = { 2, 1 }, bad2[] = { 1, 6 };
         CHECK(dataset_keep(d, bad1, 2) == -EINVAL && dataset_keep(d, bad2, 2) == -EINVAL && d->n == 6,
-              "dataset_keep refuses indices out of order or out of range, and keeps the set");
+              "dataset_keep refuses indices out of order or out of range, and keeps the set (%s)", kind);
         const uint32_t keep[] = { 0, 2, 5 };
         int r = dataset_keep(d, keep, 3);
         bool same = r == 0 && d->n == 3;
-        for (uint32_t k = 0; same && k < 3; k++)
+        for (uint32_t k = 0; same && k < 3; k++) {
+                float v[3];
+                dataset_sample(d, k, v);
                 for (uint32_t p = 0; p < 3; p++)
-                        same &= d->x[k * 3 + p] == (float) (keep[k] * 3 + p) && d->y[k] == 10 + (int32_t) keep[k];
-        CHECK(same, "dataset_keep keeps samples 0, 2, 5 of 6, pixels and labels, in order");
+                        same &= v[p] == (float) (keep[k] * 3 + p) / 255.0f && d->y[k] == 10 + (int32_t) keep[k];
+        }
+        CHECK(same, "dataset_keep keeps samples 0, 2, 5 of 6, values and labels, in order (%s)", kind);
         dataset_free(d);
 }
 
@@ -458,11 +462,16 @@ static void test_real(void) {
         for (int c = 0; c < 10; c++)
                 labels_ok = labels_ok && per_class[c] == 1000;
         CHECK(labels_ok, "t10k labels in 0..9, 1000 of each");
-        for (size_t i = 0; i < (size_t) d->n * d->dim; i++) {
-                if (!(d->x[i] >= 0.0f && d->x[i] <= 1.0f))
-                        range_ok = false;
-                lo = fminf(lo, d->x[i]);
-                hi = fmaxf(hi, d->x[i]);
+        float v[28 * 28];
+        range_ok = d->dim == ELEMENTSOF(v);
+        for (uint32_t i = 0; range_ok && i < d->n; i++) {
+                dataset_sample(d, i, v);
+                for (size_t p = 0; p < ELEMENTSOF(v); p++) {
+                        if (!(v[p] >= 0.0f && v[p] <= 1.0f))
+                                range_ok = false;
+                        lo = fminf(lo, v[p]);
+                        hi = fmaxf(hi, v[p]);
+                }
         }
         CHECK(range_ok && lo == 0.0f && hi == 1.0f, "t10k pixels span [0, 1] (%g .. %g)", lo, hi);
 
@@ -471,7 +480,7 @@ static void test_real(void) {
         for (uint32_t k = 0; part_ok && k < part->n; k++) {
                 size_t src = 3 + 4 * (size_t) k, px = (size_t) 28 * 28;
                 part_ok = part->y[k] == d->y[src] &&
-                          memcmp(part->x + k * px, d->x + src * px, px * sizeof(float)) == 0;
+                          memcmp(part->px + k * px, d->px + src * px, px) == 0;
         }
         CHECK(part_ok, "t10k limit 100, part 3 of 4: the 25 samples 3, 7, ..., 99");
         dataset_free(part);
@@ -485,7 +494,7 @@ static void test_real(void) {
                         continue;
                 size_t px = (size_t) 28 * 28;
                 pick_ok = k < picked->n && picked->y[k] == 7 &&
-                          memcmp(picked->x + k * px, d->x + i * px, px * sizeof(float)) == 0;
+                          memcmp(picked->px + k * px, d->px + i * px, px) == 0;
                 k++;
         }
         CHECK(pick_ok && k == picked->n, "dataset_load_picked keeps exactly the samples chosen, as the whole set "
@@ -513,7 +522,8 @@ int main(void) {
         test_round_trip();
         test_broken();
         test_dataset();
-        test_keep();
+        test_keep(false);
+        test_keep(true);
         test_real();
 
         if (nftw(tmpdir, rm_one, 16, FTW_DEPTH | FTW_PHYS) != 0)

@@ -17,7 +17,7 @@ uint32_t dataset_part_count(uint32_t n, uint32_t limit, uint32_t part, uint32_t 
         return total > part ? (total - part - 1) / nparts + 1 : 0;
 }
 
-Dataset *dataset_new(uint32_t count, const MdShape *shape) {
+Dataset *dataset_new(uint32_t count, const MdShape *shape, bool pixels) {
         if (shape->rank == 0 || shape->rank > ELEMENTSOF(shape->d))
                 return NULL;
         uint64_t dim = 1;
@@ -31,9 +31,13 @@ Dataset *dataset_new(uint32_t count, const MdShape *shape) {
         d->n = count;
         d->dim = (uint32_t) dim;
         d->shape = *shape;
-        d->x = ps_malloc(MAX((size_t) count * d->dim, (size_t) 1) * sizeof(float));
+        size_t values = MAX((size_t) count * d->dim, (size_t) 1);
+        if (pixels)
+                d->px = ps_malloc(values);
+        else
+                d->x = ps_malloc(values * sizeof(float));
         d->y = ps_malloc(MAX((size_t) count, (size_t) 1) * sizeof(int32_t));
-        if (!d->x || !d->y)
+        if ((!d->x && !d->px) || !d->y)
                 return dataset_free(d);
         return d;
 }
@@ -42,13 +46,44 @@ Dataset *dataset_free(Dataset *d) {
         if (!d)
                 return NULL;
         ps_free(d->x);
+        ps_free(d->px);
         ps_free(d->y);
         ps_free(d);
         return NULL;
 }
 
-int dataset_keep(Dataset *d, const uint32_t *idx, uint32_t n) {
+void dataset_sample(const Dataset *d, uint32_t i, float *dst) {
         size_t dim = d->dim;
+        if (d->x) {
+                memcpy(dst, d->x + (size_t) i * dim, dim * sizeof(float));
+                return;
+        }
+        const uint8_t *p = d->px + (size_t) i * dim;
+        for (size_t k = 0; k < dim; k++)
+                dst[k] = (float) p[k] / 255.0f;
+}
+
+const float *dataset_samples(const void *set, size_t first, int count, float *scratch) {
+        const Dataset *d = set;
+        if (d->x)
+                return d->x + first * d->dim;
+        for (int k = 0; k < count; k++)
+                dataset_sample(d, (uint32_t) (first + (size_t) k), scratch + (size_t) k * d->dim);
+        return scratch;
+}
+
+Dataset dataset_slice(const Dataset *d, uint32_t first, uint32_t n) {
+        Dataset s = *d;
+        s.n = n;
+        s.x = d->x ? d->x + (size_t) first * d->dim : NULL;
+        s.px = d->px ? d->px + (size_t) first * d->dim : NULL;
+        s.y = d->y + first;
+        return s;
+}
+
+int dataset_keep(Dataset *d, const uint32_t *idx, uint32_t n) {
+        size_t dim = d->dim, size = d->x ? sizeof(float) : 1;
+        uint8_t *v = d->x ? (uint8_t *) d->x : d->px;
         if (n > d->n)
                 return -EINVAL;
         for (uint32_t k = 0; k < n; k++)
@@ -58,16 +93,19 @@ int dataset_keep(Dataset *d, const uint32_t *idx, uint32_t n) {
          * sample still to be kept. */
         for (uint32_t k = 0; k < n; k++) {
                 if (idx[k] != k)
-                        memcpy(d->x + k * dim, d->x + (size_t) idx[k] * dim, dim * sizeof(float));
+                        memcpy(v + k * dim * size, v + (size_t) idx[k] * dim * size, dim * size);
                 d->y[k] = d->y[idx[k]];
         }
         d->n = n;
-        float *x = ps_realloc(d->x, MAX((size_t) n * dim, (size_t) 1) * sizeof(float));
+        v = ps_realloc(v, MAX((size_t) n * dim, (size_t) 1) * size);
         int32_t *y = ps_realloc(d->y, MAX((size_t) n, (size_t) 1) * sizeof(int32_t));
-        if (x) /* a shrink that fails keeps the larger block */
-                d->x = x;
+        if (v) { /* a shrink that fails keeps the larger block */
+                if (d->x)
+                        d->x = (float *) v;
+                else
+                        d->px = v;
+        }
         if (y)
                 d->y = y;
         return 0;
 }
-

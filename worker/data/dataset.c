@@ -92,7 +92,7 @@ static int npy_load(const char *dir, const char *set, uint32_t limit, uint32_t p
                 r = -EINVAL;
                 goto out;
         }
-        d = dataset_new(count, &sshape);
+        d = dataset_new(count, &sshape, x.type == NPY_U8);
         if (d)
                 d->format = "npy";
         if (!d) {
@@ -111,13 +111,11 @@ static int npy_load(const char *dir, const char *set, uint32_t limit, uint32_t p
                 }
                 d->y[i] = (int32_t) label;
                 d->classes = MAX(d->classes, (uint32_t) label + 1);
-                float *dst = d->x + (size_t) i * d->dim;
                 if (x.type == NPY_U8) {
-                        const uint8_t *s = (const uint8_t *) x.data + src * dim;
-                        for (uint64_t k = 0; k < dim; k++)
-                                dst[k] = (float) s[k] / 255.0f;
+                        memcpy(d->px + (size_t) i * d->dim, (const uint8_t *) x.data + src * dim, dim);
                         continue;
                 }
+                float *dst = d->x + (size_t) i * d->dim;
                 memcpy(dst, (const float *) x.data + src * dim, dim * sizeof(float));
                 for (uint64_t k = 0; k < dim; k++)
                         if (!isfinite(dst[k])) {

@@ -10,6 +10,7 @@
  *
  * A directory holding x_train.npy is read as NumPy pairs, any other as IDX. */
 #pragma once
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 #include "modeldesc.h"
@@ -24,7 +25,12 @@ typedef struct Dataset {
         MdShape shape;                      /* one sample's, as a model's input: [D], [H, W] or [C, H, W] */
         uint32_t classes;                   /* the largest label + 1 */
         const char *format;                 /* "npy" or "idx" (static) */
+        /* The samples' values, kept one of two ways (the other pointer
+         * NULL): floats, or pixels (bytes, a value being pixel / 255.0f) for
+         * IDX images and uint8 NumPy arrays, a quarter of the floats' memory.
+         * Read them with dataset_sample and dataset_samples. */
         float *x;                           /* n * dim values */
+        uint8_t *px;                        /* n * dim pixels */
         int32_t *y;                         /* n labels */
 } Dataset;
 
@@ -50,9 +56,19 @@ int dataset_load_picked(const char *dir, const char *set, uint32_t limit, Datase
  * caller says so naming its file) and, in *ret_total, the samples the limit
  * leaves. */
 uint32_t dataset_part_count(uint32_t n, uint32_t limit, uint32_t part, uint32_t nparts, uint32_t *ret_total);
-/* An empty data set of count samples of the given shape (x and y allocated,
- * uninitialised); NULL when out of memory or the sizes overflow. */
-Dataset *dataset_new(uint32_t count, const MdShape *shape);
+/* An empty data set of count samples of the given shape (y and x, or px
+ * for pixels, allocated, uninitialised); NULL when out of memory or the
+ * sizes overflow. */
+Dataset *dataset_new(uint32_t count, const MdShape *shape, bool pixels);
+/* Sample i's dim values, as floats, into dst. */
+void dataset_sample(const Dataset *d, uint32_t i, float *dst);
+/* Samples first..first+count-1 of data set d as floats: where they are
+ * kept, for a set of floats, or else written into scratch (count * dim
+ * floats). In the form of model_evaluate_from's ModelSamplesFn. */
+const float *dataset_samples(const void *d, size_t first, int count, float *scratch);
+/* Samples first..first+n-1 of d as a data set of their own, in d's memory
+ * (nothing to free; valid while d is). */
+Dataset dataset_slice(const Dataset *d, uint32_t first, uint32_t n);
 Dataset *dataset_free(Dataset *d);
 /* Keeps only samples idx[0..n) (ascending, each < d->n) as samples 0..n-1,
  * and gives the rest of the memory back. -EINVAL for bad indices. */

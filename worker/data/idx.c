@@ -207,18 +207,21 @@ int idx_dataset_load(const char *dir, const char *set, uint32_t limit, uint32_t 
         }
         pixels = idims[1] * idims[2]; /* idx_read bounds the product */
 
-        Dataset *d = dataset_new(count, &(MdShape) { .rank = 2, .d = { idims[1], idims[2] } });
+        Dataset *d = dataset_new(count, &(MdShape) { .rank = 2, .d = { idims[1], idims[2] } }, true);
         if (!d) {
                 snprintf(err, errlen, "out of memory loading %s/%s", dir, set);
                 return -ENOMEM;
         }
         d->format = "idx";
+        if (nparts == 1) { /* the images read are the set's pixels: kept, not copied */
+                ps_free(d->px);
+                d->px = images;
+                images = NULL;
+        }
         for (uint32_t i = 0; i < count; i++) {
                 size_t src = (size_t) part + (size_t) i * nparts;
-                const uint8_t *img = images + src * pixels;
-                float *dst = d->x + (size_t) i * pixels;
-                for (uint32_t p = 0; p < pixels; p++)
-                        dst[p] = (float) img[p] / 255.0f;
+                if (nparts > 1)
+                        memcpy(d->px + (size_t) i * pixels, images + src * pixels, pixels);
                 d->y[i] = labels[src];
                 d->classes = MAX(d->classes, (uint32_t) labels[src] + 1);
         }
@@ -311,7 +314,7 @@ int idx_dataset_load_picked(const char *dir, const char *prefix, uint32_t limit,
                 return r;
         }
         uint32_t pixels = h * w;
-        Dataset *d = dataset_new(nidx, &(MdShape) { .rank = 2, .d = { h, w } });
+        Dataset *d = dataset_new(nidx, &(MdShape) { .rank = 2, .d = { h, w } }, true);
         row = ps_malloc(pixels);
         if (!d || !row) {
                 dataset_free(d);
@@ -324,9 +327,7 @@ int idx_dataset_load_picked(const char *dir, const char *prefix, uint32_t limit,
                 r = gz_read_full(f, row, pixels);
                 if (r < 0 || k == nidx || idx[k] != i)
                         continue;
-                float *dst = d->x + (size_t) k * pixels;
-                for (uint32_t p = 0; p < pixels; p++)
-                        dst[p] = (float) row[p] / 255.0f;
+                memcpy(d->px + (size_t) k * pixels, row, pixels);
                 d->y[k] = y[i];
                 d->classes = MAX(d->classes, (uint32_t) y[i] + 1);
                 k++;

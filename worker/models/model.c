@@ -605,18 +605,37 @@ int model_train_step(Model *m, const float *x_host, const int32_t *y_host, int b
         return model_step_end(m, ret_loss, ret_correct);
 }
 
+typedef struct HostSamples {
+        const float *x;
+        size_t in_n;
+} HostSamples;
+
+static const float *host_samples(const void *ud, size_t first, int count, float *scratch) {
+        const HostSamples *h = ud;
+        (void) count, (void) scratch;
+        return h->x + first * h->in_n;
+}
+
 int model_evaluate(Model *m, const float *x_host, const int32_t *y_host, size_t n, size_t *ret_correct,
                    double *ret_loss) {
+        if (!m || (n > 0 && !x_host))
+                return -EINVAL;
+        HostSamples h = { .x = x_host, .in_n = m->in_n };
+        return model_evaluate_from(m, host_samples, &h, y_host, n, ret_correct, ret_loss);
+}
+
+int model_evaluate_from(Model *m, ModelSamplesFn samples, const void *ud, const int32_t *y_host, size_t n,
+                        size_t *ret_correct, double *ret_loss) {
         double loss_total = 0.0;
         size_t correct_total = 0;
         int r;
 
-        if (!m || m->pending || (n > 0 && (!x_host || !y_host)))
+        if (!m || m->pending || (n > 0 && !y_host))
                 return -EINVAL;
 
         for (size_t off = 0; off < n; off += (size_t) m->max_batch) {
                 int batch = (int) MIN(n - off, (size_t) m->max_batch), correct;
-                const float *x = x_host + off * m->in_n;
+                const float *x = samples(ud, off, batch, m->x_stage);
                 double loss_sum;
 
                 if (!batch_ok(m, x, y_host + off, batch))

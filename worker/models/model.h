@@ -85,3 +85,9 @@ bool model_graph_active(const Model *m);
 /* Forward only over n samples (in slices of max_batch); counts correct predictions. */
 int model_evaluate(Model *m, const float *x_host, const int32_t *y_host, size_t n,
                    size_t *ret_correct, double *ret_loss);
+/* The same over samples handed over a slice at a time: samples(ud, first,
+ * count, scratch) returns samples first..first+count-1 as floats, in place
+ * or written into scratch (model_batch_x: room for max_batch samples). */
+typedef const float *(*ModelSamplesFn)(const void *ud, size_t first, int count, float *scratch);
+int model_evaluate_from(Model *m, ModelSamplesFn samples, const void *ud, const int32_t *y_host, size_t n,
+                        size_t *ret_correct, double *ret_loss);

@@ -28,8 +28,7 @@ int edge_train(Model *m, const Dataset *train, uint32_t *mine, uint32_t nmine, c
                         uint32_t b = MIN(batch, nmine - s);
                         for (uint32_t k = 0; k < b; k++) {
                                 uint32_t i = mine[s + k];
-                                memcpy(xb + (size_t) k * train->dim, train->x + (size_t) i * train->dim,
-                                       train->dim * sizeof(float));
+                                dataset_sample(train, i, xb + (size_t) k * train->dim);
                                 yb[k] = train->y[i];
                         }
                         float loss;
@@ -59,7 +58,7 @@ int edge_test(Model *m, const Dataset *test, float *ret_accuracy, double *ret_lo
         size_t correct = 0;
         int r = model_upload_params(m);
         if (r == 0)
-                r = model_evaluate(m, test->x, test->y, test->n, &correct, ret_loss);
+                r = model_evaluate_from(m, dataset_samples, test, test->y, test->n, &correct, ret_loss);
         if (r == 0)
                 *ret_accuracy = test->n ? (float) correct / (float) test->n : 0.0f;
         return r;

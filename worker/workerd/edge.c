@@ -473,10 +473,7 @@ void edge_data(Edge *e, const Dataset *train, const Dataset *test, const Dataset
                  * contiguous slice (edge_test_share; the test set is not sorted). */
                 uint32_t start, n;
                 edge_test_share(test->n, e->part, e->nparts, &start, &n);
-                e->own_test = *test;
-                e->own_test.n = n;
-                e->own_test.x = test->x + (size_t) start * test->dim;
-                e->own_test.y = test->y + start;
+                e->own_test = dataset_slice(test, start, n);
         }
         free(e->test_dir);
         e->test_dir = test_dir ? strdup(test_dir) : NULL;

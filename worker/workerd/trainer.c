@@ -167,8 +167,8 @@ static void eval_work(uv_work_t *req) {
         double t0 = mono_s();
         t->eval_r = model_upload_params_from(t->model, t->params);
         if (t->eval_r >= 0)
-                t->eval_r = model_evaluate(t->model, t->test->x, t->test->y, t->test->n, &t->eval_correct,
-                                           &t->eval_loss);
+                t->eval_r = model_evaluate_from(t->model, dataset_samples, t->test, t->test->y, t->test->n,
+                                                &t->eval_correct, &t->eval_loss);
         t->t_eval += mono_s() - t0;
 }
 
@@ -387,8 +387,7 @@ static void step_idle_cb(uv_idle_t *h) {
         double ta = mono_s();
         for (uint32_t b = 0; b < batch; b++) {
                 uint32_t i = t->perm[(size_t) s * batch + b];
-                memcpy(t->xb + (size_t) b * t->train->dim, t->train->x + (size_t) i * t->train->dim,
-                       t->train->dim * sizeof(float));
+                dataset_sample(t->train, i, t->xb + (size_t) b * t->train->dim);
                 t->yb[b] = t->train->y[i];
         }
         double tb = mono_s();
