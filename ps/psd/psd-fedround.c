@@ -216,6 +216,15 @@ static ssize_t client_index(const FedShard *f, uint32_t id) {
         return -1;
 }
 
+/* client_index of a client a request names, with the reason when the round
+ * did not sample it. */
+static ssize_t sampled_index(const FedShard *f, uint32_t id, char *reason, size_t n) {
+        ssize_t ci = client_index(f, id);
+        if (ci < 0)
+                snprintf(reason, n, "client %u was not sampled for round %lu", id, (unsigned long) f->number);
+        return ci;
+}
+
 /* n draws of N(0, 1) for a private round's noise: Box-Muller over uniforms
  * from libsodium's CSPRNG, so that no one can predict (and subtract) it. */
 static void gaussian(float *out, size_t n) {
@@ -875,11 +884,9 @@ int fedshard_update_frames(FedShard *f, Store *s, const Psnet__Header *h, Chunk 
         }
         if (!names_open_round(f, h, "", reason, n))
                 return PSNET__STATUS__STATUS_STALE;
-        ssize_t ci = client_index(f, h->update_of);
-        if (ci < 0) {
-                snprintf(reason, n, "client %u was not sampled for round %lu", h->update_of, (unsigned long) f->number);
+        ssize_t ci = sampled_index(f, h->update_of, reason, n);
+        if (ci < 0)
                 return PSNET__STATUS__STATUS_INVALID;
-        }
         for (size_t i = 0; i < h->n_keys; i++) {
                 Chunk *c = chunks[i];
                 if (c->fed_slot >= f->nslots || f->slots[c->fed_slot] != c) {
@@ -944,11 +951,9 @@ int fedshard_push(FedShard *f, Store *s, const Psnet__Header *h, Chunk **chunks,
         }
         if (!names_open_round(f, h, ": a late update is not counted", reason, n))
                 return PSNET__STATUS__STATUS_STALE;
-        ssize_t ci = client_index(f, h->sender);
-        if (ci < 0) {
-                snprintf(reason, n, "client %u was not sampled for round %lu", h->sender, (unsigned long) f->number);
+        ssize_t ci = sampled_index(f, h->sender, reason, n);
+        if (ci < 0)
                 return PSNET__STATUS__STATUS_DENIED;
-        }
         if (f->keys && (!key || memcmp(key, f->keys[ci], 32) != 0)) {
                 snprintf(reason, n, "the key of this connection is not client %u's", h->sender);
                 return PSNET__STATUS__STATUS_DENIED;
