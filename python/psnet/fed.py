@@ -352,8 +352,12 @@ class Stats(dict):
     (pulls or pushes that failed), evaluations (of the model pscoord tests:
     --eval-every, the final one), tests (federated evaluations on the
     clients' own data, --fraction-evaluate), pushed bytes as sent and as
-    f32, and ids: each client's id at pscoord (psctl and its log name
-    clients by it)."""
+    f32, ids: each client's id at pscoord (psctl and its log name
+    clients by it), fit_s: the wall seconds spent in the user's fit(),
+    fit_cpu_s: the process's CPU seconds meanwhile (all its threads: fit's,
+    and psnet's own network threads serving other clients at the time), and
+    cpu_s: the process's CPU seconds over the run (cpu_s - fit_cpu_s: what
+    the rest of the run cost, psnet.fed's share of it at least)."""
 
 
 def _config(info, ev):
@@ -366,8 +370,9 @@ def _run(fleet, client_of, fail_fast, timeout_s=None):
     """Serves fleet's clients until every one of them saw the job end (or
     failed): their rounds call client_of(i)'s fit and evaluate."""
     st = Stats(rounds=0, counted=0, late=0, refused=0, failed=0, evaluations=0, tests=0, bytes=0, bytes_raw=0,
-               accuracy=None, state=None, fit_s=0.0, ids={})
+               accuracy=None, state=None, fit_s=0.0, fit_cpu_s=0.0, cpu_s=0.0, ids={})
     ended, info, examples_said = set(), None, set()
+    cpu0 = time.process_time()
     deadline = None if timeout_s is None else time.monotonic() + timeout_s
     while len(ended) < fleet.n:
         if deadline is not None and time.monotonic() > deadline:
@@ -415,6 +420,7 @@ def _run(fleet, client_of, fail_fast, timeout_s=None):
                 fleet.leave(i)
             except _client.PsnetError as e:
                 log.debug("client %d: leaving: %s", i, e)
+    st["cpu_s"] = time.process_time() - cpu0
     return st
 
 
@@ -438,15 +444,18 @@ def _fit(fleet, i, client, info, ev, st, examples_said):
         st["failed"] += 1
         log.warning("client %d: %s", i, e)
         return
-    t0 = time.monotonic()
     try:
-        res = client.fit([a.copy() for a in pulled], _config(info, ev))
+        params = [a.copy() for a in pulled]
+        t0, c0 = time.monotonic(), time.process_time()
+        try:
+            res = client.fit(params, _config(info, ev))
+        finally:
+            st["fit_s"] += time.monotonic() - t0
+            st["fit_cpu_s"] += time.process_time() - c0
         update, n, loss = _as_update(res, [s for s in fleet.tensors(i)], pulled)
     except Exception as e:  # the user's code: whatever it raised refuses this round, not the process
         _refuse(fleet, i, ev, st, e, "fit", f"round {ev['number']} refused")
         return
-    finally:
-        st["fit_s"] += time.monotonic() - t0
     if i not in examples_said:
         fleet.set_examples(i, n)
     try:

@@ -5,7 +5,11 @@ own partition (a directory of NumPy pairs) as workerd --edge trains it: plain
 SGD at the job's lr, its batch, a fresh shuffle each local epoch, the last
 batch smaller.
 
-    fed_client.py COORD DATA_DIR MODEL_JSON"""
+    fed_client.py COORD DATA_DIR MODEL_JSON [channels_last]
+
+channels_last: the model's tensors in that memory layout (one line of the
+user's code; torch's convolutions on a CPU run faster so). Prints the run's
+psnet.fed Stats as JSON."""
 import json
 import sys
 
@@ -54,6 +58,8 @@ def main():
     torch.set_num_interop_threads(1)
     with open(model) as f:
         net = models.build(json.load(f))
+    if sys.argv[4:] == ["channels_last"]:
+        net = net.to(memory_format=torch.channels_last)
     x, y = data.load(d, "train")
     tx, ty = data.load(d, "test")
     shape = (-1, 1, 28, 28)

@@ -141,6 +141,9 @@ def sim(coord, n, first, of, out, bad=False, byz=False):
     check(st["state"] == "done", f"{n} simulated Python clients served the job to its end (state {st['state']})")
     check(st["counted"] > 0 and st["failed"] == 0,
           f"their updates were counted ({st['counted']} counted, {st['late']} late, {st['failed']} failed)")
+    check(st["fit_s"] > 0 and 0 < st["fit_cpu_s"] <= st["cpu_s"],
+          f"the Stats say where the CPU went: {st['fit_cpu_s']:.3f} s of {st['cpu_s']:.3f} s in fit() "
+          f"({st['fit_s']:.3f} s of wall time)")
     if byz:
         with open(out + ".attackers", "w") as f:
             f.write(",".join(str(st["ids"][i]) for i in (1, 2)))

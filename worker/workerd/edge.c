@@ -5,6 +5,7 @@
 #include <errno.h>
 #include <stdio.h>
 #include <string.h>
+#include <sys/resource.h>
 #include "alloc.h"
 #include "edge.h"
 #include "edge-train.h"
@@ -82,9 +83,15 @@ static void edge_leave(Edge *e) {
         edge_log(e);
         e->state = E_LEAVING;
         const EdgeStats *s = &e->stats;
-        log_info("leaving rounds=%lu counted=%lu late=%lu clipped=%lu bytes_sent=%lu bytes_raw=%lu",
+        /* The process's CPU so far (all its threads; with --simulate, all its clients'). */
+        struct rusage ru;
+        double cpu = getrusage(RUSAGE_SELF, &ru) == 0
+                             ? (double) ru.ru_utime.tv_sec + (double) ru.ru_stime.tv_sec +
+                                       ((double) ru.ru_utime.tv_usec + (double) ru.ru_stime.tv_usec) / 1e6
+                             : -1.0;
+        log_info("leaving rounds=%lu counted=%lu late=%lu clipped=%lu bytes_sent=%lu bytes_raw=%lu process_cpu_s=%.2f",
                  (unsigned long) s->rounds, (unsigned long) s->counted, (unsigned long) s->late,
-                 (unsigned long) s->clipped, (unsigned long) s->bytes_sent, (unsigned long) s->bytes_raw);
+                 (unsigned long) s->clipped, (unsigned long) s->bytes_sent, (unsigned long) s->bytes_raw, cpu);
         if (!e->pe || !psnet_edge_id(e->pe) || psnet_edge_leave(e->pe, on_left, e) < 0)
                 edge_gone(e);
 }
