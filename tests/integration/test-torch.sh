@@ -9,8 +9,8 @@
 # job; psnet.LocalCluster starts and stops cleanly (after an exception, and
 # when its Python process is killed); a model too large, one whose tensors
 # differ from the job's, and a non-float parameter are refused with clear
-# errors; a dead shard makes step raise in bounded time; the examples run
-# as they are against hand-started daemons.
+# errors; a dead shard makes step raise in bounded time. (The examples:
+# test-torch-examples.)
 source "$(dirname "$0")/lib.sh"
 
 py_env
@@ -41,37 +41,6 @@ pycheck bsp-compare bsp-compare "$RUN/bsp-a.pt" "$RUN/bsp-b.pt"
 grep -q 'msg="job submitted"' "$RUN/pscoord-bsp.log" && [ "$(grep -c 'msg="job submitted"' "$RUN/pscoord-bsp.log")" -le 2 ]
 ok $? "the workers registered the job (one submit, or two for the same model)"
 psnet_stop_all
-
-if [ $sanitized = 1 ]; then
-  # The same library calls as the checks above; torch's own time dominates them.
-  skip "examples/resnet18_fashion.py and examples/custom_loss.py against hand-started daemons" \
-    "the examples run in the normal build's pass"
-else
-  # examples/resnet18_fashion.py as it is, two workers against daemons started
-  # by hand (one process each, --coord), on a few images.
-  start_cluster r18 2
-  ex=(--coord "$COORD" --rank-of 0 --workers 2 --limit 128 --test-limit 100 --epochs 1 --batch 32 --init-dir "$RUN" --quiet)
-  "${PY[@]}" "$PSNET_SRC/examples/resnet18_fashion.py" "${ex[@]}" >"$RUN/r18-1.out" 2>"$RUN/r18-1.log" & p1=$!
-  "${PY[@]}" "$PSNET_SRC/examples/resnet18_fashion.py" "${ex[@]}" >"$RUN/r18-2.out" 2>"$RUN/r18-2.log"; r2=$?
-  wait $p1; r1=$?
-  [ $r1 -eq 0 ] && [ $r2 -eq 0 ] && grep -q 'worker 0 of 2: final' "$RUN"/r18-*.out && grep -q 'worker 1 of 2: final' "$RUN"/r18-*.out
-  ok $? "examples/resnet18_fashion.py: torchvision's ResNet-18, two workers of one BSP job ($(cat "$RUN"/r18-*.out | grep final | tr '\n' ' '))"
-  "$PSCTL" --coord "$COORD" --json status | jq -e '(.job.model | fromjson | .tensors | length) == 122 and .job.state == "done"' >/dev/null
-  ok $? "its job held ResNet-18's 122 state_dict tensors and is done"
-  psnet_stop_all
-
-  # examples/custom_loss.py: an autoencoder with a loss of its own, no labels
-  # and no accuracy; the job ends done all the same.
-  start_cluster ae 1
-  "${PY[@]}" "$PSNET_SRC/examples/custom_loss.py" --coord "$COORD" --limit 2000 --epochs 2 >"$RUN/ae.out" 2>"$RUN/ae.log"; rc=$?
-  before=$(sed -n 's/^loss before training \([0-9.]*\)$/\1/p' "$RUN/ae.out")
-  after=$(sed -n 's/^epoch 2: loss \([0-9.]*\)$/\1/p' "$RUN/ae.out")
-  [ $rc -eq 0 ] && [ -n "$before" ] && [ -n "$after" ] && awk -v a="$after" -v b="$before" 'BEGIN { exit !(a < 0.5 * b) }'
-  ok $? "examples/custom_loss.py: its own loss falls by more than half in 2 epochs ($before to $after)"
-  out=$("$PSCTL" --coord "$COORD" job wait --wait 30)
-  [ "$out" = "state=done" ]; ok $? "a job of a model without an accuracy ends done ($out)"
-  psnet_stop_all
-fi
 
 # A worker joins a running job.
 start_cluster join 1
