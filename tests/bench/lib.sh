@@ -43,6 +43,8 @@ flower_venv() {
   FLOWER_PY=$1/bin/python
 }
 
+# cpu_s PID: the CPU seconds (user + system, all threads) a running process has used.
+cpu_s() { awk -v hz="$(getconf CLK_TCK)" '{ sub(/^.*\) /, ""); printf "%.2f", ($12 + $13) / hz }' "/proc/$1/stat" 2>/dev/null; }
 # hwm_mib PID: the peak memory (VmHWM) of a running process, in MiB.
 hwm_mib() { awk '/^VmHWM:/ { printf "%.1f", $2 / 1024 }' "/proc/$1/status" 2>/dev/null; }
 # sample_hwm FILE PID...: keeps FILE at the most the processes held together
