@@ -56,6 +56,40 @@ int endpoint_prepare(const char *endpoint) {
         return 0;
 }
 
+int endpoint_probe(const char *endpoint, char *why, size_t n) {
+        if (strncmp(endpoint, "ipc://", 6) != 0)
+                return 0;
+        const char *path = endpoint + 6;
+        struct sockaddr_un sa = { .sun_family = AF_UNIX };
+        if (strlen(path) >= sizeof sa.sun_path) {
+                snprintf(why, n, "the socket path %s is too long", path);
+                return -ENAMETOOLONG;
+        }
+        snprintf(sa.sun_path, sizeof sa.sun_path, "%s", path);
+        int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+        if (fd < 0)
+                return 0; /* cannot tell */
+        int r = connect(fd, (struct sockaddr *) &sa, sizeof sa) < 0 ? -errno : 0;
+        close(fd);
+        switch (r) {
+        case 0:
+                return 0;
+        case -ENOENT:
+        case -ENOTDIR:
+                snprintf(why, n, "no socket at %s: nothing listens there (not started, or another address)", path);
+                return -ENOENT;
+        case -ECONNREFUSED:
+                snprintf(why, n, "nobody listens on %s: a socket left by a process that stopped", path);
+                return r;
+        case -EACCES:
+        case -EPERM:
+                snprintf(why, n, "permission denied on %s: its folder or socket belongs to another user", path);
+                return -EACCES;
+        default:
+                return 0; /* busy (EAGAIN: its backlog is full) or else: cannot tell */
+        }
+}
+
 bool endpoint_is_tcp(const char *endpoint) {
         return strncmp(endpoint, "tcp://", 6) == 0;
 }

@@ -3,6 +3,7 @@
  * monotonic clock the network layer's deadlines use. */
 #pragma once
 #include <stdbool.h>
+#include <stddef.h>
 #include <stdint.h>
 
 /* Monotonic milliseconds. */
@@ -14,6 +15,13 @@ uint64_t unix_ms(void);
  * and removes a stale socket file nobody listens on (-EADDRINUSE when someone
  * does). Other schemes: no-op. */
 int endpoint_prepare(const char *endpoint);
+
+/* Whether anyone could be listening at an ipc:// endpoint, asked of the
+ * socket file itself: 0 when a connection is taken (or the endpoint is not
+ * ipc://: nothing to tell), else -ENOENT (no socket there), -ECONNREFUSED (a
+ * socket nobody listens on, left by a process that stopped), -EACCES (its
+ * folder or socket is another user's), with why in words. */
+int endpoint_probe(const char *endpoint, char *why, size_t n);
 
 /* tcp:// with a host that is a loopback address (127.0.0.0/8, ::1, localhost). */
 bool endpoint_is_loopback_tcp(const char *endpoint);

@@ -43,7 +43,7 @@ typedef struct Ctl {
         bool loop_init;
         Session *session;
         /* the request in flight */
-        bool done;
+        bool done, probe_due;
         int reply_r;
         Psnet__Header *reply;    /* taken from the session's message */
 } Ctl;
@@ -98,6 +98,13 @@ static void ctl_on_reply(Session *s, int r, WireMsg *m, void *ud) {
 
 /* Sends h and waits (running the loop) for the reply of type want, which goes
  * to *ret (free with psnet__header__free_unpacked). Says on stderr why not. */
+#define CTL_PROBE_MS 300   /* no answer this long: is anyone listening? */
+#define CTL_STALE_MS 1000  /* a socket nobody listens on this long is a stale one */
+
+static void ctl_probe_due(uv_timer_t *t) {
+        ((Ctl *) t->data)->probe_due = true;
+}
+
 static int ctl_request(Ctl *c, Psnet__Header *h, Psnet__MsgType want, Psnet__Header **ret) {
         int r = c->session ? 0 : ctl_connect(c);
         if (r < 0)
@@ -105,13 +112,51 @@ static int ctl_request(Ctl *c, Psnet__Header *h, Psnet__MsgType want, Psnet__Hea
         c->done = false;
         c->reply = NULL;
         r = session_request(c->session, h, want, c->timeout * 1000u, ctl_on_reply, c);
-        while (r == 0 && !c->done)
+        /* No answer at once: ask the socket file whether anyone listens at all
+         * rather than wait out --timeout. Another user's socket fails at once;
+         * one nobody listens on (left by a pscoord that stopped) once it has
+         * stayed so for CTL_STALE_MS (a pscoord starting replaces it sooner);
+         * none at all is said when the time is up (it may be starting). */
+        uv_timer_t probe;
+        bool probing = r == 0 && uv_timer_init(&c->loop, &probe) == 0;
+        if (probing) {
+                probe.data = c;
+                c->probe_due = false;
+                if (uv_timer_start(&probe, ctl_probe_due, CTL_PROBE_MS, CTL_PROBE_MS) < 0)
+                        c->probe_due = false;
+        }
+        char why[320] = "";
+        uint64_t refused_since = 0;
+        while (r == 0 && !c->done) {
                 uv_run(&c->loop, UV_RUN_ONCE);
+                if (!c->probe_due || c->done)
+                        continue;
+                c->probe_due = false;
+                why[0] = 0;
+                int pr = endpoint_probe(c->coord, why, sizeof why);
+                uint64_t now = now_ms();
+                if (pr != -ECONNREFUSED)
+                        refused_since = 0;
+                else if (!refused_since)
+                        refused_since = now;
+                if (pr == -EACCES || pr == -ENAMETOOLONG || (refused_since && now - refused_since >= CTL_STALE_MS)) {
+                        r = -EHOSTUNREACH;
+                        break;
+                }
+        }
+        if (probing) {
+                uv_close((uv_handle_t *) &probe, NULL);
+                uv_run(&c->loop, UV_RUN_NOWAIT);
+        }
         if (r == 0)
                 r = c->reply_r;
         const char *hs = session_handshake_error(c->session);
-        if (r == -ETIMEDOUT && hs[0])
+        if (r == -EHOSTUNREACH)
+                fprintf(stderr, "psctl: cannot reach pscoord: %s\n", why);
+        else if (r == -ETIMEDOUT && hs[0])
                 fprintf(stderr, "psctl: cannot talk to pscoord at %s: %s\n", c->coord, hs);
+        else if (r == -ETIMEDOUT && why[0])
+                fprintf(stderr, "psctl: pscoord at %s did not answer within %u s: %s\n", c->coord, c->timeout, why);
         else if (r == -ETIMEDOUT)
                 fprintf(stderr, "psctl: pscoord at %s did not answer within %u s (is it running?)\n", c->coord,
                         c->timeout);

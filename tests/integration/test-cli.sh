@@ -43,6 +43,25 @@ out=$("$PSCTL" --coord "$nowhere" --timeout 1 status 2>&1); rc=$?
 ok $(( rc == 0 )) "psctl fails when pscoord is unreachable"
 grep -q "pscoord at $nowhere did not answer within 1 s" <<<"$out"; ok $? "psctl names the unreachable address"
 ok $(( SECONDS - t0 > 20 )) "the three waits were bounded ($((SECONDS - t0)) s)"
+grep -q "no socket at $RUN/nobody.sock" <<<"$out"; ok $? "psctl says there is no socket there ($out)"
+# A socket file nobody listens on (a stopped daemon's), and another user's:
+# psctl says so at once rather than waiting out --timeout 60.
+/usr/bin/python3 -c 'import socket, sys; s = socket.socket(socket.AF_UNIX); s.bind(sys.argv[1]); s.close()' "$RUN/stale.sock"
+out=$("$PSCTL" --coord "ipc://$RUN/stale.sock" --timeout 60 status 2>&1); rc=$?
+[ $rc != 0 ] && grep -q "psctl: cannot reach pscoord: nobody listens on $RUN/stale.sock: a socket left by a process that stopped" <<<"$out"
+ok $? "psctl says a stale socket has nobody listening ($out)"
+mkdir -m 700 "$RUN/private"
+/usr/bin/python3 -c 'import signal, socket, sys; s = socket.socket(socket.AF_UNIX); s.bind(sys.argv[1]); s.listen(1); print("ok", flush=True); signal.pause()' \
+  "$RUN/private/c.sock" >"$RUN/listener.out" 2>&1 & lpid=$!
+psnet_wait_for 10 grep -q ok "$RUN/listener.out"
+if [ "$(id -u)" = 0 ]; then
+  out=$(setpriv --reuid=nobody --regid=nogroup --clear-groups "$PSCTL" --coord "ipc://$RUN/private/c.sock" --timeout 60 status 2>&1); rc=$?
+  [ $rc != 0 ] && grep -q "psctl: cannot reach pscoord: permission denied on $RUN/private/c.sock" <<<"$out"
+  ok $? "psctl tells another user permission denied ($out)"
+else
+  skip "psctl tells another user permission denied" "needs root to run psctl as another user"
+fi
+kill $lpid 2>/dev/null; wait $lpid 2>/dev/null
 out=$("$PSCTL" 2>&1); ok $(( $? != 2 )) "psctl without a command exits 2"
 # Words a program does not understand are refused, never ignored.
 out=$("$PSCTL" status --json extra 2>&1); rc=$?
