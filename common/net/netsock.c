@@ -291,13 +291,6 @@ int netsock_monitor(NetSock *s, int events, NetHandshakeFn cb) {
         return 0;
 }
 
-int netsock_set_max_msg(NetSock *s, int64_t bytes) {
-        if (s->mux)
-                return 0; /* the mux's limit (netmux_new's conf) */
-        int64_t v = bytes > 0 ? bytes : -1;
-        return zmq_setsockopt(s->sock, ZMQ_MAXMSGSIZE, &v, sizeof v) < 0 ? -errno : 0;
-}
-
 int netsock_set_linger(NetSock *s, int ms) {
         if (s->mux)
                 return 0; /* the mux's socket, shared: its own linger */

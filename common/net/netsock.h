@@ -70,8 +70,6 @@ const char *netsock_name(const NetSock *s);
 /* Watches the socket's events (ZMQ_EVENT_* mask; 0: failed handshakes) and
  * calls cb for each. */
 int netsock_monitor(NetSock *s, int events, NetHandshakeFn cb);
-/* The largest frame accepted on connections made from now on. */
-int netsock_set_max_msg(NetSock *s, int64_t bytes);
 /* How long closing waits for unsent messages from now on (a peer known
  * gone: 0, or the process's exit waits the whole linger for it). */
 int netsock_set_linger(NetSock *s, int ms);

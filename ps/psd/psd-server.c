@@ -59,7 +59,6 @@ typedef struct Psd {
         uint64_t shm_changed_logged_ms; /* when that was last logged (once a second at most) */
         NetIdentity id;
         Zap *zap;
-        int64_t job_max_msg;    /* the frame limit the job's chunks need */
         uint64_t memory_limit;
         uint64_t errors, dropped;
         uint64_t bytes_in, bytes_out;
@@ -496,7 +495,7 @@ static void psd_on_data_event(NetSock *ns, int event, int value, const char *why
         p->dropped++;
         if (p->drop_logged++ < PSD_DROP_LOG_LINES)
                 log_info("connection closed (the peer left, or sent a frame over the limit of %ld bytes)",
-                         (long) (p->job_max_msg ? p->job_max_msg : (int64_t) p->cfg->max_msg));
+                         (long) p->cfg->max_msg);
 }
 
 /* --- the job ---------------------------------------------------------------------------- */
@@ -577,9 +576,10 @@ static void psd_apply_config(Psd *p, const Psnet__Config *ctl) {
                         log_error_errno(r, "Failed to configure the store: %m");
                         return;
                 }
-                /* Connections made from now on accept the job's largest frame, no more. */
-                p->job_max_msg = job_max_frame(&job);
-                (void) netsock_set_max_msg(p->data, p->job_max_msg);
+                /* The frame limit stays --max-msg: libzmq copies a listener's
+                 * options when it binds, so a limit set now would reach no
+                 * connection (and a codec's frame, top-k's pairs, may be
+                 * larger than a chunk's values). */
                 if (!fresh && ctl->map->epoch != 0)
                         log_info("map epoch=%lu keys=%lu backup_keys=%lu incoming=%lu moved_out=%lu replicas=%u",
                                  (unsigned long) ctl->map->epoch, (unsigned long) store_stats(p->store)->nkeys,

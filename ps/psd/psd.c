@@ -78,6 +78,12 @@ int main(int argc, char **argv) {
                 r = -EINVAL;
                 goto out;
         }
+        if (cfg.max_msg < 1024) {
+                fprintf(stderr, "psd: --max-msg must be at least 1024 bytes (got %llu): it bounds every frame, "
+                                "a job's chunks included\n", (unsigned long long) cfg.max_msg);
+                r = -EINVAL;
+                goto out;
+        }
         if (cfg.threads < 1 || cfg.threads > PFOR_MAX_THREADS) {
                 fprintf(stderr, "psd: --threads must be 1 to %d\n", PFOR_MAX_THREADS);
                 r = -EINVAL;

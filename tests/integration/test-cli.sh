@@ -21,6 +21,8 @@ for b in "$PSCOORD" "$PSD" "$WORKERD" "$PSCTL"; do
 done
 
 out=$("$PSD" --id 1 --lease-ms 3 2>&1); grep -q "unknown option '--lease-ms'" <<<"$out"; ok $? "psd refuses a pscoord flag"
+out=$("$PSD" --id 1 --max-msg 0 2>&1); rc=$?
+[ $rc = 2 ] && grep -q "psd: --max-msg must be at least 1024 bytes (got 0)" <<<"$out"; ok $? "psd refuses --max-msg 0, saying why ($out)"
 out=$("$PSCOORD" --mode fast 2>&1); rc=$?
 ok $(( rc == 0 )) "pscoord refuses --mode fast"; grep -q "bad --mode 'fast'" <<<"$out"; ok $? "pscoord says why"
 out=$("$PSCOORD" --epochs abc 2>&1); ok $(( $? == 0 )) "pscoord refuses a non-number"

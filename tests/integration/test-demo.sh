@@ -36,6 +36,8 @@ args=$(grep -v -- '^-t \| -t ' "$RUN/ninja-args" 2>/dev/null | tr '\n' ' ' | sed
 [ "$args" = "-C $PSNET_BUILD ps/pscoord/pscoord ps/psd/psd ps/psctl/psctl worker/workerd/workerd" ]
 ok $? "it builds only the four programs (ninja $args)"
 grep -q "demo: building pscoord, psd, psctl and workerd" "$RUN/demo.err"; ok $? "and says so"
+grep -qE '^demo: pscoord at (ipc|tcp)://[^ ]+; to watch it from another terminal: [^ ]*psctl --coord (ipc|tcp)://[^ ]+ watch$' "$RUN/demo.err"
+ok $? "it says where pscoord listens and the psctl line to watch it ($(grep -m1 'demo: pscoord at' "$RUN/demo.err"))"
 grep -q '^demo: mlp:784-256-10: SGD at lr 0.04, cosine schedule' "$RUN/demo.err"
 ok $? "the MLP under BSP: lr 0.04 with a cosine schedule, and it says so"
 grep -q 'msg="job started" .* optim=sgd lr=0.04 lr_schedule=cosine ' "$PSNET_DEMO_LOGS"/run-*/pscoord.log
