@@ -21,6 +21,11 @@
 /* A pull may ask for a clock at most this far past the worker's completed
  * clocks: its next one (after its push), or the one after (a prefetch). */
 #define GATE_PULL_AHEAD 2
+/* A push may be for a clock at most this far past the sender's last push of
+ * the same key: its next one, or the one after (one lost on the way, the
+ * worker gone on). Further would make every later push of the worker's a
+ * duplicate here (dropped), and claims steps it never took. */
+#define GATE_PUSH_AHEAD 2
 
 /* The slot of a per-worker-id clock table, growing it (new slots -1) as needed;
  * NULL when out of memory. */
@@ -742,6 +747,7 @@ int gate_push(Gate *g, Chunk *c, PushReq *req, zmq_msg_t *grad) {
                 return -ENOMEM;
         s->stats.pushes++;
         if (req->clock <= *last) {
+                g->duplicates++;
                 pushreq_note(req, PSNET__STATUS__STATUS_DUPLICATE);
                 return 0;
         }
@@ -813,12 +819,39 @@ static int push_copied(Gate *g, Push *p, size_t i, PushReq *req) {
         return r;
 }
 
+/* The push's clock against the sender's last push of each of its keys here,
+ * or the clock pscoord says it starts at (a worker it moved on, one that
+ * joined) if that is later. A key it never pushed, or one that came with no
+ * record of it: any clock. */
+static int gate_admit_clock(Gate *g, const Push *p, char *reason, size_t n) {
+        const Psnet__Header *h = p->h;
+        int64_t own = h->sender < g->nwclock ? g->wclock[h->sender] - 1 : -1;
+        for (size_t i = 0; i < h->n_keys; i++) {
+                const Chunk *c = p->chunks[i];
+                int64_t last = h->sender < c->nlast ? c->last_clock[h->sender] : -1;
+                if (last < 0)
+                        continue;
+                last = MAX(last, own);
+                if (h->clock > last + GATE_PUSH_AHEAD) {
+                        g->refused_clock++;
+                        snprintf(reason, n, "push for clock %ld is %ld clocks ahead of worker %u's last push of key "
+                                            "(%u,%u), %ld (at most %d)",
+                                 (long) h->clock, (long) (h->clock - last), h->sender, c->tensor, c->chunk,
+                                 (long) last, GATE_PUSH_AHEAD);
+                        return PSNET__STATUS__STATUS_INVALID;
+                }
+        }
+        return PSNET__STATUS__STATUS_OK;
+}
+
 int gate_push_request(Gate *g, Push *p, char *reason, size_t n) {
         Store *s = g->store;
         const Psnet__Header *h = p->h;
-        /* Admitted whole or not at all: first the sender (membership, its key),
-         * before anything is decoded for it; then every value. */
+        /* Admitted whole or not at all: first the sender (membership, its key,
+         * its clock), before anything is decoded for it; then every value. */
         int st = gate_admit_sender(g, h, p->sender_key, reason, n);
+        if (st == PSNET__STATUS__STATUS_OK)
+                st = gate_admit_clock(g, p, reason, n);
         if (st == PSNET__STATUS__STATUS_OK && p->decode)
                 st = p->decode(p, p->decode_ud, reason, n);
         if (st == PSNET__STATUS__STATUS_OK)

@@ -126,7 +126,8 @@ struct Gate {
         uint64_t members_epoch;
         GateCfg prev, cur;
         size_t nparked;
-        uint64_t refused_stale, refused_denied, refused_nonfinite, refused_pulls, expired_pulls;
+        uint64_t refused_stale, refused_denied, refused_nonfinite, refused_pulls, expired_pulls, refused_clock;
+        uint64_t duplicates;            /* pushes of a key for a clock the worker had pushed it for */
         uint64_t push_parts;    /* parts of pushes in parts taken */
         bool fenced;            /* BSP clocks >= fence_limit do not close; */
         int64_t fence_limit;    /* ASP/SSP pulls for clocks > fence_pull_limit wait */

@@ -896,7 +896,11 @@ static void psd_metrics(void *ud, MetricsBuf *b) {
         metrics_sample(b, "psnet_psd_refused_total", (double) g->refused_denied, "reason", "key", NULL);
         metrics_sample(b, "psnet_psd_refused_total", (double) g->refused_nonfinite, "reason", "not_finite", NULL);
         metrics_sample(b, "psnet_psd_refused_total", (double) g->refused_pulls, "reason", "pull", NULL);
+        metrics_sample(b, "psnet_psd_refused_total", (double) g->refused_clock, "reason", "clock", NULL);
         metrics_sample(b, "psnet_psd_refused_total", (double) g->expired_pulls, "reason", "pull_expired", NULL);
+        metrics_one(b, "psnet_psd_duplicate_pushes_total", "counter",
+                    "Pushes of a key for a clock its worker had pushed it for: acknowledged, not applied again.",
+                    (double) g->duplicates);
         metrics_one(b, "psnet_psd_connections_closed_total", "counter",
                     "Data connections closed (peers leaving, or frames over the limit).", (double) p->dropped);
         metrics_one(b, "psnet_psd_shm_sessions", "gauge",
