@@ -125,3 +125,27 @@ const char *bytes_human(uint64_t bytes, char *buf, size_t n) {
         snprintf(buf, n, "%.1f %s", v, units[u]);
         return buf;
 }
+
+bool log_limit(LogLimit *l, const char *what) {
+        struct timespec ts;
+        clock_gettime(CLOCK_MONOTONIC, &ts);
+        uint64_t second = (uint64_t) ts.tv_sec;
+        if (second != l->window) {
+                l->window = second;
+                l->lines = 0;
+        }
+        if (l->lines >= LOG_LIMIT_BURST) {
+                if (l->lines++ == LOG_LIMIT_BURST)
+                        log_warning("more %s than %d in a second: the rest of this second's are left out of this log "
+                                    "(counted in /metrics)", what, LOG_LIMIT_BURST);
+                l->left_out++;
+                return false;
+        }
+        l->lines++;
+        if (l->left_out) {
+                log_warning("%llu more %s left out of this log (at most %d lines a second)",
+                            (unsigned long long) l->left_out, what, LOG_LIMIT_BURST);
+                l->left_out = 0;
+        }
+        return true;
+}

@@ -5,6 +5,8 @@
  * the key=value tokens follow verbatim. "%m" expands to strerror(err).
  * The level is checked before the arguments are evaluated. */
 #pragma once
+#include <stdint.h>
+#include <stdbool.h>
 #include <stdarg.h>
 #include <stdlib.h>
 #include <syslog.h>
@@ -36,6 +38,20 @@ int log_internal(int level, int err, const char *fmt, ...) _printf_(3, 4);
 #define log_debug_errno(e, ...) log_full_errno(LOG_DEBUG, e, __VA_ARGS__)
 #define log_warning_errno(e, ...) log_full_errno(LOG_WARNING, e, __VA_ARGS__)
 #define log_error_errno(e, ...) log_full_errno(LOG_ERR, e, __VA_ARGS__)
+
+/* A bound on lines of one kind (a refusal, say) a flood could repeat: at
+ * most LOG_LIMIT_BURST a second; past that one line says the rest of the
+ * second's are left out, and the next line written says how many were.
+ * Zero-initialised. */
+#define LOG_LIMIT_BURST 20
+typedef struct LogLimit {
+        uint64_t window;       /* the second (monotonic) being counted */
+        unsigned lines;        /* written in it */
+        uint64_t left_out;     /* not written since the last line */
+} LogLimit;
+/* true: write this line (after a note of the lines left out before it, if
+ * any, under what); false: leave it out, counted. */
+bool log_limit(LogLimit *l, const char *what);
 
 /* Writes a reason for people into buf (when buf is not NULL and n > 0) and
  * returns r: `return reason_set(err, errlen, -EINVAL, "bad --x '%s'", x);`. */

@@ -293,6 +293,7 @@ typedef struct Coord {
         uint64_t start_ms, job_start_ms, job_end_ms, migrate_start_ms;
         uint64_t last_tick;         /* ms: a longer gap between ticks means pscoord itself stalled */
         uint64_t errors;
+        LogLimit refusals;          /* the "refused request" lines a flood would repeat */
         unsigned todo;              /* TODO_* flags: what this loop turn still has to do (coord_flush) */
         uv_loop_t loop;
         uv_timer_t tick;

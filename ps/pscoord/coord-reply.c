@@ -36,7 +36,8 @@ int coord_reply_job(Coord *c, const zmq_msg_t *route, uint64_t seq, const char *
 
 int coord_reply_error(Coord *c, const zmq_msg_t *route, uint64_t seq, int status, const char *reason) {
         c->errors++;
-        log_warning("refused request reason=\"%s\" status=%s", reason, status_name(status));
+        if (log_limit(&c->refusals, "refused requests"))
+                log_warning("refused request reason=\"%s\" status=%s", reason, status_name(status));
         return netsock_send_error(c->ctl, route, status, seq, reason);
 }
 

@@ -70,8 +70,10 @@ static void handle_message(Coord *c, WireMsg *m) {
         int st = dispatch_message(&coord_dispatch, &c->id, c, m, reason, sizeof reason);
         if (st == PSNET__STATUS__STATUS_DENIED) {
                 c->errors++;
-                log_warning("refused request reason=\"%s\" status=denied key=%s name=%s", reason,
-                            m->peer.fingerprint[0] ? m->peer.fingerprint : "-", m->peer.name[0] ? m->peer.name : "-");
+                if (log_limit(&c->refusals, "refused requests"))
+                        log_warning("refused request reason=\"%s\" status=denied key=%s name=%s", reason,
+                                    m->peer.fingerprint[0] ? m->peer.fingerprint : "-",
+                                    m->peer.name[0] ? m->peer.name : "-");
                 (void) netsock_send_error(c->ctl, &m->route, st, m->hdr->seq, reason);
         } else if (st != PSNET__STATUS__STATUS_OK)
                 coord_reply_error(c, &m->route, m->hdr->seq, st, reason);

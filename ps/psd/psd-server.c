@@ -61,6 +61,7 @@ typedef struct Psd {
         Zap *zap;
         uint64_t memory_limit;
         uint64_t errors, dropped;
+        LogLimit refusals;      /* the "refused request" lines a flood would repeat */
         uint64_t bytes_in, bytes_out;
         Histogram push_latency, pull_latency;
         uint64_t drop_window, drop_logged;
@@ -110,7 +111,8 @@ static int psd_reply_error(Psd *p, const zmq_msg_t *route, const Psnet__Header *
                          reason);
         else {
                 p->errors++;
-                log_warning("refused request reason=\"%s\" status=%s", reason, status_name(status));
+                if (log_limit(&p->refusals, "refused requests"))
+                        log_warning("refused request reason=\"%s\" status=%s", reason, status_name(status));
         }
         Psnet__Header h;
         wire_header_init(&h, PSNET__MSG_TYPE__MSG_ERROR);
@@ -463,9 +465,10 @@ static void psd_on_data(NetSock *ns, WireMsg *m, int r, void *ud) {
                 int st = dispatch_message(&psd_dispatch, &p->id, p, m, reason, sizeof reason);
                 if (st == PSNET__STATUS__STATUS_DENIED) {
                         p->errors++;
-                        log_warning("refused request reason=\"%s\" status=denied key=%s name=%s", reason,
-                                    m->peer.fingerprint[0] ? m->peer.fingerprint : "-",
-                                    m->peer.name[0] ? m->peer.name : "-");
+                        if (log_limit(&p->refusals, "refused requests"))
+                                log_warning("refused request reason=\"%s\" status=denied key=%s name=%s", reason,
+                                            m->peer.fingerprint[0] ? m->peer.fingerprint : "-",
+                                            m->peer.name[0] ? m->peer.name : "-");
                         (void) netsock_send_error(p->data, &m->route, st, m->hdr->seq, reason);
                 } else if (st != PSNET__STATUS__STATUS_OK)
                         psd_reply_error(p, &m->route, m->hdr, st, reason);

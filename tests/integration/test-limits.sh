@@ -5,7 +5,7 @@
 # that say the job is at a progress outside 0..1 (its learning rate's input),
 # a member's push for clock 2^40, a
 # federated update's int8 and top-k frames pushed to a training job, a 1 GiB frame, one push of 20 x 100 MiB frames, big frames at pscoord, 20,000
-# pulls for clock 2^40, 2,000 connections at a soft limit of 1024 descriptors,
+# pulls for clock 2^40 (a bounded log of them), 2,000 connections at a soft limit of 1024 descriptors,
 # registering under a live shard's id, a worker that heartbeats but never
 # pushes (BSP), and a model bigger than the shards' memory. Each gets a bound
 # and a clear error, the daemons keep serving, and the model is not poisoned.
@@ -104,6 +104,9 @@ len=$(status2 | jq '[.job.chunk_floats, 200704] | min')
 gid=$(status2 | jq ".workers[] | select(.pid == $PID_good) | .id")
 out=$(PSPOKE_SENDER=$gid PSPOKE_COUNT=20000 "$PSPOKE" "ipc://$RUN/psd2.sock" pull-future 1 "$len")
 grep -q "answered=20000 of 20000 invalid=20000 .*clocks ahead" <<<"$out"; ok $? "20,000 pulls for clock 2^40 are refused, none parked ($out)"
+lines=$(grep -c 'msg="refused request"' "$RUN/psd2.log")
+[ "$lines" -gt 0 ] && [ "$lines" -lt 2000 ] && grep -q 'msg="more refused requests than 20 in a second: the rest of this second.s are left out of this log' "$RUN/psd2.log"
+ok $? "the shard's log holds $lines refusal lines for them, not 20,000, and says the rest are left out"
 parked=$(status2 | jq '.shards[0].parked'); [ "$parked" -le 4 ]; ok $? "the shard holds $parked parked pulls"
 psnet_wait_for 30 grep -q 'msg="evicted a worker the others waited on for [0-9]* s (--stall-timeout 3 s)"' \
   "$RUN/pscoord2.log"; ok $? "pscoord evicts the worker the others wait on, saying why"
