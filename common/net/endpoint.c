@@ -35,7 +35,7 @@ int endpoint_prepare(const char *endpoint) {
                 if (*p != '/')
                         continue;
                 *p = 0;
-                if (mkdir(dir, 0755) < 0 && errno != EEXIST)
+                if (mkdir(dir, 0700) < 0 && errno != EEXIST)
                         return -errno;
                 *p = '/';
         }

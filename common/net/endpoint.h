@@ -11,7 +11,8 @@ uint64_t now_ms(void);
 /* Wall-clock milliseconds since 1970 (for dates shown to people). */
 uint64_t unix_ms(void);
 
-/* Before binding: for ipc:// endpoints, creates the socket's directory (0755)
+/* Before binding: for ipc:// endpoints, creates the socket's directory (0700:
+ * only its owner enters it, so no other user of the host reaches the socket)
  * and removes a stale socket file nobody listens on (-EADDRINUSE when someone
  * does). Other schemes: no-op. */
 int endpoint_prepare(const char *endpoint);

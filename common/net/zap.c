@@ -180,6 +180,10 @@ int zap_daemon_keys(uv_loop_t *loop, void *zctx, const char *keys_dir, const cha
                 log_error("%s", err);
                 return -EINVAL;
         }
+        if (!id->enabled && listen && endpoint_is_loopback_tcp(listen))
+                log_warning("listening on %s without --keys: any user of this host can connect, join, push "
+                            "gradients or stop the job (an ipc:// address in a folder of your own, or --keys, "
+                            "keeps them out)", listen);
         return 0;
 }
 
