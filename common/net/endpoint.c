@@ -23,6 +23,20 @@ uint64_t unix_ms(void) {
         return (uint64_t) ts.tv_sec * 1000u + (uint64_t) ts.tv_nsec / 1000000u;
 }
 
+/* Tries a connection to the unix socket at path (shorter than sun_path):
+ * *err is 0 when one is taken, else connect's errno. -errno when no socket
+ * could be made to try with. */
+static int unix_try_connect(const char *path, int *err) {
+        int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+        if (fd < 0)
+                return -errno;
+        struct sockaddr_un sa = { .sun_family = AF_UNIX };
+        snprintf(sa.sun_path, sizeof sa.sun_path, "%s", path);
+        *err = connect(fd, (struct sockaddr *) &sa, sizeof sa) < 0 ? errno : 0;
+        close(fd);
+        return 0;
+}
+
 int endpoint_prepare(const char *endpoint) {
         if (strncmp(endpoint, "ipc://", 6) != 0)
                 return 0;
@@ -42,14 +56,10 @@ int endpoint_prepare(const char *endpoint) {
         /* A socket file left by a killed daemon: remove it only if nothing answers. */
         struct stat st;
         if (stat(path, &st) == 0 && S_ISSOCK(st.st_mode)) {
-                int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
-                if (fd < 0)
-                        return -errno;
-                struct sockaddr_un sa = { .sun_family = AF_UNIX };
-                snprintf(sa.sun_path, sizeof sa.sun_path, "%s", path);
-                int r = connect(fd, (struct sockaddr *) &sa, sizeof sa);
-                close(fd);
-                if (r == 0)
+                int err, r = unix_try_connect(path, &err);
+                if (r < 0)
+                        return r;
+                if (err == 0)
                         return -EADDRINUSE;
                 (void) unlink(path);
         }
@@ -60,29 +70,25 @@ int endpoint_probe(const char *endpoint, char *why, size_t n) {
         if (strncmp(endpoint, "ipc://", 6) != 0)
                 return 0;
         const char *path = endpoint + 6;
-        struct sockaddr_un sa = { .sun_family = AF_UNIX };
-        if (strlen(path) >= sizeof sa.sun_path) {
+        if (strlen(path) >= sizeof(((struct sockaddr_un *) 0)->sun_path)) {
                 snprintf(why, n, "the socket path %s is too long", path);
                 return -ENAMETOOLONG;
         }
-        snprintf(sa.sun_path, sizeof sa.sun_path, "%s", path);
-        int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
-        if (fd < 0)
+        int err;
+        if (unix_try_connect(path, &err) < 0)
                 return 0; /* cannot tell */
-        int r = connect(fd, (struct sockaddr *) &sa, sizeof sa) < 0 ? -errno : 0;
-        close(fd);
-        switch (r) {
+        switch (err) {
         case 0:
                 return 0;
-        case -ENOENT:
-        case -ENOTDIR:
+        case ENOENT:
+        case ENOTDIR:
                 snprintf(why, n, "no socket at %s: nothing listens there (not started, or another address)", path);
                 return -ENOENT;
-        case -ECONNREFUSED:
+        case ECONNREFUSED:
                 snprintf(why, n, "nobody listens on %s: a socket left by a process that stopped", path);
-                return r;
-        case -EACCES:
-        case -EPERM:
+                return -ECONNREFUSED;
+        case EACCES:
+        case EPERM:
                 snprintf(why, n, "permission denied on %s: its folder or socket belongs to another user", path);
                 return -EACCES;
         default:

@@ -96,8 +96,6 @@ static void ctl_on_reply(Session *s, int r, WireMsg *m, void *ud) {
         c->done = true;
 }
 
-/* Sends h and waits (running the loop) for the reply of type want, which goes
- * to *ret (free with psnet__header__free_unpacked). Says on stderr why not. */
 #define CTL_PROBE_MS 300   /* no answer this long: is anyone listening? */
 #define CTL_STALE_MS 1000  /* a socket nobody listens on this long is a stale one */
 
@@ -105,6 +103,8 @@ static void ctl_probe_due(uv_timer_t *t) {
         ((Ctl *) t->data)->probe_due = true;
 }
 
+/* Sends h and waits (running the loop) for the reply of type want, which goes
+ * to *ret (free with psnet__header__free_unpacked). Says on stderr why not. */
 static int ctl_request(Ctl *c, Psnet__Header *h, Psnet__MsgType want, Psnet__Header **ret) {
         int r = c->session ? 0 : ctl_connect(c);
         if (r < 0)

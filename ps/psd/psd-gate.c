@@ -43,6 +43,11 @@ static int64_t *clock_slot(int64_t **tab, size_t *n, uint32_t worker) {
         return &(*tab)[worker];
 }
 
+/* A per-worker-id clock table's slot, read: -1 for a worker it has none of. */
+static int64_t clock_peek(const int64_t *tab, size_t n, uint32_t worker) {
+        return worker < n ? tab[worker] : -1;
+}
+
 /* A worker's completed clocks here are at least clock + 1. */
 static void clock_reached(int64_t *wc, int64_t clock) {
         if (*wc < clock + 1)
@@ -341,7 +346,7 @@ void gate_worker_clocks(const Gate *g, int64_t *ret_min_worker, int64_t *ret_max
         int64_t slowest = -1, fastest = 0;
         for (size_t i = 0; i < g->cur.nmembers; i++) {
                 uint32_t w = g->cur.members[i];
-                int64_t wc = w < g->nwclock ? g->wclock[w] : -1;
+                int64_t wc = clock_peek(g->wclock, g->nwclock, w);
                 if (wc >= 0 && (slowest < 0 || wc < slowest))
                         slowest = wc;
                 if (wc > fastest)
@@ -366,7 +371,7 @@ static int64_t slowest_member(const Gate *g, const GateCfg *cfg) {
         int64_t slowest = -1;
         for (size_t i = 0; i < cfg->nmembers; i++) {
                 uint32_t w = cfg->members[i];
-                int64_t wc = w < g->nwclock && g->wclock[w] >= 0 ? g->wclock[w] : 0;
+                int64_t wc = MAX(clock_peek(g->wclock, g->nwclock, w), 0);
                 if (slowest < 0 || wc < slowest)
                         slowest = wc;
         }
@@ -825,10 +830,10 @@ static int push_copied(Gate *g, Push *p, size_t i, PushReq *req) {
  * record of it: any clock. */
 static int gate_admit_clock(Gate *g, const Push *p, char *reason, size_t n) {
         const Psnet__Header *h = p->h;
-        int64_t own = h->sender < g->nwclock ? g->wclock[h->sender] - 1 : -1;
+        int64_t own = clock_peek(g->wclock, g->nwclock, h->sender) - 1;
         for (size_t i = 0; i < h->n_keys; i++) {
                 const Chunk *c = p->chunks[i];
-                int64_t last = h->sender < c->nlast ? c->last_clock[h->sender] : -1;
+                int64_t last = clock_peek(c->last_clock, c->nlast, h->sender);
                 if (last < 0)
                         continue;
                 last = MAX(last, own);
@@ -992,7 +997,7 @@ int gate_pull(Gate *g, const zmq_msg_t *route, Psnet__Header **hdr, Chunk **chun
                          (long) h->clock);
                 return PSNET__STATUS__STATUS_DENIED;
         }
-        int64_t own = h->sender < g->nwclock && g->wclock[h->sender] >= 0 ? g->wclock[h->sender] : 0;
+        int64_t own = MAX(clock_peek(g->wclock, g->nwclock, h->sender), 0);
         /* A key that moved here carries its clock: a worker whose pushes have
          * not reached this shard yet (its push of the same round was answered
          * MIGRATING just before the key arrived) pulls within reach of it. */
@@ -1121,7 +1126,7 @@ size_t gate_stragglers(Gate *g, uint64_t now, uint32_t *ids, size_t max, uint64_
         int64_t need = oldest_pull->hdr->clock - (int64_t) cfg->staleness;
         for (size_t i = 0; i < cfg->nmembers && n < max; i++) {
                 uint32_t w = cfg->members[i];
-                int64_t wc = w < g->nwclock && g->wclock[w] >= 0 ? g->wclock[w] : 0;
+                int64_t wc = MAX(clock_peek(g->wclock, g->nwclock, w), 0);
                 if (wc < need)
                         ids[n++] = w;
         }
