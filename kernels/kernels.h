@@ -110,7 +110,8 @@ typedef struct KernelsOps {
 
         /* The layer ops (worker/models/layers.c). A backend may leave some NULL:
          * a model whose layers need one is then refused with the op's name. */
-        /* Device-to-device copy. */
+        /* Device-to-device copy of bytes; dst and src are the same buffer or do not
+         * overlap (CUDA refuses a partial overlap: -EINVAL). */
         int (*copy)(KBackend *kb, void *dst, const void *src, size_t bytes);
         /* y[i] += alpha * x[i]. */
         int (*axpy)(KBackend *kb, size_t n, float alpha, const float *x, float *y);

@@ -1,6 +1,7 @@
 /* SPDX-License-Identifier: Apache-2.0 */
-/* The CUDA backend: cuBLAS for gemm and small CUDA kernels for the rest, checked
- * against the CPU reference (kernels/cpu) by tests/unit/test-kernels.c.
+/* The CUDA backend: cuBLAS for gemm and small CUDA kernels for the rest (the
+ * layer ops: kernels-cuda-layers.cu), checked against the CPU reference
+ * (kernels/cpu) by tests/unit/test-kernels.c and tests/gpu/test-cuda-layers.c.
  *
  * One backend owns one stream (non-blocking, so it never waits on the legacy
  * default stream) and one cuBLAS handle bound to it, on the device that is
@@ -35,31 +36,8 @@ extern "C" {
 #include "kernels.h"
 #include "kernels-check.h"
 }
+#include "kernels-cuda-internal.h"
 
-#define BLOCK 256          /* threads per block of the elementwise kernels */
-#define MAX_BLOCKS 65535   /* grid-stride loops cover the rest */
-#define ROW_WARPS 4        /* rows (one warp each) per block of the row kernels */
-#define COLSUM_X 32        /* colsum block: 32 columns ... */
-#define COLSUM_Y 8         /* ... by 8 row strips */
-#define FULL_MASK 0xffffffffu
-
-#define LT_WORKSPACE (32u << 20) /* cuBLAS's advice for Hopper */
-
-typedef struct CudaBackend {
-        cudaStream_t stream;
-        cudaStream_t copy;         /* download_async's stream */
-        cudaEvent_t fork, join;    /* copy waits for stream (fork); stream for copy (join) */
-        cudaEvent_t slot[KB_SLOTS];
-        bool copy_used;            /* copy has work stream has not joined */
-        bool capturing;
-        bool tf32;
-        bool no_lt;                /* PSNET_CUDA_LT=0: plain cuBLAS + kernels for gemm_ep */
-        cublasHandle_t blas;
-        cublasLtHandle_t lt;
-        void *workspace;           /* shared by blas and lt: both run on stream */
-        int *flag_dev;             /* softmax_xent's bad-label flag */
-        int *flag_host;            /* pinned copy of it, read at the next wait */
-} CudaBackend;
 
 struct KGraph {
         cudaGraphExec_t exec;
@@ -144,11 +122,6 @@ static __global__ void rowsum_kernel(const float *x, int rows, int cols, int ld,
                 out[row] = s;
 }
 
-/* *host |= *flag: the bad-label flag into page-locked host memory (mapped). */
-static __global__ void or_flag_kernel(const int *flag, int *host) {
-        if (*flag)
-                *host = 1;
-}
 
 /* Sets *flag when any label is outside [0, cols). *flag is zeroed before. */
 static __global__ void check_labels_kernel(const int32_t *labels, int rows, int cols, int *flag) {
@@ -157,17 +130,6 @@ static __global__ void check_labels_kernel(const int32_t *labels, int rows, int 
                         *flag = 1;
 }
 
-static __device__ float warp_max(float v) {
-        for (int off = 16; off > 0; off /= 2)
-                v = fmaxf(v, __shfl_xor_sync(FULL_MASK, v, off));
-        return v;
-}
-
-static __device__ float warp_sum(float v) {
-        for (int off = 16; off > 0; off /= 2)
-                v += __shfl_xor_sync(FULL_MASK, v, off);
-        return v;
-}
 
 /* One warp per row, the same stable form as the CPU reference: with m = max x,
  * loss = log sum exp(x - m) - (x[label] - m), d = (softmax - onehot) * scale.
@@ -245,48 +207,6 @@ static __global__ void sgd_step_kernel(float *w, const float *g, float *v, size_
  * Launchers
  * ------------------------------------------------------------------------- */
 
-static CudaBackend *priv(KBackend *kb) {
-        return (CudaBackend *) kb->priv;
-}
-
-static cudaStream_t stream(KBackend *kb) {
-        return priv(kb)->stream;
-}
-
-static int cuda_errno(cudaError_t e) {
-        if (e == cudaSuccess)
-                return 0;
-        return e == cudaErrorMemoryAllocation ? -ENOMEM : -EIO;
-}
-
-static int blas_errno(cublasStatus_t s) {
-        switch (s) {
-        case CUBLAS_STATUS_SUCCESS:
-                return 0;
-        case CUBLAS_STATUS_ALLOC_FAILED:
-                return -ENOMEM;
-        case CUBLAS_STATUS_INVALID_VALUE:
-                return -EINVAL;
-        default:
-                return -EIO;
-        }
-}
-
-/* The launch status of the kernel just queued. */
-static int launched(void) {
-        return cuda_errno(cudaGetLastError());
-}
-
-/* Blocks for a grid-stride loop over n elements (n > 0). */
-static unsigned blocks_for(size_t n) {
-        size_t b = (n + BLOCK - 1) / BLOCK;
-        return (unsigned) (b < MAX_BLOCKS ? b : MAX_BLOCKS);
-}
-
-/* Blocks for one warp per row (rows > 0). */
-static unsigned row_blocks(int rows) {
-        return (unsigned) ((rows + ROW_WARPS - 1) / ROW_WARPS);
-}
 
 
 static void cuda_destroy(KBackend *kb) {
@@ -810,26 +730,25 @@ static const KernelsOps cuda_ops = {
         /* graph_run */ cuda_graph_run,
         /* graph_free */ cuda_graph_free,
         /* set_tf32 */ cuda_set_tf32,
-        /* The layer ops are not written for CUDA yet: a model that needs one is
-         * refused on this backend with the op's name (worker/models/model.c). */
-        /* copy */ NULL,
-        /* axpy */ NULL,
-        /* gemm_batched */ NULL,
-        /* permute0213 */ NULL,
-        /* im2col */ NULL,
-        /* col2im */ NULL,
-        /* pool */ NULL,
-        /* pool_backward */ NULL,
-        /* gelu */ NULL,
-        /* gelu_backward */ NULL,
-        /* dropout */ NULL,
-        /* mul */ NULL,
-        /* layernorm */ NULL,
-        /* layernorm_backward */ NULL,
-        /* embedding */ NULL,
-        /* embedding_backward */ NULL,
-        /* softmax */ NULL,
-        /* softmax_backward */ NULL,
+        /* The layer ops: kernels-cuda-layers.cu. */
+        /* copy */ cuda_copy,
+        /* axpy */ cuda_axpy,
+        /* gemm_batched */ cuda_gemm_batched,
+        /* permute0213 */ cuda_permute0213,
+        /* im2col */ cuda_im2col,
+        /* col2im */ cuda_col2im,
+        /* pool */ cuda_pool,
+        /* pool_backward */ cuda_pool_backward,
+        /* gelu */ cuda_gelu,
+        /* gelu_backward */ cuda_gelu_backward,
+        /* dropout */ cuda_dropout,
+        /* mul */ cuda_mul,
+        /* layernorm */ cuda_layernorm,
+        /* layernorm_backward */ cuda_layernorm_backward,
+        /* embedding */ cuda_embedding,
+        /* embedding_backward */ cuda_embedding_backward,
+        /* softmax */ cuda_softmax,
+        /* softmax_backward */ cuda_softmax_backward,
 };
 
 /* Writes what the runtime's "insufficient driver" means here into hint: no

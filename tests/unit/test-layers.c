@@ -1,7 +1,8 @@
 /* SPDX-License-Identifier: Apache-2.0 */
-/* Unit tests for the layers (worker/models/layers.c) on the CPU backend: the
- * gradient of every parameter tensor of small models built from JSON
- * descriptions, against central finite differences of the model's own loss.
+/* Unit tests for the layers (worker/models/layers.c) on the CPU backend, and
+ * on the CUDA backend where a GPU is: the gradient of every parameter tensor
+ * of small models built from JSON descriptions, against central finite
+ * differences of the model's own loss.
  * Each model chains layers so that a wrong input gradient of one layer shows
  * up in the parameter gradients of the layers before it (a conv before a
  * pool, a patch conv before a transformer block, ...).
@@ -77,7 +78,7 @@ static void run_case(KBackend *kb, const Case *c) {
         int32_t y[BATCH];
         double worst = 0;
 
-        if (!CHECK(model_new_text(kb, c->json, BATCH, &m, err, sizeof err) == 0, "%s: builds (%s)", c->what, err))
+        if (!CHECK(model_new_text(kb, c->json, BATCH, &m, err, sizeof err) == 0, "%s: %s: builds (%s)", kb->ops->name, c->what, err))
                 return;
         in_n = model_input_numel(m);
         x = malloc(BATCH * in_n * sizeof *x);
@@ -135,8 +136,8 @@ static void run_case(KBackend *kb, const Case *c) {
                         }
                 }
         }
-        CHECK(bad == 0 && checked > 0, "%s: %zu gradients of %zu tensors match finite differences (worst %.2f of the "
-              "tolerance; %zu at a kink left out)", c->what, checked - kinks, model_ntensors(m), worst, kinks);
+        CHECK(bad == 0 && checked > 0, "%s: %s: %zu gradients of %zu tensors match finite differences (worst %.2f of the "
+              "tolerance; %zu at a kink left out)", kb->ops->name, c->what, checked - kinks, model_ntensors(m), worst, kinks);
         CHECK(kinks * 10 <= checked, "%s: kinks %zu of %zu", c->what, kinks, checked);
         for (size_t t = 0; t < model_ntensors(m); t++)
                 free(grads[t]);
@@ -198,16 +199,25 @@ static void test_refusals(KBackend *kb) {
               "a batch overflowing the kernels' sizes refused: %s", err);
 }
 
-int main(void) {
-        char err[256];
-        KBackend *kb = NULL;
-
-        if (!CHECK(kbackend_new("cpu", 1, &kb, err, sizeof err) == 0, "cpu backend (%s)", err))
-                return tap_done();
+static void run_all(KBackend *kb) {
         for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++)
                 run_case(kb, &cases[i]);
         test_dropout(kb);
         test_refusals(kb);
+}
+
+int main(void) {
+        char err[256];
+        KBackend *kb = NULL;
+
+        if (CHECK(kbackend_new("cpu", 1, &kb, err, sizeof err) == 0, "cpu backend (%s)", err))
+                run_all(kb);
+        kb = kbackend_free(kb);
+        /* The same differences on the GPU: the CUDA layer ops' gradients. */
+        if (kbackend_cuda_built() && kbackend_new("cuda", 0, &kb, err, sizeof err) == 0)
+                run_all(kb);
+        else
+                printf("# skipped: cuda backend (%s)\n", kbackend_cuda_built() ? err : "not in this build");
         kbackend_free(kb);
         return tap_done();
 }
