@@ -312,9 +312,10 @@ static void test_new_rejects(KBackend *kb) {
 }
 
 /* Relative 2-norm difference of every gradient of a and b. */
-static double grad_diff(Model *a, Model *b) {
+/* ||a - b|| / ||b|| over tensors [from, to) of the two models' gradients. */
+static double grad_diff_of(Model *a, Model *b, size_t from, size_t to) {
         double num = 0, den = 0;
-        for (size_t t = 0; t < model_ntensors(a); t++)
+        for (size_t t = from; t < to; t++)
                 for (size_t i = 0; i < model_tensor_numel(a, t); i++) {
                         double d = (double) model_grad_host(a, t)[i] - model_grad_host(b, t)[i];
                         num += d * d;
@@ -323,12 +324,21 @@ static double grad_diff(Model *a, Model *b) {
         return den > 0 ? sqrt(num / den) : sqrt(num);
 }
 
+static double grad_diff(Model *a, Model *b) {
+        return grad_diff_of(a, b, 0, model_ntensors(a));
+}
+
 /* A model stepped as a captured graph (where the backend captures) against the
  * same model run op by op: new batches and new params every step must reach the
  * replayed graph. Both run the same kernels, so they agree to the last bit;
  * the check allows 1e-6 so that a backend may pick another algorithm per call.
  * Then the split step (begin, wait per tensor in backward order, end), and TF32
- * (where the backend has it) within 5e-3 of fp32 (TF32 products round at 2^-11). */
+ * (where the backend has it) against fp32: the loss and the last layer's
+ * gradients within 5e-3 (TF32 products round at 2^-11), every gradient within
+ * 0.15. The earlier layers' gradients pass ReLUs whose inputs TF32 moves by
+ * ~1e-2: a unit near 0 switches on or off, which changes its gradient whole
+ * (the H100 measured 8.5e-2 over all tensors for this model, 5e-4 for the last
+ * layer's). */
 static void test_graph(KBackend *kb) {
         static const uint32_t wide[] = { 784, 64, 32, 10 };
         enum { B = 32 };
@@ -387,10 +397,11 @@ static void test_graph(KBackend *kb) {
                                        model_tensor_numel(t, k) * sizeof(float));
                         r = model_upload_params(t);
                         r = r < 0 ? r : model_train_step(t, x, y, B, &loss_t, &ct);
-                        double diff = grad_diff(t, d);
-                        CHECK(r == 0 && diff <= 5e-3 && fabs(loss_t - loss_d) <= 5e-3 * fabs(loss_d),
-                              "%s: tf32 step within 5e-3 of fp32 (grad rel diff %.1e, loss %.6f vs %.6f)", name,
-                              diff, loss_t, loss_d);
+                        double diff = grad_diff(t, d), last = grad_diff_of(t, d, model_ntensors(t) - 2,
+                                                                          model_ntensors(t));
+                        CHECK(r == 0 && last <= 5e-3 && diff <= 0.15 && fabs(loss_t - loss_d) <= 5e-3 * fabs(loss_d),
+                              "%s: tf32 step against fp32: loss %.6f vs %.6f, last layer's gradients %.1e <= 5e-3, "
+                              "all %.1e <= 0.15", name, loss_t, loss_d, last, diff);
                 }
                 model_free(t);
                 CHECK(kb->ops->set_tf32(kb, false) == 0, "%s: tf32 off", name);
