@@ -8,6 +8,7 @@
 # upload + step + gradient download, exchange = push/pull round with the
 # shards' optimizer), and the ratio of samples/s. Not pass/fail.
 #   tests/bench/e2e-gpu.sh [--build DIR] [--data DIR] [--model SPEC] [--batch N]
+#                          (SPEC: an MLP's widths, 784-256-10, or cnn or vit)
 #                          [--epochs N] [--mode bsp|asp|ssp:S] [--no-build] [--worker-opt OPT]...
 set -uo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
@@ -31,9 +32,9 @@ done
 log=$(mktemp)
 trap 'rm -f "$log"' EXIT
 "$top/deploy/local/demo" --build "$build" "${demo_opts[@]}" --backend cuda --workers 1 --shards 2 \
-  --mode "$mode" --epochs "$epochs" --model "mlp:$model" "${wopts[@]}" -- --data "$data" --batch "$batch" >"$log" 2>&1
+  --mode "$mode" --epochs "$epochs" --model "$([[ $model == *-* ]] && echo "mlp:$model" || echo "$model")" "${wopts[@]}" -- --data "$data" --batch "$batch" >"$log" 2>&1
 rc=$?
-run=$(sed -n 's/^demo: logs are in //p' "$log" | tail -1)
+run=$(sed -n 's/^demo: logs are in \([^ ]*\).*/\1/p' "$log" | tail -1)
 if [ $rc -ne 0 ] || [ -z "$run" ]; then
   echo "e2e-gpu: the psnet run failed (rc=$rc):" >&2; tail -20 "$log" >&2; exit 1
 fi

@@ -38,7 +38,7 @@ from psnet.data import load
 from psnet.models import build
 
 TOP = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..")
-DATA = "/usr/share/datasets/fashion-mnist"
+DATA = os.environ.get("PSNET_DATA", "/usr/share/datasets/fashion-mnist")
 
 
 def resnet18():

@@ -1,12 +1,15 @@
 # SPDX-License-Identifier: Apache-2.0
 """Baseline of psnet's end-to-end GPU benchmark (tests/bench/e2e-gpu.sh): a plain
-single-process PyTorch training loop of the same MLP, batch, optimizer (SGD with
+single-process PyTorch training loop of the same model (an MLP's widths, or
+cnn/vit: tests/bench/torch_models_step.py's copies of psnet's), batch, optimizer (SGD with
 momentum) and epochs, over Fashion-MNIST held on the GPU. No per-step host sync
 (the loss is read once per epoch), so this is PyTorch at its plain-loop best.
 Prints one JSON line: samples_per_s over the training loop, seconds, accuracy."""
 import argparse, gzip, json, os, time
 import numpy as np
 import torch
+
+import torch_models_step  # beside this file
 
 
 def idx(path, header):
@@ -32,17 +35,14 @@ def main():
     ap.add_argument("--tf32", action="store_true")
     a = ap.parse_args()
     torch.backends.cuda.matmul.allow_tf32 = a.tf32
+    torch.backends.cudnn.allow_tf32 = a.tf32
     torch.manual_seed(1)
-    dims = [int(v) for v in a.model.split("-")]
-    layers = []
-    for i in range(len(dims) - 1):
-        layers.append(torch.nn.Linear(dims[i], dims[i + 1]))
-        if i < len(dims) - 2:
-            layers.append(torch.nn.ReLU())
-    model = torch.nn.Sequential(*layers).cuda()
+    model = torch_models_step.model(a.model if a.model in ("cnn", "vit") else "mlp:" + a.model).cuda()
     opt = torch.optim.SGD(model.parameters(), lr=a.lr, momentum=a.momentum)
     xtr, ytr = load(a.data, "train")
     xte, yte = load(a.data, "t10k")
+    if a.model in ("cnn", "vit"):
+        xtr, xte = xtr.reshape(-1, 1, 28, 28), xte.reshape(-1, 1, 28, 28)
     n, steps = xtr.shape[0], xtr.shape[0] // a.batch
     lossf = torch.nn.CrossEntropyLoss()
     torch.cuda.synchronize()
