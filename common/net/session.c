@@ -502,10 +502,11 @@ int session_start(Session *s) {
         return 0;
 }
 
-int session_deregister(Session *s, unsigned timeout_ms, SessionReplyFn cb, void *ud) {
+int session_deregister(Session *s, const char *reason, unsigned timeout_ms, SessionReplyFn cb, void *ud) {
         Psnet__Header h;
         s->state = S_LEAVING; /* no more heartbeats, no registering again */
         wire_header_init(&h, PSNET__MSG_TYPE__MSG_DEREGISTER);
+        h.reason = reason && reason[0] ? (char *) reason : NULL; /* packed before this returns */
         return session_queue(s, &h, PSNET__MSG_TYPE__MSG_DEREGISTER_REP, timeout_ms, cb, ud, NULL);
 }
 

@@ -67,8 +67,9 @@ int session_reply(Session *s, Psnet__Header *h, uint64_t seq);
 int session_request(Session *s, Psnet__Header *h, Psnet__MsgType want, unsigned timeout_ms, SessionReplyFn cb,
                     void *ud);
 /* Leaves the cluster: DEREGISTER, answered or not within timeout_ms, then cb
- * (r as for session_request). Heartbeats stop. cb may be NULL. */
-int session_deregister(Session *s, unsigned timeout_ms, SessionReplyFn cb, void *ud);
+ * (r as for session_request). Heartbeats stop. cb may be NULL. reason (NULL:
+ * none) tells pscoord why the member leaves, when it fails. */
+int session_deregister(Session *s, const char *reason, unsigned timeout_ms, SessionReplyFn cb, void *ud);
 
 uint32_t session_id(const Session *s);
 unsigned session_lease_ms(const Session *s);

@@ -267,7 +267,8 @@ typedef struct Coord {
         bool sched_lost;            /* a member left before finishing: count again */
         uint32_t evaluator;         /* the worker evaluating the final weights (0: none) */
         size_t finished;            /* workers that reported reaching the job's end */
-        char fail_reason[256];      /* why the job failed (state FAILED) */
+        char fail_reason[512];      /* why the job failed (state FAILED) */
+        char left_reason[232];      /* "worker N: why", of the last worker that left failing */
         struct { uint32_t pid; char host[64]; } evicted[COORD_MAX_STRAGGLERS]; /* not admitted again this job */
         size_t nevicted;
         uint64_t registrations, expiries, evictions, requests, refused;

@@ -114,6 +114,7 @@ void coord_job_replace(Coord *c, const Job *job) {
         c->job.id = id;
         c->restore.active = false;
         c->fail_reason[0] = '\0';
+        c->left_reason[0] = '\0';
         c->nevicted = 0;
         c->state = JOB_WAITING;
         c->has_accuracy = false;

@@ -81,9 +81,13 @@ void coord_membership_changed(Coord *c) {
                 /* Every worker left before the final weights were evaluated: the
                  * job cannot finish by itself (workers failed, were killed, or
                  * stopped). Failing it publishes the new state. */
-                coord_job_fail(c, c->finished ? "every worker left before the final weights were evaluated "
-                                                "(some finished training)"
-                                              : "every worker left without finishing");
+                char why[sizeof c->fail_reason];
+                snprintf(why, sizeof why, "%s%s%s",
+                         c->finished ? "every worker left before the final weights were evaluated (some finished "
+                                       "training)"
+                                     : "every worker left without finishing",
+                         c->left_reason[0] ? "; the last to fail said: " : "", c->left_reason);
+                coord_job_fail(c, why);
                 return;
         }
         coord_todo(c, TODO_PUBLISH);
@@ -484,9 +488,24 @@ void coord_evict_stragglers(Coord *c) {
                 coord_membership_changed(c);
 }
 
+/* A leaving worker's reason, kept printable and short: it reaches the log,
+ * the job's state and psctl. */
+static void keep_left_reason(Coord *c, uint32_t id, const char *reason) {
+        char text[201];
+        size_t n = 0;
+        for (; reason[n] && n < sizeof text - 1; n++)
+                text[n] = reason[n] >= 0x20 && reason[n] < 0x7f ? reason[n] : '?';
+        text[n] = '\0';
+        snprintf(c->left_reason, sizeof c->left_reason, "worker %u: %s", id, text);
+}
+
 void coord_handle_deregister(Coord *c, WireMsg *m, Peer *p) {
         Psnet__Role role = p->role;
         uint32_t id = p->id;
+        if (role == PSNET__ROLE__ROLE_WORKER && m->hdr->reason && m->hdr->reason[0]) {
+                keep_left_reason(c, id, m->hdr->reason);
+                log_warning("a worker left failing worker=%u reason=\"%s\"", id, c->left_reason);
+        }
         log_info("deregistered role=%s id=%u", coord_role_noun(role), id);
         (void) coord_reply(c, &m->route, PSNET__MSG_TYPE__MSG_DEREGISTER_REP, m->hdr->seq);
         coord_remove_peer(c, p);

@@ -1004,7 +1004,7 @@ static void psd_stop(void *ud, int signo) {
         p->stopping = true;
         service_stopping(p->service);
         /* Leave the cluster, answered or not within half a second; serve meanwhile. */
-        if (session_deregister(p->coord, 500, psd_left, p) < 0)
+        if (session_deregister(p->coord, NULL, 500, psd_left, p) < 0)
                 uv_stop(&p->loop);
 }
 

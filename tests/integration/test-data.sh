@@ -7,7 +7,9 @@
 # labels) trains a 20-32-3 MLP. Every epoch's test accuracy is recorded by
 # pscoord (psctl status), in order, the last one the job's. Bad arrays (a
 # label beyond the model's classes, float64 features, a NaN) stop the worker
-# with the file and the reason, and pscoord keeps serving.
+# with the file and the reason, and pscoord keeps serving; the failed job's
+# state (psctl status) carries the worker's reason, as it does for a data
+# directory that is not there.
 source "$(dirname "$0")/lib.sh"
 
 FM=/usr/share/datasets/fashion-mnist
@@ -48,8 +50,23 @@ bad() { # defect pattern description
   psnet_wait_exit "${!pid_var}" 60; ok $? "$3: the worker exits"
   grep -q -- "$2" "$RUN/w-bad-$1.log"; ok $? "$3: it says why ($(grep -o 'level=error.*' "$RUN/w-bad-$1.log" | head -1))"
   "$PSCTL" --coord "$COORD" status >/dev/null; ok $? "$3: pscoord goes on serving"
+  local why
+  why=$("$PSCTL" --coord "$COORD" --json status | jq -r .job.reason)
+  grep -q -- "^every worker left without finishing; the last to fail said: worker 1: .*\($2\)" <<<"$why"; ok $? "$3: the failed job's state says why ($why)"
   psnet_stop_all
 }
 bad labels11 "labels 0..11" "a label of 11 for a model of 10 classes"
 bad float64 "x_train.npy.*float64\|x_train.npy.*<f8" "float64 features"
 bad nan "x_train.npy: value 3 of sample 7 is NaN" "a NaN feature"
+
+# A data directory that is not there: the job fails with the worker's reason,
+# not only "every worker left".
+COORD="ipc://$RUN/nodata.sock"
+psnet_start pscoord-nodata "$PSCOORD" --listen "$COORD" --workers 1 --shards 1 --data "$RUN/no-such-dir"
+start_shards nodata 1 "$COORD"
+psnet_start w-nodata "$WORKERD" --coord "$COORD" --backend cpu
+psnet_wait_exit "$PID_w_nodata" 60; ok $? "a missing data directory: the worker exits"
+why=$("$PSCTL" --coord "$COORD" --json status | jq -r '.job.state + ": " + .job.reason')
+grep -q "^failed: every worker left without finishing; the last to fail said: worker 1: cannot load the data from $RUN/no-such-dir: " <<<"$why"
+ok $? "the job failed and says why ($why)"
+psnet_stop_all

@@ -946,7 +946,7 @@ int psnet_edge_leave(PsnetEdge *e, PsnetEdgeDoneFn done, void *ud) {
         sa_abandon(e);
         e->leave_cb = done;
         e->leave_ud = ud;
-        int r = session_deregister(e->session, 1000, on_left, e);
+        int r = session_deregister(e->session, NULL, 1000, on_left, e);
         if (r < 0)
                 e->leave_cb = NULL;
         return r;

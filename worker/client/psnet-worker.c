@@ -633,11 +633,15 @@ static void on_left(Session *s, int r, WireMsg *m, void *ud) {
                 cb(w, w->leave_ud);
 }
 
-int psnet_worker_leave(PsnetWorker *w, PsnetDoneFn done, void *ud) {
+int psnet_worker_leave_because(PsnetWorker *w, const char *reason, PsnetDoneFn done, void *ud) {
         w->leave_cb = done;
         w->leave_ud = ud;
         log_info("left the job");
-        return session_deregister(w->session, 1000, on_left, w);
+        return session_deregister(w->session, reason, 1000, on_left, w);
+}
+
+int psnet_worker_leave(PsnetWorker *w, PsnetDoneFn done, void *ud) {
+        return psnet_worker_leave_because(w, NULL, done, ud);
 }
 
 /* --- accessors ------------------------------------------------------------------------ */

@@ -200,6 +200,10 @@ void psnet_worker_stopping(PsnetWorker *w, unsigned ms);
 /* Leaves the job (answered or not within a second), then done (may be NULL). */
 typedef void (*PsnetDoneFn)(PsnetWorker *w, void *ud);
 int psnet_worker_leave(PsnetWorker *w, PsnetDoneFn done, void *ud);
+/* The same for a worker that fails: reason (up to 200 characters are kept)
+ * tells pscoord why, and a job that fails because its workers left names the
+ * reason of the last of them in its state (psctl status). */
+int psnet_worker_leave_because(PsnetWorker *w, const char *reason, PsnetDoneFn done, void *ud);
 
 /* --- Federated edge clients -----------------------------------------------------------
  *

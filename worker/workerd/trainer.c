@@ -64,6 +64,7 @@ typedef struct Trainer {
         Dataset *train, *test;
         int load_r;
         char load_err[256];
+        char fail_why[512];              /* told to pscoord when leaving failed ("": nothing to tell) */
         uint32_t *perm, nmine, steps_per_pass, part_rank, part_n;
         uint64_t total;               /* samples the job trains: epochs x training images */
         /* compute */
@@ -123,7 +124,7 @@ static void on_left(PsnetWorker *w, void *ud) {
 
 static void trainer_leave(Trainer *t) {
         t->state = T_FINISHING;
-        if (psnet_worker_leave(t->w, on_left, t) < 0)
+        if (psnet_worker_leave_because(t->w, t->fail_why, on_left, t) < 0)
                 uv_stop(&t->loop);
 }
 
@@ -570,12 +571,16 @@ static int trainer_setup(Trainer *t) {
         }
         if (dataset_check_model(t->train, t->test, job->in_numel, job->classes, err, sizeof err) < 0) {
                 log_error("model %s does not fit the data in %s: %s", job->model_name, t->data_dir, err);
+                snprintf(t->fail_why, sizeof t->fail_why, "model %.100s does not fit the data in %.100s: %s",
+                         job->model_name, t->data_dir, err);
                 return -EINVAL;
         }
         uint32_t nw = MAX(psnet_worker_count(t->w), 1u);
         if (t->train->n / nw < batch) {
                 log_error("this worker's partition has %u images, fewer than one batch of %u", t->train->n / nw,
                           batch);
+                snprintf(t->fail_why, sizeof t->fail_why, "its partition has %u samples, fewer than one batch of %u",
+                         t->train->n / nw, batch);
                 return -EINVAL;
         }
         int r = kbackend_new(t->cfg->backend, (int) t->cfg->threads, &t->kb, err, sizeof err);
@@ -602,6 +607,7 @@ static int trainer_setup(Trainer *t) {
         }
         if (r < 0) {
                 log_error("cannot build the model %s reason=\"%s\"", job->model_name, err);
+                snprintf(t->fail_why, sizeof t->fail_why, "cannot build the model %.200s: %s", job->model_name, err);
                 return r;
         }
         model_set_seed(t->model, job->seed ^ (uint64_t) psnet_worker_rank(t->w));
@@ -650,6 +656,8 @@ static void load_done(uv_work_t *req, int status) {
                 return; /* finishing after the loop stopped */
         if (status < 0 || t->load_r < 0) {
                 log_error("cannot load the data reason=\"%s\"", status < 0 ? uv_strerror(status) : t->load_err);
+                snprintf(t->fail_why, sizeof t->fail_why, "cannot load the data from %.200s: %s", t->data_dir,
+                         status < 0 ? uv_strerror(status) : t->load_err);
                 trainer_fail(t, status < 0 ? status : t->load_r);
                 return;
         }
