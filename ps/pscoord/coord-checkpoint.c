@@ -8,6 +8,7 @@
 #include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
+#include "ckpt-file.h"
 #include "ckpt-manifest.h"
 #include "coord-internal.h"
 
@@ -476,11 +477,128 @@ void coord_handle_checkpoint(Coord *c, WireMsg *m) {
 
 enum { MAX_LISTED = 1024 };
 
+/* --- checking every byte (psctl checkpoint list) --------------------------------- */
+
+/* In the thread pool: every file of the checkpoint in dir at the size and
+ * index checksum its manifest says, every record against its CRC. Touches
+ * nothing of pscoord's but its input and output. */
+static int check_checkpoint(const char *dir, char *why, size_t n) {
+        Psnet__CheckpointManifest *m = NULL;
+        char path[PATH_MAX + 80];
+        void *buf = NULL;
+        uint64_t cap = 0;
+        int r = ckpt_manifest_read(dir, &m, why, n);
+        if (r < 0)
+                return r;
+        for (size_t f = 0; r == 0 && f < m->n_files; f++) {
+                CkptReader *rd = NULL;
+                snprintf(path, sizeof path, "%s/%s", dir, m->files[f]->file);
+                r = ckpt_open(path, &rd, why, n);
+                if (r < 0)
+                        break;
+                const CkptHeader *h = ckpt_header(rd);
+                if (h->index_crc != m->files[f]->index_crc) {
+                        snprintf(why, n, "%.200s: not the file its manifest names (index checksum %08x, manifest "
+                                 "%08x)", m->files[f]->file, h->index_crc, m->files[f]->index_crc);
+                        r = -EBADMSG;
+                }
+                for (size_t i = 0; r == 0 && i < h->nrec; i++) {
+                        uint64_t bytes = ckpt_entry(rd, i)->bytes;
+                        if (bytes > cap) {
+                                ps_free(buf);
+                                cap = bytes;
+                                if (!(buf = ps_malloc(cap))) {
+                                        snprintf(why, n, "out of memory");
+                                        cap = 0;
+                                        r = -ENOMEM;
+                                        break;
+                                }
+                        }
+                        r = ckpt_read(rd, i, buf, why, n);
+                }
+                ckpt_close(rd);
+        }
+        ps_free(buf);
+        psnet__checkpoint_manifest__free_unpacked(m, NULL);
+        return r;
+}
+
+static void check_work(uv_work_t *req) {
+        CkptChecks *k = &((Coord *) req->data)->checks;
+        k->why[0] = '\0';
+        k->result = check_checkpoint(k->dir, k->why, sizeof k->why);
+}
+
+static void check_next(Coord *c);
+
+static void check_done(uv_work_t *req, int status) {
+        Coord *c = req->data;
+        CkptChecks *k = &c->checks;
+        CkptCheck *e = &k->known[k->at];
+        k->busy = false;
+        if (status < 0) /* cancelled: checked again at the next list */
+                return;
+        if (k->result == -ENOMEM) { /* not the checkpoint's fault: again at the next list */
+                log_warning("cannot check checkpoint name=%s reason=\"%s\"", e->name, k->why);
+                return;
+        }
+        if (k->result < 0) {
+                e->state = CHECK_BAD;
+                snprintf(e->error, sizeof e->error, "%s", k->why);
+                log_warning("checkpoint is damaged name=%s reason=\"%s\"", e->name, e->error);
+        } else
+                e->state = CHECK_OK;
+        check_next(c);
+}
+
+/* Starts checking the next checkpoint not checked yet (one at a time). */
+static void check_next(Coord *c) {
+        CkptChecks *k = &c->checks;
+        if (k->busy)
+                return;
+        for (size_t i = 0; i < k->n; i++) {
+                if (k->known[i].state != CHECK_PENDING)
+                        continue;
+                ckpt_path(c, k->known[i].name, k->dir, sizeof k->dir);
+                k->at = i;
+                k->work.data = c;
+                int r = uv_queue_work(&c->loop, &k->work, check_work, check_done);
+                if (r < 0)
+                        log_warning("cannot check checkpoint name=%s reason=\"%s\"", k->known[i].name,
+                                    uv_strerror(r));
+                else
+                        k->busy = true;
+                return;
+        }
+}
+
+/* The check of checkpoint name made at created_ms: found, or a new one
+ * (pending) in a free slot or in place of the oldest result. */
+static CkptCheck *check_of(Coord *c, const char *name, uint64_t created_ms) {
+        CkptChecks *k = &c->checks;
+        size_t oldest = SIZE_MAX;
+        for (size_t i = 0; i < k->n; i++) {
+                CkptCheck *e = &k->known[i];
+                if (strcmp(e->name, name) == 0 && e->created_ms == created_ms)
+                        return e;
+                if (!(k->busy && i == k->at) && (oldest == SIZE_MAX || e->created_ms < k->known[oldest].created_ms))
+                        oldest = i;
+        }
+        size_t i = k->n < COORD_CKPT_CHECKS ? k->n++ : oldest;
+        if (i == SIZE_MAX)
+                return NULL;
+        CkptCheck *e = &k->known[i];
+        *e = (CkptCheck) { .created_ms = created_ms, .state = CHECK_PENDING };
+        snprintf(e->name, sizeof e->name, "%.64s", name);
+        return e;
+}
+
 typedef struct Listing {
         Psnet__CheckpointInfo info[MAX_LISTED];
         Psnet__CheckpointInfo *ip[MAX_LISTED];
         struct { char name[CKPT_NAME_MAX + 1], model[128], mode[32], error[320]; } text[MAX_LISTED];
         size_t n;
+        Coord *c;
 } Listing;
 
 static bool list_one(void *ud, const char *name, const Psnet__CheckpointManifest *m, const char *err) {
@@ -494,6 +612,13 @@ static bool list_one(void *ud, const char *name, const Psnet__CheckpointManifest
                 snprintf(t->error, sizeof t->error, "%s", err);
                 in->error = t->error;
         } else {
+                const CkptCheck *k = check_of(l->c, name, m->created_ms);
+                if (k && k->state == CHECK_BAD) {
+                        snprintf(t->error, sizeof t->error, "%s", k->error);
+                        in->error = t->error;
+                }
+                in->has_checked = true;
+                in->checked = k && k->state == CHECK_OK;
                 Job j;
                 char jerr[160];
                 in->has_clock = in->has_bytes = in->has_created_ms = in->has_files = true;
@@ -522,7 +647,9 @@ void coord_handle_checkpoint_list(Coord *c, WireMsg *m) {
                 coord_reply_error(c, &m->route, m->hdr->seq, PSNET__STATUS__STATUS_RESOURCE, "out of memory");
                 return;
         }
+        l->c = c;
         scan(c, list_one, l);
+        check_next(c);
         size_t n = l->n;
         Psnet__CheckpointInfo **ip = l->ip;
         /* Oldest first. */
@@ -565,6 +692,14 @@ int coord_checkpoint_restore(Coord *c, const char *name, char *reason, size_t n)
                 snprintf(reason, n, "checkpoint %s: %s", name, r == -ENOENT ? "no such checkpoint (no manifest)" : err);
                 return r == -ENOENT ? PSNET__STATUS__STATUS_INVALID : PSNET__STATUS__STATUS_MALFORMED;
         }
+        for (size_t i = 0; i < c->checks.n; i++) {
+                const CkptCheck *k = &c->checks.known[i];
+                if (k->state == CHECK_BAD && strcmp(k->name, name) == 0 && k->created_ms == m->created_ms) {
+                        snprintf(reason, n, "checkpoint %s is damaged: %s", name, k->error);
+                        psnet__checkpoint_manifest__free_unpacked(m, NULL);
+                        return PSNET__STATUS__STATUS_MALFORMED;
+                }
+        }
         /* Every file there with the size the manifest says; the shards check the contents. */
         for (size_t i = 0; i < m->n_files; i++) {
                 struct stat st;
@@ -588,9 +723,13 @@ int coord_checkpoint_restore(Coord *c, const char *name, char *reason, size_t n)
                 psnet__checkpoint_manifest__free_unpacked(m, NULL);
                 return PSNET__STATUS__STATUS_MALFORMED;
         }
-        /* This cluster's expectations, the checkpoint's job. */
+        /* This cluster's expectations, the checkpoint's job. The job starts
+         * when as many workers as the checkpoint's members have joined (each
+         * takes the share of the samples its rank had, so a BSP job ends with
+         * the weights of the uninterrupted run), unless pscoord was given
+         * --workers: then that many. */
         job.expect_shards = c->job.expect_shards;
-        job.expect_workers = c->job.expect_workers;
+        job.expect_workers = c->job.expect_workers ? c->job.expect_workers : m->workers;
         coord_job_replace(c, &job);
         c->restore = (RestoreFrom) { .active = true, .clock = m->clock, .base_clock = m->base_clock,
                                      .samples_before = m->samples_before, .workers = m->workers };
@@ -603,8 +742,9 @@ int coord_checkpoint_restore(Coord *c, const char *name, char *reason, size_t n)
         c->last_ckpt.valid = true;
         psnet__checkpoint_manifest__free_unpacked(m, NULL);
         char mode[32];
-        log_info("job restored job=%u name=%s clock=%ld model=%s mode=%s", c->job.id, name, (long) c->restore.clock,
-                 c->job.model_name, job_mode_string(&c->job, mode, sizeof mode));
+        log_info("job restored job=%u name=%s clock=%ld model=%s mode=%s workers=%u", c->job.id, name,
+                 (long) c->restore.clock, c->job.model_name, job_mode_string(&c->job, mode, sizeof mode),
+                 MAX(c->job.expect_workers, 1u));
         return PSNET__STATUS__STATUS_OK;
 }
 

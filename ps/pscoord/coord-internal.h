@@ -114,6 +114,29 @@ typedef struct CkptSave {
         char abandoned[65];         /* a save the last pscoord left unfinished (state file): its files go */
 } CkptSave;
 
+/* psctl checkpoint list's check of every byte of each checkpoint against its
+ * checksums (coord-checkpoint.c): in the thread pool, one checkpoint at a
+ * time, so pscoord's loop never waits on the disk. A checkpoint never changes
+ * once its manifest is written, so a result is kept by name and creation time. */
+#define COORD_CKPT_CHECKS 64
+typedef struct CkptCheck {
+        char name[65];
+        uint64_t created_ms;
+        enum { CHECK_PENDING, CHECK_OK, CHECK_BAD } state;
+        char error[320];            /* CHECK_BAD: the file and what is wrong */
+} CkptCheck;
+
+typedef struct CkptChecks {
+        CkptCheck known[COORD_CKPT_CHECKS];
+        size_t n;
+        bool busy;                  /* the thread pool checks known[at] */
+        size_t at;
+        uv_work_t work;
+        char dir[4096];             /* known[at]'s folder: the thread's input */
+        int result;                 /* the thread's output: 0, or negative with why */
+        char why[320];
+} CkptChecks;
+
 /* The checkpoint the job was restored from: the shards load it. */
 typedef struct RestoreFrom {
         bool active;
@@ -278,6 +301,7 @@ typedef struct Coord {
         uint64_t weights_digest;    /* of the final weights, from the evaluator (0: none) */
         CkptSave ckpt;
         RestoreFrom restore;
+        CkptChecks checks;
         FedRounds fed;
         EpochRec epochs[COORD_EPOCH_HISTORY]; /* ascending epochs: the last nepochs */
         size_t nepochs;

@@ -393,18 +393,19 @@ int print_checkpoint_list(const Psnet__CheckpointList *l, bool json) {
                 json_t *a = json_array();
                 for (size_t i = 0; a && i < l->n_checkpoints; i++) {
                         const Psnet__CheckpointInfo *c = l->checkpoints[i];
-                        if (json_array_append_new(a, json_pack("{s:s,s:I,s:I,s:I,s:o,s:o,s:I,s:o}", "name", c->name,
-                                        "clock", (json_int_t) c->clock, "bytes", (json_int_t) c->bytes, "created_ms",
-                                        (json_int_t) c->created_ms, "model", jstr(c->model), "mode", jstr(c->mode),
-                                        "files", (json_int_t) c->files, "error", jstr(c->error))) < 0) {
+                        if (json_array_append_new(a, json_pack("{s:s,s:I,s:I,s:I,s:o,s:o,s:I,s:o,s:b}", "name",
+                                        c->name, "clock", (json_int_t) c->clock, "bytes", (json_int_t) c->bytes,
+                                        "created_ms", (json_int_t) c->created_ms, "model", jstr(c->model), "mode",
+                                        jstr(c->mode), "files", (json_int_t) c->files, "error", jstr(c->error),
+                                        "checked", c->has_checked && c->checked)) < 0) {
                                 json_decref(a);
                                 a = NULL;
                         }
                 }
                 return emit(json_pack("{s:o}", "checkpoints", a ? a : json_null()));
         }
-        printf("%-24s %8s %10s %6s %-20s %-8s %s\n", "NAME", "CLOCK", "BYTES", "FILES", "CREATED (UTC)", "MODE",
-               "MODEL");
+        printf("%-24s %8s %10s %6s %-20s %-8s %-8s %s\n", "NAME", "CLOCK", "BYTES", "FILES", "CREATED (UTC)",
+               "CHECKED", "MODE", "MODEL");
         for (size_t i = 0; i < l->n_checkpoints; i++) {
                 const Psnet__CheckpointInfo *c = l->checkpoints[i];
                 if (c->error) {
@@ -415,9 +416,9 @@ int print_checkpoint_list(const Psnet__CheckpointList *l, bool json) {
                 struct tm tm;
                 if (!gmtime_r(&t, &tm) || !strftime(when, sizeof when, "%Y-%m-%d %H:%M:%S", &tm))
                         snprintf(when, sizeof when, "?");
-                printf("%-24s %8ld %10s %6u %-20s %-8s %s\n", c->name, (long) c->clock,
-                       human_bytes(c->bytes, b, sizeof b), c->files, when, c->mode ? c->mode : "?",
-                       c->model ? c->model : "?");
+                printf("%-24s %8ld %10s %6u %-20s %-8s %-8s %s\n", c->name, (long) c->clock,
+                       human_bytes(c->bytes, b, sizeof b), c->files, when, c->has_checked && c->checked ? "yes" : "not yet",
+                       c->mode ? c->mode : "?", c->model ? c->model : "?");
         }
         return 0;
 }

@@ -3,11 +3,11 @@
 # Checkpoints. A BSP job on two shards is saved mid-run (psctl checkpoint save)
 # and finishes; the checkpoint is restored onto three shards (psctl checkpoint
 # restore) and the job finishes there with the same final weights, bit for
-# bit. Under ASP, --checkpoint-every saves while training and --checkpoint-keep
+# bit, and so it does restored into a pscoord given no job flags. Under ASP, --checkpoint-every saves while training and --checkpoint-keep
 # prunes; every file of an ASP checkpoint holds exactly W x B updates per key
 # (a consistent cut at clock B), and it restores. SSP is saved too. A file
 # with one byte changed is refused by name and checksum (the job fails at once
-# with it). A disk that fills during a save leaves the previous checkpoint
+# with it), and psctl checkpoint list shows it damaged. A disk that fills during a save leaves the previous checkpoint
 # whole (a small tmpfs; root only).
 source "$(dirname "$0")/lib.sh"
 
@@ -89,6 +89,20 @@ st=$("$PSCTL" --coord "$COORD" status); grep -q "restored_from=mid" <<<"$st"; ok
 stop_shards b 3
 psnet_stop_all
 
+# 2b. Restored into a pscoord given no job flags (not --workers 2): the job
+# waits for the checkpoint's two workers and ends the same, bit for bit.
+COORD="ipc://$RUN/coord-n.sock"
+psnet_start pscoord-n "$PSCOORD" --listen "$COORD" --checkpoint-dir "$CK" --shards 2
+start_shards n 2
+out=$("$PSCTL" --coord "$COORD" checkpoint restore mid 2>&1); ok $? "restore into a pscoord without job flags ($out)"
+grep -q 'msg="job restored".* workers=2' "$RUN/pscoord-n.log"; ok $? "it takes the checkpoint's 2 workers"
+start_workers n
+out=$("$PSCTL" --coord "$COORD" job wait --wait 300); ok $? "that restored job finishes ($out)"
+got=$(digest_of n)
+[ -n "$got" ] && [ "$got" = "$want" ]; ok $? "final weights identical to the uninterrupted run ($got = $want)"
+stop_shards n 2
+psnet_stop_all
+
 # 3. One byte changed in a shard's file: the restore fails at once, naming the
 # file, the key and the checksums.
 cp -r "$CK/mid" "$CK/bad"
@@ -99,6 +113,15 @@ start_workers c
 psnet_wait_for 30 logs_match 'msg="job failed"' 'pscoord-c.log'; ok $? "a corrupted checkpoint fails the job at once"
 logs_match 'job failed.*shard-1.ckpt: key \([0-9]+,[0-9]+\): checksum mismatch \(stored [0-9a-f]+, computed [0-9a-f]+\)' \
   'pscoord-c.log'; ok $? "the reason names the file, the key and both checksums"
+# psctl checkpoint list reads every byte (in pscoord's thread pool) and shows
+# the damaged one as such, the good one as checked.
+listed() { list=$("$PSCTL" --coord "$COORD" checkpoint list) && ! grep -q 'not yet' <<<"$list"; }
+psnet_wait_for 60 listed; ok $? "every checkpoint checked ($(tr '\n' '|' <<<"$list"))"
+grep -qE '^bad +cannot be restored: .*shard-1.ckpt: key \([0-9]+,[0-9]+\): checksum mismatch' <<<"$list"
+ok $? "the list shows bad as damaged, naming the file and the key"
+grep -qE "^mid +$B .* yes " <<<"$list"; ok $? "and mid as checked"
+[ "$("$PSCTL" --coord "$COORD" --json checkpoint list | jq -r '.checkpoints[] | select(.name == "mid") | .checked')" = true ]
+ok $? "--json says checked: true for mid"
 psnet_stop_all
 "$PSCOORD" --listen "ipc://$RUN/coord-x.sock" --checkpoint-dir "$CK" --restore nosuch >"$RUN/pscoord-x.log" 2>&1
 [ $? -ne 0 ] && grep -q 'checkpoint nosuch: no such checkpoint' "$RUN/pscoord-x.log"
