@@ -67,6 +67,10 @@ size_t jobflags_options(JobFlags *f, Option *o) {
                 { "allow-nonfinite", OPT_BOOL, &f->allow_nonfinite, NULL,
                   "shards accept NaN/Inf gradients instead of refusing the push (skips a pass over every push; "
                   "for trusted workers only)" },
+                { "max-grad-norm", OPT_FLOAT, &f->max_grad_norm, "N",
+                  "shards refuse a push whose gradients there have an L2 norm above N (counted in "
+                  "psnet_psd_refused_total{reason=\"grad_norm\"}): a bound on what one faulty or hostile worker "
+                  "can do to the model in one push (default 0: none)" },
                 { "replicas", OPT_UINT, &f->replicas, "R",
                   "copies of every chunk, each on its own shard: a push is acknowledged once every live copy "
                   "holds it, and a dead shard's backups take over (0: 2 with two shards or more, else 1)" },
@@ -207,6 +211,7 @@ int jobflags_to_job(const JobFlags *f, Job *job, char *err, size_t errlen) {
         job->wire = f->wire && strcmp(f->wire, "bf16") == 0 ? JOB_WIRE_BF16 : JOB_WIRE_F32;
         job->sparsify = f->sparsify;
         job->allow_nonfinite = f->allow_nonfinite;
+        job->max_grad_norm = f->max_grad_norm;
         job->replicas = f->replicas;
         job->train_limit = f->train_limit;
         job->test_limit = f->test_limit;

@@ -6,7 +6,7 @@
 #include "config.h"
 #include "job.h"
 
-#define JOBFLAGS_NOPTS 48
+#define JOBFLAGS_NOPTS 49
 
 typedef struct JobFlags {
         char *model, *mode, *optim, *data, *init;
@@ -16,6 +16,7 @@ typedef struct JobFlags {
         char *lr_scaling, *lr_schedule, *wire;
         unsigned warmup_clocks;
         bool allow_nonfinite;
+        float max_grad_norm;
         unsigned replicas;
         /* mode fed; the strategy's figures < 0: its defaults */
         char *strategy;

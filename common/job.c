@@ -318,6 +318,9 @@ int job_validate(const Job *job, char *err, size_t errlen) {
                 return job_err(err, errlen, "eps %g must be > 0", (double) o->eps);
         if (job->mode != MODE_BSP && job->mode != MODE_ASP && job->mode != MODE_SSP && job->mode != MODE_FED)
                 return job_err(err, errlen, "mode must be bsp, asp, ssp:S or fed");
+        if (!(isfinite(job->max_grad_norm) && job->max_grad_norm >= 0.0f))
+                return job_err(err, errlen, "--max-grad-norm %g must be a finite L2 norm >= 0 (0: no bound)",
+                               (double) job->max_grad_norm);
         if (!(job->sparsify >= 0.0f && job->sparsify <= 1.0f))
                 return job_err(err, errlen, "--sparsify %g must be a share of each chunk's gradients, 0 < F <= 1 "
                                             "(0: off)", (double) job->sparsify);

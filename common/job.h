@@ -103,6 +103,7 @@ typedef struct Job {
         JobWire wire;        /* the values in workers' pushes and pulls */
         float sparsify;      /* (0, 1]: pushes carry that share of each chunk's largest gradients; 0: dense */
         bool allow_nonfinite;/* accept NaN/Inf gradients (refused by default) */
+        float max_grad_norm; /* > 0: a push's L2 norm at a shard above it is refused; 0: no bound */
         uint32_t replicas;   /* copies of every chunk on distinct shards (0: 2 with >= 2 shards, else 1) */
         uint32_t chunk_floats;
         uint64_t seed;

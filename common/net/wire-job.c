@@ -137,6 +137,8 @@ int job_to_proto(const Job *job, Psnet__JobSpec **ret) {
         s->allow_nonfinite = job->allow_nonfinite;
         s->has_sparsify = job->sparsify > 0.0f;
         s->sparsify = job->sparsify;
+        s->has_max_grad_norm = job->max_grad_norm > 0.0f;
+        s->max_grad_norm = job->max_grad_norm;
         s->has_replicas = true;
         s->replicas = job->replicas;
         s->dataset = strdup(job->dataset);
@@ -323,6 +325,7 @@ int job_from_proto(const Psnet__JobSpec *spec, Job *ret, char *err, size_t errle
         j.wire = spec->has_wire && spec->wire == PSNET__DTYPE__DTYPE_BF16 ? JOB_WIRE_BF16 : JOB_WIRE_F32;
         j.allow_nonfinite = spec->has_allow_nonfinite && spec->allow_nonfinite;
         j.sparsify = spec->has_sparsify ? spec->sparsify : 0.0f;
+        j.max_grad_norm = spec->has_max_grad_norm ? spec->max_grad_norm : 0.0f;
         j.replicas = spec->has_replicas ? spec->replicas : 0;
         j.seed = spec->seed;
         j.batch = spec->batch;

@@ -467,13 +467,49 @@ static int admit_key(Gate *g, const Psnet__Header *h, size_t i, const unsigned c
         return PSNET__STATUS__STATUS_NOT_FINITE;
 }
 
+/* The sum of the squares of n floats at p (unaligned), in double: a 3e38
+ * gradient's square does not overflow to infinity and pass for a bound. */
+static double sum_squares(const unsigned char *p, size_t n) {
+        double s[4] = { 0 };
+        size_t i = 0;
+        for (; i + 4 <= n; i += 4)
+                for (size_t k = 0; k < 4; k++) {
+                        float v;
+                        memcpy(&v, p + 4 * (i + k), 4);
+                        s[k] += (double) v * v;
+                }
+        for (; i < n; i++) {
+                float v;
+                memcpy(&v, p + 4 * i, 4);
+                s[0] += (double) v * v;
+        }
+        return s[0] + s[1] + s[2] + s[3];
+}
+
+/* The job's --max-grad-norm against the push's values here (every key). */
+static int admit_norm(Gate *g, const Psnet__Header *h, double sumsq, char *reason, size_t n) {
+        double norm = sqrt(sumsq), bound = g->store->job.max_grad_norm;
+        if (!(norm > bound)) /* NaN cannot get here: the non-finite check came first, or the job allows them */
+                return PSNET__STATUS__STATUS_OK;
+        g->refused_norm++;
+        snprintf(reason, n, "the push's gradients here have an L2 norm of %.4g, above the job's --max-grad-norm %.4g "
+                            "(%zu keys, worker %u)", norm, bound, h->n_keys, h->sender);
+        return PSNET__STATUS__STATUS_INVALID;
+}
+
 int gate_admit_values(Gate *g, const Psnet__Header *h, const zmq_msg_t *frames, char *reason, size_t n) {
         Store *s = g->store;
         int st = PSNET__STATUS__STATUS_OK;
         for (size_t i = 0; !s->job.allow_nonfinite && i < h->n_keys && st == PSNET__STATUS__STATUS_OK; i++)
                 st = admit_key(g, h, i, zmq_msg_data((zmq_msg_t *) &frames[i]),
                                zmq_msg_size((zmq_msg_t *) &frames[i]) / sizeof(float), reason, n);
-        return st;
+        if (st != PSNET__STATUS__STATUS_OK || !(s->job.max_grad_norm > 0.0f))
+                return st;
+        double sumsq = 0;
+        for (size_t i = 0; i < h->n_keys; i++)
+                sumsq += sum_squares(zmq_msg_data((zmq_msg_t *) &frames[i]),
+                                     zmq_msg_size((zmq_msg_t *) &frames[i]) / sizeof(float));
+        return admit_norm(g, h, sumsq, reason, n);
 }
 
 int gate_admit_keys(Gate *g, const Psnet__Header *h, uint8_t *const *at, char *reason, size_t n) {
@@ -481,7 +517,12 @@ int gate_admit_keys(Gate *g, const Psnet__Header *h, uint8_t *const *at, char *r
         int st = PSNET__STATUS__STATUS_OK;
         for (size_t i = 0; !s->job.allow_nonfinite && i < h->n_keys && st == PSNET__STATUS__STATUS_OK; i++)
                 st = admit_key(g, h, i, at[i], h->keys[i]->len, reason, n);
-        return st;
+        if (st != PSNET__STATUS__STATUS_OK || !(s->job.max_grad_norm > 0.0f))
+                return st;
+        double sumsq = 0;
+        for (size_t i = 0; i < h->n_keys; i++)
+                sumsq += sum_squares(at[i], h->keys[i]->len);
+        return admit_norm(g, h, sumsq, reason, n);
 }
 
 size_t gate_zero_nonfinite(Gate *g, float *v, size_t n) {

@@ -127,6 +127,7 @@ struct Gate {
         GateCfg prev, cur;
         size_t nparked;
         uint64_t refused_stale, refused_denied, refused_nonfinite, refused_pulls, expired_pulls, refused_clock;
+        uint64_t refused_norm;      /* pushes above the job's --max-grad-norm */
         uint64_t duplicates;            /* pushes of a key for a clock the worker had pushed it for */
         uint64_t push_parts;    /* parts of pushes in parts taken */
         bool fenced;            /* BSP clocks >= fence_limit do not close; */

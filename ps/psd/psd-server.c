@@ -898,6 +898,7 @@ static void psd_metrics(void *ud, MetricsBuf *b) {
         metrics_sample(b, "psnet_psd_refused_total", (double) g->refused_stale, "reason", "not_member", NULL);
         metrics_sample(b, "psnet_psd_refused_total", (double) g->refused_denied, "reason", "key", NULL);
         metrics_sample(b, "psnet_psd_refused_total", (double) g->refused_nonfinite, "reason", "not_finite", NULL);
+        metrics_sample(b, "psnet_psd_refused_total", (double) g->refused_norm, "reason", "grad_norm", NULL);
         metrics_sample(b, "psnet_psd_refused_total", (double) g->refused_pulls, "reason", "pull", NULL);
         metrics_sample(b, "psnet_psd_refused_total", (double) g->refused_clock, "reason", "clock", NULL);
         metrics_sample(b, "psnet_psd_refused_total", (double) g->expired_pulls, "reason", "pull_expired", NULL);

@@ -358,6 +358,7 @@ int store_configure(Store *s, const Job *job, const ShardMap *map) {
         s->job.warmup_clocks = job->warmup_clocks;
         s->job.lr_schedule = job->lr_schedule;
         s->job.allow_nonfinite = job->allow_nonfinite;
+        s->job.max_grad_norm = job->max_grad_norm;
         s->has_job = true;
 
         bool first_map = s->map == NULL || fresh;

@@ -3,7 +3,8 @@
 # Limits and membership, checked where messages arrive, probed as an attacker on
 # the same host would: a push of NaNs from a stranger and from a member, pushes
 # that say the job is at a progress outside 0..1 (its learning rate's input),
-# a member's push for clock 2^40, a
+# a member's push for clock 2^40, a member's finite push of 3e38 gradients
+# (--max-grad-norm), a
 # federated update's int8 and top-k frames pushed to a training job, a 1 GiB frame, one push of 20 x 100 MiB frames, big frames at pscoord, 20,000
 # pulls for clock 2^40 (a bounded log of them), 2,000 connections at a soft limit of 1024 descriptors,
 # registering under a live shard's id, a worker that heartbeats but never
@@ -19,7 +20,8 @@ export ASAN_OPTIONS="${ASAN_OPTIONS:+$ASAN_OPTIONS:}quarantine_size_mb=4"
 start_low() { local name=$1; shift; psnet_start "$name" bash -c 'ulimit -Sn 1024 && exec "$@"' _ "$@"; }
 
 COORD="ipc://$RUN/coord.sock" SHARD="ipc://$RUN/psd-1.sock"
-start_low pscoord "$PSCOORD" --listen "$COORD" --workers 1 --shards 1 --mode asp --epochs 6 "${SUBSET[@]}"
+start_low pscoord "$PSCOORD" --listen "$COORD" --workers 1 --shards 1 --mode asp --epochs 6 "${SUBSET[@]}" \
+  --max-grad-norm 1000
 start_low psd-1 "$PSD" --id 1 --listen "$SHARD" --coord "$COORD" --http 127.0.0.1:0
 psnet_start workerd "$WORKERD" --coord "$COORD" --progress-ms 100
 psnet_wait_for 30 grep -q 'msg="progress"' "$RUN/workerd.log"; ok $? "an ASP job trains"
@@ -50,7 +52,14 @@ done
 out=$(PSPOKE_SENDER=$wid PSPOKE_CLOCK=1099511627776 PSPOKE_VALUE=0.001 "$PSPOKE" "$SHARD" push-value 1 "$len")
 grep -q "status=invalid .*push for clock 1099511627776 is [0-9]* clocks ahead of worker $wid's last push of key (0,0)" <<<"$out"
 ok $? "a member's push for clock 2^40 is refused, not applied ($out)"
+# A member's finite gradients of 3e38 would wreck the model (loss 2.30259 for
+# good): refused by the job's --max-grad-norm, counted.
+out=$(PSPOKE_SENDER=$wid PSPOKE_VALUE=3e38 "$PSPOKE" "$SHARD" push-value 1 "$len")
+grep -q "status=invalid .*an L2 norm of .*e+[0-9]*, above the job's --max-grad-norm 1000" <<<"$out"
+ok $? "a member's push of finite 3e38 gradients is refused under --max-grad-norm 1000 ($out)"
 port=$(sed -n 's/.*msg="serving http" address=[^ ]* port=\([0-9]*\).*/\1/p' "$RUN/psd-1.log" | head -1)
+curl -sf "http://127.0.0.1:$port/metrics" | grep -q '^psnet_psd_refused_total{reason="grad_norm"} 1$'
+ok $? "and counted in psnet_psd_refused_total{reason=\"grad_norm\"}"
 dups() { curl -sf "http://127.0.0.1:$port/metrics" | awk '$1 == "psnet_psd_duplicate_pushes_total" { print $2 }'; }
 steps0=$(status | jq '.workers[0].clock') dup0=$(dups)
 psnet_wait_for 30 bash -c "[ \$(\"$PSCTL\" --coord \"$COORD\" --json status | jq '.workers[0].clock') -gt $((steps0 + 20)) ]"

@@ -966,6 +966,34 @@ static void test_admission(void) {
         gate_store(s)->job.allow_nonfinite = false;
         memcpy(zmq_msg_data(&f[0]), g, len * sizeof(float));
 
+        /* --max-grad-norm: above the bound refused whole and counted, at or
+         * under it admitted; a 3e38 value does not overflow into a pass. */
+        double sumsq = 0;
+        for (uint32_t i = 0; i < len; i++)
+                sumsq += (double) g[i] * g[i];
+        float norm = (float) sqrt(sumsq);
+        uint64_t refused = s->refused_norm;
+        gate_store(s)->job.max_grad_norm = norm * 1.01f;
+        push_hdr(&h, &k, kp, &job, 1, 0, 0, 0);
+        CHECK(gate_admit_push(s, &h, f, NULL, reason, sizeof reason) == ST_OK,
+              "a push of norm %g under --max-grad-norm %g is admitted", (double) norm, (double) (norm * 1.01f));
+        gate_store(s)->job.max_grad_norm = norm * 0.99f;
+        st = gate_admit_push(s, &h, f, NULL, reason, sizeof reason);
+        CHECK(st == PSNET__STATUS__STATUS_INVALID && strstr(reason, "above the job's --max-grad-norm") &&
+                      s->refused_norm == refused + 1,
+              "one above it is refused and counted (%s)", reason);
+        ((float *) zmq_msg_data(&f[0]))[len / 2] = 3e38f;
+        gate_store(s)->job.max_grad_norm = 1e30f;
+        st = gate_admit_push(s, &h, f, NULL, reason, sizeof reason);
+        CHECK(st == PSNET__STATUS__STATUS_INVALID && strstr(reason, "3e+38"),
+              "a finite 3e38 gradient is refused under --max-grad-norm 1e30 (%s)", reason);
+        uint8_t *at1[1] = { zmq_msg_data(&f[0]) };
+        CHECK(gate_admit_keys(s, &h, at1, reason, sizeof reason) == PSNET__STATUS__STATUS_INVALID,
+              "read in place (shared memory) too");
+        gate_store(s)->job.max_grad_norm = 0.0f;
+        CHECK(gate_admit_push(s, &h, f, NULL, reason, sizeof reason) == ST_OK, "without a bound it is admitted");
+        memcpy(zmq_msg_data(&f[0]), g, len * sizeof(float));
+
         /* The job's progress a push carries must be a share, 0..1. */
         const float progress[] = { 0.0f, 0.5f, 1.0f, -0.25f, 1.5f, NAN, INFINITY };
         bool shares = true;

@@ -124,6 +124,15 @@ static void test_flags(void) {
               j.warmup_clocks == JOB_DEFAULT_WARMUP_CLOCKS && j.lr_schedule == LR_SCHEDULE_CONSTANT &&
                       j.wire == JOB_WIRE_F32 && j.sparsify == 0.0f,
               "defaults: auto, constant, f32, dense pushes, the checks on");
+        const float bad_norm[] = { -1.0f, NAN, INFINITY };
+        for (size_t b = 0; b < 3; b++) {
+                f.max_grad_norm = bad_norm[b];
+                CHECK(jobflags_to_job(&f, &j, err, sizeof err) == -EINVAL && strstr(err, "--max-grad-norm"),
+                      "--max-grad-norm %g is refused: %s", (double) bad_norm[b], err);
+        }
+        f.max_grad_norm = 5.0f;
+        CHECK(jobflags_to_job(&f, &j, err, sizeof err) == 0 && j.max_grad_norm == 5.0f, "--max-grad-norm 5 (%s)", err);
+        f.max_grad_norm = 0.0f;
         const float bad_sparsify[] = { -0.1f, 1.5f, NAN };
         for (size_t b = 0; b < 3; b++) {
                 f.sparsify = bad_sparsify[b];
@@ -479,7 +488,8 @@ static bool jobs_equal(const Job *x, const Job *y) {
                x->optim.nesterov == y->optim.nesterov && x->mode == y->mode && x->staleness == y->staleness &&
                x->lr_scaling == y->lr_scaling && x->warmup_clocks == y->warmup_clocks &&
                x->lr_schedule == y->lr_schedule && x->wire == y->wire && x->sparsify == y->sparsify &&
-               x->allow_nonfinite == y->allow_nonfinite && x->chunk_floats == y->chunk_floats &&
+               x->allow_nonfinite == y->allow_nonfinite && x->max_grad_norm == y->max_grad_norm &&
+               x->chunk_floats == y->chunk_floats &&
                x->seed == y->seed && x->batch == y->batch && x->epochs == y->epochs &&
                strcmp(x->dataset, y->dataset) == 0 && x->expect_workers == y->expect_workers &&
                x->expect_shards == y->expect_shards && x->train_limit == y->train_limit &&
@@ -505,6 +515,7 @@ static void test_proto(void) {
         j.wire = JOB_WIRE_BF16;
         j.sparsify = 0.25f;
         j.allow_nonfinite = true;
+        j.max_grad_norm = 12.5f;
         j.optim.lr = 0.001f;
         j.optim.nesterov = true;
         j.optim.weight_decay = 0.01f;
