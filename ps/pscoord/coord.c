@@ -196,7 +196,8 @@ int coord_run(const CoordConfig *cfg) {
                 goto finish;
         /* Control messages are small (a job spec is a few KiB) and few per peer. */
         const NetSockConf nc = { .type = ZMQ_ROUTER, .name = "control", .max_msg = 256 << 10, .sndhwm = 64,
-                                 .rcvhwm = 64, .keys = c.id.enabled ? &c.id.keys : NULL, .curve_server = true,
+                                 .rcvhwm = 64, .heartbeat_ms = cfg->idle_timeout * 1000u / 3u,
+                                 .keys = c.id.enabled ? &c.id.keys : NULL, .curve_server = true,
                                  .zap_domain = c.id.enabled ? "psnet" : NULL };
         r = netsock_new(&c.loop, c.zctx, &nc, coord_on_msg, &c, &c.ctl);
         if (r < 0) {

@@ -20,6 +20,7 @@ typedef struct CoordConfig {
         unsigned checkpoint_every;   /* clocks between automatic checkpoints (0: none) */
         unsigned checkpoint_keep;    /* automatic checkpoints kept (0: all) */
         unsigned checkpoint_timeout; /* s a save may take */
+        unsigned idle_timeout;      /* s: a connection silent this long after a ZMTP ping is dropped (0: never) */
         char *restore;           /* start with the job of this checkpoint */
         char *state_dir;         /* --state-dir: pscoord's state on disk (NULL: none) */
         bool keep_standby;       /* a shard registering after a fail-over stays on standby */

@@ -13,10 +13,10 @@
 
 int main(int argc, char **argv) {
         CoordConfig cfg = { .lease_ms = 3000, .shard_lease_ms = 600, .stall_timeout = 60, .checkpoint_keep = 3,
-                            .checkpoint_timeout = 120 };
+                            .checkpoint_timeout = 120, .idle_timeout = 30 };
         JobFlags jf;
         char *listen = NULL;
-        Option opts[21 + JOBFLAGS_NOPTS] = {
+        Option opts[22 + JOBFLAGS_NOPTS] = {
                 { "listen", OPT_STR, &listen, "ENDPOINT", "control endpoint to bind (default " PSNET_DEFAULT_COORD ")" },
                 { "keys", OPT_STR, &cfg.keys, "DIR",
                   "CURVE encryption; admit only the keys of DIR/allow, each in its role (psctl keys gen)" },
@@ -29,6 +29,9 @@ int main(int argc, char **argv) {
                 { "shard-lease-ms", OPT_UINT, &cfg.shard_lease_ms, "MS",
                   "a shard silent this long has left: its backups take over its keys (a shard stops acknowledging "
                   "when its own lease runs out, before that)" },
+                { "idle-timeout", OPT_UINT, &cfg.idle_timeout, "SECONDS",
+                  "drop a connection that sends nothing for this long, a message begun and never finished "
+                  "included (ZeroMQ pings it every third of that; live peers answer by themselves; 0: never)" },
                 { "stall-timeout", OPT_UINT, &cfg.stall_timeout, "SECONDS",
                   "a worker the others have waited on this long leaves the membership (0: never)" },
                 { "checkpoint-dir", OPT_STR, &cfg.checkpoint_dir, "DIR",

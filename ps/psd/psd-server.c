@@ -1105,6 +1105,7 @@ int psd_run(const PsdConfig *cfg) {
          * holds more than a few dozen messages. */
         const NetSockConf dc = { .type = ZMQ_ROUTER, .name = "data", .max_msg = (int64_t) cfg->max_msg,
                                  .sndhwm = 64, .rcvhwm = 64, .handover = true,
+                                 .heartbeat_ms = cfg->idle_timeout * 1000u / 3u,
                                  .keys = p.id.enabled ? &p.id.keys : NULL, .curve_server = true,
                                  .zap_domain = p.id.enabled ? "psnet" : NULL };
         r = netsock_new(&p.loop, p.zctx, &dc, psd_on_data, &p, &p.data);

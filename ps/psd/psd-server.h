@@ -23,6 +23,7 @@ typedef struct PsdConfig {
         bool insecure;             /* listen on a non-loopback tcp:// without keys */
         bool no_shm;               /* --no-shm: no shared memory beside an ipc:// --listen */
         unsigned threads;          /* --threads: threads applying an update (1..PFOR_MAX_THREADS) */
+        unsigned idle_timeout;     /* s: a connection silent this long after a ZMTP ping is dropped (0: never) */
 } PsdConfig;
 
 /* Runs until SIGTERM/SIGINT. Returns 0 after a clean shutdown, or a negative

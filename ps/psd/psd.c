@@ -16,7 +16,7 @@
 int main(int argc, char **argv) {
         PsdConfig cfg = {
                 .listen = NULL, .coord = NULL, .id = 1, .connect_timeout = 10,
-                .max_msg = 16ull << 20, .park_timeout = 300, .threads = 1,
+                .max_msg = 16ull << 20, .park_timeout = 300, .threads = 1, .idle_timeout = 30,
         };
         bool id_from_host = false;
         const Option opts[] = {
@@ -48,6 +48,9 @@ int main(int argc, char **argv) {
                 { "no-shm", OPT_BOOL, &cfg.no_shm, NULL,
                   "do not offer same-host shared memory on PATH.shm beside an ipc://PATH --listen (workers on "
                   "this host then send their tensors in frames)" },
+                { "idle-timeout", OPT_UINT, &cfg.idle_timeout, "SECONDS",
+                  "drop a connection that sends nothing for this long, a frame begun and never finished "
+                  "included (ZeroMQ pings it every third of that; live peers answer by themselves; 0: never)" },
                 { "threads", OPT_UINT, &cfg.threads, "N",
                   "threads that apply an update (1-64): each chunk's optimizer step, checks and shared-memory "
                   "copies are cut into N parts; the same result with any N" },

@@ -4,7 +4,7 @@
 # the same host would: a push of NaNs from a stranger and from a member, pushes
 # that say the job is at a progress outside 0..1 (its learning rate's input),
 # a member's push for clock 2^40, a member's finite push of 3e38 gradients
-# (--max-grad-norm), a
+# (--max-grad-norm), connections that begin a message and go silent, a
 # federated update's int8 and top-k frames pushed to a training job, a 1 GiB frame, one push of 20 x 100 MiB frames, big frames at pscoord, 20,000
 # pulls for clock 2^40 (a bounded log of them), 2,000 connections at a soft limit of 1024 descriptors,
 # registering under a live shard's id, a worker that heartbeats but never
@@ -21,8 +21,8 @@ start_low() { local name=$1; shift; psnet_start "$name" bash -c 'ulimit -Sn 1024
 
 COORD="ipc://$RUN/coord.sock" SHARD="ipc://$RUN/psd-1.sock"
 start_low pscoord "$PSCOORD" --listen "$COORD" --workers 1 --shards 1 --mode asp --epochs 6 "${SUBSET[@]}" \
-  --max-grad-norm 1000
-start_low psd-1 "$PSD" --id 1 --listen "$SHARD" --coord "$COORD" --http 127.0.0.1:0
+  --max-grad-norm 1000 --idle-timeout 2
+start_low psd-1 "$PSD" --id 1 --listen "$SHARD" --coord "$COORD" --http 127.0.0.1:0 --idle-timeout 2
 psnet_start workerd "$WORKERD" --coord "$COORD" --progress-ms 100
 psnet_wait_for 30 grep -q 'msg="progress"' "$RUN/workerd.log"; ok $? "an ASP job trains"
 status() { "$PSCTL" --coord "$COORD" --json status; }
@@ -82,6 +82,16 @@ out=$(PSPOKE_WAIT_MS=1000 PSPOKE_COUNT=40 "$PSPOKE" "$COORD" frames 1 76800); ok
 rss1=$(rss_mb "$PID_pscoord")
 [ $((rss1 - rss0)) -lt 50 ]; ok $? "pscoord's memory stayed put (${rss0} -> ${rss1} MiB)"
 out=$("$PSPOKE" "$COORD" status); grep -q "type=21 status=ok" <<<"$out"; ok $? "pscoord still answers"
+
+# A message begun and never finished (1,000 bytes of a 100 KiB frame, under
+# both frame limits, then silence) is dropped after --idle-timeout 2 s (the
+# first ping 0.67 s in, 2 s to answer), by psd and by pscoord; the worker's
+# own connections, idle between requests, stay (the job finishes below).
+for ep in "$SHARD" "$COORD"; do
+  out=$(python3 "$PSNET_SRC/tests/integration/zmtp-stall.py" "$ep" 20)
+  [[ $out == closed* ]] && awk '{ exit !($2 >= 2 && $2 < 10) }' <<<"$out"
+  ok $? "a half-sent frame to ${ep##*/} is dropped after the idle timeout ($out)"
+done
 
 
 out=$(PSPOKE_COUNT=2000 "$PSPOKE" "$SHARD" flood 1 "$len"); ok $? "2,000 connections to psd at ulimit -Sn 1024, and it answers ($out)"
