@@ -9,6 +9,7 @@
 #include "job-flags.h"
 #include "job-init.h"
 #include "log.h"
+#include "macro.h"
 #include "program.h"
 
 int main(int argc, char **argv) {
@@ -64,7 +65,11 @@ int main(int argc, char **argv) {
         int r;
 
         jobflags_init(&jf);
-        size_t n = 15 + jobflags_options(&jf, opts + 15);
+        /* The job's flags after pscoord's own (the first unset entry). */
+        size_t own = 0;
+        while (own < ELEMENTSOF(opts) - JOBFLAGS_NOPTS && opts[own].name)
+                own++;
+        size_t n = own + jobflags_options(&jf, opts + own);
         r = program_start(&p, &prog, opts, n, argc, argv);
         if (r != 0)
                 goto out;
