@@ -574,20 +574,30 @@ static void check_next(Coord *c) {
 
 /* The check of checkpoint name made at created_ms: found, or a new one
  * (pending) in a free slot or in place of the oldest result. */
+/* The check of checkpoint name made at created_ms, or NULL. */
+static CkptCheck *check_find(CkptChecks *k, const char *name, uint64_t created_ms) {
+        for (size_t i = 0; i < k->n; i++)
+                if (strcmp(k->known[i].name, name) == 0 && k->known[i].created_ms == created_ms)
+                        return &k->known[i];
+        return NULL;
+}
+
 static CkptCheck *check_of(Coord *c, const char *name, uint64_t created_ms) {
         CkptChecks *k = &c->checks;
-        size_t oldest = SIZE_MAX;
-        for (size_t i = 0; i < k->n; i++) {
-                CkptCheck *e = &k->known[i];
-                if (strcmp(e->name, name) == 0 && e->created_ms == created_ms)
-                        return e;
-                if (!(k->busy && i == k->at) && (oldest == SIZE_MAX || e->created_ms < k->known[oldest].created_ms))
-                        oldest = i;
-        }
-        size_t i = k->n < COORD_CKPT_CHECKS ? k->n++ : oldest;
-        if (i == SIZE_MAX)
-                return NULL;
-        CkptCheck *e = &k->known[i];
+        CkptCheck *e = check_find(k, name, created_ms);
+        if (e)
+                return e;
+        size_t i = k->n;
+        if (i == COORD_CKPT_CHECKS) {
+                i = SIZE_MAX;
+                for (size_t j = 0; j < k->n; j++)
+                        if (!(k->busy && j == k->at) && (i == SIZE_MAX || k->known[j].created_ms < k->known[i].created_ms))
+                                i = j;
+                if (i == SIZE_MAX)
+                        return NULL;
+        } else
+                k->n++;
+        e = &k->known[i];
         *e = (CkptCheck) { .created_ms = created_ms, .state = CHECK_PENDING };
         snprintf(e->name, sizeof e->name, "%.64s", name);
         return e;
@@ -692,13 +702,11 @@ int coord_checkpoint_restore(Coord *c, const char *name, char *reason, size_t n)
                 snprintf(reason, n, "checkpoint %s: %s", name, r == -ENOENT ? "no such checkpoint (no manifest)" : err);
                 return r == -ENOENT ? PSNET__STATUS__STATUS_INVALID : PSNET__STATUS__STATUS_MALFORMED;
         }
-        for (size_t i = 0; i < c->checks.n; i++) {
-                const CkptCheck *k = &c->checks.known[i];
-                if (k->state == CHECK_BAD && strcmp(k->name, name) == 0 && k->created_ms == m->created_ms) {
-                        snprintf(reason, n, "checkpoint %s is damaged: %s", name, k->error);
-                        psnet__checkpoint_manifest__free_unpacked(m, NULL);
-                        return PSNET__STATUS__STATUS_MALFORMED;
-                }
+        const CkptCheck *k = check_find(&c->checks, name, m->created_ms);
+        if (k && k->state == CHECK_BAD) {
+                snprintf(reason, n, "checkpoint %s is damaged: %s", name, k->error);
+                psnet__checkpoint_manifest__free_unpacked(m, NULL);
+                return PSNET__STATUS__STATUS_MALFORMED;
         }
         /* Every file there with the size the manifest says; the shards check the contents. */
         for (size_t i = 0; i < m->n_files; i++) {

@@ -497,32 +497,42 @@ static int admit_norm(Gate *g, const Psnet__Header *h, double sumsq, char *reaso
         return PSNET__STATUS__STATUS_INVALID;
 }
 
-int gate_admit_values(Gate *g, const Psnet__Header *h, const zmq_msg_t *frames, char *reason, size_t n) {
-        Store *s = g->store;
-        int st = PSNET__STATUS__STATUS_OK;
-        for (size_t i = 0; !s->job.allow_nonfinite && i < h->n_keys && st == PSNET__STATUS__STATUS_OK; i++)
-                st = admit_key(g, h, i, zmq_msg_data((zmq_msg_t *) &frames[i]),
-                               zmq_msg_size((zmq_msg_t *) &frames[i]) / sizeof(float), reason, n);
-        if (st != PSNET__STATUS__STATUS_OK || !(s->job.max_grad_norm > 0.0f))
-                return st;
+/* Key i's values: frame i, or (frames NULL) read in place at at[i]. */
+static const unsigned char *key_values(const Psnet__Header *h, const zmq_msg_t *frames, uint8_t *const *at, size_t i,
+                                       size_t *len) {
+        if (!frames) {
+                *len = h->keys[i]->len;
+                return at[i];
+        }
+        *len = zmq_msg_size((zmq_msg_t *) &frames[i]) / sizeof(float);
+        return zmq_msg_data((zmq_msg_t *) &frames[i]);
+}
+
+/* Every key's values finite (unless the job allows otherwise), then all of
+ * them within the job's --max-grad-norm (when it has one): one pass each. */
+static int admit_values(Gate *g, const Psnet__Header *h, const zmq_msg_t *frames, uint8_t *const *at, char *reason,
+                        size_t n) {
+        const Job *job = &g->store->job;
+        bool norm = job->max_grad_norm > 0.0f;
         double sumsq = 0;
-        for (size_t i = 0; i < h->n_keys; i++)
-                sumsq += sum_squares(zmq_msg_data((zmq_msg_t *) &frames[i]),
-                                     zmq_msg_size((zmq_msg_t *) &frames[i]) / sizeof(float));
-        return admit_norm(g, h, sumsq, reason, n);
+        for (size_t i = 0; i < h->n_keys; i++) {
+                size_t len;
+                const unsigned char *p = key_values(h, frames, at, i, &len);
+                int st = job->allow_nonfinite ? PSNET__STATUS__STATUS_OK : admit_key(g, h, i, p, len, reason, n);
+                if (st != PSNET__STATUS__STATUS_OK)
+                        return st;
+                if (norm)
+                        sumsq += sum_squares(p, len);
+        }
+        return norm ? admit_norm(g, h, sumsq, reason, n) : PSNET__STATUS__STATUS_OK;
+}
+
+int gate_admit_values(Gate *g, const Psnet__Header *h, const zmq_msg_t *frames, char *reason, size_t n) {
+        return admit_values(g, h, frames, NULL, reason, n);
 }
 
 int gate_admit_keys(Gate *g, const Psnet__Header *h, uint8_t *const *at, char *reason, size_t n) {
-        Store *s = g->store;
-        int st = PSNET__STATUS__STATUS_OK;
-        for (size_t i = 0; !s->job.allow_nonfinite && i < h->n_keys && st == PSNET__STATUS__STATUS_OK; i++)
-                st = admit_key(g, h, i, at[i], h->keys[i]->len, reason, n);
-        if (st != PSNET__STATUS__STATUS_OK || !(s->job.max_grad_norm > 0.0f))
-                return st;
-        double sumsq = 0;
-        for (size_t i = 0; i < h->n_keys; i++)
-                sumsq += sum_squares(at[i], h->keys[i]->len);
-        return admit_norm(g, h, sumsq, reason, n);
+        return admit_values(g, h, NULL, at, reason, n);
 }
 
 size_t gate_zero_nonfinite(Gate *g, float *v, size_t n) {

@@ -68,7 +68,7 @@ typedef struct Psd {
         Histogram push_latency, pull_latency;
         uint64_t drop_window, drop_logged;
         uint64_t purge_at;          /* ms: give freed memory back then (connections closed; 0: nothing to do) */
-        uint64_t purges, purged_bytes;
+        uint64_t purged_bytes;
         Psnet__ShardInfo hb;    /* the figures of the heartbeat being sent */
         bool acknowledging;     /* as last seen by psd_may_acknowledge (for its log lines) */
         uint32_t stragglers[PSD_MAX_STRAGGLERS];
@@ -1004,7 +1004,6 @@ static void psd_purge(Psd *p) {
         alloc_purge();
         if (alloc_stats(&after_a, &after_r) < 0 || after_r >= resident)
                 return;
-        p->purges++;
         p->purged_bytes += resident - after_r;
         log_info("gave freed memory back after connections closed mib=%lu resident_mib=%lu",
                  (unsigned long) ((resident - after_r) >> 20), (unsigned long) (after_r >> 20));
