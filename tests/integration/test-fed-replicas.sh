@@ -60,8 +60,15 @@ done
 loss_of() { sed -n "s/.*msg=\"round done\" round=4\/.* loss=\([0-9.]*\) .*/\1/p" "$RUN/pscoord-$1.log"; }
 l4k=$(loss_of kill) l4c=$(loss_of calm)
 within "${l4k:-0}" "${l4c:-0}" 0.05; ok $? "round 4 trains from the copies: loss $l4k against the undisturbed $l4c (within 5%)"
-awk -v a="${acc_kill:-0}" -v b="${acc_calm:-0}" 'BEGIN { d = a - b; if (d < 0) d = -d; exit !(b > 0 && d <= 0.02) }'
-ok $? "accuracy $acc_kill against the undisturbed run's $acc_calm (within 2 points)"
+# Which three of the four clients close a round varies from run to run: six
+# undisturbed runs under ASan ended between 0.768 and 0.781, the killed ones
+# 0.005 lower on average (sd of the difference 0.006), and CI once saw a
+# difference of exactly 0.020. Three points is five of those deviations; a
+# third of the model reset in round 4 shows in round 4's loss above. The
+# accuracies have three decimals: compared in thousandths, as integers.
+awk -v a="${acc_kill:-0}" -v b="${acc_calm:-0}" \
+  'BEGIN { d = int(a * 1000 + 0.5) - int(b * 1000 + 0.5); if (d < 0) d = -d; exit !(b > 0 && d <= 30) }'
+ok $? "accuracy $acc_kill against the undisturbed run's $acc_calm (within 3 points)"
 ! grep -q 'level=error' "$RUN/pscoord-kill.log" "$RUN/psd-kill-1.log" "$RUN/psd-kill-3.log"
 ok $? "pscoord and the surviving shards logged no error"
 psnet_stop_all
