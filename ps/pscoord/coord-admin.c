@@ -197,6 +197,15 @@ void coord_metrics(void *ud, MetricsBuf *b) {
                     c->has_accuracy ? c->accuracy : NAN);
         metrics_one(b, "psnet_pscoord_registrations_total", "counter", "Registrations accepted.", (double) c->registrations);
         metrics_one(b, "psnet_pscoord_lease_expiries_total", "counter", "Peers dropped for silence.", (double) c->expiries);
+        metrics_family(b, "psnet_pscoord_heartbeat_gap_max_seconds", "gauge",
+                       "The longest silence between two heartbeats of a peer (choose leases above it).");
+        metrics_sample(b, "psnet_pscoord_heartbeat_gap_max_seconds", (double) c->hb_gap_max[0] / 1000.0, "role",
+                       "worker", NULL);
+        metrics_sample(b, "psnet_pscoord_heartbeat_gap_max_seconds", (double) c->hb_gap_max[1] / 1000.0, "role",
+                       "shard", NULL);
+        metrics_one(b, "psnet_pscoord_sole_copy_waits_total", "counter",
+                    "Shards silent past --shard-lease-ms given --lease-ms instead: they held the only copy of a key.",
+                    (double) c->sole_waits);
         metrics_one(b, "psnet_pscoord_evictions_total", "counter", "Workers evicted for stalling the others.",
                     (double) c->evictions);
         metrics_one(b, "psnet_pscoord_requests_total", "counter", "Control messages received.", (double) c->requests);

@@ -64,6 +64,7 @@ typedef struct Peer {
         uint8_t public_key[32];     /* shards with --keys: the key workers expect */
         bool has_key;
         uint64_t last_seen;
+        uint64_t sole_warned;       /* shards: the silence already logged as waited out (holding a sole copy) */
         uint32_t pid;
         char host[64];              /* the peer's host name, as it registered */
         uint32_t rank;
@@ -295,6 +296,8 @@ typedef struct Coord {
         struct { uint32_t pid; char host[64]; } evicted[COORD_MAX_STRAGGLERS]; /* not admitted again this job */
         size_t nevicted;
         uint64_t registrations, expiries, evictions, requests, refused;
+        uint64_t hb_gap_max[2];      /* ms: the longest silence between heartbeats, [0] workers, [1] shards */
+        uint64_t sole_waits;         /* shards silent past their lease, waited on for holding a sole copy */
         uint32_t failovers;         /* this job's: shards lost and replaced by their backups */
         uint32_t lost_shards;       /* of those, not yet replaced by a shard that registered (--keep-standby) */
         uint64_t failover_ms;       /* when the last one was published */

@@ -190,9 +190,10 @@ void coord_job_done(Coord *c, Peer *p, const Psnet__WorkerInfo *wi) {
         c->state = JOB_DONE;
         c->job_end_ms = now_ms();
         c->weights_digest = wi->has_weights_digest ? wi->weights_digest : 0;
-        log_info("job done job=%u accuracy=%.4f seconds=%.1f worker=%u weights=%016llx failovers=%u%s", c->job.id,
-                 c->accuracy, (double) (c->job_end_ms - c->job_start_ms) / 1000.0, p->id,
-                 (unsigned long long) c->weights_digest, c->failovers, edge ? " federated=1" : "");
+        log_info("job done job=%u accuracy=%.4f seconds=%.1f worker=%u weights=%016llx failovers=%u%s "
+                 "shard_heartbeat_gap_max_ms=%lu", c->job.id, c->accuracy,
+                 (double) (c->job_end_ms - c->job_start_ms) / 1000.0, p->id, (unsigned long long) c->weights_digest,
+                 c->failovers, edge ? " federated=1" : "", (unsigned long) c->hb_gap_max[1]);
         if (edge) {
                 c->fed.phase = FED_DONE;
                 coord_fed_accuracy(c, c->fed.done, wi->accuracy);

@@ -318,7 +318,15 @@ void coord_handle_register(Coord *c, WireMsg *m) {
 
 void coord_handle_heartbeat(Coord *c, WireMsg *m, Peer *p) {
         Psnet__Header *h = m->hdr;
-        p->last_seen = now_ms();
+        uint64_t now = now_ms();
+        if (p->role == PSNET__ROLE__ROLE_WORKER || p->role == PSNET__ROLE__ROLE_SERVER) {
+                uint64_t *gap = &c->hb_gap_max[p->role == PSNET__ROLE__ROLE_SERVER];
+                *gap = MAX(*gap, now - p->last_seen);
+        }
+        if (p->sole_warned && p->sole_warned == p->last_seen)
+                log_info("shard heard from again; it keeps its keys shard_id=%u silent_ms=%lu", p->id,
+                         (unsigned long) (now - p->last_seen));
+        p->last_seen = now;
         if (h->heartbeat->shard && p->role == PSNET__ROLE__ROLE_SERVER) {
                 const Psnet__ShardInfo *s = h->heartbeat->shard;
                 p->shard = *s;
@@ -417,14 +425,45 @@ void coord_handle_drain(Coord *c, WireMsg *m) {
         (void) coord_reply_job(c, &m->route, m->hdr->seq, "draining");
 }
 
+/* Whether the job would fail were shard id lost now: it holds a key no other
+ * shard of the map keeps (one copy, or its backups already gone). */
+static bool holds_sole_copy(const Coord *c, uint32_t id) {
+        ShardMap *m = NULL;
+        if (!c->map || shardmap_find(c->map, id) < 0 || (c->state != JOB_RUNNING && c->state != JOB_WAITING))
+                return false;
+        int r = shardmap_failover(c->map, c->map_epoch + 1, &id, 1, &m, NULL, NULL);
+        shardmap_free(m);
+        return r == -ENODATA;
+}
+
+/* How long a peer may be silent before it has left. A shard's short lease
+ * exists for its fail-over; one holding the only copy of a key has nobody to
+ * fail over to, and its loss fails the job: it is given the workers' lease
+ * (when longer), so that a host too busy to run it for a moment (a heartbeat
+ * 641 ms late on a loaded 2-core machine) costs a pause, not the job. */
+static uint64_t lease_of(Coord *c, Peer *p, uint64_t silent) {
+        if (p->role != PSNET__ROLE__ROLE_SERVER)
+                return c->cfg->lease_ms;
+        if (silent <= c->cfg->shard_lease_ms || c->cfg->lease_ms <= c->cfg->shard_lease_ms ||
+            !holds_sole_copy(c, p->id))
+                return c->cfg->shard_lease_ms;
+        if (p->sole_warned != p->last_seen) {
+                p->sole_warned = p->last_seen;
+                c->sole_waits++;
+                log_warning("shard silent past its lease, holding the only copy of a key: waiting up to --lease-ms "
+                            "before failing the job shard_id=%u silent_ms=%lu lease_ms=%u", p->id,
+                            (unsigned long) silent, c->cfg->lease_ms);
+        }
+        return c->cfg->lease_ms;
+}
+
 void coord_expire_leases(Coord *c) {
         uint64_t now = now_ms();
         bool changed = false, edge_gone = false;
         for (size_t i = 0; i < c->npeers;) {
                 Peer *p = &c->peers[i];
                 bool worker = p->role == PSNET__ROLE__ROLE_WORKER, shard = p->role == PSNET__ROLE__ROLE_SERVER;
-                if (p->detached ? now <= p->rejoin_until
-                                : now - p->last_seen <= (!shard ? c->cfg->lease_ms : c->cfg->shard_lease_ms)) {
+                if (p->detached ? now <= p->rejoin_until : now - p->last_seen <= lease_of(c, p, now - p->last_seen)) {
                         i++;
                         continue;
                 }

@@ -26,10 +26,12 @@ int main(int argc, char **argv) {
                   "allow a non-loopback tcp:// --listen without --keys (anyone who reaches it can join)" },
                 { "http", OPT_STR, &cfg.http, "ADDR:PORT",
                   "serve /metrics, /healthz and /readyz over HTTP (e.g. 127.0.0.1:9100, :9100 for all addresses; empty: off)" },
-                { "lease-ms", OPT_UINT, &cfg.lease_ms, "MS", "a worker silent this long has left" },
+                { "lease-ms", OPT_UINT, &cfg.lease_ms, "MS",
+                  "a worker silent this long has left; so has a shard holding the only copy of a key (its loss "
+                  "fails the job)" },
                 { "shard-lease-ms", OPT_UINT, &cfg.shard_lease_ms, "MS",
                   "a shard silent this long has left: its backups take over its keys (a shard stops acknowledging "
-                  "when its own lease runs out, before that)" },
+                  "when its own lease runs out, before that); one without backups for a key is given --lease-ms" },
                 { "idle-timeout", OPT_UINT, &cfg.idle_timeout, "SECONDS",
                   "drop a connection that sends nothing for this long, a message begun and never finished "
                   "included (ZeroMQ pings it every third of that; live peers answer by themselves; 0: never)" },
