@@ -5,8 +5,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/resource.h>
 #include <systemd/sd-daemon.h>
+#include "fdguard.h"
 #include "http.h"
 #include "log.h"
 #include "macro.h"
@@ -88,6 +88,14 @@ static void service_http_handler(void *ud, const char *path, HttpReply *r) {
                 metrics_common(&b, s->name, PSNET_VERSION);
                 metrics_one(&b, "psnet_ready", "gauge", "Whether the daemon serves (1) or not yet (0).",
                             service_is_ready(s, why, sizeof why) ? 1 : 0);
+                metrics_one(&b, "psnet_open_files_limit", "gauge", "The open-files limit in force (soft, raised to the hard one).",
+                            (double) fdguard_limit());
+                metrics_one(&b, "psnet_connection_budget", "gauge",
+                            "Descriptors peer connections may use; past them new connections are refused.",
+                            (double) fdguard_budget());
+                metrics_one(&b, "psnet_connections_refused_total", "counter",
+                            "Connections closed as accepted: past the budget, or no descriptor left.",
+                            (double) fdguard_refused());
                 if (s->ops.metrics)
                         s->ops.metrics(s->ud, &b);
                 if (b.failed) {
@@ -132,24 +140,6 @@ static void service_closed(uv_handle_t *h) {
                 free(s);
 }
 
-/* Every peer connection costs descriptors (a socket, and libzmq's mailbox):
- * the soft limit goes up to the hard one, so 2,000 connections do not run a
- * daemon out of descriptors inside libzmq at the common default of 1024. */
-static void service_raise_nofile(void) {
-        struct rlimit rl;
-        if (getrlimit(RLIMIT_NOFILE, &rl) < 0)
-                return;
-        rlim_t want = rl.rlim_max == RLIM_INFINITY ? (rlim_t) 1 << 20 : rl.rlim_max;
-        if (rl.rlim_cur < want) {
-                rl.rlim_cur = want;
-                if (setrlimit(RLIMIT_NOFILE, &rl) < 0)
-                        log_warning_errno(errno, "Cannot raise the open-files limit to %lu: %m", (unsigned long) want);
-        }
-        if (getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur < 4096)
-                log_warning("open-files limit is %lu: raise it (LimitNOFILE=, ulimit -n) for more than a few "
-                            "hundred peers", (unsigned long) rl.rlim_cur);
-}
-
 int service_new(uv_loop_t *loop, const char *name, const ServiceOps *ops, void *ud, Service **ret) {
         Service *s = calloc(1, sizeof *s);
         if (!s)
@@ -159,7 +149,7 @@ int service_new(uv_loop_t *loop, const char *name, const ServiceOps *ops, void *
         snprintf(s->name, sizeof s->name, "%s", name);
         /* A peer that goes away mid-write must be an error, not the end of us. */
         signal(SIGPIPE, SIG_IGN);
-        service_raise_nofile();
+        fdguard_init(); /* the open-files limit raised, connections kept below it */
         /* systemd's watchdog: a ping at half the interval it asked for. */
         uint64_t usec = 0;
         if (sd_watchdog_enabled(0, &usec) > 0 && usec > 0 && uv_timer_init(loop, &s->watchdog) == 0) {
