@@ -4,6 +4,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include "alloc.h"
+#include "log.h"
 
 /* jemalloc's control interface when the program links jemalloc (the daemons
  * do; their tuning is in jemalloc-conf.c), NULL otherwise (libpsnet's users,
@@ -46,6 +47,26 @@ void alloc_purge(void) {
         /* "arena.<MALLCTL_ARENAS_ALL>.purge": every arena. */
         if (mallctl)
                 (void) mallctl("arena.4096.purge", NULL, NULL, NULL, 0);
+}
+
+void alloc_purge_soon(AllocPurge *p, uint64_t now) {
+        p->at = now + ALLOC_PURGE_QUIET_MS;
+}
+
+uint64_t alloc_purge_due(AllocPurge *p, uint64_t now, const char *after) {
+        uint64_t allocated, resident, after_a, after_r;
+        if (!p->at || now < p->at)
+                return 0;
+        p->at = 0;
+        if (alloc_stats(&allocated, &resident) < 0 || resident <= allocated + ALLOC_PURGE_SLACK)
+                return 0;
+        alloc_purge();
+        if (alloc_stats(&after_a, &after_r) < 0 || after_r >= resident)
+                return 0;
+        p->purged += resident - after_r;
+        log_info("gave freed memory back after %s mib=%lu resident_mib=%lu", after,
+                 (unsigned long) ((resident - after_r) >> 20), (unsigned long) (after_r >> 20));
+        return resident - after_r;
 }
 
 int alloc_stats(uint64_t *ret_allocated, uint64_t *ret_resident) {

@@ -24,5 +24,19 @@ int alloc_stats(uint64_t *ret_allocated, uint64_t *ret_resident);
  * pages: the daemons' configuration never purges them by itself); nothing
  * without jemalloc. For after a one-off peak, such as loading a data set. */
 void alloc_purge(void);
+/* Freed memory given back once a burst of frees is over: what closed
+ * connections and refused messages held (libzmq frees it on its I/O threads
+ * about when the daemon learns of them). alloc_purge_soon marks one such
+ * event; alloc_purge_due, from the daemon's tick, purges ALLOC_PURGE_QUIET_MS
+ * after the last, when more than ALLOC_PURGE_SLACK is held free (kept for
+ * the next large messages), and returns the bytes given back (logged). */
+#define ALLOC_PURGE_QUIET_MS 200
+#define ALLOC_PURGE_SLACK (64ull << 20)
+typedef struct AllocPurge {
+        uint64_t at;         /* ms: purge then (0: nothing to do) */
+        uint64_t purged;     /* bytes given back since start (for /metrics) */
+} AllocPurge;
+void alloc_purge_soon(AllocPurge *p, uint64_t now_ms);
+uint64_t alloc_purge_due(AllocPurge *p, uint64_t now_ms, const char *after);
 /* Name of the allocator in use ("jemalloc" or "libc"). */
 const char *alloc_name(void);

@@ -297,7 +297,8 @@ typedef struct Coord {
         size_t nevicted;
         uint64_t registrations, expiries, evictions, requests, refused;
         uint64_t hb_gap_max[2];      /* ms: the longest silence between heartbeats, [0] workers, [1] shards */
-        uint64_t sole_waits;         /* shards silent past their lease, waited on for holding a sole copy */
+        uint64_t sole_waits;
+        AllocPurge purge;            /* freed memory given back after connections closed, messages refused */         /* shards silent past their lease, waited on for holding a sole copy */
         uint32_t failovers;         /* this job's: shards lost and replaced by their backups */
         uint32_t lost_shards;       /* of those, not yet replaced by a shard that registered (--keep-standby) */
         uint64_t failover_ms;       /* when the last one was published */

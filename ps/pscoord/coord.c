@@ -96,10 +96,22 @@ static void coord_on_msg(NetSock *ns, WireMsg *m, int r, void *ud) {
                 histogram_observe(&c->latency, mono_s() - t0);
                 c->refused += c->errors != errors;
         }
-        else if (m->has_route) {
-                c->refused++;
-                coord_reply_error(c, &m->route, m->hdr ? m->hdr->seq : 0, m->status, m->reason);
+        else {
+                alloc_purge_soon(&c->purge, now_ms()); /* what the refused message held */
+                if (m->has_route) {
+                        c->refused++;
+                        coord_reply_error(c, &m->route, m->hdr ? m->hdr->seq : 0, m->status, m->reason);
+                }
         }
+}
+
+/* A control connection closed: what it held (a message begun, frames over
+ * the limit) is freed by libzmq about now. */
+static void coord_on_ctl_event(NetSock *ns, int event, int value, const char *why, void *ud) {
+        Coord *c = ud;
+        (void) ns, (void) value, (void) why;
+        if (event == ZMQ_EVENT_DISCONNECTED)
+                alloc_purge_soon(&c->purge, now_ms());
 }
 
 static void coord_on_tick(uv_timer_t *t) {
@@ -115,6 +127,9 @@ static void coord_on_tick(uv_timer_t *t) {
                 for (size_t i = 0; i < c->npeers; i++)
                         c->peers[i].last_seen = now;
         }
+        /* jemalloc keeps freed pages: what refused messages and closed
+         * connections held would stay resident for good. */
+        (void) alloc_purge_due(&c->purge, now, "connections closed or messages refused");
         coord_expire_leases(c);
         coord_evict_stragglers(c);
         coord_fence_tick(c);
@@ -200,6 +215,8 @@ int coord_run(const CoordConfig *cfg) {
                                  .keys = c.id.enabled ? &c.id.keys : NULL, .curve_server = true,
                                  .zap_domain = c.id.enabled ? "psnet" : NULL };
         r = netsock_new(&c.loop, c.zctx, &nc, coord_on_msg, &c, &c.ctl);
+        if (r == 0)
+                r = netsock_monitor(c.ctl, ZMQ_EVENT_DISCONNECTED, coord_on_ctl_event);
         if (r < 0) {
                 log_error_errno(r, "Failed to create the control socket: %m");
                 goto finish;

@@ -38,8 +38,6 @@
 
 #define PSD_MAX_STRAGGLERS 64
 #define PSD_DROP_LOG_WINDOW_MS 10000
-#define PSD_PURGE_QUIET_MS 200           /* after the last connection closed */
-#define PSD_PURGE_SLACK (64ull << 20)    /* freed memory kept for the next large messages */
 #define PSD_DROP_LOG_LINES 10
 
 typedef struct Psd {
@@ -67,8 +65,7 @@ typedef struct Psd {
         uint64_t bytes_in, bytes_out;
         Histogram push_latency, pull_latency;
         uint64_t drop_window, drop_logged;
-        uint64_t purge_at;          /* ms: give freed memory back then (connections closed; 0: nothing to do) */
-        uint64_t purged_bytes;
+        AllocPurge purge;           /* freed memory given back after connections closed, messages refused */
         Psnet__ShardInfo hb;    /* the figures of the heartbeat being sent */
         bool acknowledging;     /* as last seen by psd_may_acknowledge (for its log lines) */
         uint32_t stragglers[PSD_MAX_STRAGGLERS];
@@ -476,8 +473,11 @@ static void psd_on_data(NetSock *ns, WireMsg *m, int r, void *ud) {
                         (void) netsock_send_error(p->data, &m->route, st, m->hdr->seq, reason);
                 } else if (st != PSNET__STATUS__STATUS_OK)
                         psd_reply_error(p, &m->route, m->hdr, st, reason);
-        } else if (m->has_route)
-                psd_reply_error(p, &m->route, m->hdr, m->status, m->reason);
+        } else {
+                alloc_purge_soon(&p->purge, now_ms()); /* what the refused message held */
+                if (m->has_route)
+                        psd_reply_error(p, &m->route, m->hdr, m->status, m->reason);
+        }
         checkpoint_poll(p->ckpt);
 }
 
@@ -501,9 +501,9 @@ static void psd_on_data_event(NetSock *ns, int event, int value, const char *why
                 return;
         p->dropped++;
         /* What the connection held (a message begun, a frame over the limit)
-         * is freed by libzmq's I/O thread about now: look once the closing
-         * is over, PSD_PURGE_QUIET_MS after the last one. */
-        p->purge_at = now + PSD_PURGE_QUIET_MS;
+         * is freed by libzmq's I/O thread about now: looked at once the
+         * closing is over. */
+        alloc_purge_soon(&p->purge, now);
         if (p->drop_logged++ < PSD_DROP_LOG_LINES)
                 log_info("connection closed (the peer left, or sent a frame over the limit of %ld bytes)",
                          (long) p->cfg->max_msg);
@@ -917,7 +917,7 @@ static void psd_metrics(void *ud, MetricsBuf *b) {
                     "Data connections closed (peers leaving, or frames over the limit).", (double) p->dropped);
         metrics_one(b, "psnet_psd_memory_purged_bytes_total", "counter",
                     "Freed memory given back to the system after connections closed (what they held).",
-                    (double) p->purged_bytes);
+                    (double) p->purge.purged);
         metrics_one(b, "psnet_psd_shm_sessions", "gauge",
                     "Same-host shared-memory sessions open (workers whose tensors travel through shared memory).",
                     (double) shm_server_sessions(p->shm));
@@ -992,27 +992,12 @@ static void psd_status(void *ud, char *buf, size_t n) {
 
 /* --- life ------------------------------------------------------------------------------ */
 
-/* jemalloc keeps freed pages (common/jemalloc-conf.c: no decay, for the speed
- * of large messages), so what closed connections held would stay resident for
- * good: once they are closed, free memory held beyond PSD_PURGE_SLACK goes
- * back to the system. */
-static void psd_purge(Psd *p) {
-        uint64_t allocated, resident, after_a, after_r;
-        p->purge_at = 0;
-        if (alloc_stats(&allocated, &resident) < 0 || resident <= allocated + PSD_PURGE_SLACK)
-                return;
-        alloc_purge();
-        if (alloc_stats(&after_a, &after_r) < 0 || after_r >= resident)
-                return;
-        p->purged_bytes += resident - after_r;
-        log_info("gave freed memory back after connections closed mib=%lu resident_mib=%lu",
-                 (unsigned long) ((resident - after_r) >> 20), (unsigned long) (after_r >> 20));
-}
-
 static void psd_tick(uv_timer_t *t) {
         Psd *p = t->data;
-        if (p->purge_at && now_ms() >= p->purge_at)
-                psd_purge(p);
+        /* jemalloc keeps freed pages (common/jemalloc-conf.c: no decay, for
+         * the speed of large messages): what closed connections and refused
+         * messages held would stay resident for good. */
+        (void) alloc_purge_due(&p->purge, now_ms(), "connections closed or messages refused");
         gate_expire(p->gate, now_ms());
         (void) psd_may_acknowledge(p); /* logs a lease lost while no request came */
         checkpoint_poll(p->ckpt);

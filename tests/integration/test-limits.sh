@@ -83,6 +83,21 @@ out=$(PSPOKE_WAIT_MS=1000 PSPOKE_COUNT=40 "$PSPOKE" "$COORD" frames 1 76800); ok
 rss1=$(rss_mb "$PID_pscoord")
 [ $((rss1 - rss0)) -lt 50 ]; ok $? "pscoord's memory stayed put (${rss0} -> ${rss1} MiB)"
 out=$("$PSPOKE" "$COORD" status); grep -q "type=21 status=ok" <<<"$out"; ok $? "pscoord still answers"
+# One message of many frames, each under the frame limit: libzmq hands over
+# whole messages only, so it is read whole and refused; what it held goes
+# back to the system once it is refused (before: 18 -> 2,090 MiB, kept).
+rss0=$(rss_mb "$PID_pscoord")
+out=$(PSPOKE_WAIT_MS=20000 PSPOKE_COUNT=2000 "$PSPOKE" "$COORD" frames 1 60000)
+grep -q "status=malformed .*carries 2000 payload frames" <<<"$out"
+ok $? "one message of 2,000 frames of 234 KiB to pscoord (458 MiB) is refused with a reason ($out)"
+psnet_wait_for 10 bash -c "[ \$(awk '/VmRSS/ { print int(\$2 / 1024) }' /proc/$PID_pscoord/status) -lt $((rss0 + 50)) ]"
+ok $? "and pscoord's memory returns to within 50 MiB of where it was (${rss0} -> $(rss_mb "$PID_pscoord") MiB)"
+rss0=$(rss_mb "$PID_psd_1")
+out=$(PSPOKE_WAIT_MS=20000 PSPOKE_COUNT=64 "$PSPOKE" "$SHARD" frames 1 2097152)
+grep -q "status=malformed .*carries 64 payload frames" <<<"$out"
+ok $? "one push of 64 frames of 8 MiB to psd (512 MiB, each frame under --max-msg) is refused with a reason ($out)"
+psnet_wait_for 10 bash -c "[ \$(awk '/VmRSS/ { print int(\$2 / 1024) }' /proc/$PID_psd_1/status) -lt $((rss0 + 100)) ]"
+ok $? "and psd's memory returns to within 100 MiB of where it was (${rss0} -> $(rss_mb "$PID_psd_1") MiB)"
 
 # A message begun and never finished (1,000 bytes of a 100 KiB frame, under
 # both frame limits, then silence) is dropped after --idle-timeout 2 s (the
