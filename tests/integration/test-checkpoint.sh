@@ -25,7 +25,10 @@ start_cluster() {
   psnet_start "pscoord-$tag" "$PSCOORD" --listen "$COORD" --checkpoint-dir "$CK" --shards "$n" "${JOB[@]}" "$@"
   start_shards "$tag" "$n"
 }
-start_workers() { for i in 1 2; do psnet_start "workerd-$1-$i" "$WORKERD" --coord "$COORD" --trace-pulls; done; }
+start_workers() {  # start_workers TAG [WORKERD OPTIONS...]
+  local tag=$1 i; shift
+  for i in 1 2; do psnet_start "workerd-$tag-$i" "$WORKERD" --coord "$COORD" --trace-pulls "$@"; done
+}
 digest_of() { sed -n 's/.*msg="job done".* weights=\([0-9a-f]*\).*/\1/p' "$RUN/pscoord-$1.log" | tail -1; }
 pulled() { logs_match "msg=\"pulled\" clock=$2 " "workerd-$1-1.log"; }
 # entries DIR: one line per key of every shard file of checkpoint DIR: "tensor chunk steps clock".
@@ -153,7 +156,10 @@ psnet_stop_all
 # 5. SSP: saved while training.
 JOB=(--workers 2 --mode ssp:2 --epochs 1 --batch 64 "${SUBSET[@]}")
 start_cluster f 2
-start_workers f
+# A step of this job takes under 5 ms on a fast machine: the epoch's ~94
+# clocks would end before the save reached them. 20 ms before each push
+# leaves the save 1.5 s of job at least.
+start_workers f --step-delay-ms 20
 psnet_wait_for 60 pulled f 20; ok $? "the SSP run trains to clock 20"
 out=$("$PSCTL" --coord "$COORD" checkpoint save 2>&1); ok $? "an SSP checkpoint is saved, named by its clock ($out)"
 B=$(sed -n 's/.*saved: clock \([0-9]*\),.*/\1/p' <<<"$out")

@@ -16,17 +16,17 @@
 source "$(dirname "$0")/lib.sh"
 
 # report_job NAME MODE [WORKER-2 OPTIONS...]: two workers, three epochs,
-# heartbeats every 250 ms, the job options in JOB_EXTRA too; job wait's answer
-# in $out.
-JOB_EXTRA=()
+# heartbeats every 250 ms, the job options in JOB_EXTRA too, both workers'
+# in WORKERS_EXTRA; job wait's answer in $out.
+JOB_EXTRA=() WORKERS_EXTRA=()
 report_job() {
   local name=$1 mode=$2; shift 2
   COORD="ipc://$RUN/$name.sock"
   psnet_start "pscoord-$name" "$PSCOORD" --listen "$COORD" --workers 2 --shards 2 --mode "$mode" --epochs 3 \
     --lease-ms 1000 "${SUBSET[@]}" "${JOB_EXTRA[@]}"
   start_shards "$name" 2 "$COORD"
-  psnet_start "w1-$name" "$WORKERD" --coord "$COORD" --backend cpu
-  psnet_start "w2-$name" "$WORKERD" --coord "$COORD" --backend cpu "$@"
+  psnet_start "w1-$name" "$WORKERD" --coord "$COORD" --backend cpu "${WORKERS_EXTRA[@]}"
+  psnet_start "w2-$name" "$WORKERD" --coord "$COORD" --backend cpu "${WORKERS_EXTRA[@]}" "$@"
   out=$("$PSCTL" --coord "$COORD" job wait --wait 300)
 }
 
@@ -40,9 +40,11 @@ sys.exit(0 if E.parse(sys.argv[1]).getroot().tag.endswith("svg") else 1)' "$1"
 samples() { tail -n +2 "$2/samples.csv" | awk -F, "$1"; }
 
 # --- a BSP job ---------------------------------------------------------------------
-JOB_EXTRA=(--lr-schedule cosine)
+# Its 282 steps take under a second on a fast machine: four heartbeats' worth
+# of samples. 10 ms before each push makes it 3 s at least.
+JOB_EXTRA=(--lr-schedule cosine) WORKERS_EXTRA=(--step-delay-ms 10)
 report_job bsp bsp
-JOB_EXTRA=()
+JOB_EXTRA=() WORKERS_EXTRA=()
 acc=$(acc_of "$out"); [ -n "$acc" ]; ok $? "a BSP job trains ($out)"
 D=$RUN/bsp-report
 msg=$("$PSCTL" --coord "$COORD" report --out "$D" 2>&1); ok $? "psctl report writes ($msg)"
