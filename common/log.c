@@ -126,10 +126,14 @@ const char *bytes_human(uint64_t bytes, char *buf, size_t n) {
         return buf;
 }
 
-bool log_limit(LogLimit *l, const char *what) {
+static uint64_t mono_second(void) {
         struct timespec ts;
         clock_gettime(CLOCK_MONOTONIC, &ts);
-        uint64_t second = (uint64_t) ts.tv_sec;
+        return (uint64_t) ts.tv_sec;
+}
+
+bool log_limit(LogLimit *l, const char *what) {
+        uint64_t second = mono_second();
         if (second != l->window) {
                 l->window = second;
                 l->lines = 0;
@@ -143,9 +147,38 @@ bool log_limit(LogLimit *l, const char *what) {
         }
         l->lines++;
         if (l->left_out) {
-                log_warning("%llu more %s left out of this log (at most %d lines a second)",
-                            (unsigned long long) l->left_out, what, LOG_LIMIT_BURST);
+                log_warning("%llu more %s left out of this log (at most %d lines a second, %d from one peer for "
+                            "one reason)", (unsigned long long) l->left_out, what, LOG_LIMIT_BURST,
+                            LOG_LIMIT_KEY_BURST);
                 l->left_out = 0;
         }
         return true;
+}
+
+bool log_limit_by(LogLimitBy *l, uint64_t key, const char *what) {
+        uint64_t second = mono_second();
+        size_t i = (size_t) (key % LOG_LIMIT_KEYS);
+        if (l->slot[i].window != second || l->slot[i].key != key) {
+                l->slot[i].window = second;
+                l->slot[i].key = key;
+                l->slot[i].lines = 0;
+        }
+        if (l->slot[i].lines >= LOG_LIMIT_KEY_BURST) {
+                if (l->slot[i].lines++ == LOG_LIMIT_KEY_BURST && log_limit(&l->total, what))
+                        log_warning("more %s than %d in a second from one peer for one reason: the rest of this "
+                                    "second's from it are left out of this log (counted in /metrics)", what,
+                                    LOG_LIMIT_KEY_BURST);
+                l->total.left_out++;
+                return false;
+        }
+        l->slot[i].lines++;
+        return log_limit(&l->total, what);
+}
+
+uint64_t log_limit_key(const void *peer, size_t len, uint64_t n) {
+        const uint8_t *b = peer;
+        uint64_t h = 1469598103934665603ull; /* FNV-1a, then n */
+        for (size_t i = 0; i < len; i++)
+                h = (h ^ b[i]) * 1099511628211ull;
+        return (h ^ n) * 1099511628211ull;
 }

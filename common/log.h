@@ -53,6 +53,24 @@ typedef struct LogLimit {
  * any, under what); false: leave it out, counted. */
 bool log_limit(LogLimit *l, const char *what);
 
+/* The same bound over lines from many sources (refusals: a peer and a
+ * reason), with each source's own at most LOG_LIMIT_KEY_BURST a second, so
+ * that one peer's flood leaves room in the log for the others'. Sources are
+ * told apart by a key (log_limit_key) on LOG_LIMIT_KEYS slots: two keys on one
+ * slot share it. Zero-initialised. */
+#define LOG_LIMIT_KEYS 64
+#define LOG_LIMIT_KEY_BURST 5
+typedef struct LogLimitBy {
+        LogLimit total;
+        struct {
+                uint64_t key, window;
+                unsigned lines;
+        } slot[LOG_LIMIT_KEYS];
+} LogLimitBy;
+bool log_limit_by(LogLimitBy *l, uint64_t key, const char *what);
+/* A key for log_limit_by from a peer's bytes (its routing id) and a number (a status). */
+uint64_t log_limit_key(const void *peer, size_t len, uint64_t n);
+
 /* Writes a reason for people into buf (when buf is not NULL and n > 0) and
  * returns r: `return reason_set(err, errlen, -EINVAL, "bad --x '%s'", x);`. */
 int reason_set(char *buf, size_t n, int r, const char *fmt, ...) __attribute__((format(printf, 4, 5)));

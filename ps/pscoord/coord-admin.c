@@ -197,6 +197,9 @@ void coord_metrics(void *ud, MetricsBuf *b) {
                     c->has_accuracy ? c->accuracy : NAN);
         metrics_one(b, "psnet_pscoord_registrations_total", "counter", "Registrations accepted.", (double) c->registrations);
         metrics_one(b, "psnet_pscoord_lease_expiries_total", "counter", "Peers dropped for silence.", (double) c->expiries);
+        metrics_one(b, "psnet_pscoord_connections_closed_total", "counter",
+                    "Control connections closed: peers that left, or sent a frame over the control limit.",
+                    (double) c->closed);
         metrics_one(b, "psnet_pscoord_memory_purged_bytes_total", "counter",
                     "Freed memory given back to the system after connections closed or messages were refused.",
                     (double) c->purge.purged);

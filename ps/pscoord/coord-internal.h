@@ -54,6 +54,7 @@
 #include "zap.h"
 
 #define COORD_MAX_PEERS 4096
+#define COORD_MAX_FRAME (256 << 10)  /* control messages are small: a job spec is a few KiB */
 #define COORD_MAX_STRAGGLERS 64
 
 typedef struct Peer {
@@ -298,7 +299,8 @@ typedef struct Coord {
         uint64_t registrations, expiries, evictions, requests, refused;
         uint64_t hb_gap_max[2];      /* ms: the longest silence between heartbeats, [0] workers, [1] shards */
         uint64_t sole_waits;
-        AllocPurge purge;            /* freed memory given back after connections closed, messages refused */         /* shards silent past their lease, waited on for holding a sole copy */
+        AllocPurge purge;
+        uint64_t closed, closed_window, closed_logged; /* control connections closed; their log lines */            /* freed memory given back after connections closed, messages refused */         /* shards silent past their lease, waited on for holding a sole copy */
         uint32_t failovers;         /* this job's: shards lost and replaced by their backups */
         uint32_t lost_shards;       /* of those, not yet replaced by a shard that registered (--keep-standby) */
         uint64_t failover_ms;       /* when the last one was published */
@@ -322,7 +324,7 @@ typedef struct Coord {
         uint64_t start_ms, job_start_ms, job_end_ms, migrate_start_ms;
         uint64_t last_tick;         /* ms: a longer gap between ticks means pscoord itself stalled */
         uint64_t errors;
-        LogLimit refusals;          /* the "refused request" lines a flood would repeat */
+        LogLimitBy refusals;        /* the "refused request" lines a flood would repeat, by peer and reason */
         unsigned todo;              /* TODO_* flags: what this loop turn still has to do (coord_flush) */
         uv_loop_t loop;
         uv_timer_t tick;

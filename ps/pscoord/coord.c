@@ -70,7 +70,8 @@ static void handle_message(Coord *c, WireMsg *m) {
         int st = dispatch_message(&coord_dispatch, &c->id, c, m, reason, sizeof reason);
         if (st == PSNET__STATUS__STATUS_DENIED) {
                 c->errors++;
-                if (log_limit(&c->refusals, "refused requests"))
+                if (log_limit_by(&c->refusals, log_limit_key(zmq_msg_data(&m->route), zmq_msg_size(&m->route), (uint64_t) st),
+                                 "refused requests"))
                         log_warning("refused request reason=\"%s\" status=denied key=%s name=%s", reason,
                                     m->peer.fingerprint[0] ? m->peer.fingerprint : "-",
                                     m->peer.name[0] ? m->peer.name : "-");
@@ -110,8 +111,20 @@ static void coord_on_msg(NetSock *ns, WireMsg *m, int r, void *ud) {
 static void coord_on_ctl_event(NetSock *ns, int event, int value, const char *why, void *ud) {
         Coord *c = ud;
         (void) ns, (void) value, (void) why;
-        if (event == ZMQ_EVENT_DISCONNECTED)
-                alloc_purge_soon(&c->purge, now_ms());
+        if (event != ZMQ_EVENT_DISCONNECTED)
+                return;
+        uint64_t now = now_ms();
+        alloc_purge_soon(&c->purge, now);
+        c->closed++;
+        /* libzmq drops a connection that sends a frame over the limit as if
+         * its peer left: both logged, with the limit, 10 lines per 10 s. */
+        if (now - c->closed_window > 10000) {
+                c->closed_window = now;
+                c->closed_logged = 0;
+        }
+        if (c->closed_logged++ < 10)
+                log_info("connection closed (the peer left, or sent a frame over the control limit of %d bytes)",
+                         COORD_MAX_FRAME);
 }
 
 static void coord_on_tick(uv_timer_t *t) {
@@ -210,7 +223,7 @@ int coord_run(const CoordConfig *cfg) {
         if (r < 0)
                 goto finish;
         /* Control messages are small (a job spec is a few KiB) and few per peer. */
-        const NetSockConf nc = { .type = ZMQ_ROUTER, .name = "control", .max_msg = 256 << 10, .sndhwm = 64,
+        const NetSockConf nc = { .type = ZMQ_ROUTER, .name = "control", .max_msg = COORD_MAX_FRAME, .sndhwm = 64,
                                  .rcvhwm = 64, .heartbeat_ms = cfg->idle_timeout * 1000u / 3u,
                                  .keys = c.id.enabled ? &c.id.keys : NULL, .curve_server = true,
                                  .zap_domain = c.id.enabled ? "psnet" : NULL };

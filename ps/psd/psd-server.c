@@ -61,7 +61,7 @@ typedef struct Psd {
         Zap *zap;
         uint64_t memory_limit;
         uint64_t errors, dropped;
-        LogLimit refusals;      /* the "refused request" lines a flood would repeat */
+        LogLimitBy refusals;    /* the "refused request" lines a flood would repeat, by peer and reason */
         uint64_t bytes_in, bytes_out;
         Histogram push_latency, pull_latency;
         uint64_t drop_window, drop_logged;
@@ -101,6 +101,12 @@ static bool psd_may_acknowledge(Psd *p) {
 #define PSD_NO_LEASE "this shard's lease with pscoord ran out (its backups may be taking over): retry"
 
 
+/* A refusal's key in the log's bound: its peer (routing id) and status. */
+static uint64_t route_key(const zmq_msg_t *route, int status) {
+        zmq_msg_t *r = (zmq_msg_t *) route; /* zmq_msg_data and _size do not change it */
+        return log_limit_key(zmq_msg_data(r), zmq_msg_size(r), (uint64_t) status);
+}
+
 static int psd_reply_error(Psd *p, const zmq_msg_t *route, const Psnet__Header *req, int status,
                            const char *reason) {
         if (redirect_status(status))
@@ -112,7 +118,7 @@ static int psd_reply_error(Psd *p, const zmq_msg_t *route, const Psnet__Header *
                          reason);
         else {
                 p->errors++;
-                if (log_limit(&p->refusals, "refused requests"))
+                if (log_limit_by(&p->refusals, route_key(route, status), "refused requests"))
                         log_warning("refused request reason=\"%s\" status=%s", reason, status_name(status));
         }
         Psnet__Header h;
@@ -466,7 +472,7 @@ static void psd_on_data(NetSock *ns, WireMsg *m, int r, void *ud) {
                 int st = dispatch_message(&psd_dispatch, &p->id, p, m, reason, sizeof reason);
                 if (st == PSNET__STATUS__STATUS_DENIED) {
                         p->errors++;
-                        if (log_limit(&p->refusals, "refused requests"))
+                        if (log_limit_by(&p->refusals, route_key(&m->route, st), "refused requests"))
                                 log_warning("refused request reason=\"%s\" status=denied key=%s name=%s", reason,
                                             m->peer.fingerprint[0] ? m->peer.fingerprint : "-",
                                             m->peer.name[0] ? m->peer.name : "-");
