@@ -371,6 +371,18 @@ static void session_heartbeat(Session *s) {
                 log_warning_errno(r, "Failed to send a heartbeat: %m");
 }
 
+bool session_poll(Session *s) {
+        if (!s || s->state != S_REGISTERED)
+                return false;
+        uint64_t now = now_ms();
+        if (now < s->next_heartbeat)
+                return false;
+        session_heartbeat(s);
+        s->next_heartbeat = now + SESSION_HEARTBEAT_MS(s->lease_ms);
+        session_schedule(s);
+        return true;
+}
+
 static void session_tick(uv_timer_t *t) {
         Session *s = t->data;
         uint64_t now = now_ms();

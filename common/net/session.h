@@ -80,6 +80,11 @@ bool session_registered(const Session *s);
  * arrived), so the lease always runs out here first. */
 bool session_lease_valid(const Session *s, uint64_t now);
 uint64_t session_lease_until(const Session *s);
+/* Sends the heartbeat now if it is due: for a daemon's message handler to
+ * call between messages, so that a long turn of its loop (64 large pushes
+ * applied in one go) does not hold the heartbeat back until the turn ends.
+ * true when one was sent. */
+bool session_poll(Session *s);
 /* A heartbeat every quarter lease: three can go missing before it runs out. */
 #define SESSION_HEARTBEAT_MS(lease) MAX((lease) / 4u, 25u)
 const char *session_endpoint(const Session *s);

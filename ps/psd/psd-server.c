@@ -484,6 +484,9 @@ static void psd_on_data(NetSock *ns, WireMsg *m, int r, void *ud) {
                 if (m->has_route)
                         psd_reply_error(p, &m->route, m->hdr, m->status, m->reason);
         }
+        /* The heartbeat goes between messages when due: a turn that applies
+         * many large pushes would otherwise hold it past the lease. */
+        (void) session_poll(p->coord);
         checkpoint_poll(p->ckpt);
 }
 

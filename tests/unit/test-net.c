@@ -377,6 +377,18 @@ static void test_session(void) {
         CHECK(flowing, "heartbeats flow (%d)", fake.heartbeats - hb0);
         CHECK(now_ms() - t0 >= 2 * 100 - 20, "not faster than lease/3 (%lu ms for 3)", (unsigned long) (now_ms() - t0));
 
+        /* A loop turn longer than the heartbeat interval (a daemon applying
+         * many large pushes in one go): session_poll, called between its
+         * messages, sends the heartbeat that is due without waiting for the
+         * timer, and none that is not. */
+        uint64_t busy = now_ms();
+        while (now_ms() - busy < 150)
+                ; /* the loop held up, as by a long turn: not a wait for anything */
+        CHECK(session_poll(s), "a heartbeat due during a long turn leaves from session_poll");
+        CHECK(!session_poll(s), "the next is not due yet: session_poll sends nothing");
+        hb0 = fake.heartbeats;
+        CHECK(heartbeats_at_least(hb0 + 1, 2000), "pscoord gets it (%d)", fake.heartbeats - hb0);
+
         /* pscoord forgets us: the next heartbeat is answered UNKNOWN_PEER and the session registers again. */
         fake.mode = FAKE_ANSWER;
         fake.unknown_next_heartbeat = true;
