@@ -1,0 +1,55 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/* A sparse table's rows on one shard (issue 34, the first piece): rows of dim
+ * floats keyed by arbitrary 64-bit ids, created on first touch with values
+ * that depend only on the table's seed and the id (so a backup, a restore or
+ * another shard creates the same row), each with its own optimizer state,
+ * updated only when touched:
+ *   sgd:     w -= lr * g
+ *   adagrad: a += g^2; w -= lr * g / (sqrt(a) + eps)        (torch.optim.Adagrad)
+ *   adam:    lazy: the row's own step count t, advanced when it is touched;
+ *            m = b1*m + (1-b1) g; v = b2*v + (1-b2) g^2;
+ *            w -= lr * (m / (1-b1^t)) / (sqrt(v / (1-b2^t)) + eps)
+ *   ftrl:    FTRL-proximal (McMahan et al., KDD 2013), per value, alpha = lr:
+ *            s = (sqrt(n + g^2) - sqrt(n)) / alpha; z += g - s*w; n += g^2;
+ *            w = |z| <= l1 ? 0 : -(z - sign(z)*l1) / ((beta + sqrt(n)) / alpha + l2)
+ * Not wired to the wire protocol yet: the store and its arithmetic, tested. */
+#pragma once
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+typedef enum { TABLE_SGD, TABLE_ADAGRAD, TABLE_ADAM, TABLE_FTRL } TableOptim;
+
+typedef struct TableConf {
+        uint32_t dim;           /* floats per row, 1..4096 */
+        TableOptim optim;
+        float lr;               /* ftrl: alpha */
+        float eps;              /* adagrad, adam */
+        float beta1, beta2;     /* adam */
+        float beta, l1, l2;     /* ftrl */
+        float init_scale;       /* new rows uniform in [-init_scale, init_scale) (0: zeros; ftrl: always 0) */
+        uint64_t seed;
+        size_t max_rows;        /* rows this shard may hold (0: no bound) */
+} TableConf;
+
+typedef struct Table Table;
+
+/* 0, -EINVAL (a conf out of range: why says which field) or -ENOMEM. */
+int table_new(const TableConf *c, Table **ret, char *why, size_t n);
+Table *table_free(Table *t);
+size_t table_size(const Table *t);
+/* Floats of optimizer state per row value (sgd 0, adagrad 1, adam 2, ftrl 2). */
+unsigned table_state_per_value(TableOptim o);
+
+/* The rows of ids[0..n) into out (n * dim floats), each created first where
+ * create (else a missing row reads as its initial values, not stored).
+ * -ENOSPC where creating them would pass max_rows (nothing created; why
+ * says so), -ENOMEM; 0. */
+int table_pull(Table *t, const int64_t *ids, size_t n, bool create, float *out, char *why, size_t whylen);
+/* One gradient per row (grads: n * dim floats, ids distinct) applied with the
+ * table's optimizer, rows created on first touch. -EINVAL for an id twice or a
+ * non-finite gradient, -ENOSPC past max_rows: nothing applied then (why says
+ * which); 0. */
+int table_push(Table *t, const int64_t *ids, size_t n, const float *grads, char *why, size_t whylen);
+/* The row of id (dim floats) and its step count (adam), or NULL where it has none. */
+const float *table_row(const Table *t, int64_t id, uint32_t *ret_steps);

@@ -1,0 +1,211 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/* Unit tests for ps/psd/psd-table.c, a sparse table's rows on a shard: each
+ * optimizer's per-row update against an independent reference — Adagrad and
+ * Adam against torch.optim (PyTorch 1.13, float32: one nn.Parameter per row,
+ * stepped only when its row is touched, which is what lazy Adam is), SGD and
+ * FTRL-proximal against values worked out by hand from the formulas (psd-
+ * table.h; FTRL from McMahan et al., KDD 2013) — then rows created on first
+ * touch with values that depend on the seed and the id alone, any 64-bit id,
+ * growth past a million rows, and the refusals (an id twice, NaN, a full table)
+ * that leave the table as it was. */
+#include <errno.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+#include "psd-table.h"
+#include "tap.h"
+
+#define TOL 2e-6
+
+static TableConf conf(TableOptim o, float lr) {
+        TableConf c = { .dim = 2, .optim = o, .lr = lr, .eps = 1e-10f, .beta1 = 0.9f, .beta2 = 0.999f,
+                        .beta = 1.0f, .l1 = 0.1f, .l2 = 0.01f, .seed = 42 };
+        return c;
+}
+
+static Table *new_table(const TableConf *c) {
+        Table *t = NULL;
+        char why[128] = "";
+        int r = table_new(c, &t, why, sizeof why);
+        CHECK(r == 0, "table_new (%s)", why);
+        return t;
+}
+
+/* The three gradients of the references, pushed to row 7. */
+static const float G[3][2] = { { 0.5f, 0.1f }, { -0.25f, 0.4f }, { 0.05f, -0.3f } };
+
+static void push3(Table *t, int64_t id) {
+        char why[128] = "";
+        for (int i = 0; i < 3; i++)
+                if (table_push(t, &id, 1, G[i], why, sizeof why) != 0)
+                        CHECK(false, "push %d of id %lld (%s)", i, (long long) id, why);
+}
+
+static void check_optimizers(void) {
+        /* SGD, by hand: w = -0.1 * (0.5 - 0.25 + 0.05), -0.1 * (0.1 + 0.4 - 0.3). */
+        TableConf c = conf(TABLE_SGD, 0.1f);
+        Table *t = new_table(&c);
+        push3(t, 7);
+        const float *w = table_row(t, 7, NULL);
+        CHECK(w && fabsf(w[0] + 0.03f) < TOL && fabsf(w[1] + 0.02f) < TOL, "sgd: %g %g (by hand -0.03 -0.02)",
+              w ? w[0] : NAN, w ? w[1] : NAN);
+        t = table_free(t);
+
+        /* Adagrad, lr 0.1, eps 1e-10: torch.optim.Adagrad gives -0.0641873479 -0.138179436. */
+        c = conf(TABLE_ADAGRAD, 0.1f);
+        t = new_table(&c);
+        push3(t, 7);
+        w = table_row(t, 7, NULL);
+        CHECK(w && fabs(w[0] - -0.0641873479) < TOL && fabs(w[1] - -0.138179436) < TOL,
+              "adagrad: %.9g %.9g (torch -0.0641873479 -0.138179436)", w ? w[0] : NAN, w ? w[1] : NAN);
+        CHECK(w && fabs(w[2] - 0.315) < TOL && fabs(w[3] - 0.26) < TOL, "adagrad's sums of squares: %g %g",
+              w ? w[2] : NAN, w ? w[3] : NAN);
+        t = table_free(t);
+
+        /* Lazy Adam, lr 0.01: row 7 touched three times, row 9 once, in the
+         * third push with (0.2, -0.6). torch.optim.Adam, a parameter per row
+         * stepped when touched: -0.0152835716 -0.0206108447 and -0.00999999885
+         * 0.00999999978 (row 9's first step: its bias correction is that of
+         * step 1, not 3). */
+        c = conf(TABLE_ADAM, 0.01f);
+        c.eps = 1e-8f;
+        t = new_table(&c);
+        char why[128] = "";
+        int64_t a = 7, both[2] = { 7, 9 };
+        table_push(t, &a, 1, G[0], why, sizeof why);
+        table_push(t, &a, 1, G[1], why, sizeof why);
+        float g3[4] = { G[2][0], G[2][1], 0.2f, -0.6f };
+        CHECK(table_push(t, both, 2, g3, why, sizeof why) == 0, "adam: a push of two rows (%s)", why);
+        uint32_t s7 = 0, s9 = 0;
+        const float *w7 = table_row(t, 7, &s7), *w9 = table_row(t, 9, &s9);
+        CHECK(w7 && fabs(w7[0] - -0.0152835716) < TOL && fabs(w7[1] - -0.0206108447) < TOL,
+              "lazy adam, row 7 after 3 steps: %.9g %.9g (torch -0.0152835716 -0.0206108447)", w7 ? w7[0] : NAN,
+              w7 ? w7[1] : NAN);
+        CHECK(w9 && fabs(w9[0] - -0.00999999885) < TOL && fabs(w9[1] - 0.00999999978) < TOL,
+              "lazy adam, row 9 after its 1 step: %.9g %.9g (torch -0.00999999885 0.00999999978)",
+              w9 ? w9[0] : NAN, w9 ? w9[1] : NAN);
+        CHECK(s7 == 3 && s9 == 1, "each row counts its own steps (%u, %u)", s7, s9);
+        t = table_free(t);
+
+        /* FTRL-proximal, alpha 0.1, beta 1, l1 0.1, l2 0.01, from z = n = w = 0.
+         * Value 0 by hand: g 0.5: s = 0.5/0.1 = 5, z = 0.5, n = 0.25,
+         * w = -(0.5 - 0.1) / ((1 + 0.5)/0.1 + 0.01) = -0.0266489007; after the
+         * three: -0.0138239492. Value 1 (0.1, 0.4, -0.3 would pass l1; here
+         * 0.02, 0.03, -0.01): |z| stays under l1, w is exactly 0. */
+        c = conf(TABLE_FTRL, 0.1f);
+        t = new_table(&c);
+        const float f[3][2] = { { 0.5f, 0.02f }, { -0.25f, 0.03f }, { 0.05f, -0.01f } };
+        int64_t id = 7;
+        table_push(t, &id, 1, f[0], why, sizeof why);
+        w = table_row(t, 7, NULL);
+        CHECK(w && fabs(w[0] - -0.0266489007) < TOL, "ftrl, first step by hand: %.9g (-0.0266489007)",
+              w ? w[0] : NAN);
+        table_push(t, &id, 1, f[1], why, sizeof why);
+        table_push(t, &id, 1, f[2], why, sizeof why);
+        w = table_row(t, 7, NULL);
+        CHECK(w && fabs(w[0] - -0.0138239492) < TOL, "ftrl, third step by hand: %.9g (-0.0138239492)",
+              w ? w[0] : NAN);
+        CHECK(w && w[1] == 0.0f, "ftrl: a weight whose |z| stays under l1 is exactly 0 (%g)", w ? w[1] : NAN);
+        t = table_free(t);
+}
+
+static void check_rows(void) {
+        TableConf c = conf(TABLE_ADAGRAD, 0.1f);
+        c.dim = 16;
+        c.init_scale = 0.05f;
+        Table *t = new_table(&c), *u = new_table(&c);
+        int64_t ids[5] = { 0, -1, INT64_MIN, INT64_MAX, 123456789012345 };
+        float a[5 * 16], b[5 * 16];
+        char why[128] = "";
+        CHECK(table_pull(t, ids, 5, false, a, why, sizeof why) == 0 && table_size(t) == 0,
+              "a pull without create reads the initial values and stores nothing");
+        CHECK(table_pull(t, ids, 5, true, a, why, sizeof why) == 0 && table_size(t) == 5,
+              "rows are created on first touch, any 64-bit id (%zu)", table_size(t));
+        CHECK(table_pull(u, ids + 2, 3, true, b, why, sizeof why) == 0 &&
+                      table_pull(u, ids, 2, true, b + 3 * 16, why, sizeof why) == 0,
+              "another table, the same ids in another order");
+        bool same = memcmp(a + 2 * 16, b, 3 * 16 * sizeof(float)) == 0 &&
+                    memcmp(a, b + 3 * 16, 2 * 16 * sizeof(float)) == 0;
+        CHECK(same, "a row's first values depend on the seed and the id alone");
+        bool in = true, differ = false;
+        for (int i = 0; i < 5 * 16; i++)
+                in = in && a[i] >= -0.05f && a[i] < 0.05f;
+        for (int i = 1; i < 5; i++)
+                differ = differ || memcmp(a, a + i * 16, 16 * sizeof(float)) != 0;
+        CHECK(in && differ, "uniform in [-0.05, 0.05), different per id");
+        t = table_free(t);
+        u = table_free(u);
+
+        /* A million rows: every one found again with its own values. */
+        c.dim = 4;
+        t = new_table(&c);
+        enum { M = 1000000, B = 4096 };
+        int64_t *big = malloc(B * sizeof *big);
+        float *rows = malloc((size_t) B * 4 * sizeof *rows);
+        bool ok = big && rows;
+        for (int64_t start = 0; ok && start < M; start += B) {
+                for (int i = 0; i < B; i++)
+                        big[i] = (start + i) * 2654435761ll - 7;
+                ok = table_pull(t, big, B, true, rows, why, sizeof why) == 0;
+        }
+        CHECK(ok && table_size(t) == (size_t) (M / B + (M % B != 0)) * B, "a million rows and more (%zu)",
+              table_size(t));
+        int64_t probe = 777777 * 2654435761ll - 7;
+        const float *w = table_row(t, probe, NULL);
+        float want[4];
+        table_pull(t, &probe, 1, false, want, why, sizeof why);
+        CHECK(w && memcmp(w, want, sizeof want) == 0, "row 777,777 is found again with its values");
+        CHECK(table_row(t, 5, NULL) == NULL, "an id never touched has no row");
+        free(big);
+        free(rows);
+        t = table_free(t);
+}
+
+static void check_refusals(void) {
+        TableConf c = conf(TABLE_ADAM, 0.01f);
+        c.max_rows = 3;
+        Table *t = new_table(&c);
+        char why[160] = "";
+        int64_t ids[3] = { 1, 2, 1 };
+        float g[6] = { 1, 1, 1, 1, 1, 1 };
+        CHECK(table_push(t, ids, 3, g, why, sizeof why) == -EINVAL && strstr(why, "id 1 comes twice"),
+              "an id twice in one push is refused (%s)", why);
+        CHECK(table_size(t) == 0, "and nothing was created");
+        g[3] = NAN;
+        CHECK(table_push(t, ids, 2, g, why, sizeof why) == -EINVAL && strstr(why, "id 2") && strstr(why, "NaN"),
+              "a NaN gradient is refused, naming the id (%s)", why);
+        CHECK(table_size(t) == 0, "and nothing was applied");
+        g[3] = 1;
+        int64_t two[2] = { 1, 2 }, more[2] = { 3, 4 };
+        CHECK(table_push(t, two, 2, g, why, sizeof why) == 0 && table_size(t) == 2, "two rows pushed");
+        float before[4];
+        memcpy(before, table_row(t, 1, NULL), sizeof before / 2);
+        memcpy(before + 2, table_row(t, 2, NULL), sizeof before / 2);
+        CHECK(table_push(t, more, 2, g, why, sizeof why) == -ENOSPC && strstr(why, "at most 3"),
+              "a push that needs 2 new rows where 1 fits is refused (%s)", why);
+        CHECK(table_size(t) == 2 && table_row(t, 3, NULL) == NULL, "and none of its rows was made");
+        float out[4];
+        CHECK(table_pull(t, more, 2, true, out, why, sizeof why) == -ENOSPC && table_size(t) == 2,
+              "a pull that would create past the bound is refused too");
+        CHECK(table_pull(t, two, 2, true, out, why, sizeof why) == 0 && memcmp(out, before, sizeof out) == 0,
+              "rows already held are served as they were");
+        t = table_free(t);
+        Table *bad = NULL;
+        TableConf z = conf(TABLE_ADAM, 0.01f);
+        z.beta1 = 1.0f;
+        CHECK(table_new(&z, &bad, why, sizeof why) == -EINVAL && strstr(why, "beta1"),
+              "a conf out of range is refused, saying which field (%s)", why);
+        z = conf(TABLE_SGD, 0.01f);
+        z.dim = 0;
+        CHECK(table_new(&z, &bad, why, sizeof why) == -EINVAL && strstr(why, "dim"), "dim 0 is refused (%s)", why);
+}
+
+int main(void) {
+        check_optimizers();
+        check_rows();
+        check_refusals();
+        CHECK(table_state_per_value(TABLE_SGD) == 0 && table_state_per_value(TABLE_ADAGRAD) == 1 &&
+                      table_state_per_value(TABLE_ADAM) == 2 && table_state_per_value(TABLE_FTRL) == 2,
+              "state per value: sgd 0, adagrad 1, adam 2, ftrl 2");
+        return tap_done();
+}
