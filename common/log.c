@@ -5,6 +5,7 @@
 #include <string.h>
 #include <time.h>
 #include <ctype.h>
+#include "hash.h"
 #include "log.h"
 
 static char log_daemon[32] = "psnet";
@@ -176,9 +177,5 @@ bool log_limit_by(LogLimitBy *l, uint64_t key, const char *what) {
 }
 
 uint64_t log_limit_key(const void *peer, size_t len, uint64_t n) {
-        const uint8_t *b = peer;
-        uint64_t h = 1469598103934665603ull; /* FNV-1a, then n */
-        for (size_t i = 0; i < len; i++)
-                h = (h ^ b[i]) * 1099511628211ull;
-        return (h ^ n) * 1099511628211ull;
+        return mix64(fnv1a64(FNV1A64_INIT, peer, len) ^ mix64(n));
 }

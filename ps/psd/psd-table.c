@@ -10,6 +10,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include "alloc.h"
+#include "hash.h"
 #include "psd-table.h"
 
 #define TABLE_MAX_DIM 4096
@@ -25,11 +26,9 @@ struct Table {
         size_t nrows, rows_cap;
 };
 
-static uint64_t splitmix64(uint64_t x) {
-        x += 0x9e3779b97f4a7c15ull;
-        x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
-        x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
-        return x ^ (x >> 31);
+/* splitmix64 of x: the first value of the stream whose state is x. */
+static inline uint64_t splitmix64(uint64_t x) {
+        return splitmix64_next(&x);
 }
 
 unsigned table_state_per_value(TableOptim o) {
