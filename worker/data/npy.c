@@ -4,10 +4,12 @@
  * 3.0), the header (a dict literal, ASCII in 1.0 and 2.0, UTF-8 in 3.0,
  * padded with spaces and ended by '\n'), then the data. */
 #include <errno.h>
+#include <fcntl.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 #include "alloc.h"
 #include "ckpt-file.h"
 #include "macro.h"
@@ -264,6 +266,60 @@ int npy_read(const char *path, uint64_t max_bytes, NpyArray *ret, char *err, siz
         r = npy_parse(buf, len, max_bytes, ret, why, sizeof why);
         if (r < 0)
                 snprintf(err, n, "%s: %s", path, why);
+        return r;
+}
+
+int npy_write(const char *path, NpyType t, unsigned ndim, const uint64_t *shape, const void *data, char *err,
+              size_t n) {
+        static const char *descr[] = { "<f4", "|u1", "<i4", "<i8" };
+        char h[512], dims[NPY_MAX_DIMS * 24] = "";
+        uint64_t count = 1;
+        if (ndim == 0 || ndim > NPY_MAX_DIMS || t > NPY_I64) {
+                snprintf(err, n, "%s: 1 to %d dimensions of a known type", path, NPY_MAX_DIMS);
+                return -EINVAL;
+        }
+        for (unsigned i = 0; i < ndim; i++) {
+                size_t at = strlen(dims);
+                snprintf(dims + at, sizeof dims - at, "%lu,%s", (unsigned long) shape[i], i + 1 < ndim ? " " : "");
+                count *= shape[i];
+        }
+        if (ndim > 1)
+                dims[strlen(dims) - 1] = 0; /* (2, 3) but (5,) */
+        /* Magic, version 1.0, the length, the dict padded with spaces to 64 bytes in all, '\n'. */
+        int len = snprintf(h + 10, sizeof h - 10, "{'descr': '%s', 'fortran_order': False, 'shape': (%s), }",
+                           descr[t], dims);
+        size_t total = (size_t) len + 10 + 1;
+        size_t padded = (total + 63) / 64 * 64;
+        memcpy(h, "\x93NUMPY\x01\x00", 8);
+        h[8] = (char) ((padded - 10) & 0xff);
+        h[9] = (char) ((padded - 10) >> 8);
+        memset(h + 10 + len, ' ', padded - total);
+        h[padded - 1] = '\n';
+        char tmp[4096];
+        snprintf(tmp, sizeof tmp, "%s.tmp", path);
+        int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+        if (fd < 0) {
+                int r = -errno;
+                snprintf(err, n, "%s: %s", tmp, strerror(-r));
+                return r;
+        }
+        const char *what = "write";
+        int r = ckpt_pwrite_all(fd, h, padded, 0);
+        if (r == 0)
+                r = ckpt_pwrite_all(fd, data, count * npy_item_size(t), padded);
+        if (r < 0) {
+                (void) close(fd);
+                (void) unlink(tmp);
+        } else {
+                char dir[4096];
+                snprintf(dir, sizeof dir, "%s", path);
+                char *slash = strrchr(dir, '/');
+                if (slash)
+                        *slash = 0;
+                r = ckpt_commit(fd, tmp, path, slash ? dir : ".", &what);
+        }
+        if (r < 0)
+                snprintf(err, n, "%s: %s failed: %s", path, what, strerror(-r));
         return r;
 }
 

@@ -32,3 +32,8 @@ int npy_parse(const uint8_t *buf, size_t len, uint64_t max_bytes, NpyArray *ret,
 /* Reads and parses the file at path; also -errno of opening or reading it. */
 int npy_read(const char *path, uint64_t max_bytes, NpyArray *ret, char *err, size_t n);
 void npy_free(NpyArray *a);
+/* Writes an array of count = the product of shape[0..ndim) values of t at
+ * data as a version 1.0 .npy file at path (through path.tmp, renamed when
+ * whole). 0, or a negative errno with err naming the file and the step. */
+int npy_write(const char *path, NpyType t, unsigned ndim, const uint64_t *shape, const void *data, char *err,
+              size_t n);
