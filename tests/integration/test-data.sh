@@ -9,7 +9,7 @@
 # label beyond the model's classes, float64 features, a NaN) stop the worker
 # with the file and the reason, and pscoord keeps serving; the failed job's
 # state (psctl status) carries the worker's reason, as it does for a data
-# directory that is not there.
+# directory that is not there. And psnet-clicklog's synthetic click logs, read by NumPy.
 source "$(dirname "$0")/lib.sh"
 
 FM=/usr/share/datasets/fashion-mnist
@@ -70,3 +70,37 @@ why=$("$PSCTL" --coord "$COORD" --json status | jq -r '.job.state + ": " + .job.
 grep -q "^failed: every worker left without finishing; the last to fail said: worker 1: cannot load the data from $RUN/no-such-dir: " <<<"$why"
 ok $? "the job failed and says why ($why)"
 psnet_stop_all
+
+# A synthetic click log (issue 34's data): psnet-clicklog writes it, NumPy
+# reads every file back with the stated types and shapes, and its own AUC of
+# the planted logits is the one printed.
+CL=$PSNET_BUILD/worker/data/psnet-clicklog
+out=$("$CL" --out "$RUN/clicks" --train-rows 20000 --test-rows 5000 --fields 4 --vocab 1e3,1e4,1e5,1e8 --dense 3 --seed 5)
+ok $? "psnet-clicklog writes a click log ($out)"
+best=$(sed -n 's/.* best_auc=\([0-9.]*\) .*/\1/p' <<<"$out")
+check=$(/usr/bin/python3 - "$RUN/clicks" <<'PY'
+import sys
+import numpy as np
+d = sys.argv[1]
+tr = {k: np.load(f"{d}/train/{k}.npy") for k in ("sparse", "dense", "label")}
+te = {k: np.load(f"{d}/test/{k}.npy") for k in ("sparse", "dense", "label", "logit")}
+assert tr["sparse"].dtype == np.int64 and tr["sparse"].shape == (20000, 4), tr["sparse"].shape
+assert tr["dense"].dtype == np.float32 and tr["dense"].shape == (20000, 3)
+assert tr["label"].dtype == np.uint8 and set(np.unique(tr["label"])) <= {0, 1}
+assert te["logit"].shape == (5000,) and te["sparse"].shape == (5000, 4)
+assert ((tr["sparse"] >= 0) | (tr["sparse"] == -1)).all()
+s, y = te["logit"].astype(np.float64), te["label"].astype(bool)
+_, inv, cnt = np.unique(s, return_inverse=True, return_counts=True)
+order = np.argsort(s, kind="mergesort")
+ranks = np.empty(len(s))
+ranks[order] = np.arange(1, len(s) + 1)
+ranks = (np.bincount(inv, weights=ranks) / cnt)[inv]
+p, n = y.sum(), (~y).sum()
+print(f"{(ranks[y].sum() - p * (p + 1) / 2) / (p * n):.8f}")
+PY
+)
+ok $? "NumPy reads every file with the stated types and shapes"
+awk -v a="${check:-x}" -v b="${best:-y}" 'BEGIN { d = a - b; exit !(b > 0.5 && d < 0.00006 && d > -0.00006) }'
+ok $? "NumPy's AUC of the planted logits is the one printed, to its 4 decimals ($check, $best)"
+"$CL" --out "$RUN/clicks2" --fields 2 --vocab 1,2,3 >/dev/null 2>"$RUN/cl.err"; rc=$?
+[ $rc -eq 2 ] && grep -q "one per field" "$RUN/cl.err"; ok $? "a --vocab that does not match --fields: exit 2 with the reason"
