@@ -1,8 +1,10 @@
 /* SPDX-License-Identifier: Apache-2.0 */
-/* See psd-table.h. Ids are found by open addressing (linear probing, at most
- * half full, splitmix64 of the id); a row's values and optimizer state sit
- * side by side in one array of rows (values first), so a touched row is one
- * cache-friendly run of memory. A pull or push checks everything (distinct
+/* See psd-table.h. Ids are found by open addressing over the rows' numbers
+ * (linear probing, at most 3/4 full, splitmix64 of the id); a row's values
+ * and optimizer state sit side by side (values first, then the state, then
+ * Adam's step count), so a touched row is one run of memory; rows and their
+ * ids are kept in slabs of 4,096, so the table grows without copying (about
+ * 13-19 bytes a row beside the row itself). A pull or push checks everything (distinct
  * ids, finite gradients, room for the new rows) before it changes anything. */
 #include <errno.h>
 #include <math.h>
@@ -14,16 +16,18 @@
 #include "psd-table.h"
 
 #define TABLE_MAX_DIM 4096
+#define TABLE_SLAB_SHIFT 12     /* 4,096 rows a slab: no copy when the table grows */
+#define TABLE_SLAB ((size_t) 1 << TABLE_SLAB_SHIFT)
 
 struct Table {
         TableConf c;
-        size_t per;             /* floats per row: dim values, then their state */
-        int64_t *keys;          /* [cap] */
-        uint32_t *slot;         /* [cap]: row index + 1; 0: empty */
-        size_t cap;             /* a power of two, >= 2 * nrows */
-        float *rows;            /* [rows_cap * per] */
-        uint32_t *steps;        /* adam: [rows_cap], each row's own step count */
-        size_t nrows, rows_cap;
+        size_t per;             /* floats per row: dim values, their state, then (adam) the step count */
+        uint32_t *index;        /* [cap]: row + 1 of the id hashed there, linear probing; 0: empty */
+        size_t cap;             /* a power of two: the rows fill at most 3/4 of it */
+        float **slabs;          /* the rows, TABLE_SLAB a slab */
+        int64_t **ids;          /* each row's id, TABLE_SLAB a slab */
+        size_t nslabs, slabs_cap;
+        size_t nrows;
 };
 
 /* splitmix64 of x: the first value of the stream whose state is x. */
@@ -67,11 +71,10 @@ int table_new(const TableConf *c, Table **ret, char *why, size_t n) {
         if (!t)
                 return -ENOMEM;
         t->c = *c;
-        t->per = (size_t) c->dim * (1 + table_state_per_value(c->optim));
+        t->per = (size_t) c->dim * (1 + table_state_per_value(c->optim)) + (c->optim == TABLE_ADAM);
         t->cap = 16;
-        t->keys = ps_calloc(t->cap, sizeof *t->keys);
-        t->slot = ps_calloc(t->cap, sizeof *t->slot);
-        if (!t->keys || !t->slot) {
+        t->index = ps_calloc(t->cap, sizeof *t->index);
+        if (!t->index) {
                 table_free(t);
                 return -ENOMEM;
         }
@@ -81,10 +84,13 @@ int table_new(const TableConf *c, Table **ret, char *why, size_t n) {
 
 Table *table_free(Table *t) {
         if (t) {
-                ps_free(t->keys);
-                ps_free(t->slot);
-                ps_free(t->rows);
-                ps_free(t->steps);
+                for (size_t i = 0; i < t->nslabs; i++) {
+                        ps_free(t->slabs[i]);
+                        ps_free(t->ids[i]);
+                }
+                ps_free(t->slabs);
+                ps_free(t->ids);
+                ps_free(t->index);
                 ps_free(t);
         }
         return NULL;
@@ -92,62 +98,72 @@ Table *table_free(Table *t) {
 
 size_t table_size(const Table *t) { return t->nrows; }
 
-/* The slot of id, or of the empty place it would take. */
-static size_t probe(const int64_t *keys, const uint32_t *slot, size_t cap, int64_t id) {
+size_t table_memory(const Table *t) {
+        return sizeof *t + t->cap * sizeof *t->index + t->slabs_cap * (sizeof *t->slabs + sizeof *t->ids) +
+               t->nslabs * TABLE_SLAB * (t->per * sizeof(float) + sizeof(int64_t));
+}
+
+static inline float *row_at(const Table *t, size_t r) {
+        return t->slabs[r >> TABLE_SLAB_SHIFT] + (r & (TABLE_SLAB - 1)) * t->per;
+}
+
+static inline int64_t id_at(const Table *t, size_t r) {
+        return t->ids[r >> TABLE_SLAB_SHIFT][r & (TABLE_SLAB - 1)];
+}
+
+/* The index slot of id, or of the empty place it would take. */
+static size_t probe(const Table *t, const uint32_t *index, size_t cap, int64_t id) {
         size_t i = (size_t) splitmix64((uint64_t) id) & (cap - 1);
-        while (slot[i] && keys[i] != id)
+        while (index[i] && id_at(t, index[i] - 1) != id)
                 i = (i + 1) & (cap - 1);
         return i;
 }
 
 static long find(const Table *t, int64_t id) {
-        size_t i = probe(t->keys, t->slot, t->cap, id);
-        return t->slot[i] ? (long) t->slot[i] - 1 : -1;
+        size_t i = probe(t, t->index, t->cap, id);
+        return t->index[i] ? (long) t->index[i] - 1 : -1;
 }
 
-/* Room for `more` new rows: the index at most half full, the rows' arrays large enough. */
+/* Room for `more` new rows: the index at most 3/4 full, slabs enough. */
 static int reserve(Table *t, size_t more) {
         size_t need = t->nrows + more;
         if (need > UINT32_MAX - 1)
                 return -ENOSPC;
-        if (2 * need > t->cap) {
+        if (4 * need > 3 * t->cap) {
                 size_t cap = t->cap;
-                while (2 * need > cap)
+                while (4 * need > 3 * cap)
                         cap *= 2;
-                int64_t *keys = ps_calloc(cap, sizeof *keys);
-                uint32_t *slot = ps_calloc(cap, sizeof *slot);
-                if (!keys || !slot) {
-                        ps_free(keys);
-                        ps_free(slot);
+                uint32_t *index = ps_calloc(cap, sizeof *index);
+                if (!index)
                         return -ENOMEM;
-                }
-                for (size_t i = 0; i < t->cap; i++)
-                        if (t->slot[i]) {
-                                size_t j = probe(keys, slot, cap, t->keys[i]);
-                                keys[j] = t->keys[i];
-                                slot[j] = t->slot[i];
-                        }
-                ps_free(t->keys);
-                ps_free(t->slot);
-                t->keys = keys;
-                t->slot = slot;
+                for (size_t r = 0; r < t->nrows; r++)
+                        index[probe(t, index, cap, id_at(t, r))] = (uint32_t) r + 1;
+                ps_free(t->index);
+                t->index = index;
                 t->cap = cap;
         }
-        if (need > t->rows_cap) {
-                size_t rc = t->rows_cap ? t->rows_cap : 64;
-                while (rc < need)
-                        rc *= 2;
-                float *rows = ps_realloc(t->rows, rc * t->per * sizeof *rows);
-                if (!rows)
-                        return -ENOMEM;
-                t->rows = rows;
-                if (t->c.optim == TABLE_ADAM) {
-                        uint32_t *steps = ps_realloc(t->steps, rc * sizeof *steps);
-                        if (!steps)
+        while (t->nslabs * TABLE_SLAB < need) {
+                if (t->nslabs == t->slabs_cap) {
+                        size_t sc = t->slabs_cap ? 2 * t->slabs_cap : 8;
+                        float **slabs = ps_realloc(t->slabs, sc * sizeof *slabs);
+                        if (!slabs)
                                 return -ENOMEM;
-                        t->steps = steps;
+                        t->slabs = slabs;
+                        int64_t **ids = ps_realloc(t->ids, sc * sizeof *ids);
+                        if (!ids)
+                                return -ENOMEM;
+                        t->ids = ids;
+                        t->slabs_cap = sc;
                 }
-                t->rows_cap = rc;
+                float *rows = ps_malloc(TABLE_SLAB * t->per * sizeof *rows);
+                int64_t *ids = ps_malloc(TABLE_SLAB * sizeof *ids);
+                if (!rows || !ids) {
+                        ps_free(rows);
+                        ps_free(ids);
+                        return -ENOMEM;
+                }
+                t->slabs[t->nslabs] = rows;
+                t->ids[t->nslabs++] = ids;
         }
         return 0;
 }
@@ -168,18 +184,16 @@ static void init_values(const Table *t, int64_t id, float *w) {
 
 /* The row of id, made (reserve() was called for it) where it has none. */
 static float *row_of(Table *t, int64_t id) {
-        size_t i = probe(t->keys, t->slot, t->cap, id);
-        if (!t->slot[i]) {
+        size_t i = probe(t, t->index, t->cap, id);
+        if (!t->index[i]) {
                 size_t r = t->nrows++;
-                t->keys[i] = id;
-                t->slot[i] = (uint32_t) r + 1;
-                float *w = t->rows + r * t->per;
+                t->ids[r >> TABLE_SLAB_SHIFT][r & (TABLE_SLAB - 1)] = id;
+                t->index[i] = (uint32_t) r + 1;
+                float *w = row_at(t, r);
                 init_values(t, id, w);
-                memset(w + t->c.dim, 0, (t->per - t->c.dim) * sizeof *w);
-                if (t->steps)
-                        t->steps[r] = 0;
+                memset(w + t->c.dim, 0, (t->per - t->c.dim) * sizeof *w); /* state, and adam's step count 0 */
         }
-        return t->rows + (size_t) (t->slot[i] - 1) * t->per;
+        return row_at(t, t->index[i] - 1);
 }
 
 static int cmp_id(const void *a, const void *b) {
@@ -210,8 +224,12 @@ static long count_missing(const Table *t, const int64_t *ids, size_t n) {
         return missing;
 }
 
-/* Room for the rows ids[0..n) would create, within max_rows. */
+/* Room for the rows ids[0..n) would create, within max_rows: counted
+ * exactly only where n new rows could pass it (the common case reserves
+ * room for n, a slab and an index doubling early at most). */
 static int make_room(Table *t, const int64_t *ids, size_t n, char *why, size_t whylen) {
+        if (!t->c.max_rows || t->nrows + n <= t->c.max_rows)
+                return reserve(t, n);
         long missing = count_missing(t, ids, n);
         if (missing < 0)
                 return (int) missing;
@@ -236,14 +254,22 @@ int table_pull(Table *t, const int64_t *ids, size_t n, bool create, float *out, 
                 if (create)
                         memcpy(dst, row_of(t, ids[i]), t->c.dim * sizeof *dst);
                 else if (r >= 0)
-                        memcpy(dst, t->rows + (size_t) r * t->per, t->c.dim * sizeof *dst);
+                        memcpy(dst, row_at(t, (size_t) r), t->c.dim * sizeof *dst);
                 else
                         init_values(t, ids[i], dst);
         }
         return 0;
 }
 
-static void apply_row(Table *t, float *w, uint32_t *step, const float *g) {
+/* Adam's step count, kept in the row's last float's bytes. */
+static uint32_t steps_of(const Table *t, const float *w) {
+        uint32_t s = 0;
+        if (t->c.optim == TABLE_ADAM)
+                memcpy(&s, w + t->per - 1, sizeof s);
+        return s;
+}
+
+static void apply_row(Table *t, float *w, const float *g) {
         const TableConf *c = &t->c;
         uint32_t d = c->dim;
         float *s0 = w + d, *s1 = w + 2 * (size_t) d;
@@ -259,7 +285,8 @@ static void apply_row(Table *t, float *w, uint32_t *step, const float *g) {
                 }
                 break;
         case TABLE_ADAM: {
-                uint32_t t1 = ++*step;
+                uint32_t t1 = steps_of(t, w) + 1;
+                memcpy(w + t->per - 1, &t1, sizeof t1);
                 double bc1 = 1.0 - pow(c->beta1, t1), bc2 = 1.0 - pow(c->beta2, t1);
                 float a = (float) (c->lr / bc1), rb2 = (float) (1.0 / sqrt(bc2));
                 for (uint32_t j = 0; j < d; j++) {
@@ -286,6 +313,31 @@ static void apply_row(Table *t, float *w, uint32_t *step, const float *g) {
         }
 }
 
+/* 1 and *dup where an id comes twice in ids[0..n), 0 where none does
+ * (a set of them, open addressing at most half full); -ENOMEM. */
+static int first_duplicate(const int64_t *ids, size_t n, int64_t *dup) {
+        size_t cap = 16;
+        while (cap < 2 * n)
+                cap *= 2;
+        int64_t *keys = ps_malloc(cap * sizeof *keys);
+        uint8_t *used = ps_calloc(cap, 1);
+        int r = keys && used ? 0 : -ENOMEM;
+        for (size_t i = 0; r == 0 && i < n; i++) {
+                size_t j = (size_t) splitmix64((uint64_t) ids[i]) & (cap - 1);
+                while (used[j] && keys[j] != ids[i])
+                        j = (j + 1) & (cap - 1);
+                if (used[j]) {
+                        *dup = ids[i];
+                        r = 1;
+                }
+                used[j] = 1;
+                keys[j] = ids[i];
+        }
+        ps_free(keys);
+        ps_free(used);
+        return r;
+}
+
 int table_push(Table *t, const int64_t *ids, size_t n, const float *grads, char *why, size_t whylen) {
         for (size_t i = 0; i < n * t->c.dim; i++)
                 if (!isfinite(grads[i])) {
@@ -294,25 +346,21 @@ int table_push(Table *t, const int64_t *ids, size_t n, const float *grads, char 
                                          (long long) ids[i / t->c.dim]);
                         return -EINVAL;
                 }
-        int64_t *s = sorted_ids(ids, n);
-        if (!s)
-                return -ENOMEM;
-        for (size_t i = 1; i < n; i++)
-                if (s[i] == s[i - 1]) {
-                        if (why && whylen)
-                                snprintf(why, whylen, "id %lld comes twice in one push (one gradient per row)",
-                                         (long long) s[i]);
-                        ps_free(s);
-                        return -EINVAL;
-                }
-        ps_free(s);
-        int r = make_room(t, ids, n, why, whylen);
+        int64_t dup;
+        int r = first_duplicate(ids, n, &dup);
+        if (r < 0)
+                return r;
+        if (r > 0) {
+                if (why && whylen)
+                        snprintf(why, whylen, "id %lld comes twice in one push (one gradient per row)",
+                                 (long long) dup);
+                return -EINVAL;
+        }
+        r = make_room(t, ids, n, why, whylen);
         if (r < 0)
                 return r;
         for (size_t i = 0; i < n; i++) {
-                float *w = row_of(t, ids[i]);
-                size_t row = (size_t) (w - t->rows) / t->per;
-                apply_row(t, w, t->steps ? &t->steps[row] : NULL, grads + i * t->c.dim);
+                apply_row(t, row_of(t, ids[i]), grads + i * t->c.dim);
         }
         return 0;
 }
@@ -322,6 +370,6 @@ const float *table_row(const Table *t, int64_t id, uint32_t *ret_steps) {
         if (r < 0)
                 return NULL;
         if (ret_steps)
-                *ret_steps = t->steps ? t->steps[r] : 0;
-        return t->rows + (size_t) r * t->per;
+                *ret_steps = steps_of(t, row_at(t, (size_t) r));
+        return row_at(t, (size_t) r);
 }

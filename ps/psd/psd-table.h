@@ -38,6 +38,8 @@ typedef struct Table Table;
 int table_new(const TableConf *c, Table **ret, char *why, size_t n);
 Table *table_free(Table *t);
 size_t table_size(const Table *t);
+/* Bytes the table holds (index, slabs and their ids). */
+size_t table_memory(const Table *t);
 /* Floats of optimizer state per row value (sgd 0, adagrad 1, adam 2, ftrl 2). */
 unsigned table_state_per_value(TableOptim o);
 

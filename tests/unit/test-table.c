@@ -6,7 +6,8 @@
  * FTRL-proximal against values worked out by hand from the formulas (psd-
  * table.h; FTRL from McMahan et al., KDD 2013) — then rows created on first
  * touch with values that depend on the seed and the id alone, any 64-bit id,
- * growth past a million rows, and the refusals (an id twice, NaN, a full table)
+ * growth past a million rows (slabs, the index rebuilt) and the memory it
+ * takes a row, and the refusals (an id twice, NaN, a full table)
  * that leave the table as it was. */
 #include <errno.h>
 #include <stdint.h>
@@ -156,6 +157,11 @@ static void check_rows(void) {
         table_pull(t, &probe, 1, false, want, why, sizeof why);
         CHECK(w && memcmp(w, want, sizeof want) == 0, "row 777,777 is found again with its values");
         CHECK(table_row(t, 5, NULL) == NULL, "an id never touched has no row");
+        /* Beside each row's 32 bytes (4 values, 4 sums): its id (8) and at most
+         * 4/3 to 8/3 of a 4-byte index slot, plus the last slab's unused rows. */
+        size_t mem = table_memory(t), rowb = 4 * 2 * sizeof(float), nr = table_size(t);
+        CHECK(mem >= nr * (rowb + 8) && mem <= nr * (rowb + 8 + 11) + 4096 * (rowb + 8) + 4096,
+              "memory: %.1f bytes a row for rows of %zu bytes", (double) mem / (double) nr, rowb);
         free(big);
         free(rows);
         t = table_free(t);
