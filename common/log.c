@@ -156,6 +156,14 @@ bool log_limit(LogLimit *l, const char *what) {
         return true;
 }
 
+bool log_window(LogWindow *w, uint64_t now) {
+        if (now - w->start > LOG_WINDOW_MS) {
+                w->start = now;
+                w->lines = 0;
+        }
+        return w->lines++ < LOG_WINDOW_LINES;
+}
+
 bool log_limit_by(LogLimitBy *l, uint64_t key, const char *what) {
         uint64_t second = mono_second();
         size_t i = (size_t) (key % LOG_LIMIT_KEYS);

@@ -53,6 +53,18 @@ typedef struct LogLimit {
  * any, under what); false: leave it out, counted. */
 bool log_limit(LogLimit *l, const char *what);
 
+/* A bound on lines of one kind that come rarely but may come in a burst
+ * (connections closed): at most LOG_WINDOW_LINES in LOG_WINDOW_MS, the rest
+ * left out (counted in /metrics by the caller). Zero-initialised. */
+#define LOG_WINDOW_MS 10000
+#define LOG_WINDOW_LINES 10
+typedef struct LogWindow {
+        uint64_t start;        /* ms: the window being counted began then */
+        unsigned lines;        /* asked for in it */
+} LogWindow;
+/* true: write this line (now in ms). */
+bool log_window(LogWindow *w, uint64_t now);
+
 /* The same bound over lines from many sources (refusals: a peer and a
  * reason), with each source's own at most LOG_LIMIT_KEY_BURST a second, so
  * that one peer's flood leaves room in the log for the others'. Sources are

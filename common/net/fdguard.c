@@ -21,7 +21,6 @@
 #define FDGUARD_RESERVE_MAX 4096
 
 typedef int (*Accept4Fn)(int, struct sockaddr *, socklen_t *, int);
-typedef int (*AcceptFn)(int, struct sockaddr *, socklen_t *);
 
 static atomic_ulong guard_budget, guard_limit;
 static atomic_uint_least64_t guard_refused, guard_logged_second;

@@ -16,6 +16,7 @@
 #include <string.h>
 #include "compress.h"
 #include "keys.h"
+#include "log.h"
 #include "wire.h"
 
 #if __BYTE_ORDER__ != __ORDER_LITTLE_ENDIAN__
@@ -324,6 +325,11 @@ bool wire_address(const zmq_msg_t *m, uint32_t *ret) {
         const uint8_t *d = zmq_msg_data((zmq_msg_t *) m);
         *ret = (uint32_t) d[0] | (uint32_t) d[1] << 8 | (uint32_t) d[2] << 16 | (uint32_t) d[3] << 24;
         return true;
+}
+
+uint64_t wire_refusal_key(const zmq_msg_t *route, int status) {
+        zmq_msg_t *r = (zmq_msg_t *) route; /* zmq_msg_data and _size do not change it */
+        return log_limit_key(zmq_msg_data(r), zmq_msg_size(r), (uint64_t) status);
 }
 
 int wire_recv(void *sock, bool router, int flags, WireMsg *msg) {

@@ -52,6 +52,9 @@ typedef struct WireMsg {
  *   other negative errno from ZeroMQ (-EAGAIN with ZMQ_DONTWAIT, -EINTR, -ETERM).
  * In every case call wire_msg_done afterwards. */
 int wire_recv(void *sock, bool router, int flags, WireMsg *msg);
+/* A refusal's key in a log's bound (log_limit_by): its peer, the routing id
+ * route, and its status. */
+uint64_t wire_refusal_key(const zmq_msg_t *route, int status);
 /* The same for a message whose header follows an address frame of 4 bytes
  * (after the route, with router): the far end of a message through psgate
  * (netsock.h, NetMux), into msg->to. */

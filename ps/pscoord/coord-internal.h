@@ -298,9 +298,10 @@ typedef struct Coord {
         size_t nevicted;
         uint64_t registrations, expiries, evictions, requests, refused;
         uint64_t hb_gap_max[2];      /* ms: the longest silence between heartbeats, [0] workers, [1] shards */
-        uint64_t sole_waits;
-        AllocPurge purge;
-        uint64_t closed, closed_window, closed_logged; /* control connections closed; their log lines */            /* freed memory given back after connections closed, messages refused */         /* shards silent past their lease, waited on for holding a sole copy */
+        uint64_t sole_waits;         /* shards silent past their lease, waited on for holding a sole copy */
+        AllocPurge purge;            /* freed memory given back after connections closed, messages refused */
+        uint64_t closed;             /* control connections closed */
+        LogWindow closed_lines;      /* their log lines */
         uint32_t failovers;         /* this job's: shards lost and replaced by their backups */
         uint32_t lost_shards;       /* of those, not yet replaced by a shard that registered (--keep-standby) */
         uint64_t failover_ms;       /* when the last one was published */

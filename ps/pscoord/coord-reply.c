@@ -36,9 +36,7 @@ int coord_reply_job(Coord *c, const zmq_msg_t *route, uint64_t seq, const char *
 
 int coord_reply_error(Coord *c, const zmq_msg_t *route, uint64_t seq, int status, const char *reason) {
         c->errors++;
-        zmq_msg_t *r = (zmq_msg_t *) route; /* zmq_msg_data and _size do not change it */
-        if (log_limit_by(&c->refusals, log_limit_key(zmq_msg_data(r), zmq_msg_size(r), (uint64_t) status),
-                         "refused requests"))
+        if (log_limit_by(&c->refusals, wire_refusal_key(route, status), "refused requests"))
                 log_warning("refused request reason=\"%s\" status=%s", reason, status_name(status));
         return netsock_send_error(c->ctl, route, status, seq, reason);
 }

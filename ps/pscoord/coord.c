@@ -70,8 +70,7 @@ static void handle_message(Coord *c, WireMsg *m) {
         int st = dispatch_message(&coord_dispatch, &c->id, c, m, reason, sizeof reason);
         if (st == PSNET__STATUS__STATUS_DENIED) {
                 c->errors++;
-                if (log_limit_by(&c->refusals, log_limit_key(zmq_msg_data(&m->route), zmq_msg_size(&m->route), (uint64_t) st),
-                                 "refused requests"))
+                if (log_limit_by(&c->refusals, wire_refusal_key(&m->route, st), "refused requests"))
                         log_warning("refused request reason=\"%s\" status=denied key=%s name=%s", reason,
                                     m->peer.fingerprint[0] ? m->peer.fingerprint : "-",
                                     m->peer.name[0] ? m->peer.name : "-");
@@ -118,11 +117,7 @@ static void coord_on_ctl_event(NetSock *ns, int event, int value, const char *wh
         c->closed++;
         /* libzmq drops a connection that sends a frame over the limit as if
          * its peer left: both logged, with the limit, 10 lines per 10 s. */
-        if (now - c->closed_window > 10000) {
-                c->closed_window = now;
-                c->closed_logged = 0;
-        }
-        if (c->closed_logged++ < 10)
+        if (log_window(&c->closed_lines, now))
                 log_info("connection closed (the peer left, or sent a frame over the control limit of %d bytes)",
                          COORD_MAX_FRAME);
 }

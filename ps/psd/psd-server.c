@@ -37,8 +37,6 @@
 #include "zap.h"
 
 #define PSD_MAX_STRAGGLERS 64
-#define PSD_DROP_LOG_WINDOW_MS 10000
-#define PSD_DROP_LOG_LINES 10
 
 typedef struct Psd {
         const PsdConfig *cfg;
@@ -64,7 +62,7 @@ typedef struct Psd {
         LogLimitBy refusals;    /* the "refused request" lines a flood would repeat, by peer and reason */
         uint64_t bytes_in, bytes_out;
         Histogram push_latency, pull_latency;
-        uint64_t drop_window, drop_logged;
+        LogWindow drop_lines;   /* the lines of refused and closed connections */
         AllocPurge purge;           /* freed memory given back after connections closed, messages refused */
         Psnet__ShardInfo hb;    /* the figures of the heartbeat being sent */
         bool acknowledging;     /* as last seen by psd_may_acknowledge (for its log lines) */
@@ -101,12 +99,6 @@ static bool psd_may_acknowledge(Psd *p) {
 #define PSD_NO_LEASE "this shard's lease with pscoord ran out (its backups may be taking over): retry"
 
 
-/* A refusal's key in the log's bound: its peer (routing id) and status. */
-static uint64_t route_key(const zmq_msg_t *route, int status) {
-        zmq_msg_t *r = (zmq_msg_t *) route; /* zmq_msg_data and _size do not change it */
-        return log_limit_key(zmq_msg_data(r), zmq_msg_size(r), (uint64_t) status);
-}
-
 static int psd_reply_error(Psd *p, const zmq_msg_t *route, const Psnet__Header *req, int status,
                            const char *reason) {
         if (redirect_status(status))
@@ -118,7 +110,7 @@ static int psd_reply_error(Psd *p, const zmq_msg_t *route, const Psnet__Header *
                          reason);
         else {
                 p->errors++;
-                if (log_limit_by(&p->refusals, route_key(route, status), "refused requests"))
+                if (log_limit_by(&p->refusals, wire_refusal_key(route, status), "refused requests"))
                         log_warning("refused request reason=\"%s\" status=%s", reason, status_name(status));
         }
         Psnet__Header h;
@@ -472,7 +464,7 @@ static void psd_on_data(NetSock *ns, WireMsg *m, int r, void *ud) {
                 int st = dispatch_message(&psd_dispatch, &p->id, p, m, reason, sizeof reason);
                 if (st == PSNET__STATUS__STATUS_DENIED) {
                         p->errors++;
-                        if (log_limit_by(&p->refusals, route_key(&m->route, st), "refused requests"))
+                        if (log_limit_by(&p->refusals, wire_refusal_key(&m->route, st), "refused requests"))
                                 log_warning("refused request reason=\"%s\" status=denied key=%s name=%s", reason,
                                             m->peer.fingerprint[0] ? m->peer.fingerprint : "-",
                                             m->peer.name[0] ? m->peer.name : "-");
@@ -497,12 +489,8 @@ static void psd_on_data_event(NetSock *ns, int event, int value, const char *why
         Psd *p = ud;
         (void) ns, (void) value;
         uint64_t now = now_ms();
-        if (now - p->drop_window > PSD_DROP_LOG_WINDOW_MS) {
-                p->drop_window = now;
-                p->drop_logged = 0;
-        }
         if (why) {
-                if (p->drop_logged++ < PSD_DROP_LOG_LINES)
+                if (log_window(&p->drop_lines, now))
                         log_warning("refused a connection reason=\"%s\"", why);
                 return;
         }
@@ -513,7 +501,7 @@ static void psd_on_data_event(NetSock *ns, int event, int value, const char *why
          * is freed by libzmq's I/O thread about now: looked at once the
          * closing is over. */
         alloc_purge_soon(&p->purge, now);
-        if (p->drop_logged++ < PSD_DROP_LOG_LINES)
+        if (log_window(&p->drop_lines, now))
                 log_info("connection closed (the peer left, or sent a frame over the limit of %ld bytes)",
                          (long) p->cfg->max_msg);
 }
@@ -925,7 +913,7 @@ static void psd_metrics(void *ud, MetricsBuf *b) {
         metrics_one(b, "psnet_psd_connections_closed_total", "counter",
                     "Data connections closed (peers leaving, or frames over the limit).", (double) p->dropped);
         metrics_one(b, "psnet_psd_memory_purged_bytes_total", "counter",
-                    "Freed memory given back to the system after connections closed (what they held).",
+                    "Freed memory given back to the system after connections closed or messages were refused.",
                     (double) p->purge.purged);
         metrics_one(b, "psnet_psd_shm_sessions", "gauge",
                     "Same-host shared-memory sessions open (workers whose tensors travel through shared memory).",
