@@ -371,14 +371,18 @@ static void session_heartbeat(Session *s) {
                 log_warning_errno(r, "Failed to send a heartbeat: %m");
 }
 
-bool session_poll(Session *s) {
-        if (!s || s->state != S_REGISTERED)
-                return false;
-        uint64_t now = now_ms();
-        if (now < s->next_heartbeat)
+/* Sends the heartbeat if it is due at now, and sets the next one's time. */
+static bool heartbeat_if_due(Session *s, uint64_t now) {
+        if (s->state != S_REGISTERED || now < s->next_heartbeat)
                 return false;
         session_heartbeat(s);
         s->next_heartbeat = now + SESSION_HEARTBEAT_MS(s->lease_ms);
+        return true;
+}
+
+bool session_poll(Session *s) {
+        if (!s || !heartbeat_if_due(s, now_ms()))
+                return false;
         session_schedule(s);
         return true;
 }
@@ -403,9 +407,7 @@ static void session_tick(uv_timer_t *t) {
                 if (session_register(s) < 0)
                         log_error("out of memory while registering with pscoord");
         }
-        if (s->state == S_REGISTERED && now >= s->next_heartbeat) {
-                session_heartbeat(s);
-                s->next_heartbeat = now + SESSION_HEARTBEAT_MS(s->lease_ms);
+        if (heartbeat_if_due(s, now)) {
                 uint64_t silent = session_silent_ms(s);
                 if (silent > 3ull * s->lease_ms && now - s->warned_silent > 3ull * s->lease_ms) {
                         log_warning("pscoord silent for %lu ms; serving on", (unsigned long) silent);
