@@ -14,6 +14,8 @@
 source "$(dirname "$0")/lib.sh"
 
 rss_mb() { awk '/VmRSS/ { print int($2 / 1024) }' "/proc/$1/status"; }
+# rss_below PID MIB: the process's resident memory is under MIB (for psnet_wait_for).
+rss_below() { [ "$(rss_mb "$1")" -lt "$2" ]; }
 # Under AddressSanitizer freed memory waits in a quarantine (256 MiB by default),
 # which the memory checks below would count: keep it small.
 export ASAN_OPTIONS="${ASAN_OPTIONS:+$ASAN_OPTIONS:}quarantine_size_mb=4"
@@ -93,13 +95,13 @@ rss0=$(rss_mb "$PID_pscoord")
 out=$(PSPOKE_WAIT_MS=20000 PSPOKE_COUNT=2000 "$PSPOKE" "$COORD" frames 1 60000)
 grep -q "status=malformed .*carries 2000 payload frames" <<<"$out"
 ok $? "one message of 2,000 frames of 234 KiB to pscoord (458 MiB) is refused with a reason ($out)"
-psnet_wait_for 10 bash -c "[ \$(awk '/VmRSS/ { print int(\$2 / 1024) }' /proc/$PID_pscoord/status) -lt $((rss0 + 50)) ]"
+psnet_wait_for 10 rss_below "$PID_pscoord" $((rss0 + 50))
 ok $? "and pscoord's memory returns to within 50 MiB of where it was (${rss0} -> $(rss_mb "$PID_pscoord") MiB)"
 rss0=$(rss_mb "$PID_psd_1")
 out=$(PSPOKE_WAIT_MS=20000 PSPOKE_COUNT=64 "$PSPOKE" "$SHARD" frames 1 2097152)
 grep -q "status=malformed .*carries 64 payload frames" <<<"$out"
 ok $? "one push of 64 frames of 8 MiB to psd (512 MiB, each frame under --max-msg) is refused with a reason ($out)"
-psnet_wait_for 10 bash -c "[ \$(awk '/VmRSS/ { print int(\$2 / 1024) }' /proc/$PID_psd_1/status) -lt $((rss0 + 100)) ]"
+psnet_wait_for 10 rss_below "$PID_psd_1" $((rss0 + 100))
 ok $? "and psd's memory returns to within 100 MiB of where it was (${rss0} -> $(rss_mb "$PID_psd_1") MiB)"
 
 # A message begun and never finished (1,000 bytes of a 100 KiB frame, under
@@ -117,7 +119,7 @@ done
 rss0=$(rss_mb "$PID_psd_1")
 out=$(python3 "$PSNET_SRC/tests/integration/zmtp-stall.py" "$SHARD" 30 200 4194304)
 ok $? "200 half-sent 4 MiB frames to psd are all dropped ($out)"
-psnet_wait_for 10 bash -c "[ \$(awk '/VmRSS/ { print int(\$2 / 1024) }' /proc/$PID_psd_1/status) -lt $((rss0 + 100)) ]"
+psnet_wait_for 10 rss_below "$PID_psd_1" $((rss0 + 100))
 ok $? "and psd's memory returns to within 100 MiB of where it was (${rss0} -> $(rss_mb "$PID_psd_1") MiB)"
 
 
