@@ -86,34 +86,37 @@ double clicklog_weight(const ClickConf *c, uint32_t f, int64_t id) {
 
 /* --- metrics ----------------------------------------------------------------------- */
 
-static const float *sort_scores;
+typedef struct Scored {
+        float score;
+        uint8_t label;
+} Scored;
+
 static int by_score(const void *a, const void *b) {
-        float x = sort_scores[*(const size_t *) a], y = sort_scores[*(const size_t *) b];
+        float x = ((const Scored *) a)->score, y = ((const Scored *) b)->score;
         return (x > y) - (x < y);
 }
 
 double auc(const float *scores, const uint8_t *labels, size_t n) {
-        size_t *idx = ps_malloc((n ? n : 1) * sizeof *idx);
-        if (!idx)
+        Scored *v = ps_malloc((n ? n : 1) * sizeof *v);
+        if (!v)
                 return NAN;
         for (size_t i = 0; i < n; i++)
-                idx[i] = i;
-        sort_scores = scores;
-        qsort(idx, n, sizeof *idx, by_score);
+                v[i] = (Scored) { scores[i], labels[i] };
+        qsort(v, n, sizeof *v, by_score);
         double pos = 0, rank_sum = 0;
         for (size_t i = 0; i < n;) {
                 size_t j = i;
-                while (j < n && scores[idx[j]] == scores[idx[i]])
+                while (j < n && v[j].score == v[i].score)
                         j++;
                 double avg = (double) (i + 1 + j) / 2.0; /* ranks i+1..j */
                 for (size_t k = i; k < j; k++)
-                        if (labels[idx[k]]) {
+                        if (v[k].label) {
                                 pos++;
                                 rank_sum += avg;
                         }
                 i = j;
         }
-        ps_free(idx);
+        ps_free(v);
         double neg = (double) n - pos;
         if (pos == 0 || neg == 0)
                 return NAN;
