@@ -11,6 +11,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <zmq.h>
+#include "compress.h"
 #include "wire.h"
 
 static void *ctx, *tx, *rx;
@@ -55,9 +56,18 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
         if (r == 0) {
                 if (!m.hdr || m.status != 0)
                         abort();
-                for (size_t i = 0; i < m.nframes && i < m.hdr->n_keys; i++)
-                        if (zmq_msg_size(&m.frames[i]) != (size_t) m.hdr->keys[i]->len * 4)
+                /* A raw frame holds len values of the dtype (f32: 4 bytes, bf16:
+                 * 2); a coded federated push's, its codec's size for len values. */
+                bool coded = m.hdr->codec >= PSNET__CODEC__CODEC_BF16; /* MASKED frames are raw f32 */
+                size_t width = m.hdr->dtype == PSNET__DTYPE__DTYPE_BF16 ? 2 : 4;
+                for (size_t i = 0; i < m.nframes && i < m.hdr->n_keys; i++) {
+                        size_t have = zmq_msg_size(&m.frames[i]);
+                        uint32_t len = m.hdr->keys[i]->len;
+                        if (coded ? !compress_size_ok((CompressKind) (m.hdr->codec - PSNET__CODEC__CODEC_BF16 +
+                                                                      COMPRESS_BF16), have, len)
+                                  : have != (size_t) len * width)
                                 abort(); /* accepted, yet a frame does not match its key */
+                }
         } else if (r != -EBADMSG)
                 abort();
         else if (m.status == 0 || !m.reason[0])

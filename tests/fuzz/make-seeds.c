@@ -13,6 +13,7 @@
 #include "alloc.h"
 #include "ckpt-file.h"
 #include "ckpt-manifest.h"
+#include "compress.h"
 #include "job.h"
 #include "shardmap.h"
 #include "wire-job.h"
@@ -34,21 +35,21 @@ static void put(const char *target, const char *name, const void *p, size_t n) {
 
 static uint8_t buf[1 << 16];
 
-/* One wire seed: 2-byte lengths before every part but the last. */
-static void wire_seed(const char *name, Psnet__Header *h, size_t nframes, uint32_t len) {
+/* One wire seed: 2-byte lengths before every part but the last; each of the
+ * nframes frames is fl bytes, of `frame` when given. */
+static void wire_seed(const char *name, Psnet__Header *h, size_t nframes, size_t fl, const uint8_t *frame) {
         size_t hl = psnet__header__get_packed_size(h), at = 0;
         buf[at++] = (uint8_t) hl;
         buf[at++] = (uint8_t) (hl >> 8);
         psnet__header__pack(h, buf + at);
         at += hl;
         for (size_t i = 0; i < nframes; i++) {
-                size_t fl = (size_t) len * 4;
                 if (i + 1 < nframes) {
                         buf[at++] = (uint8_t) fl;
                         buf[at++] = (uint8_t) (fl >> 8);
                 }
                 for (size_t k = 0; k < fl; k++)
-                        buf[at++] = (uint8_t) (k * 7 + i);
+                        buf[at++] = frame ? frame[k] : (uint8_t) (k * 7 + i);
         }
         put("wire", name, buf, at);
 }
@@ -62,11 +63,21 @@ static void wire_seeds(void) {
         h.has_job = h.has_sender = h.has_seq = h.has_clock = true;
         h.job = 1, h.sender = 2, h.seq = 7, h.clock = 41;
         h.n_keys = 2, h.keys = kp;
-        wire_seed("push", &h, 2, 8);
+        wire_seed("push", &h, 2, 8 * 4, NULL);
         h.type = PSNET__MSG_TYPE__MSG_PULL;
-        wire_seed("pull", &h, 0, 8);
+        wire_seed("pull", &h, 0, 0, NULL);
         h.type = PSNET__MSG_TYPE__MSG_PULL_REP;
-        wire_seed("pull-rep", &h, 2, 8);
+        wire_seed("pull-rep", &h, 2, 8 * 4, NULL);
+        /* --wire bf16: 2 bytes a value; a federated push coded as int8. */
+        h.type = PSNET__MSG_TYPE__MSG_PUSH;
+        h.has_dtype = true, h.dtype = PSNET__DTYPE__DTYPE_BF16;
+        wire_seed("push-bf16", &h, 2, 8 * 2, NULL);
+        h.has_dtype = false, h.dtype = PSNET__DTYPE__DTYPE_F32;
+        float x[8] = { 0.5f, -1, 0.25f, 2, -0.125f, 0, 1, -3 }, scratch[8];
+        uint8_t coded[256];
+        size_t cl = compress_encode(COMPRESS_INT8, x, 8, 0, NULL, coded, scratch);
+        h.has_codec = true, h.codec = PSNET__CODEC__CODEC_INT8;
+        wire_seed("push-int8", &h, 2, cl, coded);
         Psnet__Register reg = PSNET__REGISTER__INIT;
         wire_header_init(&h, PSNET__MSG_TYPE__MSG_REGISTER);
         reg.role = PSNET__ROLE__ROLE_SERVER;
@@ -75,7 +86,7 @@ static void wire_seeds(void) {
         reg.want_id = 1, reg.pid = 1234;
         h.body_case = PSNET__HEADER__BODY_REG;
         h.reg = &reg;
-        wire_seed("register", &h, 0, 0);
+        wire_seed("register", &h, 0, 0, NULL);
         Psnet__Checkpoint ck = PSNET__CHECKPOINT__INIT;
         wire_header_init(&h, PSNET__MSG_TYPE__MSG_CHECKPOINT);
         ck.name = (char *) "mid";
@@ -84,7 +95,7 @@ static void wire_seeds(void) {
         ck.clock = 54;
         h.body_case = PSNET__HEADER__BODY_CHECKPOINT;
         h.checkpoint = &ck;
-        wire_seed("checkpoint", &h, 0, 0);
+        wire_seed("checkpoint", &h, 0, 0, NULL);
 }
 
 static void config_seeds(void) {
