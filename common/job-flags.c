@@ -71,6 +71,10 @@ size_t jobflags_options(JobFlags *f, Option *o) {
                   "shards refuse a push whose gradients there have an L2 norm above N (counted in "
                   "psnet_psd_refused_total{reason=\"grad_norm\"}): a bound on what one faulty or hostile worker "
                   "can do to the model in one push (default 0: none)" },
+                { "tables", OPT_STR, &f->tables, "SPEC",
+                  "sparse tables beside the model's tensors, rows keyed by 64-bit ids and placed on the shards by "
+                  "the id: NAME:DIM[:OPTIM][:KEY=VALUE]... separated by ',', OPTIM sgd, adagrad (default), adam or "
+                  "ftrl, KEY lr, eps, beta1, beta2, beta, l1, l2, init, max-rows (docs/tables.md)" },
                 { "replicas", OPT_UINT, &f->replicas, "R",
                   "copies of every chunk, each on its own shard: a push is acknowledged once every live copy "
                   "holds it, and a dead shard's backups take over (0: 2 with two shards or more, else 1)" },
@@ -213,6 +217,8 @@ int jobflags_to_job(const JobFlags *f, Job *job, char *err, size_t errlen) {
         job->allow_nonfinite = f->allow_nonfinite;
         job->max_grad_norm = f->max_grad_norm;
         job->replicas = f->replicas;
+        if (f->tables && job_set_tables(job, f->tables, err, errlen) < 0)
+                return -EINVAL; /* err names the table and the field */
         job->train_limit = f->train_limit;
         job->test_limit = f->test_limit;
         if (f->strategy && fed_strategy_from_string(f->strategy, &job->fed.strategy.kind) < 0) {

@@ -6,10 +6,10 @@
 #include "config.h"
 #include "job.h"
 
-#define JOBFLAGS_NOPTS 49
+#define JOBFLAGS_NOPTS 50
 
 typedef struct JobFlags {
-        char *model, *mode, *optim, *data, *init;
+        char *model, *mode, *optim, *data, *init, *tables;
         float lr, momentum, weight_decay, sparsify;
         unsigned epochs, batch, workers, shards, chunk_kb, train_limit, test_limit;
         uint64_t seed;

@@ -333,6 +333,23 @@ int job_validate(const Job *job, char *err, size_t errlen) {
         if (buffers && job->sparsify > 0.0f)
                 return job_err(err, errlen, "--sparsify drops values of each push, and a buffer tensor (a "
                                             "running mean) needs them all: a model with buffers trains dense");
+        if (job->ntables > JOB_MAX_TABLES)
+                return job_err(err, errlen, "%zu tables, at most %u", job->ntables, JOB_MAX_TABLES);
+        for (size_t i = 0; i < job->ntables; i++) {
+                const TableConf *c = &job->tables[i];
+                char why[128];
+                if (table_conf_check(c, why, sizeof why) < 0)
+                        return job_err(err, errlen, "table %zu: %s", i, why);
+                for (size_t k = 0; k < i; k++)
+                        if (strcmp(job->tables[k].name, c->name) == 0)
+                                return job_err(err, errlen, "table %s is declared twice", c->name);
+                for (size_t k = 0; k < job->ntensors; k++)
+                        if (strcmp(job->tensors[k].name, c->name) == 0)
+                                return job_err(err, errlen, "table %s has a tensor's name", c->name);
+        }
+        if (job->ntables > 0 && job->mode == MODE_FED)
+                return job_err(err, errlen, "--tables is for training jobs (bsp, asp, ssp); federated clients "
+                                            "train dense models");
         if (job->mode == MODE_FED && job->wire != JOB_WIRE_F32)
                 return job_err(err, errlen, "--wire bf16 is for training jobs; a federated job's updates are "
                                             "encoded with --compress bf16");
@@ -557,4 +574,27 @@ int lr_schedule_from_string(const char *s, LrSchedule *ret) {
 
 const char *lr_schedule_name(LrSchedule s) {
         return (size_t) s < ELEMENTSOF(lr_schedule_names) ? lr_schedule_names[s] : "?";
+}
+
+int job_set_tables(Job *job, const char *text, char *err, size_t errlen) {
+        TableConf t[JOB_MAX_TABLES];
+        size_t n = 0;
+        if (tables_parse(text, t, JOB_MAX_TABLES, &n, err, errlen) < 0)
+                return -EINVAL;
+        memcpy(job->tables, t, n * sizeof *t);
+        job->ntables = n;
+        return 0;
+}
+
+void job_table_conf(const Job *job, size_t i, TableConf *ret) {
+        *ret = job->tables[i];
+        uint64_t x = job->seed ^ (0x7461626c65ull + i); /* "table" */
+        ret->seed = splitmix64_next(&x);
+}
+
+int job_table_find(const Job *job, const char *name) {
+        for (size_t i = 0; i < job->ntables; i++)
+                if (strcmp(job->tables[i].name, name) == 0)
+                        return (int) i;
+        return -ENOENT;
 }

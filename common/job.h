@@ -10,6 +10,7 @@
 #include "compress.h"
 #include "fed.h"
 #include "modeldesc.h"
+#include "table-spec.h"
 
 #define JOB_MAX_TENSORS MD_MAX_TENSORS
 #define JOB_DEFAULT_WARMUP_CLOCKS 100
@@ -118,6 +119,11 @@ typedef struct Job {
         uint32_t expect_workers, expect_shards;
         uint32_t train_limit, test_limit;
         FedConf fed;         /* mode fed only */
+        /* --tables: sparse tables beside the tensors, their rows placed on the
+         * shards by the id (shardmap_row_holder), pulled and pushed by id
+         * (common/table-spec.h); seeds 0 here, job_table_conf gives them. */
+        TableConf tables[JOB_MAX_TABLES];
+        size_t ntables;
 } Job;
 
 /* Fills *job with defaults (sgd lr 0.02 momentum 0.9, bsp, 1 MiB chunks, seed 42,
@@ -186,6 +192,14 @@ bool job_state_final(JobState s);
 /* Checks ranges (lr > 0, chunk_floats 1..64Mi, batch >= 1, ...); on failure
  * writes the reason into err and returns -EINVAL. */
 int job_validate(const Job *job, char *err, size_t errlen);
+
+/* Sets the job's tables from --tables' text (common/table-spec.h; "" for
+ * none): 0, or -EINVAL with why in err. */
+int job_set_tables(Job *job, const char *text, char *err, size_t errlen);
+/* Table i as a shard builds it: its seed the job's mixed with its place. */
+void job_table_conf(const Job *job, size_t i, TableConf *ret);
+/* The index of the table named name, or -ENOENT. */
+int job_table_find(const Job *job, const char *name);
 
 /* Number of floats in chunk c of tensor t; 0 if (t, c) is not a key of the job. */
 uint32_t job_chunk_len(const Job *job, uint32_t t, uint32_t c);

@@ -11,6 +11,7 @@
 #include <errno.h>
 #include <stdlib.h>
 #include <string.h>
+#include "hash.h"
 #include "macro.h"
 #include "shardmap.h"
 
@@ -415,4 +416,37 @@ bool shardmap_fits_job(const ShardMap *m, const Job *job) {
                 if (m->chunks[t] != job->tensors[t].nchunks)
                         return false;
         return true;
+}
+
+/* A row's weight on shard id: splitmix64 of the row's hash and the id. */
+static uint64_t row_weight(uint64_t row, uint32_t id) {
+        uint64_t x = row ^ ((uint64_t) id * 0x9e3779b97f4a7c15ull);
+        return splitmix64_next(&x);
+}
+
+int shardmap_row_holder(const ShardMap *m, uint32_t table, int64_t id, uint32_t i) {
+        if (i >= m->replicas || i >= m->nshards)
+                return -ENOENT;
+        uint64_t x = (uint64_t) id ^ ((uint64_t) table << 56), row = splitmix64_next(&x);
+        /* The i-th highest weight: the highest below the (i-1)-th's (ties by index). */
+        uint64_t above = UINT64_MAX;
+        size_t above_at = SIZE_MAX;
+        int best = -ENOENT;
+        for (uint32_t k = 0; k <= i; k++) {
+                uint64_t top = 0;
+                best = -ENOENT;
+                for (size_t s = 0; s < m->nshards; s++) {
+                        uint64_t w = row_weight(row, m->shards[s].id);
+                        bool below = w < above || (w == above && s > above_at);
+                        if (below && (best < 0 || w > top || (w == top && s < (size_t) best))) {
+                                top = w;
+                                best = (int) s;
+                        }
+                }
+                if (best < 0)
+                        return -ENOENT;
+                above = top;
+                above_at = (size_t) best;
+        }
+        return best;
 }

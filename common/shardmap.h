@@ -78,6 +78,16 @@ uint32_t shardmap_owner_id(const ShardMap *m, uint32_t tensor, uint32_t chunk);
 /* Each shard's bytes (job_chunk_bytes: values and optimizer state, of every
  * copy it holds) into bytes[i], indexed as shardmap_shard; m must fit job. */
 void shardmap_bytes(const ShardMap *m, const Job *job, uint64_t *bytes);
+/* Rows of a sparse table (common/table-spec.h) are placed by rendezvous
+ * (highest random weight) hashing of (table, id) over the map's shard ids, not
+ * by the owners above: a row's copies are the `replicas` shards with the
+ * highest weights for it, so every shard holds a similar share, a shard
+ * added takes only the rows it now weighs highest for, a shard removed hands
+ * each of its rows to that row's next copy (its backup with replicas >= 2),
+ * and nothing of the placement travels. The index (as shardmap_shard) of
+ * the i-th copy of the row: 0 the primary; -ENOENT for i >= replicas. */
+int shardmap_row_holder(const ShardMap *m, uint32_t table, int64_t id, uint32_t i);
+
 /* Whether the map's keys are job's (the same tensors and chunks). */
 bool shardmap_fits_job(const ShardMap *m, const Job *job);
 

@@ -103,6 +103,7 @@ void job_proto_free(Psnet__JobSpec *spec) {
         free(spec->mode);
         free(spec->dataset);
         free(spec->init);
+        free(spec->tables);
         if (spec->fed) {
                 free(spec->fed->strategy);
                 free(spec->fed);
@@ -141,6 +142,12 @@ int job_to_proto(const Job *job, Psnet__JobSpec **ret) {
         s->max_grad_norm = job->max_grad_norm;
         s->has_replicas = true;
         s->replicas = job->replicas;
+        if (job->ntables > 0) {
+                size_t n = job->ntables * 512;
+                s->tables = malloc(n);
+                if (!s->tables || tables_format(job->tables, job->ntables, s->tables, n) < 0)
+                        goto nomem;
+        }
         s->dataset = strdup(job->dataset);
         if (job->init[0]) {
                 s->init = strdup(job->init);
@@ -327,6 +334,8 @@ int job_from_proto(const Psnet__JobSpec *spec, Job *ret, char *err, size_t errle
         j.sparsify = spec->has_sparsify ? spec->sparsify : 0.0f;
         j.max_grad_norm = spec->has_max_grad_norm ? spec->max_grad_norm : 0.0f;
         j.replicas = spec->has_replicas ? spec->replicas : 0;
+        if (spec->tables && job_set_tables(&j, spec->tables, err, errlen) < 0)
+                return -EINVAL;
         j.seed = spec->seed;
         j.batch = spec->batch;
         j.epochs = spec->epochs;

@@ -15,7 +15,6 @@
 #include "hash.h"
 #include "psd-table.h"
 
-#define TABLE_MAX_DIM 4096
 #define TABLE_SLAB_SHIFT 12     /* 4,096 rows a slab: no copy when the table grows */
 #define TABLE_SLAB ((size_t) 1 << TABLE_SLAB_SHIFT)
 
@@ -35,36 +34,8 @@ static inline uint64_t splitmix64(uint64_t x) {
         return splitmix64_next(&x);
 }
 
-unsigned table_state_per_value(TableOptim o) {
-        return o == TABLE_SGD ? 0 : o == TABLE_ADAGRAD ? 1 : 2;
-}
-
-static bool finite_pos(float x) { return isfinite(x) && x > 0; }
-
-static int conf_check(const TableConf *c, char *why, size_t n) {
-        const char *bad = NULL;
-        if (c->dim == 0 || c->dim > TABLE_MAX_DIM)
-                bad = "dim must be 1 to 4096";
-        else if (c->optim > TABLE_FTRL)
-                bad = "unknown optimizer";
-        else if (!finite_pos(c->lr))
-                bad = "lr must be positive";
-        else if ((c->optim == TABLE_ADAGRAD || c->optim == TABLE_ADAM) && !finite_pos(c->eps))
-                bad = "eps must be positive";
-        else if (c->optim == TABLE_ADAM && !(c->beta1 >= 0 && c->beta1 < 1 && c->beta2 >= 0 && c->beta2 < 1))
-                bad = "adam's beta1 and beta2 must be in [0, 1)";
-        else if (c->optim == TABLE_FTRL && !(c->beta >= 0 && c->l1 >= 0 && c->l2 >= 0 && isfinite(c->beta) &&
-                                             isfinite(c->l1) && isfinite(c->l2)))
-                bad = "ftrl's beta, l1 and l2 must be finite and >= 0";
-        else if (!(c->init_scale >= 0 && isfinite(c->init_scale)))
-                bad = "init_scale must be finite and >= 0";
-        if (bad && why && n)
-                snprintf(why, n, "%s", bad);
-        return bad ? -EINVAL : 0;
-}
-
 int table_new(const TableConf *c, Table **ret, char *why, size_t n) {
-        int r = conf_check(c, why, n);
+        int r = table_conf_check(c, why, n);
         if (r < 0)
                 return r;
         Table *t = ps_calloc(1, sizeof *t);

@@ -12,25 +12,12 @@
  *   ftrl:    FTRL-proximal (McMahan et al., KDD 2013), per value, alpha = lr:
  *            s = (sqrt(n + g^2) - sqrt(n)) / alpha; z += g - s*w; n += g^2;
  *            w = |z| <= l1 ? 0 : -(z - sign(z)*l1) / ((beta + sqrt(n)) / alpha + l2)
- * Not wired to the wire protocol yet: the store and its arithmetic, tested. */
+ * The table's configuration (TableConf) is common/table-spec.h's. */
 #pragma once
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
-
-typedef enum { TABLE_SGD, TABLE_ADAGRAD, TABLE_ADAM, TABLE_FTRL } TableOptim;
-
-typedef struct TableConf {
-        uint32_t dim;           /* floats per row, 1..4096 */
-        TableOptim optim;
-        float lr;               /* ftrl: alpha */
-        float eps;              /* adagrad, adam */
-        float beta1, beta2;     /* adam */
-        float beta, l1, l2;     /* ftrl */
-        float init_scale;       /* new rows uniform in [-init_scale, init_scale) (0: zeros; ftrl: always 0) */
-        uint64_t seed;
-        size_t max_rows;        /* rows this shard may hold (0: no bound) */
-} TableConf;
+#include "table-spec.h"
 
 typedef struct Table Table;
 
@@ -40,8 +27,6 @@ Table *table_free(Table *t);
 size_t table_size(const Table *t);
 /* Bytes the table holds (index, slabs and their ids). */
 size_t table_memory(const Table *t);
-/* Floats of optimizer state per row value (sgd 0, adagrad 1, adam 2, ftrl 2). */
-unsigned table_state_per_value(TableOptim o);
 
 /* The rows of ids[0..n) into out (n * dim floats), each created first where
  * create (else a missing row reads as its initial values, not stored).

@@ -50,7 +50,7 @@ int main(int argc, char **argv) {
                         return 2;
                 }
         }
-        TableConf c = { .dim = dim, .optim = TABLE_ADAGRAD, .lr = 0.01f, .eps = 1e-8f, .init_scale = 0.01f, .seed = 1 };
+        TableConf c = { .name = "bench", .dim = dim, .optim = TABLE_ADAGRAD, .lr = 0.01f, .eps = 1e-8f, .init_scale = 0.01f, .seed = 1 };
         char why[160];
         Table *t = NULL;
         if (table_new(&c, &t, why, sizeof why) < 0) {

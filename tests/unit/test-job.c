@@ -196,6 +196,56 @@ static void test_dp_flags(void) {
               "--dp-clip on a bsp job: refused (%s)", err);
 }
 
+/* --tables: parsed into the job, checked against it, carried by its wire
+ * form, each shard's seed derived from the job's. */
+static void test_tables(void) {
+        JobFlags f;
+        Option o[JOBFLAGS_NOPTS];
+        Job j, back;
+        char err[192] = "";
+        const ProgramInfo prog = { .name = "t" };
+        char *argv[] = { "t", "--mode", "asp", "--tables", "ad:1:ftrl:l1=2,emb:16:adam:lr=0.01", NULL };
+        int optind_ = 0;
+        jobflags_init(&f);
+        size_t n = jobflags_options(&f, o);
+        CHECK(config_parse(&prog, o, n, 5, argv, &optind_) == 0 && jobflags_to_job(&f, &j, err, sizeof err) == 0 &&
+                      j.ntables == 2 && j.tables[0].optim == TABLE_FTRL && j.tables[0].l1 == 2.0f &&
+                      j.tables[1].dim == 16 && j.tables[1].lr == 0.01f,
+              "--tables ad:1:ftrl:l1=2,emb:16:adam:lr=0.01 (%s)", err);
+        CHECK(job_table_find(&j, "emb") == 1 && job_table_find(&j, "x") == -ENOENT, "tables found by name");
+        Psnet__JobSpec *spec = NULL;
+        int r = job_to_proto(&j, &spec);
+        CHECK(r == 0 && job_from_proto(spec, &back, err, sizeof err) == 0 && back.ntables == 2 &&
+                      memcmp(back.tables, j.tables, 2 * sizeof *j.tables) == 0,
+              "the job spec carries the tables (%s)", err);
+        if (spec) {
+                free(spec->tables);
+                spec->tables = strdup("emb:0");
+                CHECK(job_from_proto(spec, &back, err, sizeof err) == -EINVAL && strstr(err, "table emb: dim"),
+                      "a spec with a bad table is refused: %s", err);
+        }
+        job_proto_free(spec);
+        TableConf a, b, c;
+        job_table_conf(&j, 0, &a);
+        job_table_conf(&j, 1, &b);
+        j.seed = 7;
+        job_table_conf(&j, 0, &c);
+        CHECK(a.seed != b.seed && a.seed != c.seed && a.l1 == 2.0f, "each table's seed from the job's and its place");
+        snprintf(j.tables[1].name, sizeof j.tables[1].name, "%.60s", j.tensors[0].name);
+        CHECK(job_validate(&j, err, sizeof err) == -EINVAL && strstr(err, "has a tensor's name"),
+              "a table named as a tensor is refused: %s", err);
+        config_free_strings(o, n);
+        jobflags_init(&f);
+        f.mode = "fed";
+        f.tables = "emb:8";
+        CHECK(jobflags_to_job(&f, &j, err, sizeof err) == -EINVAL && strstr(err, "--tables is for training jobs"),
+              "tables in a federated job are refused: %s", err);
+        f.mode = NULL;
+        f.tables = "emb:8:lamb";
+        CHECK(jobflags_to_job(&f, &j, err, sizeof err) == -EINVAL && strstr(err, "optimizer 'lamb'"),
+              "a bad --tables is refused naming the table's field: %s", err);
+}
+
 static void test_secagg_flags(void) {
         JobFlags f;
         Option o[JOBFLAGS_NOPTS];
@@ -666,6 +716,7 @@ int main(void) {
         test_lr_schedule();
         test_flags();
         test_dp_flags();
+        test_tables();
         test_secagg_flags();
         test_model();
         test_chunks();

@@ -294,8 +294,73 @@ out:
         shardmap_free(m);
 }
 
+/* Rows of a table by rendezvous hashing: a similar share on every shard,
+ * the same whatever order the shards came in, copies on distinct shards, and
+ * only the rows that must move when a shard comes, leaves or fails. */
+static void test_rows(void) {
+        const uint32_t ids3[3] = { 7, 3, 11 }, ids4[4] = { 3, 7, 11, 12 }, rev3[3] = { 11, 7, 3 };
+        Job job = job_of("mlp:784-256-10", 4096);
+        ShardMap *m3 = NULL, *m4 = NULL, *r3 = NULL, *f = NULL;
+        make_descs(ids3, 3);
+        int r = shardmap_place(1, descs, 3, &job, &m3);
+        make_descs(rev3, 3);
+        r = r == 0 ? shardmap_place(1, descs, 3, &job, &r3) : r;
+        make_descs(ids4, 4);
+        r = r == 0 ? shardmap_place(2, descs, 4, &job, &m4) : r;
+        if (!CHECK(r == 0, "maps over 3, 3 reversed and 4 shards"))
+                goto out;
+        shardmap_set_replicas(m3, 2);
+        shardmap_set_replicas(r3, 2);
+        enum { N = 300000 };
+        size_t share[3] = { 0 }, same = 0, distinct = 0, moved_new = 0, moved_other = 0, none = 0;
+        for (int64_t k = 0; k < N; k++) {
+                int64_t id = k * 2654435761 - 77; /* spread ids, negatives among them */
+                int p = shardmap_row_holder(m3, 1, id, 0), b = shardmap_row_holder(m3, 1, id, 1);
+                share[p]++;
+                same += p == shardmap_row_holder(r3, 1, id, 0) && b == shardmap_row_holder(r3, 1, id, 1);
+                distinct += b >= 0 && b != p;
+                none += shardmap_row_holder(m3, 1, id, 2) == -ENOENT;
+                uint32_t was = shardmap_shard(m3, (size_t) p)->id,
+                         now = shardmap_shard(m4, (size_t) shardmap_row_holder(m4, 1, id, 0))->id;
+                moved_new += now == 12;
+                moved_other += now != was && now != 12;
+        }
+        for (size_t i = 0; i < 3; i++)
+                CHECK(share[i] > N / 3 * 97 / 100 && share[i] < N / 3 * 103 / 100,
+                      "shard %u holds %zu of %d rows (within 3%% of a third)", shardmap_shard(m3, i)->id, share[i], N);
+        CHECK(same == N, "the same holders whatever order the shards came in (%zu of %d)", same, N);
+        CHECK(distinct == N && none == N, "two copies on distinct shards, no third (%zu, %zu of %d)", distinct, none,
+              N);
+        CHECK(moved_new > N / 4 * 95 / 100 && moved_new < N / 4 * 105 / 100 && moved_other == 0,
+              "a fourth shard takes a quarter of the rows (%zu of %d), no other row moves (%zu)", moved_new, N,
+              moved_other);
+        uint32_t dead = 7, lt, lk;
+        if (!CHECK(shardmap_failover(m3, 3, &dead, 1, &f, &lt, &lk) == 0, "fail-over of shard 7"))
+                goto out;
+        size_t to_backup = 0, stray = 0;
+        for (int64_t id = 0; id < 30000; id++) {
+                uint32_t was = shardmap_shard(m3, (size_t) shardmap_row_holder(m3, 0, id, 0))->id,
+                         backup = shardmap_shard(m3, (size_t) shardmap_row_holder(m3, 0, id, 1))->id,
+                         now = shardmap_shard(f, (size_t) shardmap_row_holder(f, 0, id, 0))->id;
+                to_backup += was == 7 && now == backup;
+                stray += was != 7 && now != was;
+        }
+        CHECK(to_backup > 9000 && stray == 0, "shard 7's rows went to their backups (%zu), no other row moved (%zu)",
+              to_backup, stray);
+        CHECK(shardmap_row_holder(m3, 0, 5, 0) != shardmap_row_holder(m3, 1, 5, 0) ||
+                      shardmap_row_holder(m3, 0, 6, 0) != shardmap_row_holder(m3, 1, 6, 0) ||
+                      shardmap_row_holder(m3, 0, 8, 0) != shardmap_row_holder(m3, 1, 8, 0),
+              "the same id in two tables is two rows, placed apart");
+out:
+        shardmap_free(f);
+        shardmap_free(m3);
+        shardmap_free(r3);
+        shardmap_free(m4);
+}
+
 int main(void) {
         test_basics();
+        test_rows();
         test_replicas();
         test_fair();
         test_change();

@@ -19,7 +19,7 @@
 #define TOL 2e-6
 
 static TableConf conf(TableOptim o, float lr) {
-        TableConf c = { .dim = 2, .optim = o, .lr = lr, .eps = 1e-10f, .beta1 = 0.9f, .beta2 = 0.999f,
+        TableConf c = { .name = "t", .dim = 2, .optim = o, .lr = lr, .eps = 1e-10f, .beta1 = 0.9f, .beta2 = 0.999f,
                         .beta = 1.0f, .l1 = 0.1f, .l2 = 0.01f, .seed = 42 };
         return c;
 }
