@@ -348,8 +348,14 @@ int job_validate(const Job *job, char *err, size_t errlen) {
                                 return job_err(err, errlen, "table %s has a tensor's name", c->name);
         }
         if (job->ntables > 0 && job->mode == MODE_FED)
-                return job_err(err, errlen, "--tables is for training jobs (bsp, asp, ssp); federated clients "
-                                            "train dense models");
+                return job_err(err, errlen, "--tables is for training jobs; federated clients train dense models");
+        /* What the shards do with rows so far (docs/tables.md): apply each
+         * push as it comes, on one copy. */
+        if (job->ntables > 0 && job->mode != MODE_ASP)
+                return job_err(err, errlen, "--tables needs --mode asp for now: a shard applies table rows as they "
+                                            "come (bsp and ssp wait for rows not yet)");
+        if (job->ntables > 0 && job->replicas != 1)
+                return job_err(err, errlen, "--tables needs --replicas 1 for now: table rows have no backups yet");
         if (job->mode == MODE_FED && job->wire != JOB_WIRE_F32)
                 return job_err(err, errlen, "--wire bf16 is for training jobs; a federated job's updates are "
                                             "encoded with --compress bf16");

@@ -88,6 +88,9 @@ static const WireType types[] = {
         { PSNET__MSG_TYPE__MSG_ROUND_REP, "ROUND_REP", false, B(ROUND), S | E | T, 0 },
         { PSNET__MSG_TYPE__MSG_HISTORY, "HISTORY", false, B(_NOT_SET), A, 0 },
         { PSNET__MSG_TYPE__MSG_HISTORY_REP, "HISTORY_REP", false, B(HISTORY), 0, 0 },
+        { PSNET__MSG_TYPE__MSG_ROWS_PULL, "ROWS_PULL", true, B(_NOT_SET), 0, A | W },
+        { PSNET__MSG_TYPE__MSG_ROWS_PULL_REP, "ROWS_PULL_REP", true, B(_NOT_SET), 0, 0 },
+        { PSNET__MSG_TYPE__MSG_ROWS_PUSH, "ROWS_PUSH", true, B(_NOT_SET), 0, W },
 };
 #undef B
 #undef A
@@ -205,6 +208,34 @@ int wire_validate(const Psnet__Header *hdr, const zmq_msg_t *frames, size_t nfra
                                     "key %zu (%u,%u) declares 0 floats", i, k->tensor, k->chunk);
         }
 
+        bool rows = hdr->type == PSNET__MSG_TYPE__MSG_ROWS_PULL || hdr->type == PSNET__MSG_TYPE__MSG_ROWS_PULL_REP ||
+                    hdr->type == PSNET__MSG_TYPE__MSG_ROWS_PUSH;
+        if (rows) {
+                /* Ids (8 bytes each, at least one), then, but for a pull, their
+                 * rows: the same number of rows of 1..WIRE_MAX_ROW_DIM floats. */
+                size_t want = hdr->type == PSNET__MSG_TYPE__MSG_ROWS_PULL ? 1 : 2;
+                if (!hdr->has_table || hdr->n_keys > 0 || shm || nframes != want)
+                        return fail(reason, reasonlen, PSNET__STATUS__STATUS_MALFORMED,
+                                    "%s names a table and carries %zu frame%s, no keys (%s, %zu keys, %zu frames)",
+                                    types[ti].name, want, want == 1 ? "" : "s", hdr->has_table ? "a table" : "no table",
+                                    hdr->n_keys, nframes);
+                size_t ib = zmq_msg_size((zmq_msg_t *) &frames[0]), n = ib / 8;
+                if (ib % 8 != 0 || n == 0 || n > WIRE_MAX_ROWS)
+                        return fail(reason, reasonlen, PSNET__STATUS__STATUS_SIZE,
+                                    "%s's ids frame has %zu bytes: 1 to %u ids of 8 bytes", types[ti].name, ib,
+                                    WIRE_MAX_ROWS);
+                if (want == 2) {
+                        size_t rb = zmq_msg_size((zmq_msg_t *) &frames[1]);
+                        if (rb % (n * sizeof(float)) != 0 || rb == 0 || rb / (n * sizeof(float)) > WIRE_MAX_ROW_DIM)
+                                return fail(reason, reasonlen, PSNET__STATUS__STATUS_SIZE,
+                                            "%s's rows frame has %zu bytes, not %zu rows of 1 to %u floats",
+                                            types[ti].name, rb, n, WIRE_MAX_ROW_DIM);
+                }
+                return PSNET__STATUS__STATUS_OK;
+        }
+        if (hdr->has_table)
+                return fail(reason, reasonlen, PSNET__STATUS__STATUS_MALFORMED,
+                            "%s names a table: only ROWS_PULL, ROWS_PULL_REP and ROWS_PUSH do", types[ti].name);
         if (hdr->type == PSNET__MSG_TYPE__MSG_CHUNK_STATE) {
                 /* One key; frames: its values (len floats), its optimizer state,
                  * then one gradient per parked push named in pending_workers. */

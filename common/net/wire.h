@@ -17,6 +17,8 @@
 #define WIRE_MAX_HEADER (1u << 20)
 #define WIRE_SHM_TOKEN 16       /* bytes of a shared-memory session's token (Header.shm_session) */
 #define WIRE_MAX_PARTS 1024     /* parts of a PUSH sent in several messages (Header.parts) */
+#define WIRE_MAX_ROWS (1u << 20) /* row ids in one ROWS_PULL or ROWS_PUSH */
+#define WIRE_MAX_ROW_DIM 4096u  /* floats a row (TABLE_MAX_DIM) */
 
 /* Who sent a message, as the ZAP handler admitted its connection (keys.h,
  * zap.h); role NONE and empty strings without --keys. */

@@ -125,6 +125,11 @@ void coord_handle_job_mode(Coord *c, WireMsg *m) {
                                   "(psctl job submit --mode fed)");
                 return;
         }
+        if (c->job.ntables > 0 && j.mode != MODE_ASP) {
+                coord_reply_error(c, &m->route, m->hdr->seq, PSNET__STATUS__STATUS_INVALID,
+                                  "a job with tables stays asp for now: its shards apply table rows as they come");
+                return;
+        }
         if (c->ckpt.active) {
                 coord_reply_error(c, &m->route, m->hdr->seq, PSNET__STATUS__STATUS_RESOURCE,
                                   "a checkpoint is being written: try again when it is done");

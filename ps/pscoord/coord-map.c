@@ -212,6 +212,8 @@ void coord_handle_shard_change(Coord *c, WireMsg *m, bool add) {
                 why = "that shard is not in the map";
         else if (!add && shardmap_size(c->map) < 2)
                 why = "the last shard of the map cannot be removed";
+        else if (c->job.ntables > 0)
+                why = "the job has tables, and table rows do not move between shards yet";
         if (why) {
                 snprintf(reason, sizeof reason, "shard %u: %s", id, why);
                 coord_reply_error(c, &m->route, m->hdr->seq, PSNET__STATUS__STATUS_INVALID, reason);

@@ -27,6 +27,7 @@
 #include "psd-migrate.h"
 #include "psd-optim.h"
 #include "psd-push.h"
+#include "psd-rows.h"
 #include "psd-server.h"
 #include "psd-shm.h"
 #include "psd-store.h"
@@ -51,6 +52,7 @@ typedef struct Psd {
         Migrate *migrate;
         Checkpointer *ckpt;
         FedShard *fed;
+        Rows *rows;             /* the job's sparse tables (--tables) */
         ShmServer *shm;         /* same-host shared memory beside an ipc:// endpoint (NULL: none) */
         Pfor *pool;             /* --threads (the store's too) */
         uint64_t shm_changed;   /* values a worker made non-finite in shared memory during its push */
@@ -440,12 +442,90 @@ static void psd_handle_data(void *d, WireMsg *m, void *peer) {
         }
 }
 
+/* A worker's ROWS_PULL or ROWS_PUSH, or an operator's ROWS_PULL: the job's
+ * tables (psd-rows.h), rows applied as they come. */
+static void psd_handle_rows(void *d, WireMsg *m, void *peer) {
+        Psd *p = d;
+        Psnet__Header *h = m->hdr;
+        char reason[256];
+        (void) peer;
+        const Job *job = store_job(p->store);
+        if (!job || h->table >= job->ntables) {
+                psd_reply_error(p, &m->route, h, job ? PSNET__STATUS__STATUS_UNKNOWN_KEY : PSNET__STATUS__STATUS_NO_JOB,
+                                job ? "the job has no such table" : "no job is configured on this shard yet");
+                return;
+        }
+        if (!h->has_clock || h->clock < 0 || !h->has_sender || !h->has_seq) {
+                psd_reply_error(p, &m->route, h, PSNET__STATUS__STATUS_MALFORMED,
+                                "ROWS_PULL/ROWS_PUSH need a clock >= 0, sender and seq");
+                return;
+        }
+        if (!psd_may_acknowledge(p)) {
+                psd_reply_error(p, &m->route, h, PSNET__STATUS__STATUS_UNAVAILABLE, PSD_NO_LEASE);
+                return;
+        }
+        bool admin = p->id.enabled && m->peer.role == PSNET__ROLE__ROLE_ADMIN;
+        int st = admin ? PSNET__STATUS__STATUS_OK
+                       : gate_admit_sender(p->gate, h, p->id.enabled ? m->peer.key : NULL, reason, sizeof reason);
+        if (st != PSNET__STATUS__STATUS_OK) {
+                psd_reply_error(p, &m->route, h, st, reason);
+                return;
+        }
+        Psnet__Header a;
+        if (h->type == PSNET__MSG_TYPE__MSG_ROWS_PULL) {
+                zmq_msg_t out[2];
+                st = rows_pull(p->rows, store_map(p->store), p->cfg->id, h, &m->frames[0], &out[1], reason,
+                               sizeof reason);
+                if (st != PSNET__STATUS__STATUS_OK) {
+                        psd_reply_error(p, &m->route, h, st, reason);
+                        return;
+                }
+                zmq_msg_init(&out[0]);
+                zmq_msg_copy(&out[0], &m->frames[0]);
+                wire_header_init(&a, PSNET__MSG_TYPE__MSG_ROWS_PULL_REP);
+                a.has_seq = a.has_clock = a.has_sender = a.has_job = a.has_table = true;
+                a.seq = h->seq;
+                a.clock = gate_clock(p->gate);
+                a.sender = p->cfg->id;
+                a.job = job->id;
+                a.table = h->table;
+                p->bytes_out += zmq_msg_size(&out[1]);
+                int r = netsock_send(p->data, &m->route, &a, out, 2);
+                if (r < 0)
+                        log_warning_errno(r, "Failed to answer a rows pull: %m");
+                return;
+        }
+        uint64_t used = store_stats(p->store)->bytes;
+        RowsStats rs;
+        rows_stats(p->rows, &rs);
+        used += rs.bytes;
+        uint64_t room = !p->memory_limit ? UINT64_MAX : used >= p->memory_limit ? 0 : p->memory_limit - used;
+        st = rows_push(p->rows, store_map(p->store), p->cfg->id, h, m->frames, room, reason, sizeof reason);
+        if (st != PSNET__STATUS__STATUS_OK && st != PSNET__STATUS__STATUS_DUPLICATE) {
+                psd_reply_error(p, &m->route, h, st, reason);
+                return;
+        }
+        p->bytes_in += zmq_msg_size(&m->frames[1]);
+        wire_header_init(&a, PSNET__MSG_TYPE__MSG_PUSH_ACK);
+        a.has_seq = a.has_clock = a.has_sender = true;
+        a.seq = h->seq;
+        a.clock = h->clock;
+        a.sender = p->cfg->id;
+        a.has_status = st != PSNET__STATUS__STATUS_OK;
+        a.status = st;
+        int r = netsock_send(p->data, &m->route, &a, NULL, 0);
+        if (r < 0)
+                log_warning_errno(r, "Failed to acknowledge a rows push worker=%u: %m", h->sender);
+}
+
 /* The messages a shard's data socket serves: its handler table (dispatch.h).
  * Answers to what it sends other shards arrive on its links, not here. */
 #define T(x) [PSNET__MSG_TYPE__MSG_##x]
 static const DispatchRow rows[] = {
         T(PULL) = { psd_handle_data },
         T(PUSH) = { psd_handle_data },
+        T(ROWS_PULL) = { psd_handle_rows },
+        T(ROWS_PUSH) = { psd_handle_rows },
         T(CHUNK_STATE) = { psd_handle_link },
         T(REPLICATE) = { psd_handle_link },
         T(CHUNK_ACK) = { .ignore = true },
@@ -584,6 +664,9 @@ static void psd_apply_config(Psd *p, const Psnet__Config *ctl) {
                         log_error_errno(r, "Failed to configure the store: %m");
                         return;
                 }
+                r = rows_configure(p->rows, &job, err, sizeof err);
+                if (r < 0)
+                        log_error("cannot hold the job's tables reason=\"%s\"", err); /* their requests: NO_JOB */
                 /* The frame limit stays --max-msg: libzmq copies a listener's
                  * options when it binds, so a limit set now would reach no
                  * connection (and a codec's frame, top-k's pairs, may be
@@ -1109,6 +1192,8 @@ int psd_run(const PsdConfig *cfg) {
         }
         if (r == 0)
                 r = fedshard_new(&p.fed);
+        if (r == 0)
+                r = rows_new(&p.rows);
         if (r < 0) {
                 log_error_errno(r, "Failed to allocate the store: %m");
                 goto finish;
@@ -1177,6 +1262,7 @@ finish:
         if (p.ckpt)
                 checkpointer_free(p.ckpt);
         p.fed = fedshard_free(p.fed);
+        p.rows = rows_free(p.rows);
         p.migrate = migrate_free(p.migrate);
         p.gate = gate_free(p.gate);
         p.store = store_free(p.store);

@@ -204,11 +204,12 @@ static void test_tables(void) {
         Job j, back;
         char err[192] = "";
         const ProgramInfo prog = { .name = "t" };
-        char *argv[] = { "t", "--mode", "asp", "--tables", "ad:1:ftrl:l1=2,emb:16:adam:lr=0.01", NULL };
+        char *argv[] = { "t", "--mode", "asp", "--replicas", "1", "--tables", "ad:1:ftrl:l1=2,emb:16:adam:lr=0.01",
+                         NULL };
         int optind_ = 0;
         jobflags_init(&f);
         size_t n = jobflags_options(&f, o);
-        CHECK(config_parse(&prog, o, n, 5, argv, &optind_) == 0 && jobflags_to_job(&f, &j, err, sizeof err) == 0 &&
+        CHECK(config_parse(&prog, o, n, 7, argv, &optind_) == 0 && jobflags_to_job(&f, &j, err, sizeof err) == 0 &&
                       j.ntables == 2 && j.tables[0].optim == TABLE_FTRL && j.tables[0].l1 == 2.0f &&
                       j.tables[1].dim == 16 && j.tables[1].lr == 0.01f,
               "--tables ad:1:ftrl:l1=2,emb:16:adam:lr=0.01 (%s)", err);
@@ -241,6 +242,13 @@ static void test_tables(void) {
         CHECK(jobflags_to_job(&f, &j, err, sizeof err) == -EINVAL && strstr(err, "--tables is for training jobs"),
               "tables in a federated job are refused: %s", err);
         f.mode = NULL;
+        f.replicas = 1;
+        CHECK(jobflags_to_job(&f, &j, err, sizeof err) == -EINVAL && strstr(err, "--mode asp"),
+              "tables under bsp: refused for now, saying so: %s", err);
+        f.mode = "asp";
+        f.replicas = 0;
+        CHECK(jobflags_to_job(&f, &j, err, sizeof err) == -EINVAL && strstr(err, "--replicas 1"),
+              "tables with backups: refused for now, saying so: %s", err);
         f.tables = "emb:8:lamb";
         CHECK(jobflags_to_job(&f, &j, err, sizeof err) == -EINVAL && strstr(err, "optimizer 'lamb'"),
               "a bad --tables is refused naming the table's field: %s", err);

@@ -1,0 +1,146 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/* Unit tests for ps/psd/psd-rows.c: a job's tables on one shard of two, rows
+ * pulled and pushed by id: initial values before any push, a push applied
+ * once with the table's optimizer (sgd: w - lr g, checked by hand), and each
+ * refusal (another shard's row, a duplicate clock, a clock far ahead, a
+ * non-finite value, the norm bound, the memory limit, a wrong row width, an
+ * unknown table) applying nothing. */
+#include <errno.h>
+#include <math.h>
+#include <string.h>
+#include "job.h"
+#include "psd-rows.h"
+#include "shardmap.h"
+#include "tap.h"
+#include "wire.h"
+
+static ShardMap *map;
+static Rows *rows;
+
+static void frame(zmq_msg_t *m, const void *p, size_t n) {
+        zmq_msg_init_size(m, n);
+        memcpy(zmq_msg_data(m), p, n);
+}
+
+static Psnet__Header header(Psnet__MsgType type, uint32_t table, uint32_t worker, int64_t clock) {
+        Psnet__Header h;
+        wire_header_init(&h, type);
+        h.has_table = h.has_sender = h.has_clock = h.has_seq = true;
+        h.table = table, h.sender = worker, h.clock = clock, h.seq = (uint64_t) clock + 1;
+        return h;
+}
+
+/* Pulls n rows of table into out (dim floats each): the status. */
+static int pull(uint32_t table, const int64_t *ids, size_t n, float *out, size_t dim, char *why) {
+        Psnet__Header h = header(PSNET__MSG_TYPE__MSG_ROWS_PULL, table, 1, 0);
+        zmq_msg_t f, r;
+        frame(&f, ids, n * 8);
+        int st = rows_pull(rows, map, 1, &h, &f, &r, why, 160);
+        if (st == 0) {
+                memcpy(out, zmq_msg_data(&r), n * dim * 4);
+                zmq_msg_close(&r);
+        }
+        zmq_msg_close(&f);
+        return st;
+}
+
+static int push(uint32_t table, uint32_t worker, int64_t clock, const int64_t *ids, size_t n, const float *g,
+                size_t gfloats, uint64_t room, char *why) {
+        Psnet__Header h = header(PSNET__MSG_TYPE__MSG_ROWS_PUSH, table, worker, clock);
+        zmq_msg_t f[2];
+        frame(&f[0], ids, n * 8);
+        frame(&f[1], g, gfloats * 4);
+        int st = rows_push(rows, map, 1, &h, f, room, why, 160);
+        zmq_msg_close(&f[0]);
+        zmq_msg_close(&f[1]);
+        return st;
+}
+
+int main(void) {
+        Job job;
+        char why[160] = "";
+        job_defaults(&job);
+        job.mode = MODE_ASP;
+        job.replicas = 1;
+        job.max_grad_norm = 100;
+        if (!CHECK(job_set_tables(&job, "w:2:sgd:lr=0.5:init=0.1,e:3:adagrad", why, sizeof why) == 0 &&
+                           job_validate(&job, why, sizeof why) == 0,
+                   "a job with two tables (%s)", why))
+                return tap_done();
+        ShardDesc d[2] = { { .id = 1, .endpoint = (char *) "ipc:///tmp/a" }, { .id = 2, .endpoint = (char *) "ipc:///tmp/b" } };
+        CHECK(shardmap_place(1, d, 2, &job, &map) == 0 && rows_new(&rows) == 0 &&
+                      rows_configure(rows, &job, why, sizeof why) == 0,
+              "shard 1 of two holds the tables (%s)", why);
+        /* Ids shard 1 holds, and one it does not. */
+        int64_t mine[3], other = -1;
+        size_t nm = 0;
+        for (int64_t id = 100; nm < 3 || other < 0; id++) {
+                bool here = shardmap_row_holder(map, 0, id, 0) == shardmap_find(map, 1);
+                if (here && nm < 3)
+                        mine[nm++] = id;
+                else if (!here && other < 0)
+                        other = id;
+        }
+        float before[6], after[6], g[6] = { 1, -2, 0.5f, 0, 4, -4 };
+        CHECK(pull(0, mine, 3, before, 2, why) == 0, "pull of three rows never pushed (%s)", why);
+        bool init_ok = true;
+        for (int i = 0; i < 6; i++)
+                init_ok &= fabsf(before[i]) <= 0.1f;
+        CHECK(init_ok && before[0] != before[2], "they read as their initial values, within init=0.1, row by row");
+        RowsStats s;
+        rows_stats(rows, &s);
+        CHECK(s.rows == 0, "a pull creates no row (%llu held)", (unsigned long long) s.rows);
+
+        CHECK(push(0, 7, 0, mine, 3, g, 6, UINT64_MAX, why) == 0, "push of three gradients (%s)", why);
+        CHECK(pull(0, mine, 3, after, 2, why) == 0, "pulled again");
+        bool sgd = true;
+        for (int i = 0; i < 6; i++)
+                sgd &= after[i] == before[i] - 0.5f * g[i];
+        CHECK(sgd, "each row moved by -lr g (sgd, lr 0.5), exactly");
+        CHECK(push(0, 7, 0, mine, 3, g, 6, UINT64_MAX, why) == PSNET__STATUS__STATUS_DUPLICATE,
+              "the same worker's push of clock 0 again: DUPLICATE");
+        float again[6];
+        pull(0, mine, 3, again, 2, why);
+        CHECK(memcmp(again, after, sizeof again) == 0, "and not applied twice");
+
+        int64_t mixed[2] = { mine[0], other };
+        int st = push(0, 7, 1, mixed, 2, g, 4, UINT64_MAX, why);
+        CHECK(st == PSNET__STATUS__STATUS_MOVED && strstr(why, "shard 2's"), "a row of shard 2: MOVED (%s)", why);
+        st = pull(0, mixed, 2, again, 2, why);
+        CHECK(st == PSNET__STATUS__STATUS_MOVED, "pulled here: MOVED too (%s)", why);
+        st = push(0, 7, 5, mine, 3, g, 6, UINT64_MAX, why);
+        CHECK(st == PSNET__STATUS__STATUS_INVALID && strstr(why, "more than 2 past"), "clock 5 after 0: INVALID (%s)",
+              why);
+        float bad[6] = { 1, 2, NAN, 0, 0, 0 };
+        st = push(0, 7, 1, mine, 3, bad, 6, UINT64_MAX, why);
+        CHECK(st == PSNET__STATUS__STATUS_NOT_FINITE && strstr(why, "not finite"), "a NaN: NOT_FINITE (%s)", why);
+        float big[6] = { 90, 90, 0, 0, 0, 0 };
+        st = push(0, 7, 1, mine, 3, big, 6, UINT64_MAX, why);
+        CHECK(st == PSNET__STATUS__STATUS_INVALID && strstr(why, "--max-grad-norm"), "norm 127 over 100: INVALID (%s)",
+              why);
+        st = push(0, 7, 1, mine, 3, g, 6, 10, why);
+        CHECK(st == PSNET__STATUS__STATUS_RESOURCE && strstr(why, "memory limit"), "no room: RESOURCE (%s)", why);
+        st = push(0, 7, 1, mine, 3, g, 9, UINT64_MAX, why);
+        CHECK(st == PSNET__STATUS__STATUS_SIZE && strstr(why, "rows of 2 floats"), "rows of 3 floats for dim 2: SIZE (%s)",
+              why);
+        int64_t twice[2] = { mine[0], mine[0] };
+        st = push(0, 7, 1, twice, 2, g, 4, UINT64_MAX, why);
+        CHECK(st == PSNET__STATUS__STATUS_INVALID, "an id twice: INVALID (%s)", why);
+        st = push(5, 7, 1, mine, 3, g, 6, UINT64_MAX, why);
+        CHECK(st == PSNET__STATUS__STATUS_UNKNOWN_KEY, "table 5 of 2: UNKNOWN_KEY (%s)", why);
+        pull(0, mine, 3, again, 2, why);
+        CHECK(memcmp(again, after, sizeof again) == 0, "nothing of the refused pushes applied");
+        CHECK(push(0, 7, 1, mine, 3, g, 6, UINT64_MAX, why) == 0 && push(0, 8, 0, mine, 3, g, 6, UINT64_MAX, why) == 0,
+              "clock 1 of worker 7, then clock 0 of worker 8: applied (%s)", why);
+        rows_stats(rows, &s);
+        CHECK(s.rows == 3 && s.pushed == 9 && s.refused >= 9 && s.bytes > 0,
+              "3 rows held, 9 applied, the refusals counted (%llu, %llu, %llu)", (unsigned long long) s.rows,
+              (unsigned long long) s.pushed, (unsigned long long) s.refused);
+        job.id++;
+        CHECK(rows_configure(rows, &job, why, sizeof why) == 0, "another job");
+        rows_stats(rows, &s);
+        CHECK(s.rows == 0, "starts with no rows");
+        rows_free(rows);
+        shardmap_free(map);
+        return tap_done();
+}
