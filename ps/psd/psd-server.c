@@ -1017,6 +1017,26 @@ static void psd_metrics(void *ud, MetricsBuf *b) {
         metrics_one(b, "psnet_psd_model_bytes", "gauge", "Bytes of values and optimizer state held.", (double) st->bytes);
         metrics_one(b, "psnet_psd_memory_limit_bytes", "gauge", "Model state this shard may hold.",
                     (double) p->memory_limit);
+        RowsStats rs;
+        rows_stats(p->rows, &rs);
+        const Job *job = store_job(s);
+        /* Each family's samples together, as the text format wants them. */
+        for (int bytes = 0; job && job->ntables > 0 && bytes < 2; bytes++) {
+                const char *name = bytes ? "psnet_psd_table_bytes" : "psnet_psd_table_rows";
+                metrics_family(b, name, "gauge", bytes ? "Bytes each sparse table's rows take here."
+                                                       : "Rows of each sparse table this shard holds (--tables).");
+                for (size_t i = 0; i < job->ntables; i++) {
+                        uint64_t nrows, nbytes;
+                        rows_table_stats(p->rows, i, &nrows, &nbytes);
+                        metrics_sample(b, name, (double) (bytes ? nbytes : nrows), "table", job->tables[i].name, NULL);
+                }
+        }
+        metrics_one(b, "psnet_psd_rows_pulled_total", "counter", "Table rows sent in ROWS_PULL answers.",
+                    (double) rs.pulled);
+        metrics_one(b, "psnet_psd_rows_pushed_total", "counter", "Table rows a ROWS_PUSH applied.", (double) rs.pushed);
+        metrics_one(b, "psnet_psd_rows_refused_total", "counter",
+                    "ROWS_PULL and ROWS_PUSH requests refused by the tables (another shard's row, a duplicate id, a "
+                    "non-finite value, the norm or memory bound, a wrong row width).", (double) rs.refused);
         metrics_one(b, "psnet_psd_incoming_keys", "gauge", "Keys the map gives this shard that have not arrived.",
                     (double) store_incoming(s));
         metrics_one(b, "psnet_psd_clock", "gauge", "The shard's clock (BSP: slowest chunk; ASP/SSP: fastest worker).",

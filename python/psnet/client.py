@@ -102,6 +102,9 @@ def _load():
         "psnet_sync_leave": ([P], I),
         "psnet_sync_memory": ([P, ctypes.c_size_t, FP, FP], I),
         "psnet_memory_unref": ([P], None),
+        "psnet_sync_table": ([P, ctypes.c_size_t, ctypes.c_char_p, ctypes.c_size_t,
+                              ctypes.POINTER(ctypes.c_uint32)], I),
+        "psnet_sync_rows": ([P, ctypes.c_size_t, P, ctypes.c_size_t, P, ctypes.c_int64, P], I),
     }
     for name, (args, res) in sigs.items():
         f = getattr(lib, name)
@@ -280,6 +283,52 @@ class Worker:
 
     def push_pull(self, grads, push_clock, pull_clock):
         return self.round(grads, push_clock, self._bufs, pull_clock)
+
+    # --- sparse tables (--tables, docs/tables.md)
+    def tables(self):
+        """The job's sparse tables: {name: (index, floats per row)}."""
+        out, buf, dim = {}, ctypes.create_string_buffer(64), ctypes.c_uint32()
+        i = 0
+        while _lib.psnet_sync_table(self._s, i, buf, len(buf), ctypes.byref(dim)) == 0:
+            out[buf.value.decode()] = (i, dim.value)
+            i += 1
+        return out
+
+    def _table(self, table):
+        t = self.tables().get(table) if isinstance(table, str) else None
+        if t is None:
+            raise ValueError(f"the job has no table {table!r} (it has {sorted(self.tables())})")
+        return t
+
+    @staticmethod
+    def _ids(ids):
+        ids = np.ascontiguousarray(ids, dtype=np.int64).reshape(-1)
+        if ids.size and np.unique(ids).size != ids.size:
+            raise ValueError("row ids must be distinct (numpy.unique them and sum their gradients)")
+        return ids
+
+    def pull_rows(self, table, ids, clock=0):
+        """The rows of ids (distinct int64) of the named table, as a float32
+        array [len(ids), dim]; rows never pushed read as their initial values."""
+        index, dim = self._table(table)
+        ids = self._ids(ids)
+        out = np.empty((ids.size, dim), dtype=np.float32)
+        _check(_lib.psnet_sync_rows(self._s, index, ids.ctypes.data, ids.size, None, clock, out.ctypes.data),
+               f"pull of {ids.size} rows of table {table}")
+        return out
+
+    def push_rows(self, table, ids, grads, clock):
+        """One gradient row per id (distinct int64; grads [len(ids), dim]) as
+        this worker's for clock: the shards apply them with the table's
+        optimizer as they come; a second push of the table for the same
+        clock is not applied again."""
+        index, dim = self._table(table)
+        ids = self._ids(ids)
+        g = np.ascontiguousarray(grads, dtype=np.float32)
+        if g.shape != (ids.size, dim):
+            raise ValueError(f"gradients of table {table}: shape {g.shape}, want ({ids.size}, {dim})")
+        _check(_lib.psnet_sync_rows(self._s, index, ids.ctypes.data, ids.size, g.ctypes.data, clock, None),
+               f"push of {ids.size} rows of table {table} for clock {clock}")
 
     # --- reports
     def progress(self, clock, epoch, step, samples, loss, steps_per_s=0.0, samples_per_s=0.0, progress=0.0,

@@ -35,7 +35,7 @@ from .client import EV_STOP, PsnetError, Stale, Worker
 from .cluster import LocalCluster, psctl, status
 from .models import read_safetensors, write_safetensors
 
-__all__ = ["Optimizer", "Sampler", "state_dict", "describe", "JobMismatch"]
+__all__ = ["Optimizer", "Sampler", "EmbeddingBag", "state_dict", "describe", "JobMismatch"]
 
 
 class JobMismatch(ValueError):
@@ -83,6 +83,71 @@ def _entries(model):
         out.append((name, t, trained))
     if not any(tr for _, _, tr in out):
         raise ValueError("the model has no parameter that requires a gradient")
+    return out
+
+
+class EmbeddingBag(torch.nn.Module):
+    """A bag of rows of a psnet sparse table (docs/tables.md), as
+    torch.nn.EmbeddingBag: forward(ids) takes int64 ids [batch, fields] (-1:
+    missing; any 64-bit id, no vocabulary to declare) and gives each sample's
+    rows summed (mode "sum") or averaged ("mean"), [batch, dim]. The rows live
+    on the shards, not in the model: forward pulls the batch's distinct ids,
+    and Optimizer.step pushes one gradient row per id, applied there with the
+    table's optimizer (adagrad, adam, ftrl or sgd; lr, init and the
+    optimizer's figures as --tables names them, e.g. l1=1.0 for ftrl).
+
+    The Optimizer given the model declares its tables with the job (which
+    then runs mode "asp": table rows are applied as they come) and binds
+    them; a model's dense layers stay torch's, trained as any other."""
+
+    def __init__(self, table, dim, mode="sum", optim="adagrad", lr=0.01, init=0.01, **options):
+        super().__init__()
+        if mode not in ("sum", "mean"):
+            raise ValueError(f"mode {mode!r}: sum or mean")
+        self.table, self.dim, self.mode = str(table), int(dim), mode
+        extra = "".join(f":{k.replace('_', '-')}={v}" for k, v in sorted(options.items()))
+        self.spec = f"{self.table}:{self.dim}:{optim}:lr={float(lr)!r}:init={float(init)!r}{extra}"
+        self._opt = None
+        self._pending = None
+
+    def extra_repr(self):
+        return f"table={self.table!r}, dim={self.dim}, mode={self.mode!r}"
+
+    def forward(self, ids):
+        if self._opt is None:
+            raise RuntimeError(f"EmbeddingBag {self.table!r} is not bound: give its model to psnet.torch.Optimizer "
+                               "first")
+        ids = torch.as_tensor(ids, dtype=torch.int64).cpu()
+        if ids.dim() == 1:
+            ids = ids.unsqueeze(1)
+        present = ids >= 0
+        uniq, inverse = torch.unique(ids[present], return_inverse=True)
+        rows = self._opt.w.pull_rows(self.table, uniq.numpy(), self._opt.clock) if uniq.numel() else \
+            np.zeros((0, self.dim), dtype=np.float32)
+        weight = torch.from_numpy(rows).requires_grad_(self.training and torch.is_grad_enabled())
+        counts = present.sum(1)
+        offsets = torch.cumsum(counts, 0) - counts
+        out = torch.nn.functional.embedding_bag(inverse, weight, offsets, mode=self.mode)
+        if weight.requires_grad:
+            self._pending = (uniq.numpy(), weight)
+        return out
+
+    def _push(self, w, clock):
+        """This step's gradient rows to the shards (none when forward did not run)."""
+        pending, self._pending = self._pending, None
+        if pending is None or pending[1].grad is None or not len(pending[0]):
+            return
+        w.push_rows(self.table, pending[0], pending[1].grad.numpy(), clock)
+
+
+def _tables(model):
+    """The model's EmbeddingBags by table: one module a table (a step pushes
+    each table once)."""
+    out = {}
+    for m in model.modules():
+        if isinstance(m, EmbeddingBag):
+            if out.setdefault(m.table, m) is not m:
+                raise ValueError(f"two EmbeddingBags use table {m.table!r}: give each its own table")
     return out
 
 
@@ -186,6 +251,10 @@ class Optimizer:
         self.keys = keys
         self.entries = _entries(model)
         self.desc = _describe(model, self.entries, name)
+        self.tables = _tables(model)
+        if self.tables and mode != "asp":
+            raise ValueError(f"a model with psnet tables ({', '.join(self.tables)}) trains with mode='asp' for now: "
+                             "the shards apply table rows as they come")
         if init_dir is None and isinstance(coord, LocalCluster):
             init_dir = coord.dir
         self._submit_if_needed(optim, lr, momentum, weight_decay, betas, eps, mode, workers, lr_scaling,
@@ -197,6 +266,12 @@ class Optimizer:
             diff = _first_difference(self.desc, self.w.model())
             if diff:
                 raise JobMismatch(f"the model does not match the job running at {self.coord}: {diff}")
+            have = self.w.tables()
+            for t, m in self.tables.items():
+                if have.get(t, (0, None))[1] != m.dim:
+                    raise JobMismatch(f"the job running at {self.coord} has no table {t!r} of {m.dim} floats a row "
+                                      f"(its tables: {have or 'none'})")
+                m._opt = self
             self._bind()
             self._total_steps = total_steps
             self._start()
@@ -229,6 +304,8 @@ class Optimizer:
             args += ["--epochs", "1", "--batch", "1"]
         if chunk_kb:
             args += ["--chunk-kb", str(int(chunk_kb))]
+        if self.tables:
+            args += ["--tables", ",".join(m.spec for m in self.tables.values()), "--replicas", "1"]
         path = self._init_file(init, init_dir)
         if path:
             args += ["--init", path]
@@ -430,6 +507,8 @@ class Optimizer:
         self._settle()
         self._gather()
         try:
+            for m in self.tables.values():
+                m._push(self.w, self.clock)
             self._round(self.grads, self.clock, self.clock + 1)
         except Stale:
             # Left the membership (its lease ran out) and admitted again: this

@@ -58,6 +58,15 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
                         abort();
                 /* A raw frame holds len values of the dtype (f32: 4 bytes, bf16:
                  * 2); a coded federated push's, its codec's size for len values. */
+                if (m.hdr->type == PSNET__MSG_TYPE__MSG_ROWS_PULL || m.hdr->type == PSNET__MSG_TYPE__MSG_ROWS_PUSH ||
+                    m.hdr->type == PSNET__MSG_TYPE__MSG_ROWS_PULL_REP) {
+                        /* Ids of 8 bytes, then (but for a pull) as many rows of floats. */
+                        size_t ids = m.nframes ? zmq_msg_size(&m.frames[0]) : 0, n = ids / 8;
+                        bool pull = m.hdr->type == PSNET__MSG_TYPE__MSG_ROWS_PULL;
+                        if (!m.hdr->has_table || m.nframes != (pull ? 1u : 2u) || n == 0 || ids % 8 ||
+                            (!pull && (zmq_msg_size(&m.frames[1]) == 0 || zmq_msg_size(&m.frames[1]) % (n * 4))))
+                                abort(); /* accepted, yet its rows do not add up */
+                }
                 bool coded = m.hdr->codec >= PSNET__CODEC__CODEC_BF16; /* MASKED frames are raw f32 */
                 size_t width = m.hdr->dtype == PSNET__DTYPE__DTYPE_BF16 ? 2 : 4;
                 for (size_t i = 0; i < m.nframes && i < m.hdr->n_keys; i++) {

@@ -78,6 +78,21 @@ static void wire_seeds(void) {
         size_t cl = compress_encode(COMPRESS_INT8, x, 8, 0, NULL, coded, scratch);
         h.has_codec = true, h.codec = PSNET__CODEC__CODEC_INT8;
         wire_seed("push-int8", &h, 2, cl, coded);
+        /* A table's rows: 2 ids, then 2 rows of 4 floats (frames of 16 and 32 bytes). */
+        h.has_codec = false, h.codec = PSNET__CODEC__CODEC_RAW;
+        h.type = PSNET__MSG_TYPE__MSG_ROWS_PUSH;
+        h.n_keys = 0, h.keys = NULL;
+        h.has_table = true, h.table = 1;
+        uint8_t rows[2][32] = { { 7, 0, 0, 0, 0, 0, 0, 0, 9, 0, 0, 0, 0, 0, 0, 0x80 } };
+        size_t hl = psnet__header__get_packed_size(&h), at = 0;
+        buf[at++] = (uint8_t) hl, buf[at++] = (uint8_t) (hl >> 8);
+        psnet__header__pack(&h, buf + at);
+        at += hl;
+        buf[at++] = 16, buf[at++] = 0;
+        memcpy(buf + at, rows[0], 16), at += 16;
+        buf[at++] = 32, buf[at++] = 0; /* the last part too: its zeros would read as lengths */
+        memcpy(buf + at, rows[1], 32), at += 32;
+        put("wire", "rows-push", buf, at);
         Psnet__Register reg = PSNET__REGISTER__INIT;
         wire_header_init(&h, PSNET__MSG_TYPE__MSG_REGISTER);
         reg.role = PSNET__ROLE__ROLE_SERVER;

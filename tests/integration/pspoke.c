@@ -38,6 +38,12 @@
  *                  (index, value) pairs, =topk-disorder the same in
  *                  descending order of index; with PSPOKE_DELTA=1, a
  *                  strategy's delta, Header.strategy_delta)
+ *   rows-push      a ROWS_PUSH of table PSPOKE_TABLE (default 0): PSPOKE_COUNT
+ *                  ids (default 4; 1, 2, ...) each with a row of PSPOKE_DIM
+ *                  (default 1) values PSPOKE_VALUE ("nan" too; default 1), as
+ *                  worker PSPOKE_SENDER (default 999), clock PSPOKE_CLOCK;
+ *                  with PSPOKE_ROWS_BYTES the rows frame has that many bytes
+ *   rows-pull      a ROWS_PULL of those ids, the same way
  *   huge           a PUSH whose frame is 1 GiB (zero pages: nothing is allocated here)
  *   frames         one PUSH of PSPOKE_COUNT frames of CHUNKLEN floats each
  *   pull-future    PSPOKE_COUNT PULLs of key (0,0) for clock PSPOKE_CLOCK (default
@@ -361,6 +367,33 @@ int main(int argc, char **argv) {
                         r = send_raw(s, v, n, 1);
                 if (r == 0)
                         r = send_raw(s, v, n, 0);
+                free(v);
+        } else if (!strcmp(c, "rows-push") || !strcmp(c, "rows-pull")) {
+                bool push = !strcmp(c, "rows-push");
+                size_t n = env_num("PSPOKE_COUNT", 4), dim = env_num("PSPOKE_DIM", 1);
+                const char *pv = getenv("PSPOKE_VALUE");
+                float value = pv ? strtof(pv, NULL) : 1.0f; /* strtof reads "nan" */
+                h.type = push ? PSNET__MSG_TYPE__MSG_ROWS_PUSH : PSNET__MSG_TYPE__MSG_ROWS_PULL;
+                h.n_keys = 0;
+                h.has_table = true;
+                h.table = (uint32_t) env_num("PSPOKE_TABLE", 0);
+                h.sender = (uint32_t) env_num("PSPOKE_SENDER", 999);
+                h.clock = (int64_t) env_num("PSPOKE_CLOCK", 0);
+                size_t rb = getenv("PSPOKE_ROWS_BYTES") ? env_num("PSPOKE_ROWS_BYTES", 0) : n * dim * sizeof(float);
+                int64_t *ids = malloc(n * sizeof *ids + 1);
+                float *v = malloc(rb + 1);
+                if (!ids || !v)
+                        return 2;
+                for (size_t i = 0; i < n; i++)
+                        ids[i] = (int64_t) i + 1;
+                for (size_t i = 0; i < rb / sizeof *v; i++)
+                        v[i] = value;
+                r = send_header(s, &h, 0, true);
+                if (r == 0)
+                        r = send_raw(s, ids, n * sizeof *ids, push);
+                if (r == 0 && push)
+                        r = send_raw(s, v, rb, 0);
+                free(ids);
                 free(v);
         } else if (!strcmp(c, "push-nan") || !strcmp(c, "push-value")) {
                 bool nan = !strcmp(c, "push-nan");

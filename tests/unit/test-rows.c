@@ -120,7 +120,8 @@ int main(void) {
               why);
         st = push(0, 7, 1, mine, 3, g, 6, 10, why);
         CHECK(st == PSNET__STATUS__STATUS_RESOURCE && strstr(why, "memory limit"), "no room: RESOURCE (%s)", why);
-        st = push(0, 7, 1, mine, 3, g, 9, UINT64_MAX, why);
+        float g9[9] = { 0 };
+        st = push(0, 7, 1, mine, 3, g9, 9, UINT64_MAX, why);
         CHECK(st == PSNET__STATUS__STATUS_SIZE && strstr(why, "rows of 2 floats"), "rows of 3 floats for dim 2: SIZE (%s)",
               why);
         int64_t twice[2] = { mine[0], mine[0] };

@@ -763,6 +763,52 @@ static void test_malformed(void) {
         }
 }
 
+/* A table's rows: a table named, ids of 8 bytes, and (but for a pull) as
+ * many rows of 1..4096 floats; nothing else carries a table. */
+static void test_rows(void) {
+        Psnet__Header h;
+        zmq_msg_t f[2];
+        char reason[192];
+        wire_header_init(&h, PSNET__MSG_TYPE__MSG_ROWS_PUSH);
+        h.has_table = true;
+        zmq_msg_init_size(&f[0], 3 * 8);
+        zmq_msg_init_size(&f[1], 3 * 16 * 4);
+        int st = wire_validate(&h, f, 2, reason, sizeof reason);
+        CHECK(st == PSNET__STATUS__STATUS_OK, "a ROWS_PUSH of 3 ids and 3 rows of 16 floats (%s)", reason);
+        h.type = PSNET__MSG_TYPE__MSG_ROWS_PULL;
+        st = wire_validate(&h, f, 1, reason, sizeof reason);
+        CHECK(st == PSNET__STATUS__STATUS_OK, "a ROWS_PULL of 3 ids (%s)", reason);
+        st = wire_validate(&h, f, 2, reason, sizeof reason);
+        CHECK(st == PSNET__STATUS__STATUS_MALFORMED && strstr(reason, "carries 1 frame"),
+              "a ROWS_PULL with rows: %s", reason);
+        h.type = PSNET__MSG_TYPE__MSG_ROWS_PUSH;
+        h.has_table = false;
+        st = wire_validate(&h, f, 2, reason, sizeof reason);
+        CHECK(st == PSNET__STATUS__STATUS_MALFORMED && strstr(reason, "no table"), "no table: %s", reason);
+        h.has_table = true;
+        zmq_msg_close(&f[1]);
+        zmq_msg_init_size(&f[1], 3 * 16 * 4 + 4);
+        st = wire_validate(&h, f, 2, reason, sizeof reason);
+        CHECK(st == PSNET__STATUS__STATUS_SIZE && strstr(reason, "not 3 rows"), "rows that do not divide: %s",
+              reason);
+        zmq_msg_close(&f[1]);
+        zmq_msg_init_size(&f[1], 3 * 4097 * 4);
+        st = wire_validate(&h, f, 2, reason, sizeof reason);
+        CHECK(st == PSNET__STATUS__STATUS_SIZE, "rows of 4097 floats: %s", reason);
+        zmq_msg_close(&f[0]);
+        zmq_msg_init_size(&f[0], 3 * 8 + 1);
+        st = wire_validate(&h, f, 2, reason, sizeof reason);
+        CHECK(st == PSNET__STATUS__STATUS_SIZE && strstr(reason, "ids frame has 25 bytes"), "ids of 25 bytes: %s",
+              reason);
+        wire_header_init(&h, PSNET__MSG_TYPE__MSG_PUSH);
+        h.has_table = true;
+        st = wire_validate(&h, NULL, 0, reason, sizeof reason);
+        CHECK(st == PSNET__STATUS__STATUS_MALFORMED && strstr(reason, "names a table"), "a PUSH naming a table: %s",
+              reason);
+        zmq_msg_close(&f[0]);
+        zmq_msg_close(&f[1]);
+}
+
 static void test_misc(void) {
         WireMsg m;
         Psnet__Header h;
@@ -838,6 +884,7 @@ int main(void) {
         test_error_reply();
         test_malformed();
         test_misc();
+        test_rows();
         teardown();
         return tap_done();
 }

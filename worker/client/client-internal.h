@@ -67,6 +67,8 @@ typedef struct ShardConn {
 
 /* --sparsify's encoded frames (client-frames.c). */
 typedef struct Sparse Sparse;
+/* A rows exchange under way (client-rows.c). */
+typedef struct RowsOp RowsOp;
 
 struct Client {
         uv_loop_t *loop;
@@ -109,6 +111,8 @@ struct Client {
         int prefetch_err;              /* an answer to the prefetched pull that ends the next round */
         bool freeing;
         Sparse *sparse;                /* --sparsify (NULL: dense pushes) */
+        ShardMap *map;                 /* the map routed by: a table's rows go by shardmap_row_holder */
+        RowsOp *rows;                  /* client_rows under way (NULL: none); never beside a round */
         /* client_set_memory: the caller's tensors in memory every shard on
          * this host maps; sets of job_nfloats floats, tensor after tensor:
          * the gradients, then the values (one set or more). */
@@ -134,6 +138,13 @@ typedef struct ClientTransport {
          * next request opens another. NULL: none to lose. */
         void (*session_lost)(Client *c, ShardConn *s);
 } ClientTransport;
+
+/* --- a table's rows (client-rows.c) */
+/* Whether reply m answers the rows exchange under way: then it is handled
+ * (true), the exchange ended where it was the last. */
+bool client_rows_reply(Client *c, ShardConn *s, WireMsg *m);
+/* Ends the exchange under way without its callback (the sockets go). */
+void client_rows_abort(Client *c);
 
 /* --- what every request says (client-req.c) */
 /* --wire bf16 for this client's pushes and pulls: a training job's, not a

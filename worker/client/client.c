@@ -46,6 +46,7 @@ static void client_disconnect(Client *c) {
         }
         c->shards = mfree(c->shards);
         c->nshards = 0;
+        c->map = shardmap_free(c->map);
 }
 
 /* Connects to every shard of map and routes every key to its owner. */
@@ -55,6 +56,9 @@ static int client_connect(Client *c, const ShardMap *map) {
                 return log_error_errno(EINVAL, "the shard map holds other keys than the job's");
         c->nshards = shardmap_size(map);
         c->map_epoch = shardmap_epoch(map);
+        c->map = shardmap_dup(map);
+        if (!c->map)
+                return -ENOMEM;
         c->shards = ps_calloc(c->nshards, sizeof *c->shards);
         if (!c->shards)
                 return -ENOMEM;
@@ -164,6 +168,7 @@ int client_new(uv_loop_t *loop, void *zctx, const Job *job, const ShardMap *map,
 Client *client_free(Client *c) {
         if (!c)
                 return NULL;
+        client_rows_abort(c);
         client_disconnect(c);
         client_frames_free(c);
         c->tensor_base = mfree(c->tensor_base);
@@ -189,7 +194,7 @@ void client_abort(Client *c) {
 }
 
 int client_set_map(Client *c, const ShardMap *map) {
-        if (c->busy)
+        if (c->busy || c->rows)
                 return -EBUSY;
         client_disconnect(c);
         c->need_epoch = 0;
@@ -547,6 +552,8 @@ static void client_on_reply(NetSock *ns, WireMsg *m, int r, void *ud) {
         ShardConn *s = ud;
         Client *c = s->client;
         (void) ns;
+        if (client_rows_reply(c, s, m))
+                return;
         if (!c->busy && !c->prefetching)
                 return; /* nothing asked: a late answer */
         if (r < 0) {
@@ -571,7 +578,7 @@ static void client_on_reply(NetSock *ns, WireMsg *m, int r, void *ud) {
 }
 
 int client_pull_begin(Client *c, float *const *params, int64_t pull_clock) {
-        if (!c || !params || c->prefetching || c->busy)
+        if (!c || !params || c->prefetching || c->busy || c->rows)
                 return -EINVAL;
         c->params = params;
         c->pull_clock = pull_clock;
@@ -598,7 +605,7 @@ int client_pull_begin(Client *c, float *const *params, int64_t pull_clock) {
 
 int client_round(Client *c, const float *const *grads, int64_t push_clock, float *const *params,
                  int64_t pull_clock, ClientRoundFn cb, void *ud) {
-        if (c->busy)
+        if (c->busy || c->rows)
                 return -EBUSY;
         /* The pulls of client_pull_begin are in flight (or answered): do not send again. */
         bool pulled = c->prefetching;

@@ -31,6 +31,20 @@ typedef struct Client Client;
  * (logged with the shard's address), -EPROTO after an error reply (logged). */
 typedef void (*ClientRoundFn)(Client *c, int r, int64_t clock, void *ud);
 
+/* A rows exchange ended: r = 0, -EAGAIN (a shard answered MOVED under a
+ * newer map: client_set_map with the map of client_need_epoch, then the same
+ * exchange again; a push applied before answers DUPLICATE), -ETIMEDOUT,
+ * -ESTALE (not a member), -EPROTO (an error reply, logged). */
+typedef void (*ClientRowsFn)(Client *c, int r, void *ud);
+/* Pulls (grads NULL: rows into out, n x dim floats) or pushes (one gradient
+ * row per id, n x dim floats, for clock) the rows of ids[0..n) of the job's
+ * table, each to the shard holding it (shardmap_row_holder): one ROWS_PULL or
+ * ROWS_PUSH per shard, all in flight at once. ids must be distinct. The
+ * arrays are copied: they may change as soon as this returns. -EBUSY while a
+ * round or another exchange is under way, -EINVAL for a table the job lacks. */
+int client_rows(Client *c, uint32_t table, const int64_t *ids, size_t n, const float *grads, int64_t clock,
+                float *out, ClientRowsFn cb, void *ud);
+
 /* Connects to every shard of map. keys: CURVE keys of this worker, NULL for
  * none. via: through psgate (an edge client's one connection; the map's
  * addresses unused), NULL: each shard directly. */

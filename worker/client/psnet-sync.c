@@ -326,6 +326,56 @@ static int do_round(PsnetSync *s, void *arg) {
         return r < 0 ? r : PENDING;
 }
 
+typedef struct RowsArg {
+        size_t table, n;
+        const int64_t *ids;
+        const float *grads;
+        int64_t clock;
+        float *out;
+} RowsArg;
+
+static void rows_cb(PsnetWorker *w, int r, void *ud) {
+        (void) w;
+        complete(ud, r);
+}
+
+static int do_rows(PsnetSync *s, void *arg) {
+        RowsArg *a = arg;
+        int r = psnet_worker_rows(s->w, a->table, a->ids, a->n, a->grads, a->clock, a->out, rows_cb, s);
+        return r < 0 ? r : PENDING;
+}
+
+int psnet_sync_rows(PsnetSync *s, size_t table, const int64_t *ids, size_t n, const float *grads, int64_t clock,
+                    float *out) {
+        RowsArg a = { table, n, ids, grads, clock, out };
+        return call(s, do_rows, &a);
+}
+
+typedef struct TableArg {
+        size_t i;
+        char *name;
+        size_t n;
+        uint32_t dim;
+} TableArg;
+
+static int do_table(PsnetSync *s, void *arg) {
+        TableArg *a = arg;
+        const char *name = psnet_job_table_name(s->w, a->i);
+        if (!name)
+                return -ENOENT;
+        snprintf(a->name, a->n, "%s", name);
+        a->dim = psnet_job_table_dim(s->w, a->i);
+        return 0;
+}
+
+int psnet_sync_table(PsnetSync *s, size_t i, char *name, size_t n, uint32_t *dim) {
+        TableArg a = { .i = i, .name = name, .n = n };
+        int r = call(s, do_table, &a);
+        if (r == 0)
+                *dim = a.dim;
+        return r;
+}
+
 int psnet_sync_round(PsnetSync *s, const float *const *grads, int64_t push_clock, float *const *params,
                      int64_t pull_clock) {
         RoundArg a = { grads, push_clock, pull_clock, params };

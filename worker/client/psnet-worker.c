@@ -64,6 +64,8 @@ struct PsnetWorker {
         int64_t push_clock, pull_clock;
         PsnetRoundFn round_cb;
         void *round_ud;
+        PsnetRowsFn rows_cb;            /* psnet_worker_rows under way */
+        void *rows_ud;
         int64_t round_clock;
         bool waiting_map;
         bool waiting_member;            /* a shard said it is no member: waiting to be admitted again */
@@ -324,6 +326,11 @@ PsnetWorker *psnet_worker_free(PsnetWorker *w) {
                 w->round_cb = NULL;
                 cb(w, -ECANCELED, w->round_ud);
         }
+        if (w->rows_cb) {
+                PsnetRowsFn cb = w->rows_cb;
+                w->rows_cb = NULL;
+                cb(w, -ECANCELED, w->rows_ud);
+        }
         w->client = client_free(w->client);
         psnet_memory_unref(w->mem);
         w->mem = NULL;
@@ -528,6 +535,46 @@ int psnet_worker_round(PsnetWorker *w, const float *const *grads, int64_t push_c
         if (r < 0)
                 w->round_cb = NULL;
         return r;
+}
+
+static void on_client_rows(Client *c, int r, void *ud) {
+        PsnetWorker *w = ud;
+        (void) c;
+        PsnetRowsFn cb = w->rows_cb;
+        w->rows_cb = NULL;
+        if (r == -EAGAIN)
+                log_warning("a shard holds rows under shard map epoch %lu, newer than this worker's: ask again",
+                            (unsigned long) client_need_epoch(c));
+        if (cb)
+                cb(w, r, w->rows_ud);
+}
+
+int psnet_worker_rows(PsnetWorker *w, size_t table, const int64_t *ids, size_t n, const float *grads, int64_t clock,
+                      float *out, PsnetRowsFn done, void *ud) {
+        if (!w || !w->fo.has_job || table >= w->fo.job.ntables || (!grads && !out) || (n && !ids) || !done)
+                return -EINVAL;
+        if (w->round_cb || w->rows_cb)
+                return -EBUSY;
+        int r = client_ready(w);
+        if (r < 0)
+                return log_error_errno(r, "Failed to connect to the shards: %m");
+        client_set_timeout(w->client, round_timeout(w));
+        w->rows_cb = done;
+        w->rows_ud = ud;
+        r = client_rows(w->client, (uint32_t) table, ids, n, grads, clock, out, on_client_rows, w);
+        if (r < 0)
+                w->rows_cb = NULL;
+        return r;
+}
+
+size_t psnet_job_ntables(const PsnetWorker *w) { return w->fo.has_job ? w->fo.job.ntables : 0; }
+
+const char *psnet_job_table_name(const PsnetWorker *w, size_t i) {
+        return i < psnet_job_ntables(w) ? w->fo.job.tables[i].name : NULL;
+}
+
+uint32_t psnet_job_table_dim(const PsnetWorker *w, size_t i) {
+        return i < psnet_job_ntables(w) ? w->fo.job.tables[i].dim : 0;
 }
 
 int psnet_worker_prefetch(PsnetWorker *w, float *const *params, int64_t pull_clock) {

@@ -110,6 +110,12 @@ const char *psnet_job_dataset(const PsnetWorker *w);
  * -ENOSPC if it does not fit n, -ENOENT before the job. */
 int psnet_job_model_json(const PsnetWorker *w, char *buf, size_t n);
 
+/* The job's sparse tables (--tables, docs/tables.md): their count, and table
+ * i's name and floats per row (NULL and 0 for no table i). */
+size_t psnet_job_ntables(const PsnetWorker *w);
+const char *psnet_job_table_name(const PsnetWorker *w, size_t i);
+uint32_t psnet_job_table_dim(const PsnetWorker *w, size_t i);
+
 /* The job's schedule. Epochs are the job's: an epoch is a pass over the
  * training set by all workers together; a clock of W members trains W x
  * batch samples. The samples the job has trained before clock, and the first
@@ -133,6 +139,22 @@ int64_t psnet_job_end_clock(PsnetWorker *w, uint64_t total);
  * psnet_worker_start_clock(w) - psnet_worker_base_clock(w) steps into this
  * membership. */
 typedef void (*PsnetRoundFn)(PsnetWorker *w, int r, void *ud);
+
+/* A sparse table's rows by id, between rounds (never beside one): grads NULL
+ * pulls the rows of ids[0..n) into out (n x dim floats; a row never pushed
+ * reads as its initial values), else pushes one gradient row per id (n x dim
+ * floats) as this worker's for clock, which the shards apply with the
+ * table's optimizer as it comes (one push per table and clock: a second is
+ * answered DUPLICATE and not applied). ids must be distinct (a shard
+ * refuses a push naming one twice); each goes to the shard that holds it.
+ * The arrays are copied before this returns; out is written before done. r
+ * in done: 0, -ETIMEDOUT, -EPROTO (a shard refused: logged), -ESTALE (not a
+ * member),
+ * -EAGAIN (the shards moved to a newer map: again once it arrived),
+ * -ECANCELED (the worker was freed). */
+typedef void (*PsnetRowsFn)(PsnetWorker *w, int r, void *ud);
+int psnet_worker_rows(PsnetWorker *w, size_t table, const int64_t *ids, size_t n, const float *grads, int64_t clock,
+                      float *out, PsnetRowsFn done, void *ud);
 int psnet_worker_round(PsnetWorker *w, const float *const *grads, int64_t push_clock, float *const *params,
                        int64_t pull_clock, PsnetRoundFn done, void *ud);
 /* The clock of the weights the last round pulled (the smallest the shards reported). */
@@ -445,6 +467,10 @@ int psnet_sync_schedule(PsnetSync *s, int64_t clock, uint64_t total, uint64_t *s
  * there). The arrays of pointers may go when it returns; the buffers the
  * last round pulled into must stay until psnet_sync_result (which reports a
  * digest of the weights evaluated). */
+/* psnet_worker_rows, blocking; the table's name and dim by index. */
+int psnet_sync_rows(PsnetSync *s, size_t table, const int64_t *ids, size_t n, const float *grads, int64_t clock,
+                    float *out);
+int psnet_sync_table(PsnetSync *s, size_t i, char *name, size_t n, uint32_t *dim);
 int psnet_sync_round(PsnetSync *s, const float *const *grads, int64_t push_clock, float *const *params,
                      int64_t pull_clock);
 /* psnet_worker_memory, with a reference to it in *ref (psnet_memory_unref

@@ -1,0 +1,54 @@
+#!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
+# Sparse tables (issue 34; docs/tables.md): a job's --tables are checked by
+# psctl and pscoord; a sparse logistic regression whose per-id weights are a
+# psnet table (psnet.torch.EmbeddingBag) trains on a synthetic click log
+# over two shards and ends with PyTorch's nn.EmbeddingBag(sparse=True) +
+# torch.optim.Adagrad rows, torch.optim.SGD's dense layer and its test AUC;
+# a table pushed twice for a clock is applied once; bad rows messages (NaN,
+# wrong sizes, an unknown table, a stranger) are refused with their reason,
+# nothing of them applied, the shards serving on.
+source "$(dirname "$0")/lib.sh"
+
+py_env
+CL=$PSNET_BUILD/worker/data/psnet-clicklog
+DATA=$RUN/clicks
+"$CL" --out "$DATA" --train-rows 12000 --test-rows 4000 --fields 6 --vocab 2000 --dense 4 --seed 5 \
+  >"$RUN/clicklog.out" 2>&1
+ok $? "a click log of 12,000 samples, 6 fields of 2,000 ids ($(tail -1 "$RUN/clicklog.out"))"
+
+# What a job cannot hold, said before anything starts.
+COORD="ipc://$RUN/tables.sock"
+psnet_start pscoord-tables "$PSCOORD" --listen "$COORD" --shards 2
+for i in 1 2; do
+  psnet_start "psd-tables-$i" "$PSD" --id "$i" --listen "ipc://$RUN/psd-tables-$i.sock" --coord "$COORD" \
+    --http 127.0.0.1:0
+done
+out=$("$PSCTL" --coord "$COORD" job submit --model mlp:4-1 --tables w:1 2>&1)
+[ $? -ne 0 ] && grep -q "needs --mode asp" <<<"$out"
+ok $? "tables under bsp are refused, saying why ($out)"
+out=$("$PSCTL" --coord "$COORD" job submit --model mlp:4-1 --mode asp --tables w:1 2>&1)
+[ $? -ne 0 ] && grep -q "needs --replicas 1" <<<"$out"
+ok $? "tables with backups are refused, saying why ($out)"
+out=$("$PSCTL" --coord "$COORD" job submit --model mlp:4-1 --mode asp --replicas 1 --tables w:1:momentum 2>&1)
+[ $? -ne 0 ] && grep -q "optimizer 'momentum'" <<<"$out"
+ok $? "a table with an unknown optimizer is refused, naming it ($out)"
+
+PSPOKE=$PSPOKE PYCHECK_SCRIPT=$PSNET_SRC/tests/integration/torch-tables.py \
+  pycheck lr lr "$COORD" "$DATA" "$RUN/lr.json" "ipc://$RUN/psd-tables-1.sock" "ipc://$RUN/psd-tables-2.sock"
+out=$("$PSCTL" --coord "$COORD" job wait --wait 30 2>&1)
+grep -q "state=done" <<<"$out"; ok $? "the job ends done ($out)"
+rows=0
+for i in 1 2; do
+  m=$(curl -sf "http://127.0.0.1:$(http_port "psd-tables-$i")/metrics")
+  n=$(awk '$1 == "psnet_psd_table_rows{table=\"w\"}" { print $2 }' <<<"$m")
+  pushed=$(awk '$1 == "psnet_psd_rows_pushed_total" { print $2 }' <<<"$m")
+  refused=$(awk '$1 == "psnet_psd_rows_refused_total" { print $2 }' <<<"$m")
+  lint=$(promtool check metrics <<<"$m" 2>&1)
+  [ "${n:-0}" -gt 1000 ] && [ "${pushed:-0}" -ge "$n" ] && [ "${refused:-0}" -ge 1 ] && [ -z "$lint" ]
+  ok $? "shard $i's /metrics: table w holds ${n:-?} rows, ${pushed:-?} pushed, ${refused:-?} refused; promtool check metrics ${lint:-clean}"
+  rows=$((rows + ${n:-0}))
+done
+want=$(jq -r .trained "$RUN/lr.json" 2>/dev/null)
+[ "$rows" = "$want" ]; ok $? "the shards hold exactly the rows the job pushed ($rows; $want)"
+psnet_stop_all

@@ -1,0 +1,233 @@
+# SPDX-License-Identifier: Apache-2.0
+"""The checks of test-tables.sh that run in Python: a sparse logistic
+regression whose per-id weights live in a psnet table (psnet.torch
+EmbeddingBag), trained on a synthetic click log against PyTorch's own
+nn.EmbeddingBag(sparse=True) with torch.optim.Adagrad and a torch.optim.SGD
+dense part, on the same batches in the same order.
+
+    torch-tables.py CHECK [ARGS]   prints "ok" lines and exits 0, or says why and exits 1
+"""
+import copy
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import torch
+import torch.nn as nn
+
+import psnet.torch
+from psnet.client import PsnetError
+
+BATCH, LR_ROWS, LR_DENSE = 256, 0.5, 0.05
+
+
+def fail(msg):
+    print(f"FAIL: {msg}", flush=True)
+    sys.exit(1)
+
+
+def say(msg):
+    print(f"ok: {msg}", flush=True)
+
+
+def load(data, split):
+    sparse = np.load(f"{data}/{split}/sparse.npy")
+    dense = np.load(f"{data}/{split}/dense.npy").astype(np.float32)
+    label = np.load(f"{data}/{split}/label.npy").astype(np.float32)
+    return torch.from_numpy(sparse), torch.from_numpy(dense), torch.from_numpy(label)
+
+
+def auc(scores, labels):
+    """Area under the ROC curve by ranks (ties averaged): Mann-Whitney U."""
+    s, y = np.asarray(scores, dtype=np.float64), np.asarray(labels) > 0.5
+    order = np.argsort(s, kind="mergesort")
+    ranks = np.empty(len(s))
+    sorted_s = s[order]
+    i = 0
+    while i < len(s):
+        j = i
+        while j + 1 < len(s) and sorted_s[j + 1] == sorted_s[i]:
+            j += 1
+        ranks[order[i:j + 1]] = (i + j) / 2.0 + 1
+        i = j + 1
+    npos, nneg = y.sum(), (~y).sum()
+    return float((ranks[y].sum() - npos * (npos + 1) / 2) / (npos * nneg))
+
+
+class LR(nn.Module):
+    """Sparse logistic regression: one weight per id (a psnet table), plus a
+    linear part over the dense features."""
+
+    def __init__(self, dense):
+        super().__init__()
+        self.w = psnet.torch.EmbeddingBag("w", 1, mode="sum", optim="adagrad", lr=LR_ROWS, init=0.01)
+        self.dense = nn.Linear(dense, 1)
+
+    def forward(self, sparse, dense):
+        return self.w(sparse).squeeze(1) + self.dense(dense).squeeze(1)
+
+
+class RefLR(nn.Module):
+    """The same model in PyTorch alone: ids mapped to rows of an
+    nn.EmbeddingBag with sparse gradients."""
+
+    def __init__(self, vocab, dense_layer):
+        super().__init__()
+        self.w = nn.EmbeddingBag(len(vocab), 1, mode="sum", sparse=True)
+        self.dense = dense_layer
+        self.vocab = vocab
+
+    def forward(self, sparse, dense):
+        present = sparse >= 0
+        idx = torch.from_numpy(np.searchsorted(self.vocab, sparse[present].numpy()))
+        counts = present.sum(1)
+        out = self.w(idx, torch.cumsum(counts, 0) - counts)
+        return out.squeeze(1) + self.dense(dense).squeeze(1)
+
+
+def poke(endpoint, case, **env):
+    """pspoke's answer ("type=... status=... reason=...") to one hand-made message."""
+    e = dict(os.environ, **{f"PSPOKE_{k.upper()}": str(v) for k, v in env.items()})
+    r = subprocess.run([os.environ["PSPOKE"], endpoint, case], env=e, capture_output=True, text=True, timeout=30)
+    return r.stdout.strip()
+
+
+def status_of(answer):
+    return answer.split("status=")[1].split()[0] if "status=" in answer else answer
+
+
+def check_pokes(opt, shards):
+    """Bad rows messages, as this worker (a member) and as a stranger: each
+    refused with its reason by the shard, nothing applied, and the shards
+    go on serving."""
+    me, clock = opt.w.info()["id"], opt.clock + 2
+    before = opt.w.pull_rows("w", np.array([1, 2, 3, 4]))
+    nan = sorted(status_of(poke(s, "rows-push", sender=me, clock=clock, count=1, value="nan")) for s in shards)
+    if nan != ["moved", "not-finite"]:
+        fail(f"a NaN row of id 1 from a member: {nan}")
+    say(f"a NaN gradient row is refused by its shard (not-finite), the other says moved: {nan}")
+    size = [poke(s, "rows-push", sender=me, clock=clock, rows_bytes=3) for s in shards]
+    if not all(status_of(a) == "size" and "rows frame" in a for a in size):
+        fail(f"a rows frame of 3 bytes: {size}")
+    say(f"a rows frame of 3 bytes is refused by the wire: {size[0]}")
+    table = [poke(s, "rows-push", sender=me, clock=clock, table=7) for s in shards]
+    if not all(status_of(a) == "unknown-key" for a in table):
+        fail(f"table 7: {table}")
+    say(f"a push to table 7 of 1 is refused: {table[0]}")
+    wide = [poke(s, "rows-push", sender=me, clock=clock, count=1, dim=4) for s in shards]
+    if not all(status_of(a) == "size" and "rows of 1 floats" in a for a in wide):
+        fail(f"rows of 4 floats for a table of 1: {wide}")
+    say(f"rows of 4 floats for a table of 1 are refused: {wide[0]}")
+    stranger = [poke(s, "rows-push", sender=999, clock=clock) for s in shards]
+    if not all(status_of(a) == "stale" and "not a member" in a for a in stranger):
+        fail(f"a stranger's push: {stranger}")
+    say(f"a push of rows from a worker id that is no member is refused: {stranger[0]}")
+    after = opt.w.pull_rows("w", np.array([1, 2, 3, 4]))
+    if not np.array_equal(before, after):
+        fail(f"rows changed by refused pushes: {before.ravel()} {after.ravel()}")
+    say("nothing of the refused pushes was applied, and both shards still answer")
+
+
+def check_lr(coord, data, out, *shards):
+    torch.manual_seed(3)
+    xs, xd, y = load(data, "train")
+    ts, td, ty = load(data, "test")
+    model = LR(xd.shape[1])
+    try:
+        psnet.torch.Optimizer(model, coord, optim="sgd", lr=LR_DENSE, mode="bsp", progress=False)
+        fail("a model with tables under bsp was taken")
+    except ValueError as e:
+        if "mode='asp'" not in str(e):
+            fail(f"bsp refused without saying asp: {e}")
+        say(f"a model with a table under bsp is refused: {e}")
+    opt = psnet.torch.Optimizer(model, coord, optim="sgd", lr=LR_DENSE, mode="asp", progress=False)
+    dense0 = copy.deepcopy(model.dense)  # the job's first values, pulled into the model
+    tables = opt.w.tables()
+    if tables != {"w": (0, 1)}:
+        fail(f"the job's tables are {tables}")
+    say(f"the job declares the model's table: {tables}")
+
+    vocab = np.unique(np.concatenate([xs[xs >= 0].numpy(), ts[ts >= 0].numpy()]))
+    init_rows = opt.w.pull_rows("w", vocab)
+    if not (np.abs(init_rows).max() <= 0.01 and np.abs(init_rows).max() > 0 and len(np.unique(init_rows)) > 1):
+        fail(f"initial rows are not uniform in [-0.01, 0.01): {init_rows[:4].ravel()}")
+    ref = RefLR(vocab, dense0)
+    with torch.no_grad():
+        ref.w.weight.copy_(torch.from_numpy(init_rows))
+    ropt_rows = torch.optim.Adagrad([ref.w.weight], lr=LR_ROWS, eps=1e-10)
+    ropt_dense = torch.optim.SGD(ref.dense.parameters(), lr=LR_DENSE)
+    say(f"{len(vocab)} rows pulled before any push read as their initial values (within init=0.01)")
+
+    loss_fn = nn.BCEWithLogitsLoss()
+    steps = (len(y) + BATCH - 1) // BATCH
+    for i in range(steps):
+        b = slice(i * BATCH, (i + 1) * BATCH)
+        opt.zero_grad()
+        loss = loss_fn(model(xs[b], xd[b]), y[b])
+        loss.backward()
+        opt.step(loss=loss)
+        ropt_rows.zero_grad()
+        ropt_dense.zero_grad()
+        rl = loss_fn(ref(xs[b], xd[b]), y[b])
+        rl.backward()
+        ropt_rows.step()
+        ropt_dense.step()
+    rows = opt.w.pull_rows("w", vocab)
+    drow = float(np.abs(rows - ref.w.weight.detach().numpy()).max())
+    ddense = max(float((a.detach() - b.detach()).abs().max())
+                 for a, b in zip(model.dense.parameters(), ref.dense.parameters()))
+    moved = int((np.abs(rows - init_rows) > 1e-6).sum())
+    if not (drow <= 1e-4 and ddense <= 1e-4 and moved > len(vocab) // 10):
+        fail(f"after {steps} steps: rows differ from torch's by {drow:.3g}, dense by {ddense:.3g} ({moved} rows moved)")
+    say(f"after {steps} steps the {len(vocab)} rows are torch.optim.Adagrad's within {drow:.2g}, the dense layer "
+        f"torch.optim.SGD's within {ddense:.2g} ({moved} rows trained)")
+
+    with torch.no_grad():
+        model.eval()
+        a_psnet = auc(model(ts, td).numpy(), ty.numpy())
+        a_ref = auc(ref(ts, td).numpy(), ty.numpy())
+    if not (abs(a_psnet - a_ref) <= 0.002 and a_psnet > 0.6):
+        fail(f"test AUC {a_psnet:.4f} against torch's {a_ref:.4f}")
+    say(f"test AUC {a_psnet:.4f}, PyTorch's {a_ref:.4f} (within 0.002)")
+
+    # The same table pushed twice for one clock: the second is not applied.
+    ids = np.unique(xs[xs >= 0].numpy())[:8]  # rows the training pushed: the count of rows stays theirs
+    before = opt.w.pull_rows("w", ids)
+    g = np.full((8, 1), 0.5, dtype=np.float32)
+    opt.w.push_rows("w", ids, g, opt.clock + 1)
+    once = opt.w.pull_rows("w", ids)
+    opt.w.push_rows("w", ids, g, opt.clock + 1)
+    twice = opt.w.pull_rows("w", ids)
+    if not (np.all(once < before) and np.array_equal(once, twice)):
+        fail(f"a push of clock {opt.clock + 1} again changed the rows: {before.ravel()} {once.ravel()} "
+             f"{twice.ravel()}")
+    say("a push of a table for a clock it was pushed for is answered, and not applied again")
+    try:
+        opt.w.push_rows("w", np.array([5, 5]), np.ones((2, 1), np.float32), opt.clock + 2)
+        fail("ids twice were taken")
+    except ValueError as e:
+        say(f"ids twice are refused before they leave: {e}")
+    try:
+        opt.w.pull_rows("nope", ids)
+        fail("an unknown table was taken")
+    except ValueError as e:
+        say(f"an unknown table is refused, naming the job's: {e}")
+    check_pokes(opt, shards)
+    trained = int(np.unique(xs[xs >= 0].numpy()).size)  # every id of the training set was pushed
+    json.dump({"auc": a_psnet, "auc_torch": a_ref, "rows": int(len(vocab)), "trained": trained, "steps": steps},
+              open(out, "w"))
+    opt.finish()
+
+
+def main():
+    check, args = sys.argv[1], sys.argv[2:]
+    try:
+        {"lr": check_lr}[check](*args)
+    except PsnetError as e:
+        fail(f"{check}: {e}")
+
+
+if __name__ == "__main__":
+    main()

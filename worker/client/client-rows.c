@@ -1,0 +1,298 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/* A table's rows pulled or pushed by id (client.h, client_rows): the ids cut
+ * by the shard holding each (rendezvous hashing over the map's shards,
+ * shardmap_row_holder), one request per shard, answers matched by sequence
+ * number; asked again where a shard says it cannot answer yet (UNAVAILABLE,
+ * MIGRATING, NO_JOB: nothing was applied), ended with -EAGAIN where it
+ * routes by a newer map. It uses the round's timers, never beside a round. */
+#include <errno.h>
+#include <string.h>
+#include "alloc.h"
+#include "client-internal.h"
+#include "endpoint.h"
+#include "errors.h"
+#include "log.h"
+
+typedef struct RowsReq {
+        ReqState state;
+        uint64_t seq, at;
+        int64_t *ids;           /* this shard's ids, in the caller's order */
+        size_t *pos;            /* their places in the caller's arrays */
+        size_t n;
+} RowsReq;
+
+struct RowsOp {
+        uint32_t table, dim;
+        bool push;
+        int64_t clock;
+        const int64_t *all;     /* the caller's ids (pull: its out gets the rows) */
+        float *out;
+        float *grads;           /* push: a copy, n x dim */
+        RowsReq *reqs;          /* per shard */
+        size_t nreqs;
+        ClientRowsFn cb;
+        void *ud;
+};
+
+static void op_free(RowsOp *op) {
+        if (!op)
+                return;
+        for (size_t i = 0; i < op->nreqs; i++) {
+                ps_free(op->reqs[i].ids);
+                ps_free(op->reqs[i].pos);
+        }
+        ps_free(op->reqs);
+        ps_free(op->grads);
+        ps_free(op);
+}
+
+static void rows_end(Client *c, int r) {
+        RowsOp *op = c->rows;
+        if (!op)
+                return;
+        c->rows = NULL;
+        (void) uv_timer_stop(&c->deadline);
+        (void) uv_timer_stop(&c->retry);
+        ClientRowsFn cb = op->cb;
+        void *ud = op->ud;
+        op_free(op);
+        if (cb)
+                cb(c, r, ud);
+}
+
+void client_rows_abort(Client *c) {
+        if (!c->rows)
+                return;
+        c->rows->cb = NULL;
+        rows_end(c, -ECANCELED);
+}
+
+/* Sends shard i's request: 0, or a negative errno. */
+static int send_req(Client *c, size_t i) {
+        RowsOp *op = c->rows;
+        RowsReq *q = &op->reqs[i];
+        ShardConn *s = &c->shards[i];
+        Psnet__Header h;
+        wire_header_init(&h, op->push ? PSNET__MSG_TYPE__MSG_ROWS_PUSH : PSNET__MSG_TYPE__MSG_ROWS_PULL);
+        h.has_job = h.has_sender = h.has_seq = h.has_clock = h.has_table = true;
+        h.job = c->job.id;
+        h.sender = c->worker_id;
+        h.seq = q->seq = ++c->seq;
+        h.clock = op->clock;
+        h.table = op->table;
+        h.has_members_epoch = c->members_epoch != 0;
+        h.members_epoch = c->members_epoch;
+        zmq_msg_t f[2];
+        size_t idb = q->n * sizeof *q->ids, gb = q->n * op->dim * sizeof(float);
+        if (zmq_msg_init_size(&f[0], idb) < 0)
+                return -ENOMEM;
+        memcpy(zmq_msg_data(&f[0]), q->ids, idb);
+        if (op->push) {
+                if (zmq_msg_init_size(&f[1], gb) < 0) {
+                        zmq_msg_close(&f[0]);
+                        return -ENOMEM;
+                }
+                float *g = zmq_msg_data(&f[1]);
+                for (size_t k = 0; k < q->n; k++)
+                        memcpy(g + k * op->dim, op->grads + q->pos[k] * op->dim, op->dim * sizeof *g);
+        }
+        int r = netsock_send(s->sock, NULL, &h, f, op->push ? 2 : 1);
+        if (r < 0)
+                return r;
+        q->state = REQ_SENT;
+        if (op->push)
+                c->stats.bytes_pushed += gb;
+        return 0;
+}
+
+static void retry_cb(uv_timer_t *t);
+
+/* Sends what is due; arms the retry timer for what waits. */
+static int pump(Client *c) {
+        RowsOp *op = c->rows;
+        uint64_t now = now_ms(), next = UINT64_MAX;
+        for (size_t i = 0; i < op->nreqs; i++) {
+                RowsReq *q = &op->reqs[i];
+                if (q->state == REQ_RETRY && q->at <= now)
+                        q->state = REQ_TODO;
+                if (q->state == REQ_TODO) {
+                        int r = send_req(c, i);
+                        if (r == -EAGAIN) { /* the shard's queue is full: shortly */
+                                q->state = REQ_RETRY;
+                                q->at = now + 20;
+                        } else if (r < 0)
+                                return r;
+                }
+                if (q->state == REQ_RETRY)
+                        next = MIN(next, q->at);
+        }
+        if (next != UINT64_MAX)
+                (void) uv_timer_start(&c->retry, retry_cb, next > now ? next - now : 1, 0);
+        return 0;
+}
+
+static void check_done(Client *c) {
+        RowsOp *op = c->rows;
+        for (size_t i = 0; i < op->nreqs; i++)
+                if (op->reqs[i].n > 0 && op->reqs[i].state != REQ_DONE)
+                        return;
+        rows_end(c, 0);
+}
+
+static void retry_cb(uv_timer_t *t) {
+        Client *c = t->data;
+        if (!c->rows)
+                return;
+        int r = pump(c);
+        if (r < 0)
+                rows_end(c, r);
+        else
+                check_done(c);
+}
+
+static void deadline_cb(uv_timer_t *t) {
+        Client *c = t->data;
+        if (!c->rows)
+                return;
+        for (size_t i = 0; i < c->rows->nreqs; i++)
+                if (c->rows->reqs[i].n > 0 && c->rows->reqs[i].state != REQ_DONE) {
+                        log_error_errno(ETIMEDOUT, "shard %u at %s did not answer a rows request within %u s",
+                                        c->shards[i].id, c->shards[i].endpoint, c->timeout_ms / 1000);
+                        break;
+                }
+        rows_end(c, -ETIMEDOUT);
+}
+
+/* One answer to request q of shard s: 0, or a negative errno ending the exchange. */
+static int handle(Client *c, ShardConn *s, RowsReq *q, const WireMsg *m) {
+        RowsOp *op = c->rows;
+        const Psnet__Header *h = m->hdr;
+        int st = h->has_status ? (int) h->status : PSNET__STATUS__STATUS_OK;
+        if (st == PSNET__STATUS__STATUS_MOVED && h->has_epoch && h->epoch > c->map_epoch) {
+                c->need_epoch = MAX(c->need_epoch, h->epoch);
+                return -EAGAIN;
+        }
+        if (st == PSNET__STATUS__STATUS_MOVED || st == PSNET__STATUS__STATUS_MIGRATING ||
+            st == PSNET__STATUS__STATUS_UNAVAILABLE || st == PSNET__STATUS__STATUS_NO_JOB) {
+                /* Nothing was applied: ask again shortly. */
+                if (st == PSNET__STATUS__STATUS_UNAVAILABLE)
+                        c->stats.unavailable++;
+                q->state = REQ_RETRY;
+                q->at = now_ms() + (st == PSNET__STATUS__STATUS_NO_JOB ? 50 : 20);
+                return 0;
+        }
+        if (st == PSNET__STATUS__STATUS_STALE) {
+                log_warning("shard refused a rows request shard=%u status=stale reason=\"%s\"", s->id,
+                            h->reason ? h->reason : "");
+                return -ESTALE;
+        }
+        if (h->type == PSNET__MSG_TYPE__MSG_ERROR ||
+            (h->type == PSNET__MSG_TYPE__MSG_PUSH_ACK && st != PSNET__STATUS__STATUS_OK &&
+             st != PSNET__STATUS__STATUS_DUPLICATE)) {
+                log_error("shard refused a rows request shard=%u endpoint=%s status=%s reason=\"%s\"", s->id,
+                          s->endpoint, status_name(st), h->reason ? h->reason : "");
+                return -EPROTO;
+        }
+        if (op->push != (h->type == PSNET__MSG_TYPE__MSG_PUSH_ACK) ||
+            (!op->push && h->type != PSNET__MSG_TYPE__MSG_ROWS_PULL_REP)) {
+                log_error("shard %u answered a rows request with %s", s->id, wire_type_name(h->type));
+                return -EPROTO;
+        }
+        if (!op->push) {
+                size_t idb = q->n * sizeof(int64_t), rb = idb / sizeof(int64_t) * op->dim * sizeof(float);
+                if (h->table != op->table || m->nframes != 2 || zmq_msg_size((zmq_msg_t *) &m->frames[0]) != idb ||
+                    memcmp(zmq_msg_data((zmq_msg_t *) &m->frames[0]), q->ids, idb) != 0 ||
+                    zmq_msg_size((zmq_msg_t *) &m->frames[1]) != rb) {
+                        log_error("shard %u answered other rows than the %zu of table %u asked", s->id, q->n, op->table);
+                        return -EPROTO;
+                }
+                const float *rows = zmq_msg_data((zmq_msg_t *) &m->frames[1]);
+                for (size_t k = 0; k < q->n; k++)
+                        memcpy(op->out + q->pos[k] * op->dim, (const char *) rows + k * op->dim * sizeof(float),
+                               op->dim * sizeof(float));
+                c->stats.bytes_pulled += rb;
+        }
+        q->state = REQ_DONE;
+        return 0;
+}
+
+bool client_rows_reply(Client *c, ShardConn *s, WireMsg *m) {
+        RowsOp *op = c->rows;
+        size_t i = (size_t) (s - c->shards);
+        if (!op || i >= op->nreqs || !m->hdr || op->reqs[i].state != REQ_SENT || op->reqs[i].seq != m->hdr->seq)
+                return false;
+        int r = handle(c, s, &op->reqs[i], m);
+        if (r == 0)
+                r = pump(c);
+        if (r < 0)
+                rows_end(c, r);
+        else
+                check_done(c);
+        return true;
+}
+
+int client_rows(Client *c, uint32_t table, const int64_t *ids, size_t n, const float *grads, int64_t clock,
+                float *out, ClientRowsFn cb, void *ud) {
+        if (c->busy || c->prefetching || c->rows)
+                return -EBUSY;
+        if (table >= c->job.ntables || (!grads && !out) || (n > 0 && !ids) || !c->map)
+                return -EINVAL;
+        RowsOp *op = ps_calloc(1, sizeof *op);
+        if (!op)
+                return -ENOMEM;
+        op->table = table;
+        op->dim = c->job.tables[table].dim;
+        op->push = grads != NULL;
+        op->clock = clock;
+        op->out = out;
+        op->cb = cb;
+        op->ud = ud;
+        op->nreqs = c->nshards;
+        op->reqs = ps_calloc(c->nshards, sizeof *op->reqs);
+        size_t *count = ps_calloc(c->nshards, sizeof *count);
+        int *at = ps_malloc(MAX(n, (size_t) 1) * sizeof *at);
+        int r = op->reqs && count && at ? 0 : -ENOMEM;
+        if (r == 0 && op->push && !(op->grads = ps_malloc(MAX(n, (size_t) 1) * op->dim * sizeof(float))))
+                r = -ENOMEM;
+        for (size_t k = 0; r == 0 && k < n; k++) {
+                at[k] = shardmap_row_holder(c->map, table, ids[k], 0);
+                if (at[k] < 0 || (size_t) at[k] >= c->nshards)
+                        r = -EINVAL;
+                else
+                        count[at[k]]++;
+        }
+        for (size_t i = 0; r == 0 && i < c->nshards; i++) {
+                RowsReq *q = &op->reqs[i];
+                if (!count[i])
+                        continue;
+                q->ids = ps_malloc(count[i] * sizeof *q->ids);
+                q->pos = ps_malloc(count[i] * sizeof *q->pos);
+                if (!q->ids || !q->pos)
+                        r = -ENOMEM;
+                q->state = REQ_TODO;
+        }
+        for (size_t k = 0; r == 0 && k < n; k++) {
+                RowsReq *q = &op->reqs[at[k]];
+                q->ids[q->n] = ids[k];
+                q->pos[q->n++] = k;
+        }
+        if (r == 0 && op->push)
+                memcpy(op->grads, grads, n * op->dim * sizeof(float));
+        ps_free(count);
+        ps_free(at);
+        if (r < 0) {
+                op_free(op);
+                return r;
+        }
+        c->rows = op;
+        r = pump(c);
+        if (r < 0) {
+                c->rows = NULL;
+                op_free(op);
+                return r;
+        }
+        (void) uv_timer_start(&c->deadline, deadline_cb, c->timeout_ms, 0);
+        /* The callback never runs inside this call: n may be 0, or all sent. */
+        (void) uv_timer_start(&c->retry, retry_cb, 0, 0);
+        return 0;
+}
