@@ -211,8 +211,9 @@ int wire_validate(const Psnet__Header *hdr, const zmq_msg_t *frames, size_t nfra
         bool rows = hdr->type == PSNET__MSG_TYPE__MSG_ROWS_PULL || hdr->type == PSNET__MSG_TYPE__MSG_ROWS_PULL_REP ||
                     hdr->type == PSNET__MSG_TYPE__MSG_ROWS_PUSH;
         if (rows) {
-                /* Ids (8 bytes each, at least one), then, but for a pull, their
-                 * rows: the same number of rows of 1..WIRE_MAX_ROW_DIM floats. */
+                /* Ids (8 bytes each, at least one but in a push, which a BSP
+                 * worker sends every shard), then, but for a pull, their rows:
+                 * the same number of rows of 1..WIRE_MAX_ROW_DIM floats. */
                 size_t want = hdr->type == PSNET__MSG_TYPE__MSG_ROWS_PULL ? 1 : 2;
                 if (!hdr->has_table || hdr->n_keys > 0 || shm || nframes != want)
                         return fail(reason, reasonlen, PSNET__STATUS__STATUS_MALFORMED,
@@ -220,11 +221,16 @@ int wire_validate(const Psnet__Header *hdr, const zmq_msg_t *frames, size_t nfra
                                     types[ti].name, want, want == 1 ? "" : "s", hdr->has_table ? "a table" : "no table",
                                     hdr->n_keys, nframes);
                 size_t ib = zmq_msg_size((zmq_msg_t *) &frames[0]), n = ib / 8;
-                if (ib % 8 != 0 || n == 0 || n > WIRE_MAX_ROWS)
+                bool push = hdr->type == PSNET__MSG_TYPE__MSG_ROWS_PUSH;
+                if (ib % 8 != 0 || (n == 0 && !push) || n > WIRE_MAX_ROWS)
                         return fail(reason, reasonlen, PSNET__STATUS__STATUS_SIZE,
-                                    "%s's ids frame has %zu bytes: 1 to %u ids of 8 bytes", types[ti].name, ib,
-                                    WIRE_MAX_ROWS);
-                if (want == 2) {
+                                    "%s's ids frame has %zu bytes: %u to %u ids of 8 bytes", types[ti].name, ib,
+                                    push ? 0 : 1, WIRE_MAX_ROWS);
+                if (n == 0 && zmq_msg_size((zmq_msg_t *) &frames[1]) != 0)
+                        return fail(reason, reasonlen, PSNET__STATUS__STATUS_SIZE,
+                                    "an empty ROWS_PUSH carries an empty rows frame, not %zu bytes",
+                                    zmq_msg_size((zmq_msg_t *) &frames[1]));
+                if (want == 2 && n > 0) {
                         size_t rb = zmq_msg_size((zmq_msg_t *) &frames[1]);
                         if (rb % (n * sizeof(float)) != 0 || rb == 0 || rb / (n * sizeof(float)) > WIRE_MAX_ROW_DIM)
                                 return fail(reason, reasonlen, PSNET__STATUS__STATUS_SIZE,

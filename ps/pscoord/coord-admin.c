@@ -125,9 +125,10 @@ void coord_handle_job_mode(Coord *c, WireMsg *m) {
                                   "(psctl job submit --mode fed)");
                 return;
         }
-        if (c->job.ntables > 0 && j.mode != MODE_ASP) {
+        if (c->job.ntables > 0 && j.mode != c->job.mode) {
                 coord_reply_error(c, &m->route, m->hdr->seq, PSNET__STATUS__STATUS_INVALID,
-                                  "a job with tables stays asp for now: its shards apply table rows as they come");
+                                  "a job with tables keeps its mode for now: its shards' parked table rows do not "
+                                  "switch between bsp and asp");
                 return;
         }
         if (c->ckpt.active) {

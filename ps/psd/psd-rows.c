@@ -9,6 +9,18 @@
 #include "psd-rows.h"
 #include "psd-table.h"
 
+/* A BSP push waiting for its clock's other members: its rows, copied out of
+ * the frames, and where its acknowledgement goes. */
+typedef struct Parked {
+        uint32_t worker;
+        int64_t clock;
+        uint64_t seq;
+        int64_t *ids;
+        float *g;
+        size_t n;
+        zmq_msg_t route;
+} Parked;
+
 /* The last clock each worker pushed a table at (ids grow as workers come). */
 typedef struct LastPush {
         uint32_t worker;
@@ -25,8 +37,27 @@ struct Rows {
         float max_grad_norm;
         LastPush *last[JOB_MAX_TABLES];
         size_t nlast[JOB_MAX_TABLES];
+        ConsistencyMode mode;
+        Parked *parked[JOB_MAX_TABLES];
+        size_t nparked[JOB_MAX_TABLES];
+        RowsHooks hooks;
         RowsStats stats;
 };
+
+void rows_set_hooks(Rows *r, const RowsHooks *hooks) { r->hooks = *hooks; }
+
+static void parked_free(Parked *p) {
+        ps_free(p->ids);
+        ps_free(p->g);
+        zmq_msg_close(&p->route);
+}
+
+size_t rows_parked(const Rows *r) {
+        size_t n = 0;
+        for (size_t i = 0; i < r->ntables; i++)
+                n += r->nparked[i];
+        return n;
+}
 
 int rows_new(Rows **ret) {
         Rows *r = ps_calloc(1, sizeof *r);
@@ -38,6 +69,11 @@ int rows_new(Rows **ret) {
 
 static void drop_tables(Rows *r) {
         for (size_t i = 0; i < r->ntables; i++) {
+                for (size_t k = 0; k < r->nparked[i]; k++)
+                        parked_free(&r->parked[i][k]); /* their workers ask again, or time out */
+                ps_free(r->parked[i]);
+                r->parked[i] = NULL;
+                r->nparked[i] = 0;
                 r->tables[i] = table_free(r->tables[i]);
                 ps_free(r->last[i]);
                 r->last[i] = NULL;
@@ -57,6 +93,7 @@ Rows *rows_free(Rows *r) {
 int rows_configure(Rows *r, const Job *job, char *why, size_t n) {
         r->allow_nonfinite = job->allow_nonfinite;
         r->max_grad_norm = job->max_grad_norm;
+        r->mode = job->mode;
         if (r->has_job && r->job_id == job->id)
                 return 0;
         drop_tables(r);
@@ -86,7 +123,7 @@ static int request_table(Rows *r, const Psnet__Header *h, const zmq_msg_t *ids, 
                 return PSNET__STATUS__STATUS_UNKNOWN_KEY;
         }
         size_t count = zmq_msg_size((zmq_msg_t *) ids) / sizeof(int64_t);
-        int64_t *v = ps_malloc(count * sizeof *v);
+        int64_t *v = ps_malloc(MAX(count, (size_t) 1) * sizeof *v);
         if (!v) {
                 snprintf(reason, n, "out of memory for %zu ids", count);
                 return PSNET__STATUS__STATUS_RESOURCE;
@@ -126,6 +163,12 @@ int rows_pull(Rows *r, const ShardMap *map, uint32_t self, const Psnet__Header *
                 r->stats.refused++;
                 return st;
         }
+        for (size_t k = 0; r->mode == MODE_BSP && k < r->nparked[h->table]; k++)
+                if (r->parked[h->table][k].clock < h->clock) {
+                        snprintf(reason, n, "table %s's clock %ld waits for other workers' pushes: ask again",
+                                 r->conf[h->table].name, (long) r->parked[h->table][k].clock);
+                        return PSNET__STATUS__STATUS_UNAVAILABLE;
+                }
         size_t dim = r->conf[h->table].dim;
         _cleanup_free_ float *out = ps_malloc(count * dim * sizeof *out);
         if (!out || zmq_msg_init_size(ret, count * dim * sizeof *out) < 0) {
@@ -155,8 +198,58 @@ static LastPush *last_of(Rows *r, size_t i, uint32_t worker) {
         return &a[r->nlast[i]++];
 }
 
+static int cmp_i64(const void *a, const void *b) {
+        int64_t x = *(const int64_t *) a, y = *(const int64_t *) b;
+        return (x > y) - (x < y);
+}
+
+/* The first id of v[0..n) that comes twice, in *ret: whether there is one. */
+static bool repeated(const int64_t *v, size_t n, int64_t *ret) {
+        if (n < 2)
+                return false;
+        int64_t *s = ps_malloc(n * sizeof *s);
+        if (!s)
+                return false; /* the merge's table_push finds it then */
+        memcpy(s, v, n * sizeof *s);
+        qsort(s, n, sizeof *s, cmp_i64);
+        bool twice = false;
+        for (size_t i = 1; i < n && !twice; i++)
+                if (s[i] == s[i - 1]) {
+                        twice = true;
+                        *ret = s[i];
+                }
+        ps_free(s);
+        return twice;
+}
+
+/* BSP: parks the push (v and g taken), or a status with the reason. */
+static int park(Rows *r, const Psnet__Header *h, const zmq_msg_t *route, int64_t **v, float **g, size_t count,
+                char *reason, size_t n) {
+        int64_t twice;
+        if (repeated(*v, count, &twice)) {
+                snprintf(reason, n, "id %lld comes twice in one push (one gradient per row)", (long long) twice);
+                return PSNET__STATUS__STATUS_INVALID;
+        }
+        Parked *a = ps_realloc(r->parked[h->table], (r->nparked[h->table] + 1) * sizeof *a);
+        if (!a) {
+                snprintf(reason, n, "out of memory");
+                return PSNET__STATUS__STATUS_RESOURCE;
+        }
+        r->parked[h->table] = a;
+        Parked *p = &a[r->nparked[h->table]];
+        *p = (Parked) { .worker = h->sender, .clock = h->clock, .seq = h->seq, .ids = *v, .g = *g, .n = count };
+        if (zmq_msg_init(&p->route) < 0 || (route && zmq_msg_copy(&p->route, (zmq_msg_t *) route) < 0)) {
+                snprintf(reason, n, "out of memory");
+                return PSNET__STATUS__STATUS_RESOURCE;
+        }
+        *v = NULL;
+        *g = NULL;
+        r->nparked[h->table]++;
+        return ROWS_PARKED;
+}
+
 int rows_push(Rows *r, const ShardMap *map, uint32_t self, const Psnet__Header *h, const zmq_msg_t *frames,
-              uint64_t room, char *reason, size_t n) {
+              const zmq_msg_t *route, uint64_t room, char *reason, size_t n) {
         Table *t;
         _cleanup_free_ int64_t *v = NULL;
         _cleanup_free_ float *g = NULL;
@@ -183,7 +276,7 @@ int rows_push(Rows *r, const ShardMap *map, uint32_t self, const Psnet__Header *
                          (long) h->clock, h->sender, c->name, (long) last->clock);
                 st = PSNET__STATUS__STATUS_INVALID;
         }
-        if (st == PSNET__STATUS__STATUS_OK && !(g = ps_malloc(gb))) {
+        if (st == PSNET__STATUS__STATUS_OK && !(g = ps_malloc(MAX(gb, (size_t) 1)))) {
                 snprintf(reason, n, "out of memory for %zu bytes of gradients", gb);
                 st = PSNET__STATUS__STATUS_RESOURCE;
         }
@@ -211,7 +304,10 @@ int rows_push(Rows *r, const ShardMap *map, uint32_t self, const Psnet__Header *
                          "bytes left)", count, c->name, (unsigned long long) room);
                 st = PSNET__STATUS__STATUS_RESOURCE;
         }
-        if (st == PSNET__STATUS__STATUS_OK) {
+        bool bsp = r->mode == MODE_BSP;
+        if (st == PSNET__STATUS__STATUS_OK && bsp)
+                st = park(r, h, route, &v, &g, count, reason, n);
+        else if (st == PSNET__STATUS__STATUS_OK && count > 0) {
                 int e = table_push(t, v, count, g, reason, n);
                 st = e == 0 ? PSNET__STATUS__STATUS_OK
                    : e == -EINVAL ? PSNET__STATUS__STATUS_INVALID
@@ -219,13 +315,123 @@ int rows_push(Rows *r, const ShardMap *map, uint32_t self, const Psnet__Header *
                 if (e == -ENOMEM)
                         snprintf(reason, n, "out of memory for the rows of table %s", c->name);
         }
-        if (st != PSNET__STATUS__STATUS_OK) {
+        if (st != PSNET__STATUS__STATUS_OK && st != ROWS_PARKED) {
                 r->stats.refused++;
                 return st;
         }
         last->clock = h->clock;
+        if (st == ROWS_PARKED)
+                return ROWS_PARKED; /* the caller settles, under its fence's limit */
         r->stats.pushed += count;
         return PSNET__STATUS__STATUS_OK;
+}
+
+/* An id, and where its gradient row comes from (the parked push and row). */
+typedef struct Src {
+        int64_t id;
+        uint32_t push, row;
+} Src;
+
+static int cmp_src(const void *a, const void *b) {
+        const Src *x = a, *y = b;
+        if (x->id != y->id)
+                return (x->id > y->id) - (x->id < y->id);
+        return (x->push > y->push) - (x->push < y->push); /* the pushes come in ascending worker order */
+}
+
+static int cmp_parked(const void *a, const void *b) {
+        const Parked *x = a, *y = b;
+        if (x->clock != y->clock)
+                return (x->clock > y->clock) - (x->clock < y->clock);
+        return (x->worker > y->worker) - (x->worker < y->worker);
+}
+
+/* Applies the nmembers parked pushes p[0..np) of one clock of table i (in
+ * ascending worker order): each id's rows summed in that order, over the
+ * members: OK, or a status with the reason (nothing applied). */
+static int apply_clock(Rows *r, size_t i, const Parked *p, size_t np, size_t nmembers, char *reason, size_t n) {
+        const TableConf *c = &r->conf[i];
+        size_t total = 0;
+        for (size_t k = 0; k < np; k++)
+                total += p[k].n;
+        if (total == 0)
+                return PSNET__STATUS__STATUS_OK;
+        Src *src = ps_malloc(total * sizeof *src);
+        int64_t *ids = ps_malloc(total * sizeof *ids);
+        float *sum = ps_calloc(total * c->dim, sizeof *sum);
+        int st = PSNET__STATUS__STATUS_OK;
+        if (!src || !ids || !sum) {
+                snprintf(reason, n, "out of memory merging %zu rows of table %s", total, c->name);
+                st = PSNET__STATUS__STATUS_RESOURCE;
+        }
+        size_t at = 0, nu = 0;
+        for (size_t k = 0; st == PSNET__STATUS__STATUS_OK && k < np; k++)
+                for (size_t j = 0; j < p[k].n; j++)
+                        src[at++] = (Src) { p[k].ids[j], (uint32_t) k, (uint32_t) j };
+        if (st == PSNET__STATUS__STATUS_OK) {
+                qsort(src, total, sizeof *src, cmp_src);
+                float scale = 1.0f / (float) nmembers;
+                for (size_t k = 0; k < total; k++) {
+                        if (k == 0 || src[k].id != src[k - 1].id)
+                                ids[nu++] = src[k].id;
+                        float *dst = sum + (nu - 1) * c->dim;
+                        const float *g = p[src[k].push].g + (size_t) src[k].row * c->dim;
+                        for (uint32_t d = 0; d < c->dim; d++)
+                                dst[d] += g[d];
+                }
+                for (size_t k = 0; k < nu * c->dim; k++)
+                        sum[k] *= scale;
+                int e = table_push(r->tables[i], ids, nu, sum, reason, n);
+                st = e == 0 ? PSNET__STATUS__STATUS_OK
+                   : e == -EINVAL ? PSNET__STATUS__STATUS_INVALID
+                                  : PSNET__STATUS__STATUS_RESOURCE;
+                if (e == -ENOMEM)
+                        snprintf(reason, n, "out of memory for the rows of table %s", c->name);
+                if (e == 0)
+                        r->stats.pushed += nu;
+        }
+        ps_free(src);
+        ps_free(ids);
+        ps_free(sum);
+        return st;
+}
+
+void rows_settle(Rows *r, int64_t limit) {
+        if (r->mode != MODE_BSP || !r->hooks.members)
+                return;
+        for (size_t i = 0; i < r->ntables; i++) {
+                while (r->nparked[i] > 0) {
+                        Parked *p = r->parked[i];
+                        qsort(p, r->nparked[i], sizeof *p, cmp_parked);
+                        int64_t clock = p[0].clock;
+                        size_t np = 0;
+                        while (np < r->nparked[i] && p[np].clock == clock)
+                                np++;
+                        const uint32_t *members = NULL;
+                        size_t nm = 0;
+                        r->hooks.members(r->hooks.ud, clock, &members, &nm);
+                        /* Closes when every member pushed it (parked pushes are members': admitted). */
+                        size_t have = 0;
+                        for (size_t m = 0, k = 0; m < nm; m++) {
+                                while (k < np && p[k].worker < members[m])
+                                        k++;
+                                have += k < np && p[k].worker == members[m];
+                        }
+                        if (clock >= limit || nm == 0 || have < nm)
+                                break;
+                        char reason[192] = "";
+                        int st = apply_clock(r, i, p, np, nm, reason, sizeof reason);
+                        if (st != PSNET__STATUS__STATUS_OK)
+                                r->stats.refused++;
+                        for (size_t k = 0; k < np; k++) {
+                                if (r->hooks.ack)
+                                        r->hooks.ack(r->hooks.ud, &p[k].route, p[k].seq, clock, st, reason);
+                                parked_free(&p[k]);
+                        }
+                        memmove(p, p + np, (r->nparked[i] - np) * sizeof *p);
+                        r->nparked[i] -= np;
+                }
+        }
 }
 
 void rows_table_stats(const Rows *r, size_t i, uint64_t *ret_rows, uint64_t *ret_bytes) {

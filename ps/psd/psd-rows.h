@@ -6,13 +6,19 @@
  * A pull answers the rows of its ids, a row never pushed reading as its
  * initial values (not stored: a pull creates nothing). A push applies one
  * gradient row per id with the table's optimizer, creating rows on first
- * touch, as it comes (the job runs --mode asp), whole or not at all: every
+ * touch, whole or not at all: under ASP as it comes; under BSP it is parked
+ * until every member of its clock pushed the table for that clock (an empty
+ * push from a worker with no row here), then the members' rows are summed
+ * per id in ascending worker order, averaged over the members, applied
+ * once, and every push of the clock acknowledged (clocks close in order;
+ * a fence holds them). Every
  * id must be this shard's under its map (else MOVED), distinct, its values
  * finite (unless the job allows otherwise), within the job's
  * --max-grad-norm, and its new rows within the table's max-rows and the
  * shard's --memory-limit (else RESOURCE). Duplicates are the worker's seq's
- * business: a (worker, table) push whose seq is not above the last applied
- * one is answered DUPLICATE and not applied again. */
+ * business: a (worker, table) push for a clock not above its last one is
+ * answered DUPLICATE and not applied again. Under BSP a pull for clock c
+ * waits (UNAVAILABLE: asked again) while a clock below c is open. */
 #pragma once
 #include <stdbool.h>
 #include <stddef.h>
@@ -31,7 +37,20 @@ typedef struct RowsStats {
         uint64_t refused;       /* pushes and pulls refused */
 } RowsStats;
 
+/* What the rows need of their shard under BSP. */
+typedef struct RowsHooks {
+        /* The members of clock (ascending worker ids), as the gate has them. */
+        void (*members)(void *ud, int64_t clock, const uint32_t **ret, size_t *n);
+        /* A parked push is settled (status OK, or why not): acknowledge it. */
+        void (*ack)(void *ud, const zmq_msg_t *route, uint64_t seq, int64_t clock, int status, const char *reason);
+        void *ud;
+} RowsHooks;
+
+/* rows_push's answer for a push parked under BSP (no status yet). */
+#define ROWS_PARKED 1000
+
 int rows_new(Rows **ret);
+void rows_set_hooks(Rows *r, const RowsHooks *hooks);
 Rows *rows_free(Rows *r);
 /* The job's tables, empty for a new job (the same job keeps its rows). 0,
  * -ENOMEM, or -EINVAL with why (a table the shard cannot build). */
@@ -41,10 +60,17 @@ int rows_configure(Rows *r, const Job *job, char *why, size_t n);
 int rows_pull(Rows *r, const ShardMap *map, uint32_t self, const Psnet__Header *h, const zmq_msg_t *ids,
               zmq_msg_t *ret, char *reason, size_t n);
 /* ROWS_PUSH (validated by the wire: a table, ids, rows) from an admitted
- * member: OK (applied), DUPLICATE (applied before), or a status with the
- * reason and nothing applied. room: bytes the shard may still grow by. */
+ * member: OK (applied), ROWS_PARKED (BSP: acknowledged through the hooks
+ * once its clock closes; route copied), DUPLICATE (pushed before), or a
+ * status with the reason and nothing applied. room: bytes the shard may
+ * still grow by. */
 int rows_push(Rows *r, const ShardMap *map, uint32_t self, const Psnet__Header *h, const zmq_msg_t *frames,
-              uint64_t room, char *reason, size_t n);
+              const zmq_msg_t *route, uint64_t room, char *reason, size_t n);
+/* BSP: closes every table's clocks below limit whose members all pushed,
+ * in order (limit: a fence's, INT64_MAX without one). */
+void rows_settle(Rows *r, int64_t limit);
+/* Pushes parked, all tables. */
+size_t rows_parked(const Rows *r);
 void rows_stats(const Rows *r, RowsStats *ret);
 /* Rows held and their bytes in table i (0 when the job has no table i). */
 void rows_table_stats(const Rows *r, size_t i, uint64_t *ret_rows, uint64_t *ret_bytes);

@@ -442,8 +442,44 @@ static void psd_handle_data(void *d, WireMsg *m, void *peer) {
         }
 }
 
+/* RowsHooks: the members of a clock, as the gate has them. */
+static void psd_rows_members(void *ud, int64_t clock, const uint32_t **ret, size_t *n) {
+        Psd *p = ud;
+        const GateCfg *cfg = gate_cfg(p->gate, clock);
+        *ret = cfg->members;
+        *n = cfg->nmembers;
+}
+
+/* RowsHooks: a parked rows push settled (its clock closed). */
+static void psd_rows_ack(void *ud, const zmq_msg_t *route, uint64_t seq, int64_t clock, int status,
+                         const char *reason) {
+        Psd *p = ud;
+        Psnet__Header a;
+        if (status != PSNET__STATUS__STATUS_OK) {
+                wire_header_init(&a, PSNET__MSG_TYPE__MSG_PUSH_ACK);
+                a.has_seq = true;
+                a.seq = seq;
+                psd_reply_error(p, route, &a, status, reason);
+                return;
+        }
+        wire_header_init(&a, PSNET__MSG_TYPE__MSG_PUSH_ACK);
+        a.has_seq = a.has_clock = a.has_sender = true;
+        a.seq = seq;
+        a.clock = clock;
+        a.sender = p->cfg->id;
+        int r = netsock_send(p->data, route, &a, NULL, 0);
+        if (r < 0)
+                log_warning_errno(r, "Failed to acknowledge a rows push: %m");
+}
+
+/* BSP: the tables' clocks that can close now (not past a fence's). */
+static void psd_rows_settle(Psd *p) {
+        rows_settle(p->rows, p->gate->fenced ? p->gate->fence_limit : INT64_MAX);
+}
+
 /* A worker's ROWS_PULL or ROWS_PUSH, or an operator's ROWS_PULL: the job's
- * tables (psd-rows.h), rows applied as they come. */
+ * tables (psd-rows.h): under ASP applied as they come, under BSP once every
+ * member pushed the clock. */
 static void psd_handle_rows(void *d, WireMsg *m, void *peer) {
         Psd *p = d;
         Psnet__Header *h = m->hdr;
@@ -500,12 +536,17 @@ static void psd_handle_rows(void *d, WireMsg *m, void *peer) {
         rows_stats(p->rows, &rs);
         used += rs.bytes;
         uint64_t room = !p->memory_limit ? UINT64_MAX : used >= p->memory_limit ? 0 : p->memory_limit - used;
-        st = rows_push(p->rows, store_map(p->store), p->cfg->id, h, m->frames, room, reason, sizeof reason);
-        if (st != PSNET__STATUS__STATUS_OK && st != PSNET__STATUS__STATUS_DUPLICATE) {
+        st = rows_push(p->rows, store_map(p->store), p->cfg->id, h, m->frames, &m->route, room, reason,
+                       sizeof reason);
+        if (st != PSNET__STATUS__STATUS_OK && st != PSNET__STATUS__STATUS_DUPLICATE && st != ROWS_PARKED) {
                 psd_reply_error(p, &m->route, h, st, reason);
                 return;
         }
         p->bytes_in += zmq_msg_size(&m->frames[1]);
+        if (st == ROWS_PARKED) {
+                psd_rows_settle(p); /* acknowledged when its clock closes */
+                return;
+        }
         wire_header_init(&a, PSNET__MSG_TYPE__MSG_PUSH_ACK);
         a.has_seq = a.has_clock = a.has_sender = true;
         a.seq = h->seq;
@@ -732,6 +773,7 @@ static void psd_apply_config(Psd *p, const Psnet__Config *ctl) {
                 if (r < 0)
                         log_error_errno(r, "Failed to set membership: %m");
                 else {
+                        psd_rows_settle(p); /* a clock the leavers held, or a fence that ended */
                         /* Room for every member's pulls, and a little more. */
                         p->gate->limits.max_parked = 64 + GATE_PARKED_PER_WORKER * m->n_workers;
                         log_info("membership epoch=%lu workers=%zu from_clock=%ld mode=%s", (unsigned long) m->epoch,
@@ -1214,6 +1256,10 @@ int psd_run(const PsdConfig *cfg) {
                 r = fedshard_new(&p.fed);
         if (r == 0)
                 r = rows_new(&p.rows);
+        if (r == 0) {
+                const RowsHooks rh = { .members = psd_rows_members, .ack = psd_rows_ack, .ud = &p };
+                rows_set_hooks(p.rows, &rh);
+        }
         if (r < 0) {
                 log_error_errno(r, "Failed to allocate the store: %m");
                 goto finish;

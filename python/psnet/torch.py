@@ -96,9 +96,10 @@ class EmbeddingBag(torch.nn.Module):
     table's optimizer (adagrad, adam, ftrl or sgd; lr, init and the
     optimizer's figures as --tables names them, e.g. l1=1.0 for ftrl).
 
-    The Optimizer given the model declares its tables with the job (which
-    then runs mode "asp": table rows are applied as they come) and binds
-    them; a model's dense layers stay torch's, trained as any other."""
+    The Optimizer given the model declares its tables with the job (mode
+    "bsp": the workers' rows of a step are averaged, as the dense gradients;
+    "asp": each worker's applied as it comes) and binds them; a model's dense
+    layers stay torch's, trained as any other."""
 
     def __init__(self, table, dim, mode="sum", optim="adagrad", lr=0.01, init=0.01, **options):
         super().__init__()
@@ -114,9 +115,9 @@ class EmbeddingBag(torch.nn.Module):
         return f"table={self.table!r}, dim={self.dim}, mode={self.mode!r}"
 
     def forward(self, ids):
-        if self._opt is None:
-            raise RuntimeError(f"EmbeddingBag {self.table!r} is not bound: give its model to psnet.torch.Optimizer "
-                               "first")
+        if self._opt is None or self._opt.w is None:
+            raise RuntimeError(f"EmbeddingBag {self.table!r} is not bound to a running job: give its model to a "
+                               "psnet.torch.Optimizer (one not finished or closed)")
         ids = torch.as_tensor(ids, dtype=torch.int64).cpu()
         if ids.dim() == 1:
             ids = ids.unsqueeze(1)
@@ -252,9 +253,9 @@ class Optimizer:
         self.entries = _entries(model)
         self.desc = _describe(model, self.entries, name)
         self.tables = _tables(model)
-        if self.tables and mode != "asp":
-            raise ValueError(f"a model with psnet tables ({', '.join(self.tables)}) trains with mode='asp' for now: "
-                             "the shards apply table rows as they come")
+        if self.tables and mode not in ("bsp", "asp"):
+            raise ValueError(f"a model with psnet tables ({', '.join(self.tables)}) trains with mode 'bsp' or 'asp' "
+                             "for now")
         if init_dir is None and isinstance(coord, LocalCluster):
             init_dir = coord.dir
         self._submit_if_needed(optim, lr, momentum, weight_decay, betas, eps, mode, workers, lr_scaling,

@@ -63,8 +63,10 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
                         /* Ids of 8 bytes, then (but for a pull) as many rows of floats. */
                         size_t ids = m.nframes ? zmq_msg_size(&m.frames[0]) : 0, n = ids / 8;
                         bool pull = m.hdr->type == PSNET__MSG_TYPE__MSG_ROWS_PULL;
-                        if (!m.hdr->has_table || m.nframes != (pull ? 1u : 2u) || n == 0 || ids % 8 ||
-                            (!pull && (zmq_msg_size(&m.frames[1]) == 0 || zmq_msg_size(&m.frames[1]) % (n * 4))))
+                        bool push = m.hdr->type == PSNET__MSG_TYPE__MSG_ROWS_PUSH;
+                        size_t rows = pull || m.nframes < 2 ? 0 : zmq_msg_size(&m.frames[1]);
+                        if (!m.hdr->has_table || m.nframes != (pull ? 1u : 2u) || ids % 8 || (n == 0 && !push) ||
+                            (!pull && (n == 0 ? rows != 0 : rows == 0 || rows % (n * 4))))
                                 abort(); /* accepted, yet its rows do not add up */
                 }
                 bool coded = m.hdr->codec >= PSNET__CODEC__CODEC_BF16; /* MASKED frames are raw f32 */

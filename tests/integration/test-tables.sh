@@ -24,9 +24,9 @@ for i in 1 2; do
   psnet_start "psd-tables-$i" "$PSD" --id "$i" --listen "ipc://$RUN/psd-tables-$i.sock" --coord "$COORD" \
     --http 127.0.0.1:0
 done
-out=$("$PSCTL" --coord "$COORD" job submit --model mlp:4-1 --tables w:1 2>&1)
-[ $? -ne 0 ] && grep -q "needs --mode asp" <<<"$out"
-ok $? "tables under bsp are refused, saying why ($out)"
+out=$("$PSCTL" --coord "$COORD" job submit --model mlp:4-1 --mode ssp:2 --replicas 1 --tables w:1 2>&1)
+[ $? -ne 0 ] && grep -q "bsp or asp" <<<"$out"
+ok $? "tables under ssp are refused, saying why ($out)"
 out=$("$PSCTL" --coord "$COORD" job submit --model mlp:4-1 --mode asp --tables w:1 2>&1)
 [ $? -ne 0 ] && grep -q "needs --replicas 1" <<<"$out"
 ok $? "tables with backups are refused, saying why ($out)"
@@ -51,4 +51,14 @@ for i in 1 2; do
 done
 want=$(jq -r .trained "$RUN/lr.json" 2>/dev/null)
 [ "$rows" = "$want" ]; ok $? "the shards hold exactly the rows the job pushed ($rows; $want)"
+psnet_stop_all
+
+# Two BSP workers against PyTorch on the combined batch, rows included.
+start_cluster bsp 2
+PYCHECK_SCRIPT=$PSNET_SRC/tests/integration/torch-tables.py
+"${PY[@]}" "$PYCHECK_SCRIPT" bsp-worker "$COORD" "$DATA" "$RUN/bsp-a.npz" >"$RUN/bsp-a.out" 2>"$RUN/bsp-a.log" & pa=$!
+"${PY[@]}" "$PYCHECK_SCRIPT" bsp-worker "$COORD" "$DATA" "$RUN/bsp-b.npz" >"$RUN/bsp-b.out" 2>"$RUN/bsp-b.log" & pb=$!
+wait $pa; ra=$?; wait $pb; rb=$?
+[ $ra -eq 0 ] && [ $rb -eq 0 ]; ok $? "two Python workers train one BSP job with a table (exit $ra $rb)"
+pycheck bsp-compare bsp-compare "$DATA" "$RUN/bsp-a.npz" "$RUN/bsp-b.npz"
 psnet_stop_all

@@ -130,18 +130,83 @@ def check_pokes(opt, shards):
     say("nothing of the refused pushes was applied, and both shards still answer")
 
 
+BSP_STEPS = 20
+
+
+def check_bsp_worker(coord, data, out):
+    """One of two BSP workers: each step trains its half of a batch of
+    2 x BATCH; the first and last values of the rows and the dense layer go
+    to out (.npz) for bsp-compare."""
+    torch.manual_seed(3)
+    xs, xd, y = load(data, "train")
+    model = LR(xd.shape[1])
+    opt = psnet.torch.Optimizer(model, coord, optim="sgd", lr=LR_DENSE, mode="bsp", workers=2, progress=False)
+    vocab = np.unique(xs[xs >= 0].numpy())
+    rows0 = opt.w.pull_rows("w", vocab)
+    dense0 = [p.detach().clone().numpy() for p in model.dense.parameters()]
+    loss_fn = nn.BCEWithLogitsLoss()
+    for i in range(BSP_STEPS):
+        b = slice((2 * i + opt.rank) * BATCH, (2 * i + opt.rank + 1) * BATCH)
+        opt.zero_grad()
+        loss = loss_fn(model(xs[b], xd[b]), y[b])
+        loss.backward()
+        opt.step(loss=loss)
+    rows = opt.w.pull_rows("w", vocab, opt.clock)
+    dense = [p.detach().clone().numpy() for p in model.dense.parameters()]
+    np.savez(out, vocab=vocab, rows0=rows0, rows=rows, w0=dense0[0], b0=dense0[1], w=dense[0], b=dense[1])
+    rank = opt.rank
+    opt.finish()
+    say(f"worker {rank} trained {BSP_STEPS} BSP steps")
+
+
+def check_bsp_compare(data, a, b):
+    """Both workers end with the same values, and with PyTorch's on the
+    combined batches from the same first values."""
+    A, B = np.load(a), np.load(b)
+    if not (np.array_equal(A["rows"], B["rows"]) and np.array_equal(A["w"], B["w"])):
+        fail("the two workers pulled different values at the end")
+    say("both BSP workers end with the same rows and dense layer")
+    xs, xd, y = load(data, "train")
+    dense = nn.Linear(xd.shape[1], 1)
+    with torch.no_grad():
+        dense.weight.copy_(torch.from_numpy(A["w0"]))
+        dense.bias.copy_(torch.from_numpy(A["b0"]))
+    ref = RefLR(A["vocab"], dense)
+    with torch.no_grad():
+        ref.w.weight.copy_(torch.from_numpy(A["rows0"]))
+    ropt_rows = torch.optim.Adagrad([ref.w.weight], lr=LR_ROWS, eps=1e-10)
+    ropt_dense = torch.optim.SGD(ref.dense.parameters(), lr=LR_DENSE)
+    loss_fn = nn.BCEWithLogitsLoss()
+    for i in range(BSP_STEPS):
+        b = slice(2 * i * BATCH, (2 * i + 2) * BATCH)
+        ropt_rows.zero_grad()
+        ropt_dense.zero_grad()
+        loss_fn(ref(xs[b], xd[b]), y[b]).backward()
+        ropt_rows.step()
+        ropt_dense.step()
+    drow = float(np.abs(A["rows"] - ref.w.weight.detach().numpy()).max())
+    ddense = max(float(np.abs(A["w"] - ref.dense.weight.detach().numpy()).max()),
+                 float(np.abs(A["b"] - ref.dense.bias.detach().numpy()).max()))
+    moved = int((np.abs(A["rows"] - A["rows0"]) > 1e-6).sum())
+    if not (drow <= 1e-5 and ddense <= 1e-5 and moved > 1000):
+        fail(f"BSP: rows differ from torch's on the combined batch by {drow:.3g}, dense by {ddense:.3g} ({moved} "
+             "rows moved)")
+    say(f"2 BSP workers x {BATCH} end with torch's rows and dense layer on the combined batch of {2 * BATCH} "
+        f"(within {drow:.2g} and {ddense:.2g}; {moved} rows trained)")
+
+
 def check_lr(coord, data, out, *shards):
     torch.manual_seed(3)
     xs, xd, y = load(data, "train")
     ts, td, ty = load(data, "test")
     model = LR(xd.shape[1])
     try:
-        psnet.torch.Optimizer(model, coord, optim="sgd", lr=LR_DENSE, mode="bsp", progress=False)
-        fail("a model with tables under bsp was taken")
+        psnet.torch.Optimizer(model, coord, optim="sgd", lr=LR_DENSE, mode="ssp:2", progress=False)
+        fail("a model with tables under ssp was taken")
     except ValueError as e:
-        if "mode='asp'" not in str(e):
-            fail(f"bsp refused without saying asp: {e}")
-        say(f"a model with a table under bsp is refused: {e}")
+        if "'bsp' or 'asp'" not in str(e):
+            fail(f"ssp refused without saying what runs: {e}")
+        say(f"a model with a table under ssp is refused: {e}")
     opt = psnet.torch.Optimizer(model, coord, optim="sgd", lr=LR_DENSE, mode="asp", progress=False)
     dense0 = copy.deepcopy(model.dense)  # the job's first values, pulled into the model
     tables = opt.w.tables()
@@ -224,7 +289,7 @@ def check_lr(coord, data, out, *shards):
 def main():
     check, args = sys.argv[1], sys.argv[2:]
     try:
-        {"lr": check_lr}[check](*args)
+        {"lr": check_lr, "bsp-worker": check_bsp_worker, "bsp-compare": check_bsp_compare}[check](*args)
     except PsnetError as e:
         fail(f"{check}: {e}")
 

@@ -243,8 +243,10 @@ static void test_tables(void) {
               "tables in a federated job are refused: %s", err);
         f.mode = NULL;
         f.replicas = 1;
-        CHECK(jobflags_to_job(&f, &j, err, sizeof err) == -EINVAL && strstr(err, "--mode asp"),
-              "tables under bsp: refused for now, saying so: %s", err);
+        CHECK(jobflags_to_job(&f, &j, err, sizeof err) == 0 && j.mode == MODE_BSP, "tables under bsp (%s)", err);
+        f.mode = "ssp:2";
+        CHECK(jobflags_to_job(&f, &j, err, sizeof err) == -EINVAL && strstr(err, "bsp or asp"),
+              "tables under ssp: refused for now, saying so: %s", err);
         f.mode = "asp";
         f.replicas = 0;
         CHECK(jobflags_to_job(&f, &j, err, sizeof err) == -EINVAL && strstr(err, "--replicas 1"),

@@ -4,7 +4,9 @@
  * once with the table's optimizer (sgd: w - lr g, checked by hand), and each
  * refusal (another shard's row, a duplicate clock, a clock far ahead, a
  * non-finite value, the norm bound, the memory limit, a wrong row width, an
- * unknown table) applying nothing. */
+ * unknown table) applying nothing; under BSP, the members' pushes of a
+ * clock parked until the last, then their mean applied once and each
+ * acknowledged, a pull past an open clock asked to wait. */
 #include <errno.h>
 #include <math.h>
 #include <string.h>
@@ -50,10 +52,74 @@ static int push(uint32_t table, uint32_t worker, int64_t clock, const int64_t *i
         zmq_msg_t f[2];
         frame(&f[0], ids, n * 8);
         frame(&f[1], g, gfloats * 4);
-        int st = rows_push(rows, map, 1, &h, f, room, why, 160);
+        int st = rows_push(rows, map, 1, &h, f, NULL, room, why, 160);
         zmq_msg_close(&f[0]);
         zmq_msg_close(&f[1]);
         return st;
+}
+
+static const uint32_t members2[2] = { 7, 8 };
+static int acks, ack_status;
+
+static void members(void *ud, int64_t clock, const uint32_t **ret, size_t *n) {
+        (void) ud, (void) clock;
+        *ret = members2;
+        *n = 2;
+}
+
+static void ack(void *ud, const zmq_msg_t *route, uint64_t seq, int64_t clock, int status, const char *reason) {
+        (void) ud, (void) route, (void) seq, (void) clock, (void) reason;
+        acks++;
+        ack_status = status;
+}
+
+static void test_bsp(Job job, const int64_t *mine) {
+        char why[160] = "";
+        job.mode = MODE_BSP;
+        job.id += 10;
+        Rows *was = rows;
+        if (!CHECK(rows_new(&rows) == 0 && rows_configure(rows, &job, why, sizeof why) == 0, "a BSP job (%s)", why))
+                return;
+        const RowsHooks hk = { .members = members, .ack = ack };
+        rows_set_hooks(rows, &hk);
+        float before[4], after[4], g7[4] = { 1, 2, 3, 4 }, g8[2] = { -3, 6 };
+        pull(0, mine, 2, before, 2, why);
+        int st = push(0, 7, 0, mine, 2, g7, 4, UINT64_MAX, why);
+        rows_settle(rows, INT64_MAX);
+        CHECK(st == ROWS_PARKED && acks == 0, "worker 7's push of clock 0 is parked (%d, %d acks)", st, acks);
+        CHECK(pull(0, mine, 2, after, 2, why) == PSNET__STATUS__STATUS_OK && memcmp(before, after, sizeof after) == 0,
+              "a pull of clock 0 reads the rows as they were");
+        Psnet__Header h = header(PSNET__MSG_TYPE__MSG_ROWS_PULL, 0, 7, 1);
+        zmq_msg_t f, r;
+        frame(&f, mine, 16);
+        st = rows_pull(rows, map, 1, &h, &f, &r, why, sizeof why);
+        zmq_msg_close(&f);
+        CHECK(st == PSNET__STATUS__STATUS_UNAVAILABLE && strstr(why, "waits"),
+              "a pull of clock 1 waits while clock 0 is open (%s)", why);
+        st = push(0, 8, 0, mine + 1, 1, g8, 2, UINT64_MAX, why);
+        rows_settle(rows, 0);
+        CHECK(st == ROWS_PARKED && acks == 0, "worker 8's push parked; a fence at clock 0 holds the clock");
+        rows_settle(rows, INT64_MAX);
+        CHECK(acks == 2 && ack_status == 0 && rows_parked(rows) == 0, "the fence gone, both are acknowledged OK");
+        pull(0, mine, 2, after, 2, why);
+        /* sgd lr 0.5 on the mean of the two workers' rows: row 0 (1, 2) / 2, row 1 ((3, 4) + (-3, 6)) / 2. */
+        bool mean = after[0] == before[0] - 0.5f * 0.5f && after[1] == before[1] - 0.5f * 1.0f &&
+                    after[2] == before[2] - 0.5f * 0.0f && after[3] == before[3] - 0.5f * 5.0f;
+        CHECK(mean, "the rows moved by the members' mean gradient, once (%g %g %g %g)", (double) (before[0] - after[0]),
+              (double) (before[1] - after[1]), (double) (before[2] - after[2]), (double) (before[3] - after[3]));
+        st = push(0, 7, 1, mine, 0, g7, 0, UINT64_MAX, why);
+        CHECK(st == ROWS_PARKED, "an empty push (no row of this shard's) is parked too");
+        st = push(0, 8, 1, mine, 2, (const float[]) { 2, 2, 2, 2 }, 4, UINT64_MAX, why);
+        rows_settle(rows, INT64_MAX);
+        pull(0, mine, 2, before, 2, why);
+        CHECK(st == ROWS_PARKED && acks == 4 && before[0] == after[0] - 0.5f * 1.0f,
+              "with it clock 1 closes: worker 8's rows over 2 members (%d acks)", acks);
+        int64_t twice[2] = { mine[0], mine[0] };
+        st = push(0, 7, 2, twice, 2, g7, 4, UINT64_MAX, why);
+        CHECK(st == PSNET__STATUS__STATUS_INVALID && strstr(why, "twice"), "an id twice is refused, not parked (%s)",
+              why);
+        rows_free(rows);
+        rows = was;
 }
 
 int main(void) {
@@ -137,6 +203,7 @@ int main(void) {
         CHECK(s.rows == 3 && s.pushed == 9 && s.refused >= 9 && s.bytes > 0,
               "3 rows held, 9 applied, the refusals counted (%llu, %llu, %llu)", (unsigned long long) s.rows,
               (unsigned long long) s.pushed, (unsigned long long) s.refused);
+        test_bsp(job, mine);
         job.id++;
         CHECK(rows_configure(rows, &job, why, sizeof why) == 0, "another job");
         rows_stats(rows, &s);

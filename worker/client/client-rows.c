@@ -131,10 +131,15 @@ static int pump(Client *c) {
         return 0;
 }
 
+/* Whether request q is still to be answered. */
+static bool open_req(const RowsReq *q) {
+        return q->state != REQ_NONE && q->state != REQ_DONE;
+}
+
 static void check_done(Client *c) {
         RowsOp *op = c->rows;
         for (size_t i = 0; i < op->nreqs; i++)
-                if (op->reqs[i].n > 0 && op->reqs[i].state != REQ_DONE)
+                if (open_req(&op->reqs[i]))
                         return;
         rows_end(c, 0);
 }
@@ -155,7 +160,7 @@ static void deadline_cb(uv_timer_t *t) {
         if (!c->rows)
                 return;
         for (size_t i = 0; i < c->rows->nreqs; i++)
-                if (c->rows->reqs[i].n > 0 && c->rows->reqs[i].state != REQ_DONE) {
+                if (open_req(&c->rows->reqs[i])) {
                         log_error_errno(ETIMEDOUT, "shard %u at %s did not answer a rows request within %u s",
                                         c->shards[i].id, c->shards[i].endpoint, c->timeout_ms / 1000);
                         break;
@@ -261,12 +266,15 @@ int client_rows(Client *c, uint32_t table, const int64_t *ids, size_t n, const f
                 else
                         count[at[k]]++;
         }
+        /* Under BSP a push goes to every shard, empty where it holds none of
+         * the ids: a shard closes a clock once every member pushed it. */
+        bool every = op->push && c->job.mode == MODE_BSP;
         for (size_t i = 0; r == 0 && i < c->nshards; i++) {
                 RowsReq *q = &op->reqs[i];
-                if (!count[i])
+                if (!count[i] && !every)
                         continue;
-                q->ids = ps_malloc(count[i] * sizeof *q->ids);
-                q->pos = ps_malloc(count[i] * sizeof *q->pos);
+                q->ids = ps_malloc(MAX(count[i], (size_t) 1) * sizeof *q->ids);
+                q->pos = ps_malloc(MAX(count[i], (size_t) 1) * sizeof *q->pos);
                 if (!q->ids || !q->pos)
                         r = -ENOMEM;
                 q->state = REQ_TODO;
