@@ -198,37 +198,14 @@ static LastPush *last_of(Rows *r, size_t i, uint32_t worker) {
         return &a[r->nlast[i]++];
 }
 
-static int cmp_i64(const void *a, const void *b) {
-        int64_t x = *(const int64_t *) a, y = *(const int64_t *) b;
-        return (x > y) - (x < y);
-}
-
-/* The first id of v[0..n) that comes twice, in *ret: whether there is one. */
-static bool repeated(const int64_t *v, size_t n, int64_t *ret) {
-        if (n < 2)
-                return false;
-        int64_t *s = ps_malloc(n * sizeof *s);
-        if (!s)
-                return false; /* the merge's table_push finds it then */
-        memcpy(s, v, n * sizeof *s);
-        qsort(s, n, sizeof *s, cmp_i64);
-        bool twice = false;
-        for (size_t i = 1; i < n && !twice; i++)
-                if (s[i] == s[i - 1]) {
-                        twice = true;
-                        *ret = s[i];
-                }
-        ps_free(s);
-        return twice;
-}
-
 /* BSP: parks the push (v and g taken), or a status with the reason. */
 static int park(Rows *r, const Psnet__Header *h, const zmq_msg_t *route, int64_t **v, float **g, size_t count,
                 char *reason, size_t n) {
-        int64_t twice;
-        if (repeated(*v, count, &twice)) {
-                snprintf(reason, n, "id %lld comes twice in one push (one gradient per row)", (long long) twice);
-                return PSNET__STATUS__STATUS_INVALID;
+        int e = table_distinct(*v, count, reason, n);
+        if (e < 0) {
+                if (e == -ENOMEM)
+                        snprintf(reason, n, "out of memory");
+                return e == -ENOMEM ? PSNET__STATUS__STATUS_RESOURCE : PSNET__STATUS__STATUS_INVALID;
         }
         Parked *a = ps_realloc(r->parked[h->table], (r->nparked[h->table] + 1) * sizeof *a);
         if (!a) {

@@ -309,6 +309,18 @@ static int first_duplicate(const int64_t *ids, size_t n, int64_t *dup) {
         return r;
 }
 
+int table_distinct(const int64_t *ids, size_t n, char *why, size_t whylen) {
+        int64_t dup;
+        int r = first_duplicate(ids, n, &dup);
+        if (r > 0) {
+                if (why && whylen)
+                        snprintf(why, whylen, "id %lld comes twice in one push (one gradient per row)",
+                                 (long long) dup);
+                return -EINVAL;
+        }
+        return r;
+}
+
 int table_push(Table *t, const int64_t *ids, size_t n, const float *grads, char *why, size_t whylen) {
         for (size_t i = 0; i < n * t->c.dim; i++)
                 if (!isfinite(grads[i])) {
@@ -317,22 +329,41 @@ int table_push(Table *t, const int64_t *ids, size_t n, const float *grads, char 
                                          (long long) ids[i / t->c.dim]);
                         return -EINVAL;
                 }
-        int64_t dup;
-        int r = first_duplicate(ids, n, &dup);
+        int r = table_distinct(ids, n, why, whylen);
         if (r < 0)
                 return r;
-        if (r > 0) {
-                if (why && whylen)
-                        snprintf(why, whylen, "id %lld comes twice in one push (one gradient per row)",
-                                 (long long) dup);
-                return -EINVAL;
-        }
         r = make_room(t, ids, n, why, whylen);
         if (r < 0)
                 return r;
         for (size_t i = 0; i < n; i++) {
                 apply_row(t, row_of(t, ids[i]), grads + i * t->c.dim);
         }
+        return 0;
+}
+
+size_t table_row_floats(const Table *t) { return t->per; }
+
+void table_export(const Table *t, const int64_t *ids, size_t n, float *out) {
+        for (size_t i = 0; i < n; i++) {
+                float *dst = out + i * t->per;
+                long r = find(t, ids[i]);
+                if (r >= 0)
+                        memcpy(dst, row_at(t, (size_t) r), t->per * sizeof *dst);
+                else {
+                        init_values(t, ids[i], dst);
+                        memset(dst + t->c.dim, 0, (t->per - t->c.dim) * sizeof *dst);
+                }
+        }
+}
+
+int table_import(Table *t, const int64_t *ids, size_t n, const float *in, char *why, size_t whylen) {
+        int r = table_distinct(ids, n, why, whylen);
+        if (r == 0)
+                r = make_room(t, ids, n, why, whylen);
+        if (r < 0)
+                return r;
+        for (size_t i = 0; i < n; i++)
+                memcpy(row_of(t, ids[i]), in + i * t->per, t->per * sizeof *in);
         return 0;
 }
 

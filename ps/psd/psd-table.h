@@ -38,5 +38,15 @@ int table_pull(Table *t, const int64_t *ids, size_t n, bool create, float *out, 
  * non-finite gradient, -ENOSPC past max_rows: nothing applied then (why says
  * which); 0. */
 int table_push(Table *t, const int64_t *ids, size_t n, const float *grads, char *why, size_t whylen);
+/* -EINVAL (why names the id) where an id of ids[0..n) comes twice, -ENOMEM, 0. */
+int table_distinct(const int64_t *ids, size_t n, char *why, size_t whylen);
+/* A row as it is kept, values then optimizer state (and adam's step count):
+ * its floats; the rows of ids[0..n) so, into out (n x that; a row the table
+ * lacks as a new one would start); and rows so written, installed in place
+ * of what the table holds (a backup's copy): 0, -EINVAL (an id twice),
+ * -ENOSPC past max_rows, -ENOMEM, nothing installed then. */
+size_t table_row_floats(const Table *t);
+void table_export(const Table *t, const int64_t *ids, size_t n, float *out);
+int table_import(Table *t, const int64_t *ids, size_t n, const float *in, char *why, size_t whylen);
 /* The row of id (dim floats) and its step count (adam), or NULL where it has none. */
 const float *table_row(const Table *t, int64_t id, uint32_t *ret_steps);
