@@ -39,6 +39,7 @@ void table_conf_init(TableConf *c, const char *name, uint32_t dim, TableOptim o)
         c->beta2 = 0.999f;
         c->beta = 1.0f;
         c->init_scale = o == TABLE_FTRL ? 0.0f : 0.01f;
+        c->admit = 1;
 }
 
 static bool finite_pos(float x) { return isfinite(x) && x > 0; }
@@ -73,6 +74,8 @@ int table_conf_check(const TableConf *c, char *why, size_t n) {
                 bad = "ftrl's beta, l1 and l2 must be finite and >= 0";
         else if (!(c->init_scale >= 0 && isfinite(c->init_scale)))
                 bad = "init must be finite and >= 0";
+        else if (c->admit > 255)
+                bad = "admit must be 1 to 255 pushes";
         if (bad && why && n)
                 snprintf(why, n, "%s", bad);
         return bad ? -EINVAL : 0;
@@ -110,13 +113,19 @@ static int parse_option(TableConf *c, char *kv, char *err, size_t n) {
                 return perr(err, n, "table %s: '%s' is not KEY=VALUE", c->name, kv);
         *eq = 0;
         const char *k = kv, *v = eq + 1;
-        if (strcmp(k, "max-rows") == 0) {
+        if (strcmp(k, "max-rows") == 0 || strcmp(k, "admit") == 0 || strcmp(k, "ttl") == 0) {
                 char *end;
                 errno = 0;
                 unsigned long long x = strtoull(v, &end, 10);
-                if (errno || end == v || *end || v[0] == '-')
-                        return perr(err, n, "table %s: max-rows=%s is not a count of rows", c->name, v);
-                c->max_rows = x;
+                if (errno || end == v || *end || v[0] == '-' || (k[0] == 'a' && x > UINT32_MAX))
+                        return perr(err, n, "table %s: %s=%s is not a count of %s", c->name, k, v,
+                                    k[0] == 'm' ? "rows" : k[0] == 'a' ? "pushes" : "clocks");
+                if (k[0] == 'm')
+                        c->max_rows = x;
+                else if (k[0] == 'a')
+                        c->admit = (uint32_t) x;
+                else
+                        c->ttl = x;
                 return 0;
         }
         static const struct { const char *key; size_t off; } keys[] = {
@@ -131,8 +140,8 @@ static int parse_option(TableConf *c, char *kv, char *err, size_t n) {
                                 return perr(err, n, "table %s: %s=%s is not a number", c->name, k, v);
                         return 0;
                 }
-        return perr(err, n, "table %s: unknown key '%s' (lr, eps, beta1, beta2, beta, l1, l2, init, max-rows)",
-                    c->name, k);
+        return perr(err, n, "table %s: unknown key '%s' (lr, eps, beta1, beta2, beta, l1, l2, init, max-rows, admit, "
+                    "ttl)", c->name, k);
 }
 
 /* One NAME:DIM[:OPTIM][:KEY=VALUE]... (s is cut in place). */
@@ -199,11 +208,11 @@ int tables_format(const TableConf *t, size_t count, char *buf, size_t n) {
                 const TableConf *c = &t[i];
                 int w = snprintf(buf + at, n - at,
                                  "%s%s:%u:%s:lr=%.9g:eps=%.9g:beta1=%.9g:beta2=%.9g:beta=%.9g:l1=%.9g:l2=%.9g:"
-                                 "init=%.9g:max-rows=%llu",
+                                 "init=%.9g:max-rows=%llu:admit=%u:ttl=%llu",
                                  i ? "," : "", c->name, c->dim, table_optim_name(c->optim), (double) c->lr,
                                  (double) c->eps, (double) c->beta1, (double) c->beta2, (double) c->beta,
                                  (double) c->l1, (double) c->l2, (double) c->init_scale,
-                                 (unsigned long long) c->max_rows);
+                                 (unsigned long long) c->max_rows, c->admit, (unsigned long long) c->ttl);
                 if (w < 0 || (size_t) w >= n - at)
                         return -ENOSPC;
                 at += (size_t) w;

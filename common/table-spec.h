@@ -9,7 +9,11 @@
  *   OPTIM  sgd, adagrad (the default), adam (lazy: a row's own step count)
  *          or ftrl (FTRL-proximal, lr is its alpha; rows start at 0)
  *   KEY    lr, eps, beta1, beta2 (adam), beta, l1, l2 (ftrl), init (new rows
- *          uniform in [-init, init); 0: zeros), max-rows (per shard, 0: no bound)
+ *          uniform in [-init, init); 0: zeros), max-rows (per shard, 0: no
+ *          bound; when full the least recently pushed rows make room),
+ *          admit (an id gets a row once it was pushed this many times,
+ *          1..255; counted in a count-min sketch), ttl (a row not pushed for
+ *          this many clocks is dropped; 0: never)
  * e.g. "ad:1:ftrl:lr=0.05:l1=1,emb:16:adagrad:lr=0.1". Defaults follow
  * torch.optim's where it has the optimizer (adagrad lr 0.01 eps 1e-10; adam
  * lr 0.001 betas 0.9/0.999 eps 1e-8), FTRL McMahan et al.'s (alpha 0.05,
@@ -35,7 +39,9 @@ typedef struct TableConf {
         float beta, l1, l2;     /* ftrl */
         float init_scale;       /* new rows uniform in [-init_scale, init_scale) (0: zeros; ftrl: always 0) */
         uint64_t seed;          /* of the new rows' values (the job's seed and the table's place) */
-        uint64_t max_rows;      /* rows one shard may hold (0: no bound) */
+        uint64_t max_rows;      /* rows one shard may hold (0: no bound): the least recently pushed go */
+        uint32_t admit;         /* pushes of an id before it gets a row (0 or 1: the first) */
+        uint64_t ttl;           /* clocks a row may go unpushed before it is dropped (0: never) */
 } TableConf;
 
 /* "sgd", "adagrad", "adam", "ftrl"; -EINVAL for anything else. */

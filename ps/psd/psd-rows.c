@@ -185,6 +185,14 @@ int rows_pull(Rows *r, const ShardMap *map, uint32_t self, const Psnet__Header *
         return PSNET__STATUS__STATUS_OK;
 }
 
+/* table_push's answer as a status (its reason in why, or out of memory). */
+static int push_status(int e, const TableConf *c, char *why, size_t n) {
+        if (e == -ENOMEM)
+                snprintf(why, n, "out of memory for the rows of table %s", c->name);
+        return e == 0 ? PSNET__STATUS__STATUS_OK : e == -EINVAL ? PSNET__STATUS__STATUS_INVALID
+                                                                : PSNET__STATUS__STATUS_RESOURCE;
+}
+
 /* The worker's last pushed clock of table i (slot made where it has none). */
 static LastPush *last_of(Rows *r, size_t i, uint32_t worker) {
         for (size_t k = 0; k < r->nlast[i]; k++)
@@ -285,12 +293,8 @@ int rows_push(Rows *r, const ShardMap *map, uint32_t self, const Psnet__Header *
         if (st == PSNET__STATUS__STATUS_OK && bsp)
                 st = park(r, h, route, &v, &g, count, reason, n);
         else if (st == PSNET__STATUS__STATUS_OK && count > 0) {
-                int e = table_push(t, v, count, g, reason, n);
-                st = e == 0 ? PSNET__STATUS__STATUS_OK
-                   : e == -EINVAL ? PSNET__STATUS__STATUS_INVALID
-                                  : PSNET__STATUS__STATUS_RESOURCE;
-                if (e == -ENOMEM)
-                        snprintf(reason, n, "out of memory for the rows of table %s", c->name);
+                table_tick(t, h->clock);
+                st = push_status(table_push(t, v, count, g, reason, n), c, reason, n);
         }
         if (st != PSNET__STATUS__STATUS_OK && st != ROWS_PARKED) {
                 r->stats.refused++;
@@ -358,13 +362,9 @@ static int apply_clock(Rows *r, size_t i, const Parked *p, size_t np, size_t nme
                 }
                 for (size_t k = 0; k < nu * c->dim; k++)
                         sum[k] *= scale;
-                int e = table_push(r->tables[i], ids, nu, sum, reason, n);
-                st = e == 0 ? PSNET__STATUS__STATUS_OK
-                   : e == -EINVAL ? PSNET__STATUS__STATUS_INVALID
-                                  : PSNET__STATUS__STATUS_RESOURCE;
-                if (e == -ENOMEM)
-                        snprintf(reason, n, "out of memory for the rows of table %s", c->name);
-                if (e == 0)
+                table_tick(r->tables[i], p[0].clock);
+                st = push_status(table_push(r->tables[i], ids, nu, sum, reason, n), c, reason, n);
+                if (st == PSNET__STATUS__STATUS_OK)
                         r->stats.pushed += nu;
         }
         ps_free(src);
@@ -411,9 +411,13 @@ void rows_settle(Rows *r, int64_t limit) {
         }
 }
 
-void rows_table_stats(const Rows *r, size_t i, uint64_t *ret_rows, uint64_t *ret_bytes) {
+void rows_table_stats(const Rows *r, size_t i, uint64_t *ret_rows, uint64_t *ret_bytes, TableCounts *ret_counts) {
         *ret_rows = i < r->ntables ? table_size(r->tables[i]) : 0;
         *ret_bytes = i < r->ntables ? table_memory(r->tables[i]) : 0;
+        if (i < r->ntables)
+                table_counts(r->tables[i], ret_counts);
+        else
+                *ret_counts = (TableCounts) { 0 };
 }
 
 void rows_stats(const Rows *r, RowsStats *ret) {

@@ -26,6 +26,7 @@
 #include <zmq.h>
 #include "job.h"
 #include "psnet.pb-c.h"
+#include "psd-table.h"
 #include "shardmap.h"
 
 typedef struct Rows Rows;
@@ -72,5 +73,6 @@ void rows_settle(Rows *r, int64_t limit);
 /* Pushes parked, all tables. */
 size_t rows_parked(const Rows *r);
 void rows_stats(const Rows *r, RowsStats *ret);
-/* Rows held and their bytes in table i (0 when the job has no table i). */
-void rows_table_stats(const Rows *r, size_t i, uint64_t *ret_rows, uint64_t *ret_bytes);
+/* Rows held, their bytes and the counts of rows made and dropped in table i
+ * (0 when the job has no table i). */
+void rows_table_stats(const Rows *r, size_t i, uint64_t *ret_rows, uint64_t *ret_bytes, TableCounts *ret_counts);

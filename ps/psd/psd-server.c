@@ -1063,14 +1063,37 @@ static void psd_metrics(void *ud, MetricsBuf *b) {
         rows_stats(p->rows, &rs);
         const Job *job = store_job(s);
         /* Each family's samples together, as the text format wants them. */
-        for (int bytes = 0; job && job->ntables > 0 && bytes < 2; bytes++) {
-                const char *name = bytes ? "psnet_psd_table_bytes" : "psnet_psd_table_rows";
-                metrics_family(b, name, "gauge", bytes ? "Bytes each sparse table's rows take here."
-                                                       : "Rows of each sparse table this shard holds (--tables).");
+        static const struct {
+                const char *name, *type, *help;
+        } fam[] = {
+                { "psnet_psd_table_rows", "gauge", "Rows of each sparse table this shard holds (--tables)." },
+                { "psnet_psd_table_bytes", "gauge", "Bytes each sparse table's rows take here." },
+                { "psnet_psd_table_rows_admitted_total", "counter", "Rows made (at an id's admit-th push)." },
+                { "psnet_psd_table_pushes_filtered_total", "counter",
+                  "Pushed rows of ids not admitted yet (admit > 1): counted, their gradients dropped." },
+                { "psnet_psd_table_pushes_refused_total", "counter",
+                  "Pushed rows of new ids dropped: the table at max-rows with rows all pushed at that clock." },
+                { "psnet_psd_table_rows_evicted_total", "counter",
+                  "Rows dropped: reason ttl (unpushed for ttl clocks) or full (the least recently pushed, at "
+                  "max-rows)." },
+        };
+        for (size_t f = 0; job && job->ntables > 0 && f < ELEMENTSOF(fam); f++) {
+                metrics_family(b, fam[f].name, fam[f].type, fam[f].help);
                 for (size_t i = 0; i < job->ntables; i++) {
                         uint64_t nrows, nbytes;
-                        rows_table_stats(p->rows, i, &nrows, &nbytes);
-                        metrics_sample(b, name, (double) (bytes ? nbytes : nrows), "table", job->tables[i].name, NULL);
+                        TableCounts k;
+                        rows_table_stats(p->rows, i, &nrows, &nbytes, &k);
+                        const char *t = job->tables[i].name;
+                        double v[] = { (double) nrows, (double) nbytes, (double) k.admitted, (double) k.filtered,
+                                       (double) k.refused };
+                        if (f < ELEMENTSOF(v))
+                                metrics_sample(b, fam[f].name, v[f], "table", t, NULL);
+                        else {
+                                metrics_sample(b, fam[f].name, (double) k.evicted_ttl, "table", t, "reason", "ttl",
+                                               NULL);
+                                metrics_sample(b, fam[f].name, (double) k.evicted_full, "table", t, "reason", "full",
+                                               NULL);
+                        }
                 }
         }
         metrics_one(b, "psnet_psd_rows_pulled_total", "counter", "Table rows sent in ROWS_PULL answers.",

@@ -4,8 +4,20 @@
  * and optimizer state sit side by side (values first, then the state, then
  * Adam's step count), so a touched row is one run of memory; rows and their
  * ids are kept in slabs of 4,096, so the table grows without copying (about
- * 13-19 bytes a row beside the row itself). A pull or push checks everything (distinct
- * ids, finite gradients, room for the new rows) before it changes anything. */
+ * 13-19 bytes a row beside the row itself: the index and the id, and 8 more
+ * for the clock it was last pushed at where max_rows or ttl needs it). A
+ * pull or push checks everything (distinct ids, finite
+ * gradients, room for the new rows) before it changes anything.
+ *
+ * Bounds (TableConf): an id gets a row at its admit-th push, counted in a
+ * count-min sketch of 4 x 2^16 saturating bytes (made when admit > 1); past
+ * max_rows the least recently pushed rows (a sixteenth of the table at once,
+ * so that the sort is paid seldom) make room; with ttl, each push looks over
+ * a stretch of the rows (8 per row pushed, at least 64) for those unpushed
+ * for ttl clocks and drops them (a push whose own new rows pass max_rows has
+ * the last of them dropped and counted). A row goes by moving the last row into its
+ * place and deleting its index slot by backward shift (linear probing keeps
+ * no tombstones). */
 #include <errno.h>
 #include <math.h>
 #include <stdio.h>
@@ -13,6 +25,7 @@
 #include <string.h>
 #include "alloc.h"
 #include "hash.h"
+#include "macro.h"
 #include "psd-table.h"
 
 #define TABLE_SLAB_SHIFT 12     /* 4,096 rows a slab: no copy when the table grows */
@@ -24,10 +37,18 @@ struct Table {
         uint32_t *index;        /* [cap]: row + 1 of the id hashed there, linear probing; 0: empty */
         size_t cap;             /* a power of two: the rows fill at most 3/4 of it */
         float **slabs;          /* the rows, TABLE_SLAB a slab */
-        int64_t **ids;          /* each row's id, TABLE_SLAB a slab */
+        int64_t **ids;          /* each row's id, then each row's stamp (the clock last pushed), TABLE_SLAB each */
         size_t nslabs, slabs_cap;
         size_t nrows;
+        int64_t now;            /* the clock pushes are stamped with (table_tick) */
+        bool stamped;           /* max_rows or ttl: each row's stamp is kept (8 bytes a row more) */
+        uint8_t *sketch;        /* admit > 1: count-min, TABLE_SKETCH_DEPTH x TABLE_SKETCH_WIDTH */
+        size_t sweep;           /* ttl: the next row the sweep looks at */
+        TableCounts counts;
 };
+
+#define TABLE_SKETCH_DEPTH 4
+#define TABLE_SKETCH_WIDTH ((size_t) 1 << 16)
 
 /* splitmix64 of x: the first value of the stream whose state is x. */
 static inline uint64_t splitmix64(uint64_t x) {
@@ -43,9 +64,12 @@ int table_new(const TableConf *c, Table **ret, char *why, size_t n) {
                 return -ENOMEM;
         t->c = *c;
         t->per = (size_t) c->dim * (1 + table_state_per_value(c->optim)) + (c->optim == TABLE_ADAM);
+        t->stamped = c->max_rows || c->ttl;
         t->cap = 16;
         t->index = ps_calloc(t->cap, sizeof *t->index);
-        if (!t->index) {
+        if (c->admit > 1)
+                t->sketch = ps_calloc(TABLE_SKETCH_DEPTH * TABLE_SKETCH_WIDTH, 1);
+        if (!t->index || (c->admit > 1 && !t->sketch)) {
                 table_free(t);
                 return -ENOMEM;
         }
@@ -62,6 +86,7 @@ Table *table_free(Table *t) {
                 ps_free(t->slabs);
                 ps_free(t->ids);
                 ps_free(t->index);
+                ps_free(t->sketch);
                 ps_free(t);
         }
         return NULL;
@@ -71,8 +96,13 @@ size_t table_size(const Table *t) { return t->nrows; }
 
 size_t table_memory(const Table *t) {
         return sizeof *t + t->cap * sizeof *t->index + t->slabs_cap * (sizeof *t->slabs + sizeof *t->ids) +
-               t->nslabs * TABLE_SLAB * (t->per * sizeof(float) + sizeof(int64_t));
+               t->nslabs * TABLE_SLAB * (t->per * sizeof(float) + (t->stamped ? 2 : 1) * sizeof(int64_t)) +
+               (t->sketch ? TABLE_SKETCH_DEPTH * TABLE_SKETCH_WIDTH : 0);
 }
+
+void table_counts(const Table *t, TableCounts *ret) { *ret = t->counts; }
+
+void table_tick(Table *t, int64_t clock) { t->now = clock; }
 
 static inline float *row_at(const Table *t, size_t r) {
         return t->slabs[r >> TABLE_SLAB_SHIFT] + (r & (TABLE_SLAB - 1)) * t->per;
@@ -80,6 +110,10 @@ static inline float *row_at(const Table *t, size_t r) {
 
 static inline int64_t id_at(const Table *t, size_t r) {
         return t->ids[r >> TABLE_SLAB_SHIFT][r & (TABLE_SLAB - 1)];
+}
+
+static inline int64_t *stamp_at(const Table *t, size_t r) {
+        return &t->ids[r >> TABLE_SLAB_SHIFT][TABLE_SLAB + (r & (TABLE_SLAB - 1))];
 }
 
 /* The index slot of id, or of the empty place it would take. */
@@ -127,7 +161,7 @@ static int reserve(Table *t, size_t more) {
                         t->slabs_cap = sc;
                 }
                 float *rows = ps_malloc(TABLE_SLAB * t->per * sizeof *rows);
-                int64_t *ids = ps_malloc(TABLE_SLAB * sizeof *ids);
+                int64_t *ids = ps_malloc((t->stamped ? 2 : 1) * TABLE_SLAB * sizeof *ids);
                 if (!rows || !ids) {
                         ps_free(rows);
                         ps_free(ids);
@@ -137,6 +171,103 @@ static int reserve(Table *t, size_t more) {
                 t->ids[t->nslabs++] = ids;
         }
         return 0;
+}
+
+/* Whether id gets a row now: at its admit-th push, by the count-min sketch
+ * (which counts this one). */
+static bool admitted(Table *t, int64_t id) {
+        if (t->c.admit <= 1)
+                return true;
+        uint64_t h = splitmix64((uint64_t) id ^ t->c.seed);
+        unsigned seen = 255;
+        for (size_t d = 0; d < TABLE_SKETCH_DEPTH; d++) {
+                uint8_t *c = &t->sketch[d * TABLE_SKETCH_WIDTH + ((h >> (16 * d)) & (TABLE_SKETCH_WIDTH - 1))];
+                if (*c < 255)
+                        (*c)++;
+                seen = MIN(seen, (unsigned) *c);
+        }
+        return seen >= t->c.admit;
+}
+
+/* Removes row r: its index slot deleted by backward shift, the last row
+ * moved into its place. */
+static void remove_row(Table *t, size_t r) {
+        size_t mask = t->cap - 1, i = probe(t, t->index, t->cap, id_at(t, r)), j = i;
+        t->index[i] = 0;
+        for (;;) {
+                j = (j + 1) & mask;
+                if (!t->index[j])
+                        break;
+                size_t home = (size_t) splitmix64((uint64_t) id_at(t, t->index[j] - 1)) & mask;
+                if (i <= j ? (i < home && home <= j) : (i < home || home <= j))
+                        continue; /* still reachable from its home */
+                t->index[i] = t->index[j];
+                t->index[j] = 0;
+                i = j;
+        }
+        size_t last = t->nrows - 1;
+        if (r != last) {
+                t->index[probe(t, t->index, t->cap, id_at(t, last))] = (uint32_t) r + 1;
+                memcpy(row_at(t, r), row_at(t, last), t->per * sizeof(float));
+                t->ids[r >> TABLE_SLAB_SHIFT][r & (TABLE_SLAB - 1)] = id_at(t, last);
+                if (t->stamped)
+                        *stamp_at(t, r) = *stamp_at(t, last);
+        }
+        t->nrows--;
+}
+
+static int cmp_id(const void *a, const void *b) {
+        int64_t x = *(const int64_t *) a, y = *(const int64_t *) b;
+        return (x > y) - (x < y);
+}
+
+/* Drops the k least recently pushed rows of those not pushed at this clock. */
+static void evict_oldest(Table *t, size_t k) {
+        int64_t *s = ps_malloc((t->nrows ? t->nrows : 1) * sizeof *s);
+        size_t n = 0;
+        if (!s)
+                return;
+        for (size_t r = 0; r < t->nrows; r++)
+                if (*stamp_at(t, r) < t->now)
+                        s[n++] = *stamp_at(t, r);
+        k = MIN(k, n);
+        if (k == 0) {
+                ps_free(s);
+                return;
+        }
+        qsort(s, n, sizeof *s, cmp_id);
+        int64_t cut = s[k - 1];
+        size_t at_cut = k;
+        for (size_t i = 0; i < k; i++)
+                at_cut -= s[i] < cut;
+        ps_free(s);
+        for (size_t r = 0, removed = 0; r < t->nrows && removed < k;) {
+                int64_t st = *stamp_at(t, r);
+                if (st < cut || (st == cut && at_cut > 0)) {
+                        at_cut -= st == cut;
+                        remove_row(t, r);
+                        removed++;
+                        t->counts.evicted_full++;
+                } else
+                        r++;
+        }
+}
+
+/* ttl: looks at up to budget rows from where the sweep stands, dropping
+ * those not pushed for ttl clocks. */
+static void sweep(Table *t, size_t budget) {
+        if (!t->c.ttl)
+                return;
+        int64_t oldest = t->now - (int64_t) t->c.ttl;
+        for (size_t v = 0; v < budget && t->nrows > 0; v++) {
+                if (t->sweep >= t->nrows)
+                        t->sweep = 0;
+                if (*stamp_at(t, t->sweep) < oldest) {
+                        remove_row(t, t->sweep);
+                        t->counts.evicted_ttl++;
+                } else
+                        t->sweep++;
+        }
 }
 
 /* A new row's values: uniform in [-s, s) from the seed and the id alone. */
@@ -159,17 +290,15 @@ static float *row_of(Table *t, int64_t id) {
         if (!t->index[i]) {
                 size_t r = t->nrows++;
                 t->ids[r >> TABLE_SLAB_SHIFT][r & (TABLE_SLAB - 1)] = id;
+                if (t->stamped)
+                        *stamp_at(t, r) = t->now;
+                t->counts.admitted++;
                 t->index[i] = (uint32_t) r + 1;
                 float *w = row_at(t, r);
                 init_values(t, id, w);
                 memset(w + t->c.dim, 0, (t->per - t->c.dim) * sizeof *w); /* state, and adam's step count 0 */
         }
         return row_at(t, t->index[i] - 1);
-}
-
-static int cmp_id(const void *a, const void *b) {
-        int64_t x = *(const int64_t *) a, y = *(const int64_t *) b;
-        return (x > y) - (x < y);
 }
 
 /* Sorted copy of ids[0..n) (NULL: out of memory). */
@@ -332,13 +461,46 @@ int table_push(Table *t, const int64_t *ids, size_t n, const float *grads, char 
         int r = table_distinct(ids, n, why, whylen);
         if (r < 0)
                 return r;
-        r = make_room(t, ids, n, why, whylen);
-        if (r < 0)
+        if (!t->stamped && !t->sketch) { /* no bound: every row taken, made where missing */
+                r = make_room(t, ids, n, why, whylen);
+                for (size_t i = 0; r == 0 && i < n; i++)
+                        apply_row(t, row_of(t, ids[i]), grads + i * t->c.dim);
                 return r;
-        for (size_t i = 0; i < n; i++) {
-                apply_row(t, row_of(t, ids[i]), grads + i * t->c.dim);
         }
-        return 0;
+        uint8_t *take = ps_malloc(n ? n : 1);
+        if (!take)
+                return -ENOMEM;
+        /* The push's rows held already are stamped first: room is never
+         * made by dropping one of them. */
+        size_t fresh = 0;
+        for (size_t i = 0; i < n; i++) {
+                long row = find(t, ids[i]);
+                if (row >= 0 && t->stamped)
+                        *stamp_at(t, (size_t) row) = t->now;
+                take[i] = row >= 0 || admitted(t, ids[i]);
+                fresh += row < 0 && take[i];
+                t->counts.filtered += !take[i];
+        }
+        if (t->c.max_rows && t->nrows + fresh > t->c.max_rows) {
+                size_t need = t->nrows + fresh - t->c.max_rows;
+                evict_oldest(t, MAX(need, t->nrows / 16));
+                /* Still full of rows pushed at this clock: the new rows past the
+                 * bound are dropped (counted), the rest of the push applies. */
+                for (size_t i = n; t->nrows + fresh > t->c.max_rows && i-- > 0;)
+                        if (take[i] && find(t, ids[i]) < 0) {
+                                take[i] = 0;
+                                fresh--;
+                                t->counts.refused++;
+                        }
+        }
+        r = reserve(t, fresh);
+        for (size_t i = 0; r == 0 && i < n; i++)
+                if (take[i])
+                        apply_row(t, row_of(t, ids[i]), grads + i * t->c.dim);
+        ps_free(take);
+        if (r == 0)
+                sweep(t, 8 * n + 64);
+        return r;
 }
 
 size_t table_row_floats(const Table *t) { return t->per; }

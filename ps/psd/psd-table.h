@@ -34,10 +34,25 @@ size_t table_memory(const Table *t);
  * says so), -ENOMEM; 0. */
 int table_pull(Table *t, const int64_t *ids, size_t n, bool create, float *out, char *why, size_t whylen);
 /* One gradient per row (grads: n * dim floats, ids distinct) applied with the
- * table's optimizer, rows created on first touch. -EINVAL for an id twice or a
- * non-finite gradient, -ENOSPC past max_rows: nothing applied then (why says
- * which); 0. */
+ * table's optimizer, rows created on first touch (on the admit-th with admit >
+ * 1: an id not admitted yet is counted and its gradient dropped), each
+ * stamped with the clock of table_tick; past max_rows the least recently
+ * pushed rows go (and when every row was pushed at this clock, the push's
+ * new rows past the bound are dropped, counted as refused); with ttl, rows
+ * not pushed for ttl clocks go as a sweep meets them. -EINVAL for an id
+ * twice or a non-finite gradient: nothing applied then (why says which),
+ * -ENOMEM; 0. */
 int table_push(Table *t, const int64_t *ids, size_t n, const float *grads, char *why, size_t whylen);
+/* The clock the next pushes are stamped with (and ttl counts from). */
+void table_tick(Table *t, int64_t clock);
+typedef struct TableCounts {
+        uint64_t admitted;      /* rows made */
+        uint64_t filtered;      /* pushes of an id not admitted yet (admit > 1): dropped */
+        uint64_t evicted_ttl;   /* rows dropped after ttl clocks unpushed */
+        uint64_t evicted_full;  /* rows dropped, least recently pushed, to stay within max_rows */
+        uint64_t refused;       /* pushed rows of new ids dropped: max_rows full of rows of this clock */
+} TableCounts;
+void table_counts(const Table *t, TableCounts *ret);
 /* -EINVAL (why names the id) where an id of ids[0..n) comes twice, -ENOMEM, 0. */
 int table_distinct(const int64_t *ids, size_t n, char *why, size_t whylen);
 /* A row as it is kept, values then optimizer state (and adam's step count):

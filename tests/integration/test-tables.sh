@@ -53,6 +53,28 @@ want=$(jq -r .trained "$RUN/lr.json" 2>/dev/null)
 [ "$rows" = "$want" ]; ok $? "the shards hold exactly the rows the job pushed ($rows; $want)"
 psnet_stop_all
 
+# A table's bounds: admission at the 2nd push, ttl and max-rows, counted by the shards.
+COORD="ipc://$RUN/bounds.sock"
+psnet_start pscoord-bounds "$PSCOORD" --listen "$COORD" --shards 2
+for i in 1 2; do
+  psnet_start "psd-bounds-$i" "$PSD" --id "$i" --listen "ipc://$RUN/psd-bounds-$i.sock" --coord "$COORD" \
+    --http 127.0.0.1:0
+done
+PYCHECK_SCRIPT=$PSNET_SRC/tests/integration/torch-tables.py pycheck bounds bounds "$COORD" "$DATA"
+for i in 1 2; do
+  m=$(curl -sf "http://127.0.0.1:$(http_port "psd-bounds-$i")/metrics")
+  metric() { awk -v k="$1" '$1 == k { print $2 }' <<<"$m"; }
+  n=$(metric 'psnet_psd_table_rows{table="b"}') made=$(metric 'psnet_psd_table_rows_admitted_total{table="b"}')
+  filtered=$(metric 'psnet_psd_table_pushes_filtered_total{table="b"}')
+  ttl=$(metric 'psnet_psd_table_rows_evicted_total{table="t",reason="ttl"}')
+  full=$(metric 'psnet_psd_table_rows_evicted_total{table="b",reason="full"}')
+  refused=$(metric 'psnet_psd_table_pushes_refused_total{table="b"}')
+  [ "${n:-999}" -le 300 ] && [ "${filtered:-0}" -gt 0 ] && [ "${ttl:-0}" -gt 0 ] && [ "${full:-0}" -gt 0 ] &&
+    [ $(( ${made:-0} - ${full:-0} )) -eq "${n:--1}" ] && [ -z "$(promtool check metrics <<<"$m" 2>&1)" ]
+  ok $? "shard $i: table b ${n:-?} rows of at most 300, ${made:-?} made, ${filtered:-?} pushes not admitted yet, ${full:-?} dropped when full, ${refused:-?} new rows refused past the bound; table t ${ttl:-?} dropped by ttl"
+done
+psnet_stop_all
+
 # Two BSP workers against PyTorch on the combined batch, rows included.
 start_cluster bsp 2
 PYCHECK_SCRIPT=$PSNET_SRC/tests/integration/torch-tables.py

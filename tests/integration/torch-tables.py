@@ -195,6 +195,50 @@ def check_bsp_compare(data, a, b):
         f"(within {drow:.2g} and {ddense:.2g}; {moved} rows trained)")
 
 
+class Bounded(nn.Module):
+    """Tables with bounds: in b an id gets a row at its 2nd push and a shard
+    holds at most 300 (the least recently pushed go); in t rows go after 2
+    clocks unpushed."""
+
+    def __init__(self, dense):
+        super().__init__()
+        self.w = psnet.torch.EmbeddingBag("b", 1, optim="sgd", lr=0.5, init=0.01, admit=2, max_rows=300)
+        self.t = psnet.torch.EmbeddingBag("t", 1, optim="sgd", lr=0.5, init=0.01, ttl=2)
+        self.dense = nn.Linear(dense, 1)
+
+    def forward(self, sparse, dense):
+        return (self.w(sparse) + self.t(sparse)).squeeze(1) + self.dense(dense).squeeze(1)
+
+
+def check_bounds(coord, data):
+    """An id pushed once stays at its initial value (not admitted); ids
+    pushed more train; the shards' counts are read by test-tables."""
+    xs, xd, y = load(data, "train")
+    model = Bounded(xd.shape[1])
+    opt = psnet.torch.Optimizer(model, coord, optim="sgd", lr=LR_DENSE, mode="asp", progress=False)
+    steps = 30
+    seen = np.unique(xs[: steps * BATCH][xs[: steps * BATCH] >= 0].numpy())
+    init = opt.w.pull_rows("b", seen)
+    pushes = {}
+    loss_fn = nn.BCEWithLogitsLoss()
+    for i in range(steps):
+        b = slice(i * BATCH, (i + 1) * BATCH)
+        for v in np.unique(xs[b][xs[b] >= 0].numpy()):
+            pushes[v] = pushes.get(v, 0) + 1
+        opt.zero_grad()
+        loss_fn(model(xs[b], xd[b]), y[b]).backward()
+        opt.step()
+    rows = opt.w.pull_rows("b", seen)
+    once = np.array([pushes.get(v, 0) == 1 for v in seen])
+    moved = np.abs(rows - init).ravel() > 0
+    if not (once.sum() > 100 and not moved[once].any() and moved[~once].sum() > 50):
+        fail(f"admit=2: {once.sum()} ids pushed once, {moved[once].sum()} of them moved; "
+             f"{moved[~once].sum()} of the others moved")
+    say(f"admit=2: the {once.sum()} ids pushed once read their initial values, {moved[~once].sum()} of those pushed "
+        "more have trained")
+    opt.finish()
+
+
 def check_lr(coord, data, out, *shards):
     torch.manual_seed(3)
     xs, xd, y = load(data, "train")
@@ -289,7 +333,8 @@ def check_lr(coord, data, out, *shards):
 def main():
     check, args = sys.argv[1], sys.argv[2:]
     try:
-        {"lr": check_lr, "bsp-worker": check_bsp_worker, "bsp-compare": check_bsp_compare}[check](*args)
+        {"lr": check_lr, "bsp-worker": check_bsp_worker, "bsp-compare": check_bsp_compare,
+         "bounds": check_bounds}[check](*args)
     except PsnetError as e:
         fail(f"{check}: {e}")
 

@@ -12,7 +12,7 @@ static void test_parse(void) {
         TableConf t[JOB_MAX_TABLES], back[JOB_MAX_TABLES];
         size_t n = 99, nb = 0;
         char err[192] = "", text[4096];
-        int r = tables_parse("ad:1:ftrl:lr=0.05:l1=1:l2=0.5,emb:16,big:64:adam:max-rows=1000000:init=0.1", t,
+        int r = tables_parse("ad:1:ftrl:lr=0.05:l1=1:l2=0.5,emb:16,big:64:adam:max-rows=1000000:init=0.1:admit=3:ttl=50", t,
                              JOB_MAX_TABLES, &n, err, sizeof err);
         if (!CHECK(r == 0 && n == 3, "three tables read (%d, %s)", r, err))
                 return;
@@ -23,8 +23,9 @@ static void test_parse(void) {
                       t[1].eps == 1e-10f && t[1].init_scale == 0.01f && t[1].max_rows == 0,
               "no optimizer named: adagrad with torch.optim.Adagrad's lr 0.01 and eps 1e-10");
         CHECK(t[2].optim == TABLE_ADAM && t[2].lr == 0.001f && t[2].beta1 == 0.9f && t[2].beta2 == 0.999f &&
-                      t[2].eps == 1e-8f && t[2].max_rows == 1000000 && t[2].init_scale == 0.1f,
-              "adam: torch's defaults, max-rows and init as given");
+                      t[2].eps == 1e-8f && t[2].max_rows == 1000000 && t[2].init_scale == 0.1f && t[2].admit == 3 &&
+                      t[2].ttl == 50 && t[1].admit == 1 && t[1].ttl == 0,
+              "adam: torch's defaults, max-rows, init, admit and ttl as given (else admit 1, ttl 0)");
         CHECK(table_row_bytes(&t[0]) == 12 && table_row_bytes(&t[1]) == 128 && table_row_bytes(&t[2]) == 64 * 12 + 4,
               "bytes a row: values and state (ftrl 3 x 4, adagrad 16 x 8, adam 64 x 12 + its step count)");
         r = tables_format(t, n, text, sizeof text);
@@ -57,6 +58,8 @@ static void test_refusals(void) {
         refused("emb:16:sgd:init=nan", "init must be finite");
         refused("emb:16:adagrad:max-rows=-5", "max-rows=-5 is not a count");
         refused("emb:16:adagrad:lr", "'lr' is not KEY=VALUE");
+        refused("emb:16:adagrad:admit=256", "admit must be 1 to 255");
+        refused("emb:16:adagrad:ttl=soon", "ttl=soon is not a count of clocks");
         refused("e/m:16", "its name must be");
         refused("emb:16,emb:8", "table emb is declared twice");
         char many[512] = "";
