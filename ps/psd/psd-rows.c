@@ -106,7 +106,8 @@ int rows_configure(Rows *r, const Job *job, char *why, size_t n) {
                 if (e < 0) {
                         drop_tables(r);
                         if (why && n)
-                                snprintf(why, n, "table %s: %s", job->tables[i].name, e == -ENOMEM ? "out of memory" : w);
+                                snprintf(why, n, "table %s: %s", job->tables[i].name,
+                                         e == -ENOMEM ? "out of memory" : w);
                         return e;
                 }
                 r->ntables = i + 1;

@@ -12,8 +12,8 @@ static void test_parse(void) {
         TableConf t[JOB_MAX_TABLES], back[JOB_MAX_TABLES];
         size_t n = 99, nb = 0;
         char err[192] = "", text[4096];
-        int r = tables_parse("ad:1:ftrl:lr=0.05:l1=1:l2=0.5,emb:16,big:64:adam:max-rows=1000000:init=0.1:admit=3:ttl=50", t,
-                             JOB_MAX_TABLES, &n, err, sizeof err);
+        const char *spec = "ad:1:ftrl:lr=0.05:l1=1:l2=0.5,emb:16,big:64:adam:max-rows=1000000:init=0.1:admit=3:ttl=50";
+        int r = tables_parse(spec, t, JOB_MAX_TABLES, &n, err, sizeof err);
         if (!CHECK(r == 0 && n == 3, "three tables read (%d, %s)", r, err))
                 return;
         CHECK(strcmp(t[0].name, "ad") == 0 && t[0].dim == 1 && t[0].optim == TABLE_FTRL && t[0].lr == 0.05f &&

@@ -325,8 +325,8 @@ static void check_bounds(void) {
         table_counts(t, &k);
         CHECK(found_rows == table_size(t) && table_size(t) <= 700 && k.evicted_full > 0 && k.evicted_ttl > 0 &&
                       k.admitted - k.evicted_full - k.evicted_ttl == table_size(t),
-              "bursts and trickles over 400 clocks: %zu rows, every one found (%zu), %llu made = %llu evicted full + %llu "
-              "by ttl + those left", table_size(t), found_rows, (unsigned long long) k.admitted,
+              "bursts and trickles over 400 clocks: %zu rows, every one found (%zu), %llu made = %llu evicted full + "
+              "%llu by ttl + those left", table_size(t), found_rows, (unsigned long long) k.admitted,
               (unsigned long long) k.evicted_full, (unsigned long long) k.evicted_ttl);
         t = table_free(t);
 
