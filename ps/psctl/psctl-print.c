@@ -81,6 +81,14 @@ void print_status_table(const Psnet__StatusRep *s) {
                 printf("  lr_schedule=%s", lr_schedule_name(schedule_of(j)));
         if (j && j->has_sparsify && j->sparsify > 0.0f)
                 printf("  sparsify=%g", (double) j->sparsify);
+        TableConf tables[JOB_MAX_TABLES];
+        size_t ntables = 0;
+        if (j && j->tables && tables_parse(j->tables, tables, JOB_MAX_TABLES, &ntables, NULL, 0) == 0 && ntables) {
+                /* Each table's name, dim and optimizer (every figure: --json). */
+                printf("\ntables");
+                for (size_t i = 0; i < ntables; i++)
+                        printf(" %s:%u:%s", tables[i].name, tables[i].dim, table_optim_name(tables[i].optim));
+        }
         if (s->fed)
                 printf("\nrounds %u/%u  phase=%s  round_number=%lu  sampled=%u  answered=%u  available=%u  failed=%lu  "
                        "late=%lu", s->fed->rounds_done, s->fed->rounds, s->fed->phase ? s->fed->phase : "?",
@@ -123,6 +131,24 @@ void print_status_table(const Psnet__StatusRep *s) {
                        (unsigned long) h->pushes, (unsigned long) h->pulls, (unsigned long) h->errors,
                        (unsigned long) h->incoming, h->in_map ? "in" : "standby",
                        h->has_acknowledging && !h->acknowledging ? "  (lease lost: not acknowledging)" : "");
+        }
+        bool rows = false;
+        for (size_t i = 0; i < s->n_shards; i++)
+                rows |= s->shards[i]->has_rows;
+        if (rows) {
+                /* The job's sparse tables, all together: rows held, made,
+                 * filtered (ids not admitted yet), refused (past max-rows),
+                 * evicted (ttl, max-rows). */
+                printf("\n%-6s %10s %10s %10s %10s %10s %10s\n", "SHARD", "ROWS", "ROW-BYTES", "ADMITTED", "FILTERED",
+                       "REFUSED", "EVICTED");
+                for (size_t i = 0; i < s->n_shards; i++) {
+                        const Psnet__ShardInfo *h = s->shards[i];
+                        if (h->has_rows)
+                                printf("%-6u %10lu %10s %10lu %10lu %10lu %10lu\n", h->id, (unsigned long) h->rows,
+                                       human_bytes(h->rows_bytes, b, sizeof b), (unsigned long) h->rows_admitted,
+                                       (unsigned long) h->rows_filtered, (unsigned long) h->rows_refused,
+                                       (unsigned long) h->rows_evicted);
+                }
         }
         printf("\n%-6s %4s %8s %8s %6s %8s %8s %10s %8s\n", "WORKER", "RANK", "PID", "CLOCK", "EPOCH", "STEP",
                "STEPS/S", "SAMPLES/S", "LOSS");
@@ -201,6 +227,14 @@ int print_status_json(const Psnet__StatusRep *s) {
                         "errors", (json_int_t) h->errors, "incoming", (json_int_t) h->incoming,
                         "in_map", (int) h->in_map, "map_epoch", (json_int_t) h->map_epoch,
                         "parked", (json_int_t) h->parked, "lr", h->has_lr ? jnum(h->lr) : json_null()));
+                if (h->has_rows)
+                        json_object_update_new(json_array_get(shards, json_array_size(shards) - 1),
+                                               json_pack("{s:I,s:I,s:I,s:I,s:I,s:I}", "rows", (json_int_t) h->rows,
+                                                         "rows_bytes", (json_int_t) h->rows_bytes, "rows_admitted",
+                                                         (json_int_t) h->rows_admitted, "rows_filtered",
+                                                         (json_int_t) h->rows_filtered, "rows_refused",
+                                                         (json_int_t) h->rows_refused, "rows_evicted",
+                                                         (json_int_t) h->rows_evicted));
         }
         for (size_t i = 0; workers && i < s->n_workers; i++) {
                 const Psnet__WorkerInfo *w = s->workers[i];
@@ -245,7 +279,8 @@ int print_status_json(const Psnet__StatusRep *s) {
                     json_object_set_new(job, "init", jstr(j ? j->init : NULL)) < 0 ||
                     json_object_set_new(job, "lr_schedule", json_string(lr_schedule_name(schedule_of(j)))) < 0 ||
                     json_object_set_new(job, "sparsify",
-                                        json_real(j && j->has_sparsify ? (double) j->sparsify : 0.0)) < 0))
+                                        json_real(j && j->has_sparsify ? (double) j->sparsify : 0.0)) < 0 ||
+                    json_object_set_new(job, "tables", jstr(j ? j->tables : NULL)) < 0))
                 job = NULL;
         json_t *epochs = json_array();
         for (size_t k = 0; epochs && k < s->n_epochs; k++) {

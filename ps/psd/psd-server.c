@@ -1003,6 +1003,20 @@ static void psd_heartbeat(Session *s, Psnet__Heartbeat *hb, void *ud) {
         si->lr = store_stats(p->store)->last_lr;
         si->backup_keys = store_stats(p->store)->backup_keys;
         si->acknowledging = psd_may_acknowledge(p);
+        const Job *job = store_job(p->store);
+        si->has_rows = si->has_rows_bytes = si->has_rows_admitted = si->has_rows_filtered = si->has_rows_refused =
+                si->has_rows_evicted = job && job->ntables > 0;
+        for (size_t i = 0; si->has_rows && i < job->ntables; i++) {
+                uint64_t nrows, nbytes;
+                TableCounts k;
+                rows_table_stats(p->rows, i, &nrows, &nbytes, &k);
+                si->rows += nrows;
+                si->rows_bytes += nbytes;
+                si->rows_admitted += k.admitted;
+                si->rows_filtered += k.filtered;
+                si->rows_refused += k.refused;
+                si->rows_evicted += k.evicted_ttl + k.evicted_full;
+        }
         hb->shard = si;
 }
 

@@ -61,6 +61,13 @@ for i in 1 2; do
     --http 127.0.0.1:0
 done
 PYCHECK_SCRIPT=$PSNET_SRC/tests/integration/torch-tables.py pycheck bounds bounds "$COORD" "$DATA"
+st=$("$PSCTL" --coord "$COORD" status 2>&1)
+grep -q "^tables b:1:sgd t:1:sgd" <<<"$st" && grep -qE "^SHARD +ROWS +ROW-BYTES +ADMITTED +FILTERED +REFUSED +EVICTED" <<<"$st"
+ok $? "psctl status names the job's tables and has each shard's rows, admitted, filtered, refused and evicted"
+"$PSCTL" --coord "$COORD" --json status |
+  jq -e '[.shards[] | select(.rows > 0 and .rows_admitted > 0 and .rows_filtered > 0 and .rows_evicted > 0)] | length == 2' >/dev/null &&
+  "$PSCTL" --coord "$COORD" --json status | jq -e '.job.tables | test("^b:1:sgd:")' >/dev/null
+ok $? "psctl --json status: each shard's counts of rows, and the job's tables with every figure"
 for i in 1 2; do
   m=$(curl -sf "http://127.0.0.1:$(http_port "psd-bounds-$i")/metrics")
   metric() { awk -v k="$1" '$1 == k { print $2 }' <<<"$m"; }
