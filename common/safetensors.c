@@ -271,8 +271,9 @@ int st_write(const char *path, const StOut *t, size_t n, const char *const *meta
                                 shape = NULL;
                         }
                 }
-                uint64_t bytes = numel * sizeof(float);
-                json_t *e = shape ? json_pack("{s:s,s:o,s:[I,I]}", "dtype", "F32", "shape", shape, "data_offsets",
+                uint64_t bytes = numel * (t[i].i64 ? sizeof(int64_t) : sizeof(float));
+                json_t *e = shape ? json_pack("{s:s,s:o,s:[I,I]}", "dtype", t[i].i64 ? "I64" : "F32", "shape", shape,
+                                              "data_offsets",
                                               (json_int_t) off, (json_int_t) (off + bytes))
                                   : NULL;
                 if (!e || json_object_set_new(root, t[i].name, e) < 0)
@@ -319,8 +320,9 @@ int st_write(const char *path, const StOut *t, size_t n, const char *const *meta
                 uint64_t numel = 1;
                 for (unsigned d = 0; d < t[i].ndim; d++)
                         numel *= t[i].shape[d];
-                r = ckpt_pwrite_all(fd, t[i].data, numel * sizeof(float), at);
-                at += numel * sizeof(float);
+                uint64_t bytes = numel * (t[i].i64 ? sizeof(int64_t) : sizeof(float));
+                r = ckpt_pwrite_all(fd, t[i].data, bytes, at);
+                at += bytes;
         }
         free(hdr);
         const char *what = "writing";

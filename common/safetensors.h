@@ -4,9 +4,11 @@
  * lines of Python): an 8-byte little-endian header length, a JSON header
  * {"name": {"dtype": "F32", "shape": [...], "data_offsets": [begin, end]},
  * ..., "__metadata__": {"key": "value"}}, then the tensors' bytes, C order,
- * little-endian. psnet writes and reads float32 tensors only; a file of
- * other types is refused naming the tensor and its type. */
+ * little-endian. psnet reads float32 tensors only (a file of other types is
+ * refused naming the tensor and its type) and writes float32 and, for a
+ * table's ids, int64. */
 #pragma once
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -49,7 +51,8 @@ typedef struct StOut {
         const char *name;
         unsigned ndim;
         const uint64_t *shape;
-        const float *data;      /* the product of shape values */
+        const void *data;       /* the product of shape values: float32, or int64 where i64 */
+        bool i64;               /* written as I64 (a table's ids, psctl export), which st_parse refuses */
 } StOut;
 
 /* Writes n tensors and nmeta key/value pairs (meta[2i], meta[2i+1]) to path:

@@ -91,6 +91,7 @@ static const WireType types[] = {
         { PSNET__MSG_TYPE__MSG_ROWS_PULL, "ROWS_PULL", true, B(_NOT_SET), 0, A | W },
         { PSNET__MSG_TYPE__MSG_ROWS_PULL_REP, "ROWS_PULL_REP", true, B(_NOT_SET), 0, 0 },
         { PSNET__MSG_TYPE__MSG_ROWS_PUSH, "ROWS_PUSH", true, B(_NOT_SET), 0, W },
+        { PSNET__MSG_TYPE__MSG_ROWS_SCAN, "ROWS_SCAN", false, B(_NOT_SET), 0, A },
 };
 #undef B
 #undef A
@@ -209,26 +210,34 @@ int wire_validate(const Psnet__Header *hdr, const zmq_msg_t *frames, size_t nfra
         }
 
         bool rows = hdr->type == PSNET__MSG_TYPE__MSG_ROWS_PULL || hdr->type == PSNET__MSG_TYPE__MSG_ROWS_PULL_REP ||
-                    hdr->type == PSNET__MSG_TYPE__MSG_ROWS_PUSH;
+                    hdr->type == PSNET__MSG_TYPE__MSG_ROWS_PUSH || hdr->type == PSNET__MSG_TYPE__MSG_ROWS_SCAN;
+        if (hdr->has_cursor && hdr->type != PSNET__MSG_TYPE__MSG_ROWS_SCAN &&
+            hdr->type != PSNET__MSG_TYPE__MSG_ROWS_PULL_REP)
+                return fail(reason, reasonlen, PSNET__STATUS__STATUS_MALFORMED,
+                            "%s carries a cursor: only ROWS_SCAN and its answer do", types[ti].name);
         if (rows) {
                 /* Ids (8 bytes each, at least one but in a push, which a BSP
-                 * worker sends every shard), then, but for a pull, their rows:
-                 * the same number of rows of 1..WIRE_MAX_ROW_DIM floats. */
-                size_t want = hdr->type == PSNET__MSG_TYPE__MSG_ROWS_PULL ? 1 : 2;
+                 * worker sends every shard, and in a scan's answer), then, but
+                 * for a pull, their rows: the same number of rows of
+                 * 1..WIRE_MAX_ROW_DIM floats. A scan carries nothing. */
+                size_t want = hdr->type == PSNET__MSG_TYPE__MSG_ROWS_SCAN ? 0
+                            : hdr->type == PSNET__MSG_TYPE__MSG_ROWS_PULL ? 1 : 2;
                 if (!hdr->has_table || hdr->n_keys > 0 || shm || nframes != want)
                         return fail(reason, reasonlen, PSNET__STATUS__STATUS_MALFORMED,
                                     "%s names a table and carries %zu frame%s, no keys (%s, %zu keys, %zu frames)",
                                     types[ti].name, want, want == 1 ? "" : "s", hdr->has_table ? "a table" : "no table",
                                     hdr->n_keys, nframes);
+                if (want == 0)
+                        return PSNET__STATUS__STATUS_OK;
                 size_t ib = zmq_msg_size((zmq_msg_t *) &frames[0]), n = ib / 8;
-                bool push = hdr->type == PSNET__MSG_TYPE__MSG_ROWS_PUSH;
+                bool push = hdr->type == PSNET__MSG_TYPE__MSG_ROWS_PUSH || hdr->type == PSNET__MSG_TYPE__MSG_ROWS_PULL_REP;
                 if (ib % 8 != 0 || (n == 0 && !push) || n > WIRE_MAX_ROWS)
                         return fail(reason, reasonlen, PSNET__STATUS__STATUS_SIZE,
                                     "%s's ids frame has %zu bytes: %u to %u ids of 8 bytes", types[ti].name, ib,
                                     push ? 0 : 1, WIRE_MAX_ROWS);
                 if (n == 0 && zmq_msg_size((zmq_msg_t *) &frames[1]) != 0)
                         return fail(reason, reasonlen, PSNET__STATUS__STATUS_SIZE,
-                                    "an empty ROWS_PUSH carries an empty rows frame, not %zu bytes",
+                                    "an empty %s carries an empty rows frame, not %zu bytes", types[ti].name,
                                     zmq_msg_size((zmq_msg_t *) &frames[1]));
                 if (want == 2 && n > 0) {
                         size_t rb = zmq_msg_size((zmq_msg_t *) &frames[1]);

@@ -639,7 +639,8 @@ static const Verb verbs[] = {
         { "job wait", "", 0, cmd_job_wait, wait_options,
           "wait until the job ends; prints its accuracy (exit 1 unless it is done)" },
         { "export", "FILE", 1, cmd_export, export_options,
-          "the job's values now, as FILE (safetensors, PyTorch state_dict names; docs/models.md)" },
+          "the job's values now, as FILE (safetensors, PyTorch state_dict names; a table's rows as NAME.ids and "
+          "NAME.rows; docs/models.md, docs/tables.md)" },
         { "report", "", 0, cmd_report, report_options,
           "the job's curves (loss, accuracy, samples/s, staleness) as PNG, SVG and --out DIR/index.html" },
         { "privacy", "", 0, cmd_privacy, privacy_options,

@@ -429,3 +429,32 @@ void rows_stats(const Rows *r, RowsStats *ret) {
                 ret->bytes += table_memory(r->tables[i]);
         }
 }
+
+int rows_scan(Rows *r, const Psnet__Header *h, zmq_msg_t *ret, bool *ret_more, uint64_t *ret_next, char *reason,
+              size_t n) {
+        if (h->table >= r->ntables) {
+                snprintf(reason, n, "table %u is not one of the job's %zu tables", h->table, r->ntables);
+                return PSNET__STATUS__STATUS_UNKNOWN_KEY;
+        }
+        const Table *t = r->tables[h->table];
+        size_t dim = r->conf[h->table].dim, from = h->has_cursor ? (size_t) h->cursor : 0;
+        size_t total = table_size(t), count = from < total ? MIN(total - from, (size_t) ROWS_SCAN_MAX) : 0;
+        _cleanup_free_ int64_t *ids = ps_malloc(MAX(count, (size_t) 1) * sizeof *ids);
+        _cleanup_free_ float *values = ps_malloc(MAX(count * dim, (size_t) 1) * sizeof *values);
+        bool ok = ids && values && zmq_msg_init_size(&ret[0], count * sizeof *ids) == 0;
+        if (ok && zmq_msg_init_size(&ret[1], count * dim * sizeof *values) < 0) {
+                zmq_msg_close(&ret[0]);
+                ok = false;
+        }
+        if (!ok) {
+                snprintf(reason, n, "out of memory for %zu rows", count);
+                return PSNET__STATUS__STATUS_RESOURCE;
+        }
+        table_scan(t, from, count, ids, values);
+        memcpy(zmq_msg_data(&ret[0]), ids, count * sizeof *ids);
+        memcpy(zmq_msg_data(&ret[1]), values, count * dim * sizeof *values);
+        *ret_more = from + count < total;
+        *ret_next = from + count;
+        r->stats.pulled += count;
+        return PSNET__STATUS__STATUS_OK;
+}

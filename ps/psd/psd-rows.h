@@ -60,6 +60,13 @@ int rows_configure(Rows *r, const Job *job, char *why, size_t n);
  * (a frame of n x dim f32): OK, or a status with the reason. */
 int rows_pull(Rows *r, const ShardMap *map, uint32_t self, const Psnet__Header *h, const zmq_msg_t *ids,
               zmq_msg_t *ret, char *reason, size_t n);
+/* ROWS_SCAN (validated by the wire: a table): up to ROWS_SCAN_MAX of the
+ * rows this shard holds from h->cursor on, their ids and values into ret[0]
+ * and ret[1], and whether rows remain past them (*ret_next: the cursor to
+ * ask from). OK, or a status with the reason. */
+#define ROWS_SCAN_MAX 65536u
+int rows_scan(Rows *r, const Psnet__Header *h, zmq_msg_t *ret, bool *ret_more, uint64_t *ret_next, char *reason,
+              size_t n);
 /* ROWS_PUSH (validated by the wire: a table, ids, rows) from an admitted
  * member: OK (applied), ROWS_PARKED (BSP: acknowledged through the hooks
  * once its clock closes; route copied), DUPLICATE (pushed before), or a

@@ -493,21 +493,48 @@ static void psd_handle_rows(void *d, WireMsg *m, void *peer) {
         }
         if (!h->has_clock || h->clock < 0 || !h->has_sender || !h->has_seq) {
                 psd_reply_error(p, &m->route, h, PSNET__STATUS__STATUS_MALFORMED,
-                                "ROWS_PULL/ROWS_PUSH need a clock >= 0, sender and seq");
+                                "ROWS_PULL/ROWS_PUSH/ROWS_SCAN need a clock >= 0, sender and seq");
                 return;
         }
         if (!psd_may_acknowledge(p)) {
                 psd_reply_error(p, &m->route, h, PSNET__STATUS__STATUS_UNAVAILABLE, PSD_NO_LEASE);
                 return;
         }
+        Psnet__Header a;
+        int st;
+        if (h->type == PSNET__MSG_TYPE__MSG_ROWS_SCAN) {
+                /* An operator's read of the rows held here (psctl export; with
+                 * keys, an admin key's only: the wire's roles). */
+                zmq_msg_t out[2];
+                bool more = false;
+                uint64_t next = 0;
+                st = rows_scan(p->rows, h, out, &more, &next, reason, sizeof reason);
+                if (st != PSNET__STATUS__STATUS_OK) {
+                        psd_reply_error(p, &m->route, h, st, reason);
+                        return;
+                }
+                wire_header_init(&a, PSNET__MSG_TYPE__MSG_ROWS_PULL_REP);
+                a.has_seq = a.has_clock = a.has_sender = a.has_job = a.has_table = true;
+                a.seq = h->seq;
+                a.clock = gate_clock(p->gate);
+                a.sender = p->cfg->id;
+                a.job = job->id;
+                a.table = h->table;
+                a.has_cursor = more;
+                a.cursor = next;
+                p->bytes_out += zmq_msg_size(&out[1]);
+                int r = netsock_send(p->data, &m->route, &a, out, 2);
+                if (r < 0)
+                        log_warning_errno(r, "Failed to answer a rows scan: %m");
+                return;
+        }
         bool admin = p->id.enabled && m->peer.role == PSNET__ROLE__ROLE_ADMIN;
-        int st = admin ? PSNET__STATUS__STATUS_OK
-                       : gate_admit_sender(p->gate, h, p->id.enabled ? m->peer.key : NULL, reason, sizeof reason);
+        st = admin ? PSNET__STATUS__STATUS_OK
+                   : gate_admit_sender(p->gate, h, p->id.enabled ? m->peer.key : NULL, reason, sizeof reason);
         if (st != PSNET__STATUS__STATUS_OK) {
                 psd_reply_error(p, &m->route, h, st, reason);
                 return;
         }
-        Psnet__Header a;
         if (h->type == PSNET__MSG_TYPE__MSG_ROWS_PULL) {
                 zmq_msg_t out[2];
                 st = rows_pull(p->rows, store_map(p->store), p->cfg->id, h, &m->frames[0], &out[1], reason,
@@ -567,6 +594,7 @@ static const DispatchRow rows[] = {
         T(PUSH) = { psd_handle_data },
         T(ROWS_PULL) = { psd_handle_rows },
         T(ROWS_PUSH) = { psd_handle_rows },
+        T(ROWS_SCAN) = { psd_handle_rows },
         T(CHUNK_STATE) = { psd_handle_link },
         T(REPLICATE) = { psd_handle_link },
         T(CHUNK_ACK) = { .ignore = true },

@@ -537,3 +537,12 @@ const float *table_row(const Table *t, int64_t id, uint32_t *ret_steps) {
                 *ret_steps = steps_of(t, row_at(t, (size_t) r));
         return row_at(t, (size_t) r);
 }
+
+size_t table_scan(const Table *t, size_t from, size_t max, int64_t *ids, float *values) {
+        size_t n = 0;
+        for (size_t r = from; r < t->nrows && n < max; r++, n++) {
+                ids[n] = id_at(t, r);
+                memcpy(values + n * t->c.dim, row_at(t, r), t->c.dim * sizeof *values);
+        }
+        return n;
+}

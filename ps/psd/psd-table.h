@@ -63,5 +63,9 @@ int table_distinct(const int64_t *ids, size_t n, char *why, size_t whylen);
 size_t table_row_floats(const Table *t);
 void table_export(const Table *t, const int64_t *ids, size_t n, float *out);
 int table_import(Table *t, const int64_t *ids, size_t n, const float *in, char *why, size_t whylen);
+/* Up to max rows from row number from on (rows are numbered 0..table_size-1
+ * in no order of id; a row dropped moves the last one into its number):
+ * their ids and values (dim floats each); how many. */
+size_t table_scan(const Table *t, size_t from, size_t max, int64_t *ids, float *values);
 /* The row of id (dim floats) and its step count (adam), or NULL where it has none. */
 const float *table_row(const Table *t, int64_t id, uint32_t *ret_steps);

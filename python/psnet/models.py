@@ -22,7 +22,8 @@ from torch import nn
 
 
 def read_safetensors(path):
-    """The tensors (name -> float32 torch.Tensor) and metadata of a file."""
+    """The tensors (name -> torch.Tensor: float32, and int64 for a psnet
+    table's ids, psctl export's NAME.ids) and metadata of a file."""
     with open(path, "rb") as f:
         blob = f.read()
     (hl,) = struct.unpack("<Q", blob[:8])
@@ -31,10 +32,11 @@ def read_safetensors(path):
     data = blob[8 + hl:]
     tensors = {}
     for name, e in header.items():
-        if e["dtype"] != "F32":
-            raise ValueError(f"{path}: tensor {name} is {e['dtype']}, not F32")
+        dtype = {"F32": torch.float32, "I64": torch.int64}.get(e["dtype"])
+        if dtype is None:
+            raise ValueError(f"{path}: tensor {name} is {e['dtype']}, not F32 (or I64)")
         b, end = e["data_offsets"]
-        t = torch.frombuffer(bytearray(data[b:end]), dtype=torch.float32)
+        t = torch.frombuffer(bytearray(data[b:end]), dtype=dtype)
         tensors[name] = t.reshape(e["shape"])
     return tensors, meta
 

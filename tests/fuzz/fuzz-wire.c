@@ -58,12 +58,14 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
                         abort();
                 /* A raw frame holds len values of the dtype (f32: 4 bytes, bf16:
                  * 2); a coded federated push's, its codec's size for len values. */
+                if (m.hdr->type == PSNET__MSG_TYPE__MSG_ROWS_SCAN && (!m.hdr->has_table || m.nframes != 0))
+                        abort(); /* a scan names a table and carries nothing */
                 if (m.hdr->type == PSNET__MSG_TYPE__MSG_ROWS_PULL || m.hdr->type == PSNET__MSG_TYPE__MSG_ROWS_PUSH ||
                     m.hdr->type == PSNET__MSG_TYPE__MSG_ROWS_PULL_REP) {
                         /* Ids of 8 bytes, then (but for a pull) as many rows of floats. */
                         size_t ids = m.nframes ? zmq_msg_size(&m.frames[0]) : 0, n = ids / 8;
                         bool pull = m.hdr->type == PSNET__MSG_TYPE__MSG_ROWS_PULL;
-                        bool push = m.hdr->type == PSNET__MSG_TYPE__MSG_ROWS_PUSH;
+                        bool push = m.hdr->type != PSNET__MSG_TYPE__MSG_ROWS_PULL; /* a push or an answer may be empty */
                         size_t rows = pull || m.nframes < 2 ? 0 : zmq_msg_size(&m.frames[1]);
                         if (!m.hdr->has_table || m.nframes != (pull ? 1u : 2u) || ids % 8 || (n == 0 && !push) ||
                             (!pull && (n == 0 ? rows != 0 : rows == 0 || rows % (n * 4))))

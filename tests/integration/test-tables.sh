@@ -38,6 +38,9 @@ PSPOKE=$PSPOKE PYCHECK_SCRIPT=$PSNET_SRC/tests/integration/torch-tables.py \
   pycheck lr lr "$COORD" "$DATA" "$RUN/lr.json" "ipc://$RUN/psd-tables-1.sock" "ipc://$RUN/psd-tables-2.sock"
 out=$("$PSCTL" --coord "$COORD" job wait --wait 30 2>&1)
 grep -q "state=done" <<<"$out"; ok $? "the job ends done ($out)"
+out=$("$PSCTL" --coord "$COORD" export "$RUN/lr.safetensors" 2>&1)
+ok $? "psctl export with a table ($out)"
+PYCHECK_SCRIPT=$PSNET_SRC/tests/integration/torch-tables.py pycheck export export "$RUN/lr.safetensors" "$RUN/lr.json.npz"
 rows=0
 for i in 1 2; do
   m=$(curl -sf "http://127.0.0.1:$(http_port "psd-tables-$i")/metrics")

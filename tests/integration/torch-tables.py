@@ -239,6 +239,21 @@ def check_bounds(coord, data):
     opt.finish()
 
 
+def check_export(path, pulled):
+    """psctl export's table: the ids the shards hold, each with the row a pull gives."""
+    from psnet.models import read_safetensors
+    t, meta = read_safetensors(path)
+    want = np.load(pulled)
+    ids, rows = t["w.ids"].numpy(), t["w.rows"].numpy()
+    order = np.argsort(ids)
+    if not (np.array_equal(ids[order], want["ids"]) and np.array_equal(rows[order], want["rows"])):
+        fail(f"the export's {ids.size} rows are not the {want['ids'].size} pulled")
+    if not (meta.get("psnet.tables", "").startswith("w:1:adagrad:") and "dense.weight" in t):
+        fail(f"the export's metadata or tensors: {sorted(t)} {meta.get('psnet.tables')}")
+    say(f"psctl export writes table w's {ids.size} rows (w.ids int64, w.rows float32), each as a pull reads it, "
+        "beside the dense tensors, with the tables' text")
+
+
 def check_lr(coord, data, out, *shards):
     torch.manual_seed(3)
     xs, xd, y = load(data, "train")
@@ -324,9 +339,10 @@ def check_lr(coord, data, out, *shards):
     except ValueError as e:
         say(f"an unknown table is refused, naming the job's: {e}")
     check_pokes(opt, shards)
-    trained = int(np.unique(xs[xs >= 0].numpy()).size)  # every id of the training set was pushed
-    json.dump({"auc": a_psnet, "auc_torch": a_ref, "rows": int(len(vocab)), "trained": trained, "steps": steps},
-              open(out, "w"))
+    train_ids = np.unique(xs[xs >= 0].numpy())  # every id of the training set was pushed
+    json.dump({"auc": a_psnet, "auc_torch": a_ref, "rows": int(len(vocab)), "trained": int(train_ids.size),
+               "steps": steps}, open(out, "w"))
+    np.savez(out + ".npz", ids=train_ids, rows=opt.w.pull_rows("w", train_ids))
     opt.finish()
 
 
@@ -334,7 +350,7 @@ def main():
     check, args = sys.argv[1], sys.argv[2:]
     try:
         {"lr": check_lr, "bsp-worker": check_bsp_worker, "bsp-compare": check_bsp_compare,
-         "bounds": check_bounds}[check](*args)
+         "bounds": check_bounds, "export": check_export}[check](*args)
     except PsnetError as e:
         fail(f"{check}: {e}")
 

@@ -16,6 +16,7 @@
 typedef struct RowsReq {
         ReqState state;
         uint64_t seq, at;
+        uint64_t cursor;        /* a scan: where this shard's next page starts */
         int64_t *ids;           /* this shard's ids, in the caller's order */
         size_t *pos;            /* their places in the caller's arrays */
         size_t n;
@@ -31,6 +32,7 @@ struct RowsOp {
         RowsReq *reqs;          /* per shard */
         size_t nreqs;
         ClientRowsFn cb;
+        ClientRowsPageFn page;  /* a scan (client_rows_scan): each page of rows */
         void *ud;
 };
 
@@ -73,7 +75,8 @@ static int send_req(Client *c, size_t i) {
         RowsReq *q = &op->reqs[i];
         ShardConn *s = &c->shards[i];
         Psnet__Header h;
-        wire_header_init(&h, op->push ? PSNET__MSG_TYPE__MSG_ROWS_PUSH : PSNET__MSG_TYPE__MSG_ROWS_PULL);
+        wire_header_init(&h, op->page ? PSNET__MSG_TYPE__MSG_ROWS_SCAN
+                             : op->push ? PSNET__MSG_TYPE__MSG_ROWS_PUSH : PSNET__MSG_TYPE__MSG_ROWS_PULL);
         h.has_job = h.has_sender = h.has_seq = h.has_clock = h.has_table = true;
         h.job = c->job.id;
         h.sender = c->worker_id;
@@ -82,6 +85,14 @@ static int send_req(Client *c, size_t i) {
         h.table = op->table;
         h.has_members_epoch = c->members_epoch != 0;
         h.members_epoch = c->members_epoch;
+        if (op->page) {
+                h.has_cursor = true;
+                h.cursor = q->cursor;
+                int r = netsock_send(s->sock, NULL, &h, NULL, 0);
+                if (r == 0)
+                        q->state = REQ_SENT;
+                return r;
+        }
         zmq_msg_t f[2];
         size_t idb = q->n * sizeof *q->ids, gb = q->n * op->dim * sizeof(float);
         if (zmq_msg_init_size(&f[0], idb) < 0)
@@ -203,6 +214,22 @@ static int handle(Client *c, ShardConn *s, RowsReq *q, const WireMsg *m) {
                 log_error("shard %u answered a rows request with %s", s->id, wire_type_name(h->type));
                 return -EPROTO;
         }
+        if (op->page) {
+                size_t ib = zmq_msg_size((zmq_msg_t *) &m->frames[0]), n = ib / sizeof(int64_t);
+                if (h->table != op->table || m->nframes != 2 ||
+                    zmq_msg_size((zmq_msg_t *) &m->frames[1]) != n * op->dim * sizeof(float)) {
+                        log_error("shard %u answered a scan of table %u with other rows", s->id, op->table);
+                        return -EPROTO;
+                }
+                int r = op->page(c, zmq_msg_data((zmq_msg_t *) &m->frames[0]),
+                                 zmq_msg_data((zmq_msg_t *) &m->frames[1]), n, op->ud);
+                if (r < 0)
+                        return r;
+                c->stats.bytes_pulled += zmq_msg_size((zmq_msg_t *) &m->frames[1]);
+                q->cursor = h->has_cursor ? h->cursor : 0;
+                q->state = h->has_cursor ? REQ_TODO : REQ_DONE;
+                return 0;
+        }
         if (!op->push) {
                 size_t idb = q->n * sizeof(int64_t), rb = idb / sizeof(int64_t) * op->dim * sizeof(float);
                 if (h->table != op->table || m->nframes != 2 || zmq_msg_size((zmq_msg_t *) &m->frames[0]) != idb ||
@@ -301,6 +328,39 @@ int client_rows(Client *c, uint32_t table, const int64_t *ids, size_t n, const f
         }
         (void) uv_timer_start(&c->deadline, deadline_cb, c->timeout_ms, 0);
         /* The callback never runs inside this call: n may be 0, or all sent. */
+        (void) uv_timer_start(&c->retry, retry_cb, 0, 0);
+        return 0;
+}
+
+int client_rows_scan(Client *c, uint32_t table, ClientRowsPageFn page, ClientRowsFn cb, void *ud) {
+        if (c->busy || c->prefetching || c->rows)
+                return -EBUSY;
+        if (table >= c->job.ntables || !page || !c->map)
+                return -EINVAL;
+        RowsOp *op = ps_calloc(1, sizeof *op);
+        if (!op)
+                return -ENOMEM;
+        op->table = table;
+        op->dim = c->job.tables[table].dim;
+        op->page = page;
+        op->cb = cb;
+        op->ud = ud;
+        op->nreqs = c->nshards;
+        op->reqs = ps_calloc(c->nshards, sizeof *op->reqs);
+        if (!op->reqs) {
+                op_free(op);
+                return -ENOMEM;
+        }
+        for (size_t i = 0; i < c->nshards; i++)
+                op->reqs[i].state = REQ_TODO;
+        c->rows = op;
+        int r = pump(c);
+        if (r < 0) {
+                c->rows = NULL;
+                op_free(op);
+                return r;
+        }
+        (void) uv_timer_start(&c->deadline, deadline_cb, c->timeout_ms, 0);
         (void) uv_timer_start(&c->retry, retry_cb, 0, 0);
         return 0;
 }

@@ -45,6 +45,15 @@ typedef void (*ClientRowsFn)(Client *c, int r, void *ud);
 int client_rows(Client *c, uint32_t table, const int64_t *ids, size_t n, const float *grads, int64_t clock,
                 float *out, ClientRowsFn cb, void *ud);
 
+/* One page of a scan: n rows, their ids (int64 at any alignment) and values
+ * (n x dim f32, likewise): 0, or a negative errno ending the scan. */
+typedef int (*ClientRowsPageFn)(Client *c, const void *ids, const void *values, size_t n, void *ud);
+/* Every row of the job's table the shards hold (psctl export), page by page
+ * into page, the shards in parallel; then cb as client_rows'. A scan of a
+ * table whose rows are dropped meanwhile (ttl, max-rows) may miss a row that
+ * moved. -EBUSY, -EINVAL as client_rows. */
+int client_rows_scan(Client *c, uint32_t table, ClientRowsPageFn page, ClientRowsFn cb, void *ud);
+
 /* Connects to every shard of map. keys: CURVE keys of this worker, NULL for
  * none. via: through psgate (an edge client's one connection; the map's
  * addresses unused), NULL: each shard directly. */
