@@ -302,6 +302,22 @@ static void psd_push(Psd *p, WireMsg *m, Chunk **chunks) {
         }
 }
 
+/* The PUSH_ACK of a push settled at once (a federated update, a table's rows):
+ * status OK or DUPLICATE. */
+static void psd_push_ack(Psd *p, const zmq_msg_t *route, const Psnet__Header *h, int status) {
+        Psnet__Header a;
+        wire_header_init(&a, PSNET__MSG_TYPE__MSG_PUSH_ACK);
+        a.has_seq = a.has_clock = a.has_sender = true;
+        a.seq = h->seq;
+        a.clock = h->clock;
+        a.sender = p->cfg->id;
+        a.has_status = status != PSNET__STATUS__STATUS_OK;
+        a.status = status;
+        int r = netsock_send(p->data, route, &a, NULL, 0);
+        if (r < 0)
+                log_warning_errno(r, "Failed to acknowledge a push sender=%u: %m", h->sender);
+}
+
 /* Mode fed: a pull answers the values as they are (they change only when a
  * round closes); a push is one client's update, kept until the round closes
  * (psd-fedround.h). */
@@ -366,17 +382,7 @@ static void psd_fed_data(Psd *p, WireMsg *m, Chunk **chunks) {
         }
         for (size_t i = 0; i < h->n_keys; i++)
                 p->bytes_in += zmq_msg_size(&m->frames[i]);
-        Psnet__Header a;
-        wire_header_init(&a, PSNET__MSG_TYPE__MSG_PUSH_ACK);
-        a.has_seq = a.has_clock = a.has_sender = true;
-        a.seq = h->seq;
-        a.clock = h->clock;
-        a.sender = p->cfg->id;
-        a.has_status = st != PSNET__STATUS__STATUS_OK;
-        a.status = st;
-        int r = netsock_send(p->data, &m->route, &a, NULL, 0);
-        if (r < 0)
-                log_warning_errno(r, "Failed to acknowledge update client=%u: %m", h->sender);
+        psd_push_ack(p, &m->route, h, st);
 }
 
 /* CHUNK_STATE and REPLICATE from another shard (psd-migrate.c). */
@@ -472,6 +478,26 @@ static void psd_rows_ack(void *ud, const zmq_msg_t *route, uint64_t seq, int64_t
                 log_warning_errno(r, "Failed to acknowledge a rows push: %m");
 }
 
+/* A ROWS_PULL_REP: out[0] the ids, out[1] their rows (both moved); a scan's
+ * cursor to go on from where more rows remain. */
+static void psd_send_rows(Psd *p, const zmq_msg_t *route, const Psnet__Header *h, zmq_msg_t *out, bool more,
+                          uint64_t cursor) {
+        Psnet__Header a;
+        wire_header_init(&a, PSNET__MSG_TYPE__MSG_ROWS_PULL_REP);
+        a.has_seq = a.has_clock = a.has_sender = a.has_job = a.has_table = true;
+        a.seq = h->seq;
+        a.clock = gate_clock(p->gate);
+        a.sender = p->cfg->id;
+        a.job = store_job(p->store)->id;
+        a.table = h->table;
+        a.has_cursor = more;
+        a.cursor = cursor;
+        p->bytes_out += zmq_msg_size(&out[1]);
+        int r = netsock_send(p->data, route, &a, out, 2);
+        if (r < 0)
+                log_warning_errno(r, "Failed to answer a rows request: %m");
+}
+
 /* BSP: the tables' clocks that can close now (not past a fence's). */
 static void psd_rows_settle(Psd *p) {
         rows_settle(p->rows, p->gate->fenced ? p->gate->fence_limit : INT64_MAX);
@@ -500,7 +526,6 @@ static void psd_handle_rows(void *d, WireMsg *m, void *peer) {
                 psd_reply_error(p, &m->route, h, PSNET__STATUS__STATUS_UNAVAILABLE, PSD_NO_LEASE);
                 return;
         }
-        Psnet__Header a;
         int st;
         if (h->type == PSNET__MSG_TYPE__MSG_ROWS_SCAN) {
                 /* An operator's read of the rows held here (psctl export; with
@@ -513,19 +538,7 @@ static void psd_handle_rows(void *d, WireMsg *m, void *peer) {
                         psd_reply_error(p, &m->route, h, st, reason);
                         return;
                 }
-                wire_header_init(&a, PSNET__MSG_TYPE__MSG_ROWS_PULL_REP);
-                a.has_seq = a.has_clock = a.has_sender = a.has_job = a.has_table = true;
-                a.seq = h->seq;
-                a.clock = gate_clock(p->gate);
-                a.sender = p->cfg->id;
-                a.job = job->id;
-                a.table = h->table;
-                a.has_cursor = more;
-                a.cursor = next;
-                p->bytes_out += zmq_msg_size(&out[1]);
-                int r = netsock_send(p->data, &m->route, &a, out, 2);
-                if (r < 0)
-                        log_warning_errno(r, "Failed to answer a rows scan: %m");
+                psd_send_rows(p, &m->route, h, out, more, next);
                 return;
         }
         bool admin = p->id.enabled && m->peer.role == PSNET__ROLE__ROLE_ADMIN;
@@ -545,17 +558,7 @@ static void psd_handle_rows(void *d, WireMsg *m, void *peer) {
                 }
                 zmq_msg_init(&out[0]);
                 zmq_msg_copy(&out[0], &m->frames[0]);
-                wire_header_init(&a, PSNET__MSG_TYPE__MSG_ROWS_PULL_REP);
-                a.has_seq = a.has_clock = a.has_sender = a.has_job = a.has_table = true;
-                a.seq = h->seq;
-                a.clock = gate_clock(p->gate);
-                a.sender = p->cfg->id;
-                a.job = job->id;
-                a.table = h->table;
-                p->bytes_out += zmq_msg_size(&out[1]);
-                int r = netsock_send(p->data, &m->route, &a, out, 2);
-                if (r < 0)
-                        log_warning_errno(r, "Failed to answer a rows pull: %m");
+                psd_send_rows(p, &m->route, h, out, false, 0);
                 return;
         }
         uint64_t used = store_stats(p->store)->bytes;
@@ -570,20 +573,10 @@ static void psd_handle_rows(void *d, WireMsg *m, void *peer) {
                 return;
         }
         p->bytes_in += zmq_msg_size(&m->frames[1]);
-        if (st == ROWS_PARKED) {
+        if (st == ROWS_PARKED)
                 psd_rows_settle(p); /* acknowledged when its clock closes */
-                return;
-        }
-        wire_header_init(&a, PSNET__MSG_TYPE__MSG_PUSH_ACK);
-        a.has_seq = a.has_clock = a.has_sender = true;
-        a.seq = h->seq;
-        a.clock = h->clock;
-        a.sender = p->cfg->id;
-        a.has_status = st != PSNET__STATUS__STATUS_OK;
-        a.status = st;
-        int r = netsock_send(p->data, &m->route, &a, NULL, 0);
-        if (r < 0)
-                log_warning_errno(r, "Failed to acknowledge a rows push worker=%u: %m", h->sender);
+        else
+                psd_push_ack(p, &m->route, h, st);
 }
 
 /* The messages a shard's data socket serves: its handler table (dispatch.h).

@@ -17,13 +17,17 @@ DATA=$RUN/clicks
   >"$RUN/clicklog.out" 2>&1
 ok $? "a click log of 12,000 samples, 6 fields of 2,000 ids ($(tail -1 "$RUN/clicklog.out"))"
 
+# http_cluster NAME: pscoord-NAME at $COORD and two shards serving /metrics.
+http_cluster() {
+  COORD="ipc://$RUN/$1.sock"
+  psnet_start "pscoord-$1" "$PSCOORD" --listen "$COORD" --shards 2
+  for i in 1 2; do
+    psnet_start "psd-$1-$i" "$PSD" --id "$i" --listen "ipc://$RUN/psd-$1-$i.sock" --coord "$COORD" --http 127.0.0.1:0
+  done
+}
+
 # What a job cannot hold, said before anything starts.
-COORD="ipc://$RUN/tables.sock"
-psnet_start pscoord-tables "$PSCOORD" --listen "$COORD" --shards 2
-for i in 1 2; do
-  psnet_start "psd-tables-$i" "$PSD" --id "$i" --listen "ipc://$RUN/psd-tables-$i.sock" --coord "$COORD" \
-    --http 127.0.0.1:0
-done
+http_cluster tables
 out=$("$PSCTL" --coord "$COORD" job submit --model mlp:4-1 --mode ssp:2 --replicas 1 --tables w:1 2>&1)
 [ $? -ne 0 ] && grep -q "bsp or asp" <<<"$out"
 ok $? "tables under ssp are refused, saying why ($out)"
@@ -57,12 +61,7 @@ want=$(jq -r .trained "$RUN/lr.json" 2>/dev/null)
 psnet_stop_all
 
 # A table's bounds: admission at the 2nd push, ttl and max-rows, counted by the shards.
-COORD="ipc://$RUN/bounds.sock"
-psnet_start pscoord-bounds "$PSCOORD" --listen "$COORD" --shards 2
-for i in 1 2; do
-  psnet_start "psd-bounds-$i" "$PSD" --id "$i" --listen "ipc://$RUN/psd-bounds-$i.sock" --coord "$COORD" \
-    --http 127.0.0.1:0
-done
+http_cluster bounds
 PYCHECK_SCRIPT=$PSNET_SRC/tests/integration/torch-tables.py pycheck bounds bounds "$COORD" "$DATA"
 st=$("$PSCTL" --coord "$COORD" status 2>&1)
 grep -q "^tables b:1:sgd t:1:sgd" <<<"$st" && grep -qE "^SHARD +ROWS +ROW-BYTES +ADMITTED +FILTERED +REFUSED +EVICTED" <<<"$st"

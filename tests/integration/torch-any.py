@@ -18,17 +18,9 @@ import torch.nn.functional as F
 import psnet
 import psnet.torch
 from psnet.client import PsnetError
+from pychecks import fail, say
 
 DATA = os.environ.get("PSNET_DATA", "/usr/share/datasets/fashion-mnist")
-
-
-def fail(msg):
-    print(f"FAIL: {msg}", flush=True)
-    sys.exit(1)
-
-
-def say(msg):
-    print(f"ok: {msg}", flush=True)
 
 
 def wait_for(cond, seconds):

@@ -19,17 +19,9 @@ import torch.nn as nn
 
 import psnet.torch
 from psnet.client import PsnetError
+from pychecks import fail, say
 
 BATCH, LR_ROWS, LR_DENSE = 256, 0.5, 0.05
-
-
-def fail(msg):
-    print(f"FAIL: {msg}", flush=True)
-    sys.exit(1)
-
-
-def say(msg):
-    print(f"ok: {msg}", flush=True)
 
 
 def load(data, split):

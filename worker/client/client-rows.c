@@ -263,27 +263,54 @@ bool client_rows_reply(Client *c, ShardConn *s, WireMsg *m) {
         return true;
 }
 
+/* An exchange of table's rows with a request slot per shard (NULL: out of memory). */
+static RowsOp *op_new(Client *c, uint32_t table, ClientRowsFn cb, void *ud) {
+        RowsOp *op = ps_calloc(1, sizeof *op);
+        if (!op)
+                return NULL;
+        op->table = table;
+        op->dim = c->job.tables[table].dim;
+        op->cb = cb;
+        op->ud = ud;
+        op->nreqs = c->nshards;
+        op->reqs = ps_calloc(c->nshards, sizeof *op->reqs);
+        if (!op->reqs) {
+                op_free(op);
+                return NULL;
+        }
+        return op;
+}
+
+/* Sends op's first requests and arms its deadline: 0, or a negative errno (op freed). */
+static int op_start(Client *c, RowsOp *op) {
+        c->rows = op;
+        int r = pump(c);
+        if (r < 0) {
+                c->rows = NULL;
+                op_free(op);
+                return r;
+        }
+        (void) uv_timer_start(&c->deadline, deadline_cb, c->timeout_ms, 0);
+        /* The callback never runs inside this call: nothing may be sent, or all answered later. */
+        (void) uv_timer_start(&c->retry, retry_cb, 0, 0);
+        return 0;
+}
+
 int client_rows(Client *c, uint32_t table, const int64_t *ids, size_t n, const float *grads, int64_t clock,
                 float *out, ClientRowsFn cb, void *ud) {
         if (c->busy || c->prefetching || c->rows)
                 return -EBUSY;
         if (table >= c->job.ntables || (!grads && !out) || (n > 0 && !ids) || !c->map)
                 return -EINVAL;
-        RowsOp *op = ps_calloc(1, sizeof *op);
+        RowsOp *op = op_new(c, table, cb, ud);
         if (!op)
                 return -ENOMEM;
-        op->table = table;
-        op->dim = c->job.tables[table].dim;
         op->push = grads != NULL;
         op->clock = clock;
         op->out = out;
-        op->cb = cb;
-        op->ud = ud;
-        op->nreqs = c->nshards;
-        op->reqs = ps_calloc(c->nshards, sizeof *op->reqs);
         size_t *count = ps_calloc(c->nshards, sizeof *count);
         int *at = ps_malloc(MAX(n, (size_t) 1) * sizeof *at);
-        int r = op->reqs && count && at ? 0 : -ENOMEM;
+        int r = count && at ? 0 : -ENOMEM;
         if (r == 0 && op->push && !(op->grads = ps_malloc(MAX(n, (size_t) 1) * op->dim * sizeof(float))))
                 r = -ENOMEM;
         for (size_t k = 0; r == 0 && k < n; k++) {
@@ -319,17 +346,7 @@ int client_rows(Client *c, uint32_t table, const int64_t *ids, size_t n, const f
                 op_free(op);
                 return r;
         }
-        c->rows = op;
-        r = pump(c);
-        if (r < 0) {
-                c->rows = NULL;
-                op_free(op);
-                return r;
-        }
-        (void) uv_timer_start(&c->deadline, deadline_cb, c->timeout_ms, 0);
-        /* The callback never runs inside this call: n may be 0, or all sent. */
-        (void) uv_timer_start(&c->retry, retry_cb, 0, 0);
-        return 0;
+        return op_start(c, op);
 }
 
 int client_rows_scan(Client *c, uint32_t table, ClientRowsPageFn page, ClientRowsFn cb, void *ud) {
@@ -337,30 +354,11 @@ int client_rows_scan(Client *c, uint32_t table, ClientRowsPageFn page, ClientRow
                 return -EBUSY;
         if (table >= c->job.ntables || !page || !c->map)
                 return -EINVAL;
-        RowsOp *op = ps_calloc(1, sizeof *op);
+        RowsOp *op = op_new(c, table, cb, ud);
         if (!op)
                 return -ENOMEM;
-        op->table = table;
-        op->dim = c->job.tables[table].dim;
         op->page = page;
-        op->cb = cb;
-        op->ud = ud;
-        op->nreqs = c->nshards;
-        op->reqs = ps_calloc(c->nshards, sizeof *op->reqs);
-        if (!op->reqs) {
-                op_free(op);
-                return -ENOMEM;
-        }
         for (size_t i = 0; i < c->nshards; i++)
                 op->reqs[i].state = REQ_TODO;
-        c->rows = op;
-        int r = pump(c);
-        if (r < 0) {
-                c->rows = NULL;
-                op_free(op);
-                return r;
-        }
-        (void) uv_timer_start(&c->deadline, deadline_cb, c->timeout_ms, 0);
-        (void) uv_timer_start(&c->retry, retry_cb, 0, 0);
-        return 0;
+        return op_start(c, op);
 }
