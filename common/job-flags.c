@@ -74,7 +74,8 @@ size_t jobflags_options(JobFlags *f, Option *o) {
                 { "tables", OPT_STR, &f->tables, "SPEC",
                   "sparse tables beside the model's tensors, rows keyed by 64-bit ids and placed on the shards by "
                   "the id: NAME:DIM[:OPTIM][:KEY=VALUE]... separated by ',', OPTIM sgd, adagrad (default), adam or "
-                  "ftrl, KEY lr, eps, beta1, beta2, beta, l1, l2, init, max-rows, admit, ttl (docs/tables.md)" },
+                  "ftrl, KEY lr, eps, beta1, beta2, beta, l1, l2, init, max-rows, admit, ttl, cache, cache-rows "
+                  "(docs/tables.md)" },
                 { "replicas", OPT_UINT, &f->replicas, "R",
                   "copies of every chunk, each on its own shard: a push is acknowledged once every live copy "
                   "holds it, and a dead shard's backups take over (0: 2 with two shards or more, else 1)" },

@@ -76,6 +76,8 @@ int table_conf_check(const TableConf *c, char *why, size_t n) {
                 bad = "init must be finite and >= 0";
         else if (c->admit > 255)
                 bad = "admit must be 1 to 255 pushes";
+        else if (c->cache_rows > TABLE_MAX_CACHE_ROWS)
+                bad = "cache-rows must be at most 67,108,864";
         if (bad && why && n)
                 snprintf(why, n, "%s", bad);
         return bad ? -EINVAL : 0;
@@ -113,19 +115,25 @@ static int parse_option(TableConf *c, char *kv, char *err, size_t n) {
                 return perr(err, n, "table %s: '%s' is not KEY=VALUE", c->name, kv);
         *eq = 0;
         const char *k = kv, *v = eq + 1;
-        if (strcmp(k, "max-rows") == 0 || strcmp(k, "admit") == 0 || strcmp(k, "ttl") == 0) {
+        static const struct { const char *key, *what; size_t off; bool u32; } counts[] = {
+                { "max-rows", "rows", offsetof(TableConf, max_rows), false },
+                { "admit", "pushes", offsetof(TableConf, admit), true },
+                { "ttl", "clocks", offsetof(TableConf, ttl), false },
+                { "cache", "clocks", offsetof(TableConf, cache), false },
+                { "cache-rows", "rows", offsetof(TableConf, cache_rows), false },
+        };
+        for (size_t i = 0; i < sizeof counts / sizeof *counts; i++) {
+                if (strcmp(k, counts[i].key) != 0)
+                        continue;
                 char *end;
                 errno = 0;
                 unsigned long long x = strtoull(v, &end, 10);
-                if (errno || end == v || *end || v[0] == '-' || (k[0] == 'a' && x > UINT32_MAX))
-                        return perr(err, n, "table %s: %s=%s is not a count of %s", c->name, k, v,
-                                    k[0] == 'm' ? "rows" : k[0] == 'a' ? "pushes" : "clocks");
-                if (k[0] == 'm')
-                        c->max_rows = x;
-                else if (k[0] == 'a')
-                        c->admit = (uint32_t) x;
+                if (errno || end == v || *end || v[0] == '-' || (counts[i].u32 && x > UINT32_MAX))
+                        return perr(err, n, "table %s: %s=%s is not a count of %s", c->name, k, v, counts[i].what);
+                if (counts[i].u32)
+                        *(uint32_t *) ((char *) c + counts[i].off) = (uint32_t) x;
                 else
-                        c->ttl = x;
+                        *(uint64_t *) ((char *) c + counts[i].off) = x;
                 return 0;
         }
         static const struct { const char *key; size_t off; } keys[] = {
@@ -141,7 +149,7 @@ static int parse_option(TableConf *c, char *kv, char *err, size_t n) {
                         return 0;
                 }
         return perr(err, n, "table %s: unknown key '%s' (lr, eps, beta1, beta2, beta, l1, l2, init, max-rows, admit, "
-                    "ttl)", c->name, k);
+                    "ttl, cache, cache-rows)", c->name, k);
 }
 
 /* One NAME:DIM[:OPTIM][:KEY=VALUE]... (s is cut in place). */
@@ -208,11 +216,12 @@ int tables_format(const TableConf *t, size_t count, char *buf, size_t n) {
                 const TableConf *c = &t[i];
                 int w = snprintf(buf + at, n - at,
                                  "%s%s:%u:%s:lr=%.9g:eps=%.9g:beta1=%.9g:beta2=%.9g:beta=%.9g:l1=%.9g:l2=%.9g:"
-                                 "init=%.9g:max-rows=%llu:admit=%u:ttl=%llu",
+                                 "init=%.9g:max-rows=%llu:admit=%u:ttl=%llu:cache=%llu:cache-rows=%llu",
                                  i ? "," : "", c->name, c->dim, table_optim_name(c->optim), (double) c->lr,
                                  (double) c->eps, (double) c->beta1, (double) c->beta2, (double) c->beta,
                                  (double) c->l1, (double) c->l2, (double) c->init_scale,
-                                 (unsigned long long) c->max_rows, c->admit, (unsigned long long) c->ttl);
+                                 (unsigned long long) c->max_rows, c->admit, (unsigned long long) c->ttl,
+                                 (unsigned long long) c->cache, (unsigned long long) c->cache_rows);
                 if (w < 0 || (size_t) w >= n - at)
                         return -ENOSPC;
                 at += (size_t) w;

@@ -13,7 +13,10 @@
  *          bound; when full the least recently pushed rows make room),
  *          admit (an id gets a row once it was pushed this many times,
  *          1..255; counted in a count-min sketch), ttl (a row not pushed for
- *          this many clocks is dropped; 0: never)
+ *          this many clocks is dropped; 0: never), cache (a worker keeps the
+ *          rows it pulled and reads them again for this many clocks before
+ *          it pulls them anew: a hot-row cache; 0: off), cache-rows (the
+ *          rows it keeps, default 262,144)
  * e.g. "ad:1:ftrl:lr=0.05:l1=1,emb:16:adagrad:lr=0.1". Defaults follow
  * torch.optim's where it has the optimizer (adagrad lr 0.01 eps 1e-10; adam
  * lr 0.001 betas 0.9/0.999 eps 1e-8), FTRL McMahan et al.'s (alpha 0.05,
@@ -26,6 +29,8 @@
 #define TABLE_MAX_DIM 4096u
 #define TABLE_MAX_NAME 64u
 #define JOB_MAX_TABLES 16u
+#define TABLE_DEFAULT_CACHE_ROWS 262144u
+#define TABLE_MAX_CACHE_ROWS (1u << 26)
 
 typedef enum { TABLE_SGD, TABLE_ADAGRAD, TABLE_ADAM, TABLE_FTRL } TableOptim;
 
@@ -42,6 +47,8 @@ typedef struct TableConf {
         uint64_t max_rows;      /* rows one shard may hold (0: no bound): the least recently pushed go */
         uint32_t admit;         /* pushes of an id before it gets a row (0 or 1: the first) */
         uint64_t ttl;           /* clocks a row may go unpushed before it is dropped (0: never) */
+        uint64_t cache;         /* clocks a worker reads a pulled row again before it pulls it anew (0: off) */
+        uint64_t cache_rows;    /* rows a worker's cache keeps (0: TABLE_DEFAULT_CACHE_ROWS) */
 } TableConf;
 
 /* "sgd", "adagrad", "adam", "ftrl"; -EINVAL for anything else. */

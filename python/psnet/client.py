@@ -105,6 +105,8 @@ def _load():
         "psnet_sync_table": ([P, ctypes.c_size_t, ctypes.c_char_p, ctypes.c_size_t,
                               ctypes.POINTER(ctypes.c_uint32)], I),
         "psnet_sync_rows": ([P, ctypes.c_size_t, P, ctypes.c_size_t, P, ctypes.c_int64, P], I),
+        "psnet_sync_rows_cache": ([P, ctypes.POINTER(ctypes.c_uint64), ctypes.POINTER(ctypes.c_uint64),
+                                   ctypes.POINTER(ctypes.c_uint64)], I),
     }
     for name, (args, res) in sigs.items():
         f = getattr(lib, name)
@@ -329,6 +331,16 @@ class Worker:
             raise ValueError(f"gradients of table {table}: shape {g.shape}, want ({ids.size}, {dim})")
         _check(_lib.psnet_sync_rows(self._s, index, ids.ctypes.data, ids.size, g.ctypes.data, clock, None),
                f"push of {ids.size} rows of table {table} for clock {clock}")
+
+    def rows_cache(self):
+        """The tables' hot-row caches (a table's cache=S): rows pulls read from
+        them (hits) and fetched (misses), the hit rate, and the bytes this
+        worker pulled in all (rows and tensors)."""
+        h, m, b = ctypes.c_uint64(), ctypes.c_uint64(), ctypes.c_uint64()
+        _check(_lib.psnet_sync_rows_cache(self._s, ctypes.byref(h), ctypes.byref(m), ctypes.byref(b)), "rows cache")
+        total = h.value + m.value
+        return {"hits": h.value, "misses": m.value, "hit_rate": h.value / total if total else 0.0,
+                "pulled_bytes": b.value}
 
     # --- reports
     def progress(self, clock, epoch, step, samples, loss, steps_per_s=0.0, samples_per_s=0.0, progress=0.0,

@@ -94,7 +94,8 @@ class EmbeddingBag(torch.nn.Module):
     on the shards, not in the model: forward pulls the batch's distinct ids,
     and Optimizer.step pushes one gradient row per id, applied there with the
     table's optimizer (adagrad, adam, ftrl or sgd; lr, init and the
-    optimizer's figures as --tables names them, e.g. l1=1.0 for ftrl).
+    optimizer's figures as --tables names them, e.g. l1=1.0 for ftrl; and the
+    table's bounds and cache: max_rows, admit, ttl, cache, cache_rows).
 
     The Optimizer given the model declares its tables with the job (mode
     "bsp": the workers' rows of a step are averaged, as the dense gradients;

@@ -82,6 +82,7 @@ for i in 1 2; do
     [ $(( ${made:-0} - ${full:-0} )) -eq "${n:--1}" ] && [ -z "$(promtool check metrics <<<"$m" 2>&1)" ]
   ok $? "shard $i: table b ${n:-?} rows of at most 300, ${made:-?} made, ${filtered:-?} pushes not admitted yet, ${full:-?} dropped when full, ${refused:-?} new rows refused past the bound; table t ${ttl:-?} dropped by ttl"
 done
+PYCHECK_SCRIPT=$PSNET_SRC/tests/integration/torch-tables.py pycheck cache cache "$COORD" "$DATA"
 psnet_stop_all
 
 # Two BSP workers against PyTorch on the combined batch, rows included.

@@ -246,6 +246,58 @@ def check_export(path, pulled):
         "beside the dense tensors, with the tables' text")
 
 
+class Cached(nn.Module):
+    """A table whose rows a worker reads again for 2 clocks before it pulls them anew."""
+
+    def __init__(self, dense):
+        super().__init__()
+        self.w = psnet.torch.EmbeddingBag("h", 1, optim="sgd", lr=0.5, init=0.01, cache=2)
+        # Read only by the check: a cache of 256 rows that never go stale.
+        self.k = psnet.torch.EmbeddingBag("k", 4, optim="sgd", init=0.5, cache=1000, cache_rows=256)
+        self.dense = nn.Linear(dense, 1)
+
+    def forward(self, sparse, dense):
+        return self.w(sparse).squeeze(1) + self.dense(dense).squeeze(1)
+
+
+def check_cache(coord, data):
+    """The same batch 8 steps running with cache=2: its rows fetched at clocks
+    0, 3 and 6, read from the cache at the others; what a hit reads is the
+    row as fetched, not as the shards have it since."""
+    xs, xd, y = load(data, "train")
+    model = Cached(xd.shape[1])
+    opt = psnet.torch.Optimizer(model, coord, optim="sgd", lr=LR_DENSE, mode="asp", progress=False)
+    b = slice(0, BATCH)
+    ids = np.unique(xs[b][xs[b] >= 0].numpy())
+    loss_fn = nn.BCEWithLogitsLoss()
+    c0 = opt.clock
+    for _ in range(8):
+        opt.zero_grad()
+        loss_fn(model(xs[b], xd[b]), y[b]).backward()
+        opt.step()
+    st = opt.w.rows_cache()
+    n = ids.size
+    if not (st["hits"] == 5 * n and st["misses"] == 3 * n):
+        fail(f"8 pulls of {n} rows with cache=2: {st}")
+    say(f"cache=2, 8 steps of one batch's {n} rows: fetched 3 times, read from the cache 5 ({st['hit_rate']:.3f})")
+    cached = opt.w.pull_rows("h", ids, c0 + 8)  # fetched at clock c0 + 6: a hit
+    fresh = opt.w.pull_rows("h", ids, c0 + 100)  # past the staleness: fetched
+    if not (np.abs(cached - fresh).max() > 0):
+        fail("a hit read the shards' latest rows, not the ones fetched 2 clocks before")
+    say("a hit reads the rows as they were fetched (the shards' have moved on since); a pull past the staleness "
+        "fetches them anew")
+    many = np.arange(1, 701, dtype=np.int64) * 7919
+    first = opt.w.pull_rows("k", many)
+    before = opt.w.rows_cache()
+    again = opt.w.pull_rows("k", many[::-1].copy())[::-1]
+    after = opt.w.rows_cache()
+    hits = after["hits"] - before["hits"]
+    if not (np.array_equal(first, again) and 0 < hits <= 256):
+        fail(f"700 rows through a cache of 256, twice: {hits} hits, equal {np.array_equal(first, again)}")
+    say(f"700 rows through a cache of 256 rows, twice: {hits} read from it, every row its own id's")
+    opt.finish()
+
+
 def check_lr(coord, data, out, *shards):
     torch.manual_seed(3)
     xs, xd, y = load(data, "train")
@@ -342,7 +394,7 @@ def main():
     check, args = sys.argv[1], sys.argv[2:]
     try:
         {"lr": check_lr, "bsp-worker": check_bsp_worker, "bsp-compare": check_bsp_compare,
-         "bounds": check_bounds, "export": check_export}[check](*args)
+         "bounds": check_bounds, "export": check_export, "cache": check_cache}[check](*args)
     except PsnetError as e:
         fail(f"{check}: {e}")
 

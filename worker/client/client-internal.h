@@ -67,8 +67,9 @@ typedef struct ShardConn {
 
 /* --sparsify's encoded frames (client-frames.c). */
 typedef struct Sparse Sparse;
-/* A rows exchange under way (client-rows.c). */
+/* A rows exchange under way, and a table's hot-row cache (client-rows.c). */
 typedef struct RowsOp RowsOp;
+typedef struct RowCache RowCache;
 
 struct Client {
         uv_loop_t *loop;
@@ -113,6 +114,7 @@ struct Client {
         Sparse *sparse;                /* --sparsify (NULL: dense pushes) */
         ShardMap *map;                 /* the map routed by: a table's rows go by shardmap_row_holder */
         RowsOp *rows;                  /* client_rows under way (NULL: none); never beside a round */
+        RowCache *caches[JOB_MAX_TABLES]; /* tables with cache=S: the rows pulled, read again for S clocks */
         /* client_set_memory: the caller's tensors in memory every shard on
          * this host maps; sets of job_nfloats floats, tensor after tensor:
          * the gradients, then the values (one set or more). */
@@ -143,6 +145,8 @@ typedef struct ClientTransport {
 /* Whether reply m answers the rows exchange under way: then it is handled
  * (true), the exchange ended where it was the last. */
 bool client_rows_reply(Client *c, ShardConn *s, WireMsg *m);
+/* Frees the tables' hot-row caches. */
+void client_rows_free(Client *c);
 /* Ends the exchange under way without its callback (the sockets go). */
 void client_rows_abort(Client *c);
 

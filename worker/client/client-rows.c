@@ -11,6 +11,7 @@
 #include "client-internal.h"
 #include "endpoint.h"
 #include "errors.h"
+#include "hash.h"
 #include "log.h"
 
 typedef struct RowsReq {
@@ -35,6 +36,119 @@ struct RowsOp {
         ClientRowsPageFn page;  /* a scan (client_rows_scan): each page of rows */
         void *ud;
 };
+
+/* A table's hot-row cache: the rows this client pulled, each with the clock
+ * it was pulled for, read again while a pull's clock is at most cache past
+ * it. Slots taken in turn (the oldest written goes when all are used), found
+ * by open addressing over their numbers (at most half full). */
+struct RowCache {
+        uint32_t dim, rows;     /* rows: slots */
+        uint64_t staleness;
+        int64_t *ids, *clocks;
+        float *values;
+        uint32_t *index;        /* slot + 1 of the id hashed there; 0 empty */
+        size_t cap, used, next;
+};
+
+static void cache_free(RowCache *k) {
+        if (!k)
+                return;
+        ps_free(k->ids);
+        ps_free(k->clocks);
+        ps_free(k->values);
+        ps_free(k->index);
+        ps_free(k);
+}
+
+void client_rows_free(Client *c) {
+        for (size_t i = 0; i < JOB_MAX_TABLES; i++) {
+                cache_free(c->caches[i]);
+                c->caches[i] = NULL;
+        }
+}
+
+/* Table t's cache, made on first use (NULL: the table has none, or out of memory). */
+static RowCache *cache_of(Client *c, uint32_t t) {
+        const TableConf *tc = &c->job.tables[t];
+        if (!tc->cache || c->caches[t])
+                return c->caches[t];
+        RowCache *k = ps_calloc(1, sizeof *k);
+        if (!k)
+                return NULL;
+        k->dim = tc->dim;
+        k->rows = (uint32_t) (tc->cache_rows ? tc->cache_rows : TABLE_DEFAULT_CACHE_ROWS);
+        k->staleness = tc->cache;
+        for (k->cap = 16; k->cap < 2 * (size_t) k->rows;)
+                k->cap *= 2;
+        k->ids = ps_malloc(k->rows * sizeof *k->ids);
+        k->clocks = ps_malloc(k->rows * sizeof *k->clocks);
+        k->values = ps_malloc((size_t) k->rows * k->dim * sizeof *k->values);
+        k->index = ps_calloc(k->cap, sizeof *k->index);
+        if (!k->ids || !k->clocks || !k->values || !k->index) {
+                cache_free(k);
+                return NULL;
+        }
+        c->caches[t] = k;
+        return k;
+}
+
+/* The index slot of id, or of the empty place it would take. */
+static size_t cache_probe(const RowCache *k, int64_t id) {
+        uint64_t x = (uint64_t) id;
+        size_t i = (size_t) splitmix64_next(&x) & (k->cap - 1);
+        while (k->index[i] && k->ids[k->index[i] - 1] != id)
+                i = (i + 1) & (k->cap - 1);
+        return i;
+}
+
+/* id's row if it was pulled for a clock at most staleness before clock. */
+static const float *cache_get(const RowCache *k, int64_t id, int64_t clock) {
+        size_t i = cache_probe(k, id);
+        if (!k->index[i])
+                return NULL;
+        uint32_t s = k->index[i] - 1;
+        return clock - k->clocks[s] <= (int64_t) k->staleness ? k->values + (size_t) s * k->dim : NULL;
+}
+
+/* Empties index slot i, shifting back the ids after it that probed past it. */
+static void cache_unindex(RowCache *k, size_t i) {
+        size_t mask = k->cap - 1, j = i;
+        k->index[i] = 0;
+        for (;;) {
+                j = (j + 1) & mask;
+                if (!k->index[j])
+                        return;
+                uint64_t x = (uint64_t) k->ids[k->index[j] - 1];
+                size_t home = (size_t) splitmix64_next(&x) & mask;
+                if (i <= j ? (i < home && home <= j) : (i < home || home <= j))
+                        continue;
+                k->index[i] = k->index[j];
+                k->index[j] = 0;
+                i = j;
+        }
+}
+
+/* Keeps id's row as pulled for clock. */
+static void cache_put(RowCache *k, int64_t id, int64_t clock, const void *row) {
+        size_t i = cache_probe(k, id);
+        uint32_t s;
+        if (k->index[i])
+                s = k->index[i] - 1;
+        else {
+                if (k->used < k->rows)
+                        s = (uint32_t) k->used++;
+                else {
+                        s = (uint32_t) k->next;
+                        k->next = (k->next + 1) % k->rows;
+                        cache_unindex(k, cache_probe(k, k->ids[s]));
+                        i = cache_probe(k, id);
+                }
+                k->ids[s] = id;
+                k->index[i] = s + 1;
+        }
+        k->clocks[s] = clock;
+        memcpy(k->values + (size_t) s * k->dim, row, k->dim * sizeof *k->values);
+}
 
 static void op_free(RowsOp *op) {
         if (!op)
@@ -235,13 +349,18 @@ static int handle(Client *c, ShardConn *s, RowsReq *q, const WireMsg *m) {
                 if (h->table != op->table || m->nframes != 2 || zmq_msg_size((zmq_msg_t *) &m->frames[0]) != idb ||
                     memcmp(zmq_msg_data((zmq_msg_t *) &m->frames[0]), q->ids, idb) != 0 ||
                     zmq_msg_size((zmq_msg_t *) &m->frames[1]) != rb) {
-                        log_error("shard %u answered other rows than the %zu of table %u asked", s->id, q->n, op->table);
+                        log_error("shard %u answered other rows than the %zu of table %u asked", s->id, q->n,
+                                  op->table);
                         return -EPROTO;
                 }
                 const float *rows = zmq_msg_data((zmq_msg_t *) &m->frames[1]);
-                for (size_t k = 0; k < q->n; k++)
-                        memcpy(op->out + q->pos[k] * op->dim, (const char *) rows + k * op->dim * sizeof(float),
-                               op->dim * sizeof(float));
+                RowCache *cache = c->caches[op->table];
+                for (size_t k = 0; k < q->n; k++) {
+                        const char *row = (const char *) rows + k * op->dim * sizeof(float);
+                        memcpy(op->out + q->pos[k] * op->dim, row, op->dim * sizeof(float));
+                        if (cache)
+                                cache_put(cache, q->ids[k], op->clock, row);
+                }
                 c->stats.bytes_pulled += rb;
         }
         q->state = REQ_DONE;
@@ -311,9 +430,20 @@ int client_rows(Client *c, uint32_t table, const int64_t *ids, size_t n, const f
         size_t *count = ps_calloc(c->nshards, sizeof *count);
         int *at = ps_malloc(MAX(n, (size_t) 1) * sizeof *at);
         int r = count && at ? 0 : -ENOMEM;
+        /* A pull reads what the table's cache holds fresh enough; the rest is
+         * fetched (at[k] < 0: not fetched). */
+        RowCache *cache = !op->push ? cache_of(c, table) : NULL;
         if (r == 0 && op->push && !(op->grads = ps_malloc(MAX(n, (size_t) 1) * op->dim * sizeof(float))))
                 r = -ENOMEM;
         for (size_t k = 0; r == 0 && k < n; k++) {
+                const float *hit = cache ? cache_get(cache, ids[k], clock) : NULL;
+                if (hit) {
+                        memcpy(out + k * op->dim, hit, op->dim * sizeof *out);
+                        c->stats.cache_hits++;
+                        at[k] = -1;
+                        continue;
+                }
+                c->stats.cache_misses += cache != NULL;
                 at[k] = shardmap_row_holder(c->map, table, ids[k], 0);
                 if (at[k] < 0 || (size_t) at[k] >= c->nshards)
                         r = -EINVAL;
@@ -334,6 +464,8 @@ int client_rows(Client *c, uint32_t table, const int64_t *ids, size_t n, const f
                 q->state = REQ_TODO;
         }
         for (size_t k = 0; r == 0 && k < n; k++) {
+                if (at[k] < 0)
+                        continue; /* read from the cache */
                 RowsReq *q = &op->reqs[at[k]];
                 q->ids[q->n] = ids[k];
                 q->pos[q->n++] = k;

@@ -169,6 +169,7 @@ Client *client_free(Client *c) {
         if (!c)
                 return NULL;
         client_rows_abort(c);
+        client_rows_free(c);
         client_disconnect(c);
         client_frames_free(c);
         c->tensor_base = mfree(c->tensor_base);

@@ -20,6 +20,7 @@ typedef struct ClientStats {
         uint64_t unavailable;      /* answered UNAVAILABLE (a fail-over under way): asked again */
         double wait_s;             /* time spent waiting for shards */
         uint64_t shm_shards;       /* shards this client reaches through shared memory now */
+        uint64_t cache_hits, cache_misses; /* rows a pull read from the hot-row caches, and fetched */
 } ClientStats;
 
 typedef struct Client Client;

@@ -351,6 +351,25 @@ int psnet_sync_rows(PsnetSync *s, size_t table, const int64_t *ids, size_t n, co
         return call(s, do_rows, &a);
 }
 
+typedef struct CacheArg {
+        uint64_t hits, misses, pulled;
+} CacheArg;
+
+static int do_rows_cache(PsnetSync *s, void *arg) {
+        CacheArg *a = arg;
+        psnet_worker_rows_cache(s->w, &a->hits, &a->misses, &a->pulled);
+        return 0;
+}
+
+int psnet_sync_rows_cache(PsnetSync *s, uint64_t *hits, uint64_t *misses, uint64_t *pulled_bytes) {
+        CacheArg a = { 0 };
+        int r = call(s, do_rows_cache, &a);
+        *hits = a.hits;
+        *misses = a.misses;
+        *pulled_bytes = a.pulled;
+        return r;
+}
+
 typedef struct TableArg {
         size_t i;
         char *name;

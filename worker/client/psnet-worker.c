@@ -567,6 +567,13 @@ int psnet_worker_rows(PsnetWorker *w, size_t table, const int64_t *ids, size_t n
         return r;
 }
 
+void psnet_worker_rows_cache(const PsnetWorker *w, uint64_t *hits, uint64_t *misses, uint64_t *pulled_bytes) {
+        const ClientStats *s = w->client ? client_stats(w->client) : NULL;
+        *hits = s ? s->cache_hits : 0;
+        *misses = s ? s->cache_misses : 0;
+        *pulled_bytes = s ? s->bytes_pulled : 0;
+}
+
 size_t psnet_job_ntables(const PsnetWorker *w) { return w->fo.has_job ? w->fo.job.ntables : 0; }
 
 const char *psnet_job_table_name(const PsnetWorker *w, size_t i) {

@@ -153,6 +153,10 @@ typedef void (*PsnetRoundFn)(PsnetWorker *w, int r, void *ud);
  * -EAGAIN (the shards moved to a newer map: again once it arrived),
  * -ECANCELED (the worker was freed). */
 typedef void (*PsnetRowsFn)(PsnetWorker *w, int r, void *ud);
+/* The rows pulls read from the tables' hot-row caches (cache=S) and those
+ * they fetched from the shards, since the worker started; and the bytes of
+ * rows and tensors it pulled. */
+void psnet_worker_rows_cache(const PsnetWorker *w, uint64_t *hits, uint64_t *misses, uint64_t *pulled_bytes);
 int psnet_worker_rows(PsnetWorker *w, size_t table, const int64_t *ids, size_t n, const float *grads, int64_t clock,
                       float *out, PsnetRowsFn done, void *ud);
 int psnet_worker_round(PsnetWorker *w, const float *const *grads, int64_t push_clock, float *const *params,
@@ -471,6 +475,7 @@ int psnet_sync_schedule(PsnetSync *s, int64_t clock, uint64_t total, uint64_t *s
 int psnet_sync_rows(PsnetSync *s, size_t table, const int64_t *ids, size_t n, const float *grads, int64_t clock,
                     float *out);
 int psnet_sync_table(PsnetSync *s, size_t i, char *name, size_t n, uint32_t *dim);
+int psnet_sync_rows_cache(PsnetSync *s, uint64_t *hits, uint64_t *misses, uint64_t *pulled_bytes);
 int psnet_sync_round(PsnetSync *s, const float *const *grads, int64_t push_clock, float *const *params,
                      int64_t pull_clock);
 /* psnet_worker_memory, with a reference to it in *ref (psnet_memory_unref
