@@ -4,8 +4,9 @@
 # pushed by one Python worker through libpsnet, over 1 and 2 shards, tables
 # of dim 16 and 64 (Adagrad), batches of 4,096 x 26 Zipf(1.1) ids; beside
 # the same gather and scatter in one process's memory (the limit), measured
-# in the same run by the same script (tests/bench/rows_bench.py). Never
-# pass/fail.
+# in the same run by the same script (tests/bench/rows_bench.py); then the
+# hot-row cache's bytes and AUC on a click log (tests/bench/rows_cache.py).
+# Never pass/fail.
 #
 #   tests/bench/rows.sh [--build DIR] [--batches 40] [--keep]
 set -euo pipefail
@@ -21,7 +22,7 @@ while [ $# -gt 0 ]; do
 done
 BENCH=rows
 source "$top/tests/bench/lib.sh"
-/usr/bin/python3 -c 'import numpy' 2>/dev/null || die "python3-numpy is missing"
+/usr/bin/python3 -c 'import numpy, torch' 2>/dev/null || die "python3-numpy and python3-torch are missing"
 export PYTHONPATH=$top/python PSNET_LIB=$build/worker/client/libpsnet.so
 for shards in 1 2; do
   coord="ipc://$RUN/coord-$shards.sock"
@@ -32,5 +33,19 @@ for shards in 1 2; do
   done
   /usr/bin/python3 "$top/tests/bench/rows_bench.py" "$coord" "$shards" "$batches" ||
     die "the worker failed (logs in $RUN)"
+  psnet_stop_all
+done
+
+# The hot-row cache: bytes pulled per step, hit rate and test AUC of a sparse
+# logistic regression trained one epoch with the table's cache=S.
+"$build/worker/data/psnet-clicklog" --out "$RUN/clicks" --train-rows 50000 --test-rows 10000 --fields 8 \
+  --vocab 1000,3000,10000,30000,100000,1000,10000,100000 --seed 3 | tail -1
+for s in 0 2 8 32; do
+  coord="ipc://$RUN/cache-$s.sock"
+  psnet_start "pscoord-cache-$s" "$PSCOORD" --listen "$coord" --shards 2
+  for i in 1 2; do
+    psnet_start "psd-cache-$s-$i" "$PSD" --id "$i" --listen "ipc://$RUN/psd-cache-$s-$i.sock" --coord "$coord"
+  done
+  /usr/bin/python3 "$top/tests/bench/rows_cache.py" "$coord" "$RUN/clicks" "$s" || die "cache=$s: the worker failed"
   psnet_stop_all
 done
