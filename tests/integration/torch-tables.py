@@ -295,6 +295,15 @@ def check_cache(coord, data):
     if not (np.array_equal(first, again) and 0 < hits <= 256):
         fail(f"700 rows through a cache of 256, twice: {hits} hits, equal {np.array_equal(first, again)}")
     say(f"700 rows through a cache of 256 rows, twice: {hits} read from it, every row its own id's")
+    # mode="mean" (and missing values, -1) against the rows pulled, averaged by hand.
+    bag = psnet.torch.EmbeddingBag("k", 4, mode="mean")
+    bag._opt = opt  # bound as the Optimizer binds the model's own
+    ids2 = torch.tensor([[7919, 15838, -1], [-1, -1, 23757], [7919, 7919 * 4, 7919 * 5]])
+    got = bag(ids2).detach().numpy()
+    want = np.stack([opt.w.pull_rows("k", np.array([v for v in r if v >= 0])).mean(0) for r in ids2.tolist()])
+    if not np.allclose(got, want, atol=1e-7):
+        fail(f"mode=mean: {got} against {want}")
+    say("EmbeddingBag mode='mean' is the mean of each sample's rows, missing ids (-1) left out")
     opt.finish()
 
 
