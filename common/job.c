@@ -349,11 +349,7 @@ int job_validate(const Job *job, char *err, size_t errlen) {
         }
         if (job->ntables > 0 && job->mode == MODE_FED)
                 return job_err(err, errlen, "--tables is for training jobs; federated clients train dense models");
-        /* What the shards do with rows so far (docs/tables.md): BSP and ASP,
-         * on one copy. */
-        if (job->ntables > 0 && job->mode == MODE_SSP)
-                return job_err(err, errlen, "--tables runs under --mode bsp or asp for now: ssp's bounded staleness "
-                                            "is not built for table rows");
+        /* What the shards do with rows so far (docs/tables.md): one copy. */
         if (job->ntables > 0 && job->replicas != 1)
                 return job_err(err, errlen, "--tables needs --replicas 1 for now: table rows have no backups yet");
         if (job->mode == MODE_FED && job->wire != JOB_WIRE_F32)

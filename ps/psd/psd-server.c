@@ -548,6 +548,18 @@ static void psd_handle_rows(void *d, WireMsg *m, void *peer) {
                 psd_reply_error(p, &m->route, h, st, reason);
                 return;
         }
+        const GateCfg *cfg = gate_cfg(p->gate, h->clock);
+        int64_t slowest = 0;
+        if (h->type == PSNET__MSG_TYPE__MSG_ROWS_PULL && cfg->mode != MODE_BSP &&
+            !gate_pull_ready(p->gate, NULL, 0, h->clock, &slowest)) {
+                /* SSP: the slowest member is more than the staleness behind
+                 * (or a fence holds the clock): asked again shortly. */
+                snprintf(reason, sizeof reason, "rows of clock %ld wait: the slowest member completed %ld clocks "
+                         "(staleness %u)%s", (long) h->clock, (long) slowest, cfg->staleness,
+                         p->gate->fenced ? ", or a fence holds the clock" : "");
+                psd_reply_error(p, &m->route, h, PSNET__STATUS__STATUS_UNAVAILABLE, reason);
+                return;
+        }
         if (h->type == PSNET__MSG_TYPE__MSG_ROWS_PULL) {
                 zmq_msg_t out[2];
                 st = rows_pull(p->rows, store_map(p->store), p->cfg->id, h, &m->frames[0], &out[1], reason,

@@ -99,8 +99,9 @@ class EmbeddingBag(torch.nn.Module):
 
     The Optimizer given the model declares its tables with the job (mode
     "bsp": the workers' rows of a step are averaged, as the dense gradients;
-    "asp": each worker's applied as it comes) and binds them; a model's dense
-    layers stay torch's, trained as any other."""
+    "asp": each worker's applied as it comes; "ssp:K": as they come, a pull
+    waiting while the slowest worker is more than K clocks behind) and binds
+    them; a model's dense layers stay torch's, trained as any other."""
 
     def __init__(self, table, dim, mode="sum", optim="adagrad", lr=0.01, init=0.01, **options):
         super().__init__()
@@ -254,9 +255,9 @@ class Optimizer:
         self.entries = _entries(model)
         self.desc = _describe(model, self.entries, name)
         self.tables = _tables(model)
-        if self.tables and mode not in ("bsp", "asp"):
-            raise ValueError(f"a model with psnet tables ({', '.join(self.tables)}) trains with mode 'bsp' or 'asp' "
-                             "for now")
+        if self.tables and not (mode in ("bsp", "asp") or str(mode).startswith("ssp:")):
+            raise ValueError(f"a model with psnet tables ({', '.join(self.tables)}) trains with mode 'bsp', 'asp' "
+                             "or 'ssp:K'")
         if init_dir is None and isinstance(coord, LocalCluster):
             init_dir = coord.dir
         self._submit_if_needed(optim, lr, momentum, weight_decay, betas, eps, mode, workers, lr_scaling,

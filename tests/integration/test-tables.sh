@@ -11,6 +11,7 @@
 source "$(dirname "$0")/lib.sh"
 
 py_env
+export PSPOKE # the Python checks send hand-made messages with it
 CL=$PSNET_BUILD/worker/data/psnet-clicklog
 DATA=$RUN/clicks
 "$CL" --out "$DATA" --train-rows 12000 --test-rows 4000 --fields 6 --vocab 2000 --dense 4 --seed 5 \
@@ -28,9 +29,9 @@ http_cluster() {
 
 # What a job cannot hold, said before anything starts.
 http_cluster tables
-out=$("$PSCTL" --coord "$COORD" job submit --model mlp:4-1 --mode ssp:2 --replicas 1 --tables w:1 2>&1)
-[ $? -ne 0 ] && grep -q "bsp or asp" <<<"$out"
-ok $? "tables under ssp are refused, saying why ($out)"
+out=$("$PSCTL" --coord "$COORD" job submit --model mlp:4-1 --mode fed --replicas 1 --tables w:1 2>&1)
+[ $? -ne 0 ] && grep -q "tables is for training jobs" <<<"$out"
+ok $? "tables in a federated job are refused, saying why ($out)"
 out=$("$PSCTL" --coord "$COORD" job submit --model mlp:4-1 --mode asp --tables w:1 2>&1)
 [ $? -ne 0 ] && grep -q "needs --replicas 1" <<<"$out"
 ok $? "tables with backups are refused, saying why ($out)"
@@ -38,7 +39,7 @@ out=$("$PSCTL" --coord "$COORD" job submit --model mlp:4-1 --mode asp --replicas
 [ $? -ne 0 ] && grep -q "optimizer 'momentum'" <<<"$out"
 ok $? "a table with an unknown optimizer is refused, naming it ($out)"
 
-PSPOKE=$PSPOKE PYCHECK_SCRIPT=$PSNET_SRC/tests/integration/torch-tables.py \
+PYCHECK_SCRIPT=$PSNET_SRC/tests/integration/torch-tables.py \
   pycheck lr lr "$COORD" "$DATA" "$RUN/lr.json" "ipc://$RUN/psd-tables-1.sock" "ipc://$RUN/psd-tables-2.sock"
 out=$("$PSCTL" --coord "$COORD" job wait --wait 30 2>&1)
 grep -q "state=done" <<<"$out"; ok $? "the job ends done ($out)"
@@ -93,4 +94,17 @@ PYCHECK_SCRIPT=$PSNET_SRC/tests/integration/torch-tables.py
 wait $pa; ra=$?; wait $pb; rb=$?
 [ $ra -eq 0 ] && [ $rb -eq 0 ]; ok $? "two Python workers train one BSP job with a table (exit $ra $rb)"
 pycheck bsp-compare bsp-compare "$DATA" "$RUN/bsp-a.npz" "$RUN/bsp-b.npz"
+psnet_stop_all
+
+# Two SSP workers: rows applied as they come, a pull past the staleness waits.
+start_cluster ssp 2
+ssp_shards=("ipc://$RUN/psd-ssp-1.sock" "ipc://$RUN/psd-ssp-2.sock")
+"${PY[@]}" "$PYCHECK_SCRIPT" ssp-worker "$COORD" "$DATA" "${ssp_shards[@]}" >"$RUN/ssp-a.out" 2>"$RUN/ssp-a.log" &
+pa=$!
+"${PY[@]}" "$PYCHECK_SCRIPT" ssp-worker "$COORD" "$DATA" "${ssp_shards[@]}" >"$RUN/ssp-b.out" 2>"$RUN/ssp-b.log"
+rb=$?
+wait $pa; ra=$?
+while IFS= read -r line; do ok 0 "${line#ok: }"; done < <(cat "$RUN/ssp-a.out" "$RUN/ssp-b.out" | grep '^ok: ')
+[ $ra -eq 0 ] && [ $rb -eq 0 ] && [ "$(cat "$RUN/ssp-a.out" "$RUN/ssp-b.out" | grep -c '^ok: ')" -eq 3 ]
+ok $? "two SSP workers train one job with a table (exit $ra $rb$(cat "$RUN/ssp-a.out" "$RUN/ssp-b.out" | grep -m1 '^FAIL' | sed 's/^/; /'))"
 psnet_stop_all

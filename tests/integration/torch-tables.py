@@ -151,6 +151,32 @@ def check_bsp_worker(coord, data, out):
     say(f"worker {rank} trained {BSP_STEPS} BSP steps")
 
 
+def check_ssp_worker(coord, data, *shards):
+    """One of two SSP workers (staleness 1): both train BSP_STEPS steps; the
+    first asks its shard, as itself, for rows far ahead of the slowest
+    worker (told to wait) and for rows of clock 0 (answered)."""
+    xs, xd, y = load(data, "train")
+    model = LR(xd.shape[1])
+    opt = psnet.torch.Optimizer(model, coord, optim="sgd", lr=LR_DENSE, mode="ssp:1", workers=2, progress=False)
+    loss_fn = nn.BCEWithLogitsLoss()
+    rank = opt.rank
+    for i in range(BSP_STEPS):
+        b = slice((2 * i + rank) * BATCH, (2 * i + rank + 1) * BATCH)
+        opt.zero_grad()
+        loss_fn(model(xs[b], xd[b]), y[b]).backward()
+        opt.step()
+        if rank == 0 and i == 5:
+            me = opt.w.info()["id"]
+            ahead = poke(shards[0], "rows-pull", sender=me, clock=opt.clock + 50, count=1)
+            now = sorted(status_of(poke(s, "rows-pull", sender=me, clock=0, count=1)) for s in shards)
+            if not (status_of(ahead) == "unavailable" and "slowest member" in ahead and now == ["moved", "ok"]):
+                fail(f"ssp:1 rows pulls: clock {opt.clock + 50}: {ahead}; clock 0: {now}")
+            say(f"ssp:1: a rows pull 50 clocks past the slowest worker waits ({ahead.split('reason=')[-1]}); one of "
+                "clock 0 is answered by its shard")
+    opt.finish()
+    say(f"SSP worker {rank} trained {BSP_STEPS} steps with a table")
+
+
 def check_bsp_compare(data, a, b):
     """Both workers end with the same values, and with PyTorch's on the
     combined batches from the same first values."""
@@ -313,12 +339,12 @@ def check_lr(coord, data, out, *shards):
     ts, td, ty = load(data, "test")
     model = LR(xd.shape[1])
     try:
-        psnet.torch.Optimizer(model, coord, optim="sgd", lr=LR_DENSE, mode="ssp:2", progress=False)
-        fail("a model with tables under ssp was taken")
+        psnet.torch.Optimizer(model, coord, optim="sgd", lr=LR_DENSE, mode="fed", progress=False)
+        fail("a model with tables in a federated job was taken")
     except ValueError as e:
-        if "'bsp' or 'asp'" not in str(e):
-            fail(f"ssp refused without saying what runs: {e}")
-        say(f"a model with a table under ssp is refused: {e}")
+        if "'ssp:K'" not in str(e):
+            fail(f"fed refused without saying what runs: {e}")
+        say(f"a model with a table in a federated job is refused: {e}")
     opt = psnet.torch.Optimizer(model, coord, optim="sgd", lr=LR_DENSE, mode="asp", progress=False)
     dense0 = copy.deepcopy(model.dense)  # the job's first values, pulled into the model
     tables = opt.w.tables()
@@ -402,7 +428,7 @@ def check_lr(coord, data, out, *shards):
 def main():
     check, args = sys.argv[1], sys.argv[2:]
     try:
-        {"lr": check_lr, "bsp-worker": check_bsp_worker, "bsp-compare": check_bsp_compare,
+        {"lr": check_lr, "bsp-worker": check_bsp_worker, "bsp-compare": check_bsp_compare, "ssp-worker": check_ssp_worker,
          "bounds": check_bounds, "export": check_export, "cache": check_cache}[check](*args)
     except PsnetError as e:
         fail(f"{check}: {e}")

@@ -245,8 +245,7 @@ static void test_tables(void) {
         f.replicas = 1;
         CHECK(jobflags_to_job(&f, &j, err, sizeof err) == 0 && j.mode == MODE_BSP, "tables under bsp (%s)", err);
         f.mode = "ssp:2";
-        CHECK(jobflags_to_job(&f, &j, err, sizeof err) == -EINVAL && strstr(err, "bsp or asp"),
-              "tables under ssp: refused for now, saying so: %s", err);
+        CHECK(jobflags_to_job(&f, &j, err, sizeof err) == 0 && j.mode == MODE_SSP, "tables under ssp (%s)", err);
         f.mode = "asp";
         f.replicas = 0;
         CHECK(jobflags_to_job(&f, &j, err, sizeof err) == -EINVAL && strstr(err, "--replicas 1"),
