@@ -8,6 +8,7 @@
 #include "macro.h"
 #include "psd-rows.h"
 #include "psd-table.h"
+#include "wire.h"
 
 /* A BSP push waiting for its clock's other members: its rows, copied out of
  * the frames, and where its acknowledgement goes. */
@@ -115,14 +116,21 @@ int rows_configure(Rows *r, const Job *job, char *why, size_t n) {
         return 0;
 }
 
+/* OK where the message names one of the job's tables, else UNKNOWN_KEY with the reason. */
+static int known_table(const Rows *r, const Psnet__Header *h, char *reason, size_t n) {
+        if (h->table < r->ntables)
+                return PSNET__STATUS__STATUS_OK;
+        snprintf(reason, n, "table %u is not one of the job's %zu tables", h->table, r->ntables);
+        return PSNET__STATUS__STATUS_UNKNOWN_KEY;
+}
+
 /* The table a message names, and its ids copied out of the frame (any
  * alignment, as ZeroMQ hands frames): OK, or a status with the reason. */
 static int request_table(Rows *r, const Psnet__Header *h, const zmq_msg_t *ids, Table **ret_t, int64_t **ret_ids,
                          size_t *ret_n, char *reason, size_t n) {
-        if (h->table >= r->ntables) {
-                snprintf(reason, n, "table %u is not one of the job's %zu tables", h->table, r->ntables);
-                return PSNET__STATUS__STATUS_UNKNOWN_KEY;
-        }
+        int st = known_table(r, h, reason, n);
+        if (st != PSNET__STATUS__STATUS_OK)
+                return st;
         size_t count = zmq_msg_size((zmq_msg_t *) ids) / sizeof(int64_t);
         int64_t *v = ps_malloc(MAX(count, (size_t) 1) * sizeof *v);
         if (!v) {
@@ -170,18 +178,27 @@ int rows_pull(Rows *r, const ShardMap *map, uint32_t self, const Psnet__Header *
                                  r->conf[h->table].name, (long) r->parked[h->table][k].clock);
                         return PSNET__STATUS__STATUS_UNAVAILABLE;
                 }
-        size_t dim = r->conf[h->table].dim;
-        _cleanup_free_ float *out = ps_malloc(count * dim * sizeof *out);
-        if (!out || zmq_msg_init_size(ret, count * dim * sizeof *out) < 0) {
+        size_t dim = r->conf[h->table].dim, bytes = count * dim * sizeof(float);
+        if (zmq_msg_init_size(ret, bytes) < 0) {
                 snprintf(reason, n, "out of memory for %zu rows", count);
                 return PSNET__STATUS__STATUS_RESOURCE;
         }
-        int e = table_pull(t, v, count, false, out, reason, n); /* creates nothing: cannot fail */
+        /* Into the answer's frame where it is aligned for floats, as
+         * wire_frame_f32 reads frames; else through a copy. */
+        float *in_place = (float *) wire_frame_f32(ret);
+        _cleanup_free_ float *staged = in_place ? NULL : ps_malloc(MAX(bytes, sizeof(float)));
+        if (!in_place && !staged) {
+                zmq_msg_close(ret);
+                snprintf(reason, n, "out of memory for %zu rows", count);
+                return PSNET__STATUS__STATUS_RESOURCE;
+        }
+        int e = table_pull(t, v, count, false, in_place ? in_place : staged, reason, n); /* creates nothing */
         if (e < 0) {
                 zmq_msg_close(ret);
                 return PSNET__STATUS__STATUS_RESOURCE;
         }
-        memcpy(zmq_msg_data(ret), out, count * dim * sizeof *out);
+        if (staged)
+                memcpy(zmq_msg_data(ret), staged, bytes);
         r->stats.pulled += count;
         return PSNET__STATUS__STATUS_OK;
 }
@@ -238,7 +255,8 @@ int rows_push(Rows *r, const ShardMap *map, uint32_t self, const Psnet__Header *
               const zmq_msg_t *route, uint64_t room, char *reason, size_t n) {
         Table *t;
         _cleanup_free_ int64_t *v = NULL;
-        _cleanup_free_ float *g = NULL;
+        _cleanup_free_ float *owned = NULL; /* the gradients copied: parked (BSP), or a frame not aligned */
+        const float *g = NULL;
         size_t count;
         int st = request_table(r, h, &frames[0], &t, &v, &count, reason, n);
         const TableConf *c = st == PSNET__STATUS__STATUS_OK ? &r->conf[h->table] : NULL;
@@ -262,12 +280,18 @@ int rows_push(Rows *r, const ShardMap *map, uint32_t self, const Psnet__Header *
                          (long) h->clock, h->sender, c->name, (long) last->clock);
                 st = PSNET__STATUS__STATUS_INVALID;
         }
-        if (st == PSNET__STATUS__STATUS_OK && !(g = ps_malloc(MAX(gb, (size_t) 1)))) {
-                snprintf(reason, n, "out of memory for %zu bytes of gradients", gb);
-                st = PSNET__STATUS__STATUS_RESOURCE;
+        bool bsp = r->mode == MODE_BSP;
+        if (st == PSNET__STATUS__STATUS_OK && !bsp)
+                g = wire_frame_f32(&frames[1]); /* read where it lies */
+        if (st == PSNET__STATUS__STATUS_OK && !g) {
+                if ((owned = ps_malloc(MAX(gb, (size_t) 1))))
+                        g = memcpy(owned, zmq_msg_data((zmq_msg_t *) &frames[1]), gb);
+                else {
+                        snprintf(reason, n, "out of memory for %zu bytes of gradients", gb);
+                        st = PSNET__STATUS__STATUS_RESOURCE;
+                }
         }
         if (st == PSNET__STATUS__STATUS_OK) {
-                memcpy(g, zmq_msg_data((zmq_msg_t *) &frames[1]), gb);
                 double sumsq = 0;
                 size_t nv = count * c->dim;
                 for (size_t i = 0; i < nv; i++)
@@ -290,9 +314,8 @@ int rows_push(Rows *r, const ShardMap *map, uint32_t self, const Psnet__Header *
                          "bytes left)", count, c->name, (unsigned long long) room);
                 st = PSNET__STATUS__STATUS_RESOURCE;
         }
-        bool bsp = r->mode == MODE_BSP;
         if (st == PSNET__STATUS__STATUS_OK && bsp)
-                st = park(r, h, route, &v, &g, count, reason, n);
+                st = park(r, h, route, &v, &owned, count, reason, n);
         else if (st == PSNET__STATUS__STATUS_OK && count > 0) {
                 table_tick(t, h->clock);
                 st = push_status(table_push(t, v, count, g, reason, n), c, reason, n);
@@ -432,10 +455,9 @@ void rows_stats(const Rows *r, RowsStats *ret) {
 
 int rows_scan(Rows *r, const Psnet__Header *h, zmq_msg_t *ret, bool *ret_more, uint64_t *ret_next, char *reason,
               size_t n) {
-        if (h->table >= r->ntables) {
-                snprintf(reason, n, "table %u is not one of the job's %zu tables", h->table, r->ntables);
-                return PSNET__STATUS__STATUS_UNKNOWN_KEY;
-        }
+        int st = known_table(r, h, reason, n);
+        if (st != PSNET__STATUS__STATUS_OK)
+                return st;
         const Table *t = r->tables[h->table];
         size_t dim = r->conf[h->table].dim, from = h->has_cursor ? (size_t) h->cursor : 0;
         size_t total = table_size(t), count = from < total ? MIN(total - from, (size_t) ROWS_SCAN_MAX) : 0;
