@@ -27,8 +27,7 @@ struct RowsOp {
         uint32_t table, dim;
         bool push;
         int64_t clock;
-        const int64_t *all;     /* the caller's ids (pull: its out gets the rows) */
-        float *out;
+        float *out;             /* pull: the caller's rows, in the order of its ids */
         float *grads;           /* push: a copy, n x dim */
         RowsReq *reqs;          /* per shard */
         size_t nreqs;
