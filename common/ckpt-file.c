@@ -241,23 +241,24 @@ int ckpt_write(const char *dir, const char *name, uint32_t shard, uint32_t job, 
                 const CkptRecord *c = &recs[i];
                 CkptEntry e = { .tensor = c->tensor, .chunk = c->chunk, .len = c->len, .nlast = c->nlast,
                                 .steps = c->steps, .clock = c->clock, .offset = off,
-                                .bytes = ckpt_record_bytes(c->len, c->nlast, per) };
-                if (e.bytes == 0 || (per && !c->state)) {
+                                .bytes = ckpt_record_bytes(c->len, c->nlast, ckpt_record_per(c->tensor, per)) };
+                uint32_t rper = ckpt_record_per(c->tensor, per);
+                if (e.bytes == 0 || (rper && !c->state)) {
                         r = -EINVAL;
                         break;
                 }
                 uint32_t crc = (uint32_t) crc32(0L, Z_NULL, 0);
                 crc = crc_update(crc, c->last_clocks, (uint64_t) c->nlast * 8u);
                 crc = crc_update(crc, c->values, (uint64_t) c->len * 4u);
-                if (per)
-                        crc = crc_update(crc, c->state, (uint64_t) c->len * 4u * per);
+                if (rper)
+                        crc = crc_update(crc, c->state, (uint64_t) c->len * 4u * rper);
                 e.crc = crc;
                 uint64_t at = off, nb = (uint64_t) c->nlast * 8u, vb = (uint64_t) c->len * 4u;
                 r = ckpt_pwrite_all(fd, c->last_clocks, nb, at);
                 if (r == 0)
                         r = ckpt_pwrite_all(fd, c->values, vb, at + nb);
-                if (r == 0 && per)
-                        r = ckpt_pwrite_all(fd, c->state, vb * per, at + nb + vb);
+                if (r == 0 && rper)
+                        r = ckpt_pwrite_all(fd, c->state, vb * rper, at + nb + vb);
                 encode_entry(head + CKPT_HEADER_BYTES + i * CKPT_ENTRY_BYTES, &e);
                 off += e.bytes;
         }
@@ -325,7 +326,7 @@ int ckpt_check_index(const uint8_t *buf, size_t n, uint64_t file_size, CkptHeade
                 *x = (CkptEntry) { .tensor = get32(p), .chunk = get32(p + 4), .len = get32(p + 8),
                                    .nlast = get32(p + 12), .steps = get64(p + 16), .clock = (int64_t) get64(p + 24),
                                    .offset = get64(p + 32), .bytes = get64(p + 40), .crc = get32(p + 48) };
-                uint64_t want = ckpt_record_bytes(x->len, x->nlast, h.per);
+                uint64_t want = ckpt_record_bytes(x->len, x->nlast, ckpt_record_per(x->tensor, h.per));
                 if (want == 0 || x->bytes != want)
                         BAD("record %u: key (%u,%u) holds %llu bytes, expected %llu", i, x->tensor, x->chunk,
                             (unsigned long long) x->bytes, (unsigned long long) want);

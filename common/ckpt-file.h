@@ -27,6 +27,17 @@
 #define CKPT_MAX_LEN (1u << 28)
 #define CKPT_MAX_PER 4u
 
+/* A table's rows (issue 34) are records too: tensor CKPT_ROWS | the table's
+ * index in the job, chunk the block's number, nlast its rows (at most
+ * CKPT_MAX_NLAST) and last_clocks their ids, len rows x the table's floats a
+ * row, values the rows as psd-table keeps them (values, optimizer state,
+ * Adam's step count), and no state part whatever the header's per. */
+#define CKPT_ROWS 0x80000000u
+/* The state floats per value a record of tensor holds in a file of per. */
+static inline uint32_t ckpt_record_per(uint32_t tensor, uint32_t per) {
+        return tensor & CKPT_ROWS ? 0 : per;
+}
+
 typedef struct CkptRecord {
         uint32_t tensor, chunk, len, nlast;
         uint64_t steps;

@@ -111,6 +111,35 @@ int main(void) {
                 rd = ckpt_close(rd);
         }
 
+        /* A table's rows beside a chunk: no state part whatever the file's per. */
+        {
+                int64_t ids[3] = { -5, 1LL << 40, 9 };
+                float rows[3 * 5];
+                for (int j = 0; j < 15; j++)
+                        rows[j] = (float) j * 0.25f;
+                CkptRecord two[2] = { recs[1], { .tensor = CKPT_ROWS | 2u, .chunk = 0, .len = 15, .nlast = 3,
+                                                 .clock = 42, .last_clocks = ids, .values = rows } };
+                CkptFileInfo ti;
+                r = ckpt_write(dir, "shard-3.ckpt", 3, 7, 42, PER, two, 2, &ti, err, sizeof err);
+                uint64_t want3 = CKPT_HEADER_BYTES + 2 * CKPT_ENTRY_BYTES + ckpt_record_bytes(lens[1], 3, PER) +
+                                 3 * 8 + 15 * 4;
+                CHECK(r == 0 && ti.bytes == want3, "a file with a rows record: %lu bytes, %lu wanted (%s)",
+                      (unsigned long) ti.bytes, (unsigned long) want3, r ? err : "ok");
+                char p3[128];
+                snprintf(p3, sizeof p3, "%s/shard-3.ckpt", dir);
+                CkptReader *r3 = NULL;
+                int64_t got_ids[3];
+                float got[15];
+                void *parts[2] = { got_ids, got };
+                uint64_t pl[2] = { 24, 60 };
+                r = ckpt_open(p3, &r3, err, sizeof err);
+                CHECK(r == 0 && ckpt_entry(r3, 1)->tensor == (CKPT_ROWS | 2u) && ckpt_entry(r3, 1)->bytes == 84 &&
+                      ckpt_read_parts(r3, 1, parts, pl, 2, err, sizeof err) == 0 && memcmp(got_ids, ids, 24) == 0 &&
+                      memcmp(got, rows, 60) == 0, "it reads back: ids and rows, bit for bit (%s)", r ? err : "ok");
+                ckpt_close(r3);
+                CHECK(unlink(p3) == 0, "remove it");
+        }
+
         /* One byte of the third record's state changed. */
         flip(path, (off_t) (info.bytes - 5));
         r = ckpt_open(path, &rd, err, sizeof err);
