@@ -480,3 +480,17 @@ int rows_scan(Rows *r, const Psnet__Header *h, zmq_msg_t *ret, bool *ret_more, u
         r->stats.pulled += count;
         return PSNET__STATUS__STATUS_OK;
 }
+
+void rows_worker_clocks(const Rows *r, uint32_t worker, int64_t *ret_lo, int64_t *ret_hi) {
+        int64_t lo = -1, hi = -1;
+        for (size_t i = 0; i < r->ntables; i++) {
+                int64_t c = -1;
+                for (size_t k = 0; k < r->nlast[i]; k++)
+                        if (r->last[i][k].worker == worker)
+                                c = r->last[i][k].clock;
+                lo = i == 0 ? c : MIN(lo, c);
+                hi = MAX(hi, c);
+        }
+        *ret_lo = lo;
+        *ret_hi = hi;
+}

@@ -83,3 +83,6 @@ void rows_stats(const Rows *r, RowsStats *ret);
 /* Rows held, their bytes and the counts of rows made and dropped in table i
  * (0 when the job has no table i). */
 void rows_table_stats(const Rows *r, size_t i, uint64_t *ret_rows, uint64_t *ret_bytes, TableCounts *ret_counts);
+/* The lowest and highest clock worker pushed at over the tables (-1 for a
+ * table it has not pushed; both -1 without tables). */
+void rows_worker_clocks(const Rows *r, uint32_t worker, int64_t *ret_lo, int64_t *ret_hi);

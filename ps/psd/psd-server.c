@@ -503,6 +503,29 @@ static void psd_rows_settle(Psd *p) {
         rows_settle(p->rows, p->gate->fenced ? p->gate->fence_limit : INT64_MAX);
 }
 
+/* ASP/SSP: whether a rows pull of clock may be answered: no fence holds
+ * the clock, and under SSP the slowest member completed at least clock -
+ * staleness clocks here, counted by its chunks' pushes or by its tables'
+ * (a worker pushes every table to every shard each clock, before its
+ * chunks: a shard that holds rows and no chunk sees only those). */
+static bool psd_rows_pull_ready(Psd *p, int64_t clock, int64_t *ret_slowest) {
+        const Gate *g = p->gate;
+        const GateCfg *cfg = gate_cfg(g, clock);
+        int64_t slowest = -1;
+        for (size_t i = 0; i < cfg->nmembers; i++) {
+                uint32_t w = cfg->members[i];
+                int64_t lo, hi, wc = w < g->nwclock ? g->wclock[w] : -1;
+                rows_worker_clocks(p->rows, w, &lo, &hi);
+                int64_t done = MAX(MAX(wc, (int64_t) 0), lo + 1);
+                if (slowest < 0 || done < slowest)
+                        slowest = done;
+        }
+        *ret_slowest = MAX(slowest, (int64_t) 0);
+        if (g->fenced && clock > g->fence_pull_limit)
+                return false;
+        return cfg->mode != MODE_SSP || cfg->nmembers == 0 || *ret_slowest >= clock - (int64_t) cfg->staleness;
+}
+
 /* A worker's ROWS_PULL or ROWS_PUSH, or an operator's ROWS_PULL: the job's
  * tables (psd-rows.h): under ASP applied as they come, under BSP once every
  * member pushed the clock. */
@@ -551,7 +574,7 @@ static void psd_handle_rows(void *d, WireMsg *m, void *peer) {
         const GateCfg *cfg = gate_cfg(p->gate, h->clock);
         int64_t slowest = 0;
         if (h->type == PSNET__MSG_TYPE__MSG_ROWS_PULL && cfg->mode != MODE_BSP &&
-            !gate_pull_ready(p->gate, NULL, 0, h->clock, &slowest)) {
+            !psd_rows_pull_ready(p, h->clock, &slowest)) {
                 /* SSP: the slowest member is more than the staleness behind
                  * (or a fence holds the clock): asked again shortly. */
                 snprintf(reason, sizeof reason, "rows of clock %ld wait: the slowest member completed %ld clocks "

@@ -323,7 +323,9 @@ class Worker:
         """One gradient row per id (distinct int64; grads [len(ids), dim]) as
         this worker's for clock: the shards apply them with the table's
         optimizer as they come; a second push of the table for the same
-        clock is not applied again."""
+        clock is not applied again. Push every table once each clock (ids
+        empty where the step touched none of its rows): a BSP clock closes,
+        and a checkpoint's cut comes, once every worker has."""
         index, dim = self._table(table)
         ids = self._ids(ids)
         g = np.ascontiguousarray(grads, dtype=np.float32)

@@ -136,9 +136,13 @@ class EmbeddingBag(torch.nn.Module):
         return out
 
     def _push(self, w, clock):
-        """This step's gradient rows to the shards (none when forward did not run)."""
+        """This step's gradient rows to the shards; an empty push where the
+        step touched no row (forward did not run, or no gradient reached
+        them): under BSP a shard closes a clock, and in any mode cuts a
+        checkpoint, once every worker pushed every table."""
         pending, self._pending = self._pending, None
         if pending is None or pending[1].grad is None or not len(pending[0]):
+            w.push_rows(self.table, np.zeros(0, dtype=np.int64), np.zeros((0, self.dim), dtype=np.float32), clock)
             return
         w.push_rows(self.table, pending[0], pending[1].grad.numpy(), clock)
 

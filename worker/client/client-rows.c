@@ -449,9 +449,10 @@ int client_rows(Client *c, uint32_t table, const int64_t *ids, size_t n, const f
                 else
                         count[at[k]]++;
         }
-        /* Under BSP a push goes to every shard, empty where it holds none of
-         * the ids: a shard closes a clock once every member pushed it. */
-        bool every = op->push && c->job.mode == MODE_BSP;
+        /* A push goes to every shard, empty where it holds none of the ids: a
+         * shard closes a BSP clock, and cuts a checkpoint in any mode, once
+         * every member pushed it. */
+        bool every = op->push;
         for (size_t i = 0; r == 0 && i < c->nshards; i++) {
                 RowsReq *q = &op->reqs[i];
                 if (!count[i] && !every)

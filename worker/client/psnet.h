@@ -145,7 +145,10 @@ typedef void (*PsnetRoundFn)(PsnetWorker *w, int r, void *ud);
  * reads as its initial values), else pushes one gradient row per id (n x dim
  * floats) as this worker's for clock, which the shards apply with the
  * table's optimizer as it comes (one push per table and clock: a second is
- * answered DUPLICATE and not applied). ids must be distinct (a shard
+ * answered DUPLICATE and not applied). Push every table once each clock,
+ * n 0 where the step touched none of its rows (it goes to every shard):
+ * under BSP a table's clock closes, and in every mode a checkpoint's cut
+ * comes, once every member has. ids must be distinct (a shard
  * refuses a push naming one twice); each goes to the shard that holds it.
  * The arrays are copied before this returns; out is written before done. r
  * in done: 0, -ETIMEDOUT, -EPROTO (a shard refused: logged), -ESTALE (not a
