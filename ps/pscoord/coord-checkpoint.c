@@ -105,11 +105,6 @@ int coord_checkpoint_start(Coord *c, const char *name, bool automatic, char *rea
                 snprintf(reason, n, "job %u is not running (it is %s)", c->job.id, job_state_name(c->state));
                 return PSNET__STATUS__STATUS_INVALID;
         }
-        if (c->job.ntables > 0) {
-                snprintf(reason, n, "job %u has tables, and table rows are not checkpointed yet (docs/tables.md)",
-                         c->job.id);
-                return PSNET__STATUS__STATUS_INVALID;
-        }
         if (k->active) {
                 snprintf(reason, n, "checkpoint %s is being written: wait for it", k->name[0] ? k->name : "(unnamed)");
                 return PSNET__STATUS__STATUS_RESOURCE;
@@ -203,7 +198,7 @@ void coord_checkpoint_fenced(Coord *c) {
 /* Whether --checkpoint-every may start a save now (when one is due). */
 static bool automatic_allowed(const Coord *c, uint64_t now) {
         return !c->ckpt.active && c->cfg->checkpoint_every && c->state == JOB_RUNNING && now >= c->ckpt_retry_at &&
-               !c->fence.active && c->job.ntables == 0;
+               !c->fence.active;
 }
 
 static void start_automatic(Coord *c, uint64_t now);

@@ -56,6 +56,14 @@ struct Checkpointer {
         Loaded *loaded;
         size_t nloaded, restored;
         uint64_t bytes;
+        /* the job's tables: saved with the chunks; a restore's built here off the loop */
+        Rows *rows;
+        size_t nrecs_dense;     /* the snapshot's chunk records; rows records follow */
+        Table *tables[JOB_MAX_TABLES];
+        TableConf tconf[JOB_MAX_TABLES]; /* theirs, copied for the thread */
+        size_t ntables;
+        ShardMap *map;          /* a restore's: where each row goes */
+        uint64_t rows_loaded;
 };
 
 int checkpointer_new(Gate *g, uv_loop_t *loop, uint32_t shard, CheckpointDoneFn done, void *ud,
@@ -70,7 +78,9 @@ int checkpointer_new(Gate *g, uv_loop_t *loop, uint32_t shard, CheckpointDoneFn 
 }
 
 static void save_clear(Checkpointer *k) {
-        for (size_t i = 0; i < k->n; i++) {
+        if (k->recs && k->n > k->nrecs_dense)
+                rows_records_free(k->recs + k->nrecs_dense, k->n - k->nrecs_dense);
+        for (size_t i = 0; i < MIN(k->n, k->nrecs_dense); i++) {
                 if (k->vals && k->vals[i])
                         store_value_unref(k->vals[i]);
                 if (k->recs) {
@@ -82,7 +92,7 @@ static void save_clear(Checkpointer *k) {
         ps_free(k->vals);
         k->recs = NULL;
         k->vals = NULL;
-        k->n = 0;
+        k->n = k->nrecs_dense = 0;
 }
 
 static void restore_clear(Checkpointer *k) {
@@ -92,6 +102,10 @@ static void restore_clear(Checkpointer *k) {
                 ps_free(k->loaded[i].state);
         }
         ps_free(k->loaded);
+        for (size_t i = 0; i < k->ntables; i++)
+                k->tables[i] = table_free(k->tables[i]);
+        k->ntables = 0;
+        k->map = shardmap_free(k->map);
         ps_free(k->base);
         ps_free(k->want);
         ps_free(k->lens);
@@ -102,6 +116,10 @@ static void restore_clear(Checkpointer *k) {
         k->want = NULL;
         k->nloaded = 0;
 }
+
+void checkpointer_set_rows(Checkpointer *k, Rows *rows) { k->rows = rows; }
+
+bool checkpoint_loading(const Checkpointer *k) { return k->busy && k->restore; }
 
 void checkpointer_free(Checkpointer *k) {
         if (!k)
@@ -214,16 +232,56 @@ static void bsp_cut_chunk(Store *s, Chunk *c, void *ud) {
                 b->ready = 0;
 }
 
-/* Whether the chunks this shard leads stand at the boundary: 1 yes, 0 not
- * yet, -1 past it (err says). */
+/* Whether the tables stand at the boundary B: 1 yes, 0 not yet, -1 past it
+ * (err says). BSP: clock B - 1 closed (and B not). ASP/SSP: every member
+ * pushed each table at B - 1 (a worker pushes every table to every shard
+ * each clock, empty where it has no row there), or completed B clocks of
+ * the chunks here (it pushes its rows before its chunks; a worker that
+ * joined at B or later). */
+static int rows_at_boundary(Checkpointer *k, const GateCfg *cfg, char *err, size_t n) {
+        const Gate *g = k->g;
+        int64_t want = k->clock - 1, lo, hi;
+        if (!k->rows || rows_ntables(k->rows) == 0)
+                return 1;
+        if (cfg->mode == MODE_BSP) {
+                rows_closed(k->rows, &lo, &hi);
+                if (hi > want) {
+                        snprintf(err, n, "a table's clock %ld closed here, past the boundary %ld", (long) hi,
+                                 (long) k->clock);
+                        return -1;
+                }
+                return lo >= want;
+        }
+        for (size_t i = 0; i < cfg->nmembers; i++) {
+                uint32_t w = cfg->members[i];
+                rows_worker_clocks(k->rows, w, &lo, &hi);
+                if (hi > want) {
+                        snprintf(err, n, "worker %u pushed rows of clock %ld, past the boundary %ld", w, (long) hi,
+                                 (long) k->clock);
+                        return -1;
+                }
+                int64_t wc = w < g->nwclock ? g->wclock[w] : -1;
+                if (lo < want && wc < k->clock)
+                        return 0;
+        }
+        return 1;
+}
+
+/* Whether the chunks this shard leads and its tables' rows stand at the
+ * boundary: 1 yes, 0 not yet, -1 past it (err says). */
 static int at_boundary(Checkpointer *k, char *err, size_t n) {
         Store *s = k->s;
         const Gate *g = k->g;
         const GateCfg *cfg = gate_cfg(g, k->clock);
         if (store_incoming(s) > 0)
                 return 0;
-        if (s->stats.nkeys == s->stats.backup_keys || s->job.mode == MODE_FED)
-                return 1; /* nothing of its own to cut; or between two rounds, which pscoord holds */
+        if (s->job.mode == MODE_FED)
+                return 1; /* between two rounds, which pscoord holds */
+        int rows = rows_at_boundary(k, cfg, err, n);
+        if (rows <= 0)
+                return rows;
+        if (s->stats.nkeys == s->stats.backup_keys)
+                return 1; /* no chunk of its own to cut */
         if (cfg->mode == MODE_BSP) {
                 BspCut b = { .clock = k->clock, .ready = 1 };
                 store_foreach(s, bsp_cut_chunk, &b);
@@ -311,8 +369,14 @@ static void after_work(uv_work_t *w, int status) {
                                  l->e.tensor, l->e.chunk, k->name, strerror(-e));
                 }
         }
+        if (r == 0 && k->ntables) {
+                rows_adopt(k->rows, k->tables, k->ntables, k->clock);
+                for (size_t i = 0; i < k->ntables; i++)
+                        k->tables[i] = NULL; /* the rows' now */
+        }
         s->restoring = false;
         k->restored = k->nloaded; /* for the answer */
+        uint64_t rows_loaded = k->rows_loaded;
         restore_clear(k);
         if (k->seed) {
                 k->seed = false;
@@ -346,8 +410,9 @@ static void after_work(uv_work_t *w, int status) {
                 log_error("restore failed name=%s reason=\"%s\"", k->name, k->reason);
                 answer(k, PSNET__STATUS__STATUS_INTERNAL, k->reason);
         } else {
-                log_info("restored name=%s clock=%ld keys=%zu bytes=%lu ms=%lu", k->name, (long) k->clock, installed,
-                         (unsigned long) k->bytes, (unsigned long) (now_ms() - k->started));
+                log_info("restored name=%s clock=%ld keys=%zu rows=%lu bytes=%lu ms=%lu", k->name, (long) k->clock,
+                         installed, (unsigned long) rows_loaded, (unsigned long) k->bytes,
+                         (unsigned long) (now_ms() - k->started));
                 answer(k, PSNET__STATUS__STATUS_OK, NULL);
         }
 }
@@ -388,16 +453,27 @@ static void snapshot_chunk(Store *s, Chunk *ch, void *ud) {
 static int snapshot(Checkpointer *k) {
         Store *s = k->s;
         uint64_t n = s->stats.nkeys - s->stats.backup_keys;
-        k->recs = ps_calloc(n ? n : 1, sizeof *k->recs);
-        k->vals = ps_calloc(n ? n : 1, sizeof *k->vals);
+        size_t blocks = k->rows ? rows_blocks(k->rows) : 0;
+        k->recs = ps_calloc(n + blocks ? n + blocks : 1, sizeof *k->recs);
+        k->vals = ps_calloc(n + blocks ? n + blocks : 1, sizeof *k->vals);
         if (!k->recs || !k->vals)
                 return -ENOMEM;
         k->cap = (size_t) n;
+        k->nrecs_dense = (size_t) n; /* save_clear frees these as chunks' */
         k->per = (uint32_t) job_state_per_value(&s->job);
         k->job = s->job.id;
         k->err = 0;
         store_foreach(s, snapshot_chunk, k);
-        return k->err;
+        k->nrecs_dense = k->n;
+        if (k->err < 0 || !blocks)
+                return k->err;
+        /* The tables' rows, copied (the loop stalls for the copy: about a
+         * second for a GiB of rows). */
+        long m = rows_snapshot(k->rows, k->clock, k->recs + k->n);
+        if (m < 0)
+                return (int) m;
+        k->n += (size_t) m;
+        return 0;
 }
 
 void checkpoint_poll(Checkpointer *k) {
@@ -406,6 +482,8 @@ void checkpoint_poll(Checkpointer *k) {
                 return;
         Store *s = k->s;
         bool fed = s->has_job && s->job.mode == MODE_FED;
+        if (k->rows && k->g->fenced && !fed)
+                rows_settle(k->rows, k->g->fence_limit); /* the boundary may have moved the fence's limit */
         int ready = s->has_job ? at_boundary(k, err, sizeof err) : -1;
         if (ready == 0 && (k->g->fenced || fed))
                 return; /* a federated job's keys moving in: pscoord's --checkpoint-timeout bounds it */
@@ -426,6 +504,8 @@ void checkpoint_poll(Checkpointer *k) {
                 k->g->fenced = false;
                 (void) gate_settle(k->g);
                 gate_wake(k->g);
+                if (k->rows)
+                        rows_settle(k->rows, INT64_MAX);
         }
         if (r < 0) {
                 save_clear(k);
@@ -433,8 +513,8 @@ void checkpoint_poll(Checkpointer *k) {
                        r == -ENOMEM ? "out of memory taking the snapshot" : "the shard's key count is wrong");
                 return;
         }
-        log_info("checkpoint snapshot name=%s clock=%ld chunks=%zu wait_ms=%lu", k->name, (long) k->clock, k->n,
-                 (unsigned long) (now_ms() - k->started));
+        log_info("checkpoint snapshot name=%s clock=%ld chunks=%zu row_blocks=%zu wait_ms=%lu", k->name,
+                 (long) k->clock, k->nrecs_dense, k->n - k->nrecs_dense, (unsigned long) (now_ms() - k->started));
         k->busy = true;
         r = uv_queue_work(k->loop, &k->work, save_work, after_work);
         if (r < 0) {
@@ -446,6 +526,52 @@ void checkpoint_poll(Checkpointer *k) {
 }
 
 /* --- restore --------------------------------------------------------------------------- */
+
+/* A record of table rows (entry e of file path, read by rd): the rows the
+ * map places on this shard go into their table. 0, or an error with
+ * k->reason saying what. */
+static int restore_rows(Checkpointer *k, CkptReader *rd, size_t i, const CkptEntry *e, const char *path) {
+        uint32_t t = e->tensor & ~CKPT_ROWS;
+        size_t per = t < k->ntables ? table_row_floats(k->tables[t]) : 0;
+        if (t >= k->ntables || (uint64_t) e->nlast * per != e->len) {
+                snprintf(k->reason, sizeof k->reason, "%s: a block of %u rows of %u floats of table %u: not one of "
+                         "the job's tables", path, e->nlast, e->nlast ? e->len / e->nlast : 0, t);
+                return -EBADMSG;
+        }
+        if (!e->nlast)
+                return 0;
+        _cleanup_free_ int64_t *ids = ps_malloc((size_t) e->nlast * sizeof *ids);
+        _cleanup_free_ float *rows = ps_malloc((size_t) e->len * sizeof *rows);
+        if (!ids || !rows) {
+                snprintf(k->reason, sizeof k->reason, "out of memory");
+                return -ENOMEM;
+        }
+        void *parts[2] = { ids, rows };
+        uint64_t lens[2] = { (uint64_t) e->nlast * 8, (uint64_t) e->len * 4 };
+        int r = ckpt_read_parts(rd, i, parts, lens, 2, k->reason, sizeof k->reason);
+        if (r < 0)
+                return r;
+        int me = shardmap_find(k->map, k->shard);
+        size_t kept = 0;
+        for (size_t j = 0; j < e->nlast; j++) {
+                if (shardmap_row_holder(k->map, t, ids[j], 0) != me)
+                        continue;
+                ids[kept] = ids[j];
+                if (kept != j)
+                        memcpy(rows + kept * per, rows + j * per, per * sizeof *rows);
+                kept++;
+        }
+        char why[160];
+        r = table_import(k->tables[t], ids, kept, rows, why, sizeof why);
+        if (r < 0) {
+                snprintf(k->reason, sizeof k->reason, "%s: table %s: %s", path, k->tconf[t].name,
+                         r == -ENOMEM ? "out of memory" : r == -EINVAL ? "a row twice in the checkpoint" : why);
+                return r == -ENOSPC ? -ENOSPC : r == -ENOMEM ? -ENOMEM : -EBADMSG;
+        }
+        k->rows_loaded += kept;
+        k->bytes += e->bytes;
+        return 0;
+}
 
 static void restore_work(uv_work_t *w) {
         Checkpointer *k = w->data;
@@ -481,6 +607,10 @@ static void restore_work(uv_work_t *w) {
                 }
                 for (uint32_t i = 0; r == 0 && i < h->nrec; i++) {
                         const CkptEntry *e = ckpt_entry(rd, i);
+                        if (e->tensor & CKPT_ROWS) {
+                                r = restore_rows(k, rd, i, e, path);
+                                continue;
+                        }
                         if (e->tensor >= k->ntensors || e->chunk >= k->nchunks[e->tensor] ||
                             e->len != k->lens[k->base[e->tensor] + e->chunk]) {
                                 snprintf(k->reason, sizeof k->reason, "%s: key (%u,%u) of %u values is not the "
@@ -563,6 +693,29 @@ static int restore_setup(Checkpointer *k) {
                         k->want[k->base[t] + c] = !s->chunks[t][c] &&
                                                   shardmap_holder_rank(s->map, t, c, s->shard_id) >= 0;
                 }
+        k->rows_loaded = 0;
+        return 0;
+}
+
+/* A restore's tables, empty, to be filled in the thread pool; and the map
+ * that places their rows. */
+static int restore_tables_setup(Checkpointer *k) {
+        Store *s = k->s;
+        size_t n = k->rows ? rows_ntables(k->rows) : 0;
+        if (!n)
+                return 0;
+        k->map = shardmap_dup(s->map);
+        if (!k->map)
+                return -ENOMEM;
+        for (size_t i = 0; i < n; i++) {
+                char why[160];
+                k->tconf[i] = *rows_conf(k->rows, i);
+                int r = table_new(&k->tconf[i], &k->tables[i], why, sizeof why);
+                if (r < 0)
+                        return r;
+                k->ntables = i + 1;
+                table_tick(k->tables[i], k->clock); /* ttl counts from the checkpoint's clock */
+        }
         return 0;
 }
 
@@ -571,12 +724,16 @@ int checkpoint_restore(Checkpointer *k, const char *name, const char *dir, int64
         if (k->busy || k->save_pending || !s->has_job || !s->map || !ckpt_name_valid(name) || !dir || dir[0] != '/' ||
             strlen(dir) >= sizeof k->dir)
                 return -EINVAL;
+        k->clock = clock;
         int r = restore_setup(k);
-        if (r < 0)
+        if (r == 0)
+                r = restore_tables_setup(k);
+        if (r < 0) {
+                restore_clear(k);
                 return r;
+        }
         k->restore = true;
         k->seq = 0;
-        k->clock = clock;
         k->per = (uint32_t) job_state_per_value(&s->job);
         k->started = now_ms();
         k->err = 0;

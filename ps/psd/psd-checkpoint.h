@@ -15,12 +15,21 @@
  * chunk from the seed, reads the keys the map gives it (as primary or backup)
  * from the checkpoint's files in the thread pool, checks every checksum, and
  * installs them; until then they answer MIGRATING. It tells pscoord when it is
- * done, or which file and key failed (pscoord fails the job with it). */
+ * done, or which file and key failed (pscoord fails the job with it).
+ *
+ * Tables (psd-rows.h) go with them: the cut also waits until every table's
+ * rows stand at B (BSP: clock B - 1 closed; ASP/SSP: every member pushed
+ * each table at B - 1, or completed B clocks of the chunks here), the
+ * snapshot copies the rows (blocks of CKPT_ROWS records in the same file),
+ * and a restore reads the rows of every file, keeps those the first map
+ * places here (rendezvous hashing: onto any number of shards), builds the
+ * tables in the thread pool and swaps them in. */
 #pragma once
 #include <stdbool.h>
 #include <stdint.h>
 #include <uv.h>
 #include "psd-gate.h"
+#include "psd-rows.h"
 
 typedef struct Checkpointer Checkpointer;
 
@@ -30,6 +39,13 @@ typedef void (*CheckpointDoneFn)(void *ud, uint64_t seq, const Psnet__Checkpoint
 
 int checkpointer_new(Gate *g, uv_loop_t *loop, uint32_t shard, CheckpointDoneFn done, void *ud,
                      Checkpointer **ret);
+/* The job's tables (psd-rows.h), saved and restored with the chunks: a
+ * save's cut waits for them to stand at its clock too; a restore loads the
+ * rows this shard holds under the job's first map from every file. */
+void checkpointer_set_rows(Checkpointer *k, Rows *rows);
+/* Whether a restore or a seed is being loaded (the tables' rows answer
+ * UNAVAILABLE meanwhile: they are swapped in at the end). */
+bool checkpoint_loading(const Checkpointer *k);
 /* Frees it; a write or load in flight finishes first (the loop runs until it has). */
 void checkpointer_free(Checkpointer *k);
 

@@ -41,6 +41,7 @@ struct Rows {
         ConsistencyMode mode;
         Parked *parked[JOB_MAX_TABLES];
         size_t nparked[JOB_MAX_TABLES];
+        int64_t closed[JOB_MAX_TABLES]; /* BSP: the last clock closed (-1: none) */
         RowsHooks hooks;
         RowsStats stats;
 };
@@ -111,6 +112,7 @@ int rows_configure(Rows *r, const Job *job, char *why, size_t n) {
                                          e == -ENOMEM ? "out of memory" : w);
                         return e;
                 }
+                r->closed[i] = -1;
                 r->ntables = i + 1;
         }
         return 0;
@@ -431,6 +433,7 @@ void rows_settle(Rows *r, int64_t limit) {
                         }
                         memmove(p, p + np, (r->nparked[i] - np) * sizeof *p);
                         r->nparked[i] -= np;
+                        r->closed[i] = clock;
                 }
         }
 }
@@ -481,6 +484,22 @@ int rows_scan(Rows *r, const Psnet__Header *h, zmq_msg_t *ret, bool *ret_more, u
         return PSNET__STATUS__STATUS_OK;
 }
 
+/* --- checkpoints ---------------------------------------------------------------------------- */
+
+size_t rows_ntables(const Rows *r) { return r->ntables; }
+
+const TableConf *rows_conf(const Rows *r, size_t i) { return i < r->ntables ? &r->conf[i] : NULL; }
+
+void rows_closed(const Rows *r, int64_t *ret_lo, int64_t *ret_hi) {
+        int64_t lo = -1, hi = -1;
+        for (size_t i = 0; i < r->ntables; i++) {
+                lo = i == 0 ? r->closed[i] : MIN(lo, r->closed[i]);
+                hi = MAX(hi, r->closed[i]);
+        }
+        *ret_lo = lo;
+        *ret_hi = hi;
+}
+
 void rows_worker_clocks(const Rows *r, uint32_t worker, int64_t *ret_lo, int64_t *ret_hi) {
         int64_t lo = -1, hi = -1;
         for (size_t i = 0; i < r->ntables; i++) {
@@ -493,4 +512,61 @@ void rows_worker_clocks(const Rows *r, uint32_t worker, int64_t *ret_lo, int64_t
         }
         *ret_lo = lo;
         *ret_hi = hi;
+}
+
+/* Rows a record holds of table i: within both of the file's bounds. */
+static size_t block_rows(const Rows *r, size_t i) {
+        size_t per = table_row_floats(r->tables[i]);
+        return MIN((size_t) CKPT_MAX_NLAST, (size_t) CKPT_MAX_LEN / per);
+}
+
+size_t rows_blocks(const Rows *r) {
+        size_t n = 0;
+        for (size_t i = 0; i < r->ntables; i++) {
+                size_t b = block_rows(r, i);
+                n += (table_size(r->tables[i]) + b - 1) / b;
+        }
+        return n;
+}
+
+void rows_records_free(CkptRecord *recs, size_t n) {
+        for (size_t k = 0; k < n; k++) {
+                ps_free((void *) recs[k].last_clocks);
+                ps_free((void *) recs[k].values);
+                recs[k].last_clocks = NULL;
+                recs[k].values = NULL;
+        }
+}
+
+long rows_snapshot(const Rows *r, int64_t clock, CkptRecord *out) {
+        size_t n = 0;
+        for (size_t i = 0; i < r->ntables; i++) {
+                const Table *t = r->tables[i];
+                size_t per = table_row_floats(t), b = block_rows(r, i), total = table_size(t);
+                for (size_t from = 0, block = 0; from < total; from += b, block++) {
+                        size_t m = MIN(b, total - from);
+                        int64_t *ids = ps_malloc(m * sizeof *ids);
+                        float *rows = ps_malloc(m * per * sizeof *rows);
+                        out[n] = (CkptRecord) { .tensor = CKPT_ROWS | (uint32_t) i, .chunk = (uint32_t) block,
+                                                .len = (uint32_t) (m * per), .nlast = (uint32_t) m, .clock = clock,
+                                                .last_clocks = ids, .values = rows };
+                        n++;
+                        if (!ids || !rows) {
+                                rows_records_free(out, n);
+                                return -ENOMEM;
+                        }
+                        (void) table_dump(t, from, m, ids, rows);
+                }
+        }
+        return (long) n;
+}
+
+void rows_adopt(Rows *r, Table *const *tables, size_t n, int64_t clock) {
+        for (size_t i = 0; i < n && i < r->ntables; i++) {
+                if (tables[i]) {
+                        table_free(r->tables[i]);
+                        r->tables[i] = tables[i];
+                }
+                r->closed[i] = clock - 1;
+        }
 }

@@ -25,6 +25,7 @@
 #include <stdint.h>
 #include <zmq.h>
 #include "job.h"
+#include "ckpt-file.h"
 #include "psnet.pb-c.h"
 #include "psd-table.h"
 #include "shardmap.h"
@@ -83,6 +84,24 @@ void rows_stats(const Rows *r, RowsStats *ret);
 /* Rows held, their bytes and the counts of rows made and dropped in table i
  * (0 when the job has no table i). */
 void rows_table_stats(const Rows *r, size_t i, uint64_t *ret_rows, uint64_t *ret_bytes, TableCounts *ret_counts);
+
+/* --- checkpoints (psd-checkpoint.c) --- */
+size_t rows_ntables(const Rows *r);
+const TableConf *rows_conf(const Rows *r, size_t i);
+/* BSP: the lowest and highest clock closed over the tables (-1: none yet;
+ * both -1 without tables). */
+void rows_closed(const Rows *r, int64_t *ret_lo, int64_t *ret_hi);
 /* The lowest and highest clock worker pushed at over the tables (-1 for a
  * table it has not pushed; both -1 without tables). */
 void rows_worker_clocks(const Rows *r, uint32_t worker, int64_t *ret_lo, int64_t *ret_hi);
+/* The records a snapshot of every table takes (CKPT_ROWS blocks). */
+size_t rows_blocks(const Rows *r);
+/* Copies every table's rows into out[0..rows_blocks) (ids into
+ * last_clocks, rows into values, both allocated: rows_records_free), each
+ * record at clock: the number written, or -ENOMEM (those made freed). */
+long rows_snapshot(const Rows *r, int64_t clock, CkptRecord *out);
+void rows_records_free(CkptRecord *recs, size_t n);
+/* A checkpoint's tables, loaded (by psd-checkpoint.c, off the loop):
+ * tables[i] replaces table i (taken over; NULL keeps it), and the tables'
+ * clocks stand at clock (BSP: clock - 1 closed). */
+void rows_adopt(Rows *r, Table *const *tables, size_t n, int64_t clock);

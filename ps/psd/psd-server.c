@@ -549,6 +549,11 @@ static void psd_handle_rows(void *d, WireMsg *m, void *peer) {
                 psd_reply_error(p, &m->route, h, PSNET__STATUS__STATUS_UNAVAILABLE, PSD_NO_LEASE);
                 return;
         }
+        if (checkpoint_loading(p->ckpt)) {
+                psd_reply_error(p, &m->route, h, PSNET__STATUS__STATUS_UNAVAILABLE,
+                                "the shard is loading the job's rows and chunks: ask again");
+                return;
+        }
         int st;
         if (h->type == PSNET__MSG_TYPE__MSG_ROWS_SCAN) {
                 /* An operator's read of the rows held here (psctl export; with
@@ -1352,6 +1357,7 @@ int psd_run(const PsdConfig *cfg) {
         if (r == 0) {
                 const RowsHooks rh = { .members = psd_rows_members, .ack = psd_rows_ack, .ud = &p };
                 rows_set_hooks(p.rows, &rh);
+                checkpointer_set_rows(p.ckpt, p.rows);
         }
         if (r < 0) {
                 log_error_errno(r, "Failed to allocate the store: %m");

@@ -538,11 +538,20 @@ const float *table_row(const Table *t, int64_t id, uint32_t *ret_steps) {
         return row_at(t, (size_t) r);
 }
 
-size_t table_scan(const Table *t, size_t from, size_t max, int64_t *ids, float *values) {
+/* Rows from..from+max into ids and out, floats of each (dim or all). */
+static size_t copy_rows(const Table *t, size_t from, size_t max, int64_t *ids, float *out, size_t floats) {
         size_t n = 0;
         for (size_t r = from; r < t->nrows && n < max; r++, n++) {
                 ids[n] = id_at(t, r);
-                memcpy(values + n * t->c.dim, row_at(t, r), t->c.dim * sizeof *values);
+                memcpy(out + n * floats, row_at(t, r), floats * sizeof *out);
         }
         return n;
+}
+
+size_t table_scan(const Table *t, size_t from, size_t max, int64_t *ids, float *values) {
+        return copy_rows(t, from, max, ids, values, t->c.dim);
+}
+
+size_t table_dump(const Table *t, size_t from, size_t max, int64_t *ids, float *rows) {
+        return copy_rows(t, from, max, ids, rows, t->per);
 }

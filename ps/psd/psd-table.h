@@ -67,5 +67,8 @@ int table_import(Table *t, const int64_t *ids, size_t n, const float *in, char *
  * in no order of id; a row dropped moves the last one into its number):
  * their ids and values (dim floats each); how many. */
 size_t table_scan(const Table *t, size_t from, size_t max, int64_t *ids, float *values);
+/* The same, whole rows as table_export writes them (table_row_floats each):
+ * a checkpoint's copy of the table. */
+size_t table_dump(const Table *t, size_t from, size_t max, int64_t *ids, float *rows);
 /* The row of id (dim floats) and its step count (adam), or NULL where it has none. */
 const float *table_row(const Table *t, int64_t id, uint32_t *ret_steps);

@@ -7,7 +7,8 @@
 # torch.optim.Adagrad rows, torch.optim.SGD's dense layer and its test AUC;
 # a table pushed twice for a clock is applied once; bad rows messages (NaN,
 # wrong sizes, an unknown table, a stranger) are refused with their reason,
-# nothing of them applied, the shards serving on.
+# nothing of them applied, the shards serving on; a job with a table is
+# checkpointed on two shards and restored onto three (BSP: bit for bit).
 source "$(dirname "$0")/lib.sh"
 
 py_env
@@ -107,4 +108,93 @@ wait $pa; ra=$?
 while IFS= read -r line; do ok 0 "${line#ok: }"; done < <(cat "$RUN/ssp-a.out" "$RUN/ssp-b.out" | grep '^ok: ')
 [ $ra -eq 0 ] && [ $rb -eq 0 ] && [ "$(cat "$RUN/ssp-a.out" "$RUN/ssp-b.out" | grep -c '^ok: ')" -eq 3 ]
 ok $? "two SSP workers train one job with a table (exit $ra $rb$(cat "$RUN/ssp-a.out" "$RUN/ssp-b.out" | grep -m1 '^FAIL' | sed 's/^/; /'))"
+psnet_stop_all
+
+# Checkpoints with a table. A BSP job on two shards is saved while its first
+# worker waits at clock 8, and runs to its end; restored onto three shards it
+# runs again from the checkpoint's clock and ends with the same rows (Adagrad
+# state included) and dense layer, bit for bit. An SSP job is saved and
+# restored onto three shards too: they hold every row the checkpoint holds.
+CK=$RUN/checkpoints
+# table_rows DIR: the rows of the tables' records in checkpoint DIR's files.
+table_rows() {
+  python3 - "$1" <<'PY'
+import glob, struct, sys
+rows = 0
+for f in sorted(glob.glob(sys.argv[1] + "/shard-*.ckpt")):
+    b = open(f, "rb").read()
+    n, = struct.unpack_from("<I", b, 20)
+    for i in range(n):
+        t, c, ln, nl = struct.unpack_from("<IIII", b, 64 + 56 * i)
+        rows += nl if t & 0x80000000 else 0
+print(rows)
+PY
+}
+# loaded_rows TAG: the rows shards 1..3 of run TAG loaded from a checkpoint, and their sum.
+loaded_rows() {
+  local i n sum=0 each=""
+  for i in 1 2 3; do
+    n=$(sed -n 's/.*msg="restored" .* rows=\([0-9]*\) .*/\1/p' "$RUN/psd-$1-$i.log" | tail -1)
+    each="$each ${n:-none}"; sum=$((sum + ${n:-0}))
+  done
+  echo "$sum ($each )"
+}
+# saved_run TAG MODE NAME: two workers of a MODE job on pscoord TAG; the first
+# waits at clock 8 while checkpoint NAME is saved; their rows go to TAG-*.npz.
+saved_run() {
+  local tag=$1 mode=$2 name=$3 pause=$RUN/pause-$1 pa pb ra rb
+  mkdir -p "$pause"
+  "${PY[@]}" "$PYCHECK_SCRIPT" ckpt-worker "$COORD" "$DATA" "$RUN/$tag-a.npz" "$mode" "$pause" \
+    >"$RUN/$tag-a.out" 2>"$RUN/$tag-a.log" & pa=$!
+  "${PY[@]}" "$PYCHECK_SCRIPT" ckpt-worker "$COORD" "$DATA" "$RUN/$tag-b.npz" "$mode" "$pause" \
+    >"$RUN/$tag-b.out" 2>"$RUN/$tag-b.log" & pb=$!
+  psnet_wait_for 120 test -f "$pause/at"; ok $? "$mode run $tag: the first worker waits at clock 8"
+  "$PSCTL" --coord "$COORD" checkpoint save "$name" >"$RUN/$tag-save.out" 2>&1 & local ps=$!
+  psnet_wait_for 30 logs_match 'msg="checkpoint started"' "pscoord-$tag.log"
+  ok $? "pscoord picks the checkpoint's clock and asks the shards to write"
+  touch "$pause/go"
+  wait $ps; ok $? "psctl checkpoint save $name ($(cat "$RUN/$tag-save.out"))"
+  wait $pa; ra=$?; wait $pb; rb=$?
+  [ $ra -eq 0 ] && [ $rb -eq 0 ]; ok $? "$mode run $tag ends (exit $ra $rb)"
+}
+restored_run() {  # restored_run TAG MODE NAME: the same from checkpoint NAME on three shards
+  local tag=$1 mode=$2 name=$3 pa pb ra rb
+  start_cluster "$tag" 3 --checkpoint-dir "$CK" --restore "$name"
+  "${PY[@]}" "$PYCHECK_SCRIPT" ckpt-worker "$COORD" "$DATA" "$RUN/$tag-a.npz" "$mode" \
+    >"$RUN/$tag-a.out" 2>"$RUN/$tag-a.log" & pa=$!
+  "${PY[@]}" "$PYCHECK_SCRIPT" ckpt-worker "$COORD" "$DATA" "$RUN/$tag-b.npz" "$mode" \
+    >"$RUN/$tag-b.out" 2>"$RUN/$tag-b.log" & pb=$!
+  psnet_wait_for 60 logs_match 'msg="shard restored"' "pscoord-$tag.log"
+  ok $? "the shards load checkpoint $name once the workers joined"
+  wait $pa; ra=$?; wait $pb; rb=$?
+  [ $ra -eq 0 ] && [ $rb -eq 0 ] && grep -q "trained clocks $B to" "$RUN/$tag-a.out"
+  ok $? "restored onto three shards, the $mode job trains on from clock $B (exit $ra $rb: $(cat "$RUN/$tag-a.out"))"
+}
+
+start_cluster ckbsp 2 --checkpoint-dir "$CK"
+saved_run ckbsp bsp mid
+B=$(sed -n 's/.*saved: clock \([0-9]*\),.*/\1/p' "$RUN/ckbsp-save.out")
+[ "${B:-0}" -ge 9 ] && [ "${B:-99}" -lt 24 ]; ok $? "the checkpoint's clock is past the wait and short of the end (${B:-none})"
+saved=$(table_rows "$CK/mid")
+grep -q "row_blocks=[1-9]" "$RUN"/psd-ckbsp-1.log && grep -q "row_blocks=[1-9]" "$RUN"/psd-ckbsp-2.log &&
+  [ "$saved" -gt 1000 ]
+ok $? "each shard's file holds its rows of table w ($saved rows in all)"
+psnet_stop_all
+restored_run ckbsp3 bsp mid
+held=$(loaded_rows ckbsp3)
+[ "${held%% *}" = "$saved" ] && ! grep -q "none\| 0 " <<<"$held"
+ok $? "each of three shards loaded its share of the checkpoint's $saved rows: $held"
+PYCHECK_SCRIPT=$PSNET_SRC/tests/integration/torch-tables.py \
+  pycheck ckpt-compare ckpt-compare "$RUN/ckbsp-a.npz" "$RUN/ckbsp3-a.npz" "BSP restored onto 3 shards from 2"
+psnet_stop_all
+
+start_cluster ckssp 2 --checkpoint-dir "$CK"
+saved_run ckssp ssp:1 sspmid
+B=$(sed -n 's/.*saved: clock \([0-9]*\),.*/\1/p' "$RUN/ckssp-save.out")
+saved=$(table_rows "$CK/sspmid")
+psnet_stop_all
+restored_run ckssp3 ssp:1 sspmid
+held=$(loaded_rows ckssp3)
+[ "$saved" -gt 1000 ] && [ "${held%% *}" = "$saved" ] && ! grep -q "none\| 0 " <<<"$held"
+ok $? "the three shards loaded the SSP checkpoint's $saved rows between them: $held"
 psnet_stop_all

@@ -12,6 +12,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 
 import numpy as np
 import torch
@@ -149,6 +150,48 @@ def check_bsp_worker(coord, data, out):
     rank = opt.rank
     opt.finish()
     say(f"worker {rank} trained {BSP_STEPS} BSP steps")
+
+
+CKPT_STEPS, CKPT_PAUSE = 24, 8
+
+
+def check_ckpt_worker(coord, data, out, mode, pause_dir=""):
+    """One of two workers of a job saved mid-run or restored: it trains
+    from the job's clock to CKPT_STEPS, the batch of each step chosen by the
+    clock (so a restored run takes the batches the first took); with
+    pause_dir, the first waits at clock CKPT_PAUSE (it writes pause_dir/at,
+    waits for pause_dir/go) while the test starts a checkpoint. The rows of
+    every id and the dense layer at the end go to out (.npz)."""
+    xs, xd, y = load(data, "train")
+    model = LR(xd.shape[1])
+    opt = psnet.torch.Optimizer(model, coord, optim="sgd", lr=LR_DENSE, mode=mode, workers=2, progress=False)
+    vocab = np.unique(xs[xs >= 0].numpy())
+    loss_fn = nn.BCEWithLogitsLoss()
+    first = opt.clock
+    while opt.clock < CKPT_STEPS:
+        if pause_dir and opt.rank == 0 and opt.clock == CKPT_PAUSE:
+            open(f"{pause_dir}/at", "w").close()
+            while not os.path.exists(f"{pause_dir}/go"):
+                time.sleep(0.01)  # the test's signal: it started the checkpoint
+        b = slice((2 * opt.clock + opt.rank) * BATCH, (2 * opt.clock + opt.rank + 1) * BATCH)
+        opt.zero_grad()
+        loss_fn(model(xs[b], xd[b]), y[b]).backward()
+        opt.step()
+    rows = opt.w.pull_rows("w", vocab, opt.clock)
+    dense = [p.detach().clone().numpy() for p in model.dense.parameters()]
+    np.savez(out, rows=rows, w=dense[0], b=dense[1])
+    rank = opt.rank
+    opt.finish()
+    say(f"worker {rank} trained clocks {first} to {CKPT_STEPS} ({mode})")
+
+
+def check_ckpt_compare(a, b, what):
+    """Two runs end with the same rows and dense layer, bit for bit."""
+    A, B = np.load(a), np.load(b)
+    diff = [k for k in ("rows", "w", "b") if not np.array_equal(A[k], B[k])]
+    if diff:
+        fail(f"{what}: {', '.join(diff)} differ (rows by up to {float(np.abs(A['rows'] - B['rows']).max()):.3g})")
+    say(f"{what}: the same {A['rows'].shape[0]} rows and dense layer at the end, bit for bit")
 
 
 def check_ssp_worker(coord, data, *shards):
@@ -429,7 +472,8 @@ def main():
     check, args = sys.argv[1], sys.argv[2:]
     try:
         {"lr": check_lr, "bsp-worker": check_bsp_worker, "bsp-compare": check_bsp_compare, "ssp-worker": check_ssp_worker,
-         "bounds": check_bounds, "export": check_export, "cache": check_cache}[check](*args)
+         "bounds": check_bounds, "export": check_export, "cache": check_cache, "ckpt-worker": check_ckpt_worker,
+         "ckpt-compare": check_ckpt_compare}[check](*args)
     except PsnetError as e:
         fail(f"{check}: {e}")
 

@@ -6,7 +6,8 @@
  * non-finite value, the norm bound, the memory limit, a wrong row width, an
  * unknown table) applying nothing; under BSP, the members' pushes of a
  * clock parked until the last, then their mean applied once and each
- * acknowledged, a pull past an open clock asked to wait. */
+ * acknowledged, a pull past an open clock asked to wait; a checkpoint's
+ * copy of the rows loads back bit for bit. */
 #include <errno.h>
 #include <math.h>
 #include <string.h>
@@ -73,6 +74,44 @@ static void ack(void *ud, const zmq_msg_t *route, uint64_t seq, int64_t clock, i
         ack_status = status;
 }
 
+/* A checkpoint's copy of the tables: records that load into empty tables
+ * (as a restore does) with every row as it was, bit for bit; adopted, the
+ * tables stand at the restore's clock. */
+static void test_snapshot(const Job *job, const int64_t *mine, const float *want) {
+        size_t nb = rows_blocks(rows);
+        CkptRecord recs[4];
+        long n = nb <= 4 ? rows_snapshot(rows, 2, recs) : -1;
+        CHECK(n == (long) nb && n == 1 && recs[0].tensor == CKPT_ROWS && recs[0].nlast == 2 && recs[0].clock == 2, "one record of table 0's 2 rows (%ld)", n);
+        if (n != 1)
+                return;
+        Table *t[JOB_MAX_TABLES] = { 0 };
+        char why[160] = "";
+        bool ok = true;
+        for (size_t i = 0; i < rows_ntables(rows); i++)
+                ok &= table_new(rows_conf(rows, i), &t[i], why, sizeof why) == 0;
+        ok &= ok && table_import(t[0], recs[0].last_clocks, recs[0].nlast, recs[0].values, why, sizeof why) == 0;
+        rows_records_free(recs, 1);
+        Rows *r2 = NULL;
+        ok &= rows_new(&r2) == 0 && rows_configure(r2, job, why, sizeof why) == 0;
+        CHECK(ok, "the rows load into empty tables (%s)", why);
+        if (!ok) {
+                for (size_t i = 0; i < JOB_MAX_TABLES; i++)
+                        table_free(t[i]);
+                rows_free(r2);
+                return;
+        }
+        rows_adopt(r2, t, rows_ntables(r2), 2);
+        Rows *was = rows;
+        rows = r2;
+        float got[4];
+        int64_t lo, hi;
+        rows_closed(rows, &lo, &hi);
+        CHECK(pull(0, mine, 2, got, 2, why) == 0 && memcmp(got, want, sizeof got) == 0 && lo == 1 && hi == 1,
+              "restored: the same rows bit for bit, clock 1 closed (%ld)", (long) lo);
+        rows = was;
+        rows_free(r2);
+}
+
 static void test_bsp(Job job, const int64_t *mine) {
         char why[160] = "";
         job.mode = MODE_BSP;
@@ -114,6 +153,13 @@ static void test_bsp(Job job, const int64_t *mine) {
         pull(0, mine, 2, before, 2, why);
         CHECK(st == ROWS_PARKED && acks == 4 && before[0] == after[0] - 0.5f * 1.0f,
               "with it clock 1 closes: worker 8's rows over 2 members (%d acks)", acks);
+        int64_t lo, hi, wlo, whi;
+        rows_closed(rows, &lo, &hi);
+        rows_worker_clocks(rows, 7, &wlo, &whi);
+        CHECK(lo == -1 && hi == 1 && wlo == -1 && whi == 1, "a checkpoint's cut sees table 0 at clock 1 and table 1, "
+              "never pushed, at none (%ld %ld); worker 7 the same (%ld %ld)", (long) lo, (long) hi, (long) wlo,
+              (long) whi);
+        test_snapshot(&job, mine, before);
         int64_t twice[2] = { mine[0], mine[0] };
         st = push(0, 7, 2, twice, 2, g7, 4, UINT64_MAX, why);
         CHECK(st == PSNET__STATUS__STATUS_INVALID && strstr(why, "twice"), "an id twice is refused, not parked (%s)",
