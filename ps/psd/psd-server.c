@@ -875,6 +875,19 @@ static void psd_fence(Psd *p, const Psnet__Header *h) {
         Psnet__Header r;
         int64_t slowest, fastest;
         fr.max_clock = gate_fence(p->gate, &slowest, &fastest);
+        /* ASP/SSP: a member's clocks completed here count its tables'
+         * pushes too (a shard may hold rows and no chunk; a worker may push
+         * rows of a clock before its chunks): the boundary comes past them,
+         * and no pull past them is answered meanwhile. */
+        const GateCfg *cfg = &p->gate->cur;
+        for (size_t i = 0; cfg->mode != MODE_BSP && i < cfg->nmembers; i++) {
+                int64_t lo, hi;
+                rows_worker_clocks(p->rows, cfg->members[i], &lo, &hi);
+                if (hi + 1 > fastest) {
+                        fastest = hi + 1;
+                        p->gate->fence_pull_limit = fastest + 1;
+                }
+        }
         fr.min_worker_clock = slowest;
         fr.max_worker_clock = fastest;
         wire_header_init(&r, PSNET__MSG_TYPE__MSG_FENCE_REP);
