@@ -216,7 +216,15 @@ static void encode_entry(uint8_t *p, const CkptEntry *e) {
 
 int ckpt_write(const char *dir, const char *name, uint32_t shard, uint32_t job, int64_t clock, uint32_t per,
                const CkptRecord *recs, size_t n, CkptFileInfo *ret, char *err, size_t errn) {
+        return ckpt_write_fill(dir, name, shard, job, clock, per, recs, n, NULL, NULL, ret, err, errn);
+}
+
+int ckpt_write_fill(const char *dir, const char *name, uint32_t shard, uint32_t job, int64_t clock, uint32_t per,
+                    const CkptRecord *recs, size_t n, CkptFillFn fill, void *ud, CkptFileInfo *ret, char *err,
+                    size_t errn) {
         char path[PATH_MAX], tmp[PATH_MAX];
+        uint8_t *scratch = NULL;        /* records filled as they are written: the largest one's */
+        uint64_t scratch_bytes = 0;
         const char *what = "writing";
         if (n > CKPT_MAX_RECORDS || per > CKPT_MAX_PER || snprintf(path, sizeof path, "%s/%s", dir, name) >= PATH_MAX ||
             snprintf(tmp, sizeof tmp, "%s/%s.tmp", dir, name) >= PATH_MAX) {
@@ -238,7 +246,34 @@ int ckpt_write(const char *dir, const char *name, uint32_t shard, uint32_t job, 
         /* Header and index last, once the records' offsets and CRCs are known. */
         uint64_t off = CKPT_HEADER_BYTES + index_bytes;
         for (size_t i = 0; i < n && r == 0; i++) {
+                CkptRecord filled;
                 const CkptRecord *c = &recs[i];
+                if (!c->values) {
+                        uint64_t need = (uint64_t) c->nlast * 8u + (uint64_t) c->len * 4u;
+                        if (!fill || c->len > CKPT_MAX_LEN || c->nlast > CKPT_MAX_NLAST) {
+                                r = -EINVAL;
+                                break;
+                        }
+                        if (need > scratch_bytes) {
+                                ps_free(scratch);
+                                scratch_bytes = 0;
+                                if (!(scratch = ps_malloc(need ? need : 1))) {
+                                        r = -ENOMEM;
+                                        what = "filling";
+                                        break;
+                                }
+                                scratch_bytes = need;
+                        }
+                        filled = *c;
+                        filled.last_clocks = (const int64_t *) scratch;
+                        filled.values = (const float *) (scratch + (uint64_t) c->nlast * 8u);
+                        r = fill(ud, c, (int64_t *) scratch, (float *) (scratch + (uint64_t) c->nlast * 8u));
+                        if (r < 0) {
+                                what = "filling";
+                                break;
+                        }
+                        c = &filled;
+                }
                 CkptEntry e = { .tensor = c->tensor, .chunk = c->chunk, .len = c->len, .nlast = c->nlast,
                                 .steps = c->steps, .clock = c->clock, .offset = off,
                                 .bytes = ckpt_record_bytes(c->len, c->nlast, ckpt_record_per(c->tensor, per)) };
@@ -283,6 +318,7 @@ out:
                 snprintf(err, errn, "%s %s: %s", what, tmp, strerror(-r));
                 (void) unlink(tmp);
         }
+        ps_free(scratch);
         ps_free(head);
         return r;
 }

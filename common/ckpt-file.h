@@ -74,6 +74,14 @@ uint64_t ckpt_record_bytes(uint32_t len, uint32_t nlast, uint32_t per);
  * says which file and what failed (e.g. "No space left on device"). */
 int ckpt_write(const char *dir, const char *name, uint32_t shard, uint32_t job, int64_t clock, uint32_t per,
                const CkptRecord *recs, size_t n, CkptFileInfo *ret, char *err, size_t errn);
+/* The same, where a record without values (a table's rows, read as the
+ * file is written rather than copied before) is filled by fill into
+ * last_clocks (nlast int64) and values (len floats) of scratch the writer
+ * holds: 0 or a negative errno (the write fails with it). */
+typedef int (*CkptFillFn)(void *ud, const CkptRecord *rec, int64_t *last_clocks, float *values);
+int ckpt_write_fill(const char *dir, const char *name, uint32_t shard, uint32_t job, int64_t clock, uint32_t per,
+                    const CkptRecord *recs, size_t n, CkptFillFn fill, void *ud, CkptFileInfo *ret, char *err,
+                    size_t errn);
 
 /* The steps of an atomic write, shared with the manifest's: every byte at
  * its offset (short writes retried); then fsync, close (always), rename of tmp

@@ -59,6 +59,7 @@ struct Checkpointer {
         /* the job's tables: saved with the chunks; a restore's built here off the loop */
         Rows *rows;
         size_t nrecs_dense;     /* the snapshot's chunk records; rows records follow */
+        Table *frozen[JOB_MAX_TABLES]; /* a save's tables, read by the writer (rows_snapshot) */
         Table *tables[JOB_MAX_TABLES];
         TableConf tconf[JOB_MAX_TABLES]; /* theirs, copied for the thread */
         size_t ntables;
@@ -78,8 +79,6 @@ int checkpointer_new(Gate *g, uv_loop_t *loop, uint32_t shard, CheckpointDoneFn 
 }
 
 static void save_clear(Checkpointer *k) {
-        if (k->recs && k->n > k->nrecs_dense)
-                rows_records_free(k->recs + k->nrecs_dense, k->n - k->nrecs_dense);
         for (size_t i = 0; i < MIN(k->n, k->nrecs_dense); i++) {
                 if (k->vals && k->vals[i])
                         store_value_unref(k->vals[i]);
@@ -304,13 +303,33 @@ static int at_boundary(Checkpointer *k, char *err, size_t n) {
         return 1;
 }
 
+/* CkptFillFn: a block of a table's rows, read from the frozen table as
+ * the file is written (no copy of the table is made). */
+static int fill_rows(void *ud, const CkptRecord *rec, int64_t *ids, float *rows) {
+        Checkpointer *k = ud;
+        uint32_t t = rec->tensor & ~CKPT_ROWS;
+        if (t >= JOB_MAX_TABLES || !k->frozen[t])
+                return -EINVAL;
+        size_t from = (size_t) rec->chunk * rows_block_rows(k->frozen[t]);
+        return table_dump(k->frozen[t], from, rec->nlast, ids, rows) == rec->nlast ? 0 : -EPROTO;
+}
+
 static void save_work(uv_work_t *w) {
         Checkpointer *k = w->data;
         char file[64];
         /* pscoord made the directory; one it removed (a save given up) stays gone. */
         ckpt_shard_file(k->shard, file, sizeof file);
-        k->err = ckpt_write(k->dir, file, k->shard, k->job, k->clock, k->per, k->recs, k->n, &k->info, k->reason,
-                            sizeof k->reason);
+        k->err = ckpt_write_fill(k->dir, file, k->shard, k->job, k->clock, k->per, k->recs, k->n, fill_rows, k,
+                                 &k->info, k->reason, sizeof k->reason);
+}
+
+/* A save's tables change again. */
+static void thaw(Checkpointer *k) {
+        if (k->rows && k->n > k->nrecs_dense) {
+                rows_thaw(k->rows);
+                rows_settle(k->rows, k->g->fenced ? k->g->fence_limit : INT64_MAX);
+        }
+        memset(k->frozen, 0, sizeof k->frozen);
 }
 
 static void after_work(uv_work_t *w, int status) {
@@ -323,6 +342,7 @@ static void after_work(uv_work_t *w, int status) {
         if (k->freeing)
                 return;
         if (!k->restore) {
+                thaw(k);
                 save_clear(k);
                 if (k->err < 0) {
                         log_error("checkpoint failed name=%s clock=%ld reason=\"%s\"", k->name, (long) k->clock,
@@ -378,6 +398,8 @@ static void after_work(uv_work_t *w, int status) {
         k->restored = k->nloaded; /* for the answer */
         uint64_t rows_loaded = k->rows_loaded;
         restore_clear(k);
+        if (rows_loaded)
+                alloc_purge(); /* the blocks read and the tables' index as it grew: a one-off peak */
         if (k->seed) {
                 k->seed = false;
                 k->restore = false;
@@ -467,12 +489,9 @@ static int snapshot(Checkpointer *k) {
         k->nrecs_dense = k->n;
         if (k->err < 0 || !blocks)
                 return k->err;
-        /* The tables' rows, copied (the loop stalls for the copy: about a
-         * second for a GiB of rows). */
-        long m = rows_snapshot(k->rows, k->clock, k->recs + k->n);
-        if (m < 0)
-                return (int) m;
-        k->n += (size_t) m;
+        /* The tables' rows: their records only; the tables freeze until the
+         * writer has read them (thaw), so no copy of them is made. */
+        k->n += rows_snapshot(k->rows, k->clock, k->recs + k->n, k->frozen);
         return 0;
 }
 
@@ -508,6 +527,7 @@ void checkpoint_poll(Checkpointer *k) {
                         rows_settle(k->rows, INT64_MAX);
         }
         if (r < 0) {
+                thaw(k);
                 save_clear(k);
                 answer(k, r == -ENOMEM ? PSNET__STATUS__STATUS_RESOURCE : PSNET__STATUS__STATUS_INTERNAL,
                        r == -ENOMEM ? "out of memory taking the snapshot" : "the shard's key count is wrong");
@@ -519,6 +539,7 @@ void checkpoint_poll(Checkpointer *k) {
         r = uv_queue_work(k->loop, &k->work, save_work, after_work);
         if (r < 0) {
                 k->busy = false;
+                thaw(k);
                 save_clear(k);
                 snprintf(err, sizeof err, "cannot start the writer: %s", uv_strerror(r));
                 answer(k, PSNET__STATUS__STATUS_INTERNAL, err);

@@ -20,8 +20,10 @@
  * Tables (psd-rows.h) go with them: the cut also waits until every table's
  * rows stand at B (BSP: clock B - 1 closed; ASP/SSP: every member pushed
  * each table at B - 1, or completed B clocks of the chunks here), the
- * snapshot copies the rows (blocks of CKPT_ROWS records in the same file),
- * and a restore reads the rows of every file, keeps those the first map
+ * tables freeze while the writer reads their rows straight into the file
+ * (blocks of CKPT_ROWS records; no copy: a rows push is answered
+ * UNAVAILABLE, a BSP clock of the rows does not close meanwhile, while the
+ * chunks train on), and a restore reads the rows of every file, keeps those the first map
  * places here (rendezvous hashing: onto any number of shards), builds the
  * tables in the thread pool and swaps them in. */
 #pragma once

@@ -42,6 +42,11 @@ struct Rows {
         Parked *parked[JOB_MAX_TABLES];
         size_t nparked[JOB_MAX_TABLES];
         int64_t closed[JOB_MAX_TABLES]; /* BSP: the last clock closed (-1: none) */
+        /* A checkpoint's writer reads the tables: nothing changes them, and
+         * tables a new job drops wait here until it is done. */
+        bool frozen;
+        Table **retired;
+        size_t nretired;
         RowsHooks hooks;
         RowsStats stats;
 };
@@ -69,6 +74,17 @@ int rows_new(Rows **ret) {
         return 0;
 }
 
+/* Frees t, or keeps it for the writer that reads it. */
+static void retire(Rows *r, Table *t) {
+        Table **a = r->frozen && t ? ps_realloc(r->retired, (r->nretired + 1) * sizeof *a) : NULL;
+        if (a) {
+                r->retired = a;
+                a[r->nretired++] = t;
+        } else if (!r->frozen)
+                table_free(t);
+        /* else out of memory: left allocated rather than freed under the writer */
+}
+
 static void drop_tables(Rows *r) {
         for (size_t i = 0; i < r->ntables; i++) {
                 for (size_t k = 0; k < r->nparked[i]; k++)
@@ -76,7 +92,8 @@ static void drop_tables(Rows *r) {
                 ps_free(r->parked[i]);
                 r->parked[i] = NULL;
                 r->nparked[i] = 0;
-                r->tables[i] = table_free(r->tables[i]);
+                retire(r, r->tables[i]);
+                r->tables[i] = NULL;
                 ps_free(r->last[i]);
                 r->last[i] = NULL;
                 r->nlast[i] = 0;
@@ -86,7 +103,9 @@ static void drop_tables(Rows *r) {
 
 Rows *rows_free(Rows *r) {
         if (r) {
+                r->frozen = false; /* the writer is done: the checkpointer goes first */
                 drop_tables(r);
+                rows_thaw(r);
                 ps_free(r);
         }
         return NULL;
@@ -264,6 +283,10 @@ int rows_push(Rows *r, const ShardMap *map, uint32_t self, const Psnet__Header *
         const TableConf *c = st == PSNET__STATUS__STATUS_OK ? &r->conf[h->table] : NULL;
         size_t gb = zmq_msg_size((zmq_msg_t *) &frames[1]);
         LastPush *last = NULL;
+        if (st == PSNET__STATUS__STATUS_OK && r->frozen) {
+                snprintf(reason, n, "the shard is writing table %s to a checkpoint: ask again", c->name);
+                return PSNET__STATUS__STATUS_UNAVAILABLE;
+        }
         if (st == PSNET__STATUS__STATUS_OK && gb != count * c->dim * sizeof(float)) {
                 snprintf(reason, n, "table %s has rows of %u floats: %zu ids take %zu bytes of gradients, not %zu",
                          c->name, c->dim, count, count * c->dim * sizeof(float), gb);
@@ -400,7 +423,7 @@ static int apply_clock(Rows *r, size_t i, const Parked *p, size_t np, size_t nme
 }
 
 void rows_settle(Rows *r, int64_t limit) {
-        if (r->mode != MODE_BSP || !r->hooks.members)
+        if (r->mode != MODE_BSP || !r->hooks.members || r->frozen)
                 return;
         for (size_t i = 0; i < r->ntables; i++) {
                 while (r->nparked[i] > 0) {
@@ -514,51 +537,43 @@ void rows_worker_clocks(const Rows *r, uint32_t worker, int64_t *ret_lo, int64_t
         *ret_hi = hi;
 }
 
-/* Rows a record holds of table i: within both of the file's bounds. */
-static size_t block_rows(const Rows *r, size_t i) {
-        size_t per = table_row_floats(r->tables[i]);
-        return MIN((size_t) CKPT_MAX_NLAST, (size_t) CKPT_MAX_LEN / per);
+size_t rows_block_rows(const Table *t) {
+        return MIN((size_t) CKPT_MAX_NLAST, (size_t) CKPT_MAX_LEN / table_row_floats(t));
 }
 
 size_t rows_blocks(const Rows *r) {
         size_t n = 0;
         for (size_t i = 0; i < r->ntables; i++) {
-                size_t b = block_rows(r, i);
+                size_t b = rows_block_rows(r->tables[i]);
                 n += (table_size(r->tables[i]) + b - 1) / b;
         }
         return n;
 }
 
-void rows_records_free(CkptRecord *recs, size_t n) {
-        for (size_t k = 0; k < n; k++) {
-                ps_free((void *) recs[k].last_clocks);
-                ps_free((void *) recs[k].values);
-                recs[k].last_clocks = NULL;
-                recs[k].values = NULL;
-        }
-}
-
-long rows_snapshot(const Rows *r, int64_t clock, CkptRecord *out) {
+size_t rows_snapshot(Rows *r, int64_t clock, CkptRecord *out, Table **ret_tables) {
         size_t n = 0;
         for (size_t i = 0; i < r->ntables; i++) {
                 const Table *t = r->tables[i];
-                size_t per = table_row_floats(t), b = block_rows(r, i), total = table_size(t);
+                size_t per = table_row_floats(t), b = rows_block_rows(t), total = table_size(t);
+                ret_tables[i] = r->tables[i];
                 for (size_t from = 0, block = 0; from < total; from += b, block++) {
                         size_t m = MIN(b, total - from);
-                        int64_t *ids = ps_malloc(m * sizeof *ids);
-                        float *rows = ps_malloc(m * per * sizeof *rows);
-                        out[n] = (CkptRecord) { .tensor = CKPT_ROWS | (uint32_t) i, .chunk = (uint32_t) block,
-                                                .len = (uint32_t) (m * per), .nlast = (uint32_t) m, .clock = clock,
-                                                .last_clocks = ids, .values = rows };
-                        n++;
-                        if (!ids || !rows) {
-                                rows_records_free(out, n);
-                                return -ENOMEM;
-                        }
-                        (void) table_dump(t, from, m, ids, rows);
+                        out[n++] = (CkptRecord) { .tensor = CKPT_ROWS | (uint32_t) i, .chunk = (uint32_t) block,
+                                                  .len = (uint32_t) (m * per), .nlast = (uint32_t) m,
+                                                  .clock = clock };
                 }
         }
-        return (long) n;
+        r->frozen = true;
+        return n;
+}
+
+void rows_thaw(Rows *r) {
+        r->frozen = false;
+        for (size_t i = 0; i < r->nretired; i++)
+                table_free(r->retired[i]);
+        ps_free(r->retired);
+        r->retired = NULL;
+        r->nretired = 0;
 }
 
 void rows_adopt(Rows *r, Table *const *tables, size_t n, int64_t clock) {

@@ -94,13 +94,20 @@ void rows_closed(const Rows *r, int64_t *ret_lo, int64_t *ret_hi);
 /* The lowest and highest clock worker pushed at over the tables (-1 for a
  * table it has not pushed; both -1 without tables). */
 void rows_worker_clocks(const Rows *r, uint32_t worker, int64_t *ret_lo, int64_t *ret_hi);
-/* The records a snapshot of every table takes (CKPT_ROWS blocks). */
+/* The records a snapshot of every table takes (CKPT_ROWS blocks of
+ * rows_block_rows rows each, the last shorter). */
 size_t rows_blocks(const Rows *r);
-/* Copies every table's rows into out[0..rows_blocks) (ids into
- * last_clocks, rows into values, both allocated: rows_records_free), each
- * record at clock: the number written, or -ENOMEM (those made freed). */
-long rows_snapshot(const Rows *r, int64_t clock, CkptRecord *out);
-void rows_records_free(CkptRecord *recs, size_t n);
+size_t rows_block_rows(const Table *t);
+/* A checkpoint's cut: the records of every table's rows into
+ * out[0..rows_blocks) (without their data: the writer reads it from
+ * ret_tables[table], table_dump, from row chunk x rows_block_rows on), each
+ * at clock; how many. The tables freeze: nothing changes them (a push is
+ * answered UNAVAILABLE, a BSP clock does not close; a new job's tables
+ * replace them, which are kept) until rows_thaw. */
+size_t rows_snapshot(Rows *r, int64_t clock, CkptRecord *out, Table **ret_tables);
+/* The writer is done: the tables change again (then rows_settle), those
+ * replaced meanwhile are freed. */
+void rows_thaw(Rows *r);
 /* A checkpoint's tables, loaded (by psd-checkpoint.c, off the loop):
  * tables[i] replaces table i (taken over; NULL keeps it), and the tables'
  * clocks stand at clock (BSP: clock - 1 closed). */

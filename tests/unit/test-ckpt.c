@@ -34,6 +34,17 @@ static int files_in(const char *d) {
         return n;
 }
 
+/* CkptFillFn: the ids and rows of fill_ids and fill_rows (a table's rows, read as the file is written). */
+static const int64_t *fill_ids;
+static const float *fill_rows;
+static int fill(void *ud, const CkptRecord *rec, int64_t *ids, float *rows) {
+        if (ud)
+                return -EIO;
+        memcpy(ids, fill_ids, rec->nlast * 8u);
+        memcpy(rows, fill_rows, rec->len * 4u);
+        return 0;
+}
+
 static void flip(const char *path, off_t at) {
         int fd = open(path, O_RDWR);
         unsigned char b = 0;
@@ -118,9 +129,18 @@ int main(void) {
                 for (int j = 0; j < 15; j++)
                         rows[j] = (float) j * 0.25f;
                 CkptRecord two[2] = { recs[1], { .tensor = CKPT_ROWS | 2u, .chunk = 0, .len = 15, .nlast = 3,
-                                                 .clock = 42, .last_clocks = ids, .values = rows } };
+                                                 .clock = 42 } };
                 CkptFileInfo ti;
+                fill_ids = ids;
+                fill_rows = rows;
                 r = ckpt_write(dir, "shard-3.ckpt", 3, 7, 42, PER, two, 2, &ti, err, sizeof err);
+                CHECK(r == -EINVAL && files_in(dir) == 1, "a record without its data and nothing to fill it: refused, "
+                      "nothing left (%s)", err);
+                r = ckpt_write_fill(dir, "shard-3.ckpt", 3, 7, 42, PER, two, 2, fill, (void *) 1, &ti, err,
+                                    sizeof err);
+                CHECK(r == -EIO && strstr(err, "filling") && files_in(dir) == 1, "a fill that fails fails the write, "
+                      "nothing left (%s)", err);
+                r = ckpt_write_fill(dir, "shard-3.ckpt", 3, 7, 42, PER, two, 2, fill, NULL, &ti, err, sizeof err);
                 uint64_t want3 = CKPT_HEADER_BYTES + 2 * CKPT_ENTRY_BYTES + ckpt_record_bytes(lens[1], 3, PER) +
                                  3 * 8 + 15 * 4;
                 CHECK(r == 0 && ti.bytes == want3, "a file with a rows record: %lu bytes, %lu wanted (%s)",
