@@ -293,12 +293,13 @@ static void save_commit(Coord *c) {
                 coord_checkpoint_fail(c, PSNET__STATUS__STATUS_RESOURCE, "out of memory");
                 return;
         }
-        uint64_t bytes = 0;
+        uint64_t bytes = 0, rows = 0;
         uint32_t chunks = 0;
         for (size_t i = 0; i < k->nfiles; i++) {
                 fp[i] = &k->files[i];
                 bytes += k->files[i].bytes;
                 chunks += k->files[i].chunks;
+                rows += k->files[i].rows;
         }
         m.name = k->name;
         m.clock = k->clock;
@@ -331,8 +332,8 @@ static void save_commit(Coord *c) {
                 return;
         }
         uint64_t ms = now_ms() - k->started;
-        log_info("checkpoint saved name=%s clock=%ld bytes=%lu chunks=%u files=%zu ms=%lu", k->name, (long) k->clock,
-                 (unsigned long) bytes, chunks, k->nfiles, (unsigned long) ms);
+        log_info("checkpoint saved name=%s clock=%ld bytes=%lu chunks=%u rows=%lu files=%zu ms=%lu", k->name,
+                 (long) k->clock, (unsigned long) bytes, chunks, (unsigned long) rows, k->nfiles, (unsigned long) ms);
         snprintf(c->last_ckpt.name, sizeof c->last_ckpt.name, "%s", k->name);
         c->last_ckpt.clock = k->clock;
         c->last_ckpt.bytes = bytes;
@@ -346,6 +347,8 @@ static void save_commit(Coord *c) {
         rep.clock = k->clock;
         rep.bytes = bytes;
         rep.chunks = chunks;
+        rep.has_rows = rows > 0;
+        rep.rows = rows;
         rep.ms = ms;
         reply_save(c, PSNET__STATUS__STATUS_OK, NULL, &rep);
         bool automatic = k->automatic;
@@ -377,8 +380,9 @@ void coord_handle_checkpoint_rep(Coord *c, WireMsg *m, Peer *p) {
                 if (!c->restore.active || c->state != JOB_RUNNING || !rep->name || strcmp(rep->name, c->restore.name))
                         return;
                 if (ok) {
-                        log_info("shard restored shard=%u name=%s keys=%u bytes=%lu ms=%lu", p->id, rep->name,
-                                 rep->chunks, (unsigned long) rep->bytes, (unsigned long) rep->ms);
+                        log_info("shard restored shard=%u name=%s keys=%u rows=%lu bytes=%lu ms=%lu", p->id,
+                                 rep->name, rep->chunks, (unsigned long) rep->rows, (unsigned long) rep->bytes,
+                                 (unsigned long) rep->ms);
                         return;
                 }
                 snprintf(msg, sizeof msg, "shard %u cannot load checkpoint %s: %s", p->id, rep->name, reason);
@@ -407,6 +411,8 @@ void coord_handle_checkpoint_rep(Coord *c, WireMsg *m, Peer *p) {
         f->bytes = rep->bytes;
         f->index_crc = rep->index_crc;
         f->chunks = rep->chunks;
+        f->has_rows = rep->has_rows;
+        f->rows = rep->rows;
         if (!f->file) {
                 coord_checkpoint_fail(c, PSNET__STATUS__STATUS_RESOURCE, "out of memory");
                 return;

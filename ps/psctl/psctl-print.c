@@ -414,11 +414,14 @@ int print_json_result(const char *state, bool has_accuracy, float accuracy) {
 int print_checkpoint_saved(const Psnet__CheckpointRep *r, bool json) {
         char b[32];
         if (json)
-                return emit(json_pack("{s:o,s:I,s:I,s:I,s:I}", "name", jstr(r->name), "clock", (json_int_t) r->clock,
-                                      "bytes", (json_int_t) r->bytes, "chunks", (json_int_t) r->chunks, "ms",
-                                      (json_int_t) r->ms));
-        printf("checkpoint %s saved: clock %ld, %u chunks, %s in %.2f s\n", r->name ? r->name : "?", (long) r->clock,
-               r->chunks, human_bytes(r->bytes, b, sizeof b), (double) r->ms / 1000.0);
+                return emit(json_pack("{s:o,s:I,s:I,s:I,s:I,s:I}", "name", jstr(r->name), "clock",
+                                      (json_int_t) r->clock, "bytes", (json_int_t) r->bytes, "chunks",
+                                      (json_int_t) r->chunks, "rows", (json_int_t) r->rows, "ms", (json_int_t) r->ms));
+        char rows[48] = "";
+        if (r->has_rows)
+                snprintf(rows, sizeof rows, ", %llu table rows", (unsigned long long) r->rows);
+        printf("checkpoint %s saved: clock %ld, %u chunks%s, %s in %.2f s\n", r->name ? r->name : "?", (long) r->clock,
+               r->chunks, rows, human_bytes(r->bytes, b, sizeof b), (double) r->ms / 1000.0);
         return 0;
 }
 

@@ -60,6 +60,8 @@ struct Checkpointer {
         Rows *rows;
         size_t nrecs_dense;     /* the snapshot's chunk records; rows records follow */
         Table *frozen[JOB_MAX_TABLES]; /* a save's tables, read by the writer (rows_snapshot) */
+        uint32_t saved_chunks;  /* a save's, for its answer */
+        uint64_t saved_rows;    /* a save's table rows, or a restore's loaded */
         Table *tables[JOB_MAX_TABLES];
         TableConf tconf[JOB_MAX_TABLES]; /* theirs, copied for the thread */
         size_t ntables;
@@ -145,12 +147,16 @@ static void answer(Checkpointer *k, int status, const char *reason) {
         if (status == PSNET__STATUS__STATUS_OK && !k->restore) {
                 rep.has_bytes = rep.has_chunks = rep.has_index_crc = true;
                 rep.bytes = k->info.bytes;
-                rep.chunks = k->info.nrec;
+                rep.chunks = k->saved_chunks;
                 rep.index_crc = k->info.index_crc;
         } else if (status == PSNET__STATUS__STATUS_OK) {
                 rep.has_bytes = rep.has_chunks = true;
                 rep.bytes = k->bytes;
                 rep.chunks = (uint32_t) k->restored;
+        }
+        if (status == PSNET__STATUS__STATUS_OK && k->saved_rows) {
+                rep.has_rows = true;
+                rep.rows = k->saved_rows;
         }
         k->done(k->ud, k->seq, &rep, status, reason);
 }
@@ -397,6 +403,7 @@ static void after_work(uv_work_t *w, int status) {
         s->restoring = false;
         k->restored = k->nloaded; /* for the answer */
         uint64_t rows_loaded = k->rows_loaded;
+        k->saved_rows = rows_loaded; /* for the answer */
         restore_clear(k);
         if (rows_loaded)
                 alloc_purge(); /* the blocks read and the tables' index as it grew: a one-off peak */
@@ -482,16 +489,20 @@ static int snapshot(Checkpointer *k) {
                 return -ENOMEM;
         k->cap = (size_t) n;
         k->nrecs_dense = (size_t) n; /* save_clear frees these as chunks' */
+        k->saved_rows = 0;
         k->per = (uint32_t) job_state_per_value(&s->job);
         k->job = s->job.id;
         k->err = 0;
         store_foreach(s, snapshot_chunk, k);
         k->nrecs_dense = k->n;
+        k->saved_chunks = (uint32_t) k->n;
         if (k->err < 0 || !blocks)
                 return k->err;
         /* The tables' rows: their records only; the tables freeze until the
          * writer has read them (thaw), so no copy of them is made. */
         k->n += rows_snapshot(k->rows, k->clock, k->recs + k->n, k->frozen);
+        for (size_t i = k->nrecs_dense; i < k->n; i++)
+                k->saved_rows += k->recs[i].nlast;
         return 0;
 }
 

@@ -177,8 +177,8 @@ B=$(sed -n 's/.*saved: clock \([0-9]*\),.*/\1/p' "$RUN/ckbsp-save.out")
 [ "${B:-0}" -ge 9 ] && [ "${B:-99}" -lt 24 ]; ok $? "the checkpoint's clock is past the wait and short of the end (${B:-none})"
 saved=$(table_rows "$CK/mid")
 grep -q "row_blocks=[1-9]" "$RUN"/psd-ckbsp-1.log && grep -q "row_blocks=[1-9]" "$RUN"/psd-ckbsp-2.log &&
-  [ "$saved" -gt 1000 ]
-ok $? "each shard's file holds its rows of table w ($saved rows in all)"
+  [ "$saved" -gt 1000 ] && grep -q ", $saved table rows, " "$RUN/ckbsp-save.out"
+ok $? "each shard's file holds its rows of table w ($saved rows in all, as psctl says)"
 psnet_stop_all
 restored_run ckbsp3 bsp mid
 held=$(loaded_rows ckbsp3)
