@@ -186,12 +186,15 @@ int wire_validate(const Psnet__Header *hdr, const zmq_msg_t *frames, size_t nfra
                 return fail(reason, reasonlen, PSNET__STATUS__STATUS_MALFORMED,
                             "%zu places of keys in shared memory: a PUSH or PULL in shared memory places each of its "
                             "%zu keys or none", hdr->n_shm_keys, hdr->n_keys);
+        bool is_rows_push = hdr->type == PSNET__MSG_TYPE__MSG_ROWS_PUSH;
         if ((hdr->has_part || hdr->has_parts) &&
-            (hdr->type != PSNET__MSG_TYPE__MSG_PUSH || !hdr->has_part || !hdr->has_parts || !hdr->has_epoch ||
-             hdr->parts < 2 || hdr->parts > WIRE_MAX_PARTS || hdr->part >= hdr->parts))
+            ((hdr->type != PSNET__MSG_TYPE__MSG_PUSH && !is_rows_push) || !hdr->has_part || !hdr->has_parts ||
+             !hdr->has_epoch || hdr->parts < 2 || hdr->parts > (is_rows_push ? WIRE_MAX_ROWS_PARTS : WIRE_MAX_PARTS) ||
+             hdr->part >= hdr->parts))
                 return fail(reason, reasonlen, PSNET__STATUS__STATUS_MALFORMED,
-                            "part %u of %u: a PUSH in parts names its part (from 0), 2 to %u parts and the map epoch",
-                            hdr->part, hdr->parts, (unsigned) WIRE_MAX_PARTS);
+                            "part %u of %u: a PUSH or ROWS_PUSH in parts names its part (from 0), 2 to %u parts "
+                            "and the map epoch", hdr->part, hdr->parts,
+                            (unsigned) (is_rows_push ? WIRE_MAX_ROWS_PARTS : WIRE_MAX_PARTS));
         if ((unsigned) hdr->status > PSNET__STATUS__STATUS_UNAVAILABLE)
                 return fail(reason, reasonlen, PSNET__STATUS__STATUS_MALFORMED,
                             "unknown status %d", (int) hdr->status);

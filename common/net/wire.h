@@ -18,6 +18,12 @@
 #define WIRE_SHM_TOKEN 16       /* bytes of a shared-memory session's token (Header.shm_session) */
 #define WIRE_MAX_PARTS 1024     /* parts of a PUSH sent in several messages (Header.parts) */
 #define WIRE_MAX_ROWS (1u << 20) /* row ids in one ROWS_PULL or ROWS_PUSH */
+/* A worker's rows to one shard travel in frames of at most this many bytes
+ * of rows (a push of more in parts, Header.part and parts, at most
+ * WIRE_MAX_ROWS_PARTS of them): within any shard's --max-msg that can hold a
+ * job with tables (pscoord checks). */
+#define WIRE_ROWS_PART_BYTES (4u << 20)
+#define WIRE_MAX_ROWS_PARTS 64u
 #define WIRE_MAX_ROW_DIM 4096u  /* floats a row (TABLE_MAX_DIM) */
 
 /* Who sent a message, as the ZAP handler admitted its connection (keys.h,

@@ -265,6 +265,12 @@ bool coord_job_fits(Coord *c, char *reason, size_t n) {
                                  (unsigned long) p->max_msg);
                         return false;
                 }
+                if (p->max_msg && c->job.ntables > 0 && p->max_msg < WIRE_ROWS_PART_BYTES + 65536) {
+                        snprintf(reason, n, "the job's tables send rows in frames of up to %u bytes; shard %u accepts "
+                                 "%lu (raise psd --max-msg)", WIRE_ROWS_PART_BYTES + 65536, p->id,
+                                 (unsigned long) p->max_msg);
+                        return false;
+                }
         }
         return true;
 }

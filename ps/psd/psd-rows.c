@@ -15,6 +15,8 @@
 typedef struct Parked {
         uint32_t worker;
         int64_t clock;
+        uint32_t part, parts;   /* of the worker's push of the clock (1 part: 0 of 1) */
+        bool acked;             /* a part that did not complete the push: acknowledged when it came */
         uint64_t seq;
         int64_t *ids;
         float *g;
@@ -25,8 +27,16 @@ typedef struct Parked {
 /* The last clock each worker pushed a table at (ids grow as workers come). */
 typedef struct LastPush {
         uint32_t worker;
-        int64_t clock;
+        int64_t clock;          /* the last clock it pushed (a part of) */
+        uint32_t parts;         /* that push's parts */
+        uint64_t in;            /* the parts of it in (bit per part) */
+        int64_t done;           /* the last clock whose every part is in */
 } LastPush;
+
+/* The parts' bits of a push in parts parts. */
+static uint64_t all_parts(uint32_t parts) {
+        return parts >= 64 ? UINT64_MAX : ((uint64_t) 1 << parts) - 1;
+}
 
 struct Rows {
         uint32_t job_id;
@@ -241,13 +251,13 @@ static LastPush *last_of(Rows *r, size_t i, uint32_t worker) {
         if (!a)
                 return NULL;
         r->last[i] = a;
-        a[r->nlast[i]] = (LastPush) { .worker = worker, .clock = -1 };
+        a[r->nlast[i]] = (LastPush) { .worker = worker, .clock = -1, .done = -1 };
         return &a[r->nlast[i]++];
 }
 
 /* BSP: parks the push (v and g taken), or a status with the reason. */
 static int park(Rows *r, const Psnet__Header *h, const zmq_msg_t *route, int64_t **v, float **g, size_t count,
-                char *reason, size_t n) {
+                bool completes, char *reason, size_t n) {
         int e = table_distinct(*v, count, reason, n);
         if (e < 0) {
                 if (e == -ENOMEM)
@@ -261,7 +271,9 @@ static int park(Rows *r, const Psnet__Header *h, const zmq_msg_t *route, int64_t
         }
         r->parked[h->table] = a;
         Parked *p = &a[r->nparked[h->table]];
-        *p = (Parked) { .worker = h->sender, .clock = h->clock, .seq = h->seq, .ids = *v, .g = *g, .n = count };
+        *p = (Parked) { .worker = h->sender, .clock = h->clock, .part = h->has_part ? h->part : 0,
+                        .parts = h->has_parts ? h->parts : 1, .acked = !completes, .seq = h->seq, .ids = *v,
+                        .g = *g, .n = count };
         if (zmq_msg_init(&p->route) < 0 || (route && zmq_msg_copy(&p->route, (zmq_msg_t *) route) < 0)) {
                 snprintf(reason, n, "out of memory");
                 return PSNET__STATUS__STATUS_RESOURCE;
@@ -269,7 +281,7 @@ static int park(Rows *r, const Psnet__Header *h, const zmq_msg_t *route, int64_t
         *v = NULL;
         *g = NULL;
         r->nparked[h->table]++;
-        return ROWS_PARKED;
+        return completes ? ROWS_PARKED : PSNET__STATUS__STATUS_OK;
 }
 
 int rows_push(Rows *r, const ShardMap *map, uint32_t self, const Psnet__Header *h, const zmq_msg_t *frames,
@@ -298,8 +310,16 @@ int rows_push(Rows *r, const ShardMap *map, uint32_t self, const Psnet__Header *
                 snprintf(reason, n, "out of memory");
                 st = PSNET__STATUS__STATUS_RESOURCE;
         }
-        if (st == PSNET__STATUS__STATUS_OK && h->clock <= last->clock)
+        uint32_t parts = h->has_parts ? h->parts : 1, part = h->has_part ? h->part : 0;
+        bool same = st == PSNET__STATUS__STATUS_OK && h->clock == last->clock;
+        if (st == PSNET__STATUS__STATUS_OK &&
+            (h->clock < last->clock || (same && (last->in >> part & 1)) || (same && last->in == all_parts(last->parts))))
                 return PSNET__STATUS__STATUS_DUPLICATE;
+        if (same && parts != last->parts) {
+                snprintf(reason, n, "a push of table %s for clock %ld in %u parts, then in %u", c->name,
+                         (long) h->clock, last->parts, parts);
+                st = PSNET__STATUS__STATUS_INVALID;
+        }
         if (st == PSNET__STATUS__STATUS_OK && last->clock >= 0 && h->clock > last->clock + 2) {
                 snprintf(reason, n, "clock %ld is more than 2 past worker %u's last push of table %s (%ld)",
                          (long) h->clock, h->sender, c->name, (long) last->clock);
@@ -339,8 +359,11 @@ int rows_push(Rows *r, const ShardMap *map, uint32_t self, const Psnet__Header *
                          "bytes left)", count, c->name, (unsigned long long) room);
                 st = PSNET__STATUS__STATUS_RESOURCE;
         }
+        /* The part that makes the push whole (every push not in parts). */
+        uint64_t in = (same ? last->in : 0) | (uint64_t) 1 << part;
+        bool completes = in == all_parts(parts);
         if (st == PSNET__STATUS__STATUS_OK && bsp)
-                st = park(r, h, route, &v, &owned, count, reason, n);
+                st = park(r, h, route, &v, &owned, count, completes, reason, n);
         else if (st == PSNET__STATUS__STATUS_OK && count > 0) {
                 table_tick(t, h->clock);
                 st = push_status(table_push(t, v, count, g, reason, n), c, reason, n);
@@ -350,8 +373,14 @@ int rows_push(Rows *r, const ShardMap *map, uint32_t self, const Psnet__Header *
                 return st;
         }
         last->clock = h->clock;
+        last->parts = parts;
+        last->in = in;
+        if (completes)
+                last->done = h->clock;
         if (st == ROWS_PARKED)
                 return ROWS_PARKED; /* the caller settles, under its fence's limit */
+        if (bsp)
+                return PSNET__STATUS__STATUS_OK; /* a part kept until its clock closes */
         r->stats.pushed += count;
         return PSNET__STATUS__STATUS_OK;
 }
@@ -373,7 +402,9 @@ static int cmp_parked(const void *a, const void *b) {
         const Parked *x = a, *y = b;
         if (x->clock != y->clock)
                 return (x->clock > y->clock) - (x->clock < y->clock);
-        return (x->worker > y->worker) - (x->worker < y->worker);
+        if (x->worker != y->worker)
+                return (x->worker > y->worker) - (x->worker < y->worker);
+        return (x->part > y->part) - (x->part < y->part);
 }
 
 /* Applies the nmembers parked pushes p[0..np) of one clock of table i (in
@@ -436,12 +467,17 @@ void rows_settle(Rows *r, int64_t limit) {
                         const uint32_t *members = NULL;
                         size_t nm = 0;
                         r->hooks.members(r->hooks.ud, clock, &members, &nm);
-                        /* Closes when every member pushed it (parked pushes are members': admitted). */
+                        /* Closes when every member pushed it whole (parked pushes are members': admitted). */
                         size_t have = 0;
                         for (size_t m = 0, k = 0; m < nm; m++) {
                                 while (k < np && p[k].worker < members[m])
                                         k++;
-                                have += k < np && p[k].worker == members[m];
+                                size_t got = 0, want = k < np ? p[k].parts : 1;
+                                while (k < np && p[k].worker == members[m]) {
+                                        got++;
+                                        k++;
+                                }
+                                have += got > 0 && got == want;
                         }
                         if (clock >= limit || nm == 0 || have < nm)
                                 break;
@@ -450,7 +486,7 @@ void rows_settle(Rows *r, int64_t limit) {
                         if (st != PSNET__STATUS__STATUS_OK)
                                 r->stats.refused++;
                         for (size_t k = 0; k < np; k++) {
-                                if (r->hooks.ack)
+                                if (r->hooks.ack && !p[k].acked)
                                         r->hooks.ack(r->hooks.ud, &p[k].route, p[k].seq, clock, st, reason);
                                 parked_free(&p[k]);
                         }
@@ -529,7 +565,7 @@ void rows_worker_clocks(const Rows *r, uint32_t worker, int64_t *ret_lo, int64_t
                 int64_t c = -1;
                 for (size_t k = 0; k < r->nlast[i]; k++)
                         if (r->last[i][k].worker == worker)
-                                c = r->last[i][k].clock;
+                                c = r->last[i][k].done;
                 lo = i == 0 ? c : MIN(lo, c);
                 hi = MAX(hi, c);
         }

@@ -20,7 +20,7 @@ import numpy as np
 
 from psnet.client import Worker
 
-PUSH = 1 << 18  # 16 floats a row: about 6 MiB a shard, within psd's --max-msg (16 MiB)
+PUSH = 1 << 18  # ids a push: 16 MiB of rows over the 3 shards
 
 
 def ids_of(k, n):

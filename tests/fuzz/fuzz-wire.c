@@ -71,6 +71,11 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
                             (!pull && (n == 0 ? rows != 0 : rows == 0 || rows % (n * 4))))
                                 abort(); /* accepted, yet its rows do not add up */
                 }
+                bool rows_parts = m.hdr->type == PSNET__MSG_TYPE__MSG_ROWS_PUSH;
+                if ((m.hdr->has_part || m.hdr->has_parts) &&
+                    ((m.hdr->type != PSNET__MSG_TYPE__MSG_PUSH && !rows_parts) || m.hdr->parts < 2 ||
+                     m.hdr->part >= m.hdr->parts || (rows_parts && m.hdr->parts > WIRE_MAX_ROWS_PARTS)))
+                        abort(); /* accepted, yet its parts do not add up */
                 bool coded = m.hdr->codec >= PSNET__CODEC__CODEC_BF16; /* MASKED frames are raw f32 */
                 size_t width = m.hdr->dtype == PSNET__DTYPE__DTYPE_BF16 ? 2 : 4;
                 for (size_t i = 0; i < m.nframes && i < m.hdr->n_keys; i++) {

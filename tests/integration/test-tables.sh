@@ -8,7 +8,8 @@
 # a table pushed twice for a clock is applied once; bad rows messages (NaN,
 # wrong sizes, an unknown table, a stranger) are refused with their reason,
 # nothing of them applied, the shards serving on; a job with a table is
-# checkpointed on two shards and restored onto three (BSP: bit for bit).
+# checkpointed on two shards and restored onto three (BSP: bit for bit); a
+# push past a shard's frame limit goes in parts.
 source "$(dirname "$0")/lib.sh"
 
 py_env
@@ -108,6 +109,11 @@ wait $pa; ra=$?
 while IFS= read -r line; do ok 0 "${line#ok: }"; done < <(cat "$RUN/ssp-a.out" "$RUN/ssp-b.out" | grep '^ok: ')
 [ $ra -eq 0 ] && [ $rb -eq 0 ] && [ "$(cat "$RUN/ssp-a.out" "$RUN/ssp-b.out" | grep -c '^ok: ')" -eq 3 ]
 ok $? "two SSP workers train one job with a table (exit $ra $rb$(cat "$RUN/ssp-a.out" "$RUN/ssp-b.out" | grep -m1 '^FAIL' | sed 's/^/; /'))"
+psnet_stop_all
+
+# A push larger than a shard's frame limit travels in parts.
+start_cluster big 2 --workers 1 --mode asp --replicas 1 --model mlp:4-1 --tables e:16:sgd:lr=0.5
+PYCHECK_SCRIPT=$PSNET_SRC/tests/integration/torch-tables.py pycheck big big "$COORD"
 psnet_stop_all
 
 # Checkpoints with a table. A BSP job on two shards is saved while its first

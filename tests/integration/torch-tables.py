@@ -194,6 +194,26 @@ def check_ckpt_compare(a, b, what):
     say(f"{what}: the same {A['rows'].shape[0]} rows and dense layer at the end, bit for bit")
 
 
+def check_big(coord):
+    """A pull and a push of 600,000 rows of 16 floats (about 19 MiB a shard,
+    past psd's 16 MiB --max-msg): sent in parts, each row moved once."""
+    from psnet.client import Worker
+    w = Worker(coord)
+    w.wait_job(60)
+    clock = w.info()["start_clock"]
+    ids = (np.arange(600_000, dtype=np.int64) * 7919 + 11) * 1_000_003
+    before = w.pull_rows("e", ids, clock)
+    g = np.random.default_rng(4).standard_normal((ids.size, 16)).astype(np.float32)
+    w.push_rows("e", ids, g, clock)
+    after = w.pull_rows("e", ids, clock + 1)
+    want = before - np.float32(0.5) * g
+    if not np.array_equal(after, want):
+        fail(f"600,000 rows in parts: {int((after != want).any(axis=1).sum())} rows differ from w - lr g")
+    say(f"a push and pulls of {ids.size:,} rows of 16 floats ({ids.size * 64 / 2**20:.0f} MiB, past a shard's "
+        "16 MiB frame limit) go in parts: every row moved by -lr g once, exactly")
+    w.close()
+
+
 def check_ssp_worker(coord, data, *shards):
     """One of two SSP workers (staleness 1): both train BSP_STEPS steps; the
     first asks its shard, as itself, for rows far ahead of the slowest
@@ -473,7 +493,7 @@ def main():
     try:
         {"lr": check_lr, "bsp-worker": check_bsp_worker, "bsp-compare": check_bsp_compare, "ssp-worker": check_ssp_worker,
          "bounds": check_bounds, "export": check_export, "cache": check_cache, "ckpt-worker": check_ckpt_worker,
-         "ckpt-compare": check_ckpt_compare}[check](*args)
+         "ckpt-compare": check_ckpt_compare, "big": check_big}[check](*args)
     except PsnetError as e:
         fail(f"{check}: {e}")
 

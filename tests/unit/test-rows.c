@@ -47,9 +47,17 @@ static int pull(uint32_t table, const int64_t *ids, size_t n, float *out, size_t
         return st;
 }
 
+/* The next push's part of parts (0: not in parts), then back to none. */
+static uint32_t next_part, next_parts;
+
 static int push(uint32_t table, uint32_t worker, int64_t clock, const int64_t *ids, size_t n, const float *g,
                 size_t gfloats, uint64_t room, char *why) {
         Psnet__Header h = header(PSNET__MSG_TYPE__MSG_ROWS_PUSH, table, worker, clock);
+        if (next_parts) {
+                h.has_part = h.has_parts = h.has_epoch = true;
+                h.part = next_part, h.parts = next_parts, h.epoch = 1;
+                next_parts = 0;
+        }
         zmq_msg_t f[2];
         frame(&f[0], ids, n * 8);
         frame(&f[1], g, gfloats * 4);
@@ -176,6 +184,27 @@ static void test_bsp(Job job, const int64_t *mine) {
         st = push(0, 7, 2, twice, 2, g7, 4, UINT64_MAX, why);
         CHECK(st == PSNET__STATUS__STATUS_INVALID && strstr(why, "twice"), "an id twice is refused, not parked (%s)",
               why);
+        /* Clock 2: worker 7's push in two parts, worker 8's whole. */
+        int acks0 = acks;
+        pull(0, mine, 2, before, 2, why);
+        next_part = 0, next_parts = 2;
+        int s0 = push(0, 7, 2, mine, 1, (const float[]) { 2, 4 }, 2, UINT64_MAX, why);
+        next_part = 0, next_parts = 2;
+        int sd = push(0, 7, 2, mine, 1, (const float[]) { 2, 4 }, 2, UINT64_MAX, why);
+        int s8 = push(0, 8, 2, mine, 0, g8, 0, UINT64_MAX, why);
+        rows_settle(rows, INT64_MAX);
+        CHECK(s0 == PSNET__STATUS__STATUS_OK && sd == PSNET__STATUS__STATUS_DUPLICATE && s8 == ROWS_PARKED &&
+              rows_parked(rows) == 2 && acks == acks0, "part 0 of 2 is kept and acknowledged at once, again it is "
+              "a DUPLICATE; the clock waits for part 1 (%d %d %d, %zu parked)", s0, sd, s8, rows_parked(rows));
+        next_part = 1, next_parts = 2;
+        int s1 = push(0, 7, 2, mine + 1, 1, (const float[]) { -6, 8 }, 2, UINT64_MAX, why);
+        rows_settle(rows, INT64_MAX);
+        pull(0, mine, 2, after, 2, why);
+        CHECK(s1 == ROWS_PARKED && acks == acks0 + 2 && rows_parked(rows) == 0 &&
+              after[0] == before[0] - 0.5f * 1.0f && after[1] == before[1] - 0.5f * 2.0f &&
+              after[2] == before[2] - 0.5f * -3.0f && after[3] == before[3] - 0.5f * 4.0f,
+              "part 1 closes the clock: both parts' rows over 2 members, the two whole pushes acknowledged (%d acks)",
+              acks - acks0);
         rows_free(rows);
         rows = was;
 }
@@ -257,9 +286,36 @@ int main(void) {
         CHECK(memcmp(again, after, sizeof again) == 0, "nothing of the refused pushes applied");
         CHECK(push(0, 7, 1, mine, 3, g, 6, UINT64_MAX, why) == 0 && push(0, 8, 0, mine, 3, g, 6, UINT64_MAX, why) == 0,
               "clock 1 of worker 7, then clock 0 of worker 8: applied (%s)", why);
+        /* A push in parts: each part applied as it comes, once. */
+        float p0[6];
+        pull(0, mine, 3, p0, 2, why);
+        next_part = 1, next_parts = 3;
+        int a1 = push(0, 7, 2, mine + 1, 1, g, 2, UINT64_MAX, why);
+        next_part = 1, next_parts = 3;
+        int a1d = push(0, 7, 2, mine + 1, 1, g, 2, UINT64_MAX, why);
+        next_part = 2, next_parts = 2;
+        int amix = push(0, 7, 2, mine + 2, 1, g, 2, UINT64_MAX, why);
+        int64_t lo, hi;
+        rows_worker_clocks(rows, 7, &lo, &hi);
+        CHECK(a1 == 0 && a1d == PSNET__STATUS__STATUS_DUPLICATE && amix == PSNET__STATUS__STATUS_INVALID && hi == 1,
+              "part 1 of 3 applied, again a DUPLICATE, a part of another count refused (%s); worker 7 counts clock 1 "
+              "whole, not 2 (%ld)", why, (long) hi);
+        next_part = 0, next_parts = 3;
+        int a0 = push(0, 7, 2, mine, 1, g, 2, UINT64_MAX, why);
+        next_part = 2, next_parts = 3;
+        int a2 = push(0, 7, 2, mine + 2, 1, g, 2, UINT64_MAX, why);
+        pull(0, mine, 3, again, 2, why);
+        rows_worker_clocks(rows, 7, &lo, &hi);
+        bool each = a0 == 0 && a2 == 0 && hi == 2;
+        for (int i = 0; i < 6; i++)
+                each &= again[i] == p0[i] - 0.5f * g[i % 2];
+        CHECK(each, "with parts 0 and 2 every row moved once, and clock 2 counts whole (%ld)", (long) hi);
+        next_part = 0, next_parts = 3;
+        CHECK(push(0, 7, 2, mine, 1, g, 2, UINT64_MAX, why) == PSNET__STATUS__STATUS_DUPLICATE,
+              "a part of a whole push again: DUPLICATE");
         rows_stats(rows, &s);
-        CHECK(s.rows == 3 && s.pushed == 9 && s.refused >= 9 && s.bytes > 0,
-              "3 rows held, 9 applied, the refusals counted (%llu, %llu, %llu)", (unsigned long long) s.rows,
+        CHECK(s.rows == 3 && s.pushed == 12 && s.refused >= 10 && s.bytes > 0,
+              "3 rows held, 12 applied, the refusals counted (%llu, %llu, %llu)", (unsigned long long) s.rows,
               (unsigned long long) s.pushed, (unsigned long long) s.refused);
         test_bsp(job, mine);
         job.id++;

@@ -611,7 +611,7 @@ static void test_malformed(void) {
                         h.has_epoch = bad[i].epoch;
                         h.epoch = 3;
                         send_hdr(&h, fs, 1);
-                        expect_bad(PSNET__STATUS__STATUS_MALFORMED, "a PUSH in parts names its part", bad[i].what);
+                        expect_bad(PSNET__STATUS__STATUS_MALFORMED, "a PUSH or ROWS_PUSH in parts names its part", bad[i].what);
                 }
                 wire_header_init(&h, PSNET__MSG_TYPE__MSG_PULL);
                 h.n_keys = 1;
@@ -620,7 +620,7 @@ static void test_malformed(void) {
                 h.part = 0;
                 h.parts = 2;
                 send_hdr(&h, NULL, 0);
-                expect_bad(PSNET__STATUS__STATUS_MALFORMED, "a PUSH in parts names its part", "parts on a PULL");
+                expect_bad(PSNET__STATUS__STATUS_MALFORMED, "a PUSH or ROWS_PUSH in parts names its part", "parts on a PULL");
                 wire_header_init(&h, PSNET__MSG_TYPE__MSG_PUSH);
                 h.n_keys = 1;
                 h.keys = pkeys;
@@ -775,6 +775,19 @@ static void test_rows(void) {
         zmq_msg_init_size(&f[1], 3 * 16 * 4);
         int st = wire_validate(&h, f, 2, reason, sizeof reason);
         CHECK(st == PSNET__STATUS__STATUS_OK, "a ROWS_PUSH of 3 ids and 3 rows of 16 floats (%s)", reason);
+        h.has_part = h.has_parts = h.has_epoch = true;
+        h.part = WIRE_MAX_ROWS_PARTS - 1;
+        h.parts = WIRE_MAX_ROWS_PARTS;
+        st = wire_validate(&h, f, 2, reason, sizeof reason);
+        CHECK(st == PSNET__STATUS__STATUS_OK, "the last of %u parts of a ROWS_PUSH (%s)", WIRE_MAX_ROWS_PARTS, reason);
+        h.parts = WIRE_MAX_ROWS_PARTS + 1;
+        st = wire_validate(&h, f, 2, reason, sizeof reason);
+        CHECK(st == PSNET__STATUS__STATUS_MALFORMED && strstr(reason, "2 to 64 parts"),
+              "a ROWS_PUSH in %u parts: %s", WIRE_MAX_ROWS_PARTS + 1, reason);
+        h.type = PSNET__MSG_TYPE__MSG_ROWS_PULL;
+        st = wire_validate(&h, f, 1, reason, sizeof reason);
+        CHECK(st == PSNET__STATUS__STATUS_MALFORMED && strstr(reason, "in parts"), "a ROWS_PULL in parts: %s", reason);
+        h.has_part = h.has_parts = h.has_epoch = false;
         h.type = PSNET__MSG_TYPE__MSG_ROWS_PULL;
         st = wire_validate(&h, f, 1, reason, sizeof reason);
         CHECK(st == PSNET__STATUS__STATUS_OK, "a ROWS_PULL of 3 ids (%s)", reason);

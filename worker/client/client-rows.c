@@ -4,7 +4,9 @@
  * shardmap_row_holder), one request per shard, answers matched by sequence
  * number; asked again where a shard says it cannot answer yet (UNAVAILABLE,
  * MIGRATING, NO_JOB: nothing was applied), ended with -EAGAIN where it
- * routes by a newer map. It uses the round's timers, never beside a round. */
+ * routes by a newer map. A shard's share goes in parts of at most
+ * WIRE_ROWS_PART_BYTES of rows, one after the other (a push's parts name
+ * their part; the shard counts the push once every part is in). It uses the round's timers, never beside a round. */
 #include <errno.h>
 #include <string.h>
 #include "alloc.h"
@@ -21,6 +23,9 @@ typedef struct RowsReq {
         int64_t *ids;           /* this shard's ids, in the caller's order */
         size_t *pos;            /* their places in the caller's arrays */
         size_t n;
+        /* Sent in parts of at most per rows (WIRE_ROWS_PART_BYTES), one after
+         * the other: part is the one in hand. */
+        size_t per, part, parts;
 } RowsReq;
 
 struct RowsOp {
@@ -207,18 +212,25 @@ static int send_req(Client *c, size_t i) {
                 return r;
         }
         zmq_msg_t f[2];
-        size_t idb = q->n * sizeof *q->ids, gb = q->n * op->dim * sizeof(float);
+        size_t from = q->part * q->per, cnt = MIN(q->per, q->n - from);
+        size_t idb = cnt * sizeof *q->ids, gb = cnt * op->dim * sizeof(float);
+        if (op->push && q->parts > 1) {
+                h.has_part = h.has_parts = h.has_epoch = true;
+                h.part = (uint32_t) q->part;
+                h.parts = (uint32_t) q->parts;
+                h.epoch = c->map_epoch;
+        }
         if (zmq_msg_init_size(&f[0], idb) < 0)
                 return -ENOMEM;
-        memcpy(zmq_msg_data(&f[0]), q->ids, idb);
+        memcpy(zmq_msg_data(&f[0]), q->ids + from, idb);
         if (op->push) {
                 if (zmq_msg_init_size(&f[1], gb) < 0) {
                         zmq_msg_close(&f[0]);
                         return -ENOMEM;
                 }
                 float *g = zmq_msg_data(&f[1]);
-                for (size_t k = 0; k < q->n; k++)
-                        memcpy(g + k * op->dim, op->grads + q->pos[k] * op->dim, op->dim * sizeof *g);
+                for (size_t k = 0; k < cnt; k++)
+                        memcpy(g + k * op->dim, op->grads + q->pos[from + k] * op->dim, op->dim * sizeof *g);
         }
         int r = netsock_send(s->sock, NULL, &h, f, op->push ? 2 : 1);
         if (r < 0)
@@ -343,26 +355,28 @@ static int handle(Client *c, ShardConn *s, RowsReq *q, const WireMsg *m) {
                 q->state = h->has_cursor ? REQ_TODO : REQ_DONE;
                 return 0;
         }
+        size_t from = q->part * q->per, cnt = MIN(q->per, q->n - from);
         if (!op->push) {
-                size_t idb = q->n * sizeof(int64_t), rb = idb / sizeof(int64_t) * op->dim * sizeof(float);
+                size_t idb = cnt * sizeof(int64_t), rb = cnt * op->dim * sizeof(float);
                 if (h->table != op->table || m->nframes != 2 || zmq_msg_size((zmq_msg_t *) &m->frames[0]) != idb ||
-                    memcmp(zmq_msg_data((zmq_msg_t *) &m->frames[0]), q->ids, idb) != 0 ||
+                    memcmp(zmq_msg_data((zmq_msg_t *) &m->frames[0]), q->ids + from, idb) != 0 ||
                     zmq_msg_size((zmq_msg_t *) &m->frames[1]) != rb) {
-                        log_error("shard %u answered other rows than the %zu of table %u asked", s->id, q->n,
+                        log_error("shard %u answered other rows than the %zu of table %u asked", s->id, cnt,
                                   op->table);
                         return -EPROTO;
                 }
                 const float *rows = zmq_msg_data((zmq_msg_t *) &m->frames[1]);
                 RowCache *cache = c->caches[op->table];
-                for (size_t k = 0; k < q->n; k++) {
+                for (size_t k = 0; k < cnt; k++) {
                         const char *row = (const char *) rows + k * op->dim * sizeof(float);
-                        memcpy(op->out + q->pos[k] * op->dim, row, op->dim * sizeof(float));
+                        memcpy(op->out + q->pos[from + k] * op->dim, row, op->dim * sizeof(float));
                         if (cache)
-                                cache_put(cache, q->ids[k], op->clock, row);
+                                cache_put(cache, q->ids[from + k], op->clock, row);
                 }
                 c->stats.bytes_pulled += rb;
         }
-        q->state = REQ_DONE;
+        /* The next part, or done. */
+        q->state = ++q->part < q->parts ? REQ_TODO : REQ_DONE;
         return 0;
 }
 
@@ -462,6 +476,16 @@ int client_rows(Client *c, uint32_t table, const int64_t *ids, size_t n, const f
                 if (!q->ids || !q->pos)
                         r = -ENOMEM;
                 q->state = REQ_TODO;
+                /* Parts of at most WIRE_ROWS_PART_BYTES of rows: any shard's
+                 * --max-msg that holds the job takes them. */
+                q->per = MAX((size_t) 1, MIN((size_t) WIRE_MAX_ROWS, WIRE_ROWS_PART_BYTES / (op->dim * sizeof(float))));
+                q->parts = MAX((size_t) 1, (count[i] + q->per - 1) / q->per);
+                if (op->push && q->parts > WIRE_MAX_ROWS_PARTS) {
+                        log_error("a push of %zu rows of table %u to shard %u takes %zu parts of %u MiB, more than %u: "
+                                  "push fewer rows at once", count[i], table, c->shards[i].id, q->parts,
+                                  WIRE_ROWS_PART_BYTES >> 20, WIRE_MAX_ROWS_PARTS);
+                        r = -EMSGSIZE;
+                }
         }
         for (size_t k = 0; r == 0 && k < n; k++) {
                 if (at[k] < 0)
@@ -491,6 +515,6 @@ int client_rows_scan(Client *c, uint32_t table, ClientRowsPageFn page, ClientRow
                 return -ENOMEM;
         op->page = page;
         for (size_t i = 0; i < c->nshards; i++)
-                op->reqs[i].state = REQ_TODO;
+                op->reqs[i] = (RowsReq) { .state = REQ_TODO, .per = 1, .parts = 1 };
         return op_start(c, op);
 }

@@ -152,7 +152,9 @@ typedef void (*PsnetRoundFn)(PsnetWorker *w, int r, void *ud);
  * refuses a push naming one twice); each goes to the shard that holds it.
  * The arrays are copied before this returns; out is written before done. r
  * in done: 0, -ETIMEDOUT, -EPROTO (a shard refused: logged), -ESTALE (not a
- * member),
+ * member). A shard's share travels in parts of at most 4 MiB of rows
+ * (WIRE_ROWS_PART_BYTES); a push of more than 64 parts to one shard
+ * returns -EMSGSIZE (logged) at once,
  * -EAGAIN (the shards moved to a newer map: again once it arrived),
  * -ECANCELED (the worker was freed). */
 typedef void (*PsnetRowsFn)(PsnetWorker *w, int r, void *ud);
