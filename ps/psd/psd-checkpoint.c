@@ -61,12 +61,11 @@ struct Checkpointer {
         size_t nrecs_dense;     /* the snapshot's chunk records; rows records follow */
         Table *frozen[JOB_MAX_TABLES]; /* a save's tables, read by the writer (rows_snapshot) */
         uint32_t saved_chunks;  /* a save's, for its answer */
-        uint64_t saved_rows;    /* a save's table rows, or a restore's loaded */
+        uint64_t rows_count;    /* a save's table rows written, or a restore's loaded (its thread counts) */
         Table *tables[JOB_MAX_TABLES];
         TableConf tconf[JOB_MAX_TABLES]; /* theirs, copied for the thread */
         size_t ntables;
         ShardMap *map;          /* a restore's: where each row goes */
-        uint64_t rows_loaded;
 };
 
 int checkpointer_new(Gate *g, uv_loop_t *loop, uint32_t shard, CheckpointDoneFn done, void *ud,
@@ -154,9 +153,9 @@ static void answer(Checkpointer *k, int status, const char *reason) {
                 rep.bytes = k->bytes;
                 rep.chunks = (uint32_t) k->restored;
         }
-        if (status == PSNET__STATUS__STATUS_OK && k->saved_rows) {
+        if (status == PSNET__STATUS__STATUS_OK && k->rows_count) {
                 rep.has_rows = true;
-                rep.rows = k->saved_rows;
+                rep.rows = k->rows_count;
         }
         k->done(k->ud, k->seq, &rep, status, reason);
 }
@@ -265,7 +264,7 @@ static int rows_at_boundary(Checkpointer *k, const GateCfg *cfg, char *err, size
                                  (long) k->clock);
                         return -1;
                 }
-                int64_t wc = w < g->nwclock ? g->wclock[w] : -1;
+                int64_t wc = gate_worker_clock(g, w);
                 if (lo < want && wc < k->clock)
                         return 0;
         }
@@ -297,7 +296,7 @@ static int at_boundary(Checkpointer *k, char *err, size_t n) {
         }
         for (size_t i = 0; i < cfg->nmembers; i++) {
                 uint32_t w = cfg->members[i];
-                int64_t wc = w < g->nwclock ? g->wclock[w] : -1;
+                int64_t wc = gate_worker_clock(g, w);
                 if (wc > k->clock) {
                         snprintf(err, n, "worker %u pushed clock %ld, past the boundary %ld", w, (long) wc - 1,
                                  (long) k->clock);
@@ -329,11 +328,17 @@ static void save_work(uv_work_t *w) {
                                  &k->info, k->reason, sizeof k->reason);
 }
 
+/* BSP: the tables' clocks that can close now (not past a fence's). */
+static void settle_rows(Checkpointer *k) {
+        if (k->rows)
+                rows_settle(k->rows, k->g->fenced ? k->g->fence_limit : INT64_MAX);
+}
+
 /* A save's tables change again. */
 static void thaw(Checkpointer *k) {
         if (k->rows && k->n > k->nrecs_dense) {
                 rows_thaw(k->rows);
-                rows_settle(k->rows, k->g->fenced ? k->g->fence_limit : INT64_MAX);
+                settle_rows(k);
         }
         memset(k->frozen, 0, sizeof k->frozen);
 }
@@ -402,8 +407,7 @@ static void after_work(uv_work_t *w, int status) {
         }
         s->restoring = false;
         k->restored = k->nloaded; /* for the answer */
-        uint64_t rows_loaded = k->rows_loaded;
-        k->saved_rows = rows_loaded; /* for the answer */
+        uint64_t rows_loaded = k->rows_count;
         restore_clear(k);
         if (rows_loaded)
                 alloc_purge(); /* the blocks read and the tables' index as it grew: a one-off peak */
@@ -489,7 +493,7 @@ static int snapshot(Checkpointer *k) {
                 return -ENOMEM;
         k->cap = (size_t) n;
         k->nrecs_dense = (size_t) n; /* save_clear frees these as chunks' */
-        k->saved_rows = 0;
+        k->rows_count = 0;
         k->per = (uint32_t) job_state_per_value(&s->job);
         k->job = s->job.id;
         k->err = 0;
@@ -502,7 +506,7 @@ static int snapshot(Checkpointer *k) {
          * writer has read them (thaw), so no copy of them is made. */
         k->n += rows_snapshot(k->rows, k->clock, k->recs + k->n, k->frozen);
         for (size_t i = k->nrecs_dense; i < k->n; i++)
-                k->saved_rows += k->recs[i].nlast;
+                k->rows_count += k->recs[i].nlast;
         return 0;
 }
 
@@ -512,8 +516,8 @@ void checkpoint_poll(Checkpointer *k) {
                 return;
         Store *s = k->s;
         bool fed = s->has_job && s->job.mode == MODE_FED;
-        if (k->rows && k->g->fenced && !fed)
-                rows_settle(k->rows, k->g->fence_limit); /* the boundary may have moved the fence's limit */
+        if (k->g->fenced && !fed)
+                settle_rows(k); /* the boundary may have moved the fence's limit */
         int ready = s->has_job ? at_boundary(k, err, sizeof err) : -1;
         if (ready == 0 && (k->g->fenced || fed))
                 return; /* a federated job's keys moving in: pscoord's --checkpoint-timeout bounds it */
@@ -534,8 +538,7 @@ void checkpoint_poll(Checkpointer *k) {
                 k->g->fenced = false;
                 (void) gate_settle(k->g);
                 gate_wake(k->g);
-                if (k->rows)
-                        rows_settle(k->rows, INT64_MAX);
+                settle_rows(k);
         }
         if (r < 0) {
                 thaw(k);
@@ -600,7 +603,7 @@ static int restore_rows(Checkpointer *k, CkptReader *rd, size_t i, const CkptEnt
                          r == -ENOMEM ? "out of memory" : r == -EINVAL ? "a row twice in the checkpoint" : why);
                 return r == -ENOSPC ? -ENOSPC : r == -ENOMEM ? -ENOMEM : -EBADMSG;
         }
-        k->rows_loaded += kept;
+        k->rows_count += kept;
         k->bytes += e->bytes;
         return 0;
 }
@@ -725,7 +728,7 @@ static int restore_setup(Checkpointer *k) {
                         k->want[k->base[t] + c] = !s->chunks[t][c] &&
                                                   shardmap_holder_rank(s->map, t, c, s->shard_id) >= 0;
                 }
-        k->rows_loaded = 0;
+        k->rows_count = 0;
         return 0;
 }
 

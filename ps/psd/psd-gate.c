@@ -197,6 +197,10 @@ int gate_install_image(Gate *g, const ChunkImage *im) {
         return gate_settle(g);
 }
 
+int64_t gate_worker_clock(const Gate *g, uint32_t worker) {
+        return clock_peek(g->wclock, g->nwclock, worker);
+}
+
 int64_t gate_clock(const Gate *g) {
         if (!g->store->has_job || !g->store->chunks)
                 return 0;

@@ -167,6 +167,9 @@ int gate_install_image(Gate *g, const ChunkImage *im);
 /* The shard's clock: under BSP the slowest chunk's, under ASP/SSP the
  * fastest member's progress. */
 int64_t gate_clock(const Gate *g);
+/* The clocks worker completed here (pushed to this shard's chunks), -1 for
+ * a worker it has not heard of. */
+int64_t gate_worker_clock(const Gate *g, uint32_t worker);
 
 /* A new request (route copied) with remaining = 1 for the reader's hold. */
 int pushreq_new(const zmq_msg_t *route, uint64_t seq, uint32_t worker, int64_t clock, PushReq **ret);

@@ -514,7 +514,7 @@ static bool psd_rows_pull_ready(Psd *p, int64_t clock, int64_t *ret_slowest) {
         int64_t slowest = -1;
         for (size_t i = 0; i < cfg->nmembers; i++) {
                 uint32_t w = cfg->members[i];
-                int64_t lo, hi, wc = w < g->nwclock ? g->wclock[w] : -1;
+                int64_t lo, hi, wc = gate_worker_clock(g, w);
                 rows_worker_clocks(p->rows, w, &lo, &hi);
                 int64_t done = MAX(MAX(wc, (int64_t) 0), lo + 1);
                 if (slowest < 0 || done < slowest)

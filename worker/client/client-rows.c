@@ -6,7 +6,8 @@
  * MIGRATING, NO_JOB: nothing was applied), ended with -EAGAIN where it
  * routes by a newer map. A shard's share goes in parts of at most
  * WIRE_ROWS_PART_BYTES of rows, one after the other (a push's parts name
- * their part; the shard counts the push once every part is in). It uses the round's timers, never beside a round. */
+ * their part; the shard counts the push once every part is in). It uses the
+ * round's timers, never beside a round. */
 #include <errno.h>
 #include <string.h>
 #include "alloc.h"
@@ -27,6 +28,12 @@ typedef struct RowsReq {
          * the other: part is the one in hand. */
         size_t per, part, parts;
 } RowsReq;
+
+/* The ids of q's part in hand: q->ids[*from .. *from + *count). */
+static void part_range(const RowsReq *q, size_t *from, size_t *count) {
+        *from = q->part * q->per;
+        *count = MIN(q->per, q->n - *from);
+}
 
 struct RowsOp {
         uint32_t table, dim;
@@ -212,7 +219,8 @@ static int send_req(Client *c, size_t i) {
                 return r;
         }
         zmq_msg_t f[2];
-        size_t from = q->part * q->per, cnt = MIN(q->per, q->n - from);
+        size_t from, cnt;
+        part_range(q, &from, &cnt);
         size_t idb = cnt * sizeof *q->ids, gb = cnt * op->dim * sizeof(float);
         if (op->push && q->parts > 1) {
                 h.has_part = h.has_parts = h.has_epoch = true;
@@ -355,7 +363,8 @@ static int handle(Client *c, ShardConn *s, RowsReq *q, const WireMsg *m) {
                 q->state = h->has_cursor ? REQ_TODO : REQ_DONE;
                 return 0;
         }
-        size_t from = q->part * q->per, cnt = MIN(q->per, q->n - from);
+        size_t from, cnt;
+        part_range(q, &from, &cnt);
         if (!op->push) {
                 size_t idb = cnt * sizeof(int64_t), rb = cnt * op->dim * sizeof(float);
                 if (h->table != op->table || m->nframes != 2 || zmq_msg_size((zmq_msg_t *) &m->frames[0]) != idb ||
