@@ -27,7 +27,7 @@ while [ $# -gt 0 ]; do
   esac
 done
 source "$top/tests/bench/lib.sh"
-export PYTHONPATH=$top/python PSNET_LIB=$build/worker/client/libpsnet.so
+python_client
 DATA=${PSNET_DATA:-/usr/share/datasets/fashion-mnist}
 
 # The partitions, as NumPy pairs each client reads whole (the same for both runs).

@@ -29,6 +29,16 @@ bench_cleanup() {
 trap bench_cleanup EXIT
 trap 'exit 143' TERM INT
 die() { echo "$BENCH: $*" >&2; exit 1; }
+# python_client MODULE...: Debian's python3 with MODULEs (numpy, torch), and
+# this build's Python package and libpsnet for it (PYTHONPATH, PSNET_LIB).
+python_client() {
+  local m
+  for m in "$@"; do
+    /usr/bin/python3 -c "import $m" 2>/dev/null || die "python3-$m is missing (Debian's)"
+  done
+  export PYTHONPATH=$top/python PSNET_LIB=$build/worker/client/libpsnet.so
+  [ -f "$PSNET_LIB" ] || die "$PSNET_LIB is missing (ninja -C $build)"
+}
 # flower_venv DIR: a virtual environment with Flower (flwr) and NumPy in DIR,
 # made the first time (Debian's python3-venv and a network), for a
 # side-by-side benchmark only; sets FLOWER_PY to its python.

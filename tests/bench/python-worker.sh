@@ -30,9 +30,7 @@ while [ $# -gt 0 ]; do
 done
 BENCH=python-worker
 source "$top/tests/bench/lib.sh"
-/usr/bin/python3 -c 'import torch, numpy' 2>/dev/null || die "python3-torch and python3-numpy are missing"
-export PYTHONPATH=$top/python PSNET_LIB=$build/worker/client/libpsnet.so
-[ -f "$PSNET_LIB" ] || die "$PSNET_LIB is missing (ninja -C $build)"
+python_client torch numpy
 
 acc_of() { sed -n 's/.*accuracy=\([0-9.]*\).*/\1/p' <<<"$1"; }
 # one_run KIND N: trains the job once with worker KIND (workerd, or py-on,

@@ -24,8 +24,7 @@ while [ $# -gt 0 ]; do
 done
 BENCH=rows-scale
 source "$top/tests/bench/lib.sh"
-/usr/bin/python3 -c 'import numpy' 2>/dev/null || die "python3-numpy is missing"
-export PYTHONPATH=$top/python PSNET_LIB=$build/worker/client/libpsnet.so
+python_client numpy
 CK=$RUN/checkpoints
 rss_mib() { awk '/^VmRSS:/ { printf "%.0f", $2 / 1024 }' "/proc/$1/status"; }
 cluster() {  # cluster TAG [PSCOORD OPTIONS...]: pscoord and three shards serving /metrics

@@ -22,8 +22,7 @@ while [ $# -gt 0 ]; do
 done
 BENCH=rows
 source "$top/tests/bench/lib.sh"
-/usr/bin/python3 -c 'import numpy, torch' 2>/dev/null || die "python3-numpy and python3-torch are missing"
-export PYTHONPATH=$top/python PSNET_LIB=$build/worker/client/libpsnet.so
+python_client numpy torch
 for shards in 1 2; do
   coord="ipc://$RUN/coord-$shards.sock"
   psnet_start "pscoord-$shards" "$PSCOORD" --listen "$coord" --workers 1 --shards "$shards" --mode asp \

@@ -18,19 +18,9 @@ import torch.nn.functional as F
 import psnet
 import psnet.torch
 from psnet.client import PsnetError
-from pychecks import fail, say
+from pychecks import fail, say, wait_for
 
 DATA = os.environ.get("PSNET_DATA", "/usr/share/datasets/fashion-mnist")
-
-
-def wait_for(cond, seconds):
-    """Polls cond until it holds or seconds pass; whether it held."""
-    end = time.monotonic() + seconds
-    while not cond():
-        if time.monotonic() >= end:
-            return False
-        time.sleep(0.002)  # poll interval of a condition with a deadline
-    return True
 
 
 def fashion(split, n):

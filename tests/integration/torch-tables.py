@@ -12,7 +12,6 @@ import json
 import os
 import subprocess
 import sys
-import time
 
 import numpy as np
 import torch
@@ -20,7 +19,7 @@ import torch.nn as nn
 
 import psnet.torch
 from psnet.client import PsnetError
-from pychecks import fail, say
+from pychecks import fail, say, wait_for
 
 BATCH, LR_ROWS, LR_DENSE = 256, 0.5, 0.05
 
@@ -171,8 +170,8 @@ def check_ckpt_worker(coord, data, out, mode, pause_dir=""):
     while opt.clock < CKPT_STEPS:
         if pause_dir and opt.rank == 0 and opt.clock == CKPT_PAUSE:
             open(f"{pause_dir}/at", "w").close()
-            while not os.path.exists(f"{pause_dir}/go"):
-                time.sleep(0.01)  # the test's signal: it started the checkpoint
+            if not wait_for(lambda: os.path.exists(f"{pause_dir}/go"), 120):
+                fail(f"no {pause_dir}/go within 120 s: the test did not start the checkpoint")
         b = slice((2 * opt.clock + opt.rank) * BATCH, (2 * opt.clock + opt.rank + 1) * BATCH)
         opt.zero_grad()
         loss_fn(model(xs[b], xd[b]), y[b]).backward()
