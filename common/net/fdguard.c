@@ -8,6 +8,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <stdatomic.h>
+#include <stdlib.h>
 #include <stdbool.h>
 #include <sys/resource.h>
 #include <sys/socket.h>
@@ -19,12 +20,36 @@
 
 #define FDGUARD_RESERVE_MIN 32
 #define FDGUARD_RESERVE_MAX 4096
+#define FDGUARD_MAX_CONNS (1ul << 20) /* connections read for their messages: 24 MiB of table at most */
 
 typedef int (*Accept4Fn)(int, struct sockaddr *, socklen_t *, int);
+
+/* A ZMTP 3 connection's inbound bytes as libzmq reads them: where the
+ * greeting, a frame's flags, its size or its body is, and the bytes of the
+ * message begun. */
+typedef struct {
+        atomic_bool on;   /* accepted for libzmq: read here */
+        uint8_t state;    /* ZMTP_* */
+        uint8_t flags;    /* the frame's: 0x01 more, 0x02 long, 0x04 command */
+        uint8_t got;      /* bytes of the greeting, or of the frame's size */
+        uint64_t left;    /* the frame's size as it is read; then its body's bytes to come */
+        uint64_t message; /* the message begun: its frames' bytes, FDGUARD_FRAME_COST each more */
+} Zmtp;
+
+enum { ZMTP_GREETING, ZMTP_FLAGS, ZMTP_SIZE, ZMTP_BODY };
+#define ZMTP_GREETING_BYTES 64
+#define ZMTP_MORE 0x01
+#define ZMTP_LONG 0x02
+#define ZMTP_COMMAND 0x04
+
+typedef int (*SocketFn)(int, int, int);
+typedef ssize_t (*RecvFn)(int, void *, size_t, int);
 
 static atomic_ulong guard_budget, guard_limit;
 static atomic_uint_least64_t guard_refused, guard_logged_second;
 static atomic_int guard_spare = -1;
+static atomic_uint_least64_t guard_bound, guard_dropped, guard_dropped_second;
+static Zmtp *guard_conns; /* one per descriptor below the budget */
 
 static void *real_fn(const char *name) {
         void *f = dlsym(RTLD_NEXT, name);
@@ -77,6 +102,139 @@ static int guard(int s, int fd, Accept4Fn again) {
         return -1;
 }
 
+static Zmtp *conn_of(int fd) {
+        return guard_conns && fd >= 0 && (unsigned long) fd < atomic_load(&guard_budget) ? &guard_conns[fd] : NULL;
+}
+
+/* A connection begun: read from its greeting on. */
+static void conn_start(int fd) {
+        Zmtp *z = conn_of(fd);
+        if (!z)
+                return;
+        z->state = ZMTP_GREETING;
+        z->got = z->flags = 0;
+        z->left = z->message = 0;
+        atomic_store(&z->on, true);
+}
+
+void fdguard_forget(int fd) {
+        Zmtp *z = conn_of(fd);
+        if (z)
+                atomic_store(&z->on, false);
+}
+
+static void dropped_one(const char *why) {
+        uint64_t n = atomic_fetch_add(&guard_dropped, 1) + 1;
+        struct timespec ts;
+        clock_gettime(CLOCK_MONOTONIC, &ts);
+        uint64_t second = (uint64_t) ts.tv_sec, last = atomic_load(&guard_dropped_second);
+        if (second != last && atomic_compare_exchange_strong(&guard_dropped_second, &last, second))
+                log_warning("dropped a connection: %s (at most one such line a second) dropped_total=%llu "
+                            "bound=%llu", why, (unsigned long long) n, (unsigned long long) atomic_load(&guard_bound));
+}
+
+/* A frame whole: a message ends with its last frame (commands are none of it). */
+static void frame_done(Zmtp *z) {
+        if (!(z->flags & (ZMTP_MORE | ZMTP_COMMAND)))
+                z->message = 0;
+        z->state = ZMTP_FLAGS;
+}
+
+/* n bytes of the connection as they arrived: false where the connection must
+ * go (not ZMTP 3, or a message past the bound), with *why set. The greeting's
+ * signature and version are checked: ZMTP 1.0 and 2.0 frame otherwise, and a
+ * psnet peer's libzmq speaks 3.x. */
+static bool conn_feed(Zmtp *z, const uint8_t *b, size_t n, const char **why) {
+        uint64_t bound = atomic_load(&guard_bound);
+        for (size_t i = 0; i < n;) {
+                switch (z->state) {
+                case ZMTP_GREETING: {
+                        uint8_t c = b[i++], at = z->got++;
+                        if ((at == 0 && c != 0xff) || (at == 9 && !(c & 0x01)) || (at == 10 && c < 3)) {
+                                *why = "it does not speak ZMTP 3 (the framing whose messages are bounded here; a "
+                                       "psnet peer's libzmq speaks it)";
+                                return false;
+                        }
+                        if (z->got == ZMTP_GREETING_BYTES)
+                                z->state = ZMTP_FLAGS;
+                        break;
+                }
+                case ZMTP_FLAGS:
+                        z->flags = b[i++];
+                        z->got = 0;
+                        z->left = 0;
+                        z->state = ZMTP_SIZE;
+                        break;
+                case ZMTP_SIZE:
+                        z->left = z->left << 8 | b[i++];
+                        if (++z->got < (z->flags & ZMTP_LONG ? 8 : 1))
+                                break;
+                        if (!(z->flags & ZMTP_COMMAND)) {
+                                /* Past the bound at the frame's size, before
+                                 * libzmq has read (or allocated) its body. */
+                                z->message += MIN(z->left, UINT64_MAX / 2) + FDGUARD_FRAME_COST;
+                                if (bound && z->message > bound) {
+                                        *why = "it began a message larger than this daemon takes (the bound "
+                                               "below); it was read no further";
+                                        return false;
+                                }
+                        }
+                        if (z->left)
+                                z->state = ZMTP_BODY;
+                        else
+                                frame_done(z);
+                        break;
+                case ZMTP_BODY: {
+                        uint64_t take = MIN(z->left, (uint64_t) (n - i));
+                        i += take;
+                        z->left -= take;
+                        if (!z->left)
+                                frame_done(z);
+                        break;
+                }
+                }
+        }
+        return true;
+}
+
+ssize_t recv(int fd, void *buf, size_t len, int flags) {
+        static _Atomic(RecvFn) real;
+        RecvFn f = atomic_load(&real);
+        if (!f) {
+                *(void **) &f = real_fn("recv");
+                if (!f)
+                        return -1;
+                atomic_store(&real, f);
+        }
+        ssize_t r = f(fd, buf, len, flags);
+        Zmtp *z = r > 0 && !(flags & MSG_PEEK) ? conn_of(fd) : NULL;
+        const char *why = NULL;
+        if (z && atomic_load(&z->on) && !conn_feed(z, buf, (size_t) r, &why)) {
+                /* libzmq takes ECONNRESET as the peer's going: the connection
+                 * and the message begun are freed, the bytes read unseen. */
+                atomic_store(&z->on, false);
+                dropped_one(why);
+                errno = ECONNRESET;
+                return -1;
+        }
+        return r;
+}
+
+/* Descriptors of new sockets are none of an accepted connection's. */
+int socket(int domain, int type, int protocol) {
+        static _Atomic(SocketFn) real;
+        SocketFn f = atomic_load(&real);
+        if (!f) {
+                *(void **) &f = real_fn("socket");
+                if (!f)
+                        return -1;
+                atomic_store(&real, f);
+        }
+        int fd = f(domain, type, protocol);
+        fdguard_forget(fd);
+        return fd;
+}
+
 int accept4(int s, struct sockaddr *addr, socklen_t *len, int flags) {
         static _Atomic(Accept4Fn) real;
         Accept4Fn f = atomic_load(&real);
@@ -86,7 +244,9 @@ int accept4(int s, struct sockaddr *addr, socklen_t *len, int flags) {
                         return -1;
                 atomic_store(&real, f);
         }
-        return guard(s, f(s, addr, len, flags), f);
+        int fd = guard(s, f(s, addr, len, flags), f);
+        conn_start(fd);
+        return fd;
 }
 
 int accept(int s, struct sockaddr *addr, socklen_t *len) {
@@ -111,7 +271,11 @@ void fdguard_init(void) {
         unsigned long reserve = MIN(MAX(limit / 8, (unsigned long) FDGUARD_RESERVE_MIN), (unsigned long) FDGUARD_RESERVE_MAX);
         atomic_store(&guard_limit, limit);
         atomic_store(&guard_spare, open("/dev/null", O_RDONLY | O_CLOEXEC));
-        atomic_store(&guard_budget, limit > reserve ? limit - reserve : 1);
+        unsigned long budget = limit > reserve ? limit - reserve : 1;
+        /* Zero pages until a descriptor that high is accepted. */
+        if (!guard_conns)
+                guard_conns = calloc(MIN(budget, FDGUARD_MAX_CONNS), sizeof *guard_conns);
+        atomic_store(&guard_budget, guard_conns ? MIN(budget, FDGUARD_MAX_CONNS) : budget);
         if (limit < 4096)
                 log_warning("open-files limit is %lu: connections past %lu are refused; raise it (LimitNOFILE=, "
                             "ulimit -n) for more than a few hundred peers", limit, atomic_load(&guard_budget));
@@ -120,3 +284,6 @@ void fdguard_init(void) {
 unsigned long fdguard_budget(void) { return atomic_load(&guard_budget); }
 unsigned long fdguard_limit(void) { return atomic_load(&guard_limit); }
 uint64_t fdguard_refused(void) { return atomic_load(&guard_refused); }
+void fdguard_message_bound(uint64_t bytes) { atomic_store(&guard_bound, bytes); }
+uint64_t fdguard_bound(void) { return atomic_load(&guard_bound); }
+uint64_t fdguard_dropped(void) { return atomic_load(&guard_dropped); }

@@ -13,6 +13,20 @@
 #pragma once
 #include <stdint.h>
 
+/* Messages bounded as they arrive. libzmq hands a multipart message over only
+ * once all of it has come, and bounds a frame but not the frames of a
+ * message: one message of many frames each under the limit was held whole
+ * (2 GiB into pscoord). The same file takes recv() in front of libzmq, for
+ * the connections accepted here: it follows their ZMTP 3 framing (greeting,
+ * then each frame's flags and size) and, as soon as a frame's size takes the
+ * message begun past the bound (fdguard_message_bound), fails the read with
+ * ECONNRESET: libzmq drops the connection and what it held, before the
+ * frame's body is read. With CURVE every frame is sealed on its own and its
+ * MORE flag is inside: there a message is bounded frame by frame (by
+ * --max-msg), and only holders of an allowed key get that far. A peer that
+ * does not speak ZMTP 3 (1.0 and 2.0 frame otherwise) is dropped. */
+#define FDGUARD_FRAME_COST 64u /* counted for each frame beyond its bytes: libzmq's zmq_msg_t */
+
 /* Raises the soft open-files limit to the hard one, sets the budget below it
  * (an eighth kept back, at least 32, at most 4,096) and opens the spare.
  * Called once, at start, by service_new. */
@@ -23,3 +37,11 @@ unsigned long fdguard_budget(void);
 unsigned long fdguard_limit(void);
 /* Connections refused since start: past the budget, and with no descriptor left. */
 uint64_t fdguard_refused(void);
+/* The largest message (its frames' bytes, FDGUARD_FRAME_COST each more) a
+ * connection accepted here may send; 0: no bound. Set as the job changes. */
+void fdguard_message_bound(uint64_t bytes);
+uint64_t fdguard_bound(void);
+/* Connections dropped for a message past the bound, or for not speaking ZMTP 3. */
+uint64_t fdguard_dropped(void);
+/* fd, just accepted, is not libzmq's (a shared-memory hello): not read as ZMTP. */
+void fdguard_forget(int fd);

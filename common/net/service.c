@@ -96,6 +96,12 @@ static void service_http_handler(void *ud, const char *path, HttpReply *r) {
                 metrics_one(&b, "psnet_connections_refused_total", "counter",
                             "Connections closed as accepted: past the budget, or no descriptor left.",
                             (double) fdguard_refused());
+                metrics_one(&b, "psnet_message_bound_bytes", "gauge",
+                            "The largest message a peer may send here (0: none); past it its connection is dropped.",
+                            (double) fdguard_bound());
+                metrics_one(&b, "psnet_connections_dropped_total", "counter",
+                            "Connections dropped as they began a message past the bound, or spoke no ZMTP 3.",
+                            (double) fdguard_dropped());
                 if (s->ops.metrics)
                         s->ops.metrics(s->ud, &b);
                 if (b.failed) {

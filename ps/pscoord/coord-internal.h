@@ -55,6 +55,7 @@
 
 #define COORD_MAX_PEERS 4096
 #define COORD_MAX_FRAME (256 << 10)  /* control messages are small: a job spec is a few KiB */
+#define COORD_MAX_MESSAGE (4u * COORD_MAX_FRAME) /* its frames together (fdguard_message_bound) */
 #define COORD_MAX_STRAGGLERS 64
 
 typedef struct Peer {

@@ -7,6 +7,7 @@
  * driven. See coord-internal.h for the other files and their order. */
 #include <time.h>
 #include "coord-internal.h"
+#include "fdguard.h"
 
 /* --- the messages pscoord serves: its handler table ------------------------------------ */
 
@@ -205,6 +206,9 @@ int coord_run(const CoordConfig *cfg) {
                 log_error_errno(r, "Failed to set up signals: %m");
                 goto finish;
         }
+        /* A control message is a header: one begun past a few frames' worth
+         * is dropped before it is read whole (it was held whole: 2 GiB). */
+        fdguard_message_bound(COORD_MAX_MESSAGE);
         c.zctx = zmq_ctx_new();
         if (!c.zctx) {
                 r = log_error_errno(errno, "Failed to create ZeroMQ context: %m");

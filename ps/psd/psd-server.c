@@ -17,6 +17,7 @@
 #include "dispatch.h"
 #include "endpoint.h"
 #include "errors.h"
+#include "fdguard.h"
 #include "keys.h"
 #include "metrics.h"
 #include "log.h"
@@ -716,6 +717,17 @@ static int psd_check_job(Psd *p, const Job *job, const ShardMap *map, char *reas
         return 0;
 }
 
+/* The largest message a peer may send this shard: every value of the job
+ * and its optimizer state twice over (a migration carries state, a top-k
+ * push pairs of index and value), a frame of --max-msg twice (rows in
+ * parts, a header), and each of the most frames a message may have. Before
+ * a job (job NULL), the frames alone. */
+static uint64_t psd_message_bound(const Psd *p, const Job *job) {
+        uint64_t model = job ? job_model_bytes(job) : 0;
+        return 2 * model + 2 * (uint64_t) p->cfg->max_msg + WIRE_MAX_HEADER +
+               (uint64_t) (WIRE_MAX_KEYS + 8) * FDGUARD_FRAME_COST;
+}
+
 static void psd_checkpoint_failed(Psd *p, const char *name, int err);
 
 static void psd_apply_config(Psd *p, const Psnet__Config *ctl) {
@@ -766,6 +778,7 @@ static void psd_apply_config(Psd *p, const Psnet__Config *ctl) {
                         log_error_errno(r, "Failed to configure the store: %m");
                         return;
                 }
+                fdguard_message_bound(psd_message_bound(p, &job));
                 r = rows_configure(p->rows, &job, err, sizeof err);
                 if (r < 0)
                         log_error("cannot hold the job's tables reason=\"%s\"", err); /* their requests: NO_JOB */
@@ -779,10 +792,11 @@ static void psd_apply_config(Psd *p, const Psnet__Config *ctl) {
                                  (unsigned long) store_stats(p->store)->backup_keys, (unsigned long) store_incoming(p->store),
                                  (unsigned long) migrate_moved_out(p->migrate), shardmap_replicas(store_map(p->store)));
                 if (fresh)
-                        log_info("job configured job=%u model=%s mode=%s keys=%lu bytes=%lu map_epoch=%lu%s%s",
+                        log_info("job configured job=%u model=%s mode=%s keys=%lu bytes=%lu message_bound=%lu "
+                                 "map_epoch=%lu%s%s",
                                  job.id, job.model_name, job_mode_string(&job, mode, sizeof mode),
                                  (unsigned long) store_stats(p->store)->nkeys, (unsigned long) store_stats(p->store)->bytes,
-                                 (unsigned long) ctl->map->epoch, restore ? " restore=" : "", restore ? rs->name : "");
+                                 (unsigned long) fdguard_bound(), (unsigned long) ctl->map->epoch, restore ? " restore=" : "", restore ? rs->name : "");
                 if (seed && (r = checkpoint_seed(p->ckpt)) < 0 && job.init[0]) {
                         store_set_restoring(p->store, false);
                         checkpoint_init_failed(p->ckpt, &job, r);
@@ -1321,6 +1335,7 @@ int psd_run(const PsdConfig *cfg) {
                 log_error_errno(r, "Failed to set up signals: %m");
                 goto finish;
         }
+        fdguard_message_bound(psd_message_bound(&p, NULL));
         char herr[256];
         if (cfg->http && (r = service_http(p.service, cfg->http, herr, sizeof herr)) < 0) {
                 log_error("%s", herr);

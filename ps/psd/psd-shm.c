@@ -10,6 +10,7 @@
 #include <unistd.h>
 #include "alloc.h"
 #include "endpoint.h"
+#include "fdguard.h"
 #include "log.h"
 #include "macro.h"
 #include "psd-shm.h"
@@ -170,6 +171,7 @@ static void listen_cb(uv_poll_t *h, int status, int events) {
                                 log_warning_errno(-errno, "Failed to accept a shared-memory connection: %m");
                         return;
                 }
+                fdguard_forget(fd); /* a hello and descriptors, not ZMTP */
                 struct ucred cred = { 0 };
                 socklen_t cl = sizeof cred;
                 (void) getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &cl);

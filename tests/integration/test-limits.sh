@@ -88,28 +88,57 @@ out=$("$PSPOKE" "$COORD" status); grep -q "type=21 status=ok" <<<"$out"; ok $? "
 out=$(PSPOKE_WAIT_MS=1000 "$PSPOKE" "$COORD" huge 1 "$len"); ok $(( $? != 3 )) "a 1 GiB frame to pscoord gets no answer: the connection is dropped"
 psnet_wait_for 5 grep -q 'connection closed (the peer left, or sent a frame over the control limit of 262144 bytes)' "$RUN/pscoord.log"
 ok $? "pscoord logs the drop with its frame limit (before: nothing)"
-# One message of many frames, each under the frame limit: libzmq hands over
-# whole messages only, so it is read whole and refused; what it held goes
-# back to the system once it is refused (before: 18 -> 2,090 MiB, kept).
+# One message of many frames, each under the frame limit: libzmq hands a
+# message over only once it is whole, so it was read whole before it could
+# be refused (a 2,000-frame message of 458 MiB took pscoord from 18 to
+# 2,090 MiB). The daemons now follow the frames' sizes as they arrive and drop
+# the connection as soon as the message begun passes their bound (pscoord
+# 1 MiB; psd its job's model and state twice over, and twice --max-msg): the
+# peak stays put. A message under the bound that is not the job's is refused
+# with a reason, and what it held goes back to the system.
+hwm_mb() { awk '/VmHWM/ { print int($2 / 1024) }' "/proc/$1/status"; }
+stall=$PSNET_SRC/tests/integration/zmtp-stall.py
+hwm0=$(hwm_mb "$PID_pscoord")
+out=$(python3 "$stall" --message "$COORD" 480000000 240000)
+[[ $out == closed* ]] && awk '{ exit !($2 < 16 * 1048576) }' <<<"$out"
+ok $? "one message of 2,000 frames of 234 KiB to pscoord (458 MiB) is dropped before 16 MiB of it are sent ($out)"
+hwm1=$(hwm_mb "$PID_pscoord")
+[ $((hwm1 - hwm0)) -lt 30 ]; ok $? "and pscoord's peak memory stayed put (${hwm0} -> ${hwm1} MiB)"
+grep -q 'dropped a connection: it began a message larger than this daemon takes .* bound=1048576' "$RUN/pscoord.log"
+ok $? "pscoord logs the drop with its bound"
 rss0=$(rss_mb "$PID_pscoord")
-out=$(PSPOKE_WAIT_MS=20000 PSPOKE_COUNT=2000 "$PSPOKE" "$COORD" frames 1 60000)
-grep -q "status=malformed .*carries 2000 payload frames" <<<"$out"
-ok $? "one message of 2,000 frames of 234 KiB to pscoord (458 MiB) is refused with a reason ($out)"
-psnet_wait_for 10 rss_below "$PID_pscoord" $((rss0 + 50))
-ok $? "and pscoord's memory returns to within 50 MiB of where it was (${rss0} -> $(rss_mb "$PID_pscoord") MiB)"
+out=$(PSPOKE_WAIT_MS=20000 PSPOKE_COUNT=3 "$PSPOKE" "$COORD" frames 1 60000)
+grep -q "status=malformed .*carries 3 payload frames" <<<"$out"
+ok $? "a message of 3 frames of 234 KiB to pscoord (under the bound) is refused with a reason ($out)"
+bound=$(curl -sf "http://127.0.0.1:$port/metrics" | awk '$1 == "psnet_message_bound_bytes" { print $2 }')
+[ -n "$bound" ] && [ "$bound" -gt $((32 << 20)) ] && [ "$bound" -lt $((64 << 20)) ]
+ok $? "psd's bound follows its job and --max-msg (psnet_message_bound_bytes $bound)"
+hwm0=$(hwm_mb "$PID_psd_1")
+out=$(python3 "$stall" --message "$SHARD" 536870912 8388608)
+[[ $out == closed* ]] && awk -v b="$bound" '{ exit !($2 <= b + 16 * 1048576) }' <<<"$out"
+ok $? "one push of 64 frames of 8 MiB to psd (512 MiB) is dropped once past the bound ($out)"
+hwm1=$(hwm_mb "$PID_psd_1")
+[ $((hwm1 - hwm0)) -lt 120 ]; ok $? "and psd's peak memory grew by less than the bound and a little (${hwm0} -> ${hwm1} MiB)"
+curl -sf "http://127.0.0.1:$port/metrics" | awk '$1 == "psnet_connections_dropped_total" && $2 >= 1 { f = 1 } END { exit !f }'
+ok $? "counted in psd's psnet_connections_dropped_total"
 rss0=$(rss_mb "$PID_psd_1")
-out=$(PSPOKE_WAIT_MS=20000 PSPOKE_COUNT=64 "$PSPOKE" "$SHARD" frames 1 2097152)
-grep -q "status=malformed .*carries 64 payload frames" <<<"$out"
-ok $? "one push of 64 frames of 8 MiB to psd (512 MiB, each frame under --max-msg) is refused with a reason ($out)"
+out=$(PSPOKE_WAIT_MS=20000 PSPOKE_COUNT=4 "$PSPOKE" "$SHARD" frames 1 2097152)
+grep -q "status=malformed .*carries 4 payload frames" <<<"$out"
+ok $? "one push of 4 frames of 8 MiB to psd (under the bound, each frame under --max-msg) is refused with a reason ($out)"
 psnet_wait_for 10 rss_below "$PID_psd_1" $((rss0 + 100))
 ok $? "and psd's memory returns to within 100 MiB of where it was (${rss0} -> $(rss_mb "$PID_psd_1") MiB)"
+# ZMTP 1.0 frames otherwise, and libzmq still speaks it: a peer that does is
+# dropped, since its messages could not be bounded.
+for ep in "$SHARD" "$COORD"; do
+  out=$(python3 "$stall" --zmtp1 "$ep" 5); ok $? "a ZMTP 1.0 peer of ${ep##*/} is dropped ($out)"
+done
 
 # A message begun and never finished (1,000 bytes of a 100 KiB frame, under
 # both frame limits, then silence) is dropped after --idle-timeout 2 s (the
 # first ping 0.67 s in, 2 s to answer), by psd and by pscoord; the worker's
 # own connections, idle between requests, stay (the job finishes below).
 for ep in "$SHARD" "$COORD"; do
-  out=$(python3 "$PSNET_SRC/tests/integration/zmtp-stall.py" "$ep" 20)
+  out=$(python3 "$stall" "$ep" 20)
   [[ $out == closed* ]] && awk '{ exit !($2 >= 2 && $2 < 10) }' <<<"$out"
   ok $? "a half-sent frame to ${ep##*/} is dropped after the idle timeout ($out)"
 done
@@ -117,7 +146,7 @@ done
 # each where pages are huge) goes back to the system once they are dropped
 # (jemalloc keeps freed pages otherwise: 650 MiB stayed before).
 rss0=$(rss_mb "$PID_psd_1")
-out=$(python3 "$PSNET_SRC/tests/integration/zmtp-stall.py" "$SHARD" 30 200 4194304)
+out=$(python3 "$stall" "$SHARD" 30 200 4194304)
 ok $? "200 half-sent 4 MiB frames to psd are all dropped ($out)"
 psnet_wait_for 10 rss_below "$PID_psd_1" $((rss0 + 100))
 ok $? "and psd's memory returns to within 100 MiB of where it was (${rss0} -> $(rss_mb "$PID_psd_1") MiB)"

@@ -7,6 +7,19 @@ every daemon's frame limit), sends 1,000 bytes of it and goes silent. Prints
 N" (N of them still open) after LIMIT seconds (exit 1).
 
   python3 tests/integration/zmtp-stall.py ENDPOINT LIMIT [COUNT [FRAME]]
+
+--message: one message of frames of FRAME bytes each (all but the last with
+MORE), TOTAL bytes in all, sent as fast as the daemon reads. Prints "closed
+N" with the bytes sent when the daemon dropped the connection, or "sent N"
+once all of it went (exit 1).
+
+  python3 tests/integration/zmtp-stall.py --message ENDPOINT TOTAL FRAME
+
+--zmtp1: a ZMTP 1.0 peer (no greeting: a frame's length first), whose
+framing the daemons do not read. Prints "closed S" once it is dropped, or
+"open" after LIMIT seconds (exit 1).
+
+  python3 tests/integration/zmtp-stall.py --zmtp1 ENDPOINT LIMIT
 """
 import select
 import socket
@@ -15,24 +28,73 @@ import sys
 import time
 
 
-def stall(ep, frame):
+def connect(ep):
     if ep.startswith("ipc://"):
         s = socket.socket(socket.AF_UNIX)
         s.connect(ep[len("ipc://"):])
     else:
         host, port = ep[len("tcp://"):].rsplit(":", 1)
         s = socket.create_connection((host, int(port)))
+    return s
+
+
+def dealer(ep):
+    s = connect(ep)
     # Greeting: signature, version 3.0, mechanism NULL, not as-server, filler.
     s.sendall(b"\xff" + b"\0" * 8 + b"\x7f" + bytes([3, 0]) + b"NULL".ljust(20, b"\0") + b"\0" + b"\0" * 31)
     ready = b"\x05READY" + b"\x0bSocket-Type" + struct.pack(">I", 6) + b"DEALER"
     s.sendall(bytes([0x04, len(ready)]) + ready)
+    return s
+
+
+def stall(ep, frame):
+    s = dealer(ep)
     # A long frame (flag 0x02), the last of its message, begun only.
     s.sendall(bytes([0x02]) + struct.pack(">Q", frame) + b"\0" * 1000)
     s.setblocking(False)
     return s
 
 
+def message(ep, total, frame):
+    s = dealer(ep)
+    s.settimeout(30)
+    body = b"\0" * frame
+    sent = 0
+    try:
+        while sent < total:
+            last = sent + frame >= total
+            s.sendall(bytes([0x02 | (0 if last else 0x01)]) + struct.pack(">Q", frame) + body)
+            sent += frame
+    except OSError:
+        print(f"closed {sent}")
+        return 0
+    print(f"sent {sent}")
+    return 1
+
+
+def zmtp1(ep, limit):
+    s = connect(ep)
+    t0 = time.monotonic()
+    try:
+        # ZMTP 1.0: a frame's length (flags byte included), flags, body.
+        s.sendall(bytes([5, 0]) + b"DEAL")
+        s.settimeout(limit)
+        while s.recv(65536):
+            pass
+    except OSError:
+        pass
+    if time.monotonic() - t0 >= limit:
+        print("open")
+        return 1
+    print(f"closed {time.monotonic() - t0:.1f}")
+    return 0
+
+
 def main():
+    if sys.argv[1] == "--message":
+        return message(sys.argv[2], int(sys.argv[3]), int(sys.argv[4]))
+    if sys.argv[1] == "--zmtp1":
+        return zmtp1(sys.argv[2], float(sys.argv[3]))
     ep, limit = sys.argv[1], float(sys.argv[2])
     count = int(sys.argv[3]) if len(sys.argv) > 3 else 1
     frame = int(sys.argv[4]) if len(sys.argv) > 4 else 100 << 10
