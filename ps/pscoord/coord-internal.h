@@ -297,12 +297,14 @@ typedef struct Coord {
         char left_reason[232];      /* "worker N: why", of the last worker that left failing */
         struct { uint32_t pid; char host[64]; } evicted[COORD_MAX_STRAGGLERS]; /* not admitted again this job */
         size_t nevicted;
+        uint64_t evicted_ms;         /* the job's last eviction: new workers wait (coord_join_wait_ms) */
         uint64_t registrations, expiries, evictions, requests, refused;
         uint64_t hb_gap_max[2];      /* ms: the longest silence between heartbeats, [0] workers, [1] shards */
         uint64_t sole_waits;         /* shards silent past their lease, waited on for holding a sole copy */
         AllocPurge purge;            /* freed memory given back after connections closed, messages refused */
         uint64_t closed;             /* control connections closed */
         LogWindow closed_lines;      /* their log lines */
+        LogWindow join_lines;        /* registrations refused while new workers wait after an eviction */
         uint32_t failovers;         /* this job's: shards lost and replaced by their backups */
         uint32_t lost_shards;       /* of those, not yet replaced by a shard that registered (--keep-standby) */
         uint64_t failover_ms;       /* when the last one was published */

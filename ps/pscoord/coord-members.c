@@ -147,6 +147,19 @@ static bool rejoin(Coord *c, WireMsg *m) {
         return true;
 }
 
+/* How long a new worker still waits before a running job admits it: after
+ * the job's k-th eviction of a worker that stalled the others, --stall-timeout
+ * times 2^(k-1) from that eviction (at most a day). Each newcomer that never
+ * pushes stalls the members for --stall-timeout before it is evicted; a
+ * stream of them (new processes, a stolen key) would hold the job at a
+ * standstill, and now holds it for a vanishing share of the time. */
+static uint64_t coord_join_wait_ms(const Coord *c, uint64_t now) {
+        if (!c->nevicted || c->state != JOB_RUNNING || !c->cfg->stall_timeout)
+                return 0;
+        uint64_t wait = MIN(1000ull * c->cfg->stall_timeout << MIN(c->nevicted - 1, (size_t) 16), 86400000ull);
+        return now < c->evicted_ms + wait ? c->evicted_ms + wait - now : 0;
+}
+
 void coord_handle_register(Coord *c, WireMsg *m) {
         Psnet__Header *h = m->hdr;
         const Psnet__Register *reg = h->reg;
@@ -207,6 +220,18 @@ void coord_handle_register(Coord *c, WireMsg *m) {
                 }
         if (reg->has_want_id && reg->want_id && rejoin(c, m))
                 return;
+        uint64_t wait = reg->role == PSNET__ROLE__ROLE_WORKER ? coord_join_wait_ms(c, now_ms()) : 0;
+        if (wait) {
+                /* RESOURCE: the worker asks again (until its --connect-timeout). */
+                snprintf(reason, sizeof reason, "job %u evicted %zu worker%s that stalled the others; new workers "
+                         "are admitted again in %lu s (each eviction doubles the wait)", c->job.id, c->nevicted,
+                         c->nevicted == 1 ? "" : "s", (unsigned long) ((wait + 999) / 1000));
+                if (log_window(&c->join_lines, now_ms()))
+                        log_warning("refused registration reason=\"%s\"", reason);
+                c->errors++;
+                (void) netsock_send_error(c->ctl, &m->route, PSNET__STATUS__STATUS_RESOURCE, h->seq, reason);
+                return;
+        }
         uint32_t id;
         if (reg->role == PSNET__ROLE__ROLE_SERVER) {
                 id = reg->want_id;
@@ -514,6 +539,7 @@ void coord_evict_stragglers(Coord *c) {
                         continue; /* gone already, or reported by two shards */
                 log_warning("evicted a worker the others waited on for %lu s (--stall-timeout %u s) worker=%u",
                             (unsigned long) (waited[k] / 1000), c->cfg->stall_timeout, w->id);
+                c->evicted_ms = now_ms();
                 if (c->nevicted < COORD_MAX_STRAGGLERS) {
                         c->evicted[c->nevicted].pid = w->pid;
                         snprintf(c->evicted[c->nevicted].host, sizeof c->evicted[0].host, "%s", w->host);

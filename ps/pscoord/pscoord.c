@@ -36,7 +36,8 @@ int main(int argc, char **argv) {
                   "drop a connection that sends nothing for this long, a message begun and never finished "
                   "included (ZeroMQ pings it every third of that; live peers answer by themselves; 0: never)" },
                 { "stall-timeout", OPT_UINT, &cfg.stall_timeout, "SECONDS",
-                  "a worker the others have waited on this long leaves the membership (0: never)" },
+                  "a worker the others have waited on this long leaves the membership (0: never); after a job's k-th such "
+                  "eviction new workers wait this long x 2^(k-1)" },
                 { "checkpoint-dir", OPT_STR, &cfg.checkpoint_dir, "DIR",
                   "where checkpoints are written, one directory each (every shard must reach the same path: a "
                   "shared file system across hosts)" },

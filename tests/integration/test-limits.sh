@@ -203,6 +203,14 @@ ok $? "the shard's log holds $lines refusal lines for them, not 20,000, and says
 parked=$(status2 | jq '.shards[0].parked'); [ "$parked" -le 4 ]; ok $? "the shard holds $parked parked pulls"
 psnet_wait_for 30 grep -q 'msg="evicted a worker the others waited on for [0-9]* s (--stall-timeout 3 s)"' \
   "$RUN/pscoord2.log"; ok $? "pscoord evicts the worker the others wait on, saying why"
+# Each newcomer that never pushes would stall the members for --stall-timeout
+# again: a stream of them (new processes, or one stolen key) would hold the job
+# still. After the job's k-th eviction new workers wait --stall-timeout x
+# 2^(k-1) (here 3 s from the eviction) and are told so; workers that were
+# members register again as before.
+out=$("$PSPOKE" "$COORD" register-worker)
+grep -q "status=resource .*job 1 evicted 1 worker that stalled the others; new workers are admitted again in [1-3] s" <<<"$out"
+ok $? "a new worker right after the eviction is told to wait ($out)"
 psnet_wait_exit "$PID_stuck" 20; ok $? "the evicted worker is not let back in: it stops"
 grep -q 'was evicted from job 1' "$RUN/stuck.log"; ok $? "and says why"
 out=$("$PSCTL" --coord "$COORD" job wait --wait 300); ok $? "the job goes on and finishes ($out)"
