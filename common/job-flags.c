@@ -78,7 +78,8 @@ size_t jobflags_options(JobFlags *f, Option *o) {
                   "(docs/tables.md)" },
                 { "replicas", OPT_UINT, &f->replicas, "R",
                   "copies of every chunk, each on its own shard: a push is acknowledged once every live copy "
-                  "holds it, and a dead shard's backups take over (0: 2 with two shards or more, else 1)" },
+                  "holds it, and a dead shard's backups take over (0: 2 with two shards or more, else 1; 1 for a job "
+                  "with tables)" },
                 { "rounds", OPT_UINT, &f->rounds, "N", "fed: aggregated rounds the job runs (default 20)" },
                 { "fraction", OPT_FLOAT, &f->fraction, "F",
                   "fed: share of the connected edge workers sampled each round (default 1)" },
@@ -220,6 +221,8 @@ int jobflags_to_job(const JobFlags *f, Job *job, char *err, size_t errlen) {
         job->replicas = f->replicas;
         if (f->tables && job_set_tables(job, f->tables, err, errlen) < 0)
                 return -EINVAL; /* err names the table and the field */
+        if (!f->tables && job->click && job_set_tables(job, JOB_CLICK_TABLE, err, errlen) < 0)
+                return -EINVAL;
         job->train_limit = f->train_limit;
         job->test_limit = f->test_limit;
         if (f->strategy && fed_strategy_from_string(f->strategy, &job->fed.strategy.kind) < 0) {

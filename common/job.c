@@ -139,6 +139,7 @@ int job_set_model_why(Job *job, const char *model, char *err, size_t errlen) {
         memcpy(job->tensors, tensors, sizeof tensors);
         job->ntensors = d->ntensors;
         job->external = d->external;
+        job->click = d->click;
         job->in_numel = d->external ? 0 : (uint32_t) md_shape_numel(&d->input);
         job->classes = d->classes;
 out:
@@ -347,10 +348,13 @@ int job_validate(const Job *job, char *err, size_t errlen) {
                         if (strcmp(job->tensors[k].name, c->name) == 0)
                                 return job_err(err, errlen, "table %s has a tensor's name", c->name);
         }
+        if (job->click && (job->ntables != 1 || job->tables[0].dim != 1))
+                return job_err(err, errlen, "model %s keeps a weight per id in one table of dim 1 (--tables "
+                               "NAME:1[:OPTIM][:KEY=VALUE]...; without --tables: %s)", job->model_name, JOB_CLICK_TABLE);
         if (job->ntables > 0 && job->mode == MODE_FED)
                 return job_err(err, errlen, "--tables is for training jobs; federated clients train dense models");
         /* What the shards do with rows so far (docs/tables.md): one copy. */
-        if (job->ntables > 0 && job->replicas != 1)
+        if (job->ntables > 0 && job->replicas > 1)
                 return job_err(err, errlen, "--tables needs --replicas 1 for now: table rows have no backups yet");
         if (job->mode == MODE_FED && job->wire != JOB_WIRE_F32)
                 return job_err(err, errlen, "--wire bf16 is for training jobs; a federated job's updates are "

@@ -6,6 +6,7 @@
 #include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include "log.h"
 #include "macro.h"
@@ -368,6 +369,25 @@ bad:
                           text, MLP_MIN_WIDTHS, MLP_MAX_WIDTHS, MD_MAX_DIM);
 }
 
+/* "lr:D": sparse logistic regression over a click log (docs/tables.md): a
+ * weight per categorical id, in the job's first table (dim 1), and a
+ * Linear(D, 1) over the D dense features; one logit, labels 0 and 1. */
+static int parse_lr(const char *text, ModelDesc *d, char *err, size_t errlen) {
+        char *end = NULL;
+        errno = 0;
+        unsigned long v = strtoul(text + 3, &end, 10);
+        if (errno || end == text + 3 || *end || text[3] < '0' || text[3] > '9' || v < 1 || v > MD_MAX_DIM)
+                return reason_set(err, errlen, -EINVAL, "bad model '%.64s' (expected lr:D, D the dense features of "
+                                  "each sample, 1..%u)", text, MD_MAX_DIM);
+        snprintf(d->name, sizeof d->name, "%.127s", text);
+        d->input = shape1((uint32_t) v);
+        MdLayer l = linear(1);
+        l.init = INIT_ZEROS;
+        push(d, l);
+        d->click = true;
+        return infer(d, err, errlen);
+}
+
 /* The built-in models, for 28x28 single-channel images and 10 classes. */
 static int builtin(const char *name, ModelDesc *d, char *err, size_t errlen) {
         if (strcmp(name, "cnn") == 0) {
@@ -704,13 +724,15 @@ int modeldesc_parse(const char *text, ModelDesc *ret, char *err, size_t errlen) 
                 ;
         if (strncmp(text, "mlp:", 4) == 0)
                 r = parse_mlp(text, &d, err, errlen);
+        else if (strncmp(text, "lr:", 3) == 0)
+                r = parse_lr(text, &d, err, errlen);
         else if (*p == '{')
                 r = parse_json(text, &d, err, errlen);
         else {
                 r = builtin(text, &d, err, errlen);
                 if (r > 0)
                         return reason_set(err, errlen, -EINVAL,
-                                          "unknown model '%.64s' (mlp:D0-D1-...-Dn, cnn, vit, or a JSON description)",
+                                          "unknown model '%.64s' (mlp:D0-D1-...-Dn, cnn, vit, lr:D, or a JSON description)",
                                           text);
         }
         if (r < 0)
@@ -737,7 +759,7 @@ static int append(char *buf, size_t n, size_t *off, const char *fmt, ...) {
 
 int modeldesc_format(const ModelDesc *d, char *buf, size_t n) {
         size_t off = 0;
-        if (strncmp(d->name, "mlp:", 4) == 0 || strcmp(d->name, "cnn") == 0 || strcmp(d->name, "vit") == 0)
+        if (strncmp(d->name, "mlp:", 4) == 0 || strcmp(d->name, "cnn") == 0 || strcmp(d->name, "vit") == 0 || d->click)
                 return append(buf, n, &off, "%s", d->name);
         return modeldesc_json(d, buf, n);
 }
@@ -825,13 +847,14 @@ int modeldesc_resolve(const char *spec, char *buf, size_t n, char *err, size_t e
 
         if (!spec || !buf)
                 return reason_set(err, errlen, -EINVAL, "no model");
-        if (strncmp(spec, "mlp:", 4) == 0 || strcmp(spec, "cnn") == 0 || strcmp(spec, "vit") == 0 || spec[0] == '{') {
+        if (strncmp(spec, "mlp:", 4) == 0 || strncmp(spec, "lr:", 3) == 0 || strcmp(spec, "cnn") == 0 ||
+            strcmp(spec, "vit") == 0 || spec[0] == '{') {
                 r = modeldesc_parse(spec, &d, err, errlen);
         } else {
                 f = fopen(spec, "re");
                 if (!f)
                         return reason_set(err, errlen, -EINVAL,
-                                          "model '%.200s': not mlp:D0-...-Dn, cnn or vit, and not a readable file: %s",
+                                          "model '%.200s': not mlp:D0-...-Dn, cnn, vit or lr:D, and not a readable file: %s",
                                           spec, strerror(errno));
                 text = malloc(MD_MAX_FILE + 2);
                 if (!text) {

@@ -4,6 +4,8 @@
  * matching torch.nn model) and workerd builds its compute graph
  * (worker/models/model.c). Three spellings, one parser:
  *   - "mlp:D0-D1-...-Dn": Linear+ReLU layers and a last Linear (2..16 widths);
+ *   - "lr:D": sparse logistic regression over a click log, a weight per id in
+ *     the job's first table and a Linear(D, 1) over D dense features;
  *   - a built-in name: "cnn" (two conv blocks + classifier) or "vit" (7x7
  *     patches of a 28x28 image as 16 tokens, transformer blocks);
  *   - a JSON object (psctl --model FILE reads the file):
@@ -96,6 +98,10 @@ typedef struct ModelDesc {
         /* A list of tensors, no layers: the client computes the model (its
          * own framework, e.g. psnet.torch); no input shape, no classes. */
         bool external;
+        /* "lr:D": a click model. Its samples are a click log's (ids per
+         * categorical field, D dense features, a 0/1 label); its weight per
+         * id lives in the job's first table (dim 1). */
+        bool click;
 } ModelDesc;
 
 /* Reads any of the three spellings into *ret (shapes and tensors derived).

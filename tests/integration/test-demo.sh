@@ -16,7 +16,7 @@ longer=(--train-limit 30000 --test-limit 1000)
 t0=$SECONDS
 out=$("$DEMO" --no-build --build "$PSNET_BUILD" --no-http --model resnet 2>&1); rc=$?
 [ $rc = 2 ]; ok $? "--model resnet: the demo exits 2 (got $rc)"
-grep -q "bad --model: model 'resnet': not mlp:D0-...-Dn, cnn or vit" <<<"$out"; ok $? "with pscoord's own reason ($(grep -m1 bad <<<"$out"))"
+grep -q "bad --model: model 'resnet': not mlp:D0-...-Dn, cnn, vit or lr:D" <<<"$out"; ok $? "with pscoord's own reason ($(grep -m1 bad <<<"$out"))"
 grep -q "did not answer" <<<"$out"; ok $(( $? == 0 )) "not a timeout"
 out=$("$DEMO" --no-build --build "$PSNET_BUILD" --no-http --mode ssp:2x 2>&1); rc=$?
 [ $rc = 2 ] && grep -q "bad --mode 'ssp:2x'" <<<"$out"; ok $? "--mode ssp:2x: pscoord's reason too"

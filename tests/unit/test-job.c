@@ -248,8 +248,29 @@ static void test_tables(void) {
         CHECK(jobflags_to_job(&f, &j, err, sizeof err) == 0 && j.mode == MODE_SSP, "tables under ssp (%s)", err);
         f.mode = "asp";
         f.replicas = 0;
+        CHECK(jobflags_to_job(&f, &j, err, sizeof err) == 0 && j.replicas == 0,
+              "tables without --replicas: the default, one copy for a job with tables (%s)", err);
+        f.replicas = 2;
         CHECK(jobflags_to_job(&f, &j, err, sizeof err) == -EINVAL && strstr(err, "--replicas 1"),
               "tables with backups: refused for now, saying so: %s", err);
+        f.replicas = 0;
+        f.tables = NULL;
+        f.model = "lr:4";
+        CHECK(jobflags_to_job(&f, &j, err, sizeof err) == 0 && j.click && j.ntables == 1 &&
+                      strcmp(j.tables[0].name, "ids") == 0 && j.tables[0].dim == 1 && j.in_numel == 4 &&
+                      j.ntensors == 2 && j.tensors[0].numel == 4 && j.tensors[1].numel == 1,
+              "lr:4 gets its table (ids:1:ftrl) and a Linear(4, 1) (%s)", err);
+        f.tables = "w:2";
+        CHECK(jobflags_to_job(&f, &j, err, sizeof err) == -EINVAL && strstr(err, "one table of dim 1"),
+              "lr:4 with a table of dim 2 is refused, saying why: %s", err);
+        f.tables = "w:1:sgd:lr=0.5";
+        CHECK(jobflags_to_job(&f, &j, err, sizeof err) == 0 && j.tables[0].optim == TABLE_SGD,
+              "lr:4 with its own table of dim 1 (%s)", err);
+        f.model = "lr:0";
+        CHECK(jobflags_to_job(&f, &j, err, sizeof err) == -EINVAL && strstr(err, "lr:D"),
+              "lr:0 is refused, saying what lr:D takes: %s", err);
+        f.model = NULL;
+        f.tables = "emb:8";
         f.tables = "emb:8:lamb";
         CHECK(jobflags_to_job(&f, &j, err, sizeof err) == -EINVAL && strstr(err, "optimizer 'lamb'"),
               "a bad --tables is refused naming the table's field: %s", err);

@@ -46,6 +46,24 @@ static void test_mlp(void) {
                       "'%s' refused: %s", bad[i], err);
 }
 
+static void test_lr(void) {
+        char err[256], text[64];
+        CHECK(modeldesc_parse("lr:13", &d, err, sizeof err) == 0, "lr:13 parses (%s)", err);
+        CHECK(d.click && d.nlayers == 1 && d.layers[0].kind == LK_LINEAR && d.layers[0].init == INIT_ZEROS &&
+              d.ntensors == 2 && shape_is("0.weight", 2, 1, 13, 0, 0) && shape_is("0.bias", 1, 1, 0, 0, 0) &&
+              md_shape_numel(&d.input) == 13 && d.classes == 1,
+              "lr:13 is a click model with a Linear(13, 1) of zeros: 0.weight [1, 13], 0.bias [1]");
+        CHECK(modeldesc_format(&d, text, sizeof text) == 0 && strcmp(text, "lr:13") == 0,
+              "lr:13's canonical text is itself (%s)", text);
+        CHECK(modeldesc_resolve("lr:4", text, sizeof text, err, sizeof err) == 0 && strcmp(text, "lr:4") == 0,
+              "--model lr:4 resolves without a file (%s)", err);
+        CHECK(modeldesc_parse("mlp:784-256-10", &d, err, sizeof err) == 0 && !d.click, "an mlp is no click model");
+        const char *bad[] = { "lr:", "lr:0", "lr:x", "lr:4x", "lr:-4", "lr: 4", "lr:65537" };
+        for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++)
+                CHECK(modeldesc_parse(bad[i], &d, err, sizeof err) == -EINVAL && strstr(err, "lr:D"),
+                      "'%s' refused: %s", bad[i], err);
+}
+
 static void test_builtins(void) {
         char err[256], sb[48];
         CHECK(modeldesc_parse("cnn", &d, err, sizeof err) == 0, "cnn (%s)", err);
@@ -245,6 +263,7 @@ static void test_external(void) {
 int main(void) {
         test_external();
         test_mlp();
+        test_lr();
         test_builtins();
         test_json();
         test_errors();
