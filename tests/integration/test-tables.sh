@@ -34,7 +34,7 @@ http_cluster tables
 out=$("$PSCTL" --coord "$COORD" job submit --model mlp:4-1 --mode fed --replicas 1 --tables w:1 2>&1)
 [ $? -ne 0 ] && grep -q "tables is for training jobs" <<<"$out"
 ok $? "tables in a federated job are refused, saying why ($out)"
-out=$("$PSCTL" --coord "$COORD" job submit --model mlp:4-1 --mode asp --tables w:1 2>&1)
+out=$("$PSCTL" --coord "$COORD" job submit --model mlp:4-1 --mode asp --replicas 2 --tables w:1 2>&1)
 [ $? -ne 0 ] && grep -q "needs --replicas 1" <<<"$out"
 ok $? "tables with backups are refused, saying why ($out)"
 out=$("$PSCTL" --coord "$COORD" job submit --model mlp:4-1 --mode asp --replicas 1 --tables w:1:momentum 2>&1)
@@ -203,4 +203,39 @@ restored_run ckssp3 ssp:1 sspmid
 held=$(loaded_rows ckssp3)
 [ "$saved" -gt 1000 ] && [ "${held%% *}" = "$saved" ] && ! grep -q "none\| 0 " <<<"$held"
 ok $? "the three shards loaded the SSP checkpoint's $saved rows between them: $held"
+psnet_stop_all
+
+# The built-in lr:D in workerd (C, no Python): a weight per id in the job's
+# one table and a Linear(D, 1). Full-batch steps (each step the whole
+# training set, so that no order of samples matters) of plain SGD against
+# PyTorch's own: rows and dense layer within 1e-5, and the test AUC workerd
+# logs is that of PyTorch's weights. Then two ASP workers on the larger log
+# with lr:D's default table: an AUC near the planted model's best.
+SMALL=$RUN/clicks-small
+"$CL" --out "$SMALL" --train-rows 512 --test-rows 512 --fields 4 --vocab 300 --dense 3 --seed 9 >/dev/null 2>&1
+COORD="ipc://$RUN/lr.sock"
+psnet_start pscoord-lr "$PSCOORD" --listen "$COORD" --workers 1 --shards 2 --mode bsp --model lr:3 --data "$SMALL" \
+  --batch 512 --epochs 6 --optim sgd --lr 0.5 --momentum 0 --warmup-clocks 0 --tables ids:1:sgd:lr=0.5:init=0
+for i in 1 2; do psnet_start "psd-lr-$i" "$PSD" --id "$i" --listen "ipc://$RUN/psd-lr-$i.sock" --coord "$COORD"; done
+psnet_start w-lr "$WORKERD" --coord "$COORD"
+out=$("$PSCTL" --coord "$COORD" job wait --wait 60); ok $? "workerd trains lr:3 on a click log ($out)"
+out=$("$PSCTL" --coord "$COORD" export "$RUN/lr-w.safetensors" 2>&1); ok $? "and psctl exports it ($out)"
+auc=$(sed -n 's/.*msg="evaluated" .* auc=\([0-9.]*\) .*/\1/p' "$RUN/w-lr.log")
+PYCHECK_SCRIPT=$PSNET_SRC/tests/integration/torch-tables.py pycheck workerd-lr workerd-lr "$SMALL" \
+  "$RUN/lr-w.safetensors" 6 0.5 "${auc:-nan}"
+psnet_stop_all
+
+COORD="ipc://$RUN/lr2.sock"
+psnet_start pscoord-lr2 "$PSCOORD" --listen "$COORD" --workers 2 --shards 2 --mode asp --model lr:4 --data "$DATA" \
+  --batch 256 --epochs 5
+for i in 1 2; do psnet_start "psd-lr2-$i" "$PSD" --id "$i" --listen "ipc://$RUN/psd-lr2-$i.sock" --coord "$COORD"; done
+psnet_start w-lr2-1 "$WORKERD" --coord "$COORD"
+psnet_start w-lr2-2 "$WORKERD" --coord "$COORD"
+out=$("$PSCTL" --coord "$COORD" job wait --wait 120); ok $? "two ASP workers train lr:4 with its default table ($out)"
+"$PSCTL" --coord "$COORD" --json status | jq -e '.job.tables | startswith("ids:1:adagrad:lr=0.1")' >/dev/null
+ok $? "the job got lr:D's default table ($("$PSCTL" --coord "$COORD" --json status | jq -r .job.tables))"
+best=$(sed -n 's/.*best_auc=\([0-9.]*\).*/\1/p' "$RUN/clicklog.out")
+auc=$(cat "$RUN"/w-lr2-*.log | sed -n 's/.*msg="evaluated" .* auc=\([0-9.]*\) .*/\1/p')
+awk -v a="${auc:-0}" -v b="${best:-1}" 'BEGIN { exit !(a > 0.5 && a > b - 0.1) }'
+ok $? "its test AUC $auc is within 0.1 of the planted model's $best"
 psnet_stop_all

@@ -487,12 +487,60 @@ def check_lr(coord, data, out, *shards):
     opt.finish()
 
 
+def check_workerd_lr(data, export, steps, lr, logged_auc):
+    """workerd's built-in lr:D, full-batch steps of plain SGD (rows and dense
+    alike, zeros to start): the rows and the dense layer psctl exported against
+    PyTorch's own steps on the same samples, and the test AUC workerd logged
+    against the AUC of PyTorch's weights."""
+    from psnet.models import read_safetensors
+    steps, lr, logged_auc = int(steps), float(lr), float(logged_auc)
+    t, meta = read_safetensors(export)
+    ids, rows = t["ids.ids"].numpy(), t["ids.rows"].numpy()[:, 0]
+    order = np.argsort(ids)
+    ids, rows = ids[order], rows[order]
+    xs, xd, y = load(data, "train")
+    vocab = np.unique(xs[xs >= 0].numpy())
+    if not np.array_equal(ids, vocab):
+        fail(f"the table holds {ids.size} ids, the training set {vocab.size}")
+    idx = torch.from_numpy(np.searchsorted(vocab, xs.numpy()))
+    mask = (xs >= 0).float()
+    emb = torch.zeros(len(vocab), requires_grad=True)
+    lin = nn.Linear(xd.shape[1], 1)
+    nn.init.zeros_(lin.weight)
+    nn.init.zeros_(lin.bias)
+    opt = torch.optim.SGD([emb, *lin.parameters()], lr=lr)
+
+    def logits(s_idx, s_mask, d):
+        return (emb[s_idx] * s_mask).sum(1) + lin(d).squeeze(1)
+
+    for _ in range(steps):
+        opt.zero_grad()
+        nn.functional.binary_cross_entropy_with_logits(logits(idx, mask, xd), y).backward()
+        opt.step()
+    d_rows = float(np.abs(rows - emb.detach().numpy()).max())
+    d_dense = max(float(np.abs(t["0.weight"].numpy() - lin.weight.detach().numpy()).max()),
+                  float(np.abs(t["0.bias"].numpy() - lin.bias.detach().numpy()).max()))
+    if not (d_rows < 1e-5 and d_dense < 1e-5):
+        fail(f"workerd's lr after {steps} steps is {d_rows:.3g} (rows) and {d_dense:.3g} (dense) from PyTorch's")
+    say(f"workerd's lr:{xd.shape[1]}: {ids.size} rows and the dense layer after {steps} full-batch SGD steps within "
+        f"{max(d_rows, d_dense):.2g} of PyTorch's")
+    ts, td, ty = load(data, "test")
+    known = np.isin(ts.numpy(), vocab)  # a test id never trained reads as its initial value, 0
+    with torch.no_grad():
+        z = logits(torch.from_numpy(np.searchsorted(vocab, ts.numpy()).clip(0, len(vocab) - 1)),
+                   torch.from_numpy(known).float(), td)
+    a_ref = auc(z.numpy(), ty.numpy())
+    if abs(a_ref - logged_auc) > 2e-3:
+        fail(f"workerd logged a test AUC of {logged_auc}, PyTorch's weights give {a_ref:.4f}")
+    say(f"and the test AUC workerd logged ({logged_auc}) is that of PyTorch's weights ({a_ref:.4f})")
+
+
 def main():
     check, args = sys.argv[1], sys.argv[2:]
     try:
         {"lr": check_lr, "bsp-worker": check_bsp_worker, "bsp-compare": check_bsp_compare, "ssp-worker": check_ssp_worker,
          "bounds": check_bounds, "export": check_export, "cache": check_cache, "ckpt-worker": check_ckpt_worker,
-         "ckpt-compare": check_ckpt_compare, "big": check_big}[check](*args)
+         "ckpt-compare": check_ckpt_compare, "big": check_big, "workerd-lr": check_workerd_lr}[check](*args)
     except PsnetError as e:
         fail(f"{check}: {e}")
 

@@ -32,6 +32,8 @@
 #include <uv.h>
 #include <zlib.h>
 #include "alloc.h"
+#include "click.h"
+#include "clicklog.h"
 #include "endpoint.h"
 #include "hash.h"
 #include "idx.h"
@@ -62,6 +64,7 @@ typedef struct Trainer {
         uv_work_t load_work;
         const char *data_dir;
         Dataset *train, *test;
+        uint32_t ntrain, ntest;       /* samples of either kind of data */
         int load_r;
         char load_err[256];
         char fail_why[512];              /* told to pscoord when leaving failed ("": nothing to tell) */
@@ -85,6 +88,15 @@ typedef struct Trainer {
         float job_progress;           /* the job's progress at clock, 0..1 */
         uint64_t step, samples;
         float loss;
+        bool prefetch;                /* --prefetch, where the model has it */
+        /* lr:D (job->click): a click log; a weight per id in table 0, pulled
+         * for each batch's distinct ids and pushed as their gradients */
+        ClickData *ctrain, *ctest;
+        ClickBatch cbatch, ctestb;     /* a training batch's ids; the test set's */
+        float *cbuf;                   /* params and grads of the dense part, logits */
+        float *clogits;
+        double eval_auc;
+        bool click_pushing;            /* the rows request under way is the push */
         uv_idle_t step_idle;
         uv_timer_t delay;
         /* timing and progress */
@@ -112,6 +124,7 @@ static double mono_s(void) {
 
 static void trainer_finish(Trainer *t);
 static void trainer_fail(Trainer *t, int r);
+static void trainer_rejoin(Trainer *t);
 
 /* --- the end --------------------------------------------------------------------- */
 
@@ -163,9 +176,28 @@ static void on_accuracy_sent(PsnetWorker *w, int r, bool evaluate, void *ud) {
         trainer_leave(t);
 }
 
+/* lr:D on the test set, its rows pulled: accuracy at 0.5, log loss, AUC. */
+static void click_evaluate(Trainer *t) {
+        const ClickData *d = t->ctest;
+        float *logits = t->clogits;
+        click_lr_logits(&t->ctestb, d, NULL, d->n, t->params[0], t->params[1][0], logits);
+        size_t correct = 0;
+        for (uint64_t i = 0; i < d->n; i++)
+                correct += (logits[i] > 0) == (d->y[i] != 0);
+        t->eval_correct = correct;
+        t->eval_loss = logloss_of_logits(logits, d->y, d->n);
+        t->eval_auc = auc(logits, d->y, d->n);
+        t->eval_r = 0;
+}
+
 static void eval_work(uv_work_t *req) {
         Trainer *t = req->data;
         double t0 = mono_s();
+        if (t->job->click) {
+                click_evaluate(t);
+                t->t_eval += mono_s() - t0;
+                return;
+        }
         t->eval_r = model_upload_params_from(t->model, t->params);
         if (t->eval_r >= 0)
                 t->eval_r = model_evaluate_from(t->model, dataset_samples, t->test, t->test->y, t->test->n,
@@ -184,11 +216,16 @@ static void eval_done(uv_work_t *req, int status) {
                 trainer_fail(t, status < 0 ? status : t->eval_r);
                 return;
         }
-        float acc = (float) t->eval_correct / (float) t->test->n;
+        float acc = (float) t->eval_correct / (float) t->ntest;
         const PsnetEval ev = { .epoch = epoch_end ? t->epochs_seen : t->job->epochs, .accuracy = acc,
                                .test_loss = (float) t->eval_loss, .train_loss = t->last_loss, .clock = t->clock };
-        log_info("evaluated%s epoch=%u accuracy=%.4f test_loss=%.4f images=%u clock=%ld", epoch_end ? " epoch end" : "",
-                 ev.epoch, acc, t->eval_loss, t->test->n, (long) t->clock);
+        if (t->job->click)
+                log_info("evaluated%s epoch=%u accuracy=%.4f test_loss=%.4f auc=%.4f samples=%u clock=%ld",
+                         epoch_end ? " epoch end" : "", ev.epoch, acc, t->eval_loss, t->eval_auc, t->ntest,
+                         (long) t->clock);
+        else
+                log_info("evaluated%s epoch=%u accuracy=%.4f test_loss=%.4f images=%u clock=%ld",
+                         epoch_end ? " epoch end" : "", ev.epoch, acc, t->eval_loss, t->ntest, (long) t->clock);
         if (psnet_worker_evaluated(t->w, &ev) < 0)
                 log_warning("evaluation of epoch %u not reported: an evaluation of a later epoch was", ev.epoch);
         if (epoch_end)
@@ -197,17 +234,49 @@ static void eval_done(uv_work_t *req, int status) {
                 trainer_leave(t);
 }
 
-/* An epoch ended at this clock: evaluate the weights just pulled before the
- * next step. */
-static void evaluate_epoch(Trainer *t) {
-        t->eval_epoch_end = true;
+/* The evaluation of the weights pulled, in the thread pool. */
+static void eval_queue(Trainer *t) {
         t->eval_work.data = t;
         int r = uv_queue_work(&t->loop, &t->eval_work, eval_work, eval_done);
         if (r < 0) {
                 t->eval_epoch_end = false;
-                log_error("Failed to start the evaluation of epoch %u: %s", t->epochs_seen, uv_strerror(r));
+                log_error("Failed to start the evaluation: %s", uv_strerror(r));
                 trainer_fail(t, r);
         }
+}
+
+static void click_test_rows_done(PsnetWorker *w, int r, void *ud) {
+        Trainer *t = ud;
+        (void) w;
+        if (r < 0) {
+                if (r != -ECANCELED) {
+                        log_error_errno(r, "Failed to pull the test set's rows: %m");
+                        trainer_fail(t, r);
+                }
+                return;
+        }
+        eval_queue(t);
+}
+
+/* The weights are here; lr:D's rows of the test set's ids are pulled first. */
+static void eval_begin(Trainer *t) {
+        if (!t->job->click) {
+                eval_queue(t);
+                return;
+        }
+        int r = psnet_worker_rows(t->w, 0, t->ctestb.uniq, t->ctestb.nuniq, NULL, t->clock, t->ctestb.rows,
+                                  click_test_rows_done, t);
+        if (r < 0) {
+                log_error_errno(r, "Failed to pull the test set's rows: %m");
+                trainer_fail(t, r);
+        }
+}
+
+/* An epoch ended at this clock: evaluate the weights just pulled before the
+ * next step. */
+static void evaluate_epoch(Trainer *t) {
+        t->eval_epoch_end = true;
+        eval_begin(t);
 }
 
 /* The final weights arrived: evaluate them in the thread pool. */
@@ -221,12 +290,7 @@ static void on_final_pull(PsnetWorker *w, int r, void *ud) {
                 }
                 return;
         }
-        t->eval_work.data = t;
-        r = uv_queue_work(&t->loop, &t->eval_work, eval_work, eval_done);
-        if (r < 0) {
-                log_error_errno(r, "Failed to start the evaluation: %s", uv_strerror(r));
-                trainer_fail(t, r);
-        }
+        eval_begin(t);
 }
 
 /* Every member finished: pull the weights once more (under ASP the others
@@ -300,7 +364,7 @@ static void trainer_finish(Trainer *t) {
 static void schedule_update(Trainer *t) {
         uint64_t done = psnet_job_samples_at(t->w, t->clock);
         t->end_clock = psnet_job_end_clock(t->w, t->total);
-        t->job_epoch = schedule_epoch(done, t->train->n, t->job->epochs);
+        t->job_epoch = schedule_epoch(done, t->ntrain, t->job->epochs);
         t->job_progress = t->total ? (float) MIN((double) done / (double) t->total, 1.0) : 1.0f;
 }
 
@@ -310,9 +374,8 @@ static void schedule_update(Trainer *t) {
  * same value for the same clock. */
 static void trace_pull(Trainer *t) {
         uLong crc = crc32(0L, Z_NULL, 0);
-        for (size_t i = 0; i < model_ntensors(t->model); i++)
-                crc = crc32(crc, (const Bytef *) t->params[i],
-                            (uInt) (model_tensor_numel(t->model, i) * sizeof(float)));
+        for (size_t i = 0; i < t->job->ntensors; i++)
+                crc = crc32(crc, (const Bytef *) t->params[i], (uInt) (t->job->tensors[i].numel * sizeof(float)));
         log_info("pulled clock=%ld checksum=%08lx", (long) t->clock, (unsigned long) crc);
 }
 
@@ -320,7 +383,7 @@ static void trace_pull(Trainer *t) {
  * i % n == rank, ascending. */
 static void share_order(Trainer *t) {
         uint32_t k = 0;
-        for (uint32_t i = t->part_rank; i < t->train->n; i += t->part_n)
+        for (uint32_t i = t->part_rank; i < t->ntrain; i += t->part_n)
                 t->perm[k++] = i;
         t->nmine = k;
 }
@@ -337,7 +400,7 @@ static void on_step_done(PsnetWorker *w, int r, void *ud);
 static void step_round(Trainer *t) {
         t->t_round = mono_s();
         int r = psnet_worker_round(t->w, (const float *const *) t->grads, t->clock,
-                                   t->cfg->prefetch ? t->next : t->params, t->clock + 1, on_step_done, t);
+                                   t->prefetch ? t->next : t->params, t->clock + 1, on_step_done, t);
         if (r < 0) {
                 log_error_errno(r, "Failed to start a round: %m");
                 trainer_fail(t, r);
@@ -346,6 +409,62 @@ static void step_round(Trainer *t) {
 
 static void on_delay(uv_timer_t *h) {
         step_round(h->data);
+}
+
+/* --- lr:D: a step's rows, pulled before its compute, pushed after ------------------------ */
+
+static void click_rows_done(PsnetWorker *w, int r, void *ud);
+
+/* The rows of this step's distinct ids: pulled (push false), or their
+ * gradients pushed. */
+static void click_rows(Trainer *t, bool push) {
+        ClickBatch *b = &t->cbatch;
+        t->click_pushing = push;
+        int r = psnet_worker_rows(t->w, 0, b->uniq, b->nuniq, push ? b->rgrad : NULL, t->clock, push ? NULL : b->rows,
+                                  click_rows_done, t);
+        if (r < 0) {
+                log_error_errno(r, "Failed to %s the rows of clock %ld: %m", push ? "push" : "pull", (long) t->clock);
+                trainer_fail(t, r);
+        }
+}
+
+static void click_retry(uv_timer_t *h) {
+        Trainer *t = h->data;
+        click_rows(t, t->click_pushing);
+}
+
+static void click_rows_done(PsnetWorker *w, int r, void *ud) {
+        Trainer *t = ud;
+        (void) w;
+        if (r == -ESTALE) {
+                trainer_rejoin(t);
+                return;
+        }
+        if (r == -EAGAIN) {
+                /* The shards moved to a newer map: once it is here. */
+                (void) uv_timer_start(&t->delay, click_retry, 20, 0);
+                return;
+        }
+        if (r < 0) {
+                if (r != -ECANCELED)
+                        trainer_fail(t, r);
+                return;
+        }
+        if (t->click_pushing) {
+                if (t->cfg->step_delay_ms)
+                        (void) uv_timer_start(&t->delay, on_delay, t->cfg->step_delay_ms, 0); /* test knob */
+                else
+                        step_round(t);
+                return;
+        }
+        uint32_t batch = t->job->batch;
+        double tb = mono_s();
+        t->loss = click_lr_step(&t->cbatch, t->ctrain, t->perm + (size_t) t->step_in_pass * batch, batch,
+                                t->params[0], t->params[1][0], t->clogits, t->grads[0], t->grads[1]);
+        double tc = mono_s();
+        t->t_compute += tc - tb;
+        histogram_observe(&t->compute_hist, tc - tb);
+        click_rows(t, true);
 }
 
 /* One step: gather a batch, compute the gradients, send the round. */
@@ -386,6 +505,12 @@ static void step_idle_cb(uv_idle_t *h) {
         }
         uint32_t batch = t->job->batch, s = t->step_in_pass;
         double ta = mono_s();
+        if (t->job->click) {
+                click_batch_gather(&t->cbatch, t->ctrain, t->perm + (size_t) s * batch, batch);
+                t->t_batch += mono_s() - ta;
+                click_rows(t, false);
+                return;
+        }
         for (uint32_t b = 0; b < batch; b++) {
                 uint32_t i = t->perm[(size_t) s * batch + b];
                 dataset_sample(t->train, i, t->xb + (size_t) b * t->train->dim);
@@ -395,7 +520,7 @@ static void step_idle_cb(uv_idle_t *h) {
         int correct, r = model_upload_params_from(t->model, t->params);
         if (r >= 0)
                 r = model_step_begin(t->model, t->xb, t->yb, (int) batch);
-        if (r >= 0 && t->cfg->prefetch) {
+        if (r >= 0 && t->prefetch) {
                 r = psnet_worker_prefetch(t->w, t->next, t->clock + 1);
                 if (r < 0) {
                         (void) model_step_end(t->model, NULL, NULL);
@@ -457,7 +582,7 @@ static void on_step_done(PsnetWorker *w, int r, void *ud) {
                         trainer_fail(t, r);
                 return;
         }
-        if (t->cfg->prefetch) {
+        if (t->prefetch) {
                 float **tmp = t->params;
                 t->params = t->next;
                 t->next = tmp;
@@ -465,7 +590,7 @@ static void on_step_done(PsnetWorker *w, int r, void *ud) {
         t->clock++;
         if (t->cfg->trace_pulls)
                 trace_pull(t);
-        if (!t->said_graph && model_graph_active(t->model)) {
+        if (!t->said_graph && t->model && model_graph_active(t->model)) {
                 log_info("steps run as a captured graph");
                 t->said_graph = true;
         }
@@ -507,12 +632,12 @@ static void on_first_pull(PsnetWorker *w, int r, void *ud) {
         if (t->cfg->trace_pulls)
                 trace_pull(t);
         partition(t);
-        t->total = (uint64_t) t->job->epochs * t->train->n;
+        t->total = (uint64_t) t->job->epochs * t->ntrain;
         schedule_update(t);
         t->epochs_seen = t->job_epoch - 1; /* a worker joining later evaluates the epochs to come only */
         log_info("training rank=%u/%u images=%u steps_per_pass=%u end_clock=%ld backend=%s prefetch=%s clock=%ld",
                  t->part_rank, psnet_worker_count(t->w), t->nmine, t->steps_per_pass, (long) t->end_clock,
-                 t->kb->ops->name, t->cfg->prefetch ? "on" : "off", (long) t->clock);
+                 t->kb ? t->kb->ops->name : "cpu", t->prefetch ? "on" : "off", (long) t->clock);
         t->state = T_STEPPING;
         t->t0 = t->t_last = mono_s();
         (void) uv_idle_start(&t->step_idle, step_idle_cb);
@@ -522,6 +647,14 @@ static void on_first_pull(PsnetWorker *w, int r, void *ud) {
 
 static void load_work(uv_work_t *req) {
         Trainer *t = req->data;
+        if (t->job->click) {
+                t->load_r = clickdata_load(t->data_dir, "train", t->job->train_limit, &t->ctrain, t->load_err,
+                                           sizeof t->load_err);
+                if (t->load_r >= 0)
+                        t->load_r = clickdata_load(t->data_dir, "test", t->job->test_limit, &t->ctest, t->load_err,
+                                                   sizeof t->load_err);
+                return;
+        }
         t->load_r = dataset_load(t->data_dir, "train", t->job->train_limit, 0, 1, &t->train, t->load_err,
                                  sizeof t->load_err);
         if (t->load_r >= 0)
@@ -559,28 +692,74 @@ static void trainer_share(Trainer *t, size_t nt) {
         log_info("tensors in shared memory bytes=%zu (pushed and pulled in place on this host)", nsets * bytes);
 }
 
+/* lr:D's buffers: the dense part's values and gradients, a batch's ids and
+ * the test set's (gathered once), logits. */
+static int click_setup(Trainer *t) {
+        const Job *job = t->job;
+        const ClickData *tr = t->ctrain, *te = t->ctest;
+        if (tr->dense != job->in_numel || te->dense != job->in_numel || te->fields != tr->fields) {
+                snprintf(t->fail_why, sizeof t->fail_why, "model %.64s takes %u dense features a sample; the data "
+                         "in %.200s has %u (train) and %u (test), with %u and %u fields", job->model_name,
+                         job->in_numel, t->data_dir, tr->dense, te->dense, tr->fields, te->fields);
+                log_error("%s", t->fail_why);
+                return -EINVAL;
+        }
+        uint32_t d = job->in_numel, batch = job->batch;
+        if (t->cfg->prefetch)
+                log_warning("--prefetch is for models of layers: model %s pulls each batch's rows first",
+                            job->model_name);
+        size_t nlogits = MAX((size_t) batch, (size_t) t->ntest);
+        t->cbuf = ps_calloc(2 * ((size_t) d + 1) + nlogits, sizeof(float));
+        t->params = ps_calloc(2, sizeof *t->params);
+        t->grads = ps_calloc(2, sizeof *t->grads);
+        t->perm = ps_malloc((size_t) t->ntrain * sizeof(uint32_t));
+        if (!t->cbuf || !t->params || !t->grads || !t->perm ||
+            click_batch_init(&t->cbatch, (size_t) batch * tr->fields) < 0 ||
+            click_batch_init(&t->ctestb, (size_t) t->ntest * te->fields) < 0)
+                return log_error_errno(ENOMEM, "Out of memory");
+        t->params[0] = t->cbuf;
+        t->params[1] = t->cbuf + d;
+        t->grads[0] = t->cbuf + d + 1;
+        t->grads[1] = t->cbuf + 2 * d + 1;
+        t->clogits = t->cbuf + 2 * (d + 1);
+        click_batch_gather(&t->ctestb, te, NULL, te->n);
+        log_info("click model dense=%u fields=%u table=%s test_ids=%zu", d, tr->fields, job->tables[0].name,
+                 t->ctestb.nuniq);
+        return 0;
+}
+
 /* Builds the backend, the model and the buffers for the job. */
 static int trainer_setup(Trainer *t) {
         char err[256];
         const Job *job = t->job;
         uint32_t batch = job->batch;
+        t->prefetch = t->cfg->prefetch;
+        if (job->click && (t->ctrain->n > UINT32_MAX || t->ctest->n > UINT32_MAX)) {
+                snprintf(t->fail_why, sizeof t->fail_why, "more than 2^32 samples in %.200s", t->data_dir);
+                log_error("%s", t->fail_why);
+                return -EFBIG;
+        }
+        t->ntrain = job->click ? (uint32_t) t->ctrain->n : t->train->n;
+        t->ntest = job->click ? (uint32_t) t->ctest->n : t->test->n;
         if (job->external) {
                 log_error("model %s lists tensors only: its client computes it (psnet.torch, docs/python.md); "
                           "workerd builds models of layers", job->model_name);
                 return -EOPNOTSUPP;
         }
+        uint32_t nw = MAX(psnet_worker_count(t->w), 1u);
+        if (t->ntrain / nw < batch) {
+                uint32_t have = t->ntrain / nw;
+                log_error("this worker's partition has %u samples, fewer than one batch of %u", have, batch);
+                snprintf(t->fail_why, sizeof t->fail_why, "its partition has %u samples, fewer than one batch of %u",
+                         have, batch);
+                return -EINVAL;
+        }
+        if (job->click)
+                return click_setup(t);
         if (dataset_check_model(t->train, t->test, job->in_numel, job->classes, err, sizeof err) < 0) {
                 log_error("model %s does not fit the data in %s: %s", job->model_name, t->data_dir, err);
                 snprintf(t->fail_why, sizeof t->fail_why, "model %.100s does not fit the data in %.100s: %s",
                          job->model_name, t->data_dir, err);
-                return -EINVAL;
-        }
-        uint32_t nw = MAX(psnet_worker_count(t->w), 1u);
-        if (t->train->n / nw < batch) {
-                log_error("this worker's partition has %u images, fewer than one batch of %u", t->train->n / nw,
-                          batch);
-                snprintf(t->fail_why, sizeof t->fail_why, "its partition has %u samples, fewer than one batch of %u",
-                         t->train->n / nw, batch);
                 return -EINVAL;
         }
         int r = kbackend_new(t->cfg->backend, (int) t->cfg->threads, &t->kb, err, sizeof err);
@@ -618,10 +797,10 @@ static int trainer_setup(Trainer *t) {
         /* Batches are gathered straight into the model's (page-locked) buffers. */
         t->xb = model_batch_x(t->model);
         t->yb = model_batch_y(t->model);
-        t->perm = ps_malloc((size_t) t->train->n * sizeof(uint32_t));
+        t->perm = ps_malloc((size_t) t->ntrain * sizeof(uint32_t));
         if (!t->params || !t->grads || !t->perm)
                 return log_error_errno(ENOMEM, "Out of memory");
-        if (t->cfg->prefetch && !(t->next = ps_calloc(nt, sizeof *t->next)))
+        if (t->prefetch && !(t->next = ps_calloc(nt, sizeof *t->next)))
                 return log_error_errno(ENOMEM, "Out of memory");
         trainer_share(t, nt);
         for (size_t i = 0; i < nt; i++) {
@@ -636,10 +815,10 @@ static int trainer_setup(Trainer *t) {
          * the H100 it gave +20-30% samples/s on a 7 MiB model under ASP but cost
          * accuracy, and slowed the 0.8 MiB demo model (docs/bench-log.md). It
          * only overlaps anything where the step runs on a device (ops->async). */
-        if (t->cfg->prefetch && !t->kb->ops->async)
+        if (t->prefetch && !t->kb->ops->async)
                 log_warning("--prefetch on with the %s backend: the step is done before the pull leaves, "
                             "nothing overlaps", t->kb->ops->name);
-        if (t->cfg->prefetch && !t->shared) {
+        if (t->prefetch && !t->shared) {
                 for (size_t i = 0; i < nt; i++) {
                         r = t->kb->ops->host_alloc(t->kb, model_tensor_numel(t->model, i) * sizeof(float),
                                                    (void **) &t->next[i]);
@@ -666,10 +845,16 @@ static void load_done(uv_work_t *req, int status) {
                 trainer_leave(t);
                 return;
         }
-        char shape[64];
-        md_shape_string(&t->train->shape, shape, sizeof shape);
-        log_info("data loaded dir=%s format=%s train=%u test=%u sample=\"%s\" classes=%u", t->data_dir,
-                 t->train->format, t->train->n, t->test->n, shape, MAX(t->train->classes, t->test->classes));
+        if (t->job->click)
+                log_info("data loaded dir=%s format=clicklog train=%lu test=%lu fields=%u dense=%u", t->data_dir,
+                         (unsigned long) t->ctrain->n, (unsigned long) t->ctest->n, t->ctrain->fields,
+                         t->ctrain->dense);
+        else {
+                char shape[64];
+                md_shape_string(&t->train->shape, shape, sizeof shape);
+                log_info("data loaded dir=%s format=%s train=%u test=%u sample=\"%s\" classes=%u", t->data_dir,
+                         t->train->format, t->train->n, t->test->n, shape, MAX(t->train->classes, t->test->classes));
+        }
         int r = trainer_setup(t);
         if (r < 0) {
                 trainer_fail(t, r);
@@ -818,6 +1003,11 @@ static void trainer_free(Trainer *t) {
         kbackend_free(t->kb);
         dataset_free(t->train);
         dataset_free(t->test);
+        clickdata_free(t->ctrain);
+        clickdata_free(t->ctest);
+        click_batch_free(&t->cbatch);
+        click_batch_free(&t->ctestb);
+        ps_free(t->cbuf);
         ps_free(t->perm);
         ps_free(t->params);
         ps_free(t->grads);

@@ -1,0 +1,115 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/* See click.h. */
+#include <errno.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+#include "click.h"
+#include "macro.h"
+
+int click_batch_init(ClickBatch *b, size_t cap) {
+        memset(b, 0, sizeof *b);
+        b->cap = MAX(cap, (size_t) 1);
+        b->hcap = 16;
+        while (b->hcap < 2 * b->cap)
+                b->hcap *= 2;
+        b->uniq = malloc(b->cap * sizeof *b->uniq);
+        b->slot = malloc(b->cap * sizeof *b->slot);
+        b->rows = malloc(b->cap * sizeof *b->rows);
+        b->rgrad = malloc(b->cap * sizeof *b->rgrad);
+        b->table = malloc(b->hcap * sizeof *b->table);
+        if (!b->uniq || !b->slot || !b->rows || !b->rgrad || !b->table) {
+                click_batch_free(b);
+                return -ENOMEM;
+        }
+        memset(b->table, 0xff, b->hcap * sizeof *b->table);
+        return 0;
+}
+
+void click_batch_free(ClickBatch *b) {
+        free(b->uniq);
+        free(b->slot);
+        free(b->rows);
+        free(b->rgrad);
+        free(b->table);
+        memset(b, 0, sizeof *b);
+}
+
+static size_t id_hash(int64_t id) {
+        uint64_t x = (uint64_t) id;
+        x ^= x >> 33;
+        x *= 0xff51afd7ed558ccdull;
+        x ^= x >> 33;
+        return (size_t) x;
+}
+
+static uint32_t intern(ClickBatch *b, int64_t id) {
+        size_t mask = b->hcap - 1;
+        for (size_t h = id_hash(id) & mask;; h = (h + 1) & mask) {
+                uint32_t k = b->table[h];
+                if (k == UINT32_MAX) {
+                        b->table[h] = (uint32_t) b->nuniq;
+                        b->uniq[b->nuniq] = id;
+                        return (uint32_t) b->nuniq++;
+                }
+                if (b->uniq[k] == id)
+                        return k;
+        }
+}
+
+void click_batch_gather(ClickBatch *b, const ClickData *d, const uint32_t *idx, size_t n) {
+        /* Empties the index where the last gather wrote, not all of it. */
+        for (size_t k = 0; k < b->nuniq; k++) {
+                size_t mask = b->hcap - 1, h = id_hash(b->uniq[k]) & mask;
+                while (b->table[h] != UINT32_MAX)
+                        b->table[h] = UINT32_MAX, h = (h + 1) & mask;
+        }
+        b->nuniq = 0;
+        for (size_t s = 0; s < n; s++) {
+                const int64_t *ids = d->ids + (size_t) (idx ? idx[s] : s) * d->fields;
+                for (uint32_t f = 0; f < d->fields; f++)
+                        b->slot[s * d->fields + f] = ids[f] < 0 ? CLICK_MISSING : intern(b, ids[f]);
+        }
+}
+
+void click_lr_logits(const ClickBatch *b, const ClickData *d, const uint32_t *idx, size_t n, const float *w,
+                     float bias, float *logits) {
+        for (size_t s = 0; s < n; s++) {
+                const float *x = d->x ? d->x + (size_t) (idx ? idx[s] : s) * d->dense : NULL;
+                double z = bias;
+                for (uint32_t k = 0; x && k < d->dense; k++)
+                        z += (double) w[k] * x[k];
+                for (uint32_t f = 0; f < d->fields; f++) {
+                        uint32_t u = b->slot[s * d->fields + f];
+                        if (u != CLICK_MISSING)
+                                z += b->rows[u];
+                }
+                logits[s] = (float) z;
+        }
+}
+
+float click_lr_step(ClickBatch *b, const ClickData *d, const uint32_t *idx, size_t n, const float *w, float bias,
+                    float *logits, float *gw, float *gb) {
+        click_lr_logits(b, d, idx, n, w, bias, logits);
+        memset(gw, 0, d->dense * sizeof *gw);
+        memset(b->rgrad, 0, b->nuniq * sizeof *b->rgrad);
+        double loss = 0, g_bias = 0;
+        for (size_t s = 0; s < n; s++) {
+                size_t i = idx ? idx[s] : s;
+                double z = logits[s], y = d->y[i];
+                /* log(1 + e^-|z|) + max(z, 0) - y z: stable for any z. */
+                loss += log1p(exp(-fabs(z))) + (z > 0 ? z : 0) - y * z;
+                float g = (float) ((1.0 / (1.0 + exp(-z)) - y) / (double) n);
+                g_bias += g;
+                const float *x = d->x ? d->x + i * d->dense : NULL;
+                for (uint32_t k = 0; x && k < d->dense; k++)
+                        gw[k] += g * x[k];
+                for (uint32_t f = 0; f < d->fields; f++) {
+                        uint32_t u = b->slot[s * d->fields + f];
+                        if (u != CLICK_MISSING)
+                                b->rgrad[u] += g;
+                }
+        }
+        *gb = (float) g_bias;
+        return (float) (loss / (double) MAX(n, (size_t) 1));
+}

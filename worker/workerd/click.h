@@ -1,0 +1,41 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/* The lr:D model's arithmetic (docs/tables.md, "Built-in models"): for each
+ * sample, logit = bias + w . x + the sum of its fields' id weights (a missing
+ * field, id -1, adds nothing); the loss is the mean binary cross-entropy of
+ * sigmoid(logit), as torch.nn.BCEWithLogitsLoss. A batch's ids are gathered
+ * once, deduplicated (one row pulled and one gradient pushed per distinct
+ * id), so that a row's gradient is the sum over the batch's samples that hold
+ * it. The trainer (trainer.c) pulls the rows and pushes the gradients. */
+#pragma once
+#include <stddef.h>
+#include <stdint.h>
+#include "clickdata.h"
+
+#define CLICK_MISSING UINT32_MAX
+
+typedef struct ClickBatch {
+        size_t cap;       /* samples x fields it holds at most */
+        int64_t *uniq;    /* the distinct ids, in first-seen order */
+        size_t nuniq;
+        uint32_t *slot;   /* per sample and field: its id's index in uniq, or CLICK_MISSING */
+        float *rows;      /* per distinct id: its weight, as pulled */
+        float *rgrad;     /* per distinct id: the loss's gradient */
+        uint32_t *table;  /* an open-addressing index of uniq (hcap slots, UINT32_MAX empty) */
+        size_t hcap;
+} ClickBatch;
+
+/* Room for cap = samples x fields ids. 0 or -ENOMEM. */
+int click_batch_init(ClickBatch *b, size_t cap);
+void click_batch_free(ClickBatch *b);
+/* The distinct ids of samples idx[0..n) of d (idx NULL: samples 0..n), and
+ * each one's slot. n x d->fields must be within the batch's cap. */
+void click_batch_gather(ClickBatch *b, const ClickData *d, const uint32_t *idx, size_t n);
+/* The logits of those samples from the pulled rows, w (d->dense values) and
+ * bias, into logits[0..n). */
+void click_lr_logits(const ClickBatch *b, const ClickData *d, const uint32_t *idx, size_t n, const float *w,
+                     float bias, float *logits);
+/* One step's forward and backward: the mean loss, and the gradients of it in
+ * gw (d->dense), gb (1) and b->rgrad (one per distinct id). logits: n floats
+ * of scratch. */
+float click_lr_step(ClickBatch *b, const ClickData *d, const uint32_t *idx, size_t n, const float *w, float bias,
+                    float *logits, float *gw, float *gb);
