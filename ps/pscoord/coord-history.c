@@ -162,11 +162,12 @@ bool coord_history_epoch(Coord *c, uint32_t worker, const Psnet__WorkerInfo *wi)
                         .test_loss = o->has_test_loss ? o->test_loss : NAN,
                         .train_loss = o->has_train_loss ? o->train_loss : NAN, .clock = o->clock,
                         .seconds = (float) (now_ms() - c->job_start_ms) / 1000.0f,
+                        .auc = o->has_auc && o->auc >= 0 && o->auc <= 1 ? o->auc : NAN,
                 };
                 append(c, &r);
                 any = true;
-                log_info("epoch evaluated job=%u epoch=%u/%u accuracy=%.4f test_loss=%.4f clock=%ld worker=%u",
-                         c->job.id, r.epoch, c->job.epochs, r.accuracy, r.test_loss, (long) r.clock, worker);
+                log_info("epoch evaluated job=%u epoch=%u/%u accuracy=%.4f test_loss=%.4f auc=%.4f clock=%ld worker=%u",
+                         c->job.id, r.epoch, c->job.epochs, r.accuracy, r.test_loss, r.auc, (long) r.clock, worker);
         }
         return any;
 }
@@ -201,6 +202,8 @@ int coord_history_view(const Coord *c, HistoryView *v) {
                 o->test_loss = r->test_loss;
                 o->has_train_loss = !isnan(r->train_loss);
                 o->train_loss = r->train_loss;
+                o->has_auc = !isnan(r->auc);
+                o->auc = o->has_auc ? r->auc : 0;
                 v->recp[k] = o;
         }
         v->n = c->nepochs;
@@ -215,7 +218,7 @@ int coord_history_restore(Coord *c, Psnet__EpochRecord *const *recs, size_t n, c
                         .epoch = o->epoch, .worker = o->worker, .accuracy = o->accuracy,
                         .test_loss = o->has_test_loss ? o->test_loss : NAN,
                         .train_loss = o->has_train_loss ? o->train_loss : NAN, .clock = o->clock,
-                        .seconds = o->seconds,
+                        .seconds = o->seconds, .auc = o->has_auc && o->auc >= 0 && o->auc <= 1 ? o->auc : NAN,
                 };
                 if (!o->has_accuracy || !(r.accuracy >= 0 && r.accuracy <= 1) || r.epoch == 0 ||
                     r.epoch > c->job.epochs || !append(c, &r)) {

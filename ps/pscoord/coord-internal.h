@@ -155,6 +155,7 @@ typedef struct RestoreFrom {
 typedef struct EpochRec {
         uint32_t epoch, worker;     /* after epoch epochs, evaluated by worker */
         float accuracy, test_loss, train_loss; /* the losses NaN when not reported */
+        float auc;                  /* NaN when not reported (a model of classes, not a binary one) */
         float seconds;              /* since the job started */
         int64_t clock;              /* of the weights evaluated */
 } EpochRec;

@@ -99,15 +99,21 @@ void print_status_table(const Psnet__StatusRep *s) {
         /* Accuracy by epoch: the last ten (all with --json). */
         if (s->n_epochs) {
                 size_t from = s->n_epochs > 10 ? s->n_epochs - 10 : 0;
-                printf("\n\n%-6s %8s %9s %10s %8s %8s\n", "EPOCH", "ACCURACY", "TEST_LOSS", "TRAIN_LOSS", "CLOCK",
-                       "SECONDS");
+                bool auc = false; /* a binary model's (lr:D): its own column */
+                for (size_t k = from; k < s->n_epochs; k++)
+                        auc |= s->epochs[k]->has_auc;
+                printf("\n\n%-6s %8s %9s %10s %8s %8s%s\n", "EPOCH", "ACCURACY", "TEST_LOSS", "TRAIN_LOSS", "CLOCK",
+                       "SECONDS", auc ? "      AUC" : "");
                 if (from)
                         printf("(%zu earlier epochs: psctl --json status)\n", from);
                 for (size_t k = from; k < s->n_epochs; k++) {
                         const Psnet__EpochRecord *e = s->epochs[k];
-                        printf("%-6u %8.4f %9.4f %10.4f %8ld %8.1f\n", e->epoch, e->accuracy,
+                        printf("%-6u %8.4f %9.4f %10.4f %8ld %8.1f", e->epoch, e->accuracy,
                                e->has_test_loss ? e->test_loss : NAN, e->has_train_loss ? e->train_loss : NAN,
                                (long) e->clock, e->seconds);
+                        if (auc)
+                                printf(" %8.4f", e->has_auc ? e->auc : NAN);
+                        printf("\n");
                 }
         }
         if (s->last_checkpoint)
@@ -290,7 +296,9 @@ int print_status_json(const Psnet__StatusRep *s) {
                                 "test_loss", e->has_test_loss ? jnum(e->test_loss) : json_null(),
                                 "train_loss", e->has_train_loss ? jnum(e->train_loss) : json_null(),
                                 "clock", (json_int_t) e->clock, "seconds", jnum(e->seconds),
-                                "worker", (json_int_t) e->worker)) < 0) {
+                                "worker", (json_int_t) e->worker)) < 0 ||
+                    json_object_set_new(json_array_get(epochs, json_array_size(epochs) - 1), "auc",
+                                        e->has_auc ? jnum(e->auc) : json_null()) < 0) {
                         json_decref(epochs);
                         epochs = NULL;
                 }

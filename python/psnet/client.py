@@ -61,7 +61,7 @@ class _Progress(ctypes.Structure):
 
 class _Eval(ctypes.Structure):
     _fields_ = [("epoch", ctypes.c_uint32), ("accuracy", ctypes.c_float), ("test_loss", ctypes.c_float),
-                ("train_loss", ctypes.c_float), ("clock", ctypes.c_int64)]
+                ("train_loss", ctypes.c_float), ("clock", ctypes.c_int64), ("auc", ctypes.c_float)]
 
 
 def _find_library():
@@ -353,8 +353,8 @@ class Worker:
         p = _Progress(clock, epoch, step, samples, steps_per_s, samples_per_s, loss, progress, end_clock)
         _check(_lib.psnet_sync_progress(self._s, ctypes.byref(p)), "progress")
 
-    def evaluated(self, epoch, accuracy, test_loss, train_loss, clock):
-        e = _Eval(epoch, accuracy, test_loss, train_loss, clock)
+    def evaluated(self, epoch, accuracy, test_loss, train_loss, clock, auc=0.0):
+        e = _Eval(epoch, accuracy, test_loss, train_loss, clock, auc)
         _check(_lib.psnet_sync_evaluated(self._s, ctypes.byref(e)), "evaluated")
 
     def result(self, accuracy=None):

@@ -238,4 +238,8 @@ best=$(sed -n 's/.*best_auc=\([0-9.]*\).*/\1/p' "$RUN/clicklog.out")
 auc=$(cat "$RUN"/w-lr2-*.log | sed -n 's/.*msg="evaluated" .* auc=\([0-9.]*\) .*/\1/p')
 awk -v a="${auc:-0}" -v b="${best:-1}" 'BEGIN { exit !(a > 0.5 && a > b - 0.1) }'
 ok $? "its test AUC $auc is within 0.1 of the planted model's $best"
+"$PSCTL" --coord "$COORD" --json status | jq -e --arg a "${auc:-x}" '.history.epochs | length == 5 and
+  all(.[]; .auc > 0.5) and (.[-1].auc * 10000 | round) == ($a | tonumber * 10000 | round)' >/dev/null
+ok $? "pscoord keeps the AUC of every epoch, the last one as workerd logged it (psctl --json status)"
+"$PSCTL" --coord "$COORD" status | grep -q "EPOCH .* SECONDS *AUC$"; ok $? "and psctl status shows it in a column"
 psnet_stop_all

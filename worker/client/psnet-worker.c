@@ -244,6 +244,8 @@ static void worker_info(PsnetWorker *w, Psnet__WorkerInfo *wi) {
                 o->test_loss = e->test_loss;
                 o->train_loss = e->train_loss;
                 o->clock = e->clock;
+                o->has_auc = e->auc > 0 && e->auc <= 1;
+                o->auc = o->has_auc ? e->auc : 0;
                 w->eval_recp[k] = o;
         }
         wi->n_evals = w->nevals;

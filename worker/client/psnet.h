@@ -79,6 +79,7 @@ typedef struct PsnetEval {
         uint32_t epoch;
         float accuracy, test_loss, train_loss;
         int64_t clock;
+        float auc; /* a binary model's test AUC (lr:D); 0 or NaN: not measured */
 } PsnetEval;
 
 /* -EINVAL for unusable options or keys (logged with the reason). */

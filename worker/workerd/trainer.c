@@ -218,7 +218,8 @@ static void eval_done(uv_work_t *req, int status) {
         }
         float acc = (float) t->eval_correct / (float) t->ntest;
         const PsnetEval ev = { .epoch = epoch_end ? t->epochs_seen : t->job->epochs, .accuracy = acc,
-                               .test_loss = (float) t->eval_loss, .train_loss = t->last_loss, .clock = t->clock };
+                               .test_loss = (float) t->eval_loss, .train_loss = t->last_loss, .clock = t->clock,
+                               .auc = t->job->click ? (float) t->eval_auc : 0.0f };
         if (t->job->click)
                 log_info("evaluated%s epoch=%u accuracy=%.4f test_loss=%.4f auc=%.4f samples=%u clock=%ld",
                          epoch_end ? " epoch end" : "", ev.epoch, acc, t->eval_loss, t->eval_auc, t->ntest,
