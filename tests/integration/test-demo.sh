@@ -50,6 +50,18 @@ runs=("$PSNET_DEMO_LOGS"/run-*)
 [ ${#runs[@]} = 1 ] && grep -q 'msg="progress"' "${runs[0]}"/workerd-1.log; ok $? "the log lines are in the run's files"
 first=${runs[0]}
 
+# --model lr: a click log written for the run, the built-in sparse logistic
+# regression, the AUC by epoch, and the planted model's best beside the result.
+"$DEMO" --no-build --build "$PSNET_BUILD" --no-http --model lr --clicks 20000 --epochs 2 \
+  >"$RUN/demo-lr.out" 2>"$RUN/demo-lr.err"; ok $? "the demo runs --model lr ($(tail -1 "$RUN/demo-lr.out"))"
+grep -qE '^demo: the planted model.s test AUC is 0\.[0-9]+' "$RUN/demo-lr.err"; ok $? "it says the best AUC there is"
+grep -qE '^demo: epoch 2/2  test accuracy 0\.[0-9]{4}  test loss [0-9.]+  AUC 0\.[0-9]{4}  at ' "$RUN/demo-lr.err"
+ok $? "a line per epoch with its AUC"
+last=$(tail -1 "$RUN/demo-lr.out")
+grep -qE '^accuracy=0\.[0-9]{4} epochs=2 workers=2 shards=2 mode=bsp seconds=[0-9]+ auc=0\.[0-9]{4} best_auc=0\.[0-9]+$' \
+  <<<"$last" && awk '{ split($0, f, /[ =]/); exit !(f[14] > 0.6 && f[14] > f[16] - 0.15) }' <<<"$last"
+ok $? "its last line ends with an AUC near the planted model's best"
+
 # On a terminal (script gives it one): the progress bar, redrawn in place.
 script -qec "'$DEMO' --no-build --build '$PSNET_BUILD' --no-http --backend cpu --epochs 2 -- ${longer[*]}" \
   "$RUN/typescript" >/dev/null 2>&1; ok $? "the demo runs on a terminal"
