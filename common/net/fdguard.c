@@ -34,6 +34,8 @@ typedef struct {
         uint8_t got;      /* bytes of the greeting, or of the frame's size */
         uint64_t left;    /* the frame's size as it is read; then its body's bytes to come */
         uint64_t message; /* the message begun: its frames' bytes, FDGUARD_FRAME_COST each more */
+        uint64_t begun;   /* ms (CLOCK_MONOTONIC) when its first frame's size arrived; 0: none begun */
+        uint64_t came;    /* bytes of it read since */
 } Zmtp;
 
 enum { ZMTP_GREETING, ZMTP_FLAGS, ZMTP_SIZE, ZMTP_BODY };
@@ -48,7 +50,7 @@ typedef ssize_t (*RecvFn)(int, void *, size_t, int);
 static atomic_ulong guard_budget, guard_limit;
 static atomic_uint_least64_t guard_refused, guard_logged_second;
 static atomic_int guard_spare = -1;
-static atomic_uint_least64_t guard_bound, guard_dropped, guard_dropped_second;
+static atomic_uint_least64_t guard_bound, guard_dropped, guard_dropped_second, guard_slow_ms;
 static Zmtp *guard_conns; /* one per descriptor below the budget */
 
 static void *real_fn(const char *name) {
@@ -58,12 +60,22 @@ static void *real_fn(const char *name) {
         return f;
 }
 
-static void refused_one(const char *why) {
-        uint64_t n = atomic_fetch_add(&guard_refused, 1) + 1;
+static uint64_t mono_ms(void) {
         struct timespec ts;
         clock_gettime(CLOCK_MONOTONIC, &ts);
-        uint64_t second = (uint64_t) ts.tv_sec, last = atomic_load(&guard_logged_second);
-        if (second != last && atomic_compare_exchange_strong(&guard_logged_second, &last, second))
+        return (uint64_t) ts.tv_sec * 1000u + (uint64_t) ts.tv_nsec / 1000000u;
+}
+
+/* Whether a line of the kind whose last second is *logged may be written now:
+ * one a second, from any thread. */
+static bool line_due(atomic_uint_least64_t *logged) {
+        uint64_t second = mono_ms() / 1000u, last = atomic_load(logged);
+        return second != last && atomic_compare_exchange_strong(logged, &last, second);
+}
+
+static void refused_one(const char *why) {
+        uint64_t n = atomic_fetch_add(&guard_refused, 1) + 1;
+        if (line_due(&guard_logged_second))
                 log_warning("refused a connection: %s (at most one such line a second) refused_total=%llu "
                             "budget=%lu limit=%lu", why, (unsigned long long) n, atomic_load(&guard_budget),
                             atomic_load(&guard_limit));
@@ -113,7 +125,7 @@ static void conn_start(int fd) {
                 return;
         z->state = ZMTP_GREETING;
         z->got = z->flags = 0;
-        z->left = z->message = 0;
+        z->left = z->message = z->begun = 0;
         atomic_store(&z->on, true);
 }
 
@@ -125,10 +137,7 @@ void fdguard_forget(int fd) {
 
 static void dropped_one(const char *why) {
         uint64_t n = atomic_fetch_add(&guard_dropped, 1) + 1;
-        struct timespec ts;
-        clock_gettime(CLOCK_MONOTONIC, &ts);
-        uint64_t second = (uint64_t) ts.tv_sec, last = atomic_load(&guard_dropped_second);
-        if (second != last && atomic_compare_exchange_strong(&guard_dropped_second, &last, second))
+        if (line_due(&guard_dropped_second))
                 log_warning("dropped a connection: %s (at most one such line a second) dropped_total=%llu "
                             "bound=%llu", why, (unsigned long long) n, (unsigned long long) atomic_load(&guard_bound));
 }
@@ -136,16 +145,28 @@ static void dropped_one(const char *why) {
 /* A frame whole: a message ends with its last frame (commands are none of it). */
 static void frame_done(Zmtp *z) {
         if (!(z->flags & (ZMTP_MORE | ZMTP_COMMAND)))
-                z->message = 0;
+                z->message = z->begun = 0;
         z->state = ZMTP_FLAGS;
 }
+
 
 /* n bytes of the connection as they arrived: false where the connection must
  * go (not ZMTP 3, or a message past the bound), with *why set. The greeting's
  * signature and version are checked: ZMTP 1.0 and 2.0 frame otherwise, and a
  * psnet peer's libzmq speaks 3.x. */
 static bool conn_feed(Zmtp *z, const uint8_t *b, size_t n, const char **why) {
-        uint64_t bound = atomic_load(&guard_bound);
+        uint64_t bound = atomic_load(&guard_bound), slow = atomic_load(&guard_slow_ms);
+        if (z->begun && slow) {
+                /* A message begun long ago that comes a byte now and then (the
+                 * idle time-out never fires: bytes keep coming) holds its
+                 * descriptor and what it sent for good: past the time-out it
+                 * must have come at FDGUARD_MIN_RATE bytes a second. */
+                uint64_t took = mono_ms() - z->begun;
+                if (took > slow && z->came < (took / 1000u) * FDGUARD_MIN_RATE) {
+                        *why = "it sent a message begun long ago slower than " FDGUARD_MIN_RATE_TEXT;
+                        return false;
+                }
+        }
         for (size_t i = 0; i < n;) {
                 switch (z->state) {
                 case ZMTP_GREETING: {
@@ -160,16 +181,22 @@ static bool conn_feed(Zmtp *z, const uint8_t *b, size_t n, const char **why) {
                         break;
                 }
                 case ZMTP_FLAGS:
+                        z->came += z->begun != 0;
                         z->flags = b[i++];
                         z->got = 0;
                         z->left = 0;
                         z->state = ZMTP_SIZE;
                         break;
                 case ZMTP_SIZE:
+                        z->came += z->begun != 0;
                         z->left = z->left << 8 | b[i++];
                         if (++z->got < (z->flags & ZMTP_LONG ? 8 : 1))
                                 break;
                         if (!(z->flags & ZMTP_COMMAND)) {
+                                if (!z->begun && slow) {
+                                        z->begun = mono_ms();
+                                        z->came = 0;
+                                }
                                 /* Past the bound at the frame's size, before
                                  * libzmq has read (or allocated) its body. */
                                 z->message += MIN(z->left, UINT64_MAX / 2) + FDGUARD_FRAME_COST;
@@ -187,6 +214,7 @@ static bool conn_feed(Zmtp *z, const uint8_t *b, size_t n, const char **why) {
                 case ZMTP_BODY: {
                         uint64_t take = MIN(z->left, (uint64_t) (n - i));
                         i += take;
+                        z->came += z->begun ? take : 0;
                         z->left -= take;
                         if (!z->left)
                                 frame_done(z);
@@ -285,5 +313,6 @@ unsigned long fdguard_budget(void) { return atomic_load(&guard_budget); }
 unsigned long fdguard_limit(void) { return atomic_load(&guard_limit); }
 uint64_t fdguard_refused(void) { return atomic_load(&guard_refused); }
 void fdguard_message_bound(uint64_t bytes) { atomic_store(&guard_bound, bytes); }
+void fdguard_message_time(uint64_t ms) { atomic_store(&guard_slow_ms, ms); }
 uint64_t fdguard_bound(void) { return atomic_load(&guard_bound); }
 uint64_t fdguard_dropped(void) { return atomic_load(&guard_dropped); }

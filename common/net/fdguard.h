@@ -26,6 +26,8 @@
  * --max-msg), and only holders of an allowed key get that far. A peer that
  * does not speak ZMTP 3 (1.0 and 2.0 frame otherwise) is dropped. */
 #define FDGUARD_FRAME_COST 64u /* counted for each frame beyond its bytes: libzmq's zmq_msg_t */
+#define FDGUARD_MIN_RATE 4096u /* bytes a second a message begun must average once past its time */
+#define FDGUARD_MIN_RATE_TEXT "4 KiB a second"
 
 /* Raises the soft open-files limit to the hard one, sets the budget below it
  * (an eighth kept back, at least 32, at most 4,096) and opens the spare.
@@ -41,6 +43,13 @@ uint64_t fdguard_refused(void);
  * connection accepted here may send; 0: no bound. Set as the job changes. */
 void fdguard_message_bound(uint64_t bytes);
 uint64_t fdguard_bound(void);
+/* A message begun more than ms ago (0: never) must have come at
+ * FDGUARD_MIN_RATE bytes a second on average, else its connection is dropped
+ * at its next bytes: a peer that trickles a byte now and then keeps the idle
+ * time-out from firing (a slow link's message comes far faster; a silent
+ * peer is the idle time-out's). The daemons pass --idle-timeout. Frame by
+ * frame under CURVE, as the bound. */
+void fdguard_message_time(uint64_t ms);
 /* Connections dropped for a message past the bound, or for not speaking ZMTP 3. */
 uint64_t fdguard_dropped(void);
 /* fd, just accepted, is not libzmq's (a shared-memory hello): not read as ZMTP. */

@@ -209,6 +209,7 @@ int coord_run(const CoordConfig *cfg) {
         /* A control message is a header: one begun past a few frames' worth
          * is dropped before it is read whole (it was held whole: 2 GiB). */
         fdguard_message_bound(COORD_MAX_MESSAGE);
+        fdguard_message_time(cfg->idle_timeout * 1000ull);
         c.zctx = zmq_ctx_new();
         if (!c.zctx) {
                 r = log_error_errno(errno, "Failed to create ZeroMQ context: %m");

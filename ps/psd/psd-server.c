@@ -1336,6 +1336,7 @@ int psd_run(const PsdConfig *cfg) {
                 goto finish;
         }
         fdguard_message_bound(psd_message_bound(&p, NULL));
+        fdguard_message_time(cfg->idle_timeout * 1000ull);
         char herr[256];
         if (cfg->http && (r = service_http(p.service, cfg->http, herr, sizeof herr)) < 0) {
                 log_error("%s", herr);

@@ -142,6 +142,15 @@ for ep in "$SHARD" "$COORD"; do
   [[ $out == closed* ]] && awk '{ exit !($2 >= 2 && $2 < 10) }' <<<"$out"
   ok $? "a half-sent frame to ${ep##*/} is dropped after the idle timeout ($out)"
 done
+# A message that comes a 16-byte frame every quarter second keeps the idle
+# time-out from firing (each whole frame counts as traffic): held for good
+# before, growing. Past --idle-timeout it must have come at 4 KiB a second,
+# else it is dropped at its next bytes.
+for ep in "$SHARD" "$COORD"; do
+  out=$(python3 "$stall" --trickle "$ep" 20)
+  [[ $out == closed* ]] && awk '{ exit !($2 >= 2 && $2 < 10) }' <<<"$out"
+  ok $? "a message trickled a frame at a time to ${ep##*/} is dropped after the idle timeout ($out)"
+done
 # 200 of them, each a 4 MiB frame begun: what psd held for them (about 2 MiB
 # each where pages are huge) goes back to the system once they are dropped
 # (jemalloc keeps freed pages otherwise: 650 MiB stayed before).
@@ -186,7 +195,10 @@ COORD="ipc://$RUN/coord2.sock"
 psnet_start pscoord2 "$PSCOORD" --listen "$COORD" --workers 2 --shards 1 --mode bsp --epochs 3 --stall-timeout 3 \
   "${SUBSET[@]}"
 psnet_start psd2 "$PSD" --id 1 --listen "ipc://$RUN/psd2.sock" --coord "$COORD"
-psnet_start good "$WORKERD" --coord "$COORD" --progress-ms 200
+# The good worker's steps take 15 ms at least (workerd's test knob), so that
+# the job is still running (about 8 s) when a newcomer registers after the
+# eviction below.
+psnet_start good "$WORKERD" --coord "$COORD" --progress-ms 200 --step-delay-ms 15
 psnet_start stuck "$WORKERD" --coord "$COORD" --step-delay-ms 600000
 psnet_wait_for 30 grep -q 'msg="progress"' "$RUN/good.log"; ok $? "a BSP job with a worker that never pushes"
 status2() { "$PSCTL" --coord "$COORD" --json status; }

@@ -15,6 +15,14 @@ once all of it went (exit 1).
 
   python3 tests/integration/zmtp-stall.py --message ENDPOINT TOTAL FRAME
 
+--trickle: one connection that sends a message a frame of 16 bytes at a time
+(each with MORE), one frame every quarter second: whole frames keep ZeroMQ's
+heartbeat time-out from firing, where a frame begun and never finished does
+not. Prints "closed S" once it is dropped, or "open" after LIMIT seconds
+(exit 1).
+
+  python3 tests/integration/zmtp-stall.py --trickle ENDPOINT LIMIT
+
 --zmtp1: a ZMTP 1.0 peer (no greeting: a frame's length first), whose
 framing the daemons do not read. Prints "closed S" once it is dropped, or
 "open" after LIMIT seconds (exit 1).
@@ -47,6 +55,20 @@ def dealer(ep):
     return s
 
 
+def ready(s):
+    """Waits for the daemon's READY: message frames before it would be a
+    protocol error (libzmq's own peers wait for it too)."""
+    s.settimeout(5)
+    got = b""
+    while b"READY" not in got:
+        more = s.recv(65536)
+        if not more:
+            print("closed during the handshake")
+            return False
+        got += more
+    return True
+
+
 def stall(ep, frame):
     s = dealer(ep)
     # A long frame (flag 0x02), the last of its message, begun only.
@@ -57,6 +79,8 @@ def stall(ep, frame):
 
 def message(ep, total, frame):
     s = dealer(ep)
+    if not ready(s):
+        return 1
     s.settimeout(30)
     body = b"\0" * frame
     sent = 0
@@ -69,6 +93,22 @@ def message(ep, total, frame):
         print(f"closed {sent}")
         return 0
     print(f"sent {sent}")
+    return 1
+
+
+def trickle(ep, limit):
+    s = dealer(ep)
+    if not ready(s):
+        return 1
+    t0 = time.monotonic()
+    try:
+        while time.monotonic() - t0 < limit:
+            s.sendall(bytes([0x01, 16]) + b"\0" * 16)
+            time.sleep(0.25)  # the trickle's pace: a frame every quarter second
+    except OSError:
+        print(f"closed {time.monotonic() - t0:.1f}")
+        return 0
+    print("open")
     return 1
 
 
@@ -93,6 +133,8 @@ def zmtp1(ep, limit):
 def main():
     if sys.argv[1] == "--message":
         return message(sys.argv[2], int(sys.argv[3]), int(sys.argv[4]))
+    if sys.argv[1] == "--trickle":
+        return trickle(sys.argv[2], float(sys.argv[3]))
     if sys.argv[1] == "--zmtp1":
         return zmtp1(sys.argv[2], float(sys.argv[3]))
     ep, limit = sys.argv[1], float(sys.argv[2])
