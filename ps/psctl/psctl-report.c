@@ -101,7 +101,7 @@ typedef struct Report {
         const Psnet__History *h;
         uint32_t *workers;    /* the workers sampled, ascending */
         size_t nworkers;
-        bool has_loss, has_speed, has_lr, has_test_loss, has_accuracy, fed, fed_loss, fed_accuracy;
+        bool has_loss, has_speed, has_lr, has_test_loss, has_accuracy, has_auc, fed, fed_loss, fed_accuracy;
         double seconds;       /* of the last sample */
         char title[192];
 } Report;
@@ -154,8 +154,8 @@ static int write_samples(Report *rp, const char *dir) {
 }
 
 static int write_epochs(Report *rp, const char *dir) {
-        static const char *const cols[] = { "epoch", "clock", "seconds", "accuracy", "test_loss", "train_loss" };
-        static const bool ints[] = { true, true, false, false, false, false };
+        static const char *const cols[] = { "epoch", "clock", "seconds", "accuracy", "test_loss", "train_loss", "auc" };
+        static const bool ints[] = { true, true, false, false, false, false, false };
         const size_t nc = ELEMENTSOF(cols), n = rp->st->n_epochs;
         _cleanup_free_ double *v = calloc(MAX(n, (size_t) 1) * nc, sizeof *v);
         if (!v)
@@ -164,9 +164,10 @@ static int write_epochs(Report *rp, const char *dir) {
                 const Psnet__EpochRecord *e = rp->st->epochs[i];
                 double row[] = { e->epoch, opt(e->has_clock, (double) e->clock), opt(e->has_seconds, e->seconds),
                                  opt(e->has_accuracy, e->accuracy), opt(e->has_test_loss, e->test_loss),
-                                 opt(e->has_train_loss, e->train_loss) };
+                                 opt(e->has_train_loss, e->train_loss), opt(e->has_auc, e->auc) };
                 memcpy(v + i * nc, row, sizeof row);
                 rp->has_accuracy |= !isnan(row[3]);
+                rp->has_auc |= !isnan(row[6]);
                 rp->has_test_loss |= !isnan(row[4]) && !isnan(row[1]);
         }
         const Table t = { .cols = cols, .ints = ints, .ncols = nc, .nrows = n, .v = v };
@@ -239,6 +240,18 @@ typedef struct Chart {
         const char *name, *heading, *about;
 } Chart;
 
+/* A test-set figure by epoch: column col of epochs.dat. */
+static Chart epoch_chart(FILE *f, const Report *rp, const char *what, const char *ylabel, int col, Chart c) {
+        char title[64];
+        snprintf(title, sizeof title, "test %s by epoch", what);
+        gp_chart(f, c.name, title, "epoch", ylabel, rp);
+        fprintf(f, "%splot 'epochs.dat' using 1:%d with linespoints pt 7 lw 2 title 'test set'\n",
+                rp->st->n_epochs <= 20 ? "set xtics 1\n" : "", col);
+        gp_svg(f, c.name);
+        fputs("set xtics autofreq\n", f);
+        return c;
+}
+
 /* Writes report.gp with the charts there are numbers for (in charts). */
 static int write_script(const Report *rp, const char *dir, Chart *charts, size_t *nch) {
         char path[4096];
@@ -263,15 +276,16 @@ static int write_script(const Report *rp, const char *dir, Chart *charts, size_t
                                         "Each worker's mean training loss between its heartbeats, and the test "
                                         "set's after each epoch." };
         }
-        if (!rp->fed && rp->has_accuracy) {
-                gp_chart(f, "accuracy", "test accuracy by epoch", "epoch", "accuracy", rp);
-                fprintf(f, "%splot 'epochs.dat' using 1:4 with linespoints pt 7 lw 2 title 'test set'\n",
-                        rp->st->n_epochs <= 20 ? "set xtics 1\n" : "");
-                gp_svg(f, "accuracy");
-                fputs("set xtics autofreq\n", f);
-                charts[n++] = (Chart) { "accuracy", "Test accuracy by epoch",
-                                        "The whole test set after each epoch (the last point: the final weights)." };
-        }
+        if (!rp->fed && rp->has_accuracy)
+                charts[n++] = epoch_chart(f, rp, "accuracy", "accuracy", 4, (Chart) { "accuracy",
+                                          "Test accuracy by epoch",
+                                          "The whole test set after each epoch (the last point: the final "
+                                          "weights)." });
+        if (!rp->fed && rp->has_auc)
+                charts[n++] = epoch_chart(f, rp, "AUC", "area under the ROC curve", 7, (Chart) { "auc",
+                                          "Test AUC by epoch",
+                                          "A binary model's ranking of the test set after each epoch (lr:D): 0.5 "
+                                          "is chance, 1 every click above every non-click." });
         if (!rp->fed && rp->has_speed) {
                 gp_chart(f, "throughput", "samples/s by worker", "seconds since the job started", "samples/s", rp);
                 fputs("set yrange [0:*]\nplot ", f);
@@ -446,19 +460,21 @@ static int write_index(const Report *rp, const char *dir, const Chart *charts, s
         if (nch == 0)
                 fputs("<p>No numbers to draw yet: the job has not reported a step.</p>\n", f);
         if (st->n_epochs > 0) {
-                fputs("<h2>Epochs</h2>\n<table>\n<tr><th>epoch</th><th>clock</th><th>seconds</th><th>accuracy</th>"
-                      "<th>test loss</th><th>training loss</th></tr>\n", f);
+                fprintf(f, "<h2>Epochs</h2>\n<table>\n<tr><th>epoch</th><th>clock</th><th>seconds</th><th>accuracy</th>"
+                           "<th>test loss</th><th>training loss</th>%s</tr>\n", rp->has_auc ? "<th>AUC</th>" : "");
                 for (size_t i = 0; i < st->n_epochs; i++) {
                         const Psnet__EpochRecord *e = st->epochs[i];
-                        char c1[32], c2[32], c3[32], c4[32], c5[32];
+                        char c1[32], c2[32], c3[32], c4[32], c5[32], c6[32];
                         num(c1, sizeof c1, e->has_clock, (double) e->clock, "%.0f");
                         num(c2, sizeof c2, e->has_seconds, e->seconds, "%.1f");
                         num(c3, sizeof c3, e->has_accuracy, e->accuracy, "%.4f");
                         num(c4, sizeof c4, e->has_test_loss, e->test_loss, "%.4f");
                         num(c5, sizeof c5, e->has_train_loss, e->train_loss, "%.4f");
+                        num(c6, sizeof c6, e->has_auc, e->auc, "%.4f");
                         fprintf(f, "<tr><td class=n>%u</td><td class=n>%s</td><td class=n>%s</td><td class=n>%s"
-                                   "</td><td class=n>%s</td><td class=n>%s</td></tr>\n",
-                                e->epoch, c1, c2, c3, c4, c5);
+                                   "</td><td class=n>%s</td><td class=n>%s</td>%s%s%s</tr>\n",
+                                e->epoch, c1, c2, c3, c4, c5, rp->has_auc ? "<td class=n>" : "", rp->has_auc ? c6 : "",
+                                rp->has_auc ? "</td>" : "");
                 }
                 fputs("</table>\n", f);
         }

@@ -225,6 +225,16 @@ PYCHECK_SCRIPT=$PSNET_SRC/tests/integration/torch-tables.py pycheck workerd-lr w
   "$RUN/lr-w.safetensors" 6 0.5 "${auc:-nan}"
 psnet_stop_all
 
+# A model that does not fit the log fails the job with the worker's reason.
+COORD="ipc://$RUN/lr-bad.sock"
+psnet_start pscoord-lr-bad "$PSCOORD" --listen "$COORD" --workers 1 --shards 1 --model lr:5 --data "$SMALL"
+psnet_start psd-lr-bad "$PSD" --id 1 --listen "ipc://$RUN/psd-lr-bad.sock" --coord "$COORD"
+psnet_start w-lr-bad "$WORKERD" --coord "$COORD"
+out=$("$PSCTL" --coord "$COORD" job wait --wait 60)
+grep -q 'state=failed .*model lr:5 takes 5 dense features a sample; the data in .* has 3 (train) and 3 (test)' <<<"$out"
+ok $? "lr:5 on a log of 3 dense features fails the job, saying why ($out)"
+psnet_stop_all
+
 COORD="ipc://$RUN/lr2.sock"
 psnet_start pscoord-lr2 "$PSCOORD" --listen "$COORD" --workers 2 --shards 2 --mode asp --model lr:4 --data "$DATA" \
   --batch 256 --epochs 5
@@ -242,4 +252,9 @@ ok $? "its test AUC $auc is within 0.1 of the planted model's $best"
   all(.[]; .auc > 0.5) and (.[-1].auc * 10000 | round) == ($a | tonumber * 10000 | round)' >/dev/null
 ok $? "pscoord keeps the AUC of every epoch, the last one as workerd logged it (psctl --json status)"
 "$PSCTL" --coord "$COORD" status | grep -q "EPOCH .* SECONDS *AUC$"; ok $? "and psctl status shows it in a column"
+out=$("$PSCTL" --coord "$COORD" report --out "$RUN/lr-report" 2>&1)
+[ -s "$RUN/lr-report/auc.svg" ] && head -1 "$RUN/lr-report/epochs.csv" | grep -q ',auc$' &&
+  awk -F, 'NR > 1 && $7 > 0.5 { n++ } END { exit n != 5 }' "$RUN/lr-report/epochs.csv" &&
+  grep -q '<th>AUC</th>' "$RUN/lr-report/index.html"
+ok $? "psctl report draws the AUC by epoch and lists it ($out)"
 psnet_stop_all
