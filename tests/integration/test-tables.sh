@@ -240,10 +240,13 @@ psnet_start pscoord-lr2 "$PSCOORD" --listen "$COORD" --workers 2 --shards 2 --mo
   --batch 256 --epochs 5
 for i in 1 2; do psnet_start "psd-lr2-$i" "$PSD" --id "$i" --listen "ipc://$RUN/psd-lr2-$i.sock" --coord "$COORD"; done
 psnet_start w-lr2-1 "$WORKERD" --coord "$COORD"
-psnet_start w-lr2-2 "$WORKERD" --coord "$COORD"
+psnet_start w-lr2-2 "$WORKERD" --coord "$COORD" --prefetch on
 out=$("$PSCTL" --coord "$COORD" job wait --wait 120); ok $? "two ASP workers train lr:4 with its default table ($out)"
 "$PSCTL" --coord "$COORD" --json status | jq -e '.job.tables | startswith("ids:1:adagrad:lr=0.1")' >/dev/null
 ok $? "the job got lr:D's default table ($("$PSCTL" --coord "$COORD" --json status | jq -r .job.tables))"
+grep -q 'msg="--prefetch is for models of layers: model lr:4 pulls each batch.s rows first; training without it"' \
+  "$RUN/w-lr2-2.log" && grep -q 'msg="training" .* prefetch=off' "$RUN/w-lr2-2.log"
+ok $? "a worker given --prefetch on says lr:D trains without it, and does"
 best=$(sed -n 's/.*best_auc=\([0-9.]*\).*/\1/p' "$RUN/clicklog.out")
 auc=$(cat "$RUN"/w-lr2-*.log | sed -n 's/.*msg="evaluated" .* auc=\([0-9.]*\) .*/\1/p')
 awk -v a="${auc:-0}" -v b="${best:-1}" 'BEGIN { exit !(a > 0.5 && a > b - 0.1) }'

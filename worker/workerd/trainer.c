@@ -707,8 +707,9 @@ static int click_setup(Trainer *t) {
         }
         uint32_t d = job->in_numel, batch = job->batch;
         if (t->cfg->prefetch)
-                log_warning("--prefetch is for models of layers: model %s pulls each batch's rows first",
-                            job->model_name);
+                log_warning("--prefetch is for models of layers: model %s pulls each batch's rows first; "
+                            "training without it", job->model_name);
+        t->prefetch = false;
         size_t nlogits = MAX((size_t) batch, (size_t) t->ntest);
         t->cbuf = ps_calloc(2 * ((size_t) d + 1) + nlogits, sizeof(float));
         t->params = ps_calloc(2, sizeof *t->params);
