@@ -2,6 +2,7 @@
 /* See clickdata.h. */
 #include <errno.h>
 #include <limits.h>
+#include <math.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -110,6 +111,14 @@ int clickdata_load(const char *dir, const char *split, uint64_t limit, ClickData
                 }
                 d->y[i] = (uint8_t) v;
         }
+        for (uint64_t i = 0; d->x && i < keep * d->dense; i++)
+                if (!isfinite(d->x[i])) {
+                        snprintf(err, n, "%s/%s/dense.npy: feature %llu of row %llu is %g (a dense feature must be "
+                                 "finite)", dir, split, (unsigned long long) (i % d->dense),
+                                 (unsigned long long) (i / d->dense), (double) d->x[i]);
+                        r = -EINVAL;
+                        goto out;
+                }
         for (uint64_t i = 0; i < keep * d->fields; i++)
                 if (d->ids[i] < -1) {
                         snprintf(err, n, "%s/%s/sparse.npy: id %lld at row %llu is negative (only -1, missing, is)",
