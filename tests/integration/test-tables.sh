@@ -225,27 +225,25 @@ PYCHECK_SCRIPT=$PSNET_SRC/tests/integration/torch-tables.py pycheck workerd-lr w
   "$RUN/lr-w.safetensors" 6 0.5 "${auc:-nan}"
 psnet_stop_all
 
-# A model that does not fit the log fails the job with the worker's reason.
-COORD="ipc://$RUN/lr-bad.sock"
-psnet_start pscoord-lr-bad "$PSCOORD" --listen "$COORD" --workers 1 --shards 1 --model lr:5 --data "$SMALL"
-psnet_start psd-lr-bad "$PSD" --id 1 --listen "ipc://$RUN/psd-lr-bad.sock" --coord "$COORD"
-psnet_start w-lr-bad "$WORKERD" --coord "$COORD"
-out=$("$PSCTL" --coord "$COORD" job wait --wait 60)
-grep -q 'state=failed .*model lr:5 takes 5 dense features a sample; the data in .* has 3 (train) and 3 (test)' <<<"$out"
-ok $? "lr:5 on a log of 3 dense features fails the job, saying why ($out)"
-psnet_stop_all
-# A NaN among the dense features: the same, naming the file, the row and the feature.
+# lr_fails TAG MODEL DATA PATTERN WHAT: a one-worker job of MODEL on DATA
+# fails, its state matching PATTERN (the worker's reason).
+lr_fails() {
+  COORD="ipc://$RUN/$1.sock"
+  psnet_start "pscoord-$1" "$PSCOORD" --listen "$COORD" --workers 1 --shards 1 --model "$2" --data "$3"
+  psnet_start "psd-$1" "$PSD" --id 1 --listen "ipc://$RUN/psd-$1.sock" --coord "$COORD"
+  psnet_start "w-$1" "$WORKERD" --coord "$COORD"
+  out=$("$PSCTL" --coord "$COORD" job wait --wait 60)
+  grep -q "state=failed .*$4" <<<"$out"; ok $? "$5 ($out)"
+  psnet_stop_all
+}
+# A model that does not fit the log, and a NaN among the dense features.
+lr_fails lr-bad lr:5 "$SMALL" 'model lr:5 takes 5 dense features a sample; the data in .* has 3 (train) and 3 (test)' \
+  "lr:5 on a log of 3 dense features fails the job, saying why"
 cp -r "$SMALL" "$RUN/clicks-nan"
 "${PY[@]}" -c 'import numpy as np, sys; p = sys.argv[1] + "/train/dense.npy"; a = np.load(p); a[7, 1] = np.nan; np.save(p, a)' \
   "$RUN/clicks-nan"
-COORD="ipc://$RUN/lr-nan.sock"
-psnet_start pscoord-lr-nan "$PSCOORD" --listen "$COORD" --workers 1 --shards 1 --model lr:3 --data "$RUN/clicks-nan"
-psnet_start psd-lr-nan "$PSD" --id 1 --listen "ipc://$RUN/psd-lr-nan.sock" --coord "$COORD"
-psnet_start w-lr-nan "$WORKERD" --coord "$COORD"
-out=$("$PSCTL" --coord "$COORD" job wait --wait 60)
-grep -q 'state=failed .*train/dense.npy: feature 1 of row 7 is nan (a dense feature must be finite)' <<<"$out"
-ok $? "a NaN dense feature fails the job, naming the file, row and feature ($out)"
-psnet_stop_all
+lr_fails lr-nan lr:3 "$RUN/clicks-nan" 'train/dense.npy: feature 1 of row 7 is nan (a dense feature must be finite)' \
+  "a NaN dense feature fails the job, naming the file, row and feature"
 
 COORD="ipc://$RUN/lr2.sock"
 psnet_start pscoord-lr2 "$PSCOORD" --listen "$COORD" --workers 2 --shards 2 --mode asp --model lr:4 --data "$DATA" \
