@@ -225,13 +225,13 @@ PYCHECK_SCRIPT=$PSNET_SRC/tests/integration/torch-tables.py pycheck workerd-lr w
   "$RUN/lr-w.safetensors" 6 0.5 "${auc:-nan}"
 psnet_stop_all
 
-# lr_fails TAG MODEL DATA PATTERN WHAT: a one-worker job of MODEL on DATA
-# fails, its state matching PATTERN (the worker's reason).
+# lr_fails TAG MODEL DATA PATTERN WHAT [WORKERD-OPTIONS]: a one-worker job of
+# MODEL on DATA fails, its state matching PATTERN (the worker's reason).
 lr_fails() {
   COORD="ipc://$RUN/$1.sock"
   psnet_start "pscoord-$1" "$PSCOORD" --listen "$COORD" --workers 1 --shards 1 --model "$2" --data "$3"
   psnet_start "psd-$1" "$PSD" --id 1 --listen "ipc://$RUN/psd-$1.sock" --coord "$COORD"
-  psnet_start "w-$1" "$WORKERD" --coord "$COORD"
+  psnet_start "w-$1" "$WORKERD" --coord "$COORD" "${@:6}"
   out=$("$PSCTL" --coord "$COORD" job wait --wait 60)
   grep -q "state=failed .*$4" <<<"$out"; ok $? "$5 ($out)"
   psnet_stop_all
@@ -244,6 +244,9 @@ cp -r "$SMALL" "$RUN/clicks-nan"
   "$RUN/clicks-nan"
 lr_fails lr-nan lr:3 "$RUN/clicks-nan" 'train/dense.npy: feature 1 of row 7 is nan (a dense feature must be finite)' \
   "a NaN dense feature fails the job, naming the file, row and feature"
+# Its step has no CUDA kernels yet: --backend cuda is refused with the reason, not run on the CPU unsaid.
+lr_fails lr-cuda lr:3 "$SMALL" 'model lr:3 has no CUDA kernels yet: --backend cpu or auto trains it on the CPU' \
+  "lr:D with --backend cuda fails the job, saying why" --backend cuda
 
 COORD="ipc://$RUN/lr2.sock"
 psnet_start pscoord-lr2 "$PSCOORD" --listen "$COORD" --workers 2 --shards 2 --mode asp --model lr:4 --data "$DATA" \
@@ -257,6 +260,8 @@ ok $? "the job got lr:D's default table ($("$PSCTL" --coord "$COORD" --json stat
 grep -q 'msg="--prefetch is for models of layers: model lr:4 pulls each batch.s rows first; training without it"' \
   "$RUN/w-lr2-2.log" && grep -q 'msg="training" .* prefetch=off' "$RUN/w-lr2-2.log"
 ok $? "a worker given --prefetch on says lr:D trains without it, and does"
+grep -q 'msg="model lr:4 trains on the CPU (no CUDA kernels for it yet)"' "$RUN/w-lr2-1.log"
+ok $? "and --backend auto says lr:D trains on the CPU"
 best=$(sed -n 's/.*best_auc=\([0-9.]*\).*/\1/p' "$RUN/clicklog.out")
 auc=$(cat "$RUN"/w-lr2-*.log | sed -n 's/.*msg="evaluated" .* auc=\([0-9.]*\) .*/\1/p')
 awk -v a="${auc:-0}" -v b="${best:-1}" 'BEGIN { exit !(a > 0.5 && a > b - 0.1) }'

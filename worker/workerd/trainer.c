@@ -706,6 +706,15 @@ static int click_setup(Trainer *t) {
                 return -EINVAL;
         }
         uint32_t d = job->in_numel, batch = job->batch;
+        /* Its step runs here, on the loop: no backend, and no CUDA kernels yet. */
+        if (strcmp(t->cfg->backend, "cuda") == 0) {
+                snprintf(t->fail_why, sizeof t->fail_why, "model %.64s has no CUDA kernels yet: --backend cpu or "
+                         "auto trains it on the CPU", job->model_name);
+                log_error("%s", t->fail_why);
+                return -ENOTSUP;
+        }
+        if (strcmp(t->cfg->backend, "auto") == 0)
+                log_info("model %s trains on the CPU (no CUDA kernels for it yet)", job->model_name);
         if (t->cfg->prefetch)
                 log_warning("--prefetch is for models of layers: model %s pulls each batch's rows first; "
                             "training without it", job->model_name);
