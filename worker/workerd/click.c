@@ -5,6 +5,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include "click.h"
+#include "hash.h"
 #include "macro.h"
 
 int click_batch_init(ClickBatch *b, size_t cap) {
@@ -35,17 +36,9 @@ void click_batch_free(ClickBatch *b) {
         memset(b, 0, sizeof *b);
 }
 
-static size_t id_hash(int64_t id) {
-        uint64_t x = (uint64_t) id;
-        x ^= x >> 33;
-        x *= 0xff51afd7ed558ccdull;
-        x ^= x >> 33;
-        return (size_t) x;
-}
-
 static uint32_t intern(ClickBatch *b, int64_t id) {
         size_t mask = b->hcap - 1;
-        for (size_t h = id_hash(id) & mask;; h = (h + 1) & mask) {
+        for (size_t h = (size_t) mix64((uint64_t) id) & mask;; h = (h + 1) & mask) {
                 uint32_t k = b->table[h];
                 if (k == UINT32_MAX) {
                         b->table[h] = (uint32_t) b->nuniq;
@@ -60,7 +53,7 @@ static uint32_t intern(ClickBatch *b, int64_t id) {
 void click_batch_gather(ClickBatch *b, const ClickData *d, const uint32_t *idx, size_t n) {
         /* Empties the index where the last gather wrote, not all of it. */
         for (size_t k = 0; k < b->nuniq; k++) {
-                size_t mask = b->hcap - 1, h = id_hash(b->uniq[k]) & mask;
+                size_t mask = b->hcap - 1, h = (size_t) mix64((uint64_t) b->uniq[k]) & mask;
                 while (b->table[h] != UINT32_MAX)
                         b->table[h] = UINT32_MAX, h = (h + 1) & mask;
         }
