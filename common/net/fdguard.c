@@ -53,10 +53,18 @@ static atomic_int guard_spare = -1;
 static atomic_uint_least64_t guard_bound, guard_dropped, guard_dropped_second, guard_slow_ms;
 static Zmtp *guard_conns; /* one per descriptor below the budget */
 
-static void *real_fn(const char *name) {
-        void *f = dlsym(RTLD_NEXT, name);
-        if (!f)
-                errno = ENOSYS;
+/* libc's (or the sanitizer's) name, looked up once into *slot: NULL with
+ * errno ENOSYS where there is none. */
+static void *real_fn(_Atomic(void *) *slot, const char *name) {
+        void *f = atomic_load(slot);
+        if (!f) {
+                f = dlsym(RTLD_NEXT, name);
+                if (!f) {
+                        errno = ENOSYS;
+                        return NULL;
+                }
+                atomic_store(slot, f);
+        }
         return f;
 }
 
@@ -149,7 +157,6 @@ static void frame_done(Zmtp *z) {
         z->state = ZMTP_FLAGS;
 }
 
-
 /* n bytes of the connection as they arrived: false where the connection must
  * go (not ZMTP 3, or a message past the bound), with *why set. The greeting's
  * signature and version are checked: ZMTP 1.0 and 2.0 frame otherwise, and a
@@ -226,14 +233,11 @@ static bool conn_feed(Zmtp *z, const uint8_t *b, size_t n, const char **why) {
 }
 
 ssize_t recv(int fd, void *buf, size_t len, int flags) {
-        static _Atomic(RecvFn) real;
-        RecvFn f = atomic_load(&real);
-        if (!f) {
-                *(void **) &f = real_fn("recv");
-                if (!f)
-                        return -1;
-                atomic_store(&real, f);
-        }
+        static _Atomic(void *) real;
+        RecvFn f;
+        *(void **) &f = real_fn(&real, "recv");
+        if (!f)
+                return -1;
         ssize_t r = f(fd, buf, len, flags);
         Zmtp *z = r > 0 && !(flags & MSG_PEEK) ? conn_of(fd) : NULL;
         const char *why = NULL;
@@ -250,28 +254,22 @@ ssize_t recv(int fd, void *buf, size_t len, int flags) {
 
 /* Descriptors of new sockets are none of an accepted connection's. */
 int socket(int domain, int type, int protocol) {
-        static _Atomic(SocketFn) real;
-        SocketFn f = atomic_load(&real);
-        if (!f) {
-                *(void **) &f = real_fn("socket");
-                if (!f)
-                        return -1;
-                atomic_store(&real, f);
-        }
+        static _Atomic(void *) real;
+        SocketFn f;
+        *(void **) &f = real_fn(&real, "socket");
+        if (!f)
+                return -1;
         int fd = f(domain, type, protocol);
         fdguard_forget(fd);
         return fd;
 }
 
 int accept4(int s, struct sockaddr *addr, socklen_t *len, int flags) {
-        static _Atomic(Accept4Fn) real;
-        Accept4Fn f = atomic_load(&real);
-        if (!f) {
-                *(void **) &f = real_fn("accept4");
-                if (!f)
-                        return -1;
-                atomic_store(&real, f);
-        }
+        static _Atomic(void *) real;
+        Accept4Fn f;
+        *(void **) &f = real_fn(&real, "accept4");
+        if (!f)
+                return -1;
         int fd = guard(s, f(s, addr, len, flags), f);
         conn_start(fd);
         return fd;
