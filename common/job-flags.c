@@ -221,8 +221,12 @@ int jobflags_to_job(const JobFlags *f, Job *job, char *err, size_t errlen) {
         job->replicas = f->replicas;
         if (f->tables && job_set_tables(job, f->tables, err, errlen) < 0)
                 return -EINVAL; /* err names the table and the field */
-        if (!f->tables && job->click && job_set_tables(job, JOB_CLICK_TABLE, err, errlen) < 0)
-                return -EINVAL;
+        if (!f->tables && job->click) {
+                char def[64];
+                snprintf(def, sizeof def, JOB_CLICK_TABLE, job->click_dim);
+                if (job_set_tables(job, def, err, errlen) < 0)
+                        return -EINVAL;
+        }
         job->train_limit = f->train_limit;
         job->test_limit = f->test_limit;
         if (f->strategy && fed_strategy_from_string(f->strategy, &job->fed.strategy.kind) < 0) {

@@ -140,6 +140,8 @@ int job_set_model_why(Job *job, const char *model, char *err, size_t errlen) {
         job->ntensors = d->ntensors;
         job->external = d->external;
         job->click = d->click;
+        job->click_dim = d->click_dim;
+        job->click_fields = d->click_fields;
         job->in_numel = d->external ? 0 : (uint32_t) md_shape_numel(&d->input);
         job->classes = d->classes;
 out:
@@ -348,9 +350,13 @@ int job_validate(const Job *job, char *err, size_t errlen) {
                         if (strcmp(job->tensors[k].name, c->name) == 0)
                                 return job_err(err, errlen, "table %s has a tensor's name", c->name);
         }
-        if (job->click && (job->ntables != 1 || job->tables[0].dim != 1))
-                return job_err(err, errlen, "model %s keeps a weight per id in one table of dim 1 (--tables "
-                               "NAME:1[:OPTIM][:KEY=VALUE]...; without --tables: %s)", job->model_name, JOB_CLICK_TABLE);
+        if (job->click && (job->ntables != 1 || job->tables[0].dim != job->click_dim)) {
+                char def[64];
+                snprintf(def, sizeof def, JOB_CLICK_TABLE, job->click_dim);
+                return job_err(err, errlen, "model %s keeps a row of %u float%s per id in one table (--tables "
+                               "NAME:%u[:OPTIM][:KEY=VALUE]...; without --tables: %s)", job->model_name,
+                               job->click_dim, job->click_dim == 1 ? "" : "s", job->click_dim, def);
+        }
         if (job->ntables > 0 && job->mode == MODE_FED)
                 return job_err(err, errlen, "--tables is for training jobs; federated clients train dense models");
         /* What the shards do with rows so far (docs/tables.md): one copy. */

@@ -95,7 +95,9 @@ typedef struct Job {
         uint32_t in_numel;         /* values of one sample the model takes */
         uint32_t classes;          /* of its labels, 0..classes-1 */
         bool external;             /* tensors alone: computed by the client (0 inputs, 0 classes) */
-        bool click;                /* "lr:D": a click log's model, its weight per id in tables[0] (dim 1) */
+        bool click;                /* "lr:D", "dlrm:...": a click log's model, its row per id in tables[0] */
+        uint32_t click_dim;        /* that row's floats: lr 1, dlrm its embedding's E */
+        uint32_t click_fields;     /* dlrm: the categorical fields of each sample (0: any) */
         OptimConf optim;
         ConsistencyMode mode;
         uint32_t staleness;  /* SSP: a worker at clock c pulls once the slowest reached c - staleness */
@@ -197,7 +199,7 @@ int job_validate(const Job *job, char *err, size_t errlen);
 /* A click model's table when the job declares none: Adagrad at 0.1 (on the
  * demo's click log it beat FTRL-proximal's defaults, AUC 0.78 against 0.67;
  * ftrl stays a --tables away). */
-#define JOB_CLICK_TABLE "ids:1:adagrad:lr=0.1"
+#define JOB_CLICK_TABLE "ids:%u:adagrad:lr=0.1"
 /* Sets the job's tables from --tables' text (common/table-spec.h; "" for
  * none): 0, or -EINVAL with why in err. */
 int job_set_tables(Job *job, const char *text, char *err, size_t errlen);

@@ -330,43 +330,52 @@ static MdLayer block(uint32_t heads, uint32_t hidden) {
         return l;
 }
 
-/* "mlp:D0-D1-...-Dn" */
-static int parse_mlp(const char *text, ModelDesc *d, char *err, size_t errlen) {
-        uint32_t widths[MLP_MAX_WIDTHS];
+/* Widths "D0-D1-...-Dn" from p, up to the first character that is not a
+ * digit or '-' (*end): how many, or 0 when they are not min..16 widths of
+ * 1..MD_MAX_DIM. */
+static size_t parse_widths(const char *p, size_t min, uint32_t widths[MLP_MAX_WIDTHS], const char **end) {
         size_t n = 0;
-        const char *p = text + 4;
-
         for (;;) {
                 uint64_t v = 0;
                 const char *start = p;
                 while (*p >= '0' && *p <= '9') {
                         v = v * 10 + (uint64_t) (*p - '0');
                         if (v > MD_MAX_DIM)
-                                goto bad;
+                                return 0;
                         p++;
                 }
                 if (p == start || v < 1 || n == MLP_MAX_WIDTHS)
-                        goto bad;
+                        return 0;
                 widths[n++] = (uint32_t) v;
-                if (*p == '\0')
-                        break;
                 if (*p != '-')
-                        goto bad;
+                        break;
                 p++;
         }
-        if (n < MLP_MIN_WIDTHS)
-                goto bad;
-        snprintf(d->name, sizeof d->name, "%.127s", text);
+        *end = p;
+        return n < min ? 0 : n;
+}
+
+/* Linear+ReLU layers of the widths, the last one's ReLU only with relu_last. */
+static void push_mlp(ModelDesc *d, const uint32_t *widths, size_t n, bool relu_last) {
         d->input = shape1(widths[0]);
         for (size_t i = 1; i < n; i++) {
                 push(d, linear(widths[i]));
-                if (i + 1 < n)
+                if (i + 1 < n || relu_last)
                         push(d, layer_new(LK_RELU));
         }
+}
+
+/* "mlp:D0-D1-...-Dn" */
+static int parse_mlp(const char *text, ModelDesc *d, char *err, size_t errlen) {
+        uint32_t widths[MLP_MAX_WIDTHS];
+        const char *end = NULL;
+        size_t n = parse_widths(text + 4, MLP_MIN_WIDTHS, widths, &end);
+        if (n == 0 || *end)
+                return reason_set(err, errlen, -EINVAL, "bad model '%.64s' (expected mlp:D0-D1-...-Dn, %d..%d widths "
+                                  "of 1..%u)", text, MLP_MIN_WIDTHS, MLP_MAX_WIDTHS, MD_MAX_DIM);
+        snprintf(d->name, sizeof d->name, "%.127s", text);
+        push_mlp(d, widths, n, false);
         return infer(d, err, errlen);
-bad:
-        return reason_set(err, errlen, -EINVAL, "bad model '%.64s' (expected mlp:D0-D1-...-Dn, %d..%d widths of 1..%u)",
-                          text, MLP_MIN_WIDTHS, MLP_MAX_WIDTHS, MD_MAX_DIM);
 }
 
 /* "lr:D": sparse logistic regression over a click log (docs/tables.md): a
@@ -385,7 +394,76 @@ static int parse_lr(const char *text, ModelDesc *d, char *err, size_t errlen) {
         l.init = INIT_ZEROS;
         push(d, l);
         d->click = true;
+        d->click_dim = 1;
         return infer(d, err, errlen);
+}
+
+/* "dlrm:F:D-...-E:T1-...-1": DLRM (Naumov et al. 2019) over a click log
+ * of F categorical fields and D dense features (docs/tables.md): a bottom
+ * MLP (Linear+ReLU each) takes the dense features to E, each field's id is
+ * looked up as a row of E floats in the job's table, the pairwise dot
+ * products of those F + 1 vectors follow the bottom MLP's output into the
+ * top MLP (ReLU between its layers), whose last width 1 is the logit. Its
+ * tensors are those of two torch.nn.Sequential, "bot.0.weight", ...,
+ * "top.0.weight", .... */
+static int parse_dlrm(const char *text, ModelDesc *d, char *err, size_t errlen) {
+        uint32_t bot[MLP_MAX_WIDTHS], top[MLP_MAX_WIDTHS + 1];
+        const char *p = text + 5, *end = NULL;
+        char *e = NULL;
+        size_t nb = 0, nt = 0;
+        errno = 0;
+        unsigned long f = *p >= '0' && *p <= '9' ? strtoul(p, &e, 10) : 0;
+        if (!errno && f >= 1 && f <= MD_MAX_FIELDS && *e == ':')
+                nb = parse_widths(e + 1, 2, bot, &end);
+        if (nb > 0 && *end == ':')
+                nt = parse_widths(end + 1, 1, top + 1, &end);
+        if (nt == 0 || *end || top[nt] != 1)
+                return reason_set(err, errlen, -EINVAL, "bad model '%.64s' (expected dlrm:F:D-...-E:T1-...-1: F "
+                                  "categorical fields 1..%u, the bottom MLP's widths from the D dense features to "
+                                  "the embedding's E, the top MLP's widths ending in 1; 2..%d and 1..%d widths of "
+                                  "1..%u)", text, MD_MAX_FIELDS, MLP_MAX_WIDTHS, MLP_MAX_WIDTHS, MD_MAX_DIM);
+        /* The top MLP takes the bottom's output and one dot product for each
+         * pair of the F + 1 vectors. */
+        uint32_t emb = bot[nb - 1];
+        top[0] = emb + (uint32_t) (f * (f + 1) / 2);
+        ModelDesc *part = calloc(2, sizeof *part);
+        if (!part)
+                return -ENOMEM;
+        push_mlp(&part[0], bot, nb, true);
+        push_mlp(&part[1], top, nt + 1, false);
+        int r = infer(&part[0], err, errlen);
+        if (r == 0)
+                r = infer(&part[1], err, errlen);
+        for (int k = 0; k < 2 && r == 0; k++) {
+                const ModelDesc *m = &part[k];
+                if (d->nlayers + m->nlayers > MD_MAX_LAYERS) {
+                        r = reason_set(err, errlen, -EINVAL, "bad model '%.64s': more than %d layers", text,
+                                       MD_MAX_LAYERS);
+                        break;
+                }
+                for (size_t i = 0; i < m->nlayers; i++) {
+                        MdLayer l = m->layers[i];
+                        l.first_tensor += (uint32_t) d->ntensors;
+                        d->layers[d->nlayers++] = l;
+                }
+                for (size_t i = 0; i < m->ntensors; i++) {
+                        MdTensor t = m->tensors[i];
+                        snprintf(t.name, sizeof t.name, "%s.%.80s", k ? "top" : "bot", m->tensors[i].name);
+                        d->tensors[d->ntensors++] = t;
+                }
+                if (k == 0)
+                        d->dlrm_bottom = (uint32_t) d->ntensors;
+        }
+        free(part);
+        if (r < 0)
+                return r;
+        snprintf(d->name, sizeof d->name, "%.127s", text);
+        d->input = shape1(bot[0]);
+        d->classes = 1;
+        d->click = true;
+        d->click_dim = emb;
+        d->click_fields = (uint32_t) f;
+        return 0;
 }
 
 /* The built-in models, for 28x28 single-channel images and 10 classes. */
@@ -726,13 +804,16 @@ int modeldesc_parse(const char *text, ModelDesc *ret, char *err, size_t errlen) 
                 r = parse_mlp(text, &d, err, errlen);
         else if (strncmp(text, "lr:", 3) == 0)
                 r = parse_lr(text, &d, err, errlen);
+        else if (strncmp(text, "dlrm:", 5) == 0)
+                r = parse_dlrm(text, &d, err, errlen);
         else if (*p == '{')
                 r = parse_json(text, &d, err, errlen);
         else {
                 r = builtin(text, &d, err, errlen);
                 if (r > 0)
                         return reason_set(err, errlen, -EINVAL,
-                                          "unknown model '%.64s' (mlp:D0-D1-...-Dn, cnn, vit, lr:D, or a JSON description)",
+                                          "unknown model '%.64s' (mlp:D0-D1-...-Dn, cnn, vit, lr:D, dlrm:F:BOT:TOP, or a JSON "
+                                          "description)",
                                           text);
         }
         if (r < 0)
@@ -783,7 +864,8 @@ int modeldesc_json(const ModelDesc *d, char *buf, size_t n) {
         size_t off = 0;
         int r;
 
-        if (d->external)
+        /* DLRM's two MLPs are no one sequence of layers: its tensors. */
+        if (d->external || d->dlrm_bottom)
                 return tensors_json(d, buf, n);
 
         r = append(buf, n, &off, "{\"name\":\"%s\",\"input\":[", d->name);
@@ -847,14 +929,16 @@ int modeldesc_resolve(const char *spec, char *buf, size_t n, char *err, size_t e
 
         if (!spec || !buf)
                 return reason_set(err, errlen, -EINVAL, "no model");
-        if (strncmp(spec, "mlp:", 4) == 0 || strncmp(spec, "lr:", 3) == 0 || strcmp(spec, "cnn") == 0 ||
+        if (strncmp(spec, "mlp:", 4) == 0 || strncmp(spec, "lr:", 3) == 0 || strncmp(spec, "dlrm:", 5) == 0 ||
+            strcmp(spec, "cnn") == 0 ||
             strcmp(spec, "vit") == 0 || spec[0] == '{') {
                 r = modeldesc_parse(spec, &d, err, errlen);
         } else {
                 f = fopen(spec, "re");
                 if (!f)
                         return reason_set(err, errlen, -EINVAL,
-                                          "model '%.200s': not mlp:D0-...-Dn, cnn, vit or lr:D, and not a readable file: %s",
+                                          "model '%.200s': not mlp:D0-...-Dn, cnn, vit, lr:D or dlrm:F:BOT:TOP, and not a "
+                                          "readable file: %s",
                                           spec, strerror(errno));
                 text = malloc(MD_MAX_FILE + 2);
                 if (!text) {

@@ -6,6 +6,8 @@
  *   - "mlp:D0-D1-...-Dn": Linear+ReLU layers and a last Linear (2..16 widths);
  *   - "lr:D": sparse logistic regression over a click log, a weight per id in
  *     the job's first table and a Linear(D, 1) over D dense features;
+ *   - "dlrm:F:D-...-E:T1-...-1": DLRM over a click log of F fields, its rows
+ *     of E floats in the job's first table, a bottom and a top MLP;
  *   - a built-in name: "cnn" (two conv blocks + classifier) or "vit" (7x7
  *     patches of a 28x28 image as 16 tokens, transformer blocks);
  *   - a JSON object (psctl --model FILE reads the file):
@@ -42,6 +44,7 @@ typedef enum { INIT_ZEROS, INIT_HE, INIT_XAVIER, INIT_ONES, INIT_NORMAL } Tensor
 #define MD_MAX_KERNEL 64u
 #define MD_MAX_TENSOR_FLOATS (1ull << 36) /* values in one tensor of an external model */
 #define MD_MAX_SAMPLE_FLOATS (1u << 24) /* one sample's activation in any layer */
+#define MD_MAX_FIELDS 64u       /* a click model's categorical fields */
 
 typedef enum {
         LK_LINEAR,      /* out, init; rank 1 or 2 (applied to every token) */
@@ -102,6 +105,12 @@ typedef struct ModelDesc {
          * categorical field, D dense features, a 0/1 label); its weight per
          * id lives in the job's first table (dim 1). */
         bool click;
+        uint32_t click_dim;    /* floats of an id's row: lr 1, dlrm its embedding's E */
+        uint32_t click_fields; /* dlrm: the categorical fields each sample has (lr: 0, any) */
+        /* dlrm: its first dlrm_bottom tensors are the bottom MLP's, the rest
+         * the top's (0: not a DLRM); its layers are the bottom's then the
+         * top's, each sequence from its own input. */
+        uint32_t dlrm_bottom;
 } ModelDesc;
 
 /* Reads any of the three spellings into *ret (shapes and tensors derived).

@@ -261,11 +261,30 @@ static void test_tables(void) {
                       j.ntensors == 2 && j.tensors[0].numel == 4 && j.tensors[1].numel == 1,
               "lr:4 gets its table (ids:1:ftrl) and a Linear(4, 1) (%s)", err);
         f.tables = "w:2";
-        CHECK(jobflags_to_job(&f, &j, err, sizeof err) == -EINVAL && strstr(err, "one table of dim 1"),
+        CHECK(jobflags_to_job(&f, &j, err, sizeof err) == -EINVAL && strstr(err, "row of 1 float per id") &&
+                      strstr(err, "NAME:1"),
               "lr:4 with a table of dim 2 is refused, saying why: %s", err);
         f.tables = "w:1:sgd:lr=0.5";
         CHECK(jobflags_to_job(&f, &j, err, sizeof err) == 0 && j.tables[0].optim == TABLE_SGD,
               "lr:4 with its own table of dim 1 (%s)", err);
+        f.tables = NULL;
+        f.model = "dlrm:3:4-8:6-1";
+        CHECK(jobflags_to_job(&f, &j, err, sizeof err) == 0 && j.click && j.click_dim == 8 && j.click_fields == 3 &&
+                      j.ntables == 1 && strcmp(j.tables[0].name, "ids") == 0 && j.tables[0].dim == 8 &&
+                      j.tables[0].optim == TABLE_ADAGRAD && j.in_numel == 4 && j.ntensors == 6 &&
+                      j.tensors[2].numel == 6 * (8 + 6) && strcmp(j.tensors[2].name, "top.0.weight") == 0,
+              "dlrm:3:4-8:6-1 gets a table of dim 8 and its MLPs' tensors (%s)", err);
+        f.tables = "emb:4";
+        CHECK(jobflags_to_job(&f, &j, err, sizeof err) == -EINVAL && strstr(err, "row of 8 floats per id") &&
+                      strstr(err, "ids:8:adagrad"),
+              "dlrm with a table of another dim is refused, saying what it takes: %s", err);
+        f.tables = "emb:8:adam,more:8";
+        CHECK(jobflags_to_job(&f, &j, err, sizeof err) == -EINVAL && strstr(err, "one table"),
+              "dlrm with two tables is refused: %s", err);
+        f.tables = "emb:8:adam:lr=0.01";
+        CHECK(jobflags_to_job(&f, &j, err, sizeof err) == 0 && j.tables[0].optim == TABLE_ADAM,
+              "dlrm with its own table of dim 8 (%s)", err);
+        f.tables = "w:1:sgd:lr=0.5";
         f.model = "lr:0";
         CHECK(jobflags_to_job(&f, &j, err, sizeof err) == -EINVAL && strstr(err, "lr:D"),
               "lr:0 is refused, saying what lr:D takes: %s", err);

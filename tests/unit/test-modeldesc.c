@@ -64,6 +64,35 @@ static void test_lr(void) {
                       "'%s' refused: %s", bad[i], err);
 }
 
+static void test_dlrm(void) {
+        char err[256], text[4096];
+        CHECK(modeldesc_parse("dlrm:26:13-64-16:32-8-1", &d, err, sizeof err) == 0, "dlrm parses (%s)", err);
+        /* The top MLP takes E + F(F+1)/2 = 16 + 351 values. */
+        CHECK(d.click && d.click_dim == 16 && d.click_fields == 26 && d.dlrm_bottom == 4 && d.ntensors == 10 &&
+                      shape_is("bot.0.weight", 2, 64, 13, 0, 0) && shape_is("bot.2.weight", 2, 16, 64, 0, 0) &&
+                      shape_is("bot.2.bias", 1, 16, 0, 0, 0) && shape_is("top.0.weight", 2, 32, 367, 0, 0) &&
+                      shape_is("top.2.weight", 2, 8, 32, 0, 0) && shape_is("top.4.weight", 2, 1, 8, 0, 0) &&
+                      shape_is("top.4.bias", 1, 1, 0, 0, 0) && md_shape_numel(&d.input) == 13 && d.classes == 1,
+              "dlrm's tensors are two nn.Sequential's, bot.* and top.*, top.0 taking 16 + 26*27/2 values");
+        /* Bottom: linear, relu, linear, relu; top: linear, relu, linear, relu, linear. */
+        CHECK(d.nlayers == 9 && d.layers[3].kind == LK_RELU && d.layers[8].kind == LK_LINEAR &&
+                      d.layers[4].first_tensor == 4 && d.layers[8].first_tensor == 8,
+              "dlrm's layers: the bottom's (a ReLU last) then the top's");
+        CHECK(modeldesc_format(&d, text, sizeof text) == 0 && strcmp(text, "dlrm:26:13-64-16:32-8-1") == 0,
+              "dlrm's canonical text is itself (%s)", text);
+        CHECK(modeldesc_json(&d, text, sizeof text) == 0 && strstr(text, "\"top.0.weight\",\"shape\":[32,367]"),
+              "dlrm's JSON lists its tensors (%.120s)", text);
+        CHECK(modeldesc_resolve("dlrm:2:3-4:1", text, sizeof text, err, sizeof err) == 0 &&
+                      strcmp(text, "dlrm:2:3-4:1") == 0, "--model dlrm:2:3-4:1 resolves without a file (%s)", err);
+        CHECK(modeldesc_parse("dlrm:2:3-4:1", &d, err, sizeof err) == 0 && d.ntensors == 4 &&
+                      shape_is("top.0.weight", 2, 1, 7, 0, 0), "a top of one width is one Linear(E + 3, 1)");
+        const char *bad[] = { "dlrm:", "dlrm:0:3-4:1", "dlrm:65:3-4:1", "dlrm:2:3:1", "dlrm:2:3-4:2",
+                              "dlrm:2:3-4:8-2", "dlrm:2:3-4", "dlrm:2:3-4:1x", "dlrm:x:3-4:1", "dlrm:2:3-0:1" };
+        for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++)
+                CHECK(modeldesc_parse(bad[i], &d, err, sizeof err) == -EINVAL && strstr(err, "dlrm:F:D-...-E"),
+                      "'%s' refused: %s", bad[i], err);
+}
+
 static void test_builtins(void) {
         char err[256], sb[48];
         CHECK(modeldesc_parse("cnn", &d, err, sizeof err) == 0, "cnn (%s)", err);
@@ -264,6 +293,7 @@ int main(void) {
         test_external();
         test_mlp();
         test_lr();
+        test_dlrm();
         test_builtins();
         test_json();
         test_errors();
