@@ -37,9 +37,9 @@ static double loss_of(const ClickBatch *b, const uint32_t *idx, size_t n, const 
 
 int main(void) {
         ClickBatch b;
-        CHECK(click_batch_init(&b, N * F) == 0, "a batch of %d ids", N * F);
+        CHECK(click_batch_init(&b, N * F, 1) == 0, "a batch of %d ids", N * F);
         uint32_t idx[4] = { 0, 1, 3, 5 };
-        click_batch_gather(&b, &data, idx, 4);
+        CHECK(click_batch_gather(&b, &data, idx, 4) == 0 && b.rows_cap >= 4, "gathered, rows for its ids");
         const int64_t want[] = { 7, 9, 11, 13 };
         CHECK(b.nuniq == 4 && memcmp(b.uniq, want, sizeof want) == 0,
               "samples 0, 1, 3, 5: the distinct ids 7, 9, 11, 13 in first-seen order (%zu)", b.nuniq);
@@ -47,9 +47,9 @@ int main(void) {
                       b.slot[6 + 1] == 0 && b.slot[6 + 2] == 0 && b.slot[9 + 2] == CLICK_MISSING,
               "each field's slot: its id's place, -1 missing");
         uint32_t other[1] = { 4 };
-        click_batch_gather(&b, &data, other, 1);
+        CHECK(click_batch_gather(&b, &data, other, 1) == 0, "gathered");
         CHECK(b.nuniq == 3 && b.uniq[0] == 40 && b.uniq[2] == 42, "another batch: its own ids only");
-        click_batch_gather(&b, &data, idx, 4);
+        CHECK(click_batch_gather(&b, &data, idx, 4) == 0, "gathered");
         CHECK(b.nuniq == 4 && memcmp(b.uniq, want, sizeof want) == 0, "the first batch again: the same ids");
 
         for (size_t u = 0; u < b.nuniq; u++)

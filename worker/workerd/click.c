@@ -8,18 +8,17 @@
 #include "hash.h"
 #include "macro.h"
 
-int click_batch_init(ClickBatch *b, size_t cap) {
+int click_batch_init(ClickBatch *b, size_t cap, size_t dim) {
         memset(b, 0, sizeof *b);
         b->cap = MAX(cap, (size_t) 1);
+        b->dim = MAX(dim, (size_t) 1);
         b->hcap = 16;
         while (b->hcap < 2 * b->cap)
                 b->hcap *= 2;
         b->uniq = malloc(b->cap * sizeof *b->uniq);
         b->slot = malloc(b->cap * sizeof *b->slot);
-        b->rows = malloc(b->cap * sizeof *b->rows);
-        b->rgrad = malloc(b->cap * sizeof *b->rgrad);
         b->table = malloc(b->hcap * sizeof *b->table);
-        if (!b->uniq || !b->slot || !b->rows || !b->rgrad || !b->table) {
+        if (!b->uniq || !b->slot || !b->table) {
                 click_batch_free(b);
                 return -ENOMEM;
         }
@@ -50,7 +49,24 @@ static uint32_t intern(ClickBatch *b, int64_t id) {
         }
 }
 
-void click_batch_gather(ClickBatch *b, const ClickData *d, const uint32_t *idx, size_t n) {
+/* Rows for n distinct ids: grown to what a gather needs, never past cap. */
+static int rows_reserve(ClickBatch *b, size_t n) {
+        if (n <= b->rows_cap)
+                return 0;
+        n = MIN(MAX(n, 2 * b->rows_cap), b->cap);
+        float *rows = realloc(b->rows, n * b->dim * sizeof *rows);
+        if (!rows)
+                return -ENOMEM;
+        b->rows = rows;
+        float *rgrad = realloc(b->rgrad, n * b->dim * sizeof *rgrad);
+        if (!rgrad)
+                return -ENOMEM;
+        b->rgrad = rgrad;
+        b->rows_cap = n;
+        return 0;
+}
+
+int click_batch_gather(ClickBatch *b, const ClickData *d, const uint32_t *idx, size_t n) {
         /* Empties the index where the last gather wrote, not all of it. */
         for (size_t k = 0; k < b->nuniq; k++) {
                 size_t mask = b->hcap - 1, h = (size_t) mix64((uint64_t) b->uniq[k]) & mask;
@@ -63,6 +79,7 @@ void click_batch_gather(ClickBatch *b, const ClickData *d, const uint32_t *idx, 
                 for (uint32_t f = 0; f < d->fields; f++)
                         b->slot[s * d->fields + f] = ids[f] < 0 ? CLICK_MISSING : intern(b, ids[f]);
         }
+        return rows_reserve(b, b->nuniq);
 }
 
 void click_lr_logits(const ClickBatch *b, const ClickData *d, const uint32_t *idx, size_t n, const float *w,

@@ -15,21 +15,25 @@
 
 typedef struct ClickBatch {
         size_t cap;       /* samples x fields it holds at most */
+        size_t dim;       /* floats per row */
+        size_t rows_cap;  /* distinct ids rows and rgrad have room for */
         int64_t *uniq;    /* the distinct ids, in first-seen order */
         size_t nuniq;
         uint32_t *slot;   /* per sample and field: its id's index in uniq, or CLICK_MISSING */
-        float *rows;      /* per distinct id: its weight, as pulled */
-        float *rgrad;     /* per distinct id: the loss's gradient */
+        float *rows;      /* per distinct id: its row (dim floats), as pulled */
+        float *rgrad;     /* per distinct id: the loss's gradient of it */
         uint32_t *table;  /* an open-addressing index of uniq (hcap slots, UINT32_MAX empty) */
         size_t hcap;
 } ClickBatch;
 
-/* Room for cap = samples x fields ids. 0 or -ENOMEM. */
-int click_batch_init(ClickBatch *b, size_t cap);
+/* Room for cap = samples x fields ids, their rows of dim floats. 0 or
+ * -ENOMEM. */
+int click_batch_init(ClickBatch *b, size_t cap, size_t dim);
 void click_batch_free(ClickBatch *b);
 /* The distinct ids of samples idx[0..n) of d (idx NULL: samples 0..n), and
- * each one's slot. n x d->fields must be within the batch's cap. */
-void click_batch_gather(ClickBatch *b, const ClickData *d, const uint32_t *idx, size_t n);
+ * each one's slot; rows and rgrad grow to hold their rows. n x d->fields
+ * must be within the batch's cap. 0 or -ENOMEM. */
+int click_batch_gather(ClickBatch *b, const ClickData *d, const uint32_t *idx, size_t n);
 /* The logits of those samples from the pulled rows, w (d->dense values) and
  * bias, into logits[0..n). */
 void click_lr_logits(const ClickBatch *b, const ClickData *d, const uint32_t *idx, size_t n, const float *w,

