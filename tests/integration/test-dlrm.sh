@@ -36,3 +36,26 @@ out=$("$PSCTL" --coord "$COORD" export "$RUN/steps.safetensors" 2>&1); ok $? "an
 auc=$(sed -n 's/.*msg="evaluated" .* auc=\([0-9.]*\) .*/\1/p' "$RUN/w-steps-1.log")
 pycheck dlrm-steps steps "$SMALL" "$MODEL" "$RUN/init.safetensors" "$RUN/steps.safetensors" 6 0.5 "${auc:-nan}"
 psnet_stop_all
+
+# Two ASP workers with the default table on a larger log, two epochs (its
+# pairs of ids soon fit the training set: DLRM is trained on much data, few
+# epochs): an AUC near the planted model's.
+DATA=$RUN/clicks
+"$CL" --out "$DATA" --train-rows 60000 --test-rows 10000 --fields 6 --vocab 2000 --dense 4 --seed 5 \
+  >"$RUN/clicklog.out" 2>&1
+W=2 SHARDS=2 dlrm_job asp "$DATA" --workers 2 --shards 2 --mode asp --model dlrm:6:4-16-8:16-1 --batch 256 --epochs 2
+out=$("$PSCTL" --coord "$COORD" job wait --wait 120); ok $? "two ASP workers train dlrm:6:4-16-8:16-1 ($out)"
+"$PSCTL" --coord "$COORD" --json status | jq -e '.job.tables | startswith("ids:8:adagrad:lr=0.1")' >/dev/null
+ok $? "the job got dlrm's default table of dim 8 ($("$PSCTL" --coord "$COORD" --json status | jq -r .job.tables))"
+best=$(sed -n 's/.*best_auc=\([0-9.]*\).*/\1/p' "$RUN/clicklog.out")
+auc=$(cat "$RUN"/w-asp-*.log | sed -n 's/.*msg="evaluated" .* auc=\([0-9.]*\) .*/\1/p')
+awk -v a="${auc:-0}" -v b="${best:-1}" 'BEGIN { exit !(a > 0.5 && a > b - 0.1) }'
+ok $? "its test AUC $auc is within 0.1 of the planted model's $best"
+psnet_stop_all
+
+# A model of other fields than the log's fails the job, saying why.
+dlrm_job fields "$DATA" --workers 1 --shards 1 --model dlrm:5:4-8:1
+out=$("$PSCTL" --coord "$COORD" job wait --wait 60)
+grep -q 'state=failed .*model dlrm:5:4-8:1 takes 4 dense features a sample and 5 categorical fields; the data in .* has 4 (train) and 4 (test), with 6 and 6 fields' <<<"$out"
+ok $? "dlrm:5 on a log of 6 fields fails the job, saying why ($out)"
+psnet_stop_all
