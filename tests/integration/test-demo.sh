@@ -16,7 +16,7 @@ longer=(--train-limit 30000 --test-limit 1000)
 t0=$SECONDS
 out=$("$DEMO" --no-build --build "$PSNET_BUILD" --no-http --model resnet 2>&1); rc=$?
 [ $rc = 2 ]; ok $? "--model resnet: the demo exits 2 (got $rc)"
-grep -q "bad --model: model 'resnet': not mlp:D0-...-Dn, cnn, vit or lr:D" <<<"$out"; ok $? "with pscoord's own reason ($(grep -m1 bad <<<"$out"))"
+grep -q "bad --model: model 'resnet': not mlp:D0-...-Dn, cnn, vit, lr:D or dlrm:F:BOT:TOP" <<<"$out"; ok $? "with pscoord's own reason ($(grep -m1 bad <<<"$out"))"
 grep -q "did not answer" <<<"$out"; ok $(( $? == 0 )) "not a timeout"
 out=$("$DEMO" --no-build --build "$PSNET_BUILD" --no-http --mode ssp:2x 2>&1); rc=$?
 [ $rc = 2 ] && grep -q "bad --mode 'ssp:2x'" <<<"$out"; ok $? "--mode ssp:2x: pscoord's reason too"
@@ -61,6 +61,16 @@ last=$(tail -1 "$RUN/demo-lr.out")
 grep -qE '^auc=0\.[0-9]{4} logloss=0\.[0-9]{4} epochs=2 workers=2 shards=2 mode=bsp seconds=[0-9]+ best_auc=0\.[0-9]+$' \
   <<<"$last" && awk '{ split($0, f, /[ =]/); exit !(f[2] > 0.6 && f[2] > f[16] - 0.15) }' <<<"$last"
 ok $? "its last line: AUC, log loss, the run, and the planted model's best AUC beside an AUC near it"
+# --model dlrm: the same log's kind, one epoch of the built-in DLRM.
+"$DEMO" --no-build --build "$PSNET_BUILD" --no-http --model dlrm --clicks 60000 \
+  >"$RUN/demo-dlrm.out" 2>"$RUN/demo-dlrm.err"; ok $? "the demo runs --model dlrm ($(tail -1 "$RUN/demo-dlrm.out"))"
+grep -q '^demo: dlrm: a row of 8 per id in table ids (Adagrad, lr 0.1), .* 1 epoch(s)' "$RUN/demo-dlrm.err" &&
+  grep -q 'msg="job started" .*model=dlrm:8:4-16-8:16-1 ' "$PSNET_DEMO_LOGS"/run-*/pscoord.log
+ok $? "it trains dlrm:8:4-16-8:16-1 for one epoch, and says so"
+last=$(tail -1 "$RUN/demo-dlrm.out")
+grep -qE '^auc=0\.[0-9]{4} logloss=0\.[0-9]{4} epochs=1 workers=2 shards=2 mode=bsp seconds=[0-9]+ best_auc=0\.[0-9]+$' \
+  <<<"$last" && awk '{ split($0, f, /[ =]/); exit !(f[2] > 0.6 && f[2] > f[16] - 0.15) }' <<<"$last"
+ok $? "its last line: an AUC near the planted model's best"
 
 # On a terminal (script gives it one): the progress bar, redrawn in place.
 script -qec "'$DEMO' --no-build --build '$PSNET_BUILD' --no-http --backend cpu --epochs 2 -- ${longer[*]}" \
