@@ -20,7 +20,7 @@ int main(int argc, char **argv) {
                 { "coord", OPT_STR, &cfg.coord, "ENDPOINT", "pscoord endpoint (default " PSNET_DEFAULT_COORD ")" },
                 { "backend", OPT_STR, &backend, "NAME", "compute backend: cpu, cuda or auto (default auto)" },
                 { "data", OPT_STR, &cfg.data, "DIR", "Fashion-MNIST directory (default: the job's)" },
-                { "threads", OPT_UINT, &cfg.threads, "N", "OpenBLAS threads for the cpu backend" },
+                { "threads", OPT_UINT, &cfg.threads, "N", "OpenBLAS threads for the cpu backend and dlrm" },
                 { "connect-timeout", OPT_UINT, &cfg.connect_timeout, "SECONDS", "give up when pscoord does not answer" },
                 { "round-timeout", OPT_UINT, &cfg.round_timeout, "SECONDS", "give up when shards do not answer" },
                 { "progress-ms", OPT_UINT, &cfg.progress_ms, "MS", "interval of progress lines" },
