@@ -27,8 +27,8 @@ void jobflags_init(JobFlags *f) {
 size_t jobflags_options(JobFlags *f, Option *o) {
         const Option t[JOBFLAGS_NOPTS] = {
                 { "model", OPT_STR, &f->model, "MODEL",
-                  "mlp:D0-D1-...-Dn (e.g. mlp:784-256-10), cnn, vit, or a JSON file describing the layers "
-                  "(docs/models.md)" },
+                  "mlp:D0-D1-...-Dn (e.g. mlp:784-256-10), cnn, vit, a click model lr:D or dlrm:F:BOT:TOP "
+                  "(docs/tables.md), or a JSON file describing the layers (docs/models.md)" },
                 { "mode", OPT_STR, &f->mode, "MODE",
                   "consistency: bsp, asp or ssp:S (default bsp); fed: federated rounds of edge workers; fedasync: "
                   "federated without rounds, the shards applying each --buffer of updates as they come" },

@@ -99,7 +99,7 @@ void print_status_table(const Psnet__StatusRep *s) {
         /* Accuracy by epoch: the last ten (all with --json). */
         if (s->n_epochs) {
                 size_t from = s->n_epochs > 10 ? s->n_epochs - 10 : 0;
-                bool auc = false; /* a binary model's (lr:D): its own column */
+                bool auc = false; /* a binary model's (lr:D, dlrm): its own column */
                 for (size_t k = from; k < s->n_epochs; k++)
                         auc |= s->epochs[k]->has_auc;
                 printf("\n\n%-6s %8s %9s %10s %8s %8s%s\n", "EPOCH", "ACCURACY", "TEST_LOSS", "TRAIN_LOSS", "CLOCK",

@@ -284,7 +284,7 @@ static int write_script(const Report *rp, const char *dir, Chart *charts, size_t
         if (!rp->fed && rp->has_auc)
                 charts[n++] = epoch_chart(f, rp, "AUC", "area under the ROC curve", 7, (Chart) { "auc",
                                           "Test AUC by epoch",
-                                          "A binary model's ranking of the test set after each epoch (lr:D): 0.5 "
+                                          "A binary model's ranking of the test set after each epoch (lr:D, dlrm): 0.5 "
                                           "is chance, 1 every click above every non-click." });
         if (!rp->fed && rp->has_speed) {
                 gp_chart(f, "throughput", "samples/s by worker", "seconds since the job started", "samples/s", rp);
