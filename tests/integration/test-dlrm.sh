@@ -3,7 +3,8 @@
 # workerd's built-in DLRM (issue 34; docs/tables.md, "The built-in click
 # models"): dlrm:F:BOT:TOP's rows in the job's table, its bottom and top MLPs
 # in the job's tensors. Full-batch SGD steps against the paper's PyTorch
-# reference trained by PyTorch (rows and tensors, and the test AUC); two ASP
+# reference trained by PyTorch (rows and tensors, and the test AUC), by one
+# worker and by two BSP workers on halves of the data; two ASP
 # workers near the planted model's AUC; a log of another field count, or a
 # table of another dim, refused with the reason.
 source "$(dirname "$0")/lib.sh"
@@ -37,6 +38,19 @@ auc=$(sed -n 's/.*msg="evaluated" .* auc=\([0-9.]*\) .*/\1/p' "$RUN/w-steps-1.lo
 pycheck dlrm-steps steps "$SMALL" "$MODEL" "$RUN/init.safetensors" "$RUN/steps.safetensors" 6 0.5 "${auc:-nan}"
 psnet_stop_all
 
+# The same steps by two BSP workers, each the whole of its half of the log
+# as its batch: the shards take the mean of their gradients, rows and
+# tensors alike, which is the full batch's (--lr-scaling none: the lr of
+# one worker's full batch).
+W=2 SHARDS=2 dlrm_job bsp2 "$SMALL" --workers 2 --shards 2 --mode bsp --model "$MODEL" --init "$RUN/init.safetensors" \
+  --batch 256 --epochs 6 --optim sgd --lr 0.5 --momentum 0 --warmup-clocks 0 --lr-scaling none \
+  --tables ids:4:sgd:lr=0.5:init=0
+out=$("$PSCTL" --coord "$COORD" job wait --wait 60); ok $? "two BSP workers train $MODEL on halves of the log ($out)"
+out=$("$PSCTL" --coord "$COORD" export "$RUN/bsp2.safetensors" 2>&1); ok $? "and psctl exports it ($out)"
+auc=$(cat "$RUN"/w-bsp2-*.log | sed -n 's/.*msg="evaluated" .* auc=\([0-9.]*\) .*/\1/p')
+pycheck dlrm-bsp2 steps "$SMALL" "$MODEL" "$RUN/init.safetensors" "$RUN/bsp2.safetensors" 6 0.5 "${auc:-nan}"
+psnet_stop_all
+
 # Two ASP workers with the default table on a larger log, two epochs (its
 # pairs of ids soon fit the training set: DLRM is trained on much data, few
 # epochs): an AUC near the planted model's.
@@ -59,3 +73,8 @@ out=$("$PSCTL" --coord "$COORD" job wait --wait 60)
 grep -q 'state=failed .*model dlrm:5:4-8:1 takes 4 dense features a sample and 5 categorical fields; the data in .* has 4 (train) and 4 (test), with 6 and 6 fields' <<<"$out"
 ok $? "dlrm:5 on a log of 6 fields fails the job, saying why ($out)"
 psnet_stop_all
+
+# A table of another dim than the rows the model takes: pscoord refuses the job.
+out=$("$PSCOORD" --listen "ipc://$RUN/dim.sock" --model "$MODEL" --tables emb:2 2>&1); rc=$?
+[ $rc -ne 0 ] && grep -q "model $MODEL keeps a row of 4 floats per id in one table (--tables NAME:4" <<<"$out"
+ok $? "a table of dim 2 for rows of 4 is refused, saying why (exit $rc: $out)"
