@@ -28,7 +28,7 @@
 
 #define TABLE_MAX_DIM 4096u
 #define TABLE_MAX_NAME 64u
-#define JOB_MAX_TABLES 16u
+#define JOB_MAX_TABLES 64u  /* a table per field of a click log of up to 64 fields (MD_MAX_FIELDS) */
 #define TABLE_DEFAULT_CACHE_ROWS 262144u
 #define TABLE_MAX_CACHE_ROWS (1u << 26)
 

@@ -62,10 +62,10 @@ static void test_refusals(void) {
         refused("emb:16:adagrad:ttl=soon", "ttl=soon is not a count of clocks");
         refused("e/m:16", "its name must be");
         refused("emb:16,emb:8", "table emb is declared twice");
-        char many[512] = "";
+        char many[1024] = "";
         for (int i = 0; i <= (int) JOB_MAX_TABLES; i++)
                 snprintf(many + strlen(many), sizeof many - strlen(many), "%st%d:1", i ? "," : "", i);
-        refused(many, "more than 16 tables");
+        refused(many, "more than 64 tables");
 }
 
 int main(void) {
