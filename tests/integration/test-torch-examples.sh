@@ -2,14 +2,16 @@
 # SPDX-License-Identifier: Apache-2.0
 # psnet.torch's examples run as they are against daemons started by hand:
 # examples/resnet18_fashion.py (torchvision's ResNet-18, two workers of one
-# BSP job) and examples/custom_loss.py (an autoencoder with a loss of its own).
+# BSP job), examples/custom_loss.py (an autoencoder with a loss of its own)
+# and examples/dlrm_clicks.py (a DLRM-style model with a psnet table per
+# field of a click log).
 source "$(dirname "$0")/lib.sh"
 
 py_env
 
 if [ $sanitized = 1 ]; then
   # The same library calls as test-torch's; torch's own time dominates them.
-  skip "examples/resnet18_fashion.py and examples/custom_loss.py against hand-started daemons" \
+  skip "examples/resnet18_fashion.py, custom_loss.py and dlrm_clicks.py against hand-started daemons" \
     "the examples run in the normal build's pass"
   exit 0
 fi
@@ -37,4 +39,20 @@ after=$(sed -n 's/^epoch 2: loss \([0-9.]*\)$/\1/p' "$RUN/ae.out")
 ok $? "examples/custom_loss.py: its own loss falls by more than half in 2 epochs ($before to $after)"
 out=$("$PSCTL" --coord "$COORD" job wait --wait 30)
 [ "$out" = "state=done" ]; ok $? "a job of a model without an accuracy ends done ($out)"
+psnet_stop_all
+
+# examples/dlrm_clicks.py: a table per field of a click log (6 of them), the
+# MLPs and dot interactions in torch; its test AUC near the planted model's.
+"$PSNET_BUILD/worker/data/psnet-clicklog" --out "$RUN/clicks" --train-rows 30000 --test-rows 5000 --fields 6 \
+  --vocab 2000 --dense 4 --seed 5 >"$RUN/clicklog.out" 2>&1
+start_cluster dlrm 2
+"${PY[@]}" "$PSNET_SRC/examples/dlrm_clicks.py" --coord "$COORD" --data "$RUN/clicks" --epochs 2 \
+  >"$RUN/dlrm.out" 2>"$RUN/dlrm.log"; rc=$?
+best=$(sed -n 's/.*best_auc=\([0-9.]*\).*/\1/p' "$RUN/clicklog.out")
+auc=$(sed -n 's/^epoch 2: test AUC \([0-9.]*\)$/\1/p' "$RUN/dlrm.out")
+[ $rc -eq 0 ] && [ -n "$auc" ] && awk -v a="$auc" -v b="${best:-1}" 'BEGIN { exit !(a > 0.5 && a > b - 0.1) }'
+ok $? "examples/dlrm_clicks.py: its test AUC $auc within 0.1 of the planted model's $best ($(tail -1 "$RUN/dlrm.log"))"
+"$PSCTL" --coord "$COORD" --json status | jq -e '.job.state == "done" and (.job.tables | split(",") | length) == 6 and
+  (.job.tables | startswith("field0:8:adagrad"))' >/dev/null
+ok $? "its job held a table per field and is done ($("$PSCTL" --coord "$COORD" --json status | jq -r .job.tables | cut -c1-60)...)"
 psnet_stop_all
