@@ -37,7 +37,7 @@ static double loss_of(const ClickBatch *b, const uint32_t *idx, size_t n, const 
 
 int main(void) {
         ClickBatch b;
-        CHECK(click_batch_init(&b, N * F, 1) == 0, "a batch of %d ids", N * F);
+        CHECK(click_batch_init(&b, N * F, 1, true) == 0, "a batch of %d ids", N * F);
         uint32_t idx[4] = { 0, 1, 3, 5 };
         CHECK(click_batch_gather(&b, &data, idx, 4) == 0 && b.rows_cap >= 4, "gathered, rows for its ids");
         const int64_t want[] = { 7, 9, 11, 13 };

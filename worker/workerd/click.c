@@ -8,8 +8,9 @@
 #include "hash.h"
 #include "macro.h"
 
-int click_batch_init(ClickBatch *b, size_t cap, size_t dim) {
+int click_batch_init(ClickBatch *b, size_t cap, size_t dim, bool grads) {
         memset(b, 0, sizeof *b);
+        b->grads = grads;
         b->cap = MAX(cap, (size_t) 1);
         b->dim = MAX(dim, (size_t) 1);
         b->hcap = 16;
@@ -58,10 +59,12 @@ static int rows_reserve(ClickBatch *b, size_t n) {
         if (!rows)
                 return -ENOMEM;
         b->rows = rows;
-        float *rgrad = realloc(b->rgrad, n * b->dim * sizeof *rgrad);
-        if (!rgrad)
-                return -ENOMEM;
-        b->rgrad = rgrad;
+        if (b->grads) {
+                float *rgrad = realloc(b->rgrad, n * b->dim * sizeof *rgrad);
+                if (!rgrad)
+                        return -ENOMEM;
+                b->rgrad = rgrad;
+        }
         b->rows_cap = n;
         return 0;
 }

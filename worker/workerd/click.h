@@ -1,5 +1,6 @@
 /* SPDX-License-Identifier: Apache-2.0 */
-/* The lr:D model's arithmetic (docs/tables.md, "Built-in models"): for each
+/* A click model's batch of ids, and the lr:D model's arithmetic
+ * (docs/tables.md, "The built-in click models"; dlrm.h has DLRM's): for each
  * sample, logit = bias + w . x + the sum of its fields' id weights (a missing
  * field, id -1, adds nothing); the loss is the mean binary cross-entropy of
  * sigmoid(logit), as torch.nn.BCEWithLogitsLoss. A batch's ids are gathered
@@ -7,6 +8,7 @@
  * id), so that a row's gradient is the sum over the batch's samples that hold
  * it. The trainer (trainer.c) pulls the rows and pushes the gradients. */
 #pragma once
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 #include "clickdata.h"
@@ -16,7 +18,8 @@
 typedef struct ClickBatch {
         size_t cap;       /* samples x fields it holds at most */
         size_t dim;       /* floats per row */
-        size_t rows_cap;  /* distinct ids rows and rgrad have room for */
+        size_t rows_cap;  /* distinct ids rows (and rgrad) have room for */
+        bool grads;       /* it keeps rgrad (a training batch; not the test set's) */
         int64_t *uniq;    /* the distinct ids, in first-seen order */
         size_t nuniq;
         uint32_t *slot;   /* per sample and field: its id's index in uniq, or CLICK_MISSING */
@@ -26,9 +29,9 @@ typedef struct ClickBatch {
         size_t hcap;
 } ClickBatch;
 
-/* Room for cap = samples x fields ids, their rows of dim floats. 0 or
- * -ENOMEM. */
-int click_batch_init(ClickBatch *b, size_t cap, size_t dim);
+/* Room for cap = samples x fields ids, their rows of dim floats, and with
+ * grads their gradients. 0 or -ENOMEM. */
+int click_batch_init(ClickBatch *b, size_t cap, size_t dim, bool grads);
 void click_batch_free(ClickBatch *b);
 /* The distinct ids of samples idx[0..n) of d (idx NULL: samples 0..n), and
  * each one's slot; rows and rgrad grow to hold their rows. n x d->fields

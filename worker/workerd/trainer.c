@@ -761,8 +761,8 @@ static int click_setup(Trainer *t) {
         t->grads = ps_calloc(job->ntensors, sizeof *t->grads);
         t->perm = ps_malloc((size_t) t->ntrain * sizeof(uint32_t));
         if (!t->cbuf || !t->params || !t->grads || !t->perm ||
-            click_batch_init(&t->cbatch, (size_t) batch * tr->fields, job->click_dim) < 0 ||
-            click_batch_init(&t->ctestb, (size_t) t->ntest * te->fields, job->click_dim) < 0 ||
+            click_batch_init(&t->cbatch, (size_t) batch * tr->fields, job->click_dim, true) < 0 ||
+            click_batch_init(&t->ctestb, (size_t) t->ntest * te->fields, job->click_dim, false) < 0 ||
             click_batch_gather(&t->ctestb, te, NULL, te->n) < 0)
                 return log_error_errno(ENOMEM, "Out of memory");
         float *p = t->cbuf;
