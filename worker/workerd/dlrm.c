@@ -33,7 +33,8 @@ int dlrm_init(Dlrm *m, const ModelDesc *d, size_t max_batch) {
                 floats += b * m->bot[l], maxw = MAX(maxw, (size_t) m->bot[l]);
         for (uint32_t l = 0; l <= m->ntop; l++)
                 floats += b * m->top[l], maxw = MAX(maxw, (size_t) m->top[l]);
-        floats += 2 * b * nvec + 2 * b * maxw;
+        size_t nv = (size_t) m->fields + 1;
+        floats += 2 * b * nvec + 2 * b * maxw + nv * nv;
         m->buf = ps_calloc(floats, sizeof(float));
         if (!m->buf)
                 return -ENOMEM;
@@ -45,7 +46,8 @@ int dlrm_init(Dlrm *m, const ModelDesc *d, size_t max_batch) {
         m->vec = p, p += b * nvec;
         m->dvec = p, p += b * nvec;
         m->delta[0] = p, p += b * maxw;
-        m->delta[1] = p;
+        m->delta[1] = p, p += b * maxw;
+        m->gram = p;
         return 0;
 }
 
@@ -92,10 +94,13 @@ static void forward(Dlrm *m, const ClickBatch *b, const ClickData *d, const uint
                                 memcpy(v + (size_t) (f + 1) * E, b->rows + (size_t) u * E, E * sizeof(float));
                 }
                 memcpy(r, v, E * sizeof(float));
+                /* The lower triangle of v v^T, one product a sample. */
+                cblas_ssyrk(CblasRowMajor, CblasLower, CblasNoTrans, (int) F + 1, (int) E, 1.0f, v, (int) E, 0.0f,
+                            m->gram, (int) F + 1);
                 float *z = r + E;
                 for (uint32_t i = 1; i <= F; i++)
                         for (uint32_t j = 0; j < i; j++)
-                                *z++ = cblas_sdot((int) E, v + (size_t) i * E, 1, v + (size_t) j * E, 1);
+                                *z++ = m->gram[(size_t) i * (F + 1) + j];
         }
         for (uint32_t l = 0; l < m->ntop; l++, t += 2)
                 linear(n, m->top[l], m->top[l + 1], m->top_act[l], params[t], params[t + 1], m->top_act[l + 1],
@@ -159,14 +164,18 @@ float dlrm_step(Dlrm *m, ClickBatch *b, const ClickData *d, const uint32_t *idx,
         memset(b->rgrad, 0, b->nuniq * E * sizeof(float));
         for (size_t s = 0; s < n; s++) {
                 const float *v = m->vec + s * nvec, *dr = dy + s * tin, *dz = dr + E;
-                float *dv = m->dvec + s * nvec;
-                memcpy(dv, dr, E * sizeof(float));
-                memset(dv + E, 0, (size_t) F * E * sizeof(float));
-                for (uint32_t i = 1; i <= F; i++)
-                        for (uint32_t j = 0; j < i; j++, dz++) {
-                                cblas_saxpy((int) E, *dz, v + (size_t) j * E, 1, dv + (size_t) i * E, 1);
-                                cblas_saxpy((int) E, *dz, v + (size_t) i * E, 1, dv + (size_t) j * E, 1);
-                        }
+                float *dv = m->dvec + s * nvec, *g = m->gram;
+                /* A pair's gradient g reaches both vectors: dv = G v with G
+                 * symmetric, g at (i, j) and (j, i), zeros on its diagonal. */
+                for (uint32_t i = 0; i <= F; i++) {
+                        g[(size_t) i * (F + 1) + i] = 0;
+                        for (uint32_t j = 0; j < i; j++, dz++)
+                                g[(size_t) i * (F + 1) + j] = g[(size_t) j * (F + 1) + i] = *dz;
+                }
+                cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int) F + 1, (int) E, (int) F + 1, 1.0f, g,
+                            (int) F + 1, v, (int) E, 0.0f, dv, (int) E);
+                for (uint32_t k = 0; k < E; k++)
+                        dv[k] += dr[k];
                 for (uint32_t f = 0; f < F; f++) {
                         uint32_t u = b->slot[s * F + f];
                         if (u != CLICK_MISSING)
