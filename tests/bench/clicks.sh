@@ -9,9 +9,11 @@
 # workers on two shards (BSP, as the demo), with the ratio to PyTorch's.
 # Never pass/fail.
 #
-#   tests/bench/clicks.sh [--model lr|dlrm] [--build DIR] [--rows N] [--epochs E] [--batch B] [--seeds K] [--keep]
+#   tests/bench/clicks.sh [--model lr|dlrm|dlrm:F:BOT:TOP] [--build DIR] [--rows N] [--epochs E] [--batch B] [--seeds K] [--keep]
 #
-# --model dlrm is the demo's dlrm:F:D-16-8:16-1 (1 epoch by default).
+# --model dlrm is the demo's dlrm:F:D-16-8:16-1 (1 epoch by default); --model
+# dlrm:F:D-...:... another DLRM, on a log of its F fields and D dense features
+# (e.g. the paper's Criteo shape dlrm:26:13-512-256-64:512-256-1 --batch 2048).
 set -euo pipefail
 top=$(cd "$(dirname "$0")/../.." && pwd)
 build=$top/build rows=1000000 epochs= batch=256 keep=0 kind=lr seeds=3 psnet_aucs=
@@ -24,25 +26,31 @@ while [ $# -gt 0 ]; do
     --epochs) epochs=$2; shift 2 ;;
     --batch) batch=$2; shift 2 ;;
     --keep) keep=1; shift ;;
-    *) echo "usage: $0 [--model lr|dlrm] [--build DIR] [--rows N] [--epochs E] [--batch B] [--seeds K] [--keep]" >&2
+    *) echo "usage: $0 [--model lr|dlrm|dlrm:F:BOT:TOP] [--build DIR] [--rows N] [--epochs E] [--batch B] [--seeds K] [--keep]" >&2
        exit 2 ;;
   esac
 done
+# --model dlrm:F:D-...:...: that model, on a log of F fields and D dense features.
+arch= log_shape=()
 case $kind in
   lr) epochs=${epochs:-2} ;;
   dlrm) epochs=${epochs:-1} ;;
-  *) echo "$0: --model lr or dlrm, not '$kind'" >&2; exit 2 ;;
+  dlrm:*)
+    arch=$kind kind=dlrm epochs=${epochs:-1}
+    IFS=':-' read -r _ f d _ <<<"$arch"
+    log_shape=(--fields "$f" --dense "$d") ;;
+  *) echo "$0: --model lr, dlrm or dlrm:F:BOT:TOP, not '$kind'" >&2; exit 2 ;;
 esac
 BENCH=$kind
 source "$top/tests/bench/lib.sh"
 python_client numpy torch
-"$build/worker/data/psnet-clicklog" --out "$RUN/clicks" --train-rows "$rows" --test-rows $((rows / 10)) \
+"$build/worker/data/psnet-clicklog" --out "$RUN/clicks" --train-rows "$rows" --test-rows $((rows / 10)) "${log_shape[@]}" \
   >"$RUN/clicklog.out" 2>&1 || die "psnet-clicklog failed: $(cat "$RUN/clicklog.out")"
 best=$(sed -n 's/.*best_auc=\([0-9.]*\).*/\1/p' "$RUN/clicklog.out")
 dense=$(sed -n 's/.* dense=\([0-9]*\).*/\1/p' "$RUN/clicklog.out")
 fields=$(sed -n 's/.* fields=\([0-9]*\).*/\1/p' "$RUN/clicklog.out")
 model=lr:$dense
-[ "$kind" = dlrm ] && model=dlrm:$fields:$dense-16-8:16-1
+[ "$kind" = dlrm ] && model=${arch:-dlrm:$fields:$dense-16-8:16-1}
 echo "$kind: $model, $rows samples to train, $((rows / 10)) to test, planted best AUC $best, batch $batch, $epochs epochs"
 # AUC varies with the initial values and the order of batches (a few 0.001
 # for dlrm): PyTorch's loop and psnet's one-worker job each run with --seeds
