@@ -355,6 +355,18 @@ static size_t parse_widths(const char *p, size_t min, uint32_t widths[MLP_MAX_WI
         return n < min ? 0 : n;
 }
 
+/* "W0-W1-...-Wn" appended to buf (n bytes, holding a string): the widths'
+ * canonical spelling (no leading zeros). false when it does not fit. */
+static bool widths_text(char *buf, size_t n, const uint32_t *widths, size_t count) {
+        for (size_t i = 0; i < count; i++) {
+                size_t len = strlen(buf);
+                int w = snprintf(buf + len, n - len, "%s%u", i ? "-" : "", widths[i]);
+                if (w < 0 || (size_t) w >= n - len)
+                        return false;
+        }
+        return true;
+}
+
 /* Linear+ReLU layers of the widths, the last one's ReLU only with relu_last. */
 static void push_mlp(ModelDesc *d, const uint32_t *widths, size_t n, bool relu_last) {
         d->input = shape1(widths[0]);
@@ -373,7 +385,9 @@ static int parse_mlp(const char *text, ModelDesc *d, char *err, size_t errlen) {
         if (n == 0 || *end)
                 return reason_set(err, errlen, -EINVAL, "bad model '%.64s' (expected mlp:D0-D1-...-Dn, %d..%d widths "
                                   "of 1..%u)", text, MLP_MIN_WIDTHS, MLP_MAX_WIDTHS, MD_MAX_DIM);
-        snprintf(d->name, sizeof d->name, "%.127s", text);
+        /* The name is the canonical text: 16 widths of 5 digits fit. */
+        snprintf(d->name, sizeof d->name, "mlp:");
+        (void) widths_text(d->name, sizeof d->name, widths, n);
         push_mlp(d, widths, n, false);
         return infer(d, err, errlen);
 }
@@ -388,7 +402,7 @@ static int parse_lr(const char *text, ModelDesc *d, char *err, size_t errlen) {
         if (errno || end == text + 3 || *end || text[3] < '0' || text[3] > '9' || v < 1 || v > MD_MAX_DIM)
                 return reason_set(err, errlen, -EINVAL, "bad model '%.64s' (expected lr:D, D the dense features of "
                                   "each sample, 1..%u)", text, MD_MAX_DIM);
-        snprintf(d->name, sizeof d->name, "%.127s", text);
+        snprintf(d->name, sizeof d->name, "lr:%lu", v);
         d->input = shape1((uint32_t) v);
         MdLayer l = linear(1);
         l.init = INIT_ZEROS;
@@ -457,7 +471,16 @@ static int parse_dlrm(const char *text, ModelDesc *d, char *err, size_t errlen) 
         free(part);
         if (r < 0)
                 return r;
-        snprintf(d->name, sizeof d->name, "%.127s", text);
+        /* The name is the canonical text, which the job carries. */
+        snprintf(d->name, sizeof d->name, "dlrm:%lu:", f);
+        bool fits = widths_text(d->name, sizeof d->name, bot, nb) && strlen(d->name) + 1 < sizeof d->name;
+        if (fits) {
+                strcat(d->name, ":");
+                fits = widths_text(d->name, sizeof d->name, top + 1, nt);
+        }
+        if (!fits)
+                return reason_set(err, errlen, -EINVAL, "bad model '%.64s...': longer than %zu characters written "
+                                  "without leading zeros", text, sizeof d->name - 1);
         d->input = shape1(bot[0]);
         d->classes = 1;
         d->click = true;

@@ -86,6 +86,22 @@ static void test_dlrm(void) {
                       strcmp(text, "dlrm:2:3-4:1") == 0, "--model dlrm:2:3-4:1 resolves without a file (%s)", err);
         CHECK(modeldesc_parse("dlrm:2:3-4:1", &d, err, sizeof err) == 0 && d.ntensors == 4 &&
                       shape_is("top.0.weight", 2, 1, 7, 0, 0), "a top of one width is one Linear(E + 3, 1)");
+        /* Leading zeros are the same model; its text (which a job carries) is without them. */
+        const char *same[][2] = { { "dlrm:02:03-004:01", "dlrm:2:3-4:1" }, { "mlp:0784-010", "mlp:784-10" },
+                                  { "lr:013", "lr:13" } };
+        for (size_t i = 0; i < 3; i++)
+                CHECK(modeldesc_parse(same[i][0], &d, err, sizeof err) == 0 &&
+                              modeldesc_format(&d, text, sizeof text) == 0 && strcmp(text, same[i][1]) == 0,
+                      "%s is written %s (%s)", same[i][0], text, err);
+        char longest[256] = "dlrm:64:";
+        for (int i = 0; i < 16; i++)
+                strcat(longest, i ? "-60000" : "60000");
+        strcat(longest, ":");
+        for (int i = 0; i < 15; i++)
+                strcat(longest, "60000-");
+        strcat(longest, "1");
+        CHECK(modeldesc_parse(longest, &d, err, sizeof err) == -EINVAL && strstr(err, "longer than 127 characters"),
+              "a DLRM whose text cannot be a job's model name is refused, saying so: %s", err);
         const char *bad[] = { "dlrm:", "dlrm:0:3-4:1", "dlrm:65:3-4:1", "dlrm:2:3:1", "dlrm:2:3-4:2",
                               "dlrm:2:3-4:8-2", "dlrm:2:3-4", "dlrm:2:3-4:1x", "dlrm:x:3-4:1", "dlrm:2:3-0:1" };
         for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++)
