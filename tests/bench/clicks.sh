@@ -9,24 +9,31 @@
 # workers on two shards (BSP, as the demo), with the ratio to PyTorch's.
 # Never pass/fail.
 #
-#   tests/bench/clicks.sh [--model lr|dlrm|dlrm:F:BOT:TOP] [--build DIR] [--rows N] [--epochs E] [--batch B] [--seeds K] [--keep]
+#   tests/bench/clicks.sh [--model lr|dlrm|dlrm:F:BOT:TOP] [--build DIR] [--rows N] [--epochs E] [--batch B]
+#                         [--seeds K] [--tables TEXT] [--keep]
+#
+# --tables: psnet's table instead of the model's default (e.g. with cache=2,
+# the hot-row cache: the bytes pulled a step fall, and the AUC shows what the
+# staleness costs; PyTorch's loop is the same either way).
 #
 # --model dlrm is the demo's dlrm:F:D-16-8:16-1 (1 epoch by default); --model
 # dlrm:F:D-...:... another DLRM, on a log of its F fields and D dense features
 # (e.g. the paper's Criteo shape dlrm:26:13-512-256-64:512-256-1 --batch 2048).
 set -euo pipefail
 top=$(cd "$(dirname "$0")/../.." && pwd)
-build=$top/build rows=1000000 epochs= batch=256 keep=0 kind=lr seeds=3 psnet_aucs=
+build=$top/build rows=1000000 epochs= batch=256 keep=0 kind=lr seeds=3 psnet_aucs= tables=()
 while [ $# -gt 0 ]; do
   case $1 in
     --model) kind=$2; shift 2 ;;
     --seeds) seeds=$2; shift 2 ;;
+    --tables) tables=(--tables "$2"); shift 2 ;;
     --build) build=$2; shift 2 ;;
     --rows) rows=$2; shift 2 ;;
     --epochs) epochs=$2; shift 2 ;;
     --batch) batch=$2; shift 2 ;;
     --keep) keep=1; shift ;;
-    *) echo "usage: $0 [--model lr|dlrm|dlrm:F:BOT:TOP] [--build DIR] [--rows N] [--epochs E] [--batch B] [--seeds K] [--keep]" >&2
+    *) echo "usage: $0 [--model lr|dlrm|dlrm:F:BOT:TOP] [--build DIR] [--rows N] [--epochs E] [--batch B] [--seeds K]" \
+         "[--tables TEXT] [--keep]" >&2
        exit 2 ;;
   esac
 done
@@ -70,7 +77,7 @@ for tag in $(seq 1 "$seeds") bsp; do
   [ "$tag" = bsp ] && n=2 mode=bsp seed=1
   coord="ipc://$RUN/coord-$tag.sock"
   psnet_start "pscoord-$tag" "$PSCOORD" --listen "$coord" --workers "$n" --shards "$n" --mode "$mode" \
-    --model "$model" --data "$RUN/clicks" --batch "$batch" --epochs "$epochs" --seed "$seed"
+    --model "$model" --data "$RUN/clicks" --batch "$batch" --epochs "$epochs" --seed "$seed" "${tables[@]}"
   for i in $(seq 1 "$n"); do
     psnet_start "psd-$tag-$i" "$PSD" --id "$i" --listen "ipc://$RUN/psd-$tag-$i.sock" --coord "$coord"
   done
@@ -78,9 +85,13 @@ for tag in $(seq 1 "$seeds") bsp; do
   "$PSCTL" --coord "$coord" job wait --wait 1800 >/dev/null || die "the $model job failed (logs in $RUN)"
   sps=$(cat "$RUN"/w-"$tag"-*.log | sed -n 's/.*msg="trained" .* samples_per_s=\([0-9]*\).*/\1/p' | awk '{ s += $1 } END { print s }')
   auc=$(cat "$RUN"/w-"$tag"-*.log | sed -n 's/.*msg="evaluated" .* auc=\([0-9.]*\) .*/\1/p')
-  awk -v k="$kind" -v n="$n" -v m="$mode" -v s="$sps" -v t="$torch_sps" -v a="$auc" -v b="$best" -v r="$seed" 'BEGIN {
-    printf "%s: psnet %d workerd, %d psd, %s, seed %d: samples_per_s=%d (%.2f x PyTorch'"'"'s loop) auc=%s (best %s)\n",
-           k, n, n, m, r, s, s / t, a, b }'
+  # MB a worker pulled a step, rows and tensors (with a table's cache=S, fewer rows).
+  mbs=$(cat "$RUN"/w-"$tag"-*.log | sed -n 's/.*msg="trained" steps=\([0-9]*\) .* pulled_mb=\([0-9.]*\).*/\1 \2/p' |
+    awk '{ st += $1; mb += $2 } END { printf "%.3f", st ? mb / st : 0 }')
+  awk -v k="$kind" -v n="$n" -v m="$mode" -v s="$sps" -v t="$torch_sps" -v a="$auc" -v b="$best" -v r="$seed" \
+      -v p="$mbs" 'BEGIN {
+    printf "%s: psnet %d workerd, %d psd, %s, seed %d: samples_per_s=%d (%.2f x PyTorch'"'"'s loop) auc=%s (best %s) " \
+           "pulled_mb_per_step=%s\n", k, n, n, m, r, s, s / t, a, b, p }'
   [ "$n" = 1 ] && psnet_aucs+=" $auc"
   psnet_stop_all
 done
