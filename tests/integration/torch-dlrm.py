@@ -8,6 +8,7 @@ torch.bmm, the strictly lower triangle in row order), trained by PyTorch.
     torch-dlrm.py init MODEL OUT             writes OUT, a start for --init
     torch-dlrm.py steps DATA MODEL INIT EXPORT STEPS LR AUC
 """
+import os
 import sys
 
 import numpy as np
@@ -15,7 +16,10 @@ import torch
 import torch.nn as nn
 
 from psnet.models import read_safetensors, write_safetensors
-from pychecks import fail, say
+from pychecks import check_logged_auc, fail, say
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "bench"))
+from clicks_torch import mlp  # noqa: E402  the Sequential MLPs of tests/bench's PyTorch DLRM
 
 
 def arch(model):
@@ -24,15 +28,6 @@ def arch(model):
     f, bot = int(f), [int(w) for w in bot.split("-")]
     e = bot[-1]
     return f, bot, [e + f * (f + 1) // 2] + [int(w) for w in top.split("-")]
-
-
-def mlp(widths, relu_last):
-    layers = []
-    for i in range(1, len(widths)):
-        layers.append(nn.Linear(widths[i - 1], widths[i]))
-        if i + 1 < len(widths) or relu_last:
-            layers.append(nn.ReLU())
-    return nn.Sequential(*layers)
 
 
 class DLRM(nn.Module):
@@ -56,16 +51,6 @@ def load(data, split):
     sparse = np.load(f"{data}/{split}/sparse.npy")
     dense = torch.from_numpy(np.load(f"{data}/{split}/dense.npy").astype(np.float32))
     return sparse, dense, torch.from_numpy(np.load(f"{data}/{split}/label.npy").astype(np.float32))
-
-
-def auc(scores, labels):
-    """Mann-Whitney U by ranks, ties given their mean rank."""
-    s, y = np.asarray(scores, dtype=np.float64), np.asarray(labels) > 0.5
-    _, inv, counts = np.unique(s, return_inverse=True, return_counts=True)
-    ends = np.cumsum(counts)
-    ranks = ((ends - counts + 1 + ends) / 2.0)[inv]
-    npos, nneg = y.sum(), (~y).sum()
-    return float((ranks[y].sum() - npos * (npos + 1) / 2) / (npos * nneg))
 
 
 def check_init(model, out):
@@ -113,10 +98,7 @@ def check_steps(data, model, init, export, steps, lr, logged_auc):
     known = np.isin(ts, vocab)  # a test id never trained reads as its initial row, zeros
     with torch.no_grad():
         z = m(torch.from_numpy(np.searchsorted(vocab, ts).clip(0, len(vocab) - 1)), torch.from_numpy(known).float(), td)
-    a_ref = auc(z.numpy(), ty.numpy())
-    if abs(a_ref - logged_auc) > 2e-3:
-        fail(f"workerd logged a test AUC of {logged_auc}, PyTorch's weights give {a_ref:.4f}")
-    say(f"and the test AUC workerd logged ({logged_auc}) is that of PyTorch's weights ({a_ref:.4f})")
+    check_logged_auc(z.numpy(), ty.numpy(), logged_auc)
 
 
 def main():
