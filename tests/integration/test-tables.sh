@@ -277,11 +277,12 @@ out=$("$PSCTL" --coord "$COORD" report --out "$RUN/lr-report" 2>&1)
 ok $? "psctl report draws the AUC by epoch and lists it ($out)"
 psnet_stop_all
 
-# A BSP lr:D job checkpointed mid-run on two shards and restored onto three
-# ends as the uninterrupted run did: the same dense weights (pscoord's digest)
-# and the same test AUC and loss, the rows included. Steps of 20 ms at least
-# (workerd's test knob) leave time for the save.
-lr_run() {  # lr_run TAG [PSCOORD-OPTIONS]: a BSP lr:4 job of two workers on $DATA
+# A BSP job of each click model checkpointed mid-run on two shards and
+# restored onto three ends as the uninterrupted run did: the same dense
+# weights (pscoord's digest) and the same test AUC and loss, the rows (of 1
+# and of 8 floats, with their Adagrad state) included. Steps of 20 ms at
+# least (workerd's test knob) leave time for the save.
+lr_run() {  # lr_run TAG [PSCOORD-OPTIONS]: a BSP job of two workers
   local tag=$1; shift
   COORD="ipc://$RUN/$tag.sock"
   psnet_start "pscoord-$tag" "$PSCOORD" --listen "$COORD" --checkpoint-dir "$RUN/lr-ckpt" "$@"
@@ -290,18 +291,21 @@ lr_run() {  # lr_run TAG [PSCOORD-OPTIONS]: a BSP lr:4 job of two workers on $DA
   done
   for i in 1 2; do psnet_start "w-$tag-$i" "$WORKERD" --coord "$COORD" --step-delay-ms 20; done
 }
-NSHARDS=2 lr_run lrc --workers 2 --shards 2 --mode bsp --model lr:4 --data "$DATA" --batch 256 --epochs 3
-psnet_wait_for 30 grep -q 'msg="training"' "$RUN/w-lrc-1.log"
-out=$("$PSCTL" --coord "$COORD" checkpoint save mid 2>&1); ok $? "an lr:D job is checkpointed mid-run ($out)"
-out=$("$PSCTL" --coord "$COORD" job wait --wait 120); ok $? "and runs to its end ($out)"
 ends() { sed -n 's/.*msg="job done" .* weights=\([0-9a-f]*\).*/\1/p' "$RUN/pscoord-$1.log"
   cat "$RUN"/w-"$1"-*.log | sed -n 's/.*msg="evaluated" .*\(test_loss=[0-9.]* auc=[0-9.]*\).*/\1/p'; }
-first=$(ends lrc)
-psnet_stop_all
-NSHARDS=3 lr_run lrr --restore mid
-out=$("$PSCTL" --coord "$COORD" job wait --wait 120); ok $? "restored onto three shards, it runs to its end ($out)"
-again=$(ends lrr)
-[ -n "$first" ] && [ "$first" = "$again" ]
-ok $? "with the uninterrupted run's weights, test loss and AUC ($(tr '\n' ' ' <<<"$first")/ $(tr '\n' ' ' <<<"$again"))"
-psnet_stop_all
+for model in lr:4 dlrm:6:4-16-8:16-1; do
+  k=${model%%:*}
+  NSHARDS=2 lr_run "${k}c" --workers 2 --shards 2 --mode bsp --model "$model" --data "$DATA" --batch 256 --epochs 3
+  psnet_wait_for 30 grep -q 'msg="training"' "$RUN/w-${k}c-1.log"
+  out=$("$PSCTL" --coord "$COORD" checkpoint save "mid-$k" 2>&1); ok $? "a BSP job of $model is checkpointed mid-run ($out)"
+  out=$("$PSCTL" --coord "$COORD" job wait --wait 120); ok $? "and runs to its end ($out)"
+  first=$(ends "${k}c")
+  psnet_stop_all
+  NSHARDS=3 lr_run "${k}r" --restore "mid-$k"
+  out=$("$PSCTL" --coord "$COORD" job wait --wait 120); ok $? "restored onto three shards, it runs to its end ($out)"
+  again=$(ends "${k}r")
+  [ -n "$first" ] && [ "$first" = "$again" ]
+  ok $? "with the uninterrupted run's weights, test loss and AUC ($(tr '\n' ' ' <<<"$first")/ $(tr '\n' ' ' <<<"$again"))"
+  psnet_stop_all
+done
 
