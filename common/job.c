@@ -350,12 +350,18 @@ int job_validate(const Job *job, char *err, size_t errlen) {
                         if (strcmp(job->tensors[k].name, c->name) == 0)
                                 return job_err(err, errlen, "table %s has a tensor's name", c->name);
         }
-        if (job->click && (job->ntables != 1 || job->tables[0].dim != job->click_dim)) {
-                char def[64];
+        /* A click model's rows: one table for every field, or one per field. */
+        bool dims = job->ntables > 0;
+        for (size_t i = 0; i < job->ntables; i++)
+                dims = dims && job->tables[i].dim == job->click_dim;
+        if (job->click && (!dims || (job->click_fields && job->ntables != 1 && job->ntables != job->click_fields))) {
+                char def[64], fields[64] = "";
                 snprintf(def, sizeof def, JOB_CLICK_TABLE, job->click_dim);
-                return job_err(err, errlen, "model %s keeps a row of %u float%s per id in one table (--tables "
-                               "NAME:%u[:OPTIM][:KEY=VALUE]...; without --tables: %s)", job->model_name,
-                               job->click_dim, job->click_dim == 1 ? "" : "s", job->click_dim, def);
+                if (job->click_fields)
+                        snprintf(fields, sizeof fields, ", or one per field (%u)", job->click_fields);
+                return job_err(err, errlen, "model %s keeps a row of %u float%s per id in one table for every field%s "
+                               "(--tables NAME:%u[:OPTIM][:KEY=VALUE]...; without --tables: %s)", job->model_name,
+                               job->click_dim, job->click_dim == 1 ? "" : "s", fields, job->click_dim, def);
         }
         if (job->ntables > 0 && job->mode == MODE_FED)
                 return job_err(err, errlen, "--tables is for training jobs; federated clients train dense models");

@@ -51,6 +51,24 @@ auc=$(cat "$RUN"/w-bsp2-*.log | sed -n 's/.*msg="evaluated" .* auc=\([0-9.]*\) .
 pycheck dlrm-bsp2 steps "$SMALL" "$MODEL" "$RUN/init.safetensors" "$RUN/bsp2.safetensors" 6 0.5 "${auc:-nan}"
 psnet_stop_all
 
+# A table per field: the log's third field made a copy of its first, so that
+# each id comes in two fields, two rows (one table for every field would
+# share them); the same six steps against PyTorch's model of three tables.
+cp -r "$SMALL" "$RUN/clicks-twice"
+"${PY[@]}" -c 'import numpy as np, sys
+for split in ("train", "test"):
+    p = f"{sys.argv[1]}/{split}/sparse.npy"; a = np.load(p); a[:, 2] = a[:, 0]; np.save(p, a)' "$RUN/clicks-twice"
+SHARDS=2 dlrm_job fields3 "$RUN/clicks-twice" --workers 1 --shards 2 --mode bsp --model "$MODEL" \
+  --init "$RUN/init.safetensors" --batch 512 --epochs 6 --optim sgd --lr 0.5 --momentum 0 --warmup-clocks 0 \
+  --tables f0:4:sgd:lr=0.5:init=0,f1:4:sgd:lr=0.5:init=0,f2:4:sgd:lr=0.5:init=0
+out=$("$PSCTL" --coord "$COORD" job wait --wait 60); ok $? "workerd trains $MODEL with a table per field ($out)"
+grep -q 'msg="click model .* tables=f0,... (one per field)' "$RUN/w-fields3-1.log"; ok $? "and says so"
+out=$("$PSCTL" --coord "$COORD" export "$RUN/fields3.safetensors" 2>&1); ok $? "psctl exports its three tables ($out)"
+auc=$(sed -n 's/.*msg="evaluated" .* auc=\([0-9.]*\) .*/\1/p' "$RUN/w-fields3-1.log")
+pycheck dlrm-fields3 steps "$RUN/clicks-twice" "$MODEL" "$RUN/init.safetensors" "$RUN/fields3.safetensors" 6 0.5 \
+  "${auc:-nan}"
+psnet_stop_all
+
 # Two ASP workers with the default table on a larger log, two epochs (its
 # pairs of ids soon fit the training set: DLRM is trained on much data, few
 # epochs): an AUC near the planted model's.
@@ -76,5 +94,5 @@ psnet_stop_all
 
 # A table of another dim than the rows the model takes: pscoord refuses the job.
 out=$("$PSCOORD" --listen "ipc://$RUN/dim.sock" --model "$MODEL" --tables emb:2 2>&1); rc=$?
-[ $rc -ne 0 ] && grep -q "model $MODEL keeps a row of 4 floats per id in one table (--tables NAME:4" <<<"$out"
+[ $rc -ne 0 ] && grep -q "model $MODEL keeps a row of 4 floats per id in one table for every field, or one per field (3) (--tables NAME:4" <<<"$out"
 ok $? "a table of dim 2 for rows of 4 is refused, saying why (exit $rc: $out)"

@@ -61,25 +61,51 @@ def check_init(model, out):
     say(f"an --init of {len(m.state_dict()) - 1} tensors, torch.nn.Linear's initial values")
 
 
+def vocabularies(xs, tables):
+    """Each field's ids (a table per field), or every field's (one table),
+    sorted: the rows PyTorch's embedding holds, table after table."""
+    fields = range(xs.shape[1])
+    vocab = [np.unique(xs[:, f][xs[:, f] >= 0]) for f in fields] if tables > 1 else [np.unique(xs[xs >= 0])]
+    return vocab
+
+
+def places(vocab, xs):
+    """(index [N, F] into the rows of the vocabularies, one after the other;
+    mask [N, F]: 1 where the id is one of its table's)."""
+    idx, known, off = np.zeros(xs.shape, dtype=np.int64), np.zeros(xs.shape, dtype=bool), 0
+    for f in range(xs.shape[1]):
+        v = vocab[f] if len(vocab) > 1 else vocab[0]
+        at = np.searchsorted(v, xs[:, f]).clip(0, max(len(v) - 1, 0))
+        known[:, f] = (xs[:, f] >= 0) & (v[at] == xs[:, f]) if len(v) else False
+        idx[:, f] = at + (off if len(vocab) > 1 else 0)
+        off += len(v)
+    return torch.from_numpy(idx), torch.from_numpy(known).float()
+
+
 def check_steps(data, model, init, export, steps, lr, logged_auc):
     """Full-batch SGD steps (the whole training set each step: no order of
     samples matters), rows starting at 0, the dense layers at INIT: the
     exported rows and tensors against PyTorch's after the same steps, and
-    workerd's logged test AUC against that of PyTorch's weights."""
+    workerd's logged test AUC against that of PyTorch's weights. The job's
+    rows are in one table for every field ("ids") or in a table per field
+    (f0, f1, ...: the same id in two fields is two rows)."""
     steps, lr, logged_auc = int(steps), float(lr), float(logged_auc)
     got, _ = read_safetensors(export)
-    ids, rows = got["ids.ids"].numpy(), got["ids.rows"].numpy()
-    order = np.argsort(ids)
-    ids, rows = ids[order], rows[order]
     xs, xd, y = load(data, "train")
-    vocab = np.unique(xs[xs >= 0])
-    if not np.array_equal(ids, vocab):
-        fail(f"the table holds {ids.size} ids, the training set {vocab.size}")
+    names = ["ids"] if "ids.ids" in got else [f"f{f}" for f in range(xs.shape[1])]
+    vocab = vocabularies(xs, len(names))
+    parts = []
+    for name, v in zip(names, vocab):
+        ids, rows = got[f"{name}.ids"].numpy(), got[f"{name}.rows"].numpy()
+        order = np.argsort(ids)
+        if not np.array_equal(ids[order], v):
+            fail(f"table {name} holds {ids.size} ids, the training set {v.size}")
+        parts.append(rows[order])
+    rows = np.concatenate(parts)
     start, _ = read_safetensors(init)
-    m = DLRM(model, torch.zeros(len(vocab), rows.shape[1]))
+    m = DLRM(model, torch.zeros(len(rows), rows.shape[1]))
     m.load_state_dict({**start, "emb": m.emb.detach()})
-    idx = torch.from_numpy(np.searchsorted(vocab, xs))
-    mask = torch.from_numpy(xs >= 0).float()
+    idx, mask = places(vocab, xs)
     opt = torch.optim.SGD(m.parameters(), lr=lr)
     for _ in range(steps):
         opt.zero_grad()
@@ -92,12 +118,12 @@ def check_steps(data, model, init, export, steps, lr, logged_auc):
     if not (d_rows < 1e-5 and d_dense < 1e-5):
         fail(f"workerd's dlrm after {steps} steps is {d_rows:.3g} (rows, largest {scale:.3g}) and {d_dense:.3g} "
              f"(dense) from PyTorch's")
-    say(f"workerd's {model}: {ids.size} rows of {rows.shape[1]} (largest {scale:.3g}) and {len(start)} tensors after "
-        f"{steps} full-batch SGD steps within {d_rows:.2g} and {d_dense:.2g} of PyTorch's")
+    say(f"workerd's {model}: {len(rows)} rows of {rows.shape[1]} in {len(names)} table(s) (largest {scale:.3g}) and "
+        f"{len(start)} tensors after {steps} full-batch SGD steps within {d_rows:.2g} and {d_dense:.2g} of PyTorch's")
     ts, td, ty = load(data, "test")
-    known = np.isin(ts, vocab)  # a test id never trained reads as its initial row, zeros
+    tidx, tmask = places(vocab, ts)  # a test id never trained reads as its initial row, zeros
     with torch.no_grad():
-        z = m(torch.from_numpy(np.searchsorted(vocab, ts).clip(0, len(vocab) - 1)), torch.from_numpy(known).float(), td)
+        z = m(tidx, tmask, td)
     check_logged_auc(z.numpy(), ty.numpy(), logged_auc)
 
 

@@ -1,7 +1,8 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /* Unit tests for worker/workerd/click.c, lr:D's arithmetic: a batch's ids
  * deduplicated in first-seen order, -1 left out, the index emptied between
- * batches (a second gather of other ids, then the first again); the loss
+ * batches (a second gather of other ids, then the first again), and with a
+ * table per field each field's ids apart and together; the loss
  * against BCE-with-logits written out per sample; every gradient (rows,
  * dense weights, bias) against central finite differences of the loss. */
 #include <math.h>
@@ -37,7 +38,7 @@ static double loss_of(const ClickBatch *b, const uint32_t *idx, size_t n, const 
 
 int main(void) {
         ClickBatch b;
-        CHECK(click_batch_init(&b, N * F, 1, true) == 0, "a batch of %d ids", N * F);
+        CHECK(click_batch_init(&b, N * F, 1, true, false) == 0, "a batch of %d ids", N * F);
         uint32_t idx[4] = { 0, 1, 3, 5 };
         CHECK(click_batch_gather(&b, &data, idx, 4) == 0 && b.rows_cap >= 4, "gathered, rows for its ids");
         const int64_t want[] = { 7, 9, 11, 13 };
@@ -87,6 +88,21 @@ int main(void) {
         float again[4];
         click_lr_step(&b, &data, idx, 4, w, bias, again, gw, &gb);
         CHECK(memcmp(logits, again, sizeof logits) == 0, "click_lr_logits gives the step's logits");
+        click_batch_free(&b);
+
+        /* A table per field: the same id in two fields is two rows, each
+         * field's ids together, in field order. */
+        CHECK(click_batch_init(&b, N * F, 4, true, true) == 0, "a batch with a table per field");
+        CHECK(click_batch_gather(&b, &data, idx, 4) == 0 && b.rows_cap >= 8, "gathered, rows of 4 for its ids");
+        const int64_t per[] = { 7, 9, 13, 9, 11, 7, 9, 7 };
+        CHECK(b.nuniq == 8 && memcmp(b.uniq, per, sizeof per) == 0 && b.nparts == 3 && b.part[0] == 0 &&
+                      b.part[1] == 3 && b.part[2] == 6 && b.part[3] == 8,
+              "field 0's 7, 9, 13, field 1's 9, 11, 7, field 2's 9, 7 (%zu ids, %u parts)", b.nuniq, b.nparts);
+        CHECK(b.slot[0] == 0 && b.slot[1] == 3 && b.slot[2] == CLICK_MISSING && b.slot[2 * 3 + 2] == 7 &&
+                      b.slot[2 * 3 + 1] == 5 && b.slot[2 * 3 + 0] == 1,
+              "each field's slot is its own row: 9 in field 1 is row 3, 7 in field 2 row 7");
+        CHECK(click_batch_gather(&b, &data, other, 1) == 0 && b.nuniq == 3 && b.part[1] == 1 && b.part[3] == 3,
+              "another batch: its own ids, one a field");
         click_batch_free(&b);
         return tap_done();
 }

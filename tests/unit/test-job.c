@@ -279,8 +279,14 @@ static void test_tables(void) {
                       strstr(err, "ids:8:adagrad"),
               "dlrm with a table of another dim is refused, saying what it takes: %s", err);
         f.tables = "emb:8:adam,more:8";
-        CHECK(jobflags_to_job(&f, &j, err, sizeof err) == -EINVAL && strstr(err, "one table"),
-              "dlrm with two tables is refused: %s", err);
+        CHECK(jobflags_to_job(&f, &j, err, sizeof err) == -EINVAL && strstr(err, "or one per field (3)"),
+              "dlrm of 3 fields with two tables is refused, saying what it takes: %s", err);
+        f.tables = "f0:8,f1:8:adam,f2:8:sgd";
+        CHECK(jobflags_to_job(&f, &j, err, sizeof err) == 0 && j.ntables == 3,
+              "dlrm of 3 fields with a table per field (%s)", err);
+        f.tables = "f0:8,f1:8,f2:4";
+        CHECK(jobflags_to_job(&f, &j, err, sizeof err) == -EINVAL && strstr(err, "row of 8 floats"),
+              "a table per field, one of another dim: refused (%s)", err);
         f.tables = "emb:8:adam:lr=0.01";
         CHECK(jobflags_to_job(&f, &j, err, sizeof err) == 0 && j.tables[0].optim == TABLE_ADAM,
               "dlrm with its own table of dim 8 (%s)", err);

@@ -8,9 +8,10 @@
 #include "hash.h"
 #include "macro.h"
 
-int click_batch_init(ClickBatch *b, size_t cap, size_t dim, bool grads) {
+int click_batch_init(ClickBatch *b, size_t cap, size_t dim, bool grads, bool per_field) {
         memset(b, 0, sizeof *b);
         b->grads = grads;
+        b->per_field = per_field;
         b->cap = MAX(cap, (size_t) 1);
         b->dim = MAX(dim, (size_t) 1);
         b->hcap = 16;
@@ -19,7 +20,8 @@ int click_batch_init(ClickBatch *b, size_t cap, size_t dim, bool grads) {
         b->uniq = malloc(b->cap * sizeof *b->uniq);
         b->slot = malloc(b->cap * sizeof *b->slot);
         b->table = malloc(b->hcap * sizeof *b->table);
-        if (!b->uniq || !b->slot || !b->table) {
+        b->ufield = calloc(b->cap, sizeof *b->ufield);
+        if (!b->uniq || !b->slot || !b->table || !b->ufield) {
                 click_batch_free(b);
                 return -ENOMEM;
         }
@@ -33,19 +35,26 @@ void click_batch_free(ClickBatch *b) {
         free(b->rows);
         free(b->rgrad);
         free(b->table);
+        free(b->ufield);
         memset(b, 0, sizeof *b);
 }
 
-static uint32_t intern(ClickBatch *b, int64_t id) {
+/* Where (id, field) hashes: field 0 at mix64(id). */
+static size_t home(const ClickBatch *b, int64_t id, uint32_t f) {
+        return (size_t) mix64((uint64_t) id ^ (uint64_t) f * 0x9e3779b97f4a7c15ull) & (b->hcap - 1);
+}
+
+static uint32_t intern(ClickBatch *b, int64_t id, uint32_t f) {
         size_t mask = b->hcap - 1;
-        for (size_t h = (size_t) mix64((uint64_t) id) & mask;; h = (h + 1) & mask) {
+        for (size_t h = home(b, id, f);; h = (h + 1) & mask) {
                 uint32_t k = b->table[h];
                 if (k == UINT32_MAX) {
                         b->table[h] = (uint32_t) b->nuniq;
                         b->uniq[b->nuniq] = id;
+                        b->ufield[b->nuniq] = (uint8_t) f;
                         return (uint32_t) b->nuniq++;
                 }
-                if (b->uniq[k] == id)
+                if (b->uniq[k] == id && b->ufield[k] == f)
                         return k;
         }
 }
@@ -72,17 +81,33 @@ static int rows_reserve(ClickBatch *b, size_t n) {
 int click_batch_gather(ClickBatch *b, const ClickData *d, const uint32_t *idx, size_t n) {
         /* Empties the index where the last gather wrote, not all of it. */
         for (size_t k = 0; k < b->nuniq; k++) {
-                size_t mask = b->hcap - 1, h = (size_t) mix64((uint64_t) b->uniq[k]) & mask;
+                size_t mask = b->hcap - 1, h = home(b, b->uniq[k], b->ufield[k]);
                 while (b->table[h] != UINT32_MAX)
                         b->table[h] = UINT32_MAX, h = (h + 1) & mask;
         }
         b->nuniq = 0;
-        for (size_t s = 0; s < n; s++) {
-                const int64_t *ids = d->ids + (size_t) (idx ? idx[s] : s) * d->fields;
-                for (uint32_t f = 0; f < d->fields; f++)
-                        b->slot[s * d->fields + f] = ids[f] < 0 ? CLICK_MISSING : intern(b, ids[f]);
+        uint32_t F = d->fields;
+        if (b->per_field) {
+                /* Field by field, so that each field's ids lie together. */
+                for (uint32_t f = 0; f < F; f++) {
+                        b->part[f] = b->nuniq;
+                        for (size_t s = 0; s < n; s++) {
+                                int64_t id = d->ids[(size_t) (idx ? idx[s] : s) * F + f];
+                                b->slot[s * F + f] = id < 0 ? CLICK_MISSING : intern(b, id, f);
+                        }
+                }
+                b->nparts = F;
+        } else {
+                for (size_t s = 0; s < n; s++) {
+                        const int64_t *ids = d->ids + (size_t) (idx ? idx[s] : s) * F;
+                        for (uint32_t f = 0; f < F; f++)
+                                b->slot[s * F + f] = ids[f] < 0 ? CLICK_MISSING : intern(b, ids[f], 0);
+                }
+                b->part[0] = 0;
+                b->nparts = 1;
         }
-        return rows_reserve(b, b->nuniq);
+        b->part[b->nparts] = b->nuniq;
+        return rows_reserve(b, MAX(b->nuniq, (size_t) 1)); /* a row at least: a push of none still has its gradients */
 }
 
 void click_lr_logits(const ClickBatch *b, const ClickData *d, const uint32_t *idx, size_t n, const float *w,

@@ -12,6 +12,7 @@
 #include <stddef.h>
 #include <stdint.h>
 #include "clickdata.h"
+#include "modeldesc.h"
 
 #define CLICK_MISSING UINT32_MAX
 
@@ -20,7 +21,15 @@ typedef struct ClickBatch {
         size_t dim;       /* floats per row */
         size_t rows_cap;  /* distinct ids rows (and rgrad) have room for */
         bool grads;       /* it keeps rgrad (a training batch; not the test set's) */
-        int64_t *uniq;    /* the distinct ids, in first-seen order */
+        /* A table per field: ids are distinct per field (the same id in two
+         * fields is two rows), and uniq holds field 0's, then field 1's, ...:
+         * field f's are uniq[part[f] .. part[f + 1]). Else one table for
+         * all: part[0] 0, part[1] nuniq. */
+        bool per_field;
+        uint32_t nparts;
+        size_t part[MD_MAX_FIELDS + 1];
+        int64_t *uniq;    /* the distinct ids, in first-seen order (per field with per_field) */
+        uint8_t *ufield;  /* per distinct id: its field (0 without per_field) */
         size_t nuniq;
         uint32_t *slot;   /* per sample and field: its id's index in uniq, or CLICK_MISSING */
         float *rows;      /* per distinct id: its row (dim floats), as pulled */
@@ -30,8 +39,8 @@ typedef struct ClickBatch {
 } ClickBatch;
 
 /* Room for cap = samples x fields ids, their rows of dim floats, and with
- * grads their gradients. 0 or -ENOMEM. */
-int click_batch_init(ClickBatch *b, size_t cap, size_t dim, bool grads);
+ * grads their gradients; with per_field a table per field. 0 or -ENOMEM. */
+int click_batch_init(ClickBatch *b, size_t cap, size_t dim, bool grads, bool per_field);
 void click_batch_free(ClickBatch *b);
 /* The distinct ids of samples idx[0..n) of d (idx NULL: samples 0..n), and
  * each one's slot; rows and rgrad grow to hold their rows. n x d->fields

@@ -100,6 +100,7 @@ typedef struct Trainer {
         float *clogits;
         double eval_auc;
         bool click_pushing;            /* the rows request under way is the push */
+        uint32_t click_part;           /* of that batch (its table; 0 with one table for all fields) */
         uv_idle_t step_idle;
         uv_timer_t delay;
         /* timing and progress */
@@ -255,6 +256,28 @@ static void eval_queue(Trainer *t) {
         }
 }
 
+static void click_test_rows_done(PsnetWorker *w, int r, void *ud);
+
+/* The test set's rows of part p and the parts after it (a table each where
+ * a table per field), then the evaluation. */
+static void click_test_rows(Trainer *t, uint32_t p) {
+        const ClickBatch *b = &t->ctestb;
+        while (p < b->nparts && b->part[p + 1] == b->part[p])
+                p++; /* no ids of that field: nothing to pull */
+        if (p == b->nparts) {
+                eval_queue(t);
+                return;
+        }
+        t->click_part = p;
+        size_t from = b->part[p];
+        int r = psnet_worker_rows(t->w, b->per_field ? p : 0, b->uniq + from, b->part[p + 1] - from, NULL, t->clock,
+                                  b->rows + from * b->dim, click_test_rows_done, t);
+        if (r < 0) {
+                log_error_errno(r, "Failed to pull the test set's rows: %m");
+                trainer_fail(t, r);
+        }
+}
+
 static void click_test_rows_done(PsnetWorker *w, int r, void *ud) {
         Trainer *t = ud;
         (void) w;
@@ -265,7 +288,7 @@ static void click_test_rows_done(PsnetWorker *w, int r, void *ud) {
                 }
                 return;
         }
-        eval_queue(t);
+        click_test_rows(t, t->click_part + 1);
 }
 
 /* The weights are here; a click model's rows of the test set's ids are
@@ -275,12 +298,7 @@ static void eval_begin(Trainer *t) {
                 eval_queue(t);
                 return;
         }
-        int r = psnet_worker_rows(t->w, 0, t->ctestb.uniq, t->ctestb.nuniq, NULL, t->clock, t->ctestb.rows,
-                                  click_test_rows_done, t);
-        if (r < 0) {
-                log_error_errno(r, "Failed to pull the test set's rows: %m");
-                trainer_fail(t, r);
-        }
+        click_test_rows(t, 0);
 }
 
 /* An epoch ended at this clock: evaluate the weights just pulled before the
@@ -426,22 +444,47 @@ static void on_delay(uv_timer_t *h) {
 
 static void click_rows_done(PsnetWorker *w, int r, void *ud);
 
-/* The rows of this step's distinct ids: pulled (push false), or their
- * gradients pushed. */
-static void click_rows(Trainer *t, bool push) {
+/* The rows of this step's distinct ids of part t->click_part (a table each
+ * where a table per field): pulled (push false), or their gradients pushed.
+ * Every table is pushed each clock, empty where the step touched none of
+ * its rows (a BSP clock closes on a shard once every member pushed every
+ * table); a pull of no ids is skipped. false: no part was left. */
+static bool click_rows(Trainer *t, bool push) {
         ClickBatch *b = &t->cbatch;
-        t->click_pushing = push;
-        int r = psnet_worker_rows(t->w, 0, b->uniq, b->nuniq, push ? b->rgrad : NULL, t->clock, push ? NULL : b->rows,
+        while (!push && t->click_part < b->nparts && b->part[t->click_part + 1] == b->part[t->click_part])
+                t->click_part++;
+        if (t->click_part == b->nparts)
+                return false;
+        uint32_t p = t->click_part;
+        size_t from = b->part[p];
+        int r = psnet_worker_rows(t->w, b->per_field ? p : 0, b->uniq + from, b->part[p + 1] - from,
+                                  push ? b->rgrad + from * b->dim : NULL, t->clock, push ? NULL : b->rows + from * b->dim,
                                   click_rows_done, t);
         if (r < 0) {
                 log_error_errno(r, "Failed to %s the rows of clock %ld: %m", push ? "push" : "pull", (long) t->clock);
                 trainer_fail(t, r);
         }
+        return true;
+}
+
+static void click_step(Trainer *t);
+
+/* The rows request under way from its part t->click_part on; once every
+ * part is done, the step's next stage: its compute after the pull, its
+ * dense round after the push. */
+static void click_continue(Trainer *t) {
+        if (click_rows(t, t->click_pushing))
+                return;
+        if (!t->click_pushing)
+                click_step(t);
+        else if (t->cfg->step_delay_ms)
+                (void) uv_timer_start(&t->delay, on_delay, t->cfg->step_delay_ms, 0); /* test knob */
+        else
+                step_round(t);
 }
 
 static void click_retry(uv_timer_t *h) {
-        Trainer *t = h->data;
-        click_rows(t, t->click_pushing);
+        click_continue(h->data);
 }
 
 static void click_rows_done(PsnetWorker *w, int r, void *ud) {
@@ -461,13 +504,12 @@ static void click_rows_done(PsnetWorker *w, int r, void *ud) {
                         trainer_fail(t, r);
                 return;
         }
-        if (t->click_pushing) {
-                if (t->cfg->step_delay_ms)
-                        (void) uv_timer_start(&t->delay, on_delay, t->cfg->step_delay_ms, 0); /* test knob */
-                else
-                        step_round(t);
-                return;
-        }
+        t->click_part++;
+        click_continue(t);
+}
+
+/* The step's compute, its rows pulled; then the push of their gradients. */
+static void click_step(Trainer *t) {
         uint32_t batch = t->job->batch;
         double tb = mono_s();
         const uint32_t *idx = t->perm + (size_t) t->step_in_pass * batch;
@@ -479,7 +521,9 @@ static void click_rows_done(PsnetWorker *w, int r, void *ud) {
         double tc = mono_s();
         t->t_compute += tc - tb;
         histogram_observe(&t->compute_hist, tc - tb);
-        click_rows(t, true);
+        t->click_part = 0;
+        t->click_pushing = true;
+        click_continue(t);
 }
 
 /* One step: gather a batch, compute the gradients, send the round. */
@@ -527,7 +571,9 @@ static void step_idle_cb(uv_idle_t *h) {
                         return;
                 }
                 t->t_batch += mono_s() - ta;
-                click_rows(t, false);
+                t->click_part = 0;
+                t->click_pushing = false;
+                click_continue(t);
                 return;
         }
         for (uint32_t b = 0; b < batch; b++) {
@@ -727,6 +773,15 @@ static int click_setup(Trainer *t) {
                 log_error("%s", t->fail_why);
                 return -EINVAL;
         }
+        /* One table for every field, or one per field. */
+        bool per_field = job->ntables > 1;
+        if (per_field && job->ntables != tr->fields) {
+                snprintf(t->fail_why, sizeof t->fail_why, "model %.64s has %zu tables: one for every field, or one "
+                         "per field, and the data in %.200s has %u fields", job->model_name, job->ntables, t->data_dir,
+                         tr->fields);
+                log_error("%s", t->fail_why);
+                return -EINVAL;
+        }
         uint32_t batch = job->batch;
         /* Its step runs here, on the loop: no backend, and no CUDA kernels yet. */
         if (strcmp(t->cfg->backend, "cuda") == 0) {
@@ -761,8 +816,8 @@ static int click_setup(Trainer *t) {
         t->grads = ps_calloc(job->ntensors, sizeof *t->grads);
         t->perm = ps_malloc((size_t) t->ntrain * sizeof(uint32_t));
         if (!t->cbuf || !t->params || !t->grads || !t->perm ||
-            click_batch_init(&t->cbatch, (size_t) batch * tr->fields, job->click_dim, true) < 0 ||
-            click_batch_init(&t->ctestb, (size_t) t->ntest * te->fields, job->click_dim, false) < 0 ||
+            click_batch_init(&t->cbatch, (size_t) batch * tr->fields, job->click_dim, true, per_field) < 0 ||
+            click_batch_init(&t->ctestb, (size_t) t->ntest * te->fields, job->click_dim, false, per_field) < 0 ||
             click_batch_gather(&t->ctestb, te, NULL, te->n) < 0)
                 return log_error_errno(ENOMEM, "Out of memory");
         float *p = t->cbuf;
@@ -771,8 +826,9 @@ static int click_setup(Trainer *t) {
                 t->grads[k] = p, p += job->tensors[k].numel;
         }
         t->clogits = p;
-        log_info("click model %s dense=%u fields=%u table=%s dim=%u test_ids=%zu", job->model_name, job->in_numel,
-                 tr->fields, job->tables[0].name, job->click_dim, t->ctestb.nuniq);
+        log_info("click model %s dense=%u fields=%u tables=%s%s dim=%u test_ids=%zu", job->model_name, job->in_numel,
+                 tr->fields, job->tables[0].name, per_field ? ",... (one per field)" : "", job->click_dim,
+                 t->ctestb.nuniq);
         return 0;
 }
 
