@@ -92,6 +92,14 @@ grep -q 'state=failed .*model dlrm:5:4-8:1 takes 4 dense features a sample and 5
 ok $? "dlrm:5 on a log of 6 fields fails the job, saying why ($out)"
 psnet_stop_all
 
+# lr:D takes a table per field of any log: two tables for a log of six
+# fields fail the job, saying why.
+dlrm_job lrtables "$DATA" --workers 1 --shards 1 --model lr:4 --tables a:1,b:1
+out=$("$PSCTL" --coord "$COORD" job wait --wait 60)
+grep -q 'state=failed .*model lr:4 has 2 tables: one for every field, or one per field, and the data in .* has 6 fields' <<<"$out"
+ok $? "lr:4 with two tables on a log of six fields fails the job, saying why ($out)"
+psnet_stop_all
+
 # A table of another dim than the rows the model takes: pscoord refuses the job.
 out=$("$PSCOORD" --listen "ipc://$RUN/dim.sock" --model "$MODEL" --tables emb:2 2>&1); rc=$?
 [ $rc -ne 0 ] && grep -q "model $MODEL keeps a row of 4 floats per id in one table for every field, or one per field (3) (--tables NAME:4" <<<"$out"
