@@ -223,7 +223,7 @@ int jobflags_to_job(const JobFlags *f, Job *job, char *err, size_t errlen) {
                 return -EINVAL; /* err names the table and the field */
         if (!f->tables && job->click) {
                 char def[64];
-                snprintf(def, sizeof def, JOB_CLICK_TABLE, job->click_dim);
+                job_click_table(job, def, sizeof def);
                 if (job_set_tables(job, def, err, errlen) < 0)
                         return -EINVAL;
         }

@@ -259,6 +259,10 @@ static bool str_terminated(const char *s, size_t size) {
         return memchr(s, '\0', size) != NULL;
 }
 
+void job_click_table(const Job *job, char *buf, size_t n) {
+        snprintf(buf, n, JOB_CLICK_TABLE, job->click_dim);
+}
+
 int job_validate(const Job *job, char *err, size_t errlen) {
         const OptimConf *o = &job->optim;
         uint64_t nkeys = 0;
@@ -352,11 +356,11 @@ int job_validate(const Job *job, char *err, size_t errlen) {
         }
         /* A click model's rows: one table for every field, or one per field. */
         bool dims = job->ntables > 0;
-        for (size_t i = 0; i < job->ntables; i++)
+        for (size_t i = 0; job->click && i < job->ntables; i++)
                 dims = dims && job->tables[i].dim == job->click_dim;
         if (job->click && (!dims || (job->click_fields && job->ntables != 1 && job->ntables != job->click_fields))) {
                 char def[64], fields[64] = "";
-                snprintf(def, sizeof def, JOB_CLICK_TABLE, job->click_dim);
+                job_click_table(job, def, sizeof def);
                 if (job->click_fields)
                         snprintf(fields, sizeof fields, ", or one per field (%u)", job->click_fields);
                 return job_err(err, errlen, "model %s keeps a row of %u float%s per id in one table for every field%s "

@@ -200,6 +200,8 @@ int job_validate(const Job *job, char *err, size_t errlen);
  * demo's click log it beat FTRL-proximal's defaults, AUC 0.78 against 0.67;
  * ftrl stays a --tables away). */
 #define JOB_CLICK_TABLE "ids:%u:adagrad:lr=0.1"
+/* That table's --tables text for the job's click model (its dim). */
+void job_click_table(const Job *job, char *buf, size_t n);
 /* Sets the job's tables from --tables' text (common/table-spec.h; "" for
  * none): 0, or -EINVAL with why in err. */
 int job_set_tables(Job *job, const char *text, char *err, size_t errlen);
