@@ -355,16 +355,15 @@ static size_t parse_widths(const char *p, size_t min, uint32_t widths[MLP_MAX_WI
         return n < min ? 0 : n;
 }
 
-/* "W0-W1-...-Wn" appended to buf (n bytes, holding a string): the widths'
- * canonical spelling (no leading zeros). false when it does not fit. */
-static bool widths_text(char *buf, size_t n, const uint32_t *widths, size_t count) {
-        for (size_t i = 0; i < count; i++) {
-                size_t len = strlen(buf);
-                int w = snprintf(buf + len, n - len, "%s%u", i ? "-" : "", widths[i]);
-                if (w < 0 || (size_t) w >= n - len)
-                        return false;
-        }
-        return true;
+static int append(char *buf, size_t n, size_t *off, const char *fmt, ...) _printf_(4, 5);
+
+/* sep, then the widths' canonical spelling "W0-W1-...-Wn" (no leading
+ * zeros), at *off of buf: 0, or -ENOSPC. */
+static int widths_text(char *buf, size_t n, size_t *off, const char *sep, const uint32_t *widths, size_t count) {
+        int r = 0;
+        for (size_t i = 0; i < count && r == 0; i++)
+                r = append(buf, n, off, "%s%u", i ? "-" : sep, widths[i]);
+        return r;
 }
 
 /* Linear+ReLU layers of the widths, the last one's ReLU only with relu_last. */
@@ -386,8 +385,8 @@ static int parse_mlp(const char *text, ModelDesc *d, char *err, size_t errlen) {
                 return reason_set(err, errlen, -EINVAL, "bad model '%.64s' (expected mlp:D0-D1-...-Dn, %d..%d widths "
                                   "of 1..%u)", text, MLP_MIN_WIDTHS, MLP_MAX_WIDTHS, MD_MAX_DIM);
         /* The name is the canonical text: 16 widths of 5 digits fit. */
-        snprintf(d->name, sizeof d->name, "mlp:");
-        (void) widths_text(d->name, sizeof d->name, widths, n);
+        size_t off = 0;
+        (void) widths_text(d->name, sizeof d->name, &off, "mlp:", widths, n);
         push_mlp(d, widths, n, false);
         return infer(d, err, errlen);
 }
@@ -472,13 +471,13 @@ static int parse_dlrm(const char *text, ModelDesc *d, char *err, size_t errlen) 
         if (r < 0)
                 return r;
         /* The name is the canonical text, which the job carries. */
-        snprintf(d->name, sizeof d->name, "dlrm:%lu:", f);
-        bool fits = widths_text(d->name, sizeof d->name, bot, nb) && strlen(d->name) + 1 < sizeof d->name;
-        if (fits) {
-                strcat(d->name, ":");
-                fits = widths_text(d->name, sizeof d->name, top + 1, nt);
-        }
-        if (!fits)
+        size_t off = 0;
+        r = append(d->name, sizeof d->name, &off, "dlrm:%lu", f);
+        if (r == 0)
+                r = widths_text(d->name, sizeof d->name, &off, ":", bot, nb);
+        if (r == 0)
+                r = widths_text(d->name, sizeof d->name, &off, ":", top + 1, nt);
+        if (r < 0)
                 return reason_set(err, errlen, -EINVAL, "bad model '%.64s...': longer than %zu characters written "
                                   "without leading zeros", text, sizeof d->name - 1);
         d->input = shape1(bot[0]);
@@ -845,7 +844,6 @@ int modeldesc_parse(const char *text, ModelDesc *ret, char *err, size_t errlen) 
         return 0;
 }
 
-static int append(char *buf, size_t n, size_t *off, const char *fmt, ...) _printf_(4, 5);
 static int append(char *buf, size_t n, size_t *off, const char *fmt, ...) {
         va_list ap;
         int w;
