@@ -256,26 +256,35 @@ static void eval_queue(Trainer *t) {
         }
 }
 
-static void click_test_rows_done(PsnetWorker *w, int r, void *ud);
-
-/* The test set's rows of part p and the parts after it (a table each where
- * a table per field), then the evaluation. */
-static void click_test_rows(Trainer *t, uint32_t p) {
-        const ClickBatch *b = &t->ctestb;
-        while (p < b->nparts && b->part[p + 1] == b->part[p])
-                p++; /* no ids of that field: nothing to pull */
-        if (p == b->nparts) {
-                eval_queue(t);
-                return;
-        }
-        t->click_part = p;
+/* Of b's parts (part p's ids are table p's: one table for every field, or
+ * one per field), the first from t->click_part on that has ids (a push: any
+ * part, every table pushed each clock, empty where the step touched none of
+ * its rows, for a BSP clock closes on a shard once every member pushed
+ * every table): its rows pulled into b->rows, or its gradients pushed; done
+ * follows. false: no part was left. */
+static bool click_part_rows(Trainer *t, ClickBatch *b, bool push, PsnetRowsFn done) {
+        while (!push && t->click_part < b->nparts && b->part[t->click_part + 1] == b->part[t->click_part])
+                t->click_part++;
+        if (t->click_part == b->nparts)
+                return false;
+        uint32_t p = t->click_part;
         size_t from = b->part[p];
-        int r = psnet_worker_rows(t->w, b->per_field ? p : 0, b->uniq + from, b->part[p + 1] - from, NULL, t->clock,
-                                  b->rows + from * b->dim, click_test_rows_done, t);
+        int r = psnet_worker_rows(t->w, p, b->uniq + from, b->part[p + 1] - from, push ? b->rgrad + from * b->dim : NULL,
+                                  t->clock, push ? NULL : b->rows + from * b->dim, done, t);
         if (r < 0) {
-                log_error_errno(r, "Failed to pull the test set's rows: %m");
+                log_error_errno(r, "Failed to %s the rows of table %u at clock %ld: %m", push ? "push" : "pull", p,
+                                (long) t->clock);
                 trainer_fail(t, r);
         }
+        return true;
+}
+
+static void click_test_rows_done(PsnetWorker *w, int r, void *ud);
+
+/* The test set's rows from part t->click_part on, then the evaluation. */
+static void click_test_rows(Trainer *t) {
+        if (!click_part_rows(t, &t->ctestb, false, click_test_rows_done))
+                eval_queue(t);
 }
 
 static void click_test_rows_done(PsnetWorker *w, int r, void *ud) {
@@ -288,7 +297,8 @@ static void click_test_rows_done(PsnetWorker *w, int r, void *ud) {
                 }
                 return;
         }
-        click_test_rows(t, t->click_part + 1);
+        t->click_part++;
+        click_test_rows(t);
 }
 
 /* The weights are here; a click model's rows of the test set's ids are
@@ -298,7 +308,8 @@ static void eval_begin(Trainer *t) {
                 eval_queue(t);
                 return;
         }
-        click_test_rows(t, 0);
+        t->click_part = 0;
+        click_test_rows(t);
 }
 
 /* An epoch ended at this clock: evaluate the weights just pulled before the
@@ -444,36 +455,13 @@ static void on_delay(uv_timer_t *h) {
 
 static void click_rows_done(PsnetWorker *w, int r, void *ud);
 
-/* The rows of this step's distinct ids of part t->click_part (a table each
- * where a table per field): pulled (push false), or their gradients pushed.
- * Every table is pushed each clock, empty where the step touched none of
- * its rows (a BSP clock closes on a shard once every member pushed every
- * table); a pull of no ids is skipped. false: no part was left. */
-static bool click_rows(Trainer *t, bool push) {
-        ClickBatch *b = &t->cbatch;
-        while (!push && t->click_part < b->nparts && b->part[t->click_part + 1] == b->part[t->click_part])
-                t->click_part++;
-        if (t->click_part == b->nparts)
-                return false;
-        uint32_t p = t->click_part;
-        size_t from = b->part[p];
-        int r = psnet_worker_rows(t->w, b->per_field ? p : 0, b->uniq + from, b->part[p + 1] - from,
-                                  push ? b->rgrad + from * b->dim : NULL, t->clock, push ? NULL : b->rows + from * b->dim,
-                                  click_rows_done, t);
-        if (r < 0) {
-                log_error_errno(r, "Failed to %s the rows of clock %ld: %m", push ? "push" : "pull", (long) t->clock);
-                trainer_fail(t, r);
-        }
-        return true;
-}
-
 static void click_step(Trainer *t);
 
 /* The rows request under way from its part t->click_part on; once every
  * part is done, the step's next stage: its compute after the pull, its
  * dense round after the push. */
 static void click_continue(Trainer *t) {
-        if (click_rows(t, t->click_pushing))
+        if (click_part_rows(t, &t->cbatch, t->click_pushing, click_rows_done))
                 return;
         if (!t->click_pushing)
                 click_step(t);
