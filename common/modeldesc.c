@@ -387,6 +387,7 @@ static int parse_mlp(const char *text, ModelDesc *d, char *err, size_t errlen) {
         /* The name is the canonical text: 16 widths of 5 digits fit. */
         size_t off = 0;
         (void) widths_text(d->name, sizeof d->name, &off, "mlp:", widths, n);
+        d->spelled = true;
         push_mlp(d, widths, n, false);
         return infer(d, err, errlen);
 }
@@ -402,6 +403,7 @@ static int parse_lr(const char *text, ModelDesc *d, char *err, size_t errlen) {
                 return reason_set(err, errlen, -EINVAL, "bad model '%.64s' (expected lr:D, D the dense features of "
                                   "each sample, 1..%u)", text, MD_MAX_DIM);
         snprintf(d->name, sizeof d->name, "lr:%lu", v);
+        d->spelled = true;
         d->input = shape1((uint32_t) v);
         MdLayer l = linear(1);
         l.init = INIT_ZEROS;
@@ -480,6 +482,7 @@ static int parse_dlrm(const char *text, ModelDesc *d, char *err, size_t errlen) 
         if (r < 0)
                 return reason_set(err, errlen, -EINVAL, "bad model '%.64s...': longer than %zu characters written "
                                   "without leading zeros", text, sizeof d->name - 1);
+        d->spelled = true;
         d->input = shape1(bot[0]);
         d->classes = 1;
         d->click = true;
@@ -515,6 +518,7 @@ static int builtin(const char *name, ModelDesc *d, char *err, size_t errlen) {
         } else
                 return 1;
         snprintf(d->name, sizeof d->name, "%s", name);
+        d->spelled = true;
         return infer(d, err, errlen);
 }
 
@@ -861,7 +865,7 @@ static int append(char *buf, size_t n, size_t *off, const char *fmt, ...) {
 
 int modeldesc_format(const ModelDesc *d, char *buf, size_t n) {
         size_t off = 0;
-        if (strncmp(d->name, "mlp:", 4) == 0 || strcmp(d->name, "cnn") == 0 || strcmp(d->name, "vit") == 0 || d->click)
+        if (d->spelled)
                 return append(buf, n, &off, "%s", d->name);
         return modeldesc_json(d, buf, n);
 }

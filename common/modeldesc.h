@@ -92,6 +92,10 @@ typedef struct MdTensor {
 
 typedef struct ModelDesc {
         char name[128];  /* the mlp: string, the built-in's name, or the JSON's "name" */
+        /* It came from its short text (mlp:, lr:, dlrm: or a built-in's
+         * name), which name holds: its canonical text. A JSON model is
+         * written as JSON whatever its "name". */
+        bool spelled;
         MdShape input;
         MdLayer layers[MD_MAX_LAYERS];
         size_t nlayers;
@@ -116,8 +120,9 @@ typedef struct ModelDesc {
 /* Reads any of the three spellings into *ret (shapes and tensors derived).
  * On failure writes why into err and returns -EINVAL. */
 int modeldesc_parse(const char *text, ModelDesc *ret, char *err, size_t errlen);
-/* The canonical text of a model: the mlp: string or built-in name as given,
- * else the JSON with every field spelled out. -ENOSPC if it does not fit n. */
+/* The canonical text of a model: its short text (mlp:, lr:, dlrm:, a
+ * built-in's name) where it came from one, else the JSON with every field
+ * spelled out, whatever its "name". -ENOSPC if it does not fit n. */
 int modeldesc_format(const ModelDesc *d, char *buf, size_t n);
 /* The JSON with every field spelled out, whatever the spelling (a built-in
  * or mlp: string too): what an export carries. -ENOSPC if it does not fit. */

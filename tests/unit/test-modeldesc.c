@@ -93,6 +93,14 @@ static void test_dlrm(void) {
                 CHECK(modeldesc_parse(same[i][0], &d, err, sizeof err) == 0 &&
                               modeldesc_format(&d, text, sizeof text) == 0 && strcmp(text, same[i][1]) == 0,
                       "%s is written %s (%s)", same[i][0], text, err);
+        /* A JSON model named as a short spelling is still written as JSON:
+         * its text must read back as itself, not as the built-in. */
+        const char *named = "{\"name\":\"cnn\",\"tensors\":[{\"name\":\"w\",\"shape\":[6,1,3,3],\"init\":\"he\"}]}";
+        static ModelDesc back;
+        CHECK(modeldesc_parse(named, &d, err, sizeof err) == 0 && modeldesc_format(&d, text, sizeof text) == 0 &&
+                      text[0] == '{' && modeldesc_parse(text, &back, err, sizeof err) == 0 && back.ntensors == 1 &&
+                      back.external,
+              "a JSON model named \"cnn\" is written as JSON and reads back as itself (%.60s)", text);
         char longest[256] = "dlrm:64:";
         for (int i = 0; i < 16; i++)
                 strcat(longest, i ? "-60000" : "60000");
