@@ -594,13 +594,14 @@ static int parse_json_layer(json_t *o, size_t li, MdLayer *l, char *err, size_t 
                                 return layer_err(err, errlen, li, l, "field 'causal': expected true or false");
                         l->causal = json_is_true(v);
                 } else if (strcmp(key, "p") == 0) {
+                        /* Checked as the float it is kept as: 0.9999999995 is 1.0f. */
                         double p = json_is_number(v) ? json_number_value(v) : -1;
-                        if (!(p >= 0 && p < 1))
+                        if (!(p >= 0 && (float) p < 1.0f))
                                 return layer_err(err, errlen, li, l, "field 'p': expected a number in [0, 1)");
                         l->p = (float) p;
                 } else if (strcmp(key, "eps") == 0) {
                         double e = json_is_number(v) ? json_number_value(v) : -1;
-                        if (!(e > 0 && e <= 1))
+                        if (!((float) e > 0.0f && e <= 1))
                                 return layer_err(err, errlen, li, l, "field 'eps': expected a number in (0, 1]");
                         l->eps = (float) e;
                 } else if (strcmp(key, "init") == 0) {

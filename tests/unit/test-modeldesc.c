@@ -211,6 +211,11 @@ static void test_errors(void) {
                 { "{\"input\":[4,6],\"layers\":[{\"type\":\"transformer\",\"heads\":4,\"hidden\":8}]}",
                   "layer 0 (transformer)", "field 'heads'" },
                 { "{\"input\":[4],\"layers\":[{\"type\":\"dropout\",\"p\":1}]}", "layer 0 (dropout)", "field 'p'" },
+                /* Below 1, but 1.0f as the float a layer keeps (its mask would scale by 1/0). */
+                { "{\"input\":[4],\"layers\":[{\"type\":\"dropout\",\"p\":0.9999999995}]}", "layer 0 (dropout)",
+                  "field 'p'" },
+                { "{\"input\":[4],\"layers\":[{\"type\":\"layernorm\",\"eps\":1e-50}]}", "layer 0 (layernorm)",
+                  "field 'eps'" },
                 { "{\"input\":[4],\"layers\":[{\"type\":\"linear\",\"out\":3,\"init\":\"magic\"}]}", "layer 0 (linear)",
                   "field 'init'" },
                 { "{\"input\":[4],\"layers\":[{\"type\":\"transformer\",\"heads\":1,\"hidden\":8,\"causal\":1}]}",
