@@ -34,7 +34,7 @@ int dlrm_init(Dlrm *m, const ModelDesc *d, size_t max_batch) {
         for (uint32_t l = 0; l <= m->ntop; l++)
                 floats += b * m->top[l], maxw = MAX(maxw, (size_t) m->top[l]);
         size_t nv = (size_t) m->fields + 1;
-        floats += 2 * b * nvec + 2 * b * maxw + nv * nv;
+        floats += b * nvec + nvec + 2 * b * maxw + nv * nv;
         m->buf = ps_calloc(floats, sizeof(float));
         if (!m->buf)
                 return -ENOMEM;
@@ -44,7 +44,7 @@ int dlrm_init(Dlrm *m, const ModelDesc *d, size_t max_batch) {
         for (uint32_t l = 0; l <= m->ntop; l++)
                 m->top_act[l] = p, p += b * m->top[l];
         m->vec = p, p += b * nvec;
-        m->dvec = p, p += b * nvec;
+        m->dvec = p, p += nvec;
         m->delta[0] = p, p += b * maxw;
         m->delta[1] = p, p += b * maxw;
         m->gram = p;
@@ -164,7 +164,7 @@ float dlrm_step(Dlrm *m, ClickBatch *b, const ClickData *d, const uint32_t *idx,
         memset(b->rgrad, 0, b->nuniq * E * sizeof(float));
         for (size_t s = 0; s < n; s++) {
                 const float *v = m->vec + s * nvec, *dr = dy + s * tin, *dz = dr + E;
-                float *dv = m->dvec + s * nvec, *g = m->gram;
+                float *dv = m->dvec, *g = m->gram;
                 /* A pair's gradient g reaches both vectors: dv = G v with G
                  * symmetric, g at (i, j) and (j, i), zeros on its diagonal. */
                 for (uint32_t i = 0; i <= F; i++) {

@@ -27,7 +27,8 @@ typedef struct Dlrm {
         size_t max_batch;
         float *bot_act[DLRM_MAX_LINEARS + 1]; /* [0] the batch's dense features, [l] layer l's output after its ReLU */
         float *top_act[DLRM_MAX_LINEARS + 1]; /* [0] the top's input (z and the dot products), [ntop] the logits */
-        float *vec, *dvec;            /* per sample the F + 1 vectors z, e_1..e_F, and their gradients */
+        float *vec;                   /* per sample the F + 1 vectors z, e_1..e_F */
+        float *dvec;                  /* one sample's gradients of them, used up before the next's */
         float *delta[2];              /* a layer's output gradient and its input's */
         float *gram;                  /* one sample's (F + 1) x (F + 1) dot products, or their gradients */
         float *buf;                   /* all of the above */
