@@ -4,16 +4,18 @@
 # models"): dlrm:F:BOT:TOP's rows in the job's table, its bottom and top MLPs
 # in the job's tensors. Full-batch SGD steps against the paper's PyTorch
 # reference trained by PyTorch (rows and tensors, and the test AUC), by one
-# worker and by two BSP workers on halves of the data; two ASP
-# workers near the planted model's AUC; a log of another field count, or a
-# table of another dim, refused with the reason.
+# worker, by two BSP workers on halves of the data, and with a table per
+# field; two ASP workers near the planted model's AUC; a log of another
+# field count, a count of tables other than the fields, or a table of
+# another dim, refused with the reason.
 source "$(dirname "$0")/lib.sh"
 
 py_env
 PYCHECK_SCRIPT=$PSNET_SRC/tests/integration/torch-dlrm.py
 CL=$PSNET_BUILD/worker/data/psnet-clicklog
 
-# dlrm_job TAG DATA [PSCOORD-OPTIONS]: a job of one shard and workers (W, 1)
+# dlrm_job TAG DATA [PSCOORD-OPTIONS]: pscoord-TAG with $SHARDS shards and $W
+# workers (1 each unless set)
 dlrm_job() {
   local tag=$1 data=$2; shift 2
   COORD="ipc://$RUN/$tag.sock"
@@ -21,7 +23,7 @@ dlrm_job() {
   for i in $(seq 1 "${SHARDS:-1}"); do
     psnet_start "psd-$tag-$i" "$PSD" --id "$i" --listen "ipc://$RUN/psd-$tag-$i.sock" --coord "$COORD"
   done
-  for i in $(seq 1 "${W:-1}"); do psnet_start "w-$tag-$i" "$WORKERD" --coord "$COORD" ${WOPTS:-}; done
+  for i in $(seq 1 "${W:-1}"); do psnet_start "w-$tag-$i" "$WORKERD" --coord "$COORD"; done
 }
 
 # Six full-batch steps of plain SGD from torch.nn.Linear's initial values
