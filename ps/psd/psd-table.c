@@ -548,6 +548,27 @@ static size_t copy_rows(const Table *t, size_t from, size_t max, int64_t *ids, f
         return n;
 }
 
+size_t table_move_if(Table *from, Table *to, bool (*take)(int64_t id, void *ud), void *ud) {
+        size_t moved = 0;
+        for (size_t r = 0; r < from->nrows;) {
+                int64_t id = id_at(from, r);
+                if (!take(id, ud)) {
+                        r++;
+                        continue;
+                }
+                if (to && reserve(to, 1) < 0)
+                        return moved; /* out of memory: the rest stay where they are */
+                if (to) {
+                        uint64_t made = to->counts.admitted; /* a row moved, not made */
+                        memcpy(row_of(to, id), row_at(from, r), from->per * sizeof(float));
+                        to->counts.admitted = made;
+                }
+                remove_row(from, r); /* the last row comes into r: looked at next */
+                moved++;
+        }
+        return moved;
+}
+
 size_t table_scan(const Table *t, size_t from, size_t max, int64_t *ids, float *values) {
         return copy_rows(t, from, max, ids, values, t->c.dim);
 }
