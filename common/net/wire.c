@@ -92,6 +92,7 @@ static const WireType types[] = {
         { PSNET__MSG_TYPE__MSG_ROWS_PULL_REP, "ROWS_PULL_REP", true, B(_NOT_SET), 0, 0 },
         { PSNET__MSG_TYPE__MSG_ROWS_PUSH, "ROWS_PUSH", true, B(_NOT_SET), 0, W },
         { PSNET__MSG_TYPE__MSG_ROWS_SCAN, "ROWS_SCAN", false, B(_NOT_SET), 0, A },
+        { PSNET__MSG_TYPE__MSG_ROWS_COPY, "ROWS_COPY", true, B(_NOT_SET), 0, S },
 };
 #undef B
 #undef A
@@ -186,13 +187,14 @@ int wire_validate(const Psnet__Header *hdr, const zmq_msg_t *frames, size_t nfra
                 return fail(reason, reasonlen, PSNET__STATUS__STATUS_MALFORMED,
                             "%zu places of keys in shared memory: a PUSH or PULL in shared memory places each of its "
                             "%zu keys or none", hdr->n_shm_keys, hdr->n_keys);
-        bool is_rows_push = hdr->type == PSNET__MSG_TYPE__MSG_ROWS_PUSH;
+        bool is_rows_push = hdr->type == PSNET__MSG_TYPE__MSG_ROWS_PUSH || hdr->type == PSNET__MSG_TYPE__MSG_ROWS_COPY;
         if ((hdr->has_part || hdr->has_parts) &&
             ((hdr->type != PSNET__MSG_TYPE__MSG_PUSH && !is_rows_push) || !hdr->has_part || !hdr->has_parts ||
              !hdr->has_epoch || hdr->parts < 2 || hdr->parts > (is_rows_push ? WIRE_MAX_ROWS_PARTS : WIRE_MAX_PARTS) ||
              hdr->part >= hdr->parts))
                 return fail(reason, reasonlen, PSNET__STATUS__STATUS_MALFORMED,
-                            "part %u of %u: a PUSH or ROWS_PUSH in parts names its part (from 0), 2 to %u parts "
+                            "part %u of %u: a PUSH, ROWS_PUSH or ROWS_COPY in parts names its part (from 0), 2 to %u "
+                            "parts "
                             "and the map epoch", hdr->part, hdr->parts,
                             (unsigned) (is_rows_push ? WIRE_MAX_ROWS_PARTS : WIRE_MAX_PARTS));
         if ((unsigned) hdr->status > PSNET__STATUS__STATUS_UNAVAILABLE)
@@ -213,7 +215,8 @@ int wire_validate(const Psnet__Header *hdr, const zmq_msg_t *frames, size_t nfra
         }
 
         bool rows = hdr->type == PSNET__MSG_TYPE__MSG_ROWS_PULL || hdr->type == PSNET__MSG_TYPE__MSG_ROWS_PULL_REP ||
-                    hdr->type == PSNET__MSG_TYPE__MSG_ROWS_PUSH || hdr->type == PSNET__MSG_TYPE__MSG_ROWS_SCAN;
+                    hdr->type == PSNET__MSG_TYPE__MSG_ROWS_PUSH || hdr->type == PSNET__MSG_TYPE__MSG_ROWS_SCAN ||
+                    hdr->type == PSNET__MSG_TYPE__MSG_ROWS_COPY;
         if (hdr->has_cursor && hdr->type != PSNET__MSG_TYPE__MSG_ROWS_SCAN &&
             hdr->type != PSNET__MSG_TYPE__MSG_ROWS_PULL_REP)
                 return fail(reason, reasonlen, PSNET__STATUS__STATUS_MALFORMED,
@@ -233,7 +236,9 @@ int wire_validate(const Psnet__Header *hdr, const zmq_msg_t *frames, size_t nfra
                 if (want == 0)
                         return PSNET__STATUS__STATUS_OK;
                 size_t ib = zmq_msg_size((zmq_msg_t *) &frames[0]), n = ib / 8;
-                bool push = hdr->type == PSNET__MSG_TYPE__MSG_ROWS_PUSH || hdr->type == PSNET__MSG_TYPE__MSG_ROWS_PULL_REP;
+                bool copy = hdr->type == PSNET__MSG_TYPE__MSG_ROWS_COPY;
+                bool push = hdr->type == PSNET__MSG_TYPE__MSG_ROWS_PUSH || hdr->type == PSNET__MSG_TYPE__MSG_ROWS_PULL_REP ||
+                            copy;
                 if (ib % 8 != 0 || (n == 0 && !push) || n > WIRE_MAX_ROWS)
                         return fail(reason, reasonlen, PSNET__STATUS__STATUS_SIZE,
                                     "%s's ids frame has %zu bytes: %u to %u ids of 8 bytes", types[ti].name, ib,
@@ -244,16 +249,19 @@ int wire_validate(const Psnet__Header *hdr, const zmq_msg_t *frames, size_t nfra
                                     zmq_msg_size((zmq_msg_t *) &frames[1]));
                 if (want == 2 && n > 0) {
                         size_t rb = zmq_msg_size((zmq_msg_t *) &frames[1]);
-                        if (rb % (n * sizeof(float)) != 0 || rb == 0 || rb / (n * sizeof(float)) > WIRE_MAX_ROW_DIM)
+                        /* A copy's rows are whole: values, up to twice as much state, a step count. */
+                        size_t most = copy ? 3 * WIRE_MAX_ROW_DIM + 1 : WIRE_MAX_ROW_DIM;
+                        if (rb % (n * sizeof(float)) != 0 || rb == 0 || rb / (n * sizeof(float)) > most)
                                 return fail(reason, reasonlen, PSNET__STATUS__STATUS_SIZE,
-                                            "%s's rows frame has %zu bytes, not %zu rows of 1 to %u floats",
-                                            types[ti].name, rb, n, WIRE_MAX_ROW_DIM);
+                                            "%s's rows frame has %zu bytes, not %zu rows of 1 to %zu floats",
+                                            types[ti].name, rb, n, most);
                 }
                 return PSNET__STATUS__STATUS_OK;
         }
         if (hdr->has_table)
                 return fail(reason, reasonlen, PSNET__STATUS__STATUS_MALFORMED,
-                            "%s names a table: only ROWS_PULL, ROWS_PULL_REP and ROWS_PUSH do", types[ti].name);
+                            "%s names a table: only ROWS_PULL, ROWS_PULL_REP, ROWS_PUSH and ROWS_COPY do",
+                            types[ti].name);
         if (hdr->type == PSNET__MSG_TYPE__MSG_CHUNK_STATE) {
                 /* One key; frames: its values (len floats), its optimizer state,
                  * then one gradient per parked push named in pending_workers. */

@@ -63,6 +63,7 @@ struct Checkpointer {
         uint32_t saved_chunks;  /* a save's, for its answer */
         uint64_t rows_count;    /* a save's table rows written, or a restore's loaded (its thread counts) */
         Table *tables[JOB_MAX_TABLES];
+        Table *backups[JOB_MAX_TABLES]; /* a restore's copies of the rows other shards lead (--replicas >= 2) */
         TableConf tconf[JOB_MAX_TABLES]; /* theirs, copied for the thread */
         size_t ntables;
         ShardMap *map;          /* a restore's: where each row goes */
@@ -102,8 +103,10 @@ static void restore_clear(Checkpointer *k) {
                 ps_free(k->loaded[i].state);
         }
         ps_free(k->loaded);
-        for (size_t i = 0; i < k->ntables; i++)
+        for (size_t i = 0; i < k->ntables; i++) {
                 k->tables[i] = table_free(k->tables[i]);
+                k->backups[i] = table_free(k->backups[i]);
+        }
         k->ntables = 0;
         k->map = shardmap_free(k->map);
         ps_free(k->base);
@@ -401,9 +404,9 @@ static void after_work(uv_work_t *w, int status) {
                 }
         }
         if (r == 0 && k->ntables) {
-                rows_adopt(k->rows, k->tables, k->ntables, k->clock);
+                rows_adopt(k->rows, k->tables, k->backups, k->ntables, k->clock);
                 for (size_t i = 0; i < k->ntables; i++)
-                        k->tables[i] = NULL; /* the rows' now */
+                        k->tables[i] = k->backups[i] = NULL; /* the rows' now */
         }
         s->restoring = false;
         k->restored = k->nloaded; /* for the answer */
@@ -586,11 +589,27 @@ static int restore_rows(Checkpointer *k, CkptReader *rd, size_t i, const CkptEnt
         int r = ckpt_read_parts(rd, i, parts, lens, 2, k->reason, sizeof k->reason);
         if (r < 0)
                 return r;
+        /* The rows this shard leads, then (--replicas >= 2) those it backs. */
         int me = shardmap_find(k->map, k->shard);
-        size_t kept = 0;
+        _cleanup_free_ int64_t *bids = ps_malloc((size_t) e->nlast * sizeof *bids);
+        _cleanup_free_ float *brows = ps_malloc((size_t) e->len * sizeof *brows);
+        if (!bids || !brows) {
+                snprintf(k->reason, sizeof k->reason, "out of memory");
+                return -ENOMEM;
+        }
+        size_t kept = 0, backed = 0;
         for (size_t j = 0; j < e->nlast; j++) {
-                if (shardmap_row_holder(k->map, t, ids[j], 0) != me)
+                if (shardmap_row_holder(k->map, t, ids[j], 0) != me) {
+                        bool backs = false;
+                        for (uint32_t c = 1; c < shardmap_replicas(k->map) && !backs; c++)
+                                backs = shardmap_row_holder(k->map, t, ids[j], c) == me;
+                        if (backs) {
+                                bids[backed] = ids[j];
+                                memcpy(brows + backed * per, rows + j * per, per * sizeof *rows);
+                                backed++;
+                        }
                         continue;
+                }
                 ids[kept] = ids[j];
                 if (kept != j)
                         memcpy(rows + kept * per, rows + j * per, per * sizeof *rows);
@@ -598,6 +617,8 @@ static int restore_rows(Checkpointer *k, CkptReader *rd, size_t i, const CkptEnt
         }
         char why[160];
         r = table_import(k->tables[t], ids, kept, rows, why, sizeof why);
+        if (r == 0)
+                r = table_import(k->backups[t], bids, backed, brows, why, sizeof why);
         if (r < 0) {
                 snprintf(k->reason, sizeof k->reason, "%s: table %s: %s", path, k->tconf[t].name,
                          r == -ENOMEM ? "out of memory" : r == -EINVAL ? "a row twice in the checkpoint" : why);
@@ -746,6 +767,8 @@ static int restore_tables_setup(Checkpointer *k) {
                 char why[160];
                 k->tconf[i] = *rows_conf(k->rows, i);
                 int r = table_new(&k->tconf[i], &k->tables[i], why, sizeof why);
+                if (r == 0 && (r = table_new(&k->tconf[i], &k->backups[i], why, sizeof why)) < 0)
+                        k->tables[i] = table_free(k->tables[i]);
                 if (r < 0)
                         return r;
                 k->ntables = i + 1;

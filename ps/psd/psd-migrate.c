@@ -36,12 +36,13 @@ struct Migrate {
         const NetIdentity *id;
         Gate *gate;             /* the shard's (migrate_attach); its store is the chunks' */
         Store *store;
+        Rows *rows;             /* the job's tables (migrate_attach_rows) */
         uint32_t shard_id;
         Link **links;
         size_t nlinks;
         WireMsg *stash;         /* messages sent under a map (or membership) not here yet, in arrival order */
         size_t nstash;
-        uint64_t moved_out, moved_in, forwarded, forwarded_bytes;
+        uint64_t moved_out, moved_in, forwarded, forwarded_bytes, rows_copied;
 };
 
 int migrate_new(uv_loop_t *loop, void *zctx, const NetIdentity *id, uint32_t shard_id, Migrate **ret) {
@@ -57,6 +58,10 @@ void migrate_attach(Migrate *mg, Gate *g) {
         mg->gate = g;
         mg->store = gate_store(g);
 }
+
+void migrate_attach_rows(Migrate *mg, Rows *rows) { mg->rows = rows; }
+
+uint64_t migrate_rows_copied(const Migrate *mg) { return mg->rows_copied; }
 
 /* Takes the oldest push off l: one forward fewer to wait for (the caller
  * settles it). */
@@ -352,7 +357,95 @@ int migrate_forward(Migrate *mg, PushReq *req, const Psnet__Header *h, const zmq
         return PSNET__STATUS__STATUS_OK;
 }
 
+/* One shard's rows of a copy, in parts (at most 4 MiB each where 64
+ * parts hold them): the last part's sequence into *ret_seq. */
+static int send_copy(Migrate *mg, Link *l, uint32_t table, int64_t clock, const int64_t *ids, const float *rows,
+                     size_t n, size_t per, uint64_t *ret_seq) {
+        size_t each = MAX((size_t) WIRE_ROWS_PART_BYTES / (per * sizeof(float)), (size_t) 1);
+        each = MAX(each, (n + WIRE_MAX_ROWS_PARTS - 1) / WIRE_MAX_ROWS_PARTS);
+        size_t parts = n ? (n + each - 1) / each : 1;
+        for (size_t part = 0; part < parts; part++) {
+                size_t from = part * each, cnt = MIN(each, n - MIN(from, n));
+                zmq_msg_t f[2];
+                if (zmq_msg_init_size(&f[0], cnt * sizeof *ids) < 0)
+                        return -ENOMEM;
+                if (zmq_msg_init_size(&f[1], cnt * per * sizeof *rows) < 0) {
+                        zmq_msg_close(&f[0]);
+                        return -ENOMEM;
+                }
+                memcpy(zmq_msg_data(&f[0]), ids + from, cnt * sizeof *ids);
+                memcpy(zmq_msg_data(&f[1]), rows + from * per, cnt * per * sizeof *rows);
+                Psnet__Header h;
+                wire_header_init(&h, PSNET__MSG_TYPE__MSG_ROWS_COPY);
+                h.has_job = h.has_epoch = h.has_clock = h.has_sender = h.has_seq = h.has_table = true;
+                h.job = mg->store->job.id;
+                h.epoch = shardmap_epoch(mg->store->map);
+                h.clock = clock;
+                h.sender = mg->shard_id;
+                h.seq = l->seq + 1;
+                h.table = table;
+                h.has_part = h.has_parts = parts > 1;
+                h.part = (uint32_t) part;
+                h.parts = (uint32_t) parts;
+                int r = netsock_send(l->sock, NULL, &h, f, 2);
+                if (r < 0)
+                        return r;
+                l->seq++;
+                *ret_seq = h.seq;
+        }
+        return 0;
+}
+
+int migrate_rows_copy(Migrate *mg, PushReq *const *reqs, size_t nreqs, uint32_t table, int64_t clock,
+                      const int64_t *ids, size_t n) {
+        const ShardMap *m = mg->store->map;
+        uint32_t R = m ? shardmap_replicas(m) : 1;
+        int me = m ? shardmap_find(m, mg->shard_id) : -1;
+        if (R < 2 || me < 0 || !mg->rows)
+                return PSNET__STATUS__STATUS_OK;
+        size_t per = rows_row_floats(mg->rows, table), ns = shardmap_size(m);
+        _cleanup_free_ float *all = ps_malloc(MAX(n * per, (size_t) 1) * sizeof *all);
+        _cleanup_free_ int32_t *holders = ps_malloc(MAX(n * (R - 1), (size_t) 1) * sizeof *holders);
+        _cleanup_free_ int64_t *sel_ids = ps_malloc(MAX(n, (size_t) 1) * sizeof *sel_ids);
+        _cleanup_free_ float *sel_rows = ps_malloc(MAX(n * per, (size_t) 1) * sizeof *sel_rows);
+        if (!all || !holders || !sel_ids || !sel_rows)
+                return PSNET__STATUS__STATUS_RESOURCE;
+        rows_export(mg->rows, table, ids, n, all);
+        for (size_t k = 0; k < n; k++)
+                for (uint32_t i = 1; i < R; i++)
+                        holders[k * (R - 1) + i - 1] = shardmap_row_holder(m, table, ids[k], i);
+        for (size_t j = 0; j < ns; j++) {
+                if ((int) j == me)
+                        continue;
+                size_t sel = 0;
+                for (size_t k = 0; k < n; k++) {
+                        bool backs = false;
+                        for (uint32_t i = 0; i + 1 < R; i++)
+                                backs = backs || holders[k * (R - 1) + i] == (int32_t) j;
+                        if (!backs)
+                                continue;
+                        sel_ids[sel] = ids[k];
+                        memcpy(sel_rows + sel * per, all + k * per, per * sizeof *all);
+                        sel++;
+                }
+                const ShardDesc *d = shardmap_shard(m, j);
+                Link *l = link_for(mg, d);
+                uint64_t seq = 0;
+                int r = l ? send_copy(mg, l, table, clock, sel_ids, sel_rows, sel, per, &seq) : -EHOSTUNREACH;
+                if (r < 0) {
+                        log_warning_errno(r, "Failed to copy %zu rows of table %u to shard %u: %m", sel, table, d->id);
+                        return PSNET__STATUS__STATUS_UNAVAILABLE;
+                }
+                mg->rows_copied += sel;
+                for (size_t q = 0; q < nreqs; q++)
+                        if (link_wait(l, seq, reqs[q]) < 0)
+                                return PSNET__STATUS__STATUS_RESOURCE;
+        }
+        return PSNET__STATUS__STATUS_OK;
+}
+
 static void link_answer_one(Link *l, uint64_t seq, int status, const Psnet__Header *h);
+static void answer_req(Link *l, PushReq *req, int status, const Psnet__Header *h);
 
 /* A backup answered seq: the push waiting on it goes on, and a BSP clock
  * held for it may close (and answer the pulls parked on it). */
@@ -365,14 +458,20 @@ static void link_answer(Link *l, uint64_t seq, int status, const Psnet__Header *
 /* A backup answered seq with status; missing: the keys it lacks (MIGRATING). */
 static void link_answer_one(Link *l, uint64_t seq, int status, const Psnet__Header *h) {
         Migrate *mg = l->mg;
-        Store *s = mg->store;
         /* Answers come in order: one older than seq is lost (a full queue at the
          * peer); its push is released for the worker to send again. */
         while (l->head < l->n && l->w[l->head].seq < seq)
                 pushreq_settle(mg->gate, link_pop(l), PSNET__STATUS__STATUS_UNAVAILABLE);
-        if (l->head == l->n || l->w[l->head].seq != seq)
-                return; /* a chunk state's answer, with no push waiting on it */
-        PushReq *req = link_pop(l);
+        /* None waits: a chunk state's answer. Several: a copy of a table's
+         * clock, which every push of the clock waits on. */
+        while (l->head < l->n && l->w[l->head].seq == seq)
+                answer_req(l, link_pop(l), status, h);
+}
+
+/* What push req, which waited on a backup's answer, does with it. */
+static void answer_req(Link *l, PushReq *req, int status, const Psnet__Header *h) {
+        Migrate *mg = l->mg;
+        Store *s = mg->store;
         if (status == PSNET__STATUS__STATUS_OK || status == PSNET__STATUS__STATUS_DUPLICATE) {
                 pushreq_settle(mg->gate, req, PSNET__STATUS__STATUS_OK);
                 return;
@@ -536,13 +635,13 @@ static bool handle(Migrate *mg, NetSock *data, WireMsg *m) {
             h->replicate->members_epoch > mg->gate->members_epoch)
                 return false;
         int st;
-        bool rep = h->type == PSNET__MSG_TYPE__MSG_REPLICATE;
+        bool rep = h->type == PSNET__MSG_TYPE__MSG_REPLICATE, copy = h->type == PSNET__MSG_TYPE__MSG_ROWS_COPY;
         _cleanup_free_ Psnet__Key **missing = rep ? ps_malloc((h->n_keys ? h->n_keys : 1) * sizeof *missing) : NULL;
         size_t nmissing = 0;
         if (!s->has_job || !s->map || h->job != s->job.id || !h->has_clock || h->clock < 0 || !h->has_seq) {
                 snprintf(reason, sizeof reason, "not for this shard's job (or no job yet)");
                 st = PSNET__STATUS__STATUS_INVALID;
-        } else if ((rep || (h->chunk_state->has_replica && h->chunk_state->replica)) && !sender_known(mg, m)) {
+        } else if ((rep || copy || (h->chunk_state->has_replica && h->chunk_state->replica)) && !sender_known(mg, m)) {
                 /* A copy for a backup comes from a primary of this map (a moving
                  * chunk may come from a shard that just left it). */
                 snprintf(reason, sizeof reason, "shard %u is not in this shard's map (epoch %lu)%s", h->sender,
@@ -552,13 +651,16 @@ static bool handle(Migrate *mg, NetSock *data, WireMsg *m) {
                 st = PSNET__STATUS__STATUS_RESOURCE;
         else if (rep)
                 st = replicate(mg, m, missing, &nmissing, reason, sizeof reason);
+        else if (copy)
+                st = mg->rows ? rows_copy_in(mg->rows, h, m->frames, reason, sizeof reason)
+                              : PSNET__STATUS__STATUS_NO_JOB;
         else
                 st = install(mg, m, reason, sizeof reason);
         if (st != PSNET__STATUS__STATUS_OK && st != PSNET__STATUS__STATUS_DUPLICATE &&
             st != PSNET__STATUS__STATUS_MIGRATING && st != PSNET__STATUS__STATUS_MOVED)
                 log_warning("refused a message from shard %u type=%s status=%s reason=\"%s\"", h->sender,
                             wire_type_name(h->type), status_name(st), reason);
-        int r = answer(data, m, rep ? PSNET__MSG_TYPE__MSG_REPLICATE_ACK : PSNET__MSG_TYPE__MSG_CHUNK_ACK, st,
+        int r = answer(data, m, rep || copy ? PSNET__MSG_TYPE__MSG_REPLICATE_ACK : PSNET__MSG_TYPE__MSG_CHUNK_ACK, st,
                        reason[0] ? reason : NULL, missing, nmissing);
         if (r < 0)
                 log_warning_errno(r, "Failed to answer shard %u: %m", h->sender);
@@ -579,8 +681,8 @@ void migrate_in(Migrate *mg, NetSock *data, WireMsg *m) {
         WireMsg *ns = mg->nstash < MIGRATE_MAX_STASH ? ps_realloc(mg->stash, (mg->nstash + 1) * sizeof *ns) : NULL;
         if (!ns) {
                 (void) answer(data, m,
-                              m->hdr->type == PSNET__MSG_TYPE__MSG_REPLICATE ? PSNET__MSG_TYPE__MSG_REPLICATE_ACK
-                                                                              : PSNET__MSG_TYPE__MSG_CHUNK_ACK,
+                              m->hdr->type == PSNET__MSG_TYPE__MSG_CHUNK_STATE ? PSNET__MSG_TYPE__MSG_CHUNK_ACK
+                                                                                : PSNET__MSG_TYPE__MSG_REPLICATE_ACK,
                               PSNET__STATUS__STATUS_RESOURCE, "too many messages waiting for a newer map", NULL, 0);
                 return;
         }

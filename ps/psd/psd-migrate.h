@@ -9,7 +9,10 @@
  *                    backup that lacks it (a new backup, or one rebuilt after
  *                    a fail-over);
  *   MSG_REPLICATE    a push the primary admitted, forwarded to every backup of
- *                    its keys before the primary applies or parks it.
+ *                    its keys before the primary applies or parks it;
+ *   MSG_ROWS_COPY    the rows of a table a BSP clock changed on their
+ *                    primary, whole, to each other shard that backs some
+ *                    of them (psd-rows.h, "copies").
  *
  * Every message on a link carries the link's next sequence number and is
  * answered (CHUNK_ACK, REPLICATE_ACK) in order, so a push is acknowledged to
@@ -23,6 +26,7 @@
 #include <uv.h>
 #include "keys.h"
 #include "psd-gate.h"
+#include "psd-rows.h"
 #include "wire.h"
 
 typedef struct Migrate Migrate;
@@ -33,6 +37,17 @@ int migrate_new(uv_loop_t *loop, void *zctx, const NetIdentity *id, uint32_t sha
  * them. Before anything else is called. */
 void migrate_attach(Migrate *mg, Gate *g);
 Migrate *migrate_free(Migrate *m);
+/* The job's tables: ROWS_COPY goes into them. */
+void migrate_attach_rows(Migrate *mg, Rows *rows);
+/* After clock of table closed here with ids[0..n) applied: their rows,
+ * whole, to every other shard of the map (those of the rows it backs;
+ * none: an empty copy, so that each knows the clock came whole), and each
+ * of reqs[0..nreqs) waits for every answer. OK, or a status where a copy
+ * could not be sent (the pushes must not be acknowledged). */
+int migrate_rows_copy(Migrate *mg, PushReq *const *reqs, size_t nreqs, uint32_t table, int64_t clock,
+                      const int64_t *ids, size_t n);
+/* Table rows sent in copies. */
+uint64_t migrate_rows_copied(const Migrate *mg);
 
 /* StoreMoveFn (userdata: the Migrate): sends chunk c's state to dest. */
 void migrate_out(void *userdata, Chunk *c, const ShardDesc *dest, bool replica);

@@ -5,6 +5,7 @@
 #include <stdio.h>
 #include <string.h>
 #include "alloc.h"
+#include "log.h"
 #include "macro.h"
 #include "psd-rows.h"
 #include "psd-table.h"
@@ -31,7 +32,25 @@ typedef struct LastPush {
         uint32_t parts;         /* that push's parts */
         uint64_t in;            /* the parts of it in (bit per part) */
         int64_t done;           /* the last clock whose every part is in */
+        uint64_t epoch;         /* the shard-map epoch that push was cut for */
 } LastPush;
+
+/* Copies from one primary (ROWS_COPY): per table, the last BSP clock whose
+ * copy came whole (-1: none). */
+typedef struct Copied {
+        uint32_t shard;
+        int64_t clock[JOB_MAX_TABLES];
+} Copied;
+
+/* A copy in parts: kept until its last part, then installed at once, so
+ * that a backup holds a clock's copy whole or not at all. */
+typedef struct CopyIn {
+        uint32_t shard, table, parts, got;
+        int64_t clock;
+        int64_t *ids;
+        float *rows;
+        size_t n;
+} CopyIn;
 
 /* The parts' bits of a push in parts parts. */
 static uint64_t all_parts(uint32_t parts) {
@@ -59,6 +78,22 @@ struct Rows {
         size_t nretired;
         RowsHooks hooks;
         RowsStats stats;
+        /* --replicas >= 2 (BSP): the copies this shard holds of rows other
+         * shards lead, what came from each primary, and the map before the
+         * last fail-over with the shards it lost. */
+        Table *backup[JOB_MAX_TABLES];
+        Copied *copied;
+        size_t ncopied;
+        CopyIn *incoming;
+        size_t nincoming;
+        ShardMap *prev;
+        uint32_t *lost;
+        size_t nlost;
+        /* After a fail-over: the rows this shard leads, sent again to their
+         * backups from row number rebuild_at[t] on (rows_rebuild_step). */
+        size_t rebuild_at[JOB_MAX_TABLES];
+        bool rebuilding;
+        uint64_t rebuilt;
 };
 
 void rows_set_hooks(Rows *r, const RowsHooks *hooks) { r->hooks = *hooks; }
@@ -95,8 +130,28 @@ static void retire(Rows *r, Table *t) {
         /* else out of memory: left allocated rather than freed under the writer */
 }
 
+static void drop_copies(Rows *r) {
+        for (size_t i = 0; i < r->nincoming; i++) {
+                ps_free(r->incoming[i].ids);
+                ps_free(r->incoming[i].rows);
+        }
+        ps_free(r->incoming);
+        r->incoming = NULL;
+        r->nincoming = 0;
+        ps_free(r->copied);
+        r->copied = NULL;
+        r->ncopied = 0;
+        r->prev = shardmap_free(r->prev);
+        ps_free(r->lost);
+        r->lost = NULL;
+        r->nlost = 0;
+}
+
 static void drop_tables(Rows *r) {
+        drop_copies(r);
         for (size_t i = 0; i < r->ntables; i++) {
+                table_free(r->backup[i]); /* never read by a checkpoint's writer */
+                r->backup[i] = NULL;
                 for (size_t k = 0; k < r->nparked[i]; k++)
                         parked_free(&r->parked[i][k]); /* their workers ask again, or time out */
                 ps_free(r->parked[i]);
@@ -134,6 +189,8 @@ int rows_configure(Rows *r, const Job *job, char *why, size_t n) {
                 job_table_conf(job, i, &r->conf[i]);
                 char w[160];
                 int e = table_new(&r->conf[i], &r->tables[i], w, sizeof w);
+                if (e == 0 && (e = table_new(&r->conf[i], &r->backup[i], w, sizeof w)) < 0)
+                        r->tables[i] = table_free(r->tables[i]);
                 if (e < 0) {
                         drop_tables(r);
                         if (why && n)
@@ -207,6 +264,7 @@ int rows_pull(Rows *r, const ShardMap *map, uint32_t self, const Psnet__Header *
                 if (r->parked[h->table][k].clock < h->clock) {
                         snprintf(reason, n, "table %s's clock %ld waits for other workers' pushes: ask again",
                                  r->conf[h->table].name, (long) r->parked[h->table][k].clock);
+                        log_debug("%s", reason);
                         return PSNET__STATUS__STATUS_UNAVAILABLE;
                 }
         size_t dim = r->conf[h->table].dim, bytes = count * dim * sizeof(float);
@@ -284,6 +342,73 @@ static int park(Rows *r, const Psnet__Header *h, const zmq_msg_t *route, int64_t
         return completes ? ROWS_PARKED : PSNET__STATUS__STATUS_OK;
 }
 
+/* The last clock of table t whose copy came whole from shard (-1: none). */
+static int64_t copied_clock(const Rows *r, uint32_t shard, uint32_t t) {
+        for (size_t i = 0; i < r->ncopied; i++)
+                if (r->copied[i].shard == shard)
+                        return r->copied[i].clock[t];
+        return -1;
+}
+
+/* BSP: whether clock of table t, closed here, is open again after a
+ * fail-over: a lost primary had not copied it here whole, so it
+ * acknowledged it to no worker, and every member sends it again. */
+static bool reopened(const Rows *r, uint32_t t, int64_t clock) {
+        if (clock > r->closed[t])
+                return false;
+        for (size_t i = 0; i < r->nlost; i++)
+                if (copied_clock(r, r->lost[i], t) < clock)
+                        return true;
+        return false;
+}
+
+/* Whether a push of clock to table t may hold rows applied here before the
+ * last fail-over: at most the last clock closed here or copied whole from
+ * a lost primary. */
+static bool before_failover(const Rows *r, uint32_t t, int64_t clock) {
+        if (!r->prev)
+                return false;
+        int64_t horizon = r->closed[t];
+        for (size_t i = 0; i < r->nlost; i++)
+                horizon = MAX(horizon, copied_clock(r, r->lost[i], t));
+        return clock <= horizon;
+}
+
+/* A push sent again under the map after a fail-over: the rows of it this
+ * shard already holds applied go (ids v and gradients g compacted, their
+ * count returned): its own rows at a clock it closed, and a lost primary's
+ * whose copy of the clock came here whole. */
+static size_t drop_applied(const Rows *r, uint32_t self, uint32_t t, int64_t clock, int64_t *v, float *g,
+                           size_t count) {
+        size_t dim = r->conf[t].dim, kept = 0;
+        for (size_t k = 0; k < count; k++) {
+                int at = shardmap_row_holder(r->prev, t, v[k], 0);
+                uint32_t was = at >= 0 ? shardmap_shard(r->prev, (size_t) at)->id : 0;
+                bool applied = was == self ? r->closed[t] >= clock : copied_clock(r, was, t) >= clock;
+                if (applied)
+                        continue;
+                v[kept] = v[k];
+                if (kept != k)
+                        memmove(g + kept * dim, g + k * dim, dim * sizeof *g);
+                kept++;
+        }
+        return kept;
+}
+
+/* Worker's parked parts of clock in table t go (a push of it sent again
+ * under a newer map takes their place; the worker no longer waits on them). */
+static void unpark(Rows *r, uint32_t t, uint32_t worker, int64_t clock) {
+        size_t j = 0;
+        for (size_t k = 0; k < r->nparked[t]; k++) {
+                Parked *p = &r->parked[t][k];
+                if (p->worker == worker && p->clock == clock)
+                        parked_free(p);
+                else
+                        r->parked[t][j++] = *p;
+        }
+        r->nparked[t] = j;
+}
+
 int rows_push(Rows *r, const ShardMap *map, uint32_t self, const Psnet__Header *h, const zmq_msg_t *frames,
               const zmq_msg_t *route, uint64_t room, char *reason, size_t n) {
         Table *t;
@@ -304,6 +429,11 @@ int rows_push(Rows *r, const ShardMap *map, uint32_t self, const Psnet__Header *
                          c->name, c->dim, count, count * c->dim * sizeof(float), gb);
                 st = PSNET__STATUS__STATUS_SIZE;
         }
+        if (st == PSNET__STATUS__STATUS_OK && h->has_epoch && h->epoch > shardmap_epoch(map)) {
+                snprintf(reason, n, "the push is cut for shard map epoch %lu and this shard has %lu: ask again",
+                         (unsigned long) h->epoch, (unsigned long) shardmap_epoch(map));
+                return PSNET__STATUS__STATUS_UNAVAILABLE;
+        }
         if (st == PSNET__STATUS__STATUS_OK)
                 st = check_holder(map, self, h->table, v, count, reason, n);
         if (st == PSNET__STATUS__STATUS_OK && !(last = last_of(r, h->table, h->sender))) {
@@ -312,7 +442,16 @@ int rows_push(Rows *r, const ShardMap *map, uint32_t self, const Psnet__Header *
         }
         uint32_t parts = h->has_parts ? h->parts : 1, part = h->has_part ? h->part : 0;
         bool same = st == PSNET__STATUS__STATUS_OK && h->clock == last->clock;
-        if (st == PSNET__STATUS__STATUS_OK &&
+        /* The same clock again under a newer map (a fail-over came between):
+         * not a duplicate; what it holds that was applied goes below. */
+        bool again = same && h->has_epoch && h->epoch > last->epoch && r->mode == MODE_BSP;
+        if (again) {
+                unpark(r, h->table, h->sender, h->clock);
+                last->in = 0;
+                last->parts = parts;
+                same = false;
+        }
+        if (st == PSNET__STATUS__STATUS_OK && !again &&
             (h->clock < last->clock || (same && (last->in >> part & 1)) || (same && last->in == all_parts(last->parts))))
                 return PSNET__STATUS__STATUS_DUPLICATE;
         if (same && parts != last->parts) {
@@ -326,6 +465,19 @@ int rows_push(Rows *r, const ShardMap *map, uint32_t self, const Psnet__Header *
                 st = PSNET__STATUS__STATUS_INVALID;
         }
         bool bsp = r->mode == MODE_BSP;
+        bool settled = bsp && st == PSNET__STATUS__STATUS_OK && h->clock <= r->closed[h->table] &&
+                       !reopened(r, h->table, h->clock);
+        if (settled) {
+                /* Closed here, and every row of it applied (a push sent again
+                 * after a fail-over): acknowledged, not parked. */
+                last->clock = h->clock;
+                last->parts = parts;
+                last->in |= (uint64_t) 1 << part;
+                last->epoch = h->has_epoch ? h->epoch : last->epoch;
+                if (last->in == all_parts(parts))
+                        last->done = h->clock;
+                return PSNET__STATUS__STATUS_DUPLICATE;
+        }
         if (st == PSNET__STATUS__STATUS_OK && !bsp)
                 g = wire_frame_f32(&frames[1]); /* read where it lies */
         if (st == PSNET__STATUS__STATUS_OK && !g) {
@@ -336,6 +488,8 @@ int rows_push(Rows *r, const ShardMap *map, uint32_t self, const Psnet__Header *
                         st = PSNET__STATUS__STATUS_RESOURCE;
                 }
         }
+        if (st == PSNET__STATUS__STATUS_OK && bsp && before_failover(r, h->table, h->clock))
+                count = drop_applied(r, self, h->table, h->clock, v, owned, count);
         if (st == PSNET__STATUS__STATUS_OK) {
                 double sumsq = 0;
                 size_t nv = count * c->dim;
@@ -375,6 +529,7 @@ int rows_push(Rows *r, const ShardMap *map, uint32_t self, const Psnet__Header *
         last->clock = h->clock;
         last->parts = parts;
         last->in = in;
+        last->epoch = h->has_epoch ? h->epoch : last->epoch;
         if (completes)
                 last->done = h->clock;
         if (st == ROWS_PARKED)
@@ -409,10 +564,14 @@ static int cmp_parked(const void *a, const void *b) {
 
 /* Applies the nmembers parked pushes p[0..np) of one clock of table i (in
  * ascending worker order): each id's rows summed in that order, over the
- * members: OK, or a status with the reason (nothing applied). */
-static int apply_clock(Rows *r, size_t i, const Parked *p, size_t np, size_t nmembers, char *reason, size_t n) {
+ * members: OK (the distinct ids applied into *ret_ids, *ret_n), or a status
+ * with the reason (nothing applied). */
+static int apply_clock(Rows *r, size_t i, const Parked *p, size_t np, size_t nmembers, int64_t **ret_ids,
+                       size_t *ret_n, char *reason, size_t n) {
         const TableConf *c = &r->conf[i];
         size_t total = 0;
+        *ret_ids = NULL;
+        *ret_n = 0;
         for (size_t k = 0; k < np; k++)
                 total += p[k].n;
         if (total == 0)
@@ -444,8 +603,12 @@ static int apply_clock(Rows *r, size_t i, const Parked *p, size_t np, size_t nme
                         sum[k] *= scale;
                 table_tick(r->tables[i], p[0].clock);
                 st = push_status(table_push(r->tables[i], ids, nu, sum, reason, n), c, reason, n);
-                if (st == PSNET__STATUS__STATUS_OK)
+                if (st == PSNET__STATUS__STATUS_OK) {
                         r->stats.pushed += nu;
+                        *ret_ids = ids;
+                        *ret_n = nu;
+                        ids = NULL;
+                }
         }
         ps_free(src);
         ps_free(ids);
@@ -482,17 +645,23 @@ void rows_settle(Rows *r, int64_t limit) {
                         if (clock >= limit || nm == 0 || have < nm)
                                 break;
                         char reason[192] = "";
-                        int st = apply_clock(r, i, p, np, nm, reason, sizeof reason);
+                        _cleanup_free_ int64_t *ids = NULL;
+                        size_t nids = 0;
+                        int st = apply_clock(r, i, p, np, nm, &ids, &nids, reason, sizeof reason);
                         if (st != PSNET__STATUS__STATUS_OK)
                                 r->stats.refused++;
-                        for (size_t k = 0; k < np; k++) {
-                                if (r->hooks.ack && !p[k].acked)
-                                        r->hooks.ack(r->hooks.ud, &p[k].route, p[k].seq, clock, st, reason);
+                        _cleanup_free_ RowsAck *acks = ps_malloc(np * sizeof *acks);
+                        size_t nacks = 0;
+                        for (size_t k = 0; k < np; k++)
+                                if (!p[k].acked && acks)
+                                        acks[nacks++] = (RowsAck) { &p[k].route, p[k].seq, p[k].worker };
+                        r->closed[i] = MAX(r->closed[i], clock);
+                        if (r->hooks.closed) /* copied to the backups, then acknowledged */
+                                r->hooks.closed(r->hooks.ud, (uint32_t) i, clock, ids, nids, acks, nacks, st, reason);
+                        for (size_t k = 0; k < np; k++)
                                 parked_free(&p[k]);
-                        }
                         memmove(p, p + np, (r->nparked[i] - np) * sizeof *p);
                         r->nparked[i] -= np;
-                        r->closed[i] = clock;
                 }
         }
 }
@@ -508,10 +677,192 @@ void rows_table_stats(const Rows *r, size_t i, uint64_t *ret_rows, uint64_t *ret
 
 void rows_stats(const Rows *r, RowsStats *ret) {
         *ret = r->stats;
-        ret->rows = ret->bytes = 0;
+        ret->rows = ret->bytes = ret->backup_rows = 0;
         for (size_t i = 0; i < r->ntables; i++) {
                 ret->rows += table_size(r->tables[i]);
-                ret->bytes += table_memory(r->tables[i]);
+                ret->backup_rows += table_size(r->backup[i]);
+                ret->bytes += table_memory(r->tables[i]) + table_memory(r->backup[i]);
+        }
+        for (size_t i = 0; i < r->nincoming; i++)
+                ret->bytes += r->incoming[i].n * (sizeof(int64_t) + table_row_floats(r->backup[r->incoming[i].table]) * sizeof(float));
+}
+
+/* --- copies for the backups (--replicas >= 2, BSP) ------------------------------------------ */
+
+size_t rows_row_floats(const Rows *r, uint32_t table) {
+        return table < r->ntables ? table_row_floats(r->tables[table]) : 0;
+}
+
+void rows_export(const Rows *r, uint32_t table, const int64_t *ids, size_t n, float *out) {
+        table_export(r->tables[table], ids, n, out);
+}
+
+static Copied *copied_of(Rows *r, uint32_t shard) {
+        for (size_t i = 0; i < r->ncopied; i++)
+                if (r->copied[i].shard == shard)
+                        return &r->copied[i];
+        Copied *a = ps_realloc(r->copied, (r->ncopied + 1) * sizeof *a);
+        if (!a)
+                return NULL;
+        r->copied = a;
+        Copied *c = &a[r->ncopied++];
+        c->shard = shard;
+        for (size_t t = 0; t < JOB_MAX_TABLES; t++)
+                c->clock[t] = -1;
+        return c;
+}
+
+static void incoming_drop(Rows *r, size_t i) {
+        ps_free(r->incoming[i].ids);
+        ps_free(r->incoming[i].rows);
+        r->incoming[i] = r->incoming[--r->nincoming];
+}
+
+int rows_copy_in(Rows *r, const Psnet__Header *h, const zmq_msg_t *frames, char *reason, size_t n) {
+        int st = known_table(r, h, reason, n);
+        if (st != PSNET__STATUS__STATUS_OK)
+                return st;
+        uint32_t t = h->table, parts = h->has_parts ? h->parts : 1, part = h->has_part ? h->part : 0;
+        size_t per = table_row_floats(r->backup[t]);
+        size_t count = zmq_msg_size((zmq_msg_t *) &frames[0]) / sizeof(int64_t);
+        if (zmq_msg_size((zmq_msg_t *) &frames[1]) != count * per * sizeof(float)) {
+                snprintf(reason, n, "a copy of table %s has rows of %zu floats, not %zu bytes for %zu ids",
+                         r->conf[t].name, per, zmq_msg_size((zmq_msg_t *) &frames[1]), count);
+                return PSNET__STATUS__STATUS_SIZE;
+        }
+        size_t i = 0;
+        while (i < r->nincoming && (r->incoming[i].shard != h->sender || r->incoming[i].table != t))
+                i++;
+        if (i < r->nincoming && (r->incoming[i].clock != h->clock || r->incoming[i].parts != parts ||
+                                 r->incoming[i].got != part))
+                incoming_drop(r, i); /* a copy cut short (its sender sent another): never installed */
+        if (i == r->nincoming && part != 0) {
+                snprintf(reason, n, "part %u of a copy of table %s for clock %ld whose first part did not come", part,
+                         r->conf[t].name, (long) h->clock);
+                return PSNET__STATUS__STATUS_INVALID;
+        }
+        if (i == r->nincoming) {
+                CopyIn *a = ps_realloc(r->incoming, (r->nincoming + 1) * sizeof *a);
+                if (!a)
+                        goto oom;
+                r->incoming = a;
+                a[r->nincoming++] = (CopyIn) { .shard = h->sender, .table = t, .parts = parts, .clock = h->clock };
+        }
+        CopyIn *c = &r->incoming[i];
+        int64_t *ids = ps_realloc(c->ids, MAX(c->n + count, (size_t) 1) * sizeof *ids);
+        if (ids)
+                c->ids = ids;
+        float *rows = ids ? ps_realloc(c->rows, MAX((c->n + count) * per, (size_t) 1) * sizeof *rows) : NULL;
+        if (!rows) {
+                incoming_drop(r, i);
+                goto oom;
+        }
+        c->rows = rows;
+        memcpy(c->ids + c->n, zmq_msg_data((zmq_msg_t *) &frames[0]), count * sizeof *ids);
+        memcpy(c->rows + c->n * per, zmq_msg_data((zmq_msg_t *) &frames[1]), count * per * sizeof *rows);
+        c->n += count;
+        if (++c->got < c->parts)
+                return PSNET__STATUS__STATUS_OK;
+        Copied *from = copied_of(r, h->sender);
+        int e = from ? table_import(r->backup[t], c->ids, c->n, c->rows, reason, n) : -ENOMEM;
+        int64_t clock = c->clock;
+        incoming_drop(r, i);
+        if (e < 0) {
+                if (e == -ENOMEM)
+                        snprintf(reason, n, "out of memory for the copy of table %s", r->conf[t].name);
+                return e == -ENOMEM ? PSNET__STATUS__STATUS_RESOURCE : PSNET__STATUS__STATUS_INVALID;
+        }
+        from->clock[t] = MAX(from->clock[t], clock);
+        log_debug("table copy installed table=%s from=%u clock=%ld", r->conf[t].name, h->sender, (long) clock);
+        r->stats.copies_in++;
+        return PSNET__STATUS__STATUS_OK;
+oom:
+        snprintf(reason, n, "out of memory for a copy of %zu rows of table %s", count, r->conf[t].name);
+        return PSNET__STATUS__STATUS_RESOURCE;
+}
+
+typedef struct Leads {
+        const ShardMap *map;
+        uint32_t table;
+        int me;
+} Leads;
+
+static bool leads_here(int64_t id, void *ud) {
+        const Leads *l = ud;
+        return shardmap_row_holder(l->map, l->table, id, 0) == l->me;
+}
+
+bool rows_rebuild_step(Rows *r, size_t budget, RowsRebuildFn fn, void *ud) {
+        for (size_t t = 0; r->rebuilding && t < r->ntables; t++) {
+                const Table *tb = r->tables[t];
+                if (r->rebuild_at[t] >= table_size(tb))
+                        continue;
+                size_t per = table_row_floats(tb), n = MIN(budget, table_size(tb) - r->rebuild_at[t]);
+                _cleanup_free_ int64_t *ids = ps_malloc(MAX(n, (size_t) 1) * sizeof *ids);
+                _cleanup_free_ float *rows = ps_malloc(MAX(n * per, (size_t) 1) * sizeof *rows);
+                if (!ids || !rows)
+                        return true; /* tried again at the next step */
+                n = table_dump(tb, r->rebuild_at[t], n, ids, rows);
+                r->rebuild_at[t] += n;
+                r->rebuilt += n;
+                fn(ud, (uint32_t) t, r->closed[t], ids, n);
+                return true;
+        }
+        if (r->rebuilding)
+                log_info("table rows sent to their backups again rows=%lu", (unsigned long) r->rebuilt);
+        r->rebuilding = false;
+        r->rebuilt = 0;
+        return false;
+}
+
+void rows_map_changed(Rows *r, const ShardMap *old, const ShardMap *map, uint32_t self) {
+        if (!old || !map || r->ntables == 0 || shardmap_epoch(old) == shardmap_epoch(map))
+                return;
+        size_t nlost = 0;
+        _cleanup_free_ uint32_t *lost = ps_malloc(MAX(shardmap_size(old), (size_t) 1) * sizeof *lost);
+        ShardMap *prev = shardmap_dup(old);
+        if (!lost || !prev) {
+                shardmap_free(prev);
+                log_error("out of memory noting the shards the map lost: pushes sent again after a fail-over may "
+                          "be applied twice");
+                return;
+        }
+        for (size_t i = 0; i < shardmap_size(old); i++)
+                if (shardmap_find(map, shardmap_shard(old, i)->id) < 0)
+                        lost[nlost++] = shardmap_shard(old, i)->id;
+        if (nlost == 0) {
+                shardmap_free(prev);
+                return;
+        }
+        shardmap_free(r->prev);
+        ps_free(r->lost);
+        r->prev = prev;
+        r->lost = lost;
+        lost = NULL;
+        r->nlost = nlost;
+        for (size_t i = 0; i < r->nincoming;) {
+                bool gone = false;
+                for (size_t k = 0; k < nlost; k++)
+                        gone = gone || r->incoming[i].shard == r->lost[k];
+                if (gone)
+                        incoming_drop(r, i); /* a lost primary's copy cut short: never installed */
+                else
+                        i++;
+        }
+        /* The copies of the rows this shard leads now become its own; then
+         * every row it leads goes to its backups again (rows_rebuild_step):
+         * some of them had their copy on a lost shard. */
+        Leads l = { .map = map, .me = shardmap_find(map, self) };
+        r->rebuilding = l.me >= 0 && shardmap_replicas(map) >= 2;
+        memset(r->rebuild_at, 0, sizeof r->rebuild_at);
+        for (size_t t = 0; t < r->ntables && l.me >= 0; t++) {
+                l.table = (uint32_t) t;
+                size_t before = table_size(r->backup[t]);
+                size_t moved = table_move_if(r->backup[t], r->tables[t], leads_here, &l);
+                if (moved || before)
+                        log_info("table rows promoted table=%s rows=%zu backup_rows=%zu map_epoch=%lu",
+                                 r->conf[t].name, moved, table_size(r->backup[t]),
+                                 (unsigned long) shardmap_epoch(map));
         }
 }
 
@@ -612,11 +963,15 @@ void rows_thaw(Rows *r) {
         r->nretired = 0;
 }
 
-void rows_adopt(Rows *r, Table *const *tables, size_t n, int64_t clock) {
+void rows_adopt(Rows *r, Table *const *tables, Table *const *backups, size_t n, int64_t clock) {
         for (size_t i = 0; i < n && i < r->ntables; i++) {
                 if (tables[i]) {
                         table_free(r->tables[i]);
                         r->tables[i] = tables[i];
+                }
+                if (backups && backups[i]) {
+                        table_free(r->backup[i]);
+                        r->backup[i] = backups[i];
                 }
                 r->closed[i] = clock - 1;
         }

@@ -37,14 +37,26 @@ typedef struct RowsStats {
         uint64_t bytes;         /* their memory (index and slabs) */
         uint64_t pulled, pushed;/* rows answered and applied */
         uint64_t refused;       /* pushes and pulls refused */
+        uint64_t backup_rows;   /* copies held of rows other shards lead */
+        uint64_t copies_in;     /* ROWS_COPY installed (a clock of a table from a primary) */
 } RowsStats;
+
+/* A parked push to acknowledge: where its answer goes. */
+typedef struct RowsAck {
+        const zmq_msg_t *route;
+        uint64_t seq;
+        uint32_t worker;
+} RowsAck;
 
 /* What the rows need of their shard under BSP. */
 typedef struct RowsHooks {
         /* The members of clock (ascending worker ids), as the gate has them. */
         void (*members)(void *ud, int64_t clock, const uint32_t **ret, size_t *n);
-        /* A parked push is settled (status OK, or why not): acknowledge it. */
-        void (*ack)(void *ud, const zmq_msg_t *route, uint64_t seq, int64_t clock, int status, const char *reason);
+        /* Clock of table closed: ids[0..n) were applied (status OK; their
+         * rows as rows_export reads them, for the backups), or nothing was
+         * (status and reason); acks: the parked pushes to acknowledge. */
+        void (*closed)(void *ud, uint32_t table, int64_t clock, const int64_t *ids, size_t n, const RowsAck *acks,
+                       size_t nacks, int status, const char *reason);
         void *ud;
 } RowsHooks;
 
@@ -85,6 +97,36 @@ void rows_stats(const Rows *r, RowsStats *ret);
  * (0 when the job has no table i). */
 void rows_table_stats(const Rows *r, size_t i, uint64_t *ret_rows, uint64_t *ret_bytes, TableCounts *ret_counts);
 
+/* --- copies (--replicas >= 2; BSP) ---
+ * After a clock of a table closes on its primary, every row it changed goes
+ * whole (values, optimizer state, step count: rows_export) to each of the
+ * row's backups (shardmap_row_holder 1..R-1) as ROWS_COPY (psd-migrate.c),
+ * to every other shard of the map (empty where it backs none of them), and
+ * the clock's pushes are acknowledged once every copy was answered. A
+ * backup keeps a copy's parts until its last and installs them at once
+ * into its copies of the table (kept apart from the rows it leads: pulls,
+ * scans and checkpoints see only those), noting the clock it has whole
+ * from that primary. At a fail-over (rows_map_changed) the copies of rows
+ * this shard now leads become its own, and a push a worker sends again
+ * under the new map is cut down to the rows not applied here yet: its own
+ * at a clock closed here, a lost primary's whose copy of the clock came
+ * whole. A clock closed here that a lost primary had not copied here whole
+ * opens again: that primary acknowledged it to nobody, so every member
+ * sends it again. */
+size_t rows_row_floats(const Rows *r, uint32_t table);
+void rows_export(const Rows *r, uint32_t table, const int64_t *ids, size_t n, float *out);
+/* A ROWS_COPY from primary h->sender (validated by the wire): OK (a part
+ * kept, or the copy installed), or a status with the reason. */
+int rows_copy_in(Rows *r, const Psnet__Header *h, const zmq_msg_t *frames, char *reason, size_t n);
+/* The map changed from old to map: after a fail-over (shards lost), the
+ * copies of the rows self leads now join its tables. */
+void rows_map_changed(Rows *r, const ShardMap *old, const ShardMap *map, uint32_t self);
+/* After a fail-over every row this shard leads goes to its backups again
+ * (some had their copy on a lost shard), budget rows a step: fn gets them
+ * (ids; their rows as rows_export reads them). Whether more steps remain. */
+typedef void (*RowsRebuildFn)(void *ud, uint32_t table, int64_t clock, const int64_t *ids, size_t n);
+bool rows_rebuild_step(Rows *r, size_t budget, RowsRebuildFn fn, void *ud);
+
 /* --- checkpoints (psd-checkpoint.c) --- */
 size_t rows_ntables(const Rows *r);
 const TableConf *rows_conf(const Rows *r, size_t i);
@@ -109,6 +151,7 @@ size_t rows_snapshot(Rows *r, int64_t clock, CkptRecord *out, Table **ret_tables
  * replaced meanwhile are freed. */
 void rows_thaw(Rows *r);
 /* A checkpoint's tables, loaded (by psd-checkpoint.c, off the loop):
- * tables[i] replaces table i (taken over; NULL keeps it), and the tables'
- * clocks stand at clock (BSP: clock - 1 closed). */
-void rows_adopt(Rows *r, Table *const *tables, size_t n, int64_t clock);
+ * tables[i] replaces table i and backups[i] its copies of other shards'
+ * rows (taken over; NULL keeps it), and the tables' clocks stand at clock
+ * (BSP: clock - 1 closed). */
+void rows_adopt(Rows *r, Table *const *tables, Table *const *backups, size_t n, int64_t clock);

@@ -39,6 +39,8 @@
 #include "zap.h"
 
 #define PSD_MAX_STRAGGLERS 64
+#define PSD_REBUILD_ROWS 65536u /* rows a step of a rebuild after a fail-over reads and sends */
+#define PSD_REBUILD_STEPS 4     /* steps a tick (100 ms) */
 
 typedef struct Psd {
         const PsdConfig *cfg;
@@ -449,6 +451,8 @@ static void psd_handle_data(void *d, WireMsg *m, void *peer) {
         }
 }
 
+static void shardmap_freep(ShardMap **m) { shardmap_free(*m); }
+
 /* RowsHooks: the members of a clock, as the gate has them. */
 static void psd_rows_members(void *ud, int64_t clock, const uint32_t **ret, size_t *n) {
         Psd *p = ud;
@@ -457,26 +461,44 @@ static void psd_rows_members(void *ud, int64_t clock, const uint32_t **ret, size
         *n = cfg->nmembers;
 }
 
-/* RowsHooks: a parked rows push settled (its clock closed). */
-static void psd_rows_ack(void *ud, const zmq_msg_t *route, uint64_t seq, int64_t clock, int status,
-                         const char *reason) {
+/* RowsRebuildFn: rows led here, to their backups (nothing waits on them). */
+static void psd_rows_rebuild(void *ud, uint32_t table, int64_t clock, const int64_t *ids, size_t n) {
         Psd *p = ud;
-        Psnet__Header a;
+        int st = migrate_rows_copy(p->migrate, NULL, 0, table, clock, ids, n);
+        if (st != PSNET__STATUS__STATUS_OK)
+                log_warning("%zu rows of table %u not sent to their backups again (status=%s)", n, table,
+                            status_name(st));
+}
+
+/* RowsHooks: a clock of a table closed. Its rows go to their backups
+ * first; each parked push is acknowledged (psd_ack) once every copy was
+ * answered. */
+static void psd_rows_closed(void *ud, uint32_t table, int64_t clock, const int64_t *ids, size_t n,
+                            const RowsAck *acks, size_t nacks, int status, const char *reason) {
+        Psd *p = ud;
         if (status != PSNET__STATUS__STATUS_OK) {
-                wire_header_init(&a, PSNET__MSG_TYPE__MSG_PUSH_ACK);
-                a.has_seq = true;
-                a.seq = seq;
-                psd_reply_error(p, route, &a, status, reason);
+                for (size_t k = 0; k < nacks; k++) {
+                        Psnet__Header a;
+                        wire_header_init(&a, PSNET__MSG_TYPE__MSG_PUSH_ACK);
+                        a.has_seq = true;
+                        a.seq = acks[k].seq;
+                        psd_reply_error(p, acks[k].route, &a, status, reason);
+                }
                 return;
         }
-        wire_header_init(&a, PSNET__MSG_TYPE__MSG_PUSH_ACK);
-        a.has_seq = a.has_clock = a.has_sender = true;
-        a.seq = seq;
-        a.clock = clock;
-        a.sender = p->cfg->id;
-        int r = netsock_send(p->data, route, &a, NULL, 0);
-        if (r < 0)
-                log_warning_errno(r, "Failed to acknowledge a rows push: %m");
+        _cleanup_free_ PushReq **reqs = ps_calloc(MAX(nacks, (size_t) 1), sizeof *reqs);
+        size_t nreqs = 0;
+        for (size_t k = 0; reqs && k < nacks; k++)
+                if (pushreq_new(acks[k].route, acks[k].seq, acks[k].worker, clock, &reqs[nreqs]) == 0)
+                        nreqs++;
+        if (!reqs || nreqs < nacks)
+                log_warning("out of memory acknowledging the pushes of clock %ld of table %u: their workers ask "
+                            "again", (long) clock, table);
+        int st = migrate_rows_copy(p->migrate, reqs, nreqs, table, clock, ids, n);
+        log_debug("table clock closed table=%u clock=%ld rows=%zu pushes=%zu copies=%s", table, (long) clock, n, nacks,
+                  status_name(st));
+        for (size_t k = 0; k < nreqs; k++)
+                pushreq_settle(p->gate, reqs[k], st);
 }
 
 /* A ROWS_PULL_REP: out[0] the ids, out[1] their rows (both moved); a scan's
@@ -629,6 +651,7 @@ static const DispatchRow rows[] = {
         T(ROWS_PULL) = { psd_handle_rows },
         T(ROWS_PUSH) = { psd_handle_rows },
         T(ROWS_SCAN) = { psd_handle_rows },
+        T(ROWS_COPY) = { psd_handle_link },
         T(CHUNK_STATE) = { psd_handle_link },
         T(REPLICATE) = { psd_handle_link },
         T(CHUNK_ACK) = { .ignore = true },
@@ -770,6 +793,8 @@ static void psd_apply_config(Psd *p, const Psnet__Config *ctl) {
                 if (fresh)
                         store_set_restoring(p->store, true);
                 uint64_t was_epoch = store_map(p->store) ? shardmap_epoch(store_map(p->store)) : 0;
+                _cleanup_(shardmap_freep) ShardMap *was =
+                        !fresh && store_map(p->store) ? shardmap_dup(store_map(p->store)) : NULL;
                 r = gate_configure(p->gate, &job, map);
                 shardmap_free(map);
                 if (fresh || (store_map(p->store) && shardmap_epoch(store_map(p->store)) != was_epoch))
@@ -782,6 +807,8 @@ static void psd_apply_config(Psd *p, const Psnet__Config *ctl) {
                 r = rows_configure(p->rows, &job, err, sizeof err);
                 if (r < 0)
                         log_error("cannot hold the job's tables reason=\"%s\"", err); /* their requests: NO_JOB */
+                else
+                        rows_map_changed(p->rows, was, store_map(p->store), p->cfg->id);
                 /* The frame limit stays --max-msg: libzmq copies a listener's
                  * options when it binds, so a limit set now would reach no
                  * connection (and a codec's frame, top-k's pairs, may be
@@ -1204,6 +1231,15 @@ static void psd_metrics(void *ud, MetricsBuf *b) {
         metrics_one(b, "psnet_psd_rows_refused_total", "counter",
                     "ROWS_PULL and ROWS_PUSH requests refused by the tables (another shard's row, a duplicate id, a "
                     "non-finite value, the norm or memory bound, a wrong row width).", (double) rs.refused);
+        metrics_one(b, "psnet_psd_table_backup_rows", "gauge",
+                    "Copies this shard holds of table rows other shards lead (--replicas 2 or more), all tables.",
+                    (double) rs.backup_rows);
+        metrics_one(b, "psnet_psd_rows_copied_total", "counter",
+                    "Table rows sent whole to their backups (after each BSP clock, and again after a fail-over).",
+                    (double) migrate_rows_copied(p->migrate));
+        metrics_one(b, "psnet_psd_rows_copies_received_total", "counter",
+                    "Copies of a clock of a table received whole from a primary and installed.",
+                    (double) rs.copies_in);
         metrics_one(b, "psnet_psd_incoming_keys", "gauge", "Keys the map gives this shard that have not arrived.",
                     (double) store_incoming(s));
         metrics_one(b, "psnet_psd_clock", "gauge", "The shard's clock (BSP: slowest chunk; ASP/SSP: fastest worker).",
@@ -1269,6 +1305,10 @@ static void psd_tick(uv_timer_t *t) {
         (void) psd_may_acknowledge(p); /* logs a lease lost while no request came */
         checkpoint_poll(p->ckpt);
         shm_server_tick(p->shm, now_ms());
+        /* After a fail-over, the rows led here go to their backups again,
+         * PSD_REBUILD_ROWS at a time, a few times a tick. */
+        for (int i = 0; i < PSD_REBUILD_STEPS && rows_rebuild_step(p->rows, PSD_REBUILD_ROWS, psd_rows_rebuild, p); i++)
+                ;
 }
 
 static void psd_left(Session *s, int r, WireMsg *m, void *ud) {
@@ -1384,8 +1424,9 @@ int psd_run(const PsdConfig *cfg) {
         if (r == 0)
                 r = rows_new(&p.rows);
         if (r == 0) {
-                const RowsHooks rh = { .members = psd_rows_members, .ack = psd_rows_ack, .ud = &p };
+                const RowsHooks rh = { .members = psd_rows_members, .closed = psd_rows_closed, .ud = &p };
                 rows_set_hooks(p.rows, &rh);
+                migrate_attach_rows(p.migrate, p.rows);
                 checkpointer_set_rows(p.ckpt, p.rows);
         }
         if (r < 0) {

@@ -7,7 +7,10 @@
  * unknown table) applying nothing; under BSP, the members' pushes of a
  * clock parked until the last, then their mean applied once and each
  * acknowledged, a pull past an open clock asked to wait; a checkpoint's
- * copy of the rows loads back bit for bit. */
+ * copy of the rows loads back bit for bit; a primary lost at a clock whose
+ * copy reached its backup, did not, or was never made: the workers' pushes
+ * sent again leave the backup holding every row as one shard that took
+ * every push would, bit for bit. */
 #include <errno.h>
 #include <math.h>
 #include <string.h>
@@ -19,6 +22,7 @@
 
 static ShardMap *map;
 static Rows *rows;
+static uint32_t self_id = 1; /* the shard pull() asks */
 
 static void frame(zmq_msg_t *m, const void *p, size_t n) {
         zmq_msg_init_size(m, n);
@@ -38,7 +42,7 @@ static int pull(uint32_t table, const int64_t *ids, size_t n, float *out, size_t
         Psnet__Header h = header(PSNET__MSG_TYPE__MSG_ROWS_PULL, table, 1, 0);
         zmq_msg_t f, r;
         frame(&f, ids, n * 8);
-        int st = rows_pull(rows, map, 1, &h, &f, &r, why, 160);
+        int st = rows_pull(rows, map, self_id, &h, &f, &r, why, 160);
         if (st == 0) {
                 memcpy(out, zmq_msg_data(&r), n * dim * 4);
                 zmq_msg_close(&r);
@@ -76,9 +80,10 @@ static void members(void *ud, int64_t clock, const uint32_t **ret, size_t *n) {
         *n = 2;
 }
 
-static void ack(void *ud, const zmq_msg_t *route, uint64_t seq, int64_t clock, int status, const char *reason) {
-        (void) ud, (void) route, (void) seq, (void) clock, (void) reason;
-        acks++;
+static void closed(void *ud, uint32_t table, int64_t clock, const int64_t *ids, size_t n, const RowsAck *a,
+                   size_t na, int status, const char *reason) {
+        (void) ud, (void) table, (void) clock, (void) ids, (void) n, (void) a, (void) reason;
+        acks += (int) na;
         ack_status = status;
 }
 
@@ -120,7 +125,7 @@ static void test_snapshot(const Job *job, const int64_t *mine, const float *want
                 rows_free(r2);
                 return;
         }
-        rows_adopt(r2, t, rows_ntables(r2), 2);
+        rows_adopt(r2, t, NULL, rows_ntables(r2), 2);
         Rows *was = rows;
         rows = r2;
         float got[4];
@@ -139,7 +144,7 @@ static void test_bsp(Job job, const int64_t *mine) {
         Rows *was = rows;
         if (!CHECK(rows_new(&rows) == 0 && rows_configure(rows, &job, why, sizeof why) == 0, "a BSP job (%s)", why))
                 return;
-        const RowsHooks hk = { .members = members, .ack = ack };
+        const RowsHooks hk = { .members = members, .closed = closed };
         rows_set_hooks(rows, &hk);
         float before[4], after[4], g7[4] = { 1, 2, 3, 4 }, g8[2] = { -3, 6 };
         pull(0, mine, 2, before, 2, why);
@@ -207,6 +212,163 @@ static void test_bsp(Job job, const int64_t *mine) {
               acks - acks0);
         rows_free(rows);
         rows = was;
+}
+
+/* --- a fail-over (--replicas 2, BSP) --------------------------------------------------------- */
+
+/* A shard of the fail-over test: its rows, and where its closed clocks' copies go. */
+typedef struct Side {
+        Rows *rows;
+        uint32_t id;
+        struct Side *backup;    /* the other shard, while copies reach it */
+        bool deliver;
+        int acks;
+} Side;
+
+static void side_closed(void *ud, uint32_t table, int64_t clock, const int64_t *ids, size_t n, const RowsAck *a,
+                        size_t na, int status, const char *reason) {
+        Side *s = ud;
+        (void) a, (void) reason;
+        s->acks += (int) na;
+        if (status != 0 || !s->backup || !s->deliver)
+                return;
+        size_t per = rows_row_floats(s->rows, table);
+        float buf[64 * 8];
+        rows_export(s->rows, table, ids, n, buf);
+        Psnet__Header h = header(PSNET__MSG_TYPE__MSG_ROWS_COPY, table, s->id, clock);
+        zmq_msg_t f[2];
+        frame(&f[0], ids, n * 8);
+        frame(&f[1], buf, n * per * 4);
+        char why[160] = "";
+        int st = rows_copy_in(s->backup->rows, &h, f, why, sizeof why);
+        CHECK(st == 0, "shard %u's copy of clock %ld (%zu rows) installed on shard %u (%s)", s->id, (long) clock, n,
+              s->backup->id, why);
+        zmq_msg_close(&f[0]);
+        zmq_msg_close(&f[1]);
+}
+
+/* Worker's push of ids[0..n) at clock, cut for map epoch, to shard s under m. */
+static int push_to(Side *s, const ShardMap *m, uint32_t worker, int64_t clock, uint64_t epoch, const int64_t *ids,
+                   size_t n) {
+        float g[64 * 2];
+        for (size_t k = 0; k < n; k++)
+                for (int d = 0; d < 2; d++)
+                        g[k * 2 + d] = (float) worker * 0.25f - (float) clock * 0.125f + (float) (ids[k] % 7) * 0.5f +
+                                       (float) d;
+        Psnet__Header h = header(PSNET__MSG_TYPE__MSG_ROWS_PUSH, 0, worker, clock);
+        h.has_epoch = true;
+        h.epoch = epoch;
+        zmq_msg_t f[2];
+        frame(&f[0], ids, n * 8);
+        frame(&f[1], g, n * 2 * 4);
+        char why[160] = "";
+        int st = rows_push(s->rows, m, s->id, &h, f, NULL, UINT64_MAX, why, sizeof why);
+        zmq_msg_close(&f[0]);
+        zmq_msg_close(&f[1]);
+        rows_settle(s->rows, INT64_MAX);
+        return st;
+}
+
+static Side side(const Job *job, uint32_t id) {
+        Side s = { .id = id };
+        char why[160];
+        if (rows_new(&s.rows) < 0 || rows_configure(s.rows, job, why, sizeof why) < 0)
+                s.rows = rows_free(s.rows);
+        return s;
+}
+
+/* Shards 1 and 2 each lead some rows and back the other's; workers 7 and 8
+ * push clocks 0..2 to both. Shard 1 dies at clock 2: its copy of the clock
+ * reached shard 2 (how 1), did not (how 2), or shard 1 never closed the
+ * clock and worker 8's push of it never reached shard 2 (how 3). Both
+ * workers then send clock 2 again to shard 2 under the new map: shard 2
+ * ends with every row as one shard that took every push would, each
+ * clock's update applied once. */
+static void test_failover_case(const Job *job, ShardMap *m1, ShardMap *m2, const int64_t *ids, size_t n, int how) {
+        Side s1 = side(job, 1), s2 = side(job, 2), ref = side(job, 2);
+        if (!CHECK(s1.rows && s2.rows && ref.rows, "three shards' tables"))
+                goto out;
+        s1.backup = &s2, s1.deliver = true;
+        RowsHooks hk = { .members = members, .closed = side_closed, .ud = &s1 };
+        rows_set_hooks(s1.rows, &hk);
+        hk.ud = &s2;
+        rows_set_hooks(s2.rows, &hk);
+        hk.ud = &ref;
+        rows_set_hooks(ref.rows, &hk);
+        /* Each shard's share of ids under m1. */
+        int64_t a[64], b[64];
+        size_t na = 0, nb = 0;
+        for (size_t k = 0; k < n; k++) {
+                if (shardmap_row_holder(m1, 0, ids[k], 0) == shardmap_find(m1, 1))
+                        a[na++] = ids[k];
+                else
+                        b[nb++] = ids[k];
+        }
+        for (int64_t c = 0; c < 3; c++) {
+                for (uint32_t w = 7; w <= 8; w++)
+                        push_to(&ref, m2, w, c, 2, ids, n);
+                if (c == 2 && how == 2)
+                        s1.deliver = false;
+                for (uint32_t w = 7; w <= 8; w++) {
+                        if (!(c == 2 && how == 3))
+                                push_to(&s1, m1, w, c, 1, a, na);
+                        if (!(c == 2 && how == 3 && w == 8))
+                                push_to(&s2, m1, w, c, 1, b, nb);
+                }
+        }
+        rows_map_changed(s2.rows, m1, m2, 2);
+        int acks = s2.acks;
+        int st7 = push_to(&s2, m2, 7, 2, 2, ids, n), st8 = push_to(&s2, m2, 8, 2, 2, ids, n);
+        float want[64 * 2], got[64 * 2];
+        Rows *keep = rows;
+        ShardMap *keep_map = map;
+        rows = ref.rows, map = m2, self_id = 2;
+        char why[160] = "";
+        pull(0, ids, n, want, 2, why);
+        rows = s2.rows;
+        int pst = pull(0, ids, n, got, 2, why);
+        rows = keep, map = keep_map, self_id = 1;
+        int want7 = how == 1 ? PSNET__STATUS__STATUS_DUPLICATE : ROWS_PARKED;
+        int want8 = how == 1 ? PSNET__STATUS__STATUS_DUPLICATE : ROWS_PARKED;
+        const char *what[] = { "", "its copy came", "its copy was lost", "it never closed the clock" };
+        CHECK(st7 == want7 && st8 == want8 && (how == 1 || s2.acks == acks + 2),
+              "shard 1 lost at clock 2 (%s): the pushes sent again are %s (%d %d, %d acks)", what[how],
+              how == 1 ? "applied already: DUPLICATE" : "cut to the rows not applied, parked, then acknowledged", st7,
+              st8, s2.acks - acks);
+        CHECK(pst == 0 && memcmp(got, want, n * 2 * sizeof *got) == 0 && na > 0 && nb > 0,
+              "shard 2 leads all %zu rows (%zu were shard 1's), each as one shard that took every push holds it, "
+              "bit for bit", n, na);
+        RowsStats rs;
+        rows_stats(s2.rows, &rs);
+        CHECK(rs.rows == n && rs.backup_rows == 0, "its copies became its own (%llu rows, %llu copies left)",
+              (unsigned long long) rs.rows, (unsigned long long) rs.backup_rows);
+out:
+        rows_free(s1.rows);
+        rows_free(s2.rows);
+        rows_free(ref.rows);
+}
+
+static void test_failover(Job job) {
+        char why[160] = "";
+        job.mode = MODE_BSP;
+        job.replicas = 2;
+        job.id += 20;
+        if (!CHECK(job_validate(&job, why, sizeof why) == 0, "a BSP job with two copies of its rows (%s)", why))
+                return;
+        ShardDesc d[2] = { { .id = 1, .endpoint = (char *) "ipc:///tmp/a" }, { .id = 2, .endpoint = (char *) "ipc:///tmp/b" } };
+        ShardMap *m1 = NULL, *m2 = NULL;
+        if (!CHECK(shardmap_place(1, d, 2, &job, &m1) == 0 && shardmap_place(2, d + 1, 1, &job, &m2) == 0,
+                   "maps of two shards and of shard 2 alone"))
+                goto out;
+        shardmap_set_replicas(m1, 2);
+        int64_t ids[24];
+        for (int k = 0; k < 24; k++)
+                ids[k] = 1000 + 37 * k;
+        for (int how = 1; how <= 3; how++)
+                test_failover_case(&job, m1, m2, ids, 24, how);
+out:
+        shardmap_free(m1);
+        shardmap_free(m2);
 }
 
 int main(void) {
@@ -318,6 +480,7 @@ int main(void) {
               "3 rows held, 12 applied, the refusals counted (%llu, %llu, %llu)", (unsigned long long) s.rows,
               (unsigned long long) s.pushed, (unsigned long long) s.refused);
         test_bsp(job, mine);
+        test_failover(job);
         job.id++;
         CHECK(rows_configure(rows, &job, why, sizeof why) == 0, "another job");
         rows_stats(rows, &s);

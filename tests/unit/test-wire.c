@@ -611,7 +611,7 @@ static void test_malformed(void) {
                         h.has_epoch = bad[i].epoch;
                         h.epoch = 3;
                         send_hdr(&h, fs, 1);
-                        expect_bad(PSNET__STATUS__STATUS_MALFORMED, "a PUSH or ROWS_PUSH in parts names its part", bad[i].what);
+                        expect_bad(PSNET__STATUS__STATUS_MALFORMED, "a PUSH, ROWS_PUSH or ROWS_COPY in parts names its part", bad[i].what);
                 }
                 wire_header_init(&h, PSNET__MSG_TYPE__MSG_PULL);
                 h.n_keys = 1;
@@ -620,7 +620,7 @@ static void test_malformed(void) {
                 h.part = 0;
                 h.parts = 2;
                 send_hdr(&h, NULL, 0);
-                expect_bad(PSNET__STATUS__STATUS_MALFORMED, "a PUSH or ROWS_PUSH in parts names its part", "parts on a PULL");
+                expect_bad(PSNET__STATUS__STATUS_MALFORMED, "a PUSH, ROWS_PUSH or ROWS_COPY in parts names its part", "parts on a PULL");
                 wire_header_init(&h, PSNET__MSG_TYPE__MSG_PUSH);
                 h.n_keys = 1;
                 h.keys = pkeys;
