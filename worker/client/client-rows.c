@@ -222,11 +222,17 @@ static int send_req(Client *c, size_t i) {
         size_t from, cnt;
         part_range(q, &from, &cnt);
         size_t idb = cnt * sizeof *q->ids, gb = cnt * op->dim * sizeof(float);
+        if (op->push) {
+                /* The map it was cut for: a push sent again after a fail-over
+                 * is told from the first (the shards keep what it holds that
+                 * they applied already). */
+                h.has_epoch = true;
+                h.epoch = c->map_epoch;
+        }
         if (op->push && q->parts > 1) {
-                h.has_part = h.has_parts = h.has_epoch = true;
+                h.has_part = h.has_parts = true;
                 h.part = (uint32_t) q->part;
                 h.parts = (uint32_t) q->parts;
-                h.epoch = c->map_epoch;
         }
         if (zmq_msg_init_size(&f[0], idb) < 0)
                 return -ENOMEM;

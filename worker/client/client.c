@@ -186,6 +186,7 @@ Client *client_free(Client *c) {
 }
 
 void client_abort(Client *c) {
+        client_rows_abort(c);
         if (!c->busy)
                 return;
         c->busy = false;

@@ -68,8 +68,8 @@ int client_follow(Client **c, uv_loop_t *loop, void *zctx, const Job *job, const
                   const NetKeyPair *keys, NetMux *via, uint64_t members_epoch);
 /* Routes by a new shard map (reconnecting). Drops a prefetch in flight. */
 int client_set_map(Client *c, const ShardMap *map);
-/* Gives up the round in progress without calling its callback (a newer map
- * arrived: the caller runs the round again under it). */
+/* Gives up the round or rows exchange in progress without calling its
+ * callback (a newer map arrived: the caller runs it again under it). */
 void client_abort(Client *c);
 uint64_t client_map_epoch(const Client *c);
 uint64_t client_need_epoch(const Client *c);

@@ -66,6 +66,12 @@ struct PsnetWorker {
         void *round_ud;
         PsnetRowsFn rows_cb;            /* psnet_worker_rows under way */
         void *rows_ud;
+        /* its arguments, kept to send it again under a newer map */
+        size_t rows_table, rows_n;
+        int64_t *rows_ids;
+        float *rows_grads, *rows_out;
+        int64_t rows_clock;
+        bool rows_waiting_map;
         int64_t round_clock;
         bool waiting_map;
         bool waiting_member;            /* a shard said it is no member: waiting to be admitted again */
@@ -103,6 +109,8 @@ static void announce_stop(PsnetWorker *w, const char *why) {
 static void round_resume(PsnetWorker *w);
 static int round_start(PsnetWorker *w);
 static void round_done(PsnetWorker *w, int r);
+static void rows_again(PsnetWorker *w);
+static void rows_map_timer_cb(uv_timer_t *t);
 
 static void apply_config(PsnetWorker *w, const Psnet__Config *ctl) {
         (void) follow_state(&w->fo, ctl);
@@ -144,6 +152,8 @@ static void apply_config(PsnetWorker *w, const Psnet__Config *ctl) {
                                  shardmap_size(w->fo.map));
                         if (w->waiting_map)
                                 round_resume(w);
+                        else if (w->rows_cb)
+                                rows_again(w);
                         else if (w->round_cb && w->client && client_busy(w->client)) {
                                 /* A round in flight under the old map may wait on a shard
                                  * that is gone (a fail-over): run it again under the new
@@ -333,6 +343,8 @@ PsnetWorker *psnet_worker_free(PsnetWorker *w) {
                 w->rows_cb = NULL;
                 cb(w, -ECANCELED, w->rows_ud);
         }
+        ps_free(w->rows_ids);
+        ps_free(w->rows_grads);
         w->client = client_free(w->client);
         psnet_memory_unref(w->mem);
         w->mem = NULL;
@@ -539,16 +551,66 @@ int psnet_worker_round(PsnetWorker *w, const float *const *grads, int64_t push_c
         return r;
 }
 
-static void on_client_rows(Client *c, int r, void *ud) {
-        PsnetWorker *w = ud;
-        (void) c;
+static void rows_done(PsnetWorker *w, int r) {
         PsnetRowsFn cb = w->rows_cb;
         w->rows_cb = NULL;
-        if (r == -EAGAIN)
-                log_warning("a shard holds rows under shard map epoch %lu, newer than this worker's: ask again",
-                            (unsigned long) client_need_epoch(c));
+        w->rows_waiting_map = false;
+        (void) uv_timer_stop(&w->map_timer);
+        ps_free(w->rows_ids);
+        w->rows_ids = NULL;
+        ps_free(w->rows_grads);
+        w->rows_grads = NULL;
         if (cb)
                 cb(w, r, w->rows_ud);
+}
+
+static void on_client_rows(Client *c, int r, void *ud) {
+        PsnetWorker *w = ud;
+        if (r != -EAGAIN) {
+                rows_done(w, r);
+                return;
+        }
+        /* A shard acts on a newer map (a fail-over): sent again under it
+         * once it is here (rows_again). */
+        w->rows_waiting_map = true;
+        if (shardmap_epoch(w->fo.map) >= client_need_epoch(c)) {
+                rows_again(w);
+                return;
+        }
+        (void) uv_timer_start(&w->map_timer, rows_map_timer_cb, PSNET_MAP_WAIT_MS, 0);
+}
+
+static int rows_send(PsnetWorker *w) {
+        int r = client_ready(w);
+        if (r < 0)
+                return log_error_errno(r, "Failed to connect to the shards: %m");
+        client_set_timeout(w->client, round_timeout(w));
+        return client_rows(w->client, (uint32_t) w->rows_table, w->rows_ids, w->rows_n, w->rows_grads,
+                           w->rows_clock, w->rows_out, on_client_rows, w);
+}
+
+/* A newer map is here while a rows exchange is under way (it may wait on
+ * a shard that is gone) or waits for it: the exchange again, under it.
+ * What a shard applied already is not applied again (docs/tables.md). */
+static void rows_again(PsnetWorker *w) {
+        if (!w->rows_cb || (w->rows_waiting_map && shardmap_epoch(w->fo.map) < client_need_epoch(w->client)))
+                return;
+        log_info("table rows sent again map_epoch=%lu table=%zu clock=%ld", (unsigned long) shardmap_epoch(w->fo.map),
+                 w->rows_table, (long) w->rows_clock);
+        w->rows_waiting_map = false;
+        (void) uv_timer_stop(&w->map_timer);
+        if (w->client)
+                client_abort(w->client);
+        int r = rows_send(w);
+        if (r < 0)
+                rows_done(w, r);
+}
+
+static void rows_map_timer_cb(uv_timer_t *t) {
+        PsnetWorker *w = t->data;
+        log_error_errno(ETIMEDOUT, "no shard map epoch %lu from pscoord within %u s",
+                        (unsigned long) client_need_epoch(w->client), PSNET_MAP_WAIT_MS / 1000);
+        rows_done(w, -ETIMEDOUT);
 }
 
 int psnet_worker_rows(PsnetWorker *w, size_t table, const int64_t *ids, size_t n, const float *grads, int64_t clock,
@@ -557,15 +619,33 @@ int psnet_worker_rows(PsnetWorker *w, size_t table, const int64_t *ids, size_t n
                 return -EINVAL;
         if (w->round_cb || w->rows_cb)
                 return -EBUSY;
-        int r = client_ready(w);
-        if (r < 0)
-                return log_error_errno(r, "Failed to connect to the shards: %m");
-        client_set_timeout(w->client, round_timeout(w));
+        size_t dim = w->fo.job.tables[table].dim;
+        w->rows_ids = ps_malloc(MAX(n, (size_t) 1) * sizeof *ids);
+        w->rows_grads = grads ? ps_malloc(MAX(n * dim, (size_t) 1) * sizeof *grads) : NULL;
+        if (!w->rows_ids || (grads && !w->rows_grads)) {
+                ps_free(w->rows_ids);
+        w->rows_ids = NULL;
+                ps_free(w->rows_grads);
+        w->rows_grads = NULL;
+                return -ENOMEM;
+        }
+        memcpy(w->rows_ids, ids, n * sizeof *ids);
+        if (grads)
+                memcpy(w->rows_grads, grads, n * dim * sizeof *grads);
+        w->rows_table = table;
+        w->rows_n = n;
+        w->rows_clock = clock;
+        w->rows_out = out;
         w->rows_cb = done;
         w->rows_ud = ud;
-        r = client_rows(w->client, (uint32_t) table, ids, n, grads, clock, out, on_client_rows, w);
-        if (r < 0)
+        int r = rows_send(w);
+        if (r < 0) {
                 w->rows_cb = NULL;
+                ps_free(w->rows_ids);
+        w->rows_ids = NULL;
+                ps_free(w->rows_grads);
+        w->rows_grads = NULL;
+        }
         return r;
 }
 
