@@ -369,9 +369,14 @@ int job_validate(const Job *job, char *err, size_t errlen) {
         }
         if (job->ntables > 0 && job->mode == MODE_FED)
                 return job_err(err, errlen, "--tables is for training jobs; federated clients train dense models");
-        /* What the shards do with rows so far (docs/tables.md): one copy. */
-        if (job->ntables > 0 && job->replicas > 1)
-                return job_err(err, errlen, "--tables needs --replicas 1 for now: table rows have no backups yet");
+        /* Rows have backups under BSP, of tables that drop no rows (docs/tables.md). */
+        if (job->ntables > 0 && job->replicas > 1 && job->mode != MODE_BSP)
+                return job_err(err, errlen, "--tables with --replicas %u needs --mode bsp for now: under asp and ssp "
+                               "table rows keep one copy (--replicas 1)", job->replicas);
+        for (size_t i = 0; job->replicas > 1 && i < job->ntables; i++)
+                if (job->tables[i].max_rows || job->tables[i].ttl)
+                        return job_err(err, errlen, "table %s drops rows (max-rows, ttl), and such tables keep one "
+                                       "copy for now: --replicas 1", job->tables[i].name);
         if (job->mode == MODE_FED && job->wire != JOB_WIRE_F32)
                 return job_err(err, errlen, "--wire bf16 is for training jobs; a federated job's updates are "
                                             "encoded with --compress bf16");
@@ -596,6 +601,13 @@ int lr_schedule_from_string(const char *s, LrSchedule *ret) {
 
 const char *lr_schedule_name(LrSchedule s) {
         return (size_t) s < ELEMENTSOF(lr_schedule_names) ? lr_schedule_names[s] : "?";
+}
+
+bool job_rows_copyable(const Job *job) {
+        bool ok = job->mode == MODE_BSP;
+        for (size_t i = 0; ok && i < job->ntables; i++)
+                ok = !job->tables[i].max_rows && !job->tables[i].ttl;
+        return ok;
 }
 
 int job_set_tables(Job *job, const char *text, char *err, size_t errlen) {

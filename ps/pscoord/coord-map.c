@@ -179,9 +179,10 @@ int coord_remap(Coord *c, uint32_t add, uint32_t remove) {
 uint32_t coord_replicas(const Coord *c, size_t n) {
         /* A federated job keeps one copy unless --replicas asks for more
          * (each round's close then copies the chunks to their backups). */
-        /* Table rows have no backups yet (docs/tables.md): a job with tables keeps one copy. */
+        /* Table rows have backups under BSP, of tables that drop no rows
+         * (docs/tables.md): other jobs with tables keep one copy. */
         uint32_t r = c->job.replicas ? c->job.replicas
-                   : n >= 2 && c->job.mode != MODE_FED && c->job.ntables == 0 ? 2 : 1;
+                   : n >= 2 && c->job.mode != MODE_FED && (c->job.ntables == 0 || job_rows_copyable(&c->job)) ? 2 : 1;
         return (size_t) r > n ? (uint32_t) n : r;
 }
 

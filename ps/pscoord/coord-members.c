@@ -315,7 +315,13 @@ void coord_handle_register(Coord *c, WireMsg *m) {
                 return;
         }
         if (reg->role == PSNET__ROLE__ROLE_SERVER && c->state == JOB_RUNNING && c->map && c->lost_shards > 0 &&
-            !c->cfg->keep_standby && !c->ckpt.active) {
+            c->job.ntables > 0 && !c->cfg->keep_standby) {
+                coord_publish_peer(c, p); /* the map without it: what it held is not served again */
+                log_info("shard %u waits on standby: the job has tables, and table rows do not move to a new shard "
+                         "yet", id);
+        }
+        else if (reg->role == PSNET__ROLE__ROLE_SERVER && c->state == JOB_RUNNING && c->map && c->lost_shards > 0 &&
+                 !c->cfg->keep_standby && !c->ckpt.active) {
                 /* A shard lost to a fail-over is missing from the map: this one
                  * takes its place, empty; the keys it gets come from their
                  * primaries, as with psctl shard add. First it gets the map
@@ -588,6 +594,13 @@ void coord_shard_lost(Coord *c, uint32_t id, const char *why) {
         char reason[256];
         uint32_t t = 0, k = 0;
         ShardMap *m;
+        if (c->job.ntables > 0 && shardmap_replicas(c->map) < 2) {
+                snprintf(reason, sizeof reason, "shard %u left (%s) holding the only copy of its table rows: the job "
+                         "keeps 1 copy of each row (--replicas)", id, why);
+                log_error("%s", reason);
+                coord_job_fail(c, reason);
+                return;
+        }
         int r = shardmap_failover(c->map, c->map_epoch + 1, &id, 1, &m, &t, &k);
         if (r == -ENODATA) {
                 snprintf(reason, sizeof reason,

@@ -312,7 +312,11 @@ class Optimizer:
         if chunk_kb:
             args += ["--chunk-kb", str(int(chunk_kb))]
         if self.tables:
-            args += ["--tables", ",".join(m.spec for m in self.tables.values()), "--replicas", "1"]
+            args += ["--tables", ",".join(m.spec for m in self.tables.values())]
+            # Rows have backups under BSP, of tables that drop none; pscoord's
+            # default copies then (2 with two shards or more).
+            if mode != "bsp" or any("max-rows=" in m.spec or "ttl=" in m.spec for m in self.tables.values()):
+                args += ["--replicas", "1"]
         path = self._init_file(init, init_dir)
         if path:
             args += ["--init", path]
