@@ -1,0 +1,136 @@
+#!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
+# Table rows on two copies (issue 34; docs/tables.md, "Backups and
+# fail-over"): a BSP job of workerd's DLRM, whose table of 8-float rows
+# with Adagrad state lives on three shards, keeps every row on its primary
+# and on one backup (--replicas 2, pscoord's default for it). BSP is
+# deterministic, so a clock of rows lost or applied twice changes the end:
+# the same job runs undisturbed, with a shard killed (-9) mid-run, and with
+# a shard stopped (SIGSTOP) until pscoord fails it over, the workers' step
+# under way on it sent again to the survivors; every run must end with the
+# undisturbed run's dense weights (pscoord's digest), test loss and AUC, and
+# the same rows, Adagrad state included in the updates that made them. Each
+# shard counts the copies it holds: every row the map keeps has exactly one,
+# before and after a fail-over (the survivors send their rows to their new
+# backups again). A job that keeps one copy of its rows fails at once, with
+# the reason, when a shard dies.
+source "$(dirname "$0")/lib.sh"
+
+CL=$PSNET_BUILD/worker/data/psnet-clicklog
+DATA=$RUN/clicks
+"$CL" --out "$DATA" --train-rows 12000 --test-rows 4000 --fields 6 --vocab 2000 --dense 4 --seed 5 \
+  >"$RUN/clicklog.out" 2>&1
+ok $? "a click log of 12,000 samples, 6 fields ($(tail -1 "$RUN/clicklog.out"))"
+
+JOB=(--workers 2 --shards 3 --mode bsp --model dlrm:6:4-16-8:16-1 --data "$DATA" --batch 256 --epochs 3)
+# run TAG [PSCOORD OPTIONS...]: pscoord, three shards serving /metrics and two
+# workerd of run TAG, steps of 20 ms at least (time to stop a shard mid-run).
+run() {
+  local tag=$1; shift
+  COORD="ipc://$RUN/$tag.sock"
+  psnet_start "pscoord-$tag" "$PSCOORD" --listen "$COORD" "${JOB[@]}" "$@"
+  for i in 1 2 3; do
+    psnet_start "psd-$tag-$i" "$PSD" --id "$i" --listen "ipc://$RUN/psd-$tag-$i.sock" --coord "$COORD" \
+      --http 127.0.0.1:0
+  done
+  for i in 1 2; do psnet_start "w-$tag-$i" "$WORKERD" --coord "$COORD" --step-delay-ms 20 --trace-pulls; done
+}
+# ends TAG: the digest pscoord logged and the evaluations the workers logged.
+ends() { sed -n 's/.*msg="job done" .* weights=\([0-9a-f]*\).*/\1/p' "$RUN/pscoord-$1.log"
+  cat "$RUN"/w-"$1"-*.log | sed -n 's/.*msg="evaluated" .*\(test_loss=[0-9.]* auc=[0-9.]*\).*/\1/p'; }
+pulled() { logs_match "msg=\"pulled\" clock=$2 " "w-$1-1.log"; }
+# copies TAG SHARDS...: "rows backups" summed over the shards' /metrics.
+copies() {
+  local tag=$1 i rows=0 backups=0 body; shift
+  for i in "$@"; do
+    body=$(curl -s -m 5 "http://127.0.0.1:$(http_port "psd-$tag-$i")/metrics")
+    rows=$((rows + $(awk '$1 ~ /^psnet_psd_table_rows\{/ { s += $2 } END { print s + 0 }' <<<"$body")))
+    backups=$((backups + $(awk '$1 == "psnet_psd_table_backup_rows" { print $2 + 0 }' <<<"$body")))
+  done
+  echo "$rows $backups"
+}
+# same_rows A B: two exports hold the same ids with the same rows, bit for bit.
+same_rows() {
+  /usr/bin/python3 - "$1" "$2" <<'PY'
+import json, struct, sys
+import numpy as np
+def load(path):
+    b = open(path, "rb").read()
+    n, = struct.unpack_from("<Q", b, 0)
+    head = json.loads(b[8:8 + n])
+    out = {}
+    for name, t in head.items():
+        if name == "__metadata__":
+            continue
+        lo, hi = t["data_offsets"]
+        dt = {"F32": np.float32, "I64": np.int64}[t["dtype"]]
+        out[name] = np.frombuffer(b[8 + n + lo:8 + n + hi], dtype=dt).reshape(t["shape"])
+    return out
+a, b = load(sys.argv[1]), load(sys.argv[2])
+ia, ib = np.argsort(a["ids.ids"]), np.argsort(b["ids.ids"])
+same = (np.array_equal(a["ids.ids"][ia], b["ids.ids"][ib]) and
+        np.array_equal(a["ids.rows"][ia].view(np.uint32), b["ids.rows"][ib].view(np.uint32)))
+dense = all(np.array_equal(a[k], b[k]) for k in a if not k.startswith("ids."))
+print(f"{len(ia)} rows {'equal' if same else 'differ'}, dense tensors {'equal' if dense else 'differ'}")
+sys.exit(0 if same and dense and len(ia) > 1000 else 1)
+PY
+}
+
+# 1. Undisturbed.
+run a
+out=$("$PSCTL" --coord "$COORD" job wait --wait 180); ok $? "an undisturbed DLRM job on 3 shards finishes ($out)"
+grep -q 'replicas=2' "$RUN/pscoord-a.log"; ok $? "two copies of every row by default (BSP, 3 shards)"
+want=$(ends a)
+[ "$(wc -l <<<"$want")" -ge 2 ]; ok $? "it reports its digest and evaluation ($(tr '\n' ' ' <<<"$want"))"
+read -r rows backups <<<"$(copies a 1 2 3)"
+[ "$rows" -gt 1000 ] && [ "$rows" = "$backups" ]; ok $? "every row has one copy on another shard ($rows rows, $backups copies)"
+out=$("$PSCTL" --coord "$COORD" export "$RUN/a.safetensors" 2>&1); ok $? "psctl export ($out)"
+psnet_stop_all
+
+# 2. A shard killed (-9) at clock 20: the rows it led go on from their copies.
+run b
+psnet_wait_for 60 pulled b 20; ok $? "run b trains to clock 20"
+kill -KILL "$PID_psd_b_1"; ok $? "SIGKILL shard 1"
+psnet_wait_for 10 logs_match 'msg="fail-over" shard_id=1' 'pscoord-b.log'; ok $? "pscoord fails shard 1 over"
+out=$("$PSCTL" --coord "$COORD" job wait --wait 180); ok $? "the job finishes on two shards ($out)"
+got=$(ends b)
+[ "$got" = "$want" ]; ok $? "with the undisturbed run's digest, test loss and AUC ($(tr '\n' ' ' <<<"$got"))"
+logs_match 'msg="table rows promoted" table=ids rows=[1-9]' 'psd-b-[23].log'
+ok $? "the survivors lead the lost shard's rows from their copies"
+logs_match 'msg="table rows sent to their backups again" rows=[1-9]' 'psd-b-[23].log'
+ok $? "and send the rows they lead to their backups again"
+read -r rows backups <<<"$(copies b 2 3)"
+[ "$rows" -gt 1000 ] && [ "$rows" = "$backups" ]; ok $? "every row again has one copy ($rows rows, $backups copies)"
+out=$("$PSCTL" --coord "$COORD" export "$RUN/b.safetensors" 2>&1); ok $? "psctl export ($out)"
+out=$(same_rows "$RUN/a.safetensors" "$RUN/b.safetensors"); ok $? "the undisturbed run's rows, bit for bit ($out)"
+grep -q 'push not applied\|level=error' "$RUN"/w-b-*.log; ok $(( $? == 0 )) "no worker saw a push refused for good"
+psnet_stop_all
+
+# 3. A shard stopped at clock 20: the workers' requests to it hang until
+# pscoord fails it over; what they had under way goes to the survivors.
+run c
+psnet_wait_for 60 pulled c 20; ok $? "run c trains to clock 20"
+kill -STOP "$PID_psd_c_2"; ok $? "SIGSTOP shard 2"
+psnet_wait_for 10 logs_match 'msg="fail-over" shard_id=2' 'pscoord-c.log'; ok $? "pscoord fails shard 2 over"
+kill -KILL "$PID_psd_c_2"
+out=$("$PSCTL" --coord "$COORD" job wait --wait 180); ok $? "the job finishes on two shards ($out)"
+got=$(ends c)
+[ "$got" = "$want" ]; ok $? "with the undisturbed run's digest, test loss and AUC ($(tr '\n' ' ' <<<"$got"))"
+logs_match 'msg="shard map" epoch=2 ' 'w-c-*.log'
+ok $? "the workers went on under the new map"
+# Whether a rows exchange was under way at the fail-over is timing (the
+# unit test test-rows sends one again by hand); said, not checked.
+echo "# rows exchanges sent again after a fail-over: run b $(cat "$RUN"/w-b-*.log | grep -c 'table rows sent again'), run c $(cat "$RUN"/w-c-*.log | grep -c 'table rows sent again')"
+out=$("$PSCTL" --coord "$COORD" export "$RUN/c.safetensors" 2>&1) && out=$(same_rows "$RUN/a.safetensors" "$RUN/c.safetensors")
+ok $? "the undisturbed run's rows, bit for bit ($out)"
+psnet_stop_all
+
+# 4. One copy of each row: a dead shard's rows are gone, and the job says so at once.
+run d --replicas 1
+psnet_wait_for 60 pulled d 10; ok $? "run d (--replicas 1) trains to clock 10"
+kill -KILL "$PID_psd_d_3"; ok $? "SIGKILL shard 3"
+psnet_wait_for 10 sh -c "'$PSCTL' --coord '$COORD' --json status | grep -q '\"state\":\"failed\"'"
+ok $? "the job fails within seconds"
+"$PSCTL" --coord "$COORD" --json status | grep -q 'only copy of its table rows.*--replicas'
+ok $? "the reason names the table rows and --replicas"
+psnet_stop_all
