@@ -93,6 +93,10 @@ struct Rows {
          * backups from row number rebuild_at[t] on (rows_rebuild_step). */
         size_t rebuild_at[JOB_MAX_TABLES];
         bool rebuilding;
+        /* A fail-over during a checkpoint's write: the map whose rows this
+         * shard leads, promoted once the writer is done (rows_thaw). */
+        ShardMap *promote;
+        uint32_t promote_self;
         uint64_t rebuilt;
 };
 
@@ -142,6 +146,7 @@ static void drop_copies(Rows *r) {
         r->copied = NULL;
         r->ncopied = 0;
         r->prev = shardmap_free(r->prev);
+        r->promote = shardmap_free(r->promote);
         ps_free(r->lost);
         r->lost = NULL;
         r->nlost = 0;
@@ -259,6 +264,11 @@ int rows_pull(Rows *r, const ShardMap *map, uint32_t self, const Psnet__Header *
         if (st != PSNET__STATUS__STATUS_OK) {
                 r->stats.refused++;
                 return st;
+        }
+        if (r->promote) {
+                snprintf(reason, n, "the shard takes over rows of table %s after a fail-over once its checkpoint is "
+                         "written: ask again", r->conf[h->table].name);
+                return PSNET__STATUS__STATUS_UNAVAILABLE;
         }
         for (size_t k = 0; r->mode == MODE_BSP && k < r->nparked[h->table]; k++)
                 if (r->parked[h->table][k].clock < h->clock) {
@@ -792,6 +802,8 @@ static bool leads_here(int64_t id, void *ud) {
         return shardmap_row_holder(l->map, l->table, id, 0) == l->me;
 }
 
+static void promote(Rows *r, const ShardMap *map, uint32_t self);
+
 bool rows_rebuild_step(Rows *r, size_t budget, RowsRebuildFn fn, void *ud) {
         for (size_t t = 0; r->rebuilding && t < r->ntables; t++) {
                 const Table *tb = r->tables[t];
@@ -849,9 +861,22 @@ void rows_map_changed(Rows *r, const ShardMap *old, const ShardMap *map, uint32_
                 else
                         i++;
         }
-        /* The copies of the rows this shard leads now become its own; then
-         * every row it leads goes to its backups again (rows_rebuild_step):
-         * some of them had their copy on a lost shard. */
+        if (r->frozen) {
+                /* A checkpoint's writer reads the tables: promoted after it. */
+                shardmap_free(r->promote);
+                r->promote = shardmap_dup(map);
+                r->promote_self = self;
+                if (!r->promote)
+                        log_error("out of memory: the copies of the rows this shard leads now stay copies");
+                return;
+        }
+        promote(r, map, self);
+}
+
+/* The copies of the rows self leads under map become its own; then every
+ * row it leads goes to its backups again (rows_rebuild_step): some of them
+ * had their copy on a lost shard. */
+static void promote(Rows *r, const ShardMap *map, uint32_t self) {
         Leads l = { .map = map, .me = shardmap_find(map, self) };
         r->rebuilding = l.me >= 0 && shardmap_replicas(map) >= 2;
         memset(r->rebuild_at, 0, sizeof r->rebuild_at);
@@ -956,6 +981,10 @@ size_t rows_snapshot(Rows *r, int64_t clock, CkptRecord *out, Table **ret_tables
 
 void rows_thaw(Rows *r) {
         r->frozen = false;
+        if (r->promote) {
+                promote(r, r->promote, r->promote_self);
+                r->promote = shardmap_free(r->promote);
+        }
         for (size_t i = 0; i < r->nretired; i++)
                 table_free(r->retired[i]);
         ps_free(r->retired);
