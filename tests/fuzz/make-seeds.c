@@ -93,6 +93,19 @@ static void wire_seeds(void) {
         buf[at++] = 32, buf[at++] = 0; /* the last part too: its zeros would read as lengths */
         memcpy(buf + at, rows[1], 32), at += 32;
         put("wire", "rows-push", buf, at);
+        /* A primary's copy of the same rows for a backup: 2 ids, 2 whole rows. */
+        h.type = PSNET__MSG_TYPE__MSG_ROWS_COPY;
+        h.has_clock = h.has_epoch = true, h.clock = 3, h.epoch = 1;
+        at = 0;
+        hl = psnet__header__get_packed_size(&h);
+        buf[at++] = (uint8_t) hl, buf[at++] = (uint8_t) (hl >> 8);
+        psnet__header__pack(&h, buf + at);
+        at += hl;
+        buf[at++] = 16, buf[at++] = 0;
+        memcpy(buf + at, rows[0], 16), at += 16;
+        buf[at++] = 32, buf[at++] = 0;
+        memcpy(buf + at, rows[1], 32), at += 32;
+        put("wire", "rows-copy", buf, at);
         Psnet__Register reg = PSNET__REGISTER__INIT;
         wire_header_init(&h, PSNET__MSG_TYPE__MSG_REGISTER);
         reg.role = PSNET__ROLE__ROLE_SERVER;
