@@ -693,8 +693,10 @@ void rows_stats(const Rows *r, RowsStats *ret) {
                 ret->backup_rows += table_size(r->backup[i]);
                 ret->bytes += table_memory(r->tables[i]) + table_memory(r->backup[i]);
         }
-        for (size_t i = 0; i < r->nincoming; i++)
-                ret->bytes += r->incoming[i].n * (sizeof(int64_t) + table_row_floats(r->backup[r->incoming[i].table]) * sizeof(float));
+        for (size_t i = 0; i < r->nincoming; i++) {
+                const CopyIn *c = &r->incoming[i];
+                ret->bytes += c->n * (sizeof(int64_t) + table_row_floats(r->backup[c->table]) * sizeof(float));
+        }
 }
 
 /* --- copies for the backups (--replicas >= 2, BSP) ------------------------------------------ */
@@ -744,8 +746,10 @@ int rows_copy_in(Rows *r, const Psnet__Header *h, const zmq_msg_t *frames, char 
         while (i < r->nincoming && (r->incoming[i].shard != h->sender || r->incoming[i].table != t))
                 i++;
         if (i < r->nincoming && (r->incoming[i].clock != h->clock || r->incoming[i].parts != parts ||
-                                 r->incoming[i].got != part))
+                                 r->incoming[i].got != part)) {
                 incoming_drop(r, i); /* a copy cut short (its sender sent another): never installed */
+                i = r->nincoming;
+        }
         if (i == r->nincoming && part != 0) {
                 snprintf(reason, n, "part %u of a copy of table %s for clock %ld whose first part did not come", part,
                          r->conf[t].name, (long) h->clock);

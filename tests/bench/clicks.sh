@@ -6,7 +6,8 @@
 # Adagrad for the ids, SGD for the dense part), on one synthetic click log
 # (psnet-clicklog, its planted best AUC printed), the same batch and epochs:
 # samples per second and test AUC of one workerd on one shard, and of two
-# workers on two shards (BSP, as the demo), with the ratio to PyTorch's.
+# workers on two shards (BSP, as the demo), with two copies of each row and
+# with one, with the ratio to PyTorch's.
 # Never pass/fail.
 #
 #   tests/bench/clicks.sh [--model lr|dlrm|dlrm:F:BOT:TOP] [--build DIR] [--rows N] [--epochs E] [--batch B]
@@ -71,13 +72,16 @@ for k in $(seq 1 "$seeds"); do
   torch_aucs+=" $(sed -n 's/.* auc=\([0-9.]*\).*/\1/p' <<<"$torch_line")"
 done
 mean() { awk '{ for (i = 1; i <= NF; i++) s += $i; printf "%.4f", s / NF }' <<<"$1"; }
-# One workerd on one shard (ASP) with each seed, then two on two (BSP, as the demo).
-for tag in $(seq 1 "$seeds") bsp; do
-  n=1 mode=asp seed=$tag
+# One workerd on one shard (ASP) with each seed, then two on two (BSP, as the
+# demo: each row on both shards, pscoord's default), and the same with one
+# copy of each row (--replicas 1): the price of the backups' copies.
+for tag in $(seq 1 "$seeds") bsp bsp1; do
+  n=1 mode=asp seed=$tag copies=()
   [ "$tag" = bsp ] && n=2 mode=bsp seed=1
+  [ "$tag" = bsp1 ] && n=2 mode=bsp seed=1 copies=(--replicas 1)
   coord="ipc://$RUN/coord-$tag.sock"
   psnet_start "pscoord-$tag" "$PSCOORD" --listen "$coord" --workers "$n" --shards "$n" --mode "$mode" \
-    --model "$model" --data "$RUN/clicks" --batch "$batch" --epochs "$epochs" --seed "$seed" "${tables[@]}"
+    --model "$model" --data "$RUN/clicks" --batch "$batch" --epochs "$epochs" --seed "$seed" "${tables[@]}" "${copies[@]}"
   for i in $(seq 1 "$n"); do
     psnet_start "psd-$tag-$i" "$PSD" --id "$i" --listen "ipc://$RUN/psd-$tag-$i.sock" --coord "$coord"
   done
@@ -88,7 +92,8 @@ for tag in $(seq 1 "$seeds") bsp; do
   # MB a worker pulled a step, rows and tensors (with a table's cache=S, fewer rows).
   mbs=$(cat "$RUN"/w-"$tag"-*.log | sed -n 's/.*msg="trained" steps=\([0-9]*\) .* pulled_mb=\([0-9.]*\).*/\1 \2/p' |
     awk '{ st += $1; mb += $2 } END { printf "%.3f", st ? mb / st : 0 }')
-  awk -v k="$kind" -v n="$n" -v m="$mode" -v s="$sps" -v t="$torch_sps" -v a="$auc" -v b="$best" -v r="$seed" \
+  reps=$(sed -n 's/.* replicas=\([0-9]*\).*/\1/p' "$RUN/pscoord-$tag.log" | tail -1)
+  awk -v k="$kind" -v n="$n" -v m="$mode, ${reps:-1} cop$([ "${reps:-1}" = 1 ] && echo y || echo ies)" -v s="$sps" -v t="$torch_sps" -v a="$auc" -v b="$best" -v r="$seed" \
       -v p="$mbs" 'BEGIN {
     printf "%s: psnet %d workerd, %d psd, %s, seed %d: samples_per_s=%d (%.2f x PyTorch'"'"'s loop) auc=%s (best %s) " \
            "pulled_mb_per_step=%s\n", k, n, n, m, r, s, s / t, a, b, p }'
