@@ -250,6 +250,8 @@ static int rows_at_boundary(Checkpointer *k, const GateCfg *cfg, char *err, size
         int64_t want = k->clock - 1, lo, hi;
         if (!k->rows || rows_ntables(k->rows) == 0)
                 return 1;
+        if (rows_promoting(k->rows))
+                return 0; /* a fail-over's copies join the tables first */
         if (cfg->mode == MODE_BSP) {
                 rows_closed(k->rows, &lo, &hi);
                 if (hi > want) {

@@ -5,6 +5,7 @@
 #include <stdio.h>
 #include <string.h>
 #include "alloc.h"
+#include "endpoint.h"
 #include "log.h"
 #include "macro.h"
 #include "psd-rows.h"
@@ -93,11 +94,14 @@ struct Rows {
          * backups from row number rebuild_at[t] on (rows_rebuild_step). */
         size_t rebuild_at[JOB_MAX_TABLES];
         bool rebuilding;
-        /* A fail-over during a checkpoint's write: the map whose rows this
-         * shard leads, promoted once the writer is done (rows_thaw). */
+        uint64_t rebuilt, rebuild_ms;
+        /* After a fail-over, until every copy of a row this shard now leads
+         * has joined its table (a step at a time, and a row as soon as a
+         * pull or a clock touches it): the map, the backup rows looked at. */
         ShardMap *promote;
         uint32_t promote_self;
-        uint64_t rebuilt;
+        size_t promote_at[JOB_MAX_TABLES];
+        uint64_t promoted, promote_ms;
 };
 
 void rows_set_hooks(Rows *r, const RowsHooks *hooks) { r->hooks = *hooks; }
@@ -253,6 +257,28 @@ static int check_holder(const ShardMap *map, uint32_t self, uint32_t table, cons
         return PSNET__STATUS__STATUS_OK;
 }
 
+/* After a fail-over: the copies among ids[0..n) of rows this shard now
+ * leads join table t now, before they are read or changed. 0, or -EBUSY
+ * (a checkpoint's writer reads the tables), -ENOMEM. */
+static int promote_ids(Rows *r, uint32_t t, const int64_t *ids, size_t n) {
+        if (!r->promote || table_size(r->backup[t]) == 0)
+                return 0;
+        int me = shardmap_find(r->promote, r->promote_self);
+        for (size_t k = 0; k < n && me >= 0; k++) {
+                if (!table_row(r->backup[t], ids[k], NULL) || shardmap_row_holder(r->promote, t, ids[k], 0) != me)
+                        continue;
+                if (r->frozen)
+                        return -EBUSY;
+                int e = table_move_one(r->backup[t], r->tables[t], ids[k]);
+                if (e < 0)
+                        return e;
+                r->promoted++;
+        }
+        return 0;
+}
+
+bool rows_promoting(const Rows *r) { return r->promote != NULL; }
+
 int rows_pull(Rows *r, const ShardMap *map, uint32_t self, const Psnet__Header *h, const zmq_msg_t *ids,
               zmq_msg_t *ret, char *reason, size_t n) {
         Table *t;
@@ -265,9 +291,9 @@ int rows_pull(Rows *r, const ShardMap *map, uint32_t self, const Psnet__Header *
                 r->stats.refused++;
                 return st;
         }
-        if (r->promote) {
-                snprintf(reason, n, "the shard takes over rows of table %s after a fail-over once its checkpoint is "
-                         "written: ask again", r->conf[h->table].name);
+        if (promote_ids(r, h->table, v, count) < 0) {
+                snprintf(reason, n, "the shard takes over rows of table %s after a fail-over%s: ask again",
+                         r->conf[h->table].name, r->frozen ? " once its checkpoint is written" : "");
                 return PSNET__STATUS__STATUS_UNAVAILABLE;
         }
         for (size_t k = 0; r->mode == MODE_BSP && k < r->nparked[h->table]; k++)
@@ -612,7 +638,11 @@ static int apply_clock(Rows *r, size_t i, const Parked *p, size_t np, size_t nme
                 for (size_t k = 0; k < nu * c->dim; k++)
                         sum[k] *= scale;
                 table_tick(r->tables[i], p[0].clock);
-                st = push_status(table_push(r->tables[i], ids, nu, sum, reason, n), c, reason, n);
+                if (promote_ids(r, (uint32_t) i, ids, nu) < 0) {
+                        snprintf(reason, n, "out of memory taking over rows of table %s", c->name);
+                        st = PSNET__STATUS__STATUS_RESOURCE;
+                } else
+                        st = push_status(table_push(r->tables[i], ids, nu, sum, reason, n), c, reason, n);
                 if (st == PSNET__STATUS__STATUS_OK) {
                         r->stats.pushed += nu;
                         *ret_ids = ids;
@@ -806,9 +836,37 @@ static bool leads_here(int64_t id, void *ud) {
         return shardmap_row_holder(l->map, l->table, id, 0) == l->me;
 }
 
-static void promote(Rows *r, const ShardMap *map, uint32_t self);
+/* A step of the promotion: budget copies looked at. Whether more remain. */
+static bool promote_step(Rows *r, size_t budget) {
+        Leads l = { .map = r->promote, .me = shardmap_find(r->promote, r->promote_self) };
+        for (size_t t = 0; t < r->ntables && l.me >= 0; t++) {
+                if (r->promote_at[t] >= table_size(r->backup[t]))
+                        continue;
+                l.table = (uint32_t) t;
+                long moved = table_move_if(r->backup[t], r->tables[t], &r->promote_at[t], budget, leads_here, &l);
+                if (moved < 0)
+                        return true; /* out of memory: again at the next step */
+                r->promoted += (uint64_t) moved;
+                return true;
+        }
+        uint64_t backups = 0;
+        for (size_t t = 0; t < r->ntables; t++)
+                backups += table_size(r->backup[t]);
+        log_info("table rows promoted rows=%lu backup_rows=%lu map_epoch=%lu ms=%lu", (unsigned long) r->promoted,
+                 (unsigned long) backups, (unsigned long) shardmap_epoch(r->promote),
+                 (unsigned long) (now_ms() - r->promote_ms));
+        /* Then every row it leads goes to its backups again: some of them
+         * had their copy on a lost shard. */
+        r->rebuilding = l.me >= 0 && shardmap_replicas(r->promote) >= 2;
+        memset(r->rebuild_at, 0, sizeof r->rebuild_at);
+        r->rebuild_ms = now_ms();
+        r->promote = shardmap_free(r->promote);
+        return r->rebuilding;
+}
 
 bool rows_rebuild_step(Rows *r, size_t budget, RowsRebuildFn fn, void *ud) {
+        if (r->promote)
+                return !r->frozen && promote_step(r, budget);
         for (size_t t = 0; r->rebuilding && t < r->ntables; t++) {
                 const Table *tb = r->tables[t];
                 if (r->rebuild_at[t] >= table_size(tb))
@@ -825,7 +883,8 @@ bool rows_rebuild_step(Rows *r, size_t budget, RowsRebuildFn fn, void *ud) {
                 return true;
         }
         if (r->rebuilding)
-                log_info("table rows sent to their backups again rows=%lu", (unsigned long) r->rebuilt);
+                log_info("table rows sent to their backups again rows=%lu ms=%lu", (unsigned long) r->rebuilt,
+                         (unsigned long) (now_ms() - r->rebuild_ms));
         r->rebuilding = false;
         r->rebuilt = 0;
         return false;
@@ -865,34 +924,21 @@ void rows_map_changed(Rows *r, const ShardMap *old, const ShardMap *map, uint32_
                 else
                         i++;
         }
-        if (r->frozen) {
-                /* A checkpoint's writer reads the tables: promoted after it. */
-                shardmap_free(r->promote);
-                r->promote = shardmap_dup(map);
-                r->promote_self = self;
-                if (!r->promote)
-                        log_error("out of memory: the copies of the rows this shard leads now stay copies");
+        /* The copies of the rows this shard leads now join its tables: a
+         * row as soon as a pull or a clock touches it, the rest a step at a
+         * time (rows_rebuild_step; a scan and a checkpoint's cut wait for
+         * the last). */
+        if (shardmap_find(map, self) < 0)
                 return;
-        }
-        promote(r, map, self);
-}
-
-/* The copies of the rows self leads under map become its own; then every
- * row it leads goes to its backups again (rows_rebuild_step): some of them
- * had their copy on a lost shard. */
-static void promote(Rows *r, const ShardMap *map, uint32_t self) {
-        Leads l = { .map = map, .me = shardmap_find(map, self) };
-        r->rebuilding = l.me >= 0 && shardmap_replicas(map) >= 2;
-        memset(r->rebuild_at, 0, sizeof r->rebuild_at);
-        for (size_t t = 0; t < r->ntables && l.me >= 0; t++) {
-                l.table = (uint32_t) t;
-                size_t before = table_size(r->backup[t]);
-                size_t moved = table_move_if(r->backup[t], r->tables[t], leads_here, &l);
-                if (moved || before)
-                        log_info("table rows promoted table=%s rows=%zu backup_rows=%zu map_epoch=%lu",
-                                 r->conf[t].name, moved, table_size(r->backup[t]),
-                                 (unsigned long) shardmap_epoch(map));
-        }
+        shardmap_free(r->promote);
+        r->promote = shardmap_dup(map);
+        r->promote_self = self;
+        r->promoted = 0;
+        r->promote_ms = now_ms();
+        r->rebuilding = false;
+        memset(r->promote_at, 0, sizeof r->promote_at);
+        if (!r->promote)
+                log_error("out of memory: the copies of the rows this shard leads now stay copies");
 }
 
 int rows_scan(Rows *r, const Psnet__Header *h, zmq_msg_t *ret, bool *ret_more, uint64_t *ret_next, char *reason,
@@ -900,6 +946,11 @@ int rows_scan(Rows *r, const Psnet__Header *h, zmq_msg_t *ret, bool *ret_more, u
         int st = known_table(r, h, reason, n);
         if (st != PSNET__STATUS__STATUS_OK)
                 return st;
+        if (r->promote) {
+                snprintf(reason, n, "the shard takes over rows of table %s after a fail-over: ask again",
+                         r->conf[h->table].name);
+                return PSNET__STATUS__STATUS_UNAVAILABLE;
+        }
         const Table *t = r->tables[h->table];
         size_t dim = r->conf[h->table].dim, from = h->has_cursor ? (size_t) h->cursor : 0;
         size_t total = table_size(t), count = from < total ? MIN(total - from, (size_t) ROWS_SCAN_MAX) : 0;
@@ -985,10 +1036,6 @@ size_t rows_snapshot(Rows *r, int64_t clock, CkptRecord *out, Table **ret_tables
 
 void rows_thaw(Rows *r) {
         r->frozen = false;
-        if (r->promote) {
-                promote(r, r->promote, r->promote_self);
-                r->promote = shardmap_free(r->promote);
-        }
         for (size_t i = 0; i < r->nretired; i++)
                 table_free(r->retired[i]);
         ps_free(r->retired);

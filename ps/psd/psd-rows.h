@@ -121,11 +121,17 @@ int rows_copy_in(Rows *r, const Psnet__Header *h, const zmq_msg_t *frames, char 
 /* The map changed from old to map: after a fail-over (shards lost), the
  * copies of the rows self leads now join its tables. */
 void rows_map_changed(Rows *r, const ShardMap *old, const ShardMap *map, uint32_t self);
-/* After a fail-over every row this shard leads goes to its backups again
- * (some had their copy on a lost shard), budget rows a step: fn gets them
- * (ids; their rows as rows_export reads them). Whether more steps remain. */
+/* After a fail-over the copies of the rows this shard now leads join its
+ * tables (those a pull or a clock touches at once; the rest budget rows a
+ * step, none while a checkpoint is written), then every row it leads goes
+ * to its backups again (some had their copy on a lost shard), budget rows a
+ * step: fn gets them (ids; their rows as rows_export reads them). Whether
+ * more steps remain. */
 typedef void (*RowsRebuildFn)(void *ud, uint32_t table, int64_t clock, const int64_t *ids, size_t n);
 bool rows_rebuild_step(Rows *r, size_t budget, RowsRebuildFn fn, void *ud);
+/* Whether copies still wait to join the tables after a fail-over: a
+ * checkpoint's cut waits for them. */
+bool rows_promoting(const Rows *r);
 
 /* --- checkpoints (psd-checkpoint.c) --- */
 size_t rows_ntables(const Rows *r);

@@ -40,6 +40,7 @@
 
 #define PSD_MAX_STRAGGLERS 64
 #define PSD_REBUILD_ROWS 65536u /* rows a step of a rebuild after a fail-over reads and sends */
+#define PSD_PROMOTE_ROWS 16384u /* copies a step of the promotion after a fail-over looks at (about 1 us each) */
 #define PSD_REBUILD_STEPS 4     /* steps a tick (100 ms) */
 
 typedef struct Psd {
@@ -1305,9 +1306,12 @@ static void psd_tick(uv_timer_t *t) {
         (void) psd_may_acknowledge(p); /* logs a lease lost while no request came */
         checkpoint_poll(p->ckpt);
         shm_server_tick(p->shm, now_ms());
-        /* After a fail-over, the rows led here go to their backups again,
-         * PSD_REBUILD_ROWS at a time, a few times a tick. */
-        for (int i = 0; i < PSD_REBUILD_STEPS && rows_rebuild_step(p->rows, PSD_REBUILD_ROWS, psd_rows_rebuild, p); i++)
+        /* After a fail-over, the copies of the rows led here join their
+         * tables, PSD_PROMOTE_ROWS looked at a step (a row touched meanwhile
+         * joins at once), then the rows led here go to their backups again,
+         * PSD_REBUILD_ROWS a step; a few steps a tick. */
+        size_t budget = rows_promoting(p->rows) ? PSD_PROMOTE_ROWS : PSD_REBUILD_ROWS;
+        for (int i = 0; i < PSD_REBUILD_STEPS && rows_rebuild_step(p->rows, budget, psd_rows_rebuild, p); i++)
                 ;
 }
 

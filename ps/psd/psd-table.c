@@ -548,25 +548,36 @@ static size_t copy_rows(const Table *t, size_t from, size_t max, int64_t *ids, f
         return n;
 }
 
-size_t table_move_if(Table *from, Table *to, bool (*take)(int64_t id, void *ud), void *ud) {
-        size_t moved = 0;
-        for (size_t r = 0; r < from->nrows;) {
-                int64_t id = id_at(from, r);
-                if (!take(id, ud)) {
-                        r++;
+/* Row r of from into to (whole), and out of from: 0, or -ENOMEM (kept). */
+static int move_row(Table *from, Table *to, size_t r) {
+        if (reserve(to, 1) < 0)
+                return -ENOMEM;
+        uint64_t made = to->counts.admitted; /* a row moved, not made */
+        memcpy(row_of(to, id_at(from, r)), row_at(from, r), from->per * sizeof(float));
+        to->counts.admitted = made;
+        remove_row(from, r); /* the last row comes into r */
+        return 0;
+}
+
+long table_move_if(Table *from, Table *to, size_t *at, size_t budget, bool (*take)(int64_t id, void *ud), void *ud) {
+        long moved = 0;
+        for (size_t seen = 0; *at < from->nrows && seen < budget; seen++) {
+                if (!take(id_at(from, *at), ud)) {
+                        (*at)++;
                         continue;
                 }
-                if (to && reserve(to, 1) < 0)
-                        return moved; /* out of memory: the rest stay where they are */
-                if (to) {
-                        uint64_t made = to->counts.admitted; /* a row moved, not made */
-                        memcpy(row_of(to, id), row_at(from, r), from->per * sizeof(float));
-                        to->counts.admitted = made;
-                }
-                remove_row(from, r); /* the last row comes into r: looked at next */
-                moved++;
+                if (move_row(from, to, *at) < 0)
+                        return -ENOMEM; /* the rest stay where they are */
+                moved++; /* the row now at *at is looked at next */
         }
         return moved;
+}
+
+int table_move_one(Table *from, Table *to, int64_t id) {
+        long r = find(from, id);
+        if (r < 0)
+                return 0;
+        return move_row(from, to, (size_t) r) < 0 ? -ENOMEM : 1;
 }
 
 size_t table_scan(const Table *t, size_t from, size_t max, int64_t *ids, float *values) {

@@ -63,11 +63,14 @@ int table_distinct(const int64_t *ids, size_t n, char *why, size_t whylen);
 size_t table_row_floats(const Table *t);
 void table_export(const Table *t, const int64_t *ids, size_t n, float *out);
 int table_import(Table *t, const int64_t *ids, size_t n, const float *in, char *why, size_t whylen);
-/* Moves every row of from whose id take says yes to into to (whole, as
- * table_export writes it; to NULL: dropped): a backup's copies of the rows
- * this shard leads after a fail-over. How many; short of all of them only
- * where to ran out of memory. from and to have the same conf. */
-size_t table_move_if(Table *from, Table *to, bool (*take)(int64_t id, void *ud), void *ud);
+/* Moves the rows of from whose id take says yes to into to (whole, as
+ * table_export writes it), looking at budget rows from row number *at on
+ * (*at: where to go on; done once it reaches table_size(from)): a backup's
+ * copies of the rows this shard leads after a fail-over, a step at a time.
+ * How many moved, or -ENOMEM. from and to have the same conf. */
+long table_move_if(Table *from, Table *to, size_t *at, size_t budget, bool (*take)(int64_t id, void *ud), void *ud);
+/* Row id of from into to: 1, 0 where from has none, -ENOMEM. */
+int table_move_one(Table *from, Table *to, int64_t id);
 /* Up to max rows from row number from on (rows are numbered 0..table_size-1
  * in no order of id; a row dropped moves the last one into its number):
  * their ids and values (dim floats each); how many. */

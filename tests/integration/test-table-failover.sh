@@ -95,7 +95,7 @@ psnet_wait_for 10 logs_match 'msg="fail-over" shard_id=1' 'pscoord-b.log'; ok $?
 out=$("$PSCTL" --coord "$COORD" job wait --wait 180); ok $? "the job finishes on two shards ($out)"
 got=$(ends b)
 [ "$got" = "$want" ]; ok $? "with the undisturbed run's digest, test loss and AUC ($(tr '\n' ' ' <<<"$got"))"
-logs_match 'msg="table rows promoted" table=ids rows=[1-9]' 'psd-b-[23].log'
+logs_match 'msg="table rows promoted" rows=[1-9]' 'psd-b-[23].log'
 ok $? "the survivors lead the lost shard's rows from their copies"
 logs_match 'msg="table rows sent to their backups again" rows=[1-9]' 'psd-b-[23].log'
 ok $? "and send the rows they lead to their backups again"
