@@ -601,6 +601,20 @@ void coord_shard_lost(Coord *c, uint32_t id, const char *why) {
                 coord_job_fail(c, reason);
                 return;
         }
+        /* Rows whose copies an earlier fail-over has not put back on R
+         * shards yet may have had their last copy here. */
+        for (size_t i = 0; c->job.ntables > 0 && i < c->npeers; i++) {
+                const Peer *s = &c->peers[i];
+                if (s->role != PSNET__ROLE__ROLE_SERVER || shardmap_find(c->map, s->id) < 0 ||
+                    !s->shard.has_rows_whole_epoch || s->shard.rows_whole_epoch >= c->map_epoch)
+                        continue;
+                snprintf(reason, sizeof reason, "shard %u left (%s) while shard %u was still putting the table rows "
+                         "of the fail-over to map epoch %lu back on %u copies: a row may have lost every copy", id, why,
+                         s->id, (unsigned long) c->map_epoch, shardmap_replicas(c->map));
+                log_error("%s", reason);
+                coord_job_fail(c, reason);
+                return;
+        }
         int r = shardmap_failover(c->map, c->map_epoch + 1, &id, 1, &m, &t, &k);
         if (r == -ENODATA) {
                 snprintf(reason, sizeof reason,

@@ -102,6 +102,7 @@ struct Rows {
         uint32_t promote_self;
         size_t promote_at[JOB_MAX_TABLES];
         uint64_t promoted, promote_ms;
+        uint64_t whole_epoch;   /* the map epoch before a promotion and rebuild under way */
 };
 
 void rows_set_hooks(Rows *r, const RowsHooks *hooks) { r->hooks = *hooks; }
@@ -278,6 +279,10 @@ static int promote_ids(Rows *r, uint32_t t, const int64_t *ids, size_t n) {
 }
 
 bool rows_promoting(const Rows *r) { return r->promote != NULL; }
+
+uint64_t rows_whole_epoch(const Rows *r, uint64_t epoch) {
+        return r->promote || r->rebuilding ? r->whole_epoch : epoch;
+}
 
 int rows_pull(Rows *r, const ShardMap *map, uint32_t self, const Psnet__Header *h, const zmq_msg_t *ids,
               zmq_msg_t *ret, char *reason, size_t n) {
@@ -930,6 +935,8 @@ void rows_map_changed(Rows *r, const ShardMap *old, const ShardMap *map, uint32_
          * the last). */
         if (shardmap_find(map, self) < 0)
                 return;
+        if (!r->promote && !r->rebuilding)
+                r->whole_epoch = shardmap_epoch(old);
         shardmap_free(r->promote);
         r->promote = shardmap_dup(map);
         r->promote_self = self;

@@ -132,6 +132,10 @@ bool rows_rebuild_step(Rows *r, size_t budget, RowsRebuildFn fn, void *ud);
 /* Whether copies still wait to join the tables after a fail-over: a
  * checkpoint's cut waits for them. */
 bool rows_promoting(const Rows *r);
+/* The map epoch since which every row this shard leads is on all its
+ * copies: epoch (the current one) but while a fail-over's copies join its
+ * rows and its rows go to their new backups, the one before that. */
+uint64_t rows_whole_epoch(const Rows *r, uint64_t epoch);
 
 /* --- checkpoints (psd-checkpoint.c) --- */
 size_t rows_ntables(const Rows *r);

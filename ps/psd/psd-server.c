@@ -454,6 +454,12 @@ static void psd_handle_data(void *d, WireMsg *m, void *peer) {
 
 static void shardmap_freep(ShardMap **m) { shardmap_free(*m); }
 
+/* A table's long rehash: the heartbeat goes if due (psd-table.h). */
+static void psd_poll_session(void *ud) {
+        Psd *p = ud;
+        (void) session_poll(p->coord);
+}
+
 /* RowsHooks: the members of a clock, as the gate has them. */
 static void psd_rows_members(void *ud, int64_t clock, const uint32_t **ret, size_t *n) {
         Psd *p = ud;
@@ -1133,6 +1139,9 @@ static void psd_heartbeat(Session *s, Psnet__Heartbeat *hb, void *ud) {
                 si->rows_refused += k.refused;
                 si->rows_evicted += k.evicted_ttl + k.evicted_full;
         }
+        si->has_rows_whole_epoch = si->has_rows && store_map(p->store);
+        if (si->has_rows_whole_epoch)
+                si->rows_whole_epoch = rows_whole_epoch(p->rows, shardmap_epoch(store_map(p->store)));
         hb->shard = si;
 }
 
@@ -1429,6 +1438,7 @@ int psd_run(const PsdConfig *cfg) {
                 r = rows_new(&p.rows);
         if (r == 0) {
                 const RowsHooks rh = { .members = psd_rows_members, .closed = psd_rows_closed, .ud = &p };
+                table_set_poll(psd_poll_session, &p);
                 rows_set_hooks(p.rows, &rh);
                 migrate_attach_rows(p.migrate, p.rows);
                 checkpointer_set_rows(p.ckpt, p.rows);

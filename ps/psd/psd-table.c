@@ -20,6 +20,7 @@
  * no tombstones). */
 #include <errno.h>
 #include <math.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -129,6 +130,23 @@ static long find(const Table *t, int64_t id) {
         return t->index[i] ? (long) t->index[i] - 1 : -1;
 }
 
+static void (*poll_fn)(void *ud);
+static void *poll_ud;
+static pthread_t poll_thread;
+
+void table_set_poll(void (*fn)(void *ud), void *ud) {
+        poll_fn = fn;
+        poll_ud = ud;
+        poll_thread = pthread_self();
+}
+
+/* Now and then in a long loop over rows: the shard's heartbeat, if due
+ * (on its loop's thread only: a restore builds tables in the pool). */
+static inline void poll_now_and_then(size_t r) {
+        if ((r & 0xFFFFF) == 0xFFFFF && poll_fn && pthread_equal(pthread_self(), poll_thread))
+                poll_fn(poll_ud);
+}
+
 /* Room for `more` new rows: the index at most 3/4 full, slabs enough. */
 static int reserve(Table *t, size_t more) {
         size_t need = t->nrows + more;
@@ -141,8 +159,10 @@ static int reserve(Table *t, size_t more) {
                 uint32_t *index = ps_calloc(cap, sizeof *index);
                 if (!index)
                         return -ENOMEM;
-                for (size_t r = 0; r < t->nrows; r++)
+                for (size_t r = 0; r < t->nrows; r++) {
                         index[probe(t, index, cap, id_at(t, r))] = (uint32_t) r + 1;
+                        poll_now_and_then(r);
+                }
                 ps_free(t->index);
                 t->index = index;
                 t->cap = cap;

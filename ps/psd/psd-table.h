@@ -21,6 +21,10 @@
 
 typedef struct Table Table;
 
+/* Called now and then (about every million rows) while a table on the
+ * calling thread rehashes its index (a second or more at tens of millions
+ * of rows): the shard's heartbeat goes meanwhile, so that its lease holds. */
+void table_set_poll(void (*fn)(void *ud), void *ud);
 /* 0, -EINVAL (a conf out of range: why says which field) or -ENOMEM. */
 int table_new(const TableConf *c, Table **ret, char *why, size_t n);
 Table *table_free(Table *t);

@@ -8,18 +8,24 @@
 # MiB); then a checkpoint of it saved while the worker trains on (how long,
 # and the longest step meanwhile: the tables are frozen while they are
 # written), and restored onto 3 fresh shards (how long each took; a sample
-# of rows read back bit for bit). Never pass/fail.
+# of rows read back bit for bit). With --failover, instead: the same table
+# under BSP with two copies of each row, each shard's memory, then shard 1
+# killed (-9) while the worker trains on: how long pscoord took to fail it
+# over, the survivors to take over its rows from their copies and to send
+# their rows to their new backups, the longest step meanwhile, and a sample
+# of 10,000 rows read back bit for bit. Never pass/fail.
 #
-#   tests/bench/rows-scale.sh [--build DIR] [--rows 50000000] [--keep]
+#   tests/bench/rows-scale.sh [--build DIR] [--rows 50000000] [--failover] [--keep]
 set -euo pipefail
 top=$(cd "$(dirname "$0")/../.." && pwd)
-build=$top/build rows=50000000 keep=0
+build=$top/build rows=50000000 keep=0 fo=0
 while [ $# -gt 0 ]; do
   case $1 in
     --build) build=$2; shift 2 ;;
     --rows) rows=$2; shift 2 ;;
     --keep) keep=1; shift ;;
-    *) echo "usage: $0 [--build DIR] [--rows N] [--keep]" >&2; exit 2 ;;
+    --failover) fo=1; shift ;;
+    *) echo "usage: $0 [--build DIR] [--rows N] [--failover] [--keep]" >&2; exit 2 ;;
   esac
 done
 BENCH=rows-scale
@@ -37,21 +43,52 @@ cluster() {  # cluster TAG [PSCOORD OPTIONS...]: pscoord and three shards servin
       --http 127.0.0.1:0
   done
 }
-shard_report() {  # shard_report TAG: each shard's rows, table bytes and resident memory
-  local tag=$1 i pid port m n bytes rss own
-  for i in 1 2 3; do
+shard_report() {  # shard_report TAG [SHARD...]: each shard's rows, copies, table bytes and resident memory
+  local tag=$1 i pid port m n c bytes rss own
+  shift
+  local shards=("$@")
+  [ $# -gt 0 ] || shards=(1 2 3)
+  for i in "${shards[@]}"; do
     pid_var="PID_psd_${tag}_$i"; pid=${!pid_var}
     port=$(sed -n 's/.*msg="serving http" address=[^ ]* port=\([0-9]*\).*/\1/p' "$RUN/psd-$tag-$i.log" | head -1)
     m=$(curl -sf "http://127.0.0.1:$port/metrics")
     n=$(awk '$1 == "psnet_psd_table_rows{table=\"e\"}" { print $2 }' <<<"$m")
+    c=$(awk '$1 == "psnet_psd_table_backup_rows" { print $2 + 0 }' <<<"$m")
     bytes=$(awk '$1 == "psnet_psd_table_bytes{table=\"e\"}" { print $2 }' <<<"$m")
     rss=$(rss_mib "$pid")
-    own=$(awk -v n="$n" 'BEGIN { printf "%.0f", n * 32 * 4 / 1048576 }')
-    awk -v i="$i" -v n="$n" -v b="$bytes" -v r="$rss" -v o="$own" 'BEGIN {
-      printf "shard %d: rows=%d table_MiB=%.0f rss_MiB=%d rows_own_MiB=%d rss/(1.15 x own + 64)=%.3f\n",
-        i, n, b / 1048576, r, o, r / (1.15 * o + 64) }'
+    own=$(awk -v n="$n" -v c="${c:-0}" 'BEGIN { printf "%.0f", (n + c) * 32 * 4 / 1048576 }')
+    awk -v i="$i" -v n="$n" -v c="${c:-0}" -v b="$bytes" -v r="$rss" -v o="$own" 'BEGIN {
+      printf "shard %d: rows=%d copies=%d table_MiB=%.0f rss_MiB=%d rows_own_MiB=%d rss/(1.15 x own + 64)=%.3f\n",
+        i, n, c, b / 1048576, r, o, r / (1.15 * o + 64) }'
   done
 }
+# ms TIMESTAMP: milliseconds of the day of a log line's ts=...
+ms() { sed -n 's/^ts=[0-9-]*T\([0-9]*\):\([0-9]*\):\([0-9.]*\)Z.*/\1 \2 \3/p' <<<"$1" |
+  awk '{ printf "%d", ($1 * 3600 + $2 * 60 + $3) * 1000 }'; }
+
+if [ "$fo" = 1 ]; then
+  cluster fo --mode bsp --replicas 2 --model mlp:4-1 --tables e:16:adagrad
+  mkdir -p "$RUN/fo"
+  /usr/bin/python3 "$top/tests/bench/rows_scale.py" failover "$coord" "$rows" "$RUN/fo" >"$RUN/fo.json" & py=$!
+  psnet_wait_for 3600 test -f "$RUN/fo/filled" || die "the worker did not fill the table (logs in $RUN)"
+  shard_report fo
+  kill_ms=$(date +%s%3N | awk '{ printf "%d", ($1 % 86400000) }')
+  kill -KILL "$PID_psd_fo_1"
+  psnet_wait_for 30 grep -q 'msg="fail-over"' "$RUN/pscoord-fo.log" || die "no fail-over"
+  for i in 2 3; do
+    psnet_wait_for 1800 grep -q 'msg="table rows sent to their backups again"' "$RUN/psd-fo-$i.log" ||
+      die "shard $i did not send its rows to their backups again"
+  done
+  touch "$RUN/fo/stop"
+  wait $py || die "the worker failed or read other rows back: $(cat "$RUN/fo.json")"
+  fo_ms=$(ms "$(grep 'msg="fail-over"' "$RUN/pscoord-fo.log")")
+  echo "fail-over: pscoord's new map $((fo_ms - kill_ms)) ms after the kill"
+  grep -h 'msg="table rows promoted"\|msg="table rows sent to their backups again"' "$RUN"/psd-fo-[23].log |
+    sed 's/^.*shard=\([0-9]*\) msg=/  shard \1: /'
+  shard_report fo 2 3
+  cat "$RUN/fo.json"
+  exit 0
+fi
 
 cluster fill --mode asp --replicas 1 --model mlp:4-1 --tables e:16:adagrad
 /usr/bin/python3 "$top/tests/bench/rows_scale.py" run "$coord" "$rows" "$RUN/sample.npz" "$PSCTL" big \

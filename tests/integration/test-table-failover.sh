@@ -12,8 +12,8 @@
 # the same rows, Adagrad state included in the updates that made them. Each
 # shard counts the copies it holds: every row the map keeps has exactly one,
 # before and after a fail-over (the survivors send their rows to their new
-# backups again). A job that keeps one copy of its rows fails at once, with
-# the reason, when a shard dies.
+# backups again). Two shards lost together, or a job that keeps one copy of
+# its rows losing one, fail the job at once, with the reason.
 source "$(dirname "$0")/lib.sh"
 
 CL=$PSNET_BUILD/worker/data/psnet-clicklog
@@ -125,7 +125,19 @@ out=$("$PSCTL" --coord "$COORD" export "$RUN/c.safetensors" 2>&1) && out=$(same_
 ok $? "the undisturbed run's rows, bit for bit ($out)"
 psnet_stop_all
 
-# 4. One copy of each row: a dead shard's rows are gone, and the job says so at once.
+# 4. Two shards killed at once: the second leaves before the survivor has
+# put the rows of the first fail-over back on two copies, so a row may have
+# lost both; the job fails at once, saying so, rather than train on without it.
+run e
+psnet_wait_for 60 pulled e 10; ok $? "run e trains to clock 10"
+kill -KILL "$PID_psd_e_1" "$PID_psd_e_2"; ok $? "SIGKILL shards 1 and 2 together"
+psnet_wait_for 10 sh -c "'$PSCTL' --coord '$COORD' --json status | grep -q '\"state\":\"failed\"'"
+ok $? "the job fails within seconds"
+"$PSCTL" --coord "$COORD" --json status | grep -q 'a row may have lost every copy'
+ok $? "the reason says a row may have lost every copy ($("$PSCTL" --coord "$COORD" --json status | grep -o '"reason":"[^"]*"' | head -1))"
+psnet_stop_all
+
+# 5. One copy of each row: a dead shard's rows are gone, and the job says so at once.
 run d --replicas 1
 psnet_wait_for 60 pulled d 10; ok $? "run d (--replicas 1) trains to clock 10"
 kill -KILL "$PID_psd_d_3"; ok $? "SIGKILL shard 3"
