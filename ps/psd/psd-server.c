@@ -39,9 +39,9 @@
 #include "zap.h"
 
 #define PSD_MAX_STRAGGLERS 64
-#define PSD_REBUILD_ROWS 65536u /* rows a step of a rebuild after a fail-over reads and sends */
-#define PSD_PROMOTE_ROWS 16384u /* copies a step of the promotion after a fail-over looks at (about 1 us each) */
-#define PSD_REBUILD_STEPS 4     /* steps a tick (100 ms) */
+#define PSD_REBUILD_ROWS 8192u  /* rows a step of a rebuild after a fail-over reads and sends (about 4 ms) */
+#define PSD_PROMOTE_ROWS 4096u  /* copies a step of the promotion after a fail-over looks at (about 1.5 us each) */
+#define PSD_REBUILD_MS 30       /* of each tick (100 ms) */
 
 typedef struct Psd {
         const PsdConfig *cfg;
@@ -1318,10 +1318,13 @@ static void psd_tick(uv_timer_t *t) {
         /* After a fail-over, the copies of the rows led here join their
          * tables, PSD_PROMOTE_ROWS looked at a step (a row touched meanwhile
          * joins at once), then the rows led here go to their backups again,
-         * PSD_REBUILD_ROWS a step; a few steps a tick. */
-        size_t budget = rows_promoting(p->rows) ? PSD_PROMOTE_ROWS : PSD_REBUILD_ROWS;
-        for (int i = 0; i < PSD_REBUILD_STEPS && rows_rebuild_step(p->rows, budget, psd_rows_rebuild, p); i++)
-                ;
+         * PSD_REBUILD_ROWS a step: steps for PSD_REBUILD_MS of each tick, so
+         * that requests still get most of the loop. */
+        for (uint64_t t0 = now_ms(); now_ms() - t0 < PSD_REBUILD_MS;) {
+                size_t budget = rows_promoting(p->rows) ? PSD_PROMOTE_ROWS : PSD_REBUILD_ROWS;
+                if (!rows_rebuild_step(p->rows, budget, psd_rows_rebuild, p))
+                        break;
+        }
 }
 
 static void psd_left(Session *s, int r, WireMsg *m, void *ud) {
