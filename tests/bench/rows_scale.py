@@ -50,54 +50,9 @@ def step(w, clock, zeros):
     w.push_pull(zeros, clock, clock + 1)
 
 
-def run(coord, rows, sample, psctl, name):
-    rows = int(rows)
-    w, table, dim = worker(coord)
-    clock = w.info()["start_clock"]
-    w.pull(clock)
-    zeros = {name: np.zeros(n, dtype=np.float32) for name, n in w.tensors()}
-    t0 = time.perf_counter()
-    done = 0
-    while done < rows:
-        n = min(PUSH, rows - done)
-        ids = ids_of(done // PUSH, n)
-        w.push_rows(table, ids, np.full((n, dim), 0.01, dtype=np.float32), clock)
-        step(w, clock, zeros)
-        clock += 1
-        done += n
-    fill_s = time.perf_counter() - t0
-    pick = ids_of(0, 1000)[::10]
-    np.savez(sample, ids=pick, rows=w.pull_rows(table, pick, clock))
-
-    ids = ids_of(1 << 30, 4096)  # rows of their own: the sample stays as it is
-    g = np.full((ids.size, dim), 0.001, dtype=np.float32)
-    out, steps, longest = {}, 0, 0.0
-
-    def save():
-        t = time.perf_counter()
-        p = subprocess.run([psctl, "--coord", coord, "checkpoint", "save", name], capture_output=True, text=True)
-        out.update(rc=p.returncode, text=(p.stdout + p.stderr).strip(), s=time.perf_counter() - t)
-
-    th = threading.Thread(target=save)
-    th.start()
-    while th.is_alive():
-        t = time.perf_counter()
-        w.pull_rows(table, ids, clock)
-        w.push_rows(table, ids, g, clock)
-        step(w, clock, zeros)
-        longest = max(longest, time.perf_counter() - t)
-        steps += 1
-        clock += 1
-    th.join()
-    print(json.dumps({"rows": rows, "dim": dim, "fill_s": round(fill_s, 2), "fill_rows_per_s": round(rows / fill_s),
-                      "save_rc": out["rc"], "save_s": round(out["s"], 2), "psctl": out["text"],
-                      "steps_meanwhile": steps, "longest_step_s": round(longest, 3)}))
-    w.close()
-    return 0 if out["rc"] == 0 else 1
-
-
-def failover(coord, rows, d):
-    rows = int(rows)
+def fill(coord, rows):
+    """A worker of the job, and the table filled with rows ids (PUSH a
+    clock): the worker, table, dim, next clock, zero gradients, seconds."""
     w, table, dim = worker(coord)
     clock = w.info()["start_clock"]
     w.pull(clock)
@@ -110,7 +65,50 @@ def failover(coord, rows, d):
         step(w, clock, zeros)
         clock += 1
         done += n
-    fill_s = time.perf_counter() - t0
+    return w, table, dim, clock, zeros, time.perf_counter() - t0
+
+
+def train_step(w, table, ids, g, clock, zeros):
+    """A step on rows of their own (a sample kept stays as it is): its seconds."""
+    t = time.perf_counter()
+    w.pull_rows(table, ids, clock)
+    w.push_rows(table, ids, g, clock)
+    step(w, clock, zeros)
+    return time.perf_counter() - t
+
+
+def run(coord, rows, sample, psctl, name):
+    rows = int(rows)
+    w, table, dim, clock, zeros, fill_s = fill(coord, rows)
+    pick = ids_of(0, 1000)[::10]
+    np.savez(sample, ids=pick, rows=w.pull_rows(table, pick, clock))
+
+    ids = ids_of(1 << 30, 4096)
+    g = np.full((ids.size, dim), 0.001, dtype=np.float32)
+    out, steps, longest = {}, 0, 0.0
+
+    def save():
+        t = time.perf_counter()
+        p = subprocess.run([psctl, "--coord", coord, "checkpoint", "save", name], capture_output=True, text=True)
+        out.update(rc=p.returncode, text=(p.stdout + p.stderr).strip(), s=time.perf_counter() - t)
+
+    th = threading.Thread(target=save)
+    th.start()
+    while th.is_alive():
+        longest = max(longest, train_step(w, table, ids, g, clock, zeros))
+        steps += 1
+        clock += 1
+    th.join()
+    print(json.dumps({"rows": rows, "dim": dim, "fill_s": round(fill_s, 2), "fill_rows_per_s": round(rows / fill_s),
+                      "save_rc": out["rc"], "save_s": round(out["s"], 2), "psctl": out["text"],
+                      "steps_meanwhile": steps, "longest_step_s": round(longest, 3)}))
+    w.close()
+    return 0 if out["rc"] == 0 else 1
+
+
+def failover(coord, rows, d):
+    rows = int(rows)
+    w, table, dim, clock, zeros, fill_s = fill(coord, rows)
     pick = np.concatenate([ids_of(k, 100) for k in range(0, max(rows // PUSH, 1))])[:10000]
     before = w.pull_rows(table, pick, clock)
     open(os.path.join(d, "filled"), "w").close()
@@ -118,11 +116,7 @@ def failover(coord, rows, d):
     g = np.full((ids.size, dim), 0.001, dtype=np.float32)
     steps, longest, t1 = 0, 0.0, time.perf_counter()
     while not os.path.exists(os.path.join(d, "stop")):
-        t = time.perf_counter()
-        w.pull_rows(table, ids, clock)
-        w.push_rows(table, ids, g, clock)
-        step(w, clock, zeros)
-        longest = max(longest, time.perf_counter() - t)
+        longest = max(longest, train_step(w, table, ids, g, clock, zeros))
         steps += 1
         clock += 1
     train_s = time.perf_counter() - t1
