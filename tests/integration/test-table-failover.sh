@@ -12,8 +12,9 @@
 # the same rows, Adagrad state included in the updates that made them. Each
 # shard counts the copies it holds: every row the map keeps has exactly one,
 # before and after a fail-over (the survivors send their rows to their new
-# backups again). Two shards lost together, or a job that keeps one copy of
-# its rows losing one, fail the job at once, with the reason.
+# backups again); the killed shard started again waits on standby. Two
+# shards lost together, or a job that keeps one copy of its rows losing one,
+# fail the job at once, with the reason.
 source "$(dirname "$0")/lib.sh"
 
 CL=$PSNET_BUILD/worker/data/psnet-clicklog
@@ -92,7 +93,13 @@ run b
 psnet_wait_for 60 pulled b 20; ok $? "run b trains to clock 20"
 kill -KILL "$PID_psd_b_1"; ok $? "SIGKILL shard 1"
 psnet_wait_for 10 logs_match 'msg="fail-over" shard_id=1' 'pscoord-b.log'; ok $? "pscoord fails shard 1 over"
+# Started again, it waits on standby: rows do not move to a new shard yet.
+psnet_start psd-b-1r "$PSD" --id 1 --listen "ipc://$RUN/psd-b-1.sock" --coord "$COORD"
+psnet_wait_for 10 logs_match 'msg="shard 1 waits on standby: the job has tables' 'pscoord-b.log'
+ok $? "shard 1, started again, waits on standby, saying why"
 out=$("$PSCTL" --coord "$COORD" job wait --wait 180); ok $? "the job finishes on two shards ($out)"
+"$PSCTL" --coord "$COORD" --json status | jq -e '[.shards[] | select(.in_map)] | length == 2' >/dev/null
+ok $? "with shard 1 out of the map"
 got=$(ends b)
 [ "$got" = "$want" ]; ok $? "with the undisturbed run's digest, test loss and AUC ($(tr '\n' ' ' <<<"$got"))"
 logs_match 'msg="table rows promoted" rows=[1-9]' 'psd-b-[23].log'
