@@ -308,6 +308,14 @@ typedef struct Coord {
         LogWindow join_lines;        /* registrations refused while new workers wait after an eviction */
         uint32_t failovers;         /* this job's: shards lost and replaced by their backups */
         uint32_t lost_shards;       /* of those, not yet replaced by a shard that registered (--keep-standby) */
+        /* Each shard's last word on its table rows (ShardInfo.rows_whole_epoch),
+         * kept past its lease: a shard lost while it was still putting a
+         * fail-over's rows back on all their copies may have held a row's last. */
+        struct RowsWhole {
+                uint32_t shard;
+                uint64_t epoch;
+        } *rows_whole;
+        size_t nrows_whole;
         uint64_t failover_ms;       /* when the last one was published */
         uint64_t weights_digest;    /* of the final weights, from the evaluator (0: none) */
         CkptSave ckpt;

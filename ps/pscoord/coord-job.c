@@ -79,6 +79,7 @@ void coord_maybe_start(Coord *c) {
         coord_history_reset(c);
         c->failovers = 0;
         c->lost_shards = 0;
+        c->nrows_whole = 0;
         c->weights_digest = 0;
         c->evaluator = 0;
         c->finished = 0;

@@ -347,6 +347,29 @@ void coord_handle_register(Coord *c, WireMsg *m) {
         coord_membership_changed(c);
 }
 
+/* A shard's last word on its table rows (Coord.rows_whole). */
+static void note_rows_whole(Coord *c, uint32_t shard, uint64_t epoch) {
+        for (size_t i = 0; i < c->nrows_whole; i++)
+                if (c->rows_whole[i].shard == shard) {
+                        c->rows_whole[i].epoch = epoch;
+                        return;
+                }
+        struct RowsWhole *a = ps_realloc(c->rows_whole, (c->nrows_whole + 1) * sizeof *a);
+        if (!a)
+                return; /* unknown: a loss of it counts as unsafe once a fail-over happened */
+        c->rows_whole = a;
+        a[c->nrows_whole++] = (struct RowsWhole) { shard, epoch };
+}
+
+/* Whether shard's rows were all on their copies under the current map, as
+ * it last said (never said: only if no fail-over came before). */
+static bool rows_whole(const Coord *c, uint32_t shard) {
+        for (size_t i = 0; i < c->nrows_whole; i++)
+                if (c->rows_whole[i].shard == shard)
+                        return c->rows_whole[i].epoch >= c->map_epoch;
+        return c->failovers == 0;
+}
+
 void coord_handle_heartbeat(Coord *c, WireMsg *m, Peer *p) {
         Psnet__Header *h = m->hdr;
         uint64_t now = now_ms();
@@ -369,6 +392,8 @@ void coord_handle_heartbeat(Coord *c, WireMsg *m, Peer *p) {
                 if (p->nstragglers)
                         memcpy(p->stragglers, s->stragglers, p->nstragglers * sizeof *p->stragglers);
                 p->stalled_ms = s->has_stalled_ms ? s->stalled_ms : 0;
+                if (s->has_rows_whole_epoch)
+                        note_rows_whole(c, p->id, s->rows_whole_epoch);
         }
         if (h->heartbeat->worker && p->role == PSNET__ROLE__ROLE_WORKER) {
                 if (c->state == JOB_RUNNING && p->member && coord_history_epoch(c, p->id, h->heartbeat->worker))
@@ -601,16 +626,13 @@ void coord_shard_lost(Coord *c, uint32_t id, const char *why) {
                 coord_job_fail(c, reason);
                 return;
         }
-        /* Rows whose copies an earlier fail-over has not put back on R
-         * shards yet may have had their last copy here. */
-        for (size_t i = 0; c->job.ntables > 0 && i < c->npeers; i++) {
-                const Peer *s = &c->peers[i];
-                if (s->role != PSNET__ROLE__ROLE_SERVER || shardmap_find(c->map, s->id) < 0 ||
-                    !s->shard.has_rows_whole_epoch || s->shard.rows_whole_epoch >= c->map_epoch)
-                        continue;
-                snprintf(reason, sizeof reason, "shard %u left (%s) while shard %u was still putting the table rows "
-                         "of the fail-over to map epoch %lu back on %u copies: a row may have lost every copy", id, why,
-                         s->id, (unsigned long) c->map_epoch, shardmap_replicas(c->map));
+        /* The rows it leads since an earlier fail-over, not yet all on
+         * their new copies when it last said, may have had their last copy
+         * here. */
+        if (c->job.ntables > 0 && !rows_whole(c, id)) {
+                snprintf(reason, sizeof reason, "shard %u left (%s) before it had put the table rows it leads since "
+                         "the fail-over to map epoch %lu back on %u copies: a row may have lost every copy", id, why,
+                         (unsigned long) c->map_epoch, shardmap_replicas(c->map));
                 log_error("%s", reason);
                 coord_job_fail(c, reason);
                 return;

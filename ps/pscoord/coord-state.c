@@ -354,6 +354,9 @@ void coord_state_forget(Coord *c) {
         for (size_t i = 0; i < c->npeers; i++)
                 coord_peer_done(&c->peers[i]);
         ps_free(c->peers);
+        ps_free(c->rows_whole);
+        c->rows_whole = NULL;
+        c->nrows_whole = 0;
         c->peers = NULL;
         c->npeers = 0;
         ps_free(c->prev_ids);

@@ -297,6 +297,7 @@ finish:
         for (size_t i = 0; i < c.npeers; i++)
                 coord_peer_done(&c.peers[i]);
         ps_free(c.peers);
+        ps_free(c.rows_whole);
         ps_free(c.clocks);
         ps_free(c.prev_ids);
         shardmap_free(c.map);

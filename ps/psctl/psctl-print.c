@@ -241,6 +241,9 @@ int print_status_json(const Psnet__StatusRep *s) {
                                                          (json_int_t) h->rows_filtered, "rows_refused",
                                                          (json_int_t) h->rows_refused, "rows_evicted",
                                                          (json_int_t) h->rows_evicted));
+                if (h->has_rows_whole_epoch) /* the map epoch since which its rows are on all their copies */
+                        json_object_set_new(json_array_get(shards, json_array_size(shards) - 1), "rows_whole_epoch",
+                                            json_integer((json_int_t) h->rows_whole_epoch));
         }
         for (size_t i = 0; workers && i < s->n_workers; i++) {
                 const Psnet__WorkerInfo *w = s->workers[i];

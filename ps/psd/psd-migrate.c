@@ -26,6 +26,8 @@ typedef struct Link {
         char *endpoint;
         NetSock *sock;
         uint64_t seq;
+        uint64_t answered;      /* the last sequence answered */
+        uint64_t mark;          /* migrate_mark's */
         Waiter *w;
         size_t head, n, cap;    /* waiting: w[head .. n) */
 } Link;
@@ -62,6 +64,18 @@ void migrate_attach(Migrate *mg, Gate *g) {
 void migrate_attach_rows(Migrate *mg, Rows *rows) { mg->rows = rows; }
 
 uint64_t migrate_rows_copied(const Migrate *mg) { return mg->rows_copied; }
+
+void migrate_mark(Migrate *mg) {
+        for (size_t i = 0; i < mg->nlinks; i++)
+                mg->links[i]->mark = mg->links[i]->seq;
+}
+
+bool migrate_marked_answered(const Migrate *mg) {
+        for (size_t i = 0; i < mg->nlinks; i++)
+                if (mg->links[i]->answered < mg->links[i]->mark)
+                        return false;
+        return true;
+}
 
 /* Takes the oldest push off l: one forward fewer to wait for (the caller
  * settles it). */
@@ -458,6 +472,7 @@ static void link_answer(Link *l, uint64_t seq, int status, const Psnet__Header *
 /* A backup answered seq with status; missing: the keys it lacks (MIGRATING). */
 static void link_answer_one(Link *l, uint64_t seq, int status, const Psnet__Header *h) {
         Migrate *mg = l->mg;
+        l->answered = MAX(l->answered, seq);
         /* Answers come in order: one older than seq is lost (a full queue at the
          * peer); its push is released for the worker to send again. */
         while (l->head < l->n && l->w[l->head].seq < seq)

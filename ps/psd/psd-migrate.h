@@ -48,6 +48,11 @@ int migrate_rows_copy(Migrate *mg, PushReq *const *reqs, size_t nreqs, uint32_t 
                       const int64_t *ids, size_t n);
 /* Table rows sent in copies. */
 uint64_t migrate_rows_copied(const Migrate *mg);
+/* Notes what was sent on each link so far; then whether every link (those
+ * to shards still in the map) has answered all of it: a rebuild's copies
+ * are held by their backups once that is true. */
+void migrate_mark(Migrate *mg);
+bool migrate_marked_answered(const Migrate *mg);
 
 /* StoreMoveFn (userdata: the Migrate): sends chunk c's state to dest. */
 void migrate_out(void *userdata, Chunk *c, const ShardDesc *dest, bool replica);

@@ -103,6 +103,7 @@ struct Rows {
         size_t promote_at[JOB_MAX_TABLES];
         uint64_t promoted, promote_ms;
         uint64_t whole_epoch;   /* the map epoch before a promotion and rebuild under way */
+        uint64_t rebuilds;      /* rebuilds finished (their copies sent) */
 };
 
 void rows_set_hooks(Rows *r, const RowsHooks *hooks) { r->hooks = *hooks; }
@@ -279,6 +280,11 @@ static int promote_ids(Rows *r, uint32_t t, const int64_t *ids, size_t n) {
 }
 
 bool rows_promoting(const Rows *r) { return r->promote != NULL; }
+
+uint64_t rows_rebuilds(const Rows *r, uint64_t *ret_from) {
+        *ret_from = r->whole_epoch;
+        return r->rebuilds;
+}
 
 uint64_t rows_whole_epoch(const Rows *r, uint64_t epoch) {
         return r->promote || r->rebuilding ? r->whole_epoch : epoch;
@@ -887,9 +893,11 @@ bool rows_rebuild_step(Rows *r, size_t budget, RowsRebuildFn fn, void *ud) {
                 fn(ud, (uint32_t) t, r->closed[t], ids, n);
                 return true;
         }
-        if (r->rebuilding)
+        if (r->rebuilding) {
                 log_info("table rows sent to their backups again rows=%lu ms=%lu", (unsigned long) r->rebuilt,
                          (unsigned long) (now_ms() - r->rebuild_ms));
+                r->rebuilds++;
+        }
         r->rebuilding = false;
         r->rebuilt = 0;
         return false;

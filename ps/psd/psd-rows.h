@@ -136,6 +136,9 @@ bool rows_promoting(const Rows *r);
  * copies: epoch (the current one) but while a fail-over's copies join its
  * rows and its rows go to their new backups, the one before that. */
 uint64_t rows_whole_epoch(const Rows *r, uint64_t epoch);
+/* Rebuilds finished (their copies sent, maybe not yet answered), and the
+ * whole epoch from before the last (*ret_from). */
+uint64_t rows_rebuilds(const Rows *r, uint64_t *ret_from);
 
 /* --- checkpoints (psd-checkpoint.c) --- */
 size_t rows_ntables(const Rows *r);

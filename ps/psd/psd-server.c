@@ -75,6 +75,10 @@ typedef struct Psd {
         uint32_t stragglers[PSD_MAX_STRAGGLERS];
         bool stopping;
         int exit_code;
+        /* A rebuild's copies sent and not all answered yet: the heartbeat
+         * still says rows_whole_from (pscoord: a row may be on one copy). */
+        uint64_t rebuilds_seen, rows_whole_from;
+        bool rows_await;
 } Psd;
 
 static bool redirect_status(int status) {
@@ -1141,7 +1145,8 @@ static void psd_heartbeat(Session *s, Psnet__Heartbeat *hb, void *ud) {
         }
         si->has_rows_whole_epoch = si->has_rows && store_map(p->store);
         if (si->has_rows_whole_epoch)
-                si->rows_whole_epoch = rows_whole_epoch(p->rows, shardmap_epoch(store_map(p->store)));
+                si->rows_whole_epoch = p->rows_await ? p->rows_whole_from
+                                                     : rows_whole_epoch(p->rows, shardmap_epoch(store_map(p->store)));
         hb->shard = si;
 }
 
@@ -1324,6 +1329,17 @@ static void psd_tick(uv_timer_t *t) {
                 size_t budget = rows_promoting(p->rows) ? PSD_PROMOTE_ROWS : PSD_REBUILD_ROWS;
                 if (!rows_rebuild_step(p->rows, budget, psd_rows_rebuild, p))
                         break;
+        }
+        uint64_t from, done = rows_rebuilds(p->rows, &from);
+        if (done != p->rebuilds_seen) {
+                p->rebuilds_seen = done;
+                p->rows_whole_from = from;
+                p->rows_await = true;
+                migrate_mark(p->migrate);
+        }
+        if (p->rows_await && migrate_marked_answered(p->migrate)) {
+                p->rows_await = false;
+                log_info("table rows whole again: every copy of the rebuild answered");
         }
 }
 

@@ -12,7 +12,8 @@
 # the same rows, Adagrad state included in the updates that made them. Each
 # shard counts the copies it holds: every row the map keeps has exactly one,
 # before and after a fail-over (the survivors send their rows to their new
-# backups again); the killed shard started again waits on standby. Two
+# backups again; a second shard killed after that leaves the last one with
+# every row); the killed shard started again waits on standby. Two
 # shards lost together, or a job that keeps one copy of its rows losing one,
 # fail the job at once, with the reason.
 source "$(dirname "$0")/lib.sh"
@@ -111,6 +112,24 @@ read -r rows backups <<<"$(copies b 2 3)"
 out=$("$PSCTL" --coord "$COORD" export "$RUN/b.safetensors" 2>&1); ok $? "psctl export ($out)"
 out=$(same_rows "$RUN/a.safetensors" "$RUN/b.safetensors"); ok $? "the undisturbed run's rows, bit for bit ($out)"
 grep -q 'push not applied\|level=error' "$RUN"/w-b-*.log; ok $(( $? == 0 )) "no worker saw a push refused for good"
+psnet_stop_all
+
+# 2b. Two shards killed one after the other, the second once the survivors
+# said every row is back on two copies: the last shard holds every row,
+# as the undisturbed run has it (the rows it got again from the other).
+run f
+psnet_wait_for 60 pulled f 20; ok $? "run f trains to clock 20"
+kill -KILL "$PID_psd_f_1"; ok $? "SIGKILL shard 1"
+whole() { "$PSCTL" --coord "$COORD" --json status |
+          jq -e '[.shards[] | select(.in_map)] | length == 2 and all(.rows_whole_epoch >= .map_epoch)' >/dev/null; }
+psnet_wait_for 20 whole
+ok $? "both survivors tell pscoord their rows are on two copies again (psctl --json status: rows_whole_epoch)"
+kill -KILL "$PID_psd_f_2"; ok $? "SIGKILL shard 2"
+out=$("$PSCTL" --coord "$COORD" job wait --wait 180); ok $? "the job finishes on shard 3 alone ($out)"
+got=$(ends f)
+[ "$got" = "$want" ]; ok $? "with the undisturbed run's digest, test loss and AUC ($(tr '\n' ' ' <<<"$got"))"
+out=$("$PSCTL" --coord "$COORD" export "$RUN/f.safetensors" 2>&1) && out=$(same_rows "$RUN/a.safetensors" "$RUN/f.safetensors")
+ok $? "the undisturbed run's rows, bit for bit ($out)"
 psnet_stop_all
 
 # 3. A shard stopped at clock 20: the workers' requests to it hang until
