@@ -121,9 +121,12 @@ run f
 psnet_wait_for 60 pulled f 20; ok $? "run f trains to clock 20"
 kill -KILL "$PID_psd_f_1"; ok $? "SIGKILL shard 1"
 whole() { "$PSCTL" --coord "$COORD" --json status |
-          jq -e '[.shards[] | select(.in_map)] | length == 2 and all(.rows_whole_epoch >= .map_epoch)' >/dev/null; }
+          jq -e '.job.map_epoch as $e | $e >= 2 and
+                 ([.shards[] | select(.in_map)] | length == 2 and all(.rows_whole_epoch >= $e))' >/dev/null; }
+# Under pscoord's map (epoch 2 or later: the job's first is 1), not the
+# epoch a shard last heard of.
 psnet_wait_for 20 whole
-ok $? "both survivors tell pscoord their rows are on two copies again (psctl --json status: rows_whole_epoch)"
+ok $? "both survivors tell pscoord their rows are on two copies again under map epoch 2 (psctl --json status)"
 kill -KILL "$PID_psd_f_2"; ok $? "SIGKILL shard 2"
 out=$("$PSCTL" --coord "$COORD" job wait --wait 180); ok $? "the job finishes on shard 3 alone ($out)"
 got=$(ends f)
