@@ -442,6 +442,18 @@ static size_t drop_applied(const Rows *r, uint32_t self, uint32_t t, int64_t clo
         return kept;
 }
 
+/* The worker's push h (in parts parts, of which those in in are here) is
+ * its last of the table. */
+static void note_push(LastPush *last, const Psnet__Header *h, uint32_t parts, uint64_t in) {
+        last->clock = h->clock;
+        last->parts = parts;
+        last->in = in;
+        if (h->has_epoch)
+                last->epoch = h->epoch;
+        if (in == all_parts(parts))
+                last->done = h->clock;
+}
+
 /* Worker's parked parts of clock in table t go (a push of it sent again
  * under a newer map takes their place; the worker no longer waits on them). */
 static void unpark(Rows *r, uint32_t t, uint32_t worker, int64_t clock) {
@@ -512,17 +524,14 @@ int rows_push(Rows *r, const ShardMap *map, uint32_t self, const Psnet__Header *
                 st = PSNET__STATUS__STATUS_INVALID;
         }
         bool bsp = r->mode == MODE_BSP;
-        bool settled = bsp && st == PSNET__STATUS__STATUS_OK && h->clock <= r->closed[h->table] &&
-                       !reopened(r, h->table, h->clock);
-        if (settled) {
+        /* The part that makes the push whole (every push not in parts). */
+        uint64_t in = (same ? last->in : 0) | (uint64_t) 1 << part;
+        bool completes = in == all_parts(parts);
+        if (bsp && st == PSNET__STATUS__STATUS_OK && h->clock <= r->closed[h->table] &&
+            !reopened(r, h->table, h->clock)) {
                 /* Closed here, and every row of it applied (a push sent again
                  * after a fail-over): acknowledged, not parked. */
-                last->clock = h->clock;
-                last->parts = parts;
-                last->in |= (uint64_t) 1 << part;
-                last->epoch = h->has_epoch ? h->epoch : last->epoch;
-                if (last->in == all_parts(parts))
-                        last->done = h->clock;
+                note_push(last, h, parts, in);
                 return PSNET__STATUS__STATUS_DUPLICATE;
         }
         if (st == PSNET__STATUS__STATUS_OK && !bsp)
@@ -560,9 +569,6 @@ int rows_push(Rows *r, const ShardMap *map, uint32_t self, const Psnet__Header *
                          "bytes left)", count, c->name, (unsigned long long) room);
                 st = PSNET__STATUS__STATUS_RESOURCE;
         }
-        /* The part that makes the push whole (every push not in parts). */
-        uint64_t in = (same ? last->in : 0) | (uint64_t) 1 << part;
-        bool completes = in == all_parts(parts);
         if (st == PSNET__STATUS__STATUS_OK && bsp)
                 st = park(r, h, route, &v, &owned, count, completes, reason, n);
         else if (st == PSNET__STATUS__STATUS_OK && count > 0) {
@@ -573,12 +579,7 @@ int rows_push(Rows *r, const ShardMap *map, uint32_t self, const Psnet__Header *
                 r->stats.refused++;
                 return st;
         }
-        last->clock = h->clock;
-        last->parts = parts;
-        last->in = in;
-        last->epoch = h->has_epoch ? h->epoch : last->epoch;
-        if (completes)
-                last->done = h->clock;
+        note_push(last, h, parts, in);
         if (st == ROWS_PARKED)
                 return ROWS_PARKED; /* the caller settles, under its fence's limit */
         if (bsp)
