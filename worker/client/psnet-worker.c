@@ -110,7 +110,8 @@ static void round_resume(PsnetWorker *w);
 static int round_start(PsnetWorker *w);
 static void round_done(PsnetWorker *w, int r);
 static void rows_again(PsnetWorker *w);
-static void rows_map_timer_cb(uv_timer_t *t);
+static void rows_done(PsnetWorker *w, int r);
+static void map_timer_cb(uv_timer_t *t);
 
 static void apply_config(PsnetWorker *w, const Psnet__Config *ctl) {
         (void) follow_state(&w->fo, ctl);
@@ -462,11 +463,15 @@ static int round_start(PsnetWorker *w) {
         return client_round(w->client, w->grads, w->push_clock, w->params, w->pull_clock, on_client_round, w);
 }
 
+/* The round or rows exchange waiting for a newer map (never both) ends. */
 static void map_timer_cb(uv_timer_t *t) {
         PsnetWorker *w = t->data;
         log_error_errno(ETIMEDOUT, "no shard map epoch %lu from pscoord within %u s",
                         (unsigned long) client_need_epoch(w->client), PSNET_MAP_WAIT_MS / 1000);
-        round_done(w, -ETIMEDOUT);
+        if (w->rows_cb)
+                rows_done(w, -ETIMEDOUT);
+        else
+                round_done(w, -ETIMEDOUT);
 }
 
 /* The map a shard sent us to has arrived (or was here already): run the round again. */
@@ -577,7 +582,7 @@ static void on_client_rows(Client *c, int r, void *ud) {
                 rows_again(w);
                 return;
         }
-        (void) uv_timer_start(&w->map_timer, rows_map_timer_cb, PSNET_MAP_WAIT_MS, 0);
+        (void) uv_timer_start(&w->map_timer, map_timer_cb, PSNET_MAP_WAIT_MS, 0);
 }
 
 static int rows_send(PsnetWorker *w) {
@@ -604,13 +609,6 @@ static void rows_again(PsnetWorker *w) {
         int r = rows_send(w);
         if (r < 0)
                 rows_done(w, r);
-}
-
-static void rows_map_timer_cb(uv_timer_t *t) {
-        PsnetWorker *w = t->data;
-        log_error_errno(ETIMEDOUT, "no shard map epoch %lu from pscoord within %u s",
-                        (unsigned long) client_need_epoch(w->client), PSNET_MAP_WAIT_MS / 1000);
-        rows_done(w, -ETIMEDOUT);
 }
 
 int psnet_worker_rows(PsnetWorker *w, size_t table, const int64_t *ids, size_t n, const float *grads, int64_t clock,
