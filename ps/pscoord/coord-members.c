@@ -314,16 +314,15 @@ void coord_handle_register(Coord *c, WireMsg *m) {
                 coord_todo(c, TODO_PUBLISH);
                 return;
         }
-        if (reg->role == PSNET__ROLE__ROLE_SERVER && c->state == JOB_RUNNING && c->map && c->lost_shards > 0 &&
-            c->job.ntables > 0 && !c->cfg->keep_standby) {
+        /* A shard lost to a fail-over is missing from the map. */
+        bool lost_place = reg->role == PSNET__ROLE__ROLE_SERVER && c->state == JOB_RUNNING && c->map &&
+                          c->lost_shards > 0 && !c->cfg->keep_standby;
+        if (lost_place && c->job.ntables > 0) {
                 coord_publish_peer(c, p); /* the map without it: what it held is not served again */
                 log_info("shard %u waits on standby: the job has tables, and table rows do not move to a new shard "
                          "yet", id);
-        }
-        else if (reg->role == PSNET__ROLE__ROLE_SERVER && c->state == JOB_RUNNING && c->map && c->lost_shards > 0 &&
-                 !c->cfg->keep_standby && !c->ckpt.active) {
-                /* A shard lost to a fail-over is missing from the map: this one
-                 * takes its place, empty; the keys it gets come from their
+        } else if (lost_place && !c->ckpt.active) {
+                /* This one takes its place, empty; the keys it gets come from their
                  * primaries, as with psctl shard add. First it gets the map
                  * without itself, so that a shard that comes back (cut off,
                  * stopped) drops what it held before it is given keys again. */
