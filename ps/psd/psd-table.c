@@ -601,6 +601,23 @@ long table_move_if(Table *from, Table *to, size_t *at, size_t budget, bool (*tak
         return moved;
 }
 
+long table_sweep(Table *t, Table *to, size_t *at, size_t budget, TableSweepFn see, void *ud) {
+        long gone = 0;
+        for (size_t seen = 0; *at < t->nrows && seen < budget; seen++) {
+                int what = see(id_at(t, *at), row_at(t, *at), ud);
+                if (what == TABLE_KEEP) {
+                        (*at)++;
+                        continue;
+                }
+                if (what == TABLE_MOVE && move_row(t, to, *at) < 0)
+                        return -ENOMEM; /* the rest stay where they are */
+                if (what == TABLE_DROP)
+                        remove_row(t, *at);
+                gone++; /* the row now at *at is looked at next */
+        }
+        return gone;
+}
+
 int table_move_one(Table *from, Table *to, int64_t id) {
         long r = find(from, id);
         if (r < 0)

@@ -73,6 +73,15 @@ int table_import(Table *t, const int64_t *ids, size_t n, const float *in, char *
  * copies of the rows this shard leads after a fail-over, a step at a time.
  * How many moved, or -ENOMEM. from and to have the same conf. */
 long table_move_if(Table *from, Table *to, size_t *at, size_t budget, bool (*take)(int64_t id, void *ud), void *ud);
+/* What a sweep does with a row: leaves it, moves it into the other table
+ * (whole), or drops it. */
+enum { TABLE_KEEP, TABLE_MOVE, TABLE_DROP };
+typedef int (*TableSweepFn)(int64_t id, const float *row, void *ud);
+/* Shows budget rows of t from row number *at on to see (the row whole, as
+ * table_export writes it, valid until the call returns), which says what
+ * becomes of each (TABLE_MOVE: into to, of the same conf); *at as for
+ * table_move_if. How many left t, or -ENOMEM (that row stays). */
+long table_sweep(Table *t, Table *to, size_t *at, size_t budget, TableSweepFn see, void *ud);
 /* Row id of from into to: 1, 0 where from has none, -ENOMEM. */
 int table_move_one(Table *from, Table *to, int64_t id);
 /* Up to max rows from row number from on (rows are numbered 0..table_size-1
