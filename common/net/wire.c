@@ -93,6 +93,7 @@ static const WireType types[] = {
         { PSNET__MSG_TYPE__MSG_ROWS_PUSH, "ROWS_PUSH", true, B(_NOT_SET), 0, W },
         { PSNET__MSG_TYPE__MSG_ROWS_SCAN, "ROWS_SCAN", false, B(_NOT_SET), 0, A },
         { PSNET__MSG_TYPE__MSG_ROWS_COPY, "ROWS_COPY", true, B(_NOT_SET), 0, S },
+        { PSNET__MSG_TYPE__MSG_ROWS_MOVE, "ROWS_MOVE", true, B(_NOT_SET), 0, S },
 };
 #undef B
 #undef A
@@ -216,7 +217,10 @@ int wire_validate(const Psnet__Header *hdr, const zmq_msg_t *frames, size_t nfra
 
         bool rows = hdr->type == PSNET__MSG_TYPE__MSG_ROWS_PULL || hdr->type == PSNET__MSG_TYPE__MSG_ROWS_PULL_REP ||
                     hdr->type == PSNET__MSG_TYPE__MSG_ROWS_PUSH || hdr->type == PSNET__MSG_TYPE__MSG_ROWS_SCAN ||
-                    hdr->type == PSNET__MSG_TYPE__MSG_ROWS_COPY;
+                    hdr->type == PSNET__MSG_TYPE__MSG_ROWS_COPY || hdr->type == PSNET__MSG_TYPE__MSG_ROWS_MOVE;
+        if (hdr->has_last && hdr->type != PSNET__MSG_TYPE__MSG_ROWS_MOVE)
+                return fail(reason, reasonlen, PSNET__STATUS__STATUS_MALFORMED,
+                            "%s says whether it is the last: only ROWS_MOVE does", types[ti].name);
         if (hdr->has_cursor && hdr->type != PSNET__MSG_TYPE__MSG_ROWS_SCAN &&
             hdr->type != PSNET__MSG_TYPE__MSG_ROWS_PULL_REP)
                 return fail(reason, reasonlen, PSNET__STATUS__STATUS_MALFORMED,
@@ -236,7 +240,7 @@ int wire_validate(const Psnet__Header *hdr, const zmq_msg_t *frames, size_t nfra
                 if (want == 0)
                         return PSNET__STATUS__STATUS_OK;
                 size_t ib = zmq_msg_size((zmq_msg_t *) &frames[0]), n = ib / 8;
-                bool copy = hdr->type == PSNET__MSG_TYPE__MSG_ROWS_COPY;
+                bool copy = hdr->type == PSNET__MSG_TYPE__MSG_ROWS_COPY || hdr->type == PSNET__MSG_TYPE__MSG_ROWS_MOVE;
                 bool push = hdr->type == PSNET__MSG_TYPE__MSG_ROWS_PUSH || hdr->type == PSNET__MSG_TYPE__MSG_ROWS_PULL_REP ||
                             copy;
                 if (ib % 8 != 0 || (n == 0 && !push) || n > WIRE_MAX_ROWS)
@@ -260,7 +264,7 @@ int wire_validate(const Psnet__Header *hdr, const zmq_msg_t *frames, size_t nfra
         }
         if (hdr->has_table)
                 return fail(reason, reasonlen, PSNET__STATUS__STATUS_MALFORMED,
-                            "%s names a table: only ROWS_PULL, ROWS_PULL_REP, ROWS_PUSH and ROWS_COPY do",
+                            "%s names a table: only ROWS_PULL, ROWS_PULL_REP, ROWS_PUSH, ROWS_COPY and ROWS_MOVE do",
                             types[ti].name);
         if (hdr->type == PSNET__MSG_TYPE__MSG_CHUNK_STATE) {
                 /* One key; frames: its values (len floats), its optimizer state,

@@ -61,7 +61,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
                 if (m.hdr->type == PSNET__MSG_TYPE__MSG_ROWS_SCAN && (!m.hdr->has_table || m.nframes != 0))
                         abort(); /* a scan names a table and carries nothing */
                 if (m.hdr->type == PSNET__MSG_TYPE__MSG_ROWS_PULL || m.hdr->type == PSNET__MSG_TYPE__MSG_ROWS_PUSH ||
-                    m.hdr->type == PSNET__MSG_TYPE__MSG_ROWS_PULL_REP || m.hdr->type == PSNET__MSG_TYPE__MSG_ROWS_COPY) {
+                    m.hdr->type == PSNET__MSG_TYPE__MSG_ROWS_PULL_REP || m.hdr->type == PSNET__MSG_TYPE__MSG_ROWS_COPY ||
+                    m.hdr->type == PSNET__MSG_TYPE__MSG_ROWS_MOVE) {
                         /* Ids of 8 bytes, then (but for a pull) as many rows of floats. */
                         size_t ids = m.nframes ? zmq_msg_size(&m.frames[0]) : 0, n = ids / 8;
                         bool pull = m.hdr->type == PSNET__MSG_TYPE__MSG_ROWS_PULL;
@@ -71,6 +72,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
                             (!pull && (n == 0 ? rows != 0 : rows == 0 || rows % (n * 4))))
                                 abort(); /* accepted, yet its rows do not add up */
                 }
+                if (m.hdr->has_last && m.hdr->type != PSNET__MSG_TYPE__MSG_ROWS_MOVE)
+                        abort(); /* only a move says it is the last */
                 bool rows_parts = m.hdr->type == PSNET__MSG_TYPE__MSG_ROWS_PUSH ||
                                   m.hdr->type == PSNET__MSG_TYPE__MSG_ROWS_COPY;
                 if ((m.hdr->has_part || m.hdr->has_parts) &&

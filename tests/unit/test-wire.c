@@ -813,6 +813,24 @@ static void test_rows(void) {
         st = wire_validate(&h, f, 2, reason, sizeof reason);
         CHECK(st == PSNET__STATUS__STATUS_SIZE && strstr(reason, "ids frame has 25 bytes"), "ids of 25 bytes: %s",
               reason);
+        /* Rows moved after a map change: whole rows, the last said; only a move says it. */
+        zmq_msg_close(&f[0]);
+        zmq_msg_close(&f[1]);
+        zmq_msg_init_size(&f[0], 3 * 8);
+        zmq_msg_init_size(&f[1], 3 * 49 * 4);
+        wire_header_init(&h, PSNET__MSG_TYPE__MSG_ROWS_MOVE);
+        h.has_table = h.has_last = h.last = true;
+        st = wire_validate(&h, f, 2, reason, sizeof reason);
+        CHECK(st == PSNET__STATUS__STATUS_OK, "a ROWS_MOVE of 3 whole rows of 49 floats, the last (%s)", reason);
+        h.has_part = h.has_parts = h.has_epoch = true;
+        h.part = 0, h.parts = 2;
+        st = wire_validate(&h, f, 2, reason, sizeof reason);
+        CHECK(st == PSNET__STATUS__STATUS_MALFORMED && strstr(reason, "in parts"), "a ROWS_MOVE in parts: %s", reason);
+        h.has_part = h.has_parts = false;
+        h.type = PSNET__MSG_TYPE__MSG_ROWS_COPY;
+        st = wire_validate(&h, f, 2, reason, sizeof reason);
+        CHECK(st == PSNET__STATUS__STATUS_MALFORMED && strstr(reason, "only ROWS_MOVE does"),
+              "a ROWS_COPY saying it is the last: %s", reason);
         wire_header_init(&h, PSNET__MSG_TYPE__MSG_PUSH);
         h.has_table = true;
         st = wire_validate(&h, NULL, 0, reason, sizeof reason);
