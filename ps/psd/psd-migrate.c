@@ -28,6 +28,7 @@ typedef struct Link {
         uint64_t seq;
         uint64_t answered;      /* the last sequence answered */
         uint64_t mark;          /* migrate_mark's */
+        uint64_t move_lo, move_hi; /* the ROWS_MOVE sent since migrate_mark, by sequence */
         Waiter *w;
         size_t head, n, cap;    /* waiting: w[head .. n) */
 } Link;
@@ -45,6 +46,7 @@ struct Migrate {
         WireMsg *stash;         /* messages sent under a map (or membership) not here yet, in arrival order */
         size_t nstash;
         uint64_t moved_out, moved_in, forwarded, forwarded_bytes, rows_copied;
+        uint64_t rows_moved, moves_refused;
 };
 
 int migrate_new(uv_loop_t *loop, void *zctx, const NetIdentity *id, uint32_t shard_id, Migrate **ret) {
@@ -75,6 +77,16 @@ bool migrate_marked_answered(const Migrate *mg) {
                 if (mg->links[i]->answered < mg->links[i]->mark)
                         return false;
         return true;
+}
+
+uint64_t migrate_rows_moved(const Migrate *mg) { return mg->rows_moved; }
+
+uint64_t migrate_moves_refused(const Migrate *mg) { return mg->moves_refused; }
+
+void migrate_moves_end(Migrate *mg) {
+        for (size_t i = 0; i < mg->nlinks; i++)
+                mg->links[i]->move_lo = mg->links[i]->move_hi = 0;
+        mg->moves_refused = 0;
 }
 
 /* Takes the oldest push off l: one forward fewer to wait for (the caller
@@ -410,6 +422,47 @@ static int send_copy(Migrate *mg, Link *l, uint32_t table, int64_t clock, const 
         return 0;
 }
 
+int migrate_rows_move(Migrate *mg, uint32_t shard, uint32_t table, int64_t clock, const int64_t *ids,
+                      const float *rows, size_t n, bool last) {
+        const ShardMap *m = mg->store->map;
+        int at = m ? shardmap_find(m, shard) : -1;
+        Link *l = at >= 0 ? link_for(mg, shardmap_shard(m, (size_t) at)) : NULL;
+        if (!l)
+                return -EHOSTUNREACH;
+        size_t per = rows_row_floats(mg->rows, table);
+        zmq_msg_t f[2];
+        if (zmq_msg_init_size(&f[0], n * sizeof *ids) < 0)
+                return -ENOMEM;
+        if (zmq_msg_init_size(&f[1], n * per * sizeof *rows) < 0) {
+                zmq_msg_close(&f[0]);
+                return -ENOMEM;
+        }
+        if (n) {
+                memcpy(zmq_msg_data(&f[0]), ids, n * sizeof *ids);
+                memcpy(zmq_msg_data(&f[1]), rows, n * per * sizeof *rows);
+        }
+        Psnet__Header h;
+        wire_header_init(&h, PSNET__MSG_TYPE__MSG_ROWS_MOVE);
+        h.has_job = h.has_epoch = h.has_clock = h.has_sender = h.has_seq = h.has_table = true;
+        h.job = mg->store->job.id;
+        h.epoch = shardmap_epoch(m);
+        h.clock = clock;
+        h.sender = mg->shard_id;
+        h.seq = l->seq + 1;
+        h.table = table;
+        h.has_last = last;
+        h.last = last;
+        int r = netsock_send(l->sock, NULL, &h, f, 2);
+        if (r < 0)
+                return r;
+        l->seq++;
+        if (!l->move_lo)
+                l->move_lo = h.seq;
+        l->move_hi = h.seq;
+        mg->rows_moved += n;
+        return 0;
+}
+
 int migrate_rows_copy(Migrate *mg, PushReq *const *reqs, size_t nreqs, uint32_t table, int64_t clock,
                       const int64_t *ids, size_t n) {
         const ShardMap *m = mg->store->map;
@@ -526,8 +579,12 @@ static void on_link_msg(NetSock *ns, WireMsg *m, int r, void *ud) {
         if (h->type == PSNET__MSG_TYPE__MSG_ERROR && h->status != PSNET__STATUS__STATUS_DUPLICATE)
                 log_error("shard at %s refused what we sent status=%s reason=\"%s\"", netsock_name(ns),
                           status_name(h->status), h->reason ? h->reason : "");
-        if (h->has_seq && (h->type == PSNET__MSG_TYPE__MSG_REPLICATE_ACK ||
-                           h->type == PSNET__MSG_TYPE__MSG_CHUNK_ACK || h->type == PSNET__MSG_TYPE__MSG_ERROR))
+        bool answer = h->has_seq && (h->type == PSNET__MSG_TYPE__MSG_REPLICATE_ACK ||
+                                     h->type == PSNET__MSG_TYPE__MSG_CHUNK_ACK || h->type == PSNET__MSG_TYPE__MSG_ERROR);
+        if (answer && l->move_lo && h->seq >= l->move_lo && h->seq <= l->move_hi &&
+            h->status != PSNET__STATUS__STATUS_OK && h->status != PSNET__STATUS__STATUS_DUPLICATE)
+                l->mg->moves_refused++; /* rows moved to it (or a copy sent among them) not taken */
+        if (answer)
                 link_answer(l, h->seq, h->status, h);
 }
 
@@ -555,6 +612,13 @@ static bool sender_known(Migrate *mg, const WireMsg *m) {
                 return false;
         const ShardDesc *d = shardmap_shard(s->map, (size_t) i);
         return !mg->id->enabled || (d->has_public_key && memcmp(d->public_key, m->peer.key, 32) == 0);
+}
+
+/* Whether the sender of a ROWS_MOVE is a shard of the map before the last
+ * change (one that left it hands its rows over), with CURVE by its key. */
+static bool sender_moves(Migrate *mg, const WireMsg *m) {
+        const ShardDesc *d = mg->rows ? rows_prev_shard(mg->rows, m->hdr->sender) : NULL;
+        return d && (!mg->id->enabled || (d->has_public_key && memcmp(d->public_key, m->peer.key, 32) == 0));
 }
 
 /* Installs a chunk state; returns a status for the answer. */
@@ -651,12 +715,20 @@ static bool handle(Migrate *mg, NetSock *data, WireMsg *m) {
                 return false;
         int st;
         bool rep = h->type == PSNET__MSG_TYPE__MSG_REPLICATE, copy = h->type == PSNET__MSG_TYPE__MSG_ROWS_COPY;
+        bool move = h->type == PSNET__MSG_TYPE__MSG_ROWS_MOVE;
         _cleanup_free_ Psnet__Key **missing = rep ? ps_malloc((h->n_keys ? h->n_keys : 1) * sizeof *missing) : NULL;
         size_t nmissing = 0;
         if (!s->has_job || !s->map || h->job != s->job.id || !h->has_clock || h->clock < 0 || !h->has_seq) {
                 snprintf(reason, sizeof reason, "not for this shard's job (or no job yet)");
                 st = PSNET__STATUS__STATUS_INVALID;
-        } else if ((rep || copy || (h->chunk_state->has_replica && h->chunk_state->replica)) && !sender_known(mg, m)) {
+        } else if (move && !sender_moves(mg, m)) {
+                snprintf(reason, sizeof reason, "shard %u was not in this shard's map before the last change%s",
+                         h->sender, mg->id->enabled ? ", or its key differs" : "");
+                st = PSNET__STATUS__STATUS_DENIED;
+        } else if (move)
+                st = mg->rows ? rows_move_in(mg->rows, s->map, mg->shard_id, h, m->frames, reason, sizeof reason)
+                              : PSNET__STATUS__STATUS_NO_JOB;
+        else if ((rep || copy || (h->chunk_state->has_replica && h->chunk_state->replica)) && !sender_known(mg, m)) {
                 /* A copy for a backup comes from a primary of this map (a moving
                  * chunk may come from a shard that just left it). */
                 snprintf(reason, sizeof reason, "shard %u is not in this shard's map (epoch %lu)%s", h->sender,
@@ -675,7 +747,7 @@ static bool handle(Migrate *mg, NetSock *data, WireMsg *m) {
             st != PSNET__STATUS__STATUS_MIGRATING && st != PSNET__STATUS__STATUS_MOVED)
                 log_warning("refused a message from shard %u type=%s status=%s reason=\"%s\"", h->sender,
                             wire_type_name(h->type), status_name(st), reason);
-        int r = answer(data, m, rep || copy ? PSNET__MSG_TYPE__MSG_REPLICATE_ACK : PSNET__MSG_TYPE__MSG_CHUNK_ACK, st,
+        int r = answer(data, m, rep || copy || move ? PSNET__MSG_TYPE__MSG_REPLICATE_ACK : PSNET__MSG_TYPE__MSG_CHUNK_ACK, st,
                        reason[0] ? reason : NULL, missing, nmissing);
         if (r < 0)
                 log_warning_errno(r, "Failed to answer shard %u: %m", h->sender);

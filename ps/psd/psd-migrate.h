@@ -12,7 +12,10 @@
  *                    its keys before the primary applies or parks it;
  *   MSG_ROWS_COPY    the rows of a table a BSP clock changed on their
  *                    primary, whole, to each other shard that backs some
- *                    of them (psd-rows.h, "copies").
+ *                    of them (psd-rows.h, "copies");
+ *   MSG_ROWS_MOVE    rows that have new holders after a map change, whole,
+ *                    from the shard that led them (psd-rows.h, "rows
+ *                    moved").
  *
  * Every message on a link carries the link's next sequence number and is
  * answered (CHUNK_ACK, REPLICATE_ACK) in order, so a push is acknowledged to
@@ -46,6 +49,17 @@ void migrate_attach_rows(Migrate *mg, Rows *rows);
  * could not be sent (the pushes must not be acknowledged). */
 int migrate_rows_copy(Migrate *mg, PushReq *const *reqs, size_t nreqs, uint32_t table, int64_t clock,
                       const int64_t *ids, size_t n);
+/* Rows of table moved to shard after a map change (psd-rows.h, "rows
+ * moved"): one ROWS_MOVE of ids[0..n) and their rows whole, at clock, the
+ * sender's last of the table where last. 0, or a negative errno. */
+int migrate_rows_move(Migrate *mg, uint32_t shard, uint32_t table, int64_t clock, const int64_t *ids,
+                      const float *rows, size_t n, bool last);
+/* Table rows moved out; answers refusing a ROWS_MOVE (or a message sent
+ * among them) since moves began. */
+uint64_t migrate_rows_moved(const Migrate *mg);
+uint64_t migrate_moves_refused(const Migrate *mg);
+/* A move's answers are all in: the next ROWS_MOVE begins another. */
+void migrate_moves_end(Migrate *mg);
 /* Table rows sent in copies. */
 uint64_t migrate_rows_copied(const Migrate *mg);
 /* Notes what was sent on each link so far; then whether every link (those

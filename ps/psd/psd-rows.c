@@ -18,6 +18,7 @@ typedef struct Parked {
         uint32_t worker;
         int64_t clock;
         uint32_t part, parts;   /* of the worker's push of the clock (1 part: 0 of 1) */
+        uint64_t epoch;         /* the shard-map epoch it was cut for (0: none said) */
         bool acked;             /* a part that did not complete the push: acknowledged when it came */
         uint64_t seq;
         int64_t *ids;
@@ -52,6 +53,15 @@ typedef struct CopyIn {
         float *rows;
         size_t n;
 } CopyIn;
+
+/* A shard whose rows come here after a map change that moves rows
+ * (ROWS_MOVE): per table, the last clock it closed before the change, and
+ * whether its first and its last rows came (bits by table). */
+typedef struct Source {
+        uint32_t shard;
+        int64_t clock[JOB_MAX_TABLES];
+        uint64_t got, done;
+} Source;
 
 /* The parts' bits of a push in parts parts. */
 static uint64_t all_parts(uint32_t parts) {
@@ -104,7 +114,39 @@ struct Rows {
         uint64_t promoted, promote_ms;
         uint64_t whole_epoch;   /* the map epoch before a promotion and rebuild under way */
         uint64_t rebuilds;      /* rebuilds finished (their copies sent) */
+        /* BSP: the last clock closed here a second time after it opened
+         * again (reopened): sent again after that, it is a duplicate. */
+        int64_t reclosed[JOB_MAX_TABLES];
+        /* A map change that moves rows between live shards (a shard added,
+         * or one removed where rows have one copy): the new map, and this
+         * shard's part as a sender (rows_move_step): per table, the clock
+         * closed at the change and the sweep of its rows; the shards whose
+         * rows come here, while some have not said their last. */
+        ShardMap *move_map;
+        uint32_t move_self;
+        int move_stage;         /* MOVE_* */
+        uint32_t move_table;
+        size_t move_at;
+        int64_t move_clock[JOB_MAX_TABLES];
+        uint64_t move_sent, move_kept, move_ms, moves;
+        Source *src;
+        size_t nsrc;
+        bool receiving;
+        bool move_failed;       /* a receiver refused rows: not whole until the next change */
+        uint64_t moved_in;
 };
+
+/* A sender's stages: its rows to their new holders, then its copies no
+ * longer held here dropped, its last word to every receiver; once all of
+ * that was answered, its rows it no longer leads made copies or dropped. */
+enum { MOVE_NONE, MOVE_FIRST, MOVE_SEND, MOVE_COPIES, MOVE_LAST, MOVE_ANSWERS, MOVE_DEMOTE };
+
+static Source *source_of(const Rows *r, uint32_t shard) {
+        for (size_t i = 0; i < r->nsrc; i++)
+                if (r->src[i].shard == shard)
+                        return &r->src[i];
+        return NULL;
+}
 
 void rows_set_hooks(Rows *r, const RowsHooks *hooks) { r->hooks = *hooks; }
 
@@ -156,6 +198,12 @@ static void drop_copies(Rows *r) {
         ps_free(r->lost);
         r->lost = NULL;
         r->nlost = 0;
+        r->move_map = shardmap_free(r->move_map);
+        r->move_stage = MOVE_NONE;
+        ps_free(r->src);
+        r->src = NULL;
+        r->nsrc = 0;
+        r->receiving = r->move_failed = false;
 }
 
 static void drop_tables(Rows *r) {
@@ -209,7 +257,7 @@ int rows_configure(Rows *r, const Job *job, char *why, size_t n) {
                                          e == -ENOMEM ? "out of memory" : w);
                         return e;
                 }
-                r->closed[i] = -1;
+                r->closed[i] = r->reclosed[i] = -1;
                 r->ntables = i + 1;
         }
         return 0;
@@ -279,7 +327,33 @@ static int promote_ids(Rows *r, uint32_t t, const int64_t *ids, size_t n) {
         return 0;
 }
 
-bool rows_promoting(const Rows *r) { return r->promote != NULL; }
+bool rows_promoting(const Rows *r) { return r->promote || r->move_stage != MOVE_NONE || r->receiving; }
+
+/* After a map change that moves rows here: UNAVAILABLE (the reason said)
+ * where a row of ids[0..n) of table t comes from a shard that has not sent
+ * all of the table yet, or, for a push, while a sender has not said the
+ * clock its rows stand at (what is applied is cut by it); else OK. */
+static int move_wait(const Rows *r, uint32_t t, const int64_t *ids, size_t n, bool push, char *reason,
+                     size_t len) {
+        if (!r->receiving)
+                return PSNET__STATUS__STATUS_OK;
+        uint64_t bit = (uint64_t) 1 << t;
+        const Source *late = NULL;
+        for (size_t i = 0; push && !late && i < r->nsrc; i++)
+                if (!(r->src[i].got & bit))
+                        late = &r->src[i];
+        for (size_t k = 0; !late && k < n; k++) {
+                int at = shardmap_row_holder(r->prev, t, ids[k], 0);
+                const Source *src = at >= 0 ? source_of(r, shardmap_shard(r->prev, (size_t) at)->id) : NULL;
+                if (src && !(src->done & bit))
+                        late = src;
+        }
+        if (!late)
+                return PSNET__STATUS__STATUS_OK;
+        snprintf(reason, len, "rows of table %s move here from shard %u after a map change: ask again",
+                 r->conf[t].name, late->shard);
+        return PSNET__STATUS__STATUS_UNAVAILABLE;
+}
 
 uint64_t rows_rebuilds(const Rows *r, uint64_t *ret_from) {
         *ret_from = r->whole_epoch;
@@ -287,7 +361,7 @@ uint64_t rows_rebuilds(const Rows *r, uint64_t *ret_from) {
 }
 
 uint64_t rows_whole_epoch(const Rows *r, uint64_t epoch) {
-        return r->promote || r->rebuilding ? r->whole_epoch : epoch;
+        return rows_promoting(r) || r->rebuilding || r->move_failed ? r->whole_epoch : epoch;
 }
 
 int rows_pull(Rows *r, const ShardMap *map, uint32_t self, const Psnet__Header *h, const zmq_msg_t *ids,
@@ -302,6 +376,8 @@ int rows_pull(Rows *r, const ShardMap *map, uint32_t self, const Psnet__Header *
                 r->stats.refused++;
                 return st;
         }
+        if ((st = move_wait(r, h->table, v, count, false, reason, n)) != PSNET__STATUS__STATUS_OK)
+                return st;
         if (promote_ids(r, h->table, v, count) < 0) {
                 snprintf(reason, n, "the shard takes over rows of table %s after a fail-over%s: ask again",
                          r->conf[h->table].name, r->frozen ? " once its checkpoint is written" : "");
@@ -377,7 +453,8 @@ static int park(Rows *r, const Psnet__Header *h, const zmq_msg_t *route, int64_t
         r->parked[h->table] = a;
         Parked *p = &a[r->nparked[h->table]];
         *p = (Parked) { .worker = h->sender, .clock = h->clock, .part = h->has_part ? h->part : 0,
-                        .parts = h->has_parts ? h->parts : 1, .acked = !completes, .seq = h->seq, .ids = *v,
+                        .parts = h->has_parts ? h->parts : 1, .epoch = h->has_epoch ? h->epoch : 0,
+                        .acked = !completes, .seq = h->seq, .ids = *v,
                         .g = *g, .n = count };
         if (zmq_msg_init(&p->route) < 0 || (route && zmq_msg_copy(&p->route, (zmq_msg_t *) route) < 0)) {
                 snprintf(reason, n, "out of memory");
@@ -397,41 +474,75 @@ static int64_t copied_clock(const Rows *r, uint32_t shard, uint32_t t) {
         return -1;
 }
 
-/* BSP: whether clock of table t, closed here, is open again after a
- * fail-over: a lost primary had not copied it here whole, so it
- * acknowledged it to no worker, and every member sends it again. */
+/* The shards whose rows came here at the last map change (a lost
+ * primary's, from the copies; a sender's, moved), each with the clock of
+ * table t those rows stand at here: 0..n-1 into *ret_shard, *ret_clock;
+ * false past the last. */
+static bool came_from(const Rows *r, size_t i, uint32_t t, uint32_t *ret_shard, int64_t *ret_clock) {
+        if (i < r->nlost) {
+                *ret_shard = r->lost[i];
+                *ret_clock = copied_clock(r, r->lost[i], t);
+                return true;
+        }
+        if (i - r->nlost < r->nsrc) {
+                *ret_shard = r->src[i - r->nlost].shard;
+                *ret_clock = r->src[i - r->nlost].clock[t];
+                return true;
+        }
+        return false;
+}
+
+/* BSP: whether clock of table t, closed here, is open again after a map
+ * change: rows that came here (a lost primary's copies, or rows moved)
+ * stand at an earlier clock. Their primary had acknowledged it to no
+ * worker (a lost one had not copied it whole; a sender had not closed
+ * it), so every member sends it again; closed here a second time, it is
+ * not open any more. */
 static bool reopened(const Rows *r, uint32_t t, int64_t clock) {
-        if (clock > r->closed[t])
+        if (clock > r->closed[t] || clock <= r->reclosed[t])
                 return false;
-        for (size_t i = 0; i < r->nlost; i++)
-                if (copied_clock(r, r->lost[i], t) < clock)
+        uint32_t shard;
+        int64_t at;
+        for (size_t i = 0; came_from(r, i, t, &shard, &at); i++)
+                if (at < clock)
                         return true;
         return false;
 }
 
 /* Whether a push of clock to table t may hold rows applied here before the
- * last fail-over: at most the last clock closed here or copied whole from
- * a lost primary. */
+ * last map change: at most the last clock closed here or that rows that
+ * came here stand at. */
 static bool before_failover(const Rows *r, uint32_t t, int64_t clock) {
         if (!r->prev)
                 return false;
-        int64_t horizon = r->closed[t];
-        for (size_t i = 0; i < r->nlost; i++)
-                horizon = MAX(horizon, copied_clock(r, r->lost[i], t));
+        int64_t horizon = r->closed[t], at;
+        uint32_t shard;
+        for (size_t i = 0; came_from(r, i, t, &shard, &at); i++)
+                horizon = MAX(horizon, at);
         return clock <= horizon;
 }
 
-/* A push sent again under the map after a fail-over: the rows of it this
+/* The clock of table t the rows led by was under the map before the last
+ * change stand at here: closed here for its own, the clock they came at. */
+static int64_t applied_clock(const Rows *r, uint32_t self, uint32_t was, uint32_t t) {
+        if (was == self)
+                return r->closed[t];
+        const Source *src = source_of(r, was);
+        return src ? src->clock[t] : copied_clock(r, was, t);
+}
+
+/* A push sent again under the map after a map change: the rows of it this
  * shard already holds applied go (ids v and gradients g compacted, their
- * count returned): its own rows at a clock it closed, and a lost primary's
- * whose copy of the clock came here whole. */
+ * count returned): its own rows at a clock it closed, a lost primary's
+ * whose copy of the clock came here whole, and a sender's moved here at
+ * that clock or later. */
 static size_t drop_applied(const Rows *r, uint32_t self, uint32_t t, int64_t clock, int64_t *v, float *g,
                            size_t count) {
         size_t dim = r->conf[t].dim, kept = 0;
         for (size_t k = 0; k < count; k++) {
                 int at = shardmap_row_holder(r->prev, t, v[k], 0);
                 uint32_t was = at >= 0 ? shardmap_shard(r->prev, (size_t) at)->id : 0;
-                bool applied = was == self ? r->closed[t] >= clock : copied_clock(r, was, t) >= clock;
+                bool applied = applied_clock(r, self, was, t) >= clock;
                 if (applied)
                         continue;
                 v[kept] = v[k];
@@ -495,6 +606,9 @@ int rows_push(Rows *r, const ShardMap *map, uint32_t self, const Psnet__Header *
         }
         if (st == PSNET__STATUS__STATUS_OK)
                 st = check_holder(map, self, h->table, v, count, reason, n);
+        if (st == PSNET__STATUS__STATUS_OK &&
+            (st = move_wait(r, h->table, v, count, true, reason, n)) == PSNET__STATUS__STATUS_UNAVAILABLE)
+                return st;
         if (st == PSNET__STATUS__STATUS_OK && !(last = last_of(r, h->table, h->sender))) {
                 snprintf(reason, n, "out of memory");
                 st = PSNET__STATUS__STATUS_RESOURCE;
@@ -707,6 +821,8 @@ void rows_settle(Rows *r, int64_t limit) {
                         for (size_t k = 0; k < np; k++)
                                 if (!p[k].acked && acks)
                                         acks[nacks++] = (RowsAck) { &p[k].route, p[k].seq, p[k].worker };
+                        if (clock <= r->closed[i]) /* a clock opened again (reopened) */
+                                r->reclosed[i] = MAX(r->reclosed[i], clock);
                         r->closed[i] = MAX(r->closed[i], clock);
                         if (r->hooks.closed) /* copied to the backups, then acknowledged */
                                 r->hooks.closed(r->hooks.ud, (uint32_t) i, clock, ids, nids, acks, nacks, st, reason);
@@ -904,9 +1020,407 @@ bool rows_rebuild_step(Rows *r, size_t budget, RowsRebuildFn fn, void *ud) {
         return false;
 }
 
+/* --- rows moved at a map change (a shard added; one removed with one copy) ------------------ */
+
+/* Whether shard is a receiver of a move from old to map: a shard new to
+ * the map; every shard of it where a shard left and rows had one copy. */
+static bool move_receiver(const ShardMap *old, const ShardMap *map, uint32_t shard) {
+        if (shardmap_find(map, shard) < 0)
+                return false;
+        if (shardmap_find(old, shard) < 0)
+                return true;
+        if (shardmap_replicas(old) >= 2)
+                return false;
+        for (size_t i = 0; i < shardmap_size(old); i++)
+                if (shardmap_find(map, shardmap_shard(old, i)->id) < 0)
+                        return true;
+        return false;
+}
+
+/* Whether shard sends rows at a move from old to map: one of old's that
+ * stays, or leaves where rows had one copy (it hands them over). */
+static bool move_sender(const ShardMap *old, const ShardMap *map, uint32_t shard) {
+        return shardmap_find(old, shard) >= 0 && (shardmap_find(map, shard) >= 0 || shardmap_replicas(old) < 2);
+}
+
+/* A map change that moves rows: the maps before and after kept (pushes
+ * sent again are cut by them), the senders this shard waits on, and its
+ * own sweep as a sender. Pushes parked under an older map go: they may
+ * hold rows this shard no longer leads, and their workers send them again
+ * under this one (nothing of them was acknowledged). */
+static void move_begin(Rows *r, const ShardMap *old, const ShardMap *map, uint32_t self) {
+        size_t ns = shardmap_size(old);
+        ShardMap *prev = shardmap_dup(old), *next = shardmap_dup(map);
+        Source *src = ps_calloc(MAX(ns, (size_t) 1), sizeof *src);
+        if (!prev || !next || !src) {
+                shardmap_free(prev);
+                shardmap_free(next);
+                ps_free(src);
+                log_error("out of memory starting to move table rows: they stay where they are, and the shards "
+                          "that lead them now serve them empty");
+                return;
+        }
+        if (!rows_promoting(r) && !r->rebuilding && !r->move_failed)
+                r->whole_epoch = shardmap_epoch(old);
+        /* What the change before this one left (pscoord waits until it is settled). */
+        shardmap_free(r->prev);
+        r->prev = prev;
+        ps_free(r->lost);
+        r->lost = NULL;
+        r->nlost = 0;
+        r->promote = shardmap_free(r->promote);
+        r->move_map = shardmap_free(r->move_map);
+        r->move_stage = MOVE_NONE;
+        ps_free(r->src);
+        r->src = src;
+        r->nsrc = 0;
+        if (move_receiver(old, map, self))
+                for (size_t i = 0; i < ns; i++) {
+                        uint32_t id = shardmap_shard(old, i)->id;
+                        if (id == self || !move_sender(old, map, id))
+                                continue;
+                        src[r->nsrc].shard = id;
+                        for (size_t t = 0; t < JOB_MAX_TABLES; t++)
+                                src[r->nsrc].clock[t] = -1;
+                        r->nsrc++;
+                }
+        r->receiving = r->nsrc > 0;
+        for (size_t t = 0; t < r->ntables; t++) {
+                r->reclosed[t] = -1;
+                r->move_clock[t] = r->closed[t];
+                size_t j = 0;
+                for (size_t k = 0; k < r->nparked[t]; k++) {
+                        Parked *p = &r->parked[t][k];
+                        if (p->epoch < shardmap_epoch(map))
+                                parked_free(p);
+                        else
+                                r->parked[t][j++] = *p;
+                }
+                r->nparked[t] = j;
+        }
+        if (move_sender(old, map, self)) {
+                r->move_map = next;
+                next = NULL;
+                r->move_self = self;
+                r->move_stage = MOVE_FIRST;
+                r->move_table = 0;
+                r->move_at = 0;
+                r->move_sent = r->move_kept = 0;
+                r->move_ms = now_ms();
+                /* A row led here that leads elsewhere now stays here as a copy
+                 * where this shard still holds it: a copy of every clock its
+                 * new primary closes comes after the clock closed here. */
+                for (size_t i = 0; i < shardmap_size(map); i++) {
+                        Copied *c = move_receiver(old, map, shardmap_shard(map, i)->id)
+                                            ? copied_of(r, shardmap_shard(map, i)->id) : NULL;
+                        for (size_t t = 0; c && t < r->ntables; t++)
+                                c->clock[t] = MAX(c->clock[t], r->closed[t]);
+                }
+        }
+        shardmap_free(next);
+        log_info("table rows move map_epoch=%lu senders_here=%zu sends=%s", (unsigned long) shardmap_epoch(map),
+                 r->nsrc, r->move_stage != MOVE_NONE ? "yes" : "no");
+}
+
+/* One sender's row: who gets it (each new holder that did not hold it
+ * before, but this shard), as whole rows by destination. */
+typedef struct MoveOut {
+        const Rows *r;
+        uint32_t t;
+        size_t per;
+        int64_t **ids;          /* by shard of the new map */
+        float **rows;
+        size_t *n;
+} MoveOut;
+
+static bool held_before(const Rows *r, uint32_t t, int64_t id, uint32_t shard) {
+        for (uint32_t i = 0; i < shardmap_replicas(r->prev); i++) {
+                int at = shardmap_row_holder(r->prev, t, id, i);
+                if (at >= 0 && shardmap_shard(r->prev, (size_t) at)->id == shard)
+                        return true;
+        }
+        return false;
+}
+
+static void move_route(MoveOut *o, int64_t id, const float *row) {
+        const Rows *r = o->r;
+        for (uint32_t i = 0; i < shardmap_replicas(r->move_map); i++) {
+                int at = shardmap_row_holder(r->move_map, o->t, id, i);
+                if (at < 0)
+                        continue;
+                uint32_t shard = shardmap_shard(r->move_map, (size_t) at)->id;
+                if (shard == r->move_self || held_before(r, o->t, id, shard))
+                        continue;
+                size_t k = o->n[at]++;
+                o->ids[at][k] = id;
+                memcpy(o->rows[at] + k * o->per, row, o->per * sizeof *row);
+        }
+}
+
+/* Where this shard stands for a row under the new map: 0 its primary, 1 a
+ * copy's holder, -1 neither. */
+static int move_place(const Rows *r, uint32_t t, int64_t id) {
+        for (uint32_t i = 0; i < shardmap_replicas(r->move_map); i++) {
+                int at = shardmap_row_holder(r->move_map, t, id, i);
+                if (at >= 0 && shardmap_shard(r->move_map, (size_t) at)->id == r->move_self)
+                        return i == 0 ? 0 : 1;
+        }
+        return -1;
+}
+
+typedef struct Sweep {
+        const Rows *r;
+        uint32_t t;
+} Sweep;
+
+static int drop_unheld(int64_t id, const float *row, void *ud) {
+        const Sweep *w = ud;
+        (void) row;
+        return move_place(w->r, w->t, id) < 0 ? TABLE_DROP : TABLE_KEEP;
+}
+
+static int demote(int64_t id, const float *row, void *ud) {
+        const Sweep *w = ud;
+        (void) row;
+        int place = move_place(w->r, w->t, id);
+        return place == 0 ? TABLE_KEEP : place == 1 ? TABLE_MOVE : TABLE_DROP;
+}
+
+/* MOVE_SEND: budget rows of the table in hand to their new holders. */
+static int move_send(Rows *r, size_t budget, RowsMoveFn send, void *ud) {
+        uint32_t t = r->move_table;
+        const Table *tb = r->tables[t];
+        size_t per = table_row_floats(tb), ns = shardmap_size(r->move_map);
+        budget = MIN(budget, MAX((size_t) WIRE_ROWS_PART_BYTES / (per * sizeof(float)), (size_t) 1));
+        size_t n = MIN(budget, table_size(tb) - MIN(r->move_at, table_size(tb)));
+        _cleanup_free_ int64_t *ids = ps_malloc(MAX(n, (size_t) 1) * sizeof *ids);
+        _cleanup_free_ float *rows = ps_malloc(MAX(n * per, (size_t) 1) * sizeof *rows);
+        _cleanup_free_ int64_t **dids = ps_calloc(ns, sizeof *dids);
+        _cleanup_free_ float **drows = ps_calloc(ns, sizeof *drows);
+        _cleanup_free_ size_t *dn = ps_calloc(ns, sizeof *dn);
+        int e = ids && rows && dids && drows && dn ? 0 : -ENOMEM;
+        for (size_t j = 0; e == 0 && j < ns; j++)
+                if (!(dids[j] = ps_malloc(MAX(n, (size_t) 1) * sizeof **dids)) ||
+                    !(drows[j] = ps_malloc(MAX(n * per, (size_t) 1) * sizeof **drows)))
+                        e = -ENOMEM;
+        if (e == 0) {
+                n = table_dump(tb, r->move_at, n, ids, rows);
+                MoveOut o = { r, t, per, dids, drows, dn };
+                for (size_t k = 0; k < n; k++)
+                        move_route(&o, ids[k], rows + k * per);
+                for (size_t j = 0; e == 0 && j < ns; j++)
+                        if (dn[j] > 0) {
+                                e = send(ud, shardmap_shard(r->move_map, j)->id, t, r->move_clock[t] + 1, dids[j],
+                                         drows[j], dn[j], false);
+                                r->move_sent += dn[j];
+                        }
+                if (e == 0)
+                        r->move_at += n;
+        }
+        for (size_t j = 0; dids && drows && j < ns; j++) {
+                ps_free(dids[j]);
+                ps_free(drows[j]);
+        }
+        return e;
+}
+
+/* Called past the last stage (rows_move_step's MOVE_DEMOTE done). */
+static void move_done(Rows *r) {
+        log_info("table rows moved rows_sent=%lu rows_no_longer_led=%lu map_epoch=%lu ms=%lu",
+                 (unsigned long) r->move_sent, (unsigned long) r->move_kept, (unsigned long) shardmap_epoch(r->move_map),
+                 (unsigned long) (now_ms() - r->move_ms));
+        r->move_stage = MOVE_NONE;
+        r->moves++;
+}
+
+bool rows_move_step(Rows *r, size_t budget, RowsMoveFn send, int (*answered)(void *ud), void *ud) {
+        if (r->move_stage == MOVE_NONE || r->frozen)
+                return false;
+        if (r->move_stage == MOVE_SEND || r->move_stage == MOVE_COPIES || r->move_stage == MOVE_DEMOTE) {
+                if (r->move_table >= r->ntables && r->move_stage == MOVE_DEMOTE) {
+                        move_done(r);
+                        return false;
+                }
+                if (r->move_table >= r->ntables) {
+                        r->move_table = 0;
+                        r->move_at = 0;
+                        r->move_stage++;
+                        return true;
+                }
+                uint32_t t = r->move_table;
+                Table *tb = r->move_stage == MOVE_COPIES ? r->backup[t] : r->tables[t];
+                if (r->move_at >= table_size(tb)) {
+                        r->move_table++;
+                        r->move_at = 0;
+                        return true;
+                }
+                Sweep w = { r, t };
+                long gone = 0;
+                int e = 0;
+                if (r->move_stage == MOVE_SEND)
+                        e = move_send(r, budget, send, ud);
+                else if (r->move_stage == MOVE_COPIES)
+                        gone = shardmap_find(r->move_map, r->move_self) >= 0
+                                       ? table_sweep(tb, NULL, &r->move_at, budget, drop_unheld, &w)
+                                       : (r->move_at = table_size(tb), 0);
+                else
+                        gone = table_sweep(tb, r->backup[t], &r->move_at, budget, demote, &w);
+                if (e < 0 || gone < 0)
+                        log_warning_errno(e < 0 ? e : (int) gone, "Failed a step of moving table %s's rows (%m): "
+                                          "again at the next", r->conf[t].name);
+                else if (r->move_stage == MOVE_DEMOTE)
+                        r->move_kept += (uint64_t) gone;
+                return true;
+        }
+        if (r->move_stage == MOVE_FIRST || r->move_stage == MOVE_LAST) {
+                /* First the clock each table's rows stand at, to every
+                 * receiver (so that it takes pushes before the rows come);
+                 * at last that all are sent. */
+                bool last = r->move_stage == MOVE_LAST;
+                for (size_t t = 0; t < r->ntables; t++)
+                        for (size_t i = 0; i < shardmap_size(r->move_map); i++) {
+                                uint32_t id = shardmap_shard(r->move_map, i)->id;
+                                if (id == r->move_self || !move_receiver(r->prev, r->move_map, id))
+                                        continue;
+                                int e = send(ud, id, (uint32_t) t, r->move_clock[t] + 1, NULL, NULL, 0, last);
+                                if (e < 0) {
+                                        log_warning_errno(e, "Failed to tell shard %u of the rows of table %s that "
+                                                          "move to it (%m): again at the next step", id,
+                                                          r->conf[t].name);
+                                        return true;
+                                }
+                        }
+                r->move_stage = last ? MOVE_ANSWERS : MOVE_SEND;
+                return true;
+        }
+        /* MOVE_ANSWERS: every receiver took what was sent before rows go. */
+        int a = answered(ud);
+        if (a == 0)
+                return false; /* looked at again at the next tick */
+        if (a < 0) {
+                log_error("a shard refused table rows moved to it: this shard keeps its rows as they are, and the "
+                          "rows stay on fewer copies than the map says (psctl status: rows_whole_epoch)");
+                r->move_stage = MOVE_NONE;
+                r->move_failed = true;
+                return false;
+        }
+        r->move_stage = MOVE_DEMOTE;
+        r->move_table = 0;
+        r->move_at = 0;
+        return true;
+}
+
+int rows_move_in(Rows *r, const ShardMap *map, uint32_t self, const Psnet__Header *h, const zmq_msg_t *frames,
+                 char *reason, size_t n) {
+        int st = known_table(r, h, reason, n);
+        if (st != PSNET__STATUS__STATUS_OK)
+                return st;
+        uint32_t t = h->table;
+        uint64_t bit = (uint64_t) 1 << t;
+        Source *src = source_of(r, h->sender);
+        if (!src || !r->receiving || h->epoch != shardmap_epoch(map)) {
+                snprintf(reason, n, "shard %u moves no rows here under map epoch %lu (this shard acts on %lu)",
+                         h->sender, (unsigned long) h->epoch, (unsigned long) shardmap_epoch(map));
+                return PSNET__STATUS__STATUS_MOVED;
+        }
+        if (r->frozen) {
+                snprintf(reason, n, "the shard is writing table %s to a checkpoint", r->conf[t].name);
+                return PSNET__STATUS__STATUS_UNAVAILABLE;
+        }
+        size_t per = table_row_floats(r->tables[t]);
+        size_t count = zmq_msg_size((zmq_msg_t *) &frames[0]) / sizeof(int64_t);
+        if (zmq_msg_size((zmq_msg_t *) &frames[1]) != count * per * sizeof(float)) {
+                snprintf(reason, n, "rows of table %s moved here have %zu floats, not %zu bytes for %zu ids",
+                         r->conf[t].name, per, zmq_msg_size((zmq_msg_t *) &frames[1]), count);
+                return PSNET__STATUS__STATUS_SIZE;
+        }
+        _cleanup_free_ int64_t *ids = ps_malloc(MAX(count, (size_t) 1) * sizeof *ids);
+        _cleanup_free_ float *rows = ps_malloc(MAX(count * per, (size_t) 1) * sizeof *rows);
+        _cleanup_free_ int64_t *bids = ps_malloc(MAX(count, (size_t) 1) * sizeof *bids);
+        _cleanup_free_ float *brows = ps_malloc(MAX(count * per, (size_t) 1) * sizeof *brows);
+        if (!ids || !rows || !bids || !brows) {
+                snprintf(reason, n, "out of memory for %zu rows of table %s", count, r->conf[t].name);
+                return PSNET__STATUS__STATUS_RESOURCE;
+        }
+        const int64_t *in_ids = zmq_msg_data((zmq_msg_t *) &frames[0]);
+        const float *in_rows = zmq_msg_data((zmq_msg_t *) &frames[1]);
+        size_t led = 0, backed = 0;
+        for (size_t k = 0; k < count; k++) {
+                int64_t id;
+                memcpy(&id, in_ids + k, sizeof id); /* a frame of any alignment */
+                int place = -1, me = shardmap_find(map, self);
+                for (uint32_t i = 0; me >= 0 && place < 0 && i < shardmap_replicas(map); i++)
+                        if (shardmap_row_holder(map, t, id, i) == me)
+                                place = i == 0 ? 0 : 1;
+                if (place < 0) {
+                        snprintf(reason, n, "row %lld of table %s moved here is not this shard's under map epoch %lu",
+                                 (long long) id, r->conf[t].name, (unsigned long) shardmap_epoch(map));
+                        return PSNET__STATUS__STATUS_MOVED;
+                }
+                int64_t *di = place == 0 ? ids + led : bids + backed;
+                float *dr = place == 0 ? rows + led++ * per : brows + backed++ * per;
+                *di = id;
+                memcpy(dr, (const char *) in_rows + k * per * sizeof(float), per * sizeof(float));
+        }
+        int e = table_import(r->tables[t], ids, led, rows, reason, n);
+        if (e == 0)
+                e = table_import(r->backup[t], bids, backed, brows, reason, n);
+        if (e < 0) {
+                if (e == -ENOMEM)
+                        snprintf(reason, n, "out of memory for %zu rows of table %s moved here", count, r->conf[t].name);
+                log_error("rows of table %s moved here from shard %u not taken reason=\"%s\"", r->conf[t].name,
+                          h->sender, reason);
+                return e == -ENOMEM ? PSNET__STATUS__STATUS_RESOURCE : PSNET__STATUS__STATUS_INVALID;
+        }
+        r->moved_in += count;
+        if (!(src->got & bit)) {
+                src->got |= bit;
+                src->clock[t] = h->clock - 1; /* it says the first clock it had not closed */
+                /* Every sender's clock known: those at or below the lowest are
+                 * closed here too (every member completed them). */
+                bool all = true;
+                int64_t lo = INT64_MAX;
+                for (size_t i = 0; i < r->nsrc; i++) {
+                        all = all && (r->src[i].got & bit);
+                        lo = MIN(lo, r->src[i].clock[t]);
+                }
+                if (all)
+                        r->closed[t] = MAX(r->closed[t], lo);
+        }
+        if (h->has_last && h->last) {
+                src->done |= bit;
+                /* The copies it sent here stand at its clock or later: as if
+                 * it had copied that clock here whole (a fail-over of it
+                 * reads this). */
+                Copied *c = copied_of(r, h->sender);
+                if (c)
+                        c->clock[t] = MAX(c->clock[t], src->clock[t]);
+                uint64_t every = r->ntables >= 64 ? UINT64_MAX : ((uint64_t) 1 << r->ntables) - 1;
+                bool all = true;
+                for (size_t i = 0; i < r->nsrc; i++)
+                        all = all && (r->src[i].done & every) == every;
+                if (all) {
+                        log_info("table rows moved here rows=%lu senders=%zu map_epoch=%lu",
+                                 (unsigned long) r->moved_in, r->nsrc, (unsigned long) shardmap_epoch(map));
+                        r->receiving = false;
+                }
+        }
+        return PSNET__STATUS__STATUS_OK;
+}
+
+const ShardDesc *rows_prev_shard(const Rows *r, uint32_t shard) {
+        int i = r->prev ? shardmap_find(r->prev, shard) : -1;
+        return i >= 0 ? shardmap_shard(r->prev, (size_t) i) : NULL;
+}
+
 void rows_map_changed(Rows *r, const ShardMap *old, const ShardMap *map, uint32_t self) {
         if (!old || !map || r->ntables == 0 || shardmap_epoch(old) == shardmap_epoch(map))
                 return;
+        for (size_t i = 0; i < shardmap_size(map); i++)
+                if (move_receiver(old, map, shardmap_shard(map, i)->id)) {
+                        move_begin(r, old, map, self);
+                        return;
+                }
         size_t nlost = 0;
         _cleanup_free_ uint32_t *lost = ps_malloc(MAX(shardmap_size(old), (size_t) 1) * sizeof *lost);
         ShardMap *prev = shardmap_dup(old);
@@ -962,9 +1476,9 @@ int rows_scan(Rows *r, const Psnet__Header *h, zmq_msg_t *ret, bool *ret_more, u
         int st = known_table(r, h, reason, n);
         if (st != PSNET__STATUS__STATUS_OK)
                 return st;
-        if (r->promote) {
-                snprintf(reason, n, "the shard takes over rows of table %s after a fail-over: ask again",
-                         r->conf[h->table].name);
+        if (rows_promoting(r)) {
+                snprintf(reason, n, "rows of table %s change hands after a map change (a fail-over, or a shard "
+                         "added or removed): ask again", r->conf[h->table].name);
                 return PSNET__STATUS__STATUS_UNAVAILABLE;
         }
         const Table *t = r->tables[h->table];

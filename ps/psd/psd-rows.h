@@ -119,8 +119,45 @@ void rows_export(const Rows *r, uint32_t table, const int64_t *ids, size_t n, fl
  * kept, or the copy installed), or a status with the reason. */
 int rows_copy_in(Rows *r, const Psnet__Header *h, const zmq_msg_t *frames, char *reason, size_t n);
 /* The map changed from old to map: after a fail-over (shards lost), the
- * copies of the rows self leads now join its tables. */
+ * copies of the rows self leads now join its tables; where rows move
+ * between live shards (below), self's part in that begins. */
 void rows_map_changed(Rows *r, const ShardMap *old, const ShardMap *map, uint32_t self);
+
+/* --- rows moved at a map change ---
+ * A change that gives rows new holders among live shards (a shard added;
+ * or one removed where rows have a single copy, which then hands its rows
+ * over) moves them: each shard of the map before that stays (or leaves
+ * with the only copies) is a sender, each shard that holds rows it did not
+ * hold before (the new one; with a single copy, every one) a receiver.
+ * A sender drops the pushes parked under the old map (their workers send
+ * them again under the new one, cut by it), then, a step at a time
+ * (rows_move_step): tells every receiver the clock each table stands at
+ * (the last closed before the change: rows it no longer leads change no
+ * more), sends each row it led to each new holder that did not hold it
+ * (ROWS_MOVE, whole), drops its copies of rows it no longer holds, says
+ * its last; once every receiver has answered all of it, the rows it no
+ * longer leads become copies (it backs them now) or go. A receiver
+ * (rows_move_in) installs rows as they come, as its own or as copies;
+ * until every sender said its clock it answers pushes UNAVAILABLE, then
+ * closes up to the lowest, and until a sender said its last, a request
+ * touching rows that sender led. A push sent again is cut as after a
+ * fail-over: a sender's rows at or below its clock were applied. A
+ * checkpoint's cut waits for the move (rows_promoting). */
+/* clock: the first the sender had not closed at the change. */
+typedef int (*RowsMoveFn)(void *ud, uint32_t shard, uint32_t table, int64_t clock, const int64_t *ids,
+                          const float *rows, size_t n, bool last);
+/* A step of this shard's part as a sender, budget rows at most: send
+ * sends to a receiver, answered says whether everything sent was answered
+ * (1), not yet (0), or some was refused (-1: the rows stay here and the
+ * shard never says they are whole). Whether more steps remain now. */
+bool rows_move_step(Rows *r, size_t budget, RowsMoveFn send, int (*answered)(void *ud), void *ud);
+/* A ROWS_MOVE from h->sender (validated by the wire) under map: OK, or a
+ * status with the reason (nothing installed then). */
+int rows_move_in(Rows *r, const ShardMap *map, uint32_t self, const Psnet__Header *h, const zmq_msg_t *frames,
+                 char *reason, size_t n);
+/* Shard of the map before the last change (NULL: none such): a sender
+ * that left the map is known by it. */
+const ShardDesc *rows_prev_shard(const Rows *r, uint32_t shard);
 /* After a fail-over the copies of the rows this shard now leads join its
  * tables (those a pull or a clock touches at once; the rest budget rows a
  * step, none while a checkpoint is written), then every row it leads goes
@@ -129,8 +166,8 @@ void rows_map_changed(Rows *r, const ShardMap *old, const ShardMap *map, uint32_
  * more steps remain. */
 typedef void (*RowsRebuildFn)(void *ud, uint32_t table, int64_t clock, const int64_t *ids, size_t n);
 bool rows_rebuild_step(Rows *r, size_t budget, RowsRebuildFn fn, void *ud);
-/* Whether copies still wait to join the tables after a fail-over: a
- * checkpoint's cut waits for them. */
+/* Whether copies still wait to join the tables after a fail-over, or rows
+ * move: a checkpoint's cut waits for them. */
 bool rows_promoting(const Rows *r);
 /* The map epoch since which every row this shard leads is on all its
  * copies: epoch (the current one) but while a fail-over's copies join its

@@ -79,6 +79,7 @@ typedef struct Psd {
          * still says rows_whole_from (pscoord: a row may be on one copy). */
         uint64_t rebuilds_seen, rows_whole_from;
         bool rows_await;
+        bool move_marked;       /* a move's last words sent: its answers awaited (psd_rows_moved) */
 } Psd;
 
 static bool redirect_status(int status) {
@@ -481,6 +482,29 @@ static void psd_rows_rebuild(void *ud, uint32_t table, int64_t clock, const int6
                             status_name(st));
 }
 
+/* RowsMoveFn: rows moved to a receiver after a map change. */
+static int psd_rows_move(void *ud, uint32_t shard, uint32_t table, int64_t clock, const int64_t *ids,
+                         const float *rows, size_t n, bool last) {
+        Psd *p = ud;
+        return migrate_rows_move(p->migrate, shard, table, clock, ids, rows, n, last);
+}
+
+/* Whether every receiver answered all that a move sent it (1), not yet
+ * (0), or refused some of it (-1). */
+static int psd_rows_moved(void *ud) {
+        Psd *p = ud;
+        if (!p->move_marked) {
+                migrate_mark(p->migrate);
+                p->move_marked = true;
+        }
+        int a = migrate_moves_refused(p->migrate) > 0 ? -1 : migrate_marked_answered(p->migrate) ? 1 : 0;
+        if (a != 0) {
+                migrate_moves_end(p->migrate);
+                p->move_marked = false;
+        }
+        return a;
+}
+
 /* RowsHooks: a clock of a table closed. Its rows go to their backups
  * first; each parked push is acknowledged (psd_ack) once every copy was
  * answered. */
@@ -663,6 +687,7 @@ static const DispatchRow rows[] = {
         T(ROWS_PUSH) = { psd_handle_rows },
         T(ROWS_SCAN) = { psd_handle_rows },
         T(ROWS_COPY) = { psd_handle_link },
+        T(ROWS_MOVE) = { psd_handle_link },
         T(CHUNK_STATE) = { psd_handle_link },
         T(REPLICATE) = { psd_handle_link },
         T(CHUNK_ACK) = { .ignore = true },
@@ -1326,6 +1351,10 @@ static void psd_tick(uv_timer_t *t) {
          * PSD_REBUILD_ROWS a step: steps for PSD_REBUILD_MS of each tick, so
          * that requests still get most of the loop. */
         for (uint64_t t0 = now_ms(); now_ms() - t0 < PSD_REBUILD_MS;) {
+                /* After a map change that moves rows: this shard's part in
+                 * it, PSD_REBUILD_ROWS a step (psd-rows.h, "rows moved"). */
+                if (rows_move_step(p->rows, PSD_REBUILD_ROWS, psd_rows_move, psd_rows_moved, p))
+                        continue;
                 size_t budget = rows_promoting(p->rows) ? PSD_PROMOTE_ROWS : PSD_REBUILD_ROWS;
                 if (!rows_rebuild_step(p->rows, budget, psd_rows_rebuild, p))
                         break;

@@ -10,9 +10,12 @@
  * copy of the rows loads back bit for bit; a primary lost at a clock whose
  * copy reached its backup, did not, or was never made: the workers' pushes
  * sent again leave the backup holding every row as one shard that took
- * every push would, bit for bit. */
+ * every push would, bit for bit; rows moved at a map change (a shard
+ * added, one removed with a single copy) end the same, on all their
+ * copies. */
 #include <errno.h>
 #include <math.h>
+#include <stdio.h>
 #include <string.h>
 #include "job.h"
 #include "psd-rows.h"
@@ -26,7 +29,8 @@ static uint32_t self_id = 1; /* the shard pull() asks */
 
 static void frame(zmq_msg_t *m, const void *p, size_t n) {
         zmq_msg_init_size(m, n);
-        memcpy(zmq_msg_data(m), p, n);
+        if (n)
+                memcpy(zmq_msg_data(m), p, n);
 }
 
 static Psnet__Header header(Psnet__MsgType type, uint32_t table, uint32_t worker, int64_t clock) {
@@ -224,6 +228,7 @@ typedef struct Side {
         bool deliver;
         bool half;              /* only the first part of each copy arrives */
         int acks;
+        const ShardMap *map;    /* the move test's: the map it acts on */
 } Side;
 
 static void side_closed(void *ud, uint32_t table, int64_t clock, const int64_t *ids, size_t n, const RowsAck *a,
@@ -405,6 +410,273 @@ out:
         shardmap_free(m2);
 }
 
+/* --- rows moved at a map change (a shard added; one removed with one copy) ------------------ */
+
+static Side *sides[4];
+static size_t nsides;
+static int move_refused, copies_refused;
+
+static Side *side_of(uint32_t id) {
+        for (size_t i = 0; i < nsides; i++)
+                if (sides[i]->id == id)
+                        return sides[i];
+        return NULL;
+}
+
+/* RowsHooks.closed: each row's copy to each of its backups under the
+ * shard's map, every other shard of it a copy (empty where it backs none),
+ * as psd-migrate.c sends them. */
+static void route_closed(void *ud, uint32_t table, int64_t clock, const int64_t *ids, size_t n, const RowsAck *a,
+                         size_t na, int status, const char *reason) {
+        Side *s = ud;
+        (void) a, (void) reason;
+        s->acks += (int) na;
+        if (status != 0 || shardmap_replicas(s->map) < 2 || shardmap_find(s->map, s->id) < 0)
+                return;
+        size_t per = rows_row_floats(s->rows, table);
+        float all[64 * 8], sel[64 * 8];
+        int64_t sids[64];
+        rows_export(s->rows, table, ids, n, all);
+        for (size_t j = 0; j < shardmap_size(s->map); j++) {
+                Side *to = side_of(shardmap_shard(s->map, j)->id);
+                if (!to || to == s)
+                        continue;
+                size_t m = 0;
+                for (size_t k = 0; k < n; k++)
+                        for (uint32_t i = 1; i < shardmap_replicas(s->map); i++)
+                                if (shardmap_row_holder(s->map, table, ids[k], i) == (int) j) {
+                                        sids[m] = ids[k];
+                                        memcpy(sel + m++ * per, all + k * per, per * 4);
+                                }
+                Psnet__Header h = header(PSNET__MSG_TYPE__MSG_ROWS_COPY, table, s->id, clock);
+                h.has_epoch = true;
+                h.epoch = shardmap_epoch(s->map);
+                zmq_msg_t f[2];
+                frame(&f[0], sids, m * 8);
+                frame(&f[1], sel, m * per * 4);
+                char why[160] = "";
+                if (rows_copy_in(to->rows, &h, f, why, sizeof why) != 0)
+                        copies_refused++;
+                zmq_msg_close(&f[0]);
+                zmq_msg_close(&f[1]);
+        }
+}
+
+/* RowsMoveFn: a ROWS_MOVE from the sender (ud) to shard, under the new map. */
+static int route_move(void *ud, uint32_t shard, uint32_t table, int64_t clock, const int64_t *ids, const float *r,
+                      size_t n, bool last) {
+        Side *s = ud, *to = side_of(shard);
+        if (!to)
+                return -EHOSTUNREACH;
+        size_t per = rows_row_floats(s->rows, table);
+        Psnet__Header h = header(PSNET__MSG_TYPE__MSG_ROWS_MOVE, table, s->id, clock);
+        h.has_epoch = h.has_last = true;
+        h.epoch = shardmap_epoch(to->map);
+        h.last = last;
+        zmq_msg_t f[2];
+        frame(&f[0], ids, n * 8);
+        frame(&f[1], r, n * per * 4);
+        char why[160] = "";
+        int st = rows_move_in(to->rows, to->map, to->id, &h, f, why, sizeof why);
+        zmq_msg_close(&f[0]);
+        zmq_msg_close(&f[1]);
+        if (st != 0) {
+                move_refused++;
+                fprintf(stderr, "# shard %u refused rows from %u: %s\n", shard, s->id, why);
+        }
+        return 0;
+}
+
+static void no_rebuild(void *ud, uint32_t table, int64_t clock, const int64_t *ids, size_t n) {
+        (void) ud, (void) table, (void) clock, (void) ids, (void) n;
+}
+
+static int all_answered(void *ud) {
+        (void) ud;
+        return move_refused ? -1 : 1;
+}
+
+/* Whether rows come to shard at the change from m1 to m2 (psd-rows.h). */
+static bool move_receiver_of(const ShardMap *m1, const ShardMap *m2, uint32_t shard) {
+        return shardmap_find(m1, shard) < 0 || (shardmap_replicas(m1) < 2 && shardmap_size(m2) < shardmap_size(m1));
+}
+
+/* Each worker's push of clock under m: to every shard of m, its ids cut by m. */
+static void push_all(const ShardMap *m, uint32_t worker, int64_t clock, const int64_t *ids, size_t n, int *ret_st,
+                     uint32_t only) {
+        for (size_t j = 0; j < shardmap_size(m); j++) {
+                Side *s = side_of(shardmap_shard(m, j)->id);
+                if (!s || (only && s->id != only))
+                        continue;
+                int64_t cut[64];
+                size_t c = 0;
+                for (size_t k = 0; k < n; k++)
+                        if (shardmap_row_holder(m, 0, ids[k], 0) == (int) j)
+                                cut[c++] = ids[k];
+                int st = push_to(s, m, worker, clock, shardmap_epoch(m), cut, c);
+                if (ret_st)
+                        ret_st[s->id] = st;
+        }
+}
+
+/* Pulls every id of table 0 from its primary under m into out: the first
+ * status not OK, or OK. */
+static int pull_all(const ShardMap *m, const int64_t *ids, size_t n, float *out) {
+        Rows *keep = rows;
+        ShardMap *keep_map = map;
+        uint32_t keep_self = self_id;
+        int st = 0;
+        char why[160] = "";
+        map = (ShardMap *) m;
+        for (size_t k = 0; k < n && st == 0; k++) {
+                Side *s = side_of(shardmap_shard(m, (size_t) shardmap_row_holder(m, 0, ids[k], 0))->id);
+                rows = s->rows, self_id = s->id;
+                st = pull(0, ids + k, 1, out + k * 2, 2, why);
+        }
+        rows = keep, map = keep_map, self_id = keep_self;
+        return st;
+}
+
+/* Shards of m1 train clocks 0..1 with workers 7 and 8; at clock 2 worker
+ * 8's push reaches only shard 1, which closes it. The map becomes m2 (a
+ * shard added, or one removed where rows had one copy): the rows move
+ * while the new holders ask pushes to wait; both workers send clock 2
+ * again under m2 and push clock 3. Every row then reads as on one shard
+ * that took every push, bit for bit, each on its R copies: after losing
+ * shard 1 (m3) the others still hold them all so. */
+static void test_move_case(const Job *job, const char *what, const ShardMap *m1, const ShardMap *m2,
+                           const ShardMap *m3, const ShardMap *mref) {
+        Side sd[3] = { side(job, 1), side(job, 2), side(job, 3) }, ref = side(job, 9);
+        nsides = 0;
+        move_refused = copies_refused = 0;
+        for (int i = 0; i < 3; i++) {
+                sd[i].map = m1;
+                sides[nsides++] = &sd[i];
+        }
+        ref.map = mref;
+        sides[nsides++] = &ref;
+        if (!CHECK(sd[0].rows && sd[1].rows && sd[2].rows && ref.rows, "%s: four shards' tables", what))
+                goto out;
+        for (size_t i = 0; i < nsides; i++) {
+                RowsHooks hk = { .members = members, .closed = route_closed, .ud = sides[i] };
+                rows_set_hooks(sides[i]->rows, &hk);
+        }
+        int64_t ids[40];
+        for (int k = 0; k < 40; k++)
+                ids[k] = 5000 + 53 * k;
+        for (int64_t c = 0; c < 3; c++)
+                for (uint32_t w = 7; w <= 8; w++) {
+                        push_all(mref, w, c, ids, 40, NULL, 0);
+                        push_all(m1, w, c, ids, 40, NULL, c == 2 && w == 8 ? 1 : 0);
+                }
+        /* The new map: a receiver waits for its senders. */
+        for (int i = 0; i < 3; i++) {
+                rows_map_changed(sd[i].rows, m1, m2, sd[i].id);
+                sd[i].map = m2;
+        }
+        int st_wait[4] = { 0 };
+        push_all(m2, 7, 2, ids, 40, st_wait, 0);
+        bool waits = false;
+        for (int i = 0; i < 3; i++)
+                waits |= st_wait[sd[i].id] == PSNET__STATUS__STATUS_UNAVAILABLE;
+        int steps = 0;
+        for (bool more = true; more && steps < 100000; steps++) {
+                more = false;
+                for (int i = 0; i < 3; i++)
+                        more |= rows_move_step(sd[i].rows, 4, route_move, all_answered, &sd[i]);
+        }
+        bool settled = true;
+        for (int i = 0; i < 3; i++)
+                settled &= !rows_promoting(sd[i].rows) && rows_whole_epoch(sd[i].rows, 2) == 2;
+        CHECK(waits && settled && move_refused == 0 && steps > 3,
+              "%s: pushes wait while rows move (UNAVAILABLE), then the move ends in %d steps, every shard whole", what,
+              steps);
+        int st2[4][4] = { { 0 } };
+        for (uint32_t w = 7; w <= 8; w++)
+                push_all(m2, w, 2, ids, 40, st2[w - 7], 0);
+        for (uint32_t w = 7; w <= 8; w++) {
+                push_all(mref, w, 3, ids, 40, NULL, 0);
+                push_all(m2, w, 3, ids, 40, NULL, 0);
+        }
+        float want[80], got[80];
+        int pr = pull_all(mref, ids, 40, want), pg = pull_all(m2, ids, 40, got);
+        /* Shard 1 closed clock 2: its own rows of it were applied. With rows
+         * of a sender that had not closed it, the clock opens again there. */
+        bool gains = shardmap_find(m1, 1) >= 0 && move_receiver_of(m1, m2, 1);
+        int want2 = gains ? ROWS_PARKED : PSNET__STATUS__STATUS_DUPLICATE;
+        CHECK(pr == 0 && pg == 0 && memcmp(got, want, sizeof got) == 0 && copies_refused == 0 && st2[0][1] == want2,
+              "%s: clock 2 sent again (at shard 1, which closed it: %s), then clock 3: every row as one shard that "
+              "took every push holds it, bit for bit (%d %d %d)", what, gains ? "opened again" : "DUPLICATE", pr, pg,
+              st2[0][1]);
+        RowsStats rs;
+        uint64_t led = 0, backed = 0;
+        for (int i = 0; i < 3; i++) {
+                rows_stats(sd[i].rows, &rs);
+                led += rs.rows;
+                backed += rs.backup_rows;
+        }
+        CHECK(led == 40 && backed == 40 * (shardmap_replicas(m2) - 1),
+              "%s: each row led once (%llu), with %u cop%s beside it (%llu)", what, (unsigned long long) led,
+              shardmap_replicas(m2) - 1, shardmap_replicas(m2) == 2 ? "y" : "ies", (unsigned long long) backed);
+        if (m3) {
+                /* Shard 1 lost: the others promote their copies of its rows. */
+                for (int i = 1; i < 3; i++) {
+                        rows_map_changed(sd[i].rows, m2, m3, sd[i].id);
+                        sd[i].map = m3;
+                        while (rows_rebuild_step(sd[i].rows, 4, no_rebuild, NULL))
+                                ;
+                }
+                sd[0].map = m3;
+                int pf = pull_all(m3, ids, 40, got);
+                CHECK(pf == 0 && memcmp(got, want, sizeof got) == 0,
+                      "%s: shard 1 lost after it, its backups hold its rows, bit for bit", what);
+        }
+out:
+        for (int i = 0; i < 3; i++)
+                rows_free(sd[i].rows);
+        rows_free(ref.rows);
+        nsides = 0;
+}
+
+static ShardMap *map_of(uint64_t epoch, const uint32_t *ids, size_t n, uint32_t replicas, const Job *job) {
+        static const char *ep[] = { "ipc:///tmp/x1", "ipc:///tmp/x2", "ipc:///tmp/x3", "ipc:///tmp/x9" };
+        ShardDesc d[4];
+        ShardMap *m = NULL;
+        for (size_t i = 0; i < n; i++)
+                d[i] = (ShardDesc) { .id = ids[i], .endpoint = (char *) ep[ids[i] == 9 ? 3 : ids[i] - 1] };
+        if (shardmap_place(epoch, d, n, job, &m) < 0)
+                return NULL;
+        shardmap_set_replicas(m, replicas);
+        return m;
+}
+
+static void test_move(Job job) {
+        char why[160] = "";
+        job.mode = MODE_BSP;
+        job.replicas = 0;
+        job.id += 40;
+        if (!CHECK(job_validate(&job, why, sizeof why) == 0, "a BSP job whose rows may move (%s)", why))
+                return;
+        const uint32_t one[1] = { 1 }, two[2] = { 1, 2 }, three[3] = { 1, 2, 3 }, rest[2] = { 2, 3 }, r9[1] = { 9 };
+        ShardMap *ref = map_of(1, r9, 1, 1, &job);
+        ShardMap *a1 = map_of(1, two, 2, 2, &job), *a2 = map_of(2, three, 3, 2, &job), *a3 = map_of(3, rest, 2, 2, &job);
+        ShardMap *b1 = map_of(1, one, 1, 1, &job), *b2 = map_of(2, two, 2, 2, &job);
+        ShardMap *c1 = map_of(1, three, 3, 1, &job), *c2 = map_of(2, two, 2, 1, &job);
+        if (CHECK(ref && a1 && a2 && a3 && b1 && b2 && c1 && c2, "the maps")) {
+                test_move_case(&job, "shard 3 added to 2 (2 copies)", a1, a2, a3, ref);
+                test_move_case(&job, "shard 2 added to 1 (1 copy, then 2)", b1, b2, NULL, ref);
+                test_move_case(&job, "shard 3 removed from 3 (1 copy)", c1, c2, NULL, ref);
+        }
+        shardmap_free(ref);
+        shardmap_free(a1);
+        shardmap_free(a2);
+        shardmap_free(a3);
+        shardmap_free(b1);
+        shardmap_free(b2);
+        shardmap_free(c1);
+        shardmap_free(c2);
+}
+
 int main(void) {
         Job job;
         char why[160] = "";
@@ -515,6 +787,7 @@ int main(void) {
               (unsigned long long) s.pushed, (unsigned long long) s.refused);
         test_bsp(job, mine);
         test_failover(job);
+        test_move(job);
         job.id++;
         CHECK(rows_configure(rows, &job, why, sizeof why) == 0, "another job");
         rows_stats(rows, &s);
