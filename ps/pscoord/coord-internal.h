@@ -316,6 +316,8 @@ typedef struct Coord {
                 uint64_t epoch;
         } *rows_whole;
         size_t nrows_whole;
+        uint32_t rows_moves;        /* map changes that moved table rows (psctl shard add/remove) */
+        uint64_t rows_move_epoch;   /* the map epoch of the last */
         uint64_t failover_ms;       /* when the last one was published */
         uint64_t weights_digest;    /* of the final weights, from the evaluator (0: none) */
         CkptSave ckpt;
@@ -424,6 +426,13 @@ int coord_remap(Coord *c, uint32_t add, uint32_t remove);
 /* The copies of every key the job asks for over n shards. */
 uint32_t coord_replicas(const Coord *c, size_t n);
 void coord_handle_shard_change(Coord *c, WireMsg *m, bool add);
+/* Whether shard's table rows were all on their copies under the current
+ * map, as it last said (never said: only if no fail-over or move came
+ * before); whether every shard of the map said so. */
+bool coord_rows_whole(const Coord *c, uint32_t shard);
+bool coord_rows_settled(const Coord *c);
+/* Why table rows cannot move between shards now (NULL: they can). */
+const char *coord_rows_unmovable(const Coord *c);
 bool coord_job_fits(Coord *c, char *reason, size_t n);
 
 /* --- a federated job's rounds as data (coord-rounds.c) */

@@ -80,6 +80,8 @@ void coord_maybe_start(Coord *c) {
         c->failovers = 0;
         c->lost_shards = 0;
         c->nrows_whole = 0;
+        c->rows_moves = 0;
+        c->rows_move_epoch = 0;
         c->weights_digest = 0;
         c->evaluator = 0;
         c->finished = 0;

@@ -170,6 +170,12 @@ int coord_remap(Coord *c, uint32_t add, uint32_t remove) {
         if (r < 0)
                 return r;
         shardmap_set_replicas(m, coord_replicas(c, j));
+        /* Table rows move to a new shard, and from a removed one where they
+         * have one copy (else its backups take over, as at a fail-over). */
+        if (c->job.ntables > 0 && (add || (c->map && shardmap_replicas(c->map) < 2))) {
+                c->rows_moves++;
+                c->rows_move_epoch = c->map_epoch + 1;
+        }
         c->map_epoch++;
         shardmap_free(c->map);
         c->map = m;
@@ -184,6 +190,32 @@ uint32_t coord_replicas(const Coord *c, size_t n) {
         uint32_t r = c->job.replicas ? c->job.replicas
                    : n >= 2 && c->job.mode != MODE_FED && (c->job.ntables == 0 || job_rows_copyable(&c->job)) ? 2 : 1;
         return (size_t) r > n ? (uint32_t) n : r;
+}
+
+bool coord_rows_whole(const Coord *c, uint32_t shard) {
+        for (size_t i = 0; i < c->nrows_whole; i++)
+                if (c->rows_whole[i].shard == shard)
+                        return c->rows_whole[i].epoch >= c->map_epoch;
+        return c->failovers == 0 && c->rows_moves == 0;
+}
+
+bool coord_rows_settled(const Coord *c) {
+        for (size_t i = 0; c->map && i < shardmap_size(c->map); i++)
+                if (!coord_rows_whole(c, shardmap_shard(c->map, i)->id))
+                        return false;
+        return true;
+}
+
+const char *coord_rows_unmovable(const Coord *c) {
+        if (!job_rows_copyable(&c->job))
+                return "table rows move between shards only under BSP, of tables without max-rows or ttl "
+                       "(docs/tables.md)";
+        if (c->ckpt.active)
+                return "a checkpoint is being written: ask again once it is done";
+        if (!coord_rows_settled(c))
+                return "table rows still move or are copied after the last map change (psctl status --json: "
+                       "rows_whole_epoch): ask again shortly";
+        return NULL;
 }
 
 void coord_handle_shard_change(Coord *c, WireMsg *m, bool add) {
@@ -216,12 +248,16 @@ void coord_handle_shard_change(Coord *c, WireMsg *m, bool add) {
         else if (!add && shardmap_size(c->map) < 2)
                 why = "the last shard of the map cannot be removed";
         else if (c->job.ntables > 0)
-                why = "the job has tables, and table rows do not move between shards yet";
+                why = coord_rows_unmovable(c);
         if (why) {
                 snprintf(reason, sizeof reason, "shard %u: %s", id, why);
                 coord_reply_error(c, &m->route, m->hdr->seq, PSNET__STATUS__STATUS_INVALID, reason);
                 return;
         }
+        /* A new shard first gets the map without itself: the map its rows
+         * move from (psd-rows.h, "rows moved"). */
+        if (add && c->job.ntables > 0)
+                coord_publish_peer(c, coord_find_peer(c, PSNET__ROLE__ROLE_SERVER, id));
         int r = coord_remap(c, add ? id : 0, add ? 0 : id);
         if (r < 0) {
                 snprintf(reason, sizeof reason, "cannot build the new map: %s", strerror(-r));

@@ -317,10 +317,10 @@ void coord_handle_register(Coord *c, WireMsg *m) {
         /* A shard lost to a fail-over is missing from the map. */
         bool lost_place = reg->role == PSNET__ROLE__ROLE_SERVER && c->state == JOB_RUNNING && c->map &&
                           c->lost_shards > 0 && !c->cfg->keep_standby;
-        if (lost_place && c->job.ntables > 0) {
+        const char *no_rows = c->job.ntables == 0 ? NULL : coord_rows_unmovable(c);
+        if (lost_place && no_rows) {
                 coord_publish_peer(c, p); /* the map without it: what it held is not served again */
-                log_info("shard %u waits on standby: the job has tables, and table rows do not move to a new shard "
-                         "yet", id);
+                log_info("shard %u waits on standby (psctl shard add brings it in): %s", id, no_rows);
         } else if (lost_place && !c->ckpt.active) {
                 /* This one takes its place, empty; the keys it gets come from their
                  * primaries, as with psctl shard add. First it gets the map
@@ -360,14 +360,6 @@ static void note_rows_whole(Coord *c, uint32_t shard, uint64_t epoch) {
         a[c->nrows_whole++] = (struct RowsWhole) { shard, epoch };
 }
 
-/* Whether shard's rows were all on their copies under the current map, as
- * it last said (never said: only if no fail-over came before). */
-static bool rows_whole(const Coord *c, uint32_t shard) {
-        for (size_t i = 0; i < c->nrows_whole; i++)
-                if (c->rows_whole[i].shard == shard)
-                        return c->rows_whole[i].epoch >= c->map_epoch;
-        return c->failovers == 0;
-}
 
 void coord_handle_heartbeat(Coord *c, WireMsg *m, Peer *p) {
         Psnet__Header *h = m->hdr;
@@ -628,7 +620,15 @@ void coord_shard_lost(Coord *c, uint32_t id, const char *why) {
         /* The rows it leads since an earlier fail-over, not yet all on
          * their new copies when it last said, may have had their last copy
          * here. */
-        if (c->job.ntables > 0 && !rows_whole(c, id)) {
+        if (c->job.ntables > 0 && c->rows_move_epoch == c->map_epoch && !coord_rows_settled(c)) {
+                snprintf(reason, sizeof reason, "shard %u left (%s) while table rows moved after the change to map "
+                         "epoch %lu (psctl shard add/remove): a row may have lost every copy", id, why,
+                         (unsigned long) c->map_epoch);
+                log_error("%s", reason);
+                coord_job_fail(c, reason);
+                return;
+        }
+        if (c->job.ntables > 0 && !coord_rows_whole(c, id)) {
                 snprintf(reason, sizeof reason, "shard %u left (%s) before it had put the table rows it leads since "
                          "the fail-over to map epoch %lu back on %u copies: a row may have lost every copy", id, why,
                          (unsigned long) c->map_epoch, shardmap_replicas(c->map));

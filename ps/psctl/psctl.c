@@ -623,7 +623,7 @@ static const Verb verbs[] = {
         { "watch", "", 0, cmd_watch, watch_options, "live progress until the job ends" },
         { "worker drain", "ID", 1, cmd_drain, NULL, "the worker leaves the job after its current step" },
         { "shard add", "ID|ADDRESS", 1, cmd_shard_add, NULL, "put a registered (standby) psd into the map" },
-        { "shard remove", "ID|ADDRESS", 1, cmd_shard_remove, NULL, "move a shard's chunks away, take it out" },
+        { "shard remove", "ID|ADDRESS", 1, cmd_shard_remove, NULL, "move a shard's chunks and table rows away, take it out" },
         { "job submit", "[JOB OPTIONS]", 0, cmd_job_submit, submit_options, "submit a job (psctl job submit --help)" },
         { "job mode", "MODE", 1, cmd_job_mode, NULL, "switch to bsp, asp or ssp:S at the next clock boundary" },
         { "job stop", "", 0, cmd_job_stop, NULL, "stop the running job" },

@@ -13,7 +13,8 @@
 # shard counts the copies it holds: every row the map keeps has exactly one,
 # before and after a fail-over (the survivors send their rows to their new
 # backups again; a second shard killed after that leaves the last one with
-# every row); the killed shard started again waits on standby. Two
+# every row); the killed shard started again takes its place, and the rows
+# it now leads or backs move to it (docs/tables.md). Two
 # shards lost together, or a job that keeps one copy of its rows losing one,
 # fail the job at once, with the reason.
 source "$(dirname "$0")/lib.sh"
@@ -51,32 +52,14 @@ copies() {
   done
   echo "$rows $backups"
 }
+# whole N: N shards in pscoord's map (epoch 2 or later: the job's first is
+# 1), each saying its rows are whole under it, not under the epoch a shard
+# last heard of.
+whole() { "$PSCTL" --coord "$COORD" --json status |
+          jq -e --argjson n "$1" '.job.map_epoch as $e | $e >= 2 and
+                 ([.shards[] | select(.in_map)] | length == $n and all(.rows_whole_epoch >= $e))' >/dev/null; }
 # same_rows A B: two exports hold the same ids with the same rows, bit for bit.
-same_rows() {
-  /usr/bin/python3 - "$1" "$2" <<'PY'
-import json, struct, sys
-import numpy as np
-def load(path):
-    b = open(path, "rb").read()
-    n, = struct.unpack_from("<Q", b, 0)
-    head = json.loads(b[8:8 + n])
-    out = {}
-    for name, t in head.items():
-        if name == "__metadata__":
-            continue
-        lo, hi = t["data_offsets"]
-        dt = {"F32": np.float32, "I64": np.int64}[t["dtype"]]
-        out[name] = np.frombuffer(b[8 + n + lo:8 + n + hi], dtype=dt).reshape(t["shape"])
-    return out
-a, b = load(sys.argv[1]), load(sys.argv[2])
-ia, ib = np.argsort(a["ids.ids"]), np.argsort(b["ids.ids"])
-same = (np.array_equal(a["ids.ids"][ia], b["ids.ids"][ib]) and
-        np.array_equal(a["ids.rows"][ia].view(np.uint32), b["ids.rows"][ib].view(np.uint32)))
-dense = all(np.array_equal(a[k], b[k]) for k in a if not k.startswith("ids."))
-print(f"{len(ia)} rows {'equal' if same else 'differ'}, dense tensors {'equal' if dense else 'differ'}")
-sys.exit(0 if same and dense and len(ia) > 1000 else 1)
-PY
-}
+same_rows() { /usr/bin/python3 "$PSNET_SRC/tests/integration/same-rows.py" "$1" "$2"; }
 
 # 1. Undisturbed.
 run a
@@ -94,20 +77,21 @@ run b
 psnet_wait_for 60 pulled b 20; ok $? "run b trains to clock 20"
 kill -KILL "$PID_psd_b_1"; ok $? "SIGKILL shard 1"
 psnet_wait_for 10 logs_match 'msg="fail-over" shard_id=1' 'pscoord-b.log'; ok $? "pscoord fails shard 1 over"
-# Started again, it waits on standby: rows do not move to a new shard yet.
-psnet_start psd-b-1r "$PSD" --id 1 --listen "ipc://$RUN/psd-b-1.sock" --coord "$COORD"
-psnet_wait_for 10 logs_match 'msg="shard 1 waits on standby: the job has tables' 'pscoord-b.log'
-ok $? "shard 1, started again, waits on standby, saying why"
-out=$("$PSCTL" --coord "$COORD" job wait --wait 180); ok $? "the job finishes on two shards ($out)"
-"$PSCTL" --coord "$COORD" --json status | jq -e '[.shards[] | select(.in_map)] | length == 2' >/dev/null
-ok $? "with shard 1 out of the map"
+# Started again once the survivors' rows are whole, it takes the lost
+# shard's place, empty: the rows it now leads or backs move to it.
+psnet_wait_for 20 whole 2; ok $? "the survivors say their rows are on two copies again"
+psnet_start psd-b-1r "$PSD" --id 1 --listen "ipc://$RUN/psd-b-1.sock" --coord "$COORD" --http 127.0.0.1:0
+psnet_wait_for 10 logs_match 'msg="shard takes a lost shard.s place" shard_id=1' 'pscoord-b.log'
+ok $? "shard 1, started again, takes the lost shard's place"
+psnet_wait_for 30 whole 3; ok $? "and all three say their rows are whole under the map with it"
+out=$("$PSCTL" --coord "$COORD" job wait --wait 180); ok $? "the job finishes on three shards ($out)"
 got=$(ends b)
 [ "$got" = "$want" ]; ok $? "with the undisturbed run's digest, test loss and AUC ($(tr '\n' ' ' <<<"$got"))"
 logs_match 'msg="table rows promoted" rows=[1-9]' 'psd-b-[23].log'
 ok $? "the survivors lead the lost shard's rows from their copies"
 logs_match 'msg="table rows sent to their backups again" rows=[1-9]' 'psd-b-[23].log'
 ok $? "and send the rows they lead to their backups again"
-read -r rows backups <<<"$(copies b 2 3)"
+read -r rows backups <<<"$(copies b 1r 2 3)"
 [ "$rows" -gt 1000 ] && [ "$rows" = "$backups" ]; ok $? "every row again has one copy ($rows rows, $backups copies)"
 out=$("$PSCTL" --coord "$COORD" export "$RUN/b.safetensors" 2>&1); ok $? "psctl export ($out)"
 out=$(same_rows "$RUN/a.safetensors" "$RUN/b.safetensors"); ok $? "the undisturbed run's rows, bit for bit ($out)"
@@ -120,12 +104,7 @@ psnet_stop_all
 run f
 psnet_wait_for 60 pulled f 20; ok $? "run f trains to clock 20"
 kill -KILL "$PID_psd_f_1"; ok $? "SIGKILL shard 1"
-whole() { "$PSCTL" --coord "$COORD" --json status |
-          jq -e '.job.map_epoch as $e | $e >= 2 and
-                 ([.shards[] | select(.in_map)] | length == 2 and all(.rows_whole_epoch >= $e))' >/dev/null; }
-# Under pscoord's map (epoch 2 or later: the job's first is 1), not the
-# epoch a shard last heard of.
-psnet_wait_for 20 whole
+psnet_wait_for 20 whole 2
 ok $? "both survivors tell pscoord their rows are on two copies again under map epoch 2 (psctl --json status)"
 kill -KILL "$PID_psd_f_2"; ok $? "SIGKILL shard 2"
 out=$("$PSCTL" --coord "$COORD" job wait --wait 180); ok $? "the job finishes on shard 3 alone ($out)"

@@ -1,0 +1,118 @@
+#!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
+# Table rows moved between live shards (issue 34; docs/tables.md, "Shards
+# added and removed"): a BSP job of workerd's DLRM, whose table of 8-float
+# rows with Adagrad state lives on the shards, gets a shard added mid-run
+# (psctl shard add), loses one to psctl shard remove with two copies of
+# each row (its backups take over), and, keeping one copy, hands a removed
+# shard's rows over. BSP is deterministic, so a clock of rows lost or
+# applied twice changes the end: each run must end with the undisturbed
+# run's dense weights (pscoord's digest), test loss and AUC, and the same
+# rows, bit for bit, each on as many copies as the map keeps. Rows move
+# only where they can be cut by clock: under ASP, shard add is refused
+# with the reason.
+source "$(dirname "$0")/lib.sh"
+
+CL=$PSNET_BUILD/worker/data/psnet-clicklog
+DATA=$RUN/clicks
+"$CL" --out "$DATA" --train-rows 12000 --test-rows 4000 --fields 6 --vocab 2000 --dense 4 --seed 5 \
+  >"$RUN/clicklog.out" 2>&1
+ok $? "a click log of 12,000 samples, 6 fields ($(tail -1 "$RUN/clicklog.out"))"
+
+JOB=(--workers 2 --mode bsp --model dlrm:6:4-16-8:16-1 --data "$DATA" --batch 256 --epochs 3)
+# run TAG SHARDS [PSCOORD OPTIONS...]: pscoord, SHARDS shards serving
+# /metrics and two workerd of run TAG, steps of 20 ms at least.
+run() {
+  local tag=$1 n=$2 i; shift 2
+  COORD="ipc://$RUN/$tag.sock"
+  psnet_start "pscoord-$tag" "$PSCOORD" --listen "$COORD" --shards "$n" "${JOB[@]}" "$@"
+  for ((i = 1; i <= n; i++)); do psd "$tag" "$i"; done
+  for i in 1 2; do psnet_start "w-$tag-$i" "$WORKERD" --coord "$COORD" --step-delay-ms 20 --trace-pulls; done
+}
+psd() { psnet_start "psd-$1-$2" "$PSD" --id "$2" --listen "ipc://$RUN/psd-$1-$2.sock" --coord "$COORD" --http 127.0.0.1:0; }
+ends() { sed -n 's/.*msg="job done" .* weights=\([0-9a-f]*\).*/\1/p' "$RUN/pscoord-$1.log"
+  cat "$RUN"/w-"$1"-*.log | sed -n 's/.*msg="evaluated" .*\(test_loss=[0-9.]* auc=[0-9.]*\).*/\1/p'; }
+pulled() { logs_match "msg=\"pulled\" clock=$2 " "w-$1-1.log"; }
+# copies TAG SHARDS...: rows led and copies held, summed over the shards' /metrics.
+copies() {
+  local tag=$1 i rows=0 backups=0 body; shift
+  for i in "$@"; do
+    body=$(curl -s -m 5 "http://127.0.0.1:$(http_port "psd-$tag-$i")/metrics")
+    rows=$((rows + $(awk '$1 ~ /^psnet_psd_table_rows\{/ { s += $2 } END { print s + 0 }' <<<"$body")))
+    backups=$((backups + $(awk '$1 == "psnet_psd_table_backup_rows" { print $2 + 0 }' <<<"$body")))
+  done
+  echo "$rows $backups"
+}
+# whole N: N shards in pscoord's map, each saying its rows are whole under it.
+whole() { "$PSCTL" --coord "$COORD" --json status |
+          jq -e --argjson n "$1" '.job.map_epoch as $e | $e >= 2 and
+                 ([.shards[] | select(.in_map)] | length == $n and all(.rows_whole_epoch >= $e))' >/dev/null; }
+same_rows() { /usr/bin/python3 "$PSNET_SRC/tests/integration/same-rows.py" "$1" "$2"; }
+# same TAG SHARDS...: the undisturbed run's digest, evaluation and rows.
+same() {
+  local tag=$1 got out; shift
+  got=$(ends "$tag")
+  [ "$got" = "$want" ]; ok $? "run $tag: the undisturbed run's digest, test loss and AUC ($(tr '\n' ' ' <<<"$got"))"
+  out=$("$PSCTL" --coord "$COORD" export "$RUN/$tag.safetensors" 2>&1) && out=$(same_rows "$RUN/a.safetensors" "$RUN/$tag.safetensors")
+  ok $? "run $tag: the undisturbed run's rows, bit for bit ($out)"
+}
+
+# 1. Undisturbed, on two shards.
+run a 2
+out=$("$PSCTL" --coord "$COORD" job wait --wait 180); ok $? "an undisturbed DLRM job on 2 shards finishes ($out)"
+want=$(ends a)
+[ "$(wc -l <<<"$want")" -ge 2 ]; ok $? "it reports its digest and evaluation ($(tr '\n' ' ' <<<"$want"))"
+out=$("$PSCTL" --coord "$COORD" export "$RUN/a.safetensors" 2>&1); ok $? "psctl export ($out)"
+psnet_stop_all
+
+# 2. Shard 3 added at clock 20: the rows it now leads or backs come to it.
+run b 2
+psnet_wait_for 60 pulled b 5; ok $? "run b trains"
+psd b 3
+psnet_wait_for 10 bash -c "'$PSCTL' --coord '$COORD' --json status | jq -e '.shards[] | select(.id == 3) | .in_map == false'"
+ok $? "a psd started during the job waits on standby"
+psnet_wait_for 60 pulled b 20; ok $? "run b trains to clock 20"
+out=$("$PSCTL" --coord "$COORD" shard add 3 2>&1); ok $? "psctl shard add 3 ($out)"
+psnet_wait_for 30 whole 3; ok $? "all three shards say their rows are whole under the new map"
+logs_match 'msg="table rows moved here" rows=[1-9]' 'psd-b-3.log'; ok $? "shard 3 took its rows ($(grep -o 'msg="table rows moved here".*' "$RUN/psd-b-3.log" | head -1))"
+logs_match 'msg="table rows moved" rows_sent=[1-9]' 'psd-b-1.log' && logs_match 'msg="table rows moved" rows_sent=[1-9]' 'psd-b-2.log'
+ok $? "shards 1 and 2 sent them"
+out=$("$PSCTL" --coord "$COORD" job wait --wait 180); ok $? "the job finishes on three shards ($out)"
+read -r rows backups <<<"$(copies b 1 2 3)"
+[ "$rows" -gt 1000 ] && [ "$rows" = "$backups" ]; ok $? "every row has one copy on another shard ($rows rows, $backups copies)"
+same b
+psnet_stop_all
+
+# 3. Shard 2 of three removed (two copies): its backups lead its rows.
+run c 3
+psnet_wait_for 60 pulled c 20; ok $? "run c trains to clock 20"
+out=$("$PSCTL" --coord "$COORD" shard remove 2 2>&1); ok $? "psctl shard remove 2 ($out)"
+psnet_wait_for 30 whole 2; ok $? "the two shards left say their rows are whole under the new map"
+out=$("$PSCTL" --coord "$COORD" job wait --wait 180); ok $? "the job finishes on two shards ($out)"
+read -r rows backups <<<"$(copies c 1 3)"
+[ "$rows" -gt 1000 ] && [ "$rows" = "$backups" ]; ok $? "every row has one copy on the other shard ($rows rows, $backups copies)"
+same c
+psnet_stop_all
+
+# 4. One copy of each row: shard 3 removed hands its rows over.
+run d 3 --replicas 1
+psnet_wait_for 60 pulled d 20; ok $? "run d (--replicas 1) trains to clock 20"
+out=$("$PSCTL" --coord "$COORD" shard remove 3 2>&1); ok $? "psctl shard remove 3 ($out)"
+psnet_wait_for 30 whole 2; ok $? "the two shards left say their rows are whole under the new map"
+logs_match 'msg="table rows moved" rows_sent=[1-9]' 'psd-d-3.log'; ok $? "shard 3 handed its rows over"
+out=$("$PSCTL" --coord "$COORD" job wait --wait 180); ok $? "the job finishes on two shards ($out)"
+read -r rows backups <<<"$(copies d 1 2 3)"
+[ "$rows" -gt 1000 ] && [ "$backups" = 0 ]; ok $? "the rows are on shards 1 and 2 only, one copy each ($rows rows, $backups copies)"
+same d
+psnet_stop_all
+
+# 5. ASP: a push sent again could not be cut by clock, so rows do not move.
+JOB=(--workers 2 --mode asp --model dlrm:6:4-16-8:16-1 --data "$DATA" --batch 256 --epochs 3)
+run e 2
+psnet_wait_for 60 pulled e 5; ok $? "run e (ASP) trains"
+psd e 3
+psnet_wait_for 10 bash -c "'$PSCTL' --coord '$COORD' --json status | jq -e '.shards[] | select(.id == 3)' >/dev/null"
+out=$("$PSCTL" --coord "$COORD" shard add 3 2>&1)
+[ $? -ne 0 ] && grep -q 'only under BSP' <<<"$out"; ok $? "psctl shard add is refused with the reason ($out)"
+out=$("$PSCTL" --coord "$COORD" job wait --wait 180); ok $? "and the job goes on to its end on two shards ($out)"
+psnet_stop_all
