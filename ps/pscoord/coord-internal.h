@@ -318,6 +318,7 @@ typedef struct Coord {
         size_t nrows_whole;
         uint32_t rows_moves;        /* map changes that moved table rows (psctl shard add/remove) */
         uint64_t rows_move_epoch;   /* the map epoch of the last */
+        uint32_t rows_leaving;      /* the shard it removed, handing its rows over (one copy; 0: none) */
         uint64_t failover_ms;       /* when the last one was published */
         uint64_t weights_digest;    /* of the final weights, from the evaluator (0: none) */
         CkptSave ckpt;

@@ -82,6 +82,7 @@ void coord_maybe_start(Coord *c) {
         c->nrows_whole = 0;
         c->rows_moves = 0;
         c->rows_move_epoch = 0;
+        c->rows_leaving = 0;
         c->weights_digest = 0;
         c->evaluator = 0;
         c->finished = 0;

@@ -175,6 +175,7 @@ int coord_remap(Coord *c, uint32_t add, uint32_t remove) {
         if (c->job.ntables > 0 && (add || (c->map && shardmap_replicas(c->map) < 2))) {
                 c->rows_moves++;
                 c->rows_move_epoch = c->map_epoch + 1;
+                c->rows_leaving = remove;
         }
         c->map_epoch++;
         shardmap_free(c->map);

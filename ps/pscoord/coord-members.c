@@ -605,9 +605,18 @@ void coord_handle_deregister(Coord *c, WireMsg *m, Peer *p) {
 }
 
 void coord_shard_lost(Coord *c, uint32_t id, const char *why) {
+        char reason[256];
+        if (c->map && id && id == c->rows_leaving && c->rows_move_epoch == c->map_epoch && !coord_rows_settled(c) &&
+            (c->state == JOB_RUNNING || c->state == JOB_WAITING)) {
+                /* Removed with the only copies of its rows, not all handed over. */
+                snprintf(reason, sizeof reason, "shard %u left (%s) before it had handed over the table rows it held "
+                         "the only copy of (psctl shard remove, --replicas 1)", id, why);
+                log_error("%s", reason);
+                coord_job_fail(c, reason);
+                return;
+        }
         if (!c->map || shardmap_find(c->map, id) < 0 || (c->state != JOB_RUNNING && c->state != JOB_WAITING))
                 return;
-        char reason[256];
         uint32_t t = 0, k = 0;
         ShardMap *m;
         if (c->job.ntables > 0 && shardmap_replicas(c->map) < 2) {
