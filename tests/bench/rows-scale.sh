@@ -13,9 +13,14 @@
 # killed (-9) while the worker trains on: how long pscoord took to fail it
 # over, the survivors to take over its rows from their copies and to send
 # their rows to their new backups, the longest step meanwhile, and a sample
-# of 10,000 rows read back bit for bit. Never pass/fail.
+# of 10,000 rows read back bit for bit. With --move, the same table, and a
+# fourth shard added (psctl shard add) while the worker trains on: how long
+# each shard took to send the rows that now go to it (and to make copies of
+# the rows it no longer leads), how long the new shard took to have them
+# all, the longest step meanwhile, each shard's memory after, and 10,000
+# rows read back bit for bit. Never pass/fail.
 #
-#   tests/bench/rows-scale.sh [--build DIR] [--rows 50000000] [--failover] [--keep]
+#   tests/bench/rows-scale.sh [--build DIR] [--rows 50000000] [--failover|--move] [--keep]
 set -euo pipefail
 top=$(cd "$(dirname "$0")/../.." && pwd)
 build=$top/build rows=50000000 keep=0 fo=0
@@ -25,7 +30,8 @@ while [ $# -gt 0 ]; do
     --rows) rows=$2; shift 2 ;;
     --keep) keep=1; shift ;;
     --failover) fo=1; shift ;;
-    *) echo "usage: $0 [--build DIR] [--rows N] [--failover] [--keep]" >&2; exit 2 ;;
+    --move) fo=2; shift ;;
+    *) echo "usage: $0 [--build DIR] [--rows N] [--failover|--move] [--keep]" >&2; exit 2 ;;
   esac
 done
 BENCH=rows-scale
@@ -38,10 +44,10 @@ cluster() {  # cluster TAG [PSCOORD OPTIONS...]: pscoord and three shards servin
   coord="ipc://$RUN/$tag.sock"
   psnet_start "pscoord-$tag" "$PSCOORD" --listen "$coord" --workers 1 --shards 3 --checkpoint-dir "$CK" \
     --checkpoint-timeout 600 "$@"
-  for i in 1 2 3; do
-    psnet_start "psd-$tag-$i" "$PSD" --id "$i" --listen "ipc://$RUN/psd-$tag-$i.sock" --coord "$coord" \
-      --http 127.0.0.1:0
-  done
+  for i in 1 2 3; do shard "$tag" "$i"; done
+}
+shard() {  # shard TAG ID: a psd of the cluster serving /metrics
+  psnet_start "psd-$1-$2" "$PSD" --id "$2" --listen "ipc://$RUN/psd-$1-$2.sock" --coord "$coord" --http 127.0.0.1:0
 }
 shard_report() {  # shard_report TAG [SHARD...]: each shard's rows, copies, table bytes and resident memory
   local tag=$1 i pid port m n c bytes rss own
@@ -65,6 +71,34 @@ shard_report() {  # shard_report TAG [SHARD...]: each shard's rows, copies, tabl
 # ms TIMESTAMP: milliseconds of the day of a log line's ts=...
 ms() { sed -n 's/^ts=[0-9-]*T\([0-9]*\):\([0-9]*\):\([0-9.]*\)Z.*/\1 \2 \3/p' <<<"$1" |
   awk '{ printf "%d", ($1 * 3600 + $2 * 60 + $3) * 1000 }'; }
+
+if [ "$fo" = 2 ]; then
+  # As --failover: a lease of 2 s while tens of millions of rows are filled.
+  cluster mv --mode bsp --replicas 2 --model mlp:4-1 --tables e:16:adagrad --shard-lease-ms 2000
+  mkdir -p "$RUN/mv"
+  /usr/bin/python3 "$top/tests/bench/rows_scale.py" failover "$coord" "$rows" "$RUN/mv" >"$RUN/mv.json" & py=$!
+  psnet_wait_for 3600 sh -c "test -f '$RUN/mv/filled' || ! kill -0 $py 2>/dev/null"
+  [ -f "$RUN/mv/filled" ] || die "the worker did not fill the table (logs in $RUN)"
+  shard_report mv
+  shard mv 4
+  psnet_wait_for 30 sh -c "'$PSCTL' --coord '$coord' --json status | jq -e '.shards[] | select(.id == 4)' >/dev/null"
+  add_ms=$(date +%s%3N | awk '{ printf "%d", ($1 % 86400000) }')
+  "$PSCTL" --coord "$coord" shard add 4 || die "psctl shard add 4 was refused"
+  for i in 1 2 3; do
+    psnet_wait_for 1800 sh -c "grep -q 'msg=\"table rows moved\"' '$RUN/psd-mv-$i.log' || ! kill -0 $py 2>/dev/null"
+    grep -q 'msg="table rows moved"' "$RUN/psd-mv-$i.log" ||
+      die "shard $i did not finish moving its rows: $(grep -h 'job failed' "$RUN/pscoord-mv.log")"
+  done
+  touch "$RUN/mv/stop"
+  wait $py || die "the worker failed or read other rows back: $(cat "$RUN/mv.json")"
+  here_ms=$(ms "$(grep 'msg="table rows moved here"' "$RUN/psd-mv-4.log")")
+  echo "shard add: shard 4 had every row that moves to it $((here_ms - add_ms)) ms after psctl shard add"
+  grep -h 'msg="table rows moved"\|msg="table rows moved here"' "$RUN"/psd-mv-[1234].log |
+    sed 's/^.*shard=\([0-9]*\) msg=/  shard \1: /'
+  shard_report mv 1 2 3 4
+  cat "$RUN/mv.json"
+  exit 0
+fi
 
 if [ "$fo" = 1 ]; then
   # Filling tens of millions of rows on this 2-vCPU VM, every process now
