@@ -1373,6 +1373,7 @@ int rows_move_in(Rows *r, const ShardMap *map, uint32_t self, const Psnet__Heade
                 return e == -ENOMEM ? PSNET__STATUS__STATUS_RESOURCE : PSNET__STATUS__STATUS_INVALID;
         }
         r->moved_in += count;
+        r->stats.moved_in += count;
         if (!(src->got & bit)) {
                 src->got |= bit;
                 src->clock[t] = h->clock - 1; /* it says the first clock it had not closed */

@@ -39,6 +39,7 @@ typedef struct RowsStats {
         uint64_t refused;       /* pushes and pulls refused */
         uint64_t backup_rows;   /* copies held of rows other shards lead */
         uint64_t copies_in;     /* ROWS_COPY installed (a clock of a table from a primary) */
+        uint64_t moved_in;      /* rows ROWS_MOVE brought here (as its own or as copies) */
 } RowsStats;
 
 /* A parked push to acknowledge: where its answer goes. */

@@ -1280,6 +1280,12 @@ static void psd_metrics(void *ud, MetricsBuf *b) {
         metrics_one(b, "psnet_psd_rows_copies_received_total", "counter",
                     "Copies of a clock of a table received whole from a primary and installed.",
                     (double) rs.copies_in);
+        metrics_one(b, "psnet_psd_rows_moved_total", "counter",
+                    "Table rows sent whole to a new holder after a shard was added or removed.",
+                    (double) migrate_rows_moved(p->migrate));
+        metrics_one(b, "psnet_psd_rows_moved_in_total", "counter",
+                    "Table rows received whole from their old primary after a shard was added or removed.",
+                    (double) rs.moved_in);
         metrics_one(b, "psnet_psd_incoming_keys", "gauge", "Keys the map gives this shard that have not arrived.",
                     (double) store_incoming(s));
         metrics_one(b, "psnet_psd_clock", "gauge", "The shard's clock (BSP: slowest chunk; ASP/SSP: fastest worker).",

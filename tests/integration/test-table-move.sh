@@ -43,6 +43,8 @@ copies() {
   done
   echo "$rows $backups"
 }
+# metric TAG SHARD NAME: a counter of the shard's /metrics.
+metric() { curl -s -m 5 "http://127.0.0.1:$(http_port "psd-$1-$2")/metrics" | awk -v n="$3" '$1 == n { print $2 + 0 }'; }
 # whole N: N shards in pscoord's map, each saying its rows are whole under it.
 whole() { "$PSCTL" --coord "$COORD" --json status |
           jq -e --argjson n "$1" '.job.map_epoch as $e | $e >= 2 and
@@ -80,6 +82,9 @@ ok $? "shards 1 and 2 sent them"
 out=$("$PSCTL" --coord "$COORD" job wait --wait 180); ok $? "the job finishes on three shards ($out)"
 read -r rows backups <<<"$(copies b 1 2 3)"
 [ "$rows" -gt 1000 ] && [ "$rows" = "$backups" ]; ok $? "every row has one copy on another shard ($rows rows, $backups copies)"
+sent=$(($(metric b 1 psnet_psd_rows_moved_total) + $(metric b 2 psnet_psd_rows_moved_total)))
+got=$(metric b 3 psnet_psd_rows_moved_in_total)
+[ "$sent" -gt 1000 ] && [ "$sent" = "$got" ]; ok $? "shards 1 and 2 sent as many rows as shard 3 took (/metrics: $sent, $got)"
 same b
 psnet_stop_all
 
