@@ -219,8 +219,28 @@ const char *coord_rows_unmovable(const Coord *c) {
         return NULL;
 }
 
+/* Whether the table rows shard would hold once added pass its
+ * --memory-limit, by what the shards last said they hold (their own rows'
+ * bytes, each row on R copies, shared evenly); why in need. */
+static bool rows_over_limit(const Coord *c, uint32_t shard, char *need, size_t n) {
+        const Peer *p = coord_find_peer((Coord *) c, PSNET__ROLE__ROLE_SERVER, shard);
+        size_t ns = shardmap_size(c->map);
+        uint64_t bytes = 0;
+        for (size_t i = 0; i < ns; i++) {
+                const Peer *q = coord_find_peer((Coord *) c, PSNET__ROLE__ROLE_SERVER, shardmap_shard(c->map, i)->id);
+                bytes += q && q->shard.has_rows_bytes ? q->shard.rows_bytes : 0;
+        }
+        uint64_t share = bytes * coord_replicas(c, ns + 1) / (ns + 1);
+        if (!p || !p->memory_limit || share <= p->memory_limit)
+                return false;
+        char a[32], l[32];
+        snprintf(need, n, "its share of the table rows, about %s, passes its --memory-limit %s",
+                 bytes_human(share, a, sizeof a), bytes_human(p->memory_limit, l, sizeof l));
+        return true;
+}
+
 void coord_handle_shard_change(Coord *c, WireMsg *m, bool add) {
-        char reason[128];
+        char reason[256];
         const Psnet__ShardRef *ctl = m->hdr->shard;
         uint32_t id = ctl->has_id ? ctl->id : 0;
         if (ctl->endpoint) /* named by address: the registered shard advertising it */
@@ -250,6 +270,9 @@ void coord_handle_shard_change(Coord *c, WireMsg *m, bool add) {
                 why = "the last shard of the map cannot be removed";
         else if (c->job.ntables > 0)
                 why = coord_rows_unmovable(c);
+        char need[128];
+        if (!why && add && c->job.ntables > 0 && rows_over_limit(c, id, need, sizeof need))
+                why = need;
         if (why) {
                 snprintf(reason, sizeof reason, "shard %u: %s", id, why);
                 coord_reply_error(c, &m->route, m->hdr->seq, PSNET__STATUS__STATUS_INVALID, reason);

@@ -74,6 +74,11 @@ psd b 3
 psnet_wait_for 10 bash -c "'$PSCTL' --coord '$COORD' --json status | jq -e '.shards[] | select(.id == 3) | .in_map == false'"
 ok $? "a psd started during the job waits on standby"
 psnet_wait_for 60 pulled b 20; ok $? "run b trains to clock 20"
+# A shard whose --memory-limit its share of the rows would pass is refused.
+psnet_start psd-b-4 "$PSD" --id 4 --listen "ipc://$RUN/psd-b-4.sock" --coord "$COORD" --memory-limit 200000
+psnet_wait_for 10 bash -c "'$PSCTL' --coord '$COORD' --json status | jq -e '.shards[] | select(.id == 4)' >/dev/null"
+out=$("$PSCTL" --coord "$COORD" shard add 4 2>&1)
+[ $? -ne 0 ] && grep -q 'passes its --memory-limit' <<<"$out"; ok $? "psctl shard add of a shard too small for its rows is refused ($out)"
 out=$("$PSCTL" --coord "$COORD" shard add 3 2>&1); ok $? "psctl shard add 3 ($out)"
 psnet_wait_for 30 whole 3; ok $? "all three shards say their rows are whole under the new map"
 logs_match 'msg="table rows moved here" rows=[1-9]' 'psd-b-3.log'; ok $? "shard 3 took its rows ($(grep -o 'msg="table rows moved here".*' "$RUN/psd-b-3.log" | head -1))"
