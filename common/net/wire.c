@@ -94,6 +94,7 @@ static const WireType types[] = {
         { PSNET__MSG_TYPE__MSG_ROWS_SCAN, "ROWS_SCAN", false, B(_NOT_SET), 0, A },
         { PSNET__MSG_TYPE__MSG_ROWS_COPY, "ROWS_COPY", true, B(_NOT_SET), 0, S },
         { PSNET__MSG_TYPE__MSG_ROWS_MOVE, "ROWS_MOVE", true, B(_NOT_SET), 0, S },
+        { PSNET__MSG_TYPE__MSG_ROWS_WANT, "ROWS_WANT", true, B(_NOT_SET), 0, S },
 };
 #undef B
 #undef A
@@ -217,7 +218,8 @@ int wire_validate(const Psnet__Header *hdr, const zmq_msg_t *frames, size_t nfra
 
         bool rows = hdr->type == PSNET__MSG_TYPE__MSG_ROWS_PULL || hdr->type == PSNET__MSG_TYPE__MSG_ROWS_PULL_REP ||
                     hdr->type == PSNET__MSG_TYPE__MSG_ROWS_PUSH || hdr->type == PSNET__MSG_TYPE__MSG_ROWS_SCAN ||
-                    hdr->type == PSNET__MSG_TYPE__MSG_ROWS_COPY || hdr->type == PSNET__MSG_TYPE__MSG_ROWS_MOVE;
+                    hdr->type == PSNET__MSG_TYPE__MSG_ROWS_COPY || hdr->type == PSNET__MSG_TYPE__MSG_ROWS_MOVE ||
+                    hdr->type == PSNET__MSG_TYPE__MSG_ROWS_WANT;
         if (hdr->has_last && hdr->type != PSNET__MSG_TYPE__MSG_ROWS_MOVE)
                 return fail(reason, reasonlen, PSNET__STATUS__STATUS_MALFORMED,
                             "%s says whether it is the last: only ROWS_MOVE does", types[ti].name);
@@ -231,7 +233,8 @@ int wire_validate(const Psnet__Header *hdr, const zmq_msg_t *frames, size_t nfra
                  * for a pull, their rows: the same number of rows of
                  * 1..WIRE_MAX_ROW_DIM floats. A scan carries nothing. */
                 size_t want = hdr->type == PSNET__MSG_TYPE__MSG_ROWS_SCAN ? 0
-                            : hdr->type == PSNET__MSG_TYPE__MSG_ROWS_PULL ? 1 : 2;
+                            : hdr->type == PSNET__MSG_TYPE__MSG_ROWS_PULL || hdr->type == PSNET__MSG_TYPE__MSG_ROWS_WANT
+                                    ? 1 : 2;
                 if (!hdr->has_table || hdr->n_keys > 0 || shm || nframes != want)
                         return fail(reason, reasonlen, PSNET__STATUS__STATUS_MALFORMED,
                                     "%s names a table and carries %zu frame%s, no keys (%s, %zu keys, %zu frames)",
@@ -251,7 +254,9 @@ int wire_validate(const Psnet__Header *hdr, const zmq_msg_t *frames, size_t nfra
                         return fail(reason, reasonlen, PSNET__STATUS__STATUS_SIZE,
                                     "an empty %s carries an empty rows frame, not %zu bytes", types[ti].name,
                                     zmq_msg_size((zmq_msg_t *) &frames[1]));
-                if (want == 2 && n > 0) {
+                /* A move's ids without rows: ids it was asked for and does not hold. */
+                bool absent = hdr->type == PSNET__MSG_TYPE__MSG_ROWS_MOVE && zmq_msg_size((zmq_msg_t *) &frames[1]) == 0;
+                if (want == 2 && n > 0 && !absent) {
                         size_t rb = zmq_msg_size((zmq_msg_t *) &frames[1]);
                         /* A copy's rows are whole: values, up to twice as much state, a step count. */
                         size_t most = copy ? 3 * WIRE_MAX_ROW_DIM + 1 : WIRE_MAX_ROW_DIM;
@@ -264,7 +269,7 @@ int wire_validate(const Psnet__Header *hdr, const zmq_msg_t *frames, size_t nfra
         }
         if (hdr->has_table)
                 return fail(reason, reasonlen, PSNET__STATUS__STATUS_MALFORMED,
-                            "%s names a table: only ROWS_PULL, ROWS_PULL_REP, ROWS_PUSH, ROWS_COPY and ROWS_MOVE do",
+                            "%s names a table: only the ROWS_ messages do",
                             types[ti].name);
         if (hdr->type == PSNET__MSG_TYPE__MSG_CHUNK_STATE) {
                 /* One key; frames: its values (len floats), its optimizer state,

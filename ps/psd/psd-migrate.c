@@ -433,14 +433,14 @@ int migrate_rows_move(Migrate *mg, uint32_t shard, uint32_t table, int64_t clock
         zmq_msg_t f[2];
         if (zmq_msg_init_size(&f[0], n * sizeof *ids) < 0)
                 return -ENOMEM;
-        if (zmq_msg_init_size(&f[1], n * per * sizeof *rows) < 0) {
+        if (zmq_msg_init_size(&f[1], rows ? n * per * sizeof *rows : 0) < 0) {
                 zmq_msg_close(&f[0]);
                 return -ENOMEM;
         }
-        if (n) {
+        if (n)
                 memcpy(zmq_msg_data(&f[0]), ids, n * sizeof *ids);
+        if (n && rows)
                 memcpy(zmq_msg_data(&f[1]), rows, n * per * sizeof *rows);
-        }
         Psnet__Header h;
         wire_header_init(&h, PSNET__MSG_TYPE__MSG_ROWS_MOVE);
         h.has_job = h.has_epoch = h.has_clock = h.has_sender = h.has_seq = h.has_table = true;
@@ -461,6 +461,40 @@ int migrate_rows_move(Migrate *mg, uint32_t shard, uint32_t table, int64_t clock
         l->move_hi = h.seq;
         mg->rows_moved += n;
         return 0;
+}
+
+void migrate_rows_want(Migrate *mg, uint32_t shard, uint32_t table, const int64_t *ids, size_t n) {
+        const ShardMap *m = mg->store->map;
+        int at = m ? shardmap_find(m, shard) : -1;
+        Link *l = at >= 0 ? link_for(mg, shardmap_shard(m, (size_t) at)) : NULL;
+        zmq_msg_t f;
+        if (!l || zmq_msg_init_size(&f, n * sizeof *ids) < 0) {
+                log_warning("cannot ask shard %u for %zu rows of table %u moving here (they come in their turn)", shard,
+                            n, table);
+                return;
+        }
+        memcpy(zmq_msg_data(&f), ids, n * sizeof *ids);
+        Psnet__Header h;
+        wire_header_init(&h, PSNET__MSG_TYPE__MSG_ROWS_WANT);
+        h.has_job = h.has_epoch = h.has_clock = h.has_sender = h.has_seq = h.has_table = true;
+        h.job = mg->store->job.id;
+        h.epoch = shardmap_epoch(m);
+        h.clock = 0;
+        h.sender = mg->shard_id;
+        h.seq = l->seq + 1;
+        h.table = table;
+        int r = netsock_send(l->sock, NULL, &h, &f, 1);
+        if (r < 0) {
+                log_warning_errno(r, "Failed to ask shard %u for rows of table %u moving here: %m", shard, table);
+                return;
+        }
+        l->seq++;
+}
+
+/* RowsMoveFn over mg's links (rows_want's answers). */
+static int move_to(void *ud, uint32_t shard, uint32_t table, int64_t clock, const int64_t *ids, const float *rows,
+                   size_t n, bool last) {
+        return migrate_rows_move(ud, shard, table, clock, ids, rows, n, last);
 }
 
 int migrate_rows_copy(Migrate *mg, PushReq *const *reqs, size_t nreqs, uint32_t table, int64_t clock,
@@ -715,7 +749,7 @@ static bool handle(Migrate *mg, NetSock *data, WireMsg *m) {
                 return false;
         int st;
         bool rep = h->type == PSNET__MSG_TYPE__MSG_REPLICATE, copy = h->type == PSNET__MSG_TYPE__MSG_ROWS_COPY;
-        bool move = h->type == PSNET__MSG_TYPE__MSG_ROWS_MOVE;
+        bool move = h->type == PSNET__MSG_TYPE__MSG_ROWS_MOVE, want = h->type == PSNET__MSG_TYPE__MSG_ROWS_WANT;
         _cleanup_free_ Psnet__Key **missing = rep ? ps_malloc((h->n_keys ? h->n_keys : 1) * sizeof *missing) : NULL;
         size_t nmissing = 0;
         if (!s->has_job || !s->map || h->job != s->job.id || !h->has_clock || h->clock < 0 || !h->has_seq) {
@@ -727,6 +761,13 @@ static bool handle(Migrate *mg, NetSock *data, WireMsg *m) {
                 st = PSNET__STATUS__STATUS_DENIED;
         } else if (move)
                 st = mg->rows ? rows_move_in(mg->rows, s->map, mg->shard_id, h, m->frames, reason, sizeof reason)
+                              : PSNET__STATUS__STATUS_NO_JOB;
+        else if (want && !sender_known(mg, m)) {
+                snprintf(reason, sizeof reason, "shard %u is not in this shard's map (epoch %lu)%s", h->sender,
+                         (unsigned long) shardmap_epoch(s->map), mg->id->enabled ? ", or its key differs" : "");
+                st = PSNET__STATUS__STATUS_DENIED;
+        } else if (want)
+                st = mg->rows ? rows_want(mg->rows, h, m->frames, move_to, mg, reason, sizeof reason)
                               : PSNET__STATUS__STATUS_NO_JOB;
         else if ((rep || copy || (h->chunk_state->has_replica && h->chunk_state->replica)) && !sender_known(mg, m)) {
                 /* A copy for a backup comes from a primary of this map (a moving
@@ -747,7 +788,8 @@ static bool handle(Migrate *mg, NetSock *data, WireMsg *m) {
             st != PSNET__STATUS__STATUS_MIGRATING && st != PSNET__STATUS__STATUS_MOVED)
                 log_warning("refused a message from shard %u type=%s status=%s reason=\"%s\"", h->sender,
                             wire_type_name(h->type), status_name(st), reason);
-        int r = answer(data, m, rep || copy || move ? PSNET__MSG_TYPE__MSG_REPLICATE_ACK : PSNET__MSG_TYPE__MSG_CHUNK_ACK, st,
+        int r = answer(data, m,
+                       rep || copy || move || want ? PSNET__MSG_TYPE__MSG_REPLICATE_ACK : PSNET__MSG_TYPE__MSG_CHUNK_ACK, st,
                        reason[0] ? reason : NULL, missing, nmissing);
         if (r < 0)
                 log_warning_errno(r, "Failed to answer shard %u: %m", h->sender);

@@ -15,7 +15,9 @@
  *                    of them (psd-rows.h, "copies");
  *   MSG_ROWS_MOVE    rows that have new holders after a map change, whole,
  *                    from the shard that led them (psd-rows.h, "rows
- *                    moved").
+ *                    moved");
+ *   MSG_ROWS_WANT    rows a request touches that have not come yet, asked
+ *                    for by their new holder.
  *
  * Every message on a link carries the link's next sequence number and is
  * answered (CHUNK_ACK, REPLICATE_ACK) in order, so a push is acknowledged to
@@ -54,6 +56,9 @@ int migrate_rows_copy(Migrate *mg, PushReq *const *reqs, size_t nreqs, uint32_t 
  * sender's last of the table where last. 0, or a negative errno. */
 int migrate_rows_move(Migrate *mg, uint32_t shard, uint32_t table, int64_t clock, const int64_t *ids,
                       const float *rows, size_t n, bool last);
+/* While rows move here: asks sender shard for ids[0..n) of table now
+ * (ROWS_WANT; logged where it cannot). */
+void migrate_rows_want(Migrate *mg, uint32_t shard, uint32_t table, const int64_t *ids, size_t n);
 /* Table rows moved out; answers refusing a ROWS_MOVE (or a message sent
  * among them) since moves began. */
 uint64_t migrate_rows_moved(const Migrate *mg);

@@ -6,6 +6,7 @@
 #include <string.h>
 #include "alloc.h"
 #include "endpoint.h"
+#include "hash.h"
 #include "log.h"
 #include "macro.h"
 #include "psd-rows.h"
@@ -57,11 +58,70 @@ typedef struct CopyIn {
 /* A shard whose rows come here after a map change that moves rows
  * (ROWS_MOVE): per table, the last clock it closed before the change, and
  * whether its first and its last rows came (bits by table). */
+/* Ids a sender was asked for (ROWS_WANT) and does not hold: they start as
+ * new rows here. Open addressing over (table, id); tab[i] = table + 1, 0
+ * where empty. */
+typedef struct IdSet {
+        int64_t *ids;
+        uint8_t *tab;
+        size_t cap, n;
+} IdSet;
+
+static size_t idset_slot(const IdSet *s, uint32_t t, int64_t id) {
+        size_t mask = s->cap - 1, i = (size_t) mix64((uint64_t) id ^ ((uint64_t) t << 56)) & mask;
+        while (s->tab[i] && (s->tab[i] != t + 1 || s->ids[i] != id))
+                i = (i + 1) & mask;
+        return i;
+}
+
+static bool idset_has(const IdSet *s, uint32_t t, int64_t id) {
+        return s->cap && s->tab[idset_slot(s, t, id)];
+}
+
+static int idset_add(IdSet *s, uint32_t t, int64_t id) {
+        if (2 * (s->n + 1) > s->cap) {
+                IdSet g = { .cap = s->cap ? 2 * s->cap : 64 };
+                g.ids = ps_malloc(g.cap * sizeof *g.ids);
+                g.tab = ps_calloc(g.cap, sizeof *g.tab);
+                if (!g.ids || !g.tab) {
+                        ps_free(g.ids);
+                        ps_free(g.tab);
+                        return -ENOMEM;
+                }
+                for (size_t i = 0; i < s->cap; i++)
+                        if (s->tab[i]) {
+                                size_t j = idset_slot(&g, s->tab[i] - 1u, s->ids[i]);
+                                g.tab[j] = s->tab[i];
+                                g.ids[j] = s->ids[i];
+                                g.n++;
+                        }
+                ps_free(s->ids);
+                ps_free(s->tab);
+                *s = g;
+        }
+        size_t i = idset_slot(s, t, id);
+        if (!s->tab[i]) {
+                s->tab[i] = (uint8_t) (t + 1);
+                s->ids[i] = id;
+                s->n++;
+        }
+        return 0;
+}
+
 typedef struct Source {
         uint32_t shard;
         int64_t clock[JOB_MAX_TABLES];
         uint64_t got, done;
+        IdSet absent;
 } Source;
+
+static void sources_free(Source *src, size_t n) {
+        for (size_t i = 0; i < n; i++) {
+                ps_free(src[i].absent.ids);
+                ps_free(src[i].absent.tab);
+        }
+        ps_free(src);
+}
 
 /* The parts' bits of a push in parts parts. */
 static uint64_t all_parts(uint32_t parts) {
@@ -128,7 +188,7 @@ struct Rows {
         uint32_t move_table;
         size_t move_at;
         int64_t move_clock[JOB_MAX_TABLES];
-        uint64_t move_sent, move_kept, move_ms, moves;
+        uint64_t move_sent, move_kept, move_ms, moves, move_wanted;
         Source *src;
         size_t nsrc;
         bool receiving;
@@ -200,7 +260,7 @@ static void drop_copies(Rows *r) {
         r->nlost = 0;
         r->move_map = shardmap_free(r->move_map);
         r->move_stage = MOVE_NONE;
-        ps_free(r->src);
+        sources_free(r->src, r->nsrc);
         r->src = NULL;
         r->nsrc = 0;
         r->receiving = r->move_failed = false;
@@ -330,9 +390,10 @@ static int promote_ids(Rows *r, uint32_t t, const int64_t *ids, size_t n) {
 bool rows_promoting(const Rows *r) { return r->promote || r->move_stage != MOVE_NONE || r->receiving; }
 
 /* After a map change that moves rows here: UNAVAILABLE (the reason said)
- * where a row of ids[0..n) of table t comes from a shard that has not sent
- * all of the table yet, or, for a push, while a sender has not said the
- * clock its rows stand at (what is applied is cut by it); else OK. */
+ * where a row of ids[0..n) of table t comes from a shard that has not
+ * sent it yet (it is asked for it now: RowsHooks.want), or, for a push,
+ * while a sender has not said the clock its rows stand at (what is applied
+ * is cut by it); else OK. */
 static int move_wait(const Rows *r, uint32_t t, const int64_t *ids, size_t n, bool push, char *reason,
                      size_t len) {
         if (!r->receiving)
@@ -342,15 +403,43 @@ static int move_wait(const Rows *r, uint32_t t, const int64_t *ids, size_t n, bo
         for (size_t i = 0; push && !late && i < r->nsrc; i++)
                 if (!(r->src[i].got & bit))
                         late = &r->src[i];
-        for (size_t k = 0; !late && k < n; k++) {
+        if (late) {
+                snprintf(reason, len, "table %s's rows move here from shard %u after a map change, which has not "
+                         "said their clock yet: ask again", r->conf[t].name, late->shard);
+                return PSNET__STATUS__STATUS_UNAVAILABLE;
+        }
+        /* The rows not here yet, by sender: each asked for its own. */
+        int64_t *want = ps_malloc(MAX(n, (size_t) 1) * sizeof *want);
+        uint32_t *from = ps_malloc(MAX(n, (size_t) 1) * sizeof *from);
+        size_t m = 0;
+        for (size_t k = 0; k < n; k++) {
                 int at = shardmap_row_holder(r->prev, t, ids[k], 0);
                 const Source *src = at >= 0 ? source_of(r, shardmap_shard(r->prev, (size_t) at)->id) : NULL;
-                if (src && !(src->done & bit))
+                if (!src || (src->done & bit) || table_row(r->tables[t], ids[k], NULL) ||
+                    idset_has(&src->absent, t, ids[k]))
+                        continue;
+                if (!late)
                         late = src;
+                if (want && from) {
+                        want[m] = ids[k];
+                        from[m++] = src->shard;
+                }
         }
+        int64_t *sel = m ? ps_malloc(m * sizeof *sel) : NULL;
+        for (size_t i = 0; sel && r->hooks.want && i < r->nsrc; i++) {
+                size_t c = 0;
+                for (size_t k = 0; k < m; k++)
+                        if (from[k] == r->src[i].shard)
+                                sel[c++] = want[k];
+                if (c)
+                        r->hooks.want(r->hooks.ud, r->src[i].shard, t, sel, c);
+        }
+        ps_free(sel);
+        ps_free(want);
+        ps_free(from);
         if (!late)
                 return PSNET__STATUS__STATUS_OK;
-        snprintf(reason, len, "rows of table %s move here from shard %u after a map change: ask again",
+        snprintf(reason, len, "rows of table %s move here from shard %u after a map change: asked for, ask again",
                  r->conf[t].name, late->shard);
         return PSNET__STATUS__STATUS_UNAVAILABLE;
 }
@@ -1071,7 +1160,7 @@ static void move_begin(Rows *r, const ShardMap *old, const ShardMap *map, uint32
         r->promote = shardmap_free(r->promote);
         r->move_map = shardmap_free(r->move_map);
         r->move_stage = MOVE_NONE;
-        ps_free(r->src);
+        sources_free(r->src, r->nsrc);
         r->src = src;
         r->nsrc = 0;
         if (move_receiver(old, map, self))
@@ -1105,7 +1194,7 @@ static void move_begin(Rows *r, const ShardMap *old, const ShardMap *map, uint32
                 r->move_stage = MOVE_FIRST;
                 r->move_table = 0;
                 r->move_at = 0;
-                r->move_sent = r->move_kept = 0;
+                r->move_sent = r->move_kept = r->move_wanted = 0;
                 r->move_ms = now_ms();
                 /* A row led here that leads elsewhere now stays here as a copy
                  * where this shard still holds it: a copy of every clock its
@@ -1226,9 +1315,9 @@ static int move_send(Rows *r, size_t budget, RowsMoveFn send, void *ud) {
 
 /* Called past the last stage (rows_move_step's MOVE_DEMOTE done). */
 static void move_done(Rows *r) {
-        log_info("table rows moved rows_sent=%lu rows_no_longer_led=%lu map_epoch=%lu ms=%lu",
-                 (unsigned long) r->move_sent, (unsigned long) r->move_kept, (unsigned long) shardmap_epoch(r->move_map),
-                 (unsigned long) (now_ms() - r->move_ms));
+        log_info("table rows moved rows_sent=%lu rows_asked_for=%lu rows_no_longer_led=%lu map_epoch=%lu ms=%lu",
+                 (unsigned long) r->move_sent, (unsigned long) r->move_wanted, (unsigned long) r->move_kept,
+                 (unsigned long) shardmap_epoch(r->move_map), (unsigned long) (now_ms() - r->move_ms));
         r->move_stage = MOVE_NONE;
         r->moves++;
 }
@@ -1318,6 +1407,8 @@ int rows_move_in(Rows *r, const ShardMap *map, uint32_t self, const Psnet__Heade
         uint32_t t = h->table;
         uint64_t bit = (uint64_t) 1 << t;
         Source *src = source_of(r, h->sender);
+        if (src && h->epoch == shardmap_epoch(map) && (src->done & bit))
+                return PSNET__STATUS__STATUS_OK; /* asked-for rows after its last: every row came already */
         if (!src || !r->receiving || h->epoch != shardmap_epoch(map)) {
                 snprintf(reason, n, "shard %u moves no rows here under map epoch %lu (this shard acts on %lu)",
                          h->sender, (unsigned long) h->epoch, (unsigned long) shardmap_epoch(map));
@@ -1329,6 +1420,18 @@ int rows_move_in(Rows *r, const ShardMap *map, uint32_t self, const Psnet__Heade
         }
         size_t per = table_row_floats(r->tables[t]);
         size_t count = zmq_msg_size((zmq_msg_t *) &frames[0]) / sizeof(int64_t);
+        if (count > 0 && zmq_msg_size((zmq_msg_t *) &frames[1]) == 0) {
+                /* Ids asked for that the sender does not hold: new rows here. */
+                for (size_t k = 0; k < count; k++) {
+                        int64_t id;
+                        memcpy(&id, (const char *) zmq_msg_data((zmq_msg_t *) &frames[0]) + k * sizeof id, sizeof id);
+                        if (!table_row(r->tables[t], id, NULL) && idset_add(&src->absent, t, id) < 0) {
+                                snprintf(reason, n, "out of memory noting ids of table %s", r->conf[t].name);
+                                return PSNET__STATUS__STATUS_RESOURCE;
+                        }
+                }
+                return PSNET__STATUS__STATUS_OK;
+        }
         if (zmq_msg_size((zmq_msg_t *) &frames[1]) != count * per * sizeof(float)) {
                 snprintf(reason, n, "rows of table %s moved here have %zu floats, not %zu bytes for %zu ids",
                          r->conf[t].name, per, zmq_msg_size((zmq_msg_t *) &frames[1]), count);
@@ -1357,6 +1460,8 @@ int rows_move_in(Rows *r, const ShardMap *map, uint32_t self, const Psnet__Heade
                                  (long long) id, r->conf[t].name, (unsigned long) shardmap_epoch(map));
                         return PSNET__STATUS__STATUS_MOVED;
                 }
+                if (place == 0 && table_row(r->tables[t], id, NULL))
+                        continue; /* came already (asked for), and may have changed since */
                 int64_t *di = place == 0 ? ids + led : bids + backed;
                 float *dr = place == 0 ? rows + led++ * per : brows + backed++ * per;
                 *di = id;
@@ -1372,8 +1477,8 @@ int rows_move_in(Rows *r, const ShardMap *map, uint32_t self, const Psnet__Heade
                           h->sender, reason);
                 return e == -ENOMEM ? PSNET__STATUS__STATUS_RESOURCE : PSNET__STATUS__STATUS_INVALID;
         }
-        r->moved_in += count;
-        r->stats.moved_in += count;
+        r->moved_in += led + backed;
+        r->stats.moved_in += led + backed;
         if (!(src->got & bit)) {
                 src->got |= bit;
                 src->clock[t] = h->clock - 1; /* it says the first clock it had not closed */
@@ -1406,6 +1511,48 @@ int rows_move_in(Rows *r, const ShardMap *map, uint32_t self, const Psnet__Heade
                         r->receiving = false;
                 }
         }
+        return PSNET__STATUS__STATUS_OK;
+}
+
+int rows_want(Rows *r, const Psnet__Header *h, const zmq_msg_t *frames, RowsMoveFn send, void *ud, char *reason,
+              size_t n) {
+        int st = known_table(r, h, reason, n);
+        if (st != PSNET__STATUS__STATUS_OK)
+                return st;
+        if (r->move_stage == MOVE_NONE || r->move_stage >= MOVE_ANSWERS)
+                return PSNET__STATUS__STATUS_OK; /* every row was sent (an ask that crossed its last) */
+        uint32_t t = h->table;
+        int to = shardmap_find(r->move_map, h->sender);
+        size_t count = zmq_msg_size((zmq_msg_t *) &frames[0]) / sizeof(int64_t), per = table_row_floats(r->tables[t]);
+        _cleanup_free_ int64_t *held = ps_malloc(MAX(count, (size_t) 1) * sizeof *held);
+        _cleanup_free_ int64_t *absent = ps_malloc(MAX(count, (size_t) 1) * sizeof *absent);
+        _cleanup_free_ float *rows = ps_malloc(MAX(count * per, (size_t) 1) * sizeof *rows);
+        if (!held || !absent || !rows) {
+                snprintf(reason, n, "out of memory for %zu rows of table %s", count, r->conf[t].name);
+                return PSNET__STATUS__STATUS_RESOURCE;
+        }
+        size_t nh = 0, na = 0;
+        for (size_t k = 0; k < count && to >= 0; k++) {
+                int64_t id;
+                memcpy(&id, (const char *) zmq_msg_data((zmq_msg_t *) &frames[0]) + k * sizeof id, sizeof id);
+                /* Only a row this shard led that the asker leads now. */
+                if (shardmap_row_holder(r->move_map, t, id, 0) != to ||
+                    (r->prev && shardmap_row_holder(r->prev, t, id, 0) != shardmap_find(r->prev, r->move_self)))
+                        continue;
+                if (table_row(r->tables[t], id, NULL))
+                        held[nh++] = id;
+                else
+                        absent[na++] = id;
+        }
+        table_export(r->tables[t], held, nh, rows);
+        int e = nh ? send(ud, h->sender, t, r->move_clock[t] + 1, held, rows, nh, false) : 0;
+        if (e == 0 && na)
+                e = send(ud, h->sender, t, r->move_clock[t] + 1, absent, NULL, na, false);
+        if (e < 0) {
+                snprintf(reason, n, "the rows asked for could not be sent: %s", strerror(-e));
+                return PSNET__STATUS__STATUS_UNAVAILABLE;
+        }
+        r->move_wanted += nh + na;
         return PSNET__STATUS__STATUS_OK;
 }
 

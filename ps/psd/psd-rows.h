@@ -58,6 +58,10 @@ typedef struct RowsHooks {
          * (status and reason); acks: the parked pushes to acknowledge. */
         void (*closed)(void *ud, uint32_t table, int64_t clock, const int64_t *ids, size_t n, const RowsAck *acks,
                        size_t nacks, int status, const char *reason);
+        /* While rows move here (below, "rows moved"): a request touches
+         * ids[0..n) of table, which sender shard has not sent yet: ask it
+         * for them now (ROWS_WANT). */
+        void (*want)(void *ud, uint32_t shard, uint32_t table, const int64_t *ids, size_t n);
         void *ud;
 } RowsHooks;
 
@@ -141,7 +145,8 @@ void rows_map_changed(Rows *r, const ShardMap *old, const ShardMap *map, uint32_
  * (rows_move_in) installs rows as they come, as its own or as copies;
  * until every sender said its clock it answers pushes UNAVAILABLE, then
  * closes up to the lowest, and until a sender said its last, a request
- * touching rows that sender led. A push sent again is cut as after a
+ * touching rows that sender led and has not sent, which it asks that
+ * sender for at once (ROWS_WANT, rows_want). A push sent again is cut as after a
  * fail-over: a sender's rows at or below its clock were applied. A
  * checkpoint's cut waits for the move (rows_promoting). */
 /* clock: the first the sender had not closed at the change. */
@@ -153,9 +158,18 @@ typedef int (*RowsMoveFn)(void *ud, uint32_t shard, uint32_t table, int64_t cloc
  * shard never says they are whole). Whether more steps remain now. */
 bool rows_move_step(Rows *r, size_t budget, RowsMoveFn send, int (*answered)(void *ud), void *ud);
 /* A ROWS_MOVE from h->sender (validated by the wire) under map: OK, or a
- * status with the reason (nothing installed then). */
+ * status with the reason (nothing installed then). Rows of its own that
+ * came already (asked for) are not installed again: they may have changed
+ * here since. Ids without rows (asked for, not held by the sender) start
+ * as new rows here. */
 int rows_move_in(Rows *r, const ShardMap *map, uint32_t self, const Psnet__Header *h, const zmq_msg_t *frames,
                  char *reason, size_t n);
+/* A ROWS_WANT from receiver h->sender (validated by the wire): the rows it
+ * asks for that this shard led, and now the asker leads, sent at once
+ * (send; ids this shard does not hold without rows). OK, or a status with
+ * the reason. */
+int rows_want(Rows *r, const Psnet__Header *h, const zmq_msg_t *frames, RowsMoveFn send, void *ud, char *reason,
+              size_t n);
 /* Shard of the map before the last change (NULL: none such): a sender
  * that left the map is known by it. */
 const ShardDesc *rows_prev_shard(const Rows *r, uint32_t shard);

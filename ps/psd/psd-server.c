@@ -489,6 +489,12 @@ static int psd_rows_move(void *ud, uint32_t shard, uint32_t table, int64_t clock
         return migrate_rows_move(p->migrate, shard, table, clock, ids, rows, n, last);
 }
 
+/* RowsHooks: rows a request touches, not moved here yet: asked for. */
+static void psd_rows_want(void *ud, uint32_t shard, uint32_t table, const int64_t *ids, size_t n) {
+        Psd *p = ud;
+        migrate_rows_want(p->migrate, shard, table, ids, n);
+}
+
 /* Whether every receiver answered all that a move sent it (1), not yet
  * (0), or refused some of it (-1). */
 static int psd_rows_moved(void *ud) {
@@ -688,6 +694,7 @@ static const DispatchRow rows[] = {
         T(ROWS_SCAN) = { psd_handle_rows },
         T(ROWS_COPY) = { psd_handle_link },
         T(ROWS_MOVE) = { psd_handle_link },
+        T(ROWS_WANT) = { psd_handle_link },
         T(CHUNK_STATE) = { psd_handle_link },
         T(REPLICATE) = { psd_handle_link },
         T(CHUNK_ACK) = { .ignore = true },
@@ -1491,7 +1498,8 @@ int psd_run(const PsdConfig *cfg) {
         if (r == 0)
                 r = rows_new(&p.rows);
         if (r == 0) {
-                const RowsHooks rh = { .members = psd_rows_members, .closed = psd_rows_closed, .ud = &p };
+                const RowsHooks rh = { .members = psd_rows_members, .closed = psd_rows_closed, .want = psd_rows_want,
+                                       .ud = &p };
                 table_set_poll(psd_poll_session, &p);
                 rows_set_hooks(p.rows, &rh);
                 migrate_attach_rows(p.migrate, p.rows);

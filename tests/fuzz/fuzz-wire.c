@@ -62,14 +62,18 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
                         abort(); /* a scan names a table and carries nothing */
                 if (m.hdr->type == PSNET__MSG_TYPE__MSG_ROWS_PULL || m.hdr->type == PSNET__MSG_TYPE__MSG_ROWS_PUSH ||
                     m.hdr->type == PSNET__MSG_TYPE__MSG_ROWS_PULL_REP || m.hdr->type == PSNET__MSG_TYPE__MSG_ROWS_COPY ||
-                    m.hdr->type == PSNET__MSG_TYPE__MSG_ROWS_MOVE) {
+                    m.hdr->type == PSNET__MSG_TYPE__MSG_ROWS_MOVE || m.hdr->type == PSNET__MSG_TYPE__MSG_ROWS_WANT) {
                         /* Ids of 8 bytes, then (but for a pull) as many rows of floats. */
                         size_t ids = m.nframes ? zmq_msg_size(&m.frames[0]) : 0, n = ids / 8;
-                        bool pull = m.hdr->type == PSNET__MSG_TYPE__MSG_ROWS_PULL;
-                        bool push = m.hdr->type != PSNET__MSG_TYPE__MSG_ROWS_PULL; /* a push or an answer may be empty */
+                        bool pull = m.hdr->type == PSNET__MSG_TYPE__MSG_ROWS_PULL ||
+                                    m.hdr->type == PSNET__MSG_TYPE__MSG_ROWS_WANT;
+                        /* A move's ids without rows: ids asked for that its sender does not hold. */
+                        bool absent = m.hdr->type == PSNET__MSG_TYPE__MSG_ROWS_MOVE && m.nframes == 2 &&
+                                      zmq_msg_size(&m.frames[1]) == 0;
+                        bool push = !pull; /* a push or an answer may be empty */
                         size_t rows = pull || m.nframes < 2 ? 0 : zmq_msg_size(&m.frames[1]);
                         if (!m.hdr->has_table || m.nframes != (pull ? 1u : 2u) || ids % 8 || (n == 0 && !push) ||
-                            (!pull && (n == 0 ? rows != 0 : rows == 0 || rows % (n * 4))))
+                            (!pull && !absent && (n == 0 ? rows != 0 : rows == 0 || rows % (n * 4))))
                                 abort(); /* accepted, yet its rows do not add up */
                 }
                 if (m.hdr->has_last && m.hdr->type != PSNET__MSG_TYPE__MSG_ROWS_MOVE)

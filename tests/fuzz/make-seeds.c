@@ -120,6 +120,16 @@ static void wire_seeds(void) {
         memcpy(buf + at, rows[1], 32), at += 32;
         put("wire", "rows-move", buf, at);
         h.has_last = h.last = false;
+        /* A new holder asking for rows that have not come: the ids alone. */
+        h.type = PSNET__MSG_TYPE__MSG_ROWS_WANT;
+        at = 0;
+        hl = psnet__header__get_packed_size(&h);
+        buf[at++] = (uint8_t) hl, buf[at++] = (uint8_t) (hl >> 8);
+        psnet__header__pack(&h, buf + at);
+        at += hl;
+        buf[at++] = 16, buf[at++] = 0;
+        memcpy(buf + at, rows[0], 16), at += 16;
+        put("wire", "rows-want", buf, at);
         Psnet__Register reg = PSNET__REGISTER__INIT;
         wire_header_init(&h, PSNET__MSG_TYPE__MSG_REGISTER);
         reg.role = PSNET__ROLE__ROLE_SERVER;

@@ -89,7 +89,8 @@ read -r rows backups <<<"$(copies b 1 2 3)"
 [ "$rows" -gt 1000 ] && [ "$rows" = "$backups" ]; ok $? "every row has one copy on another shard ($rows rows, $backups copies)"
 sent=$(($(metric b 1 psnet_psd_rows_moved_total) + $(metric b 2 psnet_psd_rows_moved_total)))
 got=$(metric b 3 psnet_psd_rows_moved_in_total)
-[ "$sent" -gt 1000 ] && [ "$sent" = "$got" ]; ok $? "shards 1 and 2 sent as many rows as shard 3 took (/metrics: $sent, $got)"
+# A row asked for by a push that came before its turn is sent twice, taken once.
+[ "$got" -gt 1000 ] && [ "$sent" -ge "$got" ]; ok $? "shards 1 and 2 sent the rows shard 3 took (/metrics: $sent sent, $got taken)"
 same b
 psnet_stop_all
 

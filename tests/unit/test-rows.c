@@ -475,7 +475,7 @@ static int route_move(void *ud, uint32_t shard, uint32_t table, int64_t clock, c
         h.last = last;
         zmq_msg_t f[2];
         frame(&f[0], ids, n * 8);
-        frame(&f[1], r, n * per * 4);
+        frame(&f[1], r, r ? n * per * 4 : 0); /* none: ids asked for that it does not hold */
         char why[160] = "";
         int st = rows_move_in(to->rows, to->map, to->id, &h, f, why, sizeof why);
         zmq_msg_close(&f[0]);
@@ -491,6 +491,23 @@ static void no_rebuild(void *ud, uint32_t table, int64_t clock, const int64_t *i
         (void) ud, (void) table, (void) clock, (void) ids, (void) n;
 }
 
+static int wants;
+
+/* RowsHooks.want: the receiver (ud) asks the sender, which answers at once. */
+static void route_want(void *ud, uint32_t shard, uint32_t table, const int64_t *ids, size_t n) {
+        Side *s = ud, *from = side_of(shard);
+        if (!from)
+                return;
+        Psnet__Header h = header(PSNET__MSG_TYPE__MSG_ROWS_WANT, table, s->id, 0);
+        zmq_msg_t f;
+        frame(&f, ids, n * 8);
+        char why[160] = "";
+        if (rows_want(from->rows, &h, &f, route_move, from, why, sizeof why) != 0)
+                move_refused++;
+        zmq_msg_close(&f);
+        wants++;
+}
+
 static int all_answered(void *ud) {
         (void) ud;
         return move_refused ? -1 : 1;
@@ -500,6 +517,9 @@ static int all_answered(void *ud) {
 static bool move_receiver_of(const ShardMap *m1, const ShardMap *m2, uint32_t shard) {
         return shardmap_find(m1, shard) < 0 || (shardmap_replicas(m1) < 2 && shardmap_size(m2) < shardmap_size(m1));
 }
+
+/* Whether a push answered UNAVAILABLE is sent again (once). */
+static bool again;
 
 /* Each worker's push of clock under m: to every shard of m, its ids cut by m. */
 static void push_all(const ShardMap *m, uint32_t worker, int64_t clock, const int64_t *ids, size_t n, int *ret_st,
@@ -514,6 +534,8 @@ static void push_all(const ShardMap *m, uint32_t worker, int64_t clock, const in
                         if (shardmap_row_holder(m, 0, ids[k], 0) == (int) j)
                                 cut[c++] = ids[k];
                 int st = push_to(s, m, worker, clock, shardmap_epoch(m), cut, c);
+                if (st == PSNET__STATUS__STATUS_UNAVAILABLE && again) /* rows asked for meanwhile */
+                        st = push_to(s, m, worker, clock, shardmap_epoch(m), cut, c);
                 if (ret_st)
                         ret_st[s->id] = st;
         }
@@ -545,7 +567,7 @@ static int pull_all(const ShardMap *m, const int64_t *ids, size_t n, float *out)
  * that took every push, bit for bit, each on its R copies: after losing
  * shard 1 (m3) the others still hold them all so. */
 static void test_move_case(const Job *job, const char *what, const ShardMap *m1, const ShardMap *m2,
-                           const ShardMap *m3, const ShardMap *mref) {
+                           const ShardMap *m3, const ShardMap *mref, bool ask) {
         Side sd[3] = { side(job, 1), side(job, 2), side(job, 3) }, ref = side(job, 9);
         nsides = 0;
         move_refused = copies_refused = 0;
@@ -558,12 +580,15 @@ static void test_move_case(const Job *job, const char *what, const ShardMap *m1,
         if (!CHECK(sd[0].rows && sd[1].rows && sd[2].rows && ref.rows, "%s: four shards' tables", what))
                 goto out;
         for (size_t i = 0; i < nsides; i++) {
-                RowsHooks hk = { .members = members, .closed = route_closed, .ud = sides[i] };
+                RowsHooks hk = { .members = members, .closed = route_closed, .want = route_want, .ud = sides[i] };
                 rows_set_hooks(sides[i]->rows, &hk);
         }
-        int64_t ids[40];
-        for (int k = 0; k < 40; k++)
+        /* The last 8 ids are pushed first at clock 3. */
+        int64_t ids[48];
+        for (int k = 0; k < 48; k++)
                 ids[k] = 5000 + 53 * k;
+        wants = 0;
+        again = false;
         for (int64_t c = 0; c < 3; c++)
                 for (uint32_t w = 7; w <= 8; w++) {
                         push_all(mref, w, c, ids, 40, NULL, 0);
@@ -579,7 +604,25 @@ static void test_move_case(const Job *job, const char *what, const ShardMap *m1,
         bool waits = false;
         for (int i = 0; i < 3; i++)
                 waits |= st_wait[sd[i].id] == PSNET__STATUS__STATUS_UNAVAILABLE;
+        /* ask: the senders say their clocks, then the workers go on, the
+         * rows their pushes touch asked for as they come, and only then do
+         * the senders send the rest (which must not undo what changed). */
         int steps = 0;
+        for (bool more = true; more && steps < 100000 && (!ask || steps < 1); steps++) {
+                more = false;
+                for (int i = 0; i < 3; i++)
+                        more |= rows_move_step(sd[i].rows, 4, route_move, all_answered, &sd[i]);
+        }
+        int st2[4][4] = { { 0 } };
+        again = true;
+        for (uint32_t w = 7; w <= 8; w++)
+                push_all(m2, w, 2, ids, 40, st2[w - 7], 0);
+        for (uint32_t w = 7; w <= 8; w++) {
+                push_all(mref, w, 3, ids, 48, NULL, 0);
+                push_all(m2, w, 3, ids, 48, NULL, 0);
+        }
+        again = false;
+        int asked = wants;
         for (bool more = true; more && steps < 100000; steps++) {
                 more = false;
                 for (int i = 0; i < 3; i++)
@@ -588,18 +631,11 @@ static void test_move_case(const Job *job, const char *what, const ShardMap *m1,
         bool settled = true;
         for (int i = 0; i < 3; i++)
                 settled &= !rows_promoting(sd[i].rows) && rows_whole_epoch(sd[i].rows, 2) == 2;
-        CHECK(waits && settled && move_refused == 0 && steps > 3,
-              "%s: pushes wait while rows move (UNAVAILABLE), then the move ends in %d steps, every shard whole", what,
-              steps);
-        int st2[4][4] = { { 0 } };
-        for (uint32_t w = 7; w <= 8; w++)
-                push_all(m2, w, 2, ids, 40, st2[w - 7], 0);
-        for (uint32_t w = 7; w <= 8; w++) {
-                push_all(mref, w, 3, ids, 40, NULL, 0);
-                push_all(m2, w, 3, ids, 40, NULL, 0);
-        }
-        float want[80], got[80];
-        int pr = pull_all(mref, ids, 40, want), pg = pull_all(m2, ids, 40, got);
+        CHECK(waits && settled && move_refused == 0 && steps > 3 && (ask ? asked > 0 : asked == 0),
+              "%s: pushes wait while rows move (UNAVAILABLE)%s, then the move ends in %d steps, every shard whole", what,
+              ask ? ", the rows they touch asked for at once" : "", steps);
+        float want[96], got[96];
+        int pr = pull_all(mref, ids, 48, want), pg = pull_all(m2, ids, 48, got);
         /* Shard 1 closed clock 2: its own rows of it were applied. With rows
          * of a sender that had not closed it, the clock opens again there. */
         bool gains = shardmap_find(m1, 1) >= 0 && move_receiver_of(m1, m2, 1);
@@ -615,7 +651,7 @@ static void test_move_case(const Job *job, const char *what, const ShardMap *m1,
                 led += rs.rows;
                 backed += rs.backup_rows;
         }
-        CHECK(led == 40 && backed == 40 * (shardmap_replicas(m2) - 1),
+        CHECK(led == 48 && backed == 48 * (shardmap_replicas(m2) - 1),
               "%s: each row led once (%llu), with %u cop%s beside it (%llu)", what, (unsigned long long) led,
               shardmap_replicas(m2) - 1, shardmap_replicas(m2) == 2 ? "y" : "ies", (unsigned long long) backed);
         if (m3) {
@@ -627,7 +663,7 @@ static void test_move_case(const Job *job, const char *what, const ShardMap *m1,
                                 ;
                 }
                 sd[0].map = m3;
-                int pf = pull_all(m3, ids, 40, got);
+                int pf = pull_all(m3, ids, 48, got);
                 CHECK(pf == 0 && memcmp(got, want, sizeof got) == 0,
                       "%s: shard 1 lost after it, its backups hold its rows, bit for bit", what);
         }
@@ -663,9 +699,12 @@ static void test_move(Job job) {
         ShardMap *b1 = map_of(1, one, 1, 1, &job), *b2 = map_of(2, two, 2, 2, &job);
         ShardMap *c1 = map_of(1, three, 3, 1, &job), *c2 = map_of(2, two, 2, 1, &job);
         if (CHECK(ref && a1 && a2 && a3 && b1 && b2 && c1 && c2, "the maps")) {
-                test_move_case(&job, "shard 3 added to 2 (2 copies)", a1, a2, a3, ref);
-                test_move_case(&job, "shard 2 added to 1 (1 copy, then 2)", b1, b2, NULL, ref);
-                test_move_case(&job, "shard 3 removed from 3 (1 copy)", c1, c2, NULL, ref);
+                test_move_case(&job, "shard 3 added to 2 (2 copies)", a1, a2, a3, ref, false);
+                test_move_case(&job, "shard 3 added to 2, rows asked for", a1, a2, a3, ref, true);
+                test_move_case(&job, "shard 2 added to 1 (1 copy, then 2)", b1, b2, NULL, ref, false);
+                test_move_case(&job, "shard 2 added to 1, rows asked for", b1, b2, NULL, ref, true);
+                test_move_case(&job, "shard 3 removed from 3 (1 copy)", c1, c2, NULL, ref, false);
+                test_move_case(&job, "shard 3 removed from 3, rows asked for", c1, c2, NULL, ref, true);
         }
         shardmap_free(ref);
         shardmap_free(a1);

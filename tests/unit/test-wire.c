@@ -831,6 +831,23 @@ static void test_rows(void) {
         st = wire_validate(&h, f, 2, reason, sizeof reason);
         CHECK(st == PSNET__STATUS__STATUS_MALFORMED && strstr(reason, "only ROWS_MOVE does"),
               "a ROWS_COPY saying it is the last: %s", reason);
+        /* Ids without rows: a move's answer to a ROWS_WANT for ids its sender lacks; a copy's are refused. */
+        zmq_msg_t none;
+        zmq_msg_init(&none);
+        zmq_msg_t absent[2] = { f[0], none };
+        h.has_last = h.last = false;
+        st = wire_validate(&h, absent, 2, reason, sizeof reason);
+        CHECK(st == PSNET__STATUS__STATUS_SIZE, "a ROWS_COPY of 3 ids without rows: %s", reason);
+        h.type = PSNET__MSG_TYPE__MSG_ROWS_MOVE;
+        st = wire_validate(&h, absent, 2, reason, sizeof reason);
+        CHECK(st == PSNET__STATUS__STATUS_OK, "a ROWS_MOVE of 3 ids without rows (not held by its sender) (%s)", reason);
+        h.type = PSNET__MSG_TYPE__MSG_ROWS_WANT;
+        st = wire_validate(&h, f, 1, reason, sizeof reason);
+        CHECK(st == PSNET__STATUS__STATUS_OK, "a ROWS_WANT of 3 ids (%s)", reason);
+        st = wire_validate(&h, f, 2, reason, sizeof reason);
+        CHECK(st == PSNET__STATUS__STATUS_MALFORMED && strstr(reason, "carries 1 frame"), "a ROWS_WANT with rows: %s",
+              reason);
+        zmq_msg_close(&none);
         wire_header_init(&h, PSNET__MSG_TYPE__MSG_PUSH);
         h.has_table = true;
         st = wire_validate(&h, NULL, 0, reason, sizeof reason);
