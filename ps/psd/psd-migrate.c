@@ -81,6 +81,13 @@ bool migrate_marked_answered(const Migrate *mg) {
 
 uint64_t migrate_rows_moved(const Migrate *mg) { return mg->rows_moved; }
 
+uint64_t migrate_unanswered(const Migrate *mg) {
+        uint64_t most = 0;
+        for (size_t i = 0; i < mg->nlinks; i++)
+                most = MAX(most, mg->links[i]->seq - MIN(mg->links[i]->answered, mg->links[i]->seq));
+        return most;
+}
+
 uint64_t migrate_moves_refused(const Migrate *mg) { return mg->moves_refused; }
 
 void migrate_moves_end(Migrate *mg) {

@@ -63,6 +63,8 @@ void migrate_rows_want(Migrate *mg, uint32_t shard, uint32_t table, const int64_
  * among them) since moves began. */
 uint64_t migrate_rows_moved(const Migrate *mg);
 uint64_t migrate_moves_refused(const Migrate *mg);
+/* The most messages sent on one link and not answered yet. */
+uint64_t migrate_unanswered(const Migrate *mg);
 /* A move's answers are all in: the next ROWS_MOVE begins another. */
 void migrate_moves_end(Migrate *mg);
 /* Table rows sent in copies. */

@@ -1322,9 +1322,13 @@ static void move_done(Rows *r) {
         r->moves++;
 }
 
-bool rows_move_step(Rows *r, size_t budget, RowsMoveFn send, int (*answered)(void *ud), void *ud) {
+bool rows_move_step(Rows *r, size_t budget, const RowsMoveHooks *hk) {
+        RowsMoveFn send = hk->send;
+        void *ud = hk->ud;
         if (r->move_stage == MOVE_NONE || r->frozen)
                 return false;
+        if (r->move_stage == MOVE_SEND && hk->busy && hk->busy(ud))
+                return false; /* at the next tick */
         if (r->move_stage == MOVE_SEND || r->move_stage == MOVE_COPIES || r->move_stage == MOVE_DEMOTE) {
                 if (r->move_table >= r->ntables && r->move_stage == MOVE_DEMOTE) {
                         move_done(r);
@@ -1383,7 +1387,7 @@ bool rows_move_step(Rows *r, size_t budget, RowsMoveFn send, int (*answered)(voi
                 return true;
         }
         /* MOVE_ANSWERS: every receiver took what was sent before rows go. */
-        int a = answered(ud);
+        int a = hk->answered(ud);
         if (a == 0)
                 return false; /* looked at again at the next tick */
         if (a < 0) {

@@ -155,8 +155,17 @@ typedef int (*RowsMoveFn)(void *ud, uint32_t shard, uint32_t table, int64_t cloc
 /* A step of this shard's part as a sender, budget rows at most: send
  * sends to a receiver, answered says whether everything sent was answered
  * (1), not yet (0), or some was refused (-1: the rows stay here and the
- * shard never says they are whole). Whether more steps remain now. */
-bool rows_move_step(Rows *r, size_t budget, RowsMoveFn send, int (*answered)(void *ud), void *ud);
+ * shard never says they are whole), and busy whether the receivers are
+ * behind (no rows are sent then: what is queued for a receiver stays
+ * short, and rows it asks for reach it soon). Whether more steps remain
+ * now. */
+typedef struct RowsMoveHooks {
+        RowsMoveFn send;
+        int (*answered)(void *ud);
+        bool (*busy)(void *ud);
+        void *ud;
+} RowsMoveHooks;
+bool rows_move_step(Rows *r, size_t budget, const RowsMoveHooks *hk);
 /* A ROWS_MOVE from h->sender (validated by the wire) under map: OK, or a
  * status with the reason (nothing installed then). Rows of its own that
  * came already (asked for) are not installed again: they may have changed

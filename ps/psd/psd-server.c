@@ -42,6 +42,7 @@
 #define PSD_REBUILD_ROWS 8192u  /* rows a step of a rebuild after a fail-over reads and sends (about 4 ms) */
 #define PSD_PROMOTE_ROWS 4096u  /* copies a step of the promotion after a fail-over looks at (about 1.5 us each) */
 #define PSD_REBUILD_MS 30       /* of each tick (100 ms) */
+#define PSD_MOVE_WINDOW 16u     /* messages a link may have unanswered before a move's next step (at most 4 MiB each) */
 
 typedef struct Psd {
         const PsdConfig *cfg;
@@ -493,6 +494,13 @@ static int psd_rows_move(void *ud, uint32_t shard, uint32_t table, int64_t clock
 static void psd_rows_want(void *ud, uint32_t shard, uint32_t table, const int64_t *ids, size_t n) {
         Psd *p = ud;
         migrate_rows_want(p->migrate, shard, table, ids, n);
+}
+
+/* Whether the links to other shards are behind: more than
+ * PSD_MOVE_WINDOW messages on one unanswered (a move's steps wait). */
+static bool psd_rows_busy(void *ud) {
+        Psd *p = ud;
+        return migrate_unanswered(p->migrate) > PSD_MOVE_WINDOW;
 }
 
 /* Whether every receiver answered all that a move sent it (1), not yet
@@ -1366,7 +1374,8 @@ static void psd_tick(uv_timer_t *t) {
         for (uint64_t t0 = now_ms(); now_ms() - t0 < PSD_REBUILD_MS;) {
                 /* After a map change that moves rows: this shard's part in
                  * it, PSD_REBUILD_ROWS a step (psd-rows.h, "rows moved"). */
-                if (rows_move_step(p->rows, PSD_REBUILD_ROWS, psd_rows_move, psd_rows_moved, p))
+                const RowsMoveHooks mh = { psd_rows_move, psd_rows_moved, psd_rows_busy, p };
+                if (rows_move_step(p->rows, PSD_REBUILD_ROWS, &mh))
                         continue;
                 size_t budget = rows_promoting(p->rows) ? PSD_PROMOTE_ROWS : PSD_REBUILD_ROWS;
                 if (!rows_rebuild_step(p->rows, budget, psd_rows_rebuild, p))

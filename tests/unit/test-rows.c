@@ -611,7 +611,7 @@ static void test_move_case(const Job *job, const char *what, const ShardMap *m1,
         for (bool more = true; more && steps < 100000 && (!ask || steps < 1); steps++) {
                 more = false;
                 for (int i = 0; i < 3; i++)
-                        more |= rows_move_step(sd[i].rows, 4, route_move, all_answered, &sd[i]);
+                        more |= rows_move_step(sd[i].rows, 4, &(RowsMoveHooks) { route_move, all_answered, NULL, &sd[i] });
         }
         int st2[4][4] = { { 0 } };
         again = true;
@@ -626,7 +626,7 @@ static void test_move_case(const Job *job, const char *what, const ShardMap *m1,
         for (bool more = true; more && steps < 100000; steps++) {
                 more = false;
                 for (int i = 0; i < 3; i++)
-                        more |= rows_move_step(sd[i].rows, 4, route_move, all_answered, &sd[i]);
+                        more |= rows_move_step(sd[i].rows, 4, &(RowsMoveHooks) { route_move, all_answered, NULL, &sd[i] });
         }
         bool settled = true;
         for (int i = 0; i < 3; i++)
