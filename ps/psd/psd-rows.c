@@ -1320,7 +1320,13 @@ static void move_done(Rows *r) {
                  (unsigned long) shardmap_epoch(r->move_map), (unsigned long) (now_ms() - r->move_ms));
         r->move_stage = MOVE_NONE;
         r->moves++;
+        for (size_t t = 0; t < r->ntables; t++) {
+                table_trim(r->tables[t]);
+                table_trim(r->backup[t]);
+        }
 }
+
+uint64_t rows_moves(const Rows *r) { return r->moves; }
 
 bool rows_move_step(Rows *r, size_t budget, const RowsMoveHooks *hk) {
         RowsMoveFn send = hk->send;

@@ -166,6 +166,9 @@ typedef struct RowsMoveHooks {
         void *ud;
 } RowsMoveHooks;
 bool rows_move_step(Rows *r, size_t budget, const RowsMoveHooks *hk);
+/* This shard's parts as a sender finished (rows no longer led made copies
+ * or dropped, their memory given back to the allocator). */
+uint64_t rows_moves(const Rows *r);
 /* A ROWS_MOVE from h->sender (validated by the wire) under map: OK, or a
  * status with the reason (nothing installed then). Rows of its own that
  * came already (asked for) are not installed again: they may have changed

@@ -81,6 +81,7 @@ typedef struct Psd {
         uint64_t rebuilds_seen, rows_whole_from;
         bool rows_await;
         bool move_marked;       /* a move's last words sent: its answers awaited (psd_rows_moved) */
+        uint64_t moves_seen;    /* rows_moves when last looked at */
 } Psd;
 
 static bool redirect_status(int status) {
@@ -1361,7 +1362,7 @@ static void psd_tick(uv_timer_t *t) {
         /* jemalloc keeps freed pages (common/jemalloc-conf.c: no decay, for
          * the speed of large messages): what closed connections and refused
          * messages held would stay resident for good. */
-        (void) alloc_purge_due(&p->purge, now_ms(), "connections closed or messages refused");
+        (void) alloc_purge_due(&p->purge, now_ms(), "connections closed, messages refused or table rows moved");
         gate_expire(p->gate, now_ms());
         (void) psd_may_acknowledge(p); /* logs a lease lost while no request came */
         checkpoint_poll(p->ckpt);
@@ -1380,6 +1381,11 @@ static void psd_tick(uv_timer_t *t) {
                 size_t budget = rows_promoting(p->rows) ? PSD_PROMOTE_ROWS : PSD_REBUILD_ROWS;
                 if (!rows_rebuild_step(p->rows, budget, psd_rows_rebuild, p))
                         break;
+        }
+        if (rows_moves(p->rows) != p->moves_seen) {
+                /* Rows that left the tables: their pages go back to the system. */
+                p->moves_seen = rows_moves(p->rows);
+                alloc_purge_soon(&p->purge, now_ms());
         }
         uint64_t from, done = rows_rebuilds(p->rows, &from);
         if (done != p->rebuilds_seen) {

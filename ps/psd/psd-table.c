@@ -601,6 +601,15 @@ long table_move_if(Table *from, Table *to, size_t *at, size_t budget, bool (*tak
         return moved;
 }
 
+void table_trim(Table *t) {
+        size_t keep = (t->nrows + TABLE_SLAB - 1) / TABLE_SLAB + 1; /* one spare: no churn at the edge */
+        while (t->nslabs > keep) {
+                t->nslabs--;
+                ps_free(t->slabs[t->nslabs]);
+                ps_free(t->ids[t->nslabs]);
+        }
+}
+
 long table_sweep(Table *t, Table *to, size_t *at, size_t budget, TableSweepFn see, void *ud) {
         long gone = 0;
         for (size_t seen = 0; *at < t->nrows && seen < budget; seen++) {

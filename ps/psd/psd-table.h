@@ -82,6 +82,9 @@ typedef int (*TableSweepFn)(int64_t id, const float *row, void *ud);
  * becomes of each (TABLE_MOVE: into to, of the same conf); *at as for
  * table_move_if. How many left t, or -ENOMEM (that row stays). */
 long table_sweep(Table *t, Table *to, size_t *at, size_t budget, TableSweepFn see, void *ud);
+/* Gives back the slabs past the table's rows (a spare kept), after rows
+ * left it (a move's sweep). */
+void table_trim(Table *t);
 /* Row id of from into to: 1, 0 where from has none, -ENOMEM. */
 int table_move_one(Table *from, Table *to, int64_t id);
 /* Up to max rows from row number from on (rows are numbered 0..table_size-1

@@ -244,6 +244,67 @@ static void check_copy(void) {
         table_free(b);
 }
 
+/* A sweep's verdict on odd ids: even ids stay, those divisible by 3 move,
+ * the rest go. */
+static int verdict(int64_t id, const float *row, void *ud) {
+        int *seen = ud;
+        (*seen) += row != NULL;
+        return id % 2 == 0 ? TABLE_KEEP : id % 3 == 0 ? TABLE_MOVE : TABLE_DROP;
+}
+
+/* A sweep keeps, moves (whole) or drops each row as it says, a step at a
+ * time; a trim after gives back the slabs past the rows left. */
+static void check_sweep(void) {
+        TableConf c = conf(TABLE_ADAGRAD, 0.1f);
+        Table *a = new_table(&c), *b = new_table(&c);
+        if (!a || !b)
+                return;
+        enum { N = 20000 };
+        static int64_t ids[N];
+        static float g[N * 2], before[N * 2], after[N * 2];
+        for (int i = 0; i < N; i++) {
+                ids[i] = 1000 + i;
+                g[2 * i] = 0.01f * (float) (i % 97), g[2 * i + 1] = -0.5f;
+        }
+        table_push(a, ids, N, g, NULL, 0);
+        table_pull(a, ids, N, false, before, NULL, 0);
+        size_t full = table_memory(a), at = 0;
+        int seen = 0, steps = 0;
+        long gone = 0;
+        while (at < table_size(a) && steps < 1000) {
+                long r = table_sweep(a, b, &at, 4096, verdict, &seen);
+                if (r < 0)
+                        break;
+                gone += r;
+                steps++;
+        }
+        size_t kept = 0, moved = 0;
+        for (int i = 0; i < N; i++) {
+                kept += ids[i] % 2 == 0 && table_row(a, ids[i], NULL);
+                moved += ids[i] % 2 && ids[i] % 3 == 0 && table_row(b, ids[i], NULL);
+        }
+        CHECK(seen == N && gone == N / 2 && kept == N / 2 && table_size(a) == N / 2 && moved == table_size(b) &&
+                      moved > 3000 && steps >= 3,
+              "a sweep of %d rows in %d steps: each seen once, even ids kept (%zu), a third of the odd moved (%zu), "
+              "the rest gone", N, steps, kept, moved);
+        table_pull(a, ids, N, false, after, NULL, 0);
+        table_pull(b, ids, N, false, g, NULL, 0);
+        bool same = true;
+        for (int i = 0; i < N; i++)
+                if (ids[i] % 2 == 0 || ids[i] % 3 == 0)
+                        same &= memcmp((ids[i] % 2 == 0 ? after : g) + 2 * i, before + 2 * i, 2 * sizeof *g) == 0;
+        CHECK(same, "the rows kept and moved hold their values, bit for bit");
+        size_t slab = 4096 * (table_row_floats(a) * sizeof(float) + sizeof(int64_t));
+        table_trim(a);
+        size_t trimmed = table_memory(a);
+        table_trim(a);
+        CHECK(trimmed + slab <= full && table_memory(a) == trimmed,
+              "a trim gives back the slabs past the rows left but one (%zu of %zu bytes; a slab %zu), once", trimmed,
+              full, slab);
+        table_free(a);
+        table_free(b);
+}
+
 /* Bounds: max_rows makes room by the least recently pushed rows, ttl drops
  * rows unpushed that long, admit makes a row at an id's admit-th push. */
 static void check_bounds(void) {
@@ -350,6 +411,7 @@ static void check_bounds(void) {
 
 int main(void) {
         check_copy();
+        check_sweep();
         check_bounds();
         check_optimizers();
         check_rows();
