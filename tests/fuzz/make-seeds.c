@@ -37,6 +37,23 @@ static uint8_t buf[1 << 16];
 
 /* One wire seed: 2-byte lengths before every part but the last; each of the
  * nframes frames is fl bytes, of `frame` when given. */
+/* A seed of a table's rows message: 2 ids (frame of 16 bytes), then, with
+ * two frames, 2 rows of 4 floats (32 bytes); each frame says its length, the
+ * last too (its zeros would read as lengths). */
+static void rows_seed(const char *name, Psnet__Header *h, size_t nframes) {
+        static const uint8_t rows[2][32] = { { 7, 0, 0, 0, 0, 0, 0, 0, 9, 0, 0, 0, 0, 0, 0, 0x80 } };
+        size_t hl = psnet__header__get_packed_size(h), at = 0;
+        buf[at++] = (uint8_t) hl, buf[at++] = (uint8_t) (hl >> 8);
+        psnet__header__pack(h, buf + at);
+        at += hl;
+        for (size_t f = 0; f < nframes; f++) {
+                size_t len = f ? 32 : 16;
+                buf[at++] = (uint8_t) len, buf[at++] = 0;
+                memcpy(buf + at, rows[f], len), at += len;
+        }
+        put("wire", name, buf, at);
+}
+
 static void wire_seed(const char *name, Psnet__Header *h, size_t nframes, size_t fl, const uint8_t *frame) {
         size_t hl = psnet__header__get_packed_size(h), at = 0;
         buf[at++] = (uint8_t) hl;
@@ -83,53 +100,19 @@ static void wire_seeds(void) {
         h.type = PSNET__MSG_TYPE__MSG_ROWS_PUSH;
         h.n_keys = 0, h.keys = NULL;
         h.has_table = true, h.table = 1;
-        uint8_t rows[2][32] = { { 7, 0, 0, 0, 0, 0, 0, 0, 9, 0, 0, 0, 0, 0, 0, 0x80 } };
-        size_t hl = psnet__header__get_packed_size(&h), at = 0;
-        buf[at++] = (uint8_t) hl, buf[at++] = (uint8_t) (hl >> 8);
-        psnet__header__pack(&h, buf + at);
-        at += hl;
-        buf[at++] = 16, buf[at++] = 0;
-        memcpy(buf + at, rows[0], 16), at += 16;
-        buf[at++] = 32, buf[at++] = 0; /* the last part too: its zeros would read as lengths */
-        memcpy(buf + at, rows[1], 32), at += 32;
-        put("wire", "rows-push", buf, at);
+        rows_seed("rows-push", &h, 2);
         /* A primary's copy of the same rows for a backup: 2 ids, 2 whole rows. */
         h.type = PSNET__MSG_TYPE__MSG_ROWS_COPY;
         h.has_clock = h.has_epoch = true, h.clock = 3, h.epoch = 1;
-        at = 0;
-        hl = psnet__header__get_packed_size(&h);
-        buf[at++] = (uint8_t) hl, buf[at++] = (uint8_t) (hl >> 8);
-        psnet__header__pack(&h, buf + at);
-        at += hl;
-        buf[at++] = 16, buf[at++] = 0;
-        memcpy(buf + at, rows[0], 16), at += 16;
-        buf[at++] = 32, buf[at++] = 0;
-        memcpy(buf + at, rows[1], 32), at += 32;
-        put("wire", "rows-copy", buf, at);
+        rows_seed("rows-copy", &h, 2);
         /* Rows moved after a map change: the sender's last of the table. */
         h.type = PSNET__MSG_TYPE__MSG_ROWS_MOVE;
         h.has_last = h.last = true;
-        at = 0;
-        hl = psnet__header__get_packed_size(&h);
-        buf[at++] = (uint8_t) hl, buf[at++] = (uint8_t) (hl >> 8);
-        psnet__header__pack(&h, buf + at);
-        at += hl;
-        buf[at++] = 16, buf[at++] = 0;
-        memcpy(buf + at, rows[0], 16), at += 16;
-        buf[at++] = 32, buf[at++] = 0;
-        memcpy(buf + at, rows[1], 32), at += 32;
-        put("wire", "rows-move", buf, at);
+        rows_seed("rows-move", &h, 2);
         h.has_last = h.last = false;
         /* A new holder asking for rows that have not come: the ids alone. */
         h.type = PSNET__MSG_TYPE__MSG_ROWS_WANT;
-        at = 0;
-        hl = psnet__header__get_packed_size(&h);
-        buf[at++] = (uint8_t) hl, buf[at++] = (uint8_t) (hl >> 8);
-        psnet__header__pack(&h, buf + at);
-        at += hl;
-        buf[at++] = 16, buf[at++] = 0;
-        memcpy(buf + at, rows[0], 16), at += 16;
-        put("wire", "rows-want", buf, at);
+        rows_seed("rows-want", &h, 1);
         Psnet__Register reg = PSNET__REGISTER__INIT;
         wire_header_init(&h, PSNET__MSG_TYPE__MSG_REGISTER);
         reg.role = PSNET__ROLE__ROLE_SERVER;

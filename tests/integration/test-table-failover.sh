@@ -18,51 +18,12 @@
 # shards lost together, or a job that keeps one copy of its rows losing one,
 # fail the job at once, with the reason.
 source "$(dirname "$0")/lib.sh"
+source "$(dirname "$0")/lib-tables.sh"
 
-CL=$PSNET_BUILD/worker/data/psnet-clicklog
-DATA=$RUN/clicks
-"$CL" --out "$DATA" --train-rows 12000 --test-rows 4000 --fields 6 --vocab 2000 --dense 4 --seed 5 \
-  >"$RUN/clicklog.out" 2>&1
-ok $? "a click log of 12,000 samples, 6 fields ($(tail -1 "$RUN/clicklog.out"))"
-
-JOB=(--workers 2 --shards 3 --mode bsp --model dlrm:6:4-16-8:16-1 --data "$DATA" --batch 256 --epochs 3)
-# run TAG [PSCOORD OPTIONS...]: pscoord, three shards serving /metrics and two
-# workerd of run TAG, steps of 20 ms at least (time to stop a shard mid-run).
-run() {
-  local tag=$1; shift
-  COORD="ipc://$RUN/$tag.sock"
-  psnet_start "pscoord-$tag" "$PSCOORD" --listen "$COORD" "${JOB[@]}" "$@"
-  for i in 1 2 3; do
-    psnet_start "psd-$tag-$i" "$PSD" --id "$i" --listen "ipc://$RUN/psd-$tag-$i.sock" --coord "$COORD" \
-      --http 127.0.0.1:0
-  done
-  for i in 1 2; do psnet_start "w-$tag-$i" "$WORKERD" --coord "$COORD" --step-delay-ms 20 --trace-pulls; done
-}
-# ends TAG: the digest pscoord logged and the evaluations the workers logged.
-ends() { sed -n 's/.*msg="job done" .* weights=\([0-9a-f]*\).*/\1/p' "$RUN/pscoord-$1.log"
-  cat "$RUN"/w-"$1"-*.log | sed -n 's/.*msg="evaluated" .*\(test_loss=[0-9.]* auc=[0-9.]*\).*/\1/p'; }
-pulled() { logs_match "msg=\"pulled\" clock=$2 " "w-$1-1.log"; }
-# copies TAG SHARDS...: "rows backups" summed over the shards' /metrics.
-copies() {
-  local tag=$1 i rows=0 backups=0 body; shift
-  for i in "$@"; do
-    body=$(curl -s -m 5 "http://127.0.0.1:$(http_port "psd-$tag-$i")/metrics")
-    rows=$((rows + $(awk '$1 ~ /^psnet_psd_table_rows\{/ { s += $2 } END { print s + 0 }' <<<"$body")))
-    backups=$((backups + $(awk '$1 == "psnet_psd_table_backup_rows" { print $2 + 0 }' <<<"$body")))
-  done
-  echo "$rows $backups"
-}
-# whole N: N shards in pscoord's map (epoch 2 or later: the job's first is
-# 1), each saying its rows are whole under it, not under the epoch a shard
-# last heard of.
-whole() { "$PSCTL" --coord "$COORD" --json status |
-          jq -e --argjson n "$1" '.job.map_epoch as $e | $e >= 2 and
-                 ([.shards[] | select(.in_map)] | length == $n and all(.rows_whole_epoch >= $e))' >/dev/null; }
-# same_rows A B: two exports hold the same ids with the same rows, bit for bit.
-same_rows() { /usr/bin/python3 "$PSNET_SRC/tests/integration/same-rows.py" "$1" "$2"; }
+JOB=(--workers 2 --mode bsp --model dlrm:6:4-16-8:16-1 --data "$DATA" --batch 256 --epochs 3)
 
 # 1. Undisturbed.
-run a
+run a 3
 out=$("$PSCTL" --coord "$COORD" job wait --wait 180); ok $? "an undisturbed DLRM job on 3 shards finishes ($out)"
 grep -q 'replicas=2' "$RUN/pscoord-a.log"; ok $? "two copies of every row by default (BSP, 3 shards)"
 want=$(ends a)
@@ -73,7 +34,7 @@ out=$("$PSCTL" --coord "$COORD" export "$RUN/a.safetensors" 2>&1); ok $? "psctl 
 psnet_stop_all
 
 # 2. A shard killed (-9) at clock 20: the rows it led go on from their copies.
-run b
+run b 3
 psnet_wait_for 60 pulled b 20; ok $? "run b trains to clock 20"
 kill -KILL "$PID_psd_b_1"; ok $? "SIGKILL shard 1"
 psnet_wait_for 10 logs_match 'msg="fail-over" shard_id=1' 'pscoord-b.log'; ok $? "pscoord fails shard 1 over"
@@ -101,7 +62,7 @@ psnet_stop_all
 # 2b. Two shards killed one after the other, the second once the survivors
 # said every row is back on two copies: the last shard holds every row,
 # as the undisturbed run has it (the rows it got again from the other).
-run f
+run f 3
 psnet_wait_for 60 pulled f 20; ok $? "run f trains to clock 20"
 kill -KILL "$PID_psd_f_1"; ok $? "SIGKILL shard 1"
 psnet_wait_for 20 whole 2
@@ -116,7 +77,7 @@ psnet_stop_all
 
 # 3. A shard stopped at clock 20: the workers' requests to it hang until
 # pscoord fails it over; what they had under way goes to the survivors.
-run c
+run c 3
 psnet_wait_for 60 pulled c 20; ok $? "run c trains to clock 20"
 kill -STOP "$PID_psd_c_2"; ok $? "SIGSTOP shard 2"
 psnet_wait_for 10 logs_match 'msg="fail-over" shard_id=2' 'pscoord-c.log'; ok $? "pscoord fails shard 2 over"
@@ -136,7 +97,7 @@ psnet_stop_all
 # 4. Two shards killed at once: the second leaves before the survivor has
 # put the rows of the first fail-over back on two copies, so a row may have
 # lost both; the job fails at once, saying so, rather than train on without it.
-run e
+run e 3
 psnet_wait_for 60 pulled e 10; ok $? "run e trains to clock 10"
 kill -KILL "$PID_psd_e_1" "$PID_psd_e_2"; ok $? "SIGKILL shards 1 and 2 together"
 psnet_wait_for 10 sh -c "'$PSCTL' --coord '$COORD' --json status | grep -q '\"state\":\"failed\"'"
@@ -146,7 +107,7 @@ ok $? "the reason says a row may have lost every copy ($("$PSCTL" --coord "$COOR
 psnet_stop_all
 
 # 5. One copy of each row: a dead shard's rows are gone, and the job says so at once.
-run d --replicas 1
+run d 3 --replicas 1
 psnet_wait_for 60 pulled d 10; ok $? "run d (--replicas 1) trains to clock 10"
 kill -KILL "$PID_psd_d_3"; ok $? "SIGKILL shard 3"
 psnet_wait_for 10 sh -c "'$PSCTL' --coord '$COORD' --json status | grep -q '\"state\":\"failed\"'"
