@@ -94,6 +94,32 @@ void coord_membership_changed(Coord *c) {
         (void) coord_pick_evaluator(c, NULL);
 }
 
+/* Whether p, a registered shard out of the map, may take the place of a
+ * shard lost to a fail-over (pscoord --keep-standby: never by itself). */
+static bool lost_place_open(const Coord *c, const Peer *p) {
+        return p->role == PSNET__ROLE__ROLE_SERVER && c->state == JOB_RUNNING && c->map && c->lost_shards > 0 &&
+               !c->cfg->keep_standby && !p->detached && shardmap_find(c->map, p->id) < 0;
+}
+
+/* p takes a lost shard's place, empty: the keys it gets come from their
+ * primaries, as with psctl shard add, and so do a job's table rows, once
+ * they can move (coord_rows_unmovable). Whether it did. */
+static bool take_lost_place(Coord *c, Peer *p) {
+        if (!lost_place_open(c, p) || c->ckpt.active || (c->job.ntables > 0 && coord_rows_unmovable(c)))
+                return false;
+        int r = coord_remap(c, p->id, 0);
+        if (r < 0) {
+                log_warning_errno(r, "Failed to put shard %u in the map: %m (it waits on standby)", p->id);
+                return false;
+        }
+        c->lost_shards--;
+        c->migrate_start_ms = now_ms();
+        log_info("shard takes a lost shard's place shard_id=%u map_epoch=%lu shards=%zu", p->id,
+                 (unsigned long) c->map_epoch, shardmap_size(c->map));
+        coord_todo(c, TODO_PUBLISH);
+        return true;
+}
+
 static int reply_registered(Coord *c, WireMsg *m, uint32_t id, Psnet__Role role) {
         Psnet__Header rh;
         Psnet__RegisterRep rep = PSNET__REGISTER_REP__INIT;
@@ -314,29 +340,17 @@ void coord_handle_register(Coord *c, WireMsg *m) {
                 coord_todo(c, TODO_PUBLISH);
                 return;
         }
-        /* A shard lost to a fail-over is missing from the map. */
-        bool lost_place = reg->role == PSNET__ROLE__ROLE_SERVER && c->state == JOB_RUNNING && c->map &&
-                          c->lost_shards > 0 && !c->cfg->keep_standby;
-        const char *no_rows = c->job.ntables == 0 ? NULL : coord_rows_unmovable(c);
-        if (lost_place && no_rows) {
-                coord_publish_peer(c, p); /* the map without it: what it held is not served again */
-                log_info("shard %u waits on standby (psctl shard add brings it in): %s", id, no_rows);
-        } else if (lost_place && !c->ckpt.active) {
-                /* This one takes its place, empty; the keys it gets come from their
-                 * primaries, as with psctl shard add. First it gets the map
-                 * without itself, so that a shard that comes back (cut off,
-                 * stopped) drops what it held before it is given keys again. */
+        /* A shard lost to a fail-over is missing from the map. First it gets
+         * the map without itself, so that a shard that comes back (cut off,
+         * stopped) drops what it held before it is given keys again. */
+        if (lost_place_open(c, p)) {
                 coord_publish_peer(c, p);
-                int r = coord_remap(c, id, 0);
-                if (r == 0) {
-                        c->lost_shards--;
-                        c->migrate_start_ms = now_ms();
-                        log_info("shard takes a lost shard's place shard_id=%u map_epoch=%lu shards=%zu", id,
-                                 (unsigned long) c->map_epoch, shardmap_size(c->map));
-                        coord_todo(c, TODO_PUBLISH);
+                if (take_lost_place(c, p))
                         return;
-                }
-                log_warning_errno(r, "Failed to put shard %u in the map: %m (it waits on standby)", id);
+                const char *no_rows = c->job.ntables == 0 ? NULL : coord_rows_unmovable(c);
+                if (no_rows)
+                        log_info("shard %u waits on standby: %s (it takes the lost shard's place once the rows are "
+                                 "whole)", id, no_rows);
         }
         if (reg->role == PSNET__ROLE__ROLE_WORKER && c->state == JOB_RUNNING) {
                 /* Joins at the next clock boundary. */
@@ -383,8 +397,14 @@ void coord_handle_heartbeat(Coord *c, WireMsg *m, Peer *p) {
                 if (p->nstragglers)
                         memcpy(p->stragglers, s->stragglers, p->nstragglers * sizeof *p->stragglers);
                 p->stalled_ms = s->has_stalled_ms ? s->stalled_ms : 0;
-                if (s->has_rows_whole_epoch)
+                if (s->has_rows_whole_epoch) {
                         note_rows_whole(c, p->id, s->rows_whole_epoch);
+                        /* The rows whole again after a fail-over: a shard that
+                         * registered meanwhile takes the lost one's place now. */
+                        for (size_t i = 0; c->job.ntables > 0 && c->lost_shards > 0 && i < c->npeers; i++)
+                                if (take_lost_place(c, &c->peers[i]))
+                                        break;
+                }
         }
         if (h->heartbeat->worker && p->role == PSNET__ROLE__ROLE_WORKER) {
                 if (c->state == JOB_RUNNING && p->member && coord_history_epoch(c, p->id, h->heartbeat->worker))
