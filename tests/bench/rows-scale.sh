@@ -72,17 +72,28 @@ shard_report() {  # shard_report TAG [SHARD...]: each shard's rows, copies, tabl
 ms() { sed -n 's/^ts=[0-9-]*T\([0-9]*\):\([0-9]*\):\([0-9.]*\)Z.*/\1 \2 \3/p' <<<"$1" |
   awk '{ printf "%d", ($1 * 3600 + $2 * 60 + $3) * 1000 }'; }
 
+# now_ms: milliseconds of the day, now.
+now_ms() { date +%s%3N | awk '{ printf "%d", ($1 % 86400000) }'; }
+# two_copies TAG: the table on two copies (BSP) over three shards, filled by
+# the worker, which then trains on (in the background: $py) until
+# $RUN/TAG/stop; each shard's report. Filling tens of millions of rows on
+# this 2-vCPU VM, every process now and then stalls for most of a second at
+# once (allocating fast): past the default 600 ms shard lease. A lease of
+# 2 s, as on a loaded host.
+two_copies() {
+  cluster "$1" --mode bsp --replicas 2 --model mlp:4-1 --tables e:16:adagrad --shard-lease-ms 2000
+  mkdir -p "$RUN/$1"
+  /usr/bin/python3 "$top/tests/bench/rows_scale.py" failover "$coord" "$rows" "$RUN/$1" >"$RUN/$1.json" & py=$!
+  psnet_wait_for 3600 sh -c "test -f '$RUN/$1/filled' || ! kill -0 $py 2>/dev/null"
+  [ -f "$RUN/$1/filled" ] || die "the worker did not fill the table (logs in $RUN)"
+  shard_report "$1"
+}
+
 if [ "$fo" = 2 ]; then
-  # As --failover: a lease of 2 s while tens of millions of rows are filled.
-  cluster mv --mode bsp --replicas 2 --model mlp:4-1 --tables e:16:adagrad --shard-lease-ms 2000
-  mkdir -p "$RUN/mv"
-  /usr/bin/python3 "$top/tests/bench/rows_scale.py" failover "$coord" "$rows" "$RUN/mv" >"$RUN/mv.json" & py=$!
-  psnet_wait_for 3600 sh -c "test -f '$RUN/mv/filled' || ! kill -0 $py 2>/dev/null"
-  [ -f "$RUN/mv/filled" ] || die "the worker did not fill the table (logs in $RUN)"
-  shard_report mv
+  two_copies mv
   shard mv 4
   psnet_wait_for 30 sh -c "'$PSCTL' --coord '$coord' --json status | jq -e '.shards[] | select(.id == 4)' >/dev/null"
-  add_ms=$(date +%s%3N | awk '{ printf "%d", ($1 % 86400000) }')
+  add_ms=$(now_ms)
   "$PSCTL" --coord "$coord" shard add 4 || die "psctl shard add 4 was refused"
   for i in 1 2 3; do
     psnet_wait_for 1800 sh -c "grep -q 'msg=\"table rows moved\"' '$RUN/psd-mv-$i.log' || ! kill -0 $py 2>/dev/null"
@@ -101,16 +112,8 @@ if [ "$fo" = 2 ]; then
 fi
 
 if [ "$fo" = 1 ]; then
-  # Filling tens of millions of rows on this 2-vCPU VM, every process now
-  # and then stalls for most of a second at once (allocating fast): past
-  # the default 600 ms shard lease. A lease of 2 s, as on a loaded host.
-  cluster fo --mode bsp --replicas 2 --model mlp:4-1 --tables e:16:adagrad --shard-lease-ms 2000
-  mkdir -p "$RUN/fo"
-  /usr/bin/python3 "$top/tests/bench/rows_scale.py" failover "$coord" "$rows" "$RUN/fo" >"$RUN/fo.json" & py=$!
-  psnet_wait_for 3600 sh -c "test -f '$RUN/fo/filled' || ! kill -0 $py 2>/dev/null"
-  [ -f "$RUN/fo/filled" ] || die "the worker did not fill the table (logs in $RUN)"
-  shard_report fo
-  kill_ms=$(date +%s%3N | awk '{ printf "%d", ($1 % 86400000) }')
+  two_copies fo
+  kill_ms=$(now_ms)
   kill -KILL "$PID_psd_fo_1"
   psnet_wait_for 30 grep -q 'msg="fail-over"' "$RUN/pscoord-fo.log" || die "no fail-over"
   for i in 2 3; do
