@@ -102,6 +102,11 @@ if [ "$fo" = 2 ]; then
   done
   touch "$RUN/mv/stop"
   wait $py || die "the worker failed or read other rows back: $(cat "$RUN/mv.json")"
+  # A sender gives the memory of the rows that left back within a tick or two.
+  for i in 1 2 3; do
+    psnet_wait_for 10 awk '/msg="table rows moved"/ { m = 1 } m && /msg="gave freed memory back/ { f = 1 }
+                           END { exit !f }' "$RUN/psd-mv-$i.log" || true
+  done
   here_ms=$(ms "$(grep 'msg="table rows moved here"' "$RUN/psd-mv-4.log")")
   echo "shard add: shard 4 had every row that moves to it $((here_ms - add_ms)) ms after psctl shard add"
   grep -h 'msg="table rows moved"\|msg="table rows moved here"' "$RUN"/psd-mv-[1234].log |
