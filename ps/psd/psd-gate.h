@@ -57,6 +57,7 @@ typedef struct PushReq {
                              * request's) once the backups hold the chunks it changed */
         uint64_t fed_number;
         size_t fed_states;  /* the chunk states sent to backups for it */
+        bool rows_copy;     /* a table clock's push, waiting for the clock's copies (ROWS_COPY) */
 } PushReq;
 
 struct Pending {

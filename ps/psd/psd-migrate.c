@@ -46,7 +46,7 @@ struct Migrate {
         WireMsg *stash;         /* messages sent under a map (or membership) not here yet, in arrival order */
         size_t nstash;
         uint64_t moved_out, moved_in, forwarded, forwarded_bytes, rows_copied;
-        uint64_t rows_moved, moves_refused;
+        uint64_t rows_moved, moves_refused, copies_refused;
 };
 
 int migrate_new(uv_loop_t *loop, void *zctx, const NetIdentity *id, uint32_t shard_id, Migrate **ret) {
@@ -89,6 +89,8 @@ uint64_t migrate_unanswered(const Migrate *mg) {
 }
 
 uint64_t migrate_moves_refused(const Migrate *mg) { return mg->moves_refused; }
+
+uint64_t migrate_copies_refused(const Migrate *mg) { return mg->copies_refused; }
 
 void migrate_moves_end(Migrate *mg) {
         for (size_t i = 0; i < mg->nlinks; i++)
@@ -583,6 +585,16 @@ static void answer_req(Link *l, PushReq *req, int status, const Psnet__Header *h
         Store *s = mg->store;
         if (status == PSNET__STATUS__STATUS_OK || status == PSNET__STATUS__STATUS_DUPLICATE) {
                 pushreq_settle(mg->gate, req, PSNET__STATUS__STATUS_OK);
+                return;
+        }
+        if (req->rows_copy && status != PSNET__STATUS__STATUS_MOVED) {
+                /* A backup did not take a table clock's copy: the clock is
+                 * closed here, so the workers' retries are duplicates, and
+                 * that backup lacks its rows until they are all sent again. */
+                mg->copies_refused++;
+                log_warning("shard %u did not take a copy of table rows status=%s reason=\"%s\"", l->id,
+                            status_name(status), h->reason ? h->reason : "");
+                pushreq_settle(mg->gate, req, PSNET__STATUS__STATUS_UNAVAILABLE);
                 return;
         }
         if (status == PSNET__STATUS__STATUS_MIGRATING && s->map) {

@@ -63,6 +63,9 @@ void migrate_rows_want(Migrate *mg, uint32_t shard, uint32_t table, const int64_
  * among them) since moves began. */
 uint64_t migrate_rows_moved(const Migrate *mg);
 uint64_t migrate_moves_refused(const Migrate *mg);
+/* Answers of a backup refusing a table clock's copy (ROWS_COPY), counted
+ * once per push that waited on it. */
+uint64_t migrate_copies_refused(const Migrate *mg);
 /* The most messages sent on one link and not answered yet. */
 uint64_t migrate_unanswered(const Migrate *mg);
 /* A move's answers are all in: the next ROWS_MOVE begins another. */

@@ -193,6 +193,7 @@ struct Rows {
         size_t nsrc;
         bool receiving;
         bool move_failed;       /* a receiver refused rows: not whole until the next change */
+        bool rebuild_after_move; /* a copy was lost while rows moved (rows_copies_lost) */
         uint64_t moved_in;
 };
 
@@ -1081,6 +1082,24 @@ static bool promote_step(Rows *r, size_t budget) {
         return r->rebuilding;
 }
 
+void rows_copies_lost(Rows *r, uint64_t epoch) {
+        if (r->ntables == 0)
+                return;
+        if (!rows_promoting(r) && !r->rebuilding && !r->move_failed)
+                r->whole_epoch = epoch ? epoch - 1 : 0;
+        if (r->promote)
+                return; /* its rebuild, which sends every row, follows the promotion */
+        if (r->move_stage != MOVE_NONE) {
+                r->rebuild_after_move = true; /* once the rows this shard no longer leads are gone */
+                return;
+        }
+        log_warning("a copy of table rows did not reach a backup: every row led here goes to its backups again");
+        r->rebuilding = true;
+        memset(r->rebuild_at, 0, sizeof r->rebuild_at);
+        r->rebuilt = 0;
+        r->rebuild_ms = now_ms();
+}
+
 bool rows_rebuild_step(Rows *r, size_t budget, RowsRebuildFn fn, void *ud) {
         if (r->promote)
                 return !r->frozen && promote_step(r, budget);
@@ -1094,9 +1113,10 @@ bool rows_rebuild_step(Rows *r, size_t budget, RowsRebuildFn fn, void *ud) {
                 if (!ids || !rows)
                         return true; /* tried again at the next step */
                 n = table_dump(tb, r->rebuild_at[t], n, ids, rows);
+                if (fn(ud, (uint32_t) t, r->closed[t], ids, n) < 0)
+                        return false; /* the same rows at the next tick */
                 r->rebuild_at[t] += n;
                 r->rebuilt += n;
-                fn(ud, (uint32_t) t, r->closed[t], ids, n);
                 return true;
         }
         if (r->rebuilding) {
@@ -1323,6 +1343,10 @@ static void move_done(Rows *r) {
         for (size_t t = 0; t < r->ntables; t++) {
                 table_trim(r->tables[t]);
                 table_trim(r->backup[t]);
+        }
+        if (r->rebuild_after_move) {
+                r->rebuild_after_move = false;
+                rows_copies_lost(r, shardmap_epoch(r->move_map));
         }
 }
 

@@ -191,8 +191,15 @@ const ShardDesc *rows_prev_shard(const Rows *r, uint32_t shard);
  * to its backups again (some had their copy on a lost shard), budget rows a
  * step: fn gets them (ids; their rows as rows_export reads them). Whether
  * more steps remain. */
-typedef void (*RowsRebuildFn)(void *ud, uint32_t table, int64_t clock, const int64_t *ids, size_t n);
+typedef int (*RowsRebuildFn)(void *ud, uint32_t table, int64_t clock, const int64_t *ids, size_t n);
 bool rows_rebuild_step(Rows *r, size_t budget, RowsRebuildFn fn, void *ud);
+/* A copy of a clock did not reach a backup (it could not be sent, or was
+ * refused) while the map is at epoch: the clock's rows are on fewer copies
+ * than the map says, so every row led here goes to its backups again
+ * (rows_rebuild_step; fn < 0: that step again at the next tick), and until
+ * that was answered this shard does not say its rows are whole under
+ * epoch (pscoord fails the job rather than lose them with it). */
+void rows_copies_lost(Rows *r, uint64_t epoch);
 /* Whether copies still wait to join the tables after a fail-over, or rows
  * move: a checkpoint's cut waits for them. */
 bool rows_promoting(const Rows *r);

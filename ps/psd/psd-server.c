@@ -82,6 +82,7 @@ typedef struct Psd {
         bool rows_await;
         bool move_marked;       /* a move's last words sent: its answers awaited (psd_rows_moved) */
         uint64_t moves_seen;    /* rows_moves when last looked at */
+        uint64_t copies_refused_seen; /* migrate_copies_refused when last looked at */
 } Psd;
 
 static bool redirect_status(int status) {
@@ -476,12 +477,15 @@ static void psd_rows_members(void *ud, int64_t clock, const uint32_t **ret, size
 }
 
 /* RowsRebuildFn: rows led here, to their backups (nothing waits on them). */
-static void psd_rows_rebuild(void *ud, uint32_t table, int64_t clock, const int64_t *ids, size_t n) {
+static int psd_rows_rebuild(void *ud, uint32_t table, int64_t clock, const int64_t *ids, size_t n) {
         Psd *p = ud;
         int st = migrate_rows_copy(p->migrate, NULL, 0, table, clock, ids, n);
-        if (st != PSNET__STATUS__STATUS_OK)
-                log_warning("%zu rows of table %u not sent to their backups again (status=%s)", n, table,
-                            status_name(st));
+        if (st == PSNET__STATUS__STATUS_OK)
+                return 0;
+        if (log_window(&p->drop_lines, now_ms()))
+                log_warning("%zu rows of table %u not sent to their backups again (status=%s): again at the next "
+                            "tick", n, table, status_name(st));
+        return -EAGAIN;
 }
 
 /* RowsMoveFn: rows moved to a receiver after a map change. */
@@ -540,11 +544,13 @@ static void psd_rows_closed(void *ud, uint32_t table, int64_t clock, const int64
         size_t nreqs = 0;
         for (size_t k = 0; reqs && k < nacks; k++)
                 if (pushreq_new(acks[k].route, acks[k].seq, acks[k].worker, clock, &reqs[nreqs]) == 0)
-                        nreqs++;
+                        reqs[nreqs++]->rows_copy = true;
         if (!reqs || nreqs < nacks)
                 log_warning("out of memory acknowledging the pushes of clock %ld of table %u: their workers ask "
                             "again", (long) clock, table);
         int st = migrate_rows_copy(p->migrate, reqs, nreqs, table, clock, ids, n);
+        if (st != PSNET__STATUS__STATUS_OK) /* the clock is closed here: its rows go to the backups again */
+                rows_copies_lost(p->rows, shardmap_epoch(store_map(p->store)));
         log_debug("table clock closed table=%u clock=%ld rows=%zu pushes=%zu copies=%s", table, (long) clock, n, nacks,
                   status_name(st));
         for (size_t k = 0; k < nreqs; k++)
@@ -1381,6 +1387,11 @@ static void psd_tick(uv_timer_t *t) {
                 size_t budget = rows_promoting(p->rows) ? PSD_PROMOTE_ROWS : PSD_REBUILD_ROWS;
                 if (!rows_rebuild_step(p->rows, budget, psd_rows_rebuild, p))
                         break;
+        }
+        if (migrate_copies_refused(p->migrate) != p->copies_refused_seen) {
+                p->copies_refused_seen = migrate_copies_refused(p->migrate);
+                if (store_map(p->store))
+                        rows_copies_lost(p->rows, shardmap_epoch(store_map(p->store)));
         }
         if (rows_moves(p->rows) != p->moves_seen) {
                 /* Rows that left the tables: their pages go back to the system. */
