@@ -1543,6 +1543,11 @@ int rows_move_in(Rows *r, const ShardMap *map, uint32_t self, const Psnet__Heade
                         log_info("table rows moved here rows=%lu senders=%zu map_epoch=%lu",
                                  (unsigned long) r->moved_in, r->nsrc, (unsigned long) shardmap_epoch(map));
                         r->receiving = false;
+                        for (size_t i = 0; i < r->nsrc; i++) { /* their clocks stay: pushes sent again are cut by them */
+                                ps_free(r->src[i].absent.ids);
+                                ps_free(r->src[i].absent.tab);
+                                r->src[i].absent = (IdSet) { 0 };
+                        }
                 }
         }
         return PSNET__STATUS__STATUS_OK;
