@@ -424,6 +424,21 @@ static uint64_t row_weight(uint64_t row, uint32_t id) {
         return splitmix64_next(&x);
 }
 
+int shardmap_row_rank(const ShardMap *m, uint32_t table, int64_t id, uint32_t shard) {
+        int me = shardmap_find(m, shard);
+        if (me < 0)
+                return -1;
+        uint64_t x = (uint64_t) id ^ ((uint64_t) table << 56), row = splitmix64_next(&x);
+        uint64_t w = row_weight(row, shard);
+        /* Shards above it: a higher weight, or the same at a lower index (as shardmap_row_holder orders them). */
+        size_t rank = 0;
+        for (size_t s = 0; s < m->nshards; s++) {
+                uint64_t ws = row_weight(row, m->shards[s].id);
+                rank += ws > w || (ws == w && s < (size_t) me);
+        }
+        return rank < m->replicas && rank < m->nshards ? (int) rank : -1;
+}
+
 int shardmap_row_holder(const ShardMap *m, uint32_t table, int64_t id, uint32_t i) {
         if (i >= m->replicas || i >= m->nshards)
                 return -ENOENT;

@@ -87,6 +87,9 @@ void shardmap_bytes(const ShardMap *m, const Job *job, uint64_t *bytes);
  * and nothing of the placement travels. The index (as shardmap_shard) of
  * the i-th copy of the row: 0 the primary; -ENOENT for i >= replicas. */
 int shardmap_row_holder(const ShardMap *m, uint32_t table, int64_t id, uint32_t i);
+/* Which copy of the row shard id holds: 0 primary, 1.. a backup, -1 none
+ * (as shardmap_holder_rank for a key). */
+int shardmap_row_rank(const ShardMap *m, uint32_t table, int64_t id, uint32_t shard);
 
 /* Whether the map's keys are job's (the same tensors and chunks). */
 bool shardmap_fits_job(const ShardMap *m, const Job *job);

@@ -55,9 +55,6 @@ typedef struct CopyIn {
         size_t n;
 } CopyIn;
 
-/* A shard whose rows come here after a map change that moves rows
- * (ROWS_MOVE): per table, the last clock it closed before the change, and
- * whether its first and its last rows came (bits by table). */
 /* Ids a sender was asked for (ROWS_WANT) and does not hold: they start as
  * new rows here. Open addressing over (table, id); tab[i] = table + 1, 0
  * where empty. */
@@ -108,6 +105,10 @@ static int idset_add(IdSet *s, uint32_t t, int64_t id) {
         return 0;
 }
 
+/* A shard whose rows come here after a map change that moves rows
+ * (ROWS_MOVE): per table, the last clock it closed before the change, and
+ * whether its first and its last rows came (bits by table); the ids it was
+ * asked for and does not hold. */
 typedef struct Source {
         uint32_t shard;
         int64_t clock[JOB_MAX_TABLES];
@@ -115,11 +116,15 @@ typedef struct Source {
         IdSet absent;
 } Source;
 
+static void idset_free(IdSet *s) {
+        ps_free(s->ids);
+        ps_free(s->tab);
+        *s = (IdSet) { 0 };
+}
+
 static void sources_free(Source *src, size_t n) {
-        for (size_t i = 0; i < n; i++) {
-                ps_free(src[i].absent.ids);
-                ps_free(src[i].absent.tab);
-        }
+        for (size_t i = 0; i < n; i++)
+                idset_free(&src[i].absent);
         ps_free(src);
 }
 
@@ -194,7 +199,6 @@ struct Rows {
         bool receiving;
         bool move_failed;       /* a receiver refused rows: not whole until the next change */
         bool rebuild_after_move; /* a copy was lost while rows moved (rows_copies_lost) */
-        uint64_t moved_in;
 };
 
 /* A sender's stages: its rows to their new holders, then its copies no
@@ -564,22 +568,13 @@ static int64_t copied_clock(const Rows *r, uint32_t shard, uint32_t t) {
         return -1;
 }
 
-/* The shards whose rows came here at the last map change (a lost
- * primary's, from the copies; a sender's, moved), each with the clock of
- * table t those rows stand at here: 0..n-1 into *ret_shard, *ret_clock;
- * false past the last. */
-static bool came_from(const Rows *r, size_t i, uint32_t t, uint32_t *ret_shard, int64_t *ret_clock) {
-        if (i < r->nlost) {
-                *ret_shard = r->lost[i];
-                *ret_clock = copied_clock(r, r->lost[i], t);
-                return true;
-        }
-        if (i - r->nlost < r->nsrc) {
-                *ret_shard = r->src[i - r->nlost].shard;
-                *ret_clock = r->src[i - r->nlost].clock[t];
-                return true;
-        }
-        return false;
+/* Rows came here at the last map change from shards 0..n-1 (a lost
+ * primary's, from the copies; a sender's, moved): the clock of table t
+ * those of the i-th stand at here into *ret_clock; false past the last. */
+static bool came_from(const Rows *r, size_t i, uint32_t t, int64_t *ret_clock) {
+        *ret_clock = i < r->nlost ? copied_clock(r, r->lost[i], t)
+                   : i < r->nlost + r->nsrc ? r->src[i - r->nlost].clock[t] : -1;
+        return i < r->nlost + r->nsrc;
 }
 
 /* BSP: whether clock of table t, closed here, is open again after a map
@@ -591,9 +586,8 @@ static bool came_from(const Rows *r, size_t i, uint32_t t, uint32_t *ret_shard, 
 static bool reopened(const Rows *r, uint32_t t, int64_t clock) {
         if (clock > r->closed[t] || clock <= r->reclosed[t])
                 return false;
-        uint32_t shard;
         int64_t at;
-        for (size_t i = 0; came_from(r, i, t, &shard, &at); i++)
+        for (size_t i = 0; came_from(r, i, t, &at); i++)
                 if (at < clock)
                         return true;
         return false;
@@ -606,8 +600,7 @@ static bool before_failover(const Rows *r, uint32_t t, int64_t clock) {
         if (!r->prev)
                 return false;
         int64_t horizon = r->closed[t], at;
-        uint32_t shard;
-        for (size_t i = 0; came_from(r, i, t, &shard, &at); i++)
+        for (size_t i = 0; came_from(r, i, t, &at); i++)
                 horizon = MAX(horizon, at);
         return clock <= horizon;
 }
@@ -1242,15 +1235,6 @@ typedef struct MoveOut {
         size_t *n;
 } MoveOut;
 
-static bool held_before(const Rows *r, uint32_t t, int64_t id, uint32_t shard) {
-        for (uint32_t i = 0; i < shardmap_replicas(r->prev); i++) {
-                int at = shardmap_row_holder(r->prev, t, id, i);
-                if (at >= 0 && shardmap_shard(r->prev, (size_t) at)->id == shard)
-                        return true;
-        }
-        return false;
-}
-
 static void move_route(MoveOut *o, int64_t id, const float *row) {
         const Rows *r = o->r;
         for (uint32_t i = 0; i < shardmap_replicas(r->move_map); i++) {
@@ -1258,23 +1242,12 @@ static void move_route(MoveOut *o, int64_t id, const float *row) {
                 if (at < 0)
                         continue;
                 uint32_t shard = shardmap_shard(r->move_map, (size_t) at)->id;
-                if (shard == r->move_self || held_before(r, o->t, id, shard))
+                if (shard == r->move_self || shardmap_row_rank(r->prev, o->t, id, shard) >= 0)
                         continue;
                 size_t k = o->n[at]++;
                 o->ids[at][k] = id;
                 memcpy(o->rows[at] + k * o->per, row, o->per * sizeof *row);
         }
-}
-
-/* Where this shard stands for a row under the new map: 0 its primary, 1 a
- * copy's holder, -1 neither. */
-static int move_place(const Rows *r, uint32_t t, int64_t id) {
-        for (uint32_t i = 0; i < shardmap_replicas(r->move_map); i++) {
-                int at = shardmap_row_holder(r->move_map, t, id, i);
-                if (at >= 0 && shardmap_shard(r->move_map, (size_t) at)->id == r->move_self)
-                        return i == 0 ? 0 : 1;
-        }
-        return -1;
 }
 
 typedef struct Sweep {
@@ -1285,14 +1258,14 @@ typedef struct Sweep {
 static int drop_unheld(int64_t id, const float *row, void *ud) {
         const Sweep *w = ud;
         (void) row;
-        return move_place(w->r, w->t, id) < 0 ? TABLE_DROP : TABLE_KEEP;
+        return shardmap_row_rank(w->r->move_map, w->t, id, w->r->move_self) < 0 ? TABLE_DROP : TABLE_KEEP;
 }
 
 static int demote(int64_t id, const float *row, void *ud) {
         const Sweep *w = ud;
         (void) row;
-        int place = move_place(w->r, w->t, id);
-        return place == 0 ? TABLE_KEEP : place == 1 ? TABLE_MOVE : TABLE_DROP;
+        int rank = shardmap_row_rank(w->r->move_map, w->t, id, w->r->move_self);
+        return rank == 0 ? TABLE_KEEP : rank > 0 ? TABLE_MOVE : TABLE_DROP;
 }
 
 /* MOVE_SEND: budget rows of the table in hand to their new holders. */
@@ -1485,10 +1458,7 @@ int rows_move_in(Rows *r, const ShardMap *map, uint32_t self, const Psnet__Heade
         for (size_t k = 0; k < count; k++) {
                 int64_t id;
                 memcpy(&id, in_ids + k, sizeof id); /* a frame of any alignment */
-                int place = -1, me = shardmap_find(map, self);
-                for (uint32_t i = 0; me >= 0 && place < 0 && i < shardmap_replicas(map); i++)
-                        if (shardmap_row_holder(map, t, id, i) == me)
-                                place = i == 0 ? 0 : 1;
+                int place = shardmap_row_rank(map, t, id, self);
                 if (place < 0) {
                         snprintf(reason, n, "row %lld of table %s moved here is not this shard's under map epoch %lu",
                                  (long long) id, r->conf[t].name, (unsigned long) shardmap_epoch(map));
@@ -1511,7 +1481,6 @@ int rows_move_in(Rows *r, const ShardMap *map, uint32_t self, const Psnet__Heade
                           h->sender, reason);
                 return e == -ENOMEM ? PSNET__STATUS__STATUS_RESOURCE : PSNET__STATUS__STATUS_INVALID;
         }
-        r->moved_in += led + backed;
         r->stats.moved_in += led + backed;
         if (!(src->got & bit)) {
                 src->got |= bit;
@@ -1541,13 +1510,10 @@ int rows_move_in(Rows *r, const ShardMap *map, uint32_t self, const Psnet__Heade
                         all = all && (r->src[i].done & every) == every;
                 if (all) {
                         log_info("table rows moved here rows=%lu senders=%zu map_epoch=%lu",
-                                 (unsigned long) r->moved_in, r->nsrc, (unsigned long) shardmap_epoch(map));
+                                 (unsigned long) r->stats.moved_in, r->nsrc, (unsigned long) shardmap_epoch(map));
                         r->receiving = false;
-                        for (size_t i = 0; i < r->nsrc; i++) { /* their clocks stay: pushes sent again are cut by them */
-                                ps_free(r->src[i].absent.ids);
-                                ps_free(r->src[i].absent.tab);
-                                r->src[i].absent = (IdSet) { 0 };
-                        }
+                        for (size_t i = 0; i < r->nsrc; i++) /* their clocks stay: pushes sent again are cut by them */
+                                idset_free(&r->src[i].absent);
                 }
         }
         return PSNET__STATUS__STATUS_OK;
@@ -1561,7 +1527,6 @@ int rows_want(Rows *r, const Psnet__Header *h, const zmq_msg_t *frames, RowsMove
         if (r->move_stage == MOVE_NONE || r->move_stage >= MOVE_ANSWERS)
                 return PSNET__STATUS__STATUS_OK; /* every row was sent (an ask that crossed its last) */
         uint32_t t = h->table;
-        int to = shardmap_find(r->move_map, h->sender);
         size_t count = zmq_msg_size((zmq_msg_t *) &frames[0]) / sizeof(int64_t), per = table_row_floats(r->tables[t]);
         _cleanup_free_ int64_t *held = ps_malloc(MAX(count, (size_t) 1) * sizeof *held);
         _cleanup_free_ int64_t *absent = ps_malloc(MAX(count, (size_t) 1) * sizeof *absent);
@@ -1571,12 +1536,12 @@ int rows_want(Rows *r, const Psnet__Header *h, const zmq_msg_t *frames, RowsMove
                 return PSNET__STATUS__STATUS_RESOURCE;
         }
         size_t nh = 0, na = 0;
-        for (size_t k = 0; k < count && to >= 0; k++) {
+        for (size_t k = 0; k < count; k++) {
                 int64_t id;
                 memcpy(&id, (const char *) zmq_msg_data((zmq_msg_t *) &frames[0]) + k * sizeof id, sizeof id);
                 /* Only a row this shard led that the asker leads now. */
-                if (shardmap_row_holder(r->move_map, t, id, 0) != to ||
-                    (r->prev && shardmap_row_holder(r->prev, t, id, 0) != shardmap_find(r->prev, r->move_self)))
+                if (shardmap_row_rank(r->move_map, t, id, h->sender) != 0 ||
+                    shardmap_row_rank(r->prev, t, id, r->move_self) != 0)
                         continue;
                 if (table_row(r->tables[t], id, NULL))
                         held[nh++] = id;

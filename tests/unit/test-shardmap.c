@@ -312,7 +312,7 @@ static void test_rows(void) {
         shardmap_set_replicas(m3, 2);
         shardmap_set_replicas(r3, 2);
         enum { N = 300000 };
-        size_t share[3] = { 0 }, same = 0, distinct = 0, moved_new = 0, moved_other = 0, none = 0;
+        size_t share[3] = { 0 }, same = 0, distinct = 0, moved_new = 0, moved_other = 0, none = 0, ranked = 0;
         for (int64_t k = 0; k < N; k++) {
                 int64_t id = k * 2654435761 - 77; /* spread ids, negatives among them */
                 int p = shardmap_row_holder(m3, 1, id, 0), b = shardmap_row_holder(m3, 1, id, 1);
@@ -324,7 +324,15 @@ static void test_rows(void) {
                          now = shardmap_shard(m4, (size_t) shardmap_row_holder(m4, 1, id, 0))->id;
                 moved_new += now == 12;
                 moved_other += now != was && now != 12;
+                for (size_t s = 0; s < 3; s++) {
+                        uint32_t sid = shardmap_shard(m3, s)->id;
+                        int rank = shardmap_row_rank(m3, 1, id, sid);
+                        ranked += rank == ((int) s == p ? 0 : (int) s == b ? 1 : -1);
+                }
         }
+        CHECK(ranked == 3 * (size_t) N && shardmap_row_rank(m3, 1, 5, 12) == -1,
+              "each shard's rank of a row is the copy it holds (%zu of %d), none for a shard not in the map",
+              ranked, 3 * N);
         for (size_t i = 0; i < 3; i++)
                 CHECK(share[i] > N / 3 * 97 / 100 && share[i] < N / 3 * 103 / 100,
                       "shard %u holds %zu of %d rows (within 3%% of a third)", shardmap_shard(m3, i)->id, share[i], N);
