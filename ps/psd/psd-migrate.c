@@ -394,6 +394,45 @@ int migrate_forward(Migrate *mg, PushReq *req, const Psnet__Header *h, const zmq
 
 /* One shard's rows of a copy, in parts (at most 4 MiB each where 64
  * parts hold them): the last part's sequence into *ret_seq. */
+/* A message of a table's rows (ROWS_COPY, ROWS_MOVE, ROWS_WANT), the next
+ * on l: the job, the map's epoch, clock, this shard, table. */
+static Psnet__Header rows_header(const Migrate *mg, const Link *l, Psnet__MsgType type, uint32_t table,
+                                 int64_t clock) {
+        Psnet__Header h;
+        wire_header_init(&h, type);
+        h.has_job = h.has_epoch = h.has_clock = h.has_sender = h.has_seq = h.has_table = true;
+        h.job = mg->store->job.id;
+        h.epoch = shardmap_epoch(mg->store->map);
+        h.clock = clock;
+        h.sender = mg->shard_id;
+        h.seq = l->seq + 1;
+        h.table = table;
+        return h;
+}
+
+/* The frames of n ids and their rows, per floats each (rows NULL: an empty
+ * second frame): 0, or -ENOMEM. */
+static int rows_frames(zmq_msg_t *f, const int64_t *ids, const float *rows, size_t n, size_t per) {
+        if (zmq_msg_init_size(&f[0], n * sizeof *ids) < 0)
+                return -ENOMEM;
+        if (zmq_msg_init_size(&f[1], rows ? n * per * sizeof *rows : 0) < 0) {
+                zmq_msg_close(&f[0]);
+                return -ENOMEM;
+        }
+        if (n)
+                memcpy(zmq_msg_data(&f[0]), ids, n * sizeof *ids);
+        if (n && rows)
+                memcpy(zmq_msg_data(&f[1]), rows, n * per * sizeof *rows);
+        return 0;
+}
+
+/* The link to shard id of the map (NULL: not in it, or out of memory). */
+static Link *link_to(Migrate *mg, uint32_t shard) {
+        const ShardMap *m = mg->store->map;
+        int at = m ? shardmap_find(m, shard) : -1;
+        return at >= 0 ? link_for(mg, shardmap_shard(m, (size_t) at)) : NULL;
+}
+
 static int send_copy(Migrate *mg, Link *l, uint32_t table, int64_t clock, const int64_t *ids, const float *rows,
                      size_t n, size_t per, uint64_t *ret_seq) {
         size_t each = MAX((size_t) WIRE_ROWS_PART_BYTES / (per * sizeof(float)), (size_t) 1);
@@ -402,23 +441,9 @@ static int send_copy(Migrate *mg, Link *l, uint32_t table, int64_t clock, const 
         for (size_t part = 0; part < parts; part++) {
                 size_t from = part * each, cnt = MIN(each, n - MIN(from, n));
                 zmq_msg_t f[2];
-                if (zmq_msg_init_size(&f[0], cnt * sizeof *ids) < 0)
+                if (rows_frames(f, ids + from, rows + from * per, cnt, per) < 0)
                         return -ENOMEM;
-                if (zmq_msg_init_size(&f[1], cnt * per * sizeof *rows) < 0) {
-                        zmq_msg_close(&f[0]);
-                        return -ENOMEM;
-                }
-                memcpy(zmq_msg_data(&f[0]), ids + from, cnt * sizeof *ids);
-                memcpy(zmq_msg_data(&f[1]), rows + from * per, cnt * per * sizeof *rows);
-                Psnet__Header h;
-                wire_header_init(&h, PSNET__MSG_TYPE__MSG_ROWS_COPY);
-                h.has_job = h.has_epoch = h.has_clock = h.has_sender = h.has_seq = h.has_table = true;
-                h.job = mg->store->job.id;
-                h.epoch = shardmap_epoch(mg->store->map);
-                h.clock = clock;
-                h.sender = mg->shard_id;
-                h.seq = l->seq + 1;
-                h.table = table;
+                Psnet__Header h = rows_header(mg, l, PSNET__MSG_TYPE__MSG_ROWS_COPY, table, clock);
                 h.has_part = h.has_parts = parts > 1;
                 h.part = (uint32_t) part;
                 h.parts = (uint32_t) parts;
@@ -433,32 +458,13 @@ static int send_copy(Migrate *mg, Link *l, uint32_t table, int64_t clock, const 
 
 int migrate_rows_move(Migrate *mg, uint32_t shard, uint32_t table, int64_t clock, const int64_t *ids,
                       const float *rows, size_t n, bool last) {
-        const ShardMap *m = mg->store->map;
-        int at = m ? shardmap_find(m, shard) : -1;
-        Link *l = at >= 0 ? link_for(mg, shardmap_shard(m, (size_t) at)) : NULL;
+        Link *l = link_to(mg, shard);
         if (!l)
                 return -EHOSTUNREACH;
-        size_t per = rows_row_floats(mg->rows, table);
         zmq_msg_t f[2];
-        if (zmq_msg_init_size(&f[0], n * sizeof *ids) < 0)
+        if (rows_frames(f, ids, rows, n, rows_row_floats(mg->rows, table)) < 0)
                 return -ENOMEM;
-        if (zmq_msg_init_size(&f[1], rows ? n * per * sizeof *rows : 0) < 0) {
-                zmq_msg_close(&f[0]);
-                return -ENOMEM;
-        }
-        if (n)
-                memcpy(zmq_msg_data(&f[0]), ids, n * sizeof *ids);
-        if (n && rows)
-                memcpy(zmq_msg_data(&f[1]), rows, n * per * sizeof *rows);
-        Psnet__Header h;
-        wire_header_init(&h, PSNET__MSG_TYPE__MSG_ROWS_MOVE);
-        h.has_job = h.has_epoch = h.has_clock = h.has_sender = h.has_seq = h.has_table = true;
-        h.job = mg->store->job.id;
-        h.epoch = shardmap_epoch(m);
-        h.clock = clock;
-        h.sender = mg->shard_id;
-        h.seq = l->seq + 1;
-        h.table = table;
+        Psnet__Header h = rows_header(mg, l, PSNET__MSG_TYPE__MSG_ROWS_MOVE, table, clock);
         h.has_last = last;
         h.last = last;
         int r = netsock_send(l->sock, NULL, &h, f, 2);
@@ -473,9 +479,7 @@ int migrate_rows_move(Migrate *mg, uint32_t shard, uint32_t table, int64_t clock
 }
 
 void migrate_rows_want(Migrate *mg, uint32_t shard, uint32_t table, const int64_t *ids, size_t n) {
-        const ShardMap *m = mg->store->map;
-        int at = m ? shardmap_find(m, shard) : -1;
-        Link *l = at >= 0 ? link_for(mg, shardmap_shard(m, (size_t) at)) : NULL;
+        Link *l = link_to(mg, shard);
         zmq_msg_t f;
         if (!l || zmq_msg_init_size(&f, n * sizeof *ids) < 0) {
                 log_warning("cannot ask shard %u for %zu rows of table %u moving here (they come in their turn)", shard,
@@ -483,15 +487,7 @@ void migrate_rows_want(Migrate *mg, uint32_t shard, uint32_t table, const int64_
                 return;
         }
         memcpy(zmq_msg_data(&f), ids, n * sizeof *ids);
-        Psnet__Header h;
-        wire_header_init(&h, PSNET__MSG_TYPE__MSG_ROWS_WANT);
-        h.has_job = h.has_epoch = h.has_clock = h.has_sender = h.has_seq = h.has_table = true;
-        h.job = mg->store->job.id;
-        h.epoch = shardmap_epoch(m);
-        h.clock = 0;
-        h.sender = mg->shard_id;
-        h.seq = l->seq + 1;
-        h.table = table;
+        Psnet__Header h = rows_header(mg, l, PSNET__MSG_TYPE__MSG_ROWS_WANT, table, 0);
         int r = netsock_send(l->sock, NULL, &h, &f, 1);
         if (r < 0) {
                 log_warning_errno(r, "Failed to ask shard %u for rows of table %u moving here: %m", shard, table);
