@@ -625,46 +625,37 @@ void coord_handle_deregister(Coord *c, WireMsg *m, Peer *p) {
 }
 
 void coord_shard_lost(Coord *c, uint32_t id, const char *why) {
-        char reason[256];
-        if (c->map && id && id == c->rows_leaving && c->rows_move_epoch == c->map_epoch && !coord_rows_settled(c) &&
-            (c->state == JOB_RUNNING || c->state == JOB_WAITING)) {
-                /* Removed with the only copies of its rows, not all handed over. */
+        char reason[256] = "";
+        bool running = c->map && (c->state == JOB_RUNNING || c->state == JOB_WAITING);
+        /* Table rows move after psctl shard add or remove: any shard may
+         * hold a row's last copy until every one says its rows are whole. */
+        bool moving = c->job.ntables > 0 && c->rows_move_epoch == c->map_epoch && !coord_rows_settled(c);
+        if (running && moving && id && id == c->rows_leaving)
                 snprintf(reason, sizeof reason, "shard %u left (%s) before it had handed over the table rows it held "
                          "the only copy of (psctl shard remove, --replicas 1)", id, why);
-                log_error("%s", reason);
-                coord_job_fail(c, reason);
+        else if (!running || shardmap_find(c->map, id) < 0)
                 return;
-        }
-        if (!c->map || shardmap_find(c->map, id) < 0 || (c->state != JOB_RUNNING && c->state != JOB_WAITING))
-                return;
-        uint32_t t = 0, k = 0;
-        ShardMap *m;
-        if (c->job.ntables > 0 && shardmap_replicas(c->map) < 2) {
+        else if (c->job.ntables > 0 && shardmap_replicas(c->map) < 2)
                 snprintf(reason, sizeof reason, "shard %u left (%s) holding the only copy of its table rows: the job "
                          "keeps 1 copy of each row (--replicas)", id, why);
-                log_error("%s", reason);
-                coord_job_fail(c, reason);
-                return;
-        }
-        /* The rows it leads since an earlier fail-over, not yet all on
-         * their new copies when it last said, may have had their last copy
-         * here. */
-        if (c->job.ntables > 0 && c->rows_move_epoch == c->map_epoch && !coord_rows_settled(c)) {
+        else if (moving)
                 snprintf(reason, sizeof reason, "shard %u left (%s) while table rows moved after the change to map "
                          "epoch %lu (psctl shard add/remove): a row may have lost every copy", id, why,
                          (unsigned long) c->map_epoch);
-                log_error("%s", reason);
-                coord_job_fail(c, reason);
-                return;
-        }
-        if (c->job.ntables > 0 && !coord_rows_whole(c, id)) {
+        else if (c->job.ntables > 0 && !coord_rows_whole(c, id))
+                /* The rows it leads since an earlier fail-over, not yet all
+                 * on their new copies when it last said, may have had their
+                 * last copy here. */
                 snprintf(reason, sizeof reason, "shard %u left (%s) before it had put the table rows it leads since "
                          "the fail-over to map epoch %lu back on %u copies: a row may have lost every copy", id, why,
                          (unsigned long) c->map_epoch, shardmap_replicas(c->map));
+        if (reason[0]) {
                 log_error("%s", reason);
                 coord_job_fail(c, reason);
                 return;
         }
+        uint32_t t = 0, k = 0;
+        ShardMap *m;
         int r = shardmap_failover(c->map, c->map_epoch + 1, &id, 1, &m, &t, &k);
         if (r == -ENODATA) {
                 snprintf(reason, sizeof reason,
