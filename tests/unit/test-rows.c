@@ -220,6 +220,29 @@ static void test_bsp(Job job, const int64_t *mine) {
 
 /* --- a fail-over (--replicas 2, BSP) --------------------------------------------------------- */
 
+/* A map of shards ids[0..n) (1, 2, 3 or 9) keeping replicas copies. */
+static ShardMap *map_of(uint64_t epoch, const uint32_t *ids, size_t n, uint32_t replicas, const Job *job) {
+        static const char *ep[] = { "ipc:///tmp/x1", "ipc:///tmp/x2", "ipc:///tmp/x3", "ipc:///tmp/x9" };
+        ShardDesc d[4];
+        ShardMap *m = NULL;
+        for (size_t i = 0; i < n; i++)
+                d[i] = (ShardDesc) { .id = ids[i], .endpoint = (char *) ep[ids[i] == 9 ? 3 : ids[i] - 1] };
+        if (shardmap_place(epoch, d, n, job, &m) < 0)
+                return NULL;
+        shardmap_set_replicas(m, replicas);
+        return m;
+}
+
+/* job under BSP with replicas copies (0: pscoord's default), numbered
+ * off past its own: whether it validates (why says if not). */
+static bool bsp_job(Job *job, uint32_t replicas, uint32_t off, char *why, size_t n) {
+        job->mode = MODE_BSP;
+        job->replicas = replicas;
+        job->id += off;
+        return job_validate(job, why, n) == 0;
+}
+
+
 /* A shard of the fail-over test: its rows, and where its closed clocks' copies go. */
 typedef struct Side {
         Rows *rows;
@@ -389,17 +412,12 @@ out:
 
 static void test_failover(Job job) {
         char why[160] = "";
-        job.mode = MODE_BSP;
-        job.replicas = 2;
-        job.id += 20;
-        if (!CHECK(job_validate(&job, why, sizeof why) == 0, "a BSP job with two copies of its rows (%s)", why))
+        if (!CHECK(bsp_job(&job, 2, 20, why, sizeof why), "a BSP job with two copies of its rows (%s)", why))
                 return;
-        ShardDesc d[2] = { { .id = 1, .endpoint = (char *) "ipc:///tmp/a" }, { .id = 2, .endpoint = (char *) "ipc:///tmp/b" } };
-        ShardMap *m1 = NULL, *m2 = NULL;
-        if (!CHECK(shardmap_place(1, d, 2, &job, &m1) == 0 && shardmap_place(2, d + 1, 1, &job, &m2) == 0,
-                   "maps of two shards and of shard 2 alone"))
+        const uint32_t two[2] = { 1, 2 }, second[1] = { 2 };
+        ShardMap *m1 = map_of(1, two, 2, 2, &job), *m2 = map_of(2, second, 1, 1, &job);
+        if (!CHECK(m1 && m2, "maps of two shards and of shard 2 alone"))
                 goto out;
-        shardmap_set_replicas(m1, 2);
         int64_t ids[24];
         for (int k = 0; k < 24; k++)
                 ids[k] = 1000 + 37 * k;
@@ -675,24 +693,9 @@ out:
         nsides = 0;
 }
 
-static ShardMap *map_of(uint64_t epoch, const uint32_t *ids, size_t n, uint32_t replicas, const Job *job) {
-        static const char *ep[] = { "ipc:///tmp/x1", "ipc:///tmp/x2", "ipc:///tmp/x3", "ipc:///tmp/x9" };
-        ShardDesc d[4];
-        ShardMap *m = NULL;
-        for (size_t i = 0; i < n; i++)
-                d[i] = (ShardDesc) { .id = ids[i], .endpoint = (char *) ep[ids[i] == 9 ? 3 : ids[i] - 1] };
-        if (shardmap_place(epoch, d, n, job, &m) < 0)
-                return NULL;
-        shardmap_set_replicas(m, replicas);
-        return m;
-}
-
 static void test_move(Job job) {
         char why[160] = "";
-        job.mode = MODE_BSP;
-        job.replicas = 0;
-        job.id += 40;
-        if (!CHECK(job_validate(&job, why, sizeof why) == 0, "a BSP job whose rows may move (%s)", why))
+        if (!CHECK(bsp_job(&job, 0, 40, why, sizeof why), "a BSP job whose rows may move (%s)", why))
                 return;
         const uint32_t one[1] = { 1 }, two[2] = { 1, 2 }, three[3] = { 1, 2, 3 }, rest[2] = { 2, 3 }, r9[1] = { 9 };
         ShardMap *ref = map_of(1, r9, 1, 1, &job);
@@ -735,13 +738,11 @@ static int count_rebuild(void *ud, uint32_t table, int64_t clock, const int64_t 
 
 static void test_copies_lost(Job job) {
         char why[160] = "";
-        job.mode = MODE_BSP;
-        job.replicas = 2;
-        job.id += 60;
+        bool valid = bsp_job(&job, 2, 60, why, sizeof why);
         const uint32_t two[2] = { 1, 2 };
         ShardMap *m = map_of(1, two, 2, 2, &job);
         Side s = side(&job, 1);
-        if (!CHECK(m && s.rows && job_validate(&job, why, sizeof why) == 0, "shard 1 of two, two copies (%s)", why))
+        if (!CHECK(valid && m && s.rows, "shard 1 of two, two copies (%s)", why))
                 goto out;
         RowsHooks hk = { .members = members, .closed = closed, .ud = &s };
         rows_set_hooks(s.rows, &hk);
