@@ -369,14 +369,10 @@ int job_validate(const Job *job, char *err, size_t errlen) {
         }
         if (job->ntables > 0 && job->mode == MODE_FED)
                 return job_err(err, errlen, "--tables is for training jobs; federated clients train dense models");
-        /* Rows have backups under BSP, of tables that drop no rows (docs/tables.md). */
+        /* Rows have backups under BSP (docs/tables.md). */
         if (job->ntables > 0 && job->replicas > 1 && job->mode != MODE_BSP)
                 return job_err(err, errlen, "--tables with --replicas %u needs --mode bsp for now: under asp and ssp "
                                "table rows keep one copy (--replicas 1)", job->replicas);
-        for (size_t i = 0; job->replicas > 1 && i < job->ntables; i++)
-                if (job->tables[i].max_rows || job->tables[i].ttl)
-                        return job_err(err, errlen, "table %s drops rows (max-rows, ttl), and such tables keep one "
-                                       "copy for now: --replicas 1", job->tables[i].name);
         if (job->mode == MODE_FED && job->wire != JOB_WIRE_F32)
                 return job_err(err, errlen, "--wire bf16 is for training jobs; a federated job's updates are "
                                             "encoded with --compress bf16");
@@ -603,7 +599,7 @@ const char *lr_schedule_name(LrSchedule s) {
         return (size_t) s < ELEMENTSOF(lr_schedule_names) ? lr_schedule_names[s] : "?";
 }
 
-bool job_rows_copyable(const Job *job) {
+bool job_rows_movable(const Job *job) {
         bool ok = job->mode == MODE_BSP;
         for (size_t i = 0; ok && i < job->ntables; i++)
                 ok = !job->tables[i].max_rows && !job->tables[i].ttl;

@@ -186,10 +186,10 @@ int coord_remap(Coord *c, uint32_t add, uint32_t remove) {
 uint32_t coord_replicas(const Coord *c, size_t n) {
         /* A federated job keeps one copy unless --replicas asks for more
          * (each round's close then copies the chunks to their backups). */
-        /* Table rows have backups under BSP, of tables that drop no rows
-         * (docs/tables.md): other jobs with tables keep one copy. */
+        /* Table rows have backups under BSP (docs/tables.md): other jobs
+         * with tables keep one copy. */
         uint32_t r = c->job.replicas ? c->job.replicas
-                   : n >= 2 && c->job.mode != MODE_FED && (c->job.ntables == 0 || job_rows_copyable(&c->job)) ? 2 : 1;
+                   : n >= 2 && c->job.mode != MODE_FED && (c->job.ntables == 0 || c->job.mode == MODE_BSP) ? 2 : 1;
         return (size_t) r > n ? (uint32_t) n : r;
 }
 
@@ -208,7 +208,7 @@ bool coord_rows_settled(const Coord *c) {
 }
 
 const char *coord_rows_unmovable(const Coord *c) {
-        if (!job_rows_copyable(&c->job))
+        if (!job_rows_movable(&c->job))
                 return "table rows move between shards only under BSP, of tables without max-rows or ttl "
                        "(docs/tables.md)";
         if (c->ckpt.active)

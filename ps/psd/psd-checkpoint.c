@@ -618,9 +618,9 @@ static int restore_rows(Checkpointer *k, CkptReader *rd, size_t i, const CkptEnt
                 kept++;
         }
         char why[160];
-        r = table_import(k->tables[t], ids, kept, rows, why, sizeof why);
+        r = table_import(k->tables[t], ids, kept, rows, NULL, why, sizeof why);
         if (r == 0)
-                r = table_import(k->backups[t], bids, backed, brows, why, sizeof why);
+                r = table_import(k->backups[t], bids, backed, brows, NULL, why, sizeof why);
         if (r < 0) {
                 snprintf(k->reason, sizeof k->reason, "%s: table %s: %s", path, k->tconf[t].name,
                          r == -ENOMEM ? "out of memory" : r == -EINVAL ? "a row twice in the checkpoint" : why);
@@ -769,12 +769,14 @@ static int restore_tables_setup(Checkpointer *k) {
                 char why[160];
                 k->tconf[i] = *rows_conf(k->rows, i);
                 int r = table_new(&k->tconf[i], &k->tables[i], why, sizeof why);
-                if (r == 0 && (r = table_new(&k->tconf[i], &k->backups[i], why, sizeof why)) < 0)
+                if (r == 0 && (r = table_new_copies(&k->tconf[i], &k->backups[i], why, sizeof why)) < 0)
                         k->tables[i] = table_free(k->tables[i]);
                 if (r < 0)
                         return r;
                 k->ntables = i + 1;
-                table_tick(k->tables[i], k->clock); /* ttl counts from the checkpoint's clock */
+                /* ttl counts from the checkpoint's clock, on the copies as on the rows */
+                table_tick(k->tables[i], k->clock);
+                table_tick(k->backups[i], k->clock);
         }
         return 0;
 }

@@ -433,21 +433,49 @@ static Link *link_to(Migrate *mg, uint32_t shard) {
         return at >= 0 ? link_for(mg, shardmap_shard(m, (size_t) at)) : NULL;
 }
 
+/* A frame of n int64s from v: 0, -ENOMEM. */
+static int i64_frame(zmq_msg_t *f, const int64_t *v, size_t n) {
+        if (zmq_msg_init_size(f, n * sizeof *v) < 0)
+                return -ENOMEM;
+        if (n)
+                memcpy(zmq_msg_data(f), v, n * sizeof *v);
+        return 0;
+}
+
+/* A table clock's copy for one backup: its rows (ids, rows, per floats
+ * each) and, for a bounded table (stamps not NULL), their stamps and the
+ * ids dropped (gone), in parts; the last part's sequence into *ret_seq. */
 static int send_copy(Migrate *mg, Link *l, uint32_t table, int64_t clock, const int64_t *ids, const float *rows,
-                     size_t n, size_t per, uint64_t *ret_seq) {
+                     const int64_t *stamps, size_t n, size_t per, const int64_t *gone, size_t ngone,
+                     uint64_t *ret_seq) {
         size_t each = MAX((size_t) WIRE_ROWS_PART_BYTES / (per * sizeof(float)), (size_t) 1);
         each = MAX(each, (n + WIRE_MAX_ROWS_PARTS - 1) / WIRE_MAX_ROWS_PARTS);
-        size_t parts = n ? (n + each - 1) / each : 1;
+        size_t parts = MAX(n ? (n + each - 1) / each : 1, (ngone + WIRE_MAX_ROWS - 1) / WIRE_MAX_ROWS);
+        size_t gone_each = (ngone + parts - 1) / parts;
+        if (parts > WIRE_MAX_ROWS_PARTS)
+                return -E2BIG; /* 64 x 2^20 ids dropped at one clock */
         for (size_t part = 0; part < parts; part++) {
                 size_t from = part * each, cnt = MIN(each, n - MIN(from, n));
-                zmq_msg_t f[2];
+                size_t gfrom = part * gone_each, gcnt = MIN(gone_each, ngone - MIN(gfrom, ngone));
+                zmq_msg_t f[4];
+                size_t nf = stamps ? 4 : 2;
                 if (rows_frames(f, ids + from, rows + from * per, cnt, per) < 0)
                         return -ENOMEM;
+                if (stamps && i64_frame(&f[2], stamps + from, cnt) < 0) {
+                        zmq_msg_close(&f[0]);
+                        zmq_msg_close(&f[1]);
+                        return -ENOMEM;
+                }
+                if (stamps && i64_frame(&f[3], gone + gfrom, gcnt) < 0) {
+                        for (size_t k = 0; k < 3; k++)
+                                zmq_msg_close(&f[k]);
+                        return -ENOMEM;
+                }
                 Psnet__Header h = rows_header(mg, l, PSNET__MSG_TYPE__MSG_ROWS_COPY, table, clock);
                 h.has_part = h.has_parts = parts > 1;
                 h.part = (uint32_t) part;
                 h.parts = (uint32_t) parts;
-                int r = netsock_send(l->sock, NULL, &h, f, 2);
+                int r = netsock_send(l->sock, NULL, &h, f, nf);
                 if (r < 0)
                         return r;
                 l->seq++;
@@ -502,42 +530,58 @@ static int move_to(void *ud, uint32_t shard, uint32_t table, int64_t clock, cons
         return migrate_rows_move(ud, shard, table, clock, ids, rows, n, last);
 }
 
+/* Whether shard index j backs the row whose backups (R - 1 of them) are h. */
+static bool backs(const int32_t *h, uint32_t R, size_t j) {
+        for (uint32_t i = 0; i + 1 < R; i++)
+                if (h[i] == (int32_t) j)
+                        return true;
+        return false;
+}
+
 int migrate_rows_copy(Migrate *mg, PushReq *const *reqs, size_t nreqs, uint32_t table, int64_t clock,
-                      const int64_t *ids, size_t n) {
+                      const int64_t *ids, size_t n, const int64_t *gone, size_t ngone) {
         const ShardMap *m = mg->store->map;
         uint32_t R = m ? shardmap_replicas(m) : 1;
         int me = m ? shardmap_find(m, mg->shard_id) : -1;
         if (R < 2 || me < 0 || !mg->rows)
                 return PSNET__STATUS__STATUS_OK;
-        size_t per = rows_row_floats(mg->rows, table), ns = shardmap_size(m);
+        bool bounded = rows_bounded(mg->rows, table);
+        size_t per = rows_row_floats(mg->rows, table), ns = shardmap_size(m), nb = n + ngone;
+        _cleanup_free_ int64_t *held = ps_malloc(MAX(n, (size_t) 1) * sizeof *held);
         _cleanup_free_ float *all = ps_malloc(MAX(n * per, (size_t) 1) * sizeof *all);
-        _cleanup_free_ int32_t *holders = ps_malloc(MAX(n * (R - 1), (size_t) 1) * sizeof *holders);
-        _cleanup_free_ int64_t *sel_ids = ps_malloc(MAX(n, (size_t) 1) * sizeof *sel_ids);
+        _cleanup_free_ int64_t *stamps = ps_malloc(MAX(n, (size_t) 1) * sizeof *stamps);
+        _cleanup_free_ int32_t *holders = ps_malloc(MAX(nb * (R - 1), (size_t) 1) * sizeof *holders);
+        _cleanup_free_ int64_t *sel_ids = ps_malloc(MAX(nb, (size_t) 1) * sizeof *sel_ids);
         _cleanup_free_ float *sel_rows = ps_malloc(MAX(n * per, (size_t) 1) * sizeof *sel_rows);
-        if (!all || !holders || !sel_ids || !sel_rows)
+        _cleanup_free_ int64_t *sel_stamps = ps_malloc(MAX(n, (size_t) 1) * sizeof *sel_stamps);
+        if (!held || !all || !stamps || !holders || !sel_ids || !sel_rows || !sel_stamps)
                 return PSNET__STATUS__STATUS_RESOURCE;
-        rows_export(mg->rows, table, ids, n, all);
-        for (size_t k = 0; k < n; k++)
+        n = rows_copy_rows(mg->rows, table, ids, n, held, all, stamps);
+        for (size_t k = 0; k < n + ngone; k++)
                 for (uint32_t i = 1; i < R; i++)
-                        holders[k * (R - 1) + i - 1] = shardmap_row_holder(m, table, ids[k], i);
+                        holders[k * (R - 1) + i - 1] =
+                                shardmap_row_holder(m, table, k < n ? held[k] : gone[k - n], i);
         for (size_t j = 0; j < ns; j++) {
                 if ((int) j == me)
                         continue;
-                size_t sel = 0;
+                size_t sel = 0, gsel = 0;
                 for (size_t k = 0; k < n; k++) {
-                        bool backs = false;
-                        for (uint32_t i = 0; i + 1 < R; i++)
-                                backs = backs || holders[k * (R - 1) + i] == (int32_t) j;
-                        if (!backs)
+                        if (!backs(holders + k * (R - 1), R, j))
                                 continue;
-                        sel_ids[sel] = ids[k];
+                        sel_ids[sel] = held[k];
+                        sel_stamps[sel] = stamps[k];
                         memcpy(sel_rows + sel * per, all + k * per, per * sizeof *all);
                         sel++;
                 }
+                for (size_t k = 0; k < ngone; k++) /* after the rows' ids */
+                        if (backs(holders + (n + k) * (R - 1), R, j))
+                                sel_ids[sel + gsel++] = gone[k];
                 const ShardDesc *d = shardmap_shard(m, j);
                 Link *l = link_for(mg, d);
                 uint64_t seq = 0;
-                int r = l ? send_copy(mg, l, table, clock, sel_ids, sel_rows, sel, per, &seq) : -EHOSTUNREACH;
+                int r = l ? send_copy(mg, l, table, clock, sel_ids, sel_rows, bounded ? sel_stamps : NULL, sel, per,
+                                      sel_ids + sel, gsel, &seq)
+                          : -EHOSTUNREACH;
                 if (r < 0) {
                         log_warning_errno(r, "Failed to copy %zu rows of table %u to shard %u: %m", sel, table, d->id);
                         return PSNET__STATUS__STATUS_UNAVAILABLE;
@@ -795,7 +839,7 @@ static bool handle(Migrate *mg, NetSock *data, WireMsg *m) {
         else if (rep)
                 st = replicate(mg, m, missing, &nmissing, reason, sizeof reason);
         else if (copy)
-                st = mg->rows ? rows_copy_in(mg->rows, h, m->frames, reason, sizeof reason)
+                st = mg->rows ? rows_copy_in(mg->rows, h, m->frames, m->nframes, reason, sizeof reason)
                               : PSNET__STATUS__STATUS_NO_JOB;
         else
                 st = install(mg, m, reason, sizeof reason);

@@ -52,7 +52,10 @@ typedef struct CopyIn {
         int64_t clock;
         int64_t *ids;
         float *rows;
+        int64_t *stamps;        /* a bounded table's: each row's (ids' n) */
         size_t n;
+        int64_t *gone;          /* a bounded table's rows its primary dropped */
+        size_t ngone;
 } CopyIn;
 
 /* Ids a sender was asked for (ROWS_WANT) and does not hold: they start as
@@ -247,11 +250,16 @@ static void retire(Rows *r, Table *t) {
         /* else out of memory: left allocated rather than freed under the writer */
 }
 
+static void copyin_free(CopyIn *c) {
+        ps_free(c->ids);
+        ps_free(c->rows);
+        ps_free(c->stamps);
+        ps_free(c->gone);
+}
+
 static void drop_copies(Rows *r) {
-        for (size_t i = 0; i < r->nincoming; i++) {
-                ps_free(r->incoming[i].ids);
-                ps_free(r->incoming[i].rows);
-        }
+        for (size_t i = 0; i < r->nincoming; i++)
+                copyin_free(&r->incoming[i]);
         ps_free(r->incoming);
         r->incoming = NULL;
         r->nincoming = 0;
@@ -313,8 +321,10 @@ int rows_configure(Rows *r, const Job *job, char *why, size_t n) {
                 job_table_conf(job, i, &r->conf[i]);
                 char w[160];
                 int e = table_new(&r->conf[i], &r->tables[i], w, sizeof w);
-                if (e == 0 && (e = table_new(&r->conf[i], &r->backup[i], w, sizeof w)) < 0)
+                if (e == 0 && (e = table_new_copies(&r->conf[i], &r->backup[i], w, sizeof w)) < 0)
                         r->tables[i] = table_free(r->tables[i]);
+                if (e == 0) /* the rows its bounds drop go with its copies */
+                        table_log_gone(r->tables[i], table_stamped(r->tables[i]));
                 if (e < 0) {
                         drop_tables(r);
                         if (why && n)
@@ -771,6 +781,9 @@ int rows_push(Rows *r, const ShardMap *map, uint32_t self, const Psnet__Header *
         else if (st == PSNET__STATUS__STATUS_OK && count > 0) {
                 table_tick(t, h->clock);
                 st = push_status(table_push(t, v, count, g, reason, n), c, reason, n);
+                int64_t *gone = NULL;
+                (void) table_gone(t, &gone); /* one copy (asp, ssp): nobody to tell */
+                ps_free(gone);
         }
         if (st != PSNET__STATUS__STATUS_OK && st != ROWS_PARKED) {
                 r->stats.refused++;
@@ -812,11 +825,11 @@ static int cmp_parked(const void *a, const void *b) {
  * members: OK (the distinct ids applied into *ret_ids, *ret_n), or a status
  * with the reason (nothing applied). */
 static int apply_clock(Rows *r, size_t i, const Parked *p, size_t np, size_t nmembers, int64_t **ret_ids,
-                       size_t *ret_n, char *reason, size_t n) {
+                       size_t *ret_n, int64_t **ret_gone, size_t *ret_ngone, char *reason, size_t n) {
         const TableConf *c = &r->conf[i];
         size_t total = 0;
-        *ret_ids = NULL;
-        *ret_n = 0;
+        *ret_ids = *ret_gone = NULL;
+        *ret_n = *ret_ngone = 0;
         for (size_t k = 0; k < np; k++)
                 total += p[k].n;
         if (total == 0)
@@ -852,6 +865,12 @@ static int apply_clock(Rows *r, size_t i, const Parked *p, size_t np, size_t nme
                         st = PSNET__STATUS__STATUS_RESOURCE;
                 } else
                         st = push_status(table_push(r->tables[i], ids, nu, sum, reason, n), c, reason, n);
+                long ng = table_gone(r->tables[i], ret_gone);
+                if (ng < 0) /* they keep their stamps there: dropped in their turn after a fail-over */
+                        log_warning("out of memory noting the rows table %s dropped: its backups may keep them",
+                                    c->name);
+                else
+                        *ret_ngone = (size_t) ng;
                 if (st == PSNET__STATUS__STATUS_OK) {
                         r->stats.pushed += nu;
                         *ret_ids = ids;
@@ -894,9 +913,9 @@ void rows_settle(Rows *r, int64_t limit) {
                         if (clock >= limit || nm == 0 || have < nm)
                                 break;
                         char reason[192] = "";
-                        _cleanup_free_ int64_t *ids = NULL;
-                        size_t nids = 0;
-                        int st = apply_clock(r, i, p, np, nm, &ids, &nids, reason, sizeof reason);
+                        _cleanup_free_ int64_t *ids = NULL, *gone = NULL;
+                        size_t nids = 0, ngone = 0;
+                        int st = apply_clock(r, i, p, np, nm, &ids, &nids, &gone, &ngone, reason, sizeof reason);
                         if (st != PSNET__STATUS__STATUS_OK)
                                 r->stats.refused++;
                         _cleanup_free_ RowsAck *acks = ps_malloc(np * sizeof *acks);
@@ -908,7 +927,8 @@ void rows_settle(Rows *r, int64_t limit) {
                                 r->reclosed[i] = MAX(r->reclosed[i], clock);
                         r->closed[i] = MAX(r->closed[i], clock);
                         if (r->hooks.closed) /* copied to the backups, then acknowledged */
-                                r->hooks.closed(r->hooks.ud, (uint32_t) i, clock, ids, nids, acks, nacks, st, reason);
+                                r->hooks.closed(r->hooks.ud, (uint32_t) i, clock, ids, nids, gone, ngone, acks, nacks,
+                                                st, reason);
                         for (size_t k = 0; k < np; k++)
                                 parked_free(&p[k]);
                         memmove(p, p + np, (r->nparked[i] - np) * sizeof *p);
@@ -950,6 +970,23 @@ void rows_export(const Rows *r, uint32_t table, const int64_t *ids, size_t n, fl
         table_export(r->tables[table], ids, n, out);
 }
 
+bool rows_bounded(const Rows *r, uint32_t table) {
+        return table < r->ntables && table_stamped(r->tables[table]);
+}
+
+size_t rows_copy_rows(const Rows *r, uint32_t table, const int64_t *ids, size_t n, int64_t *ret_ids,
+                      float *ret_rows, int64_t *ret_stamps) {
+        const Table *t = r->tables[table];
+        size_t k = 0;
+        for (size_t i = 0; i < n; i++)
+                if (table_row(t, ids[i], NULL))
+                        ret_ids[k++] = ids[i];
+        table_export(t, ret_ids, k, ret_rows);
+        if (table_stamped(t))
+                table_stamps(t, ret_ids, k, ret_stamps);
+        return k;
+}
+
 static Copied *copied_of(Rows *r, uint32_t shard) {
         for (size_t i = 0; i < r->ncopied; i++)
                 if (r->copied[i].shard == shard)
@@ -966,12 +1003,22 @@ static Copied *copied_of(Rows *r, uint32_t shard) {
 }
 
 static void incoming_drop(Rows *r, size_t i) {
-        ps_free(r->incoming[i].ids);
-        ps_free(r->incoming[i].rows);
+        copyin_free(&r->incoming[i]);
         r->incoming[i] = r->incoming[--r->nincoming];
 }
 
-int rows_copy_in(Rows *r, const Psnet__Header *h, const zmq_msg_t *frames, char *reason, size_t n) {
+/* Appends frame f's n items of size each to *a (holding have): 0, -ENOMEM. */
+static int append_frame(void **a, size_t have, const zmq_msg_t *f, size_t n, size_t each) {
+        void *g = ps_realloc(*a, MAX((have + n) * each, (size_t) 1));
+        if (!g)
+                return -ENOMEM;
+        *a = g;
+        if (n)
+                memcpy((char *) g + have * each, zmq_msg_data((zmq_msg_t *) f), n * each);
+        return 0;
+}
+
+int rows_copy_in(Rows *r, const Psnet__Header *h, const zmq_msg_t *frames, size_t nframes, char *reason, size_t n) {
         int st = known_table(r, h, reason, n);
         if (st != PSNET__STATUS__STATUS_OK)
                 return st;
@@ -983,6 +1030,15 @@ int rows_copy_in(Rows *r, const Psnet__Header *h, const zmq_msg_t *frames, char 
                          r->conf[t].name, per, zmq_msg_size((zmq_msg_t *) &frames[1]), count);
                 return PSNET__STATUS__STATUS_SIZE;
         }
+        bool bounded = table_stamped(r->backup[t]);
+        if (nframes != (bounded ? 4u : 2u)) {
+                snprintf(reason, n, "a copy of table %s carries %s (%zu frames)", r->conf[t].name,
+                         bounded ? "its rows' stamps and the rows dropped: it has max-rows or ttl"
+                                 : "its ids and rows alone: it has no max-rows or ttl",
+                         nframes);
+                return PSNET__STATUS__STATUS_INVALID;
+        }
+        size_t ngone = bounded ? zmq_msg_size((zmq_msg_t *) &frames[3]) / sizeof(int64_t) : 0;
         size_t i = 0;
         while (i < r->nincoming && (r->incoming[i].shard != h->sender || r->incoming[i].table != t))
                 i++;
@@ -1004,22 +1060,23 @@ int rows_copy_in(Rows *r, const Psnet__Header *h, const zmq_msg_t *frames, char 
                 a[r->nincoming++] = (CopyIn) { .shard = h->sender, .table = t, .parts = parts, .clock = h->clock };
         }
         CopyIn *c = &r->incoming[i];
-        int64_t *ids = ps_realloc(c->ids, MAX(c->n + count, (size_t) 1) * sizeof *ids);
-        if (ids)
-                c->ids = ids;
-        float *rows = ids ? ps_realloc(c->rows, MAX((c->n + count) * per, (size_t) 1) * sizeof *rows) : NULL;
-        if (!rows) {
+        if (append_frame((void **) &c->ids, c->n, &frames[0], count, sizeof *c->ids) < 0 ||
+            append_frame((void **) &c->rows, c->n, &frames[1], count, per * sizeof *c->rows) < 0 ||
+            (bounded && (append_frame((void **) &c->stamps, c->n, &frames[2], count, sizeof *c->stamps) < 0 ||
+                         append_frame((void **) &c->gone, c->ngone, &frames[3], ngone, sizeof *c->gone) < 0))) {
                 incoming_drop(r, i);
                 goto oom;
         }
-        c->rows = rows;
-        memcpy(c->ids + c->n, zmq_msg_data((zmq_msg_t *) &frames[0]), count * sizeof *ids);
-        memcpy(c->rows + c->n * per, zmq_msg_data((zmq_msg_t *) &frames[1]), count * per * sizeof *rows);
         c->n += count;
+        c->ngone += ngone;
         if (++c->got < c->parts)
                 return PSNET__STATUS__STATUS_OK;
         Copied *from = copied_of(r, h->sender);
-        int e = from ? table_import(r->backup[t], c->ids, c->n, c->rows, reason, n) : -ENOMEM;
+        int e = from ? table_distinct(c->ids, c->n, reason, n) : -ENOMEM;
+        if (e == 0) { /* the rows the primary dropped first: none of them is among its rows */
+                table_remove(r->backup[t], c->gone, c->ngone);
+                e = table_import(r->backup[t], c->ids, c->n, c->rows, c->stamps, reason, n);
+        }
         int64_t clock = c->clock;
         incoming_drop(r, i);
         if (e < 0) {
@@ -1471,9 +1528,9 @@ int rows_move_in(Rows *r, const ShardMap *map, uint32_t self, const Psnet__Heade
                 *di = id;
                 memcpy(dr, (const char *) in_rows + k * per * sizeof(float), per * sizeof(float));
         }
-        int e = table_import(r->tables[t], ids, led, rows, reason, n);
+        int e = table_import(r->tables[t], ids, led, rows, NULL, reason, n);
         if (e == 0)
-                e = table_import(r->backup[t], bids, backed, brows, reason, n);
+                e = table_import(r->backup[t], bids, backed, brows, NULL, reason, n);
         if (e < 0) {
                 if (e == -ENOMEM)
                         snprintf(reason, n, "out of memory for %zu rows of table %s moved here", count, r->conf[t].name);
@@ -1730,6 +1787,7 @@ void rows_adopt(Rows *r, Table *const *tables, Table *const *backups, size_t n, 
                 if (tables[i]) {
                         table_free(r->tables[i]);
                         r->tables[i] = tables[i];
+                        table_log_gone(tables[i], table_stamped(tables[i]));
                 }
                 if (backups && backups[i]) {
                         table_free(r->backup[i]);

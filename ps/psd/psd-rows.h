@@ -54,10 +54,11 @@ typedef struct RowsHooks {
         /* The members of clock (ascending worker ids), as the gate has them. */
         void (*members)(void *ud, int64_t clock, const uint32_t **ret, size_t *n);
         /* Clock of table closed: ids[0..n) were applied (status OK; their
-         * rows as rows_export reads them, for the backups), or nothing was
+         * rows as rows_copy_rows reads them, for the backups) and the
+         * table's bounds dropped the rows of gone[0..ngone), or nothing was
          * (status and reason); acks: the parked pushes to acknowledge. */
-        void (*closed)(void *ud, uint32_t table, int64_t clock, const int64_t *ids, size_t n, const RowsAck *acks,
-                       size_t nacks, int status, const char *reason);
+        void (*closed)(void *ud, uint32_t table, int64_t clock, const int64_t *ids, size_t n, const int64_t *gone,
+                       size_t ngone, const RowsAck *acks, size_t nacks, int status, const char *reason);
         /* While rows move here (below, "rows moved"): a request touches
          * ids[0..n) of table, which sender shard has not sent yet: ask it
          * for them now (ROWS_WANT). */
@@ -117,12 +118,25 @@ void rows_table_stats(const Rows *r, size_t i, uint64_t *ret_rows, uint64_t *ret
  * at a clock closed here, a lost primary's whose copy of the clock came
  * whole. A clock closed here that a lost primary had not copied here whole
  * opens again: that primary acknowledged it to nobody, so every member
- * sends it again. */
+ * sends it again.
+ * A table with max-rows or ttl (bounded) copies each row's stamp (the clock
+ * it was last pushed at) with it, and the ids its bounds dropped at the
+ * clock, which the backup drops too: it holds what its primary holds, each
+ * row with its stamp, and a row led after a fail-over is dropped in its
+ * turn as it would have been. */
 size_t rows_row_floats(const Rows *r, uint32_t table);
 void rows_export(const Rows *r, uint32_t table, const int64_t *ids, size_t n, float *out);
+/* Whether table keeps its rows' stamps (a bounded one). */
+bool rows_bounded(const Rows *r, uint32_t table);
+/* The rows this shard leads of ids[0..n) (an id pushed and not kept here,
+ * not admitted or refused, has none): their ids, whole rows (rows_export)
+ * and, for a bounded table, stamps (else ret_stamps is not written): how
+ * many. */
+size_t rows_copy_rows(const Rows *r, uint32_t table, const int64_t *ids, size_t n, int64_t *ret_ids,
+                      float *ret_rows, int64_t *ret_stamps);
 /* A ROWS_COPY from primary h->sender (validated by the wire): OK (a part
  * kept, or the copy installed), or a status with the reason. */
-int rows_copy_in(Rows *r, const Psnet__Header *h, const zmq_msg_t *frames, char *reason, size_t n);
+int rows_copy_in(Rows *r, const Psnet__Header *h, const zmq_msg_t *frames, size_t nframes, char *reason, size_t n);
 /* The map changed from old to map: after a fail-over (shards lost), the
  * copies of the rows self leads now join its tables; where rows move
  * between live shards (below), self's part in that begins. */

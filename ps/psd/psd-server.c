@@ -479,7 +479,7 @@ static void psd_rows_members(void *ud, int64_t clock, const uint32_t **ret, size
 /* RowsRebuildFn: rows led here, to their backups (nothing waits on them). */
 static int psd_rows_rebuild(void *ud, uint32_t table, int64_t clock, const int64_t *ids, size_t n) {
         Psd *p = ud;
-        int st = migrate_rows_copy(p->migrate, NULL, 0, table, clock, ids, n);
+        int st = migrate_rows_copy(p->migrate, NULL, 0, table, clock, ids, n, NULL, 0);
         if (st == PSNET__STATUS__STATUS_OK)
                 return 0;
         if (log_window(&p->drop_lines, now_ms()))
@@ -528,7 +528,8 @@ static int psd_rows_moved(void *ud) {
  * first; each parked push is acknowledged (psd_ack) once every copy was
  * answered. */
 static void psd_rows_closed(void *ud, uint32_t table, int64_t clock, const int64_t *ids, size_t n,
-                            const RowsAck *acks, size_t nacks, int status, const char *reason) {
+                            const int64_t *gone, size_t ngone, const RowsAck *acks, size_t nacks, int status,
+                            const char *reason) {
         Psd *p = ud;
         if (status != PSNET__STATUS__STATUS_OK) {
                 for (size_t k = 0; k < nacks; k++) {
@@ -548,7 +549,7 @@ static void psd_rows_closed(void *ud, uint32_t table, int64_t clock, const int64
         if (!reqs || nreqs < nacks)
                 log_warning("out of memory acknowledging the pushes of clock %ld of table %u: their workers ask "
                             "again", (long) clock, table);
-        int st = migrate_rows_copy(p->migrate, reqs, nreqs, table, clock, ids, n);
+        int st = migrate_rows_copy(p->migrate, reqs, nreqs, table, clock, ids, n, gone, ngone);
         if (st != PSNET__STATUS__STATUS_OK) /* the clock is closed here: its rows go to the backups again */
                 rows_copies_lost(p->rows, shardmap_epoch(store_map(p->store)));
         log_debug("table clock closed table=%u clock=%ld rows=%zu pushes=%zu copies=%s", table, (long) clock, n, nacks,

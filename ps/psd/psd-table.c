@@ -46,6 +46,10 @@ struct Table {
         uint8_t *sketch;        /* admit > 1: count-min, TABLE_SKETCH_DEPTH x TABLE_SKETCH_WIDTH */
         size_t sweep;           /* ttl: the next row the sweep looks at */
         TableCounts counts;
+        /* table_log_gone: the ids its bounds dropped since table_gone. */
+        bool log_gone, gone_lost;
+        int64_t *gone;
+        size_t ngone, gone_cap;
 };
 
 #define TABLE_SKETCH_DEPTH 4
@@ -78,6 +82,16 @@ int table_new(const TableConf *c, Table **ret, char *why, size_t n) {
         return 0;
 }
 
+int table_new_copies(const TableConf *c, Table **ret, char *why, size_t n) {
+        TableConf u = *c;
+        u.max_rows = u.ttl = 0;
+        u.admit = 1;
+        int r = table_new(&u, ret, why, n);
+        if (r == 0)
+                (*ret)->stamped = c->max_rows || c->ttl;
+        return r;
+}
+
 Table *table_free(Table *t) {
         if (t) {
                 for (size_t i = 0; i < t->nslabs; i++) {
@@ -88,6 +102,7 @@ Table *table_free(Table *t) {
                 ps_free(t->ids);
                 ps_free(t->index);
                 ps_free(t->sketch);
+                ps_free(t->gone);
                 ps_free(t);
         }
         return NULL;
@@ -104,6 +119,30 @@ size_t table_memory(const Table *t) {
 void table_counts(const Table *t, TableCounts *ret) { *ret = t->counts; }
 
 void table_tick(Table *t, int64_t clock) { t->now = clock; }
+
+bool table_stamped(const Table *t) { return t->stamped; }
+
+void table_log_gone(Table *t, bool on) {
+        t->log_gone = on;
+        t->ngone = 0;
+        t->gone_lost = false;
+}
+
+long table_gone(Table *t, int64_t **ret) {
+        *ret = NULL;
+        if (t->gone_lost) {
+                t->gone_lost = false;
+                t->ngone = 0;
+                return -ENOMEM;
+        }
+        size_t n = t->ngone;
+        if (n == 0)
+                return 0;
+        *ret = t->gone;
+        t->gone = NULL;
+        t->ngone = t->gone_cap = 0;
+        return (long) n;
+}
 
 static inline float *row_at(const Table *t, size_t r) {
         return t->slabs[r >> TABLE_SLAB_SHIFT] + (r & (TABLE_SLAB - 1)) * t->per;
@@ -249,6 +288,23 @@ static int cmp_id(const void *a, const void *b) {
         return (x > y) - (x < y);
 }
 
+/* Notes id, dropped by the table's bounds (table_log_gone). */
+static void note_gone(Table *t, int64_t id) {
+        if (!t->log_gone || t->gone_lost)
+                return;
+        if (t->ngone == t->gone_cap) {
+                size_t cap = t->gone_cap ? 2 * t->gone_cap : 256;
+                int64_t *g = ps_realloc(t->gone, cap * sizeof *g);
+                if (!g) {
+                        t->gone_lost = true;
+                        return;
+                }
+                t->gone = g;
+                t->gone_cap = cap;
+        }
+        t->gone[t->ngone++] = id;
+}
+
 /* Drops the k least recently pushed rows of those not pushed at this clock. */
 static void evict_oldest(Table *t, size_t k) {
         int64_t *s = ps_malloc((t->nrows ? t->nrows : 1) * sizeof *s);
@@ -273,6 +329,7 @@ static void evict_oldest(Table *t, size_t k) {
                 int64_t st = *stamp_at(t, r);
                 if (st < cut || (st == cut && at_cut > 0)) {
                         at_cut -= st == cut;
+                        note_gone(t, id_at(t, r));
                         remove_row(t, r);
                         removed++;
                         t->counts.evicted_full++;
@@ -291,6 +348,7 @@ static void sweep(Table *t, size_t budget) {
                 if (t->sweep >= t->nrows)
                         t->sweep = 0;
                 if (*stamp_at(t, t->sweep) < oldest) {
+                        note_gone(t, id_at(t, t->sweep));
                         remove_row(t, t->sweep);
                         t->counts.evicted_ttl++;
                 } else
@@ -546,15 +604,38 @@ void table_export(const Table *t, const int64_t *ids, size_t n, float *out) {
         }
 }
 
-int table_import(Table *t, const int64_t *ids, size_t n, const float *in, char *why, size_t whylen) {
+int table_import(Table *t, const int64_t *ids, size_t n, const float *in, const int64_t *stamps, char *why,
+                 size_t whylen) {
         int r = table_distinct(ids, n, why, whylen);
         if (r == 0)
                 r = make_room(t, ids, n, why, whylen);
         if (r < 0)
                 return r;
-        for (size_t i = 0; i < n; i++)
+        for (size_t i = 0; i < n; i++) {
                 memcpy(row_of(t, ids[i]), in + i * t->per, t->per * sizeof *in);
+                if (stamps && t->stamped)
+                        *stamp_at(t, (size_t) find(t, ids[i])) = stamps[i];
+        }
         return 0;
+}
+
+void table_stamps(const Table *t, const int64_t *ids, size_t n, int64_t *out) {
+        for (size_t i = 0; i < n; i++) {
+                long r = t->stamped ? find(t, ids[i]) : -1;
+                out[i] = r >= 0 ? *stamp_at(t, (size_t) r) : t->now;
+        }
+}
+
+size_t table_remove(Table *t, const int64_t *ids, size_t n) {
+        size_t gone = 0;
+        for (size_t i = 0; i < n; i++) {
+                long r = find(t, ids[i]);
+                if (r >= 0) {
+                        remove_row(t, (size_t) r);
+                        gone++;
+                }
+        }
+        return gone;
 }
 
 const float *table_row(const Table *t, int64_t id, uint32_t *ret_steps) {
@@ -583,6 +664,8 @@ static int move_row(Table *from, Table *to, size_t r) {
         uint64_t made = to->counts.admitted; /* a row moved, not made */
         memcpy(row_of(to, id_at(from, r)), row_at(from, r), from->per * sizeof(float));
         to->counts.admitted = made;
+        if (from->stamped && to->stamped) /* when it was last pushed travels with it */
+                *stamp_at(to, (size_t) find(to, id_at(from, r))) = *stamp_at(from, r);
         remove_row(from, r); /* the last row comes into r */
         return 0;
 }

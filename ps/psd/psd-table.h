@@ -66,7 +66,35 @@ int table_distinct(const int64_t *ids, size_t n, char *why, size_t whylen);
  * -ENOSPC past max_rows, -ENOMEM, nothing installed then. */
 size_t table_row_floats(const Table *t);
 void table_export(const Table *t, const int64_t *ids, size_t n, float *out);
-int table_import(Table *t, const int64_t *ids, size_t n, const float *in, char *why, size_t whylen);
+/* stamps: the clock each row was last pushed at (NULL: the clock of
+ * table_tick), kept where the table keeps them. */
+int table_import(Table *t, const int64_t *ids, size_t n, const float *in, const int64_t *stamps, char *why,
+                 size_t whylen);
+
+/* --- a bounded table's copies (max_rows or ttl; --replicas >= 2) ---
+ * A backup mirrors its primary's rows: a table for its copies bounds
+ * nothing itself (no max_rows, ttl or admission) but keeps each row's
+ * stamp; the primary notes the ids its bounds drop (table_log_gone) and
+ * hands them over (table_gone) with each clock's copy, the rows it sends
+ * carrying their stamps (table_stamps); the backup drops them
+ * (table_remove). A row moved between tables (table_move_if, table_sweep,
+ * table_move_one) keeps its stamp. */
+int table_new_copies(const TableConf *c, Table **ret, char *why, size_t n);
+/* Whether the table keeps each row's stamp (it has max_rows or ttl, or is
+ * the copies of one that has). */
+bool table_stamped(const Table *t);
+/* The stamps of the rows of ids[0..n) into out (a row not held, or a table
+ * without stamps: the clock of table_tick). */
+void table_stamps(const Table *t, const int64_t *ids, size_t n, int64_t *out);
+/* From now on (on) or no longer, the ids max_rows and ttl drop are noted
+ * (the log starts empty). */
+void table_log_gone(Table *t, bool on);
+/* The ids noted since the last call, into *ret (the caller frees it; NULL
+ * where none): how many, or -ENOMEM where one could not be noted (the
+ * log starts again empty). */
+long table_gone(Table *t, int64_t **ret);
+/* Drops the rows of ids[0..n) the table holds: how many. */
+size_t table_remove(Table *t, const int64_t *ids, size_t n);
 /* Moves the rows of from whose id take says yes to into to (whole, as
  * table_export writes it), looking at budget rows from row number *at on
  * (*at: where to go on; done once it reaches table_size(from)): a backup's

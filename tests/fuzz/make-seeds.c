@@ -38,16 +38,20 @@ static uint8_t buf[1 << 16];
 /* One wire seed: 2-byte lengths before every part but the last; each of the
  * nframes frames is fl bytes, of `frame` when given. */
 /* A seed of a table's rows message: 2 ids (frame of 16 bytes), then, with
- * two frames, 2 rows of 4 floats (32 bytes); each frame says its length, the
- * last too (its zeros would read as lengths). */
+ * two frames, 2 rows of 4 floats (32 bytes), with four their stamps (16
+ * bytes) and an id dropped (8); each frame says its length, the last too
+ * (its zeros would read as lengths). */
 static void rows_seed(const char *name, Psnet__Header *h, size_t nframes) {
-        static const uint8_t rows[2][32] = { { 7, 0, 0, 0, 0, 0, 0, 0, 9, 0, 0, 0, 0, 0, 0, 0x80 } };
+        static const uint8_t rows[4][32] = { { 7, 0, 0, 0, 0, 0, 0, 0, 9, 0, 0, 0, 0, 0, 0, 0x80 },
+                                             { 0 },
+                                             { 3, 0, 0, 0, 0, 0, 0, 0, 2, 0, 0, 0, 0, 0, 0, 0 },
+                                             { 11 } };
         size_t hl = psnet__header__get_packed_size(h), at = 0;
         buf[at++] = (uint8_t) hl, buf[at++] = (uint8_t) (hl >> 8);
         psnet__header__pack(h, buf + at);
         at += hl;
         for (size_t f = 0; f < nframes; f++) {
-                size_t len = f ? 32 : 16;
+                size_t len = f == 1 ? 32 : f == 3 ? 8 : 16;
                 buf[at++] = (uint8_t) len, buf[at++] = 0;
                 memcpy(buf + at, rows[f], len), at += len;
         }
@@ -105,6 +109,8 @@ static void wire_seeds(void) {
         h.type = PSNET__MSG_TYPE__MSG_ROWS_COPY;
         h.has_clock = h.has_epoch = true, h.clock = 3, h.epoch = 1;
         rows_seed("rows-copy", &h, 2);
+        /* A bounded table's: the rows' stamps and an id its primary dropped. */
+        rows_seed("rows-copy-bounded", &h, 4);
         /* Rows moved after a map change: the sender's last of the table. */
         h.type = PSNET__MSG_TYPE__MSG_ROWS_MOVE;
         h.has_last = h.last = true;

@@ -84,9 +84,9 @@ static void members(void *ud, int64_t clock, const uint32_t **ret, size_t *n) {
         *n = 2;
 }
 
-static void closed(void *ud, uint32_t table, int64_t clock, const int64_t *ids, size_t n, const RowsAck *a,
-                   size_t na, int status, const char *reason) {
-        (void) ud, (void) table, (void) clock, (void) ids, (void) n, (void) a, (void) reason;
+static void closed(void *ud, uint32_t table, int64_t clock, const int64_t *ids, size_t n, const int64_t *gone,
+                   size_t ngone, const RowsAck *a, size_t na, int status, const char *reason) {
+        (void) ud, (void) table, (void) clock, (void) ids, (void) n, (void) gone, (void) ngone, (void) a, (void) reason;
         acks += (int) na;
         ack_status = status;
 }
@@ -119,7 +119,7 @@ static void test_snapshot(const Job *job, const int64_t *mine, const float *want
         Table *t[JOB_MAX_TABLES] = { 0 };
         for (size_t i = 0; i < rows_ntables(rows); i++)
                 ok &= table_new(rows_conf(rows, i), &t[i], why, sizeof why) == 0;
-        ok &= ok && table_import(t[0], ids, 2, dumped, why, sizeof why) == 0;
+        ok &= ok && table_import(t[0], ids, 2, dumped, NULL, why, sizeof why) == 0;
         Rows *r2 = NULL;
         ok &= rows_new(&r2) == 0 && rows_configure(r2, job, why, sizeof why) == 0;
         CHECK(ok, "the rows load into empty tables (%s)", why);
@@ -254,8 +254,8 @@ typedef struct Side {
         const ShardMap *map;    /* the move test's: the map it acts on */
 } Side;
 
-static void side_closed(void *ud, uint32_t table, int64_t clock, const int64_t *ids, size_t n, const RowsAck *a,
-                        size_t na, int status, const char *reason) {
+static void side_closed(void *ud, uint32_t table, int64_t clock, const int64_t *all, size_t nall,
+                        const int64_t *gone, size_t ngone, const RowsAck *a, size_t na, int status, const char *reason) {
         Side *s = ud;
         (void) a, (void) reason;
         s->acks += (int) na;
@@ -263,7 +263,9 @@ static void side_closed(void *ud, uint32_t table, int64_t clock, const int64_t *
                 return;
         size_t per = rows_row_floats(s->rows, table);
         float buf[64 * 8];
-        rows_export(s->rows, table, ids, n, buf);
+        int64_t ids[64], stamps[64];
+        size_t n = rows_copy_rows(s->rows, table, all, nall, ids, buf, stamps);
+        bool bounded = rows_bounded(s->rows, table);
         /* In two parts, as a large copy goes: nothing installed before the last. */
         int st = 0;
         char why[160] = "";
@@ -274,12 +276,15 @@ static void side_closed(void *ud, uint32_t table, int64_t clock, const int64_t *
                 h.has_part = h.has_parts = true;
                 h.part = part, h.parts = 2;
                 size_t from = part ? n / 2 : 0, cnt = part ? n - n / 2 : n / 2;
-                zmq_msg_t f[2];
+                zmq_msg_t f[4];
                 frame(&f[0], ids + from, cnt * 8);
                 frame(&f[1], buf + from * per, cnt * per * 4);
-                st = rows_copy_in(s->backup->rows, &h, f, why, sizeof why);
-                zmq_msg_close(&f[0]);
-                zmq_msg_close(&f[1]);
+                /* A bounded table's: the stamps, and the rows dropped in the last part. */
+                frame(&f[2], stamps + from, cnt * 8);
+                frame(&f[3], gone, part ? ngone * 8 : 0);
+                st = rows_copy_in(s->backup->rows, &h, f, bounded ? 4 : 2, why, sizeof why);
+                for (int k = 0; k < 4; k++)
+                        zmq_msg_close(&f[k]);
                 if (part == 0)
                         rows_stats(s->backup->rows, &after);
         }
@@ -428,6 +433,80 @@ out:
         shardmap_free(m2);
 }
 
+/* A table that drops rows (ttl=2, or max-rows=10) on two copies: shards
+ * 1 and 2 each lead some of 40 ids and back the other's; workers 7 and 8
+ * push 16 of them at each clock, 4 further on at the next, so that shard
+ * 1's bounds drop rows. Its backup holds as many copies as it has rows after
+ * every clock; shard 1 lost, shard 2 leads exactly the rows shard 1 held,
+ * each bit for bit with the clock it was last pushed at. */
+static void test_bounded_failover(Job job, uint64_t ttl, uint64_t max_rows) {
+        char why[160] = "";
+        job.tables[0].ttl = ttl;
+        job.tables[0].max_rows = max_rows;
+        const char *what = ttl ? "ttl=2" : "max-rows=10";
+        bool valid = bsp_job(&job, 2, ttl ? 80 : 81, why, sizeof why);
+        const uint32_t two[2] = { 1, 2 }, second[1] = { 2 };
+        ShardMap *m1 = map_of(1, two, 2, 2, &job), *m2 = map_of(2, second, 1, 1, &job);
+        Side s1 = side(&job, 1), s2 = side(&job, 2);
+        if (!CHECK(valid && m1 && m2 && s1.rows && s2.rows, "a BSP job with two copies of a table with %s (%s)", what,
+                   why))
+                goto out;
+        s1.backup = &s2, s1.deliver = true;
+        RowsHooks hk = { .members = members, .closed = side_closed, .ud = &s1 };
+        rows_set_hooks(s1.rows, &hk);
+        hk.ud = &s2;
+        rows_set_hooks(s2.rows, &hk);
+        int64_t ids[40], a[40], b[40];
+        for (int k = 0; k < 40; k++)
+                ids[k] = 5000 + 53 * k;
+        bool mirrored = true;
+        for (int64_t c = 0; c < 6; c++) {
+                size_t na = 0, nb = 0;
+                for (size_t k = 4 * (size_t) c; k < 4 * (size_t) c + 16; k++) {
+                        if (shardmap_row_holder(m1, 0, ids[k], 0) == shardmap_find(m1, 1))
+                                a[na++] = ids[k];
+                        else
+                                b[nb++] = ids[k];
+                }
+                for (uint32_t w = 7; w <= 8; w++) {
+                        push_to(&s1, m1, w, c, 1, a, na);
+                        push_to(&s2, m1, w, c, 1, b, nb);
+                }
+                RowsStats r1, r2;
+                rows_stats(s1.rows, &r1);
+                rows_stats(s2.rows, &r2);
+                mirrored &= r2.backup_rows == r1.rows;
+        }
+        uint64_t held1, bytes;
+        TableCounts counts;
+        rows_table_stats(s1.rows, 0, &held1, &bytes, &counts);
+        uint64_t dropped = counts.evicted_ttl + counts.evicted_full;
+        CHECK(mirrored && dropped > 0 && held1 > 0,
+              "%s: shard 1 dropped %llu rows over 6 clocks; after each, shard 2 held a copy of each row it held "
+              "and no more (%llu at the end)", what, (unsigned long long) dropped, (unsigned long long) held1);
+        rows_map_changed(s2.rows, m1, m2, 2);
+        while (rows_rebuild_step(s2.rows, 4, NULL, NULL))
+                ;
+        int64_t a1[40], a2[40], st1[40], st2[40];
+        float r1[40 * 2], r2[40 * 2];
+        size_t mine = 0;
+        for (int k = 0; k < 40; k++)
+                if (shardmap_row_holder(m1, 0, ids[k], 0) == shardmap_find(m1, 1))
+                        a[mine++] = ids[k];
+        size_t k1 = rows_copy_rows(s1.rows, 0, a, mine, a1, r1, st1);
+        size_t k2 = rows_copy_rows(s2.rows, 0, a, mine, a2, r2, st2);
+        bool same = k1 == k2 && k1 == held1 && k1 < mine && memcmp(a1, a2, k1 * 8) == 0 &&
+                    memcmp(r1, r2, k1 * 2 * 4) == 0 && memcmp(st1, st2, k1 * 8) == 0;
+        CHECK(same,
+              "%s: shard 1 lost, shard 2 leads the %zu rows of its %zu ids it still held, none it dropped, each bit "
+              "for bit with the clock it was last pushed at (%zu)", what, k1, mine, k2);
+out:
+        rows_free(s1.rows);
+        rows_free(s2.rows);
+        shardmap_free(m1);
+        shardmap_free(m2);
+}
+
 /* --- rows moved at a map change (a shard added; one removed with one copy) ------------------ */
 
 static Side *sides[4];
@@ -444,10 +523,10 @@ static Side *side_of(uint32_t id) {
 /* RowsHooks.closed: each row's copy to each of its backups under the
  * shard's map, every other shard of it a copy (empty where it backs none),
  * as psd-migrate.c sends them. */
-static void route_closed(void *ud, uint32_t table, int64_t clock, const int64_t *ids, size_t n, const RowsAck *a,
-                         size_t na, int status, const char *reason) {
+static void route_closed(void *ud, uint32_t table, int64_t clock, const int64_t *ids, size_t n, const int64_t *gone,
+                         size_t ngone, const RowsAck *a, size_t na, int status, const char *reason) {
         Side *s = ud;
-        (void) a, (void) reason;
+        (void) a, (void) reason, (void) gone, (void) ngone; /* its tables drop no rows */
         s->acks += (int) na;
         if (status != 0 || shardmap_replicas(s->map) < 2 || shardmap_find(s->map, s->id) < 0)
                 return;
@@ -473,7 +552,7 @@ static void route_closed(void *ud, uint32_t table, int64_t clock, const int64_t 
                 frame(&f[0], sids, m * 8);
                 frame(&f[1], sel, m * per * 4);
                 char why[160] = "";
-                if (rows_copy_in(to->rows, &h, f, why, sizeof why) != 0)
+                if (rows_copy_in(to->rows, &h, f, 2, why, sizeof why) != 0)
                         copies_refused++;
                 zmq_msg_close(&f[0]);
                 zmq_msg_close(&f[1]);
@@ -882,6 +961,8 @@ int main(void) {
               (unsigned long long) s.pushed, (unsigned long long) s.refused);
         test_bsp(job, mine);
         test_failover(job);
+        test_bounded_failover(job, 2, 0);
+        test_bounded_failover(job, 0, 10);
         test_move(job);
         test_copies_lost(job);
         job.id++;

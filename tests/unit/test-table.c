@@ -13,6 +13,7 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#include "alloc.h"
 #include "hash.h"
 #include "psd-table.h"
 #include "tap.h"
@@ -223,7 +224,7 @@ static void check_copy(void) {
         table_push(a, ids, 3, g, NULL, 0);
         table_push(a, ids, 2, g, NULL, 0);
         table_export(a, ids, 3, rows);
-        CHECK(table_import(b, ids, 3, rows, NULL, 0) == 0 && table_size(b) == 3, "imported into another table");
+        CHECK(table_import(b, ids, 3, rows, NULL, NULL, 0) == 0 && table_size(b) == 3, "imported into another table");
         table_push(a, ids, 3, g, NULL, 0);
         table_push(b, ids, 3, g, NULL, 0);
         table_pull(a, ids, 3, false, ra, NULL, 0);
@@ -239,9 +240,65 @@ static void check_copy(void) {
         table_pull(a, &missing, 1, false, pulled, NULL, 0);
         CHECK(fresh[0] == pulled[0] && fresh[1] == pulled[1] && fresh[2] == 0 && fresh[6] == 0,
               "a row the table lacks exports as a new one starts");
-        CHECK(table_import(b, twice, 2, rows, NULL, 0) == -EINVAL, "an id twice: nothing imported");
+        CHECK(table_import(b, twice, 2, rows, NULL, NULL, 0) == -EINVAL, "an id twice: nothing imported");
         table_free(a);
         table_free(b);
+}
+
+/* A bounded table's copies (max-rows=4): the ids its bounds drop are
+ * noted, handed over once and only while asked for; its rows' stamps go
+ * into a table for copies, which bounds nothing itself (past max-rows,
+ * no admission) and drops what it is told; a row moved keeps its stamp. */
+static void check_bounded_copies(void) {
+        TableConf c = conf(TABLE_SGD, 0.1f);
+        c.max_rows = 4;
+        char why[128] = "";
+        Table *a = new_table(&c), *b = NULL, *d = NULL;
+        int nc = table_new_copies(&c, &b, why, sizeof why);
+        if (!CHECK(a && nc == 0 && table_new_copies(&c, &d, why, sizeof why) == 0, "tables for copies (%s)", why))
+                goto out;
+        CHECK(table_stamped(a) && table_stamped(b), "a bounded table and its copies keep stamps");
+        int64_t first[4] = { 1, 2, 3, 4 }, next[2] = { 5, 6 }, *gone = NULL, st[6], ids6[6] = { 1, 2, 3, 4, 5, 6 };
+        float g[8] = { 1, 1, 1, 1, 1, 1, 1, 1 }, rows[6 * 2];
+        table_push(a, first, 4, g, NULL, 0); /* not noted yet: nothing dropped */
+        table_log_gone(a, true);
+        table_tick(a, 1);
+        table_push(a, first + 2, 2, g, NULL, 0); /* 3 and 4 at clock 1 */
+        table_tick(a, 2);
+        table_push(a, next, 2, g, NULL, 0); /* 5, 6 new: 1 and 2 go, least recently pushed */
+        long ng = table_gone(a, &gone);
+        bool two = ng == 2 && ((gone[0] == 1 && gone[1] == 2) || (gone[0] == 2 && gone[1] == 1));
+        ps_free(gone);
+        CHECK(two && table_gone(a, &gone) == 0 && !gone && table_size(a) == 4,
+              "ids 1 and 2, least recently pushed, noted as dropped (%ld), once", ng);
+        int64_t held[4] = { 3, 4, 5, 6 };
+        table_stamps(a, held, 4, st);
+        CHECK(st[0] == 1 && st[1] == 1 && st[2] == 2 && st[3] == 2, "each row's stamp is its last push's clock");
+        /* The copies: 6 rows past max-rows 4 (its first four, then the dropped go). */
+        table_export(a, held, 4, rows + 4);
+        CHECK(table_push(a, first, 0, g, NULL, 0) == 0, "an empty push");
+        int64_t old[2] = { 1, 2 }, olds[2] = { 0, 0 };
+        float oldrows[4] = { 0.5f, 0.5f, 0.25f, 0.25f };
+        CHECK(table_import(b, old, 2, oldrows, olds, why, sizeof why) == 0 &&
+                      table_import(b, held, 4, rows + 4, st, why, sizeof why) == 0 && table_size(b) == 6,
+              "a table for copies holds 6 rows of a table of at most 4 (%s)", why);
+        int64_t got[6];
+        table_stamps(b, ids6, 6, got);
+        CHECK(got[0] == 0 && got[2] == 1 && got[5] == 2, "with their stamps");
+        CHECK(table_remove(b, old, 2) == 2 && table_remove(b, old, 2) == 0 && table_size(b) == 4,
+              "the rows told dropped go, once");
+        CHECK(table_move_one(b, d, 5) == 1 && table_row(d, 5, NULL) != NULL, "a row moved");
+        table_stamps(d, next, 1, got);
+        CHECK(got[0] == 2, "keeps its stamp (%lld)", (long long) got[0]);
+        table_log_gone(a, false);
+        table_tick(a, 3);
+        int64_t more[2] = { 7, 8 };
+        table_push(a, more, 2, g, NULL, 0);
+        CHECK(table_gone(a, &gone) == 0, "no longer noted once asked not to");
+out:
+        table_free(a);
+        table_free(b);
+        table_free(d);
 }
 
 /* A sweep's verdict on odd ids: even ids stay, those divisible by 3 move,
@@ -411,6 +468,7 @@ static void check_bounds(void) {
 
 int main(void) {
         check_copy();
+        check_bounded_copies();
         check_sweep();
         check_bounds();
         check_optimizers();

@@ -831,11 +831,37 @@ static void test_rows(void) {
         st = wire_validate(&h, f, 2, reason, sizeof reason);
         CHECK(st == PSNET__STATUS__STATUS_MALFORMED && strstr(reason, "only ROWS_MOVE does"),
               "a ROWS_COPY saying it is the last: %s", reason);
+        /* A copy of a table with max-rows or ttl: each row's stamp, then the ids dropped. */
+        h.has_last = h.last = false;
+        zmq_msg_t b4[4] = { f[0], f[1] };
+        zmq_msg_init_size(&b4[2], 3 * 8);
+        zmq_msg_init_size(&b4[3], 2 * 8);
+        st = wire_validate(&h, b4, 4, reason, sizeof reason);
+        CHECK(st == PSNET__STATUS__STATUS_OK, "a ROWS_COPY of 3 rows, their stamps and 2 ids dropped (%s)", reason);
+        st = wire_validate(&h, b4, 3, reason, sizeof reason);
+        CHECK(st == PSNET__STATUS__STATUS_MALFORMED && strstr(reason, "carries 2 frames"),
+              "a ROWS_COPY of 3 frames: %s", reason);
+        zmq_msg_t odd = b4[3];
+        b4[3] = b4[2], b4[2] = odd; /* 2 stamps for 3 ids */
+        st = wire_validate(&h, b4, 4, reason, sizeof reason);
+        CHECK(st == PSNET__STATUS__STATUS_SIZE && strstr(reason, "stamps frame has 16 bytes"),
+              "stamps that do not match the ids: %s", reason);
+        b4[2] = b4[3], b4[3] = odd;
+        zmq_msg_close(&b4[3]);
+        zmq_msg_init_size(&b4[3], 13);
+        st = wire_validate(&h, b4, 4, reason, sizeof reason);
+        CHECK(st == PSNET__STATUS__STATUS_SIZE && strstr(reason, "dropped 13 bytes"), "ids dropped of 13 bytes: %s",
+              reason);
+        h.type = PSNET__MSG_TYPE__MSG_ROWS_MOVE;
+        st = wire_validate(&h, b4, 4, reason, sizeof reason);
+        CHECK(st == PSNET__STATUS__STATUS_MALFORMED, "a ROWS_MOVE of 4 frames: %s", reason);
+        h.type = PSNET__MSG_TYPE__MSG_ROWS_COPY;
+        zmq_msg_close(&b4[2]);
+        zmq_msg_close(&b4[3]);
         /* Ids without rows: a move's answer to a ROWS_WANT for ids its sender lacks; a copy's are refused. */
         zmq_msg_t none;
         zmq_msg_init(&none);
         zmq_msg_t absent[2] = { f[0], none };
-        h.has_last = h.last = false;
         st = wire_validate(&h, absent, 2, reason, sizeof reason);
         CHECK(st == PSNET__STATUS__STATUS_SIZE, "a ROWS_COPY of 3 ids without rows: %s", reason);
         h.type = PSNET__MSG_TYPE__MSG_ROWS_MOVE;
