@@ -599,12 +599,7 @@ const char *lr_schedule_name(LrSchedule s) {
         return (size_t) s < ELEMENTSOF(lr_schedule_names) ? lr_schedule_names[s] : "?";
 }
 
-bool job_rows_movable(const Job *job) {
-        bool ok = job->mode == MODE_BSP;
-        for (size_t i = 0; ok && i < job->ntables; i++)
-                ok = !job->tables[i].max_rows && !job->tables[i].ttl;
-        return ok;
-}
+bool job_rows_movable(const Job *job) { return job->mode == MODE_BSP; }
 
 int job_set_tables(Job *job, const char *text, char *err, size_t errlen) {
         TableConf t[JOB_MAX_TABLES];

@@ -236,13 +236,17 @@ int wire_validate(const Psnet__Header *hdr, const zmq_msg_t *frames, size_t nfra
                             : hdr->type == PSNET__MSG_TYPE__MSG_ROWS_PULL || hdr->type == PSNET__MSG_TYPE__MSG_ROWS_WANT
                                     ? 1 : 2;
                 /* A copy of a table with max-rows or ttl carries its rows'
-                 * stamps (8 bytes each) and the ids its primary dropped. */
-                bool bounded = hdr->type == PSNET__MSG_TYPE__MSG_ROWS_COPY && nframes == 4;
+                 * stamps (8 bytes each) and the ids its primary dropped; a
+                 * move of its rows their stamps. */
+                bool bounded = (hdr->type == PSNET__MSG_TYPE__MSG_ROWS_COPY && nframes == 4) ||
+                               (hdr->type == PSNET__MSG_TYPE__MSG_ROWS_MOVE && nframes == 3);
                 if (!hdr->has_table || hdr->n_keys > 0 || shm || (nframes != want && !bounded))
                         return fail(reason, reasonlen, PSNET__STATUS__STATUS_MALFORMED,
                                     "%s names a table and carries %zu frame%s%s, no keys (%s, %zu keys, %zu frames)",
                                     types[ti].name, want, want == 1 ? "" : "s",
-                                    hdr->type == PSNET__MSG_TYPE__MSG_ROWS_COPY ? " (4 with stamps)" : "",
+                                    hdr->type == PSNET__MSG_TYPE__MSG_ROWS_COPY   ? " (4 with stamps)"
+                                    : hdr->type == PSNET__MSG_TYPE__MSG_ROWS_MOVE ? " (3 with stamps)"
+                                                                                  : "",
                                     hdr->has_table ? "a table" : "no table", hdr->n_keys, nframes);
                 if (want == 0)
                         return PSNET__STATUS__STATUS_OK;
@@ -269,7 +273,13 @@ int wire_validate(const Psnet__Header *hdr, const zmq_msg_t *frames, size_t nfra
                                             "%s's rows frame has %zu bytes, not %zu rows of 1 to %zu floats",
                                             types[ti].name, rb, n, most);
                 }
-                if (bounded) {
+                if (bounded && hdr->type == PSNET__MSG_TYPE__MSG_ROWS_MOVE) {
+                        size_t sb = zmq_msg_size((zmq_msg_t *) &frames[2]);
+                        if (sb != (absent ? 0 : n * 8))
+                                return fail(reason, reasonlen, PSNET__STATUS__STATUS_SIZE,
+                                            "ROWS_MOVE's stamps frame has %zu bytes, not 8 for each of its %zu rows",
+                                            sb, absent ? (size_t) 0 : n);
+                } else if (bounded) {
                         size_t sb = zmq_msg_size((zmq_msg_t *) &frames[2]), gb = zmq_msg_size((zmq_msg_t *) &frames[3]);
                         if (sb != n * 8 || gb % 8 != 0 || gb / 8 > WIRE_MAX_ROWS)
                                 return fail(reason, reasonlen, PSNET__STATUS__STATUS_SIZE,

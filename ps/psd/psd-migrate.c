@@ -485,17 +485,23 @@ static int send_copy(Migrate *mg, Link *l, uint32_t table, int64_t clock, const 
 }
 
 int migrate_rows_move(Migrate *mg, uint32_t shard, uint32_t table, int64_t clock, const int64_t *ids,
-                      const float *rows, size_t n, bool last) {
+                      const float *rows, const int64_t *stamps, size_t n, bool last) {
         Link *l = link_to(mg, shard);
         if (!l)
                 return -EHOSTUNREACH;
-        zmq_msg_t f[2];
+        zmq_msg_t f[3];
+        bool bounded = rows_bounded(mg->rows, table); /* its rows' stamps travel with them */
         if (rows_frames(f, ids, rows, n, rows_row_floats(mg->rows, table)) < 0)
                 return -ENOMEM;
+        if (bounded && i64_frame(&f[2], stamps, stamps && rows ? n : 0) < 0) {
+                zmq_msg_close(&f[0]);
+                zmq_msg_close(&f[1]);
+                return -ENOMEM;
+        }
         Psnet__Header h = rows_header(mg, l, PSNET__MSG_TYPE__MSG_ROWS_MOVE, table, clock);
         h.has_last = last;
         h.last = last;
-        int r = netsock_send(l->sock, NULL, &h, f, 2);
+        int r = netsock_send(l->sock, NULL, &h, f, bounded ? 3 : 2);
         if (r < 0)
                 return r;
         l->seq++;
@@ -526,8 +532,8 @@ void migrate_rows_want(Migrate *mg, uint32_t shard, uint32_t table, const int64_
 
 /* RowsMoveFn over mg's links (rows_want's answers). */
 static int move_to(void *ud, uint32_t shard, uint32_t table, int64_t clock, const int64_t *ids, const float *rows,
-                   size_t n, bool last) {
-        return migrate_rows_move(ud, shard, table, clock, ids, rows, n, last);
+                   const int64_t *stamps, size_t n, bool last) {
+        return migrate_rows_move(ud, shard, table, clock, ids, rows, stamps, n, last);
 }
 
 /* Whether shard index j backs the row whose backups (R - 1 of them) are h. */
@@ -819,7 +825,8 @@ static bool handle(Migrate *mg, NetSock *data, WireMsg *m) {
                          h->sender, mg->id->enabled ? ", or its key differs" : "");
                 st = PSNET__STATUS__STATUS_DENIED;
         } else if (move)
-                st = mg->rows ? rows_move_in(mg->rows, s->map, mg->shard_id, h, m->frames, reason, sizeof reason)
+                st = mg->rows ? rows_move_in(mg->rows, s->map, mg->shard_id, h, m->frames, m->nframes, reason,
+                                             sizeof reason)
                               : PSNET__STATUS__STATUS_NO_JOB;
         else if (want && !sender_known(mg, m)) {
                 snprintf(reason, sizeof reason, "shard %u is not in this shard's map (epoch %lu)%s", h->sender,

@@ -202,6 +202,10 @@ struct Rows {
         bool receiving;
         bool move_failed;       /* a receiver refused rows: not whole until the next change */
         bool rebuild_after_move; /* a copy was lost while rows moved (rows_copies_lost) */
+        /* A sender's rows it no longer leads, which their new primary
+         * dropped (its bounds; ROWS_COPY's ids dropped) before they were
+         * made copies here: dropped then, not made copies. */
+        IdSet demote_gone;
 };
 
 /* A sender's stages: its rows to their new holders, then its copies no
@@ -277,6 +281,7 @@ static void drop_copies(Rows *r) {
         r->src = NULL;
         r->nsrc = 0;
         r->receiving = r->move_failed = false;
+        idset_free(&r->demote_gone);
 }
 
 static void drop_tables(Rows *r) {
@@ -337,6 +342,11 @@ int rows_configure(Rows *r, const Job *job, char *why, size_t n) {
         }
         return 0;
 }
+
+/* While rows move (this shard sends or receives), its bounded tables
+ * drop no row: one dropped before it has arrived, or by a sender that no
+ * longer sees its pushes, would be wrong (psd-table.h: table_hold_bounds). */
+static void hold_bounds(Rows *r);
 
 /* OK where the message names one of the job's tables, else UNKNOWN_KEY with the reason. */
 static int known_table(const Rows *r, const Psnet__Header *h, char *reason, size_t n) {
@@ -403,6 +413,12 @@ static int promote_ids(Rows *r, uint32_t t, const int64_t *ids, size_t n) {
 }
 
 bool rows_promoting(const Rows *r) { return r->promote || r->move_stage != MOVE_NONE || r->receiving; }
+
+static void hold_bounds(Rows *r) {
+        bool hold = r->move_stage != MOVE_NONE || r->receiving;
+        for (size_t t = 0; t < r->ntables; t++)
+                table_hold_bounds(r->tables[t], hold);
+}
 
 /* After a map change that moves rows here: UNAVAILABLE (the reason said)
  * where a row of ids[0..n) of table t comes from a shard that has not
@@ -860,6 +876,7 @@ static int apply_clock(Rows *r, size_t i, const Parked *p, size_t np, size_t nme
                 for (size_t k = 0; k < nu * c->dim; k++)
                         sum[k] *= scale;
                 table_tick(r->tables[i], p[0].clock);
+                hold_bounds(r);
                 if (promote_ids(r, (uint32_t) i, ids, nu) < 0) {
                         snprintf(reason, n, "out of memory taking over rows of table %s", c->name);
                         st = PSNET__STATUS__STATUS_RESOURCE;
@@ -1075,7 +1092,12 @@ int rows_copy_in(Rows *r, const Psnet__Header *h, const zmq_msg_t *frames, size_
         int e = from ? table_distinct(c->ids, c->n, reason, n) : -ENOMEM;
         if (e == 0) { /* the rows the primary dropped first: none of them is among its rows */
                 table_remove(r->backup[t], c->gone, c->ngone);
-                e = table_import(r->backup[t], c->ids, c->n, c->rows, c->stamps, reason, n);
+                for (size_t k = 0; r->move_stage != MOVE_NONE && e == 0 && k < c->ngone; k++)
+                        if (table_row(r->tables[t], c->gone[k], NULL) &&
+                            shardmap_row_rank(r->move_map, t, c->gone[k], r->move_self) > 0)
+                                e = idset_add(&r->demote_gone, t, c->gone[k]); /* not to be made a copy */
+                if (e == 0)
+                        e = table_import(r->backup[t], c->ids, c->n, c->rows, c->stamps, reason, n);
         }
         int64_t clock = c->clock;
         incoming_drop(r, i);
@@ -1289,10 +1311,11 @@ typedef struct MoveOut {
         size_t per;
         int64_t **ids;          /* by shard of the new map */
         float **rows;
+        int64_t **stamps;
         size_t *n;
 } MoveOut;
 
-static void move_route(MoveOut *o, int64_t id, const float *row) {
+static void move_route(MoveOut *o, int64_t id, const float *row, int64_t stamp) {
         const Rows *r = o->r;
         for (uint32_t i = 0; i < shardmap_replicas(r->move_map); i++) {
                 int at = shardmap_row_holder(r->move_map, o->t, id, i);
@@ -1303,6 +1326,7 @@ static void move_route(MoveOut *o, int64_t id, const float *row) {
                         continue;
                 size_t k = o->n[at]++;
                 o->ids[at][k] = id;
+                o->stamps[at][k] = stamp;
                 memcpy(o->rows[at] + k * o->per, row, o->per * sizeof *row);
         }
 }
@@ -1318,10 +1342,15 @@ static int drop_unheld(int64_t id, const float *row, void *ud) {
         return shardmap_row_rank(w->r->move_map, w->t, id, w->r->move_self) < 0 ? TABLE_DROP : TABLE_KEEP;
 }
 
+/* A row this shard no longer leads becomes a copy where it backs it, but
+ * not over a copy its new primary sent since (newer), nor where that
+ * primary dropped it meanwhile. */
 static int demote(int64_t id, const float *row, void *ud) {
         const Sweep *w = ud;
         (void) row;
         int rank = shardmap_row_rank(w->r->move_map, w->t, id, w->r->move_self);
+        if (rank > 0 && (table_row(w->r->backup[w->t], id, NULL) || idset_has(&w->r->demote_gone, w->t, id)))
+                return TABLE_DROP;
         return rank == 0 ? TABLE_KEEP : rank > 0 ? TABLE_MOVE : TABLE_DROP;
 }
 
@@ -1332,33 +1361,39 @@ static int move_send(Rows *r, size_t budget, RowsMoveFn send, void *ud) {
         size_t per = table_row_floats(tb), ns = shardmap_size(r->move_map);
         budget = MIN(budget, MAX((size_t) WIRE_ROWS_PART_BYTES / (per * sizeof(float)), (size_t) 1));
         size_t n = MIN(budget, table_size(tb) - MIN(r->move_at, table_size(tb)));
+        bool bounded = table_stamped(tb);
         _cleanup_free_ int64_t *ids = ps_malloc(MAX(n, (size_t) 1) * sizeof *ids);
         _cleanup_free_ float *rows = ps_malloc(MAX(n * per, (size_t) 1) * sizeof *rows);
+        _cleanup_free_ int64_t *stamps = ps_malloc(MAX(n, (size_t) 1) * sizeof *stamps);
         _cleanup_free_ int64_t **dids = ps_calloc(ns, sizeof *dids);
         _cleanup_free_ float **drows = ps_calloc(ns, sizeof *drows);
+        _cleanup_free_ int64_t **dstamps = ps_calloc(ns, sizeof *dstamps);
         _cleanup_free_ size_t *dn = ps_calloc(ns, sizeof *dn);
-        int e = ids && rows && dids && drows && dn ? 0 : -ENOMEM;
+        int e = ids && rows && stamps && dids && drows && dstamps && dn ? 0 : -ENOMEM;
         for (size_t j = 0; e == 0 && j < ns; j++)
                 if (!(dids[j] = ps_malloc(MAX(n, (size_t) 1) * sizeof **dids)) ||
-                    !(drows[j] = ps_malloc(MAX(n * per, (size_t) 1) * sizeof **drows)))
+                    !(drows[j] = ps_malloc(MAX(n * per, (size_t) 1) * sizeof **drows)) ||
+                    !(dstamps[j] = ps_malloc(MAX(n, (size_t) 1) * sizeof **dstamps)))
                         e = -ENOMEM;
         if (e == 0) {
                 n = table_dump(tb, r->move_at, n, ids, rows);
-                MoveOut o = { r, t, per, dids, drows, dn };
+                table_stamps(tb, ids, n, stamps);
+                MoveOut o = { r, t, per, dids, drows, dstamps, dn };
                 for (size_t k = 0; k < n; k++)
-                        move_route(&o, ids[k], rows + k * per);
+                        move_route(&o, ids[k], rows + k * per, stamps[k]);
                 for (size_t j = 0; e == 0 && j < ns; j++)
                         if (dn[j] > 0) {
                                 e = send(ud, shardmap_shard(r->move_map, j)->id, t, r->move_clock[t] + 1, dids[j],
-                                         drows[j], dn[j], false);
+                                         drows[j], bounded ? dstamps[j] : NULL, dn[j], false);
                                 r->move_sent += dn[j];
                         }
                 if (e == 0)
                         r->move_at += n;
         }
-        for (size_t j = 0; dids && drows && j < ns; j++) {
+        for (size_t j = 0; dids && drows && dstamps && j < ns; j++) {
                 ps_free(dids[j]);
                 ps_free(drows[j]);
+                ps_free(dstamps[j]);
         }
         return e;
 }
@@ -1370,6 +1405,7 @@ static void move_done(Rows *r) {
                  (unsigned long) shardmap_epoch(r->move_map), (unsigned long) (now_ms() - r->move_ms));
         r->move_stage = MOVE_NONE;
         r->moves++;
+        idset_free(&r->demote_gone);
         for (size_t t = 0; t < r->ntables; t++) {
                 table_trim(r->tables[t]);
                 table_trim(r->backup[t]);
@@ -1435,7 +1471,7 @@ bool rows_move_step(Rows *r, size_t budget, const RowsMoveHooks *hk) {
                                 uint32_t id = shardmap_shard(r->move_map, i)->id;
                                 if (id == r->move_self || !move_receiver(r->prev, r->move_map, id))
                                         continue;
-                                int e = send(ud, id, (uint32_t) t, r->move_clock[t] + 1, NULL, NULL, 0, last);
+                                int e = send(ud, id, (uint32_t) t, r->move_clock[t] + 1, NULL, NULL, NULL, 0, last);
                                 if (e < 0) {
                                         log_warning_errno(e, "Failed to tell shard %u of the rows of table %s that "
                                                           "move to it (%m): again at the next step", id,
@@ -1464,7 +1500,7 @@ bool rows_move_step(Rows *r, size_t budget, const RowsMoveHooks *hk) {
 }
 
 int rows_move_in(Rows *r, const ShardMap *map, uint32_t self, const Psnet__Header *h, const zmq_msg_t *frames,
-                 char *reason, size_t n) {
+                 size_t nframes, char *reason, size_t n) {
         int st = known_table(r, h, reason, n);
         if (st != PSNET__STATUS__STATUS_OK)
                 return st;
@@ -1484,6 +1520,14 @@ int rows_move_in(Rows *r, const ShardMap *map, uint32_t self, const Psnet__Heade
         }
         size_t per = table_row_floats(r->tables[t]);
         size_t count = zmq_msg_size((zmq_msg_t *) &frames[0]) / sizeof(int64_t);
+        bool bounded = table_stamped(r->tables[t]);
+        if (nframes != (bounded ? 3u : 2u)) {
+                snprintf(reason, n, "rows of table %s moved here carry %s (%zu frames)", r->conf[t].name,
+                         bounded ? "their stamps: it has max-rows or ttl" : "ids and rows alone: it has no max-rows or ttl",
+                         nframes);
+                return PSNET__STATUS__STATUS_INVALID;
+        }
+        hold_bounds(r);
         if (count > 0 && zmq_msg_size((zmq_msg_t *) &frames[1]) == 0) {
                 /* Ids asked for that the sender does not hold: new rows here. */
                 for (size_t k = 0; k < count; k++) {
@@ -1505,7 +1549,9 @@ int rows_move_in(Rows *r, const ShardMap *map, uint32_t self, const Psnet__Heade
         _cleanup_free_ float *rows = ps_malloc(MAX(count * per, (size_t) 1) * sizeof *rows);
         _cleanup_free_ int64_t *bids = ps_malloc(MAX(count, (size_t) 1) * sizeof *bids);
         _cleanup_free_ float *brows = ps_malloc(MAX(count * per, (size_t) 1) * sizeof *brows);
-        if (!ids || !rows || !bids || !brows) {
+        _cleanup_free_ int64_t *sts = ps_malloc(MAX(count, (size_t) 1) * sizeof *sts);
+        _cleanup_free_ int64_t *bst = ps_malloc(MAX(count, (size_t) 1) * sizeof *bst);
+        if (!ids || !rows || !bids || !brows || !sts || !bst) {
                 snprintf(reason, n, "out of memory for %zu rows of table %s", count, r->conf[t].name);
                 return PSNET__STATUS__STATUS_RESOURCE;
         }
@@ -1523,14 +1569,17 @@ int rows_move_in(Rows *r, const ShardMap *map, uint32_t self, const Psnet__Heade
                 }
                 if (place == 0 && table_row(r->tables[t], id, NULL))
                         continue; /* came already (asked for), and may have changed since */
+                int64_t *ds = place == 0 ? sts + led : bst + backed;
                 int64_t *di = place == 0 ? ids + led : bids + backed;
                 float *dr = place == 0 ? rows + led++ * per : brows + backed++ * per;
                 *di = id;
+                if (bounded)
+                        memcpy(ds, (const char *) zmq_msg_data((zmq_msg_t *) &frames[2]) + k * sizeof *ds, sizeof *ds);
                 memcpy(dr, (const char *) in_rows + k * per * sizeof(float), per * sizeof(float));
         }
-        int e = table_import(r->tables[t], ids, led, rows, NULL, reason, n);
+        int e = table_import(r->tables[t], ids, led, rows, bounded ? sts : NULL, reason, n);
         if (e == 0)
-                e = table_import(r->backup[t], bids, backed, brows, NULL, reason, n);
+                e = table_import(r->backup[t], bids, backed, brows, bounded ? bst : NULL, reason, n);
         if (e < 0) {
                 if (e == -ENOMEM)
                         snprintf(reason, n, "out of memory for %zu rows of table %s moved here", count, r->conf[t].name);
@@ -1588,7 +1637,8 @@ int rows_want(Rows *r, const Psnet__Header *h, const zmq_msg_t *frames, RowsMove
         _cleanup_free_ int64_t *held = ps_malloc(MAX(count, (size_t) 1) * sizeof *held);
         _cleanup_free_ int64_t *absent = ps_malloc(MAX(count, (size_t) 1) * sizeof *absent);
         _cleanup_free_ float *rows = ps_malloc(MAX(count * per, (size_t) 1) * sizeof *rows);
-        if (!held || !absent || !rows) {
+        _cleanup_free_ int64_t *stamps = ps_malloc(MAX(count, (size_t) 1) * sizeof *stamps);
+        if (!held || !absent || !rows || !stamps) {
                 snprintf(reason, n, "out of memory for %zu rows of table %s", count, r->conf[t].name);
                 return PSNET__STATUS__STATUS_RESOURCE;
         }
@@ -1606,9 +1656,11 @@ int rows_want(Rows *r, const Psnet__Header *h, const zmq_msg_t *frames, RowsMove
                         absent[na++] = id;
         }
         table_export(r->tables[t], held, nh, rows);
-        int e = nh ? send(ud, h->sender, t, r->move_clock[t] + 1, held, rows, nh, false) : 0;
+        table_stamps(r->tables[t], held, nh, stamps);
+        bool bounded = table_stamped(r->tables[t]);
+        int e = nh ? send(ud, h->sender, t, r->move_clock[t] + 1, held, rows, bounded ? stamps : NULL, nh, false) : 0;
         if (e == 0 && na)
-                e = send(ud, h->sender, t, r->move_clock[t] + 1, absent, NULL, na, false);
+                e = send(ud, h->sender, t, r->move_clock[t] + 1, absent, NULL, NULL, na, false);
         if (e < 0) {
                 snprintf(reason, n, "the rows asked for could not be sent: %s", strerror(-e));
                 return PSNET__STATUS__STATUS_UNAVAILABLE;

@@ -164,8 +164,9 @@ void rows_map_changed(Rows *r, const ShardMap *old, const ShardMap *map, uint32_
  * fail-over: a sender's rows at or below its clock were applied. A
  * checkpoint's cut waits for the move (rows_promoting). */
 /* clock: the first the sender had not closed at the change. */
+/* stamps: a bounded table's rows' (NULL for another, or no rows). */
 typedef int (*RowsMoveFn)(void *ud, uint32_t shard, uint32_t table, int64_t clock, const int64_t *ids,
-                          const float *rows, size_t n, bool last);
+                          const float *rows, const int64_t *stamps, size_t n, bool last);
 /* A step of this shard's part as a sender, budget rows at most: send
  * sends to a receiver, answered says whether everything sent was answered
  * (1), not yet (0), or some was refused (-1: the rows stay here and the
@@ -189,7 +190,7 @@ uint64_t rows_moves(const Rows *r);
  * here since. Ids without rows (asked for, not held by the sender) start
  * as new rows here. */
 int rows_move_in(Rows *r, const ShardMap *map, uint32_t self, const Psnet__Header *h, const zmq_msg_t *frames,
-                 char *reason, size_t n);
+                 size_t nframes, char *reason, size_t n);
 /* A ROWS_WANT from receiver h->sender (validated by the wire): the rows it
  * asks for that this shard led, and now the asker leads, sent at once
  * (send; ids this shard does not hold without rows). OK, or a status with

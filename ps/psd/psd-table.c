@@ -48,6 +48,7 @@ struct Table {
         TableCounts counts;
         /* table_log_gone: the ids its bounds dropped since table_gone. */
         bool log_gone, gone_lost;
+        bool held;              /* table_hold_bounds: max_rows and ttl drop nothing */
         int64_t *gone;
         size_t ngone, gone_cap;
 };
@@ -121,6 +122,8 @@ void table_counts(const Table *t, TableCounts *ret) { *ret = t->counts; }
 void table_tick(Table *t, int64_t clock) { t->now = clock; }
 
 bool table_stamped(const Table *t) { return t->stamped; }
+
+void table_hold_bounds(Table *t, bool hold) { t->held = hold; }
 
 void table_log_gone(Table *t, bool on) {
         t->log_gone = on;
@@ -341,7 +344,7 @@ static void evict_oldest(Table *t, size_t k) {
 /* ttl: looks at up to budget rows from where the sweep stands, dropping
  * those not pushed for ttl clocks. */
 static void sweep(Table *t, size_t budget) {
-        if (!t->c.ttl)
+        if (!t->c.ttl || t->held)
                 return;
         int64_t oldest = t->now - (int64_t) t->c.ttl;
         for (size_t v = 0; v < budget && t->nrows > 0; v++) {
@@ -414,7 +417,7 @@ static long count_missing(const Table *t, const int64_t *ids, size_t n) {
  * exactly only where n new rows could pass it (the common case reserves
  * room for n, a slab and an index doubling early at most). */
 static int make_room(Table *t, const int64_t *ids, size_t n, char *why, size_t whylen) {
-        if (!t->c.max_rows || t->nrows + n <= t->c.max_rows)
+        if (!t->c.max_rows || t->held || t->nrows + n <= t->c.max_rows)
                 return reserve(t, n);
         long missing = count_missing(t, ids, n);
         if (missing < 0)
@@ -567,7 +570,7 @@ int table_push(Table *t, const int64_t *ids, size_t n, const float *grads, char 
                 fresh += row < 0 && take[i];
                 t->counts.filtered += !take[i];
         }
-        if (t->c.max_rows && t->nrows + fresh > t->c.max_rows) {
+        if (t->c.max_rows && !t->held && t->nrows + fresh > t->c.max_rows) {
                 size_t need = t->nrows + fresh - t->c.max_rows;
                 evict_oldest(t, MAX(need, t->nrows / 16));
                 /* Still full of rows pushed at this clock: the new rows past the

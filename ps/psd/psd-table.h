@@ -95,6 +95,11 @@ void table_log_gone(Table *t, bool on);
 long table_gone(Table *t, int64_t **ret);
 /* Drops the rows of ids[0..n) the table holds: how many. */
 size_t table_remove(Table *t, const int64_t *ids, size_t n);
+/* While held, max_rows and ttl drop no row (a push makes every new row
+ * it brings, an import installs past max_rows): rows moving between
+ * shards must not go before they have arrived. Released, the next push
+ * drops what the bounds say. */
+void table_hold_bounds(Table *t, bool hold);
 /* Moves the rows of from whose id take says yes to into to (whole, as
  * table_export writes it), looking at budget rows from row number *at on
  * (*at: where to go on; done once it reaches table_size(from)): a backup's

@@ -18,6 +18,7 @@
 #include <stdio.h>
 #include <string.h>
 #include "job.h"
+#include "macro.h"
 #include "psd-rows.h"
 #include "shardmap.h"
 #include "tap.h"
@@ -523,45 +524,53 @@ static Side *side_of(uint32_t id) {
 /* RowsHooks.closed: each row's copy to each of its backups under the
  * shard's map, every other shard of it a copy (empty where it backs none),
  * as psd-migrate.c sends them. */
-static void route_closed(void *ud, uint32_t table, int64_t clock, const int64_t *ids, size_t n, const int64_t *gone,
-                         size_t ngone, const RowsAck *a, size_t na, int status, const char *reason) {
+static void route_closed(void *ud, uint32_t table, int64_t clock, const int64_t *all, size_t nall,
+                         const int64_t *gone, size_t ngone, const RowsAck *a, size_t na, int status,
+                         const char *reason) {
         Side *s = ud;
-        (void) a, (void) reason, (void) gone, (void) ngone; /* its tables drop no rows */
+        (void) a, (void) reason;
         s->acks += (int) na;
         if (status != 0 || shardmap_replicas(s->map) < 2 || shardmap_find(s->map, s->id) < 0)
                 return;
         size_t per = rows_row_floats(s->rows, table);
-        float all[64 * 8], sel[64 * 8];
-        int64_t sids[64];
-        rows_export(s->rows, table, ids, n, all);
+        float rows[64 * 8], sel[64 * 8];
+        int64_t ids[64], stamps[64], sids[64], sst[64], sgone[64];
+        size_t n = rows_copy_rows(s->rows, table, all, nall, ids, rows, stamps);
         for (size_t j = 0; j < shardmap_size(s->map); j++) {
                 Side *to = side_of(shardmap_shard(s->map, j)->id);
                 if (!to || to == s)
                         continue;
-                size_t m = 0;
+                size_t m = 0, g = 0;
                 for (size_t k = 0; k < n; k++)
                         for (uint32_t i = 1; i < shardmap_replicas(s->map); i++)
                                 if (shardmap_row_holder(s->map, table, ids[k], i) == (int) j) {
                                         sids[m] = ids[k];
-                                        memcpy(sel + m++ * per, all + k * per, per * 4);
+                                        sst[m] = stamps[k];
+                                        memcpy(sel + m++ * per, rows + k * per, per * 4);
                                 }
+                for (size_t k = 0; k < ngone && g < 64; k++)
+                        for (uint32_t i = 1; i < shardmap_replicas(s->map); i++)
+                                if (shardmap_row_holder(s->map, table, gone[k], i) == (int) j)
+                                        sgone[g++] = gone[k];
                 Psnet__Header h = header(PSNET__MSG_TYPE__MSG_ROWS_COPY, table, s->id, clock);
                 h.has_epoch = true;
                 h.epoch = shardmap_epoch(s->map);
-                zmq_msg_t f[2];
+                zmq_msg_t f[4];
                 frame(&f[0], sids, m * 8);
                 frame(&f[1], sel, m * per * 4);
+                frame(&f[2], sst, m * 8);
+                frame(&f[3], sgone, g * 8);
                 char why[160] = "";
-                if (rows_copy_in(to->rows, &h, f, 2, why, sizeof why) != 0)
+                if (rows_copy_in(to->rows, &h, f, rows_bounded(s->rows, table) ? 4 : 2, why, sizeof why) != 0)
                         copies_refused++;
-                zmq_msg_close(&f[0]);
-                zmq_msg_close(&f[1]);
+                for (int k = 0; k < 4; k++)
+                        zmq_msg_close(&f[k]);
         }
 }
 
 /* RowsMoveFn: a ROWS_MOVE from the sender (ud) to shard, under the new map. */
 static int route_move(void *ud, uint32_t shard, uint32_t table, int64_t clock, const int64_t *ids, const float *r,
-                      size_t n, bool last) {
+                      const int64_t *stamps, size_t n, bool last) {
         Side *s = ud, *to = side_of(shard);
         if (!to)
                 return -EHOSTUNREACH;
@@ -570,13 +579,14 @@ static int route_move(void *ud, uint32_t shard, uint32_t table, int64_t clock, c
         h.has_epoch = h.has_last = true;
         h.epoch = shardmap_epoch(to->map);
         h.last = last;
-        zmq_msg_t f[2];
+        zmq_msg_t f[3];
         frame(&f[0], ids, n * 8);
         frame(&f[1], r, r ? n * per * 4 : 0); /* none: ids asked for that it does not hold */
+        frame(&f[2], stamps, stamps ? n * 8 : 0);
         char why[160] = "";
-        int st = rows_move_in(to->rows, to->map, to->id, &h, f, why, sizeof why);
-        zmq_msg_close(&f[0]);
-        zmq_msg_close(&f[1]);
+        int st = rows_move_in(to->rows, to->map, to->id, &h, f, rows_bounded(s->rows, table) ? 3 : 2, why, sizeof why);
+        for (int k = 0; k < 3; k++)
+                zmq_msg_close(&f[k]);
         if (st != 0) {
                 move_refused++;
                 fprintf(stderr, "# shard %u refused rows from %u: %s\n", shard, s->id, why);
@@ -665,7 +675,7 @@ static int pull_all(const ShardMap *m, const int64_t *ids, size_t n, float *out)
  * that took every push, bit for bit, each on its R copies: after losing
  * shard 1 (m3) the others still hold them all so. */
 static void test_move_case(const Job *job, const char *what, const ShardMap *m1, const ShardMap *m2,
-                           const ShardMap *m3, const ShardMap *mref, bool ask) {
+                           const ShardMap *m3, int lost, const ShardMap *mref, bool ask) {
         Side sd[3] = { side(job, 1), side(job, 2), side(job, 3) }, ref = side(job, 9);
         nsides = 0;
         move_refused = copies_refused = 0;
@@ -753,17 +763,20 @@ static void test_move_case(const Job *job, const char *what, const ShardMap *m1,
               "%s: each row led once (%llu), with %u cop%s beside it (%llu)", what, (unsigned long long) led,
               shardmap_replicas(m2) - 1, shardmap_replicas(m2) == 2 ? "y" : "ies", (unsigned long long) backed);
         if (m3) {
-                /* Shard 1 lost: the others promote their copies of its rows. */
-                for (int i = 1; i < 3; i++) {
-                        rows_map_changed(sd[i].rows, m2, m3, sd[i].id);
+                /* Shard lost + 1 lost: the others promote their copies of its
+                 * rows (of the new shard's, copies it sent while the rows
+                 * moved, not the older rows the senders made copies). */
+                for (int i = 0; i < 3; i++) {
+                        if (i != lost) {
+                                rows_map_changed(sd[i].rows, m2, m3, sd[i].id);
+                                while (rows_rebuild_step(sd[i].rows, 4, no_rebuild, NULL))
+                                        ;
+                        }
                         sd[i].map = m3;
-                        while (rows_rebuild_step(sd[i].rows, 4, no_rebuild, NULL))
-                                ;
                 }
-                sd[0].map = m3;
                 int pf = pull_all(m3, ids, 48, got);
                 CHECK(pf == 0 && memcmp(got, want, sizeof got) == 0,
-                      "%s: shard 1 lost after it, its backups hold its rows, bit for bit", what);
+                      "%s: shard %d lost after it, its backups hold its rows, bit for bit", what, lost + 1);
         }
 out:
         for (int i = 0; i < 3; i++)
@@ -779,24 +792,169 @@ static void test_move(Job job) {
         const uint32_t one[1] = { 1 }, two[2] = { 1, 2 }, three[3] = { 1, 2, 3 }, rest[2] = { 2, 3 }, r9[1] = { 9 };
         ShardMap *ref = map_of(1, r9, 1, 1, &job);
         ShardMap *a1 = map_of(1, two, 2, 2, &job), *a2 = map_of(2, three, 3, 2, &job), *a3 = map_of(3, rest, 2, 2, &job);
+        ShardMap *a4 = map_of(3, two, 2, 2, &job);
         ShardMap *b1 = map_of(1, one, 1, 1, &job), *b2 = map_of(2, two, 2, 2, &job);
         ShardMap *c1 = map_of(1, three, 3, 1, &job), *c2 = map_of(2, two, 2, 1, &job);
-        if (CHECK(ref && a1 && a2 && a3 && b1 && b2 && c1 && c2, "the maps")) {
-                test_move_case(&job, "shard 3 added to 2 (2 copies)", a1, a2, a3, ref, false);
-                test_move_case(&job, "shard 3 added to 2, rows asked for", a1, a2, a3, ref, true);
-                test_move_case(&job, "shard 2 added to 1 (1 copy, then 2)", b1, b2, NULL, ref, false);
-                test_move_case(&job, "shard 2 added to 1, rows asked for", b1, b2, NULL, ref, true);
-                test_move_case(&job, "shard 3 removed from 3 (1 copy)", c1, c2, NULL, ref, false);
-                test_move_case(&job, "shard 3 removed from 3, rows asked for", c1, c2, NULL, ref, true);
+        if (CHECK(ref && a1 && a2 && a3 && a4 && b1 && b2 && c1 && c2, "the maps")) {
+                test_move_case(&job, "shard 3 added to 2 (2 copies)", a1, a2, a3, 0, ref, false);
+                test_move_case(&job, "shard 3 added to 2, rows asked for", a1, a2, a3, 0, ref, true);
+                test_move_case(&job, "shard 3 added to 2, then lost", a1, a2, a4, 2, ref, true);
+                test_move_case(&job, "shard 2 added to 1 (1 copy, then 2)", b1, b2, NULL, 0, ref, false);
+                test_move_case(&job, "shard 2 added to 1, rows asked for", b1, b2, NULL, 0, ref, true);
+                test_move_case(&job, "shard 3 removed from 3 (1 copy)", c1, c2, NULL, 0, ref, false);
+                test_move_case(&job, "shard 3 removed from 3, rows asked for", c1, c2, NULL, 0, ref, true);
         }
         shardmap_free(ref);
         shardmap_free(a1);
         shardmap_free(a2);
         shardmap_free(a3);
+        shardmap_free(a4);
         shardmap_free(b1);
         shardmap_free(b2);
         shardmap_free(c1);
         shardmap_free(c2);
+}
+
+/* A table with ttl=2 on shard 1 alone; shard 2 added (two copies): 5
+ * groups of 8 ids, group g last pushed at clock g (0..4), so that groups 0
+ * and 1 are gone by clock 4. Its rows move with the clock each was last
+ * pushed at: at clock 5, which pushes group 4 again, group 2 goes (3
+ * clocks unpushed) wherever it is, group 3 stays, and every row held has
+ * one copy on the other shard. */
+static void test_bounded_move(Job job) {
+        char why[160] = "";
+        job.tables[0].ttl = 2;
+        bool valid = bsp_job(&job, 2, 90, why, sizeof why);
+        const uint32_t one[1] = { 1 }, two[2] = { 1, 2 };
+        ShardMap *m1 = map_of(1, one, 1, 1, &job), *m2 = map_of(2, two, 2, 2, &job);
+        Side sd[2] = { side(&job, 1), side(&job, 2) };
+        nsides = 0;
+        move_refused = copies_refused = 0;
+        if (!CHECK(valid && m1 && m2 && sd[0].rows && sd[1].rows, "a BSP job of a table with ttl=2 (%s)", why))
+                goto out;
+        for (int i = 0; i < 2; i++) {
+                sd[i].map = m1;
+                sides[nsides++] = &sd[i];
+                RowsHooks hk = { .members = members, .closed = route_closed, .want = route_want, .ud = &sd[i] };
+                rows_set_hooks(sd[i].rows, &hk);
+        }
+        int64_t ids[40];
+        for (int k = 0; k < 40; k++)
+                ids[k] = 9000 + 61 * k;
+        for (int64_t c = 0; c < 5; c++) /* groups c..4 (ids 8c..39) at clock c */
+                for (uint32_t w = 7; w <= 8; w++)
+                        push_all(m1, w, c, ids + 8 * c, 40 - 8 * (size_t) c, NULL, 0);
+        RowsStats r1;
+        rows_stats(sd[0].rows, &r1);
+        for (int i = 0; i < 2; i++) {
+                rows_map_changed(sd[i].rows, m1, m2, sd[i].id);
+                sd[i].map = m2;
+        }
+        int steps = 0;
+        for (bool more = true; more && steps < 10000; steps++) {
+                more = false;
+                for (int i = 0; i < 2; i++)
+                        more |= rows_move_step(sd[i].rows, 4, &(RowsMoveHooks) { route_move, all_answered, NULL, &sd[i] });
+        }
+        bool settled = !rows_promoting(sd[0].rows) && !rows_promoting(sd[1].rows) && move_refused == 0;
+        uint64_t held[2], bytes;
+        TableCounts k2;
+        rows_table_stats(sd[1].rows, 0, &held[1], &bytes, &k2);
+        CHECK(settled && r1.rows == 24 && held[1] > 0 && held[1] < 24,
+              "ttl=2: shard 1 held groups 2 to 4 (%llu rows); shard 2 added, it leads %llu of them in %d steps",
+              (unsigned long long) r1.rows, (unsigned long long) held[1], steps);
+        for (uint32_t w = 7; w <= 8; w++)
+                push_all(m2, w, 5, ids + 32, 8, NULL, 0);
+        int64_t got[40], st[40];
+        float rows8[40 * 4];
+        size_t n1 = rows_copy_rows(sd[0].rows, 0, ids, 40, got, rows8, st);
+        size_t n2 = rows_copy_rows(sd[1].rows, 0, ids, 40, got + n1, rows8, st + n1);
+        bool groups = n1 + n2 == 16;
+        for (size_t k = 0; k < n1 + n2; k++)
+                groups &= (got[k] - 9000) / 61 >= 24 && st[k] == ((got[k] - 9000) / 61 >= 32 ? 5 : 3);
+        RowsStats a, b;
+        rows_stats(sd[0].rows, &a);
+        rows_stats(sd[1].rows, &b);
+        CHECK(groups && n1 > 0 && n2 > 0 && a.backup_rows + b.backup_rows == 16 && copies_refused == 0,
+              "after clock 5 the shards hold groups 3 and 4 (%zu + %zu rows), each with the clock it was last pushed "
+              "at, and one copy of each (%llu)", n1, n2, (unsigned long long) (a.backup_rows + b.backup_rows));
+out:
+        rows_free(sd[0].rows);
+        rows_free(sd[1].rows);
+        shardmap_free(m1);
+        shardmap_free(m2);
+        nsides = 0;
+}
+
+/* A table with max-rows=8 on three shards, one copy; shard 3 removed: its
+ * rows move to the two left, past their bound while they come (a row
+ * dropped before it has arrived could come again), every one of them
+ * kept; the next clock's push brings each shard back within 8. */
+static void test_bounded_removal(Job job) {
+        char why[160] = "";
+        job.tables[0].max_rows = 8;
+        bool valid = bsp_job(&job, 1, 91, why, sizeof why);
+        const uint32_t three[3] = { 1, 2, 3 }, two[2] = { 1, 2 };
+        ShardMap *m1 = map_of(1, three, 3, 1, &job), *m2 = map_of(2, two, 2, 1, &job);
+        Side sd[3] = { side(&job, 1), side(&job, 2), side(&job, 3) };
+        nsides = 0;
+        move_refused = 0;
+        if (!CHECK(valid && m1 && m2 && sd[0].rows && sd[1].rows && sd[2].rows, "max-rows=8 on three shards (%s)",
+                   why))
+                goto out;
+        for (int i = 0; i < 3; i++) {
+                sd[i].map = m1;
+                sides[nsides++] = &sd[i];
+                RowsHooks hk = { .members = members, .closed = route_closed, .want = route_want, .ud = &sd[i] };
+                rows_set_hooks(sd[i].rows, &hk);
+        }
+        int64_t ids[24];
+        for (int k = 0; k < 24; k++)
+                ids[k] = 7100 + 29 * k;
+        for (uint32_t w = 7; w <= 8; w++)
+                push_all(m1, w, 0, ids, 24, NULL, 0);
+        uint64_t before = 0, after = 0, most = 0, bytes;
+        TableCounts k;
+        for (int i = 0; i < 3; i++) {
+                uint64_t n;
+                rows_table_stats(sd[i].rows, 0, &n, &bytes, &k);
+                before += n;
+        }
+        for (int i = 0; i < 3; i++) {
+                rows_map_changed(sd[i].rows, m1, m2, sd[i].id);
+                sd[i].map = m2;
+        }
+        int steps = 0;
+        for (bool more = true; more && steps < 10000; steps++) {
+                more = false;
+                for (int i = 0; i < 3; i++)
+                        more |= rows_move_step(sd[i].rows, 4, &(RowsMoveHooks) { route_move, all_answered, NULL, &sd[i] });
+        }
+        for (int i = 0; i < 2; i++) {
+                uint64_t n;
+                rows_table_stats(sd[i].rows, 0, &n, &bytes, &k);
+                after += n;
+                most = MAX(most, n);
+        }
+        CHECK(move_refused == 0 && after == before && most > 8,
+              "shard 3 removed: all %llu rows moved to the two left, %llu on one (past 8 while they come)",
+              (unsigned long long) after, (unsigned long long) most);
+        int64_t fresh[2] = { 99001, 99002 };
+        for (uint32_t w = 7; w <= 8; w++)
+                push_all(m2, w, 1, fresh, 2, NULL, 0);
+        most = 0;
+        for (int i = 0; i < 2; i++) {
+                uint64_t n;
+                rows_table_stats(sd[i].rows, 0, &n, &bytes, &k);
+                most = MAX(most, n);
+        }
+        CHECK(most <= 8, "the next clock brings each shard within max-rows again (%llu)", (unsigned long long) most);
+out:
+        for (int i = 0; i < 3; i++)
+                rows_free(sd[i].rows);
+        shardmap_free(m1);
+        shardmap_free(m2);
+        nsides = 0;
 }
 
 /* A copy that did not reach a backup: the primary says its rows are not
@@ -964,6 +1122,8 @@ int main(void) {
         test_bounded_failover(job, 2, 0);
         test_bounded_failover(job, 0, 10);
         test_move(job);
+        test_bounded_move(job);
+        test_bounded_removal(job);
         test_copies_lost(job);
         job.id++;
         CHECK(rows_configure(rows, &job, why, sizeof why) == 0, "another job");

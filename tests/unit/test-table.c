@@ -259,7 +259,7 @@ static void check_bounded_copies(void) {
                 goto out;
         CHECK(table_stamped(a) && table_stamped(b), "a bounded table and its copies keep stamps");
         int64_t first[4] = { 1, 2, 3, 4 }, next[2] = { 5, 6 }, *gone = NULL, st[6], ids6[6] = { 1, 2, 3, 4, 5, 6 };
-        float g[8] = { 1, 1, 1, 1, 1, 1, 1, 1 }, rows[6 * 2];
+        float g[12] = { 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1 }, rows[6 * 2];
         table_push(a, first, 4, g, NULL, 0); /* not noted yet: nothing dropped */
         table_log_gone(a, true);
         table_tick(a, 1);
@@ -295,6 +295,17 @@ static void check_bounded_copies(void) {
         int64_t more[2] = { 7, 8 };
         table_push(a, more, 2, g, NULL, 0);
         CHECK(table_gone(a, &gone) == 0, "no longer noted once asked not to");
+        /* Held (rows moving): nothing dropped, past max-rows too; released, the next push drops down to it. */
+        table_hold_bounds(a, true);
+        table_tick(a, 4);
+        int64_t six[6] = { 11, 12, 13, 14, 15, 16 };
+        int made = table_push(a, six, 6, g, NULL, 0);
+        CHECK(made == 0 && table_size(a) == 10, "held: 6 new rows past 4 all made (%zu)", table_size(a));
+        table_hold_bounds(a, false);
+        table_tick(a, 5);
+        int64_t one[1] = { 17 };
+        int released = table_push(a, one, 1, g, NULL, 0);
+        CHECK(released == 0 && table_size(a) <= 4, "released: the next push drops down to 4 (%zu)", table_size(a));
 out:
         table_free(a);
         table_free(b);
