@@ -16,7 +16,8 @@
 # every row); the killed shard started again takes its place, and the rows
 # it now leads or backs move to it (docs/tables.md). Two
 # shards lost together, or a job that keeps one copy of its rows losing one,
-# fail the job at once, with the reason.
+# fail the job at once, with the reason. A table that drops rows (ttl) keeps
+# exactly one copy of each row it holds through a fail-over.
 source "$(dirname "$0")/lib.sh"
 source "$(dirname "$0")/lib-tables.sh"
 
@@ -105,6 +106,33 @@ psnet_wait_for 10 sh -c "'$PSCTL' --coord '$COORD' --json status | grep -q '\"st
 ok $? "the job fails within seconds"
 "$PSCTL" --coord "$COORD" --json status | grep -q 'a row may have lost every copy'
 ok $? "the reason says a row may have lost every copy ($("$PSCTL" --coord "$COORD" --json status | grep -o '"reason":"[^"]*"' | head -1))"
+psnet_stop_all
+
+# 6. A table that drops rows (ttl=3: a row not pushed for 3 clocks goes):
+# each clock's copy says which rows the primary dropped, so the backups
+# drop them too, and after a fail-over, and the killed shard taking its
+# place again, every row led has exactly one copy on another shard, no row
+# dropped coming back as a copy.
+run g 3 --tables ids:8:adagrad:lr=0.1:ttl=3
+psnet_wait_for 60 pulled g 20; ok $? "run g (ttl=3, two copies) trains to clock 20"
+kill -KILL "$PID_psd_g_1"; ok $? "SIGKILL shard 1"
+psnet_wait_for 10 logs_match 'msg="fail-over" shard_id=1' 'pscoord-g.log'; ok $? "pscoord fails shard 1 over"
+psnet_wait_for 30 whole 2; ok $? "both survivors say their rows are on two copies again"
+# Started again, it takes the lost shard's place: the rows move to it with
+# the clock each was last pushed at.
+psnet_start psd-g-1r "$PSD" --id 1 --listen "ipc://$RUN/psd-g-1.sock" --coord "$COORD" --http 127.0.0.1:0
+psnet_wait_for 20 logs_match 'msg="shard takes a lost shard.s place" shard_id=1' 'pscoord-g.log'
+ok $? "shard 1, started again, takes the lost shard's place"
+psnet_wait_for 30 whole 3; ok $? "and all three say their rows are whole under the map with it"
+out=$("$PSCTL" --coord "$COORD" job wait --wait 180); ok $? "the job finishes on three shards ($out)"
+evicted=0
+for i in 1r 2 3; do
+  evicted=$(( evicted + $(metric g $i 'psnet_psd_table_rows_evicted_total{table="ids",reason="ttl"}') ))
+done
+read -r rows backups <<<"$(copies g 1r 2 3)"
+[ "$evicted" -gt 100 ] && [ "$rows" -gt 100 ] && [ "$rows" = "$backups" ]
+ok $? "the shards dropped $evicted rows unpushed for 3 clocks, and each of the $rows rows they hold has one copy ($backups copies)"
+grep -q 'push not applied\|level=error' "$RUN"/w-g-*.log; ok $(( $? == 0 )) "no worker saw a push refused for good"
 psnet_stop_all
 
 # 5. One copy of each row: a dead shard's rows are gone, and the job says so at once.

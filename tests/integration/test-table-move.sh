@@ -8,9 +8,10 @@
 # shard's rows over. BSP is deterministic, so a clock of rows lost or
 # applied twice changes the end: each run must end with the undisturbed
 # run's dense weights (pscoord's digest), test loss and AUC, and the same
-# rows, bit for bit, each on as many copies as the map keeps. Rows move
-# only where they can be cut by clock: under ASP, shard add is refused
-# with the reason.
+# rows, bit for bit, each on as many copies as the map keeps. A table of
+# bounded rows (max-rows) moves too, each shard within its bound after.
+# Rows move only where they can be cut by clock: under ASP, shard add is
+# refused with the reason.
 source "$(dirname "$0")/lib.sh"
 source "$(dirname "$0")/lib-tables.sh"
 
@@ -80,6 +81,29 @@ out=$("$PSCTL" --coord "$COORD" job wait --wait 180); ok $? "the job finishes on
 read -r rows backups <<<"$(copies d 1 2 3)"
 [ "$rows" -gt 1000 ] && [ "$backups" = 0 ]; ok $? "the rows are on shards 1 and 2 only, one copy each ($rows rows, $backups copies)"
 same d
+psnet_stop_all
+
+# 6. A table of at most 600 rows a shard (max-rows; the least recently
+# pushed go): shard 3 added at clock 20 takes its rows, with the clock each
+# was last pushed at, past its bound while they come; from the next clock
+# on every shard keeps within it, and every row it holds has one copy.
+run g 2 --tables ids:8:adagrad:lr=0.1:max-rows=600
+psnet_wait_for 60 pulled g 20; ok $? "run g (max-rows=600) trains to clock 20"
+psd g 3
+psnet_wait_for 10 bash -c "'$PSCTL' --coord '$COORD' --json status | jq -e '.shards[] | select(.id == 3)' >/dev/null"
+out=$("$PSCTL" --coord "$COORD" shard add 3 2>&1); ok $? "psctl shard add 3 ($out)"
+psnet_wait_for 30 whole 3; ok $? "all three shards say their rows are whole under the new map"
+logs_match 'msg="table rows moved here" rows=[1-9]' 'psd-g-3.log'; ok $? "shard 3 took its rows"
+out=$("$PSCTL" --coord "$COORD" job wait --wait 180); ok $? "the job finishes on three shards ($out)"
+most=0 evicted=0
+for i in 1 2 3; do
+  n=$(metric g $i 'psnet_psd_table_rows{table="ids"}')
+  [ "$n" -gt "$most" ] && most=$n
+  evicted=$(( evicted + $(metric g $i 'psnet_psd_table_rows_evicted_total{table="ids",reason="full"}') ))
+done
+read -r rows backups <<<"$(copies g 1 2 3)"
+[ "$most" -le 600 ] && [ "$evicted" -gt 100 ] && [ "$rows" -gt 1000 ] && [ "$rows" = "$backups" ]
+ok $? "each shard within 600 rows (most $most, $evicted dropped when full), each of the $rows rows with one copy ($backups copies)"
 psnet_stop_all
 
 # 5. ASP: a push sent again could not be cut by clock, so rows do not move.

@@ -37,9 +37,6 @@ ok $? "tables in a federated job are refused, saying why ($out)"
 out=$("$PSCTL" --coord "$COORD" job submit --model mlp:4-1 --mode asp --replicas 2 --tables w:1 2>&1)
 [ $? -ne 0 ] && grep -q "needs --mode bsp for now" <<<"$out"
 ok $? "tables with backups under asp are refused, saying why ($out)"
-out=$("$PSCTL" --coord "$COORD" job submit --model mlp:4-1 --replicas 2 --tables w:1:max-rows=100 2>&1)
-[ $? -ne 0 ] && grep -q "table w drops rows" <<<"$out"
-ok $? "backups of a table that drops rows are refused, saying why ($out)"
 out=$("$PSCTL" --coord "$COORD" job submit --model mlp:4-1 --mode asp --replicas 1 --tables w:1:momentum 2>&1)
 [ $? -ne 0 ] && grep -q "optimizer 'momentum'" <<<"$out"
 ok $? "a table with an unknown optimizer is refused, naming it ($out)"
