@@ -68,13 +68,21 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
                         bool pull = m.hdr->type == PSNET__MSG_TYPE__MSG_ROWS_PULL ||
                                     m.hdr->type == PSNET__MSG_TYPE__MSG_ROWS_WANT;
                         /* A move's ids without rows: ids asked for that its sender does not hold. */
-                        bool absent = m.hdr->type == PSNET__MSG_TYPE__MSG_ROWS_MOVE && m.nframes == 2 &&
-                                      zmq_msg_size(&m.frames[1]) == 0;
+                        bool move = m.hdr->type == PSNET__MSG_TYPE__MSG_ROWS_MOVE;
+                        bool absent = move && m.nframes >= 2 && zmq_msg_size(&m.frames[1]) == 0;
                         bool push = !pull; /* a push or an answer may be empty */
                         size_t rows = pull || m.nframes < 2 ? 0 : zmq_msg_size(&m.frames[1]);
-                        if (!m.hdr->has_table || m.nframes != (pull ? 1u : 2u) || ids % 8 || (n == 0 && !push) ||
+                        /* A bounded table's copy: its rows' stamps and the ids dropped; its move: the stamps. */
+                        size_t more = m.hdr->type == PSNET__MSG_TYPE__MSG_ROWS_COPY && m.nframes == 4 ? 2
+                                    : move && m.nframes == 3                                         ? 1
+                                                                                                     : 0;
+                        if (!m.hdr->has_table || m.nframes != (pull ? 1u : 2u) + more || ids % 8 || (n == 0 && !push) ||
                             (!pull && !absent && (n == 0 ? rows != 0 : rows == 0 || rows % (n * 4))))
                                 abort(); /* accepted, yet its rows do not add up */
+                        if (more && zmq_msg_size(&m.frames[2]) != (absent ? 0 : n * 8))
+                                abort(); /* a stamp for each row */
+                        if (more == 2 && zmq_msg_size(&m.frames[3]) % 8)
+                                abort(); /* ids dropped of 8 bytes */
                 }
                 if (m.hdr->has_last && m.hdr->type != PSNET__MSG_TYPE__MSG_ROWS_MOVE)
                         abort(); /* only a move says it is the last */
