@@ -218,24 +218,38 @@ const char *coord_rows_unmovable(const Coord *c) {
         return NULL;
 }
 
-/* Whether the table rows shard would hold once added pass its
+/* Whether the table rows a shard would hold once shard is added (its
+ * share) or removed (the shards left, sharing its rows) pass its
  * --memory-limit, by what the shards last said they hold (their own rows'
  * bytes, each row on R copies, shared evenly); why in need. */
-static bool rows_over_limit(const Coord *c, uint32_t shard, char *need, size_t n) {
-        const Peer *p = coord_find_peer((Coord *) c, PSNET__ROLE__ROLE_SERVER, shard);
-        size_t ns = shardmap_size(c->map);
+static bool rows_over_limit(const Coord *c, uint32_t shard, bool add, char *need, size_t n) {
+        size_t ns = shardmap_size(c->map), after = add ? ns + 1 : ns - 1;
         uint64_t bytes = 0;
         for (size_t i = 0; i < ns; i++) {
                 const Peer *q = coord_find_peer((Coord *) c, PSNET__ROLE__ROLE_SERVER, shardmap_shard(c->map, i)->id);
                 bytes += q && q->shard.has_rows_bytes ? q->shard.rows_bytes : 0;
         }
-        uint64_t share = bytes * coord_replicas(c, ns + 1) / (ns + 1);
-        if (!p || !p->memory_limit || share <= p->memory_limit)
+        if (after == 0)
                 return false;
-        char a[32], l[32];
-        snprintf(need, n, "its share of the table rows, about %s, passes its --memory-limit %s",
-                 bytes_human(share, a, sizeof a), bytes_human(p->memory_limit, l, sizeof l));
-        return true;
+        uint64_t share = bytes * coord_replicas(c, after) / after;
+        for (size_t i = 0; i < (add ? 1 : ns); i++) { /* the new shard; each shard left */
+                uint32_t id = add ? shard : shardmap_shard(c->map, i)->id;
+                if (!add && id == shard)
+                        continue;
+                const Peer *p = coord_find_peer((Coord *) c, PSNET__ROLE__ROLE_SERVER, id);
+                if (!p || !p->memory_limit || share <= p->memory_limit)
+                        continue;
+                char a[32], l[32];
+                if (add)
+                        snprintf(need, n, "its share of the table rows, about %s, passes its --memory-limit %s",
+                                 bytes_human(share, a, sizeof a), bytes_human(p->memory_limit, l, sizeof l));
+                else
+                        snprintf(need, n, "shard %u's share of the table rows once it is gone, about %s, passes its "
+                                 "--memory-limit %s", id, bytes_human(share, a, sizeof a),
+                                 bytes_human(p->memory_limit, l, sizeof l));
+                return true;
+        }
+        return false;
 }
 
 void coord_handle_shard_change(Coord *c, WireMsg *m, bool add) {
@@ -270,7 +284,7 @@ void coord_handle_shard_change(Coord *c, WireMsg *m, bool add) {
         else if (c->job.ntables > 0)
                 why = coord_rows_unmovable(c);
         char need[128];
-        if (!why && add && c->job.ntables > 0 && rows_over_limit(c, id, need, sizeof need))
+        if (!why && c->job.ntables > 0 && rows_over_limit(c, id, add, need, sizeof need))
                 why = need;
         if (why) {
                 snprintf(reason, sizeof reason, "shard %u: %s", id, why);

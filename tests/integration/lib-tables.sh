@@ -20,8 +20,11 @@ run() {
   for ((i = 1; i <= n; i++)); do psd "$tag" "$i"; done
   for i in 1 2; do psnet_start "w-$tag-$i" "$WORKERD" --coord "$COORD" --step-delay-ms 20 --trace-pulls; done
 }
-# psd TAG ID: shard ID of run TAG, serving /metrics.
-psd() { psnet_start "psd-$1-$2" "$PSD" --id "$2" --listen "ipc://$RUN/psd-$1-$2.sock" --coord "$COORD" --http 127.0.0.1:0; }
+# psd TAG ID: shard ID of run TAG, serving /metrics (with --memory-limit
+# ${LIMIT[ID]} where set).
+declare -A LIMIT=()
+psd() { psnet_start "psd-$1-$2" "$PSD" --id "$2" --listen "ipc://$RUN/psd-$1-$2.sock" --coord "$COORD" --http 127.0.0.1:0 \
+          ${LIMIT[$2]:+--memory-limit "${LIMIT[$2]}"}; }
 # ends TAG: the digest pscoord logged and the evaluations the workers logged.
 ends() { sed -n 's/.*msg="job done" .* weights=\([0-9a-f]*\).*/\1/p' "$RUN/pscoord-$1.log"
   cat "$RUN"/w-"$1"-*.log | sed -n 's/.*msg="evaluated" .*\(test_loss=[0-9.]* auc=[0-9.]*\).*/\1/p'; }

@@ -83,6 +83,20 @@ read -r rows backups <<<"$(copies d 1 2 3)"
 same d
 psnet_stop_all
 
+# 4b. A removal whose rows would pass a shard's --memory-limit is refused,
+# naming it: shard 1 holds its third of the rows within 400,000 bytes, not
+# half of them.
+LIMIT[1]=400000
+run h 3 --replicas 1
+unset 'LIMIT[1]'
+psnet_wait_for 60 pulled h 20; ok $? "run h (--replicas 1, shard 1 within 400,000 bytes) trains to clock 20"
+echo "# table bytes by shard: $(for i in 1 2 3; do metric h $i 'psnet_psd_table_bytes{table="ids"}'; done | tr '\n' ' ')"
+out=$("$PSCTL" --coord "$COORD" shard remove 3 2>&1)
+[ $? -ne 0 ] && grep -q "shard 1's share of the table rows once it is gone.*passes its --memory-limit" <<<"$out"
+ok $? "psctl shard remove 3 is refused, naming shard 1 and its limit ($out)"
+out=$("$PSCTL" --coord "$COORD" job wait --wait 180); ok $? "the job goes on to its end on three shards ($out)"
+psnet_stop_all
+
 # 6. A table of at most 600 rows a shard (max-rows; the least recently
 # pushed go): shard 3 added at clock 20 takes its rows, with the clock each
 # was last pushed at, past its bound while they come; from the next clock
