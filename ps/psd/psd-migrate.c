@@ -485,7 +485,7 @@ static int send_copy(Migrate *mg, Link *l, uint32_t table, int64_t clock, const 
 }
 
 int migrate_rows_move(Migrate *mg, uint32_t shard, uint32_t table, int64_t clock, const int64_t *ids,
-                      const float *rows, const int64_t *stamps, size_t n, bool last, uint64_t led) {
+                      const float *rows, const int64_t *stamps, size_t n, bool last) {
         Link *l = link_to(mg, shard);
         if (!l)
                 return -EHOSTUNREACH;
@@ -501,8 +501,6 @@ int migrate_rows_move(Migrate *mg, uint32_t shard, uint32_t table, int64_t clock
         Psnet__Header h = rows_header(mg, l, PSNET__MSG_TYPE__MSG_ROWS_MOVE, table, clock);
         h.has_last = last;
         h.last = last;
-        h.has_rows_led = led > 0;
-        h.rows_led = led;
         int r = netsock_send(l->sock, NULL, &h, f, bounded ? 3 : 2);
         if (r < 0)
                 return r;
@@ -534,8 +532,8 @@ void migrate_rows_want(Migrate *mg, uint32_t shard, uint32_t table, const int64_
 
 /* RowsMoveFn over mg's links (rows_want's answers). */
 static int move_to(void *ud, uint32_t shard, uint32_t table, int64_t clock, const int64_t *ids, const float *rows,
-                   const int64_t *stamps, size_t n, bool last, uint64_t led) {
-        return migrate_rows_move(ud, shard, table, clock, ids, rows, stamps, n, last, led);
+                   const int64_t *stamps, size_t n, bool last) {
+        return migrate_rows_move(ud, shard, table, clock, ids, rows, stamps, n, last);
 }
 
 /* Whether shard index j backs the row whose backups (R - 1 of them) are h. */

@@ -55,10 +55,9 @@ int migrate_rows_copy(Migrate *mg, PushReq *const *reqs, size_t nreqs, uint32_t 
 /* Rows of table moved to shard after a map change (psd-rows.h, "rows
  * moved"): one ROWS_MOVE of ids[0..n) and their rows whole (of a bounded
  * table, with their stamps), at clock, the sender's last of the table
- * where last, its first saying the rows it led (led). 0, or a negative
- * errno. */
+ * where last. 0, or a negative errno. */
 int migrate_rows_move(Migrate *mg, uint32_t shard, uint32_t table, int64_t clock, const int64_t *ids,
-                      const float *rows, const int64_t *stamps, size_t n, bool last, uint64_t led);
+                      const float *rows, const int64_t *stamps, size_t n, bool last);
 /* While rows move here: asks sender shard for ids[0..n) of table now
  * (ROWS_WANT; logged where it cannot). */
 void migrate_rows_want(Migrate *mg, uint32_t shard, uint32_t table, const int64_t *ids, size_t n);

@@ -115,7 +115,6 @@ static int idset_add(IdSet *s, uint32_t t, int64_t id) {
 typedef struct Source {
         uint32_t shard;
         int64_t clock[JOB_MAX_TABLES];
-        uint64_t led[JOB_MAX_TABLES];   /* rows of each table it led at the change */
         uint64_t got, done;
         IdSet absent;
 } Source;
@@ -1385,7 +1384,7 @@ static int move_send(Rows *r, size_t budget, RowsMoveFn send, void *ud) {
                 for (size_t j = 0; e == 0 && j < ns; j++)
                         if (dn[j] > 0) {
                                 e = send(ud, shardmap_shard(r->move_map, j)->id, t, r->move_clock[t] + 1, dids[j],
-                                         drows[j], bounded ? dstamps[j] : NULL, dn[j], false, 0);
+                                         drows[j], bounded ? dstamps[j] : NULL, dn[j], false);
                                 r->move_sent += dn[j];
                         }
                 if (e == 0)
@@ -1472,8 +1471,7 @@ bool rows_move_step(Rows *r, size_t budget, const RowsMoveHooks *hk) {
                                 uint32_t id = shardmap_shard(r->move_map, i)->id;
                                 if (id == r->move_self || !move_receiver(r->prev, r->move_map, id))
                                         continue;
-                                int e = send(ud, id, (uint32_t) t, r->move_clock[t] + 1, NULL, NULL, NULL, 0, last,
-                                             last ? 0 : MAX(table_size(r->tables[t]), (size_t) 1));
+                                int e = send(ud, id, (uint32_t) t, r->move_clock[t] + 1, NULL, NULL, NULL, 0, last);
                                 if (e < 0) {
                                         log_warning_errno(e, "Failed to tell shard %u of the rows of table %s that "
                                                           "move to it (%m): again at the next step", id,
@@ -1499,21 +1497,6 @@ bool rows_move_step(Rows *r, size_t budget, const RowsMoveHooks *hk) {
         r->move_table = 0;
         r->move_at = 0;
         return true;
-}
-
-/* Every sender of table t said how many rows it led (total): this
- * shard's tables are sized for its share of them, its own and its copies
- * (an eighth more: shares are even only on average), so that neither
- * grows its index, a rehash of every row it holds, while they come. */
-static void expect_share(Rows *r, const ShardMap *map, uint32_t t, uint64_t total) {
-        size_t ns = shardmap_size(map);
-        uint64_t own = total / MAX(ns, (size_t) 1), copies = own * (shardmap_replicas(map) - 1);
-        int e = table_expect(r->tables[t], (size_t) (own + own / 8));
-        if (e == 0)
-                e = table_expect(r->backup[t], (size_t) (copies + copies / 8));
-        if (e < 0)
-                log_warning_errno(e, "Failed to size table %s for the %lu rows coming here (%m): it grows as they "
-                                  "come", r->conf[t].name, (unsigned long) (own + copies));
 }
 
 int rows_move_in(Rows *r, const ShardMap *map, uint32_t self, const Psnet__Header *h, const zmq_msg_t *frames,
@@ -1608,21 +1591,16 @@ int rows_move_in(Rows *r, const ShardMap *map, uint32_t self, const Psnet__Heade
         if (!(src->got & bit)) {
                 src->got |= bit;
                 src->clock[t] = h->clock - 1; /* it says the first clock it had not closed */
-                src->led[t] = h->has_rows_led ? h->rows_led : 0;
                 /* Every sender's clock known: those at or below the lowest are
                  * closed here too (every member completed them). */
                 bool all = true;
                 int64_t lo = INT64_MAX;
-                uint64_t total = 0;
                 for (size_t i = 0; i < r->nsrc; i++) {
                         all = all && (r->src[i].got & bit);
                         lo = MIN(lo, r->src[i].clock[t]);
-                        total += r->src[i].led[t];
                 }
-                if (all) {
+                if (all)
                         r->closed[t] = MAX(r->closed[t], lo);
-                        expect_share(r, map, t, total);
-                }
         }
         if (h->has_last && h->last) {
                 src->done |= bit;
@@ -1680,10 +1658,9 @@ int rows_want(Rows *r, const Psnet__Header *h, const zmq_msg_t *frames, RowsMove
         table_export(r->tables[t], held, nh, rows);
         table_stamps(r->tables[t], held, nh, stamps);
         bool bounded = table_stamped(r->tables[t]);
-        int e = nh ? send(ud, h->sender, t, r->move_clock[t] + 1, held, rows, bounded ? stamps : NULL, nh, false, 0)
-                   : 0;
+        int e = nh ? send(ud, h->sender, t, r->move_clock[t] + 1, held, rows, bounded ? stamps : NULL, nh, false) : 0;
         if (e == 0 && na)
-                e = send(ud, h->sender, t, r->move_clock[t] + 1, absent, NULL, NULL, na, false, 0);
+                e = send(ud, h->sender, t, r->move_clock[t] + 1, absent, NULL, NULL, na, false);
         if (e < 0) {
                 snprintf(reason, n, "the rows asked for could not be sent: %s", strerror(-e));
                 return PSNET__STATUS__STATUS_UNAVAILABLE;

@@ -164,11 +164,9 @@ void rows_map_changed(Rows *r, const ShardMap *old, const ShardMap *map, uint32_
  * fail-over: a sender's rows at or below its clock were applied. A
  * checkpoint's cut waits for the move (rows_promoting). */
 /* clock: the first the sender had not closed at the change. */
-/* stamps: a bounded table's rows' (NULL for another, or no rows); led:
- * in the sender's first message of the table, the rows of it it led at
- * the change (the receiver sizes its tables for its share), else 0. */
+/* stamps: a bounded table's rows' (NULL for another, or no rows). */
 typedef int (*RowsMoveFn)(void *ud, uint32_t shard, uint32_t table, int64_t clock, const int64_t *ids,
-                          const float *rows, const int64_t *stamps, size_t n, bool last, uint64_t led);
+                          const float *rows, const int64_t *stamps, size_t n, bool last);
 /* A step of this shard's part as a sender, budget rows at most: send
  * sends to a receiver, answered says whether everything sent was answered
  * (1), not yet (0), or some was refused (-1: the rows stay here and the

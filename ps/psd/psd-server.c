@@ -490,9 +490,9 @@ static int psd_rows_rebuild(void *ud, uint32_t table, int64_t clock, const int64
 
 /* RowsMoveFn: rows moved to a receiver after a map change. */
 static int psd_rows_move(void *ud, uint32_t shard, uint32_t table, int64_t clock, const int64_t *ids,
-                         const float *rows, const int64_t *stamps, size_t n, bool last, uint64_t led) {
+                         const float *rows, const int64_t *stamps, size_t n, bool last) {
         Psd *p = ud;
-        return migrate_rows_move(p->migrate, shard, table, clock, ids, rows, stamps, n, last, led);
+        return migrate_rows_move(p->migrate, shard, table, clock, ids, rows, stamps, n, last);
 }
 
 /* RowsHooks: rows a request touches, not moved here yet: asked for. */

@@ -125,12 +125,6 @@ bool table_stamped(const Table *t) { return t->stamped; }
 
 void table_hold_bounds(Table *t, bool hold) { t->held = hold; }
 
-static int grow_index(Table *t, size_t need);
-
-int table_expect(Table *t, size_t rows) {
-        return rows > UINT32_MAX - 1 ? -ENOSPC : grow_index(t, rows);
-}
-
 void table_log_gone(Table *t, bool on) {
         t->log_gone = on;
         t->ngone = 0;
@@ -197,8 +191,10 @@ static inline void poll_now_and_then(size_t r) {
 }
 
 /* Room for `more` new rows: the index at most 3/4 full, slabs enough. */
-/* An index for need rows (at most 3/4 full): 0, -ENOMEM. */
-static int grow_index(Table *t, size_t need) {
+static int reserve(Table *t, size_t more) {
+        size_t need = t->nrows + more;
+        if (need > UINT32_MAX - 1)
+                return -ENOSPC;
         if (4 * need > 3 * t->cap) {
                 size_t cap = t->cap;
                 while (4 * need > 3 * cap)
@@ -221,16 +217,6 @@ static int grow_index(Table *t, size_t need) {
                 t->cap = cap;
                 poll_now_and_then(0);
         }
-        return 0;
-}
-
-static int reserve(Table *t, size_t more) {
-        size_t need = t->nrows + more;
-        if (need > UINT32_MAX - 1)
-                return -ENOSPC;
-        int r = grow_index(t, need);
-        if (r < 0)
-                return r;
         while (t->nslabs * TABLE_SLAB < need) {
                 if (t->nslabs == t->slabs_cap) {
                         size_t sc = t->slabs_cap ? 2 * t->slabs_cap : 8;

@@ -100,10 +100,6 @@ size_t table_remove(Table *t, const int64_t *ids, size_t n);
  * shards must not go before they have arrived. Released, the next push
  * drops what the bounds say. */
 void table_hold_bounds(Table *t, bool hold);
-/* Sizes the index for rows rows at once (rows about to come: a move's),
- * so that it does not grow, a rehash of every row each time, while they
- * come: 0, -ENOMEM, -ENOSPC. Slabs are still taken as rows come. */
-int table_expect(Table *t, size_t rows);
 /* Moves the rows of from whose id take says yes to into to (whole, as
  * table_export writes it), looking at budget rows from row number *at on
  * (*at: where to go on; done once it reaches table_size(from)): a backup's
