@@ -135,6 +135,26 @@ ok $? "the shards dropped $evicted rows unpushed for 3 clocks, and each of the $
 grep -q 'push not applied\|level=error' "$RUN"/w-g-*.log; ok $(( $? == 0 )) "no worker saw a push refused for good"
 psnet_stop_all
 
+# 7. A table per field (six), all of a step's tables pulled and pushed in
+# one exchange: a shard killed at clock 20 ends as the undisturbed run of
+# the same tables, the exchange under way sent again, every table at once.
+TABLES=f0:8:adagrad:lr=0.1,f1:8:adagrad:lr=0.1,f2:8:adagrad:lr=0.1,f3:8:adagrad:lr=0.1,f4:8:adagrad:lr=0.1,f5:8:adagrad:lr=0.1
+run h 3 --tables "$TABLES"
+out=$("$PSCTL" --coord "$COORD" job wait --wait 180); ok $? "an undisturbed run with a table per field finishes ($out)"
+want6=$(ends h)
+out=$("$PSCTL" --coord "$COORD" export "$RUN/h.safetensors" 2>&1); ok $? "psctl export ($out)"
+psnet_stop_all
+run i 3 --tables "$TABLES"
+psnet_wait_for 60 pulled i 20; ok $? "run i trains to clock 20"
+kill -KILL "$PID_psd_i_2"; ok $? "SIGKILL shard 2"
+out=$("$PSCTL" --coord "$COORD" job wait --wait 180); ok $? "the job finishes on two shards ($out)"
+got=$(ends i)
+[ "$got" = "$want6" ] && [ "$(wc -l <<<"$got")" -ge 2 ]
+ok $? "with the undisturbed run's digest, test loss and AUC ($(tr '\n' ' ' <<<"$got"))"
+out=$("$PSCTL" --coord "$COORD" export "$RUN/i.safetensors" 2>&1) && out=$(same_rows "$RUN/h.safetensors" "$RUN/i.safetensors")
+ok $? "the undisturbed run's rows of the six tables, bit for bit ($out)"
+psnet_stop_all
+
 # 5. One copy of each row: a dead shard's rows are gone, and the job says so at once.
 run d 3 --replicas 1
 psnet_wait_for 60 pulled d 10; ok $? "run d (--replicas 1) trains to clock 10"

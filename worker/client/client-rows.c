@@ -19,6 +19,7 @@
 
 typedef struct RowsReq {
         ReqState state;
+        uint32_t tab;           /* the op's table it is of */
         uint64_t seq, at;
         uint64_t cursor;        /* a scan: where this shard's next page starts */
         int64_t *ids;           /* this shard's ids, in the caller's order */
@@ -35,13 +36,19 @@ static void part_range(const RowsReq *q, size_t *from, size_t *count) {
         *count = MIN(q->per, q->n - *from);
 }
 
-struct RowsOp {
+/* One of an exchange's tables. */
+typedef struct RowsTab {
         uint32_t table, dim;
-        bool push;
-        int64_t clock;
         float *out;             /* pull: the caller's rows, in the order of its ids */
         float *grads;           /* push: a copy, n x dim */
-        RowsReq *reqs;          /* per shard */
+} RowsTab;
+
+struct RowsOp {
+        bool push;
+        int64_t clock;
+        RowsTab *tabs;
+        size_t ntabs;
+        RowsReq *reqs;          /* per table, then per shard: tabs x shards */
         size_t nreqs;
         ClientRowsFn cb;
         ClientRowsPageFn page;  /* a scan (client_rows_scan): each page of rows */
@@ -169,7 +176,9 @@ static void op_free(RowsOp *op) {
                 ps_free(op->reqs[i].pos);
         }
         ps_free(op->reqs);
-        ps_free(op->grads);
+        for (size_t t = 0; t < op->ntabs; t++)
+                ps_free(op->tabs[t].grads);
+        ps_free(op->tabs);
         ps_free(op);
 }
 
@@ -194,11 +203,12 @@ void client_rows_abort(Client *c) {
         rows_end(c, -ECANCELED);
 }
 
-/* Sends shard i's request: 0, or a negative errno. */
+/* Sends request i (shard i % shards): 0, or a negative errno. */
 static int send_req(Client *c, size_t i) {
         RowsOp *op = c->rows;
         RowsReq *q = &op->reqs[i];
-        ShardConn *s = &c->shards[i];
+        const RowsTab *tb = &op->tabs[q->tab];
+        ShardConn *s = &c->shards[i % c->nshards];
         Psnet__Header h;
         wire_header_init(&h, op->page ? PSNET__MSG_TYPE__MSG_ROWS_SCAN
                              : op->push ? PSNET__MSG_TYPE__MSG_ROWS_PUSH : PSNET__MSG_TYPE__MSG_ROWS_PULL);
@@ -207,7 +217,7 @@ static int send_req(Client *c, size_t i) {
         h.sender = c->worker_id;
         h.seq = q->seq = ++c->seq;
         h.clock = op->clock;
-        h.table = op->table;
+        h.table = tb->table;
         h.has_members_epoch = c->members_epoch != 0;
         h.members_epoch = c->members_epoch;
         if (op->page) {
@@ -221,7 +231,7 @@ static int send_req(Client *c, size_t i) {
         zmq_msg_t f[2];
         size_t from, cnt;
         part_range(q, &from, &cnt);
-        size_t idb = cnt * sizeof *q->ids, gb = cnt * op->dim * sizeof(float);
+        size_t idb = cnt * sizeof *q->ids, gb = cnt * tb->dim * sizeof(float);
         if (op->push) {
                 /* The map it was cut for: a push sent again after a fail-over
                  * is told from the first (the shards keep what it holds that
@@ -244,7 +254,7 @@ static int send_req(Client *c, size_t i) {
                 }
                 float *g = zmq_msg_data(&f[1]);
                 for (size_t k = 0; k < cnt; k++)
-                        memcpy(g + k * op->dim, op->grads + q->pos[from + k] * op->dim, op->dim * sizeof *g);
+                        memcpy(g + k * tb->dim, tb->grads + q->pos[from + k] * tb->dim, tb->dim * sizeof *g);
         }
         int r = netsock_send(s->sock, NULL, &h, f, op->push ? 2 : 1);
         if (r < 0)
@@ -311,8 +321,9 @@ static void deadline_cb(uv_timer_t *t) {
                 return;
         for (size_t i = 0; i < c->rows->nreqs; i++)
                 if (open_req(&c->rows->reqs[i])) {
-                        log_error_errno(ETIMEDOUT, "shard %u at %s did not answer a rows request within %u s",
-                                        c->shards[i].id, c->shards[i].endpoint, c->timeout_ms / 1000);
+                        const ShardConn *s = &c->shards[i % c->nshards];
+                        log_error_errno(ETIMEDOUT, "shard %u at %s did not answer a rows request within %u s", s->id,
+                                        s->endpoint, c->timeout_ms / 1000);
                         break;
                 }
         rows_end(c, -ETIMEDOUT);
@@ -321,6 +332,7 @@ static void deadline_cb(uv_timer_t *t) {
 /* One answer to request q of shard s: 0, or a negative errno ending the exchange. */
 static int handle(Client *c, ShardConn *s, RowsReq *q, const WireMsg *m) {
         RowsOp *op = c->rows;
+        const RowsTab *tb = &op->tabs[q->tab];
         const Psnet__Header *h = m->hdr;
         int st = h->has_status ? (int) h->status : PSNET__STATUS__STATUS_OK;
         if (st == PSNET__STATUS__STATUS_MOVED && h->has_epoch && h->epoch > c->map_epoch) {
@@ -355,9 +367,9 @@ static int handle(Client *c, ShardConn *s, RowsReq *q, const WireMsg *m) {
         }
         if (op->page) {
                 size_t ib = zmq_msg_size((zmq_msg_t *) &m->frames[0]), n = ib / sizeof(int64_t);
-                if (h->table != op->table || m->nframes != 2 ||
-                    zmq_msg_size((zmq_msg_t *) &m->frames[1]) != n * op->dim * sizeof(float)) {
-                        log_error("shard %u answered a scan of table %u with other rows", s->id, op->table);
+                if (h->table != tb->table || m->nframes != 2 ||
+                    zmq_msg_size((zmq_msg_t *) &m->frames[1]) != n * tb->dim * sizeof(float)) {
+                        log_error("shard %u answered a scan of table %u with other rows", s->id, tb->table);
                         return -EPROTO;
                 }
                 int r = op->page(c, zmq_msg_data((zmq_msg_t *) &m->frames[0]),
@@ -372,19 +384,19 @@ static int handle(Client *c, ShardConn *s, RowsReq *q, const WireMsg *m) {
         size_t from, cnt;
         part_range(q, &from, &cnt);
         if (!op->push) {
-                size_t idb = cnt * sizeof(int64_t), rb = cnt * op->dim * sizeof(float);
-                if (h->table != op->table || m->nframes != 2 || zmq_msg_size((zmq_msg_t *) &m->frames[0]) != idb ||
+                size_t idb = cnt * sizeof(int64_t), rb = cnt * tb->dim * sizeof(float);
+                if (h->table != tb->table || m->nframes != 2 || zmq_msg_size((zmq_msg_t *) &m->frames[0]) != idb ||
                     memcmp(zmq_msg_data((zmq_msg_t *) &m->frames[0]), q->ids + from, idb) != 0 ||
                     zmq_msg_size((zmq_msg_t *) &m->frames[1]) != rb) {
                         log_error("shard %u answered other rows than the %zu of table %u asked", s->id, cnt,
-                                  op->table);
+                                  tb->table);
                         return -EPROTO;
                 }
                 const float *rows = zmq_msg_data((zmq_msg_t *) &m->frames[1]);
-                RowCache *cache = c->caches[op->table];
+                RowCache *cache = c->caches[tb->table];
                 for (size_t k = 0; k < cnt; k++) {
-                        const char *row = (const char *) rows + k * op->dim * sizeof(float);
-                        memcpy(op->out + q->pos[from + k] * op->dim, row, op->dim * sizeof(float));
+                        const char *row = (const char *) rows + k * tb->dim * sizeof(float);
+                        memcpy(tb->out + q->pos[from + k] * tb->dim, row, tb->dim * sizeof(float));
                         if (cache)
                                 cache_put(cache, q->ids[from + k], op->clock, row);
                 }
@@ -398,7 +410,12 @@ static int handle(Client *c, ShardConn *s, RowsReq *q, const WireMsg *m) {
 bool client_rows_reply(Client *c, ShardConn *s, WireMsg *m) {
         RowsOp *op = c->rows;
         size_t i = (size_t) (s - c->shards);
-        if (!op || i >= op->nreqs || !m->hdr || op->reqs[i].state != REQ_SENT || op->reqs[i].seq != m->hdr->seq)
+        if (!op || i >= c->nshards || !m->hdr)
+                return false;
+        /* The shard's request (of one of the tables) this answers. */
+        while (i < op->nreqs && (op->reqs[i].state != REQ_SENT || op->reqs[i].seq != m->hdr->seq))
+                i += c->nshards;
+        if (i >= op->nreqs)
                 return false;
         int r = handle(c, s, &op->reqs[i], m);
         if (r == 0)
@@ -410,21 +427,24 @@ bool client_rows_reply(Client *c, ShardConn *s, WireMsg *m) {
         return true;
 }
 
-/* An exchange of table's rows with a request slot per shard (NULL: out of memory). */
-static RowsOp *op_new(Client *c, uint32_t table, ClientRowsFn cb, void *ud) {
+/* An exchange of the rows of ntabs tables with a request slot per table
+ * and shard (NULL: out of memory). */
+static RowsOp *op_new(Client *c, size_t ntabs, ClientRowsFn cb, void *ud) {
         RowsOp *op = ps_calloc(1, sizeof *op);
         if (!op)
                 return NULL;
-        op->table = table;
-        op->dim = c->job.tables[table].dim;
         op->cb = cb;
         op->ud = ud;
-        op->nreqs = c->nshards;
-        op->reqs = ps_calloc(c->nshards, sizeof *op->reqs);
-        if (!op->reqs) {
+        op->ntabs = ntabs;
+        op->nreqs = ntabs * c->nshards;
+        op->tabs = ps_calloc(MAX(ntabs, (size_t) 1), sizeof *op->tabs);
+        op->reqs = ps_calloc(MAX(op->nreqs, (size_t) 1), sizeof *op->reqs);
+        if (!op->tabs || !op->reqs) {
                 op_free(op);
                 return NULL;
         }
+        for (size_t i = 0; i < op->nreqs; i++)
+                op->reqs[i].tab = (uint32_t) (i / c->nshards);
         return op;
 }
 
@@ -443,47 +463,45 @@ static int op_start(Client *c, RowsOp *op) {
         return 0;
 }
 
-int client_rows(Client *c, uint32_t table, const int64_t *ids, size_t n, const float *grads, int64_t clock,
-                float *out, ClientRowsFn cb, void *ud) {
-        if (c->busy || c->prefetching || c->rows)
-                return -EBUSY;
-        if (table >= c->job.ntables || (!grads && !out) || (n > 0 && !ids) || !c->map)
-                return -EINVAL;
-        RowsOp *op = op_new(c, table, cb, ud);
-        if (!op)
-                return -ENOMEM;
-        op->push = grads != NULL;
-        op->clock = clock;
-        op->out = out;
+/* Table k of op: in's ids cut by shard into op's requests of the table
+ * (a pull reads what the table's cache holds fresh enough): 0, or a
+ * negative errno. */
+static int tab_setup(Client *c, RowsOp *op, size_t k, const ClientRowsTable *in) {
+        RowsTab *tb = &op->tabs[k];
+        tb->table = in->table;
+        tb->dim = c->job.tables[in->table].dim;
+        tb->out = in->out;
+        size_t n = in->n;
+        const int64_t *ids = in->ids;
         size_t *count = ps_calloc(c->nshards, sizeof *count);
         int *at = ps_malloc(MAX(n, (size_t) 1) * sizeof *at);
         int r = count && at ? 0 : -ENOMEM;
-        /* A pull reads what the table's cache holds fresh enough; the rest is
-         * fetched (at[k] < 0: not fetched). */
-        RowCache *cache = !op->push ? cache_of(c, table) : NULL;
-        if (r == 0 && op->push && !(op->grads = ps_malloc(MAX(n, (size_t) 1) * op->dim * sizeof(float))))
+        /* at[k] < 0: read from the cache, not fetched. */
+        RowCache *cache = !op->push ? cache_of(c, in->table) : NULL;
+        if (r == 0 && op->push && !(tb->grads = ps_malloc(MAX(n, (size_t) 1) * tb->dim * sizeof(float))))
                 r = -ENOMEM;
-        for (size_t k = 0; r == 0 && k < n; k++) {
-                const float *hit = cache ? cache_get(cache, ids[k], clock) : NULL;
+        for (size_t j = 0; r == 0 && j < n; j++) {
+                const float *hit = cache ? cache_get(cache, ids[j], op->clock) : NULL;
                 if (hit) {
-                        memcpy(out + k * op->dim, hit, op->dim * sizeof *out);
+                        memcpy(tb->out + j * tb->dim, hit, tb->dim * sizeof *tb->out);
                         c->stats.cache_hits++;
-                        at[k] = -1;
+                        at[j] = -1;
                         continue;
                 }
                 c->stats.cache_misses += cache != NULL;
-                at[k] = shardmap_row_holder(c->map, table, ids[k], 0);
-                if (at[k] < 0 || (size_t) at[k] >= c->nshards)
+                at[j] = shardmap_row_holder(c->map, in->table, ids[j], 0);
+                if (at[j] < 0 || (size_t) at[j] >= c->nshards)
                         r = -EINVAL;
                 else
-                        count[at[k]]++;
+                        count[at[j]]++;
         }
         /* A push goes to every shard, empty where it holds none of the ids: a
          * shard closes a BSP clock, and cuts a checkpoint in any mode, once
          * every member pushed it. */
         bool every = op->push;
+        RowsReq *reqs = op->reqs + k * c->nshards;
         for (size_t i = 0; r == 0 && i < c->nshards; i++) {
-                RowsReq *q = &op->reqs[i];
+                RowsReq *q = &reqs[i];
                 if (!count[i] && !every)
                         continue;
                 q->ids = ps_malloc(MAX(count[i], (size_t) 1) * sizeof *q->ids);
@@ -493,26 +511,48 @@ int client_rows(Client *c, uint32_t table, const int64_t *ids, size_t n, const f
                 q->state = REQ_TODO;
                 /* Parts of at most WIRE_ROWS_PART_BYTES of rows: any shard's
                  * --max-msg that holds the job takes them. */
-                q->per = MAX((size_t) 1, MIN((size_t) WIRE_MAX_ROWS, WIRE_ROWS_PART_BYTES / (op->dim * sizeof(float))));
+                q->per = MAX((size_t) 1, MIN((size_t) WIRE_MAX_ROWS, WIRE_ROWS_PART_BYTES / (tb->dim * sizeof(float))));
                 q->parts = MAX((size_t) 1, (count[i] + q->per - 1) / q->per);
                 if (op->push && q->parts > WIRE_MAX_ROWS_PARTS) {
                         log_error("a push of %zu rows of table %u to shard %u takes %zu parts of %u MiB, more than %u: "
-                                  "push fewer rows at once", count[i], table, c->shards[i].id, q->parts,
+                                  "push fewer rows at once", count[i], in->table, c->shards[i].id, q->parts,
                                   WIRE_ROWS_PART_BYTES >> 20, WIRE_MAX_ROWS_PARTS);
                         r = -EMSGSIZE;
                 }
         }
-        for (size_t k = 0; r == 0 && k < n; k++) {
-                if (at[k] < 0)
+        for (size_t j = 0; r == 0 && j < n; j++) {
+                if (at[j] < 0)
                         continue; /* read from the cache */
-                RowsReq *q = &op->reqs[at[k]];
-                q->ids[q->n] = ids[k];
-                q->pos[q->n++] = k;
+                RowsReq *q = &reqs[at[j]];
+                q->ids[q->n] = ids[j];
+                q->pos[q->n++] = j;
         }
         if (r == 0 && op->push)
-                memcpy(op->grads, grads, n * op->dim * sizeof(float));
+                memcpy(tb->grads, in->grads, n * tb->dim * sizeof(float));
         ps_free(count);
         ps_free(at);
+        return r;
+}
+
+int client_rows_many(Client *c, const ClientRowsTable *tabs, size_t ntabs, bool push, int64_t clock, ClientRowsFn cb,
+                     void *ud) {
+        if (c->busy || c->prefetching || c->rows)
+                return -EBUSY;
+        if (ntabs == 0 || !c->map)
+                return -EINVAL;
+        for (size_t k = 0; k < ntabs; k++)
+                for (size_t j = 0; j <= k; j++)
+                        if (tabs[k].table >= c->job.ntables || (push ? !tabs[k].grads : !tabs[k].out) ||
+                            (tabs[k].n > 0 && !tabs[k].ids) || (j < k && tabs[j].table == tabs[k].table))
+                                return -EINVAL;
+        RowsOp *op = op_new(c, ntabs, cb, ud);
+        if (!op)
+                return -ENOMEM;
+        op->push = push;
+        op->clock = clock;
+        int r = 0;
+        for (size_t k = 0; r == 0 && k < ntabs; k++)
+                r = tab_setup(c, op, k, &tabs[k]);
         if (r < 0) {
                 op_free(op);
                 return r;
@@ -520,16 +560,24 @@ int client_rows(Client *c, uint32_t table, const int64_t *ids, size_t n, const f
         return op_start(c, op);
 }
 
+int client_rows(Client *c, uint32_t table, const int64_t *ids, size_t n, const float *grads, int64_t clock,
+                float *out, ClientRowsFn cb, void *ud) {
+        const ClientRowsTable t = { .table = table, .ids = ids, .n = n, .grads = grads, .out = out };
+        return client_rows_many(c, &t, 1, grads != NULL, clock, cb, ud);
+}
+
 int client_rows_scan(Client *c, uint32_t table, ClientRowsPageFn page, ClientRowsFn cb, void *ud) {
         if (c->busy || c->prefetching || c->rows)
                 return -EBUSY;
         if (table >= c->job.ntables || !page || !c->map)
                 return -EINVAL;
-        RowsOp *op = op_new(c, table, cb, ud);
+        RowsOp *op = op_new(c, 1, cb, ud);
         if (!op)
                 return -ENOMEM;
         op->page = page;
+        op->tabs[0].table = table;
+        op->tabs[0].dim = c->job.tables[table].dim;
         for (size_t i = 0; i < c->nshards; i++)
-                op->reqs[i] = (RowsReq) { .state = REQ_TODO, .per = 1, .parts = 1 };
+                op->reqs[i] = (RowsReq) { .state = REQ_TODO, .per = 1, .parts = 1, .tab = 0 };
         return op_start(c, op);
 }

@@ -45,6 +45,19 @@ typedef void (*ClientRowsFn)(Client *c, int r, void *ud);
  * round or another exchange is under way, -EINVAL for a table the job lacks. */
 int client_rows(Client *c, uint32_t table, const int64_t *ids, size_t n, const float *grads, int64_t clock,
                 float *out, ClientRowsFn cb, void *ud);
+/* One table of client_rows_many: as client_rows' arguments. */
+typedef struct ClientRowsTable {
+        uint32_t table;
+        const int64_t *ids;
+        size_t n;
+        const float *grads;     /* a push's */
+        float *out;             /* a pull's */
+} ClientRowsTable;
+/* client_rows of ntabs distinct tables at once (all pulled, or all
+ * pushed: push), every table's requests in flight together; cb once all
+ * are answered (or the first error). */
+int client_rows_many(Client *c, const ClientRowsTable *tabs, size_t ntabs, bool push, int64_t clock, ClientRowsFn cb,
+                     void *ud);
 
 /* One page of a scan: n rows, their ids (int64 at any alignment) and values
  * (n x dim f32, likewise): 0, or a negative errno ending the scan. */

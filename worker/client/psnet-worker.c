@@ -66,10 +66,11 @@ struct PsnetWorker {
         void *round_ud;
         PsnetRowsFn rows_cb;            /* psnet_worker_rows under way */
         void *rows_ud;
-        /* its arguments, kept to send it again under a newer map */
-        size_t rows_table, rows_n;
-        int64_t *rows_ids;
-        float *rows_grads, *rows_out;
+        /* its arguments, kept to send it again under a newer map (ids and
+         * gradients copies) */
+        ClientRowsTable rows_tabs[JOB_MAX_TABLES];
+        size_t rows_ntabs;
+        bool rows_push;
         int64_t rows_clock;
         bool rows_waiting_map;
         int64_t round_clock;
@@ -111,6 +112,15 @@ static int round_start(PsnetWorker *w);
 static void round_done(PsnetWorker *w, int r);
 static void rows_again(PsnetWorker *w);
 static void rows_done(PsnetWorker *w, int r);
+
+/* The copies psnet_worker_rows_many kept of its ids and gradients. */
+static void rows_free_args(PsnetWorker *w) {
+        for (size_t k = 0; k < w->rows_ntabs; k++) {
+                ps_free((void *) w->rows_tabs[k].ids);
+                ps_free((void *) w->rows_tabs[k].grads);
+        }
+        w->rows_ntabs = 0;
+}
 static void map_timer_cb(uv_timer_t *t);
 
 static void apply_config(PsnetWorker *w, const Psnet__Config *ctl) {
@@ -344,8 +354,7 @@ PsnetWorker *psnet_worker_free(PsnetWorker *w) {
                 w->rows_cb = NULL;
                 cb(w, -ECANCELED, w->rows_ud);
         }
-        ps_free(w->rows_ids);
-        ps_free(w->rows_grads);
+        rows_free_args(w);
         w->client = client_free(w->client);
         psnet_memory_unref(w->mem);
         w->mem = NULL;
@@ -561,10 +570,7 @@ static void rows_done(PsnetWorker *w, int r) {
         w->rows_cb = NULL;
         w->rows_waiting_map = false;
         (void) uv_timer_stop(&w->map_timer);
-        ps_free(w->rows_ids);
-        w->rows_ids = NULL;
-        ps_free(w->rows_grads);
-        w->rows_grads = NULL;
+        rows_free_args(w);
         if (cb)
                 cb(w, r, w->rows_ud);
 }
@@ -590,8 +596,8 @@ static int rows_send(PsnetWorker *w) {
         if (r < 0)
                 return log_error_errno(r, "Failed to connect to the shards: %m");
         client_set_timeout(w->client, round_timeout(w));
-        return client_rows(w->client, (uint32_t) w->rows_table, w->rows_ids, w->rows_n, w->rows_grads,
-                           w->rows_clock, w->rows_out, on_client_rows, w);
+        return client_rows_many(w->client, w->rows_tabs, w->rows_ntabs, w->rows_push, w->rows_clock, on_client_rows,
+                                w);
 }
 
 /* A newer map is here while a rows exchange is under way (it may wait on
@@ -600,8 +606,8 @@ static int rows_send(PsnetWorker *w) {
 static void rows_again(PsnetWorker *w) {
         if (!w->rows_cb || (w->rows_waiting_map && shardmap_epoch(w->fo.map) < client_need_epoch(w->client)))
                 return;
-        log_info("table rows sent again map_epoch=%lu table=%zu clock=%ld", (unsigned long) shardmap_epoch(w->fo.map),
-                 w->rows_table, (long) w->rows_clock);
+        log_info("table rows sent again map_epoch=%lu table=%u tables=%zu clock=%ld",
+                 (unsigned long) shardmap_epoch(w->fo.map), w->rows_tabs[0].table, w->rows_ntabs, (long) w->rows_clock);
         w->rows_waiting_map = false;
         (void) uv_timer_stop(&w->map_timer);
         if (w->client)
@@ -611,40 +617,51 @@ static void rows_again(PsnetWorker *w) {
                 rows_done(w, r);
 }
 
-int psnet_worker_rows(PsnetWorker *w, size_t table, const int64_t *ids, size_t n, const float *grads, int64_t clock,
-                      float *out, PsnetRowsFn done, void *ud) {
-        if (!w || !w->fo.has_job || table >= w->fo.job.ntables || (!grads && !out) || (n && !ids) || !done)
+int psnet_worker_rows_many(PsnetWorker *w, const PsnetRowsTable *tabs, size_t ntabs, bool push, int64_t clock,
+                           PsnetRowsFn done, void *ud) {
+        if (!w || !w->fo.has_job || !tabs || ntabs == 0 || ntabs > w->fo.job.ntables || !done)
                 return -EINVAL;
+        for (size_t k = 0; k < ntabs; k++)
+                if (tabs[k].table >= w->fo.job.ntables || (push ? !tabs[k].grads : !tabs[k].out) ||
+                    (tabs[k].n && !tabs[k].ids))
+                        return -EINVAL;
         if (w->round_cb || w->rows_cb)
                 return -EBUSY;
-        size_t dim = w->fo.job.tables[table].dim;
-        w->rows_ids = ps_malloc(MAX(n, (size_t) 1) * sizeof *ids);
-        w->rows_grads = grads ? ps_malloc(MAX(n * dim, (size_t) 1) * sizeof *grads) : NULL;
-        if (!w->rows_ids || (grads && !w->rows_grads)) {
-                ps_free(w->rows_ids);
-        w->rows_ids = NULL;
-                ps_free(w->rows_grads);
-        w->rows_grads = NULL;
-                return -ENOMEM;
+        int r = 0;
+        w->rows_ntabs = 0;
+        for (size_t k = 0; k < ntabs; k++) {
+                size_t n = tabs[k].n, dim = w->fo.job.tables[tabs[k].table].dim;
+                int64_t *ids = ps_malloc(MAX(n, (size_t) 1) * sizeof *ids);
+                float *grads = push ? ps_malloc(MAX(n * dim, (size_t) 1) * sizeof *grads) : NULL;
+                w->rows_tabs[w->rows_ntabs++] = (ClientRowsTable) { .table = (uint32_t) tabs[k].table, .ids = ids,
+                                                                   .n = n, .grads = grads, .out = tabs[k].out };
+                if (!ids || (push && !grads)) {
+                        r = -ENOMEM;
+                        break;
+                }
+                memcpy(ids, tabs[k].ids, n * sizeof *ids);
+                if (push)
+                        memcpy(grads, tabs[k].grads, n * dim * sizeof *grads);
         }
-        memcpy(w->rows_ids, ids, n * sizeof *ids);
-        if (grads)
-                memcpy(w->rows_grads, grads, n * dim * sizeof *grads);
-        w->rows_table = table;
-        w->rows_n = n;
+        w->rows_push = push;
         w->rows_clock = clock;
-        w->rows_out = out;
         w->rows_cb = done;
         w->rows_ud = ud;
-        int r = rows_send(w);
+        if (r == 0)
+                r = rows_send(w);
         if (r < 0) {
                 w->rows_cb = NULL;
-                ps_free(w->rows_ids);
-        w->rows_ids = NULL;
-                ps_free(w->rows_grads);
-        w->rows_grads = NULL;
+                rows_free_args(w);
         }
         return r;
+}
+
+int psnet_worker_rows(PsnetWorker *w, size_t table, const int64_t *ids, size_t n, const float *grads, int64_t clock,
+                      float *out, PsnetRowsFn done, void *ud) {
+        if (!w || (!grads && !out))
+                return -EINVAL;
+        const PsnetRowsTable t = { .table = table, .ids = ids, .n = n, .grads = grads, .out = out };
+        return psnet_worker_rows_many(w, &t, 1, grads != NULL, clock, done, ud);
 }
 
 void psnet_worker_rows_cache(const PsnetWorker *w, uint64_t *hits, uint64_t *misses, uint64_t *pulled_bytes) {

@@ -165,6 +165,20 @@ typedef void (*PsnetRowsFn)(PsnetWorker *w, int r, void *ud);
 void psnet_worker_rows_cache(const PsnetWorker *w, uint64_t *hits, uint64_t *misses, uint64_t *pulled_bytes);
 int psnet_worker_rows(PsnetWorker *w, size_t table, const int64_t *ids, size_t n, const float *grads, int64_t clock,
                       float *out, PsnetRowsFn done, void *ud);
+/* One table of psnet_worker_rows_many: as psnet_worker_rows' arguments. */
+typedef struct PsnetRowsTable {
+        size_t table;
+        const int64_t *ids;
+        size_t n;
+        const float *grads;     /* a push's */
+        float *out;             /* a pull's */
+} PsnetRowsTable;
+/* psnet_worker_rows of ntabs distinct tables at once, all pulled or all
+ * pushed (push): every table's requests in flight together, one round trip
+ * for all (a model with a table per field waits once, not once a table);
+ * done once every table's rows are in (or at the first error). */
+int psnet_worker_rows_many(PsnetWorker *w, const PsnetRowsTable *tabs, size_t ntabs, bool push, int64_t clock,
+                           PsnetRowsFn done, void *ud);
 int psnet_worker_round(PsnetWorker *w, const float *const *grads, int64_t push_clock, float *const *params,
                        int64_t pull_clock, PsnetRoundFn done, void *ud);
 /* The clock of the weights the last round pulled (the smallest the shards reported). */

@@ -257,23 +257,30 @@ static void eval_queue(Trainer *t) {
 }
 
 /* Of b's parts (part p's ids are table p's: one table for every field, or
- * one per field), the first from t->click_part on that has ids (a push: any
+ * one per field), those from t->click_part on that have ids (a push: every
  * part, every table pushed each clock, empty where the step touched none of
  * its rows, for a BSP clock closes on a shard once every member pushed
- * every table): its rows pulled into b->rows, or its gradients pushed; done
- * follows. false: no part was left. */
+ * every table), all in one exchange (each table's requests in flight
+ * together): their rows pulled into b->rows, or their gradients pushed;
+ * done follows (which sets t->click_part to b->nparts). false: no part was
+ * left. */
 static bool click_part_rows(Trainer *t, ClickBatch *b, bool push, PsnetRowsFn done) {
-        while (!push && t->click_part < b->nparts && b->part[t->click_part + 1] == b->part[t->click_part])
-                t->click_part++;
-        if (t->click_part == b->nparts)
+        PsnetRowsTable tabs[JOB_MAX_TABLES];
+        size_t n = 0;
+        for (uint32_t p = t->click_part; p < b->nparts && n < JOB_MAX_TABLES; p++) {
+                size_t from = b->part[p], cnt = b->part[p + 1] - from;
+                if (!push && cnt == 0)
+                        continue;
+                tabs[n++] = (PsnetRowsTable) { .table = p, .ids = b->uniq + from, .n = cnt,
+                                               .grads = push ? b->rgrad + from * b->dim : NULL,
+                                               .out = push ? NULL : b->rows + from * b->dim };
+        }
+        if (n == 0)
                 return false;
-        uint32_t p = t->click_part;
-        size_t from = b->part[p];
-        int r = psnet_worker_rows(t->w, p, b->uniq + from, b->part[p + 1] - from, push ? b->rgrad + from * b->dim : NULL,
-                                  t->clock, push ? NULL : b->rows + from * b->dim, done, t);
+        int r = psnet_worker_rows_many(t->w, tabs, n, push, t->clock, done, t);
         if (r < 0) {
-                log_error_errno(r, "Failed to %s the rows of table %u at clock %ld: %m", push ? "push" : "pull", p,
-                                (long) t->clock);
+                log_error_errno(r, "Failed to %s the rows of %zu table%s at clock %ld: %m", push ? "push" : "pull", n,
+                                n == 1 ? "" : "s", (long) t->clock);
                 trainer_fail(t, r);
         }
         return true;
@@ -297,7 +304,7 @@ static void click_test_rows_done(PsnetWorker *w, int r, void *ud) {
                 }
                 return;
         }
-        t->click_part++;
+        t->click_part = t->ctestb.nparts;
         click_test_rows(t);
 }
 
@@ -492,7 +499,7 @@ static void click_rows_done(PsnetWorker *w, int r, void *ud) {
                         trainer_fail(t, r);
                 return;
         }
-        t->click_part++;
+        t->click_part = t->cbatch.nparts;
         click_continue(t);
 }
 
