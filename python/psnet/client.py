@@ -59,6 +59,11 @@ class _Progress(ctypes.Structure):
                 ("end_clock", ctypes.c_int64)]
 
 
+class _RowsTable(ctypes.Structure):  # PsnetRowsTable
+    _fields_ = [("table", ctypes.c_size_t), ("ids", ctypes.c_void_p), ("n", ctypes.c_size_t),
+                ("grads", ctypes.c_void_p), ("out", ctypes.c_void_p)]
+
+
 class _Eval(ctypes.Structure):
     _fields_ = [("epoch", ctypes.c_uint32), ("accuracy", ctypes.c_float), ("test_loss", ctypes.c_float),
                 ("train_loss", ctypes.c_float), ("clock", ctypes.c_int64), ("auc", ctypes.c_float)]
@@ -105,6 +110,7 @@ def _load():
         "psnet_sync_table": ([P, ctypes.c_size_t, ctypes.c_char_p, ctypes.c_size_t,
                               ctypes.POINTER(ctypes.c_uint32)], I),
         "psnet_sync_rows": ([P, ctypes.c_size_t, P, ctypes.c_size_t, P, ctypes.c_int64, P], I),
+        "psnet_sync_rows_many": ([P, ctypes.POINTER(_RowsTable), ctypes.c_size_t, ctypes.c_bool, ctypes.c_int64], I),
         "psnet_sync_rows_cache": ([P, ctypes.POINTER(ctypes.c_uint64), ctypes.POINTER(ctypes.c_uint64),
                                    ctypes.POINTER(ctypes.c_uint64)], I),
     }
@@ -333,6 +339,23 @@ class Worker:
             raise ValueError(f"gradients of table {table}: shape {g.shape}, want ({ids.size}, {dim})")
         _check(_lib.psnet_sync_rows(self._s, index, ids.ctypes.data, ids.size, g.ctypes.data, clock, None),
                f"push of {ids.size} rows of table {table} for clock {clock}")
+
+    def push_rows_many(self, pushes, clock):
+        """push_rows of several tables at once, [(table, ids, grads), ...]
+        (each table once): every table's requests in flight together, one
+        round trip for all."""
+        keep, tabs = [], (_RowsTable * max(len(pushes), 1))()
+        for k, (table, ids, grads) in enumerate(pushes):
+            index, dim = self._table(table)
+            ids = self._ids(ids)
+            g = np.ascontiguousarray(grads, dtype=np.float32)
+            if g.shape != (ids.size, dim):
+                raise ValueError(f"gradients of table {table}: shape {g.shape}, want ({ids.size}, {dim})")
+            keep += [ids, g]
+            tabs[k] = _RowsTable(index, ids.ctypes.data, ids.size, g.ctypes.data, None)
+        if pushes:
+            _check(_lib.psnet_sync_rows_many(self._s, tabs, len(pushes), True, clock),
+                   f"push of the rows of {len(pushes)} tables for clock {clock}")
 
     def rows_cache(self):
         """The tables' hot-row caches (a table's cache=S): rows pulls read from

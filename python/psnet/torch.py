@@ -135,16 +135,15 @@ class EmbeddingBag(torch.nn.Module):
             self._pending = (uniq.numpy(), weight)
         return out
 
-    def _push(self, w, clock):
-        """This step's gradient rows to the shards; an empty push where the
-        step touched no row (forward did not run, or no gradient reached
-        them): under BSP a shard closes a clock, and in any mode cuts a
-        checkpoint, once every worker pushed every table."""
+    def _push(self):
+        """This step's push of its gradient rows, (table, ids, grads); empty
+        where the step touched no row (forward did not run, or no gradient
+        reached them): under BSP a shard closes a clock, and in any mode
+        cuts a checkpoint, once every worker pushed every table."""
         pending, self._pending = self._pending, None
         if pending is None or pending[1].grad is None or not len(pending[0]):
-            w.push_rows(self.table, np.zeros(0, dtype=np.int64), np.zeros((0, self.dim), dtype=np.float32), clock)
-            return
-        w.push_rows(self.table, pending[0], pending[1].grad.numpy(), clock)
+            return self.table, np.zeros(0, dtype=np.int64), np.zeros((0, self.dim), dtype=np.float32)
+        return self.table, pending[0], pending[1].grad.numpy()
 
 
 def _tables(model):
@@ -518,8 +517,8 @@ class Optimizer:
         self._settle()
         self._gather()
         try:
-            for m in self.tables.values():
-                m._push(self.w, self.clock)
+            # every table's gradients in one exchange
+            self.w.push_rows_many([m._push() for m in self.tables.values()], self.clock)
             self._round(self.grads, self.clock, self.clock + 1)
         except Stale:
             # Left the membership (its lease ran out) and admitted again: this

@@ -351,6 +351,24 @@ int psnet_sync_rows(PsnetSync *s, size_t table, const int64_t *ids, size_t n, co
         return call(s, do_rows, &a);
 }
 
+typedef struct RowsManyArg {
+        const PsnetRowsTable *tabs;
+        size_t n;
+        bool push;
+        int64_t clock;
+} RowsManyArg;
+
+static int do_rows_many(PsnetSync *s, void *arg) {
+        RowsManyArg *a = arg;
+        int r = psnet_worker_rows_many(s->w, a->tabs, a->n, a->push, a->clock, rows_cb, s);
+        return r < 0 ? r : PENDING;
+}
+
+int psnet_sync_rows_many(PsnetSync *s, const PsnetRowsTable *tabs, size_t ntabs, bool push, int64_t clock) {
+        RowsManyArg a = { tabs, ntabs, push, clock };
+        return call(s, do_rows_many, &a);
+}
+
 typedef struct CacheArg {
         uint64_t hits, misses, pulled;
 } CacheArg;

@@ -494,6 +494,8 @@ int psnet_sync_schedule(PsnetSync *s, int64_t clock, uint64_t total, uint64_t *s
 /* psnet_worker_rows, blocking; the table's name and dim by index. */
 int psnet_sync_rows(PsnetSync *s, size_t table, const int64_t *ids, size_t n, const float *grads, int64_t clock,
                     float *out);
+/* psnet_worker_rows_many, blocking. */
+int psnet_sync_rows_many(PsnetSync *s, const PsnetRowsTable *tabs, size_t ntabs, bool push, int64_t clock);
 int psnet_sync_table(PsnetSync *s, size_t i, char *name, size_t n, uint32_t *dim);
 int psnet_sync_rows_cache(PsnetSync *s, uint64_t *hits, uint64_t *misses, uint64_t *pulled_bytes);
 int psnet_sync_round(PsnetSync *s, const float *const *grads, int64_t push_clock, float *const *params,
