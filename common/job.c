@@ -369,10 +369,6 @@ int job_validate(const Job *job, char *err, size_t errlen) {
         }
         if (job->ntables > 0 && job->mode == MODE_FED)
                 return job_err(err, errlen, "--tables is for training jobs; federated clients train dense models");
-        /* Rows have backups under BSP (docs/tables.md). */
-        if (job->ntables > 0 && job->replicas > 1 && job->mode != MODE_BSP)
-                return job_err(err, errlen, "--tables with --replicas %u needs --mode bsp for now: under asp and ssp "
-                               "table rows keep one copy (--replicas 1)", job->replicas);
         if (job->mode == MODE_FED && job->wire != JOB_WIRE_F32)
                 return job_err(err, errlen, "--wire bf16 is for training jobs; a federated job's updates are "
                                             "encoded with --compress bf16");

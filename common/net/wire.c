@@ -223,6 +223,9 @@ int wire_validate(const Psnet__Header *hdr, const zmq_msg_t *frames, size_t nfra
         if (hdr->has_last && hdr->type != PSNET__MSG_TYPE__MSG_ROWS_MOVE)
                 return fail(reason, reasonlen, PSNET__STATUS__STATUS_MALFORMED,
                             "%s says whether it is the last: only ROWS_MOVE does", types[ti].name);
+        if (hdr->has_origin && hdr->type != PSNET__MSG_TYPE__MSG_ROWS_COPY)
+                return fail(reason, reasonlen, PSNET__STATUS__STATUS_MALFORMED,
+                            "%s names the worker whose push it copies: only ROWS_COPY does", types[ti].name);
         if (hdr->has_cursor && hdr->type != PSNET__MSG_TYPE__MSG_ROWS_SCAN &&
             hdr->type != PSNET__MSG_TYPE__MSG_ROWS_PULL_REP)
                 return fail(reason, reasonlen, PSNET__STATUS__STATUS_MALFORMED,

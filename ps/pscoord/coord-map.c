@@ -186,10 +186,7 @@ int coord_remap(Coord *c, uint32_t add, uint32_t remove) {
 uint32_t coord_replicas(const Coord *c, size_t n) {
         /* A federated job keeps one copy unless --replicas asks for more
          * (each round's close then copies the chunks to their backups). */
-        /* Table rows have backups under BSP (docs/tables.md): other jobs
-         * with tables keep one copy. */
-        uint32_t r = c->job.replicas ? c->job.replicas
-                   : n >= 2 && c->job.mode != MODE_FED && (c->job.ntables == 0 || c->job.mode == MODE_BSP) ? 2 : 1;
+        uint32_t r = c->job.replicas ? c->job.replicas : n >= 2 && c->job.mode != MODE_FED ? 2 : 1;
         return (size_t) r > n ? (uint32_t) n : r;
 }
 

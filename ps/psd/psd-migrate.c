@@ -445,9 +445,9 @@ static int i64_frame(zmq_msg_t *f, const int64_t *v, size_t n) {
 /* A table clock's copy for one backup: its rows (ids, rows, per floats
  * each) and, for a bounded table (stamps not NULL), their stamps and the
  * ids dropped (gone), in parts; the last part's sequence into *ret_seq. */
-static int send_copy(Migrate *mg, Link *l, uint32_t table, int64_t clock, const int64_t *ids, const float *rows,
-                     const int64_t *stamps, size_t n, size_t per, const int64_t *gone, size_t ngone,
-                     uint64_t *ret_seq) {
+static int send_copy(Migrate *mg, Link *l, uint32_t table, int64_t clock, int64_t origin, const int64_t *ids,
+                     const float *rows, const int64_t *stamps, size_t n, size_t per, const int64_t *gone,
+                     size_t ngone, uint64_t *ret_seq) {
         size_t each = MAX((size_t) WIRE_ROWS_PART_BYTES / (per * sizeof(float)), (size_t) 1);
         each = MAX(each, (n + WIRE_MAX_ROWS_PARTS - 1) / WIRE_MAX_ROWS_PARTS);
         size_t parts = MAX(n ? (n + each - 1) / each : 1, (ngone + WIRE_MAX_ROWS - 1) / WIRE_MAX_ROWS);
@@ -472,6 +472,8 @@ static int send_copy(Migrate *mg, Link *l, uint32_t table, int64_t clock, const 
                         return -ENOMEM;
                 }
                 Psnet__Header h = rows_header(mg, l, PSNET__MSG_TYPE__MSG_ROWS_COPY, table, clock);
+                h.has_origin = origin >= 0;
+                h.origin = origin >= 0 ? (uint32_t) origin : 0;
                 h.has_part = h.has_parts = parts > 1;
                 h.part = (uint32_t) part;
                 h.parts = (uint32_t) parts;
@@ -545,7 +547,7 @@ static bool backs(const int32_t *h, uint32_t R, size_t j) {
 }
 
 int migrate_rows_copy(Migrate *mg, PushReq *const *reqs, size_t nreqs, uint32_t table, int64_t clock,
-                      const int64_t *ids, size_t n, const int64_t *gone, size_t ngone) {
+                      int64_t origin, const int64_t *ids, size_t n, const int64_t *gone, size_t ngone) {
         const ShardMap *m = mg->store->map;
         uint32_t R = m ? shardmap_replicas(m) : 1;
         int me = m ? shardmap_find(m, mg->shard_id) : -1;
@@ -585,8 +587,8 @@ int migrate_rows_copy(Migrate *mg, PushReq *const *reqs, size_t nreqs, uint32_t 
                 const ShardDesc *d = shardmap_shard(m, j);
                 Link *l = link_for(mg, d);
                 uint64_t seq = 0;
-                int r = l ? send_copy(mg, l, table, clock, sel_ids, sel_rows, bounded ? sel_stamps : NULL, sel, per,
-                                      sel_ids + sel, gsel, &seq)
+                int r = l ? send_copy(mg, l, table, clock, origin, sel_ids, sel_rows, bounded ? sel_stamps : NULL, sel,
+                                      per, sel_ids + sel, gsel, &seq)
                           : -EHOSTUNREACH;
                 if (r < 0) {
                         log_warning_errno(r, "Failed to copy %zu rows of table %u to shard %u: %m", sel, table, d->id);
@@ -817,7 +819,10 @@ static bool handle(Migrate *mg, NetSock *data, WireMsg *m) {
         bool move = h->type == PSNET__MSG_TYPE__MSG_ROWS_MOVE, want = h->type == PSNET__MSG_TYPE__MSG_ROWS_WANT;
         _cleanup_free_ Psnet__Key **missing = rep ? ps_malloc((h->n_keys ? h->n_keys : 1) * sizeof *missing) : NULL;
         size_t nmissing = 0;
-        if (!s->has_job || !s->map || h->job != s->job.id || !h->has_clock || h->clock < 0 || !h->has_seq) {
+        /* A copy of rows sent again (a rebuild) names the last clock its
+         * primary closed: -1 before any (always under ASP and SSP). */
+        if (!s->has_job || !s->map || h->job != s->job.id || !h->has_clock || h->clock < (copy ? -1 : 0) ||
+            !h->has_seq) {
                 snprintf(reason, sizeof reason, "not for this shard's job (or no job yet)");
                 st = PSNET__STATUS__STATUS_INVALID;
         } else if (move && !sender_moves(mg, m)) {

@@ -48,10 +48,11 @@ void migrate_attach_rows(Migrate *mg, Rows *rows);
  * bounded table, gone[0..ngone) dropped): their rows held here, whole, to
  * every other shard of the map (those of the rows it backs; none: an empty
  * copy, so that each knows the clock came whole), and each of
- * reqs[0..nreqs) waits for every answer. OK, or a status where a copy
+ * reqs[0..nreqs) waits for every answer. origin >= 0 (ASP, SSP): the
+ * worker whose push of clock applied them. OK, or a status where a copy
  * could not be sent (the pushes must not be acknowledged). */
 int migrate_rows_copy(Migrate *mg, PushReq *const *reqs, size_t nreqs, uint32_t table, int64_t clock,
-                      const int64_t *ids, size_t n, const int64_t *gone, size_t ngone);
+                      int64_t origin, const int64_t *ids, size_t n, const int64_t *gone, size_t ngone);
 /* Rows of table moved to shard after a map change (psd-rows.h, "rows
  * moved"): one ROWS_MOVE of ids[0..n) and their rows whole (of a bounded
  * table, with their stamps), at clock, the sender's last of the table

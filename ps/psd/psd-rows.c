@@ -28,15 +28,6 @@ typedef struct Parked {
         zmq_msg_t route;
 } Parked;
 
-/* The last clock each worker pushed a table at (ids grow as workers come). */
-typedef struct LastPush {
-        uint32_t worker;
-        int64_t clock;          /* the last clock it pushed (a part of) */
-        uint32_t parts;         /* that push's parts */
-        uint64_t in;            /* the parts of it in (bit per part) */
-        int64_t done;           /* the last clock whose every part is in */
-        uint64_t epoch;         /* the shard-map epoch that push was cut for */
-} LastPush;
 
 /* Copies from one primary (ROWS_COPY): per table, the last BSP clock whose
  * copy came whole (-1: none). */
@@ -107,6 +98,22 @@ static int idset_add(IdSet *s, uint32_t t, int64_t id) {
         }
         return 0;
 }
+
+/* The last clock each worker pushed a table at (ids grow as workers come). */
+typedef struct LastPush {
+        uint32_t worker;
+        int64_t clock;          /* the last clock it pushed (a part of) */
+        uint32_t parts;         /* that push's parts */
+        uint64_t in;            /* the parts of it in (bit per part) */
+        int64_t done;           /* the last clock whose every part is in */
+        uint64_t epoch;         /* the shard-map epoch that push was cut for */
+        /* ASP/SSP with copies: the ids of the worker's push of rec_clock
+         * whose update this shard holds, applied here or copied from their
+         * primary (ROWS_COPY naming the worker): a push of that clock sent
+         * again after a fail-over is cut to the others. */
+        int64_t rec_clock;
+        IdSet rec;
+} LastPush;
 
 /* A shard whose rows come here after a map change that moves rows
  * (ROWS_MOVE): per table, the last clock it closed before the change, and
@@ -202,6 +209,9 @@ struct Rows {
         bool receiving;
         bool move_failed;       /* a receiver refused rows: not whole until the next change */
         bool rebuild_after_move; /* a copy was lost while rows moved (rows_copies_lost) */
+        /* ASP/SSP: the last push applied here, for its copies (rows_last_applied). */
+        int64_t *asp_ids, *asp_gone;
+        size_t asp_n, asp_ngone;
         /* A sender's rows it no longer leads, which their new primary
          * dropped (its bounds; ROWS_COPY's ids dropped) before they were
          * made copies here: dropped then, not made copies. */
@@ -296,6 +306,8 @@ static void drop_tables(Rows *r) {
                 r->nparked[i] = 0;
                 retire(r, r->tables[i]);
                 r->tables[i] = NULL;
+                for (size_t k = 0; k < r->nlast[i]; k++)
+                        idset_free(&r->last[i][k].rec);
                 ps_free(r->last[i]);
                 r->last[i] = NULL;
                 r->nlast[i] = 0;
@@ -307,6 +319,8 @@ Rows *rows_free(Rows *r) {
         if (r) {
                 r->frozen = false; /* the writer is done: the checkpointer goes first */
                 drop_tables(r);
+                ps_free(r->asp_ids);
+                ps_free(r->asp_gone);
                 rows_thaw(r);
                 ps_free(r);
         }
@@ -552,8 +566,40 @@ static LastPush *last_of(Rows *r, size_t i, uint32_t worker) {
         if (!a)
                 return NULL;
         r->last[i] = a;
-        a[r->nlast[i]] = (LastPush) { .worker = worker, .clock = -1, .done = -1 };
+        a[r->nlast[i]] = (LastPush) { .worker = worker, .clock = -1, .done = -1, .rec_clock = -1 };
         return &a[r->nlast[i]++];
+}
+
+/* The worker's push of clock holds the update of ids[0..n) here now
+ * (LastPush.rec): 0, -ENOMEM. */
+static int record_applied(LastPush *l, int64_t clock, const int64_t *ids, size_t n) {
+        if (clock < l->rec_clock)
+                return 0;
+        if (clock > l->rec_clock) {
+                idset_free(&l->rec);
+                l->rec_clock = clock;
+        }
+        for (size_t k = 0; k < n; k++)
+                if (idset_add(&l->rec, 0, ids[k]) < 0)
+                        return -ENOMEM;
+        return 0;
+}
+
+/* ASP/SSP: the ids of a push of the worker's clock whose update this shard
+ * holds already go (ids v and gradients g compacted, their count returned). */
+static size_t drop_recorded(const LastPush *l, int64_t clock, int64_t *v, float *g, size_t count, size_t dim) {
+        if (clock != l->rec_clock || !l->rec.n)
+                return count;
+        size_t kept = 0;
+        for (size_t k = 0; k < count; k++) {
+                if (idset_has(&l->rec, 0, v[k]))
+                        continue;
+                v[kept] = v[k];
+                if (kept != k)
+                        memmove(g + kept * dim, g + k * dim, dim * sizeof *g);
+                kept++;
+        }
+        return kept;
 }
 
 /* BSP: parks the push (v and g taken), or a status with the reason. */
@@ -690,6 +736,7 @@ static void unpark(Rows *r, uint32_t t, uint32_t worker, int64_t clock) {
 
 int rows_push(Rows *r, const ShardMap *map, uint32_t self, const Psnet__Header *h, const zmq_msg_t *frames,
               const zmq_msg_t *route, uint64_t room, char *reason, size_t n) {
+        r->asp_n = r->asp_ngone = 0; /* this push's, once applied */
         Table *t;
         _cleanup_free_ int64_t *v = NULL;
         _cleanup_free_ float *owned = NULL; /* the gradients copied: parked (BSP), or a frame not aligned */
@@ -726,7 +773,7 @@ int rows_push(Rows *r, const ShardMap *map, uint32_t self, const Psnet__Header *
         bool same = st == PSNET__STATUS__STATUS_OK && h->clock == last->clock;
         /* The same clock again under a newer map (a fail-over came between):
          * not a duplicate; what it holds that was applied goes below. */
-        bool again = same && h->has_epoch && h->epoch > last->epoch && r->mode == MODE_BSP;
+        bool again = same && h->has_epoch && h->epoch > last->epoch;
         if (again) {
                 unpark(r, h->table, h->sender, h->clock);
                 last->in = 0;
@@ -769,6 +816,18 @@ int rows_push(Rows *r, const ShardMap *map, uint32_t self, const Psnet__Header *
         }
         if (st == PSNET__STATUS__STATUS_OK && bsp && before_failover(r, h->table, h->clock))
                 count = drop_applied(r, self, h->table, h->clock, v, owned, count);
+        if (st == PSNET__STATUS__STATUS_OK && !bsp && last->rec_clock == h->clock && last->rec.n) {
+                /* Rows of this push applied here already, or copied here from
+                 * a lost primary that applied them (a push sent again). */
+                if (!owned && (owned = ps_malloc(MAX(gb, (size_t) 1))))
+                        g = memcpy(owned, g, gb);
+                if (owned)
+                        count = drop_recorded(last, h->clock, v, owned, count, c->dim);
+                else {
+                        snprintf(reason, n, "out of memory for %zu bytes of gradients", gb);
+                        st = PSNET__STATUS__STATUS_RESOURCE;
+                }
+        }
         if (st == PSNET__STATUS__STATUS_OK) {
                 double sumsq = 0;
                 size_t nv = count * c->dim;
@@ -792,14 +851,29 @@ int rows_push(Rows *r, const ShardMap *map, uint32_t self, const Psnet__Header *
                          "bytes left)", count, c->name, (unsigned long long) room);
                 st = PSNET__STATUS__STATUS_RESOURCE;
         }
+        if (st == PSNET__STATUS__STATUS_OK && !bsp && count > 0 && promote_ids(r, h->table, v, count) < 0) {
+                /* copies of a lost primary's rows it touches join this shard's first */
+                snprintf(reason, n, "the shard takes over rows of table %s after a fail-over%s: ask again", c->name,
+                         r->frozen ? " once its checkpoint is written" : "");
+                return PSNET__STATUS__STATUS_UNAVAILABLE;
+        }
         if (st == PSNET__STATUS__STATUS_OK && bsp)
                 st = park(r, h, route, &v, &owned, count, completes, reason, n);
         else if (st == PSNET__STATUS__STATUS_OK && count > 0) {
                 table_tick(t, h->clock);
                 st = push_status(table_push(t, v, count, g, reason, n), c, reason, n);
-                int64_t *gone = NULL;
-                (void) table_gone(t, &gone); /* one copy (asp, ssp): nobody to tell */
-                ps_free(gone);
+                /* For its copies (rows_last_applied), and a push sent again. */
+                ps_free(r->asp_gone);
+                r->asp_gone = NULL;
+                long ng = table_gone(t, &r->asp_gone);
+                r->asp_ngone = ng > 0 ? (size_t) ng : 0;
+                if (st == PSNET__STATUS__STATUS_OK && record_applied(last, h->clock, v, count) < 0)
+                        log_warning("out of memory noting the rows worker %u's push of clock %ld applied: sent again "
+                                    "after a fail-over, they would be applied again", h->sender, (long) h->clock);
+                ps_free(r->asp_ids);
+                r->asp_ids = v;
+                r->asp_n = st == PSNET__STATUS__STATUS_OK ? count : 0;
+                v = NULL;
         }
         if (st != PSNET__STATUS__STATUS_OK && st != ROWS_PARKED) {
                 r->stats.refused++;
@@ -987,6 +1061,13 @@ void rows_export(const Rows *r, uint32_t table, const int64_t *ids, size_t n, fl
         table_export(r->tables[table], ids, n, out);
 }
 
+void rows_last_applied(const Rows *r, const int64_t **ids, size_t *n, const int64_t **gone, size_t *ngone) {
+        *ids = r->asp_ids;
+        *n = r->asp_n;
+        *gone = r->asp_gone;
+        *ngone = r->asp_ngone;
+}
+
 bool rows_bounded(const Rows *r, uint32_t table) {
         return table < r->ntables && table_stamped(r->tables[table]);
 }
@@ -1100,6 +1181,13 @@ int rows_copy_in(Rows *r, const Psnet__Header *h, const zmq_msg_t *frames, size_
                         e = table_import(r->backup[t], c->ids, c->n, c->rows, c->stamps, reason, n);
         }
         int64_t clock = c->clock;
+        if (e == 0 && h->has_origin) { /* a worker's push (ASP, SSP): that push sent again is cut by what came */
+                LastPush *l = last_of(r, t, h->origin);
+                if (!l || record_applied(l, clock, c->ids, c->n) < 0)
+                        log_warning("out of memory noting the rows of worker %u's clock %ld copied here from shard "
+                                    "%u: sent again after a fail-over, they would be applied again", h->origin,
+                                    (long) clock, h->sender);
+        }
         incoming_drop(r, i);
         if (e < 0) {
                 if (e == -ENOMEM)

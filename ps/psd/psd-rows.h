@@ -126,6 +126,12 @@ void rows_table_stats(const Rows *r, size_t i, uint64_t *ret_rows, uint64_t *ret
  * turn as it would have been. */
 size_t rows_row_floats(const Rows *r, uint32_t table);
 void rows_export(const Rows *r, uint32_t table, const int64_t *ids, size_t n, float *out);
+/* ASP/SSP: the ids the last rows_push applied here (n 0 where it applied
+ * none) and those its table's bounds dropped, for its copies (valid until
+ * the next rows_push). A ROWS_COPY naming the worker (h->origin) is noted
+ * as that worker's push of the clock: sent again after a fail-over, a push
+ * is cut to the rows whose update this shard does not hold yet. */
+void rows_last_applied(const Rows *r, const int64_t **ids, size_t *n, const int64_t **gone, size_t *ngone);
 /* Whether table keeps its rows' stamps (a bounded one). */
 bool rows_bounded(const Rows *r, uint32_t table);
 /* The rows this shard leads of ids[0..n) (an id pushed and not kept here,

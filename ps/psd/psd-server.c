@@ -479,7 +479,7 @@ static void psd_rows_members(void *ud, int64_t clock, const uint32_t **ret, size
 /* RowsRebuildFn: rows led here, to their backups (nothing waits on them). */
 static int psd_rows_rebuild(void *ud, uint32_t table, int64_t clock, const int64_t *ids, size_t n) {
         Psd *p = ud;
-        int st = migrate_rows_copy(p->migrate, NULL, 0, table, clock, ids, n, NULL, 0);
+        int st = migrate_rows_copy(p->migrate, NULL, 0, table, clock, -1, ids, n, NULL, 0);
         if (st == PSNET__STATUS__STATUS_OK)
                 return 0;
         if (log_window(&p->drop_lines, now_ms()))
@@ -524,6 +524,36 @@ static int psd_rows_moved(void *ud) {
         return a;
 }
 
+/* Whether an applied rows push is copied to its rows' backups before it is
+ * acknowledged: ASP and SSP with two copies or more (under BSP a clock's
+ * close copies it). */
+static bool psd_rows_copies_push(const Psd *p) {
+        const Job *job = store_job(p->store);
+        const ShardMap *m = store_map(p->store);
+        return job && job->mode != MODE_BSP && m && shardmap_replicas(m) >= 2;
+}
+
+/* ASP/SSP: worker h->sender's push of h's clock applied here: its rows go
+ * whole to their backups, each copy naming the worker (a push sent again
+ * after a fail-over is cut by what reached them), and the push is
+ * acknowledged once every copy was answered. */
+static void psd_rows_copy_push(Psd *p, const zmq_msg_t *route, const Psnet__Header *h) {
+        const int64_t *ids, *gone;
+        size_t n, ngone;
+        rows_last_applied(p->rows, &ids, &n, &gone, &ngone);
+        PushReq *req = NULL;
+        if (pushreq_new(route, h->seq, h->sender, h->clock, &req) < 0) {
+                log_warning("out of memory acknowledging a rows push of worker %u clock %ld: it asks again", h->sender,
+                            (long) h->clock);
+                return;
+        }
+        req->rows_copy = true;
+        int st = migrate_rows_copy(p->migrate, &req, 1, h->table, h->clock, h->sender, ids, n, gone, ngone);
+        if (st != PSNET__STATUS__STATUS_OK) /* applied here: its rows go to the backups again */
+                rows_copies_lost(p->rows, shardmap_epoch(store_map(p->store)));
+        pushreq_settle(p->gate, req, st);
+}
+
 /* RowsHooks: a clock of a table closed. Its rows go to their backups
  * first; each parked push is acknowledged (psd_ack) once every copy was
  * answered. */
@@ -549,7 +579,7 @@ static void psd_rows_closed(void *ud, uint32_t table, int64_t clock, const int64
         if (!reqs || nreqs < nacks)
                 log_warning("out of memory acknowledging the pushes of clock %ld of table %u: their workers ask "
                             "again", (long) clock, table);
-        int st = migrate_rows_copy(p->migrate, reqs, nreqs, table, clock, ids, n, gone, ngone);
+        int st = migrate_rows_copy(p->migrate, reqs, nreqs, table, clock, -1, ids, n, gone, ngone);
         if (st != PSNET__STATUS__STATUS_OK) /* the clock is closed here: its rows go to the backups again */
                 rows_copies_lost(p->rows, shardmap_epoch(store_map(p->store)));
         log_debug("table clock closed table=%u clock=%ld rows=%zu pushes=%zu copies=%s", table, (long) clock, n, nacks,
@@ -695,6 +725,8 @@ static void psd_handle_rows(void *d, WireMsg *m, void *peer) {
         p->bytes_in += zmq_msg_size(&m->frames[1]);
         if (st == ROWS_PARKED)
                 psd_rows_settle(p); /* acknowledged when its clock closes */
+        else if (st == PSNET__STATUS__STATUS_OK && psd_rows_copies_push(p))
+                psd_rows_copy_push(p, &m->route, h);
         else
                 psd_push_ack(p, &m->route, h, st);
 }

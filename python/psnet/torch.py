@@ -312,10 +312,6 @@ class Optimizer:
             args += ["--chunk-kb", str(int(chunk_kb))]
         if self.tables:
             args += ["--tables", ",".join(m.spec for m in self.tables.values())]
-            # Rows have backups under BSP: pscoord's default copies then (2
-            # with two shards or more).
-            if mode != "bsp":
-                args += ["--replicas", "1"]
         path = self._init_file(init, init_dir)
         if path:
             args += ["--init", path]

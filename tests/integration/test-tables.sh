@@ -34,9 +34,6 @@ http_cluster tables
 out=$("$PSCTL" --coord "$COORD" job submit --model mlp:4-1 --mode fed --replicas 1 --tables w:1 2>&1)
 [ $? -ne 0 ] && grep -q "tables is for training jobs" <<<"$out"
 ok $? "tables in a federated job are refused, saying why ($out)"
-out=$("$PSCTL" --coord "$COORD" job submit --model mlp:4-1 --mode asp --replicas 2 --tables w:1 2>&1)
-[ $? -ne 0 ] && grep -q "needs --mode bsp for now" <<<"$out"
-ok $? "tables with backups under asp are refused, saying why ($out)"
 out=$("$PSCTL" --coord "$COORD" job submit --model mlp:4-1 --mode asp --replicas 1 --tables w:1:momentum 2>&1)
 [ $? -ne 0 ] && grep -q "optimizer 'momentum'" <<<"$out"
 ok $? "a table with an unknown optimizer is refused, naming it ($out)"

@@ -434,6 +434,105 @@ out:
         shardmap_free(m2);
 }
 
+static int asp_refused;
+
+/* ASP: worker's push just applied on s, copied whole to shard to as
+ * psd-server.c does (ROWS_COPY naming the worker). */
+static void asp_copy(Side *s, Side *to, uint32_t worker, int64_t clock) {
+        const int64_t *ids, *gone;
+        size_t n, ngone;
+        rows_last_applied(s->rows, &ids, &n, &gone, &ngone);
+        int64_t held[64], st[64];
+        float rows[64 * 8];
+        size_t k = rows_copy_rows(s->rows, 0, ids, n, held, rows, st);
+        Psnet__Header h = header(PSNET__MSG_TYPE__MSG_ROWS_COPY, 0, s->id, clock);
+        h.has_origin = true;
+        h.origin = worker;
+        zmq_msg_t f[2];
+        frame(&f[0], held, k * 8);
+        frame(&f[1], rows, k * rows_row_floats(s->rows, 0) * 4);
+        char why[160] = "";
+        if (rows_copy_in(to->rows, &h, f, 2, why, sizeof why) != 0)
+                asp_refused++;
+        zmq_msg_close(&f[0]);
+        zmq_msg_close(&f[1]);
+}
+
+/* ASP on two copies: shards 1 and 2 each lead some of 24 ids and back the
+ * other's; workers 7 and 8 push clocks 0..2, each push applied as it
+ * comes and copied to the other shard. Shard 1 dies during worker 8's
+ * push of clock 2: applied there and copied (how 1), applied there and not
+ * copied (how 2), or never sent (how 3); its part on shard 2 applied in
+ * cases 1 and 2. Worker 8 sends the push again to shard 2 under the new
+ * map: shard 2 applies only the rows whose update it lacks, and ends with
+ * every row as one shard that took every push once, in the same order. */
+static void test_asp_failover_case(const Job *job, ShardMap *m1, ShardMap *m2, const int64_t *ids, size_t n, int how) {
+        Side s1 = side(job, 1), s2 = side(job, 2), ref = side(job, 2);
+        if (!CHECK(s1.rows && s2.rows && ref.rows, "ASP: three shards' tables"))
+                goto out;
+        int64_t a[64], b[64];
+        size_t na = 0, nb = 0;
+        for (size_t k = 0; k < n; k++) {
+                if (shardmap_row_holder(m1, 0, ids[k], 0) == shardmap_find(m1, 1))
+                        a[na++] = ids[k];
+                else
+                        b[nb++] = ids[k];
+        }
+        asp_refused = 0;
+        for (int64_t c = 0; c < 3; c++)
+                for (uint32_t w = 7; w <= 8; w++) {
+                        push_to(&ref, m2, w, c, 2, ids, n);
+                        bool last = c == 2 && w == 8;
+                        if (!(last && how == 3)) {
+                                push_to(&s1, m1, w, c, 1, a, na);
+                                if (!(last && how == 2))
+                                        asp_copy(&s1, &s2, w, c);
+                                push_to(&s2, m1, w, c, 1, b, nb);
+                                asp_copy(&s2, &s1, w, c);
+                        }
+                }
+        rows_map_changed(s2.rows, m1, m2, 2);
+        int st = push_to(&s2, m2, 8, 2, 2, ids, n); /* worker 8's push of clock 2, sent again under the new map */
+        while (rows_rebuild_step(s2.rows, 4, NULL, NULL))
+                ;
+        float want[64 * 2], got[64 * 2];
+        Rows *keep = rows;
+        ShardMap *keep_map = map;
+        rows = ref.rows, map = m2, self_id = 2;
+        char why[160] = "";
+        pull(0, ids, n, want, 2, why);
+        rows = s2.rows;
+        int pst = pull(0, ids, n, got, 2, why);
+        rows = keep, map = keep_map, self_id = 1;
+        const char *what[] = { "", "applied there and copied", "applied there, its copy lost", "never sent" };
+        CHECK(st == 0 && pst == 0 && asp_refused == 0 && memcmp(got, want, n * 2 * sizeof *got) == 0 && na > 0 &&
+                      nb > 0,
+              "ASP: shard 1 lost during worker 8's push of clock 2 (%s): sent again, shard 2 ends with every row as "
+              "one shard that took every push once, bit for bit (%d)", what[how], st);
+out:
+        rows_free(s1.rows);
+        rows_free(s2.rows);
+        rows_free(ref.rows);
+}
+
+static void test_asp_failover(Job job) {
+        char why[160] = "";
+        job.mode = MODE_ASP;
+        job.replicas = 2;
+        job.id += 95;
+        if (!CHECK(job_validate(&job, why, sizeof why) == 0, "an ASP job with two copies of its rows (%s)", why))
+                return;
+        const uint32_t two[2] = { 1, 2 }, second[1] = { 2 };
+        ShardMap *m1 = map_of(1, two, 2, 2, &job), *m2 = map_of(2, second, 1, 1, &job);
+        int64_t ids[24];
+        for (int k = 0; k < 24; k++)
+                ids[k] = 3000 + 41 * k;
+        for (int how = 1; m1 && m2 && how <= 3; how++)
+                test_asp_failover_case(&job, m1, m2, ids, 24, how);
+        shardmap_free(m1);
+        shardmap_free(m2);
+}
+
 /* A table that drops rows (ttl=2, or max-rows=10) on two copies: shards
  * 1 and 2 each lead some of 40 ids and back the other's; workers 7 and 8
  * push 16 of them at each clock, 4 further on at the next, so that shard
@@ -1119,6 +1218,7 @@ int main(void) {
               (unsigned long long) s.pushed, (unsigned long long) s.refused);
         test_bsp(job, mine);
         test_failover(job);
+        test_asp_failover(job);
         test_bounded_failover(job, 2, 0);
         test_bounded_failover(job, 0, 10);
         test_move(job);
