@@ -249,10 +249,10 @@ static void test_tables(void) {
         f.mode = "asp";
         f.replicas = 0;
         CHECK(jobflags_to_job(&f, &j, err, sizeof err) == 0 && j.replicas == 0,
-              "tables without --replicas: the default, one copy for a job with tables (%s)", err);
+              "tables without --replicas: pscoord's default (%s)", err);
         f.replicas = 2;
-        CHECK(jobflags_to_job(&f, &j, err, sizeof err) == -EINVAL && strstr(err, "--replicas 1"),
-              "tables with backups: refused for now, saying so: %s", err);
+        CHECK(jobflags_to_job(&f, &j, err, sizeof err) == 0 && j.replicas == 2,
+              "tables on two copies under asp (%s)", err);
         f.replicas = 0;
         f.tables = NULL;
         f.model = "lr:4";
