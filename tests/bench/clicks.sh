@@ -74,11 +74,14 @@ done
 mean() { awk '{ for (i = 1; i <= NF; i++) s += $i; printf "%.4f", s / NF }' <<<"$1"; }
 # One workerd on one shard (ASP) with each seed, then two on two (BSP, as the
 # demo: each row on both shards, pscoord's default), and the same with one
-# copy of each row (--replicas 1): the price of the backups' copies.
-for tag in $(seq 1 "$seeds") bsp bsp1; do
+# copy of each row (--replicas 1): the price of the backups' copies; and
+# both under ASP, where each push is copied before it is acknowledged.
+for tag in $(seq 1 "$seeds") bsp bsp1 asp asp1; do
   n=1 mode=asp seed=$tag copies=()
   [ "$tag" = bsp ] && n=2 mode=bsp seed=1
   [ "$tag" = bsp1 ] && n=2 mode=bsp seed=1 copies=(--replicas 1)
+  [ "$tag" = asp ] && n=2 mode=asp seed=1
+  [ "$tag" = asp1 ] && n=2 mode=asp seed=1 copies=(--replicas 1)
   coord="ipc://$RUN/coord-$tag.sock"
   psnet_start "pscoord-$tag" "$PSCOORD" --listen "$coord" --workers "$n" --shards "$n" --mode "$mode" \
     --model "$model" --data "$RUN/clicks" --batch "$batch" --epochs "$epochs" --seed "$seed" "${tables[@]}" "${copies[@]}"
