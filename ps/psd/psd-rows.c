@@ -585,14 +585,13 @@ static int record_applied(LastPush *l, int64_t clock, const int64_t *ids, size_t
         return 0;
 }
 
-/* ASP/SSP: the ids of a push of the worker's clock whose update this shard
- * holds already go (ids v and gradients g compacted, their count returned). */
-static size_t drop_recorded(const LastPush *l, int64_t clock, int64_t *v, float *g, size_t count, size_t dim) {
-        if (clock != l->rec_clock || !l->rec.n)
-                return count;
+/* The rows of a push whose id applied says no (ids v and gradients g,
+ * dim floats each, compacted; their count returned). */
+static size_t keep_unapplied(int64_t *v, float *g, size_t count, size_t dim, bool (*applied)(int64_t id, void *ud),
+                             void *ud) {
         size_t kept = 0;
         for (size_t k = 0; k < count; k++) {
-                if (idset_has(&l->rec, 0, v[k]))
+                if (applied(v[k], ud))
                         continue;
                 v[kept] = v[k];
                 if (kept != k)
@@ -600,6 +599,18 @@ static size_t drop_recorded(const LastPush *l, int64_t clock, int64_t *v, float 
                 kept++;
         }
         return kept;
+}
+
+static bool recorded(int64_t id, void *ud) {
+        return idset_has(ud, 0, id);
+}
+
+/* ASP/SSP: the ids of a push of the worker's clock whose update this shard
+ * holds already go (ids v and gradients g compacted, their count returned). */
+static size_t drop_recorded(LastPush *l, int64_t clock, int64_t *v, float *g, size_t count, size_t dim) {
+        if (clock != l->rec_clock || !l->rec.n)
+                return count;
+        return keep_unapplied(v, g, count, dim, recorded, &l->rec);
 }
 
 /* BSP: parks the push (v and g taken), or a status with the reason. */
@@ -691,21 +702,23 @@ static int64_t applied_clock(const Rows *r, uint32_t self, uint32_t was, uint32_
  * count returned): its own rows at a clock it closed, a lost primary's
  * whose copy of the clock came here whole, and a sender's moved here at
  * that clock or later. */
+typedef struct Cut {
+        const Rows *r;
+        uint32_t self, t;
+        int64_t clock;
+} Cut;
+
+static bool applied_before(int64_t id, void *ud) {
+        const Cut *c = ud;
+        int at = shardmap_row_holder(c->r->prev, c->t, id, 0);
+        uint32_t was = at >= 0 ? shardmap_shard(c->r->prev, (size_t) at)->id : 0;
+        return applied_clock(c->r, c->self, was, c->t) >= c->clock;
+}
+
 static size_t drop_applied(const Rows *r, uint32_t self, uint32_t t, int64_t clock, int64_t *v, float *g,
                            size_t count) {
-        size_t dim = r->conf[t].dim, kept = 0;
-        for (size_t k = 0; k < count; k++) {
-                int at = shardmap_row_holder(r->prev, t, v[k], 0);
-                uint32_t was = at >= 0 ? shardmap_shard(r->prev, (size_t) at)->id : 0;
-                bool applied = applied_clock(r, self, was, t) >= clock;
-                if (applied)
-                        continue;
-                v[kept] = v[k];
-                if (kept != k)
-                        memmove(g + kept * dim, g + k * dim, dim * sizeof *g);
-                kept++;
-        }
-        return kept;
+        Cut c = { r, self, t, clock };
+        return keep_unapplied(v, g, count, r->conf[t].dim, applied_before, &c);
 }
 
 /* The worker's push h (in parts parts, of which those in in are here) is

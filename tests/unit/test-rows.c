@@ -318,6 +318,19 @@ static int push_to(Side *s, const ShardMap *m, uint32_t worker, int64_t clock, u
         return st;
 }
 
+/* Rows of ids[0..n) of table 0 (2 floats each) from shard self's tables
+ * rs under m into out: pull's status. */
+static int pull_as(Rows *rs, ShardMap *m, uint32_t self, const int64_t *ids, size_t n, float *out) {
+        Rows *keep = rows;
+        ShardMap *keep_map = map;
+        uint32_t keep_self = self_id;
+        rows = rs, map = m, self_id = self;
+        char why[160] = "";
+        int st = pull(0, ids, n, out, 2, why);
+        rows = keep, map = keep_map, self_id = keep_self;
+        return st;
+}
+
 static Side side(const Job *job, uint32_t id) {
         Side s = { .id = id };
         char why[160];
@@ -390,14 +403,8 @@ static void test_failover_case(const Job *job, ShardMap *m1, ShardMap *m2, const
               "its %llu copies became its own: %llu as the pushes touched them, %llu in %d steps",
               (unsigned long long) copies, (unsigned long long) (copies - left), (unsigned long long) left, steps);
         float want[64 * 2], got[64 * 2];
-        Rows *keep = rows;
-        ShardMap *keep_map = map;
-        rows = ref.rows, map = m2, self_id = 2;
-        char why[160] = "";
-        pull(0, ids, n, want, 2, why);
-        rows = s2.rows;
-        int pst = pull(0, ids, n, got, 2, why);
-        rows = keep, map = keep_map, self_id = 1;
+        pull_as(ref.rows, m2, 2, ids, n, want);
+        int pst = pull_as(s2.rows, m2, 2, ids, n, got);
         int want7 = how == 1 ? PSNET__STATUS__STATUS_DUPLICATE : ROWS_PARKED;
         int want8 = how == 1 ? PSNET__STATUS__STATUS_DUPLICATE : ROWS_PARKED;
         const char *what[] = { "", "its copy came", "its copy's last part was lost", "it never closed the clock" };
@@ -496,14 +503,8 @@ static void test_asp_failover_case(const Job *job, ShardMap *m1, ShardMap *m2, c
         while (rows_rebuild_step(s2.rows, 4, NULL, NULL))
                 ;
         float want[64 * 2], got[64 * 2];
-        Rows *keep = rows;
-        ShardMap *keep_map = map;
-        rows = ref.rows, map = m2, self_id = 2;
-        char why[160] = "";
-        pull(0, ids, n, want, 2, why);
-        rows = s2.rows;
-        int pst = pull(0, ids, n, got, 2, why);
-        rows = keep, map = keep_map, self_id = 1;
+        pull_as(ref.rows, m2, 2, ids, n, want);
+        int pst = pull_as(s2.rows, m2, 2, ids, n, got);
         const char *what[] = { "", "applied there and copied", "applied there, its copy lost", "never sent" };
         CHECK(st == 0 && pst == 0 && asp_refused == 0 && memcmp(got, want, n * 2 * sizeof *got) == 0 && na > 0 &&
                       nb > 0,
@@ -914,6 +915,33 @@ static void test_move(Job job) {
         shardmap_free(c2);
 }
 
+/* Shards sd[0..n) under m, their copies, moves and asks routed to one
+ * another (route_closed, route_move, route_want). */
+static void routed(Side *sd, size_t n, const ShardMap *m) {
+        for (size_t i = 0; i < n; i++) {
+                sd[i].map = m;
+                sides[nsides++] = &sd[i];
+                RowsHooks hk = { .members = members, .closed = route_closed, .want = route_want, .ud = &sd[i] };
+                rows_set_hooks(sd[i].rows, &hk);
+        }
+}
+
+/* The map of shards sd[0..n) changes from m1 to m2, and their moves run
+ * to their end: the steps taken. */
+static int move_all(Side *sd, size_t n, const ShardMap *m1, const ShardMap *m2) {
+        for (size_t i = 0; i < n; i++) {
+                rows_map_changed(sd[i].rows, m1, m2, sd[i].id);
+                sd[i].map = m2;
+        }
+        int steps = 0;
+        for (bool more = true; more && steps < 10000; steps++) {
+                more = false;
+                for (size_t i = 0; i < n; i++)
+                        more |= rows_move_step(sd[i].rows, 4, &(RowsMoveHooks) { route_move, all_answered, NULL, &sd[i] });
+        }
+        return steps;
+}
+
 /* A table with ttl=2 on shard 1 alone; shard 2 added (two copies): 5
  * groups of 8 ids, group g last pushed at clock g (0..4), so that groups 0
  * and 1 are gone by clock 4. Its rows move with the clock each was last
@@ -931,12 +959,7 @@ static void test_bounded_move(Job job) {
         move_refused = copies_refused = 0;
         if (!CHECK(valid && m1 && m2 && sd[0].rows && sd[1].rows, "a BSP job of a table with ttl=2 (%s)", why))
                 goto out;
-        for (int i = 0; i < 2; i++) {
-                sd[i].map = m1;
-                sides[nsides++] = &sd[i];
-                RowsHooks hk = { .members = members, .closed = route_closed, .want = route_want, .ud = &sd[i] };
-                rows_set_hooks(sd[i].rows, &hk);
-        }
+        routed(sd, 2, m1);
         int64_t ids[40];
         for (int k = 0; k < 40; k++)
                 ids[k] = 9000 + 61 * k;
@@ -945,16 +968,7 @@ static void test_bounded_move(Job job) {
                         push_all(m1, w, c, ids + 8 * c, 40 - 8 * (size_t) c, NULL, 0);
         RowsStats r1;
         rows_stats(sd[0].rows, &r1);
-        for (int i = 0; i < 2; i++) {
-                rows_map_changed(sd[i].rows, m1, m2, sd[i].id);
-                sd[i].map = m2;
-        }
-        int steps = 0;
-        for (bool more = true; more && steps < 10000; steps++) {
-                more = false;
-                for (int i = 0; i < 2; i++)
-                        more |= rows_move_step(sd[i].rows, 4, &(RowsMoveHooks) { route_move, all_answered, NULL, &sd[i] });
-        }
+        int steps = move_all(sd, 2, m1, m2);
         bool settled = !rows_promoting(sd[0].rows) && !rows_promoting(sd[1].rows) && move_refused == 0;
         uint64_t held[2], bytes;
         TableCounts k2;
@@ -1001,12 +1015,7 @@ static void test_bounded_removal(Job job) {
         if (!CHECK(valid && m1 && m2 && sd[0].rows && sd[1].rows && sd[2].rows, "max-rows=8 on three shards (%s)",
                    why))
                 goto out;
-        for (int i = 0; i < 3; i++) {
-                sd[i].map = m1;
-                sides[nsides++] = &sd[i];
-                RowsHooks hk = { .members = members, .closed = route_closed, .want = route_want, .ud = &sd[i] };
-                rows_set_hooks(sd[i].rows, &hk);
-        }
+        routed(sd, 3, m1);
         int64_t ids[24];
         for (int k = 0; k < 24; k++)
                 ids[k] = 7100 + 29 * k;
@@ -1019,16 +1028,7 @@ static void test_bounded_removal(Job job) {
                 rows_table_stats(sd[i].rows, 0, &n, &bytes, &k);
                 before += n;
         }
-        for (int i = 0; i < 3; i++) {
-                rows_map_changed(sd[i].rows, m1, m2, sd[i].id);
-                sd[i].map = m2;
-        }
-        int steps = 0;
-        for (bool more = true; more && steps < 10000; steps++) {
-                more = false;
-                for (int i = 0; i < 3; i++)
-                        more |= rows_move_step(sd[i].rows, 4, &(RowsMoveHooks) { route_move, all_answered, NULL, &sd[i] });
-        }
+        (void) move_all(sd, 3, m1, m2);
         for (int i = 0; i < 2; i++) {
                 uint64_t n;
                 rows_table_stats(sd[i].rows, 0, &n, &bytes, &k);
