@@ -813,8 +813,16 @@ int rows_push(Rows *r, const ShardMap *map, uint32_t self, const Psnet__Header *
         if (bsp && st == PSNET__STATUS__STATUS_OK && h->clock <= r->closed[h->table] &&
             !reopened(r, h->table, h->clock)) {
                 /* Closed here, and every row of it applied (a push sent again
-                 * after a fail-over): acknowledged, not parked. */
+                 * after a map change): acknowledged, not parked; its rows
+                 * copied again first (rows_last_applied), the clock's copy
+                 * may still be on its way. */
                 note_push(last, h, parts, in);
+                if (again) {
+                        ps_free(r->asp_ids);
+                        r->asp_ids = v;
+                        r->asp_n = count;
+                        v = NULL;
+                }
                 return PSNET__STATUS__STATUS_DUPLICATE;
         }
         if (st == PSNET__STATUS__STATUS_OK && !bsp)
@@ -829,12 +837,20 @@ int rows_push(Rows *r, const ShardMap *map, uint32_t self, const Psnet__Header *
         }
         if (st == PSNET__STATUS__STATUS_OK && bsp && before_failover(r, h->table, h->clock))
                 count = drop_applied(r, self, h->table, h->clock, v, owned, count);
+        /* ASP/SSP, a push sent again: all its ids, whose rows it copies
+         * again (the first sending's copy may still be on its way). */
+        _cleanup_free_ int64_t *all = NULL;
+        size_t nall = 0;
         if (st == PSNET__STATUS__STATUS_OK && !bsp && last->rec_clock == h->clock && last->rec.n) {
                 /* Rows of this push applied here already, or copied here from
                  * a lost primary that applied them (a push sent again). */
                 if (!owned && (owned = ps_malloc(MAX(gb, (size_t) 1))))
                         g = memcpy(owned, g, gb);
-                if (owned)
+                if (owned && (all = ps_malloc(MAX(count, (size_t) 1) * sizeof *all))) {
+                        nall = count;
+                        memcpy(all, v, count * sizeof *all);
+                }
+                if (owned && all)
                         count = drop_recorded(last, h->clock, v, owned, count, c->dim);
                 else {
                         snprintf(reason, n, "out of memory for %zu bytes of gradients", gb);
@@ -887,6 +903,15 @@ int rows_push(Rows *r, const ShardMap *map, uint32_t self, const Psnet__Header *
                 r->asp_ids = v;
                 r->asp_n = st == PSNET__STATUS__STATUS_OK ? count : 0;
                 v = NULL;
+        }
+        if (st == PSNET__STATUS__STATUS_OK && all) {
+                /* Sent again: every row of it is copied again, and the push
+                 * acknowledged once that copy is answered, which follows
+                 * the first sending's on each link. */
+                ps_free(r->asp_ids);
+                r->asp_ids = all;
+                r->asp_n = nall;
+                all = NULL;
         }
         if (st != PSNET__STATUS__STATUS_OK && st != ROWS_PARKED) {
                 r->stats.refused++;

@@ -130,7 +130,11 @@ void rows_export(const Rows *r, uint32_t table, const int64_t *ids, size_t n, fl
  * none) and those its table's bounds dropped, for its copies (valid until
  * the next rows_push). A ROWS_COPY naming the worker (h->origin) is noted
  * as that worker's push of the clock: sent again after a fail-over, a push
- * is cut to the rows whose update this shard does not hold yet. */
+ * is cut to the rows whose update this shard does not hold yet. A push
+ * sent again under a newer map, in any mode (BSP: DUPLICATE, its clock
+ * closed here), gives all its ids: their rows are copied again, and the
+ * push acknowledged once that copy is answered, since the first sending's
+ * copy may still be on its way. */
 void rows_last_applied(const Rows *r, const int64_t **ids, size_t *n, const int64_t **gone, size_t *ngone);
 /* Whether table keeps its rows' stamps (a bounded one). */
 bool rows_bounded(const Rows *r, uint32_t table);

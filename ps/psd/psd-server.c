@@ -524,13 +524,19 @@ static int psd_rows_moved(void *ud) {
         return a;
 }
 
-/* Whether an applied rows push is copied to its rows' backups before it is
- * acknowledged: ASP and SSP with two copies or more (under BSP a clock's
- * close copies it). */
-static bool psd_rows_copies_push(const Psd *p) {
+/* Whether a rows push answered st is copied to its rows' backups before it
+ * is acknowledged, with two copies or more: applied under ASP and SSP (under
+ * BSP a clock's close copies it), or sent again under a newer map in any
+ * mode (rows_last_applied). */
+static bool psd_rows_copies_push(const Psd *p, int st) {
         const Job *job = store_job(p->store);
         const ShardMap *m = store_map(p->store);
-        return job && job->mode != MODE_BSP && m && shardmap_replicas(m) >= 2;
+        const int64_t *ids, *gone;
+        size_t n, ngone;
+        rows_last_applied(p->rows, &ids, &n, &gone, &ngone);
+        if (!job || !m || shardmap_replicas(m) < 2)
+                return false;
+        return st == PSNET__STATUS__STATUS_OK ? job->mode != MODE_BSP : n > 0;
 }
 
 /* ASP/SSP: worker h->sender's push of h's clock applied here: its rows go
@@ -548,7 +554,9 @@ static void psd_rows_copy_push(Psd *p, const zmq_msg_t *route, const Psnet__Head
                 return;
         }
         req->rows_copy = true;
-        int st = migrate_rows_copy(p->migrate, &req, 1, h->table, h->clock, h->sender, ids, n, gone, ngone);
+        const Job *job = store_job(p->store);
+        int64_t origin = job && job->mode != MODE_BSP ? (int64_t) h->sender : -1;
+        int st = migrate_rows_copy(p->migrate, &req, 1, h->table, h->clock, origin, ids, n, gone, ngone);
         if (st != PSNET__STATUS__STATUS_OK) /* applied here: its rows go to the backups again */
                 rows_copies_lost(p->rows, shardmap_epoch(store_map(p->store)));
         pushreq_settle(p->gate, req, st);
@@ -725,7 +733,7 @@ static void psd_handle_rows(void *d, WireMsg *m, void *peer) {
         p->bytes_in += zmq_msg_size(&m->frames[1]);
         if (st == ROWS_PARKED)
                 psd_rows_settle(p); /* acknowledged when its clock closes */
-        else if (st == PSNET__STATUS__STATUS_OK && psd_rows_copies_push(p))
+        else if ((st == PSNET__STATUS__STATUS_OK || st == PSNET__STATUS__STATUS_DUPLICATE) && psd_rows_copies_push(p, st))
                 psd_rows_copy_push(p, &m->route, h);
         else
                 psd_push_ack(p, &m->route, h, st);

@@ -472,8 +472,13 @@ static void asp_copy(Side *s, Side *to, uint32_t worker, int64_t clock) {
  * copied (how 2), or never sent (how 3); its part on shard 2 applied in
  * cases 1 and 2. Worker 8 sends the push again to shard 2 under the new
  * map: shard 2 applies only the rows whose update it lacks, and ends with
- * every row as one shard that took every push once, in the same order. */
-static void test_asp_failover_case(const Job *job, ShardMap *m1, ShardMap *m2, const int64_t *ids, size_t n, int how) {
+ * every row as one shard that took every push once, in the same order.
+ * how 4: shard 1 applied the push, its copy still on the way when a map
+ * change (mb, the same shards) has worker 8 send it again to both: shard
+ * 1 applies nothing again but copies every row of it again, so that when
+ * it dies before the first copy arrives (m4), shard 2 still holds it. */
+static void test_asp_failover_case(const Job *job, ShardMap *m1, ShardMap *m2, ShardMap *mb, ShardMap *m4,
+                                   const int64_t *ids, size_t n, int how) {
         Side s1 = side(job, 1), s2 = side(job, 2), ref = side(job, 2);
         if (!CHECK(s1.rows && s2.rows && ref.rows, "ASP: three shards' tables"))
                 goto out;
@@ -492,20 +497,31 @@ static void test_asp_failover_case(const Job *job, ShardMap *m1, ShardMap *m2, c
                         bool last = c == 2 && w == 8;
                         if (!(last && how == 3)) {
                                 push_to(&s1, m1, w, c, 1, a, na);
-                                if (!(last && how == 2))
+                                if (!(last && (how == 2 || how == 4)))
                                         asp_copy(&s1, &s2, w, c);
                                 push_to(&s2, m1, w, c, 1, b, nb);
                                 asp_copy(&s2, &s1, w, c);
                         }
                 }
-        rows_map_changed(s2.rows, m1, m2, 2);
-        int st = push_to(&s2, m2, 8, 2, 2, ids, n); /* worker 8's push of clock 2, sent again under the new map */
+        int st = 0;
+        if (how == 4) {
+                rows_map_changed(s1.rows, m1, mb, 1);
+                rows_map_changed(s2.rows, m1, mb, 2);
+                st = push_to(&s1, mb, 8, 2, 3, a, na);
+                asp_copy(&s1, &s2, 8, 2);
+                st |= push_to(&s2, mb, 8, 2, 3, b, nb);
+                rows_map_changed(s2.rows, mb, m4, 2);
+        } else {
+                rows_map_changed(s2.rows, m1, m2, 2);
+                st = push_to(&s2, m2, 8, 2, 2, ids, n); /* worker 8's push of clock 2, sent again under the new map */
+        }
         while (rows_rebuild_step(s2.rows, 4, NULL, NULL))
                 ;
         float want[64 * 2], got[64 * 2];
         pull_as(ref.rows, m2, 2, ids, n, want);
         int pst = pull_as(s2.rows, m2, 2, ids, n, got);
-        const char *what[] = { "", "applied there and copied", "applied there, its copy lost", "never sent" };
+        const char *what[] = { "", "applied there and copied", "applied there, its copy lost", "never sent",
+                               "applied there, sent again to it while its copy was on the way" };
         CHECK(st == 0 && pst == 0 && asp_refused == 0 && memcmp(got, want, n * 2 * sizeof *got) == 0 && na > 0 &&
                       nb > 0,
               "ASP: shard 1 lost during worker 8's push of clock 2 (%s): sent again, shard 2 ends with every row as "
@@ -525,13 +541,16 @@ static void test_asp_failover(Job job) {
                 return;
         const uint32_t two[2] = { 1, 2 }, second[1] = { 2 };
         ShardMap *m1 = map_of(1, two, 2, 2, &job), *m2 = map_of(2, second, 1, 1, &job);
+        ShardMap *mb = map_of(3, two, 2, 2, &job), *m4 = map_of(4, second, 1, 1, &job);
         int64_t ids[24];
         for (int k = 0; k < 24; k++)
                 ids[k] = 3000 + 41 * k;
-        for (int how = 1; m1 && m2 && how <= 3; how++)
-                test_asp_failover_case(&job, m1, m2, ids, 24, how);
+        for (int how = 1; m1 && m2 && mb && m4 && how <= 4; how++)
+                test_asp_failover_case(&job, m1, m2, mb, m4, ids, 24, how);
         shardmap_free(m1);
         shardmap_free(m2);
+        shardmap_free(mb);
+        shardmap_free(m4);
 }
 
 /* A table that drops rows (ttl=2, or max-rows=10) on two copies: shards
@@ -1103,6 +1122,25 @@ static void test_copies_lost(Job job) {
                       from == 0 && rows_whole_epoch(s.rows, 1) == 1,
               "a copy lost: not whole under epoch 1 until all %zu rows led here were sent again (%zu, in %d steps; a "
               "step that could not be sent is tried again)", n, resent, steps);
+        /* A push of the closed clock again: under the same map a duplicate
+         * alone; under a newer one (the same shards) its rows are copied
+         * again before it is acknowledged (the first copy may be on its way). */
+        const int64_t *got, *gone;
+        size_t ngot, ngone;
+        int dup = push_to(&s, m, 7, 0, 1, ids, n);
+        rows_last_applied(s.rows, &got, &ngot, &gone, &ngone);
+        size_t same_map = ngot;
+        ShardMap *m2 = map_of(2, two, 2, 2, &job);
+        if (m2) {
+                rows_map_changed(s.rows, m, m2, 1);
+                int again = push_to(&s, m2, 7, 0, 2, ids, n);
+                rows_last_applied(s.rows, &got, &ngot, &gone, &ngone);
+                CHECK(dup == PSNET__STATUS__STATUS_DUPLICATE && same_map == 0 &&
+                              again == PSNET__STATUS__STATUS_DUPLICATE && ngot == n && memcmp(got, ids, n * 8) == 0,
+                      "a closed clock sent again: a DUPLICATE; under a newer map its %zu rows go to be copied again "
+                      "(%zu)", n, ngot);
+        }
+        shardmap_free(m2);
 out:
         rows_free(s.rows);
         shardmap_free(m);
