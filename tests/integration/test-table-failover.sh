@@ -173,6 +173,32 @@ read -r rows backups <<<"$(copies j 1 2)"
 [ "$rows" -gt 1000 ] && [ "$rows" = "$backups" ]; ok $? "every row has one copy on the other shard ($rows rows, $backups copies)"
 grep -q 'push not applied\|level=error' "$RUN"/w-j-*.log; ok $(( $? == 0 )) "no worker saw a push refused for good"
 psnet_stop_all
+
+# 9. ASP, nothing acknowledged lost, none applied twice: two Python workers
+# push a gradient of 1 to 400 SGD rows of their own each clock, 60 clocks;
+# shard 3 is killed once both passed clock 20, mid-run. Each row must end
+# at exactly 60 steps of w -= lr (rows-once.py): a push applied and copied
+# before the kill, one applied and not copied, one sent again to the
+# survivors, each counted once.
+py_env
+COORD="ipc://$RUN/k.sock"
+psnet_start pscoord-k "$PSCOORD" --listen "$COORD" --shards 3 --workers 2 --mode asp --model mlp:4-1 \
+  --tables e:1:sgd:lr=0.5:init=0
+for i in 1 2 3; do psd k "$i"; done
+mkdir -p "$RUN/k"
+for r in 0 1; do
+  "${PY[@]}" "$PSNET_SRC/tests/integration/rows-once.py" "$COORD" "$RUN/k" "$r" 60 >"$RUN/k-$r.out" 2>"$RUN/k-$r.log" &
+  eval "PY_k_$r=\$!"
+done
+psnet_wait_for 60 sh -c "[ \"\$(cat '$RUN/k/clock-0' 2>/dev/null)\" -ge 20 ] && [ \"\$(cat '$RUN/k/clock-1' 2>/dev/null)\" -ge 20 ]"
+ok $? "two Python workers (ASP, two copies) push to clock 20"
+kill -KILL "$PID_psd_k_3"; ok $? "SIGKILL shard 3 ($(cat "$RUN/k/clock-0") and $(cat "$RUN/k/clock-1") clocks in)"
+for r in 0 1; do
+  pid_var="PY_k_$r"; wait "${!pid_var}"; rc=$?
+  ok $rc "$(grep -h '^ok: \|^FAIL' "$RUN/k-$r.out" || tail -n 3 "$RUN/k-$r.log" | tr '\n' ' ')"
+done
+logs_match 'msg="fail-over" shard_id=3' 'pscoord-k.log'; ok $? "pscoord failed shard 3 over meanwhile"
+psnet_stop_all
 JOB=("${JOB_BSP[@]}")
 
 # 5. One copy of each row: a dead shard's rows are gone, and the job says so at once.
