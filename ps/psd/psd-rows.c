@@ -1112,15 +1112,7 @@ bool rows_bounded(const Rows *r, uint32_t table) {
 
 size_t rows_copy_rows(const Rows *r, uint32_t table, const int64_t *ids, size_t n, int64_t *ret_ids,
                       float *ret_rows, int64_t *ret_stamps) {
-        const Table *t = r->tables[table];
-        size_t k = 0;
-        for (size_t i = 0; i < n; i++)
-                if (table_row(t, ids[i], NULL))
-                        ret_ids[k++] = ids[i];
-        table_export(t, ret_ids, k, ret_rows);
-        if (table_stamped(t))
-                table_stamps(t, ret_ids, k, ret_stamps);
-        return k;
+        return table_export_held(r->tables[table], ids, n, ret_ids, ret_rows, ret_stamps);
 }
 
 static Copied *copied_of(Rows *r, uint32_t shard) {

@@ -373,8 +373,9 @@ static void init_values(const Table *t, int64_t id, float *w) {
         }
 }
 
-/* The row of id, made (reserve() was called for it) where it has none. */
-static float *row_of(Table *t, int64_t id) {
+/* The number of id's row, made (reserve() was called for it) where it has
+ * none. */
+static size_t row_num_of(Table *t, int64_t id) {
         size_t i = probe(t, t->index, t->cap, id);
         if (!t->index[i]) {
                 size_t r = t->nrows++;
@@ -387,7 +388,12 @@ static float *row_of(Table *t, int64_t id) {
                 init_values(t, id, w);
                 memset(w + t->c.dim, 0, (t->per - t->c.dim) * sizeof *w); /* state, and adam's step count 0 */
         }
-        return row_at(t, t->index[i] - 1);
+        return t->index[i] - 1;
+}
+
+/* The row of id, made where it has none. */
+static float *row_of(Table *t, int64_t id) {
+        return row_at(t, row_num_of(t, id));
 }
 
 /* Sorted copy of ids[0..n) (NULL: out of memory). */
@@ -615,9 +621,10 @@ int table_import(Table *t, const int64_t *ids, size_t n, const float *in, const 
         if (r < 0)
                 return r;
         for (size_t i = 0; i < n; i++) {
-                memcpy(row_of(t, ids[i]), in + i * t->per, t->per * sizeof *in);
+                size_t r = row_num_of(t, ids[i]);
+                memcpy(row_at(t, r), in + i * t->per, t->per * sizeof *in);
                 if (stamps && t->stamped)
-                        *stamp_at(t, (size_t) find(t, ids[i])) = stamps[i];
+                        *stamp_at(t, r) = stamps[i];
         }
         return 0;
 }
@@ -627,6 +634,22 @@ void table_stamps(const Table *t, const int64_t *ids, size_t n, int64_t *out) {
                 long r = t->stamped ? find(t, ids[i]) : -1;
                 out[i] = r >= 0 ? *stamp_at(t, (size_t) r) : t->now;
         }
+}
+
+size_t table_export_held(const Table *t, const int64_t *ids, size_t n, int64_t *ret_ids, float *out,
+                         int64_t *ret_stamps) {
+        size_t k = 0;
+        for (size_t i = 0; i < n; i++) {
+                long r = find(t, ids[i]);
+                if (r < 0)
+                        continue;
+                ret_ids[k] = ids[i];
+                memcpy(out + k * t->per, row_at(t, (size_t) r), t->per * sizeof *out);
+                if (t->stamped)
+                        ret_stamps[k] = *stamp_at(t, (size_t) r);
+                k++;
+        }
+        return k;
 }
 
 size_t table_remove(Table *t, const int64_t *ids, size_t n) {
@@ -665,10 +688,11 @@ static int move_row(Table *from, Table *to, size_t r) {
         if (reserve(to, 1) < 0)
                 return -ENOMEM;
         uint64_t made = to->counts.admitted; /* a row moved, not made */
-        memcpy(row_of(to, id_at(from, r)), row_at(from, r), from->per * sizeof(float));
+        size_t at = row_num_of(to, id_at(from, r));
+        memcpy(row_at(to, at), row_at(from, r), from->per * sizeof(float));
         to->counts.admitted = made;
         if (from->stamped && to->stamped) /* when it was last pushed travels with it */
-                *stamp_at(to, (size_t) find(to, id_at(from, r))) = *stamp_at(from, r);
+                *stamp_at(to, at) = *stamp_at(from, r);
         remove_row(from, r); /* the last row comes into r */
         return 0;
 }

@@ -86,6 +86,12 @@ bool table_stamped(const Table *t);
 /* The stamps of the rows of ids[0..n) into out (a row not held, or a table
  * without stamps: the clock of table_tick). */
 void table_stamps(const Table *t, const int64_t *ids, size_t n, int64_t *out);
+/* The rows the table holds of ids[0..n), each looked up once: their ids
+ * into ret_ids, whole rows (as table_export writes them) into out and,
+ * where the table keeps stamps, stamps into ret_stamps (else not written):
+ * how many. */
+size_t table_export_held(const Table *t, const int64_t *ids, size_t n, int64_t *ret_ids, float *out,
+                         int64_t *ret_stamps);
 /* From now on (on) or no longer, the ids max_rows and ttl drop are noted
  * (the log starts empty). */
 void table_log_gone(Table *t, bool on);

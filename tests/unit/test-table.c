@@ -274,6 +274,15 @@ static void check_bounded_copies(void) {
         int64_t held[4] = { 3, 4, 5, 6 };
         table_stamps(a, held, 4, st);
         CHECK(st[0] == 1 && st[1] == 1 && st[2] == 2 && st[3] == 2, "each row's stamp is its last push's clock");
+        int64_t ask[3] = { 1, 5, 4 }, hid[3], hst[3];
+        float hrows[3 * 2], erows[2 * 2];
+        int64_t heldpair[2] = { 5, 4 }, est[2];
+        table_export(a, heldpair, 2, erows);
+        table_stamps(a, heldpair, 2, est);
+        size_t nh = table_export_held(a, ask, 3, hid, hrows, hst);
+        CHECK(nh == 2 && hid[0] == 5 && hid[1] == 4 && memcmp(hrows, erows, sizeof erows) == 0 && hst[0] == est[0] &&
+                      hst[1] == est[1],
+              "the rows held of 3 ids (1 dropped): 2, with their rows and stamps (%zu)", nh);
         /* The copies: 6 rows past max-rows 4 (its first four, then the dropped go). */
         table_export(a, held, 4, rows + 4);
         CHECK(table_push(a, first, 0, g, NULL, 0) == 0, "an empty push");
