@@ -209,9 +209,11 @@ struct Rows {
         bool receiving;
         bool move_failed;       /* a receiver refused rows: not whole until the next change */
         bool rebuild_after_move; /* a copy was lost while rows moved (rows_copies_lost) */
-        /* ASP/SSP: the last push applied here, for its copies (rows_last_applied). */
-        int64_t *asp_ids, *asp_gone;
-        size_t asp_n, asp_ngone;
+        /* The last push's ids to copy to their backups (rows_last_applied):
+         * applied under ASP/SSP, or all of one sent again under a newer
+         * map; and the ids its table's bounds dropped. */
+        int64_t *copy_ids, *copy_gone;
+        size_t copy_n, copy_ngone;
         /* A sender's rows it no longer leads, which their new primary
          * dropped (its bounds; ROWS_COPY's ids dropped) before they were
          * made copies here: dropped then, not made copies. */
@@ -319,8 +321,8 @@ Rows *rows_free(Rows *r) {
         if (r) {
                 r->frozen = false; /* the writer is done: the checkpointer goes first */
                 drop_tables(r);
-                ps_free(r->asp_ids);
-                ps_free(r->asp_gone);
+                ps_free(r->copy_ids);
+                ps_free(r->copy_gone);
                 rows_thaw(r);
                 ps_free(r);
         }
@@ -585,6 +587,18 @@ static int record_applied(LastPush *l, int64_t clock, const int64_t *ids, size_t
         return 0;
 }
 
+/* The ids[0..n) (taken) are the push's to copy to their backups
+ * (rows_last_applied), and the push acknowledged once that copy is
+ * answered: applied here (ASP/SSP), or, sent again under a newer map, all
+ * of it, since the copy of its first sending may still be on its way
+ * (which that copy follows on each link). */
+static void to_copy(Rows *r, int64_t **ids, size_t n) {
+        ps_free(r->copy_ids);
+        r->copy_ids = *ids;
+        r->copy_n = n;
+        *ids = NULL;
+}
+
 /* The rows of a push whose id applied says no (ids v and gradients g,
  * dim floats each, compacted; their count returned). */
 static size_t keep_unapplied(int64_t *v, float *g, size_t count, size_t dim, bool (*applied)(int64_t id, void *ud),
@@ -749,7 +763,7 @@ static void unpark(Rows *r, uint32_t t, uint32_t worker, int64_t clock) {
 
 int rows_push(Rows *r, const ShardMap *map, uint32_t self, const Psnet__Header *h, const zmq_msg_t *frames,
               const zmq_msg_t *route, uint64_t room, char *reason, size_t n) {
-        r->asp_n = r->asp_ngone = 0; /* this push's, once applied */
+        r->copy_n = r->copy_ngone = 0; /* this push's, once applied */
         Table *t;
         _cleanup_free_ int64_t *v = NULL;
         _cleanup_free_ float *owned = NULL; /* the gradients copied: parked (BSP), or a frame not aligned */
@@ -817,12 +831,8 @@ int rows_push(Rows *r, const ShardMap *map, uint32_t self, const Psnet__Header *
                  * copied again first (rows_last_applied), the clock's copy
                  * may still be on its way. */
                 note_push(last, h, parts, in);
-                if (again) {
-                        ps_free(r->asp_ids);
-                        r->asp_ids = v;
-                        r->asp_n = count;
-                        v = NULL;
-                }
+                if (again)
+                        to_copy(r, &v, count);
                 return PSNET__STATUS__STATUS_DUPLICATE;
         }
         if (st == PSNET__STATUS__STATUS_OK && !bsp)
@@ -891,28 +901,20 @@ int rows_push(Rows *r, const ShardMap *map, uint32_t self, const Psnet__Header *
         else if (st == PSNET__STATUS__STATUS_OK && count > 0) {
                 table_tick(t, h->clock);
                 st = push_status(table_push(t, v, count, g, reason, n), c, reason, n);
-                /* For its copies (rows_last_applied), and a push sent again. */
-                ps_free(r->asp_gone);
-                r->asp_gone = NULL;
-                long ng = table_gone(t, &r->asp_gone);
-                r->asp_ngone = ng > 0 ? (size_t) ng : 0;
-                if (st == PSNET__STATUS__STATUS_OK && record_applied(last, h->clock, v, count) < 0)
+                /* For its copies (rows_last_applied), and, with copies, a
+                 * push sent again after a fail-over (one copy: none comes). */
+                ps_free(r->copy_gone);
+                r->copy_gone = NULL;
+                long ng = table_gone(t, &r->copy_gone);
+                r->copy_ngone = ng > 0 ? (size_t) ng : 0;
+                if (st == PSNET__STATUS__STATUS_OK && shardmap_replicas(map) >= 2 &&
+                    record_applied(last, h->clock, v, count) < 0)
                         log_warning("out of memory noting the rows worker %u's push of clock %ld applied: sent again "
                                     "after a fail-over, they would be applied again", h->sender, (long) h->clock);
-                ps_free(r->asp_ids);
-                r->asp_ids = v;
-                r->asp_n = st == PSNET__STATUS__STATUS_OK ? count : 0;
-                v = NULL;
+                to_copy(r, &v, st == PSNET__STATUS__STATUS_OK ? count : 0);
         }
-        if (st == PSNET__STATUS__STATUS_OK && all) {
-                /* Sent again: every row of it is copied again, and the push
-                 * acknowledged once that copy is answered, which follows
-                 * the first sending's on each link. */
-                ps_free(r->asp_ids);
-                r->asp_ids = all;
-                r->asp_n = nall;
-                all = NULL;
-        }
+        if (st == PSNET__STATUS__STATUS_OK && all) /* sent again: every row of it copied again */
+                to_copy(r, &all, nall);
         if (st != PSNET__STATUS__STATUS_OK && st != ROWS_PARKED) {
                 r->stats.refused++;
                 return st;
@@ -1100,10 +1102,10 @@ void rows_export(const Rows *r, uint32_t table, const int64_t *ids, size_t n, fl
 }
 
 void rows_last_applied(const Rows *r, const int64_t **ids, size_t *n, const int64_t **gone, size_t *ngone) {
-        *ids = r->asp_ids;
-        *n = r->asp_n;
-        *gone = r->asp_gone;
-        *ngone = r->asp_ngone;
+        *ids = r->copy_ids;
+        *n = r->copy_n;
+        *gone = r->copy_gone;
+        *ngone = r->copy_ngone;
 }
 
 bool rows_bounded(const Rows *r, uint32_t table) {
