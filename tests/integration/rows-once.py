@@ -3,8 +3,9 @@
 table has SGD rows starting at 0 (test-table-failover). The worker pushes a
 gradient of 1 for each of its own 400 ids (no other worker touches them)
 each clock, STEPS clocks, writing its clock to DIR/clock-RANK after each
-step (steps of 20 ms at least, as workerd's --step-delay-ms, so that a shard
-killed meanwhile dies mid-run). The rate the shards apply comes from the
+step; at clock 20 it waits (60 s at most) for DIR/killed, which the test
+writes once it killed a shard, so that the shard dies mid-run and the
+worker's next exchange meets it dead. The rate the shards apply comes from the
 first push (its rows read -lr); each row must end where STEPS steps of
 w -= lr * 1, in float32 as a shard computes them, take it: once a push,
 none lost, none twice, whatever shard died. Prints "ok: ..." or "FAIL ..."."""
@@ -27,7 +28,10 @@ ids = (np.arange(400, dtype=np.int64) + 1000 * (rank + 1)) * 7919
 g = np.ones((ids.size, dim), dtype=np.float32)
 lr = None
 for s in range(steps):
-    t0 = time.monotonic()
+    if s == 20:
+        deadline = time.monotonic() + 60
+        while not os.path.exists(os.path.join(d, "killed")) and time.monotonic() < deadline:
+            time.sleep(0.01)  # poll interval of a condition with a deadline
     w.push_rows(name, ids, g, clock)
     if lr is None:
         lr = np.float32(-w.pull_rows(name, ids[:1], clock)[0, 0])
@@ -35,7 +39,6 @@ for s in range(steps):
     clock += 1
     with open(os.path.join(d, f"clock-{rank}"), "w") as f:
         f.write(str(clock))
-    time.sleep(max(0.0, 0.02 - (time.monotonic() - t0)))
 want = np.float32(0)
 for _ in range(steps):
     want = np.float32(want - lr * np.float32(1))

@@ -176,7 +176,7 @@ psnet_stop_all
 
 # 9. ASP, nothing acknowledged lost, none applied twice: two Python workers
 # push a gradient of 1 to 400 SGD rows of their own each clock, 60 clocks;
-# shard 3 is killed once both passed clock 20, mid-run. Each row must end
+# shard 3 is killed once both reached clock 20, where they wait for it. Each row must end
 # at exactly 60 steps of w -= lr (rows-once.py): a push applied and copied
 # before the kill, one applied and not copied, one sent again to the
 # survivors, each counted once.
@@ -193,6 +193,7 @@ done
 psnet_wait_for 60 sh -c "[ \"\$(cat '$RUN/k/clock-0' 2>/dev/null)\" -ge 20 ] && [ \"\$(cat '$RUN/k/clock-1' 2>/dev/null)\" -ge 20 ]"
 ok $? "two Python workers (ASP, two copies) push to clock 20"
 kill -KILL "$PID_psd_k_3"; ok $? "SIGKILL shard 3 ($(cat "$RUN/k/clock-0") and $(cat "$RUN/k/clock-1") clocks in)"
+touch "$RUN/k/killed"
 for r in 0 1; do
   pid_var="PY_k_$r"; wait "${!pid_var}"; rc=$?
   ok $rc "$(grep -h '^ok: \|^FAIL' "$RUN/k-$r.out" || tail -n 3 "$RUN/k-$r.log" | tr '\n' ' ')"
