@@ -100,7 +100,7 @@ typedef struct Trainer {
         float *clogits;
         double eval_auc;
         bool click_pushing;            /* the rows request under way is the push */
-        uint32_t click_part;           /* of that batch (its table; 0 with one table for all fields) */
+        bool click_rows_done;          /* that batch's rows exchange is done (one for all its tables) */
         uv_idle_t step_idle;
         uv_timer_t delay;
         /* timing and progress */
@@ -257,17 +257,17 @@ static void eval_queue(Trainer *t) {
 }
 
 /* Of b's parts (part p's ids are table p's: one table for every field, or
- * one per field), those from t->click_part on that have ids (a push: every
+ * one per field), those that have ids (a push: every
  * part, every table pushed each clock, empty where the step touched none of
  * its rows, for a BSP clock closes on a shard once every member pushed
  * every table), all in one exchange (each table's requests in flight
  * together): their rows pulled into b->rows, or their gradients pushed;
- * done follows (which sets t->click_part to b->nparts). false: no part was
- * left. */
+ * done follows (which sets t->click_rows_done). false: that exchange is
+ * done already. */
 static bool click_part_rows(Trainer *t, ClickBatch *b, bool push, PsnetRowsFn done) {
         PsnetRowsTable tabs[JOB_MAX_TABLES];
         size_t n = 0;
-        for (uint32_t p = t->click_part; p < b->nparts && n < JOB_MAX_TABLES; p++) {
+        for (uint32_t p = 0; !t->click_rows_done && p < b->nparts && n < JOB_MAX_TABLES; p++) {
                 size_t from = b->part[p], cnt = b->part[p + 1] - from;
                 if (!push && cnt == 0)
                         continue;
@@ -288,7 +288,7 @@ static bool click_part_rows(Trainer *t, ClickBatch *b, bool push, PsnetRowsFn do
 
 static void click_test_rows_done(PsnetWorker *w, int r, void *ud);
 
-/* The test set's rows from part t->click_part on, then the evaluation. */
+/* The test set's rows, then the evaluation. */
 static void click_test_rows(Trainer *t) {
         if (!click_part_rows(t, &t->ctestb, false, click_test_rows_done))
                 eval_queue(t);
@@ -304,7 +304,7 @@ static void click_test_rows_done(PsnetWorker *w, int r, void *ud) {
                 }
                 return;
         }
-        t->click_part = t->ctestb.nparts;
+        t->click_rows_done = true;
         click_test_rows(t);
 }
 
@@ -315,7 +315,7 @@ static void eval_begin(Trainer *t) {
                 eval_queue(t);
                 return;
         }
-        t->click_part = 0;
+        t->click_rows_done = false;
         click_test_rows(t);
 }
 
@@ -464,9 +464,8 @@ static void click_rows_done(PsnetWorker *w, int r, void *ud);
 
 static void click_step(Trainer *t);
 
-/* The rows request under way from its part t->click_part on; once every
- * part is done, the step's next stage: its compute after the pull, its
- * dense round after the push. */
+/* The rows request under way; once it is done, the step's next stage: its
+ * compute after the pull, its dense round after the push. */
 static void click_continue(Trainer *t) {
         if (click_part_rows(t, &t->cbatch, t->click_pushing, click_rows_done))
                 return;
@@ -499,7 +498,7 @@ static void click_rows_done(PsnetWorker *w, int r, void *ud) {
                         trainer_fail(t, r);
                 return;
         }
-        t->click_part = t->cbatch.nparts;
+        t->click_rows_done = true;
         click_continue(t);
 }
 
@@ -516,7 +515,7 @@ static void click_step(Trainer *t) {
         double tc = mono_s();
         t->t_compute += tc - tb;
         histogram_observe(&t->compute_hist, tc - tb);
-        t->click_part = 0;
+        t->click_rows_done = false;
         t->click_pushing = true;
         click_continue(t);
 }
@@ -566,7 +565,7 @@ static void step_idle_cb(uv_idle_t *h) {
                         return;
                 }
                 t->t_batch += mono_s() - ta;
-                t->click_part = 0;
+                t->click_rows_done = false;
                 t->click_pushing = false;
                 click_continue(t);
                 return;
