@@ -223,9 +223,19 @@ int wire_validate(const Psnet__Header *hdr, const zmq_msg_t *frames, size_t nfra
         if (hdr->has_last && hdr->type != PSNET__MSG_TYPE__MSG_ROWS_MOVE)
                 return fail(reason, reasonlen, PSNET__STATUS__STATUS_MALFORMED,
                             "%s says whether it is the last: only ROWS_MOVE does", types[ti].name);
-        if (hdr->has_origin && hdr->type != PSNET__MSG_TYPE__MSG_ROWS_COPY)
+        if (hdr->has_origin && hdr->type != PSNET__MSG_TYPE__MSG_ROWS_COPY && hdr->type != PSNET__MSG_TYPE__MSG_ROWS_MOVE)
                 return fail(reason, reasonlen, PSNET__STATUS__STATUS_MALFORMED,
-                            "%s names the worker whose push it copies: only ROWS_COPY does", types[ti].name);
+                            "%s names a worker whose pushes it carries: only ROWS_COPY and ROWS_MOVE do",
+                            types[ti].name);
+        if (hdr->has_done != (hdr->type == PSNET__MSG_TYPE__MSG_ROWS_MOVE && hdr->has_origin))
+                return fail(reason, reasonlen, PSNET__STATUS__STATUS_MALFORMED,
+                            "%s %s a worker's last clock done: a ROWS_MOVE naming a worker does, no other",
+                            types[ti].name, hdr->has_done ? "says" : "does not say");
+        if (hdr->type == PSNET__MSG_TYPE__MSG_ROWS_MOVE && hdr->has_origin &&
+            (nframes != 2 || zmq_msg_size((zmq_msg_t *) &frames[1]) != 0 || hdr->done < -1 || hdr->has_last))
+                return fail(reason, reasonlen, PSNET__STATUS__STATUS_MALFORMED,
+                            "a ROWS_MOVE naming a worker carries its ids and an empty frame, a done of -1 or more, "
+                            "and is not a last (%zu frames)", nframes);
         if (hdr->has_cursor && hdr->type != PSNET__MSG_TYPE__MSG_ROWS_SCAN &&
             hdr->type != PSNET__MSG_TYPE__MSG_ROWS_PULL_REP)
                 return fail(reason, reasonlen, PSNET__STATUS__STATUS_MALFORMED,

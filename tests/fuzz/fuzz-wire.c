@@ -86,6 +86,13 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
                 }
                 if (m.hdr->has_last && m.hdr->type != PSNET__MSG_TYPE__MSG_ROWS_MOVE)
                         abort(); /* only a move says it is the last */
+                bool move_rec = m.hdr->type == PSNET__MSG_TYPE__MSG_ROWS_MOVE && m.hdr->has_origin;
+                if ((m.hdr->has_origin && m.hdr->type != PSNET__MSG_TYPE__MSG_ROWS_COPY && !move_rec) ||
+                    m.hdr->has_done != move_rec)
+                        abort(); /* a worker named by a copy or a move only; a move naming one says its done */
+                if (move_rec && (m.nframes != 2 || zmq_msg_size(&m.frames[1]) != 0 || m.hdr->done < -1 ||
+                                 m.hdr->has_last))
+                        abort(); /* a move naming a worker: its ids, an empty frame */
                 bool rows_parts = m.hdr->type == PSNET__MSG_TYPE__MSG_ROWS_PUSH ||
                                   m.hdr->type == PSNET__MSG_TYPE__MSG_ROWS_COPY;
                 if ((m.hdr->has_part || m.hdr->has_parts) &&

@@ -58,6 +58,19 @@ static void rows_seed(const char *name, Psnet__Header *h, size_t nframes) {
         put("wire", name, buf, at);
 }
 
+/* A ROWS_MOVE naming a worker: 2 ids, then an empty frame. */
+static void record_seed(const char *name, Psnet__Header *h) {
+        static const uint8_t ids[16] = { 7, 0, 0, 0, 0, 0, 0, 0, 9, 0, 0, 0, 0, 0, 0, 0x80 };
+        size_t hl = psnet__header__get_packed_size(h), at = 0;
+        buf[at++] = (uint8_t) hl, buf[at++] = (uint8_t) (hl >> 8);
+        psnet__header__pack(h, buf + at);
+        at += hl;
+        buf[at++] = sizeof ids, buf[at++] = 0;
+        memcpy(buf + at, ids, sizeof ids), at += sizeof ids;
+        buf[at++] = 0, buf[at++] = 0; /* the empty last frame */
+        put("wire", name, buf, at);
+}
+
 static void wire_seed(const char *name, Psnet__Header *h, size_t nframes, size_t fl, const uint8_t *frame) {
         size_t hl = psnet__header__get_packed_size(h), at = 0;
         buf[at++] = (uint8_t) hl;
@@ -116,6 +129,10 @@ static void wire_seeds(void) {
         h.has_last = h.last = true;
         rows_seed("rows-move", &h, 2);
         h.has_last = h.last = false;
+        /* What worker 5's pushes of the table left at the sender (ASP). */
+        h.has_origin = h.has_done = true, h.origin = 5, h.done = 2;
+        record_seed("rows-move-record", &h);
+        h.has_origin = h.has_done = false;
         /* A new holder asking for rows that have not come: the ids alone. */
         h.type = PSNET__MSG_TYPE__MSG_ROWS_WANT;
         rows_seed("rows-want", &h, 1);

@@ -867,6 +867,36 @@ static void test_rows(void) {
         h.type = PSNET__MSG_TYPE__MSG_ROWS_MOVE;
         st = wire_validate(&h, absent, 2, reason, sizeof reason);
         CHECK(st == PSNET__STATUS__STATUS_OK, "a ROWS_MOVE of 3 ids without rows (not held by its sender) (%s)", reason);
+        /* What a worker's pushes left at a sender (ASP/SSP): ids, an empty frame, its done. */
+        h.has_origin = h.has_done = true;
+        h.origin = 7, h.done = 4;
+        st = wire_validate(&h, absent, 2, reason, sizeof reason);
+        CHECK(st == PSNET__STATUS__STATUS_OK, "a ROWS_MOVE naming worker 7, its 3 ids and done 4 (%s)", reason);
+        h.has_done = false;
+        st = wire_validate(&h, absent, 2, reason, sizeof reason);
+        CHECK(st == PSNET__STATUS__STATUS_MALFORMED && strstr(reason, "does not say a worker's last clock done"),
+              "a ROWS_MOVE naming a worker without its done: %s", reason);
+        h.has_done = true, h.done = -2;
+        st = wire_validate(&h, absent, 2, reason, sizeof reason);
+        CHECK(st == PSNET__STATUS__STATUS_MALFORMED && strstr(reason, "-1 or more"), "done -2: %s", reason);
+        h.done = 4;
+        st = wire_validate(&h, f, 2, reason, sizeof reason);
+        CHECK(st == PSNET__STATUS__STATUS_MALFORMED && strstr(reason, "an empty frame"),
+              "a ROWS_MOVE naming a worker with rows: %s", reason);
+        h.has_last = h.last = true;
+        st = wire_validate(&h, absent, 2, reason, sizeof reason);
+        CHECK(st == PSNET__STATUS__STATUS_MALFORMED, "a ROWS_MOVE naming a worker, the last: %s", reason);
+        h.has_last = h.last = false;
+        h.has_origin = false;
+        st = wire_validate(&h, absent, 2, reason, sizeof reason);
+        CHECK(st == PSNET__STATUS__STATUS_MALFORMED && strstr(reason, "says a worker's last clock done"),
+              "a done without a worker: %s", reason);
+        h.type = PSNET__MSG_TYPE__MSG_ROWS_PUSH;
+        h.has_done = false, h.has_origin = true;
+        st = wire_validate(&h, f, 2, reason, sizeof reason);
+        CHECK(st == PSNET__STATUS__STATUS_MALFORMED && strstr(reason, "only ROWS_COPY and ROWS_MOVE do"),
+              "a ROWS_PUSH naming a worker: %s", reason);
+        h.has_origin = false;
         h.type = PSNET__MSG_TYPE__MSG_ROWS_WANT;
         st = wire_validate(&h, f, 1, reason, sizeof reason);
         CHECK(st == PSNET__STATUS__STATUS_OK, "a ROWS_WANT of 3 ids (%s)", reason);
