@@ -486,6 +486,19 @@ static int send_copy(Migrate *mg, Link *l, uint32_t table, int64_t clock, int64_
         return 0;
 }
 
+/* Sends a ROWS_MOVE h of nf frames f on l, one of a move's (its answers
+ * awaited by migrate_moves_answered). */
+static int send_move(Link *l, Psnet__Header *h, zmq_msg_t *f, size_t nf) {
+        int r = netsock_send(l->sock, NULL, h, f, nf);
+        if (r < 0)
+                return r;
+        l->seq++;
+        if (!l->move_lo)
+                l->move_lo = h->seq;
+        l->move_hi = h->seq;
+        return 0;
+}
+
 int migrate_rows_move(Migrate *mg, uint32_t shard, uint32_t table, int64_t clock, const int64_t *ids,
                       const float *rows, const int64_t *stamps, size_t n, bool last) {
         Link *l = link_to(mg, shard);
@@ -503,15 +516,25 @@ int migrate_rows_move(Migrate *mg, uint32_t shard, uint32_t table, int64_t clock
         Psnet__Header h = rows_header(mg, l, PSNET__MSG_TYPE__MSG_ROWS_MOVE, table, clock);
         h.has_last = last;
         h.last = last;
-        int r = netsock_send(l->sock, NULL, &h, f, bounded ? 3 : 2);
-        if (r < 0)
-                return r;
-        l->seq++;
-        if (!l->move_lo)
-                l->move_lo = h.seq;
-        l->move_hi = h.seq;
-        mg->rows_moved += n;
-        return 0;
+        int r = send_move(l, &h, f, bounded ? 3 : 2);
+        if (r == 0)
+                mg->rows_moved += n;
+        return r;
+}
+
+int migrate_rows_record(Migrate *mg, uint32_t shard, uint32_t table, uint32_t worker, int64_t clock, int64_t done,
+                        const int64_t *ids, size_t n) {
+        Link *l = link_to(mg, shard);
+        if (!l)
+                return -EHOSTUNREACH;
+        zmq_msg_t f[2];
+        if (rows_frames(f, ids, NULL, n, 1) < 0)
+                return -ENOMEM;
+        Psnet__Header h = rows_header(mg, l, PSNET__MSG_TYPE__MSG_ROWS_MOVE, table, clock);
+        h.has_origin = h.has_done = true;
+        h.origin = worker;
+        h.done = done;
+        return send_move(l, &h, f, 2);
 }
 
 void migrate_rows_want(Migrate *mg, uint32_t shard, uint32_t table, const int64_t *ids, size_t n) {

@@ -59,6 +59,11 @@ int migrate_rows_copy(Migrate *mg, PushReq *const *reqs, size_t nreqs, uint32_t 
  * where last. 0, or a negative errno. */
 int migrate_rows_move(Migrate *mg, uint32_t shard, uint32_t table, int64_t clock, const int64_t *ids,
                       const float *rows, const int64_t *stamps, size_t n, bool last);
+/* Under ASP/SSP, before a move's first word of a table to shard: what
+ * worker's pushes of it left here (RowsMoveHooks.record), as a ROWS_MOVE
+ * naming the worker. 0, or a negative errno. */
+int migrate_rows_record(Migrate *mg, uint32_t shard, uint32_t table, uint32_t worker, int64_t clock, int64_t done,
+                        const int64_t *ids, size_t n);
 /* While rows move here: asks sender shard for ids[0..n) of table now
  * (ROWS_WANT; logged where it cannot). */
 void migrate_rows_want(Migrate *mg, uint32_t shard, uint32_t table, const int64_t *ids, size_t n);

@@ -107,10 +107,11 @@ typedef struct LastPush {
         uint64_t in;            /* the parts of it in (bit per part) */
         int64_t done;           /* the last clock whose every part is in */
         uint64_t epoch;         /* the shard-map epoch that push was cut for */
-        /* ASP/SSP with copies: the ids of the worker's push of rec_clock
-         * whose update this shard holds, applied here or copied from their
-         * primary (ROWS_COPY naming the worker): a push of that clock sent
-         * again after a fail-over is cut to the others. */
+        /* ASP/SSP: the ids of the worker's push of rec_clock whose update
+         * this shard holds, applied here, copied from their primary
+         * (ROWS_COPY naming the worker) or noted by the shard they moved
+         * from (ROWS_MOVE naming it): a push of that clock sent again after
+         * a map change is cut to the others. */
         int64_t rec_clock;
         IdSet rec;
 } LastPush;
@@ -125,6 +126,13 @@ typedef struct Source {
         uint64_t got, done;
         IdSet absent;
 } Source;
+
+/* Empties s, keeping its memory for the next ids. */
+static void idset_clear(IdSet *s) {
+        if (s->cap)
+                memset(s->tab, 0, s->cap * sizeof *s->tab);
+        s->n = 0;
+}
 
 static void idset_free(IdSet *s) {
         ps_free(s->ids);
@@ -578,7 +586,7 @@ static int record_applied(LastPush *l, int64_t clock, const int64_t *ids, size_t
         if (clock < l->rec_clock)
                 return 0;
         if (clock > l->rec_clock) {
-                idset_free(&l->rec);
+                idset_clear(&l->rec);
                 l->rec_clock = clock;
         }
         for (size_t k = 0; k < n; k++)
@@ -901,16 +909,15 @@ int rows_push(Rows *r, const ShardMap *map, uint32_t self, const Psnet__Header *
         else if (st == PSNET__STATUS__STATUS_OK && count > 0) {
                 table_tick(t, h->clock);
                 st = push_status(table_push(t, v, count, g, reason, n), c, reason, n);
-                /* For its copies (rows_last_applied), and, with copies, a
-                 * push sent again after a fail-over (one copy: none comes). */
+                /* For its copies (rows_last_applied), and a push sent again
+                 * after a map change (a fail-over, rows moved). */
                 ps_free(r->copy_gone);
                 r->copy_gone = NULL;
                 long ng = table_gone(t, &r->copy_gone);
                 r->copy_ngone = ng > 0 ? (size_t) ng : 0;
-                if (st == PSNET__STATUS__STATUS_OK && shardmap_replicas(map) >= 2 &&
-                    record_applied(last, h->clock, v, count) < 0)
+                if (st == PSNET__STATUS__STATUS_OK && record_applied(last, h->clock, v, count) < 0)
                         log_warning("out of memory noting the rows worker %u's push of clock %ld applied: sent again "
-                                    "after a fail-over, they would be applied again", h->sender, (long) h->clock);
+                                    "after a map change, they would be applied again", h->sender, (long) h->clock);
                 to_copy(r, &v, st == PSNET__STATUS__STATUS_OK ? count : 0);
         }
         if (st == PSNET__STATUS__STATUS_OK && all) /* sent again: every row of it copied again */
@@ -1474,6 +1481,37 @@ static int demote(int64_t id, const float *row, void *ud) {
         return rank == 0 ? TABLE_KEEP : rank > 0 ? TABLE_MOVE : TABLE_DROP;
 }
 
+/* ASP/SSP, before a sender's first word of table t to receiver to: what
+ * each worker's pushes of it left here (LastPush), the ids of its last
+ * recorded push cut to the rows this shard led that to holds now and did
+ * not before (they come from here), so that a push sent again under the
+ * new map is cut there as here (ROWS_MOVE naming the worker). 0, or the
+ * failed send's error. */
+static int move_records(Rows *r, uint32_t t, uint32_t to, const RowsMoveHooks *hk) {
+        for (size_t k = 0; k < r->nlast[t]; k++) {
+                const LastPush *l = &r->last[t][k];
+                const IdSet *s = &l->rec;
+                _cleanup_free_ int64_t *ids = ps_malloc(MAX(s->n, (size_t) 1) * sizeof *ids);
+                if (!ids)
+                        return -ENOMEM;
+                size_t n = 0;
+                for (size_t i = 0; i < s->cap; i++)
+                        if (s->tab[i] && shardmap_row_rank(r->prev, t, s->ids[i], r->move_self) == 0 &&
+                            shardmap_row_rank(r->move_map, t, s->ids[i], to) >= 0 &&
+                            shardmap_row_rank(r->prev, t, s->ids[i], to) < 0)
+                                ids[n++] = s->ids[i];
+                size_t at = 0;
+                do { /* at most WIRE_MAX_ROWS ids a message; the done clock in each */
+                        size_t c = MIN(n - at, (size_t) WIRE_MAX_ROWS);
+                        int e = hk->record(hk->ud, to, t, l->worker, l->rec_clock, l->done, ids + at, c);
+                        if (e < 0)
+                                return e;
+                        at += c;
+                } while (at < n);
+        }
+        return 0;
+}
+
 /* MOVE_SEND: budget rows of the table in hand to their new holders. */
 static int move_send(Rows *r, size_t budget, RowsMoveFn send, void *ud) {
         uint32_t t = r->move_table;
@@ -1591,7 +1629,10 @@ bool rows_move_step(Rows *r, size_t budget, const RowsMoveHooks *hk) {
                                 uint32_t id = shardmap_shard(r->move_map, i)->id;
                                 if (id == r->move_self || !move_receiver(r->prev, r->move_map, id))
                                         continue;
-                                int e = send(ud, id, (uint32_t) t, r->move_clock[t] + 1, NULL, NULL, NULL, 0, last);
+                                int e = !last && r->mode != MODE_BSP ? move_records(r, (uint32_t) t, id, hk) : 0;
+                                if (e == 0)
+                                        e = send(ud, id, (uint32_t) t, r->move_clock[t] + 1, NULL, NULL, NULL, 0,
+                                                 last);
                                 if (e < 0) {
                                         log_warning_errno(e, "Failed to tell shard %u of the rows of table %s that "
                                                           "move to it (%m): again at the next step", id,
@@ -1619,6 +1660,29 @@ bool rows_move_step(Rows *r, size_t budget, const RowsMoveHooks *hk) {
         return true;
 }
 
+/* A ROWS_MOVE naming a worker (move_records): its last recorded push's
+ * ids join what this shard holds of it (a newer push's replace an older
+ * one's), and its last clock done here is at least the sender's. */
+static int move_record_in(Rows *r, const Psnet__Header *h, const zmq_msg_t *frames, size_t nframes, size_t count,
+                          char *reason, size_t n) {
+        uint32_t t = h->table;
+        if (r->mode == MODE_BSP || nframes != 2 || zmq_msg_size((zmq_msg_t *) &frames[1]) != 0) {
+                snprintf(reason, n, "what worker %u's pushes of table %s left at shard %u comes under ASP or SSP alone, "
+                         "as ids and an empty frame", h->origin, r->conf[t].name, h->sender);
+                return PSNET__STATUS__STATUS_INVALID;
+        }
+        _cleanup_free_ int64_t *ids = ps_malloc(MAX(count, (size_t) 1) * sizeof *ids);
+        LastPush *l = ids ? last_of(r, t, h->origin) : NULL;
+        if (l && count)
+                memcpy(ids, zmq_msg_data((zmq_msg_t *) &frames[0]), count * sizeof *ids); /* a frame of any alignment */
+        if (!l || record_applied(l, h->clock, ids, count) < 0) {
+                snprintf(reason, n, "out of memory noting worker %u's pushes of table %s", h->origin, r->conf[t].name);
+                return PSNET__STATUS__STATUS_RESOURCE;
+        }
+        l->done = MAX(l->done, h->done);
+        return PSNET__STATUS__STATUS_OK;
+}
+
 int rows_move_in(Rows *r, const ShardMap *map, uint32_t self, const Psnet__Header *h, const zmq_msg_t *frames,
                  size_t nframes, char *reason, size_t n) {
         int st = known_table(r, h, reason, n);
@@ -1640,6 +1704,8 @@ int rows_move_in(Rows *r, const ShardMap *map, uint32_t self, const Psnet__Heade
         }
         size_t per = table_row_floats(r->tables[t]);
         size_t count = zmq_msg_size((zmq_msg_t *) &frames[0]) / sizeof(int64_t);
+        if (h->has_origin)
+                return move_record_in(r, h, frames, nframes, count, reason, n);
         bool bounded = table_stamped(r->tables[t]);
         if (nframes != (bounded ? 3u : 2u)) {
                 snprintf(reason, n, "rows of table %s moved here carry %s (%zu frames)", r->conf[t].name,

@@ -171,8 +171,10 @@ void rows_map_changed(Rows *r, const ShardMap *old, const ShardMap *map, uint32_
  * closes up to the lowest, and until a sender said its last, a request
  * touching rows that sender led and has not sent, which it asks that
  * sender for at once (ROWS_WANT, rows_want). A push sent again is cut as after a
- * fail-over: a sender's rows at or below its clock were applied. A
- * checkpoint's cut waits for the move (rows_promoting). */
+ * fail-over: under BSP a sender's rows at or below its clock were applied;
+ * under ASP/SSP the ids the sender noted of the worker's push were
+ * (RowsMoveHooks.record). A checkpoint's cut waits for the move
+ * (rows_promoting). */
 /* clock: the first the sender had not closed at the change. */
 /* stamps: a bounded table's rows' (NULL for another, or no rows). */
 typedef int (*RowsMoveFn)(void *ud, uint32_t shard, uint32_t table, int64_t clock, const int64_t *ids,
@@ -184,8 +186,15 @@ typedef int (*RowsMoveFn)(void *ud, uint32_t shard, uint32_t table, int64_t cloc
  * behind (no rows are sent then: what is queued for a receiver stays
  * short, and rows it asks for reach it soon). Whether more steps remain
  * now. */
+/* record (ASP/SSP): before its first word of a table to a receiver,
+ * what each worker's pushes of the table left at this shard: the ids of
+ * its push of clock whose update this shard holds, for rows that go to the
+ * receiver, and its last clock whose push is whole here (done): a push
+ * sent again under the new map is cut there as here. */
 typedef struct RowsMoveHooks {
         RowsMoveFn send;
+        int (*record)(void *ud, uint32_t shard, uint32_t table, uint32_t worker, int64_t clock, int64_t done,
+                      const int64_t *ids, size_t n);
         int (*answered)(void *ud);
         bool (*busy)(void *ud);
         void *ud;

@@ -495,6 +495,13 @@ static int psd_rows_move(void *ud, uint32_t shard, uint32_t table, int64_t clock
         return migrate_rows_move(p->migrate, shard, table, clock, ids, rows, stamps, n, last);
 }
 
+/* RowsMoveHooks.record: what a worker's pushes left here, to a receiver. */
+static int psd_rows_record(void *ud, uint32_t shard, uint32_t table, uint32_t worker, int64_t clock, int64_t done,
+                           const int64_t *ids, size_t n) {
+        Psd *p = ud;
+        return migrate_rows_record(p->migrate, shard, table, worker, clock, done, ids, n);
+}
+
 /* RowsHooks: rows a request touches, not moved here yet: asked for. */
 static void psd_rows_want(void *ud, uint32_t shard, uint32_t table, const int64_t *ids, size_t n) {
         Psd *p = ud;
@@ -1422,7 +1429,7 @@ static void psd_tick(uv_timer_t *t) {
         for (uint64_t t0 = now_ms(); now_ms() - t0 < PSD_REBUILD_MS;) {
                 /* After a map change that moves rows: this shard's part in
                  * it, PSD_REBUILD_ROWS a step (psd-rows.h, "rows moved"). */
-                const RowsMoveHooks mh = { psd_rows_move, psd_rows_moved, psd_rows_busy, p };
+                const RowsMoveHooks mh = { psd_rows_move, psd_rows_record, psd_rows_moved, psd_rows_busy, p };
                 if (rows_move_step(p->rows, PSD_REBUILD_ROWS, &mh))
                         continue;
                 size_t budget = rows_promoting(p->rows) ? PSD_PROMOTE_ROWS : PSD_REBUILD_ROWS;

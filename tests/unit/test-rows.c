@@ -643,13 +643,9 @@ static Side *side_of(uint32_t id) {
 /* RowsHooks.closed: each row's copy to each of its backups under the
  * shard's map, every other shard of it a copy (empty where it backs none),
  * as psd-migrate.c sends them. */
-static void route_closed(void *ud, uint32_t table, int64_t clock, const int64_t *all, size_t nall,
-                         const int64_t *gone, size_t ngone, const RowsAck *a, size_t na, int status,
-                         const char *reason) {
-        Side *s = ud;
-        (void) a, (void) reason;
-        s->acks += (int) na;
-        if (status != 0 || shardmap_replicas(s->map) < 2 || shardmap_find(s->map, s->id) < 0)
+static void route_copy(Side *s, uint32_t table, int64_t clock, int64_t origin, const int64_t *all, size_t nall,
+                       const int64_t *gone, size_t ngone) {
+        if (shardmap_replicas(s->map) < 2 || shardmap_find(s->map, s->id) < 0)
                 return;
         size_t per = rows_row_floats(s->rows, table);
         float rows[64 * 8], sel[64 * 8];
@@ -674,6 +670,8 @@ static void route_closed(void *ud, uint32_t table, int64_t clock, const int64_t 
                 Psnet__Header h = header(PSNET__MSG_TYPE__MSG_ROWS_COPY, table, s->id, clock);
                 h.has_epoch = true;
                 h.epoch = shardmap_epoch(s->map);
+                h.has_origin = origin >= 0;
+                h.origin = origin >= 0 ? (uint32_t) origin : 0;
                 zmq_msg_t f[4];
                 frame(&f[0], sids, m * 8);
                 frame(&f[1], sel, m * per * 4);
@@ -686,6 +684,20 @@ static void route_closed(void *ud, uint32_t table, int64_t clock, const int64_t 
                         zmq_msg_close(&f[k]);
         }
 }
+
+static void route_closed(void *ud, uint32_t table, int64_t clock, const int64_t *all, size_t nall,
+                         const int64_t *gone, size_t ngone, const RowsAck *a, size_t na, int status,
+                         const char *reason) {
+        Side *s = ud;
+        (void) a, (void) reason;
+        s->acks += (int) na;
+        if (status == 0)
+                route_copy(s, table, clock, -1, all, nall, gone, ngone);
+}
+
+/* ASP/SSP: whether push_all copies each push's rows to their backups as it
+ * is applied (naming the worker), as psd-server.c does. */
+static bool copy_pushes;
 
 /* RowsMoveFn: a ROWS_MOVE from the sender (ud) to shard, under the new map. */
 static int route_move(void *ud, uint32_t shard, uint32_t table, int64_t clock, const int64_t *ids, const float *r,
@@ -710,6 +722,34 @@ static int route_move(void *ud, uint32_t shard, uint32_t table, int64_t clock, c
                 move_refused++;
                 fprintf(stderr, "# shard %u refused rows from %u: %s\n", shard, s->id, why);
         }
+        return 0;
+}
+
+static int records;
+
+/* RowsMoveHooks.record: a ROWS_MOVE naming the worker, from the sender (ud). */
+static int route_record(void *ud, uint32_t shard, uint32_t table, uint32_t worker, int64_t clock, int64_t done,
+                        const int64_t *ids, size_t n) {
+        Side *s = ud, *to = side_of(shard);
+        if (!to)
+                return -EHOSTUNREACH;
+        Psnet__Header h = header(PSNET__MSG_TYPE__MSG_ROWS_MOVE, table, s->id, clock);
+        h.has_epoch = h.has_origin = h.has_done = true;
+        h.epoch = shardmap_epoch(to->map);
+        h.origin = worker;
+        h.done = done;
+        zmq_msg_t f[2];
+        frame(&f[0], ids, n * 8);
+        frame(&f[1], NULL, 0);
+        char why[160] = "";
+        int st = rows_move_in(to->rows, to->map, to->id, &h, f, 2, why, sizeof why);
+        zmq_msg_close(&f[0]);
+        zmq_msg_close(&f[1]);
+        if (st != 0) {
+                move_refused++;
+                fprintf(stderr, "# shard %u refused worker %u's record from %u: %s\n", shard, worker, s->id, why);
+        }
+        records++;
         return 0;
 }
 
@@ -763,6 +803,11 @@ static void push_all(const ShardMap *m, uint32_t worker, int64_t clock, const in
                 int st = push_to(s, m, worker, clock, shardmap_epoch(m), cut, c);
                 if (st == PSNET__STATUS__STATUS_UNAVAILABLE && again) /* rows asked for meanwhile */
                         st = push_to(s, m, worker, clock, shardmap_epoch(m), cut, c);
+                const int64_t *applied, *gone;
+                size_t na, ngone;
+                rows_last_applied(s->rows, &applied, &na, &gone, &ngone);
+                if (copy_pushes && na > 0)
+                        route_copy(s, 0, clock, worker, applied, na, gone, ngone);
                 if (ret_st)
                         ret_st[s->id] = st;
         }
@@ -838,7 +883,7 @@ static void test_move_case(const Job *job, const char *what, const ShardMap *m1,
         for (bool more = true; more && steps < 100000 && (!ask || steps < 1); steps++) {
                 more = false;
                 for (int i = 0; i < 3; i++)
-                        more |= rows_move_step(sd[i].rows, 4, &(RowsMoveHooks) { route_move, all_answered, NULL, &sd[i] });
+                        more |= rows_move_step(sd[i].rows, 4, &(RowsMoveHooks) { route_move, route_record, all_answered, NULL, &sd[i] });
         }
         int st2[4][4] = { { 0 } };
         again = true;
@@ -853,7 +898,7 @@ static void test_move_case(const Job *job, const char *what, const ShardMap *m1,
         for (bool more = true; more && steps < 100000; steps++) {
                 more = false;
                 for (int i = 0; i < 3; i++)
-                        more |= rows_move_step(sd[i].rows, 4, &(RowsMoveHooks) { route_move, all_answered, NULL, &sd[i] });
+                        more |= rows_move_step(sd[i].rows, 4, &(RowsMoveHooks) { route_move, route_record, all_answered, NULL, &sd[i] });
         }
         bool settled = true;
         for (int i = 0; i < 3; i++)
@@ -934,6 +979,162 @@ static void test_move(Job job) {
         shardmap_free(c2);
 }
 
+/* ASP: shards of m1 apply workers 7 and 8's pushes of clocks 0..2 as they
+ * come (each copied to its rows' backups, naming the worker), but worker
+ * 8's push of clock 2 reaches only shard 1. The map becomes m2: the
+ * senders tell each receiver what each worker's pushes left with them,
+ * then move the rows; worker 8 sends clock 2 again under m2 (the
+ * receivers ask it to wait until their senders spoke), both push clock 3.
+ * Every row then reads as on one shard that took every push once, in the
+ * same order, bit for bit, on its R copies, and after losing shard lost +
+ * 1 (m3) too. The receivers know each worker's clocks done (SSP's bound
+ * counts them). */
+static void test_asp_move_case(const Job *job, const char *what, const ShardMap *m1, const ShardMap *m2,
+                               const ShardMap *m3, int lost, const ShardMap *mref, bool ask) {
+        Side sd[3] = { side(job, 1), side(job, 2), side(job, 3) }, ref = side(job, 9);
+        nsides = 0;
+        move_refused = copies_refused = records = 0;
+        copy_pushes = true;
+        for (int i = 0; i < 3; i++) {
+                sd[i].map = m1;
+                sides[nsides++] = &sd[i];
+        }
+        ref.map = mref;
+        sides[nsides++] = &ref;
+        if (!CHECK(sd[0].rows && sd[1].rows && sd[2].rows && ref.rows, "ASP, %s: four shards' tables", what))
+                goto out;
+        for (size_t i = 0; i < nsides; i++) {
+                RowsHooks hk = { .members = members, .closed = route_closed, .want = route_want, .ud = sides[i] };
+                rows_set_hooks(sides[i]->rows, &hk);
+        }
+        int64_t ids[48];
+        for (int k = 0; k < 48; k++)
+                ids[k] = 5000 + 53 * k;
+        wants = 0;
+        again = false;
+        for (int64_t c = 0; c < 3; c++)
+                for (uint32_t w = 7; w <= 8; w++) {
+                        push_all(mref, w, c, ids, 40, NULL, 0);
+                        push_all(m1, w, c, ids, 40, NULL, c == 2 && w == 8 ? 1 : 0);
+                }
+        for (int i = 0; i < 3; i++) {
+                rows_map_changed(sd[i].rows, m1, m2, sd[i].id);
+                sd[i].map = m2;
+        }
+        int st_wait[4] = { 0 };
+        push_all(m2, 8, 2, ids, 40, st_wait, 0);
+        bool waits = false;
+        for (int i = 0; i < 3; i++)
+                if (shardmap_find(m2, sd[i].id) >= 0 && move_receiver_of(m1, m2, sd[i].id))
+                        waits |= st_wait[sd[i].id] == PSNET__STATUS__STATUS_UNAVAILABLE;
+        int steps = 0;
+        for (bool more = true; more && steps < 100000 && (!ask || steps < 1); steps++) {
+                more = false;
+                for (int i = 0; i < 3; i++)
+                        more |= rows_move_step(sd[i].rows, 4,
+                                               &(RowsMoveHooks) { route_move, route_record, all_answered, NULL, &sd[i] });
+        }
+        /* Each receiver knows both workers' clocks of table 0 done from
+         * its senders (2: worker 8's push of it is whole on shard 1). */
+        bool clocks = true;
+        for (int i = 0; i < 3; i++)
+                if (shardmap_find(m2, sd[i].id) >= 0 && move_receiver_of(m1, m2, sd[i].id))
+                        for (uint32_t w = 7; w <= 8; w++) {
+                                int64_t lo, hi;
+                                rows_worker_clocks(sd[i].rows, w, &lo, &hi);
+                                clocks &= hi == 2;
+                        }
+        again = true;
+        push_all(m2, 8, 2, ids, 40, NULL, 0);
+        for (uint32_t w = 7; w <= 8; w++) {
+                push_all(mref, w, 3, ids, 48, NULL, 0);
+                push_all(m2, w, 3, ids, 48, NULL, 0);
+        }
+        again = false;
+        int asked = wants;
+        for (bool more = true; more && steps < 100000; steps++) {
+                more = false;
+                for (int i = 0; i < 3; i++)
+                        more |= rows_move_step(sd[i].rows, 4,
+                                               &(RowsMoveHooks) { route_move, route_record, all_answered, NULL, &sd[i] });
+        }
+        bool settled = true;
+        for (int i = 0; i < 3; i++)
+                settled &= !rows_promoting(sd[i].rows) && rows_whole_epoch(sd[i].rows, 2) == 2;
+        CHECK(waits && settled && move_refused == 0 && records > 0 && clocks && (ask ? asked > 0 : asked == 0),
+              "ASP, %s: pushes wait until the senders said what each worker's pushes left with them (%d messages; "
+              "its clocks done known: %s)%s, then the move ends in %d steps, every shard whole", what, records,
+              clocks ? "yes" : "no", ask ? ", the rows they touch asked for at once" : "", steps);
+        float want[96], got[96];
+        int pr = pull_all(mref, ids, 48, want), pg = pull_all(m2, ids, 48, got);
+        CHECK(pr == 0 && pg == 0 && memcmp(got, want, sizeof got) == 0 && copies_refused == 0,
+              "ASP, %s: worker 8's clock 2 sent again (applied on shard 1 before the change), then clock 3: every row "
+              "as one shard that took every push once holds it, bit for bit (%d %d)", what, pr, pg);
+        RowsStats rs;
+        uint64_t led = 0, backed = 0;
+        for (int i = 0; i < 3; i++) {
+                rows_stats(sd[i].rows, &rs);
+                led += rs.rows;
+                backed += rs.backup_rows;
+        }
+        CHECK(led == 48 && backed == 48 * (shardmap_replicas(m2) - 1),
+              "ASP, %s: each row led once (%llu), with %u cop%s beside it (%llu)", what, (unsigned long long) led,
+              shardmap_replicas(m2) - 1, shardmap_replicas(m2) == 2 ? "y" : "ies", (unsigned long long) backed);
+        if (m3) {
+                for (int i = 0; i < 3; i++) {
+                        if (i != lost) {
+                                rows_map_changed(sd[i].rows, m2, m3, sd[i].id);
+                                while (rows_rebuild_step(sd[i].rows, 4, no_rebuild, NULL))
+                                        ;
+                        }
+                        sd[i].map = m3;
+                }
+                int pf = pull_all(m3, ids, 48, got);
+                CHECK(pf == 0 && memcmp(got, want, sizeof got) == 0,
+                      "ASP, %s: shard %d lost after it, its backups hold its rows, bit for bit", what, lost + 1);
+        }
+out:
+        copy_pushes = false;
+        for (int i = 0; i < 3; i++)
+                rows_free(sd[i].rows);
+        rows_free(ref.rows);
+        nsides = 0;
+}
+
+static void test_asp_move(Job job) {
+        char why[160] = "";
+        job.mode = MODE_ASP;
+        job.replicas = 0;
+        job.id += 47;
+        if (!CHECK(job_validate(&job, why, sizeof why) == 0, "an ASP job whose rows may move (%s)", why))
+                return;
+        const uint32_t one[1] = { 1 }, two[2] = { 1, 2 }, three[3] = { 1, 2, 3 }, r9[1] = { 9 };
+        const uint32_t rest[2] = { 2, 3 };
+        ShardMap *ref = map_of(1, r9, 1, 1, &job);
+        ShardMap *a1 = map_of(1, two, 2, 2, &job), *a2 = map_of(2, three, 3, 2, &job), *a3 = map_of(3, rest, 2, 2, &job);
+        ShardMap *a4 = map_of(3, two, 2, 2, &job);
+        ShardMap *b1 = map_of(1, one, 1, 1, &job), *b2 = map_of(2, two, 2, 2, &job);
+        ShardMap *c1 = map_of(1, three, 3, 1, &job), *c2 = map_of(2, two, 2, 1, &job);
+        if (CHECK(ref && a1 && a2 && a3 && a4 && b1 && b2 && c1 && c2, "the ASP maps")) {
+                test_asp_move_case(&job, "shard 3 added to 2 (2 copies)", a1, a2, a3, 0, ref, false);
+                test_asp_move_case(&job, "shard 3 added to 2, rows asked for", a1, a2, a3, 0, ref, true);
+                test_asp_move_case(&job, "shard 3 added to 2, then lost", a1, a2, a4, 2, ref, true);
+                test_asp_move_case(&job, "shard 2 added to 1 (1 copy, then 2)", b1, b2, NULL, 0, ref, false);
+                test_asp_move_case(&job, "shard 2 added to 1, rows asked for", b1, b2, NULL, 0, ref, true);
+                test_asp_move_case(&job, "shard 3 removed from 3 (1 copy)", c1, c2, NULL, 0, ref, false);
+                test_asp_move_case(&job, "shard 3 removed from 3, rows asked for", c1, c2, NULL, 0, ref, true);
+        }
+        shardmap_free(ref);
+        shardmap_free(a1);
+        shardmap_free(a2);
+        shardmap_free(a3);
+        shardmap_free(a4);
+        shardmap_free(b1);
+        shardmap_free(b2);
+        shardmap_free(c1);
+        shardmap_free(c2);
+}
+
 /* Shards sd[0..n) under m, their copies, moves and asks routed to one
  * another (route_closed, route_move, route_want). */
 static void routed(Side *sd, size_t n, const ShardMap *m) {
@@ -956,7 +1157,7 @@ static int move_all(Side *sd, size_t n, const ShardMap *m1, const ShardMap *m2) 
         for (bool more = true; more && steps < 10000; steps++) {
                 more = false;
                 for (size_t i = 0; i < n; i++)
-                        more |= rows_move_step(sd[i].rows, 4, &(RowsMoveHooks) { route_move, all_answered, NULL, &sd[i] });
+                        more |= rows_move_step(sd[i].rows, 4, &(RowsMoveHooks) { route_move, route_record, all_answered, NULL, &sd[i] });
         }
         return steps;
 }
@@ -1260,6 +1461,7 @@ int main(void) {
         test_bounded_failover(job, 2, 0);
         test_bounded_failover(job, 0, 10);
         test_move(job);
+        test_asp_move(job);
         test_bounded_move(job);
         test_bounded_removal(job);
         test_copies_lost(job);
