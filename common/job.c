@@ -595,8 +595,6 @@ const char *lr_schedule_name(LrSchedule s) {
         return (size_t) s < ELEMENTSOF(lr_schedule_names) ? lr_schedule_names[s] : "?";
 }
 
-bool job_rows_movable(const Job *job) { return job->mode == MODE_BSP; }
-
 int job_set_tables(Job *job, const char *text, char *err, size_t errlen) {
         TableConf t[JOB_MAX_TABLES];
         size_t n = 0;

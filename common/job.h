@@ -205,9 +205,6 @@ void job_click_table(const Job *job, char *buf, size_t n);
 /* Sets the job's tables from --tables' text (common/table-spec.h; "" for
  * none): 0, or -EINVAL with why in err. */
 int job_set_tables(Job *job, const char *text, char *err, size_t errlen);
-/* Whether the job's table rows may move between live shards (psctl shard
- * add, remove): under BSP (a push sent again is cut by clock). */
-bool job_rows_movable(const Job *job);
 /* Table i as a shard builds it: its seed the job's mixed with its place. */
 void job_table_conf(const Job *job, size_t i, TableConf *ret);
 /* The index of the table named name, or -ENOENT. */

@@ -205,8 +205,6 @@ bool coord_rows_settled(const Coord *c) {
 }
 
 const char *coord_rows_unmovable(const Coord *c) {
-        if (!job_rows_movable(&c->job))
-                return "table rows move between shards only under BSP (docs/tables.md)";
         if (c->ckpt.active)
                 return "a checkpoint is being written: ask again once it is done";
         if (!coord_rows_settled(c))

@@ -4,8 +4,10 @@ table has SGD rows starting at 0 (test-table-failover). The worker pushes a
 gradient of 1 for each of its own 400 ids (no other worker touches them)
 each clock, STEPS clocks, writing its clock to DIR/clock-RANK after each
 step; at clock 20 it waits (60 s at most) for DIR/killed, which the test
-writes once it killed a shard, so that the shard dies mid-run and the
-worker's next exchange meets it dead. The rate the shards apply comes from the
+writes once it killed a shard (test-table-failover), so that the shard dies
+mid-run and the worker's next exchange meets it dead, or once it asked for
+a shard added or removed (test-table-move), so that the rows move while
+the workers push. The rate the shards apply comes from the
 first push (its rows read -lr); each row must end where STEPS steps of
 w -= lr * 1, in float32 as a shard computes them, take it: once a push,
 none lost, none twice, whatever shard died. Prints "ok: ..." or "FAIL ..."."""

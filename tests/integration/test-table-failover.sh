@@ -157,9 +157,11 @@ psnet_stop_all
 
 # 8. ASP on two copies: each push applied on a row's primary is copied to
 # its backup before it is acknowledged. A shard killed mid-run: the job
-# trains on and ends, every row on exactly one other shard. (Which rows a
-# push sent again finds applied is checked by hand in test-rows: ASP's
-# order is the arrivals', so the end is not the undisturbed run's.)
+# trains on; started again, the shard takes its place and the rows it now
+# leads or backs move to it; the job ends with every row on exactly one
+# other shard. (Which rows a push sent again finds applied is checked by
+# hand in test-rows: ASP's order is the arrivals', so the end is not the
+# undisturbed run's.)
 JOB_BSP=("${JOB[@]}")
 JOB=(--workers 2 --mode asp --model dlrm:6:4-16-8:16-1 --data "$DATA" --batch 256 --epochs 3)
 run j 3
@@ -168,8 +170,13 @@ grep -q 'replicas=2' "$RUN/pscoord-j.log"; ok $? "two copies of every row by def
 kill -KILL "$PID_psd_j_3"; ok $? "SIGKILL shard 3"
 psnet_wait_for 10 logs_match 'msg="fail-over" shard_id=3' 'pscoord-j.log'; ok $? "pscoord fails shard 3 over"
 psnet_wait_for 30 whole 2; ok $? "both survivors say their rows are on two copies again"
-out=$("$PSCTL" --coord "$COORD" job wait --wait 180); ok $? "the job finishes on two shards ($out)"
-read -r rows backups <<<"$(copies j 1 2)"
+psnet_start psd-j-3r "$PSD" --id 3 --listen "ipc://$RUN/psd-j-3.sock" --coord "$COORD" --http 127.0.0.1:0
+psnet_wait_for 20 logs_match 'msg="shard takes a lost shard.s place" shard_id=3' 'pscoord-j.log'
+ok $? "shard 3, started again, takes the lost shard's place under ASP"
+psnet_wait_for 30 whole 3; ok $? "and all three say their rows are whole under the map with it"
+logs_match 'msg="table rows moved here" rows=[1-9]' 'psd-j-3r.log'; ok $? "the rows it leads or backs moved to it"
+out=$("$PSCTL" --coord "$COORD" job wait --wait 180); ok $? "the job finishes on three shards ($out)"
+read -r rows backups <<<"$(copies j 1 2 3r)"
 [ "$rows" -gt 1000 ] && [ "$rows" = "$backups" ]; ok $? "every row has one copy on the other shard ($rows rows, $backups copies)"
 grep -q 'push not applied\|level=error' "$RUN"/w-j-*.log; ok $(( $? == 0 )) "no worker saw a push refused for good"
 psnet_stop_all
