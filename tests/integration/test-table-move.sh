@@ -146,33 +146,37 @@ psnet_stop_all
 # they push: an exchange under way when the map changes is sent again
 # under the new one, cut by what its rows' old primary noted. Each row must
 # end at exactly 1,000 steps of w -= lr: none lost, none applied twice.
+# The same under SSP (ssp:2) with a shard added: the new shard answers pulls
+# only once it knows each worker's clocks done (its senders tell it).
 py_env
-for how in add remove; do
-  COORD="ipc://$RUN/k-$how.sock"
+for run in "add asp" "remove asp" "add ssp:2"; do
+  read -r how mode <<<"$run"
+  COORD="ipc://$RUN/k-$how-${mode%:*}.sock"
   if [ $how = add ]; then n=2 copies=2 after=3; else n=3 copies=1 after=2; fi
-  psnet_start "pscoord-k-$how" "$PSCOORD" --listen "$COORD" --shards $n --workers 2 --mode asp --model mlp:4-1 \
+  how_tag=$how-${mode%:*}
+  psnet_start "pscoord-k-$how_tag" "$PSCOORD" --listen "$COORD" --shards $n --workers 2 --mode "$mode" --model mlp:4-1 \
     --tables e:1:sgd:lr=0.5:init=0 --replicas $copies
-  for ((i = 1; i <= n; i++)); do psd "k-$how" "$i"; done
-  mkdir -p "$RUN/k-$how"
-  touch "$RUN/k-$how/killed" # no pause at clock 20: the map changes while they push
+  for ((i = 1; i <= n; i++)); do psd "k-$how_tag" "$i"; done
+  mkdir -p "$RUN/k-$how_tag"
+  touch "$RUN/k-$how_tag/killed" # no pause at clock 20: the map changes while they push
   for r in 0 1; do
-    "${PY[@]}" "$PSNET_SRC/tests/integration/rows-once.py" "$COORD" "$RUN/k-$how" "$r" 1000 \
-      >"$RUN/k-$how-$r.out" 2>"$RUN/k-$how-$r.log" &
+    "${PY[@]}" "$PSNET_SRC/tests/integration/rows-once.py" "$COORD" "$RUN/k-$how_tag" "$r" 1000 \
+      >"$RUN/k-$how_tag-$r.out" 2>"$RUN/k-$how_tag-$r.log" &
     eval "PY_k_$r=\$!"
   done
-  psnet_wait_for 60 sh -c "[ \"\$(cat '$RUN/k-$how/clock-0' 2>/dev/null)\" -ge 20 ] && [ \"\$(cat '$RUN/k-$how/clock-1' 2>/dev/null)\" -ge 20 ]"
-  ok $? "two Python workers (ASP, $copies cop$([ $copies = 1 ] && echo y || echo ies)) push to clock 20"
+  psnet_wait_for 60 sh -c "[ \"\$(cat '$RUN/k-$how_tag/clock-0' 2>/dev/null)\" -ge 20 ] && [ \"\$(cat '$RUN/k-$how_tag/clock-1' 2>/dev/null)\" -ge 20 ]"
+  ok $? "two Python workers (${mode^^}, $copies cop$([ $copies = 1 ] && echo y || echo ies)) push to clock 20"
   if [ $how = add ]; then
-    psd "k-$how" 3
+    psd "k-$how_tag" 3
     psnet_wait_for 10 bash -c "'$PSCTL' --coord '$COORD' --json status | jq -e '.shards[] | select(.id == 3)' >/dev/null"
   fi
-  at=$(cat "$RUN/k-$how/clock-0")
+  at=$(cat "$RUN/k-$how_tag/clock-0")
   out=$("$PSCTL" --coord "$COORD" shard $how 3 2>&1); ok $? "psctl shard $how 3 while they push (at clock $at: $out)"
   psnet_wait_for 30 whole $after
-  ok $? "the rows are whole under the new map (the workers at clock $(cat "$RUN/k-$how/clock-0") then)"
+  ok $? "the rows are whole under the new map (the workers at clock $(cat "$RUN/k-$how_tag/clock-0") then)"
   for r in 0 1; do
     pid_var="PY_k_$r"; wait "${!pid_var}"; rc=$?
-    ok $rc "$(grep -h '^ok: \|^FAIL' "$RUN/k-$how-$r.out" || tail -n 3 "$RUN/k-$how-$r.log" | tr '\n' ' ')"
+    ok $rc "$(grep -h '^ok: \|^FAIL' "$RUN/k-$how_tag-$r.out" || tail -n 3 "$RUN/k-$how_tag-$r.log" | tr '\n' ' ')"
   done
   psnet_stop_all
 done
