@@ -1,7 +1,8 @@
 # SPDX-License-Identifier: Apache-2.0
 """Your own DLRM-style click model on psnet: each categorical field of a click
 log looks its ids up in a table of its own (psnet.torch.EmbeddingBag: the
-rows live on the shards, keyed by any 64-bit id, created on first touch), the
+rows live on the shards, keyed by any 64-bit id, created on first touch;
+an EmbeddingBagCollection pulls every field's rows in one exchange), the
 dense layers and the dot interactions are plain torch; the test AUC is
 printed after each epoch.
 
@@ -27,8 +28,8 @@ class DLRM(nn.Module):
 
     def __init__(self, fields, dense, dim=8):
         super().__init__()
-        self.tables = nn.ModuleList(psnet.torch.EmbeddingBag(f"field{f}", dim, optim="adagrad", lr=0.1)
-                                    for f in range(fields))
+        self.tables = psnet.torch.EmbeddingBagCollection(
+            [psnet.torch.EmbeddingBag(f"field{f}", dim, optim="adagrad", lr=0.1) for f in range(fields)])
         self.bot = nn.Sequential(nn.Linear(dense, 16), nn.ReLU(), nn.Linear(16, dim), nn.ReLU())
         n = fields + 1
         self.top = nn.Sequential(nn.Linear(dim + n * (n - 1) // 2, 16), nn.ReLU(), nn.Linear(16, 1))
@@ -36,7 +37,7 @@ class DLRM(nn.Module):
 
     def forward(self, sparse, dense):
         z = self.bot(dense)
-        t = torch.stack([z] + [table(sparse[:, f]) for f, table in enumerate(self.tables)], dim=1)
+        t = torch.stack([z] + self.tables(sparse), dim=1)
         dots = torch.bmm(t, t.transpose(1, 2))[:, self.pairs[0], self.pairs[1]]
         return self.top(torch.cat([z, dots], dim=1)).squeeze(1)
 

@@ -155,6 +155,7 @@ class Worker:
         self._s = ctypes.c_void_p()
         _check(lib.psnet_sync_new(ctypes.byref(self._opts), ctypes.byref(self._s)), f"joining {coord}")
         self._names, self._numels, self._bufs, self._shared = None, None, None, None
+        self._tabs = None  # the job's tables, as tables() read them once a request named one
 
     def close(self):
         """Stops libpsnet's thread (without leaving: see leave)."""
@@ -200,6 +201,7 @@ class Worker:
             raise PsnetError(_errno.ECANCELED, f"stopped before the job started: {self.reason()}")
         if not ev & EV_JOB:
             raise PsnetError(_errno.ETIMEDOUT, "no job within the time given")
+        self._tabs = None
         self._tensors()
 
     def info(self):
@@ -303,7 +305,12 @@ class Worker:
         return out
 
     def _table(self, table):
-        t = self.tables().get(table) if isinstance(table, str) else None
+        """(index, dim) of the named table: the job's tables are read once
+        (each read asks libpsnet's thread), and again for a name not among
+        them."""
+        if self._tabs is None or table not in self._tabs:
+            self._tabs = self.tables()
+        t = self._tabs.get(table) if isinstance(table, str) else None
         if t is None:
             raise ValueError(f"the job has no table {table!r} (it has {sorted(self.tables())})")
         return t
@@ -324,6 +331,23 @@ class Worker:
         _check(_lib.psnet_sync_rows(self._s, index, ids.ctypes.data, ids.size, None, clock, out.ctypes.data),
                f"pull of {ids.size} rows of table {table}")
         return out
+
+    def pull_rows_many(self, pulls, clock=0):
+        """pull_rows of several tables at once, [(table, ids), ...] (each
+        table once): every table's requests in flight together, one round
+        trip for all; their rows, in the same order."""
+        keep, outs, tabs = [], [], (_RowsTable * max(len(pulls), 1))()
+        for k, (table, ids) in enumerate(pulls):
+            index, dim = self._table(table)
+            ids = self._ids(ids)
+            out = np.empty((ids.size, dim), dtype=np.float32)
+            keep.append(ids)
+            outs.append(out)
+            tabs[k] = _RowsTable(index, ids.ctypes.data, ids.size, None, out.ctypes.data)
+        if pulls:
+            _check(_lib.psnet_sync_rows_many(self._s, tabs, len(pulls), False, clock),
+                   f"pull of the rows of {len(pulls)} tables for clock {clock}")
+        return outs
 
     def push_rows(self, table, ids, grads, clock):
         """One gradient row per id (distinct int64; grads [len(ids), dim]) as

@@ -35,7 +35,7 @@ from .client import EV_STOP, PsnetError, Stale, Worker
 from .cluster import LocalCluster, psctl, status
 from .models import read_safetensors, write_safetensors
 
-__all__ = ["Optimizer", "Sampler", "EmbeddingBag", "state_dict", "describe", "JobMismatch"]
+__all__ = ["Optimizer", "Sampler", "EmbeddingBag", "EmbeddingBagCollection", "state_dict", "describe", "JobMismatch"]
 
 
 class JobMismatch(ValueError):
@@ -116,24 +116,42 @@ class EmbeddingBag(torch.nn.Module):
     def extra_repr(self):
         return f"table={self.table!r}, dim={self.dim}, mode={self.mode!r}"
 
-    def forward(self, ids):
+    def _bound(self):
+        """The Optimizer this bag is bound to, running."""
         if self._opt is None or self._opt.w is None:
             raise RuntimeError(f"EmbeddingBag {self.table!r} is not bound to a running job: give its model to a "
                                "psnet.torch.Optimizer (one not finished or closed)")
+        return self._opt
+
+    @staticmethod
+    def _prepare(ids):
+        """A batch's ids [batch] or [batch, k] (-1: missing): its distinct
+        ids, where each present id is among them, and each sample's offset."""
         ids = torch.as_tensor(ids, dtype=torch.int64).cpu()
         if ids.dim() == 1:
             ids = ids.unsqueeze(1)
         present = ids >= 0
         uniq, inverse = torch.unique(ids[present], return_inverse=True)
-        rows = self._opt.w.pull_rows(self.table, uniq.numpy(), self._opt.clock) if uniq.numel() else \
-            np.zeros((0, self.dim), dtype=np.float32)
-        weight = torch.from_numpy(rows).requires_grad_(self.training and torch.is_grad_enabled())
         counts = present.sum(1)
-        offsets = torch.cumsum(counts, 0) - counts
+        return uniq, inverse, torch.cumsum(counts, 0) - counts
+
+    def _bag(self, prepared, rows):
+        """Each sample's rows summed or averaged, from the rows of its
+        distinct ids (kept for step's push while training)."""
+        uniq, inverse, offsets = prepared
+        weight = torch.from_numpy(rows).requires_grad_(self.training and torch.is_grad_enabled())
         out = torch.nn.functional.embedding_bag(inverse, weight, offsets, mode=self.mode)
         if weight.requires_grad:
             self._pending = (uniq.numpy(), weight)
         return out
+
+    def forward(self, ids):
+        opt = self._bound()
+        prepared = self._prepare(ids)
+        uniq = prepared[0]
+        rows = opt.w.pull_rows(self.table, uniq.numpy(), opt.clock) if uniq.numel() else \
+            np.zeros((0, self.dim), dtype=np.float32)
+        return self._bag(prepared, rows)
 
     def _push(self):
         """This step's push of its gradient rows, (table, ids, grads); empty
@@ -144,6 +162,43 @@ class EmbeddingBag(torch.nn.Module):
         if pending is None or pending[1].grad is None or not len(pending[0]):
             return self.table, np.zeros(0, dtype=np.int64), np.zeros((0, self.dim), dtype=np.float32)
         return self.table, pending[0], pending[1].grad.numpy()
+
+
+class EmbeddingBagCollection(torch.nn.Module):
+    """Several EmbeddingBags looked up together, as a model with a table per
+    categorical field does (TorchRec's EmbeddingBagCollection plays the
+    same part): forward(ids) takes one batch of ids per bag, a sequence of
+    [batch] or [batch, k] tensors or one [batch, len(bags)] tensor whose
+    column f goes to bag f, and gives each bag's [batch, dim] output, in
+    order. Every table's rows come in one exchange with the shards rather
+    than one a table; each bag's gradients are pushed by Optimizer.step
+    as any EmbeddingBag's. The bags are its modules (collection.bags)."""
+
+    def __init__(self, bags):
+        super().__init__()
+        self.bags = torch.nn.ModuleList(bags)
+        if not len(self.bags) or not all(isinstance(b, EmbeddingBag) for b in self.bags):
+            raise ValueError("an EmbeddingBagCollection holds one psnet.torch.EmbeddingBag or more")
+        if len({b.table for b in self.bags}) != len(self.bags):
+            raise ValueError("the bags of an EmbeddingBagCollection use tables of their own")
+
+    def forward(self, ids):
+        if torch.is_tensor(ids) and ids.dim() == 2:
+            if ids.shape[1] != len(self.bags):
+                raise ValueError(f"ids of {ids.shape[1]} column{'' if ids.shape[1] == 1 else 's'} for "
+                                 f"{len(self.bags)} bags")
+            ids = ids.unbind(1)
+        if len(ids) != len(self.bags):
+            raise ValueError(f"{len(ids)} batches of ids for {len(self.bags)} bags")
+        opts = {id(b._opt) for b in self.bags}
+        opt = self.bags[0]._bound()
+        if len(opts) != 1:
+            raise RuntimeError("the bags of an EmbeddingBagCollection are bound to different Optimizers")
+        prepared = [b._prepare(x) for b, x in zip(self.bags, ids)]
+        pulls = [(b.table, p[0].numpy()) for b, p in zip(self.bags, prepared) if p[0].numel()]
+        got = iter(opt.w.pull_rows_many(pulls, opt.clock))
+        return [b._bag(p, next(got) if p[0].numel() else np.zeros((0, b.dim), dtype=np.float32))
+                for b, p in zip(self.bags, prepared)]
 
 
 def _tables(model):

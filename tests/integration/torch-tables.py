@@ -375,6 +375,29 @@ def check_cache(coord, data):
     if not np.allclose(got, want, atol=1e-7):
         fail(f"mode=mean: {got} against {want}")
     say("EmbeddingBag mode='mean' is the mean of each sample's rows, missing ids (-1) left out")
+    # A collection of two bags: their rows in one exchange, each output and
+    # each gradient push that of the bag on its own.
+    col = psnet.torch.EmbeddingBagCollection([psnet.torch.EmbeddingBag("h", 1), psnet.torch.EmbeddingBag("k", 4)])
+    alone = [psnet.torch.EmbeddingBag("h", 1), psnet.torch.EmbeddingBag("k", 4)]
+    for bag in list(col.bags) + alone:
+        bag._opt = opt
+    pair = torch.stack([xs[b][:, 0], torch.where(xs[b][:, 1] >= 0, xs[b][:, 1] % 700 * 7919 + 7919, -1)], dim=1)
+    outs, outs_alone = col(pair), [bag(pair[:, f]) for f, bag in enumerate(alone)]
+    sum(o.sum() * (f + 1) for f, o in enumerate(outs)).backward()
+    sum(o.sum() * (f + 1) for f, o in enumerate(outs_alone)).backward()
+    pushes, pushes_alone = [bag._push() for bag in col.bags], [bag._push() for bag in alone]
+    same = all(torch.equal(a, c) for a, c in zip(outs, outs_alone)) and all(
+        np.array_equal(p[1], q[1]) and np.array_equal(p[2], q[2]) and len(p[1]) > 0
+        for p, q in zip(pushes, pushes_alone))
+    if not same:
+        fail("an EmbeddingBagCollection's outputs or gradients differ from its bags' own")
+    try:
+        col(pair[:, :1])
+        fail("ids of 1 column for 2 bags were taken")
+    except ValueError as e:
+        why = str(e)
+    say(f"an EmbeddingBagCollection pulls both tables at once: each output and gradient is its bag's own, "
+        f"bit for bit; one column for two bags is refused ({why})")
     opt.finish()
 
 
