@@ -40,6 +40,35 @@ auc=$(sed -n 's/.*msg="evaluated" .* auc=\([0-9.]*\) .*/\1/p' "$RUN/w-steps-1.lo
 pycheck dlrm-steps steps "$SMALL" "$MODEL" "$RUN/init.safetensors" "$RUN/steps.safetensors" 6 0.5 "${auc:-nan}"
 psnet_stop_all
 
+# The same steps computed with the compute backend's ops (dlrm-kb.c, the
+# CUDA step's code) on the CPU backend (PSNET_DLRM_BACKEND_STEP=1): against
+# PyTorch's too. Until that step has passed on a GPU, --backend cuda is
+# refused for dlrm with the reason.
+PSNET_DLRM_BACKEND_STEP=1 SHARDS=2 dlrm_job kbstep "$SMALL" --workers 1 --shards 2 --mode bsp --model "$MODEL" \
+  --init "$RUN/init.safetensors" --batch 512 --epochs 6 --optim sgd --lr 0.5 --momentum 0 --warmup-clocks 0 \
+  --tables ids:4:sgd:lr=0.5:init=0
+out=$("$PSCTL" --coord "$COORD" job wait --wait 60); ok $? "workerd trains $MODEL with the backend's ops ($out)"
+logs_match "msg=\"model dlrm:[^ ]*'s step runs on the cpu backend\"" 'w-kbstep-1.log'; ok $? "its step ran on the cpu backend"
+out=$("$PSCTL" --coord "$COORD" export "$RUN/kbstep.safetensors" 2>&1); ok $? "and psctl exports it ($out)"
+# Six steps leave this small log's test logits close together, so that
+# differences in the last bits (another order of the same sums) reorder
+# near ties: the AUC is held to 5e-3 of PyTorch's weights', and the test
+# loss and accuracy to dlrm.c's run's, as logged.
+auc=$(sed -n 's/.*msg="evaluated" .* auc=\([0-9.]*\) .*/\1/p' "$RUN/w-kbstep-1.log")
+pycheck dlrm-kbstep steps "$SMALL" "$MODEL" "$RUN/init.safetensors" "$RUN/kbstep.safetensors" 6 0.5 "${auc:-nan}" 5e-3
+evals() { sed -n 's/.*msg="evaluated" .*\(accuracy=[0-9.]* test_loss=[0-9.]*\).*/\1/p' "$RUN/w-$1-1.log"; }
+[ -n "$(evals kbstep)" ] && [ "$(evals kbstep)" = "$(evals steps)" ]
+ok $? "its test accuracy and loss, epoch by epoch, are dlrm.c's run's ($(evals kbstep | tail -1))"
+psnet_stop_all
+COORD="ipc://$RUN/nocuda.sock"
+psnet_start pscoord-nocuda "$PSCOORD" --listen "$COORD" --data "$SMALL" --workers 1 --shards 1 --model "$MODEL" --epochs 1
+psnet_start psd-nocuda-1 "$PSD" --id 1 --listen "ipc://$RUN/psd-nocuda-1.sock" --coord "$COORD"
+psnet_start w-nocuda-1 "$WORKERD" --coord "$COORD" --backend cuda
+out=$("$PSCTL" --coord "$COORD" job wait --wait 60)
+grep -q "state=failed .*model $MODEL's CUDA step has not been checked on a GPU yet (tests/unit/test-dlrm-kb): --backend cpu runs it" <<<"$out"
+ok $? "--backend cuda for $MODEL is refused, saying why ($out)"
+psnet_stop_all
+
 # The same steps by two BSP workers, each the whole of its half of the log
 # as its batch: the shards take the mean of their gradients, rows and
 # tensors alike, which is the full batch's (--lr-scaling none: the lr of

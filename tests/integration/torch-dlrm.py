@@ -82,7 +82,7 @@ def places(vocab, xs):
     return torch.from_numpy(idx), torch.from_numpy(known).float()
 
 
-def check_steps(data, model, init, export, steps, lr, logged_auc):
+def check_steps(data, model, init, export, steps, lr, logged_auc, auc_tol="2e-3"):
     """Full-batch SGD steps (the whole training set each step: no order of
     samples matters), rows starting at 0, the dense layers at INIT: the
     exported rows and tensors against PyTorch's after the same steps, and
@@ -124,7 +124,7 @@ def check_steps(data, model, init, export, steps, lr, logged_auc):
     tidx, tmask = places(vocab, ts)  # a test id never trained reads as its initial row, zeros
     with torch.no_grad():
         z = m(tidx, tmask, td)
-    check_logged_auc(z.numpy(), ty.numpy(), logged_auc)
+    check_logged_auc(z.numpy(), ty.numpy(), logged_auc, float(auc_tol))
 
 
 def main():

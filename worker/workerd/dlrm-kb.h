@@ -23,6 +23,12 @@
 
 #define DLRM_KB_TENSORS (2 * 2 * DLRM_MAX_LINEARS)
 
+/* Whether test-dlrm-kb has passed on a GPU: until then workerd refuses
+ * --backend cuda for dlrm, and auto trains it on the CPU (no unchecked step
+ * computes a user's gradient). The commit that records a passing GPU run
+ * sets it. */
+#define DLRM_CUDA_CHECKED false
+
 typedef struct DlrmKb {
         KBackend *kb;
         Dlrm shape;                     /* the widths (dlrm_init's; its host buffers unused) */

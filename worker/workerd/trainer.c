@@ -35,6 +35,7 @@
 #include "alloc.h"
 #include "click.h"
 #include "clicklog.h"
+#include "dlrm-kb.h"
 #include "dlrm.h"
 #include "endpoint.h"
 #include "hash.h"
@@ -96,6 +97,8 @@ typedef struct Trainer {
         ClickData *ctrain, *ctest;
         ClickBatch cbatch, ctestb;     /* a training batch's ids; the test set's */
         Dlrm dlrm;                     /* dlrm's buffers (dlrm.dim 0: lr:D) */
+        DlrmKb dkb;                    /* dlrm's step on t->kb instead (dkb.kb NULL: dlrm.c's) */
+        ModelDesc *ddesc;              /* the model, until dkb is set up */
         float *cbuf;                   /* params and grads of the tensors, logits */
         float *clogits;
         double eval_auc;
@@ -185,7 +188,12 @@ static void on_accuracy_sent(PsnetWorker *w, int r, bool evaluate, void *ud) {
 static void click_evaluate(Trainer *t) {
         const ClickData *d = t->ctest;
         float *logits = t->clogits;
-        if (t->dlrm.dim)
+        int r = t->dkb.kb ? dlrm_kb_load(&t->dkb, &t->ctestb, t->params) : 0;
+        if (t->dkb.kb)
+                for (size_t first = 0; r == 0 && first < d->n; first += t->dkb.max_batch)
+                        r = dlrm_kb_logits(&t->dkb, &t->ctestb, d, first, MIN(t->dkb.max_batch, d->n - first),
+                                           logits + first);
+        else if (t->dlrm.dim)
                 for (size_t first = 0; first < d->n; first += t->dlrm.max_batch)
                         dlrm_logits(&t->dlrm, &t->ctestb, d, first, MIN(t->dlrm.max_batch, d->n - first), t->params,
                                     logits + first);
@@ -197,7 +205,7 @@ static void click_evaluate(Trainer *t) {
         t->eval_correct = correct;
         t->eval_loss = logloss_of_logits(logits, d->y, d->n);
         t->eval_auc = auc(logits, d->y, d->n);
-        t->eval_r = 0;
+        t->eval_r = r;
 }
 
 static void eval_work(uv_work_t *req) {
@@ -507,7 +515,17 @@ static void click_step(Trainer *t) {
         uint32_t batch = t->job->batch;
         double tb = mono_s();
         const uint32_t *idx = t->perm + (size_t) t->step_in_pass * batch;
-        if (t->dlrm.dim)
+        if (t->dkb.kb) {
+                int r = dlrm_kb_step(&t->dkb, &t->cbatch, t->ctrain, idx, batch, t->params, t->grads, &t->loss);
+                if (r < 0) {
+                        log_error_errno(r, "The %s backend failed a step of model %s: %m", t->kb->ops->name,
+                                        t->job->model_name);
+                        snprintf(t->fail_why, sizeof t->fail_why, "the %s backend failed a step of model %.64s: %s",
+                                 t->kb->ops->name, t->job->model_name, strerror(-r));
+                        trainer_fail(t, r);
+                        return;
+                }
+        } else if (t->dlrm.dim)
                 t->loss = dlrm_step(&t->dlrm, &t->cbatch, t->ctrain, idx, batch, t->params, t->grads);
         else
                 t->loss = click_lr_step(&t->cbatch, t->ctrain, idx, batch, t->params[0], t->params[1][0], t->clogits,
@@ -777,15 +795,61 @@ static int click_setup(Trainer *t) {
                 return -EINVAL;
         }
         uint32_t batch = job->batch;
-        /* Its step runs here, on the loop: no backend, and no CUDA kernels yet. */
-        if (strcmp(t->cfg->backend, "cuda") == 0) {
+        /* Its step runs here, on the loop: lr:D's and dlrm's on the CPU
+         * (click.c, dlrm.c), or dlrm's on a backend (dlrm-kb.c) where that
+         * has been checked on a GPU. PSNET_DLRM_BACKEND_STEP=cpu (or 1)
+         * asks for that step on the CPU backend (the tests of that path),
+         * =cuda for it on the GPU before the check (the device run that
+         * checks it). */
+        bool cuda = strcmp(t->cfg->backend, "cuda") == 0, kb_step = false;
+        if (cuda && !job->click_fields) {
                 snprintf(t->fail_why, sizeof t->fail_why, "model %.64s has no CUDA kernels yet: --backend cpu or "
                          "auto trains it on the CPU", job->model_name);
                 log_error("%s", t->fail_why);
                 return -ENOTSUP;
         }
-        if (strcmp(t->cfg->backend, "auto") == 0)
-                log_info("model %s trains on the CPU (no CUDA kernels for it yet)", job->model_name);
+        if (cuda && !DLRM_CUDA_CHECKED) {
+                snprintf(t->fail_why, sizeof t->fail_why, "model %.64s's CUDA step has not been checked on a GPU yet "
+                         "(tests/unit/test-dlrm-kb): --backend cpu runs it", job->model_name);
+                log_error("%s", t->fail_why);
+                return -ENOTSUP;
+        }
+        if (job->click_fields && (cuda || (strcmp(t->cfg->backend, "auto") == 0 && DLRM_CUDA_CHECKED &&
+                                           kbackend_cuda_built()))) {
+                char err[256];
+                int r = kbackend_new(t->cfg->backend, (int) t->cfg->threads, &t->kb, err, sizeof err);
+                if (r < 0 && cuda) {
+                        snprintf(t->fail_why, sizeof t->fail_why, "cannot start the cuda backend: %.200s", err);
+                        log_error("%s", t->fail_why);
+                        return r;
+                }
+                kb_step = r == 0 && strcmp(t->kb->ops->name, "cuda") == 0;
+                if (!kb_step)
+                        t->kb = kbackend_free(t->kb);
+        }
+        const char *env = getenv("PSNET_DLRM_BACKEND_STEP");
+        if (!kb_step && job->click_fields && env && *env) {
+                const char *be = strcmp(env, "1") == 0 ? "cpu" : env;
+                char err[256];
+                int r = kbackend_new(be, (int) t->cfg->threads, &t->kb, err, sizeof err);
+                if (r < 0) {
+                        snprintf(t->fail_why, sizeof t->fail_why, "PSNET_DLRM_BACKEND_STEP=%.16s: %.200s", env, err);
+                        log_error("%s", t->fail_why);
+                        return r;
+                }
+                log_warning("PSNET_DLRM_BACKEND_STEP=%s: model %s's step on the %s backend%s", env, job->model_name,
+                            t->kb->ops->name, DLRM_CUDA_CHECKED ? "" : " (not checked on a GPU yet)");
+                kb_step = true;
+        }
+        if (t->kb && t->cfg->tf32) {
+                int r = t->kb->ops->set_tf32(t->kb, true);
+                if (r < 0 && r != -ENOTSUP)
+                        return log_error_errno(r, "Failed to turn on TF32: %m");
+        }
+        if (strcmp(t->cfg->backend, "auto") == 0 && !kb_step)
+                log_info("model %s trains on the CPU (%s)", job->model_name,
+                         job->click_fields ? "its CUDA step has not been checked on a GPU yet, or no GPU is visible"
+                                           : "no CUDA kernels for it yet");
         if (t->cfg->prefetch)
                 log_warning("--prefetch is for models of layers: model %s pulls each batch's rows first; "
                             "training without it", job->model_name);
@@ -796,7 +860,9 @@ static int click_setup(Trainer *t) {
                 int r = d ? modeldesc_parse(job->model, d, err, sizeof err) : -ENOMEM;
                 if (r == 0)
                         r = dlrm_init(&t->dlrm, d, batch);
-                ps_free(d);
+                t->ddesc = r == 0 && kb_step ? d : NULL;
+                if (!t->ddesc)
+                        ps_free(d);
                 if (r < 0)
                         return log_error_errno(r, "Failed to build model %s: %m", job->model_name);
                 if (t->cfg->threads > 0)
@@ -820,6 +886,21 @@ static int click_setup(Trainer *t) {
                 t->grads[k] = p, p += job->tensors[k].numel;
         }
         t->clogits = p;
+        if (t->ddesc) {
+                /* Room for a batch's rows, and the test set's. */
+                char err[256];
+                size_t rows = MAX((size_t) batch * tr->fields, t->ctestb.nuniq);
+                int r = dlrm_kb_init(&t->dkb, t->kb, t->ddesc, batch, rows, err, sizeof err);
+                ps_free(t->ddesc);
+                t->ddesc = NULL;
+                if (r < 0) {
+                        snprintf(t->fail_why, sizeof t->fail_why, "model %.64s on the %s backend: %.150s",
+                                 job->model_name, t->kb->ops->name, err);
+                        log_error("%s", t->fail_why);
+                        return r;
+                }
+                log_info("model %s's step runs on the %s backend", job->model_name, t->kb->ops->name);
+        }
         log_info("click model %s dense=%u fields=%u tables=%s%s dim=%u test_ids=%zu", job->model_name, job->in_numel,
                  tr->fields, job->tables[0].name, per_field ? ",... (one per field)" : "", job->click_dim,
                  t->ctestb.nuniq);
@@ -1098,6 +1179,8 @@ static void trainer_free(Trainer *t) {
         }
         ps_free(t->next);
         model_free(t->model);
+        dlrm_kb_free(&t->dkb);
+        ps_free(t->ddesc);
         kbackend_free(t->kb);
         dataset_free(t->train);
         dataset_free(t->test);
