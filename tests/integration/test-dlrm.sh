@@ -41,10 +41,10 @@ pycheck dlrm-steps steps "$SMALL" "$MODEL" "$RUN/init.safetensors" "$RUN/steps.s
 psnet_stop_all
 
 # The same steps computed with the compute backend's ops (dlrm-kb.c, the
-# CUDA step's code) on the CPU backend (PSNET_DLRM_BACKEND_STEP=1): against
+# CUDA step's code) on the CPU backend (PSNET_CLICK_BACKEND_STEP=cpu): against
 # PyTorch's too. Until that step has passed on a GPU, --backend cuda is
 # refused for dlrm with the reason.
-PSNET_DLRM_BACKEND_STEP=1 SHARDS=2 dlrm_job kbstep "$SMALL" --workers 1 --shards 2 --mode bsp --model "$MODEL" \
+PSNET_CLICK_BACKEND_STEP=cpu SHARDS=2 dlrm_job kbstep "$SMALL" --workers 1 --shards 2 --mode bsp --model "$MODEL" \
   --init "$RUN/init.safetensors" --batch 512 --epochs 6 --optim sgd --lr 0.5 --momentum 0 --warmup-clocks 0 \
   --tables ids:4:sgd:lr=0.5:init=0
 out=$("$PSCTL" --coord "$COORD" job wait --wait 60); ok $? "workerd trains $MODEL with the backend's ops ($out)"

@@ -221,6 +221,20 @@ auc=$(sed -n 's/.*msg="evaluated" .* auc=\([0-9.]*\) .*/\1/p' "$RUN/w-lr.log")
 PYCHECK_SCRIPT=$PSNET_SRC/tests/integration/torch-tables.py pycheck workerd-lr workerd-lr "$SMALL" \
   "$RUN/lr-w.safetensors" 6 0.5 "${auc:-nan}"
 psnet_stop_all
+# The same steps with the compute backend's ops (click-kb.c, the CUDA
+# step's code) on the CPU backend (PSNET_CLICK_BACKEND_STEP=cpu).
+COORD="ipc://$RUN/lrkb.sock"
+psnet_start pscoord-lrkb "$PSCOORD" --listen "$COORD" --workers 1 --shards 2 --mode bsp --model lr:3 --data "$SMALL" \
+  --batch 512 --epochs 6 --optim sgd --lr 0.5 --momentum 0 --warmup-clocks 0 --tables ids:1:sgd:lr=0.5:init=0
+for i in 1 2; do psnet_start "psd-lrkb-$i" "$PSD" --id "$i" --listen "ipc://$RUN/psd-lrkb-$i.sock" --coord "$COORD"; done
+PSNET_CLICK_BACKEND_STEP=cpu psnet_start w-lrkb "$WORKERD" --coord "$COORD"
+out=$("$PSCTL" --coord "$COORD" job wait --wait 60); ok $? "workerd trains lr:3 with the backend's ops ($out)"
+grep -q "msg=\"model lr:3's step runs on the cpu backend\"" "$RUN/w-lrkb.log"; ok $? "its step ran on the cpu backend"
+out=$("$PSCTL" --coord "$COORD" export "$RUN/lrkb-w.safetensors" 2>&1); ok $? "and psctl exports it ($out)"
+auc=$(sed -n 's/.*msg="evaluated" .* auc=\([0-9.]*\) .*/\1/p' "$RUN/w-lrkb.log")
+PYCHECK_SCRIPT=$PSNET_SRC/tests/integration/torch-tables.py pycheck workerd-lrkb workerd-lr "$SMALL" \
+  "$RUN/lrkb-w.safetensors" 6 0.5 "${auc:-nan}"
+psnet_stop_all
 
 # lr_fails TAG MODEL DATA PATTERN WHAT [WORKERD-OPTIONS]: a one-worker job of
 # MODEL on DATA fails, its state matching PATTERN (the worker's reason).
@@ -241,8 +255,8 @@ cp -r "$SMALL" "$RUN/clicks-nan"
   "$RUN/clicks-nan"
 lr_fails lr-nan lr:3 "$RUN/clicks-nan" 'train/dense.npy: feature 1 of row 7 is nan (a dense feature must be finite)' \
   "a NaN dense feature fails the job, naming the file, row and feature"
-# Its step has no CUDA kernels yet: --backend cuda is refused with the reason, not run on the CPU unsaid.
-lr_fails lr-cuda lr:3 "$SMALL" 'model lr:3 has no CUDA kernels yet: --backend cpu or auto trains it on the CPU' \
+# Its CUDA step has not passed on a GPU yet: --backend cuda is refused with the reason, not run on the CPU unsaid.
+lr_fails lr-cuda lr:3 "$SMALL" "model lr:3's CUDA step has not been checked on a GPU yet (tests/unit/test-dlrm-kb): --backend cpu runs it" \
   "lr:D with --backend cuda fails the job, saying why" --backend cuda
 
 COORD="ipc://$RUN/lr2.sock"
@@ -257,7 +271,7 @@ ok $? "the job got lr:D's default table ($("$PSCTL" --coord "$COORD" --json stat
 grep -q 'msg="--prefetch is for models of layers: model lr:4 pulls each batch.s rows first; training without it"' \
   "$RUN/w-lr2-2.log" && grep -q 'msg="training" .* prefetch=off' "$RUN/w-lr2-2.log"
 ok $? "a worker given --prefetch on says lr:D trains without it, and does"
-grep -q 'msg="model lr:4 trains on the CPU (no CUDA kernels for it yet)"' "$RUN/w-lr2-1.log"
+grep -q 'msg="model lr:4 trains on the CPU (its CUDA step has not been checked on a GPU yet)"' "$RUN/w-lr2-1.log"
 ok $? "and --backend auto says lr:D trains on the CPU"
 best=$(sed -n 's/.*best_auc=\([0-9.]*\).*/\1/p' "$RUN/clicklog.out")
 auc=$(cat "$RUN"/w-lr2-*.log | sed -n 's/.*msg="evaluated" .* auc=\([0-9.]*\) .*/\1/p')

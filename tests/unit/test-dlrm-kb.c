@@ -16,6 +16,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include "click-kb.h"
 #include "click.h"
 #include "dlrm-kb.h"
 #include "dlrm.h"
@@ -149,6 +150,64 @@ out:
         free(d);
 }
 
+/* lr:dense on backend kb against click.c: a step's loss and gradients,
+ * then the logits of the whole log. */
+static void run_lr_case(uint32_t dense, bool per_field, KBackend *kb, double atol, double rtol) {
+        enum { N = 60, F = 5, BATCH = 24 };
+        ClickData data = { .n = N, .fields = F, .dense = dense };
+        int64_t ids[N * F];
+        float x[N * 4];
+        uint8_t y[N];
+        data.ids = ids, data.x = dense ? x : NULL, data.y = y;
+        for (size_t i = 0; i < N * F; i++)
+                ids[i] = rng_uniform(0, 1) < 0.2f ? -1 : (int64_t) (rng_uniform(0, 1) * 40.0f) * 104729;
+        for (size_t i = 0; i < N * dense; i++)
+                x[i] = rng_uniform(-1, 1);
+        for (size_t i = 0; i < N; i++)
+                y[i] = rng_uniform(0, 1) < 0.4f;
+        uint32_t idx[BATCH];
+        for (uint32_t s = 0; s < BATCH; s++)
+                idx[s] = (s * 5u + 1u) % N;
+        float w[4] = { 0.3f, -0.2f, 0.1f, 0.4f }, bias = -0.15f;
+        ClickBatch b, tb;
+        LrKb m;
+        char err[256] = "";
+        int r = click_batch_init(&b, BATCH * F, 1, true, per_field);
+        r = r ? r : click_batch_init(&tb, N * F, 1, false, per_field);
+        r = r ? r : click_batch_gather(&b, &data, idx, BATCH);
+        r = r ? r : click_batch_gather(&tb, &data, NULL, N);
+        r = r ? r : lr_kb_init(&m, kb, F, dense, BATCH, MAX(b.nuniq, tb.nuniq), err, sizeof err);
+        if (!CHECK(r == 0, "lr:%u on %s: set up (%s)", dense, kb->ops->name, err))
+                return;
+        for (size_t u = 0; u < b.nuniq; u++)
+                b.rows[u] = rng_uniform(-0.5f, 0.5f);
+        for (size_t u = 0; u < tb.nuniq; u++)
+                tb.rows[u] = rng_uniform(-0.5f, 0.5f);
+        float logits[N], gw_ref[4] = { 0 }, gb_ref = 0, gw[4] = { 0 }, gb = 0, rg_ref[BATCH * F], loss = NAN;
+        float want = click_lr_step(&b, &data, idx, BATCH, w, bias, logits, gw_ref, &gb_ref);
+        memcpy(rg_ref, b.rgrad, b.nuniq * sizeof(float));
+        memset(b.rgrad, 0, b.nuniq * sizeof(float));
+        r = lr_kb_step(&m, &b, &data, idx, BATCH, w, bias, gw, &gb, &loss);
+        size_t at = 0;
+        const char *what = per_field ? "a table per field" : "one table";
+        CHECK(r == 0 && fabs((double) loss - want) <= atol + rtol * fabs((double) want) &&
+                      close_to(gw, gw_ref, dense, atol, rtol, &at) && close_to(&gb, &gb_ref, 1, atol, rtol, &at) &&
+                      close_to(b.rgrad, rg_ref, b.nuniq, atol, rtol, &at),
+              "lr:%u, %s, %s: a step's loss (%.7f, click.c's %.7f), the dense weights', bias's and %zu rows' "
+              "gradients within (%g, %g) (%d)", dense, what, kb->ops->name, (double) loss, (double) want, b.nuniq,
+              atol, rtol, r);
+        float lw[N], lg[N];
+        click_lr_logits(&tb, &data, NULL, N, w, bias, lw);
+        r = lr_kb_load(&m, &tb, w, bias);
+        for (size_t first = 0; r == 0 && first < N; first += BATCH)
+                r = lr_kb_logits(&m, &tb, &data, first, MIN((size_t) BATCH, N - first), lg + first);
+        CHECK(r == 0 && close_to(lg, lw, N, atol, rtol, &at), "lr:%u, %s, %s: the logits of %d samples (%d)", dense,
+              what, kb->ops->name, N, r);
+        lr_kb_free(&m);
+        click_batch_free(&b);
+        click_batch_free(&tb);
+}
+
 int main(void) {
         const Case cases[] = {
                 { "dlrm:4:3-8-4:8-1", 40, 16, 30, false },
@@ -161,6 +220,9 @@ int main(void) {
                 return tap_done();
         for (size_t i = 0; i < sizeof cases / sizeof *cases; i++)
                 run_case(&cases[i], cpu, 1e-6, 1e-5);
+        run_lr_case(4, false, cpu, 1e-6, 1e-5);
+        run_lr_case(4, true, cpu, 1e-6, 1e-5);
+        run_lr_case(0, false, cpu, 1e-6, 1e-5);
         /* Refused shapes. */
         ModelDesc d;
         DlrmKb m;
@@ -175,6 +237,8 @@ int main(void) {
         if (kbackend_cuda_built() && kbackend_new("cuda", 0, &gpu, err, sizeof err) == 0) {
                 for (size_t i = 0; i < sizeof cases / sizeof *cases; i++)
                         run_case(&cases[i], gpu, 1e-5, 1e-4);
+                run_lr_case(4, false, gpu, 1e-5, 1e-4);
+                run_lr_case(0, true, gpu, 1e-5, 1e-4);
                 kbackend_free(gpu);
         } else
                 printf("# skipped: the CUDA step (no CUDA backend: %s)\n",

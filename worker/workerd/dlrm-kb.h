@@ -11,8 +11,9 @@
  * the samples that hold it). Ids are whole floats for embedding: a shape
  * whose tables pass 2^24 entries is refused at init.
  *
- * It is checked against dlrm.c on the CPU backend (tests/unit/test-dlrm-kb.c)
- * and against the CPU backend on a GPU (tests/gpu/test-cuda-layers.c). */
+ * It is checked against dlrm.c on the CPU backend, and on a GPU against the
+ * CPU backend (tests/unit/test-dlrm-kb.c); until that has passed on a GPU,
+ * workerd runs it there only when asked to (click-kb.h: CLICK_CUDA_CHECKED). */
 #pragma once
 #include <stddef.h>
 #include <stdint.h>
@@ -23,11 +24,6 @@
 
 #define DLRM_KB_TENSORS (2 * 2 * DLRM_MAX_LINEARS)
 
-/* Whether test-dlrm-kb has passed on a GPU: until then workerd refuses
- * --backend cuda for dlrm, and auto trains it on the CPU (no unchecked step
- * computes a user's gradient). The commit that records a passing GPU run
- * sets it. */
-#define DLRM_CUDA_CHECKED false
 
 typedef struct DlrmKb {
         KBackend *kb;

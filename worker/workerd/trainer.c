@@ -35,6 +35,7 @@
 #include "alloc.h"
 #include "click.h"
 #include "clicklog.h"
+#include "click-kb.h"
 #include "dlrm-kb.h"
 #include "dlrm.h"
 #include "endpoint.h"
@@ -98,6 +99,7 @@ typedef struct Trainer {
         ClickBatch cbatch, ctestb;     /* a training batch's ids; the test set's */
         Dlrm dlrm;                     /* dlrm's buffers (dlrm.dim 0: lr:D) */
         DlrmKb dkb;                    /* dlrm's step on t->kb instead (dkb.kb NULL: dlrm.c's) */
+        LrKb lkb;                      /* lr:D's on t->kb instead (lkb.kb NULL: click.c's) */
         ModelDesc *ddesc;              /* the model, until dkb is set up */
         float *cbuf;                   /* params and grads of the tensors, logits */
         float *clogits;
@@ -188,8 +190,14 @@ static void on_accuracy_sent(PsnetWorker *w, int r, bool evaluate, void *ud) {
 static void click_evaluate(Trainer *t) {
         const ClickData *d = t->ctest;
         float *logits = t->clogits;
-        int r = t->dkb.kb ? dlrm_kb_load(&t->dkb, &t->ctestb, t->params) : 0;
-        if (t->dkb.kb)
+        int r = t->dkb.kb ? dlrm_kb_load(&t->dkb, &t->ctestb, t->params)
+              : t->lkb.kb ? lr_kb_load(&t->lkb, &t->ctestb, t->params[0], t->params[1][0])
+                          : 0;
+        if (t->lkb.kb)
+                for (size_t first = 0; r == 0 && first < d->n; first += t->lkb.max_batch)
+                        r = lr_kb_logits(&t->lkb, &t->ctestb, d, first, MIN(t->lkb.max_batch, d->n - first),
+                                         logits + first);
+        else if (t->dkb.kb)
                 for (size_t first = 0; r == 0 && first < d->n; first += t->dkb.max_batch)
                         r = dlrm_kb_logits(&t->dkb, &t->ctestb, d, first, MIN(t->dkb.max_batch, d->n - first),
                                            logits + first);
@@ -525,6 +533,17 @@ static void click_step(Trainer *t) {
                         trainer_fail(t, r);
                         return;
                 }
+        } else if (t->lkb.kb) {
+                int r = lr_kb_step(&t->lkb, &t->cbatch, t->ctrain, idx, batch, t->params[0], t->params[1][0],
+                                   t->grads[0], t->grads[1], &t->loss);
+                if (r < 0) {
+                        log_error_errno(r, "The %s backend failed a step of model %s: %m", t->kb->ops->name,
+                                        t->job->model_name);
+                        snprintf(t->fail_why, sizeof t->fail_why, "the %s backend failed a step of model %.64s: %s",
+                                 t->kb->ops->name, t->job->model_name, strerror(-r));
+                        trainer_fail(t, r);
+                        return;
+                }
         } else if (t->dlrm.dim)
                 t->loss = dlrm_step(&t->dlrm, &t->cbatch, t->ctrain, idx, batch, t->params, t->grads);
         else
@@ -795,27 +814,20 @@ static int click_setup(Trainer *t) {
                 return -EINVAL;
         }
         uint32_t batch = job->batch;
-        /* Its step runs here, on the loop: lr:D's and dlrm's on the CPU
-         * (click.c, dlrm.c), or dlrm's on a backend (dlrm-kb.c) where that
-         * has been checked on a GPU. PSNET_DLRM_BACKEND_STEP=cpu (or 1)
-         * asks for that step on the CPU backend (the tests of that path),
-         * =cuda for it on the GPU before the check (the device run that
-         * checks it). */
+        /* Its step runs here, on the loop: on the CPU (click.c, dlrm.c), or
+         * on a backend (click-kb.c, dlrm-kb.c) where that has been checked
+         * on a GPU (CLICK_CUDA_CHECKED). PSNET_CLICK_BACKEND_STEP=cpu (or 1)
+         * asks for the backend step on the CPU backend (the tests of that
+         * path), =cuda for it on a GPU before the check (the device run
+         * that checks it). */
         bool cuda = strcmp(t->cfg->backend, "cuda") == 0, kb_step = false;
-        if (cuda && !job->click_fields) {
-                snprintf(t->fail_why, sizeof t->fail_why, "model %.64s has no CUDA kernels yet: --backend cpu or "
-                         "auto trains it on the CPU", job->model_name);
-                log_error("%s", t->fail_why);
-                return -ENOTSUP;
-        }
-        if (cuda && !DLRM_CUDA_CHECKED) {
+        if (cuda && !CLICK_CUDA_CHECKED) {
                 snprintf(t->fail_why, sizeof t->fail_why, "model %.64s's CUDA step has not been checked on a GPU yet "
                          "(tests/unit/test-dlrm-kb): --backend cpu runs it", job->model_name);
                 log_error("%s", t->fail_why);
                 return -ENOTSUP;
         }
-        if (job->click_fields && (cuda || (strcmp(t->cfg->backend, "auto") == 0 && DLRM_CUDA_CHECKED &&
-                                           kbackend_cuda_built()))) {
+        if (cuda || (strcmp(t->cfg->backend, "auto") == 0 && CLICK_CUDA_CHECKED && kbackend_cuda_built())) {
                 char err[256];
                 int r = kbackend_new(t->cfg->backend, (int) t->cfg->threads, &t->kb, err, sizeof err);
                 if (r < 0 && cuda) {
@@ -827,18 +839,18 @@ static int click_setup(Trainer *t) {
                 if (!kb_step)
                         t->kb = kbackend_free(t->kb);
         }
-        const char *env = getenv("PSNET_DLRM_BACKEND_STEP");
-        if (!kb_step && job->click_fields && env && *env) {
+        const char *env = getenv("PSNET_CLICK_BACKEND_STEP");
+        if (!kb_step && env && *env) {
                 const char *be = strcmp(env, "1") == 0 ? "cpu" : env;
                 char err[256];
                 int r = kbackend_new(be, (int) t->cfg->threads, &t->kb, err, sizeof err);
                 if (r < 0) {
-                        snprintf(t->fail_why, sizeof t->fail_why, "PSNET_DLRM_BACKEND_STEP=%.16s: %.200s", env, err);
+                        snprintf(t->fail_why, sizeof t->fail_why, "PSNET_CLICK_BACKEND_STEP=%.16s: %.200s", env, err);
                         log_error("%s", t->fail_why);
                         return r;
                 }
-                log_warning("PSNET_DLRM_BACKEND_STEP=%s: model %s's step on the %s backend%s", env, job->model_name,
-                            t->kb->ops->name, DLRM_CUDA_CHECKED ? "" : " (not checked on a GPU yet)");
+                log_warning("PSNET_CLICK_BACKEND_STEP=%s: model %s's step on the %s backend%s", env, job->model_name,
+                            t->kb->ops->name, CLICK_CUDA_CHECKED ? "" : " (not checked on a GPU yet)");
                 kb_step = true;
         }
         if (t->kb && t->cfg->tf32) {
@@ -848,8 +860,7 @@ static int click_setup(Trainer *t) {
         }
         if (strcmp(t->cfg->backend, "auto") == 0 && !kb_step)
                 log_info("model %s trains on the CPU (%s)", job->model_name,
-                         job->click_fields ? "its CUDA step has not been checked on a GPU yet, or no GPU is visible"
-                                           : "no CUDA kernels for it yet");
+                         CLICK_CUDA_CHECKED ? "no GPU is visible" : "its CUDA step has not been checked on a GPU yet");
         if (t->cfg->prefetch)
                 log_warning("--prefetch is for models of layers: model %s pulls each batch's rows first; "
                             "training without it", job->model_name);
@@ -860,7 +871,7 @@ static int click_setup(Trainer *t) {
                 int r = d ? modeldesc_parse(job->model, d, err, sizeof err) : -ENOMEM;
                 if (r == 0)
                         r = dlrm_init(&t->dlrm, d, batch);
-                t->ddesc = r == 0 && kb_step ? d : NULL;
+                t->ddesc = r == 0 && t->kb ? d : NULL;
                 if (!t->ddesc)
                         ps_free(d);
                 if (r < 0)
@@ -893,6 +904,17 @@ static int click_setup(Trainer *t) {
                 int r = dlrm_kb_init(&t->dkb, t->kb, t->ddesc, batch, rows, err, sizeof err);
                 ps_free(t->ddesc);
                 t->ddesc = NULL;
+                if (r < 0) {
+                        snprintf(t->fail_why, sizeof t->fail_why, "model %.64s on the %s backend: %.150s",
+                                 job->model_name, t->kb->ops->name, err);
+                        log_error("%s", t->fail_why);
+                        return r;
+                }
+                log_info("model %s's step runs on the %s backend", job->model_name, t->kb->ops->name);
+        } else if (t->kb) { /* lr:D */
+                char err[256];
+                size_t rows = MAX((size_t) batch * tr->fields, t->ctestb.nuniq);
+                int r = lr_kb_init(&t->lkb, t->kb, tr->fields, job->in_numel, batch, rows, err, sizeof err);
                 if (r < 0) {
                         snprintf(t->fail_why, sizeof t->fail_why, "model %.64s on the %s backend: %.150s",
                                  job->model_name, t->kb->ops->name, err);
@@ -1180,6 +1202,7 @@ static void trainer_free(Trainer *t) {
         ps_free(t->next);
         model_free(t->model);
         dlrm_kb_free(&t->dkb);
+        lr_kb_free(&t->lkb);
         ps_free(t->ddesc);
         kbackend_free(t->kb);
         dataset_free(t->train);

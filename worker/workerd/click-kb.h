@@ -1,0 +1,51 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/* lr:D's step on a compute backend (kernels.h), click.c's arithmetic
+ * (click.h) written with the backend's ops alone, as dlrm-kb.c does for
+ * dlrm: each sample's rows (one float each) gathered with embedding from a
+ * table of a zero row (a missing field) and the batch's rows, summed by a
+ * product with ones, beside the dense features' product with w and the
+ * bias; the loss with softmax_xent over (0, logit); each row's gradient the
+ * sum of its samples' (embedding_backward). In float where click.c sums a
+ * logit in double. Checked against click.c on the CPU backend and against
+ * the CPU backend on a GPU (tests/unit/test-dlrm-kb.c). */
+#pragma once
+#include <stddef.h>
+#include <stdint.h>
+#include "click.h"
+#include "clickdata.h"
+#include "kernels.h"
+
+/* Whether test-dlrm-kb (lr:D's and dlrm's steps on a backend) has passed on
+ * a GPU: until then workerd refuses --backend cuda for the click models,
+ * and auto trains them on the CPU (no unchecked step computes a user's
+ * gradient). The commit that records a passing GPU run sets it. */
+#define CLICK_CUDA_CHECKED false
+
+typedef struct LrKb {
+        KBackend *kb;
+        uint32_t fields, dense;
+        size_t max_batch, max_rows, rows_loaded;
+        float *w, *bias, *gw, *gb;
+        float *x, *tab, *dtab, *vid, *g, *gf, *ones;
+        float *lt, *dlt, *lid, *l2, *dl2, *loss;
+        int32_t *label;
+        float *x_h, *vid_h, *loss_h;
+        int32_t *label_h;
+} LrKb;
+
+/* For lr:dense on kb over logs of fields fields, batches of at most
+ * max_batch samples whose distinct rows (and the test set's) number at
+ * most max_rows: 0, -ENOMEM, -ENOTSUP (the backend lacks an op), -E2BIG
+ * (ids past 2^24), the reason in err. */
+int lr_kb_init(LrKb *m, KBackend *kb, uint32_t fields, uint32_t dense, size_t max_batch, size_t max_rows, char *err,
+               size_t errlen);
+void lr_kb_free(LrKb *m);
+/* click_lr_step on the backend: the mean loss into *ret_loss, the
+ * gradients into gw (dense floats), *gb and b->rgrad. 0, or the backend's
+ * error. */
+int lr_kb_step(LrKb *m, ClickBatch *b, const ClickData *d, const uint32_t *idx, size_t n, const float *w, float bias,
+               float *gw, float *gb, float *ret_loss);
+/* Before lr_kb_logits: w, bias and every row of b (the test set's). */
+int lr_kb_load(LrKb *m, const ClickBatch *b, const float *w, float bias);
+/* click_lr_logits of samples first..first+n of d (n <= max_batch). */
+int lr_kb_logits(LrKb *m, const ClickBatch *b, const ClickData *d, size_t first, size_t n, float *logits);
