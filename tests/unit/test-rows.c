@@ -831,6 +831,112 @@ static int pull_all(const ShardMap *m, const int64_t *ids, size_t n, float *out)
         return st;
 }
 
+/* Shards 1, 2, 3 (sd) under m1 and the reference shard 9 (ref) under
+ * mref, routed to one another: whether all four have their tables. */
+static bool move_sides(const Job *job, Side *sd, Side *ref, const ShardMap *m1, const ShardMap *mref,
+                       const char *what) {
+        for (int i = 0; i < 3; i++)
+                sd[i] = side(job, (uint32_t) i + 1);
+        *ref = side(job, 9);
+        nsides = 0;
+        move_refused = copies_refused = 0;
+        wants = 0;
+        again = false;
+        for (int i = 0; i < 3; i++) {
+                sd[i].map = m1;
+                sides[nsides++] = &sd[i];
+        }
+        ref->map = mref;
+        sides[nsides++] = ref;
+        if (!CHECK(sd[0].rows && sd[1].rows && sd[2].rows && ref->rows, "%s: four shards' tables", what))
+                return false;
+        for (size_t i = 0; i < nsides; i++) {
+                RowsHooks hk = { .members = members, .closed = route_closed, .want = route_want, .ud = sides[i] };
+                rows_set_hooks(sides[i]->rows, &hk);
+        }
+        return true;
+}
+
+/* Steps of the three shards' moves until none has more, or until *steps
+ * reaches limit. */
+static void move_steps(Side *sd, int *steps, int limit) {
+        for (bool more = true; more && *steps < limit; (*steps)++) {
+                more = false;
+                for (int i = 0; i < 3; i++)
+                        more |= rows_move_step(sd[i].rows, 4,
+                                               &(RowsMoveHooks) { route_move, route_record, all_answered, NULL, &sd[i] });
+        }
+}
+
+/* The 48 ids into ids (the last 8 pushed first at clock 3); workers 7 and 8
+ * push clocks 0..2 of the first 40 to the reference and under m1, worker
+ * 8's of clock 2 reaching shard 1 alone; then the map becomes m2. */
+static void start_move(Side *sd, const ShardMap *m1, const ShardMap *m2, const ShardMap *mref, int64_t *ids) {
+        for (int k = 0; k < 48; k++)
+                ids[k] = 5000 + 53 * k;
+        for (int64_t c = 0; c < 3; c++)
+                for (uint32_t w = 7; w <= 8; w++) {
+                        push_all(mref, w, c, ids, 40, NULL, 0);
+                        push_all(m1, w, c, ids, 40, NULL, c == 2 && w == 8 ? 1 : 0);
+                }
+        for (int i = 0; i < 3; i++) {
+                rows_map_changed(sd[i].rows, m1, m2, sd[i].id);
+                sd[i].map = m2;
+        }
+}
+
+/* Both workers push clock 3 (to the reference and under m2; rows asked for
+ * meanwhile are sent at once), then the moves run to their end: whether
+ * every shard's rows are whole under m2 (epoch 2); the rows asked for
+ * since the change into *asked. */
+static bool finish_move(Side *sd, const ShardMap *m2, const ShardMap *mref, const int64_t *ids, int *steps,
+                        int *asked) {
+        for (uint32_t w = 7; w <= 8; w++) {
+                push_all(mref, w, 3, ids, 48, NULL, 0);
+                push_all(m2, w, 3, ids, 48, NULL, 0);
+        }
+        again = false;
+        *asked = wants;
+        move_steps(sd, steps, 100000);
+        bool settled = true;
+        for (int i = 0; i < 3; i++)
+                settled &= !rows_promoting(sd[i].rows) && rows_whole_epoch(sd[i].rows, 2) == 2;
+        return settled;
+}
+
+/* Each of the 48 rows led once and backed R - 1 times under m2; then,
+ * shard lost + 1 lost (m3, where given), the others hold every row as want. */
+static void check_held(Side *sd, const char *what, const ShardMap *m2, const ShardMap *m3, int lost,
+                       const int64_t *ids, const float *want) {
+        RowsStats rs;
+        uint64_t led = 0, backed = 0;
+        for (int i = 0; i < 3; i++) {
+                rows_stats(sd[i].rows, &rs);
+                led += rs.rows;
+                backed += rs.backup_rows;
+        }
+        CHECK(led == 48 && backed == 48 * (shardmap_replicas(m2) - 1),
+              "%s: each row led once (%llu), with %u cop%s beside it (%llu)", what, (unsigned long long) led,
+              shardmap_replicas(m2) - 1, shardmap_replicas(m2) == 2 ? "y" : "ies", (unsigned long long) backed);
+        if (!m3)
+                return;
+        /* The others promote their copies of its rows (of the new shard's,
+         * copies it sent while the rows moved, not the older rows the
+         * senders made copies). */
+        for (int i = 0; i < 3; i++) {
+                if (i != lost) {
+                        rows_map_changed(sd[i].rows, m2, m3, sd[i].id);
+                        while (rows_rebuild_step(sd[i].rows, 4, no_rebuild, NULL))
+                                ;
+                }
+                sd[i].map = m3;
+        }
+        float got[96];
+        int pf = pull_all(m3, ids, 48, got);
+        CHECK(pf == 0 && memcmp(got, want, sizeof got) == 0,
+              "%s: shard %d lost after it, its backups hold its rows, bit for bit", what, lost + 1);
+}
+
 /* Shards of m1 train clocks 0..1 with workers 7 and 8; at clock 2 worker
  * 8's push reaches only shard 1, which closes it. The map becomes m2 (a
  * shard added, or one removed where rows had one copy): the rows move
@@ -840,37 +946,12 @@ static int pull_all(const ShardMap *m, const int64_t *ids, size_t n, float *out)
  * shard 1 (m3) the others still hold them all so. */
 static void test_move_case(const Job *job, const char *what, const ShardMap *m1, const ShardMap *m2,
                            const ShardMap *m3, int lost, const ShardMap *mref, bool ask) {
-        Side sd[3] = { side(job, 1), side(job, 2), side(job, 3) }, ref = side(job, 9);
-        nsides = 0;
-        move_refused = copies_refused = 0;
-        for (int i = 0; i < 3; i++) {
-                sd[i].map = m1;
-                sides[nsides++] = &sd[i];
-        }
-        ref.map = mref;
-        sides[nsides++] = &ref;
-        if (!CHECK(sd[0].rows && sd[1].rows && sd[2].rows && ref.rows, "%s: four shards' tables", what))
+        Side sd[3], ref;
+        if (!move_sides(job, sd, &ref, m1, mref, what))
                 goto out;
-        for (size_t i = 0; i < nsides; i++) {
-                RowsHooks hk = { .members = members, .closed = route_closed, .want = route_want, .ud = sides[i] };
-                rows_set_hooks(sides[i]->rows, &hk);
-        }
-        /* The last 8 ids are pushed first at clock 3. */
         int64_t ids[48];
-        for (int k = 0; k < 48; k++)
-                ids[k] = 5000 + 53 * k;
-        wants = 0;
-        again = false;
-        for (int64_t c = 0; c < 3; c++)
-                for (uint32_t w = 7; w <= 8; w++) {
-                        push_all(mref, w, c, ids, 40, NULL, 0);
-                        push_all(m1, w, c, ids, 40, NULL, c == 2 && w == 8 ? 1 : 0);
-                }
+        start_move(sd, m1, m2, mref, ids);
         /* The new map: a receiver waits for its senders. */
-        for (int i = 0; i < 3; i++) {
-                rows_map_changed(sd[i].rows, m1, m2, sd[i].id);
-                sd[i].map = m2;
-        }
         int st_wait[4] = { 0 };
         push_all(m2, 7, 2, ids, 40, st_wait, 0);
         bool waits = false;
@@ -880,29 +961,13 @@ static void test_move_case(const Job *job, const char *what, const ShardMap *m1,
          * rows their pushes touch asked for as they come, and only then do
          * the senders send the rest (which must not undo what changed). */
         int steps = 0;
-        for (bool more = true; more && steps < 100000 && (!ask || steps < 1); steps++) {
-                more = false;
-                for (int i = 0; i < 3; i++)
-                        more |= rows_move_step(sd[i].rows, 4, &(RowsMoveHooks) { route_move, route_record, all_answered, NULL, &sd[i] });
-        }
+        move_steps(sd, &steps, ask ? 1 : 100000);
         int st2[4][4] = { { 0 } };
         again = true;
         for (uint32_t w = 7; w <= 8; w++)
                 push_all(m2, w, 2, ids, 40, st2[w - 7], 0);
-        for (uint32_t w = 7; w <= 8; w++) {
-                push_all(mref, w, 3, ids, 48, NULL, 0);
-                push_all(m2, w, 3, ids, 48, NULL, 0);
-        }
-        again = false;
-        int asked = wants;
-        for (bool more = true; more && steps < 100000; steps++) {
-                more = false;
-                for (int i = 0; i < 3; i++)
-                        more |= rows_move_step(sd[i].rows, 4, &(RowsMoveHooks) { route_move, route_record, all_answered, NULL, &sd[i] });
-        }
-        bool settled = true;
-        for (int i = 0; i < 3; i++)
-                settled &= !rows_promoting(sd[i].rows) && rows_whole_epoch(sd[i].rows, 2) == 2;
+        int asked;
+        bool settled = finish_move(sd, m2, mref, ids, &steps, &asked);
         CHECK(waits && settled && move_refused == 0 && steps > 3 && (ask ? asked > 0 : asked == 0),
               "%s: pushes wait while rows move (UNAVAILABLE)%s, then the move ends in %d steps, every shard whole", what,
               ask ? ", the rows they touch asked for at once" : "", steps);
@@ -916,32 +981,7 @@ static void test_move_case(const Job *job, const char *what, const ShardMap *m1,
               "%s: clock 2 sent again (at shard 1, which closed it: %s), then clock 3: every row as one shard that "
               "took every push holds it, bit for bit (%d %d %d)", what, gains ? "opened again" : "DUPLICATE", pr, pg,
               st2[0][1]);
-        RowsStats rs;
-        uint64_t led = 0, backed = 0;
-        for (int i = 0; i < 3; i++) {
-                rows_stats(sd[i].rows, &rs);
-                led += rs.rows;
-                backed += rs.backup_rows;
-        }
-        CHECK(led == 48 && backed == 48 * (shardmap_replicas(m2) - 1),
-              "%s: each row led once (%llu), with %u cop%s beside it (%llu)", what, (unsigned long long) led,
-              shardmap_replicas(m2) - 1, shardmap_replicas(m2) == 2 ? "y" : "ies", (unsigned long long) backed);
-        if (m3) {
-                /* Shard lost + 1 lost: the others promote their copies of its
-                 * rows (of the new shard's, copies it sent while the rows
-                 * moved, not the older rows the senders made copies). */
-                for (int i = 0; i < 3; i++) {
-                        if (i != lost) {
-                                rows_map_changed(sd[i].rows, m2, m3, sd[i].id);
-                                while (rows_rebuild_step(sd[i].rows, 4, no_rebuild, NULL))
-                                        ;
-                        }
-                        sd[i].map = m3;
-                }
-                int pf = pull_all(m3, ids, 48, got);
-                CHECK(pf == 0 && memcmp(got, want, sizeof got) == 0,
-                      "%s: shard %d lost after it, its backups hold its rows, bit for bit", what, lost + 1);
-        }
+        check_held(sd, what, m2, m3, lost, ids, want);
 out:
         for (int i = 0; i < 3; i++)
                 rows_free(sd[i].rows);
@@ -949,34 +989,49 @@ out:
         nsides = 0;
 }
 
+typedef void (*MoveCase)(const Job *job, const char *what, const ShardMap *m1, const ShardMap *m2,
+                         const ShardMap *m3, int lost, const ShardMap *mref, bool ask);
+
+/* The moves each mode's case runs through (run), named with prefix: a
+ * shard added to two (two copies; then the added one lost, or shard 1), one
+ * added to one (one copy, then two), one removed from three (one copy),
+ * each with and without the rows asked for before their turn. */
+static void move_cases(const Job *job, MoveCase run, const char *prefix) {
+        const uint32_t one[1] = { 1 }, two[2] = { 1, 2 }, three[3] = { 1, 2, 3 }, rest[2] = { 2, 3 }, r9[1] = { 9 };
+        ShardMap *m[9] = { map_of(1, r9, 1, 1, job), map_of(1, two, 2, 2, job), map_of(2, three, 3, 2, job),
+                           map_of(3, rest, 2, 2, job), map_of(3, two, 2, 2, job), map_of(1, one, 1, 1, job),
+                           map_of(2, two, 2, 2, job), map_of(1, three, 3, 1, job), map_of(2, two, 2, 1, job) };
+        const struct {
+                const char *what;
+                int m1, m2, m3, lost;
+                bool ask;
+        } cases[] = {
+                { "shard 3 added to 2 (2 copies)", 1, 2, 3, 0, false },
+                { "shard 3 added to 2, rows asked for", 1, 2, 3, 0, true },
+                { "shard 3 added to 2, then lost", 1, 2, 4, 2, true },
+                { "shard 2 added to 1 (1 copy, then 2)", 5, 6, -1, 0, false },
+                { "shard 2 added to 1, rows asked for", 5, 6, -1, 0, true },
+                { "shard 3 removed from 3 (1 copy)", 7, 8, -1, 0, false },
+                { "shard 3 removed from 3, rows asked for", 7, 8, -1, 0, true },
+        };
+        bool all = true;
+        for (int i = 0; i < 9; i++)
+                all &= m[i] != NULL;
+        all = CHECK(all, "%sthe maps", prefix);
+        for (size_t i = 0; all && i < sizeof cases / sizeof *cases; i++) {
+                char what[160];
+                snprintf(what, sizeof what, "%s%s", prefix, cases[i].what);
+                run(job, what, m[cases[i].m1], m[cases[i].m2], cases[i].m3 >= 0 ? m[cases[i].m3] : NULL,
+                    cases[i].lost, m[0], cases[i].ask);
+        }
+        for (int i = 0; i < 9; i++)
+                shardmap_free(m[i]);
+}
+
 static void test_move(Job job) {
         char why[160] = "";
-        if (!CHECK(bsp_job(&job, 0, 40, why, sizeof why), "a BSP job whose rows may move (%s)", why))
-                return;
-        const uint32_t one[1] = { 1 }, two[2] = { 1, 2 }, three[3] = { 1, 2, 3 }, rest[2] = { 2, 3 }, r9[1] = { 9 };
-        ShardMap *ref = map_of(1, r9, 1, 1, &job);
-        ShardMap *a1 = map_of(1, two, 2, 2, &job), *a2 = map_of(2, three, 3, 2, &job), *a3 = map_of(3, rest, 2, 2, &job);
-        ShardMap *a4 = map_of(3, two, 2, 2, &job);
-        ShardMap *b1 = map_of(1, one, 1, 1, &job), *b2 = map_of(2, two, 2, 2, &job);
-        ShardMap *c1 = map_of(1, three, 3, 1, &job), *c2 = map_of(2, two, 2, 1, &job);
-        if (CHECK(ref && a1 && a2 && a3 && a4 && b1 && b2 && c1 && c2, "the maps")) {
-                test_move_case(&job, "shard 3 added to 2 (2 copies)", a1, a2, a3, 0, ref, false);
-                test_move_case(&job, "shard 3 added to 2, rows asked for", a1, a2, a3, 0, ref, true);
-                test_move_case(&job, "shard 3 added to 2, then lost", a1, a2, a4, 2, ref, true);
-                test_move_case(&job, "shard 2 added to 1 (1 copy, then 2)", b1, b2, NULL, 0, ref, false);
-                test_move_case(&job, "shard 2 added to 1, rows asked for", b1, b2, NULL, 0, ref, true);
-                test_move_case(&job, "shard 3 removed from 3 (1 copy)", c1, c2, NULL, 0, ref, false);
-                test_move_case(&job, "shard 3 removed from 3, rows asked for", c1, c2, NULL, 0, ref, true);
-        }
-        shardmap_free(ref);
-        shardmap_free(a1);
-        shardmap_free(a2);
-        shardmap_free(a3);
-        shardmap_free(a4);
-        shardmap_free(b1);
-        shardmap_free(b2);
-        shardmap_free(c1);
-        shardmap_free(c2);
+        if (CHECK(bsp_job(&job, 0, 40, why, sizeof why), "a BSP job whose rows may move (%s)", why))
+                move_cases(&job, test_move_case, "");
 }
 
 /* ASP: shards of m1 apply workers 7 and 8's pushes of clocks 0..2 as they
@@ -991,36 +1046,13 @@ static void test_move(Job job) {
  * counts them). */
 static void test_asp_move_case(const Job *job, const char *what, const ShardMap *m1, const ShardMap *m2,
                                const ShardMap *m3, int lost, const ShardMap *mref, bool ask) {
-        Side sd[3] = { side(job, 1), side(job, 2), side(job, 3) }, ref = side(job, 9);
-        nsides = 0;
-        move_refused = copies_refused = records = 0;
+        Side sd[3], ref;
+        records = 0;
         copy_pushes = true;
-        for (int i = 0; i < 3; i++) {
-                sd[i].map = m1;
-                sides[nsides++] = &sd[i];
-        }
-        ref.map = mref;
-        sides[nsides++] = &ref;
-        if (!CHECK(sd[0].rows && sd[1].rows && sd[2].rows && ref.rows, "ASP, %s: four shards' tables", what))
+        if (!move_sides(job, sd, &ref, m1, mref, what))
                 goto out;
-        for (size_t i = 0; i < nsides; i++) {
-                RowsHooks hk = { .members = members, .closed = route_closed, .want = route_want, .ud = sides[i] };
-                rows_set_hooks(sides[i]->rows, &hk);
-        }
         int64_t ids[48];
-        for (int k = 0; k < 48; k++)
-                ids[k] = 5000 + 53 * k;
-        wants = 0;
-        again = false;
-        for (int64_t c = 0; c < 3; c++)
-                for (uint32_t w = 7; w <= 8; w++) {
-                        push_all(mref, w, c, ids, 40, NULL, 0);
-                        push_all(m1, w, c, ids, 40, NULL, c == 2 && w == 8 ? 1 : 0);
-                }
-        for (int i = 0; i < 3; i++) {
-                rows_map_changed(sd[i].rows, m1, m2, sd[i].id);
-                sd[i].map = m2;
-        }
+        start_move(sd, m1, m2, mref, ids);
         int st_wait[4] = { 0 };
         push_all(m2, 8, 2, ids, 40, st_wait, 0);
         bool waits = false;
@@ -1028,12 +1060,7 @@ static void test_asp_move_case(const Job *job, const char *what, const ShardMap 
                 if (shardmap_find(m2, sd[i].id) >= 0 && move_receiver_of(m1, m2, sd[i].id))
                         waits |= st_wait[sd[i].id] == PSNET__STATUS__STATUS_UNAVAILABLE;
         int steps = 0;
-        for (bool more = true; more && steps < 100000 && (!ask || steps < 1); steps++) {
-                more = false;
-                for (int i = 0; i < 3; i++)
-                        more |= rows_move_step(sd[i].rows, 4,
-                                               &(RowsMoveHooks) { route_move, route_record, all_answered, NULL, &sd[i] });
-        }
+        move_steps(sd, &steps, ask ? 1 : 100000);
         /* Each receiver knows both workers' clocks of table 0 done from
          * its senders (2: worker 8's push of it is whole on shard 1). */
         bool clocks = true;
@@ -1046,53 +1073,18 @@ static void test_asp_move_case(const Job *job, const char *what, const ShardMap 
                         }
         again = true;
         push_all(m2, 8, 2, ids, 40, NULL, 0);
-        for (uint32_t w = 7; w <= 8; w++) {
-                push_all(mref, w, 3, ids, 48, NULL, 0);
-                push_all(m2, w, 3, ids, 48, NULL, 0);
-        }
-        again = false;
-        int asked = wants;
-        for (bool more = true; more && steps < 100000; steps++) {
-                more = false;
-                for (int i = 0; i < 3; i++)
-                        more |= rows_move_step(sd[i].rows, 4,
-                                               &(RowsMoveHooks) { route_move, route_record, all_answered, NULL, &sd[i] });
-        }
-        bool settled = true;
-        for (int i = 0; i < 3; i++)
-                settled &= !rows_promoting(sd[i].rows) && rows_whole_epoch(sd[i].rows, 2) == 2;
+        int asked;
+        bool settled = finish_move(sd, m2, mref, ids, &steps, &asked);
         CHECK(waits && settled && move_refused == 0 && records > 0 && clocks && (ask ? asked > 0 : asked == 0),
-              "ASP, %s: pushes wait until the senders said what each worker's pushes left with them (%d messages; "
+              "%s: pushes wait until the senders said what each worker's pushes left with them (%d messages; "
               "its clocks done known: %s)%s, then the move ends in %d steps, every shard whole", what, records,
               clocks ? "yes" : "no", ask ? ", the rows they touch asked for at once" : "", steps);
         float want[96], got[96];
         int pr = pull_all(mref, ids, 48, want), pg = pull_all(m2, ids, 48, got);
         CHECK(pr == 0 && pg == 0 && memcmp(got, want, sizeof got) == 0 && copies_refused == 0,
-              "ASP, %s: worker 8's clock 2 sent again (applied on shard 1 before the change), then clock 3: every row "
+              "%s: worker 8's clock 2 sent again (applied on shard 1 before the change), then clock 3: every row "
               "as one shard that took every push once holds it, bit for bit (%d %d)", what, pr, pg);
-        RowsStats rs;
-        uint64_t led = 0, backed = 0;
-        for (int i = 0; i < 3; i++) {
-                rows_stats(sd[i].rows, &rs);
-                led += rs.rows;
-                backed += rs.backup_rows;
-        }
-        CHECK(led == 48 && backed == 48 * (shardmap_replicas(m2) - 1),
-              "ASP, %s: each row led once (%llu), with %u cop%s beside it (%llu)", what, (unsigned long long) led,
-              shardmap_replicas(m2) - 1, shardmap_replicas(m2) == 2 ? "y" : "ies", (unsigned long long) backed);
-        if (m3) {
-                for (int i = 0; i < 3; i++) {
-                        if (i != lost) {
-                                rows_map_changed(sd[i].rows, m2, m3, sd[i].id);
-                                while (rows_rebuild_step(sd[i].rows, 4, no_rebuild, NULL))
-                                        ;
-                        }
-                        sd[i].map = m3;
-                }
-                int pf = pull_all(m3, ids, 48, got);
-                CHECK(pf == 0 && memcmp(got, want, sizeof got) == 0,
-                      "ASP, %s: shard %d lost after it, its backups hold its rows, bit for bit", what, lost + 1);
-        }
+        check_held(sd, what, m2, m3, lost, ids, want);
 out:
         copy_pushes = false;
         for (int i = 0; i < 3; i++)
@@ -1106,33 +1098,8 @@ static void test_asp_move(Job job) {
         job.mode = MODE_ASP;
         job.replicas = 0;
         job.id += 47;
-        if (!CHECK(job_validate(&job, why, sizeof why) == 0, "an ASP job whose rows may move (%s)", why))
-                return;
-        const uint32_t one[1] = { 1 }, two[2] = { 1, 2 }, three[3] = { 1, 2, 3 }, r9[1] = { 9 };
-        const uint32_t rest[2] = { 2, 3 };
-        ShardMap *ref = map_of(1, r9, 1, 1, &job);
-        ShardMap *a1 = map_of(1, two, 2, 2, &job), *a2 = map_of(2, three, 3, 2, &job), *a3 = map_of(3, rest, 2, 2, &job);
-        ShardMap *a4 = map_of(3, two, 2, 2, &job);
-        ShardMap *b1 = map_of(1, one, 1, 1, &job), *b2 = map_of(2, two, 2, 2, &job);
-        ShardMap *c1 = map_of(1, three, 3, 1, &job), *c2 = map_of(2, two, 2, 1, &job);
-        if (CHECK(ref && a1 && a2 && a3 && a4 && b1 && b2 && c1 && c2, "the ASP maps")) {
-                test_asp_move_case(&job, "shard 3 added to 2 (2 copies)", a1, a2, a3, 0, ref, false);
-                test_asp_move_case(&job, "shard 3 added to 2, rows asked for", a1, a2, a3, 0, ref, true);
-                test_asp_move_case(&job, "shard 3 added to 2, then lost", a1, a2, a4, 2, ref, true);
-                test_asp_move_case(&job, "shard 2 added to 1 (1 copy, then 2)", b1, b2, NULL, 0, ref, false);
-                test_asp_move_case(&job, "shard 2 added to 1, rows asked for", b1, b2, NULL, 0, ref, true);
-                test_asp_move_case(&job, "shard 3 removed from 3 (1 copy)", c1, c2, NULL, 0, ref, false);
-                test_asp_move_case(&job, "shard 3 removed from 3, rows asked for", c1, c2, NULL, 0, ref, true);
-        }
-        shardmap_free(ref);
-        shardmap_free(a1);
-        shardmap_free(a2);
-        shardmap_free(a3);
-        shardmap_free(a4);
-        shardmap_free(b1);
-        shardmap_free(b2);
-        shardmap_free(c1);
-        shardmap_free(c2);
+        if (CHECK(job_validate(&job, why, sizeof why) == 0, "an ASP job whose rows may move (%s)", why))
+                move_cases(&job, test_asp_move_case, "ASP, ");
 }
 
 /* Shards sd[0..n) under m, their copies, moves and asks routed to one

@@ -1,8 +1,8 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /* See click-kb.h. For B = max_batch samples, F fields, D dense features,
  * U distinct rows: tab [1 + U] (row 0 zero, then the rows), vid [n x F]
- * (each field's row in tab, 0 where missing), g [n x F] the rows gathered,
- * lt [1 + B] (a zero, then the logits), lid [B x 2] gathers (0, logit). */
+ * (each field's row in tab, 0 where missing), g [n x F] the rows gathered;
+ * the logits at ls.lt + 1 (ClickLoss). */
 #include <errno.h>
 #include <stdio.h>
 #include <string.h>
@@ -12,8 +12,68 @@
 
 #define KB_EXACT (1u << 24) /* whole floats embedding reads exactly */
 
-static int kalloc(LrKb *m, size_t floats, void *ret) {
-        return m->kb->ops->alloc(m->kb, MAX(floats, (size_t) 1) * sizeof(float), (void **) ret);
+static int kalloc(KBackend *kb, size_t floats, void *ret) {
+        return kb->ops->alloc(kb, MAX(floats, (size_t) 1) * sizeof(float), (void **) ret);
+}
+
+int click_loss_init(ClickLoss *l, KBackend *kb, size_t max_batch) {
+        memset(l, 0, sizeof *l);
+        size_t B = MAX(max_batch, (size_t) 1);
+        l->max_batch = B;
+        float **bufs[] = { &l->lt, &l->dlt, &l->lid, &l->l2, &l->dl2, &l->loss, (float **) &l->label };
+        size_t sizes[] = { 1 + B, 1 + B, 2 * B, 2 * B, 2 * B, B, B };
+        int r = 0;
+        for (size_t i = 0; r == 0 && i < sizeof sizes / sizeof *sizes; i++)
+                r = kalloc(kb, sizes[i], bufs[i]);
+        float *h = r == 0 ? ps_calloc(2 * B, sizeof(float)) : NULL;
+        l->loss_h = r == 0 ? ps_calloc(B, sizeof(float)) : NULL;
+        l->label_h = r == 0 ? ps_calloc(B, sizeof(int32_t)) : NULL;
+        if (r == 0 && (!h || !l->loss_h || !l->label_h))
+                r = -ENOMEM;
+        for (size_t i = 0; r == 0 && i < B; i++) {
+                h[2 * i] = 0.0f;
+                h[2 * i + 1] = (float) (1 + i);
+        }
+        if (r == 0) /* (0, logit) of sample i: lt[0], lt[1 + i] */
+                r = kb->ops->upload(kb, l->lid, h, 2 * B * sizeof(float));
+        if (r == 0) {
+                h[0] = 0.0f;
+                r = kb->ops->upload(kb, l->lt, h, sizeof(float));
+        }
+        ps_free(h);
+        if (r < 0)
+                click_loss_free(l, kb);
+        return r;
+}
+
+void click_loss_free(ClickLoss *l, KBackend *kb) {
+        void *bufs[] = { l->lt, l->dlt, l->lid, l->l2, l->dl2, l->loss, l->label };
+        for (size_t i = 0; kb && i < sizeof bufs / sizeof *bufs; i++)
+                kb->ops->free(kb, bufs[i]);
+        ps_free(l->loss_h);
+        ps_free(l->label_h);
+        memset(l, 0, sizeof *l);
+}
+
+int click_loss_step(ClickLoss *l, KBackend *kb, const ClickData *d, const uint32_t *idx, size_t n, float *ret_loss) {
+        const KernelsOps *o = kb->ops;
+        int B = (int) l->max_batch;
+        for (size_t i = 0; i < n; i++)
+                l->label_h[i] = d->y[idx ? idx[i] : i] ? 1 : 0;
+        int r = o->upload(kb, l->label, l->label_h, n * sizeof(int32_t));
+        if (r == 0)
+                r = o->embedding(kb, l->lid, l->lt, (int) (2 * n), 1, 1 + B, l->l2);
+        if (r == 0)
+                r = o->softmax_xent(kb, l->l2, l->label, (int) n, 2, 1.0f / (float) n, l->dl2, l->loss);
+        if (r == 0)
+                r = o->embedding_backward(kb, l->lid, l->dl2, (int) (2 * n), 1, 1 + B, l->dlt);
+        if (r == 0)
+                r = o->download(kb, l->loss_h, l->loss, n * sizeof(float));
+        double sum = 0;
+        for (size_t i = 0; r == 0 && i < n; i++)
+                sum += l->loss_h[i];
+        *ret_loss = (float) (sum / (double) MAX(n, (size_t) 1));
+        return r;
 }
 
 int lr_kb_init(LrKb *m, KBackend *kb, uint32_t fields, uint32_t dense, size_t max_batch, size_t max_rows, char *err,
@@ -35,37 +95,25 @@ int lr_kb_init(LrKb *m, KBackend *kb, uint32_t fields, uint32_t dense, size_t ma
                 return -E2BIG;
         }
         float **bufs[] = { &m->w, &m->bias, &m->gw, &m->gb, &m->x, &m->tab, &m->dtab, &m->vid, &m->g, &m->gf,
-                           &m->ones, &m->lt, &m->dlt, &m->lid, &m->l2, &m->dl2, &m->loss, (float **) &m->label };
-        size_t sizes[] = { dense, 1, dense, 1, B * dense, 1 + max_rows, 1 + max_rows, B * F, B * F, B * F,
-                           F, 1 + B, 1 + B, 2 * B, 2 * B, 2 * B, B, B };
-        int r = 0;
+                           &m->ones };
+        size_t sizes[] = { dense, 1, dense, 1, B * dense, 1 + max_rows, 1 + max_rows, B * F, B * F, B * F, F };
+        int r = click_loss_init(&m->ls, kb, B);
         for (size_t i = 0; r == 0 && i < sizeof sizes / sizeof *sizes; i++)
-                r = kalloc(m, sizes[i], bufs[i]);
-        size_t stage = MAX(MAX(B * dense, B * F), MAX(2 * B, F));
-        m->x_h = r == 0 ? ps_calloc(MAX(stage, (size_t) 1), sizeof(float)) : NULL;
+                r = kalloc(kb, sizes[i], bufs[i]);
+        m->x_h = r == 0 ? ps_calloc(MAX(MAX(B * dense, F), (size_t) 1), sizeof(float)) : NULL;
         m->vid_h = r == 0 ? ps_calloc(B * F, sizeof(float)) : NULL;
-        m->loss_h = r == 0 ? ps_calloc(B, sizeof(float)) : NULL;
-        m->label_h = r == 0 ? ps_calloc(B, sizeof(int32_t)) : NULL;
-        if (r == 0 && (!m->x_h || !m->vid_h || !m->loss_h || !m->label_h))
+        if (r == 0 && (!m->x_h || !m->vid_h))
                 r = -ENOMEM;
-        /* What never changes: ones, tab's zero row, lt's zero, (0, logit)'s ids. */
+        /* What never changes: ones, and tab's zero row. */
         float *h = m->x_h;
         for (size_t i = 0; r == 0 && i < F; i++)
                 h[i] = 1.0f;
         if (r == 0)
                 r = o->upload(kb, m->ones, h, F * sizeof(float));
-        for (size_t i = 0; r == 0 && i < B; i++) {
-                h[2 * i] = 0.0f;
-                h[2 * i + 1] = (float) (1 + i);
-        }
-        if (r == 0)
-                r = o->upload(kb, m->lid, h, 2 * B * sizeof(float));
         if (r == 0) {
                 h[0] = 0.0f;
                 r = o->upload(kb, m->tab, h, sizeof(float));
         }
-        if (r == 0)
-                r = o->upload(kb, m->lt, h, sizeof(float));
         if (r < 0) {
                 snprintf(err, errlen, "%s", r == -ENOMEM ? "out of memory for an lr:D step's buffers" : "the backend "
                          "failed setting an lr:D step's buffers up");
@@ -77,14 +125,12 @@ int lr_kb_init(LrKb *m, KBackend *kb, uint32_t fields, uint32_t dense, size_t ma
 void lr_kb_free(LrKb *m) {
         if (!m->kb)
                 return;
-        void *bufs[] = { m->w, m->bias, m->gw, m->gb, m->x, m->tab, m->dtab, m->vid, m->g, m->gf, m->ones, m->lt,
-                         m->dlt, m->lid, m->l2, m->dl2, m->loss, m->label };
+        void *bufs[] = { m->w, m->bias, m->gw, m->gb, m->x, m->tab, m->dtab, m->vid, m->g, m->gf, m->ones };
         for (size_t i = 0; i < sizeof bufs / sizeof *bufs; i++)
                 m->kb->ops->free(m->kb, bufs[i]);
+        click_loss_free(&m->ls, m->kb);
         ps_free(m->x_h);
         ps_free(m->vid_h);
-        ps_free(m->loss_h);
-        ps_free(m->label_h);
         memset(m, 0, sizeof *m);
 }
 
@@ -116,7 +162,7 @@ static int forward(LrKb *m, const ClickData *d, const uint32_t *idx, size_t firs
                         m->vid_h[i * F + f] = u == CLICK_MISSING ? 0.0f : (float) (1 + u);
                 }
         }
-        float *z = m->lt + 1;
+        float *z = m->ls.lt + 1;
         int r = D ? o->upload(kb, m->x, m->x_h, n * D * sizeof(float)) : 0;
         if (r == 0)
                 r = o->upload(kb, m->vid, m->vid_h, n * F * sizeof(float));
@@ -135,21 +181,13 @@ int lr_kb_step(LrKb *m, ClickBatch *b, const ClickData *d, const uint32_t *idx, 
                float *gw, float *gb, float *ret_loss) {
         const KernelsOps *o = m->kb->ops;
         KBackend *kb = m->kb;
-        size_t B = m->max_batch, F = m->fields, D = m->dense;
+        size_t F = m->fields, D = m->dense;
         int r = load(m, b, w, bias);
         if (r == 0)
                 r = forward(m, d, idx, 0, n, b->slot);
-        for (size_t i = 0; i < n; i++)
-                m->label_h[i] = d->y[idx ? idx[i] : i] ? 1 : 0;
         if (r == 0)
-                r = o->upload(kb, m->label, m->label_h, n * sizeof(int32_t));
-        if (r == 0)
-                r = o->embedding(kb, m->lid, m->lt, (int) (2 * n), 1, (int) (1 + B), m->l2);
-        if (r == 0)
-                r = o->softmax_xent(kb, m->l2, m->label, (int) n, 2, 1.0f / (float) n, m->dl2, m->loss);
-        if (r == 0)
-                r = o->embedding_backward(kb, m->lid, m->dl2, (int) (2 * n), 1, (int) (1 + B), m->dlt);
-        const float *dz = m->dlt + 1;
+                r = click_loss_step(&m->ls, kb, d, idx, n, ret_loss);
+        const float *dz = m->ls.dlt + 1;
         if (r == 0 && D) /* x^T dz */
                 r = o->gemm(kb, true, false, (int) D, 1, (int) n, 1.0f, m->x, (int) D, dz, 1, 0.0f, m->gw, 1);
         if (r == 0)
@@ -164,12 +202,6 @@ int lr_kb_step(LrKb *m, ClickBatch *b, const ClickData *d, const uint32_t *idx, 
                 r = o->download(kb, gb, m->gb, sizeof(float));
         if (r == 0 && b->nuniq)
                 r = o->download(kb, b->rgrad, m->dtab + 1, b->nuniq * sizeof(float));
-        if (r == 0)
-                r = o->download(kb, m->loss_h, m->loss, n * sizeof(float));
-        double sum = 0;
-        for (size_t i = 0; r == 0 && i < n; i++)
-                sum += m->loss_h[i];
-        *ret_loss = (float) (sum / (double) MAX(n, (size_t) 1));
         return r;
 }
 
@@ -179,5 +211,5 @@ int lr_kb_load(LrKb *m, const ClickBatch *b, const float *w, float bias) {
 
 int lr_kb_logits(LrKb *m, const ClickBatch *b, const ClickData *d, size_t first, size_t n, float *logits) {
         int r = forward(m, d, NULL, first, n, b->slot + first * m->fields);
-        return r == 0 ? m->kb->ops->download(m->kb, logits, m->lt + 1, n * sizeof(float)) : r;
+        return r == 0 ? m->kb->ops->download(m->kb, logits, m->ls.lt + 1, n * sizeof(float)) : r;
 }

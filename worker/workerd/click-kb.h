@@ -21,16 +21,35 @@
  * gradient). The commit that records a passing GPU run sets it. */
 #define CLICK_CUDA_CHECKED false
 
+/* Both steps' loss, the mean binary cross-entropy of the logits: a
+ * softmax cross-entropy over (0, logit) per sample, whose softmax is the
+ * sigmoid's, and the logit's gradient that of its second column. For
+ * batches of at most max_batch: lt [1 + max_batch] is a zero, then the
+ * logits (where a step's forward writes them, at lt + 1); dlt their
+ * gradients likewise. */
+typedef struct ClickLoss {
+        size_t max_batch;
+        float *lt, *dlt, *lid, *l2, *dl2, *loss;
+        int32_t *label;
+        float *loss_h;
+        int32_t *label_h;
+} ClickLoss;
+
+/* 0, or a negative errno (nothing held then). */
+int click_loss_init(ClickLoss *l, KBackend *kb, size_t max_batch);
+void click_loss_free(ClickLoss *l, KBackend *kb);
+/* The loss of the logits at lt + 1 of samples idx[s] (or s) of d: their
+ * gradients (scaled by 1 / n) at dlt + 1, the mean loss into *ret_loss. */
+int click_loss_step(ClickLoss *l, KBackend *kb, const ClickData *d, const uint32_t *idx, size_t n, float *ret_loss);
+
 typedef struct LrKb {
         KBackend *kb;
         uint32_t fields, dense;
         size_t max_batch, max_rows, rows_loaded;
         float *w, *bias, *gw, *gb;
         float *x, *tab, *dtab, *vid, *g, *gf, *ones;
-        float *lt, *dlt, *lid, *l2, *dl2, *loss;
-        int32_t *label;
-        float *x_h, *vid_h, *loss_h;
-        int32_t *label_h;
+        ClickLoss ls;
+        float *x_h, *vid_h;
 } LrKb;
 
 /* For lr:dense on kb over logs of fields fields, batches of at most

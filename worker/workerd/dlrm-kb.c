@@ -8,8 +8,8 @@
  *   zg   [B x E | B x (F + 1)^2]: z again, then each sample's dot products;
  *   tid  [B x (E + P)]: where each of the top's inputs lies in zg (z, then
  *        the lower triangle in dlrm.c's order), gathered into top_act[0];
- *   lt   [1 + B]: a zero, then the logits (the top's last layer writes them
- *        there); lid [B x 2] gathers (0, logit) per sample into l2. */
+ *   the logits at ls.lt + 1 (click-kb.h's ClickLoss: the top's last layer
+ *        writes them there). */
 #include <errno.h>
 #include <stdio.h>
 #include <string.h>
@@ -19,7 +19,7 @@
 
 #define KB_EXACT (1u << 24) /* whole floats embedding reads exactly */
 
-static int kalloc(DlrmKb *m, size_t floats, void *ret) {
+static int kalloc(const DlrmKb *m, size_t floats, void *ret) {
         return m->kb->ops->alloc(m->kb, MAX(floats, (size_t) 1) * sizeof(float), (void **) ret);
 }
 
@@ -56,7 +56,7 @@ int dlrm_kb_init(DlrmKb *m, KBackend *kb, const ModelDesc *d, size_t max_batch, 
                 maxw = MAX(maxw, (size_t) s->bot[l]);
         for (uint32_t l = 0; l <= s->ntop; l++)
                 maxw = MAX(maxw, (size_t) s->top[l]);
-        r = 0;
+        r = click_loss_init(&m->ls, kb, B);
         for (size_t t = 0; r == 0 && t < m->ntensors; t++) {
                 r = kalloc(m, m->numel[t], &m->param[t]);
                 if (r == 0)
@@ -76,8 +76,6 @@ int dlrm_kb_init(DlrmKb *m, KBackend *kb, const ModelDesc *d, size_t max_batch, 
         if (r == 0)
                 r = kalloc(m, B * (E + P), &m->tid);
         if (r == 0)
-                r = kalloc(m, 2 * B, &m->lid);
-        if (r == 0)
                 r = kalloc(m, B * V * E, &m->vec);
         if (r == 0)
                 r = kalloc(m, B * V * E, &m->dvec);
@@ -86,31 +84,17 @@ int dlrm_kb_init(DlrmKb *m, KBackend *kb, const ModelDesc *d, size_t max_batch, 
         if (r == 0)
                 r = kalloc(m, nzg, &m->dzg);
         if (r == 0)
-                r = kalloc(m, 1 + B, &m->lt);
-        if (r == 0)
-                r = kalloc(m, 1 + B, &m->dlt);
-        if (r == 0)
-                r = kalloc(m, 2 * B, &m->l2);
-        if (r == 0)
-                r = kalloc(m, 2 * B, &m->dl2);
-        if (r == 0)
-                r = kalloc(m, B, &m->loss);
-        if (r == 0)
-                r = kalloc(m, B, &m->label);
-        if (r == 0)
                 r = kalloc(m, B * maxw, &m->delta[0]);
         if (r == 0)
                 r = kalloc(m, B * maxw, &m->delta[1]);
         m->bot_act[s->nbot] = m->tab;
-        m->top_act[s->ntop] = m->lt ? m->lt + 1 : NULL;
-        /* The host's staging, and the ids that never change: the top's
-         * inputs in zg, (0, logit) in lt, and tab's zero row. */
-        size_t stage = MAX(MAX(B * s->dense, B * V), MAX(B * (E + P), MAX(2 * B, E)));
+        m->top_act[s->ntop] = m->ls.lt ? m->ls.lt + 1 : NULL;
+        /* The host's staging, and what never changes: where the top's
+         * inputs lie in zg, and tab's zero row. */
+        size_t stage = MAX(MAX(B * s->dense, B * V), MAX(B * (E + P), E));
         m->x_h = r == 0 ? ps_calloc(stage, sizeof(float)) : NULL;
         m->vid_h = r == 0 ? ps_calloc(B * V, sizeof(float)) : NULL;
-        m->loss_h = r == 0 ? ps_calloc(B, sizeof(float)) : NULL;
-        m->label_h = r == 0 ? ps_calloc(B, sizeof(int32_t)) : NULL;
-        if (r == 0 && (!m->x_h || !m->vid_h || !m->loss_h || !m->label_h))
+        if (r == 0 && (!m->x_h || !m->vid_h))
                 r = -ENOMEM;
         float *h = m->x_h;
         for (size_t i = 0; r == 0 && i < B; i++) {
@@ -124,17 +108,10 @@ int dlrm_kb_init(DlrmKb *m, KBackend *kb, const ModelDesc *d, size_t max_batch, 
         }
         if (r == 0)
                 r = o->upload(kb, m->tid, h, B * (E + P) * sizeof(float));
-        for (size_t i = 0; r == 0 && i < B; i++) {
-                h[2 * i] = 0.0f;
-                h[2 * i + 1] = (float) (1 + i);
-        }
-        if (r == 0)
-                r = o->upload(kb, m->lid, h, 2 * B * sizeof(float));
-        memset(h, 0, stage * sizeof(float));
+        if (h)
+                memset(h, 0, stage * sizeof(float));
         if (r == 0)
                 r = o->upload(kb, m->tab + B * E, h, E * sizeof(float));
-        if (r == 0)
-                r = o->upload(kb, m->lt, h, sizeof(float));
         if (r < 0) {
                 snprintf(err, errlen, "%s", r == -ENOMEM ? "out of memory for a DLRM step's buffers" : "the backend "
                          "failed setting a DLRM step's buffers up");
@@ -156,14 +133,12 @@ void dlrm_kb_free(DlrmKb *m) {
                 fr(kb, m->bot_act[l]);
         for (uint32_t l = 0; l < m->shape.ntop; l++)
                 fr(kb, m->top_act[l]);
-        void *bufs[] = { m->tab, m->dtab, m->vid, m->tid, m->lid, m->vec, m->dvec, m->zg, m->dzg, m->lt, m->dlt,
-                         m->l2, m->dl2, m->loss, m->label, m->delta[0], m->delta[1] };
+        void *bufs[] = { m->tab, m->dtab, m->vid, m->tid, m->vec, m->dvec, m->zg, m->dzg, m->delta[0], m->delta[1] };
         for (size_t i = 0; i < sizeof bufs / sizeof *bufs; i++)
                 fr(kb, bufs[i]);
+        click_loss_free(&m->ls, kb);
         ps_free(m->x_h);
         ps_free(m->vid_h);
-        ps_free(m->loss_h);
-        ps_free(m->label_h);
         memset(m, 0, sizeof *m);
 }
 
@@ -255,19 +230,9 @@ int dlrm_kb_step(DlrmKb *m, ClickBatch *b, const ClickData *d, const uint32_t *i
                 r = upload_params(m, params);
         if (r == 0)
                 r = forward(m, d, idx, 0, n, b->slot);
-        for (size_t i = 0; i < n; i++)
-                m->label_h[i] = d->y[idx ? idx[i] : i] ? 1 : 0;
         if (r == 0)
-                r = o->upload(kb, m->label, m->label_h, n * sizeof(int32_t));
-        /* The loss: softmax cross-entropy over (0, logit), whose softmax is
-         * (1 - sigmoid, sigmoid); the logit's gradient is the second's. */
-        if (r == 0)
-                r = o->embedding(kb, m->lid, m->lt, (int) (2 * n), 1, (int) (1 + B), m->l2);
-        if (r == 0)
-                r = o->softmax_xent(kb, m->l2, m->label, (int) n, 2, 1.0f / (float) n, m->dl2, m->loss);
-        if (r == 0)
-                r = o->embedding_backward(kb, m->lid, m->dl2, (int) (2 * n), 1, (int) (1 + B), m->dlt);
-        const float *dy = m->dlt + 1;
+                r = click_loss_step(&m->ls, kb, d, idx, n, ret_loss);
+        const float *dy = m->ls.dlt + 1;
         float *dx = m->delta[0];
         size_t t = 2 * (size_t) (s->nbot + s->ntop);
         for (uint32_t l = s->ntop; r == 0 && l-- > 0;) {
@@ -313,12 +278,6 @@ int dlrm_kb_step(DlrmKb *m, ClickBatch *b, const ClickData *d, const uint32_t *i
                 r = o->download(kb, grads[k], m->grad[k], m->numel[k] * sizeof(float));
         if (r == 0 && b->nuniq)
                 r = o->download(kb, b->rgrad, m->dtab + (B + 1) * E, b->nuniq * E * sizeof(float));
-        if (r == 0)
-                r = o->download(kb, m->loss_h, m->loss, n * sizeof(float));
-        double sum = 0;
-        for (size_t i = 0; r == 0 && i < n; i++)
-                sum += m->loss_h[i];
-        *ret_loss = (float) (sum / (double) MAX(n, (size_t) 1));
         return r;
 }
 
@@ -329,5 +288,5 @@ int dlrm_kb_load(DlrmKb *m, const ClickBatch *b, float *const *params) {
 
 int dlrm_kb_logits(DlrmKb *m, const ClickBatch *b, const ClickData *d, size_t first, size_t n, float *logits) {
         int r = forward(m, d, NULL, first, n, b->slot + first * m->shape.fields);
-        return r == 0 ? m->kb->ops->download(m->kb, logits, m->lt + 1, n * sizeof(float)) : r;
+        return r == 0 ? m->kb->ops->download(m->kb, logits, m->ls.lt + 1, n * sizeof(float)) : r;
 }

@@ -18,6 +18,7 @@
 #include <stddef.h>
 #include <stdint.h>
 #include "click.h"
+#include "click-kb.h"
 #include "clickdata.h"
 #include "dlrm.h"
 #include "kernels.h"
@@ -34,16 +35,13 @@ typedef struct DlrmKb {
         float *param[DLRM_KB_TENSORS], *grad[DLRM_KB_TENSORS];
         float *bot_act[DLRM_MAX_LINEARS + 1], *top_act[DLRM_MAX_LINEARS + 1];
         float *tab, *dtab;              /* [z (max_batch rows) | a zero row | the rows (max_rows)] x E, its gradient */
-        float *vid, *tid, *lid;         /* embedding's ids: the vectors', the top input's, the logits' */
+        float *vid, *tid;               /* embedding's ids: the vectors', the top input's */
         float *vec, *dvec;              /* [n x (F + 1) x E] */
         float *zg, *dzg;                /* [z (max_batch x E) | each sample's (F + 1)^2 dot products] */
-        float *lt, *dlt;                /* [0 | the logits] */
-        float *l2, *dl2, *loss;         /* (0, logit) per sample, its gradient, its loss */
-        int32_t *label;
+        ClickLoss ls;                   /* the logits at ls.lt + 1, their loss */
         float *delta[2];
         /* Host staging. */
-        float *x_h, *vid_h, *loss_h;
-        int32_t *label_h;
+        float *x_h, *vid_h;
         size_t rows_loaded;             /* the rows dlrm_kb_load_rows put in tab */
 } DlrmKb;
 

@@ -523,32 +523,25 @@ static void click_step(Trainer *t) {
         uint32_t batch = t->job->batch;
         double tb = mono_s();
         const uint32_t *idx = t->perm + (size_t) t->step_in_pass * batch;
-        if (t->dkb.kb) {
-                int r = dlrm_kb_step(&t->dkb, &t->cbatch, t->ctrain, idx, batch, t->params, t->grads, &t->loss);
-                if (r < 0) {
-                        log_error_errno(r, "The %s backend failed a step of model %s: %m", t->kb->ops->name,
-                                        t->job->model_name);
-                        snprintf(t->fail_why, sizeof t->fail_why, "the %s backend failed a step of model %.64s: %s",
-                                 t->kb->ops->name, t->job->model_name, strerror(-r));
-                        trainer_fail(t, r);
-                        return;
-                }
-        } else if (t->lkb.kb) {
-                int r = lr_kb_step(&t->lkb, &t->cbatch, t->ctrain, idx, batch, t->params[0], t->params[1][0],
-                                   t->grads[0], t->grads[1], &t->loss);
-                if (r < 0) {
-                        log_error_errno(r, "The %s backend failed a step of model %s: %m", t->kb->ops->name,
-                                        t->job->model_name);
-                        snprintf(t->fail_why, sizeof t->fail_why, "the %s backend failed a step of model %.64s: %s",
-                                 t->kb->ops->name, t->job->model_name, strerror(-r));
-                        trainer_fail(t, r);
-                        return;
-                }
-        } else if (t->dlrm.dim)
+        int r = 0;
+        if (t->dkb.kb)
+                r = dlrm_kb_step(&t->dkb, &t->cbatch, t->ctrain, idx, batch, t->params, t->grads, &t->loss);
+        else if (t->lkb.kb)
+                r = lr_kb_step(&t->lkb, &t->cbatch, t->ctrain, idx, batch, t->params[0], t->params[1][0], t->grads[0],
+                               t->grads[1], &t->loss);
+        else if (t->dlrm.dim)
                 t->loss = dlrm_step(&t->dlrm, &t->cbatch, t->ctrain, idx, batch, t->params, t->grads);
         else
                 t->loss = click_lr_step(&t->cbatch, t->ctrain, idx, batch, t->params[0], t->params[1][0], t->clogits,
                                         t->grads[0], t->grads[1]);
+        if (r < 0) {
+                log_error_errno(r, "The %s backend failed a step of model %s: %m", t->kb->ops->name,
+                                t->job->model_name);
+                snprintf(t->fail_why, sizeof t->fail_why, "the %s backend failed a step of model %.64s: %s",
+                         t->kb->ops->name, t->job->model_name, strerror(-r));
+                trainer_fail(t, r);
+                return;
+        }
         double tc = mono_s();
         t->t_compute += tc - tb;
         histogram_observe(&t->compute_hist, tc - tb);
@@ -897,24 +890,14 @@ static int click_setup(Trainer *t) {
                 t->grads[k] = p, p += job->tensors[k].numel;
         }
         t->clogits = p;
-        if (t->ddesc) {
-                /* Room for a batch's rows, and the test set's. */
+        if (t->kb) {
+                /* Its step on the backend: room for a batch's rows, and the test set's. */
                 char err[256];
                 size_t rows = MAX((size_t) batch * tr->fields, t->ctestb.nuniq);
-                int r = dlrm_kb_init(&t->dkb, t->kb, t->ddesc, batch, rows, err, sizeof err);
+                int r = t->ddesc ? dlrm_kb_init(&t->dkb, t->kb, t->ddesc, batch, rows, err, sizeof err)
+                                 : lr_kb_init(&t->lkb, t->kb, tr->fields, job->in_numel, batch, rows, err, sizeof err);
                 ps_free(t->ddesc);
                 t->ddesc = NULL;
-                if (r < 0) {
-                        snprintf(t->fail_why, sizeof t->fail_why, "model %.64s on the %s backend: %.150s",
-                                 job->model_name, t->kb->ops->name, err);
-                        log_error("%s", t->fail_why);
-                        return r;
-                }
-                log_info("model %s's step runs on the %s backend", job->model_name, t->kb->ops->name);
-        } else if (t->kb) { /* lr:D */
-                char err[256];
-                size_t rows = MAX((size_t) batch * tr->fields, t->ctestb.nuniq);
-                int r = lr_kb_init(&t->lkb, t->kb, tr->fields, job->in_numel, batch, rows, err, sizeof err);
                 if (r < 0) {
                         snprintf(t->fail_why, sizeof t->fail_why, "model %.64s on the %s backend: %.150s",
                                  job->model_name, t->kb->ops->name, err);
