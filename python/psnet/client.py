@@ -336,17 +336,30 @@ class Worker:
         """pull_rows of several tables at once, [(table, ids), ...] (each
         table once): every table's requests in flight together, one round
         trip for all; their rows, in the same order."""
-        keep, outs, tabs = [], [], (_RowsTable * max(len(pulls), 1))()
-        for k, (table, ids) in enumerate(pulls):
+        return self._rows_many(pulls, False, clock)
+
+    def _rows_many(self, items, push, clock):
+        """psnet_sync_rows_many over items: [(table, ids)] pulled (their rows
+        returned), or with push [(table, ids, grads)] pushed."""
+        keep, outs, tabs = [], [], (_RowsTable * max(len(items), 1))()
+        for k, item in enumerate(items):
+            table = item[0]
             index, dim = self._table(table)
-            ids = self._ids(ids)
-            out = np.empty((ids.size, dim), dtype=np.float32)
+            ids = self._ids(item[1])
             keep.append(ids)
-            outs.append(out)
-            tabs[k] = _RowsTable(index, ids.ctypes.data, ids.size, None, out.ctypes.data)
-        if pulls:
-            _check(_lib.psnet_sync_rows_many(self._s, tabs, len(pulls), False, clock),
-                   f"pull of the rows of {len(pulls)} tables for clock {clock}")
+            if push:
+                g = np.ascontiguousarray(item[2], dtype=np.float32)
+                if g.shape != (ids.size, dim):
+                    raise ValueError(f"gradients of table {table}: shape {g.shape}, want ({ids.size}, {dim})")
+                keep.append(g)
+                tabs[k] = _RowsTable(index, ids.ctypes.data, ids.size, g.ctypes.data, None)
+            else:
+                outs.append(np.empty((ids.size, dim), dtype=np.float32))
+                tabs[k] = _RowsTable(index, ids.ctypes.data, ids.size, None, outs[-1].ctypes.data)
+        if items:
+            what = f"push of the rows of {len(items)} tables for clock {clock}" if push else \
+                f"pull of the rows of {len(items)} tables for clock {clock}"
+            _check(_lib.psnet_sync_rows_many(self._s, tabs, len(items), push, clock), what)
         return outs
 
     def push_rows(self, table, ids, grads, clock):
@@ -368,18 +381,7 @@ class Worker:
         """push_rows of several tables at once, [(table, ids, grads), ...]
         (each table once): every table's requests in flight together, one
         round trip for all."""
-        keep, tabs = [], (_RowsTable * max(len(pushes), 1))()
-        for k, (table, ids, grads) in enumerate(pushes):
-            index, dim = self._table(table)
-            ids = self._ids(ids)
-            g = np.ascontiguousarray(grads, dtype=np.float32)
-            if g.shape != (ids.size, dim):
-                raise ValueError(f"gradients of table {table}: shape {g.shape}, want ({ids.size}, {dim})")
-            keep += [ids, g]
-            tabs[k] = _RowsTable(index, ids.ctypes.data, ids.size, g.ctypes.data, None)
-        if pushes:
-            _check(_lib.psnet_sync_rows_many(self._s, tabs, len(pushes), True, clock),
-                   f"push of the rows of {len(pushes)} tables for clock {clock}")
+        self._rows_many(pushes, True, clock)
 
     def rows_cache(self):
         """The tables' hot-row caches (a table's cache=S): rows pulls read from

@@ -10,21 +10,24 @@
 #include "click-kb.h"
 #include "macro.h"
 
-#define KB_EXACT (1u << 24) /* whole floats embedding reads exactly */
-
-static int kalloc(KBackend *kb, size_t floats, void *ret) {
+int click_kb_alloc(KBackend *kb, size_t floats, void *ret) {
         return kb->ops->alloc(kb, MAX(floats, (size_t) 1) * sizeof(float), (void **) ret);
+}
+
+int click_kb_alloc_all(KBackend *kb, float **const *bufs, const size_t *sizes, size_t n) {
+        int r = 0;
+        for (size_t i = 0; r == 0 && i < n; i++)
+                r = click_kb_alloc(kb, sizes[i], bufs[i]);
+        return r;
 }
 
 int click_loss_init(ClickLoss *l, KBackend *kb, size_t max_batch) {
         memset(l, 0, sizeof *l);
         size_t B = MAX(max_batch, (size_t) 1);
         l->max_batch = B;
-        float **bufs[] = { &l->lt, &l->dlt, &l->lid, &l->l2, &l->dl2, &l->loss, (float **) &l->label };
-        size_t sizes[] = { 1 + B, 1 + B, 2 * B, 2 * B, 2 * B, B, B };
-        int r = 0;
-        for (size_t i = 0; r == 0 && i < sizeof sizes / sizeof *sizes; i++)
-                r = kalloc(kb, sizes[i], bufs[i]);
+        float **const bufs[] = { &l->lt, &l->dlt, &l->lid, &l->l2, &l->dl2, &l->loss, (float **) &l->label };
+        const size_t sizes[] = { 1 + B, 1 + B, 2 * B, 2 * B, 2 * B, B, B };
+        int r = click_kb_alloc_all(kb, bufs, sizes, sizeof sizes / sizeof *sizes);
         float *h = r == 0 ? ps_calloc(2 * B, sizeof(float)) : NULL;
         l->loss_h = r == 0 ? ps_calloc(B, sizeof(float)) : NULL;
         l->label_h = r == 0 ? ps_calloc(B, sizeof(int32_t)) : NULL;
@@ -90,16 +93,16 @@ int lr_kb_init(LrKb *m, KBackend *kb, uint32_t fields, uint32_t dense, size_t ma
         m->dense = dense;
         m->max_batch = B;
         m->max_rows = max_rows;
-        if (1 + max_rows >= KB_EXACT || 1 + B >= KB_EXACT) {
+        if (1 + max_rows >= CLICK_KB_EXACT || 1 + B >= CLICK_KB_EXACT) {
                 snprintf(err, errlen, "%zu distinct rows pass the 2^24 ids a step gathers by", max_rows);
                 return -E2BIG;
         }
-        float **bufs[] = { &m->w, &m->bias, &m->gw, &m->gb, &m->x, &m->tab, &m->dtab, &m->vid, &m->g, &m->gf,
-                           &m->ones };
-        size_t sizes[] = { dense, 1, dense, 1, B * dense, 1 + max_rows, 1 + max_rows, B * F, B * F, B * F, F };
+        float **const bufs[] = { &m->w, &m->bias, &m->gw, &m->gb, &m->x, &m->tab, &m->dtab, &m->vid, &m->g, &m->gf,
+                                 &m->ones };
+        const size_t sizes[] = { dense, 1, dense, 1, B * dense, 1 + max_rows, 1 + max_rows, B * F, B * F, B * F, F };
         int r = click_loss_init(&m->ls, kb, B);
-        for (size_t i = 0; r == 0 && i < sizeof sizes / sizeof *sizes; i++)
-                r = kalloc(kb, sizes[i], bufs[i]);
+        if (r == 0)
+                r = click_kb_alloc_all(kb, bufs, sizes, sizeof sizes / sizeof *sizes);
         m->x_h = r == 0 ? ps_calloc(MAX(MAX(B * dense, F), (size_t) 1), sizeof(float)) : NULL;
         m->vid_h = r == 0 ? ps_calloc(B * F, sizeof(float)) : NULL;
         if (r == 0 && (!m->x_h || !m->vid_h))

@@ -15,6 +15,16 @@
 #include "clickdata.h"
 #include "kernels.h"
 
+/* Ids below this are whole floats, which embedding reads exactly: a step's
+ * tables of ids stay under it. */
+#define CLICK_KB_EXACT (1u << 24)
+
+/* A backend buffer of floats floats (at least one) into *ret: 0, or the
+ * backend's error. */
+int click_kb_alloc(KBackend *kb, size_t floats, void *ret);
+/* Each bufs[i] of sizes[i] floats, until one fails: 0, or that error. */
+int click_kb_alloc_all(KBackend *kb, float **const *bufs, const size_t *sizes, size_t n);
+
 /* Whether test-dlrm-kb (lr:D's and dlrm's steps on a backend) has passed on
  * a GPU: until then workerd refuses --backend cuda for the click models,
  * and auto trains them on the CPU (no unchecked step computes a user's

@@ -17,11 +17,6 @@
 #include "dlrm-kb.h"
 #include "macro.h"
 
-#define KB_EXACT (1u << 24) /* whole floats embedding reads exactly */
-
-static int kalloc(const DlrmKb *m, size_t floats, void *ret) {
-        return m->kb->ops->alloc(m->kb, MAX(floats, (size_t) 1) * sizeof(float), (void **) ret);
-}
 
 int dlrm_kb_init(DlrmKb *m, KBackend *kb, const ModelDesc *d, size_t max_batch, size_t max_rows, char *err,
                  size_t errlen) {
@@ -43,7 +38,7 @@ int dlrm_kb_init(DlrmKb *m, KBackend *kb, const ModelDesc *d, size_t max_batch, 
         size_t B = MAX(max_batch, (size_t) 1), E = s->dim, F = s->fields, V = F + 1, P = s->pairs;
         m->max_batch = B;
         m->max_rows = max_rows;
-        if (B + 1 + max_rows >= KB_EXACT || B * (E + V * V) >= KB_EXACT) {
+        if (B + 1 + max_rows >= CLICK_KB_EXACT || B * (E + V * V) >= CLICK_KB_EXACT) {
                 snprintf(err, errlen, "a batch of %zu samples with %zu distinct rows passes the 2^24 ids a step "
                          "gathers by", B, max_rows);
                 return -E2BIG;
@@ -58,35 +53,20 @@ int dlrm_kb_init(DlrmKb *m, KBackend *kb, const ModelDesc *d, size_t max_batch, 
                 maxw = MAX(maxw, (size_t) s->top[l]);
         r = click_loss_init(&m->ls, kb, B);
         for (size_t t = 0; r == 0 && t < m->ntensors; t++) {
-                r = kalloc(m, m->numel[t], &m->param[t]);
+                r = click_kb_alloc(kb, m->numel[t], &m->param[t]);
                 if (r == 0)
-                        r = kalloc(m, m->numel[t], &m->grad[t]);
+                        r = click_kb_alloc(kb, m->numel[t], &m->grad[t]);
         }
         for (uint32_t l = 0; r == 0 && l < s->nbot; l++) /* the last one's output is tab's z */
-                r = kalloc(m, B * s->bot[l], &m->bot_act[l]);
+                r = click_kb_alloc(kb, B * s->bot[l], &m->bot_act[l]);
         for (uint32_t l = 0; r == 0 && l < s->ntop; l++) /* the last one's output is lt's logits */
-                r = kalloc(m, B * s->top[l], &m->top_act[l]);
+                r = click_kb_alloc(kb, B * s->top[l], &m->top_act[l]);
         size_t ntab = (B + 1 + max_rows) * E, nzg = B * (E + V * V);
+        float **const bufs[] = { &m->tab, &m->dtab, &m->vid, &m->tid, &m->vec, &m->dvec, &m->zg, &m->dzg,
+                                 &m->delta[0], &m->delta[1] };
+        const size_t sizes[] = { ntab, ntab, B * V, B * (E + P), B * V * E, B * V * E, nzg, nzg, B * maxw, B * maxw };
         if (r == 0)
-                r = kalloc(m, ntab, &m->tab);
-        if (r == 0)
-                r = kalloc(m, ntab, &m->dtab);
-        if (r == 0)
-                r = kalloc(m, B * V, &m->vid);
-        if (r == 0)
-                r = kalloc(m, B * (E + P), &m->tid);
-        if (r == 0)
-                r = kalloc(m, B * V * E, &m->vec);
-        if (r == 0)
-                r = kalloc(m, B * V * E, &m->dvec);
-        if (r == 0)
-                r = kalloc(m, nzg, &m->zg);
-        if (r == 0)
-                r = kalloc(m, nzg, &m->dzg);
-        if (r == 0)
-                r = kalloc(m, B * maxw, &m->delta[0]);
-        if (r == 0)
-                r = kalloc(m, B * maxw, &m->delta[1]);
+                r = click_kb_alloc_all(kb, bufs, sizes, sizeof sizes / sizeof *sizes);
         m->bot_act[s->nbot] = m->tab;
         m->top_act[s->ntop] = m->ls.lt ? m->ls.lt + 1 : NULL;
         /* The host's staging, and what never changes: where the top's

@@ -97,10 +97,9 @@ typedef struct Trainer {
          * pulled for each batch's distinct ids and pushed as their gradients */
         ClickData *ctrain, *ctest;
         ClickBatch cbatch, ctestb;     /* a training batch's ids; the test set's */
-        Dlrm dlrm;                     /* dlrm's buffers (dlrm.dim 0: lr:D) */
+        Dlrm dlrm;                     /* dlrm's buffers (dlrm.dim 0: lr:D, or a step on t->kb) */
         DlrmKb dkb;                    /* dlrm's step on t->kb instead (dkb.kb NULL: dlrm.c's) */
         LrKb lkb;                      /* lr:D's on t->kb instead (lkb.kb NULL: click.c's) */
-        ModelDesc *ddesc;              /* the model, until dkb is set up */
         float *cbuf;                   /* params and grads of the tensors, logits */
         float *clogits;
         double eval_auc;
@@ -858,18 +857,17 @@ static int click_setup(Trainer *t) {
                 log_warning("--prefetch is for models of layers: model %s pulls each batch's rows first; "
                             "training without it", job->model_name);
         t->prefetch = false;
+        /* dlrm's shape: dlrm.c's buffers, or for its backend step below. */
+        _cleanup_free_ ModelDesc *d = NULL;
         if (job->click_fields) {
-                ModelDesc *d = ps_malloc(sizeof *d);
                 char err[256];
+                d = ps_malloc(sizeof *d);
                 int r = d ? modeldesc_parse(job->model, d, err, sizeof err) : -ENOMEM;
-                if (r == 0)
+                if (r == 0 && !t->kb)
                         r = dlrm_init(&t->dlrm, d, batch);
-                t->ddesc = r == 0 && t->kb ? d : NULL;
-                if (!t->ddesc)
-                        ps_free(d);
                 if (r < 0)
                         return log_error_errno(r, "Failed to build model %s: %m", job->model_name);
-                if (t->cfg->threads > 0)
+                if (t->cfg->threads > 0 && !t->kb)
                         openblas_set_num_threads((int) t->cfg->threads);
         }
         size_t floats = 0, nlogits = MAX((size_t) batch, (size_t) t->ntest);
@@ -894,10 +892,8 @@ static int click_setup(Trainer *t) {
                 /* Its step on the backend: room for a batch's rows, and the test set's. */
                 char err[256];
                 size_t rows = MAX((size_t) batch * tr->fields, t->ctestb.nuniq);
-                int r = t->ddesc ? dlrm_kb_init(&t->dkb, t->kb, t->ddesc, batch, rows, err, sizeof err)
-                                 : lr_kb_init(&t->lkb, t->kb, tr->fields, job->in_numel, batch, rows, err, sizeof err);
-                ps_free(t->ddesc);
-                t->ddesc = NULL;
+                int r = d ? dlrm_kb_init(&t->dkb, t->kb, d, batch, rows, err, sizeof err)
+                          : lr_kb_init(&t->lkb, t->kb, tr->fields, job->in_numel, batch, rows, err, sizeof err);
                 if (r < 0) {
                         snprintf(t->fail_why, sizeof t->fail_why, "model %.64s on the %s backend: %.150s",
                                  job->model_name, t->kb->ops->name, err);
@@ -1186,7 +1182,6 @@ static void trainer_free(Trainer *t) {
         model_free(t->model);
         dlrm_kb_free(&t->dkb);
         lr_kb_free(&t->lkb);
-        ps_free(t->ddesc);
         kbackend_free(t->kb);
         dataset_free(t->train);
         dataset_free(t->test);
