@@ -279,7 +279,7 @@ awk -v a="${auc:-0}" -v b="${best:-1}" 'BEGIN { exit !(a > 0.5 && a > b - 0.1) }
 ok $? "its test AUC $auc is within 0.1 of the planted model's $best"
 "$PSCTL" --coord "$COORD" --json status | jq -e --arg a "${auc:-x}" '.history.epochs | length == 5 and
   all(.[]; .auc > 0.5) and (.[-1].auc * 10000 | round) == ($a | tonumber * 10000 | round)' >/dev/null
-ok $? "pscoord keeps the AUC of every epoch, the last one as workerd logged it (psctl --json status)"
+ok $? "pscoord keeps the AUC of every epoch, the last one as workerd logged it (psctl --json status: $("$PSCTL" --coord "$COORD" --json status | jq -c '[.history.epochs[] | [.epoch, .auc, .clock, .worker]]'))"
 "$PSCTL" --coord "$COORD" status | grep -q "EPOCH .* SECONDS *AUC$"; ok $? "and psctl status shows it in a column"
 out=$("$PSCTL" --coord "$COORD" report --out "$RUN/lr-report" 2>&1)
 [ -s "$RUN/lr-report/auc.svg" ] && head -1 "$RUN/lr-report/epochs.csv" | grep -q ',auc$' &&
