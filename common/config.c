@@ -25,6 +25,7 @@
 #include "config.h"
 #include "macro.h"
 #include "psnet-config.h"
+#include "version.h"
 
 /* Strings this module strdup'd into OPT_STR options. An option's initial value
  * may be a string literal, so ownership cannot be read off the pointer: we keep
@@ -301,7 +302,7 @@ static int file_handler(void *user, const char *section _unused_, const char *na
         return 1;
 }
 
-static int config_load_file(const ProgramInfo *prog, const Option *opts, size_t nopts, const char *path) {
+int config_load_file(const ProgramInfo *prog, const Option *opts, size_t nopts, const char *path) {
         FileCtx c = { .prog = prog, .opts = opts, .nopts = nopts, .path = path, .at_bol = true };
         int r;
 
@@ -398,7 +399,7 @@ int config_parse(const ProgramInfo *prog, const Option *opts, size_t nopts, int 
                         if (is_builtin(name, len, "help"))
                                 config_print_help(prog, opts, nopts);
                         else
-                                printf("%s %s\n", prog->name, PSNET_VERSION);
+                                printf("%s %s (git %s)\n", prog->name, psnet_version(), psnet_revision());
                         return 1;
                 }
 

@@ -42,6 +42,10 @@ typedef struct ProgramInfo {
 int config_parse(const ProgramInfo *prog, const Option *opts, size_t nopts, int argc,
                  char **argv, int *ret_optind);
 
+/* Sets the options an INI file names (as --config FILE does): 0, or
+ * -EINVAL / -ENOMEM after saying why on stderr (naming the file and line). */
+int config_load_file(const ProgramInfo *prog, const Option *opts, size_t nopts, const char *path);
+
 /* Sets one option from a string; -EINVAL with a message on stderr if it does not parse. */
 int config_set(const ProgramInfo *prog, const Option *opts, size_t nopts, const char *name,
                const char *value, const char *where);

@@ -5,19 +5,29 @@
 #include <string.h>
 #include <time.h>
 #include <ctype.h>
+#include <jansson.h>
 #include "hash.h"
 #include "log.h"
 
 static char log_daemon[32] = "psnet";
 static char log_fields[128];
 static int log_level = LOG_INFO;
+static LogFormat log_format = LOG_FORMAT_LOGFMT;
 
 void log_setup(const char *daemon) {
         snprintf(log_daemon, sizeof log_daemon, "%s", daemon);
         const char *e = getenv("PSNET_LOG_LEVEL");
         if (e && log_level_from_string(e) >= 0)
                 log_level = log_level_from_string(e);
+        e = getenv("PSNET_LOG_FORMAT");
+        if (e && log_format_from_string(e) >= 0)
+                log_format = (LogFormat) log_format_from_string(e);
 }
+
+int log_format_from_string(const char *s) {
+        return strcmp(s, "logfmt") == 0 ? LOG_FORMAT_LOGFMT : strcmp(s, "json") == 0 ? LOG_FORMAT_JSON : -EINVAL;
+}
+void log_set_format(LogFormat f) { log_format = f; }
 
 void log_set_fields(const char *fields) { snprintf(log_fields, sizeof log_fields, "%s", fields ? fields : ""); }
 void log_set_level(int level) { log_level = level; }
@@ -62,6 +72,132 @@ static size_t text_len(const char *s) {
         return strlen(s);
 }
 
+/* A bare logfmt value that is a JSON number as written (no sign but a
+ * minus, no leading zeros, no hex, nan or inf) goes into a JSON line as a
+ * number; anything else as a string. */
+static bool json_number(const char *v, size_t len) {
+        size_t i = 0;
+        if (i < len && v[i] == '-')
+                i++;
+        if (i >= len || !isdigit((unsigned char) v[i]))
+                return false;
+        if (v[i] == '0')
+                i++;
+        else
+                while (i < len && isdigit((unsigned char) v[i]))
+                        i++;
+        if (i < len && v[i] == '.') {
+                if (++i >= len || !isdigit((unsigned char) v[i]))
+                        return false;
+                while (i < len && isdigit((unsigned char) v[i]))
+                        i++;
+        }
+        if (i < len && (v[i] == 'e' || v[i] == 'E')) {
+                if (++i < len && (v[i] == '+' || v[i] == '-'))
+                        i++;
+                if (i >= len || !isdigit((unsigned char) v[i]))
+                        return false;
+                while (i < len && isdigit((unsigned char) v[i]))
+                        i++;
+        }
+        return i == len;
+}
+
+/* A JSON string of s's len bytes: as they are when they are UTF-8, with
+ * every byte above 0x7f as '?' when not (a peer's bytes in a reason). */
+static json_t *json_text(const char *s, size_t len) {
+        json_t *v = json_stringn(s, len);
+        if (v)
+                return v;
+        char *c = strndup(s, len);
+        if (!c)
+                return NULL;
+        for (char *p = c; *p; p++)
+                if ((unsigned char) *p > 0x7f)
+                        *p = '?';
+        v = json_string(c);
+        free(c);
+        return v;
+}
+
+/* Adds the logfmt pairs of s (key=value, key="quoted \"value\"") to o. A
+ * word that is no pair is added to the value before it (the caller wrote a
+ * value with spaces); one before any pair, to msg. */
+static void json_pairs(json_t *o, const char *s) {
+        char key[64] = "msg";
+        while (*s) {
+                while (*s == ' ')
+                        s++;
+                if (!*s)
+                        break;
+                const char *k = s;
+                while (islower((unsigned char) *s) || *s == '_' || isdigit((unsigned char) *s))
+                        s++;
+                bool pair = s > k && *s == '=' && (size_t) (s - k) < sizeof key;
+                json_t *v = NULL;
+                if (pair) {
+                        snprintf(key, sizeof key, "%.*s", (int) (s - k), k);
+                        s++;
+                        if (*s == '"') {
+                                char val[1024];
+                                size_t j = 0;
+                                for (s++; *s && *s != '"'; s++) {
+                                        if (*s == '\\' && s[1])
+                                                s++;
+                                        if (j + 1 < sizeof val)
+                                                val[j++] = *s;
+                                }
+                                if (*s == '"')
+                                        s++;
+                                v = json_text(val, j);
+                        } else {
+                                const char *b = s;
+                                while (*s && *s != ' ')
+                                        s++;
+                                v = json_number(b, (size_t) (s - b)) ? json_loadb(b, (size_t) (s - b), JSON_DECODE_ANY, NULL)
+                                                                     : json_text(b, (size_t) (s - b));
+                                if (!v) /* past what a JSON number holds here (1e400, 2^64) */
+                                        v = json_text(b, (size_t) (s - b));
+                        }
+                        if (v)
+                                json_object_set_new(o, key, v);
+                        continue;
+                }
+                /* A word that is no pair: to the value before it, as text. */
+                const char *b = k;
+                while (*s && *s != ' ')
+                        s++;
+                json_t *prev = json_object_get(o, key);
+                char *num = prev && !json_is_string(prev) ? json_dumps(prev, JSON_ENCODE_ANY) : NULL;
+                const char *before = json_is_string(prev) ? json_string_value(prev) : num ? num : "";
+                char *joined = NULL;
+                if (asprintf(&joined, "%s%s%.*s", before, *before ? " " : "", (int) (s - b), b) >= 0) {
+                        json_object_set_new(o, key, json_text(joined, strlen(joined)));
+                        free(joined);
+                }
+                free(num);
+        }
+}
+
+/* One event as a line of JSON: {"ts", "level", "daemon", the fields of
+ * log_set_fields, "msg", the caller's pairs, "errno"}. */
+static void log_json(const char *ts, int level, const char *msg, const char *tail, int err) {
+        json_t *o = json_pack("{s:s,s:s,s:s}", "ts", ts, "level", level_name(level), "daemon", log_daemon);
+        if (!o)
+                return;
+        json_pairs(o, log_fields);
+        json_object_set_new(o, "msg", json_text(msg, strlen(msg)));
+        json_pairs(o, tail);
+        if (err)
+                json_object_set_new(o, "errno", json_string(strerrorname_np(err) ? strerrorname_np(err) : "?"));
+        char *line = json_dumps(o, JSON_COMPACT | JSON_PRESERVE_ORDER | JSON_REAL_PRECISION(17));
+        json_decref(o);
+        if (line) {
+                fprintf(stderr, "%s\n", line);
+                free(line);
+        }
+}
+
 int log_internal(int level, int err, const char *fmt, ...) {
         char buf[2048], ts[40];
         int saved = errno;
@@ -93,6 +229,13 @@ int log_internal(int level, int err, const char *fmt, ...) {
         }
         msg[j] = 0;
 
+        if (log_format == LOG_FORMAT_JSON) {
+                snprintf(ts + strlen(ts), sizeof ts - strlen(ts), ".%03ldZ", now.tv_nsec / 1000000);
+                buf[n] = 0; /* the text, without the key=value tail (which starts past it) */
+                log_json(ts, level, buf, tail, err);
+                errno = saved;
+                return -err;
+        }
         fprintf(stderr, "ts=%s.%03ldZ level=%s daemon=%s%s%s msg=\"%s\"%s%s%s%s\n", ts,
                 now.tv_nsec / 1000000, level_name(level), log_daemon, log_fields[0] ? " " : "",
                 log_fields, msg, *tail ? " " : "", tail, err ? " errno=" : "",

@@ -1,5 +1,5 @@
 /* SPDX-License-Identifier: Apache-2.0 */
-/* logfmt logging: one line per event on stderr,
+/* logfmt (or JSON) logging: one line per event on stderr,
  *   ts=2026-11-22T22:00:00.123Z level=info daemon=psd shard=2 msg="applied" clock=41
  * The caller writes "text key=value ..."; the leading words become msg="...",
  * the key=value tokens follow verbatim. "%m" expands to strerror(err).
@@ -12,7 +12,17 @@
 #include <syslog.h>
 #include "macro.h"
 
+/* The line format: logfmt (above), or one JSON object a line with the same
+ * fields (ts, level, daemon, msg, then the caller's key=value pairs; a bare
+ * value that reads as a number is a JSON number, the rest strings). From
+ * --log-format (program.h) or PSNET_LOG_FORMAT. */
+typedef enum { LOG_FORMAT_LOGFMT, LOG_FORMAT_JSON } LogFormat;
+
+/* The program's name on every line, and PSNET_LOG_LEVEL / PSNET_LOG_FORMAT. */
 void log_setup(const char *daemon);
+/* "logfmt" or "json"; -EINVAL otherwise. */
+int log_format_from_string(const char *s);
+void log_set_format(LogFormat f);
 /* Extra fields printed on every line after daemon=, e.g. "shard=2". */
 void log_set_fields(const char *fields);
 void log_set_level(int level);

@@ -34,7 +34,11 @@ void histogram_observe(Histogram *h, double seconds);
 /* The family and its buckets (bounds 100 us .. 60 s), _sum and _count. */
 void metrics_histogram(MetricsBuf *b, const char *name, const char *help, const Histogram *h);
 
-/* The allocator's figures and the build, which every daemon reports. */
-void metrics_common(MetricsBuf *b, const char *daemon, const char *version);
+/* What every daemon reports: the build (release and git revision), the
+ * allocator's figures and the process's own (process_cpu_seconds_total,
+ * _start_time_seconds, _resident_memory_bytes, _virtual_memory_bytes,
+ * _open_fds, _max_fds: the names Prometheus' client libraries use, so that
+ * dashboards made for them work). */
+void metrics_common(MetricsBuf *b, const char *daemon);
 
 void metrics_free(MetricsBuf *b);

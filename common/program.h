@@ -17,12 +17,12 @@
 #define PROGRAM_MAX_OPTS 128
 
 typedef struct Program {
-        Option opts[PROGRAM_MAX_OPTS];  /* the program's, then --log-level */
+        Option opts[PROGRAM_MAX_OPTS];  /* the program's, then --log-level and --log-format */
         size_t nopts;
-        char *log_level;
+        char *log_level, *log_format;
 } Program;
 
-/* Parses argc/argv by opts (n of them) and --log-level after log_setup(name):
+/* Parses argc/argv by opts (n of them), --log-level and --log-format after log_setup(name):
  * 0 to run, 1 when the program should exit 0 (--help, --version), or -EINVAL
  * after saying why on stderr (an argument left over among them). */
 int program_start(Program *p, const ProgramInfo *info, const Option *opts, size_t n, int argc, char **argv);
@@ -34,5 +34,9 @@ int program_log_level(const char *prog, const char *level);
 /* The exit status for a program's result: 0 or 1 (done, --help) exit 0,
  * -EINVAL (and -1, a usage error) 2, anything else 1. */
 int program_exit(int r);
-/* The --log-level option, for programs that parse on their own (psctl). */
+/* The --log-level and --log-format options, for programs that parse on
+ * their own (psctl), and the latter applied: "logfmt" or "json"; -EINVAL
+ * (said on stderr, naming prog) for anything else. NULL: unchanged. */
 Option program_log_option(char **level);
+Option program_log_format_option(char **format);
+int program_log_format(const char *prog, const char *format);

@@ -8,7 +8,7 @@ For every folder of the table (between the <!-- layout --> markers), every
 source file in it (and in subfolders that have no row of their own) may
 include, in quotes, only headers of its own folder, of the folders its row
 lists under "may use", or generated ones (psnet.pb-c.h belongs to proto/,
-psnet-config.h to the build); it must include nothing its row lists under
+psnet-config.h to the build, psnet-revision.h to common/); it must include nothing its row lists under
 "never includes"; and every .c/.cu file must be named in a meson.build of
 its folder or above (a unit test tests/unit/test-NAME.c by its 'NAME': entry).
 
@@ -50,7 +50,7 @@ def tap(ok, what):
 
 
 tap(len(rows) >= 10, f"docs/ARCHITECTURE.md has the folder table ({len(rows)} rows)")
-GENERATED = {"psnet.pb-c.h": "proto", "psnet-config.h": None}
+GENERATED = {"psnet.pb-c.h": "proto", "psnet-config.h": None, "psnet-revision.h": "common"}
 
 
 def owner(path):

@@ -85,7 +85,7 @@ static void service_http_handler(void *ud, const char *path, HttpReply *r) {
         char why[192] = "";
         if (strcmp(path, "/metrics") == 0) {
                 MetricsBuf b = { 0 };
-                metrics_common(&b, s->name, PSNET_VERSION);
+                metrics_common(&b, s->name);
                 metrics_one(&b, "psnet_ready", "gauge", "Whether the daemon serves (1) or not yet (0).",
                             service_is_ready(s, why, sizeof why) ? 1 : 0);
                 metrics_one(&b, "psnet_open_files_limit", "gauge", "The open-files limit in force (soft, raised to the hard one).",

@@ -5,10 +5,12 @@
  * with exit status 2. Answers print as tables, or as JSON with --json. */
 #include <errno.h>
 #include <jansson.h>
+#include <limits.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 #include "config.h"
 #include "endpoint.h"
 #include "keys.h"
@@ -25,7 +27,8 @@
 
 typedef struct Ctl {
         char *coord;
-        char *log_level;               /* --log-level */
+        const char *coord_from;        /* where a --coord not given came from ($PSNET_COORD, a file) */
+        char *log_level, *log_format;  /* --log-level, --log-format */
         unsigned timeout;
         bool json;
         char *keys, *key, *coord_key;  /* CURVE */
@@ -60,6 +63,16 @@ typedef struct Verb {
 
 /* --- talking to pscoord ------------------------------------------------------------ */
 
+/* " (from $PSNET_COORD)" and the like where --coord was not given, for
+ * errors: a user who set it long ago sees why psctl looks there. */
+static const char *coord_from(const Ctl *c) {
+        static char buf[PATH_MAX + 16];
+        if (!c->coord_from)
+                return "";
+        snprintf(buf, sizeof buf, " (from %s)", c->coord_from);
+        return buf;
+}
+
 static int ctl_connect(Ctl *c) {
         int r = uv_loop_init(&c->loop);
         if (r < 0)
@@ -79,7 +92,7 @@ static int ctl_connect(Ctl *c) {
         const SessionOps so = { 0 };
         if (!c->zctx || session_new(&c->loop, c->zctx, &sc, &so, c, &c->session) < 0 ||
             session_start(c->session) < 0) {
-                fprintf(stderr, "psctl: cannot connect to '%s' (bad endpoint?)\n", c->coord);
+                fprintf(stderr, "psctl: cannot connect to '%s'%s (bad endpoint?)\n", c->coord, coord_from(c));
                 return -EINVAL;
         }
         return 0;
@@ -152,19 +165,21 @@ static int ctl_request(Ctl *c, Psnet__Header *h, Psnet__MsgType want, Psnet__Hea
                 r = c->reply_r;
         const char *hs = session_handshake_error(c->session);
         if (r == -EHOSTUNREACH)
-                fprintf(stderr, "psctl: cannot reach pscoord: %s\n", why);
+                fprintf(stderr, "psctl: cannot reach pscoord%s: %s\n", coord_from(c), why);
         else if (r == -ETIMEDOUT && hs[0])
-                fprintf(stderr, "psctl: cannot talk to pscoord at %s: %s\n", c->coord, hs);
+                fprintf(stderr, "psctl: cannot talk to pscoord at %s%s: %s\n", c->coord, coord_from(c), hs);
         else if (r == -ETIMEDOUT && why[0])
-                fprintf(stderr, "psctl: pscoord at %s did not answer within %u s: %s\n", c->coord, c->timeout, why);
+                fprintf(stderr, "psctl: pscoord at %s%s did not answer within %u s: %s\n", c->coord, coord_from(c),
+                        c->timeout, why);
         else if (r == -ETIMEDOUT)
-                fprintf(stderr, "psctl: pscoord at %s did not answer within %u s (is it running?)\n", c->coord,
-                        c->timeout);
+                fprintf(stderr, "psctl: pscoord at %s%s did not answer within %u s (is it running?)\n", c->coord,
+                        coord_from(c), c->timeout);
         else if (r == -ECONNREFUSED)
                 fprintf(stderr, "psctl: pscoord refused: %s (%s)\n", c->reply && c->reply->reason ? c->reply->reason : "?",
                         status_name(c->reply ? (int) c->reply->status : -1));
         else if (r < 0)
-                fprintf(stderr, "psctl: request to pscoord at %s failed: %s\n", c->coord, strerror(-r));
+                fprintf(stderr, "psctl: request to pscoord at %s%s failed: %s\n", c->coord, coord_from(c),
+                        strerror(-r));
         if (r < 0) {
                 if (c->reply)
                         psnet__header__free_unpacked(c->reply, NULL);
@@ -559,13 +574,18 @@ static int cmd_shard_remove(Ctl *c, char **args) { return shard_change(c, false,
 
 static size_t global_options(Ctl *c, Option *o) {
         const Option t[] = {
-                { "coord", OPT_STR, &c->coord, "ENDPOINT", "pscoord endpoint (default " PSNET_DEFAULT_COORD ")" },
+                { "coord", OPT_STR, &c->coord, "ENDPOINT",
+                  "pscoord endpoint (default $PSNET_COORD, else coord in ~/.config/psnet/psctl.conf, else "
+                  PSNET_DEFAULT_COORD ")" },
                 { "timeout", OPT_UINT, &c->timeout, "SECONDS", "how long to wait for pscoord's answer" },
                 { "json", OPT_BOOL, &c->json, NULL, "machine-readable output (one JSON object per answer)" },
-                { "keys", OPT_STR, &c->keys, "DIR", "CURVE encryption with the keys of psctl keys gen in DIR" },
+                { "keys", OPT_STR, &c->keys, "DIR",
+                  "CURVE encryption with the keys of psctl keys gen in DIR (default $PSNET_KEYS, else keys in "
+                  "~/.config/psnet/psctl.conf, else none)" },
                 { "key", OPT_STR, &c->key, "NAME", "this tool's key in --keys (default admin)" },
                 { "coord-key", OPT_STR, &c->coord_key, "NAME", "pscoord's key in --keys (default pscoord)" },
                 program_log_option(&c->log_level),
+                program_log_format_option(&c->log_format),
         };
         memcpy(o, t, sizeof t);
         return ELEMENTSOF(t);
@@ -618,6 +638,8 @@ static size_t privacy_options(Ctl *c, Option *o) {
         return 5;
 }
 
+static int cmd_completion(Ctl *c, char **args);
+
 static const Verb verbs[] = {
         { "status", "", 0, cmd_status, NULL, "coordinator, shards and workers" },
         { "watch", "", 0, cmd_watch, watch_options, "live progress until the job ends" },
@@ -647,7 +669,155 @@ static const Verb verbs[] = {
           "the epsilon a private federated job spends (no pscoord needed): --fraction --dp-noise --rounds" },
         { "keys gen", "NAME", 1, cmd_keys_gen, keys_options,
           "write a CURVE key pair NAME.key and its allow-list line (--role R)" },
+        { "completion", "bash", 1, cmd_completion, NULL,
+          "print bash's completion of psctl's commands and options (installed with psctl; or source <(psctl "
+          "completion bash))" },
 };
+
+/* Writes each option name of opts (n) to f as " --name", those that take a
+ * value only when valued. */
+static void completion_names(FILE *f, const Option *opts, size_t n, bool valued) {
+        for (size_t i = 0; i < n; i++)
+                if (opts[i].name && (!valued || opts[i].type != OPT_BOOL))
+                        fprintf(f, " --%s", opts[i].name);
+}
+
+/* bash's completion, made from the tables above so that it never falls
+ * behind them: the commands, each one's options (its own and the global
+ * ones), and which options take a value (the word after one is not a
+ * command). */
+static int cmd_completion(Ctl *c, char **args) {
+        if (strcmp(args[0], "bash") != 0) {
+                fprintf(stderr, "psctl completion: no completion for shell '%s' (bash is the one there is)\n", args[0]);
+                return -EINVAL;
+        }
+        Option opts[PSCTL_MAX_OPTS];
+        size_t ng = global_options(c, opts);
+        printf("# bash completion for psctl: psctl completion bash (psnet %s)\n", PSNET_VERSION);
+        printf("_psctl_global=\"");
+        completion_names(stdout, opts, ng, false);
+        printf(" --config --help --version\"\n_psctl_valued=\"");
+        completion_names(stdout, opts, ng, true);
+        for (size_t i = 0; i < ELEMENTSOF(verbs); i++)
+                if (verbs[i].options)
+                        completion_names(stdout, opts + ng, verbs[i].options(c, opts + ng), true);
+        printf(" --config \"\n_psctl_groups=\"");
+        for (size_t i = 0; i < ELEMENTSOF(verbs); i++) {
+                size_t len = strcspn(verbs[i].name, " "), k = 0;
+                while (k < i && (strncmp(verbs[k].name, verbs[i].name, len) != 0 || verbs[k].name[len] != verbs[i].name[len]))
+                        k++;
+                if (k == i)
+                        printf(" %.*s", (int) len, verbs[i].name);
+        }
+        printf("\"\ndeclare -gA _psctl_subs=(");
+        for (size_t i = 0; i < ELEMENTSOF(verbs); i++) {
+                const char *sp = strchr(verbs[i].name, ' ');
+                size_t len = sp ? (size_t) (sp - verbs[i].name) : 0, k = 0;
+                while (sp && k < i && (strncmp(verbs[k].name, verbs[i].name, len + 1) != 0))
+                        k++;
+                if (!sp || k < i)
+                        continue; /* one word, or its group was written */
+                printf(" [%.*s]=\"", (int) len, verbs[i].name);
+                for (size_t j = i; j < ELEMENTSOF(verbs); j++)
+                        if (strncmp(verbs[j].name, verbs[i].name, len + 1) == 0)
+                                printf(" %s", verbs[j].name + len + 1);
+                printf("\"");
+        }
+        printf(")\ndeclare -gA _psctl_opts=(");
+        for (size_t i = 0; i < ELEMENTSOF(verbs); i++) {
+                size_t n = verbs[i].options ? verbs[i].options(c, opts + ng) : 0;
+                printf(" [\"%s\"]=\"", verbs[i].name);
+                completion_names(stdout, opts, ng + n, false);
+                printf(" --config --help\"");
+        }
+        printf(")\n%s", "_psctl() {\n"
+               "        local cur=${COMP_WORDS[COMP_CWORD]} prev='' i w key cmd=()\n"
+               "        ((COMP_CWORD > 0)) && prev=${COMP_WORDS[COMP_CWORD - 1]}\n"
+               "        for ((i = 1; i < COMP_CWORD; i++)); do\n"
+               "                w=${COMP_WORDS[i]}\n"
+               "                case $w in\n"
+               "                --*=*) ;;\n"
+               "                -*) [[ $_psctl_valued == *\" $w \"* ]] && ((i++)) ;;\n"
+               "                *) cmd+=(\"$w\") ;;\n"
+               "                esac\n"
+               "        done\n"
+               "        COMPREPLY=()\n"
+               "        case $prev in\n"
+               "        --config) COMPREPLY=($(compgen -f -- \"$cur\")); return ;;\n"
+               "        --keys | --dir | --out) COMPREPLY=($(compgen -d -- \"$cur\")); return ;;\n"
+               "        esac\n"
+               "        [[ $prev == -* && $_psctl_valued == *\" $prev \"* ]] && return\n"
+               "        key=${cmd[0]:-}\n"
+               "        [[ -n ${cmd[1]:-} && -n ${_psctl_opts[\"$key ${cmd[1]}\"]+x} ]] && key=\"$key ${cmd[1]}\"\n"
+               "        if [[ $cur == -* ]]; then\n"
+               "                if [[ -n $key && -n ${_psctl_opts[$key]+x} ]]; then\n"
+               "                        COMPREPLY=($(compgen -W \"${_psctl_opts[$key]}\" -- \"$cur\"))\n"
+               "                else\n"
+               "                        COMPREPLY=($(compgen -W \"$_psctl_global\" -- \"$cur\"))\n"
+               "                fi\n"
+               "        elif ((${#cmd[@]} == 0)); then\n"
+               "                COMPREPLY=($(compgen -W \"$_psctl_groups\" -- \"$cur\"))\n"
+               "        elif ((${#cmd[@]} == 1)) && [[ -n ${_psctl_subs[$key]+x} ]]; then\n"
+               "                COMPREPLY=($(compgen -W \"${_psctl_subs[$key]}\" -- \"$cur\"))\n"
+               "        elif [[ $key == export && ${#cmd[@]} == 1 ]]; then\n"
+               "                COMPREPLY=($(compgen -f -- \"$cur\"))\n"
+               "        elif [[ $key == completion && ${#cmd[@]} == 1 ]]; then\n"
+               "                COMPREPLY=($(compgen -W bash -- \"$cur\"))\n"
+               "        fi\n"
+               "}\n"
+               "complete -F _psctl psctl\n");
+        return fflush(stdout) == 0 ? 0 : -errno;
+}
+
+/* The defaults a user set for every call, below the flags and --config:
+ * ~/.config/psnet/psctl.conf (or $XDG_CONFIG_HOME/psnet/psctl.conf; any of
+ * the global options, as --config FILE takes them), then $PSNET_COORD and
+ * $PSNET_KEYS over it. Returns 0, or -EINVAL after saying why. */
+static int user_defaults(const ProgramInfo *prog, Ctl *c, const Option *opts, size_t n, char *path, size_t pn) {
+        const char *xdg = getenv("XDG_CONFIG_HOME"), *home = getenv("HOME");
+        path[0] = 0;
+        if (xdg && xdg[0] == '/')
+                snprintf(path, pn, "%s/psnet/psctl.conf", xdg);
+        else if (home && home[0])
+                snprintf(path, pn, "%s/.config/psnet/psctl.conf", home);
+        if (path[0] && access(path, F_OK) == 0) {
+                int r = config_load_file(prog, opts, n, path);
+                if (r < 0)
+                        return r;
+                if (c->coord)
+                        c->coord_from = path;
+        }
+        static const struct { const char *env, *opt; } envs[] = { { "PSNET_COORD", "coord" }, { "PSNET_KEYS", "keys" } };
+        for (size_t i = 0; i < ELEMENTSOF(envs); i++) {
+                const char *v = getenv(envs[i].env);
+                if (!v || !v[0])
+                        continue;
+                int r = config_set(prog, opts, n, envs[i].opt, v, envs[i].env);
+                if (r < 0)
+                        return r;
+                if (i == 0)
+                        c->coord_from = "$PSNET_COORD";
+        }
+        return 0;
+}
+
+/* The commands of group g ("job"): printed as psctl --help prints them all,
+ * to f (NULL: not printed); false when no command starts with that word. */
+static bool group_print(FILE *f, const char *g) {
+        size_t len = strlen(g), n = 0;
+        for (size_t i = 0; i < ELEMENTSOF(verbs); i++) {
+                if (strncmp(verbs[i].name, g, len) != 0 || verbs[i].name[len] != ' ' || (n++, !f))
+                        continue;
+                if (n == 1)
+                        fprintf(f, "Usage: psctl %s COMMAND [ARGS] [OPTIONS]\n\nCommands:\n", g);
+                char left[64];
+                snprintf(left, sizeof left, "%s %s", verbs[i].name, verbs[i].args);
+                fprintf(f, "  %-28s %s\n", left, verbs[i].help);
+        }
+        if (n && f)
+                fprintf(f, "Each command takes --help; psctl --help lists the options every command takes.\n");
+        return n > 0;
+}
 
 /* The verb named by argv[0] (and argv[1] for two-word verbs); *ret_words is 1 or 2. */
 static const Verb *verb_find(int argc, char **argv, int *ret_words) {
@@ -735,7 +905,7 @@ static int verb_parse(Ctl *c, const Verb *v, int argc, char **argv, char **args)
 int main(int argc, char **argv) {
         Ctl c = { .timeout = 5, .interval_ms = 1000 };
         Option opts[PSCTL_MAX_OPTS];
-        char epilog[2048];
+        char epilog[4096];
         int optind_ = 0, words = 0, r;
         char *args[2] = { NULL, NULL };
 
@@ -748,18 +918,39 @@ int main(int argc, char **argv) {
                 .epilog = epilog,
         };
         size_t n = global_options(&c, opts);
-        r = config_parse(&prog, opts, n, argc, argv, &optind_);
+        char conf[PATH_MAX];
+        r = user_defaults(&prog, &c, opts, n, conf, sizeof conf);
+        char *preset = c.coord ? strdup(c.coord) : NULL; /* a --coord or --config below may replace it */
+        if (r == 0 && c.coord && !preset)
+                r = -ENOMEM;
+        if (r == 0)
+                r = config_parse(&prog, opts, n, argc, argv, &optind_);
         const Verb *v = NULL;
         if (r == 0 && optind_ >= argc) {
                 fprintf(stderr, "psctl: missing command (see psctl --help)\n");
                 r = -EINVAL;
         } else if (r == 0 && !(v = verb_find(argc - optind_, argv + optind_, &words))) {
-                fprintf(stderr, "psctl: unknown command '%s%s%s' (see psctl --help)\n", argv[optind_],
-                        optind_ + 1 < argc ? " " : "", optind_ + 1 < argc ? argv[optind_ + 1] : "");
-                r = -EINVAL;
+                const char *next = optind_ + 1 < argc ? argv[optind_ + 1] : NULL;
+                bool help = next && (strcmp(next, "--help") == 0 || strcmp(next, "-h") == 0);
+                if (help && group_print(stdout, argv[optind_]))
+                        r = 1;
+                else if (!next && group_print(stderr, argv[optind_])) {
+                        fprintf(stderr, "psctl %s: missing command (above)\n", argv[optind_]);
+                        r = -EINVAL;
+                } else {
+                        bool group = next && group_print(NULL, argv[optind_]);
+                        fprintf(stderr, "psctl: unknown command '%s%s%s' (see psctl %s%s--help)\n", argv[optind_],
+                                next ? " " : "", next ? next : "", group ? argv[optind_] : "", group ? " " : "");
+                        r = -EINVAL;
+                }
         }
         if (r == 0)
                 r = verb_parse(&c, v, argc - optind_ - words, argv + optind_ + words, args);
+        if (!c.coord || !preset || strcmp(c.coord, preset) != 0)
+                c.coord_from = NULL; /* given, or the built-in default */
+        free(preset);
+        if (r == 0)
+                r = program_log_format("psctl", c.log_format);
         if (r == 0)
                 r = program_log_level("psctl", c.log_level);
         if (r == 0) {

@@ -20,6 +20,58 @@ for b in "$PSCOORD" "$PSD" "$WORKERD" "$PSCTL"; do
   grep -q "$n: unknown log level 'loud'" <<<"$out"; ok $? "$n says which"
 done
 
+# --version names the release and the git revision built (what users quote in a report).
+release=$(sed -n "s/^ *version: '\([^']*\)'.*/\1/p" "$PSNET_SRC/meson.build" | head -n 1)
+rev=$(git -C "$PSNET_SRC" describe --always --dirty --abbrev=12 2>/dev/null || echo unknown)
+for b in "$PSCOORD" "$PSD" "$WORKERD" "$PSCTL" "$PSNET_BUILD/ps/psgate/psgate"; do
+  n=$(basename "$b") out=$("$b" --version 2>&1)
+  [ "$out" = "$n $release (git $rev)" ]; ok $? "$n --version says the release and the revision ($out)"
+done
+
+# --log-format json (or PSNET_LOG_FORMAT=json): a JSON object a line, the same fields.
+out=$("$PSD" --id 1 --listen "ipc://$RUN/json.sock" --coord "ipc://$RUN/nobody.sock" --connect-timeout 1 \
+  --log-format json 2>&1)
+jq -e -s 'length >= 2 and all(.[]; (.ts | test("^[0-9-]+T[0-9:.]+Z$")) and .daemon == "psd" and .shard == 1 and
+  (.level | IN("info", "warning", "error")) and (.msg | type) == "string")' <<<"$out" >/dev/null
+ok $? "psd --log-format json writes one JSON object a line with ts, level, daemon, shard and msg ($(head -c 300 <<<"$out"))"
+jq -e -s --arg e "ipc://$RUN/json.sock" 'any(.[]; .msg == "listening" and .endpoint == $e and .threads == 1) and
+  any(.[]; .level == "error" and (.msg | test("did not answer within 1 s")))' <<<"$out" >/dev/null
+ok $? "its pairs are fields (numbers as numbers), its error says why"
+out=$(PSNET_LOG_FORMAT=json "$WORKERD" --coord "ipc://$RUN/nobody.sock" --connect-timeout 1 2>&1)
+jq -e -s 'length >= 1 and all(.[]; .daemon == "workerd")' <<<"$out" >/dev/null
+ok $? "PSNET_LOG_FORMAT=json does the same for workerd ($(head -c 200 <<<"$out"))"
+out=$("$PSCOORD" --log-format yaml 2>&1); rc=$?
+[ $rc = 2 ] && grep -q "pscoord: unknown log format 'yaml' (logfmt or json)" <<<"$out"; ok $? "an unknown log format is refused, saying which ($out)"
+
+# psctl's groups of commands: --help lists them; a group alone or a wrong word says so.
+out=$("$PSCTL" job --help); rc=$?
+[ $rc = 0 ] && grep -q "^Usage: psctl job COMMAND" <<<"$out" && [ "$(grep -c '^  job ' <<<"$out")" = 4 ]
+ok $? "psctl job --help lists job's four commands ($rc)"
+out=$("$PSCTL" shard -h); grep -q "shard add" <<<"$out" && grep -q "shard remove" <<<"$out"; ok $? "so does psctl shard -h"
+out=$("$PSCTL" checkpoint 2>&1); rc=$?
+[ $rc = 2 ] && grep -q "psctl checkpoint: missing command" <<<"$out" && grep -q "checkpoint restore" <<<"$out"
+ok $? "psctl checkpoint alone exits 2 and lists what it takes"
+out=$("$PSCTL" job frobnicate 2>&1); rc=$?
+[ $rc = 2 ] && grep -q "unknown command 'job frobnicate' (see psctl job --help)" <<<"$out"; ok $? "psctl job frobnicate is refused ($out)"
+
+# bash completion: psctl's written by psctl from its tables (and installed), the daemons' from their --help.
+"$PSCTL" completion bash >"$RUN/psctl.bash"; ok $? "psctl completion bash"
+cmp -s "$RUN/psctl.bash" "$PSNET_BUILD/deploy/completion/psctl"; ok $? "the build's completion file is that script"
+out=$("$PSCTL" completion zsh 2>&1); [ $? = 2 ] && grep -q "no completion for shell 'zsh'" <<<"$out"; ok $? "psctl completion zsh is refused"
+complete_words() { # SCRIPT WORD...: what bash offers for the last word
+  bash -c 'source "$1"; shift; COMP_WORDS=("$@"); COMP_CWORD=$(($# - 1)); f=$(complete -p "$(basename "$1")" | sed -n "s/.*-F \([^ ]*\).*/\1/p"); "$f"; echo "${COMPREPLY[*]}"' _ "$@"
+}
+[ "$(complete_words "$RUN/psctl.bash" psctl jo)" = job ]; ok $? "psctl jo<TAB> completes job"
+out=$(complete_words "$RUN/psctl.bash" psctl --coord x job "")
+[ "$out" = "submit mode stop wait" ]; ok $? "psctl --coord x job <TAB> offers its commands ($out)"
+out=$(complete_words "$RUN/psctl.bash" psctl job submit --mo)
+[ "$out" = "--model --mode --momentum" ]; ok $? "psctl job submit --mo<TAB> offers the job's options ($out)"
+meson install -C "$PSNET_BUILD" --no-rebuild --quiet --destdir "$RUN/root" >"$RUN/install.log" 2>&1
+comp=$(find "$RUN/root" -path '*/share/bash-completion/completions/*' -printf '%f\n' | sort | tr '\n' ' ')
+[ "$comp" = "pscoord psctl psd psgate workerd " ]; ok $? "meson install puts each program's completion where bash-completion looks ($comp)"
+out=$(complete_words "$PSNET_SRC/deploy/completion/psnet-daemons.bash" "$PSD" --lis)
+[ "$out" = "--listen" ]; ok $? "psd --lis<TAB> completes --listen, read from psd --help ($out)"
+
 out=$("$PSD" --id 1 --lease-ms 3 2>&1); grep -q "unknown option '--lease-ms'" <<<"$out"; ok $? "psd refuses a pscoord flag"
 out=$("$PSD" --id 1 --max-msg 0 2>&1); rc=$?
 [ $rc = 2 ] && grep -q "psd: --max-msg must be at least 1024 bytes (got 0)" <<<"$out"; ok $? "psd refuses --max-msg 0, saying why ($out)"
@@ -107,6 +159,26 @@ ok $? "a worker reports steps to pscoord"
 out=$("$PSCTL" --coord "$COORD" status)
 grep -q "^SHARD" <<<"$out" && grep -q "^WORKER" <<<"$out"; ok $? "psctl status prints shard and worker tables"
 grep -qE "^1 +ipc://$RUN/q1.sock" <<<"$out"; ok $? "psctl status lists shard 1 with its address"
+# Where psctl looks without --coord: $PSNET_COORD, over ~/.config/psnet/psctl.conf, under --coord and --config.
+mkdir -p "$RUN/home/.config/psnet" "$RUN/xdg/psnet"
+printf '[psctl]\ncoord = %s\ntimeout = 3\n' "$COORD" >"$RUN/home/.config/psnet/psctl.conf"
+HOME=$RUN/home "$PSCTL" status | grep -q "^SHARD"; ok $? "psctl finds pscoord from ~/.config/psnet/psctl.conf"
+printf 'coord = %s\n' "$COORD" >"$RUN/xdg/psnet/psctl.conf"
+HOME=/nonexistent XDG_CONFIG_HOME=$RUN/xdg "$PSCTL" status | grep -q "^SHARD"; ok $? "or from \$XDG_CONFIG_HOME/psnet/psctl.conf"
+env -u HOME PSNET_COORD="$COORD" "$PSCTL" status | grep -q "^SHARD"; ok $? "or from \$PSNET_COORD"
+out=$(HOME=$RUN/home PSNET_COORD="$nowhere" "$PSCTL" --timeout 1 status 2>&1); rc=$?
+[ $rc != 0 ] && grep -q "pscoord at $nowhere (from \$PSNET_COORD) did not answer" <<<"$out"
+ok $? "\$PSNET_COORD wins over the file, and an error says where the address came from ($out)"
+out=$(HOME=$RUN/home "$PSCTL" --coord "$nowhere" --timeout 1 status 2>&1)
+grep -q "pscoord at $nowhere did not answer" <<<"$out"; ok $? "--coord wins over the file ($out)"
+PSNET_COORD=$nowhere "$PSCTL" --coord "$COORD" status | grep -q "^SHARD"; ok $? "and over \$PSNET_COORD"
+printf 'coord = %s\n' "$COORD" >"$RUN/explicit.conf"
+PSNET_COORD=$nowhere "$PSCTL" --config "$RUN/explicit.conf" status | grep -q "^SHARD"; ok $? "so does --config FILE"
+out=$(PSNET_KEYS=$RUN/no-keys "$PSCTL" --coord "$COORD" status 2>&1); rc=$?
+[ $rc = 2 ] && grep -q "no key $RUN/no-keys/admin.key" <<<"$out"; ok $? "\$PSNET_KEYS sets --keys ($out)"
+printf 'coord = %s\ncolour = yes\n' "$COORD" >"$RUN/home/.config/psnet/psctl.conf"
+out=$(HOME=$RUN/home "$PSCTL" status 2>&1); rc=$?
+[ $rc = 2 ] && grep -q "$RUN/home/.config/psnet/psctl.conf:2: unknown key 'colour'" <<<"$out"; ok $? "a key the file should not have is refused, naming file and line ($out)"
 json=$("$PSCTL" --coord "$COORD" --json status)
 if command -v jq >/dev/null; then
   jq -e '.shards | length == 3' <<<"$json" >/dev/null; ok $? "psctl --json is valid JSON with 3 shards"

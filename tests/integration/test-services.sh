@@ -8,6 +8,7 @@
 source "$(dirname "$0")/lib.sh"
 
 command -v promtool >/dev/null; ok $? "promtool is installed (Debian's prometheus package)"
+rev=$(git -C "$PSNET_SRC" describe --always --dirty --abbrev=12 2>/dev/null || echo unknown)
 get() { curl -s -m 5 -o "$RUN/body" -w '%{http_code}' "http://127.0.0.1:$1$2"; }
 
 COORD="ipc://$RUN/coord.sock"
@@ -21,7 +22,20 @@ for d in pscoord psd-1 workerd; do
   [ -n "$port" ]; ok $? "$d logs its HTTP port ($port)"
   code=$(get "$port" /metrics); [ "$code" = 200 ]; ok $? "$d: /metrics answers 200"
   out=$(promtool check metrics <"$RUN/body" 2>&1); ok $? "$d: promtool check metrics passes ${out:+($out)}"
-  grep -q "^psnet_build_info{daemon=\"${d%-1}\"" "$RUN/body"; ok $? "$d: psnet_build_info names the daemon"
+  grep -q "^psnet_build_info{daemon=\"${d%-1}\",.*revision=\"$rev\"" "$RUN/body"
+  ok $? "$d: psnet_build_info names the daemon and the revision built ($rev)"
+  # process_* as Prometheus' client libraries write them, against what ps and /proc say of the same process.
+  pid=$(eval echo "\$PID_${d//-/_}")
+  started=$(date -d "$(ps -o lstart= -p "$pid")" +%s) fds=$(ls "/proc/$pid/fd" | wc -l)
+  rss=$(ps -o rss= -p "$pid") cpu=$(ps -o cputimes= -p "$pid")
+  awk -v st="$started" -v fds="$fds" -v rss="$rss" -v cpu="$cpu" '
+    { v[$1] = $2 }
+    END { d = v["process_start_time_seconds"] - st
+          exit !(d > -2 && d < 2 && v["process_open_fds"] >= fds - 4 && v["process_open_fds"] <= fds + 4 &&
+                 v["process_max_fds"] >= v["process_open_fds"] && v["process_resident_memory_bytes"] > rss * 1024 / 2 &&
+                 v["process_resident_memory_bytes"] < rss * 1024 * 2 && v["process_virtual_memory_bytes"] >= v["process_resident_memory_bytes"] &&
+                 v["process_cpu_seconds_total"] >= cpu - 0.01 && v["process_cpu_seconds_total"] <= cpu + 2) }' "$RUN/body"
+  ok $? "$d: process_* agree with ps and /proc (started $started, $fds fds, $rss KiB resident, $cpu s CPU: $(grep '^process_' "$RUN/body" | tr '\n' ' '))"
   [ "$(get "$port" /healthz)" = 200 ] && [ "$(get "$port" /readyz)" = 200 ]; ok $? "$d: /healthz and /readyz answer 200"
 done
 pp=$(http_port psd-1) cp=$(http_port pscoord) wp=$(http_port workerd)

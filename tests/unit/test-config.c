@@ -7,9 +7,13 @@
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
+#include <jansson.h>
 #include "config.h"
+#include "log.h"
+#include "macro.h"
 #include "psnet-config.h"
 #include "tap.h"
+#include "version.h"
 
 static char *o_listen;
 static int o_clock;
@@ -336,11 +340,81 @@ static void test_help(void) {
                 r = config_parse(&prog, opts, NOPTS, 2, argv, NULL);
         }
         out = capture_end(&c);
-        CHECK(r == 1 && out && strcmp(out, "tprog " PSNET_VERSION "\n") == 0, "--version prints \"tprog " PSNET_VERSION "\"");
+        char want[128];
+        snprintf(want, sizeof want, "tprog %s (git %s)\n", PSNET_VERSION, psnet_revision());
+        CHECK(r == 1 && out && strcmp(out, want) == 0 && psnet_revision()[0], "--version prints \"%.*s\"",
+              (int) strlen(want) - 1, want);
         free(out);
 }
 
+/* One line of JSON (--log-format json) for a log line: its fields and
+ * their types, and what logfmt's words become. */
+static void test_json_log(void) {
+        Capture c;
+        json_error_t e;
+        log_setup("tprog");
+        log_set_fields("shard=2");
+        log_set_format(LOG_FORMAT_JSON);
+        capture_begin(&c, 2);
+        log_info("applied a push key=\"a \\\"b\\\" c\" clock=41 ratio=0.5 big=1e400 id=007 words=two words neg=-3");
+        char *line = capture_end(&c);
+        json_t *o = line ? json_loads(line, 0, &e) : NULL;
+        CHECK(o && json_object_size(o) == 12, "a log line is one JSON object of 12 fields (%s)", line ? line : "?");
+        CHECK(o && strcmp(json_string_value(json_object_get(o, "msg")) ?: "", "applied a push") == 0 &&
+                      strcmp(json_string_value(json_object_get(o, "level")) ?: "", "info") == 0 &&
+                      strcmp(json_string_value(json_object_get(o, "daemon")) ?: "", "tprog") == 0 &&
+                      json_integer_value(json_object_get(o, "shard")) == 2 &&
+                      strlen(json_string_value(json_object_get(o, "ts")) ?: "") == 24,
+              "msg, level, daemon, the program's fields and a timestamp to the millisecond");
+        CHECK(o && strcmp(json_string_value(json_object_get(o, "key")) ?: "", "a \"b\" c") == 0,
+              "a quoted value is a string, its escapes undone");
+        CHECK(o && json_is_integer(json_object_get(o, "clock")) && json_integer_value(json_object_get(o, "clock")) == 41 &&
+                      json_is_real(json_object_get(o, "ratio")) && json_real_value(json_object_get(o, "ratio")) == 0.5 &&
+                      json_integer_value(json_object_get(o, "neg")) == -3,
+              "a bare number is a JSON number");
+        CHECK(o && strcmp(json_string_value(json_object_get(o, "big")) ?: "", "1e400") == 0 &&
+                      strcmp(json_string_value(json_object_get(o, "id")) ?: "", "007") == 0,
+              "a number JSON cannot hold as written (1e400, 007) stays a string");
+        CHECK(o && strcmp(json_string_value(json_object_get(o, "words")) ?: "", "two words") == 0,
+              "a word that is no pair goes with the value before it");
+        const char *keys[] = { "ts", "level", "daemon", "shard", "msg", "key" };
+        size_t k = 0;
+        const char *name;
+        json_t *v;
+        json_object_foreach(o, name, v) {
+                if (k < ELEMENTSOF(keys) && strcmp(name, keys[k]) == 0)
+                        k++;
+        }
+        CHECK(k == ELEMENTSOF(keys), "in logfmt's order: ts, level, daemon, fields, msg, then the pairs");
+        json_decref(o);
+        free(line);
+
+        capture_begin(&c, 2);
+        log_error_errno(ENOENT, "Failed to open \xff\xfe here path=/x");
+        line = capture_end(&c);
+        o = line ? json_loads(line, 0, &e) : NULL;
+        CHECK(o && strcmp(json_string_value(json_object_get(o, "errno")) ?: "", "ENOENT") == 0 &&
+                      strcmp(json_string_value(json_object_get(o, "msg")) ?: "", "Failed to open ?? here") == 0 &&
+                      strcmp(json_string_value(json_object_get(o, "level")) ?: "", "error") == 0,
+              "errno by name; bytes that are no UTF-8 as '?' (%s)", line ? line : "?");
+        json_decref(o);
+        free(line);
+
+        log_set_format(LOG_FORMAT_LOGFMT);
+        capture_begin(&c, 2);
+        log_info("applied clock=41");
+        line = capture_end(&c);
+        CHECK(line && strncmp(line, "ts=", 3) == 0 && strstr(line, " level=info daemon=tprog shard=2 msg=\"applied\" clock=41\n"),
+              "logfmt stays the default's line (%s)", line ? line : "?");
+        free(line);
+        CHECK(log_format_from_string("json") == LOG_FORMAT_JSON && log_format_from_string("logfmt") == LOG_FORMAT_LOGFMT &&
+                      log_format_from_string("yaml") == -EINVAL,
+              "json and logfmt are the formats");
+        log_set_fields("");
+}
+
 int main(void) {
+        test_json_log();
         test_flags();
         test_errors();
         test_file();
