@@ -2,6 +2,7 @@
 /* pscoord's answers to the operator that change no job (psctl status and
  * job mode, whose change is agreed at a fence), the /metrics text and the
  * status line. */
+#include <math.h>
 #include "coord-internal.h"
 
 void coord_handle_status(Coord *c, WireMsg *m) {
@@ -184,8 +185,12 @@ void coord_metrics(void *ud, MetricsBuf *b) {
                     "Peers known from the state file that have not registered again since pscoord started.",
                     (double) rejoining(c));
         metrics_one(b, "psnet_pscoord_checkpoints_total", "counter", "Checkpoints saved.", (double) c->checkpoints);
-        metrics_one(b, "psnet_pscoord_fed_rounds_done", "gauge", "A federated job's aggregated rounds.",
+        metrics_one(b, "psnet_pscoord_fed_rounds_total", "counter", "A federated job's aggregated rounds.",
                     (double) c->fed.done);
+        if (c->job.mode == MODE_FED && c->job.fed.strategy.dp_noise > 0)
+                metrics_one(b, "psnet_pscoord_fed_epsilon", "gauge",
+                            "The privacy a private federated job has spent so far (epsilon at its --dp-delta).",
+                            c->fed.epsilon);
         metrics_one(b, "psnet_pscoord_fed_rounds_failed_total", "counter",
                     "Federated rounds that ran again (too few updates).", (double) c->fed.failed);
         metrics_one(b, "psnet_pscoord_fed_late_updates_total", "counter",
@@ -195,12 +200,36 @@ void coord_metrics(void *ud, MetricsBuf *b) {
                     (double) c->fed.refused);
         metrics_one(b, "psnet_pscoord_checkpoint_failures_total", "counter", "Checkpoint saves given up.",
                     (double) c->checkpoint_failures);
-        metrics_one(b, "psnet_pscoord_checkpoint_clock", "gauge", "The clock of the newest checkpoint (NaN: none).",
-                    c->last_ckpt.valid ? (double) c->last_ckpt.clock : NAN);
-        metrics_one(b, "psnet_pscoord_failovers", "gauge", "Shards lost by this job and replaced by their backups.",
-                    (double) c->failovers);
-        metrics_one(b, "psnet_pscoord_accuracy", "gauge", "The job's test accuracy (NaN before it is known).",
-                    c->has_accuracy ? c->accuracy : NAN);
+        /* Series that have no value yet are left out, not NaN (an alert's
+         * comparison with NaN is never true). */
+        if (c->last_ckpt.valid) {
+                metrics_one(b, "psnet_pscoord_checkpoint_clock", "gauge", "The clock of the newest checkpoint.",
+                            (double) c->last_ckpt.clock);
+                metrics_one(b, "psnet_pscoord_checkpoint_timestamp_seconds", "gauge",
+                            "When the newest checkpoint was made (seconds since the epoch): its age is time() - this.",
+                            (double) c->last_ckpt.created_ms / 1000.0);
+        }
+        if (c->cfg->checkpoint_every && c->state == JOB_RUNNING) {
+                /* How far the job is past the checkpoint that was due: clocks
+                 * of its slowest member (rounds of a federated job). */
+                int64_t at = c->job.mode == MODE_FED ? (int64_t) c->fed.done : -1;
+                for (size_t i = 0; c->job.mode != MODE_FED && i < c->npeers; i++) {
+                        const Peer *p = &c->peers[i];
+                        if (p->role == PSNET__ROLE__ROLE_WORKER && p->member && (at < 0 || p->worker.clock < at))
+                                at = p->worker.clock;
+                }
+                metrics_one(b, "psnet_pscoord_checkpoint_every", "gauge",
+                            "--checkpoint-every: clocks (rounds of a federated job) between checkpoints.",
+                            (double) c->cfg->checkpoint_every);
+                metrics_one(b, "psnet_pscoord_checkpoint_overdue", "gauge",
+                            "Clocks (rounds) the job is past the one its next checkpoint was due at (0: none due).",
+                            at > c->ckpt_next_clock ? (double) (at - c->ckpt_next_clock) : 0.0);
+        }
+        metrics_one(b, "psnet_pscoord_failovers_total", "counter",
+                    "Shards lost by this job and replaced by their backups.", (double) c->failovers);
+        if (c->has_accuracy)
+                metrics_one(b, "psnet_pscoord_accuracy", "gauge", "The job's test accuracy (left out before it is known).",
+                            c->accuracy);
         metrics_one(b, "psnet_pscoord_registrations_total", "counter", "Registrations accepted.", (double) c->registrations);
         metrics_one(b, "psnet_pscoord_lease_expiries_total", "counter", "Peers dropped for silence.", (double) c->expiries);
         metrics_one(b, "psnet_pscoord_connections_closed_total", "counter",
@@ -223,22 +252,22 @@ void coord_metrics(void *ud, MetricsBuf *b) {
         metrics_one(b, "psnet_pscoord_requests_total", "counter", "Control messages received.", (double) c->requests);
         metrics_one(b, "psnet_pscoord_refused_total", "counter", "Control messages refused.", (double) c->refused);
         metrics_histogram(b, "psnet_pscoord_request_seconds", "Time to handle a control message.", &c->latency);
-        /* Per worker, from its heartbeats. */
-        static const struct { const char *name, *help; } wm[] = {
-                { "psnet_pscoord_worker_clock", "A worker's clock (steps completed)." },
-                { "psnet_pscoord_worker_steps_per_second", "A worker's steps per second." },
-                { "psnet_pscoord_worker_samples_per_second", "A worker's samples per second." },
-                { "psnet_pscoord_worker_loss", "A worker's recent training loss." },
-                { "psnet_pscoord_worker_epoch", "The epoch a worker is in." },
+        /* Per worker, from its heartbeats. Rates are PromQL's: rate(psnet_pscoord_worker_samples_total[1m]). */
+        static const struct { const char *name, *type, *help; } wm[] = {
+                { "psnet_pscoord_worker_clock", "gauge", "A worker's clock (steps completed)." },
+                { "psnet_pscoord_worker_steps_total", "counter", "Steps a worker trained since it joined." },
+                { "psnet_pscoord_worker_samples_total", "counter", "Samples a worker trained on since it joined." },
+                { "psnet_pscoord_worker_loss", "gauge", "A worker's recent training loss (left out until it has one)." },
+                { "psnet_pscoord_worker_epoch", "gauge", "The epoch a worker is in." },
         };
         for (size_t k = 0; k < ELEMENTSOF(wm); k++) {
-                metrics_family(b, wm[k].name, "gauge", wm[k].help);
+                metrics_family(b, wm[k].name, wm[k].type, wm[k].help);
                 for (size_t i = 0; i < c->npeers; i++) {
                         const Peer *p = &c->peers[i];
-                        if (p->role != PSNET__ROLE__ROLE_WORKER)
+                        if (p->role != PSNET__ROLE__ROLE_WORKER || (k == 3 && (!p->worker.has_loss || !isfinite(p->worker.loss))))
                                 continue;
-                        double v = k == 0 ? (double) p->worker.clock : k == 1 ? p->worker.steps_per_s
-                                   : k == 2 ? p->worker.samples_per_s : k == 3 ? p->worker.loss : (double) p->worker.epoch;
+                        double v = k == 0 ? (double) p->worker.clock : k == 1 ? (double) p->worker.step
+                                   : k == 2 ? (double) p->worker.samples : k == 3 ? p->worker.loss : (double) p->worker.epoch;
                         snprintf(id, sizeof id, "%u", p->id);
                         metrics_sample(b, wm[k].name, v, "worker", id, NULL);
                 }

@@ -1300,6 +1300,9 @@ static void psd_metrics(void *ud, MetricsBuf *b) {
                     (double) p->memory_limit);
         RowsStats rs;
         rows_stats(p->rows, &rs);
+        metrics_one(b, "psnet_psd_memory_used_bytes", "gauge",
+                    "Model state held, as --memory-limit counts it: values, optimizer state and table rows.",
+                    (double) (st->bytes + rs.bytes));
         const Job *job = store_job(s);
         /* Each family's samples together, as the text format wants them. */
         static const struct {

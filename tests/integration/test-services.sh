@@ -14,6 +14,12 @@ get() { curl -s -m 5 -o "$RUN/body" -w '%{http_code}' "http://127.0.0.1:$1$2"; }
 COORD="ipc://$RUN/coord.sock"
 psnet_start pscoord "$PSCOORD" --listen "$COORD" --workers 1 --shards 1 --epochs 20 "${SUBSET[@]}" \
   --http 127.0.0.1:0
+has_port() { [ -n "$(http_port "$1")" ]; }
+psnet_wait_for 10 has_port pscoord
+psnet_wait_for 10 bash -c "curl -sf -m 5 http://127.0.0.1:$(http_port pscoord)/metrics >'$RUN/early'"
+! grep -q '^psnet_pscoord_accuracy \|^psnet_pscoord_checkpoint_clock \|^psnet_pscoord_checkpoint_timestamp_seconds \|^psnet_pscoord_worker_loss' "$RUN/early" &&
+  grep -q '^psnet_pscoord_failovers_total 0' "$RUN/early"
+ok $? "before a job runs: no accuracy, checkpoint or loss series (not NaN ones); fail-overs counted from 0"
 psnet_start psd-1 "$PSD" --id 1 --listen "ipc://$RUN/psd-1.sock" --coord "$COORD" --http 127.0.0.1:0
 psnet_start workerd "$WORKERD" --coord "$COORD" --http 127.0.0.1:0 --progress-ms 100
 psnet_wait_for 30 grep -q 'msg="progress"' "$RUN/workerd.log"; ok $? "a job trains with HTTP on every daemon"
@@ -22,6 +28,9 @@ for d in pscoord psd-1 workerd; do
   [ -n "$port" ]; ok $? "$d logs its HTTP port ($port)"
   code=$(get "$port" /metrics); [ "$code" = 200 ]; ok $? "$d: /metrics answers 200"
   out=$(promtool check metrics <"$RUN/body" 2>&1); ok $? "$d: promtool check metrics passes ${out:+($out)}"
+  ! grep -v '^#' "$RUN/body" | grep -q 'NaN'; ok $? "$d: no series is NaN $(grep -v '^#' "$RUN/body" | grep NaN | head -n 3 | tr '\n' ' ')"
+  awk '$1 == "#" && $2 == "TYPE" && $4 == "counter" && $3 !~ /_total$/ { bad = bad " " $3 } END { if (bad) print bad; exit bad != "" }' "$RUN/body"
+  ok $? "$d: every counter's name ends in _total"
   grep -q "^psnet_build_info{daemon=\"${d%-1}\",.*revision=\"$rev\"" "$RUN/body"
   ok $? "$d: psnet_build_info names the daemon and the revision built ($rev)"
   # process_* as Prometheus' client libraries write them, against what ps and /proc say of the same process.
@@ -44,7 +53,9 @@ awk '/^psnet_psd_pushes_total / { exit !($2 > 0) }' "$RUN/body"; ok $? "psd coun
 grep -q '^psnet_psd_push_latency_seconds_bucket{le="+Inf"} [1-9]' "$RUN/body"; ok $? "psd has a push latency histogram"
 # A worker's figures reach pscoord with its heartbeat (one a second).
 coord_has() { get "$cp" /metrics >/dev/null && grep -q "$1" "$RUN/body"; }
-psnet_wait_for 10 coord_has '^psnet_pscoord_worker_samples_per_second{worker="1"} [1-9]'; ok $? "pscoord reports each worker's samples/s"
+psnet_wait_for 10 coord_has '^psnet_pscoord_worker_samples_total{worker="1"} [1-9]'; ok $? "pscoord counts each worker's samples"
+grep -q '^# TYPE psnet_pscoord_worker_samples_total counter' "$RUN/body" && ! grep -q '_per_second' "$RUN/body"
+ok $? "as a counter: rates are PromQL's, no per-second gauges"
 grep -q '^psnet_pscoord_job_state{state="running"} 1' "$RUN/body"; ok $? "pscoord reports the job's state"
 get "$wp" /metrics >/dev/null
 grep -q '^psnet_workerd_state{state="training"} 1' "$RUN/body"; ok $? "workerd reports that it trains"

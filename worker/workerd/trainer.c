@@ -27,6 +27,7 @@
  * pscoord session and the shards' replies are handled between steps. */
 #include <cblas.h>
 #include <errno.h>
+#include <math.h>
 #include <stdio.h>
 #include <string.h>
 #include <time.h>
@@ -1137,10 +1138,11 @@ static void trainer_metrics(void *ud, MetricsBuf *b) {
         metrics_one(b, "psnet_workerd_epoch", "gauge", "The job's epoch in progress (1-based).", (double) t->job_epoch);
         metrics_one(b, "psnet_workerd_job_progress", "gauge", "The job's progress (0..1) as this worker sees it.",
                     t->job_progress);
-        metrics_one(b, "psnet_workerd_loss", "gauge", "Mean training loss over the last progress interval.",
-                    t->last_loss);
-        metrics_one(b, "psnet_workerd_samples_per_second", "gauge", "Samples per second over the last interval.",
-                    t->samples_ps);
+        /* Rates are PromQL's (rate(psnet_workerd_samples_total[1m])); a loss
+         * is left out until there is one. */
+        if (t->step > 0 && isfinite(t->last_loss))
+                metrics_one(b, "psnet_workerd_loss", "gauge", "Mean training loss over the last progress interval.",
+                            t->last_loss);
         metrics_one(b, "psnet_workerd_pushed_bytes_total", "counter", "Gradient bytes pushed.", (double) pushed);
         metrics_one(b, "psnet_workerd_pulled_bytes_total", "counter", "Value bytes pulled.", (double) pulled);
         metrics_one(b, "psnet_workerd_wait_seconds_total", "counter", "Seconds spent waiting for the shards.", wait_s);
