@@ -297,6 +297,8 @@ int netsock_set_linger(NetSock *s, int ms) {
         return setopt_int(s->sock, ZMQ_LINGER, ms);
 }
 
+bool netsock_in_callback(const NetSock *s) { return s && !s->mux && zwatch_in_dispatch(s->watch); }
+
 NetSock *netsock_close(NetSock *s) {
         if (!s)
                 return NULL;

@@ -75,6 +75,9 @@ int netsock_monitor(NetSock *s, int events, NetHandshakeFn cb);
 int netsock_set_linger(NetSock *s, int ms);
 /* Closes (safe inside the socket's own callback). Returns NULL. */
 NetSock *netsock_close(NetSock *s);
+/* Whether s is inside its own callback: a close now closes the ZeroMQ
+ * socket only once that returns. */
+bool netsock_in_callback(const NetSock *s);
 
 /* Many DEALERs over one connection (an edge client behind psgate: its
  * session with pscoord and its shard connections, one outbound connection to

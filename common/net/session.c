@@ -4,6 +4,7 @@
  * the earliest. Requests are kept packed, so one that could not leave (pscoord
  * not connected yet: the socket is ZMQ_IMMEDIATE) is sent again as it was. */
 #include <errno.h>
+#include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
@@ -33,6 +34,7 @@ typedef enum { S_IDLE, S_REGISTERING, S_REGISTERED, S_LEAVING } SessionState;
 
 struct Session {
         uv_loop_t *loop;
+        void *own_zctx;              /* conf.own_context: the socket's context */
         uv_timer_t timer;
         bool timer_init;
         NetSock *sock;
@@ -491,6 +493,14 @@ int session_new(uv_loop_t *loop, void *zctx, const SessionConf *conf, const Sess
         }
         s->timer.data = s;
         s->timer_init = true;
+        if (conf->own_context && !conf->via) {
+                if (!(s->own_zctx = zmq_ctx_new())) {
+                        session_free(s);
+                        return -errno ? -errno : -ENOMEM;
+                }
+                (void) zmq_ctx_set(s->own_zctx, ZMQ_IO_THREADS, 1);
+                zctx = s->own_zctx;
+        }
         NetSockConf nc = {
                 .type = ZMQ_DEALER, .name = "pscoord", .max_msg = 64 << 20, .sndhwm = 1000, .rcvhwm = 1000,
                 .linger_ms = 500, .immediate = true, .keys = s->conf.keys, .via = conf->via, .via_to = NETMUX_COORD,
@@ -539,6 +549,31 @@ static void session_timer_closed(uv_handle_t *h) {
         free(h->data);
 }
 
+static void *ctx_term_thread(void *ctx) {
+        zmq_ctx_term(ctx);
+        return NULL;
+}
+
+/* Ends the session's own context once its socket is closed: at once, or,
+ * freed inside its own callback (the socket closes when that returns), in a
+ * thread of its own. */
+static void own_context_end(void *ctx, bool deferred) {
+        pthread_t t;
+        pthread_attr_t a;
+        if (deferred && pthread_attr_init(&a) == 0) {
+                int r = pthread_attr_setdetachstate(&a, PTHREAD_CREATE_DETACHED);
+                if (r == 0)
+                        r = pthread_create(&t, &a, ctx_term_thread, ctx);
+                pthread_attr_destroy(&a);
+                if (r == 0)
+                        return;
+                log_warning("cannot end the pscoord session's ZeroMQ context in a thread (%s): it is left to the "
+                            "process's exit", strerror(r));
+                return;
+        }
+        zmq_ctx_term(ctx);
+}
+
 Session *session_free(Session *s) {
         if (!s)
                 return NULL;
@@ -547,7 +582,10 @@ Session *session_free(Session *s) {
                 s->reqs = q->next;
                 req_free(q);
         }
+        bool deferred = netsock_in_callback(s->sock);
         s->sock = netsock_close(s->sock);
+        if (s->own_zctx)
+                own_context_end(s->own_zctx, deferred);
         free(s->endpoint);
         free(s->advertise);
         if (s->timer_init)

@@ -30,6 +30,13 @@ typedef struct SessionConf {
         const NetKeyPair *keys;       /* CURVE keys of this peer; NULL: plain */
         const uint8_t *coord_key;     /* with keys: pscoord's public key */
         NetMux *via;                  /* through psgate (netsock.h): endpoint and coord_key are unused */
+        /* The session's socket on a ZeroMQ context of its own (not via): a
+         * connection of the caller's context that stalls its I/O thread (a
+         * host name slow to resolve: libzmq resolves in that thread) then
+         * cannot hold up the heartbeats and lose the lease. Two threads
+         * more; for the daemons (psd, a worker), not for many sessions in
+         * one process. */
+        bool own_context;
 } SessionConf;
 
 typedef struct SessionOps {

@@ -129,6 +129,8 @@ void *zwatch_socket(const ZWatch *w) {
         return w->sock;
 }
 
+bool zwatch_in_dispatch(const ZWatch *w) { return w && w->in_dispatch > 0; }
+
 ZWatch *zwatch_close(ZWatch *w) {
         if (!w || w->closing)
                 return NULL;

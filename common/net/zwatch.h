@@ -29,3 +29,6 @@ void *zwatch_socket(const ZWatch *w);
 /* Stops watching, closes the socket with the linger it was given, frees the
  * watch once libuv is done with it. NULL is fine. Returns NULL. */
 ZWatch *zwatch_close(ZWatch *w);
+/* Whether the watch is inside its own on_readable (a close now is finished
+ * when that returns: the socket stays open until then). */
+bool zwatch_in_dispatch(const ZWatch *w);

@@ -1624,6 +1624,7 @@ int psd_run(const PsdConfig *cfg) {
                 .connect_timeout_ms = cfg->connect_timeout * 1000u, .memory_limit = p.memory_limit,
                 .max_msg = cfg->max_msg,
                 .keys = p.id.enabled ? &p.id.keys : NULL, .coord_key = p.id.enabled ? p.id.coord_key : NULL,
+                .own_context = true, /* its lease apart from its links to workers and shards */
         };
         const SessionOps so = { .registered = psd_registered, .failed = psd_registration_failed,
                                 .message = psd_on_coord, .heartbeat = psd_heartbeat };

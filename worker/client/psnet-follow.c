@@ -125,6 +125,7 @@ int follow_session(uv_loop_t *loop, void *zctx, const char *coord, Psnet__Role r
         const SessionConf sc = {
                 .endpoint = coord, .role = role, .connect_timeout_ms = connect_timeout_ms ? connect_timeout_ms : 10000,
                 .keys = id->enabled ? &id->keys : NULL, .coord_key = id->enabled ? id->coord_key : NULL, .via = via,
+                .own_context = role == PSNET__ROLE__ROLE_WORKER, /* a worker's heartbeats apart from its shard links */
         };
         int r = session_new(loop, zctx, &sc, ops, ud, ret);
         return r < 0 ? r : session_start(*ret);
