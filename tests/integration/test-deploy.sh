@@ -42,6 +42,15 @@ for b in "$PSCOORD" "$PSD" "$WORKERD" "$PSCTL"; do
   [ ${#missing[@]} -eq 0 ]; ok $? "the image installs what $(basename "$b") links ${missing[*]}"
 done
 
+# Debian's docker-compose (1.29, Compose file 3.x rules, no daemon needed to
+# read a file) accepts compose.yaml as it is.
+if command -v docker-compose >/dev/null; then
+  out=$(docker-compose -f "$PSNET_SRC/deploy/container/compose.yaml" config 2>&1 >/dev/null)
+  ok $? "Debian's docker-compose $(docker-compose version --short 2>/dev/null) accepts compose.yaml ${out:+($out)}"
+else
+  ok 1 "docker-compose is installed (deploy/local/install-deps)"
+fi
+
 # --- the pods, each in a network namespace -------------------------------------
 if [ "$(id -u)" != 0 ] || ! command -v ip >/dev/null || ! unshare --net --mount --uts true 2>/dev/null; then
   echo "# skipped: running the Kubernetes pods needs root with network and mount namespaces (ip, unshare)"

@@ -1,0 +1,96 @@
+#!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
+# The image and compose.yaml run by a real container engine (Debian's podman,
+# runc): the image builds from deploy/container/Containerfile, its programs
+# run as the unprivileged user psnet and name the revision built; then
+# podman-compose brings compose.yaml up as a user would (keys made by its
+# one-shot service, CURVE everywhere, two shards keeping two copies of each
+# key, two workers) and the job reaches state=done with its accuracy, with
+# one shard's psd killed (-9) mid-job: its backups take over, podman starts
+# its container again (restart: on-failure) and it takes its place. Prints how long the build
+# took and the image's size. No registry is reachable here: the debian:12
+# base image is made once from Debian's archive (debootstrap) and kept in
+# podman's storage, as are the build's layers. Skipped, with the reason,
+# where podman cannot run a container.
+source "$(dirname "$0")/lib.sh"
+# This machine's engine: containers limited to the open-files and process
+# limits the sandbox grants, cgroups by cgroupfs (no systemd), and netavark
+# with aardvark-dns so that compose's services find each other by name.
+export CONTAINERS_CONF=$RUN/containers.conf
+cat >"$CONTAINERS_CONF" <<'CONF'
+[containers]
+default_ulimits = ["nofile=1024:1024", "nproc=1024:1024"]
+[engine]
+cgroup_manager = "cgroupfs"
+events_logger = "file"
+[network]
+network_backend = "netavark"
+CONF
+ULIMITS=(--ulimit nofile=1024:1024 --ulimit nproc=1024:1024)
+BASE=docker.io/library/debian:12
+why=
+for t in podman podman-compose debootstrap; do command -v $t >/dev/null || why="${why:-$t is not installed}"; done
+[ -z "$why" ] && [ ! -x /usr/lib/podman/netavark ] && [ ! -x /usr/libexec/podman/netavark ] && why="netavark is not installed"
+if [ -z "$why" ] && ! podman image exists "$BASE"; then
+  # debian:12 from Debian's archive, without apt's caches.
+  if debootstrap --variant=minbase bookworm "$RUN/rootfs" http://deb.debian.org/debian >"$RUN/debootstrap.log" 2>&1; then
+    rm -rf "$RUN"/rootfs/var/cache/apt/archives/*.deb "$RUN"/rootfs/var/lib/apt/lists/*
+    tar -C "$RUN/rootfs" -c . | podman import --change 'CMD ["bash"]' - "$BASE" >"$RUN/import.log" 2>&1 ||
+      why="podman import failed ($(tail -n 1 "$RUN/import.log"))"
+    rm -rf "$RUN/rootfs"
+  else
+    why="debootstrap could not make a debian:12 base image ($(tail -n 1 "$RUN/debootstrap.log"))"
+  fi
+fi
+if [ -z "$why" ] && ! out=$(podman run --rm "$BASE" true 2>&1); then why="podman cannot run a container here ($out)"; fi
+if [ -n "$why" ]; then
+  trap - EXIT
+  rm -rf "$RUN"
+  echo "1..0 # SKIP $why"
+  exit 0
+fi
+
+# The image, from the repository's tree (the build's context), named as the
+# manifests and compose.yaml name it.
+rev=$(git -C "$PSNET_SRC" describe --always --dirty --abbrev=12 2>/dev/null || echo unknown)
+t0=$SECONDS
+podman build --network host "${ULIMITS[@]}" -f "$PSNET_SRC/deploy/container/Containerfile" --target runtime \
+  --build-arg PSNET_REVISION="$rev" -t localhost/psnet:latest "$PSNET_SRC" >"$RUN/build.log" 2>&1
+ok $? "the image builds from deploy/container/Containerfile ($((SECONDS - t0)) s; $(grep -o 'Using cache' "$RUN/build.log" | wc -l) steps from the cache)"
+size=$(podman image inspect localhost/psnet:latest --format '{{.Size}}')
+echo "# image localhost/psnet:latest: $((size / 1048576)) MiB (the debian:12 base: $(( $(podman image inspect "$BASE" --format '{{.Size}}') / 1048576 )) MiB)"
+for p in pscoord psd workerd psctl psgate; do
+  out=$(podman run --rm localhost/psnet:latest $p --version 2>&1)
+  [ "$out" = "$p $(sed -n "s/^ *version: '\([^']*\)'.*/\1/p" "$PSNET_SRC/meson.build" | head -n 1) (git $rev)" ]
+  ok $? "$p --version in the image names the revision built ($out)"
+done
+out=$(podman run --rm localhost/psnet:latest id -u); [ "$out" = 10001 ]; ok $? "its programs run as the user psnet (uid $out)"
+out=$(podman run --rm localhost/psnet:latest sh -c 'ls /usr/share/datasets/fashion-mnist | wc -l; ls /usr/local/share/bash-completion/completions | wc -l')
+[ "$out" = "$(printf '4\n5')" ]; ok $? "it holds Fashion-MNIST and the programs' completion"
+
+# compose.yaml as a user brings it up.
+cd "$RUN" || exit 1
+cp "$PSNET_SRC/deploy/container/compose.yaml" "$RUN/compose.yaml"
+PC=(podman-compose -p psnet-test -f "$RUN/compose.yaml")
+"${PC[@]}" down -v >/dev/null 2>&1 # what a run stopped midway left
+"${PC[@]}" up -d >"$RUN/up.log" 2>&1; ok $? "podman-compose up -d"
+ctl() { podman exec psnet-test_pscoord_1 psctl --keys /keys --coord tcp://127.0.0.1:7000 "$@"; }
+evaluated() { podman logs psnet-test_pscoord_1 2>&1 | grep -q 'msg="epoch evaluated" job=1 epoch=1/'; }
+psnet_wait_for 120 evaluated; ok $? "the job trains in the containers: epoch 1 evaluated"
+# As a crash would: psd itself killed (podman kill would count as stopping
+# the container on purpose, and podman restarts no container stopped so).
+init=$(podman inspect psnet-test_psd2_1 --format '{{.State.Pid}}') psd=$(pgrep -P "$init" -x psd)
+[ -n "$psd" ] && kill -9 "$psd"; ok $? "shard 2's psd killed (-9) in its container (pid $psd on this host)"
+out=$(ctl job wait --wait 240 2>&1); rc=$?
+[ $rc = 0 ] && grep -q 'state=done accuracy=0\.[5-9]' <<<"$out"; ok $? "the job reaches state=done with its accuracy ($out)"
+podman logs psnet-test_pscoord_1 >"$RUN/pscoord.log" 2>&1
+grep -q 'msg="fail-over" shard_id=2' "$RUN/pscoord.log" && grep -q 'msg="job done".* failovers=1' "$RUN/pscoord.log"
+ok $? "pscoord failed shard 2 over to its backups ($(grep -m1 -o 'msg="fail-over" shard_id=2 reason="[^"]*"' "$RUN/pscoord.log"))"
+grep -q "msg=\"shard takes a lost shard.s place\" shard_id=2 " "$RUN/pscoord.log"; ok $? "and the shard started again took its place"
+out=$(podman inspect psnet-test_psd2_1 --format '{{.RestartCount}} {{.State.Status}}')
+[ "${out%% *}" -ge 1 ]; ok $? "the killed shard's container was started again ($out)"
+out=$(ctl --json status | jq -c '[.shards[].id] | sort')
+[ "$out" = "[1,2]" ]; ok $? "both shards are registered at the end ($out)"
+"${PC[@]}" down -v >"$RUN/down.log" 2>&1; ok $? "podman-compose down -v"
+[ -z "$(podman ps -a -q --filter label=io.podman.compose.project=psnet-test)" ]; ok $? "and nothing of it is left"
+tap_done
