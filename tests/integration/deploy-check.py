@@ -318,6 +318,68 @@ psd_pods = [p for p in plan["pods"] if p["program"] == "psd"]
 check(psd_pods and all("--id-from-hostname" in p["argv"] for p in psd_pods),
       "psd: the shard id is the pod's ordinal (--id-from-hostname)")
 
+# The image by the release's tag, loaded on the nodes or pulled once.
+release = re.search(r"version: '([^']+)'", open(os.path.join(SRC, "meson.build")).read()).group(1)
+check(IMAGE and IMAGE.endswith(":" + release) and images.get(IMAGE.rsplit(":", 1)[0], {}).get("newTag") == release,
+      f"the image's tag is the release {release} (Containerfile {IMAGE}, kustomization newTag)")
+for w in workloads:
+    for c in w["spec"]["template"]["spec"]["containers"]:
+        check(c.get("image", "").endswith(":" + release) and c.get("imagePullPolicy") == "IfNotPresent",
+              f"{w['metadata']['name']}/{c['name']}: the release's image, imagePullPolicy IfNotPresent")
+# The shards: spread over nodes, evicted one at a time.
+psd_w = next((w for w in workloads if w["metadata"]["name"] == "psd"), None)
+if check(psd_w is not None, "a psd workload"):
+    plabels = psd_w["spec"]["template"]["metadata"]["labels"]
+    terms = psd_w["spec"]["template"]["spec"].get("affinity", {}).get("podAntiAffinity", {}).get(
+        "preferredDuringSchedulingIgnoredDuringExecution", [])
+    check(any(t["podAffinityTerm"]["topologyKey"] == "kubernetes.io/hostname" and
+              t["podAffinityTerm"]["labelSelector"]["matchLabels"].items() <= plabels.items() for t in terms),
+          "psd: its pods prefer nodes without another shard (podAntiAffinity on kubernetes.io/hostname)")
+    copies = int(coord_conf.get("replicas", 2) or 2)
+    pdbs = [d for d in by_kind.get("PodDisruptionBudget", {}).values()
+            if d["spec"]["selector"]["matchLabels"].items() <= plabels.items()]
+    check(len(pdbs) == 1 and pdbs[0]["spec"].get("maxUnavailable") == max(copies - 1, 0) and copies <= counts.get("psd", 0),
+          f"psd: a PodDisruptionBudget lets one shard fewer than the copies go at a time "
+          f"(maxUnavailable {pdbs[0]['spec'].get('maxUnavailable') if pdbs else None}, {copies} copies)")
+# Who may reach which port (NetworkPolicy): each workload's pods have one
+# policy; psd's data port admits the workers and the shards, pscoord's control
+# port everyone, and every /metrics port the namespace monitoring alone.
+policies = list(by_kind.get("NetworkPolicy", {}).values())
+def admits(rule, labels):
+    for f in rule.get("from", [{}]):
+        ps = f.get("podSelector")
+        if ps is None or "namespaceSelector" in f:
+            continue
+        ok_ = all(labels.get(k) == v for k, v in ps.get("matchLabels", {}).items())
+        for e in ps.get("matchExpressions", []):
+            ok_ = ok_ and e["operator"] == "In" and labels.get(e["key"]) in e["values"]
+        if ok_:
+            return True
+    return "from" not in rule
+for w in workloads:
+    wname, labels = w["metadata"]["name"], w["spec"]["template"]["metadata"]["labels"]
+    mine = [pol for pol in policies if pol["spec"]["podSelector"]["matchLabels"].items() <= labels.items()]
+    if not check(len(mine) == 1 and mine[0]["spec"]["policyTypes"] == ["Ingress"],
+                 f"{wname}: one NetworkPolicy of Ingress selects its pods"):
+        continue
+    rules = mine[0]["spec"]["ingress"]
+    ports = pod_ports.get(wname, {})
+    for r in rules:
+        for p in r["ports"]:
+            check(p["port"] in ports, f"{wname}: NetworkPolicy port {p['port']} is a named port of its pods")
+    http = [r for r in rules if any(p["port"] == "http" for p in r["ports"])]
+    check(len(http) == 1 and http[0].get("from") == [{"namespaceSelector": {"matchLabels":
+          {"kubernetes.io/metadata.name": "monitoring"}}}], f"{wname}: /metrics from the namespace monitoring alone")
+    if wname == "psd":
+        data = [r for r in rules if any(p["port"] == "data" for p in r["ports"])]
+        peers = {o["metadata"]["name"]: o["spec"]["template"]["metadata"]["labels"] for o in workloads}
+        check(len(data) == 1 and admits(data[0], peers["workerd"]) and admits(data[0], peers["psd"])
+              and not admits(data[0], peers["pscoord"]) and "from" in data[0],
+              "psd: its data port admits the workers and the shards, not every pod")
+    if wname == "pscoord":
+        check(any(any(p["port"] == "control" for p in r["ports"]) and "from" not in r for r in rules),
+              "pscoord: its control port is open to everyone (CURVE decides)")
+
 # --- compose ------------------------------------------------------------------
 compose = yaml.safe_load(open(os.path.join(SRC, "deploy/container/compose.yaml")))
 compose_default_volumes = compose.get("x-psnet", {}).get("volumes", [])

@@ -51,21 +51,23 @@ if [ -n "$why" ]; then
 fi
 
 # The image, from the repository's tree (the build's context), named as the
-# manifests and compose.yaml name it.
+# manifests and compose.yaml name it: the release's tag.
 rev=$(git -C "$PSNET_SRC" describe --always --dirty --abbrev=12 2>/dev/null || echo unknown)
+release=$(sed -n "s/^ *version: '\([^']*\)'.*/\1/p" "$PSNET_SRC/meson.build" | head -n 1)
+IMG=localhost/psnet:$release
 t0=$SECONDS
 podman build --network host "${ULIMITS[@]}" -f "$PSNET_SRC/deploy/container/Containerfile" --target runtime \
-  --build-arg PSNET_REVISION="$rev" -t localhost/psnet:latest "$PSNET_SRC" >"$RUN/build.log" 2>&1
+  --build-arg PSNET_REVISION="$rev" -t "$IMG" "$PSNET_SRC" >"$RUN/build.log" 2>&1
 ok $? "the image builds from deploy/container/Containerfile ($((SECONDS - t0)) s; $(grep -o 'Using cache' "$RUN/build.log" | wc -l) steps from the cache)"
-size=$(podman image inspect localhost/psnet:latest --format '{{.Size}}')
-echo "# image localhost/psnet:latest: $((size / 1048576)) MiB (the debian:12 base: $(( $(podman image inspect "$BASE" --format '{{.Size}}') / 1048576 )) MiB)"
+size=$(podman image inspect "$IMG" --format '{{.Size}}')
+echo "# image $IMG: $((size / 1048576)) MiB (the debian:12 base: $(( $(podman image inspect "$BASE" --format '{{.Size}}') / 1048576 )) MiB)"
 for p in pscoord psd workerd psctl psgate; do
-  out=$(podman run --rm localhost/psnet:latest $p --version 2>&1)
-  [ "$out" = "$p $(sed -n "s/^ *version: '\([^']*\)'.*/\1/p" "$PSNET_SRC/meson.build" | head -n 1) (git $rev)" ]
+  out=$(podman run --rm "$IMG" $p --version 2>&1)
+  [ "$out" = "$p $release (git $rev)" ]
   ok $? "$p --version in the image names the revision built ($out)"
 done
-out=$(podman run --rm localhost/psnet:latest id -u); [ "$out" = 10001 ]; ok $? "its programs run as the user psnet (uid $out)"
-out=$(podman run --rm localhost/psnet:latest sh -c 'ls /usr/share/datasets/fashion-mnist | wc -l; ls /usr/local/share/bash-completion/completions | wc -l')
+out=$(podman run --rm "$IMG" id -u); [ "$out" = 10001 ]; ok $? "its programs run as the user psnet (uid $out)"
+out=$(podman run --rm "$IMG" sh -c 'ls /usr/share/datasets/fashion-mnist | wc -l; ls /usr/local/share/bash-completion/completions | wc -l')
 [ "$out" = "$(printf '4\n5')" ]; ok $? "it holds Fashion-MNIST and the programs' completion"
 
 # compose.yaml as a user brings it up.
