@@ -7,8 +7,10 @@
 # one-shot service, CURVE everywhere, two shards keeping two copies of each
 # key, two workers) and the job reaches state=done with its accuracy, with
 # one shard's psd killed (-9) mid-job: its backups take over, podman starts
-# its container again (restart: on-failure) and it takes its place. Prints how long the build
-# took and the image's size. No registry is reachable here: the debian:12
+# its container again (restart: on-failure) and it takes its place. Then the
+# Kubernetes manifests of deploy/k8s, rendered as pods (kube-play.py), run by
+# podman kube play the same way, a shard's psd killed too. Prints how long
+# the build took and the image's size. No registry is reachable here: the debian:12
 # base image is made once from Debian's archive (debootstrap) and kept in
 # podman's storage, as are the build's layers. Skipped, with the reason,
 # where podman cannot run a container.
@@ -94,5 +96,45 @@ out=$(podman inspect psnet-test_psd2_1 --format '{{.RestartCount}} {{.State.Stat
 out=$(ctl --json status | jq -c '[.shards[].id] | sort')
 [ "$out" = "[1,2]" ]; ok $? "both shards are registered at the end ($out)"
 "${PC[@]}" down -v >"$RUN/down.log" 2>&1; ok $? "podman-compose down -v"
+podman network rm -f psnet-test_psnet >/dev/null 2>&1 # podman-compose 1.0.3 leaves its network
 [ -z "$(podman ps -a -q --filter label=io.podman.compose.project=psnet-test)" ]; ok $? "and nothing of it is left"
+
+# deploy/k8s, what kubectl apply -k applies, through podman kube play: its
+# StatefulSets' and Job's pods (kube-play.py renders them; the keys as
+# kustomize's generators would take them from deploy/k8s/keys), pscoord's
+# state on its persistent volume.
+K=$RUN/k8s-keys
+for kr in pscoord:server psd:server worker:worker admin:admin; do
+  "$PSCTL" keys gen "${kr%%:*}" --role "${kr##*:}" --dir "$K" >/dev/null || echo "# keys gen ${kr%%:*} failed"
+done
+kube=$RUN/kube net=10.89.$((100 + $$ % 100))
+pods=$(/usr/bin/python3 "$PSNET_SRC/tests/integration/kube-play.py" "$PSNET_SRC/deploy/k8s" "$K" "$kube" "$net")
+ok $? "kube-play.py renders deploy/k8s as pods ($pods)"
+podman network rm -f psnet-kube-test >/dev/null 2>&1
+podman network create --subnet "$net.0/24" psnet-kube-test >/dev/null; ok $? "a network for the pods ($net.0/24)"
+while read -r claim; do
+  podman volume rm -f "$claim" >/dev/null 2>&1
+  podman volume create "$claim" >/dev/null &&
+    podman run --rm --user 0 -v "$claim:/v" "$IMG" chown 10001:10001 /v # as fsGroup would
+done <"$kube/claims"
+ips=(); while read -r ip; do ips+=(--ip "$ip"); done <"$kube/ips"
+podman kube play --replace --network psnet-kube-test "${ips[@]}" --configmap "$kube/configmaps.yaml" "$kube/pods.yaml" \
+  >"$RUN/kube-play.log" 2>&1; ok $? "podman kube play starts them ($(grep -c '^Pod:' "$RUN/kube-play.log") pods)"
+# The operator's psctl, from this host (as through kubectl port-forward), with the admin key no pod has.
+kctl() { "$PSCTL" --keys "$K" --coord "tcp://$(head -n 1 "$kube/ips"):7000" "$@"; }
+kevaluated() { podman logs pscoord-0-pscoord 2>&1 | grep -q 'msg="epoch evaluated" job=1 epoch=1/'; }
+psnet_wait_for 120 kevaluated; ok $? "the job trains in the pods: epoch 1 evaluated"
+init=$(podman inspect psd-1-psd --format '{{.State.Pid}}') psd=$(pgrep -P "$init" -x psd || echo "$init")
+[ -n "$psd" ] && kill -9 "$psd"; ok $? "shard 2's psd (pod psd-1) killed (-9)"
+out=$(kctl job wait --wait 240 2>&1); rc=$?
+[ $rc = 0 ] && grep -q 'state=done accuracy=0\.[5-9]' <<<"$out"; ok $? "the job reaches state=done with its accuracy ($out)"
+podman logs pscoord-0-pscoord >"$RUN/kube-pscoord.log" 2>&1
+grep -q 'msg="fail-over" shard_id=2' "$RUN/kube-pscoord.log" &&
+  grep -q "msg=\"shard takes a lost shard.s place\" shard_id=2 " "$RUN/kube-pscoord.log"
+ok $? "shard 2 failed over, its pod's container started again (restartPolicy Always) and took its place"
+out=$(podman run --rm -v state-pscoord-0:/v "$IMG" ls /v/pscoord | tr "\n" " ")
+grep -q 'pscoord.state' <<<"$out"; ok $? "pscoord kept its state on its volume ($out)"
+podman kube down "$kube/pods.yaml" >"$RUN/kube-down.log" 2>&1; ok $? "podman kube down"
+podman network rm psnet-kube-test >/dev/null; while read -r claim; do podman volume rm "$claim" >/dev/null; done <"$kube/claims"
+podman volume rm -f psnet-config >/dev/null 2>&1 # kube play's volume of the ConfigMap
 tap_done
