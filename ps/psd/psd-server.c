@@ -1486,8 +1486,13 @@ static void psd_reload(void *ud) {
         zap_sighup(((Psd *) ud)->zap); /* the job comes from pscoord: nothing else to read again */
 }
 
-/* Memory available to this process: MemAvailable, or the cgroup's limit when lower. */
+/* Memory available to this process: MemAvailable, or the cgroup's limit when
+ * lower: cgroup v2's memory.max, or v1's memory.limit_in_bytes (a container's
+ * limit under cgroup v1, where v2's file is absent; "no limit" there is a
+ * huge number, which MemAvailable then undercuts). */
 static uint64_t memory_available(void) {
+        static const char *const limits[] = { "/sys/fs/cgroup/memory.max",
+                                               "/sys/fs/cgroup/memory/memory.limit_in_bytes" };
         uint64_t avail = 0, v;
         char line[256];
         FILE *f = fopen("/proc/meminfo", "re");
@@ -1496,11 +1501,13 @@ static uint64_t memory_available(void) {
                         avail = v * 1024;
         if (f)
                 fclose(f);
-        f = fopen("/sys/fs/cgroup/memory.max", "re");
-        if (f && fgets(line, sizeof line, f) && sscanf(line, "%lu", &v) == 1 && (!avail || v < avail))
-                avail = v;
-        if (f)
-                fclose(f);
+        for (size_t i = 0; i < ELEMENTSOF(limits); i++) {
+                f = fopen(limits[i], "re");
+                if (f && fgets(line, sizeof line, f) && sscanf(line, "%lu", &v) == 1 && (!avail || v < avail))
+                        avail = v;
+                if (f)
+                        fclose(f);
+        }
         return avail;
 }
 

@@ -35,7 +35,7 @@ int main(int argc, char **argv) {
                   "largest frame accepted; a job's own limit (its largest chunk) applies once known" },
                 { "memory-limit", OPT_U64, &cfg.memory_limit, "BYTES",
                   "model state (values + optimizer) this shard may hold; pscoord refuses bigger jobs "
-                  "(default: the memory available at start)" },
+                  "(default: the memory available at start, or the container's cgroup limit, v1 or v2, when lower)" },
                 { "park-timeout", OPT_UINT, &cfg.park_timeout, "SECONDS", "how long a pull may wait for its clock" },
                 { "http", OPT_STR, &cfg.http, "ADDR:PORT",
                   "serve /metrics, /healthz and /readyz over HTTP (e.g. 127.0.0.1:9101, :9101 for all addresses; empty: off)" },

@@ -341,6 +341,19 @@ if check(psd_w is not None, "a psd workload"):
     check(len(pdbs) == 1 and pdbs[0]["spec"].get("maxUnavailable") == max(copies - 1, 0) and copies <= counts.get("psd", 0),
           f"psd: a PodDisruptionBudget lets one shard fewer than the copies go at a time "
           f"(maxUnavailable {pdbs[0]['spec'].get('maxUnavailable') if pdbs else None}, {copies} copies)")
+# A core requested for each thread a daemon's config file gives it (psd's
+# update threads, workerd's compute threads).
+def cores(q):
+    q = str(q)
+    return float(q[:-1]) / 1000 if q.endswith("m") else float(q)
+for w in workloads:
+    for c in w["spec"]["template"]["spec"]["containers"]:
+        prog = c.get("command", [""])[0]
+        conf = ini_keys(configmaps.get("psnet-config", {}).get(f"{prog}.conf", "")).get(prog, {})
+        if prog in ("psd", "workerd"):
+            threads = int(conf.get("threads", 1) or 1)
+            req = cores(c.get("resources", {}).get("requests", {}).get("cpu", 0))
+            check(req >= threads, f"{w['metadata']['name']}: requests {req:g} CPU for its {threads} thread(s)")
 # Who may reach which port (NetworkPolicy): each workload's pods have one
 # policy; psd's data port admits the workers and the shards, pscoord's control
 # port everyone, and every /metrics port the namespace monitoring alone.

@@ -128,6 +128,10 @@ init=$(podman inspect psd-1-psd --format '{{.State.Pid}}') psd=$(pgrep -P "$init
 [ -n "$psd" ] && kill -9 "$psd"; ok $? "shard 2's psd (pod psd-1) killed (-9)"
 out=$(kctl job wait --wait 240 2>&1); rc=$?
 [ $rc = 0 ] && grep -q 'state=done accuracy=0\.[5-9]' <<<"$out"; ok $? "the job reaches state=done with its accuracy ($out)"
+# psd's --memory-limit is its container's limit (cgroup v1 or v2), which pscoord checks jobs against.
+limit=$(/usr/bin/python3 -c 'import sys, yaml; d = [x for x in yaml.safe_load_all(open(sys.argv[1])) if x["metadata"]["name"] == "psd-0"][0]; q = d["spec"]["containers"][0]["resources"]["limits"]["memory"]; print(int(q[:-2]) * {"Ki": 1 << 10, "Mi": 1 << 20, "Gi": 1 << 30}[q[-2:]])' "$kube/pods.yaml")
+podman logs psd-0-psd 2>&1 | grep -q "msg=\"listening\" .* memory_limit=$limit "
+ok $? "psd's memory limit is its pod's ($limit bytes)"
 podman logs pscoord-0-pscoord >"$RUN/kube-pscoord.log" 2>&1
 grep -q 'msg="fail-over" shard_id=2' "$RUN/kube-pscoord.log" &&
   grep -q "msg=\"shard takes a lost shard.s place\" shard_id=2 " "$RUN/kube-pscoord.log"
