@@ -210,14 +210,8 @@ void coord_metrics(void *ud, MetricsBuf *b) {
                             (double) c->last_ckpt.created_ms / 1000.0);
         }
         if (c->cfg->checkpoint_every && c->state == JOB_RUNNING) {
-                /* How far the job is past the checkpoint that was due: clocks
-                 * of its slowest member (rounds of a federated job). */
-                int64_t at = c->job.mode == MODE_FED ? (int64_t) c->fed.done : -1;
-                for (size_t i = 0; c->job.mode != MODE_FED && i < c->npeers; i++) {
-                        const Peer *p = &c->peers[i];
-                        if (p->role == PSNET__ROLE__ROLE_WORKER && p->member && (at < 0 || p->worker.clock < at))
-                                at = p->worker.clock;
-                }
+                /* How far the job is past the checkpoint that was due. */
+                int64_t at = coord_checkpoint_progress(c, NULL);
                 metrics_one(b, "psnet_pscoord_checkpoint_every", "gauge",
                             "--checkpoint-every: clocks (rounds of a federated job) between checkpoints.",
                             (double) c->cfg->checkpoint_every);

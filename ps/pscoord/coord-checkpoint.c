@@ -449,19 +449,27 @@ void coord_checkpoint_tick(Coord *c) {
         if (!automatic_allowed(c, now) || c->job.mode == MODE_FED)
                 return; /* a federated job's: between two rounds, coord_checkpoint_fed_cut */
         /* Every member past the next checkpoint's clock, and still short of the job's end. */
-        int64_t slowest = -1;
+        bool finishing;
+        int64_t slowest = coord_checkpoint_progress(c, &finishing);
+        if (slowest < 0 || finishing || slowest < c->ckpt_next_clock)
+                return;
+        start_automatic(c, now);
+}
+
+int64_t coord_checkpoint_progress(const Coord *c, bool *ret_finishing) {
         bool finishing = false;
-        for (size_t i = 0; i < c->npeers; i++) {
+        int64_t at = c->job.mode == MODE_FED ? (int64_t) c->fed.done : -1;
+        for (size_t i = 0; c->job.mode != MODE_FED && i < c->npeers; i++) {
                 const Peer *p = &c->peers[i];
                 if (p->role != PSNET__ROLE__ROLE_WORKER || !p->member)
                         continue;
                 finishing |= p->done;
-                if (slowest < 0 || (int64_t) p->worker.clock < slowest)
-                        slowest = (int64_t) p->worker.clock;
+                if (at < 0 || (int64_t) p->worker.clock < at)
+                        at = (int64_t) p->worker.clock;
         }
-        if (slowest < 0 || finishing || slowest < c->ckpt_next_clock)
-                return;
-        start_automatic(c, now);
+        if (ret_finishing)
+                *ret_finishing = finishing;
+        return at;
 }
 
 void coord_handle_checkpoint(Coord *c, WireMsg *m) {

@@ -580,6 +580,10 @@ void coord_checkpoint_fenced(Coord *c);
 bool coord_checkpoint_fed_cut(Coord *c);
 void coord_checkpoint_fail(Coord *c, int status, const char *reason);
 void coord_checkpoint_tick(Coord *c);
+/* Where the job stands for --checkpoint-every: a federated job's rounds
+ * aggregated, else its slowest member's clock (-1: no member); and
+ * (ret_finishing, may be NULL) whether a member finished training. */
+int64_t coord_checkpoint_progress(const Coord *c, bool *ret_finishing);
 /* TODO_CHECKPOINT: the fence of a save answered (or gave up), a save a
  * restarted pscoord found unfinished. */
 void coord_checkpoint_step(Coord *c);
