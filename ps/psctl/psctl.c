@@ -640,6 +640,11 @@ static size_t privacy_options(Ctl *c, Option *o) {
 
 static int cmd_completion(Ctl *c, char **args);
 
+/* Whether v is a command of group g (its first word, len bytes) of two words. */
+static bool verb_in_group(const Verb *v, const char *g, size_t len) {
+        return strncmp(v->name, g, len) == 0 && v->name[len] == ' ';
+}
+
 static const Verb verbs[] = {
         { "status", "", 0, cmd_status, NULL, "coordinator, shards and workers" },
         { "watch", "", 0, cmd_watch, watch_options, "live progress until the job ends" },
@@ -674,6 +679,22 @@ static const Verb verbs[] = {
           "completion bash))" },
 };
 
+/* Whether verbs[i] is the first command with its first word. */
+static bool verb_first_word(size_t i) {
+        size_t len = strcspn(verbs[i].name, " ");
+        for (size_t k = 0; k < i; k++)
+                if (strncmp(verbs[k].name, verbs[i].name, len) == 0 && strcspn(verbs[k].name, " ") == len)
+                        return false;
+        return true;
+}
+
+/* verbs' line in psctl --help and psctl GROUP --help. */
+static void verb_line(const Verb *v, char *buf, size_t n) {
+        char left[64];
+        snprintf(left, sizeof left, "%s %s", v->name, v->args);
+        snprintf(buf, n, "  %-28s %s\n", left, v->help);
+}
+
 /* Writes each option name of opts (n) to f as " --name", those that take a
  * value only when valued. */
 static void completion_names(FILE *f, const Option *opts, size_t n, bool valued) {
@@ -702,24 +723,17 @@ static int cmd_completion(Ctl *c, char **args) {
                 if (verbs[i].options)
                         completion_names(stdout, opts + ng, verbs[i].options(c, opts + ng), true);
         printf(" --config \"\n_psctl_groups=\"");
-        for (size_t i = 0; i < ELEMENTSOF(verbs); i++) {
-                size_t len = strcspn(verbs[i].name, " "), k = 0;
-                while (k < i && (strncmp(verbs[k].name, verbs[i].name, len) != 0 || verbs[k].name[len] != verbs[i].name[len]))
-                        k++;
-                if (k == i)
-                        printf(" %.*s", (int) len, verbs[i].name);
-        }
+        for (size_t i = 0; i < ELEMENTSOF(verbs); i++)
+                if (verb_first_word(i))
+                        printf(" %.*s", (int) strcspn(verbs[i].name, " "), verbs[i].name);
         printf("\"\ndeclare -gA _psctl_subs=(");
         for (size_t i = 0; i < ELEMENTSOF(verbs); i++) {
-                const char *sp = strchr(verbs[i].name, ' ');
-                size_t len = sp ? (size_t) (sp - verbs[i].name) : 0, k = 0;
-                while (sp && k < i && (strncmp(verbs[k].name, verbs[i].name, len + 1) != 0))
-                        k++;
-                if (!sp || k < i)
+                size_t len = strcspn(verbs[i].name, " ");
+                if (!verbs[i].name[len] || !verb_first_word(i))
                         continue; /* one word, or its group was written */
                 printf(" [%.*s]=\"", (int) len, verbs[i].name);
                 for (size_t j = i; j < ELEMENTSOF(verbs); j++)
-                        if (strncmp(verbs[j].name, verbs[i].name, len + 1) == 0)
+                        if (verb_in_group(&verbs[j], verbs[i].name, len))
                                 printf(" %s", verbs[j].name + len + 1);
                 printf("\"");
         }
@@ -806,13 +820,13 @@ static int user_defaults(const ProgramInfo *prog, Ctl *c, const Option *opts, si
 static bool group_print(FILE *f, const char *g) {
         size_t len = strlen(g), n = 0;
         for (size_t i = 0; i < ELEMENTSOF(verbs); i++) {
-                if (strncmp(verbs[i].name, g, len) != 0 || verbs[i].name[len] != ' ' || (n++, !f))
+                if (!verb_in_group(&verbs[i], g, len) || (n++, !f))
                         continue;
                 if (n == 1)
                         fprintf(f, "Usage: psctl %s COMMAND [ARGS] [OPTIONS]\n\nCommands:\n", g);
-                char left[64];
-                snprintf(left, sizeof left, "%s %s", verbs[i].name, verbs[i].args);
-                fprintf(f, "  %-28s %s\n", left, verbs[i].help);
+                char line[256];
+                verb_line(&verbs[i], line, sizeof line);
+                fputs(line, f);
         }
         if (n && f)
                 fprintf(f, "Each command takes --help; psctl --help lists the options every command takes.\n");
@@ -839,9 +853,8 @@ static const Verb *verb_find(int argc, char **argv, int *ret_words) {
 static void usage_epilog(char *buf, size_t n) {
         size_t k = (size_t) snprintf(buf, n, "Commands (options may also follow the command):\n");
         for (size_t i = 0; i < ELEMENTSOF(verbs) && k < n; i++) {
-                char left[64];
-                snprintf(left, sizeof left, "%s %s", verbs[i].name, verbs[i].args);
-                k += (size_t) snprintf(buf + k, n - k, "  %-28s %s\n", left, verbs[i].help);
+                verb_line(&verbs[i], buf + k, n - k);
+                k += strlen(buf + k);
         }
         if (k < n)
                 snprintf(buf + k, n - k, "Each command takes --help.");
