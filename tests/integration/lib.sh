@@ -15,8 +15,9 @@ SUBSET=(--train-limit 12000 --test-limit 2000)
 
 ok() {  # ok CONDITION-EXIT-CODE DESCRIPTION
   TAP_N=$((TAP_N + 1))
-  if [ "$1" -eq 0 ]; then echo "ok $TAP_N - $2"; else
-    TAP_FAIL=$((TAP_FAIL + 1)); echo "not ok $TAP_N - $2"; fi
+  local d=${2//$'\n'/ }  # one line: a newline would leave TAP a line it cannot read
+  if [ "$1" -eq 0 ]; then echo "ok $TAP_N - $d"; else
+    TAP_FAIL=$((TAP_FAIL + 1)); echo "not ok $TAP_N - $d"; fi
 }
 check() {  # check DESCRIPTION CMD...: one TAP line from CMD's exit status
   local d=$1; shift

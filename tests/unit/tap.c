@@ -8,11 +8,16 @@ static int tap_n, tap_failed;
 bool tap_check(bool ok, const char *file, int line, const char *fmt, ...) {
         va_list ap;
         tap_n++;
-        printf("%s %d - ", ok ? "ok" : "not ok", tap_n);
+        char desc[4096];
         va_start(ap, fmt);
-        vprintf(fmt, ap);
+        vsnprintf(desc, sizeof desc, fmt, ap);
         va_end(ap);
-        printf("\n");
+        /* A description is one line: a newline in it (a log line quoted
+         * whole) would leave TAP a line it cannot read. */
+        for (char *c = desc; *c; c++)
+                if (*c == '\n' || *c == '\r')
+                        *c = ' ';
+        printf("%s %d - %s\n", ok ? "ok" : "not ok", tap_n, desc);
         if (!ok) {
                 tap_failed++;
                 printf("#   failed at %s:%d\n", file, line);
