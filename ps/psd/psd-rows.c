@@ -795,6 +795,14 @@ int rows_push(Rows *r, const ShardMap *map, uint32_t self, const Psnet__Header *
                          (unsigned long) h->epoch, (unsigned long) shardmap_epoch(map));
                 return PSNET__STATUS__STATUS_UNAVAILABLE;
         }
+        if (st == PSNET__STATUS__STATUS_OK && r->mode == MODE_BSP && h->has_epoch && h->epoch < shardmap_epoch(map)) {
+                /* Cut for an older map: it lacks the rows that came here since,
+                 * and counted toward a clock it would close it without them.
+                 * Its worker sends it again under this map (unpark_older). */
+                snprintf(reason, n, "the push is cut for shard map epoch %lu and this shard has %lu: send it again "
+                         "under that map", (unsigned long) h->epoch, (unsigned long) shardmap_epoch(map));
+                return PSNET__STATUS__STATUS_MOVED;
+        }
         if (st == PSNET__STATUS__STATUS_OK)
                 st = check_holder(map, self, h->table, v, count, reason, n);
         if (st == PSNET__STATUS__STATUS_OK &&
@@ -1022,6 +1030,48 @@ static int apply_clock(Rows *r, size_t i, const Parked *p, size_t np, size_t nme
         return st;
 }
 
+/* The parked pushes p[0..np) of clock in table t (sorted by worker) of
+ * workers no longer members of it (evicted, or their leases ran out) go,
+ * answered STALE: counted, the clock would wait on a worker that sends
+ * nothing again, and every pull past it with it. Whether any went. */
+static bool unpark_leavers(Rows *r, size_t t, int64_t clock, size_t np, const uint32_t *members, size_t nm) {
+        Parked *p = r->parked[t];
+        _cleanup_free_ RowsAck *acks = ps_malloc(np * sizeof *acks);
+        _cleanup_free_ bool *gone = ps_calloc(np, sizeof *gone);
+        size_t nacks = 0, ngone = 0;
+        if (!acks || !gone)
+                return false; /* out of memory: they stay, the clock waits */
+        for (size_t k = 0, m = 0; k < np; k++) {
+                while (m < nm && members[m] < p[k].worker)
+                        m++;
+                if (m < nm && members[m] == p[k].worker)
+                        continue;
+                gone[k] = true;
+                ngone++;
+                if (!p[k].acked)
+                        acks[nacks++] = (RowsAck) { &p[k].route, p[k].seq, p[k].worker };
+        }
+        if (ngone == 0)
+                return false;
+        char reason[160];
+        snprintf(reason, sizeof reason, "the worker is no longer a member of the job at clock %ld (evicted, or its "
+                 "lease ran out): its push is not applied", (long) clock);
+        log_info("table rows push dropped: its worker left table=%s clock=%ld pushes=%zu", r->conf[t].name,
+                 (long) clock, ngone);
+        if (r->hooks.closed && nacks)
+                r->hooks.closed(r->hooks.ud, (uint32_t) t, clock, NULL, 0, NULL, 0, acks, nacks,
+                                PSNET__STATUS__STATUS_STALE, reason);
+        size_t j = 0;
+        for (size_t k = 0; k < r->nparked[t]; k++) {
+                if (k < np && gone[k])
+                        parked_free(&p[k]);
+                else
+                        p[j++] = p[k];
+        }
+        r->nparked[t] = j;
+        return true;
+}
+
 void rows_settle(Rows *r, int64_t limit) {
         if (r->mode != MODE_BSP || !r->hooks.members || r->frozen)
                 return;
@@ -1036,6 +1086,8 @@ void rows_settle(Rows *r, int64_t limit) {
                         const uint32_t *members = NULL;
                         size_t nm = 0;
                         r->hooks.members(r->hooks.ud, clock, &members, &nm);
+                        if (nm > 0 && unpark_leavers(r, i, clock, np, members, nm))
+                                continue;
                         /* Closes when every member pushed it whole (parked pushes are members': admitted). */
                         size_t have = 0;
                         for (size_t m = 0, k = 0; m < nm; m++) {
@@ -1351,11 +1403,29 @@ static bool move_sender(const ShardMap *old, const ShardMap *map, uint32_t shard
         return shardmap_find(old, shard) >= 0 && (shardmap_find(map, shard) >= 0 || shardmap_replicas(old) < 2);
 }
 
+/* Pushes parked under a map older than epoch go: they may lack rows this
+ * shard leads now, or hold rows it no longer leads, and their workers send
+ * them again under the new map (nothing of them was acknowledged). Counted
+ * with the pushes cut for the new one, a clock would close without the
+ * rows that came here. */
+static void unpark_older(Rows *r, uint64_t epoch) {
+        for (size_t t = 0; t < r->ntables; t++) {
+                size_t j = 0;
+                for (size_t k = 0; k < r->nparked[t]; k++) {
+                        Parked *p = &r->parked[t][k];
+                        if (p->epoch < epoch)
+                                parked_free(p);
+                        else
+                                r->parked[t][j++] = *p;
+                }
+                r->nparked[t] = j;
+        }
+}
+
 /* A map change that moves rows: the maps before and after kept (pushes
  * sent again are cut by them), the senders this shard waits on, and its
- * own sweep as a sender. Pushes parked under an older map go: they may
- * hold rows this shard no longer leads, and their workers send them again
- * under this one (nothing of them was acknowledged). */
+ * own sweep as a sender (the pushes parked under the older map are gone:
+ * unpark_older). */
 static void move_begin(Rows *r, const ShardMap *old, const ShardMap *map, uint32_t self) {
         size_t ns = shardmap_size(old);
         ShardMap *prev = shardmap_dup(old), *next = shardmap_dup(map);
@@ -1396,15 +1466,6 @@ static void move_begin(Rows *r, const ShardMap *old, const ShardMap *map, uint32
         for (size_t t = 0; t < r->ntables; t++) {
                 r->reclosed[t] = -1;
                 r->move_clock[t] = r->closed[t];
-                size_t j = 0;
-                for (size_t k = 0; k < r->nparked[t]; k++) {
-                        Parked *p = &r->parked[t][k];
-                        if (p->epoch < shardmap_epoch(map))
-                                parked_free(p);
-                        else
-                                r->parked[t][j++] = *p;
-                }
-                r->nparked[t] = j;
         }
         if (move_sender(old, map, self)) {
                 r->move_map = next;
@@ -1863,6 +1924,7 @@ const ShardDesc *rows_prev_shard(const Rows *r, uint32_t shard) {
 void rows_map_changed(Rows *r, const ShardMap *old, const ShardMap *map, uint32_t self) {
         if (!old || !map || r->ntables == 0 || shardmap_epoch(old) == shardmap_epoch(map))
                 return;
+        unpark_older(r, shardmap_epoch(map));
         for (size_t i = 0; i < shardmap_size(map); i++)
                 if (move_receiver(old, map, shardmap_shard(map, i)->id)) {
                         move_begin(r, old, map, self);

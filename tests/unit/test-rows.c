@@ -78,11 +78,14 @@ static int push(uint32_t table, uint32_t worker, int64_t clock, const int64_t *i
 
 static const uint32_t members2[2] = { 7, 8 };
 static int acks, ack_status;
+/* The members every clock has (workers 7 and 8 but where a test evicts one). */
+static const uint32_t *members_now = members2;
+static size_t nmembers_now = 2;
 
 static void members(void *ud, int64_t clock, const uint32_t **ret, size_t *n) {
         (void) ud, (void) clock;
-        *ret = members2;
-        *n = 2;
+        *ret = members_now;
+        *n = nmembers_now;
 }
 
 static void closed(void *ud, uint32_t table, int64_t clock, const int64_t *ids, size_t n, const int64_t *gone,
@@ -215,6 +218,30 @@ static void test_bsp(Job job, const int64_t *mine) {
               after[2] == before[2] - 0.5f * -3.0f && after[3] == before[3] - 0.5f * 4.0f,
               "part 1 closes the clock: both parts' rows over 2 members, the two whole pushes acknowledged (%d acks)",
               acks - acks0);
+        /* Clock 3: worker 7 pushes, then is evicted (the membership is worker
+         * 8 alone): its parked push goes, answered STALE, and the clock
+         * closes on worker 8's push alone. */
+        static const uint32_t only8[1] = { 8 };
+        acks0 = acks;
+        pull(0, mine, 2, before, 2, why);
+        int s7 = push(0, 7, 3, mine, 2, (const float[]) { 10, 10, 10, 10 }, 4, UINT64_MAX, why);
+        rows_settle(rows, INT64_MAX);
+        members_now = only8, nmembers_now = 1;
+        rows_settle(rows, INT64_MAX);
+        CHECK(s7 == ROWS_PARKED && acks == acks0 + 1 && ack_status == PSNET__STATUS__STATUS_STALE &&
+                      rows_parked(rows) == 0,
+              "worker 7 evicted with its push of clock 3 parked: the push goes, answered STALE (%d %d %d, %zu parked)", s7, acks - acks0,
+              ack_status, rows_parked(rows));
+        s8 = push(0, 8, 3, mine, 2, (const float[]) { 2, -2, 4, 8 }, 4, UINT64_MAX, why);
+        rows_settle(rows, INT64_MAX);
+        pull(0, mine, 2, after, 2, why);
+        CHECK(s8 == ROWS_PARKED && acks == acks0 + 2 && ack_status == 0 && after[0] == before[0] - 0.5f * 2.0f &&
+                      after[1] == before[1] - 0.5f * -2.0f && after[2] == before[2] - 0.5f * 4.0f &&
+                      after[3] == before[3] - 0.5f * 8.0f,
+              "worker 8's push closes clock 3 alone: its rows over 1 member, nothing of worker 7's (%g %g %g %g)",
+              (double) (before[0] - after[0]), (double) (before[1] - after[1]), (double) (before[2] - after[2]),
+              (double) (before[3] - after[3]));
+        members_now = members2, nmembers_now = 2;
         rows_free(rows);
         rows = was;
 }
@@ -423,6 +450,65 @@ out:
         rows_free(ref.rows);
 }
 
+/* Shard 1 of two dies while worker 8's push of clock 2 is parked on shard
+ * 2 (cut for the old map: it lacks shard 1's rows) and worker 7's has not
+ * come. Worker 7 sends its push under the new map first: the clock waits
+ * for worker 8's sent again, not for the parked one, which went with the
+ * old map (closed with it, the clock would lack worker 8's gradients of
+ * shard 1's rows, and worker 8's push sent again would wait for good on a
+ * clock opened again). That push, the old map's, sent again late: MOVED. */
+static void test_failover_mixed(const Job *job, ShardMap *m1, ShardMap *m2, const int64_t *ids, size_t n) {
+        Side s1 = side(job, 1), s2 = side(job, 2), ref = side(job, 2);
+        if (!CHECK(s1.rows && s2.rows && ref.rows, "three shards' tables"))
+                goto out;
+        s1.backup = &s2, s1.deliver = true;
+        RowsHooks hk = { .members = members, .closed = side_closed, .ud = &s1 };
+        rows_set_hooks(s1.rows, &hk);
+        hk.ud = &s2;
+        rows_set_hooks(s2.rows, &hk);
+        hk.ud = &ref;
+        rows_set_hooks(ref.rows, &hk);
+        int64_t a[64], b[64];
+        size_t na = 0, nb = 0;
+        for (size_t k = 0; k < n; k++) {
+                if (shardmap_row_holder(m1, 0, ids[k], 0) == shardmap_find(m1, 1))
+                        a[na++] = ids[k];
+                else
+                        b[nb++] = ids[k];
+        }
+        for (int64_t c = 0; c < 3; c++)
+                for (uint32_t w = 7; w <= 8; w++) {
+                        push_to(&ref, m2, w, c, 2, ids, n);
+                        if (c < 2) {
+                                push_to(&s1, m1, w, c, 1, a, na);
+                                push_to(&s2, m1, w, c, 1, b, nb);
+                        }
+                }
+        int parked = push_to(&s2, m1, 8, 2, 1, b, nb);
+        rows_map_changed(s2.rows, m1, m2, 2);
+        int acks0 = s2.acks;
+        int stale = push_to(&s2, m2, 8, 2, 1, b, nb);
+        int st7 = push_to(&s2, m2, 7, 2, 2, ids, n);
+        int acks7 = s2.acks;
+        int st8 = push_to(&s2, m2, 8, 2, 2, ids, n);
+        CHECK(parked == ROWS_PARKED && stale == PSNET__STATUS__STATUS_MOVED && st7 == ROWS_PARKED &&
+                      acks7 == acks0 && st8 == ROWS_PARKED && s2.acks == acks0 + 2 && rows_parked(s2.rows) == 0,
+              "worker 8's push of the old map, parked, goes at the change (sent again under it: MOVED); clock 2 "
+              "closes on both workers' pushes of the new map (%d %d %d %d, %d then %d acks)", parked, stale, st7, st8,
+              acks7 - acks0, s2.acks - acks0);
+        while (rows_rebuild_step(s2.rows, 4, NULL, NULL))
+                ;
+        float want[64 * 2], got[64 * 2];
+        pull_as(ref.rows, m2, 2, ids, n, want);
+        int pst = pull_as(s2.rows, m2, 2, ids, n, got);
+        CHECK(pst == 0 && memcmp(got, want, n * 2 * sizeof *got) == 0 && na > 0 && nb > 0,
+              "shard 2 then holds all %zu rows as one shard that took every push, bit for bit", n);
+out:
+        rows_free(s1.rows);
+        rows_free(s2.rows);
+        rows_free(ref.rows);
+}
+
 static void test_failover(Job job) {
         char why[160] = "";
         if (!CHECK(bsp_job(&job, 2, 20, why, sizeof why), "a BSP job with two copies of its rows (%s)", why))
@@ -436,6 +522,7 @@ static void test_failover(Job job) {
                 ids[k] = 1000 + 37 * k;
         for (int how = 1; how <= 3; how++)
                 test_failover_case(&job, m1, m2, ids, 24, how);
+        test_failover_mixed(&job, m1, m2, ids, 24);
 out:
         shardmap_free(m1);
         shardmap_free(m2);
