@@ -465,6 +465,55 @@ for pod in plan["pods"]:
             lay_out(vol)
         except OSError as e:
             check(False, f"{pod['name']}: volume {vol['dir']} ({e})")
+# --- deploy/k8s/overlays: deploy/k8s changed for a kind of cluster -----------
+# Each rendered as kubectl apply -k renders it (kustomize.py): the programs'
+# options exist, every mount names a volume of its pod and every claim a
+# PersistentVolumeClaim; pscoord's --checkpoint-dir is a volume every shard
+# mounts read-write at the same path, shared across nodes (ReadWriteMany).
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import kustomize  # noqa: E402
+
+OVERLAYS = os.path.join(K8S, "overlays")
+for ov in sorted(os.listdir(OVERLAYS)) if os.path.isdir(OVERLAYS) else []:
+    try:
+        objs = kustomize.objects(kustomize.load(os.path.join(OVERLAYS, ov)), KEYS)
+    except (ValueError, OSError, KeyError) as e:
+        check(False, f"overlay {ov}: renders ({e})")
+        continue
+    check(True, f"overlay {ov}: renders ({len(objs)} objects)")
+    claims = {d["metadata"]["name"]: d for d in objs if d["kind"] == "PersistentVolumeClaim"}
+    mounts = {}  # workload -> {mountPath: (volume, readOnly)}
+    ckdir = None
+    for w in (d for d in objs if d["kind"] in ("StatefulSet", "Deployment", "Job")):
+        name, pod = w["metadata"]["name"], w["spec"]["template"]["spec"]
+        vols = {v["name"]: v for v in pod.get("volumes", [])}
+        vols.update({c["metadata"]["name"]: {"claimTemplate": c} for c in w["spec"].get("volumeClaimTemplates", [])})
+        for v in vols.values():
+            pvc = v.get("persistentVolumeClaim")
+            if pvc:
+                check(pvc["claimName"] in claims, f"overlay {ov}: {name}'s claim {pvc['claimName']} is a "
+                      f"PersistentVolumeClaim of it")
+        for c in pod["containers"]:
+            prog, flags = check_argv(f"overlay {ov}: {name}/{c['name']}", list(c.get("command", [])) +
+                                     list(c.get("args", [])))
+            for m in c.get("volumeMounts", []):
+                check(m["name"] in vols, f"overlay {ov}: {name} mounts {m['mountPath']} from a volume of its pod "
+                      f"({m['name']})")
+                v = vols.get(m["name"], {})
+                mounts.setdefault(name, {})[m["mountPath"]] = (v, m.get("readOnly", False) or
+                                                               v.get("persistentVolumeClaim", {}).get("readOnly", False))
+            if prog == "pscoord" and "checkpoint-dir" in flags:
+                ckdir = flags["checkpoint-dir"]
+    if ckdir is not None:
+        own = mounts.get("pscoord", {}).get(ckdir, ({}, True))
+        claim = own[0].get("persistentVolumeClaim", {}).get("claimName")
+        shared = claim in claims and "ReadWriteMany" in claims[claim]["spec"].get("accessModes", [])
+        check(shared and not own[1], f"overlay {ov}: pscoord's --checkpoint-dir {ckdir} is a ReadWriteMany claim it "
+              f"writes ({claim})")
+        at = mounts.get("psd", {}).get(ckdir, ({}, True))
+        check(at[0].get("persistentVolumeClaim", {}).get("claimName") == claim and not at[1],
+              f"overlay {ov}: every shard writes the same claim at {ckdir}")
+
 os.makedirs(os.path.dirname(PLAN), exist_ok=True)
 with open(PLAN, "w") as out:
     json.dump(plan, out, indent=1)

@@ -5,13 +5,14 @@
 
   kube-play.py K8S KEYS OUT NET
 
-K8S is deploy/k8s, KEYS a directory of psctl keys gen output (what
+K8S is deploy/k8s or one of its overlays (rendered by kustomize.py), KEYS a directory of psctl keys gen output (what
 kustomize's generators read from K8S/keys), OUT a directory to write, NET the
 first three octets of the podman network's /24 (10.89.77). Writes
 OUT/pods.yaml (a Pod for each StatefulSet replica, named NAME-ORDINAL as
 Kubernetes names them, and each of a Job's parallel pods), OUT/configmaps.yaml
 (for --configmap), OUT/ips (each pod's address, in the file's order, for
---ip), OUT/claims (the persistent volume claims, one a line) and OUT/keys/POD/
+--ip), OUT/claims (the persistent volume claims, one a line, each once: podman
+makes a named volume of each, which the pods naming it share) and OUT/keys/POD/
 VOLUME (each projected volume's files, as kubelet lays them out: mode
 defaultMode, owned by the pod's runAsUser).
 
@@ -33,13 +34,12 @@ import sys
 
 import yaml
 
+import kustomize
+
 K8S, KEYS, OUT, NET = sys.argv[1:5]
-kust = yaml.safe_load(open(os.path.join(K8S, "kustomization.yaml")))
-docs = [d for r in kust["resources"] for d in yaml.safe_load_all(open(os.path.join(K8S, r))) if d]
-labels = {k: v for l in kust.get("labels", []) for k, v in l["pairs"].items()}
-images = {i["name"]: i for i in kust.get("images", [])}
-generated = {g["name"]: [os.path.join(KEYS, os.path.basename(f)) for f in g["files"]]
-             for g in kust.get("secretGenerator", []) + kust.get("configMapGenerator", [])}
+kust = kustomize.load(K8S)
+docs, labels = kust.docs, kust.labels
+generated = {name: [os.path.join(KEYS, f) for f in files] for _, name, files in kust.generators}
 os.makedirs(OUT, exist_ok=True)
 with open(os.path.join(OUT, "configmaps.yaml"), "w") as f:
     yaml.safe_dump_all([d for d in docs if d["kind"] == "ConfigMap"], f)
@@ -85,9 +85,7 @@ for p in pods:
     uid = spec.get("securityContext", {}).get("runAsUser", 0)
     gid = spec.get("securityContext", {}).get("fsGroup", uid)
     for c in spec["containers"]:
-        repo, _, tag = c["image"].rpartition(":")
-        if repo in images:
-            c["image"] = f"{images[repo].get('newName', repo)}:{images[repo].get('newTag', tag)}"
+        c["image"] = kustomize.image(kust, c["image"])
         # podman 4.3 publishes every containerPort on the host: two pods
         # naming one port collide. Ports by number in the probes instead.
         named = {q["name"]: q["containerPort"] for q in c.pop("ports", []) if "name" in q}
@@ -105,7 +103,7 @@ for p in pods:
             if k in c:
                 c[k] = [re.sub(r"\$\((\w+)\)", lambda m: env.get(m.group(1), m.group(0)), a) for a in c[k]]
     for v in spec.get("volumes", []):
-        if "persistentVolumeClaim" in v:
+        if "persistentVolumeClaim" in v and v["persistentVolumeClaim"]["claimName"] not in claims:
             claims.append(v["persistentVolumeClaim"]["claimName"])
         if "projected" not in v:
             continue

@@ -99,17 +99,19 @@ out=$(ctl --json status | jq -c '[.shards[].id] | sort')
 podman network rm -f psnet-test_psnet >/dev/null 2>&1 # podman-compose 1.0.3 leaves its network
 [ -z "$(podman ps -a -q --filter label=io.podman.compose.project=psnet-test)" ]; ok $? "and nothing of it is left"
 
-# deploy/k8s, what kubectl apply -k applies, through podman kube play: its
+# deploy/k8s/overlays/production (deploy/k8s and the volumes shared across
+# nodes), what kubectl apply -k applies, through podman kube play: its
 # StatefulSets' and Job's pods (kube-play.py renders them; the keys as
 # kustomize's generators would take them from deploy/k8s/keys), pscoord's
-# state on its persistent volume.
+# state on its persistent volume, a checkpoint on the claim pscoord and both
+# shards share (a named volume of podman's).
 K=$RUN/k8s-keys
 for kr in pscoord:server psd:server worker:worker admin:admin; do
   "$PSCTL" keys gen "${kr%%:*}" --role "${kr##*:}" --dir "$K" >/dev/null || echo "# keys gen ${kr%%:*} failed"
 done
 kube=$RUN/kube net=10.89.$((100 + $$ % 100))
-pods=$(/usr/bin/python3 "$PSNET_SRC/tests/integration/kube-play.py" "$PSNET_SRC/deploy/k8s" "$K" "$kube" "$net")
-ok $? "kube-play.py renders deploy/k8s as pods ($pods)"
+pods=$(/usr/bin/python3 "$PSNET_SRC/tests/integration/kube-play.py" "$PSNET_SRC/deploy/k8s/overlays/production" "$K" "$kube" "$net")
+ok $? "kube-play.py renders deploy/k8s/overlays/production as pods ($pods)"
 podman network rm -f psnet-kube-test >/dev/null 2>&1
 podman network create --subnet "$net.0/24" psnet-kube-test >/dev/null; ok $? "a network for the pods ($net.0/24)"
 while read -r claim; do
@@ -124,6 +126,10 @@ podman kube play --replace --network psnet-kube-test "${ips[@]}" --configmap "$k
 kctl() { "$PSCTL" --keys "$K" --coord "tcp://$(head -n 1 "$kube/ips"):7000" "$@"; }
 kevaluated() { podman logs pscoord-0-pscoord 2>&1 | grep -q 'msg="epoch evaluated" job=1 epoch=1/'; }
 psnet_wait_for 120 kevaluated; ok $? "the job trains in the pods: epoch 1 evaluated"
+out=$(kctl checkpoint save mid 2>&1); ok $? "psctl checkpoint save mid, into the shared claim ($out)"
+out=$(podman run --rm -v psnet-checkpoints:/v "$IMG" ls /v/mid | tr "\n" " ")
+grep -q 'MANIFEST' <<<"$out" && grep -q 'shard-1.ckpt' <<<"$out" && grep -q 'shard-2.ckpt' <<<"$out"
+ok $? "pscoord's manifest and both shards' parts are on it ($out)"
 init=$(podman inspect psd-1-psd --format '{{.State.Pid}}') psd=$(pgrep -P "$init" -x psd || echo "$init")
 [ -n "$psd" ] && kill -9 "$psd"; ok $? "shard 2's psd (pod psd-1) killed (-9)"
 out=$(kctl job wait --wait 240 2>&1); rc=$?

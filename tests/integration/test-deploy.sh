@@ -51,6 +51,29 @@ else
   ok 1 "docker-compose is installed (deploy/local/install-deps)"
 fi
 
+# Every kustomization (deploy/k8s and its overlays) rendered as kubectl apply
+# -k renders it (kustomize.py), against the Kubernetes API's schemas of 1.30
+# to 1.34: kubernetes-validate --strict, from the package index into a fresh
+# virtual environment (nothing packages it, nor kubeconform, in Debian 12);
+# where the index cannot be reached, skipped, saying so.
+rendered=()
+for dir in "$PSNET_SRC/deploy/k8s" "$PSNET_SRC"/deploy/k8s/overlays/*/; do
+  name=$(basename "$dir") out=$RUN/rendered-$(basename "$dir").yaml
+  /usr/bin/python3 "$PSNET_SRC/tests/integration/kustomize.py" "$dir" "$K" >"$out" 2>"$RUN/kustomize.err"
+  ok $? "kustomize.py renders $name ($(grep -c '^kind:' "$out") objects) $(tail -1 "$RUN/kustomize.err")"
+  rendered+=("$out")
+done
+kv=$RUN/kv
+if /usr/bin/python3 -m venv "$kv" >"$RUN/kv.log" 2>&1 &&
+   timeout 180 "$kv/bin/pip" install -q --no-input --disable-pip-version-check --timeout 15 --retries 1 kubernetes-validate >>"$RUN/kv.log" 2>&1; then
+  for v in 1.30.0 1.31.0 1.32.0 1.33.0 1.34.0; do
+    out=$("$kv/bin/kubernetes-validate" --strict --quiet -k "$v" "${rendered[@]}" 2>&1)
+    ok $? "kubernetes-validate --strict: every rendered manifest is valid Kubernetes $v $(head -c 400 <<<"$out")"
+  done
+else
+  skip "kubernetes-validate on the rendered manifests" "the package index cannot be reached ($(tail -n 1 "$RUN/kv.log"))"
+fi
+
 # --- the pods, each in a network namespace -------------------------------------
 if [ "$(id -u)" != 0 ] || ! command -v ip >/dev/null || ! unshare --net --mount --uts true 2>/dev/null; then
   echo "# skipped: running the Kubernetes pods needs root with network and mount namespaces (ip, unshare)"
