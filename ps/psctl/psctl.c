@@ -38,6 +38,7 @@ typedef struct Ctl {
         char *dp_q, *dp_z, *dp_delta;  /* privacy */
         unsigned dp_rounds;
         bool dp_classic;
+        bool ready;                    /* probe */
         NetIdentity id;
         unsigned wait_s, interval_ms;
         JobFlags jf;
@@ -638,6 +639,15 @@ static size_t privacy_options(Ctl *c, Option *o) {
         return 5;
 }
 
+static int cmd_probe(Ctl *c, char **args) {
+        return psctl_probe(args[0], c->ready, c->timeout, c->json);
+}
+
+static size_t probe_options(Ctl *c, Option *o) {
+        o[0] = (Option) { "ready", OPT_BOOL, &c->ready, NULL, "GET /readyz (ready to serve), not /healthz (alive)" };
+        return 1;
+}
+
 static int cmd_completion(Ctl *c, char **args);
 
 /* Whether v is a command of group g (its first word, len bytes) of two words. */
@@ -672,6 +682,9 @@ static const Verb verbs[] = {
           "the job's curves (loss, accuracy, samples/s, staleness) as PNG, SVG and --out DIR/index.html" },
         { "privacy", "", 0, cmd_privacy, privacy_options,
           "the epsilon a private federated job spends (no pscoord needed): --fraction --dp-noise --rounds" },
+        { "probe", "[ADDRESS]", 0, cmd_probe, probe_options,
+          "GET a daemon's /healthz at its --http ADDRESS (default 127.0.0.1 on 9100, 9101, 9102): exit 0 on 200 "
+          "(no pscoord needed; the image's health check)", .optarg = true },
         { "keys gen", "NAME", 1, cmd_keys_gen, keys_options,
           "write a CURVE key pair NAME.key and its allow-list line (--role R)" },
         { "completion", "bash", 1, cmd_completion, NULL,

@@ -41,3 +41,9 @@ int psctl_export(uv_loop_t *loop, void *zctx, const NetKeyPair *keys, unsigned t
  * index.html showing them, in dir (made if missing). Says on stderr why
  * not: -ENOENT when gnuplot is not installed (the CSV files are written). */
 int psctl_report(const Psnet__StatusRep *st, const Psnet__History *h, const char *dir, bool json);
+
+/* psctl probe (psctl-probe.c): GETs /healthz (ready: /readyz) of a daemon's
+ * --http address (NULL: 127.0.0.1 on the port scheme's 9100, 9101 and 9102,
+ * the first that answers) within timeout_s, and prints the answer: 0 when
+ * it is 200, -EIO when another or none, -EINVAL for an address that is none. */
+int psctl_probe(const char *address, bool ready, unsigned timeout_s, bool json);

@@ -91,7 +91,18 @@ psnet_wait_for 10 bash -c "grep -q 'msg=\"serving http\"' '$RUN/lonely.log'"
 lp=$(http_port lonely)
 [ "$(get "$lp" /healthz)" = 200 ]; ok $? "a psd waiting for pscoord is healthy"
 code=$(get "$lp" /readyz); [ "$code" = 503 ] && grep -q "not ready: registering with pscoord" "$RUN/body"; ok $? "but not ready ($code: $(cat "$RUN/body"))"
+# psctl probe, the image's health check (no HTTP client in the image): the
+# same answers, as its exit status.
+out=$("$PSCTL" probe "127.0.0.1:$lp" 2>&1); ok $? "psctl probe: healthy, exit 0 ($out)"
+[ "$out" = "127.0.0.1:$lp/healthz: 200 ok" ]; ok $? "it prints the address, path and answer"
+out=$("$PSCTL" probe --ready "http://127.0.0.1:$lp" 2>&1); rc=$?
+[ $rc = 1 ] && grep -q "/readyz: 503 not ready: registering with pscoord" <<<"$out"; ok $? "psctl probe --ready: not ready, exit 1 ($out)"
+out=$("$PSCTL" probe --json ":$lp"); jq -e '.status == 200 and .body == "ok"' <<<"$out" >/dev/null
+ok $? "psctl probe --json ($out)"
+out=$("$PSCTL" probe no-port 2>&1); [ $? = 2 ] && grep -q "is no HTTP address" <<<"$out"; ok $? "an address that is none: exit 2 ($out)"
 psnet_stop_all
+out=$("$PSCTL" probe --timeout 2 "127.0.0.1:$lp" 2>&1); [ $? = 1 ] && grep -q "Connection refused" <<<"$out"
+ok $? "nothing listening: exit 1, saying why ($out)"
 
 # systemd's notification protocol, with a watchdog of 2 s.
 /usr/bin/python3 "$PSNET_SRC/tests/integration/notify-listen.py" "$RUN/notify.sock" "$RUN/notify" 30 &
