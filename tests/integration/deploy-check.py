@@ -504,6 +504,18 @@ for ov in sorted(os.listdir(OVERLAYS)) if os.path.isdir(OVERLAYS) else []:
                                                                v.get("persistentVolumeClaim", {}).get("readOnly", False))
             if prog == "pscoord" and "checkpoint-dir" in flags:
                 ckdir = flags["checkpoint-dir"]
+    # A GPU worker: the image the Containerfile's runtime-cuda target builds,
+    # a GPU of its own, the CUDA backend.
+    for w in (d for d in objs if d["kind"] == "Job"):
+        c = w["spec"]["template"]["spec"]["containers"][0]
+        if "nvidia.com/gpu" not in c.get("resources", {}).get("limits", {}):
+            continue
+        m = re.search(r"--target runtime-cuda -t (\S+)", containerfile)
+        check(m and c["image"] == m.group(1), f"overlay {ov}: {w['metadata']['name']} runs the runtime-cuda "
+              f"target's image ({c['image']})")
+        conf = ini_keys(next(d for d in objs if d["kind"] == "ConfigMap" and d["metadata"]["name"] == "psnet-config")
+                   ["data"]["workerd.conf"])
+        check(conf.get("workerd", {}).get("backend") == "cuda", f"overlay {ov}: workerd.conf says backend = cuda")
     if ckdir is not None:
         own = mounts.get("pscoord", {}).get(ckdir, ({}, True))
         claim = own[0].get("persistentVolumeClaim", {}).get("claimName")

@@ -70,6 +70,20 @@ for p in pscoord psd workerd psctl psgate; do
   [ "$out" = "$p $release (git $rev)" ]
   ok $? "$p --version in the image names the revision built ($out)"
 done
+# The runtime-cuda target (GPU workers, deploy/k8s/overlays/gpu), where
+# NVIDIA's base images are in podman's storage: no registry is reachable here.
+cuda=$(sed -n 's/^ARG CUDA_VERSION=//p' "$PSNET_SRC/deploy/container/Containerfile")
+if podman image exists "docker.io/nvidia/cuda:$cuda-devel-ubuntu24.04" &&
+   podman image exists "docker.io/nvidia/cuda:$cuda-runtime-ubuntu24.04"; then
+  podman build --format docker --network host "${ULIMITS[@]}" -f "$PSNET_SRC/deploy/container/Containerfile" \
+    --target runtime-cuda --build-arg PSNET_REVISION="$rev" -t "localhost/psnet-cuda:$release" "$PSNET_SRC" \
+    >"$RUN/build-cuda.log" 2>&1
+  ok $? "the runtime-cuda target builds ($(tail -n 1 "$RUN/build-cuda.log"))"
+  out=$(podman run --rm "localhost/psnet-cuda:$release" workerd --version 2>"$RUN/run.err")
+  [ "$out" = "workerd $release (git $rev)" ]; ok $? "workerd --version in the CUDA image ($out)"
+else
+  skip "the runtime-cuda target builds" "NVIDIA's docker.io/nvidia/cuda:$cuda-devel-ubuntu24.04 and -runtime-ubuntu24.04 are not in podman's storage, and no registry is reachable"
+fi
 out=$(podman run --rm "$IMG" id -u); [ "$out" = 10001 ]; ok $? "its programs run as the user psnet (uid $out)"
 out=$(podman run --rm "$IMG" sh -c 'ls /usr/share/datasets/fashion-mnist | wc -l; ls /usr/local/share/bash-completion/completions | wc -l')
 [ "$out" = "$(printf '4\n5')" ]; ok $? "it holds Fashion-MNIST and the programs' completion"
