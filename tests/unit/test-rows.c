@@ -366,6 +366,35 @@ static Side side(const Job *job, uint32_t id) {
         return s;
 }
 
+/* ids[0..n) split by their holder under m1: shard 1's into a, the others' into b. */
+static void split_ids(const ShardMap *m1, const int64_t *ids, size_t n, int64_t *a, size_t *na, int64_t *b,
+                      size_t *nb) {
+        *na = *nb = 0;
+        for (size_t k = 0; k < n; k++) {
+                if (shardmap_row_holder(m1, 0, ids[k], 0) == shardmap_find(m1, 1))
+                        a[(*na)++] = ids[k];
+                else
+                        b[(*nb)++] = ids[k];
+        }
+}
+
+/* The fail-over tests' shards: 1 (its closed clocks copied to 2), 2, and a
+ * reference shard 2 that takes every push under the new map; false (said)
+ * when their tables could not be made. */
+static bool failover_sides(const Job *job, Side *s1, Side *s2, Side *ref) {
+        *s1 = side(job, 1), *s2 = side(job, 2), *ref = side(job, 2);
+        if (!CHECK(s1->rows && s2->rows && ref->rows, "three shards' tables"))
+                return false;
+        s1->backup = s2, s1->deliver = true;
+        RowsHooks hk = { .members = members, .closed = side_closed, .ud = s1 };
+        rows_set_hooks(s1->rows, &hk);
+        hk.ud = s2;
+        rows_set_hooks(s2->rows, &hk);
+        hk.ud = ref;
+        rows_set_hooks(ref->rows, &hk);
+        return true;
+}
+
 /* Shards 1 and 2 each lead some rows and back the other's; workers 7 and 8
  * push clocks 0..2 to both. Shard 1 dies at clock 2: its copy of the clock
  * reached shard 2 (how 1), only its first part did (how 2), or shard 1
@@ -375,16 +404,9 @@ static Side side(const Job *job, uint32_t id) {
  * ends with every row as one shard that took every push would, each
  * clock's update applied once. */
 static void test_failover_case(const Job *job, ShardMap *m1, ShardMap *m2, const int64_t *ids, size_t n, int how) {
-        Side s1 = side(job, 1), s2 = side(job, 2), ref = side(job, 2);
-        if (!CHECK(s1.rows && s2.rows && ref.rows, "three shards' tables"))
+        Side s1, s2, ref;
+        if (!failover_sides(job, &s1, &s2, &ref))
                 goto out;
-        s1.backup = &s2, s1.deliver = true;
-        RowsHooks hk = { .members = members, .closed = side_closed, .ud = &s1 };
-        rows_set_hooks(s1.rows, &hk);
-        hk.ud = &s2;
-        rows_set_hooks(s2.rows, &hk);
-        hk.ud = &ref;
-        rows_set_hooks(ref.rows, &hk);
         /* Each shard's share of ids under m1; the last 8 ids are pushed at
          * clock 0 only (their copies are left for the promotion's steps). */
         int64_t a[64], b[64];
@@ -458,24 +480,12 @@ out:
  * shard 1's rows, and worker 8's push sent again would wait for good on a
  * clock opened again). That push, the old map's, sent again late: MOVED. */
 static void test_failover_mixed(const Job *job, ShardMap *m1, ShardMap *m2, const int64_t *ids, size_t n) {
-        Side s1 = side(job, 1), s2 = side(job, 2), ref = side(job, 2);
-        if (!CHECK(s1.rows && s2.rows && ref.rows, "three shards' tables"))
+        Side s1, s2, ref;
+        if (!failover_sides(job, &s1, &s2, &ref))
                 goto out;
-        s1.backup = &s2, s1.deliver = true;
-        RowsHooks hk = { .members = members, .closed = side_closed, .ud = &s1 };
-        rows_set_hooks(s1.rows, &hk);
-        hk.ud = &s2;
-        rows_set_hooks(s2.rows, &hk);
-        hk.ud = &ref;
-        rows_set_hooks(ref.rows, &hk);
         int64_t a[64], b[64];
-        size_t na = 0, nb = 0;
-        for (size_t k = 0; k < n; k++) {
-                if (shardmap_row_holder(m1, 0, ids[k], 0) == shardmap_find(m1, 1))
-                        a[na++] = ids[k];
-                else
-                        b[nb++] = ids[k];
-        }
+        size_t na, nb;
+        split_ids(m1, ids, n, a, &na, b, &nb);
         for (int64_t c = 0; c < 3; c++)
                 for (uint32_t w = 7; w <= 8; w++) {
                         push_to(&ref, m2, w, c, 2, ids, n);
@@ -570,13 +580,8 @@ static void test_asp_failover_case(const Job *job, ShardMap *m1, ShardMap *m2, S
         if (!CHECK(s1.rows && s2.rows && ref.rows, "ASP: three shards' tables"))
                 goto out;
         int64_t a[64], b[64];
-        size_t na = 0, nb = 0;
-        for (size_t k = 0; k < n; k++) {
-                if (shardmap_row_holder(m1, 0, ids[k], 0) == shardmap_find(m1, 1))
-                        a[na++] = ids[k];
-                else
-                        b[nb++] = ids[k];
-        }
+        size_t na, nb;
+        split_ids(m1, ids, n, a, &na, b, &nb);
         asp_refused = 0;
         for (int64_t c = 0; c < 3; c++)
                 for (uint32_t w = 7; w <= 8; w++) {
