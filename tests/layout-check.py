@@ -250,5 +250,12 @@ for folder in ("proto", "common", "kernels", "ps", "worker", "python", "tests"):
 tap(not unmarked and os.path.exists(os.path.join(src, "LICENSE")),
     "LICENSE, and an SPDX line atop every source file" + (f": {sorted(unmarked)}" if unmarked else ""))
 
+# Every module of the Python package is installed with it (python/meson.build:
+# pip install and the image's python target).
+listed = set(re.findall(r"'psnet/([a-z_]+\.py)'", open(os.path.join(src, "python/meson.build")).read()))
+modules = {f for f in os.listdir(os.path.join(src, "python/psnet")) if f.endswith(".py")}
+tap(modules <= listed, "python/meson.build installs every module of python/psnet" +
+    (f": not {sorted(modules - listed)}" if modules - listed else ""))
+
 print(f"1..{n}")
 sys.exit(1 if failed else 0)

@@ -19,4 +19,7 @@ try:  # meson.build's version, as pip installed it
     from importlib.metadata import PackageNotFoundError, version as _version
     __version__ = _version("psnet")
 except (ImportError, PackageNotFoundError):
-    __version__ = "source tree"
+    try:  # as meson installed it without pip (the container image's python target)
+        from ._version import version as __version__
+    except ImportError:
+        __version__ = "source tree"
