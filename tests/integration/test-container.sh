@@ -15,36 +15,9 @@
 # podman's storage, as are the build's layers. Skipped, with the reason,
 # where podman cannot run a container.
 source "$(dirname "$0")/lib.sh"
-# This machine's engine: containers limited to the open-files and process
-# limits the sandbox grants, cgroups by cgroupfs (no systemd), and netavark
-# with aardvark-dns so that compose's services find each other by name.
-export CONTAINERS_CONF=$RUN/containers.conf
-cat >"$CONTAINERS_CONF" <<'CONF'
-[containers]
-default_ulimits = ["nofile=1024:1024", "nproc=1024:1024"]
-[engine]
-cgroup_manager = "cgroupfs"
-events_logger = "file"
-[network]
-network_backend = "netavark"
-CONF
-ULIMITS=(--ulimit nofile=1024:1024 --ulimit nproc=1024:1024)
-BASE=docker.io/library/debian:12
-why=
-for t in podman podman-compose debootstrap; do command -v $t >/dev/null || why="${why:-$t is not installed}"; done
-[ -z "$why" ] && [ ! -x /usr/lib/podman/netavark ] && [ ! -x /usr/libexec/podman/netavark ] && why="netavark is not installed"
-if [ -z "$why" ] && ! podman image exists "$BASE"; then
-  # debian:12 from Debian's archive, without apt's caches.
-  if debootstrap --variant=minbase bookworm "$RUN/rootfs" http://deb.debian.org/debian >"$RUN/debootstrap.log" 2>&1; then
-    rm -rf "$RUN"/rootfs/var/cache/apt/archives/*.deb "$RUN"/rootfs/var/lib/apt/lists/*
-    tar -C "$RUN/rootfs" -c . | podman import --change 'CMD ["bash"]' - "$BASE" >"$RUN/import.log" 2>&1 ||
-      why="podman import failed ($(tail -n 1 "$RUN/import.log"))"
-    rm -rf "$RUN/rootfs"
-  else
-    why="debootstrap could not make a debian:12 base image ($(tail -n 1 "$RUN/debootstrap.log"))"
-  fi
-fi
-if [ -z "$why" ] && ! out=$(podman run --rm "$BASE" true 2>&1); then why="podman cannot run a container here ($out)"; fi
+source "$(dirname "$0")/lib-podman.sh"
+podman_setup "$RUN"
+why=$PODMAN_WHY
 if [ -n "$why" ]; then
   trap - EXIT
   rm -rf "$RUN"
