@@ -42,6 +42,9 @@ ok $? "import psnet loads the libpsnet inside the package, no environment variab
 want=$(sed -n "s/^  version: '\([^']*\)',/\1/p" "$PSNET_SRC/meson.build")
 got=$(cd / && "${clean[@]}" "$venv/bin/python" -c 'import psnet; print(psnet.__version__)')
 [ -n "$want" ] && [ "$got" = "$want" ]; ok $? "the package's version is meson.build's ($got, $want)"
+mods=$(cd "$PSNET_SRC/python" && ls psnet/*.py | sed 's|/|.|; s|\.py$||' | tr '\n' ' ')
+out=$(cd / && "${clean[@]}" "$venv/bin/python" -c "import importlib, sys; [importlib.import_module(m) for m in sys.argv[1:]]" $mods 2>&1)
+ok $? "every module of python/psnet imports from the installed package ($mods${out:+: $(tail -n 1 <<<"$out")})"
 for p in pscoord psd psctl psgate workerd; do
   [ -x "$venv/bin/$p" ] && "$venv/bin/$p" --version >/dev/null 2>&1 || { ok 1 "$p on the environment's PATH"; continue; }
   ok 0 "$p on the environment's PATH ($("$venv/bin/$p" --version 2>&1 | head -n 1))"
