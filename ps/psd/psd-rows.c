@@ -1030,29 +1030,33 @@ static int apply_clock(Rows *r, size_t i, const Parked *p, size_t np, size_t nme
         return st;
 }
 
+/* Whether worker is among members[0..nm) (ascending). */
+static bool is_member_of(uint32_t worker, const uint32_t *members, size_t nm) {
+        return bsearch(&worker, members, nm, sizeof *members, cmp_u32) != NULL;
+}
+
 /* The parked pushes p[0..np) of clock in table t (sorted by worker) of
  * workers no longer members of it (evicted, or their leases ran out) go,
  * answered STALE: counted, the clock would wait on a worker that sends
  * nothing again, and every pull past it with it. Whether any went. */
 static bool unpark_leavers(Rows *r, size_t t, int64_t clock, size_t np, const uint32_t *members, size_t nm) {
         Parked *p = r->parked[t];
-        _cleanup_free_ RowsAck *acks = ps_malloc(np * sizeof *acks);
+        size_t ngone = 0, nacks = 0;
+        for (size_t k = 0; k < np; k++)
+                ngone += !is_member_of(p[k].worker, members, nm);
+        if (ngone == 0)
+                return false; /* the common case: nothing to allocate */
+        _cleanup_free_ RowsAck *acks = ps_malloc(ngone * sizeof *acks);
         _cleanup_free_ bool *gone = ps_calloc(np, sizeof *gone);
-        size_t nacks = 0, ngone = 0;
         if (!acks || !gone)
                 return false; /* out of memory: they stay, the clock waits */
-        for (size_t k = 0, m = 0; k < np; k++) {
-                while (m < nm && members[m] < p[k].worker)
-                        m++;
-                if (m < nm && members[m] == p[k].worker)
+        for (size_t k = 0; k < np; k++) {
+                if (is_member_of(p[k].worker, members, nm))
                         continue;
                 gone[k] = true;
-                ngone++;
                 if (!p[k].acked)
                         acks[nacks++] = (RowsAck) { &p[k].route, p[k].seq, p[k].worker };
         }
-        if (ngone == 0)
-                return false;
         char reason[160];
         snprintf(reason, sizeof reason, "the worker is no longer a member of the job at clock %ld (evicted, or its "
                  "lease ran out): its push is not applied", (long) clock);
