@@ -834,6 +834,12 @@ static bool handle(Migrate *mg, NetSock *data, WireMsg *m) {
         char reason[192] = "";
         if (s->map && h->epoch > shardmap_epoch(s->map))
                 return false;
+        /* A shard that takes a lost shard's place gets its chunks from its
+         * peers as soon as they have the new map, which may be before
+         * pscoord's job and map reach it: kept until they come, as a
+         * newer map's message is (refused, the chunk would never come). */
+        if ((!s->has_job || !s->map) && h->epoch > 0)
+                return false;
         if (h->type == PSNET__MSG_TYPE__MSG_REPLICATE && h->replicate->has_members_epoch &&
             h->replicate->members_epoch > mg->gate->members_epoch)
                 return false;
