@@ -755,18 +755,30 @@ static void note_push(LastPush *last, const Psnet__Header *h, uint32_t parts, ui
                 last->done = h->clock;
 }
 
-/* Worker's parked parts of clock in table t go (a push of it sent again
- * under a newer map takes their place; the worker no longer waits on them). */
-static void unpark(Rows *r, uint32_t t, uint32_t worker, int64_t clock) {
+/* The parked pushes of table t that drop(p, ud) picks go, the others keep
+ * their order. */
+static void drop_parked(Rows *r, size_t t, bool (*drop)(const Parked *p, const void *ud), const void *ud) {
         size_t j = 0;
         for (size_t k = 0; k < r->nparked[t]; k++) {
                 Parked *p = &r->parked[t][k];
-                if (p->worker == worker && p->clock == clock)
+                if (drop(p, ud))
                         parked_free(p);
                 else
                         r->parked[t][j++] = *p;
         }
         r->nparked[t] = j;
+}
+
+static bool parked_of(const Parked *p, const void *ud) {
+        const Parked *of = ud;
+        return p->worker == of->worker && p->clock == of->clock;
+}
+
+/* Worker's parked parts of clock in table t go (a push of it sent again
+ * under a newer map takes their place; the worker no longer waits on them). */
+static void unpark(Rows *r, uint32_t t, uint32_t worker, int64_t clock) {
+        const Parked of = { .worker = worker, .clock = clock };
+        drop_parked(r, t, parked_of, &of);
 }
 
 int rows_push(Rows *r, const ShardMap *map, uint32_t self, const Psnet__Header *h, const zmq_msg_t *frames,
@@ -1039,24 +1051,31 @@ static bool is_member_of(uint32_t worker, const uint32_t *members, size_t nm) {
  * workers no longer members of it (evicted, or their leases ran out) go,
  * answered STALE: counted, the clock would wait on a worker that sends
  * nothing again, and every pull past it with it. Whether any went. */
+typedef struct Leavers {
+        int64_t clock;
+        const uint32_t *members;
+        size_t nm;
+} Leavers;
+
+static bool parked_by_leaver(const Parked *p, const void *ud) {
+        const Leavers *l = ud;
+        return p->clock == l->clock && !is_member_of(p->worker, l->members, l->nm);
+}
+
 static bool unpark_leavers(Rows *r, size_t t, int64_t clock, size_t np, const uint32_t *members, size_t nm) {
-        Parked *p = r->parked[t];
+        const Parked *p = r->parked[t];
+        const Leavers l = { clock, members, nm };
         size_t ngone = 0, nacks = 0;
         for (size_t k = 0; k < np; k++)
-                ngone += !is_member_of(p[k].worker, members, nm);
+                ngone += parked_by_leaver(&p[k], &l);
         if (ngone == 0)
                 return false; /* the common case: nothing to allocate */
         _cleanup_free_ RowsAck *acks = ps_malloc(ngone * sizeof *acks);
-        _cleanup_free_ bool *gone = ps_calloc(np, sizeof *gone);
-        if (!acks || !gone)
+        if (!acks)
                 return false; /* out of memory: they stay, the clock waits */
-        for (size_t k = 0; k < np; k++) {
-                if (is_member_of(p[k].worker, members, nm))
-                        continue;
-                gone[k] = true;
-                if (!p[k].acked)
+        for (size_t k = 0; k < np; k++)
+                if (parked_by_leaver(&p[k], &l) && !p[k].acked)
                         acks[nacks++] = (RowsAck) { &p[k].route, p[k].seq, p[k].worker };
-        }
         char reason[160];
         snprintf(reason, sizeof reason, "the worker is no longer a member of the job at clock %ld (evicted, or its "
                  "lease ran out): its push is not applied", (long) clock);
@@ -1065,14 +1084,7 @@ static bool unpark_leavers(Rows *r, size_t t, int64_t clock, size_t np, const ui
         if (r->hooks.closed && nacks)
                 r->hooks.closed(r->hooks.ud, (uint32_t) t, clock, NULL, 0, NULL, 0, acks, nacks,
                                 PSNET__STATUS__STATUS_STALE, reason);
-        size_t j = 0;
-        for (size_t k = 0; k < r->nparked[t]; k++) {
-                if (k < np && gone[k])
-                        parked_free(&p[k]);
-                else
-                        p[j++] = p[k];
-        }
-        r->nparked[t] = j;
+        drop_parked(r, t, parked_by_leaver, &l);
         return true;
 }
 
@@ -1412,18 +1424,13 @@ static bool move_sender(const ShardMap *old, const ShardMap *map, uint32_t shard
  * them again under the new map (nothing of them was acknowledged). Counted
  * with the pushes cut for the new one, a clock would close without the
  * rows that came here. */
+static bool parked_before(const Parked *p, const void *ud) {
+        return p->epoch < *(const uint64_t *) ud;
+}
+
 static void unpark_older(Rows *r, uint64_t epoch) {
-        for (size_t t = 0; t < r->ntables; t++) {
-                size_t j = 0;
-                for (size_t k = 0; k < r->nparked[t]; k++) {
-                        Parked *p = &r->parked[t][k];
-                        if (p->epoch < epoch)
-                                parked_free(p);
-                        else
-                                r->parked[t][j++] = *p;
-                }
-                r->nparked[t] = j;
-        }
+        for (size_t t = 0; t < r->ntables; t++)
+                drop_parked(r, t, parked_before, &epoch);
 }
 
 /* A map change that moves rows: the maps before and after kept (pushes
