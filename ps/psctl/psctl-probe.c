@@ -18,10 +18,13 @@
 /* The daemons' HTTP ports of the port scheme (deploy/README.md): pscoord, psd, workerd. */
 static const char *const scheme[] = { "127.0.0.1:9100", "127.0.0.1:9101", "127.0.0.1:9102" };
 
-/* Milliseconds left until deadline (a monotonic time in ms), at least 1 while any remain. */
-static int left_ms(uint64_t deadline) {
+/* Waits until fd is ready for events (POLLIN, POLLOUT) before deadline (a
+ * monotonic time in ms): 0, or -ETIMEDOUT, or a negative errno. */
+static int wait_fd(int fd, short events, uint64_t deadline) {
         uint64_t now = now_ms();
-        return now >= deadline ? 0 : (int) MIN(deadline - now, (uint64_t) INT32_MAX);
+        struct pollfd p = { .fd = fd, .events = events };
+        int n = poll(&p, 1, now >= deadline ? 0 : (int) MIN(deadline - now, (uint64_t) INT32_MAX));
+        return n > 0 ? 0 : n == 0 ? -ETIMEDOUT : -errno;
 }
 
 /* The address's host and port: HOST:PORT, :PORT (this host), [V6]:PORT,
@@ -77,12 +80,14 @@ static int get(const char *address, const char *path, unsigned timeout_s, char *
                         fd = -1;
                         continue;
                 }
-                struct pollfd p = { .fd = fd, .events = POLLOUT };
                 int e = 0;
                 socklen_t el = sizeof e;
-                int n = poll(&p, 1, left_ms(deadline));
-                if (n <= 0 || getsockopt(fd, SOL_SOCKET, SO_ERROR, &e, &el) < 0 || e) {
-                        r = n == 0 ? -ETIMEDOUT : e ? -e : -errno;
+                r = wait_fd(fd, POLLOUT, deadline);
+                if (r == 0 && getsockopt(fd, SOL_SOCKET, SO_ERROR, &e, &el) < 0)
+                        r = -errno;
+                if (r == 0 && e)
+                        r = -e;
+                if (r < 0) {
                         close(fd);
                         fd = -1;
                 }
@@ -99,11 +104,9 @@ static int get(const char *address, const char *path, unsigned timeout_s, char *
                 ssize_t w = send(fd, req + sent, (size_t) qn - sent, MSG_NOSIGNAL);
                 if (w > 0)
                         sent += (size_t) w;
-                else if (w < 0 && errno == EAGAIN) {
-                        struct pollfd p = { .fd = fd, .events = POLLOUT };
-                        if (poll(&p, 1, left_ms(deadline)) <= 0)
-                                r = -ETIMEDOUT;
-                } else
+                else if (w < 0 && errno == EAGAIN)
+                        r = wait_fd(fd, POLLOUT, deadline);
+                else
                         r = w < 0 ? -errno : -EPIPE;
         }
         /* HTTP/1.0: the answer ends where the daemon closes the connection. */
@@ -113,11 +116,9 @@ static int get(const char *address, const char *path, unsigned timeout_s, char *
                         got += (size_t) k;
                 else if (k == 0)
                         break;
-                else if (errno == EAGAIN) {
-                        struct pollfd p = { .fd = fd, .events = POLLIN };
-                        if (poll(&p, 1, left_ms(deadline)) <= 0)
-                                r = -ETIMEDOUT;
-                } else
+                else if (errno == EAGAIN)
+                        r = wait_fd(fd, POLLIN, deadline);
+                else
                         r = -errno;
         }
         close(fd);
