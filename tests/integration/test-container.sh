@@ -68,6 +68,12 @@ save_mid() {
   out=$("$@" checkpoint save mid 2>&1); save_rc=$?
   [ $save_rc = 0 ] || ! grep -q 'is being written' <<<"$out"
 }
+# mid_on VOLUME: checkpoint mid is on the podman volume, pscoord's manifest
+# and both shards' parts; $out lists its files.
+mid_on() {
+  out=$(podman run --rm -v "$1:/v" "$IMG" ls /v/mid | tr "\n" " ")
+  grep -q 'MANIFEST' <<<"$out" && grep -q 'shard-1.ckpt' <<<"$out" && grep -q 'shard-2.ckpt' <<<"$out"
+}
 
 # compose.yaml as a user brings it up.
 cd "$RUN" || exit 1
@@ -86,9 +92,7 @@ done
 out=$(curl -s -m 5 http://127.0.0.1:9100/metrics | grep -c '^psnet_pscoord_')
 [ "${out:-0}" -gt 10 ]; ok $? "pscoord's /metrics on the host's loopback, as compose publishes it ($out psnet_pscoord_ lines)"
 psnet_wait_for 60 save_mid ctl; [ "$save_rc" = 0 ]; ok $? "psctl checkpoint save mid ($out)"
-out=$(podman run --rm -v psnet-test_checkpoints:/v "$IMG" ls /v/mid | tr "\n" " ")
-grep -q 'MANIFEST' <<<"$out" && grep -q 'shard-1.ckpt' <<<"$out" && grep -q 'shard-2.ckpt' <<<"$out"
-ok $? "on the volume checkpoints: pscoord's manifest and both shards' parts ($out)"
+mid_on psnet-test_checkpoints; ok $? "on the volume checkpoints: pscoord's manifest and both shards' parts ($out)"
 out=$(podman run --rm -v psnet-test_state:/v "$IMG" ls /v/pscoord | tr "\n" " ")
 grep -q 'pscoord.state' <<<"$out"; ok $? "pscoord keeps its job on the volume state ($out)"
 # As a crash would: psd itself killed (podman kill would count as stopping
@@ -137,9 +141,7 @@ kctl() { "$PSCTL" --keys "$K" --coord "tcp://$(head -n 1 "$kube/ips"):7000" "$@"
 kevaluated() { podman logs pscoord-0-pscoord 2>&1 | grep -q 'msg="epoch evaluated" job=1 epoch=1/'; }
 psnet_wait_for 120 kevaluated; ok $? "the job trains in the pods: epoch 1 evaluated"
 psnet_wait_for 60 save_mid kctl; [ "$save_rc" = 0 ]; ok $? "psctl checkpoint save mid, into the shared claim ($out)"
-out=$(podman run --rm -v psnet-checkpoints:/v "$IMG" ls /v/mid | tr "\n" " ")
-grep -q 'MANIFEST' <<<"$out" && grep -q 'shard-1.ckpt' <<<"$out" && grep -q 'shard-2.ckpt' <<<"$out"
-ok $? "pscoord's manifest and both shards' parts are on it ($out)"
+mid_on psnet-checkpoints; ok $? "pscoord's manifest and both shards' parts are on it ($out)"
 init=$(podman inspect psd-1-psd --format '{{.State.Pid}}') psd=$(pgrep -P "$init" -x psd || echo "$init")
 [ -n "$psd" ] && kill -9 "$psd"; ok $? "shard 2's psd (pod psd-1) killed (-9)"
 out=$(kctl job wait --wait 240 2>&1); rc=$?

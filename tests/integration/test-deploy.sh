@@ -58,7 +58,8 @@ fi
 # where the index cannot be reached, skipped, saying so.
 rendered=()
 for dir in "$PSNET_SRC/deploy/k8s" "$PSNET_SRC"/deploy/k8s/overlays/*/; do
-  name=$(basename "$dir") out=$RUN/rendered-$(basename "$dir").yaml
+  name=$(basename "$dir")
+  out=$RUN/rendered-$name.yaml
   /usr/bin/python3 "$PSNET_SRC/tests/integration/kustomize.py" "$dir" "$K" >"$out" 2>"$RUN/kustomize.err"
   ok $? "kustomize.py renders $name ($(grep -c '^kind:' "$out") objects) $(tail -1 "$RUN/kustomize.err")"
   rendered+=("$out")
