@@ -9,8 +9,15 @@
  * and writes w, v: 20 B a value; Adam 28 B), the speedup over one thread and
  * the ratio to memcpy (which moves 8 B a value copied).
  *
- *   bench-apply [--mib 64] [--max-threads 8] [--reps 15] [--chunk-kib 1024] */
+ * With --dead F, a share F of the values are those of units that stopped
+ * learning, as a long run leaves them (common/fpflush.h): gradient 0, first
+ * moment (momentum's v, Adam's m) at the smallest denormal, where it stays
+ * unless psd flushes it. One more line per optimizer, 1 thread, with the ratio
+ * of its time to the live state's (1: denormals cost nothing).
+ *
+ *   bench-apply [--mib 64] [--max-threads 8] [--reps 15] [--chunk-kib 1024] [--dead F] */
 #include <errno.h>
+#include <float.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -39,11 +46,15 @@ static double median(double *v, size_t n) {
 
 int main(int argc, char **argv) {
         unsigned mib = 64, max_threads = 8, reps = 15, chunk_kib = 1024;
+        float dead = 0.0f;
         const Option opts[] = {
                 { "mib", OPT_UINT, &mib, "MIB", "values the shard holds (default 64)" },
                 { "max-threads", OPT_UINT, &max_threads, "N", "largest thread count tried (default 8)" },
                 { "reps", OPT_UINT, &reps, "N", "whole-shard steps timed per figure, median taken (default 15)" },
                 { "chunk-kib", OPT_UINT, &chunk_kib, "KIB", "chunk (key) size (default 1024)" },
+                { "dead", OPT_FLOAT, &dead, "F",
+                  "also time a state where a share F of the values stopped learning (0 gradient, denormal first "
+                  "moment) (default 0: not timed)" },
         };
         const ProgramInfo prog = { .name = "bench-apply", .summary = "psd's update step against --threads",
                                    .usage = "[OPTIONS]" };
@@ -51,9 +62,9 @@ int main(int argc, char **argv) {
         if (r != 0)
                 return r > 0 ? 0 : 2;
         if (mib < 1 || chunk_kib < 1 || reps < 1 || max_threads < 1 || max_threads > PFOR_MAX_THREADS ||
-            (uint64_t) chunk_kib > (uint64_t) mib * 1024) {
-                fprintf(stderr, "bench-apply: --mib, --chunk-kib, --reps >= 1, --max-threads 1-%d, chunk <= shard\n",
-                        PFOR_MAX_THREADS);
+            (uint64_t) chunk_kib > (uint64_t) mib * 1024 || !(dead >= 0.0f && dead <= 1.0f)) {
+                fprintf(stderr, "bench-apply: --mib, --chunk-kib, --reps >= 1, --max-threads 1-%d, chunk <= shard, "
+                        "--dead 0-1\n", PFOR_MAX_THREADS);
                 return 2;
         }
         size_t n = (size_t) mib << 18, chunk = (size_t) chunk_kib << 8;
@@ -113,6 +124,31 @@ int main(int argc, char **argv) {
                                "memcpy_ratio=%.2f\n", names[c], threads, s * 1e3, gbps, one / s, memcpy_gbps,
                                gbps / memcpy_gbps);
                         fflush(stdout);
+                }
+                if (dead > 0.0f) {
+                        /* Every rep starts from the dead state again: a flushed
+                         * moment would otherwise be 0 from the second on. */
+                        for (unsigned k = 0; k <= reps; k++) {
+                                for (size_t i = 0; i < n; i++) {
+                                        bool d = (size_t) ((double) (i + 1) * dead) > (size_t) ((double) i * dead);
+                                        g[i] = d ? 0.0f : (float) (i % 777) * 1e-4f - 0.03f;
+                                        state[2 * (i / chunk * chunk) + i % chunk] = d ? FLT_TRUE_MIN : 1e-3f;
+                                }
+                                double t0 = now_s();
+                                for (size_t at = 0; at < n; at += chunk) {
+                                        size_t len = n - at < chunk ? n - at : chunk;
+                                        optim_apply_par(NULL, &confs[c], 100, w + at, g + at, 1.0f, state + 2 * at, len);
+                                }
+                                if (k > 0)
+                                        t[k - 1] = now_s() - t0;
+                        }
+                        double s = median(t, reps);
+                        printf("apply optimizer=%s threads=1 dead=%.2f ms=%.2f dead_over_live=%.2f\n", names[c],
+                               (double) dead, s * 1e3, s / one);
+                        fflush(stdout);
+                        for (size_t i = 0; i < n; i++) /* the next optimizer's live state as before */
+                                g[i] = (float) (i % 777) * 1e-4f - 0.03f;
+                        memset(state, 0, 2 * n * sizeof *state);
                 }
         }
         ps_free(w);
