@@ -25,6 +25,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include "alloc.h"
+#include "fpflush.h"
 #include "hash.h"
 #include "macro.h"
 #include "psd-table.h"
@@ -546,6 +547,8 @@ int table_distinct(const int64_t *ids, size_t n, char *why, size_t whylen) {
 }
 
 int table_push(Table *t, const int64_t *ids, size_t n, const float *grads, char *why, size_t whylen) {
+        /* A row's state decays into denormals as a chunk's does (common/fpflush.h). */
+        _cleanup_(fpflush_end) _unused_ FpFlush fz = fpflush_begin();
         for (size_t i = 0; i < n * t->c.dim; i++)
                 if (!isfinite(grads[i])) {
                         if (why && whylen)

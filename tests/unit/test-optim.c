@@ -4,6 +4,7 @@
  * bias correction), the state layout, and optim_state_per_value. Every update
  * runs on N values at once so that both the blocked loop and its scalar tail
  * are exercised, and every value must match the hand-computed one. */
+#include <float.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -278,6 +279,54 @@ static void test_scaled_same_bits(void) {
         }
 }
 
+/* The caller's floating-point mode: a result under FLT_MIN kept as a denormal. */
+static bool keeps_denormals(void) {
+        volatile float x = FLT_MIN;
+        return x / 4.0f > 0.0f;
+}
+
+/* A unit that stopped learning: gradient 0 and first moment at the smallest
+ * denormal, where IEEE arithmetic keeps it (0.9 times it rounds back to it)
+ * and every step pays the CPU's slow path. psd flushes it to 0
+ * (common/fpflush.h), on one thread and on a pool's, and hands the caller's
+ * mode back as it was. */
+static void test_denormals_flushed(void) {
+        volatile float b = 0.9f, tiny = FLT_TRUE_MIN;
+        CHECK(keeps_denormals() && b * tiny == FLT_TRUE_MIN,
+              "without a flush, 0.9 times the smallest denormal stays that denormal");
+        const size_t n = (1u << 17) + 5;
+        const OptimConf confs[] = { sgd_conf(0.05f, 0.9f, 0.0f, false), sgd_conf(0.05f, 0.9f, 0.0f, true),
+                                    adam_conf(0.001f, 0.0f) };
+        const char *names[] = { "momentum", "nesterov", "adam" };
+        float *w = malloc(n * sizeof *w), *g = malloc(n * sizeof *g), *st = malloc(2 * n * sizeof *st);
+        Pfor *pool = NULL;
+        if (!CHECK(w && g && st && pfor_new(4, &pool) == 0, "allocated, a pool of 4 threads"))
+                goto out;
+        for (size_t k = 0; k < ELEMS(confs); k++)
+                for (int par = 0; par < 2; par++) {
+                        for (size_t i = 0; i < n; i++) {
+                                w[i] = 0.5f;
+                                g[i] = i % 2 ? 0.0f : FLT_TRUE_MIN; /* a denormal gradient counts as 0 */
+                                st[i] = FLT_TRUE_MIN;
+                                st[n + i] = 1e-6f;
+                        }
+                        optim_apply_par(par ? pool : NULL, &confs[k], 100, w, g, 1.0f, st, n);
+                        size_t left = 0, moved = 0;
+                        for (size_t i = 0; i < n; i++) {
+                                left += st[i] != 0.0f;
+                                moved += w[i] != 0.5f;
+                        }
+                        CHECK(left == 0 && moved == 0 && keeps_denormals(),
+                              "%s%s: denormal moments flushed to 0 (%zu left), no value moved (%zu), the caller's "
+                              "mode kept", names[k], par ? " on 4 threads" : "", left, moved);
+                }
+out:
+        pool = pfor_free(pool);
+        free(w);
+        free(g);
+        free(st);
+}
+
 int main(void) {
         test_state_per_value();
         test_sgd_plain();
@@ -289,5 +338,6 @@ int main(void) {
         test_values_independent();
         test_threads_same_bits();
         test_scaled_same_bits();
+        test_denormals_flushed();
         return tap_done();
 }

@@ -10,6 +10,7 @@
  * takes a row, and the refusals (an id twice, NaN, a full table)
  * that leave the table as it was. */
 #include <errno.h>
+#include <float.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -486,8 +487,32 @@ static void check_bounds(void) {
         t = table_free(t);
 }
 
+/* An Adam row a push leaves at gradient 0 in one of its values: that
+ * value's first moment, at the smallest denormal (where IEEE keeps it), is
+ * flushed to 0 (common/fpflush.h), and the caller's mode is as it was. */
+static void check_denormals(void) {
+        TableConf c = conf(TABLE_ADAM, 0.01f);
+        Table *t = new_table(&c);
+        if (!t)
+                return;
+        int64_t id = 11;
+        float row[7], g[2] = { 0.0f, 0.5f };
+        table_export(t, &id, 1, row); /* a fresh row: its first values, state 0 */
+        row[2] = FLT_TRUE_MIN;         /* m of value 0 */
+        row[4] = 1e-6f;                /* v of value 0 */
+        CHECK(table_import(t, &id, 1, row, NULL, NULL, 0) == 0, "a row imported with a denormal moment");
+        CHECK(table_push(t, &id, 1, g, NULL, 0) == 0, "pushed with gradient 0 in value 0");
+        table_export(t, &id, 1, row);
+        volatile float x = FLT_MIN;
+        CHECK(row[2] == 0.0f && row[3] != 0.0f && x / 4.0f > 0.0f,
+              "the denormal moment flushed to 0 (%g), the other moved (%g), the caller's mode kept", (double) row[2],
+              (double) row[3]);
+        t = table_free(t);
+}
+
 int main(void) {
         check_copy();
+        check_denormals();
         check_bounded_copies();
         check_sweep();
         check_bounds();
