@@ -6,10 +6,10 @@
  * restrict pointers in fixed blocks of OPTIM_BLOCK values plus a scalar tail:
  * at -O2 GCC vectorises only loops whose trip count it knows, so the blocks are
  * what makes these loops SIMD in a debugoptimized build. Adam's sqrtf has its
- * own pass over a block, because with math-errno on (the default) GCC will not
- * vectorise it; the passes around it still are, and with -fno-math-errno all
- * three are. Per-call scalars (Adam's bias corrections) are computed once, in
- * double. With psd --threads, a chunk's step is cut into ranges run in
+ * own pass over a block, because with math-errno on (GCC's default) GCC will
+ * not vectorise it; the passes around it still are, and with -fno-math-errno,
+ * which psd's meson.build sets, all three are. Per-call scalars (Adam's bias
+ * corrections) are computed once, in double. With psd --threads, a chunk's step is cut into ranges run in
  * parallel (pfor.h): each value is computed by the same code either way, so
  * the result is the same bits. Denormals are flushed to zero, in the state
  * and in the gradients (common/fpflush.h): the state of a unit that stopped
