@@ -1,8 +1,9 @@
 # SPDX-License-Identifier: Apache-2.0
 """Baseline of psnet's end-to-end GPU benchmark (tests/bench/e2e-gpu.sh): a plain
 single-process PyTorch training loop of the same model (an MLP's widths, or
-cnn/vit: tests/bench/torch_models_step.py's copies of psnet's), batch, optimizer (SGD with
-momentum) and epochs, over Fashion-MNIST held on the GPU. No per-step host sync
+cnn/vit: tests/bench/torch_models_step.py's copies of psnet's), batch, optimizer and
+epochs, over Fashion-MNIST held on the GPU: SGD with momentum, or with --optim adam
+Adam (what deploy/local/demo gives cnn and vit; e2e-gpu.sh passes it for them). No per-step host sync
 (the loss is read once per epoch), so this is PyTorch at its plain-loop best.
 Prints one JSON line: samples_per_s over the training loop, seconds, accuracy."""
 import argparse, gzip, json, os, time
@@ -30,15 +31,20 @@ def main():
     ap.add_argument("--model", default="784-256-10")
     ap.add_argument("--batch", type=int, default=64)
     ap.add_argument("--epochs", type=int, default=5)
-    ap.add_argument("--lr", type=float, default=0.02)
+    ap.add_argument("--lr", type=float, default=None, help="default 0.02 for sgd, 0.001 for adam")
     ap.add_argument("--momentum", type=float, default=0.9)
+    ap.add_argument("--optim", choices=("sgd", "adam"), default="sgd",
+                    help="sgd (with --lr, --momentum) or adam (lr 0.001 unless --lr is given)")
     ap.add_argument("--tf32", action="store_true")
     a = ap.parse_args()
     torch.backends.cuda.matmul.allow_tf32 = a.tf32
     torch.backends.cudnn.allow_tf32 = a.tf32
     torch.manual_seed(1)
     model = torch_models_step.model(a.model if a.model in ("cnn", "vit") else "mlp:" + a.model).cuda()
-    opt = torch.optim.SGD(model.parameters(), lr=a.lr, momentum=a.momentum)
+    if a.optim == "adam":
+        opt = torch.optim.Adam(model.parameters(), lr=a.lr if a.lr is not None else 1e-3)
+    else:
+        opt = torch.optim.SGD(model.parameters(), lr=a.lr if a.lr is not None else 0.02, momentum=a.momentum)
     xtr, ytr = load(a.data, "train")
     xte, yte = load(a.data, "t10k")
     if a.model in ("cnn", "vit"):
@@ -60,7 +66,7 @@ def main():
     secs = time.perf_counter() - t0
     with torch.no_grad():
         acc = (model(xte).argmax(1) == yte).float().mean().item()
-    print(json.dumps({"gpu": torch.cuda.get_device_name(0), "model": a.model, "batch": a.batch,
+    print(json.dumps({"gpu": torch.cuda.get_device_name(0), "model": a.model, "optim": a.optim, "batch": a.batch,
                       "epochs": a.epochs, "steps": steps * a.epochs, "seconds": round(secs, 3),
                       "samples_per_s": round(steps * a.epochs * a.batch / secs),
                       "last_loss": round(last, 4), "accuracy": round(acc, 4)}))
