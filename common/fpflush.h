@@ -23,7 +23,7 @@
 #pragma once
 #include <stdint.h>
 #include "macro.h"
-#if defined(__x86_64__) || defined(__i386__)
+#if defined(__x86_64__) || (defined(__i386__) && defined(__SSE__))
 #include <xmmintrin.h>
 #endif
 
@@ -31,7 +31,7 @@ typedef struct FpFlush {
         uint64_t saved;
 } FpFlush;
 
-#if defined(__x86_64__) || defined(__i386__)
+#if defined(__x86_64__) || (defined(__i386__) && defined(__SSE__))
 #define FPFLUSH_BITS 0x8040u /* MXCSR: FTZ (bit 15) and DAZ (bit 6) */
 static inline uint64_t fpflush_get(void) { return _mm_getcsr(); }
 static inline void fpflush_set(uint64_t m) { _mm_setcsr((unsigned) m); }
