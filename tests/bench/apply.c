@@ -34,6 +34,11 @@ static double now_s(void) {
         return (double) ts.tv_sec + (double) ts.tv_nsec / 1e9;
 }
 
+/* Value i's gradient in the live state. */
+static float live_grad(size_t i) {
+        return (float) (i % 777) * 1e-4f - 0.03f;
+}
+
 static int cmp_double(const void *a, const void *b) {
         double x = *(const double *) a, y = *(const double *) b;
         return x < y ? -1 : x > y;
@@ -77,7 +82,7 @@ int main(int argc, char **argv) {
         }
         for (size_t i = 0; i < n; i++) {
                 w[i] = (float) (i % 1000) * 1e-3f;
-                g[i] = (float) (i % 777) * 1e-4f - 0.03f;
+                g[i] = live_grad(i);
         }
         memset(state, 0, 2 * n * sizeof *state);
         memcpy(copy, g, n * sizeof *g); /* every page touched before timing */
@@ -131,7 +136,7 @@ int main(int argc, char **argv) {
                         for (unsigned k = 0; k <= reps; k++) {
                                 for (size_t i = 0; i < n; i++) {
                                         bool d = (size_t) ((double) (i + 1) * dead) > (size_t) ((double) i * dead);
-                                        g[i] = d ? 0.0f : (float) (i % 777) * 1e-4f - 0.03f;
+                                        g[i] = d ? 0.0f : live_grad(i);
                                         state[2 * (i / chunk * chunk) + i % chunk] = d ? FLT_TRUE_MIN : 1e-3f;
                                 }
                                 double t0 = now_s();
@@ -147,7 +152,7 @@ int main(int argc, char **argv) {
                                (double) dead, s * 1e3, s / one);
                         fflush(stdout);
                         for (size_t i = 0; i < n; i++) /* the next optimizer's live state as before */
-                                g[i] = (float) (i % 777) * 1e-4f - 0.03f;
+                                g[i] = live_grad(i);
                         memset(state, 0, 2 * n * sizeof *state);
                 }
         }
