@@ -7,11 +7,12 @@
  * enter the denormal range (below 1.2e-38) after about 800 steps. They never
  * leave it: 0.9 times the smallest denormal rounds back to itself. The CPU
  * then takes a slow path (a microcode assist) for every operation that reads
- * or writes such a value: 3.8x the time of an Adam step on the AMD EPYC of
- * our VM, and much more on many Intel cores. The built-in CNN holds 40% of its
+ * or writes such a value: with 40% of the values so, an Adam step took 2.2x
+ * the time of a live one on the AMD EPYC of our VM (bench-apply --dead 0.4),
+ * and many Intel cores charge far more. The built-in CNN holds 38-43% of its
  * Adam first moments at that value from step 900 on (PyTorch's Adam, the same
- * model, 1,800 steps: docs/bench-log.md). Flushing them costs nothing a
- * model could see: a value under 1.2e-38 becomes 0.
+ * model: tests/bench/torch_denormals.py, docs/bench-log.md). Flushing them
+ * costs nothing a model could see: a value under 1.2e-38 becomes 0.
  *
  *   _cleanup_(fpflush_end) _unused_ FpFlush fz = fpflush_begin();
  *

@@ -9,9 +9,9 @@
  * own pass over a block, because with math-errno on (GCC's default) GCC will
  * not vectorise it; the passes around it still are, and with -fno-math-errno,
  * which psd's meson.build sets, all three are. Per-call scalars (Adam's bias
- * corrections) are computed once, in double. With psd --threads, a chunk's step is cut into ranges run in
- * parallel (pfor.h): each value is computed by the same code either way, so
- * the result is the same bits. Denormals are flushed to zero, in the state
+ * corrections) are computed once, in double. With psd --threads, a chunk's
+ * step is cut into ranges run in parallel (pfor.h): each value is computed by
+ * the same code either way, so the result is the same bits. Denormals are flushed to zero, in the state
  * and in the gradients (common/fpflush.h): the state of a unit that stopped
  * learning would otherwise stay denormal and slow every step down. */
 #include <assert.h>

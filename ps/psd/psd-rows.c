@@ -1047,10 +1047,8 @@ static bool is_member_of(uint32_t worker, const uint32_t *members, size_t nm) {
         return bsearch(&worker, members, nm, sizeof *members, cmp_u32) != NULL;
 }
 
-/* The parked pushes p[0..np) of clock in table t (sorted by worker) of
- * workers no longer members of it (evicted, or their leases ran out) go,
- * answered STALE: counted, the clock would wait on a worker that sends
- * nothing again, and every pull past it with it. Whether any went. */
+/* What parked_by_leaver picks: a push of clock by a worker not among
+ * members[0..nm). */
 typedef struct Leavers {
         int64_t clock;
         const uint32_t *members;
@@ -1062,6 +1060,10 @@ static bool parked_by_leaver(const Parked *p, const void *ud) {
         return p->clock == l->clock && !is_member_of(p->worker, l->members, l->nm);
 }
 
+/* The parked pushes p[0..np) of clock in table t (sorted by worker) of
+ * workers no longer members of it (evicted, or their leases ran out) go,
+ * answered STALE: counted, the clock would wait on a worker that sends
+ * nothing again, and every pull past it with it. Whether any went. */
 static bool unpark_leavers(Rows *r, size_t t, int64_t clock, size_t np, const uint32_t *members, size_t nm) {
         const Parked *p = r->parked[t];
         const Leavers l = { clock, members, nm };
