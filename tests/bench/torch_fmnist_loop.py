@@ -3,8 +3,9 @@
 single-process PyTorch training loop of the same model (an MLP's widths, or
 cnn/vit: tests/bench/torch_models_step.py's copies of psnet's), batch, optimizer and
 epochs, over Fashion-MNIST held on the GPU: SGD with momentum, or with --optim adam
-Adam (what deploy/local/demo gives cnn and vit; e2e-gpu.sh passes it for them). No per-step host sync
-(the loss is read once per epoch), so this is PyTorch at its plain-loop best.
+Adam (what deploy/local/demo gives cnn and vit; e2e-gpu.sh passes it for them).
+No per-step host sync (the loss is read once per epoch), so this is PyTorch at its
+plain-loop best.
 Prints one JSON line: samples_per_s over the training loop, seconds, accuracy."""
 import argparse, gzip, json, os, time
 import numpy as np

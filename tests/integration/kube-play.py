@@ -5,9 +5,10 @@
 
   kube-play.py K8S KEYS OUT NET
 
-K8S is deploy/k8s or one of its overlays (rendered by kustomize.py), KEYS a directory of psctl keys gen output (what
-kustomize's generators read from K8S/keys), OUT a directory to write, NET the
-first three octets of the podman network's /24 (10.89.77). Writes
+K8S is deploy/k8s or one of its overlays (rendered by kustomize.py), KEYS a
+directory of psctl keys gen output (what kustomize's generators read from
+K8S/keys), OUT a directory to write, NET the first three octets of the podman
+network's /24 (10.89.77). Writes
 OUT/pods.yaml (a Pod for each StatefulSet replica, named NAME-ORDINAL as
 Kubernetes names them, and each of a Job's parallel pods), OUT/configmaps.yaml
 (for --configmap), OUT/ips (each pod's address, in the file's order, for

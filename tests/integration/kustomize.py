@@ -16,6 +16,7 @@ generators make Secrets and ConfigMaps of files, read from KEYS by file name
 (kustomize adds a hash of the contents, and rewrites the references).
 """
 import base64
+import copy
 import os
 import sys
 
@@ -88,7 +89,7 @@ def objects(rendered, keys):
     generators' Secrets and ConfigMaps made of the files in keys."""
     docs = []
     for d in rendered.docs:
-        d = yaml.safe_load(yaml.safe_dump(d))
+        d = copy.deepcopy(d)
         d["metadata"].setdefault("labels", {}).update(rendered.labels)
         tmpl = d.get("spec", {}).get("template")
         if tmpl is not None:
